@@ -1,0 +1,2 @@
+//! The simulated LLM worker (KV cache and timing model, HTTP server), the
+//! workload generators and the `load` tool radixgate is measured with.
