@@ -83,8 +83,11 @@ pub struct Tree {
     config: TreeConfig,
     clock: AtomicU64,
     /// tenant -> held texts (each also holds all its prefixes) with last access.
-    held: RwLock<HashMap<TenantId, Vec<(Vec<char>, u64)>>>,
+    held: RwLock<HashMap<TenantId, Vec<Held>>>,
 }
+
+/// A held text (which also holds all its prefixes) and its last access.
+type Held = (Vec<char>, u64);
 
 fn common_prefix(a: &[char], b: &[char]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
