@@ -1,0 +1,123 @@
+use super::*;
+
+fn chat(body: &str) -> Inspected {
+    inspect(Api::ChatCompletions, body.as_bytes()).expect("valid chat body")
+}
+
+#[test]
+fn chat_reads_model_stream_user_and_renders_roles() {
+    let got = chat(
+        r#"{"model":"m","stream":true,"user":"u1","unknown":{"x":[1,2]},
+            "messages":[{"role":"system","content":"be brief"},
+                        {"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(got.model.as_deref(), Some("m"));
+    assert!(got.stream);
+    assert_eq!(got.user.as_deref(), Some("u1"));
+    assert_eq!(
+        got.routing_text,
+        "<|system|>\nbe brief<|end|>\n<|user|>\nhi<|end|>\n"
+    );
+}
+
+#[test]
+fn next_turn_extends_previous_turn() {
+    let turn1 =
+        chat(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"}]}"#);
+    let turn2 = chat(
+        r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"},
+            {"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}"#,
+    );
+    assert!(turn2.routing_text.starts_with(&turn1.routing_text));
+    assert!(turn2.routing_text.len() > turn1.routing_text.len());
+}
+
+#[test]
+fn roles_are_part_of_the_text() {
+    let as_user = chat(r#"{"messages":[{"role":"user","content":"same"}]}"#);
+    let as_system = chat(r#"{"messages":[{"role":"system","content":"same"}]}"#);
+    assert_ne!(as_user.routing_text, as_system.routing_text);
+}
+
+#[test]
+fn content_parts_tool_calls_and_escapes() {
+    let got = chat(
+        r#"{"messages":[
+            {"role":"user","name":"ann","content":[{"type":"text","text":"caf\u00e9 "},
+                {"type":"image_url","image_url":{"url":"http://x/1.png","detail":"low"}}]},
+            {"role":"assistant","content":null,
+             "tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"42"}]}"#,
+    );
+    assert_eq!(
+        got.routing_text,
+        "<|user:ann|>\ncafé <|image_url:http://x/1.png|><|end|>\n\
+         <|assistant|>\n<|call:f|>{\"a\":1}<|end|>\n\
+         <|tool#c1|>\n42<|end|>\n"
+    );
+    assert!(!got.stream);
+}
+
+#[test]
+fn stream_null_is_false() {
+    assert!(!chat(r#"{"stream":null,"messages":[]}"#).stream);
+}
+
+#[test]
+fn completions_prompt_shapes() {
+    let text = |body: &str| {
+        inspect(Api::Completions, body.as_bytes())
+            .unwrap()
+            .routing_text
+    };
+    assert_eq!(text(r#"{"prompt":"abc"}"#), "abc");
+    assert_eq!(text(r#"{"prompt":[1,2,3]}"#), "1 2 3 ");
+    assert_eq!(text(r#"{"prompt":["a","b"]}"#), "a\nb\n");
+    assert_eq!(text(r#"{"prompt":[[1,2],[3]]}"#), "1 2 \n3 \n");
+    // Token-id prompts keep their prefix structure.
+    assert!(text(r#"{"prompt":[1,2,3,4]}"#).starts_with(&text(r#"{"prompt":[1,2,3]}"#)));
+    assert!(inspect(Api::Completions, br#"{"prompt":[[[1]]]}"#).is_err());
+}
+
+#[test]
+fn generate_text_or_input_ids() {
+    let got = inspect(
+        Api::Generate,
+        br#"{"text":"hello","stream":true,"sampling_params":{"max_new_tokens":4}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (got.routing_text.as_str(), got.stream, got.model),
+        ("hello", true, None)
+    );
+    let ids = inspect(Api::Generate, br#"{"input_ids":[5,6]}"#).unwrap();
+    assert_eq!(ids.routing_text, "5 6 ");
+    assert_eq!(inspect(Api::Generate, b"{}").unwrap().routing_text, "");
+}
+
+#[test]
+fn embeddings_input() {
+    let got = inspect(
+        Api::Embeddings,
+        br#"{"model":"e","input":"x","stream":true}"#,
+    )
+    .unwrap();
+    assert_eq!((got.routing_text.as_str(), got.stream), ("x", false));
+}
+
+#[test]
+fn bad_bodies_are_errors_not_panics() {
+    for body in [
+        &b"not json"[..],
+        b"",
+        b"[]",
+        b"{\"messages\":\"x\"}",
+        b"{\"model\":1,\"messages\":[]}",
+        b"{\"messages\":[{\"content\":\"no role\"}]}",
+        b"{\"messages\":[]",
+    ] {
+        let err = inspect(Api::ChatCompletions, body).unwrap_err();
+        assert!(err.to_string().starts_with("invalid JSON body"), "{err}");
+    }
+    assert!(inspect(Api::Completions, b"{}").is_err());
+}

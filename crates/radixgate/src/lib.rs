@@ -1,0 +1,3 @@
+//! The radixgate gateway: the HTTP router in front of a pool of LLM workers.
+
+pub mod inspect;
