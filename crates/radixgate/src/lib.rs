@@ -1,3 +1,5 @@
 //! The radixgate gateway: the HTTP router in front of a pool of LLM workers.
 
+pub mod error;
 pub mod inspect;
+pub mod stream;

@@ -1,0 +1,255 @@
+//! The gateway's one error type, and the one place errors become HTTP.
+//!
+//! Every error knows who caused it ([`Origin`]: the client, an upstream
+//! worker, or the gateway itself) and whether trying another worker may help
+//! ([`GatewayError::retryable`]). [`GatewayError::status`] is the only mapping
+//! from error to HTTP status; clients always get an OpenAI-style JSON body
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use crate::inspect::InspectError;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use std::time::Duration;
+
+/// Who caused an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The request itself is wrong; repeating it will not help.
+    Client,
+    /// A worker failed or misbehaved.
+    Upstream,
+    /// The gateway is out of capacity or misconfigured.
+    Gateway,
+}
+
+/// Everything that can go wrong while serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The body could not be read as a request of its API.
+    #[error(transparent)]
+    BadRequest(#[from] InspectError),
+    /// The body is larger than the configured limit.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// Missing or wrong API key.
+    #[error("invalid or missing API key")]
+    Unauthorized,
+    /// No worker serves the requested model.
+    #[error("the model `{model}` does not exist or is not served here")]
+    UnknownModel {
+        /// The requested model.
+        model: String,
+    },
+    /// The request named no model and several are served.
+    #[error("`model` is required: this gateway serves {served} models")]
+    ModelRequired {
+        /// How many models are served.
+        served: usize,
+    },
+    /// Workers exist for the model but none is healthy and closed-circuit.
+    #[error("no healthy worker is available for model `{model}`")]
+    NoHealthyWorker {
+        /// The requested model.
+        model: String,
+    },
+    /// The admission queue is full.
+    #[error("too many requests: the queue of {queue_size} is full")]
+    QueueFull {
+        /// The configured queue size.
+        queue_size: usize,
+    },
+    /// The request waited in the admission queue longer than allowed.
+    #[error("request waited {waited:?} in the queue without being admitted")]
+    QueueTimeout {
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The whole request took longer than the request timeout.
+    #[error("request timed out after {after:?}")]
+    RequestTimeout {
+        /// The configured timeout.
+        after: Duration,
+    },
+    /// A worker could not be reached.
+    #[error("could not reach worker {worker}: {source}")]
+    Connect {
+        /// The worker URL.
+        worker: String,
+        /// The transport error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A worker answered with an error status before any byte reached the client.
+    #[error("worker {worker} answered {status}")]
+    UpstreamStatus {
+        /// The worker URL.
+        worker: String,
+        /// Its status.
+        status: StatusCode,
+    },
+    /// Retries were exhausted; holds the last attempt's error.
+    #[error("gave up after {attempts} attempts: {last}")]
+    RetriesExhausted {
+        /// How many attempts were made.
+        attempts: u32,
+        /// The last error seen.
+        #[source]
+        last: Box<GatewayError>,
+    },
+    /// A route that does not exist.
+    #[error("no route for {method} {path}")]
+    NotFound {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+    },
+}
+
+impl GatewayError {
+    /// Who caused this error.
+    pub fn origin(&self) -> Origin {
+        match self {
+            Self::BadRequest(_)
+            | Self::PayloadTooLarge { .. }
+            | Self::Unauthorized
+            | Self::UnknownModel { .. }
+            | Self::ModelRequired { .. }
+            | Self::NotFound { .. } => Origin::Client,
+            Self::Connect { .. } | Self::UpstreamStatus { .. } => Origin::Upstream,
+            Self::RetriesExhausted { last, .. } => last.origin(),
+            Self::NoHealthyWorker { .. }
+            | Self::QueueFull { .. }
+            | Self::QueueTimeout { .. }
+            | Self::RequestTimeout { .. } => Origin::Gateway,
+        }
+    }
+
+    /// Whether sending the same request to another worker may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Self::Connect { .. } => true,
+            Self::UpstreamStatus { status, .. } => {
+                status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
+            }
+            _ => false,
+        }
+    }
+
+    /// The HTTP status a client sees for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) | Self::ModelRequired { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::NoHealthyWorker { .. } | Self::QueueTimeout { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::Connect { .. } => StatusCode::BAD_GATEWAY,
+            Self::UpstreamStatus { status, .. } => *status,
+            Self::RetriesExhausted { last, .. } => last.status(),
+        }
+    }
+
+    /// The OpenAI error `type` and `code` for this error.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::BadRequest(_) => ("invalid_request_error", "invalid_json"),
+            Self::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
+            Self::Unauthorized => ("authentication_error", "invalid_api_key"),
+            Self::UnknownModel { .. } => ("invalid_request_error", "model_not_found"),
+            Self::ModelRequired { .. } => ("invalid_request_error", "model_required"),
+            Self::NotFound { .. } => ("invalid_request_error", "not_found"),
+            Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
+            Self::QueueFull { .. } => ("rate_limit_error", "queue_full"),
+            Self::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
+            Self::RequestTimeout { .. } => ("timeout", "request_timeout"),
+            Self::Connect { .. } => ("upstream_error", "worker_unreachable"),
+            Self::UpstreamStatus { .. } => ("upstream_error", "worker_error"),
+            Self::RetriesExhausted { last, .. } => last.kind(),
+        }
+    }
+
+    /// The OpenAI-style JSON error body for this error.
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind();
+        let param = match self {
+            Self::UnknownModel { .. } | Self::ModelRequired { .. } => Some("model"),
+            _ => None,
+        };
+        serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": kind,
+                "param": param,
+                "code": code,
+            }
+        })
+    }
+
+    /// Seconds a client should wait before retrying, for errors where
+    /// waiting helps.
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoHealthyWorker { .. } => {
+                Some(1)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_bodies() {
+        let unknown = GatewayError::UnknownModel { model: "x".into() };
+        assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+        assert_eq!(unknown.origin(), Origin::Client);
+        assert_eq!(unknown.body()["error"]["code"], "model_not_found");
+        assert_eq!(unknown.body()["error"]["param"], "model");
+
+        let full = GatewayError::QueueFull { queue_size: 3 };
+        let response = full.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn only_transport_and_server_errors_retry() {
+        let status = |s| GatewayError::UpstreamStatus {
+            worker: "w".into(),
+            status: s,
+        };
+        assert!(status(StatusCode::INTERNAL_SERVER_ERROR).retryable());
+        assert!(status(StatusCode::TOO_MANY_REQUESTS).retryable());
+        assert!(!status(StatusCode::BAD_REQUEST).retryable());
+        assert!(!GatewayError::Unauthorized.retryable());
+        let exhausted = GatewayError::RetriesExhausted {
+            attempts: 3,
+            last: Box::new(status(StatusCode::SERVICE_UNAVAILABLE)),
+        };
+        assert_eq!(exhausted.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(exhausted.origin(), Origin::Upstream);
+    }
+}

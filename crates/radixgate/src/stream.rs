@@ -1,0 +1,159 @@
+//! The response body that carries a request's bookkeeping to its true end.
+//!
+//! [`WatchedBody`] wraps a worker's response body and passes its frames
+//! through one at a time as they arrive: nothing is buffered beyond the frame
+//! in hand, so a slow client slows the read from the worker (backpressure).
+//!
+//! It owns a [`StreamWatch`] (the worker's load guard, metrics timers) and
+//! hands it exactly one [`StreamEnd`]: when the worker's body ends, when it
+//! fails, or — through `Drop` — when the client goes away first. Dropping the
+//! body also drops the worker's body, which closes or resets that upstream
+//! request, so a cancelled client cancels the work on the worker. Nobody
+//! releases load by hand.
+//!
+//! A worker that dies mid-stream must never look like a finished stream. For
+//! an SSE response the body then ends with an explicit
+//! `data: {"error": ...}` event and no `[DONE]`; any other body ends with an
+//! error, so the connection is aborted instead of completing.
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use std::error::Error as StdError;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+/// How a response stream ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The worker's body ended normally.
+    Complete,
+    /// The worker's body failed part-way (connection lost, bad framing).
+    UpstreamError,
+    /// The client stopped reading before the end (disconnect or cancel).
+    ClientGone,
+}
+
+/// Bookkeeping that lives exactly as long as a response stream.
+pub trait StreamWatch: Send + 'static {
+    /// Called once, when the first data frame goes to the client.
+    fn first_byte(&mut self) {}
+    /// Called exactly once, when the stream ends in any way.
+    fn finish(self, end: StreamEnd);
+}
+
+/// A unit watch that records nothing.
+impl StreamWatch for () {
+    fn finish(self, _end: StreamEnd) {}
+}
+
+/// A worker's response body with its [`StreamWatch`].
+pub struct WatchedBody<B, W: StreamWatch> {
+    inner: B,
+    watch: Option<W>,
+    sse: bool,
+    started: bool,
+    /// Set once the body has reported its end (or its error event).
+    done: bool,
+}
+
+impl<B, W: StreamWatch> WatchedBody<B, W> {
+    /// Wraps `inner`; `sse` says whether it is an event stream, which decides
+    /// how a mid-stream failure is reported.
+    pub fn new(inner: B, watch: W, sse: bool) -> Self {
+        Self {
+            inner,
+            watch: Some(watch),
+            sse,
+            started: false,
+            done: false,
+        }
+    }
+
+    fn end(&mut self, end: StreamEnd) {
+        self.done = true;
+        if let Some(watch) = self.watch.take() {
+            watch.finish(end);
+        }
+    }
+}
+
+/// The SSE event sent when a worker's stream breaks off.
+fn sse_error_event(message: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": message,
+            "type": "upstream_error",
+            "param": null,
+            "code": "stream_interrupted",
+        }
+    });
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+impl<B, W> Body for WatchedBody<B, W>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    W: StreamWatch + Unpin,
+{
+    type Data = Bytes;
+    type Error = Box<dyn StdError + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if !this.started && frame.is_data() {
+                    this.started = true;
+                    if let Some(watch) = this.watch.as_mut() {
+                        watch.first_byte();
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(err)) => {
+                let err: Self::Error = err.into();
+                this.end(StreamEnd::UpstreamError);
+                if this.sse {
+                    let message = format!("the worker's stream broke off: {err}");
+                    Poll::Ready(Some(Ok(Frame::data(sse_error_event(&message)))))
+                } else {
+                    Poll::Ready(Some(Err(err)))
+                }
+            }
+            None => {
+                this.end(StreamEnd::Complete);
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.sse {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+impl<B, W: StreamWatch> Drop for WatchedBody<B, W> {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.finish(StreamEnd::ClientGone);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
