@@ -1,0 +1,228 @@
+//! The flags of `radixgate serve`, each with its `RADIXGATE_*` variable.
+//!
+//! Every flag is optional: one that is not given (nor its variable) leaves
+//! the file's value, or the default, in place. That is what makes the
+//! layering file < env < flags work without a second copy of the defaults.
+
+use super::{Config, ConfigError, WorkerSpec};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Command-line flags of `radixgate serve`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ServeArgs {
+    /// YAML config file; flags and environment variables override it.
+    #[arg(long, env = "RADIXGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Worker base URLs (space-separated, or repeat the flag).
+    #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_URLS", value_delimiter = ',')]
+    pub worker_urls: Vec<String>,
+
+    /// Address to bind [default: 127.0.0.1].
+    #[arg(long, env = "RADIXGATE_HOST")]
+    pub host: Option<String>,
+    /// Port to bind [default: 30000].
+    #[arg(long, env = "RADIXGATE_PORT")]
+    pub port: Option<u16>,
+    /// Largest accepted request body in bytes [default: 67108864].
+    #[arg(long, env = "RADIXGATE_MAX_PAYLOAD_SIZE")]
+    pub max_payload_size: Option<usize>,
+    /// End-to-end request timeout in seconds, 0 for none [default: 1800].
+    #[arg(long, env = "RADIXGATE_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: Option<u64>,
+    /// Seconds shutdown waits for in-flight requests [default: 30].
+    #[arg(long, env = "RADIXGATE_SHUTDOWN_GRACE_PERIOD_SECS")]
+    pub shutdown_grace_period_secs: Option<u64>,
+    /// Key clients must send as `Authorization: Bearer <key>`.
+    #[arg(long, env = "RADIXGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Key for the admin API (defaults to --api-key).
+    #[arg(long, env = "RADIXGATE_ADMIN_API_KEY", hide_env_values = true)]
+    pub admin_api_key: Option<String>,
+
+    /// Seconds between health probes of a healthy worker [default: 10].
+    #[arg(long, env = "RADIXGATE_HEALTH_CHECK_INTERVAL_SECS")]
+    pub health_check_interval_secs: Option<u64>,
+    /// Seconds before a health probe fails [default: 5].
+    #[arg(long, env = "RADIXGATE_HEALTH_CHECK_TIMEOUT_SECS")]
+    pub health_check_timeout_secs: Option<u64>,
+    /// Path probed on each worker [default: /health].
+    #[arg(long, env = "RADIXGATE_HEALTH_CHECK_ENDPOINT")]
+    pub health_check_endpoint: Option<String>,
+    /// Consecutive failed probes that mark a worker unhealthy [default: 3].
+    #[arg(long, env = "RADIXGATE_HEALTH_FAILURE_THRESHOLD")]
+    pub health_failure_threshold: Option<u32>,
+    /// Consecutive good probes that mark it healthy again [default: 2].
+    #[arg(long, env = "RADIXGATE_HEALTH_SUCCESS_THRESHOLD")]
+    pub health_success_threshold: Option<u32>,
+    /// Do not probe workers; treat every worker as healthy.
+    #[arg(long, env = "RADIXGATE_DISABLE_HEALTH_CHECK")]
+    pub disable_health_check: bool,
+
+    /// Retries on another worker after a failed attempt [default: 3].
+    #[arg(
+        long,
+        env = "RADIXGATE_RETRY_MAX_RETRIES",
+        conflicts_with = "disable_retries"
+    )]
+    pub retry_max_retries: Option<u32>,
+    /// First retry back-off in ms [default: 50].
+    #[arg(long, env = "RADIXGATE_RETRY_INITIAL_BACKOFF_MS")]
+    pub retry_initial_backoff_ms: Option<u64>,
+    /// Largest retry back-off in ms [default: 2000].
+    #[arg(long, env = "RADIXGATE_RETRY_MAX_BACKOFF_MS")]
+    pub retry_max_backoff_ms: Option<u64>,
+    /// Back-off growth per retry [default: 1.5].
+    #[arg(long, env = "RADIXGATE_RETRY_BACKOFF_MULTIPLIER")]
+    pub retry_backoff_multiplier: Option<f64>,
+    /// Random spread of each back-off, 0..=1 [default: 0.2].
+    #[arg(long, env = "RADIXGATE_RETRY_JITTER_FACTOR")]
+    pub retry_jitter_factor: Option<f64>,
+    /// Never retry (the same as --retry-max-retries 0).
+    #[arg(long, env = "RADIXGATE_DISABLE_RETRIES")]
+    pub disable_retries: bool,
+
+    /// Consecutive failures that open a worker's breaker [default: 5].
+    #[arg(long, env = "RADIXGATE_CB_FAILURE_THRESHOLD")]
+    pub cb_failure_threshold: Option<u32>,
+    /// Half-open successes that close it [default: 2].
+    #[arg(long, env = "RADIXGATE_CB_SUCCESS_THRESHOLD")]
+    pub cb_success_threshold: Option<u32>,
+    /// Seconds an open breaker waits before a probe request [default: 10].
+    #[arg(long, env = "RADIXGATE_CB_TIMEOUT_DURATION_SECS")]
+    pub cb_timeout_duration_secs: Option<u64>,
+    /// Do not use circuit breakers.
+    #[arg(long, env = "RADIXGATE_DISABLE_CIRCUIT_BREAKER")]
+    pub disable_circuit_breaker: bool,
+
+    /// Requests in flight at once; -1 for no limit [default: -1].
+    #[arg(
+        long,
+        env = "RADIXGATE_MAX_CONCURRENT_REQUESTS",
+        allow_negative_numbers = true
+    )]
+    pub max_concurrent_requests: Option<i64>,
+    /// Requests that may wait for a slot [default: 100].
+    #[arg(long, env = "RADIXGATE_QUEUE_SIZE")]
+    pub queue_size: Option<usize>,
+    /// Seconds a request may wait for a slot [default: 60].
+    #[arg(long, env = "RADIXGATE_QUEUE_TIMEOUT_SECS")]
+    pub queue_timeout_secs: Option<u64>,
+
+    /// Extra port that serves only /metrics.
+    #[arg(long, env = "RADIXGATE_PROMETHEUS_PORT")]
+    pub prometheus_port: Option<u16>,
+    /// Address for --prometheus-port [default: the server's host].
+    #[arg(long, env = "RADIXGATE_PROMETHEUS_HOST")]
+    pub prometheus_host: Option<String>,
+
+    /// Log filter, e.g. `info` or `radixgate=debug` [default: info].
+    #[arg(long, env = "RADIXGATE_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    /// Log one JSON object per line.
+    #[arg(long, env = "RADIXGATE_LOG_JSON")]
+    pub log_json: bool,
+}
+
+fn set<T: Clone>(slot: &mut T, value: &Option<T>) {
+    if let Some(value) = value {
+        *slot = value.clone();
+    }
+}
+
+impl ServeArgs {
+    /// Builds the validated config: the file (if any), then these flags.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => Config::from_yaml_file(path)?,
+            None => Config::default(),
+        };
+        self.apply(&mut config)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Overrides `config` with every flag that was given.
+    pub fn apply(&self, config: &mut Config) -> Result<(), ConfigError> {
+        if !self.worker_urls.is_empty() {
+            config.workers = self
+                .worker_urls
+                .iter()
+                .cloned()
+                .map(WorkerSpec::Url)
+                .collect();
+        }
+        let s = &mut config.server;
+        set(&mut s.host, &self.host);
+        set(&mut s.port, &self.port);
+        set(&mut s.max_payload_size, &self.max_payload_size);
+        set(&mut s.request_timeout_secs, &self.request_timeout_secs);
+        set(
+            &mut s.shutdown_grace_period_secs,
+            &self.shutdown_grace_period_secs,
+        );
+        if self.api_key.is_some() {
+            s.api_key = self.api_key.clone();
+        }
+        if self.admin_api_key.is_some() {
+            s.admin_api_key = self.admin_api_key.clone();
+        }
+
+        let h = &mut config.health;
+        set(&mut h.interval_secs, &self.health_check_interval_secs);
+        set(&mut h.timeout_secs, &self.health_check_timeout_secs);
+        set(&mut h.endpoint, &self.health_check_endpoint);
+        set(&mut h.failure_threshold, &self.health_failure_threshold);
+        set(&mut h.success_threshold, &self.health_success_threshold);
+        if self.disable_health_check {
+            h.enabled = false;
+        }
+
+        let r = &mut config.retry;
+        set(&mut r.max_retries, &self.retry_max_retries);
+        set(&mut r.initial_backoff_ms, &self.retry_initial_backoff_ms);
+        set(&mut r.max_backoff_ms, &self.retry_max_backoff_ms);
+        set(&mut r.backoff_multiplier, &self.retry_backoff_multiplier);
+        set(&mut r.jitter_factor, &self.retry_jitter_factor);
+        if self.disable_retries {
+            r.max_retries = 0;
+        }
+
+        let b = &mut config.circuit_breaker;
+        set(&mut b.failure_threshold, &self.cb_failure_threshold);
+        set(&mut b.success_threshold, &self.cb_success_threshold);
+        set(&mut b.timeout_duration_secs, &self.cb_timeout_duration_secs);
+        if self.disable_circuit_breaker {
+            b.enabled = false;
+        }
+
+        let a = &mut config.admission;
+        match self.max_concurrent_requests {
+            None => {}
+            Some(-1) => a.max_concurrent_requests = None,
+            Some(n) => {
+                a.max_concurrent_requests = Some(usize::try_from(n).map_err(|_| {
+                    super::invalid(
+                        "admission.max_concurrent_requests",
+                        "must be -1 or at least 1",
+                    )
+                })?);
+            }
+        }
+        set(&mut a.queue_size, &self.queue_size);
+        set(&mut a.queue_timeout_secs, &self.queue_timeout_secs);
+
+        if self.prometheus_port.is_some() {
+            config.metrics.prometheus_port = self.prometheus_port;
+        }
+        if self.prometheus_host.is_some() {
+            config.metrics.prometheus_host = self.prometheus_host.clone();
+        }
+        set(&mut config.log.level, &self.log_level);
+        if self.log_json {
+            config.log.json = true;
+        }
+        Ok(())
+    }
+}

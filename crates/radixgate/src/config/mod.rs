@@ -1,0 +1,442 @@
+//! The gateway's configuration: one serde schema of per-subsystem parts.
+//!
+//! Layering is file < environment < flags. A YAML file (`--config`) is read
+//! into [`Config`] (every struct denies unknown keys, so a typo is a start-up
+//! error, and missing keys take their defaults); then every flag the user
+//! gave, directly or through its `RADIXGATE_*` environment variable (clap
+//! resolves env < flag for each one), overrides its key. [`Config::validate`]
+//! runs last and names the offending key. Each subsystem receives only its
+//! own part.
+//!
+//! Flag names follow SGLang's router wherever both have the setting, so an
+//! existing command line keeps working.
+
+mod cli;
+
+pub use cli::ServeArgs;
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything `radixgate serve` needs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Listening socket, limits, keys.
+    pub server: ServerConfig,
+    /// Workers known at start-up.
+    pub workers: Vec<WorkerSpec>,
+    /// Active health checking.
+    pub health: HealthConfig,
+    /// Retrying failed requests on other workers.
+    pub retry: RetryConfig,
+    /// Per-worker circuit breakers.
+    pub circuit_breaker: BreakerConfig,
+    /// Concurrency limit and its queue.
+    pub admission: AdmissionConfig,
+    /// Prometheus exposition.
+    pub metrics: MetricsConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// The listening socket and request limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to bind.
+    pub host: String,
+    /// Port to bind.
+    pub port: u16,
+    /// Largest accepted request body, in bytes.
+    pub max_payload_size: usize,
+    /// Longest a request may take end to end, in seconds (0 = no limit).
+    pub request_timeout_secs: u64,
+    /// How long shutdown waits for in-flight requests, in seconds.
+    pub shutdown_grace_period_secs: u64,
+    /// Key clients must send as `Authorization: Bearer <key>`; none = open.
+    pub api_key: Option<String>,
+    /// Key for the admin API (`/workers`); none = same as `api_key`.
+    pub admin_api_key: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            max_payload_size: 64 << 20,
+            request_timeout_secs: 1800,
+            shutdown_grace_period_secs: 30,
+            api_key: None,
+            admin_api_key: None,
+        }
+    }
+}
+
+/// A worker given at start-up: a URL, or a URL with its key and models.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum WorkerSpec {
+    /// Just the base URL; models are discovered from the worker.
+    Url(String),
+    /// URL with settings.
+    Full {
+        /// Base URL, e.g. `http://10.0.0.5:30001`.
+        url: String,
+        /// Bearer key the gateway sends to this worker.
+        #[serde(default)]
+        api_key: Option<String>,
+        /// Models it serves; empty = ask the worker.
+        #[serde(default)]
+        models: Vec<String>,
+    },
+}
+
+impl WorkerSpec {
+    /// The worker's base URL.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Url(url) | Self::Full { url, .. } => url,
+        }
+    }
+}
+
+/// Active health checking. Healthy workers are probed every
+/// `interval_secs`; an unhealthy one is probed with exponential back-off
+/// from `unhealthy_backoff_initial_ms` up to `unhealthy_backoff_max_ms`, so a
+/// worker that comes back is re-admitted within a few seconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Whether to probe at all (off: every worker counts as healthy).
+    pub enabled: bool,
+    /// Seconds between probes of a healthy worker.
+    pub interval_secs: u64,
+    /// Seconds before a probe counts as failed.
+    pub timeout_secs: u64,
+    /// Path probed on each worker.
+    pub endpoint: String,
+    /// Consecutive failures that mark a worker unhealthy.
+    pub failure_threshold: u32,
+    /// Consecutive successes that mark a worker healthy again.
+    pub success_threshold: u32,
+    /// First back-off between probes of an unhealthy worker, in ms.
+    pub unhealthy_backoff_initial_ms: u64,
+    /// Largest back-off between probes of an unhealthy worker, in ms.
+    pub unhealthy_backoff_max_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_secs: 10,
+            timeout_secs: 5,
+            endpoint: "/health".into(),
+            failure_threshold: 3,
+            success_threshold: 2,
+            unhealthy_backoff_initial_ms: 250,
+            unhealthy_backoff_max_ms: 2000,
+        }
+    }
+}
+
+/// Retrying on another worker: on connect errors and on 5xx/429 before any
+/// byte reached the client, never after.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Retries after the first attempt (0 = never retry).
+    pub max_retries: u32,
+    /// First back-off, in ms.
+    pub initial_backoff_ms: u64,
+    /// Largest back-off, in ms.
+    pub max_backoff_ms: u64,
+    /// Growth of the back-off per retry (>= 1).
+    pub backoff_multiplier: f64,
+    /// Random spread of each back-off, as a fraction of it (0..=1).
+    pub jitter_factor: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_retries: 3,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 2000,
+            backoff_multiplier: 1.5,
+            jitter_factor: 0.2,
+        }
+    }
+}
+
+/// Per-worker circuit breaker: `failure_threshold` consecutive failures
+/// open it; after `timeout_duration_secs` one probe request is let through
+/// (half-open) and `success_threshold` successes close it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Whether breakers are used at all.
+    pub enabled: bool,
+    /// Consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// Successes in half-open state that close it.
+    pub success_threshold: u32,
+    /// Seconds an open breaker waits before half-open.
+    pub timeout_duration_secs: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            failure_threshold: 5,
+            success_threshold: 2,
+            timeout_duration_secs: 10,
+        }
+    }
+}
+
+/// Admission control: at most `max_concurrent_requests` in flight; up to
+/// `queue_size` more wait, each at most `queue_timeout_secs`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// Concurrency limit; none = unlimited.
+    pub max_concurrent_requests: Option<usize>,
+    /// Requests that may wait for a slot (0 = reject at once when full).
+    pub queue_size: usize,
+    /// Seconds a request may wait for a slot.
+    pub queue_timeout_secs: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent_requests: None,
+            queue_size: 100,
+            queue_timeout_secs: 60,
+        }
+    }
+}
+
+/// Prometheus exposition. `/metrics` is always on the main port; a
+/// `prometheus_port` adds a second listener for it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Extra port serving only `/metrics`.
+    pub prometheus_port: Option<u16>,
+    /// Address for that port (defaults to the server's host).
+    pub prometheus_host: Option<String>,
+}
+
+/// Logging.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter, e.g. `info` or `radixgate=debug,info`.
+    pub level: String,
+    /// One JSON object per line instead of text.
+    pub json: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            json: false,
+        }
+    }
+}
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid YAML for the schema.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Where and why, with line and column.
+        #[source]
+        source: serde_norway::Error,
+    },
+    /// A value is out of range.
+    #[error("invalid setting `{key}`: {reason}")]
+    Invalid {
+        /// The key, as in the file (`retry.jitter_factor`).
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Reads a YAML config file.
+    pub fn from_yaml_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_yaml(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })
+    }
+
+    /// Parses YAML text (an empty document is the default config).
+    pub fn from_yaml(text: &str) -> Result<Self, serde_norway::Error> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        serde_norway::from_str(text)
+    }
+
+    /// Checks every value's range; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if s.host.trim().is_empty() {
+            return Err(invalid("server.host", "must not be empty"));
+        }
+        if s.max_payload_size == 0 {
+            return Err(invalid(
+                "server.max_payload_size",
+                "must be at least 1 byte",
+            ));
+        }
+        for (i, worker) in self.workers.iter().enumerate() {
+            validate_url(worker.url())
+                .map_err(|reason| invalid("workers", format!("entry {i}: {reason}")))?;
+        }
+        let h = &self.health;
+        if h.interval_secs == 0 {
+            return Err(invalid("health.interval_secs", "must be at least 1"));
+        }
+        if h.timeout_secs == 0 {
+            return Err(invalid("health.timeout_secs", "must be at least 1"));
+        }
+        if !h.endpoint.starts_with('/') {
+            return Err(invalid(
+                "health.endpoint",
+                format!("`{}` must start with `/`", h.endpoint),
+            ));
+        }
+        if h.failure_threshold == 0 {
+            return Err(invalid("health.failure_threshold", "must be at least 1"));
+        }
+        if h.success_threshold == 0 {
+            return Err(invalid("health.success_threshold", "must be at least 1"));
+        }
+        if h.unhealthy_backoff_initial_ms == 0
+            || h.unhealthy_backoff_initial_ms > h.unhealthy_backoff_max_ms
+        {
+            return Err(invalid(
+                "health.unhealthy_backoff_initial_ms",
+                "must be at least 1 and at most health.unhealthy_backoff_max_ms",
+            ));
+        }
+        let r = &self.retry;
+        if !(r.backoff_multiplier.is_finite() && r.backoff_multiplier >= 1.0) {
+            return Err(invalid("retry.backoff_multiplier", "must be a number >= 1"));
+        }
+        if !(0.0..=1.0).contains(&r.jitter_factor) {
+            return Err(invalid("retry.jitter_factor", "must be between 0 and 1"));
+        }
+        if r.initial_backoff_ms > r.max_backoff_ms {
+            return Err(invalid(
+                "retry.initial_backoff_ms",
+                "must not exceed retry.max_backoff_ms",
+            ));
+        }
+        let b = &self.circuit_breaker;
+        if b.failure_threshold == 0 {
+            return Err(invalid(
+                "circuit_breaker.failure_threshold",
+                "must be at least 1",
+            ));
+        }
+        if b.success_threshold == 0 {
+            return Err(invalid(
+                "circuit_breaker.success_threshold",
+                "must be at least 1",
+            ));
+        }
+        if self.admission.max_concurrent_requests == Some(0) {
+            return Err(invalid(
+                "admission.max_concurrent_requests",
+                "must be at least 1 (leave it unset for no limit)",
+            ));
+        }
+        if self.metrics.prometheus_port == Some(s.port) && s.port != 0 {
+            return Err(invalid(
+                "metrics.prometheus_port",
+                "must differ from server.port (/metrics is served there already)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The request timeout, if any.
+    pub fn request_timeout(&self) -> Option<Duration> {
+        (self.server.request_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.server.request_timeout_secs))
+    }
+}
+
+/// Accepts `http://host[:port][/]` and `https://…`; rejects anything else
+/// with a reason.
+pub fn validate_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("`{url}` must start with http:// or https://"))?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, after) = bracketed
+                .split_once(']')
+                .ok_or_else(|| format!("`{url}` has an unclosed `[`"))?;
+            if !(after.is_empty() || after.starts_with(':')) {
+                return Err(format!("`{url}` has text after its IPv6 address"));
+            }
+            (host, after.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(format!("`{url}` has no host"));
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().is_err()
+    {
+        return Err(format!("`{url}` has a bad port `{port}`"));
+    }
+    url.parse::<axum::http::Uri>()
+        .map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+fn args(argv: &[&str]) -> ServeArgs {
+    Cli::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))
+        .unwrap()
+        .serve
+}
+
+#[test]
+fn defaults_are_valid() {
+    Config::default().validate().unwrap();
+    assert_eq!(Config::from_yaml("").unwrap(), Config::default());
+}
+
+#[test]
+fn yaml_parts_and_worker_forms() {
+    let config = Config::from_yaml(
+        "server: {port: 8080}\n\
+         workers:\n  - http://a:1\n  - {url: 'http://b:2', api_key: k, models: [m]}\n\
+         retry: {max_retries: 0}\n",
+    )
+    .unwrap();
+    assert_eq!(config.server.port, 8080);
+    assert_eq!(config.server.host, "127.0.0.1", "unset keys keep defaults");
+    assert_eq!(config.workers[0].url(), "http://a:1");
+    assert!(matches!(&config.workers[1], WorkerSpec::Full { models, .. } if models == &["m"]));
+    assert_eq!(config.retry.max_retries, 0);
+    config.validate().unwrap();
+}
+
+#[test]
+fn unknown_keys_are_errors_with_location() {
+    let err = Config::from_yaml("server:\n  prot: 1\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `prot`"), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    assert!(Config::from_yaml("sever: {}\n").is_err());
+    assert!(Config::from_yaml("workers: [{url: 'http://a', modles: [m]}]\n").is_err());
+}
+
+#[test]
+fn flags_override_file() {
+    let dir = std::env::temp_dir().join(format!("radixgate-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("c.yaml");
+    std::fs::write(
+        &file,
+        "server: {port: 1111, host: 0.0.0.0}\nadmission: {queue_size: 7}\n",
+    )
+    .unwrap();
+    let config = args(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--port",
+        "2222",
+        "--worker-urls",
+        "http://x:1",
+        "http://y:2",
+        "--max-concurrent-requests",
+        "-1",
+        "--disable-retries",
+    ])
+    .load()
+    .unwrap();
+    assert_eq!(config.server.port, 2222);
+    assert_eq!(config.server.host, "0.0.0.0");
+    assert_eq!(config.admission.queue_size, 7);
+    assert_eq!(config.admission.max_concurrent_requests, None);
+    assert_eq!(config.retry.max_retries, 0);
+    assert_eq!(config.workers.len(), 2);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_values_name_their_key() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--retry-jitter-factor", "1.5"], "retry.jitter_factor"),
+        (
+            &["--retry-backoff-multiplier", "0.5"],
+            "retry.backoff_multiplier",
+        ),
+        (
+            &["--max-concurrent-requests", "0"],
+            "admission.max_concurrent_requests",
+        ),
+        (
+            &["--max-concurrent-requests", "-3"],
+            "admission.max_concurrent_requests",
+        ),
+        (&["--health-check-endpoint", "health"], "health.endpoint"),
+        (&["--worker-urls", "localhost:8000"], "workers"),
+    ];
+    for (argv, key) in cases {
+        let err = args(argv).load().unwrap_err().to_string();
+        assert!(err.contains(key), "{argv:?}: {err}");
+    }
+    let missing = args(&["--config", "/nonexistent/radixgate.yaml"])
+        .load()
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("cannot read config file"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn retries_flag_conflicts_with_disable() {
+    let parsed = Cli::try_parse_from(["serve", "--disable-retries", "--retry-max-retries", "2"]);
+    assert!(parsed.is_err());
+}
+
+#[test]
+fn url_validation() {
+    for good in [
+        "http://a",
+        "http://a:80",
+        "https://a.b/c",
+        "http://[::1]:8000",
+        "http://[::1]",
+    ] {
+        validate_url(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    for bad in [
+        "a:80",
+        "ftp://a",
+        "http://",
+        "http://:80",
+        "http://a:99999",
+        "http://[::1",
+    ] {
+        assert!(validate_url(bad).is_err(), "{bad}");
+    }
+}
