@@ -72,7 +72,7 @@ impl Inner {
                 if child == ROOT || !arena.is_live(child) || ch.parent != id {
                     return fail(format!("child {child} of {id} is dead or disowns it"));
                 }
-                if ch.edge.chars().next() != Some(c) {
+                if !ch.edge.starts_with(c) {
                     return fail(format!("child {child} of {id} filed under the wrong char"));
                 }
             }
