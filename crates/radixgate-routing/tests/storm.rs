@@ -36,7 +36,7 @@ fn storm(config: PolicyConfig) {
                     }
                     // Release a pseudo-random number of guards, oldest or newest.
                     for _ in 0..(x % 3) {
-                        if x % 2 == 0 {
+                        if x.is_multiple_of(2) {
                             held.pop_front();
                         } else {
                             held.pop_back();
@@ -51,13 +51,13 @@ fn storm(config: PolicyConfig) {
     let mut round = 0u32;
     while !readers.iter().all(|r| r.is_finished()) && round < 10_000 {
         let w = all[round as usize % 5].id();
-        reg.set_health(w, round % 2 == 0).unwrap();
-        if round % 10 == 0 {
+        reg.set_health(w, round.is_multiple_of(2)).unwrap();
+        if round.is_multiple_of(10) {
             let extra = reg
                 .add(WorkerSpec::new(format!("http://extra{round}:1")))
                 .unwrap();
             all.push(extra.clone());
-            if round % 20 == 0 {
+            if round.is_multiple_of(20) {
                 reg.remove(extra.id()).unwrap();
             }
         }
