@@ -3,245 +3,173 @@
 //! One [`Tree`] records, for many tenants (workers), which request texts were
 //! sent to them. It answers "which tenant most likely still holds the longest
 //! prefix of this text in its KV cache?" without a tokenizer: it stores raw
-//! Unicode characters and every count it reports is in characters.
+//! Unicode characters on compressed edges and every count it reports is in
+//! characters. It is *approximate* because it models what was sent, not what
+//! the worker's cache really kept.
 //!
-//! This first version is a deliberately naive reference implementation that
-//! fixes the public API; the compressed radix tree replaces its internals.
+//! # Semantics
+//! - Holding a text holds all of its prefixes. A tenant's size is the number
+//!   of distinct characters (prefix positions) it holds.
+//! - Recency is a logical clock: each [`Tree::insert`] call takes the next
+//!   tick, and every position on the inserted path gets that time for that
+//!   tenant. Matching does not touch recency. Same calls, same tree.
+//! - Eviction removes a tenant's least-recently-used *leaf* characters first
+//!   and is exact to the character (see `evict.rs`). [`Tree::evict`] is the
+//!   periodic per-tenant pass; [`TreeConfig::max_total_chars`] is the global
+//!   bound enforced inline by inserts, so memory stays bounded between passes
+//!   no matter how many tenants there are.
+//!
+//! # Layout (one concept per file)
+//! `node.rs` nodes and their arena; `text.rs` byte-level UTF-8 helpers;
+//! `tree.rs` insert, match and structural edits; `evict.rs` eviction logs,
+//! per-tenant and global eviction, tenant removal; `stats.rs` size figures and
+//! the invariant check; `types.rs` the public value types.
+//!
+//! # Concurrency, and why this lock
+//! All state sits in one arena behind one `parking_lot::RwLock`. Matches (the
+//! per-request hot path) take the read lock and run in parallel: they touch no
+//! shared counters, because recency changes only on insert. Inserts, evictions
+//! and removals take the write lock. Alternatives considered: per-node locks
+//! make every step of a walk a lock acquisition (a 4 KiB match is ~4 nodes, so
+//! ~4 atomic read-modify-writes instead of 1) and make splits and evictions,
+//! which edit parent and child together, lock-ordering problems; sharding the
+//! root by first character does not help the common case where all prompts
+//! start with the same system prompt. A single writer costs little here: an
+//! insert is about as cheap as a match (see BENCHMARKS.md), far below any
+//! router's request rate, and the 1-vs-2-thread benchmark shows readers
+//! scaling. `parking_lot` rather than `std` for its smaller lock word and
+//! writer fairness (a steady stream of readers cannot starve inserts).
 
-#![allow(missing_docs)]
+mod error;
+mod evict;
+mod node;
+mod stats;
+mod text;
+mod tree;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::TreeError;
+pub use types::{
+    EvictionReport, PrefixMatch, TenantHit, TenantId, TenantMatch, TreeConfig, TreeStats,
+};
 
 use parking_lot::RwLock;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Identifies a tenant (a worker) in the tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(pub u32);
-
-/// Settings of a tree.
-#[derive(Clone, Debug)]
-pub struct TreeConfig {
-    /// Hard bound on the characters attributed to all tenants together;
-    /// an insert that would exceed it first evicts least-recently-used leaves.
-    pub max_total_chars: usize,
-}
-
-impl Default for TreeConfig {
-    fn default() -> Self {
-        Self {
-            max_total_chars: usize::MAX,
-        }
-    }
-}
-
-/// A tenant that holds the deepest matched node, with its recency there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TenantHit {
-    pub tenant: TenantId,
-    /// Logical time of the tenant's last insert through that node (larger is newer).
-    pub last_access: u64,
-}
-
-/// Result of [`Tree::prefix_match`].
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct PrefixMatch {
-    /// Characters of the longest prefix of the text held by any tenant.
-    pub matched_chars: usize,
-    /// Characters in the text.
-    pub input_chars: usize,
-    /// Every tenant that holds the whole matched prefix (empty if nothing matched).
-    pub tenants: Vec<TenantHit>,
-}
-
-/// Result of [`Tree::prefix_match_for`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct TenantMatch {
-    pub matched_chars: usize,
-    pub input_chars: usize,
-}
-
-/// What an eviction pass removed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct EvictionReport {
-    pub evicted_chars: usize,
-}
-
-/// Size figures of a tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct TreeStats {
-    pub nodes: usize,
-    /// Distinct characters stored (shared prefixes counted once).
-    pub chars: usize,
-    /// Sum of every tenant's [`Tree::tenant_size`].
-    pub tenant_chars: usize,
-    pub estimated_bytes: usize,
-}
 
 /// The multi-tenant tree. `Send + Sync`; share it behind an `Arc`.
-#[derive(Debug, Default)]
 pub struct Tree {
     config: TreeConfig,
-    clock: AtomicU64,
-    /// tenant -> held texts (each also holds all its prefixes) with last access.
-    held: RwLock<HashMap<TenantId, Vec<Held>>>,
+    inner: RwLock<tree::Inner>,
 }
 
-/// A held text (which also holds all its prefixes) and its last access.
-type Held = (Vec<char>, u64);
-
-fn common_prefix(a: &[char], b: &[char]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// Distinct non-empty prefixes of a set of strings.
-fn distinct_prefixes(texts: &[(Vec<char>, u64)]) -> usize {
-    let mut sorted: Vec<&Vec<char>> = texts.iter().map(|(t, _)| t).collect();
-    sorted.sort();
-    let mut total = 0;
-    for (i, t) in sorted.iter().enumerate() {
-        let lcp = if i == 0 {
-            0
-        } else {
-            common_prefix(sorted[i - 1], t)
-        };
-        total += t.len() - lcp;
+impl Default for Tree {
+    fn default() -> Self {
+        Self::new(TreeConfig::default())
     }
-    total
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tree")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
 }
 
 impl Tree {
+    /// An empty tree.
     pub fn new(config: TreeConfig) -> Self {
-        Self {
-            config,
-            ..Self::default()
-        }
+        let inner = RwLock::new(tree::Inner::new(config.max_total_chars));
+        Self { config, inner }
     }
 
+    /// The settings this tree was built with.
+    pub fn config(&self) -> &TreeConfig {
+        &self.config
+    }
+
+    /// Records that `tenant` was sent `text`: the tenant now holds every
+    /// prefix of it, with the newest logical time along the path. Then, if
+    /// all tenants together hold more than `max_total_chars`, evicts
+    /// least-recently-used leaves across tenants down to the low watermark.
+    /// An empty text holds nothing (it still takes a clock tick).
     pub fn insert(&self, text: &str, tenant: TenantId) {
-        let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        let chars: Vec<char> = text.chars().collect();
-        let mut held = self.held.write();
-        held.entry(tenant).or_default().push((chars, now));
-        let total: usize = held.values().map(|t| distinct_prefixes(t)).sum();
-        if total > self.config.max_total_chars {
-            drop(held);
-            self.evict_global(self.config.max_total_chars);
-        }
+        self.inner.write().insert(text, tenant);
     }
 
+    /// The longest prefix of `text` held by any tenant, and every tenant
+    /// holding all of it with its `last_access` there.
     pub fn prefix_match(&self, text: &str) -> PrefixMatch {
-        let chars: Vec<char> = text.chars().collect();
-        let held = self.held.read();
-        let mut best = 0;
-        let mut tenants: Vec<TenantHit> = Vec::new();
-        for (&tenant, texts) in held.iter() {
-            let (m, at) = texts
+        let input_chars = text.chars().count();
+        let inner = self.inner.read();
+        let walk = inner.walk(text, None);
+        let tenants = if walk.chars == 0 {
+            Vec::new()
+        } else {
+            inner.arena[walk.node]
+                .holders
                 .iter()
-                .map(|(t, at)| (common_prefix(t, &chars), *at))
-                .fold((0, 0), |acc, (m, at)| match m.cmp(&acc.0) {
-                    std::cmp::Ordering::Greater => (m, at),
-                    std::cmp::Ordering::Equal => (m, acc.1.max(at)),
-                    std::cmp::Ordering::Less => acc,
-                });
-            if m == 0 {
-                continue;
-            }
-            if m > best {
-                best = m;
-                tenants.clear();
-            }
-            if m == best {
-                tenants.push(TenantHit {
-                    tenant,
-                    last_access: at,
-                });
-            }
-        }
+                .map(|h| TenantHit {
+                    tenant: h.tenant,
+                    last_access: h.last_access,
+                })
+                .collect()
+        };
         PrefixMatch {
-            matched_chars: best,
-            input_chars: chars.len(),
+            matched_chars: walk.chars,
+            input_chars,
             tenants,
         }
     }
 
+    /// The longest prefix of `text` held by `tenant`.
     pub fn prefix_match_for(&self, text: &str, tenant: TenantId) -> TenantMatch {
-        let chars: Vec<char> = text.chars().collect();
-        let held = self.held.read();
-        let matched = held
-            .get(&tenant)
-            .map(|t| {
-                t.iter()
-                    .map(|(t, _)| common_prefix(t, &chars))
-                    .max()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0);
+        let input_chars = text.chars().count();
+        let matched_chars = self.inner.read().walk(text, Some(tenant)).chars;
         TenantMatch {
-            matched_chars: matched,
-            input_chars: chars.len(),
+            matched_chars,
+            input_chars,
         }
     }
 
+    /// Forgets everything `tenant` holds (e.g. the worker left the pool).
     pub fn remove_tenant(&self, tenant: TenantId) {
-        self.held.write().remove(&tenant);
+        self.inner.write().remove_tenant(tenant);
     }
 
+    /// Characters held by `tenant` (0 if unknown).
     pub fn tenant_size(&self, tenant: TenantId) -> usize {
-        self.held
-            .read()
-            .get(&tenant)
-            .map(|t| distinct_prefixes(t))
-            .unwrap_or(0)
+        self.inner.read().tenants.get(&tenant).map_or(0, |s| s.size)
     }
 
-    /// Evicts least-recently-used entries until every tenant holds at most
-    /// `max_chars_per_tenant` characters.
+    /// Tenants holding at least one character, sorted.
+    pub fn tenants(&self) -> Vec<TenantId> {
+        let mut v: Vec<TenantId> = self.inner.read().tenants.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Evicts least-recently-used leaves of every tenant above
+    /// `max_chars_per_tenant` until it holds exactly that many characters.
+    /// Cost grows with what is evicted (plus one pass over the tenant table).
     pub fn evict(&self, max_chars_per_tenant: usize) -> EvictionReport {
-        let mut held = self.held.write();
-        let mut evicted = 0;
-        for texts in held.values_mut() {
-            let before = distinct_prefixes(texts);
-            texts.sort_by_key(|(_, at)| *at);
-            while distinct_prefixes(texts) > max_chars_per_tenant {
-                texts.remove(0);
-            }
-            evicted += before - distinct_prefixes(texts);
-        }
-        held.retain(|_, t| !t.is_empty());
         EvictionReport {
-            evicted_chars: evicted,
+            evicted_chars: self.inner.write().evict_each(max_chars_per_tenant),
         }
     }
 
-    fn evict_global(&self, max_total: usize) {
-        let mut held = self.held.write();
-        loop {
-            let total: usize = held.values().map(|t| distinct_prefixes(t)).sum();
-            if total <= max_total {
-                break;
-            }
-            let oldest = held
-                .iter()
-                .filter_map(|(k, t)| t.iter().map(|(_, at)| *at).min().map(|at| (at, *k)))
-                .min();
-            let Some((at, tenant)) = oldest else { break };
-            if let Some(texts) = held.get_mut(&tenant) {
-                texts.retain(|(_, a)| *a != at);
-            }
-        }
-        held.retain(|_, t| !t.is_empty());
-    }
-
+    /// Size figures (walks every node: for metrics and tests, not per request).
     pub fn stats(&self) -> TreeStats {
-        let held = self.held.read();
-        let all: Vec<(Vec<char>, u64)> = held.values().flatten().cloned().collect();
-        let chars = distinct_prefixes(&all);
-        let tenant_chars = held.values().map(|t| distinct_prefixes(t)).sum();
-        TreeStats {
-            nodes: all.len(),
-            chars,
-            tenant_chars,
-            estimated_bytes: chars * 4,
-        }
+        self.inner.read().stats()
+    }
+
+    /// Checks every internal invariant (sizes equal recomputed sums,
+    /// parent/child links, no empty edges but the root's, eviction logs cover
+    /// every leaf). O(nodes × children); for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), TreeError> {
+        self.inner.read().check_invariants()
     }
 }

@@ -1,0 +1,107 @@
+//! Cost of one routing decision: cache_aware (prefix match + insert + load
+//! read + guard) against round_robin (load read + guard) in the same run.
+//!
+//! Workload (shared-prefix): 32 "system prompts", each taking 3/4 of the
+//! prompt size, with 8 different tails each (256 distinct prompts). Every
+//! prompt is routed once before measuring, so the measured decisions are the
+//! steady state of a warm tree: full-length matches and re-inserts. Prompts
+//! are ASCII, so a KiB is 1,024 characters. The text generator is a fixed
+//! LCG: same prompts every run.
+//!
+//! Run: `cargo bench -p radixgate-routing --bench decision`
+//! (`-- --quick` style filters work as usual, e.g. `-- 'w16/4KiB'`).
+
+#![allow(missing_docs)]
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use radixgate_routing::{
+    CacheAwareConfig, Policy, PolicyConfig, RequestView, Worker, WorkerId, WorkerSpec,
+};
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+const GROUPS: usize = 32;
+const TAILS: usize = 8;
+
+fn text(seed: u64, len: usize) -> String {
+    let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            char::from(b'a' + ((x >> 33) % 26) as u8)
+        })
+        .collect()
+}
+
+fn prompts(size: usize) -> Vec<String> {
+    let head = size * 3 / 4;
+    let mut out = Vec::with_capacity(GROUPS * TAILS);
+    for g in 0..GROUPS {
+        let system = format!("{g:02}{}", text(g as u64, head - 2));
+        for t in 0..TAILS {
+            out.push(format!(
+                "{system}{}",
+                text(1_000 + (g * TAILS + t) as u64, size - head)
+            ));
+        }
+    }
+    out
+}
+
+fn workers(n: usize) -> Vec<Arc<Worker>> {
+    (0..n)
+        .map(|i| {
+            Arc::new(Worker::new(
+                WorkerId(i as u32),
+                WorkerSpec::new(format!("http://w{i}:8000")),
+            ))
+        })
+        .collect()
+}
+
+fn decide(policy: &dyn Policy, ws: &[Arc<Worker>], text: &str) {
+    let d = policy
+        .select(&RequestView::new("m", text), ws)
+        .expect("healthy pool");
+    black_box(d.explanation().branch);
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision");
+    group
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1200))
+        .sample_size(20);
+    for n in [2usize, 16, 64, 256] {
+        let ws = workers(n);
+        for kib in [1usize, 4, 16] {
+            let ps = prompts(kib * 1024);
+            let label = format!("w{n}/{kib}KiB");
+            let cache_aware = PolicyConfig::CacheAware(CacheAwareConfig::default())
+                .build()
+                .unwrap();
+            for p in &ps {
+                decide(&*cache_aware, &ws, p);
+            }
+            let round_robin = PolicyConfig::RoundRobin(Default::default())
+                .build()
+                .unwrap();
+            for (name, policy) in [("cache_aware", &cache_aware), ("round_robin", &round_robin)] {
+                let mut i = 0usize;
+                group.bench_function(BenchmarkId::new(name, &label), |b| {
+                    b.iter(|| {
+                        i = (i + 97) % ps.len();
+                        decide(&**policy, &ws, &ps[i]);
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

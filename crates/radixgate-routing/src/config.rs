@@ -1,0 +1,418 @@
+//! Policy configuration: one serde schema, tagged by policy name.
+//!
+//! [`PolicyConfig`] is the routing part of the gateway's config file (and
+//! what the simulator sweeps). Every struct denies unknown fields, so a typo
+//! is a start-up error, and [`PolicyConfig::validate`] checks ranges with a
+//! message naming the key. [`PolicyConfig::build`] is the only place a
+//! policy name turns into a policy.
+//!
+//! Defaults are SGLang router's where it has the parameter (DESIGN §1):
+//! `cache_threshold` 0.3, `balance_abs_threshold` 64,
+//! `balance_rel_threshold` 1.5, `eviction_interval_secs` 120,
+//! `max_tree_size` 2^26.
+
+use crate::RoutingError;
+use crate::policy::{
+    CacheAware, ConsistentHash, LeastLoad, Policy, PowerOfTwo, Random, RoundRobin,
+};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The routing policy and its settings, e.g. in YAML:
+/// `{ policy: cache_aware, cache_threshold: 0.5 }` or
+/// `{ policy: round_robin }`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "snake_case")]
+pub enum PolicyConfig {
+    /// Prefix-affinity routing with load balancing (the default).
+    CacheAware(CacheAwareConfig),
+    /// Next worker in turn.
+    RoundRobin(RoundRobinConfig),
+    /// Uniformly random.
+    Random(RandomConfig),
+    /// Less loaded of two random workers.
+    PowerOfTwo(PowerOfTwoConfig),
+    /// Shortest queue.
+    LeastLoad(LeastLoadConfig),
+    /// Sticky sessions on a routing key, with bounded load.
+    ConsistentHash(ConsistentHashConfig),
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self::CacheAware(CacheAwareConfig::default())
+    }
+}
+
+impl PolicyConfig {
+    /// The policy's name as spelled in config files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::CacheAware(_) => "cache_aware",
+            Self::RoundRobin(_) => "round_robin",
+            Self::Random(_) => "random",
+            Self::PowerOfTwo(_) => "power_of_two",
+            Self::LeastLoad(_) => "least_load",
+            Self::ConsistentHash(_) => "consistent_hash",
+        }
+    }
+
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        match self {
+            Self::CacheAware(c) => c.validate(),
+            Self::ConsistentHash(c) => c.validate(),
+            Self::RoundRobin(_) | Self::Random(_) | Self::PowerOfTwo(_) | Self::LeastLoad(_) => {
+                Ok(())
+            }
+        }
+    }
+
+    /// Validates, then builds the policy.
+    pub fn build(&self) -> Result<Arc<dyn Policy>, RoutingError> {
+        self.validate()?;
+        Ok(match self {
+            Self::CacheAware(c) => Arc::new(CacheAware::new(c.clone())),
+            Self::RoundRobin(_) => Arc::new(RoundRobin::new()),
+            Self::Random(c) => Arc::new(Random::new(c.seed)),
+            Self::PowerOfTwo(c) => Arc::new(PowerOfTwo::new(c.seed)),
+            Self::LeastLoad(_) => Arc::new(LeastLoad::new()),
+            Self::ConsistentHash(c) => {
+                Arc::new(ConsistentHash::new(c.virtual_nodes, c.load_factor))
+            }
+        })
+    }
+}
+
+/// Where a request goes when its prefix match is too short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LowMatchTarget {
+    /// The least-loaded worker. Default: TTFT is what a miss costs, and a
+    /// worker with a small tree may still have a long queue. To be confirmed
+    /// by the offline simulator across workloads.
+    #[default]
+    MinLoad,
+    /// The worker whose tree holds the fewest characters (most free cache).
+    SmallestTree,
+}
+
+/// Hot-spot protection for cache hits.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "snake_case", deny_unknown_fields)]
+pub enum HotSpotRule {
+    /// Always honour a hit (the seed router's behaviour).
+    Off,
+    /// Honour a hit only while the holder's in-flight load is at most
+    /// `max(min_load + slack, factor * mean_load)` over available workers;
+    /// otherwise the least-loaded worker takes it (and becomes a holder).
+    RelativeCap {
+        /// Requests a holder may run above the least-loaded worker.
+        #[serde(default = "default_slack")]
+        slack: usize,
+        /// Multiple of the mean load a holder may reach.
+        #[serde(default = "default_factor")]
+        factor: f64,
+    },
+}
+
+fn default_slack() -> usize {
+    2
+}
+
+fn default_factor() -> f64 {
+    1.5
+}
+
+impl Default for HotSpotRule {
+    fn default() -> Self {
+        Self::RelativeCap {
+            slack: default_slack(),
+            factor: default_factor(),
+        }
+    }
+}
+
+/// Settings of [`CacheAware`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheAwareConfig {
+    /// A hit needs `matched / input` strictly above this (`0..=1`).
+    pub cache_threshold: f64,
+    /// Imbalance needs `max - min` above this.
+    pub balance_abs_threshold: usize,
+    /// Imbalance needs `max` above this times `min` (`>= 1`).
+    pub balance_rel_threshold: f64,
+    /// Seconds between background eviction passes; 0 disables the task.
+    pub eviction_interval_secs: u64,
+    /// Characters each worker may keep in a tree after an eviction pass.
+    pub max_tree_size: usize,
+    /// Hard bound on all workers' characters in one model's tree, enforced
+    /// on every insert, independent of the number of workers (so memory
+    /// stays bounded between passes and does not grow with N).
+    pub max_total_chars: usize,
+    /// Target of low-match requests.
+    pub low_match: LowMatchTarget,
+    /// Hot-spot protection.
+    pub hot_spot: HotSpotRule,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        Self {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            eviction_interval_secs: 120,
+            max_tree_size: 1 << 26,
+            max_total_chars: 1 << 28,
+            low_match: LowMatchTarget::default(),
+            hot_spot: HotSpotRule::default(),
+        }
+    }
+}
+
+impl CacheAwareConfig {
+    /// Checks ranges; the error names the offending key.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        if !(0.0..=1.0).contains(&self.cache_threshold) {
+            return Err(RoutingError::config(
+                "cache_threshold",
+                format!("must be between 0 and 1, got {}", self.cache_threshold),
+            ));
+        }
+        if !self.balance_rel_threshold.is_finite() || self.balance_rel_threshold < 1.0 {
+            return Err(RoutingError::config(
+                "balance_rel_threshold",
+                format!(
+                    "must be a finite number >= 1, got {}",
+                    self.balance_rel_threshold
+                ),
+            ));
+        }
+        if self.max_tree_size == 0 {
+            return Err(RoutingError::config("max_tree_size", "must be at least 1"));
+        }
+        if self.max_total_chars < self.max_tree_size {
+            return Err(RoutingError::config(
+                "max_total_chars",
+                format!(
+                    "must be at least max_tree_size ({}), got {}",
+                    self.max_tree_size, self.max_total_chars
+                ),
+            ));
+        }
+        if let HotSpotRule::RelativeCap { factor, .. } = self.hot_spot
+            && (!factor.is_finite() || factor < 1.0)
+        {
+            return Err(RoutingError::config(
+                "hot_spot.factor",
+                format!("must be a finite number >= 1, got {factor}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Settings of [`RoundRobin`] (none yet).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoundRobinConfig {}
+
+/// Settings of [`LeastLoad`] (none yet).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeastLoadConfig {}
+
+/// Settings of [`Random`].
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RandomConfig {
+    /// Seed for reproducible choices; unset: a fresh seed per process.
+    pub seed: Option<u64>,
+}
+
+/// Settings of [`PowerOfTwo`].
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PowerOfTwoConfig {
+    /// Seed for reproducible choices; unset: a fresh seed per process.
+    pub seed: Option<u64>,
+}
+
+/// Settings of [`ConsistentHash`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsistentHashConfig {
+    /// Ring points per worker (more: smoother shares, larger ring).
+    pub virtual_nodes: usize,
+    /// A worker takes a key only while its in-flight load is below
+    /// `ceil(load_factor * (total + 1) / workers)` (`>= 1`).
+    pub load_factor: f64,
+}
+
+impl Default for ConsistentHashConfig {
+    fn default() -> Self {
+        Self {
+            virtual_nodes: 160,
+            load_factor: 1.25,
+        }
+    }
+}
+
+impl ConsistentHashConfig {
+    /// Checks ranges; the error names the offending key.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        if self.virtual_nodes == 0 || self.virtual_nodes > 10_000 {
+            return Err(RoutingError::config(
+                "virtual_nodes",
+                format!("must be between 1 and 10000, got {}", self.virtual_nodes),
+            ));
+        }
+        if !self.load_factor.is_finite() || self.load_factor < 1.0 {
+            return Err(RoutingError::config(
+                "load_factor",
+                format!("must be a finite number >= 1, got {}", self.load_factor),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<PolicyConfig, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let PolicyConfig::CacheAware(c) = parse(r#"{"policy":"cache_aware"}"#).unwrap() else {
+            panic!("wrong variant")
+        };
+        assert_eq!(c, CacheAwareConfig::default());
+        assert_eq!(c.cache_threshold, 0.3);
+        assert_eq!(c.balance_abs_threshold, 64);
+        assert_eq!(c.balance_rel_threshold, 1.5);
+        assert_eq!(c.eviction_interval_secs, 120);
+        assert_eq!(c.max_tree_size, 1 << 26);
+        assert_eq!(PolicyConfig::default().name(), "cache_aware");
+    }
+
+    #[test]
+    fn every_policy_parses_and_builds() {
+        for (json, name) in [
+            (
+                r#"{"policy":"cache_aware","cache_threshold":0.5,"low_match":"smallest_tree","hot_spot":{"rule":"off"}}"#,
+                "cache_aware",
+            ),
+            (r#"{"policy":"round_robin"}"#, "round_robin"),
+            (r#"{"policy":"random","seed":3}"#, "random"),
+            (r#"{"policy":"power_of_two"}"#, "power_of_two"),
+            (r#"{"policy":"least_load"}"#, "least_load"),
+            (
+                r#"{"policy":"consistent_hash","virtual_nodes":10}"#,
+                "consistent_hash",
+            ),
+        ] {
+            let cfg = parse(json).unwrap();
+            assert_eq!(cfg.name(), name);
+            assert_eq!(cfg.build().unwrap().name(), name);
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_policies_are_rejected() {
+        let err = parse(r#"{"policy":"cache_aware","cache_treshold":0.5}"#).unwrap_err();
+        assert!(err.to_string().contains("cache_treshold"), "{err}");
+        assert!(parse(r#"{"policy":"round_robin","seed":1}"#).is_err());
+        assert!(parse(r#"{"policy":"fastest"}"#).is_err());
+        assert!(
+            parse(r#"{"policy":"cache_aware","hot_spot":{"rule":"relative_cap","slak":1}}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_key() {
+        let bad = |c: CacheAwareConfig| match c.validate().unwrap_err() {
+            RoutingError::InvalidConfig { field, .. } => field,
+            other => panic!("unexpected {other:?}"),
+        };
+        let d = CacheAwareConfig::default;
+        assert_eq!(
+            bad(CacheAwareConfig {
+                cache_threshold: 1.5,
+                ..d()
+            }),
+            "cache_threshold"
+        );
+        assert_eq!(
+            bad(CacheAwareConfig {
+                cache_threshold: f64::NAN,
+                ..d()
+            }),
+            "cache_threshold"
+        );
+        assert_eq!(
+            bad(CacheAwareConfig {
+                balance_rel_threshold: 0.9,
+                ..d()
+            }),
+            "balance_rel_threshold"
+        );
+        assert_eq!(
+            bad(CacheAwareConfig {
+                max_tree_size: 0,
+                ..d()
+            }),
+            "max_tree_size"
+        );
+        assert_eq!(
+            bad(CacheAwareConfig {
+                max_total_chars: 10,
+                ..d()
+            }),
+            "max_total_chars"
+        );
+        assert_eq!(
+            bad(CacheAwareConfig {
+                hot_spot: HotSpotRule::RelativeCap {
+                    slack: 1,
+                    factor: 0.5
+                },
+                ..d()
+            }),
+            "hot_spot.factor"
+        );
+        let msg = PolicyConfig::CacheAware(CacheAwareConfig {
+            cache_threshold: -0.1,
+            ..d()
+        })
+        .build()
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            msg,
+            "invalid routing configuration: `cache_threshold` must be between 0 and 1, got -0.1"
+        );
+        assert!(
+            ConsistentHashConfig {
+                virtual_nodes: 0,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            ConsistentHashConfig {
+                load_factor: 0.5,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! The in-flight load handle.
+//!
+//! A [`LoadGuard`] counts one request on one worker for exactly as long as it
+//! lives. It is owned, `Send` and `'static`, so the gateway moves it into the
+//! response body and it drops when the stream ends, errors or the client goes
+//! away; the simulator holds it until the simulated completion. Dropping is
+//! the only way a worker's load goes down, so no code path can forget (or
+//! repeat) a decrement.
+
+use crate::Worker;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// One request in flight on a worker; releases its load when dropped.
+#[must_use = "dropping the guard releases the worker's load at once"]
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+}
+
+impl LoadGuard {
+    /// Counts one more request in flight on `worker`. Policies call this as
+    /// part of a decision, so concurrent decisions see each other's load.
+    pub fn acquire(worker: Arc<Worker>) -> Self {
+        worker.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self { worker }
+    }
+
+    /// The worker this guard holds load on.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.processed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for LoadGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadGuard")
+            .field("worker", &self.worker.id())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{WorkerId, WorkerSpec};
+
+    fn assert_send_static<T: Send + 'static>() {}
+
+    #[test]
+    fn guard_counts_while_alive() {
+        assert_send_static::<LoadGuard>();
+        let w = Arc::new(Worker::new(WorkerId(0), WorkerSpec::new("http://a:1")));
+        let a = LoadGuard::acquire(w.clone());
+        let b = LoadGuard::acquire(w.clone());
+        assert_eq!(w.load(), 2);
+        drop(a);
+        assert_eq!(w.load(), 1);
+        drop(b);
+        assert_eq!(w.load(), 0);
+        assert_eq!(w.processed(), 2);
+    }
+}

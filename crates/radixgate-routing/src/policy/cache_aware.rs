@@ -1,0 +1,317 @@
+//! cache_aware: send a request to the worker most likely to hold its prefix,
+//! unless that unbalances the pool. The rule is DESIGN §1, step by step:
+//!
+//! 1. over the **available** workers of the pool: `min_load`, `max_load`;
+//! 2. imbalanced iff `max - min > balance_abs_threshold` and
+//!    `max > balance_rel_threshold * min` → shortest queue;
+//! 3. otherwise longest-prefix match in the model's tree; if
+//!    `matched / input > cache_threshold` → the deepest holder (ties: least
+//!    loaded, then most recent; never slice order). If every deepest holder
+//!    is unavailable, the best match among available workers, if still above
+//!    the threshold. A holder over the hot-spot cap (below) gives way to the
+//!    least-loaded worker;
+//! 4. otherwise the low-match target: least loaded, or smallest tree
+//!    (configurable), ties rotating;
+//! 5. always insert the text for the chosen worker.
+//!
+//! Hot-spot rule ([`HotSpotRule::RelativeCap`]): a hit is taken only if the
+//! holder's load is at most `max(min_load + slack, factor * mean_load)`.
+//! Otherwise the least-loaded worker takes the request and, since the text
+//! is inserted for it, becomes a second holder of the hot prefix; later
+//! requests for that prefix then split between the holders by load. Affinity
+//! survives (hits stay on holders) while no worker runs far above the mean.
+//!
+//! State: one [`Tree`] per pool key, created on first use. The map of trees
+//! sits behind an `ArcSwap` (lock-free reads on every request); a `Mutex`
+//! serialises the rare writers that add a model. Trees synchronise
+//! internally. Unhealthy workers keep their tree records; removed workers'
+//! records are dropped (a returning worker gets a new id).
+
+use super::{Branch, Decision, Explanation, Loads, Policy};
+use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
+use crate::{RequestView, RoutingError, Worker, WorkerId};
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use radixgate_tree::{Tree, TreeConfig};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The cache-aware policy.
+#[derive(Debug)]
+pub struct CacheAware {
+    config: CacheAwareConfig,
+    trees: ArcSwap<HashMap<String, Arc<Tree>>>,
+    add_tree: Mutex<()>,
+    turn: AtomicUsize,
+}
+
+/// What step 3 found: a holder and how much of the text it holds.
+struct Hit {
+    idx: usize,
+    matched: usize,
+    fallback: bool,
+}
+
+impl CacheAware {
+    /// A cache-aware policy. The config should have passed
+    /// [`CacheAwareConfig::validate`]; out-of-range values are clamped.
+    pub fn new(config: CacheAwareConfig) -> Self {
+        Self {
+            config,
+            trees: ArcSwap::from_pointee(HashMap::new()),
+            add_tree: Mutex::new(()),
+            turn: AtomicUsize::new(0),
+        }
+    }
+
+    /// The policy's settings.
+    pub fn config(&self) -> &CacheAwareConfig {
+        &self.config
+    }
+
+    /// The tree of a pool key, if a request for it was routed.
+    pub fn tree(&self, model: &str) -> Option<Arc<Tree>> {
+        self.trees.load().get(model).cloned()
+    }
+
+    pub(crate) fn tree_or_create(&self, model: &str) -> Arc<Tree> {
+        if let Some(t) = self.trees.load().get(model) {
+            return t.clone();
+        }
+        let _writer = self.add_tree.lock();
+        let current = self.trees.load_full();
+        if let Some(t) = current.get(model) {
+            return t.clone();
+        }
+        let tree = Arc::new(Tree::new(TreeConfig {
+            max_total_chars: self.config.max_total_chars,
+        }));
+        let mut next = (*current).clone();
+        next.insert(model.to_owned(), tree.clone());
+        self.trees.store(Arc::new(next));
+        tree
+    }
+
+    /// The formula of step 2.
+    pub fn is_imbalanced(&self, min_load: usize, max_load: usize) -> bool {
+        imbalanced(
+            min_load,
+            max_load,
+            self.config.balance_abs_threshold,
+            self.config.balance_rel_threshold,
+        )
+    }
+
+    fn next_turn(&self) -> usize {
+        self.turn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Step 3: the deepest available holder, or the best available match.
+    fn find_hit(
+        &self,
+        tree: &Tree,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+        loads: &Loads,
+    ) -> (usize, usize, Option<Hit>) {
+        let m = tree.prefix_match(req.text);
+        let input = m.input_chars;
+        if !self.above_threshold(m.matched_chars, input) {
+            return (m.matched_chars, input, None);
+        }
+        // Available holders of the deepest node, by slice index.
+        let mut by_tenant: Vec<(WorkerId, usize, usize)> = Vec::new();
+        if m.tenants.len() > 1 || loads.entries.len() > 8 {
+            by_tenant = loads
+                .entries
+                .iter()
+                .map(|&(i, load)| (workers[i].id(), i, load))
+                .collect();
+            by_tenant.sort_unstable_by_key(|e| e.0);
+        }
+        let lookup = |id: WorkerId| -> Option<(usize, usize)> {
+            if by_tenant.is_empty() {
+                loads
+                    .entries
+                    .iter()
+                    .find(|&&(i, _)| workers[i].id() == id)
+                    .copied()
+            } else {
+                by_tenant
+                    .binary_search_by_key(&id, |e| e.0)
+                    .ok()
+                    .map(|k| (by_tenant[k].1, by_tenant[k].2))
+            }
+        };
+        let best = m
+            .tenants
+            .iter()
+            .filter_map(|hit| {
+                lookup(WorkerId(hit.tenant.0)).map(|(idx, load)| (load, hit.last_access, idx))
+            })
+            // least loaded, then most recent
+            .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        if let Some((_, _, idx)) = best {
+            return (
+                m.matched_chars,
+                input,
+                Some(Hit {
+                    idx,
+                    matched: m.matched_chars,
+                    fallback: false,
+                }),
+            );
+        }
+        // Every deepest holder is unavailable (or outside this pool): the
+        // next-best match among the available workers. Rare, so the per-worker
+        // query cost is acceptable here.
+        let fallback = loads
+            .entries
+            .iter()
+            .map(|&(idx, load)| {
+                let tm = tree.prefix_match_for(req.text, workers[idx].id().tenant());
+                (tm.matched_chars, load, idx)
+            })
+            .filter(|&(matched, _, _)| self.above_threshold(matched, input))
+            .min_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let matched = fallback.map_or(0, |f| f.0);
+        (
+            matched,
+            input,
+            fallback.map(|(matched, _, idx)| Hit {
+                idx,
+                matched,
+                fallback: true,
+            }),
+        )
+    }
+
+    fn above_threshold(&self, matched: usize, input: usize) -> bool {
+        input > 0 && matched as f64 / input as f64 > self.config.cache_threshold
+    }
+
+    /// Whether the hot-spot rule lets a holder with `load` take a hit.
+    fn hit_allowed(&self, load: usize, loads: &Loads) -> bool {
+        match self.config.hot_spot {
+            HotSpotRule::Off => true,
+            HotSpotRule::RelativeCap { slack, factor } => {
+                let cap = (loads.min + slack) as f64;
+                let cap = cap.max(factor * loads.mean());
+                load as f64 <= cap
+            }
+        }
+    }
+
+    fn low_match(&self, tree: &Tree, workers: &[Arc<Worker>], loads: &Loads) -> (usize, Branch) {
+        match self.config.low_match {
+            LowMatchTarget::MinLoad => (
+                loads.least_loaded(self.next_turn()),
+                Branch::LowMatchMinLoad,
+            ),
+            LowMatchTarget::SmallestTree => {
+                let sized: Vec<(usize, usize, usize)> = loads
+                    .entries
+                    .iter()
+                    .map(|&(i, load)| (tree.tenant_size(workers[i].id().tenant()), load, i))
+                    .collect();
+                let best = sized.iter().map(|e| (e.0, e.1)).min().expect("non-empty");
+                let ties: Vec<usize> = sized
+                    .iter()
+                    .filter(|e| (e.0, e.1) == best)
+                    .map(|e| e.2)
+                    .collect();
+                (
+                    ties[self.next_turn() % ties.len()],
+                    Branch::LowMatchSmallestTree,
+                )
+            }
+        }
+    }
+}
+
+/// Step 2 of the rule: `max - min > abs && max > rel * min`.
+pub(crate) fn imbalanced(min_load: usize, max_load: usize, abs: usize, rel: f64) -> bool {
+    max_load.saturating_sub(min_load) > abs && max_load as f64 > rel * min_load as f64
+}
+
+impl Policy for CacheAware {
+    fn name(&self) -> &'static str {
+        "cache_aware"
+    }
+
+    fn select(
+        &self,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+    ) -> Result<Decision, RoutingError> {
+        let loads = Loads::read(req, workers)?;
+        let tree = self.tree_or_create(req.model);
+        let (idx, branch, matched, input) = if self.is_imbalanced(loads.min, loads.max) {
+            let idx = loads.least_loaded(self.next_turn());
+            (idx, Branch::Imbalanced, None, 0)
+        } else {
+            match self.find_hit(&tree, req, workers, &loads) {
+                (_, input, Some(hit)) => {
+                    let load = loads.load_of(hit.idx).unwrap_or(0);
+                    if self.hit_allowed(load, &loads) {
+                        let branch = if hit.fallback {
+                            Branch::CacheHitFallback
+                        } else {
+                            Branch::CacheHit
+                        };
+                        (hit.idx, branch, Some(hit.matched), input)
+                    } else {
+                        let idx = loads.least_loaded(self.next_turn());
+                        let matched = tree
+                            .prefix_match_for(req.text, workers[idx].id().tenant())
+                            .matched_chars;
+                        (idx, Branch::HotSpotSpill, Some(matched), input)
+                    }
+                }
+                (matched, input, None) => {
+                    let (idx, branch) = self.low_match(&tree, workers, &loads);
+                    (idx, branch, Some(matched), input)
+                }
+            }
+        };
+        let worker = &workers[idx];
+        tree.insert(req.text, worker.id().tenant());
+        let explanation = Explanation {
+            matched_chars: matched,
+            input_chars: input,
+            ..loads.explain(self.name(), branch, worker, idx)
+        };
+        Ok(Decision::new(worker, explanation))
+    }
+
+    fn on_worker_removed(&self, worker: &Worker) {
+        for tree in self.trees.load().values() {
+            tree.remove_tenant(worker.id().tenant());
+        }
+    }
+
+    fn evict_now(&self) -> usize {
+        self.trees
+            .load()
+            .values()
+            .map(|t| t.evict(self.config.max_tree_size).evicted_chars)
+            .sum()
+    }
+
+    fn eviction_interval(&self) -> Option<Duration> {
+        (self.config.eviction_interval_secs > 0)
+            .then(|| Duration::from_secs(self.config.eviction_interval_secs))
+    }
+
+    fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
+        Some(
+            self.trees
+                .load()
+                .values()
+                .map(|t| t.tenant_size(worker.tenant()))
+                .sum(),
+        )
+    }
+}

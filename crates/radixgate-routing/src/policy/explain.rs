@@ -1,0 +1,125 @@
+//! Why a worker was chosen: cheap to build (plain `Copy` data, no
+//! allocation), printed once per request into the `x-radixgate-decision`
+//! header and debug logs, and counted by branch in metrics.
+
+use crate::WorkerId;
+use std::fmt;
+
+/// Which rule of a policy made the choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Branch {
+    /// cache_aware: the pool was imbalanced; shortest queue.
+    Imbalanced,
+    /// cache_aware: match rate above the threshold; the deepest holder.
+    CacheHit,
+    /// cache_aware: the deepest holders were unavailable; the best match
+    /// among the available workers was still above the threshold.
+    CacheHitFallback,
+    /// cache_aware: a hit, but the holder was over the hot-spot cap; the
+    /// least-loaded worker took it (and now holds the prefix too).
+    HotSpotSpill,
+    /// cache_aware: match rate at or below the threshold; least loaded.
+    LowMatchMinLoad,
+    /// cache_aware: match rate at or below the threshold; smallest tree.
+    LowMatchSmallestTree,
+    /// round_robin: next in turn.
+    RoundRobin,
+    /// random: uniform choice.
+    Random,
+    /// power_of_two: the less loaded of two random workers.
+    PowerOfTwo,
+    /// least_load: shortest queue.
+    LeastLoad,
+    /// consistent_hash: the key's owner on the ring.
+    HashRing,
+    /// consistent_hash: the key's owner was over the load bound (or
+    /// unavailable); the next worker clockwise took it.
+    HashRingOverflow,
+    /// consistent_hash: the request had no routing key; shortest queue.
+    NoRoutingKey,
+}
+
+impl Branch {
+    /// A stable snake_case label (metrics, headers).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Imbalanced => "imbalanced",
+            Self::CacheHit => "cache_hit",
+            Self::CacheHitFallback => "cache_hit_fallback",
+            Self::HotSpotSpill => "hot_spot_spill",
+            Self::LowMatchMinLoad => "low_match_min_load",
+            Self::LowMatchSmallestTree => "low_match_smallest_tree",
+            Self::RoundRobin => "round_robin",
+            Self::Random => "random",
+            Self::PowerOfTwo => "power_of_two",
+            Self::LeastLoad => "least_load",
+            Self::HashRing => "hash_ring",
+            Self::HashRingOverflow => "hash_ring_overflow",
+            Self::NoRoutingKey => "no_routing_key",
+        }
+    }
+}
+
+impl fmt::Display for Branch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The facts behind one decision. Loads are as seen before this request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Explanation {
+    /// Policy name.
+    pub policy: &'static str,
+    /// The rule that decided.
+    pub branch: Branch,
+    /// The chosen worker.
+    pub worker: WorkerId,
+    /// Characters of the request text matched for the chosen rule (cache
+    /// policies only).
+    pub matched_chars: Option<usize>,
+    /// Characters in the request text (cache policies only; else 0).
+    pub input_chars: usize,
+    /// In-flight load of the chosen worker.
+    pub load: usize,
+    /// Smallest in-flight load among available workers.
+    pub min_load: usize,
+    /// Largest in-flight load among available workers.
+    pub max_load: usize,
+    /// Available workers considered.
+    pub available: usize,
+}
+
+impl Explanation {
+    /// `matched_chars / input_chars` (0 for empty text); `None` when the
+    /// policy does not match prefixes.
+    pub fn match_rate(&self) -> Option<f64> {
+        self.matched_chars.map(|m| {
+            if self.input_chars == 0 {
+                0.0
+            } else {
+                m as f64 / self.input_chars as f64
+            }
+        })
+    }
+}
+
+/// One line of ASCII with no commas or quotes, safe as an HTTP header value:
+/// `cache_aware branch=cache_hit worker=w3 match=0.873 load=2 min=1 max=4 available=4`.
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} branch={} worker={}",
+            self.policy, self.branch, self.worker
+        )?;
+        if let Some(rate) = self.match_rate() {
+            write!(f, " match={rate:.3}")?;
+        }
+        write!(
+            f,
+            " load={} min={} max={} available={}",
+            self.load, self.min_load, self.max_load, self.available
+        )
+    }
+}

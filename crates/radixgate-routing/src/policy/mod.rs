@@ -1,0 +1,210 @@
+//! The [`Policy`] trait, the [`Decision`] a policy returns, and the helpers
+//! every policy shares.
+//!
+//! A policy chooses among the workers it is given and returns a decision that
+//! already holds the chosen worker's [`LoadGuard`], so the load counts from
+//! the moment of the decision and concurrent decisions see each other. It
+//! only ever returns an available worker (healthy, breaker not open) from the
+//! slice; if there is none it answers [`RoutingError::NoHealthyWorker`].
+//!
+//! Policies read no clocks: recency comes from the tree's logical clock and
+//! randomness from a seeded generator, so the offline simulator replays the
+//! same decisions in simulated time.
+
+mod cache_aware;
+mod consistent_hash;
+mod explain;
+mod least_load;
+mod power_of_two;
+mod random;
+mod round_robin;
+
+pub use cache_aware::CacheAware;
+pub use consistent_hash::ConsistentHash;
+pub use explain::{Branch, Explanation};
+pub use least_load::LeastLoad;
+pub use power_of_two::PowerOfTwo;
+pub use random::Random;
+pub use round_robin::RoundRobin;
+
+use crate::{LoadGuard, RequestView, RoutingError, Worker, WorkerId};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Chooses a worker for a request.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// The policy's configuration name (`cache_aware`, `round_robin`, …),
+    /// for logs and metrics labels.
+    fn name(&self) -> &'static str;
+
+    /// Chooses an available worker of `workers` for `req` and takes its load.
+    fn select(
+        &self,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+    ) -> Result<Decision, RoutingError>;
+
+    /// A worker joined the pool.
+    fn on_worker_added(&self, worker: &Arc<Worker>) {
+        let _ = worker;
+    }
+
+    /// A worker left the pool for good; forget its state.
+    fn on_worker_removed(&self, worker: &Worker) {
+        let _ = worker;
+    }
+
+    /// Runs one eviction pass now (synchronously); returns the characters
+    /// evicted. The periodic task ([`spawn_eviction`](crate::spawn_eviction))
+    /// only calls this on a timer.
+    fn evict_now(&self) -> usize {
+        0
+    }
+
+    /// How often the background eviction should run; `None`: never.
+    fn eviction_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Characters the policy's trees attribute to `worker`, over all models
+    /// (for metrics); `None` for policies without a cache record.
+    fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
+        let _ = worker;
+        None
+    }
+}
+
+/// A policy's choice: the load guard on the chosen worker and why.
+#[derive(Debug)]
+pub struct Decision {
+    guard: LoadGuard,
+    explanation: Explanation,
+}
+
+impl Decision {
+    /// Takes load on `worker` and records why it was chosen.
+    pub fn new(worker: &Arc<Worker>, explanation: Explanation) -> Self {
+        Self {
+            guard: LoadGuard::acquire(worker.clone()),
+            explanation,
+        }
+    }
+
+    /// The chosen worker.
+    pub fn worker(&self) -> &Arc<Worker> {
+        self.guard.worker()
+    }
+
+    /// Why it was chosen.
+    pub fn explanation(&self) -> &Explanation {
+        &self.explanation
+    }
+
+    /// The guard, to move into the response body; the explanation is `Copy`
+    /// and can be taken first.
+    pub fn into_guard(self) -> LoadGuard {
+        self.guard
+    }
+}
+
+/// Loads of the available workers, read once per decision so that every
+/// branch of a decision reasons about the same numbers.
+#[derive(Debug)]
+pub(crate) struct Loads {
+    /// `(index into the workers slice, in-flight load)`, available only, in
+    /// slice order.
+    pub(crate) entries: Vec<(usize, usize)>,
+    pub(crate) min: usize,
+    pub(crate) max: usize,
+    pub(crate) sum: usize,
+}
+
+impl Loads {
+    /// Reads the loads of the available workers; `NoHealthyWorker` if none.
+    pub(crate) fn read(
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+    ) -> Result<Self, RoutingError> {
+        let mut entries = Vec::with_capacity(workers.len());
+        let (mut min, mut max, mut sum) = (usize::MAX, 0, 0);
+        for (i, w) in workers.iter().enumerate() {
+            if w.is_available() {
+                let load = w.load();
+                min = min.min(load);
+                max = max.max(load);
+                sum += load;
+                entries.push((i, load));
+            }
+        }
+        if entries.is_empty() {
+            return Err(RoutingError::NoHealthyWorker {
+                model: req.model.to_owned(),
+            });
+        }
+        Ok(Self {
+            entries,
+            min,
+            max,
+            sum,
+        })
+    }
+
+    /// Mean in-flight load of the available workers.
+    pub(crate) fn mean(&self) -> f64 {
+        self.sum as f64 / self.entries.len() as f64
+    }
+
+    /// The load of the worker at slice index `idx`, if it is available.
+    pub(crate) fn load_of(&self, idx: usize) -> Option<usize> {
+        self.entries
+            .binary_search_by_key(&idx, |&(i, _)| i)
+            .ok()
+            .map(|k| self.entries[k].1)
+    }
+
+    /// Slice index of a least-loaded worker. Ties are broken by `turn`
+    /// (callers pass a rotating counter or a random number), never by slice
+    /// order, so a burst of equal-load decisions spreads over the tied
+    /// workers instead of piling onto the first.
+    pub(crate) fn least_loaded(&self, turn: usize) -> usize {
+        let ties = self.entries.iter().filter(|e| e.1 == self.min).count();
+        let pick = turn % ties;
+        self.entries
+            .iter()
+            .filter(|e| e.1 == self.min)
+            .nth(pick)
+            .expect("pick < ties")
+            .0
+    }
+
+    /// An explanation skeleton for a choice of slice index `idx`.
+    pub(crate) fn explain(
+        &self,
+        policy: &'static str,
+        branch: Branch,
+        worker: &Worker,
+        idx: usize,
+    ) -> Explanation {
+        Explanation {
+            policy,
+            branch,
+            worker: worker.id(),
+            matched_chars: None,
+            input_chars: 0,
+            load: self.load_of(idx).unwrap_or(0),
+            min_load: self.min,
+            max_load: self.max,
+            available: self.entries.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod simple_tests;

@@ -1,0 +1,358 @@
+//! Tests of the cache_aware policy (the others are in `simple_tests.rs`).
+
+use super::testutil::{hold, pick, workers};
+use super::*;
+use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
+use proptest::prelude::*;
+
+fn cache_aware(cfg: CacheAwareConfig) -> CacheAware {
+    cfg.validate().expect("valid test config");
+    CacheAware::new(cfg)
+}
+
+fn seed_rule() -> CacheAwareConfig {
+    CacheAwareConfig {
+        hot_spot: HotSpotRule::Off,
+        ..CacheAwareConfig::default()
+    }
+}
+
+fn long_text(tag: &str) -> String {
+    format!("{tag}: {}", "you are a helpful assistant. ".repeat(8))
+}
+
+#[test]
+fn same_text_goes_to_the_same_worker() {
+    for cfg in [seed_rule(), CacheAwareConfig::default()] {
+        let p = cache_aware(cfg);
+        let ws = workers(4);
+        for tag in ["alpha", "beta", "gamma", "delta", "epsilon"] {
+            let text = long_text(tag);
+            let first = pick(&p, &ws, &text);
+            for _ in 0..10 {
+                assert_eq!(pick(&p, &ws, &text), first, "{tag}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prefix_or_an_extension_goes_to_the_same_worker() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(4);
+    // Occupy the other workers' trees with unrelated texts first.
+    for tag in ["a", "b", "c", "d", "e", "f"] {
+        pick(&p, &ws, &long_text(tag));
+    }
+    let turn1 = format!("<system>{}<user>hello", "rules. ".repeat(20));
+    let owner = pick(&p, &ws, &turn1);
+    let prefix: String = turn1.chars().take(turn1.chars().count() / 2).collect();
+    assert_eq!(pick(&p, &ws, &prefix), owner);
+    let turn2 = format!("{turn1}<assistant>hi<user>and more");
+    assert_eq!(pick(&p, &ws, &turn2), owner);
+}
+
+#[test]
+fn twenty_in_flight_versus_zero_always_picks_the_idle_worker() {
+    for hot_spot in [HotSpotRule::Off, HotSpotRule::default()] {
+        let p = cache_aware(CacheAwareConfig {
+            balance_abs_threshold: 5,
+            balance_rel_threshold: 2.0,
+            hot_spot,
+            ..CacheAwareConfig::default()
+        });
+        let ws = workers(2);
+        let text = long_text("busy");
+        // Make worker 0 the holder of the text.
+        p.tree_or_create("m").insert(&text, ws[0].id().tenant());
+        let _busy = hold(&ws[0], 20);
+        for _ in 0..50 {
+            let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+            assert_eq!(d.worker().id(), ws[1].id());
+            assert_eq!(d.explanation().branch, Branch::Imbalanced);
+        }
+    }
+}
+
+#[test]
+fn ties_at_the_matched_node_go_by_load_then_recency() {
+    let p = cache_aware(seed_rule());
+    let ws = workers(3);
+    let text = long_text("shared");
+    let tree = p.tree_or_create("m");
+    tree.insert(&text, ws[2].id().tenant());
+    tree.insert(&text, ws[0].id().tenant()); // most recent holder
+    assert_eq!(
+        pick(&p, &ws, &text),
+        ws[0].id(),
+        "recency breaks a load tie"
+    );
+    // (that pick refreshed worker 0's recency; load still decides first)
+    let _g = hold(&ws[0], 1);
+    assert_eq!(pick(&p, &ws, &text), ws[2].id(), "load before recency");
+}
+
+#[test]
+fn misses_spread_over_tied_workers_instead_of_piling_on_the_first() {
+    for low_match in [LowMatchTarget::MinLoad, LowMatchTarget::SmallestTree] {
+        let p = cache_aware(CacheAwareConfig {
+            low_match,
+            ..seed_rule()
+        });
+        let ws = workers(4);
+        let mut counts = [0usize; 4];
+        // Distinct first characters: every request is a miss; loads stay 0.
+        for i in 0..40u32 {
+            let text = format!("{}{}", char::from_u32(0x4e00 + i).unwrap(), "x".repeat(50));
+            counts[pick(&p, &ws, &text).0 as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| c >= 5), "{low_match:?}: {counts:?}");
+    }
+}
+
+#[test]
+fn smallest_tree_target_prefers_the_emptiest_cache() {
+    let p = cache_aware(CacheAwareConfig {
+        low_match: LowMatchTarget::SmallestTree,
+        ..seed_rule()
+    });
+    let ws = workers(3);
+    let tree = p.tree_or_create("m");
+    tree.insert(&"a".repeat(500), ws[0].id().tenant());
+    tree.insert(&"b".repeat(300), ws[1].id().tenant());
+    tree.insert(&"c".repeat(100), ws[2].id().tenant());
+    let d = p
+        .select(&RequestView::new("m", "zzz unrelated"), &ws)
+        .unwrap();
+    assert_eq!(d.worker().id(), ws[2].id());
+    assert_eq!(d.explanation().branch, Branch::LowMatchSmallestTree);
+}
+
+#[test]
+fn an_unavailable_holder_is_skipped_for_the_next_best_match_and_keeps_its_tree() {
+    let p = cache_aware(seed_rule());
+    let ws = workers(3);
+    let tree = p.tree_or_create("m");
+    let base = long_text("doc");
+    let deep = format!("{base} and the deepest part");
+    tree.insert(&deep, ws[0].id().tenant());
+    tree.insert(&base, ws[1].id().tenant());
+    ws[0].set_healthy(false);
+    for _ in 0..5 {
+        let d = p.select(&RequestView::new("m", &deep), &ws).unwrap();
+        assert_ne!(d.worker().id(), ws[0].id());
+        assert_eq!(d.worker().id(), ws[1].id(), "the next-best holder");
+    }
+    // Worker 0's record survived its outage.
+    let full = deep.chars().count();
+    assert_eq!(
+        tree.prefix_match_for(&deep, ws[0].id().tenant())
+            .matched_chars,
+        full
+    );
+    // An open breaker is skipped the same way.
+    ws[0].set_healthy(true);
+    ws[1].set_breaker(crate::BreakerState::Open);
+    let only0 = format!("{deep}!");
+    tree.insert(&only0, ws[0].id().tenant());
+    assert_eq!(pick(&p, &ws, &only0), ws[0].id(), "back after recovery");
+    for _ in 0..5 {
+        assert_ne!(pick(&p, &ws, &base), ws[1].id());
+    }
+}
+
+#[test]
+fn imbalance_is_computed_over_available_workers_only() {
+    let p = cache_aware(CacheAwareConfig {
+        balance_abs_threshold: 5,
+        balance_rel_threshold: 2.0,
+        ..seed_rule()
+    });
+    let ws = workers(3);
+    let text = long_text("held");
+    p.tree_or_create("m").insert(&text, ws[0].id().tenant());
+    let _g0 = hold(&ws[0], 10);
+    let _g1 = hold(&ws[1], 9);
+    // Worker 2 is idle but down: counting it would call the pool imbalanced.
+    ws[2].set_healthy(false);
+    let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+    assert_eq!(d.explanation().branch, Branch::CacheHit);
+    assert_eq!(d.worker().id(), ws[0].id());
+}
+
+#[test]
+fn hot_spot_cap_spills_a_hit_to_the_least_loaded_worker() {
+    let p = cache_aware(CacheAwareConfig {
+        hot_spot: HotSpotRule::RelativeCap {
+            slack: 2,
+            factor: 1.5,
+        },
+        ..CacheAwareConfig::default()
+    });
+    let ws = workers(4);
+    let text = long_text("hot");
+    p.tree_or_create("m").insert(&text, ws[0].id().tenant());
+    let _g = hold(&ws[0], 2);
+    // load 2 <= max(0 + 2, 1.5 * 0.5): the hit is honoured.
+    assert_eq!(pick(&p, &ws, &text), ws[0].id());
+    let _g2 = hold(&ws[0], 1);
+    // load 3 > max(2, 1.5 * 0.75): spill, and the spill target now holds it.
+    let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+    assert_eq!(d.explanation().branch, Branch::HotSpotSpill);
+    let spill = d.worker().id();
+    assert_ne!(spill, ws[0].id());
+    drop(d);
+    assert_eq!(pick(&p, &ws, &text), spill, "a second holder, less loaded");
+}
+
+#[test]
+fn models_have_separate_trees() {
+    let p = cache_aware(seed_rule());
+    let ws = workers(4);
+    let text = long_text("shared across models");
+    let a = p.select(&RequestView::new("a", &text), &ws).unwrap();
+    let a_id = a.worker().id();
+    drop(a);
+    let b = p.select(&RequestView::new("b", &text), &ws).unwrap();
+    assert_eq!(b.explanation().branch, Branch::LowMatchMinLoad);
+    assert_eq!(b.explanation().matched_chars, Some(0));
+    assert!(p.tree("a").unwrap().prefix_match(&text).matched_chars > 0);
+    assert_eq!(
+        p.tree("b")
+            .unwrap()
+            .prefix_match_for(&text, a_id.tenant())
+            .matched_chars,
+        if b.worker().id() == a_id {
+            text.chars().count()
+        } else {
+            0
+        }
+    );
+}
+
+#[test]
+fn empty_text_and_no_available_worker() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(2);
+    let d = p.select(&RequestView::new("m", ""), &ws).unwrap();
+    assert_eq!(d.explanation().match_rate(), Some(0.0));
+    drop(d);
+    for w in &ws {
+        w.set_healthy(false);
+    }
+    assert_eq!(
+        p.select(&RequestView::new("m", "x"), &ws).unwrap_err(),
+        RoutingError::NoHealthyWorker { model: "m".into() }
+    );
+    assert!(p.select(&RequestView::new("m", "x"), &[]).is_err());
+}
+
+#[test]
+fn explanation_reads_as_one_header_line() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(2);
+    let text = long_text("explain");
+    drop(p.select(&RequestView::new("m", &text), &ws).unwrap());
+    let _g = hold(&ws[1], 1);
+    let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+    let line = d.explanation().to_string();
+    assert!(
+        line.starts_with("cache_aware branch=cache_hit worker=w"),
+        "{line}"
+    );
+    assert!(line.contains(" match=1.000 "), "{line}");
+    assert!(line.ends_with("min=0 max=1 available=2"), "{line}");
+    assert!(line.is_ascii() && !line.contains(['\n', ',', '"']));
+}
+
+#[test]
+fn eviction_bounds_each_worker_and_the_global_bound_holds_between_passes() {
+    let p = cache_aware(CacheAwareConfig {
+        max_tree_size: 100,
+        max_total_chars: 400,
+        ..seed_rule()
+    });
+    let ws = workers(2);
+    for i in 0..40 {
+        pick(&p, &ws, &format!("{i:03}{}", "y".repeat(40)));
+        let stats = p.tree("m").unwrap().stats();
+        assert!(stats.tenant_chars <= 400, "{stats:?}");
+    }
+    assert!(p.evict_now() > 0);
+    for w in &ws {
+        assert!(p.cached_chars(w.id()).unwrap() <= 100);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_eviction_runs_on_its_interval_and_stops_on_cancel() {
+    let cfg = CacheAwareConfig {
+        max_tree_size: 50,
+        eviction_interval_secs: 10,
+        ..seed_rule()
+    };
+    let p: Arc<dyn Policy> = Arc::new(cache_aware(cfg.clone()));
+    let ws = workers(1);
+    for i in 0..10 {
+        pick(&*p, &ws, &format!("{i}{}", "z".repeat(30)));
+    }
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = crate::spawn_eviction(p.clone(), cancel.clone()).expect("enabled");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(p.cached_chars(ws[0].id()).unwrap() > 50, "not yet");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        p.cached_chars(ws[0].id()).unwrap() <= 50,
+        "after one interval"
+    );
+    cancel.cancel();
+    task.await.unwrap();
+
+    let off: Arc<dyn Policy> = Arc::new(cache_aware(CacheAwareConfig {
+        eviction_interval_secs: 0,
+        ..cfg
+    }));
+    assert!(crate::spawn_eviction(off, CancellationToken::new()).is_none());
+}
+
+use tokio_util::sync::CancellationToken;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The branch taken is `Imbalanced` exactly when the DESIGN §1 formula
+    /// over the available workers' loads says so.
+    #[test]
+    fn imbalance_decision_equals_the_formula(
+        loads in proptest::collection::vec((0usize..120, any::<bool>()), 1..7),
+        abs in 0usize..80,
+        rel in 1.0f64..4.0,
+    ) {
+        let p = cache_aware(CacheAwareConfig {
+            balance_abs_threshold: abs,
+            balance_rel_threshold: rel,
+            ..seed_rule()
+        });
+        let ws = workers(loads.len());
+        let mut guards = Vec::new();
+        for (w, &(load, up)) in ws.iter().zip(&loads) {
+            guards.push(hold(w, load));
+            w.set_healthy(up);
+        }
+        let up: Vec<usize> = loads.iter().filter(|l| l.1).map(|l| l.0).collect();
+        let text = long_text("prop");
+        let result = p.select(&RequestView::new("m", &text), &ws);
+        if up.is_empty() {
+            prop_assert!(result.is_err());
+            return Ok(());
+        }
+        let (min, max) = (*up.iter().min().unwrap(), *up.iter().max().unwrap());
+        let expected = max - min > abs && max as f64 > rel * min as f64;
+        let d = result.unwrap();
+        prop_assert_eq!(d.explanation().branch == Branch::Imbalanced, expected);
+        prop_assert!(d.worker().is_available());
+        if expected {
+            prop_assert_eq!(d.worker().load() - 1, min);
+        }
+    }
+}

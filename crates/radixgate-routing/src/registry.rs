@@ -1,0 +1,170 @@
+//! The worker set's single writer ([`Registry`]) and its lock-free readers
+//! ([`Router`]).
+//!
+//! Concurrency: the current [`WorkerSet`] sits in an `ArcSwap`. Readers load
+//! it without locks or contention (`ArcSwap::load`), so the request path
+//! never waits for an admin call or a health check. All changes go through
+//! `&mut Registry`, which makes the one-writer rule a compile-time fact: the
+//! gateway keeps the registry in one task and sends it events. Each change
+//! builds a new set and publishes it with one atomic store.
+//!
+//! Adding or removing a worker also tells the policy, so it can update its
+//! per-worker state (tree tenants, hash ring) incrementally. Health changes
+//! keep that state: a worker that was briefly unhealthy comes back with its
+//! cache record intact.
+
+use crate::{Decision, Policy, RequestView, RoutingError, Worker, WorkerId, WorkerSet, WorkerSpec};
+use arc_swap::ArcSwap;
+use std::sync::Arc;
+
+/// The single writer of the worker set.
+#[derive(Debug)]
+pub struct Registry {
+    current: Arc<ArcSwap<WorkerSet>>,
+    policy: Arc<dyn Policy>,
+    next_id: u32,
+}
+
+impl Registry {
+    /// An empty registry whose changes are reported to `policy`.
+    pub fn new(policy: Arc<dyn Policy>) -> Self {
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(WorkerSet::default())),
+            policy,
+            next_id: 0,
+        }
+    }
+
+    /// A cheap, cloneable handle for the request path.
+    pub fn router(&self) -> Router {
+        Router {
+            current: self.current.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<WorkerSet> {
+        self.current.load_full()
+    }
+
+    /// Validates and adds a worker, publishing a new snapshot.
+    pub fn add(&mut self, spec: WorkerSpec) -> Result<Arc<Worker>, RoutingError> {
+        validate_spec(&spec)?;
+        let set = self.current.load_full();
+        if let Some(existing) = set.by_url(&spec.url) {
+            return Err(RoutingError::DuplicateWorker {
+                url: existing.url().to_owned(),
+            });
+        }
+        let id = WorkerId(self.next_id);
+        self.next_id = self.next_id.checked_add(1).ok_or_else(|| {
+            RoutingError::config("workers", "more than u32::MAX workers were added")
+        })?;
+        let worker = Arc::new(Worker::new(id, spec));
+        self.policy.on_worker_added(&worker);
+        let mut workers = set.workers().to_vec();
+        workers.push(worker.clone());
+        self.publish(workers);
+        Ok(worker)
+    }
+
+    /// Removes a worker, publishing a new snapshot. Requests already routed
+    /// to it keep their guards (and the worker) until they finish; the policy
+    /// forgets it, since a worker that returns gets a new id.
+    pub fn remove(&mut self, id: WorkerId) -> Result<Arc<Worker>, RoutingError> {
+        let set = self.current.load_full();
+        let worker = set
+            .get(id)
+            .cloned()
+            .ok_or(RoutingError::UnknownWorker { id: id.0 })?;
+        let workers = set
+            .workers()
+            .iter()
+            .filter(|w| w.id() != id)
+            .cloned()
+            .collect();
+        self.publish(workers);
+        self.policy.on_worker_removed(&worker);
+        Ok(worker)
+    }
+
+    /// Marks a worker healthy or unhealthy and publishes a new snapshot.
+    /// Returns whether the health changed. Policy state is kept either way.
+    pub fn set_health(&mut self, id: WorkerId, healthy: bool) -> Result<bool, RoutingError> {
+        let set = self.current.load_full();
+        let worker = set
+            .get(id)
+            .ok_or(RoutingError::UnknownWorker { id: id.0 })?;
+        if worker.is_healthy() == healthy {
+            return Ok(false);
+        }
+        worker.set_healthy(healthy);
+        self.publish(set.workers().to_vec());
+        Ok(true)
+    }
+
+    fn publish(&self, workers: Vec<Arc<Worker>>) {
+        let generation = self.current.load().generation() + 1;
+        self.current
+            .store(Arc::new(WorkerSet::build(generation, workers)));
+    }
+}
+
+fn validate_spec(spec: &WorkerSpec) -> Result<(), RoutingError> {
+    let invalid = |reason: &str| RoutingError::InvalidWorker {
+        url: spec.url.clone(),
+        reason: reason.to_owned(),
+    };
+    let rest = spec
+        .url
+        .strip_prefix("http://")
+        .or_else(|| spec.url.strip_prefix("https://"))
+        .ok_or_else(|| invalid("the URL must start with http:// or https://"))?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() {
+        return Err(invalid("the URL has no host"));
+    }
+    if rest.chars().any(char::is_whitespace) {
+        return Err(invalid("the URL contains whitespace"));
+    }
+    if spec.models.iter().any(|m| m.is_empty()) {
+        return Err(invalid("a model name is empty"));
+    }
+    Ok(())
+}
+
+/// The request path's handle: reads the current snapshot without locks and
+/// asks the policy. Cheap to clone; `Send + Sync`.
+#[derive(Clone, Debug)]
+pub struct Router {
+    current: Arc<ArcSwap<WorkerSet>>,
+    policy: Arc<dyn Policy>,
+}
+
+impl Router {
+    /// Resolves the model's pool and chooses a worker. The returned
+    /// [`Decision`] already holds the load guard.
+    pub fn route(
+        &self,
+        model: Option<&str>,
+        text: &str,
+        routing_key: Option<&str>,
+    ) -> Result<Decision, RoutingError> {
+        let set = self.current.load();
+        let pool = set.resolve(model)?;
+        let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
+        self.policy.select(&req, pool.workers)
+    }
+
+    /// The current snapshot (for `/v1/models`, `/get_loads`, metrics, and
+    /// retries that want to exclude a worker before calling the policy).
+    pub fn snapshot(&self) -> Arc<WorkerSet> {
+        self.current.load_full()
+    }
+
+    /// The policy decisions are made by.
+    pub fn policy(&self) -> &Arc<dyn Policy> {
+        &self.policy
+    }
+}

@@ -1,0 +1,35 @@
+//! What a policy sees of a request: a borrowed view, built by the gateway
+//! (or the simulator) from the parsed body without copying the text.
+
+/// The parts of a request routing needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestView<'a> {
+    /// The pool key the request was resolved to (see
+    /// [`WorkerSet::resolve`](crate::WorkerSet::resolve)): the model name, or
+    /// [`WILDCARD_MODEL`](crate::WILDCARD_MODEL) for workers serving any model.
+    /// Per-model state (trees) is keyed by it, so it must come from the
+    /// worker set, never straight from the client.
+    pub model: &'a str,
+    /// The routing text: the prompt, or chat messages rendered with roles and
+    /// turn boundaries so that turn N+1 extends turn N.
+    pub text: &'a str,
+    /// A sticky-session key (`x-session-id` header, or the body's `user`).
+    pub routing_key: Option<&'a str>,
+}
+
+impl<'a> RequestView<'a> {
+    /// A request for `model` with routing text `text` and no routing key.
+    pub fn new(model: &'a str, text: &'a str) -> Self {
+        Self {
+            model,
+            text,
+            routing_key: None,
+        }
+    }
+
+    /// Sets the routing key.
+    pub fn with_routing_key(mut self, key: Option<&'a str>) -> Self {
+        self.routing_key = key;
+        self
+    }
+}

@@ -1,0 +1,201 @@
+//! An immutable snapshot of the worker set, with workers grouped by model.
+//!
+//! A [`WorkerSet`] never changes once built; the
+//! [`Registry`](crate::Registry) builds a new one for every change and swaps
+//! it in atomically, so a request sees one consistent set from start to end
+//! without taking a lock. Live per-worker state (load, health atomics) is
+//! shared with later snapshots through the `Arc<Worker>`s.
+//!
+//! Pools: every model named by some worker gets a pool of the workers naming
+//! it plus the wildcard workers (those that name no model). Requests for a
+//! model nobody names go to the wildcard pool, keyed [`WILDCARD_MODEL`], so a
+//! client cannot create per-model state by inventing model names.
+
+use crate::{RoutingError, Worker, WorkerId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Pool key of workers that serve any model.
+pub const WILDCARD_MODEL: &str = "*";
+
+/// The workers serving one model.
+#[derive(Clone, Debug)]
+pub struct Pool<'a> {
+    /// The key to route with ([`RequestView::model`](crate::RequestView::model)).
+    pub model: &'a str,
+    /// Every worker of the pool, healthy or not, in id order; policies pick
+    /// among the available ones.
+    pub workers: &'a [Arc<Worker>],
+}
+
+/// One immutable version of the worker set.
+#[derive(Debug, Default)]
+pub struct WorkerSet {
+    generation: u64,
+    workers: Vec<Arc<Worker>>,
+    pools: BTreeMap<String, Vec<Arc<Worker>>>,
+    wildcard: Vec<Arc<Worker>>,
+}
+
+impl WorkerSet {
+    pub(crate) fn build(generation: u64, mut workers: Vec<Arc<Worker>>) -> Self {
+        workers.sort_by_key(|w| w.id());
+        let wildcard: Vec<Arc<Worker>> = workers
+            .iter()
+            .filter(|w| w.models().is_empty())
+            .cloned()
+            .collect();
+        let mut pools: BTreeMap<String, Vec<Arc<Worker>>> = BTreeMap::new();
+        for w in &workers {
+            for m in w.models() {
+                pools.entry(m.clone()).or_default().push(w.clone());
+            }
+        }
+        for pool in pools.values_mut() {
+            pool.extend(wildcard.iter().cloned());
+            pool.sort_by_key(|w| w.id());
+            pool.dedup_by_key(|w| w.id());
+        }
+        Self {
+            generation,
+            workers,
+            pools,
+            wildcard,
+        }
+    }
+
+    /// Increases by one with every published change.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// All workers, in id order.
+    pub fn workers(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+
+    /// The worker with this id.
+    pub fn get(&self, id: WorkerId) -> Option<&Arc<Worker>> {
+        self.workers
+            .binary_search_by_key(&id, |w| w.id())
+            .ok()
+            .map(|i| &self.workers[i])
+    }
+
+    /// The worker with this URL (trailing `/` ignored).
+    pub fn by_url(&self, url: &str) -> Option<&Arc<Worker>> {
+        let url = url.trim_end_matches('/');
+        self.workers.iter().find(|w| w.url() == url)
+    }
+
+    /// Models named by at least one worker, sorted (for `/v1/models`).
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        self.pools.keys().map(String::as_str)
+    }
+
+    /// The pool a request for `model` goes to.
+    ///
+    /// - a named model → the workers naming it, plus the wildcard workers;
+    /// - a model nobody names → the wildcard pool, or
+    ///   [`RoutingError::UnknownModel`] if there are no wildcard workers;
+    /// - no model → the only named model's pool, or the wildcard pool if no
+    ///   worker names a model; several models → [`RoutingError::ModelRequired`].
+    ///
+    /// Health is not considered here: a pool whose workers are all down still
+    /// resolves, and the policy answers [`RoutingError::NoHealthyWorker`].
+    pub fn resolve(&self, model: Option<&str>) -> Result<Pool<'_>, RoutingError> {
+        if self.workers.is_empty() {
+            return Err(RoutingError::NoWorkers);
+        }
+        match model {
+            Some(m) => {
+                if let Some((key, workers)) = self.pools.get_key_value(m) {
+                    Ok(Pool {
+                        model: key,
+                        workers,
+                    })
+                } else if !self.wildcard.is_empty() {
+                    Ok(self.wildcard_pool())
+                } else {
+                    Err(RoutingError::UnknownModel {
+                        model: m.to_owned(),
+                    })
+                }
+            }
+            None => match self.pools.len() {
+                0 => Ok(self.wildcard_pool()),
+                1 => {
+                    let (key, workers) = self.pools.iter().next().expect("one pool");
+                    Ok(Pool {
+                        model: key,
+                        workers,
+                    })
+                }
+                _ => Err(RoutingError::ModelRequired {
+                    available: self.pools.keys().cloned().collect(),
+                }),
+            },
+        }
+    }
+
+    fn wildcard_pool(&self) -> Pool<'_> {
+        Pool {
+            model: WILDCARD_MODEL,
+            workers: &self.wildcard,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::WorkerSpec;
+
+    fn set(specs: Vec<WorkerSpec>) -> WorkerSet {
+        let workers = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Arc::new(Worker::new(WorkerId(i as u32), s)))
+            .collect();
+        WorkerSet::build(1, workers)
+    }
+
+    fn ids(pool: &Pool<'_>) -> Vec<u32> {
+        pool.workers.iter().map(|w| w.id().0).collect()
+    }
+
+    #[test]
+    fn named_models_get_their_workers_plus_wildcards() {
+        let s = set(vec![
+            WorkerSpec::new("http://a:1").with_models(["llama"]),
+            WorkerSpec::new("http://b:1").with_models(["qwen", "llama"]),
+            WorkerSpec::new("http://c:1"),
+        ]);
+        assert_eq!(ids(&s.resolve(Some("llama")).unwrap()), vec![0, 1, 2]);
+        assert_eq!(ids(&s.resolve(Some("qwen")).unwrap()), vec![1, 2]);
+        let other = s.resolve(Some("made-up")).unwrap();
+        assert_eq!(other.model, WILDCARD_MODEL);
+        assert_eq!(ids(&other), vec![2]);
+        assert!(matches!(
+            s.resolve(None),
+            Err(RoutingError::ModelRequired { .. })
+        ));
+        assert_eq!(s.models().collect::<Vec<_>>(), vec!["llama", "qwen"]);
+    }
+
+    #[test]
+    fn unknown_model_without_wildcards_is_an_error() {
+        let s = set(vec![WorkerSpec::new("http://a:1").with_models(["llama"])]);
+        assert_eq!(
+            s.resolve(Some("qwen")).unwrap_err(),
+            RoutingError::UnknownModel {
+                model: "qwen".into()
+            }
+        );
+        assert_eq!(s.resolve(None).unwrap().model, "llama");
+        assert_eq!(
+            WorkerSet::default().resolve(None).unwrap_err(),
+            RoutingError::NoWorkers
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! One inference worker: its identity and its live state.
+//!
+//! Identity (id, URL, models, API key) never changes after construction; a
+//! worker whose models change is removed and added again. Live state —
+//! health, circuit-breaker state, in-flight load, processed count and the
+//! load the worker reports about itself — is held in atomics so that the
+//! request path reads it without locks, from any thread.
+//!
+//! Who writes what:
+//! - in-flight load: only [`LoadGuard`](crate::LoadGuard) (up on creation,
+//!   down on drop); there is no other way to change it;
+//! - health: the [`Registry`](crate::Registry), the single writer of the
+//!   worker set, which also publishes a new snapshot on every change;
+//! - breaker state and reported load: the gateway's health/breaker tasks.
+//!
+//! All atomics use relaxed or acquire/release orderings: each value is an
+//! independent hint for routing, and no invariant spans two of them.
+
+use crate::TenantId;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+/// Identifies a worker for as long as the process runs; never reused, so a
+/// worker removed and added again gets a fresh id (and a fresh cache record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(pub u32);
+
+impl WorkerId {
+    /// The tree tenant that records what was routed to this worker.
+    pub fn tenant(self) -> TenantId {
+        TenantId(self.0)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.0)
+    }
+}
+
+/// State of a worker's circuit breaker, kept here so that selection skips
+/// an open breaker. The gateway owns the state machine; this is its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Requests flow normally.
+    Closed,
+    /// Too many consecutive failures: the worker is not selected.
+    Open,
+    /// Probing: the worker may be selected (the gateway limits how often).
+    HalfOpen,
+}
+
+impl BreakerState {
+    fn to_u8(self) -> u8 {
+        match self {
+            Self::Closed => 0,
+            Self::Open => 1,
+            Self::HalfOpen => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Open,
+            2 => Self::HalfOpen,
+            _ => Self::Closed,
+        }
+    }
+}
+
+/// Load that a worker reports about itself (e.g. from its `/get_load` or
+/// `/metrics`). Policies may use it as a hint; the router's own in-flight
+/// count stays the authoritative load.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct ReportedLoad {
+    /// Requests the worker is running.
+    pub running: u32,
+    /// Requests waiting in the worker's queue.
+    pub waiting: u32,
+    /// Fraction of the KV cache in use, `0.0..=1.0`.
+    pub kv_usage: f32,
+}
+
+/// Bit layout of a packed [`ReportedLoad`]: one atomic word, so a reader
+/// never sees `running` from one report and `waiting` from another.
+const PRESENT: u64 = 1 << 63;
+const FIELD_MASK: u64 = (1 << 24) - 1;
+
+fn pack(load: ReportedLoad) -> u64 {
+    let running = u64::from(load.running).min(FIELD_MASK);
+    let waiting = u64::from(load.waiting).min(FIELD_MASK);
+    let kv = (load.kv_usage.clamp(0.0, 1.0) * 10_000.0).round() as u64;
+    PRESENT | running | (waiting << 24) | (kv << 48)
+}
+
+fn unpack(word: u64) -> Option<ReportedLoad> {
+    if word & PRESENT == 0 {
+        return None;
+    }
+    Some(ReportedLoad {
+        running: (word & FIELD_MASK) as u32,
+        waiting: ((word >> 24) & FIELD_MASK) as u32,
+        kv_usage: ((word >> 48) & 0x7fff) as f32 / 10_000.0,
+    })
+}
+
+/// How to reach a worker and what it serves; the input to
+/// [`Registry::add`](crate::Registry::add).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Base URL, e.g. `http://10.0.0.5:30000` (a trailing `/` is dropped).
+    pub url: String,
+    /// Models served. Empty means "whatever is asked": the worker joins the
+    /// wildcard pool used when no worker names the requested model.
+    pub models: Vec<String>,
+    /// Bearer key the gateway sends to this worker, if any.
+    pub api_key: Option<String>,
+    /// Health on admission. The gateway admits workers unhealthy and lets
+    /// its probes mark them healthy; the simulator admits them healthy.
+    pub healthy: bool,
+}
+
+impl WorkerSpec {
+    /// A healthy worker at `url` serving any model, without an API key.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            models: Vec::new(),
+            api_key: None,
+            healthy: true,
+        }
+    }
+
+    /// Sets the models served.
+    pub fn with_models<I, S>(mut self, models: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.models = models.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the API key sent to the worker.
+    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// Sets the health on admission.
+    pub fn with_health(mut self, healthy: bool) -> Self {
+        self.healthy = healthy;
+        self
+    }
+}
+
+/// A worker: fixed identity plus live state. Shared as `Arc<Worker>`.
+pub struct Worker {
+    id: WorkerId,
+    url: String,
+    models: Vec<String>,
+    api_key: Option<String>,
+    healthy: AtomicBool,
+    breaker: AtomicU8,
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) processed: AtomicU64,
+    reported: AtomicU64,
+}
+
+impl Worker {
+    /// Builds a worker from a spec. Most callers go through
+    /// [`Registry::add`](crate::Registry::add), which validates the spec and
+    /// assigns ids; this is public for tests and the offline simulator.
+    pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
+        let url = spec.url.trim_end_matches('/').to_owned();
+        Self {
+            id,
+            url,
+            models: spec.models,
+            api_key: spec.api_key,
+            healthy: AtomicBool::new(spec.healthy),
+            breaker: AtomicU8::new(BreakerState::Closed.to_u8()),
+            in_flight: AtomicUsize::new(0),
+            processed: AtomicU64::new(0),
+            reported: AtomicU64::new(0),
+        }
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> WorkerId {
+        self.id
+    }
+
+    /// Base URL without a trailing `/`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Models served (empty: any model).
+    pub fn models(&self) -> &[String] {
+        &self.models
+    }
+
+    /// API key to send to the worker.
+    pub fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+
+    /// Whether health checks consider the worker up.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Release);
+    }
+
+    /// Circuit-breaker state.
+    pub fn breaker(&self) -> BreakerState {
+        BreakerState::from_u8(self.breaker.load(Ordering::Acquire))
+    }
+
+    /// Sets the circuit-breaker state (the gateway's breaker owns it).
+    pub fn set_breaker(&self, state: BreakerState) {
+        self.breaker.store(state.to_u8(), Ordering::Release);
+    }
+
+    /// Whether policies may choose this worker: healthy and breaker not open.
+    pub fn is_available(&self) -> bool {
+        self.is_healthy() && self.breaker() != BreakerState::Open
+    }
+
+    /// Requests routed to this worker whose [`LoadGuard`](crate::LoadGuard)
+    /// is still alive.
+    pub fn load(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests routed to this worker that have finished (guard dropped).
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+
+    /// Records the load the worker last reported about itself.
+    pub fn set_reported_load(&self, load: ReportedLoad) {
+        self.reported.store(pack(load), Ordering::Relaxed);
+    }
+
+    /// The load the worker last reported, if it ever did.
+    pub fn reported_load(&self) -> Option<ReportedLoad> {
+        unpack(self.reported.load(Ordering::Relaxed))
+    }
+
+    /// Whether this worker serves `model` (a wildcard worker serves all).
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The API key is deliberately left out: debug output ends up in logs.
+        f.debug_struct("Worker")
+            .field("id", &self.id)
+            .field("url", &self.url)
+            .field("models", &self.models)
+            .field("healthy", &self.is_healthy())
+            .field("breaker", &self.breaker())
+            .field("load", &self.load())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_load_round_trips_and_saturates() {
+        let w = Worker::new(WorkerId(1), WorkerSpec::new("http://a:1/"));
+        assert_eq!(w.url(), "http://a:1");
+        assert_eq!(w.reported_load(), None);
+        w.set_reported_load(ReportedLoad {
+            running: 7,
+            waiting: u32::MAX,
+            kv_usage: 0.25,
+        });
+        let got = w.reported_load().unwrap();
+        assert_eq!(got.running, 7);
+        assert_eq!(got.waiting, (1 << 24) - 1);
+        assert!((got.kv_usage - 0.25).abs() < 1e-4);
+    }
+
+    #[test]
+    fn availability_follows_health_and_breaker() {
+        let w = Worker::new(WorkerId(1), WorkerSpec::new("http://a:1"));
+        assert!(w.is_available());
+        w.set_breaker(BreakerState::Open);
+        assert!(!w.is_available());
+        w.set_breaker(BreakerState::HalfOpen);
+        assert!(w.is_available());
+        w.set_healthy(false);
+        assert!(!w.is_available());
+    }
+
+    #[test]
+    fn debug_hides_the_api_key() {
+        let w = Worker::new(
+            WorkerId(1),
+            WorkerSpec::new("http://a:1").with_api_key("sekrit"),
+        );
+        assert!(!format!("{w:?}").contains("sekrit"));
+    }
+}

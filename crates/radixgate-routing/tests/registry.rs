@@ -1,0 +1,211 @@
+//! The registry and router through the public API: snapshots, model pools,
+//! health and removal as the gateway will drive them.
+
+use radixgate_routing::policy::{CacheAware, ConsistentHash};
+use radixgate_routing::{
+    Branch, CacheAwareConfig, HotSpotRule, Policy, PolicyConfig, Registry, RoutingError, WorkerSpec,
+};
+use std::sync::Arc;
+
+fn text(tag: &str) -> String {
+    format!(
+        "<system>{}</system><user>{tag}",
+        "be brief and exact. ".repeat(10)
+    )
+}
+
+fn cache_aware() -> Arc<CacheAware> {
+    Arc::new(CacheAware::new(CacheAwareConfig {
+        hot_spot: HotSpotRule::Off,
+        ..CacheAwareConfig::default()
+    }))
+}
+
+#[test]
+fn add_remove_and_health_publish_new_snapshots() {
+    let mut reg = Registry::new(PolicyConfig::default().build().unwrap());
+    let router = reg.router();
+    assert_eq!(
+        router.route(None, "x", None).unwrap_err(),
+        RoutingError::NoWorkers
+    );
+    let a = reg.add(WorkerSpec::new("http://a:1/")).unwrap();
+    let g1 = router.snapshot().generation();
+    assert!(matches!(
+        reg.add(WorkerSpec::new("http://a:1")),
+        Err(RoutingError::DuplicateWorker { .. })
+    ));
+    for bad in ["a:1", "http://", "ftp://x", "http://a b"] {
+        assert!(
+            matches!(
+                reg.add(WorkerSpec::new(bad)),
+                Err(RoutingError::InvalidWorker { .. })
+            ),
+            "{bad}"
+        );
+    }
+    assert!(reg.set_health(a.id(), false).unwrap());
+    assert!(
+        !reg.set_health(a.id(), false).unwrap(),
+        "no change, no publish"
+    );
+    let g2 = router.snapshot().generation();
+    assert!(g2 > g1);
+    let err = router.route(None, "x", None).unwrap_err();
+    assert_eq!(err, RoutingError::NoHealthyWorker { model: "*".into() });
+    assert!(err.retryable());
+    reg.remove(a.id()).unwrap();
+    assert_eq!(
+        reg.remove(a.id()).unwrap_err(),
+        RoutingError::UnknownWorker { id: a.id().0 }
+    );
+    assert!(router.snapshot().workers().is_empty());
+}
+
+#[test]
+fn unhealthy_worker_is_never_chosen_and_keeps_its_tree() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let ws: Vec<_> = (0..3)
+        .map(|i| reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap())
+        .collect();
+    let t = text("only mine");
+    let owner = router.route(None, &t, None).unwrap().worker().clone();
+    reg.set_health(owner.id(), false).unwrap();
+    for i in 0..30 {
+        let d = router.route(None, &format!("{t} {i}"), None).unwrap();
+        assert_ne!(d.worker().id(), owner.id());
+    }
+    let tree = policy.tree("*").unwrap();
+    assert_eq!(
+        tree.prefix_match_for(&t, owner.id().tenant()).matched_chars,
+        t.chars().count(),
+        "the outage did not wipe the record"
+    );
+    reg.set_health(owner.id(), true).unwrap();
+    // A text only the recovered worker ever held goes back to it.
+    let solo = format!("{t}!solo");
+    tree.insert(&solo, owner.id().tenant());
+    assert_eq!(
+        router.route(None, &solo, None).unwrap().worker().id(),
+        owner.id()
+    );
+    assert_eq!(ws.len(), 3);
+}
+
+#[test]
+fn removed_worker_is_never_chosen_and_others_keep_their_trees() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    for i in 0..3 {
+        reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap();
+    }
+    // Texts that differ from their first character: spread over the pool.
+    let distinct = |i: usize| format!("{i:02}|{}", "lorem ipsum ".repeat(20));
+    let owners: Vec<_> = (0..6)
+        .map(|i| {
+            router
+                .route(None, &distinct(i), None)
+                .unwrap()
+                .worker()
+                .id()
+        })
+        .collect();
+    let gone = owners[0];
+    let removed = reg.remove(gone).unwrap();
+    assert_eq!(policy.cached_chars(gone), Some(0), "its record is dropped");
+    let mut kept = 0;
+    for (i, &was) in owners.iter().enumerate() {
+        let d = router.route(None, &distinct(i), None).unwrap();
+        assert_ne!(d.worker().id(), gone);
+        if was != gone {
+            assert_eq!(d.worker().id(), was, "others keep their affinity");
+            assert_eq!(d.explanation().branch, Branch::CacheHit);
+            kept += 1;
+        }
+    }
+    assert_eq!(kept, 4, "misses were spread two per worker");
+    assert_eq!(removed.load(), 0);
+}
+
+#[test]
+fn models_are_isolated() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let llama = reg
+        .add(WorkerSpec::new("http://l:1").with_models(["llama"]))
+        .unwrap();
+    let qwen: Vec<_> = (0..2)
+        .map(|i| {
+            reg.add(WorkerSpec::new(format!("http://q{i}:1")).with_models(["qwen"]))
+                .unwrap()
+        })
+        .collect();
+    let t = text("same words, different models");
+    for _ in 0..20 {
+        assert_eq!(
+            router.route(Some("llama"), &t, None).unwrap().worker().id(),
+            llama.id()
+        );
+        let d = router.route(Some("qwen"), &t, None).unwrap();
+        assert!(qwen.iter().any(|w| w.id() == d.worker().id()));
+    }
+    assert_eq!(
+        policy
+            .tree("qwen")
+            .unwrap()
+            .prefix_match_for(&t, llama.id().tenant())
+            .matched_chars,
+        0
+    );
+    assert_eq!(
+        policy.tree("llama").unwrap().stats().tenant_chars,
+        t.chars().count()
+    );
+    let err = router.route(Some("mistral"), &t, None).unwrap_err();
+    assert_eq!(
+        err,
+        RoutingError::UnknownModel {
+            model: "mistral".into()
+        }
+    );
+    assert!(matches!(
+        router.route(None, &t, None),
+        Err(RoutingError::ModelRequired { .. })
+    ));
+    assert_eq!(
+        router.snapshot().models().collect::<Vec<_>>(),
+        ["llama", "qwen"]
+    );
+}
+
+#[test]
+fn consistent_hash_follows_registry_changes() {
+    let policy = Arc::new(ConsistentHash::new(160, 1.25));
+    let mut reg = Registry::new(policy as Arc<dyn Policy>);
+    let router = reg.router();
+    let ws: Vec<_> = (0..4)
+        .map(|i| reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap())
+        .collect();
+    let owner = router
+        .route(None, "", Some("session-7"))
+        .unwrap()
+        .worker()
+        .id();
+    for _ in 0..10 {
+        let d = router.route(None, "", Some("session-7")).unwrap();
+        assert_eq!(d.worker().id(), owner);
+        assert_eq!(d.explanation().branch, Branch::HashRing);
+    }
+    reg.remove(owner).unwrap();
+    let next = router
+        .route(None, "", Some("session-7"))
+        .unwrap()
+        .worker()
+        .id();
+    assert_ne!(next, owner);
+    assert!(ws.iter().any(|w| w.id() == next));
+}

@@ -1,0 +1,446 @@
+//! Criterion benchmarks of the radix tree, each racing a baseline measured in
+//! the same run:
+//! - `match/*` and `insert/*`: prompts of 100 B, 1 KiB, 4 KiB, 16 KiB built as
+//!   32 system prompts (half the prompt) × unique suffixes, 16 tenants, a tree
+//!   of ~4 M stored characters (and ~16 M for 4 KiB), against a `memcmp`
+//!   pass over the same prompt bytes (the physical floor) and a naive
+//!   baseline (a list of inserted texts scanned linearly).
+//! - `evict/*`: steady-state eviction of 10% of each tenant, on 4 M and 16 M
+//!   character trees, against 1% of the 16 M tree and against `stats()`, an
+//!   O(nodes) walk (the floor of any scan-based eviction).
+//! - `threads/*`: the same 4 KiB match from 1 and 2 threads on one tree,
+//!   against the tree behind one exclusive mutex.
+//! - bytes per stored character are printed for every tree built.
+//!
+//! Text: lowercase ASCII and spaces with about 1 in 32 chars `é` and 1 in 64
+//! `日`, from a fixed-seed xorshift generator (seed printed).
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use radixgate_tree::{TenantId, Tree, TreeConfig};
+
+const SEED: u64 = 0x5EED_0F7E;
+const SYSTEM_PROMPTS: usize = 32;
+const TENANTS: u32 = 16;
+const QUERIES: usize = 256;
+const SIZES: [usize; 4] = [100, 1024, 4096, 16384];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Random text of at most `bytes` bytes (at least `bytes - 2`).
+    fn text(&mut self, bytes: usize) -> String {
+        let mut s = String::with_capacity(bytes + 4);
+        while s.len() < bytes {
+            let r = self.next();
+            let c = match r % 64 {
+                0 => '日',
+                1 | 2 => 'é',
+                3..=9 => ' ',
+                _ => char::from(b'a' + ((r >> 8) % 26) as u8),
+            };
+            if s.len() + c.len_utf8() > bytes {
+                break;
+            }
+            s.push(c);
+        }
+        s
+    }
+}
+
+/// Prompts of about `p` bytes: system prompt `i % 32`, then a unique
+/// suffix: `i`'s digits reversed (so the first suffix char varies fastest)
+/// and a slice of a random pool at an offset that depends on `i`.
+struct Workload {
+    p: usize,
+    systems: Vec<String>,
+    pool: String,
+    next: usize,
+}
+
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+impl Workload {
+    fn new(p: usize) -> Self {
+        let mut rng = Rng(SEED ^ p as u64);
+        let systems = (0..SYSTEM_PROMPTS).map(|_| rng.text(p / 2)).collect();
+        let pool = rng.text((1 << 16) + p);
+        Self {
+            p,
+            systems,
+            pool,
+            next: 0,
+        }
+    }
+
+    /// The next prompt and the tenant it goes to.
+    fn prompt(&mut self) -> (String, TenantId) {
+        let i = self.next;
+        self.next += 1;
+        let system = &self.systems[i % SYSTEM_PROMPTS];
+        let mut s = String::with_capacity(self.p);
+        s.push_str(system);
+        let digits: String = format!("{i:08}").chars().rev().collect();
+        s.push_str(&digits);
+        let rest = self.p.saturating_sub(s.len());
+        let start = floor_boundary(&self.pool, (i * 7919) % (1 << 16));
+        let end = floor_boundary(&self.pool, start + rest);
+        s.push_str(&self.pool[start..end]);
+        (s, TenantId((i % TENANTS as usize) as u32))
+    }
+}
+
+/// A tree of about `chars` stored characters, the texts it got, and sample queries.
+struct Built {
+    tree: Tree,
+    texts: Vec<(String, TenantId)>,
+    queries: Vec<(String, TenantId)>,
+    work: Workload,
+}
+
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<usize>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn build(p: usize, chars: usize, max_total: usize) -> Built {
+    let mut work = Workload::new(p);
+    let tree = Tree::new(TreeConfig {
+        max_total_chars: max_total,
+    });
+    let rss_before = rss_bytes();
+    let mut texts = Vec::new();
+    let started = Instant::now();
+    while tree.stats().chars < chars {
+        for _ in 0..256 {
+            let (s, t) = work.prompt();
+            tree.insert(&s, t);
+            texts.push((s, t));
+        }
+    }
+    let took = started.elapsed();
+    let stats = tree.stats();
+    let text_bytes: usize = texts.iter().map(|(s, _)| s.capacity()).sum();
+    let rss = rss_bytes()
+        .saturating_sub(rss_before)
+        .saturating_sub(text_bytes);
+    println!(
+        "built p={p} seed={SEED:#x}: {} prompts, {} nodes, {} stored chars, {} tenant chars, \
+         estimated {:.2} B/char, RSS delta {:.2} B/char (minus the baseline's own copies), \
+         build {:.0} ns/insert",
+        texts.len(),
+        stats.nodes,
+        stats.chars,
+        stats.tenant_chars,
+        stats.estimated_bytes as f64 / stats.chars as f64,
+        rss as f64 / stats.chars as f64,
+        took.as_nanos() as f64 / texts.len() as f64
+    );
+    let step = (texts.len() / QUERIES).max(1);
+    let queries = texts.iter().step_by(step).take(QUERIES).cloned().collect();
+    Built {
+        tree,
+        texts,
+        queries,
+        work,
+    }
+}
+
+/// Bytes in common at the start of `a` and `b` (the naive baseline's compare;
+/// slice equality on 32-byte blocks is the same trick the tree uses).
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 32 <= n && a[i..i + 32] == b[i..i + 32] {
+        i += 32;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+/// Naive baseline: longest common prefix over every inserted text.
+fn naive_match(texts: &[(String, TenantId)], q: &str) -> (usize, Vec<TenantId>) {
+    let mut best = 0;
+    let mut who = Vec::new();
+    for (s, t) in texts {
+        let m = common_prefix(s.as_bytes(), q.as_bytes());
+        if m > best {
+            best = m;
+            who.clear();
+        }
+        if m == best && m > 0 {
+            who.push(*t);
+        }
+    }
+    (best, who)
+}
+
+fn configure(c: &mut Criterion) -> Criterion {
+    std::mem::take(c)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+}
+
+/// `memcmp` floor: compare each query with a separately allocated copy.
+fn bench_memcmp(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    p: usize,
+    queries: &[(String, TenantId)],
+) {
+    let copies: Vec<(Vec<u8>, Vec<u8>)> = queries
+        .iter()
+        .map(|(s, _)| (s.as_bytes().to_vec(), s.as_bytes().to_vec()))
+        .collect();
+    let mut i = 0;
+    g.bench_function(BenchmarkId::new("memcmp", p), |b| {
+        b.iter(|| {
+            i = (i + 1) % copies.len();
+            let (x, y) = &copies[i];
+            black_box(black_box(x.as_slice()) == black_box(y.as_slice()))
+        })
+    });
+}
+
+fn match_and_insert(c: &mut Criterion) {
+    let mut c = configure(c);
+    for p in SIZES {
+        let mut built = build(p, 4_000_000, usize::MAX);
+        let mut g = c.benchmark_group("match");
+        g.throughput(Throughput::Bytes(p as u64));
+        bench_memcmp(&mut g, p, &built.queries);
+        let mut i = 0;
+        g.bench_function(BenchmarkId::new("tree", p), |b| {
+            b.iter(|| {
+                i = (i + 1) % built.queries.len();
+                black_box(built.tree.prefix_match(black_box(&built.queries[i].0)))
+            })
+        });
+        g.bench_function(BenchmarkId::new("tree_for_tenant", p), |b| {
+            b.iter(|| {
+                i = (i + 1) % built.queries.len();
+                let (q, t) = &built.queries[i];
+                black_box(built.tree.prefix_match_for(black_box(q), *t))
+            })
+        });
+        g.sample_size(10);
+        g.bench_function(BenchmarkId::new("naive_scan", p), |b| {
+            b.iter(|| {
+                i = (i + 1) % built.queries.len();
+                black_box(naive_match(&built.texts, black_box(&built.queries[i].0)))
+            })
+        });
+        g.finish();
+
+        let mut g = c.benchmark_group("insert");
+        g.throughput(Throughput::Bytes(p as u64));
+        bench_memcmp(&mut g, p, &built.queries);
+        g.bench_function(BenchmarkId::new("tree_existing", p), |b| {
+            b.iter(|| {
+                i = (i + 1) % built.queries.len();
+                let (q, t) = &built.queries[i];
+                built.tree.insert(black_box(q), *t);
+            })
+        });
+        // A new prompt on a known system prompt: the suffix is new, so this
+        // pays for one leaf allocation (and, past the bound, inline eviction).
+        // Prompts are generated outside the timed closure in batches.
+        let bound = built.tree.stats().tenant_chars;
+        let fresh = Tree::new(TreeConfig {
+            max_total_chars: bound,
+        });
+        for (s, t) in &built.texts {
+            fresh.insert(s, *t);
+        }
+        g.bench_function(BenchmarkId::new("tree_new_suffix", p), |b| {
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(256);
+                    left -= n;
+                    let batch: Vec<(String, TenantId)> =
+                        (0..n).map(|_| built.work.prompt()).collect();
+                    let start = Instant::now();
+                    for (q, t) in &batch {
+                        fresh.insert(black_box(q), *t);
+                    }
+                    took += start.elapsed();
+                }
+                took
+            })
+        });
+        let mut naive: Vec<(String, TenantId)> = Vec::new();
+        g.bench_function(BenchmarkId::new("naive_push", p), |b| {
+            b.iter(|| {
+                i = (i + 1) % built.queries.len();
+                let (q, t) = &built.queries[i];
+                naive.push((black_box(q).clone(), *t));
+                if naive.len() > 4096 {
+                    naive.clear();
+                }
+            })
+        });
+        g.finish();
+        let s = fresh.stats();
+        println!(
+            "after tree_new_suffix p={p}: bound {bound}, tenant chars {}, {:.2} B/char",
+            s.tenant_chars,
+            s.estimated_bytes as f64 / s.chars as f64
+        );
+    }
+}
+
+fn big_tree(c: &mut Criterion) {
+    let mut c = configure(c);
+    let p = 4096;
+    let built = build(p, 16_000_000, usize::MAX);
+    let mut g = c.benchmark_group("match_16M");
+    g.throughput(Throughput::Bytes(p as u64));
+    bench_memcmp(&mut g, p, &built.queries);
+    let mut i = 0;
+    g.bench_function(BenchmarkId::new("tree", p), |b| {
+        b.iter(|| {
+            i = (i + 1) % built.queries.len();
+            black_box(built.tree.prefix_match(black_box(&built.queries[i].0)))
+        })
+    });
+    g.sample_size(10);
+    g.bench_function(BenchmarkId::new("naive_scan", p), |b| {
+        b.iter(|| {
+            i = (i + 1) % built.queries.len();
+            black_box(naive_match(&built.texts, black_box(&built.queries[i].0)))
+        })
+    });
+    g.finish();
+}
+
+/// Steady-state eviction: evict `percent`% of each tenant (timed), then
+/// insert fresh prompts to grow back (untimed).
+fn evict_cycle(built: &mut Built, percent: usize) -> Duration {
+    let tree = &built.tree;
+    let avg = tree.stats().tenant_chars / TENANTS as usize;
+    let start = Instant::now();
+    let report = tree.evict(avg * (100 - percent) / 100);
+    let took = start.elapsed();
+    black_box(report);
+    while tree.stats().tenant_chars < avg * TENANTS as usize {
+        for _ in 0..64 {
+            let (s, t) = built.work.prompt();
+            tree.insert(&s, t);
+        }
+    }
+    took
+}
+
+fn eviction(c: &mut Criterion) {
+    let mut c = configure(c);
+    let mut g = c.benchmark_group("evict");
+    g.sample_size(10);
+    for (label, chars, percent) in [
+        ("10pct_of_4M", 4_000_000, 10),
+        ("10pct_of_16M", 16_000_000, 10),
+        ("1pct_of_16M", 16_000_000, 1),
+    ] {
+        let mut built = build(4096, chars, usize::MAX);
+        built.texts = Vec::new();
+        let before = built.tree.stats();
+        let avg = before.tenant_chars / TENANTS as usize;
+        let r = built.tree.evict(avg * (100 - percent) / 100);
+        let after = built.tree.stats();
+        println!(
+            "evict {label}: one pass took {} chars and {} nodes of {} chars / {} nodes",
+            r.evicted_chars,
+            before.nodes - after.nodes,
+            before.tenant_chars,
+            before.nodes
+        );
+        g.bench_function(label, |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| evict_cycle(&mut built, percent)).sum())
+        });
+        if chars == 16_000_000 && percent == 10 {
+            g.bench_function("stats_walk_16M", |b| {
+                b.iter(|| black_box(built.tree.stats()))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// `threads` callers each run `iters` 4 KiB matches at once; returns the
+/// slowest caller's time (so equal times mean perfect scaling).
+fn run_threads(
+    tree: &Arc<Tree>,
+    queries: &Arc<Vec<(String, TenantId)>>,
+    threads: usize,
+    iters: u64,
+    lock: Option<&Arc<parking_lot::Mutex<()>>>,
+) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let (tree, queries, barrier) =
+                (Arc::clone(tree), Arc::clone(queries), Arc::clone(&barrier));
+            let lock = lock.map(Arc::clone);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                for n in 0..iters as usize {
+                    let q = &queries[(n * 7 + k * 13) % queries.len()].0;
+                    let _guard = lock.as_ref().map(|l| l.lock());
+                    black_box(tree.prefix_match(black_box(q)));
+                }
+                start.elapsed()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("bench thread"))
+        .max()
+        .unwrap_or_default()
+}
+
+fn threads(c: &mut Criterion) {
+    let mut c = configure(c);
+    let built = build(4096, 4_000_000, usize::MAX);
+    let queries = Arc::new(built.queries);
+    let tree = Arc::new(built.tree);
+    let lock = Arc::new(parking_lot::Mutex::new(()));
+    let mut g = c.benchmark_group("threads");
+    for n in [1, 2] {
+        g.bench_function(BenchmarkId::new("rwlock_tree", n), |b| {
+            b.iter_custom(|iters| run_threads(&tree, &queries, n, iters, None))
+        });
+        g.bench_function(BenchmarkId::new("behind_one_mutex", n), |b| {
+            b.iter_custom(|iters| run_threads(&tree, &queries, n, iters, Some(&lock)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, match_and_insert, big_tree, eviction, threads);
+criterion_main!(benches);

@@ -1,0 +1,241 @@
+//! Eviction: least-recently-used leaves of a tenant go first.
+//!
+//! Each tenant keeps an *eviction log*: a queue of `(time, node)` entries in
+//! increasing time. An insert appends one entry for the node where its text
+//! ends — O(1), no ordered-set update per node on the hot path. An entry is
+//! *valid* while the node (same generation) is still held by the tenant with
+//! that very `last_access`; anything else is stale and skipped when met.
+//!
+//! Why the first valid entry is always the tenant's least-recently-used leaf:
+//! a node's time is the newest insert through it, so a parent is never older
+//! than its child; the text with time `T` ended at the entry's node, so no
+//! held child can have time `T`, and any older child would have had an older
+//! valid entry, already evicted. When a whole leaf goes and its parent becomes
+//! a leaf with the same time, the parent is pushed to the front (it is the
+//! new minimum); when an eviction stops inside an edge, the edge is split and
+//! the kept upper part is pushed to the front. `Tree::check_invariants`
+//! verifies that every tenant leaf has a valid entry and that logs are sorted.
+//!
+//! Cost: each evicted node costs O(log) work plus the stale entries skipped,
+//! and every entry is appended once, so eviction is proportional to what it
+//! evicts, not to the tree. Logs are compacted (stale entries dropped) when
+//! they double, which keeps them at most about twice the live entries.
+//!
+//! Eviction is exact to the character: it stops at the budget by splitting
+//! the last edge, so `evict(max)` leaves every tenant at exactly `min(size,
+//! max)` and the global bound lands on its low watermark. The global bound
+//! evicts across tenants in one total LRU order (times are unique per
+//! insert), down to `max - max / LOW_WATERMARK_DIV` so that a burst of inserts
+//! pays for eviction in batches, not on every insert.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use crate::TenantId;
+use crate::node::{Arena, NodeId, ROOT};
+use crate::text::byte_offset_of_char;
+use crate::tree::{Inner, release, split};
+
+/// The global bound evicts down to `max - max / LOW_WATERMARK_DIV` chars.
+pub(crate) const LOW_WATERMARK_DIV: usize = 16;
+
+/// Logs shorter than this are never compacted.
+const MIN_COMPACT_LEN: usize = 64;
+
+/// "Tenant may evict `node` once it is a leaf with `last_access == time`".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LruEntry {
+    pub(crate) time: u64,
+    pub(crate) node: NodeId,
+    pub(crate) generation: u32,
+}
+
+impl LruEntry {
+    pub(crate) fn is_valid(&self, arena: &Arena, tenant: TenantId) -> bool {
+        let n = &arena[self.node];
+        n.generation == self.generation
+            && n.holder(tenant).is_some_and(|h| h.last_access == self.time)
+    }
+}
+
+/// Per-tenant bookkeeping.
+#[derive(Debug)]
+pub(crate) struct TenantState {
+    /// Characters held by the tenant (its [`crate::Tree::tenant_size`]).
+    pub(crate) size: usize,
+    /// Eviction log, oldest first.
+    pub(crate) lru: VecDeque<LruEntry>,
+    /// Compact `lru` once it grows past this length.
+    compact_at: usize,
+}
+
+impl Default for TenantState {
+    fn default() -> Self {
+        Self {
+            size: 0,
+            lru: VecDeque::new(),
+            compact_at: MIN_COMPACT_LEN,
+        }
+    }
+}
+
+impl TenantState {
+    /// Drops stale entries once the log has doubled since the last compaction.
+    pub(crate) fn compact_if_needed(&mut self, arena: &Arena, tenant: TenantId) {
+        if self.lru.len() > self.compact_at {
+            self.lru.retain(|e| e.is_valid(arena, tenant));
+            self.lru.shrink_to(self.lru.len() * 2);
+            self.compact_at = (self.lru.len() * 2).max(MIN_COMPACT_LEN);
+        }
+    }
+
+    /// The oldest valid entry, after dropping stale ones in front of it.
+    fn front(&mut self, arena: &Arena, tenant: TenantId) -> Option<LruEntry> {
+        while let Some(&e) = self.lru.front() {
+            if e.is_valid(arena, tenant) {
+                return Some(e);
+            }
+            self.lru.pop_front();
+        }
+        None
+    }
+}
+
+impl Inner {
+    /// Brings every tenant to at most `max` chars; returns the chars evicted.
+    pub(crate) fn evict_each(&mut self, max: usize) -> usize {
+        let over: Vec<TenantId> = self
+            .tenants
+            .iter()
+            .filter(|(_, s)| s.size > max)
+            .map(|(&t, _)| t)
+            .collect();
+        let mut evicted = 0;
+        for tenant in over {
+            while let Some(excess) = self
+                .tenants
+                .get(&tenant)
+                .and_then(|s| s.size.checked_sub(max))
+            {
+                let step = if excess == 0 {
+                    0
+                } else {
+                    self.evict_step(tenant, excess)
+                };
+                if step == 0 {
+                    break;
+                }
+                evicted += step;
+            }
+        }
+        evicted
+    }
+
+    /// Evicts in global LRU order until all tenants together hold at most
+    /// `target` chars; returns the chars evicted.
+    pub(crate) fn evict_global(&mut self, target: usize) -> usize {
+        let mut heap = BinaryHeap::with_capacity(self.tenants.len());
+        for (&tenant, state) in &mut self.tenants {
+            if let Some(e) = state.front(&self.arena, tenant) {
+                heap.push(Reverse((e.time, tenant)));
+            }
+        }
+        let mut evicted = 0;
+        while self.tenant_chars > target {
+            let Some(Reverse((_, tenant))) = heap.pop() else {
+                break;
+            };
+            evicted += self.evict_step(tenant, self.tenant_chars - target);
+            if let Some(state) = self.tenants.get_mut(&tenant)
+                && let Some(e) = state.front(&self.arena, tenant)
+            {
+                heap.push(Reverse((e.time, tenant)));
+            }
+        }
+        evicted
+    }
+
+    /// Evicts at most `budget` (> 0) chars from `tenant`'s least-recently-used
+    /// leaf; returns the chars evicted (0 when the tenant holds nothing).
+    fn evict_step(&mut self, tenant: TenantId, budget: usize) -> usize {
+        let Self {
+            arena,
+            tenants,
+            stored_chars,
+            tenant_chars,
+            ..
+        } = self;
+        let Some(state) = tenants.get_mut(&tenant) else {
+            return 0;
+        };
+        let Some(entry) = state.front(arena, tenant) else {
+            return 0;
+        };
+        state.lru.pop_front();
+        let node = entry.node;
+        let edge_chars = arena[node].edge_chars as usize;
+        let evicted = if edge_chars <= budget {
+            let parent = arena[node].parent;
+            let evicted = release(arena, stored_chars, node, tenant);
+            // The parent may now be a leaf of this same insert: it is next.
+            if parent != ROOT
+                && let Some(h) = arena[parent].holder(tenant)
+                && h.held_children == 0
+                && h.last_access == entry.time
+            {
+                push_front(state, arena, entry.time, parent);
+            }
+            evicted
+        } else {
+            // Keep the first chars of the edge, evict the rest.
+            let keep = edge_chars - budget;
+            let cut = byte_offset_of_char(&arena[node].edge, keep);
+            let upper = split(arena, node, cut);
+            push_front(state, arena, entry.time, upper);
+            release(arena, stored_chars, node, tenant)
+        };
+        state.size -= evicted;
+        *tenant_chars -= evicted;
+        if state.size == 0 {
+            tenants.remove(&tenant);
+        }
+        evicted
+    }
+
+    /// Drops every claim of `tenant`; returns the chars it held.
+    pub(crate) fn remove_tenant(&mut self, tenant: TenantId) -> usize {
+        let Some(state) = self.tenants.remove(&tenant) else {
+            return 0;
+        };
+        // Pre-order over the nodes it holds (prefix-closed, so a walk from
+        // the root finds all of them); releasing in reverse frees children
+        // before their parents.
+        let mut order = Vec::new();
+        let mut stack = vec![ROOT];
+        while let Some(n) = stack.pop() {
+            if n != ROOT {
+                order.push(n);
+            }
+            let children = &self.arena[n].children;
+            stack.extend(
+                children
+                    .iter()
+                    .map(|&(_, c)| c)
+                    .filter(|&c| self.arena[c].holds(tenant)),
+            );
+        }
+        for n in order.into_iter().rev() {
+            release(&mut self.arena, &mut self.stored_chars, n, tenant);
+        }
+        self.tenant_chars -= state.size;
+        state.size
+    }
+}
+
+fn push_front(state: &mut TenantState, arena: &Arena, time: u64, node: NodeId) {
+    state.lru.push_front(LruEntry {
+        time,
+        node,
+        generation: arena[node].generation,
+    });
+}

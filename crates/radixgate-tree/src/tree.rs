@@ -1,0 +1,258 @@
+//! The tree's state behind the lock: insert, match and the structural edits
+//! (split an edge, add a leaf, drop a tenant's claim) that eviction reuses.
+//!
+//! Everything here runs with the lock already taken: `&self` methods under the
+//! read lock, `&mut self` under the write lock (see [`crate::Tree`]). The
+//! logical clock lives here too, so every insert gets a distinct, increasing
+//! time that no other insert shares — eviction order is then a total order
+//! and the tree is deterministic for a given sequence of calls.
+
+use std::collections::HashMap;
+
+use crate::TenantId;
+use crate::evict::{LruEntry, TenantState};
+use crate::node::{Arena, Holder, Node, NodeId, ROOT};
+use crate::text::{common_prefix_len, first_char, floor_char_boundary};
+
+/// Edges longer than this are stored as a chain of nodes, so that a char
+/// count always fits the node's `u32`.
+const MAX_EDGE_BYTES: usize = 1 << 30;
+
+/// The whole mutable state of a [`crate::Tree`].
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) arena: Arena,
+    pub(crate) tenants: HashMap<TenantId, TenantState>,
+    /// Last logical time handed out (one tick per insert call).
+    pub(crate) clock: u64,
+    /// Sum of all tenants' sizes.
+    pub(crate) tenant_chars: usize,
+    /// Sum of all edges' chars (shared prefixes once).
+    pub(crate) stored_chars: usize,
+    /// Hard bound on `tenant_chars` after every insert.
+    pub(crate) max_total_chars: usize,
+}
+
+/// Where a walk down the tree stopped.
+pub(crate) struct Walk {
+    /// Characters of the text matched.
+    pub(crate) chars: usize,
+    /// The node whose edge contains the end of the match (root if none).
+    pub(crate) node: NodeId,
+}
+
+impl Inner {
+    pub(crate) fn new(max_total_chars: usize) -> Self {
+        Self {
+            arena: Arena::default(),
+            tenants: HashMap::new(),
+            clock: 0,
+            tenant_chars: 0,
+            stored_chars: 0,
+            max_total_chars,
+        }
+    }
+
+    /// Follows `text` down from the root as far as it matches, only through
+    /// nodes held by `only` when given.
+    pub(crate) fn walk(&self, text: &str, only: Option<TenantId>) -> Walk {
+        let arena = &self.arena;
+        let mut node = ROOT;
+        let mut pos = 0;
+        let mut chars = 0;
+        while pos < text.len() {
+            let rest = &text[pos..];
+            let Some(child) = arena[node].child(first_char(rest)) else {
+                break;
+            };
+            let next = &arena[child];
+            if only.is_some_and(|t| !next.holds(t)) {
+                break;
+            }
+            let edge = next.edge.as_bytes();
+            let common = common_prefix_len(edge, rest.as_bytes());
+            node = child;
+            if common == edge.len() {
+                chars += next.edge_chars as usize;
+                pos += common;
+            } else {
+                // The child was found by its first char, so `cut` > 0.
+                let cut = floor_char_boundary(rest, common);
+                chars += rest[..cut].chars().count();
+                break;
+            }
+        }
+        Walk { chars, node }
+    }
+
+    /// Records that `tenant` was sent `text` at a new logical time, then
+    /// enforces the global bound.
+    pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) {
+        self.clock += 1;
+        let now = self.clock;
+        if text.is_empty() {
+            return;
+        }
+        let Self {
+            arena,
+            tenants,
+            stored_chars,
+            tenant_chars,
+            ..
+        } = self;
+        let state = tenants.entry(tenant).or_default();
+        let size_before = state.size;
+        let mut node = ROOT;
+        let mut pos = 0;
+        let end = loop {
+            if pos == text.len() {
+                break node;
+            }
+            let rest = &text[pos..];
+            let Some(child) = arena[node].child(first_char(rest)) else {
+                break add_leaves(arena, state, stored_chars, node, rest, tenant, now);
+            };
+            let edge = arena[child].edge.as_bytes();
+            let common = common_prefix_len(edge, rest.as_bytes());
+            let next = if common == edge.len() {
+                pos += common;
+                child
+            } else {
+                let cut = floor_char_boundary(rest, common);
+                pos += cut;
+                split(arena, child, cut)
+            };
+            touch(arena, state, next, tenant, now);
+            node = next;
+        };
+        state.lru.push_back(LruEntry {
+            time: now,
+            node: end,
+            generation: arena[end].generation,
+        });
+        state.compact_if_needed(arena, tenant);
+        *tenant_chars += state.size - size_before;
+        if self.tenant_chars > self.max_total_chars {
+            let target =
+                self.max_total_chars - self.max_total_chars / crate::evict::LOW_WATERMARK_DIV;
+            self.evict_global(target);
+        }
+    }
+}
+
+/// Marks `node` (whose parent the tenant already holds) as held by `tenant` at `now`.
+fn touch(arena: &mut Arena, state: &mut TenantState, node: NodeId, tenant: TenantId, now: u64) {
+    let n = &mut arena[node];
+    match n.holder_index(tenant) {
+        Ok(i) => n.holders[i].last_access = now,
+        Err(i) => {
+            n.holders.insert(
+                i,
+                Holder {
+                    tenant,
+                    held_children: 0,
+                    last_access: now,
+                },
+            );
+            state.size += n.edge_chars as usize;
+            let parent = n.parent;
+            count_held_child(arena, parent, tenant, 1);
+        }
+    }
+}
+
+/// Adjusts the parent's count of children held by `tenant` (root keeps none).
+pub(crate) fn count_held_child(arena: &mut Arena, parent: NodeId, tenant: TenantId, delta: i32) {
+    if parent == ROOT {
+        return;
+    }
+    if let Some(h) = arena[parent].holder_mut(tenant) {
+        h.held_children = h.held_children.saturating_add_signed(delta);
+    }
+}
+
+/// Hangs `rest` (non-empty) under `parent` as new nodes held only by `tenant`;
+/// returns the deepest one.
+fn add_leaves(
+    arena: &mut Arena,
+    state: &mut TenantState,
+    stored_chars: &mut usize,
+    mut parent: NodeId,
+    mut rest: &str,
+    tenant: TenantId,
+    now: u64,
+) -> NodeId {
+    while !rest.is_empty() {
+        let cut = floor_char_boundary(rest, rest.len().min(MAX_EDGE_BYTES));
+        let (piece, tail) = rest.split_at(cut);
+        let mut node = Node::new(piece.into(), parent);
+        node.holders.push(Holder {
+            tenant,
+            held_children: 0,
+            last_access: now,
+        });
+        let chars = node.edge_chars as usize;
+        let id = arena.alloc(node);
+        arena.link_child(parent, first_char(piece), id);
+        count_held_child(arena, parent, tenant, 1);
+        state.size += chars;
+        *stored_chars += chars;
+        parent = id;
+        rest = tail;
+    }
+    parent
+}
+
+/// Splits `node`'s edge at byte `cut` (a char boundary strictly inside it).
+/// A new node takes the upper part; `node` keeps the lower part, its id, its
+/// children and its end depth, so eviction-log entries naming it stay valid.
+/// Returns the new upper node.
+pub(crate) fn split(arena: &mut Arena, node: NodeId, cut: usize) -> NodeId {
+    let n = &mut arena[node];
+    debug_assert!(cut > 0 && cut < n.edge.len());
+    let upper_edge: Box<str> = n.edge[..cut].into();
+    n.edge = n.edge[cut..].into();
+    let lower_first = first_char(&n.edge);
+    let upper_first = first_char(&upper_edge);
+    let parent = n.parent;
+    let mut upper = Node::new(upper_edge, parent);
+    n.edge_chars -= upper.edge_chars;
+    upper.holders = n
+        .holders
+        .iter()
+        .map(|h| Holder {
+            held_children: 1,
+            ..*h
+        })
+        .collect();
+    upper.children = vec![(lower_first, node)];
+    let id = arena.alloc(upper);
+    arena[node].parent = id;
+    arena.link_child(parent, upper_first, id);
+    id
+}
+
+/// Drops `tenant`'s claim on `node` (a leaf for it) and frees the node when
+/// nobody holds it any more. Returns the chars the tenant lost.
+pub(crate) fn release(
+    arena: &mut Arena,
+    stored_chars: &mut usize,
+    node: NodeId,
+    tenant: TenantId,
+) -> usize {
+    let n = &mut arena[node];
+    let Ok(i) = n.holder_index(tenant) else {
+        return 0;
+    };
+    debug_assert_eq!(n.holders[i].held_children, 0);
+    n.holders.remove(i);
+    let chars = n.edge_chars as usize;
+    let parent = n.parent;
+    let empty = n.holders.is_empty();
+    count_held_child(arena, parent, tenant, -1);
+    if empty {
+        *stored_chars -= chars;
+        arena.free(node);
+    }
+    chars
+}

@@ -1,0 +1,76 @@
+//! Plain value types the tree hands in and out.
+
+/// Identifies a tenant (a worker) in the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(pub u32);
+
+/// Settings of a tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeConfig {
+    /// Hard bound on the characters attributed to all tenants together
+    /// (the sum of every [`crate::Tree::tenant_size`]). An insert that takes
+    /// the tree past it evicts least-recently-used leaves, across tenants,
+    /// down to a low watermark of `max - max / 16`, so a burst of inserts pays
+    /// for eviction in batches. Any value is valid; `usize::MAX` means none.
+    pub max_total_chars: usize,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        Self {
+            max_total_chars: usize::MAX,
+        }
+    }
+}
+
+/// A tenant that holds the deepest matched node, with its recency there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantHit {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Logical time of the tenant's last insert through that node (larger is newer).
+    pub last_access: u64,
+}
+
+/// Result of [`crate::Tree::prefix_match`].
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    /// Characters of the longest prefix of the text held by any tenant.
+    pub matched_chars: usize,
+    /// Characters in the text.
+    pub input_chars: usize,
+    /// Every tenant that holds the whole matched prefix, sorted by tenant id
+    /// (empty if nothing matched).
+    pub tenants: Vec<TenantHit>,
+}
+
+/// Result of [`crate::Tree::prefix_match_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TenantMatch {
+    /// Characters of the longest prefix of the text held by the tenant.
+    pub matched_chars: usize,
+    /// Characters in the text.
+    pub input_chars: usize,
+}
+
+/// What an eviction pass removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EvictionReport {
+    /// Characters taken from tenants (summed over tenants).
+    pub evicted_chars: usize,
+}
+
+/// Size figures of a tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TreeStats {
+    /// Nodes, root excluded.
+    pub nodes: usize,
+    /// Distinct characters stored (shared prefixes counted once).
+    pub chars: usize,
+    /// Sum of every tenant's [`crate::Tree::tenant_size`].
+    pub tenant_chars: usize,
+    /// Estimated heap and inline bytes of the whole structure: node slots,
+    /// edge bytes, child and holder vectors, tenant table and eviction logs,
+    /// with 16 bytes of allocator overhead assumed per allocation.
+    pub estimated_bytes: usize,
+}

@@ -1,0 +1,98 @@
+//! Property tests: the tree against the naive reference model over random
+//! operation sequences, with a small alphabet of 1- to 4-byte characters
+//! (including two that share a first byte) so that prefixes collide often and
+//! edges get split inside and next to multi-byte sequences.
+
+mod reference;
+
+use proptest::prelude::*;
+use radixgate_tree::{TenantId, Tree, TreeConfig};
+use reference::Model;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(String, u32),
+    Match(String),
+    MatchFor(String, u32),
+    Remove(u32),
+    Evict(usize),
+}
+
+/// 'é' (C3 A9) and 'è' (C3 A8) share their first byte.
+const ALPHABET: &[char] = &['a', 'b', 'é', 'è', '日', '🙂'];
+
+fn text() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(ALPHABET), 0..10)
+        .prop_map(|cs| cs.into_iter().collect())
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (text(), 0..4u32).prop_map(|(s, t)| Op::Insert(s, t)),
+        3 => text().prop_map(Op::Match),
+        2 => (text(), 0..4u32).prop_map(|(s, t)| Op::MatchFor(s, t)),
+        1 => (0..4u32).prop_map(Op::Remove),
+        1 => (0..25usize).prop_map(Op::Evict),
+    ]
+}
+
+fn bound() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(usize::MAX), 0..80usize]
+}
+
+fn check_sizes(tree: &Tree, model: &Model) -> Result<(), TestCaseError> {
+    for t in 0..4 {
+        prop_assert_eq!(
+            tree.tenant_size(TenantId(t)),
+            model.tenant_size(TenantId(t))
+        );
+    }
+    prop_assert_eq!(tree.tenants(), model.tenants());
+    let stats = tree.stats();
+    prop_assert_eq!(stats.tenant_chars, model.total());
+    prop_assert_eq!(stats.chars, model.distinct());
+    if let Err(e) = tree.check_invariants() {
+        return Err(TestCaseError::fail(e.to_string()));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tree_agrees_with_reference_model(max_total in bound(), ops in prop::collection::vec(op(), 1..60)) {
+        let tree = Tree::new(TreeConfig { max_total_chars: max_total });
+        let mut model = Model::new(max_total);
+        for op in &ops {
+            match op {
+                Op::Insert(s, t) => {
+                    tree.insert(s, TenantId(*t));
+                    model.insert(s, TenantId(*t));
+                    if max_total != usize::MAX {
+                        prop_assert!(tree.stats().tenant_chars <= max_total);
+                    }
+                }
+                Op::Match(s) => prop_assert_eq!(tree.prefix_match(s), model.prefix_match(s)),
+                Op::MatchFor(s, t) => prop_assert_eq!(
+                    tree.prefix_match_for(s, TenantId(*t)),
+                    model.prefix_match_for(s, TenantId(*t))
+                ),
+                Op::Remove(t) => {
+                    tree.remove_tenant(TenantId(*t));
+                    model.remove_tenant(TenantId(*t));
+                }
+                Op::Evict(max) => {
+                    let report = tree.evict(*max);
+                    prop_assert_eq!(report.evicted_chars, model.evict(*max));
+                }
+            }
+            check_sizes(&tree, &model)?;
+        }
+        // Every text the model holds is matched in full by the tree too.
+        for t in model.tenants() {
+            prop_assert!(tree.tenant_size(t) > 0);
+        }
+        prop_assert!(model.clock() as usize <= ops.len());
+    }
+}
