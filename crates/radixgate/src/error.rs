@@ -9,6 +9,7 @@
 use crate::inspect::InspectError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use radixgate_routing::RoutingError;
 use std::time::Duration;
 
 /// Who caused an error.
@@ -28,6 +29,18 @@ pub enum GatewayError {
     /// The body could not be read as a request of its API.
     #[error(transparent)]
     BadRequest(#[from] InspectError),
+    /// A request parameter is missing or malformed.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The request body could not be read (the client broke off).
+    #[error("could not read the request body: {0}")]
+    BadBody(String),
+    /// No worker with this URL is known (admin API).
+    #[error("no worker with URL `{url}`")]
+    UnknownWorkerUrl {
+        /// The URL asked for.
+        url: String,
+    },
     /// The body is larger than the configured limit.
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge {
@@ -99,6 +112,9 @@ pub enum GatewayError {
         #[source]
         last: Box<GatewayError>,
     },
+    /// An admin call or worker description was rejected.
+    #[error("{0}")]
+    Admin(RoutingError),
     /// A route that does not exist.
     #[error("no route for {method} {path}")]
     NotFound {
@@ -114,11 +130,15 @@ impl GatewayError {
     pub fn origin(&self) -> Origin {
         match self {
             Self::BadRequest(_)
+            | Self::BadBody(_)
+            | Self::InvalidRequest(_)
+            | Self::UnknownWorkerUrl { .. }
             | Self::PayloadTooLarge { .. }
             | Self::Unauthorized
             | Self::UnknownModel { .. }
             | Self::ModelRequired { .. }
-            | Self::NotFound { .. } => Origin::Client,
+            | Self::NotFound { .. }
+            | Self::Admin(_) => Origin::Client,
             Self::Connect { .. } | Self::UpstreamStatus { .. } => Origin::Upstream,
             Self::RetriesExhausted { last, .. } => last.origin(),
             Self::NoHealthyWorker { .. }
@@ -142,10 +162,19 @@ impl GatewayError {
     /// The HTTP status a client sees for this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadRequest(_) | Self::ModelRequired { .. } => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_)
+            | Self::BadBody(_)
+            | Self::InvalidRequest(_)
+            | Self::ModelRequired { .. } => StatusCode::BAD_REQUEST,
+            Self::UnknownWorkerUrl { .. } => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::Admin(err) => match err {
+                RoutingError::DuplicateWorker { .. } => StatusCode::CONFLICT,
+                RoutingError::UnknownWorker { .. } => StatusCode::NOT_FOUND,
+                _ => StatusCode::BAD_REQUEST,
+            },
             Self::NoHealthyWorker { .. } | Self::QueueTimeout { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -161,11 +190,15 @@ impl GatewayError {
     fn kind(&self) -> (&'static str, &'static str) {
         match self {
             Self::BadRequest(_) => ("invalid_request_error", "invalid_json"),
+            Self::BadBody(_) => ("invalid_request_error", "unreadable_body"),
+            Self::InvalidRequest(_) => ("invalid_request_error", "invalid_request"),
+            Self::UnknownWorkerUrl { .. } => ("invalid_request_error", "worker_not_found"),
             Self::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
             Self::Unauthorized => ("authentication_error", "invalid_api_key"),
             Self::UnknownModel { .. } => ("invalid_request_error", "model_not_found"),
             Self::ModelRequired { .. } => ("invalid_request_error", "model_required"),
             Self::NotFound { .. } => ("invalid_request_error", "not_found"),
+            Self::Admin(_) => ("invalid_request_error", "invalid_worker"),
             Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
             Self::QueueFull { .. } => ("rate_limit_error", "queue_full"),
             Self::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
@@ -201,6 +234,22 @@ impl GatewayError {
                 Some(1)
             }
             _ => None,
+        }
+    }
+}
+
+/// Routing errors on the request path: the client's model is unknown or
+/// missing, or no worker can take the request now.
+impl From<RoutingError> for GatewayError {
+    fn from(err: RoutingError) -> Self {
+        match err {
+            RoutingError::UnknownModel { model } => Self::UnknownModel { model },
+            RoutingError::ModelRequired { available } => Self::ModelRequired {
+                served: available.len(),
+            },
+            RoutingError::NoHealthyWorker { model } => Self::NoHealthyWorker { model },
+            RoutingError::NoWorkers => Self::NoHealthyWorker { model: "*".into() },
+            other => Self::Admin(other),
         }
     }
 }

@@ -1,6 +1,19 @@
 //! The radixgate gateway: the HTTP router in front of a pool of LLM workers.
+//!
+//! [`server::run`] serves a [`config::Config`] on a listener. The request
+//! path is [`proxy`]; worker membership and health live in one control task
+//! ([`control`], [`health`]); everything a handler shares is in `state`.
 
+mod admin;
+mod auth;
 pub mod config;
+pub mod control;
 pub mod error;
+mod health;
+mod info;
 pub mod inspect;
+pub mod proxy;
+pub mod server;
+mod state;
 pub mod stream;
+pub mod upstream;

@@ -6,6 +6,7 @@
 
 use super::{Config, ConfigError, WorkerSpec};
 use clap::Args;
+use radixgate_routing::PolicyConfig;
 use std::path::PathBuf;
 
 /// Command-line flags of `radixgate serve`.
@@ -18,6 +19,25 @@ pub struct ServeArgs {
     /// Worker base URLs (space-separated, or repeat the flag).
     #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_URLS", value_delimiter = ',')]
     pub worker_urls: Vec<String>,
+
+    /// Routing policy [default: cache_aware].
+    #[arg(long, env = "RADIXGATE_POLICY", value_parser = POLICIES)]
+    pub policy: Option<String>,
+    /// cache_aware: a hit needs matched/input above this, 0..=1 [default: 0.3].
+    #[arg(long, env = "RADIXGATE_CACHE_THRESHOLD")]
+    pub cache_threshold: Option<f64>,
+    /// cache_aware: imbalance needs max-min load above this [default: 64].
+    #[arg(long, env = "RADIXGATE_BALANCE_ABS_THRESHOLD")]
+    pub balance_abs_threshold: Option<usize>,
+    /// cache_aware: imbalance needs max above this times min, >= 1 [default: 1.5].
+    #[arg(long, env = "RADIXGATE_BALANCE_REL_THRESHOLD")]
+    pub balance_rel_threshold: Option<f64>,
+    /// cache_aware: seconds between tree eviction passes, 0 = never [default: 120].
+    #[arg(long, env = "RADIXGATE_EVICTION_INTERVAL_SECS")]
+    pub eviction_interval_secs: Option<u64>,
+    /// cache_aware: characters per worker kept by eviction [default: 67108864].
+    #[arg(long, env = "RADIXGATE_MAX_TREE_SIZE")]
+    pub max_tree_size: Option<usize>,
 
     /// Address to bind [default: 127.0.0.1].
     #[arg(long, env = "RADIXGATE_HOST")]
@@ -125,6 +145,23 @@ pub struct ServeArgs {
     pub log_json: bool,
 }
 
+/// Policy names accepted by `--policy`.
+const POLICIES: [&str; 6] = [
+    "cache_aware",
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_load",
+    "consistent_hash",
+];
+
+/// The default settings of the policy called `name` (one of [`POLICIES`]).
+fn policy_named(name: &str) -> Result<PolicyConfig, ConfigError> {
+    let yaml = format!("policy: {name}");
+    serde_norway::from_str(&yaml)
+        .map_err(|e| super::invalid("routing.policy", format!("unknown policy `{name}`: {e}")))
+}
+
 fn set<T: Clone>(slot: &mut T, value: &Option<T>) {
     if let Some(value) = value {
         *slot = value.clone();
@@ -153,6 +190,7 @@ impl ServeArgs {
                 .map(WorkerSpec::Url)
                 .collect();
         }
+        self.apply_routing(&mut config.routing)?;
         let s = &mut config.server;
         set(&mut s.host, &self.host);
         set(&mut s.port, &self.port);
@@ -222,6 +260,48 @@ impl ServeArgs {
         set(&mut config.log.level, &self.log_level);
         if self.log_json {
             config.log.json = true;
+        }
+        Ok(())
+    }
+
+    fn apply_routing(&self, routing: &mut PolicyConfig) -> Result<(), ConfigError> {
+        if let Some(name) = &self.policy
+            && name != routing.name()
+        {
+            *routing = policy_named(name)?;
+        }
+        let tuning = [
+            ("--cache-threshold", self.cache_threshold.is_some()),
+            (
+                "--balance-abs-threshold",
+                self.balance_abs_threshold.is_some(),
+            ),
+            (
+                "--balance-rel-threshold",
+                self.balance_rel_threshold.is_some(),
+            ),
+            (
+                "--eviction-interval-secs",
+                self.eviction_interval_secs.is_some(),
+            ),
+            ("--max-tree-size", self.max_tree_size.is_some()),
+        ];
+        match routing {
+            PolicyConfig::CacheAware(c) => {
+                set(&mut c.cache_threshold, &self.cache_threshold);
+                set(&mut c.balance_abs_threshold, &self.balance_abs_threshold);
+                set(&mut c.balance_rel_threshold, &self.balance_rel_threshold);
+                set(&mut c.eviction_interval_secs, &self.eviction_interval_secs);
+                set(&mut c.max_tree_size, &self.max_tree_size);
+            }
+            other => {
+                if let Some((flag, _)) = tuning.iter().find(|(_, given)| *given) {
+                    return Err(super::invalid(
+                        "routing.policy",
+                        format!("{flag} applies only to cache_aware, not {}", other.name()),
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -15,6 +15,7 @@ mod cli;
 
 pub use cli::ServeArgs;
 
+use radixgate_routing::{PolicyConfig, RoutingError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,6 +28,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Workers known at start-up.
     pub workers: Vec<WorkerSpec>,
+    /// The routing policy and its settings (`{policy: cache_aware, ...}`).
+    pub routing: PolicyConfig,
     /// Active health checking.
     pub health: HealthConfig,
     /// Retrying failed requests on other workers.
@@ -273,6 +276,9 @@ pub enum ConfigError {
         #[source]
         source: serde_norway::Error,
     },
+    /// The routing settings are out of range.
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
     /// A value is out of range.
     #[error("invalid setting `{key}`: {reason}")]
     Invalid {
@@ -313,6 +319,7 @@ impl Config {
 
     /// Checks every value's range; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.routing.validate()?;
         let s = &self.server;
         if s.host.trim().is_empty() {
             return Err(invalid("server.host", "must not be empty"));

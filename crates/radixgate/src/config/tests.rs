@@ -1,5 +1,6 @@
 use super::*;
 use clap::Parser;
+use radixgate_routing::PolicyConfig;
 
 #[derive(Parser)]
 struct Cli {
@@ -138,4 +139,46 @@ fn url_validation() {
     ] {
         assert!(validate_url(bad).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn policy_flags() {
+    let config = args(&[
+        "--policy",
+        "cache_aware",
+        "--cache-threshold",
+        "0.5",
+        "--max-tree-size",
+        "1000",
+    ])
+    .load()
+    .unwrap();
+    match &config.routing {
+        PolicyConfig::CacheAware(c) => {
+            assert_eq!(c.cache_threshold, 0.5);
+            assert_eq!(c.max_tree_size, 1000);
+        }
+        other => panic!("{other:?}"),
+    }
+    let rr = args(&["--policy", "round_robin"]).load().unwrap();
+    assert_eq!(rr.routing.name(), "round_robin");
+    let err = args(&["--policy", "round_robin", "--cache-threshold", "0.5"])
+        .load()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--cache-threshold applies only to cache_aware"),
+        "{err}"
+    );
+    let err = args(&["--cache-threshold", "1.5"]).load().unwrap_err();
+    assert!(err.to_string().contains("cache_threshold"), "{err}");
+    assert!(Cli::try_parse_from(["serve", "--policy", "fastest"]).is_err());
+}
+
+#[test]
+fn routing_section_in_yaml() {
+    let config =
+        Config::from_yaml("routing: {policy: consistent_hash, virtual_nodes: 40}\n").unwrap();
+    assert_eq!(config.routing.name(), "consistent_hash");
+    assert!(Config::from_yaml("routing: {policy: round_robin, cache_threshold: 0.2}\n").is_err());
 }

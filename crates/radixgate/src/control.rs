@@ -1,0 +1,293 @@
+//! The control task: the one owner of the worker registry.
+//!
+//! The routing crate's [`Registry`] takes `&mut self` for every change, so
+//! exactly one task may own it; everything else — start-up, the admin API,
+//! health checkers — sends that task a [`Command`] over a channel and, where
+//! it needs an answer, waits on a oneshot reply. The request path never
+//! talks to this task: it reads the published snapshot through a `Router`.
+//!
+//! A worker's life: it is *known* from the moment it is added (a health
+//! checker starts probing it) and *admitted* into the registry once its
+//! first probes pass and its models are known (asked from the worker when
+//! the operator did not list them). A worker that was down at start-up is
+//! therefore admitted as soon as it answers, and one that later fails its
+//! probes stays in the registry, marked unhealthy, so its tree survives a
+//! brief outage.
+
+use crate::config::{HealthConfig, WorkerSpec};
+use crate::error::GatewayError;
+use crate::health;
+use radixgate_routing::{Registry, RoutingError, WorkerId};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A message to the control task.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Add {
+        spec: WorkerSpec,
+        reply: oneshot::Sender<Result<(), GatewayError>>,
+    },
+    Remove {
+        url: String,
+        reply: oneshot::Sender<Result<(), GatewayError>>,
+    },
+    List {
+        reply: oneshot::Sender<Vec<WorkerStatus>>,
+    },
+    /// From a health checker: first probes passed; these are the models.
+    Admit { url: String, models: Vec<String> },
+    /// From a health checker: the worker's health changed.
+    Health { url: String, healthy: bool },
+}
+
+/// One worker as the admin API shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct WorkerStatus {
+    /// Base URL.
+    pub url: String,
+    /// Registry id once admitted (`w3`), none while pending.
+    pub id: Option<String>,
+    /// Models served (empty: any, or not yet known).
+    pub models: Vec<String>,
+    /// `pending` (never answered yet), `healthy` or `unhealthy`.
+    pub state: &'static str,
+    /// Requests in flight through this gateway.
+    pub load: usize,
+    /// Requests finished.
+    pub processed: u64,
+}
+
+/// A cheap, cloneable handle to the control task.
+#[derive(Clone, Debug)]
+pub struct Control {
+    tx: mpsc::Sender<Command>,
+}
+
+impl Control {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(make(reply)).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// Adds a worker; it starts receiving traffic once its probes pass.
+    pub async fn add(&self, spec: WorkerSpec) -> Result<(), GatewayError> {
+        self.ask(|reply| Command::Add { spec, reply })
+            .await
+            .unwrap_or(Err(shutting_down()))
+    }
+
+    /// Removes a worker by URL; requests in flight on it finish normally.
+    pub async fn remove(&self, url: String) -> Result<(), GatewayError> {
+        self.ask(|reply| Command::Remove { url, reply })
+            .await
+            .unwrap_or(Err(shutting_down()))
+    }
+
+    /// Every known worker, admitted or pending, in URL order.
+    pub async fn list(&self) -> Vec<WorkerStatus> {
+        self.ask(|reply| Command::List { reply })
+            .await
+            .unwrap_or_default()
+    }
+
+    pub(crate) async fn send(&self, command: Command) {
+        // Only fails when the control task is gone, i.e. during shutdown,
+        // when nothing is left to inform.
+        let _ = self.tx.send(command).await;
+    }
+}
+
+fn shutting_down() -> GatewayError {
+    GatewayError::NoHealthyWorker { model: "*".into() }
+}
+
+struct Known {
+    spec: WorkerSpec,
+    id: Option<WorkerId>,
+    /// Stops this worker's health checker.
+    cancel: CancellationToken,
+}
+
+/// Starts the control task. It stops when `shutdown` is cancelled (its
+/// health checkers with it).
+pub(crate) fn spawn(
+    registry: Registry,
+    client: reqwest::Client,
+    health: HealthConfig,
+    shutdown: CancellationToken,
+) -> (Control, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(256);
+    let control = Control { tx };
+    let task = ControlTask {
+        registry,
+        known: BTreeMap::new(),
+        client,
+        health,
+        control: control.clone(),
+        shutdown,
+    };
+    (control, tokio::spawn(task.run(rx)))
+}
+
+struct ControlTask {
+    registry: Registry,
+    known: BTreeMap<String, Known>,
+    client: reqwest::Client,
+    health: HealthConfig,
+    control: Control,
+    shutdown: CancellationToken,
+}
+
+impl ControlTask {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        loop {
+            let command = tokio::select! {
+                () = self.shutdown.cancelled() => break,
+                command = rx.recv() => match command {
+                    Some(command) => command,
+                    None => break,
+                },
+            };
+            self.handle(command);
+        }
+        for known in self.known.values() {
+            known.cancel.cancel();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Add { spec, reply } => {
+                let _ = reply.send(self.add(spec));
+            }
+            Command::Remove { url, reply } => {
+                let _ = reply.send(self.remove(&url));
+            }
+            Command::List { reply } => {
+                let _ = reply.send(self.list());
+            }
+            Command::Admit { url, models } => self.admit(&url, models),
+            Command::Health { url, healthy } => {
+                if let Some(id) = self.known.get(&url).and_then(|k| k.id) {
+                    match self.registry.set_health(id, healthy) {
+                        Ok(true) => tracing::info!(worker = %url, healthy, "worker health changed"),
+                        Ok(false) => {}
+                        Err(err) => {
+                            tracing::warn!(worker = %url, %err, "health update for a removed worker")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, spec: WorkerSpec) -> Result<(), GatewayError> {
+        let url = normalise(spec.url());
+        crate::config::validate_url(&url).map_err(|reason| {
+            GatewayError::Admin(RoutingError::InvalidWorker {
+                url: url.clone(),
+                reason,
+            })
+        })?;
+        if self.known.contains_key(&url) {
+            return Err(GatewayError::Admin(RoutingError::DuplicateWorker { url }));
+        }
+        let cancel = self.shutdown.child_token();
+        let (api_key, models) = match &spec {
+            WorkerSpec::Url(_) => (None, Vec::new()),
+            WorkerSpec::Full {
+                api_key, models, ..
+            } => (api_key.clone(), models.clone()),
+        };
+        tokio::spawn(health::watch(health::Target {
+            url: url.clone(),
+            api_key,
+            models,
+            client: self.client.clone(),
+            config: self.health.clone(),
+            control: self.control.clone(),
+            cancel: cancel.clone(),
+        }));
+        tracing::info!(worker = %url, "worker added; probing");
+        self.known.insert(
+            url,
+            Known {
+                spec,
+                id: None,
+                cancel,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(&mut self, url: &str) -> Result<(), GatewayError> {
+        let url = normalise(url);
+        let known = self
+            .known
+            .remove(&url)
+            .ok_or_else(|| GatewayError::UnknownWorkerUrl { url: url.clone() })?;
+        known.cancel.cancel();
+        if let Some(id) = known.id {
+            self.registry.remove(id).map_err(GatewayError::Admin)?;
+        }
+        tracing::info!(worker = %url, "worker removed");
+        Ok(())
+    }
+
+    fn admit(&mut self, url: &str, models: Vec<String>) {
+        let Some(known) = self.known.get_mut(url) else {
+            return;
+        };
+        if known.id.is_some() {
+            return;
+        }
+        let mut spec = radixgate_routing::WorkerSpec::new(url)
+            .with_models(models)
+            .with_health(true);
+        if let WorkerSpec::Full {
+            api_key: Some(key), ..
+        } = &known.spec
+        {
+            spec = spec.with_api_key(key.clone());
+        }
+        match self.registry.add(spec) {
+            Ok(worker) => {
+                tracing::info!(worker = %url, id = %worker.id(), models = ?worker.models(), "worker admitted");
+                known.id = Some(worker.id());
+            }
+            Err(err) => tracing::error!(worker = %url, %err, "worker could not be admitted"),
+        }
+    }
+
+    fn list(&self) -> Vec<WorkerStatus> {
+        let snapshot = self.registry.snapshot();
+        self.known
+            .iter()
+            .map(|(url, known)| {
+                let worker = known.id.and_then(|id| snapshot.get(id));
+                WorkerStatus {
+                    url: url.clone(),
+                    id: known.id.map(|id| id.to_string()),
+                    models: worker.map(|w| w.models().to_vec()).unwrap_or_default(),
+                    state: match worker {
+                        None => "pending",
+                        Some(w) if w.is_healthy() => "healthy",
+                        Some(_) => "unhealthy",
+                    },
+                    load: worker.map_or(0, |w| w.load()),
+                    processed: worker.map_or(0, |w| w.processed()),
+                }
+            })
+            .collect()
+    }
+}
+
+/// URLs are compared without a trailing slash.
+fn normalise(url: &str) -> String {
+    url.trim().trim_end_matches('/').to_owned()
+}

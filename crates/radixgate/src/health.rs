@@ -1,0 +1,168 @@
+//! Active health checking: one small task per known worker.
+//!
+//! A healthy worker is probed every `interval_secs`; `failure_threshold`
+//! consecutive failed probes mark it unhealthy. An unhealthy (or not yet
+//! admitted) worker is probed with exponential back-off from
+//! `unhealthy_backoff_initial_ms` to `unhealthy_backoff_max_ms`, and a passing
+//! probe is confirmed at the initial back-off, so a worker that comes back is
+//! re-admitted within about `unhealthy_backoff_max_ms` plus
+//! `success_threshold` short probes — about 2.5 s with the defaults — instead
+//! of waiting for a long fixed interval.
+//!
+//! The task only reports transitions to the control task; it never touches
+//! the registry, which has exactly one owner.
+
+use crate::config::HealthConfig;
+use crate::control::{Command, Control};
+use serde::Deserialize;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What one health checker watches.
+pub(crate) struct Target {
+    pub(crate) url: String,
+    pub(crate) api_key: Option<String>,
+    /// Models the operator listed; empty: ask the worker on admission.
+    pub(crate) models: Vec<String>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) config: HealthConfig,
+    pub(crate) control: Control,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// Probes `target` until cancelled, reporting admission and health changes.
+pub(crate) async fn watch(target: Target) {
+    let cfg = &target.config;
+    let initial = Duration::from_millis(cfg.unhealthy_backoff_initial_ms);
+    let max = Duration::from_millis(cfg.unhealthy_backoff_max_ms);
+    let mut backoff = initial;
+    let mut admitted = false;
+    let mut healthy = false;
+    let (mut successes, mut failures) = (0u32, 0u32);
+    loop {
+        let ok = !cfg.enabled || probe(&target).await;
+        if ok {
+            successes += 1;
+            failures = 0;
+        } else {
+            failures += 1;
+            successes = 0;
+        }
+        if !healthy && ok && (successes >= cfg.success_threshold || !cfg.enabled) {
+            healthy = true;
+            backoff = initial;
+            if admitted {
+                target
+                    .control
+                    .send(Command::Health {
+                        url: target.url.clone(),
+                        healthy,
+                    })
+                    .await;
+            } else {
+                let models = if target.models.is_empty() {
+                    discover_models(&target).await
+                } else {
+                    target.models.clone()
+                };
+                target
+                    .control
+                    .send(Command::Admit {
+                        url: target.url.clone(),
+                        models,
+                    })
+                    .await;
+                admitted = true;
+            }
+        } else if healthy && !ok && failures >= cfg.failure_threshold {
+            healthy = false;
+            target
+                .control
+                .send(Command::Health {
+                    url: target.url.clone(),
+                    healthy,
+                })
+                .await;
+        }
+        if !cfg.enabled {
+            // Admitted once; nothing more to watch.
+            return;
+        }
+        let wait = if healthy {
+            Duration::from_secs(cfg.interval_secs)
+        } else if ok {
+            initial
+        } else {
+            let wait = backoff;
+            backoff = (backoff * 2).min(max);
+            wait
+        };
+        tokio::select! {
+            () = target.cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// One probe: a GET of the health endpoint answered 2xx within the timeout.
+async fn probe(target: &Target) -> bool {
+    let url = format!("{}{}", target.url, target.config.endpoint);
+    let mut request = target
+        .client
+        .get(url)
+        .timeout(Duration::from_secs(target.config.timeout_secs));
+    if let Some(key) = &target.api_key {
+        request = request.bearer_auth(key);
+    }
+    tokio::select! {
+        () = target.cancel.cancelled() => false,
+        result = request.send() => matches!(result, Ok(r) if r.status().is_success()),
+    }
+}
+
+#[derive(Deserialize)]
+struct ModelList {
+    data: Vec<ModelEntry>,
+}
+
+#[derive(Deserialize)]
+struct ModelEntry {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct ModelInfo {
+    model_path: Option<String>,
+}
+
+/// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
+/// `/get_model_info`; empty (serves any model) if it reports neither.
+async fn discover_models(target: &Target) -> Vec<String> {
+    let get = |path: &str| {
+        let mut request = target
+            .client
+            .get(format!("{}{path}", target.url))
+            .timeout(Duration::from_secs(target.config.timeout_secs));
+        if let Some(key) = &target.api_key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    if let Ok(response) = get("/v1/models").await
+        && response.status().is_success()
+        && let Ok(list) = response.json::<ModelList>().await
+        && !list.data.is_empty()
+    {
+        return list.data.into_iter().map(|m| m.id).collect();
+    }
+    if let Ok(response) = get("/get_model_info").await
+        && response.status().is_success()
+        && let Ok(ModelInfo {
+            model_path: Some(path),
+        }) = response.json::<ModelInfo>().await
+    {
+        return vec![path];
+    }
+    tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
+    Vec::new()
+}

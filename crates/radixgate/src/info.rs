@@ -1,0 +1,144 @@
+//! The gateway's own endpoints: probes, model list, server info, loads and
+//! the cache-flush fan-out. None of them touches the routing policy.
+
+use crate::state::AppState;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `/liveness`: the process is up.
+pub(crate) async fn liveness() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// `/readiness` and `/health`: at least one worker can take requests.
+pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
+    let snapshot = state.router.snapshot();
+    let available = snapshot
+        .workers()
+        .iter()
+        .filter(|w| w.is_available())
+        .count();
+    let body = json!({
+        "status": if available > 0 { "ok" } else { "no_healthy_workers" },
+        "healthy_workers": available,
+        "workers": snapshot.workers().len(),
+    });
+    let status = if available > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// `/v1/models`: the union of the models the admitted workers serve.
+pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let snapshot = state.router.snapshot();
+    let data: Vec<Value> = snapshot
+        .models()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `/get_server_info`: the gateway's settings and its workers.
+pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let workers = state.control.list().await;
+    Json(json!({
+        "router": "radixgate",
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_secs": state.started.elapsed().as_secs(),
+        "routing": state.config.routing,
+        "workers": workers,
+    }))
+}
+
+/// `/get_loads`: in-flight requests per admitted worker.
+pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let snapshot = state.router.snapshot();
+    let workers: Vec<Value> = snapshot
+        .workers()
+        .iter()
+        .map(|w| {
+            json!({
+                "id": w.id().to_string(),
+                "url": w.url(),
+                "load": w.load(),
+                "processed": w.processed(),
+                "healthy": w.is_healthy(),
+                "available": w.is_available(),
+                "cached_chars": state.router.policy().cached_chars(w.id()),
+            })
+        })
+        .collect();
+    Json(json!({"workers": workers}))
+}
+
+/// `/get_model_info`: answered by an available worker.
+pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
+    let snapshot = state.router.snapshot();
+    let Some(worker) = snapshot.workers().iter().find(|w| w.is_available()) else {
+        return crate::error::GatewayError::NoHealthyWorker { model: "*".into() }.into_response();
+    };
+    let mut request = state
+        .client
+        .get(format!("{}/get_model_info", worker.url()))
+        .timeout(Duration::from_secs(10));
+    if let Some(key) = worker.api_key() {
+        request = request.bearer_auth(key);
+    }
+    match request.send().await {
+        Ok(response) => {
+            let status = response.status();
+            let body = response.bytes().await.unwrap_or_default();
+            (
+                status,
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response()
+        }
+        Err(err) => crate::error::GatewayError::Connect {
+            worker: worker.url().to_owned(),
+            source: Box::new(err),
+        }
+        .into_response(),
+    }
+}
+
+/// `/flush_cache`: tells every admitted worker to drop its prefix cache.
+pub(crate) async fn flush_cache(State(state): State<Arc<AppState>>) -> Response {
+    let snapshot = state.router.snapshot();
+    let calls = snapshot.workers().iter().map(|w| {
+        let mut request = state
+            .client
+            .post(format!("{}/flush_cache", w.url()))
+            .timeout(Duration::from_secs(10));
+        if let Some(key) = w.api_key() {
+            request = request.bearer_auth(key);
+        }
+        async move {
+            match request.send().await {
+                Ok(r) => json!({"url": w.url(), "status": r.status().as_u16()}),
+                Err(e) => json!({"url": w.url(), "error": e.to_string()}),
+            }
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let all_ok = results.iter().all(|r| {
+        r["status"]
+            .as_u64()
+            .is_some_and(|s| (200..300).contains(&s))
+    });
+    let status = if all_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    (status, Json(json!({"results": results}))).into_response()
+}
