@@ -22,6 +22,9 @@ pub enum SimError {
         /// The offending field, when there is one.
         param: Option<String>,
     },
+    /// No such endpoint (HTTP 404).
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
     /// The request body is larger than the configured limit (HTTP 413).
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge {

@@ -3,6 +3,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod server;
 pub mod tokens;
 
 pub use error::SimError;

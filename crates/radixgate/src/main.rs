@@ -14,12 +14,28 @@ struct Cli {
 enum Command {
     /// Print the build's version and exit.
     Version,
+    /// Serve simulated LLM workers (KV-cache and batching model) for tests
+    /// and benchmarks.
+    Worker(Box<radixgate_sim::server::WorkerArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => println!("radixgate {}", env!("CARGO_PKG_VERSION")),
+        Command::Worker(args) => {
+            init_logs();
+            tokio::runtime::Runtime::new()?.block_on(radixgate_sim::server::run(*args))?;
+        }
     }
     Ok(())
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
