@@ -344,6 +344,12 @@ async fn completions_and_generate_stream_and_not() {
         events.last().unwrap()["meta_info"]["finish_reason"]["type"],
         "length"
     );
+    assert!(
+        events
+            .iter()
+            .all(|e| e["meta_info"]["cached_tokens"].as_u64().unwrap() > 0),
+        "every streamed /generate event carries the prefix hit"
+    );
     let (s, _, v) = post(
         &w.base,
         "/generate",

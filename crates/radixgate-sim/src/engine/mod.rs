@@ -66,6 +66,9 @@ pub struct StepOutcome {
     pub prefill_tokens: usize,
     /// Requests that decoded a token in this step.
     pub decode_seqs: usize,
+    /// Requests admitted into the running batch at the start of this step,
+    /// with the prompt tokens each found cached.
+    pub admitted: Vec<(ReqId, usize)>,
     /// Every request that produced output tokens: `(id, tokens so far)`.
     pub progressed: Vec<(ReqId, usize)>,
     /// Requests whose first output token came from this step.
@@ -240,8 +243,8 @@ impl Engine {
 
     /// Runs one step at `now`: admits, batches, advances. See the module doc.
     pub fn step(&mut self, now: Duration) -> StepOutcome {
-        self.admit(now);
         let mut out = StepOutcome::default();
+        self.admit(now, &mut out.admitted);
         let mut budget = self.config.max_batch_tokens;
         let mut context = 0;
         // Decode: one token per prefilled, unfinished request.
@@ -356,7 +359,7 @@ impl Engine {
         tokens.div_ceil(self.config.block_size)
     }
 
-    fn admit(&mut self, now: Duration) {
+    fn admit(&mut self, now: Duration, admitted: &mut Vec<(ReqId, usize)>) {
         while self.running.len() < self.config.max_running_requests {
             let Some(head) = self.waiting.front() else {
                 break;
@@ -375,6 +378,7 @@ impl Engine {
             self.counters.admitted += 1;
             self.counters.prompt_tokens += w.req.prompt.len() as u64;
             self.counters.cached_tokens += cached as u64;
+            admitted.push((w.req.id, cached));
             self.running.push(Running {
                 queued: now.saturating_sub(w.arrival),
                 path,

@@ -44,6 +44,9 @@ pub(crate) enum Cmd {
 /// What a request hears from the engine.
 #[derive(Debug)]
 pub(crate) enum Event {
+    /// Admitted to the batch with this many cached prompt tokens
+    /// (streaming requests only).
+    Admitted(usize),
     /// `n` output tokens exist so far (streaming requests only).
     Tokens(usize),
     /// The request is complete.
@@ -126,6 +129,14 @@ async fn drive(
             () = shutdown.cancelled() => return,
         }
         let mut gone = Vec::new();
+        for (id, cached) in out.admitted {
+            if let Some(s) = subs.get(&id)
+                && s.stream
+                && s.events.send(Event::Admitted(cached)).is_err()
+            {
+                gone.push(id);
+            }
+        }
         for (id, n) in out.progressed {
             if let Some(s) = subs.get(&id)
                 && s.stream

@@ -159,7 +159,7 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
                 s.metrics.record_done(&reply);
                 return Ok(json_response(&reply));
             }
-            Some(Event::Tokens(_)) => {}
+            Some(Event::Tokens(_) | Event::Admitted(_)) => {}
             Some(Event::Rejected(e)) => {
                 guard.armed = false;
                 return Err(e);
@@ -274,6 +274,7 @@ fn stream_reply(
         let mut done_tokens = 0;
         while let Some(ev) = rx.recv().await {
             match ev {
+                Event::Admitted(cached) => reply.cached_tokens = cached,
                 Event::Tokens(n) => {
                     for b in token_events(&reply, done_tokens, n, req.include_usage) {
                         if !emit(b).await {
