@@ -1,6 +1,8 @@
 //! The `radixgate` command: parses the command line and runs a subcommand.
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 /// radixgate: a cache-aware router for pools of LLM inference servers.
 #[derive(Debug, Parser)]
@@ -12,6 +14,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Route requests to a pool of LLM workers (the router).
+    Serve(Box<radixgate::config::ServeArgs>),
+    /// Serve simulated LLM workers (KV-cache and batching model) for tests
+    /// and benchmarks.
+    Worker(Box<radixgate_sim::server::WorkerArgs>),
     /// Print the build's version and exit.
     Version,
 }
@@ -20,6 +27,61 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => println!("radixgate {}", env!("CARGO_PKG_VERSION")),
+        Command::Worker(args) => {
+            init_logs("info", false);
+            tokio::runtime::Runtime::new()?.block_on(radixgate_sim::server::run(*args))?;
+        }
+        Command::Serve(args) => {
+            let config = args.load().context("invalid configuration")?;
+            init_logs(&config.log.level, config.log.json);
+            tokio::runtime::Runtime::new()?.block_on(serve(config))?;
+        }
     }
     Ok(())
+}
+
+async fn serve(config: radixgate::config::Config) -> anyhow::Result<()> {
+    let addr = (config.server.host.as_str(), config.server.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1))?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    radixgate::server::run(listener, config, shutdown).await?;
+    Ok(())
+}
+
+/// Cancels `token` on Ctrl-C or SIGTERM.
+async fn cancel_on_signal(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down");
+    token.cancel();
+}
+
+fn init_logs(level: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
 }

@@ -1,0 +1,64 @@
+//! The one error type of the simulation crate.
+//!
+//! Each variant says where the fault lies: bad configuration or input from
+//! the operator/client (`Config`, `BadRequest`, `PayloadTooLarge`), a
+//! deliberately injected fault (`InjectedFault`), or the process itself
+//! (`Io`, `EngineGone`). The HTTP server maps these to status codes in
+//! exactly one place (`server::error_response`).
+
+use thiserror::Error;
+
+/// Errors of the simulated worker and its engine.
+#[derive(Debug, Error)]
+pub enum SimError {
+    /// A configuration value is out of range or inconsistent (start-up error).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The client sent a request the worker cannot serve (HTTP 400).
+    #[error("{message}")]
+    BadRequest {
+        /// What was wrong, for the client.
+        message: String,
+        /// The offending field, when there is one.
+        param: Option<String>,
+    },
+    /// No such endpoint (HTTP 404).
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
+    /// The request body is larger than the configured limit (HTTP 413).
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// A fault injected on purpose by the fault knobs (HTTP 500/503).
+    #[error("injected fault: {0}")]
+    InjectedFault(&'static str),
+    /// The worker is starting or marked unhealthy (HTTP 503).
+    #[error("worker unavailable: {0}")]
+    Unavailable(&'static str),
+    /// The engine task has stopped (shutdown in progress; HTTP 503).
+    #[error("engine stopped")]
+    EngineGone,
+    /// A socket could not be bound or accepted.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl SimError {
+    /// A 400-class error about one request field.
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// Whether retrying the same request elsewhere may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::InjectedFault(_) | Self::Unavailable(_) | Self::EngineGone | Self::Io(_)
+        )
+    }
+}
