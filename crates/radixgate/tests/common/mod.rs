@@ -1,0 +1,247 @@
+//! Test harness: real simulated workers and real gateways on loopback
+//! sockets, in-process, plus a scripted worker whose every byte is known.
+//!
+//! Waits poll a condition with a generous deadline: the deadline only turns
+//! a hang into a failure; no test asserts how fast anything is.
+
+#![allow(dead_code, unreachable_pub)]
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::routing::{get, post};
+use parking_lot::Mutex;
+use radixgate::config::{Config, WorkerSpec};
+use radixgate_sim::engine::EngineConfig;
+use radixgate_sim::server::{FaultConfig, WorkerConfig, WorkerHandle, start};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A simulated worker on a loopback port.
+pub struct SimWorker {
+    pub handle: WorkerHandle,
+    pub url: String,
+    pub stop: CancellationToken,
+}
+
+impl SimWorker {
+    pub fn set_faults(&self, faults: FaultConfig) {
+        self.handle.set_faults(faults).unwrap();
+    }
+}
+
+/// Small, fast steps: the same logic, shorter waits.
+pub fn fast_worker() -> WorkerConfig {
+    let mut c = WorkerConfig {
+        engine: EngineConfig {
+            kv_capacity_tokens: 100_000,
+            ..EngineConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    c.engine.timing.step_base_us = 200.0;
+    c.engine.timing.token_us = 1.0;
+    c
+}
+
+pub async fn sim_worker(config: WorkerConfig) -> SimWorker {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    sim_worker_on(listener, config).await
+}
+
+pub async fn sim_worker_on(listener: TcpListener, config: WorkerConfig) -> SimWorker {
+    let stop = CancellationToken::new();
+    let handle = start(listener, config, stop.clone()).await.unwrap();
+    let url = format!("http://{}", handle.addr());
+    SimWorker { handle, url, stop }
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub url: String,
+    pub stop: CancellationToken,
+    pub task: JoinHandle<Result<(), radixgate::server::StartError>>,
+}
+
+impl Gateway {
+    /// Stops the gateway and waits for it to finish draining.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// A config for tests: quick health probing, the given workers.
+pub fn config(workers: &[&str]) -> Config {
+    let mut c = Config::default();
+    c.workers = workers
+        .iter()
+        .map(|u| WorkerSpec::Url((*u).to_owned()))
+        .collect();
+    c.health.interval_secs = 1;
+    c.health.unhealthy_backoff_initial_ms = 50;
+    c.health.unhealthy_backoff_max_ms = 200;
+    c.health.failure_threshold = 2;
+    c.health.success_threshold = 1;
+    c.retry.initial_backoff_ms = 5;
+    c.retry.max_backoff_ms = 20;
+    c.server.shutdown_grace_period_secs = 10;
+    c
+}
+
+pub async fn gateway(config: Config) -> Gateway {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(radixgate::server::run(listener, config, stop.clone()));
+    Gateway { url, stop, task }
+}
+
+/// A gateway in front of `workers`, once `healthy` of them are admitted.
+pub async fn gateway_ready(config: Config, healthy: usize) -> Gateway {
+    let gw = gateway(config).await;
+    wait_for_healthy(&gw.url, healthy).await;
+    gw
+}
+
+pub async fn wait_for_healthy(gateway: &str, n: usize) {
+    let url = format!("{gateway}/readiness");
+    wait_until(&format!("{n} healthy workers"), || {
+        let url = url.clone();
+        async move {
+            let Ok(r) = client().get(&url).send().await else {
+                return false;
+            };
+            let body: Value = r.json().await.unwrap_or_default();
+            body["healthy_workers"].as_u64() == Some(n as u64)
+        }
+    })
+    .await;
+}
+
+/// Polls `cond` until true; panics after a generous deadline (a hang guard,
+/// not a speed assertion).
+pub async fn wait_until<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+pub fn chat(text: &str, stream: bool) -> Value {
+    json!({
+        "model": radixgate_sim::server::DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 4,
+        "stream": stream,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+/// Sum of in-flight load over the gateway's workers.
+pub async fn total_load(gateway: &str) -> u64 {
+    let loads: Value = client()
+        .get(format!("{gateway}/get_loads"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["load"].as_u64().unwrap())
+        .sum()
+}
+
+pub async fn wait_for_zero_load(gateway: &str) {
+    wait_until("all loads back to zero", || async {
+        total_load(gateway).await == 0
+    })
+    .await;
+}
+
+/// A worker that records every request body it receives and answers with
+/// fixed bytes, streamed in the given pieces, so byte-exact passthrough
+/// can be checked.
+pub struct ScriptedWorker {
+    pub url: String,
+    pub received: Arc<Mutex<Vec<Bytes>>>,
+    pub stop: CancellationToken,
+}
+
+#[derive(Clone)]
+struct Script {
+    pieces: Arc<Vec<&'static str>>,
+    received: Arc<Mutex<Vec<Bytes>>>,
+}
+
+pub async fn scripted_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let script = Script {
+        pieces: Arc::new(pieces),
+        received: received.clone(),
+    };
+    async fn answer(State(s): State<Script>, body: Bytes) -> axum::response::Response {
+        s.received.lock().push(body);
+        let pieces = s.pieces.clone();
+        let stream = futures::stream::iter(
+            (0..pieces.len())
+                .map(move |i| Ok::<_, std::io::Error>(Bytes::from_static(pieces[i].as_bytes()))),
+        )
+        .then(|item| async {
+            // Separate writes, so the pieces arrive as separate chunks.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            item
+        });
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(stream))
+            .unwrap()
+    }
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": "scripted"}]})) }),
+        )
+        .route("/v1/chat/completions", post(answer))
+        .route("/v1/completions", post(answer))
+        .route("/generate", post(answer))
+        .route("/v1/embeddings", post(answer))
+        .with_state(script);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { s.cancelled().await })
+            .await
+            .unwrap();
+    });
+    ScriptedWorker {
+        url,
+        received,
+        stop,
+    }
+}
+
+use futures::StreamExt as _;

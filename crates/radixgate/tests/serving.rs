@@ -1,0 +1,332 @@
+//! The serving surface of `radixgate serve`, end to end on loopback: every
+//! endpoint, byte-exact passthrough both ways, errors as OpenAI JSON, auth,
+//! and load released after every way a request can end.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use radixgate::proxy::{DECISION_HEADER, WORKER_HEADER};
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_answers() {
+    let w = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let gw = gateway_ready(config(&[&w[0].url, &w[1].url]), 2).await;
+    let c = client();
+    let model = radixgate_sim::server::DEFAULT_MODEL;
+
+    for (path, body) in [
+        ("/v1/chat/completions", chat("hello", false)),
+        (
+            "/v1/completions",
+            json!({"model": model, "prompt": "hello", "max_tokens": 3}),
+        ),
+        (
+            "/generate",
+            json!({"text": "hello", "sampling_params": {"max_new_tokens": 3}}),
+        ),
+    ] {
+        let r = c
+            .post(format!("{}{path}", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(r.headers().contains_key(WORKER_HEADER), "{path}");
+        let decision = r.headers()[DECISION_HEADER].to_str().unwrap().to_owned();
+        assert!(decision.starts_with("cache_aware branch="), "{decision}");
+        let body: Value = r.json().await.unwrap();
+        assert!(body.get("error").is_none(), "{path}: {body}");
+    }
+    // The simulated worker has no embeddings endpoint: the gateway still
+    // routes the request and passes the worker's answer through.
+    let r = c
+        .post(format!("{}/v1/embeddings", gw.url))
+        .json(&json!({"model": model, "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().contains_key(WORKER_HEADER));
+
+    let models: Value = c
+        .get(format!("{}/v1/models", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], model);
+    for path in [
+        "/health",
+        "/liveness",
+        "/readiness",
+        "/get_server_info",
+        "/get_model_info",
+        "/get_loads",
+    ] {
+        let r = c.get(format!("{}{path}", gw.url)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let _: Value = r.json().await.unwrap();
+    }
+    let info: Value = c
+        .get(format!("{}/get_server_info", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["workers"].as_array().unwrap().len(), 2);
+    let flush = c
+        .post(format!("{}/flush_cache", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(flush.status(), 200);
+    let flush: Value = flush.json().await.unwrap();
+    assert_eq!(flush["results"].as_array().unwrap().len(), 2);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_pass_through_unchanged_both_ways() {
+    let pieces = vec![
+        "data: {\"a\":",
+        "1}\n\n",
+        "data: {\"b\":\"é\"}\n",
+        "\n",
+        "data: [DONE]\n\n",
+    ];
+    let w = scripted_worker(pieces.clone()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    // Odd spacing, field order and fields the router does not know.
+    let sent = "{ \"stream\" : true, \"zz_unknown\": {\"keep\": [1, 2.50, null]},\n \"messages\": [{\"role\":\"user\",\"content\":\"x\"}], \"model\":\"scripted\" }";
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("content-type", "application/json")
+        .body(sent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let got = r.bytes().await.unwrap();
+    assert_eq!(got, pieces.concat().as_bytes());
+    assert_eq!(w.received.lock().as_slice(), [sent.as_bytes()]);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_are_openai_json() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.max_payload_size = 1024;
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    let post = |body: String| {
+        c.post(format!("{}/v1/chat/completions", gw.url))
+            .body(body)
+            .send()
+    };
+
+    let cases = [
+        ("{not json".to_owned(), 400, "invalid_json"),
+        (
+            json!({"model": "nope", "messages": []}).to_string(),
+            404,
+            "model_not_found",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x".repeat(2000)}]}).to_string(),
+            413,
+            "payload_too_large",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let r = post(body).await.unwrap();
+        assert_eq!(r.status(), status);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], code, "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().len() > 5);
+    }
+    // No model with one model served: that one.
+    let r =
+        post(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string())
+            .await
+            .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .get(format!("{}/no/such/route", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "not_found"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_guards_inference_and_admin() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-test".into());
+    cfg.server.admin_api_key = Some("admin".into());
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", gw.url);
+
+    let r = c.post(&url).json(&chat("hi", false)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "authentication_error"
+    );
+    let r = c
+        .post(&url)
+        .bearer_auth("sk-wrong")
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .post(&url)
+        .bearer_auth("sk-test")
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Admin needs the admin key, not the client key.
+    let workers = format!("{}/workers", gw.url);
+    assert_eq!(
+        c.get(&workers)
+            .bearer_auth("sk-test")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(&workers)
+            .bearer_auth("admin")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // Probes stay open for orchestrators.
+    assert_eq!(
+        c.get(format!("{}/liveness", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_returns_to_zero_after_every_ending() {
+    let w = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let gw = gateway_ready(config(&[&w[0].url, &w[1].url]), 2).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", gw.url);
+
+    // Normal, streamed and not.
+    for stream in [false, true] {
+        let r = c
+            .post(&url)
+            .json(&chat("normal ending", stream))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    wait_for_zero_load(&gw.url).await;
+
+    // Errored: the worker answers 500 (retried elsewhere or passed through).
+    w[0].set_faults(radixgate_sim::server::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    for _ in 0..4 {
+        c.post(&url)
+            .json(&chat("errored", false))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+    }
+    w[0].set_faults(Default::default());
+    wait_for_zero_load(&gw.url).await;
+
+    // Client-cancelled: read one chunk of a long stream, then hang up.
+    let mut long = chat("cancelled by the client", true);
+    long["max_tokens"] = json!(50_000);
+    let r = c.post(&url).json(&long).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    assert!(
+        total_load(&gw.url).await >= 1,
+        "the stream holds load while open"
+    );
+    drop(body);
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_prefix_goes_to_the_same_worker_and_hits() {
+    let w = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let gw = gateway_ready(config(&[&w[0].url, &w[1].url, &w[2].url]), 3).await;
+    let c = client();
+    let system = "You are a careful assistant. ".repeat(40);
+    let mut chosen = Vec::new();
+    let mut cached = Vec::new();
+    for i in 0..5 {
+        let body = json!({
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("question {i}")}],
+            "max_tokens": 2,
+        });
+        let r = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        chosen.push(r.headers()[WORKER_HEADER].to_str().unwrap().to_owned());
+        let v: Value = r.json().await.unwrap();
+        cached.push(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert!(chosen.iter().all(|w| *w == chosen[0]), "{chosen:?}");
+    assert_eq!(cached[0], 0);
+    assert!(cached[1..].iter().all(|&c| c > 200), "{cached:?}");
+    gw.shutdown().await;
+}
