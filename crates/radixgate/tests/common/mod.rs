@@ -78,11 +78,13 @@ impl Gateway {
 
 /// A config for tests: quick health probing, the given workers.
 pub fn config(workers: &[&str]) -> Config {
-    let mut c = Config::default();
-    c.workers = workers
-        .iter()
-        .map(|u| WorkerSpec::Url((*u).to_owned()))
-        .collect();
+    let mut c = Config {
+        workers: workers
+            .iter()
+            .map(|u| WorkerSpec::Url((*u).to_owned()))
+            .collect(),
+        ..Config::default()
+    };
     c.health.interval_secs = 1;
     c.health.unhealthy_backoff_initial_ms = 50;
     c.health.unhealthy_backoff_max_ms = 200;
