@@ -71,6 +71,7 @@ async fn forward(
 
     let retry = &state.config.retry;
     let mut tried: Vec<WorkerId> = Vec::new();
+    let mut last_failure: Option<GatewayError> = None;
     let mut backoff = Duration::from_millis(retry.initial_backoff_ms);
     loop {
         let decision = match route(
@@ -81,14 +82,17 @@ async fn forward(
             &tried,
         ) {
             Ok(decision) => decision,
-            // Every worker was tried: report what the last attempt saw.
-            Err(err) if !tried.is_empty() => {
-                return Err(GatewayError::RetriesExhausted {
-                    attempts: tried.len() as u32,
-                    last: Box::new(err),
+            Err(err) => {
+                return Err(match last_failure {
+                    // No untried worker is left: report what the last
+                    // attempt saw, not the empty pool.
+                    Some(last) => GatewayError::RetriesExhausted {
+                        attempts: tried.len() as u32,
+                        last: Box::new(last),
+                    },
+                    None => err,
                 });
             }
-            Err(err) => return Err(err),
         };
         let attempt = send(&state, &decision, path, &headers, bytes.clone()).await;
         let last_attempt = tried.len() as u32 >= retry.max_retries;
@@ -119,6 +123,7 @@ async fn forward(
         };
         tracing::debug!(worker = decision.worker().url(), error = %failure, "attempt failed; retrying");
         tried.push(decision.worker().id());
+        last_failure = Some(failure);
         drop(decision);
         tokio::time::sleep(jitter(backoff, retry.jitter_factor)).await;
         backoff = backoff

@@ -193,22 +193,36 @@ pub struct ScriptedWorker {
 struct Script {
     pieces: Arc<Vec<&'static str>>,
     received: Arc<Mutex<Vec<Bytes>>>,
+    die: bool,
 }
 
 pub async fn scripted_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
+    scripted(pieces, false).await
+}
+
+async fn scripted(pieces: Vec<&'static str>, die: bool) -> ScriptedWorker {
     let received = Arc::new(Mutex::new(Vec::new()));
     let script = Script {
         pieces: Arc::new(pieces),
         received: received.clone(),
+        die,
     };
     async fn answer(State(s): State<Script>, body: Bytes) -> axum::response::Response {
         s.received.lock().push(body);
         let pieces = s.pieces.clone();
-        let stream = futures::stream::iter(
-            (0..pieces.len())
-                .map(move |i| Ok::<_, std::io::Error>(Bytes::from_static(pieces[i].as_bytes()))),
-        )
-        .then(|item| async {
+        let n = pieces.len();
+        let cut = s.die.then_some(n);
+        let items = (0..n + usize::from(s.die)).map(move |i| {
+            if Some(i) == cut {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "worker died",
+                ))
+            } else {
+                Ok(Bytes::from_static(pieces[i].as_bytes()))
+            }
+        });
+        let stream = futures::stream::iter(items).then(|item| async {
             // Separate writes, so the pieces arrive as separate chunks.
             tokio::time::sleep(Duration::from_millis(2)).await;
             item
@@ -247,3 +261,9 @@ pub async fn scripted_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
 }
 
 use futures::StreamExt as _;
+
+/// A scripted worker whose stream breaks off (the connection is cut) after
+/// the given pieces, without finishing the response.
+pub async fn dying_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
+    scripted(pieces, true).await
+}

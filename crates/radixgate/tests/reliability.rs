@@ -1,0 +1,370 @@
+//! Failure handling of `radixgate serve` on loopback: retries, streams
+//! that break off, workers that are down, come back, join and leave, and
+//! graceful shutdown.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use radixgate::proxy::WORKER_HEADER;
+use radixgate_routing::{PolicyConfig, RoundRobinConfig};
+use radixgate_sim::server::FaultConfig;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+fn round_robin(mut c: radixgate::config::Config) -> radixgate::config::Config {
+    c.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_move_to_another_worker() {
+    let bad = sim_worker(fast_worker()).await;
+    let good = sim_worker(fast_worker()).await;
+    bad.set_faults(FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    let gw = gateway_ready(round_robin(config(&[&bad.url, &good.url])), 2).await;
+    let c = client();
+    for i in 0..6 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&chat(&format!("q{i}"), i % 2 == 0))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], good.url.as_str());
+        r.bytes().await.unwrap();
+    }
+    // With retries off, the worker's own error reaches the client.
+    let mut cfg = round_robin(config(&[&bad.url]));
+    cfg.retry.max_retries = 0;
+    let single = gateway_ready(cfg, 1).await;
+    let r = c
+        .post(format!("{}/v1/chat/completions", single.url))
+        .json(&chat("x", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    // Retries that run out report the last failure.
+    let mut cfg = config(&[&bad.url]);
+    cfg.retry.max_retries = 2;
+    let exhausted = gateway_ready(cfg, 1).await;
+    let r = c
+        .post(format!("{}/v1/chat/completions", exhausted.url))
+        .json(&chat("x", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    for g in [gw, single, exhausted] {
+        g.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dying_mid_stream_is_an_explicit_error_and_not_retried() {
+    let w = dying_worker(vec!["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n"]).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&json!({"model": "scripted", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = String::from_utf8(r.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(
+        text.starts_with("data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"),
+        "{text}"
+    );
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let event: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(event["error"]["code"], "stream_interrupted");
+    assert!(!text.contains("[DONE]"));
+    assert_eq!(
+        w.received.lock().len(),
+        1,
+        "bytes reached the client: no retry"
+    );
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_worker_dying_mid_stream_reaches_the_client_as_an_error() {
+    let w = sim_worker(fast_worker()).await;
+    w.set_faults(FaultConfig {
+        die_after_chunks: Some(2),
+        ..Default::default()
+    });
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let mut body = chat("die", true);
+    body["max_tokens"] = json!(50);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let text = String::from_utf8(r.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert!(!text.contains("[DONE]"));
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_down_at_start_is_admitted_when_it_comes_up() {
+    let up = sim_worker(fast_worker()).await;
+    let parked = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = parked.local_addr().unwrap();
+    drop(parked);
+    let late_url = format!("http://{addr}");
+    let gw = gateway_ready(config(&[&up.url, &late_url]), 1).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("served meanwhile", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let started = Instant::now();
+    let _late = sim_worker_on(listener, fast_worker()).await;
+    wait_for_healthy(&gw.url, 2).await;
+    eprintln!(
+        "late worker admitted {:?} after it came up",
+        started.elapsed()
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_worker_leaves_and_returns_with_its_tree() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
+    let c = client();
+    for i in 0..4 {
+        c.post(format!("{}/v1/chat/completions", gw.url))
+            .json(&chat(&format!("prefix {i}"), false))
+            .send()
+            .await
+            .unwrap();
+    }
+    let before = cached_chars(&gw.url).await;
+    a.set_faults(FaultConfig {
+        unhealthy: true,
+        ..Default::default()
+    });
+    wait_for_healthy(&gw.url, 1).await;
+    for i in 0..4 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&chat(&format!("other {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers()[WORKER_HEADER],
+            b.url.as_str(),
+            "an unhealthy worker is never chosen"
+        );
+    }
+    a.set_faults(FaultConfig::default());
+    wait_for_healthy(&gw.url, 2).await;
+    let after = cached_chars(&gw.url).await;
+    assert!(
+        after[0] >= before[0] && before[0] > 0,
+        "tree kept: {before:?} -> {after:?}"
+    );
+    gw.shutdown().await;
+}
+
+async fn cached_chars(gateway: &str) -> Vec<u64> {
+    let v: Value = client()
+        .get(format!("{gateway}/get_loads"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["cached_chars"].as_u64().unwrap_or(0))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_join_and_leave_under_traffic() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url]), 1).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut traffic = Vec::new();
+    for t in 0..4 {
+        let (url, stop, ok, failed) = (gw.url.clone(), stop.clone(), ok.clone(), failed.clone());
+        traffic.push(tokio::spawn(async move {
+            let c = client();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let r = c
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&chat(&format!("t{t} r{i}"), i % 2 == 0))
+                    .send()
+                    .await;
+                let served = match r {
+                    Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                };
+                if served {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let c = client();
+    let r = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": b.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    wait_for_healthy(&gw.url, 2).await;
+    let dup = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": b.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dup.status(), 409);
+    let r = c
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_for_healthy(&gw.url, 1).await;
+    let served_before = ok.load(Ordering::Relaxed);
+    wait_until("traffic after the removal", || async {
+        ok.load(Ordering::Relaxed) > served_before + 10
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for t in traffic {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no request lost while workers changed"
+    );
+    let list: Value = c
+        .get(format!("{}/workers", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let urls: Vec<&str> = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["url"].as_str().unwrap())
+        .collect();
+    assert_eq!(urls, [b.url.as_str()]);
+    let missing = c
+        .delete(format!("{}/workers?url=http://127.0.0.1:1", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let bad = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": "nonsense"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_streams_in_flight() {
+    let mut slow = fast_worker();
+    slow.engine.timing.step_base_us = 5_000.0;
+    let w = sim_worker(slow).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let mut body = chat("drain me", true);
+    body["max_tokens"] = json!(200);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = r.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let url = gw.url.clone();
+    gw.stop.cancel();
+    // New connections are refused while the stream drains.
+    wait_until("the listener to close", || async {
+        client()
+            .get(format!("{url}/liveness"))
+            .send()
+            .await
+            .is_err()
+    })
+    .await;
+    while let Some(chunk) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "the stream finished: {}",
+        &text[text.len().saturating_sub(80)..]
+    );
+    gw.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_worker_hits_the_request_timeout() {
+    let w = sim_worker(fast_worker()).await;
+    w.set_faults(FaultConfig {
+        hang: true,
+        ..Default::default()
+    });
+    let mut cfg = config(&[&w.url]);
+    cfg.server.request_timeout_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("hang", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "request_timeout"
+    );
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
