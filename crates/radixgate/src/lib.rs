@@ -5,4 +5,5 @@ pub mod breaker;
 pub mod config;
 pub mod error;
 pub mod inspect;
+pub mod metrics;
 pub mod stream;
