@@ -214,6 +214,11 @@ impl Breaker {
         loop {
             let old = Word::unpack(current);
             let new = step(old)?;
+            if new == old {
+                // Nothing to change (the common closed-breaker admit): a
+                // plain load, so the hot path never writes the shared line.
+                return Some((old, new));
+            }
             match self.word.compare_exchange_weak(
                 current,
                 new.pack(),
