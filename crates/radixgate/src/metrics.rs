@@ -19,18 +19,25 @@
 //! `run_upkeep` every few seconds (the gateway's housekeeping tick) so memory
 //! stays bounded when nobody scrapes.
 //!
-//! Concurrency: recording is lock-free for existing series apart from the
-//! registry's sharded read lock taken to look a series up; rendering takes
-//! the recorder's internal locks briefly. No lock is held across `.await`.
+//! Concurrency: each family's handles are cached per label combination
+//! (`metrics/series.rs`), so recording an existing series takes one read lock (a
+//! `parking_lot::RwLock`, short, never across `.await`) and an atomic
+//! update; only the first use of a combination registers it with the
+//! recorder. Rendering takes the recorder's internal locks briefly.
 
 use crate::admission::Admission;
 use crate::breaker::Breaker;
-use ::metrics::{Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit};
+use ::metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit,
+};
 use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
+use series::{LabelKey, LabelRef, Series};
 use std::time::Duration;
 use tokio::time::Instant;
+
+mod series;
 
 /// Buckets (seconds) for whole-request latency: a cached health answer in a
 /// few milliseconds up to a long generation of ten minutes.
@@ -167,6 +174,22 @@ static METADATA: Metadata<'static> = Metadata::new("radixgate", Level::INFO, Som
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// (route, status, model)
+    requests: Series<LabelKey, Counter>,
+    /// by route
+    latency: Series<&'static str, Histogram>,
+    /// (route, 0, model)
+    ttft: Series<LabelKey, Histogram>,
+    /// (kind, 0, worker)
+    upstream_errors: Series<LabelKey, Counter>,
+    decisions: Series<&'static str, Counter>,
+    retries: Series<&'static str, Counter>,
+    rejections: Series<&'static str, Counter>,
+    worker_in_flight: Series<Box<str>, Gauge>,
+    tree_chars: Series<Box<str>, Gauge>,
+    worker_healthy: Series<Box<str>, Gauge>,
+    breaker_state: Series<Box<str>, Gauge>,
+    breaker_transitions: Series<Box<str>, Counter>,
 }
 
 impl Metrics {
@@ -192,19 +215,69 @@ impl Metrics {
         let handle = recorder.handle();
         // Publishes the descriptions above to the renderer.
         handle.run_upkeep();
-        Ok(Self { recorder, handle })
+        Ok(Self {
+            recorder,
+            handle,
+            requests: Series::new(),
+            latency: Series::new(),
+            ttft: Series::new(),
+            upstream_errors: Series::new(),
+            decisions: Series::new(),
+            retries: Series::new(),
+            rejections: Series::new(),
+            worker_in_flight: Series::new(),
+            tree_chars: Series::new(),
+            worker_healthy: Series::new(),
+            breaker_state: Series::new(),
+            breaker_transitions: Series::new(),
+        })
     }
 
-    fn counter(&self, key: &Key) -> ::metrics::Counter {
-        self.recorder.register_counter(key, &METADATA)
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        self.recorder
+            .register_counter(&Key::from_parts(name, labels), &METADATA)
     }
 
-    fn gauge(&self, key: &Key) -> ::metrics::Gauge {
-        self.recorder.register_gauge(key, &METADATA)
+    fn gauge(&self, name: &'static str, labels: Vec<Label>) -> Gauge {
+        self.recorder
+            .register_gauge(&Key::from_parts(name, labels), &METADATA)
     }
 
-    fn histogram(&self, key: &Key) -> ::metrics::Histogram {
-        self.recorder.register_histogram(key, &METADATA)
+    fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
+        self.recorder
+            .register_histogram(&Key::from_parts(name, labels), &METADATA)
+    }
+
+    /// A counter labelled by one static value.
+    fn static_counter(
+        &self,
+        series: &Series<&'static str, Counter>,
+        name: &'static str,
+        label: &'static str,
+        value: &'static str,
+    ) {
+        series.with(
+            &value,
+            || value,
+            || self.counter(name, vec![Label::from_static_parts(label, value)]),
+            |c| c.increment(1),
+        );
+    }
+
+    /// The gauge of one worker in `series`.
+    fn worker_gauge(
+        &self,
+        series: &Series<Box<str>, Gauge>,
+        name: &'static str,
+        worker: &str,
+        value: f64,
+    ) {
+        series.with(
+            worker,
+            || worker.into(),
+            || self.gauge(name, vec![worker_label(worker)]),
+            |g| g.set(value),
+        );
     }
 
     /// One request answered: counts it and records its latency (arrival to
@@ -216,105 +289,140 @@ impl Metrics {
         model: Option<&str>,
         elapsed: Duration,
     ) {
-        let labels = vec![
-            Label::from_static_parts("route", route),
-            Label::new("status", status_label(status)),
-            Label::new("model", model_label(model)),
-        ];
-        self.counter(&Key::from_parts(REQUESTS, labels))
-            .increment(1);
-        let labels = vec![Label::from_static_parts("route", route)];
-        self.histogram(&Key::from_parts(LATENCY, labels))
-            .record(elapsed.as_secs_f64());
+        let model = model.unwrap_or(UNKNOWN_MODEL);
+        let key = LabelRef {
+            fixed: route,
+            code: status,
+            text: model,
+        };
+        self.requests.with(
+            &key,
+            || key.to_owned_key(),
+            || {
+                self.counter(
+                    REQUESTS,
+                    vec![
+                        Label::from_static_parts("route", route),
+                        Label::new("status", status_label(status)),
+                        Label::new("model", model.to_owned()),
+                    ],
+                )
+            },
+            |c| c.increment(1),
+        );
+        self.latency.with(
+            &route,
+            || route,
+            || self.histogram(LATENCY, vec![Label::from_static_parts("route", route)]),
+            |h| h.record(elapsed.as_secs_f64()),
+        );
     }
 
     /// Time to the first byte of a streamed response.
     pub fn ttft(&self, route: &'static str, model: Option<&str>, elapsed: Duration) {
-        let labels = vec![
-            Label::from_static_parts("route", route),
-            Label::new("model", model_label(model)),
-        ];
-        self.histogram(&Key::from_parts(TTFT, labels))
-            .record(elapsed.as_secs_f64());
+        let model = model.unwrap_or(UNKNOWN_MODEL);
+        let key = LabelRef {
+            fixed: route,
+            code: 0,
+            text: model,
+        };
+        self.ttft.with(
+            &key,
+            || key.to_owned_key(),
+            || {
+                self.histogram(
+                    TTFT,
+                    vec![
+                        Label::from_static_parts("route", route),
+                        Label::new("model", model.to_owned()),
+                    ],
+                )
+            },
+            |h| h.record(elapsed.as_secs_f64()),
+        );
     }
 
     /// A routing decision; `branch` is e.g. `cache_hit`, `cache_miss`,
     /// `imbalanced` or `other`.
     pub fn decision(&self, branch: &'static str) {
-        self.counter(&Key::from_parts(
-            DECISIONS,
-            vec![Label::from_static_parts("branch", branch)],
-        ))
-        .increment(1);
+        self.static_counter(&self.decisions, DECISIONS, "branch", branch);
     }
 
     /// A retry on another worker; `reason` is e.g. `connect`, `status_5xx`, `status_429`.
     pub fn retry(&self, reason: &'static str) {
-        self.counter(&Key::from_parts(
-            RETRIES,
-            vec![Label::from_static_parts("reason", reason)],
-        ))
-        .increment(1);
+        self.static_counter(&self.retries, RETRIES, "reason", reason);
+    }
+
+    /// A request refused by admission; `reason` is `queue_full` or `queue_timeout`.
+    pub fn admission_rejected(&self, reason: &'static str) {
+        self.static_counter(&self.rejections, ADMISSION_REJECTED, "reason", reason);
     }
 
     /// A failed attempt at a worker; `kind` is e.g. `connect`, `timeout`,
     /// `status`, `stream_broken`.
     pub fn upstream_error(&self, worker: &str, kind: &'static str) {
-        self.counter(&Key::from_parts(
-            UPSTREAM_ERRORS,
-            vec![worker_label(worker), Label::from_static_parts("kind", kind)],
-        ))
-        .increment(1);
-    }
-
-    /// A request refused by admission; `reason` is `queue_full` or `queue_timeout`.
-    pub fn admission_rejected(&self, reason: &'static str) {
-        self.counter(&Key::from_parts(
-            ADMISSION_REJECTED,
-            vec![Label::from_static_parts("reason", reason)],
-        ))
-        .increment(1);
+        let key = LabelRef {
+            fixed: kind,
+            code: 0,
+            text: worker,
+        };
+        self.upstream_errors.with(
+            &key,
+            || key.to_owned_key(),
+            || {
+                self.counter(
+                    UPSTREAM_ERRORS,
+                    vec![worker_label(worker), Label::from_static_parts("kind", kind)],
+                )
+            },
+            |c| c.increment(1),
+        );
     }
 
     /// Requests in flight to a worker now.
     pub fn worker_in_flight(&self, worker: &str, in_flight: usize) {
-        self.gauge(&Key::from_parts(
+        self.worker_gauge(
+            &self.worker_in_flight,
             WORKER_IN_FLIGHT,
-            vec![worker_label(worker)],
-        ))
-        .set(in_flight as f64);
+            worker,
+            in_flight as f64,
+        );
     }
 
     /// Characters the prefix tree holds for a worker now.
     pub fn tree_chars(&self, worker: &str, chars: usize) {
-        self.gauge(&Key::from_parts(TREE_CHARS, vec![worker_label(worker)]))
-            .set(chars as f64);
+        self.worker_gauge(&self.tree_chars, TREE_CHARS, worker, chars as f64);
     }
 
     /// Whether a worker is healthy now.
     pub fn worker_healthy(&self, worker: &str, healthy: bool) {
-        self.gauge(&Key::from_parts(WORKER_HEALTHY, vec![worker_label(worker)]))
-            .set(if healthy { 1.0 } else { 0.0 });
+        let value = if healthy { 1.0 } else { 0.0 };
+        self.worker_gauge(&self.worker_healthy, WORKER_HEALTHY, worker, value);
     }
 
     /// A worker's breaker as it stands at `now`: its state gauge and its
     /// transition count (taken from the breaker, so no change is missed or
     /// counted twice whoever calls this and however often).
     pub fn breaker(&self, worker: &str, breaker: &Breaker, now: Instant) {
-        self.gauge(&Key::from_parts(BREAKER_STATE, vec![worker_label(worker)]))
-            .set(f64::from(breaker.state(now).as_gauge()));
-        self.counter(&Key::from_parts(
-            BREAKER_TRANSITIONS,
-            vec![worker_label(worker)],
-        ))
-        .absolute(breaker.transitions());
+        let state = f64::from(breaker.state(now).as_gauge());
+        self.worker_gauge(&self.breaker_state, BREAKER_STATE, worker, state);
+        self.breaker_transitions.with(
+            worker,
+            || worker.into(),
+            || self.counter(BREAKER_TRANSITIONS, vec![worker_label(worker)]),
+            |c| c.absolute(breaker.transitions()),
+        );
     }
 
     /// The admission gate's in-flight and queued counts now.
     pub fn admission(&self, admission: &Admission) {
-        self.gauge(&Key::from_static_name(ADMISSION_IN_FLIGHT))
+        let key = Key::from_static_name(ADMISSION_IN_FLIGHT);
+        self.recorder
+            .register_gauge(&key, &METADATA)
             .set(admission.in_flight() as f64);
-        self.gauge(&Key::from_static_name(ADMISSION_QUEUED))
+        let key = Key::from_static_name(ADMISSION_QUEUED);
+        self.recorder
+            .register_gauge(&key, &METADATA)
             .set(admission.queued() as f64);
     }
 
@@ -334,13 +442,6 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-fn model_label(model: Option<&str>) -> SharedString {
-    match model {
-        Some(m) => SharedString::from(m.to_owned()),
-        None => SharedString::const_str(UNKNOWN_MODEL),
     }
 }
 
