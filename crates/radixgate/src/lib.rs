@@ -5,13 +5,16 @@
 //! ([`control`], [`health`]); everything a handler shares is in `state`.
 
 mod admin;
+pub mod admission;
 mod auth;
+pub mod breaker;
 pub mod config;
 pub mod control;
 pub mod error;
 mod health;
 mod info;
 pub mod inspect;
+pub mod metrics;
 pub mod proxy;
 pub mod server;
 mod state;

@@ -1,0 +1,195 @@
+use super::*;
+use futures::FutureExt;
+use std::sync::Mutex;
+
+fn gate(limit: Option<usize>, queue_size: usize, timeout_secs: u64) -> Admission {
+    Admission::new(&AdmissionConfig {
+        max_concurrent_requests: limit,
+        queue_size,
+        queue_timeout_secs: timeout_secs,
+    })
+}
+
+/// Lets spawned tasks run until they block.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[test]
+fn the_permit_can_live_in_a_response_body() {
+    fn owned<T: Send + Sync + 'static>() {}
+    owned::<AdmissionPermit>();
+    owned::<Admission>();
+}
+
+#[tokio::test(start_paused = true)]
+async fn unlimited_admits_everything_and_tracks_nothing() {
+    let gate = gate(None, 0, 1);
+    let permits: Vec<_> = (0..1000)
+        .map(|_| {
+            gate.acquire()
+                .now_or_never()
+                .expect("ready")
+                .expect("admitted")
+        })
+        .collect();
+    assert_eq!(permits.len(), 1000);
+    assert_eq!(
+        (gate.in_flight(), gate.queued(), gate.limit()),
+        (0, 0, None)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_limit_is_respected_and_a_drop_admits_the_next() {
+    let gate = gate(Some(2), 10, 60);
+    let a = gate.acquire().await.expect("first");
+    let _b = gate.acquire().await.expect("second");
+    assert_eq!(gate.in_flight(), 2);
+    let waiter = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.acquire().await }
+    });
+    settle().await;
+    assert!(!waiter.is_finished(), "third waits");
+    assert_eq!((gate.in_flight(), gate.queued()), (2, 1));
+    drop(a);
+    let c = waiter
+        .await
+        .expect("task")
+        .expect("admitted after the drop");
+    assert_eq!((gate.in_flight(), gate.queued()), (2, 0));
+    drop(c);
+    assert_eq!(gate.in_flight(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_refuses_at_once() {
+    let gate = gate(Some(1), 2, 60);
+    let _held = gate.acquire().await.expect("first");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.acquire().await })
+        })
+        .collect();
+    settle().await;
+    assert_eq!(gate.queued(), 2);
+    let refused = gate.acquire().now_or_never().expect("no waiting when full");
+    assert!(matches!(
+        refused,
+        Err(GatewayError::QueueFull { queue_size: 2 })
+    ));
+    for w in waiters {
+        w.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_queue_refuses_when_all_slots_are_taken() {
+    let gate = gate(Some(1), 0, 60);
+    let held = gate.acquire().await.expect("first");
+    let refused = gate.acquire().now_or_never().expect("immediate");
+    assert!(matches!(refused, Err(GatewayError::QueueFull { .. })));
+    drop(held);
+    assert!(gate.acquire().now_or_never().expect("immediate").is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_times_out_and_gives_its_place_back() {
+    let gate = gate(Some(1), 1, 2);
+    let _held = gate.acquire().await.expect("first");
+    let started = Instant::now();
+    let err = gate.acquire().await.expect_err("times out");
+    match err {
+        GatewayError::QueueTimeout { waited } => {
+            assert_eq!(waited, Duration::from_secs(2));
+            assert_eq!(started.elapsed(), Duration::from_secs(2));
+        }
+        other => panic!("expected QueueTimeout, got {other:?}"),
+    }
+    assert_eq!(gate.queued(), 0);
+    assert_eq!(err_status(&gate).await, 503);
+}
+
+/// The status of the next timed-out request, as the client would see it.
+async fn err_status(gate: &Admission) -> u16 {
+    gate.acquire()
+        .await
+        .expect_err("times out")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_admitted_in_arrival_order() {
+    let gate = gate(Some(1), 10, 60);
+    let held = gate.acquire().await.expect("first");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 0..6 {
+        let (gate, order) = (gate.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let permit = gate.acquire().await.expect("admitted");
+            order.lock().expect("lock").push(id);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(permit);
+        }));
+        settle().await; // each registers before the next arrives
+    }
+    assert_eq!(gate.queued(), 6);
+    drop(held);
+    // A newcomer after the release must queue behind them, not barge in.
+    assert!(gate.acquire().now_or_never().is_none());
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(*order.lock().expect("lock"), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_leaks_nothing() {
+    let gate = gate(Some(1), 1, 60);
+    let held = gate.acquire().await.expect("first");
+    // The client goes away while waiting: the future is dropped.
+    let cancelled = tokio::time::timeout(Duration::from_secs(1), gate.acquire()).await;
+    assert!(cancelled.is_err(), "still waiting when cancelled");
+    assert_eq!(gate.queued(), 0, "queue place given back");
+    // The queue (size 1) has room again, and the slot goes to the live waiter.
+    let waiter = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.acquire().await }
+    });
+    settle().await;
+    assert_eq!(gate.queued(), 1);
+    drop(held);
+    let permit = waiter.await.expect("task").expect("admitted");
+    assert_eq!(gate.in_flight(), 1);
+    drop(permit);
+    assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn aborted_tasks_release_permits_and_places() {
+    let gate = gate(Some(2), 4, 60);
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let gate = gate.clone();
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire().await;
+            std::future::pending::<()>().await;
+        }));
+    }
+    settle().await;
+    assert_eq!((gate.in_flight(), gate.queued()), (2, 4));
+    for t in &tasks {
+        t.abort();
+    }
+    for t in tasks {
+        assert!(t.await.expect_err("aborted").is_cancelled());
+    }
+    assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}

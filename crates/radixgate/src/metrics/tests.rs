@@ -1,0 +1,248 @@
+use super::*;
+use crate::breaker::Outcome;
+use crate::config::{AdmissionConfig, BreakerConfig};
+use prometheus_parse::{LineInfo, Sample, Scrape, Value};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+const CHAT: &str = "/v1/chat/completions";
+const W1: &str = "http://127.0.0.1:30001";
+const W2: &str = "http://127.0.0.1:30002";
+
+/// Parses strictly: every line must be a HELP, TYPE, sample or empty line,
+/// every sample's family must have both a HELP and a TYPE line, and the
+/// whole text must parse as a scrape.
+fn parse(text: &str) -> Scrape {
+    let mut helped = HashSet::new();
+    let mut typed = HashSet::new();
+    for line in text.lines() {
+        match LineInfo::parse(line) {
+            LineInfo::Doc { metric_name, .. } => {
+                helped.insert(metric_name.to_owned());
+            }
+            LineInfo::Type {
+                metric_name,
+                metric_alias,
+                ..
+            } => {
+                typed.insert(metric_alias.unwrap_or(metric_name));
+            }
+            LineInfo::Sample { metric_name, .. } => {
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| {
+                        metric_name
+                            .strip_suffix(suffix)
+                            .filter(|base| typed.contains(*base))
+                    })
+                    .unwrap_or(metric_name);
+                assert!(typed.contains(family), "no # TYPE before: {line}");
+                assert!(helped.contains(family), "no # HELP before: {line}");
+            }
+            LineInfo::Empty => {}
+            LineInfo::Ignored => panic!("not Prometheus text: {line:?}"),
+        }
+    }
+    Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("parses")
+}
+
+fn find<'a>(scrape: &'a Scrape, metric: &str, labels: &[(&str, &str)]) -> &'a Sample {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {metric} {labels:?}"))
+}
+
+fn scalar(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    match find(scrape, metric, labels).value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+        ref other => panic!("{metric} is not a scalar: {other:?}"),
+    }
+}
+
+/// The cumulative count of a histogram's bucket with upper bound `le`.
+fn bucket(scrape: &Scrape, metric: &str, labels: &[(&str, &str)], le: f64) -> f64 {
+    match &find(scrape, metric, labels).value {
+        Value::Histogram(buckets) => {
+            buckets
+                .iter()
+                .find(|b| b.less_than == le)
+                .unwrap_or_else(|| panic!("no bucket le={le}"))
+                .count
+        }
+        other => panic!("{metric} is not a histogram: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_metric_renders_as_valid_text_with_its_values() {
+    let m = Metrics::new();
+    m.request_done(CHAT, 200, Some("llama"), Duration::from_millis(300));
+    m.request_done(CHAT, 200, Some("llama"), Duration::from_millis(40));
+    m.request_done(CHAT, 404, None, Duration::from_millis(1));
+    m.request_done("/generate", 599, Some("llama"), Duration::from_secs(200));
+    m.ttft(CHAT, Some("llama"), Duration::from_millis(3));
+    m.decision("cache_hit");
+    m.decision("cache_hit");
+    m.decision("imbalanced");
+    m.retry("connect");
+    m.upstream_error(W1, "connect");
+    m.admission_rejected("queue_full");
+    m.worker_in_flight(W1, 7);
+    m.worker_in_flight(W2, 0);
+    m.tree_chars(W1, 123_456);
+    m.worker_healthy(W1, true);
+    m.worker_healthy(W2, false);
+
+    let cfg = BreakerConfig {
+        failure_threshold: 1,
+        ..BreakerConfig::default()
+    };
+    let breaker = Arc::new(Breaker::new(&cfg));
+    let now = Instant::now();
+    let permit = breaker.try_acquire(now).expect("closed");
+    let _ = permit.record(Outcome::Failure, now);
+    m.breaker(W1, &breaker, now);
+    m.breaker(W1, &breaker, now); // idempotent: the count comes from the breaker
+
+    let admission = Admission::new(&AdmissionConfig {
+        max_concurrent_requests: Some(4),
+        ..AdmissionConfig::default()
+    });
+    let _held = admission.acquire().await.expect("admitted");
+    m.admission(&admission);
+
+    let text = m.render();
+    let s = parse(&text);
+    let llama_ok = [("route", CHAT), ("status", "200"), ("model", "llama")];
+    assert_eq!(scalar(&s, REQUESTS, &llama_ok), 2.0);
+    let unknown = [("route", CHAT), ("status", "404"), ("model", UNKNOWN_MODEL)];
+    assert_eq!(scalar(&s, REQUESTS, &unknown), 1.0);
+    let odd = [("route", "/generate"), ("status", "599")];
+    assert_eq!(scalar(&s, REQUESTS, &odd), 1.0);
+
+    let chat = [("route", CHAT)];
+    assert_eq!(bucket(&s, LATENCY, &chat, 0.025), 1.0, "1 ms");
+    assert_eq!(bucket(&s, LATENCY, &chat, 0.25), 2.0, "+40 ms");
+    assert_eq!(bucket(&s, LATENCY, &chat, 0.5), 3.0, "+300 ms");
+    assert_eq!(bucket(&s, LATENCY, &chat, f64::INFINITY), 3.0);
+    assert_eq!(scalar(&s, &format!("{LATENCY}_count"), &chat), 3.0);
+    let long = [("route", "/generate")];
+    assert_eq!(bucket(&s, LATENCY, &long, 120.0), 0.0);
+    assert_eq!(
+        bucket(&s, LATENCY, &long, 300.0),
+        1.0,
+        "minutes are bucketed"
+    );
+    let ttft = [("route", CHAT), ("model", "llama")];
+    assert_eq!(bucket(&s, TTFT, &ttft, 0.0025), 0.0);
+    assert_eq!(bucket(&s, TTFT, &ttft, 0.005), 1.0);
+
+    assert_eq!(scalar(&s, DECISIONS, &[("branch", "cache_hit")]), 2.0);
+    assert_eq!(scalar(&s, DECISIONS, &[("branch", "imbalanced")]), 1.0);
+    assert_eq!(scalar(&s, RETRIES, &[("reason", "connect")]), 1.0);
+    let err = [("worker", W1), ("kind", "connect")];
+    assert_eq!(scalar(&s, UPSTREAM_ERRORS, &err), 1.0);
+    assert_eq!(
+        scalar(&s, ADMISSION_REJECTED, &[("reason", "queue_full")]),
+        1.0
+    );
+    assert_eq!(scalar(&s, WORKER_IN_FLIGHT, &[("worker", W1)]), 7.0);
+    assert_eq!(scalar(&s, WORKER_IN_FLIGHT, &[("worker", W2)]), 0.0);
+    assert_eq!(scalar(&s, TREE_CHARS, &[("worker", W1)]), 123_456.0);
+    assert_eq!(scalar(&s, WORKER_HEALTHY, &[("worker", W1)]), 1.0);
+    assert_eq!(scalar(&s, WORKER_HEALTHY, &[("worker", W2)]), 0.0);
+    assert_eq!(scalar(&s, BREAKER_STATE, &[("worker", W1)]), 1.0, "open");
+    assert_eq!(scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]), 1.0);
+    assert_eq!(scalar(&s, ADMISSION_IN_FLIGHT, &[]), 1.0);
+    assert_eq!(scalar(&s, ADMISSION_QUEUED, &[]), 0.0);
+
+    // Every family in the catalog showed up, with its help text and type.
+    for &(name, kind, _, help) in CATALOG {
+        assert_eq!(s.docs.get(name).map(String::as_str), Some(help), "{name}");
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+    }
+}
+
+#[test]
+fn instances_are_independent() {
+    let a = Metrics::new();
+    let b = Metrics::new();
+    a.decision("cache_miss");
+    a.decision("cache_miss");
+    b.decision("cache_miss");
+    let (sa, sb) = (parse(&a.render()), parse(&b.render()));
+    assert_eq!(scalar(&sa, DECISIONS, &[("branch", "cache_miss")]), 2.0);
+    assert_eq!(scalar(&sb, DECISIONS, &[("branch", "cache_miss")]), 1.0);
+    assert!(!Metrics::new().render().contains(DECISIONS));
+}
+
+#[test]
+fn gauges_follow_the_latest_value_and_breaker_transitions_accumulate() {
+    let m = Metrics::new();
+    m.worker_in_flight(W1, 5);
+    m.worker_in_flight(W1, 2);
+    let s = parse(&m.render());
+    assert_eq!(scalar(&s, WORKER_IN_FLIGHT, &[("worker", W1)]), 2.0);
+
+    let cfg = BreakerConfig {
+        failure_threshold: 1,
+        success_threshold: 1,
+        timeout_duration_secs: 1,
+        ..BreakerConfig::default()
+    };
+    let breaker = Arc::new(Breaker::new(&cfg));
+    let t0 = Instant::now();
+    let _ = breaker
+        .try_acquire(t0)
+        .expect("closed")
+        .record(Outcome::Failure, t0);
+    m.breaker(W1, &breaker, t0);
+    let t1 = t0 + Duration::from_secs(1);
+    m.breaker(W1, &breaker, t1);
+    let s = parse(&m.render());
+    assert_eq!(
+        scalar(&s, BREAKER_STATE, &[("worker", W1)]),
+        2.0,
+        "half-open"
+    );
+    let _ = breaker
+        .try_acquire(t1)
+        .expect("probe")
+        .record(Outcome::Success, t1);
+    m.breaker(W1, &breaker, t1);
+    let s = parse(&m.render());
+    assert_eq!(scalar(&s, BREAKER_STATE, &[("worker", W1)]), 0.0, "closed");
+    assert_eq!(scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]), 3.0);
+}
+
+#[test]
+fn upkeep_folds_samples_into_buckets() {
+    let m = Metrics::new();
+    for i in 0..10_000u64 {
+        m.ttft(CHAT, Some("llama"), Duration::from_micros(i * 10));
+        if i % 1000 == 0 {
+            m.run_upkeep();
+        }
+    }
+    let s = parse(&m.render());
+    let ttft = [("route", CHAT), ("model", "llama")];
+    assert_eq!(bucket(&s, TTFT, &ttft, f64::INFINITY), 10_000.0);
+    // 0..=99.99 ms in 10 µs steps: 0..=10 ms holds 1001 samples.
+    assert_eq!(bucket(&s, TTFT, &ttft, 0.01), 1001.0);
+}
+
+#[test]
+fn buckets_span_milliseconds_to_minutes() {
+    for buckets in [LATENCY_BUCKETS, TTFT_BUCKETS] {
+        assert!(buckets.windows(2).all(|w| w[0] < w[1]), "increasing");
+        assert!(buckets[0] <= 0.005);
+        assert!(*buckets.last().expect("non-empty") >= 120.0);
+    }
+}
