@@ -142,3 +142,15 @@ pub(crate) async fn flush_cache(State(state): State<Arc<AppState>>) -> Response 
     };
     (status, Json(json!({"results": results}))).into_response()
 }
+
+/// `/metrics`: Prometheus text exposition.
+pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}

@@ -19,4 +19,5 @@ pub mod proxy;
 pub mod server;
 mod state;
 pub mod stream;
+mod upkeep;
 pub mod upstream;

@@ -1,5 +1,5 @@
-//! The request path of the inference APIs: read, route, forward, retry,
-//! stream back.
+//! The request path of the inference APIs: admit, read, route, forward,
+//! retry, stream back.
 //!
 //! The body is read once, up to the configured limit, and kept as `Bytes`:
 //! routing reads a few fields of it ([`inspect`]) and every attempt sends the
@@ -8,12 +8,15 @@
 //! returned) is retried on a different worker after a jittered exponential
 //! back-off; once a response is handed to the client it is never retried.
 //!
-//! The chosen worker's load guard travels inside the response body
-//! ([`WatchedBody`]) and is released when the stream ends in any way.
+//! Everything a request holds — the worker's load guard, the admission
+//! permit, the breaker permit — travels inside the response body
+//! ([`WatchedBody`]) and is released when the stream ends in any way, at
+//! which point the request is counted in the metrics.
 
+use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
 use crate::inspect::{Api, inspect};
-use crate::state::AppState;
+use crate::state::{AppState, publish_breaker};
 use crate::stream::{StreamEnd, StreamWatch, WatchedBody};
 use crate::upstream;
 use axum::body::Body;
@@ -25,7 +28,7 @@ use http_body_util::BodyExt;
 use radixgate_routing::{Decision, LoadGuard, RequestView, WorkerId};
 use rand::Rng;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Header naming the worker a request went to.
 pub const WORKER_HEADER: &str = "x-radixgate-worker";
@@ -35,30 +38,42 @@ pub const DECISION_HEADER: &str = "x-radixgate-decision";
 /// body's `user` field is the fallback).
 const ROUTING_KEY_HEADERS: [&str; 2] = ["x-session-id", "x-radixgate-routing-key"];
 
-/// Serves one inference request.
+/// Serves one inference request on `route` (also the worker path).
 pub(crate) async fn serve(
     state: Arc<AppState>,
     api: Api,
-    path: &'static str,
+    route: &'static str,
     req: Request,
 ) -> Response {
-    let timeout = state.config.request_timeout();
-    let work = forward(state, api, path, req);
-    let result = match timeout {
+    let started = Instant::now();
+    let work = forward(&state, api, route, req, started);
+    let result = match state.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
             .unwrap_or(Err(GatewayError::RequestTimeout { after })),
         None => work.await,
     };
-    result.unwrap_or_else(IntoResponse::into_response)
+    result.unwrap_or_else(|err| {
+        match &err {
+            GatewayError::QueueFull { .. } => state.metrics.admission_rejected("queue_full"),
+            GatewayError::QueueTimeout { .. } => state.metrics.admission_rejected("queue_timeout"),
+            _ => {}
+        }
+        state
+            .metrics
+            .request_done(route, err.status().as_u16(), None, started.elapsed());
+        err.into_response()
+    })
 }
 
 async fn forward(
-    state: Arc<AppState>,
+    state: &Arc<AppState>,
     api: Api,
-    path: &'static str,
+    route: &'static str,
     req: Request,
+    started: Instant,
 ) -> Result<Response, GatewayError> {
+    let admitted = state.admission.acquire().await?;
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, state.config.server.max_payload_size).await?;
     let request = inspect(api, &bytes)?;
@@ -74,14 +89,15 @@ async fn forward(
     let mut last_failure: Option<GatewayError> = None;
     let mut backoff = Duration::from_millis(retry.initial_backoff_ms);
     loop {
-        let decision = match route(
-            &state,
+        let routed = route_once(
+            state,
             request.model.as_deref(),
             &request.routing_text,
             routing_key,
             &tried,
-        ) {
-            Ok(decision) => decision,
+        );
+        let (decision, model) = match routed {
+            Ok(routed) => routed,
             Err(err) => {
                 return Err(match last_failure {
                     // No untried worker is left: report what the last
@@ -94,41 +110,97 @@ async fn forward(
                 });
             }
         };
-        let attempt = send(&state, &decision, path, &headers, bytes.clone()).await;
+        let worker = decision.worker().clone();
+        let Some(probe) = state
+            .breakers
+            .get(worker.id())
+            .try_acquire(tokio::time::Instant::now())
+        else {
+            // Half-open with its probe already out: this worker sits out.
+            tried.push(worker.id());
+            continue;
+        };
+        state
+            .metrics
+            .decision(decision.explanation().branch.as_str());
         let last_attempt = tried.len() as u32 >= retry.max_retries;
-        let failure = match attempt {
+        let failure = match send(state, &decision, route, &headers, bytes.clone()).await {
             Ok(response) => {
                 let status = response.status();
-                let retryable = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
-                if !retryable || last_attempt {
-                    return Ok(respond(response, decision, request.stream));
+                let failed = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
+                if !failed || last_attempt {
+                    let probe = if failed {
+                        record(&worker, probe, Outcome::Failure);
+                        state.metrics.upstream_error(worker.url(), "status");
+                        None
+                    } else {
+                        Some(probe)
+                    };
+                    let watch = RequestWatch {
+                        state: state.clone(),
+                        guard: None,
+                        sse: false,
+                        probe,
+                        _admitted: admitted,
+                        route,
+                        model,
+                        status: status.as_u16(),
+                        started,
+                    };
+                    return Ok(respond(response, decision, watch, request.stream));
                 }
+                state.metrics.upstream_error(worker.url(), "status");
                 GatewayError::UpstreamStatus {
-                    worker: decision.worker().url().to_owned(),
+                    worker: worker.url().to_owned(),
                     status,
                 }
             }
-            Err(err) if last_attempt => {
-                let attempts = tried.len() as u32 + 1;
-                return Err(if attempts > 1 {
-                    GatewayError::RetriesExhausted {
-                        attempts,
-                        last: Box::new(err),
-                    }
-                } else {
-                    err
-                });
+            Err(err) => {
+                state.metrics.upstream_error(worker.url(), "connect");
+                err
             }
-            Err(err) => err,
         };
-        tracing::debug!(worker = decision.worker().url(), error = %failure, "attempt failed; retrying");
-        tried.push(decision.worker().id());
+        record(&worker, probe, Outcome::Failure);
+        if last_attempt {
+            let attempts = tried.len() as u32 + 1;
+            return Err(if attempts > 1 {
+                GatewayError::RetriesExhausted {
+                    attempts,
+                    last: Box::new(failure),
+                }
+            } else {
+                failure
+            });
+        }
+        tracing::debug!(worker = worker.url(), error = %failure, "attempt failed; retrying");
+        state
+            .metrics
+            .retry(if matches!(failure, GatewayError::Connect { .. }) {
+                "connect"
+            } else {
+                "status"
+            });
+        tried.push(worker.id());
         last_failure = Some(failure);
         drop(decision);
         tokio::time::sleep(jitter(backoff, retry.jitter_factor)).await;
         backoff = backoff
             .mul_f64(retry.backoff_multiplier)
             .min(Duration::from_millis(retry.max_backoff_ms));
+    }
+}
+
+/// Records an attempt's outcome and publishes any breaker change at once,
+/// so policies stop (or resume) choosing the worker without waiting for
+/// the upkeep tick.
+fn record(worker: &radixgate_routing::Worker, probe: Permit, outcome: Outcome) {
+    if let Some(state) = probe.record(outcome, tokio::time::Instant::now()) {
+        tracing::info!(
+            worker = worker.url(),
+            state = state.as_str(),
+            "circuit breaker changed"
+        );
+        publish_breaker(worker, state);
     }
 }
 
@@ -148,26 +220,31 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
 }
 
 /// Chooses a worker, leaving out those already tried for this request.
-fn route(
+/// Also returns the pool's model name: a served model, safe as a metrics
+/// label (a client's made-up name never is).
+fn route_once(
     state: &AppState,
     model: Option<&str>,
     text: &str,
     routing_key: Option<&str>,
     tried: &[WorkerId],
-) -> Result<Decision, GatewayError> {
-    if tried.is_empty() {
-        return Ok(state.router.route(model, text, routing_key)?);
-    }
+) -> Result<(Decision, Option<String>), GatewayError> {
     let snapshot = state.router.snapshot();
     let pool = snapshot.resolve(model)?;
-    let rest: Vec<_> = pool
-        .workers
-        .iter()
-        .filter(|w| !tried.contains(&w.id()))
-        .cloned()
-        .collect();
     let view = RequestView::new(pool.model, text).with_routing_key(routing_key);
-    Ok(state.router.policy().select(&view, &rest)?)
+    let decision = if tried.is_empty() {
+        state.router.policy().select(&view, pool.workers)?
+    } else {
+        let rest: Vec<_> = pool
+            .workers
+            .iter()
+            .filter(|w| !tried.contains(&w.id()))
+            .cloned()
+            .collect();
+        state.router.policy().select(&view, &rest)?
+    };
+    let label = (pool.model != radixgate_routing::WILDCARD_MODEL).then(|| pool.model.to_owned());
+    Ok((decision, label))
 }
 
 /// One attempt: the client's bytes to the chosen worker.
@@ -198,8 +275,13 @@ async fn send(
         })
 }
 
-/// Hands a worker's response to the client, its body carrying the load guard.
-fn respond(response: reqwest::Response, decision: Decision, asked_stream: bool) -> Response {
+/// Hands a worker's response to the client; its body carries the watch.
+fn respond(
+    response: reqwest::Response,
+    decision: Decision,
+    mut watch: RequestWatch,
+    asked_stream: bool,
+) -> Response {
     let status = response.status();
     let sse = asked_stream
         || response
@@ -213,9 +295,8 @@ fn respond(response: reqwest::Response, decision: Decision, asked_stream: bool) 
     if let Ok(value) = HeaderValue::from_str(&decision.explanation().to_string()) {
         headers.insert(DECISION_HEADER, value);
     }
-    let watch = RequestWatch {
-        _guard: decision.into_guard(),
-    };
+    watch.guard = Some(decision.into_guard());
+    watch.sse = sse;
     let upstream: axum::http::Response<reqwest::Body> = response.into();
     let body = WatchedBody::new(upstream.into_body(), watch, sse);
     let mut out = Response::new(Body::new(body));
@@ -226,16 +307,53 @@ fn respond(response: reqwest::Response, decision: Decision, asked_stream: bool) 
 
 /// What a response body carries until it ends.
 struct RequestWatch {
-    _guard: LoadGuard,
+    state: Arc<AppState>,
+    /// The worker's load (the decision's own guard, moved in by
+    /// [`respond`]); released when this watch is dropped.
+    guard: Option<LoadGuard>,
+    /// Whether the response is an event stream (TTFT is recorded for those).
+    sse: bool,
+    /// The breaker permit of a successful attempt, settled at the end.
+    probe: Option<Permit>,
+    _admitted: crate::admission::AdmissionPermit,
+    route: &'static str,
+    model: Option<String>,
+    status: u16,
+    started: Instant,
 }
 
 impl StreamWatch for RequestWatch {
+    fn first_byte(&mut self) {
+        if !self.sse {
+            return;
+        }
+        self.state
+            .metrics
+            .ttft(self.route, self.model.as_deref(), self.started.elapsed());
+    }
+
     fn finish(self, end: StreamEnd) {
-        if end == StreamEnd::UpstreamError {
-            tracing::warn!(
-                worker = self._guard.worker().url(),
-                "worker stream broke off"
-            );
+        let metrics = &self.state.metrics;
+        metrics.request_done(
+            self.route,
+            self.status,
+            self.model.as_deref(),
+            self.started.elapsed(),
+        );
+        if let Some(guard) = &self.guard {
+            let worker = guard.worker();
+            if end == StreamEnd::UpstreamError {
+                tracing::warn!(worker = worker.url(), "worker stream broke off");
+                metrics.upstream_error(worker.url(), "stream_broken");
+            }
+            if let Some(probe) = self.probe {
+                let outcome = if end == StreamEnd::UpstreamError {
+                    Outcome::Failure
+                } else {
+                    Outcome::Success
+                };
+                record(worker, probe, outcome);
+            }
         }
     }
 }

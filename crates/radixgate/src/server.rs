@@ -6,12 +6,14 @@
 //! `shutdown_grace_period_secs` to finish, then the remaining connections
 //! are dropped — which drops their bodies and so releases their load.
 
+use crate::admission::Admission;
 use crate::auth::{RequiredKey, require_key};
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
-use crate::state::AppState;
-use crate::{admin, control, info, proxy, upstream};
+use crate::metrics::Metrics;
+use crate::state::{AppState, Breakers};
+use crate::{admin, control, info, proxy, upkeep, upstream};
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::IntoResponse;
@@ -90,7 +92,8 @@ fn routes(state: Arc<AppState>) -> Router {
     let open = Router::<Arc<AppState>>::new()
         .route("/health", get(info::readiness))
         .route("/readiness", get(info::readiness))
-        .route("/liveness", get(info::liveness));
+        .route("/liveness", get(info::liveness))
+        .route("/metrics", get(info::metrics));
 
     api.merge(admin)
         .merge(open)
@@ -102,6 +105,19 @@ fn routes(state: Arc<AppState>) -> Router {
             .into_response()
         })
         .with_state(state)
+}
+
+/// Binds the separate metrics port, if one is configured.
+async fn metrics_listener(config: &Config) -> Result<Option<TcpListener>, StartError> {
+    let Some(port) = config.metrics.prometheus_port else {
+        return Ok(None);
+    };
+    let host = config
+        .metrics
+        .prometheus_host
+        .as_deref()
+        .unwrap_or(&config.server.host);
+    Ok(Some(TcpListener::bind((host, port)).await?))
 }
 
 /// Runs a gateway on `listener` until `shutdown` is cancelled.
@@ -131,12 +147,30 @@ pub async fn run(
     let eviction = spawn_eviction(policy, tasks.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
     let state = Arc::new(AppState {
+        admission: Admission::new(&config.admission),
+        breakers: Breakers::new(config.circuit_breaker.clone()),
+        metrics: Metrics::new(),
         config,
         router,
         control,
         client,
         started: Instant::now(),
     });
+    let upkeep = tokio::spawn(upkeep::run(state.clone(), tasks.clone()));
+    let metrics_server = match metrics_listener(&state.config).await? {
+        Some(listener) => {
+            let app = Router::new()
+                .route("/metrics", get(info::metrics))
+                .with_state(state.clone());
+            let stop = tasks.clone();
+            Some(tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            }))
+        }
+        None => None,
+    };
     let app = routes(state);
 
     tracing::info!(addr = %listener.local_addr()?, "radixgate listening");
@@ -160,6 +194,10 @@ pub async fn run(
     }
     tasks.cancel();
     let _ = control_task.await;
+    let _ = upkeep.await;
+    if let Some(metrics_server) = metrics_server {
+        let _ = metrics_server.await;
+    }
     if let Some(eviction) = eviction {
         let _ = eviction.await;
     }

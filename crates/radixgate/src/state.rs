@@ -1,11 +1,21 @@
 //! What every handler shares: configuration, the routing handle, the control
-//! handle and the worker client. Built once in [`crate::server`], read-only
-//! afterwards (all mutable state lives behind its own handle), so it is
-//! shared as a plain `Arc` without locks.
+//! handle, the worker client, admission, breakers and metrics. Built once in
+//! [`crate::server`]; every mutable part sits behind its own handle, so the
+//! whole is shared as a plain `Arc`.
+//!
+//! The breakers map is the one lock here: a `parking_lot::RwLock` read for a
+//! map lookup per attempt (never held across `.await`), written only the
+//! first time a worker id is seen.
 
+use crate::admission::Admission;
+use crate::breaker::{Breaker, BreakerState};
 use crate::config::Config;
 use crate::control::Control;
-use radixgate_routing::Router;
+use crate::metrics::Metrics;
+use parking_lot::RwLock;
+use radixgate_routing::{Router, Worker, WorkerId};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Shared state of one gateway.
@@ -14,5 +24,49 @@ pub(crate) struct AppState {
     pub(crate) router: Router,
     pub(crate) control: Control,
     pub(crate) client: reqwest::Client,
+    pub(crate) admission: Admission,
+    pub(crate) breakers: Breakers,
+    pub(crate) metrics: Metrics,
     pub(crate) started: Instant,
+}
+
+/// One circuit breaker per worker id, created on first use.
+pub(crate) struct Breakers {
+    config: crate::config::BreakerConfig,
+    map: RwLock<HashMap<WorkerId, Arc<Breaker>>>,
+}
+
+impl Breakers {
+    pub(crate) fn new(config: crate::config::BreakerConfig) -> Self {
+        Self {
+            config,
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn get(&self, id: WorkerId) -> Arc<Breaker> {
+        if let Some(b) = self.map.read().get(&id) {
+            return b.clone();
+        }
+        self.map
+            .write()
+            .entry(id)
+            .or_insert_with(|| Arc::new(Breaker::new(&self.config)))
+            .clone()
+    }
+
+    /// Forgets breakers of workers no longer in the pool.
+    pub(crate) fn retain(&self, live: impl Fn(WorkerId) -> bool) {
+        self.map.write().retain(|id, _| live(*id));
+    }
+}
+
+/// Publishes a breaker state into the worker's slot, which policies read.
+pub(crate) fn publish_breaker(worker: &Worker, state: BreakerState) {
+    use radixgate_routing::BreakerState as Slot;
+    worker.set_breaker(match state {
+        BreakerState::Closed => Slot::Closed,
+        BreakerState::Open => Slot::Open,
+        BreakerState::HalfOpen => Slot::HalfOpen,
+    });
 }
