@@ -182,3 +182,17 @@ fn routing_section_in_yaml() {
     assert_eq!(config.routing.name(), "consistent_hash");
     assert!(Config::from_yaml("routing: {policy: round_robin, cache_threshold: 0.2}\n").is_err());
 }
+
+#[test]
+fn the_example_file_is_valid_and_spells_out_the_defaults() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/radixgate.yaml");
+    let example = Config::from_yaml_file(std::path::Path::new(path)).unwrap();
+    example.validate().unwrap();
+    // Apart from its two workers, the example shows exactly the defaults.
+    assert_eq!(example.workers.len(), 2);
+    let without_workers = Config {
+        workers: Vec::new(),
+        ..example
+    };
+    assert_eq!(without_workers, Config::default());
+}
