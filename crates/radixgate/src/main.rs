@@ -23,8 +23,19 @@ enum Command {
     Version,
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // `{:#}` prints the whole cause chain on one line, without the
+            // backtrace a `Result` from main would add.
+            eprintln!("radixgate: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Version => println!("radixgate {}", env!("CARGO_PKG_VERSION")),
         Command::Worker(args) => {
