@@ -16,7 +16,7 @@ pub enum SimError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A trace file could not be read.
-    #[error("cannot read trace file {path}: {source}")]
+    #[error("cannot read trace file {path}")]
     TraceIo {
         /// The file.
         path: PathBuf,

@@ -2,6 +2,7 @@
 //! workload generators and the `load` tool radixgate is measured with.
 
 mod error;
+pub mod load;
 pub mod workload;
 
 pub use error::SimError;

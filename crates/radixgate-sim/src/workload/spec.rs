@@ -115,8 +115,10 @@ pub struct RequestSpec {
     pub prompt: Prompt,
     /// Tokens to generate.
     pub max_tokens: u32,
-    /// Whether the workload waits for this request's reply text (multi-turn
-    /// sessions) before the session can continue.
+    /// Whether a later request of this session will include the reply text
+    /// (so a driver must keep it). Whatever this says, a driver reports every
+    /// request's outcome exactly once, by `Workload::on_reply` or
+    /// `Workload::on_failure`.
     pub wants_reply: bool,
 }
 
