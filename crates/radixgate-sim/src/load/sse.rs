@@ -73,6 +73,31 @@ mod tests {
         assert!(!p.has_partial());
     }
 
+    proptest::proptest! {
+        /// However the bytes are split, the same events come out.
+        #[test]
+        fn splitting_does_not_matter(
+            events in proptest::collection::vec("[a-z{}\":, ]{0,20}", 1..8),
+            cuts in proptest::collection::vec(0usize..400, 0..10),
+        ) {
+            let mut stream = String::new();
+            for e in &events {
+                stream.push_str(&format!("data: {e}\n\n"));
+            }
+            let bytes = stream.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut p = SseParser::default();
+            let mut got = Vec::new();
+            let mut from = 0;
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                got.extend(p.feed(&bytes[from..c]));
+                from = c;
+            }
+            proptest::prop_assert_eq!(got, events);
+        }
+    }
+
     #[test]
     fn crlf_comments_and_multiline_data() {
         let mut p = SseParser::default();
