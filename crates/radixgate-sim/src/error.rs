@@ -1,40 +1,66 @@
-//! The crate's one error type.
+//! The one error type of the simulation crate.
 //!
-//! Every fallible public function of `radixgate-sim` returns [`SimError`].
-//! Variants say where the fault lies: a bad setting or input file supplied by
-//! the operator (fix the command line), or the environment (sockets, runtime).
-//! Request-level failures seen by the load tool are *not* errors of the tool:
-//! they are counted in its report by kind (see `load::outcome`).
+//! Each variant says where the fault lies: bad configuration or input from
+//! the operator/client (`Config`, `BadRequest`, `PayloadTooLarge`, and the
+//! load tool's `TraceIo`, `TraceFormat`, `BadUrl`), a
+//! deliberately injected fault (`InjectedFault`), or the process itself
+//! (`Io`, `EngineGone`). The HTTP server maps these to status codes in
+//! exactly one place (`server::error_response`).
 
-use std::path::PathBuf;
+use thiserror::Error;
 
-/// Errors of the simulator crate.
-#[derive(Debug, thiserror::Error)]
+/// Errors of the simulated worker, its engine, the workloads and the load tool.
+#[derive(Debug, Error)]
 pub enum SimError {
-    /// A setting is out of range or inconsistent with another (operator's
-    /// fault; the message names the setting).
+    /// A configuration value is out of range or inconsistent (start-up error).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// A trace file could not be read.
+    /// The client sent a request the worker cannot serve (HTTP 400).
+    #[error("{message}")]
+    BadRequest {
+        /// What was wrong, for the client.
+        message: String,
+        /// The offending field, when there is one.
+        param: Option<String>,
+    },
+    /// No such endpoint (HTTP 404).
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
+    /// The request body is larger than the configured limit (HTTP 413).
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// A fault injected on purpose by the fault knobs (HTTP 500/503).
+    #[error("injected fault: {0}")]
+    InjectedFault(&'static str),
+    /// The worker is starting or marked unhealthy (HTTP 503).
+    #[error("worker unavailable: {0}")]
+    Unavailable(&'static str),
+    /// The engine task has stopped (shutdown in progress; HTTP 503).
+    #[error("engine stopped")]
+    EngineGone,
+    /// A trace file could not be read (operator's fault).
     #[error("cannot read trace file {path}")]
     TraceIo {
         /// The file.
-        path: PathBuf,
+        path: std::path::PathBuf,
         /// What the operating system said.
         #[source]
         source: std::io::Error,
     },
-    /// A trace line is not the expected JSON.
+    /// A trace line is not the expected JSON (operator's fault).
     #[error("trace file {path} line {line}: {reason}")]
     TraceFormat {
         /// The file.
-        path: PathBuf,
+        path: std::path::PathBuf,
         /// 1-based line number.
         line: usize,
         /// What is wrong with it.
         reason: String,
     },
-    /// A target URL cannot be used.
+    /// A load-tool target URL cannot be used (operator's fault).
     #[error("bad --url {url:?}: {reason}")]
     BadUrl {
         /// The URL as given.
@@ -42,7 +68,25 @@ pub enum SimError {
         /// Why it cannot be used.
         reason: String,
     },
-    /// The runtime or an output stream failed.
+    /// A socket could not be bound or accepted.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl SimError {
+    /// A 400-class error about one request field.
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// Whether retrying the same request elsewhere may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::InjectedFault(_) | Self::Unavailable(_) | Self::EngineGone | Self::Io(_)
+        )
+    }
 }

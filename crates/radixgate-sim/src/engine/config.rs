@@ -1,0 +1,143 @@
+//! The worker model's configuration: cache geometry, batching limits and
+//! the timing model, with defaults for Llama-3-8B (BF16) on one H100 SXM.
+//!
+//! Where the defaults come from (see `crates/radixgate-sim/README.md`,
+//! "Defaults and their sources", for the arithmetic):
+//! - KV bytes per token of Llama-3-8B: 2 (K and V) x 32 layers x 8 KV heads
+//!   x 128 head dim x 2 bytes = 131,072 B (model configuration published
+//!   with the weights);
+//! - H100 SXM: 80 GB HBM3 at 3.35 TB/s, 989 TFLOPS dense BF16 (NVIDIA's
+//!   H100 datasheet);
+//! - capacity: ~0.88 of 80 GB minus 16 GB of weights leaves ~54 GB, i.e.
+//!   ~400k tokens of KV;
+//! - a forward pass reads all weights once (16 GB / 3.35 TB/s = 4.8 ms):
+//!   the fixed step cost; each batched token costs 2 x 8B FLOPs (16 GFLOP),
+//!   27 us at an assumed 60% of peak; each decoding sequence reads its whole
+//!   KV per step, 131,072 B / 3.35 TB/s = 39 ns per context token;
+//! - 256 running requests and 8,192 batched tokens per step are the
+//!   serving engines' usual defaults (vLLM `max_num_seqs`, SGLang/vLLM
+//!   chunked-prefill sizes).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::SimError;
+
+/// Cache and batching settings of one simulated worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Tokens per KV page (block).
+    pub block_size: usize,
+    /// KV capacity in tokens (rounded down to whole blocks).
+    pub kv_capacity_tokens: usize,
+    /// Most requests in the running batch at once.
+    pub max_running_requests: usize,
+    /// Token budget of one step: prefill tokens plus one per decoding request.
+    pub max_batch_tokens: usize,
+    /// The timing model.
+    pub timing: TimingConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            kv_capacity_tokens: 400_000,
+            max_running_requests: 256,
+            max_batch_tokens: 8192,
+            timing: TimingConfig::default(),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks ranges and consistency; a clear message per bad value.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |m: String| Err(SimError::Config(m));
+        if !(1..=4096).contains(&self.block_size) {
+            return bad(format!(
+                "block_size must be in 1..=4096, got {}",
+                self.block_size
+            ));
+        }
+        if self.kv_capacity_tokens < self.block_size {
+            return bad(format!(
+                "kv_capacity_tokens ({}) must hold at least one block of {} tokens",
+                self.kv_capacity_tokens, self.block_size
+            ));
+        }
+        if self.kv_capacity_tokens / self.block_size > u32::MAX as usize / 2 {
+            return bad("kv_capacity_tokens is too large".into());
+        }
+        if self.max_running_requests == 0 {
+            return bad("max_running_requests must be at least 1".into());
+        }
+        if self.max_batch_tokens < self.max_running_requests {
+            return bad(format!(
+                "max_batch_tokens ({}) must be at least max_running_requests ({}): every running request decodes one token per step",
+                self.max_batch_tokens, self.max_running_requests
+            ));
+        }
+        self.timing.validate()
+    }
+
+    /// Capacity in whole blocks.
+    pub fn capacity_blocks(&self) -> usize {
+        self.kv_capacity_tokens / self.block_size
+    }
+}
+
+/// How long one engine step takes:
+/// `step_base_us + token_us * (prefill_tokens + decode_seqs) +
+/// kv_read_ns_per_token * context_tokens_of_decoding_seqs / 1000`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingConfig {
+    /// Fixed cost of a forward pass (reading the weights once), microseconds.
+    pub step_base_us: f64,
+    /// Compute per batched token (prefill or decode), microseconds.
+    pub token_us: f64,
+    /// KV read per context token of each decoding sequence, nanoseconds.
+    pub kv_read_ns_per_token: f64,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        Self {
+            step_base_us: 4_800.0,
+            token_us: 27.0,
+            kv_read_ns_per_token: 39.0,
+        }
+    }
+}
+
+impl TimingConfig {
+    /// Every constant finite and non-negative.
+    pub fn validate(&self) -> Result<(), SimError> {
+        for (name, v) in [
+            ("step_base_us", self.step_base_us),
+            ("token_us", self.token_us),
+            ("kv_read_ns_per_token", self.kv_read_ns_per_token),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(SimError::Config(format!(
+                    "timing.{name} must be a finite number >= 0, got {v}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Duration of a step with this much work.
+    pub fn step_duration(
+        &self,
+        prefill_tokens: usize,
+        decode_seqs: usize,
+        decode_context_tokens: usize,
+    ) -> std::time::Duration {
+        let us = self.step_base_us
+            + self.token_us * (prefill_tokens + decode_seqs) as f64
+            + self.kv_read_ns_per_token * decode_context_tokens as f64 / 1000.0;
+        std::time::Duration::from_nanos((us * 1000.0).round() as u64)
+    }
+}

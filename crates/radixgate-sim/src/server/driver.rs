@@ -1,0 +1,196 @@
+//! The engine task: drives one worker's [`Engine`] in real time.
+//!
+//! Role: the only owner of the engine. Request handlers send commands
+//! (submit, cancel, flush) over an unbounded channel; the task runs a step,
+//! sleeps for the step's simulated duration (commands arriving meanwhile
+//! join the next step, as requests arriving during a GPU forward pass do),
+//! then delivers the step's results to each request's own channel and
+//! publishes a load snapshot.
+//!
+//! Invariants: each live request has exactly one subscriber entry, removed
+//! when it finishes or is cancelled; a request whose handler has gone away
+//! (client disconnect) is cancelled in the engine, so its pages are freed.
+//!
+//! Concurrency: the snapshot is a `parking_lot::Mutex` written once per step
+//! by this task and read by `/get_load` and `/metrics`: tiny critical
+//! sections, never held across `.await`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, EngineCounters, EngineRequest, Finished, LoadSnapshot, ReqId};
+use crate::error::SimError;
+
+/// A command to the engine task.
+pub(crate) enum Cmd {
+    /// Queue a request; results go to `events`. `stream` asks for one event
+    /// per produced token, otherwise only the final one is sent.
+    Submit {
+        req: EngineRequest,
+        stream: bool,
+        events: mpsc::UnboundedSender<Event>,
+    },
+    /// The client went away.
+    Cancel(ReqId),
+    /// Evict all unpinned cache; answers the number of blocks evicted.
+    Flush(oneshot::Sender<usize>),
+}
+
+/// What a request hears from the engine.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Admitted to the batch with this many cached prompt tokens
+    /// (streaming requests only).
+    Admitted(usize),
+    /// `n` output tokens exist so far (streaming requests only).
+    Tokens(usize),
+    /// The request is complete.
+    Done(Finished),
+    /// The engine refused it (e.g. larger than the whole cache).
+    Rejected(SimError),
+}
+
+/// The latest engine view, for reports.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EngineStats {
+    pub(crate) load: LoadSnapshot,
+    pub(crate) counters: EngineCounters,
+}
+
+/// A handle to the engine task.
+#[derive(Clone)]
+pub(crate) struct EngineHandle {
+    tx: mpsc::UnboundedSender<Cmd>,
+    stats: Arc<Mutex<EngineStats>>,
+}
+
+impl EngineHandle {
+    /// Starts the task for `engine`; it stops when `shutdown` fires or all
+    /// handles are dropped.
+    pub(crate) fn spawn(engine: Engine, shutdown: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(Mutex::new(EngineStats {
+            load: engine.load(),
+            counters: engine.counters().clone(),
+        }));
+        tokio::spawn(drive(engine, rx, stats.clone(), shutdown));
+        Self { tx, stats }
+    }
+
+    /// Sends a command; fails only when the task has stopped.
+    pub(crate) fn send(&self, cmd: Cmd) -> Result<(), SimError> {
+        self.tx.send(cmd).map_err(|_| SimError::EngineGone)
+    }
+
+    /// The latest snapshot.
+    pub(crate) fn stats(&self) -> EngineStats {
+        self.stats.lock().clone()
+    }
+}
+
+struct Subscriber {
+    stream: bool,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+async fn drive(
+    mut engine: Engine,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    stats: Arc<Mutex<EngineStats>>,
+    shutdown: CancellationToken,
+) {
+    let start = Instant::now();
+    let mut subs: HashMap<ReqId, Subscriber> = HashMap::new();
+    loop {
+        // Idle: wait for work instead of spinning.
+        if engine.is_idle() {
+            let cmd = tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = shutdown.cancelled() => None,
+            };
+            let Some(cmd) = cmd else { return };
+            apply(&mut engine, &mut subs, cmd, start);
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            apply(&mut engine, &mut subs, cmd, start);
+        }
+        let out = engine.step(start.elapsed());
+        if out.is_idle() {
+            publish(&engine, &stats);
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(out.duration) => {}
+            () = shutdown.cancelled() => return,
+        }
+        let mut gone = Vec::new();
+        for (id, cached) in out.admitted {
+            if let Some(s) = subs.get(&id)
+                && s.stream
+                && s.events.send(Event::Admitted(cached)).is_err()
+            {
+                gone.push(id);
+            }
+        }
+        for (id, n) in out.progressed {
+            if let Some(s) = subs.get(&id)
+                && s.stream
+                && s.events.send(Event::Tokens(n)).is_err()
+            {
+                gone.push(id);
+            }
+        }
+        for f in out.finished {
+            if let Some(s) = subs.remove(&f.id) {
+                let _ = s.events.send(Event::Done(f));
+            }
+        }
+        for id in gone {
+            if subs.remove(&id).is_some() {
+                engine.cancel(id);
+            }
+        }
+        publish(&engine, &stats);
+    }
+}
+
+fn apply(engine: &mut Engine, subs: &mut HashMap<ReqId, Subscriber>, cmd: Cmd, start: Instant) {
+    match cmd {
+        Cmd::Submit {
+            req,
+            stream,
+            events,
+        } => {
+            let id = req.id;
+            match engine.submit(req, start.elapsed()) {
+                Ok(()) => {
+                    subs.insert(id, Subscriber { stream, events });
+                }
+                Err(e) => {
+                    let _ = events.send(Event::Rejected(e));
+                }
+            }
+        }
+        Cmd::Cancel(id) => {
+            if subs.remove(&id).is_some() {
+                engine.cancel(id);
+            }
+        }
+        Cmd::Flush(reply) => {
+            let _ = reply.send(engine.flush_cache());
+        }
+    }
+}
+
+fn publish(engine: &Engine, stats: &Mutex<EngineStats>) {
+    let snapshot = EngineStats {
+        load: engine.load(),
+        counters: engine.counters().clone(),
+    };
+    *stats.lock() = snapshot;
+}

@@ -1,0 +1,203 @@
+//! Fault knobs of one simulated worker, settable at start-up (flags) and at
+//! run time (`POST /admin/faults`).
+//!
+//! Knobs: `error_rate` (fraction of generation requests answered with a 500,
+//! drawn from a seeded generator, so a run is repeatable), `latency_ms`
+//! (added before a generation request is processed), `hang` (generation
+//! requests are accepted and never answered), `refuse` (the listener is
+//! closed and open connections dropped, until cleared), `die_after_chunks`
+//! (a streamed response is cut, without `[DONE]`, after K SSE events),
+//! `slow_start_secs` (connections refused for S seconds after start, or
+//! after the knob is set at run time), `unhealthy` (`/health` and
+//! `/health_generate` answer 503).
+//!
+//! Concurrency: the knobs and the generator sit behind one `parking_lot`
+//! mutex: critical sections are a few loads or one random draw and never
+//! cross an `.await`. Changes are announced on a `watch` channel that the
+//! accept loop listens to (to close or reopen the listener).
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::SimError;
+
+/// The fault knobs (all off by default).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultConfig {
+    /// Fraction (0..=1) of generation requests answered with HTTP 500.
+    pub error_rate: f64,
+    /// Milliseconds added before each generation request is processed.
+    pub latency_ms: u64,
+    /// Accept generation requests and never answer them.
+    pub hang: bool,
+    /// Refuse connections (listener closed) until cleared.
+    pub refuse: bool,
+    /// Cut each streamed response after this many SSE events (no `[DONE]`).
+    pub die_after_chunks: Option<u32>,
+    /// Refuse connections for this many seconds after start (or after set).
+    pub slow_start_secs: f64,
+    /// Health endpoints answer 503.
+    pub unhealthy: bool,
+    /// Seed of the error-rate draws.
+    pub seed: u64,
+}
+
+impl FaultConfig {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if !(0.0..=1.0).contains(&self.error_rate) {
+            return Err(SimError::Config(format!(
+                "faults.error_rate must be in 0..=1, got {}",
+                self.error_rate
+            )));
+        }
+        if !self.slow_start_secs.is_finite() || !(0.0..=86_400.0).contains(&self.slow_start_secs) {
+            return Err(SimError::Config(format!(
+                "faults.slow_start_secs must be in 0..=86400, got {}",
+                self.slow_start_secs
+            )));
+        }
+        if self.latency_ms > 3_600_000 {
+            return Err(SimError::Config(
+                "faults.latency_ms must be at most one hour".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the listener should accept now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Accepting {
+    /// Accept connections.
+    Yes,
+    /// Refuse until the knobs change.
+    NoUntilChanged,
+    /// Refuse until this instant (slow start), or until the knobs change.
+    NoUntil(Instant),
+}
+
+struct Inner {
+    config: FaultConfig,
+    rng: StdRng,
+    slow_until: Option<Instant>,
+}
+
+/// The live fault state of one worker.
+pub(crate) struct Faults {
+    inner: Mutex<Inner>,
+    changed: watch::Sender<u64>,
+}
+
+impl Faults {
+    /// Knobs as given at start-up; slow start counts from now.
+    pub(crate) fn new(config: FaultConfig) -> Self {
+        let (changed, _) = watch::channel(0);
+        let inner = Inner {
+            rng: StdRng::seed_from_u64(config.seed),
+            slow_until: slow_until(&config),
+            config,
+        };
+        Self {
+            inner: Mutex::new(inner),
+            changed,
+        }
+    }
+
+    /// The current knobs.
+    pub(crate) fn get(&self) -> FaultConfig {
+        self.inner.lock().config.clone()
+    }
+
+    /// Replaces the knobs (validated); reseeds the generator and restarts
+    /// the slow-start clock.
+    pub(crate) fn set(&self, config: FaultConfig) -> Result<(), SimError> {
+        config.validate()?;
+        {
+            let mut inner = self.inner.lock();
+            inner.rng = StdRng::seed_from_u64(config.seed);
+            inner.slow_until = slow_until(&config);
+            inner.config = config;
+        }
+        self.changed.send_modify(|v| *v += 1);
+        Ok(())
+    }
+
+    /// A receiver that wakes on every change.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Whether to accept connections now.
+    pub(crate) fn accepting(&self) -> Accepting {
+        let inner = self.inner.lock();
+        if inner.config.refuse {
+            return Accepting::NoUntilChanged;
+        }
+        match inner.slow_until {
+            Some(t) if Instant::now() < t => Accepting::NoUntil(t),
+            _ => Accepting::Yes,
+        }
+    }
+
+    /// One draw: should this generation request fail?
+    pub(crate) fn draw_error(&self) -> bool {
+        let mut inner = self.inner.lock();
+        let rate = inner.config.error_rate;
+        rate > 0.0 && inner.rng.random::<f64>() < rate
+    }
+}
+
+fn slow_until(config: &FaultConfig) -> Option<Instant> {
+    (config.slow_start_secs > 0.0)
+        .then(|| Instant::now() + Duration::from_secs_f64(config.slow_start_secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_draws_are_seeded_and_near_the_rate() {
+        let cfg = FaultConfig {
+            error_rate: 0.25,
+            seed: 7,
+            ..FaultConfig::default()
+        };
+        let a = Faults::new(cfg.clone());
+        let b = Faults::new(cfg);
+        let da: Vec<bool> = (0..2000).map(|_| a.draw_error()).collect();
+        let db: Vec<bool> = (0..2000).map(|_| b.draw_error()).collect();
+        assert_eq!(da, db);
+        let n = da.iter().filter(|&&x| x).count();
+        assert!((400..600).contains(&n), "{n} errors of 2000 at rate 0.25");
+    }
+
+    #[test]
+    fn refuse_and_validation() {
+        let f = Faults::new(FaultConfig::default());
+        assert_eq!(f.accepting(), Accepting::Yes);
+        let rx = f.subscribe();
+        f.set(FaultConfig {
+            refuse: true,
+            ..FaultConfig::default()
+        })
+        .unwrap();
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(f.accepting(), Accepting::NoUntilChanged);
+        let bad = FaultConfig {
+            error_rate: 2.0,
+            ..FaultConfig::default()
+        };
+        assert!(f.set(bad).is_err());
+        assert!(
+            f.get().refuse,
+            "a rejected change leaves the knobs as they were"
+        );
+    }
+}

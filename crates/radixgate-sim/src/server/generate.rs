@@ -1,0 +1,323 @@
+//! The generation handlers: `/generate`, `/v1/completions`,
+//! `/v1/chat/completions`.
+//!
+//! Flow: read the body (bounded), parse, apply the fault knobs (hang,
+//! latency, error draw), tokenize, build the deterministic reply, then
+//! either answer at once (`--instant`) or submit to the engine task and
+//! answer when it says so — whole, or as SSE events as tokens appear.
+//!
+//! A client that goes away cancels its request in the engine: non-streamed
+//! requests hold a guard that sends `Cancel` on drop; streamed ones run in a
+//! small task that cancels when the response body is dropped.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::mpsc;
+
+use super::driver::{Cmd, Event};
+use super::request::{Api, GenRequest, Prompt, parse};
+use super::response::Reply;
+use super::{WorkerState, error_response, read_body};
+use crate::engine::{EngineRequest, ReqId};
+use crate::error::SimError;
+use crate::tokens::{Tokenizer, reply_text, text_hash};
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    handle(s, Api::Chat, body).await
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    handle(s, Api::Completions, body).await
+}
+
+/// `POST /generate`.
+pub(crate) async fn generate(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    handle(s, Api::Generate, body).await
+}
+
+async fn handle(s: Arc<WorkerState>, api: Api, body: Body) -> Response {
+    s.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    match serve(&s, api, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            s.metrics.count_error(&e);
+            error_response(&e)
+        }
+    }
+}
+
+async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, SimError> {
+    let bytes = read_body(body, s.config.max_body_bytes).await?;
+    let req = parse(api, &bytes, s.config.default_max_tokens)?;
+    let faults = s.faults.get();
+    if faults.hang {
+        // Accepted and never answered: the connection stays open until the
+        // client gives up or the worker shuts down.
+        s.shutdown.cancelled().await;
+        return Err(SimError::EngineGone);
+    }
+    if faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+    }
+    if s.faults.draw_error() {
+        return Err(SimError::InjectedFault("error_rate"));
+    }
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let (prompt_text, prompt_tokens) = match &req.prompt {
+        Prompt::Text(t) => (t.as_str(), s.tokenizer.tokenize(t)),
+        Prompt::Ids(ids) => ("", Tokenizer::from_ids(ids)),
+    };
+    let seed = match &req.prompt {
+        Prompt::Text(t) => text_hash(t),
+        Prompt::Ids(ids) => ids.iter().fold(0x51_7cc1_b727_220a, |h, &x| {
+            (h ^ x).wrapping_mul(0x100_0000_01b3)
+        }),
+    };
+    let text = reply_text(seed, req.max_tokens, &s.tokenizer);
+    let mut reply = Reply {
+        api,
+        id: request_id(api, &s.name, id),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: s.model.clone(),
+        worker: s.name.clone(),
+        chars_per_token: s.tokenizer.chars_per_token(),
+        prompt_tokens: prompt_tokens.len(),
+        cached_tokens: 0,
+        completion_tokens: req.max_tokens,
+        text,
+    };
+    if s.config.instant {
+        s.metrics.record_instant(&reply);
+        return Ok(if req.stream {
+            let mut events: Vec<Bytes> = reply.opening(req.include_usage).into_iter().collect();
+            events.extend(token_events(
+                &reply,
+                0,
+                reply.completion_tokens,
+                req.include_usage,
+            ));
+            events.extend(reply.closing(req.include_usage));
+            sse_response(stream_of(events, faults.die_after_chunks))
+        } else {
+            json_response(&reply)
+        });
+    }
+    let final_tokens = match &req.prompt {
+        Prompt::Text(_) => s
+            .tokenizer
+            .tokenize(&format!("{prompt_text}{}", reply.text)),
+        Prompt::Ids(_) => {
+            let mut t = prompt_tokens.clone();
+            t.extend(s.tokenizer.tokenize(&reply.text));
+            t
+        }
+    };
+    let engine_req = EngineRequest {
+        id,
+        prompt: prompt_tokens,
+        final_tokens,
+        max_new_tokens: req.max_tokens,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.engine.send(Cmd::Submit {
+        req: engine_req,
+        stream: req.stream,
+        events: tx,
+    })?;
+    if req.stream {
+        return Ok(stream_reply(
+            s.clone(),
+            id,
+            reply,
+            req,
+            rx,
+            faults.die_after_chunks,
+        ));
+    }
+    let mut guard = CancelOnDrop {
+        s: s.clone(),
+        id,
+        armed: true,
+    };
+    let mut rx = rx;
+    loop {
+        match rx.recv().await {
+            Some(Event::Done(f)) => {
+                guard.armed = false;
+                reply.cached_tokens = f.cached_tokens;
+                reply.completion_tokens = f.completion_tokens;
+                s.metrics.record_done(&reply);
+                return Ok(json_response(&reply));
+            }
+            Some(Event::Tokens(_) | Event::Admitted(_)) => {}
+            Some(Event::Rejected(e)) => {
+                guard.armed = false;
+                return Err(e);
+            }
+            None => return Err(SimError::EngineGone),
+        }
+    }
+}
+
+fn request_id(api: Api, worker: &str, id: ReqId) -> String {
+    let prefix = match api {
+        Api::Chat => "chatcmpl",
+        Api::Completions => "cmpl",
+        Api::Generate => "gen",
+    };
+    format!("{prefix}-{worker}-{id}")
+}
+
+/// Sends `Cancel` for a request whose handler is dropped before it ends.
+struct CancelOnDrop {
+    s: Arc<WorkerState>,
+    id: ReqId,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.s.engine.send(Cmd::Cancel(self.id));
+        }
+    }
+}
+
+fn json_response(reply: &Reply) -> Response {
+    let body = serde_json::to_vec(&reply.full()).expect("a JSON value serialises");
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+fn token_events(reply: &Reply, from: usize, to: usize, include_usage: bool) -> Vec<Bytes> {
+    if reply.completion_tokens == 0 {
+        return vec![reply.empty_finish(include_usage)];
+    }
+    (from..to)
+        .map(|i| reply.tokens(i, i + 1, i + 1 == reply.completion_tokens, include_usage))
+        .collect()
+}
+
+type Chunk = Result<Bytes, std::io::Error>;
+
+fn cut() -> std::io::Error {
+    std::io::Error::other("die_after_chunks: connection dropped mid-stream")
+}
+
+/// A body from a fixed list of events, cut after `die_after` events.
+fn stream_of(events: Vec<Bytes>, die_after: Option<u32>) -> Body {
+    let mut items: Vec<Chunk> = events.into_iter().map(Ok).collect();
+    if let Some(k) = die_after {
+        items.truncate(k as usize);
+        items.push(Err(cut()));
+    }
+    Body::from_stream(futures::stream::iter(items))
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Streams a request's events as they come from the engine.
+fn stream_reply(
+    s: Arc<WorkerState>,
+    id: ReqId,
+    mut reply: Reply,
+    req: GenRequest,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    die_after: Option<u32>,
+) -> Response {
+    let (tx, body_rx) = mpsc::channel::<Chunk>(16);
+    tokio::spawn(async move {
+        let mut guard = CancelOnDrop {
+            s: s.clone(),
+            id,
+            armed: true,
+        };
+        let mut sent = 0u32;
+        let mut emit = async |b: Bytes| -> bool {
+            if die_after.is_some_and(|k| sent >= k) {
+                let _ = tx.send(Err(cut())).await;
+                return false;
+            }
+            sent += 1;
+            tx.send(Ok(b)).await.is_ok()
+        };
+        if let Some(open) = reply.opening(req.include_usage)
+            && !emit(open).await
+        {
+            return;
+        }
+        let mut done_tokens = 0;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Admitted(cached) => reply.cached_tokens = cached,
+                Event::Tokens(n) => {
+                    for b in token_events(&reply, done_tokens, n, req.include_usage) {
+                        if !emit(b).await {
+                            return;
+                        }
+                    }
+                    done_tokens = n;
+                }
+                Event::Done(f) => {
+                    guard.armed = false;
+                    reply.cached_tokens = f.cached_tokens;
+                    reply.completion_tokens = f.completion_tokens;
+                    s.metrics.record_done(&reply);
+                    let mut tail = Vec::new();
+                    if f.completion_tokens == 0 || done_tokens < f.completion_tokens {
+                        tail = token_events(
+                            &reply,
+                            done_tokens,
+                            f.completion_tokens,
+                            req.include_usage,
+                        );
+                    }
+                    tail.extend(reply.closing(req.include_usage));
+                    for b in tail {
+                        if !emit(b).await {
+                            return;
+                        }
+                    }
+                    return;
+                }
+                Event::Rejected(e) => {
+                    guard.armed = false;
+                    s.metrics.count_error(&e);
+                    let _ = emit(super::response::sse(&super::error_json(&e))).await;
+                    return;
+                }
+            }
+        }
+    });
+    let stream =
+        futures::stream::unfold(
+            body_rx,
+            |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
+        );
+    sse_response(Body::from_stream(stream))
+}

@@ -1,0 +1,270 @@
+//! The simulated worker HTTP server (`radixgate worker`).
+//!
+//! Each worker is one [`Engine`] driven by its own task (`driver`), served
+//! on its own listener by an accept loop (`listen`) that speaks HTTP/1.1 and
+//! h2c and obeys the connection-level fault knobs. Handlers (`routes`,
+//! `generate`) share one [`WorkerState`] per worker, immutable except for
+//! atomics, the fault knobs and the engine snapshot (each with its reason in
+//! its module).
+//!
+//! Entry points: [`start`] one worker on a bound listener (tests bind port
+//! 0), [`start_group`] several that can also administer each other's faults,
+//! and [`run`] for the command line.
+
+mod args;
+mod driver;
+mod faults;
+mod generate;
+mod listen;
+mod metrics;
+mod request;
+mod response;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use args::{WorkerArgs, run};
+pub use faults::FaultConfig;
+pub use listen::WORKER_HEADER;
+
+use crate::engine::{Engine, EngineConfig, LoadSnapshot};
+use crate::error::SimError;
+use crate::tokens::{DEFAULT_CHARS_PER_TOKEN, Tokenizer};
+use driver::EngineHandle;
+use faults::Faults;
+use metrics::Metrics;
+
+/// The model id reported when none is configured.
+pub const DEFAULT_MODEL: &str = "sim-llama-8b";
+
+/// Everything one simulated worker is configured with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// The worker's name (response header, `system_fingerprint`,
+    /// `meta_info.worker`); empty means `worker-<port>`.
+    pub name: String,
+    /// The model id served.
+    pub model: String,
+    /// Characters per token of the tokenizer.
+    pub chars_per_token: usize,
+    /// Output tokens when a request gives no limit.
+    pub default_max_tokens: usize,
+    /// Largest accepted request body in bytes.
+    pub max_body_bytes: usize,
+    /// Answer at once with no simulated compute (router-overhead runs).
+    pub instant: bool,
+    /// The worker model.
+    pub engine: EngineConfig,
+    /// Fault knobs at start-up.
+    pub faults: FaultConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            model: DEFAULT_MODEL.to_owned(),
+            chars_per_token: DEFAULT_CHARS_PER_TOKEN,
+            default_max_tokens: 16,
+            max_body_bytes: 32 << 20,
+            instant: false,
+            engine: EngineConfig::default(),
+            faults: FaultConfig::default(),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks every part.
+    pub fn validate(&self) -> Result<(), SimError> {
+        Tokenizer::new(self.chars_per_token)?;
+        if self.model.is_empty() {
+            return Err(SimError::Config("model must not be empty".into()));
+        }
+        if !self.name.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(SimError::Config(format!(
+                "worker name {:?} must be printable ASCII without spaces (it goes in a header)",
+                self.name
+            )));
+        }
+        if self.max_body_bytes == 0 {
+            return Err(SimError::Config("max_body_bytes must be positive".into()));
+        }
+        self.engine.validate()?;
+        self.faults.validate()
+    }
+}
+
+/// Shared state of one worker's handlers.
+pub(crate) struct WorkerState {
+    config: WorkerConfig,
+    name: Arc<str>,
+    model: Arc<str>,
+    tokenizer: Tokenizer,
+    engine: EngineHandle,
+    faults: Faults,
+    metrics: Metrics,
+    next_id: AtomicU64,
+    shutdown: CancellationToken,
+    /// All workers of this process, for `/admin/workers/{i}/faults`
+    /// (set once, after the group is built).
+    group: OnceLock<Vec<Arc<WorkerState>>>,
+}
+
+impl WorkerState {
+    fn load(&self) -> LoadSnapshot {
+        self.engine.stats().load
+    }
+}
+
+/// A running worker.
+pub struct WorkerHandle {
+    state: Arc<WorkerState>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHandle")
+            .field("name", &self.name())
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl WorkerHandle {
+    /// The address it serves.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    /// The current fault knobs.
+    pub fn faults(&self) -> FaultConfig {
+        self.state.faults.get()
+    }
+
+    /// Replaces the fault knobs.
+    pub fn set_faults(&self, faults: FaultConfig) -> Result<(), SimError> {
+        self.state.faults.set(faults)
+    }
+
+    /// Waits for the worker to stop (after its shutdown token fires).
+    pub async fn join(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// Starts one worker on `listener`; it runs until `shutdown` fires.
+pub async fn start(
+    listener: TcpListener,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) -> Result<WorkerHandle, SimError> {
+    let mut group = start_group(vec![(listener, config)], shutdown).await?;
+    Ok(group.remove(0))
+}
+
+/// Starts several workers, each on its listener, that can administer each
+/// other's faults; all stop when `shutdown` fires.
+pub async fn start_group(
+    workers: Vec<(TcpListener, WorkerConfig)>,
+    shutdown: CancellationToken,
+) -> Result<Vec<WorkerHandle>, SimError> {
+    let mut states = Vec::new();
+    let mut prepared = Vec::new();
+    for (listener, config) in workers {
+        config.validate()?;
+        let addr = listener.local_addr()?;
+        let name: Arc<str> = if config.name.is_empty() {
+            format!("worker-{}", addr.port()).into()
+        } else {
+            config.name.clone().into()
+        };
+        let engine = Engine::new(config.engine.clone())?;
+        let state = Arc::new(WorkerState {
+            name,
+            model: config.model.clone().into(),
+            tokenizer: Tokenizer::new(config.chars_per_token)?,
+            engine: EngineHandle::spawn(engine, shutdown.clone()),
+            faults: Faults::new(config.faults.clone()),
+            metrics: Metrics::default(),
+            next_id: AtomicU64::new(1),
+            shutdown: shutdown.clone(),
+            group: OnceLock::new(),
+            config,
+        });
+        states.push(state.clone());
+        prepared.push((listener, addr, state));
+    }
+    for s in &states {
+        let _ = s.group.set(states.clone());
+    }
+    Ok(prepared
+        .into_iter()
+        .map(|(listener, addr, state)| {
+            let router = routes::router(state.clone());
+            let task = tokio::spawn(listen::serve(listener, addr, router, state.clone()));
+            WorkerHandle { state, addr, task }
+        })
+        .collect())
+}
+
+/// The OpenAI-style error object for `e`.
+pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
+    let (kind, param, code) = match e {
+        SimError::BadRequest { param, .. } => {
+            ("invalid_request_error", param.clone(), "invalid_request")
+        }
+        SimError::PayloadTooLarge { .. } => ("invalid_request_error", None, "payload_too_large"),
+        SimError::NotFound(_) => ("invalid_request_error", None, "not_found"),
+        SimError::InjectedFault(_) => ("server_error", None, "injected_fault"),
+        SimError::Unavailable(_) => ("server_error", None, "unavailable"),
+        SimError::Config(_)
+        | SimError::TraceIo { .. }
+        | SimError::TraceFormat { .. }
+        | SimError::BadUrl { .. }
+        | SimError::EngineGone
+        | SimError::Io(_) => ("server_error", None, "internal_error"),
+    };
+    serde_json::json!({"error": {"message": e.to_string(), "type": kind, "param": param, "code": code}})
+}
+
+/// The one place errors become HTTP statuses.
+pub(crate) fn error_response(e: &SimError) -> Response {
+    let status = match e {
+        SimError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+        SimError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        SimError::NotFound(_) => StatusCode::NOT_FOUND,
+        SimError::InjectedFault(_)
+        | SimError::Config(_)
+        | SimError::TraceIo { .. }
+        | SimError::TraceFormat { .. }
+        | SimError::BadUrl { .. }
+        | SimError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        SimError::Unavailable(_) | SimError::EngineGone => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, axum::Json(error_json(e))).into_response()
+}
+
+/// Reads a request body of at most `limit` bytes.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, SimError> {
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| SimError::PayloadTooLarge { limit })
+}

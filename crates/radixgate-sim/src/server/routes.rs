@@ -1,0 +1,196 @@
+//! The worker's routes and its non-generation endpoints: health, server and
+//! model info, models list, load, metrics, cache flush, fault admin.
+//!
+//! Shapes follow what SGLang and vLLM servers answer on the same paths,
+//! closely enough for routers that probe them (model discovery, health,
+//! load polling).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::driver::Cmd;
+use super::faults::FaultConfig;
+use super::{WorkerState, error_response, generate, read_body};
+use crate::error::SimError;
+
+/// The router of one worker.
+pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
+    axum::Router::new()
+        .route("/health", get(health))
+        .route("/health_generate", get(health))
+        .route("/get_server_info", get(server_info))
+        .route("/server_info", get(server_info))
+        .route("/get_model_info", get(model_info))
+        .route("/model_info", get(model_info))
+        .route("/v1/models", get(models))
+        .route("/get_load", get(load))
+        .route("/metrics", get(metrics))
+        .route("/flush_cache", post(flush).get(flush))
+        .route("/generate", post(generate::generate))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/admin/faults", get(get_faults).post(set_faults))
+        .route(
+            "/admin/workers/{index}/faults",
+            get(get_peer_faults).post(set_peer_faults),
+        )
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn health(State(s): State<Arc<WorkerState>>) -> Response {
+    if s.faults.get().unhealthy {
+        return error_response(&SimError::Unavailable("unhealthy (fault knob)"));
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn server_info(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
+    let e = &s.config.engine;
+    let load = s.load();
+    Json(json!({
+        "model_path": &*s.model,
+        "tokenizer_path": &*s.model,
+        "served_model_name": &*s.model,
+        "worker": &*s.name,
+        "version": concat!("radixgate-sim ", env!("CARGO_PKG_VERSION")),
+        "page_size": e.block_size,
+        "max_total_num_tokens": e.capacity_blocks() * e.block_size,
+        "max_running_requests": e.max_running_requests,
+        "chunked_prefill_size": e.max_batch_tokens,
+        "chars_per_token": s.config.chars_per_token,
+        "instant": s.config.instant,
+        "dp_size": 1,
+        "tp_size": 1,
+        "timing": e.timing,
+        "internal_states": [{"num_running_reqs": load.running, "num_waiting_reqs": load.waiting}],
+    }))
+}
+
+async fn model_info(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "model_path": &*s.model,
+        "tokenizer_path": &*s.model,
+        "is_generation": true,
+    }))
+}
+
+async fn models(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": &*s.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "radixgate-sim",
+            "root": &*s.model,
+            "max_model_len": s.config.engine.kv_capacity_tokens,
+        }],
+    }))
+}
+
+async fn load(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
+    let l = s.load();
+    let usage = l.kv_used_tokens as f64 / l.kv_capacity_tokens.max(1) as f64;
+    Json(json!({
+        "worker": &*s.name,
+        "running": l.running,
+        "waiting": l.waiting,
+        "pending_prefill_tokens": l.pending_prefill_tokens,
+        "kv_used_tokens": l.kv_used_tokens,
+        "kv_cached_tokens": l.kv_cached_tokens,
+        "kv_capacity_tokens": l.kv_capacity_tokens,
+        "kv_usage": usage,
+        "num_reqs": l.running + l.waiting,
+        "num_waiting_reqs": l.waiting,
+        "num_tokens": l.kv_used_tokens,
+    }))
+}
+
+async fn metrics(State(s): State<Arc<WorkerState>>) -> Response {
+    let text = s.metrics.render(&s.name, &s.model, &s.engine.stats());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn flush(State(s): State<Arc<WorkerState>>) -> Response {
+    let (tx, rx) = oneshot::channel();
+    if let Err(e) = s.engine.send(Cmd::Flush(tx)) {
+        return error_response(&e);
+    }
+    match rx.await {
+        Ok(blocks) => (
+            StatusCode::OK,
+            format!("Cache flushed ({blocks} blocks evicted).\n"),
+        )
+            .into_response(),
+        Err(_) => error_response(&SimError::EngineGone),
+    }
+}
+
+async fn get_faults(State(s): State<Arc<WorkerState>>) -> Json<FaultConfig> {
+    Json(s.faults.get())
+}
+
+async fn set_faults(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    apply_faults(&s, body).await
+}
+
+fn peer(s: &WorkerState, index: usize) -> Result<Arc<WorkerState>, SimError> {
+    s.group
+        .get()
+        .and_then(|g| g.get(index))
+        .cloned()
+        .ok_or_else(|| {
+            SimError::bad_request(
+                format!("no worker with index {index} in this process"),
+                Some("index"),
+            )
+        })
+}
+
+async fn get_peer_faults(State(s): State<Arc<WorkerState>>, Path(index): Path<usize>) -> Response {
+    match peer(&s, index) {
+        Ok(p) => Json(p.faults.get()).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn set_peer_faults(
+    State(s): State<Arc<WorkerState>>,
+    Path(index): Path<usize>,
+    body: Body,
+) -> Response {
+    match peer(&s, index) {
+        Ok(p) => apply_faults(&p, body).await,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn apply_faults(s: &WorkerState, body: Body) -> Response {
+    let result = async {
+        let bytes = read_body(body, 64 << 10).await?;
+        let faults: FaultConfig = serde_json::from_slice(&bytes)
+            .map_err(|e| SimError::bad_request(format!("invalid fault knobs: {e}"), None))?;
+        s.faults
+            .set(faults)
+            .map_err(|e| SimError::bad_request(e.to_string(), None))?;
+        Ok::<_, SimError>(s.faults.get())
+    }
+    .await;
+    match result {
+        Ok(f) => Json(f).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error_response(&SimError::NotFound(uri.path().to_owned()))
+}
