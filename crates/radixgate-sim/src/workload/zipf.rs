@@ -13,9 +13,10 @@ pub struct Zipf {
 }
 
 impl Zipf {
-    /// The distribution over `0..n` with exponent `s` (`n ≥ 1`, `s ≥ 0`,
-    /// checked by the callers' config validation).
+    /// The distribution over `0..n` with exponent `s` (`s ≥ 0`, checked by
+    /// the callers' config validation; `n = 0` is treated as 1).
     pub fn new(n: u64, s: f64) -> Self {
+        let n = n.max(1);
         let mut cdf = Vec::with_capacity(n as usize);
         let mut acc = 0.0;
         for k in 0..n {
