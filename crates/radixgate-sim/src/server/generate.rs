@@ -227,8 +227,27 @@ fn stream_of(events: Vec<Bytes>, die_after: Option<u32>) -> Body {
         items.truncate(k as usize);
         items.push(Err(cut()));
     }
-    Body::from_stream(futures::stream::iter(items))
+    Body::from_stream(flush_before_error(futures::stream::iter(items)))
 }
+
+/// Passes items through, but pauses briefly before an error so that the
+/// server flushes the chunks already written before it drops the
+/// connection (otherwise a client may see fewer than K events).
+fn flush_before_error(
+    inner: impl futures::Stream<Item = Chunk> + Send + Unpin + 'static,
+) -> impl futures::Stream<Item = Chunk> + Send + 'static {
+    use futures::StreamExt;
+    futures::stream::unfold(inner, |mut inner| async move {
+        let item = inner.next().await?;
+        if item.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(FLUSH_PAUSE_MS)).await;
+        }
+        Some((item, inner))
+    })
+}
+
+/// How long a stream pauses before it is cut (see `flush_before_error`).
+const FLUSH_PAUSE_MS: u64 = 1;
 
 fn sse_response(body: Body) -> Response {
     let mut r = Response::new(body);
@@ -319,5 +338,5 @@ fn stream_reply(
             body_rx,
             |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
         );
-    sse_response(Body::from_stream(stream))
+    sse_response(Body::from_stream(flush_before_error(Box::pin(stream))))
 }
