@@ -247,9 +247,12 @@ async fn cancelled_stream_leaves_the_batch() {
         .await
         .unwrap();
     let _ = r.chunk().await.unwrap();
-    assert_eq!(get_json(&w.base, "/get_load").await["running"], 1);
-    drop(r);
     let deadline = Instant::now() + Duration::from_secs(30);
+    while get_json(&w.base, "/get_load").await["running"] != 1 {
+        assert!(Instant::now() < deadline, "request never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(r);
     while get_json(&w.base, "/get_load").await["running"] != 0 {
         assert!(Instant::now() < deadline, "cancelled request still running");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -156,6 +156,9 @@ async fn drive(
             () = tokio::time::sleep_until(end) => {}
             () = shutdown.cancelled() => return,
         }
+        // Publish before delivering, so a client that has seen this step's
+        // tokens also sees its load.
+        publish(&engine, &stats);
         let mut gone = Vec::new();
         for (id, cached) in out.admitted {
             if let Some(s) = subs.get(&id)
