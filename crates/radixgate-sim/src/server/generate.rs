@@ -71,9 +71,16 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         return Err(SimError::InjectedFault("error_rate"));
     }
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let (prompt_text, prompt_tokens) = match &req.prompt {
-        Prompt::Text(t) => (t.as_str(), s.tokenizer.tokenize(t)),
-        Prompt::Ids(ids) => ("", Tokenizer::from_ids(ids)),
+    // `--instant` only counts tokens (no hashing): minimal work per request.
+    let (prompt_text, prompt_tokens, prompt_len) = match (&req.prompt, s.config.instant) {
+        (Prompt::Text(t), true) => (t.as_str(), Vec::new(), s.tokenizer.count(t)),
+        (Prompt::Ids(ids), true) => ("", Vec::new(), ids.len()),
+        (Prompt::Text(t), false) => {
+            let tokens = s.tokenizer.tokenize(t);
+            let n = tokens.len();
+            (t.as_str(), tokens, n)
+        }
+        (Prompt::Ids(ids), false) => ("", Tokenizer::from_ids(ids), ids.len()),
     };
     let seed = match &req.prompt {
         Prompt::Text(t) => text_hash(t),
@@ -91,7 +98,7 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         model: s.model.clone(),
         worker: s.name.clone(),
         chars_per_token: s.tokenizer.chars_per_token(),
-        prompt_tokens: prompt_tokens.len(),
+        prompt_tokens: prompt_len,
         cached_tokens: 0,
         completion_tokens: req.max_tokens,
         text,
