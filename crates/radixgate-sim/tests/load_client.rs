@@ -396,3 +396,80 @@ async fn failures_end_sessions_and_are_reported_by_kind() {
     assert_eq!(report.errors["http_500"], 4);
     assert_eq!(report.hit_rate, None);
 }
+
+#[tokio::test]
+async fn trace_replay_follows_timestamps_and_duration_stops_a_closed_loop() {
+    let (a, count) = echo("a").await;
+    let dir = std::env::temp_dir().join(format!("radixgate-load-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.jsonl");
+    let mut lines = String::new();
+    for i in 0..12u64 {
+        lines.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": 600, \"output_length\": 2, \"hash_ids\": [{}, {i}]}}\n",
+            i * 100,
+            i % 3
+        ));
+    }
+    std::fs::write(&path, lines).unwrap();
+    let cfg: WorkloadConfig =
+        serde_json::from_value(serde_json::json!({"trace": {"path": path, "speedup": 50.0}}))
+            .unwrap();
+    let workload = cfg.build(0, TextShape::default()).unwrap();
+    assert!(workload.timestamped());
+    let mut p = plan(Arrivals::Timestamps, 1000, Assign::ByGroup);
+    p.max_requests = None;
+    let report = drive(
+        workload,
+        client(Api::Chat, false, 5_000),
+        vec![Target::parse(&a).unwrap()],
+        p,
+        header(std::slice::from_ref(&a)),
+    )
+    .await;
+    assert_eq!((report.ok, report.failed), (12, 0));
+    assert_eq!(count.load(Ordering::SeqCst), 12);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let (b, _) = echo("b").await;
+    let cfg = WorkloadConfig::SharedPrefix(SharedPrefixConfig::default());
+    let mut p = plan(Arrivals::Closed { concurrency: 2 }, 0, Assign::RoundRobin);
+    p.max_requests = None;
+    p.duration = Some(Duration::from_millis(300));
+    let report = drive(
+        cfg.build(0, TextShape::default()).unwrap(),
+        client(Api::Chat, false, 5_000),
+        vec![Target::parse(&b).unwrap()],
+        p,
+        header(std::slice::from_ref(&b)),
+    )
+    .await;
+    assert!(report.ok > 0 && report.failed == 0, "{}", report.table());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_path_runs_end_to_end() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: radixgate_sim::load::LoadArgs,
+    }
+    let (a, _) = echo("a").await;
+    let (b, _) = echo("b").await;
+    let argv = format!(
+        "load --url {a} --url {b} --workload multi-turn --conversations 3 --turns 2 --think-ms 0 --rate 200 --requests 50 --assign by-session --no-stream --no-progress"
+    );
+    let args = Cli::try_parse_from(argv.split_whitespace()).unwrap().load;
+    let report = radixgate_sim::load::run(&args).await.unwrap();
+    assert_eq!((report.ok, report.failed), (6, 0));
+    assert_eq!(report.header.workload, "multi-turn");
+    assert_eq!(report.workers.len(), 2);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["hit_rate"], 0.5);
+    let bad = Cli::try_parse_from(["load", "--url", "https://x:1"])
+        .unwrap()
+        .load;
+    let err = radixgate_sim::load::run(&bad).await.unwrap_err();
+    assert!(err.to_string().contains("https is not supported"), "{err}");
+}
