@@ -1,14 +1,15 @@
 //! The one error type of the simulation crate.
 //!
 //! Each variant says where the fault lies: bad configuration or input from
-//! the operator/client (`Config`, `BadRequest`, `PayloadTooLarge`), a
+//! the operator/client (`Config`, `BadRequest`, `PayloadTooLarge`, and the
+//! load tool's `TraceIo`, `TraceFormat`, `BadUrl`), a
 //! deliberately injected fault (`InjectedFault`), or the process itself
 //! (`Io`, `EngineGone`). The HTTP server maps these to status codes in
 //! exactly one place (`server::error_response`).
 
 use thiserror::Error;
 
-/// Errors of the simulated worker and its engine.
+/// Errors of the simulated worker, its engine, the workloads and the load tool.
 #[derive(Debug, Error)]
 pub enum SimError {
     /// A configuration value is out of range or inconsistent (start-up error).
@@ -40,6 +41,33 @@ pub enum SimError {
     /// The engine task has stopped (shutdown in progress; HTTP 503).
     #[error("engine stopped")]
     EngineGone,
+    /// A trace file could not be read (operator's fault).
+    #[error("cannot read trace file {path}")]
+    TraceIo {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A trace line is not the expected JSON (operator's fault).
+    #[error("trace file {path} line {line}: {reason}")]
+    TraceFormat {
+        /// The file.
+        path: std::path::PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A load-tool target URL cannot be used (operator's fault).
+    #[error("bad --url {url:?}: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// A socket could not be bound or accepted.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -3,7 +3,9 @@
 
 pub mod engine;
 pub mod error;
+pub mod load;
 pub mod server;
 pub mod tokens;
+pub mod workload;
 
 pub use error::SimError;

@@ -19,6 +19,9 @@ enum Command {
     /// Serve simulated LLM workers (KV-cache and batching model) for tests
     /// and benchmarks.
     Worker(Box<radixgate_sim::server::WorkerArgs>),
+    /// Drive a workload at servers or routers and report hit rate, latency,
+    /// errors and spread.
+    Load(Box<radixgate_sim::load::LoadArgs>),
     /// Print the build's version and exit.
     Version,
 }
@@ -47,6 +50,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             init_logs(&config.log.level, config.log.json);
             tokio::runtime::Runtime::new()?.block_on(serve(config))?;
         }
+        Command::Load(args) => radixgate_sim::load::main(*args)?,
     }
     Ok(())
 }

@@ -106,8 +106,8 @@ pub struct LoadSnapshot {
     pub running: usize,
     /// Requests in the waiting queue.
     pub waiting: usize,
-    /// Prompt tokens not yet computed, waiting and running, counting the
-    /// current cache hits of waiting requests.
+    /// Prompt tokens not yet computed, waiting and running (a waiting
+    /// request counts its prompt less the cache hit it had on arrival).
     pub pending_prefill_tokens: usize,
     /// KV tokens in use (tree + reservations).
     pub kv_used_tokens: usize,
@@ -141,10 +141,15 @@ pub struct EngineCounters {
 struct Waiting {
     req: EngineRequest,
     arrival: Duration,
+    /// Block hashes of the prompt, computed once at submission.
+    hashes: Vec<u64>,
+    /// Prompt tokens not cached at submission (for the load report).
+    uncached_at_arrival: usize,
 }
 
 struct Running {
     req: EngineRequest,
+    prompt_hashes: Vec<u64>,
     queued: Duration,
     path: PinnedPath,
     reserved: usize,
@@ -164,6 +169,9 @@ pub struct Engine {
     config: EngineConfig,
     cache: KvCache,
     waiting: VecDeque<Waiting>,
+    /// Sum of `uncached_at_arrival` over `waiting` (kept so that load
+    /// reports cost O(running), not O(waiting x prompt)).
+    waiting_prefill: usize,
     running: Vec<Running>,
     ids: HashSet<ReqId>,
     counters: EngineCounters,
@@ -186,6 +194,7 @@ impl Engine {
             cache: KvCache::new(config.block_size, config.capacity_blocks()),
             config,
             waiting: VecDeque::new(),
+            waiting_prefill: 0,
             running: Vec::new(),
             ids: HashSet::new(),
             counters: EngineCounters::default(),
@@ -220,7 +229,16 @@ impl Engine {
             ));
         }
         self.ids.insert(req.id);
-        self.waiting.push_back(Waiting { req, arrival: now });
+        let hashes = self.cache.block_hashes(&req.prompt);
+        let hit = self.hit_blocks(&hashes, req.prompt.len()) * self.config.block_size;
+        let uncached_at_arrival = req.prompt.len() - hit;
+        self.waiting_prefill += uncached_at_arrival;
+        self.waiting.push_back(Waiting {
+            req,
+            arrival: now,
+            hashes,
+            uncached_at_arrival,
+        });
         Ok(())
     }
 
@@ -233,7 +251,8 @@ impl Engine {
         }
         self.counters.cancelled += 1;
         if let Some(i) = self.waiting.iter().position(|w| w.req.id == id) {
-            self.waiting.remove(i);
+            let w = self.waiting.remove(i).expect("index from position");
+            self.waiting_prefill -= w.uncached_at_arrival;
         } else if let Some(i) = self.running.iter().position(|r| r.req.id == id) {
             let r = self.running.remove(i);
             self.cache.release(r.path, r.reserved);
@@ -318,17 +337,12 @@ impl Engine {
 
     /// Current load.
     pub fn load(&self) -> LoadSnapshot {
-        let waiting_prefill: usize = self
-            .waiting
-            .iter()
-            .map(|w| w.req.prompt.len() - self.hit_tokens(&w.req.prompt))
-            .sum();
         let running_prefill: usize = self.running.iter().map(Running::prefill_left).sum();
         let bs = self.config.block_size;
         LoadSnapshot {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            pending_prefill_tokens: waiting_prefill + running_prefill,
+            pending_prefill_tokens: self.waiting_prefill + running_prefill,
             kv_used_tokens: self.cache.used_blocks() * bs,
             kv_cached_tokens: self.cache.unpinned_blocks() * bs,
             kv_capacity_tokens: self.cache.capacity_blocks() * bs,
@@ -340,13 +354,11 @@ impl Engine {
         &self.counters
     }
 
-    /// Cache hit (whole blocks, never the last prompt token) for `prompt`.
-    fn hit_tokens(&self, prompt: &[u64]) -> usize {
-        let hashes = self.cache.block_hashes(prompt);
+    /// Cache hit in blocks (never covering the last prompt token).
+    fn hit_blocks(&self, hashes: &[u64], prompt_len: usize) -> usize {
         self.cache
-            .match_blocks(&hashes)
-            .min(self.max_hit_blocks(prompt.len()))
-            * self.config.block_size
+            .match_blocks(hashes)
+            .min(self.max_hit_blocks(prompt_len))
     }
 
     fn max_hit_blocks(&self, prompt_len: usize) -> usize {
@@ -364,16 +376,13 @@ impl Engine {
             let Some(head) = self.waiting.front() else {
                 break;
             };
-            let hashes = self.cache.block_hashes(&head.req.prompt);
-            let matched = self
-                .cache
-                .match_blocks(&hashes)
-                .min(self.max_hit_blocks(head.req.prompt.len()));
+            let matched = self.hit_blocks(&head.hashes, head.req.prompt.len());
             let need = self.blocks_needed(&head.req) - matched;
-            let Some(path) = self.cache.acquire(&hashes, matched, need) else {
+            let Some(path) = self.cache.acquire(&head.hashes, matched, need) else {
                 break;
             };
             let w = self.waiting.pop_front().expect("head exists");
+            self.waiting_prefill -= w.uncached_at_arrival;
             let cached = matched * self.config.block_size;
             self.counters.admitted += 1;
             self.counters.prompt_tokens += w.req.prompt.len() as u64;
@@ -386,6 +395,7 @@ impl Engine {
                 cached,
                 prefilled: cached,
                 generated: 0,
+                prompt_hashes: w.hashes,
                 req: w.req,
             });
         }
@@ -393,8 +403,9 @@ impl Engine {
 
     fn on_prefill_done(&mut self, i: usize, out: &mut StepOutcome) {
         let r = &mut self.running[i];
-        let hashes = self.cache.block_hashes(&r.req.prompt);
-        let new = self.cache.extend(&r.path, &hashes, &mut r.reserved);
+        let new = self
+            .cache
+            .extend(&r.path, &r.prompt_hashes, &mut r.reserved);
         let old = std::mem::replace(&mut r.path, new);
         self.cache.release(old, 0);
         if r.req.max_new_tokens > 0 {

@@ -160,6 +160,45 @@ fn decode_steps_get_slower_with_batch_size_and_prefill_with_uncached_tokens() {
 }
 
 #[test]
+fn same_inputs_give_identical_runs() {
+    let go = || {
+        let mut e = Engine::new(cfg()).unwrap();
+        let mut now = Duration::ZERO;
+        let mut log = Vec::new();
+        for id in 0..30u64 {
+            let prompt: Vec<u64> = (0..(id % 7) * 9 + 5).map(|t| (id % 3) * 100 + t).collect();
+            e.submit(req(id, prompt, (id % 5) as usize + 1), now)
+                .unwrap();
+            let o = e.step(now);
+            now += o.duration;
+            log.push((o.duration, o.progressed, o.finished));
+        }
+        log.push((now, Vec::new(), run(&mut e, &mut now)));
+        log
+    };
+    assert_eq!(go(), go());
+}
+
+#[test]
+fn load_reports_queue_and_pending_prefill() {
+    let mut c = cfg();
+    c.max_running_requests = 1;
+    let mut e = Engine::new(c).unwrap();
+    e.submit(req(1, (0..40).collect(), 5), Duration::ZERO)
+        .unwrap();
+    e.submit(req(2, (100..130).collect(), 5), Duration::ZERO)
+        .unwrap();
+    let l = e.load();
+    assert_eq!((l.running, l.waiting, l.pending_prefill_tokens), (0, 2, 70));
+    e.step(Duration::ZERO);
+    let l = e.load();
+    assert_eq!((l.running, l.waiting, l.pending_prefill_tokens), (1, 1, 30));
+    assert!(l.kv_used_tokens >= 48, "prompt + output reserved");
+    assert!(e.cancel(2));
+    assert_eq!(e.load().pending_prefill_tokens, 0);
+}
+
+#[test]
 fn invalid_configs_are_rejected() {
     let mut c = cfg();
     c.max_batch_tokens = 2;

@@ -1,21 +1,25 @@
 //! The `radixgate worker` command line and its entry point.
 //!
-//! Flags map one-to-one onto [`WorkerConfig`] (engine, timing, faults);
-//! `--count N` serves N workers on consecutive ports, each with its own
-//! engine. Fault flags apply to every worker unless `--fault-workers`
-//! names some (0-based indices).
+//! Layers, lowest first: built-in defaults, a `--config` JSON file (the
+//! serde schema of [`WorkerConfig`], unknown fields rejected), then flags
+//! given on the command line; the result is validated before anything
+//! binds. `--count N` serves N workers on consecutive ports, each with its
+//! own engine. Faults apply to every worker unless `--fault-workers` names
+//! some (0-based indices).
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use clap::Args;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{FaultConfig, WorkerConfig, start_group};
-use crate::engine::{EngineConfig, TimingConfig};
 use crate::error::SimError;
 
-/// Flags of `radixgate worker`.
+/// Flags of `radixgate worker`. Model, engine and fault flags override the
+/// `--config` file (JSON of [`WorkerConfig`]), which overrides the built-in
+/// defaults shown in brackets.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
     /// Address to listen on.
@@ -27,51 +31,55 @@ pub struct WorkerArgs {
     /// Number of workers (consecutive ports, independent caches).
     #[arg(long, default_value_t = 1)]
     pub count: u16,
-    /// Worker name (`<name>-<i>` with --count > 1); default `worker-<port>`.
+    /// A JSON file holding a `WorkerConfig` (fields as in the README);
+    /// flags given on the command line override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Worker name (`<name>-<i>` with --count > 1) [worker-<port>].
     #[arg(long)]
     pub name: Option<String>,
-    /// Model id served and reported.
-    #[arg(long, default_value = super::DEFAULT_MODEL)]
-    pub model: String,
-    /// Characters per token of the simulated tokenizer.
-    #[arg(long, default_value_t = crate::tokens::DEFAULT_CHARS_PER_TOKEN)]
-    pub chars_per_token: usize,
-    /// Output tokens when a request sets no max_tokens.
-    #[arg(long, default_value_t = 16)]
-    pub default_max_tokens: usize,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 32 << 20)]
-    pub max_body_bytes: usize,
+    /// Model id served and reported [sim-llama-8b].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Characters per token of the simulated tokenizer [4].
+    #[arg(long)]
+    pub chars_per_token: Option<usize>,
+    /// Output tokens when a request sets no max_tokens [16].
+    #[arg(long)]
+    pub default_max_tokens: Option<usize>,
+    /// Largest request body accepted, in bytes [33554432].
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
     /// Reply at once, with no simulated compute (measures router overhead).
     #[arg(long)]
     pub instant: bool,
-    /// KV page size in tokens.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// KV cache capacity in tokens.
-    #[arg(long, default_value_t = 400_000)]
-    pub kv_capacity_tokens: usize,
-    /// Most requests in the running batch.
-    #[arg(long, default_value_t = 256)]
-    pub max_running_requests: usize,
-    /// Token budget per step (prefill chunk + one per decoding request).
-    #[arg(long, default_value_t = 8192)]
-    pub max_batch_tokens: usize,
-    /// Fixed cost of a step, microseconds.
-    #[arg(long, default_value_t = 4800.0)]
-    pub step_base_us: f64,
-    /// Cost per batched token, microseconds.
-    #[arg(long, default_value_t = 27.0)]
-    pub token_us: f64,
-    /// KV read cost per context token of a decoding request, nanoseconds.
-    #[arg(long, default_value_t = 39.0)]
-    pub kv_read_ns_per_token: f64,
-    /// Fault: fraction of generation requests answered with HTTP 500.
-    #[arg(long, default_value_t = 0.0)]
-    pub error_rate: f64,
-    /// Fault: milliseconds added before each generation request.
-    #[arg(long, default_value_t = 0)]
-    pub added_latency_ms: u64,
+    /// KV page size in tokens [16].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// KV cache capacity in tokens [400000].
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<usize>,
+    /// Most requests in the running batch [256].
+    #[arg(long)]
+    pub max_running_requests: Option<usize>,
+    /// Token budget per step: prefill chunk + one per decoding request [8192].
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Fixed cost of a step, microseconds [4800].
+    #[arg(long)]
+    pub step_base_us: Option<f64>,
+    /// Cost per batched token, microseconds [27].
+    #[arg(long)]
+    pub token_us: Option<f64>,
+    /// KV read cost per context token of a decoding request, ns [39].
+    #[arg(long)]
+    pub kv_read_ns_per_token: Option<f64>,
+    /// Fault: fraction of generation requests answered with HTTP 500 [0].
+    #[arg(long)]
+    pub error_rate: Option<f64>,
+    /// Fault: milliseconds added before each generation request [0].
+    #[arg(long)]
+    pub added_latency_ms: Option<u64>,
     /// Fault: accept generation requests and never answer.
     #[arg(long)]
     pub hang: bool,
@@ -82,63 +90,82 @@ pub struct WorkerArgs {
     /// Fault: drop streamed responses after this many SSE events.
     #[arg(long)]
     pub die_after_chunks: Option<u32>,
-    /// Fault: refuse connections for this many seconds after start.
-    #[arg(long, default_value_t = 0.0)]
-    pub slow_start_secs: f64,
+    /// Fault: refuse connections for this many seconds after start [0].
+    #[arg(long)]
+    pub slow_start_secs: Option<f64>,
     /// Fault: health endpoints answer 503.
     #[arg(long)]
     pub unhealthy: bool,
-    /// Seed of the error-rate draws (worker i uses seed + i).
-    #[arg(long, default_value_t = 0)]
-    pub fault_seed: u64,
-    /// Apply the fault flags only to these worker indices (e.g. `0,2`).
+    /// Seed of the error-rate draws; worker i uses seed + i [0].
+    #[arg(long)]
+    pub fault_seed: Option<u64>,
+    /// Apply the fault flags and file faults only to these worker indices
+    /// (e.g. `0,2`); the others start without faults.
     #[arg(long, value_delimiter = ',')]
     pub fault_workers: Option<Vec<u16>>,
 }
 
+fn set<T>(slot: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *slot = v;
+    }
+}
+
 impl WorkerArgs {
-    /// The configuration of worker `i` (validated).
-    pub fn config(&self, i: u16) -> Result<WorkerConfig, SimError> {
+    /// The base configuration: the `--config` file or the defaults.
+    pub fn base_config(&self) -> Result<WorkerConfig, SimError> {
+        let Some(path) = &self.config else {
+            return Ok(WorkerConfig::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SimError::Config(format!("cannot read {}: {e}", path.display())))?;
+        serde_json::from_str(&text)
+            .map_err(|e| SimError::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// The configuration of worker `i` of `base` with the flags applied
+    /// (validated).
+    pub fn config(&self, base: &WorkerConfig, i: u16) -> Result<WorkerConfig, SimError> {
+        let mut c = base.clone();
         let faulty = self.fault_workers.as_ref().is_none_or(|w| w.contains(&i));
-        let faults = if faulty {
-            FaultConfig {
-                error_rate: self.error_rate,
-                latency_ms: self.added_latency_ms,
-                hang: self.hang,
-                refuse: self.refuse,
-                die_after_chunks: self.die_after_chunks,
-                slow_start_secs: self.slow_start_secs,
-                unhealthy: self.unhealthy,
-                seed: self.fault_seed.wrapping_add(u64::from(i)),
+        if faulty {
+            let f = &mut c.faults;
+            set(&mut f.error_rate, self.error_rate);
+            set(&mut f.latency_ms, self.added_latency_ms);
+            f.hang |= self.hang;
+            f.refuse |= self.refuse;
+            if self.die_after_chunks.is_some() {
+                f.die_after_chunks = self.die_after_chunks;
             }
+            set(&mut f.slow_start_secs, self.slow_start_secs);
+            f.unhealthy |= self.unhealthy;
+            set(&mut f.seed, self.fault_seed);
+            f.seed = f.seed.wrapping_add(u64::from(i));
         } else {
-            FaultConfig::default()
+            c.faults = FaultConfig::default();
+        }
+        let name = self.name.clone().unwrap_or_else(|| c.name.clone());
+        c.name = match (name.is_empty(), self.count) {
+            (true, _) => String::new(),
+            (false, 1) => name,
+            (false, _) => format!("{name}-{i}"),
         };
-        let name = match (&self.name, self.count) {
-            (None, _) => String::new(),
-            (Some(n), 1) => n.clone(),
-            (Some(n), _) => format!("{n}-{i}"),
-        };
-        let c = WorkerConfig {
-            name,
-            model: self.model.clone(),
-            chars_per_token: self.chars_per_token,
-            default_max_tokens: self.default_max_tokens,
-            max_body_bytes: self.max_body_bytes,
-            instant: self.instant,
-            engine: EngineConfig {
-                block_size: self.block_size,
-                kv_capacity_tokens: self.kv_capacity_tokens,
-                max_running_requests: self.max_running_requests,
-                max_batch_tokens: self.max_batch_tokens,
-                timing: TimingConfig {
-                    step_base_us: self.step_base_us,
-                    token_us: self.token_us,
-                    kv_read_ns_per_token: self.kv_read_ns_per_token,
-                },
-            },
-            faults,
-        };
+        set(&mut c.model, self.model.clone());
+        set(&mut c.chars_per_token, self.chars_per_token);
+        set(&mut c.default_max_tokens, self.default_max_tokens);
+        set(&mut c.max_body_bytes, self.max_body_bytes);
+        c.instant |= self.instant;
+        let e = &mut c.engine;
+        set(&mut e.block_size, self.block_size);
+        set(&mut e.kv_capacity_tokens, self.kv_capacity_tokens);
+        set(&mut e.max_running_requests, self.max_running_requests);
+        set(&mut e.max_batch_tokens, self.max_batch_tokens);
+        set(&mut e.timing.step_base_us, self.step_base_us);
+        set(&mut e.timing.token_us, self.token_us);
+        set(
+            &mut e.timing.kv_read_ns_per_token,
+            self.kv_read_ns_per_token,
+        );
         c.validate()?;
         Ok(c)
     }
@@ -156,9 +183,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             args.count
         );
     }
+    let base = args.base_config()?;
     let mut workers = Vec::new();
     for i in 0..args.count {
-        let config = args.config(i)?;
+        let config = args.config(&base, i)?;
         let addr = SocketAddr::new(args.host, args.port + i);
         let listener = TcpListener::bind(addr)
             .await
@@ -196,4 +224,73 @@ async fn wait_for_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    fn parse(argv: &[&str]) -> WorkerArgs {
+        Cli::try_parse_from(std::iter::once("worker").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn flags_override_file_which_overrides_defaults() {
+        let dir = std::env::temp_dir().join(format!("rg-sim-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("w.json");
+        std::fs::write(
+            &file,
+            r#"{"model": "from-file", "engine": {"block_size": 32, "timing": {"token_us": 5.0}}}"#,
+        )
+        .unwrap();
+        let a = parse(&[
+            "--config",
+            file.to_str().unwrap(),
+            "--block-size",
+            "8",
+            "--count",
+            "2",
+            "--name",
+            "w",
+        ]);
+        let base = a.base_config().unwrap();
+        let c = a.config(&base, 1).unwrap();
+        assert_eq!(c.model, "from-file");
+        assert_eq!(c.engine.block_size, 8);
+        assert_eq!(c.engine.timing.token_us, 5.0);
+        assert_eq!(c.engine.timing.step_base_us, 4800.0);
+        assert_eq!(c.name, "w-1");
+        std::fs::write(&file, r#"{"engine": {"blok_size": 32}}"#).unwrap();
+        assert!(a.base_config().is_err(), "unknown fields are rejected");
+    }
+
+    #[test]
+    fn faults_go_only_to_named_workers_and_bad_values_fail() {
+        let a = parse(&[
+            "--count",
+            "3",
+            "--error-rate",
+            "0.5",
+            "--fault-workers",
+            "1",
+            "--fault-seed",
+            "10",
+        ]);
+        let base = a.base_config().unwrap();
+        assert_eq!(a.config(&base, 0).unwrap().faults, FaultConfig::default());
+        let f = a.config(&base, 1).unwrap().faults;
+        assert_eq!((f.error_rate, f.seed), (0.5, 11));
+        let bad = parse(&["--max-batch-tokens", "4"]);
+        assert!(bad.config(&bad.base_config().unwrap(), 0).is_err());
+    }
 }

@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::{Engine, EngineCounters, EngineRequest, Finished, LoadSnapshot, ReqId};
 use crate::error::SimError;
 
+/// The largest lag behind the simulated clock that back-to-back steps make
+/// up for by starting early.
+const MAX_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// A command to the engine task.
 pub(crate) enum Cmd {
     /// Queue a request; results go to `events`. `stream` asks for one event
@@ -106,6 +110,10 @@ async fn drive(
 ) {
     let start = Instant::now();
     let mut subs: HashMap<ReqId, Subscriber> = HashMap::new();
+    // When the last step ended on the simulated clock. Back-to-back steps
+    // are scheduled from it, not from when the timer actually fired, so
+    // timer rounding (tokio's is 1 ms) does not add up over a busy period.
+    let mut last_end: Option<Instant> = None;
     loop {
         // Idle: wait for work instead of spinning.
         if engine.is_idle() {
@@ -115,19 +123,42 @@ async fn drive(
             };
             let Some(cmd) = cmd else { return };
             apply(&mut engine, &mut subs, cmd, start);
+            last_end = None;
         }
         while let Ok(cmd) = rx.try_recv() {
             apply(&mut engine, &mut subs, cmd, start);
         }
-        let out = engine.step(start.elapsed());
+        let now = Instant::now();
+        let begin = match last_end {
+            // Catch up only small lags; after a stall, restart from now.
+            Some(t) if now.duration_since(t) < MAX_CATCH_UP => t,
+            _ => now,
+        };
+        let out = engine.step(begin.duration_since(start));
         if out.is_idle() {
             publish(&engine, &stats);
+            if !engine.is_idle() {
+                // Work exists but none can run (cannot happen with a valid
+                // engine; never spin): wait for the next command.
+                let cmd = tokio::select! {
+                    cmd = rx.recv() => cmd,
+                    () = shutdown.cancelled() => None,
+                };
+                let Some(cmd) = cmd else { return };
+                apply(&mut engine, &mut subs, cmd, start);
+            }
+            last_end = None;
             continue;
         }
+        let end = begin + out.duration;
+        last_end = Some(end);
         tokio::select! {
-            () = tokio::time::sleep(out.duration) => {}
+            () = tokio::time::sleep_until(end) => {}
             () = shutdown.cancelled() => return,
         }
+        // Publish before delivering, so a client that has seen this step's
+        // tokens also sees its load.
+        publish(&engine, &stats);
         let mut gone = Vec::new();
         for (id, cached) in out.admitted {
             if let Some(s) = subs.get(&id)

@@ -71,9 +71,16 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         return Err(SimError::InjectedFault("error_rate"));
     }
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let (prompt_text, prompt_tokens) = match &req.prompt {
-        Prompt::Text(t) => (t.as_str(), s.tokenizer.tokenize(t)),
-        Prompt::Ids(ids) => ("", Tokenizer::from_ids(ids)),
+    // `--instant` only counts tokens (no hashing): minimal work per request.
+    let (prompt_text, prompt_tokens, prompt_len) = match (&req.prompt, s.config.instant) {
+        (Prompt::Text(t), true) => (t.as_str(), Vec::new(), s.tokenizer.count(t)),
+        (Prompt::Ids(ids), true) => ("", Vec::new(), ids.len()),
+        (Prompt::Text(t), false) => {
+            let tokens = s.tokenizer.tokenize(t);
+            let n = tokens.len();
+            (t.as_str(), tokens, n)
+        }
+        (Prompt::Ids(ids), false) => ("", Tokenizer::from_ids(ids), ids.len()),
     };
     let seed = match &req.prompt {
         Prompt::Text(t) => text_hash(t),
@@ -91,7 +98,7 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         model: s.model.clone(),
         worker: s.name.clone(),
         chars_per_token: s.tokenizer.chars_per_token(),
-        prompt_tokens: prompt_tokens.len(),
+        prompt_tokens: prompt_len,
         cached_tokens: 0,
         completion_tokens: req.max_tokens,
         text,
@@ -227,8 +234,27 @@ fn stream_of(events: Vec<Bytes>, die_after: Option<u32>) -> Body {
         items.truncate(k as usize);
         items.push(Err(cut()));
     }
-    Body::from_stream(futures::stream::iter(items))
+    Body::from_stream(flush_before_error(futures::stream::iter(items)))
 }
+
+/// Passes items through, but pauses briefly before an error so that the
+/// server flushes the chunks already written before it drops the
+/// connection (otherwise a client may see fewer than K events).
+fn flush_before_error(
+    inner: impl futures::Stream<Item = Chunk> + Send + Unpin + 'static,
+) -> impl futures::Stream<Item = Chunk> + Send + 'static {
+    use futures::StreamExt;
+    futures::stream::unfold(inner, |mut inner| async move {
+        let item = inner.next().await?;
+        if item.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(FLUSH_PAUSE_MS)).await;
+        }
+        Some((item, inner))
+    })
+}
+
+/// How long a stream pauses before it is cut (see `flush_before_error`).
+const FLUSH_PAUSE_MS: u64 = 1;
 
 fn sse_response(body: Body) -> Response {
     let mut r = Response::new(body);
@@ -319,5 +345,5 @@ fn stream_reply(
             body_rx,
             |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
         );
-    sse_response(Body::from_stream(stream))
+    sse_response(Body::from_stream(flush_before_error(Box::pin(stream))))
 }

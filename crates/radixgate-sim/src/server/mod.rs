@@ -235,9 +235,12 @@ pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
         SimError::NotFound(_) => ("invalid_request_error", None, "not_found"),
         SimError::InjectedFault(_) => ("server_error", None, "injected_fault"),
         SimError::Unavailable(_) => ("server_error", None, "unavailable"),
-        SimError::Config(_) | SimError::EngineGone | SimError::Io(_) => {
-            ("server_error", None, "internal_error")
-        }
+        SimError::Config(_)
+        | SimError::TraceIo { .. }
+        | SimError::TraceFormat { .. }
+        | SimError::BadUrl { .. }
+        | SimError::EngineGone
+        | SimError::Io(_) => ("server_error", None, "internal_error"),
     };
     serde_json::json!({"error": {"message": e.to_string(), "type": kind, "param": param, "code": code}})
 }
@@ -248,9 +251,12 @@ pub(crate) fn error_response(e: &SimError) -> Response {
         SimError::BadRequest { .. } => StatusCode::BAD_REQUEST,
         SimError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         SimError::NotFound(_) => StatusCode::NOT_FOUND,
-        SimError::InjectedFault(_) | SimError::Config(_) | SimError::Io(_) => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        SimError::InjectedFault(_)
+        | SimError::Config(_)
+        | SimError::TraceIo { .. }
+        | SimError::TraceFormat { .. }
+        | SimError::BadUrl { .. }
+        | SimError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         SimError::Unavailable(_) | SimError::EngineGone => StatusCode::SERVICE_UNAVAILABLE,
     };
     (status, axum::Json(error_json(e))).into_response()

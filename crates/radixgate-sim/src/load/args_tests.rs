@@ -1,0 +1,144 @@
+//! Flag parsing: defaults, translation, and precise errors.
+
+use clap::Parser;
+
+use super::*;
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+fn parse(args: &str) -> Result<LoadArgs, clap::Error> {
+    let argv = std::iter::once("load").chain(args.split_whitespace());
+    Cli::try_parse_from(argv).map(|c| c.load)
+}
+
+fn config_err(args: &str) -> String {
+    match parse(args).unwrap().workload_config() {
+        Err(SimError::Config(m)) => m,
+        other => panic!("{args}: {other:?}"),
+    }
+}
+
+#[test]
+fn defaults_and_flags_reach_the_config_and_plan() {
+    let a = parse("--url http://x:1").unwrap();
+    assert_eq!(
+        a.workload_config().unwrap(),
+        WorkloadConfig::SharedPrefix(Default::default())
+    );
+    let p = a.plan(false).unwrap();
+    assert_eq!(
+        p.arrivals,
+        Arrivals::Closed {
+            concurrency: DEFAULT_CONCURRENCY
+        }
+    );
+    assert_eq!(p.max_requests, Some(DEFAULT_REQUESTS));
+    let a = parse("--url http://x:1 --workload multi-turn --turns 3 --think-ms 0 --output-tokens 9 --rate 5 --duration 2").unwrap();
+    let WorkloadConfig::MultiTurn(c) = a.workload_config().unwrap() else {
+        panic!()
+    };
+    assert_eq!((c.turns, c.think_ms, c.output_tokens), (3, 0.0, 9));
+    let p = a.plan(false).unwrap();
+    assert_eq!(p.arrivals, Arrivals::Poisson { rate: 5.0 });
+    assert_eq!(
+        (p.max_requests, p.duration),
+        (None, Some(Duration::from_secs(2)))
+    );
+    let a = parse("--url http://x:1 --workload trace --trace t.jsonl --speedup 10").unwrap();
+    let WorkloadConfig::Trace(t) = a.workload_config().unwrap() else {
+        panic!()
+    };
+    assert_eq!(t.speedup, 10.0);
+    let p = a.plan(true).unwrap();
+    assert_eq!((p.arrivals, p.max_requests), (Arrivals::Timestamps, None));
+    let a = parse(
+        "--url http://x:1 --workload mixed --mix shared-prefix=1,agentic=3 --steps 2 --groups 5",
+    )
+    .unwrap();
+    let WorkloadConfig::Mixed(m) = a.workload_config().unwrap() else {
+        panic!()
+    };
+    assert_eq!(m.parts.len(), 2);
+    assert_eq!(m.parts[1].weight, 3.0);
+}
+
+#[test]
+fn bad_flags_are_precise_errors() {
+    assert!(
+        config_err("--url http://x:1 --turns 3")
+            .contains("--turns does not apply to --workload shared-prefix")
+    );
+    assert!(
+        config_err("--url http://x:1 --workload agentic --zipf 1 --groups 2")
+            .contains("do not apply")
+    );
+    assert!(config_err("--url http://x:1 --workload trace").contains("needs --trace"));
+    assert!(config_err("--url http://x:1 --groups 0").contains("groups must be > 0"));
+    assert!(
+        config_err("--url http://x:1 --workload mixed --mix trace=1").contains("cannot be blended")
+    );
+    assert!(config_err("--url http://x:1 --workload mixed --mix agentic").contains("NAME=WEIGHT"));
+    assert!(
+        config_err("--url http://x:1 --workload mixed --mix agentic=x").contains("not a number")
+    );
+    assert!(
+        config_err("--url http://x:1 --workload-file /nonexistent.json").contains("cannot read")
+    );
+    assert!(
+        parse("--url http://x:1 --rate 1 --concurrency 2").is_err(),
+        "clap rejects both"
+    );
+    assert!(parse("").is_err(), "--url is required");
+    let plan_err = |args: &str, ts| match parse(args).unwrap().plan(ts) {
+        Err(SimError::Config(m)) => m,
+        other => panic!("{args}: {other:?}"),
+    };
+    assert!(plan_err("--url http://x:1 --rate 0", false).contains("--rate"));
+    assert!(plan_err("--url http://x:1 --rate 2", true).contains("timestamps"));
+    assert!(plan_err("--url http://x:1 --duration=-1", false).contains("--duration"));
+    assert!(plan_err("--url http://x:1 --requests 0", false).contains("--requests"));
+    assert!(plan_err("--url http://x:1 --concurrency 0", false).contains("--concurrency"));
+    assert!(
+        parse("--url http://x:1 --timeout 0")
+            .unwrap()
+            .request_timeout()
+            .is_err()
+    );
+    assert!(
+        parse("--url http://x:1 --chars-per-token 0")
+            .unwrap()
+            .text_shape()
+            .is_err()
+    );
+}
+
+#[test]
+fn workload_file_uses_the_serde_schema() {
+    let dir = std::env::temp_dir().join(format!("radixgate-load-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("w.json");
+    std::fs::write(&f, r#"{"long-doc": {"documents": 2}}"#).unwrap();
+    let a = parse(&format!("--url http://x:1 --workload-file {}", f.display())).unwrap();
+    let WorkloadConfig::LongDoc(c) = a.workload_config().unwrap() else {
+        panic!()
+    };
+    assert_eq!(c.documents, 2);
+    std::fs::write(&f, r#"{"long-doc": {"docs": 2}}"#).unwrap();
+    assert!(a.workload_config().is_err(), "unknown field rejected");
+    let a = parse(&format!(
+        "--url http://x:1 --workload-file {} --groups 3",
+        f.display()
+    ))
+    .unwrap();
+    assert!(
+        a.workload_config()
+            .unwrap_err()
+            .to_string()
+            .contains("--groups")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

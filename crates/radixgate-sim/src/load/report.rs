@@ -1,0 +1,364 @@
+//! Accumulating outcomes into the report: hit rate, latency percentiles,
+//! throughput, errors by kind, requests per worker and their spread.
+//!
+//! Definitions (so numbers from different runs and tools compare):
+//! - token hit rate = Σ cached tokens / Σ prompt tokens over successful
+//!   responses that reported usage;
+//! - percentiles are nearest-rank over successful requests;
+//! - spread = the busiest worker's request count / the mean count, over the
+//!   workers seen in responses or the `--url`s, whichever are more (so a
+//!   worker that got nothing still counts when it was a target).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::outcome::Outcome;
+
+/// Latency summary in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Summary {
+    /// Samples.
+    pub count: usize,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// The nearest-rank percentile `p` (0..=100) of ascending `sorted` values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl Summary {
+    /// Summarises samples (`None` when there are none).
+    pub fn of(mut values: Vec<f64>) -> Option<Self> {
+        if values.is_empty() {
+            return None;
+        }
+        values.sort_by(f64::total_cmp);
+        Some(Self {
+            count: values.len(),
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            p50: percentile(&values, 50.0),
+            p90: percentile(&values, 90.0),
+            p99: percentile(&values, 99.0),
+            max: values[values.len() - 1],
+        })
+    }
+}
+
+/// Running totals while a load runs.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    ttft_ms: Vec<f64>,
+    e2e_ms: Vec<f64>,
+    ok: u64,
+    errors: BTreeMap<String, u64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    completion_tokens: u64,
+    without_usage: u64,
+    workers: BTreeMap<String, u64>,
+    per_target: BTreeMap<usize, u64>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Stats {
+    /// Adds one outcome.
+    pub fn record(&mut self, o: &Outcome) {
+        *self.per_target.entry(o.target).or_default() += 1;
+        if let Some(kind) = o.error {
+            *self.errors.entry(kind.to_string()).or_default() += 1;
+            return;
+        }
+        self.ok += 1;
+        self.e2e_ms.push(ms(o.e2e));
+        if let Some(t) = o.ttft {
+            self.ttft_ms.push(ms(t));
+        }
+        match o.usage {
+            Some(u) => {
+                self.prompt_tokens += u.prompt_tokens;
+                self.cached_tokens += u.cached_tokens;
+                self.completion_tokens += u.completion_tokens;
+            }
+            None => self.without_usage += 1,
+        }
+        let name = o.worker.clone().unwrap_or_else(|| "(unnamed)".into());
+        *self.workers.entry(name).or_default() += 1;
+    }
+
+    /// Requests finished so far.
+    pub fn finished(&self) -> u64 {
+        self.ok + self.failed()
+    }
+
+    /// Requests failed so far.
+    pub fn failed(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// The final report.
+    pub fn report(&self, header: ReportHeader, elapsed: Duration) -> LoadReport {
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let slots = self.workers.len().max(header.urls.len()).max(1);
+        let spread = (!self.workers.is_empty()).then(|| {
+            let max = *self.workers.values().max().unwrap_or(&0) as f64;
+            let mean = self.ok as f64 / slots as f64;
+            max / mean
+        });
+        LoadReport {
+            header,
+            elapsed_s: secs,
+            sent: self.finished(),
+            ok: self.ok,
+            failed: self.failed(),
+            errors: self.errors.clone(),
+            hit_rate: (self.prompt_tokens > 0)
+                .then(|| self.cached_tokens as f64 / self.prompt_tokens as f64),
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            completion_tokens: self.completion_tokens,
+            responses_without_usage: self.without_usage,
+            ttft_ms: Summary::of(self.ttft_ms.clone()),
+            e2e_ms: Summary::of(self.e2e_ms.clone()),
+            requests_per_s: self.ok as f64 / secs,
+            output_tokens_per_s: self.completion_tokens as f64 / secs,
+            prompt_tokens_per_s: self.prompt_tokens as f64 / secs,
+            workers: self.workers.clone(),
+            per_url: self.per_target.values().copied().collect(),
+            spread,
+        }
+    }
+}
+
+/// What was run, repeated at the top of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportHeader {
+    /// Workload name.
+    pub workload: String,
+    /// API path.
+    pub api: String,
+    /// Streaming or not.
+    pub stream: bool,
+    /// Arrival process, in words.
+    pub arrivals: String,
+    /// Client-side assignment.
+    pub assign: String,
+    /// Target base URLs.
+    pub urls: Vec<String>,
+    /// Workload seed.
+    pub seed: u64,
+}
+
+/// The result of a load run (`--json` prints it as is).
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    /// What was run.
+    pub header: ReportHeader,
+    /// Wall time from the first request to the last response, seconds.
+    pub elapsed_s: f64,
+    /// Requests finished (ok + failed).
+    pub sent: u64,
+    /// Successful requests.
+    pub ok: u64,
+    /// Failed requests.
+    pub failed: u64,
+    /// Failures by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// Σ cached / Σ prompt tokens (`None` if no usage was reported).
+    pub hit_rate: Option<f64>,
+    /// Σ prompt tokens.
+    pub prompt_tokens: u64,
+    /// Σ cached prompt tokens.
+    pub cached_tokens: u64,
+    /// Σ generated tokens.
+    pub completion_tokens: u64,
+    /// Successful responses that reported no usage.
+    pub responses_without_usage: u64,
+    /// Time to first content chunk (streams only).
+    pub ttft_ms: Option<Summary>,
+    /// End-to-end latency.
+    pub e2e_ms: Option<Summary>,
+    /// Successful requests per second.
+    pub requests_per_s: f64,
+    /// Generated tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Prompt tokens per second.
+    pub prompt_tokens_per_s: f64,
+    /// Successful requests per serving worker.
+    pub workers: BTreeMap<String, u64>,
+    /// Requests (ok or not) per `--url`, in order.
+    pub per_url: Vec<u64>,
+    /// Busiest worker's share over the mean share.
+    pub spread: Option<f64>,
+}
+
+impl LoadReport {
+    /// A human-readable table.
+    pub fn table(&self) -> String {
+        let h = &self.header;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "workload {} | api {} | {} | {} | assign {} | seed {}",
+            h.workload,
+            h.api,
+            if h.stream { "stream" } else { "no stream" },
+            h.arrivals,
+            h.assign,
+            h.seed
+        );
+        let _ = writeln!(s, "targets  {}", h.urls.join(" "));
+        let _ = writeln!(
+            s,
+            "requests {} ok, {} failed in {:.2} s  ({:.1} req/s, {:.0} output tok/s, {:.0} prompt tok/s)",
+            self.ok,
+            self.failed,
+            self.elapsed_s,
+            self.requests_per_s,
+            self.output_tokens_per_s,
+            self.prompt_tokens_per_s
+        );
+        let hit = self.hit_rate.map_or_else(
+            || "n/a (no usage reported)".into(),
+            |h| format!("{:.1}%", h * 100.0),
+        );
+        let _ = writeln!(
+            s,
+            "hit rate {hit}  (cached {} of {} prompt tokens; {} responses without usage)",
+            self.cached_tokens, self.prompt_tokens, self.responses_without_usage
+        );
+        let _ = writeln!(
+            s,
+            "latency ms       mean      p50      p90      p99      max"
+        );
+        for (name, sum) in [("ttft", &self.ttft_ms), ("e2e", &self.e2e_ms)] {
+            match sum {
+                Some(m) => {
+                    let _ = writeln!(
+                        s,
+                        "  {name:<8} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                        m.mean, m.p50, m.p90, m.p99, m.max
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "  {name:<8} n/a");
+                }
+            }
+        }
+        if !self.errors.is_empty() {
+            let list: Vec<String> = self
+                .errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let _ = writeln!(s, "errors   {}", list.join(", "));
+        }
+        let list: Vec<String> = self
+            .workers
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let spread = self
+            .spread
+            .map_or_else(|| "n/a".into(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            s,
+            "workers  {}  (spread max/mean {spread})",
+            list.join(", ")
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::body::Usage;
+    use super::super::outcome::ErrorKind;
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 90.0), 90.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&v, 0.0), 1.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 50.0), 2.0);
+        let s = Summary::of(vec![4.0, 1.0, 3.0, 2.0]).unwrap();
+        assert_eq!((s.mean, s.p50, s.p90, s.max), (2.5, 2.0, 4.0, 4.0));
+        assert!(Summary::of(vec![]).is_none());
+    }
+
+    fn ok(worker: &str, prompt: u64, cached: u64, ms: u64) -> Outcome {
+        Outcome {
+            target: 0,
+            worker: Some(worker.into()),
+            ttft: Some(Duration::from_millis(ms / 2)),
+            e2e: Duration::from_millis(ms),
+            usage: Some(Usage {
+                prompt_tokens: prompt,
+                cached_tokens: cached,
+                completion_tokens: 10,
+            }),
+            reply: String::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn hit_rate_is_token_weighted_and_errors_and_spread_are_counted() {
+        let mut st = Stats::default();
+        st.record(&ok("a", 100, 0, 10));
+        st.record(&ok("a", 100, 90, 20));
+        st.record(&ok("b", 200, 200, 30));
+        let mut bad = ok("b", 0, 0, 5);
+        bad.error = Some(ErrorKind::Status(503));
+        st.record(&bad);
+        bad.error = Some(ErrorKind::StreamCut);
+        st.record(&bad);
+        let header = ReportHeader {
+            workload: "w".into(),
+            api: "chat".into(),
+            stream: true,
+            arrivals: "x".into(),
+            assign: "round-robin".into(),
+            urls: vec!["u1".into(), "u2".into(), "u3".into()],
+            seed: 0,
+        };
+        let r = st.report(header, Duration::from_secs(2));
+        // (0 + 90 + 200) / 400, not the mean of per-request rates (0.6)
+        assert!((r.hit_rate.unwrap() - 0.725).abs() < 1e-12);
+        assert_eq!((r.ok, r.failed, r.sent), (3, 2, 5));
+        assert_eq!(r.errors["http_503"], 1);
+        assert_eq!(r.errors["stream_cut"], 1);
+        assert_eq!(r.e2e_ms.unwrap().mean, 20.0);
+        assert_eq!(r.requests_per_s, 1.5);
+        assert_eq!(r.output_tokens_per_s, 15.0);
+        // a: 2 of 3 ok requests over 3 targets (mean 1) -> 2.0
+        assert_eq!(r.spread, Some(2.0));
+        assert!(r.table().contains("hit rate 72.5%"));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["workers"]["a"], 2);
+    }
+}

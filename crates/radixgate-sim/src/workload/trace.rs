@@ -1,0 +1,257 @@
+//! Replay of Mooncake-style JSONL traces.
+//!
+//! Each line is `{"timestamp": ms, "input_length": tokens, "output_length":
+//! tokens, "hash_ids": [block ids]}`: the prompt is a sequence of
+//! `block_tokens`-token blocks (512 in Mooncake), the last one partial so
+//! that the prompt has exactly `input_length` tokens. Each block id renders
+//! to a fixed text of `block_tokens * chars_per_token` characters (seeded
+//! from the id), a partial block to a prefix of it, and the prompt to their
+//! concatenation — so two requests that share their first k block ids share
+//! exactly that much text, and the trace's prefix structure is kept.
+//!
+//! Requests arrive at `(timestamp - first timestamp) / speedup`. Records
+//! are validated when loaded: a bad line is a precise error naming the line.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::rng::key;
+use super::text::append_filler;
+use super::{Poll, Prompt, RequestSpec, SessionId, TextShape, Workload};
+use crate::SimError;
+
+const BLOCK: u64 = 41;
+
+/// One request of a trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRecord {
+    /// Arrival, milliseconds from the start of the trace.
+    pub timestamp: u64,
+    /// Prompt length, tokens.
+    pub input_length: u64,
+    /// Tokens generated.
+    pub output_length: u64,
+    /// The prompt's blocks, by id.
+    pub hash_ids: Vec<u64>,
+}
+
+/// Settings of [`TraceReplay`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceConfig {
+    /// The JSONL file.
+    pub path: PathBuf,
+    /// Time compression: 2.0 replays twice as fast.
+    #[serde(default = "one")]
+    pub speedup: f64,
+    /// Replay at most this many records (0 = all).
+    #[serde(default)]
+    pub limit: u64,
+    /// Tokens per hash block (Mooncake: 512).
+    #[serde(default = "block_tokens")]
+    pub block_tokens: u64,
+    /// Cap on tokens generated per request (0 = as the trace says).
+    #[serde(default)]
+    pub max_output_tokens: u32,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn block_tokens() -> u64 {
+    512
+}
+
+impl TraceConfig {
+    /// Settings for `path` with the defaults.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            speedup: 1.0,
+            limit: 0,
+            block_tokens: 512,
+            max_output_tokens: 0,
+        }
+    }
+
+    /// Checks ranges (not the file: that is read by [`TraceReplay::new`]).
+    pub fn validate(&self) -> Result<(), SimError> {
+        if !self.speedup.is_finite() || self.speedup <= 0.0 {
+            return Err(SimError::Config(format!(
+                "speedup must be a finite number > 0, got {}",
+                self.speedup
+            )));
+        }
+        if self.block_tokens == 0 {
+            return Err(SimError::Config("block_tokens must be > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Reads and validates a trace file. Records are kept in file order, which
+/// must be by non-decreasing timestamp.
+pub fn load_trace(path: &Path, block_tokens: u64) -> Result<Vec<TraceRecord>, SimError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SimError::TraceIo {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_trace(&text, path, block_tokens)
+}
+
+pub(super) fn parse_trace(
+    text: &str,
+    path: &Path,
+    block_tokens: u64,
+) -> Result<Vec<TraceRecord>, SimError> {
+    let bad = |line: usize, reason: String| SimError::TraceFormat {
+        path: path.to_owned(),
+        line,
+        reason,
+    };
+    let mut out = Vec::new();
+    let mut last_ts = 0;
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec: TraceRecord = serde_json::from_str(line).map_err(|e| bad(n, e.to_string()))?;
+        let blocks = rec.hash_ids.len() as u64;
+        if blocks == 0 {
+            return Err(bad(n, "hash_ids is empty".into()));
+        }
+        if rec.input_length <= (blocks - 1) * block_tokens
+            || rec.input_length > blocks * block_tokens
+        {
+            return Err(bad(
+                n,
+                format!(
+                    "input_length {} does not fit {blocks} blocks of {block_tokens} tokens",
+                    rec.input_length
+                ),
+            ));
+        }
+        if rec.timestamp < last_ts {
+            return Err(bad(
+                n,
+                format!(
+                    "timestamp {} is before the previous {last_ts}",
+                    rec.timestamp
+                ),
+            ));
+        }
+        last_ts = rec.timestamp;
+        out.push(rec);
+    }
+    if out.is_empty() {
+        return Err(bad(0, "the trace holds no records".into()));
+    }
+    Ok(out)
+}
+
+/// Replays a trace.
+#[derive(Debug, Clone)]
+pub struct TraceReplay {
+    cfg: TraceConfig,
+    seed: u64,
+    shape: TextShape,
+    records: Arc<Vec<TraceRecord>>,
+    pos: usize,
+}
+
+impl TraceReplay {
+    /// Loads the trace named by `cfg` (validates `cfg` and every line).
+    pub fn new(cfg: TraceConfig, seed: u64, shape: TextShape) -> Result<Self, SimError> {
+        cfg.validate()?;
+        let records = load_trace(&cfg.path, cfg.block_tokens)?;
+        Ok(Self::from_records(cfg, seed, shape, Arc::new(records)))
+    }
+
+    /// Replays records already loaded (validated by the caller).
+    pub fn from_records(
+        cfg: TraceConfig,
+        seed: u64,
+        shape: TextShape,
+        records: Arc<Vec<TraceRecord>>,
+    ) -> Self {
+        Self {
+            cfg,
+            seed,
+            shape,
+            records,
+            pos: 0,
+        }
+    }
+
+    /// The records to replay (after `limit`).
+    pub fn len(&self) -> usize {
+        match self.cfg.limit {
+            0 => self.records.len(),
+            l => self.records.len().min(l as usize),
+        }
+    }
+
+    /// Whether there is nothing to replay.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The prompt text of `rec`: its blocks rendered and concatenated, the
+    /// last one cut to `input_length`.
+    pub fn render(&self, rec: &TraceRecord) -> String {
+        let block_chars = self.shape.chars(self.cfg.block_tokens);
+        let total = self.shape.chars(rec.input_length);
+        let mut out = String::with_capacity(total);
+        for &id in &rec.hash_ids {
+            let want = block_chars.min(total - out.len());
+            append_filler(&mut out, key(self.seed, &[BLOCK, id]), want);
+        }
+        out
+    }
+
+    fn arrival(&self, rec: &TraceRecord) -> Duration {
+        let first = self.records[0].timestamp;
+        Duration::from_secs_f64((rec.timestamp - first) as f64 / 1000.0 / self.cfg.speedup)
+    }
+}
+
+impl Workload for TraceReplay {
+    fn next(&mut self, now: Duration) -> Poll {
+        if self.pos >= self.len() {
+            return Poll::Done;
+        }
+        let rec = &self.records[self.pos];
+        let at = self.arrival(rec);
+        if at > now {
+            return Poll::NotBefore(at);
+        }
+        let mut max_tokens = u32::try_from(rec.output_length.max(1)).unwrap_or(u32::MAX);
+        if self.cfg.max_output_tokens > 0 {
+            max_tokens = max_tokens.min(self.cfg.max_output_tokens);
+        }
+        let spec = RequestSpec {
+            seq: self.pos as u64,
+            session: self.pos as u64,
+            group: rec.hash_ids[0],
+            arrival: Some(at),
+            prompt: Prompt::Text(self.render(rec)),
+            max_tokens,
+            wants_reply: false,
+        };
+        self.pos += 1;
+        Poll::Ready(spec)
+    }
+
+    fn on_reply(&mut self, _session: SessionId, _reply: &str, _now: Duration) {}
+
+    fn on_failure(&mut self, _session: SessionId, _now: Duration) {}
+
+    fn timestamped(&self) -> bool {
+        true
+    }
+}

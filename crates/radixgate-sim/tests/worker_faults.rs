@@ -1,0 +1,257 @@
+//! Integration tests of the worker's fault knobs, each observed by a real
+//! HTTP client over loopback. No test asserts an upper bound on time: waits
+//! for asynchronous effects (a listener reopening, a cancelled request
+//! leaving the batch) poll with a generous deadline that only turns a hang
+//! into a failure.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use radixgate_sim::server::{FaultConfig, start, start_group};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn fault_error_rate_and_admin_endpoint() {
+    let w = spawn(fast_config()).await;
+    let c = client();
+    let r = c
+        .post(format!("{}/admin/faults", w.base))
+        .json(&json!({"error_rate": 1.0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (s, _, v) = post(&w.base, "/v1/chat/completions", chat("x", 2)).await;
+    assert_eq!(s, 500);
+    assert_eq!(v["error"]["code"], "injected_fault");
+    let shown = get_json(&w.base, "/admin/faults").await;
+    assert_eq!(shown["error_rate"], 1.0);
+    let r = c
+        .post(format!("{}/admin/faults", w.base))
+        .json(&json!({"error_rate": 7}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "out-of-range knob");
+    let r = c
+        .post(format!("{}/admin/faults", w.base))
+        .json(&json!({"bogus": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "unknown knob");
+    // A seeded 50% rate fails some and passes some, the same way each run.
+    w.handle
+        .set_faults(FaultConfig {
+            error_rate: 0.5,
+            seed: 3,
+            ..FaultConfig::default()
+        })
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..40 {
+        outcomes.push(post(&w.base, "/v1/chat/completions", chat("x", 1)).await.0);
+    }
+    w.handle
+        .set_faults(FaultConfig {
+            error_rate: 0.5,
+            seed: 3,
+            ..FaultConfig::default()
+        })
+        .unwrap();
+    let mut again = Vec::new();
+    for _ in 0..40 {
+        again.push(post(&w.base, "/v1/chat/completions", chat("x", 1)).await.0);
+    }
+    assert_eq!(outcomes, again);
+    assert!(outcomes.contains(&500) && outcomes.contains(&200));
+}
+
+#[tokio::test]
+async fn fault_added_latency_delays_answers() {
+    let mut cfg = fast_config();
+    cfg.faults.latency_ms = 300;
+    let w = spawn(cfg).await;
+    let t = Instant::now();
+    let (s, _, _) = post(&w.base, "/v1/chat/completions", chat("x", 1)).await;
+    assert_eq!(s, 200);
+    // A lower bound only: the answer cannot come before the added latency.
+    assert!(t.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn fault_hang_never_answers_but_health_does() {
+    let mut cfg = fast_config();
+    cfg.faults.hang = true;
+    let w = spawn(cfg).await;
+    let c = client_builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let err = c
+        .post(format!("{}/v1/chat/completions", w.base))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(
+        c.get(format!("{}/health", w.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn fault_die_mid_stream_cuts_without_done() {
+    let mut cfg = fast_config();
+    cfg.faults.die_after_chunks = Some(3);
+    let w = spawn(cfg).await;
+    let mut b = chat(&long_text(5), 10);
+    b["stream"] = json!(true);
+    let (events, err) = sse(&w.base, "/v1/chat/completions", b)
+        .await
+        .expect_err("the stream is cut");
+    assert_eq!(events.len(), 3, "{err}");
+    // Non-streamed requests are unaffected.
+    assert_eq!(
+        post(&w.base, "/v1/chat/completions", chat("x", 2)).await.0,
+        200
+    );
+}
+
+#[tokio::test]
+async fn fault_unhealthy_health_endpoints() {
+    let mut cfg = fast_config();
+    cfg.faults.unhealthy = true;
+    let w = spawn(cfg).await;
+    let r = client()
+        .get(format!("{}/health", w.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    w.handle.set_faults(FaultConfig::default()).unwrap();
+    let r = client()
+        .get(format!("{}/health", w.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn wait_until_serving(base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = client().get(format!("{base}/health")).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "worker never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn fault_refuse_closes_the_port_until_cleared_by_a_sibling() {
+    let stop = CancellationToken::new();
+    let l0 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let l1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ws = start_group(vec![(l0, fast_config()), (l1, fast_config())], stop.clone())
+        .await
+        .unwrap();
+    let _guard = stop.drop_guard();
+    let b0 = format!("http://{}", ws[0].addr());
+    let b1 = format!("http://{}", ws[1].addr());
+    let c = client();
+    let r = c
+        .post(format!("{b0}/admin/workers/1/faults"))
+        .json(&json!({"refuse": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The listener closes asynchronously; wait for a refused connection.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let fresh = client_builder().pool_max_idle_per_host(0).build().unwrap();
+        match fresh.get(format!("{b1}/health")).send().await {
+            Err(e) if e.is_connect() => break,
+            _ => assert!(Instant::now() < deadline, "port never closed"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        get_json(&b0, "/admin/workers/1/faults").await["refuse"],
+        true
+    );
+    let r = c
+        .post(format!("{b0}/admin/workers/1/faults"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_until_serving(&b1).await;
+    assert_eq!(post(&b1, "/v1/chat/completions", chat("x", 1)).await.0, 200);
+    let r = c
+        .get(format!("{b0}/admin/workers/9/faults"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn fault_slow_start_refuses_then_serves() {
+    let mut cfg = fast_config();
+    cfg.faults.slow_start_secs = 0.5;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let h = start(listener, cfg, stop).await.unwrap();
+    let base = format!("http://{}", h.addr());
+    // Right after start the port is closed (we are well inside 0.5 s unless
+    // the machine stalled; then we at least see it come up below).
+    let t = Instant::now();
+    let early = client().get(format!("{base}/health")).send().await;
+    if t.elapsed() < Duration::from_millis(300) {
+        assert!(early.unwrap_err().is_connect());
+    }
+    wait_until_serving(&base).await;
+}
+
+#[tokio::test]
+async fn cancelled_stream_leaves_the_batch() {
+    let mut cfg = fast_config();
+    // Slow decode so the request is still running when the client leaves.
+    cfg.engine.timing.step_base_us = 20_000.0;
+    let w = spawn(cfg).await;
+    let mut b = chat("cancel me", 1000);
+    b["stream"] = json!(true);
+    let mut r = client()
+        .post(format!("{}/v1/chat/completions", w.base))
+        .json(&b)
+        .send()
+        .await
+        .unwrap();
+    let _ = r.chunk().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get_json(&w.base, "/get_load").await["running"] != 1 {
+        assert!(Instant::now() < deadline, "request never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(r);
+    while get_json(&w.base, "/get_load").await["running"] != 0 {
+        assert!(Instant::now() < deadline, "cancelled request still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
