@@ -424,12 +424,70 @@ fn run_threads(
         .unwrap_or_default()
 }
 
+/// Nanoseconds this thread has spent on a CPU (from the scheduler's stats),
+/// so that scaling can be told apart from a machine too busy to give us cores.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Runs `threads` callers for `ops` matches each and prints throughput, the
+/// CPU time per match, and how many CPUs the callers really got
+/// (sum of on-CPU time / wall time).
+fn print_scaling(
+    tree: &Arc<Tree>,
+    queries: &Arc<Vec<(String, TenantId)>>,
+    threads: usize,
+    lock: Option<&Arc<parking_lot::Mutex<()>>>,
+) {
+    let ops = 400_000usize;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let (tree, queries) = (Arc::clone(tree), Arc::clone(queries));
+            let lock = lock.map(Arc::clone);
+            std::thread::spawn(move || {
+                let cpu = thread_cpu_ns();
+                for n in 0..ops {
+                    let q = &queries[(n * 7 + k * 13) % queries.len()].0;
+                    let _guard = lock.as_ref().map(|l| l.lock());
+                    black_box(tree.prefix_match(black_box(q)));
+                }
+                thread_cpu_ns() - cpu
+            })
+        })
+        .collect();
+    let cpu: u64 = handles
+        .into_iter()
+        .map(|h| h.join().expect("bench thread"))
+        .sum();
+    let wall = start.elapsed().as_nanos() as f64;
+    let total = (ops * threads) as f64;
+    println!(
+        "scaling {} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
+        if lock.is_some() {
+            "behind_one_mutex"
+        } else {
+            "rwlock_tree"
+        },
+        total / wall * 1e3,
+        cpu as f64 / total,
+        cpu as f64 / wall
+    );
+}
+
 fn threads(c: &mut Criterion) {
     let mut c = configure(c);
     let built = build(4096, 4_000_000, usize::MAX);
     let queries = Arc::new(built.queries);
     let tree = Arc::new(built.tree);
     let lock = Arc::new(parking_lot::Mutex::new(()));
+    for n in [1, 2] {
+        print_scaling(&tree, &queries, n, None);
+        print_scaling(&tree, &queries, n, Some(&lock));
+    }
     let mut g = c.benchmark_group("threads");
     for n in [1, 2] {
         g.bench_function(BenchmarkId::new("rwlock_tree", n), |b| {
