@@ -70,7 +70,11 @@ pub(crate) fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 
 /// Byte offset of the `n`-th character of `s` (`s.len()` when `n` is the count).
 pub(crate) fn byte_offset_of_char(s: &str, n: usize) -> usize {
-    s.char_indices().nth(n).map_or(s.len(), |(i, _)| i)
+    s.bytes()
+        .enumerate()
+        .filter(|&(_, b)| (b as i8) >= -64)
+        .nth(n)
+        .map_or(s.len(), |(i, _)| i)
 }
 
 /// The first character of a non-empty string.
