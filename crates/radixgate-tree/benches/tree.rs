@@ -450,10 +450,12 @@ fn eviction(c: &mut Criterion) {
         built.texts = Vec::new();
         let before = built.tree.stats();
         let avg = before.tenant_chars / TENANTS as usize;
+        let start = Instant::now();
         let r = built.tree.evict(avg * (100 - percent) / 100);
+        let took = start.elapsed();
         let after = built.tree.stats();
         println!(
-            "evict {label}: one pass took {} chars and {} nodes of {} chars / {} nodes",
+            "evict {label}: first pass {took:?}, took {} chars and {} nodes of {} chars / {} nodes",
             r.evicted_chars,
             before.nodes - after.nodes,
             before.tenant_chars,
