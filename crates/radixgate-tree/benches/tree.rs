@@ -15,6 +15,9 @@
 //!   CPU time (median of 3 long runs), because on a shared machine wall time
 //!   also counts waiting for a core.
 //!
+//! Run one part with `RADIXGATE_BENCH_ONLY=match_insert|big|evict|threads`
+//! (comma-separated).
+//!
 //! Text: lowercase ASCII and spaces with about 1 in 32 chars `é` and 1 in 64
 //! `日`, from a fixed-seed xorshift generator (seed printed).
 
@@ -315,7 +318,16 @@ fn print_cpu_figures(built: &mut Built, fresh: &Tree) {
     );
 }
 
+/// `RADIXGATE_BENCH_ONLY=threads` (say) skips the other parts' setup too,
+/// which criterion's name filter cannot do.
+fn wanted(part: &str) -> bool {
+    std::env::var("RADIXGATE_BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p == part))
+}
+
 fn match_and_insert(c: &mut Criterion) {
+    if !wanted("match_insert") {
+        return;
+    }
     for p in SIZES {
         let mut built = build(p, 4_000_000, usize::MAX);
         let mut g = c.benchmark_group("match");
@@ -396,6 +408,9 @@ fn match_and_insert(c: &mut Criterion) {
 }
 
 fn big_tree(c: &mut Criterion) {
+    if !wanted("big") {
+        return;
+    }
     let p = 4096;
     let built = build(p, 16_000_000, usize::MAX);
     let mut g = c.benchmark_group("match_16M");
@@ -438,6 +453,9 @@ fn evict_cycle(built: &mut Built, percent: usize) -> Duration {
 }
 
 fn eviction(c: &mut Criterion) {
+    if !wanted("evict") {
+        return;
+    }
     let mut g = c.benchmark_group("evict");
     tune(&mut g);
     g.sample_size(10);
@@ -520,7 +538,8 @@ fn thread_cpu_ns() -> u64 {
 /// CPU time per match, and how many CPUs the callers really got
 /// (sum of on-CPU time / wall time).
 fn print_scaling(
-    tree: &Arc<Tree>,
+    label: &str,
+    trees: &[Arc<Tree>],
     queries: &Arc<Vec<(String, TenantId)>>,
     threads: usize,
     lock: Option<&Arc<parking_lot::Mutex<()>>>,
@@ -529,7 +548,7 @@ fn print_scaling(
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|k| {
-            let (tree, queries) = (Arc::clone(tree), Arc::clone(queries));
+            let (tree, queries) = (Arc::clone(&trees[k % trees.len()]), Arc::clone(queries));
             let lock = lock.map(Arc::clone);
             std::thread::spawn(move || {
                 let cpu = thread_cpu_ns();
@@ -549,12 +568,7 @@ fn print_scaling(
     let wall = start.elapsed().as_nanos() as f64;
     let total = (ops * threads) as f64;
     println!(
-        "scaling {} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
-        if lock.is_some() {
-            "behind_one_mutex"
-        } else {
-            "rwlock_tree"
-        },
+        "scaling {label} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
         total / wall * 1e3,
         cpu as f64 / total,
         cpu as f64 / wall
@@ -562,14 +576,28 @@ fn print_scaling(
 }
 
 fn threads(c: &mut Criterion) {
+    if !wanted("threads") {
+        return;
+    }
     let built = build(4096, 4_000_000, usize::MAX);
     let queries = Arc::new(built.queries);
     let tree = Arc::new(built.tree);
     let lock = Arc::new(parking_lot::Mutex::new(()));
+    // A second, identical tree: two threads on two trees share no lock, so
+    // they show what the hardware itself allows.
+    let twin = Arc::new(build(4096, 4_000_000, usize::MAX).tree);
+    let one = [Arc::clone(&tree)];
     for n in [1, 2] {
-        print_scaling(&tree, &queries, n, None);
-        print_scaling(&tree, &queries, n, Some(&lock));
+        print_scaling("rwlock_tree", &one, &queries, n, None);
+        print_scaling("behind_one_mutex", &one, &queries, n, Some(&lock));
     }
+    print_scaling(
+        "two_trees_no_shared_lock",
+        &[Arc::clone(&tree), twin],
+        &queries,
+        2,
+        None,
+    );
     let mut g = c.benchmark_group("threads");
     tune(&mut g);
     for n in [1, 2] {

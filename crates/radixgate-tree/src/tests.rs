@@ -298,6 +298,12 @@ fn readers_share_the_lock() {
 }
 
 #[test]
+fn node_slot_stays_small() {
+    // BENCHMARKS.md's bytes-per-char figures assume an 80-byte slot.
+    assert!(std::mem::size_of::<crate::node::Node>() <= 80);
+}
+
+#[test]
 fn tree_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Tree>();
