@@ -11,6 +11,12 @@
 //! - `threads/*`: the same 4 KiB match from 1 and 2 threads on one tree,
 //!   against the tree behind one exclusive mutex.
 //! - bytes per stored character are printed for every tree built.
+//! - `cpu p=…` lines: the match and insert figures again in this thread's
+//!   CPU time (median of 3 long runs), because on a shared machine wall time
+//!   also counts waiting for a core.
+//!
+//! Run one part with `RADIXGATE_BENCH_ONLY=match_insert|big|evict|threads`
+//! (comma-separated).
 //!
 //! Text: lowercase ASCII and spaces with about 1 in 32 chars `é` and 1 in 64
 //! `日`, from a fixed-seed xorshift generator (seed printed).
@@ -19,195 +25,26 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::Measurement;
+use criterion::{
+    BatchSize, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use radixgate_tree::{TenantId, Tree, TreeConfig};
 
-const SEED: u64 = 0x5EED_0F7E;
-const SYSTEM_PROMPTS: usize = 32;
-const TENANTS: u32 = 16;
-const QUERIES: usize = 256;
-const SIZES: [usize; 4] = [100, 1024, 4096, 16384];
+mod workload;
 
-struct Rng(u64);
+use workload::{Built, SIZES, TENANTS, Workload, build, naive_match};
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Random text of at most `bytes` bytes (at least `bytes - 2`).
-    fn text(&mut self, bytes: usize) -> String {
-        let mut s = String::with_capacity(bytes + 4);
-        while s.len() < bytes {
-            let r = self.next();
-            let c = match r % 64 {
-                0 => '日',
-                1 | 2 => 'é',
-                3..=9 => ' ',
-                _ => char::from(b'a' + ((r >> 8) % 26) as u8),
-            };
-            if s.len() + c.len_utf8() > bytes {
-                break;
-            }
-            s.push(c);
-        }
-        s
-    }
-}
-
-/// Prompts of about `p` bytes: system prompt `i % 32`, then a unique
-/// suffix: `i`'s digits reversed (so the first suffix char varies fastest)
-/// and a slice of a random pool at an offset that depends on `i`.
-struct Workload {
-    p: usize,
-    systems: Vec<String>,
-    pool: String,
-    next: usize,
-}
-
-fn floor_boundary(s: &str, mut i: usize) -> usize {
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-impl Workload {
-    fn new(p: usize) -> Self {
-        let mut rng = Rng(SEED ^ p as u64);
-        let systems = (0..SYSTEM_PROMPTS).map(|_| rng.text(p / 2)).collect();
-        let pool = rng.text((1 << 16) + p);
-        Self {
-            p,
-            systems,
-            pool,
-            next: 0,
-        }
-    }
-
-    /// The next prompt and the tenant it goes to.
-    fn prompt(&mut self) -> (String, TenantId) {
-        let i = self.next;
-        self.next += 1;
-        let system = &self.systems[i % SYSTEM_PROMPTS];
-        let mut s = String::with_capacity(self.p);
-        s.push_str(system);
-        let digits: String = format!("{i:08}").chars().rev().collect();
-        s.push_str(&digits);
-        let rest = self.p.saturating_sub(s.len());
-        let start = floor_boundary(&self.pool, (i * 7919) % (1 << 16));
-        let end = floor_boundary(&self.pool, start + rest);
-        s.push_str(&self.pool[start..end]);
-        (s, TenantId((i % TENANTS as usize) as u32))
-    }
-}
-
-/// A tree of about `chars` stored characters, the texts it got, and sample queries.
-struct Built {
-    tree: Tree,
-    texts: Vec<(String, TenantId)>,
-    queries: Vec<(String, TenantId)>,
-    work: Workload,
-}
-
-fn rss_bytes() -> usize {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<usize>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
-}
-
-fn build(p: usize, chars: usize, max_total: usize) -> Built {
-    let mut work = Workload::new(p);
-    let tree = Tree::new(TreeConfig {
-        max_total_chars: max_total,
-    });
-    let rss_before = rss_bytes();
-    let mut texts = Vec::new();
-    let started = Instant::now();
-    while tree.stats().chars < chars {
-        for _ in 0..256 {
-            let (s, t) = work.prompt();
-            tree.insert(&s, t);
-            texts.push((s, t));
-        }
-    }
-    let took = started.elapsed();
-    let stats = tree.stats();
-    let text_bytes: usize = texts.iter().map(|(s, _)| s.capacity()).sum();
-    let rss = rss_bytes()
-        .saturating_sub(rss_before)
-        .saturating_sub(text_bytes);
-    println!(
-        "built p={p} seed={SEED:#x}: {} prompts, {} nodes, {} stored chars, {} tenant chars, \
-         estimated {:.2} B/char, RSS delta {:.2} B/char (minus the baseline's own copies), \
-         build {:.0} ns/insert",
-        texts.len(),
-        stats.nodes,
-        stats.chars,
-        stats.tenant_chars,
-        stats.estimated_bytes as f64 / stats.chars as f64,
-        rss as f64 / stats.chars as f64,
-        took.as_nanos() as f64 / texts.len() as f64
-    );
-    let step = (texts.len() / QUERIES).max(1);
-    let queries = texts.iter().step_by(step).take(QUERIES).cloned().collect();
-    Built {
-        tree,
-        texts,
-        queries,
-        work,
-    }
-}
-
-/// Bytes in common at the start of `a` and `b` (the naive baseline's compare;
-/// slice equality on 32-byte blocks is the same trick the tree uses).
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + 32 <= n && a[i..i + 32] == b[i..i + 32] {
-        i += 32;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
-}
-
-/// Naive baseline: longest common prefix over every inserted text.
-fn naive_match(texts: &[(String, TenantId)], q: &str) -> (usize, Vec<TenantId>) {
-    let mut best = 0;
-    let mut who = Vec::new();
-    for (s, t) in texts {
-        let m = common_prefix(s.as_bytes(), q.as_bytes());
-        if m > best {
-            best = m;
-            who.clear();
-        }
-        if m == best && m > 0 {
-            who.push(*t);
-        }
-    }
-    (best, who)
-}
-
-fn configure(c: &mut Criterion) -> Criterion {
-    std::mem::take(c)
-        .warm_up_time(Duration::from_millis(500))
+/// Short runs: the benchmark machine has 2 shared cores.
+fn tune<M: Measurement>(g: &mut BenchmarkGroup<'_, M>) {
+    g.warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
-        .sample_size(30)
+        .sample_size(30);
 }
 
 /// `memcmp` floor: compare each query with a separately allocated copy.
-fn bench_memcmp(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+fn bench_memcmp<M: Measurement>(
+    g: &mut BenchmarkGroup<'_, M>,
     p: usize,
     queries: &[(String, TenantId)],
 ) {
@@ -225,11 +62,82 @@ fn bench_memcmp(
     });
 }
 
+/// Runs `op` over and over for about a quarter of a CPU-second, three times,
+/// and returns the median run's CPU nanoseconds per op. Long runs keep the
+/// scheduler's tick-grained accounting error under about 2%.
+fn cpu_ns_per_op(mut op: impl FnMut(usize)) -> f64 {
+    let start = Instant::now();
+    for i in 0..2_000 {
+        op(i);
+    }
+    let per_op = start.elapsed().as_nanos().max(1) as f64 / 2_000.0;
+    let n = ((0.25e9 / per_op) as usize).clamp(2_000, 20_000_000);
+    let mut runs: Vec<f64> = (0..3)
+        .map(|_| {
+            let cpu = thread_cpu_ns();
+            for i in 0..n {
+                op(i);
+            }
+            (thread_cpu_ns() - cpu) as f64 / n as f64
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[1]
+}
+
+/// The match and insert figures again in this thread's CPU time, which,
+/// unlike wall time on a shared machine, leaves out waiting for a core.
+fn print_cpu_figures(built: &mut Built, fresh: &Tree) {
+    let q = &built.queries;
+    let copies: Vec<(Vec<u8>, Vec<u8>)> = q
+        .iter()
+        .map(|(s, _)| (s.as_bytes().to_vec(), s.as_bytes().to_vec()))
+        .collect();
+    let floor = cpu_ns_per_op(|i| {
+        let (x, y) = &copies[i % copies.len()];
+        black_box(black_box(x.as_slice()) == black_box(y.as_slice()));
+    });
+    let matched = cpu_ns_per_op(|i| {
+        black_box(built.tree.prefix_match(black_box(&q[i % q.len()].0)));
+    });
+    let matched_for = cpu_ns_per_op(|i| {
+        let (s, t) = &q[i % q.len()];
+        black_box(built.tree.prefix_match_for(black_box(s), *t));
+    });
+    let existing = cpu_ns_per_op(|i| {
+        let (s, t) = &q[i % q.len()];
+        built.tree.insert(black_box(s), *t);
+    });
+    let (mut text, tenant, at) = built.work.template();
+    let new_suffix = cpu_ns_per_op(|i| {
+        Workload::stamp(&mut text, at, 50_000_000 + i);
+        fresh.insert(black_box(&text), tenant);
+    });
+    let p = built.work.p;
+    println!(
+        "cpu p={p}: memcmp {floor:.0} ns | match {matched:.0} ns ({:.1}x) | match_for {matched_for:.0} ns ({:.1}x) \
+         | insert_existing {existing:.0} ns ({:.1}x) | insert_new_suffix {new_suffix:.0} ns ({:.1}x, includes stamping 8 digits)",
+        matched / floor,
+        matched_for / floor,
+        existing / floor,
+        new_suffix / floor
+    );
+}
+
+/// `RADIXGATE_BENCH_ONLY=threads` (say) skips the other parts' setup too,
+/// which criterion's name filter cannot do.
+fn wanted(part: &str) -> bool {
+    std::env::var("RADIXGATE_BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p == part))
+}
+
 fn match_and_insert(c: &mut Criterion) {
-    let mut c = configure(c);
+    if !wanted("match_insert") {
+        return;
+    }
     for p in SIZES {
         let mut built = build(p, 4_000_000, usize::MAX);
         let mut g = c.benchmark_group("match");
+        tune(&mut g);
         g.throughput(Throughput::Bytes(p as u64));
         bench_memcmp(&mut g, p, &built.queries);
         let mut i = 0;
@@ -256,6 +164,7 @@ fn match_and_insert(c: &mut Criterion) {
         g.finish();
 
         let mut g = c.benchmark_group("insert");
+        tune(&mut g);
         g.throughput(Throughput::Bytes(p as u64));
         bench_memcmp(&mut g, p, &built.queries);
         g.bench_function(BenchmarkId::new("tree_existing", p), |b| {
@@ -276,22 +185,11 @@ fn match_and_insert(c: &mut Criterion) {
             fresh.insert(s, *t);
         }
         g.bench_function(BenchmarkId::new("tree_new_suffix", p), |b| {
-            b.iter_custom(|iters| {
-                let mut took = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let n = left.min(256);
-                    left -= n;
-                    let batch: Vec<(String, TenantId)> =
-                        (0..n).map(|_| built.work.prompt()).collect();
-                    let start = Instant::now();
-                    for (q, t) in &batch {
-                        fresh.insert(black_box(q), *t);
-                    }
-                    took += start.elapsed();
-                }
-                took
-            })
+            b.iter_batched_ref(
+                || built.work.prompt(),
+                |(q, t)| fresh.insert(black_box(q), *t),
+                BatchSize::SmallInput,
+            )
         });
         let mut naive: Vec<(String, TenantId)> = Vec::new();
         g.bench_function(BenchmarkId::new("naive_push", p), |b| {
@@ -305,6 +203,7 @@ fn match_and_insert(c: &mut Criterion) {
             })
         });
         g.finish();
+        print_cpu_figures(&mut built, &fresh);
         let s = fresh.stats();
         println!(
             "after tree_new_suffix p={p}: bound {bound}, tenant chars {}, {:.2} B/char",
@@ -315,10 +214,13 @@ fn match_and_insert(c: &mut Criterion) {
 }
 
 fn big_tree(c: &mut Criterion) {
-    let mut c = configure(c);
+    if !wanted("big") {
+        return;
+    }
     let p = 4096;
     let built = build(p, 16_000_000, usize::MAX);
     let mut g = c.benchmark_group("match_16M");
+    tune(&mut g);
     g.throughput(Throughput::Bytes(p as u64));
     bench_memcmp(&mut g, p, &built.queries);
     let mut i = 0;
@@ -357,8 +259,11 @@ fn evict_cycle(built: &mut Built, percent: usize) -> Duration {
 }
 
 fn eviction(c: &mut Criterion) {
-    let mut c = configure(c);
+    if !wanted("evict") {
+        return;
+    }
     let mut g = c.benchmark_group("evict");
+    tune(&mut g);
     g.sample_size(10);
     for (label, chars, percent) in [
         ("10pct_of_4M", 4_000_000, 10),
@@ -369,10 +274,12 @@ fn eviction(c: &mut Criterion) {
         built.texts = Vec::new();
         let before = built.tree.stats();
         let avg = before.tenant_chars / TENANTS as usize;
+        let start = Instant::now();
         let r = built.tree.evict(avg * (100 - percent) / 100);
+        let took = start.elapsed();
         let after = built.tree.stats();
         println!(
-            "evict {label}: one pass took {} chars and {} nodes of {} chars / {} nodes",
+            "evict {label}: first pass {took:?}, took {} chars and {} nodes of {} chars / {} nodes",
             r.evicted_chars,
             before.nodes - after.nodes,
             before.tenant_chars,
@@ -424,13 +331,81 @@ fn run_threads(
         .unwrap_or_default()
 }
 
+/// Nanoseconds this thread has spent on a CPU (from the scheduler's stats),
+/// so that scaling can be told apart from a machine too busy to give us cores.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Runs `threads` callers for `ops` matches each and prints throughput, the
+/// CPU time per match, and how many CPUs the callers really got
+/// (sum of on-CPU time / wall time).
+fn print_scaling(
+    label: &str,
+    trees: &[Arc<Tree>],
+    queries: &Arc<Vec<(String, TenantId)>>,
+    threads: usize,
+    lock: Option<&Arc<parking_lot::Mutex<()>>>,
+) {
+    let ops = 400_000usize;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let (tree, queries) = (Arc::clone(&trees[k % trees.len()]), Arc::clone(queries));
+            let lock = lock.map(Arc::clone);
+            std::thread::spawn(move || {
+                let cpu = thread_cpu_ns();
+                for n in 0..ops {
+                    let q = &queries[(n * 7 + k * 13) % queries.len()].0;
+                    let _guard = lock.as_ref().map(|l| l.lock());
+                    black_box(tree.prefix_match(black_box(q)));
+                }
+                thread_cpu_ns() - cpu
+            })
+        })
+        .collect();
+    let cpu: u64 = handles
+        .into_iter()
+        .map(|h| h.join().expect("bench thread"))
+        .sum();
+    let wall = start.elapsed().as_nanos() as f64;
+    let total = (ops * threads) as f64;
+    println!(
+        "scaling {label} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
+        total / wall * 1e3,
+        cpu as f64 / total,
+        cpu as f64 / wall
+    );
+}
+
 fn threads(c: &mut Criterion) {
-    let mut c = configure(c);
+    if !wanted("threads") {
+        return;
+    }
     let built = build(4096, 4_000_000, usize::MAX);
     let queries = Arc::new(built.queries);
     let tree = Arc::new(built.tree);
     let lock = Arc::new(parking_lot::Mutex::new(()));
+    // A second, identical tree: two threads on two trees share no lock, so
+    // they show what the hardware itself allows.
+    let twin = Arc::new(build(4096, 4_000_000, usize::MAX).tree);
+    let one = [Arc::clone(&tree)];
+    for n in [1, 2] {
+        print_scaling("rwlock_tree", &one, &queries, n, None);
+        print_scaling("behind_one_mutex", &one, &queries, n, Some(&lock));
+    }
+    print_scaling(
+        "two_trees_no_shared_lock",
+        &[Arc::clone(&tree), twin],
+        &queries,
+        2,
+        None,
+    );
     let mut g = c.benchmark_group("threads");
+    tune(&mut g);
     for n in [1, 2] {
         g.bench_function(BenchmarkId::new("rwlock_tree", n), |b| {
             b.iter_custom(|iters| run_threads(&tree, &queries, n, iters, None))
