@@ -121,28 +121,23 @@ impl CacheAware {
         if !self.above_threshold(m.matched_chars, input) {
             return (m.matched_chars, input, None);
         }
-        // Available holders of the deepest node, by slice index.
-        let mut by_tenant: Vec<(WorkerId, usize, usize)> = Vec::new();
-        if m.tenants.len() > 1 || loads.entries.len() > 8 {
-            by_tenant = loads
-                .entries
-                .iter()
-                .map(|&(i, load)| (workers[i].id(), i, load))
-                .collect();
-            by_tenant.sort_unstable_by_key(|e| e.0);
-        }
+        // Available holders of the deepest node, by slice index. Pools from
+        // the registry are in id order, so a binary search finds a tenant;
+        // any other slice falls back to a linear scan.
+        let sorted = loads.entries.is_sorted_by_key(|&(i, _)| workers[i].id());
         let lookup = |id: WorkerId| -> Option<(usize, usize)> {
-            if by_tenant.is_empty() {
+            if sorted {
+                loads
+                    .entries
+                    .binary_search_by_key(&id, |&(i, _)| workers[i].id())
+                    .ok()
+                    .map(|k| loads.entries[k])
+            } else {
                 loads
                     .entries
                     .iter()
                     .find(|&&(i, _)| workers[i].id() == id)
                     .copied()
-            } else {
-                by_tenant
-                    .binary_search_by_key(&id, |e| e.0)
-                    .ok()
-                    .map(|k| (by_tenant[k].1, by_tenant[k].2))
             }
         };
         let best = m

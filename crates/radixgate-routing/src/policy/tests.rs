@@ -93,6 +93,19 @@ fn ties_at_the_matched_node_go_by_load_then_recency() {
 }
 
 #[test]
+fn holders_are_found_in_slices_not_in_id_order() {
+    let p = cache_aware(seed_rule());
+    let mut ws = workers(12);
+    ws.reverse();
+    let text = long_text("unsorted");
+    let tree = p.tree_or_create("m");
+    tree.insert(&text, WorkerId(3).tenant());
+    tree.insert(&text, WorkerId(9).tenant());
+    let _g = hold(&ws[2], 1); // worker 9 (reversed slice) is busier
+    assert_eq!(pick(&p, &ws, &text), WorkerId(3));
+}
+
+#[test]
 fn misses_spread_over_tied_workers_instead_of_piling_on_the_first() {
     for low_match in [LowMatchTarget::MinLoad, LowMatchTarget::SmallestTree] {
         let p = cache_aware(CacheAwareConfig {
