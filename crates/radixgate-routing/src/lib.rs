@@ -28,7 +28,7 @@ mod worker;
 
 pub use config::{
     CacheAwareConfig, ConsistentHashConfig, HotSpotRule, LeastLoadConfig, LowMatchTarget,
-    PolicyConfig, PowerOfTwoConfig, RandomConfig, RoundRobinConfig,
+    PolicyConfig, PowerOfTwoConfig, PrefillAwareConfig, RandomConfig, RoundRobinConfig,
 };
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;

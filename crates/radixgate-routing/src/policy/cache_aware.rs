@@ -21,19 +21,15 @@
 //! requests for that prefix then split between the holders by load. Affinity
 //! survives (hits stay on holders) while no worker runs far above the mean.
 //!
-//! State: one [`Tree`] per pool key, created on first use. The map of trees
-//! sits behind an `ArcSwap` (lock-free reads on every request); a `Mutex`
-//! serialises the rare writers that add a model. Trees synchronise
-//! internally. Unhealthy workers keep their tree records; removed workers'
+//! State: one [`Tree`] per pool key, created on first use (see `trees.rs`
+//! for the map's concurrency). Unhealthy workers keep their tree records; removed workers'
 //! records are dropped (a returning worker gets a new id).
 
+use super::trees::Trees;
 use super::{Branch, Decision, Explanation, Loads, Policy};
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
 use crate::{RequestView, RoutingError, Worker, WorkerId};
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
-use radixgate_tree::{Tree, TreeConfig};
-use std::collections::HashMap;
+use radixgate_tree::Tree;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -42,8 +38,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct CacheAware {
     config: CacheAwareConfig,
-    trees: ArcSwap<HashMap<String, Arc<Tree>>>,
-    add_tree: Mutex<()>,
+    trees: Trees,
     turn: AtomicUsize,
 }
 
@@ -59,9 +54,8 @@ impl CacheAware {
     /// [`CacheAwareConfig::validate`]; out-of-range values are clamped.
     pub fn new(config: CacheAwareConfig) -> Self {
         Self {
+            trees: Trees::new(config.max_total_chars),
             config,
-            trees: ArcSwap::from_pointee(HashMap::new()),
-            add_tree: Mutex::new(()),
             turn: AtomicUsize::new(0),
         }
     }
@@ -73,25 +67,11 @@ impl CacheAware {
 
     /// The tree of a pool key, if a request for it was routed.
     pub fn tree(&self, model: &str) -> Option<Arc<Tree>> {
-        self.trees.load().get(model).cloned()
+        self.trees.get(model)
     }
 
     pub(crate) fn tree_or_create(&self, model: &str) -> Arc<Tree> {
-        if let Some(t) = self.trees.load().get(model) {
-            return t.clone();
-        }
-        let _writer = self.add_tree.lock();
-        let current = self.trees.load_full();
-        if let Some(t) = current.get(model) {
-            return t.clone();
-        }
-        let tree = Arc::new(Tree::new(TreeConfig {
-            max_total_chars: self.config.max_total_chars,
-        }));
-        let mut next = (*current).clone();
-        next.insert(model.to_owned(), tree.clone());
-        self.trees.store(Arc::new(next));
-        tree
+        self.trees.get_or_create(model)
     }
 
     /// The formula of step 2.
@@ -282,17 +262,11 @@ impl Policy for CacheAware {
     }
 
     fn on_worker_removed(&self, worker: &Worker) {
-        for tree in self.trees.load().values() {
-            tree.remove_tenant(worker.id().tenant());
-        }
+        self.trees.remove_tenant(worker.id().tenant());
     }
 
     fn evict_now(&self) -> usize {
-        self.trees
-            .load()
-            .values()
-            .map(|t| t.evict(self.config.max_tree_size).evicted_chars)
-            .sum()
+        self.trees.evict(self.config.max_tree_size)
     }
 
     fn eviction_interval(&self) -> Option<Duration> {
@@ -301,12 +275,6 @@ impl Policy for CacheAware {
     }
 
     fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
-        Some(
-            self.trees
-                .load()
-                .values()
-                .map(|t| t.tenant_size(worker.tenant()))
-                .sum(),
-        )
+        Some(self.trees.tenant_chars(worker.tenant()))
     }
 }
