@@ -22,8 +22,11 @@
 //! survives (hits stay on holders) while no worker runs far above the mean.
 //!
 //! State: one [`Tree`] per pool key, created on first use (see `trees.rs`
-//! for the map's concurrency). Unhealthy workers keep their tree records; removed workers'
-//! records are dropped (a returning worker gets a new id).
+//! for the map's concurrency), plus a rotating counter for ties. Unhealthy
+//! workers keep their tree records; removed workers' records are dropped (a
+//! returning worker gets a new id). Per decision: one tree match, one insert,
+//! one pass over the pool's loads; per-worker matches only when every deepest
+//! holder is unavailable.
 
 use super::trees::Trees;
 use super::{Branch, Decision, Explanation, Loads, Policy};
@@ -51,7 +54,9 @@ struct Hit {
 
 impl CacheAware {
     /// A cache-aware policy. The config should have passed
-    /// [`CacheAwareConfig::validate`]; out-of-range values are clamped.
+    /// [`CacheAwareConfig::validate`] ([`PolicyConfig::build`] does that).
+    ///
+    /// [`PolicyConfig::build`]: crate::PolicyConfig::build
     pub fn new(config: CacheAwareConfig) -> Self {
         Self {
             trees: Trees::new(config.max_total_chars),
