@@ -11,6 +11,9 @@
 //! - `threads/*`: the same 4 KiB match from 1 and 2 threads on one tree,
 //!   against the tree behind one exclusive mutex.
 //! - bytes per stored character are printed for every tree built.
+//! - `cpu_*`: the match and insert groups again, timed in this thread's CPU
+//!   time instead of wall time (the machine these ran on is shared, and
+//!   wall time there includes waiting for a core).
 //!
 //! Text: lowercase ASCII and spaces with about 1 in 32 chars `é` and 1 in 64
 //! `日`, from a fixed-seed xorshift generator (seed printed).
@@ -19,7 +22,10 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::{Measurement, ValueFormatter};
+use criterion::{
+    BatchSize, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use radixgate_tree::{TenantId, Tree, TreeConfig};
 
 const SEED: u64 = 0x5EED_0F7E;
@@ -131,30 +137,36 @@ fn build(p: usize, chars: usize, max_total: usize) -> Built {
     });
     let rss_before = rss_bytes();
     let mut texts = Vec::new();
-    let started = Instant::now();
+    let mut took = Duration::ZERO;
     while tree.stats().chars < chars {
-        for _ in 0..256 {
-            let (s, t) = work.prompt();
-            tree.insert(&s, t);
-            texts.push((s, t));
+        let batch: Vec<(String, TenantId)> = (0..256).map(|_| work.prompt()).collect();
+        let started = Instant::now();
+        for (s, t) in &batch {
+            tree.insert(s, *t);
         }
+        took += started.elapsed();
+        texts.extend(batch);
     }
-    let took = started.elapsed();
     let stats = tree.stats();
     let text_bytes: usize = texts.iter().map(|(s, _)| s.capacity()).sum();
-    let rss = rss_bytes()
+    // Only meaningful for the first tree of a process: later ones reuse
+    // memory freed by earlier trees without growing the RSS.
+    let rss = match rss_bytes()
         .saturating_sub(rss_before)
-        .saturating_sub(text_bytes);
+        .saturating_sub(text_bytes)
+    {
+        0 => "n/a (reused freed memory)".to_string(),
+        r => format!("{:.2} B/char", r as f64 / stats.chars as f64),
+    };
     println!(
         "built p={p} seed={SEED:#x}: {} prompts, {} nodes, {} stored chars, {} tenant chars, \
-         estimated {:.2} B/char, RSS delta {:.2} B/char (minus the baseline's own copies), \
-         build {:.0} ns/insert",
+         estimated {:.2} B/char, RSS delta {rss} (minus the baseline's own copies), \
+         build {:.0} ns/insert (generation excluded)",
         texts.len(),
         stats.nodes,
         stats.chars,
         stats.tenant_chars,
         stats.estimated_bytes as f64 / stats.chars as f64,
-        rss as f64 / stats.chars as f64,
         took.as_nanos() as f64 / texts.len() as f64
     );
     let step = (texts.len() / QUERIES).max(1);
@@ -198,16 +210,75 @@ fn naive_match(texts: &[(String, TenantId)], q: &str) -> (usize, Vec<TenantId>) 
     (best, who)
 }
 
-fn configure(c: &mut Criterion) -> Criterion {
-    std::mem::take(c)
-        .warm_up_time(Duration::from_millis(500))
+/// Short runs: the benchmark machine has 2 shared cores.
+fn tune<M: Measurement>(g: &mut BenchmarkGroup<'_, M>) {
+    g.warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
-        .sample_size(30)
+        .sample_size(30);
+}
+
+/// Time this thread spent on a CPU, read from the scheduler's statistics:
+/// on a machine shared with other jobs, wall time also counts the time the
+/// benchmark thread waited for a core, and this does not.
+struct CpuTime;
+
+struct CpuFormatter;
+
+impl ValueFormatter for CpuFormatter {
+    fn scale_values(&self, ns: f64, values: &mut [f64]) -> &'static str {
+        let (factor, unit) = if ns < 1e3 {
+            (1.0, "ns")
+        } else if ns < 1e6 {
+            (1e-3, "µs")
+        } else {
+            (1e-6, "ms")
+        };
+        values.iter_mut().for_each(|v| *v *= factor);
+        unit
+    }
+
+    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let bytes = match *t {
+            Throughput::Bytes(b) | Throughput::BytesDecimal(b) => b as f64,
+            _ => 1.0,
+        };
+        values
+            .iter_mut()
+            .for_each(|v| *v = bytes / *v * 1e9 / f64::from(1u32 << 30));
+        "GiB/s (CPU)"
+    }
+
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+impl Measurement for CpuTime {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, i: u64) -> u64 {
+        thread_cpu_ns().saturating_sub(i)
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &CpuFormatter
+    }
 }
 
 /// `memcmp` floor: compare each query with a separately allocated copy.
-fn bench_memcmp(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+fn bench_memcmp<M: Measurement>(
+    g: &mut BenchmarkGroup<'_, M>,
     p: usize,
     queries: &[(String, TenantId)],
 ) {
@@ -226,10 +297,18 @@ fn bench_memcmp(
 }
 
 fn match_and_insert(c: &mut Criterion) {
-    let mut c = configure(c);
+    match_and_insert_with(c, "");
+}
+
+fn match_and_insert_cpu(c: &mut Criterion<CpuTime>) {
+    match_and_insert_with(c, "cpu_");
+}
+
+fn match_and_insert_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
     for p in SIZES {
         let mut built = build(p, 4_000_000, usize::MAX);
-        let mut g = c.benchmark_group("match");
+        let mut g = c.benchmark_group(format!("{prefix}match"));
+        tune(&mut g);
         g.throughput(Throughput::Bytes(p as u64));
         bench_memcmp(&mut g, p, &built.queries);
         let mut i = 0;
@@ -255,7 +334,8 @@ fn match_and_insert(c: &mut Criterion) {
         });
         g.finish();
 
-        let mut g = c.benchmark_group("insert");
+        let mut g = c.benchmark_group(format!("{prefix}insert"));
+        tune(&mut g);
         g.throughput(Throughput::Bytes(p as u64));
         bench_memcmp(&mut g, p, &built.queries);
         g.bench_function(BenchmarkId::new("tree_existing", p), |b| {
@@ -276,22 +356,11 @@ fn match_and_insert(c: &mut Criterion) {
             fresh.insert(s, *t);
         }
         g.bench_function(BenchmarkId::new("tree_new_suffix", p), |b| {
-            b.iter_custom(|iters| {
-                let mut took = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let n = left.min(256);
-                    left -= n;
-                    let batch: Vec<(String, TenantId)> =
-                        (0..n).map(|_| built.work.prompt()).collect();
-                    let start = Instant::now();
-                    for (q, t) in &batch {
-                        fresh.insert(black_box(q), *t);
-                    }
-                    took += start.elapsed();
-                }
-                took
-            })
+            b.iter_batched_ref(
+                || built.work.prompt(),
+                |(q, t)| fresh.insert(black_box(q), *t),
+                BatchSize::SmallInput,
+            )
         });
         let mut naive: Vec<(String, TenantId)> = Vec::new();
         g.bench_function(BenchmarkId::new("naive_push", p), |b| {
@@ -315,10 +384,18 @@ fn match_and_insert(c: &mut Criterion) {
 }
 
 fn big_tree(c: &mut Criterion) {
-    let mut c = configure(c);
+    big_tree_with(c, "");
+}
+
+fn big_tree_cpu(c: &mut Criterion<CpuTime>) {
+    big_tree_with(c, "cpu_");
+}
+
+fn big_tree_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
     let p = 4096;
     let built = build(p, 16_000_000, usize::MAX);
-    let mut g = c.benchmark_group("match_16M");
+    let mut g = c.benchmark_group(format!("{prefix}match_16M"));
+    tune(&mut g);
     g.throughput(Throughput::Bytes(p as u64));
     bench_memcmp(&mut g, p, &built.queries);
     let mut i = 0;
@@ -357,8 +434,8 @@ fn evict_cycle(built: &mut Built, percent: usize) -> Duration {
 }
 
 fn eviction(c: &mut Criterion) {
-    let mut c = configure(c);
     let mut g = c.benchmark_group("evict");
+    tune(&mut g);
     g.sample_size(10);
     for (label, chars, percent) in [
         ("10pct_of_4M", 4_000_000, 10),
@@ -424,13 +501,71 @@ fn run_threads(
         .unwrap_or_default()
 }
 
+/// Nanoseconds this thread has spent on a CPU (from the scheduler's stats),
+/// so that scaling can be told apart from a machine too busy to give us cores.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Runs `threads` callers for `ops` matches each and prints throughput, the
+/// CPU time per match, and how many CPUs the callers really got
+/// (sum of on-CPU time / wall time).
+fn print_scaling(
+    tree: &Arc<Tree>,
+    queries: &Arc<Vec<(String, TenantId)>>,
+    threads: usize,
+    lock: Option<&Arc<parking_lot::Mutex<()>>>,
+) {
+    let ops = 400_000usize;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|k| {
+            let (tree, queries) = (Arc::clone(tree), Arc::clone(queries));
+            let lock = lock.map(Arc::clone);
+            std::thread::spawn(move || {
+                let cpu = thread_cpu_ns();
+                for n in 0..ops {
+                    let q = &queries[(n * 7 + k * 13) % queries.len()].0;
+                    let _guard = lock.as_ref().map(|l| l.lock());
+                    black_box(tree.prefix_match(black_box(q)));
+                }
+                thread_cpu_ns() - cpu
+            })
+        })
+        .collect();
+    let cpu: u64 = handles
+        .into_iter()
+        .map(|h| h.join().expect("bench thread"))
+        .sum();
+    let wall = start.elapsed().as_nanos() as f64;
+    let total = (ops * threads) as f64;
+    println!(
+        "scaling {} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
+        if lock.is_some() {
+            "behind_one_mutex"
+        } else {
+            "rwlock_tree"
+        },
+        total / wall * 1e3,
+        cpu as f64 / total,
+        cpu as f64 / wall
+    );
+}
+
 fn threads(c: &mut Criterion) {
-    let mut c = configure(c);
     let built = build(4096, 4_000_000, usize::MAX);
     let queries = Arc::new(built.queries);
     let tree = Arc::new(built.tree);
     let lock = Arc::new(parking_lot::Mutex::new(()));
+    for n in [1, 2] {
+        print_scaling(&tree, &queries, n, None);
+        print_scaling(&tree, &queries, n, Some(&lock));
+    }
     let mut g = c.benchmark_group("threads");
+    tune(&mut g);
     for n in [1, 2] {
         g.bench_function(BenchmarkId::new("rwlock_tree", n), |b| {
             b.iter_custom(|iters| run_threads(&tree, &queries, n, iters, None))
@@ -443,4 +578,9 @@ fn threads(c: &mut Criterion) {
 }
 
 criterion_group!(benches, match_and_insert, big_tree, eviction, threads);
-criterion_main!(benches);
+criterion_group! {
+    name = cpu_benches;
+    config = Criterion::default().with_measurement(CpuTime);
+    targets = match_and_insert_cpu, big_tree_cpu
+}
+criterion_main!(benches, cpu_benches);

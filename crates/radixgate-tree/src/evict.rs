@@ -190,9 +190,22 @@ impl Inner {
             // Keep the first chars of the edge, evict the rest.
             let keep = edge_chars - budget;
             let cut = byte_offset_of_char(&arena[node].edge, keep);
-            let upper = split(arena, node, cut);
-            push_front(state, arena, entry.time, upper);
-            release(arena, stored_chars, node, tenant)
+            if arena[node].holders.len() == 1 {
+                // Only this tenant holds it (so it has no children): shorten
+                // the edge in place instead of splitting and freeing.
+                let n = &mut arena[node];
+                let mut edge = String::from(std::mem::take(&mut n.edge));
+                edge.truncate(cut);
+                n.edge = edge.into_boxed_str();
+                n.edge_chars -= budget as u32;
+                *stored_chars -= budget;
+                push_front(state, arena, entry.time, node);
+                budget
+            } else {
+                let upper = split(arena, node, cut);
+                push_front(state, arena, entry.time, upper);
+                release(arena, stored_chars, node, tenant)
+            }
         };
         state.size -= evicted;
         *tenant_chars -= evicted;

@@ -103,7 +103,6 @@ impl Tree {
     /// The longest prefix of `text` held by any tenant, and every tenant
     /// holding all of it with its `last_access` there.
     pub fn prefix_match(&self, text: &str) -> PrefixMatch {
-        let input_chars = text.chars().count();
         let inner = self.inner.read();
         let walk = inner.walk(text, None);
         let tenants = if walk.chars == 0 {
@@ -118,6 +117,10 @@ impl Tree {
                 })
                 .collect()
         };
+        drop(inner);
+        // Full edges carry their char count, so only the unmatched rest of
+        // the text still needs counting.
+        let input_chars = walk.chars + text::count_chars(&text[walk.bytes..]);
         PrefixMatch {
             matched_chars: walk.chars,
             input_chars,
@@ -127,11 +130,10 @@ impl Tree {
 
     /// The longest prefix of `text` held by `tenant`.
     pub fn prefix_match_for(&self, text: &str, tenant: TenantId) -> TenantMatch {
-        let input_chars = text.chars().count();
-        let matched_chars = self.inner.read().walk(text, Some(tenant)).chars;
+        let walk = self.inner.read().walk(text, Some(tenant));
         TenantMatch {
-            matched_chars,
-            input_chars,
+            matched_chars: walk.chars,
+            input_chars: walk.chars + text::count_chars(&text[walk.bytes..]),
         }
     }
 

@@ -15,13 +15,19 @@
 //!   construction), so lookup is a binary search over a small inline-ish vec
 //!   instead of a hash map per node;
 //! - holders are sorted by tenant id, so the thousand-tenant case is a binary
-//!   search, and `held_children` counts the children the same tenant holds, so
+//!   search (one holder, the common case, is stored inline), and `held_children` counts the children the same tenant holds, so
 //!   "is this node a leaf for tenant t" is O(log tenants), not O(children).
 //!
 //! A freed slot bumps its `generation`, so stale eviction-log entries that
 //! still name the slot are recognised and skipped.
 
+use smallvec::SmallVec;
+
 use crate::TenantId;
+
+/// Holders of a node: most nodes (every unique suffix) have exactly one,
+/// which then lives inline in the node instead of in its own allocation.
+pub(crate) type Holders = SmallVec<[Holder; 1]>;
 
 /// Index of a node in the [`Arena`].
 pub(crate) type NodeId = u32;
@@ -51,13 +57,13 @@ pub(crate) struct Node {
     /// `(first char of the child's edge, child)`, sorted by char.
     pub(crate) children: Vec<(char, NodeId)>,
     /// Tenants holding this node, sorted by tenant.
-    pub(crate) holders: Vec<Holder>,
+    pub(crate) holders: Holders,
 }
 
 impl Node {
     /// A fresh node; the arena fills in the generation.
     pub(crate) fn new(edge: Box<str>, parent: NodeId) -> Self {
-        let edge_chars = u32::try_from(edge.chars().count()).unwrap_or(u32::MAX);
+        let edge_chars = u32::try_from(crate::text::count_chars(&edge)).unwrap_or(u32::MAX);
         Self {
             edge,
             edge_chars,

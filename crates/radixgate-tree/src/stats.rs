@@ -24,7 +24,11 @@ impl Inner {
             let mut heap = [
                 n.edge.len(),
                 n.children.capacity() * size_of::<(char, NodeId)>(),
-                n.holders.capacity() * size_of::<Holder>(),
+                if n.holders.spilled() {
+                    n.holders.capacity() * size_of::<Holder>()
+                } else {
+                    0
+                },
             ];
             for part in &mut heap {
                 if *part > 0 {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use crate::TenantId;
 use crate::evict::{LruEntry, TenantState};
 use crate::node::{Arena, Holder, Node, NodeId, ROOT};
-use crate::text::{common_prefix_len, first_char, floor_char_boundary};
+use crate::text::{common_prefix_len, count_chars, first_char, floor_char_boundary};
 
 /// Edges longer than this are stored as a chain of nodes, so that a char
 /// count always fits the node's `u32`.
@@ -39,6 +39,8 @@ pub(crate) struct Walk {
     pub(crate) chars: usize,
     /// The node whose edge contains the end of the match (root if none).
     pub(crate) node: NodeId,
+    /// Bytes of the text matched.
+    pub(crate) bytes: usize,
 }
 
 impl Inner {
@@ -78,11 +80,16 @@ impl Inner {
             } else {
                 // The child was found by its first char, so `cut` > 0.
                 let cut = floor_char_boundary(rest, common);
-                chars += rest[..cut].chars().count();
+                chars += count_chars(&rest[..cut]);
+                pos += cut;
                 break;
             }
         }
-        Walk { chars, node }
+        Walk {
+            chars,
+            node,
+            bytes: pos,
+        }
     }
 
     /// Records that `tenant` was sent `text` at a new logical time, then
