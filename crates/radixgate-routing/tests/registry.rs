@@ -237,3 +237,15 @@ fn retries_can_exclude_the_workers_already_tried() {
         t.chars().count()
     );
 }
+
+#[test]
+fn handles_cross_threads_and_tasks() {
+    fn send_sync_static<T: Send + Sync + 'static>() {}
+    fn send_static<T: Send + 'static>() {}
+    send_sync_static::<radixgate_routing::Router>();
+    send_sync_static::<Registry>();
+    send_sync_static::<Arc<dyn Policy>>();
+    send_sync_static::<radixgate_routing::WorkerSet>();
+    send_static::<radixgate_routing::Decision>();
+    send_static::<radixgate_routing::LoadGuard>();
+}
