@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Print the medians of the last `cargo bench -p radixgate-tree` run as
-Markdown tables, with ratios to the baselines measured in the same run.
+"""Print the medians of the last `cargo bench -p radixgate-tree --bench tree`
+run as Markdown tables, with ratios to the baselines measured in the same run.
 
 Usage (from the workspace root): python3 crates/radixgate-tree/benches/summarize.py
 """
@@ -8,6 +8,7 @@ import json
 import pathlib
 
 ROOT = pathlib.Path("target/criterion")
+SIZES = ["100", "1024", "4096", "16384"]
 
 
 def median_ns(*parts):
@@ -31,31 +32,38 @@ def ratio(a, b):
     return "-" if a is None or b is None else f"{a / b:.1f}x"
 
 
-print("| group | prompt | tree | memcmp | tree/memcmp | naive | naive/tree |")
-print("|---|---|---|---|---|---|---|")
-for group, variants, naive in [
-    ("match", ["tree", "tree_for_tenant"], "naive_scan"),
-    ("match_16M", ["tree"], "naive_scan"),
-    ("insert", ["tree_existing", "tree_new_suffix"], "naive_push"),
-]:
-    for size in ["100", "1024", "4096", "16384"]:
-        floor = median_ns(group, "memcmp", size)
-        base = median_ns(group, naive, size)
-        for v in variants:
-            t = median_ns(group, v, size)
-            if t is None:
-                continue
-            print(f"| {group}/{v} | {size} B | {fmt(t)} | {fmt(floor)} | {ratio(t, floor)} "
-                  f"| {naive} {fmt(base)} | {ratio(base, t)} |")
+def match_insert_table(prefix, clock):
+    """Criterion groups; the CPU-time figures are the `cpu p=` lines the
+    benchmark prints itself."""
+    print(f"Medians, {clock}:")
+    print()
+    print("| group | prompt | tree | memcmp | tree/memcmp | naive | naive/tree |")
+    print("|---|---|---|---|---|---|---|")
+    for group, variants, naive in [
+        (prefix + "match", ["tree", "tree_for_tenant"], "naive_scan"),
+        (prefix + "match_16M", ["tree"], "naive_scan"),
+        (prefix + "insert", ["tree_existing", "tree_new_suffix"], "naive_push"),
+    ]:
+        for size in SIZES:
+            floor = median_ns(group, "memcmp", size)
+            base = median_ns(group, naive, size)
+            for v in variants:
+                t = median_ns(group, v, size)
+                if t is None:
+                    continue
+                print(f"| {group}/{v} | {size} B | {fmt(t)} | {fmt(floor)} | {ratio(t, floor)} "
+                      f"| {naive} {fmt(base)} | {ratio(base, t)} |")
+    print()
 
-print()
-print("| evict | median |")
+
+match_insert_table("", "wall time")
+
+print("| evict (wall time) | median |")
 print("|---|---|")
 for name in ["10pct_of_4M", "10pct_of_16M", "1pct_of_16M", "stats_walk_16M"]:
     print(f"| {name} | {fmt(median_ns('evict', name))} |")
-
 print()
-print("| threads (4 KiB match) | median per match per thread |")
+print("| threads (4 KiB match, wall time) | median per match per thread |")
 print("|---|---|")
 for kind in ["rwlock_tree", "behind_one_mutex"]:
     for n in ["1", "2"]:

@@ -11,9 +11,9 @@
 //! - `threads/*`: the same 4 KiB match from 1 and 2 threads on one tree,
 //!   against the tree behind one exclusive mutex.
 //! - bytes per stored character are printed for every tree built.
-//! - `cpu_*`: the match and insert groups again, timed in this thread's CPU
-//!   time instead of wall time (the machine these ran on is shared, and
-//!   wall time there includes waiting for a core).
+//! - `cpu p=…` lines: the match and insert figures again in this thread's
+//!   CPU time (median of 3 long runs), because on a shared machine wall time
+//!   also counts waiting for a core.
 //!
 //! Text: lowercase ASCII and spaces with about 1 in 32 chars `é` and 1 in 64
 //! `日`, from a fixed-seed xorshift generator (seed printed).
@@ -22,7 +22,7 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::measurement::{Measurement, ValueFormatter};
+use criterion::measurement::Measurement;
 use criterion::{
     BatchSize, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
@@ -92,6 +92,22 @@ impl Workload {
             pool,
             next: 0,
         }
+    }
+
+    /// A new prompt, its tenant, and where its 8 digits sit (see [`Self::stamp`]).
+    fn template(&mut self) -> (String, TenantId, usize) {
+        let at = self.systems[self.next % SYSTEM_PROMPTS].len();
+        let (s, t) = self.prompt();
+        (s, t, at)
+    }
+
+    /// Overwrites the 8 digits at `at` with `n` reversed: a new prompt on
+    /// the same system prompt, made without allocating.
+    fn stamp(text: &mut String, at: usize, n: usize) {
+        let digits: [u8; 8] =
+            std::array::from_fn(|k| b'0' + ((n / 10usize.pow(k as u32)) % 10) as u8);
+        let digits = std::str::from_utf8(&digits).unwrap_or("00000000");
+        text.replace_range(at..at + 8, digits);
     }
 
     /// The next prompt and the tenant it goes to.
@@ -217,65 +233,6 @@ fn tune<M: Measurement>(g: &mut BenchmarkGroup<'_, M>) {
         .sample_size(30);
 }
 
-/// Time this thread spent on a CPU, read from the scheduler's statistics:
-/// on a machine shared with other jobs, wall time also counts the time the
-/// benchmark thread waited for a core, and this does not.
-struct CpuTime;
-
-struct CpuFormatter;
-
-impl ValueFormatter for CpuFormatter {
-    fn scale_values(&self, ns: f64, values: &mut [f64]) -> &'static str {
-        let (factor, unit) = if ns < 1e3 {
-            (1.0, "ns")
-        } else if ns < 1e6 {
-            (1e-3, "µs")
-        } else {
-            (1e-6, "ms")
-        };
-        values.iter_mut().for_each(|v| *v *= factor);
-        unit
-    }
-
-    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
-        let bytes = match *t {
-            Throughput::Bytes(b) | Throughput::BytesDecimal(b) => b as f64,
-            _ => 1.0,
-        };
-        values
-            .iter_mut()
-            .for_each(|v| *v = bytes / *v * 1e9 / f64::from(1u32 << 30));
-        "GiB/s (CPU)"
-    }
-
-    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
-        "ns"
-    }
-}
-
-impl Measurement for CpuTime {
-    type Intermediate = u64;
-    type Value = u64;
-    fn start(&self) -> u64 {
-        thread_cpu_ns()
-    }
-    fn end(&self, i: u64) -> u64 {
-        thread_cpu_ns().saturating_sub(i)
-    }
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-    fn zero(&self) -> u64 {
-        0
-    }
-    fn to_f64(&self, v: &u64) -> f64 {
-        *v as f64
-    }
-    fn formatter(&self) -> &dyn ValueFormatter {
-        &CpuFormatter
-    }
-}
-
 /// `memcmp` floor: compare each query with a separately allocated copy.
 fn bench_memcmp<M: Measurement>(
     g: &mut BenchmarkGroup<'_, M>,
@@ -296,18 +253,72 @@ fn bench_memcmp<M: Measurement>(
     });
 }
 
+/// Runs `op` over and over for about a quarter of a CPU-second, three times,
+/// and returns the median run's CPU nanoseconds per op. Long runs keep the
+/// scheduler's tick-grained accounting error under about 2%.
+fn cpu_ns_per_op(mut op: impl FnMut(usize)) -> f64 {
+    let start = Instant::now();
+    for i in 0..2_000 {
+        op(i);
+    }
+    let per_op = start.elapsed().as_nanos().max(1) as f64 / 2_000.0;
+    let n = ((0.25e9 / per_op) as usize).clamp(2_000, 20_000_000);
+    let mut runs: Vec<f64> = (0..3)
+        .map(|_| {
+            let cpu = thread_cpu_ns();
+            for i in 0..n {
+                op(i);
+            }
+            (thread_cpu_ns() - cpu) as f64 / n as f64
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[1]
+}
+
+/// The match and insert figures again in this thread's CPU time, which,
+/// unlike wall time on a shared machine, leaves out waiting for a core.
+fn print_cpu_figures(built: &mut Built, fresh: &Tree) {
+    let q = &built.queries;
+    let copies: Vec<(Vec<u8>, Vec<u8>)> = q
+        .iter()
+        .map(|(s, _)| (s.as_bytes().to_vec(), s.as_bytes().to_vec()))
+        .collect();
+    let floor = cpu_ns_per_op(|i| {
+        let (x, y) = &copies[i % copies.len()];
+        black_box(black_box(x.as_slice()) == black_box(y.as_slice()));
+    });
+    let matched = cpu_ns_per_op(|i| {
+        black_box(built.tree.prefix_match(black_box(&q[i % q.len()].0)));
+    });
+    let matched_for = cpu_ns_per_op(|i| {
+        let (s, t) = &q[i % q.len()];
+        black_box(built.tree.prefix_match_for(black_box(s), *t));
+    });
+    let existing = cpu_ns_per_op(|i| {
+        let (s, t) = &q[i % q.len()];
+        built.tree.insert(black_box(s), *t);
+    });
+    let (mut text, tenant, at) = built.work.template();
+    let new_suffix = cpu_ns_per_op(|i| {
+        Workload::stamp(&mut text, at, 50_000_000 + i);
+        fresh.insert(black_box(&text), tenant);
+    });
+    let p = built.work.p;
+    println!(
+        "cpu p={p}: memcmp {floor:.0} ns | match {matched:.0} ns ({:.1}x) | match_for {matched_for:.0} ns ({:.1}x) \
+         | insert_existing {existing:.0} ns ({:.1}x) | insert_new_suffix {new_suffix:.0} ns ({:.1}x, includes stamping 8 digits)",
+        matched / floor,
+        matched_for / floor,
+        existing / floor,
+        new_suffix / floor
+    );
+}
+
 fn match_and_insert(c: &mut Criterion) {
-    match_and_insert_with(c, "");
-}
-
-fn match_and_insert_cpu(c: &mut Criterion<CpuTime>) {
-    match_and_insert_with(c, "cpu_");
-}
-
-fn match_and_insert_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
     for p in SIZES {
         let mut built = build(p, 4_000_000, usize::MAX);
-        let mut g = c.benchmark_group(format!("{prefix}match"));
+        let mut g = c.benchmark_group("match");
         tune(&mut g);
         g.throughput(Throughput::Bytes(p as u64));
         bench_memcmp(&mut g, p, &built.queries);
@@ -334,7 +345,7 @@ fn match_and_insert_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
         });
         g.finish();
 
-        let mut g = c.benchmark_group(format!("{prefix}insert"));
+        let mut g = c.benchmark_group("insert");
         tune(&mut g);
         g.throughput(Throughput::Bytes(p as u64));
         bench_memcmp(&mut g, p, &built.queries);
@@ -374,6 +385,7 @@ fn match_and_insert_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
             })
         });
         g.finish();
+        print_cpu_figures(&mut built, &fresh);
         let s = fresh.stats();
         println!(
             "after tree_new_suffix p={p}: bound {bound}, tenant chars {}, {:.2} B/char",
@@ -384,17 +396,9 @@ fn match_and_insert_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
 }
 
 fn big_tree(c: &mut Criterion) {
-    big_tree_with(c, "");
-}
-
-fn big_tree_cpu(c: &mut Criterion<CpuTime>) {
-    big_tree_with(c, "cpu_");
-}
-
-fn big_tree_with<M: Measurement>(c: &mut Criterion<M>, prefix: &str) {
     let p = 4096;
     let built = build(p, 16_000_000, usize::MAX);
-    let mut g = c.benchmark_group(format!("{prefix}match_16M"));
+    let mut g = c.benchmark_group("match_16M");
     tune(&mut g);
     g.throughput(Throughput::Bytes(p as u64));
     bench_memcmp(&mut g, p, &built.queries);
@@ -578,9 +582,4 @@ fn threads(c: &mut Criterion) {
 }
 
 criterion_group!(benches, match_and_insert, big_tree, eviction, threads);
-criterion_group! {
-    name = cpu_benches;
-    config = Criterion::default().with_measurement(CpuTime);
-    targets = match_and_insert_cpu, big_tree_cpu
-}
-criterion_main!(benches, cpu_benches);
+criterion_main!(benches);

@@ -264,6 +264,23 @@ fn reinserting_after_removal_reuses_freed_slots() {
 }
 
 #[test]
+fn readers_share_the_lock() {
+    let tree = Tree::default();
+    tree.insert("abc", A);
+    let held = tree.inner.read();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // A second reader gets in while the first still holds the lock;
+            // a writer does not.
+            assert!(tree.inner.try_read().is_some());
+            assert!(tree.inner.try_write().is_none());
+        });
+    });
+    drop(held);
+    assert_eq!(tree.prefix_match("abd").matched_chars, 2);
+}
+
+#[test]
 fn tree_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Tree>();
