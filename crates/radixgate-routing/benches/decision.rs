@@ -1,5 +1,7 @@
 //! Cost of one routing decision: cache_aware (prefix match + insert + load
-//! read + guard) against round_robin (load read + guard) in the same run.
+//! read + guard) against round_robin (load read + guard) in the same run,
+//! and `tree_only` (the same match + insert on the same tree, no policy) to
+//! show what the policy adds to the tree's own cost.
 //!
 //! Workload (shared-prefix): 32 "system prompts", each taking 3/4 of the
 //! prompt size, with 8 different tails each (256 distinct prompts). Every
@@ -14,8 +16,9 @@
 #![allow(missing_docs)]
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use radixgate_routing::policy::CacheAware;
 use radixgate_routing::{
-    CacheAwareConfig, Policy, PolicyConfig, RequestView, Worker, WorkerId, WorkerSpec,
+    CacheAwareConfig, Policy, PolicyConfig, RequestView, TenantId, Worker, WorkerId, WorkerSpec,
 };
 use std::hint::black_box;
 use std::sync::Arc;
@@ -80,12 +83,24 @@ fn bench(c: &mut Criterion) {
         for kib in [1usize, 4, 16] {
             let ps = prompts(kib * 1024);
             let label = format!("w{n}/{kib}KiB");
-            let cache_aware = PolicyConfig::CacheAware(CacheAwareConfig::default())
-                .build()
-                .unwrap();
+            let cache_aware = Arc::new(CacheAware::new(CacheAwareConfig::default()));
             for p in &ps {
                 decide(&*cache_aware, &ws, p);
             }
+            // The tree's share of a decision: the same match + insert on the
+            // same warm tree, without the policy around it.
+            let tree = cache_aware.tree("m").expect("warmed");
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new("tree_only", &label), |b| {
+                b.iter(|| {
+                    i = (i + 97) % ps.len();
+                    let m = tree.prefix_match(&ps[i]);
+                    let tenant = m.tenants.first().map_or(TenantId(0), |h| h.tenant);
+                    tree.insert(&ps[i], tenant);
+                    black_box(m.matched_chars);
+                })
+            });
+            let cache_aware: Arc<dyn Policy> = cache_aware;
             let round_robin = PolicyConfig::RoundRobin(Default::default())
                 .build()
                 .unwrap();

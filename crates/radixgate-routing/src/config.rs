@@ -13,7 +13,7 @@
 
 use crate::RoutingError;
 use crate::policy::{
-    CacheAware, ConsistentHash, LeastLoad, Policy, PowerOfTwo, Random, RoundRobin,
+    CacheAware, ConsistentHash, LeastLoad, Policy, PowerOfTwo, PrefillAware, Random, RoundRobin,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -26,6 +26,8 @@ use std::sync::Arc;
 pub enum PolicyConfig {
     /// Prefix-affinity routing with load balancing (the default).
     CacheAware(CacheAwareConfig),
+    /// Least predicted prefill work (uncached prompt + queued work).
+    PrefillAware(PrefillAwareConfig),
     /// Next worker in turn.
     RoundRobin(RoundRobinConfig),
     /// Uniformly random.
@@ -49,6 +51,7 @@ impl PolicyConfig {
     pub fn name(&self) -> &'static str {
         match self {
             Self::CacheAware(_) => "cache_aware",
+            Self::PrefillAware(_) => "prefill_aware",
             Self::RoundRobin(_) => "round_robin",
             Self::Random(_) => "random",
             Self::PowerOfTwo(_) => "power_of_two",
@@ -61,6 +64,7 @@ impl PolicyConfig {
     pub fn validate(&self) -> Result<(), RoutingError> {
         match self {
             Self::CacheAware(c) => c.validate(),
+            Self::PrefillAware(c) => c.validate(),
             Self::ConsistentHash(c) => c.validate(),
             Self::RoundRobin(_) | Self::Random(_) | Self::PowerOfTwo(_) | Self::LeastLoad(_) => {
                 Ok(())
@@ -73,6 +77,7 @@ impl PolicyConfig {
         self.validate()?;
         Ok(match self {
             Self::CacheAware(c) => Arc::new(CacheAware::new(c.clone())),
+            Self::PrefillAware(c) => Arc::new(PrefillAware::new(c.clone())),
             Self::RoundRobin(_) => Arc::new(RoundRobin::new()),
             Self::Random(c) => Arc::new(Random::new(c.seed)),
             Self::PowerOfTwo(c) => Arc::new(PowerOfTwo::new(c.seed)),
@@ -190,18 +195,7 @@ impl CacheAwareConfig {
                 ),
             ));
         }
-        if self.max_tree_size == 0 {
-            return Err(RoutingError::config("max_tree_size", "must be at least 1"));
-        }
-        if self.max_total_chars < self.max_tree_size {
-            return Err(RoutingError::config(
-                "max_total_chars",
-                format!(
-                    "must be at least max_tree_size ({}), got {}",
-                    self.max_tree_size, self.max_total_chars
-                ),
-            ));
-        }
+        validate_tree_bounds(self.max_tree_size, self.max_total_chars)?;
         if let HotSpotRule::RelativeCap { factor, .. } = self.hot_spot
             && (!factor.is_finite() || factor < 1.0)
         {
@@ -212,6 +206,54 @@ impl CacheAwareConfig {
         }
         Ok(())
     }
+}
+
+/// Settings of [`PrefillAware`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefillAwareConfig {
+    /// Prompt characters one in-flight request is worth in the cost (its
+    /// share of the batch slows everyone's prefill). A first guess, to be
+    /// tuned with the simulator.
+    pub load_cost_chars: usize,
+    /// As in [`CacheAwareConfig`].
+    pub eviction_interval_secs: u64,
+    /// As in [`CacheAwareConfig`].
+    pub max_tree_size: usize,
+    /// As in [`CacheAwareConfig`].
+    pub max_total_chars: usize,
+}
+
+impl Default for PrefillAwareConfig {
+    fn default() -> Self {
+        let c = CacheAwareConfig::default();
+        Self {
+            load_cost_chars: 256,
+            eviction_interval_secs: c.eviction_interval_secs,
+            max_tree_size: c.max_tree_size,
+            max_total_chars: c.max_total_chars,
+        }
+    }
+}
+
+impl PrefillAwareConfig {
+    /// Checks ranges; the error names the offending key.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        validate_tree_bounds(self.max_tree_size, self.max_total_chars)
+    }
+}
+
+fn validate_tree_bounds(max_tree_size: usize, max_total_chars: usize) -> Result<(), RoutingError> {
+    if max_tree_size == 0 {
+        return Err(RoutingError::config("max_tree_size", "must be at least 1"));
+    }
+    if max_total_chars < max_tree_size {
+        return Err(RoutingError::config(
+            "max_total_chars",
+            format!("must be at least max_tree_size ({max_tree_size}), got {max_total_chars}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Settings of [`RoundRobin`] (none yet).
@@ -307,6 +349,10 @@ mod tests {
             (
                 r#"{"policy":"cache_aware","cache_threshold":0.5,"low_match":"smallest_tree","hot_spot":{"rule":"off"}}"#,
                 "cache_aware",
+            ),
+            (
+                r#"{"policy":"prefill_aware","load_cost_chars":64}"#,
+                "prefill_aware",
             ),
             (r#"{"policy":"round_robin"}"#, "round_robin"),
             (r#"{"policy":"random","seed":3}"#, "random"),

@@ -27,8 +27,15 @@ pub fn spawn_eviction(
             tokio::select! {
                 () = cancel.cancelled() => break,
                 _ = ticks.tick() => {
-                    let evicted = policy.evict_now();
-                    tracing::debug!(policy = policy.name(), evicted, "tree eviction pass");
+                    // A pass takes each tree's write lock and walks its LRU
+                    // logs: CPU work that must not stall a runtime thread.
+                    let pass = policy.clone();
+                    match tokio::task::spawn_blocking(move || pass.evict_now()).await {
+                        Ok(evicted) => {
+                            tracing::debug!(policy = policy.name(), evicted, "tree eviction pass");
+                        }
+                        Err(e) => tracing::error!(policy = policy.name(), error = %e, "tree eviction pass failed"),
+                    }
                 }
             }
         }

@@ -6,6 +6,10 @@
 //! away; the simulator holds it until the simulated completion. Dropping is
 //! the only way a worker's load goes down, so no code path can forget (or
 //! repeat) a decrement.
+//!
+//! A guard may also carry the prefill work its decision predicted (uncached
+//! characters). That part is released by [`LoadGuard::prefill_done`] when the
+//! first token arrives, or at drop at the latest; it is released exactly once.
 
 use crate::Worker;
 use std::fmt;
@@ -16,14 +20,36 @@ use std::sync::atomic::Ordering;
 #[must_use = "dropping the guard releases the worker's load at once"]
 pub struct LoadGuard {
     worker: Arc<Worker>,
+    prefill: usize,
 }
 
 impl LoadGuard {
     /// Counts one more request in flight on `worker`. Policies call this as
     /// part of a decision, so concurrent decisions see each other's load.
     pub fn acquire(worker: Arc<Worker>) -> Self {
+        Self::with_prefill(worker, 0)
+    }
+
+    /// Like [`acquire`](Self::acquire), also counting `prefill_chars` of
+    /// pending prefill work on the worker.
+    pub fn with_prefill(worker: Arc<Worker>, prefill_chars: usize) -> Self {
         worker.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self { worker }
+        worker
+            .pending_prefill
+            .fetch_add(prefill_chars, Ordering::Relaxed);
+        Self {
+            worker,
+            prefill: prefill_chars,
+        }
+    }
+
+    /// The request's first token arrived: its prefill work is done. The
+    /// request still counts as in flight until the guard drops. Idempotent.
+    pub fn prefill_done(&mut self) {
+        let chars = std::mem::take(&mut self.prefill);
+        self.worker
+            .pending_prefill
+            .fetch_sub(chars, Ordering::Relaxed);
     }
 
     /// The worker this guard holds load on.
@@ -34,6 +60,7 @@ impl LoadGuard {
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
+        self.prefill_done();
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.worker.processed.fetch_add(1, Ordering::Relaxed);
     }
@@ -43,6 +70,7 @@ impl fmt::Debug for LoadGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoadGuard")
             .field("worker", &self.worker.id())
+            .field("prefill", &self.prefill)
             .finish()
     }
 }
@@ -66,5 +94,19 @@ mod tests {
         drop(b);
         assert_eq!(w.load(), 0);
         assert_eq!(w.processed(), 2);
+    }
+
+    #[test]
+    fn prefill_is_released_once_at_first_token_or_drop() {
+        let w = Arc::new(Worker::new(WorkerId(0), WorkerSpec::new("http://a:1")));
+        let mut a = LoadGuard::with_prefill(w.clone(), 100);
+        let b = LoadGuard::with_prefill(w.clone(), 30);
+        assert_eq!(w.pending_prefill(), 130);
+        a.prefill_done();
+        a.prefill_done();
+        assert_eq!((w.pending_prefill(), w.load()), (30, 2));
+        drop(a);
+        drop(b);
+        assert_eq!((w.pending_prefill(), w.load()), (0, 0));
     }
 }

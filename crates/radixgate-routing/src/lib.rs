@@ -14,6 +14,25 @@
 //!
 //! Nothing here reads a wall clock while deciding, so the offline simulator
 //! drives the same code in simulated time.
+//!
+//! ```
+//! use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
+//!
+//! let policy = PolicyConfig::default().build()?; // cache_aware, validated
+//! let mut registry = Registry::new(policy);       // the one writer
+//! registry.add(WorkerSpec::new("http://10.0.0.1:30000").with_models(["llama"]))?;
+//! registry.add(WorkerSpec::new("http://10.0.0.2:30000").with_models(["llama"]))?;
+//! let router = registry.router();                 // cloned into handlers
+//!
+//! let decision = router.route(Some("llama"), "<user>hello", None)?;
+//! let header = decision.explanation().to_string(); // x-radixgate-decision
+//! let mut guard = decision.into_guard();          // lives in the response body
+//! assert_eq!(guard.worker().load(), 1);
+//! guard.prefill_done();                            // first token arrived
+//! drop(guard);                                     // end of stream: load released
+//! assert!(header.starts_with("cache_aware branch="));
+//! # Ok::<(), radixgate_routing::RoutingError>(())
+//! ```
 
 mod config;
 mod error;
@@ -28,7 +47,7 @@ mod worker;
 
 pub use config::{
     CacheAwareConfig, ConsistentHashConfig, HotSpotRule, LeastLoadConfig, LowMatchTarget,
-    PolicyConfig, PowerOfTwoConfig, RandomConfig, RoundRobinConfig,
+    PolicyConfig, PowerOfTwoConfig, PrefillAwareConfig, RandomConfig, RoundRobinConfig,
 };
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;

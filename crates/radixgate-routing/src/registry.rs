@@ -157,6 +157,32 @@ impl Router {
         self.policy.select(&req, pool.workers)
     }
 
+    /// Like [`route`](Self::route), but never to a worker in `exclude`: for
+    /// a retry after a connect error or a 5xx/429 before the first byte.
+    /// cache_aware then treats an excluded holder like an unavailable one
+    /// (next-best match, tree record kept).
+    pub fn route_excluding(
+        &self,
+        model: Option<&str>,
+        text: &str,
+        routing_key: Option<&str>,
+        exclude: &[WorkerId],
+    ) -> Result<Decision, RoutingError> {
+        if exclude.is_empty() {
+            return self.route(model, text, routing_key);
+        }
+        let set = self.current.load();
+        let pool = set.resolve(model)?;
+        let rest: Vec<Arc<Worker>> = pool
+            .workers
+            .iter()
+            .filter(|w| !exclude.contains(&w.id()))
+            .cloned()
+            .collect();
+        let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
+        self.policy.select(&req, &rest)
+    }
+
     /// The current snapshot (for `/v1/models`, `/get_loads`, metrics, and
     /// retries that want to exclude a worker before calling the policy).
     pub fn snapshot(&self) -> Arc<WorkerSet> {

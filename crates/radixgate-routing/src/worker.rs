@@ -7,8 +7,9 @@
 //! request path reads it without locks, from any thread.
 //!
 //! Who writes what:
-//! - in-flight load: only [`LoadGuard`](crate::LoadGuard) (up on creation,
-//!   down on drop); there is no other way to change it;
+//! - in-flight load and pending prefill: only
+//!   [`LoadGuard`](crate::LoadGuard) (up on creation, down on drop, prefill
+//!   also at first token); there is no other way to change them;
 //! - health: the [`Registry`](crate::Registry), the single writer of the
 //!   worker set, which also publishes a new snapshot on every change;
 //! - breaker state and reported load: the gateway's health/breaker tasks.
@@ -163,6 +164,7 @@ pub struct Worker {
     healthy: AtomicBool,
     breaker: AtomicU8,
     pub(crate) in_flight: AtomicUsize,
+    pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
     reported: AtomicU64,
 }
@@ -181,6 +183,7 @@ impl Worker {
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.to_u8()),
             in_flight: AtomicUsize::new(0),
+            pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
             reported: AtomicU64::new(0),
         }
@@ -234,6 +237,14 @@ impl Worker {
     /// is still alive.
     pub fn load(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Characters of prompt the worker still has to prefill for requests
+    /// routed here: the uncached part each decision predicted, until the
+    /// request's first token (or its end). Only
+    /// [`LoadGuard`](crate::LoadGuard) changes it.
+    pub fn pending_prefill(&self) -> usize {
+        self.pending_prefill.load(Ordering::Relaxed)
     }
 
     /// Requests routed to this worker that have finished (guard dropped).

@@ -8,7 +8,8 @@
 //!
 //! "Hit" here is what a worker cache that can hold all 8 prefixes would see:
 //! the chosen worker was sent that prefix before. Compared: the seed rule
-//! (no hot-spot protection), the relative cap (the default), round_robin.
+//! (no hot-spot protection), the relative cap (the default), prefill_aware
+//! (guards keep their predicted prefill until dropped), round_robin.
 //! Run with `--nocapture` to see the table.
 
 use radixgate_routing::{
@@ -107,12 +108,14 @@ fn relative_cap_spreads_hot_prefixes_and_keeps_affinity() {
     }));
     let capped = replay(PolicyConfig::default());
     let round_robin = replay(PolicyConfig::RoundRobin(Default::default()));
+    let prefill = replay(PolicyConfig::PrefillAware(Default::default()));
     let share = |o: &Outcome| *o.counts.iter().max().unwrap() as f64 / REQUESTS as f64;
     let hit_rate = |o: &Outcome| o.hits as f64 / REQUESTS as f64;
     eprintln!("policy                 requests per worker     max share  hit rate  peak in-flight");
     for (name, o) in [
         ("cache_aware, seed rule", &seed_rule),
         ("cache_aware, rel. cap ", &capped),
+        ("prefill_aware         ", &prefill),
         ("round_robin           ", &round_robin),
     ] {
         eprintln!(
@@ -133,4 +136,12 @@ fn relative_cap_spreads_hot_prefixes_and_keeps_affinity() {
     assert!(capped.hits >= REQUESTS - WORKERS * PREFIXES);
     assert!(hit_rate(&capped) > hit_rate(&round_robin) - 0.01);
     assert_eq!(round_robin.counts, vec![REQUESTS / WORKERS; WORKERS]);
+    // The prefill-cost policy also replicates the hot prefix rather than
+    // queueing behind its holder.
+    assert!(
+        share(&prefill) < share(&seed_rule),
+        "prefill {:?}",
+        prefill.counts
+    );
+    assert!(prefill.hits >= REQUESTS - WORKERS * PREFIXES);
 }

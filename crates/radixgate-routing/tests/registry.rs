@@ -209,3 +209,43 @@ fn consistent_hash_follows_registry_changes() {
     assert_ne!(next, owner);
     assert!(ws.iter().any(|w| w.id() == next));
 }
+
+#[test]
+fn retries_can_exclude_the_workers_already_tried() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let ws: Vec<_> = (0..3)
+        .map(|i| reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap())
+        .collect();
+    let t = text("retry me");
+    let first = router.route(None, &t, None).unwrap().worker().id();
+    let second = router.route_excluding(None, &t, None, &[first]).unwrap();
+    assert_ne!(second.worker().id(), first);
+    let tried = [first, second.worker().id()];
+    let third = router.route_excluding(None, &t, None, &tried).unwrap();
+    assert!(!tried.contains(&third.worker().id()));
+    let all: Vec<_> = ws.iter().map(|w| w.id()).collect();
+    assert_eq!(
+        router.route_excluding(None, &t, None, &all).unwrap_err(),
+        RoutingError::NoHealthyWorker { model: "*".into() }
+    );
+    // The excluded holder keeps its record.
+    let tree = policy.tree("*").unwrap();
+    assert_eq!(
+        tree.prefix_match_for(&t, first.tenant()).matched_chars,
+        t.chars().count()
+    );
+}
+
+#[test]
+fn handles_cross_threads_and_tasks() {
+    fn send_sync_static<T: Send + Sync + 'static>() {}
+    fn send_static<T: Send + 'static>() {}
+    send_sync_static::<radixgate_routing::Router>();
+    send_sync_static::<Registry>();
+    send_sync_static::<Arc<dyn Policy>>();
+    send_sync_static::<radixgate_routing::WorkerSet>();
+    send_static::<radixgate_routing::Decision>();
+    send_static::<radixgate_routing::LoadGuard>();
+}

@@ -68,6 +68,7 @@ fn storm(config: PolicyConfig) {
     assert!(routed > THREADS * PER_THREAD / 2, "{routed} routed");
     for w in &all {
         assert_eq!(w.load(), 0, "{w:?}");
+        assert_eq!(w.pending_prefill(), 0, "{w:?}");
     }
     let processed: u64 = all.iter().map(|w| w.processed()).sum();
     assert_eq!(processed, routed as u64);

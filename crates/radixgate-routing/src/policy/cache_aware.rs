@@ -21,19 +21,18 @@
 //! requests for that prefix then split between the holders by load. Affinity
 //! survives (hits stay on holders) while no worker runs far above the mean.
 //!
-//! State: one [`Tree`] per pool key, created on first use. The map of trees
-//! sits behind an `ArcSwap` (lock-free reads on every request); a `Mutex`
-//! serialises the rare writers that add a model. Trees synchronise
-//! internally. Unhealthy workers keep their tree records; removed workers'
-//! records are dropped (a returning worker gets a new id).
+//! State: one [`Tree`] per pool key, created on first use (see `trees.rs`
+//! for the map's concurrency), plus a rotating counter for ties. Unhealthy
+//! workers keep their tree records; removed workers' records are dropped (a
+//! returning worker gets a new id). Per decision: one tree match, one insert,
+//! one pass over the pool's loads; per-worker matches only when every deepest
+//! holder is unavailable.
 
+use super::trees::Trees;
 use super::{Branch, Decision, Explanation, Loads, Policy};
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
 use crate::{RequestView, RoutingError, Worker, WorkerId};
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
-use radixgate_tree::{Tree, TreeConfig};
-use std::collections::HashMap;
+use radixgate_tree::Tree;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -42,8 +41,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct CacheAware {
     config: CacheAwareConfig,
-    trees: ArcSwap<HashMap<String, Arc<Tree>>>,
-    add_tree: Mutex<()>,
+    trees: Trees,
     turn: AtomicUsize,
 }
 
@@ -56,12 +54,13 @@ struct Hit {
 
 impl CacheAware {
     /// A cache-aware policy. The config should have passed
-    /// [`CacheAwareConfig::validate`]; out-of-range values are clamped.
+    /// [`CacheAwareConfig::validate`] ([`PolicyConfig::build`] does that).
+    ///
+    /// [`PolicyConfig::build`]: crate::PolicyConfig::build
     pub fn new(config: CacheAwareConfig) -> Self {
         Self {
+            trees: Trees::new(config.max_total_chars),
             config,
-            trees: ArcSwap::from_pointee(HashMap::new()),
-            add_tree: Mutex::new(()),
             turn: AtomicUsize::new(0),
         }
     }
@@ -73,25 +72,11 @@ impl CacheAware {
 
     /// The tree of a pool key, if a request for it was routed.
     pub fn tree(&self, model: &str) -> Option<Arc<Tree>> {
-        self.trees.load().get(model).cloned()
+        self.trees.get(model)
     }
 
     pub(crate) fn tree_or_create(&self, model: &str) -> Arc<Tree> {
-        if let Some(t) = self.trees.load().get(model) {
-            return t.clone();
-        }
-        let _writer = self.add_tree.lock();
-        let current = self.trees.load_full();
-        if let Some(t) = current.get(model) {
-            return t.clone();
-        }
-        let tree = Arc::new(Tree::new(TreeConfig {
-            max_total_chars: self.config.max_total_chars,
-        }));
-        let mut next = (*current).clone();
-        next.insert(model.to_owned(), tree.clone());
-        self.trees.store(Arc::new(next));
-        tree
+        self.trees.get_or_create(model)
     }
 
     /// The formula of step 2.
@@ -121,28 +106,23 @@ impl CacheAware {
         if !self.above_threshold(m.matched_chars, input) {
             return (m.matched_chars, input, None);
         }
-        // Available holders of the deepest node, by slice index.
-        let mut by_tenant: Vec<(WorkerId, usize, usize)> = Vec::new();
-        if m.tenants.len() > 1 || loads.entries.len() > 8 {
-            by_tenant = loads
-                .entries
-                .iter()
-                .map(|&(i, load)| (workers[i].id(), i, load))
-                .collect();
-            by_tenant.sort_unstable_by_key(|e| e.0);
-        }
+        // Available holders of the deepest node, by slice index. Pools from
+        // the registry are in id order, so a binary search finds a tenant;
+        // any other slice falls back to a linear scan.
+        let sorted = loads.entries.is_sorted_by_key(|&(i, _)| workers[i].id());
         let lookup = |id: WorkerId| -> Option<(usize, usize)> {
-            if by_tenant.is_empty() {
+            if sorted {
+                loads
+                    .entries
+                    .binary_search_by_key(&id, |&(i, _)| workers[i].id())
+                    .ok()
+                    .map(|k| loads.entries[k])
+            } else {
                 loads
                     .entries
                     .iter()
                     .find(|&&(i, _)| workers[i].id() == id)
                     .copied()
-            } else {
-                by_tenant
-                    .binary_search_by_key(&id, |e| e.0)
-                    .ok()
-                    .map(|k| (by_tenant[k].1, by_tenant[k].2))
             }
         };
         let best = m
@@ -287,17 +267,11 @@ impl Policy for CacheAware {
     }
 
     fn on_worker_removed(&self, worker: &Worker) {
-        for tree in self.trees.load().values() {
-            tree.remove_tenant(worker.id().tenant());
-        }
+        self.trees.remove_tenant(worker.id().tenant());
     }
 
     fn evict_now(&self) -> usize {
-        self.trees
-            .load()
-            .values()
-            .map(|t| t.evict(self.config.max_tree_size).evicted_chars)
-            .sum()
+        self.trees.evict(self.config.max_tree_size)
     }
 
     fn eviction_interval(&self) -> Option<Duration> {
@@ -306,12 +280,6 @@ impl Policy for CacheAware {
     }
 
     fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
-        Some(
-            self.trees
-                .load()
-                .values()
-                .map(|t| t.tenant_size(worker.tenant()))
-                .sum(),
-        )
+        Some(self.trees.tenant_chars(worker.tenant()))
     }
 }

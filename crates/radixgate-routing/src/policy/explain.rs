@@ -22,6 +22,9 @@ pub enum Branch {
     LowMatchMinLoad,
     /// cache_aware: match rate at or below the threshold; smallest tree.
     LowMatchSmallestTree,
+    /// prefill_aware: the lowest predicted prefill work (uncached prompt +
+    /// queued prefill + in-flight load).
+    PrefillCost,
     /// round_robin: next in turn.
     RoundRobin,
     /// random: uniform choice.
@@ -49,6 +52,7 @@ impl Branch {
             Self::HotSpotSpill => "hot_spot_spill",
             Self::LowMatchMinLoad => "low_match_min_load",
             Self::LowMatchSmallestTree => "low_match_smallest_tree",
+            Self::PrefillCost => "prefill_cost",
             Self::RoundRobin => "round_robin",
             Self::Random => "random",
             Self::PowerOfTwo => "power_of_two",

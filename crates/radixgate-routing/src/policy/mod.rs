@@ -16,14 +16,17 @@ mod consistent_hash;
 mod explain;
 mod least_load;
 mod power_of_two;
+mod prefill_aware;
 mod random;
 mod round_robin;
+mod trees;
 
 pub use cache_aware::CacheAware;
 pub use consistent_hash::ConsistentHash;
 pub use explain::{Branch, Explanation};
 pub use least_load::LeastLoad;
 pub use power_of_two::PowerOfTwo;
+pub use prefill_aware::PrefillAware;
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
@@ -85,8 +88,18 @@ pub struct Decision {
 impl Decision {
     /// Takes load on `worker` and records why it was chosen.
     pub fn new(worker: &Arc<Worker>, explanation: Explanation) -> Self {
+        Self::with_prefill(worker, 0, explanation)
+    }
+
+    /// Like [`new`](Self::new), also counting `prefill_chars` of predicted
+    /// prefill work on the worker (see [`LoadGuard::prefill_done`]).
+    pub fn with_prefill(
+        worker: &Arc<Worker>,
+        prefill_chars: usize,
+        explanation: Explanation,
+    ) -> Self {
         Self {
-            guard: LoadGuard::acquire(worker.clone()),
+            guard: LoadGuard::with_prefill(worker.clone(), prefill_chars),
             explanation,
         }
     }

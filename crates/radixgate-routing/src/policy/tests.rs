@@ -93,6 +93,19 @@ fn ties_at_the_matched_node_go_by_load_then_recency() {
 }
 
 #[test]
+fn holders_are_found_in_slices_not_in_id_order() {
+    let p = cache_aware(seed_rule());
+    let mut ws = workers(12);
+    ws.reverse();
+    let text = long_text("unsorted");
+    let tree = p.tree_or_create("m");
+    tree.insert(&text, WorkerId(3).tenant());
+    tree.insert(&text, WorkerId(9).tenant());
+    let _g = hold(&ws[2], 1); // worker 9 (reversed slice) is busier
+    assert_eq!(pick(&p, &ws, &text), WorkerId(3));
+}
+
+#[test]
 fn misses_spread_over_tied_workers_instead_of_piling_on_the_first() {
     for low_match in [LowMatchTarget::MinLoad, LowMatchTarget::SmallestTree] {
         let p = cache_aware(CacheAwareConfig {
@@ -321,13 +334,28 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// The branch taken is `Imbalanced` exactly when the DESIGN §1 formula
-    /// over the available workers' loads says so.
+    /// over the available workers' loads says so. Thresholds are drawn near
+    /// the loads' own spread and ratio so the boundaries (`max - min == abs`,
+    /// `max == rel * min`) are hit often, not by luck.
     #[test]
     fn imbalance_decision_equals_the_formula(
         loads in proptest::collection::vec((0usize..120, any::<bool>()), 1..7),
-        abs in 0usize..80,
-        rel in 1.0f64..4.0,
+        abs_offset in -3i64..=3,
+        rel_mode in 0u8..3,
+        rel_random in 1.0f64..4.0,
     ) {
+        let up: Vec<usize> = loads.iter().filter(|l| l.1).map(|l| l.0).collect();
+        let (min, max) = (
+            up.iter().copied().min().unwrap_or(0),
+            up.iter().copied().max().unwrap_or(0),
+        );
+        let abs = ((max - min) as i64 + abs_offset).max(0) as usize;
+        let rel = match rel_mode {
+            // exactly the ratio: `max > rel * min` is false at equality
+            0 if min > 0 => max as f64 / min as f64,
+            1 if min > 0 => (max as f64 / min as f64 - 0.01).max(1.0),
+            _ => rel_random,
+        };
         let p = cache_aware(CacheAwareConfig {
             balance_abs_threshold: abs,
             balance_rel_threshold: rel,
@@ -339,14 +367,12 @@ proptest! {
             guards.push(hold(w, load));
             w.set_healthy(up);
         }
-        let up: Vec<usize> = loads.iter().filter(|l| l.1).map(|l| l.0).collect();
         let text = long_text("prop");
         let result = p.select(&RequestView::new("m", &text), &ws);
         if up.is_empty() {
             prop_assert!(result.is_err());
             return Ok(());
         }
-        let (min, max) = (*up.iter().min().unwrap(), *up.iter().max().unwrap());
         let expected = max - min > abs && max as f64 > rel * min as f64;
         let d = result.unwrap();
         prop_assert_eq!(d.explanation().branch == Branch::Imbalanced, expected);

@@ -146,8 +146,9 @@ pub struct ServeArgs {
 }
 
 /// Policy names accepted by `--policy`.
-const POLICIES: [&str; 6] = [
+const POLICIES: [&str; 7] = [
     "cache_aware",
+    "prefill_aware",
     "round_robin",
     "random",
     "power_of_two",
@@ -291,6 +292,14 @@ impl ServeArgs {
                 set(&mut c.cache_threshold, &self.cache_threshold);
                 set(&mut c.balance_abs_threshold, &self.balance_abs_threshold);
                 set(&mut c.balance_rel_threshold, &self.balance_rel_threshold);
+                set(&mut c.eviction_interval_secs, &self.eviction_interval_secs);
+                set(&mut c.max_tree_size, &self.max_tree_size);
+            }
+            PolicyConfig::PrefillAware(c)
+                if self.cache_threshold.is_none()
+                    && self.balance_abs_threshold.is_none()
+                    && self.balance_rel_threshold.is_none() =>
+            {
                 set(&mut c.eviction_interval_secs, &self.eviction_interval_secs);
                 set(&mut c.max_tree_size, &self.max_tree_size);
             }

@@ -196,3 +196,18 @@ fn the_example_file_is_valid_and_spells_out_the_defaults() {
     };
     assert_eq!(without_workers, Config::default());
 }
+
+#[test]
+fn prefill_aware_takes_the_tree_flags_but_not_the_thresholds() {
+    let c = args(&["--policy", "prefill_aware", "--max-tree-size", "500"])
+        .load()
+        .unwrap();
+    assert!(matches!(&c.routing, PolicyConfig::PrefillAware(p) if p.max_tree_size == 500));
+    let err = args(&["--policy", "prefill_aware", "--cache-threshold", "0.5"])
+        .load()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("applies only to cache_aware"),
+        "{err}"
+    );
+}
