@@ -10,6 +10,7 @@ mod auth;
 pub mod breaker;
 pub mod config;
 pub mod control;
+pub mod demo;
 pub mod error;
 mod health;
 mod info;

@@ -14,6 +14,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Try radixgate with nothing installed: simulated workers, the router,
+    /// a cache_aware vs round_robin comparison, then serve until Ctrl-C.
+    Demo(Box<radixgate::demo::DemoArgs>),
     /// Route requests to a pool of LLM workers (the router).
     Serve(Box<radixgate::config::ServeArgs>),
     /// Serve simulated LLM workers (KV-cache and batching model) for tests
@@ -51,6 +54,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(serve(config))?;
         }
         Command::Load(args) => radixgate_sim::load::main(*args)?,
+        Command::Demo(args) => {
+            init_logs("warn", false);
+            tokio::runtime::Runtime::new()?.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                radixgate::demo::run(*args, shutdown).await
+            })?;
+        }
     }
     Ok(())
 }
