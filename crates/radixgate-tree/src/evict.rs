@@ -13,13 +13,17 @@
 //! valid entry, already evicted. When a whole leaf goes and its parent becomes
 //! a leaf with the same time, the parent is pushed to the front (it is the
 //! new minimum); when an eviction stops inside an edge, the edge is split and
-//! the kept upper part is pushed to the front. `Tree::check_invariants`
-//! verifies that every tenant leaf has a valid entry and that logs are sorted.
+//! the kept upper part is pushed to the front (or, when the tenant is the
+//! edge's only holder, the edge is shortened in place: no split, no copy).
+//! `Tree::check_invariants` verifies that every tenant leaf has a valid entry
+//! and that logs are sorted.
 //!
 //! Cost: each evicted node costs O(log) work plus the stale entries skipped,
 //! and every entry is appended once, so eviction is proportional to what it
-//! evicts, not to the tree. Logs are compacted (stale entries dropped) when
-//! they double, which keeps them at most about twice the live entries.
+//! evicts, not to the tree (BENCHMARKS.md: ~0.3 µs per evicted node on a
+//! first pass, against ~100 µs for merely walking a 16 M-char tree). Logs
+//! are compacted (stale entries dropped) when they double, which keeps them
+//! at most about twice the live entries.
 //!
 //! Eviction is exact to the character: it stops at the budget by splitting
 //! the last edge, so `evict(max)` leaves every tenant at exactly `min(size,

@@ -251,6 +251,23 @@ fn megabyte_texts() {
 }
 
 #[test]
+fn many_nodes_span_several_arena_chunks() {
+    let tree = Tree::default();
+    for i in 0..5_000u32 {
+        tree.insert(&format!("{i:x}/{}", i % 7), TenantId(i % 3));
+    }
+    assert!(tree.stats().nodes > 3 * 1024);
+    checked(&tree);
+    tree.evict(100);
+    checked(&tree);
+    for i in 0..5_000u32 {
+        tree.insert(&format!("again {i}"), B);
+    }
+    checked(&tree);
+    assert_eq!(tree.prefix_match("again 4999").matched_chars, 10);
+}
+
+#[test]
 fn reinserting_after_removal_reuses_freed_slots() {
     let tree = Tree::default();
     for round in 0..3 {
@@ -278,6 +295,12 @@ fn readers_share_the_lock() {
     });
     drop(held);
     assert_eq!(tree.prefix_match("abd").matched_chars, 2);
+}
+
+#[test]
+fn node_slot_stays_small() {
+    // BENCHMARKS.md's bytes-per-char figures assume an 80-byte slot.
+    assert!(std::mem::size_of::<crate::node::Node>() <= 80);
 }
 
 #[test]

@@ -15,6 +15,9 @@
 //!   CPU time (median of 3 long runs), because on a shared machine wall time
 //!   also counts waiting for a core.
 //!
+//! Run one part with `RADIXGATE_BENCH_ONLY=match_insert|big|evict|threads`
+//! (comma-separated).
+//!
 //! Text: lowercase ASCII and spaces with about 1 in 32 chars `é` and 1 in 64
 //! `日`, from a fixed-seed xorshift generator (seed printed).
 
@@ -28,203 +31,9 @@ use criterion::{
 };
 use radixgate_tree::{TenantId, Tree, TreeConfig};
 
-const SEED: u64 = 0x5EED_0F7E;
-const SYSTEM_PROMPTS: usize = 32;
-const TENANTS: u32 = 16;
-const QUERIES: usize = 256;
-const SIZES: [usize; 4] = [100, 1024, 4096, 16384];
+mod workload;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Random text of at most `bytes` bytes (at least `bytes - 2`).
-    fn text(&mut self, bytes: usize) -> String {
-        let mut s = String::with_capacity(bytes + 4);
-        while s.len() < bytes {
-            let r = self.next();
-            let c = match r % 64 {
-                0 => '日',
-                1 | 2 => 'é',
-                3..=9 => ' ',
-                _ => char::from(b'a' + ((r >> 8) % 26) as u8),
-            };
-            if s.len() + c.len_utf8() > bytes {
-                break;
-            }
-            s.push(c);
-        }
-        s
-    }
-}
-
-/// Prompts of about `p` bytes: system prompt `i % 32`, then a unique
-/// suffix: `i`'s digits reversed (so the first suffix char varies fastest)
-/// and a slice of a random pool at an offset that depends on `i`.
-struct Workload {
-    p: usize,
-    systems: Vec<String>,
-    pool: String,
-    next: usize,
-}
-
-fn floor_boundary(s: &str, mut i: usize) -> usize {
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-impl Workload {
-    fn new(p: usize) -> Self {
-        let mut rng = Rng(SEED ^ p as u64);
-        let systems = (0..SYSTEM_PROMPTS).map(|_| rng.text(p / 2)).collect();
-        let pool = rng.text((1 << 16) + p);
-        Self {
-            p,
-            systems,
-            pool,
-            next: 0,
-        }
-    }
-
-    /// A new prompt, its tenant, and where its 8 digits sit (see [`Self::stamp`]).
-    fn template(&mut self) -> (String, TenantId, usize) {
-        let at = self.systems[self.next % SYSTEM_PROMPTS].len();
-        let (s, t) = self.prompt();
-        (s, t, at)
-    }
-
-    /// Overwrites the 8 digits at `at` with `n` reversed: a new prompt on
-    /// the same system prompt, made without allocating.
-    fn stamp(text: &mut String, at: usize, n: usize) {
-        let digits: [u8; 8] =
-            std::array::from_fn(|k| b'0' + ((n / 10usize.pow(k as u32)) % 10) as u8);
-        let digits = std::str::from_utf8(&digits).unwrap_or("00000000");
-        text.replace_range(at..at + 8, digits);
-    }
-
-    /// The next prompt and the tenant it goes to.
-    fn prompt(&mut self) -> (String, TenantId) {
-        let i = self.next;
-        self.next += 1;
-        let system = &self.systems[i % SYSTEM_PROMPTS];
-        let mut s = String::with_capacity(self.p);
-        s.push_str(system);
-        let digits: String = format!("{i:08}").chars().rev().collect();
-        s.push_str(&digits);
-        let rest = self.p.saturating_sub(s.len());
-        let start = floor_boundary(&self.pool, (i * 7919) % (1 << 16));
-        let end = floor_boundary(&self.pool, start + rest);
-        s.push_str(&self.pool[start..end]);
-        (s, TenantId((i % TENANTS as usize) as u32))
-    }
-}
-
-/// A tree of about `chars` stored characters, the texts it got, and sample queries.
-struct Built {
-    tree: Tree,
-    texts: Vec<(String, TenantId)>,
-    queries: Vec<(String, TenantId)>,
-    work: Workload,
-}
-
-fn rss_bytes() -> usize {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<usize>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
-}
-
-fn build(p: usize, chars: usize, max_total: usize) -> Built {
-    let mut work = Workload::new(p);
-    let tree = Tree::new(TreeConfig {
-        max_total_chars: max_total,
-    });
-    let rss_before = rss_bytes();
-    let mut texts = Vec::new();
-    let mut took = Duration::ZERO;
-    while tree.stats().chars < chars {
-        let batch: Vec<(String, TenantId)> = (0..256).map(|_| work.prompt()).collect();
-        let started = Instant::now();
-        for (s, t) in &batch {
-            tree.insert(s, *t);
-        }
-        took += started.elapsed();
-        texts.extend(batch);
-    }
-    let stats = tree.stats();
-    let text_bytes: usize = texts.iter().map(|(s, _)| s.capacity()).sum();
-    // Only meaningful for the first tree of a process: later ones reuse
-    // memory freed by earlier trees without growing the RSS.
-    let rss = match rss_bytes()
-        .saturating_sub(rss_before)
-        .saturating_sub(text_bytes)
-    {
-        0 => "n/a (reused freed memory)".to_string(),
-        r => format!("{:.2} B/char", r as f64 / stats.chars as f64),
-    };
-    println!(
-        "built p={p} seed={SEED:#x}: {} prompts, {} nodes, {} stored chars, {} tenant chars, \
-         estimated {:.2} B/char, RSS delta {rss} (minus the baseline's own copies), \
-         build {:.0} ns/insert (generation excluded)",
-        texts.len(),
-        stats.nodes,
-        stats.chars,
-        stats.tenant_chars,
-        stats.estimated_bytes as f64 / stats.chars as f64,
-        took.as_nanos() as f64 / texts.len() as f64
-    );
-    let step = (texts.len() / QUERIES).max(1);
-    let queries = texts.iter().step_by(step).take(QUERIES).cloned().collect();
-    Built {
-        tree,
-        texts,
-        queries,
-        work,
-    }
-}
-
-/// Bytes in common at the start of `a` and `b` (the naive baseline's compare;
-/// slice equality on 32-byte blocks is the same trick the tree uses).
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + 32 <= n && a[i..i + 32] == b[i..i + 32] {
-        i += 32;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
-}
-
-/// Naive baseline: longest common prefix over every inserted text.
-fn naive_match(texts: &[(String, TenantId)], q: &str) -> (usize, Vec<TenantId>) {
-    let mut best = 0;
-    let mut who = Vec::new();
-    for (s, t) in texts {
-        let m = common_prefix(s.as_bytes(), q.as_bytes());
-        if m > best {
-            best = m;
-            who.clear();
-        }
-        if m == best && m > 0 {
-            who.push(*t);
-        }
-    }
-    (best, who)
-}
+use workload::{Built, SIZES, TENANTS, Workload, build, naive_match};
 
 /// Short runs: the benchmark machine has 2 shared cores.
 fn tune<M: Measurement>(g: &mut BenchmarkGroup<'_, M>) {
@@ -315,7 +124,16 @@ fn print_cpu_figures(built: &mut Built, fresh: &Tree) {
     );
 }
 
+/// `RADIXGATE_BENCH_ONLY=threads` (say) skips the other parts' setup too,
+/// which criterion's name filter cannot do.
+fn wanted(part: &str) -> bool {
+    std::env::var("RADIXGATE_BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p == part))
+}
+
 fn match_and_insert(c: &mut Criterion) {
+    if !wanted("match_insert") {
+        return;
+    }
     for p in SIZES {
         let mut built = build(p, 4_000_000, usize::MAX);
         let mut g = c.benchmark_group("match");
@@ -396,6 +214,9 @@ fn match_and_insert(c: &mut Criterion) {
 }
 
 fn big_tree(c: &mut Criterion) {
+    if !wanted("big") {
+        return;
+    }
     let p = 4096;
     let built = build(p, 16_000_000, usize::MAX);
     let mut g = c.benchmark_group("match_16M");
@@ -438,6 +259,9 @@ fn evict_cycle(built: &mut Built, percent: usize) -> Duration {
 }
 
 fn eviction(c: &mut Criterion) {
+    if !wanted("evict") {
+        return;
+    }
     let mut g = c.benchmark_group("evict");
     tune(&mut g);
     g.sample_size(10);
@@ -450,10 +274,12 @@ fn eviction(c: &mut Criterion) {
         built.texts = Vec::new();
         let before = built.tree.stats();
         let avg = before.tenant_chars / TENANTS as usize;
+        let start = Instant::now();
         let r = built.tree.evict(avg * (100 - percent) / 100);
+        let took = start.elapsed();
         let after = built.tree.stats();
         println!(
-            "evict {label}: one pass took {} chars and {} nodes of {} chars / {} nodes",
+            "evict {label}: first pass {took:?}, took {} chars and {} nodes of {} chars / {} nodes",
             r.evicted_chars,
             before.nodes - after.nodes,
             before.tenant_chars,
@@ -518,7 +344,8 @@ fn thread_cpu_ns() -> u64 {
 /// CPU time per match, and how many CPUs the callers really got
 /// (sum of on-CPU time / wall time).
 fn print_scaling(
-    tree: &Arc<Tree>,
+    label: &str,
+    trees: &[Arc<Tree>],
     queries: &Arc<Vec<(String, TenantId)>>,
     threads: usize,
     lock: Option<&Arc<parking_lot::Mutex<()>>>,
@@ -527,7 +354,7 @@ fn print_scaling(
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|k| {
-            let (tree, queries) = (Arc::clone(tree), Arc::clone(queries));
+            let (tree, queries) = (Arc::clone(&trees[k % trees.len()]), Arc::clone(queries));
             let lock = lock.map(Arc::clone);
             std::thread::spawn(move || {
                 let cpu = thread_cpu_ns();
@@ -547,12 +374,7 @@ fn print_scaling(
     let wall = start.elapsed().as_nanos() as f64;
     let total = (ops * threads) as f64;
     println!(
-        "scaling {} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
-        if lock.is_some() {
-            "behind_one_mutex"
-        } else {
-            "rwlock_tree"
-        },
+        "scaling {label} x{threads}: {:.2} M matches/s, {:.0} ns CPU per match, CPUs used {:.2}",
         total / wall * 1e3,
         cpu as f64 / total,
         cpu as f64 / wall
@@ -560,14 +382,28 @@ fn print_scaling(
 }
 
 fn threads(c: &mut Criterion) {
+    if !wanted("threads") {
+        return;
+    }
     let built = build(4096, 4_000_000, usize::MAX);
     let queries = Arc::new(built.queries);
     let tree = Arc::new(built.tree);
     let lock = Arc::new(parking_lot::Mutex::new(()));
+    // A second, identical tree: two threads on two trees share no lock, so
+    // they show what the hardware itself allows.
+    let twin = Arc::new(build(4096, 4_000_000, usize::MAX).tree);
+    let one = [Arc::clone(&tree)];
     for n in [1, 2] {
-        print_scaling(&tree, &queries, n, None);
-        print_scaling(&tree, &queries, n, Some(&lock));
+        print_scaling("rwlock_tree", &one, &queries, n, None);
+        print_scaling("behind_one_mutex", &one, &queries, n, Some(&lock));
     }
+    print_scaling(
+        "two_trees_no_shared_lock",
+        &[Arc::clone(&tree), twin],
+        &queries,
+        2,
+        None,
+    );
     let mut g = c.benchmark_group("threads");
     tune(&mut g);
     for n in [1, 2] {
