@@ -76,21 +76,40 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(args: &DemoArgs, routing: PolicyConfig, listener: TcpListener) -> anyhow::Result<Self> {
+    async fn start(
+        args: &DemoArgs,
+        routing: PolicyConfig,
+        listener: TcpListener,
+    ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let mut workers = Vec::new();
         for _ in 0..args.workers {
             let mut config = WorkerConfig::default();
             config.engine.kv_capacity_tokens = args.kv_capacity_tokens;
             let socket = TcpListener::bind("127.0.0.1:0").await?;
-            workers.push(start(socket, config, stop.clone()).await.context("starting a simulated worker")?);
+            workers.push(
+                start(socket, config, stop.clone())
+                    .await
+                    .context("starting a simulated worker")?,
+            );
         }
-        let mut config = Config { routing, ..Config::default() };
-        config.workers = workers.iter().map(|w| WorkerSpec::Url(format!("http://{}", w.addr()))).collect();
+        let mut config = Config {
+            routing,
+            ..Config::default()
+        };
+        config.workers = workers
+            .iter()
+            .map(|w| WorkerSpec::Url(format!("http://{}", w.addr())))
+            .collect();
         config.log.level = "warn".into();
         let gateway = format!("http://{}", listener.local_addr()?);
         let gateway_task = tokio::spawn(crate::server::run(listener, config, stop.clone()));
-        let cluster = Self { gateway, stop, gateway_task, _workers: workers };
+        let cluster = Self {
+            gateway,
+            stop,
+            gateway_task,
+            _workers: workers,
+        };
         cluster.wait_ready(args.workers).await?;
         Ok(cluster)
     }
@@ -137,7 +156,9 @@ fn load_args(args: &DemoArgs, gateway: &str) -> anyhow::Result<radixgate_sim::lo
         format!("--seed={}", args.seed),
         "--no-progress".into(),
     ];
-    Ok(Load::try_parse_from(argv).context("building the demo workload")?.args)
+    Ok(Load::try_parse_from(argv)
+        .context("building the demo workload")?
+        .args)
 }
 
 /// Runs the workload through `cache_aware` and then `round_robin`, each on
@@ -145,12 +166,19 @@ fn load_args(args: &DemoArgs, gateway: &str) -> anyhow::Result<radixgate_sim::lo
 pub async fn compare(args: &DemoArgs) -> anyhow::Result<Vec<DemoRun>> {
     let policies = [
         ("cache_aware", PolicyConfig::default()),
-        ("round_robin", PolicyConfig::RoundRobin(RoundRobinConfig::default())),
+        (
+            "round_robin",
+            PolicyConfig::RoundRobin(RoundRobinConfig::default()),
+        ),
     ];
     let mut runs = Vec::new();
     for (policy, routing) in policies {
-        eprintln!("radixgate demo: {policy}: {} requests at {} req/s ...", args.requests, args.rate);
-        let cluster = Cluster::start(args, routing, TcpListener::bind("127.0.0.1:0").await?).await?;
+        eprintln!(
+            "radixgate demo: {policy}: {} requests at {} req/s ...",
+            args.requests, args.rate
+        );
+        let cluster =
+            Cluster::start(args, routing, TcpListener::bind("127.0.0.1:0").await?).await?;
         let report = radixgate_sim::load::run(&load_args(args, &cluster.gateway)?).await?;
         cluster.stop().await?;
         runs.push(DemoRun { policy, report });
@@ -165,7 +193,13 @@ pub fn table(args: &DemoArgs, runs: &[DemoRun]) -> String {
         s,
         "\n{} simulated workers ({} KV tokens each); shared-prefix workload: {} groups x {}-token \
          system prompts, {} requests at {} req/s, seed {}\n",
-        args.workers, args.kv_capacity_tokens, args.groups, args.system_tokens, args.requests, args.rate, args.seed
+        args.workers,
+        args.kv_capacity_tokens,
+        args.groups,
+        args.system_tokens,
+        args.requests,
+        args.rate,
+        args.seed
     );
     let _ = writeln!(
         s,
@@ -179,7 +213,8 @@ pub fn table(args: &DemoArgs, runs: &[DemoRun]) -> String {
             s,
             "{:<12} {:>9} {:>11} {:>11} {:>11} {:>8.1} {:>7} {:>7}",
             run.policy,
-            r.hit_rate.map_or_else(|| "-".into(), |h| format!("{:.1}%", h * 100.0)),
+            r.hit_rate
+                .map_or_else(|| "-".into(), |h| format!("{:.1}%", h * 100.0)),
             ms(r.ttft_ms.as_ref().map(|t| t.mean)),
             ms(r.ttft_ms.as_ref().map(|t| t.p99)),
             ms(r.e2e_ms.as_ref().map(|t| t.mean)),
@@ -199,17 +234,26 @@ pub fn table(args: &DemoArgs, runs: &[DemoRun]) -> String {
 /// The command: compare, print, then serve until Ctrl-C (or `--no-serve`).
 pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
-    anyhow::ensure!(args.rate > 0.0 && args.rate.is_finite(), "--rate must be a positive number");
+    anyhow::ensure!(
+        args.rate > 0.0 && args.rate.is_finite(),
+        "--rate must be a positive number"
+    );
     let listener = if args.no_serve {
         None
     } else {
         // Bind first: a busy port is reported before a minute of work.
         let addr = (args.host.as_str(), args.port);
-        Some(TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1))?)
+        Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1))?,
+        )
     };
     let runs = compare(&args).await?;
     print!("{}", table(&args, &runs));
-    let Some(listener) = listener else { return Ok(()) };
+    let Some(listener) = listener else {
+        return Ok(());
+    };
 
     let cluster = Cluster::start(&args, PolicyConfig::default(), listener).await?;
     let url = &cluster.gateway;

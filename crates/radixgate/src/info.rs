@@ -69,6 +69,7 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
                 "id": w.id().to_string(),
                 "url": w.url(),
                 "load": w.load(),
+                "pending_prefill_chars": w.pending_prefill(),
                 "processed": w.processed(),
                 "healthy": w.is_healthy(),
                 "available": w.is_available(),

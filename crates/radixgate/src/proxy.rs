@@ -324,6 +324,11 @@ struct RequestWatch {
 
 impl StreamWatch for RequestWatch {
     fn first_byte(&mut self) {
+        // The first byte means the worker finished this prompt's prefill:
+        // prefill-aware routing stops counting it as queued work.
+        if let Some(guard) = self.guard.as_mut() {
+            guard.prefill_done();
+        }
         if !self.sse {
             return;
         }

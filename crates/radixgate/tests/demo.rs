@@ -18,7 +18,10 @@ async fn cache_aware_beats_round_robin_on_hit_rate() {
     println!("{}", table(&args, &runs));
     assert_eq!(runs.len(), 2);
     let (aware, rr) = (&runs[0].report, &runs[1].report);
-    assert_eq!((runs[0].policy, runs[1].policy), ("cache_aware", "round_robin"));
+    assert_eq!(
+        (runs[0].policy, runs[1].policy),
+        ("cache_aware", "round_robin")
+    );
     for r in [aware, rr] {
         assert_eq!((r.ok, r.failed), (80, 0), "{:?}", r.errors);
     }

@@ -330,3 +330,38 @@ async fn repeated_prefix_goes_to_the_same_worker_and_hits() {
     assert!(cached[1..].iter().all(|&c| c > 200), "{cached:?}");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_prefill_is_released_at_the_first_token() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.routing = serde_norway::from_str("policy: prefill_aware").unwrap();
+    let gw = gateway_ready(cfg, 1).await;
+    let mut long = chat(&"a long prompt to prefill ".repeat(40), true);
+    long["max_tokens"] = json!(20_000);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    let loads: Value = client()
+        .get(format!("{}/get_loads", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let worker = &loads["workers"][0];
+    assert_eq!(worker["load"], 1, "still in flight");
+    assert_eq!(
+        worker["pending_prefill_chars"], 0,
+        "but no longer queued prefill"
+    );
+    drop(body);
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
