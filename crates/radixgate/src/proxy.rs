@@ -147,7 +147,13 @@ async fn forward(
                         status: status.as_u16(),
                         started,
                     };
-                    return Ok(respond(response, decision, watch, request.stream));
+                    return Ok(respond(
+                        response,
+                        decision,
+                        watch,
+                        request.stream,
+                        state.config.request_timeout(),
+                    ));
                 }
                 state.metrics.upstream_error(worker.url(), "status");
                 GatewayError::UpstreamStatus {
@@ -281,6 +287,7 @@ fn respond(
     decision: Decision,
     mut watch: RequestWatch,
     asked_stream: bool,
+    timeout: Option<Duration>,
 ) -> Response {
     let status = response.status();
     let sse = asked_stream
@@ -298,7 +305,11 @@ fn respond(
     watch.guard = Some(decision.into_guard());
     watch.sse = sse;
     let upstream: axum::http::Response<reqwest::Body> = response.into();
-    let body = WatchedBody::new(upstream.into_body(), watch, sse);
+    let deadline = timeout.map(|t| tokio::time::Instant::from_std(watch.started + t));
+    let mut body = WatchedBody::new(upstream.into_body(), watch, sse);
+    if let Some(deadline) = deadline {
+        body = body.with_deadline(deadline);
+    }
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = status;
     *out.headers_mut() = headers;

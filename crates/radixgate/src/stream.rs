@@ -19,6 +19,7 @@
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::error::Error as StdError;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -52,6 +53,9 @@ pub struct WatchedBody<B, W: StreamWatch> {
     watch: Option<W>,
     sse: bool,
     started: bool,
+    /// End-to-end deadline of the request, if any: a worker that stalls
+    /// mid-stream must not hold the client (and the load) forever.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Set once the body has reported its end (or its error event).
     done: bool,
 }
@@ -65,7 +69,33 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
             watch: Some(watch),
             sse,
             started: false,
+            deadline: None,
             done: false,
+        }
+    }
+
+    /// Ends the body with an error (an SSE error event, or a failed body)
+    /// if it is still running at `deadline`.
+    pub fn with_deadline(mut self, deadline: tokio::time::Instant) -> Self {
+        self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline)));
+        self
+    }
+
+    /// Ends the stream early because of `err`: an error event for SSE, an
+    /// error (aborting the connection) otherwise.
+    fn fail(
+        &mut self,
+        err: Box<dyn StdError + Send + Sync>,
+        code: &str,
+    ) -> Poll<Option<Result<Frame<Bytes>, Box<dyn StdError + Send + Sync>>>> {
+        self.end(StreamEnd::UpstreamError);
+        if self.sse {
+            Poll::Ready(Some(Ok(Frame::data(sse_error_event(
+                &err.to_string(),
+                code,
+            )))))
+        } else {
+            Poll::Ready(Some(Err(err)))
         }
     }
 
@@ -77,14 +107,14 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
     }
 }
 
-/// The SSE event sent when a worker's stream breaks off.
-fn sse_error_event(message: &str) -> Bytes {
+/// The SSE event sent when a worker's stream breaks off or times out.
+fn sse_error_event(message: &str, code: &str) -> Bytes {
     let body = serde_json::json!({
         "error": {
             "message": message,
             "type": "upstream_error",
             "param": null,
-            "code": "stream_interrupted",
+            "code": code,
         }
     });
     Bytes::from(format!("data: {body}\n\n"))
@@ -107,7 +137,17 @@ where
         if this.done {
             return Poll::Ready(None);
         }
-        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if polled.is_pending() {
+            if let Some(deadline) = this.deadline.as_mut()
+                && deadline.as_mut().poll(cx).is_ready()
+            {
+                let err = "the request timed out while the worker was still answering";
+                return this.fail(err.into(), "request_timeout");
+            }
+            return Poll::Pending;
+        }
+        match ready!(polled) {
             Some(Ok(frame)) => {
                 if !this.started && frame.is_data() {
                     this.started = true;
@@ -119,13 +159,8 @@ where
             }
             Some(Err(err)) => {
                 let err: Self::Error = err.into();
-                this.end(StreamEnd::UpstreamError);
-                if this.sse {
-                    let message = format!("the worker's stream broke off: {err}");
-                    Poll::Ready(Some(Ok(Frame::data(sse_error_event(&message)))))
-                } else {
-                    Poll::Ready(Some(Err(err)))
-                }
+                let message = format!("the worker's stream broke off: {err}");
+                this.fail(message.into(), "stream_interrupted")
             }
             None => {
                 this.end(StreamEnd::Complete);

@@ -368,3 +368,23 @@ async fn hung_worker_hits_the_request_timeout() {
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stalling_mid_stream_meets_the_request_timeout() {
+    let w = stalling_worker(vec!["data: {\"n\":1}\n\n"]).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.request_timeout_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&json!({"model": "scripted", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
+    let text = String::from_utf8(r.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(text.starts_with("data: {\"n\":1}\n\n"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert!(!text.contains("[DONE]"));
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}

@@ -193,38 +193,56 @@ pub struct ScriptedWorker {
 struct Script {
     pieces: Arc<Vec<&'static str>>,
     received: Arc<Mutex<Vec<Bytes>>>,
-    die: bool,
+    ending: Ending,
 }
 
 pub async fn scripted_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
-    scripted(pieces, false).await
+    scripted(pieces, Ending::Finish).await
 }
 
-async fn scripted(pieces: Vec<&'static str>, die: bool) -> ScriptedWorker {
+/// A scripted worker that sends its pieces, then goes silent with the
+/// connection open.
+pub async fn stalling_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
+    scripted(pieces, Ending::Stall).await
+}
+
+/// How a scripted worker's response ends after its pieces.
+#[derive(Clone, Copy, PartialEq)]
+enum Ending {
+    Finish,
+    Die,
+    Stall,
+}
+
+async fn scripted(pieces: Vec<&'static str>, ending: Ending) -> ScriptedWorker {
     let received = Arc::new(Mutex::new(Vec::new()));
     let script = Script {
         pieces: Arc::new(pieces),
         received: received.clone(),
-        die,
+        ending,
     };
     async fn answer(State(s): State<Script>, body: Bytes) -> axum::response::Response {
         s.received.lock().push(body);
         let pieces = s.pieces.clone();
         let n = pieces.len();
-        let cut = s.die.then_some(n);
-        let items = (0..n + usize::from(s.die)).map(move |i| {
-            if Some(i) == cut {
+        let ending = s.ending;
+        let extra = usize::from(ending != Ending::Finish);
+        let items = (0..n + extra).map(move |i| {
+            if i < n {
+                Ok(Bytes::from_static(pieces[i].as_bytes()))
+            } else {
                 Err(std::io::Error::new(
                     std::io::ErrorKind::BrokenPipe,
                     "worker died",
                 ))
-            } else {
-                Ok(Bytes::from_static(pieces[i].as_bytes()))
             }
         });
-        let stream = futures::stream::iter(items).then(|item| async {
+        let stream = futures::stream::iter(items).then(move |item| async move {
             // Separate writes, so the pieces arrive as separate chunks.
             tokio::time::sleep(Duration::from_millis(2)).await;
+            if item.is_err() && ending == Ending::Stall {
+                std::future::pending::<()>().await;
+            }
             item
         });
         axum::response::Response::builder()
@@ -265,5 +283,5 @@ use futures::StreamExt as _;
 /// A scripted worker whose stream breaks off (the connection is cut) after
 /// the given pieces, without finishing the response.
 pub async fn dying_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
-    scripted(pieces, true).await
+    scripted(pieces, Ending::Die).await
 }
