@@ -23,6 +23,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+/// The error type of a watched body.
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// What one poll of a watched body yields.
+type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+
 /// How a response stream ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamEnd {
@@ -83,11 +89,7 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
 
     /// Ends the stream early because of `err`: an error event for SSE, an
     /// error (aborting the connection) otherwise.
-    fn fail(
-        &mut self,
-        err: Box<dyn StdError + Send + Sync>,
-        code: &str,
-    ) -> Poll<Option<Result<Frame<Bytes>, Box<dyn StdError + Send + Sync>>>> {
+    fn fail(&mut self, err: BoxError, code: &str) -> Polled {
         self.end(StreamEnd::UpstreamError);
         if self.sse {
             Poll::Ready(Some(Ok(Frame::data(sse_error_event(
@@ -127,7 +129,7 @@ where
     W: StreamWatch + Unpin,
 {
     type Data = Bytes;
-    type Error = Box<dyn StdError + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
