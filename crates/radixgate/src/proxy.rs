@@ -123,6 +123,7 @@ async fn forward(
         state
             .metrics
             .decision(decision.explanation().branch.as_str());
+        tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
         let last_attempt = tried.len() as u32 >= retry.max_retries;
         let failure = match send(state, &decision, route, &headers, bytes.clone()).await {
             Ok(response) => {
