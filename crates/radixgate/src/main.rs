@@ -22,6 +22,9 @@ enum Command {
     /// Drive a workload at servers or routers and report hit rate, latency,
     /// errors and spread.
     Load(Box<radixgate_sim::load::LoadArgs>),
+    /// Replay a workload through the routing policies offline, against
+    /// simulated workers in simulated time, and compare them with an oracle.
+    Simulate(Box<radixgate_sim::simulate::SimulateArgs>),
     /// Print the build's version and exit.
     Version,
 }
@@ -51,6 +54,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(serve(config))?;
         }
         Command::Load(args) => radixgate_sim::load::main(*args)?,
+        Command::Simulate(args) => radixgate_sim::simulate::main(*args)?,
     }
     Ok(())
 }
