@@ -1,15 +1,18 @@
 //! The oracle: a reference policy only a simulator can have.
 //!
 //! It reads every engine's true state — the blocks of this prompt each one
-//! holds in its KV cache ([`Engine::cache`]) and the prefill work queued
-//! there ([`Engine::load`]) — and picks the worker with the smallest
+//! holds in its KV cache ([`Engine::cache`]), the prefill work queued there
+//! ([`Engine::load`]) and its running batch ([`Engine::running_state`]) — and picks the worker with the smallest
 //! predicted time to first token under the engine's own timing model:
 //!
 //! ```text
+//! step   = step_base_us + running(w) * token_us + kv_read * decode context(w)
+//! wait   = steps until a running slot frees, if all max_running_requests
+//!          are taken: the k-th smallest remaining output of the running
+//!          requests, k = running + waiting + 1 - max_running_requests
 //! work   = pending_prefill_tokens(w) + uncached prompt tokens on w
 //! room   = max_batch_tokens - running(w)        (decodes take one each)
-//! steps  = ceil(work / room)
-//! ttft   = steps * (step_base_us + running(w) * token_us) + work * token_us
+//! ttft   = (wait + ceil(work / room)) * step + work * token_us
 //! ```
 //!
 //! Ties: more cached tokens, then fewer requests in flight, then a rotating
@@ -38,12 +41,26 @@ pub fn predict(engine: &Engine, hashes: &[u64], prompt_len: usize) -> Prediction
     let max_hit = prompt_len.saturating_sub(1) / bs;
     let cached = engine.cache().match_blocks(hashes).min(max_hit) * bs;
     let load = engine.load();
-    let work = load.pending_prefill_tokens + (prompt_len - cached);
-    let running = load.running.min(cfg.max_batch_tokens - 1);
-    let room = cfg.max_batch_tokens - running;
-    let steps = work.div_ceil(room).max(1) as f64;
+    let (context, remaining) = engine.running_state();
     let t = &cfg.timing;
-    let ttft_us = steps * (t.step_base_us + running as f64 * t.token_us) + work as f64 * t.token_us;
+    let running = load.running.min(cfg.max_batch_tokens - 1);
+    // One step of the current batch, before this request's prefill tokens.
+    let step_us = t.step_base_us
+        + t.token_us * running as f64
+        + t.kv_read_ns_per_token * context as f64 / 1000.0;
+    // Admission: with every running slot taken (and `waiting` ahead), the
+    // request waits until that many running requests have finished.
+    let wait_steps = match (load.running + load.waiting + 1).checked_sub(cfg.max_running_requests) {
+        Some(k) if k > 0 && !remaining.is_empty() => {
+            let (rounds, idx) = ((k - 1) / remaining.len(), (k - 1) % remaining.len());
+            rounds * remaining[remaining.len() - 1] + remaining[idx]
+        }
+        _ => 0,
+    };
+    let work = load.pending_prefill_tokens + (prompt_len - cached);
+    let room = cfg.max_batch_tokens - running;
+    let steps = work.div_ceil(room).max(1);
+    let ttft_us = (wait_steps + steps) as f64 * step_us + work as f64 * t.token_us;
     Prediction {
         ttft_us,
         cached_tokens: cached,
