@@ -59,6 +59,8 @@ pub struct RunStats {
     pub e2e_ms: Vec<f64>,
     /// Completed requests per worker.
     pub per_worker: Vec<u64>,
+    /// Simulated seconds each worker's engine spent stepping (its work).
+    pub busy_secs: Vec<f64>,
     /// Simulated time of the last completion.
     pub end: Duration,
     /// Events processed.
@@ -173,6 +175,11 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
     };
     c.start();
     c.run_loop()?;
+    c.stats.busy_secs = c
+        .engines
+        .iter()
+        .map(|e| e.counters().busy.as_secs_f64())
+        .collect();
     Ok(c.stats)
 }
 

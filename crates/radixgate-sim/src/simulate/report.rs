@@ -7,7 +7,9 @@
 //! - throughput: completed requests and output tokens per simulated second
 //!   (up to the last completion);
 //! - spread: the busiest worker's completed requests / the mean per worker
-//!   (1.0 is perfectly even).
+//!   (1.0 is perfectly even); busy spread: the same over the simulated time
+//!   each worker spent computing (requests differ in size, so the two
+//!   differ when short and long requests mix).
 
 use serde::Serialize;
 
@@ -39,6 +41,8 @@ pub struct PolicyReport {
     pub output_tokens_per_s: f64,
     /// Busiest worker's share / mean share.
     pub spread: f64,
+    /// Busiest worker's compute time / the mean.
+    pub busy_spread: f64,
     /// Completed requests per worker.
     pub per_worker: Vec<u64>,
     /// Simulated seconds up to the last completion.
@@ -70,11 +74,18 @@ impl PolicyReport {
             throughput_rps: per_sec(s.completed as f64),
             output_tokens_per_s: per_sec(s.completion_tokens as f64),
             spread: if mean > 0.0 { max / mean } else { 0.0 },
+            busy_spread: max_over_mean(&s.busy_secs),
             per_worker: s.per_worker.clone(),
             simulated_secs: secs,
             wall_secs,
         }
     }
+}
+
+fn max_over_mean(v: &[f64]) -> f64 {
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let max = v.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 { max / mean } else { 0.0 }
 }
 
 /// The whole report.
@@ -127,7 +138,7 @@ impl SimReport {
             .max(6);
         let _ = writeln!(
             out,
-            "{:<width$}  {:>6} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9}  {:>8} {:>6} {:>6}",
+            "{:<width$}  {:>6} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9}  {:>8} {:>6} {:>6} {:>6}",
             "policy",
             "hit%",
             "/orcl",
@@ -138,6 +149,7 @@ impl SimReport {
             "e2e_p99",
             "req/s",
             "spread",
+            "busy",
             "fail",
         );
         let f = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
@@ -151,7 +163,7 @@ impl SimReport {
             };
             let _ = writeln!(
                 out,
-                "{:<width$}  {:>6.1} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9}  {:>8.1} {:>6.2} {:>6}",
+                "{:<width$}  {:>6.1} {:>6}  {:>9} {:>9} {:>9}  {:>9} {:>9}  {:>8.1} {:>6.2} {:>6.2} {:>6}",
                 name,
                 r.hit_rate * 100.0,
                 r.oracle_fraction
@@ -163,6 +175,7 @@ impl SimReport {
                 f(r.e2e_ms.map(|s| s.p99)),
                 r.throughput_rps,
                 r.spread,
+                r.busy_spread,
                 r.failed,
             );
             requests += r.completed + r.failed;
