@@ -14,8 +14,8 @@ def fmt(v, spec):
 
 def main(paths):
     print("| workload | workers | policy | hit % | / oracle | TTFT mean ms | TTFT p99 ms"
-          " | E2E mean ms | req/s | spread |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+          " | E2E mean ms | req/s | spread | work spread |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path in paths:
         with open(path) as f:
             rep = json.load(f)
@@ -28,7 +28,7 @@ def main(paths):
                   f" | {fmt(r.get('oracle_fraction'), '.3f')}"
                   f" | {fmt(ttft.get('mean'), '.0f')} | {fmt(ttft.get('p99'), '.0f')}"
                   f" | {fmt(e2e.get('mean'), '.0f')} | {r['throughput_rps']:.1f}"
-                  f" | {r['spread']:.2f} |")
+                  f" | {r['spread']:.2f} | {fmt(r.get('work_spread'), '.2f')} |")
 
 
 if __name__ == "__main__":

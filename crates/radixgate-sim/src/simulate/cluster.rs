@@ -59,8 +59,9 @@ pub struct RunStats {
     pub e2e_ms: Vec<f64>,
     /// Completed requests per worker.
     pub per_worker: Vec<u64>,
-    /// Simulated seconds each worker's engine spent stepping (its work).
-    pub busy_secs: Vec<f64>,
+    /// Tokens each worker's engine computed: uncached prompt tokens plus
+    /// generated tokens (its work, whatever the request count).
+    pub work_tokens: Vec<u64>,
     /// Simulated time of the last completion.
     pub end: Duration,
     /// Events processed.
@@ -175,10 +176,13 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
     };
     c.start();
     c.run_loop()?;
-    c.stats.busy_secs = c
+    c.stats.work_tokens = c
         .engines
         .iter()
-        .map(|e| e.counters().busy.as_secs_f64())
+        .map(|e| {
+            let k = e.counters();
+            k.prompt_tokens - k.cached_tokens + k.generated_tokens
+        })
         .collect();
     Ok(c.stats)
 }

@@ -7,9 +7,9 @@
 //! - throughput: completed requests and output tokens per simulated second
 //!   (up to the last completion);
 //! - spread: the busiest worker's completed requests / the mean per worker
-//!   (1.0 is perfectly even); busy spread: the same over the simulated time
-//!   each worker spent computing (requests differ in size, so the two
-//!   differ when short and long requests mix).
+//!   (1.0 is perfectly even); work spread: the same over the tokens each
+//!   worker computed (uncached prompt + generated), which differs from the
+//!   request spread when short and long requests mix.
 
 use serde::Serialize;
 
@@ -41,8 +41,8 @@ pub struct PolicyReport {
     pub output_tokens_per_s: f64,
     /// Busiest worker's share / mean share.
     pub spread: f64,
-    /// Busiest worker's compute time / the mean.
-    pub busy_spread: f64,
+    /// Busiest worker's computed tokens / the mean.
+    pub work_spread: f64,
     /// Completed requests per worker.
     pub per_worker: Vec<u64>,
     /// Simulated seconds up to the last completion.
@@ -74,7 +74,7 @@ impl PolicyReport {
             throughput_rps: per_sec(s.completed as f64),
             output_tokens_per_s: per_sec(s.completion_tokens as f64),
             spread: if mean > 0.0 { max / mean } else { 0.0 },
-            busy_spread: max_over_mean(&s.busy_secs),
+            work_spread: max_over_mean(&s.work_tokens),
             per_worker: s.per_worker.clone(),
             simulated_secs: secs,
             wall_secs,
@@ -82,9 +82,9 @@ impl PolicyReport {
     }
 }
 
-fn max_over_mean(v: &[f64]) -> f64 {
-    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let max = v.iter().copied().fold(0.0, f64::max);
+fn max_over_mean(v: &[u64]) -> f64 {
+    let mean = v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
+    let max = v.iter().copied().max().unwrap_or(0) as f64;
     if mean > 0.0 { max / mean } else { 0.0 }
 }
 
@@ -149,7 +149,7 @@ impl SimReport {
             "e2e_p99",
             "req/s",
             "spread",
-            "busy",
+            "work",
             "fail",
         );
         let f = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
@@ -175,7 +175,7 @@ impl SimReport {
                 f(r.e2e_ms.map(|s| s.p99)),
                 r.throughput_rps,
                 r.spread,
-                r.busy_spread,
+                r.work_spread,
                 r.failed,
             );
             requests += r.completed + r.failed;
