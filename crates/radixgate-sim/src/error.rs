@@ -74,7 +74,7 @@ pub enum SimError {
     Io(#[from] std::io::Error),
     /// A routing policy could not be built or refused a request (the offline
     /// simulator; a bad `--policies`/`--sweep` value is the operator's fault).
-    #[error("routing: {0}")]
+    #[error(transparent)]
     Routing(#[from] radixgate_routing::RoutingError),
 }
 
