@@ -4,7 +4,8 @@
 //! the operator/client (`Config`, `BadRequest`, `PayloadTooLarge`, and the
 //! load tool's `TraceIo`, `TraceFormat`, `BadUrl`), a
 //! deliberately injected fault (`InjectedFault`), or the process itself
-//! (`Io`, `EngineGone`). The HTTP server maps these to status codes in
+//! (`Io`, `EngineGone`), or the routing code the simulator drives
+//! (`Routing`). The HTTP server maps these to status codes in
 //! exactly one place (`server::error_response`).
 
 use thiserror::Error;
@@ -71,6 +72,10 @@ pub enum SimError {
     /// A socket could not be bound or accepted.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// A routing policy could not be built or refused a request (the offline
+    /// simulator; a bad `--policies`/`--sweep` value is the operator's fault).
+    #[error(transparent)]
+    Routing(#[from] radixgate_routing::RoutingError),
 }
 
 impl SimError {

@@ -1,10 +1,13 @@
 //! The simulated LLM worker (KV cache and timing model, HTTP server), the
-//! workload generators and the `load` tool radixgate is measured with.
+//! workload generators, the `load` tool radixgate is measured with, and the
+//! offline cluster simulator (`simulate`) that runs the routing policies
+//! against the same worker model in simulated time.
 
 pub mod engine;
 pub mod error;
 pub mod load;
 pub mod server;
+pub mod simulate;
 pub mod tokens;
 pub mod workload;
 

@@ -25,6 +25,9 @@ enum Command {
     /// Drive a workload at servers or routers and report hit rate, latency,
     /// errors and spread.
     Load(Box<radixgate_sim::load::LoadArgs>),
+    /// Replay a workload through the routing policies offline, against
+    /// simulated workers in simulated time, and compare them with an oracle.
+    Simulate(Box<radixgate_sim::simulate::SimulateArgs>),
     /// Print the build's version and exit.
     Version,
 }
@@ -62,6 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 radixgate::demo::run(*args, shutdown).await
             })?;
         }
+        Command::Simulate(args) => radixgate_sim::simulate::main(*args)?,
     }
     Ok(())
 }

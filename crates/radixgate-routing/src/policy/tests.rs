@@ -227,7 +227,7 @@ fn models_have_separate_trees() {
     let a_id = a.worker().id();
     drop(a);
     let b = p.select(&RequestView::new("b", &text), &ws).unwrap();
-    assert_eq!(b.explanation().branch, Branch::LowMatchMinLoad);
+    assert_eq!(b.explanation().branch, Branch::LowMatchSmallestTree);
     assert_eq!(b.explanation().matched_chars, Some(0));
     assert!(p.tree("a").unwrap().prefix_match(&text).matched_chars > 0);
     assert_eq!(

@@ -349,6 +349,25 @@ impl Engine {
         }
     }
 
+    /// The running batch as an oracle sees it: the context tokens the
+    /// decoding requests read per step, and each running request's output
+    /// tokens still to generate, ascending (the order its slot frees up).
+    pub fn running_state(&self) -> (usize, Vec<usize>) {
+        let mut context = 0;
+        let mut remaining: Vec<usize> = self
+            .running
+            .iter()
+            .map(|r| {
+                if r.prefill_left() == 0 {
+                    context += r.req.prompt.len() + r.generated;
+                }
+                r.req.max_new_tokens.saturating_sub(r.generated).max(1)
+            })
+            .collect();
+        remaining.sort_unstable();
+        (context, remaining)
+    }
+
     /// Cumulative counters.
     pub fn counters(&self) -> &EngineCounters {
         &self.counters

@@ -365,52 +365,62 @@ fn kind_name(kind: WorkloadKind) -> &'static str {
     }
 }
 
+/// The workload that `--workload`, `--workload-file` and the workload
+/// flags describe (validated): shared by `load` and `simulate`, so both
+/// tools accept the same workload description.
+pub fn workload_config(
+    workload: WorkloadKind,
+    workload_file: Option<&std::path::Path>,
+    knobs: &WorkloadFlags,
+) -> Result<WorkloadConfig, SimError> {
+    if let Some(path) = &workload_file {
+        let mut used = Used {
+            flags: knobs,
+            names: BTreeSet::new(),
+        };
+        if let Some(flag) = used.unused().first() {
+            return Err(SimError::Config(format!(
+                "{flag} cannot be combined with --workload-file"
+            )));
+        }
+        used.names.clear();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            SimError::Config(format!(
+                "cannot read --workload-file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let cfg: WorkloadConfig = serde_json::from_str(&text)
+            .map_err(|e| SimError::Config(format!("--workload-file {}: {e}", path.display())))?;
+        cfg.validate()?;
+        return Ok(cfg);
+    }
+    let mut used = Used {
+        flags: knobs,
+        names: BTreeSet::new(),
+    };
+    let cfg = match workload {
+        WorkloadKind::Trace => used.trace()?,
+        WorkloadKind::Mixed => used.mixed()?,
+        k => used.single(kind_name(k))?,
+    };
+    let unused = used.unused();
+    if !unused.is_empty() {
+        let verb = if unused.len() == 1 { "does" } else { "do" };
+        return Err(SimError::Config(format!(
+            "{} {verb} not apply to --workload {}",
+            unused.join(", "),
+            kind_name(workload)
+        )));
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
 impl LoadArgs {
     /// The workload these flags describe (validated).
     pub fn workload_config(&self) -> Result<WorkloadConfig, SimError> {
-        if let Some(path) = &self.workload_file {
-            let mut used = Used {
-                flags: &self.knobs,
-                names: BTreeSet::new(),
-            };
-            if let Some(flag) = used.unused().first() {
-                return Err(SimError::Config(format!(
-                    "{flag} cannot be combined with --workload-file"
-                )));
-            }
-            used.names.clear();
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                SimError::Config(format!(
-                    "cannot read --workload-file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            let cfg: WorkloadConfig = serde_json::from_str(&text).map_err(|e| {
-                SimError::Config(format!("--workload-file {}: {e}", path.display()))
-            })?;
-            cfg.validate()?;
-            return Ok(cfg);
-        }
-        let mut used = Used {
-            flags: &self.knobs,
-            names: BTreeSet::new(),
-        };
-        let cfg = match self.workload {
-            WorkloadKind::Trace => used.trace()?,
-            WorkloadKind::Mixed => used.mixed()?,
-            k => used.single(kind_name(k))?,
-        };
-        let unused = used.unused();
-        if !unused.is_empty() {
-            let verb = if unused.len() == 1 { "does" } else { "do" };
-            return Err(SimError::Config(format!(
-                "{} {verb} not apply to --workload {}",
-                unused.join(", "),
-                kind_name(self.workload)
-            )));
-        }
-        cfg.validate()?;
-        Ok(cfg)
+        workload_config(self.workload, self.workload_file.as_deref(), &self.knobs)
     }
 
     /// The text shape (`--chars-per-token`).

@@ -1,0 +1,302 @@
+//! The `radixgate simulate` command line.
+//!
+//! Workload flags are `radixgate load`'s own ([`WorkloadFlags`] and the
+//! same translation), so one workload description drives both tools. The
+//! worker model takes `radixgate worker`'s `--config` file (as
+//! `--worker-config`) and its engine flags; arrivals mirror `load`'s
+//! (`--rate`, `--concurrency`, trace timestamps, `--requests`,
+//! `--duration`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RandomConfig};
+
+use super::report::{PolicyReport, SimReport};
+use super::sweep::{self, Axis};
+use super::{Contender, SimConfig, cluster};
+use crate::SimError;
+use crate::load::args::{DEFAULT_CONCURRENCY, workload_config};
+use crate::load::{Api, Arrivals, WorkloadFlags, WorkloadKind};
+use crate::server::WorkerConfig;
+use crate::workload::TextShape;
+
+/// Requests simulated when neither `--requests` nor `--duration` is given
+/// (except for trace replay, which then plays the whole trace).
+pub const DEFAULT_REQUESTS: u64 = 2000;
+
+/// The contenders run when `--policies` is not given.
+pub const DEFAULT_POLICIES: &str = "cache_aware,prefill_aware,least_load,round_robin,oracle";
+
+/// Flags of `radixgate simulate`.
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// Workers in the simulated pool.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Contenders, comma-separated: any `radixgate serve --policy` name
+    /// (cache_aware, prefill_aware, round_robin, random, power_of_two,
+    /// least_load, consistent_hash) and `oracle`.
+    #[arg(long, default_value = DEFAULT_POLICIES, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// A policy setting and the values to try, e.g.
+    /// `cache_threshold=0.1,0.3,0.5` or `hot_spot.slack=1,2,4` (repeat for
+    /// a grid; each policy is swept over the settings it has).
+    #[arg(long, value_name = "KEY=V1,V2")]
+    pub sweep: Vec<String>,
+    /// API the requests are sent through (sets the routing text).
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    pub api: Api,
+    /// Open loop: Poisson arrivals at this many requests per second.
+    #[arg(long, conflicts_with = "concurrency")]
+    pub rate: Option<f64>,
+    /// Closed loop: this many clients [default: 8].
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Stop issuing after this many simulated seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Stop issuing after this many requests [default: 2000, or the whole
+    /// trace].
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Seed of the workload and the arrival process.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Simulated milliseconds between refreshes of each worker's reported
+    /// load (what a gateway polling `/get_load` would see).
+    #[arg(long, default_value_t = 100)]
+    pub load_poll_ms: u64,
+    /// Workload to generate.
+    #[arg(long, value_enum, default_value_t = WorkloadKind::SharedPrefix)]
+    pub workload: WorkloadKind,
+    /// Read the workload from a JSON file (the `WorkloadConfig` schema)
+    /// instead of --workload and its flags.
+    #[arg(long, value_name = "FILE", conflicts_with = "workload")]
+    pub workload_file: Option<PathBuf>,
+    /// Characters per token when rendering workload lengths to text.
+    #[arg(long, default_value_t = 4)]
+    pub chars_per_token: u32,
+    /// Workload settings (each applies to the workloads named in its help).
+    #[command(flatten)]
+    pub knobs: WorkloadFlags,
+    /// A JSON file holding a worker config, as `radixgate worker --config`
+    /// takes it; the engine flags below override it.
+    #[arg(long, value_name = "FILE")]
+    pub worker_config: Option<PathBuf>,
+    /// KV page size in tokens [16].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// KV cache capacity per worker in tokens [400000].
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<usize>,
+    /// Most requests in a worker's running batch [256].
+    #[arg(long)]
+    pub max_running_requests: Option<usize>,
+    /// Token budget per step [8192].
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Fixed cost of a step, microseconds [4800].
+    #[arg(long)]
+    pub step_base_us: Option<f64>,
+    /// Cost per batched token, microseconds [27].
+    #[arg(long)]
+    pub token_us: Option<f64>,
+    /// KV read cost per context token of a decoding request, ns [39].
+    #[arg(long)]
+    pub kv_read_ns_per_token: Option<f64>,
+}
+
+fn set<T>(slot: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *slot = v;
+    }
+}
+
+impl SimulateArgs {
+    /// The worker model: `--worker-config` (or defaults), then flags.
+    pub fn worker(&self) -> Result<WorkerConfig, SimError> {
+        let mut c = match &self.worker_config {
+            None => WorkerConfig::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    SimError::Config(format!(
+                        "cannot read --worker-config {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                serde_json::from_str(&text).map_err(|e| {
+                    SimError::Config(format!("--worker-config {}: {e}", path.display()))
+                })?
+            }
+        };
+        let e = &mut c.engine;
+        set(&mut e.block_size, self.block_size);
+        set(&mut e.kv_capacity_tokens, self.kv_capacity_tokens);
+        set(&mut e.max_running_requests, self.max_running_requests);
+        set(&mut e.max_batch_tokens, self.max_batch_tokens);
+        set(&mut e.timing.step_base_us, self.step_base_us);
+        set(&mut e.timing.token_us, self.token_us);
+        set(
+            &mut e.timing.kv_read_ns_per_token,
+            self.kv_read_ns_per_token,
+        );
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The simulation these flags describe (validated).
+    pub fn sim_config(&self) -> Result<SimConfig, SimError> {
+        let workload = workload_config(self.workload, self.workload_file.as_deref(), &self.knobs)?;
+        if self.chars_per_token == 0 {
+            return Err(SimError::Config("--chars-per-token must be > 0".into()));
+        }
+        let timestamped = matches!(workload, crate::workload::WorkloadConfig::Trace(_));
+        let arrivals = if timestamped {
+            if self.rate.is_some() || self.concurrency.is_some() {
+                return Err(SimError::Config(
+                    "trace replay paces requests by its timestamps: drop --rate/--concurrency and use --speedup".into(),
+                ));
+            }
+            Arrivals::Timestamps
+        } else if let Some(rate) = self.rate {
+            if !rate.is_finite() || rate <= 0.0 {
+                return Err(SimError::Config(format!("--rate must be > 0, got {rate}")));
+            }
+            Arrivals::Poisson { rate }
+        } else {
+            Arrivals::Closed {
+                concurrency: self.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+            }
+        };
+        let duration = match self.duration {
+            None => None,
+            Some(d) if d.is_finite() && d > 0.0 && d <= 1e7 => Some(Duration::from_secs_f64(d)),
+            Some(d) => {
+                return Err(SimError::Config(format!(
+                    "--duration must be a number of seconds > 0, got {d}"
+                )));
+            }
+        };
+        if self.requests == Some(0) {
+            return Err(SimError::Config("--requests must be > 0".into()));
+        }
+        let max_requests = match (self.requests, duration, timestamped) {
+            (Some(n), _, _) => Some(n),
+            (None, None, false) => Some(DEFAULT_REQUESTS),
+            _ => None,
+        };
+        let cfg = SimConfig {
+            workers: self.workers,
+            worker: self.worker()?,
+            workload,
+            shape: TextShape {
+                chars_per_token: self.chars_per_token,
+            },
+            seed: self.seed,
+            api: self.api,
+            arrivals,
+            max_requests,
+            duration,
+            load_poll: (self.load_poll_ms > 0).then(|| Duration::from_millis(self.load_poll_ms)),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The contenders, each with its sweep point label.
+    pub fn contenders(&self) -> Result<Vec<(Contender, String)>, SimError> {
+        let axes = self
+            .sweep
+            .iter()
+            .map(|s| Axis::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut bases = Vec::new();
+        for name in self
+            .policies
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+        {
+            bases.push(contender(name, self.seed)?);
+        }
+        if bases.is_empty() {
+            return Err(SimError::Config("--policies names no policy".into()));
+        }
+        for axis in &axes {
+            let used = bases.iter().any(|b| match b {
+                Contender::Policy(p) => sweep::has_key(p, &axis.key),
+                Contender::Oracle => false,
+            });
+            if !used {
+                return Err(SimError::Config(format!(
+                    "--sweep {}: none of the chosen policies has this setting",
+                    axis.key
+                )));
+            }
+        }
+        let mut out = Vec::new();
+        for base in bases {
+            match &base {
+                Contender::Oracle => out.push((base, String::new())),
+                Contender::Policy(p) => {
+                    for point in sweep::grid_for(p, &axes) {
+                        let cfg = sweep::apply(p, &point)?;
+                        out.push((Contender::Policy(cfg), sweep::describe(&point)));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs every contender on the same config and reports.
+    pub fn execute(&self) -> Result<SimReport, SimError> {
+        let cfg = self.sim_config()?;
+        let contenders = self.contenders()?;
+        let mut report = SimReport {
+            workload: cfg.workload.name().into(),
+            workers: cfg.workers,
+            arrivals: cfg.arrivals.describe(),
+            seed: cfg.seed,
+            api: cfg.api.path().into(),
+            rows: Vec::new(),
+        };
+        for (who, params) in contenders {
+            let started = Instant::now();
+            let stats = cluster::run(&cfg, &who)?;
+            let wall = started.elapsed().as_secs_f64();
+            report
+                .rows
+                .push(PolicyReport::new(who.name(), params, &stats, wall));
+        }
+        report.relate_to_oracle();
+        Ok(report)
+    }
+}
+
+/// The contender called `name`, with its default settings (seeded where it
+/// draws random numbers, so runs repeat).
+pub fn contender(name: &str, seed: u64) -> Result<Contender, SimError> {
+    if name == "oracle" {
+        return Ok(Contender::Oracle);
+    }
+    let json = serde_json::json!({ "policy": name });
+    let cfg: PolicyConfig = serde_json::from_value(json).map_err(|_| {
+        SimError::Config(format!(
+            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash or oracle)"
+        ))
+    })?;
+    let cfg = match cfg {
+        PolicyConfig::Random(_) => PolicyConfig::Random(RandomConfig { seed: Some(seed) }),
+        PolicyConfig::PowerOfTwo(_) => {
+            PolicyConfig::PowerOfTwo(PowerOfTwoConfig { seed: Some(seed) })
+        }
+        other => other,
+    };
+    Ok(Contender::Policy(cfg))
+}

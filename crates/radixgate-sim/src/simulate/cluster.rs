@@ -1,0 +1,471 @@
+//! One simulated run: a workload, N engines and one routing contender, in
+//! simulated time.
+//!
+//! Each request: the workload hands it out (at the arrival process's time),
+//! the contender picks a worker — a real `radixgate-routing` policy through
+//! a real [`Registry`]/[`Router`], whose [`LoadGuard`] is held until the
+//! request completes (and its prefill share released at the first token),
+//! or the oracle — and the chosen [`Engine`] queues it. Engines step as the
+//! `radixgate worker` does: a step starts when work arrives at an idle
+//! engine or when the previous step's results land, and its results land
+//! `duration` later (a [`Kind::StepDone`] event). Finished requests report
+//! their reply to the workload, which may continue the session.
+//!
+//! Workers' reported load (`running`, `waiting`, KV use) is refreshed from
+//! the engines every `load_poll` of simulated time, as a gateway polling
+//! `/get_load` would see it; no built-in policy reads it today. The
+//! policy's tree eviction runs every `eviction_interval_secs`, as the
+//! gateway's background task does.
+//!
+//! Single-threaded and deterministic: the only inputs are the config and
+//! seed; ties are ordered by [`events`](super::events).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worker, WorkerSpec};
+
+use super::events::{Kind, Queue};
+use super::text::{routing_text, worker_reply, worker_text};
+use super::{Contender, SimConfig, oracle};
+use crate::SimError;
+use crate::engine::{Engine, EngineRequest, Finished, ReqId};
+use crate::load::Arrivals;
+use crate::tokens::Tokenizer;
+use crate::workload::rng::{SplitMix64, key};
+use crate::workload::{Poll, RequestSpec, SessionId, Workload};
+
+/// The load tool's arrival-stream key, so `simulate --rate R` and `load
+/// --rate R` draw the same arrival times for a seed.
+const ARRIVALS: u64 = 61;
+
+/// What one run measured (raw; [`report`](super::report) summarises).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunStats {
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests the engine refused (larger than a worker's KV capacity).
+    pub failed: u64,
+    /// Prompt tokens of completed requests.
+    pub prompt_tokens: u64,
+    /// Of those, served from the chosen worker's cache.
+    pub cached_tokens: u64,
+    /// Output tokens of completed requests.
+    pub completion_tokens: u64,
+    /// Time to first token per completed request, ms, in completion order.
+    pub ttft_ms: Vec<f64>,
+    /// End-to-end latency per completed request, ms, in completion order.
+    pub e2e_ms: Vec<f64>,
+    /// Completed requests per worker.
+    pub per_worker: Vec<u64>,
+    /// Tokens each worker's engine computed: uncached prompt tokens plus
+    /// generated tokens (its work, whatever the request count).
+    pub work_tokens: Vec<u64>,
+    /// Simulated time of the last completion.
+    pub end: Duration,
+    /// Events processed.
+    pub events: u64,
+}
+
+enum Chooser {
+    Policy {
+        router: Router,
+        model: String,
+        next_evict: Option<Duration>,
+    },
+    Oracle {
+        turn: usize,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IssuerState {
+    Scheduled,
+    Busy,
+    Awaiting,
+    Retired,
+}
+
+struct Live {
+    session: SessionId,
+    issuer: Option<usize>,
+    guard: LoadGuard,
+    worker: usize,
+    start: Duration,
+    first: Option<Duration>,
+    reply: String,
+}
+
+struct Cluster<'a> {
+    cfg: &'a SimConfig,
+    tokenizer: Tokenizer,
+    workload: Box<dyn Workload>,
+    engines: Vec<Engine>,
+    pending: Vec<Option<crate::engine::StepOutcome>>,
+    workers: Vec<Arc<Worker>>,
+    chooser: Chooser,
+    queue: Queue,
+    now: Duration,
+    issuers: Vec<IssuerState>,
+    rng: SplitMix64,
+    next_arrival: Duration,
+    issued: u64,
+    next_id: ReqId,
+    live: HashMap<ReqId, Live>,
+    stats: RunStats,
+}
+
+/// Runs `who` against the configured workload and pool.
+pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
+    cfg.validate()?;
+    let tokenizer = Tokenizer::new(cfg.worker.chars_per_token)?;
+    let workload = cfg.workload.build(cfg.seed, cfg.shape)?;
+    let engines = (0..cfg.workers)
+        .map(|_| Engine::new(cfg.worker.engine.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let model = cfg.worker.model.clone();
+    let spec = |i: usize| WorkerSpec::new(format!("http://sim-{i}")).with_models([model.clone()]);
+    let (chooser, workers, _registry) = match who {
+        Contender::Policy(pc) => {
+            let policy: Arc<dyn Policy> = pc.build()?;
+            let next_evict = policy.eviction_interval();
+            let mut registry = Registry::new(policy);
+            let workers = (0..cfg.workers)
+                .map(|i| registry.add(spec(i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let router = registry.router();
+            let chooser = Chooser::Policy {
+                router,
+                model: model.clone(),
+                next_evict,
+            };
+            (chooser, workers, Some(registry))
+        }
+        Contender::Oracle => {
+            let workers = (0..cfg.workers)
+                .map(|i| Arc::new(Worker::new(radixgate_routing::WorkerId(i as u32), spec(i))))
+                .collect();
+            (Chooser::Oracle { turn: 0 }, workers, None)
+        }
+    };
+    let issuers = match cfg.arrivals {
+        Arrivals::Closed { concurrency } => concurrency,
+        Arrivals::Poisson { .. } | Arrivals::Timestamps => 1,
+    };
+    let mut c = Cluster {
+        cfg,
+        tokenizer,
+        workload,
+        engines,
+        pending: vec![None; cfg.workers],
+        workers,
+        chooser,
+        queue: Queue::default(),
+        now: Duration::ZERO,
+        issuers: vec![IssuerState::Scheduled; issuers],
+        rng: SplitMix64::new(key(cfg.seed, &[ARRIVALS])),
+        next_arrival: Duration::ZERO,
+        issued: 0,
+        next_id: 0,
+        live: HashMap::new(),
+        stats: RunStats {
+            per_worker: vec![0; cfg.workers],
+            ..RunStats::default()
+        },
+    };
+    c.start();
+    c.run_loop()?;
+    c.stats.work_tokens = c
+        .engines
+        .iter()
+        .map(|e| {
+            let k = e.counters();
+            k.prompt_tokens - k.cached_tokens + k.generated_tokens
+        })
+        .collect();
+    Ok(c.stats)
+}
+
+impl Cluster<'_> {
+    fn start(&mut self) {
+        if let Arrivals::Poisson { rate } = self.cfg.arrivals {
+            self.next_arrival = Duration::from_secs_f64(self.rng.exp(1.0 / rate));
+        }
+        for i in 0..self.issuers.len() {
+            self.queue.push(self.next_arrival, Kind::Issue(i));
+        }
+        if let Some(every) = self.cfg.load_poll {
+            self.queue.push(every, Kind::Poll);
+        }
+        if let Chooser::Policy {
+            next_evict: Some(every),
+            ..
+        } = &self.chooser
+        {
+            self.queue.push(*every, Kind::Evict);
+        }
+    }
+
+    fn run_loop(&mut self) -> Result<(), SimError> {
+        while let Some(ev) = self.queue.pop() {
+            self.now = ev.at;
+            self.stats.events += 1;
+            match ev.kind {
+                Kind::StepDone(w) => self.step_done(w),
+                Kind::Issue(i) => self.issue(i)?,
+                Kind::Poll => {
+                    self.publish_loads();
+                    if let Some(every) = self.cfg.load_poll
+                        && self.active()
+                    {
+                        self.queue.push(self.now + every, Kind::Poll);
+                    }
+                }
+                Kind::Evict => {
+                    if let Chooser::Policy {
+                        router,
+                        next_evict: Some(every),
+                        ..
+                    } = &self.chooser
+                    {
+                        router.policy().evict_now();
+                        let every = *every;
+                        if self.active() {
+                            self.queue.push(self.now + every, Kind::Evict);
+                        }
+                    }
+                }
+            }
+        }
+        debug_assert!(self.live.is_empty(), "every request completes");
+        Ok(())
+    }
+
+    /// Whether anything but upkeep remains.
+    fn active(&self) -> bool {
+        self.queue.work() > 0 || !self.live.is_empty()
+    }
+
+    fn publish_loads(&self) {
+        for (e, w) in self.engines.iter().zip(&self.workers) {
+            let l = e.load();
+            w.set_reported_load(ReportedLoad {
+                running: l.running as u32,
+                waiting: l.waiting as u32,
+                kv_usage: l.kv_used_tokens as f32 / l.kv_capacity_tokens.max(1) as f32,
+            });
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.cfg.max_requests.is_some_and(|m| self.issued >= m)
+            || self.cfg.duration.is_some_and(|d| self.now >= d)
+    }
+
+    fn issue(&mut self, i: usize) -> Result<(), SimError> {
+        if self.stopped() {
+            self.issuers[i] = IssuerState::Retired;
+            return Ok(());
+        }
+        // Busy while deciding; every arm below leaves it in its next state.
+        self.issuers[i] = IssuerState::Busy;
+        match self.workload.next(self.now) {
+            Poll::Ready(spec) => {
+                self.issued += 1;
+                let closed = matches!(self.cfg.arrivals, Arrivals::Closed { .. });
+                self.dispatch(spec, closed.then_some(i))?;
+                match self.cfg.arrivals {
+                    // Busy until its request completes (or already
+                    // rescheduled, if the engine refused it).
+                    Arrivals::Closed { .. } => {}
+                    Arrivals::Poisson { rate } => {
+                        self.next_arrival += Duration::from_secs_f64(self.rng.exp(1.0 / rate));
+                        self.schedule(i, self.next_arrival.max(self.now));
+                    }
+                    Arrivals::Timestamps => self.schedule(i, self.now),
+                }
+            }
+            Poll::NotBefore(t) => {
+                let at = if t > self.now {
+                    t
+                } else {
+                    self.now + Duration::from_micros(1)
+                };
+                self.schedule(i, at);
+            }
+            Poll::AwaitReply if !self.live.is_empty() => {
+                self.issuers[i] = IssuerState::Awaiting;
+            }
+            // Nothing in flight can ever answer: the workload is stuck.
+            Poll::AwaitReply | Poll::Done => self.issuers[i] = IssuerState::Retired,
+        }
+        Ok(())
+    }
+
+    fn schedule(&mut self, i: usize, at: Duration) {
+        self.issuers[i] = IssuerState::Scheduled;
+        self.queue.push(at, Kind::Issue(i));
+    }
+
+    /// After an outcome: the request's own client and every client waiting
+    /// on a reply try again now.
+    fn wake(&mut self, issuer: Option<usize>) {
+        if let Some(i) = issuer
+            && self.issuers[i] == IssuerState::Busy
+        {
+            self.schedule(i, self.now);
+        }
+        for i in 0..self.issuers.len() {
+            if self.issuers[i] == IssuerState::Awaiting {
+                self.schedule(i, self.now);
+            }
+        }
+    }
+
+    fn choose(&mut self, spec: &RequestSpec, tokens: &[u64]) -> Result<LoadGuard, SimError> {
+        match &mut self.chooser {
+            Chooser::Policy { router, model, .. } => {
+                let text = routing_text(&spec.prompt, self.cfg.api);
+                Ok(router
+                    .route(Some(model.as_str()), &text, None)?
+                    .into_guard())
+            }
+            Chooser::Oracle { turn } => {
+                let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
+                let i = oracle::choose(&self.engines, &in_flight, tokens, *turn);
+                *turn += 1;
+                Ok(LoadGuard::acquire(self.workers[i].clone()))
+            }
+        }
+    }
+
+    fn dispatch(&mut self, spec: RequestSpec, issuer: Option<usize>) -> Result<(), SimError> {
+        let text = worker_text(&spec.prompt, self.cfg.api);
+        let max_tokens = spec.max_tokens as usize;
+        let reply = worker_reply(&text, max_tokens, &self.tokenizer);
+        let (prompt, final_tokens) = prompt_and_final(&self.tokenizer, &text, &reply);
+        let guard = self.choose(&spec, &prompt)?;
+        let worker = self
+            .workers
+            .iter()
+            .position(|w| w.id() == guard.worker().id())
+            .expect("the policy chose one of our workers");
+        let id = self.next_id;
+        self.next_id += 1;
+        let req = EngineRequest {
+            id,
+            prompt,
+            final_tokens,
+            max_new_tokens: max_tokens,
+        };
+        if self.engines[worker].submit(req, self.now).is_err() {
+            // Too large for a worker (the HTTP worker answers 400).
+            drop(guard);
+            self.stats.failed += 1;
+            self.workload.on_failure(spec.session, self.now);
+            if let Some(i) = issuer {
+                self.schedule(i, self.now);
+            }
+            self.wake(None);
+            return Ok(());
+        }
+        self.live.insert(
+            id,
+            Live {
+                session: spec.session,
+                issuer,
+                guard,
+                worker,
+                start: self.now,
+                first: None,
+                reply,
+            },
+        );
+        if self.pending[worker].is_none() {
+            self.start_step(worker);
+        }
+        Ok(())
+    }
+
+    fn start_step(&mut self, w: usize) {
+        let out = self.engines[w].step(self.now);
+        if out.is_idle() {
+            self.pending[w] = None;
+        } else {
+            self.queue.push(self.now + out.duration, Kind::StepDone(w));
+            self.pending[w] = Some(out);
+        }
+    }
+
+    fn step_done(&mut self, w: usize) {
+        let out = self.pending[w].take().expect("a step was running");
+        for id in &out.first_token {
+            if let Some(live) = self.live.get_mut(id) {
+                live.first = Some(self.now);
+                live.guard.prefill_done();
+            }
+        }
+        for f in out.finished {
+            self.complete(f);
+        }
+        self.start_step(w);
+    }
+
+    fn complete(&mut self, f: Finished) {
+        let Some(live) = self.live.remove(&f.id) else {
+            return;
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let s = &mut self.stats;
+        s.completed += 1;
+        s.prompt_tokens += f.prompt_tokens as u64;
+        s.cached_tokens += f.cached_tokens as u64;
+        s.completion_tokens += f.completion_tokens as u64;
+        s.ttft_ms.push(ms(live
+            .first
+            .unwrap_or(self.now)
+            .saturating_sub(live.start)));
+        s.e2e_ms.push(ms(self.now.saturating_sub(live.start)));
+        s.per_worker[live.worker] += 1;
+        s.end = self.now;
+        drop(live.guard);
+        self.workload.on_reply(live.session, &live.reply, self.now);
+        self.wake(live.issuer);
+    }
+}
+
+/// The prompt's tokens and the tokens of prompt + reply, tokenizing once.
+/// Tokens are runs of `chars_per_token` characters from the start, so the
+/// two agree on every complete run of the prompt; only a trailing partial
+/// run of the prompt is a token of its own.
+fn prompt_and_final(t: &Tokenizer, text: &str, reply: &str) -> (Vec<u64>, Vec<u64>) {
+    let all = t.tokenize(&format!("{text}{reply}"));
+    let chars = text.chars().count();
+    let cpt = t.chars_per_token();
+    let full = chars / cpt;
+    let mut prompt = all[..full].to_vec();
+    if !chars.is_multiple_of(cpt) {
+        let tail_start = text
+            .char_indices()
+            .nth(full * cpt)
+            .map_or(text.len(), |(b, _)| b);
+        prompt.extend(t.tokenize(&text[tail_start..]));
+    }
+    (prompt, all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_and_final_match_separate_tokenization() {
+        let t = Tokenizer::new(4).unwrap();
+        for text in ["", "abc", "abcd", "abcdé", "héllo wörld!"] {
+            let (p, f) = prompt_and_final(&t, text, "reply text");
+            assert_eq!(p, t.tokenize(text), "{text:?}");
+            assert_eq!(f, t.tokenize(&format!("{text}reply text")));
+        }
+    }
+}

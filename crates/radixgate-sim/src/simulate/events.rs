@@ -1,0 +1,140 @@
+//! The event queue of the simulator: a min-heap on `(time, class, seq)`.
+//!
+//! Ordering is total and independent of the heap's internals: events fire
+//! in time order; at equal times by class — engine step results first (a
+//! worker's results at `t` are visible to a decision at `t`, as the HTTP
+//! worker publishes its load before delivering a step's events), then the
+//! periodic load poll and tree eviction, then request issues; and within a
+//! class in the order they were scheduled (`seq`, a counter). So a run is a
+//! pure function of its inputs.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+/// What happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Engine `0`'s current step completes; its results become visible.
+    StepDone(usize),
+    /// Refresh every worker's reported load from its engine (`/get_load`).
+    Poll,
+    /// Run the policy's tree eviction (the gateway's background task).
+    Evict,
+    /// Issuer `0` (a client, or the arrival process) asks the workload for
+    /// its next request.
+    Issue(usize),
+}
+
+impl Kind {
+    fn class(self) -> u8 {
+        match self {
+            Kind::StepDone(_) => 0,
+            Kind::Poll | Kind::Evict => 1,
+            Kind::Issue(_) => 2,
+        }
+    }
+
+    /// Whether the event is periodic upkeep (it must not keep a finished
+    /// run alive).
+    pub fn is_upkeep(self) -> bool {
+        matches!(self, Kind::Poll | Kind::Evict)
+    }
+}
+
+/// A scheduled event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// When it fires (simulated time since the start).
+    pub at: Duration,
+    seq: u64,
+    /// What it is.
+    pub kind: Kind,
+}
+
+impl Event {
+    fn key(&self) -> (Duration, u8, u64) {
+        (self.at, self.kind.class(), self.seq)
+    }
+}
+
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Reversed: `BinaryHeap` is a max-heap.
+        other.key().cmp(&self.key())
+    }
+}
+
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The queue, with a count of the non-upkeep events in it.
+#[derive(Debug, Default)]
+pub struct Queue {
+    heap: BinaryHeap<Event>,
+    seq: u64,
+    work: usize,
+}
+
+impl Queue {
+    /// Schedules `kind` at `at`.
+    pub fn push(&mut self, at: Duration, kind: Kind) {
+        self.seq += 1;
+        if !kind.is_upkeep() {
+            self.work += 1;
+        }
+        self.heap.push(Event {
+            at,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// The earliest event.
+    pub fn pop(&mut self) -> Option<Event> {
+        let ev = self.heap.pop()?;
+        if !ev.kind.is_upkeep() {
+            self.work -= 1;
+        }
+        Some(ev)
+    }
+
+    /// Non-upkeep events still scheduled.
+    pub fn work(&self) -> usize {
+        self.work
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_then_class_then_schedule_order() {
+        let mut q = Queue::default();
+        let t = Duration::from_millis;
+        q.push(t(5), Kind::Issue(0));
+        q.push(t(5), Kind::Issue(1));
+        q.push(t(5), Kind::Poll);
+        q.push(t(5), Kind::StepDone(3));
+        q.push(t(1), Kind::Issue(9));
+        q.push(t(5), Kind::StepDone(2));
+        assert_eq!(q.work(), 5);
+        let order: Vec<Kind> = std::iter::from_fn(|| q.pop()).map(|e| e.kind).collect();
+        assert_eq!(
+            order,
+            vec![
+                Kind::Issue(9),
+                Kind::StepDone(3),
+                Kind::StepDone(2),
+                Kind::Poll,
+                Kind::Issue(0),
+                Kind::Issue(1),
+            ]
+        );
+        assert_eq!(q.work(), 0);
+    }
+}

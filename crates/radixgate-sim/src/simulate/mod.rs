@@ -1,0 +1,126 @@
+//! `radixgate simulate`: the offline cluster simulator.
+//!
+//! Replays a workload (the same generators and trace replay as `radixgate
+//! load`) through the real `radixgate-routing` policies in-process, against
+//! N instances of the worker model `radixgate worker` runs ([`Engine`]), in
+//! simulated time: a discrete-event loop ([`cluster`]) over arrivals, engine
+//! steps, first tokens and completions. Nothing reads a wall clock, so a run
+//! is a pure function of its config and seed, and runs far faster than real
+//! time.
+//!
+//! Besides the policies, two references: `round_robin` (the floor) and the
+//! [`oracle`], which sees every engine's true cache and queue and picks the
+//! worker with the least predicted time to first token.
+//!
+//! Layout: [`args`] (flags), [`sweep`] (policy parameter grids), [`events`]
+//! (the ordered event queue), [`cluster`] (one run), [`oracle`], [`text`]
+//! (routing text vs worker text), [`report`] (statistics, table, JSON).
+//!
+//! [`Engine`]: crate::engine::Engine
+
+pub mod args;
+pub mod cluster;
+pub mod events;
+pub mod oracle;
+pub mod report;
+pub mod sweep;
+pub mod text;
+
+use std::time::Duration;
+
+use radixgate_routing::PolicyConfig;
+
+pub use args::SimulateArgs;
+pub use cluster::{RunStats, run};
+pub use report::{PolicyReport, SimReport};
+
+use crate::SimError;
+use crate::load::{Api, Arrivals};
+use crate::server::WorkerConfig;
+use crate::workload::{TextShape, WorkloadConfig};
+
+/// Everything a run depends on, apart from the contender.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Workers in the pool.
+    pub workers: usize,
+    /// Each worker's model (engine, tokenizer, model id), as `radixgate
+    /// worker` takes it.
+    pub worker: WorkerConfig,
+    /// The workload.
+    pub workload: WorkloadConfig,
+    /// Characters per token when the workload renders lengths to text.
+    pub shape: TextShape,
+    /// Seed of the workload and the arrival process.
+    pub seed: u64,
+    /// The API requests are sent through (decides the routing text).
+    pub api: Api,
+    /// How requests arrive.
+    pub arrivals: Arrivals,
+    /// Stop issuing after this many requests.
+    pub max_requests: Option<u64>,
+    /// Stop issuing after this much simulated time.
+    pub duration: Option<Duration>,
+    /// How often workers' reported load is refreshed; `None`: never.
+    pub load_poll: Option<Duration>,
+}
+
+impl SimConfig {
+    /// Checks the parts a run cannot start without.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.workers == 0 {
+            return Err(SimError::Config("--workers must be at least 1".into()));
+        }
+        if self.workers > 4096 {
+            return Err(SimError::Config(format!(
+                "--workers must be at most 4096, got {}",
+                self.workers
+            )));
+        }
+        self.worker.validate()?;
+        self.workload.validate()?;
+        if let Arrivals::Closed { concurrency: 0 } = self.arrivals {
+            return Err(SimError::Config("--concurrency must be > 0".into()));
+        }
+        if self.load_poll == Some(Duration::ZERO) {
+            return Err(SimError::Config("--load-poll-ms must be > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Who routes a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Contender {
+    /// A `radixgate-routing` policy with these settings.
+    Policy(PolicyConfig),
+    /// The simulator's all-knowing reference.
+    Oracle,
+}
+
+impl Contender {
+    /// The name in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Contender::Policy(p) => p.name(),
+            Contender::Oracle => "oracle",
+        }
+    }
+}
+
+/// The command: runs every contender and prints the report (a table, or
+/// JSON with `--json`) on stdout.
+pub fn main(args: SimulateArgs) -> Result<(), SimError> {
+    let report = args.execute()?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| SimError::Io(std::io::Error::other(e)))?;
+        println!("{text}");
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

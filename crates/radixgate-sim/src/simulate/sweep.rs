@@ -1,0 +1,216 @@
+//! Parameter sweeps over policy settings: `--sweep cache_threshold=0.1,0.3`.
+//!
+//! A key names a field of a policy's config as in the gateway's YAML
+//! (`cache_threshold`, `balance_abs_threshold`, `low_match`,
+//! `load_cost_chars`, …); nested fields use dots (`hot_spot.slack`,
+//! `hot_spot.factor`, `hot_spot.rule`). Values are JSON scalars
+//! (`0.3`, `64`) or bare words (`smallest_tree`, `off`). Settings are
+//! applied through the policy's own serde schema, so a typo or a value of
+//! the wrong type is the same error the gateway would give, and ranges are
+//! checked by the policy's `validate`.
+//!
+//! Each policy is swept over the product of the axes whose keys it has; a
+//! policy with none of the keys runs once, as a baseline.
+
+use radixgate_routing::PolicyConfig;
+use serde_json::{Map, Value};
+
+use crate::SimError;
+
+/// One `--sweep KEY=V1,V2,…`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Axis {
+    /// The setting, dotted for nested fields.
+    pub key: String,
+    /// Its values, in the order given.
+    pub values: Vec<Value>,
+}
+
+/// One point of a grid: settings in axis order.
+pub type Point = Vec<(String, Value)>;
+
+impl Axis {
+    /// Parses `KEY=V1,V2,…`.
+    pub fn parse(s: &str) -> Result<Self, SimError> {
+        let bad = |why: &str| SimError::Config(format!("--sweep {s:?}: {why}"));
+        let (key, values) = s
+            .split_once('=')
+            .ok_or_else(|| bad("expected KEY=V1,V2,…"))?;
+        let key = key.trim();
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(bad("empty setting name"));
+        }
+        let values: Vec<Value> = values
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned())))
+            .collect();
+        if values.is_empty() {
+            return Err(bad("no values"));
+        }
+        Ok(Self {
+            key: key.to_owned(),
+            values,
+        })
+    }
+}
+
+/// The policy's config as a JSON object (its serde form).
+fn as_object(cfg: &PolicyConfig) -> Map<String, Value> {
+    match serde_json::to_value(cfg) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Whether `cfg`'s schema has the (dotted) setting `key`.
+pub fn has_key(cfg: &PolicyConfig, key: &str) -> bool {
+    let obj = as_object(cfg);
+    let mut parts = key.split('.');
+    let first = parts.next().unwrap_or_default();
+    if first == "policy" {
+        return false;
+    }
+    match (obj.get(first), parts.next()) {
+        (Some(_), None) => true,
+        // Nested (`hot_spot` is a tagged enum: any of its fields may be
+        // set, even those its current variant lacks).
+        (Some(Value::Object(_)), Some(_)) => true,
+        _ => false,
+    }
+}
+
+/// The grid of `axes` that applies to `cfg`: one empty point when none do.
+pub fn grid_for(cfg: &PolicyConfig, axes: &[Axis]) -> Vec<Point> {
+    let mut points: Vec<Point> = vec![Vec::new()];
+    for axis in axes.iter().filter(|a| has_key(cfg, &a.key)) {
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                axis.values.iter().map(move |v| {
+                    let mut p = p.clone();
+                    p.push((axis.key.clone(), v.clone()));
+                    p
+                })
+            })
+            .collect();
+    }
+    points
+}
+
+/// `cfg` with the settings of `point` applied and validated.
+pub fn apply(cfg: &PolicyConfig, point: &Point) -> Result<PolicyConfig, SimError> {
+    let mut obj = as_object(cfg);
+    // A rule change replaces the whole hot-spot object first, so fields of
+    // the old variant do not leak into the new one.
+    let mut ordered: Vec<&(String, Value)> = point.iter().collect();
+    ordered.sort_by_key(|(k, _)| !k.ends_with(".rule"));
+    for (key, value) in ordered {
+        let parts: Vec<&str> = key.split('.').collect();
+        match parts.as_slice() {
+            [field] => {
+                obj.insert((*field).to_owned(), value.clone());
+            }
+            ["hot_spot", "rule"] => {
+                let mut m = Map::new();
+                m.insert("rule".into(), value.clone());
+                obj.insert("hot_spot".into(), Value::Object(m));
+            }
+            [outer, inner] => {
+                let slot = obj
+                    .entry((*outer).to_owned())
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = slot {
+                    m.insert((*inner).to_owned(), value.clone());
+                }
+            }
+            _ => {
+                return Err(SimError::Config(format!(
+                    "--sweep {key}: settings nest at most one level"
+                )));
+            }
+        }
+    }
+    let out: PolicyConfig = serde_json::from_value(Value::Object(obj))
+        .map_err(|e| SimError::Config(format!("--sweep {}: {e}", describe(point))))?;
+    out.validate()?;
+    Ok(out)
+}
+
+/// `k=v k=v` for a point (empty for the baseline).
+pub fn describe(point: &Point) -> String {
+    point
+        .iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={s}"),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use radixgate_routing::{CacheAwareConfig, HotSpotRule, LowMatchTarget, PrefillAwareConfig};
+
+    fn ca() -> PolicyConfig {
+        PolicyConfig::CacheAware(CacheAwareConfig::default())
+    }
+
+    #[test]
+    fn grids_apply_only_the_keys_a_policy_has() {
+        let axes = vec![
+            Axis::parse("cache_threshold=0.1,0.5").unwrap(),
+            Axis::parse("hot_spot.slack=1,4").unwrap(),
+            Axis::parse("load_cost_chars=64").unwrap(),
+        ];
+        assert_eq!(grid_for(&ca(), &axes).len(), 4);
+        let pa = PolicyConfig::PrefillAware(PrefillAwareConfig::default());
+        assert_eq!(grid_for(&pa, &axes).len(), 1);
+        let rr: PolicyConfig = serde_json::from_str(r#"{"policy":"round_robin"}"#).unwrap();
+        assert_eq!(grid_for(&rr, &axes), vec![Vec::new()]);
+        let p = &grid_for(&ca(), &axes)[3];
+        assert_eq!(describe(p), "cache_threshold=0.5 hot_spot.slack=4");
+        let PolicyConfig::CacheAware(c) = apply(&ca(), p).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.cache_threshold, 0.5);
+        assert_eq!(
+            c.hot_spot,
+            HotSpotRule::RelativeCap {
+                slack: 4,
+                factor: 1.5
+            }
+        );
+    }
+
+    #[test]
+    fn words_rules_and_bad_values() {
+        let p = vec![
+            ("hot_spot.rule".to_owned(), Value::String("off".into())),
+            (
+                "low_match".to_owned(),
+                Value::String("smallest_tree".into()),
+            ),
+        ];
+        let PolicyConfig::CacheAware(c) = apply(&ca(), &p).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.hot_spot, HotSpotRule::Off);
+        assert_eq!(c.low_match, LowMatchTarget::SmallestTree);
+        let bad = vec![("cache_threshold".to_owned(), serde_json::json!(1.5))];
+        assert!(
+            apply(&ca(), &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("cache_threshold")
+        );
+        let typo = vec![("low_match".to_owned(), Value::String("smallest".into()))];
+        assert!(apply(&ca(), &typo).is_err());
+        assert!(Axis::parse("cache_threshold").is_err());
+        assert!(Axis::parse("=1").is_err());
+        assert!(Axis::parse("x=").is_err());
+    }
+}

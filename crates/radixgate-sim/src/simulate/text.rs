@@ -1,0 +1,101 @@
+//! The two texts of a simulated request: what the router matches, and what
+//! the worker tokenizes.
+//!
+//! They differ on purpose, exactly as they do in a real run. For a chat
+//! request the gateway (`radixgate::inspect`) renders each message as
+//! `<|role|>\n{content}<|end|>\n` — its own routing text, never sent on —
+//! while the simulated worker renders the same messages with its ChatML
+//! template ([`render_chat`]) and tokenizes that. Text APIs (`completions`,
+//! `/generate`) use the prompt text for both. The reply is the worker's
+//! deterministic reply ([`reply_text`]) seeded by the worker's prompt text,
+//! so a multi-turn conversation continues with the same words it would get
+//! from `radixgate worker`. A test in the gateway crate holds
+//! [`routing_text`] equal to what `inspect` produces for the body `radixgate
+//! load` sends.
+
+use crate::load::Api;
+use crate::tokens::{ChatMessage, Tokenizer, render_chat, reply_text, text_hash};
+use crate::workload::{Message, Prompt, Role};
+
+/// The messages a chat body carries for `prompt` (a text prompt becomes one
+/// user message, as the load tool sends it).
+fn chat_messages(prompt: &Prompt) -> Vec<(Role, &str)> {
+    match prompt {
+        Prompt::Chat(msgs) => msgs
+            .iter()
+            .map(|m: &Message| (m.role, m.content.as_str()))
+            .collect(),
+        Prompt::Text(t) => vec![(Role::User, t.as_str())],
+    }
+}
+
+/// The text the gateway would match in its prefix tree for `prompt` sent
+/// through `api`.
+pub fn routing_text(prompt: &Prompt, api: Api) -> String {
+    match api {
+        Api::Chat => {
+            let mut out = String::new();
+            for (role, content) in chat_messages(prompt) {
+                out.push_str("<|");
+                out.push_str(role.as_str());
+                out.push_str("|>\n");
+                out.push_str(content);
+                out.push_str("<|end|>\n");
+            }
+            out
+        }
+        Api::Completions | Api::Generate => prompt.to_text(),
+    }
+}
+
+/// The text the simulated worker would tokenize for `prompt` sent through
+/// `api`.
+pub fn worker_text(prompt: &Prompt, api: Api) -> String {
+    match api {
+        Api::Chat => {
+            let msgs: Vec<ChatMessage> = chat_messages(prompt)
+                .into_iter()
+                .map(|(role, content)| ChatMessage {
+                    role: role.as_str().to_owned(),
+                    content: content.to_owned(),
+                })
+                .collect();
+            render_chat(&msgs)
+        }
+        Api::Completions | Api::Generate => prompt.to_text(),
+    }
+}
+
+/// The reply the simulated worker gives to `worker_text`.
+pub fn worker_reply(worker_text: &str, max_tokens: usize, tokenizer: &Tokenizer) -> String {
+    reply_text(text_hash(worker_text), max_tokens, tokenizer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_texts_keep_roles_and_extend_across_turns() {
+        let t1 = Prompt::Chat(vec![
+            Message::new(Role::System, "sys"),
+            Message::new(Role::User, "hi"),
+        ]);
+        let r = routing_text(&t1, Api::Chat);
+        assert_eq!(r, "<|system|>\nsys<|end|>\n<|user|>\nhi<|end|>\n");
+        let w = worker_text(&t1, Api::Chat);
+        assert!(w.starts_with("<|im_start|>system\nsys<|im_end|>\n"));
+        let Prompt::Chat(mut msgs) = t1 else {
+            unreachable!()
+        };
+        msgs.push(Message::new(Role::Assistant, "reply"));
+        msgs.push(Message::new(Role::User, "more"));
+        let t2 = Prompt::Chat(msgs);
+        assert!(routing_text(&t2, Api::Chat).starts_with(&r));
+        assert!(worker_text(&t2, Api::Chat).starts_with(&format!("{w}reply")));
+        let text = Prompt::Text("abc".into());
+        assert_eq!(routing_text(&text, Api::Completions), "abc");
+        assert_eq!(worker_text(&text, Api::Generate), "abc");
+        assert_eq!(routing_text(&text, Api::Chat), "<|user|>\nabc<|end|>\n");
+    }
+}

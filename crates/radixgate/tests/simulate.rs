@@ -1,0 +1,119 @@
+//! `radixgate simulate` as CI runs it (a small smoke run of the binary), and
+//! the simulator's routing text held to what the gateway itself extracts.
+
+use std::process::Command;
+
+use radixgate::inspect::{self, Api as GatewayApi};
+use radixgate_sim::load::body::request_body;
+use radixgate_sim::load::{Api, BodyOptions};
+use radixgate_sim::simulate::text::routing_text;
+use radixgate_sim::workload::{
+    AgenticConfig, MultiTurnConfig, Poll, SharedPrefixConfig, TextShape, WorkloadConfig,
+};
+
+#[test]
+fn smoke_run_reports_every_policy_and_the_oracle() {
+    let out = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+        .args([
+            "simulate",
+            "--workers",
+            "3",
+            "--requests",
+            "120",
+            "--groups",
+            "4",
+            "--prompts-per-group",
+            "8",
+            "--system-tokens",
+            "256",
+            "--output-tokens",
+            "4",
+            "--sweep",
+            "cache_threshold=0.2,0.6",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "cache_aware",
+            "cache_aware",
+            "prefill_aware",
+            "least_load",
+            "round_robin",
+            "oracle"
+        ]
+    );
+    assert_eq!(rows[1]["params"], "cache_threshold=0.6");
+    for r in rows {
+        assert_eq!(r["completed"], 120, "{r}");
+        assert!(r["hit_rate"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["oracle_fraction"].as_f64().is_some(), "{r}");
+    }
+    // A setting no chosen policy has is a clear error, not a silent no-op.
+    let bad = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+        .args([
+            "simulate",
+            "--policies",
+            "round_robin",
+            "--sweep",
+            "cache_threshold=0.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("none of the chosen policies"));
+}
+
+#[test]
+fn simulated_routing_text_is_the_gateways() {
+    let workloads = [
+        WorkloadConfig::SharedPrefix(SharedPrefixConfig::default()),
+        WorkloadConfig::MultiTurn(MultiTurnConfig {
+            think_ms: 0.0,
+            ..MultiTurnConfig::default()
+        }),
+        WorkloadConfig::Agentic(AgenticConfig {
+            tool_ms: 0.0,
+            ..AgenticConfig::default()
+        }),
+    ];
+    for wl in workloads {
+        let mut w = wl.build(3, TextShape::default()).unwrap();
+        let mut now = std::time::Duration::ZERO;
+        for _ in 0..40 {
+            let spec = match w.next(now) {
+                Poll::Ready(spec) => spec,
+                Poll::NotBefore(t) => {
+                    now = t;
+                    continue;
+                }
+                Poll::AwaitReply | Poll::Done => break,
+            };
+            for (api, gw) in [
+                (Api::Chat, GatewayApi::ChatCompletions),
+                (Api::Completions, GatewayApi::Completions),
+                (Api::Generate, GatewayApi::Generate),
+            ] {
+                let opts = BodyOptions {
+                    api,
+                    model: Some("m".into()),
+                    stream: true,
+                };
+                let body = serde_json::to_vec(&request_body(&spec, &opts)).unwrap();
+                let seen = inspect::inspect(gw, &body).unwrap().routing_text;
+                assert_eq!(seen, routing_text(&spec.prompt, api), "{api:?}");
+            }
+            w.on_reply(spec.session, "a reply", now);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload shared-prefix --groups 32 --system-tokens 2048 --question-tokens 64 --output-tokens 32 --zipf 0.8 --rate 40 --requests 1600 --seed 3 --policies cache_aware,round_robin,oracle

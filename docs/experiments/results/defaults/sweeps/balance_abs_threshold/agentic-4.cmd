@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload agentic --rate 160 --requests 6000 --policies cache_aware --seed 1 --sweep balance_abs_threshold=4,16,64

@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 2 --workload shared-prefix --groups 128 --system-tokens 4096 --rate 30 --requests 6000 --policies cache_aware --seed 1 --sweep low_match=smallest_tree --sweep hot_spot.slack=2,4,8

@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 32 --workload agentic --rate 1280 --requests 12000 --policies cache_aware --seed 1 --sweep hot_spot.factor=1.25,1.5

@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 2 --workload long-doc --documents 64 --rate 20 --requests 6000 --policies cache_aware --seed 1 --sweep hot_spot.factor=1.25,1.5
