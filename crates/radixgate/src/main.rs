@@ -4,6 +4,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+// The request path allocates per request (bodies, headers, futures); glibc's
+// malloc was about a tenth of the gateway's CPU under load (perf, see
+// bench/README.md), mimalloc's thread-local heaps cost less.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// radixgate: a cache-aware router for pools of LLM inference servers.
 #[derive(Debug, Parser)]
 #[command(version, about)]

@@ -1,0 +1,225 @@
+"""Tables and ratios of a bench run (markdown), plus wrk helpers."""
+
+import json
+import re
+import subprocess
+
+from routers import PEERS
+
+
+def _f(x, fmt="{:.1f}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def _label(row):
+    return f"{row['router']} ({row['policy']})"
+
+
+def quality_line(row) -> str:
+    r = row["report"]
+    t = r.get("ttft_ms") or {}
+    return (f"[quality] {row['workload']:15} {_label(row):34} ok={r['ok']} failed={r['failed']} "
+            f"hit={_f(r['hit_rate'], '{:.3f}')} ttft_mean={_f(t.get('mean'))} "
+            f"spread={_f(r['spread'], '{:.2f}')}")
+
+
+def _per_1k(cpu_s, ok):
+    return None if cpu_s is None or not ok else cpu_s / ok * 1000
+
+
+def cost_from_load(rep: dict, cpu_s: float | None) -> dict:
+    """A cost row's measures from a `radixgate load --json` report."""
+    e = rep.get("e2e_ms") or {}
+    return {"rps": rep["requests_per_s"], "ok": rep["ok"], "errors": rep["failed"],
+            "p50_ms": e.get("p50"), "p99_ms": e.get("p99"),
+            "cpu_s": None if cpu_s is None else round(cpu_s, 3),
+            "cpu_s_per_1k": _per_1k(cpu_s, rep["ok"]), "report": rep}
+
+
+def cost_from_wrk(out: str, cpu_s: float | None) -> dict:
+    """A cost row's measures from wrk's output."""
+    w = parse_wrk(out)
+    ok = w["requests"] - w["non2xx"]
+    return {"rps": w["rps"], "ok": ok, "errors": w["non2xx"] + w["socket_errors"],
+            "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
+            "cpu_s": None if cpu_s is None else round(cpu_s, 3),
+            "cpu_s_per_1k": _per_1k(cpu_s, ok), "wrk": out}
+
+
+def cost_line(row) -> str:
+    return (f"[cost r{row['round']}] {_label(row):34} {row['run']:14} {row['rps']:.0f} req/s "
+            f"p50={_f(row['p50_ms'], '{:.2f}')}ms p99={_f(row['p99_ms'], '{:.2f}')}ms "
+            f"errors={row['errors']} cpu={row['cpu_s']} s per1k={_f(row['cpu_s_per_1k'], '{:.3f}')}")
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def cost_medians(rows) -> list[dict]:
+    """One row per (router, policy, run): the median of each measure over rounds."""
+    keys, groups = [], {}
+    for r in rows:
+        k = (r["router"], r["policy"], r["run"])
+        if k not in groups:
+            keys.append(k)
+            groups[k] = []
+        groups[k].append(r)
+    out = []
+    for k in keys:
+        g = groups[k]
+        m = {"router": k[0], "policy": k[1], "run": k[2], "rounds": len(g),
+             "errors": sum(r["errors"] for r in g), "ok": sum(r["ok"] for r in g)}
+        for f in ("rps", "p50_ms", "p99_ms", "cpu_s_per_1k"):
+            m[f] = _median([r[f] for r in g])
+        m["cpu_s_per_1k_all"] = [r["cpu_s_per_1k"] for r in g]
+        out.append(m)
+    return out
+
+
+def write_wrk_lua(path: str, model: str) -> None:
+    """A wrk script POSTing one 4 KiB chat completion body (whole, not streamed)."""
+    words = ("the router sends each request to the worker most likely to hold its "
+             "prompt prefix in cache unless that overloads it ").split()
+    text, i = [], 0
+    while len(" ".join(text)) < 4000:
+        text.append(words[i % len(words)])
+        i += 1
+    body = json.dumps({"model": model, "max_tokens": 16, "stream": False, "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": " ".join(text)}]})
+    with open(path, "w") as f:
+        f.write('wrk.method = "POST"\n')
+        f.write('wrk.headers["Content-Type"] = "application/json"\n')
+        f.write(f"wrk.body = {json.dumps(body)}\n")
+
+
+def _ms(v: str, unit: str) -> float:
+    return float(v) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def parse_wrk(out: str) -> dict:
+    """Requests, req/s, p50/p99 latency (ms) and errors from wrk --latency output."""
+    res = {"requests": 0, "rps": 0.0, "p50_ms": None, "p99_ms": None, "non2xx": 0, "socket_errors": 0}
+    if m := re.search(r"(\d+) requests in ([\d.]+)(\w+)", out):
+        res["requests"] = int(m.group(1))
+    if m := re.search(r"Requests/sec:\s+([\d.]+)", out):
+        res["rps"] = float(m.group(1))
+    for q, key in (("50", "p50_ms"), ("99", "p99_ms")):
+        if m := re.search(rf"^\s+{q}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
+            res[key] = round(_ms(m.group(1), m.group(2)), 3)
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        res["non2xx"] = int(m.group(1))
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
+        res["socket_errors"] = sum(int(x) for x in m.groups())
+    return res
+
+
+def peer_versions() -> dict:
+    out = subprocess.run([f"{PEERS}/bin/pip", "list", "--format", "json"], capture_output=True, text=True)
+    try:
+        pkgs = {p["name"].lower(): p["version"] for p in json.loads(out.stdout)}
+    except (json.JSONDecodeError, KeyError):
+        return {}
+    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    return {k: pkgs.get(k) for k in ("smg", "sglang-router", "vllm-router")} | {"nginx": nginx}
+
+
+def _find(rows, router, policy=None, **kw):
+    for r in rows:
+        if r["router"] == router and (policy is None or r["policy"] == policy) and \
+                all(r.get(k) == v for k, v in kw.items()):
+            return r
+    return None
+
+
+def markdown(result) -> str:
+    m = result["meta"]
+    out = [f"# radixgate bench — {m['started_utc']}", "",
+           f"Command: `{m['command']}` ({m['radixgate']}, git {m['git']}); "
+           f"peers {m['peers']}.", "",
+           f"Host: {m['cpus']} CPUs, shared; load average at start {m['loadavg_start']}, "
+           f"at end {m.get('loadavg_end')}. Finished {m.get('finished_utc')}.", ""]
+    q = result["quality"]
+    if q:
+        out += ["## Routing quality (4 simulated workers, fresh for every router)", "",
+                "| workload | router (policy) | ok | failed | hit rate | TTFT mean ms | TTFT p99 ms "
+                "| E2E mean ms | E2E p99 ms | spread | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in q:
+            r = row["report"]
+            t, e = r.get("ttft_ms") or {}, r.get("e2e_ms") or {}
+            out.append(f"| {row['workload']} | {_label(row)} | {r['ok']} | {r['failed']} | "
+                       f"{_f(r['hit_rate'], '{:.3f}')} | {_f(t.get('mean'))} | {_f(t.get('p99'))} | "
+                       f"{_f(e.get('mean'))} | {_f(e.get('p99'))} | {_f(r['spread'], '{:.2f}')} | "
+                       f"{json.dumps(r['errors']) if r['errors'] else ''} |")
+        out += ["", "Load arguments per workload (plus `--seed`, `--model`, `--json`):", ""]
+        seen = set()
+        for row in q:
+            if row["workload"] not in seen:
+                seen.add(row["workload"])
+                out.append(f"- {row['workload']}: `{' '.join(a for a in row['load_args'] if a != '--assign' and a != 'round-robin')}`")
+        out.append("")
+    c = cost_medians(result["cost"])
+    if c:
+        out += ["## Router cost (2 `radixgate worker --instant` workers)", "",
+                "Medians over the interleaved rounds (each router in turn, then again). "
+                "CPU = utime+stime of the router's process tree over the run (/proc), per "
+                "1,000 successful requests; the per-round values are in brackets. Added latency = "
+                "this router's E2E percentile minus direct-to-worker's (same run, medians).", "",
+                "| router (policy) | run | req/s | ok (all rounds) | errors | CPU s / 1k req | per round "
+                "| p50 ms | p99 ms | added p50 ms | added p99 ms |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in c:
+            d = _find(c, "direct", run=row["run"])
+            add = lambda f: None if row["router"] == "direct" or not d or None in (row[f], d[f]) else row[f] - d[f]  # noqa: E731
+            per = ", ".join(_f(x, "{:.3f}") for x in row["cpu_s_per_1k_all"])
+            out.append(f"| {_label(row)} | {row['run']} | {row['rps']:.0f} | {row['ok']} | {row['errors']} | "
+                       f"{_f(row['cpu_s_per_1k'], '{:.3f}')} | [{per}] | {_f(row['p50_ms'], '{:.2f}')} | "
+                       f"{_f(row['p99_ms'], '{:.2f}')} | {_f(add('p50_ms'), '{:+.2f}')} | "
+                       f"{_f(add('p99_ms'), '{:+.2f}')} |")
+        out += ["", "Load-tool runs send whole (non-streamed) chat completions: "
+                "`" + " ".join(result["cost"][0].get("args", [])[:12]) + " …`; wrk: "
+                "`wrk -t2 -c32 --latency -s post.lua` with one 4 KiB chat body (max_tokens 16).", ""]
+    out += ratios(result)
+    return "\n".join(out) + "\n"
+
+
+def ratios(result) -> list[str]:
+    """radixgate (cache_aware) against smg, from this run, beside issue 5's targets."""
+    lines = ["## radixgate (cache_aware) vs smg, same run", "",
+             "| measure | radixgate | smg | ratio | target | met |", "|---|---|---|---|---|---|"]
+    c = cost_medians(result["cost"])
+    for row in c:
+        if row["router"] != "radixgate":
+            continue
+        s = _find(c, "smg", run=row["run"])
+        if not s:
+            continue
+        a, b = row["cpu_s_per_1k"], s["cpu_s_per_1k"]
+        if a is not None and b:
+            lines.append(f"| CPU s / 1k req, {row['run']} | {a:.3f} | {b:.3f} | {a / b:.2f}× | ≤ 0.25× | "
+                         f"{'yes' if a / b <= 0.25 else 'no'} |")
+        if row["run"].startswith(("closed", "wrk")) and s["rps"]:
+            ra, rb = row["rps"], s["rps"]
+            lines.append(f"| throughput req/s, {row['run']} | {ra:.0f} | {rb:.0f} | {ra / rb:.2f}× | ≥ 3× | "
+                         f"{'yes' if ra / rb >= 3 else 'no'} |")
+    for row in result["quality"]:
+        if row["router"] != "radixgate" or row["policy"] != "cache_aware":
+            continue
+        s = _find(result["quality"], "smg", workload=row["workload"])
+        if not s:
+            continue
+        ha, hb = row["report"]["hit_rate"], s["report"]["hit_rate"]
+        if ha is not None and hb is not None:
+            lines.append(f"| hit rate, {row['workload']} | {ha:.3f} | {hb:.3f} | {ha - hb:+.3f} | ≥ smg | "
+                         f"{'yes' if ha >= hb - 0.0005 else 'no'} |")
+        ta, tb = (row["report"].get("ttft_ms") or {}).get("mean"), (s["report"].get("ttft_ms") or {}).get("mean")
+        if ta is not None and tb:
+            lines.append(f"| TTFT mean ms, {row['workload']} | {ta:.1f} | {tb:.1f} | {ta / tb:.2f}× | ≤ smg | "
+                         f"{'yes' if ta <= tb else 'no'} |")
+    return lines + [""]

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""radixgate side by side with the routers people use (see bench/README.md).
+
+One run: for each routing-quality workload, fresh simulated workers and each
+router in turn in front of them, driven by `radixgate load --json`; then, for
+router cost, `radixgate worker --instant` workers and each router in turn at
+fixed request rates, a closed loop and wrk, with the CPU time of the router's
+process tree read from /proc before and after. Writes
+bench/results/<UTC date-time>.{json,md}. Ports: 35000-35999.
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import procs  # noqa: E402
+import report  # noqa: E402
+from routers import Router, all_routers  # noqa: E402
+
+ROUTER_PORT = 35500          # +1 for routers that want a metrics port
+QUALITY_WORKER_PORT = 35100  # 4 realistic workers: 35100-35103
+COST_WORKER_PORT = 35200     # 2 instant workers: 35200-35201
+MODEL = "sim-llama-8b"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def quality_workloads(trace: str, scale: float) -> dict[str, list[str]]:
+    """`radixgate load` arguments of each routing-quality workload."""
+    n = lambda x: str(max(20, int(x * scale)))  # noqa: E731
+    return {
+        "shared-prefix": ["--workload", "shared-prefix", "--groups", "16",
+                          "--rate", "16", "--requests", n(480)],
+        "zipf-hot": ["--workload", "shared-prefix", "--groups", "8", "--zipf", "2.0",
+                     "--rate", "16", "--requests", n(480)],
+        "multi-turn": ["--workload", "multi-turn", "--rate", "12", "--think-ms", "300",
+                       "--requests", n(360)],
+        # The trace's prompts average 14k tokens: its first 300 requests
+        # (105 s of trace) at 2.5x keep 4 workers busy but not saturated.
+        "mooncake-trace": ["--workload", "trace", "--trace", trace, "--speedup", "2.5",
+                           "--max-output-tokens", "64", "--requests", n(300)],
+    }
+
+
+COST_BODY = ["--no-stream", "--workload", "shared-prefix", "--groups", "16",
+             "--system-tokens", "900", "--question-tokens", "100", "--output-tokens", "16"]
+
+
+def run_load(binary: str, urls: list[str], args: list[str], seed: int) -> dict:
+    """Runs `radixgate load --json` and returns its report."""
+    cmd = [binary, "load", "--json", "--no-progress", "--seed", str(seed), "--model", MODEL]
+    for u in urls:
+        cmd += ["--url", u]
+    out = subprocess.run(cmd + args, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"load failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout)
+
+
+def ready_body() -> bytes:
+    return json.dumps({"model": MODEL, "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "bench readiness probe"}]}).encode()
+
+
+class Bench:
+    def __init__(self, opts):
+        self.opts = opts
+        self.binary = os.path.abspath(opts.bin)
+        self.tmp = tempfile.mkdtemp(prefix="radixgate-bench-")
+        self.routers = [r for r in all_routers(self.binary)
+                        if not opts.only_router or r.name in opts.only_router]
+
+    def log(self, name: str) -> str:
+        return os.path.join(self.tmp, f"{name}.log")
+
+    def start_workers(self, first_port: int, count: int, extra: list[str]):
+        """Starts `count` workers on the first free block of ports from `first_port`."""
+        for attempt in range(5):
+            port = procs.free_block(first_port + 10 * attempt, count)
+            proc = procs.start([self.binary, "worker", "--port", str(port), "--count", str(count),
+                                *extra], self.log("workers"))
+            urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
+            try:
+                for u in urls:
+                    procs.wait_http(u + "/health", timeout=20, alive=proc)
+                return proc, urls
+            except RuntimeError as err:
+                print(f"workers on {port}: {err}; retrying", file=sys.stderr)
+                procs.stop(proc)
+        raise RuntimeError("could not start workers")
+
+    def start_router(self, router: Router, urls: list[str]):
+        """Starts `router`; returns (process or None, URLs the load tool targets)."""
+        if router.command is None:
+            return None, urls
+        scratch = os.path.join(self.tmp, f"{router.name}-{router.policy}")
+        os.makedirs(scratch, exist_ok=True)
+        for attempt in range(5):
+            port = procs.free_block(ROUTER_PORT + 10 * attempt, 2)
+            proc = procs.start(router.command(urls, port, scratch),
+                               self.log(f"router-{router.name}"))
+            url = f"http://127.0.0.1:{port}"
+            try:
+                # Ready = a chat completion answered 200 through it (workers discovered).
+                procs.wait_http(url + "/v1/chat/completions", timeout=90, body=ready_body(),
+                                alive=proc)
+            except RuntimeError as err:
+                print(f"{router.name} on {port}: {err}; retrying", file=sys.stderr)
+                procs.stop(proc)
+                continue
+            time.sleep(1.0)  # let a first health round settle
+            self.router_ports = [port, port + 1]
+            return proc, [url]
+        raise RuntimeError(f"could not start {router.name}")
+
+    def stop_router(self, proc):
+        if proc is not None:
+            procs.stop(proc)
+            procs.wait_port_free(self.router_ports)
+
+    # ---- routing quality -------------------------------------------------
+    def quality(self) -> list[dict]:
+        rows = []
+        workloads = quality_workloads(self.opts.trace, self.opts.scale)
+        for wname, args in workloads.items():
+            if self.opts.only_workload and wname not in self.opts.only_workload:
+                continue
+            for router in self.routers:
+                # Fresh workers for every router: empty caches, idle queues.
+                workers, urls = self.start_workers(QUALITY_WORKER_PORT, 4, [])
+                try:
+                    proc, target = self.start_router(router, urls)
+                    try:
+                        extra = ["--assign", "round-robin"] if router.command is None else []
+                        t0 = time.time()
+                        rep = run_load(self.binary, target, args + extra, self.opts.seed)
+                    finally:
+                        self.stop_router(proc)
+                finally:
+                    procs.stop(workers)
+                    procs.wait_port_free([int(u.rsplit(":", 1)[1]) for u in urls])
+                row = {"workload": wname, "router": router.name, "policy": router.policy,
+                       "wall_s": round(time.time() - t0, 1), "load_args": args + extra,
+                       "loadavg": os.getloadavg(), "report": rep}
+                rows.append(row)
+                print(report.quality_line(row), flush=True)
+        return rows
+
+    # ---- router cost -----------------------------------------------------
+    def cost(self) -> list[dict]:
+        """Each router in turn, `--rounds` times over (interleaved, so that a
+        busy moment of the shared machine does not land on one router only)."""
+        rows = []
+        workers, urls = self.start_workers(COST_WORKER_PORT, 2, ["--instant"])
+        lua = os.path.join(self.tmp, "post.lua")
+        report.write_wrk_lua(lua, MODEL)
+        try:
+            for rnd in range(1, self.opts.rounds + 1):
+                for router in self.routers:
+                    if router.name == "radixgate" and router.policy != "cache_aware":
+                        continue  # cost is measured with each router's main policy
+                    proc, target = self.start_router(router, urls)
+                    try:
+                        rows += self.cost_one(router, proc, target, lua, rnd)
+                    finally:
+                        self.stop_router(proc)
+        finally:
+            procs.stop(workers)
+        return rows
+
+    def cost_one(self, router: Router, proc, target: list[str], lua: str, rnd: int) -> list[dict]:
+        rows = []
+        extra = ["--assign", "round-robin"] if proc is None else []
+        d = str(self.opts.cost_secs)
+        runs = [(f"open {r}/s", ["--rate", str(r), "--duration", d, "--requests", "1000000"])
+                for r in self.opts.rates]
+        runs.append(("closed c=32", ["--concurrency", "32", "--requests", str(self.opts.closed_requests)]))
+        base = {"router": router.name, "policy": router.policy, "round": rnd}
+        for label, args in runs:
+            cpu0 = procs.cpu_seconds(proc.pid) if proc else None
+            rep = run_load(self.binary, target, COST_BODY + args + extra, self.opts.seed)
+            cpu1 = procs.cpu_seconds(proc.pid) if proc else None
+            row = base | report.cost_from_load(rep, None if proc is None else cpu1 - cpu0)
+            row |= {"run": label, "loadavg": os.getloadavg(), "args": COST_BODY + args}
+            rows.append(row)
+            print(report.cost_line(row), flush=True)
+        if shutil.which("wrk"):
+            cpu0 = procs.cpu_seconds(proc.pid) if proc else None
+            url = target[0] + "/v1/chat/completions"
+            out = subprocess.run(["wrk", "-t2", "-c32", f"-d{self.opts.wrk_secs}s", "--latency",
+                                  "-s", lua, url], capture_output=True, text=True, check=False)
+            cpu1 = procs.cpu_seconds(proc.pid) if proc else None
+            row = base | report.cost_from_wrk(out.stdout, None if proc is None else cpu1 - cpu0)
+            row |= {"run": "wrk c=32 4KiB", "loadavg": os.getloadavg()}
+            rows.append(row)
+            print(report.cost_line(row), flush=True)
+        return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bin", default=os.path.join(ROOT, "target/release/radixgate"))
+    p.add_argument("--trace", default="/work/shared/traces/mooncake_conversation.jsonl")
+    p.add_argument("--part", choices=["all", "quality", "cost"], default="all")
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies quality request counts")
+    p.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=[500, 1000, 2000])
+    p.add_argument("--cost-secs", type=int, default=6)
+    p.add_argument("--closed-requests", type=int, default=8000)
+    p.add_argument("--wrk-secs", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3, help="cost: interleaved repetitions (median reported)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--only-router", action="append", help="restrict to these router names")
+    p.add_argument("--only-workload", action="append")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    opts = p.parse_args()
+    if not os.path.exists(opts.bin):
+        sys.exit(f"no radixgate binary at {opts.bin}: cargo build --release -p radixgate")
+
+    bench = Bench(opts)
+    started = dt.datetime.now(dt.timezone.utc)
+    meta = {"started_utc": started.isoformat(timespec="seconds"),
+            "command": " ".join(["bench/run.py", *sys.argv[1:]]),
+            "host": platform.node(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+            "radixgate": subprocess.run([bench.binary, "version"], capture_output=True,
+                                        text=True).stdout.strip(),
+            "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip(),
+            "peers": report.peer_versions()}
+    print(f"logs in {bench.tmp}; load average {meta['loadavg_start']}", flush=True)
+    result = {"meta": meta, "quality": [], "cost": []}
+    try:
+        if opts.part in ("all", "quality"):
+            result["quality"] = bench.quality()
+        if opts.part in ("all", "cost"):
+            result["cost"] = bench.cost()
+    finally:
+        procs.stop_all()
+    meta["loadavg_end"] = os.getloadavg()
+    meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    os.makedirs(opts.out, exist_ok=True)
+    stem = os.path.join(opts.out, started.strftime("%Y-%m-%dT%H%MZ") + f"-{opts.part}")
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(report.markdown(result))
+    print(f"wrote {stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
