@@ -206,6 +206,16 @@ async fn fault_knobs_are_counted_as_the_right_error_kind() {
         assert_eq!(r.ok, 0, "{kind}");
     }
     ws[0].set_faults(FaultConfig::default()).unwrap();
+    // Clearing `refuse` reopens the listener asynchronously: wait for it
+    // (the deadline only turns a hang into a failure).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(ws[0].addr()).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener did not reopen"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let r = run(&ws, &cfg, Run { requests: 6, ..RUN }).await;
     assert_eq!(
         r.ok, 6,

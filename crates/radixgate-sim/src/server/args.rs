@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{FaultConfig, WorkerConfig, start_group};
+use crate::engine::EngineConfig;
 use crate::error::SimError;
 
 /// Flags of `radixgate worker`. Model, engine and fault flags override the
@@ -53,27 +54,9 @@ pub struct WorkerArgs {
     /// Reply at once, with no simulated compute (measures router overhead).
     #[arg(long)]
     pub instant: bool,
-    /// KV page size in tokens [16].
-    #[arg(long)]
-    pub block_size: Option<usize>,
-    /// KV cache capacity in tokens [400000].
-    #[arg(long)]
-    pub kv_capacity_tokens: Option<usize>,
-    /// Most requests in the running batch [256].
-    #[arg(long)]
-    pub max_running_requests: Option<usize>,
-    /// Token budget per step: prefill chunk + one per decoding request [8192].
-    #[arg(long)]
-    pub max_batch_tokens: Option<usize>,
-    /// Fixed cost of a step, microseconds [4800].
-    #[arg(long)]
-    pub step_base_us: Option<f64>,
-    /// Cost per batched token, microseconds [27].
-    #[arg(long)]
-    pub token_us: Option<f64>,
-    /// KV read cost per context token of a decoding request, ns [39].
-    #[arg(long)]
-    pub kv_read_ns_per_token: Option<f64>,
+    /// The engine's size and timing.
+    #[command(flatten)]
+    pub engine: EngineFlags,
     /// Fault: fraction of generation requests answered with HTTP 500 [0].
     #[arg(long)]
     pub error_rate: Option<f64>,
@@ -155,7 +138,42 @@ impl WorkerArgs {
         set(&mut c.default_max_tokens, self.default_max_tokens);
         set(&mut c.max_body_bytes, self.max_body_bytes);
         c.instant |= self.instant;
-        let e = &mut c.engine;
+        self.engine.apply(&mut c.engine);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Engine flags shared by `radixgate worker` and `radixgate simulate`: each
+/// one given overrides its key of the engine config.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EngineFlags {
+    /// KV page size in tokens [16].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// KV cache capacity of a worker in tokens [400000].
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<usize>,
+    /// Most requests in a worker's running batch [256].
+    #[arg(long)]
+    pub max_running_requests: Option<usize>,
+    /// Token budget per step: prefill chunk + one per decoding request [8192].
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Fixed cost of a step, microseconds [4800].
+    #[arg(long)]
+    pub step_base_us: Option<f64>,
+    /// Cost per batched token, microseconds [27].
+    #[arg(long)]
+    pub token_us: Option<f64>,
+    /// KV read cost per context token of a decoding request, ns [39].
+    #[arg(long)]
+    pub kv_read_ns_per_token: Option<f64>,
+}
+
+impl EngineFlags {
+    /// Overrides `e` with every flag that was given.
+    pub fn apply(&self, e: &mut EngineConfig) {
         set(&mut e.block_size, self.block_size);
         set(&mut e.kv_capacity_tokens, self.kv_capacity_tokens);
         set(&mut e.max_running_requests, self.max_running_requests);
@@ -166,8 +184,6 @@ impl WorkerArgs {
             &mut e.timing.kv_read_ns_per_token,
             self.kv_read_ns_per_token,
         );
-        c.validate()?;
-        Ok(c)
     }
 }
 

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use args::{WorkerArgs, run};
+pub use args::{EngineFlags, WorkerArgs, run};
 pub use faults::FaultConfig;
 pub use listen::WORKER_HEADER;
 

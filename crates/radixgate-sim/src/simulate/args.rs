@@ -19,7 +19,7 @@ use super::{Contender, SimConfig, cluster};
 use crate::SimError;
 use crate::load::args::{DEFAULT_CONCURRENCY, workload_config};
 use crate::load::{Api, Arrivals, WorkloadFlags, WorkloadKind};
-use crate::server::WorkerConfig;
+use crate::server::{EngineFlags, WorkerConfig};
 use crate::workload::TextShape;
 
 /// Requests simulated when neither `--requests` nor `--duration` is given
@@ -88,33 +88,9 @@ pub struct SimulateArgs {
     /// takes it; the engine flags below override it.
     #[arg(long, value_name = "FILE")]
     pub worker_config: Option<PathBuf>,
-    /// KV page size in tokens [16].
-    #[arg(long)]
-    pub block_size: Option<usize>,
-    /// KV cache capacity per worker in tokens [400000].
-    #[arg(long)]
-    pub kv_capacity_tokens: Option<usize>,
-    /// Most requests in a worker's running batch [256].
-    #[arg(long)]
-    pub max_running_requests: Option<usize>,
-    /// Token budget per step [8192].
-    #[arg(long)]
-    pub max_batch_tokens: Option<usize>,
-    /// Fixed cost of a step, microseconds [4800].
-    #[arg(long)]
-    pub step_base_us: Option<f64>,
-    /// Cost per batched token, microseconds [27].
-    #[arg(long)]
-    pub token_us: Option<f64>,
-    /// KV read cost per context token of a decoding request, ns [39].
-    #[arg(long)]
-    pub kv_read_ns_per_token: Option<f64>,
-}
-
-fn set<T>(slot: &mut T, flag: Option<T>) {
-    if let Some(v) = flag {
-        *slot = v;
-    }
+    /// The engine's size and timing.
+    #[command(flatten)]
+    pub engine: EngineFlags,
 }
 
 impl SimulateArgs {
@@ -134,17 +110,7 @@ impl SimulateArgs {
                 })?
             }
         };
-        let e = &mut c.engine;
-        set(&mut e.block_size, self.block_size);
-        set(&mut e.kv_capacity_tokens, self.kv_capacity_tokens);
-        set(&mut e.max_running_requests, self.max_running_requests);
-        set(&mut e.max_batch_tokens, self.max_batch_tokens);
-        set(&mut e.timing.step_base_us, self.step_base_us);
-        set(&mut e.timing.token_us, self.token_us);
-        set(
-            &mut e.timing.kv_read_ns_per_token,
-            self.kv_read_ns_per_token,
-        );
+        self.engine.apply(&mut c.engine);
         c.validate()?;
         Ok(c)
     }
