@@ -193,7 +193,21 @@ async fn fault_knobs_are_counted_as_the_right_error_kind() {
         (knob(|c| c.refuse = true), true, "connect"),
     ];
     for (faults, stream, kind) in cases {
+        let refuse = faults.refuse;
         ws[0].set_faults(faults).unwrap();
+        if refuse {
+            // The listener closes asynchronously; a connection that lands
+            // in its backlog meanwhile is reset (a transport error), not
+            // refused. Wait until connecting fails.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while tokio::net::TcpStream::connect(ws[0].addr()).await.is_ok() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the listener did not close"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let quick = Run {
             stream,
             requests: 6,
