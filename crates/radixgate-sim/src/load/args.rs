@@ -22,6 +22,35 @@ pub const DEFAULT_REQUESTS: u64 = 200;
 /// Closed-loop clients when neither `--rate` nor `--concurrency` is given.
 pub const DEFAULT_CONCURRENCY: usize = 8;
 
+/// The arrival process `--rate` / `--concurrency` describe (shared by
+/// `load` and `simulate`): trace timestamps for a timestamped workload,
+/// Poisson at `--rate`, else a closed loop.
+pub fn arrivals(
+    rate: Option<f64>,
+    concurrency: Option<usize>,
+    timestamped: bool,
+) -> Result<Arrivals, SimError> {
+    if timestamped {
+        if rate.is_some() || concurrency.is_some() {
+            return Err(SimError::Config(
+                "trace replay paces requests by its timestamps: drop --rate/--concurrency and use --speedup".into(),
+            ));
+        }
+        Ok(Arrivals::Timestamps)
+    } else if let Some(rate) = rate {
+        if !rate.is_finite() || rate <= 0.0 {
+            return Err(SimError::Config(format!("--rate must be > 0, got {rate}")));
+        }
+        Ok(Arrivals::Poisson { rate })
+    } else {
+        let concurrency = concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+        if concurrency == 0 {
+            return Err(SimError::Config("--concurrency must be > 0".into()));
+        }
+        Ok(Arrivals::Closed { concurrency })
+    }
+}
+
 /// Which workload to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkloadKind {
@@ -440,25 +469,7 @@ impl LoadArgs {
 
     /// The run plan, given whether the workload is timestamped.
     pub fn plan(&self, timestamped: bool) -> Result<RunPlan, SimError> {
-        let arrivals = if timestamped {
-            if self.rate.is_some() || self.concurrency.is_some() {
-                return Err(SimError::Config(
-                    "trace replay paces requests by its timestamps: drop --rate/--concurrency and use --speedup".into(),
-                ));
-            }
-            Arrivals::Timestamps
-        } else if let Some(rate) = self.rate {
-            if !rate.is_finite() || rate <= 0.0 {
-                return Err(SimError::Config(format!("--rate must be > 0, got {rate}")));
-            }
-            Arrivals::Poisson { rate }
-        } else {
-            let c = self.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
-            if c == 0 {
-                return Err(SimError::Config("--concurrency must be > 0".into()));
-            }
-            Arrivals::Closed { concurrency: c }
-        };
+        let arrivals = arrivals(self.rate, self.concurrency, timestamped)?;
         let duration = self.duration.map(|d| secs("--duration", d)).transpose()?;
         if self.requests == Some(0) {
             return Err(SimError::Config("--requests must be > 0".into()));
@@ -480,7 +491,8 @@ impl LoadArgs {
     }
 }
 
-fn secs(flag: &str, v: f64) -> Result<Duration, SimError> {
+/// A positive, finite number of seconds from flag `flag` (at most 1e7).
+pub(crate) fn secs(flag: &str, v: f64) -> Result<Duration, SimError> {
     if !v.is_finite() || v <= 0.0 || v > 1e7 {
         return Err(SimError::Config(format!(
             "{flag} must be a number of seconds > 0, got {v}"

@@ -17,8 +17,8 @@ use super::report::{PolicyReport, SimReport};
 use super::sweep::{self, Axis};
 use super::{Contender, SimConfig, cluster};
 use crate::SimError;
-use crate::load::args::{DEFAULT_CONCURRENCY, workload_config};
-use crate::load::{Api, Arrivals, WorkloadFlags, WorkloadKind};
+use crate::load::args::{arrivals, secs, workload_config};
+use crate::load::{Api, WorkloadFlags, WorkloadKind};
 use crate::server::{EngineFlags, WorkerConfig};
 use crate::workload::TextShape;
 
@@ -122,32 +122,8 @@ impl SimulateArgs {
             return Err(SimError::Config("--chars-per-token must be > 0".into()));
         }
         let timestamped = matches!(workload, crate::workload::WorkloadConfig::Trace(_));
-        let arrivals = if timestamped {
-            if self.rate.is_some() || self.concurrency.is_some() {
-                return Err(SimError::Config(
-                    "trace replay paces requests by its timestamps: drop --rate/--concurrency and use --speedup".into(),
-                ));
-            }
-            Arrivals::Timestamps
-        } else if let Some(rate) = self.rate {
-            if !rate.is_finite() || rate <= 0.0 {
-                return Err(SimError::Config(format!("--rate must be > 0, got {rate}")));
-            }
-            Arrivals::Poisson { rate }
-        } else {
-            Arrivals::Closed {
-                concurrency: self.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
-            }
-        };
-        let duration = match self.duration {
-            None => None,
-            Some(d) if d.is_finite() && d > 0.0 && d <= 1e7 => Some(Duration::from_secs_f64(d)),
-            Some(d) => {
-                return Err(SimError::Config(format!(
-                    "--duration must be a number of seconds > 0, got {d}"
-                )));
-            }
-        };
+        let arrivals = arrivals(self.rate, self.concurrency, timestamped)?;
+        let duration = self.duration.map(|d| secs("--duration", d)).transpose()?;
         if self.requests == Some(0) {
             return Err(SimError::Config("--requests must be > 0".into()));
         }
