@@ -81,8 +81,6 @@ async fn forward(
         .iter()
         .find_map(|h| parts.headers.get(*h).and_then(|v| v.to_str().ok()))
         .or(request.user.as_deref());
-    let headers =
-        upstream::request_headers(&parts.headers, None, state.config.server.api_key.is_some());
 
     let retry = &state.config.retry;
     let mut tried: Vec<WorkerId> = Vec::new();
@@ -125,7 +123,7 @@ async fn forward(
             .decision(decision.explanation().branch.as_str());
         tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
         let last_attempt = tried.len() as u32 >= retry.max_retries;
-        let failure = match send(state, &decision, route, &headers, bytes.clone()).await {
+        let failure = match send(state, &decision, route, &parts.headers, bytes.clone()).await {
             Ok(response) => {
                 let status = response.status();
                 let failed = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
@@ -259,16 +257,12 @@ async fn send(
     state: &AppState,
     decision: &Decision,
     path: &str,
-    headers: &HeaderMap,
+    client_headers: &HeaderMap,
     body: Bytes,
 ) -> Result<reqwest::Response, GatewayError> {
     let worker = decision.worker();
-    let mut headers = headers.clone();
-    if let Some(key) = worker.api_key()
-        && let Ok(value) = HeaderValue::try_from(format!("Bearer {key}"))
-    {
-        headers.insert(header::AUTHORIZATION, value);
-    }
+    let gateway_has_key = state.config.server.api_key.is_some();
+    let headers = upstream::request_headers(client_headers, worker.api_key(), gateway_has_key);
     state
         .client
         .post(format!("{}{path}", worker.url()))
