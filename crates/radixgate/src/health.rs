@@ -104,16 +104,20 @@ pub(crate) async fn watch(target: Target) {
     }
 }
 
+/// A GET of `path` on the target worker, with its key and the probe timeout.
+fn get(target: &Target, path: &str) -> reqwest::RequestBuilder {
+    crate::upstream::worker_call(
+        &target.client,
+        reqwest::Method::GET,
+        format!("{}{path}", target.url),
+        target.api_key.as_deref(),
+        Duration::from_secs(target.config.timeout_secs),
+    )
+}
+
 /// One probe: a GET of the health endpoint answered 2xx within the timeout.
 async fn probe(target: &Target) -> bool {
-    let url = format!("{}{}", target.url, target.config.endpoint);
-    let mut request = target
-        .client
-        .get(url)
-        .timeout(Duration::from_secs(target.config.timeout_secs));
-    if let Some(key) = &target.api_key {
-        request = request.bearer_auth(key);
-    }
+    let request = get(target, &target.config.endpoint);
     tokio::select! {
         () = target.cancel.cancelled() => false,
         result = request.send() => matches!(result, Ok(r) if r.status().is_success()),
@@ -138,24 +142,14 @@ struct ModelInfo {
 /// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
 /// `/get_model_info`; empty (serves any model) if it reports neither.
 async fn discover_models(target: &Target) -> Vec<String> {
-    let get = |path: &str| {
-        let mut request = target
-            .client
-            .get(format!("{}{path}", target.url))
-            .timeout(Duration::from_secs(target.config.timeout_secs));
-        if let Some(key) = &target.api_key {
-            request = request.bearer_auth(key);
-        }
-        request.send()
-    };
-    if let Ok(response) = get("/v1/models").await
+    if let Ok(response) = get(target, "/v1/models").send().await
         && response.status().is_success()
         && let Ok(list) = response.json::<ModelList>().await
         && !list.data.is_empty()
     {
         return list.data.into_iter().map(|m| m.id).collect();
     }
-    if let Ok(response) = get("/get_model_info").await
+    if let Ok(response) = get(target, "/get_model_info").send().await
         && response.status().is_success()
         && let Ok(ModelInfo {
             model_path: Some(path),

@@ -2,6 +2,7 @@
 //! the cache-flush fan-out. None of them touches the routing policy.
 
 use crate::state::AppState;
+use crate::upstream::worker_call;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,6 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How long the gateway waits for a worker's answer to its own calls.
+const FAN_OUT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `/liveness`: the process is up.
 pub(crate) async fn liveness() -> Json<Value> {
@@ -86,13 +90,13 @@ pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
     let Some(worker) = snapshot.workers().iter().find(|w| w.is_available()) else {
         return crate::error::GatewayError::NoHealthyWorker { model: "*".into() }.into_response();
     };
-    let mut request = state
-        .client
-        .get(format!("{}/get_model_info", worker.url()))
-        .timeout(Duration::from_secs(10));
-    if let Some(key) = worker.api_key() {
-        request = request.bearer_auth(key);
-    }
+    let request = worker_call(
+        &state.client,
+        reqwest::Method::GET,
+        format!("{}/get_model_info", worker.url()),
+        worker.api_key(),
+        FAN_OUT_TIMEOUT,
+    );
     match request.send().await {
         Ok(response) => {
             let status = response.status();
@@ -116,13 +120,13 @@ pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
 pub(crate) async fn flush_cache(State(state): State<Arc<AppState>>) -> Response {
     let snapshot = state.router.snapshot();
     let calls = snapshot.workers().iter().map(|w| {
-        let mut request = state
-            .client
-            .post(format!("{}/flush_cache", w.url()))
-            .timeout(Duration::from_secs(10));
-        if let Some(key) = w.api_key() {
-            request = request.bearer_auth(key);
-        }
+        let request = worker_call(
+            &state.client,
+            reqwest::Method::POST,
+            format!("{}/flush_cache", w.url()),
+            w.api_key(),
+            FAN_OUT_TIMEOUT,
+        );
         async move {
             match request.send().await {
                 Ok(r) => json!({"url": w.url(), "status": r.status().as_u16()}),

@@ -25,6 +25,22 @@ pub fn client() -> Result<reqwest::Client, reqwest::Error> {
         .build()
 }
 
+/// A call the gateway itself makes to a worker (health probe, model
+/// discovery, fan-out): the worker's own key, and a bounded wait.
+pub(crate) fn worker_call(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    key: Option<&str>,
+    timeout: Duration,
+) -> reqwest::RequestBuilder {
+    let request = client.request(method, url).timeout(timeout);
+    match key {
+        Some(key) => request.bearer_auth(key),
+        None => request,
+    }
+}
+
 /// Headers that describe one connection, not the message.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
