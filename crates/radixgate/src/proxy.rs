@@ -25,8 +25,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use radixgate_routing::{Decision, LoadGuard, RequestView, WorkerId};
 use rand::Rng;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -259,16 +261,13 @@ async fn send(
     path: &str,
     client_headers: &HeaderMap,
     body: Bytes,
-) -> Result<reqwest::Response, GatewayError> {
+) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
     let gateway_has_key = state.config.server.api_key.is_some();
     let headers = upstream::request_headers(client_headers, worker.api_key(), gateway_has_key);
     state
-        .client
-        .post(format!("{}{path}", worker.url()))
-        .headers(headers)
-        .body(body)
-        .send()
+        .forwarder
+        .post(worker.url(), path, headers, body)
         .await
         .map_err(|err| GatewayError::Connect {
             worker: worker.url().to_owned(),
@@ -278,7 +277,7 @@ async fn send(
 
 /// Hands a worker's response to the client; its body carries the watch.
 fn respond(
-    response: reqwest::Response,
+    response: axum::http::Response<Incoming>,
     decision: Decision,
     mut watch: RequestWatch,
     asked_stream: bool,
@@ -294,14 +293,16 @@ fn respond(
     if let Ok(value) = HeaderValue::from_str(decision.worker().url()) {
         headers.insert(WORKER_HEADER, value);
     }
-    if let Ok(value) = HeaderValue::from_str(&decision.explanation().to_string()) {
+    let mut explained = String::with_capacity(128);
+    if write!(explained, "{}", decision.explanation()).is_ok()
+        && let Ok(value) = HeaderValue::from_str(&explained)
+    {
         headers.insert(DECISION_HEADER, value);
     }
     watch.guard = Some(decision.into_guard());
     watch.sse = sse;
-    let upstream: axum::http::Response<reqwest::Body> = response.into();
     let deadline = timeout.map(|t| tokio::time::Instant::from_std(watch.started + t));
-    let mut body = WatchedBody::new(upstream.into_body(), watch, sse);
+    let mut body = WatchedBody::new(response.into_body(), watch, sse);
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);
     }

@@ -34,6 +34,9 @@ pub enum StartError {
     /// The worker client could not be built.
     #[error("cannot build the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
+    /// The forwarding client's TLS set-up failed.
+    #[error("cannot set up TLS for the worker client: {0}")]
+    Tls(#[from] rustls::Error),
     /// A configured worker was rejected.
     #[error("worker rejected: {0}")]
     Worker(#[from] GatewayError),
@@ -134,6 +137,7 @@ pub async fn run(
     let registry = Registry::new(policy.clone());
     let router = registry.router();
     let client = upstream::client()?;
+    let forwarder = upstream::Forwarder::new()?;
     let tasks = shutdown.child_token();
     let (control, control_task) = control::spawn(
         registry,
@@ -154,6 +158,7 @@ pub async fn run(
         router,
         control,
         client,
+        forwarder,
         started: Instant::now(),
     });
     let upkeep = tokio::spawn(upkeep::run(state.clone(), tasks.clone()));

@@ -1,5 +1,5 @@
 //! What every handler shares: configuration, the routing handle, the control
-//! handle, the worker client, admission, breakers and metrics. Built once in
+//! handle, the worker clients, admission, breakers and metrics. Built once in
 //! [`crate::server`]; every mutable part sits behind its own handle, so the
 //! whole is shared as a plain `Arc`.
 //!
@@ -24,6 +24,7 @@ pub(crate) struct AppState {
     pub(crate) router: Router,
     pub(crate) control: Control,
     pub(crate) client: reqwest::Client,
+    pub(crate) forwarder: crate::upstream::Forwarder,
     pub(crate) admission: Admission,
     pub(crate) breakers: Breakers,
     pub(crate) metrics: Metrics,

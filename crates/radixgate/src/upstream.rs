@@ -1,28 +1,144 @@
-//! The HTTP client the gateway talks to workers with, and header hygiene.
+//! The HTTP clients the gateway talks to workers with, and header hygiene.
 //!
-//! One pooled client (keep-alive, `TCP_NODELAY`) is shared by the request
-//! path, health checks and fan-out calls. Request bodies go out as the
-//! client's bytes; only headers are filtered: hop-by-hop headers are
+//! Two pooled clients (keep-alive, `TCP_NODELAY`, the same TLS roots):
+//! [`Forwarder`] carries client requests — hyper's own pooled client, with
+//! the worker's base URL joined to the route by plain string concatenation
+//! and the body sent as the client's `Bytes`, nothing re-parsed or copied
+//! per request — and a `reqwest` client ([`client`]) makes the gateway's own
+//! calls (health probes, model discovery, fan-out), where convenience
+//! matters more than microseconds.
+//!
+//! Only headers are filtered on the way through: hop-by-hop headers are
 //! connection-specific and must not be forwarded (RFC 9110 §7.6.1), `host`
 //! and `content-length` are set by the client library for the new
 //! connection, and the client's `authorization` is replaced by the worker's
 //! own key when one is configured.
 
-use axum::http::{HeaderMap, HeaderName, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, Response, Uri, header};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::time::Duration;
 
-/// Builds the shared worker client.
-pub fn client() -> Result<reqwest::Client, reqwest::Error> {
-    // Idempotent: a second install (another client, a test) is refused
-    // harmlessly, and the one provider stays in place.
+/// How long the gateway waits for a worker's TCP (and TLS) handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an unused pooled connection to a worker is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Most idle pooled connections kept per worker.
+const POOL_MAX_IDLE: usize = 1024;
+
+/// Installs the process-wide rustls crypto provider (ring). Idempotent: a
+/// second install (another client, a test) is refused harmlessly, and the
+/// one provider stays in place.
+fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Builds the client for the gateway's own calls to workers.
+pub fn client() -> Result<reqwest::Client, reqwest::Error> {
+    install_crypto();
     reqwest::Client::builder()
         .tcp_nodelay(true)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .connect_timeout(Duration::from_secs(5))
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_MAX_IDLE)
+        .connect_timeout(CONNECT_TIMEOUT)
         .no_proxy()
         .build()
+}
+
+/// The request path's client: forwards a client's request to a worker.
+/// Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct Forwarder {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+/// Why a request could not be forwarded to a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The worker's URL and the route do not form a valid URI.
+    #[error("invalid worker URI {uri:?}: {source}")]
+    Uri {
+        /// The joined URI.
+        uri: String,
+        /// Why it is invalid.
+        source: axum::http::uri::InvalidUri,
+    },
+    /// The connection failed, or broke before a response head arrived;
+    /// the message holds the whole error chain.
+    #[error("{0}")]
+    Transport(String),
+}
+
+impl Forwarder {
+    /// Builds the forwarding client: HTTP/1.1 to plain-HTTP workers,
+    /// HTTP/1.1 or HTTP/2 (by ALPN) to HTTPS workers, verified against the
+    /// platform's roots.
+    pub fn new() -> Result<Self, rustls::Error> {
+        install_crypto();
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .try_with_platform_verifier()?
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .build(https);
+        Ok(Self { client })
+    }
+
+    /// POSTs `body` with `headers` to `path` on the worker at `base`
+    /// (its URL without a trailing slash) and returns the response head,
+    /// its body still streaming.
+    pub async fn post(
+        &self,
+        base: &str,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        let mut joined = String::with_capacity(base.len() + path.len());
+        joined.push_str(base);
+        joined.push_str(path);
+        let uri = Uri::try_from(joined).map_err(|source| ForwardError::Uri {
+            uri: format!("{base}{path}"),
+            source,
+        })?;
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        self.client
+            .request(request)
+            .await
+            .map_err(|err| ForwardError::Transport(error_chain(&err)))
+    }
+}
+
+/// An error and its sources on one line: hyper's own messages are terse
+/// ("client error (Connect)"), the cause is in the chain.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
 }
 
 /// A call the gateway itself makes to a worker (health probe, model
@@ -133,6 +249,20 @@ mod tests {
         );
         let keyed = request_headers(&client, Some("wk"), true);
         assert_eq!(keyed["authorization"], "Bearer wk");
+    }
+
+    #[test]
+    fn error_chain_names_the_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect)")]
+        struct Outer(#[source] std::io::Error);
+        assert_eq!(error_chain(&Outer(io)), "client error (Connect): refused");
+        #[derive(Debug, thiserror::Error)]
+        #[error("tcp connect error: refused")]
+        struct Repeats(#[source] std::io::Error);
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(error_chain(&Repeats(io)), "tcp connect error: refused");
     }
 
     #[test]

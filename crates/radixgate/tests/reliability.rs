@@ -68,6 +68,52 @@ async fn failed_attempts_move_to_another_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_move_to_another_worker() {
+    let bad = sim_worker(fast_worker()).await;
+    let good = sim_worker(fast_worker()).await;
+    let mut cfg = round_robin(config(&[&bad.url, &good.url]));
+    // Health probing must not notice the refusal first: this test is about
+    // the request path's own retry on a connect error.
+    cfg.health.failure_threshold = 1000;
+    let gw = gateway_ready(cfg, 2).await;
+    bad.set_faults(FaultConfig {
+        refuse: true,
+        ..Default::default()
+    });
+    let addr = bad.url.trim_start_matches("http://").to_owned();
+    wait_until("the refusing worker's port to close", || {
+        let addr = addr.clone();
+        async move { tokio::net::TcpStream::connect(addr).await.is_err() }
+    })
+    .await;
+    let c = client();
+    for i in 0..4 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&chat(&format!("refused {i}"), i % 2 == 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], good.url.as_str());
+        r.bytes().await.unwrap();
+    }
+    let metrics = c
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let retried = metrics.lines().any(|l| {
+        l.starts_with("radixgate_retries_total{reason=\"connect\"}") && !l.ends_with(" 0")
+    });
+    assert!(retried, "connect retries counted:\n{metrics}");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_dying_mid_stream_is_an_explicit_error_and_not_retried() {
     let w = dying_worker(vec!["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n"]).await;
     let gw = gateway_ready(config(&[&w.url]), 1).await;
