@@ -60,7 +60,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => {
             let config = args.load().context("invalid configuration")?;
             init_logs(&config.log.level, config.log.json);
-            tokio::runtime::Runtime::new()?.block_on(serve(config))?;
+            // Requests are served on the gateway's own threads; this
+            // runtime only runs probes, control and upkeep.
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(serve(config))?;
         }
         Command::Load(args) => radixgate_sim::load::main(*args)?,
         Command::Demo(args) => {

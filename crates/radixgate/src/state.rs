@@ -3,6 +3,11 @@
 //! [`crate::server`]; every mutable part sits behind its own handle, so the
 //! whole is shared as a plain `Arc`.
 //!
+//! The one thing not shared is the forwarding client's connection pool:
+//! each serving thread has its own ([`AppState`] = the shared part + that
+//! thread's [`Forwarder`]), so a request and the worker connection it rides
+//! on are served by the same event loop and never wake another thread.
+//!
 //! The breakers map is the one lock here: a `parking_lot::RwLock` read for a
 //! map lookup per attempt (never held across `.await`), written only the
 //! first time a worker id is seen.
@@ -12,23 +17,45 @@ use crate::breaker::{Breaker, BreakerState};
 use crate::config::Config;
 use crate::control::Control;
 use crate::metrics::Metrics;
+use crate::upstream::Forwarder;
 use parking_lot::RwLock;
 use radixgate_routing::{Router, Worker, WorkerId};
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Shared state of one gateway.
-pub(crate) struct AppState {
+/// What every thread of one gateway shares.
+pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) router: Router,
     pub(crate) control: Control,
     pub(crate) client: reqwest::Client,
-    pub(crate) forwarder: crate::upstream::Forwarder,
     pub(crate) admission: Admission,
     pub(crate) breakers: Breakers,
     pub(crate) metrics: Metrics,
     pub(crate) started: Instant,
+}
+
+/// One serving thread's view of a gateway: the shared state and the
+/// thread's own forwarding pool.
+pub(crate) struct AppState {
+    shared: Arc<Shared>,
+    pub(crate) forwarder: Forwarder,
+}
+
+impl AppState {
+    pub(crate) fn new(shared: Arc<Shared>, forwarder: Forwarder) -> Self {
+        Self { shared, forwarder }
+    }
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// One circuit breaker per worker id, created on first use.

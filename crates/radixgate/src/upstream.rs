@@ -50,11 +50,16 @@ pub fn client() -> Result<reqwest::Client, reqwest::Error> {
 }
 
 /// The request path's client: forwards a client's request to a worker.
-/// Cheap to clone (the pool is shared).
+/// A clone shares the connection pool; [`Forwarder::fresh_pool`] makes one
+/// with the same TLS set-up and a pool of its own (one per serving thread).
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    connector: Connector,
+    client: Client<Connector, Full<Bytes>>,
 }
+
+/// TCP (`TCP_NODELAY`, connect timeout) with TLS for `https` workers.
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// Why a request could not be forwarded to a worker.
 #[derive(Debug, thiserror::Error)]
@@ -83,18 +88,29 @@ impl Forwarder {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         http.enforce_http(false);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .try_with_platform_verifier()?
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(http);
+        Ok(Self::with_connector(connector))
+    }
+
+    fn with_connector(connector: Connector) -> Self {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE)
-            .build(https);
-        Ok(Self { client })
+            .build(connector.clone());
+        Self { connector, client }
+    }
+
+    /// A forwarder with the same TLS set-up and an empty pool of its own.
+    /// Its connections are driven by the runtime of the thread that opens
+    /// them, so each serving thread should have its own.
+    pub fn fresh_pool(&self) -> Self {
+        Self::with_connector(self.connector.clone())
     }
 
     /// POSTs `body` with `headers` to `path` on the worker at `base`

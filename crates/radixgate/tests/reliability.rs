@@ -12,7 +12,7 @@ use radixgate_sim::server::FaultConfig;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn round_robin(mut c: radixgate::config::Config) -> radixgate::config::Config {
     c.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
@@ -433,4 +433,47 @@ async fn a_worker_stalling_mid_stream_meets_the_request_timeout() {
     assert!(!text.contains("[DONE]"));
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cuts_what_outlives_the_grace_period_on_every_thread() {
+    let w = stalling_worker(vec!["data: {\"n\":1}\n\n"]).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.threads = 3;
+    cfg.server.shutdown_grace_period_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    // Separate connections, which the serving threads accept between them.
+    let mut streams = Vec::new();
+    for _ in 0..6 {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&json!({"model": "scripted", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let mut stream = r.bytes_stream();
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(first.starts_with(b"data: {\"n\":1}"));
+        streams.push(stream);
+    }
+    gw.stop.cancel();
+    // The gateway returns once the grace period is over, and every stalled
+    // stream is cut rather than left hanging. (The timeout only turns a
+    // hang into a failure.)
+    tokio::time::timeout(Duration::from_secs(60), gw.task)
+        .await
+        .expect("the gateway stopped after its grace period")
+        .unwrap()
+        .unwrap();
+    for mut stream in streams {
+        let mut rest = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => rest.extend_from_slice(&bytes),
+                Err(_) => break,
+            }
+        }
+        assert!(!String::from_utf8_lossy(&rest).contains("[DONE]"));
+    }
 }

@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// Seconds shutdown waits for in-flight requests [default: 30].
     #[arg(long, env = "RADIXGATE_SHUTDOWN_GRACE_PERIOD_SECS")]
     pub shutdown_grace_period_secs: Option<u64>,
+    /// Serving threads, each its own event loop; 0 = one per CPU [default: 0].
+    #[arg(long, env = "RADIXGATE_THREADS")]
+    pub threads: Option<usize>,
     /// Key clients must send as `Authorization: Bearer <key>`.
     #[arg(long, env = "RADIXGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -196,6 +199,7 @@ impl ServeArgs {
         set(&mut s.host, &self.host);
         set(&mut s.port, &self.port);
         set(&mut s.max_payload_size, &self.max_payload_size);
+        set(&mut s.threads, &self.threads);
         set(&mut s.request_timeout_secs, &self.request_timeout_secs);
         set(
             &mut s.shutdown_grace_period_secs,

@@ -62,6 +62,24 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Key for the admin API (`/workers`); none = same as `api_key`.
     pub admin_api_key: Option<String>,
+    /// Serving threads, each a single-threaded event loop accepting on the
+    /// same socket (0 = one per CPU, at most [`MAX_THREADS`]).
+    pub threads: usize,
+}
+
+/// Most serving threads a gateway runs (and the cap of `threads: 0`).
+pub const MAX_THREADS: usize = 64;
+
+impl ServerConfig {
+    /// The number of serving threads to start.
+    pub fn serving_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .min(MAX_THREADS),
+            n => n,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -74,6 +92,7 @@ impl Default for ServerConfig {
             shutdown_grace_period_secs: 30,
             api_key: None,
             admin_api_key: None,
+            threads: 0,
         }
     }
 }
@@ -323,6 +342,12 @@ impl Config {
         let s = &self.server;
         if s.host.trim().is_empty() {
             return Err(invalid("server.host", "must not be empty"));
+        }
+        if s.threads > MAX_THREADS {
+            return Err(invalid(
+                "server.threads",
+                format!("{} is more than {MAX_THREADS}", s.threads),
+            ));
         }
         if s.max_payload_size == 0 {
             return Err(invalid(

@@ -82,8 +82,9 @@ fn flags_override_file() {
 
 #[test]
 fn bad_values_name_their_key() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--retry-jitter-factor", "1.5"], "retry.jitter_factor"),
+        (&["--threads", "65"], "server.threads"),
         (
             &["--retry-backoff-multiplier", "0.5"],
             "retry.backoff_multiplier",
@@ -110,6 +111,16 @@ fn bad_values_name_their_key() {
         missing.to_string().contains("cannot read config file"),
         "{missing}"
     );
+}
+
+#[test]
+fn serving_threads_default_to_one_per_cpu() {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let config = args(&[]).load().unwrap();
+    assert_eq!(config.server.serving_threads(), cpus.min(MAX_THREADS));
+    let config = args(&["--threads", "3"]).load().unwrap();
+    assert_eq!(config.server.threads, 3);
+    assert_eq!(config.server.serving_threads(), 3);
 }
 
 #[test]
