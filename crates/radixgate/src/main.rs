@@ -42,9 +42,18 @@ fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            // `{:#}` prints the whole cause chain on one line, without the
-            // backtrace a `Result` from main would add.
-            eprintln!("radixgate: error: {err:#}");
+            // The whole cause chain on one line, without the backtrace a
+            // `Result` from main would add. A cause its parent already
+            // spelled out is not repeated.
+            let mut message = err.to_string();
+            for cause in err.chain().skip(1) {
+                let text = cause.to_string();
+                if !message.ends_with(&text) {
+                    message.push_str(": ");
+                    message.push_str(&text);
+                }
+            }
+            eprintln!("radixgate: error: {message}");
             std::process::ExitCode::FAILURE
         }
     }

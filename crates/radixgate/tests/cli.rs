@@ -84,6 +84,15 @@ fn bad_settings_are_precise_start_up_errors() {
         err.contains("cannot read config file /no/such/file.yaml"),
         "{err}"
     );
+    // A cause is printed once, not again after the message that quotes it.
+    let dir = std::env::temp_dir().join(format!("radixgate-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.yaml");
+    std::fs::write(&file, "server:\n  prot: 1\n").unwrap();
+    let (ok, err) = run(radixgate().args(["serve", "--config", file.to_str().unwrap()]));
+    assert!(!ok);
+    assert_eq!(err.matches("unknown field `prot`").count(), 1, "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
     let (ok, err) = run(radixgate().args(["serve", "--worker-urls", "localhost:8000"]));
     assert!(!ok);
     assert!(err.contains("must start with http://"), "{err}");

@@ -328,11 +328,24 @@ impl Config {
         })
     }
 
-    /// Parses YAML text (an empty document is the default config).
+    /// Parses YAML text (an empty document is the default config). A
+    /// `routing:` section without `policy:` tunes the default policy,
+    /// `cache_aware`.
     pub fn from_yaml(text: &str) -> Result<Self, serde_norway::Error> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
+        let mut document: serde_norway::Value = serde_norway::from_str(text)?;
+        if let Some(routing) = document
+            .get_mut("routing")
+            .and_then(serde_norway::Value::as_mapping_mut)
+            && !routing.contains_key("policy")
+        {
+            routing.insert("policy".into(), PolicyConfig::default().name().into());
+            // Errors from here on name the key but not the line.
+            return serde_norway::from_value(document);
+        }
+        // Parsed from the text, errors carry their line and column.
         serde_norway::from_str(text)
     }
 

@@ -192,6 +192,17 @@ fn routing_section_in_yaml() {
         Config::from_yaml("routing: {policy: consistent_hash, virtual_nodes: 40}\n").unwrap();
     assert_eq!(config.routing.name(), "consistent_hash");
     assert!(Config::from_yaml("routing: {policy: round_robin, cache_threshold: 0.2}\n").is_err());
+    // Without `policy:` the section tunes the default policy.
+    let config = Config::from_yaml("routing:\n  cache_threshold: 0.5\n").unwrap();
+    match &config.routing {
+        PolicyConfig::CacheAware(c) => assert_eq!(c.cache_threshold, 0.5),
+        other => panic!("expected cache_aware, got {}", other.name()),
+    }
+    let err = Config::from_yaml("routing:\n  cache_treshold: 0.5\n").unwrap_err();
+    assert!(err.to_string().contains("cache_treshold"), "{err}");
+    // Elsewhere a mistake still points at its line.
+    let err = Config::from_yaml("server:\n  port: 1\n  prot: 2\n").unwrap_err();
+    assert!(err.to_string().contains("line 3"), "{err}");
 }
 
 #[test]
