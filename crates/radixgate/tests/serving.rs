@@ -43,15 +43,21 @@ async fn every_endpoint_answers() {
         let body: Value = r.json().await.unwrap();
         assert!(body.get("error").is_none(), "{path}: {body}");
     }
-    // The simulated worker has no embeddings endpoint: the gateway still
-    // routes the request and passes the worker's answer through.
     let r = c
         .post(format!("{}/v1/embeddings", gw.url))
-        .json(&json!({"model": model, "input": "x"}))
+        .json(&json!({"model": model, "input": ["first text", "second text"]}))
         .send()
         .await
         .unwrap();
+    assert_eq!(r.status(), 200);
     assert!(r.headers().contains_key(WORKER_HEADER));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["data"].as_array().unwrap().len(), 2, "{body}");
+    assert_eq!(body["data"][1]["index"], 1, "{body}");
+    assert!(
+        body["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{body}"
+    );
 
     let models: Value = c
         .get(format!("{}/v1/models", gw.url))

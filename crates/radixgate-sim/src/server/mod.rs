@@ -13,6 +13,7 @@
 
 mod args;
 mod driver;
+mod embeddings;
 mod faults;
 mod generate;
 mod listen;

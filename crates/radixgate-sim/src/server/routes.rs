@@ -1,5 +1,6 @@
 //! The worker's routes and its non-generation endpoints: health, server and
-//! model info, models list, load, metrics, cache flush, fault admin.
+//! model info, models list, load, metrics, cache flush, fault admin
+//! (generation and embeddings have their own modules).
 //!
 //! Shapes follow what SGLang and vLLM servers answer on the same paths,
 //! closely enough for routers that probe them (model discovery, health,
@@ -18,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::driver::Cmd;
 use super::faults::FaultConfig;
-use super::{WorkerState, error_response, generate, read_body};
+use super::{WorkerState, embeddings, error_response, generate, read_body};
 use crate::error::SimError;
 
 /// The router of one worker.
@@ -37,6 +38,7 @@ pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
         .route("/generate", post(generate::generate))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/admin/faults", get(get_faults).post(set_faults))
         .route(
             "/admin/workers/{index}/faults",
