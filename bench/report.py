@@ -194,6 +194,10 @@ def ratios(result) -> list[str]:
     lines = ["## radixgate (cache_aware) vs smg, same run", "",
              "| measure | radixgate | smg | ratio | target | met |", "|---|---|---|---|---|---|"]
     c = cost_medians(result["cost"])
+    if c:
+        lines[2:2] = ["Issue 5 quotes smg's figures and sets its CPU and throughput targets for the wrk "
+                      "run (32 connections, 4 KiB bodies); the other cost rows hold radixgate to the "
+                      "same bounds at fixed rates and in the load tool's closed loop.", ""]
     for row in c:
         if row["router"] != "radixgate":
             continue
