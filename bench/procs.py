@@ -89,9 +89,13 @@ def free_block(first: int, count: int, last: int = 35999) -> int:
     Other programs' outgoing connections borrow ephemeral ports from this
     range, so a fixed port is sometimes taken for a moment.
     """
-    for base in range(first, last - count + 2, 10):
-        if all(_bindable(base + i) for i in range(count)):
-            return base
+    for attempt in range(5):
+        for base in range(first, last - count + 2, 10):
+            if all(_bindable(base + i) for i in range(count)):
+                return base
+        # Every block busy at once is a passing burst of other programs'
+        # connections more often than a real shortage: wait and scan again.
+        time.sleep(1.0 + attempt)
     raise RuntimeError(f"no {count} free ports from {first} to {last}")
 
 

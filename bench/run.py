@@ -140,7 +140,10 @@ class Bench:
                 try:
                     proc, target = self.start_router(router, urls)
                     try:
-                        extra = ["--assign", "round-robin"] if router.command is None else []
+                        # Behind a router the load tool sees one URL: tell it
+                        # the pool, so the spread counts an idle worker.
+                        extra = (["--assign", "round-robin"] if router.command is None
+                                 else ["--pool-size", str(len(urls))])
                         t0 = time.time()
                         rep = run_load(self.binary, target, args + extra, self.opts.seed)
                     finally:

@@ -300,6 +300,7 @@ fn header(urls: &[String]) -> ReportHeader {
         assign: "test".into(),
         urls: urls.to_vec(),
         seed: 0,
+        pool_size: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn header(url: &str) -> ReportHeader {
         assign: "round_robin".into(),
         urls: vec![url.to_owned()],
         seed: 5,
+        pool_size: None,
     }
 }
 

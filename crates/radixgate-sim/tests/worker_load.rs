@@ -68,6 +68,7 @@ async fn run(ws: &[WorkerHandle], cfg: &WorkloadConfig, r: Run) -> LoadReport {
         assign: r.assign.name().into(),
         urls: t.iter().map(|t| t.base().to_owned()).collect(),
         seed: 1,
+        pool_size: None,
     };
     let plan = RunPlan {
         arrivals: Arrivals::Closed {

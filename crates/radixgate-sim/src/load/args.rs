@@ -106,6 +106,10 @@ pub struct LoadArgs {
     /// Client-side assignment over several --url.
     #[arg(long, value_enum, default_value_t = Assign::RoundRobin)]
     pub assign: Assign,
+    /// Workers behind the URL(s), e.g. a router's pool, so the spread
+    /// counts a worker that got no request [default: the workers seen].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub pool_size: Option<u64>,
     /// Seed of the workload and the arrival process.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

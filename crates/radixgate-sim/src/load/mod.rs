@@ -56,6 +56,7 @@ pub async fn run(args: &LoadArgs) -> Result<LoadReport, SimError> {
         assign: args.assign.name().into(),
         urls: targets.iter().map(|t| t.base().to_owned()).collect(),
         seed: args.seed,
+        pool_size: args.pool_size.and_then(|n| usize::try_from(n).ok()),
     };
     let client = Client::new(opts, timeout);
     Ok(drive(workload, client, targets, plan, header).await)

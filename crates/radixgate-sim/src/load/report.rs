@@ -6,8 +6,9 @@
 //!   responses that reported usage;
 //! - percentiles are nearest-rank over successful requests;
 //! - spread = the busiest worker's request count / the mean count, over the
-//!   workers seen in responses or the `--url`s, whichever are more (so a
-//!   worker that got nothing still counts when it was a target).
+//!   workers seen in responses, the `--url`s or `--pool-size`, whichever
+//!   are more (so a worker that got nothing still counts when it was a
+//!   target, or when the caller says it is behind the router).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -118,7 +119,12 @@ impl Stats {
     /// The final report.
     pub fn report(&self, header: ReportHeader, elapsed: Duration) -> LoadReport {
         let secs = elapsed.as_secs_f64().max(1e-9);
-        let slots = self.workers.len().max(header.urls.len()).max(1);
+        let slots = self
+            .workers
+            .len()
+            .max(header.urls.len())
+            .max(header.pool_size.unwrap_or(0))
+            .max(1);
         let spread = (!self.workers.is_empty()).then(|| {
             let max = *self.workers.values().max().unwrap_or(&0) as f64;
             let mean = self.ok as f64 / slots as f64;
@@ -166,6 +172,8 @@ pub struct ReportHeader {
     pub urls: Vec<String>,
     /// Workload seed.
     pub seed: u64,
+    /// Workers behind the URLs (`--pool-size`), when the caller knows.
+    pub pool_size: Option<usize>,
 }
 
 /// The result of a load run (`--json` prints it as is).
@@ -345,6 +353,7 @@ mod tests {
             assign: "round-robin".into(),
             urls: vec!["u1".into(), "u2".into(), "u3".into()],
             seed: 0,
+            pool_size: None,
         };
         let r = st.report(header, Duration::from_secs(2));
         // (0 + 90 + 200) / 400, not the mean of per-request rates (0.6)
@@ -357,6 +366,11 @@ mod tests {
         assert_eq!(r.output_tokens_per_s, 15.0);
         // a: 2 of 3 ok requests over 3 targets (mean 1) -> 2.0
         assert_eq!(r.spread, Some(2.0));
+        // One URL (a router) with six workers behind it: the mean is 0.5.
+        let mut behind = r.header.clone();
+        behind.urls.truncate(1);
+        behind.pool_size = Some(6);
+        assert_eq!(st.report(behind, Duration::from_secs(2)).spread, Some(4.0));
         assert!(r.table().contains("hit rate 72.5%"));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["workers"]["a"], 2);
