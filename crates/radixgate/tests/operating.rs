@@ -11,14 +11,7 @@ use radixgate_sim::server::FaultConfig;
 use serde_json::{Value, json};
 
 async fn scrape(url: &str) -> prometheus_parse::Scrape {
-    let text = client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(url).await;
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
         .expect("valid Prometheus text")
 }

@@ -28,18 +28,8 @@ async fn failed_attempts_move_to_another_worker() {
         ..Default::default()
     });
     let gw = gateway_ready(round_robin(config(&[&bad.url, &good.url])), 2).await;
+    assert_all_served_by(&gw.url, &good.url, 6, "q").await;
     let c = client();
-    for i in 0..6 {
-        let r = c
-            .post(format!("{}/v1/chat/completions", gw.url))
-            .json(&chat(&format!("q{i}"), i % 2 == 0))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()[WORKER_HEADER], good.url.as_str());
-        r.bytes().await.unwrap();
-    }
     // With retries off, the worker's own error reaches the client.
     let mut cfg = round_robin(config(&[&bad.url]));
     cfg.retry.max_retries = 0;
@@ -86,26 +76,8 @@ async fn refused_connections_move_to_another_worker() {
         async move { tokio::net::TcpStream::connect(addr).await.is_err() }
     })
     .await;
-    let c = client();
-    for i in 0..4 {
-        let r = c
-            .post(format!("{}/v1/chat/completions", gw.url))
-            .json(&chat(&format!("refused {i}"), i % 2 == 1))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()[WORKER_HEADER], good.url.as_str());
-        r.bytes().await.unwrap();
-    }
-    let metrics = c
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    assert_all_served_by(&gw.url, &good.url, 4, "refused").await;
+    let metrics = metrics_text(&gw.url).await;
     let retried = metrics.lines().any(|l| {
         l.starts_with("radixgate_retries_total{reason=\"connect\"}") && !l.ends_with(" 0")
     });

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -54,17 +53,7 @@ async fn serve(s: &Arc<WorkerState>, body: Body) -> Result<Response, SimError> {
         param: None,
     })?;
     let inputs = inputs(req.input)?;
-    let faults = s.faults.get();
-    if faults.hang {
-        s.shutdown.cancelled().await;
-        return Err(SimError::EngineGone);
-    }
-    if faults.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
-    }
-    if s.faults.draw_error() {
-        return Err(SimError::InjectedFault("error_rate"));
-    }
+    s.request_faults().await?;
     let mut tokens = 0;
     let data: Vec<Value> = inputs
         .iter()

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -57,19 +57,7 @@ async fn handle(s: Arc<WorkerState>, api: Api, body: Body) -> Response {
 async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, SimError> {
     let bytes = read_body(body, s.config.max_body_bytes).await?;
     let req = parse(api, &bytes, s.config.default_max_tokens)?;
-    let faults = s.faults.get();
-    if faults.hang {
-        // Accepted and never answered: the connection stays open until the
-        // client gives up or the worker shuts down.
-        s.shutdown.cancelled().await;
-        return Err(SimError::EngineGone);
-    }
-    if faults.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
-    }
-    if s.faults.draw_error() {
-        return Err(SimError::InjectedFault("error_rate"));
-    }
+    let faults = s.request_faults().await?;
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     // `--instant` only counts tokens (no hashing): minimal work per request.
     let (prompt_text, prompt_tokens, prompt_len) = match (&req.prompt, s.config.instant) {

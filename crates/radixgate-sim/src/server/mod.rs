@@ -126,6 +126,27 @@ impl WorkerState {
     fn load(&self) -> LoadSnapshot {
         self.engine.stats().load
     }
+
+    /// Applies the request-level fault knobs before any work: `hang` never
+    /// answers (until shutdown), `latency_ms` delays, `error_rate` fails.
+    /// Returns the knobs as read, for the ones that act later (a stream
+    /// that dies after some chunks).
+    async fn request_faults(&self) -> Result<FaultConfig, SimError> {
+        let faults = self.faults.get();
+        if faults.hang {
+            // Accepted and never answered: the connection stays open until
+            // the client gives up or the worker shuts down.
+            self.shutdown.cancelled().await;
+            return Err(SimError::EngineGone);
+        }
+        if faults.latency_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(faults.latency_ms)).await;
+        }
+        if self.faults.draw_error() {
+            return Err(SimError::InjectedFault("error_rate"));
+        }
+        Ok(faults)
+    }
 }
 
 /// A running worker.

@@ -285,3 +285,32 @@ use futures::StreamExt as _;
 pub async fn dying_worker(pieces: Vec<&'static str>) -> ScriptedWorker {
     scripted(pieces, Ending::Die).await
 }
+
+/// The gateway's `/metrics` text.
+pub async fn metrics_text(gateway: &str) -> String {
+    client()
+        .get(format!("{gateway}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Sends `n` chat requests (alternately whole and streamed) and checks that
+/// each one succeeds on `worker`.
+pub async fn assert_all_served_by(gateway: &str, worker: &str, n: usize, tag: &str) {
+    let c = client();
+    for i in 0..n {
+        let r = c
+            .post(format!("{gateway}/v1/chat/completions"))
+            .json(&chat(&format!("{tag} {i}"), i % 2 == 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{tag} {i}");
+        assert_eq!(r.headers()["x-radixgate-worker"], worker, "{tag} {i}");
+        r.bytes().await.unwrap();
+    }
+}
