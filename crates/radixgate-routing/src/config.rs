@@ -175,6 +175,12 @@ pub struct CacheAwareConfig {
     pub low_match: LowMatchTarget,
     /// Hot-spot protection.
     pub hot_spot: HotSpotRule,
+    /// Holders whose match is shorter than the deepest by less than this
+    /// many characters count as tied with the deepest holder (ties go by
+    /// load, then by depth, then recency). A KV cache reuses whole pages
+    /// (vLLM: 16 tokens, about 64 characters), so a match a few characters
+    /// longer saves no prefill. 0 or 1: only the deepest holders tie.
+    pub match_granularity_chars: usize,
 }
 
 impl Default for CacheAwareConfig {
@@ -188,6 +194,7 @@ impl Default for CacheAwareConfig {
             max_total_chars: 1 << 28,
             low_match: LowMatchTarget::default(),
             hot_spot: HotSpotRule::default(),
+            match_granularity_chars: 1,
         }
     }
 }
