@@ -6,7 +6,11 @@
 //!    `max > balance_rel_threshold * min` → shortest queue;
 //! 3. otherwise longest-prefix match in the model's tree; if
 //!    `matched / input > cache_threshold` → the deepest holder (ties: least
-//!    loaded, then most recent; never slice order). If every deepest holder
+//!    loaded, then most recent; never slice order). With
+//!    `match_granularity_chars` G > 1, a worker whose match is shorter than
+//!    the deepest by less than G characters ties too (a KV cache reuses
+//!    whole pages, so a few more matched characters save nothing): least
+//!    loaded wins, then the deeper match. If every deepest holder
 //!    is unavailable, the best match among available workers, if still above
 //!    the threshold. A holder over the hot-spot cap (below) gives way to the
 //!    least-loaded worker;
@@ -26,7 +30,9 @@
 //! workers keep their tree records; removed workers' records are dropped (a
 //! returning worker gets a new id). Per decision: one tree match, one insert,
 //! one pass over the pool's loads; per-worker matches only when every deepest
-//! holder is unavailable.
+//! holder is unavailable, or when `match_granularity_chars` > 1 and the best
+//! deepest holder runs above the pool's minimum load (then one per less-loaded
+//! worker).
 
 use super::trees::Trees;
 use super::{Branch, Decision, Explanation, Loads, Policy};
@@ -133,16 +139,15 @@ impl CacheAware {
             })
             // least loaded, then most recent
             .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        if let Some((_, _, idx)) = best {
-            return (
-                m.matched_chars,
-                input,
-                Some(Hit {
+        if let Some((load, _, idx)) = best {
+            let hit = self
+                .near_holder(tree, req, workers, loads, (m.matched_chars, input), load)
+                .unwrap_or(Hit {
                     idx,
                     matched: m.matched_chars,
                     fallback: false,
-                }),
-            );
+                });
+            return (m.matched_chars, input, Some(hit));
         }
         // Every deepest holder is unavailable (or outside this pool): the
         // next-best match among the available workers. Rare, so the per-worker
@@ -155,7 +160,13 @@ impl CacheAware {
                 (tm.matched_chars, load, idx)
             })
             .filter(|&(matched, _, _)| self.above_threshold(matched, input))
-            .min_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            .collect::<Vec<_>>();
+        let deepest = fallback.iter().map(|f| f.0).max().unwrap_or(0);
+        // Within the granularity of the best match: least loaded, then deepest.
+        let fallback = fallback
+            .into_iter()
+            .filter(|&(matched, _, _)| self.near(matched, deepest))
+            .min_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
         let matched = fallback.map_or(0, |f| f.0);
         (
             matched,
@@ -166,6 +177,49 @@ impl CacheAware {
                 fallback: true,
             }),
         )
+    }
+
+    /// Whether a match of `matched` characters ties with one of `deepest`
+    /// under `match_granularity_chars`.
+    fn near(&self, matched: usize, deepest: usize) -> bool {
+        matched.saturating_add(self.config.match_granularity_chars.max(1)) > deepest
+    }
+
+    /// A less-loaded worker than the best deepest holder (`holder_load`)
+    /// whose match ties with the deepest one (`deepest` of `input`
+    /// characters) under `match_granularity_chars`: least loaded, then
+    /// deepest. Walks the tree once per less-loaded worker, so only when
+    /// that can change the answer: a granularity above 1 and a holder above
+    /// the minimum load.
+    fn near_holder(
+        &self,
+        tree: &Tree,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+        loads: &Loads,
+        (deepest, input): (usize, usize),
+        holder_load: usize,
+    ) -> Option<Hit> {
+        if self.config.match_granularity_chars <= 1 || holder_load <= loads.min {
+            return None;
+        }
+        loads
+            .entries
+            .iter()
+            .filter(|&&(_, load)| load < holder_load)
+            .map(|&(idx, load)| {
+                let tm = tree.prefix_match_for(req.text, workers[idx].id().tenant());
+                (tm.matched_chars, load, idx)
+            })
+            .filter(|&(matched, _, _)| {
+                self.near(matched, deepest) && self.above_threshold(matched, input)
+            })
+            .min_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|(matched, _, idx)| Hit {
+                idx,
+                matched,
+                fallback: false,
+            })
     }
 
     fn above_threshold(&self, matched: usize, input: usize) -> bool {

@@ -382,3 +382,68 @@ proptest! {
         }
     }
 }
+
+fn granular(g: usize) -> CacheAware {
+    cache_aware(CacheAwareConfig {
+        match_granularity_chars: g,
+        ..seed_rule()
+    })
+}
+
+#[test]
+fn matches_within_the_granularity_tie_and_go_by_load() {
+    let ws = workers(3);
+    let system = long_text("system");
+    let text = format!("{system}<user>What is a page?");
+    for (g, want) in [(1, 0), (64, 1)] {
+        let p = granular(g);
+        let tree = p.tree_or_create("m");
+        // Worker 0 matches 2 more characters ("at") than worker 1.
+        tree.insert(&format!("{system}<user>Where"), ws[1].id().tenant());
+        tree.insert(&format!("{system}<user>Whatever"), ws[0].id().tenant());
+        let _busy = hold(&ws[0], 1);
+        let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+        assert_eq!(d.worker().id(), ws[want].id(), "granularity {g}");
+        assert_eq!(d.explanation().branch, Branch::CacheHit);
+        let matched = d.explanation().matched_chars.unwrap();
+        let prefix = format!("{system}<user>Wh").chars().count();
+        assert_eq!(matched, if want == 0 { prefix + 2 } else { prefix });
+    }
+}
+
+#[test]
+fn a_match_deeper_by_more_than_the_granularity_wins_over_load() {
+    let ws = workers(3);
+    let system = long_text("system");
+    let tail = "x".repeat(70);
+    let text = format!("{system}{tail} and a question");
+    let p = granular(64);
+    let tree = p.tree_or_create("m");
+    tree.insert(&system, ws[1].id().tenant());
+    tree.insert(&format!("{system}{tail}"), ws[0].id().tenant());
+    let _busy = hold(&ws[0], 1);
+    assert_eq!(pick(&p, &ws, &text), ws[0].id(), "70 chars deeper");
+    // Among near matches the least loaded wins, and on equal load the deeper.
+    let _busy1 = hold(&ws[1], 1);
+    assert_eq!(pick(&p, &ws, &text), ws[0].id());
+}
+
+#[test]
+fn the_fallback_match_uses_the_granularity_too() {
+    let ws = workers(3);
+    let base = long_text("doc");
+    let deep = format!("{base}<deepest>");
+    for (g, want) in [(1, 1), (64, 2)] {
+        let p = granular(g);
+        let tree = p.tree_or_create("m");
+        tree.insert(&deep, ws[0].id().tenant());
+        tree.insert(&format!("{base}<deep"), ws[1].id().tenant());
+        tree.insert(&base, ws[2].id().tenant());
+        ws[0].set_healthy(false);
+        let _busy = hold(&ws[1], 1);
+        let d = p.select(&RequestView::new("m", &deep), &ws).unwrap();
+        assert_eq!(d.worker().id(), ws[want].id(), "granularity {g}");
+        assert_eq!(d.explanation().branch, Branch::CacheHitFallback);
+        ws[0].set_healthy(true);
+    }
+}
