@@ -1,0 +1,1 @@
+radixgate simulate --workers 8 --workload shared-prefix --groups 8 --zipf 2.0 --rate 120 --requests 6000 --policies cache_aware --sweep match_granularity_chars=1,64,128 --seed 1
