@@ -152,21 +152,15 @@ impl CacheAware {
         // Every deepest holder is unavailable (or outside this pool): the
         // next-best match among the available workers. Rare, so the per-worker
         // query cost is acceptable here.
-        let fallback = loads
-            .entries
-            .iter()
-            .map(|&(idx, load)| {
-                let tm = tree.prefix_match_for(req.text, workers[idx].id().tenant());
-                (tm.matched_chars, load, idx)
-            })
-            .filter(|&(matched, _, _)| self.above_threshold(matched, input))
+        let fallback = self
+            .own_matches(tree, req, workers, input, loads.entries.iter())
             .collect::<Vec<_>>();
         let deepest = fallback.iter().map(|f| f.0).max().unwrap_or(0);
         // Within the granularity of the best match: least loaded, then deepest.
         let fallback = fallback
             .into_iter()
             .filter(|&(matched, _, _)| self.near(matched, deepest))
-            .min_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+            .min_by(lighter_then_deeper);
         let matched = fallback.map_or(0, |f| f.0);
         (
             matched,
@@ -203,23 +197,37 @@ impl CacheAware {
         if self.config.match_granularity_chars <= 1 || holder_load <= loads.min {
             return None;
         }
-        loads
+        let lighter = loads
             .entries
             .iter()
-            .filter(|&&(_, load)| load < holder_load)
-            .map(|&(idx, load)| {
-                let tm = tree.prefix_match_for(req.text, workers[idx].id().tenant());
-                (tm.matched_chars, load, idx)
-            })
-            .filter(|&(matched, _, _)| {
-                self.near(matched, deepest) && self.above_threshold(matched, input)
-            })
-            .min_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .filter(|&&(_, load)| load < holder_load);
+        self.own_matches(tree, req, workers, input, lighter)
+            .filter(|&(matched, _, _)| self.near(matched, deepest))
+            .min_by(lighter_then_deeper)
             .map(|(matched, _, idx)| Hit {
                 idx,
                 matched,
                 fallback: false,
             })
+    }
+
+    /// Each candidate's (slice index, load) with its own match of the
+    /// request, as (matched chars, load, slice index), keeping those above
+    /// the cache threshold. One tree walk per candidate.
+    fn own_matches<'a>(
+        &'a self,
+        tree: &'a Tree,
+        req: &'a RequestView<'_>,
+        workers: &'a [Arc<Worker>],
+        input: usize,
+        candidates: impl Iterator<Item = &'a (usize, usize)> + 'a,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + 'a {
+        candidates
+            .map(move |&(idx, load)| {
+                let tm = tree.prefix_match_for(req.text, workers[idx].id().tenant());
+                (tm.matched_chars, load, idx)
+            })
+            .filter(move |&(matched, _, _)| self.above_threshold(matched, input))
     }
 
     fn above_threshold(&self, matched: usize, input: usize) -> bool {
@@ -336,4 +344,10 @@ impl Policy for CacheAware {
     fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
         Some(self.trees.tenant_chars(worker.tenant()))
     }
+}
+
+/// Orders (matched chars, load, slice index) candidates whose matches tie:
+/// least loaded first, then the deeper match.
+fn lighter_then_deeper(a: &(usize, usize, usize), b: &(usize, usize, usize)) -> std::cmp::Ordering {
+    a.1.cmp(&b.1).then(b.0.cmp(&a.0))
 }
