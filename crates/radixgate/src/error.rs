@@ -266,9 +266,39 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// An error and its sources on one line, `outer: cause: deeper cause`,
+/// leaving out a cause whose text its parent already ends with.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chain_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect)")]
+        struct Outer(#[source] std::io::Error);
+        assert_eq!(chain(&Outer(io)), "client error (Connect): refused");
+        #[derive(Debug, thiserror::Error)]
+        #[error("tcp connect error: refused")]
+        struct Repeats(#[source] std::io::Error);
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(chain(&Repeats(io)), "tcp connect error: refused");
+    }
 
     #[test]
     fn statuses_and_bodies() {

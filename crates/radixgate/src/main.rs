@@ -45,14 +45,7 @@ fn main() -> std::process::ExitCode {
             // The whole cause chain on one line, without the backtrace a
             // `Result` from main would add. A cause its parent already
             // spelled out is not repeated.
-            let mut message = err.to_string();
-            for cause in err.chain().skip(1) {
-                let text = cause.to_string();
-                if !message.ends_with(&text) {
-                    message.push_str(": ");
-                    message.push_str(&text);
-                }
-            }
+            let message = radixgate::error::chain(err.as_ref());
             eprintln!("radixgate: error: {message}");
             std::process::ExitCode::FAILURE
         }

@@ -137,24 +137,10 @@ impl Forwarder {
         self.client
             .request(request)
             .await
-            .map_err(|err| ForwardError::Transport(error_chain(&err)))
+            // hyper's own messages are terse ("client error (Connect)"):
+            // the cause is in the chain.
+            .map_err(|err| ForwardError::Transport(crate::error::chain(&err)))
     }
-}
-
-/// An error and its sources on one line: hyper's own messages are terse
-/// ("client error (Connect)"), the cause is in the chain.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
 }
 
 /// A call the gateway itself makes to a worker (health probe, model
@@ -265,20 +251,6 @@ mod tests {
         );
         let keyed = request_headers(&client, Some("wk"), true);
         assert_eq!(keyed["authorization"], "Bearer wk");
-    }
-
-    #[test]
-    fn error_chain_names_the_cause_once() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        #[derive(Debug, thiserror::Error)]
-        #[error("client error (Connect)")]
-        struct Outer(#[source] std::io::Error);
-        assert_eq!(error_chain(&Outer(io)), "client error (Connect): refused");
-        #[derive(Debug, thiserror::Error)]
-        #[error("tcp connect error: refused")]
-        struct Repeats(#[source] std::io::Error);
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert_eq!(error_chain(&Repeats(io)), "tcp connect error: refused");
     }
 
     #[test]
