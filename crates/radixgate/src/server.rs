@@ -203,7 +203,7 @@ pub async fn run(
     let abort = CancellationToken::new();
     // Likewise for serving threads already started when a later one fails.
     let _abort_threads = abort.clone().drop_guard();
-    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+    let (ended_tx, ended) = tokio::sync::mpsc::unbounded_channel();
     let mut handles = Vec::with_capacity(threads);
     for index in 0..threads {
         let state = Arc::new(AppState::new(shared.clone(), forwarder.fresh_pool()));
@@ -220,36 +220,24 @@ pub async fn run(
     drop((listener, ended_tx));
 
     // Serve until shutdown, or until a serving thread fails on its own.
-    let mut failure = None;
-    let mut running = threads;
+    let mut serving = Serving {
+        ended,
+        running: threads,
+        failure: None,
+    };
     tokio::select! {
         () = stop.cancelled() => {}
-        result = ended.recv() => {
-            running -= 1;
-            failure = result.and_then(Result::err);
-            stop.cancel();
-        }
+        _ = serving.one_ended() => stop.cancel(),
     }
     // Stopped accepting; give in-flight requests the grace period, then
     // drop what is left (which releases its load).
-    let drained = tokio::time::timeout(grace, async {
-        while running > 0
-            && let Some(result) = ended.recv().await
-        {
-            running -= 1;
-            failure = failure.take().or(result.err());
-        }
-    })
-    .await;
-    if drained.is_err() {
+    if tokio::time::timeout(grace, serving.all_ended())
+        .await
+        .is_err()
+    {
         tracing::warn!(?grace, "grace period over; dropping remaining connections");
         abort.cancel();
-        while running > 0
-            && let Some(result) = ended.recv().await
-        {
-            running -= 1;
-            failure = failure.take().or(result.err());
-        }
+        serving.all_ended().await;
     }
     let _ = tokio::task::spawn_blocking(move || {
         for handle in handles {
@@ -266,9 +254,45 @@ pub async fn run(
     if let Some(eviction) = eviction {
         let _ = eviction.await;
     }
-    match failure {
+    match serving.failure {
         Some(err) => Err(err.into()),
         None => Ok(()),
+    }
+}
+
+/// The serving threads still running, as told by their end reports.
+struct Serving {
+    ended: tokio::sync::mpsc::UnboundedReceiver<std::io::Result<()>>,
+    running: usize,
+    /// The first error a thread ended with.
+    failure: Option<std::io::Error>,
+}
+
+impl Serving {
+    /// Waits for one more thread to end; false when none is left.
+    /// Cancel-safe: nothing is counted until a report is received.
+    async fn one_ended(&mut self) -> bool {
+        if self.running == 0 {
+            return false;
+        }
+        match self.ended.recv().await {
+            Some(result) => {
+                self.running -= 1;
+                if self.failure.is_none() {
+                    self.failure = result.err();
+                }
+                true
+            }
+            None => {
+                self.running = 0;
+                false
+            }
+        }
+    }
+
+    /// Waits until every thread has ended.
+    async fn all_ended(&mut self) {
+        while self.one_ended().await {}
     }
 }
 
