@@ -7,7 +7,8 @@
 //!   immutable [`WorkerSet`] snapshots and tells the policy of additions and
 //!   removals;
 //! - a [`Router`] (cloned into every request handler) resolves a request's
-//!   model to a [`Pool`] and asks the policy, lock-free;
+//!   model to a [`Pool`] and asks the policy, lock-free, leaving out the
+//!   workers a retry already tried ([`Router::select`] → [`Routed`]);
 //! - the resulting [`Decision`] holds a [`LoadGuard`] on the chosen worker
 //!   and an [`Explanation`]; the guard's drop is the only way load goes down;
 //! - [`spawn_eviction`] runs the policy's tree eviction on a timer.
@@ -24,7 +25,9 @@
 //! registry.add(WorkerSpec::new("http://10.0.0.2:30000").with_models(["llama"]))?;
 //! let router = registry.router();                 // cloned into handlers
 //!
-//! let decision = router.route(Some("llama"), "<user>hello", None)?;
+//! let routed = router.select(Some("llama"), "<user>hello", None, &[])?;
+//! assert_eq!(routed.model.as_deref(), Some("llama")); // the metrics label
+//! let decision = routed.decision;
 //! let header = decision.explanation().to_string(); // x-radixgate-decision
 //! let mut guard = decision.into_guard();          // lives in the response body
 //! assert_eq!(guard.worker().load(), 1);
@@ -54,7 +57,7 @@ pub use eviction::spawn_eviction;
 pub use guard::LoadGuard;
 pub use policy::{Branch, Decision, Explanation, Policy};
 pub use radixgate_tree::TenantId;
-pub use registry::{Registry, Router};
+pub use registry::{Registry, Routed, Router};
 pub use request::RequestView;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
 pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId, WorkerSpec};

@@ -13,7 +13,10 @@
 //! keep that state: a worker that was briefly unhealthy comes back with its
 //! cache record intact.
 
-use crate::{Decision, Policy, RequestView, RoutingError, Worker, WorkerId, WorkerSet, WorkerSpec};
+use crate::{
+    Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerSet,
+    WorkerSpec,
+};
 use arc_swap::ArcSwap;
 use std::sync::Arc;
 
@@ -142,49 +145,52 @@ pub struct Router {
     policy: Arc<dyn Policy>,
 }
 
-impl Router {
-    /// Resolves the model's pool and chooses a worker. The returned
-    /// [`Decision`] already holds the load guard.
-    pub fn route(
-        &self,
-        model: Option<&str>,
-        text: &str,
-        routing_key: Option<&str>,
-    ) -> Result<Decision, RoutingError> {
-        let set = self.current.load();
-        let pool = set.resolve(model)?;
-        let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
-        self.policy.select(&req, pool.workers)
-    }
+/// A routing decision and the pool it was made in.
+#[derive(Debug)]
+pub struct Routed {
+    /// The chosen worker, its load guard and why it was chosen.
+    pub decision: Decision,
+    /// The pool's model: a served model name, or `None` for the wildcard
+    /// pool. Safe as a metrics label, unlike the client's model field,
+    /// which may name anything.
+    pub model: Option<String>,
+}
 
-    /// Like [`route`](Self::route), but never to a worker in `exclude`: for
-    /// a retry after a connect error or a 5xx/429 before the first byte.
-    /// cache_aware then treats an excluded holder like an unavailable one
-    /// (next-best match, tree record kept).
-    pub fn route_excluding(
+impl Router {
+    /// Resolves the model's pool and chooses a worker in it, never one in
+    /// `exclude` (the workers a retry already tried after a connect error or
+    /// a 5xx/429 before the first byte; empty on a first attempt).
+    /// cache_aware treats an excluded holder like an unavailable one:
+    /// next-best match, tree record kept. The returned [`Decision`] already
+    /// holds the load guard.
+    pub fn select(
         &self,
         model: Option<&str>,
         text: &str,
         routing_key: Option<&str>,
         exclude: &[WorkerId],
-    ) -> Result<Decision, RoutingError> {
-        if exclude.is_empty() {
-            return self.route(model, text, routing_key);
-        }
+    ) -> Result<Routed, RoutingError> {
         let set = self.current.load();
         let pool = set.resolve(model)?;
-        let rest: Vec<Arc<Worker>> = pool
-            .workers
-            .iter()
-            .filter(|w| !exclude.contains(&w.id()))
-            .cloned()
-            .collect();
         let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
-        self.policy.select(&req, &rest)
+        let decision = if exclude.is_empty() {
+            // The common case borrows the pool as is; only a retry pays for
+            // a filtered copy.
+            self.policy.select(&req, pool.workers)?
+        } else {
+            let rest: Vec<Arc<Worker>> = pool
+                .workers
+                .iter()
+                .filter(|w| !exclude.contains(&w.id()))
+                .cloned()
+                .collect();
+            self.policy.select(&req, &rest)?
+        };
+        let model = (pool.model != WILDCARD_MODEL).then(|| pool.model.to_owned());
+        Ok(Routed { decision, model })
     }
 
-    /// The current snapshot (for `/v1/models`, `/get_loads`, metrics, and
-    /// retries that want to exclude a worker before calling the policy).
+    /// The current snapshot (for `/v1/models`, `/get_loads` and metrics).
     pub fn snapshot(&self) -> Arc<WorkerSet> {
         self.current.load_full()
     }

@@ -84,7 +84,7 @@ fn replay(config: PolicyConfig) -> Outcome {
     };
     for (i, rank) in zipf_ranks(REQUESTS, 0x5eed).into_iter().enumerate() {
         let text = format!("{}question {i}: why?", prefixes[rank]);
-        let d = router.route(None, &text, None).unwrap();
+        let d = router.select(None, &text, None, &[]).unwrap().decision;
         let id = d.worker().id().0;
         out.counts[id as usize] += 1;
         if !seen.insert((id, rank)) {

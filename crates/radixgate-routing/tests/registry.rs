@@ -26,7 +26,7 @@ fn add_remove_and_health_publish_new_snapshots() {
     let mut reg = Registry::new(PolicyConfig::default().build().unwrap());
     let router = reg.router();
     assert_eq!(
-        router.route(None, "x", None).unwrap_err(),
+        router.select(None, "x", None, &[]).unwrap_err(),
         RoutingError::NoWorkers
     );
     let a = reg.add(WorkerSpec::new("http://a:1/")).unwrap();
@@ -51,7 +51,7 @@ fn add_remove_and_health_publish_new_snapshots() {
     );
     let g2 = router.snapshot().generation();
     assert!(g2 > g1);
-    let err = router.route(None, "x", None).unwrap_err();
+    let err = router.select(None, "x", None, &[]).unwrap_err();
     assert_eq!(err, RoutingError::NoHealthyWorker { model: "*".into() });
     assert!(err.retryable());
     reg.remove(a.id()).unwrap();
@@ -71,10 +71,18 @@ fn unhealthy_worker_is_never_chosen_and_keeps_its_tree() {
         .map(|i| reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap())
         .collect();
     let t = text("only mine");
-    let owner = router.route(None, &t, None).unwrap().worker().clone();
+    let owner = router
+        .select(None, &t, None, &[])
+        .unwrap()
+        .decision
+        .worker()
+        .clone();
     reg.set_health(owner.id(), false).unwrap();
     for i in 0..30 {
-        let d = router.route(None, &format!("{t} {i}"), None).unwrap();
+        let d = router
+            .select(None, &format!("{t} {i}"), None, &[])
+            .unwrap()
+            .decision;
         assert_ne!(d.worker().id(), owner.id());
     }
     let tree = policy.tree("*").unwrap();
@@ -88,7 +96,12 @@ fn unhealthy_worker_is_never_chosen_and_keeps_its_tree() {
     let solo = format!("{t}!solo");
     tree.insert(&solo, owner.id().tenant());
     assert_eq!(
-        router.route(None, &solo, None).unwrap().worker().id(),
+        router
+            .select(None, &solo, None, &[])
+            .unwrap()
+            .decision
+            .worker()
+            .id(),
         owner.id()
     );
     assert_eq!(ws.len(), 3);
@@ -107,8 +120,9 @@ fn removed_worker_is_never_chosen_and_others_keep_their_trees() {
     let owners: Vec<_> = (0..6)
         .map(|i| {
             router
-                .route(None, &distinct(i), None)
+                .select(None, &distinct(i), None, &[])
                 .unwrap()
+                .decision
                 .worker()
                 .id()
         })
@@ -118,7 +132,10 @@ fn removed_worker_is_never_chosen_and_others_keep_their_trees() {
     assert_eq!(policy.cached_chars(gone), Some(0), "its record is dropped");
     let mut kept = 0;
     for (i, &was) in owners.iter().enumerate() {
-        let d = router.route(None, &distinct(i), None).unwrap();
+        let d = router
+            .select(None, &distinct(i), None, &[])
+            .unwrap()
+            .decision;
         assert_ne!(d.worker().id(), gone);
         if was != gone {
             assert_eq!(d.worker().id(), was, "others keep their affinity");
@@ -147,10 +164,18 @@ fn models_are_isolated() {
     let t = text("same words, different models");
     for _ in 0..20 {
         assert_eq!(
-            router.route(Some("llama"), &t, None).unwrap().worker().id(),
+            router
+                .select(Some("llama"), &t, None, &[])
+                .unwrap()
+                .decision
+                .worker()
+                .id(),
             llama.id()
         );
-        let d = router.route(Some("qwen"), &t, None).unwrap();
+        let routed = router.select(Some("qwen"), &t, None, &[]).unwrap();
+        // The pool's model is the metrics label.
+        assert_eq!(routed.model.as_deref(), Some("qwen"));
+        let d = routed.decision;
         assert!(qwen.iter().any(|w| w.id() == d.worker().id()));
     }
     assert_eq!(
@@ -165,7 +190,7 @@ fn models_are_isolated() {
         policy.tree("llama").unwrap().stats().tenant_chars,
         t.chars().count()
     );
-    let err = router.route(Some("mistral"), &t, None).unwrap_err();
+    let err = router.select(Some("mistral"), &t, None, &[]).unwrap_err();
     assert_eq!(
         err,
         RoutingError::UnknownModel {
@@ -173,7 +198,7 @@ fn models_are_isolated() {
         }
     );
     assert!(matches!(
-        router.route(None, &t, None),
+        router.select(None, &t, None, &[]),
         Err(RoutingError::ModelRequired { .. })
     ));
     assert_eq!(
@@ -191,19 +216,24 @@ fn consistent_hash_follows_registry_changes() {
         .map(|i| reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap())
         .collect();
     let owner = router
-        .route(None, "", Some("session-7"))
+        .select(None, "", Some("session-7"), &[])
         .unwrap()
+        .decision
         .worker()
         .id();
     for _ in 0..10 {
-        let d = router.route(None, "", Some("session-7")).unwrap();
+        let d = router
+            .select(None, "", Some("session-7"), &[])
+            .unwrap()
+            .decision;
         assert_eq!(d.worker().id(), owner);
         assert_eq!(d.explanation().branch, Branch::HashRing);
     }
     reg.remove(owner).unwrap();
     let next = router
-        .route(None, "", Some("session-7"))
+        .select(None, "", Some("session-7"), &[])
         .unwrap()
+        .decision
         .worker()
         .id();
     assert_ne!(next, owner);
@@ -219,15 +249,23 @@ fn retries_can_exclude_the_workers_already_tried() {
         .map(|i| reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap())
         .collect();
     let t = text("retry me");
-    let first = router.route(None, &t, None).unwrap().worker().id();
-    let second = router.route_excluding(None, &t, None, &[first]).unwrap();
+    let first = router
+        .select(None, &t, None, &[])
+        .unwrap()
+        .decision
+        .worker()
+        .id();
+    let second = router.select(None, &t, None, &[first]).unwrap();
+    // The wildcard pool names no model, so it gives no metrics label.
+    assert_eq!(second.model, None);
+    let second = second.decision;
     assert_ne!(second.worker().id(), first);
     let tried = [first, second.worker().id()];
-    let third = router.route_excluding(None, &t, None, &tried).unwrap();
+    let third = router.select(None, &t, None, &tried).unwrap().decision;
     assert!(!tried.contains(&third.worker().id()));
     let all: Vec<_> = ws.iter().map(|w| w.id()).collect();
     assert_eq!(
-        router.route_excluding(None, &t, None, &all).unwrap_err(),
+        router.select(None, &t, None, &all).unwrap_err(),
         RoutingError::NoHealthyWorker { model: "*".into() }
     );
     // The excluded holder keeps its record.

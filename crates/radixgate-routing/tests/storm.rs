@@ -30,9 +30,9 @@ fn storm(config: PolicyConfig) {
                     let key = format!("s{}", x % 50);
                     // Errors are allowed mid-storm (all down for a moment);
                     // what matters is that every guard taken is released.
-                    if let Ok(d) = router.route(None, &text, Some(&key)) {
+                    if let Ok(d) = router.select(None, &text, Some(&key), &[]) {
                         routed += 1;
-                        held.push_back(d.into_guard());
+                        held.push_back(d.decision.into_guard());
                     }
                     // Release a pseudo-random number of guards, oldest or newest.
                     for _ in 0..(x % 3) {

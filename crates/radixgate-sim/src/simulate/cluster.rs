@@ -328,7 +328,8 @@ impl Cluster<'_> {
             Chooser::Policy { router, model, .. } => {
                 let text = routing_text(&spec.prompt, self.cfg.api);
                 Ok(router
-                    .route(Some(model.as_str()), &text, None)?
+                    .select(Some(model.as_str()), &text, None, &[])?
+                    .decision
                     .into_guard())
             }
             Chooser::Oracle { turn } => {
