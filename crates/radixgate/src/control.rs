@@ -103,7 +103,7 @@ impl Control {
 }
 
 fn shutting_down() -> GatewayError {
-    GatewayError::NoHealthyWorker { model: "*".into() }
+    GatewayError::ShuttingDown
 }
 
 struct Known {

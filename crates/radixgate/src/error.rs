@@ -2,7 +2,8 @@
 //!
 //! Every error knows who caused it ([`Origin`]: the client, an upstream
 //! worker, or the gateway itself) and whether trying another worker may help
-//! ([`GatewayError::retryable`]). [`GatewayError::status`] is the only mapping
+//! ([`GatewayError::retryable`], whose rule is [`crate::retry`]'s).
+//! [`GatewayError::status`] is the only mapping
 //! from error to HTTP status; clients always get an OpenAI-style JSON body
 //! `{"error": {"message", "type", "param", "code"}}`.
 
@@ -112,9 +113,19 @@ pub enum GatewayError {
         #[source]
         last: Box<GatewayError>,
     },
-    /// An admin call or worker description was rejected.
+    /// An admin call or worker description was rejected. Only the admin
+    /// path builds this; the request path's routing errors convert through
+    /// `From<RoutingError>`.
     #[error("{0}")]
     Admin(RoutingError),
+    /// The router could not choose a worker for a reason that is neither the
+    /// client's nor the pool's (a registry or configuration error the
+    /// request path does not expect).
+    #[error("routing failed: {0}")]
+    Routing(#[source] RoutingError),
+    /// The gateway is shutting down and no longer takes this call.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
     /// A route that does not exist.
     #[error("no route for {method} {path}")]
     NotFound {
@@ -144,19 +155,16 @@ impl GatewayError {
             Self::NoHealthyWorker { .. }
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
-            | Self::RequestTimeout { .. } => Origin::Gateway,
+            | Self::RequestTimeout { .. }
+            | Self::Routing(_)
+            | Self::ShuttingDown => Origin::Gateway,
         }
     }
 
-    /// Whether sending the same request to another worker may succeed.
+    /// Whether sending the same request to another worker may succeed
+    /// ([`crate::retry::retryable`], the rule the attempt loop follows).
     pub fn retryable(&self) -> bool {
-        match self {
-            Self::Connect { .. } => true,
-            Self::UpstreamStatus { status, .. } => {
-                status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
-            }
-            _ => false,
-        }
+        crate::retry::retryable(self)
     }
 
     /// The HTTP status a client sees for this error.
@@ -175,9 +183,12 @@ impl GatewayError {
                 RoutingError::UnknownWorker { .. } => StatusCode::NOT_FOUND,
                 _ => StatusCode::BAD_REQUEST,
             },
-            Self::NoHealthyWorker { .. } | Self::QueueTimeout { .. } => {
+            // Shutting down answers 503 like an empty pool: the client
+            // should try again, here or at another replica.
+            Self::NoHealthyWorker { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Connect { .. } => StatusCode::BAD_GATEWAY,
@@ -200,6 +211,8 @@ impl GatewayError {
             Self::NotFound { .. } => ("invalid_request_error", "not_found"),
             Self::Admin(_) => ("invalid_request_error", "invalid_worker"),
             Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
+            Self::ShuttingDown => ("service_unavailable", "shutting_down"),
+            Self::Routing(_) => ("server_error", "routing_error"),
             Self::QueueFull { .. } => ("rate_limit_error", "queue_full"),
             Self::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
             Self::RequestTimeout { .. } => ("timeout", "request_timeout"),
@@ -230,16 +243,19 @@ impl GatewayError {
     /// waiting helps.
     fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoHealthyWorker { .. } => {
-                Some(1)
-            }
+            Self::QueueFull { .. }
+            | Self::QueueTimeout { .. }
+            | Self::NoHealthyWorker { .. }
+            | Self::ShuttingDown => Some(1),
             _ => None,
         }
     }
 }
 
 /// Routing errors on the request path: the client's model is unknown or
-/// missing, or no worker can take the request now.
+/// missing, or no worker can take the request now. Anything else the router
+/// might answer is the gateway's own failure ([`GatewayError::Routing`]);
+/// admin-path errors are built as [`GatewayError::Admin`] where they arise.
 impl From<RoutingError> for GatewayError {
     fn from(err: RoutingError) -> Self {
         match err {
@@ -249,7 +265,7 @@ impl From<RoutingError> for GatewayError {
             },
             RoutingError::NoHealthyWorker { model } => Self::NoHealthyWorker { model },
             RoutingError::NoWorkers => Self::NoHealthyWorker { model: "*".into() },
-            other => Self::Admin(other),
+            other => Self::Routing(other),
         }
     }
 }
@@ -312,6 +328,47 @@ mod tests {
         let response = full.into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn shutting_down_is_a_503_that_says_so() {
+        let err = GatewayError::ShuttingDown;
+        assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(err.origin(), Origin::Gateway);
+        assert!(!err.retryable());
+        let body = err.body();
+        assert_eq!(body["error"]["message"], "the gateway is shutting down");
+        assert_eq!(body["error"]["type"], "service_unavailable");
+        assert_eq!(body["error"]["code"], "shutting_down");
+        assert!(body["error"]["param"].is_null());
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn request_path_routing_errors_are_not_admin_errors() {
+        let from = |err: RoutingError| GatewayError::from(err);
+        let unknown = from(RoutingError::UnknownModel { model: "m".into() });
+        assert!(matches!(unknown, GatewayError::UnknownModel { .. }));
+        let required = from(RoutingError::ModelRequired {
+            available: vec!["a".into(), "b".into()],
+        });
+        assert!(matches!(
+            required,
+            GatewayError::ModelRequired { served: 2 }
+        ));
+        let none = from(RoutingError::NoWorkers);
+        assert_eq!(none.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(none.body()["error"]["code"], "no_healthy_worker");
+        let unexpected = from(RoutingError::UnknownWorker { id: 3 });
+        assert!(matches!(unexpected, GatewayError::Routing(_)));
+        assert_eq!(unexpected.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(unexpected.origin(), Origin::Gateway);
+        assert_eq!(chain(&unexpected), "routing failed: no worker with id 3");
+        // The admin path keeps its own statuses.
+        let duplicate = GatewayError::Admin(RoutingError::DuplicateWorker { url: "u".into() });
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod info;
 pub mod inspect;
 pub mod metrics;
 pub mod proxy;
+pub mod retry;
 pub mod server;
 mod state;
 pub mod stream;

@@ -1,0 +1,224 @@
+//! Retrying a request on another worker: which failed attempts are worth
+//! another try, and how long to wait before it.
+//!
+//! This is the one statement of the retry rule; the request path's attempt
+//! loop ([`crate::proxy`]) and [`GatewayError::retryable`] both ask it.
+//!
+//! An attempt is retried only while nothing has reached the client, and only
+//! when the failure says "this worker, now" rather than "this request": the
+//! worker could not be reached, or it answered 5xx or 429 (overloaded).
+//! Another worker may well succeed then. Any other answer, success or client
+//! error, belongs to the request and is passed through as it is.
+//!
+//! The pause between attempts grows geometrically up to a cap, and each
+//! pause is jittered so that requests that failed together (one worker went
+//! down under all of them) do not all come back at the same instant.
+
+use crate::config::RetryConfig;
+use crate::error::GatewayError;
+use axum::http::StatusCode;
+use rand::Rng;
+use std::time::Duration;
+
+/// Whether a worker's answer with `status`, before any byte of it reached
+/// the client, is worth trying on another worker: a server error (5xx) or
+/// "too many requests" (429).
+pub fn retryable_status(status: StatusCode) -> bool {
+    status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+/// Whether a failed attempt may succeed on another worker: a worker that
+/// could not be reached, or one that answered with a
+/// [retryable status](retryable_status). Everything else is the request's
+/// own fault or the gateway's, and another worker would not change it.
+pub fn retryable(err: &GatewayError) -> bool {
+    match err {
+        GatewayError::Connect { .. } => true,
+        GatewayError::UpstreamStatus { status, .. } => retryable_status(*status),
+        _ => false,
+    }
+}
+
+/// The `reason` label a retry is counted under in the metrics.
+pub(crate) fn reason(err: &GatewayError) -> &'static str {
+    if matches!(err, GatewayError::Connect { .. }) {
+        "connect"
+    } else {
+        "status"
+    }
+}
+
+/// The pauses between one request's attempts: the first is
+/// `initial_backoff_ms`, each next one `backoff_multiplier` times longer but
+/// at most `max_backoff_ms`, and every pause is jittered by
+/// ±`jitter_factor`.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    next: Duration,
+    multiplier: f64,
+    max: Duration,
+    jitter_factor: f64,
+}
+
+impl Backoff {
+    /// The back-off of a request's first retry.
+    pub fn new(config: &RetryConfig) -> Self {
+        Self {
+            next: Duration::from_millis(config.initial_backoff_ms),
+            multiplier: config.backoff_multiplier,
+            max: Duration::from_millis(config.max_backoff_ms),
+            jitter_factor: config.jitter_factor,
+        }
+    }
+
+    /// The pause before the next attempt, jittered with `rng`; the one after
+    /// it grows by the multiplier, up to the cap. The first pause is the
+    /// initial back-off as configured (validation keeps it within the cap).
+    pub fn pause(&mut self, rng: &mut impl Rng) -> Duration {
+        let pause = jitter(self.next, self.jitter_factor, rng);
+        self.next = self.next.mul_f64(self.multiplier).min(self.max);
+        pause
+    }
+}
+
+/// `base` spread uniformly by ±`factor` (never below zero); `base` itself
+/// when `factor` is not positive, without drawing from `rng`.
+pub fn jitter(base: Duration, factor: f64, rng: &mut impl Rng) -> Duration {
+    if factor <= 0.0 {
+        return base;
+    }
+    let spread = rng.random_range(-factor..=factor);
+    base.mul_f64((1.0 + spread).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn upstream(status: StatusCode) -> GatewayError {
+        GatewayError::UpstreamStatus {
+            worker: "http://w:1".into(),
+            status,
+        }
+    }
+
+    fn connect() -> GatewayError {
+        GatewayError::Connect {
+            worker: "http://w:1".into(),
+            source: "refused".into(),
+        }
+    }
+
+    #[test]
+    fn server_errors_and_429_are_retried_other_answers_are_not() {
+        for code in [500, 502, 503, 504, 429] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(retryable_status(status), "{code}");
+            assert!(retryable(&upstream(status)), "{code}");
+        }
+        for code in [200, 201, 204, 301, 400, 401, 404, 413, 422] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(!retryable_status(status), "{code}");
+            assert!(!retryable(&upstream(status)), "{code}");
+        }
+    }
+
+    #[test]
+    fn unreachable_workers_are_retried_gateway_and_client_errors_are_not() {
+        assert!(retryable(&connect()));
+        assert_eq!(reason(&connect()), "connect");
+        assert_eq!(reason(&upstream(StatusCode::BAD_GATEWAY)), "status");
+        for err in [
+            GatewayError::Unauthorized,
+            GatewayError::ShuttingDown,
+            GatewayError::QueueFull { queue_size: 1 },
+            GatewayError::NoHealthyWorker { model: "m".into() },
+            GatewayError::RequestTimeout {
+                after: Duration::from_secs(1),
+            },
+            // Retries already spent are not retried again.
+            GatewayError::RetriesExhausted {
+                attempts: 2,
+                last: Box::new(connect()),
+            },
+        ] {
+            assert!(!retryable(&err), "{err}");
+            assert_eq!(retryable(&err), err.retryable());
+        }
+    }
+
+    #[test]
+    fn back_off_starts_at_the_initial_value_grows_and_stops_at_the_cap() {
+        let config = RetryConfig {
+            max_retries: 10,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 1000,
+            backoff_multiplier: 2.0,
+            jitter_factor: 0.0,
+        };
+        let mut backoff = Backoff::new(&config);
+        let mut rng = StdRng::seed_from_u64(7);
+        let pauses: Vec<u64> = (0..7)
+            .map(|_| backoff.pause(&mut rng).as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1000, 1000, 1000]);
+    }
+
+    #[test]
+    fn back_off_with_multiplier_one_stays_put() {
+        let config = RetryConfig {
+            backoff_multiplier: 1.0,
+            jitter_factor: 0.0,
+            ..RetryConfig::default()
+        };
+        let mut backoff = Backoff::new(&config);
+        let mut rng = StdRng::seed_from_u64(7);
+        let first = backoff.pause(&mut rng);
+        assert_eq!(first, Duration::from_millis(config.initial_backoff_ms));
+        assert!((0..5).all(|_| backoff.pause(&mut rng) == first));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_factor_and_spreads() {
+        let base = Duration::from_millis(1000);
+        let mut rng = StdRng::seed_from_u64(42);
+        let draws: Vec<Duration> = (0..1000).map(|_| jitter(base, 0.2, &mut rng)).collect();
+        let (low, high) = (base.mul_f64(0.8), base.mul_f64(1.2));
+        assert!(draws.iter().all(|d| (low..=high).contains(d)));
+        // Spread both ways, not a constant offset.
+        assert!(draws.iter().any(|d| *d < base.mul_f64(0.9)));
+        assert!(draws.iter().any(|d| *d > base.mul_f64(1.1)));
+    }
+
+    #[test]
+    fn jitter_never_goes_below_zero_and_zero_factor_is_exact() {
+        let base = Duration::from_millis(50);
+        let mut rng = StdRng::seed_from_u64(1);
+        assert!((0..200).all(|_| jitter(base, 1.0, &mut rng) <= base * 2));
+        assert_eq!(jitter(base, 0.0, &mut rng), base);
+        assert_eq!(jitter(base, -0.5, &mut rng), base);
+    }
+
+    #[test]
+    fn jittered_back_off_stays_around_its_schedule() {
+        let config = RetryConfig {
+            max_retries: 5,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 300,
+            backoff_multiplier: 2.0,
+            jitter_factor: 0.5,
+        };
+        let mut backoff = Backoff::new(&config);
+        let mut rng = StdRng::seed_from_u64(3);
+        for base in [100u64, 200, 300, 300] {
+            let pause = backoff.pause(&mut rng).as_secs_f64() * 1000.0;
+            let base = base as f64;
+            assert!(
+                pause >= base * 0.5 - 1e-6 && pause <= base * 1.5 + 1e-6,
+                "{pause} vs {base}"
+            );
+        }
+    }
+}
