@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// `GET /workers`.
 pub(crate) async fn list(State(state): State<Arc<AppState>>) -> Response {
-    Json(json!({"workers": state.control.list().await})).into_response()
+    Json(json!({"workers": state.shared.control.list().await})).into_response()
 }
 
 /// `POST /workers`.
@@ -28,7 +28,7 @@ pub(crate) async fn add(State(state): State<Arc<AppState>>, body: axum::body::By
         Err(err) => return GatewayError::BadRequest(err.into()).into_response(),
     };
     let url = spec.url().to_owned();
-    match state.control.add(spec).await {
+    match state.shared.control.add(spec).await {
         Ok(()) => (
             StatusCode::ACCEPTED,
             Json(json!({"url": url, "state": "pending"})),
@@ -53,7 +53,7 @@ pub(crate) async fn remove(
         return GatewayError::InvalidRequest("DELETE /workers needs ?url=<worker URL>".into())
             .into_response();
     };
-    match state.control.remove(url.clone()).await {
+    match state.shared.control.remove(url.clone()).await {
         Ok(()) => Json(json!({"url": url, "state": "removed"})).into_response(),
         Err(err) => err.into_response(),
     }

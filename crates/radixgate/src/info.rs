@@ -21,7 +21,7 @@ pub(crate) async fn liveness() -> Json<Value> {
 
 /// `/readiness` and `/health`: at least one worker can take requests.
 pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
-    let snapshot = state.router.snapshot();
+    let snapshot = state.shared.router.snapshot();
     let available = snapshot
         .workers()
         .iter()
@@ -42,7 +42,7 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 
 /// `/v1/models`: the union of the models the admitted workers serve.
 pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let snapshot = state.router.snapshot();
+    let snapshot = state.shared.router.snapshot();
     let data: Vec<Value> = snapshot
         .models()
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"}))
@@ -52,19 +52,19 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
 
 /// `/get_server_info`: the gateway's settings and its workers.
 pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let workers = state.control.list().await;
+    let workers = state.shared.control.list().await;
     Json(json!({
         "router": "radixgate",
         "version": env!("CARGO_PKG_VERSION"),
-        "uptime_secs": state.started.elapsed().as_secs(),
-        "routing": state.config.routing,
+        "uptime_secs": state.shared.started.elapsed().as_secs(),
+        "routing": state.shared.config.routing,
         "workers": workers,
     }))
 }
 
 /// `/get_loads`: in-flight requests per admitted worker.
 pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let snapshot = state.router.snapshot();
+    let snapshot = state.shared.router.snapshot();
     let workers: Vec<Value> = snapshot
         .workers()
         .iter()
@@ -77,7 +77,7 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
                 "processed": w.processed(),
                 "healthy": w.is_healthy(),
                 "available": w.is_available(),
-                "cached_chars": state.router.policy().cached_chars(w.id()),
+                "cached_chars": state.shared.router.policy().cached_chars(w.id()),
             })
         })
         .collect();
@@ -86,12 +86,12 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
 
 /// `/get_model_info`: answered by an available worker.
 pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
-    let snapshot = state.router.snapshot();
+    let snapshot = state.shared.router.snapshot();
     let Some(worker) = snapshot.workers().iter().find(|w| w.is_available()) else {
         return crate::error::GatewayError::NoHealthyWorker { model: "*".into() }.into_response();
     };
     let request = worker_call(
-        &state.client,
+        &state.shared.client,
         reqwest::Method::GET,
         format!("{}/get_model_info", worker.url()),
         worker.api_key(),
@@ -118,10 +118,10 @@ pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
 
 /// `/flush_cache`: tells every admitted worker to drop its prefix cache.
 pub(crate) async fn flush_cache(State(state): State<Arc<AppState>>) -> Response {
-    let snapshot = state.router.snapshot();
+    let snapshot = state.shared.router.snapshot();
     let calls = snapshot.workers().iter().map(|w| {
         let request = worker_call(
-            &state.client,
+            &state.shared.client,
             reqwest::Method::POST,
             format!("{}/flush_cache", w.url()),
             w.api_key(),
@@ -155,7 +155,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(),
+        state.shared.metrics.render(),
     )
         .into_response()
 }

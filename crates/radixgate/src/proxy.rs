@@ -1,36 +1,47 @@
-//! The request path of the inference APIs: admit, read, route, forward,
-//! retry, stream back.
+//! The request path of the inference APIs, in the order a request meets it:
+//! admit → read → inspect → attempts → respond.
 //!
-//! The body is read once, up to the configured limit, and kept as `Bytes`:
-//! routing reads a few fields of it ([`inspect`]) and every attempt sends the
-//! same bytes, so the worker sees exactly what the client sent. A failed
-//! attempt (connection refused, or a 5xx/429 status before any byte was
-//! returned) is retried on a different worker after a jittered exponential
-//! back-off; once a response is handed to the client it is never retried.
+//! - **admit**: wait for an admission slot ([`crate::admission`]);
+//! - **read**: the body once, up to the configured limit, kept as `Bytes`;
+//! - **inspect**: read the few fields routing needs ([`inspect`]); every
+//!   attempt then sends the same bytes, so the worker sees exactly what the
+//!   client sent;
+//! - **attempts**: choose a worker ([`Router::select`], leaving out those
+//!   already tried), pass its breaker, send; a failed attempt that
+//!   [`crate::retry`] calls retryable (connection refused, or a 5xx/429
+//!   status before any byte was returned) is retried on a different worker
+//!   after a jittered exponential back-off. Once a response is handed to the
+//!   client it is never retried;
+//! - **respond**: the worker's response goes back with the decision's
+//!   headers, its body wrapped in a [`WatchedBody`].
 //!
 //! Everything a request holds — the worker's load guard, the admission
-//! permit, the breaker permit — travels inside the response body
-//! ([`WatchedBody`]) and is released when the stream ends in any way, at
-//! which point the request is counted in the metrics.
+//! permit, the breaker permit — travels inside the response body (one
+//! [`RequestWatch`], built whole in [`respond`]) and is released when the
+//! stream ends in any way, at which point the request is counted in the
+//! metrics.
+//!
+//! [`Router::select`]: radixgate_routing::Router::select
 
+use crate::admission::AdmissionPermit;
 use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
-use crate::inspect::{Api, inspect};
-use crate::state::{AppState, publish_breaker};
+use crate::inspect::{Api, Inspected, inspect};
+use crate::retry::{self, Backoff};
+use crate::state::{AppState, Shared, publish_breaker};
 use crate::stream::{StreamEnd, StreamWatch, WatchedBody};
 use crate::upstream;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use radixgate_routing::{Decision, LoadGuard, RequestView, WorkerId};
-use rand::Rng;
+use radixgate_routing::{Decision, LoadGuard, Routed, WorkerId};
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Header naming the worker a request went to.
 pub const WORKER_HEADER: &str = "x-radixgate-worker";
@@ -48,8 +59,9 @@ pub(crate) async fn serve(
     req: Request,
 ) -> Response {
     let started = Instant::now();
+    let shared = &state.shared;
     let work = forward(&state, api, route, req, started);
-    let result = match state.config.request_timeout() {
+    let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
             .unwrap_or(Err(GatewayError::RequestTimeout { after })),
@@ -57,46 +69,87 @@ pub(crate) async fn serve(
     };
     result.unwrap_or_else(|err| {
         match &err {
-            GatewayError::QueueFull { .. } => state.metrics.admission_rejected("queue_full"),
-            GatewayError::QueueTimeout { .. } => state.metrics.admission_rejected("queue_timeout"),
+            GatewayError::QueueFull { .. } => shared.metrics.admission_rejected("queue_full"),
+            GatewayError::QueueTimeout { .. } => shared.metrics.admission_rejected("queue_timeout"),
             _ => {}
         }
-        state
+        shared
             .metrics
             .request_done(route, err.status().as_u16(), None, started.elapsed());
         err.into_response()
     })
 }
 
+/// admit → read → inspect → attempts → respond.
 async fn forward(
-    state: &Arc<AppState>,
+    state: &AppState,
     api: Api,
     route: &'static str,
     req: Request,
     started: Instant,
 ) -> Result<Response, GatewayError> {
-    let admitted = state.admission.acquire().await?;
+    let shared = &state.shared;
+    let admitted = shared.admission.acquire().await?;
     let (parts, body) = req.into_parts();
-    let bytes = read_body(body, state.config.server.max_payload_size).await?;
+    let bytes = read_body(body, shared.config.server.max_payload_size).await?;
     let request = inspect(api, &bytes)?;
-    let routing_key = ROUTING_KEY_HEADERS
-        .iter()
-        .find_map(|h| parts.headers.get(*h).and_then(|v| v.to_str().ok()))
-        .or(request.user.as_deref());
+    let answer = attempts(state, route, &request, &parts.headers, bytes).await?;
+    Ok(respond(
+        shared,
+        answer,
+        admitted,
+        route,
+        request.stream,
+        started,
+    ))
+}
 
-    let retry = &state.config.retry;
+/// The sticky-session key: the first routing-key header present, else the
+/// body's `user` field.
+fn routing_key<'a>(headers: &'a HeaderMap, user: Option<&'a str>) -> Option<&'a str> {
+    ROUTING_KEY_HEADERS
+        .iter()
+        .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()))
+        .or(user)
+}
+
+/// What the attempt loop hands to [`respond`]: the worker's response head
+/// and everything the request keeps until its body ends.
+struct Answer {
+    response: axum::http::Response<Incoming>,
+    /// The decision that chose the worker; its guard holds the load.
+    decision: Decision,
+    /// The pool's model (the metrics label).
+    model: Option<String>,
+    /// The breaker permit of a successful attempt, settled at the end of
+    /// the stream; `None` for a failed status passed through on the last
+    /// attempt, whose failure is already recorded.
+    probe: Option<Permit>,
+}
+
+/// Tries workers until one answers in a way [`retry`] does not retry, or
+/// the retries or the untried workers run out.
+async fn attempts(
+    state: &AppState,
+    route: &'static str,
+    request: &Inspected,
+    client_headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Answer, GatewayError> {
+    let shared = &state.shared;
+    let routing_key = routing_key(client_headers, request.user.as_deref());
+    let max_retries = shared.config.retry.max_retries;
+    let mut backoff = Backoff::new(&shared.config.retry);
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
-    let mut backoff = Duration::from_millis(retry.initial_backoff_ms);
     loop {
-        let routed = route_once(
-            state,
+        let routed = shared.router.select(
             request.model.as_deref(),
             &request.routing_text,
             routing_key,
             &tried,
         );
-        let (decision, model) = match routed {
+        let Routed { decision, model } = match routed {
             Ok(routed) => routed,
             Err(err) => {
                 return Err(match last_failure {
@@ -106,12 +159,12 @@ async fn forward(
                         attempts: tried.len() as u32,
                         last: Box::new(last),
                     },
-                    None => err,
+                    None => err.into(),
                 });
             }
         };
         let worker = decision.worker().clone();
-        let Some(probe) = state
+        let Some(probe) = shared
             .breakers
             .get(worker.id())
             .try_acquire(tokio::time::Instant::now())
@@ -120,55 +173,47 @@ async fn forward(
             tried.push(worker.id());
             continue;
         };
-        state
+        shared
             .metrics
             .decision(decision.explanation().branch.as_str());
         tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
-        let last_attempt = tried.len() as u32 >= retry.max_retries;
-        let failure = match send(state, &decision, route, &parts.headers, bytes.clone()).await {
+        let last_attempt = tried.len() as u32 >= max_retries;
+        let failure = match send(state, &decision, route, client_headers, bytes.clone()).await {
             Ok(response) => {
                 let status = response.status();
-                let failed = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
-                if !failed || last_attempt {
-                    let probe = if failed {
-                        record(&worker, probe, Outcome::Failure);
-                        state.metrics.upstream_error(worker.url(), "status");
-                        None
-                    } else {
-                        Some(probe)
-                    };
-                    let watch = RequestWatch {
-                        state: state.clone(),
-                        guard: None,
-                        sse: false,
-                        probe,
-                        _admitted: admitted,
-                        route,
-                        model,
-                        status: status.as_u16(),
-                        started,
-                    };
-                    return Ok(respond(
+                if !retry::retryable_status(status) {
+                    return Ok(Answer {
                         response,
                         decision,
-                        watch,
-                        request.stream,
-                        state.config.request_timeout(),
-                    ));
+                        model,
+                        probe: Some(probe),
+                    });
                 }
-                state.metrics.upstream_error(worker.url(), "status");
+                if last_attempt {
+                    // Nobody is left to ask: the client gets the worker's
+                    // own error answer, counted as the worker's failure.
+                    record(&worker, probe, Outcome::Failure);
+                    shared.metrics.upstream_error(worker.url(), "status");
+                    return Ok(Answer {
+                        response,
+                        decision,
+                        model,
+                        probe: None,
+                    });
+                }
+                shared.metrics.upstream_error(worker.url(), "status");
                 GatewayError::UpstreamStatus {
                     worker: worker.url().to_owned(),
                     status,
                 }
             }
             Err(err) => {
-                state.metrics.upstream_error(worker.url(), "connect");
+                shared.metrics.upstream_error(worker.url(), "connect");
                 err
             }
         };
         record(&worker, probe, Outcome::Failure);
-        if last_attempt {
+        if last_attempt || !failure.retryable() {
             let attempts = tried.len() as u32 + 1;
             return Err(if attempts > 1 {
                 GatewayError::RetriesExhausted {
@@ -180,20 +225,15 @@ async fn forward(
             });
         }
         tracing::debug!(worker = worker.url(), error = %failure, "attempt failed; retrying");
-        state
-            .metrics
-            .retry(if matches!(failure, GatewayError::Connect { .. }) {
-                "connect"
-            } else {
-                "status"
-            });
+        shared.metrics.retry(retry::reason(&failure));
         tried.push(worker.id());
         last_failure = Some(failure);
+        // The failed worker's load is released before the pause, not after.
         drop(decision);
-        tokio::time::sleep(jitter(backoff, retry.jitter_factor)).await;
-        backoff = backoff
-            .mul_f64(retry.backoff_multiplier)
-            .min(Duration::from_millis(retry.max_backoff_ms));
+        // Drawn in its own statement: the thread's RNG must not live across
+        // the `.await` (it is not `Send`).
+        let pause = backoff.pause(&mut rand::rng());
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -226,34 +266,6 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
         })
 }
 
-/// Chooses a worker, leaving out those already tried for this request.
-/// Also returns the pool's model name: a served model, safe as a metrics
-/// label (a client's made-up name never is).
-fn route_once(
-    state: &AppState,
-    model: Option<&str>,
-    text: &str,
-    routing_key: Option<&str>,
-    tried: &[WorkerId],
-) -> Result<(Decision, Option<String>), GatewayError> {
-    let snapshot = state.router.snapshot();
-    let pool = snapshot.resolve(model)?;
-    let view = RequestView::new(pool.model, text).with_routing_key(routing_key);
-    let decision = if tried.is_empty() {
-        state.router.policy().select(&view, pool.workers)?
-    } else {
-        let rest: Vec<_> = pool
-            .workers
-            .iter()
-            .filter(|w| !tried.contains(&w.id()))
-            .cloned()
-            .collect();
-        state.router.policy().select(&view, &rest)?
-    };
-    let label = (pool.model != radixgate_routing::WILDCARD_MODEL).then(|| pool.model.to_owned());
-    Ok((decision, label))
-}
-
 /// One attempt: the client's bytes to the chosen worker.
 async fn send(
     state: &AppState,
@@ -263,7 +275,7 @@ async fn send(
     body: Bytes,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
-    let gateway_has_key = state.config.server.api_key.is_some();
+    let gateway_has_key = state.shared.config.server.api_key.is_some();
     let headers = upstream::request_headers(client_headers, worker.api_key(), gateway_has_key);
     state
         .forwarder
@@ -275,14 +287,22 @@ async fn send(
         })
 }
 
-/// Hands a worker's response to the client; its body carries the watch.
+/// Hands a worker's response to the client, its body carrying the
+/// request's [`RequestWatch`].
 fn respond(
-    response: axum::http::Response<Incoming>,
-    decision: Decision,
-    mut watch: RequestWatch,
+    shared: &Arc<Shared>,
+    answer: Answer,
+    admitted: AdmissionPermit,
+    route: &'static str,
     asked_stream: bool,
-    timeout: Option<Duration>,
+    started: Instant,
 ) -> Response {
+    let Answer {
+        response,
+        decision,
+        model,
+        probe,
+    } = answer;
     let status = response.status();
     let sse = asked_stream
         || response
@@ -299,9 +319,21 @@ fn respond(
     {
         headers.insert(DECISION_HEADER, value);
     }
-    watch.guard = Some(decision.into_guard());
-    watch.sse = sse;
-    let deadline = timeout.map(|t| tokio::time::Instant::from_std(watch.started + t));
+    let watch = RequestWatch {
+        shared: shared.clone(),
+        guard: decision.into_guard(),
+        sse,
+        probe,
+        _admitted: admitted,
+        route,
+        model,
+        status: status.as_u16(),
+        started,
+    };
+    let deadline = shared
+        .config
+        .request_timeout()
+        .map(|t| tokio::time::Instant::from_std(started + t));
     let mut body = WatchedBody::new(response.into_body(), watch, sse);
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);
@@ -312,17 +344,18 @@ fn respond(
     out
 }
 
-/// What a response body carries until it ends.
+/// What a response body carries until it ends. Field order is drop order:
+/// the load guard goes before the admission permit, so a request admitted
+/// by this one's end never sees this one's load still counted.
 struct RequestWatch {
-    state: Arc<AppState>,
-    /// The worker's load (the decision's own guard, moved in by
-    /// [`respond`]); released when this watch is dropped.
-    guard: Option<LoadGuard>,
+    shared: Arc<Shared>,
+    /// The worker's load; released when this watch is dropped.
+    guard: LoadGuard,
     /// Whether the response is an event stream (TTFT is recorded for those).
     sse: bool,
     /// The breaker permit of a successful attempt, settled at the end.
     probe: Option<Permit>,
-    _admitted: crate::admission::AdmissionPermit,
+    _admitted: AdmissionPermit,
     route: &'static str,
     model: Option<String>,
     status: u16,
@@ -333,48 +366,35 @@ impl StreamWatch for RequestWatch {
     fn first_byte(&mut self) {
         // The first byte means the worker finished this prompt's prefill:
         // prefill-aware routing stops counting it as queued work.
-        if let Some(guard) = self.guard.as_mut() {
-            guard.prefill_done();
-        }
+        self.guard.prefill_done();
         if !self.sse {
             return;
         }
-        self.state
+        self.shared
             .metrics
             .ttft(self.route, self.model.as_deref(), self.started.elapsed());
     }
 
     fn finish(self, end: StreamEnd) {
-        let metrics = &self.state.metrics;
+        let metrics = &self.shared.metrics;
         metrics.request_done(
             self.route,
             self.status,
             self.model.as_deref(),
             self.started.elapsed(),
         );
-        if let Some(guard) = &self.guard {
-            let worker = guard.worker();
-            if end == StreamEnd::UpstreamError {
-                tracing::warn!(worker = worker.url(), "worker stream broke off");
-                metrics.upstream_error(worker.url(), "stream_broken");
-            }
-            if let Some(probe) = self.probe {
-                let outcome = if end == StreamEnd::UpstreamError {
-                    Outcome::Failure
-                } else {
-                    Outcome::Success
-                };
-                record(worker, probe, outcome);
-            }
+        let worker = self.guard.worker();
+        if end == StreamEnd::UpstreamError {
+            tracing::warn!(worker = worker.url(), "worker stream broke off");
+            metrics.upstream_error(worker.url(), "stream_broken");
+        }
+        if let Some(probe) = self.probe {
+            let outcome = if end == StreamEnd::UpstreamError {
+                Outcome::Failure
+            } else {
+                Outcome::Success
+            };
+            record(worker, probe, outcome);
         }
     }
-}
-
-/// `base` spread uniformly by ±`factor`.
-fn jitter(base: Duration, factor: f64) -> Duration {
-    if factor <= 0.0 {
-        return base;
-    }
-    let spread = rand::rng().random_range(-factor..=factor);
-    base.mul_f64((1.0 + spread).max(0.0))
 }

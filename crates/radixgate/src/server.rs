@@ -63,7 +63,7 @@ fn inference(api: Api, path: &'static str) -> axum::routing::MethodRouter<Arc<Ap
 
 /// The HTTP routes of a gateway.
 fn routes(state: Arc<AppState>) -> Router {
-    let server = &state.config.server;
+    let server = &state.shared.config.server;
     let client_key = RequiredKey(server.api_key.as_deref().map(Arc::from));
     let admin_key = RequiredKey(
         server
@@ -179,8 +179,13 @@ pub async fn run(
         client,
         started: Instant::now(),
     });
-    let background = Arc::new(AppState::new(shared.clone(), forwarder.fresh_pool()));
-    let upkeep = tokio::spawn(upkeep::run(background.clone(), tasks.clone()));
+    let upkeep = tokio::spawn(upkeep::run(shared.clone(), tasks.clone()));
+    // The metrics listener's handler needs no forwarding, but shares the
+    // serving threads' state type; its pool stays empty.
+    let background = Arc::new(AppState {
+        shared: shared.clone(),
+        forwarder: forwarder.fresh_pool(),
+    });
     let metrics_server = match metrics_listener(&shared.config).await? {
         Some(listener) => {
             let app = Router::new()
@@ -206,7 +211,10 @@ pub async fn run(
     let (ended_tx, ended) = tokio::sync::mpsc::unbounded_channel();
     let mut handles = Vec::with_capacity(threads);
     for index in 0..threads {
-        let state = Arc::new(AppState::new(shared.clone(), forwarder.fresh_pool()));
+        let state = Arc::new(AppState {
+            shared: shared.clone(),
+            forwarder: forwarder.fresh_pool(),
+        });
         let thread = ServingThread {
             index,
             listener: listener.try_clone()?,

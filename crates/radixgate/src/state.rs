@@ -4,9 +4,12 @@
 //! whole is shared as a plain `Arc`.
 //!
 //! The one thing not shared is the forwarding client's connection pool:
-//! each serving thread has its own ([`AppState`] = the shared part + that
+//! each serving thread has its own ([`AppState`] = the [`Shared`] part + that
 //! thread's [`Forwarder`]), so a request and the worker connection it rides
 //! on are served by the same event loop and never wake another thread.
+//! Handlers name which of the two they use (`state.shared.router`,
+//! `state.forwarder`): the per-thread part is never mistaken for a shared
+//! one.
 //!
 //! The breakers map is the one lock here: a `parking_lot::RwLock` read for a
 //! map lookup per attempt (never held across `.await`), written only the
@@ -21,41 +24,37 @@ use crate::upstream::Forwarder;
 use parking_lot::RwLock;
 use radixgate_routing::{Router, Worker, WorkerId};
 use std::collections::HashMap;
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// What every thread of one gateway shares.
 pub(crate) struct Shared {
+    /// The validated configuration.
     pub(crate) config: Config,
+    /// The request path's lock-free handle on the worker set and policy.
     pub(crate) router: Router,
+    /// The control task's handle (admin calls, worker list).
     pub(crate) control: Control,
+    /// The client for the gateway's own calls to workers (model info, cache
+    /// flush); forwarding uses each thread's [`Forwarder`].
     pub(crate) client: reqwest::Client,
+    /// The concurrency limit and its queue.
     pub(crate) admission: Admission,
+    /// One circuit breaker per worker.
     pub(crate) breakers: Breakers,
+    /// The metrics recorder.
     pub(crate) metrics: Metrics,
+    /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
 }
 
 /// One serving thread's view of a gateway: the shared state and the
 /// thread's own forwarding pool.
 pub(crate) struct AppState {
-    shared: Arc<Shared>,
+    /// What all threads share.
+    pub(crate) shared: Arc<Shared>,
+    /// This thread's own pool of worker connections.
     pub(crate) forwarder: Forwarder,
-}
-
-impl AppState {
-    pub(crate) fn new(shared: Arc<Shared>, forwarder: Forwarder) -> Self {
-        Self { shared, forwarder }
-    }
-}
-
-impl Deref for AppState {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.shared
-    }
 }
 
 /// One circuit breaker per worker id, created on first use.

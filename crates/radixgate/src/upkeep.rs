@@ -3,7 +3,7 @@
 //! slots, refresh the per-worker and admission gauges, and let the metrics
 //! recorder fold its histogram samples. Reads only snapshots and atomics.
 
-use crate::state::{AppState, publish_breaker};
+use crate::state::{Shared, publish_breaker};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 const TICK: Duration = Duration::from_millis(250);
 
-pub(crate) async fn run(state: Arc<AppState>, stop: CancellationToken) {
+pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_generation = u64::MAX;
