@@ -17,7 +17,7 @@
 //!
 //! Everything a request holds — the worker's load guard, the admission
 //! permit, the breaker permit — travels inside the response body (one
-//! [`RequestWatch`], built whole in [`respond`]) and is released when the
+//! `RequestWatch`, built whole in `respond`) and is released when the
 //! stream ends in any way, at which point the request is counted in the
 //! metrics.
 //!
