@@ -43,6 +43,7 @@ pub mod policy;
 mod registry;
 mod request;
 mod snapshot;
+mod spec;
 mod worker;
 
 pub use config::{
@@ -57,4 +58,5 @@ pub use radixgate_tree::TenantId;
 pub use registry::{Registry, Router};
 pub use request::RequestView;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
-pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId, WorkerSpec};
+pub use spec::{WorkerSpec, WorkerUrl};
+pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId};
