@@ -181,3 +181,6 @@ async fn discover_models(target: &Target) -> Vec<String> {
     tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
     Vec::new()
 }
+
+#[cfg(test)]
+mod tests;
