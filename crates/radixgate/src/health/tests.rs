@@ -35,6 +35,11 @@ impl Scripted {
         }
     }
 
+    /// Down until `ms`, then up for good.
+    fn up_from(ms: u64) -> Self {
+        Self::new(std::iter::once(ms..u64::MAX).collect())
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap()
     }
@@ -90,7 +95,7 @@ fn the_schedules_are_for_these_defaults() {
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_down_at_start_is_probed_with_backoff_then_admitted() {
-    let mut worker = Scripted::new(vec![5_000..u64::MAX]);
+    let mut worker = Scripted::up_from(5_000);
     watch_for(&mut worker, 17_000).await;
     // Down: 250, 500, 1000, 2000, 2000 ms apart. Up at 5 s: the probe at
     // 5.75 s passes, one more 250 ms later confirms it, then every 10 s.
@@ -110,7 +115,7 @@ async fn a_worker_is_admitted_within_2_5_s_of_coming_up() {
     // A step coprime with the schedule's, so the worker comes up at every
     // phase of it, including just after a failed probe.
     for up_at in (0..12_000).step_by(7) {
-        let mut worker = Scripted::new(vec![up_at..u64::MAX]);
+        let mut worker = Scripted::up_from(up_at);
         watch_for(&mut worker, up_at + 2_600).await;
         let admitted = worker
             .admitted_at()
