@@ -5,9 +5,9 @@
 //! admitted) worker is probed with exponential back-off from
 //! `unhealthy_backoff_initial_ms` to `unhealthy_backoff_max_ms`, and a passing
 //! probe is confirmed at the initial back-off, so a worker that comes back is
-//! re-admitted within about `unhealthy_backoff_max_ms` plus
-//! `success_threshold` short probes — about 2.5 s with the defaults — instead
-//! of waiting for a long fixed interval.
+//! re-admitted within `unhealthy_backoff_max_ms` plus `success_threshold - 1`
+//! confirmations — at most 2.25 s with the defaults, the README's "about
+//! 2.5 s" — instead of waiting for a long fixed interval.
 //!
 //! The task only reports transitions to the control task, through the two
 //! narrow methods of its handle; it never touches the registry, which has
