@@ -46,6 +46,7 @@ pub mod policy;
 mod registry;
 mod request;
 mod snapshot;
+mod spec;
 mod worker;
 
 pub use config::{
@@ -60,4 +61,5 @@ pub use radixgate_tree::TenantId;
 pub use registry::{Registry, Routed, Router};
 pub use request::RequestView;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
-pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId, WorkerSpec};
+pub use spec::{WorkerSpec, WorkerUrl};
+pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId};

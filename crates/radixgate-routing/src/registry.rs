@@ -15,7 +15,7 @@
 
 use crate::{
     Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerSet,
-    WorkerSpec,
+    WorkerSpec, WorkerUrl,
 };
 use arc_swap::ArcSwap;
 use std::sync::Arc;
@@ -51,11 +51,12 @@ impl Registry {
         self.current.load_full()
     }
 
-    /// Validates and adds a worker, publishing a new snapshot.
-    pub fn add(&mut self, spec: WorkerSpec) -> Result<Arc<Worker>, RoutingError> {
-        validate_spec(&spec)?;
+    /// Validates and adds a worker, publishing a new snapshot. The worker
+    /// keeps the canonical form of the spec's URL.
+    pub fn add(&mut self, mut spec: WorkerSpec) -> Result<Arc<Worker>, RoutingError> {
+        let url = validate_spec(&spec)?;
         let set = self.current.load_full();
-        if let Some(existing) = set.by_url(&spec.url) {
+        if let Some(existing) = set.by_url(url.as_str()) {
             return Err(RoutingError::DuplicateWorker {
                 url: existing.url().to_owned(),
             });
@@ -64,6 +65,7 @@ impl Registry {
         self.next_id = self.next_id.checked_add(1).ok_or_else(|| {
             RoutingError::config("workers", "more than u32::MAX workers were added")
         })?;
+        spec.url = url.into();
         let worker = Arc::new(Worker::new(id, spec));
         self.policy.on_worker_added(&worker);
         let mut workers = set.workers().to_vec();
@@ -114,27 +116,17 @@ impl Registry {
     }
 }
 
-fn validate_spec(spec: &WorkerSpec) -> Result<(), RoutingError> {
-    let invalid = |reason: &str| RoutingError::InvalidWorker {
-        url: spec.url.clone(),
-        reason: reason.to_owned(),
-    };
-    let rest = spec
-        .url
-        .strip_prefix("http://")
-        .or_else(|| spec.url.strip_prefix("https://"))
-        .ok_or_else(|| invalid("the URL must start with http:// or https://"))?;
-    let host = rest.split('/').next().unwrap_or_default();
-    if host.is_empty() {
-        return Err(invalid("the URL has no host"));
-    }
-    if rest.chars().any(char::is_whitespace) {
-        return Err(invalid("the URL contains whitespace"));
-    }
+/// The URL rule ([`WorkerUrl::parse`]) plus what only a whole spec can get
+/// wrong; returns the canonical URL.
+fn validate_spec(spec: &WorkerSpec) -> Result<WorkerUrl, RoutingError> {
+    let url = WorkerUrl::parse(&spec.url)?;
     if spec.models.iter().any(|m| m.is_empty()) {
-        return Err(invalid("a model name is empty"));
+        return Err(RoutingError::InvalidWorker {
+            url: spec.url.clone(),
+            reason: "a model name is empty".to_owned(),
+        });
     }
-    Ok(())
+    Ok(url)
 }
 
 /// The request path's handle: reads the current snapshot without locks and

@@ -11,7 +11,7 @@
 //! model nobody names go to the wildcard pool, keyed [`WILDCARD_MODEL`], so a
 //! client cannot create per-model state by inventing model names.
 
-use crate::{RoutingError, Worker, WorkerId};
+use crate::{RoutingError, Worker, WorkerId, WorkerUrl};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -82,9 +82,10 @@ impl WorkerSet {
             .map(|i| &self.workers[i])
     }
 
-    /// The worker with this URL (trailing `/` ignored).
+    /// The worker with this URL, compared in canonical form
+    /// ([`WorkerUrl::canonical`]: a trailing `/` is ignored).
     pub fn by_url(&self, url: &str) -> Option<&Arc<Worker>> {
-        let url = url.trim_end_matches('/');
+        let url = WorkerUrl::canonical(url);
         self.workers.iter().find(|w| w.url() == url)
     }
 

@@ -17,7 +17,7 @@
 //! All atomics use relaxed or acquire/release orderings: each value is an
 //! independent hint for routing, and no invariant spans two of them.
 
-use crate::TenantId;
+use crate::{TenantId, WorkerSpec, WorkerUrl};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
@@ -39,20 +39,25 @@ impl fmt::Display for WorkerId {
     }
 }
 
-/// State of a worker's circuit breaker, kept here so that selection skips
-/// an open breaker. The gateway owns the state machine; this is its slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// State of a worker's circuit breaker: the one type for it, shared by
+/// the gateway's state machine (which decides it) and selection (which skips
+/// an open breaker through the worker's slot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BreakerState {
     /// Requests flow normally.
     Closed,
-    /// Too many consecutive failures: the worker is not selected.
+    /// Too many consecutive failures: requests are refused until the open
+    /// timeout passes, and the worker is not selected.
     Open,
-    /// Probing: the worker may be selected (the gateway limits how often).
+    /// A bounded number of probe requests test the worker; it may be
+    /// selected (the gateway limits how often).
     HalfOpen,
 }
 
 impl BreakerState {
-    fn to_u8(self) -> u8 {
+    /// The value exported as a gauge (and kept in the worker's slot):
+    /// 0 closed, 1 open, 2 half-open.
+    pub fn as_gauge(self) -> u8 {
         match self {
             Self::Closed => 0,
             Self::Open => 1,
@@ -60,7 +65,16 @@ impl BreakerState {
         }
     }
 
-    fn from_u8(v: u8) -> Self {
+    /// A lower-case name for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+
+    fn from_gauge(v: u8) -> Self {
         match v {
             1 => Self::Open,
             2 => Self::HalfOpen,
@@ -105,56 +119,6 @@ fn unpack(word: u64) -> Option<ReportedLoad> {
     })
 }
 
-/// How to reach a worker and what it serves; the input to
-/// [`Registry::add`](crate::Registry::add).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerSpec {
-    /// Base URL, e.g. `http://10.0.0.5:30000` (a trailing `/` is dropped).
-    pub url: String,
-    /// Models served. Empty means "whatever is asked": the worker joins the
-    /// wildcard pool used when no worker names the requested model.
-    pub models: Vec<String>,
-    /// Bearer key the gateway sends to this worker, if any.
-    pub api_key: Option<String>,
-    /// Health on admission. The gateway admits workers unhealthy and lets
-    /// its probes mark them healthy; the simulator admits them healthy.
-    pub healthy: bool,
-}
-
-impl WorkerSpec {
-    /// A healthy worker at `url` serving any model, without an API key.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            models: Vec::new(),
-            api_key: None,
-            healthy: true,
-        }
-    }
-
-    /// Sets the models served.
-    pub fn with_models<I, S>(mut self, models: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.models = models.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// Sets the API key sent to the worker.
-    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = Some(key.into());
-        self
-    }
-
-    /// Sets the health on admission.
-    pub fn with_health(mut self, healthy: bool) -> Self {
-        self.healthy = healthy;
-        self
-    }
-}
-
 /// A worker: fixed identity plus live state. Shared as `Arc<Worker>`.
 pub struct Worker {
     id: WorkerId,
@@ -174,14 +138,13 @@ impl Worker {
     /// [`Registry::add`](crate::Registry::add), which validates the spec and
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
-        let url = spec.url.trim_end_matches('/').to_owned();
         Self {
             id,
-            url,
+            url: WorkerUrl::canonical(&spec.url).to_owned(),
             models: spec.models,
             api_key: spec.api_key,
             healthy: AtomicBool::new(spec.healthy),
-            breaker: AtomicU8::new(BreakerState::Closed.to_u8()),
+            breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             in_flight: AtomicUsize::new(0),
             pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
@@ -220,12 +183,12 @@ impl Worker {
 
     /// Circuit-breaker state.
     pub fn breaker(&self) -> BreakerState {
-        BreakerState::from_u8(self.breaker.load(Ordering::Acquire))
+        BreakerState::from_gauge(self.breaker.load(Ordering::Acquire))
     }
 
     /// Sets the circuit-breaker state (the gateway's breaker owns it).
     pub fn set_breaker(&self, state: BreakerState) {
-        self.breaker.store(state.to_u8(), Ordering::Release);
+        self.breaker.store(state.as_gauge(), Ordering::Release);
     }
 
     /// Whether policies may choose this worker: healthy and breaker not open.

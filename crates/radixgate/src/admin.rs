@@ -27,7 +27,7 @@ pub(crate) async fn add(State(state): State<Arc<AppState>>, body: axum::body::By
         Ok(spec) => spec,
         Err(err) => return GatewayError::BadRequest(err.into()).into_response(),
     };
-    let url = spec.url().to_owned();
+    let url = spec.url.clone();
     match state.shared.control.add(spec).await {
         Ok(()) => (
             StatusCode::ACCEPTED,

@@ -30,41 +30,13 @@
 //! increasing stamps) is ignored in a later one.
 
 use crate::config::BreakerConfig;
+/// The externally visible state of a breaker: routing's type, so the state
+/// this machine decides is the one selection reads from the worker's slot.
+pub use radixgate_routing::BreakerState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The externally visible state of a breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BreakerState {
-    /// Requests flow normally.
-    Closed,
-    /// Requests are refused until the open timeout passes.
-    Open,
-    /// A bounded number of probe requests test the worker.
-    HalfOpen,
-}
-
-impl BreakerState {
-    /// The value exported as a gauge: 0 closed, 1 open, 2 half-open.
-    pub fn as_gauge(self) -> u8 {
-        match self {
-            Self::Closed => 0,
-            Self::Open => 1,
-            Self::HalfOpen => 2,
-        }
-    }
-
-    /// A lower-case name for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Closed => "closed",
-            Self::Open => "open",
-            Self::HalfOpen => "half_open",
-        }
-    }
-}
 
 /// What happened to a request that held a [`Permit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

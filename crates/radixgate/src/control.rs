@@ -2,9 +2,15 @@
 //!
 //! The routing crate's [`Registry`] takes `&mut self` for every change, so
 //! exactly one task may own it; everything else — start-up, the admin API,
-//! health checkers — sends that task a [`Command`] over a channel and, where
-//! it needs an answer, waits on a oneshot reply. The request path never
-//! talks to this task: it reads the published snapshot through a `Router`.
+//! health checkers — calls a method of the [`Control`] handle, which sends
+//! that task a private `Command` over a channel and, where it needs an
+//! answer, waits on a oneshot reply. A health checker gets just the two
+//! methods it needs ([`Control::admit`], [`Control::report_health`]), not
+//! the admin replies. The request path never talks to this task: it reads
+//! the published snapshot through a `Router`.
+//!
+//! Workers are known by their canonical URL ([`WorkerUrl`]), so
+//! `http://a:1/` and `http://a:1` are one worker here as in the registry.
 //!
 //! A worker's life: it is *known* from the moment it is added (a health
 //! checker starts probing it) and *admitted* into the registry once its
@@ -14,19 +20,19 @@
 //! probes stays in the registry, marked unhealthy, so its tree survives a
 //! brief outage.
 
-use crate::config::{HealthConfig, WorkerSpec};
+use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
-use radixgate_routing::{Registry, RoutingError, WorkerId};
+use radixgate_routing::{Registry, RoutingError, WorkerId, WorkerSpec, WorkerUrl};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// A message to the control task.
+/// A message to the control task; only [`Control`]'s methods build one.
 #[derive(Debug)]
-pub(crate) enum Command {
+enum Command {
     Add {
         spec: WorkerSpec,
         reply: oneshot::Sender<Result<(), GatewayError>>,
@@ -39,9 +45,9 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Vec<WorkerStatus>>,
     },
     /// From a health checker: first probes passed; these are the models.
-    Admit { url: String, models: Vec<String> },
+    Admit { url: WorkerUrl, models: Vec<String> },
     /// From a health checker: the worker's health changed.
-    Health { url: String, healthy: bool },
+    Health { url: WorkerUrl, healthy: bool },
 }
 
 /// One worker as the admin API shows it.
@@ -95,7 +101,19 @@ impl Control {
             .unwrap_or_default()
     }
 
-    pub(crate) async fn send(&self, command: Command) {
+    /// From a health checker: the worker at `url` passed its first probes
+    /// and serves `models`; the control task adds it to the registry.
+    pub(crate) async fn admit(&self, url: WorkerUrl, models: Vec<String>) {
+        self.send(Command::Admit { url, models }).await;
+    }
+
+    /// From a health checker: the admitted worker at `url` became healthy
+    /// or unhealthy.
+    pub(crate) async fn report_health(&self, url: WorkerUrl, healthy: bool) {
+        self.send(Command::Health { url, healthy }).await;
+    }
+
+    async fn send(&self, command: Command) {
         // Only fails when the control task is gone, i.e. during shutdown,
         // when nothing is left to inform.
         let _ = self.tx.send(command).await;
@@ -136,7 +154,7 @@ pub(crate) fn spawn(
 
 struct ControlTask {
     registry: Registry,
-    known: BTreeMap<String, Known>,
+    known: BTreeMap<WorkerUrl, Known>,
     client: reqwest::Client,
     health: HealthConfig,
     control: Control,
@@ -171,7 +189,7 @@ impl ControlTask {
             Command::List { reply } => {
                 let _ = reply.send(self.list());
             }
-            Command::Admit { url, models } => self.admit(&url, models),
+            Command::Admit { url, models } => self.admit(url, models),
             Command::Health { url, healthy } => {
                 if let Some(id) = self.known.get(&url).and_then(|k| k.id) {
                     match self.registry.set_health(id, healthy) {
@@ -187,27 +205,19 @@ impl ControlTask {
     }
 
     fn add(&mut self, spec: WorkerSpec) -> Result<(), GatewayError> {
-        let url = normalise(spec.url());
-        crate::config::validate_url(&url).map_err(|reason| {
-            GatewayError::Admin(RoutingError::InvalidWorker {
-                url: url.clone(),
-                reason,
-            })
-        })?;
+        // Admin API bodies have always been allowed surrounding whitespace;
+        // the URL rule itself does not allow it.
+        let url = WorkerUrl::parse(spec.url.trim()).map_err(GatewayError::Admin)?;
         if self.known.contains_key(&url) {
-            return Err(GatewayError::Admin(RoutingError::DuplicateWorker { url }));
+            return Err(GatewayError::Admin(RoutingError::DuplicateWorker {
+                url: url.into(),
+            }));
         }
         let cancel = self.shutdown.child_token();
-        let (api_key, models) = match &spec {
-            WorkerSpec::Url(_) => (None, Vec::new()),
-            WorkerSpec::Full {
-                api_key, models, ..
-            } => (api_key.clone(), models.clone()),
-        };
         tokio::spawn(health::watch(health::Target {
             url: url.clone(),
-            api_key,
-            models,
+            api_key: spec.api_key.clone(),
+            models: spec.models.clone(),
             client: self.client.clone(),
             config: self.health.clone(),
             control: self.control.clone(),
@@ -226,11 +236,14 @@ impl ControlTask {
     }
 
     fn remove(&mut self, url: &str) -> Result<(), GatewayError> {
-        let url = normalise(url);
+        // Not parsed: a URL that was never accepted is simply not known.
+        let url = WorkerUrl::canonical(url.trim());
         let known = self
             .known
-            .remove(&url)
-            .ok_or_else(|| GatewayError::UnknownWorkerUrl { url: url.clone() })?;
+            .remove(url)
+            .ok_or_else(|| GatewayError::UnknownWorkerUrl {
+                url: url.to_owned(),
+            })?;
         known.cancel.cancel();
         if let Some(id) = known.id {
             self.registry.remove(id).map_err(GatewayError::Admin)?;
@@ -239,22 +252,19 @@ impl ControlTask {
         Ok(())
     }
 
-    fn admit(&mut self, url: &str, models: Vec<String>) {
-        let Some(known) = self.known.get_mut(url) else {
+    fn admit(&mut self, url: WorkerUrl, models: Vec<String>) {
+        let Some(known) = self.known.get_mut(&url) else {
             return;
         };
         if known.id.is_some() {
             return;
         }
-        let mut spec = radixgate_routing::WorkerSpec::new(url)
-            .with_models(models)
-            .with_health(true);
-        if let WorkerSpec::Full {
-            api_key: Some(key), ..
-        } = &known.spec
-        {
-            spec = spec.with_api_key(key.clone());
+        let spec = WorkerSpec {
+            url: url.to_string(),
+            models,
+            ..known.spec.clone()
         }
+        .with_health(true);
         match self.registry.add(spec) {
             Ok(worker) => {
                 tracing::info!(worker = %url, id = %worker.id(), models = ?worker.models(), "worker admitted");
@@ -271,7 +281,7 @@ impl ControlTask {
             .map(|(url, known)| {
                 let worker = known.id.and_then(|id| snapshot.get(id));
                 WorkerStatus {
-                    url: url.clone(),
+                    url: url.to_string(),
                     id: known.id.map(|id| id.to_string()),
                     models: worker.map(|w| w.models().to_vec()).unwrap_or_default(),
                     state: match worker {
@@ -285,9 +295,4 @@ impl ControlTask {
             })
             .collect()
     }
-}
-
-/// URLs are compared without a trailing slash.
-fn normalise(url: &str) -> String {
-    url.trim().trim_end_matches('/').to_owned()
 }

@@ -99,7 +99,7 @@ impl Cluster {
         };
         config.workers = workers
             .iter()
-            .map(|w| WorkerSpec::Url(format!("http://{}", w.addr())))
+            .map(|w| WorkerSpec::new(format!("http://{}", w.addr())))
             .collect();
         config.log.level = "warn".into();
         let gateway = format!("http://{}", listener.local_addr()?);

@@ -5,22 +5,29 @@
 //! admitted) worker is probed with exponential back-off from
 //! `unhealthy_backoff_initial_ms` to `unhealthy_backoff_max_ms`, and a passing
 //! probe is confirmed at the initial back-off, so a worker that comes back is
-//! re-admitted within about `unhealthy_backoff_max_ms` plus
-//! `success_threshold` short probes — about 2.5 s with the defaults — instead
-//! of waiting for a long fixed interval.
+//! re-admitted within `unhealthy_backoff_max_ms` plus `success_threshold - 1`
+//! confirmations — at most 2.25 s with the defaults, the README's "about
+//! 2.5 s" — instead of waiting for a long fixed interval.
 //!
-//! The task only reports transitions to the control task; it never touches
-//! the registry, which has exactly one owner.
+//! The task only reports transitions to the control task, through the two
+//! narrow methods of its handle; it never touches the registry, which has
+//! exactly one owner.
+//!
+//! The schedule is one loop ([`run`]) over a [`Watched`] worker: the real
+//! one probes over HTTP and reports to the control task; the tests script
+//! one and run the same loop under tokio's paused clock, so the promised
+//! admission delay is asserted to the millisecond rather than stated.
 
 use crate::config::HealthConfig;
-use crate::control::{Command, Control};
+use crate::control::Control;
+use radixgate_routing::WorkerUrl;
 use serde::Deserialize;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// What one health checker watches.
 pub(crate) struct Target {
-    pub(crate) url: String,
+    pub(crate) url: WorkerUrl,
     pub(crate) api_key: Option<String>,
     /// Models the operator listed; empty: ask the worker on admission.
     pub(crate) models: Vec<String>,
@@ -31,8 +38,45 @@ pub(crate) struct Target {
 }
 
 /// Probes `target` until cancelled, reporting admission and health changes.
-pub(crate) async fn watch(target: Target) {
-    let cfg = &target.config;
+pub(crate) async fn watch(mut target: Target) {
+    let config = target.config.clone();
+    let cancel = target.cancel.clone();
+    run(&config, &cancel, &mut target).await;
+}
+
+/// The two ends of one health checker: the worker it probes and the
+/// control task it reports to. A trait so that tests can script the worker
+/// and record the reports while [`run`] keeps the schedule.
+trait Watched {
+    /// Probes once; true if the worker answered well.
+    async fn probe(&mut self) -> bool;
+    /// The first probes passed: asks for the worker's admission.
+    async fn admit(&mut self);
+    /// The admitted worker's health changed.
+    async fn report(&mut self, healthy: bool);
+}
+
+impl Watched for Target {
+    async fn probe(&mut self) -> bool {
+        probe(self).await
+    }
+
+    async fn admit(&mut self) {
+        let models = if self.models.is_empty() {
+            discover_models(self).await
+        } else {
+            self.models.clone()
+        };
+        self.control.admit(self.url.clone(), models).await;
+    }
+
+    async fn report(&mut self, healthy: bool) {
+        self.control.report_health(self.url.clone(), healthy).await;
+    }
+}
+
+/// The probe schedule, until `cancel`: see the module doc.
+async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl Watched) {
     let initial = Duration::from_millis(cfg.unhealthy_backoff_initial_ms);
     let max = Duration::from_millis(cfg.unhealthy_backoff_max_ms);
     let mut backoff = initial;
@@ -40,7 +84,7 @@ pub(crate) async fn watch(target: Target) {
     let mut healthy = false;
     let (mut successes, mut failures) = (0u32, 0u32);
     loop {
-        let ok = !cfg.enabled || probe(&target).await;
+        let ok = !cfg.enabled || worker.probe().await;
         if ok {
             successes += 1;
             failures = 0;
@@ -52,37 +96,14 @@ pub(crate) async fn watch(target: Target) {
             healthy = true;
             backoff = initial;
             if admitted {
-                target
-                    .control
-                    .send(Command::Health {
-                        url: target.url.clone(),
-                        healthy,
-                    })
-                    .await;
+                worker.report(healthy).await;
             } else {
-                let models = if target.models.is_empty() {
-                    discover_models(&target).await
-                } else {
-                    target.models.clone()
-                };
-                target
-                    .control
-                    .send(Command::Admit {
-                        url: target.url.clone(),
-                        models,
-                    })
-                    .await;
+                worker.admit().await;
                 admitted = true;
             }
         } else if healthy && !ok && failures >= cfg.failure_threshold {
             healthy = false;
-            target
-                .control
-                .send(Command::Health {
-                    url: target.url.clone(),
-                    healthy,
-                })
-                .await;
+            worker.report(healthy).await;
         }
         if !cfg.enabled {
             // Admitted once; nothing more to watch.
@@ -98,7 +119,7 @@ pub(crate) async fn watch(target: Target) {
             wait
         };
         tokio::select! {
-            () = target.cancel.cancelled() => return,
+            () = cancel.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
         }
     }
@@ -160,3 +181,6 @@ async fn discover_models(target: &Target) -> Vec<String> {
     tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
     Vec::new()
 }
+
+#[cfg(test)]
+mod tests;

@@ -88,12 +88,8 @@ impl Breakers {
     }
 }
 
-/// Publishes a breaker state into the worker's slot, which policies read.
+/// Publishes a breaker state into the worker's slot, which policies read:
+/// the same type on both sides, so nothing is translated.
 pub(crate) fn publish_breaker(worker: &Worker, state: BreakerState) {
-    use radixgate_routing::BreakerState as Slot;
-    worker.set_breaker(match state {
-        BreakerState::Closed => Slot::Closed,
-        BreakerState::Open => Slot::Open,
-        BreakerState::HalfOpen => Slot::HalfOpen,
-    });
+    worker.set_breaker(state);
 }

@@ -191,7 +191,7 @@ impl ServeArgs {
                 .worker_urls
                 .iter()
                 .cloned()
-                .map(WorkerSpec::Url)
+                .map(WorkerSpec::new)
                 .collect();
         }
         self.apply_routing(&mut config.routing)?;

@@ -14,8 +14,12 @@
 mod cli;
 
 pub use cli::ServeArgs;
+/// A worker given at start-up (`workers:` entries, `--worker-urls`) or
+/// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
+/// models?}`. Re-exported here because it is part of this schema.
+pub use radixgate_routing::WorkerSpec;
 
-use radixgate_routing::{PolicyConfig, RoutingError};
+use radixgate_routing::{PolicyConfig, RoutingError, WorkerUrl};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -93,34 +97,6 @@ impl Default for ServerConfig {
             api_key: None,
             admin_api_key: None,
             threads: 0,
-        }
-    }
-}
-
-/// A worker given at start-up: a URL, or a URL with its key and models.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged, deny_unknown_fields)]
-pub enum WorkerSpec {
-    /// Just the base URL; models are discovered from the worker.
-    Url(String),
-    /// URL with settings.
-    Full {
-        /// Base URL, e.g. `http://10.0.0.5:30001`.
-        url: String,
-        /// Bearer key the gateway sends to this worker.
-        #[serde(default)]
-        api_key: Option<String>,
-        /// Models it serves; empty = ask the worker.
-        #[serde(default)]
-        models: Vec<String>,
-    },
-}
-
-impl WorkerSpec {
-    /// The worker's base URL.
-    pub fn url(&self) -> &str {
-        match self {
-            Self::Url(url) | Self::Full { url, .. } => url,
         }
     }
 }
@@ -369,8 +345,8 @@ impl Config {
             ));
         }
         for (i, worker) in self.workers.iter().enumerate() {
-            validate_url(worker.url())
-                .map_err(|reason| invalid("workers", format!("entry {i}: {reason}")))?;
+            WorkerUrl::parse(&worker.url)
+                .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
         }
         let h = &self.health;
         if h.interval_secs == 0 {
@@ -445,42 +421,6 @@ impl Config {
         (self.server.request_timeout_secs > 0)
             .then(|| Duration::from_secs(self.server.request_timeout_secs))
     }
-}
-
-/// Accepts `http://host[:port][/]` and `https://…`; rejects anything else
-/// with a reason.
-pub fn validate_url(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .ok_or_else(|| format!("`{url}` must start with http:// or https://"))?;
-    let authority = rest.split('/').next().unwrap_or_default();
-    let (host, port) = match authority.strip_prefix('[') {
-        Some(bracketed) => {
-            let (host, after) = bracketed
-                .split_once(']')
-                .ok_or_else(|| format!("`{url}` has an unclosed `[`"))?;
-            if !(after.is_empty() || after.starts_with(':')) {
-                return Err(format!("`{url}` has text after its IPv6 address"));
-            }
-            (host, after.strip_prefix(':'))
-        }
-        None => match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        },
-    };
-    if host.is_empty() {
-        return Err(format!("`{url}` has no host"));
-    }
-    if let Some(port) = port
-        && port.parse::<u16>().is_err()
-    {
-        return Err(format!("`{url}` has a bad port `{port}`"));
-    }
-    url.parse::<axum::http::Uri>()
-        .map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
-    Ok(())
 }
 
 #[cfg(test)]

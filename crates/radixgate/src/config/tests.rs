@@ -30,8 +30,10 @@ fn yaml_parts_and_worker_forms() {
     .unwrap();
     assert_eq!(config.server.port, 8080);
     assert_eq!(config.server.host, "127.0.0.1", "unset keys keep defaults");
-    assert_eq!(config.workers[0].url(), "http://a:1");
-    assert!(matches!(&config.workers[1], WorkerSpec::Full { models, .. } if models == &["m"]));
+    assert_eq!(config.workers[0], WorkerSpec::new("http://a:1"));
+    assert_eq!(config.workers[1].url, "http://b:2");
+    assert_eq!(config.workers[1].api_key.as_deref(), Some("k"));
+    assert_eq!(config.workers[1].models, ["m"]);
     assert_eq!(config.retry.max_retries, 0);
     config.validate().unwrap();
 }
@@ -129,8 +131,14 @@ fn retries_flag_conflicts_with_disable() {
     assert!(parsed.is_err());
 }
 
+/// The URL rule itself is routing's (`WorkerUrl::parse`); this is that a
+/// worker entry goes through it and a rejection names the key.
 #[test]
 fn url_validation() {
+    let with_worker = |url: &str| Config {
+        workers: vec![WorkerSpec::new(url)],
+        ..Config::default()
+    };
     for good in [
         "http://a",
         "http://a:80",
@@ -138,7 +146,9 @@ fn url_validation() {
         "http://[::1]:8000",
         "http://[::1]",
     ] {
-        validate_url(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        with_worker(good)
+            .validate()
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
     }
     for bad in [
         "a:80",
@@ -148,7 +158,8 @@ fn url_validation() {
         "http://a:99999",
         "http://[::1",
     ] {
-        assert!(validate_url(bad).is_err(), "{bad}");
+        let err = with_worker(bad).validate().unwrap_err().to_string();
+        assert!(err.contains("`workers`: entry 0"), "{bad}: {err}");
     }
 }
 

@@ -79,10 +79,7 @@ impl Gateway {
 /// A config for tests: quick health probing, the given workers.
 pub fn config(workers: &[&str]) -> Config {
     let mut c = Config {
-        workers: workers
-            .iter()
-            .map(|u| WorkerSpec::Url((*u).to_owned()))
-            .collect(),
+        workers: workers.iter().map(|u| WorkerSpec::new(*u)).collect(),
         ..Config::default()
     };
     c.health.interval_secs = 1;

@@ -1,0 +1,158 @@
+//! The probe schedule, to the millisecond, under tokio's paused clock: a
+//! scripted worker answers its probes only inside given windows, and the
+//! real loop ([`run`]) decides when to probe and what to report. If the
+//! schedule changes, these fail; the README's "admitted within about 2.5 s
+//! of coming up" is the bound checked by
+//! `a_worker_is_admitted_within_2_5_s_of_coming_up`.
+
+use super::*;
+use std::ops::Range;
+use tokio::time::Instant;
+
+/// What the checker told the control task, and when.
+#[derive(Debug, PartialEq)]
+enum Report {
+    Admit,
+    Healthy(bool),
+}
+
+/// A worker that answers probes only while the milliseconds since the start
+/// fall in one of `up`, recording each probe's and report's instant.
+struct Scripted {
+    start: Instant,
+    up: Vec<Range<u64>>,
+    probes: Vec<u64>,
+    reports: Vec<(u64, Report)>,
+}
+
+impl Scripted {
+    fn new(up: Vec<Range<u64>>) -> Self {
+        Self {
+            start: Instant::now(),
+            up,
+            probes: Vec::new(),
+            reports: Vec::new(),
+        }
+    }
+
+    /// Down until `ms`, then up for good.
+    fn up_from(ms: u64) -> Self {
+        Self::new(std::iter::once(ms..u64::MAX).collect())
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap()
+    }
+
+    fn admitted_at(&self) -> Option<u64> {
+        self.reports
+            .iter()
+            .find(|(_, r)| *r == Report::Admit)
+            .map(|(at, _)| *at)
+    }
+}
+
+impl Watched for Scripted {
+    async fn probe(&mut self) -> bool {
+        let now = self.now_ms();
+        self.probes.push(now);
+        self.up.iter().any(|window| window.contains(&now))
+    }
+
+    async fn admit(&mut self) {
+        let now = self.now_ms();
+        self.reports.push((now, Report::Admit));
+    }
+
+    async fn report(&mut self, healthy: bool) {
+        let now = self.now_ms();
+        self.reports.push((now, Report::Healthy(healthy)));
+    }
+}
+
+/// Runs the default schedule against `worker` for `ms` of (paused) time.
+async fn watch_for(worker: &mut Scripted, ms: u64) {
+    let config = HealthConfig::default();
+    let cancel = CancellationToken::new();
+    let limit = Duration::from_millis(ms);
+    let _ = tokio::time::timeout(limit, run(&config, &cancel, worker)).await;
+}
+
+/// The defaults every schedule below is written for: back-off 250 ms
+/// doubling to 2 s, two passing probes to admit, three failing ones to
+/// mark unhealthy, 10 s between probes of a healthy worker.
+#[test]
+fn the_schedules_are_for_these_defaults() {
+    let c = HealthConfig::default();
+    assert!(c.enabled);
+    assert_eq!(
+        (c.unhealthy_backoff_initial_ms, c.unhealthy_backoff_max_ms),
+        (250, 2000)
+    );
+    assert_eq!((c.success_threshold, c.failure_threshold), (2, 3));
+    assert_eq!(c.interval_secs, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_down_at_start_is_probed_with_backoff_then_admitted() {
+    let mut worker = Scripted::up_from(5_000);
+    watch_for(&mut worker, 17_000).await;
+    // Down: 250, 500, 1000, 2000, 2000 ms apart. Up at 5 s: the probe at
+    // 5.75 s passes, one more 250 ms later confirms it, then every 10 s.
+    assert_eq!(
+        worker.probes,
+        [0, 250, 750, 1_750, 3_750, 5_750, 6_000, 16_000]
+    );
+    assert_eq!(worker.reports, [(6_000, Report::Admit)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_is_admitted_within_2_5_s_of_coming_up() {
+    // The longest wait is the full back-off (2 s) to the first passing probe,
+    // plus (success_threshold - 1) confirmations 250 ms apart: 2.25 s.
+    let bound = 2_250;
+    let mut worst = 0;
+    // A step coprime with the schedule's, so the worker comes up at every
+    // phase of it, including just after a failed probe.
+    for up_at in (0..12_000).step_by(7) {
+        let mut worker = Scripted::up_from(up_at);
+        watch_for(&mut worker, up_at + 2_600).await;
+        let admitted = worker
+            .admitted_at()
+            .unwrap_or_else(|| panic!("up at {up_at} ms: never admitted"));
+        assert!(admitted >= up_at, "admitted before it answered");
+        let delay = admitted - up_at;
+        assert!(
+            delay <= bound,
+            "up at {up_at} ms: admitted {delay} ms later"
+        );
+        worst = worst.max(delay);
+    }
+    assert!(worst > bound - 50, "the worst case was {worst} ms");
+    assert!(worst <= 2_500, "the README promises about 2.5 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_worker_is_marked_unhealthy_then_back_within_the_backoff() {
+    let mut worker = Scripted::new(vec![0..25_000, 60_000..u64::MAX]);
+    watch_for(&mut worker, 75_000).await;
+    assert_eq!(
+        worker.probes,
+        [
+            0, 250, // two passes: admitted
+            10_250, 20_250, // healthy: every 10 s
+            30_250, 40_250, 50_250, // three failures: unhealthy
+            50_500, 51_000, 52_000, 54_000, 56_000, 58_000, // back-off from 250 ms
+            60_000, 60_250, // two passes: healthy again
+            70_250,
+        ]
+    );
+    assert_eq!(
+        worker.reports,
+        [
+            (250, Report::Admit),
+            (50_250, Report::Healthy(false)),
+            (60_250, Report::Healthy(true)),
+        ]
+    );
+}
