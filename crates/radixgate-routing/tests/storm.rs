@@ -1,6 +1,12 @@
 //! Guard storms: many threads route and drop guards in scrambled order while
 //! the single writer flips health and adds/removes workers. Afterwards every
-//! worker's load is back to zero and every request was counted once.
+//! worker's load and pending prefill is back to zero and every request was
+//! counted once.
+//!
+//! `pending_prefill() == 0` only checks something for a policy whose guards
+//! carry prefill (prefill_aware), so its storm also asserts that prefill was
+//! in fact added during the storm: a guard that leaked its prefill count on
+//! any drop order would then fail the final check.
 
 use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
 use std::collections::VecDeque;
@@ -9,7 +15,14 @@ use std::thread;
 const THREADS: usize = 8;
 const PER_THREAD: usize = 1500;
 
-fn storm(config: PolicyConfig) {
+/// Whether the policy's decisions put predicted prefill on the worker.
+#[derive(Clone, Copy, PartialEq)]
+enum Prefill {
+    Carried,
+    Never,
+}
+
+fn storm(config: PolicyConfig, prefill: Prefill) {
     let mut reg = Registry::new(config.build().unwrap());
     let router = reg.router();
     let mut all: Vec<_> = (0..6)
@@ -21,6 +34,7 @@ fn storm(config: PolicyConfig) {
             thread::spawn(move || {
                 let mut held = VecDeque::new();
                 let mut routed = 0usize;
+                let mut carried = 0usize;
                 let mut x = t as u64 + 1;
                 for i in 0..PER_THREAD {
                     x ^= x << 13;
@@ -32,6 +46,11 @@ fn storm(config: PolicyConfig) {
                     // what matters is that every guard taken is released.
                     if let Ok(d) = router.select(None, &text, Some(&key), &[]) {
                         routed += 1;
+                        // While this decision's guard is alive, its prefill
+                        // (if any) is counted on the worker.
+                        if d.decision.worker().pending_prefill() > 0 {
+                            carried += 1;
+                        }
                         held.push_back(d.decision.into_guard());
                     }
                     // Release a pseudo-random number of guards, oldest or newest.
@@ -43,7 +62,7 @@ fn storm(config: PolicyConfig) {
                         }
                     }
                 }
-                routed
+                (routed, carried)
             })
         })
         .collect();
@@ -64,8 +83,18 @@ fn storm(config: PolicyConfig) {
         round += 1;
         thread::yield_now();
     }
-    let routed: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let (routed, carried) = readers
+        .into_iter()
+        .map(|r| r.join().unwrap())
+        .fold((0, 0), |(r, c), (routed, carried)| {
+            (r + routed, c + carried)
+        });
     assert!(routed > THREADS * PER_THREAD / 2, "{routed} routed");
+    match prefill {
+        // Enough decisions carried prefill that a leak would show below.
+        Prefill::Carried => assert!(carried > routed / 100, "{carried} of {routed}"),
+        Prefill::Never => assert_eq!(carried, 0),
+    }
     for w in &all {
         assert_eq!(w.load(), 0, "{w:?}");
         assert_eq!(w.pending_prefill(), 0, "{w:?}");
@@ -76,7 +105,15 @@ fn storm(config: PolicyConfig) {
 
 #[test]
 fn cache_aware_storm_returns_every_load_to_zero() {
-    storm(PolicyConfig::default());
+    storm(PolicyConfig::default(), Prefill::Never);
+}
+
+#[test]
+fn prefill_aware_storm_returns_every_load_and_prefill_to_zero() {
+    storm(
+        PolicyConfig::PrefillAware(Default::default()),
+        Prefill::Carried,
+    );
 }
 
 #[test]
@@ -89,6 +126,6 @@ fn other_policies_storm_returns_every_load_to_zero() {
         "consistent_hash",
     ] {
         let cfg: PolicyConfig = serde_json::from_str(&format!(r#"{{"policy":"{name}"}}"#)).unwrap();
-        storm(cfg);
+        storm(cfg, Prefill::Never);
     }
 }

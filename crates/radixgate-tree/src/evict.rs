@@ -1,7 +1,7 @@
 //! Eviction: least-recently-used leaves of a tenant go first.
 //!
-//! Each tenant keeps an *eviction log*: a queue of `(time, node)` entries in
-//! increasing time. An insert appends one entry for the node where its text
+//! Each tenant keeps an *eviction log* (`tenant.rs`): a queue of `(time,
+//! node)` entries in increasing time. An insert appends one entry for the node where its text
 //! ends — O(1), no ordered-set update per node on the hot path. An entry is
 //! *valid* while the node (same generation) is still held by the tenant with
 //! that very `last_access`; anything else is stale and skipped when met.
@@ -33,77 +33,16 @@
 //! pays for eviction in batches, not on every insert.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use crate::TenantId;
 use crate::node::{Arena, NodeId, ROOT};
+use crate::tenant::{LruEntry, TenantState};
 use crate::text::byte_offset_of_char;
 use crate::tree::{Inner, release, split};
 
 /// The global bound evicts down to `max - max / LOW_WATERMARK_DIV` chars.
-pub(crate) const LOW_WATERMARK_DIV: usize = 16;
-
-/// Logs shorter than this are never compacted.
-const MIN_COMPACT_LEN: usize = 64;
-
-/// "Tenant may evict `node` once it is a leaf with `last_access == time`".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LruEntry {
-    pub(crate) time: u64,
-    pub(crate) node: NodeId,
-    pub(crate) generation: u32,
-}
-
-impl LruEntry {
-    pub(crate) fn is_valid(&self, arena: &Arena, tenant: TenantId) -> bool {
-        let n = &arena[self.node];
-        n.generation == self.generation
-            && n.holder(tenant).is_some_and(|h| h.last_access == self.time)
-    }
-}
-
-/// Per-tenant bookkeeping.
-#[derive(Debug)]
-pub(crate) struct TenantState {
-    /// Characters held by the tenant (its [`crate::Tree::tenant_size`]).
-    pub(crate) size: usize,
-    /// Eviction log, oldest first.
-    pub(crate) lru: VecDeque<LruEntry>,
-    /// Compact `lru` once it grows past this length.
-    compact_at: usize,
-}
-
-impl Default for TenantState {
-    fn default() -> Self {
-        Self {
-            size: 0,
-            lru: VecDeque::new(),
-            compact_at: MIN_COMPACT_LEN,
-        }
-    }
-}
-
-impl TenantState {
-    /// Drops stale entries once the log has doubled since the last compaction.
-    pub(crate) fn compact_if_needed(&mut self, arena: &Arena, tenant: TenantId) {
-        if self.lru.len() > self.compact_at {
-            self.lru.retain(|e| e.is_valid(arena, tenant));
-            self.lru.shrink_to(self.lru.len() * 2);
-            self.compact_at = (self.lru.len() * 2).max(MIN_COMPACT_LEN);
-        }
-    }
-
-    /// The oldest valid entry, after dropping stale ones in front of it.
-    fn front(&mut self, arena: &Arena, tenant: TenantId) -> Option<LruEntry> {
-        while let Some(&e) = self.lru.front() {
-            if e.is_valid(arena, tenant) {
-                return Some(e);
-            }
-            self.lru.pop_front();
-        }
-        None
-    }
-}
+const LOW_WATERMARK_DIV: usize = 16;
 
 impl Inner {
     /// Brings every tenant to at most `max` chars; returns the chars evicted.
@@ -135,9 +74,20 @@ impl Inner {
         evicted
     }
 
+    /// After an insert: if all tenants together hold more than
+    /// `max_total_chars`, evicts across tenants down to the low watermark;
+    /// returns the chars evicted.
+    pub(crate) fn enforce_total_bound(&mut self) -> usize {
+        if self.tenant_chars <= self.max_total_chars {
+            return 0;
+        }
+        let target = self.max_total_chars - self.max_total_chars / LOW_WATERMARK_DIV;
+        self.evict_global(target)
+    }
+
     /// Evicts in global LRU order until all tenants together hold at most
     /// `target` chars; returns the chars evicted.
-    pub(crate) fn evict_global(&mut self, target: usize) -> usize {
+    fn evict_global(&mut self, target: usize) -> usize {
         let mut heap = BinaryHeap::with_capacity(self.tenants.len());
         for (&tenant, state) in &mut self.tenants {
             if let Some(e) = state.front(&self.arena, tenant) {
@@ -250,9 +200,5 @@ impl Inner {
 }
 
 fn push_front(state: &mut TenantState, arena: &Arena, time: u64, node: NodeId) {
-    state.lru.push_front(LruEntry {
-        time,
-        node,
-        generation: arena[node].generation,
-    });
+    state.lru.push_front(LruEntry::new(arena, time, node));
 }

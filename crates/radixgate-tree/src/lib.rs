@@ -21,9 +21,11 @@
 //!
 //! # Layout (one concept per file)
 //! `node.rs` nodes and their arena; `text.rs` byte-level UTF-8 helpers;
-//! `tree.rs` insert, match and structural edits; `evict.rs` eviction logs,
-//! per-tenant and global eviction, tenant removal; `stats.rs` size figures and
-//! the invariant check; `types.rs` the public value types.
+//! `tenant.rs` a tenant's size and eviction log; `tree.rs` insert, match and
+//! structural edits; `evict.rs` per-tenant and global eviction, tenant
+//! removal; `stats.rs` size figures and the invariant check; `types.rs` the
+//! public value types. Dependencies point one way: `evict.rs` builds on
+//! `tree.rs`, and both on `tenant.rs` and `node.rs`.
 //!
 //! # Concurrency, and why this lock
 //! All state sits in one arena behind one `parking_lot::RwLock`. Matches (the
@@ -50,6 +52,7 @@ mod error;
 mod evict;
 mod node;
 mod stats;
+mod tenant;
 mod text;
 mod tree;
 mod types;
@@ -103,7 +106,9 @@ impl Tree {
     /// least-recently-used leaves across tenants down to the low watermark.
     /// An empty text holds nothing (it still takes a clock tick).
     pub fn insert(&self, text: &str, tenant: TenantId) {
-        self.inner.write().insert(text, tenant);
+        let mut inner = self.inner.write();
+        inner.insert(text, tenant);
+        inner.enforce_total_bound();
     }
 
     /// The longest prefix of `text` held by any tenant, and every tenant

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::mem::size_of;
 
-use crate::evict::{LruEntry, TenantState};
 use crate::node::{Holder, NodeId, ROOT};
+use crate::tenant::{LruEntry, TenantState};
 use crate::tree::Inner;
 use crate::{TenantId, TreeError, TreeStats};
 

@@ -1,5 +1,7 @@
 //! The tree's state behind the lock: insert, match and the structural edits
 //! (split an edge, add a leaf, drop a tenant's claim) that eviction reuses.
+//! Eviction builds on this module (`evict.rs`); this module knows nothing of
+//! eviction, only of the per-tenant log it appends to (`tenant.rs`).
 //!
 //! Everything here runs with the lock already taken: `&self` methods under the
 //! read lock, `&mut self` under the write lock (see [`crate::Tree`]). The
@@ -10,8 +12,8 @@
 use std::collections::HashMap;
 
 use crate::TenantId;
-use crate::evict::{LruEntry, TenantState};
 use crate::node::{Arena, Holder, Node, NodeId, ROOT};
+use crate::tenant::{LruEntry, TenantState};
 use crate::text::{common_prefix_len, count_chars, first_char, floor_char_boundary};
 
 /// Edges longer than this are stored as a chain of nodes, so that a char
@@ -92,8 +94,9 @@ impl Inner {
         }
     }
 
-    /// Records that `tenant` was sent `text` at a new logical time, then
-    /// enforces the global bound.
+    /// Records that `tenant` was sent `text` at a new logical time. The
+    /// caller then enforces the global bound (`Inner::enforce_total_bound`,
+    /// in `evict.rs`), under the same write lock.
     pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) {
         self.clock += 1;
         let now = self.clock;
@@ -132,18 +135,9 @@ impl Inner {
             touch(arena, state, next, tenant, now);
             node = next;
         };
-        state.lru.push_back(LruEntry {
-            time: now,
-            node: end,
-            generation: arena[end].generation,
-        });
+        state.lru.push_back(LruEntry::new(arena, now, end));
         state.compact_if_needed(arena, tenant);
         *tenant_chars += state.size - size_before;
-        if self.tenant_chars > self.max_total_chars {
-            let target =
-                self.max_total_chars - self.max_total_chars / crate::evict::LOW_WATERMARK_DIV;
-            self.evict_global(target);
-        }
     }
 }
 

@@ -34,14 +34,14 @@
 //! deepest holder runs above the pool's minimum load (then one per less-loaded
 //! worker).
 
-use super::trees::Trees;
-use super::{Branch, Decision, Explanation, Loads, Policy};
+use super::trees::TreeUpkeep;
+use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
 use crate::{RequestView, RoutingError, Worker, WorkerId};
-use radixgate_tree::Tree;
+use radixgate_tree::{PrefixMatch, Tree};
+use std::cmp::Ordering as CmpOrdering;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 /// The cache-aware policy.
 #[derive(Debug)]
@@ -51,11 +51,56 @@ pub struct CacheAware {
     turn: AtomicUsize,
 }
 
-/// What step 3 found: a holder and how much of the text it holds.
+/// What step 3 found.
+enum Lookup {
+    /// A holder whose match is above the cache threshold.
+    Hit(Hit),
+    /// No available holder above it; `matched` characters is the match the
+    /// explanation reports.
+    Miss { matched: usize },
+}
+
+/// A holder found by step 3 and how much of the text it holds.
 struct Hit {
+    /// Slice index of the holder.
     idx: usize,
+    /// Characters of the text it holds.
     matched: usize,
+    /// Every deepest holder was unavailable; this is the best available one.
     fallback: bool,
+}
+
+/// A deepest holder of the text that is available in this pool.
+struct Holder {
+    at: Candidate,
+    /// When the text was last sent to it (the tree's logical clock).
+    last_access: u64,
+}
+
+/// A worker's own match of the request text.
+#[derive(Clone, Copy)]
+struct OwnMatch {
+    at: Candidate,
+    /// Characters of the text it holds.
+    matched: usize,
+}
+
+/// A decision before it is taken: the worker and what the explanation shows.
+struct Choice {
+    /// Slice index of the chosen worker.
+    idx: usize,
+    branch: Branch,
+    /// Characters matched for the rule that decided (`None`: imbalanced).
+    matched: Option<usize>,
+    /// Characters in the request text (0 when it was not matched).
+    input: usize,
+}
+
+/// A worker's cache footprint in a tree, for the smallest-tree target.
+struct Footprint {
+    at: Candidate,
+    /// Characters the tree attributes to it.
+    tree_chars: usize,
 }
 
 impl CacheAware {
@@ -65,7 +110,11 @@ impl CacheAware {
     /// [`PolicyConfig::build`]: crate::PolicyConfig::build
     pub fn new(config: CacheAwareConfig) -> Self {
         Self {
-            trees: Trees::new(config.max_total_chars),
+            trees: Trees::new(TreeUpkeep {
+                max_total_chars: config.max_total_chars,
+                max_tree_size: config.max_tree_size,
+                eviction_interval_secs: config.eviction_interval_secs,
+            }),
             config,
             turn: AtomicUsize::new(0),
         }
@@ -99,35 +148,36 @@ impl CacheAware {
         self.turn.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Step 3: the deepest available holder, or the best available match.
+    /// Step 3, given the tree's match `m` of the request: the deepest
+    /// available holder, or the best available match.
     fn find_hit(
         &self,
         tree: &Tree,
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
         loads: &Loads,
-    ) -> (usize, usize, Option<Hit>) {
-        let m = tree.prefix_match(req.text);
-        let input = m.input_chars;
-        if !self.above_threshold(m.matched_chars, input) {
-            return (m.matched_chars, input, None);
+        m: &PrefixMatch,
+    ) -> Lookup {
+        if !self.above_threshold(m.matched_chars, m.input_chars) {
+            return Lookup::Miss {
+                matched: m.matched_chars,
+            };
         }
         // Available holders of the deepest node, by slice index. Pools from
         // the registry are in id order, so a binary search finds a tenant;
         // any other slice falls back to a linear scan.
-        let sorted = loads.entries.is_sorted_by_key(|&(i, _)| workers[i].id());
-        let lookup = |id: WorkerId| -> Option<(usize, usize)> {
+        let candidates = &loads.candidates;
+        let sorted = candidates.is_sorted_by_key(|c| workers[c.idx].id());
+        let lookup = |id: WorkerId| -> Option<Candidate> {
             if sorted {
-                loads
-                    .entries
-                    .binary_search_by_key(&id, |&(i, _)| workers[i].id())
+                candidates
+                    .binary_search_by_key(&id, |c| workers[c.idx].id())
                     .ok()
-                    .map(|k| loads.entries[k])
+                    .map(|k| candidates[k])
             } else {
-                loads
-                    .entries
+                candidates
                     .iter()
-                    .find(|&&(i, _)| workers[i].id() == id)
+                    .find(|c| workers[c.idx].id() == id)
                     .copied()
             }
         };
@@ -135,42 +185,47 @@ impl CacheAware {
             .tenants
             .iter()
             .filter_map(|hit| {
-                lookup(WorkerId(hit.tenant.0)).map(|(idx, load)| (load, hit.last_access, idx))
+                lookup(WorkerId(hit.tenant.0)).map(|at| Holder {
+                    at,
+                    last_access: hit.last_access,
+                })
             })
             // least loaded, then most recent
-            .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        if let Some((load, _, idx)) = best {
+            .min_by(|a, b| {
+                a.at.load
+                    .cmp(&b.at.load)
+                    .then(b.last_access.cmp(&a.last_access))
+            });
+        if let Some(best) = best {
             let hit = self
-                .near_holder(tree, req, workers, loads, (m.matched_chars, input), load)
+                .near_holder(tree, req, workers, loads, m, best.at.load)
                 .unwrap_or(Hit {
-                    idx,
+                    idx: best.at.idx,
                     matched: m.matched_chars,
                     fallback: false,
                 });
-            return (m.matched_chars, input, Some(hit));
+            return Lookup::Hit(hit);
         }
         // Every deepest holder is unavailable (or outside this pool): the
         // next-best match among the available workers. Rare, so the per-worker
         // query cost is acceptable here.
         let fallback = self
-            .own_matches(tree, req, workers, input, loads.entries.iter())
+            .own_matches(tree, req, workers, m.input_chars, candidates.iter())
             .collect::<Vec<_>>();
-        let deepest = fallback.iter().map(|f| f.0).max().unwrap_or(0);
+        let deepest = fallback.iter().map(|f| f.matched).max().unwrap_or(0);
         // Within the granularity of the best match: least loaded, then deepest.
         let fallback = fallback
             .into_iter()
-            .filter(|&(matched, _, _)| self.near(matched, deepest))
+            .filter(|f| self.near(f.matched, deepest))
             .min_by(lighter_then_deeper);
-        let matched = fallback.map_or(0, |f| f.0);
-        (
-            matched,
-            input,
-            fallback.map(|(matched, _, idx)| Hit {
-                idx,
-                matched,
+        match fallback {
+            Some(f) => Lookup::Hit(Hit {
+                idx: f.at.idx,
+                matched: f.matched,
                 fallback: true,
             }),
-        )
+            None => Lookup::Miss { matched: 0 },
+        }
     }
 
     /// Whether a match of `matched` characters ties with one of `deepest`
@@ -180,54 +235,51 @@ impl CacheAware {
     }
 
     /// A less-loaded worker than the best deepest holder (`holder_load`)
-    /// whose match ties with the deepest one (`deepest` of `input`
-    /// characters) under `match_granularity_chars`: least loaded, then
-    /// deepest. Walks the tree once per less-loaded worker, so only when
-    /// that can change the answer: a granularity above 1 and a holder above
-    /// the minimum load.
+    /// whose match ties with the deepest one (`m`) under
+    /// `match_granularity_chars`: least loaded, then deepest. Walks the tree
+    /// once per less-loaded worker, so only when that can change the answer:
+    /// a granularity above 1 and a holder above the minimum load.
     fn near_holder(
         &self,
         tree: &Tree,
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
         loads: &Loads,
-        (deepest, input): (usize, usize),
+        m: &PrefixMatch,
         holder_load: usize,
     ) -> Option<Hit> {
         if self.config.match_granularity_chars <= 1 || holder_load <= loads.min {
             return None;
         }
-        let lighter = loads
-            .entries
-            .iter()
-            .filter(|&&(_, load)| load < holder_load);
-        self.own_matches(tree, req, workers, input, lighter)
-            .filter(|&(matched, _, _)| self.near(matched, deepest))
+        let lighter = loads.candidates.iter().filter(|c| c.load < holder_load);
+        self.own_matches(tree, req, workers, m.input_chars, lighter)
+            .filter(|f| self.near(f.matched, m.matched_chars))
             .min_by(lighter_then_deeper)
-            .map(|(matched, _, idx)| Hit {
-                idx,
-                matched,
+            .map(|f| Hit {
+                idx: f.at.idx,
+                matched: f.matched,
                 fallback: false,
             })
     }
 
-    /// Each candidate's (slice index, load) with its own match of the
-    /// request, as (matched chars, load, slice index), keeping those above
-    /// the cache threshold. One tree walk per candidate.
+    /// Each candidate's own match of the request, keeping those above the
+    /// cache threshold. One tree walk per candidate.
     fn own_matches<'a>(
         &'a self,
         tree: &'a Tree,
         req: &'a RequestView<'_>,
         workers: &'a [Arc<Worker>],
         input: usize,
-        candidates: impl Iterator<Item = &'a (usize, usize)> + 'a,
-    ) -> impl Iterator<Item = (usize, usize, usize)> + 'a {
+        candidates: impl Iterator<Item = &'a Candidate> + 'a,
+    ) -> impl Iterator<Item = OwnMatch> + 'a {
         candidates
-            .map(move |&(idx, load)| {
-                let tm = tree.prefix_match_for(req.text, workers[idx].id().tenant());
-                (tm.matched_chars, load, idx)
+            .map(move |&at| OwnMatch {
+                at,
+                matched: tree
+                    .prefix_match_for(req.text, workers[at.idx].id().tenant())
+                    .matched_chars,
             })
-            .filter(move |&(matched, _, _)| self.above_threshold(matched, input))
+            .filter(move |f| self.above_threshold(f.matched, input))
     }
 
     fn above_threshold(&self, matched: usize, input: usize) -> bool {
@@ -246,6 +298,7 @@ impl CacheAware {
         }
     }
 
+    /// Step 4: the slice index of the low-match target, and which it was.
     fn low_match(&self, tree: &Tree, workers: &[Arc<Worker>], loads: &Loads) -> (usize, Branch) {
         match self.config.low_match {
             LowMatchTarget::MinLoad => (
@@ -253,16 +306,21 @@ impl CacheAware {
                 Branch::LowMatchMinLoad,
             ),
             LowMatchTarget::SmallestTree => {
-                let sized: Vec<(usize, usize, usize)> = loads
-                    .entries
+                let sized: Vec<Footprint> = loads
+                    .candidates
                     .iter()
-                    .map(|&(i, load)| (tree.tenant_size(workers[i].id().tenant()), load, i))
+                    .map(|&at| Footprint {
+                        at,
+                        tree_chars: tree.tenant_size(workers[at.idx].id().tenant()),
+                    })
                     .collect();
-                let best = sized.iter().map(|e| (e.0, e.1)).min().expect("non-empty");
+                // Smallest tree, then least loaded; the remaining ties rotate.
+                let rank = |f: &Footprint| (f.tree_chars, f.at.load);
+                let best = sized.iter().map(rank).min().expect("non-empty");
                 let ties: Vec<usize> = sized
                     .iter()
-                    .filter(|e| (e.0, e.1) == best)
-                    .map(|e| e.2)
+                    .filter(|f| rank(f) == best)
+                    .map(|f| f.at.idx)
                     .collect();
                 (
                     ties[self.next_turn() % ties.len()],
@@ -290,12 +348,18 @@ impl Policy for CacheAware {
     ) -> Result<Decision, RoutingError> {
         let loads = Loads::read(req, workers)?;
         let tree = self.tree_or_create(req.model);
-        let (idx, branch, matched, input) = if self.is_imbalanced(loads.min, loads.max) {
-            let idx = loads.least_loaded(self.next_turn());
-            (idx, Branch::Imbalanced, None, 0)
+        let choice = if self.is_imbalanced(loads.min, loads.max) {
+            Choice {
+                idx: loads.least_loaded(self.next_turn()),
+                branch: Branch::Imbalanced,
+                matched: None,
+                input: 0,
+            }
         } else {
-            match self.find_hit(&tree, req, workers, &loads) {
-                (_, input, Some(hit)) => {
+            let m = tree.prefix_match(req.text);
+            let input = m.input_chars;
+            match self.find_hit(&tree, req, workers, &loads, &m) {
+                Lookup::Hit(hit) => {
                     let load = loads.load_of(hit.idx).unwrap_or(0);
                     if self.hit_allowed(load, &loads) {
                         let branch = if hit.fallback {
@@ -303,51 +367,53 @@ impl Policy for CacheAware {
                         } else {
                             Branch::CacheHit
                         };
-                        (hit.idx, branch, Some(hit.matched), input)
+                        Choice {
+                            idx: hit.idx,
+                            branch,
+                            matched: Some(hit.matched),
+                            input,
+                        }
                     } else {
                         let idx = loads.least_loaded(self.next_turn());
                         let matched = tree
                             .prefix_match_for(req.text, workers[idx].id().tenant())
                             .matched_chars;
-                        (idx, Branch::HotSpotSpill, Some(matched), input)
+                        Choice {
+                            idx,
+                            branch: Branch::HotSpotSpill,
+                            matched: Some(matched),
+                            input,
+                        }
                     }
                 }
-                (matched, input, None) => {
+                Lookup::Miss { matched } => {
                     let (idx, branch) = self.low_match(&tree, workers, &loads);
-                    (idx, branch, Some(matched), input)
+                    Choice {
+                        idx,
+                        branch,
+                        matched: Some(matched),
+                        input,
+                    }
                 }
             }
         };
-        let worker = &workers[idx];
+        let worker = &workers[choice.idx];
         tree.insert(req.text, worker.id().tenant());
         let explanation = Explanation {
-            matched_chars: matched,
-            input_chars: input,
-            ..loads.explain(self.name(), branch, worker, idx)
+            matched_chars: choice.matched,
+            input_chars: choice.input,
+            ..loads.explain(self.name(), choice.branch, worker, choice.idx)
         };
         Ok(Decision::new(worker, explanation))
     }
 
-    fn on_worker_removed(&self, worker: &Worker) {
-        self.trees.remove_tenant(worker.id().tenant());
-    }
-
-    fn evict_now(&self) -> usize {
-        self.trees.evict(self.config.max_tree_size)
-    }
-
-    fn eviction_interval(&self) -> Option<Duration> {
-        (self.config.eviction_interval_secs > 0)
-            .then(|| Duration::from_secs(self.config.eviction_interval_secs))
-    }
-
-    fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
-        Some(self.trees.tenant_chars(worker.tenant()))
+    fn trees(&self) -> Option<&Trees> {
+        Some(&self.trees)
     }
 }
 
-/// Orders (matched chars, load, slice index) candidates whose matches tie:
-/// least loaded first, then the deeper match.
-fn lighter_then_deeper(a: &(usize, usize, usize), b: &(usize, usize, usize)) -> std::cmp::Ordering {
-    a.1.cmp(&b.1).then(b.0.cmp(&a.0))
+/// Orders own matches that tie under the granularity: least loaded first,
+/// then the deeper match.
+fn lighter_then_deeper(a: &OwnMatch, b: &OwnMatch) -> CmpOrdering {
+    a.at.load.cmp(&b.at.load).then(b.matched.cmp(&a.matched))
 }

@@ -14,7 +14,7 @@
 //! path reads it without locks; the registry (one writer) replaces it on
 //! add/remove. Requests without a key go to the least-loaded worker.
 
-use super::{Branch, Decision, Loads, Policy};
+use super::{Branch, Candidate, Decision, Loads, Policy};
 use crate::mix::hash_bytes;
 use crate::{RequestView, RoutingError, Worker, WorkerId};
 use arc_swap::ArcSwap;
@@ -71,12 +71,12 @@ impl Policy for ConsistentHash {
             return least(Branch::NoRoutingKey);
         };
         // Available workers of this pool by id, for lookups during the walk.
-        let mut by_id: Vec<(WorkerId, usize, usize)> = loads
-            .entries
+        let mut by_id: Vec<(WorkerId, Candidate)> = loads
+            .candidates
             .iter()
-            .map(|&(i, load)| (workers[i].id(), i, load))
+            .map(|&c| (workers[c.idx].id(), c))
             .collect();
-        by_id.sort_unstable_by_key(|e| e.0);
+        by_id.sort_unstable_by_key(|&(id, _)| id);
         let n = by_id.len() as f64;
         let capacity = (self.load_factor * (loads.sum as f64 + 1.0) / n).ceil() as usize;
 
@@ -85,10 +85,10 @@ impl Policy for ConsistentHash {
         let mut first_owner = true;
         for step in 0..ring.len() {
             let (_, id) = ring[(start + step) % ring.len()];
-            let Ok(k) = by_id.binary_search_by_key(&id, |e| e.0) else {
+            let Ok(k) = by_id.binary_search_by_key(&id, |&(id, _)| id) else {
                 continue;
             };
-            let (_, idx, load) = by_id[k];
+            let Candidate { idx, load } = by_id[k].1;
             if load < capacity {
                 let branch = if first_owner {
                     Branch::HashRing

@@ -29,6 +29,7 @@ pub use power_of_two::PowerOfTwo;
 pub use prefill_aware::PrefillAware;
 pub use random::Random;
 pub use round_robin::RoundRobin;
+pub use trees::Trees;
 
 use crate::{LoadGuard, RequestView, RoutingError, Worker, WorkerId};
 use std::fmt;
@@ -53,28 +54,37 @@ pub trait Policy: Send + Sync + fmt::Debug {
         let _ = worker;
     }
 
-    /// A worker left the pool for good; forget its state.
+    /// The per-model prefix trees the policy keeps, if it keeps any. The
+    /// tree upkeep below (forgetting a removed worker, eviction, the cache
+    /// record) is implemented once, on [`Trees`], and reached through this.
+    fn trees(&self) -> Option<&Trees> {
+        None
+    }
+
+    /// A worker left the pool for good; forget its state (by default: its
+    /// records in the policy's trees).
     fn on_worker_removed(&self, worker: &Worker) {
-        let _ = worker;
+        if let Some(trees) = self.trees() {
+            trees.remove_tenant(worker.id().tenant());
+        }
     }
 
     /// Runs one eviction pass now (synchronously); returns the characters
     /// evicted. The periodic task ([`spawn_eviction`](crate::spawn_eviction))
     /// only calls this on a timer.
     fn evict_now(&self) -> usize {
-        0
+        self.trees().map_or(0, Trees::evict_now)
     }
 
     /// How often the background eviction should run; `None`: never.
     fn eviction_interval(&self) -> Option<Duration> {
-        None
+        self.trees().and_then(Trees::eviction_interval)
     }
 
     /// Characters the policy's trees attribute to `worker`, over all models
     /// (for metrics); `None` for policies without a cache record.
     fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
-        let _ = worker;
-        None
+        self.trees().map(|t| t.tenant_chars(worker.tenant()))
     }
 }
 
@@ -121,15 +131,27 @@ impl Decision {
     }
 }
 
+/// One available worker as a decision sees it: where it is in the slice the
+/// policy was given, and its load when the decision began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    /// Index into the workers slice.
+    pub(crate) idx: usize,
+    /// In-flight requests.
+    pub(crate) load: usize,
+}
+
 /// Loads of the available workers, read once per decision so that every
 /// branch of a decision reasons about the same numbers.
 #[derive(Debug)]
 pub(crate) struct Loads {
-    /// `(index into the workers slice, in-flight load)`, available only, in
-    /// slice order.
-    pub(crate) entries: Vec<(usize, usize)>,
+    /// The available workers, in slice order (so by `idx`, ascending).
+    pub(crate) candidates: Vec<Candidate>,
+    /// Smallest load among them.
     pub(crate) min: usize,
+    /// Largest load among them.
     pub(crate) max: usize,
+    /// Sum of their loads.
     pub(crate) sum: usize,
 }
 
@@ -139,24 +161,24 @@ impl Loads {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
     ) -> Result<Self, RoutingError> {
-        let mut entries = Vec::with_capacity(workers.len());
+        let mut candidates = Vec::with_capacity(workers.len());
         let (mut min, mut max, mut sum) = (usize::MAX, 0, 0);
-        for (i, w) in workers.iter().enumerate() {
+        for (idx, w) in workers.iter().enumerate() {
             if w.is_available() {
                 let load = w.load();
                 min = min.min(load);
                 max = max.max(load);
                 sum += load;
-                entries.push((i, load));
+                candidates.push(Candidate { idx, load });
             }
         }
-        if entries.is_empty() {
+        if candidates.is_empty() {
             return Err(RoutingError::NoHealthyWorker {
                 model: req.model.to_owned(),
             });
         }
         Ok(Self {
-            entries,
+            candidates,
             min,
             max,
             sum,
@@ -165,15 +187,15 @@ impl Loads {
 
     /// Mean in-flight load of the available workers.
     pub(crate) fn mean(&self) -> f64 {
-        self.sum as f64 / self.entries.len() as f64
+        self.sum as f64 / self.candidates.len() as f64
     }
 
     /// The load of the worker at slice index `idx`, if it is available.
     pub(crate) fn load_of(&self, idx: usize) -> Option<usize> {
-        self.entries
-            .binary_search_by_key(&idx, |&(i, _)| i)
+        self.candidates
+            .binary_search_by_key(&idx, |c| c.idx)
             .ok()
-            .map(|k| self.entries[k].1)
+            .map(|k| self.candidates[k].load)
     }
 
     /// Slice index of a least-loaded worker. Ties are broken by `turn`
@@ -181,14 +203,9 @@ impl Loads {
     /// order, so a burst of equal-load decisions spreads over the tied
     /// workers instead of piling onto the first.
     pub(crate) fn least_loaded(&self, turn: usize) -> usize {
-        let ties = self.entries.iter().filter(|e| e.1 == self.min).count();
-        let pick = turn % ties;
-        self.entries
-            .iter()
-            .filter(|e| e.1 == self.min)
-            .nth(pick)
-            .expect("pick < ties")
-            .0
+        let least = || self.candidates.iter().filter(|c| c.load == self.min);
+        let pick = turn % least().count();
+        least().nth(pick).expect("pick < ties").idx
     }
 
     /// An explanation skeleton for a choice of slice index `idx`.
@@ -208,7 +225,7 @@ impl Loads {
             load: self.load_of(idx).unwrap_or(0),
             min_load: self.min,
             max_load: self.max,
-            available: self.entries.len(),
+            available: self.candidates.len(),
         }
     }
 }

@@ -35,20 +35,21 @@ impl Policy for PowerOfTwo {
         workers: &[Arc<Worker>],
     ) -> Result<Decision, RoutingError> {
         let loads = Loads::read(req, workers)?;
-        let n = loads.entries.len();
+        let n = loads.candidates.len();
         let a = self.rng.below(n);
         let chosen = if n == 1 {
-            loads.entries[a]
+            loads.candidates[a]
         } else {
             // A second index distinct from the first, uniformly.
             let b = (a + 1 + self.rng.below(n - 1)) % n;
-            let (ea, eb) = (loads.entries[a], loads.entries[b]);
-            if eb.1 < ea.1 { eb } else { ea }
+            let (ca, cb) = (loads.candidates[a], loads.candidates[b]);
+            // The first sample wins a tie.
+            if cb.load < ca.load { cb } else { ca }
         };
-        let worker = &workers[chosen.0];
+        let worker = &workers[chosen.idx];
         Ok(Decision::new(
             worker,
-            loads.explain(self.name(), Branch::PowerOfTwo, worker, chosen.0),
+            loads.explain(self.name(), Branch::PowerOfTwo, worker, chosen.idx),
         ))
     }
 }

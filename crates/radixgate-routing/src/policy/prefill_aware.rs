@@ -22,14 +22,13 @@
 //! a separate policy so the simulator (issue 6) can compare it with
 //! cache_aware on TTFT; its parameter is a first guess to be tuned there.
 
-use super::trees::Trees;
-use super::{Branch, Decision, Explanation, Loads, Policy};
+use super::trees::TreeUpkeep;
+use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};
 use crate::config::PrefillAwareConfig;
-use crate::{RequestView, RoutingError, Worker, WorkerId};
+use crate::{RequestView, RoutingError, Worker};
 use radixgate_tree::Tree;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 /// The prefill-cost policy.
 #[derive(Debug)]
@@ -39,12 +38,26 @@ pub struct PrefillAware {
     turn: AtomicUsize,
 }
 
+/// One available worker's predicted prefill work for the request.
+struct Scored {
+    /// The worker and its load.
+    at: Candidate,
+    /// Characters of the request text it already holds.
+    matched: usize,
+    /// The cost of the module doc's formula, in characters.
+    cost: usize,
+}
+
 impl PrefillAware {
     /// A prefill-cost policy (config validated by
     /// [`PrefillAwareConfig::validate`]).
     pub fn new(config: PrefillAwareConfig) -> Self {
         Self {
-            trees: Trees::new(config.max_total_chars),
+            trees: Trees::new(TreeUpkeep {
+                max_total_chars: config.max_total_chars,
+                max_tree_size: config.max_tree_size,
+                eviction_interval_secs: config.eviction_interval_secs,
+            }),
             config,
             turn: AtomicUsize::new(0),
         }
@@ -72,12 +85,11 @@ impl Policy for PrefillAware {
         let input = m.input_chars;
         let mut holders: Vec<u32> = m.tenants.iter().map(|h| h.tenant.0).collect();
         holders.sort_unstable();
-        // (cost, load, slice index, matched chars) of every available worker.
-        let scored: Vec<(usize, usize, usize, usize)> = loads
-            .entries
+        let scored: Vec<Scored> = loads
+            .candidates
             .iter()
-            .map(|&(idx, load)| {
-                let w = &workers[idx];
+            .map(|&at| {
+                let w = &workers[at.idx];
                 let matched = if m.matched_chars == 0 {
                     0
                 } else if holders.binary_search(&w.id().0).is_ok() {
@@ -88,14 +100,16 @@ impl Policy for PrefillAware {
                 };
                 let cost = (input - matched)
                     .saturating_add(w.pending_prefill())
-                    .saturating_add(load.saturating_mul(self.config.load_cost_chars));
-                (cost, load, idx, matched)
+                    .saturating_add(at.load.saturating_mul(self.config.load_cost_chars));
+                Scored { at, matched, cost }
             })
             .collect();
-        let best = scored.iter().map(|s| (s.0, s.1)).min().expect("non-empty");
-        let ties: Vec<&(usize, usize, usize, usize)> =
-            scored.iter().filter(|s| (s.0, s.1) == best).collect();
-        let &(_, _, idx, matched) = ties[self.turn.fetch_add(1, Ordering::Relaxed) % ties.len()];
+        // Cheapest, then least loaded; the remaining ties rotate.
+        let rank = |s: &Scored| (s.cost, s.at.load);
+        let best = scored.iter().map(rank).min().expect("non-empty");
+        let ties: Vec<&Scored> = scored.iter().filter(|s| rank(s) == best).collect();
+        let chosen = ties[self.turn.fetch_add(1, Ordering::Relaxed) % ties.len()];
+        let (idx, matched) = (chosen.at.idx, chosen.matched);
         let worker = &workers[idx];
         tree.insert(req.text, worker.id().tenant());
         let explanation = Explanation {
@@ -106,21 +120,8 @@ impl Policy for PrefillAware {
         Ok(Decision::with_prefill(worker, input - matched, explanation))
     }
 
-    fn on_worker_removed(&self, worker: &Worker) {
-        self.trees.remove_tenant(worker.id().tenant());
-    }
-
-    fn evict_now(&self) -> usize {
-        self.trees.evict(self.config.max_tree_size)
-    }
-
-    fn eviction_interval(&self) -> Option<Duration> {
-        (self.config.eviction_interval_secs > 0)
-            .then(|| Duration::from_secs(self.config.eviction_interval_secs))
-    }
-
-    fn cached_chars(&self, worker: WorkerId) -> Option<usize> {
-        Some(self.trees.tenant_chars(worker.tenant()))
+    fn trees(&self) -> Option<&Trees> {
+        Some(&self.trees)
     }
 }
 

@@ -34,7 +34,7 @@ impl Policy for Random {
         workers: &[Arc<Worker>],
     ) -> Result<Decision, RoutingError> {
         let loads = Loads::read(req, workers)?;
-        let idx = loads.entries[self.rng.below(loads.entries.len())].0;
+        let idx = loads.candidates[self.rng.below(loads.candidates.len())].idx;
         let worker = &workers[idx];
         Ok(Decision::new(
             worker,

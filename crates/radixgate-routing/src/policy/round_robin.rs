@@ -36,8 +36,8 @@ impl Policy for RoundRobin {
         let loads = Loads::read(req, workers)?;
         let turn = self.next.fetch_add(1, Ordering::Relaxed) % workers.len();
         // The first available worker at or after the turn, wrapping around.
-        let pos = loads.entries.partition_point(|&(i, _)| i < turn);
-        let idx = loads.entries[pos % loads.entries.len()].0;
+        let pos = loads.candidates.partition_point(|c| c.idx < turn);
+        let idx = loads.candidates[pos % loads.candidates.len()].idx;
         let worker = &workers[idx];
         Ok(Decision::new(
             worker,

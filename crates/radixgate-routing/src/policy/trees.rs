@@ -1,4 +1,8 @@
-//! One radix tree per pool key (model), shared by the prefix-aware policies.
+//! One radix tree per pool key (model), shared by the prefix-aware policies,
+//! and the upkeep those trees need: eviction on a timer, forgetting a removed
+//! worker, the per-worker cache record. A policy that keeps trees returns them
+//! from [`Policy::trees`](super::Policy::trees) and the trait's default
+//! methods do the upkeep, so it is written once, here.
 //!
 //! The map sits behind an `ArcSwap`, so the per-request lookup is lock-free;
 //! a `Mutex` serialises the rare writers that add a model (double-checked, so
@@ -11,27 +15,41 @@ use parking_lot::Mutex;
 use radixgate_tree::{TenantId, Tree, TreeConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-/// The per-model trees of one policy.
+/// The size bounds and eviction timer of a policy's trees (the same three
+/// settings of [`CacheAwareConfig`](crate::CacheAwareConfig) and
+/// [`PrefillAwareConfig`](crate::PrefillAwareConfig)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TreeUpkeep {
+    /// Hard bound on all workers' characters in one tree, kept by inserts.
+    pub(crate) max_total_chars: usize,
+    /// Characters each worker may keep in a tree after an eviction pass.
+    pub(crate) max_tree_size: usize,
+    /// Seconds between background eviction passes; 0: no background pass.
+    pub(crate) eviction_interval_secs: u64,
+}
+
+/// The per-model prefix trees of one policy, and their upkeep.
 #[derive(Debug)]
-pub(crate) struct Trees {
+pub struct Trees {
     map: ArcSwap<HashMap<String, Arc<Tree>>>,
     add: Mutex<()>,
-    max_total_chars: usize,
+    upkeep: TreeUpkeep,
 }
 
 impl Trees {
-    /// Trees whose global bound is `max_total_chars` each.
-    pub(crate) fn new(max_total_chars: usize) -> Self {
+    /// No trees yet; each one is created with `upkeep`'s bounds.
+    pub(crate) fn new(upkeep: TreeUpkeep) -> Self {
         Self {
             map: ArcSwap::from_pointee(HashMap::new()),
             add: Mutex::new(()),
-            max_total_chars,
+            upkeep,
         }
     }
 
-    /// The tree of `model`, if one was created.
-    pub(crate) fn get(&self, model: &str) -> Option<Arc<Tree>> {
+    /// The tree of `model`, if a request for it was routed.
+    pub fn get(&self, model: &str) -> Option<Arc<Tree>> {
         self.map.load().get(model).cloned()
     }
 
@@ -46,7 +64,7 @@ impl Trees {
             return t.clone();
         }
         let tree = Arc::new(Tree::new(TreeConfig {
-            max_total_chars: self.max_total_chars,
+            max_total_chars: self.upkeep.max_total_chars,
         }));
         let mut next = (*current).clone();
         next.insert(model.to_owned(), tree.clone());
@@ -61,17 +79,24 @@ impl Trees {
         }
     }
 
-    /// One eviction pass over every tree; characters evicted.
-    pub(crate) fn evict(&self, max_chars_per_tenant: usize) -> usize {
+    /// One eviction pass over every tree, down to `max_tree_size` characters
+    /// per tenant; characters evicted.
+    pub(crate) fn evict_now(&self) -> usize {
         self.map
             .load()
             .values()
-            .map(|t| t.evict(max_chars_per_tenant).evicted_chars)
+            .map(|t| t.evict(self.upkeep.max_tree_size).evicted_chars)
             .sum()
     }
 
+    /// How often the background eviction should run; `None`: never.
+    pub fn eviction_interval(&self) -> Option<Duration> {
+        (self.upkeep.eviction_interval_secs > 0)
+            .then(|| Duration::from_secs(self.upkeep.eviction_interval_secs))
+    }
+
     /// A tenant's characters over all trees.
-    pub(crate) fn tenant_chars(&self, tenant: TenantId) -> usize {
+    pub fn tenant_chars(&self, tenant: TenantId) -> usize {
         self.map
             .load()
             .values()
