@@ -10,7 +10,9 @@
 //!   model to a [`Pool`] and asks the policy, lock-free;
 //! - the resulting [`Decision`] holds a [`LoadGuard`] on the chosen worker
 //!   and an [`Explanation`]; the guard's drop is the only way load goes down;
-//! - [`spawn_eviction`] runs the policy's tree eviction on a timer.
+//! - [`spawn_eviction`] runs the policy's tree eviction on a timer;
+//! - [`text`] turns a request into its [`RoutingText`], the one rule both
+//!   the gateway and the simulator use.
 //!
 //! Nothing here reads a wall clock while deciding, so the offline simulator
 //! drives the same code in simulated time.
@@ -43,6 +45,7 @@ pub mod policy;
 mod registry;
 mod request;
 mod snapshot;
+pub mod text;
 mod worker;
 
 pub use config::{
@@ -57,4 +60,5 @@ pub use radixgate_tree::TenantId;
 pub use registry::{Registry, Router};
 pub use request::RequestView;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
+pub use text::{Api, RoutingText};
 pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId, WorkerSpec};
