@@ -307,7 +307,11 @@ mod tests {
             p
         };
         assert_eq!(ids(&[1, 2, 3]).as_str(), "1 2 3 ");
-        assert!(ids(&[1, 2, 3, 4]).as_str().starts_with(ids(&[1, 2, 3]).as_str()));
+        assert!(
+            ids(&[1, 2, 3, 4])
+                .as_str()
+                .starts_with(ids(&[1, 2, 3]).as_str())
+        );
         let mut batch = PromptText::default();
         batch.push_text("a");
         batch.end_batch_item();

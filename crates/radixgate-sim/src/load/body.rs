@@ -199,7 +199,10 @@ mod tests {
         assert_eq!(b["text"], "t");
         assert_eq!(b["sampling_params"]["max_new_tokens"], 7);
         assert_eq!(b["stream"], true);
-        let b = request_body(&spec(Prompt::Text("t".into())), &o(Api::ChatCompletions, false, None));
+        let b = request_body(
+            &spec(Prompt::Text("t".into())),
+            &o(Api::ChatCompletions, false, None),
+        );
         assert_eq!(b["messages"][0]["role"], "user");
         let b = request_body(&chat, &o(Api::Embeddings, true, Some("e")));
         assert_eq!(b, json!({"input": chat.prompt.to_text(), "model": "e"}));
@@ -234,7 +237,10 @@ mod tests {
         assert_eq!(p.usage.unwrap().cached_tokens, 8);
         let err = json!({"error": {"message": "boom", "type": "server_error"}});
         assert_eq!(
-            read_piece(Api::ChatCompletions, &err).unwrap().error.as_deref(),
+            read_piece(Api::ChatCompletions, &err)
+                .unwrap()
+                .error
+                .as_deref(),
             Some("boom")
         );
         assert!(read_piece(Api::ChatCompletions, &json!([1])).is_err());

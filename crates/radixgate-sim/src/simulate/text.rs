@@ -96,6 +96,9 @@ mod tests {
         let text = Prompt::Text("abc".into());
         assert_eq!(routing_text(&text, Api::Completions), "abc");
         assert_eq!(worker_text(&text, Api::Generate), "abc");
-        assert_eq!(routing_text(&text, Api::ChatCompletions), "<|user|>\nabc<|end|>\n");
+        assert_eq!(
+            routing_text(&text, Api::ChatCompletions),
+            "<|user|>\nabc<|end|>\n"
+        );
     }
 }
