@@ -11,7 +11,9 @@
 //!   workers a retry already tried ([`Router::select`] → [`Routed`]);
 //! - the resulting [`Decision`] holds a [`LoadGuard`] on the chosen worker
 //!   and an [`Explanation`]; the guard's drop is the only way load goes down;
-//! - [`spawn_eviction`] runs the policy's tree eviction on a timer.
+//! - [`spawn_eviction`] runs the policy's tree eviction on a timer;
+//! - [`text`] turns a request into its [`RoutingText`], the one rule both
+//!   the gateway and the simulator use.
 //!
 //! Nothing here reads a wall clock while deciding, so the offline simulator
 //! drives the same code in simulated time.
@@ -47,6 +49,7 @@ mod registry;
 mod request;
 mod snapshot;
 mod spec;
+pub mod text;
 mod worker;
 
 pub use config::{
@@ -62,4 +65,5 @@ pub use registry::{Registry, Routed, Router};
 pub use request::RequestView;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
 pub use spec::{WorkerSpec, WorkerUrl};
+pub use text::{Api, RoutingText};
 pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId};

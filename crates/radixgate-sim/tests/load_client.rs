@@ -172,7 +172,7 @@ async fn whole_chat_response_with_header_and_usage() {
         json_reply(200, &body, Some("w7"))
     })
     .await;
-    let o = one(&url, Api::Chat, false).await;
+    let o = one(&url, Api::ChatCompletions, false).await;
     assert_eq!(o.error, None);
     assert_eq!(o.reply, "abc");
     assert_eq!(o.worker.as_deref(), Some("w7"), "header wins over the body");
@@ -192,7 +192,7 @@ async fn streamed_chat_concatenates_deltas_and_reads_final_usage() {
         sse_reply(&[chunk(""), chunk("ab"), chunk("cd"), fin, "[DONE]".into()])
     })
     .await;
-    let o = one(&url, Api::Chat, true).await;
+    let o = one(&url, Api::ChatCompletions, true).await;
     assert_eq!(o.error, None, "{o:?}");
     assert_eq!(o.reply, "abcd");
     assert_eq!(o.worker.as_deref(), Some("w2"), "body field when no header");
@@ -267,12 +267,12 @@ async fn failures_are_classified() {
         ("hang", true, ErrorKind::Timeout),
     ];
     for (what, stream, kind) in cases {
-        let o = client(Api::Chat, stream, 300)
+        let o = client(Api::ChatCompletions, stream, 300)
             .send(0, &target, &spec(what))
             .await;
         assert_eq!(o.error, Some(kind), "{what} stream={stream}");
     }
-    let st = client(Api::Chat, true, 300)
+    let st = client(Api::ChatCompletions, true, 300)
         .send(0, &target, &spec("status"))
         .await;
     assert_eq!(
@@ -287,7 +287,7 @@ async fn refused_connections_are_connect_errors() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let o = one(&url, Api::Chat, true).await;
+    let o = one(&url, Api::ChatCompletions, true).await;
     assert_eq!(o.error, Some(ErrorKind::Connect));
 }
 
@@ -340,7 +340,7 @@ async fn by_group_partitions_groups_over_targets_and_counts_workers() {
     let urls = vec![a.clone(), b.clone()];
     let report = drive(
         cfg.build(3, TextShape::default()).unwrap(),
-        client(Api::Chat, false, 5_000),
+        client(Api::ChatCompletions, false, 5_000),
         targets,
         plan(Arrivals::Closed { concurrency: 4 }, 40, Assign::ByGroup),
         header(&urls),
@@ -366,7 +366,7 @@ async fn multi_turn_sessions_continue_and_open_loop_stops_at_the_count() {
     });
     let report = drive(
         cfg.build(3, TextShape::default()).unwrap(),
-        client(Api::Chat, false, 5_000),
+        client(Api::ChatCompletions, false, 5_000),
         vec![Target::parse(&a).unwrap()],
         plan(Arrivals::Poisson { rate: 500.0 }, 100, Assign::BySession),
         header(std::slice::from_ref(&a)),
@@ -387,7 +387,7 @@ async fn failures_end_sessions_and_are_reported_by_kind() {
     });
     let report = drive(
         cfg.build(0, TextShape::default()).unwrap(),
-        client(Api::Chat, true, 5_000),
+        client(Api::ChatCompletions, true, 5_000),
         vec![Target::parse(&a).unwrap()],
         plan(Arrivals::Closed { concurrency: 2 }, 50, Assign::RoundRobin),
         header(std::slice::from_ref(&a)),
@@ -422,7 +422,7 @@ async fn trace_replay_follows_timestamps_and_duration_stops_a_closed_loop() {
     p.max_requests = None;
     let report = drive(
         workload,
-        client(Api::Chat, false, 5_000),
+        client(Api::ChatCompletions, false, 5_000),
         vec![Target::parse(&a).unwrap()],
         p,
         header(std::slice::from_ref(&a)),
@@ -439,7 +439,7 @@ async fn trace_replay_follows_timestamps_and_duration_stops_a_closed_loop() {
     p.duration = Some(Duration::from_millis(300));
     let report = drive(
         cfg.build(0, TextShape::default()).unwrap(),
-        client(Api::Chat, false, 5_000),
+        client(Api::ChatCompletions, false, 5_000),
         vec![Target::parse(&b).unwrap()],
         p,
         header(std::slice::from_ref(&b)),

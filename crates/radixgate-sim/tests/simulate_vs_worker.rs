@@ -96,7 +96,7 @@ async fn shared_prefix_matches_the_worker_token_for_token() {
         output_tokens: 6,
         zipf: 0.0,
     });
-    compare(wl.clone(), Api::Chat, 30).await;
+    compare(wl.clone(), Api::ChatCompletions, 30).await;
     compare(wl, Api::Completions, 30).await;
 }
 
@@ -110,7 +110,7 @@ async fn multi_turn_and_agentic_replies_feed_back_identically() {
         output_tokens: 12,
         think_ms: 0.0,
     });
-    compare(mt, Api::Chat, 100).await;
+    compare(mt, Api::ChatCompletions, 100).await;
     let ag = WorkloadConfig::Agentic(AgenticConfig {
         agents: 2,
         sessions: 4,
@@ -121,5 +121,5 @@ async fn multi_turn_and_agentic_replies_feed_back_identically() {
         output_tokens: 8,
         tool_ms: 0.0,
     });
-    compare(ag, Api::Chat, 100).await;
+    compare(ag, Api::ChatCompletions, 100).await;
 }

@@ -50,7 +50,7 @@ struct Run {
 }
 
 const RUN: Run = Run {
-    api: Api::Chat,
+    api: Api::ChatCompletions,
     stream: true,
     requests: 24,
     concurrency: 4,
@@ -104,7 +104,7 @@ fn shared_prefix(groups: u64) -> WorkloadConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_api_streamed_and_not_reports_hits_usage_and_workers() {
     let (ws, shutdown) = workers(2, 100_000).await;
-    for api in [Api::Chat, Api::Completions, Api::Generate] {
+    for api in [Api::ChatCompletions, Api::Completions, Api::Generate] {
         for stream in [true, false] {
             let r = run(&ws, &shared_prefix(2), Run { api, stream, ..RUN }).await;
             let what = format!("{api:?} stream={stream}: {}", r.table());

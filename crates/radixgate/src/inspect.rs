@@ -6,30 +6,20 @@
 //! views and skips everything else with `IgnoredAny`. Unknown fields are
 //! therefore neither rejected nor lost.
 //!
-//! The routing text of a chat request renders every message with its role and
-//! a turn boundary, one message after another. Rendering is per message and
-//! append-only, so the text of turn N+1 (the same messages plus the reply and
-//! a new user message) always extends the text of turn N, and a
-//! conversation's next turn matches the prefix its previous turn left in the
-//! tree.
+//! This module only parses. How the parsed pieces become the routing text
+//! (roles, turn boundaries, content parts, tool calls, token ids, batches)
+//! is `radixgate_routing::text`'s rule, the same one `radixgate simulate`
+//! renders its prompts with; the deserialisers below feed its builders.
 
+use radixgate_routing::text::{ContentText, PromptText, RoutingText, Speaker, ToolCallsText};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
 
-/// The inference APIs the gateway routes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Api {
-    /// OpenAI `/v1/chat/completions`.
-    ChatCompletions,
-    /// OpenAI `/v1/completions`.
-    Completions,
-    /// SGLang `/generate`.
-    Generate,
-    /// OpenAI `/v1/embeddings`.
-    Embeddings,
-}
+/// The inference APIs the gateway routes (one enum, shared with routing and
+/// the simulator).
+pub use radixgate_routing::Api;
 
 /// What routing needs from one request body.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -54,7 +44,7 @@ pub enum InspectError {
 
 /// Reads `body` as a request to `api`.
 pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
-    let mut text = String::new();
+    let mut text = RoutingText::new();
     let (model, stream, user) = match api {
         Api::ChatCompletions => {
             let req: ChatRequest<'_> = serde_json::from_slice(body)?;
@@ -65,28 +55,26 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
         }
         Api::Completions => {
             let req: PromptRequest<'_> = serde_json::from_slice(body)?;
-            req.prompt.render(&mut text);
+            text.push_prompt(&req.prompt.0);
             (req.model, req.stream, req.user)
         }
         Api::Generate => {
             let req: GenerateRequest<'_> = serde_json::from_slice(body)?;
-            match (&req.text, &req.input_ids) {
-                (Some(t), _) => t.render(&mut text),
-                (None, Some(ids)) => ids.render(&mut text),
-                (None, None) => {}
+            if let Some(prompt) = req.text.as_ref().or(req.input_ids.as_ref()) {
+                text.push_prompt(&prompt.0);
             }
             (req.model, req.stream, None)
         }
         Api::Embeddings => {
             let req: EmbeddingRequest<'_> = serde_json::from_slice(body)?;
-            req.input.render(&mut text);
+            text.push_prompt(&req.input.0);
             (req.model, false, req.user)
         }
     };
     Ok(Inspected {
         model: model.map(Cow::into_owned),
         stream,
-        routing_text: text,
+        routing_text: text.into_string(),
         user: user.map(Cow::into_owned),
     })
 }
@@ -121,33 +109,23 @@ struct Message<'a> {
 }
 
 impl Message<'_> {
-    /// Appends `<|role|>` (with name and tool call id), the content, any tool
-    /// calls, then the turn boundary.
-    fn render(&self, out: &mut String) {
-        out.push_str("<|");
-        out.push_str(&self.role);
-        if let Some(name) = &self.name {
-            out.push(':');
-            out.push_str(name);
-        }
-        if let Some(id) = &self.tool_call_id {
-            out.push('#');
-            out.push_str(id);
-        }
-        out.push_str("|>\n");
-        out.push_str(&self.content.0);
-        if let Some(calls) = &self.tool_calls {
-            out.push_str(&calls.0);
-        }
-        out.push_str("<|end|>\n");
+    /// Hands the message's pieces to the routing text rule.
+    fn render(&self, out: &mut RoutingText) {
+        let speaker = Speaker {
+            role: &self.role,
+            name: self.name.as_deref(),
+            tool_call_id: self.tool_call_id.as_deref(),
+        };
+        let no_calls = ToolCallsText::default();
+        let calls = self.tool_calls.as_ref().map_or(&no_calls, |c| &c.0);
+        out.push_message(speaker, &self.content.0, calls);
     }
 }
 
-/// Message content flattened to text: a string, or the text of an array of
-/// parts (non-text parts are rendered as a marker naming their type and URL,
-/// so two requests with different images do not look identical).
+/// Message content: a string, an array of parts, or null. It is rendered as
+/// it is read, because a message's fields come in any order.
 #[derive(Default)]
-struct Content(String);
+struct Content(ContentText);
 
 impl<'de> Deserialize<'de> for Content {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -158,13 +136,15 @@ impl<'de> Deserialize<'de> for Content {
                 f.write_str("a string, an array of content parts, or null")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
-                Ok(Content(v.to_owned()))
+                let mut content = ContentText::default();
+                content.push_text(v);
+                Ok(Content(content))
             }
             fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
                 Ok(Content::default())
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
-                let mut out = String::new();
+                let mut out = ContentText::default();
                 while let Some(part) = seq.next_element::<Part<'de>>()? {
                     part.render(&mut out);
                 }
@@ -186,18 +166,14 @@ struct Part<'a> {
 }
 
 impl Part<'_> {
-    fn render(&self, out: &mut String) {
-        if let Some(text) = &self.text {
-            out.push_str(text);
-            return;
+    fn render(&self, out: &mut ContentText) {
+        match &self.text {
+            Some(text) => out.push_text(text),
+            None => out.push_part(
+                self.kind.as_deref(),
+                self.image_url.as_ref().map(|u| u.0.as_str()),
+            ),
         }
-        out.push_str("<|");
-        out.push_str(self.kind.as_deref().unwrap_or("part"));
-        if let Some(url) = &self.image_url {
-            out.push(':');
-            out.push_str(&url.0);
-        }
-        out.push_str("|>");
     }
 }
 
@@ -231,8 +207,8 @@ impl<'de> Deserialize<'de> for UrlField {
     }
 }
 
-/// Assistant tool calls rendered as `<|call:name|>arguments` per call.
-struct ToolCalls(String);
+/// An assistant message's tool calls (their function names and arguments).
+struct ToolCalls(ToolCallsText);
 
 impl<'de> Deserialize<'de> for ToolCalls {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -249,12 +225,9 @@ impl<'de> Deserialize<'de> for ToolCalls {
             arguments: Option<Cow<'a, str>>,
         }
         let calls = Option::<Vec<Call<'de>>>::deserialize(d)?.unwrap_or_default();
-        let mut out = String::new();
+        let mut out = ToolCallsText::default();
         for function in calls.iter().filter_map(|c| c.function.as_ref()) {
-            out.push_str("<|call:");
-            out.push_str(function.name.as_deref().unwrap_or(""));
-            out.push_str("|>");
-            out.push_str(function.arguments.as_deref().unwrap_or(""));
+            out.push_call(function.name.as_deref(), function.arguments.as_deref());
         }
         Ok(ToolCalls(out))
     }
@@ -293,21 +266,14 @@ struct EmbeddingRequest<'a> {
 }
 
 /// A prompt in any of the shapes the APIs allow: a string, token ids, or a
-/// batch of either. Token ids render as decimal numbers each followed by a
-/// space, which keeps the prefix structure of the id sequence; the items of
-/// a batch are separated by a newline.
-struct TextOrIds(String);
-
-impl TextOrIds {
-    fn render(&self, out: &mut String) {
-        out.push_str(&self.0);
-    }
-}
+/// batch of either (arrays nest at most two deep). The deserialiser walks
+/// the shape and tells the routing text rule where each batch item ends.
+struct TextOrIds(PromptText);
 
 impl<'de> Deserialize<'de> for TextOrIds {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'o> {
-            out: &'o mut String,
+            out: &'o mut PromptText,
             depth: u8,
         }
         impl<'de> Visitor<'de> for V<'_> {
@@ -316,16 +282,16 @@ impl<'de> Deserialize<'de> for TextOrIds {
                 f.write_str("a string, an array of token ids, or an array of those")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-                self.out.push_str(v);
+                self.out.push_text(v);
                 self.end_batch_item();
                 Ok(())
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-                let _ = write!(self.out, "{v} ");
+                self.out.push_token_id(v);
                 Ok(())
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-                let _ = write!(self.out, "{v} ");
+                self.out.push_token_id(v);
                 Ok(())
             }
             fn visit_unit<E: de::Error>(self) -> Result<(), E> {
@@ -348,16 +314,16 @@ impl<'de> Deserialize<'de> for TextOrIds {
             }
         }
         impl V<'_> {
-            /// Items of a batch (strings or id arrays inside the outer
-            /// array) each end with a newline.
+            /// Only strings and id arrays inside the outer array are
+            /// batch items; a top-level string or id array is the prompt.
             fn end_batch_item(self) {
                 if self.depth == 1 {
-                    self.out.push('\n');
+                    self.out.end_batch_item();
                 }
             }
         }
         struct Item<'o> {
-            out: &'o mut String,
+            out: &'o mut PromptText,
             depth: u8,
         }
         impl<'de> de::DeserializeSeed<'de> for Item<'_> {
@@ -369,7 +335,7 @@ impl<'de> Deserialize<'de> for TextOrIds {
                 })
             }
         }
-        let mut out = String::new();
+        let mut out = PromptText::default();
         d.deserialize_any(V {
             out: &mut out,
             depth: 0,

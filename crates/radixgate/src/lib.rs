@@ -3,6 +3,10 @@
 //! [`server::run`] serves a [`config::Config`] on a listener. The request
 //! path is [`proxy`]; worker membership and health live in one control task
 //! ([`control`], [`health`]); everything a handler shares is in `state`.
+//!
+//! The library never needs the simulator: `radixgate-sim` is an optional
+//! dependency of the `radixgate` binary alone, whose `worker`, `load`,
+//! `simulate` and `demo` subcommands sit behind the default `sim` feature.
 
 mod admin;
 pub mod admission;
@@ -10,7 +14,6 @@ mod auth;
 pub mod breaker;
 pub mod config;
 pub mod control;
-pub mod demo;
 pub mod error;
 mod health;
 mod info;

@@ -3,7 +3,15 @@
 //! on a workload whose prefixes do not all fit one worker's cache.
 
 use clap::Parser;
-use radixgate::demo::{DemoArgs, compare, table};
+
+// The demo is the binary's (it keeps the gateway library free of the
+// simulator), so the test compiles its module; the command's serving loop
+// is not used here.
+#[allow(dead_code)]
+#[path = "../src/bin/radixgate/demo.rs"]
+mod demo;
+
+use demo::{DemoArgs, compare, table};
 
 #[derive(Parser)]
 struct Cli {

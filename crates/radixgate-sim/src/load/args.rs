@@ -1,54 +1,34 @@
-//! The `radixgate load` command line and its translation into a workload
-//! config and a run plan. Every inconsistency is an error naming the flag.
+//! The `radixgate load` command line: its flags, their names, defaults and
+//! help, and nothing else. What they mean — the workload config and run
+//! plan they translate to, and every check that names a flag — is
+//! [`builder`](super::builder)'s, so this file reads as the CLI reference.
+//!
+//! [`ArrivalFlags`], [`WorkloadKind`] and [`WorkloadFlags`] are shared with
+//! `radixgate simulate`, so one workload and arrival description drives
+//! both tools.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use super::assign::Assign;
 use super::body::Api;
-use super::driver::{Arrivals, RunPlan};
-use crate::SimError;
-use crate::workload::{
-    AgenticConfig, LongDocConfig, MixedConfig, MixedPart, MultiTurnConfig, SharedPrefixConfig,
-    TextShape, TraceConfig, WorkloadConfig,
-};
 
-/// Requests sent when neither `--requests` nor `--duration` is given
-/// (except for trace replay, which then plays the whole trace).
-pub const DEFAULT_REQUESTS: u64 = 200;
-/// Closed-loop clients when neither `--rate` nor `--concurrency` is given.
-pub const DEFAULT_CONCURRENCY: usize = 8;
-
-/// The arrival process `--rate` / `--concurrency` describe (shared by
-/// `load` and `simulate`): trace timestamps for a timestamped workload,
-/// Poisson at `--rate`, else a closed loop.
-pub fn arrivals(
-    rate: Option<f64>,
-    concurrency: Option<usize>,
-    timestamped: bool,
-) -> Result<Arrivals, SimError> {
-    if timestamped {
-        if rate.is_some() || concurrency.is_some() {
-            return Err(SimError::Config(
-                "trace replay paces requests by its timestamps: drop --rate/--concurrency and use --speedup".into(),
-            ));
-        }
-        Ok(Arrivals::Timestamps)
-    } else if let Some(rate) = rate {
-        if !rate.is_finite() || rate <= 0.0 {
-            return Err(SimError::Config(format!("--rate must be > 0, got {rate}")));
-        }
-        Ok(Arrivals::Poisson { rate })
-    } else {
-        let concurrency = concurrency.unwrap_or(DEFAULT_CONCURRENCY);
-        if concurrency == 0 {
-            return Err(SimError::Config("--concurrency must be > 0".into()));
-        }
-        Ok(Arrivals::Closed { concurrency })
-    }
+/// The `--api` values: the three generation APIs by their short names.
+/// [`Api`] lives in `radixgate-routing`, which knows nothing of clap, so
+/// the names and their help are spelled here.
+pub fn api_parser() -> impl TypedValueParser<Value = Api> {
+    PossibleValuesParser::new([
+        PossibleValue::new("chat").help("`POST /v1/chat/completions`"),
+        PossibleValue::new("completions").help("`POST /v1/completions`"),
+        PossibleValue::new("generate").help("`POST /generate` (SGLang native)"),
+    ])
+    .map(|name| match name.as_str() {
+        "completions" => Api::Completions,
+        "generate" => Api::Generate,
+        _ => Api::ChatCompletions,
+    })
 }
 
 /// Which workload to generate.
@@ -76,7 +56,7 @@ pub struct LoadArgs {
     #[arg(long = "url", required = true, value_name = "URL")]
     pub urls: Vec<String>,
     /// API to call.
-    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    #[arg(long, value_parser = api_parser(), default_value = "chat")]
     pub api: Api,
     /// The `model` field.
     #[arg(long, default_value = "sim-llama-8b")]
@@ -87,19 +67,9 @@ pub struct LoadArgs {
     /// Ask for whole responses instead of streams (TTFT is then not measured).
     #[arg(long)]
     pub no_stream: bool,
-    /// Open loop: Poisson arrivals at this many requests per second.
-    #[arg(long, conflicts_with = "concurrency")]
-    pub rate: Option<f64>,
-    /// Closed loop: this many clients [default: 8].
-    #[arg(long)]
-    pub concurrency: Option<usize>,
-    /// Stop issuing after this many seconds.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
-    /// Stop issuing after this many requests [default: 200, or the whole
-    /// trace].
-    #[arg(long)]
-    pub requests: Option<u64>,
+    /// How requests arrive and when issuing stops.
+    #[command(flatten)]
+    pub arrival: ArrivalFlags,
     /// Per-request timeout, seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
@@ -132,6 +102,28 @@ pub struct LoadArgs {
     /// Workload settings (each applies to the workloads named in its help).
     #[command(flatten)]
     pub knobs: WorkloadFlags,
+}
+
+/// The arrival flags `load` and `simulate` share: how requests arrive
+/// (`--rate`, `--concurrency`, or a trace's timestamps) and when issuing
+/// stops (`--duration`, `--requests`). The help speaks of `load`;
+/// `simulate` rewords `--duration` and `--requests` for its simulated time
+/// and its own default.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ArrivalFlags {
+    /// Open loop: Poisson arrivals at this many requests per second.
+    #[arg(long, conflicts_with = "concurrency")]
+    pub rate: Option<f64>,
+    /// Closed loop: this many clients [default: 8].
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Stop issuing after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Stop issuing after this many requests [default: 200, or the whole
+    /// trace].
+    #[arg(long)]
+    pub requests: Option<u64>,
 }
 
 /// Workload settings; unset ones take the workload's defaults.
@@ -210,301 +202,3 @@ pub struct WorkloadFlags {
     #[arg(long)]
     pub mix: Option<String>,
 }
-
-/// Records which flags a workload used, to reject the others.
-struct Used<'a> {
-    flags: &'a WorkloadFlags,
-    names: BTreeSet<&'static str>,
-}
-
-macro_rules! take {
-    ($u:expr, $field:ident, $name:literal, $target:expr) => {
-        $u.names.insert($name);
-        if let Some(v) = $u.flags.$field.clone() {
-            $target = v;
-        }
-    };
-}
-
-impl Used<'_> {
-    fn shared_prefix(&mut self) -> WorkloadConfig {
-        let mut c = SharedPrefixConfig::default();
-        take!(self, groups, "--groups", c.groups);
-        take!(
-            self,
-            prompts_per_group,
-            "--prompts-per-group",
-            c.prompts_per_group
-        );
-        take!(self, system_tokens, "--system-tokens", c.system_tokens);
-        take!(
-            self,
-            question_tokens,
-            "--question-tokens",
-            c.question_tokens
-        );
-        take!(self, output_tokens, "--output-tokens", c.output_tokens);
-        take!(self, zipf, "--zipf", c.zipf);
-        WorkloadConfig::SharedPrefix(c)
-    }
-
-    fn multi_turn(&mut self) -> WorkloadConfig {
-        let mut c = MultiTurnConfig::default();
-        take!(self, conversations, "--conversations", c.conversations);
-        take!(self, turns, "--turns", c.turns);
-        take!(self, system_tokens, "--system-tokens", c.system_tokens);
-        take!(self, user_tokens, "--user-tokens", c.user_tokens);
-        take!(self, output_tokens, "--output-tokens", c.output_tokens);
-        take!(self, think_ms, "--think-ms", c.think_ms);
-        WorkloadConfig::MultiTurn(c)
-    }
-
-    fn long_doc(&mut self) -> WorkloadConfig {
-        let mut c = LongDocConfig::default();
-        take!(self, documents, "--documents", c.documents);
-        take!(
-            self,
-            document_tokens,
-            "--document-tokens",
-            c.document_tokens
-        );
-        take!(
-            self,
-            question_tokens,
-            "--question-tokens",
-            c.question_tokens
-        );
-        take!(self, output_tokens, "--output-tokens", c.output_tokens);
-        take!(self, zipf, "--zipf", c.zipf);
-        WorkloadConfig::LongDoc(c)
-    }
-
-    fn agentic(&mut self) -> WorkloadConfig {
-        let mut c = AgenticConfig::default();
-        take!(self, agents, "--agents", c.agents);
-        take!(self, sessions, "--sessions", c.sessions);
-        take!(self, prefix_tokens, "--prefix-tokens", c.prefix_tokens);
-        take!(self, task_tokens, "--task-tokens", c.task_tokens);
-        take!(self, step_tokens, "--step-tokens", c.step_tokens);
-        take!(self, steps, "--steps", c.steps);
-        take!(self, output_tokens, "--output-tokens", c.output_tokens);
-        take!(self, tool_ms, "--tool-ms", c.tool_ms);
-        WorkloadConfig::Agentic(c)
-    }
-
-    fn trace(&mut self) -> Result<WorkloadConfig, SimError> {
-        self.names.insert("--trace");
-        let Some(path) = self.flags.trace.clone() else {
-            return Err(SimError::Config(
-                "--workload trace needs --trace FILE".into(),
-            ));
-        };
-        let mut c = TraceConfig::new(path);
-        take!(self, speedup, "--speedup", c.speedup);
-        take!(self, block_tokens, "--block-tokens", c.block_tokens);
-        take!(
-            self,
-            max_output_tokens,
-            "--max-output-tokens",
-            c.max_output_tokens
-        );
-        Ok(WorkloadConfig::Trace(c))
-    }
-
-    fn mixed(&mut self) -> Result<WorkloadConfig, SimError> {
-        self.names.insert("--mix");
-        let Some(spec) = self.flags.mix.clone() else {
-            let mut c = MixedConfig::default();
-            for p in &mut c.parts {
-                p.workload = self.single(p.workload.name())?;
-            }
-            return Ok(WorkloadConfig::Mixed(c));
-        };
-        let mut parts = Vec::new();
-        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (name, weight) = item
-                .split_once('=')
-                .ok_or_else(|| SimError::Config(format!("--mix: {item:?} is not NAME=WEIGHT")))?;
-            let weight: f64 = weight.trim().parse().map_err(|_| {
-                SimError::Config(format!(
-                    "--mix: weight {weight:?} of {name} is not a number"
-                ))
-            })?;
-            parts.push(MixedPart {
-                weight,
-                workload: self.single(name.trim())?,
-            });
-        }
-        Ok(WorkloadConfig::Mixed(MixedConfig { parts }))
-    }
-
-    fn single(&mut self, name: &str) -> Result<WorkloadConfig, SimError> {
-        Ok(match name {
-            "shared-prefix" => self.shared_prefix(),
-            "multi-turn" => self.multi_turn(),
-            "long-doc" => self.long_doc(),
-            "agentic" => self.agentic(),
-            other => {
-                return Err(SimError::Config(format!(
-                    "--mix: {other:?} cannot be blended (use shared-prefix, multi-turn, long-doc, agentic)"
-                )));
-            }
-        })
-    }
-
-    fn unused(&self) -> Vec<&'static str> {
-        let f = self.flags;
-        let set: [(&'static str, bool); 24] = [
-            ("--groups", f.groups.is_some()),
-            ("--prompts-per-group", f.prompts_per_group.is_some()),
-            ("--system-tokens", f.system_tokens.is_some()),
-            ("--question-tokens", f.question_tokens.is_some()),
-            ("--output-tokens", f.output_tokens.is_some()),
-            ("--zipf", f.zipf.is_some()),
-            ("--conversations", f.conversations.is_some()),
-            ("--turns", f.turns.is_some()),
-            ("--user-tokens", f.user_tokens.is_some()),
-            ("--think-ms", f.think_ms.is_some()),
-            ("--documents", f.documents.is_some()),
-            ("--document-tokens", f.document_tokens.is_some()),
-            ("--agents", f.agents.is_some()),
-            ("--sessions", f.sessions.is_some()),
-            ("--prefix-tokens", f.prefix_tokens.is_some()),
-            ("--task-tokens", f.task_tokens.is_some()),
-            ("--step-tokens", f.step_tokens.is_some()),
-            ("--steps", f.steps.is_some()),
-            ("--tool-ms", f.tool_ms.is_some()),
-            ("--trace", f.trace.is_some()),
-            ("--speedup", f.speedup.is_some()),
-            ("--block-tokens", f.block_tokens.is_some()),
-            ("--max-output-tokens", f.max_output_tokens.is_some()),
-            ("--mix", f.mix.is_some()),
-        ];
-        set.iter()
-            .filter(|(name, given)| *given && !self.names.contains(name))
-            .map(|(name, _)| *name)
-            .collect()
-    }
-}
-
-fn kind_name(kind: WorkloadKind) -> &'static str {
-    match kind {
-        WorkloadKind::SharedPrefix => "shared-prefix",
-        WorkloadKind::MultiTurn => "multi-turn",
-        WorkloadKind::LongDoc => "long-doc",
-        WorkloadKind::Agentic => "agentic",
-        WorkloadKind::Trace => "trace",
-        WorkloadKind::Mixed => "mixed",
-    }
-}
-
-/// The workload that `--workload`, `--workload-file` and the workload
-/// flags describe (validated): shared by `load` and `simulate`, so both
-/// tools accept the same workload description.
-pub fn workload_config(
-    workload: WorkloadKind,
-    workload_file: Option<&std::path::Path>,
-    knobs: &WorkloadFlags,
-) -> Result<WorkloadConfig, SimError> {
-    if let Some(path) = &workload_file {
-        let mut used = Used {
-            flags: knobs,
-            names: BTreeSet::new(),
-        };
-        if let Some(flag) = used.unused().first() {
-            return Err(SimError::Config(format!(
-                "{flag} cannot be combined with --workload-file"
-            )));
-        }
-        used.names.clear();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            SimError::Config(format!(
-                "cannot read --workload-file {}: {e}",
-                path.display()
-            ))
-        })?;
-        let cfg: WorkloadConfig = serde_json::from_str(&text)
-            .map_err(|e| SimError::Config(format!("--workload-file {}: {e}", path.display())))?;
-        cfg.validate()?;
-        return Ok(cfg);
-    }
-    let mut used = Used {
-        flags: knobs,
-        names: BTreeSet::new(),
-    };
-    let cfg = match workload {
-        WorkloadKind::Trace => used.trace()?,
-        WorkloadKind::Mixed => used.mixed()?,
-        k => used.single(kind_name(k))?,
-    };
-    let unused = used.unused();
-    if !unused.is_empty() {
-        let verb = if unused.len() == 1 { "does" } else { "do" };
-        return Err(SimError::Config(format!(
-            "{} {verb} not apply to --workload {}",
-            unused.join(", "),
-            kind_name(workload)
-        )));
-    }
-    cfg.validate()?;
-    Ok(cfg)
-}
-
-impl LoadArgs {
-    /// The workload these flags describe (validated).
-    pub fn workload_config(&self) -> Result<WorkloadConfig, SimError> {
-        workload_config(self.workload, self.workload_file.as_deref(), &self.knobs)
-    }
-
-    /// The text shape (`--chars-per-token`).
-    pub fn text_shape(&self) -> Result<TextShape, SimError> {
-        if self.chars_per_token == 0 {
-            return Err(SimError::Config("--chars-per-token must be > 0".into()));
-        }
-        Ok(TextShape {
-            chars_per_token: self.chars_per_token,
-        })
-    }
-
-    /// The per-request timeout.
-    pub fn request_timeout(&self) -> Result<Duration, SimError> {
-        secs("--timeout", self.timeout)
-    }
-
-    /// The run plan, given whether the workload is timestamped.
-    pub fn plan(&self, timestamped: bool) -> Result<RunPlan, SimError> {
-        let arrivals = arrivals(self.rate, self.concurrency, timestamped)?;
-        let duration = self.duration.map(|d| secs("--duration", d)).transpose()?;
-        if self.requests == Some(0) {
-            return Err(SimError::Config("--requests must be > 0".into()));
-        }
-        let max_requests = match (self.requests, duration, timestamped) {
-            (Some(n), _, _) => Some(n),
-            (None, None, false) => Some(DEFAULT_REQUESTS),
-            _ => None,
-        };
-        Ok(RunPlan {
-            arrivals,
-            max_requests,
-            duration,
-            seed: self.seed,
-            progress: !self.no_progress,
-            ctrl_c: true,
-            assign: self.assign,
-        })
-    }
-}
-
-/// A positive, finite number of seconds from flag `flag` (at most 1e7).
-pub(crate) fn secs(flag: &str, v: f64) -> Result<Duration, SimError> {
-    if !v.is_finite() || v <= 0.0 || v > 1e7 {
-        return Err(SimError::Config(format!(
-            "{flag} must be a number of seconds > 0, got {v}"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
-#[cfg(test)]
-#[path = "args_tests.rs"]
-mod tests;

@@ -1,8 +1,9 @@
-//! Request bodies for the three APIs, and reading what comes back.
+//! Request bodies for each API, and reading what comes back.
 //!
 //! Chat sends `messages` (a text prompt becomes one user message); the
 //! completions and `/generate` APIs send text (a chat prompt is rendered by
-//! [`Prompt::to_text`]). Streams ask for usage in the final chunk
+//! [`Prompt::to_text`]), and so does embeddings (as `input`), which neither
+//! streams nor generates; `--api` offers only the three generation APIs. Streams ask for usage in the final chunk
 //! (`stream_options.include_usage`). From each response or chunk we read the
 //! content text, the usage (`usage.prompt_tokens_details.cached_tokens` for
 //! OpenAI, `meta_info` for `/generate`) and the serving worker's name
@@ -14,28 +15,8 @@ use serde_json::{Value, json};
 
 use crate::workload::{Prompt, RequestSpec};
 
-/// Which HTTP API to speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Api {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-    /// `POST /generate` (SGLang native).
-    Generate,
-}
-
-impl Api {
-    /// The request path.
-    pub fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Completions => "/v1/completions",
-            Api::Generate => "/generate",
-        }
-    }
-}
+/// Which HTTP API to speak: the one enum of `radixgate-routing`.
+pub use radixgate_routing::Api;
 
 /// How requests are written.
 #[derive(Debug, Clone)]
@@ -62,7 +43,7 @@ pub struct Usage {
 /// The JSON body for `spec`.
 pub fn request_body(spec: &RequestSpec, opts: &BodyOptions) -> Value {
     let mut body = match opts.api {
-        Api::Chat => {
+        Api::ChatCompletions => {
             let messages: Vec<Value> = match &spec.prompt {
                 Prompt::Chat(msgs) => msgs
                     .iter()
@@ -77,6 +58,13 @@ pub fn request_body(spec: &RequestSpec, opts: &BodyOptions) -> Value {
             "text": spec.prompt.to_text(),
             "sampling_params": {"max_new_tokens": spec.max_tokens},
         }),
+        Api::Embeddings => {
+            let mut body = json!({"input": spec.prompt.to_text()});
+            if let Some(m) = &opts.model {
+                body["model"] = json!(m);
+            }
+            return body;
+        }
     };
     let obj = body.as_object_mut().expect("built as an object");
     if opts.api != Api::Generate {
@@ -125,7 +113,7 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
         return Ok(p);
     }
     match api {
-        Api::Chat | Api::Completions => {
+        Api::ChatCompletions | Api::Completions | Api::Embeddings => {
             let choice = obj.get("choices").and_then(|c| c.get(0));
             p.text = choice.and_then(|c| {
                 c.get("delta")
@@ -195,7 +183,7 @@ mod tests {
             stream,
             model: model.map(str::to_owned),
         };
-        let b = request_body(&chat, &o(Api::Chat, true, Some("m")));
+        let b = request_body(&chat, &o(Api::ChatCompletions, true, Some("m")));
         assert_eq!(b["messages"][0]["role"], "system");
         assert_eq!(b["messages"][1]["content"], "u");
         assert_eq!(b["model"], "m");
@@ -211,15 +199,20 @@ mod tests {
         assert_eq!(b["text"], "t");
         assert_eq!(b["sampling_params"]["max_new_tokens"], 7);
         assert_eq!(b["stream"], true);
-        let b = request_body(&spec(Prompt::Text("t".into())), &o(Api::Chat, false, None));
+        let b = request_body(
+            &spec(Prompt::Text("t".into())),
+            &o(Api::ChatCompletions, false, None),
+        );
         assert_eq!(b["messages"][0]["role"], "user");
+        let b = request_body(&chat, &o(Api::Embeddings, true, Some("e")));
+        assert_eq!(b, json!({"input": chat.prompt.to_text(), "model": "e"}));
     }
 
     #[test]
     fn pieces_are_read_from_every_shape() {
         let full = json!({"choices": [{"message": {"content": "hi"}}], "system_fingerprint": "w1",
             "usage": {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}});
-        let p = read_piece(Api::Chat, &full).unwrap();
+        let p = read_piece(Api::ChatCompletions, &full).unwrap();
         assert_eq!(p.text.as_deref(), Some("hi"));
         assert_eq!(p.worker.as_deref(), Some("w1"));
         assert_eq!(
@@ -231,7 +224,7 @@ mod tests {
             })
         );
         let delta = json!({"choices": [{"delta": {"content": "h"}}], "usage": null});
-        let p = read_piece(Api::Chat, &delta).unwrap();
+        let p = read_piece(Api::ChatCompletions, &delta).unwrap();
         assert_eq!((p.text.as_deref(), p.usage), (Some("h"), None));
         let comp = json!({"choices": [{"text": "abc"}]});
         assert_eq!(
@@ -244,9 +237,12 @@ mod tests {
         assert_eq!(p.usage.unwrap().cached_tokens, 8);
         let err = json!({"error": {"message": "boom", "type": "server_error"}});
         assert_eq!(
-            read_piece(Api::Chat, &err).unwrap().error.as_deref(),
+            read_piece(Api::ChatCompletions, &err)
+                .unwrap()
+                .error
+                .as_deref(),
             Some("boom")
         );
-        assert!(read_piece(Api::Chat, &json!([1])).is_err());
+        assert!(read_piece(Api::ChatCompletions, &json!([1])).is_err());
     }
 }

@@ -3,7 +3,8 @@
 //! and end-to-end latency percentiles, throughput, errors by kind, and how
 //! requests spread over the workers.
 //!
-//! Layout: [`args`] (flags → workload config and run plan), [`target`]
+//! Layout: [`args`] (the flags), [`builder`] (flags → workload config and
+//! run plan), [`target`]
 //! (URLs), [`body`] (request bodies, response fields), [`sse`] (stream
 //! parsing), [`client`] (one request, failures classified into
 //! [`ErrorKind`]), [`assign`] (client-side assignment), [`driver`] (arrival
@@ -12,6 +13,7 @@
 pub mod args;
 pub mod assign;
 pub mod body;
+pub mod builder;
 pub mod client;
 pub mod driver;
 pub mod outcome;
@@ -20,9 +22,10 @@ pub mod report;
 pub mod sse;
 pub mod target;
 
-pub use args::{LoadArgs, WorkloadFlags, WorkloadKind};
+pub use args::{ArrivalFlags, LoadArgs, WorkloadFlags, WorkloadKind};
 pub use assign::Assign;
 pub use body::{Api, BodyOptions, Usage};
+pub use builder::ArrivalPlan;
 pub use client::{Client, WORKER_HEADER};
 pub use driver::{Arrivals, RunPlan, drive};
 pub use outcome::{ErrorKind, Outcome};

@@ -1,11 +1,9 @@
 //! The `radixgate simulate` command line.
 //!
-//! Workload flags are `radixgate load`'s own ([`WorkloadFlags`] and the
-//! same translation), so one workload description drives both tools. The
-//! worker model takes `radixgate worker`'s `--config` file (as
-//! `--worker-config`) and its engine flags; arrivals mirror `load`'s
-//! (`--rate`, `--concurrency`, trace timestamps, `--requests`,
-//! `--duration`).
+//! Workload and arrival flags are `radixgate load`'s own ([`WorkloadFlags`],
+//! [`ArrivalFlags`] and the same translation), so one workload description
+//! drives both tools. The worker model takes `radixgate worker`'s
+//! `--config` file (as `--worker-config`) and its engine flags.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,8 +15,9 @@ use super::report::{PolicyReport, SimReport};
 use super::sweep::{self, Axis};
 use super::{Contender, SimConfig, cluster};
 use crate::SimError;
-use crate::load::args::{arrivals, secs, workload_config};
-use crate::load::{Api, WorkloadFlags, WorkloadKind};
+use crate::load::args::api_parser;
+use crate::load::builder::workload_config;
+use crate::load::{Api, ArrivalFlags, ArrivalPlan, WorkloadFlags, WorkloadKind};
 use crate::server::{EngineFlags, WorkerConfig};
 use crate::workload::TextShape;
 
@@ -31,6 +30,14 @@ pub const DEFAULT_POLICIES: &str = "cache_aware,prefill_aware,least_load,round_r
 
 /// Flags of `radixgate simulate`.
 #[derive(Debug, Clone, Args)]
+// The shared arrival flags' help speaks of `load`; here time is simulated
+// and the default request count is this tool's.
+#[command(
+    mut_arg("duration", |a| a.help("Stop issuing after this many simulated seconds")),
+    mut_arg("requests", |a| a.help(
+        "Stop issuing after this many requests [default: 2000, or the whole trace]"
+    )),
+)]
 pub struct SimulateArgs {
     /// Workers in the simulated pool.
     #[arg(long, default_value_t = 4)]
@@ -46,21 +53,11 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "KEY=V1,V2")]
     pub sweep: Vec<String>,
     /// API the requests are sent through (sets the routing text).
-    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    #[arg(long, value_parser = api_parser(), default_value = "chat")]
     pub api: Api,
-    /// Open loop: Poisson arrivals at this many requests per second.
-    #[arg(long, conflicts_with = "concurrency")]
-    pub rate: Option<f64>,
-    /// Closed loop: this many clients [default: 8].
-    #[arg(long)]
-    pub concurrency: Option<usize>,
-    /// Stop issuing after this many simulated seconds.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
-    /// Stop issuing after this many requests [default: 2000, or the whole
-    /// trace].
-    #[arg(long)]
-    pub requests: Option<u64>,
+    /// How requests arrive and when issuing stops (in simulated time).
+    #[command(flatten)]
+    pub arrival: ArrivalFlags,
     /// Seed of the workload and the arrival process.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -122,16 +119,11 @@ impl SimulateArgs {
             return Err(SimError::Config("--chars-per-token must be > 0".into()));
         }
         let timestamped = matches!(workload, crate::workload::WorkloadConfig::Trace(_));
-        let arrivals = arrivals(self.rate, self.concurrency, timestamped)?;
-        let duration = self.duration.map(|d| secs("--duration", d)).transpose()?;
-        if self.requests == Some(0) {
-            return Err(SimError::Config("--requests must be > 0".into()));
-        }
-        let max_requests = match (self.requests, duration, timestamped) {
-            (Some(n), _, _) => Some(n),
-            (None, None, false) => Some(DEFAULT_REQUESTS),
-            _ => None,
-        };
+        let ArrivalPlan {
+            arrivals,
+            max_requests,
+            duration,
+        } = self.arrival.plan(timestamped, DEFAULT_REQUESTS)?;
         let cfg = SimConfig {
             workers: self.workers,
             worker: self.worker()?,

@@ -19,7 +19,7 @@ pub(super) fn small(workers: usize, workload: WorkloadConfig, arrivals: Arrivals
         workload,
         shape: TextShape::default(),
         seed: 7,
-        api: Api::Chat,
+        api: Api::ChatCompletions,
         arrivals,
         max_requests: Some(300),
         duration: None,

@@ -2,16 +2,18 @@
 //! the worker tokenizes.
 //!
 //! They differ on purpose, exactly as they do in a real run. For a chat
-//! request the gateway (`radixgate::inspect`) renders each message as
-//! `<|role|>\n{content}<|end|>\n` — its own routing text, never sent on —
-//! while the simulated worker renders the same messages with its ChatML
-//! template ([`render_chat`]) and tokenizes that. Text APIs (`completions`,
-//! `/generate`) use the prompt text for both. The reply is the worker's
+//! request the gateway renders each message by the routing text rule of
+//! `radixgate_routing::text` (`<|role|>\n{content}<|end|>\n`) — its own
+//! routing text, never sent on — while the simulated worker renders the
+//! same messages with its ChatML template ([`render_chat`]) and tokenizes
+//! that. Text APIs (`completions`, `/generate`) use the prompt text for
+//! both. The routing text is built by that same rule here, so the simulator
+//! matches exactly what the gateway would. The reply is the worker's
 //! deterministic reply ([`reply_text`]) seeded by the worker's prompt text,
 //! so a multi-turn conversation continues with the same words it would get
-//! from `radixgate worker`. A test in the gateway crate holds
-//! [`routing_text`] equal to what `inspect` produces for the body `radixgate
-//! load` sends.
+//! from `radixgate worker`.
+
+use radixgate_routing::RoutingText;
 
 use crate::load::Api;
 use crate::tokens::{ChatMessage, Tokenizer, render_chat, reply_text, text_hash};
@@ -32,27 +34,25 @@ fn chat_messages(prompt: &Prompt) -> Vec<(Role, &str)> {
 /// The text the gateway would match in its prefix tree for `prompt` sent
 /// through `api`.
 pub fn routing_text(prompt: &Prompt, api: Api) -> String {
+    let mut text = RoutingText::new();
     match api {
-        Api::Chat => {
-            let mut out = String::new();
+        Api::ChatCompletions => {
             for (role, content) in chat_messages(prompt) {
-                out.push_str("<|");
-                out.push_str(role.as_str());
-                out.push_str("|>\n");
-                out.push_str(content);
-                out.push_str("<|end|>\n");
+                text.push_plain_message(role.as_str(), content);
             }
-            out
         }
-        Api::Completions | Api::Generate => prompt.to_text(),
+        Api::Completions | Api::Generate | Api::Embeddings => {
+            text.push_prompt_str(&prompt.to_text());
+        }
     }
+    text.into_string()
 }
 
 /// The text the simulated worker would tokenize for `prompt` sent through
 /// `api`.
 pub fn worker_text(prompt: &Prompt, api: Api) -> String {
     match api {
-        Api::Chat => {
+        Api::ChatCompletions => {
             let msgs: Vec<ChatMessage> = chat_messages(prompt)
                 .into_iter()
                 .map(|(role, content)| ChatMessage {
@@ -62,7 +62,7 @@ pub fn worker_text(prompt: &Prompt, api: Api) -> String {
                 .collect();
             render_chat(&msgs)
         }
-        Api::Completions | Api::Generate => prompt.to_text(),
+        Api::Completions | Api::Generate | Api::Embeddings => prompt.to_text(),
     }
 }
 
@@ -81,9 +81,9 @@ mod tests {
             Message::new(Role::System, "sys"),
             Message::new(Role::User, "hi"),
         ]);
-        let r = routing_text(&t1, Api::Chat);
+        let r = routing_text(&t1, Api::ChatCompletions);
         assert_eq!(r, "<|system|>\nsys<|end|>\n<|user|>\nhi<|end|>\n");
-        let w = worker_text(&t1, Api::Chat);
+        let w = worker_text(&t1, Api::ChatCompletions);
         assert!(w.starts_with("<|im_start|>system\nsys<|im_end|>\n"));
         let Prompt::Chat(mut msgs) = t1 else {
             unreachable!()
@@ -91,11 +91,14 @@ mod tests {
         msgs.push(Message::new(Role::Assistant, "reply"));
         msgs.push(Message::new(Role::User, "more"));
         let t2 = Prompt::Chat(msgs);
-        assert!(routing_text(&t2, Api::Chat).starts_with(&r));
-        assert!(worker_text(&t2, Api::Chat).starts_with(&format!("{w}reply")));
+        assert!(routing_text(&t2, Api::ChatCompletions).starts_with(&r));
+        assert!(worker_text(&t2, Api::ChatCompletions).starts_with(&format!("{w}reply")));
         let text = Prompt::Text("abc".into());
         assert_eq!(routing_text(&text, Api::Completions), "abc");
         assert_eq!(worker_text(&text, Api::Generate), "abc");
-        assert_eq!(routing_text(&text, Api::Chat), "<|user|>\nabc<|end|>\n");
+        assert_eq!(
+            routing_text(&text, Api::ChatCompletions),
+            "<|user|>\nabc<|end|>\n"
+        );
     }
 }

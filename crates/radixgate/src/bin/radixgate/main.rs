@@ -1,4 +1,11 @@
 //! The `radixgate` command: parses the command line and runs a subcommand.
+//!
+//! `serve` is the gateway library's. `worker`, `load`, `simulate` and `demo`
+//! come from `radixgate-sim` and exist only with the default `sim` feature,
+//! so a gateway-only build (`--no-default-features`) compiles no simulator.
+
+#[cfg(feature = "sim")]
+mod demo;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -22,17 +29,21 @@ struct Cli {
 enum Command {
     /// Try radixgate with nothing installed: simulated workers, the router,
     /// a cache_aware vs round_robin comparison, then serve until Ctrl-C.
-    Demo(Box<radixgate::demo::DemoArgs>),
+    #[cfg(feature = "sim")]
+    Demo(Box<demo::DemoArgs>),
     /// Route requests to a pool of LLM workers (the router).
     Serve(Box<radixgate::config::ServeArgs>),
     /// Serve simulated LLM workers (KV-cache and batching model) for tests
     /// and benchmarks.
+    #[cfg(feature = "sim")]
     Worker(Box<radixgate_sim::server::WorkerArgs>),
     /// Drive a workload at servers or routers and report hit rate, latency,
     /// errors and spread.
+    #[cfg(feature = "sim")]
     Load(Box<radixgate_sim::load::LoadArgs>),
     /// Replay a workload through the routing policies offline, against
     /// simulated workers in simulated time, and compare them with an oracle.
+    #[cfg(feature = "sim")]
     Simulate(Box<radixgate_sim::simulate::SimulateArgs>),
     /// Print the build's version and exit.
     Version,
@@ -55,6 +66,7 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Version => println!("radixgate {}", env!("CARGO_PKG_VERSION")),
+        #[cfg(feature = "sim")]
         Command::Worker(args) => {
             init_logs("info", false);
             tokio::runtime::Runtime::new()?.block_on(radixgate_sim::server::run(*args))?;
@@ -69,15 +81,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .build()?
                 .block_on(serve(config))?;
         }
+        #[cfg(feature = "sim")]
         Command::Load(args) => radixgate_sim::load::main(*args)?,
+        #[cfg(feature = "sim")]
         Command::Demo(args) => {
             init_logs("warn", false);
             tokio::runtime::Runtime::new()?.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
-                radixgate::demo::run(*args, shutdown).await
+                demo::run(*args, shutdown).await
             })?;
         }
+        #[cfg(feature = "sim")]
         Command::Simulate(args) => radixgate_sim::simulate::main(*args)?,
     }
     Ok(())

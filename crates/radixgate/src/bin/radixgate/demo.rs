@@ -10,10 +10,15 @@
 //!
 //! Everything is real: workers and gateway listen on loopback sockets and
 //! the workload is sent over HTTP by the same code as `radixgate load`.
+//!
+//! It lives in the binary, not the gateway library, because it is the one
+//! place that puts simulated workers behind a gateway: the library stays
+//! free of `radixgate-sim`. `tests/demo.rs` compiles this file as its own
+//! module to run the comparison without the command line.
 
-use crate::config::{Config, WorkerSpec};
 use anyhow::Context;
 use clap::{Args, Parser};
+use radixgate::config::{Config, WorkerSpec};
 use radixgate_routing::{PolicyConfig, RoundRobinConfig};
 use radixgate_sim::load::LoadReport;
 use radixgate_sim::server::{WorkerConfig, WorkerHandle, start};
@@ -24,54 +29,54 @@ use tokio_util::sync::CancellationToken;
 
 /// Flags of `radixgate demo`.
 #[derive(Debug, Clone, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Simulated workers behind the router.
     #[arg(long, default_value_t = 4)]
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// Requests per run.
     #[arg(long, default_value_t = 240)]
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Poisson arrival rate, requests per second.
     #[arg(long, default_value_t = 24.0)]
-    pub rate: f64,
+    pub(crate) rate: f64,
     /// Prefix groups (distinct system prompts) in the workload.
     #[arg(long, default_value_t = 16)]
-    pub groups: u64,
+    pub(crate) groups: u64,
     /// Tokens of each group's system prompt.
     #[arg(long, default_value_t = 1024)]
-    pub system_tokens: u64,
+    pub(crate) system_tokens: u64,
     /// KV-cache capacity of each simulated worker, in tokens. Small enough
     /// that one worker cannot hold every prefix, as in a busy cluster.
     #[arg(long, default_value_t = 12_000)]
-    pub kv_capacity_tokens: usize,
+    pub(crate) kv_capacity_tokens: usize,
     /// Workload seed.
     #[arg(long, default_value_t = 7)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Address the gateway serves on after the comparison.
     #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
+    pub(crate) host: String,
     /// Port the gateway serves on after the comparison.
     #[arg(long, default_value_t = 30000)]
-    pub port: u16,
+    pub(crate) port: u16,
     /// Exit after printing the comparison instead of serving.
     #[arg(long)]
-    pub no_serve: bool,
+    pub(crate) no_serve: bool,
 }
 
 /// One policy's run.
 #[derive(Debug)]
-pub struct DemoRun {
+pub(crate) struct DemoRun {
     /// Policy name.
-    pub policy: &'static str,
+    pub(crate) policy: &'static str,
     /// What the load tool measured.
-    pub report: LoadReport,
+    pub(crate) report: LoadReport,
 }
 
 /// Simulated workers and a gateway in front of them.
 struct Cluster {
     gateway: String,
     stop: CancellationToken,
-    gateway_task: tokio::task::JoinHandle<Result<(), crate::server::StartError>>,
+    gateway_task: tokio::task::JoinHandle<Result<(), radixgate::server::StartError>>,
     _workers: Vec<WorkerHandle>,
 }
 
@@ -103,7 +108,7 @@ impl Cluster {
             .collect();
         config.log.level = "warn".into();
         let gateway = format!("http://{}", listener.local_addr()?);
-        let gateway_task = tokio::spawn(crate::server::run(listener, config, stop.clone()));
+        let gateway_task = tokio::spawn(radixgate::server::run(listener, config, stop.clone()));
         let cluster = Self {
             gateway,
             stop,
@@ -117,7 +122,7 @@ impl Cluster {
     /// Waits until every worker is admitted (the health checker's first
     /// probes), failing after 30 s instead of hanging.
     async fn wait_ready(&self, workers: usize) -> anyhow::Result<()> {
-        let client = crate::upstream::client()?;
+        let client = radixgate::upstream::client()?;
         let url = format!("{}/readiness", self.gateway);
         for _ in 0..600 {
             if let Ok(r) = client.get(&url).send().await
@@ -163,7 +168,7 @@ fn load_args(args: &DemoArgs, gateway: &str) -> anyhow::Result<radixgate_sim::lo
 
 /// Runs the workload through `cache_aware` and then `round_robin`, each on
 /// fresh workers.
-pub async fn compare(args: &DemoArgs) -> anyhow::Result<Vec<DemoRun>> {
+pub(crate) async fn compare(args: &DemoArgs) -> anyhow::Result<Vec<DemoRun>> {
     let policies = [
         ("cache_aware", PolicyConfig::default()),
         (
@@ -187,7 +192,7 @@ pub async fn compare(args: &DemoArgs) -> anyhow::Result<Vec<DemoRun>> {
 }
 
 /// The comparison as a table.
-pub fn table(args: &DemoArgs, runs: &[DemoRun]) -> String {
+pub(crate) fn table(args: &DemoArgs, runs: &[DemoRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -232,7 +237,7 @@ pub fn table(args: &DemoArgs, runs: &[DemoRun]) -> String {
 }
 
 /// The command: compare, print, then serve until Ctrl-C (or `--no-serve`).
-pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub(crate) async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
     anyhow::ensure!(
         args.rate > 0.0 && args.rate.is_finite(),
