@@ -39,7 +39,7 @@ import soak_report  # noqa: E402
 from run import ready_body  # noqa: E402
 from soak_hostile import Hostile  # noqa: E402
 from soak_load import Load  # noqa: E402
-from soak_watch import Watcher  # noqa: E402
+from soak_watch import Watcher, fd_breakdown  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -200,14 +200,16 @@ def soak(opts) -> dict:
                 break
         meta["load_secs"] = round(time.monotonic() - t0, 1)
         stop.set()
+        watcher.label = "draining"
         for th in threads:
             th.join()
         hostile_out = hostile.finish() if hostile else {}
         stuck = load.join()
         watcher.finish()
         watcher.sample("after load")
-        drained = settle_fds(watcher, baseline.get("fds") or 0, opts.fd_slack,
-                             opts.request_timeout_secs + 15)
+        drained = settle_fds(watcher, baseline.get("fds") or 0, opts.fd_slack, opts.drain_secs)
+        drained["fd_kinds"] = fd_breakdown(router.pid, {port, port + 1},
+                                           {int(u.rsplit(":", 1)[1]) for u in urls})
         meta["router_exit"] = router.poll()
     finally:
         procs.stop_all()
@@ -218,6 +220,26 @@ def soak(opts) -> dict:
               "drained": drained, "timeline": rotation.timeline, "hostile": hostile_out}
     result["summary"] = soak_report.summarize(result, opts)
     return result
+
+
+COLUMNS = ["id", "t", "kind", "phase", "class", "status", "ms", "reason"]
+
+
+def write_json(path: str, result: dict) -> None:
+    """The result, with one line per request (a row of COLUMNS) and per sample."""
+    out = dict(result)
+    records = out.pop("records")
+    out["request_columns"] = COLUMNS
+    out["requests"] = [[r.get(c) for c in COLUMNS] for r in records]
+    with open(path, "w") as f:
+        f.write("{\n")
+        for i, (key, value) in enumerate(out.items()):
+            if key in ("requests", "samples"):
+                body = "[\n" + ",\n".join(json.dumps(x, separators=(",", ":")) for x in value) + "\n]"
+            else:
+                body = json.dumps(value, indent=1)
+            f.write(f"{json.dumps(key)}: {body}{',' if i < len(out) - 1 else ''}\n")
+        f.write("}\n")
 
 
 def main() -> int:
@@ -252,6 +274,9 @@ def main() -> int:
                    help="allowed RSS growth, first to last 10%% (fraction; at least 16 MiB)")
     p.add_argument("--fd-slack", type=int, default=16,
                    help="allowed fds above the pre-load count once drained")
+    p.add_argument("--drain-secs", type=float, default=200.0,
+                   help="after the load, how long to wait for the fds to settle (the router "
+                        "keeps idle worker connections 90 s)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     opts = p.parse_args()
     unknown = [f for f in opts.faults if f not in FAULTS]
@@ -266,8 +291,7 @@ def main() -> int:
         return 2
     stem = report.result_stem(opts.out, dt.datetime.fromisoformat(result["meta"]["started_utc"]),
                               "soak")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(stem + ".json", result)
     with open(stem + ".md", "w") as f:
         f.write(soak_report.markdown(result))
     verdict = result["summary"]["verdict"]

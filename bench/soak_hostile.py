@@ -56,6 +56,27 @@ def _await_answer(sock: socket.socket, timeout: float) -> str:
         return f"socket error {type(err).__name__}"
 
 
+class _Tracked(socket.socket):
+    """A connected socket that its Hostile can cut short on finish."""
+
+    def __init__(self, owner: "Hostile", addr):
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.owner = owner
+        self.settimeout(10)
+        with owner.lock:
+            owner.open.add(self)
+        try:
+            self.connect(addr)
+        except OSError:
+            self.close()
+            raise
+
+    def close(self):
+        with self.owner.lock:
+            self.owner.open.discard(self)
+        super().close()
+
+
 class Hostile:
     """Runs the hostile clients; `outcomes[kind][outcome]` lists seconds taken."""
 
@@ -68,13 +89,16 @@ class Hostile:
         self.lock = threading.Lock()
         self.outcomes: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self.threads: list[threading.Thread] = []
+        self.open: set[socket.socket] = set()
 
     def record(self, kind: str, outcome: str, secs: float) -> None:
+        if self.stop.is_set():
+            outcome = "still waiting at the end of the soak"
         with self.lock:
             self.outcomes[kind][outcome].append(round(secs, 1))
 
     def connect(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        return _Tracked(self, ("127.0.0.1", self.port))
 
     def start(self) -> None:
         bodies = {"huge_length": self.huge_length, "oversized_body": self.oversized_body,
@@ -88,10 +112,16 @@ class Hostile:
             self.threads.append(th)
 
     def finish(self) -> dict:
-        """Stops every client (closing its sockets) and returns the outcome table."""
+        """Stops every client (cutting its sockets short) and returns the outcome table."""
         self.stop.set()
+        with self.lock:
+            for s in list(self.open):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
+                except OSError:
+                    pass
         for th in self.threads:
-            th.join(self.hold + 30)
+            th.join(30)
         with self.lock:
             return {k: {o: {"count": len(v), "secs": v} for o, v in d.items()}
                     for k, d in self.outcomes.items()}

@@ -90,6 +90,7 @@ def summarize(result: dict, opts) -> dict:
         "rss_kib": rss, "fds": fds, "threads": _window_stats(during, "threads"),
         "fds_before": base_fds, "fds_drained": drained_fds,
         "drained_at_t": result["drained"].get("t"),
+        "fd_kinds_drained": result["drained"].get("fd_kinds", {}),
         "breaker_transitions": totals(result["samples"], "radixgate_circuit_breaker_transitions_total"),
         "breaker_events": [e for e in evs if e["series"].startswith("radixgate_circuit_breaker_state")],
         "health_events": [e for e in evs if e["series"].startswith("radixgate_worker_healthy")],
@@ -119,9 +120,10 @@ def _table(head: list[str], rows: list[list]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _acc_rows(groups: dict) -> list[list]:
-    return [[name, g["first_t"], g["sent"], g["answered"], g["error"], g["lost"],
-             g["p50_ms"], g["p99_ms"]] for name, g in groups.items()]
+def _acc_rows(groups: dict, first: bool) -> list[list]:
+    return [[name] + ([g["first_t"]] if first else []) + [g["sent"], g["answered"], g["error"],
+                                                          g["lost"], g["p50_ms"], g["p99_ms"]]
+            for name, g in groups.items()]
 
 
 def closing_lines(result: dict) -> str:
@@ -160,11 +162,11 @@ def markdown(result: dict) -> str:
            f"max {s['answered_ms']['max']} ms. Errors without a JSON error body: "
            f"{s['errors_without_json_body']}.\n",
            "\n### By request kind\n",
-           _table(["kind", "first at s", "sent", "answered", "errors", "lost", "p50 ms", "p99 ms"],
-                  _acc_rows(s["by_kind"])),
+           _table(["kind", "sent", "answered", "errors", "lost", "p50 ms", "p99 ms"],
+                  _acc_rows(s["by_kind"], False)),
            "\n### By fault phase (the phase when the request was sent)\n",
            _table(["phase", "from s", "sent", "answered", "errors", "lost", "p50 ms", "p99 ms"],
-                  _acc_rows(s["by_phase"])),
+                  _acc_rows(s["by_phase"], True)),
            "\n### Explicit errors\n",
            _table(["reason", "count"], [[k, n] for k, n in s["errors"].items()]),
            "\n### Lost requests\n"]
@@ -189,7 +191,9 @@ def markdown(result: dict) -> str:
                     ["threads", th.get("min"), th.get("median"), th.get("max"),
                      th.get("first10"), th.get("last10"), ""]]),
             f"\nOpen fds before the load {s['fds_before']}, after the drain {s['fds_drained']} "
-            f"(at {s['drained_at_t']} s). Metrics scrapes failed: {s['scrape_failures']}.\n",
+            f"(at {s['drained_at_t']} s): "
+            + ", ".join(f"{k} {n}" for k, n in s["fd_kinds_drained"].items())
+            + f". Metrics scrapes failed: {s['scrape_failures']}.\n",
             "\n## Breaker, health, retries, outliers\n",
             _table(["series", "growth over the run"],
                    [[k, f"{n:.0f}"] for k, n in {**s["breaker_transitions"], **s["retries"],
@@ -213,4 +217,5 @@ def markdown(result: dict) -> str:
                     for k, outs in sorted(result["hostile"].items()) for oc, d in outs.items()]),
             f"\nLoad average: {s['loadavg']['start']:.2f} at start, {s['loadavg']['end']:.2f} "
             f"at end, {s['loadavg']['max']:.2f} at most.\n"]
-    return "".join(out)
+    # Each part is a paragraph, a heading or a table: a blank line between them.
+    return "\n".join(part.strip("\n") + "\n" for part in out if part.strip())

@@ -49,6 +49,49 @@ def proc_sample(pid: int) -> dict:
     return {"rss_kib": rss, "threads": threads, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
+_TCP_STATES = {"01": "established", "06": "time_wait", "07": "close", "08": "close_wait",
+               "0A": "listen", "04": "fin_wait1", "05": "fin_wait2", "09": "last_ack"}
+
+
+def fd_breakdown(pid: int, router_ports: set[int], worker_ports: set[int]) -> dict[str, int]:
+    """The router's open fds by kind: TCP sockets by side (client / worker) and state."""
+    tcp = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    local, remote = int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16)
+                    tcp[cols[9]] = (local, remote, _TCP_STATES.get(cols[3], cols[3]))
+        except OSError:
+            pass
+    out: dict[str, int] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError as err:
+        return {f"unreadable: {err}": 0}
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            entry = tcp.get(target[8:-1])
+            if entry is None:
+                kind = "socket (not TCP)"
+            else:
+                local, remote, state = entry
+                side = ("listener" if state == "listen" else
+                        "from clients" if local in router_ports else
+                        "to workers" if remote in worker_ports else "other tcp")
+                kind = f"{side} {state}" if side != "listener" else side
+        else:
+            kind = target.split(":", 1)[0] if ":" in target else "file"
+        out[kind] = out.get(kind, 0) + 1
+    return dict(sorted(out.items()))
+
+
 class Watcher:
     """Samples the router every `every` seconds on a thread; `samples` grows."""
 
@@ -56,13 +99,14 @@ class Watcher:
         self.pid, self.url, self.every, self.t0 = pid, metrics_url, every, t0
         self.status = status or (lambda: {})
         self.samples: list[dict] = []
+        self.label: str | None = None  # set when the load stops: later samples are not "during"
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="watcher", daemon=True)
 
     def sample(self, label: str | None = None) -> dict:
         s = {"t": round(time.monotonic() - self.t0, 1), "loadavg": os.getloadavg()[0]}
-        if label:
-            s["label"] = label
+        if label or self.label:
+            s["label"] = label or self.label
         try:
             s |= proc_sample(self.pid)
         except OSError as err:
