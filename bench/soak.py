@@ -156,6 +156,9 @@ def soak(opts) -> dict:
     started = dt.datetime.now(dt.timezone.utc)
     meta = report.run_meta(binary, ["bench/soak.py", *sys.argv[1:]], started)
     meta["nofile_limit"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    meta["binary"] = binary
+    meta["binary_mtime_utc"] = dt.datetime.fromtimestamp(
+        os.path.getmtime(binary), dt.timezone.utc).isoformat(timespec="seconds")
     meta["options"] = vars(opts)
     print(f"logs in {tmp}; load average {meta['loadavg_start']}", flush=True)
 

@@ -148,7 +148,8 @@ def markdown(result: dict) -> str:
     a, v = s["accounting"], s["verdict"]
     out = [f"# Soak {m['started_utc']}\n",
            f"`{m['command']}`\n",
-           f"git {m['git']}, {m['radixgate']}, {m['cpus']} CPUs, {o['workers']} simulated "
+           f"bench/ at git {m['git']}; `{m.get('binary')}` ({m['radixgate']}, built "
+           f"{m.get('binary_mtime_utc')}); {m['cpus']} CPUs, {o['workers']} simulated "
            f"workers, {o['rate']} req/s for {m.get('load_secs')} s, fault period "
            f"{o['fault_period_secs']} s, client timeout {o['client_timeout_secs']} s, "
            f"until {m['finished_utc']}.\n",
