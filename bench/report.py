@@ -1,10 +1,31 @@
 """Tables and ratios of a bench run (markdown), plus wrk helpers."""
 
+import datetime as dt
 import json
+import os
+import platform
 import re
 import subprocess
 
 from routers import PEERS
+
+
+def run_meta(binary: str, command: list[str], started: dt.datetime) -> dict:
+    """What every results file records about its run: when, the exact command, the build, the box."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {"started_utc": started.isoformat(timespec="seconds"),
+            "command": " ".join(command),
+            "host": platform.node(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+            "radixgate": subprocess.run([binary, "version"], capture_output=True,
+                                        text=True).stdout.strip(),
+            "git": subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip()}
+
+
+def result_stem(out_dir: str, started: dt.datetime, part: str) -> str:
+    """`<out_dir>/<UTC start>-<part>` (the directory is created)."""
+    os.makedirs(out_dir, exist_ok=True)
+    return os.path.join(out_dir, started.strftime("%Y-%m-%dT%H%MZ") + f"-{part}")
 
 
 def _f(x, fmt="{:.1f}"):

@@ -13,7 +13,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -230,14 +229,8 @@ def main() -> int:
 
     bench = Bench(opts)
     started = dt.datetime.now(dt.timezone.utc)
-    meta = {"started_utc": started.isoformat(timespec="seconds"),
-            "command": " ".join(["bench/run.py", *sys.argv[1:]]),
-            "host": platform.node(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
-            "radixgate": subprocess.run([bench.binary, "version"], capture_output=True,
-                                        text=True).stdout.strip(),
-            "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                  capture_output=True, text=True).stdout.strip(),
-            "peers": report.peer_versions()}
+    meta = report.run_meta(bench.binary, ["bench/run.py", *sys.argv[1:]], started)
+    meta["peers"] = report.peer_versions()
     print(f"logs in {bench.tmp}; load average {meta['loadavg_start']}", flush=True)
     result = {"meta": meta, "quality": [], "cost": []}
     try:
@@ -249,8 +242,7 @@ def main() -> int:
         procs.stop_all()
     meta["loadavg_end"] = os.getloadavg()
     meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    os.makedirs(opts.out, exist_ok=True)
-    stem = os.path.join(opts.out, started.strftime("%Y-%m-%dT%H%MZ") + f"-{opts.part}")
+    stem = report.result_stem(opts.out, started, opts.part)
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(stem + ".md", "w") as f:
