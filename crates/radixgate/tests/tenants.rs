@@ -9,7 +9,6 @@ mod common;
 
 use common::*;
 use radixgate::config::Config;
-use radixgate_sim::server::FaultConfig;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -199,11 +198,59 @@ async fn per_tenant_metrics_are_exported() {
     gw.shutdown().await;
 }
 
-/// One slot, a slow worker: a high-priority request that arrives after two
-/// low-priority ones are queued is served before them.
+/// A worker that records the order requests reach it and holds each one
+/// until the test releases it: with one admission slot, the order it sees
+/// is the order the gateway admitted them in.
+struct GatedWorker {
+    url: String,
+    seen: Arc<parking_lot::Mutex<Vec<String>>>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+async fn gated_worker() -> GatedWorker {
+    use axum::routing::{get, post};
+    #[derive(Clone)]
+    struct Gate {
+        seen: Arc<parking_lot::Mutex<Vec<String>>>,
+        release: Arc<tokio::sync::Semaphore>,
+    }
+    async fn answer(
+        axum::extract::State(gate): axum::extract::State<Gate>,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::Json<Value> {
+        let text = body["messages"][0]["content"].as_str().unwrap_or_default();
+        gate.seen.lock().push(text.to_owned());
+        gate.release.acquire().await.expect("open").forget();
+        axum::Json(serde_json::json!({
+            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }))
+    }
+    let gate = Gate {
+        seen: Arc::default(),
+        release: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let models = serde_json::json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route("/v1/chat/completions", post(answer))
+        .with_state(gate.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    GatedWorker {
+        url,
+        seen: gate.seen,
+        release: gate.release,
+    }
+}
+
+/// One slot, held: a high-priority request that arrives after two
+/// low-priority ones are queued is admitted before them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_priority_request_jumps_the_admission_queue() {
-    let worker = sim_worker(fast_worker()).await;
+    let worker = gated_worker().await;
     let tenants = "keys:
     - {name: team-low, key: sk-low, priority: low}
     - {name: team-high, key: sk-high, priority: high}
@@ -212,33 +259,32 @@ async fn a_high_priority_request_jumps_the_admission_queue() {
     cfg.admission.max_concurrent_requests = Some(1);
     cfg.admission.queue_size = 10;
     let gw = gateway_ready(cfg, 1).await;
-    worker.set_faults(FaultConfig {
-        latency_ms: 300,
-        ..Default::default()
-    });
-    let served = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
     let send = |who: &'static str, key: &'static str| {
-        let (url, served) = (gw.url.clone(), served.clone());
+        let url = gw.url.clone();
         tokio::spawn(async move {
-            let (status, _, body) = chat_as(&url, key, false).await;
-            assert_eq!(status, 200, "{who}: {body}");
-            served.lock().push(who);
+            let r = post_as(&url, Some(key), &chat(who, false)).await;
+            assert_eq!(r.status(), 200, "{who}");
         })
     };
-    // The first holds the only slot; then two low-priority requests queue.
-    tasks.push(send("holder", "sk-low"));
-    wait_for_queued(&gw.url, 0, 1).await;
-    for (i, who) in ["low-1", "low-2"].into_iter().enumerate() {
-        tasks.push(send(who, "sk-low"));
+    // The first holds the only slot at the worker; then two low-priority
+    // requests queue, then a high-priority one.
+    let mut tasks = vec![send("holder", "sk-low")];
+    wait_until("the holder at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    for (i, (who, key)) in [("low-1", "sk-low"), ("low-2", "sk-low"), ("high", "sk-high")]
+        .into_iter()
+        .enumerate()
+    {
+        tasks.push(send(who, key));
         wait_for_queued(&gw.url, i + 1, 1).await;
     }
-    tasks.push(send("high", "sk-high"));
-    wait_for_queued(&gw.url, 3, 1).await;
+    worker.release.add_permits(4);
     for task in tasks {
         task.await.expect("request task");
     }
-    assert_eq!(*served.lock(), ["holder", "high", "low-1", "low-2"]);
+    assert_eq!(*worker.seen.lock(), ["holder", "high", "low-1", "low-2"]);
     gw.shutdown().await;
 }
 

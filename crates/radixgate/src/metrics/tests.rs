@@ -110,7 +110,7 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
         max_concurrent_requests: Some(4),
         ..AdmissionConfig::default()
     });
-    let _held = admission.acquire().await.expect("admitted");
+    let _held = admission.acquire(Default::default()).await.expect("admitted");
     m.admission(&admission);
 
     let text = m.render();
