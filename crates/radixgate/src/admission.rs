@@ -41,8 +41,9 @@ use tokio::time::Instant;
 /// `normal` before `low`. Three named levels rather than numbers: operators
 /// sort tenants into "interactive", "default" and "batch", and a fixed set
 /// keeps the queue a fixed array.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[derive(Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Priority {
     /// Served after everyone else (batch jobs).

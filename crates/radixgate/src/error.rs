@@ -276,7 +276,8 @@ impl GatewayError {
 /// Whole seconds to wait, rounded up, at least 1 (`Retry-After: 0` would
 /// invite an immediate retry that fails the same way).
 fn retry_after_secs(wait: Duration) -> u64 {
-    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.is_zero()))
+    let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    whole.max(1)
 }
 
 /// Routing errors on the request path: the client's model is unknown or

@@ -166,9 +166,24 @@ const CATALOG: &[(&str, Kind, Option<Unit>, &str)] = &[
         None,
         "Failed attempts at a worker, by worker and kind of error.",
     ),
-    (TENANT_REQUESTS, Kind::Counter, None, "Client requests, by tenant and HTTP status."),
-    (TENANT_TOKENS, Kind::Counter, None, "Tokens workers reported using, by tenant."),
-    (TENANT_RATE_LIMITED, Kind::Counter, None, "Requests refused by a tenant's limit, by tenant and limit (requests, tokens)."),
+    (
+        TENANT_REQUESTS,
+        Kind::Counter,
+        None,
+        "Client requests, by tenant and HTTP status.",
+    ),
+    (
+        TENANT_TOKENS,
+        Kind::Counter,
+        None,
+        "Tokens workers reported using, by tenant.",
+    ),
+    (
+        TENANT_RATE_LIMITED,
+        Kind::Counter,
+        None,
+        "Requests refused by a tenant's limit, by tenant and limit (requests, tokens).",
+    ),
 ];
 
 /// Where recorded series come from; the exporter ignores it, but the
@@ -442,22 +457,51 @@ impl Metrics {
 
     /// A tenant's request answered with `status`.
     pub fn tenant_request(&self, tenant: &str, status: u16) {
-        let key = LabelRef { fixed: "", code: status, text: tenant };
-        let labels = || vec![tenant_label(tenant), Label::new("status", status_label(status))];
-        self.tenant_requests.with(&key, || key.to_owned_key(), || self.counter(TENANT_REQUESTS, labels()), |c| c.increment(1));
+        let key = LabelRef {
+            fixed: "",
+            code: status,
+            text: tenant,
+        };
+        let labels = || {
+            vec![
+                tenant_label(tenant),
+                Label::new("status", status_label(status)),
+            ]
+        };
+        self.tenant_requests.with(
+            &key,
+            || key.to_owned_key(),
+            || self.counter(TENANT_REQUESTS, labels()),
+            |c| c.increment(1),
+        );
     }
 
     /// Tokens a worker reported using for a tenant's request.
     pub fn tenant_tokens(&self, tenant: &str, tokens: u64) {
         let make = || self.counter(TENANT_TOKENS, vec![tenant_label(tenant)]);
-        self.tenant_tokens.with(tenant, || tenant.into(), make, |c| c.increment(tokens));
+        self.tenant_tokens
+            .with(tenant, || tenant.into(), make, |c| c.increment(tokens));
     }
 
     /// A tenant's request refused by its `limit` (`requests` or `tokens`).
     pub fn tenant_rate_limited(&self, tenant: &str, limit: &'static str) {
-        let key = LabelRef { fixed: limit, code: 0, text: tenant };
-        let labels = || vec![tenant_label(tenant), Label::from_static_parts("limit", limit)];
-        self.tenant_limited.with(&key, || key.to_owned_key(), || self.counter(TENANT_RATE_LIMITED, labels()), |c| c.increment(1));
+        let key = LabelRef {
+            fixed: limit,
+            code: 0,
+            text: tenant,
+        };
+        let labels = || {
+            vec![
+                tenant_label(tenant),
+                Label::from_static_parts("limit", limit),
+            ]
+        };
+        self.tenant_limited.with(
+            &key,
+            || key.to_owned_key(),
+            || self.counter(TENANT_RATE_LIMITED, labels()),
+            |c| c.increment(1),
+        );
     }
 
     /// Folds recorded histogram samples into their buckets; call it every

@@ -100,9 +100,7 @@ impl Tenants {
     /// The tenants of `config`, keeping the buckets (and so what was spent)
     /// of every tenant whose name and limit are unchanged.
     pub fn reloaded(&self, config: &Config) -> Result<Self, ConfigError> {
-        let resolved = config
-            .tenants
-            .resolve(config.server.api_key.as_deref())?;
+        let resolved = config.tenants.resolve(config.server.api_key.as_deref())?;
         let tenants = resolved
             .into_iter()
             .map(|spec| Arc::new(self.build(spec)))

@@ -53,8 +53,7 @@ impl UsageTail {
 /// The last usage report in `text`: the last `"usage"` object with counts,
 /// else the last `"meta_info"` with prompt and completion counts.
 pub fn tokens_in(text: &[u8]) -> Option<u64> {
-    last_object_after(text, b"\"usage\"")
-        .or_else(|| last_object_after(text, b"\"meta_info\""))
+    last_object_after(text, b"\"usage\"").or_else(|| last_object_after(text, b"\"meta_info\""))
 }
 
 /// Scans occurrences of `key` from the end for one followed by `:` and a
@@ -76,7 +75,10 @@ fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// The JSON object right after `: ` at the start of `rest`, if complete.
 fn object_at(rest: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
-    let rest = rest.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
+    let rest = rest
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start();
     if rest.first() != Some(&b'{') {
         return None;
     }

@@ -20,8 +20,7 @@ fn tenant_config(worker: &str, tenants_yaml: &str) -> Config {
 
 fn with_tenants(base: Config, tenants_yaml: &str) -> Config {
     let mut document = serde_norway::to_value(&base).expect("config as YAML");
-    let tenants: serde_norway::Value =
-        serde_norway::from_str(tenants_yaml).expect("tenants YAML");
+    let tenants: serde_norway::Value = serde_norway::from_str(tenants_yaml).expect("tenants YAML");
     document
         .as_mapping_mut()
         .expect("a mapping")
@@ -142,7 +141,11 @@ async fn token_limit_trips_after_usage(stream: bool) {
         assert_eq!(chat_as(&gw.url, "sk-b", stream).await.0, 200);
     }
     let text = metrics_text(&gw.url).await;
-    let tokens = sample(&text, "radixgate_tenant_tokens_total", &["tenant=\"team-b\""]);
+    let tokens = sample(
+        &text,
+        "radixgate_tenant_tokens_total",
+        &["tenant=\"team-b\""],
+    );
     assert!(tokens.is_some_and(|t| t >= 3.0), "{text}");
     gw.shutdown().await;
 }
@@ -182,7 +185,11 @@ async fn per_tenant_metrics_are_exported() {
     let a_ok = sample(&text, requests, &["tenant=\"team-a\"", "status=\"200\""]);
     let a_limited = sample(&text, requests, &["tenant=\"team-a\"", "status=\"429\""]);
     let b_ok = sample(&text, requests, &["tenant=\"team-b\"", "status=\"200\""]);
-    assert_eq!((a_ok, a_limited, b_ok), (Some(2.0), Some(1.0), Some(1.0)), "{text}");
+    assert_eq!(
+        (a_ok, a_limited, b_ok),
+        (Some(2.0), Some(1.0), Some(1.0)),
+        "{text}"
+    );
     let limited = sample(
         &text,
         "radixgate_tenant_rate_limited_total",
@@ -194,7 +201,10 @@ async fn per_tenant_metrics_are_exported() {
         let tokens = sample(&text, "radixgate_tenant_tokens_total", &[&label]);
         assert!(tokens.is_some_and(|t| t > 0.0), "{tenant}: {text}");
     }
-    assert!(!text.contains("sk-a") && !text.contains("sk-b"), "no key in metrics");
+    assert!(
+        !text.contains("sk-a") && !text.contains("sk-b"),
+        "no key in metrics"
+    );
     gw.shutdown().await;
 }
 
@@ -273,9 +283,13 @@ async fn a_high_priority_request_jumps_the_admission_queue() {
         worker.seen.lock().len() == 1
     })
     .await;
-    for (i, (who, key)) in [("low-1", "sk-low"), ("low-2", "sk-low"), ("high", "sk-high")]
-        .into_iter()
-        .enumerate()
+    for (i, (who, key)) in [
+        ("low-1", "sk-low"),
+        ("low-2", "sk-low"),
+        ("high", "sk-high"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         tasks.push(send(who, key));
         wait_for_queued(&gw.url, i + 1, 1).await;
@@ -291,15 +305,18 @@ async fn a_high_priority_request_jumps_the_admission_queue() {
 /// Waits until the admission gauges show `queued` waiting and `in_flight`
 /// admitted.
 async fn wait_for_queued(gateway: &str, queued: usize, in_flight: usize) {
-    wait_until(&format!("{queued} queued, {in_flight} in flight"), || async {
-        let text = metrics_text(gateway).await;
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-        };
-        value("radixgate_admission_queued_requests") == Some(queued as f64)
-            && value("radixgate_admission_in_flight_requests") == Some(in_flight as f64)
-    })
+    wait_until(
+        &format!("{queued} queued, {in_flight} in flight"),
+        || async {
+            let text = metrics_text(gateway).await;
+            let value = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            };
+            value("radixgate_admission_queued_requests") == Some(queued as f64)
+                && value("radixgate_admission_in_flight_requests") == Some(in_flight as f64)
+        },
+    )
     .await;
 }
 
@@ -345,7 +362,11 @@ async fn a_bad_keys_file_stops_start_up_naming_the_entry() {
             "- {name: a, key: k1}\n- {name: b, key: k1}\n",
             &["entry 1", "`b`", "same key as `a`"][..],
         ),
-        ("empty-key", "- {name: a, key: ''}\n", &["entry 0", "`a`", "empty"][..]),
+        (
+            "empty-key",
+            "- {name: a, key: ''}\n",
+            &["entry 0", "`a`", "empty"][..],
+        ),
         (
             "no-key",
             "- {name: a}\n",
@@ -369,11 +390,17 @@ async fn a_bad_keys_file_stops_start_up_naming_the_entry() {
     ];
     for (tag, keys, needles) in cases {
         let err = start_error(tag, keys).await;
-        assert!(err.contains("radixgate-tenants-"), "{tag}: names the file: {err}");
+        assert!(
+            err.contains("radixgate-tenants-"),
+            "{tag}: names the file: {err}"
+        );
         for needle in needles {
             assert!(err.contains(needle), "{tag}: `{needle}` not in: {err}");
         }
-        assert!(!err.contains("k1") || tag != "dup-key", "{tag}: no key in: {err}");
+        assert!(
+            !err.contains("k1") || tag != "dup-key",
+            "{tag}: no key in: {err}"
+        );
     }
 }
 
@@ -387,7 +414,10 @@ async fn keys_come_from_a_file_and_the_environment() {
         r#"[{"name": "team-json", "key": "sk-json", "priority": "high"},
             {"name": "team-env", "key_env": "CARGO_MANIFEST_DIR"}]"#,
     );
-    let cfg = with_tenants(config(&[&worker.url]), &format!("api_key_file: {:?}", file.0));
+    let cfg = with_tenants(
+        config(&[&worker.url]),
+        &format!("api_key_file: {:?}", file.0),
+    );
     let gw = gateway_ready(cfg, 1).await;
     assert_eq!(chat_as(&gw.url, "sk-json", false).await.0, 200);
     // Cargo sets CARGO_MANIFEST_DIR for the test binary: its value is the key.

@@ -77,7 +77,10 @@ async fn a_full_queue_refuses_at_once() {
         .collect();
     settle().await;
     assert_eq!(gate.queued(), 2);
-    let refused = gate.acquire(Priority::Normal).now_or_never().expect("no waiting when full");
+    let refused = gate
+        .acquire(Priority::Normal)
+        .now_or_never()
+        .expect("no waiting when full");
     assert!(matches!(
         refused,
         Err(GatewayError::QueueFull { queue_size: 2 })
@@ -91,10 +94,18 @@ async fn a_full_queue_refuses_at_once() {
 async fn zero_queue_refuses_when_all_slots_are_taken() {
     let gate = gate(Some(1), 0, 60);
     let held = gate.acquire(Priority::Normal).await.expect("first");
-    let refused = gate.acquire(Priority::Normal).now_or_never().expect("immediate");
+    let refused = gate
+        .acquire(Priority::Normal)
+        .now_or_never()
+        .expect("immediate");
     assert!(matches!(refused, Err(GatewayError::QueueFull { .. })));
     drop(held);
-    assert!(gate.acquire(Priority::Normal).now_or_never().expect("immediate").is_ok());
+    assert!(
+        gate.acquire(Priority::Normal)
+            .now_or_never()
+            .expect("immediate")
+            .is_ok()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -155,7 +166,8 @@ async fn a_cancelled_waiter_leaks_nothing() {
     let gate = gate(Some(1), 1, 60);
     let held = gate.acquire(Priority::Normal).await.expect("first");
     // The client goes away while waiting: the future is dropped.
-    let cancelled = tokio::time::timeout(Duration::from_secs(1), gate.acquire(Priority::Normal)).await;
+    let cancelled =
+        tokio::time::timeout(Duration::from_secs(1), gate.acquire(Priority::Normal)).await;
     assert!(cancelled.is_err(), "still waiting when cancelled");
     assert_eq!(gate.queued(), 0, "queue place given back");
     // The queue (size 1) has room again, and the slot goes to the live waiter.
@@ -245,7 +257,10 @@ async fn a_slot_handed_to_a_waiter_that_gave_up_is_passed_on() {
     // The slot goes to the quitter, which is dropped before it looks.
     drop(held);
     drop(quitter);
-    let permit = patient.await.expect("task").expect("the slot was passed on");
+    let permit = patient
+        .await
+        .expect("task")
+        .expect("the slot was passed on");
     assert_eq!((gate.in_flight(), gate.queued()), (1, 0));
     drop(permit);
     assert_eq!(gate.in_flight(), 0);

@@ -15,11 +15,11 @@ mod cli;
 mod tenants;
 
 pub use cli::ServeArgs;
-pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
+pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 
 use radixgate_routing::{PolicyConfig, RoutingError, WorkerUrl};
 use serde::{Deserialize, Serialize};

@@ -139,10 +139,14 @@ fn add_all(
     place: &str,
 ) -> Result<(), ConfigError> {
     for (i, spec) in specs.iter().enumerate() {
-        let fail = |reason: String| invalid(key, format!("{place}entry {i} (`{}`): {reason}", spec.name));
+        let fail =
+            |reason: String| invalid(key, format!("{place}entry {i} (`{}`): {reason}", spec.name));
         let tenant = resolve_one(spec).map_err(fail)?;
         if let Some(other) = out.iter().find(|t| t.name == tenant.name) {
-            return Err(fail(format!("the name is already used by `{}`", other.name)));
+            return Err(fail(format!(
+                "the name is already used by `{}`",
+                other.name
+            )));
         }
         if let Some(other) = out.iter().find(|t| t.key == tenant.key) {
             return Err(fail(format!("has the same key as `{}`", other.name)));
@@ -165,8 +169,9 @@ fn resolve_one(spec: &TenantSpec) -> Result<ResolvedTenant, String> {
     }
     let key = match (&spec.key, &spec.key_env) {
         (Some(key), None) => key.clone(),
-        (None, Some(var)) => std::env::var(var)
-            .map_err(|_| format!("key_env `{var}` is not set (or not UTF-8)"))?,
+        (None, Some(var)) => {
+            std::env::var(var).map_err(|_| format!("key_env `{var}` is not set (or not UTF-8)"))?
+        }
         (Some(_), Some(_)) => return Err("set `key` or `key_env`, not both".into()),
         (None, None) => return Err("needs a `key` or a `key_env`".into()),
     };

@@ -80,10 +80,42 @@ fn a_reload_keeps_unchanged_buckets() {
     let same = set
         .reloaded(&Config::from_yaml(TWO).unwrap())
         .expect("reloaded");
-    assert!(same.find("sk-a").unwrap().admit().is_err(), "spent stays spent");
+    assert!(
+        same.find("sk-a").unwrap().admit().is_err(),
+        "spent stays spent"
+    );
     let raised = TWO.replace("requests_per_minute: 2", "requests_per_minute: 3");
     let changed = set
         .reloaded(&Config::from_yaml(&raised).unwrap())
         .expect("reloaded");
-    changed.find("sk-a").unwrap().admit().expect("a new limit, a new bucket");
+    changed
+        .find("sk-a")
+        .unwrap()
+        .admit()
+        .expect("a new limit, a new bucket");
+}
+
+#[test]
+fn a_refusal_is_an_openai_rate_limit_answer() {
+    use axum::response::IntoResponse;
+    let refusal = |wait| GatewayError::RateLimited {
+        tenant: "team-a".into(),
+        limit: Limit::Tokens,
+        per_minute: 100,
+        retry_after: wait,
+    };
+    let err = refusal(Duration::from_millis(2500));
+    let body = err.body();
+    assert_eq!(body["error"]["type"], "tokens");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`team-a`") && message.contains("3s"),
+        "{message}"
+    );
+    let response = err.into_response();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "3", "rounded up");
+    let response = refusal(Duration::ZERO).into_response();
+    assert_eq!(response.headers()["retry-after"], "1", "never 0");
 }
