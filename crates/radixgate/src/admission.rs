@@ -1,6 +1,6 @@
 //! Admission control: at most `max_concurrent_requests` requests in flight,
 //! up to `queue_size` more waiting in line, each for at most
-//! `queue_timeout_secs`.
+//! `queue_timeout_secs`; the line is ordered by the tenant's [`Priority`].
 //!
 //! A request either gets an [`AdmissionPermit`] at once, waits in the queue
 //! for one, or is refused: [`GatewayError::QueueFull`] (429) at once when the
@@ -9,23 +9,69 @@
 //! response body, next to the worker's load guard, and gives its slot back
 //! when dropped, however the response ends.
 //!
-//! With no limit configured [`Admission::acquire`] is a branch on a `None`:
-//! no atomic, no allocation.
+//! A freed slot goes to the first waiter of the highest priority that has
+//! any (first come, first served within a priority), and is handed over
+//! directly: a newcomer never takes a slot while anyone waits, so nobody is
+//! overtaken except by a higher priority. Low priority can starve while
+//! higher-priority work keeps the slots busy; its queue timeout bounds how
+//! long it waits before it is told so.
 //!
-//! Concurrency: slots are a tokio [`Semaphore`], which is fair (waiters are
-//! served first come, first served, and a newcomer cannot take a freed permit
-//! ahead of them). The queue length is an `AtomicUsize` reserved by a
-//! compare-and-swap before waiting and given back by a guard's `Drop`, so a
-//! waiter whose future is cancelled (the client disconnected) frees its queue
-//! place too. No lock is taken.
+//! With no limit configured [`Admission::acquire`] is a branch on a `None`:
+//! no lock, no allocation.
+//!
+//! Concurrency: the slot count and the three queues sit under one
+//! `parking_lot::Mutex`, held for a few field updates and never across an
+//! `.await` (a waiter parks on its own oneshot channel, outside the lock).
+//! One lock, not atomics, because a release must pop a waiter and hand it
+//! the slot as one step, or a newcomer could slip in between. A waiter whose
+//! future is dropped (timeout, client gone) takes itself out of its queue;
+//! if a slot was handed to it in the meantime, it passes the slot on.
 
 use crate::config::AdmissionConfig;
 use crate::error::GatewayError;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+/// Where a tenant's requests stand in the admission queue: `high` before
+/// `normal` before `low`. Three named levels rather than numbers: operators
+/// sort tenants into "interactive", "default" and "batch", and a fixed set
+/// keeps the queue a fixed array.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Served after everyone else (batch jobs).
+    Low,
+    /// The default.
+    #[default]
+    Normal,
+    /// Served first (interactive users).
+    High,
+}
+
+impl Priority {
+    /// Every level, highest first: the order queues are served in.
+    const SERVED_FIRST: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The level's name, as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Normal => "normal",
+            Self::High => "high",
+        }
+    }
+}
 
 /// The gateway's admission gate. Cheap to clone; clones share the limit.
 #[derive(Clone, Debug)]
@@ -35,26 +81,90 @@ pub struct Admission {
 
 #[derive(Debug)]
 struct Limited {
-    slots: Arc<Semaphore>,
     limit: usize,
     queue_size: usize,
     queue_timeout: Duration,
-    queued: AtomicUsize,
+    slots: Mutex<Slots>,
+}
+
+/// The state behind the lock.
+#[derive(Debug, Default)]
+struct Slots {
+    in_flight: usize,
+    /// Waiters by [`Priority::index`], each first come, first served.
+    queues: [VecDeque<Waiter>; 3],
+    queued: usize,
+    next_id: u64,
+}
+
+/// One queued request: its ticket and the channel its slot arrives on.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    slot: oneshot::Sender<()>,
 }
 
 /// One admitted request's slot; dropping it admits the next in line.
 #[derive(Debug)]
 #[must_use = "the slot is given back as soon as the permit is dropped"]
 pub struct AdmissionPermit {
-    _slot: Option<OwnedSemaphorePermit>,
+    slot: Option<Arc<Limited>>,
 }
 
-/// Gives a reserved queue place back, including when the wait is cancelled.
-struct QueuePlace<'a>(&'a AtomicUsize);
-
-impl Drop for QueuePlace<'_> {
+impl Drop for AdmissionPermit {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if let Some(limited) = self.slot.take() {
+            limited.release();
+        }
+    }
+}
+
+impl Limited {
+    /// Gives a slot back: to the best waiter still waiting, else to the pool.
+    fn release(&self) {
+        let mut slots = self.slots.lock();
+        for priority in Priority::SERVED_FIRST {
+            while let Some(waiter) = slots.queues[priority.index()].pop_front() {
+                slots.queued -= 1;
+                // A waiter whose receiver is gone was cancelled between its
+                // timeout and its clean-up; try the next one.
+                if waiter.slot.send(()).is_ok() {
+                    return;
+                }
+            }
+        }
+        slots.in_flight -= 1;
+    }
+}
+
+/// Takes a queued waiter out of line if its wait ends without a slot
+/// (timeout or cancellation); passes on a slot handed to it meanwhile.
+struct QueuePlace {
+    limited: Arc<Limited>,
+    priority: Priority,
+    id: u64,
+    slot: oneshot::Receiver<()>,
+    admitted: bool,
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if self.admitted {
+            return;
+        }
+        let mut slots = self.limited.slots.lock();
+        let queue = &mut slots.queues[self.priority.index()];
+        if let Some(at) = queue.iter().position(|w| w.id == self.id) {
+            queue.remove(at);
+            slots.queued -= 1;
+            return;
+        }
+        drop(slots);
+        // Not in line any more: `release` popped it, and under the lock it
+        // has sent the slot by now. Nobody will use it here; pass it on.
+        if self.slot.try_recv().is_ok() {
+            self.limited.release();
+        }
     }
 }
 
@@ -62,53 +172,61 @@ impl Admission {
     /// Builds the gate from its config (validated: a limit is at least 1).
     pub fn new(config: &AdmissionConfig) -> Self {
         let limited = config.max_concurrent_requests.map(|limit| {
-            // The semaphore's own ceiling; far above any sane limit.
-            let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
             Arc::new(Limited {
-                slots: Arc::new(Semaphore::new(limit)),
-                limit,
+                limit: limit.max(1),
                 queue_size: config.queue_size,
                 queue_timeout: Duration::from_secs(config.queue_timeout_secs),
-                queued: AtomicUsize::new(0),
+                slots: Mutex::new(Slots::default()),
             })
         });
         Self { limited }
     }
 
-    /// Waits for a slot, in arrival order. Fails at once with `QueueFull`
-    /// when `queue_size` requests are already waiting, and with
-    /// `QueueTimeout` after waiting `queue_timeout_secs`.
-    pub async fn acquire(&self) -> Result<AdmissionPermit, GatewayError> {
+    /// Waits for a slot, behind every earlier waiter of the same or a higher
+    /// priority. Fails at once with `QueueFull` when `queue_size` requests
+    /// are already waiting, and with `QueueTimeout` after waiting
+    /// `queue_timeout_secs`.
+    pub async fn acquire(&self, priority: Priority) -> Result<AdmissionPermit, GatewayError> {
         let Some(limited) = &self.limited else {
-            return Ok(AdmissionPermit { _slot: None });
+            return Ok(AdmissionPermit { slot: None });
         };
-        // A free slot is only available when nobody is waiting (the fair
-        // semaphore hands released permits to waiters first), so this does
-        // not jump the queue.
-        if let Ok(slot) = Arc::clone(&limited.slots).try_acquire_owned() {
-            return Ok(AdmissionPermit { _slot: Some(slot) });
-        }
-        let reserved = limited
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-                (queued < limited.queue_size).then_some(queued + 1)
-            });
-        if reserved.is_err() {
-            // A slot may have come free since the first try.
-            return match Arc::clone(&limited.slots).try_acquire_owned() {
-                Ok(slot) => Ok(AdmissionPermit { _slot: Some(slot) }),
-                Err(_) => Err(GatewayError::QueueFull {
+        let admitted = || AdmissionPermit {
+            slot: Some(Arc::clone(limited)),
+        };
+        let mut place = {
+            let mut slots = limited.slots.lock();
+            // A slot is only ever free when nobody waits (a release hands
+            // it straight to a waiter), so taking it jumps no queue.
+            if slots.in_flight < limited.limit {
+                slots.in_flight += 1;
+                return Ok(admitted());
+            }
+            if slots.queued >= limited.queue_size {
+                return Err(GatewayError::QueueFull {
                     queue_size: limited.queue_size,
-                }),
-            };
-        }
-        let _place = QueuePlace(&limited.queued);
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = slots.next_id;
+            slots.next_id += 1;
+            slots.queues[priority.index()].push_back(Waiter { id, slot: tx });
+            slots.queued += 1;
+            QueuePlace {
+                limited: Arc::clone(limited),
+                priority,
+                id,
+                slot: rx,
+                admitted: false,
+            }
+        };
         let started = Instant::now();
-        let wait = Arc::clone(&limited.slots).acquire_owned();
-        match tokio::time::timeout(limited.queue_timeout, wait).await {
-            Ok(Ok(slot)) => Ok(AdmissionPermit { _slot: Some(slot) }),
-            // The semaphore is never closed; treat it as a timeout rather
-            // than panic if that ever changes.
+        match tokio::time::timeout(limited.queue_timeout, &mut place.slot).await {
+            Ok(Ok(())) => {
+                place.admitted = true;
+                Ok(admitted())
+            }
+            // The sender is only dropped unsent when the gate is; treat that
+            // like a timeout rather than panic.
             Ok(Err(_)) | Err(_) => Err(GatewayError::QueueTimeout {
                 waited: started.elapsed(),
             }),
@@ -124,14 +242,12 @@ impl Admission {
     pub fn in_flight(&self) -> usize {
         self.limited
             .as_ref()
-            .map_or(0, |l| l.limit - l.slots.available_permits())
+            .map_or(0, |l| l.slots.lock().in_flight)
     }
 
     /// Requests waiting in the queue now.
     pub fn queued(&self) -> usize {
-        self.limited
-            .as_ref()
-            .map_or(0, |l| l.queued.load(Ordering::Acquire))
+        self.limited.as_ref().map_or(0, |l| l.slots.lock().queued)
     }
 }
 

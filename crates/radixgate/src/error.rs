@@ -75,6 +75,23 @@ pub enum GatewayError {
         /// The configured queue size.
         queue_size: usize,
     },
+    /// The tenant is over one of its limits.
+    #[error(
+        "rate limit reached for tenant `{tenant}` on {} per min: limit {per_minute}; \
+         please try again in {}s",
+        limit.as_str(),
+        retry_after_secs(*retry_after)
+    )]
+    RateLimited {
+        /// The tenant's name.
+        tenant: String,
+        /// Which limit.
+        limit: crate::tenants::Limit,
+        /// Its value per minute.
+        per_minute: u32,
+        /// How long until the request would be admitted.
+        retry_after: Duration,
+    },
     /// The request waited in the admission queue longer than allowed.
     #[error("request waited {waited:?} in the queue without being admitted")]
     QueueTimeout {
@@ -149,7 +166,8 @@ impl GatewayError {
             | Self::UnknownModel { .. }
             | Self::ModelRequired { .. }
             | Self::NotFound { .. }
-            | Self::Admin(_) => Origin::Client,
+            | Self::Admin(_)
+            | Self::RateLimited { .. } => Origin::Client,
             Self::Connect { .. } | Self::UpstreamStatus { .. } => Origin::Upstream,
             Self::RetriesExhausted { last, .. } => last.origin(),
             Self::NoHealthyWorker { .. }
@@ -189,7 +207,7 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull { .. } | Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Connect { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamStatus { status, .. } => *status,
@@ -214,6 +232,8 @@ impl GatewayError {
             Self::ShuttingDown => ("service_unavailable", "shutting_down"),
             Self::Routing(_) => ("server_error", "routing_error"),
             Self::QueueFull { .. } => ("rate_limit_error", "queue_full"),
+            // OpenAI's own answer: the type names the limit.
+            Self::RateLimited { limit, .. } => (limit.as_str(), "rate_limit_exceeded"),
             Self::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
             Self::RequestTimeout { .. } => ("timeout", "request_timeout"),
             Self::Connect { .. } => ("upstream_error", "worker_unreachable"),
@@ -247,9 +267,17 @@ impl GatewayError {
             | Self::QueueTimeout { .. }
             | Self::NoHealthyWorker { .. }
             | Self::ShuttingDown => Some(1),
+            Self::RateLimited { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             _ => None,
         }
     }
+}
+
+/// Whole seconds to wait, rounded up, at least 1 (`Retry-After: 0` would
+/// invite an immediate retry that fails the same way).
+fn retry_after_secs(wait: Duration) -> u64 {
+    let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    whole.max(1)
 }
 
 /// Routing errors on the request path: the client's model is unknown or

@@ -24,5 +24,7 @@ pub mod retry;
 pub mod server;
 mod state;
 pub mod stream;
+pub mod tenants;
 mod upkeep;
 pub mod upstream;
+pub mod usage;

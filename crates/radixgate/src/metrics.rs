@@ -69,6 +69,9 @@ const ADMISSION_IN_FLIGHT: &str = "radixgate_admission_in_flight_requests";
 const ADMISSION_QUEUED: &str = "radixgate_admission_queued_requests";
 const ADMISSION_REJECTED: &str = "radixgate_admission_rejected_total";
 const UPSTREAM_ERRORS: &str = "radixgate_upstream_errors_total";
+const TENANT_REQUESTS: &str = "radixgate_tenant_requests_total";
+const TENANT_TOKENS: &str = "radixgate_tenant_tokens_total";
+const TENANT_RATE_LIMITED: &str = "radixgate_tenant_rate_limited_total";
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -163,6 +166,24 @@ const CATALOG: &[(&str, Kind, Option<Unit>, &str)] = &[
         None,
         "Failed attempts at a worker, by worker and kind of error.",
     ),
+    (
+        TENANT_REQUESTS,
+        Kind::Counter,
+        None,
+        "Client requests, by tenant and HTTP status.",
+    ),
+    (
+        TENANT_TOKENS,
+        Kind::Counter,
+        None,
+        "Tokens workers reported using, by tenant.",
+    ),
+    (
+        TENANT_RATE_LIMITED,
+        Kind::Counter,
+        None,
+        "Requests refused by a tenant's limit, by tenant and limit (requests, tokens).",
+    ),
 ];
 
 /// Where recorded series come from; the exporter ignores it, but the
@@ -190,6 +211,11 @@ pub struct Metrics {
     worker_healthy: Series<Box<str>, Gauge>,
     breaker_state: Series<Box<str>, Gauge>,
     breaker_transitions: Series<Box<str>, Counter>,
+    /// ("", status, tenant); tenant names come from the config, never a client.
+    tenant_requests: Series<LabelKey, Counter>,
+    tenant_tokens: Series<Box<str>, Counter>,
+    /// (limit, 0, tenant)
+    tenant_limited: Series<LabelKey, Counter>,
 }
 
 impl Metrics {
@@ -230,6 +256,9 @@ impl Metrics {
             worker_healthy: Series::new(),
             breaker_state: Series::new(),
             breaker_transitions: Series::new(),
+            tenant_requests: Series::new(),
+            tenant_tokens: Series::new(),
+            tenant_limited: Series::new(),
         })
     }
 
@@ -426,6 +455,55 @@ impl Metrics {
             .set(admission.queued() as f64);
     }
 
+    /// A tenant's request answered with `status`.
+    pub fn tenant_request(&self, tenant: &str, status: u16) {
+        let key = LabelRef {
+            fixed: "",
+            code: status,
+            text: tenant,
+        };
+        let labels = || {
+            vec![
+                tenant_label(tenant),
+                Label::new("status", status_label(status)),
+            ]
+        };
+        self.tenant_requests.with(
+            &key,
+            || key.to_owned_key(),
+            || self.counter(TENANT_REQUESTS, labels()),
+            |c| c.increment(1),
+        );
+    }
+
+    /// Tokens a worker reported using for a tenant's request.
+    pub fn tenant_tokens(&self, tenant: &str, tokens: u64) {
+        let make = || self.counter(TENANT_TOKENS, vec![tenant_label(tenant)]);
+        self.tenant_tokens
+            .with(tenant, || tenant.into(), make, |c| c.increment(tokens));
+    }
+
+    /// A tenant's request refused by its `limit` (`requests` or `tokens`).
+    pub fn tenant_rate_limited(&self, tenant: &str, limit: &'static str) {
+        let key = LabelRef {
+            fixed: limit,
+            code: 0,
+            text: tenant,
+        };
+        let labels = || {
+            vec![
+                tenant_label(tenant),
+                Label::from_static_parts("limit", limit),
+            ]
+        };
+        self.tenant_limited.with(
+            &key,
+            || key.to_owned_key(),
+            || self.counter(TENANT_RATE_LIMITED, labels()),
+            |c| c.increment(1),
+        );
+    }
+
     /// Folds recorded histogram samples into their buckets; call it every
     /// few seconds so memory stays bounded between scrapes.
     pub fn run_upkeep(&self) {
@@ -443,6 +521,10 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+fn tenant_label(tenant: &str) -> Label {
+    Label::new("tenant", tenant.to_owned())
 }
 
 fn worker_label(worker: &str) -> Label {

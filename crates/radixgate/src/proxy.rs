@@ -89,7 +89,8 @@ async fn forward(
     started: Instant,
 ) -> Result<Response, GatewayError> {
     let shared = &state.shared;
-    let admitted = shared.admission.acquire().await?;
+    let priority = crate::tenants::admit(&req, &shared.metrics)?;
+    let admitted = shared.admission.acquire(priority).await?;
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, shared.config.server.max_payload_size).await?;
     let request = inspect(api, &bytes)?;

@@ -17,7 +17,7 @@
 //! drops their bodies and so releases their load.
 
 use crate::admission::Admission;
-use crate::auth::{RequiredKey, require_key};
+use crate::auth::{RequiredKey, require_key, require_tenant};
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
@@ -64,7 +64,6 @@ fn inference(api: Api, path: &'static str) -> axum::routing::MethodRouter<Arc<Ap
 /// The HTTP routes of a gateway.
 fn routes(state: Arc<AppState>) -> Router {
     let server = &state.shared.config.server;
-    let client_key = RequiredKey(server.api_key.as_deref().map(Arc::from));
     let admin_key = RequiredKey(
         server
             .admin_api_key
@@ -93,8 +92,8 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/get_loads", get(info::loads))
         .route("/flush_cache", post(info::flush_cache))
         .route_layer(axum::middleware::from_fn_with_state(
-            client_key,
-            require_key,
+            state.clone(),
+            require_tenant,
         ));
     let admin = Router::<Arc<AppState>>::new()
         .route(
@@ -146,6 +145,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     config.validate()?;
+    let tenants = crate::tenants::Tenants::from_config(&config)?;
     let policy = config
         .routing
         .build()
@@ -173,6 +173,7 @@ pub async fn run(
         admission: Admission::new(&config.admission),
         breakers: Breakers::new(config.circuit_breaker.clone()),
         metrics: Metrics::new(),
+        tenants: arc_swap::ArcSwap::from_pointee(tenants),
         config,
         router,
         control,

@@ -20,6 +20,7 @@ use crate::breaker::{Breaker, BreakerState};
 use crate::config::Config;
 use crate::control::Control;
 use crate::metrics::Metrics;
+use crate::tenants::Tenants;
 use crate::upstream::Forwarder;
 use parking_lot::RwLock;
 use radixgate_routing::{Router, Worker, WorkerId};
@@ -44,6 +45,9 @@ pub(crate) struct Shared {
     pub(crate) breakers: Breakers,
     /// The metrics recorder.
     pub(crate) metrics: Metrics,
+    /// Who may call the client API, with their limits. Swapped whole on a
+    /// config reload (`Tenants::reloaded`); requests read it lock-free.
+    pub(crate) tenants: arc_swap::ArcSwap<Tenants>,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
 }

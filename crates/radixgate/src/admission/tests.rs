@@ -29,7 +29,7 @@ async fn unlimited_admits_everything_and_tracks_nothing() {
     let gate = gate(None, 0, 1);
     let permits: Vec<_> = (0..1000)
         .map(|_| {
-            gate.acquire()
+            gate.acquire(Priority::Normal)
                 .now_or_never()
                 .expect("ready")
                 .expect("admitted")
@@ -45,12 +45,12 @@ async fn unlimited_admits_everything_and_tracks_nothing() {
 #[tokio::test(start_paused = true)]
 async fn the_limit_is_respected_and_a_drop_admits_the_next() {
     let gate = gate(Some(2), 10, 60);
-    let a = gate.acquire().await.expect("first");
-    let _b = gate.acquire().await.expect("second");
+    let a = gate.acquire(Priority::Normal).await.expect("first");
+    let _b = gate.acquire(Priority::Normal).await.expect("second");
     assert_eq!(gate.in_flight(), 2);
     let waiter = tokio::spawn({
         let gate = gate.clone();
-        async move { gate.acquire().await }
+        async move { gate.acquire(Priority::Normal).await }
     });
     settle().await;
     assert!(!waiter.is_finished(), "third waits");
@@ -68,16 +68,19 @@ async fn the_limit_is_respected_and_a_drop_admits_the_next() {
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_refuses_at_once() {
     let gate = gate(Some(1), 2, 60);
-    let _held = gate.acquire().await.expect("first");
+    let _held = gate.acquire(Priority::Normal).await.expect("first");
     let waiters: Vec<_> = (0..2)
         .map(|_| {
             let gate = gate.clone();
-            tokio::spawn(async move { gate.acquire().await })
+            tokio::spawn(async move { gate.acquire(Priority::Normal).await })
         })
         .collect();
     settle().await;
     assert_eq!(gate.queued(), 2);
-    let refused = gate.acquire().now_or_never().expect("no waiting when full");
+    let refused = gate
+        .acquire(Priority::Normal)
+        .now_or_never()
+        .expect("no waiting when full");
     assert!(matches!(
         refused,
         Err(GatewayError::QueueFull { queue_size: 2 })
@@ -90,19 +93,27 @@ async fn a_full_queue_refuses_at_once() {
 #[tokio::test(start_paused = true)]
 async fn zero_queue_refuses_when_all_slots_are_taken() {
     let gate = gate(Some(1), 0, 60);
-    let held = gate.acquire().await.expect("first");
-    let refused = gate.acquire().now_or_never().expect("immediate");
+    let held = gate.acquire(Priority::Normal).await.expect("first");
+    let refused = gate
+        .acquire(Priority::Normal)
+        .now_or_never()
+        .expect("immediate");
     assert!(matches!(refused, Err(GatewayError::QueueFull { .. })));
     drop(held);
-    assert!(gate.acquire().now_or_never().expect("immediate").is_ok());
+    assert!(
+        gate.acquire(Priority::Normal)
+            .now_or_never()
+            .expect("immediate")
+            .is_ok()
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_times_out_and_gives_its_place_back() {
     let gate = gate(Some(1), 1, 2);
-    let _held = gate.acquire().await.expect("first");
+    let _held = gate.acquire(Priority::Normal).await.expect("first");
     let started = Instant::now();
-    let err = gate.acquire().await.expect_err("times out");
+    let err = gate.acquire(Priority::Normal).await.expect_err("times out");
     match err {
         GatewayError::QueueTimeout { waited } => {
             assert_eq!(waited, Duration::from_secs(2));
@@ -116,7 +127,7 @@ async fn a_waiter_times_out_and_gives_its_place_back() {
 
 /// The status of the next timed-out request, as the client would see it.
 async fn err_status(gate: &Admission) -> u16 {
-    gate.acquire()
+    gate.acquire(Priority::Normal)
         .await
         .expect_err("times out")
         .status()
@@ -126,13 +137,13 @@ async fn err_status(gate: &Admission) -> u16 {
 #[tokio::test(start_paused = true)]
 async fn waiters_are_admitted_in_arrival_order() {
     let gate = gate(Some(1), 10, 60);
-    let held = gate.acquire().await.expect("first");
+    let held = gate.acquire(Priority::Normal).await.expect("first");
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for id in 0..6 {
         let (gate, order) = (gate.clone(), Arc::clone(&order));
         tasks.push(tokio::spawn(async move {
-            let permit = gate.acquire().await.expect("admitted");
+            let permit = gate.acquire(Priority::Normal).await.expect("admitted");
             order.lock().expect("lock").push(id);
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(permit);
@@ -142,7 +153,7 @@ async fn waiters_are_admitted_in_arrival_order() {
     assert_eq!(gate.queued(), 6);
     drop(held);
     // A newcomer after the release must queue behind them, not barge in.
-    assert!(gate.acquire().now_or_never().is_none());
+    assert!(gate.acquire(Priority::Normal).now_or_never().is_none());
     for t in tasks {
         t.await.expect("task");
     }
@@ -153,15 +164,16 @@ async fn waiters_are_admitted_in_arrival_order() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_waiter_leaks_nothing() {
     let gate = gate(Some(1), 1, 60);
-    let held = gate.acquire().await.expect("first");
+    let held = gate.acquire(Priority::Normal).await.expect("first");
     // The client goes away while waiting: the future is dropped.
-    let cancelled = tokio::time::timeout(Duration::from_secs(1), gate.acquire()).await;
+    let cancelled =
+        tokio::time::timeout(Duration::from_secs(1), gate.acquire(Priority::Normal)).await;
     assert!(cancelled.is_err(), "still waiting when cancelled");
     assert_eq!(gate.queued(), 0, "queue place given back");
     // The queue (size 1) has room again, and the slot goes to the live waiter.
     let waiter = tokio::spawn({
         let gate = gate.clone();
-        async move { gate.acquire().await }
+        async move { gate.acquire(Priority::Normal).await }
     });
     settle().await;
     assert_eq!(gate.queued(), 1);
@@ -179,7 +191,7 @@ async fn aborted_tasks_release_permits_and_places() {
     for _ in 0..6 {
         let gate = gate.clone();
         tasks.push(tokio::spawn(async move {
-            let _permit = gate.acquire().await;
+            let _permit = gate.acquire(Priority::Normal).await;
             std::future::pending::<()>().await;
         }));
     }
@@ -192,4 +204,64 @@ async fn aborted_tasks_release_permits_and_places() {
         assert!(t.await.expect_err("aborted").is_cancelled());
     }
     assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn higher_priority_waiters_go_first_and_fifo_within_a_level() {
+    let gate = gate(Some(1), 10, 60);
+    let held = gate.acquire(Priority::Normal).await.expect("first");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let arrivals = [
+        ("low-1", Priority::Low),
+        ("normal-1", Priority::Normal),
+        ("low-2", Priority::Low),
+        ("high-1", Priority::High),
+        ("normal-2", Priority::Normal),
+        ("high-2", Priority::High),
+    ];
+    for (name, priority) in arrivals {
+        let (gate, order) = (gate.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let permit = gate.acquire(priority).await.expect("admitted");
+            order.lock().expect("lock").push(name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(permit);
+        }));
+        settle().await;
+    }
+    assert_eq!(gate.queued(), 6);
+    drop(held);
+    // A high-priority newcomer still queues: the freed slot was handed over.
+    assert!(gate.acquire(Priority::High).now_or_never().is_none());
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let expected = ["high-1", "high-2", "normal-1", "normal-2", "low-1", "low-2"];
+    assert_eq!(*order.lock().expect("lock"), expected);
+    assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_handed_to_a_waiter_that_gave_up_is_passed_on() {
+    let gate = gate(Some(1), 10, 60);
+    let held = gate.acquire(Priority::Normal).await.expect("first");
+    let mut quitter = Box::pin(gate.acquire(Priority::High));
+    assert!((&mut quitter).now_or_never().is_none(), "queued");
+    let patient = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.acquire(Priority::Low).await }
+    });
+    settle().await;
+    assert_eq!(gate.queued(), 2);
+    // The slot goes to the quitter, which is dropped before it looks.
+    drop(held);
+    drop(quitter);
+    let permit = patient
+        .await
+        .expect("task")
+        .expect("the slot was passed on");
+    assert_eq!((gate.in_flight(), gate.queued()), (1, 0));
+    drop(permit);
+    assert_eq!(gate.in_flight(), 0);
 }

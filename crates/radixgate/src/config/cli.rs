@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// Key clients must send as `Authorization: Bearer <key>`.
     #[arg(long, env = "RADIXGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// YAML or JSON file listing named API keys (tenants), each with
+    /// optional requests/tokens per minute and a priority (high, normal,
+    /// low); see examples/radixgate.yaml [config: tenants.api_key_file].
+    #[arg(long, env = "RADIXGATE_API_KEY_FILE", value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
     /// Key for the admin API (defaults to --api-key).
     #[arg(long, env = "RADIXGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
@@ -210,6 +215,9 @@ impl ServeArgs {
         }
         if self.admin_api_key.is_some() {
             s.admin_api_key = self.admin_api_key.clone();
+        }
+        if self.api_key_file.is_some() {
+            config.tenants.api_key_file = self.api_key_file.clone();
         }
 
         let h = &mut config.health;

@@ -12,12 +12,14 @@
 //! existing command line keeps working.
 
 mod cli;
+mod tenants;
 
 pub use cli::ServeArgs;
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
+pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 
 use radixgate_routing::{PolicyConfig, RoutingError, WorkerUrl};
 use serde::{Deserialize, Serialize};
@@ -42,6 +44,8 @@ pub struct Config {
     pub circuit_breaker: BreakerConfig,
     /// Concurrency limit and its queue.
     pub admission: AdmissionConfig,
+    /// Named API keys with limits and an admission priority.
+    pub tenants: TenantsConfig,
     /// Prometheus exposition.
     pub metrics: MetricsConfig,
     /// Logging.
@@ -62,7 +66,9 @@ pub struct ServerConfig {
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_grace_period_secs: u64,
-    /// Key clients must send as `Authorization: Bearer <key>`; none = open.
+    /// Key clients must send as `Authorization: Bearer <key>`; none = open
+    /// (unless `tenants` lists keys). It is one more tenant, `default`, with
+    /// no limits.
     pub api_key: Option<String>,
     /// Key for the admin API (`/workers`); none = same as `api_key`.
     pub admin_api_key: Option<String>,
@@ -271,6 +277,15 @@ pub enum ConfigError {
         #[source]
         source: serde_norway::Error,
     },
+    /// The API key file is not a valid list of tenants.
+    #[error("invalid API key file {path}: {source}")]
+    KeysFile {
+        /// The file.
+        path: PathBuf,
+        /// Where and why, with line and column.
+        #[source]
+        source: serde_norway::Error,
+    },
     /// The routing settings are out of range.
     #[error(transparent)]
     Routing(#[from] RoutingError),
@@ -407,6 +422,9 @@ impl Config {
                 "must be at least 1 (leave it unset for no limit)",
             ));
         }
+        // Reads the key file and `key_env` variables: a bad entry stops
+        // start-up (or a reload) here, named.
+        self.tenants.resolve(s.api_key.as_deref())?;
         if self.metrics.prometheus_port == Some(s.port) && s.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",

@@ -244,3 +244,72 @@ fn prefill_aware_takes_the_tree_flags_but_not_the_thresholds() {
         "{err}"
     );
 }
+
+#[test]
+fn tenants_come_from_the_section_and_the_api_key_file_flag() {
+    let config = Config::from_yaml(
+        "tenants:\n  keys:\n    - {name: a, key: sk-a, requests_per_minute: 60, priority: high}\n",
+    )
+    .unwrap();
+    config.validate().unwrap();
+    let resolved = config.tenants.resolve(Some("sk-legacy")).unwrap();
+    let names: Vec<_> = resolved.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, [API_KEY_TENANT, "a"]);
+    assert!(
+        !format!("{resolved:?}{config:?}").contains("sk-"),
+        "Debug hides keys"
+    );
+
+    let mut config = Config::default();
+    args(&["--api-key-file", "/nonexistent/keys.yaml"])
+        .apply(&mut config)
+        .unwrap();
+    assert_eq!(
+        config.tenants.api_key_file.as_deref(),
+        Some(std::path::Path::new("/nonexistent/keys.yaml"))
+    );
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("/nonexistent/keys.yaml"), "{err}");
+}
+
+#[test]
+fn bad_inline_tenants_are_named() {
+    let check = |yaml: &str, api_key: Option<&str>, needles: &[&str]| {
+        let mut config = Config::from_yaml(yaml).unwrap();
+        config.server.api_key = api_key.map(str::to_owned);
+        let err = config.validate().unwrap_err().to_string();
+        for needle in needles {
+            assert!(err.contains(needle), "`{needle}` not in: {err}");
+        }
+        assert!(!err.contains("sk-1"), "no key in: {err}");
+    };
+    let keys = |list: &str| format!("tenants:\n  keys: [{list}]\n");
+    check(
+        &keys("{name: a, key: sk-1}, {name: b, key: sk-1}"),
+        None,
+        &["tenants.keys", "entry 1 (`b`)", "same key as `a`"],
+    );
+    check(
+        &keys("{name: default, key: sk-2}"),
+        Some("sk-1"),
+        &["entry 0 (`default`)", "already used"],
+    );
+    check(
+        &keys("{name: a, key: sk-1, key_env: X}"),
+        None,
+        &["not both"],
+    );
+    check(&keys("{name: '', key: sk-1}"), None, &["entry 0", "name"]);
+    check(
+        &keys("{name: 'a b', key: sk-1}"),
+        None,
+        &["entry 0", "name"],
+    );
+    check(&keys("{name: a, key: 'sk-1 x'}"), None, &["whitespace"]);
+    check(
+        &keys("{name: a, key: sk-1, tokens_per_minute: 0}"),
+        None,
+        &["tokens_per_minute", "at least 1"],
+    );
+    assert!(Config::from_yaml("tenants: {keys: [{name: a, key: k, rpm: 1}]}").is_err());
+}

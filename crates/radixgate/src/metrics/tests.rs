@@ -94,6 +94,10 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     m.tree_chars(W1, 123_456);
     m.worker_healthy(W1, true);
     m.worker_healthy(W2, false);
+    m.tenant_request("team-a", 429);
+    m.tenant_tokens("team-a", 40);
+    m.tenant_tokens("team-a", 2);
+    m.tenant_rate_limited("team-a", "tokens");
 
     let cfg = BreakerConfig {
         failure_threshold: 1,
@@ -110,7 +114,10 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
         max_concurrent_requests: Some(4),
         ..AdmissionConfig::default()
     });
-    let _held = admission.acquire().await.expect("admitted");
+    let _held = admission
+        .acquire(Default::default())
+        .await
+        .expect("admitted");
     m.admission(&admission);
 
     let text = m.render();
@@ -157,6 +164,16 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     assert_eq!(scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]), 1.0);
     assert_eq!(scalar(&s, ADMISSION_IN_FLIGHT, &[]), 1.0);
     assert_eq!(scalar(&s, ADMISSION_QUEUED, &[]), 0.0);
+    let tenant = ("tenant", "team-a");
+    assert_eq!(
+        scalar(&s, TENANT_REQUESTS, &[tenant, ("status", "429")]),
+        1.0
+    );
+    assert_eq!(scalar(&s, TENANT_TOKENS, &[tenant]), 42.0);
+    assert_eq!(
+        scalar(&s, TENANT_RATE_LIMITED, &[tenant, ("limit", "tokens")]),
+        1.0
+    );
 
     // Every family in the catalog showed up, with its help text and type.
     for &(name, kind, _, help) in CATALOG {

@@ -1,0 +1,290 @@
+//! Tenants: who a client is (by API key), how much it may ask for, and where
+//! it stands in the admission queue.
+//!
+//! [`Tenants`] is built from the validated config ([`Tenants::from_config`])
+//! and is immutable; the gateway holds it in an `ArcSwap`, so a reload
+//! builds a new set with [`Tenants::reloaded`] (which keeps the buckets of
+//! tenants whose name and limits did not change) and swaps it in while
+//! requests keep reading the old one.
+//!
+//! Limits are `governor` GCRA buckets, one per tenant and limit (tenants are
+//! a fixed set, so no keyed state needs pruning), each holding a minute's
+//! worth:
+//! - **requests per minute**: each inference request takes one cell before
+//!   it is admitted; an empty bucket is a 429 with `Retry-After` = the
+//!   seconds until a cell frees, as governor computes it;
+//! - **tokens per minute**: a request's tokens are known only when its
+//!   response ends (the worker's `usage`, read by [`crate::usage`]), so they
+//!   are charged after the fact. What the bucket cannot cover at once is
+//!   kept as an overdraft, and a new request is refused while any
+//!   overdraft is left: the tenant waits until the bucket has refilled
+//!   enough to pay it. Requests already running when the budget runs out
+//!   finish; a burst of concurrent requests can therefore overrun a minute's
+//!   budget once, and pays it back before the next one is admitted.
+//!
+//! Keys are compared in constant time against every tenant's key, so the
+//! time taken says neither how much of a guess was right nor which tenant
+//! matched. The gateway never logs a key: tenants are named in logs and
+//! metrics by their configured name.
+
+mod metered;
+
+pub(crate) use metered::Metered;
+
+use crate::admission::Priority;
+use crate::auth::constant_time_eq;
+use crate::config::{Config, ConfigError, ResolvedTenant};
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use axum::extract::Request;
+use governor::clock::Clock as _;
+use governor::{DefaultDirectRateLimiter, Quota};
+use parking_lot::Mutex;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which of a tenant's limits refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `requests_per_minute`.
+    Requests,
+    /// `tokens_per_minute`.
+    Tokens,
+}
+
+impl Limit {
+    /// The metrics label and the OpenAI error `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+        }
+    }
+}
+
+/// The configured tenants; empty when the client API is open.
+#[derive(Debug, Default)]
+pub struct Tenants {
+    tenants: Vec<Arc<Tenant>>,
+}
+
+/// One tenant and its buckets.
+pub struct Tenant {
+    name: Arc<str>,
+    key: Box<str>,
+    priority: Priority,
+    requests: Option<Arc<RequestBucket>>,
+    tokens: Option<Arc<TokenBucket>>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tenant a request was authenticated as, in its extensions.
+#[derive(Clone, Debug)]
+pub(crate) struct TenantRef(pub(crate) Arc<Tenant>);
+
+impl Tenants {
+    /// The tenants of a validated config (`server.api_key` and `tenants`).
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        Self::default().reloaded(config)
+    }
+
+    /// The tenants of `config`, keeping the buckets (and so what was spent)
+    /// of every tenant whose name and limit are unchanged.
+    pub fn reloaded(&self, config: &Config) -> Result<Self, ConfigError> {
+        let resolved = config.tenants.resolve(config.server.api_key.as_deref())?;
+        let tenants = resolved
+            .into_iter()
+            .map(|spec| Arc::new(self.build(spec)))
+            .collect();
+        Ok(Self { tenants })
+    }
+
+    fn build(&self, spec: ResolvedTenant) -> Tenant {
+        let old = self.tenants.iter().find(|t| *t.name == *spec.name);
+        let requests = spec.requests_per_minute.map(|rpm| {
+            old.and_then(|t| t.requests.clone())
+                .filter(|b| b.per_minute == rpm)
+                .unwrap_or_else(|| Arc::new(RequestBucket::new(rpm)))
+        });
+        let tokens = spec.tokens_per_minute.map(|tpm| {
+            old.and_then(|t| t.tokens.clone())
+                .filter(|b| b.per_minute == tpm)
+                .unwrap_or_else(|| Arc::new(TokenBucket::new(tpm)))
+        });
+        Tenant {
+            name: spec.name.into(),
+            key: spec.key.into(),
+            priority: spec.priority,
+            requests,
+            tokens,
+        }
+    }
+
+    /// Whether no key is required.
+    pub fn is_open(&self) -> bool {
+        self.tenants.is_empty()
+    }
+
+    /// The tenant whose key was presented. Every key is compared, in time
+    /// that depends only on the lengths.
+    pub fn find(&self, presented: &str) -> Option<&Arc<Tenant>> {
+        let mut found = None;
+        for tenant in &self.tenants {
+            if constant_time_eq(presented.as_bytes(), tenant.key.as_bytes()) {
+                found = Some(tenant);
+            }
+        }
+        found
+    }
+
+    /// The tenants' names, in configured order (for a status page).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tenants.iter().map(|t| t.name())
+    }
+}
+
+impl Tenant {
+    /// The configured name (the metrics label).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The admission priority.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// Takes one request from the request bucket, unless the tenant is over
+    /// a limit: then the error says which, and how long to wait.
+    pub fn admit(&self) -> Result<(), GatewayError> {
+        // Tokens first: a request refused for its tokens takes no request
+        // cell.
+        if let Some(tokens) = &self.tokens
+            && let Err(wait) = tokens.settle()
+        {
+            return Err(self.limited(Limit::Tokens, tokens.per_minute, wait));
+        }
+        if let Some(requests) = &self.requests
+            && let Err(wait) = requests.take()
+        {
+            return Err(self.limited(Limit::Requests, requests.per_minute, wait));
+        }
+        Ok(())
+    }
+
+    fn limited(&self, limit: Limit, per_minute: NonZeroU32, wait: Duration) -> GatewayError {
+        GatewayError::RateLimited {
+            tenant: self.name.to_string(),
+            limit,
+            per_minute: per_minute.get(),
+            retry_after: wait,
+        }
+    }
+
+    /// Charges the tokens a response reported (after the fact; see the
+    /// module doc).
+    pub fn charge(&self, tokens: u64) {
+        if let Some(bucket) = &self.tokens {
+            bucket.charge(tokens);
+        }
+    }
+}
+
+/// Admits a request for its tenant (if the API has tenants): checks its
+/// limits and returns its queue priority. A refusal is counted here.
+pub(crate) fn admit(req: &Request, metrics: &Metrics) -> Result<Priority, GatewayError> {
+    let Some(TenantRef(tenant)) = req.extensions().get::<TenantRef>() else {
+        return Ok(Priority::Normal);
+    };
+    tenant.admit().inspect_err(|err| {
+        if let GatewayError::RateLimited { limit, .. } = err {
+            metrics.tenant_rate_limited(tenant.name(), limit.as_str());
+        }
+    })?;
+    Ok(tenant.priority())
+}
+
+/// `requests_per_minute`: one cell per request.
+struct RequestBucket {
+    per_minute: NonZeroU32,
+    limiter: DefaultDirectRateLimiter,
+}
+
+impl RequestBucket {
+    fn new(per_minute: NonZeroU32) -> Self {
+        Self {
+            per_minute,
+            limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(per_minute)),
+        }
+    }
+
+    /// Takes a cell, or says how long until one frees.
+    fn take(&self) -> Result<(), Duration> {
+        self.limiter
+            .check()
+            .map_err(|not_until| not_until.wait_time_from(self.limiter.clock().now()))
+    }
+}
+
+/// `tokens_per_minute`: charged after the fact, with an overdraft.
+struct TokenBucket {
+    per_minute: NonZeroU32,
+    limiter: DefaultDirectRateLimiter,
+    /// Tokens used but not yet taken from the bucket. A mutex, not an
+    /// atomic: paying it is a check of the bucket and an update of the debt
+    /// as one step, or two payers could pay the same debt twice. Held for
+    /// that step only.
+    overdraft: Mutex<u64>,
+}
+
+impl TokenBucket {
+    fn new(per_minute: NonZeroU32) -> Self {
+        Self {
+            per_minute,
+            limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(per_minute)),
+            overdraft: Mutex::new(0),
+        }
+    }
+
+    fn charge(&self, tokens: u64) {
+        *self.overdraft.lock() += tokens;
+        // Pays what the bucket holds now; the rest waits for `settle` calls.
+        let _ = self.settle();
+    }
+
+    /// Pays the overdraft from the bucket, a minute's worth at a time;
+    /// `Err` is how long until the rest can be paid.
+    fn settle(&self) -> Result<(), Duration> {
+        let mut overdraft = self.overdraft.lock();
+        let burst = u64::from(self.per_minute.get());
+        while *overdraft > 0 {
+            let chunk = (*overdraft).min(burst);
+            let cells = NonZeroU32::new(chunk as u32).unwrap_or(NonZeroU32::MIN);
+            match self.limiter.check_n(cells) {
+                Ok(Ok(())) => *overdraft -= chunk,
+                Ok(Err(not_until)) => {
+                    let now = self.limiter.clock().now();
+                    let per_token = Duration::from_secs(60) / self.per_minute.get();
+                    let rest = u32::try_from(*overdraft - chunk).unwrap_or(u32::MAX);
+                    return Err(not_until.wait_time_from(now) + per_token.saturating_mul(rest));
+                }
+                // `chunk` is at most the burst, so this cannot happen; wait
+                // a minute rather than admit.
+                Err(_) => return Err(Duration::from_secs(60)),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,121 @@
+use super::*;
+
+fn tenants(yaml: &str, api_key: Option<&str>) -> Tenants {
+    let mut config = Config::from_yaml(yaml).expect("YAML");
+    config.server.api_key = api_key.map(str::to_owned);
+    Tenants::from_config(&config).expect("valid tenants")
+}
+
+const TWO: &str = "tenants:
+  keys:
+    - {name: a, key: sk-a, requests_per_minute: 2, priority: high}
+    - {name: b, key: sk-b, tokens_per_minute: 10}
+";
+
+#[test]
+fn keys_find_their_tenant_and_nothing_else() {
+    let set = tenants(TWO, Some("sk-legacy"));
+    assert!(!set.is_open());
+    assert_eq!(set.find("sk-a").map(|t| t.name()), Some("a"));
+    assert_eq!(set.find("sk-b").map(|t| t.name()), Some("b"));
+    assert_eq!(set.find("sk-legacy").map(|t| t.name()), Some("default"));
+    for wrong in ["", "sk-", "sk-a ", "sk-c", "SK-A"] {
+        assert!(set.find(wrong).is_none(), "{wrong:?}");
+    }
+    assert_eq!(set.names().collect::<Vec<_>>(), ["default", "a", "b"]);
+    assert_eq!(set.find("sk-a").unwrap().priority(), Priority::High);
+    assert!(tenants("", None).is_open());
+    assert!(!format!("{set:?}").contains("sk-"), "Debug hides keys");
+}
+
+#[test]
+fn the_request_bucket_refuses_with_a_wait() {
+    let set = tenants(TWO, None);
+    let a = set.find("sk-a").unwrap();
+    a.admit().unwrap();
+    a.admit().unwrap();
+    match a.admit() {
+        Err(GatewayError::RateLimited {
+            limit: Limit::Requests,
+            per_minute: 2,
+            retry_after,
+            ..
+        }) => assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(30)),
+        other => panic!("expected a request limit, got {other:?}"),
+    }
+}
+
+#[test]
+fn tokens_are_charged_after_the_fact_with_an_overdraft() {
+    let set = tenants(TWO, None);
+    let b = set.find("sk-b").unwrap();
+    b.admit().unwrap();
+    b.charge(4);
+    b.admit().expect("6 of 10 left");
+    b.charge(25); // 6 paid at once would not cover it: 25 owed
+    let wait = match b.admit() {
+        Err(GatewayError::RateLimited {
+            limit: Limit::Tokens,
+            retry_after,
+            ..
+        }) => retry_after,
+        other => panic!("expected a token limit, got {other:?}"),
+    };
+    // 25 tokens at 10 a minute, less the 6 in the bucket: about two minutes.
+    assert!(wait > Duration::from_secs(100), "{wait:?}");
+    assert!(wait <= Duration::from_secs(150), "{wait:?}");
+    // An unlimited tenant is never charged.
+    let a = set.find("sk-a").unwrap();
+    a.charge(1_000_000);
+    a.admit().unwrap();
+}
+
+#[test]
+fn a_reload_keeps_unchanged_buckets() {
+    let set = tenants(TWO, None);
+    let a = set.find("sk-a").unwrap();
+    a.admit().unwrap();
+    a.admit().unwrap();
+    assert!(a.admit().is_err());
+    let same = set
+        .reloaded(&Config::from_yaml(TWO).unwrap())
+        .expect("reloaded");
+    assert!(
+        same.find("sk-a").unwrap().admit().is_err(),
+        "spent stays spent"
+    );
+    let raised = TWO.replace("requests_per_minute: 2", "requests_per_minute: 3");
+    let changed = set
+        .reloaded(&Config::from_yaml(&raised).unwrap())
+        .expect("reloaded");
+    changed
+        .find("sk-a")
+        .unwrap()
+        .admit()
+        .expect("a new limit, a new bucket");
+}
+
+#[test]
+fn a_refusal_is_an_openai_rate_limit_answer() {
+    use axum::response::IntoResponse;
+    let refusal = |wait| GatewayError::RateLimited {
+        tenant: "team-a".into(),
+        limit: Limit::Tokens,
+        per_minute: 100,
+        retry_after: wait,
+    };
+    let err = refusal(Duration::from_millis(2500));
+    let body = err.body();
+    assert_eq!(body["error"]["type"], "tokens");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`team-a`") && message.contains("3s"),
+        "{message}"
+    );
+    let response = err.into_response();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "3", "rounded up");
+    let response = refusal(Duration::ZERO).into_response();
+    assert_eq!(response.headers()["retry-after"], "1", "never 0");
+}

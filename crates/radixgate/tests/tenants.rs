@@ -1,0 +1,428 @@
+//! Tenants end to end on loopback: named API keys with request and token
+//! limits and a priority, in front of simulated workers that report `usage`.
+//!
+//! Configs are written as YAML, the way an operator writes them. No test
+//! asserts how fast anything is: limits are checked by status, header and
+//! body; priority by the order in which requests were served.
+
+mod common;
+
+use common::*;
+use radixgate::config::Config;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A config with `tenants_yaml` (the body of a `tenants:` section) in front
+/// of `worker`. Merged as YAML, the way an operator's file would carry it.
+fn tenant_config(worker: &str, tenants_yaml: &str) -> Config {
+    with_tenants(config(&[worker]), tenants_yaml)
+}
+
+fn with_tenants(base: Config, tenants_yaml: &str) -> Config {
+    let mut document = serde_norway::to_value(&base).expect("config as YAML");
+    let tenants: serde_norway::Value = serde_norway::from_str(tenants_yaml).expect("tenants YAML");
+    document
+        .as_mapping_mut()
+        .expect("a mapping")
+        .insert("tenants".into(), tenants);
+    let text = serde_norway::to_string(&document).expect("YAML text");
+    Config::from_yaml(&text).expect("a config with tenants")
+}
+
+async fn post_as(gateway: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut request = client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.expect("request sent")
+}
+
+/// Sends one chat request and reads its whole body.
+async fn chat_as(gateway: &str, key: &str, stream: bool) -> (u16, Option<String>, String) {
+    let r = post_as(gateway, Some(key), &chat("tenant request", stream)).await;
+    let status = r.status().as_u16();
+    let retry_after = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, retry_after, r.text().await.expect("body"))
+}
+
+/// Checks an OpenAI-style rate-limit answer and returns its Retry-After.
+fn assert_rate_limited(answer: &(u16, Option<String>, String), kind: &str) -> u64 {
+    let (status, retry_after, body) = answer;
+    assert_eq!(*status, 429, "{body}");
+    let body: Value = serde_json::from_str(body).expect("JSON error body");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    assert_eq!(body["error"]["type"], kind, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("team-"));
+    let secs: u64 = retry_after
+        .as_deref()
+        .expect("Retry-After")
+        .parse()
+        .expect("whole seconds");
+    assert!(secs >= 1, "Retry-After {secs}");
+    secs
+}
+
+const TWO_TEAMS: &str = "keys:
+    - {name: team-a, key: sk-a, requests_per_minute: 2}
+    - {name: team-b, key: sk-b}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limit_gives_429_with_retry_after_to_one_tenant_only() {
+    let worker = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(tenant_config(&worker.url, TWO_TEAMS), 1).await;
+    for _ in 0..2 {
+        assert_eq!(chat_as(&gw.url, "sk-a", false).await.0, 200);
+    }
+    let limited = chat_as(&gw.url, "sk-a", false).await;
+    let secs = assert_rate_limited(&limited, "requests");
+    // Two a minute: the next slot frees within half a minute.
+    assert!(secs <= 30, "Retry-After {secs}");
+    for _ in 0..5 {
+        assert_eq!(chat_as(&gw.url, "sk-b", true).await.0, 200);
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_missing_keys_get_401() {
+    let worker = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(tenant_config(&worker.url, TWO_TEAMS), 1).await;
+    for key in [Some("sk-c"), Some("sk-"), Some(""), None] {
+        let r = post_as(&gw.url, key, &chat("who", false)).await;
+        assert_eq!(r.status(), 401, "{key:?}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "authentication_error", "{key:?}");
+    }
+    let r = client()
+        .get(format!("{}/v1/models", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "every client route needs a key");
+    assert_eq!(chat_as(&gw.url, "sk-b", false).await.0, 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_single_api_key_is_one_more_tenant_without_limits() {
+    let worker = sim_worker(fast_worker()).await;
+    let mut cfg = tenant_config(&worker.url, TWO_TEAMS);
+    cfg.server.api_key = Some("sk-legacy".into());
+    let gw = gateway_ready(cfg, 1).await;
+    for _ in 0..4 {
+        assert_eq!(chat_as(&gw.url, "sk-legacy", false).await.0, 200);
+    }
+    assert_eq!(chat_as(&gw.url, "sk-a", false).await.0, 200);
+    assert_eq!(chat_as(&gw.url, "sk-x", false).await.0, 401);
+    gw.shutdown().await;
+}
+
+/// A tenant with a budget smaller than one answer's usage: the first request
+/// passes (its tokens are only known at its end), the next waits for the
+/// bucket to pay the overdraft back.
+async fn token_limit_trips_after_usage(stream: bool) {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 5}
+    - {name: team-b, key: sk-b, tokens_per_minute: 100000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let (status, _, body) = chat_as(&gw.url, "sk-a", stream).await;
+    assert_eq!(status, 200, "{body}");
+    let limited = chat_as(&gw.url, "sk-a", stream).await;
+    assert_rate_limited(&limited, "tokens");
+    for _ in 0..3 {
+        assert_eq!(chat_as(&gw.url, "sk-b", stream).await.0, 200);
+    }
+    let text = metrics_text(&gw.url).await;
+    let tokens = sample(
+        &text,
+        "radixgate_tenant_tokens_total",
+        &["tenant=\"team-b\""],
+    );
+    assert!(tokens.is_some_and(|t| t >= 3.0), "{text}");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_limit_trips_after_a_whole_body_reports_usage() {
+    token_limit_trips_after_usage(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_limit_trips_after_a_stream_reports_usage() {
+    token_limit_trips_after_usage(true).await;
+}
+
+/// The value of the first sample of `name` whose labels include all `labels`.
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.split_once("} ")?;
+        labels
+            .iter()
+            .all(|l| set.split(',').any(|s| s == *l))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_tenant_metrics_are_exported() {
+    let worker = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(tenant_config(&worker.url, TWO_TEAMS), 1).await;
+    for _ in 0..3 {
+        chat_as(&gw.url, "sk-a", true).await;
+    }
+    chat_as(&gw.url, "sk-b", false).await;
+    let text = metrics_text(&gw.url).await;
+    let requests = "radixgate_tenant_requests_total";
+    let a_ok = sample(&text, requests, &["tenant=\"team-a\"", "status=\"200\""]);
+    let a_limited = sample(&text, requests, &["tenant=\"team-a\"", "status=\"429\""]);
+    let b_ok = sample(&text, requests, &["tenant=\"team-b\"", "status=\"200\""]);
+    assert_eq!(
+        (a_ok, a_limited, b_ok),
+        (Some(2.0), Some(1.0), Some(1.0)),
+        "{text}"
+    );
+    let limited = sample(
+        &text,
+        "radixgate_tenant_rate_limited_total",
+        &["tenant=\"team-a\"", "limit=\"requests\""],
+    );
+    assert_eq!(limited, Some(1.0), "{text}");
+    for tenant in ["team-a", "team-b"] {
+        let label = format!("tenant=\"{tenant}\"");
+        let tokens = sample(&text, "radixgate_tenant_tokens_total", &[&label]);
+        assert!(tokens.is_some_and(|t| t > 0.0), "{tenant}: {text}");
+    }
+    assert!(
+        !text.contains("sk-a") && !text.contains("sk-b"),
+        "no key in metrics"
+    );
+    gw.shutdown().await;
+}
+
+/// A worker that records the order requests reach it and holds each one
+/// until the test releases it: with one admission slot, the order it sees
+/// is the order the gateway admitted them in.
+struct GatedWorker {
+    url: String,
+    seen: Arc<parking_lot::Mutex<Vec<String>>>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+async fn gated_worker() -> GatedWorker {
+    use axum::routing::{get, post};
+    #[derive(Clone)]
+    struct Gate {
+        seen: Arc<parking_lot::Mutex<Vec<String>>>,
+        release: Arc<tokio::sync::Semaphore>,
+    }
+    async fn answer(
+        axum::extract::State(gate): axum::extract::State<Gate>,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::Json<Value> {
+        let text = body["messages"][0]["content"].as_str().unwrap_or_default();
+        gate.seen.lock().push(text.to_owned());
+        gate.release.acquire().await.expect("open").forget();
+        axum::Json(serde_json::json!({
+            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }))
+    }
+    let gate = Gate {
+        seen: Arc::default(),
+        release: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let models = serde_json::json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route("/v1/chat/completions", post(answer))
+        .with_state(gate.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    GatedWorker {
+        url,
+        seen: gate.seen,
+        release: gate.release,
+    }
+}
+
+/// One slot, held: a high-priority request that arrives after two
+/// low-priority ones are queued is admitted before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_request_jumps_the_admission_queue() {
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: team-low, key: sk-low, priority: low}
+    - {name: team-high, key: sk-high, priority: high}
+";
+    let mut cfg = tenant_config(&worker.url, tenants);
+    cfg.admission.max_concurrent_requests = Some(1);
+    cfg.admission.queue_size = 10;
+    let gw = gateway_ready(cfg, 1).await;
+    let send = |who: &'static str, key: &'static str| {
+        let url = gw.url.clone();
+        tokio::spawn(async move {
+            let r = post_as(&url, Some(key), &chat(who, false)).await;
+            assert_eq!(r.status(), 200, "{who}");
+        })
+    };
+    // The first holds the only slot at the worker; then two low-priority
+    // requests queue, then a high-priority one.
+    let mut tasks = vec![send("holder", "sk-low")];
+    wait_until("the holder at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    for (i, (who, key)) in [
+        ("low-1", "sk-low"),
+        ("low-2", "sk-low"),
+        ("high", "sk-high"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        tasks.push(send(who, key));
+        wait_for_queued(&gw.url, i + 1, 1).await;
+    }
+    worker.release.add_permits(4);
+    for task in tasks {
+        task.await.expect("request task");
+    }
+    assert_eq!(*worker.seen.lock(), ["holder", "high", "low-1", "low-2"]);
+    gw.shutdown().await;
+}
+
+/// Waits until the admission gauges show `queued` waiting and `in_flight`
+/// admitted.
+async fn wait_for_queued(gateway: &str, queued: usize, in_flight: usize) {
+    wait_until(
+        &format!("{queued} queued, {in_flight} in flight"),
+        || async {
+            let text = metrics_text(gateway).await;
+            let value = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            };
+            value("radixgate_admission_queued_requests") == Some(queued as f64)
+                && value("radixgate_admission_in_flight_requests") == Some(in_flight as f64)
+        },
+    )
+    .await;
+}
+
+/// A keys file in the temp directory, removed when dropped.
+struct KeysFile(std::path::PathBuf);
+
+impl KeysFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "radixgate-tenants-{}-{tag}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for KeysFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The start-up error of a gateway with this keys file.
+async fn start_error(tag: &str, keys: &str) -> String {
+    let file = KeysFile::new(tag, keys);
+    let cfg = with_tenants(config(&[]), &format!("api_key_file: {:?}", file.0));
+    let gw = gateway(cfg).await;
+    let err = gw.task.await.unwrap().expect_err("start-up refused");
+    err.to_string()
+}
+
+#[tokio::test]
+async fn a_bad_keys_file_stops_start_up_naming_the_entry() {
+    let cases = [
+        (
+            "dup-name",
+            "- {name: a, key: k1}\n- {name: a, key: k2}\n",
+            &["entry 1", "`a`", "name"][..],
+        ),
+        (
+            "dup-key",
+            "- {name: a, key: k1}\n- {name: b, key: k1}\n",
+            &["entry 1", "`b`", "same key as `a`"][..],
+        ),
+        (
+            "empty-key",
+            "- {name: a, key: ''}\n",
+            &["entry 0", "`a`", "empty"][..],
+        ),
+        (
+            "no-key",
+            "- {name: a}\n",
+            &["entry 0", "`a`", "key", "key_env"][..],
+        ),
+        (
+            "zero-rpm",
+            "- {name: a, key: k, requests_per_minute: 0}\n",
+            &["entry 0", "requests_per_minute"][..],
+        ),
+        (
+            "bad-priority",
+            "- {name: a, key: k, priority: urgent}\n",
+            &["urgent", "high"][..],
+        ),
+        (
+            "missing-env",
+            "- {name: a, key_env: RADIXGATE_TEST_UNSET_TENANT_KEY}\n",
+            &["entry 0", "RADIXGATE_TEST_UNSET_TENANT_KEY"][..],
+        ),
+    ];
+    for (tag, keys, needles) in cases {
+        let err = start_error(tag, keys).await;
+        assert!(
+            err.contains("radixgate-tenants-"),
+            "{tag}: names the file: {err}"
+        );
+        for needle in needles {
+            assert!(err.contains(needle), "{tag}: `{needle}` not in: {err}");
+        }
+        assert!(
+            !err.contains("k1") || tag != "dup-key",
+            "{tag}: no key in: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_come_from_a_file_and_the_environment() {
+    // Setting a variable is unsafe in a threaded test; cargo sets this one
+    // for every test it runs.
+    let worker = sim_worker(fast_worker()).await;
+    let file = KeysFile::new(
+        "ok",
+        r#"[{"name": "team-json", "key": "sk-json", "priority": "high"},
+            {"name": "team-env", "key_env": "CARGO_MANIFEST_DIR"}]"#,
+    );
+    let cfg = with_tenants(
+        config(&[&worker.url]),
+        &format!("api_key_file: {:?}", file.0),
+    );
+    let gw = gateway_ready(cfg, 1).await;
+    assert_eq!(chat_as(&gw.url, "sk-json", false).await.0, 200);
+    // Cargo sets CARGO_MANIFEST_DIR for the test binary: its value is the key.
+    let key = std::env::var("CARGO_MANIFEST_DIR").unwrap();
+    assert_eq!(chat_as(&gw.url, &key, false).await.0, 200);
+    assert_eq!(chat_as(&gw.url, "sk-nope", false).await.0, 401);
+    gw.shutdown().await;
+}
