@@ -1,7 +1,11 @@
-//! Bearer-key checks for the client API and the admin API.
+//! Bearer-key checks for the client API, the admin plane and `/metrics`.
 //!
 //! Keys are compared in constant time for a given length, so response time
-//! does not reveal how many leading characters of a guess were right.
+//! does not reveal how many leading characters of a guess were right. The
+//! scheme name is matched case-insensitively (`bearer`, `BEARER`), as RFC
+//! 9110 (11.1) says of every authentication scheme; the key is not.
+//! [`bearer_matches`] is the one check; the admin plane's gate
+//! ([`crate::admin`]) and `/metrics` use it with their own keys.
 
 use crate::error::GatewayError;
 use axum::extract::{Request, State};
@@ -29,11 +33,18 @@ pub(crate) async fn require_key(
 }
 
 fn presented_key_matches(headers: &HeaderMap, expected: &str) -> bool {
+    bearer_matches(headers, expected)
+}
+
+/// Whether `headers` carry `Authorization: Bearer <expected>`, the scheme
+/// in any case.
+pub(crate) fn bearer_matches(headers: &HeaderMap, expected: &str) -> bool {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), expected.as_bytes()))
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, given)| constant_time_eq(given.trim().as_bytes(), expected.as_bytes()))
 }
 
 /// Equality whose running time depends only on the lengths.
@@ -59,6 +70,11 @@ mod tests {
         assert!(!presented_key_matches(&headers("Bearer sk-2"), "sk-1"));
         assert!(!presented_key_matches(&headers("Bearer sk-10"), "sk-1"));
         assert!(!presented_key_matches(&headers("Basic sk-1"), "sk-1"));
+        assert!(presented_key_matches(&headers("bearer sk-1"), "sk-1"));
+        assert!(presented_key_matches(&headers("BEARER  sk-1"), "sk-1"));
+        assert!(!presented_key_matches(&headers("Bearer SK-1"), "sk-1"));
+        assert!(!presented_key_matches(&headers("Bearersk-1"), "sk-1"));
+        assert!(!presented_key_matches(&headers("Bearer"), "sk-1"));
         assert!(!presented_key_matches(&HeaderMap::new(), "sk-1"));
         assert!(constant_time_eq(b"", b""));
     }
