@@ -9,15 +9,23 @@
 //! posted; the [`Registry`](crate::Registry) checks it again on admission,
 //! and lookups by URL use [`WorkerUrl::canonical`].
 //!
-//! The syntax check leans on the `http` crate's URI grammar (types only: no
-//! I/O enters this crate through it), so a URL accepted here is one the
-//! gateway's HTTP client can be given. A stricter rule later (say, exactly
-//! `scheme://host:port`) is a change to [`WorkerUrl::parse`] alone.
+//! The rule is deliberately narrow: `http://` or `https://`, a host (a DNS
+//! name, an IPv4 address or a bracketed IPv6 address) and an optional port,
+//! nothing else. A worker URL names a server, not a resource on it, so
+//! userinfo (`user:pass@`), a path, a query or a fragment are refused: a
+//! URL that carries them is a mistake at best and, posted to the admin API,
+//! a way to aim the router's requests somewhere unexpected. The parser is
+//! hand-written for exactly that grammar, so this crate stays free of HTTP
+//! types and nothing looser slips through a general URI parser.
 
 use crate::RoutingError;
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::ops::Range;
 
 /// How to reach a worker and what it serves; the input to
 /// [`Registry::add`](crate::Registry::add).
@@ -124,23 +132,42 @@ impl From<form::WorkerSpec> for WorkerSpec {
 
 /// A worker's base URL that passed the one URL rule, in canonical form
 /// (no trailing `/`), so two spellings of one worker compare equal.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkerUrl(String);
+///
+/// Equality, order and hash are those of the canonical string alone.
+#[derive(Clone, Debug)]
+pub struct WorkerUrl {
+    text: String,
+    /// Where the host sits in `text`, without IPv6 brackets.
+    host: Range<usize>,
+    port: Option<u16>,
+    ip: Option<IpAddr>,
+}
 
 impl WorkerUrl {
     /// Checks `text` as a worker's base URL and returns its canonical form.
     ///
-    /// Accepted: `http://` or `https://`, a host (a name, an IPv4 address or
-    /// a bracketed IPv6 address), an optional port that fits in 16 bits,
-    /// then anything the URI grammar allows; no whitespace anywhere. A
-    /// rejection is [`RoutingError::InvalidWorker`] carrying `text` as given
-    /// and the reason.
+    /// Accepted, exactly: `http://` or `https://`; a host, which is a DNS
+    /// name (labels of ASCII letters, digits, `-` and `_`, 1-63 characters
+    /// each, not starting or ending with `-`), a dotted-quad IPv4 address or
+    /// a bracketed IPv6 address without a zone; an optional `:port` of
+    /// 1-65535 (none means the scheme's default); an optional final `/`.
+    /// Refused: anything else, notably userinfo, a path, a query, a
+    /// fragment and whitespace. A rejection is
+    /// [`RoutingError::InvalidWorker`] carrying `text` as given and the
+    /// reason.
     pub fn parse(text: &str) -> Result<Self, RoutingError> {
-        check(text).map_err(|reason| RoutingError::InvalidWorker {
+        let parts = parse_parts(text).map_err(|reason| RoutingError::InvalidWorker {
             url: text.to_owned(),
             reason,
         })?;
-        Ok(Self(Self::canonical(text).to_owned()))
+        let canonical = Self::canonical(text);
+        debug_assert!(parts.host.end <= canonical.len());
+        Ok(Self {
+            text: canonical.to_owned(),
+            host: parts.host,
+            port: parts.port,
+            ip: parts.ip,
+        })
     }
 
     /// The canonical spelling of `text`, without checking it: trailing `/`s
@@ -152,13 +179,54 @@ impl WorkerUrl {
 
     /// The canonical URL.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The host as written, without the brackets of an IPv6 address.
+    pub fn host(&self) -> &str {
+        &self.text[self.host.clone()]
+    }
+
+    /// The port, when the URL names one.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// The address, when the host is an IP literal rather than a name.
+    pub fn ip(&self) -> Option<IpAddr> {
+        self.ip
+    }
+}
+
+impl PartialEq for WorkerUrl {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for WorkerUrl {}
+
+impl PartialOrd for WorkerUrl {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for WorkerUrl {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.text.cmp(&other.text)
+    }
+}
+
+impl Hash for WorkerUrl {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
     }
 }
 
 impl fmt::Display for WorkerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -166,59 +234,151 @@ impl fmt::Display for WorkerUrl {
 /// keyed by `WorkerUrl` can be looked up with a `&str` in canonical form.
 impl Borrow<str> for WorkerUrl {
     fn borrow(&self) -> &str {
-        &self.0
+        &self.text
     }
 }
 
 impl AsRef<str> for WorkerUrl {
     fn as_ref(&self) -> &str {
-        &self.0
+        &self.text
     }
 }
 
 impl From<WorkerUrl> for String {
     fn from(url: WorkerUrl) -> Self {
-        url.0
+        url.text
     }
 }
 
+/// What [`parse_parts`] finds in an accepted URL.
+struct Parts {
+    host: Range<usize>,
+    port: Option<u16>,
+    ip: Option<IpAddr>,
+}
+
+/// What every refusal adds, so the reader knows the accepted shape.
+const SHAPE: &str = "a worker URL is scheme://host[:port] only";
+
 /// The URL rule; `Err` is the reason, phrased to follow "invalid worker
 /// `<url>`: ".
-fn check(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .ok_or("the URL must start with http:// or https://")?;
-    let authority = rest.split('/').next().unwrap_or_default();
-    let (host, port) = match authority.strip_prefix('[') {
+fn parse_parts(url: &str) -> Result<Parts, String> {
+    let scheme_len = if url.starts_with("http://") {
+        "http://".len()
+    } else if url.starts_with("https://") {
+        "https://".len()
+    } else {
+        return Err("the URL must start with http:// or https://".into());
+    };
+    if url.chars().any(char::is_whitespace) {
+        return Err("the URL contains whitespace".into());
+    }
+    let rest = &url[scheme_len..];
+    // The authority ends at the first `/`, `?` or `#` (RFC 3986, 3.2).
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    if authority.contains('@') {
+        return Err(format!(
+            "the URL must not contain user information (`user:pass@`); {SHAPE}"
+        ));
+    }
+    if tail.contains('?') {
+        return Err(format!("the URL must not have a query (`?...`); {SHAPE}"));
+    }
+    if tail.contains('#') {
+        return Err(format!(
+            "the URL must not have a fragment (`#...`); {SHAPE}"
+        ));
+    }
+    if !(tail.is_empty() || tail == "/") {
+        return Err(format!("the URL must not have a path (`{tail}`); {SHAPE}"));
+    }
+
+    let (host, port, ip) = match authority.strip_prefix('[') {
         Some(bracketed) => {
             let (host, after) = bracketed
                 .split_once(']')
                 .ok_or("the URL has an unclosed `[`")?;
-            if !(after.is_empty() || after.starts_with(':')) {
-                return Err("the URL has text after its IPv6 address".into());
-            }
-            (host, after.strip_prefix(':'))
+            let port = match after {
+                "" => None,
+                after => Some(
+                    after
+                        .strip_prefix(':')
+                        .ok_or("the URL has text after its IPv6 address")?,
+                ),
+            };
+            let ip: Ipv6Addr = host.parse().map_err(|_| {
+                format!("the URL's host `[{host}]` is not an IPv6 address (zones are not allowed)")
+            })?;
+            (host, port, Some(IpAddr::V6(ip)))
         }
-        None => match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        },
+        None => {
+            let (host, port) = match authority.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            };
+            if host.is_empty() {
+                return Err("the URL has no host".into());
+            }
+            (host, port, check_name(host)?.map(IpAddr::V4))
+        }
     };
-    if host.is_empty() {
-        return Err("the URL has no host".into());
-    }
-    if let Some(port) = port
-        && port.parse::<u16>().is_err()
+    let port = port.map(check_port).transpose()?;
+    // `host` borrows from `url`, so its offset is a pointer difference.
+    let start = host.as_ptr() as usize - url.as_ptr() as usize;
+    Ok(Parts {
+        host: start..start + host.len(),
+        port,
+        ip,
+    })
+}
+
+/// A DNS name or a dotted-quad IPv4 address; the address if it is one.
+fn check_name(host: &str) -> Result<Option<Ipv4Addr>, String> {
+    let not_a_host = || {
+        format!(
+            "the URL's host `{}` is not a DNS name, an IPv4 address or a bracketed IPv6 address",
+            host.escape_debug()
+        )
+    };
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
     {
-        return Err(format!("the URL has a bad port `{port}`"));
+        return Err(not_a_host());
     }
-    if url.chars().any(char::is_whitespace) {
-        return Err("the URL contains whitespace".into());
+    // As in browsers' URL parsing: a name whose last label is numeric is an
+    // IPv4 address, and must be a whole, valid one.
+    let last = host.rsplit('.').next().unwrap_or_default();
+    if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+        return host
+            .parse::<Ipv4Addr>()
+            .map(Some)
+            .map_err(|_| format!("the URL's host `{host}` is not a valid IPv4 address"));
     }
-    url.parse::<http::Uri>()
-        .map_err(|e| format!("the URL is not valid: {e}"))?;
-    Ok(())
+    if host.len() > 253 {
+        return Err("the URL's host is longer than 253 characters".into());
+    }
+    for label in host.split('.') {
+        if label.is_empty() {
+            return Err(format!("the URL's host `{host}` has an empty label"));
+        }
+        if label.len() > 63 || label.starts_with('-') || label.ends_with('-') {
+            return Err(not_a_host());
+        }
+    }
+    Ok(None)
+}
+
+fn check_port(port: &str) -> Result<u16, String> {
+    let bad = || format!("the URL has a bad port `{port}` (1-65535)");
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match port.parse::<u32>() {
+        Ok(n @ 1..=65535) => u16::try_from(n).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
 }
 
 #[cfg(test)]
@@ -230,8 +390,8 @@ mod tests {
         for (given, canonical) in [
             ("http://a", "http://a"),
             ("http://a:80/", "http://a:80"),
-            ("https://a.b/c", "https://a.b/c"),
-            ("http://[::1]:8000//", "http://[::1]:8000"),
+            ("https://a.b", "https://a.b"),
+            ("http://[::1]:8000/", "http://[::1]:8000"),
             ("http://[::1]", "http://[::1]"),
             ("http://sim-0", "http://sim-0"),
         ] {
@@ -254,7 +414,7 @@ mod tests {
             ("http://[::1]x", "text after its IPv6 address"),
             ("http://a b", "whitespace"),
             ("http://a/b c", "whitespace"),
-            ("http://a/\u{1}", "not valid"),
+            ("http://a/\u{1}", "path"),
         ] {
             match WorkerUrl::parse(bad) {
                 Err(RoutingError::InvalidWorker { url, reason }) => {
@@ -264,6 +424,65 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn only_scheme_host_and_port_are_accepted() {
+        for (bad, why) in [
+            ("http://user:pass@a:80", "user information"),
+            ("http://user@a", "user information"),
+            ("http://a:80/v1", "path"),
+            ("http://a/b", "path"),
+            ("http://a:80//", "path"),
+            ("http://a:80?x=1", "query"),
+            ("http://a/?x=1", "query"),
+            ("http://a#frag", "fragment"),
+            ("http://a:", "bad port"),
+            ("http://a:0", "bad port"),
+            ("http://a:+80", "bad port"),
+            ("http://a:65536", "bad port"),
+            ("http://a..b", "empty label"),
+            ("http://-a", "host"),
+            ("http://a%20b", "host"),
+            ("http://999.1.1.1", "IPv4"),
+            ("http://1.2.3", "IPv4"),
+            ("http://[::1%25eth0]", "IPv6"),
+            ("http://[zz::1]", "IPv6"),
+            ("http://[]", "IPv6"),
+            ("http:// a", "whitespace"),
+            ("http://a\t", "whitespace"),
+            ("http://a\u{0}", "host"),
+        ] {
+            match WorkerUrl::parse(bad) {
+                Err(RoutingError::InvalidWorker { reason, .. }) => {
+                    assert!(reason.contains(why), "{bad:?}: {reason}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn hosts_and_ports_are_read_back() {
+        for (given, host, port) in [
+            ("http://a", "a", None),
+            (
+                "https://w-1.ns.svc.cluster.local:8443/",
+                "w-1.ns.svc.cluster.local",
+                Some(8443),
+            ),
+            ("http://10.0.0.5:30000", "10.0.0.5", Some(30000)),
+            ("http://[::1]:8000", "::1", Some(8000)),
+            ("http://[fe80::1]", "fe80::1", None),
+            ("http://Sim_0:1", "Sim_0", Some(1)),
+        ] {
+            let url = WorkerUrl::parse(given).unwrap_or_else(|e| panic!("{given}: {e}"));
+            assert_eq!(url.host(), host, "{given}");
+            assert_eq!(url.port(), port, "{given}");
+        }
+        let ip = WorkerUrl::parse("http://[::ffff:10.0.0.1]:1").unwrap();
+        assert_eq!(ip.ip(), Some("::ffff:10.0.0.1".parse().unwrap()));
+        assert_eq!(WorkerUrl::parse("http://a.b:1").unwrap().ip(), None);
     }
 
     #[test]

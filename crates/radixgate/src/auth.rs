@@ -1,4 +1,4 @@
-//! Bearer-key checks for the client API and the admin API.
+//! Bearer-key checks for the client API, the admin plane and `/metrics`.
 //!
 //! The client API's keys are its tenants' ([`crate::tenants`]): a request
 //! that presents one is tagged with its tenant (for limits, priority and
@@ -6,7 +6,11 @@
 //! no tenant configured the client API is open. The admin API checks one key.
 //!
 //! Keys are compared in constant time for a given length, so response time
-//! does not reveal how many leading characters of a guess were right.
+//! does not reveal how many leading characters of a guess were right. The
+//! scheme name is matched case-insensitively (`bearer`, `BEARER`), as RFC
+//! 9110 (11.1) says of every authentication scheme; the key is not.
+//! [`bearer_matches`] is the one check; the admin plane's gate
+//! ([`crate::admin`]) and `/metrics` use it with their own keys.
 
 use crate::error::GatewayError;
 use crate::state::AppState;
@@ -17,24 +21,6 @@ use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-
-/// The key a route group requires, if any.
-#[derive(Clone, Debug)]
-pub(crate) struct RequiredKey(pub(crate) Option<Arc<str>>);
-
-/// Middleware: rejects requests without the required bearer key.
-pub(crate) async fn require_key(
-    State(key): State<RequiredKey>,
-    req: Request,
-    next: Next,
-) -> Response {
-    match &key.0 {
-        Some(expected) if !presented_key_matches(req.headers(), expected) => {
-            GatewayError::Unauthorized.into_response()
-        }
-        _ => next.run(req).await,
-    }
-}
 
 /// Middleware of the client API: finds the tenant whose key was presented
 /// (401 if none matches while any is configured), tags the request with it,
@@ -64,16 +50,20 @@ pub(crate) async fn require_tenant(
     response.map(|body| Body::new(Metered::new(body, tenant, shared)))
 }
 
-/// The token of an `Authorization: Bearer <token>` header, if present.
+/// The token of an `Authorization: Bearer <token>` header, if present; the
+/// scheme is matched in any case.
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
 }
 
-fn presented_key_matches(headers: &HeaderMap, expected: &str) -> bool {
+/// Whether `headers` carry `Authorization: Bearer <expected>`, the scheme
+/// in any case.
+pub(crate) fn bearer_matches(headers: &HeaderMap, expected: &str) -> bool {
     bearer(headers).is_some_and(|given| constant_time_eq(given.as_bytes(), expected.as_bytes()))
 }
 
@@ -96,11 +86,16 @@ mod tests {
             h.insert(header::AUTHORIZATION, v.parse().unwrap());
             h
         };
-        assert!(presented_key_matches(&headers("Bearer sk-1"), "sk-1"));
-        assert!(!presented_key_matches(&headers("Bearer sk-2"), "sk-1"));
-        assert!(!presented_key_matches(&headers("Bearer sk-10"), "sk-1"));
-        assert!(!presented_key_matches(&headers("Basic sk-1"), "sk-1"));
-        assert!(!presented_key_matches(&HeaderMap::new(), "sk-1"));
+        assert!(bearer_matches(&headers("Bearer sk-1"), "sk-1"));
+        assert!(!bearer_matches(&headers("Bearer sk-2"), "sk-1"));
+        assert!(!bearer_matches(&headers("Bearer sk-10"), "sk-1"));
+        assert!(!bearer_matches(&headers("Basic sk-1"), "sk-1"));
+        assert!(bearer_matches(&headers("bearer sk-1"), "sk-1"));
+        assert!(bearer_matches(&headers("BEARER  sk-1"), "sk-1"));
+        assert!(!bearer_matches(&headers("Bearer SK-1"), "sk-1"));
+        assert!(!bearer_matches(&headers("Bearersk-1"), "sk-1"));
+        assert!(!bearer_matches(&headers("Bearer"), "sk-1"));
+        assert!(!bearer_matches(&HeaderMap::new(), "sk-1"));
         assert!(constant_time_eq(b"", b""));
     }
 }

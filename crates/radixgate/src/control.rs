@@ -9,6 +9,11 @@
 //! the admin replies. The request path never talks to this task: it reads
 //! the published snapshot through a `Router`.
 //!
+//! Workers added while running ([`Control::add`]: the admin API, and any
+//! later source such as discovery) are held to `server.worker_allowlist`
+//! here, in the one place every source goes through; workers from the
+//! config file and flags ([`Control::add_configured`]) are trusted.
+//!
 //! Workers are known by their canonical URL ([`WorkerUrl`]), so
 //! `http://a:1/` and `http://a:1` are one worker here as in the registry.
 //!
@@ -20,6 +25,7 @@
 //! probes stays in the registry, marked unhealthy, so its tree survives a
 //! brief outage.
 
+use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
@@ -35,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 enum Command {
     Add {
         spec: WorkerSpec,
+        source: Source,
         reply: oneshot::Sender<Result<(), GatewayError>>,
     },
     Remove {
@@ -48,6 +55,16 @@ enum Command {
     Admit { url: WorkerUrl, models: Vec<String> },
     /// From a health checker: the worker's health changed.
     Health { url: WorkerUrl, healthy: bool },
+}
+
+/// Where a worker to add comes from, which decides whether
+/// `server.worker_allowlist` applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The config file or flags: the operator wrote it, so it is trusted.
+    Configured,
+    /// Anything while running (the admin API, discovery): checked.
+    Runtime,
 }
 
 /// One worker as the admin API shows it.
@@ -80,11 +97,27 @@ impl Control {
         answer.await.ok()
     }
 
-    /// Adds a worker; it starts receiving traffic once its probes pass.
+    /// Adds a worker found at runtime (the admin API, discovery); it must
+    /// pass `server.worker_allowlist`, and starts receiving traffic once its
+    /// probes pass.
     pub async fn add(&self, spec: WorkerSpec) -> Result<(), GatewayError> {
-        self.ask(|reply| Command::Add { spec, reply })
-            .await
-            .unwrap_or(Err(shutting_down()))
+        self.add_from(spec, Source::Runtime).await
+    }
+
+    /// Adds a worker from the config file or flags: trusted, so not held
+    /// to the allowlist.
+    pub async fn add_configured(&self, spec: WorkerSpec) -> Result<(), GatewayError> {
+        self.add_from(spec, Source::Configured).await
+    }
+
+    async fn add_from(&self, spec: WorkerSpec, source: Source) -> Result<(), GatewayError> {
+        self.ask(|reply| Command::Add {
+            spec,
+            source,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(shutting_down()))
     }
 
     /// Removes a worker by URL; requests in flight on it finish normally.
@@ -137,6 +170,7 @@ pub(crate) fn spawn(
     registry: Registry,
     client: reqwest::Client,
     health: HealthConfig,
+    allowlist: Allowlist,
     shutdown: CancellationToken,
 ) -> (Control, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(256);
@@ -146,6 +180,7 @@ pub(crate) fn spawn(
         known: BTreeMap::new(),
         client,
         health,
+        allowlist,
         control: control.clone(),
         shutdown,
     };
@@ -157,6 +192,8 @@ struct ControlTask {
     known: BTreeMap<WorkerUrl, Known>,
     client: reqwest::Client,
     health: HealthConfig,
+    /// `server.worker_allowlist`, for [`Source::Runtime`] workers.
+    allowlist: Allowlist,
     control: Control,
     shutdown: CancellationToken,
 }
@@ -180,8 +217,12 @@ impl ControlTask {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Add { spec, reply } => {
-                let _ = reply.send(self.add(spec));
+            Command::Add {
+                spec,
+                source,
+                reply,
+            } => {
+                let _ = reply.send(self.add(spec, source));
             }
             Command::Remove { url, reply } => {
                 let _ = reply.send(self.remove(&url));
@@ -204,10 +245,13 @@ impl ControlTask {
         }
     }
 
-    fn add(&mut self, spec: WorkerSpec) -> Result<(), GatewayError> {
+    fn add(&mut self, spec: WorkerSpec, source: Source) -> Result<(), GatewayError> {
         // Admin API bodies have always been allowed surrounding whitespace;
         // the URL rule itself does not allow it.
         let url = WorkerUrl::parse(spec.url.trim()).map_err(GatewayError::Admin)?;
+        if source == Source::Runtime {
+            self.allowlist.check(&url)?;
+        }
         if self.known.contains_key(&url) {
             return Err(GatewayError::Admin(RoutingError::DuplicateWorker {
                 url: url.into(),

@@ -51,6 +51,31 @@ pub enum GatewayError {
     /// Missing or wrong API key.
     #[error("invalid or missing API key")]
     Unauthorized,
+    /// The admin plane refused the caller: no admin key is configured and
+    /// the plane is off, or the peer is not on loopback.
+    #[error("{reason}")]
+    AdminForbidden {
+        /// Why, and which setting opens it.
+        reason: &'static str,
+    },
+    /// A worker added at runtime is outside `server.worker_allowlist`.
+    #[error("worker `{url}` is not allowed by server.worker_allowlist: {reason}")]
+    WorkerNotAllowed {
+        /// The worker URL.
+        url: String,
+        /// Which rule it failed.
+        reason: String,
+    },
+    /// The route exists, but not for this method.
+    #[error(
+        "method {method} is not allowed on {path}; the Allow header lists the methods that are"
+    )]
+    MethodNotAllowed {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+    },
     /// No worker serves the requested model.
     #[error("the model `{model}` does not exist or is not served here")]
     UnknownModel {
@@ -166,6 +191,9 @@ impl GatewayError {
             | Self::UnknownModel { .. }
             | Self::ModelRequired { .. }
             | Self::NotFound { .. }
+            | Self::AdminForbidden { .. }
+            | Self::WorkerNotAllowed { .. }
+            | Self::MethodNotAllowed { .. }
             | Self::Admin(_)
             | Self::RateLimited { .. } => Origin::Client,
             Self::Connect { .. } | Self::UpstreamStatus { .. } => Origin::Upstream,
@@ -195,6 +223,8 @@ impl GatewayError {
             Self::UnknownWorkerUrl { .. } => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::AdminForbidden { .. } | Self::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Admin(err) => match err {
                 RoutingError::DuplicateWorker { .. } => StatusCode::CONFLICT,
@@ -224,6 +254,9 @@ impl GatewayError {
             Self::UnknownWorkerUrl { .. } => ("invalid_request_error", "worker_not_found"),
             Self::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
             Self::Unauthorized => ("authentication_error", "invalid_api_key"),
+            Self::AdminForbidden { .. } => ("permission_error", "admin_forbidden"),
+            Self::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
+            Self::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
             Self::UnknownModel { .. } => ("invalid_request_error", "model_not_found"),
             Self::ModelRequired { .. } => ("invalid_request_error", "model_required"),
             Self::NotFound { .. } => ("invalid_request_error", "not_found"),
@@ -301,6 +334,12 @@ impl From<RoutingError> for GatewayError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, Self::Unauthorized) {
+            // RFC 9110, 11.6.1: a 401 names the scheme it wants.
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(secs) = self.retry_after() {
             response
                 .headers_mut()

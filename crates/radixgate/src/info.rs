@@ -1,5 +1,6 @@
-//! The gateway's own endpoints: probes, model list, server info, loads and
-//! the cache-flush fan-out. None of them touches the routing policy.
+//! The gateway's own endpoints: probes, model list, server info, loads,
+//! metrics and the cache-flush fan-out (served on the admin plane, see
+//! [`crate::admin`]). None of them touches the routing policy.
 
 use crate::state::AppState;
 use crate::upstream::worker_call;
@@ -148,8 +149,20 @@ pub(crate) async fn flush_cache(State(state): State<Arc<AppState>>) -> Response 
     (status, Json(json!({"results": results}))).into_response()
 }
 
-/// `/metrics`: Prometheus text exposition.
-pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+/// `/metrics`: Prometheus text exposition. With `server.metrics_api_key`
+/// set it asks for that key (the same on the main port and on the
+/// Prometheus port, which share this handler); without one it is open, as
+/// scrapers usually expect. Its labels name every worker URL, which is why
+/// an operator may want it closed.
+pub(crate) async fn metrics(
+    State(state): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if let Some(key) = &state.shared.config.server.metrics_api_key
+        && !crate::auth::bearer_matches(&headers, key)
+    {
+        return crate::error::GatewayError::Unauthorized.into_response();
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,

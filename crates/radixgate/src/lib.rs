@@ -10,6 +10,7 @@
 
 mod admin;
 pub mod admission;
+pub mod allowlist;
 mod auth;
 pub mod breaker;
 pub mod config;

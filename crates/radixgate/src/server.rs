@@ -17,7 +17,8 @@
 //! drops their bodies and so releases their load.
 
 use crate::admission::Admission;
-use crate::auth::{RequiredKey, require_key, require_tenant};
+use crate::allowlist::Allowlist;
+use crate::auth::require_tenant;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
@@ -30,6 +31,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use radixgate_routing::{Registry, spawn_eviction};
 use std::future::IntoFuture;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -61,16 +63,14 @@ fn inference(api: Api, path: &'static str) -> axum::routing::MethodRouter<Arc<Ap
     })
 }
 
-/// The HTTP routes of a gateway.
+/// The HTTP routes of a gateway, in three groups: the client API (behind
+/// `server.api_key`), the admin plane (behind its own gate, see
+/// [`admin`]; the client key never opens it) and the open endpoints
+/// (probes, and `/metrics`, which checks `server.metrics_api_key` itself).
+/// A known path with a wrong method is a 405 with an `Allow` header and an
+/// OpenAI-style body.
 fn routes(state: Arc<AppState>) -> Router {
     let server = &state.shared.config.server;
-    let admin_key = RequiredKey(
-        server
-            .admin_api_key
-            .as_deref()
-            .or(server.api_key.as_deref())
-            .map(Arc::from),
-    );
 
     let api = Router::<Arc<AppState>>::new()
         .route(
@@ -90,17 +90,11 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/get_server_info", get(info::server_info))
         .route("/get_model_info", get(info::model_info))
         .route("/get_loads", get(info::loads))
-        .route("/flush_cache", post(info::flush_cache))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_tenant,
         ));
-    let admin = Router::<Arc<AppState>>::new()
-        .route(
-            "/workers",
-            get(admin::list).post(admin::add).delete(admin::remove),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(admin_key, require_key));
+    let admin = admin::router(server);
     let open = Router::<Arc<AppState>>::new()
         .route("/health", get(info::readiness))
         .route("/readiness", get(info::readiness))
@@ -116,7 +110,17 @@ fn routes(state: Arc<AppState>) -> Router {
             }
             .into_response()
         })
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// A known path asked with a method it does not take; axum adds `Allow`.
+async fn method_not_allowed(req: Request) -> axum::response::Response {
+    GatewayError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+    }
+    .into_response()
 }
 
 /// Binds the separate metrics port, if one is configured.
@@ -162,10 +166,11 @@ pub async fn run(
         registry,
         client.clone(),
         config.health.clone(),
+        Allowlist::parse(&config.server.worker_allowlist)?,
         tasks.clone(),
     );
     for worker in &config.workers {
-        control.add(worker.clone()).await?;
+        control.add_configured(worker.clone()).await?;
     }
     let eviction = spawn_eviction(policy, tasks.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
@@ -341,6 +346,7 @@ impl ServingThread {
                         // Streamed tokens must not wait for Nagle's algorithm.
                         let _ = tcp.set_nodelay(true);
                     });
+                    let app = app.into_make_service_with_connect_info::<SocketAddr>();
                     let server = axum::serve(listener, app)
                         .with_graceful_shutdown(async move { stop.cancelled().await })
                         .into_future();

@@ -68,9 +68,65 @@ fn help_lists_the_sglang_compatible_flags() {
         "--log-level",
         "--log-json",
         "--config",
+        "--admin-api-key",
+        "--admin-access",
+        "--metrics-api-key",
+        "--worker-allowlist",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }
+    // The admin plane's rule is stated where the flags are.
+    for rule in [
+        "never opens it",
+        "127.0.0.0/8 or ::1",
+        "[default: loopback]",
+    ] {
+        assert!(help.contains(rule), "`{rule}` missing from serve --help");
+    }
+}
+
+#[test]
+fn empty_keys_are_start_up_errors() {
+    for (flag, key) in [
+        ("--api-key", "server.api_key"),
+        ("--admin-api-key", "server.admin_api_key"),
+        ("--metrics-api-key", "server.metrics_api_key"),
+    ] {
+        let (ok, err) = run(radixgate().args(["serve", "--port", "0", flag, ""]));
+        assert!(!ok, "{flag} ''");
+        assert!(
+            err.contains(key) && err.contains("must not be empty"),
+            "{flag}: {err}"
+        );
+    }
+    // An empty variable (say, from an unset shell variable) is no better.
+    let (ok, err) = run(radixgate()
+        .args(["serve", "--port", "0"])
+        .env("RADIXGATE_API_KEY", ""));
+    assert!(!ok && err.contains("server.api_key"), "{err}");
+    let dir = std::env::temp_dir().join(format!("radixgate-cli-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("empty-key.yaml");
+    std::fs::write(&file, "server:\n  metrics_api_key: ''\n").unwrap();
+    let (ok, err) =
+        run(radixgate().args(["serve", "--port", "0", "--config", file.to_str().unwrap()]));
+    assert!(!ok && err.contains("server.metrics_api_key"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    // The client key never doubles as the admin key.
+    let (ok, err) = run(radixgate().args([
+        "serve",
+        "--port",
+        "0",
+        "--api-key",
+        "k",
+        "--admin-api-key",
+        "k",
+    ]));
+    assert!(!ok && err.contains("server.admin_api_key"), "{err}");
+    let (ok, err) =
+        run(radixgate().args(["serve", "--port", "0", "--worker-allowlist", "10.0.0.0/33"]));
+    assert!(!ok && err.contains("server.worker_allowlist"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -57,7 +57,8 @@ pub struct ServeArgs {
     /// Serving threads, each its own event loop; 0 = one per CPU [default: 0].
     #[arg(long, env = "RADIXGATE_THREADS")]
     pub threads: Option<usize>,
-    /// Key clients must send as `Authorization: Bearer <key>`.
+    /// Key clients must send as `Authorization: Bearer <key>` (the scheme
+    /// in any case); unset = the client API is open. Must not be empty.
     #[arg(long, env = "RADIXGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// YAML or JSON file listing named API keys (tenants), each with
@@ -65,9 +66,26 @@ pub struct ServeArgs {
     /// low); see examples/radixgate.yaml [config: tenants.api_key_file].
     #[arg(long, env = "RADIXGATE_API_KEY_FILE", value_name = "PATH")]
     pub api_key_file: Option<PathBuf>,
-    /// Key for the admin API (defaults to --api-key).
+    /// Key for the admin plane (/workers, /flush_cache), from any address.
+    /// The client key (--api-key) never opens it. Unset: --admin-access
+    /// decides (by default, loopback peers only, without a key).
     #[arg(long, env = "RADIXGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
+    /// Who may use the admin plane when --admin-api-key is unset: `loopback`
+    /// = peers at 127.0.0.0/8 or ::1 only, no key asked; `off` = nobody
+    /// (403). Ignored when --admin-api-key is set [default: loopback].
+    #[arg(long, env = "RADIXGATE_ADMIN_ACCESS", value_parser = ["loopback", "off"])]
+    pub admin_access: Option<String>,
+    /// Key for /metrics, on the main port and on --prometheus-port; unset =
+    /// /metrics is open (as Prometheus scrapers usually expect).
+    #[arg(long, env = "RADIXGATE_METRICS_API_KEY", hide_env_values = true)]
+    pub metrics_api_key: Option<String>,
+    /// Workers added at runtime (POST /workers) must match one entry: a CIDR
+    /// or IP (10.0.0.0/8) for IP-literal URLs; a host name or `*.suffix`
+    /// (*.svc.cluster.local) for named URLs, never resolved. Workers given at
+    /// start-up are trusted. Comma-separated or repeated; unset = any.
+    #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_ALLOWLIST", value_delimiter = ',')]
+    pub worker_allowlist: Vec<String>,
 
     /// Seconds between health probes of a healthy worker [default: 10].
     #[arg(long, env = "RADIXGATE_HEALTH_CHECK_INTERVAL_SECS")]
@@ -218,6 +236,17 @@ impl ServeArgs {
         }
         if self.api_key_file.is_some() {
             config.tenants.api_key_file = self.api_key_file.clone();
+        }
+        match self.admin_access.as_deref() {
+            None => {}
+            Some("off") => s.admin_access = super::AdminAccess::Off,
+            Some(_) => s.admin_access = super::AdminAccess::Loopback,
+        }
+        if self.metrics_api_key.is_some() {
+            s.metrics_api_key = self.metrics_api_key.clone();
+        }
+        if !self.worker_allowlist.is_empty() {
+            s.worker_allowlist = self.worker_allowlist.clone();
         }
 
         let h = &mut config.health;

@@ -70,11 +70,39 @@ pub struct ServerConfig {
     /// (unless `tenants` lists keys). It is one more tenant, `default`, with
     /// no limits.
     pub api_key: Option<String>,
-    /// Key for the admin API (`/workers`); none = same as `api_key`.
+    /// Key for the admin plane (`/workers`, `/flush_cache`). The client key
+    /// never opens it; without this key, `admin_access` decides who may.
     pub admin_api_key: Option<String>,
+    /// Who may use the admin plane when no `admin_api_key` is set.
+    pub admin_access: AdminAccess,
+    /// Key for `/metrics` (main port and `metrics.prometheus_port`); none =
+    /// open, as Prometheus scrapers usually expect.
+    pub metrics_api_key: Option<String>,
+    /// Workers added at runtime (the admin API, later discovery) must match
+    /// one entry: a CIDR (`10.0.0.0/8`) for IP-literal URLs, an exact host
+    /// name or a `*.suffix` pattern for named ones. Names are never
+    /// resolved. Empty = no restriction. Workers from the config file and
+    /// flags are trusted: the operator wrote them.
+    pub worker_allowlist: Vec<String>,
     /// Serving threads, each a single-threaded event loop accepting on the
     /// same socket (0 = one per CPU, at most [`MAX_THREADS`]).
     pub threads: usize,
+}
+
+/// Who may use the admin plane when no `admin_api_key` is set.
+///
+/// The default is `loopback`: an operator on the router's own host (a shell,
+/// a sidecar, `kubectl exec`) can manage workers without setting up a key,
+/// and nobody else can, whatever address the router listens on. With an
+/// admin key set this setting is not used: the key decides, from anywhere.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminAccess {
+    /// Only peers at 127.0.0.0/8 or ::1; no key asked.
+    #[default]
+    Loopback,
+    /// Nobody: every admin call is refused with 403.
+    Off,
 }
 
 /// Most serving threads a gateway runs (and the cap of `threads: 0`).
@@ -92,6 +120,42 @@ impl ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// The keys and the worker allowlist.
+    fn validate_access(&self) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("server.api_key", &self.api_key),
+            ("server.admin_api_key", &self.admin_api_key),
+            ("server.metrics_api_key", &self.metrics_api_key),
+        ] {
+            match value.as_deref() {
+                Some("") => {
+                    return Err(invalid(
+                        key,
+                        "must not be empty (leave it unset for no key)",
+                    ));
+                }
+                Some(k) if k.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                    return Err(invalid(
+                        key,
+                        "must not contain whitespace or control characters \
+                         (it is sent as `Authorization: Bearer <key>`)",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if self.admin_api_key.is_some() && self.admin_api_key == self.api_key {
+            return Err(invalid(
+                "server.admin_api_key",
+                "must differ from server.api_key: the client key never opens the admin plane",
+            ));
+        }
+        crate::allowlist::Allowlist::parse(&self.worker_allowlist)?;
+        Ok(())
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -102,6 +166,9 @@ impl Default for ServerConfig {
             shutdown_grace_period_secs: 30,
             api_key: None,
             admin_api_key: None,
+            admin_access: AdminAccess::Loopback,
+            metrics_api_key: None,
+            worker_allowlist: Vec::new(),
             threads: 0,
         }
     }
@@ -359,6 +426,7 @@ impl Config {
                 "must be at least 1 byte",
             ));
         }
+        s.validate_access()?;
         for (i, worker) in self.workers.iter().enumerate() {
             WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;

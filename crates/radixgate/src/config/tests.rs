@@ -142,7 +142,7 @@ fn url_validation() {
     for good in [
         "http://a",
         "http://a:80",
-        "https://a.b/c",
+        "https://a.b/",
         "http://[::1]:8000",
         "http://[::1]",
     ] {
@@ -157,6 +157,9 @@ fn url_validation() {
         "http://:80",
         "http://a:99999",
         "http://[::1",
+        "https://a.b/c",
+        "http://u:p@a:80",
+        "http://a:80?x",
     ] {
         let err = with_worker(bad).validate().unwrap_err().to_string();
         assert!(err.contains("`workers`: entry 0"), "{bad}: {err}");
@@ -312,4 +315,62 @@ fn bad_inline_tenants_are_named() {
         &["tokens_per_minute", "at least 1"],
     );
     assert!(Config::from_yaml("tenants: {keys: [{name: a, key: k, rpm: 1}]}").is_err());
+}
+
+#[test]
+fn access_settings() {
+    let config = Config::from_yaml(
+        "server:\n  admin_access: off\n  metrics_api_key: m\n  \
+         worker_allowlist: [10.0.0.0/8, '*.svc.cluster.local']\n",
+    )
+    .unwrap();
+    config.validate().unwrap();
+    assert_eq!(config.server.admin_access, AdminAccess::Off);
+    assert_eq!(config.server.metrics_api_key.as_deref(), Some("m"));
+    assert_eq!(config.server.worker_allowlist.len(), 2);
+    assert_eq!(Config::default().server.admin_access, AdminAccess::Loopback);
+    assert!(Config::from_yaml("server: {admin_access: remote}").is_err());
+
+    let flags = args(&[
+        "--admin-access",
+        "off",
+        "--metrics-api-key",
+        "m",
+        "--worker-allowlist",
+        "10.0.0.0/8,*.svc",
+    ]);
+    let config = flags.load().unwrap();
+    assert_eq!(config.server.admin_access, AdminAccess::Off);
+    assert_eq!(config.server.worker_allowlist, ["10.0.0.0/8", "*.svc"]);
+
+    let invalid = |edit: fn(&mut ServerConfig)| {
+        let mut config = Config::default();
+        edit(&mut config.server);
+        config.validate().unwrap_err().to_string()
+    };
+    let err = invalid(|s| s.api_key = Some(String::new()));
+    assert!(
+        err.contains("server.api_key") && err.contains("empty"),
+        "{err}"
+    );
+    let err = invalid(|s| s.admin_api_key = Some(String::new()));
+    assert!(err.contains("server.admin_api_key"), "{err}");
+    let err = invalid(|s| s.metrics_api_key = Some("a b".into()));
+    assert!(
+        err.contains("server.metrics_api_key") && err.contains("whitespace"),
+        "{err}"
+    );
+    let err = invalid(|s| {
+        s.api_key = Some("k".into());
+        s.admin_api_key = Some("k".into());
+    });
+    assert!(
+        err.contains("server.admin_api_key") && err.contains("must differ"),
+        "{err}"
+    );
+    let err = invalid(|s| s.worker_allowlist = vec!["10.0.0.0/40".into()]);
+    assert!(
+        err.contains("server.worker_allowlist") && err.contains("entry 0"),
+        "{err}"
+    );
 }

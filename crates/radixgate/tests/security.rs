@@ -1,0 +1,441 @@
+//! The security rules of `radixgate serve`, end to end on loopback: who may
+//! use the admin plane, which worker URLs are accepted, the `/metrics` key,
+//! the bearer scheme, and errors for wrong methods.
+
+mod common;
+
+use common::*;
+use radixgate::config::{AdminAccess, Config};
+use serde_json::{Value, json};
+use std::net::IpAddr;
+
+/// The OpenAI-style error code of a response, after checking its status.
+async fn error_code(r: reqwest::Response, status: u16) -> String {
+    assert_eq!(r.status(), status);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].is_string(), "{body}");
+    body["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_plane_never_takes_the_client_key() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    cfg.server.admin_api_key = Some("sk-admin".into());
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    let workers = format!("{}/workers", gw.url);
+    let flush = format!("{}/flush_cache", gw.url);
+
+    for key in ["sk-client", "sk-wrong"] {
+        let r = c.get(&workers).bearer_auth(key).send().await.unwrap();
+        assert_eq!(error_code(r, 401).await, "invalid_api_key", "{key}");
+        let r = c.post(&flush).bearer_auth(key).send().await.unwrap();
+        assert_eq!(error_code(r, 401).await, "invalid_api_key", "{key}");
+        let r = c
+            .post(&workers)
+            .bearer_auth(key)
+            .json(&json!({"url": "http://127.0.0.1:1"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{key}");
+        let r = c
+            .delete(format!("{workers}?url={}", w.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{key}");
+    }
+    // The admin key works for both, and nothing above changed the pool.
+    let r = c.post(&flush).bearer_auth("sk-admin").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let list: Value = c
+        .get(&workers)
+        .bearer_auth("sk-admin")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["workers"].as_array().unwrap().len(), 1, "{list}");
+    // ...and the admin key is not a client key.
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth("sk-admin")
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_urls_with_userinfo_path_query_or_fragment_are_refused() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let c = client();
+    let port = w.url.rsplit(':').next().unwrap();
+    for (bad, why) in [
+        (
+            format!("http://attacker:secret@127.0.0.1:{port}"),
+            "user information",
+        ),
+        (format!("http://127.0.0.1:{port}/v1"), "path"),
+        (format!("http://127.0.0.1:{port}/?next=x"), "query"),
+        (format!("http://127.0.0.1:{port}#x"), "fragment"),
+    ] {
+        let r = c
+            .post(format!("{}/workers", gw.url))
+            .json(&json!({"url": bad}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+        let body: Value = r.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{bad}: {message}");
+
+        // The same rule holds for the config file and flags.
+        let err = config(&[&bad]).validate().unwrap_err().to_string();
+        assert!(err.contains("workers") && err.contains(why), "{bad}: {err}");
+    }
+    let list: Value = c
+        .get(format!("{}/workers", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["workers"].as_array().unwrap().len(), 1, "{list}");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    cfg.server.admin_api_key = Some("sk-admin".into());
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let r = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .header("authorization", format!("{scheme} sk-client"))
+            .json(&chat("hi", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+        let r = c
+            .get(format!("{}/workers", gw.url))
+            .header("authorization", format!("{scheme} sk-admin"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+    // The scheme is case-insensitive, the key is not.
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("authorization", "bearer SK-CLIENT")
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("authorization", "Basic sk-client")
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_method_is_a_405_with_a_json_error_and_allow() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let c = client();
+    for (method, path, allow) in [
+        (reqwest::Method::GET, "/v1/chat/completions", "POST"),
+        (reqwest::Method::PUT, "/generate", "POST"),
+        (reqwest::Method::POST, "/v1/models", "GET"),
+        (reqwest::Method::PATCH, "/workers", "GET"),
+    ] {
+        let r = c
+            .request(method.clone(), format!("{}{path}", gw.url))
+            .send()
+            .await
+            .unwrap();
+        let allowed = r.headers()["allow"].to_str().unwrap().to_owned();
+        assert!(allowed.contains(allow), "{method} {path}: Allow {allowed}");
+        assert_eq!(
+            error_code(r, 405).await,
+            "method_not_allowed",
+            "{method} {path}"
+        );
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_admin_key_the_admin_plane_is_loopback_only_or_off() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    assert_eq!(
+        cfg.server.admin_access,
+        AdminAccess::Loopback,
+        "the default"
+    );
+
+    // Loopback (the default): a local operator needs no key.
+    let gw = gateway_ready(cfg.clone(), 1).await;
+    let c = client();
+    let r = c.get(format!("{}/workers", gw.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(format!("{}/flush_cache", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+
+    // Off: nobody, with the client key or without.
+    cfg.server.admin_access = AdminAccess::Off;
+    let gw = gateway_ready(cfg, 1).await;
+    for key in [None, Some("sk-client")] {
+        let with_key = |b: reqwest::RequestBuilder| match key {
+            Some(k) => b.bearer_auth(k),
+            None => b,
+        };
+        let calls = [
+            c.get(format!("{}/workers", gw.url)),
+            c.post(format!("{}/workers", gw.url))
+                .json(&json!({"url": "http://127.0.0.1:1"})),
+            c.delete(format!("{}/workers?url={}", gw.url, w.url)),
+            c.post(format!("{}/flush_cache", gw.url)),
+        ];
+        for call in calls {
+            let r = with_key(call).send().await.unwrap();
+            assert_eq!(r.status(), 403, "{key:?}");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "admin_forbidden", "{body}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains("admin_api_key"), "{message}");
+        }
+    }
+    // The pool is untouched and the client API still serves.
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth("sk-client")
+        .json(&chat("still here", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+}
+
+/// An address of this machine that is not loopback, if it has one: the
+/// source address the kernel would use towards a documentation network (a
+/// UDP `connect` sends nothing).
+fn non_loopback_address() -> Option<IpAddr> {
+    [
+        "203.0.113.1:9",
+        "198.51.100.1:9",
+        "192.0.2.1:9",
+        "10.255.255.1:9",
+    ]
+    .into_iter()
+    .find_map(|target| {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+        socket.connect(target).ok()?;
+        let ip = socket.local_addr().ok()?.ip();
+        (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+    })
+}
+
+/// A gateway listening on `ip` (port 0).
+async fn gateway_on(ip: IpAddr, config: Config) -> Gateway {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(radixgate::server::run(listener, config, stop.clone()));
+    Gateway { url, stop, task }
+}
+
+/// A real TCP peer with a non-loopback address: the gateway listens on this
+/// machine's own non-loopback address and the client connects to it, so
+/// the peer the gateway sees is that address. (Binding 127.0.0.2 would not
+/// do: it is loopback too.) A machine with no such address skips this
+/// test; `admin::tests` covers the same rule with hand-set peer addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_off_loopback_is_refused_without_the_admin_key() {
+    let Some(ip) = non_loopback_address() else {
+        eprintln!("skipped: this machine has no non-loopback address");
+        return;
+    };
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_on(ip, config(&[&w.url])).await;
+    wait_for_healthy(&gw.url, 1).await;
+    let c = client();
+    let r = c.get(format!("{}/workers", gw.url)).send().await.unwrap();
+    assert_eq!(error_code(r, 403).await, "admin_forbidden");
+    let r = c
+        .post(format!("{}/flush_cache", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(r, 403).await, "admin_forbidden");
+    let r = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": "http://127.0.0.1:1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // The client API is served to the same peer.
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("remote", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+
+    // With an admin key, the key decides, from anywhere.
+    let mut cfg = config(&[&w.url]);
+    cfg.server.admin_api_key = Some("sk-admin".into());
+    let gw = gateway_on(ip, cfg).await;
+    wait_for_healthy(&gw.url, 1).await;
+    let r = c.get(format!("{}/workers", gw.url)).send().await.unwrap();
+    assert_eq!(error_code(r, 401).await, "invalid_api_key");
+    let r = c
+        .get(format!("{}/workers", gw.url))
+        .bearer_auth("sk-admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_workers_must_match_the_allowlist() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let port = b.url.rsplit(':').next().unwrap().to_owned();
+    let c = client();
+    let post = |gw: &str, url: String| {
+        c.post(format!("{gw}/workers"))
+            .json(&json!({"url": url}))
+            .send()
+    };
+
+    // A configured worker is trusted even outside the allowlist.
+    let mut cfg = config(&[&a.url]);
+    cfg.server.worker_allowlist = vec!["10.0.0.0/8".into(), "*.svc.cluster.local".into()];
+    let gw = gateway_ready(cfg, 1).await;
+    let r = post(&gw.url, b.url.clone()).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "worker_not_allowed");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("server.worker_allowlist") && message.contains("10.0.0.0/8"),
+        "{message}"
+    );
+    let r = post(&gw.url, format!("http://localhost:{port}"))
+        .await
+        .unwrap();
+    assert_eq!(error_code(r, 403).await, "worker_not_allowed");
+    let named = "http://sglang-0.llm.svc.cluster.local:30000".to_owned();
+    assert_eq!(post(&gw.url, named.clone()).await.unwrap().status(), 202);
+    let r = c
+        .delete(format!("{}/workers?url={named}", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+
+    // A network that holds the worker admits it; a name is not resolved to
+    // check it against networks.
+    let mut cfg = config(&[&a.url]);
+    cfg.server.worker_allowlist = vec!["127.0.0.0/8".into()];
+    let gw = gateway_ready(cfg, 1).await;
+    let r = post(&gw.url, format!("http://localhost:{port}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not resolved"), "{message}");
+    assert_eq!(post(&gw.url, b.url.clone()).await.unwrap().status(), 202);
+    wait_for_healthy(&gw.url, 2).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_their_key_when_one_is_set() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    cfg.server.metrics_api_key = Some("sk-metrics".into());
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = spare.local_addr().unwrap().port();
+    cfg.metrics.prometheus_port = Some(port);
+    drop(spare);
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    for base in [gw.url.clone(), format!("http://127.0.0.1:{port}")] {
+        let metrics = format!("{base}/metrics");
+        let r = c.get(&metrics).send().await.unwrap();
+        assert_eq!(error_code(r, 401).await, "invalid_api_key", "{base}");
+        let r = c
+            .get(&metrics)
+            .bearer_auth("sk-client")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            401,
+            "{base}: the client key is not the metrics key"
+        );
+        let r = c
+            .get(&metrics)
+            .header("authorization", "bearer sk-metrics")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{base}");
+        assert!(r.text().await.unwrap().contains("radixgate_"), "{base}");
+    }
+    gw.shutdown().await;
+
+    // Without a metrics key, /metrics stays open to scrapers, even when
+    // the client API has a key.
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    let gw = gateway_ready(cfg, 1).await;
+    let r = c.get(format!("{}/metrics", gw.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+}
