@@ -11,6 +11,7 @@
 mod admin;
 pub mod admission;
 mod auth;
+pub mod body;
 pub mod breaker;
 pub mod config;
 pub mod control;
@@ -18,6 +19,7 @@ pub mod error;
 mod health;
 mod info;
 pub mod inspect;
+mod listen;
 pub mod metrics;
 pub mod proxy;
 pub mod retry;

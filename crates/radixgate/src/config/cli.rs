@@ -215,8 +215,14 @@ impl ServeArgs {
         set(&mut s.port, &self.port);
         set(&mut s.max_payload_size, &self.max_payload_size);
         set(&mut s.body_read_timeout_secs, &self.body_read_timeout_secs);
-        set(&mut s.max_buffered_body_bytes, &self.max_buffered_body_bytes);
-        set(&mut s.header_read_timeout_secs, &self.header_read_timeout_secs);
+        set(
+            &mut s.max_buffered_body_bytes,
+            &self.max_buffered_body_bytes,
+        );
+        set(
+            &mut s.header_read_timeout_secs,
+            &self.header_read_timeout_secs,
+        );
         set(&mut s.idle_timeout_secs, &self.idle_timeout_secs);
         set(&mut s.max_connections, &self.max_connections);
         set(&mut s.threads, &self.threads);

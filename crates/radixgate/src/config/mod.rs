@@ -416,7 +416,10 @@ impl Config {
         }
         for (key, secs) in [
             ("server.body_read_timeout_secs", s.body_read_timeout_secs),
-            ("server.header_read_timeout_secs", s.header_read_timeout_secs),
+            (
+                "server.header_read_timeout_secs",
+                s.header_read_timeout_secs,
+            ),
             ("server.idle_timeout_secs", s.idle_timeout_secs),
         ] {
             if !(1..=MAX_TIMEOUT_SECS).contains(&secs) {

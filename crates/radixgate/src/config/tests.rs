@@ -268,7 +268,10 @@ fn connection_and_body_limits_are_flags_and_validated() {
     assert_eq!(c.server.connection_cap(), 200);
     assert!(Config::default().server.connection_cap() >= 64);
     let cases: [(&[&str], &str); 5] = [
-        (&["--body-read-timeout-secs", "0"], "server.body_read_timeout_secs"),
+        (
+            &["--body-read-timeout-secs", "0"],
+            "server.body_read_timeout_secs",
+        ),
         (
             &["--header-read-timeout-secs", "18446744073709551615"],
             "server.header_read_timeout_secs",
@@ -279,7 +282,12 @@ fn connection_and_body_limits_are_flags_and_validated() {
             "server.max_buffered_body_bytes",
         ),
         (
-            &["--max-payload-size", "2000", "--max-buffered-body-bytes", "1999"],
+            &[
+                "--max-payload-size",
+                "2000",
+                "--max-buffered-body-bytes",
+                "1999",
+            ],
             "server.max_buffered_body_bytes",
         ),
     ];
