@@ -273,3 +273,48 @@ impl http_body::Body for Tracked {
         self.body.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+
+    /// The peer address reaches handlers as axum's `ConnectInfo`, over
+    /// HTTP/1 and HTTP/2, and `stop` ends the loop once connections close.
+    #[tokio::test]
+    async fn connect_info_over_both_protocols_and_a_graceful_stop() {
+        let app = Router::new().route(
+            "/peer",
+            get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.ip().to_string() }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            slots: ConnectionSlots::new(16),
+        };
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(listener, app, limits.clone(), stop.clone()));
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        for h2 in [false, true] {
+            let mut client = reqwest::Client::builder().no_proxy();
+            if h2 {
+                client = client.http2_prior_knowledge();
+            }
+            let response = client
+                .build()
+                .unwrap()
+                .get(format!("http://{addr}/peer"))
+                .send()
+                .await
+                .unwrap();
+            let version = response.version();
+            assert_eq!(response.text().await.unwrap(), "127.0.0.1");
+            assert_eq!(version == axum::http::Version::HTTP_2, h2);
+        }
+        stop.cancel();
+        served.await.unwrap().unwrap();
+        assert_eq!(limits.slots.open.load(Ordering::Acquire), 0);
+    }
+}
