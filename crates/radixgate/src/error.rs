@@ -48,6 +48,18 @@ pub enum GatewayError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The client stopped sending its body before it was complete.
+    #[error("the request body did not arrive within {after:?}")]
+    BodyTimeout {
+        /// The configured body-read timeout.
+        after: Duration,
+    },
+    /// Request bodies held in memory have reached the gateway's budget.
+    #[error("the gateway is holding its limit of {budget} bytes of request bodies; retry shortly")]
+    BodyBudgetExhausted {
+        /// The configured budget in bytes.
+        budget: usize,
+    },
     /// Missing or wrong API key.
     #[error("invalid or missing API key")]
     Unauthorized,
@@ -187,6 +199,7 @@ impl GatewayError {
             | Self::InvalidRequest(_)
             | Self::UnknownWorkerUrl { .. }
             | Self::PayloadTooLarge { .. }
+            | Self::BodyTimeout { .. }
             | Self::Unauthorized
             | Self::UnknownModel { .. }
             | Self::ModelRequired { .. }
@@ -201,6 +214,7 @@ impl GatewayError {
             Self::NoHealthyWorker { .. }
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
+            | Self::BodyBudgetExhausted { .. }
             | Self::RequestTimeout { .. }
             | Self::Routing(_)
             | Self::ShuttingDown => Origin::Gateway,
@@ -222,6 +236,8 @@ impl GatewayError {
             | Self::ModelRequired { .. } => StatusCode::BAD_REQUEST,
             Self::UnknownWorkerUrl { .. } => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyBudgetExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::AdminForbidden { .. } | Self::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -253,6 +269,8 @@ impl GatewayError {
             Self::InvalidRequest(_) => ("invalid_request_error", "invalid_request"),
             Self::UnknownWorkerUrl { .. } => ("invalid_request_error", "worker_not_found"),
             Self::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
+            Self::BodyTimeout { .. } => ("invalid_request_error", "body_read_timeout"),
+            Self::BodyBudgetExhausted { .. } => ("service_unavailable", "body_budget_exhausted"),
             Self::Unauthorized => ("authentication_error", "invalid_api_key"),
             Self::AdminForbidden { .. } => ("permission_error", "admin_forbidden"),
             Self::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
@@ -299,6 +317,7 @@ impl GatewayError {
             Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
             | Self::NoHealthyWorker { .. }
+            | Self::BodyBudgetExhausted { .. }
             | Self::ShuttingDown => Some(1),
             Self::RateLimited { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             _ => None,

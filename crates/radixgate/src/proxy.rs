@@ -1,11 +1,15 @@
 //! The request path of the inference APIs, in the order a request meets it:
-//! admit → read → inspect → attempts → respond.
+//! read → inspect → admit → attempts → respond.
 //!
-//! - **admit**: wait for an admission slot ([`crate::admission`]);
-//! - **read**: the body once, up to the configured limit, kept as `Bytes`;
+//! - **read**: the body once, within its size limit, its time limit and the
+//!   gateway's budget of buffered body bytes ([`crate::body`]), kept as
+//!   `Bytes` that carry their budget reservation;
 //! - **inspect**: read the few fields routing needs ([`inspect`]); every
 //!   attempt then sends the same bytes, so the worker sees exactly what the
-//!   client sent;
+//!   client sent. A malformed request is refused here, without waiting;
+//! - **admit**: wait for an admission slot ([`crate::admission`]). Only
+//!   after the body has arrived: a slow upload holds budget bytes, which
+//!   are bounded, never one of the few concurrency slots;
 //! - **attempts**: choose a worker ([`Router::select`], leaving out those
 //!   already tried), pass its breaker, send; a failed attempt that
 //!   [`crate::retry`] calls retryable (connection refused, or a 5xx/429
@@ -19,11 +23,13 @@
 //! permit, the breaker permit — travels inside the response body (one
 //! `RequestWatch`, built whole in `respond`) and is released when the
 //! stream ends in any way, at which point the request is counted in the
-//! metrics.
+//! metrics. The body's bytes (and so their budget) are released when the
+//! attempts are over.
 //!
 //! [`Router::select`]: radixgate_routing::Router::select
 
 use crate::admission::AdmissionPermit;
+use crate::body;
 use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
 use crate::inspect::{Api, Inspected, inspect};
@@ -36,7 +42,6 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use radixgate_routing::{Decision, LoadGuard, Routed, WorkerId};
 use std::fmt::Write as _;
@@ -80,7 +85,7 @@ pub(crate) async fn serve(
     })
 }
 
-/// admit → read → inspect → attempts → respond.
+/// read → inspect → admit → attempts → respond.
 async fn forward(
     state: &AppState,
     api: Api,
@@ -89,11 +94,12 @@ async fn forward(
     started: Instant,
 ) -> Result<Response, GatewayError> {
     let shared = &state.shared;
+    // Over a tenant's limit: refused before its body is read.
     let priority = crate::tenants::admit(&req, &shared.metrics)?;
-    let admitted = shared.admission.acquire(priority).await?;
     let (parts, body) = req.into_parts();
-    let bytes = read_body(body, shared.config.server.max_payload_size).await?;
+    let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
     let request = inspect(api, &bytes)?;
+    let admitted = shared.admission.acquire(priority).await?;
     let answer = attempts(state, route, &request, &parts.headers, bytes).await?;
     Ok(respond(
         shared,
@@ -250,21 +256,6 @@ fn record(worker: &radixgate_routing::Worker, probe: Permit, outcome: Outcome) {
         );
         publish_breaker(worker, state);
     }
-}
-
-/// Reads the whole body, refusing more than `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
-    http_body_util::Limited::new(body, limit)
-        .collect()
-        .await
-        .map(|collected| collected.to_bytes())
-        .map_err(|err| {
-            if err.is::<http_body_util::LengthLimitError>() {
-                GatewayError::PayloadTooLarge { limit }
-            } else {
-                GatewayError::BadBody(err.to_string())
-            }
-        })
 }
 
 /// One attempt: the client's bytes to the chosen worker.

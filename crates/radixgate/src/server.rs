@@ -11,6 +11,9 @@
 //! held across an `.await`, so threads only meet in the routing tree, the
 //! admission semaphore and the metrics.
 //!
+//! Client connections are accepted by [`crate::listen`], which holds them
+//! to a header-read and an idle timeout and caps them over all threads.
+//!
 //! Shutdown: every thread stops accepting at once, in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
 //! then the remaining connections are dropped with their runtimes — which
@@ -19,9 +22,11 @@
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
 use crate::auth::require_tenant;
+use crate::body::{BodyBudget, BodyLimits};
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
+use crate::listen::{self, ConnectionLimits, ConnectionSlots};
 use crate::metrics::Metrics;
 use crate::state::{AppState, Breakers, Shared};
 use crate::{admin, control, info, proxy, upkeep, upstream};
@@ -30,8 +35,6 @@ use axum::extract::{Request, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use radixgate_routing::{Registry, spawn_eviction};
-use std::future::IntoFuture;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -174,8 +177,19 @@ pub async fn run(
     }
     let eviction = spawn_eviction(policy, tasks.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
+    let bodies = BodyLimits {
+        max_size: config.server.max_payload_size,
+        timeout: Duration::from_secs(config.server.body_read_timeout_secs),
+        budget: BodyBudget::new(config.server.max_buffered_body_bytes),
+    };
+    let connection_limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(config.server.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(config.server.idle_timeout_secs),
+        slots: ConnectionSlots::new(config.server.connection_cap()),
+    };
     let shared = Arc::new(Shared {
         admission: Admission::new(&config.admission),
+        bodies,
         breakers: Breakers::new(config.circuit_breaker.clone()),
         metrics: Metrics::new(),
         tenants: arc_swap::ArcSwap::from_pointee(tenants),
@@ -208,7 +222,12 @@ pub async fn run(
     };
 
     let threads = shared.config.server.serving_threads();
-    tracing::info!(addr = %listener.local_addr()?, threads, "radixgate listening");
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        threads,
+        max_connections = connection_limits.slots_cap(),
+        "radixgate listening"
+    );
     let listener = listener.into_std()?;
     let stop = shutdown.child_token();
     let abort = CancellationToken::new();
@@ -225,6 +244,7 @@ pub async fn run(
             index,
             listener: listener.try_clone()?,
             app: routes(state),
+            limits: connection_limits.clone(),
             stop: stop.clone(),
             abort: abort.clone(),
             ended: ended_tx.clone(),
@@ -316,6 +336,8 @@ struct ServingThread {
     index: usize,
     listener: std::net::TcpListener,
     app: Router,
+    /// Timeouts and the connection cap (shared by all threads).
+    limits: ConnectionLimits,
     /// Stop accepting and drain (graceful shutdown).
     stop: CancellationToken,
     /// Drop every connection now (the grace period is over).
@@ -335,6 +357,7 @@ impl ServingThread {
                 let Self {
                     listener,
                     app,
+                    limits,
                     stop,
                     abort,
                     ended,
@@ -342,14 +365,7 @@ impl ServingThread {
                 } = self;
                 let result = runtime.block_on(async move {
                     let listener = TcpListener::from_std(listener)?;
-                    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                        // Streamed tokens must not wait for Nagle's algorithm.
-                        let _ = tcp.set_nodelay(true);
-                    });
-                    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                    let server = axum::serve(listener, app)
-                        .with_graceful_shutdown(async move { stop.cancelled().await })
-                        .into_future();
+                    let server = listen::serve(listener, app, limits, stop);
                     tokio::select! {
                         result = server => result,
                         () = abort.cancelled() => Ok(()),

@@ -16,6 +16,7 @@
 //! first time a worker id is seen.
 
 use crate::admission::Admission;
+use crate::body::BodyLimits;
 use crate::breaker::{Breaker, BreakerState};
 use crate::config::Config;
 use crate::control::Control;
@@ -41,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) client: reqwest::Client,
     /// The concurrency limit and its queue.
     pub(crate) admission: Admission,
+    /// The size, time and shared memory budget request bodies are read in.
+    pub(crate) bodies: BodyLimits,
     /// One circuit breaker per worker.
     pub(crate) breakers: Breakers,
     /// The metrics recorder.

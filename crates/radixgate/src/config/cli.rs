@@ -45,9 +45,24 @@ pub struct ServeArgs {
     /// Port to bind [default: 30000].
     #[arg(long, env = "RADIXGATE_PORT")]
     pub port: Option<u16>,
-    /// Largest accepted request body in bytes [default: 67108864].
+    /// Largest accepted request body in bytes (Anthropic's 32 MiB) [default: 33554432].
     #[arg(long, env = "RADIXGATE_MAX_PAYLOAD_SIZE")]
     pub max_payload_size: Option<usize>,
+    /// Seconds a request body may take to arrive; slower gets 408 [default: 60].
+    #[arg(long, env = "RADIXGATE_BODY_READ_TIMEOUT_SECS")]
+    pub body_read_timeout_secs: Option<u64>,
+    /// Request-body bytes held in memory at once over all requests; beyond it 503 [default: 1073741824].
+    #[arg(long, env = "RADIXGATE_MAX_BUFFERED_BODY_BYTES")]
+    pub max_buffered_body_bytes: Option<usize>,
+    /// Seconds a client may take to send request headers (slowloris guard) [default: 10].
+    #[arg(long, env = "RADIXGATE_HEADER_READ_TIMEOUT_SECS")]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds an idle keep-alive client connection is kept open [default: 120].
+    #[arg(long, env = "RADIXGATE_IDLE_TIMEOUT_SECS")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Client connections open at once; more are closed at once. 0 = half of `ulimit -n` [default: 0].
+    #[arg(long, env = "RADIXGATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// End-to-end request timeout in seconds, 0 for none [default: 1800].
     #[arg(long, env = "RADIXGATE_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
@@ -222,6 +237,17 @@ impl ServeArgs {
         set(&mut s.host, &self.host);
         set(&mut s.port, &self.port);
         set(&mut s.max_payload_size, &self.max_payload_size);
+        set(&mut s.body_read_timeout_secs, &self.body_read_timeout_secs);
+        set(
+            &mut s.max_buffered_body_bytes,
+            &self.max_buffered_body_bytes,
+        );
+        set(
+            &mut s.header_read_timeout_secs,
+            &self.header_read_timeout_secs,
+        );
+        set(&mut s.idle_timeout_secs, &self.idle_timeout_secs);
+        set(&mut s.max_connections, &self.max_connections);
         set(&mut s.threads, &self.threads);
         set(&mut s.request_timeout_secs, &self.request_timeout_secs);
         set(

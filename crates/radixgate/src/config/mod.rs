@@ -60,8 +60,41 @@ pub struct ServerConfig {
     pub host: String,
     /// Port to bind.
     pub port: u16,
-    /// Largest accepted request body, in bytes.
+    /// Largest accepted request body, in bytes. The default, 32 MiB, is
+    /// Anthropic's Messages API limit and holds one image at OpenAI's
+    /// 20 MB-per-image limit as base64 (about 27 MB) with its prompt; raise
+    /// it to about 70 MB to pass OpenAI's 50 MB of image bytes per request.
+    /// Text alone never needs this much: a 1M-token prompt is ~4 MB.
     pub max_payload_size: usize,
+    /// Longest a request body may take to arrive after its headers, in
+    /// seconds; a client that stalls mid-body gets 408. 60 s is nginx's
+    /// `client_body_timeout` and lets a full 32 MiB body arrive over a
+    /// 5 Mbit/s uplink.
+    pub body_read_timeout_secs: u64,
+    /// Request-body bytes all connections together may hold in memory at
+    /// once (bodies being read, waiting for admission, or kept for retries
+    /// until the worker answers); a request that would exceed it gets 503
+    /// with `Retry-After`. 1 GiB is 32 bodies at the default size limit or
+    /// ~2,000 prompts of 128k tokens, and fits a router pod of 2 GiB or more;
+    /// lower it on smaller pods.
+    pub max_buffered_body_bytes: usize,
+    /// Longest a client connection may take to send a request's headers,
+    /// in seconds, counted from the connection's start or its request's
+    /// first byte; slower connections (slowloris) are closed. 10 s is far
+    /// more than any real client needs for a few hundred bytes of headers.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client connection with no request in flight is kept open.
+    /// 120 s outlasts the idle timeout of common client pools (Go 90 s,
+    /// Python httpx 5 s, aiohttp 15 s, Node 5 s), so the client, not the
+    /// router, closes idle connections and no request races a close.
+    pub idle_timeout_secs: u64,
+    /// Client connections open at once, over all serving threads; beyond
+    /// it new connections are closed at once (and a WARN is logged). 0 =
+    /// half of the process's open-file limit (`ulimit -n`; 4096 where it
+    /// cannot be read), leaving the other half for worker connections,
+    /// so a flood of clients hits this cap before the process runs out of
+    /// file descriptors.
+    pub max_connections: usize,
     /// Longest a request may take end to end, in seconds (0 = no limit).
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
@@ -107,6 +140,15 @@ pub enum AdminAccess {
 
 /// Most serving threads a gateway runs (and the cap of `threads: 0`).
 pub const MAX_THREADS: usize = 64;
+
+/// Largest value of the connection and body timeouts, in seconds (a day):
+/// beyond it a timer is no protection, and the sum with `Instant::now()`
+/// stays far from overflowing.
+pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+/// Client connections allowed when `max_connections: 0` cannot read the
+/// open-file limit.
+const FALLBACK_MAX_CONNECTIONS: usize = 4096;
 
 impl ServerConfig {
     /// The number of serving threads to start.
@@ -154,6 +196,27 @@ impl ServerConfig {
         crate::allowlist::Allowlist::parse(&self.worker_allowlist)?;
         Ok(())
     }
+
+    /// The cap on client connections: `max_connections`, or with 0 half
+    /// the open-file soft limit (at least 64).
+    pub fn connection_cap(&self) -> usize {
+        match self.max_connections {
+            0 => open_file_limit().map_or(FALLBACK_MAX_CONNECTIONS, |n| (n / 2).max(64)),
+            n => n,
+        }
+    }
+}
+
+/// The process's soft limit on open files, from `/proc/self/limits` (Linux;
+/// `None` elsewhere or when unlimited).
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 impl Default for ServerConfig {
@@ -161,7 +224,12 @@ impl Default for ServerConfig {
         Self {
             host: "127.0.0.1".into(),
             port: 30000,
-            max_payload_size: 64 << 20,
+            max_payload_size: 32 << 20,
+            body_read_timeout_secs: 60,
+            max_buffered_body_bytes: 1 << 30,
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 120,
+            max_connections: 0,
             request_timeout_secs: 1800,
             shutdown_grace_period_secs: 30,
             api_key: None,
@@ -427,6 +495,30 @@ impl Config {
             ));
         }
         s.validate_access()?;
+        for (key, secs) in [
+            ("server.body_read_timeout_secs", s.body_read_timeout_secs),
+            (
+                "server.header_read_timeout_secs",
+                s.header_read_timeout_secs,
+            ),
+            ("server.idle_timeout_secs", s.idle_timeout_secs),
+        ] {
+            if !(1..=MAX_TIMEOUT_SECS).contains(&secs) {
+                return Err(invalid(
+                    key,
+                    format!("{secs} must be between 1 and {MAX_TIMEOUT_SECS}"),
+                ));
+            }
+        }
+        if s.max_buffered_body_bytes < s.max_payload_size {
+            return Err(invalid(
+                "server.max_buffered_body_bytes",
+                format!(
+                    "{} is less than server.max_payload_size ({}): no body of the allowed size could ever be read",
+                    s.max_buffered_body_bytes, s.max_payload_size
+                ),
+            ));
+        }
         for (i, worker) in self.workers.iter().enumerate() {
             WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;

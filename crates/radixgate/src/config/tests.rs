@@ -374,3 +374,55 @@ fn access_settings() {
         "{err}"
     );
 }
+
+#[test]
+fn connection_and_body_limits_are_flags_and_validated() {
+    let c = args(&[
+        "--body-read-timeout-secs",
+        "5",
+        "--max-buffered-body-bytes",
+        "100000000",
+        "--header-read-timeout-secs",
+        "3",
+        "--idle-timeout-secs",
+        "30",
+        "--max-connections",
+        "200",
+    ])
+    .load()
+    .unwrap();
+    assert_eq!(c.server.body_read_timeout_secs, 5);
+    assert_eq!(c.server.max_buffered_body_bytes, 100_000_000);
+    assert_eq!(c.server.header_read_timeout_secs, 3);
+    assert_eq!(c.server.idle_timeout_secs, 30);
+    assert_eq!(c.server.connection_cap(), 200);
+    assert!(Config::default().server.connection_cap() >= 64);
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--body-read-timeout-secs", "0"],
+            "server.body_read_timeout_secs",
+        ),
+        (
+            &["--header-read-timeout-secs", "18446744073709551615"],
+            "server.header_read_timeout_secs",
+        ),
+        (&["--idle-timeout-secs", "0"], "server.idle_timeout_secs"),
+        (
+            &["--max-buffered-body-bytes", "1000"],
+            "server.max_buffered_body_bytes",
+        ),
+        (
+            &[
+                "--max-payload-size",
+                "2000",
+                "--max-buffered-body-bytes",
+                "1999",
+            ],
+            "server.max_buffered_body_bytes",
+        ),
+    ];
+    for (argv, key) in cases {
+        let err = args(argv).load().unwrap_err().to_string();
+        assert!(err.contains(key), "{argv:?}: {err}");
+    }
+}

@@ -1,0 +1,291 @@
+//! Reading a request body within three bounds: its size, its time, and the
+//! memory all buffered bodies share.
+//!
+//! - **Size**: a declared `Content-Length` over `max_payload_size` is refused
+//!   (413) before a byte is read. Refusing before the body is first polled
+//!   also answers `Expect: 100-continue` with the 413 itself: hyper sends
+//!   `100 Continue` only when the body is first polled. A body without a
+//!   length (chunked) is refused as soon as it grows past the limit.
+//! - **Time**: the whole body must arrive within `body_read_timeout_secs`,
+//!   or the client gets 408 — its own fault, never a 504 that blames a
+//!   worker.
+//! - **Memory**: every buffered byte is reserved from one [`BodyBudget`]
+//!   shared by all connections and serving threads (`max_buffered_body_bytes`);
+//!   a request that would exceed it gets 503 with `Retry-After`. A declared
+//!   length is reserved whole before reading, a chunked body chunk by chunk.
+//!   The reservation is a [`Reservation`] owned by the returned [`Bytes`]
+//!   (`Bytes::from_owner`): it goes back to the budget when the last clone
+//!   of the body is dropped — after the retries are over and the worker's
+//!   copy is sent — and never by hand.
+//!
+//! Concurrency: the budget is one `AtomicUsize` changed by compare-and-swap;
+//! no lock, nothing held across an `.await`.
+
+use crate::error::GatewayError;
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The bytes of request bodies all requests together may hold. Cheap to
+/// clone; clones share the budget.
+#[derive(Clone, Debug)]
+pub struct BodyBudget {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+/// Bytes taken from a [`BodyBudget`]; given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<Inner>,
+    bytes: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                limit,
+                used: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Reserves `bytes`, or `None` when they would exceed the budget.
+    pub fn reserve(&self, bytes: usize) -> Option<Reservation> {
+        let mut reservation = Reservation {
+            budget: self.inner.clone(),
+            bytes: 0,
+        };
+        reservation.grow(bytes).then_some(reservation)
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.inner.used.load(Ordering::Acquire)
+    }
+
+    /// The configured budget.
+    pub fn limit(&self) -> usize {
+        self.inner.limit
+    }
+}
+
+impl Reservation {
+    /// Takes `more` bytes too; false (and nothing taken) when they would
+    /// exceed the budget.
+    pub fn grow(&mut self, more: usize) -> bool {
+        if more == 0 {
+            return true;
+        }
+        let limit = self.budget.limit;
+        let taken = self
+            .budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(more).filter(|&total| total <= limit)
+            });
+        if taken.is_ok() {
+            self.bytes += more;
+        }
+        taken.is_ok()
+    }
+
+    /// Bytes this reservation holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A body's bytes with the reservation that pays for them: the owner behind
+/// the [`Bytes`] [`read`] returns.
+struct Budgeted {
+    data: Vec<u8>,
+    _reservation: Reservation,
+}
+
+impl AsRef<[u8]> for Budgeted {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// The three bounds a body is read within.
+#[derive(Clone, Debug)]
+pub struct BodyLimits {
+    /// Largest body in bytes (`max_payload_size`).
+    pub max_size: usize,
+    /// Longest the whole body may take to arrive.
+    pub timeout: Duration,
+    /// The budget shared by all requests.
+    pub budget: BodyBudget,
+}
+
+/// The declared `Content-Length`, if there is a valid one. hyper has already
+/// refused a malformed or conflicting length, so an unreadable one here
+/// only means there is none (a chunked body).
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Reads the whole body within `limits`. Checks the declared length and
+/// reserves it before polling the body at all (see the module doc).
+pub async fn read(
+    headers: &HeaderMap,
+    body: Body,
+    limits: &BodyLimits,
+) -> Result<Bytes, GatewayError> {
+    let too_large = || GatewayError::PayloadTooLarge {
+        limit: limits.max_size,
+    };
+    let exhausted = || GatewayError::BodyBudgetExhausted {
+        budget: limits.budget.limit(),
+    };
+    let declared = match declared_length(headers) {
+        Some(length) => Some(
+            usize::try_from(length)
+                .ok()
+                .filter(|&n| n <= limits.max_size)
+                .ok_or_else(too_large)?,
+        ),
+        None => None,
+    };
+    let mut reservation = limits
+        .budget
+        .reserve(declared.unwrap_or(0))
+        .ok_or_else(exhausted)?;
+    let mut data = Vec::with_capacity(declared.unwrap_or(0));
+    let collect = async {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|err| GatewayError::BadBody(err.to_string()))?;
+            let Ok(chunk) = frame.into_data() else {
+                continue; // trailers: not part of the bytes forwarded
+            };
+            let total = data.len() + chunk.len();
+            if total > limits.max_size {
+                return Err(too_large());
+            }
+            // A declared length is reserved already (and hyper holds the
+            // body to it); a chunked body pays as it grows.
+            if total > reservation.bytes() && !reservation.grow(total - reservation.bytes()) {
+                return Err(exhausted());
+            }
+            data.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(limits.timeout, collect).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => return Err(err),
+        Err(_) => {
+            return Err(GatewayError::BodyTimeout {
+                after: limits.timeout,
+            });
+        }
+    }
+    Ok(Bytes::from_owner(Budgeted {
+        data,
+        _reservation: reservation,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_share_the_budget_and_give_it_back_on_drop() {
+        let budget = BodyBudget::new(100);
+        let mut a = budget.reserve(60).unwrap();
+        assert!(budget.reserve(41).is_none(), "over the budget");
+        assert!(!a.grow(41));
+        assert_eq!(budget.used(), 60);
+        assert!(a.grow(40));
+        assert_eq!(budget.used(), 100);
+        drop(a);
+        assert_eq!(budget.used(), 0);
+        assert!(budget.reserve(usize::MAX).is_none());
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_bytes_own_the_reservation() {
+        let limits = BodyLimits {
+            max_size: 10,
+            timeout: Duration::from_secs(5),
+            budget: BodyBudget::new(15),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, "8".parse().unwrap());
+        let bytes = read(&headers, Body::from("12345678"), &limits)
+            .await
+            .unwrap();
+        assert_eq!(&bytes[..], b"12345678");
+        assert_eq!(limits.budget.used(), 8);
+        let retry_copy = bytes.clone();
+        drop(bytes);
+        assert_eq!(limits.budget.used(), 8, "a clone still holds the body");
+        // A chunked body that would not fit beside it.
+        let chunked = read(&HeaderMap::new(), Body::from("12345678"), &limits).await;
+        assert!(matches!(
+            chunked,
+            Err(GatewayError::BodyBudgetExhausted { .. })
+        ));
+        drop(retry_copy);
+        assert_eq!(limits.budget.used(), 0);
+        let chunked = read(&HeaderMap::new(), Body::from("12345678"), &limits).await;
+        assert_eq!(chunked.unwrap().len(), 8);
+        assert_eq!(limits.budget.used(), 0);
+        let long = read(&HeaderMap::new(), Body::from("12345678901"), &limits).await;
+        assert!(matches!(
+            long,
+            Err(GatewayError::PayloadTooLarge { limit: 10 })
+        ));
+        headers.insert(header::CONTENT_LENGTH, "11".parse().unwrap());
+        let declared = read(&headers, Body::from("12345678901"), &limits).await;
+        assert!(matches!(
+            declared,
+            Err(GatewayError::PayloadTooLarge { limit: 10 })
+        ));
+        assert_eq!(limits.budget.used(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_body_times_out() {
+        let limits = BodyLimits {
+            max_size: 100,
+            timeout: Duration::from_secs(30),
+            budget: BodyBudget::new(100),
+        };
+        let stalled = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("{")) })
+            .chain(futures::stream::pending());
+        let result = read(&HeaderMap::new(), Body::from_stream(stalled), &limits).await;
+        assert!(matches!(result, Err(GatewayError::BodyTimeout { .. })));
+        assert_eq!(limits.budget.used(), 0);
+    }
+
+    use futures::StreamExt as _;
+}

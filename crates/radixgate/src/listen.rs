@@ -1,0 +1,320 @@
+//! The accept loop of one serving thread: client connections, their
+//! timeouts and their cap.
+//!
+//! `axum::serve` has no header-read or idle timeout and no connection cap,
+//! so a slowloris client could hold connections (and file descriptors)
+//! forever. This loop serves the same router over hyper-util's HTTP/1 +
+//! HTTP/2 auto builder, and adds:
+//!
+//! - per connection, a watchdog ([`activity`]) that closes it when a request
+//!   head takes longer than `header_read_timeout_secs` (from the accept or
+//!   from the head's first byte), or when it has had no request in flight
+//!   for `idle_timeout_secs`;
+//! - a cap on client connections over all serving threads
+//!   ([`ConnectionSlots`], `max_connections`): a connection over it is
+//!   accepted and closed at once — the client learns at once rather than
+//!   waiting in a full backlog, and its file descriptor is freed — and one
+//!   WARN line naming the cap is logged at most every ten seconds;
+//! - `TCP_NODELAY` on every connection (streamed tokens must not wait for
+//!   Nagle's algorithm), and the peer address as
+//!   `axum::extract::ConnectInfo<SocketAddr>` in every request's extensions,
+//!   as `into_make_service_with_connect_info` would put it.
+//!
+//! Shutdown: on `stop` the loop stops accepting and asks each connection to
+//! finish gracefully (HTTP/1 closes after its response in flight, HTTP/2
+//! sends GOAWAY), then waits for them all. The serving thread drops the
+//! runtime — and with it every connection still open — on abort.
+
+mod activity;
+
+use activity::{Activity, Busy, Timeouts, WatchedIo};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt as _;
+
+/// Shortest time between two WARN lines about the connection cap.
+const CAP_WARNING_EVERY: Duration = Duration::from_secs(10);
+/// Pause after an accept error that is not one connection's (out of file
+/// descriptors, say), so the loop does not spin while none can be had.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// The open client connections of all serving threads, and their cap.
+#[derive(Debug)]
+pub(crate) struct ConnectionSlots {
+    open: AtomicUsize,
+    cap: usize,
+    /// Connections closed at the cap since the last WARN line.
+    refused: AtomicUsize,
+    /// When the last WARN line was logged, in ms since `epoch` (0: never).
+    warned_at_ms: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+/// One open connection's place under the cap; freed when dropped.
+struct Slot(Arc<ConnectionSlots>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ConnectionSlots {
+    /// Room for `cap` connections.
+    pub(crate) fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            open: AtomicUsize::new(0),
+            cap,
+            refused: AtomicUsize::new(0),
+            warned_at_ms: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        })
+    }
+
+    fn try_open(self: &Arc<Self>) -> Option<Slot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.cap).then_some(open + 1)
+            })
+            .ok()
+            .map(|_| Slot(self.clone()))
+    }
+
+    /// Counts a connection closed at the cap; logs one WARN line at most
+    /// every [`CAP_WARNING_EVERY`] over all threads.
+    fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::AcqRel);
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let last = self.warned_at_ms.load(Ordering::Acquire);
+        let due = last == 0 || now.saturating_sub(last) >= CAP_WARNING_EVERY.as_millis() as u64;
+        if due
+            && self
+                .warned_at_ms
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let refused = self.refused.swap(0, Ordering::AcqRel);
+            tracing::warn!(
+                max_connections = self.cap,
+                refused,
+                "client connection cap (server.max_connections = {}) reached: closing new connections",
+                self.cap
+            );
+        }
+    }
+}
+
+/// What every connection of a gateway is held to.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnectionLimits {
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) slots: Arc<ConnectionSlots>,
+}
+
+impl ConnectionLimits {
+    /// The cap on client connections.
+    pub(crate) fn slots_cap(&self) -> usize {
+        self.slots.cap
+    }
+}
+
+/// Serves `app` on `listener` until `stop`, then waits for the connections
+/// to finish. Runs on the serving thread's own runtime.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The watchdog keeps the header timeout (hyper's would also cut idle
+    // keep-alive connections at the header timeout; see `activity`).
+    builder.http1().header_read_timeout(None);
+    let builder = Arc::new(builder);
+    let timeouts = Timeouts {
+        header: limits.header_read_timeout,
+        idle: limits.idle_timeout,
+    };
+    let connections = TaskTracker::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) if is_connection_error(&err) => continue,
+                Err(err) => {
+                    tracing::error!(error = %err, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = limits.slots.try_open() else {
+            drop(tcp);
+            limits.slots.refused();
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        connections.spawn(connection(
+            tcp,
+            peer,
+            app.clone(),
+            builder.clone(),
+            timeouts,
+            stop.clone(),
+            slot,
+        ));
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// Errors of one incoming connection, not of the listener.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Serves one connection until it ends, its watchdog expires, or (after
+/// `stop`) its last request is answered.
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    timeouts: Timeouts,
+    stop: CancellationToken,
+    _slot: Slot,
+) {
+    let activity = Activity::new();
+    let io = TokioIo::new(WatchedIo::new(tcp, activity.clone()));
+    let requests = activity.clone();
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        let busy = requests.request();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(req.map(Body::new)).await?;
+            Ok::<_, std::convert::Infallible>(
+                response.map(|body| Body::new(Tracked { body, _busy: busy })),
+            )
+        }
+    });
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let expired = activity.expired(timeouts);
+    tokio::pin!(expired);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, error = %err, "client connection ended with an error");
+                }
+                return;
+            }
+            () = stop.cancelled(), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = expired.as_mut() => {
+                tracing::debug!(%peer, "closing client connection: header or idle timeout");
+                return;
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request counted on the connection until
+/// it is dropped (sent, or cut off).
+struct Tracked {
+    body: Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+
+    /// The peer address reaches handlers as axum's `ConnectInfo`, over
+    /// HTTP/1 and HTTP/2, and `stop` ends the loop once connections close.
+    #[tokio::test]
+    async fn connect_info_over_both_protocols_and_a_graceful_stop() {
+        let app = Router::new().route(
+            "/peer",
+            get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.ip().to_string() }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            slots: ConnectionSlots::new(16),
+        };
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(listener, app, limits.clone(), stop.clone()));
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        for h2 in [false, true] {
+            let mut client = reqwest::Client::builder().no_proxy();
+            if h2 {
+                client = client.http2_prior_knowledge();
+            }
+            let response = client
+                .build()
+                .unwrap()
+                .get(format!("http://{addr}/peer"))
+                .send()
+                .await
+                .unwrap();
+            let version = response.version();
+            assert_eq!(response.text().await.unwrap(), "127.0.0.1");
+            assert_eq!(version == axum::http::Version::HTTP_2, h2);
+        }
+        stop.cancel();
+        served.await.unwrap().unwrap();
+        assert_eq!(limits.slots.open.load(Ordering::Acquire), 0);
+    }
+}

@@ -1,0 +1,284 @@
+//! What one client connection is doing, for its header and idle timeouts.
+//!
+//! hyper's own `header_read_timeout` starts whenever an HTTP/1 connection
+//! waits for a request head — including the wait for the next request on an
+//! idle keep-alive connection — so it cannot tell a slowloris from a
+//! well-behaved pooled connection, and it does nothing for HTTP/2 or for a
+//! connection that never sends a byte (hyper-util's protocol sniffing waits
+//! for one). So the connection's [`Activity`] is tracked here instead, from
+//! two sources: [`WatchedIo`] sees every read, and a [`Busy`] guard lives
+//! from the moment a request's head is parsed until its response body is
+//! dropped. The connection's deadline follows:
+//!
+//! - a request in flight: none (the body-read timeout and the request
+//!   timeout bound a request);
+//! - HTTP/1 bytes of a next head read since the connection went idle: the
+//!   head must be complete `header_read_timeout` after its first byte;
+//! - a new connection: its first request head within `header_read_timeout`
+//!   of the accept;
+//! - otherwise (idle keep-alive, HTTP/2 with no stream open): `idle_timeout`
+//!   after its last request ended.
+//!
+//! Concurrency: one connection's state is a `parking_lot::Mutex` touched by
+//! its reads, its requests (HTTP/2 streams run as tasks of the same
+//! single-threaded runtime) and its watchdog; never held across `.await`.
+//! The watchdog is woken by a `Notify` on the transitions that move the
+//! deadline, not on every read.
+
+use parking_lot::Mutex;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The first bytes of every HTTP/2 connection (its preface starts so).
+const H2_PREFACE_START: &[u8] = b"PRI ";
+
+/// A connection's two timeouts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    /// For a request head to arrive.
+    pub(crate) header: Duration,
+    /// For a connection with no request in flight.
+    pub(crate) idle: Duration,
+}
+
+/// One connection's activity; shared by its reads, requests and watchdog.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Requests whose response body is not yet dropped.
+    in_flight: usize,
+    /// The accept, or the end of the last request.
+    since: Instant,
+    /// When the first byte read while no request was in flight came.
+    head_started: Option<Instant>,
+    /// Whether any request was made on this connection yet.
+    served: bool,
+    /// Whether any byte was read yet (the first read decides `h2`).
+    read_any: bool,
+    /// An HTTP/2 connection (its reads between streams are frames such as
+    /// PINGs, not a slow request head).
+    h2: bool,
+}
+
+impl Activity {
+    /// A connection accepted now.
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                in_flight: 0,
+                since: Instant::now(),
+                head_started: None,
+                served: false,
+                read_any: false,
+                h2: false,
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Bytes were read off the connection.
+    fn read(&self, bytes: &[u8]) {
+        let mut state = self.state.lock();
+        if !state.read_any {
+            state.read_any = true;
+            state.h2 = bytes.starts_with(H2_PREFACE_START);
+        }
+        if state.in_flight == 0 && state.head_started.is_none() && !state.h2 {
+            state.head_started = Some(Instant::now());
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request's head was parsed; it is in flight until the guard drops.
+    pub(crate) fn request(self: &Arc<Self>) -> Busy {
+        let mut state = self.state.lock();
+        state.in_flight += 1;
+        state.served = true;
+        state.head_started = None;
+        drop(state);
+        self.changed.notify_one();
+        Busy(self.clone())
+    }
+
+    /// When the connection must be closed, if nothing changes first.
+    fn deadline(&self, timeouts: Timeouts) -> Option<Instant> {
+        let state = self.state.lock();
+        if state.in_flight > 0 {
+            return None;
+        }
+        Some(match state.head_started {
+            Some(started) => started + timeouts.header,
+            None if state.served => state.since + timeouts.idle,
+            None => state.since + timeouts.header,
+        })
+    }
+
+    /// Completes when the connection has outlived its deadline: a head took
+    /// too long, or it sat idle too long.
+    pub(crate) async fn expired(&self, timeouts: Timeouts) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the deadline is read, so no change is missed.
+            changed.as_mut().enable();
+            match self.deadline(timeouts) {
+                None => changed.await,
+                Some(deadline) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = tokio::time::sleep_until(deadline) => {
+                            if self.deadline(timeouts).is_some_and(|d| d <= Instant::now()) {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A request in flight on a connection; dropped with its response body.
+#[derive(Debug)]
+pub(crate) struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        state.in_flight -= 1;
+        if state.in_flight == 0 {
+            state.since = Instant::now();
+        }
+        drop(state);
+        self.0.changed.notify_one();
+    }
+}
+
+/// A connection's socket, reporting its reads to the [`Activity`].
+pub(crate) struct WatchedIo<T> {
+    inner: T,
+    activity: Arc<Activity>,
+}
+
+impl<T> WatchedIo<T> {
+    pub(crate) fn new(inner: T, activity: Arc<Activity>) -> Self {
+        Self { inner, activity }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WatchedIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.read(&buf.filled()[before..]);
+        }
+        result
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timeouts = Timeouts {
+        header: Duration::from_secs(10),
+        idle: Duration::from_secs(120),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_follow_the_connection() {
+        let activity = Activity::new();
+        let start = Instant::now();
+        assert_eq!(activity.deadline(T), Some(start + T.header), "fresh");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        activity.read(b"POST / HTTP/1.1\r\n");
+        assert_eq!(
+            activity.deadline(T),
+            Some(start + Duration::from_secs(13)),
+            "a head under way"
+        );
+        let busy = activity.request();
+        activity.read(b"body bytes");
+        assert_eq!(activity.deadline(T), None, "in flight");
+        tokio::time::advance(Duration::from_secs(500)).await;
+        drop(busy);
+        let idle = Instant::now();
+        assert_eq!(activity.deadline(T), Some(idle + T.idle), "idle");
+        activity.read(b"G");
+        assert_eq!(activity.deadline(T), Some(idle + T.header), "next head");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn h2_frames_between_streams_are_not_a_slow_head() {
+        let activity = Activity::new();
+        activity.read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        let busy = activity.request();
+        drop(busy);
+        let idle = Instant::now();
+        activity.read(b"ping frame");
+        assert_eq!(activity.deadline(T), Some(idle + T.idle));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expires_only_when_the_deadline_holds() {
+        let activity = Activity::new();
+        let busy = activity.request();
+        let watched = activity.clone();
+        let expired = tokio::spawn(async move { watched.expired(T).await });
+        tokio::time::advance(Duration::from_secs(1000)).await;
+        tokio::task::yield_now().await;
+        assert!(!expired.is_finished(), "a request in flight never expires");
+        drop(busy);
+        tokio::time::advance(T.idle - Duration::from_secs(1)).await;
+        tokio::task::yield_now().await;
+        assert!(!expired.is_finished());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        expired.await.unwrap();
+    }
+}
