@@ -330,10 +330,13 @@ fn respond(
         status: status.as_u16(),
         started,
     };
+    // Checked: a timeout too far away for the clock is no deadline at all
+    // (validation keeps it within a day; this is the second line).
     let deadline = shared
         .config
         .request_timeout()
-        .map(|t| tokio::time::Instant::from_std(started + t));
+        .and_then(|t| started.checked_add(t))
+        .map(tokio::time::Instant::from_std);
     let mut body = WatchedBody::new(response.into_body(), watch, sse);
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);
