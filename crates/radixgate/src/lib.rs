@@ -20,6 +20,7 @@ mod info;
 pub mod inspect;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod retry;
 pub mod server;
 mod state;

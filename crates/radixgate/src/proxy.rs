@@ -275,7 +275,7 @@ async fn send(
     body: Bytes,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
-    let gateway_has_key = state.shared.config.server.api_key.is_some();
+    let gateway_has_key = state.shared.keys.client.is_set();
     let headers = upstream::request_headers(client_headers, worker.api_key(), gateway_has_key);
     state
         .forwarder

@@ -17,11 +17,12 @@
 //! drops their bodies and so releases their load.
 
 use crate::admission::Admission;
-use crate::auth::{RequiredKey, require_key};
+use crate::auth::{Keys, require_key};
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
 use crate::metrics::Metrics;
+use crate::reload::{self, Reloads};
 use crate::state::{AppState, Breakers, Shared};
 use crate::{admin, control, info, proxy, upkeep, upstream};
 use axum::Router;
@@ -63,15 +64,8 @@ fn inference(api: Api, path: &'static str) -> axum::routing::MethodRouter<Arc<Ap
 
 /// The HTTP routes of a gateway.
 fn routes(state: Arc<AppState>) -> Router {
-    let server = &state.shared.config.server;
-    let client_key = RequiredKey(server.api_key.as_deref().map(Arc::from));
-    let admin_key = RequiredKey(
-        server
-            .admin_api_key
-            .as_deref()
-            .or(server.api_key.as_deref())
-            .map(Arc::from),
-    );
+    let client_key = state.shared.keys.client.clone();
+    let admin_key = state.shared.keys.admin.clone();
 
     let api = Router::<Arc<AppState>>::new()
         .route(
@@ -145,6 +139,21 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
+    let (_, reloads) = reload::channel(Box::new(|| Ok(Config::default())));
+    run_reloadable(listener, config, reloads, shutdown).await
+}
+
+/// [`run`], also applying the reloads asked for through the [`Reload`]
+/// handle paired with `reloads` (the binary's on `SIGHUP`); see
+/// [`crate::reload`] for what a reload changes.
+///
+/// [`Reload`]: crate::reload::Reload
+pub async fn run_reloadable(
+    listener: TcpListener,
+    config: Config,
+    reloads: Reloads,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
     config.validate()?;
     let policy = config
         .routing
@@ -167,9 +176,23 @@ pub async fn run(
     for worker in &config.workers {
         control.add(worker.clone()).await?;
     }
-    let eviction = spawn_eviction(policy, tasks.clone());
+    // Its own token: a reload that replaces the policy stops this timer.
+    let eviction_stop = tasks.child_token();
+    let eviction = spawn_eviction(policy, eviction_stop.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
+    let keys = Arc::new(Keys::new(&config.server));
+    let reloader = tokio::spawn(reload::serve(
+        reloads,
+        reload::Target {
+            running: config.clone(),
+            control: control.clone(),
+            keys: keys.clone(),
+            eviction: eviction_stop,
+            tasks: tasks.clone(),
+        },
+    ));
     let shared = Arc::new(Shared {
+        keys,
         admission: Admission::new(&config.admission),
         breakers: Breakers::new(config.circuit_breaker.clone()),
         metrics: Metrics::new(),
@@ -256,6 +279,7 @@ pub async fn run(
     tasks.cancel();
     let _ = control_task.await;
     let _ = upkeep.await;
+    let _ = reloader.await;
     if let Some(metrics_server) = metrics_server {
         let _ = metrics_server.await;
     }
