@@ -85,8 +85,8 @@ impl Backoff {
 /// when `factor` is not positive (or not a number), without drawing from
 /// `rng`. A factor above 1 counts as 1.
 pub fn jitter(base: Duration, factor: f64, rng: &mut impl Rng) -> Duration {
-    // Written so that NaN takes this branch too.
-    if !(factor > 0.0) {
+    // NaN takes this branch too.
+    if factor.is_nan() || factor <= 0.0 {
         return base;
     }
     let factor = factor.min(1.0);
@@ -98,7 +98,7 @@ pub fn jitter(base: Duration, factor: f64, rng: &mut impl Rng) -> Duration {
 /// path must not panic on a value that slipped through (`Duration::mul_f64`
 /// panics on overflow, NaN and negative factors).
 fn scaled(d: Duration, by: f64) -> Duration {
-    if !(by > 0.0) {
+    if by.is_nan() || by <= 0.0 {
         return Duration::ZERO;
     }
     Duration::try_from_secs_f64(d.as_secs_f64() * by).unwrap_or(Duration::MAX)

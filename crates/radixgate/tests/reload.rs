@@ -177,7 +177,7 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     // New key, one more worker, routing unchanged: the trees stay.
     std::fs::write(&path, yaml(&[&a.url, &b.url], "k2", 0.3)).unwrap();
     let changes = reload.reload().await.unwrap();
-    assert_eq!(changes.workers_added, [b.url.clone()]);
+    assert_eq!(changes.workers_added, std::slice::from_ref(&b.url));
     assert!(changes.workers_removed.is_empty());
     assert!(!changes.routing);
     assert_eq!(changes.keys, ["server.api_key"]);
@@ -203,9 +203,9 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     std::fs::write(&path, yaml(&[&b.url], "k2", 0.5)).unwrap();
     let changes = reload.reload().await.unwrap();
     assert!(changes.routing);
-    assert_eq!(changes.workers_removed, [a.url.clone()]);
+    assert_eq!(changes.workers_removed, std::slice::from_ref(&a.url));
     assert!(changes.keys.is_empty());
-    assert_eq!(worker_urls(&gw, "k2").await, [b.url.clone()]);
+    assert_eq!(worker_urls(&gw, "k2").await, std::slice::from_ref(&b.url));
     healthy(&gw, &b.url, "k2").await;
     assert_eq!(
         chat_status(&gw, "k2", "served by the new policy").await,
@@ -247,7 +247,7 @@ async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.9)).unwrap();
     let changes = reload.reload().await.unwrap();
-    assert_eq!(changes.workers_removed, [gated.clone()]);
+    assert_eq!(changes.workers_removed, std::slice::from_ref(&gated));
     assert!(changes.routing);
     gate.notify_one();
     let mut rest = Vec::new();
@@ -408,5 +408,5 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("health.interval_secs"), "{line}");
     assert!(served.alive());
-    assert_eq!(worker_urls(&gw, "k").await, [other.url.clone()]);
+    assert_eq!(worker_urls(&gw, "k").await, std::slice::from_ref(&other.url));
 }
