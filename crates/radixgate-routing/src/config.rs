@@ -222,14 +222,38 @@ impl CacheAwareConfig {
                 ),
             ));
         }
-        validate_tree_bounds(self.max_tree_size, self.max_total_chars)?;
-        if let HotSpotRule::RelativeCap { factor, .. } = self.hot_spot
-            && (!factor.is_finite() || factor < 1.0)
-        {
+        if self.balance_rel_threshold > MAX_RATIO {
             return Err(RoutingError::config(
-                "hot_spot.factor",
-                format!("must be a finite number >= 1, got {factor}"),
+                "balance_rel_threshold",
+                format!(
+                    "must be at most {MAX_RATIO}, got {}",
+                    self.balance_rel_threshold
+                ),
             ));
+        }
+        at_most(
+            "balance_abs_threshold",
+            self.balance_abs_threshold,
+            MAX_LOAD,
+        )?;
+        at_most(
+            "match_granularity_chars",
+            self.match_granularity_chars,
+            MAX_GRANULARITY_CHARS,
+        )?;
+        validate_tree_bounds(
+            self.eviction_interval_secs,
+            self.max_tree_size,
+            self.max_total_chars,
+        )?;
+        if let HotSpotRule::RelativeCap { slack, factor } = self.hot_spot {
+            if !factor.is_finite() || !(1.0..=MAX_RATIO).contains(&factor) {
+                return Err(RoutingError::config(
+                    "hot_spot.factor",
+                    format!("must be a finite number between 1 and {MAX_RATIO}, got {factor}"),
+                ));
+            }
+            at_most("hot_spot.slack", slack, MAX_LOAD)?;
         }
         Ok(())
     }
@@ -266,11 +290,52 @@ impl Default for PrefillAwareConfig {
 impl PrefillAwareConfig {
     /// Checks ranges; the error names the offending key.
     pub fn validate(&self) -> Result<(), RoutingError> {
-        validate_tree_bounds(self.max_tree_size, self.max_total_chars)
+        at_most("load_cost_chars", self.load_cost_chars, MAX_LOAD_COST_CHARS)?;
+        validate_tree_bounds(
+            self.eviction_interval_secs,
+            self.max_tree_size,
+            self.max_total_chars,
+        )
     }
 }
 
-fn validate_tree_bounds(max_tree_size: usize, max_total_chars: usize) -> Result<(), RoutingError> {
+/// Longest eviction period: a day (trees would grow to their hard bound
+/// long before), and small enough that a timer never overflows.
+const MAX_EVICTION_INTERVAL_SECS: u64 = 86_400;
+/// Largest load-like setting (requests): far above any pool's in-flight
+/// count, and small enough that adding a load to it never overflows.
+const MAX_LOAD: usize = 1_000_000;
+/// Largest ratio-like setting (relative thresholds, factors).
+const MAX_RATIO: f64 = 1_000.0;
+/// Largest `match_granularity_chars` (1 Mi characters).
+const MAX_GRANULARITY_CHARS: usize = 1 << 20;
+/// Largest `load_cost_chars` (1 Gi characters).
+const MAX_LOAD_COST_CHARS: usize = 1 << 30;
+
+fn at_most<T: PartialOrd + std::fmt::Display>(
+    field: &'static str,
+    value: T,
+    max: T,
+) -> Result<(), RoutingError> {
+    if value > max {
+        return Err(RoutingError::config(
+            field,
+            format!("must be at most {max}, got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_tree_bounds(
+    eviction_interval_secs: u64,
+    max_tree_size: usize,
+    max_total_chars: usize,
+) -> Result<(), RoutingError> {
+    at_most(
+        "eviction_interval_secs",
+        eviction_interval_secs,
+        MAX_EVICTION_INTERVAL_SECS,
+    )?;
     if max_tree_size == 0 {
         return Err(RoutingError::config("max_tree_size", "must be at least 1"));
     }
@@ -338,10 +403,13 @@ impl ConsistentHashConfig {
                 format!("must be between 1 and 10000, got {}", self.virtual_nodes),
             ));
         }
-        if !self.load_factor.is_finite() || self.load_factor < 1.0 {
+        if !self.load_factor.is_finite() || !(1.0..=MAX_RATIO).contains(&self.load_factor) {
             return Err(RoutingError::config(
                 "load_factor",
-                format!("must be a finite number >= 1, got {}", self.load_factor),
+                format!(
+                    "must be a finite number between 1 and {MAX_RATIO}, got {}",
+                    self.load_factor
+                ),
             ));
         }
         Ok(())
@@ -475,6 +543,57 @@ mod tests {
         assert!(
             ConsistentHashConfig {
                 virtual_nodes: 0,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+        for (config, key) in [
+            (
+                CacheAwareConfig {
+                    eviction_interval_secs: u64::MAX,
+                    ..d()
+                },
+                "eviction_interval_secs",
+            ),
+            (
+                CacheAwareConfig {
+                    balance_rel_threshold: 1e300,
+                    ..d()
+                },
+                "balance_rel_threshold",
+            ),
+            (
+                CacheAwareConfig {
+                    hot_spot: HotSpotRule::RelativeCap {
+                        slack: usize::MAX,
+                        factor: 1.5,
+                    },
+                    ..d()
+                },
+                "hot_spot.slack",
+            ),
+            (
+                CacheAwareConfig {
+                    match_granularity_chars: usize::MAX,
+                    ..d()
+                },
+                "match_granularity_chars",
+            ),
+        ] {
+            assert_eq!(bad(config), key);
+        }
+        assert!(
+            PrefillAwareConfig {
+                eviction_interval_secs: MAX_EVICTION_INTERVAL_SECS + 1,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            ConsistentHashConfig {
+                load_factor: f64::MAX,
                 ..Default::default()
             }
             .validate()

@@ -9,7 +9,11 @@
 //! builds a new set and publishes it with one atomic store.
 //!
 //! Adding or removing a worker also tells the policy, so it can update its
-//! per-worker state (tree tenants, hash ring) incrementally. Health changes
+//! per-worker state (tree tenants, hash ring) incrementally.
+//!
+//! The policy itself sits in a second `ArcSwap`, so a configuration reload
+//! can replace it ([`Registry::set_policy`]) while requests keep flowing: a
+//! decision already running finishes on the policy it loaded. Health changes
 //! keep that state: a worker that was briefly unhealthy comes back with its
 //! cache record intact.
 
@@ -24,7 +28,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Registry {
     current: Arc<ArcSwap<WorkerSet>>,
-    policy: Arc<dyn Policy>,
+    policy: Arc<ArcSwap<Arc<dyn Policy>>>,
     next_id: u32,
 }
 
@@ -33,7 +37,7 @@ impl Registry {
     pub fn new(policy: Arc<dyn Policy>) -> Self {
         Self {
             current: Arc::new(ArcSwap::from_pointee(WorkerSet::default())),
-            policy,
+            policy: Arc::new(ArcSwap::from_pointee(policy)),
             next_id: 0,
         }
     }
@@ -49,6 +53,21 @@ impl Registry {
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<WorkerSet> {
         self.current.load_full()
+    }
+
+    /// Replaces the policy (a reload changed the routing settings). The new
+    /// policy is told about every current worker first, then published;
+    /// decisions from then on use it. Its trees start empty.
+    pub fn set_policy(&mut self, policy: Arc<dyn Policy>) {
+        for worker in self.current.load().workers() {
+            policy.on_worker_added(worker);
+        }
+        self.policy.store(Arc::new(policy));
+    }
+
+    /// The policy decisions are made by now.
+    pub fn policy(&self) -> Arc<dyn Policy> {
+        Arc::clone(&self.policy.load())
     }
 
     /// Validates and adds a worker, publishing a new snapshot. The worker
@@ -67,7 +86,7 @@ impl Registry {
         })?;
         spec.url = url.into();
         let worker = Arc::new(Worker::new(id, spec));
-        self.policy.on_worker_added(&worker);
+        self.policy.load().on_worker_added(&worker);
         let mut workers = set.workers().to_vec();
         workers.push(worker.clone());
         self.publish(workers);
@@ -90,7 +109,7 @@ impl Registry {
             .cloned()
             .collect();
         self.publish(workers);
-        self.policy.on_worker_removed(&worker);
+        self.policy.load().on_worker_removed(&worker);
         Ok(worker)
     }
 
@@ -134,7 +153,7 @@ fn validate_spec(spec: &WorkerSpec) -> Result<WorkerUrl, RoutingError> {
 #[derive(Clone, Debug)]
 pub struct Router {
     current: Arc<ArcSwap<WorkerSet>>,
-    policy: Arc<dyn Policy>,
+    policy: Arc<ArcSwap<Arc<dyn Policy>>>,
 }
 
 /// A routing decision and the pool it was made in.
@@ -163,12 +182,13 @@ impl Router {
         exclude: &[WorkerId],
     ) -> Result<Routed, RoutingError> {
         let set = self.current.load();
+        let policy = self.policy.load();
         let pool = set.resolve(model)?;
         let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
         let decision = if exclude.is_empty() {
             // The common case borrows the pool as is; only a retry pays for
             // a filtered copy.
-            self.policy.select(&req, pool.workers)?
+            policy.select(&req, pool.workers)?
         } else {
             let rest: Vec<Arc<Worker>> = pool
                 .workers
@@ -176,7 +196,7 @@ impl Router {
                 .filter(|w| !exclude.contains(&w.id()))
                 .cloned()
                 .collect();
-            self.policy.select(&req, &rest)?
+            policy.select(&req, &rest)?
         };
         let model = (pool.model != WILDCARD_MODEL).then(|| pool.model.to_owned());
         Ok(Routed { decision, model })
@@ -187,8 +207,8 @@ impl Router {
         self.current.load_full()
     }
 
-    /// The policy decisions are made by.
-    pub fn policy(&self) -> &Arc<dyn Policy> {
-        &self.policy
+    /// The policy decisions are made by now (a reload may replace it).
+    pub fn policy(&self) -> Arc<dyn Policy> {
+        Arc::clone(&self.policy.load())
     }
 }

@@ -16,11 +16,11 @@
 //! behind the gate. Runtime workers are further held to
 //! `server.worker_allowlist` by the control task.
 
-use crate::auth::bearer_matches;
-use crate::config::{AdminAccess, ServerConfig, WorkerSpec};
+use crate::auth::{RequiredKey, bearer_matches};
+use crate::config::{AdminAccess, WorkerSpec};
 use crate::error::GatewayError;
 use crate::info;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -33,10 +33,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The admin plane's routes, behind its [`gate`].
-pub(crate) fn router(server: &ServerConfig) -> Router<Arc<AppState>> {
+pub(crate) fn router(shared: &Shared) -> Router<Arc<AppState>> {
     let gate_state = Gate {
-        key: server.admin_api_key.as_deref().map(Arc::from),
-        access: server.admin_access,
+        key: shared.keys.admin.clone(),
+        access: shared.config.server.admin_access,
     };
     Router::new()
         .route("/workers", get(list).post(add).delete(remove))
@@ -47,8 +47,9 @@ pub(crate) fn router(server: &ServerConfig) -> Router<Arc<AppState>> {
 /// Who may pass the admin plane's gate.
 #[derive(Clone, Debug)]
 pub(crate) struct Gate {
-    /// `server.admin_api_key`; when set, it alone decides.
-    key: Option<Arc<str>>,
+    /// `server.admin_api_key` (a reload may replace it); when set, it
+    /// alone decides.
+    key: RequiredKey,
     /// `server.admin_access`, used only without a key.
     access: AdminAccess,
 }
@@ -57,7 +58,8 @@ pub(crate) struct Gate {
 /// the connection (`ConnectInfo`); a request without one (not from a
 /// serving thread) is not taken for loopback.
 pub(crate) async fn gate(State(gate): State<Gate>, req: Request, next: Next) -> Response {
-    let refusal = match (&gate.key, gate.access) {
+    let key = gate.key.get();
+    let refusal = match (&key, gate.access) {
         (Some(key), _) if bearer_matches(req.headers(), key) => None,
         (Some(_), _) => Some(GatewayError::Unauthorized),
         (None, AdminAccess::Off) => Some(GatewayError::AdminForbidden {
@@ -134,8 +136,10 @@ mod tests {
 
     /// The gate in front of a route that answers 200.
     fn gated(key: Option<&str>, access: AdminAccess) -> Router {
+        let required = RequiredKey::default();
+        required.set(key);
         let gate_state = Gate {
-            key: key.map(Arc::from),
+            key: required,
             access,
         };
         Router::new()

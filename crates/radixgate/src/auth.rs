@@ -11,16 +11,63 @@
 //! 9110 (11.1) says of every authentication scheme; the key is not.
 //! [`bearer_matches`] is the one check; the admin plane's gate
 //! ([`crate::admin`]) and `/metrics` use it with their own keys.
+//!
+//! Each key sits in an `ArcSwapOption` shared by the middleware of every
+//! serving thread and by the reload task ([`crate::reload`]), which stores
+//! the new key: requests that start afterwards are checked against it, with
+//! no lock on the request path.
 
+use crate::config::ServerConfig;
 use crate::error::GatewayError;
 use crate::state::AppState;
 use crate::tenants::{Metered, TenantRef};
+use arc_swap::ArcSwapOption;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
+
+/// A key a route group requires, if any; a reload may replace it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RequiredKey(Arc<ArcSwapOption<String>>);
+
+impl RequiredKey {
+    /// Requires `key` from now on (`None`: open).
+    pub(crate) fn set(&self, key: Option<&str>) {
+        self.0.store(key.map(|k| Arc::new(k.to_owned())));
+    }
+
+    /// The key required now, if any.
+    pub(crate) fn get(&self) -> Option<Arc<String>> {
+        self.0.load_full()
+    }
+}
+
+/// The keys of the admin plane and of `/metrics`, as the server section
+/// sets them (the client API's keys are its tenants', [`crate::tenants`]).
+#[derive(Debug, Default)]
+pub(crate) struct Keys {
+    /// `server.admin_api_key`.
+    pub(crate) admin: RequiredKey,
+    /// `server.metrics_api_key`.
+    pub(crate) metrics: RequiredKey,
+}
+
+impl Keys {
+    pub(crate) fn new(server: &ServerConfig) -> Self {
+        let keys = Self::default();
+        keys.store(server);
+        keys
+    }
+
+    /// Takes the keys of `server` (at start-up and on every reload).
+    pub(crate) fn store(&self, server: &ServerConfig) {
+        self.admin.set(server.admin_api_key.as_deref());
+        self.metrics.set(server.metrics_api_key.as_deref());
+    }
+}
 
 /// Middleware of the client API: finds the tenant whose key was presented
 /// (401 if none matches while any is configured), tags the request with it,

@@ -29,9 +29,10 @@ use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
-use radixgate_routing::{Registry, RoutingError, WorkerId, WorkerSpec, WorkerUrl};
+use radixgate_routing::{Policy, Registry, RoutingError, WorkerId, WorkerSpec, WorkerUrl};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -50,6 +51,11 @@ enum Command {
     },
     List {
         reply: oneshot::Sender<Vec<WorkerStatus>>,
+    },
+    /// From a reload: route with this policy from now on.
+    SetPolicy {
+        policy: Arc<dyn Policy>,
+        reply: oneshot::Sender<()>,
     },
     /// From a health checker: first probes passed; these are the models.
     Admit { url: WorkerUrl, models: Vec<String> },
@@ -132,6 +138,14 @@ impl Control {
         self.ask(|reply| Command::List { reply })
             .await
             .unwrap_or_default()
+    }
+
+    /// Replaces the routing policy (a reload changed the routing settings);
+    /// the registry tells it about every current worker first.
+    pub async fn set_policy(&self, policy: Arc<dyn Policy>) -> Result<(), GatewayError> {
+        self.ask(|reply| Command::SetPolicy { policy, reply })
+            .await
+            .ok_or_else(shutting_down)
     }
 
     /// From a health checker: the worker at `url` passed its first probes
@@ -229,6 +243,10 @@ impl ControlTask {
             }
             Command::List { reply } => {
                 let _ = reply.send(self.list());
+            }
+            Command::SetPolicy { policy, reply } => {
+                self.registry.set_policy(policy);
+                let _ = reply.send(());
             }
             Command::Admit { url, models } => self.admit(url, models),
             Command::Health { url, healthy } => {

@@ -158,8 +158,8 @@ pub(crate) async fn metrics(
     State(state): State<Arc<AppState>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    if let Some(key) = &state.shared.config.server.metrics_api_key
-        && !crate::auth::bearer_matches(&headers, key)
+    if let Some(key) = state.shared.keys.metrics.get()
+        && !crate::auth::bearer_matches(&headers, &key)
     {
         return crate::error::GatewayError::Unauthorized.into_response();
     }

@@ -23,6 +23,7 @@ pub mod inspect;
 mod listen;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod retry;
 pub mod server;
 mod state;

@@ -267,7 +267,7 @@ async fn send(
     body: Bytes,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
-    let gateway_has_key = state.shared.config.server.api_key.is_some();
+    let gateway_has_key = !state.shared.tenants.load().is_open();
     let headers = upstream::request_headers(client_headers, worker.api_key(), gateway_has_key);
     state
         .forwarder
@@ -322,10 +322,13 @@ fn respond(
         status: status.as_u16(),
         started,
     };
+    // Checked: a timeout too far away for the clock is no deadline at all
+    // (validation keeps it within a day; this is the second line).
     let deadline = shared
         .config
         .request_timeout()
-        .map(|t| tokio::time::Instant::from_std(started + t));
+        .and_then(|t| started.checked_add(t))
+        .map(tokio::time::Instant::from_std);
     let mut body = WatchedBody::new(response.into_body(), watch, sse);
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);

@@ -76,19 +76,32 @@ impl Backoff {
     /// initial back-off as configured (validation keeps it within the cap).
     pub fn pause(&mut self, rng: &mut impl Rng) -> Duration {
         let pause = jitter(self.next, self.jitter_factor, rng);
-        self.next = self.next.mul_f64(self.multiplier).min(self.max);
+        self.next = scaled(self.next, self.multiplier).min(self.max);
         pause
     }
 }
 
 /// `base` spread uniformly by ±`factor` (never below zero); `base` itself
-/// when `factor` is not positive, without drawing from `rng`.
+/// when `factor` is not positive (or not a number), without drawing from
+/// `rng`. A factor above 1 counts as 1.
 pub fn jitter(base: Duration, factor: f64, rng: &mut impl Rng) -> Duration {
-    if factor <= 0.0 {
+    // NaN takes this branch too.
+    if factor.is_nan() || factor <= 0.0 {
         return base;
     }
+    let factor = factor.min(1.0);
     let spread = rng.random_range(-factor..=factor);
-    base.mul_f64((1.0 + spread).max(0.0))
+    scaled(base, 1.0 + spread)
+}
+
+/// `d * by`, saturating: validation bounds the settings, but the request
+/// path must not panic on a value that slipped through (`Duration::mul_f64`
+/// panics on overflow, NaN and negative factors).
+fn scaled(d: Duration, by: f64) -> Duration {
+    if by.is_nan() || by <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(d.as_secs_f64() * by).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]
@@ -199,6 +212,34 @@ mod tests {
         assert!((0..200).all(|_| jitter(base, 1.0, &mut rng) <= base * 2));
         assert_eq!(jitter(base, 0.0, &mut rng), base);
         assert_eq!(jitter(base, -0.5, &mut rng), base);
+    }
+
+    #[test]
+    fn absurd_settings_saturate_instead_of_panicking() {
+        // The issue's `--retry-backoff-multiplier 1e300`, with the cap out
+        // of the way: validation refuses it, the arithmetic survives it.
+        let config = RetryConfig {
+            max_retries: 10,
+            initial_backoff_ms: 50,
+            max_backoff_ms: u64::MAX,
+            backoff_multiplier: 1e300,
+            jitter_factor: 1.0,
+        };
+        let mut backoff = Backoff::new(&config);
+        let mut rng = StdRng::seed_from_u64(9);
+        for _ in 0..5 {
+            let _ = backoff.pause(&mut rng);
+        }
+        for factor in [f64::NAN, f64::INFINITY, 2.0] {
+            let _ = jitter(Duration::MAX, factor, &mut rng);
+        }
+        for multiplier in [f64::NAN, f64::INFINITY, -1.0, 0.0] {
+            let mut b = Backoff::new(&RetryConfig {
+                backoff_multiplier: multiplier,
+                ..config.clone()
+            });
+            let _ = (b.pause(&mut rng), b.pause(&mut rng));
+        }
     }
 
     #[test]

@@ -21,13 +21,14 @@
 
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
-use crate::auth::require_tenant;
+use crate::auth::{Keys, require_tenant};
 use crate::body::{BodyBudget, BodyLimits};
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
 use crate::listen::{self, ConnectionLimits, ConnectionSlots};
 use crate::metrics::Metrics;
+use crate::reload::{self, Reloads};
 use crate::state::{AppState, Breakers, Shared};
 use crate::{admin, control, info, proxy, upkeep, upstream};
 use axum::Router;
@@ -73,8 +74,6 @@ fn inference(api: Api, path: &'static str) -> axum::routing::MethodRouter<Arc<Ap
 /// A known path with a wrong method is a 405 with an `Allow` header and an
 /// OpenAI-style body.
 fn routes(state: Arc<AppState>) -> Router {
-    let server = &state.shared.config.server;
-
     let api = Router::<Arc<AppState>>::new()
         .route(
             "/v1/chat/completions",
@@ -97,7 +96,7 @@ fn routes(state: Arc<AppState>) -> Router {
             state.clone(),
             require_tenant,
         ));
-    let admin = admin::router(server);
+    let admin = admin::router(&state.shared);
     let open = Router::<Arc<AppState>>::new()
         .route("/health", get(info::readiness))
         .route("/readiness", get(info::readiness))
@@ -151,8 +150,25 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
+    let (_, reloads) = reload::channel(Box::new(|| Ok(Config::default())));
+    run_reloadable(listener, config, reloads, shutdown).await
+}
+
+/// [`run`], also applying the reloads asked for through the [`Reload`]
+/// handle paired with `reloads` (the binary's on `SIGHUP`); see
+/// [`crate::reload`] for what a reload changes.
+///
+/// [`Reload`]: crate::reload::Reload
+pub async fn run_reloadable(
+    listener: TcpListener,
+    config: Config,
+    reloads: Reloads,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
     config.validate()?;
-    let tenants = crate::tenants::Tenants::from_config(&config)?;
+    let tenants = Arc::new(arc_swap::ArcSwap::from_pointee(
+        crate::tenants::Tenants::from_config(&config)?,
+    ));
     let policy = config
         .routing
         .build()
@@ -175,7 +191,9 @@ pub async fn run(
     for worker in &config.workers {
         control.add_configured(worker.clone()).await?;
     }
-    let eviction = spawn_eviction(policy, tasks.clone());
+    // Its own token: a reload that replaces the policy stops this timer.
+    let eviction_stop = tasks.child_token();
+    let eviction = spawn_eviction(policy, eviction_stop.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
     let bodies = BodyLimits {
         max_size: config.server.max_payload_size,
@@ -187,12 +205,25 @@ pub async fn run(
         idle_timeout: Duration::from_secs(config.server.idle_timeout_secs),
         slots: ConnectionSlots::new(config.server.connection_cap()),
     };
+    let keys = Arc::new(Keys::new(&config.server));
+    let reloader = tokio::spawn(reload::serve(
+        reloads,
+        reload::Target {
+            running: config.clone(),
+            control: control.clone(),
+            keys: keys.clone(),
+            tenants: tenants.clone(),
+            eviction: eviction_stop,
+            tasks: tasks.clone(),
+        },
+    ));
     let shared = Arc::new(Shared {
+        keys,
         admission: Admission::new(&config.admission),
         bodies,
         breakers: Breakers::new(config.circuit_breaker.clone()),
         metrics: Metrics::new(),
-        tenants: arc_swap::ArcSwap::from_pointee(tenants),
+        tenants,
         config,
         router,
         control,
@@ -282,6 +313,7 @@ pub async fn run(
     tasks.cancel();
     let _ = control_task.await;
     let _ = upkeep.await;
+    let _ = reloader.await;
     if let Some(metrics_server) = metrics_server {
         let _ = metrics_server.await;
     }

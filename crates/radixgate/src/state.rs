@@ -16,6 +16,7 @@
 //! first time a worker id is seen.
 
 use crate::admission::Admission;
+use crate::auth::Keys;
 use crate::body::BodyLimits;
 use crate::breaker::{Breaker, BreakerState};
 use crate::config::Config;
@@ -31,8 +32,11 @@ use std::time::Instant;
 
 /// What every thread of one gateway shares.
 pub(crate) struct Shared {
-    /// The validated configuration.
+    /// The validated configuration, as at start-up (a reload changes the
+    /// workers, the policy and [`Self::keys`], not this).
     pub(crate) config: Config,
+    /// The client and admin keys, replaced by a reload.
+    pub(crate) keys: Arc<Keys>,
     /// The request path's lock-free handle on the worker set and policy.
     pub(crate) router: Router,
     /// The control task's handle (admin calls, worker list).
@@ -50,7 +54,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// Who may call the client API, with their limits. Swapped whole on a
     /// config reload (`Tenants::reloaded`); requests read it lock-free.
-    pub(crate) tenants: arc_swap::ArcSwap<Tenants>,
+    pub(crate) tenants: Arc<arc_swap::ArcSwap<Tenants>>,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
 }

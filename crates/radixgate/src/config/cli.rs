@@ -13,6 +13,8 @@ use std::path::PathBuf;
 #[derive(Clone, Debug, Default, Args)]
 pub struct ServeArgs {
     /// YAML config file; flags and environment variables override it.
+    /// SIGHUP re-reads it (with the same flags) and applies the workers,
+    /// routing settings and keys; other settings need a restart.
     #[arg(long, env = "RADIXGATE_CONFIG")]
     pub config: Option<PathBuf>,
 

@@ -13,6 +13,7 @@
 
 mod cli;
 mod tenants;
+mod validate;
 
 pub use cli::ServeArgs;
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
@@ -20,8 +21,12 @@ pub use cli::ServeArgs;
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
+pub use validate::{
+    MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_PAYLOAD_SIZE, MAX_REQUESTS, MAX_RETRIES, MAX_SECS,
+    MAX_THRESHOLD,
+};
 
-use radixgate_routing::{PolicyConfig, RoutingError, WorkerUrl};
+use radixgate_routing::{PolicyConfig, RoutingError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -473,125 +478,6 @@ impl Config {
         }
         // Parsed from the text, errors carry their line and column.
         serde_norway::from_str(text)
-    }
-
-    /// Checks every value's range; the error names the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.routing.validate()?;
-        let s = &self.server;
-        if s.host.trim().is_empty() {
-            return Err(invalid("server.host", "must not be empty"));
-        }
-        if s.threads > MAX_THREADS {
-            return Err(invalid(
-                "server.threads",
-                format!("{} is more than {MAX_THREADS}", s.threads),
-            ));
-        }
-        if s.max_payload_size == 0 {
-            return Err(invalid(
-                "server.max_payload_size",
-                "must be at least 1 byte",
-            ));
-        }
-        s.validate_access()?;
-        for (key, secs) in [
-            ("server.body_read_timeout_secs", s.body_read_timeout_secs),
-            (
-                "server.header_read_timeout_secs",
-                s.header_read_timeout_secs,
-            ),
-            ("server.idle_timeout_secs", s.idle_timeout_secs),
-        ] {
-            if !(1..=MAX_TIMEOUT_SECS).contains(&secs) {
-                return Err(invalid(
-                    key,
-                    format!("{secs} must be between 1 and {MAX_TIMEOUT_SECS}"),
-                ));
-            }
-        }
-        if s.max_buffered_body_bytes < s.max_payload_size {
-            return Err(invalid(
-                "server.max_buffered_body_bytes",
-                format!(
-                    "{} is less than server.max_payload_size ({}): no body of the allowed size could ever be read",
-                    s.max_buffered_body_bytes, s.max_payload_size
-                ),
-            ));
-        }
-        for (i, worker) in self.workers.iter().enumerate() {
-            WorkerUrl::parse(&worker.url)
-                .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
-        }
-        let h = &self.health;
-        if h.interval_secs == 0 {
-            return Err(invalid("health.interval_secs", "must be at least 1"));
-        }
-        if h.timeout_secs == 0 {
-            return Err(invalid("health.timeout_secs", "must be at least 1"));
-        }
-        if !h.endpoint.starts_with('/') {
-            return Err(invalid(
-                "health.endpoint",
-                format!("`{}` must start with `/`", h.endpoint),
-            ));
-        }
-        if h.failure_threshold == 0 {
-            return Err(invalid("health.failure_threshold", "must be at least 1"));
-        }
-        if h.success_threshold == 0 {
-            return Err(invalid("health.success_threshold", "must be at least 1"));
-        }
-        if h.unhealthy_backoff_initial_ms == 0
-            || h.unhealthy_backoff_initial_ms > h.unhealthy_backoff_max_ms
-        {
-            return Err(invalid(
-                "health.unhealthy_backoff_initial_ms",
-                "must be at least 1 and at most health.unhealthy_backoff_max_ms",
-            ));
-        }
-        let r = &self.retry;
-        if !(r.backoff_multiplier.is_finite() && r.backoff_multiplier >= 1.0) {
-            return Err(invalid("retry.backoff_multiplier", "must be a number >= 1"));
-        }
-        if !(0.0..=1.0).contains(&r.jitter_factor) {
-            return Err(invalid("retry.jitter_factor", "must be between 0 and 1"));
-        }
-        if r.initial_backoff_ms > r.max_backoff_ms {
-            return Err(invalid(
-                "retry.initial_backoff_ms",
-                "must not exceed retry.max_backoff_ms",
-            ));
-        }
-        let b = &self.circuit_breaker;
-        if b.failure_threshold == 0 {
-            return Err(invalid(
-                "circuit_breaker.failure_threshold",
-                "must be at least 1",
-            ));
-        }
-        if b.success_threshold == 0 {
-            return Err(invalid(
-                "circuit_breaker.success_threshold",
-                "must be at least 1",
-            ));
-        }
-        if self.admission.max_concurrent_requests == Some(0) {
-            return Err(invalid(
-                "admission.max_concurrent_requests",
-                "must be at least 1 (leave it unset for no limit)",
-            ));
-        }
-        // Reads the key file and `key_env` variables: a bad entry stops
-        // start-up (or a reload) here, named.
-        self.tenants.resolve(s.api_key.as_deref())?;
-        if self.metrics.prometheus_port == Some(s.port) && s.port != 0 {
-            return Err(invalid(
-                "metrics.prometheus_port",
-                "must differ from server.port (/metrics is served there already)",
-            ));
-        }
-        Ok(())
     }
 
     /// The request timeout, if any.

@@ -79,7 +79,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?
-                .block_on(serve(config))?;
+                .block_on(serve(*args, config))?;
         }
         #[cfg(feature = "sim")]
         Command::Load(args) => radixgate_sim::load::main(*args)?,
@@ -98,14 +98,39 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(config: radixgate::config::Config) -> anyhow::Result<()> {
+async fn serve(
+    args: radixgate::config::ServeArgs,
+    config: radixgate::config::Config,
+) -> anyhow::Result<()> {
     let addr = (config.server.host.as_str(), config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1))?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    radixgate::server::run(listener, config, shutdown).await?;
+    // A reload layers the same flags and environment on the re-read file.
+    let (reload, reloads) = radixgate::reload::channel(Box::new(move || args.load()));
+    reload_on_hangup(reload)?;
+    radixgate::server::run_reloadable(listener, config, reloads, shutdown).await?;
+    Ok(())
+}
+
+/// Reloads the configuration on every SIGHUP (whose default action would
+/// end the process). The reload task logs each outcome.
+fn reload_on_hangup(reload: radixgate::reload::Reload) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the configuration");
+                let _ = reload.reload().await;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(reload);
     Ok(())
 }
 

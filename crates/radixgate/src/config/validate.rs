@@ -1,0 +1,228 @@
+//! Range checks for every setting, run once on a complete [`Config`] (after
+//! file, environment and flags are layered) and again on every reload.
+//!
+//! Every numeric key has a range, stated in its error message with the key
+//! as spelled in the file. The bounds are what an operator of an LLM
+//! cluster could mean, and small enough that no arithmetic on them can
+//! overflow on the request path: a duration of at most a day added to any
+//! `Instant`, a back-off of at most an hour times a multiplier of at most
+//! 10. A value outside them is a typo or a unit mistake; refusing it at
+//! start-up beats a panic per request.
+
+use super::{Config, ConfigError, MAX_THREADS, invalid};
+use radixgate_routing::WorkerUrl;
+use std::fmt::Display;
+
+/// Longest duration in seconds any `*_secs` setting may have: a day. No
+/// LLM request, probe period or grace period sensibly lasts longer.
+pub const MAX_SECS: u64 = 86_400;
+/// Longest duration in milliseconds any `*_ms` back-off may have: an hour.
+pub const MAX_MS: u64 = 3_600_000;
+/// Largest request body limit: 1 GiB (a long-context prompt with images is
+/// tens of MiB; a gigabyte is a mistake or an attack).
+pub const MAX_PAYLOAD_SIZE: usize = 1 << 30;
+/// Largest consecutive-event threshold (health, breaker).
+pub const MAX_THRESHOLD: u32 = 10_000;
+/// Most retries after the first attempt.
+pub const MAX_RETRIES: u32 = 100;
+/// Largest back-off growth per retry.
+pub const MAX_BACKOFF_MULTIPLIER: f64 = 10.0;
+/// Largest concurrency limit and admission queue.
+pub const MAX_REQUESTS: usize = 1_000_000;
+
+/// `value` within `min..=max`, or an error naming `key` and the range.
+fn within<T: PartialOrd + Display>(
+    key: &'static str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), ConfigError> {
+    if value >= min && value <= max {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("must be between {min} and {max}, got {value}"),
+        ))
+    }
+}
+
+/// A finite float within `min..=max` (NaN and infinities fail).
+fn finite_within(key: &'static str, value: f64, min: f64, max: f64) -> Result<(), ConfigError> {
+    if value.is_finite() && (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("must be a finite number between {min} and {max}, got {value}"),
+        ))
+    }
+}
+
+impl Config {
+    /// Checks every value's range; the error names the key and the range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.routing.validate()?;
+        self.validate_server()?;
+        for (i, worker) in self.workers.iter().enumerate() {
+            WorkerUrl::parse(&worker.url)
+                .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
+        }
+        self.validate_health()?;
+        self.validate_retry()?;
+        self.validate_breaker_and_admission()?;
+        // Reads the key file and `key_env` variables: a bad entry stops
+        // start-up (or a reload) here, named.
+        self.tenants.resolve(self.server.api_key.as_deref())?;
+        if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
+            return Err(invalid(
+                "metrics.prometheus_port",
+                "must differ from server.port (/metrics is served there already)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if s.host.trim().is_empty() {
+            return Err(invalid("server.host", "must not be empty"));
+        }
+        within("server.threads", s.threads, 0, MAX_THREADS)?;
+        within(
+            "server.max_payload_size",
+            s.max_payload_size,
+            1,
+            MAX_PAYLOAD_SIZE,
+        )?;
+        within(
+            "server.request_timeout_secs",
+            s.request_timeout_secs,
+            0,
+            MAX_SECS,
+        )?;
+        within(
+            "server.shutdown_grace_period_secs",
+            s.shutdown_grace_period_secs,
+            0,
+            MAX_SECS,
+        )?;
+        s.validate_access()?;
+        for (key, secs) in [
+            ("server.body_read_timeout_secs", s.body_read_timeout_secs),
+            (
+                "server.header_read_timeout_secs",
+                s.header_read_timeout_secs,
+            ),
+            ("server.idle_timeout_secs", s.idle_timeout_secs),
+        ] {
+            within(key, secs, 1, MAX_SECS)?;
+        }
+        if s.max_buffered_body_bytes < s.max_payload_size {
+            return Err(invalid(
+                "server.max_buffered_body_bytes",
+                format!(
+                    "{} is less than server.max_payload_size ({}): no body of the allowed size could ever be read",
+                    s.max_buffered_body_bytes, s.max_payload_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_health(&self) -> Result<(), ConfigError> {
+        let h = &self.health;
+        within("health.interval_secs", h.interval_secs, 1, MAX_SECS)?;
+        within("health.timeout_secs", h.timeout_secs, 1, MAX_SECS)?;
+        if !h.endpoint.starts_with('/') {
+            return Err(invalid(
+                "health.endpoint",
+                format!("`{}` must start with `/`", h.endpoint),
+            ));
+        }
+        within(
+            "health.failure_threshold",
+            h.failure_threshold,
+            1,
+            MAX_THRESHOLD,
+        )?;
+        within(
+            "health.success_threshold",
+            h.success_threshold,
+            1,
+            MAX_THRESHOLD,
+        )?;
+        within(
+            "health.unhealthy_backoff_max_ms",
+            h.unhealthy_backoff_max_ms,
+            1,
+            MAX_MS,
+        )?;
+        within(
+            "health.unhealthy_backoff_initial_ms",
+            h.unhealthy_backoff_initial_ms,
+            1,
+            h.unhealthy_backoff_max_ms,
+        )
+    }
+
+    fn validate_retry(&self) -> Result<(), ConfigError> {
+        let r = &self.retry;
+        within("retry.max_retries", r.max_retries, 0, MAX_RETRIES)?;
+        within("retry.max_backoff_ms", r.max_backoff_ms, 0, MAX_MS)?;
+        within(
+            "retry.initial_backoff_ms",
+            r.initial_backoff_ms,
+            0,
+            r.max_backoff_ms,
+        )?;
+        finite_within(
+            "retry.backoff_multiplier",
+            r.backoff_multiplier,
+            1.0,
+            MAX_BACKOFF_MULTIPLIER,
+        )?;
+        finite_within("retry.jitter_factor", r.jitter_factor, 0.0, 1.0)
+    }
+
+    fn validate_breaker_and_admission(&self) -> Result<(), ConfigError> {
+        let b = &self.circuit_breaker;
+        within(
+            "circuit_breaker.failure_threshold",
+            b.failure_threshold,
+            1,
+            MAX_THRESHOLD,
+        )?;
+        within(
+            "circuit_breaker.success_threshold",
+            b.success_threshold,
+            1,
+            MAX_THRESHOLD,
+        )?;
+        within(
+            "circuit_breaker.timeout_duration_secs",
+            b.timeout_duration_secs,
+            1,
+            MAX_SECS,
+        )?;
+        let a = &self.admission;
+        if let Some(limit) = a.max_concurrent_requests {
+            within("admission.max_concurrent_requests", limit, 1, MAX_REQUESTS).map_err(|_| {
+                invalid(
+                    "admission.max_concurrent_requests",
+                    format!(
+                        "must be between 1 and {MAX_REQUESTS} (leave it unset for no \
+                             limit), got {limit}"
+                    ),
+                )
+            })?;
+        }
+        within("admission.queue_size", a.queue_size, 0, MAX_REQUESTS)?;
+        within(
+            "admission.queue_timeout_secs",
+            a.queue_timeout_secs,
+            0,
+            MAX_SECS,
+        )
+    }
+}

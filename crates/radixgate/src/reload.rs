@@ -1,0 +1,287 @@
+//! Reloading the configuration while serving (`SIGHUP`, or a [`Reload`]
+//! handle in tests and embedders).
+//!
+//! A reload asks its loader for a whole new [`Config`] — the binary's loader
+//! re-reads the `--config` file and layers the same flags and environment
+//! on it as at start-up — and validates all of it (routing policy built,
+//! every range checked) before anything changes. A config that fails leaves
+//! the running one in place; the error is logged at ERROR with the key and
+//! returned to the caller.
+//!
+//! What a reload changes, for requests that start afterwards:
+//! - **workers**: reconciled against the previous config's list, through
+//!   the control task's own add/remove commands: a URL no longer listed is
+//!   removed, a new one is added (and probed before it gets traffic), a
+//!   changed entry (key, models) is replaced. Workers added at runtime
+//!   through the admin API are left alone. Requests in flight on a removed
+//!   worker finish normally: no stream is cut;
+//! - **routing**: an unchanged `routing:` section keeps the running policy
+//!   and its prefix trees. A changed one builds a new policy and swaps it
+//!   in; its trees start empty (they re-learn within a request per prefix),
+//!   and the eviction timer follows it;
+//! - **keys**: `server.api_key`, `server.admin_api_key`,
+//!   `server.metrics_api_key` and the tenants (`tenants:` and the
+//!   `--api-key-file` it names, re-read); a tenant whose name and limits are
+//!   unchanged keeps what it has already spent.
+//!
+//! Everything else (the listening address and port, threads, body limit,
+//! timeouts, health, retry, breaker, admission, metrics, log settings)
+//! takes a restart: a reload that changes it says so in a WARN line and
+//! keeps the running value.
+//!
+//! Concurrency: one task applies reloads, one at a time, in order; it only
+//! sends commands to the control task and stores into `ArcSwap`s, so the
+//! request path never waits for it.
+
+use crate::auth::Keys;
+use crate::config::{Config, ConfigError};
+use crate::control::Control;
+use crate::error::GatewayError;
+use crate::tenants::Tenants;
+use arc_swap::ArcSwap;
+use radixgate_routing::{Policy, WorkerSpec, WorkerUrl, spawn_eviction};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// Builds the configuration a reload should switch to.
+pub type Loader = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new configuration is invalid; the running one stays.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The gateway is shutting down.
+    #[error("the gateway is not running")]
+    Stopped,
+    /// The new configuration was valid but could not be applied in full.
+    #[error(transparent)]
+    Apply(#[from] GatewayError),
+}
+
+/// What a reload changed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Changes {
+    /// Worker URLs added (probed before they get traffic).
+    pub workers_added: Vec<String>,
+    /// Worker URLs removed.
+    pub workers_removed: Vec<String>,
+    /// Whether a new routing policy replaced the running one.
+    pub routing: bool,
+    /// Keys that changed (`server.api_key`, `server.admin_api_key`).
+    pub keys: Vec<&'static str>,
+    /// Sections that changed but take effect only after a restart.
+    pub needs_restart: Vec<&'static str>,
+}
+
+impl fmt::Display for Changes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "workers added {:?}, removed {:?}; routing {}; keys changed {:?}",
+            self.workers_added,
+            self.workers_removed,
+            if self.routing { "rebuilt" } else { "unchanged" },
+            self.keys,
+        )
+    }
+}
+
+type Request = oneshot::Sender<Result<Changes, ReloadError>>;
+
+/// A handle that triggers reloads of a running gateway. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Reload {
+    tx: mpsc::Sender<Request>,
+}
+
+impl Reload {
+    /// Reloads now and waits for the outcome (also logged).
+    pub async fn reload(&self) -> Result<Changes, ReloadError> {
+        let (reply, outcome) = oneshot::channel();
+        self.tx
+            .send(reply)
+            .await
+            .map_err(|_| ReloadError::Stopped)?;
+        outcome.await.unwrap_or(Err(ReloadError::Stopped))
+    }
+}
+
+/// The receiving end, given to [`crate::server::run_reloadable`].
+pub struct Reloads {
+    rx: mpsc::Receiver<Request>,
+    loader: Loader,
+}
+
+impl fmt::Debug for Reloads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloads").finish_non_exhaustive()
+    }
+}
+
+/// A reload handle and its receiving end; `loader` builds each new config.
+pub fn channel(loader: Loader) -> (Reload, Reloads) {
+    let (tx, rx) = mpsc::channel(4);
+    (Reload { tx }, Reloads { rx, loader })
+}
+
+/// What a reload acts on, handed over by the server at start-up.
+pub(crate) struct Target {
+    pub(crate) running: Config,
+    pub(crate) control: Control,
+    pub(crate) keys: Arc<Keys>,
+    /// The client API's keys and limits.
+    pub(crate) tenants: Arc<ArcSwap<Tenants>>,
+    /// Stops the running policy's eviction timer.
+    pub(crate) eviction: CancellationToken,
+    /// The background tasks' token (parent of the eviction timers).
+    pub(crate) tasks: CancellationToken,
+}
+
+/// Applies reloads until `target.tasks` is cancelled or every handle is gone.
+pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
+    loop {
+        let reply = tokio::select! {
+            () = target.tasks.cancelled() => return,
+            reply = reloads.rx.recv() => match reply {
+                Some(reply) => reply,
+                None => return,
+            },
+        };
+        let outcome = match (reloads.loader)() {
+            Ok(config) => target.apply(config).await,
+            Err(err) => Err(err.into()),
+        };
+        match &outcome {
+            Ok(changes) => {
+                tracing::info!(%changes, "configuration reloaded");
+                if !changes.needs_restart.is_empty() {
+                    tracing::warn!(
+                        sections = ?changes.needs_restart,
+                        "these settings changed but take effect only after a restart"
+                    );
+                }
+            }
+            Err(err) => tracing::error!(
+                error = %crate::error::chain(err),
+                "configuration reload failed; the running configuration stays"
+            ),
+        }
+        let _ = reply.send(outcome);
+    }
+}
+
+/// Worker entries by canonical URL (validation already parsed each one).
+fn by_url(workers: &[WorkerSpec]) -> BTreeMap<String, WorkerSpec> {
+    workers
+        .iter()
+        .filter_map(|w| {
+            let url = WorkerUrl::parse(w.url.trim()).ok()?.to_string();
+            Some((url, w.clone()))
+        })
+        .collect()
+}
+
+impl Target {
+    /// Validates `new` in full, then applies what a reload may change.
+    async fn apply(&mut self, new: Config) -> Result<Changes, ReloadError> {
+        new.validate()?;
+        let policy: Option<Arc<dyn Policy>> = if new.routing == self.running.routing {
+            None
+        } else {
+            Some(new.routing.build().map_err(ConfigError::from)?)
+        };
+        let tenants = self.tenants.load().reloaded(&new)?;
+        let mut changes = Changes {
+            needs_restart: restart_sections(&self.running, &new),
+            ..Changes::default()
+        };
+
+        let old_server = &self.running.server;
+        if new.server.api_key != old_server.api_key {
+            changes.keys.push("server.api_key");
+        }
+        if new.server.admin_api_key != old_server.admin_api_key {
+            changes.keys.push("server.admin_api_key");
+        }
+        if new.server.metrics_api_key != old_server.metrics_api_key {
+            changes.keys.push("server.metrics_api_key");
+        }
+        if new.tenants != self.running.tenants {
+            changes.keys.push("tenants");
+        }
+        self.keys.store(&new.server);
+        self.tenants.store(Arc::new(tenants));
+        self.running.server.api_key = new.server.api_key.clone();
+        self.running.server.admin_api_key = new.server.admin_api_key.clone();
+        self.running.server.metrics_api_key = new.server.metrics_api_key.clone();
+        self.running.tenants = new.tenants.clone();
+
+        let (old, wanted) = (by_url(&self.running.workers), by_url(&new.workers));
+        for (url, spec) in &old {
+            if wanted.get(url) != Some(spec) {
+                match self.control.remove(url.clone()).await {
+                    // Already removed through the admin API.
+                    Ok(()) | Err(GatewayError::UnknownWorkerUrl { .. }) => {}
+                    Err(err) => return Err(err.into()),
+                }
+                changes.workers_removed.push(url.clone());
+            }
+        }
+        for (url, spec) in &wanted {
+            if old.get(url) != Some(spec) {
+                // Trusted as at start-up: the operator wrote the file.
+                match self.control.add_configured(spec.clone()).await {
+                    // Already added through the admin API.
+                    Ok(()) | Err(GatewayError::Admin(_)) => {}
+                    Err(err) => return Err(err.into()),
+                }
+                changes.workers_added.push(url.clone());
+            }
+        }
+        self.running.workers = new.workers;
+
+        if let Some(policy) = policy {
+            self.control.set_policy(policy.clone()).await?;
+            self.eviction.cancel();
+            self.eviction = self.tasks.child_token();
+            // Detached: it ends with its token, at the next swap or shutdown.
+            drop(spawn_eviction(policy, self.eviction.clone()));
+            self.running.routing = new.routing;
+            changes.routing = true;
+        }
+        Ok(changes)
+    }
+}
+
+/// The sections of `new` that differ from `running` in what only a restart
+/// applies.
+fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
+    let mut server = new.server.clone();
+    server.api_key.clone_from(&running.server.api_key);
+    server
+        .admin_api_key
+        .clone_from(&running.server.admin_api_key);
+    server
+        .metrics_api_key
+        .clone_from(&running.server.metrics_api_key);
+    [
+        ("server", server != running.server),
+        ("health", new.health != running.health),
+        ("retry", new.retry != running.retry),
+        (
+            "circuit_breaker",
+            new.circuit_breaker != running.circuit_breaker,
+        ),
+        ("admission", new.admission != running.admission),
+        ("metrics", new.metrics != running.metrics),
+        ("log", new.log != running.log),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
+}

@@ -1,0 +1,415 @@
+//! Reloading the configuration while serving (issue 11, item 7): through
+//! the library's `Reload` handle, and through a real `SIGHUP` to the
+//! binary. A reload reconciles the worker list, swaps keys, rebuilds the
+//! policy only when the routing section changed, never cuts a stream in
+//! flight, and leaves everything as it was when the new file is bad.
+
+mod common;
+
+use axum::body::{Body, Bytes};
+use common::{client, fast_worker, sim_worker, wait_until};
+use radixgate::config::ServeArgs;
+use radixgate::reload::{self, Reload};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// A config file: quick probes, these workers, this client key and
+/// cache threshold.
+fn yaml(workers: &[&str], api_key: &str, cache_threshold: f64) -> String {
+    let workers: String = workers.iter().map(|w| format!("  - {w}\n")).collect();
+    format!(
+        "server:\n  api_key: {api_key}\n  shutdown_grace_period_secs: 10\n\
+         health:\n  interval_secs: 1\n  failure_threshold: 2\n  success_threshold: 1\n  \
+         unhealthy_backoff_initial_ms: 50\n  unhealthy_backoff_max_ms: 200\n\
+         routing:\n  cache_threshold: {cache_threshold}\n\
+         workers:\n{workers}"
+    )
+}
+
+fn temp_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("radixgate-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// A worker whose streamed answer sends one event, then waits for `gate`
+/// before finishing: a stream that is reliably in flight.
+async fn gated_worker(gate: Arc<Notify>) -> (String, CancellationToken) {
+    use axum::routing::{get, post};
+    let answer = move || {
+        let gate = gate.clone();
+        async move {
+            let first = futures::stream::once(async {
+                Ok::<_, std::io::Error>(Bytes::from_static(
+                    b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+                ))
+            });
+            let rest = futures::stream::once(async move {
+                gate.notified().await;
+                Ok(Bytes::from_static(b"data: [DONE]\n\n"))
+            });
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(futures::StreamExt::chain(first, rest)))
+                .unwrap()
+        }
+    };
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": "gated"}]})) }),
+        )
+        .route("/v1/chat/completions", post(answer));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { s.cancelled().await })
+            .await;
+    });
+    (url, stop)
+}
+
+/// `GET path` with a bearer key; (status, JSON body).
+async fn get(gateway: &str, path: &str, key: &str) -> (u16, Value) {
+    let r = client()
+        .get(format!("{gateway}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or_default())
+}
+
+/// The URLs `/workers` lists.
+async fn worker_urls(gateway: &str, key: &str) -> Vec<String> {
+    let (status, body) = get(gateway, "/workers", key).await;
+    assert_eq!(status, 200, "{body}");
+    let mut urls: Vec<String> = body["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["url"].as_str().unwrap().to_owned())
+        .collect();
+    urls.sort();
+    urls
+}
+
+/// Characters the policy's trees attribute to the worker at `url`.
+async fn cached_chars(gateway: &str, key: &str, url: &str) -> u64 {
+    let (_, loads) = get(gateway, "/get_loads", key).await;
+    loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .and_then(|w| w["cached_chars"].as_u64())
+        .unwrap_or(0)
+}
+
+async fn healthy(gateway: &str, url: &str, key: &str) {
+    wait_until(&format!("{url} healthy"), || async {
+        let (_, body) = get(gateway, "/workers", key).await;
+        body["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["url"] == url && w["state"] == "healthy")
+        })
+    })
+    .await;
+}
+
+async fn chat_status(gateway: &str, key: &str, text: &str) -> u16 {
+    client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&common::chat(text, false))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A gateway serving the config file at `path`, and its reload handle.
+async fn reloadable_gateway(path: &Path) -> (String, Reload, CancellationToken) {
+    let args = ServeArgs {
+        config: Some(path.to_owned()),
+        ..ServeArgs::default()
+    };
+    let config = args.load().unwrap();
+    let (reload, reloads) = reload::channel(Box::new(move || args.load()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(radixgate::server::run_reloadable(
+        listener,
+        config,
+        reloads,
+        stop.clone(),
+    ));
+    (url, reload, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_changed() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let path = temp_file("in-process.yaml");
+    std::fs::write(&path, yaml(&[&a.url], "k1", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "k1").await;
+    assert_eq!(
+        chat_status(&gw, "k1", "remember this prefix please").await,
+        200
+    );
+    assert!(cached_chars(&gw, "k1", &a.url).await > 0);
+
+    // New key, one more worker, routing unchanged: the trees stay.
+    std::fs::write(&path, yaml(&[&a.url, &b.url], "k2", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_added, std::slice::from_ref(&b.url));
+    assert!(changes.workers_removed.is_empty());
+    assert!(!changes.routing);
+    assert_eq!(changes.keys, ["server.api_key"]);
+    assert!(changes.needs_restart.is_empty(), "{changes:?}");
+    assert_eq!(chat_status(&gw, "k1", "old key").await, 401);
+    let mut both = vec![a.url.clone(), b.url.clone()];
+    both.sort();
+    assert_eq!(worker_urls(&gw, "k2").await, both);
+    assert!(cached_chars(&gw, "k2", &a.url).await > 0, "trees kept");
+
+    // A bad file changes nothing.
+    std::fs::write(&path, yaml(&[&b.url], "k3", 1.5)).unwrap();
+    let err = reload.reload().await.unwrap_err().to_string();
+    assert!(err.contains("cache_threshold"), "{err}");
+    assert_eq!(worker_urls(&gw, "k2").await, both);
+    assert_eq!(chat_status(&gw, "k3", "not yet").await, 401);
+    std::fs::write(&path, "server:\n  prot: 1\n").unwrap();
+    let err = reload.reload().await.unwrap_err().to_string();
+    assert!(err.contains("prot"), "{err}");
+    assert_eq!(worker_urls(&gw, "k2").await, both);
+
+    // A routing change rebuilds the policy; a removed worker goes.
+    std::fs::write(&path, yaml(&[&b.url], "k2", 0.5)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert!(changes.routing);
+    assert_eq!(changes.workers_removed, std::slice::from_ref(&a.url));
+    assert!(changes.keys.is_empty());
+    assert_eq!(worker_urls(&gw, "k2").await, std::slice::from_ref(&b.url));
+    healthy(&gw, &b.url, "k2").await;
+    assert_eq!(
+        chat_status(&gw, "k2", "served by the new policy").await,
+        200
+    );
+    assert!(cached_chars(&gw, "k2", &b.url).await > 0);
+
+    // A setting that needs a restart is reported, not applied.
+    let mut text = yaml(&[&b.url], "k2", 0.5);
+    text = text.replace(
+        "shutdown_grace_period_secs: 10",
+        "shutdown_grace_period_secs: 11",
+    );
+    std::fs::write(&path, text).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.needs_restart, ["server"]);
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
+    let gate = Arc::new(Notify::new());
+    let (gated, _stop_gated) = gated_worker(gate.clone()).await;
+    let other = sim_worker(fast_worker()).await;
+    let path = temp_file("stream.yaml");
+    std::fs::write(&path, yaml(&[&gated], "k", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &gated, "k").await;
+    let mut stream = client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .bearer_auth("k")
+        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let first = stream.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "), "{first:?}");
+
+    std::fs::write(&path, yaml(&[&other.url], "k", 0.9)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_removed, std::slice::from_ref(&gated));
+    assert!(changes.routing);
+    gate.notify_one();
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"data: [DONE]\n\n");
+    stop.cancel();
+}
+
+/// `line` without terminal colour codes.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The binary, serving a config file; its stderr lines arrive on a channel.
+struct Served {
+    child: Child,
+    url: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    fn start(config: &Path) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_radixgate"));
+        for (key, _) in std::env::vars() {
+            if key.starts_with("RADIXGATE_") {
+                command.env_remove(key);
+            }
+        }
+        let mut child = command
+            .args(["serve", "--port", "0", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let line = strip_ansi(&line);
+                eprintln!("[radixgate] {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut served = Self {
+            child,
+            url: String::new(),
+            lines,
+        };
+        let line = served.wait_for_line("radixgate listening");
+        let addr = line
+            .split("addr=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the listening line names the address");
+        served.url = format!("http://{addr}");
+        served
+    }
+
+    /// The next stderr line containing `needle` (a hang guard of a minute,
+    /// not a speed assertion).
+    fn wait_for_line(&self, needle: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no `{needle}` line from radixgate"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
+    let gate = Arc::new(Notify::new());
+    let (gated, _stop_gated) = gated_worker(gate.clone()).await;
+    let other = sim_worker(fast_worker()).await;
+    let path = temp_file("sighup.yaml");
+    std::fs::write(&path, yaml(&[&gated], "k", 0.3)).unwrap();
+    let mut served = Served::start(&path);
+    let gw = served.url.clone();
+    healthy(&gw, &gated, "k").await;
+
+    let mut stream = client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .bearer_auth("k")
+        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.unwrap().unwrap();
+
+    std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
+    served.hangup();
+    wait_until("the new worker list", || async {
+        worker_urls(&gw, "k").await == [other.url.clone()]
+    })
+    .await;
+    served.wait_for_line("configuration reloaded");
+    assert!(served.alive());
+    gate.notify_one();
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"data: [DONE]\n\n", "the stream was not cut");
+
+    // A bad file: logged at ERROR with the key; the old config stays.
+    std::fs::write(
+        &path,
+        yaml(&[&gated], "k2", 0.3).replace("interval_secs: 1", "interval_secs: 0"),
+    )
+    .unwrap();
+    served.hangup();
+    let line = served.wait_for_line("configuration reload failed");
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("health.interval_secs"), "{line}");
+    assert!(served.alive());
+    assert_eq!(
+        worker_urls(&gw, "k").await,
+        std::slice::from_ref(&other.url)
+    );
+}
