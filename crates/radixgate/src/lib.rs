@@ -19,6 +19,7 @@ mod health;
 mod info;
 pub mod inspect;
 pub mod metrics;
+mod outlier;
 pub mod proxy;
 pub mod retry;
 pub mod server;

@@ -69,6 +69,8 @@ const ADMISSION_IN_FLIGHT: &str = "radixgate_admission_in_flight_requests";
 const ADMISSION_QUEUED: &str = "radixgate_admission_queued_requests";
 const ADMISSION_REJECTED: &str = "radixgate_admission_rejected_total";
 const UPSTREAM_ERRORS: &str = "radixgate_upstream_errors_total";
+const OUTLIER_EJECTIONS: &str = "radixgate_outlier_ejections_total";
+const OUTLIER_EJECTED: &str = "radixgate_outlier_ejected";
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -163,6 +165,18 @@ const CATALOG: &[(&str, Kind, Option<Unit>, &str)] = &[
         None,
         "Failed attempts at a worker, by worker and kind of error.",
     ),
+    (
+        OUTLIER_EJECTIONS,
+        Kind::Counter,
+        None,
+        "Times outlier detection ejected each worker (far slower than its peers).",
+    ),
+    (
+        OUTLIER_EJECTED,
+        Kind::Gauge,
+        None,
+        "Whether each worker is ejected by outlier detection now (1) or not (0).",
+    ),
 ];
 
 /// Where recorded series come from; the exporter ignores it, but the
@@ -190,6 +204,8 @@ pub struct Metrics {
     worker_healthy: Series<Box<str>, Gauge>,
     breaker_state: Series<Box<str>, Gauge>,
     breaker_transitions: Series<Box<str>, Counter>,
+    outlier_ejections: Series<Box<str>, Counter>,
+    outlier_ejected: Series<Box<str>, Gauge>,
 }
 
 impl Metrics {
@@ -230,6 +246,8 @@ impl Metrics {
             worker_healthy: Series::new(),
             breaker_state: Series::new(),
             breaker_transitions: Series::new(),
+            outlier_ejections: Series::new(),
+            outlier_ejected: Series::new(),
         })
     }
 
@@ -412,6 +430,22 @@ impl Metrics {
             || self.counter(BREAKER_TRANSITIONS, vec![worker_label(worker)]),
             |c| c.absolute(breaker.transitions()),
         );
+    }
+
+    /// Outlier detection ejected a worker.
+    pub fn outlier_ejection(&self, worker: &str) {
+        self.outlier_ejections.with(
+            worker,
+            || worker.into(),
+            || self.counter(OUTLIER_EJECTIONS, vec![worker_label(worker)]),
+            |c| c.increment(1),
+        );
+    }
+
+    /// Whether a worker is ejected by outlier detection now.
+    pub fn outlier_ejected(&self, worker: &str, ejected: bool) {
+        let value = if ejected { 1.0 } else { 0.0 };
+        self.worker_gauge(&self.outlier_ejected, OUTLIER_EJECTED, worker, value);
     }
 
     /// The admission gate's in-flight and queued counts now.

@@ -13,8 +13,9 @@
 //!
 //! Shutdown: every thread stops accepting at once, in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
-//! then the remaining connections are dropped with their runtimes — which
-//! drops their bodies and so releases their load.
+//! then each remaining stream ends with an error event saying so (up to a
+//! second to send it), and the remaining connections are dropped with their
+//! runtimes — which drops their bodies and so releases their load.
 
 use crate::admission::Admission;
 use crate::auth::{RequiredKey, require_key};
@@ -34,6 +35,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// How long streams cut at the end of the grace period get to send their
+/// error event before their connections are dropped.
+const ABORT_FLUSH: Duration = Duration::from_secs(1);
 
 /// Why a gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -169,9 +174,12 @@ pub async fn run(
     }
     let eviction = spawn_eviction(policy, tasks.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
+    let streams_abort = CancellationToken::new();
     let shared = Arc::new(Shared {
         admission: Admission::new(&config.admission),
         breakers: Breakers::new(config.circuit_breaker.clone()),
+        outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
+        streams_abort: streams_abort.clone(),
         metrics: Metrics::new(),
         config,
         router,
@@ -180,6 +188,7 @@ pub async fn run(
         started: Instant::now(),
     });
     let upkeep = tokio::spawn(upkeep::run(shared.clone(), tasks.clone()));
+    let outliers = tokio::spawn(crate::outlier::run(shared.clone(), tasks.clone()));
     // The metrics listener's handler needs no forwarding, but shares the
     // serving threads' state type; its pool stays empty.
     let background = Arc::new(AppState {
@@ -244,6 +253,10 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!(?grace, "grace period over; dropping remaining connections");
+        // Streams still running end with an error event first, and get a
+        // moment to send it, before their connections are dropped.
+        streams_abort.cancel();
+        let _ = tokio::time::timeout(ABORT_FLUSH, serving.all_ended()).await;
         abort.cancel();
         serving.all_ended().await;
     }
@@ -256,6 +269,7 @@ pub async fn run(
     tasks.cancel();
     let _ = control_task.await;
     let _ = upkeep.await;
+    let _ = outliers.await;
     if let Some(metrics_server) = metrics_server {
         let _ = metrics_server.await;
     }
@@ -340,6 +354,9 @@ impl ServingThread {
                         // Streamed tokens must not wait for Nagle's algorithm.
                         let _ = tcp.set_nodelay(true);
                     });
+                    // The peer address travels with each request
+                    // (`ConnectInfo`), for `X-Forwarded-For`.
+                    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
                     let server = axum::serve(listener, app)
                         .with_graceful_shutdown(async move { stop.cancelled().await })
                         .into_future();

@@ -42,6 +42,11 @@ pub(crate) struct Shared {
     pub(crate) admission: Admission,
     /// One circuit breaker per worker.
     pub(crate) breakers: Breakers,
+    /// Latency statistics and ejection of slow workers.
+    pub(crate) outliers: crate::outlier::Outliers,
+    /// Cancelled when shutdown stops waiting for streams: each response
+    /// body then ends with an error event before its connection is dropped.
+    pub(crate) streams_abort: tokio_util::sync::CancellationToken,
     /// The metrics recorder.
     pub(crate) metrics: Metrics,
     /// When the gateway started (for `uptime_secs`).

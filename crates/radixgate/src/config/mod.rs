@@ -40,6 +40,8 @@ pub struct Config {
     pub retry: RetryConfig,
     /// Per-worker circuit breakers.
     pub circuit_breaker: BreakerConfig,
+    /// Ejecting workers much slower than their peers.
+    pub outlier_detection: OutlierConfig,
     /// Concurrency limit and its queue.
     pub admission: AdmissionConfig,
     /// Prometheus exposition.
@@ -70,6 +72,10 @@ pub struct ServerConfig {
     /// same socket (0 = one per CPU, at most [`MAX_THREADS`]).
     pub threads: usize,
 }
+
+/// Longest timeout accepted (a year): larger values would overflow the
+/// clock's arithmetic.
+pub const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
 
 /// Most serving threads a gateway runs (and the cap of `threads: 0`).
 pub const MAX_THREADS: usize = 64;
@@ -156,6 +162,28 @@ pub struct RetryConfig {
     pub backoff_multiplier: f64,
     /// Random spread of each back-off, as a fraction of it (0..=1).
     pub jitter_factor: f64,
+    /// Seconds an attempt of a streamed request (`stream: true`) may take
+    /// until the worker's response head *and* its first body chunk
+    /// arrive; then it counts as the worker's failure and is retried
+    /// elsewhere (nothing has reached the client yet). SGLang and vLLM send
+    /// an event stream's head at once and prefill afterwards, so the head
+    /// alone proves nothing: the first chunk is the first token. 0 = none.
+    /// Default 60: a 100k-token prefill takes seconds to a few tens of
+    /// seconds on current GPUs even for a 70B model, and twice that queued
+    /// ahead still fits; a worker silent for a minute is hung, not busy.
+    pub first_byte_timeout_secs: u64,
+    /// The same for a non-streamed request, whose answer comes whole, so
+    /// its first byte only arrives once the generation is done. 0 = none.
+    /// Default 300: about 10k output tokens at 35 tokens/s, longer than
+    /// most non-streamed answers; a retry after it still fits in the 600 s
+    /// an OpenAI SDK client waits by default.
+    pub non_stream_timeout_secs: u64,
+    /// Seconds a response body may stay silent between two chunks once it
+    /// has started; then an event stream ends with an SSE `error` event (a
+    /// non-streamed body is cut) and it counts as the worker's failure.
+    /// 0 = none. Default 60: decode steps take milliseconds, and a request
+    /// the worker pre-empted and re-prefills resumes within seconds.
+    pub stall_timeout_secs: u64,
 }
 
 impl Default for RetryConfig {
@@ -166,6 +194,9 @@ impl Default for RetryConfig {
             max_backoff_ms: 2000,
             backoff_multiplier: 1.5,
             jitter_factor: 0.2,
+            first_byte_timeout_secs: 60,
+            non_stream_timeout_secs: 300,
+            stall_timeout_secs: 60,
         }
     }
 }
@@ -193,6 +224,59 @@ impl Default for BreakerConfig {
             failure_threshold: 5,
             success_threshold: 2,
             timeout_duration_secs: 10,
+        }
+    }
+}
+
+/// Outlier detection, as Envoy does it for latency: every
+/// `interval_secs`, a worker whose time to first byte (an EWMA over its
+/// recent attempts) is above `latency_factor` times the median of its
+/// peers', and above it by at least `min_gap_ms`, with `min_samples`
+/// samples on both sides, is ejected (not selected) for
+/// `base_ejection_secs` times the number of times it was ejected, at most
+/// `max_ejection_secs`, then returns. It catches the slow-but-alive worker
+/// that health checks and breakers miss. At most `max_ejection_percent` of
+/// the pool is ejected at once (but one may always be), and never the last
+/// available worker of a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    /// Whether to eject outliers at all.
+    pub enabled: bool,
+    /// Seconds between evaluations. Default 10 (Envoy's).
+    pub interval_secs: u64,
+    /// How many times the peers' median a worker's latency must reach
+    /// (> 1). Default 5: prompts differ in length and cache-aware routing
+    /// keeps long documents on their holders, so a worker may be somewhat
+    /// slower than its peers for good reason; five times slower is not.
+    pub latency_factor: f64,
+    /// Smallest gap above the median, in ms, that may eject (so a pool
+    /// answering in milliseconds does not eject over noise). Default 1000.
+    pub min_gap_ms: u64,
+    /// Samples a worker needs (since it was last ejected) before it is
+    /// judged or counted as a peer. Default 20.
+    pub min_samples: u32,
+    /// Seconds of the first ejection; the n-th lasts n times as long.
+    /// Default 30 (Envoy's).
+    pub base_ejection_secs: u64,
+    /// Longest ejection, in seconds. Default 300 (Envoy's).
+    pub max_ejection_secs: u64,
+    /// Most of the pool ejected at once, in percent (one worker may always
+    /// be). Default 10 (Envoy's).
+    pub max_ejection_percent: u32,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_secs: 10,
+            latency_factor: 5.0,
+            min_gap_ms: 1000,
+            min_samples: 20,
+            base_ejection_secs: 30,
+            max_ejection_secs: 300,
+            max_ejection_percent: 10,
         }
     }
 }
@@ -388,6 +472,55 @@ impl Config {
                 "must not exceed retry.max_backoff_ms",
             ));
         }
+        let o = &self.outlier_detection;
+        if o.interval_secs == 0 {
+            return Err(invalid(
+                "outlier_detection.interval_secs",
+                "must be at least 1",
+            ));
+        }
+        if !(o.latency_factor.is_finite() && o.latency_factor > 1.0 && o.latency_factor <= 1e6) {
+            return Err(invalid(
+                "outlier_detection.latency_factor",
+                "must be a number above 1 (and at most 1e6)",
+            ));
+        }
+        if o.min_samples == 0 {
+            return Err(invalid(
+                "outlier_detection.min_samples",
+                "must be at least 1",
+            ));
+        }
+        if o.base_ejection_secs == 0 || o.base_ejection_secs > o.max_ejection_secs {
+            return Err(invalid(
+                "outlier_detection.base_ejection_secs",
+                "must be at least 1 and at most outlier_detection.max_ejection_secs",
+            ));
+        }
+        if o.max_ejection_secs > 86_400 {
+            return Err(invalid(
+                "outlier_detection.max_ejection_secs",
+                "must be at most 86400 (a day)",
+            ));
+        }
+        if o.max_ejection_percent > 100 {
+            return Err(invalid(
+                "outlier_detection.max_ejection_percent",
+                "must be between 0 and 100",
+            ));
+        }
+        for (key, secs) in [
+            ("retry.first_byte_timeout_secs", r.first_byte_timeout_secs),
+            ("retry.non_stream_timeout_secs", r.non_stream_timeout_secs),
+            ("retry.stall_timeout_secs", r.stall_timeout_secs),
+        ] {
+            if secs > MAX_TIMEOUT_SECS {
+                return Err(invalid(
+                    key,
+                    format!("{secs} is more than {MAX_TIMEOUT_SECS} (a year); 0 means none"),
+                ));
+            }
+        }
         let b = &self.circuit_breaker;
         if b.failure_threshold == 0 {
             return Err(invalid(
@@ -414,6 +547,23 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// How long an attempt may wait for its first byte (`stream`: the
+    /// client asked for an event stream), if limited.
+    pub fn first_byte_timeout(&self, stream: bool) -> Option<Duration> {
+        let secs = if stream {
+            self.retry.first_byte_timeout_secs
+        } else {
+            self.retry.non_stream_timeout_secs
+        };
+        (secs > 0).then(|| Duration::from_secs(secs))
+    }
+
+    /// How long a started response body may stay silent, if limited.
+    pub fn stall_timeout(&self) -> Option<Duration> {
+        (self.retry.stall_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.retry.stall_timeout_secs))
     }
 
     /// The request timeout, if any.
