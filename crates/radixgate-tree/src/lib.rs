@@ -62,10 +62,10 @@ mod undo;
 mod tests;
 
 pub use error::TreeError;
-pub use undo::Insertion;
 pub use types::{
     EvictionReport, PrefixMatch, TenantHit, TenantId, TenantMatch, TreeConfig, TreeStats,
 };
+pub use undo::Insertion;
 
 use parking_lot::RwLock;
 

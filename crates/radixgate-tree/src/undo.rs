@@ -98,10 +98,7 @@ impl Inner {
                 node = parent;
             } else {
                 // The edge crosses the kept prefix: keep its upper part.
-                let cut = byte_offset_of_char(
-                    &self.arena[node].edge,
-                    edge_chars - (depth - keep),
-                );
+                let cut = byte_offset_of_char(&self.arena[node].edge, edge_chars - (depth - keep));
                 let upper = split(&mut self.arena, node, cut);
                 removed += release(&mut self.arena, &mut self.stored_chars, node, tenant);
                 depth = keep;
@@ -155,7 +152,10 @@ mod tests {
         assert_eq!(removed, ". user: a huge rejected prompt".len());
         checked(&tree);
         let after = tree.stats();
-        assert_eq!((after.chars, after.tenant_chars), (before.chars, before.tenant_chars));
+        assert_eq!(
+            (after.chars, after.tenant_chars),
+            (before.chars, before.tenant_chars)
+        );
         assert_eq!(tree.tenant_size(A), "system: be brief".len());
         assert_eq!(tree.tenant_size(B), "system: other".len());
     }

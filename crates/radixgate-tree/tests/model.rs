@@ -108,4 +108,3 @@ proptest! {
         prop_assert!(model.clock() as usize <= ops.len());
     }
 }
-
