@@ -153,6 +153,9 @@ impl Default for HotSpotRule {
     }
 }
 
+/// The default of `max_routing_text_chars` (see [`CacheAwareConfig`]).
+pub(crate) const DEFAULT_MAX_ROUTING_TEXT_CHARS: usize = 1 << 18;
+
 /// Settings of [`CacheAware`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -186,6 +189,14 @@ pub struct CacheAwareConfig {
     /// so such requests spread by load (shared-prefix, 8 workers: hit rate 92.1% → 93.0%,
     /// mean TTFT 38 → 35 ms; no workload worse beyond seed noise).
     pub match_granularity_chars: usize,
+    /// Characters of a request's routing text that are matched and
+    /// inserted into the tree; the rest is ignored (cut on a char
+    /// boundary). Default 262144 (256 Ki chars, about 64k tokens): a
+    /// shared prefix that long decides the route as well as the whole
+    /// prompt does, and one 50 MB prompt cannot put 50 MB into the tree
+    /// (nor cost a 50 MB match). Long-context prompts beyond it still
+    /// route by their first 256 Ki characters.
+    pub max_routing_text_chars: usize,
 }
 
 impl Default for CacheAwareConfig {
@@ -200,6 +211,7 @@ impl Default for CacheAwareConfig {
             low_match: LowMatchTarget::default(),
             hot_spot: HotSpotRule::default(),
             match_granularity_chars: 64,
+            max_routing_text_chars: DEFAULT_MAX_ROUTING_TEXT_CHARS,
         }
     }
 }
@@ -222,6 +234,7 @@ impl CacheAwareConfig {
                 ),
             ));
         }
+        validate_text_cap(self.max_routing_text_chars)?;
         if self.balance_rel_threshold > MAX_RATIO {
             return Err(RoutingError::config(
                 "balance_rel_threshold",
@@ -273,6 +286,8 @@ pub struct PrefillAwareConfig {
     pub max_tree_size: usize,
     /// As in [`CacheAwareConfig`].
     pub max_total_chars: usize,
+    /// As in [`CacheAwareConfig`].
+    pub max_routing_text_chars: usize,
 }
 
 impl Default for PrefillAwareConfig {
@@ -283,6 +298,7 @@ impl Default for PrefillAwareConfig {
             eviction_interval_secs: c.eviction_interval_secs,
             max_tree_size: c.max_tree_size,
             max_total_chars: c.max_total_chars,
+            max_routing_text_chars: c.max_routing_text_chars,
         }
     }
 }
@@ -295,7 +311,8 @@ impl PrefillAwareConfig {
             self.eviction_interval_secs,
             self.max_tree_size,
             self.max_total_chars,
-        )
+        )?;
+        validate_text_cap(self.max_routing_text_chars)
     }
 }
 
@@ -321,6 +338,16 @@ fn at_most<T: PartialOrd + std::fmt::Display>(
         return Err(RoutingError::config(
             field,
             format!("must be at most {max}, got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_text_cap(max_routing_text_chars: usize) -> Result<(), RoutingError> {
+    if max_routing_text_chars == 0 {
+        return Err(RoutingError::config(
+            "max_routing_text_chars",
+            "must be at least 1",
         ));
     }
     Ok(())

@@ -12,7 +12,8 @@
 //!   also at first token); there is no other way to change them;
 //! - health: the [`Registry`](crate::Registry), the single writer of the
 //!   worker set, which also publishes a new snapshot on every change;
-//! - breaker state and reported load: the gateway's health/breaker tasks.
+//! - breaker state, the outlier ejection flag and reported load: the
+//!   gateway's health/breaker/outlier tasks.
 //!
 //! All atomics use relaxed or acquire/release orderings: each value is an
 //! independent hint for routing, and no invariant spans two of them.
@@ -127,6 +128,7 @@ pub struct Worker {
     api_key: Option<String>,
     healthy: AtomicBool,
     breaker: AtomicU8,
+    ejected: AtomicBool,
     pub(crate) in_flight: AtomicUsize,
     pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
@@ -145,6 +147,7 @@ impl Worker {
             api_key: spec.api_key,
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
+            ejected: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
@@ -191,9 +194,22 @@ impl Worker {
         self.breaker.store(state.as_gauge(), Ordering::Release);
     }
 
-    /// Whether policies may choose this worker: healthy and breaker not open.
+    /// Whether outlier detection has ejected the worker (it answers far
+    /// slower than its peers) for now.
+    pub fn is_ejected(&self) -> bool {
+        self.ejected.load(Ordering::Acquire)
+    }
+
+    /// Ejects the worker or returns it (the gateway's outlier detection
+    /// owns this flag).
+    pub fn set_ejected(&self, ejected: bool) {
+        self.ejected.store(ejected, Ordering::Release);
+    }
+
+    /// Whether policies may choose this worker: healthy, breaker not open,
+    /// not ejected as an outlier.
     pub fn is_available(&self) -> bool {
-        self.is_healthy() && self.breaker() != BreakerState::Open
+        self.is_healthy() && self.breaker() != BreakerState::Open && !self.is_ejected()
     }
 
     /// Requests routed to this worker whose [`LoadGuard`](crate::LoadGuard)
@@ -240,6 +256,7 @@ impl fmt::Debug for Worker {
             .field("models", &self.models)
             .field("healthy", &self.is_healthy())
             .field("breaker", &self.breaker())
+            .field("ejected", &self.is_ejected())
             .field("load", &self.load())
             .finish()
     }
@@ -272,6 +289,10 @@ mod tests {
         w.set_breaker(BreakerState::Open);
         assert!(!w.is_available());
         w.set_breaker(BreakerState::HalfOpen);
+        assert!(w.is_available());
+        w.set_ejected(true);
+        assert!(!w.is_available());
+        w.set_ejected(false);
         assert!(w.is_available());
         w.set_healthy(false);
         assert!(!w.is_available());

@@ -22,7 +22,7 @@
 //! # Layout (one concept per file)
 //! `node.rs` nodes and their arena; `text.rs` byte-level UTF-8 helpers;
 //! `tenant.rs` a tenant's size and eviction log; `tree.rs` insert, match and
-//! structural edits; `evict.rs` per-tenant and global eviction, tenant
+//! structural edits; `undo.rs` taking an insert back; `evict.rs` per-tenant and global eviction, tenant
 //! removal; `stats.rs` size figures and the invariant check; `types.rs` the
 //! public value types. Dependencies point one way: `evict.rs` builds on
 //! `tree.rs`, and both on `tenant.rs` and `node.rs`.
@@ -56,6 +56,7 @@ mod tenant;
 mod text;
 mod tree;
 mod types;
+mod undo;
 
 #[cfg(test)]
 mod tests;
@@ -64,6 +65,7 @@ pub use error::TreeError;
 pub use types::{
     EvictionReport, PrefixMatch, TenantHit, TenantId, TenantMatch, TreeConfig, TreeStats,
 };
+pub use undo::Insertion;
 
 use parking_lot::RwLock;
 
@@ -105,10 +107,25 @@ impl Tree {
     /// all tenants together hold more than `max_total_chars`, evicts
     /// least-recently-used leaves across tenants down to the low watermark.
     /// An empty text holds nothing (it still takes a clock tick).
-    pub fn insert(&self, text: &str, tenant: TenantId) {
+    ///
+    /// The returned [`Insertion`] can take the insert back with
+    /// [`Tree::undo_insert`] (the worker rejected the request); dropping it
+    /// costs nothing.
+    pub fn insert(&self, text: &str, tenant: TenantId) -> Insertion {
         let mut inner = self.inner.write();
-        inner.insert(text, tenant);
+        let receipt = inner.insert(text, tenant);
         inner.enforce_total_bound();
+        receipt
+    }
+
+    /// Takes back an insert of `text` (the very text given to
+    /// [`Tree::insert`]): removes the tenant's claim on the part of `text`
+    /// it did not hold before that insert, as far as no later insert for
+    /// the same tenant went through it since. What the tenant held before,
+    /// and every other tenant's claims, stay as they are; the kept prefix
+    /// keeps the insert's recency. Returns the characters removed.
+    pub fn undo_insert(&self, text: &str, receipt: Insertion) -> usize {
+        self.inner.write().undo(text, receipt)
     }
 
     /// The longest prefix of `text` held by any tenant, and every tenant

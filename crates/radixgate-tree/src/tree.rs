@@ -15,6 +15,7 @@ use crate::TenantId;
 use crate::node::{Arena, Holder, Node, NodeId, ROOT};
 use crate::tenant::{LruEntry, TenantState};
 use crate::text::{common_prefix_len, count_chars, first_char, floor_char_boundary};
+use crate::undo::Insertion;
 
 /// Edges longer than this are stored as a chain of nodes, so that a char
 /// count always fits the node's `u32`.
@@ -96,12 +97,18 @@ impl Inner {
 
     /// Records that `tenant` was sent `text` at a new logical time. The
     /// caller then enforces the global bound (`Inner::enforce_total_bound`,
-    /// in `evict.rs`), under the same write lock.
-    pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) {
+    /// in `evict.rs`), under the same write lock. Returns the receipt that
+    /// `Inner::undo` takes back.
+    pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) -> Insertion {
         self.clock += 1;
         let now = self.clock;
+        let mut receipt = Insertion {
+            tenant,
+            time: now,
+            held_chars: 0,
+        };
         if text.is_empty() {
-            return;
+            return receipt;
         }
         let Self {
             arena,
@@ -132,20 +139,35 @@ impl Inner {
                 pos += cut;
                 split(arena, child, cut)
             };
-            touch(arena, state, next, tenant, now);
+            // Holding is prefix-closed, so the nodes the tenant already
+            // held form the top of this path: their sum is what it held.
+            if touch(arena, state, next, tenant, now) {
+                receipt.held_chars += arena[next].edge_chars as usize;
+            }
             node = next;
         };
         state.lru.push_back(LruEntry::new(arena, now, end));
         state.compact_if_needed(arena, tenant);
         *tenant_chars += state.size - size_before;
+        receipt
     }
 }
 
-/// Marks `node` (whose parent the tenant already holds) as held by `tenant` at `now`.
-fn touch(arena: &mut Arena, state: &mut TenantState, node: NodeId, tenant: TenantId, now: u64) {
+/// Marks `node` (whose parent the tenant already holds) as held by `tenant`
+/// at `now`; returns whether the tenant held it already.
+fn touch(
+    arena: &mut Arena,
+    state: &mut TenantState,
+    node: NodeId,
+    tenant: TenantId,
+    now: u64,
+) -> bool {
     let n = &mut arena[node];
     match n.holder_index(tenant) {
-        Ok(i) => n.holders[i].last_access = now,
+        Ok(i) => {
+            n.holders[i].last_access = now;
+            true
+        }
         Err(i) => {
             n.holders.insert(
                 i,
@@ -158,6 +180,7 @@ fn touch(arena: &mut Arena, state: &mut TenantState, node: NodeId, tenant: Tenan
             state.size += n.edge_chars as usize;
             let parent = n.parent;
             count_held_child(arena, parent, tenant, 1);
+            false
         }
     }
 }

@@ -16,6 +16,7 @@ enum Op {
     MatchFor(String, u32),
     Remove(u32),
     Evict(usize),
+    Undo(usize),
 }
 
 /// 'é' (C3 A9) and 'è' (C3 A8) share their first byte.
@@ -33,6 +34,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (text(), 0..4u32).prop_map(|(s, t)| Op::MatchFor(s, t)),
         1 => (0..4u32).prop_map(Op::Remove),
         1 => (0..25usize).prop_map(Op::Evict),
+        2 => (0..8usize).prop_map(Op::Undo),
     ]
 }
 
@@ -64,11 +66,14 @@ proptest! {
     fn tree_agrees_with_reference_model(max_total in bound(), ops in prop::collection::vec(op(), 1..60)) {
         let tree = Tree::new(TreeConfig { max_total_chars: max_total });
         let mut model = Model::new(max_total);
+        let mut receipts = Vec::new();
         for op in &ops {
             match op {
                 Op::Insert(s, t) => {
-                    tree.insert(s, TenantId(*t));
-                    model.insert(s, TenantId(*t));
+                    let receipt = tree.insert(s, TenantId(*t));
+                    let (time, held) = model.insert(s, TenantId(*t));
+                    prop_assert_eq!(receipt.held_chars(), held);
+                    receipts.push((s.clone(), receipt, time));
                     if max_total != usize::MAX {
                         prop_assert!(tree.stats().tenant_chars <= max_total);
                     }
@@ -86,6 +91,13 @@ proptest! {
                     let report = tree.evict(*max);
                     prop_assert_eq!(report.evicted_chars, model.evict(*max));
                 }
+                Op::Undo(i) if !receipts.is_empty() => {
+                    let (s, receipt, time) = receipts.remove(i % receipts.len());
+                    let tenant = receipt.tenant();
+                    let removed = tree.undo_insert(&s, receipt);
+                    prop_assert_eq!(removed, model.undo(&s, tenant, time, receipt.held_chars()));
+                }
+                Op::Undo(_) => {}
             }
             check_sizes(&tree, &model)?;
         }

@@ -57,7 +57,9 @@ fn concurrent_inserts_matches_and_evictions_keep_invariants() {
                         assert!(one.matched_chars <= one.input_chars);
                         assert_eq!(one.input_chars, m.input_chars);
                     }
-                    _ => tree.insert(&text, tenant),
+                    _ => {
+                        tree.insert(&text, tenant);
+                    }
                 }
             }
         }));

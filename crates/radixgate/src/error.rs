@@ -151,12 +151,24 @@ pub enum GatewayError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A worker answered with an error status before any byte reached the client.
-    #[error("worker {worker} answered {status}")]
+    #[error("worker {worker} answered {status}{}", cause(message))]
     UpstreamStatus {
         /// The worker URL.
         worker: String,
         /// Its status.
         status: StatusCode,
+        /// The worker's own error message (from its body's
+        /// `error.message`, `message` or `detail`, or its first bytes).
+        message: Option<String>,
+    },
+    /// A worker sent no first byte (response head, and first chunk of a
+    /// 2xx body) within the first-byte timeout.
+    #[error("worker {worker} sent no first byte within {after:?}")]
+    FirstByteTimeout {
+        /// The worker URL.
+        worker: String,
+        /// The timeout.
+        after: Duration,
     },
     /// Retries were exhausted; holds the last attempt's error.
     #[error("gave up after {attempts} attempts: {last}")]
@@ -209,7 +221,9 @@ impl GatewayError {
             | Self::MethodNotAllowed { .. }
             | Self::Admin(_)
             | Self::RateLimited { .. } => Origin::Client,
-            Self::Connect { .. } | Self::UpstreamStatus { .. } => Origin::Upstream,
+            Self::Connect { .. } | Self::UpstreamStatus { .. } | Self::FirstByteTimeout { .. } => {
+                Origin::Upstream
+            }
             Self::RetriesExhausted { last, .. } => last.origin(),
             Self::NoHealthyWorker { .. }
             | Self::QueueFull { .. }
@@ -254,7 +268,9 @@ impl GatewayError {
             }
             Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::QueueFull { .. } | Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::RequestTimeout { .. } | Self::FirstByteTimeout { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             Self::Connect { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamStatus { status, .. } => *status,
             Self::RetriesExhausted { last, .. } => last.status(),
@@ -289,6 +305,7 @@ impl GatewayError {
             Self::RequestTimeout { .. } => ("timeout", "request_timeout"),
             Self::Connect { .. } => ("upstream_error", "worker_unreachable"),
             Self::UpstreamStatus { .. } => ("upstream_error", "worker_error"),
+            Self::FirstByteTimeout { .. } => ("timeout", "worker_timeout"),
             Self::RetriesExhausted { last, .. } => last.kind(),
         }
     }
@@ -366,6 +383,13 @@ impl IntoResponse for GatewayError {
         }
         response
     }
+}
+
+/// `: <message>` for a worker's message, nothing without one.
+fn cause(message: &Option<String>) -> String {
+    message
+        .as_deref()
+        .map_or_else(String::new, |m| format!(": {m}"))
 }
 
 /// An error and its sources on one line, `outer: cause: deeper cause`,
@@ -462,6 +486,7 @@ mod tests {
         let status = |s| GatewayError::UpstreamStatus {
             worker: "w".into(),
             status: s,
+            message: None,
         };
         assert!(status(StatusCode::INTERNAL_SERVER_ERROR).retryable());
         assert!(status(StatusCode::TOO_MANY_REQUESTS).retryable());

@@ -22,6 +22,7 @@ mod info;
 pub mod inspect;
 mod listen;
 pub mod metrics;
+mod outlier;
 pub mod proxy;
 pub mod reload;
 pub mod retry;

@@ -72,6 +72,8 @@ const UPSTREAM_ERRORS: &str = "radixgate_upstream_errors_total";
 const TENANT_REQUESTS: &str = "radixgate_tenant_requests_total";
 const TENANT_TOKENS: &str = "radixgate_tenant_tokens_total";
 const TENANT_RATE_LIMITED: &str = "radixgate_tenant_rate_limited_total";
+const OUTLIER_EJECTIONS: &str = "radixgate_outlier_ejections_total";
+const OUTLIER_EJECTED: &str = "radixgate_outlier_ejected";
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -184,6 +186,18 @@ const CATALOG: &[(&str, Kind, Option<Unit>, &str)] = &[
         None,
         "Requests refused by a tenant's limit, by tenant and limit (requests, tokens).",
     ),
+    (
+        OUTLIER_EJECTIONS,
+        Kind::Counter,
+        None,
+        "Times outlier detection ejected each worker (far slower than its peers).",
+    ),
+    (
+        OUTLIER_EJECTED,
+        Kind::Gauge,
+        None,
+        "Whether each worker is ejected by outlier detection now (1) or not (0).",
+    ),
 ];
 
 /// Where recorded series come from; the exporter ignores it, but the
@@ -216,6 +230,8 @@ pub struct Metrics {
     tenant_tokens: Series<Box<str>, Counter>,
     /// (limit, 0, tenant)
     tenant_limited: Series<LabelKey, Counter>,
+    outlier_ejections: Series<Box<str>, Counter>,
+    outlier_ejected: Series<Box<str>, Gauge>,
 }
 
 impl Metrics {
@@ -259,6 +275,8 @@ impl Metrics {
             tenant_requests: Series::new(),
             tenant_tokens: Series::new(),
             tenant_limited: Series::new(),
+            outlier_ejections: Series::new(),
+            outlier_ejected: Series::new(),
         })
     }
 
@@ -441,6 +459,22 @@ impl Metrics {
             || self.counter(BREAKER_TRANSITIONS, vec![worker_label(worker)]),
             |c| c.absolute(breaker.transitions()),
         );
+    }
+
+    /// Outlier detection ejected a worker.
+    pub fn outlier_ejection(&self, worker: &str) {
+        self.outlier_ejections.with(
+            worker,
+            || worker.into(),
+            || self.counter(OUTLIER_EJECTIONS, vec![worker_label(worker)]),
+            |c| c.increment(1),
+        );
+    }
+
+    /// Whether a worker is ejected by outlier detection now.
+    pub fn outlier_ejected(&self, worker: &str, ejected: bool) {
+        let value = if ejected { 1.0 } else { 0.0 };
+        self.worker_gauge(&self.outlier_ejected, OUTLIER_EJECTED, worker, value);
     }
 
     /// The admission gate's in-flight and queued counts now.

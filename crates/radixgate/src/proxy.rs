@@ -35,16 +35,19 @@ use crate::error::GatewayError;
 use crate::inspect::{Api, Inspected, inspect};
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared, publish_breaker};
-use crate::stream::{StreamEnd, StreamWatch, WatchedBody};
+use crate::stream::{Primed, StreamEnd, StreamWatch, WatchedBody};
 use crate::upstream;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use radixgate_routing::{Decision, LoadGuard, Routed, WorkerId};
 use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -100,15 +103,13 @@ async fn forward(
     let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
     let request = inspect(api, &bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
-    let answer = attempts(state, route, &request, &parts.headers, bytes).await?;
-    Ok(respond(
-        shared,
-        answer,
-        admitted,
-        route,
-        request.stream,
-        started,
-    ))
+    // The client's address as this gateway saw it, for `X-Forwarded-For`.
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    let answer = attempts(state, route, &request, &parts.headers, peer, bytes).await?;
+    Ok(respond(shared, answer, admitted, route, started))
 }
 
 /// The sticky-session key: the first routing-key header present, else the
@@ -120,10 +121,11 @@ fn routing_key<'a>(headers: &'a HeaderMap, user: Option<&'a str>) -> Option<&'a 
         .or(user)
 }
 
-/// What the attempt loop hands to [`respond`]: the worker's response head
-/// and everything the request keeps until its body ends.
+/// What the attempt loop hands to [`respond`]: the worker's response head,
+/// its body with the first frame already read, and everything the request
+/// keeps until its body ends.
 struct Answer {
-    response: axum::http::Response<Incoming>,
+    response: axum::http::Response<Primed<Incoming>>,
     /// The decision that chose the worker; its guard holds the load.
     decision: Decision,
     /// The pool's model (the metrics label).
@@ -134,18 +136,37 @@ struct Answer {
     probe: Option<Permit>,
 }
 
+/// Most bytes of a worker's error body read for its message.
+const ERROR_BODY_LIMIT: usize = 4096;
+
 /// Tries workers until one answers in a way [`retry`] does not retry, or
 /// the retries or the untried workers run out.
+///
+/// Each attempt has a first-byte deadline ([`Config::first_byte_timeout`]):
+/// the response head, and for a 2xx answer its first body frame, must
+/// arrive before it. The frame is read here, before anything goes to the
+/// client, because an LLM server sends an event stream's head at once and
+/// only then prefills: a hung worker sends the head and nothing else. A
+/// missed deadline is the worker's failure (breaker, outlier detection)
+/// and is retried like a refused connection.
+///
+/// A final 4xx other than 429 means the worker rejected the request, so
+/// its prompt never reached that worker's cache: the decision's tree insert
+/// is taken back.
+///
+/// [`Config::first_byte_timeout`]: crate::config::Config::first_byte_timeout
 async fn attempts(
     state: &AppState,
     route: &'static str,
     request: &Inspected,
     client_headers: &HeaderMap,
+    peer: Option<IpAddr>,
     bytes: Bytes,
 ) -> Result<Answer, GatewayError> {
     let shared = &state.shared;
     let routing_key = routing_key(client_headers, request.user.as_deref());
     let max_retries = shared.config.retry.max_retries;
+    let first_byte_timeout = shared.config.first_byte_timeout(request.stream);
     let mut backoff = Backoff::new(&shared.config.retry);
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
@@ -156,7 +177,10 @@ async fn attempts(
             routing_key,
             &tried,
         );
-        let Routed { decision, model } = match routed {
+        let Routed {
+            mut decision,
+            model,
+        } = match routed {
             Ok(routed) => routed,
             Err(err) => {
                 return Err(match last_failure {
@@ -185,10 +209,35 @@ async fn attempts(
             .decision(decision.explanation().branch.as_str());
         tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
         let last_attempt = tried.len() as u32 >= max_retries;
-        let failure = match send(state, &decision, route, client_headers, bytes.clone()).await {
+        let sent = tokio::time::Instant::now();
+        let deadline = first_byte_timeout.map(|t| sent + t);
+        let attempt = async {
+            let response =
+                send(state, &decision, route, client_headers, peer, bytes.clone()).await?;
+            prime(response, worker.url()).await
+        };
+        let attempted = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(GatewayError::FirstByteTimeout {
+                        worker: worker.url().to_owned(),
+                        after: first_byte_timeout.unwrap_or_default(),
+                    })
+                }),
+            None => attempt.await,
+        };
+        let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
+                shared.outliers.sample(worker.id(), sent.elapsed());
                 if !retry::retryable_status(status) {
+                    if status.is_client_error() {
+                        // Rejected (400, 404, 413, 422, …): the prompt never
+                        // reached this worker's cache.
+                        let undone = decision.undo_insert(&request.routing_text);
+                        tracing::debug!(worker = worker.url(), %status, undone, "worker rejected the request");
+                    }
                     return Ok(Answer {
                         response,
                         decision,
@@ -196,11 +245,11 @@ async fn attempts(
                         probe: Some(probe),
                     });
                 }
+                shared.metrics.upstream_error(worker.url(), "status");
                 if last_attempt {
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure.
                     record(&worker, probe, Outcome::Failure);
-                    shared.metrics.upstream_error(worker.url(), "status");
                     return Ok(Answer {
                         response,
                         decision,
@@ -208,14 +257,23 @@ async fn attempts(
                         probe: None,
                     });
                 }
-                shared.metrics.upstream_error(worker.url(), "status");
+                let (message, _) = error_message(response, deadline).await;
                 GatewayError::UpstreamStatus {
                     worker: worker.url().to_owned(),
                     status,
+                    message,
                 }
             }
             Err(err) => {
-                shared.metrics.upstream_error(worker.url(), "connect");
+                let kind = match &err {
+                    GatewayError::FirstByteTimeout { after, .. } => {
+                        // A hung worker's latency is at least the timeout.
+                        shared.outliers.sample(worker.id(), *after);
+                        "timeout"
+                    }
+                    _ => "connect",
+                };
+                shared.metrics.upstream_error(worker.url(), kind);
                 err
             }
         };
@@ -244,6 +302,91 @@ async fn attempts(
     }
 }
 
+/// Reads a 2xx response's first body frame (the first token of a stream),
+/// so that a worker that sends its head and then hangs is caught before
+/// anything reaches the client. Other statuses are returned as they are.
+/// A body that breaks before its first frame is a failed attempt.
+async fn prime(
+    response: axum::http::Response<Incoming>,
+    worker: &str,
+) -> Result<axum::http::Response<Primed<Incoming>>, GatewayError> {
+    let (parts, mut body) = response.into_parts();
+    let first = if parts.status.is_success() {
+        match body.frame().await {
+            Some(Ok(frame)) => Some(frame),
+            Some(Err(err)) => {
+                return Err(GatewayError::Connect {
+                    worker: worker.to_owned(),
+                    source: Box::new(err),
+                });
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    Ok(axum::http::Response::from_parts(
+        parts,
+        Primed::new(first, body),
+    ))
+}
+
+/// The worker's own reason for an error answer: `error.message`,
+/// `message` or `detail` of a JSON body, else its text, from at most
+/// [`ERROR_BODY_LIMIT`] bytes read before `deadline`. Also returns the
+/// bytes read.
+async fn error_message(
+    response: axum::http::Response<Primed<Incoming>>,
+    deadline: Option<tokio::time::Instant>,
+) -> (Option<String>, Bytes) {
+    let body = http_body_util::Limited::new(response.into_body(), ERROR_BODY_LIMIT);
+    let read = async {
+        let mut body = std::pin::pin!(body);
+        let mut buf = bytes::BytesMut::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                buf.extend_from_slice(data);
+            }
+        }
+        buf.freeze()
+    };
+    let bytes = match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, read)
+            .await
+            .unwrap_or_default(),
+        None => tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .unwrap_or_default(),
+    };
+    (worker_message(&bytes), bytes)
+}
+
+/// The message of a worker's error body (see [`error_message`]), trimmed
+/// to one line of at most 512 characters.
+fn worker_message(body: &[u8]) -> Option<String> {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let from_json = json.as_ref().and_then(|v| {
+        [
+            v.pointer("/error/message"),
+            v.get("message"),
+            v.get("detail"),
+            v.get("error"),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|m| m.as_str().map(str::to_owned))
+    });
+    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let line: String = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(512)
+        .collect();
+    (!line.is_empty()).then_some(line)
+}
+
 /// Records an attempt's outcome and publishes any breaker change at once,
 /// so policies stop (or resume) choosing the worker without waiting for
 /// the upkeep tick.
@@ -264,11 +407,13 @@ async fn send(
     decision: &Decision,
     path: &str,
     client_headers: &HeaderMap,
+    peer: Option<IpAddr>,
     body: Bytes,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
     let gateway_has_key = !state.shared.tenants.load().is_open();
-    let headers = upstream::request_headers(client_headers, worker.api_key(), gateway_has_key);
+    let headers =
+        upstream::request_headers(client_headers, worker.api_key(), gateway_has_key, peer);
     state
         .forwarder
         .post(worker.url(), path, headers, body)
@@ -286,7 +431,6 @@ fn respond(
     answer: Answer,
     admitted: AdmissionPermit,
     route: &'static str,
-    asked_stream: bool,
     started: Instant,
 ) -> Response {
     let Answer {
@@ -296,11 +440,13 @@ fn respond(
         probe,
     } = answer;
     let status = response.status();
-    let sse = asked_stream
-        || response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    // The worker's content type decides, not the client's `stream` flag: a
+    // worker may answer a streamed request with a JSON error, and an SSE
+    // error event must never be appended to JSON.
+    let sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let mut headers = upstream::response_headers(response.headers(), sse);
     if let Ok(value) = HeaderValue::from_str(decision.worker().url()) {
         headers.insert(WORKER_HEADER, value);
@@ -329,9 +475,13 @@ fn respond(
         .request_timeout()
         .and_then(|t| started.checked_add(t))
         .map(tokio::time::Instant::from_std);
-    let mut body = WatchedBody::new(response.into_body(), watch, sse);
+    let mut body =
+        WatchedBody::new(response.into_body(), watch, sse).with_abort(shared.streams_abort.clone());
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);
+    }
+    if let Some(stall) = shared.config.stall_timeout() {
+        body = body.with_stall_timeout(stall);
     }
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = status;
@@ -380,16 +530,20 @@ impl StreamWatch for RequestWatch {
         );
         let worker = self.guard.worker();
         if end == StreamEnd::UpstreamError {
-            tracing::warn!(worker = worker.url(), "worker stream broke off");
+            tracing::warn!(worker = worker.url(), "worker stream broke off or stalled");
             metrics.upstream_error(worker.url(), "stream_broken");
         }
         if let Some(probe) = self.probe {
-            let outcome = if end == StreamEnd::UpstreamError {
-                Outcome::Failure
-            } else {
-                Outcome::Success
-            };
-            record(worker, probe, outcome);
+            match end {
+                StreamEnd::UpstreamError => {
+                    record(worker, probe, Outcome::Failure);
+                }
+                StreamEnd::Complete | StreamEnd::ClientGone => {
+                    record(worker, probe, Outcome::Success);
+                }
+                // The gateway cut it: says nothing about the worker.
+                StreamEnd::Shutdown => drop(probe),
+            }
         }
     }
 }

@@ -278,6 +278,10 @@ fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
             new.circuit_breaker != running.circuit_breaker,
         ),
         ("admission", new.admission != running.admission),
+        (
+            "outlier_detection",
+            new.outlier_detection != running.outlier_detection,
+        ),
         ("metrics", new.metrics != running.metrics),
         ("log", new.log != running.log),
     ]

@@ -6,7 +6,8 @@
 //!
 //! An attempt is retried only while nothing has reached the client, and only
 //! when the failure says "this worker, now" rather than "this request": the
-//! worker could not be reached, or it answered 5xx or 429 (overloaded).
+//! worker could not be reached, it answered 5xx or 429 (overloaded), or it
+//! sent no first byte within the first-byte timeout (hung).
 //! Another worker may well succeed then. Any other answer, success or client
 //! error, belongs to the request and is passed through as it is.
 //!
@@ -33,7 +34,7 @@ pub fn retryable_status(status: StatusCode) -> bool {
 /// own fault or the gateway's, and another worker would not change it.
 pub fn retryable(err: &GatewayError) -> bool {
     match err {
-        GatewayError::Connect { .. } => true,
+        GatewayError::Connect { .. } | GatewayError::FirstByteTimeout { .. } => true,
         GatewayError::UpstreamStatus { status, .. } => retryable_status(*status),
         _ => false,
     }
@@ -41,10 +42,10 @@ pub fn retryable(err: &GatewayError) -> bool {
 
 /// The `reason` label a retry is counted under in the metrics.
 pub(crate) fn reason(err: &GatewayError) -> &'static str {
-    if matches!(err, GatewayError::Connect { .. }) {
-        "connect"
-    } else {
-        "status"
+    match err {
+        GatewayError::Connect { .. } => "connect",
+        GatewayError::FirstByteTimeout { .. } => "timeout",
+        _ => "status",
     }
 }
 
@@ -114,6 +115,7 @@ mod tests {
         GatewayError::UpstreamStatus {
             worker: "http://w:1".into(),
             status,
+            message: None,
         }
     }
 
@@ -142,6 +144,12 @@ mod tests {
     fn unreachable_workers_are_retried_gateway_and_client_errors_are_not() {
         assert!(retryable(&connect()));
         assert_eq!(reason(&connect()), "connect");
+        let hung = GatewayError::FirstByteTimeout {
+            worker: "http://w:1".into(),
+            after: Duration::from_secs(1),
+        };
+        assert!(retryable(&hung));
+        assert_eq!(reason(&hung), "timeout");
         assert_eq!(reason(&upstream(StatusCode::BAD_GATEWAY)), "status");
         for err in [
             GatewayError::Unauthorized,
@@ -170,6 +178,7 @@ mod tests {
             max_backoff_ms: 1000,
             backoff_multiplier: 2.0,
             jitter_factor: 0.0,
+            ..RetryConfig::default()
         };
         let mut backoff = Backoff::new(&config);
         let mut rng = StdRng::seed_from_u64(7);
@@ -224,6 +233,7 @@ mod tests {
             max_backoff_ms: u64::MAX,
             backoff_multiplier: 1e300,
             jitter_factor: 1.0,
+            ..RetryConfig::default()
         };
         let mut backoff = Backoff::new(&config);
         let mut rng = StdRng::seed_from_u64(9);
@@ -250,6 +260,7 @@ mod tests {
             max_backoff_ms: 300,
             backoff_multiplier: 2.0,
             jitter_factor: 0.5,
+            ..RetryConfig::default()
         };
         let mut backoff = Backoff::new(&config);
         let mut rng = StdRng::seed_from_u64(3);

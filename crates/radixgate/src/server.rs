@@ -16,8 +16,9 @@
 //!
 //! Shutdown: every thread stops accepting at once, in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
-//! then the remaining connections are dropped with their runtimes — which
-//! drops their bodies and so releases their load.
+//! then each remaining stream ends with an error event saying so (up to a
+//! second to send it), and the remaining connections are dropped with their
+//! runtimes — which drops their bodies and so releases their load.
 
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
@@ -40,6 +41,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// How long streams cut at the end of the grace period get to send their
+/// error event before their connections are dropped.
+const ABORT_FLUSH: Duration = Duration::from_secs(1);
 
 /// Why a gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -217,11 +222,14 @@ pub async fn run_reloadable(
             tasks: tasks.clone(),
         },
     ));
+    let streams_abort = CancellationToken::new();
     let shared = Arc::new(Shared {
         keys,
         admission: Admission::new(&config.admission),
         bodies,
         breakers: Breakers::new(config.circuit_breaker.clone()),
+        outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
+        streams_abort: streams_abort.clone(),
         metrics: Metrics::new(),
         tenants,
         config,
@@ -231,6 +239,7 @@ pub async fn run_reloadable(
         started: Instant::now(),
     });
     let upkeep = tokio::spawn(upkeep::run(shared.clone(), tasks.clone()));
+    let outliers = tokio::spawn(crate::outlier::run(shared.clone(), tasks.clone()));
     // The metrics listener's handler needs no forwarding, but shares the
     // serving threads' state type; its pool stays empty.
     let background = Arc::new(AppState {
@@ -301,6 +310,10 @@ pub async fn run_reloadable(
         .is_err()
     {
         tracing::warn!(?grace, "grace period over; dropping remaining connections");
+        // Streams still running end with an error event first, and get a
+        // moment to send it, before their connections are dropped.
+        streams_abort.cancel();
+        let _ = tokio::time::timeout(ABORT_FLUSH, serving.all_ended()).await;
         abort.cancel();
         serving.all_ended().await;
     }
@@ -314,6 +327,7 @@ pub async fn run_reloadable(
     let _ = control_task.await;
     let _ = upkeep.await;
     let _ = reloader.await;
+    let _ = outliers.await;
     if let Some(metrics_server) = metrics_server {
         let _ = metrics_server.await;
     }

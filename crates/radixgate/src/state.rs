@@ -50,6 +50,11 @@ pub(crate) struct Shared {
     pub(crate) bodies: BodyLimits,
     /// One circuit breaker per worker.
     pub(crate) breakers: Breakers,
+    /// Latency statistics and ejection of slow workers.
+    pub(crate) outliers: crate::outlier::Outliers,
+    /// Cancelled when shutdown stops waiting for streams: each response
+    /// body then ends with an error event before its connection is dropped.
+    pub(crate) streams_abort: tokio_util::sync::CancellationToken,
     /// The metrics recorder.
     pub(crate) metrics: Metrics,
     /// Who may call the client API, with their limits. Swapped whole on a

@@ -14,7 +14,17 @@
 //! A worker that dies mid-stream must never look like a finished stream. For
 //! an SSE response the body then ends with an explicit
 //! `data: {"error": ...}` event and no `[DONE]`; any other body ends with an
-//! error, so the connection is aborted instead of completing.
+//! error, so the connection is aborted instead of completing (nothing is
+//! appended to a JSON body). The same holds when the worker goes silent for
+//! longer than the stall timeout ([`WatchedBody::with_stall_timeout`]), when
+//! the request's deadline passes, and when the gateway's shutdown grace
+//! period runs out ([`WatchedBody::with_abort`]): the client learns why its
+//! stream ended. Whether a response is SSE is the worker's content type's
+//! call, never the client's `stream` flag: a worker may answer a streamed
+//! request with a JSON error.
+//!
+//! [`Primed`] puts back the first frame the attempt loop read ahead (to know
+//! the worker really started) in front of the rest of the worker's body.
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -38,6 +48,8 @@ pub enum StreamEnd {
     UpstreamError,
     /// The client stopped reading before the end (disconnect or cancel).
     ClientGone,
+    /// The gateway cut the stream: its shutdown grace period ran out.
+    Shutdown,
 }
 
 /// Bookkeeping that lives exactly as long as a response stream.
@@ -62,6 +74,10 @@ pub struct WatchedBody<B, W: StreamWatch> {
     /// End-to-end deadline of the request, if any: a worker that stalls
     /// mid-stream must not hold the client (and the load) forever.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Longest silence between frames, and the timer of the current one.
+    stall: Option<(std::time::Duration, Pin<Box<tokio::time::Sleep>>)>,
+    /// Cancelled when the gateway stops waiting for streams to finish.
+    abort: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     /// Set once the body has reported its end (or its error event).
     done: bool,
 }
@@ -76,8 +92,25 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
             sse,
             started: false,
             deadline: None,
+            stall: None,
+            abort: None,
             done: false,
         }
+    }
+
+    /// Ends the body with an error (an SSE error event, or a failed body)
+    /// when the worker sends nothing for `after` (counted from now, then
+    /// from each frame).
+    pub fn with_stall_timeout(mut self, after: std::time::Duration) -> Self {
+        self.stall = Some((after, Box::pin(tokio::time::sleep(after))));
+        self
+    }
+
+    /// Ends the body when `abort` is cancelled (the shutdown grace period
+    /// ran out): an SSE error event saying so, or a failed body.
+    pub fn with_abort(mut self, abort: tokio_util::sync::CancellationToken) -> Self {
+        self.abort = Some(Box::pin(abort.cancelled_owned()));
+        self
     }
 
     /// Ends the body with an error (an SSE error event, or a failed body)
@@ -90,7 +123,11 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
     /// Ends the stream early because of `err`: an error event for SSE, an
     /// error (aborting the connection) otherwise.
     fn fail(&mut self, err: BoxError, code: &str) -> Polled {
-        self.end(StreamEnd::UpstreamError);
+        self.fail_as(StreamEnd::UpstreamError, err, code)
+    }
+
+    fn fail_as(&mut self, end: StreamEnd, err: BoxError, code: &str) -> Polled {
+        self.end(end);
         if self.sse {
             Poll::Ready(Some(Ok(Frame::data(sse_error_event(
                 &err.to_string(),
@@ -139,6 +176,12 @@ where
         if this.done {
             return Poll::Ready(None);
         }
+        if let Some(abort) = this.abort.as_mut()
+            && abort.as_mut().poll(cx).is_ready()
+        {
+            let err = "the gateway shut down before the worker finished answering";
+            return this.fail_as(StreamEnd::Shutdown, err.into(), "shutting_down");
+        }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if polled.is_pending() {
             if let Some(deadline) = this.deadline.as_mut()
@@ -147,7 +190,17 @@ where
                 let err = "the request timed out while the worker was still answering";
                 return this.fail(err.into(), "request_timeout");
             }
+            if let Some((after, timer)) = this.stall.as_mut()
+                && timer.as_mut().poll(cx).is_ready()
+            {
+                let err = format!("the worker's stream stalled: nothing for {after:?}");
+                return this.fail(err.into(), "stream_stalled");
+            }
             return Poll::Pending;
+        }
+        if let Some((after, timer)) = this.stall.as_mut() {
+            let next = tokio::time::Instant::now() + *after;
+            timer.as_mut().reset(next);
         }
         match ready!(polled) {
             Some(Ok(frame)) => {
@@ -181,6 +234,59 @@ where
         } else {
             self.inner.size_hint()
         }
+    }
+}
+
+/// A worker's body with its first frame, already read, put back in front.
+pub struct Primed<B> {
+    first: Option<Frame<Bytes>>,
+    rest: B,
+}
+
+impl<B> Primed<B> {
+    /// `first` (if any) followed by the rest of `rest`.
+    pub fn new(first: Option<Frame<Bytes>>, rest: B) -> Self {
+        Self { first, rest }
+    }
+}
+
+impl<B> Body for Primed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        match this.first.take() {
+            Some(frame) => Poll::Ready(Some(Ok(frame))),
+            None => Pin::new(&mut this.rest).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.rest.size_hint();
+        if let Some(n) = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map(Bytes::len)
+        {
+            let n = n as u64;
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + n);
+            }
+            hint.set_lower(hint.lower() + n);
+        }
+        hint
     }
 }
 

@@ -9,18 +9,26 @@
 //! matters more than microseconds.
 //!
 //! Only headers are filtered on the way through: hop-by-hop headers are
-//! connection-specific and must not be forwarded (RFC 9110 §7.6.1), `host`
-//! and `content-length` are set by the client library for the new
-//! connection, and the client's `authorization` is replaced by the worker's
-//! own key when one is configured.
+//! connection-specific and must not be forwarded (RFC 9110 §7.6.1) — the
+//! standard ones and every header the message's own `Connection` header
+//! names, both ways — `host` and `content-length` are set by the client
+//! library for the new connection, and the client's `authorization` is
+//! replaced by the worker's own key when one is configured.
+//!
+//! `X-Forwarded-For` and `Forwarded` are appended to: the client's peer
+//! address is added after whatever the client sent (RFC 7239 §4), so the
+//! worker sees the whole chain. The gateway itself trusts neither header
+//! for anything (not for auth, limits or routing): a client can write any
+//! value into them; only the entry this gateway appended is its own.
 
-use axum::http::{HeaderMap, HeaderName, Method, Request, Response, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::net::IpAddr;
 use std::time::Duration;
 
 /// How long the gateway waits for a worker's TCP (and TLS) handshake.
@@ -159,6 +167,58 @@ pub(crate) fn worker_call(
     }
 }
 
+/// The header names a message's `Connection` header lists (its options,
+/// which describe that connection only), lower-cased.
+fn connection_options(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// Whether `name` must not cross the gateway: a standard hop-by-hop header
+/// or one the message's `Connection` header names (`options`).
+fn is_connection_specific(name: &HeaderName, options: &[String]) -> bool {
+    is_hop_by_hop(name) || options.iter().any(|o| o == name.as_str())
+}
+
+/// Appends `peer` to the client's `X-Forwarded-For` and `Forwarded`
+/// headers (creating `X-Forwarded-For` if absent; `Forwarded` only when the
+/// client sent one, so a worker that reads neither sees one header, as
+/// usual for proxies). Each header's values are joined into one line.
+fn append_forwarded(out: &mut HeaderMap, client: &HeaderMap, peer: IpAddr) {
+    let joined = |name: &HeaderName| -> Option<String> {
+        let parts: Vec<&str> = client
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    };
+    let xff_name = HeaderName::from_static("x-forwarded-for");
+    let xff = match joined(&xff_name) {
+        Some(before) => format!("{before}, {peer}"),
+        None => peer.to_string(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&xff) {
+        out.insert(xff_name, value);
+    }
+    if let Some(before) = joined(&header::FORWARDED) {
+        // RFC 7239: IPv6 addresses are quoted and bracketed.
+        let node = match peer {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("\"[{v6}]\""),
+        };
+        if let Ok(value) = HeaderValue::from_str(&format!("{before}, for={node}")) {
+            out.insert(header::FORWARDED, value);
+        }
+    }
+}
+
 /// Headers that describe one connection, not the message.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
@@ -175,15 +235,22 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// The client's headers as they should go to a worker.
+/// The client's headers as they should go to a worker; `peer` is the
+/// client's address as this gateway saw it (appended to the forwarding
+/// headers; when unknown, they pass unchanged).
 pub fn request_headers(
     client: &HeaderMap,
     worker_key: Option<&str>,
     gateway_has_key: bool,
+    peer: Option<IpAddr>,
 ) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(client.len());
+    let options = connection_options(client);
+    let mut out = HeaderMap::with_capacity(client.len() + 1);
     for (name, value) in client {
-        if is_hop_by_hop(name) || name == header::HOST || name == header::CONTENT_LENGTH {
+        if is_connection_specific(name, &options)
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+        {
             continue;
         }
         // The client's key authenticated it to us; it is not the worker's.
@@ -197,6 +264,9 @@ pub fn request_headers(
     {
         out.insert(header::AUTHORIZATION, value);
     }
+    if let Some(peer) = peer {
+        append_forwarded(&mut out, client, peer);
+    }
     out
 }
 
@@ -204,9 +274,10 @@ pub fn request_headers(
 /// stream, `content-length` is dropped too: if the worker breaks off, the
 /// gateway appends an error event, which a fixed length would not allow.
 pub fn response_headers(worker: &HeaderMap, streaming: bool) -> HeaderMap {
+    let options = connection_options(worker);
     let mut out = HeaderMap::with_capacity(worker.len() + 2);
     for (name, value) in worker {
-        if is_hop_by_hop(name) || (streaming && name == header::CONTENT_LENGTH) {
+        if is_connection_specific(name, &options) || (streaming && name == header::CONTENT_LENGTH) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -235,7 +306,7 @@ mod tests {
             ("x-request-id", "r1"),
             ("content-type", "application/json"),
         ]);
-        let open = request_headers(&client, None, false);
+        let open = request_headers(&client, None, false, None);
         assert_eq!(
             open["authorization"], "Bearer client",
             "no keys: passed through"
@@ -244,13 +315,55 @@ mod tests {
         assert!(open.get("content-length").is_none());
         assert_eq!(open["x-request-id"], "r1");
 
-        let gated = request_headers(&client, None, true);
+        let gated = request_headers(&client, None, true, None);
         assert!(
             gated.get("authorization").is_none(),
             "the gateway's key stays here"
         );
-        let keyed = request_headers(&client, Some("wk"), true);
+        let keyed = request_headers(&client, Some("wk"), true, None);
         assert_eq!(keyed["authorization"], "Bearer wk");
+    }
+
+    #[test]
+    fn headers_named_in_connection_are_dropped_both_ways() {
+        let client = map(&[
+            ("connection", "keep-alive, X-Secret-Hop"),
+            ("connection", "x-other"),
+            ("x-secret-hop", "1"),
+            ("x-other", "2"),
+            ("x-kept", "3"),
+        ]);
+        let out = request_headers(&client, None, false, None);
+        assert!(out.get("x-secret-hop").is_none() && out.get("x-other").is_none());
+        assert_eq!(out["x-kept"], "3");
+        let worker = map(&[("connection", "x-worker-hop"), ("x-worker-hop", "1")]);
+        assert!(
+            response_headers(&worker, false)
+                .get("x-worker-hop")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn forwarding_headers_are_appended_to() {
+        let peer: IpAddr = "10.1.2.3".parse().unwrap();
+        let fresh = request_headers(&HeaderMap::new(), None, false, Some(peer));
+        assert_eq!(fresh["x-forwarded-for"], "10.1.2.3");
+        assert!(fresh.get("forwarded").is_none());
+        let client = map(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2"),
+            ("forwarded", "for=1.1.1.1"),
+        ]);
+        let out = request_headers(&client, None, false, Some(peer));
+        assert_eq!(out["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.1.2.3");
+        assert_eq!(out.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(out["forwarded"], "for=1.1.1.1, for=10.1.2.3");
+        let v6: IpAddr = "::1".parse().unwrap();
+        let out = request_headers(&client, None, false, Some(v6));
+        assert_eq!(out["forwarded"], "for=1.1.1.1, for=\"[::1]\"");
+        let unknown = request_headers(&client, None, false, None);
+        assert_eq!(unknown.get_all("x-forwarded-for").iter().count(), 2);
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl CacheAware {
                 max_total_chars: config.max_total_chars,
                 max_tree_size: config.max_tree_size,
                 eviction_interval_secs: config.eviction_interval_secs,
+                max_routing_text_chars: config.max_routing_text_chars,
             }),
             config,
             turn: AtomicUsize::new(0),
@@ -346,6 +347,11 @@ impl Policy for CacheAware {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
     ) -> Result<Decision, RoutingError> {
+        let capped = RequestView {
+            text: self.trees.cap(req.text),
+            ..*req
+        };
+        let req = &capped;
         let loads = Loads::read(req, workers)?;
         let tree = self.tree_or_create(req.model);
         let choice = if self.is_imbalanced(loads.min, loads.max) {
@@ -398,13 +404,13 @@ impl Policy for CacheAware {
             }
         };
         let worker = &workers[choice.idx];
-        tree.insert(req.text, worker.id().tenant());
+        let receipt = tree.insert(req.text, worker.id().tenant());
         let explanation = Explanation {
             matched_chars: choice.matched,
             input_chars: choice.input,
             ..loads.explain(self.name(), choice.branch, worker, choice.idx)
         };
-        Ok(Decision::new(worker, explanation))
+        Ok(Decision::new(worker, explanation).with_insert(tree, receipt, req.text))
     }
 
     fn trees(&self) -> Option<&Trees> {

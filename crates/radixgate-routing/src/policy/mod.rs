@@ -32,6 +32,7 @@ pub use round_robin::RoundRobin;
 pub use trees::Trees;
 
 use crate::{LoadGuard, RequestView, RoutingError, Worker, WorkerId};
+use radixgate_tree::{Insertion, Tree};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,11 +89,23 @@ pub trait Policy: Send + Sync + fmt::Debug {
     }
 }
 
-/// A policy's choice: the load guard on the chosen worker and why.
+/// A policy's choice: the load guard on the chosen worker and why, and
+/// for the prefix-aware policies, the tree insert the decision made.
 #[derive(Debug)]
 pub struct Decision {
     guard: LoadGuard,
     explanation: Explanation,
+    inserted: Option<TreeInsert>,
+}
+
+/// The insert a decision made into a tree, kept so the gateway can take it
+/// back when the worker rejects the request ([`Decision::undo_insert`]).
+#[derive(Debug)]
+struct TreeInsert {
+    tree: Arc<Tree>,
+    receipt: Insertion,
+    /// Bytes of the (capped) routing text that were inserted.
+    text_len: usize,
 }
 
 impl Decision {
@@ -111,6 +124,40 @@ impl Decision {
         Self {
             guard: LoadGuard::with_prefill(worker.clone(), prefill_chars),
             explanation,
+            inserted: None,
+        }
+    }
+
+    /// Records that the decision inserted `text` (the capped routing text)
+    /// into `tree` with `receipt`.
+    pub(crate) fn with_insert(mut self, tree: Arc<Tree>, receipt: Insertion, text: &str) -> Self {
+        self.inserted = Some(TreeInsert {
+            tree,
+            receipt,
+            text_len: text.len(),
+        });
+        self
+    }
+
+    /// Takes back the tree insert this decision made, for a request the
+    /// worker rejected (a 4xx other than 429: the prompt never reached its
+    /// cache). `text` is the routing text the request was routed with (the
+    /// policy capped it; the same cap is applied here). Removes only what
+    /// this insert added for the chosen worker (see
+    /// [`Tree::undo_insert`]); returns the characters removed, 0 for
+    /// policies that keep no tree. Taken once: a second call does nothing.
+    pub fn undo_insert(&mut self, text: &str) -> usize {
+        let Some(TreeInsert {
+            tree,
+            receipt,
+            text_len,
+        }) = self.inserted.take()
+        else {
+            return 0;
+        };
+        match text.get(..text_len) {
+            Some(inserted) => tree.undo_insert(inserted, receipt),
+            None => 0,
         }
     }
 
@@ -238,3 +285,6 @@ mod tests;
 
 #[cfg(test)]
 mod simple_tests;
+
+#[cfg(test)]
+mod undo_tests;

@@ -57,6 +57,7 @@ impl PrefillAware {
                 max_total_chars: config.max_total_chars,
                 max_tree_size: config.max_tree_size,
                 eviction_interval_secs: config.eviction_interval_secs,
+                max_routing_text_chars: config.max_routing_text_chars,
             }),
             config,
             turn: AtomicUsize::new(0),
@@ -79,6 +80,11 @@ impl Policy for PrefillAware {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
     ) -> Result<Decision, RoutingError> {
+        let capped = RequestView {
+            text: self.trees.cap(req.text),
+            ..*req
+        };
+        let req = &capped;
         let loads = Loads::read(req, workers)?;
         let tree = self.trees.get_or_create(req.model);
         let m = tree.prefix_match(req.text);
@@ -111,13 +117,14 @@ impl Policy for PrefillAware {
         let chosen = ties[self.turn.fetch_add(1, Ordering::Relaxed) % ties.len()];
         let (idx, matched) = (chosen.at.idx, chosen.matched);
         let worker = &workers[idx];
-        tree.insert(req.text, worker.id().tenant());
+        let receipt = tree.insert(req.text, worker.id().tenant());
         let explanation = Explanation {
             matched_chars: Some(matched),
             input_chars: input,
             ..loads.explain(self.name(), Branch::PrefillCost, worker, idx)
         };
-        Ok(Decision::with_prefill(worker, input - matched, explanation))
+        Ok(Decision::with_prefill(worker, input - matched, explanation)
+            .with_insert(tree, receipt, req.text))
     }
 
     fn trees(&self) -> Option<&Trees> {

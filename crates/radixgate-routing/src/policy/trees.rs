@@ -28,6 +28,9 @@ pub(crate) struct TreeUpkeep {
     pub(crate) max_tree_size: usize,
     /// Seconds between background eviction passes; 0: no background pass.
     pub(crate) eviction_interval_secs: u64,
+    /// Characters of a request's routing text that are matched and
+    /// inserted; the rest is ignored (see [`Trees::cap`]).
+    pub(crate) max_routing_text_chars: usize,
 }
 
 /// The per-model prefix trees of one policy, and their upkeep.
@@ -46,6 +49,14 @@ impl Trees {
             add: Mutex::new(()),
             upkeep,
         }
+    }
+
+    /// The first `max_routing_text_chars` characters of `text`, cut on a
+    /// char boundary: what is matched and inserted. A prefix of a few
+    /// hundred thousand characters decides the route as well as the whole
+    /// text does, and one huge prompt cannot fill the tree.
+    pub(crate) fn cap<'a>(&self, text: &'a str) -> &'a str {
+        cap_chars(text, self.upkeep.max_routing_text_chars)
     }
 
     /// The tree of `model`, if a request for it was routed.
@@ -102,5 +113,33 @@ impl Trees {
             .values()
             .map(|t| t.tenant_size(tenant))
             .sum()
+    }
+}
+
+/// The first `max` characters of `text` (all of it when shorter).
+pub(crate) fn cap_chars(text: &str, max: usize) -> &str {
+    // A text of at most `max` bytes has at most `max` chars: no scan.
+    if text.len() <= max {
+        return text;
+    }
+    match text.char_indices().nth(max) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cap_chars;
+
+    #[test]
+    fn cap_cuts_on_a_char_boundary_and_counts_chars() {
+        assert_eq!(cap_chars("hello", 10), "hello");
+        assert_eq!(cap_chars("hello", 3), "hel");
+        assert_eq!(cap_chars("héllo", 2), "hé");
+        assert_eq!(cap_chars("日本語", 2), "日本");
+        assert_eq!(cap_chars("日本語", 3), "日本語");
+        assert_eq!(cap_chars("", 0), "");
+        assert_eq!(cap_chars("abc", 0), "");
     }
 }

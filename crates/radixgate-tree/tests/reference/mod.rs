@@ -27,13 +27,18 @@ impl Model {
         }
     }
 
-    pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) {
+    /// Returns the insert's time and the chars of `text` the tenant held
+    /// before it.
+    pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) -> (u64, usize) {
         self.clock += 1;
         let chars: Vec<char> = text.chars().collect();
         if chars.is_empty() {
-            return;
+            return (self.clock, 0);
         }
         let map = self.held.entry(tenant).or_default();
+        let held = (1..=chars.len())
+            .take_while(|&k| map.contains_key(&chars[..k]))
+            .count();
         for k in 1..=chars.len() {
             map.insert(chars[..k].to_vec(), self.clock);
         }
@@ -51,6 +56,33 @@ impl Model {
                 self.remove_prefix(t, &leaf);
             }
         }
+        (self.clock, held)
+    }
+
+    /// Takes back the insert of `text` at `time` that found `held` chars
+    /// held: removes, from the longest prefix down, each prefix longer than
+    /// `held` that still has that time and no held extension (skipping
+    /// those already evicted).
+    pub(crate) fn undo(&mut self, text: &str, tenant: TenantId, time: u64, held: usize) -> usize {
+        let chars: Vec<char> = text.chars().collect();
+        let mut removed = 0;
+        for k in (held + 1..=chars.len()).rev() {
+            let Some(m) = self.held.get(&tenant) else {
+                break;
+            };
+            let prefix = &chars[..k];
+            if !m.contains_key(prefix) {
+                // Evicted since the insert.
+                continue;
+            }
+            let leaf = !m.keys().any(|p| p.len() == k + 1 && p.starts_with(prefix));
+            if m.get(prefix) != Some(&time) || !leaf {
+                break;
+            }
+            self.remove_prefix(tenant, prefix);
+            removed += 1;
+        }
+        removed
     }
 
     fn remove_prefix(&mut self, tenant: TenantId, prefix: &[char]) {

@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// cache_aware: characters per worker kept by eviction [default: 67108864].
     #[arg(long, env = "RADIXGATE_MAX_TREE_SIZE")]
     pub max_tree_size: Option<usize>,
+    /// cache_aware, prefill_aware: characters of a request's routing text
+    /// matched and inserted; the rest is ignored [default: 262144].
+    #[arg(long, env = "RADIXGATE_MAX_ROUTING_TEXT_CHARS")]
+    pub max_routing_text_chars: Option<usize>,
 
     /// Address to bind [default: 127.0.0.1].
     #[arg(long, env = "RADIXGATE_HOST")]
@@ -142,6 +146,18 @@ pub struct ServeArgs {
     /// Random spread of each back-off, 0..=1 [default: 0.2].
     #[arg(long, env = "RADIXGATE_RETRY_JITTER_FACTOR")]
     pub retry_jitter_factor: Option<f64>,
+    /// Seconds a streamed attempt may wait for the worker's head and first
+    /// chunk before it is retried elsewhere, 0 for none [default: 60].
+    #[arg(long, env = "RADIXGATE_FIRST_BYTE_TIMEOUT_SECS")]
+    pub first_byte_timeout_secs: Option<u64>,
+    /// The same for a non-streamed attempt (its whole answer), 0 for none
+    /// [default: 300].
+    #[arg(long, env = "RADIXGATE_NON_STREAM_TIMEOUT_SECS")]
+    pub non_stream_timeout_secs: Option<u64>,
+    /// Seconds a started response may stay silent before it ends with an
+    /// error, 0 for none [default: 60].
+    #[arg(long, env = "RADIXGATE_STALL_TIMEOUT_SECS")]
+    pub stall_timeout_secs: Option<u64>,
     /// Never retry (the same as --retry-max-retries 0).
     #[arg(long, env = "RADIXGATE_DISABLE_RETRIES")]
     pub disable_retries: bool,
@@ -158,6 +174,31 @@ pub struct ServeArgs {
     /// Do not use circuit breakers.
     #[arg(long, env = "RADIXGATE_DISABLE_CIRCUIT_BREAKER")]
     pub disable_circuit_breaker: bool,
+
+    /// Seconds between outlier evaluations [default: 10].
+    #[arg(long, env = "RADIXGATE_OUTLIER_INTERVAL_SECS")]
+    pub outlier_interval_secs: Option<u64>,
+    /// Eject a worker slower than this times its peers' median, > 1 [default: 5].
+    #[arg(long, env = "RADIXGATE_OUTLIER_LATENCY_FACTOR")]
+    pub outlier_latency_factor: Option<f64>,
+    /// ... and slower by at least this many ms [default: 1000].
+    #[arg(long, env = "RADIXGATE_OUTLIER_MIN_GAP_MS")]
+    pub outlier_min_gap_ms: Option<u64>,
+    /// Samples a worker needs before it is judged [default: 20].
+    #[arg(long, env = "RADIXGATE_OUTLIER_MIN_SAMPLES")]
+    pub outlier_min_samples: Option<u32>,
+    /// Seconds of a first ejection; the n-th lasts n times [default: 30].
+    #[arg(long, env = "RADIXGATE_OUTLIER_BASE_EJECTION_SECS")]
+    pub outlier_base_ejection_secs: Option<u64>,
+    /// Longest ejection in seconds [default: 300].
+    #[arg(long, env = "RADIXGATE_OUTLIER_MAX_EJECTION_SECS")]
+    pub outlier_max_ejection_secs: Option<u64>,
+    /// Most of the pool ejected at once, in percent; one may always be [default: 10].
+    #[arg(long, env = "RADIXGATE_OUTLIER_MAX_EJECTION_PERCENT")]
+    pub outlier_max_ejection_percent: Option<u32>,
+    /// Do not eject slow workers.
+    #[arg(long, env = "RADIXGATE_DISABLE_OUTLIER_DETECTION")]
+    pub disable_outlier_detection: bool,
 
     /// Requests in flight at once; -1 for no limit [default: -1].
     #[arg(
@@ -293,8 +334,32 @@ impl ServeArgs {
         set(&mut r.max_backoff_ms, &self.retry_max_backoff_ms);
         set(&mut r.backoff_multiplier, &self.retry_backoff_multiplier);
         set(&mut r.jitter_factor, &self.retry_jitter_factor);
+        set(
+            &mut r.first_byte_timeout_secs,
+            &self.first_byte_timeout_secs,
+        );
+        set(
+            &mut r.non_stream_timeout_secs,
+            &self.non_stream_timeout_secs,
+        );
+        set(&mut r.stall_timeout_secs, &self.stall_timeout_secs);
         if self.disable_retries {
             r.max_retries = 0;
+        }
+
+        let o = &mut config.outlier_detection;
+        set(&mut o.interval_secs, &self.outlier_interval_secs);
+        set(&mut o.latency_factor, &self.outlier_latency_factor);
+        set(&mut o.min_gap_ms, &self.outlier_min_gap_ms);
+        set(&mut o.min_samples, &self.outlier_min_samples);
+        set(&mut o.base_ejection_secs, &self.outlier_base_ejection_secs);
+        set(&mut o.max_ejection_secs, &self.outlier_max_ejection_secs);
+        set(
+            &mut o.max_ejection_percent,
+            &self.outlier_max_ejection_percent,
+        );
+        if self.disable_outlier_detection {
+            o.enabled = false;
         }
 
         let b = &mut config.circuit_breaker;
@@ -355,6 +420,10 @@ impl ServeArgs {
                 self.eviction_interval_secs.is_some(),
             ),
             ("--max-tree-size", self.max_tree_size.is_some()),
+            (
+                "--max-routing-text-chars",
+                self.max_routing_text_chars.is_some(),
+            ),
         ];
         match routing {
             PolicyConfig::CacheAware(c) => {
@@ -363,6 +432,7 @@ impl ServeArgs {
                 set(&mut c.balance_rel_threshold, &self.balance_rel_threshold);
                 set(&mut c.eviction_interval_secs, &self.eviction_interval_secs);
                 set(&mut c.max_tree_size, &self.max_tree_size);
+                set(&mut c.max_routing_text_chars, &self.max_routing_text_chars);
             }
             PolicyConfig::PrefillAware(c)
                 if self.cache_threshold.is_none()
@@ -371,6 +441,7 @@ impl ServeArgs {
             {
                 set(&mut c.eviction_interval_secs, &self.eviction_interval_secs);
                 set(&mut c.max_tree_size, &self.max_tree_size);
+                set(&mut c.max_routing_text_chars, &self.max_routing_text_chars);
             }
             other => {
                 if let Some((flag, _)) = tuning.iter().find(|(_, given)| *given) {

@@ -22,8 +22,8 @@ pub use cli::ServeArgs;
 pub use radixgate_routing::WorkerSpec;
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
-    MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_PAYLOAD_SIZE, MAX_REQUESTS, MAX_RETRIES, MAX_SECS,
-    MAX_THRESHOLD,
+    MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_OUTLIER_FACTOR, MAX_PAYLOAD_SIZE, MAX_REQUESTS,
+    MAX_RETRIES, MAX_SECS, MAX_THRESHOLD,
 };
 
 use radixgate_routing::{PolicyConfig, RoutingError};
@@ -47,6 +47,8 @@ pub struct Config {
     pub retry: RetryConfig,
     /// Per-worker circuit breakers.
     pub circuit_breaker: BreakerConfig,
+    /// Ejecting workers much slower than their peers.
+    pub outlier_detection: OutlierConfig,
     /// Concurrency limit and its queue.
     pub admission: AdmissionConfig,
     /// Named API keys with limits and an admission priority.
@@ -145,11 +147,6 @@ pub enum AdminAccess {
 
 /// Most serving threads a gateway runs (and the cap of `threads: 0`).
 pub const MAX_THREADS: usize = 64;
-
-/// Largest value of the connection and body timeouts, in seconds (a day):
-/// beyond it a timer is no protection, and the sum with `Instant::now()`
-/// stays far from overflowing.
-pub const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 /// Client connections allowed when `max_connections: 0` cannot read the
 /// open-file limit.
@@ -302,6 +299,28 @@ pub struct RetryConfig {
     pub backoff_multiplier: f64,
     /// Random spread of each back-off, as a fraction of it (0..=1).
     pub jitter_factor: f64,
+    /// Seconds an attempt of a streamed request (`stream: true`) may take
+    /// until the worker's response head *and* its first body chunk
+    /// arrive; then it counts as the worker's failure and is retried
+    /// elsewhere (nothing has reached the client yet). SGLang and vLLM send
+    /// an event stream's head at once and prefill afterwards, so the head
+    /// alone proves nothing: the first chunk is the first token. 0 = none.
+    /// Default 60: a 100k-token prefill takes seconds to a few tens of
+    /// seconds on current GPUs even for a 70B model, and twice that queued
+    /// ahead still fits; a worker silent for a minute is hung, not busy.
+    pub first_byte_timeout_secs: u64,
+    /// The same for a non-streamed request, whose answer comes whole, so
+    /// its first byte only arrives once the generation is done. 0 = none.
+    /// Default 300: about 10k output tokens at 35 tokens/s, longer than
+    /// most non-streamed answers; a retry after it still fits in the 600 s
+    /// an OpenAI SDK client waits by default.
+    pub non_stream_timeout_secs: u64,
+    /// Seconds a response body may stay silent between two chunks once it
+    /// has started; then an event stream ends with an SSE `error` event (a
+    /// non-streamed body is cut) and it counts as the worker's failure.
+    /// 0 = none. Default 60: decode steps take milliseconds, and a request
+    /// the worker pre-empted and re-prefills resumes within seconds.
+    pub stall_timeout_secs: u64,
 }
 
 impl Default for RetryConfig {
@@ -312,6 +331,9 @@ impl Default for RetryConfig {
             max_backoff_ms: 2000,
             backoff_multiplier: 1.5,
             jitter_factor: 0.2,
+            first_byte_timeout_secs: 60,
+            non_stream_timeout_secs: 300,
+            stall_timeout_secs: 60,
         }
     }
 }
@@ -339,6 +361,59 @@ impl Default for BreakerConfig {
             failure_threshold: 5,
             success_threshold: 2,
             timeout_duration_secs: 10,
+        }
+    }
+}
+
+/// Outlier detection, as Envoy does it for latency: every
+/// `interval_secs`, a worker whose time to first byte (an EWMA over its
+/// recent attempts) is above `latency_factor` times the median of its
+/// peers', and above it by at least `min_gap_ms`, with `min_samples`
+/// samples on both sides, is ejected (not selected) for
+/// `base_ejection_secs` times the number of times it was ejected, at most
+/// `max_ejection_secs`, then returns. It catches the slow-but-alive worker
+/// that health checks and breakers miss. At most `max_ejection_percent` of
+/// the pool is ejected at once (but one may always be), and never the last
+/// available worker of a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    /// Whether to eject outliers at all.
+    pub enabled: bool,
+    /// Seconds between evaluations. Default 10 (Envoy's).
+    pub interval_secs: u64,
+    /// How many times the peers' median a worker's latency must reach
+    /// (> 1). Default 5: prompts differ in length and cache-aware routing
+    /// keeps long documents on their holders, so a worker may be somewhat
+    /// slower than its peers for good reason; five times slower is not.
+    pub latency_factor: f64,
+    /// Smallest gap above the median, in ms, that may eject (so a pool
+    /// answering in milliseconds does not eject over noise). Default 1000.
+    pub min_gap_ms: u64,
+    /// Samples a worker needs (since it was last ejected) before it is
+    /// judged or counted as a peer. Default 20.
+    pub min_samples: u32,
+    /// Seconds of the first ejection; the n-th lasts n times as long.
+    /// Default 30 (Envoy's).
+    pub base_ejection_secs: u64,
+    /// Longest ejection, in seconds. Default 300 (Envoy's).
+    pub max_ejection_secs: u64,
+    /// Most of the pool ejected at once, in percent (one worker may always
+    /// be). Default 10 (Envoy's).
+    pub max_ejection_percent: u32,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_secs: 10,
+            latency_factor: 5.0,
+            min_gap_ms: 1000,
+            min_samples: 20,
+            base_ejection_secs: 30,
+            max_ejection_secs: 300,
+            max_ejection_percent: 10,
         }
     }
 }
@@ -478,6 +553,23 @@ impl Config {
         }
         // Parsed from the text, errors carry their line and column.
         serde_norway::from_str(text)
+    }
+
+    /// How long an attempt may wait for its first byte (`stream`: the
+    /// client asked for an event stream), if limited.
+    pub fn first_byte_timeout(&self, stream: bool) -> Option<Duration> {
+        let secs = if stream {
+            self.retry.first_byte_timeout_secs
+        } else {
+            self.retry.non_stream_timeout_secs
+        };
+        (secs > 0).then(|| Duration::from_secs(secs))
+    }
+
+    /// How long a started response body may stay silent, if limited.
+    pub fn stall_timeout(&self) -> Option<Duration> {
+        (self.retry.stall_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.retry.stall_timeout_secs))
     }
 
     /// The request timeout, if any.

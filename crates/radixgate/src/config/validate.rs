@@ -27,6 +27,9 @@ pub const MAX_THRESHOLD: u32 = 10_000;
 pub const MAX_RETRIES: u32 = 100;
 /// Largest back-off growth per retry.
 pub const MAX_BACKOFF_MULTIPLIER: f64 = 10.0;
+/// Largest outlier latency factor: a worker this many times slower than
+/// its peers' median is ejected.
+pub const MAX_OUTLIER_FACTOR: f64 = 1_000.0;
 /// Largest concurrency limit and admission queue.
 pub const MAX_REQUESTS: usize = 1_000_000;
 
@@ -70,6 +73,7 @@ impl Config {
         }
         self.validate_health()?;
         self.validate_retry()?;
+        self.validate_outlier_detection()?;
         self.validate_breaker_and_admission()?;
         // Reads the key file and `key_env` variables: a bad entry stops
         // start-up (or a reload) here, named.
@@ -182,7 +186,63 @@ impl Config {
             1.0,
             MAX_BACKOFF_MULTIPLIER,
         )?;
-        finite_within("retry.jitter_factor", r.jitter_factor, 0.0, 1.0)
+        finite_within("retry.jitter_factor", r.jitter_factor, 0.0, 1.0)?;
+        // 0 means no limit for each of the three.
+        for (key, secs) in [
+            ("retry.first_byte_timeout_secs", r.first_byte_timeout_secs),
+            ("retry.non_stream_timeout_secs", r.non_stream_timeout_secs),
+            ("retry.stall_timeout_secs", r.stall_timeout_secs),
+        ] {
+            within(key, secs, 0, MAX_SECS)?;
+        }
+        Ok(())
+    }
+
+    fn validate_outlier_detection(&self) -> Result<(), ConfigError> {
+        let o = &self.outlier_detection;
+        within(
+            "outlier_detection.interval_secs",
+            o.interval_secs,
+            1,
+            MAX_SECS,
+        )?;
+        if !(o.latency_factor.is_finite() && o.latency_factor > 1.0) {
+            return Err(invalid(
+                "outlier_detection.latency_factor",
+                format!("must be a finite number above 1, got {}", o.latency_factor),
+            ));
+        }
+        finite_within(
+            "outlier_detection.latency_factor",
+            o.latency_factor,
+            1.0,
+            MAX_OUTLIER_FACTOR,
+        )?;
+        within("outlier_detection.min_gap_ms", o.min_gap_ms, 0, MAX_MS)?;
+        within(
+            "outlier_detection.min_samples",
+            o.min_samples,
+            1,
+            MAX_THRESHOLD,
+        )?;
+        within(
+            "outlier_detection.max_ejection_secs",
+            o.max_ejection_secs,
+            1,
+            MAX_SECS,
+        )?;
+        within(
+            "outlier_detection.base_ejection_secs",
+            o.base_ejection_secs,
+            1,
+            o.max_ejection_secs,
+        )?;
+        within(
+            "outlier_detection.max_ejection_percent",
+            o.max_ejection_percent,
+            0,
+            100,
+        )
     }
 
     fn validate_breaker_and_admission(&self) -> Result<(), ConfigError> {

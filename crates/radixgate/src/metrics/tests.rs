@@ -119,6 +119,8 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
         .await
         .expect("admitted");
     m.admission(&admission);
+    m.outlier_ejection(W1);
+    m.outlier_ejected(W1, true);
 
     let text = m.render();
     let s = parse(&text);
@@ -151,6 +153,8 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     assert_eq!(scalar(&s, RETRIES, &[("reason", "connect")]), 1.0);
     let err = [("worker", W1), ("kind", "connect")];
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &err), 1.0);
+    assert_eq!(scalar(&s, OUTLIER_EJECTIONS, &[("worker", W1)]), 1.0);
+    assert_eq!(scalar(&s, OUTLIER_EJECTED, &[("worker", W1)]), 1.0);
     assert_eq!(
         scalar(&s, ADMISSION_REJECTED, &[("reason", "queue_full")]),
         1.0

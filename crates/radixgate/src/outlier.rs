@@ -1,0 +1,267 @@
+//! Outlier detection: eject, for a while, a worker that answers far slower
+//! than its peers, as Envoy's outlier detection does. It catches what the
+//! health check and the breaker miss: the slow-but-alive worker whose
+//! `/health` answers at once while its requests crawl (a thermally
+//! throttled GPU, a worker swapping its KV cache, a noisy neighbour).
+//!
+//! The attempt loop ([`crate::proxy`]) reports each attempt's time to first
+//! byte ([`Outliers::sample`]; a first-byte timeout counts as a sample of
+//! the timeout itself, so a hung worker's mean rises too). Consecutive
+//! failures are the circuit breaker's business, not repeated here. Every
+//! `interval_secs`, [`Outliers::evaluate`] compares each worker's
+//! exponentially weighted mean latency with the median of its peers'
+//! (workers with at least `min_samples` samples): above `latency_factor`
+//! times the median, and by at least `min_gap_ms`, it is ejected for
+//! `base_ejection_secs` × the number of times it was ejected (at most
+//! `max_ejection_secs`). An ejected worker's slot in the routing crate's
+//! [`Worker`] is set, which `is_available()` reads, so every policy skips
+//! it just as it skips an open breaker. When its time is up it returns
+//! with its samples cleared (it is judged afresh), and each evaluation it
+//! passes as a non-outlier lowers its ejection count by one (Envoy's
+//! decay). At most `max_ejection_percent` of the pool is ejected at once
+//! (one worker always may be), and never a worker whose models no other
+//! available worker serves.
+//!
+//! Time is passed in (`now`, tokio's clock), so tests run under a paused
+//! clock. Concurrency: the statistics sit behind one `parking_lot::Mutex`,
+//! held for a few arithmetic operations per attempt and for one pass over
+//! the pool per evaluation; never across an `.await`.
+
+use crate::config::OutlierConfig;
+use crate::state::Shared;
+use parking_lot::Mutex;
+use radixgate_routing::{Worker, WorkerId};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Weight of the newest sample in a worker's latency mean.
+const EWMA_ALPHA: f64 = 0.3;
+
+/// What one worker's recent attempts looked like.
+#[derive(Debug, Default)]
+struct Stats {
+    /// Exponentially weighted mean time to first byte, in ms.
+    latency_ms: f64,
+    /// Samples since the worker was (re)admitted.
+    samples: u32,
+    /// Ejections so far, less one per evaluation passed since.
+    times_ejected: u32,
+    /// Until when it is ejected.
+    ejected_until: Option<Instant>,
+}
+
+/// A change outlier detection made.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A worker was ejected.
+    Ejected {
+        worker: Arc<Worker>,
+        /// For how long.
+        duration: Duration,
+        /// Its latency mean, ms.
+        latency_ms: f64,
+        /// Its peers' median, ms.
+        median_ms: f64,
+    },
+    /// An ejected worker's time is up.
+    Returned { worker: Arc<Worker> },
+}
+
+/// Per-worker latency statistics and the ejection rule.
+#[derive(Debug)]
+pub(crate) struct Outliers {
+    config: OutlierConfig,
+    stats: Mutex<HashMap<WorkerId, Stats>>,
+}
+
+impl Outliers {
+    pub(crate) fn new(config: OutlierConfig) -> Self {
+        Self {
+            config,
+            stats: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How often [`Outliers::evaluate`] should run.
+    pub(crate) fn interval(&self) -> Duration {
+        Duration::from_secs(self.config.interval_secs.max(1))
+    }
+
+    /// One attempt at `worker` got its first byte after `latency`.
+    pub(crate) fn sample(&self, worker: WorkerId, latency: Duration) {
+        if !self.config.enabled {
+            return;
+        }
+        let ms = latency.as_secs_f64() * 1000.0;
+        let mut stats = self.stats.lock();
+        let s = stats.entry(worker).or_default();
+        s.latency_ms = if s.samples == 0 {
+            ms
+        } else {
+            s.latency_ms + EWMA_ALPHA * (ms - s.latency_ms)
+        };
+        s.samples = s.samples.saturating_add(1);
+    }
+
+    /// Returns workers whose ejection is over and ejects new outliers among
+    /// `workers` (the whole current pool); sets their flags and reports
+    /// what changed.
+    pub(crate) fn evaluate(&self, workers: &[Arc<Worker>], now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut stats = self.stats.lock();
+        stats.retain(|id, _| workers.iter().any(|w| w.id() == *id));
+        for w in workers {
+            let Some(s) = stats.get_mut(&w.id()) else {
+                continue;
+            };
+            if s.ejected_until.is_some_and(|until| until <= now) {
+                s.ejected_until = None;
+                s.samples = 0;
+                s.latency_ms = 0.0;
+                w.set_ejected(false);
+                events.push(Event::Returned { worker: w.clone() });
+            }
+        }
+        if !self.config.enabled {
+            return events;
+        }
+        // Judged: workers in the pool with enough samples, not ejected.
+        let judged: Vec<(usize, f64)> = workers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| {
+                let s = stats.get(&w.id())?;
+                (s.ejected_until.is_none() && s.samples >= self.config.min_samples)
+                    .then_some((i, s.latency_ms))
+            })
+            .collect();
+        let mut outliers: Vec<(usize, f64, f64)> = Vec::new();
+        for &(i, latency) in &judged {
+            let peers: Vec<f64> = judged
+                .iter()
+                .filter(|&&(j, _)| j != i)
+                .map(|&(_, l)| l)
+                .collect();
+            let Some(median) = median(peers) else {
+                continue;
+            };
+            let gap = latency - median;
+            if latency > self.config.latency_factor * median && gap >= self.config.min_gap_ms as f64
+            {
+                outliers.push((i, latency, median));
+            } else if let Some(s) = stats.get_mut(&workers[i].id()) {
+                s.times_ejected = s.times_ejected.saturating_sub(1);
+            }
+        }
+        // Worst first, within the cap.
+        outliers.sort_by(|a, b| (b.1 / b.2.max(1e-9)).total_cmp(&(a.1 / a.2.max(1e-9))));
+        let cap = ((workers.len() as u64 * u64::from(self.config.max_ejection_percent)) / 100)
+            .max(u64::from(self.config.max_ejection_percent > 0)) as usize;
+        let mut ejected = workers.iter().filter(|w| w.is_ejected()).count();
+        for (i, latency_ms, median_ms) in outliers {
+            let worker = &workers[i];
+            if ejected >= cap || !others_serve(worker, workers) {
+                continue;
+            }
+            let Some(s) = stats.get_mut(&worker.id()) else {
+                continue;
+            };
+            s.times_ejected = s.times_ejected.saturating_add(1);
+            let duration = Duration::from_secs(
+                self.config
+                    .base_ejection_secs
+                    .saturating_mul(u64::from(s.times_ejected))
+                    .min(self.config.max_ejection_secs),
+            );
+            s.ejected_until = Some(now + duration);
+            worker.set_ejected(true);
+            ejected += 1;
+            events.push(Event::Ejected {
+                worker: worker.clone(),
+                duration,
+                latency_ms,
+                median_ms,
+            });
+        }
+        events
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    })
+}
+
+/// Whether every model `worker` serves is served by another available
+/// worker too (ejecting it must not empty a model's pool).
+fn others_serve(worker: &Worker, workers: &[Arc<Worker>]) -> bool {
+    let others = || {
+        workers
+            .iter()
+            .filter(move |o| o.id() != worker.id() && o.is_available())
+    };
+    if worker.models().is_empty() {
+        return others().any(|o| o.models().is_empty());
+    }
+    worker
+        .models()
+        .iter()
+        .all(|m| others().any(|o| o.serves(m)))
+}
+
+/// Runs [`Outliers::evaluate`] every interval over the current pool, with a
+/// log line and metrics for each change, until `stop`.
+pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(shared.outliers.interval());
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let snapshot = shared.router.snapshot();
+        let events = shared.outliers.evaluate(snapshot.workers(), Instant::now());
+        for event in events {
+            match event {
+                Event::Ejected {
+                    worker,
+                    duration,
+                    latency_ms,
+                    median_ms,
+                } => {
+                    tracing::warn!(
+                        worker = worker.url(),
+                        ?duration,
+                        latency_ms = latency_ms.round(),
+                        peers_median_ms = median_ms.round(),
+                        "outlier ejected: far slower than its peers"
+                    );
+                    shared.metrics.outlier_ejection(worker.url());
+                }
+                Event::Returned { worker } => {
+                    tracing::info!(worker = worker.url(), "outlier returned to the pool");
+                }
+            }
+        }
+        for worker in snapshot.workers() {
+            shared
+                .metrics
+                .outlier_ejected(worker.url(), worker.is_ejected());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

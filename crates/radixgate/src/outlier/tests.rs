@@ -1,0 +1,142 @@
+use super::*;
+use radixgate_routing::WorkerSpec;
+
+fn pool(n: u32) -> Vec<Arc<Worker>> {
+    (0..n)
+        .map(|i| {
+            Arc::new(Worker::new(
+                WorkerId(i),
+                WorkerSpec::new(format!("http://w{i}:1")),
+            ))
+        })
+        .collect()
+}
+
+fn config() -> OutlierConfig {
+    OutlierConfig {
+        min_samples: 5,
+        max_ejection_percent: 50,
+        ..OutlierConfig::default()
+    }
+}
+
+/// `n` samples of `ms` for worker `i`.
+fn feed(o: &Outliers, i: u32, ms: u64, n: usize) {
+    for _ in 0..n {
+        o.sample(WorkerId(i), Duration::from_millis(ms));
+    }
+}
+
+fn ejected(events: &[Event]) -> Vec<u32> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Ejected { worker, .. } => Some(worker.id().0),
+            Event::Returned { .. } => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_worker_is_ejected_then_returns_and_stays_out_longer_next_time() {
+    let o = Outliers::new(config());
+    let ws = pool(4);
+    for i in 0..3 {
+        feed(&o, i, 200, 10);
+    }
+    feed(&o, 3, 5_000, 10);
+    let events = o.evaluate(&ws, Instant::now());
+    assert_eq!(ejected(&events), [3]);
+    assert!(ws[3].is_ejected() && !ws[3].is_available());
+    let Event::Ejected { duration, .. } = &events[0] else {
+        unreachable!()
+    };
+    assert_eq!(*duration, Duration::from_secs(30));
+
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+    assert!(ws[3].is_ejected());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let events = o.evaluate(&ws, Instant::now());
+    assert!(matches!(&events[..], [Event::Returned { worker }] if worker.id() == WorkerId(3)));
+    assert!(ws[3].is_available());
+
+    // Judged afresh: still slow, so out again, twice as long.
+    feed(&o, 3, 5_000, 10);
+    let events = o.evaluate(&ws, Instant::now());
+    let Some(Event::Ejected { duration, .. }) = events.first() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*duration, Duration::from_secs(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn small_gaps_few_samples_and_similar_workers_are_left_alone() {
+    let o = Outliers::new(config());
+    let ws = pool(3);
+    // Five times slower, but by only 400 ms: under min_gap_ms.
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 500, 10);
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+    // Far slower, but too few samples.
+    let o = Outliers::new(config());
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 60_000, 4);
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+    // Slower, but within the factor.
+    let o = Outliers::new(config());
+    feed(&o, 0, 2_000, 10);
+    feed(&o, 1, 2_000, 10);
+    feed(&o, 2, 9_000, 10);
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn never_the_last_available_worker_and_never_above_the_cap() {
+    let o = Outliers::new(config());
+    let ws = pool(2);
+    ws[0].set_breaker(radixgate_routing::BreakerState::Open);
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 60_000, 10);
+    assert!(
+        o.evaluate(&ws, Instant::now()).is_empty(),
+        "w1 is all that is left"
+    );
+    assert!(ws[1].is_available());
+
+    let o = Outliers::new(OutlierConfig {
+        max_ejection_percent: 10,
+        ..config()
+    });
+    let ws = pool(6);
+    for i in 0..4 {
+        feed(&o, i, 100, 10);
+    }
+    feed(&o, 4, 30_000, 10);
+    feed(&o, 5, 60_000, 10);
+    // 10% of six rounds down to none, but one may always go: the worst.
+    assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [5]);
+    assert!(!ws[4].is_ejected());
+
+    let off = Outliers::new(OutlierConfig {
+        enabled: false,
+        ..config()
+    });
+    feed(&off, 0, 100, 10);
+    feed(&off, 1, 60_000, 10);
+    assert!(off.evaluate(&pool(2), Instant::now()).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ewma_follows_recent_samples() {
+    let o = Outliers::new(config());
+    let ws = pool(3);
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 10_000, 10);
+    // It recovered before the evaluation: recent samples dominate.
+    feed(&o, 2, 100, 20);
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+}

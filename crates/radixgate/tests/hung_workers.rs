@@ -1,0 +1,399 @@
+//! Issue 11, items 3, 8 and 9: hung and slow workers, rejected requests,
+//! and the response path. Real gateways and workers on loopback; timeouts
+//! are configured short so the tests finish, and no assertion is a
+//! wall-clock bound.
+
+mod common;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use common::*;
+use futures::StreamExt as _;
+use parking_lot::Mutex;
+use radixgate_routing::{CacheAwareConfig, PolicyConfig};
+use radixgate_sim::server::FaultConfig;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// A small worker whose answer to every inference route is `answer`; it
+/// records the headers it received.
+struct TestWorker {
+    url: String,
+    headers: Arc<Mutex<Vec<HeaderMap>>>,
+}
+
+async fn test_worker<F>(answer: F) -> TestWorker
+where
+    F: Fn() -> axum::response::Response + Clone + Send + Sync + 'static,
+{
+    let headers = Arc::new(Mutex::new(Vec::new()));
+    let seen = headers.clone();
+    let handler = move |h: HeaderMap| {
+        let answer = answer.clone();
+        let seen = seen.clone();
+        async move {
+            seen.lock().push(h);
+            answer()
+        }
+    };
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": "scripted"}]})) }),
+        )
+        .route("/v1/chat/completions", post(handler.clone()))
+        .route("/generate", post(handler));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    TestWorker { url, headers }
+}
+
+fn json_response(status: u16, body: Value) -> axum::response::Response {
+    axum::response::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn ok_json() -> axum::response::Response {
+    json_response(200, json!({"choices": [{"message": {"content": "hi"}}]}))
+}
+
+/// A chat request for the scripted and test workers' model.
+fn scripted_chat(text: &str, stream: bool) -> Value {
+    let mut body = chat(text, stream);
+    body["model"] = json!("scripted");
+    body
+}
+
+async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn metric(gw: &str, name: &str, worker: &str) -> Option<f64> {
+    let text = metrics_text(gw).await;
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(&format!("worker=\"{worker}\"")))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Item 3: a hung worker (accepts, never answers) no longer swallows
+/// requests: each attempt at it times out before its first byte, is
+/// retried on the other worker, and counts as the hung worker's failure,
+/// so its breaker opens although its `/health` still answers.
+#[tokio::test]
+async fn hung_worker_requests_are_retried_elsewhere_and_its_breaker_opens() {
+    let good = sim_worker(fast_worker()).await;
+    let hung = sim_worker(fast_worker()).await;
+    hung.set_faults(FaultConfig {
+        hang: true,
+        ..FaultConfig::default()
+    });
+    let mut c = config(&[&good.url, &hung.url]);
+    // Every other first attempt goes to the hung worker.
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.non_stream_timeout_secs = 1;
+    c.circuit_breaker.failure_threshold = 2;
+    c.circuit_breaker.timeout_duration_secs = 3600;
+    // Without a first-byte timeout this is all that ends a hung attempt.
+    c.server.request_timeout_secs = 60;
+    let gw = gateway_ready(c, 2).await;
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("hung test {i}"), i % 2 == 0)).await;
+        assert_eq!(r.status(), 200, "request {i}");
+        assert_eq!(r.headers()["x-radixgate-worker"], good.url.as_str());
+        r.bytes().await.unwrap();
+    }
+    wait_until("the hung worker's breaker is open", || async {
+        metric(&gw.url, "radixgate_circuit_breaker_state", &hung.url).await == Some(1.0)
+    })
+    .await;
+    let text = metrics_text(&gw.url).await;
+    assert!(
+        text.contains("radixgate_retries_total{reason=\"timeout\"}"),
+        "{text}"
+    );
+    gw.shutdown().await;
+}
+
+/// Item 3: an event stream's head alone is not a first byte. A worker that
+/// sends the head and then nothing is hung all the same, and the request
+/// goes to another worker before anything reached the client.
+#[tokio::test]
+async fn head_without_a_first_chunk_is_retried_elsewhere() {
+    let silent = stalling_worker(vec![]).await;
+    let good = scripted_worker(vec!["data: {\"n\":1}\n\n", "data: [DONE]\n\n"]).await;
+    let mut c = config(&[&silent.url, &good.url]);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    c.retry.first_byte_timeout_secs = 1;
+    let gw = gateway_ready(c, 2).await;
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &scripted_chat(&format!("silent {i}"), true)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-radixgate-worker"], good.url.as_str());
+        assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    }
+    gw.shutdown().await;
+}
+
+/// Item 3: a stream that goes silent past the stall timeout ends with an
+/// explicit SSE error event, and counts as the worker's failure.
+#[tokio::test]
+async fn stalled_stream_ends_with_an_error_event() {
+    let w = stalling_worker(vec!["data: {\"n\":1}\n\n"]).await;
+    let mut c = config(&[&w.url]);
+    c.retry.stall_timeout_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+    let r = post_chat(&gw.url, &scripted_chat("stall", true)).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.starts_with("data: {\"n\":1}\n\n"), "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let event: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(event["error"]["code"], "stream_stalled", "{text}");
+    assert_eq!(event["error"]["type"], "upstream_error");
+    assert!(!text.contains("[DONE]"));
+    wait_until("the stall counted as the worker's failure", || async {
+        metrics_text(&gw.url).await.contains(&format!(
+            "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"stream_broken\"}} 1",
+            w.url
+        ))
+    })
+    .await;
+    gw.shutdown().await;
+}
+
+/// Item 3: a worker far slower than its peers (its `/health` fine) is
+/// ejected by outlier detection, and returns when its ejection is over.
+#[tokio::test]
+async fn slow_worker_is_ejected_and_returns() {
+    let fast = sim_worker(fast_worker()).await;
+    let slow = sim_worker(fast_worker()).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 400,
+        ..FaultConfig::default()
+    });
+    let mut c = config(&[&fast.url, &slow.url]);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    let o = &mut c.outlier_detection;
+    o.interval_secs = 1;
+    o.min_samples = 3;
+    o.min_gap_ms = 200;
+    o.latency_factor = 2.0;
+    o.base_ejection_secs = 2;
+    o.max_ejection_percent = 50;
+    let gw = gateway_ready(c, 2).await;
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("outlier {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    wait_until("the slow worker is ejected", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        metric(&gw.url, "radixgate_outlier_ejections_total", &slow.url).await,
+        Some(1.0)
+    );
+    // Ejected: everything goes to the fast worker.
+    assert_all_served_by(&gw.url, &fast.url, 4, "while ejected").await;
+    wait_until("the slow worker returns", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(0.0)
+    })
+    .await;
+    assert_eq!(
+        metric(&gw.url, "radixgate_outlier_ejected", &fast.url).await,
+        Some(0.0)
+    );
+    gw.shutdown().await;
+}
+
+/// Item 8: a request the worker rejects (413 here) leaves the tree as it
+/// was: the same prompt again finds no match.
+#[tokio::test]
+async fn rejected_requests_leave_the_tree_as_it_was() {
+    let w = test_worker(|| json_response(413, json!({"error": {"message": "prompt is too long"}})))
+        .await;
+    let c = config(&[&w.url]);
+    let gw = gateway_ready(c, 1).await;
+    let prompt = "a long document that this worker will refuse ".repeat(50);
+    for round in 0..2 {
+        let r = post_chat(&gw.url, &scripted_chat(&prompt, false)).await;
+        assert_eq!(r.status(), 413);
+        let decision = r.headers()["x-radixgate-decision"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            decision.contains("match=0.000"),
+            "round {round}: {decision}"
+        );
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["message"], "prompt is too long");
+    }
+    gw.shutdown().await;
+}
+
+/// Item 8: the text routed per request is capped: a huge prompt puts at
+/// most `max_routing_text_chars` characters into the tree.
+#[tokio::test]
+async fn huge_prompts_are_capped_before_the_tree() {
+    let w = test_worker(ok_json).await;
+    let mut c = config(&[&w.url]);
+    c.routing = PolicyConfig::CacheAware(CacheAwareConfig {
+        max_routing_text_chars: 1000,
+        ..CacheAwareConfig::default()
+    });
+    let gw = gateway_ready(c, 1).await;
+    let r = post_chat(&gw.url, &scripted_chat(&"x".repeat(200_000), false)).await;
+    assert_eq!(r.status(), 200);
+    wait_until("the tree gauge shows the insert", || async {
+        metric(&gw.url, "radixgate_tree_characters", &w.url)
+            .await
+            .is_some_and(|n| n > 0.0)
+    })
+    .await;
+    assert_eq!(
+        metric(&gw.url, "radixgate_tree_characters", &w.url).await,
+        Some(1000.0)
+    );
+    gw.shutdown().await;
+}
+
+/// Item 9: headers the client's `Connection` header names do not reach the
+/// worker (nor the worker's to the client), and `X-Forwarded-For` and
+/// `Forwarded` get the client's address appended.
+#[tokio::test]
+async fn connection_headers_are_stripped_and_forwarding_headers_appended() {
+    let w = test_worker(|| {
+        let mut r = ok_json();
+        r.headers_mut()
+            .insert("connection", "x-worker-private".parse().unwrap());
+        r.headers_mut()
+            .insert("x-worker-private", "1".parse().unwrap());
+        r
+    })
+    .await;
+    let c = config(&[&w.url]);
+    let gw = gateway_ready(c, 1).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("connection", "keep-alive, X-Hop-Secret")
+        .header("x-hop-secret", "do not forward")
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("forwarded", "for=203.0.113.7")
+        .header("x-kept", "yes")
+        .json(&scripted_chat("headers", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-worker-private").is_none());
+    r.bytes().await.unwrap();
+    let seen = w.headers.lock().pop().unwrap();
+    assert!(seen.get("x-hop-secret").is_none(), "{seen:?}");
+    assert_eq!(seen["x-kept"], "yes");
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen["forwarded"], "for=203.0.113.7, for=127.0.0.1");
+    gw.shutdown().await;
+}
+
+/// Item 9: when the shutdown grace period runs out mid-stream, the stream
+/// ends with an SSE error event saying so instead of being cut silently.
+#[tokio::test]
+async fn grace_expiry_mid_stream_ends_with_an_error_event() {
+    let w = stalling_worker(vec!["data: {\"n\":1}\n\n"]).await;
+    let mut c = config(&[&w.url]);
+    c.server.shutdown_grace_period_secs = 1;
+    c.retry.stall_timeout_secs = 0;
+    let gw = gateway_ready(c, 1).await;
+    let r = post_chat(&gw.url, &scripted_chat("grace", true)).await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert_eq!(first, Bytes::from_static(b"data: {\"n\":1}\n\n"));
+    gw.stop.cancel();
+    let mut rest = Vec::new();
+    while let Some(Ok(chunk)) = body.next().await {
+        rest.extend_from_slice(&chunk);
+    }
+    let rest = String::from_utf8(rest).unwrap();
+    assert!(rest.starts_with("data: {\"error\""), "{rest:?}");
+    assert!(rest.contains("\"code\":\"shutting_down\""), "{rest}");
+    gw.task.await.unwrap().unwrap();
+}
+
+/// Item 9: a worker that answers a `stream: true` request with JSON and
+/// breaks off gets no SSE text appended to its JSON: the body is cut.
+#[tokio::test]
+async fn broken_json_answer_to_a_stream_request_gets_no_sse_text() {
+    let w = test_worker(|| {
+        let pieces = futures::stream::iter([
+            Ok(Bytes::from_static(b"{\"error\": {\"message\": \"par")),
+            Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "died")),
+        ])
+        .then(|item| async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            item
+        });
+        axum::response::Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from_stream(pieces))
+            .unwrap()
+    })
+    .await;
+    let c = config(&[&w.url]);
+    let gw = gateway_ready(c, 1).await;
+    let r = post_chat(&gw.url, &scripted_chat("json on a stream", true)).await;
+    assert_eq!(r.status(), 200);
+    let mut got = Vec::new();
+    let mut body = r.bytes_stream();
+    let mut broke = false;
+    while let Some(chunk) = body.next().await {
+        match chunk {
+            Ok(c) => got.extend_from_slice(&c),
+            Err(_) => {
+                broke = true;
+                break;
+            }
+        }
+    }
+    let got = String::from_utf8_lossy(&got);
+    assert!(!got.contains("data:"), "SSE text appended to JSON: {got}");
+    assert!(broke, "the client must see the body break off: {got}");
+    gw.shutdown().await;
+}
+
+/// Item 9: when every worker answers 5xx, the client's error names the
+/// worker's own reason, not only its status.
+#[tokio::test]
+async fn the_workers_5xx_message_reaches_the_client() {
+    let answer = || json_response(500, json!({"error": {"message": "CUDA out of memory"}}));
+    let a = test_worker(answer).await;
+    let b = test_worker(answer).await;
+    let mut c = config(&[&a.url, &b.url]);
+    c.circuit_breaker.enabled = false;
+    let gw = gateway_ready(c, 2).await;
+    let r = post_chat(&gw.url, &scripted_chat("oom", false)).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR.as_u16());
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("CUDA out of memory"), "{body}");
+    assert_eq!(body["error"]["type"], "upstream_error");
+    gw.shutdown().await;
+}
