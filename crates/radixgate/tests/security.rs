@@ -251,23 +251,107 @@ async fn without_an_admin_key_the_admin_plane_is_loopback_only_or_off() {
     gw.shutdown().await;
 }
 
-/// An address of this machine that is not loopback, if it has one: the
-/// source address the kernel would use towards a documentation network (a
-/// UDP `connect` sends nothing).
-fn non_loopback_address() -> Option<IpAddr> {
-    [
-        "203.0.113.1:9",
-        "198.51.100.1:9",
-        "192.0.2.1:9",
-        "10.255.255.1:9",
-    ]
-    .into_iter()
-    .find_map(|target| {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-        socket.connect(target).ok()?;
-        let ip = socket.local_addr().ok()?.ip();
-        (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
-    })
+/// A network namespace of this test's own, joined to the host by a veth
+/// pair: the gateway listens on the host end, a client runs inside the
+/// namespace, so the gateway's peer really is off loopback, and the
+/// traffic never leaves this machine. Deleted (with its veth pair) on drop.
+/// Needs root and iproute2 (`.ci/run` installs `iproute2` and `curl`).
+struct Netns {
+    name: String,
+    host_ip: IpAddr,
+}
+
+impl Netns {
+    fn new() -> Self {
+        let id = std::process::id();
+        let name = format!("rgsec{id}");
+        // A /30 per process, so concurrent runs do not collide.
+        let net = format!("10.213.{}.{}", (id / 64) % 250, (id % 64) * 4);
+        let base: std::net::Ipv4Addr = net.parse().unwrap();
+        let host = std::net::Ipv4Addr::from(u32::from(base) + 1);
+        let inner = std::net::Ipv4Addr::from(u32::from(base) + 2);
+        let (outer_dev, inner_dev) = (format!("rgh{id}"), format!("rgn{id}"));
+        let ns = Self {
+            name: name.clone(),
+            host_ip: IpAddr::V4(host),
+        };
+        for args in [
+            vec!["netns", "add", &name],
+            vec![
+                "link", "add", &outer_dev, "type", "veth", "peer", "name", &inner_dev,
+            ],
+            vec!["link", "set", &inner_dev, "netns", &name],
+            vec!["addr", "add", &format!("{host}/30"), "dev", &outer_dev],
+            vec!["link", "set", &outer_dev, "up"],
+            vec![
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{inner}/30"),
+                "dev",
+                &inner_dev,
+            ],
+            vec!["-n", &name, "link", "set", &inner_dev, "up"],
+            vec!["-n", &name, "link", "set", "lo", "up"],
+        ] {
+            let out = std::process::Command::new("ip")
+                .args(&args)
+                .output()
+                .expect("`ip` (iproute2) must be installed: .ci/run installs it");
+            assert!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        ns
+    }
+
+    /// `curl` from inside the namespace: the status code and the body.
+    async fn curl(&self, args: &[&str]) -> (u16, Value) {
+        let out = tokio::process::Command::new("ip")
+            .args(["netns", "exec", &self.name, "curl", "-sS", "-m", "20"])
+            .args(["-w", "\n%{http_code}"])
+            .args(args)
+            .output()
+            .await
+            .expect("`curl` must be installed: .ci/run installs it");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "curl {args:?}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (body, status) = text.rsplit_once('\n').unwrap();
+        (
+            status.trim().parse().unwrap(),
+            serde_json::from_str(body).unwrap_or(Value::Null),
+        )
+    }
+}
+
+impl Netns {
+    /// Waits, asking from inside the namespace, until the gateway has its
+    /// one worker admitted.
+    async fn wait_for_healthy(&self, gateway: &str) {
+        let url = format!("{gateway}/readiness");
+        wait_until("the worker admitted", || async {
+            let (status, body) = self.curl(&[&url]).await;
+            status == 200 && body["healthy_workers"].as_u64() == Some(1)
+        })
+        .await;
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes the veth pair with it.
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
 }
 
 /// A gateway listening on `ip` (port 0).
@@ -279,60 +363,63 @@ async fn gateway_on(ip: IpAddr, config: Config) -> Gateway {
     Gateway { url, stop, task }
 }
 
-/// A real TCP peer with a non-loopback address: the gateway listens on this
-/// machine's own non-loopback address and the client connects to it, so
-/// the peer the gateway sees is that address. (Binding 127.0.0.2 would not
-/// do: it is loopback too.) A machine with no such address skips this
-/// test; `admin::tests` covers the same rule with hand-set peer addresses.
+/// A real TCP peer off loopback: a client in a network namespace of the
+/// test's own calls the gateway over a veth pair, so the peer address the
+/// gateway sees is the namespace's. (Binding 127.0.0.2 would not do: it is
+/// loopback too.) `admin::tests` covers the same rule with hand-set peers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_off_loopback_is_refused_without_the_admin_key() {
-    let Some(ip) = non_loopback_address() else {
-        eprintln!("skipped: this machine has no non-loopback address");
-        return;
-    };
+    let ns = Netns::new();
     let w = sim_worker(fast_worker()).await;
-    let gw = gateway_on(ip, config(&[&w.url])).await;
-    wait_for_healthy(&gw.url, 1).await;
-    let c = client();
-    let r = c.get(format!("{}/workers", gw.url)).send().await.unwrap();
-    assert_eq!(error_code(r, 403).await, "admin_forbidden");
-    let r = c
-        .post(format!("{}/flush_cache", gw.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_code(r, 403).await, "admin_forbidden");
-    let r = c
-        .post(format!("{}/workers", gw.url))
-        .json(&json!({"url": "http://127.0.0.1:1"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
+    let gw = gateway_on(ns.host_ip, config(&[&w.url])).await;
+    ns.wait_for_healthy(&gw.url).await;
+    let workers = format!("{}/workers", gw.url);
+    let (status, body) = ns.curl(&[&workers]).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("admin_forbidden"))
+    );
+    let flush = format!("{}/flush_cache", gw.url);
+    let (status, body) = ns.curl(&["-X", "POST", &flush]).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("admin_forbidden"))
+    );
+    let add = r#"{"url": "http://127.0.0.1:1"}"#;
+    let (status, _) = ns
+        .curl(&["-H", "content-type: application/json", "-d", add, &workers])
+        .await;
+    assert_eq!(status, 403);
     // The client API is served to the same peer.
-    let r = c
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .json(&chat("remote", false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let chat_body = chat("remote", false).to_string();
+    let chat_url = format!("{}/v1/chat/completions", gw.url);
+    let (status, body) = ns
+        .curl(&[
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &chat_body,
+            &chat_url,
+        ])
+        .await;
+    assert_eq!(status, 200, "{body}");
     gw.shutdown().await;
 
     // With an admin key, the key decides, from anywhere.
     let mut cfg = config(&[&w.url]);
     cfg.server.admin_api_key = Some("sk-admin".into());
-    let gw = gateway_on(ip, cfg).await;
-    wait_for_healthy(&gw.url, 1).await;
-    let r = c.get(format!("{}/workers", gw.url)).send().await.unwrap();
-    assert_eq!(error_code(r, 401).await, "invalid_api_key");
-    let r = c
-        .get(format!("{}/workers", gw.url))
-        .bearer_auth("sk-admin")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let gw = gateway_on(ns.host_ip, cfg).await;
+    ns.wait_for_healthy(&gw.url).await;
+    let workers = format!("{}/workers", gw.url);
+    let (status, body) = ns.curl(&[&workers]).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("invalid_api_key"))
+    );
+    let (status, _) = ns
+        .curl(&["-H", "authorization: Bearer sk-admin", &workers])
+        .await;
+    assert_eq!(status, 200);
     gw.shutdown().await;
 }
 
