@@ -15,7 +15,6 @@
 mod common;
 
 use common::*;
-use futures::StreamExt;
 use radixgate_sim::server::FaultConfig;
 use serde_json::json;
 use std::collections::HashMap;
@@ -103,14 +102,20 @@ async fn metrics_series_match_the_committed_list() {
     let nope = json!({"model": "nope", "messages": []});
     assert_eq!(post(chat_url.clone(), nope).await, 404);
 
-    // Admission: one stream holds the only slot, so the next is refused.
-    let mut long = chat("hold the only slot", true);
-    long["max_tokens"] = json!(400);
-    let held = client().post(&chat_url).json(&long).send().await.unwrap();
-    let mut held = held.bytes_stream();
-    held.next().await.unwrap().unwrap();
+    // Admission: a slow stream holds the only slot (the worker waits before
+    // answering), so the next request is refused at once.
+    w.set_faults(FaultConfig {
+        latency_ms: 2000,
+        ..FaultConfig::default()
+    });
+    let held = tokio::spawn(post(chat_url.clone(), chat("hold the only slot", true)));
+    wait_until("the slot taken", || async {
+        total_load(&gw.url).await == 1
+    })
+    .await;
+    w.set_faults(FaultConfig::default());
     assert_eq!(post(chat_url.clone(), chat("refused", false)).await, 429);
-    drop(held);
+    assert_eq!(held.await.unwrap(), 200);
     wait_until("the held stream counted", || async {
         let text = metrics_text(&gw.url).await;
         count(&text, "radixgate_requests_total{") == 7.0
