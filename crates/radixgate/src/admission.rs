@@ -18,19 +18,48 @@
 //! compare-and-swap before waiting and given back by a guard's `Drop`, so a
 //! waiter whose future is cancelled (the client disconnected) frees its queue
 //! place too. No lock is taken.
+//!
+//! The gate owns its metrics: it counts its refusals by reason where it
+//! refuses, and [`Admission::publish_metrics`] (called on the upkeep tick)
+//! sets the in-flight and queued gauges, so they are exported from the
+//! first tick on and read at the same moments as the worker gauges.
 
 use crate::config::AdmissionConfig;
 use crate::error::GatewayError;
+use crate::metrics::{Describe, LabelledCounters, Metrics, OneGauge};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-/// The gateway's admission gate. Cheap to clone; clones share the limit.
+pub(crate) const IN_FLIGHT: Describe = Describe::new(
+    "radixgate_admission_in_flight_requests",
+    "Requests holding an admission slot.",
+);
+pub(crate) const QUEUED: Describe = Describe::new(
+    "radixgate_admission_queued_requests",
+    "Requests waiting for an admission slot.",
+);
+pub(crate) const REJECTED: Describe = Describe::new(
+    "radixgate_admission_rejected_total",
+    "Requests refused by admission control, by reason (queue_full, queue_timeout).",
+);
+
+/// The gateway's admission gate. Cheap to clone; clones share the limit
+/// and the metrics.
 #[derive(Clone, Debug)]
 pub struct Admission {
     limited: Option<Arc<Limited>>,
+    metrics: Arc<AdmissionMetrics>,
+}
+
+/// The gate's metric families.
+#[derive(Debug)]
+struct AdmissionMetrics {
+    in_flight: OneGauge,
+    queued: OneGauge,
+    rejected: LabelledCounters,
 }
 
 #[derive(Debug)]
@@ -59,8 +88,9 @@ impl Drop for QueuePlace<'_> {
 }
 
 impl Admission {
-    /// Builds the gate from its config (validated: a limit is at least 1).
-    pub fn new(config: &AdmissionConfig) -> Self {
+    /// Builds the gate from its config (validated: a limit is at least 1),
+    /// with its metric families in `metrics`.
+    pub fn new(config: &AdmissionConfig, metrics: &Metrics) -> Self {
         let limited = config.max_concurrent_requests.map(|limit| {
             // The semaphore's own ceiling; far above any sane limit.
             let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
@@ -72,7 +102,12 @@ impl Admission {
                 queued: AtomicUsize::new(0),
             })
         });
-        Self { limited }
+        let metrics = Arc::new(AdmissionMetrics {
+            in_flight: metrics.gauge(&IN_FLIGHT),
+            queued: metrics.gauge(&QUEUED),
+            rejected: metrics.labelled_counters(&REJECTED, "reason"),
+        });
+        Self { limited, metrics }
     }
 
     /// Waits for a slot, in arrival order. Fails at once with `QueueFull`
@@ -97,9 +132,12 @@ impl Admission {
             // A slot may have come free since the first try.
             return match Arc::clone(&limited.slots).try_acquire_owned() {
                 Ok(slot) => Ok(AdmissionPermit { _slot: Some(slot) }),
-                Err(_) => Err(GatewayError::QueueFull {
-                    queue_size: limited.queue_size,
-                }),
+                Err(_) => {
+                    self.metrics.rejected.increment("queue_full");
+                    Err(GatewayError::QueueFull {
+                        queue_size: limited.queue_size,
+                    })
+                }
             };
         }
         let _place = QueuePlace(&limited.queued);
@@ -109,9 +147,12 @@ impl Admission {
             Ok(Ok(slot)) => Ok(AdmissionPermit { _slot: Some(slot) }),
             // The semaphore is never closed; treat it as a timeout rather
             // than panic if that ever changes.
-            Ok(Err(_)) | Err(_) => Err(GatewayError::QueueTimeout {
-                waited: started.elapsed(),
-            }),
+            Ok(Err(_)) | Err(_) => {
+                self.metrics.rejected.increment("queue_timeout");
+                Err(GatewayError::QueueTimeout {
+                    waited: started.elapsed(),
+                })
+            }
         }
     }
 
@@ -132,6 +173,12 @@ impl Admission {
         self.limited
             .as_ref()
             .map_or(0, |l| l.queued.load(Ordering::Acquire))
+    }
+
+    /// Sets the in-flight and queued gauges to the counts now.
+    pub fn publish_metrics(&self) {
+        self.metrics.in_flight.set(self.in_flight() as f64);
+        self.metrics.queued.set(self.queued() as f64);
     }
 }
 

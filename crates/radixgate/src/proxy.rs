@@ -19,16 +19,18 @@
 //! permit, the breaker permit — travels inside the response body (one
 //! `RequestWatch`, built whole in `respond`) and is released when the
 //! stream ends in any way, at which point the request is counted in the
-//! metrics.
+//! metrics. The request path owns its metric families ([`RequestMetrics`],
+//! in `proxy/metrics.rs`); admission counts its own refusals.
 //!
 //! [`Router::select`]: radixgate_routing::Router::select
 
 use crate::admission::AdmissionPermit;
+use crate::breaker::publish_breaker;
 use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
 use crate::inspect::{Api, Inspected, inspect};
 use crate::retry::{self, Backoff};
-use crate::state::{AppState, Shared, publish_breaker};
+use crate::state::{AppState, Shared};
 use crate::stream::{StreamEnd, StreamWatch, WatchedBody};
 use crate::upstream;
 use axum::body::Body;
@@ -51,6 +53,9 @@ pub const DECISION_HEADER: &str = "x-radixgate-decision";
 /// body's `user` field is the fallback).
 const ROUTING_KEY_HEADERS: [&str; 2] = ["x-session-id", "x-radixgate-routing-key"];
 
+pub(crate) mod metrics;
+pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
+
 /// Serves one inference request on `route` (also the worker path).
 pub(crate) async fn serve(
     state: Arc<AppState>,
@@ -68,13 +73,8 @@ pub(crate) async fn serve(
         None => work.await,
     };
     result.unwrap_or_else(|err| {
-        match &err {
-            GatewayError::QueueFull { .. } => shared.metrics.admission_rejected("queue_full"),
-            GatewayError::QueueTimeout { .. } => shared.metrics.admission_rejected("queue_timeout"),
-            _ => {}
-        }
         shared
-            .metrics
+            .request_metrics
             .request_done(route, err.status().as_u16(), None, started.elapsed());
         err.into_response()
     })
@@ -174,7 +174,7 @@ async fn attempts(
             continue;
         };
         shared
-            .metrics
+            .request_metrics
             .decision(decision.explanation().branch.as_str());
         tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
         let last_attempt = tried.len() as u32 >= max_retries;
@@ -193,7 +193,9 @@ async fn attempts(
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure.
                     record(&worker, probe, Outcome::Failure);
-                    shared.metrics.upstream_error(worker.url(), "status");
+                    shared
+                        .request_metrics
+                        .upstream_error(worker.url(), "status");
                     return Ok(Answer {
                         response,
                         decision,
@@ -201,14 +203,18 @@ async fn attempts(
                         probe: None,
                     });
                 }
-                shared.metrics.upstream_error(worker.url(), "status");
+                shared
+                    .request_metrics
+                    .upstream_error(worker.url(), "status");
                 GatewayError::UpstreamStatus {
                     worker: worker.url().to_owned(),
                     status,
                 }
             }
             Err(err) => {
-                shared.metrics.upstream_error(worker.url(), "connect");
+                shared
+                    .request_metrics
+                    .upstream_error(worker.url(), "connect");
                 err
             }
         };
@@ -225,7 +231,7 @@ async fn attempts(
             });
         }
         tracing::debug!(worker = worker.url(), error = %failure, "attempt failed; retrying");
-        shared.metrics.retry(retry::reason(&failure));
+        shared.request_metrics.retry(retry::reason(&failure));
         tried.push(worker.id());
         last_failure = Some(failure);
         // The failed worker's load is released before the pause, not after.
@@ -371,12 +377,12 @@ impl StreamWatch for RequestWatch {
             return;
         }
         self.shared
-            .metrics
+            .request_metrics
             .ttft(self.route, self.model.as_deref(), self.started.elapsed());
     }
 
     fn finish(self, end: StreamEnd) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.request_metrics;
         metrics.request_done(
             self.route,
             self.status,

@@ -18,11 +18,13 @@
 
 use crate::admission::Admission;
 use crate::auth::{RequiredKey, require_key};
+use crate::breaker::Breakers;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
 use crate::metrics::Metrics;
-use crate::state::{AppState, Breakers, Shared};
+use crate::proxy::RequestMetrics;
+use crate::state::{AppState, Shared};
 use crate::{admin, control, info, proxy, upkeep, upstream};
 use axum::Router;
 use axum::extract::{Request, State};
@@ -169,10 +171,14 @@ pub async fn run(
     }
     let eviction = spawn_eviction(policy, tasks.clone());
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
+    // Each component builds its own metric families from this recorder;
+    // only histogram buckets must be known before it is built.
+    let metrics = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
     let shared = Arc::new(Shared {
-        admission: Admission::new(&config.admission),
-        breakers: Breakers::new(config.circuit_breaker.clone()),
-        metrics: Metrics::new(),
+        admission: Admission::new(&config.admission, &metrics),
+        breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
+        request_metrics: RequestMetrics::new(&metrics),
+        metrics,
         config,
         router,
         control,
