@@ -85,6 +85,10 @@ async fn metrics_series_match_the_committed_list() {
     cfg.circuit_breaker.failure_threshold = 2;
     cfg.circuit_breaker.timeout_duration_secs = 600;
     cfg.retry.max_retries = 1;
+    // Outlier detection sets each worker's ejected gauge on its tick; the
+    // first tick may run before the worker is admitted, so tick often
+    // enough to wait for the next one (a lone worker is never ejected).
+    cfg.outlier_detection.interval_secs = 1;
     let gw = gateway_ready(cfg, 1).await;
     let chat_url = format!("{}/v1/chat/completions", gw.url);
     let model = radixgate_sim::server::DEFAULT_MODEL;
@@ -137,13 +141,14 @@ async fn metrics_series_match_the_committed_list() {
     w.set_faults(FaultConfig::default());
 
     // Gauges are refreshed by the upkeep tick: wait for one that saw the
-    // open breaker and the idle worker.
+    // open breaker and the idle worker, and for outlier detection's tick.
     wait_until("gauges after the failures", || async {
         let text = metrics_text(&gw.url).await;
         text.contains("radixgate_circuit_breaker_state{")
             && count(&text, "radixgate_circuit_breaker_state{") == 1.0
             && count(&text, "radixgate_worker_in_flight_requests{") == 0.0
             && count(&text, "radixgate_admission_in_flight_requests") == 0.0
+            && text.contains("radixgate_outlier_ejected{")
     })
     .await;
     let text = metrics_text(&gw.url).await;
