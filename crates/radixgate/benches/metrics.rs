@@ -1,15 +1,18 @@
 //! The hot-path cost of recording metrics: nanoseconds per
-//! `Metrics::request_done` (one counter and one histogram sample), against
+//! `RequestMetrics::request_done` (one counter and one histogram sample),
+//! the request path's own families, against
 //! the naive use of the same recorder (build a `Key` and register it on every
 //! call, what the `metrics` macros do) and a bare atomic increment as the
-//! floor; and the cost of one scrape.
+//! floor; a per-worker gauge set (the upkeep tick's `PerWorker` gauges) and
+//! a decision counter; and the cost of one scrape.
 //!
 //! Run: `cargo bench -p radixgate --bench metrics`
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use metrics::{Key, Label, Level, Metadata, Recorder};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use radixgate::metrics::Metrics;
+use radixgate::metrics::{Describe, Metrics};
+use radixgate::proxy::RequestMetrics;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,9 +20,16 @@ use std::time::Duration;
 const ROUTE: &str = "/v1/chat/completions";
 const MODELS: [&str; 3] = ["llama-3-8b", "qwen-2-7b", "mistral-7b"];
 static META: Metadata<'static> = Metadata::new("bench", Level::INFO, None);
+/// A per-worker gauge family like the upkeep tick's in-flight gauges.
+static WORKER_IN_FLIGHT: Describe = Describe::new(
+    "radixgate_worker_in_flight_requests",
+    "Requests in flight to each worker.",
+);
 
 fn bench(c: &mut Criterion) {
-    let metrics = Metrics::new();
+    let registry = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
+    let metrics = RequestMetrics::new(&registry);
+    let in_flight = registry.per_worker_gauges(&WORKER_IN_FLIGHT);
     let naive = PrometheusBuilder::new().build_recorder();
     let floor = AtomicU64::new(0);
     let mut group = c.benchmark_group("metrics");
@@ -56,13 +66,13 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.bench_function("worker_in_flight", |b| {
-        b.iter(|| metrics.worker_in_flight(black_box("http://127.0.0.1:30001"), black_box(3)))
+        b.iter(|| in_flight.set(black_box("http://127.0.0.1:30001"), black_box(3) as f64))
     });
     group.bench_function("decision", |b| {
         b.iter(|| metrics.decision(black_box("cache_hit")))
     });
     // A scrape of the series above (3 models, 1 route, a few families).
-    group.bench_function("render", |b| b.iter(|| black_box(metrics.render())));
+    group.bench_function("render", |b| b.iter(|| black_box(registry.render())));
     group.finish();
 }
 

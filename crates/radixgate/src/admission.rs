@@ -26,9 +26,15 @@
 //! the slot as one step, or a newcomer could slip in between. A waiter whose
 //! future is dropped (timeout, client gone) takes itself out of its queue;
 //! if a slot was handed to it in the meantime, it passes the slot on.
+//!
+//! The gate owns its metrics: it counts its refusals by reason where it
+//! refuses, and [`Admission::publish_metrics`] (called on the upkeep tick)
+//! sets the in-flight and queued gauges, so they are exported from the
+//! first tick on and read at the same moments as the worker gauges.
 
 use crate::config::AdmissionConfig;
 use crate::error::GatewayError;
+use crate::metrics::{Describe, LabelledCounters, Metrics, OneGauge};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -73,10 +79,33 @@ impl Priority {
     }
 }
 
-/// The gateway's admission gate. Cheap to clone; clones share the limit.
+pub(crate) const IN_FLIGHT: Describe = Describe::new(
+    "radixgate_admission_in_flight_requests",
+    "Requests holding an admission slot.",
+);
+pub(crate) const QUEUED: Describe = Describe::new(
+    "radixgate_admission_queued_requests",
+    "Requests waiting for an admission slot.",
+);
+pub(crate) const REJECTED: Describe = Describe::new(
+    "radixgate_admission_rejected_total",
+    "Requests refused by admission control, by reason (queue_full, queue_timeout).",
+);
+
+/// The gateway's admission gate. Cheap to clone; clones share the limit
+/// and the metrics.
 #[derive(Clone, Debug)]
 pub struct Admission {
     limited: Option<Arc<Limited>>,
+    metrics: Arc<AdmissionMetrics>,
+}
+
+/// The gate's metric families.
+#[derive(Debug)]
+struct AdmissionMetrics {
+    in_flight: OneGauge,
+    queued: OneGauge,
+    rejected: LabelledCounters,
 }
 
 #[derive(Debug)]
@@ -169,8 +198,9 @@ impl Drop for QueuePlace {
 }
 
 impl Admission {
-    /// Builds the gate from its config (validated: a limit is at least 1).
-    pub fn new(config: &AdmissionConfig) -> Self {
+    /// Builds the gate from its config (validated: a limit is at least 1),
+    /// with its metric families in `metrics`.
+    pub fn new(config: &AdmissionConfig, metrics: &Metrics) -> Self {
         let limited = config.max_concurrent_requests.map(|limit| {
             Arc::new(Limited {
                 limit: limit.max(1),
@@ -179,7 +209,12 @@ impl Admission {
                 slots: Mutex::new(Slots::default()),
             })
         });
-        Self { limited }
+        let metrics = Arc::new(AdmissionMetrics {
+            in_flight: metrics.gauge(&IN_FLIGHT),
+            queued: metrics.gauge(&QUEUED),
+            rejected: metrics.labelled_counters(&REJECTED, "reason"),
+        });
+        Self { limited, metrics }
     }
 
     /// Waits for a slot, behind every earlier waiter of the same or a higher
@@ -202,6 +237,8 @@ impl Admission {
                 return Ok(admitted());
             }
             if slots.queued >= limited.queue_size {
+                drop(slots);
+                self.metrics.rejected.increment("queue_full");
                 return Err(GatewayError::QueueFull {
                     queue_size: limited.queue_size,
                 });
@@ -227,9 +264,12 @@ impl Admission {
             }
             // The sender is only dropped unsent when the gate is; treat that
             // like a timeout rather than panic.
-            Ok(Err(_)) | Err(_) => Err(GatewayError::QueueTimeout {
-                waited: started.elapsed(),
-            }),
+            Ok(Err(_)) | Err(_) => {
+                self.metrics.rejected.increment("queue_timeout");
+                Err(GatewayError::QueueTimeout {
+                    waited: started.elapsed(),
+                })
+            }
         }
     }
 
@@ -248,6 +288,12 @@ impl Admission {
     /// Requests waiting in the queue now.
     pub fn queued(&self) -> usize {
         self.limited.as_ref().map_or(0, |l| l.slots.lock().queued)
+    }
+
+    /// Sets the in-flight and queued gauges to the counts now.
+    pub fn publish_metrics(&self) {
+        self.metrics.in_flight.set(self.in_flight() as f64);
+        self.metrics.queued.set(self.queued() as f64);
     }
 }
 

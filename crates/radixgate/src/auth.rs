@@ -91,8 +91,8 @@ pub(crate) async fn require_tenant(
     req.extensions_mut().insert(TenantRef(tenant.clone()));
     let response = next.run(req).await;
     shared
-        .metrics
-        .tenant_request(tenant.name(), response.status().as_u16());
+        .tenant_metrics
+        .request(tenant.name(), response.status().as_u16());
     let shared = shared.clone();
     response.map(|body| Body::new(Metered::new(body, tenant, shared)))
 }

@@ -359,5 +359,8 @@ impl Drop for Permit {
     }
 }
 
+pub(crate) mod set;
+pub(crate) use set::{Breakers, publish_breaker};
+
 #[cfg(test)]
 mod tests;

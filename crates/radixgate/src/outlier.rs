@@ -22,13 +22,19 @@
 //! (one worker always may be), and never a worker whose models no other
 //! available worker serves.
 //!
+//! The detector's metric families ([`OutlierMetrics`]: ejections and the
+//! ejected gauge of each worker) are recorded only by [`run`], which builds
+//! them.
+//!
 //! Time is passed in (`now`, tokio's clock), so tests run under a paused
 //! clock. Concurrency: the statistics sit behind one `parking_lot::Mutex`,
 //! held for a few arithmetic operations per attempt and for one pass over
 //! the pool per evaluation; never across an `.await`.
 
 use crate::config::OutlierConfig;
+use crate::metrics::{Describe, Metrics, PerWorker};
 use crate::state::Shared;
+use ::metrics::{Counter, Gauge};
 use parking_lot::Mutex;
 use radixgate_routing::{Worker, WorkerId};
 use std::collections::HashMap;
@@ -36,6 +42,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+pub(crate) const EJECTIONS: Describe = Describe::new(
+    "radixgate_outlier_ejections_total",
+    "Times outlier detection ejected each worker (far slower than its peers).",
+);
+pub(crate) const EJECTED: Describe = Describe::new(
+    "radixgate_outlier_ejected",
+    "Whether each worker is ejected by outlier detection now (1) or not (0).",
+);
 
 /// Weight of the newest sample in a worker's latency mean.
 const EWMA_ALPHA: f64 = 0.3;
@@ -221,9 +236,35 @@ fn others_serve(worker: &Worker, workers: &[Arc<Worker>]) -> bool {
         .all(|m| others().any(|o| o.serves(m)))
 }
 
+/// The outlier metric families.
+pub(crate) struct OutlierMetrics {
+    ejections: PerWorker<Counter>,
+    ejected: PerWorker<Gauge>,
+}
+
+impl OutlierMetrics {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        Self {
+            ejections: metrics.per_worker_counters(&EJECTIONS),
+            ejected: metrics.per_worker_gauges(&EJECTED),
+        }
+    }
+
+    /// Outlier detection ejected a worker.
+    pub(crate) fn ejection(&self, worker: &str) {
+        self.ejections.with(worker, |c| c.increment(1));
+    }
+
+    /// Whether a worker is ejected by outlier detection now.
+    pub(crate) fn ejected(&self, worker: &str, ejected: bool) {
+        self.ejected.set(worker, if ejected { 1.0 } else { 0.0 });
+    }
+}
+
 /// Runs [`Outliers::evaluate`] every interval over the current pool, with a
 /// log line and metrics for each change, until `stop`.
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    let metrics = OutlierMetrics::new(&shared.metrics);
     let mut ticks = tokio::time::interval(shared.outliers.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -248,7 +289,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                         peers_median_ms = median_ms.round(),
                         "outlier ejected: far slower than its peers"
                     );
-                    shared.metrics.outlier_ejection(worker.url());
+                    metrics.ejection(worker.url());
                 }
                 Event::Returned { worker } => {
                     tracing::info!(worker = worker.url(), "outlier returned to the pool");
@@ -256,9 +297,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
         for worker in snapshot.workers() {
-            shared
-                .metrics
-                .outlier_ejected(worker.url(), worker.is_ejected());
+            metrics.ejected(worker.url(), worker.is_ejected());
         }
     }
 }

@@ -24,17 +24,20 @@
 //! `RequestWatch`, built whole in `respond`) and is released when the
 //! stream ends in any way, at which point the request is counted in the
 //! metrics. The body's bytes (and so their budget) are released when the
-//! attempts are over.
+//! attempts are over. The request path owns its metric families
+//! ([`RequestMetrics`], in `proxy/metrics.rs`); admission counts its own
+//! refusals.
 //!
 //! [`Router::select`]: radixgate_routing::Router::select
 
 use crate::admission::AdmissionPermit;
 use crate::body;
+use crate::breaker::publish_breaker;
 use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
 use crate::inspect::{Api, Inspected, inspect};
 use crate::retry::{self, Backoff};
-use crate::state::{AppState, Shared, publish_breaker};
+use crate::state::{AppState, Shared};
 use crate::stream::{Primed, StreamEnd, StreamWatch, WatchedBody};
 use crate::upstream;
 use axum::body::Body;
@@ -59,6 +62,9 @@ pub const DECISION_HEADER: &str = "x-radixgate-decision";
 /// body's `user` field is the fallback).
 const ROUTING_KEY_HEADERS: [&str; 2] = ["x-session-id", "x-radixgate-routing-key"];
 
+pub(crate) mod metrics;
+pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
+
 /// Serves one inference request on `route` (also the worker path).
 pub(crate) async fn serve(
     state: Arc<AppState>,
@@ -76,13 +82,8 @@ pub(crate) async fn serve(
         None => work.await,
     };
     result.unwrap_or_else(|err| {
-        match &err {
-            GatewayError::QueueFull { .. } => shared.metrics.admission_rejected("queue_full"),
-            GatewayError::QueueTimeout { .. } => shared.metrics.admission_rejected("queue_timeout"),
-            _ => {}
-        }
         shared
-            .metrics
+            .request_metrics
             .request_done(route, err.status().as_u16(), None, started.elapsed());
         err.into_response()
     })
@@ -98,7 +99,7 @@ async fn forward(
 ) -> Result<Response, GatewayError> {
     let shared = &state.shared;
     // Over a tenant's limit: refused before its body is read.
-    let priority = crate::tenants::admit(&req, &shared.metrics)?;
+    let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;
     let (parts, body) = req.into_parts();
     let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
     let request = inspect(api, &bytes)?;
@@ -205,7 +206,7 @@ async fn attempts(
             continue;
         };
         shared
-            .metrics
+            .request_metrics
             .decision(decision.explanation().branch.as_str());
         tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
         let last_attempt = tried.len() as u32 >= max_retries;
@@ -245,7 +246,9 @@ async fn attempts(
                         probe: Some(probe),
                     });
                 }
-                shared.metrics.upstream_error(worker.url(), "status");
+                shared
+                    .request_metrics
+                    .upstream_error(worker.url(), "status");
                 if last_attempt {
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure.
@@ -273,7 +276,7 @@ async fn attempts(
                     }
                     _ => "connect",
                 };
-                shared.metrics.upstream_error(worker.url(), kind);
+                shared.request_metrics.upstream_error(worker.url(), kind);
                 err
             }
         };
@@ -290,7 +293,7 @@ async fn attempts(
             });
         }
         tracing::debug!(worker = worker.url(), error = %failure, "attempt failed; retrying");
-        shared.metrics.retry(retry::reason(&failure));
+        shared.request_metrics.retry(retry::reason(&failure));
         tried.push(worker.id());
         last_failure = Some(failure);
         // The failed worker's load is released before the pause, not after.
@@ -516,12 +519,12 @@ impl StreamWatch for RequestWatch {
             return;
         }
         self.shared
-            .metrics
+            .request_metrics
             .ttft(self.route, self.model.as_deref(), self.started.elapsed());
     }
 
     fn finish(self, end: StreamEnd) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.request_metrics;
         metrics.request_done(
             self.route,
             self.status,

@@ -24,13 +24,16 @@ use crate::admission::Admission;
 use crate::allowlist::Allowlist;
 use crate::auth::{Keys, require_tenant};
 use crate::body::{BodyBudget, BodyLimits};
+use crate::breaker::Breakers;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::inspect::Api;
 use crate::listen::{self, ConnectionLimits, ConnectionSlots};
 use crate::metrics::Metrics;
+use crate::proxy::RequestMetrics;
 use crate::reload::{self, Reloads};
-use crate::state::{AppState, Breakers, Shared};
+use crate::state::{AppState, Shared};
+use crate::tenants::TenantMetrics;
 use crate::{admin, control, info, proxy, upkeep, upstream};
 use axum::Router;
 use axum::extract::{Request, State};
@@ -223,14 +226,19 @@ pub async fn run_reloadable(
         },
     ));
     let streams_abort = CancellationToken::new();
+    // Each component builds its own metric families from this recorder;
+    // only histogram buckets must be known before it is built.
+    let metrics = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
     let shared = Arc::new(Shared {
         keys,
-        admission: Admission::new(&config.admission),
+        admission: Admission::new(&config.admission, &metrics),
         bodies,
-        breakers: Breakers::new(config.circuit_breaker.clone()),
+        breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
-        metrics: Metrics::new(),
+        request_metrics: RequestMetrics::new(&metrics),
+        tenant_metrics: TenantMetrics::new(&metrics),
+        metrics,
         tenants,
         config,
         router,

@@ -11,22 +11,24 @@
 //! `state.forwarder`): the per-thread part is never mistaken for a shared
 //! one.
 //!
-//! The breakers map is the one lock here: a `parking_lot::RwLock` read for a
-//! map lookup per attempt (never held across `.await`), written only the
-//! first time a worker id is seen.
+//! Components own their metric families (the request path's are
+//! [`RequestMetrics`], the tenants' [`TenantMetrics`]; admission and the
+//! breakers keep theirs inside);
+//! [`Metrics`] is the recorder they were built from, which `/metrics`
+//! renders. No lock is held here; the breakers map's lock is
+//! `breaker/set.rs`'s.
 
 use crate::admission::Admission;
 use crate::auth::Keys;
 use crate::body::BodyLimits;
-use crate::breaker::{Breaker, BreakerState};
+use crate::breaker::Breakers;
 use crate::config::Config;
 use crate::control::Control;
 use crate::metrics::Metrics;
-use crate::tenants::Tenants;
+use crate::proxy::RequestMetrics;
+use crate::tenants::{TenantMetrics, Tenants};
 use crate::upstream::Forwarder;
-use parking_lot::RwLock;
-use radixgate_routing::{Router, Worker, WorkerId};
-use std::collections::HashMap;
+use radixgate_routing::Router;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,11 +57,16 @@ pub(crate) struct Shared {
     /// Cancelled when shutdown stops waiting for streams: each response
     /// body then ends with an error event before its connection is dropped.
     pub(crate) streams_abort: tokio_util::sync::CancellationToken,
-    /// The metrics recorder.
+    /// The metrics recorder, rendered by `/metrics`.
     pub(crate) metrics: Metrics,
+    /// The request path's metric families.
+    pub(crate) request_metrics: RequestMetrics,
     /// Who may call the client API, with their limits. Swapped whole on a
     /// config reload (`Tenants::reloaded`); requests read it lock-free.
     pub(crate) tenants: Arc<arc_swap::ArcSwap<Tenants>>,
+    /// The tenant families: answers, tokens and refusals by tenant. Kept
+    /// here, not in [`Tenants`], so a reload does not replace them.
+    pub(crate) tenant_metrics: TenantMetrics,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
 }
@@ -71,41 +78,4 @@ pub(crate) struct AppState {
     pub(crate) shared: Arc<Shared>,
     /// This thread's own pool of worker connections.
     pub(crate) forwarder: Forwarder,
-}
-
-/// One circuit breaker per worker id, created on first use.
-pub(crate) struct Breakers {
-    config: crate::config::BreakerConfig,
-    map: RwLock<HashMap<WorkerId, Arc<Breaker>>>,
-}
-
-impl Breakers {
-    pub(crate) fn new(config: crate::config::BreakerConfig) -> Self {
-        Self {
-            config,
-            map: RwLock::new(HashMap::new()),
-        }
-    }
-
-    pub(crate) fn get(&self, id: WorkerId) -> Arc<Breaker> {
-        if let Some(b) = self.map.read().get(&id) {
-            return b.clone();
-        }
-        self.map
-            .write()
-            .entry(id)
-            .or_insert_with(|| Arc::new(Breaker::new(&self.config)))
-            .clone()
-    }
-
-    /// Forgets breakers of workers no longer in the pool.
-    pub(crate) fn retain(&self, live: impl Fn(WorkerId) -> bool) {
-        self.map.write().retain(|id, _| live(*id));
-    }
-}
-
-/// Publishes a breaker state into the worker's slot, which policies read:
-/// the same type on both sides, so nothing is translated.
-pub(crate) fn publish_breaker(worker: &Worker, state: BreakerState) {
-    worker.set_breaker(state);
 }

@@ -26,16 +26,20 @@
 //! time taken says neither how much of a guess was right nor which tenant
 //! matched. The gateway never logs a key: tenants are named in logs and
 //! metrics by their configured name.
+//!
+//! The tenant metric families are this component's ([`TenantMetrics`], in
+//! `tenants/metrics.rs`).
 
 mod metered;
+pub(crate) mod metrics;
 
 pub(crate) use metered::Metered;
+pub(crate) use metrics::TenantMetrics;
 
 use crate::admission::Priority;
 use crate::auth::constant_time_eq;
 use crate::config::{Config, ConfigError, ResolvedTenant};
 use crate::error::GatewayError;
-use crate::metrics::Metrics;
 use axum::extract::Request;
 use governor::clock::Clock as _;
 use governor::{DefaultDirectRateLimiter, Quota};
@@ -201,13 +205,13 @@ impl Tenant {
 
 /// Admits a request for its tenant (if the API has tenants): checks its
 /// limits and returns its queue priority. A refusal is counted here.
-pub(crate) fn admit(req: &Request, metrics: &Metrics) -> Result<Priority, GatewayError> {
+pub(crate) fn admit(req: &Request, metrics: &TenantMetrics) -> Result<Priority, GatewayError> {
     let Some(TenantRef(tenant)) = req.extensions().get::<TenantRef>() else {
         return Ok(Priority::Normal);
     };
     tenant.admit().inspect_err(|err| {
         if let GatewayError::RateLimited { limit, .. } = err {
-            metrics.tenant_rate_limited(tenant.name(), limit.as_str());
+            metrics.rate_limited(tenant.name(), limit.as_str());
         }
     })?;
     Ok(tenant.priority())

@@ -3,11 +3,14 @@ use futures::FutureExt;
 use std::sync::Mutex;
 
 fn gate(limit: Option<usize>, queue_size: usize, timeout_secs: u64) -> Admission {
-    Admission::new(&AdmissionConfig {
-        max_concurrent_requests: limit,
-        queue_size,
-        queue_timeout_secs: timeout_secs,
-    })
+    Admission::new(
+        &AdmissionConfig {
+            max_concurrent_requests: limit,
+            queue_size,
+            queue_timeout_secs: timeout_secs,
+        },
+        &Metrics::new(),
+    )
 }
 
 /// Lets spawned tasks run until they block.

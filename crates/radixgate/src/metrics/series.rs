@@ -1,4 +1,4 @@
-//! A per-facade cache of metric handles, so recording an existing series
+//! A per-family cache of metric handles, so recording an existing series
 //! is a hash lookup under a read lock plus an atomic add, instead of
 //! building, cloning and hashing a recorder `Key` on every call (measured in
 //! `benches/metrics.rs`).
@@ -52,23 +52,23 @@ impl<K: Hash + Eq, V> Series<K, V> {
 
 /// Owned label values of a series: a static label, a code, a caller's text.
 #[derive(Debug, Hash, PartialEq, Eq)]
-pub(super) struct LabelKey {
-    pub(super) fixed: &'static str,
-    pub(super) code: u16,
-    pub(super) text: Box<str>,
+pub(crate) struct LabelKey {
+    pub(crate) fixed: &'static str,
+    pub(crate) code: u16,
+    pub(crate) text: Box<str>,
 }
 
 /// The borrowed form of [`LabelKey`]; hashes identically (same field
 /// order; `Box<str>` hashes as its `str`).
 #[derive(Debug, Hash)]
-pub(super) struct LabelRef<'a> {
-    pub(super) fixed: &'static str,
-    pub(super) code: u16,
-    pub(super) text: &'a str,
+pub(crate) struct LabelRef<'a> {
+    pub(crate) fixed: &'static str,
+    pub(crate) code: u16,
+    pub(crate) text: &'a str,
 }
 
 impl LabelRef<'_> {
-    pub(super) fn to_owned_key(&self) -> LabelKey {
+    pub(crate) fn to_owned_key(&self) -> LabelKey {
         LabelKey {
             fixed: self.fixed,
             code: self.code,

@@ -1,9 +1,73 @@
+//! Rendering, through the families the components own: every metric of the
+//! gateway with its values, help text and type; independence of gateways;
+//! histogram upkeep. (The machinery imports no component; its tests use
+//! them to render what a gateway exports.)
+
 use super::*;
-use crate::breaker::Outcome;
+use crate::admission::{self, Admission};
+use crate::breaker::set::BreakerMetrics;
+use crate::breaker::{self, Breaker, Outcome};
 use crate::config::{AdmissionConfig, BreakerConfig};
+use crate::error::GatewayError;
+use crate::outlier::{self, OutlierMetrics};
+use crate::proxy::metrics as request;
+use crate::proxy::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
+use crate::tenants::{self, TenantMetrics};
+use crate::upkeep::{self, WorkerGauges};
 use prometheus_parse::{LineInfo, Sample, Scrape, Value};
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const REQUESTS: &str = request::REQUESTS.name;
+const LATENCY: &str = request::LATENCY.describe.name;
+const TTFT: &str = request::TTFT.describe.name;
+const DECISIONS: &str = request::DECISIONS.name;
+const RETRIES: &str = request::RETRIES.name;
+const UPSTREAM_ERRORS: &str = request::UPSTREAM_ERRORS.name;
+const WORKER_IN_FLIGHT: &str = upkeep::WORKER_IN_FLIGHT.name;
+const WORKER_HEALTHY: &str = upkeep::WORKER_HEALTHY.name;
+const TREE_CHARS: &str = upkeep::TREE_CHARS.name;
+const BREAKER_STATE: &str = breaker::set::STATE.name;
+const BREAKER_TRANSITIONS: &str = breaker::set::TRANSITIONS.name;
+const ADMISSION_IN_FLIGHT: &str = admission::IN_FLIGHT.name;
+const ADMISSION_QUEUED: &str = admission::QUEUED.name;
+const ADMISSION_REJECTED: &str = admission::REJECTED.name;
+const TENANT_REQUESTS: &str = tenants::metrics::REQUESTS.name;
+const TENANT_TOKENS: &str = tenants::metrics::TOKENS.name;
+const TENANT_RATE_LIMITED: &str = tenants::metrics::RATE_LIMITED.name;
+const OUTLIER_EJECTIONS: &str = outlier::EJECTIONS.name;
+const OUTLIER_EJECTED: &str = outlier::EJECTED.name;
+
+/// A gateway's recorder with its histograms declared.
+fn gateway_metrics() -> Metrics {
+    Metrics::with_histograms(RequestMetrics::HISTOGRAMS)
+}
+
+/// Every metric a gateway exports, with its type.
+fn catalog() -> [(&'static Describe, &'static str); 19] {
+    [
+        (&request::REQUESTS, "counter"),
+        (&request::LATENCY.describe, "histogram"),
+        (&request::TTFT.describe, "histogram"),
+        (&upkeep::WORKER_IN_FLIGHT, "gauge"),
+        (&request::DECISIONS, "counter"),
+        (&upkeep::TREE_CHARS, "gauge"),
+        (&request::RETRIES, "counter"),
+        (&breaker::set::STATE, "gauge"),
+        (&breaker::set::TRANSITIONS, "counter"),
+        (&upkeep::WORKER_HEALTHY, "gauge"),
+        (&admission::IN_FLIGHT, "gauge"),
+        (&admission::QUEUED, "gauge"),
+        (&admission::REJECTED, "counter"),
+        (&request::UPSTREAM_ERRORS, "counter"),
+        (&tenants::metrics::REQUESTS, "counter"),
+        (&tenants::metrics::TOKENS, "counter"),
+        (&tenants::metrics::RATE_LIMITED, "counter"),
+        (&outlier::EJECTIONS, "counter"),
+        (&outlier::EJECTED, "gauge"),
+    ]
+}
 
 const CHAT: &str = "/v1/chat/completions";
 const W1: &str = "http://127.0.0.1:30001";
@@ -77,7 +141,17 @@ fn bucket(scrape: &Scrape, metric: &str, labels: &[(&str, &str)], le: f64) -> f6
 
 #[tokio::test(start_paused = true)]
 async fn every_metric_renders_as_valid_text_with_its_values() {
-    let m = Metrics::new();
+    let metrics = gateway_metrics();
+    let m = RequestMetrics::new(&metrics);
+    let w = WorkerGauges::new(&metrics);
+    let admission = Admission::new(
+        &AdmissionConfig {
+            max_concurrent_requests: Some(1),
+            queue_size: 0,
+            ..AdmissionConfig::default()
+        },
+        &metrics,
+    );
     m.request_done(CHAT, 200, Some("llama"), Duration::from_millis(300));
     m.request_done(CHAT, 200, Some("llama"), Duration::from_millis(40));
     m.request_done(CHAT, 404, None, Duration::from_millis(1));
@@ -88,16 +162,22 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     m.decision("imbalanced");
     m.retry("connect");
     m.upstream_error(W1, "connect");
-    m.admission_rejected("queue_full");
-    m.worker_in_flight(W1, 7);
-    m.worker_in_flight(W2, 0);
-    m.tree_chars(W1, 123_456);
-    m.worker_healthy(W1, true);
-    m.worker_healthy(W2, false);
-    m.tenant_request("team-a", 429);
-    m.tenant_tokens("team-a", 40);
-    m.tenant_tokens("team-a", 2);
-    m.tenant_rate_limited("team-a", "tokens");
+    let _held = admission
+        .acquire(Default::default())
+        .await
+        .expect("admitted");
+    let refused = admission.acquire(Default::default()).await;
+    assert!(matches!(refused, Err(GatewayError::QueueFull { .. })));
+    w.in_flight(W1, 7);
+    w.in_flight(W2, 0);
+    w.tree_chars(W1, 123_456);
+    w.healthy(W1, true);
+    w.healthy(W2, false);
+    let tenants = TenantMetrics::new(&metrics);
+    tenants.request("team-a", 429);
+    tenants.tokens("team-a", 40);
+    tenants.tokens("team-a", 2);
+    tenants.rate_limited("team-a", "tokens");
 
     let cfg = BreakerConfig {
         failure_threshold: 1,
@@ -107,22 +187,16 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     let now = Instant::now();
     let permit = breaker.try_acquire(now).expect("closed");
     let _ = permit.record(Outcome::Failure, now);
-    m.breaker(W1, &breaker, now);
-    m.breaker(W1, &breaker, now); // idempotent: the count comes from the breaker
+    let b = BreakerMetrics::new(&metrics);
+    b.record(W1, &breaker, now);
+    b.record(W1, &breaker, now); // idempotent: the count comes from the breaker
 
-    let admission = Admission::new(&AdmissionConfig {
-        max_concurrent_requests: Some(4),
-        ..AdmissionConfig::default()
-    });
-    let _held = admission
-        .acquire(Default::default())
-        .await
-        .expect("admitted");
-    m.admission(&admission);
-    m.outlier_ejection(W1);
-    m.outlier_ejected(W1, true);
+    admission.publish_metrics();
+    let outliers = OutlierMetrics::new(&metrics);
+    outliers.ejection(W1);
+    outliers.ejected(W1, true);
 
-    let text = m.render();
+    let text = metrics.render();
     let s = parse(&text);
     let llama_ok = [("route", CHAT), ("status", "200"), ("model", "llama")];
     assert_eq!(scalar(&s, REQUESTS, &llama_ok), 2.0);
@@ -180,36 +254,36 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     );
 
     // Every family in the catalog showed up, with its help text and type.
-    for &(name, kind, _, help) in CATALOG {
+    for (describe, kind) in catalog() {
+        let (name, help) = (describe.name, describe.help);
         assert_eq!(s.docs.get(name).map(String::as_str), Some(help), "{name}");
-        let kind = match kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Histogram => "histogram",
-        };
         assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
     }
 }
 
 #[test]
 fn instances_are_independent() {
-    let a = Metrics::new();
-    let b = Metrics::new();
+    let (ma, mb) = (gateway_metrics(), gateway_metrics());
+    let (a, b) = (RequestMetrics::new(&ma), RequestMetrics::new(&mb));
     a.decision("cache_miss");
     a.decision("cache_miss");
     b.decision("cache_miss");
-    let (sa, sb) = (parse(&a.render()), parse(&b.render()));
+    let (sa, sb) = (parse(&ma.render()), parse(&mb.render()));
     assert_eq!(scalar(&sa, DECISIONS, &[("branch", "cache_miss")]), 2.0);
     assert_eq!(scalar(&sb, DECISIONS, &[("branch", "cache_miss")]), 1.0);
-    assert!(!Metrics::new().render().contains(DECISIONS));
+    let fresh = gateway_metrics();
+    let _families = RequestMetrics::new(&fresh);
+    assert!(!fresh.render().contains(DECISIONS));
 }
 
 #[test]
 fn gauges_follow_the_latest_value_and_breaker_transitions_accumulate() {
-    let m = Metrics::new();
-    m.worker_in_flight(W1, 5);
-    m.worker_in_flight(W1, 2);
-    let s = parse(&m.render());
+    let metrics = Metrics::new();
+    let w = WorkerGauges::new(&metrics);
+    let m = BreakerMetrics::new(&metrics);
+    w.in_flight(W1, 5);
+    w.in_flight(W1, 2);
+    let s = parse(&metrics.render());
     assert_eq!(scalar(&s, WORKER_IN_FLIGHT, &[("worker", W1)]), 2.0);
 
     let cfg = BreakerConfig {
@@ -224,10 +298,10 @@ fn gauges_follow_the_latest_value_and_breaker_transitions_accumulate() {
         .try_acquire(t0)
         .expect("closed")
         .record(Outcome::Failure, t0);
-    m.breaker(W1, &breaker, t0);
+    m.record(W1, &breaker, t0);
     let t1 = t0 + Duration::from_secs(1);
-    m.breaker(W1, &breaker, t1);
-    let s = parse(&m.render());
+    m.record(W1, &breaker, t1);
+    let s = parse(&metrics.render());
     assert_eq!(
         scalar(&s, BREAKER_STATE, &[("worker", W1)]),
         2.0,
@@ -237,22 +311,23 @@ fn gauges_follow_the_latest_value_and_breaker_transitions_accumulate() {
         .try_acquire(t1)
         .expect("probe")
         .record(Outcome::Success, t1);
-    m.breaker(W1, &breaker, t1);
-    let s = parse(&m.render());
+    m.record(W1, &breaker, t1);
+    let s = parse(&metrics.render());
     assert_eq!(scalar(&s, BREAKER_STATE, &[("worker", W1)]), 0.0, "closed");
     assert_eq!(scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]), 3.0);
 }
 
 #[test]
 fn upkeep_folds_samples_into_buckets() {
-    let m = Metrics::new();
+    let metrics = gateway_metrics();
+    let m = RequestMetrics::new(&metrics);
     for i in 0..10_000u64 {
         m.ttft(CHAT, Some("llama"), Duration::from_micros(i * 10));
         if i % 1000 == 0 {
-            m.run_upkeep();
+            metrics.run_upkeep();
         }
     }
-    let s = parse(&m.render());
+    let s = parse(&metrics.render());
     let ttft = [("route", CHAT), ("model", "llama")];
     assert_eq!(bucket(&s, TTFT, &ttft, f64::INFINITY), 10_000.0);
     // 0..=99.99 ms in 10 µs steps: 0..=10 ms holds 1001 samples.

@@ -48,7 +48,7 @@ impl<B> Metered<B> {
         };
         if let Some(tokens) = self.tail.tokens() {
             tenant.charge(tokens);
-            shared.metrics.tenant_tokens(tenant.name(), tokens);
+            shared.tenant_metrics.tokens(tenant.name(), tokens);
         }
     }
 }

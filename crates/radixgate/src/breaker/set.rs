@@ -1,0 +1,103 @@
+//! The gateway's breakers: one [`Breaker`] per worker id, created on first
+//! use, and the breaker metrics they own (each worker's state gauge and
+//! transition counter).
+//!
+//! The metrics are refreshed from the breakers themselves on the upkeep
+//! tick ([`Breakers::publish`]): the transition count is the breaker's own,
+//! set absolutely, so no change is missed or counted twice whoever calls it
+//! and however often.
+//!
+//! The map is a `parking_lot::RwLock`: read for a lookup per attempt (never
+//! held across `.await`), written only the first time a worker id is seen
+//! and when removed workers are forgotten.
+
+use super::{Breaker, BreakerState};
+use crate::config::BreakerConfig;
+use crate::metrics::{Describe, Metrics, PerWorker};
+use ::metrics::{Counter, Gauge};
+use parking_lot::RwLock;
+use radixgate_routing::{Worker, WorkerId};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+pub(crate) const STATE: Describe = Describe::new(
+    "radixgate_circuit_breaker_state",
+    "Circuit breaker state of each worker: 0 closed, 1 open, 2 half-open.",
+);
+pub(crate) const TRANSITIONS: Describe = Describe::new(
+    "radixgate_circuit_breaker_transitions_total",
+    "Circuit breaker state changes of each worker.",
+);
+
+/// One circuit breaker per worker id, created on first use.
+pub(crate) struct Breakers {
+    config: BreakerConfig,
+    map: RwLock<HashMap<WorkerId, Arc<Breaker>>>,
+    metrics: BreakerMetrics,
+}
+
+impl Breakers {
+    pub(crate) fn new(config: BreakerConfig, metrics: &Metrics) -> Self {
+        Self {
+            config,
+            map: RwLock::new(HashMap::new()),
+            metrics: BreakerMetrics::new(metrics),
+        }
+    }
+
+    pub(crate) fn get(&self, id: WorkerId) -> Arc<Breaker> {
+        if let Some(b) = self.map.read().get(&id) {
+            return b.clone();
+        }
+        self.map
+            .write()
+            .entry(id)
+            .or_insert_with(|| Arc::new(Breaker::new(&self.config)))
+            .clone()
+    }
+
+    /// Forgets breakers of workers no longer in the pool.
+    pub(crate) fn retain(&self, live: impl Fn(WorkerId) -> bool) {
+        self.map.write().retain(|id, _| live(*id));
+    }
+
+    /// The upkeep tick's work for one worker: publishes its breaker's state
+    /// at `now` into the worker's slot (an open breaker whose timeout passed
+    /// reads half-open) and refreshes its metrics.
+    pub(crate) fn publish(&self, worker: &Worker, now: Instant) {
+        let breaker = self.get(worker.id());
+        publish_breaker(worker, breaker.state(now));
+        self.metrics.record(worker.url(), &breaker, now);
+    }
+}
+
+/// Publishes a breaker state into the worker's slot, which policies read:
+/// the same type on both sides, so nothing is translated.
+pub(crate) fn publish_breaker(worker: &Worker, state: BreakerState) {
+    worker.set_breaker(state);
+}
+
+/// The breaker metric families.
+pub(crate) struct BreakerMetrics {
+    state: PerWorker<Gauge>,
+    transitions: PerWorker<Counter>,
+}
+
+impl BreakerMetrics {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        Self {
+            state: metrics.per_worker_gauges(&STATE),
+            transitions: metrics.per_worker_counters(&TRANSITIONS),
+        }
+    }
+
+    /// A worker's breaker as it stands at `now`: its state gauge and its
+    /// transition count (taken from the breaker).
+    pub(crate) fn record(&self, worker: &str, breaker: &Breaker, now: Instant) {
+        let state = f64::from(breaker.state(now).as_gauge());
+        self.state.set(worker, state);
+        self.transitions
+            .with(worker, |c| c.absolute(breaker.transitions()));
+    }
+}

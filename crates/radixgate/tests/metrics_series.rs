@@ -1,0 +1,163 @@
+//! The exported `/metrics` series after a fixed script of requests and
+//! events, against a committed list (`tests/golden/metrics_series.txt`).
+//!
+//! This pins what a scrape shows — every family's name, type and help text,
+//! every series' labels in their rendered order, histogram buckets, and the
+//! values that do not depend on timing (counters, gauges, histogram counts)
+//! — so that moving metric code between modules cannot change it unnoticed.
+//! The renderer's family order is a hash map's, so lines are compared
+//! sorted. The worker's URL (a random port) is written as `W`.
+//!
+//! After an intended change to the exported metrics, regenerate the list
+//! with `RADIXGATE_BLESS=1 cargo test -p radixgate --test metrics_series`
+//! and review its diff.
+
+mod common;
+
+use common::*;
+use radixgate_sim::server::FaultConfig;
+use serde_json::json;
+use std::collections::HashMap;
+
+const GOLDEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/golden/metrics_series.txt"
+);
+
+/// One line per rendered sample: `family type "help" | series = value`,
+/// sorted; timing-dependent values (buckets, sums) read `*`.
+fn series(text: &str, worker: &str) -> Vec<String> {
+    let mut help: HashMap<&str, &str> = HashMap::new();
+    let mut kind: HashMap<&str, &str> = HashMap::new();
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').expect("help text");
+            help.insert(name, text);
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, text) = rest.split_once(' ').expect("type");
+            kind.insert(name, text);
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("sample value");
+        let name = series.split('{').next().expect("name");
+        let (family, value) = match ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| kind.contains_key(f)))
+        {
+            Some(family) if name.ends_with("_count") => (family, value),
+            Some(family) => (family, "*"),
+            None => (name, value),
+        };
+        out.push(format!(
+            "{family} {} {:?} | {} = {value}",
+            kind.get(family).expect("a TYPE line"),
+            help.get(family).expect("a HELP line"),
+            series.replace(worker, "W"),
+        ));
+    }
+    out.sort();
+    out
+}
+
+async fn post(url: String, body: serde_json::Value) -> u16 {
+    let r = client().post(url).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    r.bytes().await.unwrap();
+    status
+}
+
+fn count(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_series_match_the_committed_list() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.admission.max_concurrent_requests = Some(1);
+    cfg.admission.queue_size = 0;
+    cfg.circuit_breaker.failure_threshold = 2;
+    cfg.circuit_breaker.timeout_duration_secs = 600;
+    cfg.retry.max_retries = 1;
+    // Outlier detection sets each worker's ejected gauge on its tick; the
+    // first tick may run before the worker is admitted, so tick often
+    // enough to wait for the next one (a lone worker is never ejected).
+    cfg.outlier_detection.interval_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    let chat_url = format!("{}/v1/chat/completions", gw.url);
+    let model = radixgate_sim::server::DEFAULT_MODEL;
+
+    // Answered requests: plain, streamed, other routes, an unknown model.
+    assert_eq!(post(chat_url.clone(), chat("plain", false)).await, 200);
+    assert_eq!(post(chat_url.clone(), chat("streamed", true)).await, 200);
+    let completion = json!({"model": model, "prompt": "hello", "max_tokens": 3});
+    assert_eq!(
+        post(format!("{}/v1/completions", gw.url), completion).await,
+        200
+    );
+    let generate = json!({"text": "hello", "sampling_params": {"max_new_tokens": 3}});
+    assert_eq!(post(format!("{}/generate", gw.url), generate).await, 200);
+    let nope = json!({"model": "nope", "messages": []});
+    assert_eq!(post(chat_url.clone(), nope).await, 404);
+
+    // Admission: a slow stream holds the only slot (the worker waits before
+    // answering), so the next request is refused at once.
+    w.set_faults(FaultConfig {
+        latency_ms: 2000,
+        ..FaultConfig::default()
+    });
+    let held = tokio::spawn(post(chat_url.clone(), chat("hold the only slot", true)));
+    wait_until("the slot taken", || async {
+        total_load(&gw.url).await == 1
+    })
+    .await;
+    w.set_faults(FaultConfig::default());
+    assert_eq!(post(chat_url.clone(), chat("refused", false)).await, 429);
+    assert_eq!(held.await.unwrap(), 200);
+    wait_until("the held stream counted", || async {
+        let text = metrics_text(&gw.url).await;
+        count(&text, "radixgate_requests_total{") == 7.0
+    })
+    .await;
+
+    // Worker failures: a broken stream, then a 500 that is retried where
+    // no other worker is left; the two failures open the breaker.
+    w.set_faults(FaultConfig {
+        die_after_chunks: Some(2),
+        ..FaultConfig::default()
+    });
+    assert_eq!(post(chat_url.clone(), chat("broken", true)).await, 200);
+    w.set_faults(FaultConfig {
+        error_rate: 1.0,
+        ..FaultConfig::default()
+    });
+    assert_ne!(post(chat_url.clone(), chat("failed", false)).await, 200);
+    w.set_faults(FaultConfig::default());
+
+    // Gauges are refreshed by the upkeep tick: wait for one that saw the
+    // open breaker and the idle worker, and for outlier detection's tick.
+    wait_until("gauges after the failures", || async {
+        let text = metrics_text(&gw.url).await;
+        text.contains("radixgate_circuit_breaker_state{")
+            && count(&text, "radixgate_circuit_breaker_state{") == 1.0
+            && count(&text, "radixgate_worker_in_flight_requests{") == 0.0
+            && count(&text, "radixgate_admission_in_flight_requests") == 0.0
+            && text.contains("radixgate_outlier_ejected{")
+    })
+    .await;
+    let text = metrics_text(&gw.url).await;
+    gw.shutdown().await;
+
+    let got = series(&text, &w.url).join("\n") + "\n";
+    if std::env::var_os("RADIXGATE_BLESS").is_some() {
+        std::fs::write(GOLDEN, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(GOLDEN).expect("the committed list");
+    assert_eq!(got, want, "/metrics series changed; full scrape:\n{text}");
+}
