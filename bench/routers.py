@@ -88,9 +88,12 @@ def _nginx(urls, port, tmp):
     return ["nginx", "-p", tmp, "-c", conf, "-g", "daemon off;"]
 
 
-def all_routers(binary: str) -> list[Router]:
-    """Every configuration, in table order."""
-    return [
+def all_routers(binary: str, baseline: str | None = None) -> list[Router]:
+    """Every configuration, in table order; `baseline` (another radixgate
+    binary, e.g. the previous commit's) runs beside this one when given."""
+    before = [Router("radixgate-baseline", "cache_aware", _radixgate(baseline, "cache_aware"))
+              ] if baseline else []
+    return [*before,
         Router("direct", "client round-robin", None),
         Router("nginx", "round-robin", _nginx),
         Router("radixgate", "round_robin", _radixgate(binary, "round_robin")),

@@ -75,7 +75,7 @@ class Bench:
         self.opts = opts
         self.binary = os.path.abspath(opts.bin)
         self.tmp = tempfile.mkdtemp(prefix="radixgate-bench-")
-        self.routers = [r for r in all_routers(self.binary)
+        self.routers = [r for r in all_routers(self.binary, opts.baseline_bin)
                         if not opts.only_router or r.name in opts.only_router]
 
     def log(self, name: str) -> str:
@@ -211,6 +211,8 @@ class Bench:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", default=os.path.join(ROOT, "target/release/radixgate"))
+    p.add_argument("--baseline-bin", help="another radixgate binary to run side by side "
+                   "(interleaved rounds) as `radixgate-baseline`, e.g. the previous commit's")
     p.add_argument("--trace", default="/work/shared/traces/mooncake_conversation.jsonl")
     p.add_argument("--part", choices=["all", "quality", "cost"], default="all")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies quality request counts")
