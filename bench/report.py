@@ -141,12 +141,18 @@ def parse_wrk(out: str) -> dict:
 
 
 def peer_versions() -> dict:
-    out = subprocess.run([f"{PEERS}/bin/pip", "list", "--format", "json"], capture_output=True, text=True)
+    """Versions of the peers that are installed (a run restricted with
+    --only-router needs none of them)."""
     try:
+        out = subprocess.run([f"{PEERS}/bin/pip", "list", "--format", "json"],
+                             capture_output=True, text=True)
         pkgs = {p["name"].lower(): p["version"] for p in json.loads(out.stdout)}
-    except (json.JSONDecodeError, KeyError):
-        return {}
-    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    except (OSError, json.JSONDecodeError, KeyError):
+        pkgs = {}
+    try:
+        nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    except OSError:
+        nginx = None
     return {k: pkgs.get(k) for k in ("smg", "sglang-router", "vllm-router")} | {"nginx": nginx}
 
 

@@ -118,7 +118,9 @@ def start_workers(binary: str, count: int, log: str):
 def serve_command(opts, binary: str, port: int, urls: list[str]) -> list[str]:
     return [binary, "serve", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-port", str(port + 1), "--policy", "cache_aware",
-            "--log-level", "warn", "--request-timeout-secs", str(opts.request_timeout_secs),
+            "--log-level", "warn",
+            *(["--request-timeout-secs", str(opts.request_timeout_secs)]
+              if opts.request_timeout_secs is not None else []),
             "--max-payload-size", str(opts.max_payload),
             "--max-tree-size", str(opts.max_tree_size),
             "--eviction-interval-secs", str(opts.eviction_interval_secs),
@@ -260,7 +262,9 @@ def main() -> int:
     p.add_argument("--client-timeout-secs", type=float, default=90.0,
                    help="per request; past it a request counts as hung (lost)")
     p.add_argument("--max-in-flight", type=int, default=512)
-    p.add_argument("--request-timeout-secs", type=int, default=30, help="the router's")
+    p.add_argument("--request-timeout-secs", type=int, default=None,
+                   help="the router's end-to-end timeout (default: the router's own); its "
+                   "first-byte and stall timeouts, breaker and outlier detection are the defaults")
     p.add_argument("--max-payload", type=int, default=8 << 20, help="the router's body limit")
     p.add_argument("--max-tree-size", type=int, default=200_000,
                    help="the router's tree characters per worker (reached within minutes)")
