@@ -478,8 +478,13 @@ fn respond(
         .request_timeout()
         .and_then(|t| started.checked_add(t))
         .map(tokio::time::Instant::from_std);
-    let mut body =
-        WatchedBody::new(response.into_body(), watch, sse).with_abort(shared.streams_abort.clone());
+    let mut body = WatchedBody::new(response.into_body(), watch, sse);
+    // Only an event stream can tell its client why it ends at the grace
+    // period's expiry; any other body is cut with its connection anyway,
+    // so it does not register with the shared token (a lock per response).
+    if sse {
+        body = body.with_abort(shared.streams_abort.clone());
+    }
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);
     }

@@ -22,8 +22,12 @@
 //! Concurrency: one connection's state is a `parking_lot::Mutex` touched by
 //! its reads, its requests (HTTP/2 streams run as tasks of the same
 //! single-threaded runtime) and its watchdog; never held across `.await`.
-//! The watchdog is woken by a `Notify` on the transitions that move the
-//! deadline, not on every read.
+//! Nothing wakes the watchdog: it sleeps until the deadline it computed, but
+//! never longer than the shortest timeout, and then looks again. A
+//! deadline that moved earlier meanwhile (a head's first byte) is therefore
+//! seen before it passes, and a request costs the watchdog no wake-up and
+//! no timer of its own (waking it on a request's head, start and end took
+//! three task wake-ups and timer re-arms per request).
 
 use parking_lot::Mutex;
 use std::pin::Pin;
@@ -31,7 +35,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The first bytes of every HTTP/2 connection (its preface starts so).
@@ -50,7 +53,6 @@ pub(crate) struct Timeouts {
 #[derive(Debug)]
 pub(crate) struct Activity {
     state: Mutex<State>,
-    changed: Notify,
 }
 
 #[derive(Debug)]
@@ -82,7 +84,6 @@ impl Activity {
                 read_any: false,
                 h2: false,
             }),
-            changed: Notify::new(),
         })
     }
 
@@ -95,8 +96,6 @@ impl Activity {
         }
         if state.in_flight == 0 && state.head_started.is_none() && !state.h2 {
             state.head_started = Some(Instant::now());
-            drop(state);
-            self.changed.notify_one();
         }
     }
 
@@ -107,7 +106,6 @@ impl Activity {
         state.served = true;
         state.head_started = None;
         drop(state);
-        self.changed.notify_one();
         Busy(self.clone())
     }
 
@@ -127,24 +125,16 @@ impl Activity {
     /// Completes when the connection has outlived its deadline: a head took
     /// too long, or it sat idle too long.
     pub(crate) async fn expired(&self, timeouts: Timeouts) {
+        // No deadline can move earlier than a head's: now + `header`.
+        let look_again = timeouts.header.min(timeouts.idle);
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Registered before the deadline is read, so no change is missed.
-            changed.as_mut().enable();
-            match self.deadline(timeouts) {
-                None => changed.await,
-                Some(deadline) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(deadline) => {
-                            if self.deadline(timeouts).is_some_and(|d| d <= Instant::now()) {
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
+            let now = Instant::now();
+            let wake = match self.deadline(timeouts) {
+                Some(deadline) if deadline <= now => return,
+                Some(deadline) => deadline.min(now + look_again),
+                None => now + look_again,
+            };
+            tokio::time::sleep_until(wake).await;
         }
     }
 }
@@ -160,8 +150,6 @@ impl Drop for Busy {
         if state.in_flight == 0 {
             state.since = Instant::now();
         }
-        drop(state);
-        self.0.changed.notify_one();
     }
 }
 
@@ -280,5 +268,23 @@ mod tests {
         assert!(!expired.is_finished());
         tokio::time::advance(Duration::from_secs(2)).await;
         expired.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_while_idle_expires_on_the_header_timeout() {
+        let activity = Activity::new();
+        drop(activity.request());
+        let watched = activity.clone();
+        let expired = tokio::spawn(async move { watched.expired(T).await });
+        // Idle for a while (the idle deadline is 120 s away), then a head
+        // starts and stalls: it must expire 10 s after its first byte.
+        tokio::time::advance(Duration::from_secs(37)).await;
+        activity.read(b"POST / HT");
+        tokio::time::advance(T.header - Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        assert!(!expired.is_finished(), "not before the header timeout");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        tokio::task::yield_now().await;
+        assert!(expired.is_finished(), "at the header timeout");
     }
 }
