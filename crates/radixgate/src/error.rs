@@ -170,6 +170,18 @@ pub enum GatewayError {
         /// The timeout.
         after: Duration,
     },
+    /// The worker was marked unavailable (circuit breaker open, ejected as
+    /// an outlier, or failing health checks) while this attempt still
+    /// waited for its first byte: the attempt is given up and retried.
+    #[error(
+        "worker {worker} was marked unavailable while the request waited {after:?} for its first byte"
+    )]
+    WorkerLost {
+        /// The worker URL.
+        worker: String,
+        /// How long the attempt had waited.
+        after: Duration,
+    },
     /// Retries were exhausted; holds the last attempt's error.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted {
@@ -221,9 +233,10 @@ impl GatewayError {
             | Self::MethodNotAllowed { .. }
             | Self::Admin(_)
             | Self::RateLimited { .. } => Origin::Client,
-            Self::Connect { .. } | Self::UpstreamStatus { .. } | Self::FirstByteTimeout { .. } => {
-                Origin::Upstream
-            }
+            Self::Connect { .. }
+            | Self::UpstreamStatus { .. }
+            | Self::FirstByteTimeout { .. }
+            | Self::WorkerLost { .. } => Origin::Upstream,
             Self::RetriesExhausted { last, .. } => last.origin(),
             Self::NoHealthyWorker { .. }
             | Self::QueueFull { .. }
@@ -268,9 +281,9 @@ impl GatewayError {
             }
             Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::QueueFull { .. } | Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::RequestTimeout { .. } | Self::FirstByteTimeout { .. } => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            Self::RequestTimeout { .. }
+            | Self::FirstByteTimeout { .. }
+            | Self::WorkerLost { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Connect { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamStatus { status, .. } => *status,
             Self::RetriesExhausted { last, .. } => last.status(),
@@ -306,6 +319,7 @@ impl GatewayError {
             Self::Connect { .. } => ("upstream_error", "worker_unreachable"),
             Self::UpstreamStatus { .. } => ("upstream_error", "worker_error"),
             Self::FirstByteTimeout { .. } => ("timeout", "worker_timeout"),
+            Self::WorkerLost { .. } => ("timeout", "worker_unavailable"),
             Self::RetriesExhausted { last, .. } => last.kind(),
         }
     }

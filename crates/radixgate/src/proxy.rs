@@ -217,17 +217,7 @@ async fn attempts(
                 send(state, &decision, route, client_headers, peer, bytes.clone()).await?;
             prime(response, worker.url()).await
         };
-        let attempted = match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline, attempt)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(GatewayError::FirstByteTimeout {
-                        worker: worker.url().to_owned(),
-                        after: first_byte_timeout.unwrap_or_default(),
-                    })
-                }),
-            None => attempt.await,
-        };
+        let attempted = first_byte(attempt, &worker, sent, first_byte_timeout).await;
         let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
@@ -274,6 +264,7 @@ async fn attempts(
                         shared.outliers.sample(worker.id(), *after);
                         "timeout"
                     }
+                    GatewayError::WorkerLost { .. } => "worker_lost",
                     _ => "connect",
                 };
                 shared.request_metrics.upstream_error(worker.url(), kind);
@@ -302,6 +293,47 @@ async fn attempts(
         // the `.await` (it is not `Send`).
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// How often an attempt still waiting for its first byte looks whether its
+/// worker has been marked unavailable meanwhile.
+const WORKER_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Waits for `attempt` (the response head and its first frame) until
+/// `sent + timeout`. Every [`WORKER_CHECK`] it also looks at the worker: one
+/// marked unavailable meanwhile (its breaker opened on other requests'
+/// timeouts, it was ejected, or it fails health checks) is given up on at
+/// once, so the requests already waiting on a hung worker move to another
+/// worker when the first of them times out, not each after its own
+/// timeout (300 s for a whole answer by default). An attempt that gets its
+/// first byte within a second costs one timer, as a plain timeout would.
+async fn first_byte<T>(
+    attempt: impl std::future::Future<Output = Result<T, GatewayError>>,
+    worker: &radixgate_routing::Worker,
+    sent: tokio::time::Instant,
+    timeout: Option<std::time::Duration>,
+) -> Result<T, GatewayError> {
+    let deadline = timeout.map(|t| sent + t);
+    tokio::pin!(attempt);
+    loop {
+        let check = tokio::time::Instant::now() + WORKER_CHECK;
+        let wake = deadline.map_or(check, |d| d.min(check));
+        if let Ok(done) = tokio::time::timeout_at(wake, &mut attempt).await {
+            return done;
+        }
+        if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+            return Err(GatewayError::FirstByteTimeout {
+                worker: worker.url().to_owned(),
+                after: timeout.unwrap_or_default(),
+            });
+        }
+        if !worker.is_available() {
+            return Err(GatewayError::WorkerLost {
+                worker: worker.url().to_owned(),
+                after: sent.elapsed(),
+            });
+        }
     }
 }
 

@@ -34,7 +34,9 @@ pub fn retryable_status(status: StatusCode) -> bool {
 /// own fault or the gateway's, and another worker would not change it.
 pub fn retryable(err: &GatewayError) -> bool {
     match err {
-        GatewayError::Connect { .. } | GatewayError::FirstByteTimeout { .. } => true,
+        GatewayError::Connect { .. }
+        | GatewayError::FirstByteTimeout { .. }
+        | GatewayError::WorkerLost { .. } => true,
         GatewayError::UpstreamStatus { status, .. } => retryable_status(*status),
         _ => false,
     }
@@ -45,6 +47,7 @@ pub(crate) fn reason(err: &GatewayError) -> &'static str {
     match err {
         GatewayError::Connect { .. } => "connect",
         GatewayError::FirstByteTimeout { .. } => "timeout",
+        GatewayError::WorkerLost { .. } => "worker_lost",
         _ => "status",
     }
 }

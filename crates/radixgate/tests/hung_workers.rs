@@ -129,6 +129,53 @@ async fn hung_worker_requests_are_retried_elsewhere_and_its_breaker_opens() {
     gw.shutdown().await;
 }
 
+/// Item 3 (found by the soak): requests already waiting on a worker that
+/// hangs are not each held to their own first-byte timeout. A whole
+/// (non-streamed) answer may legitimately take minutes, so its timeout is
+/// long; when streamed requests' short timeouts open the hung worker's
+/// breaker meanwhile, the waiting request is given up on and retried on
+/// the other worker, well inside its own timeout.
+#[tokio::test]
+async fn requests_waiting_on_a_worker_whose_breaker_opens_move_on() {
+    let good = sim_worker(fast_worker()).await;
+    let hung = sim_worker(fast_worker()).await;
+    hung.set_faults(FaultConfig {
+        hang: true,
+        ..FaultConfig::default()
+    });
+    let mut c = config(&[&hung.url, &good.url]);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    c.retry.first_byte_timeout_secs = 1;
+    // Far beyond the request timeout below: only the breaker can save it.
+    c.retry.non_stream_timeout_secs = 3600;
+    c.circuit_breaker.failure_threshold = 1;
+    c.circuit_breaker.timeout_duration_secs = 3600;
+    // Without the fix, this is what would end the waiting request: a 504.
+    c.server.request_timeout_secs = 30;
+    let gw = gateway_ready(c, 2).await;
+    // Round robin sends the first (whole-answer) request to the hung worker.
+    let waiting = tokio::spawn({
+        let url = gw.url.clone();
+        async move { post_chat(&url, &chat("a whole answer", false)).await }
+    });
+    // The next request goes to the good worker; the third, a stream, to the
+    // hung one, where it times out after 1 s and opens its breaker.
+    for i in 0..2 {
+        let r = post_chat(&gw.url, &chat(&format!("stream {i}"), true)).await;
+        assert_eq!(r.status(), 200, "stream {i}");
+        r.bytes().await.unwrap();
+    }
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status(), 200, "the waiting request was answered");
+    assert_eq!(r.headers()["x-radixgate-worker"], good.url.as_str());
+    let text = metrics_text(&gw.url).await;
+    assert!(
+        text.contains("radixgate_retries_total{reason=\"worker_lost\"}"),
+        "{text}"
+    );
+    gw.shutdown().await;
+}
+
 /// Item 3: an event stream's head alone is not a first byte. A worker that
 /// sends the head and then nothing is hung all the same, and the request
 /// goes to another worker before anything reached the client.
