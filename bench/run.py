@@ -213,7 +213,8 @@ def main() -> int:
     p.add_argument("--bin", default=os.path.join(ROOT, "target/release/radixgate"))
     p.add_argument("--baseline-bin", help="another radixgate binary to run side by side "
                    "(interleaved rounds) as `radixgate-baseline`, e.g. the previous commit's")
-    p.add_argument("--trace", default="/work/shared/traces/mooncake_conversation.jsonl")
+    p.add_argument("--trace", default=os.path.join(os.path.dirname(ROOT), "shared", "traces",
+                                                  "mooncake_conversation.jsonl"))
     p.add_argument("--part", choices=["all", "quality", "cost"], default="all")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies quality request counts")
     p.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=[500, 1000, 2000])

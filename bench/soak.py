@@ -152,6 +152,18 @@ def settle_fds(watcher: Watcher, baseline: int, slack: int, wait: float) -> dict
         time.sleep(2.0)
 
 
+def repo_relative(value):
+    """`value` with this checkout's absolute path cut from every string."""
+    root = os.path.dirname(HERE) + os.sep
+    if isinstance(value, str):
+        return value.replace(root, "")
+    if isinstance(value, list):
+        return [repo_relative(v) for v in value]
+    if isinstance(value, dict):
+        return {k: repo_relative(v) for k, v in value.items()}
+    return value
+
+
 def soak(opts) -> dict:
     binary = os.path.abspath(opts.bin)
     tmp = tempfile.mkdtemp(prefix="radixgate-soak-")
@@ -298,6 +310,9 @@ def main() -> int:
         return 2
     stem = report.result_stem(opts.out, dt.datetime.fromisoformat(result["meta"]["started_utc"]),
                               "soak")
+    # Results are kept in the repo: paths in them are the repo's, not this
+    # machine's.
+    result = repo_relative(result)
     write_json(stem + ".json", result)
     with open(stem + ".md", "w") as f:
         f.write(soak_report.markdown(result))
