@@ -142,9 +142,13 @@ async fn metrics_series_match_the_committed_list() {
 
     // Gauges are refreshed by the upkeep tick: wait for one that saw the
     // open breaker and the idle worker, and for outlier detection's tick.
-    wait_until("gauges after the failures", || async {
+    // A request is counted when its body ends, which may come just after
+    // the client has read it: wait for all nine in both families.
+    wait_until("gauges and counts after the failures", || async {
         let text = metrics_text(&gw.url).await;
-        text.contains("radixgate_circuit_breaker_state{")
+        count(&text, "radixgate_requests_total{") == 9.0
+            && count(&text, "radixgate_request_duration_seconds_count{") == 9.0
+            && text.contains("radixgate_circuit_breaker_state{")
             && count(&text, "radixgate_circuit_breaker_state{") == 1.0
             && count(&text, "radixgate_worker_in_flight_requests{") == 0.0
             && count(&text, "radixgate_admission_in_flight_requests") == 0.0
