@@ -128,6 +128,9 @@ pub struct Breaker {
     origin: Instant,
     word: AtomicU64,
     transitions: AtomicU64,
+    /// When an attempt last got no first byte in time, as milliseconds
+    /// after `origin` plus one (0: never); see [`Breaker::note_hang`].
+    hung_at: AtomicU64,
 }
 
 /// Permission to send one request through a breaker; record its outcome
@@ -161,6 +164,7 @@ impl Breaker {
             origin: Instant::now(),
             word: AtomicU64::new(Word::closed(0, 0).pack()),
             transitions: AtomicU64::new(0),
+            hung_at: AtomicU64::new(0),
         }
     }
 
@@ -267,6 +271,23 @@ impl Breaker {
             OPEN if !self.open_expired(w, self.millis(now)) => BreakerState::Open,
             _ => BreakerState::HalfOpen,
         }
+    }
+
+    /// Notes that an attempt at this worker got no first byte within its
+    /// first-byte timeout at `now`: the worker hangs requests.
+    pub fn note_hang(&self, now: Instant) {
+        self.hung_at.fetch_max(self.ms(now) + 1, Ordering::Relaxed);
+    }
+
+    /// Whether an attempt at this worker timed out waiting for its first
+    /// byte after `since`.
+    pub fn hung_since(&self, since: Instant) -> bool {
+        let at = self.hung_at.load(Ordering::Relaxed);
+        at != 0 && at - 1 > self.ms(since)
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_millis()).unwrap_or(u64::MAX - 1)
     }
 
     /// How many state changes this breaker has made since it was built.

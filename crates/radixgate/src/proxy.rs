@@ -168,6 +168,7 @@ async fn attempts(
     let routing_key = routing_key(client_headers, request.user.as_deref());
     let max_retries = shared.config.retry.max_retries;
     let first_byte_timeout = shared.config.first_byte_timeout(request.stream);
+    let stream_first_byte_timeout = shared.config.first_byte_timeout(true);
     let mut backoff = Backoff::new(&shared.config.retry);
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
@@ -196,11 +197,8 @@ async fn attempts(
             }
         };
         let worker = decision.worker().clone();
-        let Some(probe) = shared
-            .breakers
-            .get(worker.id())
-            .try_acquire(tokio::time::Instant::now())
-        else {
+        let breaker = shared.breakers.get(worker.id());
+        let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
             // Half-open with its probe already out: this worker sits out.
             tried.push(worker.id());
             continue;
@@ -217,7 +215,17 @@ async fn attempts(
                 send(state, &decision, route, client_headers, peer, bytes.clone()).await?;
             prime(response, worker.url()).await
         };
-        let attempted = first_byte(attempt, &worker, sent, first_byte_timeout).await;
+        let attempted = first_byte(
+            attempt,
+            Waiting {
+                worker: &worker,
+                breaker: &breaker,
+                sent,
+                timeout: first_byte_timeout,
+                hang: stream_first_byte_timeout,
+            },
+        )
+        .await;
         let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
@@ -262,6 +270,7 @@ async fn attempts(
                     GatewayError::FirstByteTimeout { after, .. } => {
                         // A hung worker's latency is at least the timeout.
                         shared.outliers.sample(worker.id(), *after);
+                        breaker.note_hang(tokio::time::Instant::now());
                         "timeout"
                     }
                     GatewayError::WorkerLost { .. } => "worker_lost",
@@ -300,20 +309,44 @@ async fn attempts(
 /// worker has been marked unavailable meanwhile.
 const WORKER_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// An attempt waiting for its first byte, and what it waits on.
+struct Waiting<'a> {
+    worker: &'a radixgate_routing::Worker,
+    breaker: &'a crate::breaker::Breaker,
+    sent: tokio::time::Instant,
+    /// This attempt's first-byte timeout.
+    timeout: Option<std::time::Duration>,
+    /// The streams' first-byte timeout: waited that long on a worker that
+    /// has meanwhile let another attempt pass it, this one is hung too.
+    hang: Option<std::time::Duration>,
+}
+
 /// Waits for `attempt` (the response head and its first frame) until
-/// `sent + timeout`. Every [`WORKER_CHECK`] it also looks at the worker: one
-/// marked unavailable meanwhile (its breaker opened on other requests'
-/// timeouts, it was ejected, or it fails health checks) is given up on at
-/// once, so the requests already waiting on a hung worker move to another
-/// worker when the first of them times out, not each after its own
-/// timeout (300 s for a whole answer by default). An attempt that gets its
-/// first byte within a second costs one timer, as a plain timeout would.
+/// `sent + timeout`. Every [`WORKER_CHECK`] it also looks at the worker,
+/// and gives up at once (to be retried elsewhere) when
+/// - the worker has been marked unavailable meanwhile (its breaker opened
+///   on other requests' timeouts, it was ejected, or it fails health
+///   checks), or
+/// - another attempt at it has timed out waiting for its first byte since
+///   this one was sent, and this one has waited at least the streams'
+///   first-byte timeout: the worker hangs requests, even if it answers
+///   others (so its breaker may stay closed).
+///
+/// So requests already waiting on a hung worker move on when the first of
+/// them times out, not each after its own timeout (300 s for a whole
+/// answer by default). An attempt that gets its first byte within a second
+/// costs one timer, as a plain timeout would.
 async fn first_byte<T>(
     attempt: impl std::future::Future<Output = Result<T, GatewayError>>,
-    worker: &radixgate_routing::Worker,
-    sent: tokio::time::Instant,
-    timeout: Option<std::time::Duration>,
+    waiting: Waiting<'_>,
 ) -> Result<T, GatewayError> {
+    let Waiting {
+        worker,
+        breaker,
+        sent,
+        timeout,
+        hang,
+    } = waiting;
     let deadline = timeout.map(|t| sent + t);
     tokio::pin!(attempt);
     loop {
@@ -328,7 +361,8 @@ async fn first_byte<T>(
                 after: timeout.unwrap_or_default(),
             });
         }
-        if !worker.is_available() {
+        let hung = hang.is_some_and(|h| sent.elapsed() >= h) && breaker.hung_since(sent);
+        if hung || !worker.is_available() {
             return Err(GatewayError::WorkerLost {
                 worker: worker.url().to_owned(),
                 after: sent.elapsed(),

@@ -176,6 +176,49 @@ async fn requests_waiting_on_a_worker_whose_breaker_opens_move_on() {
     gw.shutdown().await;
 }
 
+/// Item 3 (found by the second soak): a worker may hang some requests
+/// forever while it answers others, so its breaker never opens. A request
+/// that has waited on it as long as the streams' first-byte timeout, once
+/// another request there has timed out, is given up on and retried.
+#[tokio::test]
+async fn requests_waiting_on_a_worker_that_hangs_others_move_on() {
+    let good = sim_worker(fast_worker()).await;
+    let hung = sim_worker(fast_worker()).await;
+    hung.set_faults(FaultConfig {
+        hang: true,
+        ..FaultConfig::default()
+    });
+    let mut c = config(&[&hung.url, &good.url]);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.non_stream_timeout_secs = 3600;
+    // The breaker never opens here: only the hang itself can tell.
+    c.circuit_breaker.failure_threshold = 100;
+    c.outlier_detection.enabled = false;
+    c.server.request_timeout_secs = 30;
+    let gw = gateway_ready(c, 2).await;
+    let waiting = tokio::spawn({
+        let url = gw.url.clone();
+        async move { post_chat(&url, &chat("a whole answer", false)).await }
+    });
+    // Let the whole answer wait past the streams' timeout (1 s) first.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    for i in 0..2 {
+        let r = post_chat(&gw.url, &chat(&format!("stream {i}"), true)).await;
+        assert_eq!(r.status(), 200, "stream {i}");
+        r.bytes().await.unwrap();
+    }
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status(), 200, "the waiting request was answered");
+    assert_eq!(r.headers()["x-radixgate-worker"], good.url.as_str());
+    let text = metrics_text(&gw.url).await;
+    assert!(
+        text.contains("radixgate_retries_total{reason=\"worker_lost\"}"),
+        "{text}"
+    );
+    gw.shutdown().await;
+}
+
 /// Item 3: an event stream's head alone is not a first byte. A worker that
 /// sends the head and then nothing is hung all the same, and the request
 /// goes to another worker before anything reached the client.
