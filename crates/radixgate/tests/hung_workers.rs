@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use common::*;
 use futures::StreamExt as _;
 use parking_lot::Mutex;
+use radixgate::config::Config;
 use radixgate_routing::{CacheAwareConfig, PolicyConfig};
 use radixgate_sim::server::FaultConfig;
 use serde_json::{Value, json};
@@ -129,14 +130,12 @@ async fn hung_worker_requests_are_retried_elsewhere_and_its_breaker_opens() {
     gw.shutdown().await;
 }
 
-/// Item 3 (found by the soak): requests already waiting on a worker that
-/// hangs are not each held to their own first-byte timeout. A whole
-/// (non-streamed) answer may legitimately take minutes, so its timeout is
-/// long; when streamed requests' short timeouts open the hung worker's
-/// breaker meanwhile, the waiting request is given up on and retried on
-/// the other worker, well inside its own timeout.
-#[tokio::test]
-async fn requests_waiting_on_a_worker_whose_breaker_opens_move_on() {
+/// A whole answer waits on a hung worker while two streams follow it
+/// (round robin: the first and third requests go to the hung worker, the
+/// third times out after its 1 s first-byte timeout). Without a way to give
+/// up on the waiting attempt, the request timeout (30 s) would end it with
+/// a 504; its own first-byte timeout is an hour. `edit` sets the breaker.
+async fn whole_answer_waiting_on_a_hung_worker(edit: impl FnOnce(&mut Config), pause: Duration) {
     let good = sim_worker(fast_worker()).await;
     let hung = sim_worker(fast_worker()).await;
     hung.set_faults(FaultConfig {
@@ -146,20 +145,20 @@ async fn requests_waiting_on_a_worker_whose_breaker_opens_move_on() {
     let mut c = config(&[&hung.url, &good.url]);
     c.routing = PolicyConfig::RoundRobin(Default::default());
     c.retry.first_byte_timeout_secs = 1;
-    // Far beyond the request timeout below: only the breaker can save it.
     c.retry.non_stream_timeout_secs = 3600;
-    c.circuit_breaker.failure_threshold = 1;
-    c.circuit_breaker.timeout_duration_secs = 3600;
-    // Without the fix, this is what would end the waiting request: a 504.
     c.server.request_timeout_secs = 30;
+    edit(&mut c);
     let gw = gateway_ready(c, 2).await;
-    // Round robin sends the first (whole-answer) request to the hung worker.
     let waiting = tokio::spawn({
         let url = gw.url.clone();
         async move { post_chat(&url, &chat("a whole answer", false)).await }
     });
-    // The next request goes to the good worker; the third, a stream, to the
-    // hung one, where it times out after 1 s and opens its breaker.
+    // The whole answer must be routed first, to the hung worker.
+    wait_until("the whole answer in flight", || async {
+        total_load(&gw.url).await == 1
+    })
+    .await;
+    tokio::time::sleep(pause).await;
     for i in 0..2 {
         let r = post_chat(&gw.url, &chat(&format!("stream {i}"), true)).await;
         assert_eq!(r.status(), 200, "stream {i}");
@@ -176,47 +175,33 @@ async fn requests_waiting_on_a_worker_whose_breaker_opens_move_on() {
     gw.shutdown().await;
 }
 
+/// Item 3 (found by the soak): requests already waiting on a worker that
+/// hangs are not each held to their own first-byte timeout. A whole
+/// (non-streamed) answer may legitimately take minutes, so its timeout is
+/// long; when a stream's short timeout opens the hung worker's breaker
+/// meanwhile, the waiting request is given up on and retried on the other
+/// worker, well inside its own timeout.
+#[tokio::test]
+async fn requests_waiting_on_a_worker_whose_breaker_opens_move_on() {
+    let open_at_once = |c: &mut Config| {
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.timeout_duration_secs = 3600;
+    };
+    whole_answer_waiting_on_a_hung_worker(open_at_once, Duration::ZERO).await;
+}
+
 /// Item 3 (found by the second soak): a worker may hang some requests
 /// forever while it answers others, so its breaker never opens. A request
 /// that has waited on it as long as the streams' first-byte timeout, once
 /// another request there has timed out, is given up on and retried.
 #[tokio::test]
 async fn requests_waiting_on_a_worker_that_hangs_others_move_on() {
-    let good = sim_worker(fast_worker()).await;
-    let hung = sim_worker(fast_worker()).await;
-    hung.set_faults(FaultConfig {
-        hang: true,
-        ..FaultConfig::default()
-    });
-    let mut c = config(&[&hung.url, &good.url]);
-    c.routing = PolicyConfig::RoundRobin(Default::default());
-    c.retry.first_byte_timeout_secs = 1;
-    c.retry.non_stream_timeout_secs = 3600;
-    // The breaker never opens here: only the hang itself can tell.
-    c.circuit_breaker.failure_threshold = 100;
-    c.outlier_detection.enabled = false;
-    c.server.request_timeout_secs = 30;
-    let gw = gateway_ready(c, 2).await;
-    let waiting = tokio::spawn({
-        let url = gw.url.clone();
-        async move { post_chat(&url, &chat("a whole answer", false)).await }
-    });
-    // Let the whole answer wait past the streams' timeout (1 s) first.
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
-    for i in 0..2 {
-        let r = post_chat(&gw.url, &chat(&format!("stream {i}"), true)).await;
-        assert_eq!(r.status(), 200, "stream {i}");
-        r.bytes().await.unwrap();
-    }
-    let r = waiting.await.unwrap();
-    assert_eq!(r.status(), 200, "the waiting request was answered");
-    assert_eq!(r.headers()["x-radixgate-worker"], good.url.as_str());
-    let text = metrics_text(&gw.url).await;
-    assert!(
-        text.contains("radixgate_retries_total{reason=\"worker_lost\"}"),
-        "{text}"
-    );
-    gw.shutdown().await;
+    let never_open = |c: &mut Config| {
+        c.circuit_breaker.failure_threshold = 100;
+        c.outlier_detection.enabled = false;
+    };
+    // The whole answer waits past the streams' timeout (1 s) first.
+    whole_answer_waiting_on_a_hung_worker(never_open, Duration::from_millis(1200)).await;
 }
 
 /// Item 3: an event stream's head alone is not a first byte. A worker that
