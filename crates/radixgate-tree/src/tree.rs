@@ -11,7 +11,9 @@
 
 use std::collections::HashMap;
 
-use crate::TenantId;
+use smallvec::SmallVec;
+
+use crate::{TenantDepth, TenantId};
 use crate::node::{Arena, Holder, Node, NodeId, ROOT};
 use crate::tenant::{LruEntry, TenantState};
 use crate::text::{common_prefix_len, count_chars, first_char, floor_char_boundary};
@@ -93,6 +95,62 @@ impl Inner {
             node,
             bytes: pos,
         }
+    }
+
+    /// Like [`walk`](Self::walk) without a tenant filter, also collecting
+    /// every holder along the path with the depth of the deepest path node
+    /// it holds (sorted by tenant).
+    pub(crate) fn walk_all(&self, text: &str) -> (Walk, Vec<TenantDepth>) {
+        let arena = &self.arena;
+        // Nodes on the path with the characters matched through each.
+        let mut path: SmallVec<[(NodeId, usize); 16]> = SmallVec::new();
+        let mut pos = 0;
+        let mut chars = 0;
+        let mut node = ROOT;
+        while pos < text.len() {
+            let rest = &text[pos..];
+            let Some(child) = arena[node].child(first_char(rest)) else {
+                break;
+            };
+            let next = &arena[child];
+            let edge = next.edge.as_bytes();
+            let common = common_prefix_len(edge, rest.as_bytes());
+            node = child;
+            if common == edge.len() {
+                chars += next.edge_chars as usize;
+                pos += common;
+                path.push((child, chars));
+            } else {
+                let cut = floor_char_boundary(rest, common);
+                chars += count_chars(&rest[..cut]);
+                pos += cut;
+                path.push((child, chars));
+                break;
+            }
+        }
+        // Deepest first: a tenant's first appearance is its own match;
+        // every holder of a node also holds the nodes above it.
+        let mut depths: Vec<TenantDepth> = Vec::new();
+        for &(id, depth) in path.iter().rev() {
+            for h in &arena[id].holders {
+                if let Err(at) = depths.binary_search_by_key(&h.tenant, |d| d.tenant) {
+                    depths.insert(
+                        at,
+                        TenantDepth {
+                            tenant: h.tenant,
+                            matched_chars: depth,
+                            last_access: h.last_access,
+                        },
+                    );
+                }
+            }
+        }
+        let walk = Walk {
+            chars,
+            node,
+            bytes: pos,
+        };
+        (walk, depths)
     }
 
     /// Records that `tenant` was sent `text` at a new logical time. The

@@ -44,6 +44,47 @@ pub struct PrefixMatch {
     pub tenants: Vec<TenantHit>,
 }
 
+/// One tenant's own match of a text, as [`crate::Tree::tenant_matches`]
+/// reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantDepth {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Characters of the longest prefix of the text the tenant holds (> 0).
+    pub matched_chars: usize,
+    /// Logical time of the tenant's last insert through the end of that
+    /// prefix (larger is newer).
+    pub last_access: u64,
+}
+
+/// Result of [`crate::Tree::tenant_matches`]: every tenant's own match of a
+/// text, from one walk.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TenantMatches {
+    /// Characters of the longest prefix of the text held by any tenant.
+    pub matched_chars: usize,
+    /// Characters in the text.
+    pub input_chars: usize,
+    /// Every tenant that holds at least one character of the text's path,
+    /// sorted by tenant id. A tenant not listed matches 0 characters.
+    pub tenants: Vec<TenantDepth>,
+}
+
+impl TenantMatches {
+    /// Characters of the text `tenant` holds (0 if none).
+    pub fn matched_for(&self, tenant: TenantId) -> usize {
+        self.get(tenant).map_or(0, |t| t.matched_chars)
+    }
+
+    /// The tenant's own match, if it holds any of the text.
+    pub fn get(&self, tenant: TenantId) -> Option<&TenantDepth> {
+        self.tenants
+            .binary_search_by_key(&tenant, |t| t.tenant)
+            .ok()
+            .map(|k| &self.tenants[k])
+    }
+}
+
 /// Result of [`crate::Tree::prefix_match_for`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct TenantMatch {

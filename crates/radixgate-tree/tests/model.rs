@@ -14,6 +14,7 @@ enum Op {
     Insert(String, u32),
     Match(String),
     MatchFor(String, u32),
+    MatchAll(String),
     Remove(u32),
     Evict(usize),
     Undo(usize),
@@ -32,6 +33,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (text(), 0..4u32).prop_map(|(s, t)| Op::Insert(s, t)),
         3 => text().prop_map(Op::Match),
         2 => (text(), 0..4u32).prop_map(|(s, t)| Op::MatchFor(s, t)),
+        2 => text().prop_map(Op::MatchAll),
         1 => (0..4u32).prop_map(Op::Remove),
         1 => (0..25usize).prop_map(Op::Evict),
         2 => (0..8usize).prop_map(Op::Undo),
@@ -83,6 +85,7 @@ proptest! {
                     tree.prefix_match_for(s, TenantId(*t)),
                     model.prefix_match_for(s, TenantId(*t))
                 ),
+                Op::MatchAll(s) => prop_assert_eq!(tree.tenant_matches(s), model.tenant_matches(s)),
                 Op::Remove(t) => {
                     tree.remove_tenant(TenantId(*t));
                     model.remove_tenant(TenantId(*t));

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use radixgate_tree::{PrefixMatch, TenantHit, TenantId, TenantMatch};
+use radixgate_tree::{PrefixMatch, TenantDepth, TenantHit, TenantId, TenantMatch, TenantMatches};
 
 /// The model.
 #[derive(Debug, Default)]
@@ -99,6 +99,28 @@ impl Model {
             .rev()
             .find_map(|k| map.get(&chars[..k]).map(|&t| (k, t)))
             .unwrap_or((0, 0))
+    }
+
+    pub(crate) fn tenant_matches(&self, text: &str) -> TenantMatches {
+        let chars: Vec<char> = text.chars().collect();
+        let tenants: Vec<TenantDepth> = self
+            .held
+            .iter()
+            .map(|(&tenant, map)| {
+                let (matched_chars, last_access) = Self::longest(map, &chars);
+                TenantDepth {
+                    tenant,
+                    matched_chars,
+                    last_access,
+                }
+            })
+            .filter(|d| d.matched_chars > 0)
+            .collect();
+        TenantMatches {
+            matched_chars: tenants.iter().map(|d| d.matched_chars).max().unwrap_or(0),
+            input_chars: chars.len(),
+            tenants,
+        }
     }
 
     pub(crate) fn prefix_match(&self, text: &str) -> PrefixMatch {
