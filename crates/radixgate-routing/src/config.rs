@@ -16,6 +16,7 @@
 //! factor 1.5, `match_granularity_chars` 64.
 
 use crate::RoutingError;
+use crate::cost::CostModelConfig;
 use crate::policy::{
     CacheAware, ConsistentHash, LeastLoad, Policy, PowerOfTwo, PrefillAware, Random, RoundRobin,
 };
@@ -112,7 +113,8 @@ pub enum LowMatchTarget {
     SmallestTree,
 }
 
-/// Hot-spot protection for cache hits.
+/// Hot-spot protection for cache hits: when a holder of the request's
+/// prefix is too busy to take it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "snake_case", deny_unknown_fields)]
 pub enum HotSpotRule {
@@ -121,6 +123,8 @@ pub enum HotSpotRule {
     /// Honour a hit only while the holder's in-flight load is at most
     /// `max(min_load + slack, factor * mean_load)` over available workers;
     /// otherwise the least-loaded worker takes it (and becomes a holder).
+    /// With `low_match: smallest_tree`, this is the rule radixgate shipped
+    /// before the cost model (`CacheAwareConfig::seed_rule`).
     RelativeCap {
         /// Requests a holder may run above the least-loaded worker.
         #[serde(default = "default_slack")]
@@ -128,6 +132,31 @@ pub enum HotSpotRule {
         /// Multiple of the mean load a holder may reach.
         #[serde(default = "default_factor")]
         factor: f64,
+    },
+    /// Decide by predicted time to first token (the cost model, `cost`):
+    /// a hit is honoured while the holder's predicted TTFT is at most
+    /// `best * (1 + margin) + slack_ms + repeat_ms² / reuse_ms`, where
+    /// `best` is the least predicted TTFT in the pool and `repeat_ms` the
+    /// predicted time the quickest worker would spend prefilling what the
+    /// holder already holds; otherwise the quickest worker takes it (and
+    /// becomes a holder). The last term is what a spill costs others: the
+    /// pool computes that prefix again, and the requests that reach the
+    /// quickest worker while it does (about `repeat_ms / reuse_ms` of
+    /// them, `reuse_ms` standing for the gap between arrivals there) each
+    /// wait up to `repeat_ms` behind it. Spilling a short hot prefix is
+    /// cheap; spilling a long document rarely pays. Low-match requests go to the
+    /// `low_match` target among the workers within `best * (1 + margin) +
+    /// slack_ms`. Default.
+    PredictedTtft {
+        /// Relative slack over the best worker's predicted TTFT.
+        #[serde(default = "default_ttft_margin")]
+        margin: f64,
+        /// Absolute slack, milliseconds.
+        #[serde(default = "default_ttft_slack_ms")]
+        slack_ms: f64,
+        /// Scale of the repeated-prefill term, milliseconds (0: no term).
+        #[serde(default = "default_ttft_reuse_ms")]
+        reuse_ms: f64,
     },
 }
 
@@ -144,11 +173,37 @@ fn default_factor() -> f64 {
     1.5
 }
 
-impl Default for HotSpotRule {
-    fn default() -> Self {
+/// See `docs/defaults.md`, "The cost model".
+fn default_ttft_margin() -> f64 {
+    0.5
+}
+
+/// See `docs/defaults.md`, "The cost model".
+fn default_ttft_slack_ms() -> f64 {
+    10.0
+}
+
+/// See `docs/defaults.md`, "The cost model".
+fn default_ttft_reuse_ms() -> f64 {
+    50.0
+}
+
+impl HotSpotRule {
+    /// The seed rule's cap: slack 8, factor 1.5.
+    pub fn seed() -> Self {
         Self::RelativeCap {
             slack: default_slack(),
             factor: default_factor(),
+        }
+    }
+}
+
+impl Default for HotSpotRule {
+    fn default() -> Self {
+        Self::PredictedTtft {
+            margin: default_ttft_margin(),
+            slack_ms: default_ttft_slack_ms(),
+            reuse_ms: default_ttft_reuse_ms(),
         }
     }
 }
@@ -197,6 +252,9 @@ pub struct CacheAwareConfig {
     /// (nor cost a 50 MB match). Long-context prompts beyond it still
     /// route by their first 256 Ki characters.
     pub max_routing_text_chars: usize,
+    /// The TTFT cost model (read by the `predicted_ttft` hot-spot rule,
+    /// learned in every mode, and shown in the decision header).
+    pub cost: CostModelConfig,
 }
 
 impl Default for CacheAwareConfig {
@@ -212,6 +270,7 @@ impl Default for CacheAwareConfig {
             hot_spot: HotSpotRule::default(),
             match_granularity_chars: 64,
             max_routing_text_chars: DEFAULT_MAX_ROUTING_TEXT_CHARS,
+            cost: CostModelConfig::default(),
         }
     }
 }
@@ -268,18 +327,60 @@ impl CacheAwareConfig {
             }
             at_most("hot_spot.slack", slack, MAX_LOAD)?;
         }
-        Ok(())
+        if let HotSpotRule::PredictedTtft {
+            margin,
+            slack_ms,
+            reuse_ms,
+        } = self.hot_spot
+        {
+            if !reuse_ms.is_finite() || !(0.0..=MAX_TTFT_SLACK_MS).contains(&reuse_ms) {
+                return Err(RoutingError::config(
+                    "hot_spot.reuse_ms",
+                    format!(
+                        "must be a finite number between 0 and {MAX_TTFT_SLACK_MS}, got {reuse_ms}"
+                    ),
+                ));
+            }
+            if !margin.is_finite() || !(0.0..=MAX_RATIO).contains(&margin) {
+                return Err(RoutingError::config(
+                    "hot_spot.margin",
+                    format!("must be a finite number between 0 and {MAX_RATIO}, got {margin}"),
+                ));
+            }
+            if !slack_ms.is_finite() || !(0.0..=MAX_TTFT_SLACK_MS).contains(&slack_ms) {
+                return Err(RoutingError::config(
+                    "hot_spot.slack_ms",
+                    format!(
+                        "must be a finite number between 0 and {MAX_TTFT_SLACK_MS}, got {slack_ms}"
+                    ),
+                ));
+            }
+        }
+        self.cost.validate()
+    }
+
+    /// The rule radixgate routed by before the cost model, exactly: the
+    /// in-flight hot-spot cap (slack 8, factor 1.5) and the smallest-tree
+    /// low-match target, other settings at their defaults. Kept for
+    /// comparison (`radixgate simulate --policies cache_aware_seed`).
+    pub fn seed_rule() -> Self {
+        Self {
+            hot_spot: HotSpotRule::seed(),
+            low_match: LowMatchTarget::SmallestTree,
+            ..Self::default()
+        }
     }
 }
+
+/// Largest `hot_spot.slack_ms` (a minute).
+const MAX_TTFT_SLACK_MS: f64 = 60_000.0;
 
 /// Settings of [`PrefillAware`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrefillAwareConfig {
-    /// Prompt characters one in-flight request is worth in the cost (its
-    /// share of the batch slows everyone's prefill). A first guess, to be
-    /// tuned with the simulator.
-    pub load_cost_chars: usize,
+    /// The TTFT cost model, as in [`CacheAwareConfig`].
+    pub cost: CostModelConfig,
     /// As in [`CacheAwareConfig`].
     pub eviction_interval_secs: u64,
     /// As in [`CacheAwareConfig`].
@@ -294,7 +395,7 @@ impl Default for PrefillAwareConfig {
     fn default() -> Self {
         let c = CacheAwareConfig::default();
         Self {
-            load_cost_chars: 256,
+            cost: c.cost,
             eviction_interval_secs: c.eviction_interval_secs,
             max_tree_size: c.max_tree_size,
             max_total_chars: c.max_total_chars,
@@ -304,9 +405,29 @@ impl Default for PrefillAwareConfig {
 }
 
 impl PrefillAwareConfig {
+    /// The cache_aware settings prefill_aware runs as: always the worker
+    /// with the least predicted TTFT (`predicted_ttft` with no margin), the
+    /// least loaded among equals.
+    pub fn as_cache_aware(&self) -> CacheAwareConfig {
+        CacheAwareConfig {
+            hot_spot: HotSpotRule::PredictedTtft {
+                margin: 0.0,
+                slack_ms: 0.0,
+                reuse_ms: 0.0,
+            },
+            low_match: LowMatchTarget::MinLoad,
+            cost: self.cost,
+            eviction_interval_secs: self.eviction_interval_secs,
+            max_tree_size: self.max_tree_size,
+            max_total_chars: self.max_total_chars,
+            max_routing_text_chars: self.max_routing_text_chars,
+            ..CacheAwareConfig::default()
+        }
+    }
+
     /// Checks ranges; the error names the offending key.
     pub fn validate(&self) -> Result<(), RoutingError> {
-        at_most("load_cost_chars", self.load_cost_chars, MAX_LOAD_COST_CHARS)?;
+        self.cost.validate()?;
         validate_tree_bounds(
             self.eviction_interval_secs,
             self.max_tree_size,
@@ -326,8 +447,6 @@ const MAX_LOAD: usize = 1_000_000;
 const MAX_RATIO: f64 = 1_000.0;
 /// Largest `match_granularity_chars` (1 Mi characters).
 const MAX_GRANULARITY_CHARS: usize = 1 << 20;
-/// Largest `load_cost_chars` (1 Gi characters).
-const MAX_LOAD_COST_CHARS: usize = 1 << 30;
 
 fn at_most<T: PartialOrd + std::fmt::Display>(
     field: &'static str,
@@ -474,7 +593,7 @@ mod tests {
                 "cache_aware",
             ),
             (
-                r#"{"policy":"prefill_aware","load_cost_chars":64}"#,
+                r#"{"policy":"prefill_aware","cost":{"window":16}}"#,
                 "prefill_aware",
             ),
             (r#"{"policy":"round_robin"}"#, "round_robin"),

@@ -11,16 +11,28 @@
 //! characters). That part is released by [`LoadGuard::prefill_done`] when the
 //! first token arrives, or at drop at the latest; it is released exactly once.
 
-use crate::Worker;
+use crate::{CostModelConfig, Work, Worker};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// One request in flight on a worker; releases its load when dropped.
 #[must_use = "dropping the guard releases the worker's load at once"]
 pub struct LoadGuard {
     worker: Arc<Worker>,
     prefill: usize,
+    /// What the decision predicted from, for the cost model to learn from
+    /// at the first token; taken once.
+    predicted: Option<Predicted>,
+}
+
+/// The facts a TTFT prediction was made from, kept until the first token.
+#[derive(Clone, Copy, Debug)]
+struct Predicted {
+    slot: usize,
+    work: Work,
+    cost: CostModelConfig,
 }
 
 impl LoadGuard {
@@ -40,7 +52,35 @@ impl LoadGuard {
         Self {
             worker,
             prefill: prefill_chars,
+            predicted: None,
         }
+    }
+
+    /// Like [`with_prefill`](Self::with_prefill), also keeping what the
+    /// cost model predicted from (`work` as the decision saw it, on the
+    /// worker's fit `slot`), so [`first_token`](Self::first_token) can
+    /// teach the fit.
+    pub fn with_prediction(
+        worker: Arc<Worker>,
+        slot: usize,
+        work: Work,
+        cost: CostModelConfig,
+    ) -> Self {
+        let mut guard = Self::with_prefill(worker, work.uncached_chars);
+        guard.predicted = Some(Predicted { slot, work, cost });
+        guard
+    }
+
+    /// The request's first token arrived `elapsed` after the decision: its
+    /// prefill work is done (as [`prefill_done`](Self::prefill_done)), and
+    /// the worker's cost model learns from the wait, once. Callers pass only
+    /// a real first token (a streamed response's first event), not the end
+    /// of a whole answer.
+    pub fn first_token(&mut self, elapsed: Duration) {
+        if let Some(p) = self.predicted.take() {
+            self.worker.observe_ttft(p.slot, p.work, elapsed, &p.cost);
+        }
+        self.prefill_done();
     }
 
     /// The request's first token arrived: its prefill work is done. The
@@ -71,6 +111,7 @@ impl fmt::Debug for LoadGuard {
         f.debug_struct("LoadGuard")
             .field("worker", &self.worker.id())
             .field("prefill", &self.prefill)
+            .field("predicted", &self.predicted)
             .finish()
     }
 }

@@ -40,6 +40,7 @@
 //! ```
 
 mod config;
+pub mod cost;
 mod error;
 mod eviction;
 mod guard;
@@ -56,6 +57,7 @@ pub use config::{
     CacheAwareConfig, ConsistentHashConfig, HotSpotRule, LeastLoadConfig, LowMatchTarget,
     PolicyConfig, PowerOfTwoConfig, PrefillAwareConfig, RandomConfig, RoundRobinConfig,
 };
+pub use cost::{Coefficients, CostModelConfig, Work};
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
 pub use guard::LoadGuard;

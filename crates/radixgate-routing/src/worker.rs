@@ -18,9 +18,11 @@
 //! All atomics use relaxed or acquire/release orderings: each value is an
 //! independent hint for routing, and no invariant spans two of them.
 
+use crate::cost::{Coefficients, CostModelConfig, Estimator, Work};
 use crate::{TenantId, WorkerSpec, WorkerUrl};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// Identifies a worker for as long as the process runs; never reused, so a
 /// worker removed and added again gets a fresh id (and a fresh cache record).
@@ -133,6 +135,9 @@ pub struct Worker {
     pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
     reported: AtomicU64,
+    /// The TTFT cost model's fit, one per model served (one for a
+    /// wildcard worker), in the order of `models`.
+    cost: Box<[Estimator]>,
 }
 
 impl Worker {
@@ -140,6 +145,7 @@ impl Worker {
     /// [`Registry::add`](crate::Registry::add), which validates the spec and
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
+        let fits = spec.models.len().max(1);
         Self {
             id,
             url: WorkerUrl::canonical(&spec.url).to_owned(),
@@ -152,6 +158,7 @@ impl Worker {
             pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
             reported: AtomicU64::new(0),
+            cost: (0..fits).map(|_| Estimator::default()).collect(),
         }
     }
 
@@ -239,6 +246,36 @@ impl Worker {
     /// The load the worker last reported, if it ever did.
     pub fn reported_load(&self) -> Option<ReportedLoad> {
         unpack(self.reported.load(Ordering::Relaxed))
+    }
+
+    /// Which of the worker's cost-model fits serves requests for `model`:
+    /// the model's place in [`models`](Self::models), or the first (a
+    /// wildcard worker has one fit for everything).
+    pub fn cost_slot(&self, model: &str) -> usize {
+        self.models.iter().position(|m| m == model).unwrap_or(0)
+    }
+
+    /// The TTFT cost model's coefficients for the fit `slot` (`seed` until
+    /// it has observed a first token).
+    pub fn ttft_coefficients(&self, slot: usize, seed: &CostModelConfig) -> Coefficients {
+        self.estimator(slot).coefficients(&seed.seed())
+    }
+
+    /// First tokens the fit `slot` has learned from.
+    pub fn ttft_observations(&self, slot: usize) -> u64 {
+        self.estimator(slot).observations()
+    }
+
+    /// Teaches the fit `slot` that a request which saw `work` here got its
+    /// first token after `elapsed`. [`LoadGuard::first_token`] calls this.
+    ///
+    /// [`LoadGuard::first_token`]: crate::LoadGuard::first_token
+    pub fn observe_ttft(&self, slot: usize, work: Work, elapsed: Duration, cfg: &CostModelConfig) {
+        self.estimator(slot).observe(work, elapsed, cfg);
+    }
+
+    fn estimator(&self, slot: usize) -> &Estimator {
+        self.cost.get(slot).unwrap_or(&self.cost[0])
     }
 
     /// Whether this worker serves `model` (a wildcard worker serves all).

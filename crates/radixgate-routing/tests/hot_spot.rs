@@ -8,7 +8,8 @@
 //!
 //! "Hit" here is what a worker cache that can hold all 8 prefixes would see:
 //! the chosen worker was sent that prefix before. Compared: the seed rule
-//! (no hot-spot protection), the relative cap (the default), prefill_aware
+//! (no hot-spot protection), the relative cap (the rule before the cost
+//! model), the default `predicted_ttft` rule, prefill_aware
 //! (guards keep their predicted prefill until dropped), round_robin.
 //! Run with `--nocapture` to see the table.
 
@@ -121,7 +122,8 @@ fn relative_cap_spreads_hot_prefixes_and_keeps_affinity() {
         hot_spot: HotSpotRule::Off,
         ..CacheAwareConfig::default()
     }));
-    let capped = replay(PolicyConfig::default());
+    let capped = replay(PolicyConfig::CacheAware(CacheAwareConfig::seed_rule()));
+    let by_ttft = replay(PolicyConfig::default());
     let round_robin = replay(PolicyConfig::RoundRobin(Default::default()));
     let prefill = replay(PolicyConfig::PrefillAware(Default::default()));
     let share = |o: &Outcome| *o.counts.iter().max().unwrap() as f64 / REQUESTS as f64;
@@ -130,6 +132,7 @@ fn relative_cap_spreads_hot_prefixes_and_keeps_affinity() {
     for (name, o) in [
         ("cache_aware, seed rule", &seed_rule),
         ("cache_aware, rel. cap ", &capped),
+        ("cache_aware, ttft     ", &by_ttft),
         ("prefill_aware         ", &prefill),
         ("round_robin           ", &round_robin),
     ] {
@@ -170,4 +173,8 @@ fn relative_cap_spreads_hot_prefixes_and_keeps_affinity() {
         prefill.counts
     );
     assert!(prefill.hits >= REQUESTS - WORKERS * PREFIXES);
+    // The default rule decides by predicted time to first token. Here the
+    // questions are a few characters, so a hit costs a holder almost no
+    // prefill and nothing here slows it down: it keeps every hit.
+    assert!(by_ttft.hits >= REQUESTS - WORKERS * PREFIXES);
 }

@@ -13,11 +13,11 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use crate::{TenantDepth, TenantId};
 use crate::node::{Arena, Holder, Node, NodeId, ROOT};
 use crate::tenant::{LruEntry, TenantState};
 use crate::text::{common_prefix_len, count_chars, first_char, floor_char_boundary};
 use crate::undo::Insertion;
+use crate::{TenantDepth, TenantId};
 
 /// Edges longer than this are stored as a chain of nodes, so that a char
 /// count always fits the node's `u32`.

@@ -230,6 +230,13 @@ async fn attempts(
             Ok(response) => {
                 let status = response.status();
                 shared.outliers.sample(worker.id(), sent.elapsed());
+                if status.is_success() && is_event_stream(response.headers()) {
+                    // A stream's first event is its first token: the cost
+                    // model learns this worker's wait from it. (A whole
+                    // answer's first byte comes after its decode too, so
+                    // it only releases the predicted prefill, later.)
+                    decision.first_token(sent.elapsed());
+                }
                 if !retry::retryable_status(status) {
                     if status.is_client_error() {
                         // Rejected (400, 404, 413, 422, …): the prompt never
@@ -303,6 +310,13 @@ async fn attempts(
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;
     }
+}
+
+/// Whether a response is an event stream (by the worker's content type).
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// How often an attempt still waiting for its first byte looks whether its
@@ -512,10 +526,7 @@ fn respond(
     // The worker's content type decides, not the client's `stream` flag: a
     // worker may answer a streamed request with a JSON error, and an SSE
     // error event must never be appended to JSON.
-    let sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let sse = is_event_stream(response.headers());
     let mut headers = upstream::response_headers(response.headers(), sse);
     if let Ok(value) = HeaderValue::from_str(decision.worker().url()) {
         headers.insert(WORKER_HEADER, value);

@@ -413,7 +413,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "seed",
             "virtual_nodes",
             "load_factor",
-            "load_cost_chars",
+            "cost",
         ],
     ),
     (

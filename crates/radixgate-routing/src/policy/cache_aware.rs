@@ -37,7 +37,7 @@
 use super::trees::TreeUpkeep;
 use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
-use crate::{RequestView, RoutingError, Worker, WorkerId};
+use crate::{Coefficients, RequestView, RoutingError, Work, Worker, WorkerId};
 use radixgate_tree::{PrefixMatch, Tree};
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::Arc;
@@ -94,6 +94,31 @@ struct Choice {
     matched: Option<usize>,
     /// Characters in the request text (0 when it was not matched).
     input: usize,
+}
+
+/// One available worker as the `predicted_ttft` rule sees it.
+struct Scored {
+    at: Candidate,
+    /// Characters of the text it holds.
+    matched: usize,
+    /// When the text's matched part was last sent to it (tree clock).
+    last_access: u64,
+    /// Its cost-model fit for the request's model.
+    slot: usize,
+    /// What the request would wait behind there.
+    work: Work,
+    /// Its cost model.
+    coefficients: Coefficients,
+    /// The predicted time to first token, milliseconds.
+    ttft_ms: f64,
+}
+
+/// The `predicted_ttft` rule's bound on "as quick as the best".
+#[derive(Clone, Copy)]
+struct TtftBound {
+    margin: f64,
+    slack_ms: f64,
+    reuse_ms: f64,
 }
 
 /// A worker's cache footprint in a tree, for the smallest-tree target.
@@ -290,7 +315,8 @@ impl CacheAware {
     /// Whether the hot-spot rule lets a holder with `load` take a hit.
     fn hit_allowed(&self, load: usize, loads: &Loads) -> bool {
         match self.config.hot_spot {
-            HotSpotRule::Off => true,
+            // (`predicted_ttft` decides in `by_ttft`, never here.)
+            HotSpotRule::Off | HotSpotRule::PredictedTtft { .. } => true,
             HotSpotRule::RelativeCap { slack, factor } => {
                 let cap = (loads.min + slack) as f64;
                 let cap = cap.max(factor * loads.mean());
@@ -347,6 +373,23 @@ impl Policy for CacheAware {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
     ) -> Result<Decision, RoutingError> {
+        self.decide(self.name(), req, workers)
+    }
+
+    fn trees(&self) -> Option<&Trees> {
+        Some(&self.trees)
+    }
+}
+
+impl CacheAware {
+    /// A decision, explained as policy `name` (prefill_aware runs this
+    /// code under its own name).
+    pub(crate) fn decide(
+        &self,
+        name: &'static str,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+    ) -> Result<Decision, RoutingError> {
         let capped = RequestView {
             text: self.trees.cap(req.text),
             ..*req
@@ -354,6 +397,35 @@ impl Policy for CacheAware {
         let req = &capped;
         let loads = Loads::read(req, workers)?;
         let tree = self.tree_or_create(req.model);
+        if let HotSpotRule::PredictedTtft {
+            margin,
+            slack_ms,
+            reuse_ms,
+        } = self.config.hot_spot
+        {
+            let bound = TtftBound {
+                margin,
+                slack_ms,
+                reuse_ms,
+            };
+            return Ok(self.by_ttft(name, req, workers, &loads, tree, bound));
+        }
+        Ok(self.by_rule(name, req, workers, &loads, tree))
+    }
+
+    /// The in-flight rules (`relative_cap`, `off`): DESIGN §1 as it was
+    /// before the cost model, decision for decision. The guard still
+    /// carries the cost model's prediction for the chosen worker, so the
+    /// fit learns and the header shows it.
+    fn by_rule(
+        &self,
+        name: &'static str,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+        loads: &Loads,
+        tree: Arc<Tree>,
+    ) -> Decision {
+        let loads = loads;
         let choice = if self.is_imbalanced(loads.min, loads.max) {
             Choice {
                 idx: loads.least_loaded(self.next_turn()),
@@ -364,10 +436,10 @@ impl Policy for CacheAware {
         } else {
             let m = tree.prefix_match(req.text);
             let input = m.input_chars;
-            match self.find_hit(&tree, req, workers, &loads, &m) {
+            match self.find_hit(&tree, req, workers, loads, &m) {
                 Lookup::Hit(hit) => {
                     let load = loads.load_of(hit.idx).unwrap_or(0);
-                    if self.hit_allowed(load, &loads) {
+                    if self.hit_allowed(load, loads) {
                         let branch = if hit.fallback {
                             Branch::CacheHitFallback
                         } else {
@@ -393,7 +465,7 @@ impl Policy for CacheAware {
                     }
                 }
                 Lookup::Miss { matched } => {
-                    let (idx, branch) = self.low_match(&tree, workers, &loads);
+                    let (idx, branch) = self.low_match(&tree, workers, loads);
                     Choice {
                         idx,
                         branch,
@@ -404,17 +476,186 @@ impl Policy for CacheAware {
             }
         };
         let worker = &workers[choice.idx];
+        // The chosen worker's work, for the cost model: the match the rule
+        // saw, or (imbalanced: none was taken) the whole text uncached.
+        let input = match choice.input {
+            0 => req.text.chars().count(),
+            n => n,
+        };
+        let slot = worker.cost_slot(req.model);
+        let work = Work {
+            queued_chars: worker.pending_prefill(),
+            uncached_chars: input.saturating_sub(choice.matched.unwrap_or(0)),
+            in_flight: loads.load_of(choice.idx).unwrap_or(0),
+        };
+        let ttft = worker
+            .ttft_coefficients(slot, &self.config.cost)
+            .predict_ms(work);
         let receipt = tree.insert(req.text, worker.id().tenant());
         let explanation = Explanation {
             matched_chars: choice.matched,
             input_chars: choice.input,
-            ..loads.explain(self.name(), choice.branch, worker, choice.idx)
+            ttft_ms: Some(ttft as f32),
+            ..loads.explain(name, choice.branch, worker, choice.idx)
         };
-        Ok(Decision::new(worker, explanation).with_insert(tree, receipt, req.text))
+        Decision::with_prediction(worker, slot, work, self.config.cost, explanation)
+            .with_insert(tree, receipt, req.text)
     }
 
-    fn trees(&self) -> Option<&Trees> {
-        Some(&self.trees)
+    /// The `predicted_ttft` rule (module doc, "Cost model").
+    fn by_ttft(
+        &self,
+        name: &'static str,
+        req: &RequestView<'_>,
+        workers: &[Arc<Worker>],
+        loads: &Loads,
+        tree: Arc<Tree>,
+        bound: TtftBound,
+    ) -> Decision {
+        let cost = &self.config.cost;
+        let tm = tree.tenant_matches(req.text);
+        let input = tm.input_chars;
+        let scored: Vec<Scored> = loads
+            .candidates
+            .iter()
+            .map(|&at| {
+                let w = &workers[at.idx];
+                let own = tm.get(w.id().tenant());
+                let matched = own.map_or(0, |o| o.matched_chars);
+                let slot = w.cost_slot(req.model);
+                let work = Work {
+                    queued_chars: w.pending_prefill(),
+                    uncached_chars: input - matched,
+                    in_flight: at.load,
+                };
+                Scored {
+                    at,
+                    matched,
+                    last_access: own.map_or(0, |o| o.last_access),
+                    slot,
+                    work,
+                    coefficients: w.ttft_coefficients(slot, cost),
+                    ttft_ms: 0.0,
+                }
+            })
+            .map(|mut s| {
+                s.ttft_ms = s.coefficients.predict_ms(s.work);
+                s
+            })
+            .collect();
+        let quickest = scored
+            .iter()
+            .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms))
+            .expect("a candidate");
+        let best = quickest.ttft_ms;
+        let bar = best * (1.0 + bound.margin) + bound.slack_ms;
+        let (k, branch) = if self.is_imbalanced(loads.min, loads.max) {
+            let idx = loads.least_loaded(self.next_turn());
+            let k = scored
+                .iter()
+                .position(|s| s.at.idx == idx)
+                .expect("a candidate");
+            (k, Branch::Imbalanced)
+        } else {
+            let deepest = scored.iter().map(|s| s.matched).max().unwrap_or(0);
+            if self.above_threshold(deepest, input) {
+                // The holders: every worker whose match ties with the
+                // deepest available one under the granularity; the
+                // quickest of them, then the most recent.
+                let (k, holder) = scored
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| self.near(s.matched, deepest))
+                    .min_by(|(_, a), (_, b)| {
+                        a.ttft_ms
+                            .total_cmp(&b.ttft_ms)
+                            .then(b.last_access.cmp(&a.last_access))
+                    })
+                    .expect("the deepest is among them");
+                // What the quickest worker would prefill again of what the
+                // holder already holds.
+                let repeat_chars = quickest
+                    .work
+                    .uncached_chars
+                    .saturating_sub(holder.work.uncached_chars);
+                let repeat_ms = quickest.coefficients.per_kchar_ms * repeat_chars as f64 / 1024.0;
+                let others_ms = if bound.reuse_ms > 0.0 {
+                    repeat_ms * repeat_ms / bound.reuse_ms
+                } else {
+                    0.0
+                };
+                if holder.ttft_ms <= bar + others_ms {
+                    let branch = if deepest < tm.matched_chars {
+                        Branch::CacheHitFallback
+                    } else {
+                        Branch::CacheHit
+                    };
+                    (k, branch)
+                } else {
+                    let k = self.quickest(&scored, |_| true, |s| (0, s.at.load));
+                    (k, Branch::HotSpotSpill)
+                }
+            } else {
+                let fast = |s: &Scored| s.ttft_ms <= bar;
+                match self.config.low_match {
+                    LowMatchTarget::MinLoad => (
+                        self.quickest(&scored, fast, |s| (s.at.load, 0)),
+                        Branch::LowMatchMinLoad,
+                    ),
+                    LowMatchTarget::SmallestTree => (
+                        self.quickest(&scored, fast, |s| {
+                            (tree.tenant_size(workers[s.at.idx].id().tenant()), 0)
+                        }),
+                        Branch::LowMatchSmallestTree,
+                    ),
+                }
+            }
+        };
+        let chosen = &scored[k];
+        let alt = scored
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != k)
+            .map(|(_, s)| s.ttft_ms)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+        let worker = &workers[chosen.at.idx];
+        let receipt = tree.insert(req.text, worker.id().tenant());
+        let explanation = Explanation {
+            matched_chars: Some(chosen.matched),
+            input_chars: input,
+            ttft_ms: Some(chosen.ttft_ms as f32),
+            alt_ttft_ms: alt.map(|v| v as f32),
+            ..loads.explain(name, branch, worker, chosen.at.idx)
+        };
+        Decision::with_prediction(worker, chosen.slot, chosen.work, *cost, explanation)
+            .with_insert(tree, receipt, req.text)
+    }
+
+    /// Among the scored workers that pass `keep`, the one ranked first by
+    /// `key`, then by least predicted TTFT; exact ties rotate. Index into
+    /// `scored`; `keep` must pass at least the quickest worker.
+    fn quickest(
+        &self,
+        scored: &[Scored],
+        keep: impl Fn(&Scored) -> bool,
+        key: impl Fn(&Scored) -> (usize, usize),
+    ) -> usize {
+        let ranked: Vec<(usize, (usize, usize), f64)> = scored
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| keep(s))
+            .map(|(k, s)| (k, key(s), s.ttft_ms))
+            .collect();
+        let first = ranked
+            .iter()
+            .min_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)))
+            .expect("the quickest worker passes");
+        let ties: Vec<usize> = ranked
+            .iter()
+            .filter(|r| r.1 == first.1 && r.2 == first.2)
+            .map(|r| r.0)
+            .collect();
+        ties[self.next_turn() % ties.len()]
     }
 }
 

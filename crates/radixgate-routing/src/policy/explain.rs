@@ -15,16 +15,15 @@ pub enum Branch {
     /// cache_aware: the deepest holders were unavailable; the best match
     /// among the available workers was still above the threshold.
     CacheHitFallback,
-    /// cache_aware: a hit, but the holder was over the hot-spot cap; the
-    /// least-loaded worker took it (and now holds the prefix too).
+    /// cache_aware: a hit, but the holder was over the hot-spot cap (or,
+    /// under the `predicted_ttft` rule, its predicted TTFT was above the
+    /// bound); the least-loaded (quickest) worker took it, and now holds
+    /// the prefix too.
     HotSpotSpill,
     /// cache_aware: match rate at or below the threshold; least loaded.
     LowMatchMinLoad,
     /// cache_aware: match rate at or below the threshold; smallest tree.
     LowMatchSmallestTree,
-    /// prefill_aware: the lowest predicted prefill work (uncached prompt +
-    /// queued prefill + in-flight load).
-    PrefillCost,
     /// round_robin: next in turn.
     RoundRobin,
     /// random: uniform choice.
@@ -52,7 +51,6 @@ impl Branch {
             Self::HotSpotSpill => "hot_spot_spill",
             Self::LowMatchMinLoad => "low_match_min_load",
             Self::LowMatchSmallestTree => "low_match_smallest_tree",
-            Self::PrefillCost => "prefill_cost",
             Self::RoundRobin => "round_robin",
             Self::Random => "random",
             Self::PowerOfTwo => "power_of_two",
@@ -92,6 +90,13 @@ pub struct Explanation {
     pub max_load: usize,
     /// Available workers considered.
     pub available: usize,
+    /// Predicted time to first token on the chosen worker, milliseconds
+    /// (policies with the cost model only).
+    pub ttft_ms: Option<f32>,
+    /// The least predicted time to first token among the other available
+    /// workers, milliseconds (`None` without the cost model or an
+    /// alternative).
+    pub alt_ttft_ms: Option<f32>,
 }
 
 impl Explanation {
@@ -109,7 +114,7 @@ impl Explanation {
 }
 
 /// One line of ASCII with no commas or quotes, safe as an HTTP header value:
-/// `cache_aware branch=cache_hit worker=w3 match=0.873 load=2 min=1 max=4 available=4`.
+/// `cache_aware branch=cache_hit worker=w3 match=0.873 load=2 min=1 max=4 available=4 ttft=12.5ms alt=9.0ms`.
 impl fmt::Display for Explanation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -131,6 +136,26 @@ impl fmt::Display for Explanation {
             f,
             " load={} min={} max={} available={}",
             self.load, self.min_load, self.max_load, self.available
-        )
+        )?;
+        if let Some(ms) = self.ttft_ms {
+            write!(f, " ttft=")?;
+            tenths(f, ms)?;
+            if let Some(alt) = self.alt_ttft_ms {
+                write!(f, " alt=")?;
+                tenths(f, alt)?;
+            }
+        }
+        Ok(())
     }
+}
+
+/// `12.5ms`: milliseconds to one decimal, in integer arithmetic (as the
+/// match rate above, this runs for every request).
+fn tenths(f: &mut fmt::Formatter<'_>, ms: f32) -> fmt::Result {
+    let t = if ms.is_finite() {
+        (ms.max(0.0) * 10.0).round().min(u64::MAX as f32) as u64
+    } else {
+        0
+    };
+    write!(f, "{}.{}ms", t / 10, t % 10)
 }

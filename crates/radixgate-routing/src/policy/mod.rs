@@ -128,6 +128,29 @@ impl Decision {
         }
     }
 
+    /// Like [`new`](Self::new), with the cost model's prediction: the
+    /// guard counts `work.uncached_chars` as pending prefill, and its first
+    /// token teaches the worker's fit `slot` ([`LoadGuard::first_token`]).
+    pub fn with_prediction(
+        worker: &Arc<Worker>,
+        slot: usize,
+        work: crate::Work,
+        cost: crate::CostModelConfig,
+        explanation: Explanation,
+    ) -> Self {
+        Self {
+            guard: LoadGuard::with_prediction(worker.clone(), slot, work, cost),
+            explanation,
+            inserted: None,
+        }
+    }
+
+    /// The request's first token arrived `elapsed` after the decision (see
+    /// [`LoadGuard::first_token`]).
+    pub fn first_token(&mut self, elapsed: Duration) {
+        self.guard.first_token(elapsed);
+    }
+
     /// Records that the decision inserted `text` (the capped routing text)
     /// into `tree` with `receipt`.
     pub(crate) fn with_insert(mut self, tree: Arc<Tree>, receipt: Insertion, text: &str) -> Self {
@@ -273,6 +296,8 @@ impl Loads {
             min_load: self.min,
             max_load: self.max,
             available: self.candidates.len(),
+            ttft_ms: None,
+            alt_ttft_ms: None,
         }
     }
 }

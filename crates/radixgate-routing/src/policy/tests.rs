@@ -274,7 +274,12 @@ fn explanation_reads_as_one_header_line() {
         "{line}"
     );
     assert!(line.contains(" match=1.000 "), "{line}");
-    assert!(line.ends_with("min=0 max=1 available=2"), "{line}");
+    assert!(line.contains(" min=0 max=1 available=2 ttft="), "{line}");
+    let (_, alt) = line.rsplit_once(" alt=").expect("an alternative's TTFT");
+    assert!(
+        alt.ends_with("ms") && alt.trim_end_matches("ms").parse::<f64>().is_ok(),
+        "{line}"
+    );
     assert!(line.is_ascii() && !line.contains(['\n', ',', '"']));
 }
 

@@ -404,7 +404,9 @@ impl Cluster<'_> {
         for id in &out.first_token {
             if let Some(live) = self.live.get_mut(id) {
                 live.first = Some(self.now);
-                live.guard.prefill_done();
+                // The cost model learns from simulated first tokens as the
+                // gateway's learns from real ones.
+                live.guard.first_token(self.now.saturating_sub(live.start));
             }
         }
         for f in out.finished {

@@ -2,7 +2,7 @@
 //!
 //! A key names a field of a policy's config as in the gateway's YAML
 //! (`cache_threshold`, `balance_abs_threshold`, `low_match`,
-//! `load_cost_chars`, …); nested fields use dots (`hot_spot.slack`,
+//! `cost.window`, …); nested fields use dots (`hot_spot.slack`,
 //! `hot_spot.factor`, `hot_spot.rule`). Values are JSON scalars
 //! (`0.3`, `64`) or bare words (`smallest_tree`, `off`). Settings are
 //! applied through the policy's own serde schema, so a typo or a value of
@@ -164,7 +164,7 @@ mod tests {
         let axes = vec![
             Axis::parse("cache_threshold=0.1,0.5").unwrap(),
             Axis::parse("hot_spot.slack=1,4").unwrap(),
-            Axis::parse("load_cost_chars=64").unwrap(),
+            Axis::parse("virtual_nodes=64").unwrap(),
         ];
         assert_eq!(grid_for(&ca(), &axes).len(), 4);
         let pa = PolicyConfig::PrefillAware(PrefillAwareConfig::default());
