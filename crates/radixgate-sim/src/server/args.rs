@@ -169,6 +169,10 @@ pub struct EngineFlags {
     /// KV read cost per context token of a decoding request, ns [39].
     #[arg(long)]
     pub kv_read_ns_per_token: Option<f64>,
+    /// Relative speed of the worker: step times are divided by it, so 0.5
+    /// is a worker at half speed; in (0, 100] [1].
+    #[arg(long)]
+    pub speed: Option<f64>,
 }
 
 impl EngineFlags {
@@ -184,6 +188,7 @@ impl EngineFlags {
             &mut e.timing.kv_read_ns_per_token,
             self.kv_read_ns_per_token,
         );
+        set(&mut e.timing.speed, self.speed);
     }
 }
 
@@ -308,5 +313,30 @@ mod tests {
         assert_eq!((f.error_rate, f.seed), (0.5, 11));
         let bad = parse(&["--max-batch-tokens", "4"]);
         assert!(bad.config(&bad.base_config().unwrap(), 0).is_err());
+    }
+
+    #[test]
+    fn speed_flag_sets_the_timing_and_is_validated() {
+        let a = parse(&["--speed", "0.5"]);
+        let c = a.config(&a.base_config().unwrap(), 0).unwrap();
+        assert_eq!(c.engine.timing.speed, 0.5);
+        let d = parse(&[]);
+        assert_eq!(
+            d.config(&d.base_config().unwrap(), 0)
+                .unwrap()
+                .engine
+                .timing
+                .speed,
+            1.0
+        );
+        for bad in ["0", "-2", "101", "NaN"] {
+            let flag = format!("--speed={bad}");
+            let b = parse(&[flag.as_str()]);
+            let e = b
+                .config(&b.base_config().unwrap(), 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("speed"), "{bad}: {e}");
+        }
     }
 }

@@ -12,8 +12,11 @@
 //!          requests, k = running + waiting + 1 - max_running_requests
 //! work   = pending_prefill_tokens(w) + uncached prompt tokens on w
 //! room   = max_batch_tokens - running(w)        (decodes take one each)
-//! ttft   = (wait + ceil(work / room)) * step + work * token_us
+//! ttft   = ((wait + ceil(work / room)) * step + work * token_us) / speed(w)
 //! ```
+//!
+//! `speed(w)` is the worker's current `timing.speed` (a slow worker's steps
+//! take longer by the same factor, as in the engine).
 //!
 //! Ties: more cached tokens, then fewer requests in flight, then a rotating
 //! start so equal workers share misses. It is greedy (it does not plan for
@@ -60,7 +63,7 @@ pub fn predict(engine: &Engine, hashes: &[u64], prompt_len: usize) -> Prediction
     let work = load.pending_prefill_tokens + (prompt_len - cached);
     let room = cfg.max_batch_tokens - running;
     let steps = work.div_ceil(room).max(1);
-    let ttft_us = (wait_steps + steps) as f64 * step_us + work as f64 * t.token_us;
+    let ttft_us = t.scaled_us((wait_steps + steps) as f64 * step_us + work as f64 * t.token_us);
     Prediction {
         ttft_us,
         cached_tokens: cached,
@@ -149,5 +152,20 @@ mod tests {
         let fresh = vec![engine(), engine()];
         assert_eq!(choose(&fresh, &[0, 0], &prompt, 0), 0);
         assert_eq!(choose(&fresh, &[0, 0], &prompt, 1), 1);
+    }
+
+    #[test]
+    fn a_slower_worker_is_predicted_slower_by_its_factor() {
+        let prompt: Vec<u64> = (0..1000).collect();
+        let mut slow = engine();
+        slow.set_speed(0.5).unwrap();
+        let hashes = slow.cache().block_hashes(&prompt);
+        let full = predict(&engine(), &hashes, prompt.len()).ttft_us;
+        let half = predict(&slow, &hashes, prompt.len()).ttft_us;
+        assert!((half - 2.0 * full).abs() < 1e-6, "{half} vs 2 x {full}");
+        // Equal caches and queues: the fast worker wins from either start.
+        let engines = vec![slow, engine()];
+        assert_eq!(choose(&engines, &[0, 0], &prompt, 0), 1);
+        assert_eq!(choose(&engines, &[0, 0], &prompt, 1), 1);
     }
 }
