@@ -79,6 +79,9 @@ pub struct WorkerArgs {
     /// Fault: health endpoints answer 503.
     #[arg(long)]
     pub unhealthy: bool,
+    /// Fault: engine steps take this many times longer (1..=1000) [1].
+    #[arg(long)]
+    pub slowdown: Option<f64>,
     /// Seed of the error-rate draws; worker i uses seed + i [0].
     #[arg(long)]
     pub fault_seed: Option<u64>,
@@ -122,6 +125,7 @@ impl WorkerArgs {
             }
             set(&mut f.slow_start_secs, self.slow_start_secs);
             f.unhealthy |= self.unhealthy;
+            set(&mut f.slowdown, self.slowdown);
             set(&mut f.seed, self.fault_seed);
             f.seed = f.seed.wrapping_add(u64::from(i));
         } else {
@@ -313,6 +317,16 @@ mod tests {
         assert_eq!((f.error_rate, f.seed), (0.5, 11));
         let bad = parse(&["--max-batch-tokens", "4"]);
         assert!(bad.config(&bad.base_config().unwrap(), 0).is_err());
+        let slow = parse(&["--count", "2", "--slowdown", "4", "--fault-workers", "0"]);
+        let base = slow.base_config().unwrap();
+        assert_eq!(slow.config(&base, 0).unwrap().faults.slowdown, 4.0);
+        assert_eq!(slow.config(&base, 1).unwrap().faults.slowdown, 1.0);
+        let bad = parse(&["--slowdown", "0.5"]);
+        let e = bad
+            .config(&bad.base_config().unwrap(), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("faults.slowdown"), "{e}");
     }
 
     #[test]
