@@ -12,6 +12,7 @@ use clap::Args;
 use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RandomConfig};
 
 use super::report::{PolicyReport, SimReport};
+use super::speeds::{PoolSpeeds, SpeedChange};
 use super::sweep::{self, Axis};
 use super::{Contender, SimConfig, cluster};
 use crate::SimError;
@@ -88,6 +89,14 @@ pub struct SimulateArgs {
     /// The engine's size and timing.
     #[command(flatten)]
     pub engine: EngineFlags,
+    /// Speed of each worker at the start, comma-separated, e.g. `0.5,1,1,1`
+    /// (worker 0 at half speed); workers not listed run at `--speed`.
+    #[arg(long, value_name = "F1,F2,..", value_delimiter = ',')]
+    pub worker_speeds: Vec<f64>,
+    /// At simulated second T, worker W's speed becomes F, e.g. `0@10=0.5`
+    /// (repeat for more changes).
+    #[arg(long, value_name = "W@T=F")]
+    pub speed_change: Vec<String>,
 }
 
 impl SimulateArgs {
@@ -137,6 +146,14 @@ impl SimulateArgs {
             max_requests,
             duration,
             load_poll: (self.load_poll_ms > 0).then(|| Duration::from_millis(self.load_poll_ms)),
+            speeds: PoolSpeeds {
+                initial: self.worker_speeds.clone(),
+                changes: self
+                    .speed_change
+                    .iter()
+                    .map(|c| SpeedChange::parse(c))
+                    .collect::<Result<_, _>>()?,
+            },
         };
         cfg.validate()?;
         Ok(cfg)

@@ -11,6 +11,10 @@
 //! `duration` later (a [`Kind::StepDone`] event). Finished requests report
 //! their reply to the workload, which may continue the session.
 //!
+//! Each engine starts at its speed from [`PoolSpeeds`](super::PoolSpeeds);
+//! a scheduled speed change is a [`Kind::SpeedChange`] event that sets the
+//! engine's speed for the steps it starts from then on.
+//!
 //! Workers' reported load (`running`, `waiting`, KV use) is refreshed from
 //! the engines every `load_poll` of simulated time, as a gateway polling
 //! `/get_load` would see it; no built-in policy reads it today. The
@@ -122,7 +126,11 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
     let tokenizer = Tokenizer::new(cfg.worker.chars_per_token)?;
     let workload = cfg.workload.build(cfg.seed, cfg.shape)?;
     let engines = (0..cfg.workers)
-        .map(|_| Engine::new(cfg.worker.engine.clone()))
+        .map(|i| {
+            let mut engine = cfg.worker.engine.clone();
+            engine.timing.speed = cfg.speeds.initial_speed(i, engine.timing.speed);
+            Engine::new(engine)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let model = cfg.worker.model.clone();
     let spec = |i: usize| WorkerSpec::new(format!("http://sim-{i}")).with_models([model.clone()]);
@@ -198,6 +206,9 @@ impl Cluster<'_> {
         if let Some(every) = self.cfg.load_poll {
             self.queue.push(every, Kind::Poll);
         }
+        for (i, change) in self.cfg.speeds.changes.iter().enumerate() {
+            self.queue.push(change.at, Kind::SpeedChange(i));
+        }
         if let Chooser::Policy {
             next_evict: Some(every),
             ..
@@ -212,6 +223,10 @@ impl Cluster<'_> {
             self.now = ev.at;
             self.stats.events += 1;
             match ev.kind {
+                Kind::SpeedChange(i) => {
+                    let c = self.cfg.speeds.changes[i];
+                    self.engines[c.worker].set_speed(c.speed)?;
+                }
                 Kind::StepDone(w) => self.step_done(w),
                 Kind::Issue(i) => self.issue(i)?,
                 Kind::Poll => {

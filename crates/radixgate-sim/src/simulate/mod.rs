@@ -12,9 +12,13 @@
 //! [`oracle`], which sees every engine's true cache and queue and picks the
 //! worker with the least predicted time to first token.
 //!
+//! The pool may be heterogeneous: [`speeds`] gives each worker a speed at
+//! the start and changes it at set simulated times.
+//!
 //! Layout: [`args`] (flags), [`sweep`] (policy parameter grids), [`events`]
-//! (the ordered event queue), [`cluster`] (one run), [`oracle`], [`text`]
-//! (routing text vs worker text), [`report`] (statistics, table, JSON).
+//! (the ordered event queue), [`cluster`] (one run), [`speeds`], [`oracle`],
+//! [`text`] (routing text vs worker text), [`report`] (statistics, table,
+//! JSON).
 //!
 //! [`Engine`]: crate::engine::Engine
 
@@ -23,6 +27,7 @@ pub mod cluster;
 pub mod events;
 pub mod oracle;
 pub mod report;
+pub mod speeds;
 pub mod sweep;
 pub mod text;
 
@@ -33,6 +38,7 @@ use radixgate_routing::PolicyConfig;
 pub use args::SimulateArgs;
 pub use cluster::{RunStats, run};
 pub use report::{PolicyReport, SimReport};
+pub use speeds::{PoolSpeeds, SpeedChange};
 
 use crate::SimError;
 use crate::load::{Api, Arrivals};
@@ -63,6 +69,9 @@ pub struct SimConfig {
     pub duration: Option<Duration>,
     /// How often workers' reported load is refreshed; `None`: never.
     pub load_poll: Option<Duration>,
+    /// Each worker's speed at the start and its changes during the run
+    /// (default: every worker at the worker config's speed throughout).
+    pub speeds: PoolSpeeds,
 }
 
 impl SimConfig {
@@ -85,7 +94,7 @@ impl SimConfig {
         if self.load_poll == Some(Duration::ZERO) {
             return Err(SimError::Config("--load-poll-ms must be > 0".into()));
         }
-        Ok(())
+        self.speeds.validate(self.workers)
     }
 }
 
