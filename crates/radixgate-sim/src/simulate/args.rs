@@ -14,6 +14,7 @@ use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RandomConfig};
 use super::report::{PolicyReport, SimReport};
 use super::speeds::{PoolSpeeds, SpeedChange};
 use super::sweep::{self, Axis};
+use super::timeline::Timeline;
 use super::{Contender, SimConfig, cluster};
 use crate::SimError;
 use crate::load::args::api_parser;
@@ -97,6 +98,10 @@ pub struct SimulateArgs {
     /// (repeat for more changes).
     #[arg(long, value_name = "W@T=F")]
     pub speed_change: Vec<String>,
+    /// Add to each row a per-worker timeline: per window of this many
+    /// simulated seconds, requests dispatched and their mean TTFT (0: off).
+    #[arg(long, value_name = "S")]
+    pub timeline_secs: Option<f64>,
 }
 
 impl SimulateArgs {
@@ -205,9 +210,24 @@ impl SimulateArgs {
         Ok(out)
     }
 
+    /// The timeline's window, if one was asked for.
+    pub fn timeline_window(&self) -> Result<Option<Duration>, SimError> {
+        match self.timeline_secs {
+            None => Ok(None),
+            Some(s) if s == 0.0 => Ok(None),
+            Some(s) if s.is_finite() && (0.001..=86_400.0).contains(&s) => {
+                Ok(Some(Duration::from_secs_f64(s)))
+            }
+            Some(s) => Err(SimError::Config(format!(
+                "--timeline-secs must be 0 (off) or in 0.001..=86400 simulated seconds, got {s}"
+            ))),
+        }
+    }
+
     /// Runs every contender on the same config and reports.
     pub fn execute(&self) -> Result<SimReport, SimError> {
         let cfg = self.sim_config()?;
+        let window = self.timeline_window()?;
         let contenders = self.contenders()?;
         let mut report = SimReport {
             workload: cfg.workload.name().into(),
@@ -221,9 +241,11 @@ impl SimulateArgs {
             let started = Instant::now();
             let stats = cluster::run(&cfg, &who)?;
             let wall = started.elapsed().as_secs_f64();
-            report
-                .rows
-                .push(PolicyReport::new(who.name(), params, &stats, wall));
+            let mut row = PolicyReport::new(who.name(), params, &stats, wall);
+            if let Some(w) = window {
+                row.timeline = Some(Timeline::of(&stats.dispatches, cfg.workers, w)?);
+            }
+            report.rows.push(row);
         }
         report.relate_to_oracle();
         Ok(report)

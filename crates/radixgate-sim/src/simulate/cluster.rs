@@ -32,6 +32,7 @@ use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worke
 
 use super::events::{Kind, Queue};
 use super::text::{routing_text, worker_reply, worker_text};
+use super::timeline::Dispatched;
 use super::{Contender, SimConfig, oracle};
 use crate::SimError;
 use crate::engine::{Engine, EngineRequest, Finished, ReqId};
@@ -66,6 +67,9 @@ pub struct RunStats {
     /// Tokens each worker's engine computed: uncached prompt tokens plus
     /// generated tokens (its work, whatever the request count).
     pub work_tokens: Vec<u64>,
+    /// Every request a worker was given, in completion (or refusal) order:
+    /// when, which worker, and its TTFT (for the timeline).
+    pub dispatches: Vec<Dispatched>,
     /// Simulated time of the last completion.
     pub end: Duration,
     /// Events processed.
@@ -379,6 +383,11 @@ impl Cluster<'_> {
             // Too large for a worker (the HTTP worker answers 400).
             drop(guard);
             self.stats.failed += 1;
+            self.stats.dispatches.push(Dispatched {
+                at: self.now,
+                worker,
+                ttft_ms: None,
+            });
             self.workload.on_failure(spec.session, self.now);
             if let Some(i) = issuer {
                 self.schedule(i, self.now);
@@ -438,10 +447,13 @@ impl Cluster<'_> {
         s.prompt_tokens += f.prompt_tokens as u64;
         s.cached_tokens += f.cached_tokens as u64;
         s.completion_tokens += f.completion_tokens as u64;
-        s.ttft_ms.push(ms(live
-            .first
-            .unwrap_or(self.now)
-            .saturating_sub(live.start)));
+        let ttft_ms = ms(live.first.unwrap_or(self.now).saturating_sub(live.start));
+        s.ttft_ms.push(ttft_ms);
+        s.dispatches.push(Dispatched {
+            at: live.start,
+            worker: live.worker,
+            ttft_ms: Some(ttft_ms),
+        });
         s.e2e_ms.push(ms(self.now.saturating_sub(live.start)));
         s.per_worker[live.worker] += 1;
         s.end = self.now;

@@ -18,7 +18,7 @@
 //! Layout: [`args`] (flags), [`sweep`] (policy parameter grids), [`events`]
 //! (the ordered event queue), [`cluster`] (one run), [`speeds`], [`oracle`],
 //! [`text`] (routing text vs worker text), [`report`] (statistics, table,
-//! JSON).
+//! JSON), [`timeline`] (per-worker traffic and TTFT over simulated time).
 //!
 //! [`Engine`]: crate::engine::Engine
 
@@ -30,6 +30,7 @@ pub mod report;
 pub mod speeds;
 pub mod sweep;
 pub mod text;
+pub mod timeline;
 
 use std::time::Duration;
 

@@ -9,11 +9,14 @@
 //! - spread: the busiest worker's completed requests / the mean per worker
 //!   (1.0 is perfectly even); work spread: the same over the tokens each
 //!   worker computed (uncached prompt + generated), which differs from the
-//!   request spread when short and long requests mix.
+//!   request spread when short and long requests mix;
+//! - with `--timeline-secs`, the per-worker [`Timeline`] (printed after the
+//!   table in the text report).
 
 use serde::Serialize;
 
 use super::cluster::RunStats;
+use super::timeline::Timeline;
 use crate::load::Summary;
 
 /// One row: a contender (and sweep point) and what it measured.
@@ -49,6 +52,10 @@ pub struct PolicyReport {
     pub simulated_secs: f64,
     /// Wall-clock seconds this run took.
     pub wall_secs: f64,
+    /// Per-worker dispatches and TTFT per window of simulated time, when
+    /// asked for (`--timeline-secs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
 }
 
 impl PolicyReport {
@@ -78,6 +85,7 @@ impl PolicyReport {
             per_worker: s.per_worker.clone(),
             simulated_secs: secs,
             wall_secs,
+            timeline: None,
         }
     }
 }
@@ -180,6 +188,26 @@ impl SimReport {
             );
             requests += r.completed + r.failed;
             wall += r.wall_secs;
+        }
+        let mut timelines = self
+            .rows
+            .iter()
+            .filter_map(|r| r.timeline.as_ref().map(|t| (r, t)))
+            .peekable();
+        if let Some((_, t)) = timelines.peek() {
+            let _ = writeln!(
+                out,
+                "timeline per {} s of simulated time: requests dispatched / mean TTFT ms, per worker",
+                t.window_secs
+            );
+        }
+        for (r, t) in timelines {
+            let name = if r.params.is_empty() {
+                r.policy.clone()
+            } else {
+                format!("{} {}", r.policy, r.params)
+            };
+            t.render(&name, &mut out);
         }
         let _ = writeln!(
             out,

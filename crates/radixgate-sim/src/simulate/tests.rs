@@ -310,19 +310,95 @@ fn a_speed_change_takes_effect_at_its_simulated_time() {
     assert_eq!(back.ttft_ms[n - 10..], base.ttft_ms[n - 10..]);
 }
 
-#[test]
-fn pool_speed_flags_are_checked_against_the_pool() {
+fn parse(argv: &[&str]) -> SimulateArgs {
     use clap::Parser;
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         args: SimulateArgs,
     }
-    let parse = |argv: &[&str]| {
-        Cli::try_parse_from(std::iter::once("simulate").chain(argv.iter().copied()))
-            .unwrap()
-            .args
+    Cli::try_parse_from(std::iter::once("simulate").chain(argv.iter().copied()))
+        .unwrap()
+        .args
+}
+
+#[test]
+fn timeline_shows_traffic_leaving_a_worker_that_slowed_down() {
+    let small_load = [
+        "--workers",
+        "2",
+        "--groups",
+        "4",
+        "--system-tokens",
+        "256",
+        "--question-tokens",
+        "32",
+        "--output-tokens",
+        "8",
+        "--rate",
+        "40",
+        "--requests",
+        "600",
+        "--seed",
+        "3",
+        "--speed-change",
+        "0@5=0.2",
+        "--timeline-secs",
+        "5",
+        "--policies",
+        "round_robin,oracle",
+    ];
+    let report = parse(&small_load).execute().unwrap();
+    let share = |row: &PolicyReport, k: usize| {
+        let w = &row.timeline.as_ref().unwrap().windows[k].workers;
+        w[0].dispatched as f64 / (w[0].dispatched + w[1].dispatched) as f64
     };
+    for row in &report.rows {
+        let t = row.timeline.as_ref().expect("asked for");
+        assert_eq!(t.window_secs, 5.0);
+        // 600 requests at 40/s: about 15 s, three windows.
+        assert!((3..=4).contains(&t.windows.len()), "{}", t.windows.len());
+        let total: u64 = t
+            .windows
+            .iter()
+            .flat_map(|w| &w.workers)
+            .map(|c| c.dispatched)
+            .sum();
+        assert_eq!(total, row.completed + row.failed);
+    }
+    let (rr, oracle) = (&report.rows[0], &report.rows[1]);
+    assert!((share(rr, 1) - 0.5).abs() < 0.02, "round robin alternates");
+    // Round robin keeps sending to the slow worker, whose TTFT grows.
+    let ttft = |k: usize| rr.timeline.as_ref().unwrap().windows[k].workers[0].ttft_mean_ms;
+    let (before, after) = (ttft(0).unwrap(), ttft(1).unwrap());
+    assert!(after > 2.0 * before, "{before} -> {after} ms");
+    assert!(
+        share(oracle, 1) < share(oracle, 0) - 0.1,
+        "the oracle moves traffic off the slow worker: {} -> {}",
+        share(oracle, 0),
+        share(oracle, 1)
+    );
+    // The text report prints the timeline only when asked.
+    let text = report.table();
+    assert!(text.contains("timeline per 5 s"), "{text}");
+    let without: Vec<&str> = small_load[..small_load.len() - 4].to_vec();
+    let plain = parse(&without).execute().unwrap();
+    assert!(plain.rows.iter().all(|r| r.timeline.is_none()));
+    assert!(!plain.table().contains("timeline"));
+    let json = serde_json::to_value(&plain).unwrap();
+    assert!(json["rows"][0].get("timeline").is_none());
+    let mut bad = parse(&without);
+    bad.timeline_secs = Some(-1.0);
+    assert!(
+        bad.execute()
+            .unwrap_err()
+            .to_string()
+            .contains("--timeline-secs")
+    );
+}
+
+#[test]
+fn pool_speed_flags_are_checked_against_the_pool() {
     let a = parse(&["--workers", "4", "--worker-speeds", "0.5,1"]);
     let c = a.sim_config().unwrap();
     assert_eq!(c.speeds.initial, [0.5, 1.0]);
