@@ -214,7 +214,7 @@ impl SimulateArgs {
     pub fn timeline_window(&self) -> Result<Option<Duration>, SimError> {
         match self.timeline_secs {
             None => Ok(None),
-            Some(s) if s == 0.0 => Ok(None),
+            Some(0.0) => Ok(None),
             Some(s) if s.is_finite() && (0.001..=86_400.0).contains(&s) => {
                 Ok(Some(Duration::from_secs_f64(s)))
             }
