@@ -31,12 +31,14 @@
 
 pub mod cache;
 pub mod config;
+pub mod view;
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 pub use cache::{KvCache, PinnedPath};
 pub use config::{EngineConfig, MAX_SPEED, TimingConfig, check_speed};
+pub use view::{RunningView, WaitingView};
 
 use crate::error::SimError;
 

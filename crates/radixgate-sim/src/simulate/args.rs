@@ -46,7 +46,7 @@ pub struct SimulateArgs {
     pub workers: usize,
     /// Contenders, comma-separated: any `radixgate serve --policy` name
     /// (cache_aware, prefill_aware, round_robin, random, power_of_two,
-    /// least_load, consistent_hash) and `oracle`.
+    /// least_load, consistent_hash), `oracle` and `oracle_ttft`.
     #[arg(long, default_value = DEFAULT_POLICIES, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy setting and the values to try, e.g.
@@ -186,7 +186,7 @@ impl SimulateArgs {
         for axis in &axes {
             let used = bases.iter().any(|b| match b {
                 Contender::Policy(p) => sweep::has_key(p, &axis.key),
-                Contender::Oracle => false,
+                Contender::Oracle | Contender::OracleTtft => false,
             });
             if !used {
                 return Err(SimError::Config(format!(
@@ -198,7 +198,7 @@ impl SimulateArgs {
         let mut out = Vec::new();
         for base in bases {
             match &base {
-                Contender::Oracle => out.push((base, String::new())),
+                Contender::Oracle | Contender::OracleTtft => out.push((base, String::new())),
                 Contender::Policy(p) => {
                     for point in sweep::grid_for(p, &axes) {
                         let cfg = sweep::apply(p, &point)?;
@@ -235,19 +235,20 @@ impl SimulateArgs {
             arrivals: cfg.arrivals.describe(),
             seed: cfg.seed,
             api: cfg.api.path().into(),
+            ttft_reference: None,
             rows: Vec::new(),
         };
         for (who, params) in contenders {
             let started = Instant::now();
             let stats = cluster::run(&cfg, &who)?;
             let wall = started.elapsed().as_secs_f64();
-            let mut row = PolicyReport::new(who.name(), params, &stats, wall);
+            let mut row = PolicyReport::new(&who, params, &stats, wall);
             if let Some(w) = window {
                 row.timeline = Some(Timeline::of(&stats.dispatches, cfg.workers, w)?);
             }
             report.rows.push(row);
         }
-        report.relate_to_oracle();
+        report.relate_to_oracles();
         Ok(report)
     }
 }
@@ -255,13 +256,15 @@ impl SimulateArgs {
 /// The contender called `name`, with its default settings (seeded where it
 /// draws random numbers, so runs repeat).
 pub fn contender(name: &str, seed: u64) -> Result<Contender, SimError> {
-    if name == "oracle" {
-        return Ok(Contender::Oracle);
+    for reference in [Contender::Oracle, Contender::OracleTtft] {
+        if name == reference.name() {
+            return Ok(reference);
+        }
     }
     let json = serde_json::json!({ "policy": name });
     let cfg: PolicyConfig = serde_json::from_value(json).map_err(|_| {
         SimError::Config(format!(
-            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash or oracle)"
+            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash, oracle or oracle_ttft)"
         ))
     })?;
     let cfg = match cfg {

@@ -33,7 +33,7 @@ use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worke
 use super::events::{Kind, Queue};
 use super::text::{routing_text, worker_reply, worker_text};
 use super::timeline::Dispatched;
-use super::{Contender, SimConfig, oracle};
+use super::{Contender, SimConfig, oracle, oracle_ttft};
 use crate::SimError;
 use crate::engine::{Engine, EngineRequest, Finished, ReqId};
 use crate::load::Arrivals;
@@ -85,6 +85,9 @@ enum Chooser {
     Oracle {
         turn: usize,
     },
+    OracleTtft {
+        turn: usize,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -111,6 +114,8 @@ struct Cluster<'a> {
     workload: Box<dyn Workload>,
     engines: Vec<Engine>,
     pending: Vec<Option<crate::engine::StepOutcome>>,
+    /// When each engine's step under way ends (meaningful while `pending`).
+    step_end: Vec<Duration>,
     workers: Vec<Arc<Worker>>,
     chooser: Chooser,
     queue: Queue,
@@ -154,11 +159,16 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
             };
             (chooser, workers, Some(registry))
         }
-        Contender::Oracle => {
+        Contender::Oracle | Contender::OracleTtft => {
             let workers = (0..cfg.workers)
                 .map(|i| Arc::new(Worker::new(radixgate_routing::WorkerId(i as u32), spec(i))))
                 .collect();
-            (Chooser::Oracle { turn: 0 }, workers, None)
+            let chooser = if *who == Contender::Oracle {
+                Chooser::Oracle { turn: 0 }
+            } else {
+                Chooser::OracleTtft { turn: 0 }
+            };
+            (chooser, workers, None)
         }
     };
     let issuers = match cfg.arrivals {
@@ -171,6 +181,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
         workload,
         engines,
         pending: vec![None; cfg.workers],
+        step_end: vec![Duration::ZERO; cfg.workers],
         workers,
         chooser,
         queue: Queue::default(),
@@ -357,6 +368,21 @@ impl Cluster<'_> {
                 *turn += 1;
                 Ok(LoadGuard::acquire(self.workers[i].clone()))
             }
+            Chooser::OracleTtft { turn } => {
+                let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
+                let busy_for: Vec<Duration> = self
+                    .pending
+                    .iter()
+                    .zip(&self.step_end)
+                    .map(|(p, &end)| match p {
+                        Some(_) => end.saturating_sub(self.now),
+                        None => Duration::ZERO,
+                    })
+                    .collect();
+                let i = oracle_ttft::choose(&self.engines, &busy_for, &in_flight, tokens, *turn);
+                *turn += 1;
+                Ok(LoadGuard::acquire(self.workers[i].clone()))
+            }
         }
     }
 
@@ -418,7 +444,8 @@ impl Cluster<'_> {
         if out.is_idle() {
             self.pending[w] = None;
         } else {
-            self.queue.push(self.now + out.duration, Kind::StepDone(w));
+            self.step_end[w] = self.now + out.duration;
+            self.queue.push(self.step_end[w], Kind::StepDone(w));
             self.pending[w] = Some(out);
         }
     }

@@ -74,27 +74,54 @@ pub fn predict(engine: &Engine, hashes: &[u64], prompt_len: usize) -> Prediction
 /// requests routed to engine i and not finished, and `turn` a rotating
 /// counter for ties.
 pub fn choose(engines: &[Engine], in_flight: &[usize], tokens: &[u64], turn: usize) -> usize {
-    let n = engines.len();
     let hashes = engines[0].cache().block_hashes(tokens);
-    let mut best: Option<(usize, Prediction)> = None;
+    least_cost(engines.len(), in_flight, turn, |i| {
+        let p = predict(&engines[i], &hashes, tokens.len());
+        Score {
+            cost_us: p.ttft_us,
+            cached_tokens: p.cached_tokens,
+        }
+    })
+}
+
+/// How an oracle rates one worker for a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Score {
+    /// What the oracle minimises, microseconds.
+    pub(super) cost_us: f64,
+    /// Prompt tokens the worker would serve from cache (breaks ties).
+    pub(super) cached_tokens: usize,
+}
+
+/// The index in `0..n` (n > 0) of least `score(i).cost_us`; ties go to
+/// more cached tokens, then fewer requests in flight, then the first from a
+/// start that rotates with `turn` (so equal workers share misses). Shared
+/// by the oracles.
+pub(super) fn least_cost(
+    n: usize,
+    in_flight: &[usize],
+    turn: usize,
+    mut score: impl FnMut(usize) -> Score,
+) -> usize {
+    let mut best: Option<(usize, Score)> = None;
     for k in 0..n {
         let i = (turn + k) % n;
-        let p = predict(&engines[i], &hashes, tokens.len());
-        let better = match &best {
+        let s = score(i);
+        let better = match best {
             None => true,
-            Some((b, bp)) => {
-                p.ttft_us < bp.ttft_us
-                    || (p.ttft_us == bp.ttft_us
-                        && (p.cached_tokens > bp.cached_tokens
-                            || (p.cached_tokens == bp.cached_tokens
-                                && in_flight[i] < in_flight[*b])))
+            Some((b, bs)) => {
+                s.cost_us < bs.cost_us
+                    || (s.cost_us == bs.cost_us
+                        && (s.cached_tokens > bs.cached_tokens
+                            || (s.cached_tokens == bs.cached_tokens
+                                && in_flight[i] < in_flight[b])))
             }
         };
         if better {
-            best = Some((i, p));
+            best = Some((i, s));
         }
     }
-    best.expect("at least one engine").0
+    best.map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]

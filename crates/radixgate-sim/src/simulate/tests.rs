@@ -64,6 +64,7 @@ fn all() -> Vec<Contender> {
         "power_of_two",
         "consistent_hash",
         "oracle",
+        "oracle_ttft",
     ]
     .into_iter()
     .map(policy)
