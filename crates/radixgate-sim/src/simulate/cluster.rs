@@ -31,7 +31,7 @@ use std::time::Duration;
 use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worker, WorkerSpec};
 
 use super::events::{Kind, Queue};
-use super::text::{routing_text, worker_reply, worker_text};
+use super::text::{prompt_and_final, routing_text, worker_reply, worker_text};
 use super::timeline::Dispatched;
 use super::{Contender, SimConfig, oracle, oracle_ttft};
 use crate::SimError;
@@ -487,40 +487,5 @@ impl Cluster<'_> {
         drop(live.guard);
         self.workload.on_reply(live.session, &live.reply, self.now);
         self.wake(live.issuer);
-    }
-}
-
-/// The prompt's tokens and the tokens of prompt + reply, tokenizing once.
-/// Tokens are runs of `chars_per_token` characters from the start, so the
-/// two agree on every complete run of the prompt; only a trailing partial
-/// run of the prompt is a token of its own.
-fn prompt_and_final(t: &Tokenizer, text: &str, reply: &str) -> (Vec<u64>, Vec<u64>) {
-    let all = t.tokenize(&format!("{text}{reply}"));
-    let chars = text.chars().count();
-    let cpt = t.chars_per_token();
-    let full = chars / cpt;
-    let mut prompt = all[..full].to_vec();
-    if !chars.is_multiple_of(cpt) {
-        let tail_start = text
-            .char_indices()
-            .nth(full * cpt)
-            .map_or(text.len(), |(b, _)| b);
-        prompt.extend(t.tokenize(&text[tail_start..]));
-    }
-    (prompt, all)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prompt_and_final_match_separate_tokenization() {
-        let t = Tokenizer::new(4).unwrap();
-        for text in ["", "abc", "abcd", "abcdé", "héllo wörld!"] {
-            let (p, f) = prompt_and_final(&t, text, "reply text");
-            assert_eq!(p, t.tokenize(text), "{text:?}");
-            assert_eq!(f, t.tokenize(&format!("{text}reply text")));
-        }
     }
 }
