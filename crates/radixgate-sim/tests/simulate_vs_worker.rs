@@ -70,6 +70,7 @@ async fn compare(workload: WorkloadConfig, api: Api, requests: u64) {
         max_requests: Some(requests),
         duration: None,
         load_poll: None,
+        speeds: Default::default(),
     };
     for who in [Contender::Oracle, Contender::Policy(Default::default())] {
         let sim = run(&sim_cfg, &who).unwrap();

@@ -268,3 +268,126 @@ async fn cancelled_stream_leaves_the_batch() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The worker's simulated busy time so far (`/metrics`), seconds.
+async fn busy_seconds(base: &str) -> f64 {
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("radixgate_sim_busy_seconds_total"))
+        .expect("busy time in /metrics");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Streams a chat request and returns the wall time to its first content
+/// token, and the worker's simulated busy time the request added (it runs
+/// alone, so that is the time of its steps).
+async fn first_token(base: &str, content: &str) -> (Duration, f64) {
+    let busy = busy_seconds(base).await;
+    let mut b = chat(content, 3);
+    b["stream"] = json!(true);
+    // Built before the clock starts: building a client takes milliseconds.
+    let c = client();
+    let t = Instant::now();
+    let mut r = c
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut buf = String::new();
+    let mut events = Vec::new();
+    let mut done = false;
+    let mut ttft = None;
+    while let Some(c) = r.chunk().await.unwrap() {
+        buf.push_str(std::str::from_utf8(&c).unwrap());
+        parse_events(&mut buf, &mut events, &mut done);
+        let content = events.iter().any(|e| {
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        });
+        if content && ttft.is_none() {
+            ttft = Some(t.elapsed());
+        }
+    }
+    assert!(done, "the stream ends with [DONE]");
+    // The metrics snapshot is published before the last step's events.
+    (
+        ttft.expect("a content token"),
+        busy_seconds(base).await - busy,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_slowdown_set_at_run_time_stretches_time_to_first_token() {
+    let mut cfg = fast_config();
+    // Steps long enough that timer resolution does not matter: a cold
+    // prompt of ~40 tokens takes ~30 ms to first token, 3 steps in all.
+    cfg.engine.timing.step_base_us = 30_000.0;
+    cfg.engine.timing.token_us = 20.0;
+    let w = spawn(cfg).await;
+    let (ttft_1, busy_1) = first_token(&w.base, "first prompt, cold").await;
+    let r = client()
+        .post(format!("{}/admin/faults", w.base))
+        .json(&json!({"slowdown": 4.0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(get_json(&w.base, "/admin/faults").await["slowdown"], 4.0);
+    // Same length, also cold: the same steps, each four times longer.
+    let (ttft_4, busy_4) = first_token(&w.base, "other prompt, cold").await;
+    let ratio = busy_4 / busy_1;
+    assert!(
+        (ratio - 4.0).abs() < 0.01,
+        "simulated step time x{ratio:.3} ({busy_1} s -> {busy_4} s)"
+    );
+    // Wall time: lower bounds only (the machine may add delay, never
+    // remove it). The first token comes after the prefill step, a third of
+    // the request's steps here and a little more than a third of its time.
+    assert!(
+        ttft_1.as_secs_f64() >= busy_1 / 3.0,
+        "{ttft_1:?} vs {busy_1}"
+    );
+    assert!(
+        ttft_4.as_secs_f64() >= 4.0 * busy_1 / 3.0,
+        "{ttft_4:?} vs 4 x {busy_1} / 3"
+    );
+    eprintln!(
+        "time to first token {ttft_1:?} -> {ttft_4:?} (x{:.2}) with slowdown 4",
+        ttft_4.as_secs_f64() / ttft_1.as_secs_f64()
+    );
+    // Cleared: back to full speed for steps started afterwards.
+    let r = client()
+        .post(format!("{}/admin/faults", w.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, busy_back) = first_token(&w.base, "third prompt, cold!").await;
+    assert!(
+        (busy_back / busy_1 - 1.0).abs() < 0.01,
+        "{busy_back} vs {busy_1}"
+    );
+    // Out of range at run time: a 400, and the knob stays as it was.
+    for bad in [json!({"slowdown": 0.5}), json!({"slowdown": 5000})] {
+        let r = client()
+            .post(format!("{}/admin/faults", w.base))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    assert_eq!(get_json(&w.base, "/admin/faults").await["slowdown"], 1.0);
+}

@@ -88,8 +88,12 @@ impl EngineConfig {
 }
 
 /// How long one engine step takes:
-/// `step_base_us + token_us * (prefill_tokens + decode_seqs) +
-/// kv_read_ns_per_token * context_tokens_of_decoding_seqs / 1000`.
+/// `(step_base_us + token_us * (prefill_tokens + decode_seqs) +
+/// kv_read_ns_per_token * context_tokens_of_decoding_seqs / 1000) / speed`.
+///
+/// `speed` scales a whole worker (1 = the hardware the constants describe;
+/// 0.5 = a worker at half speed, e.g. an older GPU in a newer pool), so a
+/// heterogeneous pool is one constant per worker rather than three.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimingConfig {
@@ -99,7 +103,13 @@ pub struct TimingConfig {
     pub token_us: f64,
     /// KV read per context token of each decoding sequence, nanoseconds.
     pub kv_read_ns_per_token: f64,
+    /// Relative speed of this worker: every step's duration is divided by
+    /// it. In (0, 100]; 1 is the default.
+    pub speed: f64,
 }
+
+/// The largest accepted `speed` (a worker 100 times faster than the model).
+pub const MAX_SPEED: f64 = 100.0;
 
 impl Default for TimingConfig {
     fn default() -> Self {
@@ -107,13 +117,15 @@ impl Default for TimingConfig {
             step_base_us: 4_800.0,
             token_us: 27.0,
             kv_read_ns_per_token: 39.0,
+            speed: 1.0,
         }
     }
 }
 
 impl TimingConfig {
-    /// Every constant finite and non-negative.
+    /// Every constant finite and non-negative; `speed` in (0, 100].
     pub fn validate(&self) -> Result<(), SimError> {
+        check_speed("timing.speed", self.speed)?;
         for (name, v) in [
             ("step_base_us", self.step_base_us),
             ("token_us", self.token_us),
@@ -138,6 +150,74 @@ impl TimingConfig {
         let us = self.step_base_us
             + self.token_us * (prefill_tokens + decode_seqs) as f64
             + self.kv_read_ns_per_token * decode_context_tokens as f64 / 1000.0;
-        std::time::Duration::from_nanos((us * 1000.0).round() as u64)
+        std::time::Duration::from_nanos((self.scaled_us(us) * 1000.0).round() as u64)
+    }
+
+    /// `us` of work at speed 1 as this worker's time, microseconds (for
+    /// predictions made outside the engine).
+    pub fn scaled_us(&self, us: f64) -> f64 {
+        us / self.speed
+    }
+}
+
+/// Checks a worker speed given as `what`: finite and in (0, 100].
+pub fn check_speed(what: &str, speed: f64) -> Result<(), SimError> {
+    if speed.is_finite() && speed > 0.0 && speed <= MAX_SPEED {
+        Ok(())
+    } else {
+        Err(SimError::Config(format!(
+            "{what} must be a number in (0, {MAX_SPEED}] (1 = full speed, 0.5 = half), got {speed}"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn speed_divides_every_step_and_is_validated() {
+        let full = TimingConfig::default();
+        let half = TimingConfig {
+            speed: 0.5,
+            ..TimingConfig::default()
+        };
+        let fast = TimingConfig {
+            speed: 4.0,
+            ..TimingConfig::default()
+        };
+        for (prefill, decode, context) in [(0, 1, 100), (2000, 0, 0), (500, 64, 128_000)] {
+            let d = full.step_duration(prefill, decode, context);
+            assert!(d > Duration::ZERO);
+            let nanos =
+                |t: &TimingConfig| t.step_duration(prefill, decode, context).as_nanos() as i128;
+            let d = d.as_nanos() as i128;
+            // Within rounding to whole nanoseconds.
+            assert!(
+                (nanos(&half) - 2 * d).abs() <= 2,
+                "{} vs 2 x {d}",
+                nanos(&half)
+            );
+            assert!(
+                (nanos(&fast) - d / 4).abs() <= 1,
+                "{} vs {d} / 4",
+                nanos(&fast)
+            );
+        }
+        assert_eq!(half.scaled_us(10.0), 20.0);
+        assert!(full.validate().is_ok() && half.validate().is_ok());
+        for bad in [0.0, -1.0, 100.5, f64::NAN, f64::INFINITY] {
+            let t = TimingConfig {
+                speed: bad,
+                ..TimingConfig::default()
+            };
+            let e = t.validate().unwrap_err().to_string();
+            assert!(e.contains("timing.speed"), "{e}");
+        }
+        assert!(check_speed("x", MAX_SPEED).is_ok());
+        // A JSON config without `speed` gets full speed.
+        let t: TimingConfig = serde_json::from_str(r#"{"token_us": 5.0}"#).unwrap();
+        assert_eq!(t.speed, 1.0);
     }
 }

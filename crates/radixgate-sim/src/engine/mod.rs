@@ -31,12 +31,14 @@
 
 pub mod cache;
 pub mod config;
+pub mod view;
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 pub use cache::{KvCache, PinnedPath};
-pub use config::{EngineConfig, TimingConfig};
+pub use config::{EngineConfig, MAX_SPEED, TimingConfig, check_speed};
+pub use view::{RunningView, WaitingView};
 
 use crate::error::SimError;
 
@@ -201,9 +203,18 @@ impl Engine {
         })
     }
 
-    /// The configuration.
+    /// The configuration (with the current speed).
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Changes the worker's speed (`timing.speed`, validated): steps started
+    /// from now on take their work's time divided by `speed`; a step already
+    /// under way keeps the duration it was given.
+    pub fn set_speed(&mut self, speed: f64) -> Result<(), SimError> {
+        check_speed("speed", speed)?;
+        self.config.timing.speed = speed;
+        Ok(())
     }
 
     /// Queues a request. Fails if its id is live, or if it could never fit

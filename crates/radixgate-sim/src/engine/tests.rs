@@ -41,6 +41,36 @@ fn run(e: &mut Engine, now: &mut Duration) -> Vec<Finished> {
 }
 
 #[test]
+fn a_speed_change_applies_to_the_next_step_only() {
+    let mut e = Engine::new(cfg()).unwrap();
+    let mut twin = Engine::new(cfg()).unwrap();
+    for x in [&mut e, &mut twin] {
+        x.submit(req(1, (0..40).collect(), 4), Duration::ZERO)
+            .unwrap();
+    }
+    let first = e.step(Duration::ZERO);
+    assert_eq!(first.duration, twin.step(Duration::ZERO).duration);
+    // The change lands while the first step is under way: that step keeps
+    // its duration, the following ones take twice as long.
+    e.set_speed(0.5).unwrap();
+    assert_eq!(e.config().timing.speed, 0.5);
+    let t = first.duration;
+    for _ in 0..3 {
+        let slow = e.step(t);
+        let full = twin.step(t);
+        assert!(!slow.is_idle());
+        assert_eq!(slow.decode_seqs, full.decode_seqs);
+        let (a, b) = (
+            slow.duration.as_nanos() as i128,
+            full.duration.as_nanos() as i128,
+        );
+        assert!((a - 2 * b).abs() <= 2, "{a} vs 2 x {b}");
+    }
+    assert!(e.set_speed(0.0).is_err() && e.set_speed(f64::NAN).is_err());
+    assert_eq!(e.config().timing.speed, 0.5, "a bad speed changes nothing");
+}
+
+#[test]
 fn repeated_prompt_hits_the_cache() {
     let mut e = Engine::new(cfg()).unwrap();
     let mut now = Duration::ZERO;

@@ -79,6 +79,9 @@ pub struct WorkerArgs {
     /// Fault: health endpoints answer 503.
     #[arg(long)]
     pub unhealthy: bool,
+    /// Fault: engine steps take this many times longer (1..=1000) [1].
+    #[arg(long)]
+    pub slowdown: Option<f64>,
     /// Seed of the error-rate draws; worker i uses seed + i [0].
     #[arg(long)]
     pub fault_seed: Option<u64>,
@@ -122,6 +125,7 @@ impl WorkerArgs {
             }
             set(&mut f.slow_start_secs, self.slow_start_secs);
             f.unhealthy |= self.unhealthy;
+            set(&mut f.slowdown, self.slowdown);
             set(&mut f.seed, self.fault_seed);
             f.seed = f.seed.wrapping_add(u64::from(i));
         } else {
@@ -169,6 +173,10 @@ pub struct EngineFlags {
     /// KV read cost per context token of a decoding request, ns [39].
     #[arg(long)]
     pub kv_read_ns_per_token: Option<f64>,
+    /// Relative speed of the worker: step times are divided by it, so 0.5
+    /// is a worker at half speed; in (0, 100] [1].
+    #[arg(long)]
+    pub speed: Option<f64>,
 }
 
 impl EngineFlags {
@@ -184,6 +192,7 @@ impl EngineFlags {
             &mut e.timing.kv_read_ns_per_token,
             self.kv_read_ns_per_token,
         );
+        set(&mut e.timing.speed, self.speed);
     }
 }
 
@@ -308,5 +317,40 @@ mod tests {
         assert_eq!((f.error_rate, f.seed), (0.5, 11));
         let bad = parse(&["--max-batch-tokens", "4"]);
         assert!(bad.config(&bad.base_config().unwrap(), 0).is_err());
+        let slow = parse(&["--count", "2", "--slowdown", "4", "--fault-workers", "0"]);
+        let base = slow.base_config().unwrap();
+        assert_eq!(slow.config(&base, 0).unwrap().faults.slowdown, 4.0);
+        assert_eq!(slow.config(&base, 1).unwrap().faults.slowdown, 1.0);
+        let bad = parse(&["--slowdown", "0.5"]);
+        let e = bad
+            .config(&bad.base_config().unwrap(), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("faults.slowdown"), "{e}");
+    }
+
+    #[test]
+    fn speed_flag_sets_the_timing_and_is_validated() {
+        let a = parse(&["--speed", "0.5"]);
+        let c = a.config(&a.base_config().unwrap(), 0).unwrap();
+        assert_eq!(c.engine.timing.speed, 0.5);
+        let d = parse(&[]);
+        assert_eq!(
+            d.config(&d.base_config().unwrap(), 0)
+                .unwrap()
+                .engine
+                .timing
+                .speed,
+            1.0
+        );
+        for bad in ["0", "-2", "101", "NaN"] {
+            let flag = format!("--speed={bad}");
+            let b = parse(&[flag.as_str()]);
+            let e = b
+                .config(&b.base_config().unwrap(), 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("speed"), "{bad}: {e}");
+        }
     }
 }

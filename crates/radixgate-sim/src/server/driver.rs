@@ -7,6 +7,11 @@
 //! then delivers the step's results to each request's own channel and
 //! publishes a load snapshot.
 //!
+//! The `slowdown` fault knob is read at the start of every step and applied
+//! as the engine's speed (`configured speed / slowdown`), so steps started
+//! after it changes take that many times longer, and the engine's busy-time
+//! counter shows the slowed time.
+//!
 //! Invariants: each live request has exactly one subscriber entry, removed
 //! when it finishes or is cancelled; a request whose handler has gone away
 //! (client disconnect) is cancelled in the engine, so its pages are freed.
@@ -23,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::faults::SlowdownCell;
 use crate::engine::{Engine, EngineCounters, EngineRequest, Finished, LoadSnapshot, ReqId};
 use crate::error::SimError;
 
@@ -74,15 +80,19 @@ pub(crate) struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Starts the task for `engine`; it stops when `shutdown` fires or all
-    /// handles are dropped.
-    pub(crate) fn spawn(engine: Engine, shutdown: CancellationToken) -> Self {
+    /// Starts the task for `engine`, slowed by `slowdown`; it stops when
+    /// `shutdown` fires or all handles are dropped.
+    pub(crate) fn spawn(
+        engine: Engine,
+        slowdown: SlowdownCell,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Mutex::new(EngineStats {
             load: engine.load(),
             counters: engine.counters().clone(),
         }));
-        tokio::spawn(drive(engine, rx, stats.clone(), shutdown));
+        tokio::spawn(drive(engine, rx, stats.clone(), slowdown, shutdown));
         Self { tx, stats }
     }
 
@@ -102,13 +112,40 @@ struct Subscriber {
     events: mpsc::UnboundedSender<Event>,
 }
 
+/// The speed the engine was configured with and the slowdown applied to it.
+struct Speed {
+    configured: f64,
+    slowdown: f64,
+}
+
+impl Speed {
+    /// Applies the knob's current value if it changed since the last step.
+    fn follow(&mut self, engine: &mut Engine, cell: &SlowdownCell) {
+        let slowdown = cell.get();
+        if slowdown == self.slowdown {
+            return;
+        }
+        match engine.set_speed(self.configured / slowdown) {
+            Ok(()) => self.slowdown = slowdown,
+            // Only a configured speed near zero can get here; keep stepping
+            // at the last good speed.
+            Err(e) => tracing::warn!(slowdown, error = %e, "slowdown not applied"),
+        }
+    }
+}
+
 async fn drive(
     mut engine: Engine,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     stats: Arc<Mutex<EngineStats>>,
+    slowdown: SlowdownCell,
     shutdown: CancellationToken,
 ) {
     let start = Instant::now();
+    let mut speed = Speed {
+        configured: engine.config().timing.speed,
+        slowdown: 1.0,
+    };
     let mut subs: HashMap<ReqId, Subscriber> = HashMap::new();
     // When the last step ended on the simulated clock. Back-to-back steps
     // are scheduled from it, not from when the timer actually fired, so
@@ -134,6 +171,7 @@ async fn drive(
             Some(t) if now.duration_since(t) < MAX_CATCH_UP => t,
             _ => now,
         };
+        speed.follow(&mut engine, &slowdown);
         let out = engine.step(begin.duration_since(start));
         if out.is_idle() {
             publish(&engine, &stats);

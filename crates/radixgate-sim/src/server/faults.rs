@@ -9,13 +9,20 @@
 //! (a streamed response is cut, without `[DONE]`, after K SSE events),
 //! `slow_start_secs` (connections refused for S seconds after start, or
 //! after the knob is set at run time), `unhealthy` (`/health` and
-//! `/health_generate` answer 503).
+//! `/health_generate` answer 503), `slowdown` (every engine step started
+//! while it is set takes that many times longer: a worker that turned slow,
+//! e.g. thermally throttled or sharing its GPU).
 //!
 //! Concurrency: the knobs and the generator sit behind one `parking_lot`
 //! mutex: critical sections are a few loads or one random draw and never
 //! cross an `.await`. Changes are announced on a `watch` channel that the
-//! accept loop listens to (to close or reopen the listener).
+//! accept loop listens to (to close or reopen the listener). The engine task
+//! reads `slowdown` once per step from a [`SlowdownCell`], an atomic, so the
+//! step loop never takes the knobs' lock; a step already under way when the
+//! knob changes keeps its duration.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -25,8 +32,11 @@ use tokio::sync::watch;
 
 use crate::error::SimError;
 
+/// The largest accepted `slowdown`.
+pub const MAX_SLOWDOWN: f64 = 1000.0;
+
 /// The fault knobs (all off by default).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FaultConfig {
     /// Fraction (0..=1) of generation requests answered with HTTP 500.
@@ -43,8 +53,27 @@ pub struct FaultConfig {
     pub slow_start_secs: f64,
     /// Health endpoints answer 503.
     pub unhealthy: bool,
+    /// Engine steps started while set take this many times longer
+    /// (1 = none; 1..=1000).
+    pub slowdown: f64,
     /// Seed of the error-rate draws.
     pub seed: u64,
+}
+
+impl Default for FaultConfig {
+    fn default() -> Self {
+        Self {
+            error_rate: 0.0,
+            latency_ms: 0,
+            hang: false,
+            refuse: false,
+            die_after_chunks: None,
+            slow_start_secs: 0.0,
+            unhealthy: false,
+            slowdown: 1.0,
+            seed: 0,
+        }
+    }
 }
 
 impl FaultConfig {
@@ -60,6 +89,12 @@ impl FaultConfig {
             return Err(SimError::Config(format!(
                 "faults.slow_start_secs must be in 0..=86400, got {}",
                 self.slow_start_secs
+            )));
+        }
+        if !self.slowdown.is_finite() || !(1.0..=MAX_SLOWDOWN).contains(&self.slowdown) {
+            return Err(SimError::Config(format!(
+                "faults.slowdown must be in 1..={MAX_SLOWDOWN} (1 = none), got {}",
+                self.slowdown
             )));
         }
         if self.latency_ms > 3_600_000 {
@@ -88,16 +123,40 @@ struct Inner {
     slow_until: Option<Instant>,
 }
 
+/// The `slowdown` knob as the engine task reads it: an `f64` stored as its
+/// bits (written by the admin handler, read once per step).
+#[derive(Debug, Clone)]
+pub(crate) struct SlowdownCell(Arc<AtomicU64>);
+
+impl SlowdownCell {
+    fn new(factor: f64) -> Self {
+        Self(Arc::new(AtomicU64::new(factor.to_bits())))
+    }
+
+    /// The current factor (1 = none).
+    pub(crate) fn get(&self) -> f64 {
+        // Relaxed: one independent value; a step that reads the old one
+        // just started before the change.
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, factor: f64) {
+        self.0.store(factor.to_bits(), Ordering::Relaxed);
+    }
+}
+
 /// The live fault state of one worker.
 pub(crate) struct Faults {
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
+    slowdown: SlowdownCell,
 }
 
 impl Faults {
     /// Knobs as given at start-up; slow start counts from now.
     pub(crate) fn new(config: FaultConfig) -> Self {
         let (changed, _) = watch::channel(0);
+        let slowdown = SlowdownCell::new(config.slowdown);
         let inner = Inner {
             rng: StdRng::seed_from_u64(config.seed),
             slow_until: slow_until(&config),
@@ -106,7 +165,13 @@ impl Faults {
         Self {
             inner: Mutex::new(inner),
             changed,
+            slowdown,
         }
+    }
+
+    /// The cell the engine task reads `slowdown` from.
+    pub(crate) fn slowdown(&self) -> SlowdownCell {
+        self.slowdown.clone()
     }
 
     /// The current knobs.
@@ -122,6 +187,7 @@ impl Faults {
             let mut inner = self.inner.lock();
             inner.rng = StdRng::seed_from_u64(config.seed);
             inner.slow_until = slow_until(&config);
+            self.slowdown.set(config.slowdown);
             inner.config = config;
         }
         self.changed.send_modify(|v| *v += 1);
@@ -199,5 +265,31 @@ mod tests {
             f.get().refuse,
             "a rejected change leaves the knobs as they were"
         );
+    }
+
+    #[test]
+    fn slowdown_reaches_the_engine_cell_and_is_validated() {
+        let f = Faults::new(FaultConfig {
+            slowdown: 3.0,
+            ..FaultConfig::default()
+        });
+        let cell = f.slowdown();
+        assert_eq!(cell.get(), 3.0);
+        f.set(FaultConfig::default()).unwrap();
+        assert_eq!(cell.get(), 1.0, "replacing the knobs clears it");
+        for bad in [0.5, 0.0, -2.0, 1000.5, f64::NAN, f64::INFINITY] {
+            let e = f
+                .set(FaultConfig {
+                    slowdown: bad,
+                    ..FaultConfig::default()
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("faults.slowdown"), "{bad}: {e}");
+            assert_eq!(cell.get(), 1.0, "a rejected change leaves the cell");
+        }
+        // JSON without the knob: none.
+        let c: FaultConfig = serde_json::from_str(r#"{"hang": false}"#).unwrap();
+        assert_eq!(c.slowdown, 1.0);
     }
 }

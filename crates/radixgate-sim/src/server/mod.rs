@@ -34,7 +34,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use args::{EngineFlags, WorkerArgs, run};
-pub use faults::FaultConfig;
+pub use faults::{FaultConfig, MAX_SLOWDOWN};
 pub use listen::WORKER_HEADER;
 
 use crate::engine::{Engine, EngineConfig, LoadSnapshot};
@@ -219,12 +219,13 @@ pub async fn start_group(
             config.name.clone().into()
         };
         let engine = Engine::new(config.engine.clone())?;
+        let faults = Faults::new(config.faults.clone());
         let state = Arc::new(WorkerState {
             name,
             model: config.model.clone().into(),
             tokenizer: Tokenizer::new(config.chars_per_token)?,
-            engine: EngineHandle::spawn(engine, shutdown.clone()),
-            faults: Faults::new(config.faults.clone()),
+            engine: EngineHandle::spawn(engine, faults.slowdown(), shutdown.clone()),
+            faults,
             metrics: Metrics::default(),
             next_id: AtomicU64::new(1),
             shutdown: shutdown.clone(),

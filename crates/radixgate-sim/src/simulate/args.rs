@@ -12,7 +12,9 @@ use clap::Args;
 use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RandomConfig};
 
 use super::report::{PolicyReport, SimReport};
+use super::speeds::{PoolSpeeds, SpeedChange};
 use super::sweep::{self, Axis};
+use super::timeline::Timeline;
 use super::{Contender, SimConfig, cluster};
 use crate::SimError;
 use crate::load::args::api_parser;
@@ -44,7 +46,7 @@ pub struct SimulateArgs {
     pub workers: usize,
     /// Contenders, comma-separated: any `radixgate serve --policy` name
     /// (cache_aware, prefill_aware, round_robin, random, power_of_two,
-    /// least_load, consistent_hash) and `oracle`.
+    /// least_load, consistent_hash), `oracle` and `oracle_ttft`.
     #[arg(long, default_value = DEFAULT_POLICIES, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy setting and the values to try, e.g.
@@ -88,6 +90,18 @@ pub struct SimulateArgs {
     /// The engine's size and timing.
     #[command(flatten)]
     pub engine: EngineFlags,
+    /// Speed of each worker at the start, comma-separated, e.g. `0.5,1,1,1`
+    /// (worker 0 at half speed); workers not listed run at `--speed`.
+    #[arg(long, value_name = "F1,F2,..", value_delimiter = ',')]
+    pub worker_speeds: Vec<f64>,
+    /// At simulated second T, worker W's speed becomes F, e.g. `0@10=0.5`
+    /// (repeat for more changes).
+    #[arg(long, value_name = "W@T=F")]
+    pub speed_change: Vec<String>,
+    /// Add to each row a per-worker timeline: per window of this many
+    /// simulated seconds, requests dispatched and their mean TTFT (0: off).
+    #[arg(long, value_name = "S")]
+    pub timeline_secs: Option<f64>,
 }
 
 impl SimulateArgs {
@@ -137,6 +151,14 @@ impl SimulateArgs {
             max_requests,
             duration,
             load_poll: (self.load_poll_ms > 0).then(|| Duration::from_millis(self.load_poll_ms)),
+            speeds: PoolSpeeds {
+                initial: self.worker_speeds.clone(),
+                changes: self
+                    .speed_change
+                    .iter()
+                    .map(|c| SpeedChange::parse(c))
+                    .collect::<Result<_, _>>()?,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -164,7 +186,7 @@ impl SimulateArgs {
         for axis in &axes {
             let used = bases.iter().any(|b| match b {
                 Contender::Policy(p) => sweep::has_key(p, &axis.key),
-                Contender::Oracle => false,
+                Contender::Oracle | Contender::OracleTtft => false,
             });
             if !used {
                 return Err(SimError::Config(format!(
@@ -176,7 +198,7 @@ impl SimulateArgs {
         let mut out = Vec::new();
         for base in bases {
             match &base {
-                Contender::Oracle => out.push((base, String::new())),
+                Contender::Oracle | Contender::OracleTtft => out.push((base, String::new())),
                 Contender::Policy(p) => {
                     for point in sweep::grid_for(p, &axes) {
                         let cfg = sweep::apply(p, &point)?;
@@ -188,9 +210,24 @@ impl SimulateArgs {
         Ok(out)
     }
 
+    /// The timeline's window, if one was asked for.
+    pub fn timeline_window(&self) -> Result<Option<Duration>, SimError> {
+        match self.timeline_secs {
+            None => Ok(None),
+            Some(0.0) => Ok(None),
+            Some(s) if s.is_finite() && (0.001..=86_400.0).contains(&s) => {
+                Ok(Some(Duration::from_secs_f64(s)))
+            }
+            Some(s) => Err(SimError::Config(format!(
+                "--timeline-secs must be 0 (off) or in 0.001..=86400 simulated seconds, got {s}"
+            ))),
+        }
+    }
+
     /// Runs every contender on the same config and reports.
     pub fn execute(&self) -> Result<SimReport, SimError> {
         let cfg = self.sim_config()?;
+        let window = self.timeline_window()?;
         let contenders = self.contenders()?;
         let mut report = SimReport {
             workload: cfg.workload.name().into(),
@@ -198,17 +235,20 @@ impl SimulateArgs {
             arrivals: cfg.arrivals.describe(),
             seed: cfg.seed,
             api: cfg.api.path().into(),
+            ttft_reference: None,
             rows: Vec::new(),
         };
         for (who, params) in contenders {
             let started = Instant::now();
             let stats = cluster::run(&cfg, &who)?;
             let wall = started.elapsed().as_secs_f64();
-            report
-                .rows
-                .push(PolicyReport::new(who.name(), params, &stats, wall));
+            let mut row = PolicyReport::new(&who, params, &stats, wall);
+            if let Some(w) = window {
+                row.timeline = Some(Timeline::of(&stats.dispatches, cfg.workers, w)?);
+            }
+            report.rows.push(row);
         }
-        report.relate_to_oracle();
+        report.relate_to_oracles();
         Ok(report)
     }
 }
@@ -216,13 +256,15 @@ impl SimulateArgs {
 /// The contender called `name`, with its default settings (seeded where it
 /// draws random numbers, so runs repeat).
 pub fn contender(name: &str, seed: u64) -> Result<Contender, SimError> {
-    if name == "oracle" {
-        return Ok(Contender::Oracle);
+    for reference in [Contender::Oracle, Contender::OracleTtft] {
+        if name == reference.name() {
+            return Ok(reference);
+        }
     }
     let json = serde_json::json!({ "policy": name });
     let cfg: PolicyConfig = serde_json::from_value(json).map_err(|_| {
         SimError::Config(format!(
-            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash or oracle)"
+            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash, oracle or oracle_ttft)"
         ))
     })?;
     let cfg = match cfg {

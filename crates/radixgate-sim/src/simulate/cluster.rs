@@ -11,6 +11,10 @@
 //! `duration` later (a [`Kind::StepDone`] event). Finished requests report
 //! their reply to the workload, which may continue the session.
 //!
+//! Each engine starts at its speed from [`PoolSpeeds`](super::PoolSpeeds);
+//! a scheduled speed change is a [`Kind::SpeedChange`] event that sets the
+//! engine's speed for the steps it starts from then on.
+//!
 //! Workers' reported load (`running`, `waiting`, KV use) is refreshed from
 //! the engines every `load_poll` of simulated time, as a gateway polling
 //! `/get_load` would see it; no built-in policy reads it today. The
@@ -27,8 +31,9 @@ use std::time::Duration;
 use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worker, WorkerSpec};
 
 use super::events::{Kind, Queue};
-use super::text::{routing_text, worker_reply, worker_text};
-use super::{Contender, SimConfig, oracle};
+use super::text::{prompt_and_final, routing_text, worker_reply, worker_text};
+use super::timeline::Dispatched;
+use super::{Contender, SimConfig, oracle, oracle_ttft};
 use crate::SimError;
 use crate::engine::{Engine, EngineRequest, Finished, ReqId};
 use crate::load::Arrivals;
@@ -62,6 +67,9 @@ pub struct RunStats {
     /// Tokens each worker's engine computed: uncached prompt tokens plus
     /// generated tokens (its work, whatever the request count).
     pub work_tokens: Vec<u64>,
+    /// Every request a worker was given, in completion (or refusal) order:
+    /// when, which worker, and its TTFT (for the timeline).
+    pub dispatches: Vec<Dispatched>,
     /// Simulated time of the last completion.
     pub end: Duration,
     /// Events processed.
@@ -75,6 +83,9 @@ enum Chooser {
         next_evict: Option<Duration>,
     },
     Oracle {
+        turn: usize,
+    },
+    OracleTtft {
         turn: usize,
     },
 }
@@ -103,6 +114,8 @@ struct Cluster<'a> {
     workload: Box<dyn Workload>,
     engines: Vec<Engine>,
     pending: Vec<Option<crate::engine::StepOutcome>>,
+    /// When each engine's step under way ends (meaningful while `pending`).
+    step_end: Vec<Duration>,
     workers: Vec<Arc<Worker>>,
     chooser: Chooser,
     queue: Queue,
@@ -122,7 +135,11 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
     let tokenizer = Tokenizer::new(cfg.worker.chars_per_token)?;
     let workload = cfg.workload.build(cfg.seed, cfg.shape)?;
     let engines = (0..cfg.workers)
-        .map(|_| Engine::new(cfg.worker.engine.clone()))
+        .map(|i| {
+            let mut engine = cfg.worker.engine.clone();
+            engine.timing.speed = cfg.speeds.initial_speed(i, engine.timing.speed);
+            Engine::new(engine)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let model = cfg.worker.model.clone();
     let spec = |i: usize| WorkerSpec::new(format!("http://sim-{i}")).with_models([model.clone()]);
@@ -142,11 +159,16 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
             };
             (chooser, workers, Some(registry))
         }
-        Contender::Oracle => {
+        Contender::Oracle | Contender::OracleTtft => {
             let workers = (0..cfg.workers)
                 .map(|i| Arc::new(Worker::new(radixgate_routing::WorkerId(i as u32), spec(i))))
                 .collect();
-            (Chooser::Oracle { turn: 0 }, workers, None)
+            let chooser = if *who == Contender::Oracle {
+                Chooser::Oracle { turn: 0 }
+            } else {
+                Chooser::OracleTtft { turn: 0 }
+            };
+            (chooser, workers, None)
         }
     };
     let issuers = match cfg.arrivals {
@@ -159,6 +181,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
         workload,
         engines,
         pending: vec![None; cfg.workers],
+        step_end: vec![Duration::ZERO; cfg.workers],
         workers,
         chooser,
         queue: Queue::default(),
@@ -198,6 +221,9 @@ impl Cluster<'_> {
         if let Some(every) = self.cfg.load_poll {
             self.queue.push(every, Kind::Poll);
         }
+        for (i, change) in self.cfg.speeds.changes.iter().enumerate() {
+            self.queue.push(change.at, Kind::SpeedChange(i));
+        }
         if let Chooser::Policy {
             next_evict: Some(every),
             ..
@@ -212,6 +238,10 @@ impl Cluster<'_> {
             self.now = ev.at;
             self.stats.events += 1;
             match ev.kind {
+                Kind::SpeedChange(i) => {
+                    let c = self.cfg.speeds.changes[i];
+                    self.engines[c.worker].set_speed(c.speed)?;
+                }
                 Kind::StepDone(w) => self.step_done(w),
                 Kind::Issue(i) => self.issue(i)?,
                 Kind::Poll => {
@@ -338,6 +368,21 @@ impl Cluster<'_> {
                 *turn += 1;
                 Ok(LoadGuard::acquire(self.workers[i].clone()))
             }
+            Chooser::OracleTtft { turn } => {
+                let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
+                let busy_for: Vec<Duration> = self
+                    .pending
+                    .iter()
+                    .zip(&self.step_end)
+                    .map(|(p, &end)| match p {
+                        Some(_) => end.saturating_sub(self.now),
+                        None => Duration::ZERO,
+                    })
+                    .collect();
+                let i = oracle_ttft::choose(&self.engines, &busy_for, &in_flight, tokens, *turn);
+                *turn += 1;
+                Ok(LoadGuard::acquire(self.workers[i].clone()))
+            }
         }
     }
 
@@ -364,6 +409,11 @@ impl Cluster<'_> {
             // Too large for a worker (the HTTP worker answers 400).
             drop(guard);
             self.stats.failed += 1;
+            self.stats.dispatches.push(Dispatched {
+                at: self.now,
+                worker,
+                ttft_ms: None,
+            });
             self.workload.on_failure(spec.session, self.now);
             if let Some(i) = issuer {
                 self.schedule(i, self.now);
@@ -394,7 +444,8 @@ impl Cluster<'_> {
         if out.is_idle() {
             self.pending[w] = None;
         } else {
-            self.queue.push(self.now + out.duration, Kind::StepDone(w));
+            self.step_end[w] = self.now + out.duration;
+            self.queue.push(self.step_end[w], Kind::StepDone(w));
             self.pending[w] = Some(out);
         }
     }
@@ -425,50 +476,18 @@ impl Cluster<'_> {
         s.prompt_tokens += f.prompt_tokens as u64;
         s.cached_tokens += f.cached_tokens as u64;
         s.completion_tokens += f.completion_tokens as u64;
-        s.ttft_ms.push(ms(live
-            .first
-            .unwrap_or(self.now)
-            .saturating_sub(live.start)));
+        let ttft_ms = ms(live.first.unwrap_or(self.now).saturating_sub(live.start));
+        s.ttft_ms.push(ttft_ms);
+        s.dispatches.push(Dispatched {
+            at: live.start,
+            worker: live.worker,
+            ttft_ms: Some(ttft_ms),
+        });
         s.e2e_ms.push(ms(self.now.saturating_sub(live.start)));
         s.per_worker[live.worker] += 1;
         s.end = self.now;
         drop(live.guard);
         self.workload.on_reply(live.session, &live.reply, self.now);
         self.wake(live.issuer);
-    }
-}
-
-/// The prompt's tokens and the tokens of prompt + reply, tokenizing once.
-/// Tokens are runs of `chars_per_token` characters from the start, so the
-/// two agree on every complete run of the prompt; only a trailing partial
-/// run of the prompt is a token of its own.
-fn prompt_and_final(t: &Tokenizer, text: &str, reply: &str) -> (Vec<u64>, Vec<u64>) {
-    let all = t.tokenize(&format!("{text}{reply}"));
-    let chars = text.chars().count();
-    let cpt = t.chars_per_token();
-    let full = chars / cpt;
-    let mut prompt = all[..full].to_vec();
-    if !chars.is_multiple_of(cpt) {
-        let tail_start = text
-            .char_indices()
-            .nth(full * cpt)
-            .map_or(text.len(), |(b, _)| b);
-        prompt.extend(t.tokenize(&text[tail_start..]));
-    }
-    (prompt, all)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prompt_and_final_match_separate_tokenization() {
-        let t = Tokenizer::new(4).unwrap();
-        for text in ["", "abc", "abcd", "abcdé", "héllo wörld!"] {
-            let (p, f) = prompt_and_final(&t, text, "reply text");
-            assert_eq!(p, t.tokenize(text), "{text:?}");
-            assert_eq!(f, t.tokenize(&format!("{text}reply text")));
-        }
     }
 }

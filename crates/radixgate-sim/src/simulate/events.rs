@@ -1,12 +1,13 @@
 //! The event queue of the simulator: a min-heap on `(time, class, seq)`.
 //!
 //! Ordering is total and independent of the heap's internals: events fire
-//! in time order; at equal times by class — engine step results first (a
-//! worker's results at `t` are visible to a decision at `t`, as the HTTP
-//! worker publishes its load before delivering a step's events), then the
-//! periodic load poll and tree eviction, then request issues; and within a
-//! class in the order they were scheduled (`seq`, a counter). So a run is a
-//! pure function of its inputs.
+//! in time order; at equal times by class — worker speed changes first (a
+//! step that starts at the change's time runs at the new speed), then
+//! engine step results (a worker's results at `t` are visible to a decision
+//! at `t`, as the HTTP worker publishes its load before delivering a step's
+//! events), then the periodic load poll and tree eviction, then request
+//! issues; and within a class in the order they were scheduled (`seq`, a
+//! counter). So a run is a pure function of its inputs.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -15,6 +16,8 @@ use std::time::Duration;
 /// What happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Speed change `0` of the run's list takes effect.
+    SpeedChange(usize),
     /// Engine `0`'s current step completes; its results become visible.
     StepDone(usize),
     /// Refresh every worker's reported load from its engine (`/get_load`).
@@ -29,16 +32,18 @@ pub enum Kind {
 impl Kind {
     fn class(self) -> u8 {
         match self {
-            Kind::StepDone(_) => 0,
-            Kind::Poll | Kind::Evict => 1,
-            Kind::Issue(_) => 2,
+            Kind::SpeedChange(_) => 0,
+            Kind::StepDone(_) => 1,
+            Kind::Poll | Kind::Evict => 2,
+            Kind::Issue(_) => 3,
         }
     }
 
-    /// Whether the event is periodic upkeep (it must not keep a finished
-    /// run alive).
+    /// Whether the event is upkeep — periodic, or a change of the pool's
+    /// conditions — rather than work (it must not keep a finished run
+    /// alive).
     pub fn is_upkeep(self) -> bool {
-        matches!(self, Kind::Poll | Kind::Evict)
+        matches!(self, Kind::Poll | Kind::Evict | Kind::SpeedChange(_))
     }
 }
 
@@ -122,12 +127,14 @@ mod tests {
         q.push(t(5), Kind::StepDone(3));
         q.push(t(1), Kind::Issue(9));
         q.push(t(5), Kind::StepDone(2));
+        q.push(t(5), Kind::SpeedChange(0));
         assert_eq!(q.work(), 5);
         let order: Vec<Kind> = std::iter::from_fn(|| q.pop()).map(|e| e.kind).collect();
         assert_eq!(
             order,
             vec![
                 Kind::Issue(9),
+                Kind::SpeedChange(0),
                 Kind::StepDone(3),
                 Kind::StepDone(2),
                 Kind::Poll,

@@ -8,23 +8,36 @@
 //! is a pure function of its config and seed, and runs far faster than real
 //! time.
 //!
-//! Besides the policies, two references: `round_robin` (the floor) and the
+//! Besides the policies, three references: `round_robin` (the floor), the
 //! [`oracle`], which sees every engine's true cache and queue and picks the
-//! worker with the least predicted time to first token.
+//! worker with the least predicted time to first token, and
+//! [`oracle_ttft`], which also weighs the delay its choice adds to the
+//! requests already queued there (by a step-by-step [`forecast`]). Neither
+//! oracle is a proven bound; the report relates every row's TTFT to the
+//! better of them in the run.
+//!
+//! The pool may be heterogeneous: [`speeds`] gives each worker a speed at
+//! the start and changes it at set simulated times.
 //!
 //! Layout: [`args`] (flags), [`sweep`] (policy parameter grids), [`events`]
-//! (the ordered event queue), [`cluster`] (one run), [`oracle`], [`text`]
-//! (routing text vs worker text), [`report`] (statistics, table, JSON).
+//! (the ordered event queue), [`cluster`] (one run), [`speeds`], [`oracle`],
+//! [`oracle_ttft`] and its [`forecast`], [`text`] (routing text vs worker
+//! text), [`report`] (statistics, table,
+//! JSON), [`timeline`] (per-worker traffic and TTFT over simulated time).
 //!
 //! [`Engine`]: crate::engine::Engine
 
 pub mod args;
 pub mod cluster;
 pub mod events;
+pub mod forecast;
 pub mod oracle;
+pub mod oracle_ttft;
 pub mod report;
+pub mod speeds;
 pub mod sweep;
 pub mod text;
+pub mod timeline;
 
 use std::time::Duration;
 
@@ -33,6 +46,7 @@ use radixgate_routing::PolicyConfig;
 pub use args::SimulateArgs;
 pub use cluster::{RunStats, run};
 pub use report::{PolicyReport, SimReport};
+pub use speeds::{PoolSpeeds, SpeedChange};
 
 use crate::SimError;
 use crate::load::{Api, Arrivals};
@@ -63,6 +77,9 @@ pub struct SimConfig {
     pub duration: Option<Duration>,
     /// How often workers' reported load is refreshed; `None`: never.
     pub load_poll: Option<Duration>,
+    /// Each worker's speed at the start and its changes during the run
+    /// (default: every worker at the worker config's speed throughout).
+    pub speeds: PoolSpeeds,
 }
 
 impl SimConfig {
@@ -85,7 +102,7 @@ impl SimConfig {
         if self.load_poll == Some(Duration::ZERO) {
             return Err(SimError::Config("--load-poll-ms must be > 0".into()));
         }
-        Ok(())
+        self.speeds.validate(self.workers)
     }
 }
 
@@ -94,16 +111,39 @@ impl SimConfig {
 pub enum Contender {
     /// A `radixgate-routing` policy with these settings.
     Policy(PolicyConfig),
-    /// The simulator's all-knowing reference.
+    /// The simulator's greedy all-knowing reference ([`oracle`]).
     Oracle,
+    /// The reference that also weighs the delay it adds to queued requests
+    /// ([`oracle_ttft`]).
+    OracleTtft,
+}
+
+/// Which of the simulator's references a row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OracleKind {
+    /// [`Contender::Oracle`].
+    Greedy,
+    /// [`Contender::OracleTtft`].
+    Ttft,
 }
 
 impl Contender {
-    /// The name in reports.
+    /// The name in reports (and in `--policies`).
     pub fn name(&self) -> &'static str {
         match self {
             Contender::Policy(p) => p.name(),
             Contender::Oracle => "oracle",
+            Contender::OracleTtft => "oracle_ttft",
+        }
+    }
+
+    /// Which oracle it is, if it is one.
+    pub fn oracle_kind(&self) -> Option<OracleKind> {
+        match self {
+            Contender::Policy(_) => None,
+            Contender::Oracle => Some(OracleKind::Greedy),
+            Contender::OracleTtft => Some(OracleKind::Ttft),
         }
     }
 }

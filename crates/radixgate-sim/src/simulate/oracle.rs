@@ -12,8 +12,11 @@
 //!          requests, k = running + waiting + 1 - max_running_requests
 //! work   = pending_prefill_tokens(w) + uncached prompt tokens on w
 //! room   = max_batch_tokens - running(w)        (decodes take one each)
-//! ttft   = (wait + ceil(work / room)) * step + work * token_us
+//! ttft   = ((wait + ceil(work / room)) * step + work * token_us) / speed(w)
 //! ```
+//!
+//! `speed(w)` is the worker's current `timing.speed` (a slow worker's steps
+//! take longer by the same factor, as in the engine).
 //!
 //! Ties: more cached tokens, then fewer requests in flight, then a rotating
 //! start so equal workers share misses. It is greedy (it does not plan for
@@ -60,7 +63,7 @@ pub fn predict(engine: &Engine, hashes: &[u64], prompt_len: usize) -> Prediction
     let work = load.pending_prefill_tokens + (prompt_len - cached);
     let room = cfg.max_batch_tokens - running;
     let steps = work.div_ceil(room).max(1);
-    let ttft_us = (wait_steps + steps) as f64 * step_us + work as f64 * t.token_us;
+    let ttft_us = t.scaled_us((wait_steps + steps) as f64 * step_us + work as f64 * t.token_us);
     Prediction {
         ttft_us,
         cached_tokens: cached,
@@ -71,27 +74,54 @@ pub fn predict(engine: &Engine, hashes: &[u64], prompt_len: usize) -> Prediction
 /// requests routed to engine i and not finished, and `turn` a rotating
 /// counter for ties.
 pub fn choose(engines: &[Engine], in_flight: &[usize], tokens: &[u64], turn: usize) -> usize {
-    let n = engines.len();
     let hashes = engines[0].cache().block_hashes(tokens);
-    let mut best: Option<(usize, Prediction)> = None;
+    least_cost(engines.len(), in_flight, turn, |i| {
+        let p = predict(&engines[i], &hashes, tokens.len());
+        Score {
+            cost_us: p.ttft_us,
+            cached_tokens: p.cached_tokens,
+        }
+    })
+}
+
+/// How an oracle rates one worker for a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Score {
+    /// What the oracle minimises, microseconds.
+    pub(super) cost_us: f64,
+    /// Prompt tokens the worker would serve from cache (breaks ties).
+    pub(super) cached_tokens: usize,
+}
+
+/// The index in `0..n` (n > 0) of least `score(i).cost_us`; ties go to
+/// more cached tokens, then fewer requests in flight, then the first from a
+/// start that rotates with `turn` (so equal workers share misses). Shared
+/// by the oracles.
+pub(super) fn least_cost(
+    n: usize,
+    in_flight: &[usize],
+    turn: usize,
+    mut score: impl FnMut(usize) -> Score,
+) -> usize {
+    let mut best: Option<(usize, Score)> = None;
     for k in 0..n {
         let i = (turn + k) % n;
-        let p = predict(&engines[i], &hashes, tokens.len());
-        let better = match &best {
+        let s = score(i);
+        let better = match best {
             None => true,
-            Some((b, bp)) => {
-                p.ttft_us < bp.ttft_us
-                    || (p.ttft_us == bp.ttft_us
-                        && (p.cached_tokens > bp.cached_tokens
-                            || (p.cached_tokens == bp.cached_tokens
-                                && in_flight[i] < in_flight[*b])))
+            Some((b, bs)) => {
+                s.cost_us < bs.cost_us
+                    || (s.cost_us == bs.cost_us
+                        && (s.cached_tokens > bs.cached_tokens
+                            || (s.cached_tokens == bs.cached_tokens
+                                && in_flight[i] < in_flight[b])))
             }
         };
         if better {
-            best = Some((i, p));
+            best = Some((i, s));
         }
     }
-    best.expect("at least one engine").0
+    best.map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]
@@ -149,5 +179,20 @@ mod tests {
         let fresh = vec![engine(), engine()];
         assert_eq!(choose(&fresh, &[0, 0], &prompt, 0), 0);
         assert_eq!(choose(&fresh, &[0, 0], &prompt, 1), 1);
+    }
+
+    #[test]
+    fn a_slower_worker_is_predicted_slower_by_its_factor() {
+        let prompt: Vec<u64> = (0..1000).collect();
+        let mut slow = engine();
+        slow.set_speed(0.5).unwrap();
+        let hashes = slow.cache().block_hashes(&prompt);
+        let full = predict(&engine(), &hashes, prompt.len()).ttft_us;
+        let half = predict(&slow, &hashes, prompt.len()).ttft_us;
+        assert!((half - 2.0 * full).abs() < 1e-6, "{half} vs 2 x {full}");
+        // Equal caches and queues: the fast worker wins from either start.
+        let engines = vec![slow, engine()];
+        assert_eq!(choose(&engines, &[0, 0], &prompt, 0), 1);
+        assert_eq!(choose(&engines, &[0, 0], &prompt, 1), 1);
     }
 }

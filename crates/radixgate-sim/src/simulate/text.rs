@@ -11,7 +11,8 @@
 //! matches exactly what the gateway would. The reply is the worker's
 //! deterministic reply ([`reply_text`]) seeded by the worker's prompt text,
 //! so a multi-turn conversation continues with the same words it would get
-//! from `radixgate worker`.
+//! from `radixgate worker`. [`prompt_and_final`] tokenizes the worker's
+//! text with and without the reply, as the engine needs them.
 
 use radixgate_routing::RoutingText;
 
@@ -71,6 +72,26 @@ pub fn worker_reply(worker_text: &str, max_tokens: usize, tokenizer: &Tokenizer)
     reply_text(text_hash(worker_text), max_tokens, tokenizer)
 }
 
+/// The prompt's tokens and the tokens of prompt + reply, tokenizing once.
+/// Tokens are runs of `chars_per_token` characters from the start, so the
+/// two agree on every complete run of the prompt; only a trailing partial
+/// run of the prompt is a token of its own.
+pub(super) fn prompt_and_final(t: &Tokenizer, text: &str, reply: &str) -> (Vec<u64>, Vec<u64>) {
+    let all = t.tokenize(&format!("{text}{reply}"));
+    let chars = text.chars().count();
+    let cpt = t.chars_per_token();
+    let full = chars / cpt;
+    let mut prompt = all[..full].to_vec();
+    if !chars.is_multiple_of(cpt) {
+        let tail_start = text
+            .char_indices()
+            .nth(full * cpt)
+            .map_or(text.len(), |(b, _)| b);
+        prompt.extend(t.tokenize(&text[tail_start..]));
+    }
+    (prompt, all)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +121,15 @@ mod tests {
             routing_text(&text, Api::ChatCompletions),
             "<|user|>\nabc<|end|>\n"
         );
+    }
+
+    #[test]
+    fn prompt_and_final_match_separate_tokenization() {
+        let t = Tokenizer::new(4).unwrap();
+        for text in ["", "abc", "abcd", "abcdé", "héllo wörld!"] {
+            let (p, f) = prompt_and_final(&t, text, "reply text");
+            assert_eq!(p, t.tokenize(text), "{text:?}");
+            assert_eq!(f, t.tokenize(&format!("{text}reply text")));
+        }
     }
 }
