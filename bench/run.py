@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -118,7 +119,7 @@ class Bench:
         self.binary = os.path.abspath(opts.bin)
         self.tmp = tempfile.mkdtemp(prefix="radixgate-bench-")
         self.skipped: list[str] = []  # workloads this binary cannot run, and why
-        self.routers = [r for r in all_routers(self.binary, opts.baseline_bin)
+        self.routers = [r for r in all_routers(self.binary, opts.baseline_bin, tuple(opts.variant))
                         if not opts.only_router or r.name in opts.only_router]
 
     def log(self, name: str) -> str:
@@ -269,11 +270,25 @@ class Bench:
         return rows
 
 
+def variant(spec: str) -> tuple[str, tuple[str, ...]]:
+    """`NAME=ARGS` of --variant: a row name and `radixgate serve` arguments."""
+    name, sep, args = spec.partition("=")
+    if not sep or not name or name in {r.name for r in all_routers("", "baseline")}:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r}: want NAME=ARGS with a NAME no other row has, e.g. "
+            "'radixgate-seed=--config seed.yaml'")
+    return name, tuple(shlex.split(args))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", default=os.path.join(ROOT, "target/release/radixgate"))
     p.add_argument("--baseline-bin", help="another radixgate binary to run side by side "
                    "(interleaved rounds) as `radixgate-baseline`, e.g. the previous commit's")
+    p.add_argument("--variant", action="append", type=variant, default=[], metavar="NAME=ARGS",
+                   help="another row NAME of this binary's cache_aware with these extra "
+                   "`radixgate serve` arguments (repeat), e.g. "
+                   "'radixgate-seed=--config seed.yaml'; --only-router needs NAME too")
     p.add_argument("--trace", default=os.path.join(os.path.dirname(ROOT), "shared", "traces",
                                                   "mooncake_conversation.jsonl"))
     p.add_argument("--part", choices=["all", "quality", "cost"], default="all")
@@ -288,6 +303,8 @@ def main() -> int:
     p.add_argument("--only-workload", action="append")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     opts = p.parse_args()
+    if len({name for name, _ in opts.variant}) < len(opts.variant):
+        p.error("two --variant rows share a name")
     if not os.path.exists(opts.bin):
         sys.exit(f"no radixgate binary at {opts.bin}: cargo build --release -p radixgate")
 
