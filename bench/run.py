@@ -60,7 +60,7 @@ def quality_workloads(trace: str, scale: float) -> dict[str, Workload]:
         "mooncake-trace": Workload(["--workload", "trace", "--trace", trace, "--speedup", "2.5",
                                     "--max-output-tokens", "64", "--requests", n(300)]),
         # Few hot prefixes every worker can hold, long questions; 128 req/s
-        # keeps ~16 requests running per worker (E2E ~1.7x the idle pool's)
+        # keeps ~16 requests running per worker (E2E 1.7-2x that at 16 req/s)
         # with no queue, where 192 req/s is at the knee (bench/README.md).
         "hot-prefix": Workload(["--workload", "shared-prefix", "--groups", "8", "--zipf", "2.0",
                                 "--question-tokens", "512", "--rate", "128",
