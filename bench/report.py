@@ -189,8 +189,13 @@ def markdown(result) -> str:
         for row in q:
             if row["workload"] not in seen:
                 seen.add(row["workload"])
-                out.append(f"- {row['workload']}: `{' '.join(a for a in row['load_args'] if a != '--assign' and a != 'round-robin')}`")
+                args = ' '.join(a for a in row['load_args'] if a not in ('--assign', 'round-robin'))
+                workers = "".join(f"; worker {i} with `{' '.join(a)}`"
+                                  for i, a in row.get("worker_args", {}).items())
+                out.append(f"- {row['workload']}: `{args}`{workers}")
         out.append("")
+    if m.get("skipped"):
+        out += ["Workloads not run: " + "; ".join(m["skipped"]) + ".", ""]
     c = cost_medians(result["cost"])
     if c:
         out += ["## Router cost (2 `radixgate worker --instant` workers)", "",

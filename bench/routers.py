@@ -21,7 +21,8 @@ class Router:
     command: Callable[[list[str], int, str], list[str]] | None  # None = direct
 
 
-def _radixgate(binary: str, policy: str, routing_yaml: str | None = None):
+def _radixgate(binary: str, policy: str, routing_yaml: str | None = None,
+               serve_args: tuple[str, ...] = ()):
     def cmd(urls, port, tmp):
         extra = []
         if routing_yaml:
@@ -30,7 +31,8 @@ def _radixgate(binary: str, policy: str, routing_yaml: str | None = None):
                 f.write(routing_yaml)
             extra = ["--config", conf]
         return [binary, "serve", *extra, "--host", "127.0.0.1", "--port", str(port),
-                "--policy", policy, "--log-level", "warn", "--worker-urls", *urls]
+                "--policy", policy, "--log-level", "warn", *serve_args,
+                "--worker-urls", *urls]
     return cmd
 
 
@@ -88,9 +90,13 @@ def _nginx(urls, port, tmp):
     return ["nginx", "-p", tmp, "-c", conf, "-g", "daemon off;"]
 
 
-def all_routers(binary: str, baseline: str | None = None) -> list[Router]:
+def all_routers(binary: str, baseline: str | None = None,
+                variants: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> list[Router]:
     """Every configuration, in table order; `baseline` (another radixgate
-    binary, e.g. the previous commit's) runs beside this one when given."""
+    binary, e.g. the previous commit's) runs beside this one when given, and
+    each (name, `radixgate serve` arguments) of `variants` adds a cache_aware
+    row of this binary with those arguments (say, `--config` with an older
+    rule) right after radixgate's own."""
     before = [Router("radixgate-baseline", "cache_aware", _radixgate(baseline, "cache_aware"))
               ] if baseline else []
     return [*before,
@@ -98,6 +104,8 @@ def all_routers(binary: str, baseline: str | None = None) -> list[Router]:
         Router("nginx", "round-robin", _nginx),
         Router("radixgate", "round_robin", _radixgate(binary, "round_robin")),
         Router("radixgate", "cache_aware", _radixgate(binary, "cache_aware")),
+        *(Router(name, "cache_aware", _radixgate(binary, "cache_aware", serve_args=args))
+          for name, args in variants),
         # A diagnostic variant (quality part only): the hot-spot rule off.
         Router("radixgate", "cache_aware, hot_spot off", _radixgate(
             binary, "cache_aware", "routing:\n  policy: cache_aware\n  hot_spot: { rule: \"off\" }\n")),

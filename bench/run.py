@@ -14,11 +14,13 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402
@@ -33,21 +35,62 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def quality_workloads(trace: str, scale: float) -> dict[str, list[str]]:
-    """`radixgate load` arguments of each routing-quality workload."""
+@dataclass
+class Workload:
+    """A routing-quality workload: `radixgate load` arguments and, for a pool
+    that is not uniform, extra `radixgate worker` arguments by worker index."""
+
+    load: list[str]
+    per_worker: dict[int, list[str]] = field(default_factory=dict)
+
+
+def quality_workloads(trace: str, scale: float) -> dict[str, Workload]:
+    """Each routing-quality workload, in table order."""
     n = lambda x: str(max(20, int(x * scale)))  # noqa: E731
+    shared_prefix = ["--workload", "shared-prefix", "--groups", "16",
+                     "--rate", "16", "--requests", n(480)]
     return {
-        "shared-prefix": ["--workload", "shared-prefix", "--groups", "16",
-                          "--rate", "16", "--requests", n(480)],
-        "zipf-hot": ["--workload", "shared-prefix", "--groups", "8", "--zipf", "2.0",
-                     "--rate", "16", "--requests", n(480)],
-        "multi-turn": ["--workload", "multi-turn", "--rate", "12", "--think-ms", "300",
-                       "--requests", n(360)],
+        "shared-prefix": Workload(shared_prefix),
+        "zipf-hot": Workload(["--workload", "shared-prefix", "--groups", "8", "--zipf", "2.0",
+                              "--rate", "16", "--requests", n(480)]),
+        "multi-turn": Workload(["--workload", "multi-turn", "--rate", "12", "--think-ms", "300",
+                                "--requests", n(360)]),
         # The trace's prompts average 14k tokens: its first 300 requests
         # (105 s of trace) at 2.5x keep 4 workers busy but not saturated.
-        "mooncake-trace": ["--workload", "trace", "--trace", trace, "--speedup", "2.5",
-                           "--max-output-tokens", "64", "--requests", n(300)],
+        "mooncake-trace": Workload(["--workload", "trace", "--trace", trace, "--speedup", "2.5",
+                                    "--max-output-tokens", "64", "--requests", n(300)]),
+        # Few hot prefixes every worker can hold, long questions; 128 req/s
+        # keeps ~16 requests running per worker (E2E 1.7-2x that at 16 req/s)
+        # with no queue, where 192 req/s is at the knee (bench/README.md).
+        "hot-prefix": Workload(["--workload", "shared-prefix", "--groups", "8", "--zipf", "2.0",
+                                "--question-tokens", "512", "--rate", "128",
+                                "--requests", n(2560)]),
+        # shared-prefix on a pool whose worker 0 runs at half speed.
+        "hetero": Workload(shared_prefix, per_worker={0: ["--speed", "0.5"]}),
     }
+
+
+def worker_groups(count: int, per_worker: dict[int, list[str]]) -> list[tuple[int, int, list[str]]]:
+    """(first index, how many, extra arguments) for each run of consecutive
+    workers that take the same extra arguments: one `radixgate worker` each."""
+    groups: list[tuple[int, int, list[str]]] = []
+    for i in range(count):
+        args = per_worker.get(i, [])
+        if groups and groups[-1][2] == args:
+            first, k, _ = groups[-1]
+            groups[-1] = (first, k + 1, args)
+        else:
+            groups.append((i, 1, args))
+    return groups
+
+
+def missing_worker_flags(binary: str, per_worker: dict[int, list[str]]) -> list[str]:
+    """The flags in `per_worker` that this binary's `radixgate worker` does not know."""
+    flags = {a.split("=", 1)[0] for args in per_worker.values() for a in args if a.startswith("--")}
+    if not flags:
+        return []
+    helptext = subprocess.run([binary, "worker", "--help"], capture_output=True, text=True).stdout
+    return sorted(f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", helptext))
 
 
 COST_BODY = ["--no-stream", "--workload", "shared-prefix", "--groups", "16",
@@ -75,27 +118,40 @@ class Bench:
         self.opts = opts
         self.binary = os.path.abspath(opts.bin)
         self.tmp = tempfile.mkdtemp(prefix="radixgate-bench-")
-        self.routers = [r for r in all_routers(self.binary, opts.baseline_bin)
+        self.skipped: list[str] = []  # workloads this binary cannot run, and why
+        self.routers = [r for r in all_routers(self.binary, opts.baseline_bin, tuple(opts.variant))
                         if not opts.only_router or r.name in opts.only_router]
 
     def log(self, name: str) -> str:
         return os.path.join(self.tmp, f"{name}.log")
 
-    def start_workers(self, first_port: int, count: int, extra: list[str]):
-        """Starts `count` workers on the first free block of ports from `first_port`."""
+    def start_workers(self, first_port: int, count: int, extra: list[str],
+                      per_worker: dict[int, list[str]] | None = None):
+        """Starts `count` workers on the first free block of ports from
+        `first_port`: one process for all of them, or one per run of workers
+        that share their `per_worker` arguments. Returns (processes, URLs)."""
+        groups = worker_groups(count, per_worker or {})
         for attempt in range(5):
             port = procs.free_block(first_port + 10 * attempt, count)
-            proc = procs.start([self.binary, "worker", "--port", str(port), "--count", str(count),
-                                *extra], self.log("workers"))
+            started = [procs.start([self.binary, "worker", "--port", str(port + first),
+                                    "--count", str(k), *extra, *args], self.log("workers"))
+                       for first, k, args in groups]
             urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
             try:
-                for u in urls:
-                    procs.wait_http(u + "/health", timeout=20, alive=proc)
-                return proc, urls
+                for (first, k, _), proc in zip(groups, started):
+                    for u in urls[first:first + k]:
+                        procs.wait_http(u + "/health", timeout=20, alive=proc)
+                return started, urls
             except RuntimeError as err:
                 print(f"workers on {port}: {err}; retrying", file=sys.stderr)
-                procs.stop(proc)
+                for proc in started:
+                    procs.stop(proc)
         raise RuntimeError("could not start workers")
+
+    def stop_workers(self, started: list, urls: list[str]):
+        for proc in started:
+            procs.stop(proc)
+        procs.wait_port_free([int(u.rsplit(":", 1)[1]) for u in urls])
 
     def start_router(self, router: Router, urls: list[str]):
         """Starts `router`; returns (process or None, URLs the load tool targets)."""
@@ -130,12 +186,17 @@ class Bench:
     def quality(self) -> list[dict]:
         rows = []
         workloads = quality_workloads(self.opts.trace, self.opts.scale)
-        for wname, args in workloads.items():
+        for wname, wl in workloads.items():
             if self.opts.only_workload and wname not in self.opts.only_workload:
+                continue
+            if missing := missing_worker_flags(self.binary, wl.per_worker):
+                note = f"{wname}: this `radixgate worker` has no {', '.join(missing)}"
+                print(f"[quality] skipping {note}", flush=True)
+                self.skipped.append(note)
                 continue
             for router in self.routers:
                 # Fresh workers for every router: empty caches, idle queues.
-                workers, urls = self.start_workers(QUALITY_WORKER_PORT, 4, [])
+                workers, urls = self.start_workers(QUALITY_WORKER_PORT, 4, [], wl.per_worker)
                 try:
                     proc, target = self.start_router(router, urls)
                     try:
@@ -144,15 +205,16 @@ class Bench:
                         extra = (["--assign", "round-robin"] if router.command is None
                                  else ["--pool-size", str(len(urls))])
                         t0 = time.time()
-                        rep = run_load(self.binary, target, args + extra, self.opts.seed)
+                        rep = run_load(self.binary, target, wl.load + extra, self.opts.seed)
                     finally:
                         self.stop_router(proc)
                 finally:
-                    procs.stop(workers)
-                    procs.wait_port_free([int(u.rsplit(":", 1)[1]) for u in urls])
+                    self.stop_workers(workers, urls)
                 row = {"workload": wname, "router": router.name, "policy": router.policy,
-                       "wall_s": round(time.time() - t0, 1), "load_args": args + extra,
+                       "wall_s": round(time.time() - t0, 1), "load_args": wl.load + extra,
                        "loadavg": os.getloadavg(), "report": rep}
+                if wl.per_worker:
+                    row["worker_args"] = {str(i): a for i, a in sorted(wl.per_worker.items())}
                 rows.append(row)
                 print(report.quality_line(row), flush=True)
         return rows
@@ -176,7 +238,7 @@ class Bench:
                     finally:
                         self.stop_router(proc)
         finally:
-            procs.stop(workers)
+            self.stop_workers(workers, urls)
         return rows
 
     def cost_one(self, router: Router, proc, target: list[str], lua: str, rnd: int) -> list[dict]:
@@ -208,11 +270,25 @@ class Bench:
         return rows
 
 
+def variant(spec: str) -> tuple[str, tuple[str, ...]]:
+    """`NAME=ARGS` of --variant: a row name and `radixgate serve` arguments."""
+    name, sep, args = spec.partition("=")
+    if not sep or not name or name in {r.name for r in all_routers("", "baseline")}:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r}: want NAME=ARGS with a NAME no other row has, e.g. "
+            "'radixgate-seed=--config seed.yaml'")
+    return name, tuple(shlex.split(args))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", default=os.path.join(ROOT, "target/release/radixgate"))
     p.add_argument("--baseline-bin", help="another radixgate binary to run side by side "
                    "(interleaved rounds) as `radixgate-baseline`, e.g. the previous commit's")
+    p.add_argument("--variant", action="append", type=variant, default=[], metavar="NAME=ARGS",
+                   help="another row NAME of this binary's cache_aware with these extra "
+                   "`radixgate serve` arguments (repeat), e.g. "
+                   "'radixgate-seed=--config seed.yaml'; --only-router needs NAME too")
     p.add_argument("--trace", default=os.path.join(os.path.dirname(ROOT), "shared", "traces",
                                                   "mooncake_conversation.jsonl"))
     p.add_argument("--part", choices=["all", "quality", "cost"], default="all")
@@ -227,6 +303,8 @@ def main() -> int:
     p.add_argument("--only-workload", action="append")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     opts = p.parse_args()
+    if len({name for name, _ in opts.variant}) < len(opts.variant):
+        p.error("two --variant rows share a name")
     if not os.path.exists(opts.bin):
         sys.exit(f"no radixgate binary at {opts.bin}: cargo build --release -p radixgate")
 
@@ -243,6 +321,7 @@ def main() -> int:
             result["cost"] = bench.cost()
     finally:
         procs.stop_all()
+    meta["skipped"] = bench.skipped
     meta["loadavg_end"] = os.getloadavg()
     meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     stem = report.result_stem(opts.out, started, opts.part)
