@@ -146,6 +146,24 @@ pub struct Coefficients {
 }
 
 impl Coefficients {
+    /// The mean of `fits` (`None` if there are none): what a worker that
+    /// has not answered yet is assumed to be, given its peers.
+    pub fn mean(fits: impl IntoIterator<Item = Coefficients>) -> Option<Coefficients> {
+        let mut n = 0.0;
+        let mut sum = [0.0; 3];
+        for c in fits {
+            n += 1.0;
+            sum[0] += c.base_ms;
+            sum[1] += c.per_kchar_ms;
+            sum[2] += c.per_request_ms;
+        }
+        (n > 0.0).then(|| Coefficients {
+            base_ms: sum[0] / n,
+            per_kchar_ms: sum[1] / n,
+            per_request_ms: sum[2] / n,
+        })
+    }
+
     /// Predicted time to first token for `work`, in milliseconds.
     pub fn predict_ms(&self, work: Work) -> f64 {
         self.base_ms
@@ -239,16 +257,18 @@ impl Default for Estimator {
 impl Estimator {
     /// The current coefficients, or `seed` before any observation.
     pub(crate) fn coefficients(&self, seed: &Coefficients) -> Coefficients {
+        self.fitted().unwrap_or(*seed)
+    }
+
+    /// The fitted coefficients, `None` before the first observation.
+    pub(crate) fn fitted(&self) -> Option<Coefficients> {
         let read = |i: usize| f64::from_bits(self.published[i].load(Ordering::Relaxed));
         let base = read(0);
-        if base.is_nan() {
-            return *seed;
-        }
-        Coefficients {
+        (!base.is_nan()).then(|| Coefficients {
             base_ms: base,
             per_kchar_ms: read(1),
             per_request_ms: read(2),
-        }
+        })
     }
 
     /// Observations taken so far.

@@ -261,6 +261,12 @@ impl Worker {
         self.estimator(slot).coefficients(&seed.seed())
     }
 
+    /// The fit `slot`'s own coefficients, `None` until it has observed a
+    /// first token.
+    pub fn ttft_fit(&self, slot: usize) -> Option<Coefficients> {
+        self.estimator(slot).fitted()
+    }
+
     /// First tokens the fit `slot` has learned from.
     pub fn ttft_observations(&self, slot: usize) -> u64 {
         self.estimator(slot).observations()

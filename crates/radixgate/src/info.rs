@@ -79,10 +79,40 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
                 "healthy": w.is_healthy(),
                 "available": w.is_available(),
                 "cached_chars": state.shared.router.policy().cached_chars(w.id()),
+                "ttft_model": ttft_model(w),
             })
         })
         .collect();
     Json(json!({"workers": workers}))
+}
+
+/// What the TTFT cost model has learned about a worker, per model it
+/// serves: the fitted coefficients once it has seen a first token (until
+/// then it predicts with the configured seed, and only the count shows).
+fn ttft_model(w: &radixgate_routing::Worker) -> Vec<Value> {
+    let models: Vec<&str> = match w.models() {
+        [] => vec!["*"],
+        some => some.iter().map(String::as_str).collect(),
+    };
+    models
+        .into_iter()
+        .enumerate()
+        .map(|(slot, model)| {
+            let observations = w.ttft_observations(slot);
+            if observations == 0 {
+                return json!({"model": model, "observations": 0});
+            }
+            // Observed: the fit's own coefficients (the seed is not used).
+            let c = w.ttft_coefficients(slot, &radixgate_routing::CostModelConfig::default());
+            json!({
+                "model": model,
+                "observations": observations,
+                "base_ms": c.base_ms,
+                "prefill_chars_per_sec": c.prefill_chars_per_sec(),
+                "per_request_ms": c.per_request_ms,
+            })
+        })
+        .collect()
 }
 
 /// `/get_model_info`: answered by an available worker.

@@ -515,14 +515,28 @@ impl CacheAware {
         let cost = &self.config.cost;
         let tm = tree.tenant_matches(req.text);
         let input = tm.input_chars;
+        // Each candidate's own fit; one that has not answered yet is taken
+        // to be like its answered peers (the mean of their fits), or the
+        // seed while none has: a new worker gets traffic and is measured.
+        let fits: Vec<(usize, Option<Coefficients>)> = loads
+            .candidates
+            .iter()
+            .map(|at| {
+                let w = &workers[at.idx];
+                let slot = w.cost_slot(req.model);
+                (slot, w.ttft_fit(slot))
+            })
+            .collect();
+        let stand_in =
+            Coefficients::mean(fits.iter().filter_map(|f| f.1)).unwrap_or_else(|| cost.seed());
         let scored: Vec<Scored> = loads
             .candidates
             .iter()
-            .map(|&at| {
+            .zip(&fits)
+            .map(|(&at, &(slot, fit))| {
                 let w = &workers[at.idx];
                 let own = tm.get(w.id().tenant());
                 let matched = own.map_or(0, |o| o.matched_chars);
-                let slot = w.cost_slot(req.model);
                 let work = Work {
                     queued_chars: w.pending_prefill(),
                     uncached_chars: input - matched,
@@ -534,7 +548,7 @@ impl CacheAware {
                     last_access: own.map_or(0, |o| o.last_access),
                     slot,
                     work,
-                    coefficients: w.ttft_coefficients(slot, cost),
+                    coefficients: fit.unwrap_or(stand_in),
                     ttft_ms: 0.0,
                 }
             })

@@ -280,13 +280,18 @@ fn stream_reply(
             sent += 1;
             tx.send(Ok(b)).await.is_ok()
         };
-        if let Some(open) = reply.opening(req.include_usage)
-            && !emit(open).await
-        {
-            return;
-        }
+        // The opening event (chat: the assistant role) goes out with the
+        // first token, as vLLM and SGLang send it: a router that times the
+        // first event of a stream times the prefill.
+        let mut opening = reply.opening(req.include_usage);
         let mut done_tokens = 0;
         while let Some(ev) = rx.recv().await {
+            if !matches!(ev, Event::Admitted(_))
+                && let Some(open) = opening.take()
+                && !emit(open).await
+            {
+                return;
+            }
             match ev {
                 Event::Admitted(cached) => reply.cached_tokens = cached,
                 Event::Tokens(n) => {

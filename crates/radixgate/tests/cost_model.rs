@@ -1,0 +1,109 @@
+//! The TTFT cost model through the gateway: real simulated workers, a
+//! real gateway with the default policy, and a worker that turns slow at
+//! run time (the simulated worker's `slowdown` fault knob). The router has
+//! no setting for the workers' speed; it learns each from the first tokens
+//! of its streams, and the slow worker stops getting new prompts.
+
+mod common;
+
+use common::*;
+use radixgate::proxy::WORKER_HEADER;
+use radixgate_sim::server::{FaultConfig, WorkerConfig};
+use serde_json::Value;
+
+/// Sends one streamed chat request and reads it to the end; returns the
+/// worker that served it and the decision header.
+async fn streamed(gateway: &str, text: &str) -> (String, String) {
+    let resp = client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&chat(text, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let worker = resp.headers()[WORKER_HEADER].to_str().unwrap().to_owned();
+    let decision = resp.headers()["x-radixgate-decision"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    (worker, decision)
+}
+
+/// A prompt no other request shares: about 2,000 tokens, so its prefill
+/// (about 55 ms at the default timing) dominates its first token.
+fn fresh_prompt(i: usize) -> String {
+    format!("{i} ") + &format!("distinct words for prompt {i} ").repeat(300)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_that_turns_slow_stops_getting_new_prompts() {
+    let fast = sim_worker(WorkerConfig::default()).await;
+    let slowing = sim_worker(WorkerConfig::default()).await;
+    let gw = gateway_ready(config(&[&fast.url, &slowing.url]), 2).await;
+
+    // Both healthy and equal: new prompts spread over both.
+    let mut before = 0;
+    for i in 0..12 {
+        let (worker, decision) = streamed(&gw.url, &fresh_prompt(i)).await;
+        assert!(
+            decision.contains(" ttft=") && decision.contains(" alt="),
+            "{decision}"
+        );
+        before += usize::from(worker == slowing.url);
+    }
+    assert!(
+        (3..=9).contains(&before),
+        "{before} of 12 before the slowdown"
+    );
+
+    // Eight times slower from now on.
+    slowing.set_faults(FaultConfig {
+        slowdown: 8.0,
+        ..FaultConfig::default()
+    });
+    let mut after = Vec::new();
+    for i in 100..140 {
+        let (worker, _) = streamed(&gw.url, &fresh_prompt(i)).await;
+        after.push(worker == slowing.url);
+    }
+    // It takes the slow worker a few first tokens to show; after that it
+    // is predicted far slower than the fast one and gets (almost) nothing.
+    let late = after[20..].iter().filter(|&&s| s).count();
+    assert!(
+        late <= 2,
+        "the slow worker still got {late} of the last 20: {after:?}"
+    );
+
+    // What the router learned is on /get_loads: the slow worker's prefill
+    // speed is well below the fast one's.
+    let loads: Value = client()
+        .get(format!("{}/get_loads", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let speed = |url: &str| {
+        let w = loads["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["url"] == url)
+            .unwrap();
+        let fit = &w["ttft_model"][0];
+        assert!(fit["observations"].as_u64().unwrap() > 0, "{w}");
+        fit["prefill_chars_per_sec"].as_f64().unwrap()
+    };
+    let (f, s) = (speed(&fast.url), speed(&slowing.url));
+    assert!(
+        s * 2.0 < f,
+        "learned speeds: fast {f:.0} chars/s, slow {s:.0} chars/s"
+    );
+
+    gw.shutdown().await;
+    fast.stop.cancel();
+    slowing.stop.cancel();
+}
