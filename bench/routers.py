@@ -106,9 +106,10 @@ def all_routers(binary: str, baseline: str | None = None,
         Router("radixgate", "cache_aware", _radixgate(binary, "cache_aware")),
         *(Router(name, "cache_aware", _radixgate(binary, "cache_aware", serve_args=args))
           for name, args in variants),
-        # A diagnostic variant (quality part only): the hot-spot rule off.
-        Router("radixgate", "cache_aware, hot_spot off", _radixgate(
-            binary, "cache_aware", "routing:\n  policy: cache_aware\n  hot_spot: { rule: \"off\" }\n")),
+        # The rule before the cost model (quality part only), side by side.
+        Router("radixgate", "cache_aware, seed rule", _radixgate(
+            binary, "cache_aware", "routing:\n  policy: cache_aware\n"
+            "  hot_spot: { rule: relative_cap }\n  low_match: smallest_tree\n")),
         Router("smg", "cache_aware", _peer_module("smg.launch_router")),
         Router("sglang-router", "cache_aware", _peer_module("sglang_router.launch_router")),
         Router("vllm-router", "cache_aware", _vllm_router),

@@ -101,10 +101,20 @@ fn bench(c: &mut Criterion) {
                 })
             });
             let cache_aware: Arc<dyn Policy> = cache_aware;
+            // The rule before the cost model, side by side.
+            let seed_rule: Arc<dyn Policy> =
+                Arc::new(CacheAware::new(CacheAwareConfig::seed_rule()));
+            for p in &ps {
+                decide(&*seed_rule, &ws, p);
+            }
             let round_robin = PolicyConfig::RoundRobin(Default::default())
                 .build()
                 .unwrap();
-            for (name, policy) in [("cache_aware", &cache_aware), ("round_robin", &round_robin)] {
+            for (name, policy) in [
+                ("cache_aware", &cache_aware),
+                ("cache_aware_seed_rule", &seed_rule),
+                ("round_robin", &round_robin),
+            ] {
                 let mut i = 0usize;
                 group.bench_function(BenchmarkId::new(name, &label), |b| {
                     b.iter(|| {

@@ -110,6 +110,35 @@ def summarise(out: str, workloads, sizes, seeds) -> int:
     return misses
 
 
+def reference_table(out: str, workloads, sizes) -> None:
+    """Seed 1: each policy's mean and p90 TTFT as a ratio to the TTFT
+    reference (the better of the two oracles in that run)."""
+    names = ["default", "seed_rule", "prefill_aware", "least_load", "round_robin"]
+    print("| workload | workers | reference | ref. mean / p90 ms | " + " | ".join(names) + " |")
+    print("|---|---:|---|---:|" + "---:|" * len(names))
+    for name in workloads:
+        for n in sizes:
+            path = f"{out}/{name}-{n}-s1.json"
+            if not os.path.exists(path):
+                continue
+            rows = json.load(open(path))["rows"]
+            by = {label(r): r for r in rows}
+            ref = min((r for r in rows if r["policy"].startswith("oracle")),
+                      key=lambda r: r["ttft_ms"]["mean"], default=None)
+            if ref is None:
+                continue
+            cells = []
+            for k in names:
+                r = by.get(k)
+                if r is None:
+                    cells.append("-")
+                    continue
+                cells.append(f"{r['ttft_ms']['mean'] / ref['ttft_ms']['mean']:.2f} / "
+                             f"{r['ttft_ms']['p90'] / ref['ttft_ms']['p90']:.2f}")
+            print(f"| {name} | {n} | {ref['policy']} | {ref['ttft_ms']['mean']:.1f} / {ref['ttft_ms']['p90']:.1f} | "
+                  + " | ".join(cells) + " |")
+
+
 def main() -> int:
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -124,6 +153,8 @@ def main() -> int:
             for line in ex.map(lambda j: run(out, *j), jobs):
                 print(line, file=sys.stderr, flush=True)
     summarise(out, workloads, sizes, seeds)
+    print()
+    reference_table(out, workloads, sizes)
     return 0
 
 

@@ -1,38 +1,65 @@
 //! cache_aware: send a request to the worker most likely to hold its prefix,
-//! unless that unbalances the pool. The rule is DESIGN §1, step by step:
+//! unless that unbalances the pool or makes the request wait. The rule is
+//! DESIGN §1, step by step, with step 3's guard chosen by `hot_spot`:
 //!
 //! 1. over the **available** workers of the pool: `min_load`, `max_load`;
 //! 2. imbalanced iff `max - min > balance_abs_threshold` and
-//!    `max > balance_rel_threshold * min` → shortest queue;
+//!    `max > balance_rel_threshold * min` → shortest queue (the safety net
+//!    under every rule);
 //! 3. otherwise longest-prefix match in the model's tree; if
-//!    `matched / input > cache_threshold` → the deepest holder (ties: least
-//!    loaded, then most recent; never slice order). With
-//!    `match_granularity_chars` G > 1, a worker whose match is shorter than
-//!    the deepest by less than G characters ties too (a KV cache reuses
-//!    whole pages, so a few more matched characters save nothing): least
-//!    loaded wins, then the deeper match. If every deepest holder
-//!    is unavailable, the best match among available workers, if still above
-//!    the threshold. A holder over the hot-spot cap (below) gives way to the
-//!    least-loaded worker;
-//! 4. otherwise the low-match target: least loaded, or smallest tree
-//!    (configurable), ties rotating;
+//!    `matched / input > cache_threshold` → a holder of the deepest match
+//!    (with `match_granularity_chars` G > 1, a worker whose match is shorter
+//!    than the deepest by less than G characters counts as a holder too: a
+//!    KV cache reuses whole pages, so a few more matched characters save
+//!    nothing), unless the hot-spot rule says it is too busy;
+//! 4. otherwise the low-match target (`smallest_tree` or `min_load`), ties
+//!    rotating;
 //! 5. always insert the text for the chosen worker.
 //!
-//! Hot-spot rule ([`HotSpotRule::RelativeCap`]): a hit is taken only if the
-//! holder's load is at most `max(min_load + slack, factor * mean_load)`.
-//! Otherwise the least-loaded worker takes the request and, since the text
-//! is inserted for it, becomes a second holder of the hot prefix; later
-//! requests for that prefix then split between the holders by load. Affinity
-//! survives (hits stay on holders) while no worker runs far above the mean.
+//! ## The `predicted_ttft` rule (default)
+//!
+//! Every available worker's time to first token for this request is
+//! predicted by its cost model (`cost.rs`): queued prefill plus this
+//! request's uncached characters (from one walk of the tree,
+//! [`Tree::tenant_matches`]), plus its in-flight term. A worker that has not
+//! answered yet is taken to be like its answered peers. With `best` the
+//! least prediction, the bound is `best * (1 + margin) + slack_ms`:
+//! - step 3: the holder with the least prediction (then the most recent) is
+//!   taken while its prediction is within the bound plus
+//!   `repeat_ms² / reuse_ms`, where `repeat_ms` is what the quickest worker
+//!   would spend prefilling again what the holder already holds (a spill
+//!   makes the pool compute it again, and delays whatever reaches that
+//!   worker meanwhile); otherwise the quickest worker takes it
+//!   ([`Branch::HotSpotSpill`]) and becomes a holder;
+//! - step 4: the low-match target among the workers within the bound.
+//!
+//! The decision header shows the chosen worker's prediction and the best
+//! alternative's. Cost: one tree walk, one pass over the pool (three atomic
+//! reads per worker), one tree-size read per candidate in the low-match
+//! branch.
+//!
+//! ## The in-flight rules (`relative_cap`, `off`)
+//!
+//! The rule before the cost model, kept exactly
+//! ([`CacheAwareConfig::seed_rule`]): in step 3 the deepest holder (ties:
+//! least loaded, then most recent; never slice order); with G > 1 a less
+//! loaded near holder wins; if every deepest holder is unavailable, the best
+//! match among available workers, if still above the threshold. A holder
+//! over the cap `max(min_load + slack, factor * mean_load)` gives way to the
+//! least-loaded worker, which becomes a second holder. Per decision: one
+//! tree match, one insert, one pass over the pool's loads; per-worker
+//! matches only when every deepest holder is unavailable, or when G > 1 and
+//! the best deepest holder runs above the pool's minimum load.
 //!
 //! State: one [`Tree`] per pool key, created on first use (see `trees.rs`
 //! for the map's concurrency), plus a rotating counter for ties. Unhealthy
 //! workers keep their tree records; removed workers' records are dropped (a
-//! returning worker gets a new id). Per decision: one tree match, one insert,
-//! one pass over the pool's loads; per-worker matches only when every deepest
-//! holder is unavailable, or when `match_granularity_chars` > 1 and the best
-//! deepest holder runs above the pool's minimum load (then one per less-loaded
-//! worker).
+//! returning worker gets a new id). Under every rule the decision's guard
+//! carries the chosen worker's prediction, so the cost model learns from
+//! its first token.
+//!
+//! [`CacheAwareConfig::seed_rule`]: crate::CacheAwareConfig::seed_rule
+//! [`Tree::tenant_matches`]: radixgate_tree::Tree::tenant_matches
 
 use super::trees::TreeUpkeep;
 use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};

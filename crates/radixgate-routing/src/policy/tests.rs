@@ -452,3 +452,92 @@ fn the_fallback_match_uses_the_granularity_too() {
         ws[0].set_healthy(true);
     }
 }
+
+/// Teaches `w`'s fit for model "m" that it prefills `chars_per_sec`
+/// characters per second (plus 5 ms), from a spread of observations.
+fn teach(w: &Worker, chars_per_sec: f64) {
+    let cost = crate::CostModelConfig::default();
+    for i in 0..200usize {
+        let work = crate::Work {
+            queued_chars: (i * 7919) % 20_000,
+            uncached_chars: (i * 104_729) % 8_000,
+            in_flight: i % 5,
+        };
+        let secs = 0.005 + work.prefill_chars() as f64 / chars_per_sec;
+        w.observe_ttft(0, work, std::time::Duration::from_secs_f64(secs), &cost);
+    }
+}
+
+#[test]
+fn predicted_ttft_keeps_a_hit_until_the_holder_is_much_slower_then_spills() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(3);
+    for w in &ws {
+        teach(w, 150_000.0);
+    }
+    // A 4,000-char shared prefix held by worker 1 only.
+    let prefix = "p".repeat(4_000);
+    p.tree_or_create("m").insert(&prefix, ws[1].id().tenant());
+    let ask = |q: &str| {
+        let d = p
+            .select(&RequestView::new("m", &format!("{prefix}{q}")), &ws)
+            .unwrap();
+        (
+            d.worker().id(),
+            d.explanation().branch,
+            d.explanation().to_string(),
+        )
+    };
+    let (id, branch, shown) = ask("first?");
+    assert_eq!((id, branch), (ws[1].id(), Branch::CacheHit), "{shown}");
+    // 5,000 chars queued on the holder (about 40 ms against 32 ms for a
+    // miss elsewhere): within the bound (1.5 × 32 + 10 ms) plus the term
+    // for the 4,000 chars a spill would repeat.
+    let queued = LoadGuard::with_prefill(ws[1].clone(), 5_000);
+    let (id, branch, shown) = ask("second?");
+    assert_eq!((id, branch), (ws[1].id(), Branch::CacheHit), "{shown}");
+    drop(queued);
+    // 20,000 chars queued (about 140 ms): the quickest worker takes it.
+    let queued = LoadGuard::with_prefill(ws[1].clone(), 20_000);
+    let (id, branch, shown) = ask("third?");
+    assert_ne!(id, ws[1].id(), "{shown}");
+    assert_eq!(branch, Branch::HotSpotSpill, "{shown}");
+    drop(queued);
+    // The in-flight rule would have kept the hit: the holder has nothing
+    // in flight.
+    let seed = cache_aware(CacheAwareConfig::seed_rule());
+    seed.tree_or_create("m")
+        .insert(&prefix, ws[1].id().tenant());
+    let _queued = LoadGuard::with_prefill(ws[1].clone(), 20_000);
+    assert_eq!(pick(&seed, &ws, &format!("{prefix}fourth?")), ws[1].id());
+}
+
+#[test]
+fn new_prompts_avoid_a_slow_worker_and_an_unmeasured_one_is_taken_as_its_peers() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(3);
+    teach(&ws[0], 150_000.0);
+    teach(&ws[1], 15_000.0); // ten times slower
+    // Worker 2 has not answered yet: it is predicted as the mean of its
+    // peers, so it is neither ignored nor preferred blindly.
+    let mut seen = [0usize; 3];
+    for i in 0..12 {
+        let text = format!("{i} {}", "fresh prompt text ".repeat(300));
+        let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+        seen[d.worker().id().0 as usize] += 1;
+        assert_eq!(d.explanation().branch, Branch::LowMatchSmallestTree);
+    }
+    assert_eq!(seen[1], 0, "the slow worker got new prompts: {seen:?}");
+    assert!(seen[0] > 0, "{seen:?}");
+    // The unmeasured worker's prediction sits between the two fits: slower
+    // than the fast one, so it gets fewer (here: none) of the prompts.
+    let prompt = "x".repeat(6_000);
+    let fast = ws[0].ttft_coefficients(0, &crate::CostModelConfig::default());
+    let slow = ws[1].ttft_coefficients(0, &crate::CostModelConfig::default());
+    let work = crate::Work {
+        uncached_chars: prompt.len(),
+        ..crate::Work::default()
+    };
+    assert!(slow.predict_ms(work) > 5.0 * fast.predict_ms(work));
+    assert!(ws[2].ttft_fit(0).is_none());
+}
