@@ -135,7 +135,7 @@ const CLIP: f64 = 4.0;
 const PRIOR: f64 = 1.0;
 
 /// The model's three coefficients (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Coefficients {
     /// Milliseconds of every first token.
     pub base_ms: f64,

@@ -104,8 +104,13 @@ fn storm(config: PolicyConfig, prefill: Prefill) {
 }
 
 #[test]
-fn cache_aware_storm_returns_every_load_to_zero() {
-    storm(PolicyConfig::default(), Prefill::Never);
+fn cache_aware_storm_returns_every_load_and_prefill_to_zero() {
+    // Every rule carries the cost model's predicted prefill in its guards.
+    storm(PolicyConfig::default(), Prefill::Carried);
+    storm(
+        PolicyConfig::CacheAware(radixgate_routing::CacheAwareConfig::seed_rule()),
+        Prefill::Carried,
+    );
 }
 
 #[test]

@@ -130,7 +130,9 @@ impl Inner {
         }
         // Deepest first: a tenant's first appearance is its own match;
         // every holder of a node also holds the nodes above it.
-        let mut depths: Vec<TenantDepth> = Vec::new();
+        // The first node's holders are every tenant on the path.
+        let mut depths: Vec<TenantDepth> =
+            Vec::with_capacity(path.first().map_or(0, |&(id, _)| arena[id].holders.len()));
         for &(id, depth) in path.iter().rev() {
             for h in &arena[id].holders {
                 if let Err(at) = depths.binary_search_by_key(&h.tenant, |d| d.tenant) {

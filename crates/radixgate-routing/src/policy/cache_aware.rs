@@ -66,6 +66,7 @@ use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
 use crate::{Coefficients, RequestView, RoutingError, Work, Worker, WorkerId};
 use radixgate_tree::{PrefixMatch, Tree};
+use smallvec::SmallVec;
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -134,7 +135,9 @@ struct Scored {
     slot: usize,
     /// What the request would wait behind there.
     work: Work,
-    /// Its cost model.
+    /// Its own fit, if it has answered yet.
+    fit: Option<Coefficients>,
+    /// The cost model it is predicted by (its fit, or a stand-in).
     coefficients: Coefficients,
     /// The predicted time to first token, milliseconds.
     ttft_ms: f64,
@@ -452,7 +455,6 @@ impl CacheAware {
         loads: &Loads,
         tree: Arc<Tree>,
     ) -> Decision {
-        let loads = loads;
         let choice = if self.is_imbalanced(loads.min, loads.max) {
             Choice {
                 idx: loads.least_loaded(self.next_turn()),
@@ -542,48 +544,45 @@ impl CacheAware {
         let cost = &self.config.cost;
         let tm = tree.tenant_matches(req.text);
         let input = tm.input_chars;
-        // Each candidate's own fit; one that has not answered yet is taken
-        // to be like its answered peers (the mean of their fits), or the
-        // seed while none has: a new worker gets traffic and is measured.
-        let fits: Vec<(usize, Option<Coefficients>)> = loads
+        let mut fitted = 0usize;
+        let mut scored: SmallVec<[Scored; 16]> = loads
             .candidates
             .iter()
-            .map(|at| {
+            .map(|&at| {
                 let w = &workers[at.idx];
                 let slot = w.cost_slot(req.model);
-                (slot, w.ttft_fit(slot))
-            })
-            .collect();
-        let stand_in =
-            Coefficients::mean(fits.iter().filter_map(|f| f.1)).unwrap_or_else(|| cost.seed());
-        let scored: Vec<Scored> = loads
-            .candidates
-            .iter()
-            .zip(&fits)
-            .map(|(&at, &(slot, fit))| {
-                let w = &workers[at.idx];
+                let fit = w.ttft_fit(slot);
+                fitted += usize::from(fit.is_some());
                 let own = tm.get(w.id().tenant());
                 let matched = own.map_or(0, |o| o.matched_chars);
-                let work = Work {
-                    queued_chars: w.pending_prefill(),
-                    uncached_chars: input - matched,
-                    in_flight: at.load,
-                };
                 Scored {
                     at,
                     matched,
                     last_access: own.map_or(0, |o| o.last_access),
                     slot,
-                    work,
-                    coefficients: fit.unwrap_or(stand_in),
+                    work: Work {
+                        queued_chars: w.pending_prefill(),
+                        uncached_chars: input - matched,
+                        in_flight: at.load,
+                    },
+                    fit,
+                    coefficients: Coefficients::default(),
                     ttft_ms: 0.0,
                 }
             })
-            .map(|mut s| {
-                s.ttft_ms = s.coefficients.predict_ms(s.work);
-                s
-            })
             .collect();
+        // A worker that has not answered yet is taken to be like its
+        // answered peers (the mean of their fits), or the seed while none
+        // has: a new worker gets traffic and is measured.
+        let stand_in = if fitted == scored.len() {
+            Coefficients::default()
+        } else {
+            Coefficients::mean(scored.iter().filter_map(|s| s.fit)).unwrap_or_else(|| cost.seed())
+        };
+        for s in &mut scored {
+            s.coefficients = s.fit.unwrap_or(stand_in);
+            s.ttft_ms = s.coefficients.predict_ms(s.work);
+        }
         let quickest = scored
             .iter()
             .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms))

@@ -1,1 +1,0 @@
-$ radixgate simulate --workers 4 --workload agentic --rate 160 --requests 6000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle --seed 1 

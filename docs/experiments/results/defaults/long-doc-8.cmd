@@ -1,1 +1,0 @@
-$ radixgate simulate --workers 8 --workload long-doc --documents 64 --rate 80 --requests 6000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle --seed 1 

@@ -1,1 +1,0 @@
-$ radixgate simulate --workers 8 --workload trace --trace ../shared/traces/mooncake_synthetic.jsonl --speedup 1.6 --requests 4000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle --seed 1 

@@ -1,1 +1,0 @@
-$ radixgate simulate --workers 8 --workload shared-prefix --groups 128 --system-tokens 4096 --rate 120 --requests 6000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle --seed 1 

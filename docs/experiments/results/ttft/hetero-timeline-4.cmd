@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload shared-prefix --groups 8 --zipf 2.0 --question-tokens 512 --rate 120 --requests 6000 --worker-speeds 0.5 --timeline-secs 2 --policies cache_aware,least_load,round_robin --seed 1
