@@ -163,7 +163,7 @@ mod tests {
     fn grids_apply_only_the_keys_a_policy_has() {
         let axes = vec![
             Axis::parse("cache_threshold=0.1,0.5").unwrap(),
-            Axis::parse("hot_spot.slack=1,4").unwrap(),
+            Axis::parse("hot_spot.margin=0,2").unwrap(),
             Axis::parse("virtual_nodes=64").unwrap(),
         ];
         assert_eq!(grid_for(&ca(), &axes).len(), 4);
@@ -172,16 +172,49 @@ mod tests {
         let rr: PolicyConfig = serde_json::from_str(r#"{"policy":"round_robin"}"#).unwrap();
         assert_eq!(grid_for(&rr, &axes), vec![Vec::new()]);
         let p = &grid_for(&ca(), &axes)[3];
-        assert_eq!(describe(p), "cache_threshold=0.5 hot_spot.slack=4");
+        assert_eq!(describe(p), "cache_threshold=0.5 hot_spot.margin=2");
         let PolicyConfig::CacheAware(c) = apply(&ca(), p).unwrap() else {
             panic!()
         };
         assert_eq!(c.cache_threshold, 0.5);
         assert_eq!(
             c.hot_spot,
+            HotSpotRule::PredictedTtft {
+                margin: 2.0,
+                slack_ms: 10.0,
+                reuse_ms: 50.0,
+            }
+        );
+        // A rule change replaces the rule's fields: the seed rule's cap
+        // with its own defaults, and the default rule's fields are gone.
+        let seed = vec![
+            (
+                "hot_spot.rule".to_owned(),
+                Value::String("relative_cap".into()),
+            ),
+            ("hot_spot.slack".to_owned(), serde_json::json!(4)),
+        ];
+        let PolicyConfig::CacheAware(c) = apply(&ca(), &seed).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            c.hot_spot,
             HotSpotRule::RelativeCap {
                 slack: 4,
                 factor: 1.5
+            }
+        );
+        assert_eq!(
+            CacheAwareConfig {
+                hot_spot: c.hot_spot,
+                ..CacheAwareConfig::seed_rule()
+            },
+            CacheAwareConfig {
+                hot_spot: HotSpotRule::RelativeCap {
+                    slack: 4,
+                    factor: 1.5
+                },
+                ..c
             }
         );
     }
