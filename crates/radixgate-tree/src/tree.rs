@@ -63,6 +63,18 @@ impl Inner {
     /// Follows `text` down from the root as far as it matches, only through
     /// nodes held by `only` when given.
     pub(crate) fn walk(&self, text: &str, only: Option<TenantId>) -> Walk {
+        self.walk_visiting(text, only, |_, _| {})
+    }
+
+    /// [`walk`](Self::walk), calling `visit(node, chars matched through it)`
+    /// for every node entered, top down (the last one possibly cut inside
+    /// its edge).
+    fn walk_visiting(
+        &self,
+        text: &str,
+        only: Option<TenantId>,
+        mut visit: impl FnMut(NodeId, usize),
+    ) -> Walk {
         let arena = &self.arena;
         let mut node = ROOT;
         let mut pos = 0;
@@ -82,11 +94,13 @@ impl Inner {
             if common == edge.len() {
                 chars += next.edge_chars as usize;
                 pos += common;
+                visit(child, chars);
             } else {
                 // The child was found by its first char, so `cut` > 0.
                 let cut = floor_char_boundary(rest, common);
                 chars += count_chars(&rest[..cut]);
                 pos += cut;
+                visit(child, chars);
                 break;
             }
         }
@@ -104,35 +118,12 @@ impl Inner {
         let arena = &self.arena;
         // Nodes on the path with the characters matched through each.
         let mut path: SmallVec<[(NodeId, usize); 16]> = SmallVec::new();
-        let mut pos = 0;
-        let mut chars = 0;
-        let mut node = ROOT;
-        while pos < text.len() {
-            let rest = &text[pos..];
-            let Some(child) = arena[node].child(first_char(rest)) else {
-                break;
-            };
-            let next = &arena[child];
-            let edge = next.edge.as_bytes();
-            let common = common_prefix_len(edge, rest.as_bytes());
-            node = child;
-            if common == edge.len() {
-                chars += next.edge_chars as usize;
-                pos += common;
-                path.push((child, chars));
-            } else {
-                let cut = floor_char_boundary(rest, common);
-                chars += count_chars(&rest[..cut]);
-                pos += cut;
-                path.push((child, chars));
-                break;
-            }
-        }
-        // Deepest first: a tenant's first appearance is its own match;
-        // every holder of a node also holds the nodes above it.
+        let walk = self.walk_visiting(text, None, |id, chars| path.push((id, chars)));
         // The first node's holders are every tenant on the path.
         let mut depths: Vec<TenantDepth> =
             Vec::with_capacity(path.first().map_or(0, |&(id, _)| arena[id].holders.len()));
+        // Deepest first: a tenant's first appearance is its own match;
+        // every holder of a node also holds the nodes above it.
         for &(id, depth) in path.iter().rev() {
             for h in &arena[id].holders {
                 if let Err(at) = depths.binary_search_by_key(&h.tenant, |d| d.tenant) {
@@ -147,11 +138,6 @@ impl Inner {
                 }
             }
         }
-        let walk = Walk {
-            chars,
-            node,
-            bytes: pos,
-        };
         (walk, depths)
     }
 

@@ -9,7 +9,6 @@ mod common;
 use common::*;
 use radixgate::proxy::WORKER_HEADER;
 use radixgate_sim::server::{FaultConfig, WorkerConfig};
-use serde_json::Value;
 
 /// Sends one streamed chat request and reads it to the end; returns the
 /// worker that served it and the decision header.
@@ -78,14 +77,7 @@ async fn a_worker_that_turns_slow_stops_getting_new_prompts() {
 
     // What the router learned is on /get_loads: the slow worker's prefill
     // speed is well below the fast one's.
-    let loads: Value = client()
-        .get(format!("{}/get_loads", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let loads = get_loads(&gw.url).await;
     let speed = |url: &str| {
         let w = loads["workers"]
             .as_array()

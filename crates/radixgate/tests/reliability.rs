@@ -207,15 +207,7 @@ async fn an_unhealthy_worker_leaves_and_returns_with_its_tree() {
 }
 
 async fn cached_chars(gateway: &str) -> Vec<u64> {
-    let v: Value = client()
-        .get(format!("{gateway}/get_loads"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["workers"]
+    get_loads(gateway).await["workers"]
         .as_array()
         .unwrap()
         .iter()

@@ -353,14 +353,7 @@ async fn queued_prefill_is_released_at_the_first_token() {
         .unwrap();
     let mut body = r.bytes_stream();
     body.next().await.unwrap().unwrap();
-    let loads: Value = client()
-        .get(format!("{}/get_loads", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let loads = get_loads(&gw.url).await;
     let worker = &loads["workers"][0];
     assert_eq!(worker["load"], 1, "still in flight");
     assert_eq!(

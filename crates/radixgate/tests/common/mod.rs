@@ -152,17 +152,21 @@ pub fn chat(text: &str, stream: bool) -> Value {
     })
 }
 
-/// Sum of in-flight load over the gateway's workers.
-pub async fn total_load(gateway: &str) -> u64 {
-    let loads: Value = client()
+/// The gateway's `/get_loads` answer.
+pub async fn get_loads(gateway: &str) -> Value {
+    client()
         .get(format!("{gateway}/get_loads"))
         .send()
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
-    loads["workers"]
+        .unwrap()
+}
+
+/// Sum of in-flight load over the gateway's workers.
+pub async fn total_load(gateway: &str) -> u64 {
+    get_loads(gateway).await["workers"]
         .as_array()
         .unwrap()
         .iter()
