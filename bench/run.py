@@ -44,6 +44,14 @@ class Workload:
     per_worker: dict[int, list[str]] = field(default_factory=dict)
 
 
+def repo_relative(arg: str) -> str:
+    """A path argument as the report records it: relative to the repository
+    root (results carry no path of the machine they ran on)."""
+    if os.path.isabs(arg) and os.path.exists(arg):
+        return os.path.relpath(arg, ROOT)
+    return arg
+
+
 def quality_workloads(trace: str, scale: float) -> dict[str, Workload]:
     """Each routing-quality workload, in table order."""
     n = lambda x: str(max(20, int(x * scale)))  # noqa: E731
@@ -211,7 +219,7 @@ class Bench:
                 finally:
                     self.stop_workers(workers, urls)
                 row = {"workload": wname, "router": router.name, "policy": router.policy,
-                       "wall_s": round(time.time() - t0, 1), "load_args": wl.load + extra,
+                       "wall_s": round(time.time() - t0, 1), "load_args": [repo_relative(a) for a in wl.load + extra],
                        "loadavg": os.getloadavg(), "report": rep}
                 if wl.per_worker:
                     row["worker_args"] = {str(i): a for i, a in sorted(wl.per_worker.items())}
