@@ -30,7 +30,7 @@
 //! let routed = router.select(Some("llama"), "<user>hello", None, &[])?;
 //! assert_eq!(routed.model.as_deref(), Some("llama")); // the metrics label
 //! let decision = routed.decision;
-//! let header = decision.explanation().to_string(); // x-radixgate-decision
+//! let header = decision.rendered().to_string(); // x-radixgate-decision
 //! let mut guard = decision.into_guard();          // lives in the response body
 //! assert_eq!(guard.worker().load(), 1);
 //! guard.prefill_done();                            // first token arrived
@@ -61,7 +61,7 @@ pub use cost::{Coefficients, CostModelConfig, Work};
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
 pub use guard::LoadGuard;
-pub use policy::{Branch, Decision, Explanation, Policy};
+pub use policy::{Branch, Decision, Explanation, Policy, Rendered};
 pub use radixgate_tree::TenantId;
 pub use registry::{Registry, Routed, Router};
 pub use request::RequestView;

@@ -126,6 +126,8 @@ fn unpack(word: u64) -> Option<ReportedLoad> {
 pub struct Worker {
     id: WorkerId,
     url: String,
+    /// Where `name` starts in `url`: just past the scheme.
+    name_start: usize,
     models: Vec<String>,
     api_key: Option<String>,
     healthy: AtomicBool,
@@ -146,9 +148,12 @@ impl Worker {
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
         let fits = spec.models.len().max(1);
+        let url = WorkerUrl::canonical(&spec.url).to_owned();
+        let name_start = url.find("://").map_or(0, |i| i + 3);
         Self {
             id,
-            url: WorkerUrl::canonical(&spec.url).to_owned(),
+            url,
+            name_start,
             models: spec.models,
             api_key: spec.api_key,
             healthy: AtomicBool::new(spec.healthy),
@@ -165,6 +170,13 @@ impl Worker {
     /// The worker's id.
     pub fn id(&self) -> WorkerId {
         self.id
+    }
+
+    /// A short, stable name for decisions and logs: the URL's `host:port`
+    /// (`10.0.0.5:30000`). Unlike the id, which follows admission order, it
+    /// reads the same in `/workers`, metrics and the decision header.
+    pub fn name(&self) -> &str {
+        &self.url[self.name_start..]
     }
 
     /// Base URL without a trailing `/`.
@@ -308,6 +320,14 @@ impl fmt::Debug for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_is_named_by_its_host_and_port() {
+        let named = |url: &str| Worker::new(WorkerId(7), WorkerSpec::new(url)).name().to_owned();
+        assert_eq!(named("http://10.0.0.5:30000/"), "10.0.0.5:30000");
+        assert_eq!(named("https://gpu-3.internal"), "gpu-3.internal");
+        assert_eq!(named("http://[::1]:8000"), "[::1]:8000");
+    }
 
     #[test]
     fn reported_load_round_trips_and_saturates() {

@@ -206,7 +206,7 @@ async fn attempts(
         shared
             .request_metrics
             .decision(decision.explanation().branch.as_str());
-        tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
+        tracing::debug!(route, worker = worker.url(), decision = %decision.rendered(), "routed");
         let last_attempt = tried.len() as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
@@ -532,7 +532,7 @@ fn respond(
         headers.insert(WORKER_HEADER, value);
     }
     let mut explained = String::with_capacity(128);
-    if write!(explained, "{}", decision.explanation()).is_ok()
+    if write!(explained, "{}", decision.rendered()).is_ok()
         && let Ok(value) = HeaderValue::from_str(&explained)
     {
         headers.insert(DECISION_HEADER, value);
