@@ -126,8 +126,6 @@ fn unpack(word: u64) -> Option<ReportedLoad> {
 pub struct Worker {
     id: WorkerId,
     url: String,
-    /// Where `name` starts in `url`: just past the scheme.
-    name_start: usize,
     models: Vec<String>,
     api_key: Option<String>,
     healthy: AtomicBool,
@@ -148,12 +146,9 @@ impl Worker {
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
         let fits = spec.models.len().max(1);
-        let url = WorkerUrl::canonical(&spec.url).to_owned();
-        let name_start = url.find("://").map_or(0, |i| i + 3);
         Self {
             id,
-            url,
-            name_start,
+            url: WorkerUrl::canonical(&spec.url).to_owned(),
             models: spec.models,
             api_key: spec.api_key,
             healthy: AtomicBool::new(spec.healthy),
@@ -176,7 +171,7 @@ impl Worker {
     /// (`10.0.0.5:30000`). Unlike the id, which follows admission order, it
     /// reads the same in `/workers`, metrics and the decision header.
     pub fn name(&self) -> &str {
-        &self.url[self.name_start..]
+        WorkerUrl::name_of(&self.url)
     }
 
     /// Base URL without a trailing `/`.
@@ -323,7 +318,11 @@ mod tests {
 
     #[test]
     fn a_worker_is_named_by_its_host_and_port() {
-        let named = |url: &str| Worker::new(WorkerId(7), WorkerSpec::new(url)).name().to_owned();
+        let named = |url: &str| {
+            Worker::new(WorkerId(7), WorkerSpec::new(url))
+                .name()
+                .to_owned()
+        };
         assert_eq!(named("http://10.0.0.5:30000/"), "10.0.0.5:30000");
         assert_eq!(named("https://gpu-3.internal"), "gpu-3.internal");
         assert_eq!(named("http://[::1]:8000"), "[::1]:8000");

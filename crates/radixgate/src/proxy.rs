@@ -48,7 +48,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use radixgate_routing::{Decision, LoadGuard, Routed, WorkerId};
+use radixgate_routing::{Decision, LoadGuard, Routed, RoutingError, WorkerId};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -156,6 +156,23 @@ const ERROR_BODY_LIMIT: usize = 4096;
 /// is taken back.
 ///
 /// [`Config::first_byte_timeout`]: crate::config::Config::first_byte_timeout
+/// The error for a request no worker could take: for an empty or unhealthy
+/// pool, says which workers are pending or unhealthy and why, for the model
+/// the client named (never the wildcard pool's `*`).
+fn unavailable(shared: &Shared, err: RoutingError, model: Option<&str>) -> GatewayError {
+    match err {
+        RoutingError::NoHealthyWorker { .. } | RoutingError::NoWorkers => {
+            GatewayError::NoHealthyWorker {
+                model: model.map(str::to_owned),
+                why: shared
+                    .control
+                    .why_unavailable(&shared.router.snapshot(), model),
+            }
+        }
+        other => other.into(),
+    }
+}
+
 async fn attempts(
     state: &AppState,
     route: &'static str,
@@ -192,7 +209,7 @@ async fn attempts(
                         attempts: tried.len() as u32,
                         last: Box::new(last),
                     },
-                    None => err.into(),
+                    None => unavailable(shared, err, request.model.as_deref()),
                 });
             }
         };
