@@ -220,7 +220,7 @@ impl fmt::Display for Complaint {
         }
         write!(f, " (retrying every ")?;
         let ms = self.retry.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             write!(f, "{} s)", ms / 1000)
         } else {
             write!(f, "{ms} ms)")
