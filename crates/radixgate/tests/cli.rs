@@ -188,3 +188,91 @@ fn file_then_environment_then_flags() {
     ));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A loopback port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().port()
+}
+
+/// A `radixgate worker` process on an ephemeral port, killed on drop.
+struct Workers {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Workers {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = radixgate()
+            .args(["worker", "--port", "0", "--instant"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let line = lines
+            .find_map(|l| l.ok().filter(|l| l.contains("listening on ")))
+            .expect("the worker did not start");
+        let url = line.rsplit(' ').next().unwrap().to_owned();
+        // Keep draining stderr so the worker never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, url }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn load(url: &str, extra: &[&str]) -> (bool, String, String) {
+    let out = radixgate()
+        .args(["load", "--url", url, "--requests", "20", "--no-progress"])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn load_fails_when_requests_fail() {
+    // Nothing listens: every request fails, the run fails, and says why.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let (ok, stdout, stderr) = load(&dead, &["--timeout", "5"]);
+    assert!(!ok, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("20 of 20 requests failed (100.0%: connect 20)")
+            && stderr.contains("--max-error-rate 0")
+            && stderr.contains("is a server listening"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("0 ok, 20 failed"), "report first: {stdout}");
+    // Even a lenient threshold does not pass a run where all failed.
+    let (ok, _, stderr) = load(&dead, &["--max-error-rate", "0.99"]);
+    assert!(!ok && stderr.contains("--max-error-rate 0.99"), "{stderr}");
+    let (ok, _, stderr) = load(&dead, &["--max-error-rate", "2"]);
+    assert!(!ok && stderr.contains("from 0 to 1"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Healthy simulated workers: the run passes.
+    let healthy = Workers::start(&[]);
+    let (ok, stdout, stderr) = load(&healthy.url, &[]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("20 ok, 0 failed"), "{stdout}");
+
+    // Half the requests get HTTP 500: failed at the default threshold,
+    // passed at one above the observed rate.
+    let faulty = Workers::start(&["--error-rate", "0.5"]);
+    let (ok, _, stderr) = load(&faulty.url, &[]);
+    assert!(!ok && stderr.contains("http_500"), "{stderr}");
+    assert!(!stderr.contains("listening"), "{stderr}");
+    let (ok, stdout, stderr) = load(&faulty.url, &["--max-error-rate", "1"]);
+    assert!(ok, "{stdout}{stderr}");
+}

@@ -73,6 +73,11 @@ pub struct LoadArgs {
     /// Per-request timeout, seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
+    /// Fail (exit status 1, after the report) when more than this fraction
+    /// of the finished requests failed, 0..=1; 0 = any failure fails the
+    /// run, 1 = never.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.0)]
+    pub max_error_rate: f64,
     /// Client-side assignment over several --url.
     #[arg(long, value_enum, default_value_t = Assign::RoundRobin)]
     pub assign: Assign,

@@ -114,6 +114,15 @@ fn bad_flags_are_precise_errors() {
             .text_shape()
             .is_err()
     );
+    assert_eq!(parse("--url http://x:1").unwrap().max_error_rate, 0.0);
+    for bad in ["1.5", "-0.1", "NaN"] {
+        let err = parse(&format!("--url http://x:1 --max-error-rate={bad}"))
+            .unwrap()
+            .max_error_rate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--max-error-rate"), "{bad}: {err}");
+    }
 }
 
 #[test]
