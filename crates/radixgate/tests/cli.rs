@@ -148,6 +148,22 @@ fn bad_settings_are_precise_start_up_errors() {
     let (ok, err) = run(radixgate().args(["serve", "--config", file.to_str().unwrap()]));
     assert!(!ok);
     assert_eq!(err.matches("unknown field `prot`").count(), 1, "{err}");
+    // A routing setting under a policy that does not take it: whose it
+    // is, and where.
+    std::fs::write(
+        &file,
+        "server:\n  port: 0\nrouting:\n  policy: round_robin\n  cache_threshold: 0.5\n",
+    )
+    .unwrap();
+    let (ok, err) = run(radixgate().args(["serve", "--config", file.to_str().unwrap()]));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "routing.cache_threshold: applies only to cache_aware; round_robin takes no \
+             settings at line 5 column 20"
+        ),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
     let (ok, err) = run(radixgate().args(["serve", "--worker-urls", "localhost:8000"]));
     assert!(!ok);

@@ -261,10 +261,10 @@ pub fn contender(name: &str, seed: u64) -> Result<Contender, SimError> {
             return Ok(reference);
         }
     }
-    let json = serde_json::json!({ "policy": name });
-    let cfg: PolicyConfig = serde_json::from_value(json).map_err(|_| {
+    let cfg = PolicyConfig::named(name).ok_or_else(|| {
         SimError::Config(format!(
-            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash, oracle or oracle_ttft)"
+            "--policies: unknown policy {name:?} (use {}, oracle or oracle_ttft)",
+            PolicyConfig::NAMES.join(", ")
         ))
     })?;
     let cfg = match cfg {
