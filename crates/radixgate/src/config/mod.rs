@@ -575,4 +575,6 @@ impl Config {
 }
 
 #[cfg(test)]
+mod example_tests;
+#[cfg(test)]
 mod tests;
