@@ -292,3 +292,54 @@ fn load_fails_when_requests_fail() {
     let (ok, stdout, stderr) = load(&faulty.url, &["--max-error-rate", "1"]);
     assert!(ok, "{stdout}{stderr}");
 }
+
+/// Every subcommand states defaults one way, clap's `[default: …]`: no
+/// `(default …)`, `default:` or `by default` prose, no bare `[16]`.
+#[test]
+fn help_states_defaults_one_way() {
+    let out = radixgate().arg("--help").output().unwrap();
+    let top = String::from_utf8(out.stdout).unwrap();
+    let commands: Vec<&str> = top
+        .split_once("Commands:")
+        .unwrap()
+        .1
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    for expected in ["demo", "serve", "worker", "load", "simulate", "version"] {
+        assert!(commands.contains(&expected), "{expected} in {commands:?}");
+    }
+    for command in commands {
+        for flag in ["--help", "-h"] {
+            let out = radixgate().args([command, flag]).output().unwrap();
+            let help = String::from_utf8(out.stdout).unwrap();
+            // Every `[…]` is clap's: a default, a variable, possible
+            // values, a config key, or a usage placeholder (`[OPTIONS]`).
+            for group in help.split('[').skip(1) {
+                let inner = group.split(']').next().unwrap();
+                let clap_own = ["default: ", "env: ", "possible values: ", "config: "]
+                    .iter()
+                    .any(|p| inner.starts_with(p))
+                    || inner.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+                assert!(clap_own, "{command} {flag}: `[{inner}]` in:\n{help}");
+            }
+            // "default" appears only as `[default: …]` (or in a flag name).
+            let lower = help.to_lowercase();
+            for (at, _) in lower.match_indices("default") {
+                let before = &lower[..at];
+                let ok = before.ends_with('[') && lower[at..].starts_with("default: ")
+                    || before.ends_with("--")
+                    || before.ends_with('<');
+                assert!(
+                    ok,
+                    "{command} {flag}: `{}`",
+                    &help[at.saturating_sub(30)..at + 20]
+                );
+            }
+        }
+    }
+}

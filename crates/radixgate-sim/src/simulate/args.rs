@@ -67,7 +67,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub json: bool,
     /// Simulated milliseconds between refreshes of each worker's reported
-    /// load (what a gateway polling `/get_load` would see).
+    /// load (what a gateway would see polling each simulated worker's
+    /// `/get_load` endpoint).
     #[arg(long, default_value_t = 100)]
     pub load_poll_ms: u64,
     /// Workload to generate.

@@ -89,7 +89,7 @@ pub struct ServeArgs {
     pub api_key_file: Option<PathBuf>,
     /// Key for the admin plane (/workers, /flush_cache), from any address.
     /// The client key (--api-key) never opens it. Unset: --admin-access
-    /// decides (by default, loopback peers only, without a key).
+    /// decides who may, without a key.
     #[arg(long, env = "RADIXGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
     /// Who may use the admin plane when --admin-api-key is unset: `loopback`
