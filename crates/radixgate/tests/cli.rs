@@ -343,3 +343,28 @@ fn help_states_defaults_one_way() {
         }
     }
 }
+
+/// The demo's progress line is for terminals: into a pipe, no `\r` redraws.
+#[test]
+fn demo_draws_no_progress_line_into_a_pipe() {
+    let out = radixgate()
+        .args([
+            "demo",
+            "--no-serve",
+            "--workers",
+            "2",
+            "--requests",
+            "8",
+            "--rate",
+            "50",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    assert!(
+        stderr.contains("radixgate demo: cache_aware: 8 requests"),
+        "{stderr}"
+    );
+}

@@ -117,6 +117,11 @@ impl Stats {
         self.errors.values().sum()
     }
 
+    /// Σ cached / Σ prompt tokens so far (`None` before any usage).
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
+
     /// The final report.
     pub fn report(&self, header: ReportHeader, elapsed: Duration) -> LoadReport {
         let secs = elapsed.as_secs_f64().max(1e-9);
@@ -138,8 +143,7 @@ impl Stats {
             ok: self.ok,
             failed: self.failed(),
             errors: self.errors.clone(),
-            hit_rate: (self.prompt_tokens > 0)
-                .then(|| self.cached_tokens as f64 / self.prompt_tokens as f64),
+            hit_rate: self.hit_rate(),
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.completion_tokens,
