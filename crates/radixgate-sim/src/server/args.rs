@@ -31,7 +31,7 @@ pub struct WorkerArgs {
     pub host: IpAddr,
     /// Port of the first worker; worker i listens on port + i. Not the
     /// router's 30000, so `radixgate serve` and `radixgate worker` started
-    /// with their defaults do not collide.
+    /// without `--port` do not collide.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Number of workers (consecutive ports, independent caches).
