@@ -21,12 +21,17 @@
 //!   as decimal numbers each followed by a space, which keeps the prefix
 //!   structure of the id sequence; each item of a batch ends with a newline.
 //!
+//! A request in a cache namespace of its own (a LoRA adapter, a cache salt)
+//! has its text marked with it, so that it never matches another
+//! namespace's prefixes ([`CacheNamespace`], [`RoutingText::into_string_in`]).
+//!
 //! Parts that may arrive in any order in a JSON object (a message's content
 //! before its role, `/generate`'s `text` beside `input_ids`) are built as
 //! their own fragments ([`ContentText`], [`ToolCallsText`], [`PromptText`])
 //! and appended to the [`RoutingText`] once the whole object is read.
 //! Everything here is pure string building: no I/O, no JSON.
 
+use crate::namespace::CacheNamespace;
 use std::fmt::{Display, Write as _};
 
 /// The inference APIs a request can come in on: the gateway's routes, the
@@ -207,6 +212,12 @@ impl RoutingText {
     /// The finished text.
     pub fn into_string(self) -> String {
         self.0
+    }
+
+    /// The finished text as routed in `namespace`: marked with it, unless
+    /// it is the shared one (see [`CacheNamespace`]).
+    pub fn into_string_in(self, namespace: &CacheNamespace) -> String {
+        namespace.apply(self.0)
     }
 
     fn open_message(&mut self, speaker: Speaker<'_>) {
