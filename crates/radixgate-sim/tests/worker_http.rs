@@ -458,6 +458,16 @@ async fn tokenize_detokenize_rerank_and_score() {
         (&json!(1.0), &json!(0.0))
     );
 
+    let (s, _, n) = post(
+        &w.base,
+        "/v1/messages/count_tokens",
+        json!({"model": "m",
+        "messages": [{"role": "user", "content": "hello there"}], "system": "be brief"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{n}");
+    assert_eq!(n["input_tokens"], whole["usage"]["prompt_tokens"]);
+
     for (path, body, param) in [
         ("/tokenize", json!({"tokens": [1]}), "prompt"),
         ("/detokenize", json!({"tokens": "x"}), ""),

@@ -166,8 +166,9 @@ fn blocks_text(content: Option<Value>, param: &str) -> Result<String, SimError> 
     Ok(out)
 }
 
-/// Parses a `/v1/messages` body.
-pub(super) fn messages(body: &[u8]) -> Result<GenRequest, SimError> {
+/// Parses a `/v1/messages` body; `generating` requires `max_tokens` (token
+/// counting does not).
+pub(super) fn messages(body: &[u8], generating: bool) -> Result<GenRequest, SimError> {
     let b: MessagesBody = serde_json::from_slice(body).map_err(bad)?;
     if b.messages.is_empty() {
         return Err(SimError::bad_request(
@@ -175,11 +176,15 @@ pub(super) fn messages(body: &[u8]) -> Result<GenRequest, SimError> {
             Some("messages"),
         ));
     }
-    let Some(limit) = b.max_tokens else {
-        return Err(SimError::bad_request(
-            "max_tokens is required",
-            Some("max_tokens"),
-        ));
+    let limit = match b.max_tokens {
+        Some(limit) => limit,
+        None if !generating => 0,
+        None => {
+            return Err(SimError::bad_request(
+                "max_tokens is required",
+                Some("max_tokens"),
+            ));
+        }
     };
     let mut messages = Vec::with_capacity(b.messages.len() + 1);
     let system = blocks_text(b.system, "system")?;

@@ -227,7 +227,7 @@ pub(crate) fn parse(
             })
         }
         Api::Responses => super::conversation::responses(body, default_max_tokens),
-        Api::Messages => super::conversation::messages(body),
+        Api::Messages => super::conversation::messages(body, true),
     }
 }
 

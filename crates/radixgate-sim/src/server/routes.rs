@@ -41,6 +41,7 @@ pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/responses", post(generate::responses))
         .route("/v1/messages", post(generate::messages))
+        .route("/v1/messages/count_tokens", post(utility::count_tokens))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/rerank", post(utility::rerank))
         .route("/rerank", post(utility::rerank))

@@ -1,6 +1,7 @@
 //! The worker's non-generating model endpoints: `/tokenize`, `/detokenize`
 //! (vLLM), `/v1/rerank` (also `/rerank`, `/v2/rerank`) and `/v1/score`
-//! (also `/score`), in vLLM's shapes.
+//! (also `/score`), in vLLM's shapes, and Anthropic's
+//! `/v1/messages/count_tokens`.
 //!
 //! None of them decodes, so like embeddings they are answered at once
 //! (after the fault knobs) without the engine. Tokenizing uses the
@@ -75,6 +76,17 @@ pub(crate) async fn tokenize(State(s): State<Arc<WorkerState>>, body: Body) -> R
             "tokens": tokens,
             "token_strs": null,
         }))
+    })
+    .await
+}
+
+/// `POST /v1/messages/count_tokens`: a Messages body's prompt tokens.
+pub(crate) async fn count_tokens(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    handle(s, body, |s, bytes| {
+        let Prompt::Text(text) = super::conversation::messages(bytes, false)?.prompt else {
+            unreachable!("a conversation is text")
+        };
+        Ok(json!({"input_tokens": s.tokenizer.count(&text)}))
     })
     .await
 }
