@@ -108,7 +108,14 @@ fn field_name() -> impl Strategy<Value = String> {
 fn near_valid_request() -> impl Strategy<Value = (usize, Value)> {
     let message = prop::collection::btree_map(
         prop::sample::select(vec![
-            "role", "content", "tool_calls", "name", "type", "call_id", "output", "text",
+            "role",
+            "content",
+            "tool_calls",
+            "name",
+            "type",
+            "call_id",
+            "output",
+            "text",
         ])
         .prop_map(str::to_owned),
         any_json(),
