@@ -297,8 +297,7 @@ def main() -> int:
                    help="another row NAME of this binary's cache_aware with these extra "
                    "`radixgate serve` arguments (repeat), e.g. "
                    "'radixgate-seed=--config seed.yaml'; --only-router needs NAME too")
-    p.add_argument("--trace", default=os.path.join(os.path.dirname(ROOT), "shared", "traces",
-                                                  "mooncake_conversation.jsonl"))
+    p.add_argument("--trace", default=os.path.join(ROOT, "traces", "mooncake_conversation.jsonl"))
     p.add_argument("--part", choices=["all", "quality", "cost"], default="all")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies quality request counts")
     p.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=[500, 1000, 2000])

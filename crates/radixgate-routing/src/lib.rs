@@ -31,7 +31,7 @@
 //! let routed = router.select(Some("llama"), "<user>hello", None, &[])?;
 //! assert_eq!(routed.model.as_deref(), Some("llama")); // the metrics label
 //! let decision = routed.decision;
-//! let header = decision.explanation().to_string(); // x-radixgate-decision
+//! let header = decision.rendered().to_string(); // x-radixgate-decision
 //! let mut guard = decision.into_guard();          // lives in the response body
 //! assert_eq!(guard.worker().load(), 1);
 //! guard.prefill_done();                            // first token arrived
@@ -64,7 +64,7 @@ pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
 pub use guard::LoadGuard;
 pub use namespace::CacheNamespace;
-pub use policy::{Branch, Decision, Explanation, Policy};
+pub use policy::{Branch, Decision, Explanation, Policy, Rendered};
 pub use radixgate_tree::TenantId;
 pub use registry::{Registry, Routed, Router};
 pub use request::RequestView;

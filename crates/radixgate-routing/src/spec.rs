@@ -182,6 +182,20 @@ impl WorkerUrl {
         &self.text
     }
 
+    /// The worker's short name: the URL without its scheme, i.e. `host:port`
+    /// (see [`Self::name_of`]).
+    pub fn name(&self) -> &str {
+        Self::name_of(&self.text)
+    }
+
+    /// The short name of the worker at `url`, which decisions, logs and
+    /// `/workers` use: `url` without its scheme and trailing `/`
+    /// (`10.0.0.5:30000`), since a worker URL has nothing after its port.
+    pub fn name_of(url: &str) -> &str {
+        let url = Self::canonical(url);
+        url.find("://").map_or(url, |i| &url[i + 3..])
+    }
+
     /// The host as written, without the brackets of an IPv6 address.
     pub fn host(&self) -> &str {
         &self.text[self.host.clone()]

@@ -167,6 +167,13 @@ impl Worker {
         self.id
     }
 
+    /// A short, stable name for decisions and logs: the URL's `host:port`
+    /// (`10.0.0.5:30000`). Unlike the id, which follows admission order, it
+    /// reads the same in `/workers`, metrics and the decision header.
+    pub fn name(&self) -> &str {
+        WorkerUrl::name_of(&self.url)
+    }
+
     /// Base URL without a trailing `/`.
     pub fn url(&self) -> &str {
         &self.url
@@ -308,6 +315,18 @@ impl fmt::Debug for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_is_named_by_its_host_and_port() {
+        let named = |url: &str| {
+            Worker::new(WorkerId(7), WorkerSpec::new(url))
+                .name()
+                .to_owned()
+        };
+        assert_eq!(named("http://10.0.0.5:30000/"), "10.0.0.5:30000");
+        assert_eq!(named("https://gpu-3.internal"), "gpu-3.internal");
+        assert_eq!(named("http://[::1]:8000"), "[::1]:8000");
+    }
 
     #[test]
     fn reported_load_round_trips_and_saturates() {

@@ -29,7 +29,9 @@ use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
-use radixgate_routing::{Policy, Registry, RoutingError, WorkerId, WorkerSpec, WorkerUrl};
+use radixgate_routing::{
+    Policy, Registry, RoutingError, WorkerId, WorkerSet, WorkerSpec, WorkerUrl,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -78,6 +80,8 @@ enum Source {
 pub struct WorkerStatus {
     /// Base URL.
     pub url: String,
+    /// The name decisions use: the URL's `host:port`.
+    pub name: String,
     /// Registry id once admitted (`w3`), none while pending.
     pub id: Option<String>,
     /// Models served (empty: any, or not yet known).
@@ -88,12 +92,17 @@ pub struct WorkerStatus {
     pub load: usize,
     /// Requests finished.
     pub processed: u64,
+    /// Why the last health check failed, while it fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// A cheap, cloneable handle to the control task.
 #[derive(Clone, Debug)]
 pub struct Control {
     tx: mpsc::Sender<Command>,
+    /// What the health checkers last saw of every known worker.
+    board: health::Board,
 }
 
 impl Control {
@@ -131,6 +140,12 @@ impl Control {
         self.ask(|reply| Command::Remove { url, reply })
             .await
             .unwrap_or(Err(shutting_down()))
+    }
+
+    /// Why no worker serving `model` (any, when `None`) can take a request
+    /// now: the tail of a 503's message (see [`health::Board::explain`]).
+    pub(crate) fn why_unavailable(&self, admitted: &WorkerSet, model: Option<&str>) -> String {
+        self.board.explain(admitted, model)
     }
 
     /// Every known worker, admitted or pending, in URL order.
@@ -188,7 +203,10 @@ pub(crate) fn spawn(
     shutdown: CancellationToken,
 ) -> (Control, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(256);
-    let control = Control { tx };
+    let control = Control {
+        tx,
+        board: health::Board::default(),
+    };
     let task = ControlTask {
         registry,
         known: BTreeMap::new(),
@@ -283,8 +301,10 @@ impl ControlTask {
             client: self.client.clone(),
             config: self.health.clone(),
             control: self.control.clone(),
+            board: self.control.board.clone(),
             cancel: cancel.clone(),
         }));
+        self.control.board.known(&url);
         tracing::info!(worker = %url, "worker added; probing");
         self.known.insert(
             url,
@@ -307,6 +327,7 @@ impl ControlTask {
                 url: url.to_owned(),
             })?;
         known.cancel.cancel();
+        self.control.board.forget(url);
         if let Some(id) = known.id {
             self.registry.remove(id).map_err(GatewayError::Admin)?;
         }
@@ -331,6 +352,7 @@ impl ControlTask {
             Ok(worker) => {
                 tracing::info!(worker = %url, id = %worker.id(), models = ?worker.models(), "worker admitted");
                 known.id = Some(worker.id());
+                self.control.board.admitted(&url);
             }
             Err(err) => tracing::error!(worker = %url, %err, "worker could not be admitted"),
         }
@@ -344,6 +366,7 @@ impl ControlTask {
                 let worker = known.id.and_then(|id| snapshot.get(id));
                 WorkerStatus {
                     url: url.to_string(),
+                    name: url.name().to_owned(),
                     id: known.id.map(|id| id.to_string()),
                     models: worker.map(|w| w.models().to_vec()).unwrap_or_default(),
                     state: match worker {
@@ -353,6 +376,7 @@ impl ControlTask {
                     },
                     load: worker.map_or(0, |w| w.load()),
                     processed: worker.map_or(0, |w| w.processed()),
+                    problem: self.control.board.problem(url),
                 }
             })
             .collect()

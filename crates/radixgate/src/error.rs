@@ -100,11 +100,14 @@ pub enum GatewayError {
         /// How many models are served.
         served: usize,
     },
-    /// Workers exist for the model but none is healthy and closed-circuit.
-    #[error("no healthy worker is available for model `{model}`")]
+    /// No worker for the model is healthy and in rotation (or the pool is
+    /// empty); `why` says which workers are pending or unhealthy, and why.
+    #[error("no healthy worker is available{}: {why}", for_model(model.as_deref()))]
     NoHealthyWorker {
-        /// The requested model.
-        model: String,
+        /// The model the client asked for, if it named one.
+        model: Option<String>,
+        /// What the pool looks like: see `health::Board::explain`.
+        why: String,
     },
     /// The admission queue is full.
     #[error("too many requests: the queue of {queue_size} is full")]
@@ -358,6 +361,11 @@ impl GatewayError {
 
 /// Whole seconds to wait, rounded up, at least 1 (`Retry-After: 0` would
 /// invite an immediate retry that fails the same way).
+/// ` for model `m`` when the client named one, else nothing.
+fn for_model(model: Option<&str>) -> String {
+    model.map_or_else(String::new, |m| format!(" for model `{m}`"))
+}
+
 fn retry_after_secs(wait: Duration) -> u64 {
     let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     whole.max(1)
@@ -374,8 +382,16 @@ impl From<RoutingError> for GatewayError {
             RoutingError::ModelRequired { available } => Self::ModelRequired {
                 served: available.len(),
             },
-            RoutingError::NoHealthyWorker { model } => Self::NoHealthyWorker { model },
-            RoutingError::NoWorkers => Self::NoHealthyWorker { model: "*".into() },
+            // The gateway says more where it knows the pool
+            // (`proxy::unavailable`); this is the bare form.
+            RoutingError::NoHealthyWorker { model } => Self::NoHealthyWorker {
+                model: (model != radixgate_routing::WILDCARD_MODEL).then_some(model),
+                why: "none is healthy".to_owned(),
+            },
+            RoutingError::NoWorkers => Self::NoHealthyWorker {
+                model: None,
+                why: "the pool is empty".to_owned(),
+            },
             other => Self::Routing(other),
         }
     }

@@ -17,13 +17,29 @@
 //! one probes over HTTP and reports to the control task; the tests script
 //! one and run the same loop under tokio's paused clock, so the promised
 //! admission delay is asserted to the millisecond rather than stated.
+//!
+//! A worker out of rotation is never silent: the loop warns when a pending
+//! worker's probe first fails and when an admitted one is marked unhealthy,
+//! naming the cause (`connection refused`, `health check /health answered
+//! 503 …`) and the retry interval, then again when the cause changes or a
+//! minute has passed ([`Complaint`]). Every probe's outcome also goes on
+//! the [`Board`], from which a 503 says why no worker could take a request.
 
 use crate::config::HealthConfig;
 use crate::control::Control;
 use radixgate_routing::WorkerUrl;
 use serde::Deserialize;
+use std::fmt;
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+mod board;
+
+pub(crate) use board::Board;
+
+/// A complaint about the same cause is repeated at most this often.
+const REPEAT_COMPLAINT: Duration = Duration::from_secs(60);
 
 /// What one health checker watches.
 pub(crate) struct Target {
@@ -34,6 +50,8 @@ pub(crate) struct Target {
     pub(crate) client: reqwest::Client,
     pub(crate) config: HealthConfig,
     pub(crate) control: Control,
+    /// Where every probe's outcome is written.
+    pub(crate) board: Board,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -48,8 +66,10 @@ pub(crate) async fn watch(mut target: Target) {
 /// control task it reports to. A trait so that tests can script the worker
 /// and record the reports while [`run`] keeps the schedule.
 trait Watched {
-    /// Probes once; true if the worker answered well.
-    async fn probe(&mut self) -> bool;
+    /// Probes once; the reason it failed, if it did.
+    async fn probe(&mut self) -> Result<(), String>;
+    /// Tells the operator that the worker is out of rotation, and why.
+    fn complain(&mut self, complaint: &Complaint);
     /// The first probes passed: asks for the worker's admission.
     async fn admit(&mut self);
     /// The admitted worker's health changed.
@@ -57,8 +77,15 @@ trait Watched {
 }
 
 impl Watched for Target {
-    async fn probe(&mut self) -> bool {
-        probe(self).await
+    async fn probe(&mut self) -> Result<(), String> {
+        let outcome = probe(self).await;
+        self.board
+            .probed(&self.url, outcome.as_ref().err().map(String::as_str));
+        outcome
+    }
+
+    fn complain(&mut self, complaint: &Complaint) {
+        tracing::warn!(worker = %self.url, "worker {} {complaint}", self.url);
     }
 
     async fn admit(&mut self) {
@@ -83,8 +110,18 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
     let mut admitted = false;
     let mut healthy = false;
     let (mut successes, mut failures) = (0u32, 0u32);
+    // The last complaint while out of rotation: when, and for what cause.
+    let mut complained: Option<(Instant, String)> = None;
     loop {
-        let ok = !cfg.enabled || worker.probe().await;
+        let outcome = if cfg.enabled {
+            worker.probe().await
+        } else {
+            Ok(())
+        };
+        if cancel.is_cancelled() {
+            return;
+        }
+        let ok = outcome.is_ok();
         if ok {
             successes += 1;
             failures = 0;
@@ -104,6 +141,26 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
         } else if healthy && !ok && failures >= cfg.failure_threshold {
             healthy = false;
             worker.report(healthy).await;
+        }
+        match outcome {
+            Err(problem) if !healthy => {
+                let now = Instant::now();
+                let due = complained.as_ref().is_none_or(|(at, said)| {
+                    *said != problem || now.duration_since(*at) >= REPEAT_COMPLAINT
+                });
+                if due {
+                    worker.complain(&Complaint {
+                        repeat: complained.is_some(),
+                        admitted,
+                        failures,
+                        problem: problem.clone(),
+                        retry: max,
+                    });
+                    complained = Some((now, problem));
+                }
+            }
+            Ok(()) if healthy => complained = None,
+            _ => {}
         }
         if !cfg.enabled {
             // Admitted once; nothing more to watch.
@@ -125,6 +182,52 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
     }
 }
 
+/// Why a worker is out of rotation, for the operator's log: the line that
+/// follows `worker <url>`.
+#[derive(Clone, Debug, PartialEq)]
+struct Complaint {
+    /// An earlier complaint was made since the worker was last healthy.
+    repeat: bool,
+    /// The worker was admitted once (so it is now unhealthy, not pending).
+    admitted: bool,
+    /// Consecutive failed probes.
+    failures: u32,
+    /// Why the last one failed.
+    problem: String,
+    /// The longest wait between probes while it fails.
+    retry: Duration,
+}
+
+impl fmt::Display for Complaint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.admitted, self.repeat) {
+            (false, false) => write!(f, "not reachable: {}", self.problem)?,
+            (false, true) => write!(
+                f,
+                "still not reachable after {} probes: {}",
+                self.failures, self.problem
+            )?,
+            (true, false) => write!(
+                f,
+                "is unhealthy, out of rotation after {} failed health checks: {}",
+                self.failures, self.problem
+            )?,
+            (true, true) => write!(
+                f,
+                "still unhealthy after {} failed health checks: {}",
+                self.failures, self.problem
+            )?,
+        }
+        write!(f, " (retrying every ")?;
+        let ms = self.retry.as_millis();
+        if ms.is_multiple_of(1000) {
+            write!(f, "{} s)", ms / 1000)
+        } else {
+            write!(f, "{ms} ms)")
+        }
+    }
+}
+
 /// A GET of `path` on the target worker, with its key and the probe timeout.
 fn get(target: &Target, path: &str) -> reqwest::RequestBuilder {
     crate::upstream::worker_call(
@@ -136,13 +239,41 @@ fn get(target: &Target, path: &str) -> reqwest::RequestBuilder {
     )
 }
 
-/// One probe: a GET of the health endpoint answered 2xx within the timeout.
-async fn probe(target: &Target) -> bool {
-    let request = get(target, &target.config.endpoint);
-    tokio::select! {
-        () = target.cancel.cancelled() => false,
-        result = request.send() => matches!(result, Ok(r) if r.status().is_success()),
+/// One probe: a GET of the health endpoint answered 2xx within the timeout;
+/// otherwise why not, in a few words.
+async fn probe(target: &Target) -> Result<(), String> {
+    let endpoint = &target.config.endpoint;
+    let request = get(target, endpoint);
+    let response = tokio::select! {
+        () = target.cancel.cancelled() => return Err("removed".to_owned()),
+        result = request.send() => result,
+    };
+    match response {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("health check {endpoint} answered {}", r.status())),
+        Err(err) => Err(unreachable_because(&err, target.config.timeout_secs)),
     }
+}
+
+/// Why a request to a worker got no answer: the innermost cause, in the
+/// words an operator searches for (`connection refused`, `no answer within
+/// 5 s`), not reqwest's wrapping of it.
+fn unreachable_because(err: &reqwest::Error, timeout_secs: u64) -> String {
+    if err.is_timeout() {
+        return format!("no answer within {timeout_secs} s");
+    }
+    let mut innermost: &dyn std::error::Error = err;
+    while let Some(source) = innermost.source() {
+        if let Some(io) = source.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+                std::io::ErrorKind::ConnectionReset => "connection reset".to_owned(),
+                _ => io.to_string(),
+            };
+        }
+        innermost = source;
+    }
+    innermost.to_string()
 }
 
 #[derive(Deserialize)]

@@ -119,7 +119,11 @@ fn ttft_model(w: &radixgate_routing::Worker) -> Vec<Value> {
 pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
     let snapshot = state.shared.router.snapshot();
     let Some(worker) = snapshot.workers().iter().find(|w| w.is_available()) else {
-        return crate::error::GatewayError::NoHealthyWorker { model: "*".into() }.into_response();
+        return crate::error::GatewayError::NoHealthyWorker {
+            model: None,
+            why: state.shared.control.why_unavailable(&snapshot, None),
+        }
+        .into_response();
     };
     let request = worker_call(
         &state.shared.client,

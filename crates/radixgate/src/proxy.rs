@@ -54,7 +54,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use radixgate_routing::{Decision, LoadGuard, Routed, WorkerId};
+use radixgate_routing::{Decision, LoadGuard, Routed, RoutingError, WorkerId};
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -170,6 +170,23 @@ struct Answer {
 /// Most bytes of a worker's error body read for its message.
 const ERROR_BODY_LIMIT: usize = 4096;
 
+/// The error for a request no worker could take: for an empty or unhealthy
+/// pool, says which workers are pending or unhealthy and why, for the model
+/// the client named (never the wildcard pool's `*`).
+fn unavailable(shared: &Shared, err: RoutingError, model: Option<&str>) -> GatewayError {
+    match err {
+        RoutingError::NoHealthyWorker { .. } | RoutingError::NoWorkers => {
+            GatewayError::NoHealthyWorker {
+                model: model.map(str::to_owned),
+                why: shared
+                    .control
+                    .why_unavailable(&shared.router.snapshot(), model),
+            }
+        }
+        other => other.into(),
+    }
+}
+
 /// Tries workers until one answers in a way [`retry`] does not retry, or
 /// the retries or the untried workers run out.
 ///
@@ -231,7 +248,7 @@ async fn attempts(
                         attempts: tried.len() as u32,
                         last: Box::new(last),
                     },
-                    None => err.into(),
+                    None => unavailable(shared, err, request.model.as_deref()),
                 });
             }
         };
@@ -245,7 +262,7 @@ async fn attempts(
         shared
             .request_metrics
             .decision(decision.explanation().branch.as_str());
-        tracing::debug!(route, worker = worker.url(), decision = %decision.explanation(), "routed");
+        tracing::debug!(route, worker = worker.url(), decision = %decision.rendered(), "routed");
         let last_attempt = tried.len() as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
@@ -584,7 +601,7 @@ fn respond(
         headers.insert(WORKER_HEADER, value);
     }
     let mut explained = String::with_capacity(128);
-    if write!(explained, "{}", decision.explanation()).is_ok()
+    if write!(explained, "{}", decision.rendered()).is_ok()
         && let Ok(value) = HeaderValue::from_str(&explained)
     {
         headers.insert(DECISION_HEADER, value);

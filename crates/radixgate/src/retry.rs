@@ -158,7 +158,10 @@ mod tests {
             GatewayError::Unauthorized,
             GatewayError::ShuttingDown,
             GatewayError::QueueFull { queue_size: 1 },
-            GatewayError::NoHealthyWorker { model: "m".into() },
+            GatewayError::NoHealthyWorker {
+                model: Some("m".into()),
+                why: "none is healthy".into(),
+            },
             GatewayError::RequestTimeout {
                 after: Duration::from_secs(1),
             },

@@ -293,6 +293,13 @@ pub async fn run_reloadable(
         max_connections = connection_limits.slots_cap(),
         "radixgate listening"
     );
+    if shared.config.workers.is_empty() {
+        tracing::warn!(
+            "the worker pool is empty: requests get 503 until workers are added with \
+             `--worker-urls URL...`, `workers:` in the config file (reloaded on SIGHUP), \
+             or `POST /workers {{\"url\": ...}}` on this listener's admin API"
+        );
+    }
     let listener = listener.into_std()?;
     let stop = shutdown.child_token();
     let abort = CancellationToken::new();

@@ -5,11 +5,11 @@
 #
 # Usage: defaults.sh OUTDIR [extra `radixgate simulate` flags, e.g. --sweep ...]
 # Env: RADIXGATE (binary, default target/release/radixgate),
-#      TRACES (default ../shared/traces), SIZES (default "2 4 8 32"),
+#      TRACES (default traces), SIZES (default "2 4 8 32"),
 #      WORKLOADS (default: all of the names below).
 set -eu
 B=${RADIXGATE:-target/release/radixgate}
-T=${TRACES:-../shared/traces}
+T=${TRACES:-traces}
 OUT=$1; shift
 mkdir -p "$OUT"
 POLICIES=${POLICIES:-cache_aware,prefill_aware,least_load,round_robin,oracle}
@@ -38,7 +38,7 @@ for name in ${WORKLOADS:-shared-prefix zipf multi-turn long-doc agentic mixed mo
          arr="--rate $rate --requests $req";;
     esac
     cmd="$B simulate --workers $n $flags $arr --policies $POLICIES --seed 1 $*"
-    echo "\$ ${cmd/#$B/radixgate}" | sed "s#$T#../shared/traces#g" > "$OUT/$name-$n.cmd"
+    echo "\$ ${cmd/#$B/radixgate}" | sed "s#$T#traces#g" > "$OUT/$name-$n.cmd"
     $cmd --json > "$OUT/$name-$n.json"
     echo "done $name $n" >&2
   done

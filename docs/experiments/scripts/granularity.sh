@@ -2,7 +2,7 @@
 # granularity eval: cache_aware, match_granularity_chars=1,64,128
 set -u
 B=${B:-target/release/radixgate}
-T=../shared/traces
+T=traces
 OUT=${OUT:-docs/experiments/results/granularity}; mkdir -p $OUT
 spec() {
   case $1 in

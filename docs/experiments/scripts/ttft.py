@@ -7,7 +7,7 @@ run, then the issue-12 targets per cell on the mean over seeds.
 Usage: ttft.py OUTDIR            run and summarise
        ttft.py OUTDIR --summary  only summarise existing reports
 Env: RADIXGATE (binary, default target/release/radixgate), TRACES (default
-../shared/traces), SIZES ("4 8 32"), SEEDS ("1 2 3"), WORKLOADS (all below),
+traces), SIZES ("4 8 32"), SEEDS ("1 2 3"), WORKLOADS (all below),
 JOBS (parallel runs, default 2).
 """
 import json
@@ -17,7 +17,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 B = os.environ.get("RADIXGATE", "target/release/radixgate")
-T = os.environ.get("TRACES", "../shared/traces")
+T = os.environ.get("TRACES", "traces")
 # name: (workload flags, requests per second per worker or trace speedup per worker)
 SPEC = {
     "shared-prefix": ("--workload shared-prefix --groups 128 --system-tokens 4096", 15),
@@ -50,7 +50,7 @@ def run(out: str, name: str, n: int, seed: int) -> str:
     path = f"{out}/{name}-{n}-s{seed}"
     cmd = command(name, n, seed)
     with open(path + ".cmd", "w") as f:
-        f.write("$ " + cmd.replace(B, "radixgate", 1).replace(T, "../shared/traces") + "\n")
+        f.write("$ " + cmd.replace(B, "radixgate", 1).replace(T, "traces") + "\n")
     done = subprocess.run(cmd.split() + ["--json"], capture_output=True, text=True)
     if done.returncode != 0:
         return f"FAILED {path}: {done.stderr.strip()[-300:]}"

@@ -113,20 +113,35 @@ impl Explanation {
     }
 }
 
+impl Explanation {
+    /// The explanation as one line, naming the chosen worker `worker`
+    /// (its [`Worker::name`](crate::Worker::name)): see [`Rendered`].
+    pub fn render<'a>(&'a self, worker: &'a str) -> Rendered<'a> {
+        Rendered {
+            explanation: self,
+            worker,
+        }
+    }
+}
+
 /// One line of ASCII with no commas or quotes, safe as an HTTP header value:
-/// `cache_aware branch=cache_hit worker=w3 match=0.873 load=2 min=1 max=4 available=4 ttft=12.5ms alt=9.0ms`.
-impl fmt::Display for Explanation {
+/// `cache_aware branch=cache_hit worker=10.0.0.5:30000 match=0.873 load=2 min=1 max=4 available=4 ttft=12.5ms alt=9.0ms`.
+/// A [`Decision`](crate::Decision) displays as this line.
+#[derive(Clone, Copy, Debug)]
+pub struct Rendered<'a> {
+    explanation: &'a Explanation,
+    worker: &'a str,
+}
+
+impl fmt::Display for Rendered<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} branch={} worker={}",
-            self.policy, self.branch, self.worker
-        )?;
-        if let Some(matched) = self.matched_chars {
+        let e = self.explanation;
+        write!(f, "{} branch={} worker={}", e.policy, e.branch, self.worker)?;
+        if let Some(matched) = e.matched_chars {
             // The rate to three decimals in integer arithmetic: this line
             // is rendered for every request, and float formatting is the
             // slow part of it.
-            let permille = match self.input_chars {
+            let permille = match e.input_chars {
                 0 => 0,
                 total => (matched.min(total) * 1000 + total / 2) / total,
             };
@@ -135,12 +150,12 @@ impl fmt::Display for Explanation {
         write!(
             f,
             " load={} min={} max={} available={}",
-            self.load, self.min_load, self.max_load, self.available
+            e.load, e.min_load, e.max_load, e.available
         )?;
-        if let Some(ms) = self.ttft_ms {
+        if let Some(ms) = e.ttft_ms {
             write!(f, " ttft=")?;
             tenths(f, ms)?;
-            if let Some(alt) = self.alt_ttft_ms {
+            if let Some(alt) = e.alt_ttft_ms {
                 write!(f, " alt=")?;
                 tenths(f, alt)?;
             }

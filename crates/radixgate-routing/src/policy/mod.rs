@@ -23,7 +23,7 @@ mod trees;
 
 pub use cache_aware::CacheAware;
 pub use consistent_hash::ConsistentHash;
-pub use explain::{Branch, Explanation};
+pub use explain::{Branch, Explanation, Rendered};
 pub use least_load::LeastLoad;
 pub use power_of_two::PowerOfTwo;
 pub use prefill_aware::PrefillAware;
@@ -192,6 +192,12 @@ impl Decision {
     /// Why it was chosen.
     pub fn explanation(&self) -> &Explanation {
         &self.explanation
+    }
+
+    /// Why it was chosen, as the one line of the `x-radixgate-decision`
+    /// header, naming the worker by [`Worker::name`].
+    pub fn rendered(&self) -> Rendered<'_> {
+        self.explanation.render(self.worker().name())
     }
 
     /// The guard, to move into the response body; the explanation is `Copy`

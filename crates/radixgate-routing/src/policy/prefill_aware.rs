@@ -85,7 +85,7 @@ mod tests {
         assert_eq!(d.explanation().branch, Branch::CacheHit);
         assert_eq!(d.explanation().matched_chars, Some(10_000));
         assert_eq!(ws[1].pending_prefill(), 1, "one uncached char predicted");
-        let shown = d.explanation().to_string();
+        let shown = d.rendered().to_string();
         assert!(
             shown.contains(" ttft=") && shown.contains(" alt="),
             "{shown}"

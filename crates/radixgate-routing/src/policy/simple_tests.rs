@@ -69,8 +69,8 @@ fn least_load_takes_the_shortest_queue_and_rotates_ties() {
     let d = p.select(&RequestView::new("m", "x"), &ws).unwrap();
     assert_eq!(d.worker().id(), ws[1].id());
     assert_eq!(
-        d.explanation().to_string(),
-        "least_load branch=least_load worker=w1 load=1 min=1 max=3 available=3"
+        d.rendered().to_string(),
+        "least_load branch=least_load worker=w1:8000 load=1 min=1 max=3 available=3"
     );
     drop(d);
     let idle = workers(4);

@@ -268,7 +268,7 @@ fn explanation_reads_as_one_header_line() {
     drop(p.select(&RequestView::new("m", &text), &ws).unwrap());
     let _g = hold(&ws[1], 1);
     let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
-    let line = d.explanation().to_string();
+    let line = d.rendered().to_string();
     assert!(
         line.starts_with("cache_aware branch=cache_hit worker=w"),
         "{line}"
@@ -485,7 +485,7 @@ fn predicted_ttft_keeps_a_hit_until_the_holder_is_much_slower_then_spills() {
         (
             d.worker().id(),
             d.explanation().branch,
-            d.explanation().to_string(),
+            d.rendered().to_string(),
         )
     };
     let (id, branch, shown) = ask("first?");

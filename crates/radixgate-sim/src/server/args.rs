@@ -18,6 +18,9 @@ use super::{FaultConfig, WorkerConfig, start_group};
 use crate::engine::EngineConfig;
 use crate::error::SimError;
 
+/// The first worker's port unless `--port` says otherwise.
+const DEFAULT_PORT: u16 = 31000;
+
 /// Flags of `radixgate worker`. Model, engine and fault flags override the
 /// `--config` file (JSON of [`WorkerConfig`]), which overrides the built-in
 /// defaults shown in brackets.
@@ -26,8 +29,10 @@ pub struct WorkerArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
-    /// Port of the first worker; worker i listens on port + i.
-    #[arg(long, default_value_t = 30000)]
+    /// Port of the first worker; worker i listens on port + i. Not the
+    /// router's 30000, so `radixgate serve` and `radixgate worker` started
+    /// with their defaults do not collide.
+    #[arg(long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Number of workers (consecutive ports, independent caches).
     #[arg(long, default_value_t = 1)]
@@ -213,9 +218,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     for i in 0..args.count {
         let config = args.config(&base, i)?;
         let addr = SocketAddr::new(args.host, args.port + i);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
+                "cannot listen on {addr}: the port is in use (another worker, or a \
+                     router?); choose free ports with --port (workers take --port .. \
+                     --port + --count - 1)"
+            ),
+            _ => anyhow::anyhow!("cannot listen on {addr}: {e}"),
+        })?;
         workers.push((listener, config));
     }
     let shutdown = CancellationToken::new();

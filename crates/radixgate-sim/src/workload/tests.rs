@@ -328,22 +328,20 @@ fn trace_errors_name_the_line() {
     assert!(matches!(missing, Err(crate::SimError::TraceIo { .. })));
 }
 
-fn shared_traces() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
-    if dir.join("mooncake_conversation.jsonl").exists() {
-        Some(dir)
-    } else {
-        println!(
-            "note: {} not present; skipping the real-trace test",
-            dir.display()
-        );
-        None
-    }
+/// The two Mooncake traces shipped in the repository's `traces/`.
+fn shipped_traces() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    assert!(
+        dir.join("mooncake_conversation.jsonl").exists(),
+        "{} lacks the shipped traces",
+        dir.display()
+    );
+    dir
 }
 
 #[test]
 fn real_mooncake_traces_load_and_render_with_shared_blocks() {
-    let Some(dir) = shared_traces() else { return };
+    let dir = shipped_traces();
     for (file, count) in [
         ("mooncake_conversation.jsonl", 12_031),
         ("mooncake_synthetic.jsonl", 3_993),

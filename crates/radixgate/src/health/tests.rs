@@ -23,6 +23,9 @@ struct Scripted {
     up: Vec<Range<u64>>,
     probes: Vec<u64>,
     reports: Vec<(u64, Report)>,
+    /// What failing probes say, in turn; the last one repeats.
+    problems: Vec<&'static str>,
+    complaints: Vec<(u64, String)>,
 }
 
 impl Scripted {
@@ -32,6 +35,8 @@ impl Scripted {
             up,
             probes: Vec::new(),
             reports: Vec::new(),
+            problems: vec!["connection refused"],
+            complaints: Vec::new(),
         }
     }
 
@@ -53,10 +58,23 @@ impl Scripted {
 }
 
 impl Watched for Scripted {
-    async fn probe(&mut self) -> bool {
+    async fn probe(&mut self) -> Result<(), String> {
         let now = self.now_ms();
         self.probes.push(now);
-        self.up.iter().any(|window| window.contains(&now))
+        if self.up.iter().any(|window| window.contains(&now)) {
+            return Ok(());
+        }
+        let problem = if self.problems.len() > 1 {
+            self.problems.remove(0)
+        } else {
+            self.problems[0]
+        };
+        Err(problem.to_owned())
+    }
+
+    fn complain(&mut self, complaint: &Complaint) {
+        let now = self.now_ms();
+        self.complaints.push((now, complaint.to_string()));
     }
 
     async fn admit(&mut self) {
@@ -154,5 +172,75 @@ async fn a_failing_worker_is_marked_unhealthy_then_back_within_the_backoff() {
             (50_250, Report::Healthy(false)),
             (60_250, Report::Healthy(true)),
         ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pending_worker_is_reported_at_once_then_once_a_minute() {
+    let mut worker = Scripted::up_from(150_000);
+    watch_for(&mut worker, 153_000).await;
+    // Probes at 0, 250, 750, 1750, 3750 then every 2 s: the complaint at
+    // the first failure, then at the first probe a minute after each.
+    let retry = "(retrying every 2 s)";
+    assert_eq!(
+        worker.complaints,
+        [
+            (0, format!("not reachable: connection refused {retry}")),
+            (
+                61_750,
+                format!("still not reachable after 34 probes: connection refused {retry}")
+            ),
+            (
+                121_750,
+                format!("still not reachable after 64 probes: connection refused {retry}")
+            ),
+        ]
+    );
+    assert_eq!(worker.admitted_at(), Some(152_000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_cause_is_reported_at_once() {
+    let mut worker = Scripted::up_from(u64::MAX);
+    worker.problems = vec![
+        "connection refused",
+        "connection refused",
+        "health check /health answered 503 Service Unavailable",
+    ];
+    watch_for(&mut worker, 5_000).await;
+    let said: Vec<_> = worker.complaints.iter().map(|(at, _)| *at).collect();
+    assert_eq!(said, [0, 750], "{:?}", worker.complaints);
+    assert!(worker.complaints[1].1.contains("answered 503"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_admitted_worker_is_reported_when_marked_unhealthy_and_not_before() {
+    let mut worker = Scripted::new(vec![0..25_000, 60_000..u64::MAX]);
+    watch_for(&mut worker, 75_000).await;
+    // The failures at 30.25 s and 40.25 s leave it in rotation: no word.
+    // The third takes it out; it is back at 60.25 s, under the minute.
+    assert_eq!(
+        worker.complaints,
+        [(
+            50_250,
+            "is unhealthy, out of rotation after 3 failed health checks: \
+             connection refused (retrying every 2 s)"
+                .to_owned()
+        )]
+    );
+}
+
+#[test]
+fn a_retry_interval_under_a_second_reads_in_milliseconds() {
+    let complaint = Complaint {
+        repeat: false,
+        admitted: false,
+        failures: 1,
+        problem: "no answer within 5 s".to_owned(),
+        retry: Duration::from_millis(500),
+    };
+    assert_eq!(
+        complaint.to_string(),
+        "not reachable: no answer within 5 s (retrying every 500 ms)"
     );
 }

@@ -1,1 +1,1 @@
-radixgate simulate --workers 4 --workload trace --trace ../shared/traces/mooncake_conversation.jsonl --speedup 1.0 --requests 4000 --policies cache_aware --sweep match_granularity_chars=1,64,128 --seed 3
+radixgate simulate --workers 4 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 1.0 --requests 4000 --policies cache_aware --sweep match_granularity_chars=1,64,128 --seed 3

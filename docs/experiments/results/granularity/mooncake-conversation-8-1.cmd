@@ -1,1 +1,1 @@
-radixgate simulate --workers 8 --workload trace --trace ../shared/traces/mooncake_conversation.jsonl --speedup 2.0 --requests 4000 --policies cache_aware --sweep match_granularity_chars=1,64,128 --seed 1
+radixgate simulate --workers 8 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 2.0 --requests 4000 --policies cache_aware --sweep match_granularity_chars=1,64,128 --seed 1

@@ -103,9 +103,18 @@ async fn serve(
     config: radixgate::config::Config,
 ) -> anyhow::Result<()> {
     let addr = (config.server.host.as_str(), config.server.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1))?;
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "cannot listen on {}:{}: the port is in use (another radixgate, or a worker?); \
+             choose another with --port (or `server.port` in the config file)",
+            addr.0,
+            addr.1
+        ),
+        Err(err) => {
+            return Err(err).with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1));
+        }
+    };
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     // A reload layers the same flags and environment on the re-read file.
@@ -161,10 +170,35 @@ fn init_logs(level: &str, json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+/// Whether logs are coloured: only on a terminal, and not when `NO_COLOR`
+/// is set to anything but the empty string (no-color.org's rule), so log
+/// files and pipes get plain text.
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
     }
 }
