@@ -13,7 +13,8 @@
 //!   and an [`Explanation`]; the guard's drop is the only way load goes down;
 //! - [`spawn_eviction`] runs the policy's tree eviction on a timer;
 //! - [`text`] turns a request into its [`RoutingText`], the one rule both
-//!   the gateway and the simulator use.
+//!   the gateway and the simulator use, marked with its [`CacheNamespace`]
+//!   when the engine would keep its cache apart.
 //!
 //! Nothing here reads a wall clock while deciding, so the offline simulator
 //! drives the same code in simulated time.
@@ -45,6 +46,7 @@ mod error;
 mod eviction;
 mod guard;
 mod mix;
+mod namespace;
 pub mod policy;
 mod registry;
 mod request;
@@ -62,6 +64,7 @@ pub use cost::{Coefficients, CostModelConfig, Work};
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
 pub use guard::LoadGuard;
+pub use namespace::CacheNamespace;
 pub use policy::{Branch, Decision, Explanation, Policy, Rendered};
 pub use radixgate_tree::TenantId;
 pub use registry::{Registry, Routed, Router};

@@ -17,6 +17,7 @@
 //! keep that state: a worker that was briefly unhealthy comes back with its
 //! cache record intact.
 
+use crate::policy::LeastLoad;
 use crate::{
     Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerSet,
     WorkerSpec, WorkerUrl,
@@ -29,6 +30,7 @@ use std::sync::Arc;
 pub struct Registry {
     current: Arc<ArcSwap<WorkerSet>>,
     policy: Arc<ArcSwap<Arc<dyn Policy>>>,
+    least_load: Arc<LeastLoad>,
     next_id: u32,
 }
 
@@ -38,6 +40,7 @@ impl Registry {
         Self {
             current: Arc::new(ArcSwap::from_pointee(WorkerSet::default())),
             policy: Arc::new(ArcSwap::from_pointee(policy)),
+            least_load: Arc::new(LeastLoad::new()),
             next_id: 0,
         }
     }
@@ -47,6 +50,7 @@ impl Registry {
         Router {
             current: self.current.clone(),
             policy: self.policy.clone(),
+            least_load: self.least_load.clone(),
         }
     }
 
@@ -154,6 +158,9 @@ fn validate_spec(spec: &WorkerSpec) -> Result<WorkerUrl, RoutingError> {
 pub struct Router {
     current: Arc<ArcSwap<WorkerSet>>,
     policy: Arc<ArcSwap<Arc<dyn Policy>>>,
+    /// For [`Router::select_least_loaded`]; shared by the clones, so ties
+    /// rotate over all requests.
+    least_load: Arc<LeastLoad>,
 }
 
 /// A routing decision and the pool it was made in.
@@ -181,8 +188,32 @@ impl Router {
         routing_key: Option<&str>,
         exclude: &[WorkerId],
     ) -> Result<Routed, RoutingError> {
-        let set = self.current.load();
         let policy = self.policy.load();
+        self.select_with(&***policy, model, text, routing_key, exclude)
+    }
+
+    /// Like [`select`](Self::select), but always the least-loaded available
+    /// worker of the pool (ties rotate), whatever the policy: for requests
+    /// whose text says nothing about any worker's cache (reranking,
+    /// tokenizing, APIs the gateway does not know). Nothing is recorded in
+    /// the policy's trees.
+    pub fn select_least_loaded(
+        &self,
+        model: Option<&str>,
+        exclude: &[WorkerId],
+    ) -> Result<Routed, RoutingError> {
+        self.select_with(&*self.least_load, model, "", None, exclude)
+    }
+
+    fn select_with(
+        &self,
+        policy: &dyn Policy,
+        model: Option<&str>,
+        text: &str,
+        routing_key: Option<&str>,
+        exclude: &[WorkerId],
+    ) -> Result<Routed, RoutingError> {
+        let set = self.current.load();
         let pool = set.resolve(model)?;
         let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
         let decision = if exclude.is_empty() {

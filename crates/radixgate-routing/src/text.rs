@@ -20,6 +20,26 @@
 //! - prompts (completions, `/generate`, embeddings): text as is; token ids
 //!   as decimal numbers each followed by a space, which keeps the prefix
 //!   structure of the id sequence; each item of a batch ends with a newline.
+//! - Responses API: `instructions` first, as a `system` message; then
+//!   `input`: a string is one `user` message, an array renders item by item
+//!   — a message as chat does, a `function_call` as an `assistant` message
+//!   holding that one call, a `function_call_output` as a `tool` message
+//!   with its `call_id`, any other item as a message whose role is its
+//!   `type` and whose name is its `id`. The next turn resends the items and
+//!   the model's output items before its new input, so it extends the text
+//!   of the turn before, as chat does.
+//! - Anthropic Messages: `system` (a string or text blocks) first, as a
+//!   `system` message; then each message as chat renders it. Blocks render
+//!   into the message: text as its text, `tool_use` as a tool call whose
+//!   arguments are its `input` as JSON, `tool_result` as the marker
+//!   `<|tool_result:tool_use_id|>` and then its content, `thinking` as the
+//!   marker `<|thinking|>` and its text, any other block as the part marker
+//!   `<|type[:source]|>` (an image's URL or data, so different images
+//!   differ).
+//!
+//! A request in a cache namespace of its own (a LoRA adapter, a cache salt)
+//! has its text marked with it, so that it never matches another
+//! namespace's prefixes ([`CacheNamespace`], [`RoutingText::into_string_in`]).
 //!
 //! Parts that may arrive in any order in a JSON object (a message's content
 //! before its role, `/generate`'s `text` beside `input_ids`) are built as
@@ -27,6 +47,7 @@
 //! and appended to the [`RoutingText`] once the whole object is read.
 //! Everything here is pure string building: no I/O, no JSON.
 
+use crate::namespace::CacheNamespace;
 use std::fmt::{Display, Write as _};
 
 /// The inference APIs a request can come in on: the gateway's routes, the
@@ -41,6 +62,10 @@ pub enum Api {
     Generate,
     /// OpenAI `/v1/embeddings`.
     Embeddings,
+    /// OpenAI Responses API, `/v1/responses`.
+    Responses,
+    /// Anthropic Messages API, `/v1/messages`.
+    Messages,
 }
 
 impl Api {
@@ -51,7 +76,15 @@ impl Api {
             Api::Completions => "/v1/completions",
             Api::Generate => "/generate",
             Api::Embeddings => "/v1/embeddings",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
         }
+    }
+
+    /// Whether requests carry a conversation of role-tagged messages (and
+    /// so render by the chat rule), rather than a prompt.
+    pub fn is_conversation(self) -> bool {
+        matches!(self, Api::ChatCompletions | Api::Responses | Api::Messages)
     }
 }
 
@@ -209,6 +242,12 @@ impl RoutingText {
         self.0
     }
 
+    /// The finished text as routed in `namespace`: marked with it, unless
+    /// it is the shared one (see [`CacheNamespace`]).
+    pub fn into_string_in(self, namespace: &CacheNamespace) -> String {
+        namespace.apply(self.0)
+    }
+
     fn open_message(&mut self, speaker: Speaker<'_>) {
         self.0.push_str("<|");
         self.0.push_str(speaker.role);
@@ -331,5 +370,8 @@ mod tests {
         assert_eq!(Api::Completions.path(), "/v1/completions");
         assert_eq!(Api::Generate.path(), "/generate");
         assert_eq!(Api::Embeddings.path(), "/v1/embeddings");
+        assert_eq!(Api::Responses.path(), "/v1/responses");
+        assert_eq!(Api::Messages.path(), "/v1/messages");
+        assert!(Api::Messages.is_conversation() && !Api::Generate.is_conversation());
     }
 }

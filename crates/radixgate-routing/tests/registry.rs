@@ -277,6 +277,51 @@ fn retries_can_exclude_the_workers_already_tried() {
 }
 
 #[test]
+fn least_loaded_selection_ignores_the_policy_and_its_trees() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let ws: Vec<_> = (0..2)
+        .map(|i| {
+            reg.add(WorkerSpec::new(format!("http://w{i}:1")).with_models(["llama"]))
+                .unwrap()
+        })
+        .collect();
+    // Two requests held on one worker by the policy's prefix match...
+    let t = text("held");
+    let held: Vec<_> = (0..2)
+        .map(|_| router.select(Some("llama"), &t, None, &[]).unwrap())
+        .collect();
+    let busy = held[0].decision.worker().id();
+    assert_eq!(held[1].decision.worker().id(), busy);
+    // ...so the least-loaded choice is the other one, and its pool's model
+    // is the metrics label.
+    let routed = router.select_least_loaded(Some("llama"), &[]).unwrap();
+    assert_ne!(routed.decision.worker().id(), busy);
+    assert_eq!(routed.model.as_deref(), Some("llama"));
+    assert_eq!(routed.decision.explanation().branch, Branch::LeastLoad);
+    assert_eq!(routed.decision.worker().load(), 1, "it holds load too");
+    // Excluded workers are left out; unknown models are refused alike.
+    let only = router
+        .select_least_loaded(Some("llama"), &[ws[1].id()])
+        .unwrap();
+    assert_eq!(only.decision.worker().id(), ws[0].id());
+    assert_eq!(
+        router.select_least_loaded(Some("qwen"), &[]).unwrap_err(),
+        RoutingError::UnknownModel {
+            model: "qwen".into()
+        }
+    );
+    // Nothing of it reached the tree: the other worker holds no text.
+    let tree = policy.tree("llama").unwrap();
+    let other = ws.iter().find(|w| w.id() != busy).unwrap();
+    assert_eq!(
+        tree.prefix_match_for(&t, other.id().tenant()).matched_chars,
+        0
+    );
+}
+
+#[test]
 fn handles_cross_threads_and_tasks() {
     fn send_sync_static<T: Send + Sync + 'static>() {}
     fn send_static<T: Send + 'static>() {}

@@ -305,3 +305,190 @@ async fn instant_mode_answers_well_formed() {
     assert!(done);
     assert_eq!(events.len(), 6, "role + 4 tokens + usage");
 }
+
+#[tokio::test]
+async fn responses_and_messages_whole_and_streamed() {
+    let w = spawn(fast_config()).await;
+    let text = long_text(5);
+    let responses = json!({"model": "m", "instructions": "be brief",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": text}]}],
+        "max_output_tokens": 5});
+    let (s, _, whole) = post(&w.base, "/v1/responses", responses.clone()).await;
+    assert_eq!(s, 200, "{whole}");
+    assert_eq!(whole["object"], "response");
+    assert_eq!(whole["status"], "incomplete");
+    let reply = whole["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(whole["usage"]["output_tokens"], 5);
+    // The same conversation through chat is the same prompt.
+    let (_, _, chat_whole) = post(&w.base, "/v1/chat/completions", chat(&text, 5)).await;
+    assert_eq!(
+        whole["usage"]["input_tokens"],
+        chat_whole["usage"]["prompt_tokens"]
+    );
+    let mut streamed = responses;
+    streamed["stream"] = json!(true);
+    let (events, done) = sse(&w.base, "/v1/responses", streamed).await.unwrap();
+    assert!(!done, "the Responses API sends no [DONE]");
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(kinds.last(), Some(&"response.incomplete"));
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (0..events.len() as u64).collect::<Vec<_>>());
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, reply);
+    let usage = &events.last().unwrap()["response"]["usage"];
+    assert!(
+        usage["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    let messages = json!({"model": "m", "system": "be brief", "max_tokens": 5,
+        "messages": [{"role": "user", "content": text}]});
+    let (s, _, whole) = post(&w.base, "/v1/messages", messages.clone()).await;
+    assert_eq!(s, 200, "{whole}");
+    assert_eq!(
+        (&whole["type"], &whole["stop_reason"]),
+        (&json!("message"), &json!("max_tokens"))
+    );
+    let usage = &whole["usage"];
+    assert_eq!(
+        usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_read_input_tokens"].as_u64().unwrap(),
+        chat_whole["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    let reply = whole["content"][0]["text"].as_str().unwrap().to_owned();
+    let mut streamed = messages;
+    streamed["stream"] = json!(true);
+    let (events, done) = sse(&w.base, "/v1/messages", streamed).await.unwrap();
+    assert!(!done);
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds[..2], ["message_start", "content_block_start"]);
+    assert_eq!(
+        kinds[kinds.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    let deltas: String = events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(deltas, reply);
+    assert_eq!(events[0]["message"]["system_fingerprint"], w.handle.name());
+    assert_eq!(events[kinds.len() - 2]["usage"]["output_tokens"], 5);
+}
+
+#[tokio::test]
+async fn messages_next_turn_hits_previous_prompt_and_reply() {
+    let w = spawn(fast_config()).await;
+    let first = long_text(6);
+    let turn1 = json!({"max_tokens": 20, "messages": [{"role": "user", "content": first}]});
+    let (_, _, v1) = post(&w.base, "/v1/messages", turn1).await;
+    let reply = v1["content"][0]["text"].as_str().unwrap().to_owned();
+    let p1 = v1["usage"]["input_tokens"].as_u64().unwrap();
+    let turn2 = json!({"max_tokens": 4, "messages": [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": [{"type": "text", "text": reply}]},
+        {"role": "user", "content": "and then?"}]});
+    let (_, _, v2) = post(&w.base, "/v1/messages", turn2).await;
+    let cached = v2["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(
+        cached + 16 > p1 + 20,
+        "turn 2 cached {cached}, turn 1 was {p1} + 20"
+    );
+}
+
+#[tokio::test]
+async fn tokenize_detokenize_rerank_and_score() {
+    let w = spawn(fast_config()).await;
+    let (s, _, whole) = post(&w.base, "/v1/chat/completions", chat("hello there", 1)).await;
+    assert_eq!(s, 200);
+    let mut body = chat("hello there", 1);
+    body.as_object_mut().unwrap().remove("max_tokens");
+    let (s, _, t) = post(&w.base, "/tokenize", body).await;
+    assert_eq!(s, 200, "{t}");
+    assert_eq!(
+        t["count"], whole["usage"]["prompt_tokens"],
+        "the ids a chat is cached under"
+    );
+    let (_, _, p) = post(&w.base, "/tokenize", json!({"prompt": "abcdefgh"})).await;
+    assert_eq!(p["count"], 2);
+    let ids = p["tokens"].clone();
+    let (s, _, d) = post(&w.base, "/detokenize", json!({"tokens": ids})).await;
+    assert_eq!(s, 200);
+    assert_eq!(d["prompt"].as_str().unwrap().matches("<|").count(), 2);
+
+    let (s, _, r) = post(
+        &w.base,
+        "/v1/rerank",
+        json!({"model": "m", "query": "red fox",
+        "documents": ["blue sky", {"text": "a red fox"}, "red wine"], "top_n": 2}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let order: Vec<u64> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(order, [1, 2]);
+    assert_eq!(r["results"][0]["document"]["text"], "a red fox");
+    assert!(r["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    let (s, _, sc) = post(
+        &w.base,
+        "/v1/score",
+        json!({"text_1": "red fox",
+        "text_2": ["red fox", "green"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{sc}");
+    assert_eq!(
+        (&sc["data"][0]["score"], &sc["data"][1]["score"]),
+        (&json!(1.0), &json!(0.0))
+    );
+
+    let (s, _, n) = post(
+        &w.base,
+        "/v1/messages/count_tokens",
+        json!({"model": "m",
+        "messages": [{"role": "user", "content": "hello there"}], "system": "be brief"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{n}");
+    assert_eq!(n["input_tokens"], whole["usage"]["prompt_tokens"]);
+
+    for (path, body, param) in [
+        ("/tokenize", json!({"tokens": [1]}), "prompt"),
+        ("/detokenize", json!({"tokens": "x"}), ""),
+        ("/v1/rerank", json!({"query": "q"}), ""),
+        (
+            "/v1/score",
+            json!({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}),
+            "text_1",
+        ),
+        (
+            "/v1/messages",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            "max_tokens",
+        ),
+        ("/v1/responses", json!({"input": 7}), "input"),
+    ] {
+        let (s, _, e) = post(&w.base, path, body).await;
+        assert_eq!(s, 400, "{path}: {e}");
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{path}");
+        if !param.is_empty() {
+            assert_eq!(e["error"]["param"], param, "{path}");
+        }
+    }
+}

@@ -104,7 +104,13 @@ fn shared_prefix(groups: u64) -> WorkloadConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_api_streamed_and_not_reports_hits_usage_and_workers() {
     let (ws, shutdown) = workers(2, 100_000).await;
-    for api in [Api::ChatCompletions, Api::Completions, Api::Generate] {
+    for api in [
+        Api::ChatCompletions,
+        Api::Completions,
+        Api::Generate,
+        Api::Responses,
+        Api::Messages,
+    ] {
         for stream in [true, false] {
             let r = run(&ws, &shared_prefix(2), Run { api, stream, ..RUN }).await;
             let what = format!("{api:?} stream={stream}: {}", r.table());

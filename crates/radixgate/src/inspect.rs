@@ -10,7 +10,20 @@
 //! (roles, turn boundaries, content parts, tool calls, token ids, batches)
 //! is `radixgate_routing::text`'s rule, the same one `radixgate simulate`
 //! renders its prompts with; the deserialisers below feed its builders.
+//! The Responses and Anthropic Messages bodies have modules of their own
+//! (`responses`, `messages`).
+//!
+//! A request's cache namespace is read here too: vLLM's `cache_salt`,
+//! SGLang's `lora_path` (a string, or a list per batch item) and
+//! `extra_key`. The routing text is marked with it
+//! ([`CacheNamespace`]), so requests an engine would keep apart in its
+//! cache never match each other's prefixes. (vLLM serves a LoRA adapter
+//! under its own model name, which is already a pool of its own.)
+//!
+//! Endpoints routed by load alone (reranking, scoring, tokenizing, APIs the
+//! gateway does not know) need only the model: [`inspect_model`].
 
+use radixgate_routing::CacheNamespace;
 use radixgate_routing::text::{ContentText, PromptText, RoutingText, Speaker, ToolCallsText};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -40,43 +53,176 @@ pub enum InspectError {
     /// The body is not JSON, or a field routing reads has the wrong type.
     #[error("invalid JSON body: {0}")]
     Json(#[from] serde_json::Error),
+    /// The body is JSON, but not an object (serde would read an array as a
+    /// struct's fields in order).
+    #[error("invalid JSON body: a request is a JSON object")]
+    NotAnObject,
+}
+
+/// Refuses a body that does not start with `{` (after white space).
+fn object(body: &[u8]) -> Result<&[u8], InspectError> {
+    match body.trim_ascii_start().first() {
+        Some(b'{') => Ok(body),
+        Some(_) => Err(InspectError::NotAnObject),
+        // Empty: serde's own "EOF" message says it best.
+        None => Ok(body),
+    }
 }
 
 /// Reads `body` as a request to `api`.
 pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
+    let body = object(body)?;
     let mut text = RoutingText::new();
-    let (model, stream, user) = match api {
+    let (model, stream, user, keys) = match api {
         Api::ChatCompletions => {
             let req: ChatRequest<'_> = serde_json::from_slice(body)?;
             for message in &req.messages.0 {
                 message.render(&mut text);
             }
-            (req.model, req.stream, req.user)
+            let keys = cache_keys!(req);
+            (req.model, req.stream, req.user, keys)
         }
         Api::Completions => {
             let req: PromptRequest<'_> = serde_json::from_slice(body)?;
             text.push_prompt(&req.prompt.0);
-            (req.model, req.stream, req.user)
+            let keys = cache_keys!(req);
+            (req.model, req.stream, req.user, keys)
         }
         Api::Generate => {
             let req: GenerateRequest<'_> = serde_json::from_slice(body)?;
             if let Some(prompt) = req.text.as_ref().or(req.input_ids.as_ref()) {
                 text.push_prompt(&prompt.0);
             }
-            (req.model, req.stream, None)
+            let keys = cache_keys!(req);
+            (req.model, req.stream, None, keys)
         }
         Api::Embeddings => {
             let req: EmbeddingRequest<'_> = serde_json::from_slice(body)?;
             text.push_prompt(&req.input.0);
-            (req.model, false, req.user)
+            let keys = cache_keys!(req);
+            (req.model, false, req.user, keys)
+        }
+        Api::Responses => {
+            let req: responses::Request<'_> = serde_json::from_slice(body)?;
+            req.render(&mut text);
+            let keys = cache_keys!(req);
+            (req.model, req.stream, req.user, keys)
+        }
+        Api::Messages => {
+            let req: messages::Request<'_> = serde_json::from_slice(body)?;
+            req.render(&mut text);
+            let keys = cache_keys!(req);
+            let user = req.metadata.and_then(|m| m.user_id);
+            (req.model, req.stream, user, keys)
         }
     };
     Ok(Inspected {
         model: model.map(Cow::into_owned),
         stream,
-        routing_text: text.into_string(),
+        routing_text: text.into_string_in(&keys.namespace()),
         user: user.map(Cow::into_owned),
     })
+}
+
+/// Reads only the `model` (and a `stream: true`) of a request to an
+/// endpoint that is routed by load alone, whatever else its body holds.
+/// The body must still be JSON, and `model` a string if present.
+pub fn inspect_model(body: &[u8]) -> Result<Inspected, InspectError> {
+    #[derive(Deserialize)]
+    struct ModelOnly<'a> {
+        #[serde(borrow, default)]
+        model: Option<Cow<'a, str>>,
+        /// An API the gateway does not know decides what its `stream`
+        /// means: only `true` is read as a stream, anything else is
+        /// passed over, not refused.
+        #[serde(default, deserialize_with = "only_true")]
+        stream: bool,
+    }
+    let req: ModelOnly<'_> = serde_json::from_slice(object(body)?)?;
+    Ok(Inspected {
+        model: req.model.map(Cow::into_owned),
+        stream: req.stream,
+        ..Inspected::default()
+    })
+}
+
+fn only_true<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(matches!(
+        serde_json::Value::deserialize(d)?,
+        serde_json::Value::Bool(true)
+    ))
+}
+
+/// The fields that put a request in a cache namespace of its own; every
+/// request type has them (`cache_keys!` moves them here).
+struct CacheKeys<'a> {
+    /// vLLM `cache_salt`.
+    cache_salt: Option<Cow<'a, str>>,
+    /// SGLang `lora_path`.
+    lora_path: Option<LoraPath>,
+    /// SGLang `extra_key`.
+    extra_key: Option<Cow<'a, str>>,
+}
+
+/// The [`CacheKeys`] of a parsed request (a struct with the three fields).
+macro_rules! cache_keys {
+    ($req:expr) => {
+        CacheKeys {
+            cache_salt: $req.cache_salt,
+            lora_path: $req.lora_path,
+            extra_key: $req.extra_key,
+        }
+    };
+}
+use cache_keys;
+
+impl CacheKeys<'_> {
+    fn namespace(&self) -> CacheNamespace {
+        let mut ns = CacheNamespace::shared();
+        if let Some(salt) = &self.cache_salt {
+            ns = ns.with_salt(salt);
+        }
+        if let Some(key) = &self.extra_key {
+            ns = ns.with_extra_key(key);
+        }
+        match &self.lora_path {
+            Some(LoraPath::One(name)) => ns.with_adapter(name),
+            Some(LoraPath::Batch(names)) => {
+                ns.with_batch_adapters(names.iter().map(|n| n.as_deref()))
+            }
+            None => ns,
+        }
+    }
+}
+
+/// SGLang's `lora_path`: one adapter, or one per prompt of a batch (`null`
+/// for the base model).
+enum LoraPath {
+    One(String),
+    Batch(Vec<Option<String>>),
+}
+
+impl<'de> Deserialize<'de> for LoraPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LoraPath;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an adapter name, or a list of adapter names or nulls")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LoraPath, E> {
+                Ok(LoraPath::One(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LoraPath, A::Error> {
+                let mut names = Vec::new();
+                while let Some(name) = seq.next_element::<Option<String>>()? {
+                    names.push(name);
+                }
+                Ok(LoraPath::Batch(names))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -89,6 +235,12 @@ struct ChatRequest<'a> {
     user: Option<Cow<'a, str>>,
     #[serde(borrow)]
     messages: Messages<'a>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(default)]
+    lora_path: Option<LoraPath>,
+    #[serde(borrow, default)]
+    extra_key: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -163,6 +315,10 @@ struct Part<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(default)]
     image_url: Option<UrlField>,
+    /// A file part's id (Responses `input_image`/`input_file`), which names
+    /// it when no URL does.
+    #[serde(borrow, default)]
+    file_id: Option<Cow<'a, str>>,
 }
 
 impl Part<'_> {
@@ -171,7 +327,10 @@ impl Part<'_> {
             Some(text) => out.push_text(text),
             None => out.push_part(
                 self.kind.as_deref(),
-                self.image_url.as_ref().map(|u| u.0.as_str()),
+                self.image_url
+                    .as_ref()
+                    .map(|u| u.0.as_str())
+                    .or(self.file_id.as_deref()),
             ),
         }
     }
@@ -242,6 +401,12 @@ struct PromptRequest<'a> {
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
     prompt: TextOrIds,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(default)]
+    lora_path: Option<LoraPath>,
+    #[serde(borrow, default)]
+    extra_key: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -254,6 +419,12 @@ struct GenerateRequest<'a> {
     text: Option<TextOrIds>,
     #[serde(default)]
     input_ids: Option<TextOrIds>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(default)]
+    lora_path: Option<LoraPath>,
+    #[serde(borrow, default)]
+    extra_key: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +434,12 @@ struct EmbeddingRequest<'a> {
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
     input: TextOrIds,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(default)]
+    lora_path: Option<LoraPath>,
+    #[serde(borrow, default)]
+    extra_key: Option<Cow<'a, str>>,
 }
 
 /// A prompt in any of the shapes the APIs allow: a string, token ids, or a
@@ -344,9 +521,11 @@ impl<'de> Deserialize<'de> for TextOrIds {
     }
 }
 
-fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+pub(crate) fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
 }
 
+mod messages;
+mod responses;
 #[cfg(test)]
 mod tests;

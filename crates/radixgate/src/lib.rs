@@ -23,6 +23,7 @@ pub mod inspect;
 mod listen;
 pub mod metrics;
 mod outlier;
+pub mod preamble;
 pub mod proxy;
 pub mod reload;
 pub mod retry;

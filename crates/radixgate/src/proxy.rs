@@ -4,20 +4,25 @@
 //! - **read**: the body once, within its size limit, its time limit and the
 //!   gateway's budget of buffered body bytes ([`crate::body`]), kept as
 //!   `Bytes` that carry their budget reservation;
-//! - **inspect**: read the few fields routing needs ([`inspect`]); every
-//!   attempt then sends the same bytes, so the worker sees exactly what the
-//!   client sent. A malformed request is refused here, without waiting;
+//! - **inspect**: read the few fields routing needs (what the route's
+//!   [`Endpoint`] reads: the routing text of an inference API, only the
+//!   model of one routed by load); every attempt then sends the same
+//!   bytes, so the worker sees exactly what the client sent. A malformed
+//!   request is refused here, without waiting;
 //! - **admit**: wait for an admission slot ([`crate::admission`]). Only
 //!   after the body has arrived: a slow upload holds budget bytes, which
 //!   are bounded, never one of the few concurrency slots;
-//! - **attempts**: choose a worker ([`Router::select`], leaving out those
-//!   already tried), pass its breaker, send; a failed attempt that
+//! - **attempts**: choose a worker ([`Router::select`], or the least
+//!   loaded for an endpoint routed by load, leaving out those already
+//!   tried), pass its breaker, send; a failed attempt that
 //!   [`crate::retry`] calls retryable (connection refused, or a 5xx/429
 //!   status before any byte was returned) is retried on a different worker
 //!   after a jittered exponential back-off. Once a response is handed to the
 //!   client it is never retried;
 //! - **respond**: the worker's response goes back with the decision's
-//!   headers, its body wrapped in a [`WatchedBody`].
+//!   headers, its body wrapped in a [`WatchedBody`]. A stream's first token
+//!   is its first event, except behind a Responses or Messages preamble
+//!   ([`Preamble`]), where the watch finds it.
 //!
 //! Everything a request holds — the worker's load guard, the admission
 //! permit, the breaker permit — travels inside the response body (one
@@ -35,7 +40,8 @@ use crate::body;
 use crate::breaker::publish_breaker;
 use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
-use crate::inspect::{Api, Inspected, inspect};
+use crate::inspect::Inspected;
+use crate::preamble::Preamble;
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::stream::{Primed, StreamEnd, StreamWatch, WatchedBody};
@@ -49,6 +55,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use radixgate_routing::{Decision, LoadGuard, Routed, RoutingError, WorkerId};
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -62,19 +69,17 @@ pub const DECISION_HEADER: &str = "x-radixgate-decision";
 /// body's `user` field is the fallback).
 const ROUTING_KEY_HEADERS: [&str; 2] = ["x-session-id", "x-radixgate-routing-key"];
 
+mod endpoint;
 pub(crate) mod metrics;
+pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
 
-/// Serves one inference request on `route` (also the worker path).
-pub(crate) async fn serve(
-    state: Arc<AppState>,
-    api: Api,
-    route: &'static str,
-    req: Request,
-) -> Response {
+/// Serves one request to `endpoint`.
+pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
     let started = Instant::now();
     let shared = &state.shared;
-    let work = forward(&state, api, route, req, started);
+    let route = endpoint.label();
+    let work = forward(&state, endpoint, req, started);
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
@@ -92,25 +97,47 @@ pub(crate) async fn serve(
 /// read → inspect → admit → attempts → respond.
 async fn forward(
     state: &AppState,
-    api: Api,
-    route: &'static str,
+    endpoint: Endpoint,
     req: Request,
     started: Instant,
 ) -> Result<Response, GatewayError> {
     let shared = &state.shared;
+    // The worker path: the route's own, or an unrouted request's as it
+    // came (and the API family it is counted under).
+    let (path, unrouted) = match endpoint {
+        Endpoint::Unrouted => {
+            let (target, family) = endpoint::unrouted_target(req.method().as_str(), req.uri())?;
+            (Cow::Owned(target), Some(family))
+        }
+        Endpoint::Routed(_) | Endpoint::ByLoad(_) => (Cow::Borrowed(endpoint.label()), None),
+    };
     // Over a tenant's limit: refused before its body is read.
     let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;
     let (parts, body) = req.into_parts();
     let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
-    let request = inspect(api, &bytes)?;
+    let request = endpoint.inspect(&bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
+    if let Some(family) = unrouted {
+        shared.request_metrics.unrouted(family);
+    }
     // The client's address as this gateway saw it, for `X-Forwarded-For`.
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|info| info.0.ip());
-    let answer = attempts(state, route, &request, &parts.headers, peer, bytes).await?;
-    Ok(respond(shared, answer, admitted, route, started))
+    let target = Target {
+        endpoint,
+        path: &path,
+    };
+    let answer = attempts(state, target, &request, &parts.headers, peer, bytes).await?;
+    Ok(respond(shared, answer, admitted, endpoint, started))
+}
+
+/// Where a request goes: its endpoint and the worker path.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    endpoint: Endpoint,
+    path: &'a str,
 }
 
 /// The sticky-session key: the first routing-key header present, else the
@@ -135,27 +162,14 @@ struct Answer {
     /// the stream; `None` for a failed status passed through on the last
     /// attempt, whose failure is already recorded.
     probe: Option<Permit>,
+    /// When the answering attempt was sent (the first token's wait is
+    /// counted from it).
+    sent: tokio::time::Instant,
 }
 
 /// Most bytes of a worker's error body read for its message.
 const ERROR_BODY_LIMIT: usize = 4096;
 
-/// Tries workers until one answers in a way [`retry`] does not retry, or
-/// the retries or the untried workers run out.
-///
-/// Each attempt has a first-byte deadline ([`Config::first_byte_timeout`]):
-/// the response head, and for a 2xx answer its first body frame, must
-/// arrive before it. The frame is read here, before anything goes to the
-/// client, because an LLM server sends an event stream's head at once and
-/// only then prefills: a hung worker sends the head and nothing else. A
-/// missed deadline is the worker's failure (breaker, outlier detection)
-/// and is retried like a refused connection.
-///
-/// A final 4xx other than 429 means the worker rejected the request, so
-/// its prompt never reached that worker's cache: the decision's tree insert
-/// is taken back.
-///
-/// [`Config::first_byte_timeout`]: crate::config::Config::first_byte_timeout
 /// The error for a request no worker could take: for an empty or unhealthy
 /// pool, says which workers are pending or unhealthy and why, for the model
 /// the client named (never the wildcard pool's `*`).
@@ -173,9 +187,25 @@ fn unavailable(shared: &Shared, err: RoutingError, model: Option<&str>) -> Gatew
     }
 }
 
+/// Tries workers until one answers in a way [`retry`] does not retry, or
+/// the retries or the untried workers run out.
+///
+/// Each attempt has a first-byte deadline ([`Config::first_byte_timeout`]):
+/// the response head, and for a 2xx answer its first body frame, must
+/// arrive before it. The frame is read here, before anything goes to the
+/// client, because an LLM server sends an event stream's head at once and
+/// only then prefills: a hung worker sends the head and nothing else. A
+/// missed deadline is the worker's failure (breaker, outlier detection)
+/// and is retried like a refused connection.
+///
+/// A final 4xx other than 429 means the worker rejected the request, so
+/// its prompt never reached that worker's cache: the decision's tree insert
+/// is taken back.
+///
+/// [`Config::first_byte_timeout`]: crate::config::Config::first_byte_timeout
 async fn attempts(
     state: &AppState,
-    route: &'static str,
+    target: Target<'_>,
     request: &Inspected,
     client_headers: &HeaderMap,
     peer: Option<IpAddr>,
@@ -189,13 +219,22 @@ async fn attempts(
     let mut backoff = Backoff::new(&shared.config.retry);
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
+    let route = target.endpoint.label();
+    // Behind a preamble, the watch finds the first token (see `respond`).
+    let first_event_is_token = target.endpoint.preamble().is_none();
     loop {
-        let routed = shared.router.select(
-            request.model.as_deref(),
-            &request.routing_text,
-            routing_key,
-            &tried,
-        );
+        let routed = if target.endpoint.by_load() {
+            shared
+                .router
+                .select_least_loaded(request.model.as_deref(), &tried)
+        } else {
+            shared.router.select(
+                request.model.as_deref(),
+                &request.routing_text,
+                routing_key,
+                &tried,
+            )
+        };
         let Routed {
             mut decision,
             model,
@@ -228,8 +267,15 @@ async fn attempts(
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let attempt = async {
-            let response =
-                send(state, &decision, route, client_headers, peer, bytes.clone()).await?;
+            let response = send(
+                state,
+                &decision,
+                target.path,
+                client_headers,
+                peer,
+                bytes.clone(),
+            )
+            .await?;
             prime(response, worker.url()).await
         };
         let attempted = first_byte(
@@ -247,7 +293,10 @@ async fn attempts(
             Ok(response) => {
                 let status = response.status();
                 shared.outliers.sample(worker.id(), sent.elapsed());
-                if status.is_success() && is_event_stream(response.headers()) {
+                if status.is_success()
+                    && is_event_stream(response.headers())
+                    && first_event_is_token
+                {
                     // A stream's first event is its first token: the cost
                     // model learns this worker's wait from it. (A whole
                     // answer's first byte comes after its decode too, so
@@ -266,6 +315,7 @@ async fn attempts(
                         decision,
                         model,
                         probe: Some(probe),
+                        sent,
                     });
                 }
                 shared
@@ -280,6 +330,7 @@ async fn attempts(
                         decision,
                         model,
                         probe: None,
+                        sent,
                     });
                 }
                 let (message, _) = error_message(response, deadline).await;
@@ -530,7 +581,7 @@ fn respond(
     shared: &Arc<Shared>,
     answer: Answer,
     admitted: AdmissionPermit,
-    route: &'static str,
+    endpoint: Endpoint,
     started: Instant,
 ) -> Response {
     let Answer {
@@ -538,6 +589,7 @@ fn respond(
         decision,
         model,
         probe,
+        sent,
     } = answer;
     let status = response.status();
     // The worker's content type decides, not the client's `stream` flag: a
@@ -558,9 +610,11 @@ fn respond(
         shared: shared.clone(),
         guard: decision.into_guard(),
         sse,
+        preamble: if sse { endpoint.preamble() } else { None },
+        sent,
         probe,
         _admitted: admitted,
-        route,
+        route: endpoint.label(),
         model,
         status: status.as_u16(),
         started,
@@ -600,6 +654,11 @@ struct RequestWatch {
     guard: LoadGuard,
     /// Whether the response is an event stream (TTFT is recorded for those).
     sse: bool,
+    /// The scan for the first token behind a stream's preamble, until it is
+    /// found; `None` where the first data is the first token.
+    preamble: Option<Preamble>,
+    /// When the answering attempt was sent.
+    sent: tokio::time::Instant,
     /// The breaker permit of a successful attempt, settled at the end.
     probe: Option<Permit>,
     _admitted: AdmissionPermit,
@@ -609,17 +668,40 @@ struct RequestWatch {
     started: Instant,
 }
 
-impl StreamWatch for RequestWatch {
-    fn first_byte(&mut self) {
-        // The first byte means the worker finished this prompt's prefill:
-        // prefill-aware routing stops counting it as queued work.
-        self.guard.prefill_done();
+impl RequestWatch {
+    /// The worker finished this prompt's prefill: prefill-aware routing
+    /// stops counting it as queued work, and a stream's TTFT is recorded.
+    /// Behind a preamble the attempt loop could not tell the first token,
+    /// so the cost model learns the worker's wait here (`learn`).
+    fn first_token(&mut self, learn: bool) {
+        if learn {
+            self.guard.first_token(self.sent.elapsed());
+        } else {
+            self.guard.prefill_done();
+        }
         if !self.sse {
             return;
         }
         self.shared
             .request_metrics
             .ttft(self.route, self.model.as_deref(), self.started.elapsed());
+    }
+}
+
+impl StreamWatch for RequestWatch {
+    fn first_byte(&mut self) {
+        if self.preamble.is_none() {
+            self.first_token(false);
+        }
+    }
+
+    fn data(&mut self, bytes: &[u8]) {
+        if let Some(scan) = self.preamble.as_mut()
+            && scan.feed(bytes)
+        {
+            self.preamble = None;
+            self.first_token(true);
+        }
     }
 
     fn finish(self, end: StreamEnd) {

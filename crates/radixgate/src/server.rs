@@ -30,7 +30,7 @@ use crate::error::GatewayError;
 use crate::inspect::Api;
 use crate::listen::{self, ConnectionLimits, ConnectionSlots};
 use crate::metrics::Metrics;
-use crate::proxy::RequestMetrics;
+use crate::proxy::{Endpoint, RequestMetrics};
 use crate::reload::{self, Reloads};
 use crate::state::{AppState, Shared};
 use crate::tenants::TenantMetrics;
@@ -69,33 +69,50 @@ pub enum StartError {
     Io(#[from] std::io::Error),
 }
 
-fn inference(api: Api, path: &'static str) -> axum::routing::MethodRouter<Arc<AppState>> {
-    post(move |State(state): State<Arc<AppState>>, req: Request| {
-        proxy::serve(state, api, path, req)
-    })
+fn forwarded(endpoint: Endpoint) -> axum::routing::MethodRouter<Arc<AppState>> {
+    post(move |State(state): State<Arc<AppState>>, req: Request| proxy::serve(state, endpoint, req))
 }
+
+/// The inference APIs, routed by their routing text.
+const ROUTED: [Api; 6] = [
+    Api::ChatCompletions,
+    Api::Completions,
+    Api::Generate,
+    Api::Embeddings,
+    Api::Responses,
+    Api::Messages,
+];
+
+/// Endpoints whose bodies say nothing about any worker's cache, passed to
+/// the least-loaded worker of their model (vLLM's and SGLang's paths).
+const BY_LOAD: [&str; 7] = [
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
+    "/v1/score",
+    "/score",
+    "/tokenize",
+    "/detokenize",
+];
 
 /// The HTTP routes of a gateway, in three groups: the client API (behind
 /// `server.api_key`), the admin plane (behind its own gate, see
 /// [`admin`]; the client key never opens it) and the open endpoints
 /// (probes, and `/metrics`, which checks `server.metrics_api_key` itself).
-/// A known path with a wrong method is a 405 with an `Allow` header and an
+/// The client API is the inference APIs, the endpoints routed by load, and
+/// any other `POST /v1/...`, forwarded unrouted (see [`Endpoint`]). A known
+/// path with a wrong method is a 405 with an `Allow` header and an
 /// OpenAI-style body.
 fn routes(state: Arc<AppState>) -> Router {
-    let api = Router::<Arc<AppState>>::new()
-        .route(
-            "/v1/chat/completions",
-            inference(Api::ChatCompletions, "/v1/chat/completions"),
-        )
-        .route(
-            "/v1/completions",
-            inference(Api::Completions, "/v1/completions"),
-        )
-        .route("/generate", inference(Api::Generate, "/generate"))
-        .route(
-            "/v1/embeddings",
-            inference(Api::Embeddings, "/v1/embeddings"),
-        )
+    let mut api = Router::<Arc<AppState>>::new();
+    for inference in ROUTED {
+        api = api.route(inference.path(), forwarded(Endpoint::Routed(inference)));
+    }
+    for path in BY_LOAD {
+        api = api.route(path, forwarded(Endpoint::ByLoad(path)));
+    }
+    let api = api
+        .route("/v1/{*rest}", forwarded(Endpoint::Unrouted))
         .route("/v1/models", get(info::models))
         .route("/get_server_info", get(info::server_info))
         .route("/get_model_info", get(info::model_info))

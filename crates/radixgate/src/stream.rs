@@ -56,6 +56,9 @@ pub enum StreamEnd {
 pub trait StreamWatch: Send + 'static {
     /// Called once, when the first data frame goes to the client.
     fn first_byte(&mut self) {}
+    /// Called with every data frame as it goes to the client (after
+    /// [`first_byte`](Self::first_byte) for the first).
+    fn data(&mut self, _bytes: &[u8]) {}
     /// Called exactly once, when the stream ends in any way.
     fn finish(self, end: StreamEnd);
 }
@@ -204,11 +207,12 @@ where
         }
         match ready!(polled) {
             Some(Ok(frame)) => {
-                if !this.started && frame.is_data() {
-                    this.started = true;
-                    if let Some(watch) = this.watch.as_mut() {
+                if let (Some(data), Some(watch)) = (frame.data_ref(), this.watch.as_mut()) {
+                    if !this.started {
+                        this.started = true;
                         watch.first_byte();
                     }
+                    watch.data(data);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

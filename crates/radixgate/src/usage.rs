@@ -2,9 +2,18 @@
 //!
 //! Tenants' token limits are charged with what a worker reports it used: the
 //! OpenAI `usage` object (`total_tokens`, else `prompt_tokens +
-//! completion_tokens`), or SGLang's `meta_info` for `/generate`. A whole JSON
-//! body carries it near its end; a stream carries it in its last data event
-//! when the client asked with `stream_options.include_usage`.
+//! completion_tokens`), the Responses API's (`total_tokens`, else
+//! `input_tokens + output_tokens`; a stream carries it in its final
+//! `response.completed` or `response.incomplete` event), the Anthropic
+//! Messages API's (`input_tokens` plus the prompt-cache reads and writes it
+//! leaves out, `cache_read_input_tokens` and `cache_creation_input_tokens`,
+//! plus `output_tokens`), or SGLang's `meta_info` for `/generate`. A whole
+//! JSON body carries it near its end; an OpenAI stream carries it in its
+//! last data event when the client asked with
+//! `stream_options.include_usage`. An Anthropic stream splits it: the prompt
+//! in `message_start`'s usage, at the start, and the final output count
+//! alone in `message_delta`'s, at the end; the two are added when both are
+//! still in the tail, else only the output is charged.
 //!
 //! [`UsageTail`] keeps only the last [`TAIL_BYTES`] bytes a body passed
 //! through, so memory is bounded whatever the body's size, and the frames
@@ -50,23 +59,67 @@ impl UsageTail {
     }
 }
 
-/// The last usage report in `text`: the last `"usage"` object with counts,
-/// else the last `"meta_info"` with prompt and completion counts.
+/// The last usage report in `text`: the last `"usage"` object with counts
+/// (joined with an earlier one's prompt count if it has only an output
+/// count), else the last `"meta_info"` with prompt and completion counts.
 pub fn tokens_in(text: &[u8]) -> Option<u64> {
-    last_object_after(text, b"\"usage\"").or_else(|| last_object_after(text, b"\"meta_info\""))
+    let mut later_output = None;
+    for report in objects_after(text, b"\"usage\"").filter_map(|o| Report::read(&o)) {
+        match (later_output, report) {
+            (
+                None,
+                Report {
+                    total: Some(total), ..
+                },
+            ) => return Some(total),
+            (
+                None,
+                Report {
+                    prompt: Some(prompt),
+                    output,
+                    ..
+                },
+            ) => {
+                return Some(prompt.saturating_add(output.unwrap_or(0)));
+            }
+            (None, Report { output, .. }) => later_output = output,
+            (
+                Some(output),
+                Report {
+                    prompt: Some(prompt),
+                    ..
+                },
+            ) => {
+                return Some(prompt.saturating_add(output));
+            }
+            (Some(_), _) => {}
+        }
+    }
+    later_output.or_else(|| {
+        objects_after(text, b"\"meta_info\"")
+            .filter_map(|o| Report::read(&o))
+            .find_map(|r| {
+                r.total
+                    .or(r.prompt.map(|p| p.saturating_add(r.output.unwrap_or(0))))
+            })
+    })
 }
 
-/// Scans occurrences of `key` from the end for one followed by `:` and a
-/// JSON object holding token counts.
-fn last_object_after(text: &[u8], key: &[u8]) -> Option<u64> {
+/// The JSON objects that follow `key` and `:` in `text`, last first.
+fn objects_after<'t>(
+    text: &'t [u8],
+    key: &'t [u8],
+) -> impl Iterator<Item = serde_json::Map<String, serde_json::Value>> + 't {
     let mut end = text.len();
-    while let Some(at) = rfind(&text[..end], key) {
-        if let Some(tokens) = object_at(&text[at + key.len()..]).and_then(counted) {
-            return Some(tokens);
+    std::iter::from_fn(move || {
+        while let Some(at) = rfind(&text[..end], key) {
+            end = at;
+            if let Some(object) = object_at(&text[at + key.len()..]) {
+                return Some(object);
+            }
         }
-        end = at;
-    }
-    None
+        None
+    })
 }
 
 fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -114,14 +167,35 @@ fn object_len(text: &[u8]) -> Option<usize> {
     None
 }
 
-/// `total_tokens`, else `prompt_tokens + completion_tokens`.
-fn counted(object: serde_json::Map<String, serde_json::Value>) -> Option<u64> {
-    let field = |name: &str| object.get(name).and_then(serde_json::Value::as_u64);
-    field("total_tokens").or_else(|| {
-        let (prompt, completion) = (field("prompt_tokens"), field("completion_tokens"));
-        (prompt.is_some() || completion.is_some())
-            .then(|| prompt.unwrap_or(0).saturating_add(completion.unwrap_or(0)))
-    })
+/// The counts one usage object reports; at least one is there.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    /// `total_tokens`.
+    total: Option<u64>,
+    /// `prompt_tokens`, or `input_tokens` plus the prompt-cache counts.
+    prompt: Option<u64>,
+    /// `completion_tokens` or `output_tokens`.
+    output: Option<u64>,
+}
+
+impl Report {
+    fn read(object: &serde_json::Map<String, serde_json::Value>) -> Option<Self> {
+        let field = |name: &str| object.get(name).and_then(serde_json::Value::as_u64);
+        let prompt = field("prompt_tokens").or_else(|| {
+            field("input_tokens").map(|input| {
+                input
+                    .saturating_add(field("cache_read_input_tokens").unwrap_or(0))
+                    .saturating_add(field("cache_creation_input_tokens").unwrap_or(0))
+            })
+        });
+        let report = Self {
+            total: field("total_tokens"),
+            prompt,
+            output: field("completion_tokens").or_else(|| field("output_tokens")),
+        };
+        (report.total.is_some() || report.prompt.is_some() || report.output.is_some())
+            .then_some(report)
+    }
 }
 
 #[cfg(test)]
@@ -138,6 +212,23 @@ mod tests {
         assert_eq!(tokens_in(stream), Some(7));
         let generate = br#"{"text":"hi","meta_info":{"prompt_tokens":9,"completion_tokens":1,"cached_tokens":0}}"#;
         assert_eq!(tokens_in(generate), Some(10));
+        // The Responses API: the final event's response object.
+        let responses = b"event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"usage\"}\n\n\
+            event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[],\
+            \"usage\":{\"input_tokens\":12,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":3}}}\n\n";
+        assert_eq!(tokens_in(responses), Some(15));
+        // Anthropic: a whole message leaves cached reads out of input.
+        let message = br#"{"type":"message","usage":{"input_tokens":2,"cache_read_input_tokens":6,"cache_creation_input_tokens":1,"output_tokens":3}}"#;
+        assert_eq!(tokens_in(message), Some(12));
+        // Its stream: the prompt at the start, the output alone at the end.
+        let stream = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n\
+            event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"hi\"}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n\
+            event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(tokens_in(stream), Some(29));
+        // Its start out of the tail: the output is what is left to charge.
+        let start = stream.iter().position(|&b| b == b'\n').unwrap() + 100;
+        assert_eq!(tokens_in(&stream[start..]), Some(9));
         for none in [
             &b""[..],
             b"data: {\"usage\":null}\n\ndata: [DONE]\n\n",

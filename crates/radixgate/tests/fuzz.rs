@@ -43,11 +43,13 @@ fn cases(default: u32) -> ProptestConfig {
     }
 }
 
-const APIS: [Api; 4] = [
+const APIS: [Api; 6] = [
     Api::ChatCompletions,
     Api::Completions,
     Api::Generate,
     Api::Embeddings,
+    Api::Responses,
+    Api::Messages,
 ];
 
 // ---------------------------------------------------------------- inspect
@@ -68,6 +70,12 @@ fn any_json() -> impl Strategy<Value = Value> {
             "tool",
             "text",
             "image_url",
+            "message",
+            "function_call",
+            "function_call_output",
+            "tool_use",
+            "tool_result",
+            "image",
             ""
         ])
         .prop_map(|s| Value::String(s.to_owned())),
@@ -87,7 +95,9 @@ fn field_name() -> impl Strategy<Value = String> {
         4 => prop::sample::select(vec![
             "model", "messages", "role", "content", "text", "type", "prompt", "input",
             "stream", "user", "tool_calls", "function", "name", "arguments", "input_ids",
-            "sampling_params", "image_url", "url", "tools",
+            "sampling_params", "image_url", "url", "tools", "instructions", "system",
+            "tool_use_id", "tool_result", "tool_use", "source", "call_id", "output",
+            "function_call", "cache_salt", "lora_path", "extra_key", "metadata", "user_id",
         ])
         .prop_map(str::to_owned),
         1 => ".{0,6}",
@@ -97,7 +107,17 @@ fn field_name() -> impl Strategy<Value = String> {
 /// A request body of `api`'s shape with arbitrary values in its fields.
 fn near_valid_request() -> impl Strategy<Value = (usize, Value)> {
     let message = prop::collection::btree_map(
-        prop::sample::select(vec!["role", "content", "tool_calls", "name"]).prop_map(str::to_owned),
+        prop::sample::select(vec![
+            "role",
+            "content",
+            "tool_calls",
+            "name",
+            "type",
+            "call_id",
+            "output",
+            "text",
+        ])
+        .prop_map(str::to_owned),
         any_json(),
         0..4,
     )
@@ -119,6 +139,13 @@ fn near_valid_request() -> impl Strategy<Value = (usize, Value)> {
                 Api::Completions => json!({"model": model, "prompt": payload, "stream": stream}),
                 Api::Generate => json!({"text": payload, "input_ids": model, "stream": stream}),
                 Api::Embeddings => json!({"model": model, "input": payload}),
+                Api::Responses => json!({
+                    "model": model, "input": messages, "instructions": payload, "stream": stream,
+                }),
+                Api::Messages => json!({
+                    "model": model, "messages": messages, "system": payload, "stream": stream,
+                    "cache_salt": payload,
+                }),
             };
             (api, body)
         })

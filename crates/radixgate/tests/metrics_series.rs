@@ -105,6 +105,12 @@ async fn metrics_series_match_the_committed_list() {
     assert_eq!(post(format!("{}/generate", gw.url), generate).await, 200);
     let nope = json!({"model": "nope", "messages": []});
     assert_eq!(post(chat_url.clone(), nope).await, 404);
+    // A /v1 path the gateway has no route for: forwarded, counted unrouted.
+    let count_tokens = json!({"messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(
+        post(format!("{}/v1/messages/count_tokens", gw.url), count_tokens).await,
+        200
+    );
 
     // Admission: a slow stream holds the only slot (the worker waits before
     // answering), so the next request is refused at once.
@@ -122,7 +128,7 @@ async fn metrics_series_match_the_committed_list() {
     assert_eq!(held.await.unwrap(), 200);
     wait_until("the held stream counted", || async {
         let text = metrics_text(&gw.url).await;
-        count(&text, "radixgate_requests_total{") == 7.0
+        count(&text, "radixgate_requests_total{") == 8.0
     })
     .await;
 
@@ -143,11 +149,11 @@ async fn metrics_series_match_the_committed_list() {
     // Gauges are refreshed by the upkeep tick: wait for one that saw the
     // open breaker and the idle worker, and for outlier detection's tick.
     // A request is counted when its body ends, which may come just after
-    // the client has read it: wait for all nine in both families.
+    // the client has read it: wait for all ten in both families.
     wait_until("gauges and counts after the failures", || async {
         let text = metrics_text(&gw.url).await;
-        count(&text, "radixgate_requests_total{") == 9.0
-            && count(&text, "radixgate_request_duration_seconds_count{") == 9.0
+        count(&text, "radixgate_requests_total{") == 10.0
+            && count(&text, "radixgate_request_duration_seconds_count{") == 10.0
             && text.contains("radixgate_circuit_breaker_state{")
             && count(&text, "radixgate_circuit_breaker_state{") == 1.0
             && count(&text, "radixgate_worker_in_flight_requests{") == 0.0

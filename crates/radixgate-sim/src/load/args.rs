@@ -15,7 +15,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use super::assign::Assign;
 use super::body::Api;
 
-/// The `--api` values: the three generation APIs by their short names.
+/// The `--api` values: the generation APIs by their short names.
 /// [`Api`] lives in `radixgate-routing`, which knows nothing of clap, so
 /// the names and their help are spelled here.
 pub fn api_parser() -> impl TypedValueParser<Value = Api> {
@@ -23,10 +23,14 @@ pub fn api_parser() -> impl TypedValueParser<Value = Api> {
         PossibleValue::new("chat").help("`POST /v1/chat/completions`"),
         PossibleValue::new("completions").help("`POST /v1/completions`"),
         PossibleValue::new("generate").help("`POST /generate` (SGLang native)"),
+        PossibleValue::new("responses").help("`POST /v1/responses` (OpenAI Responses)"),
+        PossibleValue::new("messages").help("`POST /v1/messages` (Anthropic Messages)"),
     ])
     .map(|name| match name.as_str() {
         "completions" => Api::Completions,
         "generate" => Api::Generate,
+        "responses" => Api::Responses,
+        "messages" => Api::Messages,
         _ => Api::ChatCompletions,
     })
 }

@@ -1,19 +1,25 @@
 //! Request bodies for each API, and reading what comes back.
 //!
 //! Chat sends `messages` (a text prompt becomes one user message); the
-//! completions and `/generate` APIs send text (a chat prompt is rendered by
+//! Responses API sends the same messages as `input` items; the Anthropic
+//! Messages API sends the leading system messages as `system` text blocks
+//! and the rest as `messages` ([`split_system`]). The completions and
+//! `/generate` APIs send text (a chat prompt is rendered by
 //! [`Prompt::to_text`]), and so does embeddings (as `input`), which neither
-//! streams nor generates; `--api` offers only the three generation APIs. Streams ask for usage in the final chunk
-//! (`stream_options.include_usage`). From each response or chunk we read the
-//! content text, the usage (`usage.prompt_tokens_details.cached_tokens` for
-//! OpenAI, `meta_info` for `/generate`) and the serving worker's name
-//! (`system_fingerprint` or `meta_info.worker`; the response header is read
-//! by the client).
+//! streams nor generates. OpenAI streams ask for usage in the final chunk
+//! (`stream_options.include_usage`); Responses and Messages streams always
+//! report it. From each response or event we read the content text, the
+//! usage (`usage.prompt_tokens_details.cached_tokens` for OpenAI,
+//! `meta_info` for `/generate`, `input_tokens_details.cached_tokens` for
+//! Responses, `cache_read_input_tokens` for Messages) and the serving
+//! worker's name (`system_fingerprint` or `meta_info.worker`; the response
+//! header is read by the client). Responses and Messages streams end with a
+//! final event instead of `data: [DONE]` ([`Piece::done`]).
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::workload::{Prompt, RequestSpec};
+use crate::workload::{Prompt, RequestSpec, Role};
 
 /// Which HTTP API to speak: the one enum of `radixgate-routing`.
 pub use radixgate_routing::Api;
@@ -40,18 +46,68 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
+/// The messages a conversation API carries for `prompt` (a text prompt
+/// becomes one user message).
+pub(crate) fn conversation(prompt: &Prompt) -> Vec<(Role, &str)> {
+    match prompt {
+        Prompt::Chat(msgs) => msgs.iter().map(|m| (m.role, m.content.as_str())).collect(),
+        Prompt::Text(t) => vec![(Role::User, t.as_str())],
+    }
+}
+
+/// A conversation as the Messages API carries it: the leading system
+/// messages (its `system` blocks), then the rest, where a later system
+/// message goes as a user message (the API has no system role there).
+pub(crate) fn split_system<'a>(
+    messages: &[(Role, &'a str)],
+) -> (Vec<&'a str>, Vec<(Role, &'a str)>) {
+    let lead = messages
+        .iter()
+        .take_while(|(role, _)| *role == Role::System)
+        .count();
+    let system = messages[..lead].iter().map(|(_, c)| *c).collect();
+    let rest = messages[lead..]
+        .iter()
+        .map(|&(role, c)| match role {
+            Role::System => (Role::User, c),
+            other => (other, c),
+        })
+        .collect();
+    (system, rest)
+}
+
+fn role_messages(messages: &[(Role, &str)]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|(role, content)| json!({"role": role.as_str(), "content": content}))
+        .collect()
+}
+
 /// The JSON body for `spec`.
 pub fn request_body(spec: &RequestSpec, opts: &BodyOptions) -> Value {
     let mut body = match opts.api {
-        Api::ChatCompletions => {
-            let messages: Vec<Value> = match &spec.prompt {
-                Prompt::Chat(msgs) => msgs
+        Api::ChatCompletions => json!({
+            "messages": role_messages(&conversation(&spec.prompt)),
+            "max_tokens": spec.max_tokens,
+        }),
+        Api::Responses => json!({
+            "input": role_messages(&conversation(&spec.prompt)),
+            "max_output_tokens": spec.max_tokens,
+        }),
+        Api::Messages => {
+            let (system, rest) = split_system(&conversation(&spec.prompt));
+            let mut body = json!({
+                "messages": role_messages(&rest),
+                "max_tokens": spec.max_tokens,
+            });
+            if !system.is_empty() {
+                let blocks: Vec<Value> = system
                     .iter()
-                    .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
-                    .collect(),
-                Prompt::Text(t) => vec![json!({"role": "user", "content": t})],
-            };
-            json!({"messages": messages, "max_tokens": spec.max_tokens})
+                    .map(|t| json!({"type": "text", "text": t}))
+                    .collect();
+                body["system"] = json!(blocks);
+            }
+            body
         }
         Api::Completions => json!({"prompt": spec.prompt.to_text(), "max_tokens": spec.max_tokens}),
         Api::Generate => json!({
@@ -71,7 +127,8 @@ pub fn request_body(spec: &RequestSpec, opts: &BodyOptions) -> Value {
         if let Some(m) = &opts.model {
             obj.insert("model".into(), json!(m));
         }
-        if opts.stream {
+        let has_stream_options = !matches!(opts.api, Api::Responses | Api::Messages);
+        if opts.stream && has_stream_options {
             obj.insert("stream_options".into(), json!({"include_usage": true}));
         }
     }
@@ -91,6 +148,9 @@ pub struct Piece {
     pub worker: Option<String>,
     /// An `error` object's message, when the piece is an error.
     pub error: Option<String>,
+    /// The stream's final event (Responses and Messages streams end with
+    /// one instead of `[DONE]`).
+    pub done: bool,
 }
 
 fn u(v: &Value) -> u64 {
@@ -104,7 +164,11 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
         return Err("body is not a JSON object".into());
     };
     let mut p = Piece::default();
-    if let Some(e) = obj.get("error").filter(|e| !e.is_null()) {
+    // A Responses API failure nests its error in the response object.
+    let error = obj
+        .get("error")
+        .or_else(|| obj.get("response").and_then(|r| r.get("error")));
+    if let Some(e) = error.filter(|e| !e.is_null()) {
         let msg = e
             .get("message")
             .and_then(Value::as_str)
@@ -135,6 +199,8 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
                 .and_then(Value::as_str)
                 .map(str::to_owned);
         }
+        Api::Responses => read_response(obj, &mut p),
+        Api::Messages => read_message(obj, &mut p),
         Api::Generate => {
             p.text = obj.get("text").and_then(Value::as_str).map(str::to_owned);
             if let Some(meta) = obj.get("meta_info").filter(|x| x.is_object()) {
@@ -153,6 +219,101 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
         }
     }
     Ok(p)
+}
+
+fn worker_of(obj: &serde_json::Map<String, Value>) -> Option<String> {
+    obj.get("system_fingerprint")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// The text of every part of type `kind` in `content` (an array of parts).
+fn part_texts(content: Option<&Value>, kind: &str) -> String {
+    content
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|part| part["type"] == kind)
+        .filter_map(|part| part["text"].as_str())
+        .collect()
+}
+
+/// A Responses API body (a response object) or stream event.
+fn read_response(obj: &serde_json::Map<String, Value>, p: &mut Piece) {
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
+    let response = match kind {
+        "response.output_text.delta" => {
+            p.text = obj.get("delta").and_then(Value::as_str).map(str::to_owned);
+            return;
+        }
+        "response.completed" | "response.incomplete" => {
+            p.done = true;
+            match obj.get("response").and_then(Value::as_object) {
+                Some(r) => r,
+                None => return,
+            }
+        }
+        // A whole response object, not an event.
+        "" => {
+            let output = obj.get("output").and_then(Value::as_array);
+            p.text = Some(
+                output
+                    .into_iter()
+                    .flatten()
+                    .map(|item| part_texts(item.get("content"), "output_text"))
+                    .collect(),
+            );
+            obj
+        }
+        _ => return,
+    };
+    if let Some(us) = response.get("usage").filter(|x| x.is_object()) {
+        p.usage = Some(Usage {
+            prompt_tokens: u(&us["input_tokens"]),
+            cached_tokens: u(&us["input_tokens_details"]["cached_tokens"]),
+            completion_tokens: u(&us["output_tokens"]),
+        });
+    }
+    p.worker = worker_of(response);
+}
+
+/// An Anthropic usage object: `input_tokens` leaves out the tokens read
+/// from (or written to) the prompt cache, so the prompt is their sum.
+fn anthropic_usage(us: &Value) -> Usage {
+    let cached = u(&us["cache_read_input_tokens"]);
+    Usage {
+        prompt_tokens: u(&us["input_tokens"]) + cached + u(&us["cache_creation_input_tokens"]),
+        cached_tokens: cached,
+        completion_tokens: u(&us["output_tokens"]),
+    }
+}
+
+/// A Messages API body (a message object) or stream event. The stream
+/// reports the prompt in `message_start` and the output in
+/// `message_delta`; the client keeps the larger of each count.
+fn read_message(obj: &serde_json::Map<String, Value>, p: &mut Piece) {
+    match obj.get("type").and_then(Value::as_str).unwrap_or("") {
+        "message" => {
+            p.text = Some(part_texts(obj.get("content"), "text"));
+            p.usage = obj.get("usage").map(anthropic_usage);
+            p.worker = worker_of(obj);
+        }
+        "message_start" => {
+            let message = obj.get("message");
+            p.usage = message.and_then(|m| m.get("usage")).map(anthropic_usage);
+            p.worker = message.and_then(Value::as_object).and_then(worker_of);
+        }
+        "content_block_delta" => {
+            p.text = obj
+                .get("delta")
+                .and_then(|d| d.get("text"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+        }
+        "message_delta" => p.usage = obj.get("usage").map(anthropic_usage),
+        "message_stop" => p.done = true,
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -244,5 +405,116 @@ mod tests {
             Some("boom")
         );
         assert!(read_piece(Api::ChatCompletions, &json!([1])).is_err());
+    }
+
+    #[test]
+    fn responses_and_messages_bodies_carry_the_conversation() {
+        let chat = spec(Prompt::Chat(vec![
+            Message::new(Role::System, "s1"),
+            Message::new(Role::System, "s2"),
+            Message::new(Role::User, "u"),
+            Message::new(Role::System, "late"),
+        ]));
+        let o = |api| BodyOptions {
+            api,
+            stream: true,
+            model: Some("m".into()),
+        };
+        let b = request_body(&chat, &o(Api::Responses));
+        assert_eq!(b["input"][0], json!({"role": "system", "content": "s1"}));
+        assert_eq!(b["input"].as_array().unwrap().len(), 4);
+        assert_eq!(b["max_output_tokens"], 7);
+        assert_eq!((&b["model"], &b["stream"]), (&json!("m"), &json!(true)));
+        assert!(b.get("stream_options").is_none());
+        let b = request_body(&chat, &o(Api::Messages));
+        assert_eq!(
+            b["system"],
+            json!([{"type": "text", "text": "s1"}, {"type": "text", "text": "s2"}])
+        );
+        assert_eq!(
+            b["messages"],
+            json!([{"role": "user", "content": "u"}, {"role": "user", "content": "late"}])
+        );
+        assert_eq!(b["max_tokens"], 7);
+        assert!(b.get("stream_options").is_none());
+        let text = request_body(&spec(Prompt::Text("t".into())), &o(Api::Messages));
+        assert!(text.get("system").is_none());
+    }
+
+    #[test]
+    fn responses_and_messages_pieces() {
+        let usage = |prompt_tokens, cached_tokens, completion_tokens| Usage {
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens,
+        };
+        let whole = json!({"object": "response", "error": null, "system_fingerprint": "w1",
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi "},
+                {"type": "output_text", "text": "there"}]}],
+            "usage": {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 2}});
+        let p = read_piece(Api::Responses, &whole).unwrap();
+        assert_eq!(p.text.as_deref(), Some("hi there"));
+        assert_eq!(
+            (p.usage, p.worker.as_deref()),
+            (Some(usage(9, 4, 2)), Some("w1"))
+        );
+        let delta = json!({"type": "response.output_text.delta", "delta": "x"});
+        assert_eq!(
+            read_piece(Api::Responses, &delta).unwrap().text.as_deref(),
+            Some("x")
+        );
+        let created = json!({"type": "response.created", "response": {"usage": null}});
+        assert_eq!(
+            read_piece(Api::Responses, &created).unwrap(),
+            Piece::default()
+        );
+        let end = json!({"type": "response.incomplete", "response": {"usage": {"input_tokens": 3, "output_tokens": 1}}});
+        let p = read_piece(Api::Responses, &end).unwrap();
+        assert!(p.done && p.usage == Some(usage(3, 0, 1)));
+        let failed = json!({"type": "response.failed", "response": {"error": {"message": "boom"}}});
+        assert_eq!(
+            read_piece(Api::Responses, &failed)
+                .unwrap()
+                .error
+                .as_deref(),
+            Some("boom")
+        );
+
+        let whole = json!({"type": "message", "content": [{"type": "text", "text": "ok"}],
+            "usage": {"input_tokens": 2, "cache_read_input_tokens": 6, "output_tokens": 3}});
+        let p = read_piece(Api::Messages, &whole).unwrap();
+        assert_eq!(
+            (p.text.as_deref(), p.usage),
+            (Some("ok"), Some(usage(8, 6, 3)))
+        );
+        let start = json!({"type": "message_start", "message": {"system_fingerprint": "w2",
+            "usage": {"input_tokens": 5, "output_tokens": 0}}});
+        let p = read_piece(Api::Messages, &start).unwrap();
+        assert_eq!(
+            (p.usage, p.worker.as_deref()),
+            (Some(usage(5, 0, 0)), Some("w2"))
+        );
+        let delta =
+            json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "y"}});
+        assert_eq!(
+            read_piece(Api::Messages, &delta).unwrap().text.as_deref(),
+            Some("y")
+        );
+        let end = json!({"type": "message_delta", "usage": {"output_tokens": 4}});
+        assert_eq!(
+            read_piece(Api::Messages, &end).unwrap().usage,
+            Some(usage(0, 0, 4))
+        );
+        assert!(
+            read_piece(Api::Messages, &json!({"type": "message_stop"}))
+                .unwrap()
+                .done
+        );
+        let err =
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}});
+        assert_eq!(
+            read_piece(Api::Messages, &err).unwrap().error.as_deref(),
+            Some("busy")
+        );
     }
 }

@@ -188,7 +188,11 @@ impl Client {
                 let v: serde_json::Value =
                     serde_json::from_str(&event).map_err(|_| ErrorKind::BadBody)?;
                 let piece = read_piece(self.opts.api, &v).map_err(|_| ErrorKind::BadBody)?;
+                let done = piece.done;
                 self.absorb(&mut reply, piece, start)?;
+                if done {
+                    return Ok(reply);
+                }
             }
         }
     }
@@ -209,8 +213,17 @@ impl Client {
                 reply.text.push_str(&t);
             }
         }
-        if piece.usage.is_some() {
-            reply.usage = piece.usage;
+        if let Some(usage) = piece.usage {
+            // Counts only grow over a stream, and a Messages stream splits
+            // them over two events: keep the larger of each.
+            reply.usage = Some(match reply.usage {
+                Some(seen) => Usage {
+                    prompt_tokens: seen.prompt_tokens.max(usage.prompt_tokens),
+                    cached_tokens: seen.cached_tokens.max(usage.cached_tokens),
+                    completion_tokens: seen.completion_tokens.max(usage.completion_tokens),
+                },
+                None => usage,
+            });
         }
         if piece.worker.is_some() {
             reply.worker = piece.worker;

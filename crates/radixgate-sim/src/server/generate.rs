@@ -1,5 +1,5 @@
 //! The generation handlers: `/generate`, `/v1/completions`,
-//! `/v1/chat/completions`.
+//! `/v1/chat/completions`, `/v1/responses`, `/v1/messages`.
 //!
 //! Flow: read the body (bounded), parse, apply the fault knobs (hang,
 //! latency, error draw), tokenize, build the deterministic reply, then
@@ -41,6 +41,16 @@ pub(crate) async fn completions(State(s): State<Arc<WorkerState>>, body: Body) -
 /// `POST /generate`.
 pub(crate) async fn generate(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
     handle(s, Api::Generate, body).await
+}
+
+/// `POST /v1/responses`.
+pub(crate) async fn responses(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    handle(s, Api::Responses, body).await
+}
+
+/// `POST /v1/messages`.
+pub(crate) async fn messages(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    handle(s, Api::Messages, body).await
 }
 
 async fn handle(s: Arc<WorkerState>, api: Api, body: Body) -> Response {
@@ -94,7 +104,8 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
     if s.config.instant {
         s.metrics.record_instant(&reply);
         return Ok(if req.stream {
-            let mut events: Vec<Bytes> = reply.opening(req.include_usage).into_iter().collect();
+            let mut events: Vec<Bytes> = reply.preamble().into_iter().collect();
+            events.extend(reply.opening(req.include_usage));
             events.extend(token_events(
                 &reply,
                 0,
@@ -169,6 +180,8 @@ fn request_id(api: Api, worker: &str, id: ReqId) -> String {
         Api::Chat => "chatcmpl",
         Api::Completions => "cmpl",
         Api::Generate => "gen",
+        Api::Responses => "resp",
+        Api::Messages => "msg",
     };
     format!("{prefix}-{worker}-{id}")
 }
@@ -202,7 +215,7 @@ fn json_response(reply: &Reply) -> Response {
 
 fn token_events(reply: &Reply, from: usize, to: usize, include_usage: bool) -> Vec<Bytes> {
     if reply.completion_tokens == 0 {
-        return vec![reply.empty_finish(include_usage)];
+        return reply.empty_finish(include_usage).into_iter().collect();
     }
     (from..to)
         .map(|i| reply.tokens(i, i + 1, i + 1 == reply.completion_tokens, include_usage))
@@ -280,17 +293,28 @@ fn stream_reply(
             sent += 1;
             tx.send(Ok(b)).await.is_ok()
         };
-        // The opening event (chat: the assistant role) goes out with the
-        // first token, as vLLM and SGLang send it: a router that times the
-        // first event of a stream times the prefill.
-        let mut opening = reply.opening(req.include_usage);
+        // The preamble (Responses: the response created) goes out at once;
+        // the opening event (chat: the assistant role) with the first
+        // token, as vLLM and SGLang send it: a router that times the first
+        // token of a stream times the prefill, and must not take the
+        // preamble for it.
+        if let Some(preamble) = reply.preamble()
+            && !emit(preamble).await
+        {
+            return;
+        }
+        let mut opened = false;
         let mut done_tokens = 0;
         while let Some(ev) = rx.recv().await {
-            if !matches!(ev, Event::Admitted(_))
-                && let Some(open) = opening.take()
-                && !emit(open).await
-            {
-                return;
+            // Built when sent, so the Messages API's `message_start` knows
+            // the cached tokens its admission found.
+            if !matches!(ev, Event::Admitted(_)) && !opened {
+                opened = true;
+                if let Some(open) = reply.opening(req.include_usage)
+                    && !emit(open).await
+                {
+                    return;
+                }
             }
             match ev {
                 Event::Admitted(cached) => reply.cached_tokens = cached,

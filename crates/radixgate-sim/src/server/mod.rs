@@ -12,6 +12,7 @@
 //! and [`run`] for the command line.
 
 mod args;
+mod conversation;
 mod driver;
 mod embeddings;
 mod faults;
@@ -20,7 +21,9 @@ mod listen;
 mod metrics;
 mod request;
 mod response;
+mod response_events;
 mod routes;
+mod utility;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;

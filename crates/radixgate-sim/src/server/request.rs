@@ -1,4 +1,5 @@
-//! Parsing of the three generation APIs into one internal request.
+//! Parsing of the generation APIs into one internal request (the
+//! Responses and Messages bodies in `conversation.rs`).
 //!
 //! The worker is lenient like the servers it imitates: unknown fields are
 //! ignored (routers and SDKs add their own), but what it needs must be well
@@ -19,6 +20,10 @@ pub(crate) enum Api {
     Completions,
     /// SGLang `/generate`.
     Generate,
+    /// OpenAI `/v1/responses`.
+    Responses,
+    /// Anthropic `/v1/messages`.
+    Messages,
 }
 
 /// What to generate from.
@@ -97,11 +102,11 @@ struct SamplingParams {
     max_new_tokens: Option<u64>,
 }
 
-fn bad(e: serde_json::Error) -> SimError {
+pub(super) fn bad(e: serde_json::Error) -> SimError {
     SimError::bad_request(format!("invalid request body: {e}"), None)
 }
 
-fn max_tokens(v: Option<u64>, default: usize, param: &str) -> Result<usize, SimError> {
+pub(super) fn max_tokens(v: Option<u64>, default: usize, param: &str) -> Result<usize, SimError> {
     match v {
         None => Ok(default),
         Some(n) if n as usize <= MAX_OUTPUT_TOKENS => Ok(n as usize),
@@ -112,7 +117,7 @@ fn max_tokens(v: Option<u64>, default: usize, param: &str) -> Result<usize, SimE
     }
 }
 
-fn content_text(content: Option<Value>) -> Result<String, SimError> {
+pub(super) fn content_text(content: Option<Value>) -> Result<String, SimError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s),
@@ -221,6 +226,8 @@ pub(crate) fn parse(
                 include_usage: true,
             })
         }
+        Api::Responses => super::conversation::responses(body, default_max_tokens),
+        Api::Messages => super::conversation::messages(body, true),
     }
 }
 

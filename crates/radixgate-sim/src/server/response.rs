@@ -1,10 +1,16 @@
-//! Response bodies of the three generation APIs, whole and streamed.
+//! Response bodies of the generation APIs, whole and streamed.
 //!
 //! One `Reply` describes a generated answer; the functions here render it
 //! as an OpenAI chat/completions object, an SGLang `/generate` object, or
-//! the SSE events of each API. Every body names the worker (OpenAI:
-//! `system_fingerprint`; SGLang: `meta_info.worker`) because routers may
-//! drop unknown response headers but pass bodies through.
+//! the SSE events of each API (the Responses and Messages shapes are in
+//! `response_events.rs`). Every body names the worker (OpenAI, Responses,
+//! Messages: `system_fingerprint`; SGLang: `meta_info.worker`) because
+//! routers may drop unknown response headers but pass bodies through.
+//!
+//! A stream is: the preamble (events sent at once, before the prompt is
+//! prefilled: the Responses API's `response.created`), the opening (sent
+//! with the first token: chat's assistant role, the Messages API's
+//! `message_start`), one event per token, and the closing.
 
 use std::sync::Arc;
 
@@ -31,7 +37,7 @@ pub(crate) struct Reply {
 
 impl Reply {
     /// The text of output tokens `from..to` (0-based, end exclusive).
-    fn piece(&self, from: usize, to: usize) -> &str {
+    pub(super) fn piece(&self, from: usize, to: usize) -> &str {
         let cpt = self.chars_per_token;
         let end = (to * cpt).min(self.text.len());
         &self.text[(from * cpt).min(end)..end]
@@ -91,6 +97,8 @@ impl Reply {
                 "text": self.text,
                 "meta_info": self.meta_info(self.completion_tokens, true),
             }),
+            Api::Responses => self.response_object(true),
+            Api::Messages => self.message_object(),
         }
     }
 
@@ -113,15 +121,26 @@ impl Reply {
         v
     }
 
-    /// Events sent before any token (chat: the assistant role).
+    /// Events sent as soon as a stream starts, before the prompt is
+    /// prefilled (the Responses API's `response.created`).
+    pub(crate) fn preamble(&self) -> Option<Bytes> {
+        (self.api == Api::Responses).then(|| self.responses_preamble())
+    }
+
+    /// Events sent with the first token (chat: the assistant role).
     pub(crate) fn opening(&self, include_usage: bool) -> Option<Bytes> {
-        (self.api == Api::Chat).then(|| {
-            let usage = include_usage.then_some(Value::Null);
-            sse(&self.chunk(
-                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-                usage,
-            ))
-        })
+        match self.api {
+            Api::Chat => {
+                let usage = include_usage.then_some(Value::Null);
+                Some(sse(&self.chunk(
+                    json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                    usage,
+                )))
+            }
+            Api::Responses => Some(self.responses_opening()),
+            Api::Messages => Some(self.messages_opening()),
+            Api::Completions | Api::Generate => None,
+        }
     }
 
     /// The event for tokens `from..to`; `last` marks the final token.
@@ -143,11 +162,19 @@ impl Reply {
                 "meta_info": self.meta_info(to, last),
                 "index": 0,
             })),
+            Api::Responses => self.responses_delta(from, to),
+            Api::Messages => self.messages_delta(from, to),
         }
     }
 
-    /// The closing events: the usage chunk if asked (OpenAI APIs), `[DONE]`.
+    /// The closing events: the usage chunk if asked (OpenAI APIs), `[DONE]`;
+    /// the Responses and Messages APIs' own final events.
     pub(crate) fn closing(&self, include_usage: bool) -> Vec<Bytes> {
+        match self.api {
+            Api::Responses => return vec![self.responses_closing()],
+            Api::Messages => return vec![self.messages_closing()],
+            Api::Chat | Api::Completions | Api::Generate => {}
+        }
         let mut out = Vec::new();
         if include_usage && self.api != Api::Generate {
             out.push(sse(&self.chunk(json!([]), Some(self.usage()))));
@@ -156,23 +183,36 @@ impl Reply {
         out
     }
 
-    /// A zero-token reply finishes without a token event: its final event.
-    pub(crate) fn empty_finish(&self, include_usage: bool) -> Bytes {
+    /// A zero-token reply finishes without a token event: its final event
+    /// (none where the closing events say it all).
+    pub(crate) fn empty_finish(&self, include_usage: bool) -> Option<Bytes> {
         let usage = include_usage.then_some(Value::Null);
         match self.api {
-            Api::Chat => sse(&self.chunk(
+            Api::Chat => Some(sse(&self.chunk(
                 json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}]),
                 usage,
-            )),
-            Api::Completions => sse(&self.chunk(
+            ))),
+            Api::Completions => Some(sse(&self.chunk(
                 json!([{"index": 0, "text": "", "logprobs": null, "finish_reason": "length"}]),
                 usage,
+            ))),
+            Api::Generate => Some(sse(
+                &json!({"text": "", "meta_info": self.meta_info(0, true), "index": 0}),
             )),
-            Api::Generate => {
-                sse(&json!({"text": "", "meta_info": self.meta_info(0, true), "index": 0}))
-            }
+            Api::Responses | Api::Messages => None,
         }
     }
+}
+
+/// One SSE event with a name: `event: {name}\ndata: {json}\n\n`.
+pub(crate) fn named_sse(name: &str, v: &Value) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(b"event: ");
+    buf.extend_from_slice(name.as_bytes());
+    buf.extend_from_slice(b"\ndata: ");
+    serde_json::to_writer(&mut buf, v).expect("a JSON value serialises");
+    buf.extend_from_slice(b"\n\n");
+    Bytes::from(buf)
 }
 
 /// One SSE event: `data: {json}\n\n`.

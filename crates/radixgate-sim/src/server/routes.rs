@@ -1,6 +1,7 @@
 //! The worker's routes and its non-generation endpoints: health, server and
 //! model info, models list, load, metrics, cache flush, fault admin
-//! (generation and embeddings have their own modules).
+//! (generation, embeddings, and reranking, scoring and tokenizing have their
+//! own modules).
 //!
 //! Shapes follow what SGLang and vLLM servers answer on the same paths,
 //! closely enough for routers that probe them (model discovery, health,
@@ -19,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::driver::Cmd;
 use super::faults::FaultConfig;
-use super::{WorkerState, embeddings, error_response, generate, read_body};
+use super::{WorkerState, embeddings, error_response, generate, read_body, utility};
 use crate::error::SimError;
 
 /// The router of one worker.
@@ -38,7 +39,17 @@ pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
         .route("/generate", post(generate::generate))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/responses", post(generate::responses))
+        .route("/v1/messages", post(generate::messages))
+        .route("/v1/messages/count_tokens", post(utility::count_tokens))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/rerank", post(utility::rerank))
+        .route("/rerank", post(utility::rerank))
+        .route("/v2/rerank", post(utility::rerank))
+        .route("/v1/score", post(utility::score))
+        .route("/score", post(utility::score))
+        .route("/tokenize", post(utility::tokenize))
+        .route("/detokenize", post(utility::detokenize))
         .route("/admin/faults", get(get_faults).post(set_faults))
         .route(
             "/admin/workers/{index}/faults",

@@ -6,45 +6,55 @@
 //! `radixgate_routing::text` (`<|role|>\n{content}<|end|>\n`) — its own
 //! routing text, never sent on — while the simulated worker renders the
 //! same messages with its ChatML template ([`render_chat`]) and tokenizes
-//! that. Text APIs (`completions`, `/generate`) use the prompt text for
-//! both. The routing text is built by that same rule here, so the simulator
+//! that; the Responses and Messages APIs carry the same messages and are
+//! read the same way. Text APIs (`completions`, `/generate`) use the
+//! prompt text for both. The routing text is built by that same rule here, so the simulator
 //! matches exactly what the gateway would. The reply is the worker's
 //! deterministic reply ([`reply_text`]) seeded by the worker's prompt text,
 //! so a multi-turn conversation continues with the same words it would get
 //! from `radixgate worker`. [`prompt_and_final`] tokenizes the worker's
 //! text with and without the reply, as the engine needs them.
 
+use std::borrow::Cow;
+
 use radixgate_routing::RoutingText;
 
 use crate::load::Api;
+use crate::load::body::{conversation, split_system};
 use crate::tokens::{ChatMessage, Tokenizer, render_chat, reply_text, text_hash};
-use crate::workload::{Message, Prompt, Role};
+use crate::workload::{Prompt, Role};
 
-/// The messages a chat body carries for `prompt` (a text prompt becomes one
-/// user message, as the load tool sends it).
-fn chat_messages(prompt: &Prompt) -> Vec<(Role, &str)> {
-    match prompt {
-        Prompt::Chat(msgs) => msgs
-            .iter()
-            .map(|m: &Message| (m.role, m.content.as_str()))
-            .collect(),
-        Prompt::Text(t) => vec![(Role::User, t.as_str())],
+/// The messages `prompt` is sent as through a conversation API, as
+/// (role, content) in order. The Messages API sends the leading system
+/// messages as `system` blocks, which both the gateway and the worker read
+/// as one system message of their texts joined.
+fn conversation_for(prompt: &Prompt, api: Api) -> Vec<(&'static str, Cow<'_, str>)> {
+    fn borrow<'a>(&(role, content): &(Role, &'a str)) -> (&'static str, Cow<'a, str>) {
+        (role.as_str(), Cow::Borrowed(content))
     }
+    let messages = conversation(prompt);
+    if api != Api::Messages {
+        return messages.iter().map(borrow).collect();
+    }
+    let (system, rest) = split_system(&messages);
+    let mut out = Vec::with_capacity(rest.len() + 1);
+    if !system.is_empty() {
+        out.push((Role::System.as_str(), Cow::Owned(system.concat())));
+    }
+    out.extend(rest.iter().map(borrow));
+    out
 }
 
 /// The text the gateway would match in its prefix tree for `prompt` sent
 /// through `api`.
 pub fn routing_text(prompt: &Prompt, api: Api) -> String {
     let mut text = RoutingText::new();
-    match api {
-        Api::ChatCompletions => {
-            for (role, content) in chat_messages(prompt) {
-                text.push_plain_message(role.as_str(), content);
-            }
+    if api.is_conversation() {
+        for (role, content) in conversation_for(prompt, api) {
+            text.push_plain_message(role, &content);
         }
-        Api::Completions | Api::Generate | Api::Embeddings => {
-            text.push_prompt_str(&prompt.to_text());
-        }
+    } else {
+        text.push_prompt_str(&prompt.to_text());
     }
     text.into_string()
 }
@@ -52,19 +62,17 @@ pub fn routing_text(prompt: &Prompt, api: Api) -> String {
 /// The text the simulated worker would tokenize for `prompt` sent through
 /// `api`.
 pub fn worker_text(prompt: &Prompt, api: Api) -> String {
-    match api {
-        Api::ChatCompletions => {
-            let msgs: Vec<ChatMessage> = chat_messages(prompt)
-                .into_iter()
-                .map(|(role, content)| ChatMessage {
-                    role: role.as_str().to_owned(),
-                    content: content.to_owned(),
-                })
-                .collect();
-            render_chat(&msgs)
-        }
-        Api::Completions | Api::Generate | Api::Embeddings => prompt.to_text(),
+    if !api.is_conversation() {
+        return prompt.to_text();
     }
+    let msgs: Vec<ChatMessage> = conversation_for(prompt, api)
+        .into_iter()
+        .map(|(role, content)| ChatMessage {
+            role: role.to_owned(),
+            content: content.into_owned(),
+        })
+        .collect();
+    render_chat(&msgs)
 }
 
 /// The reply the simulated worker gives to `worker_text`.
@@ -95,6 +103,7 @@ pub(super) fn prompt_and_final(t: &Tokenizer, text: &str, reply: &str) -> (Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::Message;
 
     #[test]
     fn chat_texts_keep_roles_and_extend_across_turns() {
@@ -120,6 +129,25 @@ mod tests {
         assert_eq!(
             routing_text(&text, Api::ChatCompletions),
             "<|user|>\nabc<|end|>\n"
+        );
+        // The Responses API carries the same messages; the Messages API
+        // joins the leading system messages into one.
+        assert_eq!(
+            routing_text(&t2, Api::Responses),
+            routing_text(&t2, Api::ChatCompletions)
+        );
+        let two_systems = Prompt::Chat(vec![
+            Message::new(Role::System, "a"),
+            Message::new(Role::System, "b"),
+            Message::new(Role::User, "hi"),
+        ]);
+        assert_eq!(
+            routing_text(&two_systems, Api::Messages),
+            "<|system|>\nab<|end|>\n<|user|>\nhi<|end|>\n"
+        );
+        assert!(
+            worker_text(&two_systems, Api::Messages)
+                .starts_with("<|im_start|>system\nab<|im_end|>\n")
         );
     }
 

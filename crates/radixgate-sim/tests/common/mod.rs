@@ -106,7 +106,12 @@ pub(crate) async fn sse(
 pub(crate) fn parse_events(buf: &mut String, events: &mut Vec<Value>, done: &mut bool) {
     while let Some(end) = buf.find("\n\n") {
         let ev: String = buf.drain(..end + 2).collect();
-        let data = ev.trim().strip_prefix("data: ").expect("data: event");
+        // Named events (Responses, Messages) have an `event:` line first;
+        // their data says the type too.
+        let data = ev
+            .lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .expect("data: event");
         if data == "[DONE]" {
             *done = true;
         } else {

@@ -121,3 +121,81 @@ fn bad_bodies_are_errors_not_panics() {
     }
     assert!(inspect(Api::Completions, b"{}").is_err());
 }
+
+#[test]
+fn cache_keys_put_requests_in_namespaces() {
+    let chat = |extra: &str| {
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+        inspect(Api::ChatCompletions, body.as_bytes())
+            .unwrap()
+            .routing_text
+    };
+    let shared = chat("");
+    let salted = chat(r#","cache_salt":"tenant-a""#);
+    assert_ne!(salted, shared);
+    assert!(salted.ends_with(&shared), "the marker goes in front");
+    assert_eq!(salted, chat(r#","cache_salt":"tenant-a","user":"x""#));
+    assert_ne!(salted, chat(r#","cache_salt":"tenant-b""#));
+    // Empty or null keys are no keys.
+    assert_eq!(chat(r#","cache_salt":"","extra_key":null"#), shared);
+    // SGLang's adapter, as a string or a batch of one adapter, and its key.
+    let adapter = chat(r#","lora_path":"sql-lora""#);
+    assert_ne!(adapter, shared);
+    assert_eq!(adapter, chat(r#","lora_path":["sql-lora","sql-lora"]"#));
+    assert_eq!(chat(r#","lora_path":[null]"#), shared);
+    assert_ne!(chat(r#","extra_key":"k""#), shared);
+    // Every API reads them.
+    for (api, body) in [
+        (Api::Completions, r#"{"prompt":"p","cache_salt":"s"}"#),
+        (Api::Generate, r#"{"text":"p","lora_path":"l"}"#),
+        (Api::Embeddings, r#"{"input":"p","extra_key":"k"}"#),
+        (Api::Responses, r#"{"input":"p","cache_salt":"s"}"#),
+        (
+            Api::Messages,
+            r#"{"messages":[{"role":"user","content":"p"}],"cache_salt":"s"}"#,
+        ),
+    ] {
+        let text = inspect(api, body.as_bytes()).unwrap().routing_text;
+        assert!(text.starts_with('\u{1}'), "{api:?}: {text:?}");
+    }
+    // Wrong types are the client's error.
+    for bad in [
+        r#","cache_salt":5"#,
+        r#","lora_path":{"a":1}"#,
+        r#","lora_path":[1]"#,
+        r#","extra_key":[]"#,
+    ] {
+        let body = format!(r#"{{"messages":[]{bad}}}"#);
+        let err = inspect(Api::ChatCompletions, body.as_bytes()).unwrap_err();
+        assert!(err.to_string().starts_with("invalid JSON body"), "{err}");
+    }
+}
+
+#[test]
+fn next_turn_extends_previous_turn_in_a_namespace() {
+    let turn1 = chat(
+        r#"{"cache_salt":"s","messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"}]}"#,
+    );
+    let turn2 = chat(
+        r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"},
+            {"role":"assistant","content":"a1"},{"role":"user","content":"q2"}],"cache_salt":"s"}"#,
+    );
+    assert!(turn2.routing_text.starts_with(&turn1.routing_text));
+}
+
+#[test]
+fn model_only_endpoints() {
+    let got =
+        inspect_model(br#"{"model":"m","query":"q","documents":["a"],"stream":true}"#).unwrap();
+    assert_eq!(
+        (got.model.as_deref(), got.stream, got.routing_text.as_str()),
+        (Some("m"), true, "")
+    );
+    // An unknown API's own idea of `stream` is passed over, not refused.
+    let got = inspect_model(br#"{"stream":{"mode":"x"},"tokens":[1,2]}"#).unwrap();
+    assert_eq!((got.model, got.stream), (None, false));
+    for body in [&b"not json"[..], b"", b"{\"model\":7}", b"{\"model\":\"m\""] {
+        let err = inspect_model(body).unwrap_err();
+        assert!(err.to_string().starts_with("invalid JSON body"), "{err}");
+    }
+}

@@ -58,6 +58,10 @@ pub(crate) const RETRIES: Describe = Describe::new(
     "radixgate_retries_total",
     "Requests retried on another worker, by reason.",
 );
+pub(crate) const UNROUTED: Describe = Describe::new(
+    "radixgate_unrouted_requests_total",
+    "Requests to /v1 paths the gateway has no route for, admitted and passed to the least-loaded worker of their model, by API family (the first path segment after /v1, from a fixed list; other for the rest).",
+);
 pub(crate) const UPSTREAM_ERRORS: Describe = Describe::new(
     "radixgate_upstream_errors_total",
     "Failed attempts at a worker, by worker and kind of error.",
@@ -76,6 +80,7 @@ pub struct RequestMetrics {
     upstream_errors: Family<LabelKey, Counter>,
     decisions: LabelledCounters,
     retries: LabelledCounters,
+    unrouted: LabelledCounters,
 }
 
 impl RequestMetrics {
@@ -91,6 +96,7 @@ impl RequestMetrics {
             upstream_errors: metrics.counters(&UPSTREAM_ERRORS),
             decisions: metrics.labelled_counters(&DECISIONS, "branch"),
             retries: metrics.labelled_counters(&RETRIES, "reason"),
+            unrouted: metrics.labelled_counters(&UNROUTED, "api"),
         }
     }
 
@@ -154,6 +160,12 @@ impl RequestMetrics {
     /// `imbalanced` or `other`.
     pub fn decision(&self, branch: &'static str) {
         self.decisions.increment(branch);
+    }
+
+    /// A request to a `/v1` path the gateway has no route for, forwarded
+    /// by load; `api` is its family (e.g. `audio`, `other`).
+    pub fn unrouted(&self, api: &'static str) {
+        self.unrouted.increment(api);
     }
 
     /// A retry on another worker; `reason` is e.g. `connect`, `status_5xx`, `status_429`.

@@ -261,6 +261,8 @@ async fn scripted(pieces: Vec<&'static str>, ending: Ending) -> ScriptedWorker {
         .route("/v1/completions", post(answer))
         .route("/generate", post(answer))
         .route("/v1/embeddings", post(answer))
+        .route("/v1/responses", post(answer))
+        .route("/v1/messages", post(answer))
         .with_state(script);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

@@ -1,0 +1,217 @@
+//! Finding a stream's first token behind its preamble.
+//!
+//! A chat, completions or `/generate` stream's first event is its first
+//! token: servers send it once the prompt is prefilled. The Responses API
+//! and the Anthropic Messages API open with events that say nothing of the
+//! prefill — `response.created` and `response.in_progress`, which vLLM and
+//! OpenAI send before prefilling, and `message_start` and `ping`, which
+//! Anthropic sends at once. Timing the first token (the TTFT histogram, and
+//! the wait the cost model learns from) by the first byte of such a stream
+//! would time nothing, so for those APIs a [`Preamble`] reads the stream's
+//! events until one that is not a preamble event begins.
+//!
+//! An event's type is its `event:` field, or else the `type` field of its
+//! data. The scan reads line by line, across frames, and keeps at most
+//! [`LINE_LIMIT`] bytes of a line; a data line it cannot read (longer than
+//! that, or not JSON) counts as more preamble, because taking a late event
+//! for the first token costs at most one event's delay, while taking the
+//! preamble for it would time the prefill as instant. Once the first token
+//! is found the scan is dropped: the rest of the stream is not looked at.
+
+use crate::inspect::Api;
+use serde::Deserialize;
+
+/// Event types that come before the prompt is prefilled.
+const PREAMBLE_EVENTS: [&str; 5] = [
+    "response.created",
+    "response.in_progress",
+    "response.queued",
+    "message_start",
+    "ping",
+];
+
+/// The most bytes of one line kept for reading its event type.
+pub const LINE_LIMIT: usize = 64 * 1024;
+
+/// The scan of a stream's opening events; see the module doc.
+#[derive(Debug, Default)]
+pub struct Preamble {
+    /// The current line, up to [`LINE_LIMIT`] bytes.
+    line: Vec<u8>,
+    /// Whether the current line was longer than the limit.
+    overflow: bool,
+    /// The current event was named by an `event:` line (as preamble: a
+    /// named token event ends the scan at once).
+    named: bool,
+}
+
+impl Preamble {
+    /// A scan for `api`'s streams, or `None` where the first event is the
+    /// first token.
+    pub fn for_api(api: Api) -> Option<Self> {
+        matches!(api, Api::Responses | Api::Messages).then(Self::default)
+    }
+
+    /// Reads the stream's next bytes; true once an event that is not
+    /// preamble has begun in them (the first token).
+    pub fn feed(&mut self, bytes: &[u8]) -> bool {
+        let mut rest = bytes;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.keep(&rest[..end]);
+            rest = &rest[end + 1..];
+            if self.line_ends() {
+                return true;
+            }
+        }
+        self.keep(rest);
+        false
+    }
+
+    fn keep(&mut self, piece: &[u8]) {
+        let room = LINE_LIMIT - self.line.len();
+        if piece.len() > room {
+            self.overflow = true;
+        }
+        self.line.extend_from_slice(&piece[..piece.len().min(room)]);
+    }
+
+    /// Reads the line just completed; true if it begins a token event.
+    fn line_ends(&mut self) -> bool {
+        let mut line = std::mem::take(&mut self.line);
+        let overflow = std::mem::take(&mut self.overflow);
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        let token = if line.is_empty() {
+            // The event ended.
+            self.named = false;
+            false
+        } else if let Some(name) = field(&line, b"event") {
+            self.named = true;
+            !is_preamble(&String::from_utf8_lossy(name))
+        } else if let Some(data) = field(&line, b"data") {
+            !self.named && !overflow && data_is_token(data)
+        } else {
+            // A comment (`:`), an `id:` or `retry:` line.
+            false
+        };
+        // Reuse the buffer for the next line.
+        line.clear();
+        self.line = line;
+        token
+    }
+}
+
+fn is_preamble(kind: &str) -> bool {
+    PREAMBLE_EVENTS.contains(&kind.trim())
+}
+
+/// The value of an SSE field line `name: value` (one optional space).
+fn field<'l>(line: &'l [u8], name: &[u8]) -> Option<&'l [u8]> {
+    let value = line.strip_prefix(name)?.strip_prefix(b":")?;
+    Some(value.strip_prefix(b" ").unwrap_or(value))
+}
+
+/// Whether an unnamed event's data names a type that is not preamble. Data
+/// that is not a JSON object counts as preamble (see the module doc); an
+/// object without a type (an error) is not.
+fn data_is_token(data: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Typed {
+        #[serde(rename = "type", default)]
+        kind: Option<String>,
+    }
+    match serde_json::from_slice::<Typed>(data) {
+        Ok(Typed { kind: Some(kind) }) => !is_preamble(&kind),
+        Ok(Typed { kind: None }) => true,
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `stream` in pieces of `size` bytes; the index of the piece in
+    /// which the first token was found.
+    fn found_in(stream: &str, size: usize) -> Option<usize> {
+        let mut scan = Preamble::default();
+        stream
+            .as_bytes()
+            .chunks(size)
+            .position(|piece| scan.feed(piece))
+    }
+
+    /// Where the first token event starts, by the same rule read whole.
+    fn token_at(stream: &str, size: usize) -> Option<usize> {
+        found_in(stream, size).map(|i| i * size)
+    }
+
+    const RESPONSES: &str = "event: response.created\n\
+        data: {\"response\":{\"output\":[],\"tools\":[{\"type\":\"function\"}]},\"type\":\"response.created\"}\n\n\
+        event: response.in_progress\n\
+        data: {\"type\":\"response.in_progress\"}\n\n\
+        event: response.output_item.added\n\
+        data: {\"type\":\"response.output_item.added\"}\n\n";
+
+    #[test]
+    fn named_events_after_the_preamble() {
+        let start = RESPONSES.find("event: response.output_item").unwrap();
+        let end = start + "event: response.output_item.added\n".len();
+        for size in [1, 2, 7, 64, RESPONSES.len()] {
+            let at = token_at(RESPONSES, size).expect("found");
+            assert!(at < end && at + size > start, "size {size}: {at}");
+        }
+        assert_eq!(found_in(&RESPONSES[..start], 5), None);
+    }
+
+    #[test]
+    fn unnamed_events_are_read_by_their_type() {
+        let stream = "data: {\"type\":\"message_start\",\"message\":{\"content\":[{\"type\":\"text\"}]}}\r\n\r\n\
+            : keep-alive\n\n\
+            data: {\"type\":\"ping\"}\n\n\
+            data: {\"type\":\"content_block_start\"}\n\n";
+        let start = stream
+            .find("data: {\"type\":\"content_block_start")
+            .unwrap();
+        assert_eq!(found_in(&stream[..start], 3), None);
+        assert!(found_in(stream, 3).is_some());
+        // Data that cannot be read is more preamble; an object without a
+        // type is not.
+        assert_eq!(found_in("data: [not json\n\n", 4), None);
+        assert!(found_in("data: {\"error\":{\"message\":\"x\"}}\n\n", 4).is_some());
+        // A named preamble event's data is not read again.
+        assert_eq!(
+            found_in("event: ping\ndata: {\"type\":\"other\"}\n\n", 4),
+            None
+        );
+    }
+
+    #[test]
+    fn long_lines_are_cut_not_kept() {
+        let big = format!(
+            "data: {{\"instructions\":\"{}\",\"type\":\"response.output_text.delta\"}}\n\n",
+            "x".repeat(2 * LINE_LIMIT)
+        );
+        let mut scan = Preamble::default();
+        for piece in big.as_bytes().chunks(1000) {
+            assert!(!scan.feed(piece), "unreadable: more preamble");
+            assert!(scan.line.len() <= LINE_LIMIT);
+        }
+        assert!(scan.feed(b"event: response.output_text.delta\n"));
+    }
+
+    #[test]
+    fn only_two_apis_have_a_preamble() {
+        assert!(Preamble::for_api(Api::Responses).is_some());
+        assert!(Preamble::for_api(Api::Messages).is_some());
+        for api in [
+            Api::ChatCompletions,
+            Api::Completions,
+            Api::Generate,
+            Api::Embeddings,
+        ] {
+            assert!(Preamble::for_api(api).is_none(), "{api:?}");
+        }
+    }
+}

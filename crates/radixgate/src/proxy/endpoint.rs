@@ -1,0 +1,203 @@
+//! What a route does with its requests: what it reads of the body, how it
+//! chooses a worker, and what it is counted as.
+//!
+//! - an inference API ([`Endpoint::Routed`]) is routed by its text's
+//!   prefix (the policy);
+//! - a known endpoint whose body says nothing about any worker's cache
+//!   (reranking, scoring, tokenizing: [`Endpoint::ByLoad`]) goes to the
+//!   least-loaded worker of its model;
+//! - any other `POST /v1/...` ([`Endpoint::Unrouted`]) is forwarded as it
+//!   came, path and query, to the least-loaded worker of the body's model,
+//!   and counted as unrouted, so an operator sees which APIs clients use
+//!   that the gateway does not know. Its path must be plain (no `.` or `..`
+//!   segment, no empty segment, nothing percent-encoded or backslashed),
+//!   so that it names on the worker the path it names here, and engine
+//!   administration under `/v1` (loading and unloading LoRA adapters) is
+//!   not passed on: those answer 404 as before.
+
+use crate::error::GatewayError;
+use crate::inspect::{Api, InspectError, Inspected, inspect, inspect_model};
+use crate::preamble::Preamble;
+use axum::http::Uri;
+
+/// How a route's requests are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// An inference API, routed by its routing text.
+    Routed(Api),
+    /// A known endpoint (its path) routed by load alone.
+    ByLoad(&'static str),
+    /// A `/v1` path the gateway has no route for.
+    Unrouted,
+}
+
+/// The route label of unrouted requests (metrics).
+pub(crate) const UNROUTED_ROUTE: &str = "/v1/*";
+
+/// `/v1` paths of engine administration, never passed on.
+const ADMIN_PATHS: [&str; 2] = ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"];
+
+/// The API families an unrouted request is counted under (the first path
+/// segment after `/v1/`); any other is `other`, so clients cannot create
+/// series.
+const FAMILIES: [&str; 19] = [
+    "assistants",
+    "audio",
+    "batches",
+    "chat",
+    "classify",
+    "containers",
+    "conversations",
+    "embeddings",
+    "evals",
+    "files",
+    "fine_tuning",
+    "images",
+    "messages",
+    "moderations",
+    "pooling",
+    "realtime",
+    "responses",
+    "uploads",
+    "vector_stores",
+];
+
+impl Endpoint {
+    /// The route label (metrics), which is also the worker path of a
+    /// routed endpoint: the route's path, or [`UNROUTED_ROUTE`].
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Endpoint::Routed(api) => api.path(),
+            Endpoint::ByLoad(path) => path,
+            Endpoint::Unrouted => UNROUTED_ROUTE,
+        }
+    }
+
+    /// Whether the worker is chosen by load alone, not by the policy.
+    pub(crate) fn by_load(self) -> bool {
+        !matches!(self, Endpoint::Routed(_))
+    }
+
+    /// What routing reads of `body`. An unrouted request's body may be
+    /// anything (a multipart upload, say): one that opens as a JSON object
+    /// must be JSON and is read for its model; any other names none.
+    pub(crate) fn inspect(self, body: &[u8]) -> Result<Inspected, InspectError> {
+        match self {
+            Endpoint::Routed(api) => inspect(api, body),
+            Endpoint::ByLoad(_) => inspect_model(body),
+            Endpoint::Unrouted if body.trim_ascii_start().starts_with(b"{") => inspect_model(body),
+            Endpoint::Unrouted => Ok(Inspected::default()),
+        }
+    }
+
+    /// The scan for this endpoint's streams' first token, where the first
+    /// event is not it.
+    pub(crate) fn preamble(self) -> Option<Preamble> {
+        match self {
+            Endpoint::Routed(api) => Preamble::for_api(api),
+            Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
+        }
+    }
+}
+
+/// The path (and query) an unrouted request is forwarded to, and the API
+/// family it is counted under; `NotFound` for a path that is not plain or
+/// that administers the engine.
+pub(crate) fn unrouted_target(
+    method: &str,
+    uri: &Uri,
+) -> Result<(String, &'static str), GatewayError> {
+    let path = uri.path();
+    let not_found = || GatewayError::NotFound {
+        method: method.to_owned(),
+        path: path.to_owned(),
+    };
+    let rest = path.strip_prefix("/v1/").ok_or_else(not_found)?;
+    let plain = rest.split('/').all(|segment| {
+        !segment.is_empty() && segment != "." && segment != ".." && !segment.contains(['%', '\\'])
+    });
+    if !plain || ADMIN_PATHS.contains(&path) {
+        return Err(not_found());
+    }
+    let first = rest.split('/').next().unwrap_or_default();
+    let family = FAMILIES
+        .iter()
+        .find(|f| **f == first)
+        .copied()
+        .unwrap_or("other");
+    let target = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    Ok((target, family))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(uri: &str) -> Result<(String, &'static str), u16> {
+        let uri: Uri = uri.parse().unwrap();
+        unrouted_target("POST", &uri).map_err(|e| e.status().as_u16())
+    }
+
+    #[test]
+    fn plain_paths_pass_with_their_query() {
+        assert_eq!(
+            target("/v1/audio/transcriptions"),
+            Ok(("/v1/audio/transcriptions".into(), "audio"))
+        );
+        assert_eq!(
+            target("/v1/classify?x=1&y=%20"),
+            Ok(("/v1/classify?x=1&y=%20".into(), "classify"))
+        );
+        assert_eq!(target("/v1/whatever"), Ok(("/v1/whatever".into(), "other")));
+        assert_eq!(
+            target("/v1/messages/count_tokens"),
+            Ok(("/v1/messages/count_tokens".into(), "messages"))
+        );
+    }
+
+    #[test]
+    fn paths_that_could_name_something_else_are_refused() {
+        for uri in [
+            "/v1/../admin/faults",
+            "/v1/./x",
+            "/v1/a//b",
+            "/v1/a/",
+            "/v1/%2e%2e/x",
+            "/v1/a%2Fb",
+            "/v1/a\\b",
+            "/v1/load_lora_adapter",
+            "/v1/unload_lora_adapter",
+            "/v2/x",
+        ] {
+            let Ok(parsed) = uri.parse::<Uri>() else {
+                continue;
+            };
+            assert_eq!(
+                unrouted_target("POST", &parsed).map_err(|e| e.status().as_u16()),
+                Err(404),
+                "{uri}"
+            );
+        }
+    }
+
+    #[test]
+    fn unrouted_bodies_are_read_only_when_json() {
+        let e = Endpoint::Unrouted;
+        assert_eq!(e.inspect(b"--boundary\r\n").unwrap().model, None);
+        assert_eq!(e.inspect(b"").unwrap().model, None);
+        assert_eq!(
+            e.inspect(br#" {"model":"m"}"#).unwrap().model.as_deref(),
+            Some("m")
+        );
+        assert!(e.inspect(b"{not json").is_err());
+        assert!(Endpoint::ByLoad("/tokenize").inspect(b"x").is_err());
+        assert!(e.by_load() && Endpoint::ByLoad("/v1/score").by_load());
+        assert!(!Endpoint::Routed(Api::Responses).by_load());
+        assert_eq!(e.label(), "/v1/*");
+        assert!(Endpoint::Routed(Api::Messages).preamble().is_some());
+        assert!(Endpoint::ByLoad("/v1/rerank").preamble().is_none());
+    }
+}
