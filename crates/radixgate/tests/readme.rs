@@ -330,7 +330,7 @@ fn newest_with(wanted: impl Fn(&str) -> bool) -> (String, Vec<(String, String)>)
         .rev()
         .find_map(|name| {
             let rows = versus_smg(&std::fs::read_to_string(dir.join(&name)).unwrap());
-            rows.iter().any(|(m, _)| wanted(m)).then(|| (name, rows))
+            rows.iter().any(|(m, _)| wanted(m)).then_some((name, rows))
         })
         .expect("a results file against smg")
 }
