@@ -189,11 +189,18 @@ pub async fn run_reloadable(
     // Whatever way this function returns (an error part-way through start-up
     // included), the background tasks it started stop.
     let _stop_tasks = tasks.clone().drop_guard();
+    // Each component builds its own metric families from this recorder;
+    // only histogram buckets must be known before it is built.
+    let metrics = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
     let (control, control_task) = control::spawn(
         registry,
         client.clone(),
-        config.health.clone(),
-        Allowlist::parse(&config.server.worker_allowlist)?,
+        control::Settings {
+            health: config.health.clone(),
+            allowlist: Allowlist::parse(&config.server.worker_allowlist)?,
+            drain_timeout: Duration::from_secs(config.server.drain_timeout_secs),
+        },
+        &metrics,
         tasks.clone(),
     );
     for worker in &config.workers {
@@ -226,9 +233,6 @@ pub async fn run_reloadable(
         },
     ));
     let streams_abort = CancellationToken::new();
-    // Each component builds its own metric families from this recorder;
-    // only histogram buckets must be known before it is built.
-    let metrics = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
     let shared = Arc::new(Shared {
         keys,
         admission: Admission::new(&config.admission, &metrics),

@@ -22,6 +22,11 @@ pub struct ServeArgs {
     #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_URLS", value_delimiter = ',')]
     pub worker_urls: Vec<String>,
 
+    /// Seconds a drained worker (DELETE /workers, a terminating pod) is
+    /// waited for before it is forgotten [default: 300].
+    #[arg(long, env = "RADIXGATE_DRAIN_TIMEOUT_SECS")]
+    pub drain_timeout_secs: Option<u64>,
+
     /// Routing policy [default: cache_aware].
     #[arg(long, env = "RADIXGATE_POLICY", value_parser = POLICIES)]
     pub policy: Option<String>,
@@ -293,6 +298,7 @@ impl ServeArgs {
         set(&mut s.max_connections, &self.max_connections);
         set(&mut s.threads, &self.threads);
         set(&mut s.request_timeout_secs, &self.request_timeout_secs);
+        set(&mut s.drain_timeout_secs, &self.drain_timeout_secs);
         set(
             &mut s.shutdown_grace_period_secs,
             &self.shutdown_grace_period_secs,

@@ -106,6 +106,13 @@ pub struct ServerConfig {
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_grace_period_secs: u64,
+    /// Longest a draining worker (`DELETE /workers`, a terminating pod) is
+    /// waited for, in seconds: it gets no new requests from the start, and
+    /// is removed when its requests in flight are done or this has passed
+    /// (those still running are then not cut; the worker ends them).
+    /// Default 300, the non-streamed request timeout: Kubernetes' own
+    /// grace period (30 s unless the pod sets more) usually ends it first.
+    pub drain_timeout_secs: u64,
     /// Key clients must send as `Authorization: Bearer <key>`; none = open
     /// (unless `tenants` lists keys). It is one more tenant, `default`, with
     /// no limits.
@@ -234,6 +241,7 @@ impl Default for ServerConfig {
             max_connections: 0,
             request_timeout_secs: 1800,
             shutdown_grace_period_secs: 30,
+            drain_timeout_secs: 300,
             api_key: None,
             admin_api_key: None,
             admin_access: AdminAccess::Loopback,

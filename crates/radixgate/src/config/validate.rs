@@ -111,6 +111,12 @@ impl Config {
             0,
             MAX_SECS,
         )?;
+        within(
+            "server.drain_timeout_secs",
+            s.drain_timeout_secs,
+            0,
+            MAX_SECS,
+        )?;
         s.validate_access()?;
         for (key, secs) in [
             ("server.body_read_timeout_secs", s.body_read_timeout_secs),
