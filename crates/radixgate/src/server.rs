@@ -64,6 +64,10 @@ pub enum StartError {
     /// A configured worker was rejected.
     #[error("worker rejected: {0}")]
     Worker(#[from] GatewayError),
+    /// Kubernetes discovery could not start.
+    #[cfg(feature = "kubernetes")]
+    #[error(transparent)]
+    Discovery(#[from] crate::discovery::DiscoveryError),
     /// A listener failed.
     #[error("listener error: {0}")]
     Io(#[from] std::io::Error),
@@ -206,6 +210,14 @@ pub async fn run_reloadable(
     for worker in &config.workers {
         control.add_configured(worker.clone()).await?;
     }
+    #[cfg(feature = "kubernetes")]
+    let discovery = match config.discovery.enabled {
+        true => {
+            crate::discovery::spawn(&config.discovery, control.clone(), &metrics, tasks.clone())
+                .await?
+        }
+        false => Vec::new(),
+    };
     // Its own token: a reload that replaces the policy stops this timer.
     let eviction_stop = tasks.child_token();
     let eviction = spawn_eviction(policy, eviction_stop.clone());
@@ -280,7 +292,7 @@ pub async fn run_reloadable(
         max_connections = connection_limits.slots_cap(),
         "radixgate listening"
     );
-    if shared.config.workers.is_empty() {
+    if shared.config.workers.is_empty() && !shared.config.discovery.enabled {
         tracing::warn!(
             "the worker pool is empty: requests get 503 until workers are added with \
              `--worker-urls URL...`, `workers:` in the config file (reloaded on SIGHUP), \
@@ -344,6 +356,10 @@ pub async fn run_reloadable(
     .await;
     tasks.cancel();
     let _ = control_task.await;
+    #[cfg(feature = "kubernetes")]
+    for watch in discovery {
+        let _ = watch.await;
+    }
     let _ = upkeep.await;
     let _ = reloader.await;
     let _ = outliers.await;

@@ -12,10 +12,12 @@
 //! existing command line keeps working.
 
 mod cli;
+mod discovery;
 mod tenants;
 mod validate;
 
 pub use cli::ServeArgs;
+pub use discovery::{DiscoveryConfig, ModelIdFrom, Pool, PoolConfig};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
@@ -39,6 +41,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Workers known at start-up.
     pub workers: Vec<WorkerSpec>,
+    /// Workers found as pods through the Kubernetes API server.
+    pub discovery: DiscoveryConfig,
     /// The routing policy and its settings (`{policy: cache_aware, ...}`).
     pub routing: PolicyConfig,
     /// Active health checking.

@@ -78,6 +78,7 @@ impl Config {
         // Reads the key file and `key_env` variables: a bad entry stops
         // start-up (or a reload) here, named.
         self.tenants.resolve(self.server.api_key.as_deref())?;
+        self.discovery.validate()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",
