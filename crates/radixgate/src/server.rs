@@ -14,7 +14,10 @@
 //! Client connections are accepted by [`crate::listen`], which holds them
 //! to a header-read and an idle timeout and caps them over all threads.
 //!
-//! Shutdown: every thread stops accepting at once, in-flight requests
+//! Shutdown: `/readiness` answers 503 at once; after
+//! `server.shutdown_delay_secs` (0 by default), time for load balancers
+//! such as Kubernetes endpoints to stop sending new connections, every
+//! thread stops accepting; in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
 //! then each remaining stream ends with an error event saying so (up to a
 //! second to send it), and the remaining connections are dropped with their
@@ -252,6 +255,7 @@ pub async fn run_reloadable(
         breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
+        shutting_down: CancellationToken::new(),
         request_metrics: RequestMetrics::new(&metrics),
         tenant_metrics: TenantMetrics::new(&metrics),
         metrics,
@@ -300,7 +304,9 @@ pub async fn run_reloadable(
         );
     }
     let listener = listener.into_std()?;
-    let stop = shutdown.child_token();
+    // Not a child of `shutdown`: readiness drops first, accepting stops
+    // after the shutdown delay.
+    let stop = CancellationToken::new();
     let abort = CancellationToken::new();
     // Likewise for serving threads already started when a later one fails.
     let _abort_threads = abort.clone().drop_guard();
@@ -330,10 +336,24 @@ pub async fn run_reloadable(
         running: threads,
         failure: None,
     };
+    let delay = Duration::from_secs(shared.config.server.shutdown_delay_secs);
     tokio::select! {
-        () = stop.cancelled() => {}
-        _ = serving.one_ended() => stop.cancel(),
+        () = shutdown.cancelled() => {
+            shared.shutting_down.cancel();
+            if !delay.is_zero() {
+                tracing::info!(
+                    ?delay,
+                    "shutting down: /readiness answers 503; still accepting for the shutdown delay"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = serving.one_ended() => {}
+                }
+            }
+        }
+        _ = serving.one_ended() => shared.shutting_down.cancel(),
     }
+    stop.cancel();
     // Stopped accepting; give in-flight requests the grace period, then
     // drop what is left (which releases its load).
     if tokio::time::timeout(grace, serving.all_ended())

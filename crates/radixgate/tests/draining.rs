@@ -105,3 +105,34 @@ async fn an_idle_worker_is_removed_at_once_and_a_drained_url_can_come_back() {
     wait_for_healthy(&gw.url, 1).await;
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drops_readiness_before_the_listener_closes() {
+    let a = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&a.url]);
+    cfg.server.shutdown_delay_secs = 5;
+    let gw = gateway_ready(cfg, 1).await;
+    let readiness = || async {
+        let r = client()
+            .get(format!("{}/readiness", gw.url))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(readiness().await.0, 200);
+    gw.stop.cancel();
+    let (status, body) = readiness().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "shutting_down");
+    // Still accepting, and serving, during the delay: a load balancer that
+    // has not yet seen the 503 loses nothing.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("one more", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.task.await.unwrap().unwrap();
+}

@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// $KUBECONFIG or ~/.kube/config.
     #[arg(long, env = "RADIXGATE_KUBECONFIG", value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+    /// Seconds to keep accepting after SIGTERM with /readiness at 503,
+    /// before the listener closes (load balancers catch up) [default: 0].
+    #[arg(long, env = "RADIXGATE_SHUTDOWN_DELAY_SECS")]
+    pub shutdown_delay_secs: Option<u64>,
     /// Seconds a drained worker (DELETE /workers, a terminating pod) is
     /// waited for before it is forgotten [default: 300].
     #[arg(long, env = "RADIXGATE_DRAIN_TIMEOUT_SECS")]
@@ -326,6 +330,7 @@ impl ServeArgs {
         set(&mut s.threads, &self.threads);
         set(&mut s.request_timeout_secs, &self.request_timeout_secs);
         set(&mut s.drain_timeout_secs, &self.drain_timeout_secs);
+        set(&mut s.shutdown_delay_secs, &self.shutdown_delay_secs);
         set(
             &mut s.shutdown_grace_period_secs,
             &self.shutdown_grace_period_secs,

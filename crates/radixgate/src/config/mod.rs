@@ -110,6 +110,13 @@ pub struct ServerConfig {
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_grace_period_secs: u64,
+    /// Seconds the router keeps accepting after the shutdown signal, with
+    /// `/readiness` answering 503, before it closes its listener: time for
+    /// load balancers (Kubernetes endpoints) to stop sending it new
+    /// connections, so a rolling update of the router loses none. 0 = close
+    /// at once. On Kubernetes, 5-10 (and a pod grace period longer than
+    /// this plus `shutdown_grace_period_secs`).
+    pub shutdown_delay_secs: u64,
     /// Longest a draining worker (`DELETE /workers`, a terminating pod) is
     /// waited for, in seconds: it gets no new requests from the start, and
     /// is removed when its requests in flight are done or this has passed
@@ -246,6 +253,7 @@ impl Default for ServerConfig {
             request_timeout_secs: 1800,
             shutdown_grace_period_secs: 30,
             drain_timeout_secs: 300,
+            shutdown_delay_secs: 0,
             api_key: None,
             admin_api_key: None,
             admin_access: AdminAccess::Loopback,

@@ -113,6 +113,12 @@ impl Config {
             MAX_SECS,
         )?;
         within(
+            "server.shutdown_delay_secs",
+            s.shutdown_delay_secs,
+            0,
+            MAX_SECS,
+        )?;
+        within(
             "server.drain_timeout_secs",
             s.drain_timeout_secs,
             0,
