@@ -519,3 +519,136 @@ async fn malformed_objects_are_logged_and_the_rest_keeps_working() {
     }
     gw.shutdown().await;
 }
+
+/// Sends streamed requests one after another until `stop`; counts what
+/// was sent, what was answered whole (200 and a stream ending in
+/// `[DONE]`) and what failed (anything else), printing the first failures.
+async fn stream_steadily(
+    gateway: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    progress: Arc<std::sync::atomic::AtomicU64>,
+    client_id: usize,
+) -> (u64, u64, u64) {
+    use std::sync::atomic::Ordering;
+    let (mut sent, mut answered, mut failed) = (0u64, 0u64, 0u64);
+    let c = client();
+    while !stop.load(Ordering::Relaxed) {
+        let mut body = chat(&format!("client {client_id} request {sent}"), true);
+        body["max_tokens"] = json!(48);
+        sent += 1;
+        let outcome = match c
+            .post(format!("{gateway}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(r) if r.status() == 200 => match r.text().await {
+                Ok(text)
+                    if text.trim_end().ends_with("data: [DONE]") && !text.contains("\"error\"") =>
+                {
+                    Ok(())
+                }
+                Ok(text) => Err(format!("stream ended badly: {text}")),
+                Err(err) => Err(format!("stream cut: {err}")),
+            },
+            Ok(r) => Err(format!(
+                "status {}: {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            )),
+            Err(err) => Err(format!("no answer: {err}")),
+        };
+        match outcome {
+            Ok(()) => {
+                answered += 1;
+                progress.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(why) => {
+                failed += 1;
+                if failed <= 3 {
+                    eprintln!("client {client_id}: {why}");
+                }
+            }
+        }
+    }
+    (sent, answered, failed)
+}
+
+/// A rolling update of the workers under steady streaming load: 8 pods,
+/// each replaced in turn as a Deployment does it (the new pod starts,
+/// turns ready, then the old one terminates, drains and is deleted, and
+/// only then its process stops). Every request sent is answered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_of_8_workers_under_streaming_load_loses_no_request() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let mut worker = fast_worker();
+    worker.engine.timing.step_base_us = 1000.0;
+    let api = FakeApi::start_new().await;
+    let mut old = Vec::new();
+    for i in 0..8u8 {
+        let (w, addr) = worker_at(10 + i, worker.clone()).await;
+        api.put(pod(&format!("old-{i}"), json!({"app": "sglang"}), addr));
+        old.push(w);
+    }
+    let gw = gateway(discovering(&api)).await;
+    wait_for_healthy(&gw.url, 8).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|id| {
+            let run = stream_steadily(gw.url.clone(), stop.clone(), progress.clone(), id);
+            tokio::spawn(run)
+        })
+        .collect();
+    // Some traffic between steps, so that each old pod leaves with
+    // streams in flight.
+    let traffic = || async {
+        let before = progress.load(Ordering::Relaxed);
+        wait_until("traffic", || async {
+            progress.load(Ordering::Relaxed) >= before + 12
+        })
+        .await;
+    };
+    let mut new = Vec::new();
+    for (i, old_worker) in old.into_iter().enumerate() {
+        let (w, addr) = worker_at(30 + i as u8, worker.clone()).await;
+        let name = format!("new-{i}");
+        let fresh = pod(&name, json!({"app": "sglang"}), addr);
+        api.put(set_ready(fresh.clone(), false));
+        api.put(fresh);
+        wait_for_state(&gw.url, &name, "healthy").await;
+        traffic().await;
+        let leaving = format!("old-{i}");
+        api.put(terminating(api.get(&leaving)));
+        wait_for_gone(&gw.url, &leaving).await;
+        api.delete(&leaving);
+        old_worker.stop.cancel();
+        new.push(w);
+    }
+    wait_for_healthy(&gw.url, 8).await;
+    traffic().await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut sent, mut answered, mut failed) = (0, 0, 0);
+    for client in clients {
+        let (s, a, f) = client.await.unwrap();
+        sent += s;
+        answered += a;
+        failed += f;
+    }
+    eprintln!("rollout of 8 workers: sent {sent}, answered {answered}, failed {failed}");
+    assert!(sent > 0);
+    assert_eq!(failed, 0);
+    assert_eq!(sent, answered);
+    let names: Vec<String> = workers(&gw.url)
+        .await
+        .iter()
+        .map(|w| w["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 8, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("new-")), "{names:?}");
+    let metrics = metrics_text(&gw.url).await;
+    let drains = metric(&metrics, "radixgate_worker_drains_total{end=\"finished\"}");
+    assert_eq!(drains, 8.0, "{metrics}");
+    gw.shutdown().await;
+}
