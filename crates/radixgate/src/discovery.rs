@@ -149,6 +149,7 @@ pub(crate) async fn spawn(
                 pods: BTreeMap::new(),
                 listing: None,
                 complained: BTreeMap::new(),
+                refused: BTreeMap::new(),
             };
             tokio::spawn(watch.run(stop.clone()))
         })
@@ -167,6 +168,9 @@ struct PoolWatch {
     listing: Option<BTreeSet<String>>,
     /// Malformed objects already logged: pod key → resource version.
     complained: BTreeMap<String, String>,
+    /// Pods the control task refused (the allowlist, a duplicate URL),
+    /// by key → URL: not offered again until their URL changes.
+    refused: BTreeMap<String, String>,
 }
 
 /// A pod this watch sent to the control task.
@@ -285,6 +289,7 @@ impl PoolWatch {
                     self.ready(&key, &url, true).await;
                 }
             }
+            (Seen::Ready(endpoint), None) if self.refused.get(&key) == Some(&endpoint.url) => {}
             (Seen::Ready(endpoint), tracked) => {
                 if let Some(old) = tracked {
                     let old = old.url.clone();
@@ -298,6 +303,7 @@ impl PoolWatch {
                 match self.control.add(spec).await {
                     Ok(()) => {
                         tracing::info!(pod = %key, url = %endpoint.url, "discovery: pod is a worker");
+                        self.refused.remove(&key);
                         self.pods.insert(
                             key,
                             Tracked {
@@ -306,12 +312,15 @@ impl PoolWatch {
                             },
                         );
                     }
-                    Err(err) => tracing::warn!(
-                        pod = %key,
-                        url = %endpoint.url,
-                        %err,
-                        "discovery: pod not added"
-                    ),
+                    Err(err) => {
+                        tracing::warn!(
+                            pod = %key,
+                            url = %endpoint.url,
+                            %err,
+                            "discovery: pod not added (not offered again until its address changes)"
+                        );
+                        self.refused.insert(key, endpoint.url);
+                    }
                 }
             }
             (Seen::NotReady(why), Some(tracked)) => {
@@ -343,6 +352,7 @@ impl PoolWatch {
 
     /// The pod is terminating or gone: drain its worker.
     async fn gone(&mut self, key: &str, why: &str) {
+        self.refused.remove(key);
         let Some(tracked) = self.pods.remove(key) else {
             return;
         };

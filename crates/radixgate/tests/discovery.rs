@@ -652,3 +652,36 @@ async fn a_rollout_of_8_workers_under_streaming_load_loses_no_request() {
     assert_eq!(drains, 8.0, "{metrics}");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_pods_are_held_to_the_worker_allowlist() {
+    let logs = captured_logs();
+    let (a, a_addr) = worker_at(2, fast_worker()).await;
+    let (_b, b_addr) = worker_at(3, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    let a_pod = pod("w-a", json!({"app": "sglang"}), a_addr);
+    api.put(a_pod.clone());
+    let b_pod = pod("w-outside", json!({"app": "sglang"}), b_addr);
+    api.put(b_pod.clone());
+    let mut cfg = discovering(&api);
+    cfg.server.worker_allowlist = vec!["127.0.0.2/32".into()];
+    let gw = gateway(cfg).await;
+    wait_for_healthy(&gw.url, 1).await;
+    // Another change to the refused pod, then one that is seen: the
+    // refused pod was not offered (nor logged) again.
+    let mut touched = b_pod;
+    touched["metadata"]["labels"]["touched"] = json!("yes");
+    api.put(touched);
+    api.put(set_ready(a_pod, false));
+    wait_for_state(&gw.url, "w-a", "unready").await;
+    let list = workers(&gw.url).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["url"], a.url);
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let refusals = text
+        .lines()
+        .filter(|l| l.contains("pod not added") && l.contains("llm/w-outside"))
+        .count();
+    assert_eq!(refusals, 1, "{text}");
+    gw.shutdown().await;
+}
