@@ -46,9 +46,10 @@ use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
-use crate::metrics::{Describe, LabelledCounters, Metrics};
+use crate::metrics::{LabelledCounters, Metrics};
+use drain::{DRAINS, Draining};
 use radixgate_routing::{
-    Policy, Registry, RoutingError, Worker, WorkerId, WorkerSet, WorkerSpec, WorkerUrl,
+    Policy, Registry, RoutingError, WorkerId, WorkerSet, WorkerSpec, WorkerUrl,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -56,8 +57,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+mod drain;
+
+pub use drain::{DRAIN_POLL, Drained};
 
 /// A message to the control task; only [`Control`]'s methods build one.
 #[derive(Debug)]
@@ -103,26 +107,6 @@ enum Source {
     Configured,
     /// Anything while running (the admin API, discovery): checked.
     Runtime,
-}
-
-/// How often the control task looks at the load of draining workers.
-pub const DRAIN_POLL: Duration = Duration::from_millis(50);
-
-/// Drains, by how they ended.
-pub(crate) const DRAINS: Describe = Describe::new(
-    "radixgate_worker_drains_total",
-    "Workers drained (DELETE /workers, a terminating pod), by how the drain ended: \
-     `finished` (no request left in flight) or `timeout` (server.drain_timeout_secs passed).",
-);
-
-/// What [`Control::drain`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Drained {
-    /// Nothing was in flight (or the worker was never admitted): it is gone.
-    Removed,
-    /// Out of rotation; its requests in flight are finishing.
-    Draining,
 }
 
 /// One worker as the admin API shows it.
@@ -269,14 +253,6 @@ struct Known {
     ready: bool,
 }
 
-/// A worker out of rotation whose requests in flight are finishing.
-struct Draining {
-    /// Held so its load stays readable; the requests' guards hold it too.
-    worker: Arc<Worker>,
-    /// When the drain gives up waiting.
-    deadline: Instant,
-}
-
 /// What the control task needs besides the registry: its settings and
 /// metric families.
 pub(crate) struct Settings {
@@ -414,7 +390,7 @@ impl ControlTask {
             // reused IP): the old one's requests keep their guards.
             Some(known) if known.draining.is_some() => {
                 tracing::info!(worker = %url, "a new worker replaces the draining one at this URL");
-                self.forget(&url, "replaced");
+                self.forget(&url, "removed");
             }
             Some(_) => {
                 return Err(GatewayError::Admin(RoutingError::DuplicateWorker {
@@ -469,84 +445,6 @@ impl ControlTask {
                 .map_err(GatewayError::Admin)?;
         }
         Ok(())
-    }
-
-    /// Out of the registry now; forgotten once idle (see the module doc).
-    fn drain(&mut self, url: &str) -> Result<Drained, GatewayError> {
-        let url = WorkerUrl::canonical(url.trim());
-        let known = self
-            .known
-            .get_mut(url)
-            .ok_or_else(|| GatewayError::UnknownWorkerUrl {
-                url: url.to_owned(),
-            })?;
-        if known.draining.is_some() {
-            return Ok(Drained::Draining);
-        }
-        known.cancel.cancel();
-        let worker = match known.id.take() {
-            Some(id) => Some(self.registry.remove(id).map_err(GatewayError::Admin)?),
-            None => None,
-        };
-        match worker {
-            Some(worker) if worker.load() > 0 => {
-                tracing::info!(
-                    worker = %url,
-                    in_flight = worker.load(),
-                    "worker draining: no new requests; waiting for those in flight"
-                );
-                known.draining = Some(Draining {
-                    worker,
-                    deadline: Instant::now() + self.drain_timeout,
-                });
-                Ok(Drained::Draining)
-            }
-            _ => {
-                self.drains.increment("finished");
-                self.known.remove(url);
-                self.control.board.forget(url);
-                tracing::info!(worker = %url, "worker drained (nothing in flight) and removed");
-                Ok(Drained::Removed)
-            }
-        }
-    }
-
-    /// Forgets draining workers that are idle or out of time.
-    fn sweep_drains(&mut self) {
-        let now = Instant::now();
-        let done: Vec<(WorkerUrl, &'static str)> = self
-            .known
-            .iter()
-            .filter_map(|(url, known)| {
-                let draining = known.draining.as_ref()?;
-                if draining.worker.load() == 0 {
-                    Some((url.clone(), "finished"))
-                } else if now >= draining.deadline {
-                    tracing::warn!(
-                        worker = %url,
-                        in_flight = draining.worker.load(),
-                        timeout = ?self.drain_timeout,
-                        "drain timed out; forgetting the worker with requests still in flight \
-                         (they are not cut)"
-                    );
-                    Some((url.clone(), "timeout"))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        for (url, end) in done {
-            self.forget(&url, end);
-        }
-    }
-
-    /// Drops a draining worker's entry; `end` is how its drain ended.
-    fn forget(&mut self, url: &WorkerUrl, end: &'static str) {
-        if self.known.remove(url).is_some() {
-            self.drains.increment(end);
-            self.control.board.forget(url.as_str());
-            tracing::info!(worker = %url, end, "worker drained and removed");
-        }
     }
 
     fn remove(&mut self, url: &str) -> Result<(), GatewayError> {
