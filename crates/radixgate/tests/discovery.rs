@@ -685,3 +685,17 @@ async fn discovered_pods_are_held_to_the_worker_allowlist() {
     assert_eq!(refusals, 1, "{text}");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_kubeconfig_is_a_start_up_error_that_names_it() {
+    let mut c = config(&[]);
+    c.discovery.enabled = true;
+    c.discovery.selector = labels(&[("app", "sglang")]);
+    c.discovery.kubeconfig = Some("/nonexistent/kubeconfig.yaml".into());
+    let gw = gateway(c).await;
+    let err = gw.task.await.unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("discovery") && err.contains("/nonexistent/kubeconfig.yaml"),
+        "{err}"
+    );
+}

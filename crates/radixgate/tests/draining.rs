@@ -136,3 +136,41 @@ async fn shutdown_drops_readiness_before_the_listener_closes() {
     assert_eq!(r.status(), 200);
     gw.task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_times_out_forgets_the_worker_but_does_not_cut_its_stream() {
+    let mut slow = fast_worker();
+    slow.engine.timing.step_base_us = 3000.0;
+    let a = sim_worker(slow).await;
+    let mut cfg = config(&[&a.url]);
+    cfg.server.drain_timeout_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    let mut long = chat("a very long answer", true);
+    long["max_tokens"] = json!(1500);
+    let mut stream = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut body = String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).into_owned();
+    client()
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap();
+    wait_until("the drain timed out", || async {
+        workers(&gw.url).await.is_empty()
+    })
+    .await;
+    let metrics = metrics_text(&gw.url).await;
+    assert!(
+        metrics.contains("radixgate_worker_drains_total{end=\"timeout\"} 1"),
+        "{metrics}"
+    );
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    gw.shutdown().await;
+}
