@@ -158,6 +158,7 @@ async fn a_pod_turned_unready_stops_getting_traffic_and_comes_back() {
     api.put(b_pod.clone());
     let gw = gateway(discovering(&api)).await;
     wait_for_healthy(&gw.url, 2).await;
+    let id = worker_named(&gw.url, "w-b").await.unwrap()["id"].clone();
 
     api.put(set_ready(b_pod.clone(), false));
     wait_for_state(&gw.url, "w-b", "unready").await;
@@ -167,7 +168,10 @@ async fn a_pod_turned_unready_stops_getting_traffic_and_comes_back() {
     api.put(b_pod);
     wait_for_healthy(&gw.url, 2).await;
     wait_for_state(&gw.url, "w-b", "healthy").await;
-    assert_eq!(worker_named(&gw.url, "w-b").await.unwrap()["url"], b.url);
+    let back = worker_named(&gw.url, "w-b").await.unwrap();
+    assert_eq!(back["url"], b.url);
+    // The same registry entry throughout, so its tree record was kept.
+    assert_eq!(back["id"], id, "{back}");
     gw.shutdown().await;
 }
 
@@ -698,4 +702,30 @@ async fn a_missing_kubeconfig_is_a_start_up_error_that_names_it() {
         err.contains("discovery") && err.contains("/nonexistent/kubeconfig.yaml"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_workers_and_discovered_ones_serve_together() {
+    let fixed = sim_worker(fast_worker()).await;
+    let (pod_worker, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "sglang"}), addr));
+    let mut cfg = discovering(&api);
+    cfg.workers = config(&[&fixed.url]).workers;
+    let gw = gateway(cfg).await;
+    wait_for_healthy(&gw.url, 2).await;
+    let urls: Vec<Value> = workers(&gw.url)
+        .await
+        .iter()
+        .map(|w| w["url"].clone())
+        .collect();
+    assert!(
+        urls.contains(&json!(fixed.url)) && urls.contains(&json!(pod_worker.url)),
+        "{urls:?}"
+    );
+    // The pod leaving leaves the static worker alone.
+    api.delete("w-0");
+    wait_for_gone(&gw.url, "w-0").await;
+    assert_all_served_by(&gw.url, &fixed.url, 4, "after the pod left").await;
+    gw.shutdown().await;
 }
