@@ -74,6 +74,10 @@ struct Shared {
     live: broadcast::Sender<Live>,
     /// Cancelled to cut every open watch (replaced each time).
     cut: Arc<Mutex<CancellationToken>>,
+    /// The current run's stop: ends every watch, even one that started
+    /// while the server was stopping (else graceful shutdown would wait
+    /// for it, up to the client's watch timeout).
+    stopping: Arc<Mutex<CancellationToken>>,
 }
 
 /// The fake API server (see the module doc).
@@ -113,6 +117,7 @@ impl FakeApi {
                 store: Arc::default(),
                 live,
                 cut: Arc::default(),
+                stopping: Arc::default(),
             },
             running: None,
             kubeconfig,
@@ -123,6 +128,7 @@ impl FakeApi {
 
     fn serve(&mut self, listener: TcpListener) {
         let stop = CancellationToken::new();
+        *self.shared.stopping.lock() = stop.clone();
         let app = Router::new()
             .fallback(handle)
             .with_state(self.shared.clone());
@@ -139,7 +145,6 @@ impl FakeApi {
     /// store is kept.
     pub async fn stop(&mut self) {
         if let Some((stop, task)) = self.running.take() {
-            self.drop_watches();
             stop.cancel();
             let _ = task.await;
         }
@@ -322,6 +327,7 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         .unwrap_or(0);
     let mut live = shared.live.subscribe();
     let cut = shared.cut.lock().clone();
+    let stopping = shared.stopping.lock().clone();
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     let (backlog, gone) = {
         let mut store = shared.store.lock();
@@ -372,6 +378,7 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         loop {
             let next = tokio::select! {
                 () = cut.cancelled() => return,
+                () = stopping.cancelled() => return,
                 next = live.recv() => next,
             };
             let event = match next {
