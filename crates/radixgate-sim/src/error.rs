@@ -5,8 +5,9 @@
 //! load tool's `TraceIo`, `TraceFormat`, `BadUrl`), a
 //! deliberately injected fault (`InjectedFault`), or the process itself
 //! (`Io`, `EngineGone`), or the routing code the simulator drives
-//! (`Routing`). The HTTP server maps these to status codes in
-//! exactly one place (`server::error_response`).
+//! (`Routing`), or the targets a load run measured (`TooManyFailures`,
+//! `NothingFinished`: the run itself went as asked). The HTTP server maps
+//! these to status codes in exactly one place (`server::error_response`).
 
 use thiserror::Error;
 
@@ -69,6 +70,28 @@ pub enum SimError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// `radixgate load` ran, but more of its requests failed than
+    /// `--max-error-rate` allows: the targets' fault (or a wrong `--url`),
+    /// reported as a failed run so scripts and CI see it.
+    #[error(
+        "{failed} of {finished} requests failed ({errors}), more than --max-error-rate {max_error_rate} allows{hint}"
+    )]
+    TooManyFailures {
+        /// Requests that failed.
+        failed: u64,
+        /// Requests that finished, failed or not.
+        finished: u64,
+        /// The failures by kind, e.g. `connect 200`.
+        errors: String,
+        /// What to check, when the kinds say (e.g. nothing listens).
+        hint: &'static str,
+        /// The `--max-error-rate` given.
+        max_error_rate: f64,
+    },
+    /// `radixgate load` ran, but no request finished, so nothing was
+    /// measured.
+    #[error("no request finished, so nothing was measured")]
+    NothingFinished,
     /// A socket could not be bound or accepted.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -155,6 +155,22 @@ fn bad_settings_are_precise_start_up_errors() {
     let (ok, err) = run(radixgate().args(["serve", "--config", file.to_str().unwrap()]));
     assert!(!ok);
     assert_eq!(err.matches("unknown field `prot`").count(), 1, "{err}");
+    // A routing setting under a policy that does not take it: whose it
+    // is, and where.
+    std::fs::write(
+        &file,
+        "server:\n  port: 0\nrouting:\n  policy: round_robin\n  cache_threshold: 0.5\n",
+    )
+    .unwrap();
+    let (ok, err) = run(radixgate().args(["serve", "--config", file.to_str().unwrap()]));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "routing.cache_threshold: applies only to cache_aware; round_robin takes no \
+             settings at line 5 column 20"
+        ),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
     let (ok, err) = run(radixgate().args(["serve", "--worker-urls", "localhost:8000"]));
     assert!(!ok);
@@ -194,4 +210,168 @@ fn file_then_environment_then_flags() {
             .env("RADIXGATE_CACHE_THRESHOLD", "3")
     ));
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A loopback port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().port()
+}
+
+/// A `radixgate worker` process on an ephemeral port, killed on drop.
+struct Workers {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Workers {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = radixgate()
+            .args(["worker", "--port", "0", "--instant"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let line = lines
+            .find_map(|l| l.ok().filter(|l| l.contains("listening on ")))
+            .expect("the worker did not start");
+        let url = line.rsplit(' ').next().unwrap().to_owned();
+        // Keep draining stderr so the worker never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, url }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn load(url: &str, extra: &[&str]) -> (bool, String, String) {
+    let out = radixgate()
+        .args(["load", "--url", url, "--requests", "20", "--no-progress"])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn load_fails_when_requests_fail() {
+    // Nothing listens: every request fails, the run fails, and says why.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let (ok, stdout, stderr) = load(&dead, &["--timeout", "5"]);
+    assert!(!ok, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("20 of 20 requests failed (100.0%: connect 20)")
+            && stderr.contains("--max-error-rate 0")
+            && stderr.contains("is a server listening"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("0 ok, 20 failed"), "report first: {stdout}");
+    // Even a lenient threshold does not pass a run where all failed.
+    let (ok, _, stderr) = load(&dead, &["--max-error-rate", "0.99"]);
+    assert!(!ok && stderr.contains("--max-error-rate 0.99"), "{stderr}");
+    let (ok, _, stderr) = load(&dead, &["--max-error-rate", "2"]);
+    assert!(!ok && stderr.contains("from 0 to 1"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Healthy simulated workers: the run passes.
+    let healthy = Workers::start(&[]);
+    let (ok, stdout, stderr) = load(&healthy.url, &[]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("20 ok, 0 failed"), "{stdout}");
+
+    // Half the requests get HTTP 500: failed at the default threshold,
+    // passed at one above the observed rate.
+    let faulty = Workers::start(&["--error-rate", "0.5"]);
+    let (ok, _, stderr) = load(&faulty.url, &[]);
+    assert!(!ok && stderr.contains("http_500"), "{stderr}");
+    assert!(!stderr.contains("listening"), "{stderr}");
+    let (ok, stdout, stderr) = load(&faulty.url, &["--max-error-rate", "1"]);
+    assert!(ok, "{stdout}{stderr}");
+}
+
+/// Every subcommand states defaults one way, clap's `[default: …]`: no
+/// `(default …)`, `default:` or `by default` prose, no bare `[16]`.
+#[test]
+fn help_states_defaults_one_way() {
+    let out = radixgate().arg("--help").output().unwrap();
+    let top = String::from_utf8(out.stdout).unwrap();
+    let commands: Vec<&str> = top
+        .split_once("Commands:")
+        .unwrap()
+        .1
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    for expected in ["demo", "serve", "worker", "load", "simulate", "version"] {
+        assert!(commands.contains(&expected), "{expected} in {commands:?}");
+    }
+    for command in commands {
+        for flag in ["--help", "-h"] {
+            let out = radixgate().args([command, flag]).output().unwrap();
+            let help = String::from_utf8(out.stdout).unwrap();
+            // Every `[…]` is clap's: a default, a variable, possible
+            // values, a config key, or a usage placeholder (`[OPTIONS]`).
+            for group in help.split('[').skip(1) {
+                let inner = group.split(']').next().unwrap();
+                let clap_own = ["default: ", "env: ", "possible values: ", "config: "]
+                    .iter()
+                    .any(|p| inner.starts_with(p))
+                    || inner.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+                assert!(clap_own, "{command} {flag}: `[{inner}]` in:\n{help}");
+            }
+            // "default" appears only as `[default: …]` (or in a flag name).
+            let lower = help.to_lowercase();
+            for (at, _) in lower.match_indices("default") {
+                let before = &lower[..at];
+                let ok = before.ends_with('[') && lower[at..].starts_with("default: ")
+                    || before.ends_with("--")
+                    || before.ends_with('<');
+                assert!(
+                    ok,
+                    "{command} {flag}: `{}`",
+                    &help[at.saturating_sub(30)..at + 20]
+                );
+            }
+        }
+    }
+}
+
+/// The demo's progress line is for terminals: into a pipe, no `\r` redraws.
+#[test]
+fn demo_draws_no_progress_line_into_a_pipe() {
+    let out = radixgate()
+        .args([
+            "demo",
+            "--no-serve",
+            "--workers",
+            "2",
+            "--requests",
+            "8",
+            "--rate",
+            "50",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    assert!(
+        stderr.contains("radixgate demo: cache_aware: 8 requests"),
+        "{stderr}"
+    );
 }

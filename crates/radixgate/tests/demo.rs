@@ -11,7 +11,7 @@ use clap::Parser;
 #[path = "../src/bin/radixgate/demo.rs"]
 mod demo;
 
-use demo::{DemoArgs, compare, table};
+use demo::{DemoArgs, compare, load_args, table};
 
 #[derive(Parser)]
 struct Cli {
@@ -35,4 +35,13 @@ async fn cache_aware_beats_round_robin_on_hit_rate() {
     }
     let (a, b) = (aware.hit_rate.unwrap(), rr.hit_rate.unwrap());
     assert!(a > b + 0.1, "cache_aware {a:.3} vs round_robin {b:.3}");
+}
+
+/// Each run draws load's progress line (on a terminal only: load checks).
+#[test]
+fn runs_show_load_progress() {
+    let args = Cli::parse_from(["demo", "--no-serve"]).demo;
+    let load = load_args(&args, "http://127.0.0.1:1").unwrap();
+    assert!(!load.no_progress);
+    assert!(load.plan(false).unwrap().progress);
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Usage: run.sh KV ASSIGN ZIPF  — fresh workers each run (cold caches).
+# Usage: docs/experiments/scripts/partition-vs-round-robin.sh KV ASSIGN ZIPF
+# (from the repository root) — fresh workers each run (cold caches).
 set -u
 B=${RADIXGATE:-target/release/radixgate}
 KV=$1; ASSIGN=$2; ZIPF=$3

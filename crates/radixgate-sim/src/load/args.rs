@@ -73,6 +73,11 @@ pub struct LoadArgs {
     /// Per-request timeout, seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
+    /// Fail (exit status 1, after the report) when more than this fraction
+    /// of the finished requests failed, 0..=1; 0 = any failure fails the
+    /// run, 1 = never.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.0)]
+    pub max_error_rate: f64,
     /// Client-side assignment over several --url.
     #[arg(long, value_enum, default_value_t = Assign::RoundRobin)]
     pub assign: Assign,
@@ -129,76 +134,82 @@ pub struct ArrivalFlags {
 /// Workload settings; unset ones take the workload's defaults.
 #[derive(Debug, Clone, Default, Args)]
 pub struct WorkloadFlags {
-    /// shared-prefix: prefix groups.
+    /// shared-prefix: prefix groups [default: 16].
     #[arg(long)]
     pub groups: Option<u64>,
-    /// shared-prefix: distinct questions per group.
+    /// shared-prefix: distinct questions per group [default: 64].
     #[arg(long)]
     pub prompts_per_group: Option<u64>,
-    /// shared-prefix, multi-turn: system prompt tokens.
+    /// shared-prefix, multi-turn: system prompt tokens [default: 2048
+    /// shared-prefix, 256 multi-turn].
     #[arg(long)]
     pub system_tokens: Option<u64>,
-    /// shared-prefix, long-doc: question tokens.
+    /// shared-prefix, long-doc: question tokens [default: 128 shared-prefix,
+    /// 48 long-doc].
     #[arg(long)]
     pub question_tokens: Option<u64>,
-    /// all but trace: tokens to generate per request.
+    /// all but trace: tokens to generate per request [default: 64
+    /// shared-prefix and long-doc, 128 multi-turn, 32 agentic].
     #[arg(long)]
     pub output_tokens: Option<u32>,
-    /// shared-prefix, long-doc: Zipf exponent over groups/documents.
+    /// shared-prefix, long-doc: Zipf exponent over groups/documents, 0 =
+    /// uniform [default: 0].
     #[arg(long)]
     pub zipf: Option<f64>,
-    /// multi-turn: conversations in all (0 = unlimited).
+    /// multi-turn: conversations in all, 0 = unlimited [default: 0].
     #[arg(long)]
     pub conversations: Option<u64>,
-    /// multi-turn: turns per conversation.
+    /// multi-turn: turns per conversation [default: 6].
     #[arg(long)]
     pub turns: Option<u32>,
-    /// multi-turn: user message tokens.
+    /// multi-turn: user message tokens [default: 96].
     #[arg(long)]
     pub user_tokens: Option<u64>,
-    /// multi-turn: mean think time, ms.
+    /// multi-turn: mean think time, ms [default: 500].
     #[arg(long)]
     pub think_ms: Option<f64>,
-    /// long-doc: documents.
+    /// long-doc: documents [default: 4].
     #[arg(long)]
     pub documents: Option<u64>,
-    /// long-doc: document tokens.
+    /// long-doc: document tokens [default: 8192].
     #[arg(long)]
     pub document_tokens: Option<u64>,
-    /// agentic: distinct agent prefixes.
+    /// agentic: distinct agent prefixes [default: 4].
     #[arg(long)]
     pub agents: Option<u64>,
-    /// agentic: sessions in all (0 = unlimited).
+    /// agentic: sessions in all, 0 = unlimited [default: 0].
     #[arg(long)]
     pub sessions: Option<u64>,
-    /// agentic: shared prefix (tools + instructions) tokens.
+    /// agentic: shared prefix (tools + instructions) tokens [default: 4096].
     #[arg(long)]
     pub prefix_tokens: Option<u64>,
-    /// agentic: opening task tokens.
+    /// agentic: opening task tokens [default: 96].
     #[arg(long)]
     pub task_tokens: Option<u64>,
-    /// agentic: tool result tokens per step.
+    /// agentic: tool result tokens per step [default: 64].
     #[arg(long)]
     pub step_tokens: Option<u64>,
-    /// agentic: steps per session.
+    /// agentic: steps per session [default: 8].
     #[arg(long)]
     pub steps: Option<u32>,
-    /// agentic: mean tool time between steps, ms.
+    /// agentic: mean tool time between steps, ms [default: 100].
     #[arg(long)]
     pub tool_ms: Option<f64>,
-    /// trace: the JSONL file.
+    /// trace: the JSONL file (required with --workload trace).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// trace: time compression (2 = twice as fast).
+    /// trace: time compression, 2 = twice as fast [default: 1].
     #[arg(long)]
     pub speedup: Option<f64>,
-    /// trace: tokens per hash block.
+    /// trace: tokens per hash block [default: 512].
     #[arg(long)]
     pub block_tokens: Option<u64>,
-    /// trace: cap on tokens generated per request.
+    /// trace: cap on tokens generated per request, 0 = as traced
+    /// [default: 0].
     #[arg(long)]
     pub max_output_tokens: Option<u32>,
-    /// mixed: parts and weights, e.g. shared-prefix=4,multi-turn=3,agentic=2,long-doc=1.
+    /// mixed: parts and weights, each part taking the flags above
+    /// [default: shared-prefix=4,multi-turn=3,agentic=2,long-doc=1].
     #[arg(long)]
     pub mix: Option<String>,
 }

@@ -340,6 +340,17 @@ impl LoadArgs {
         secs("--timeout", self.timeout)
     }
 
+    /// The fraction of failed requests a run may have (`--max-error-rate`).
+    pub fn max_error_rate(&self) -> Result<f64, SimError> {
+        let v = self.max_error_rate;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(SimError::Config(format!(
+                "--max-error-rate must be a fraction from 0 to 1, got {v}"
+            )));
+        }
+        Ok(v)
+    }
+
     /// The run plan, given whether the workload is timestamped.
     pub fn plan(&self, timestamped: bool) -> Result<RunPlan, SimError> {
         let ArrivalPlan {

@@ -114,6 +114,15 @@ fn bad_flags_are_precise_errors() {
             .text_shape()
             .is_err()
     );
+    assert_eq!(parse("--url http://x:1").unwrap().max_error_rate, 0.0);
+    for bad in ["1.5", "-0.1", "NaN"] {
+        let err = parse(&format!("--url http://x:1 --max-error-rate={bad}"))
+            .unwrap()
+            .max_error_rate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--max-error-rate"), "{bad}: {err}");
+    }
 }
 
 #[test]
@@ -141,4 +150,65 @@ fn workload_file_uses_the_serde_schema() {
             .contains("--groups")
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Each workload flag's help states, in `[default: …]`, the default of
+/// every workload it applies to: setting a flag to its stated default
+/// changes no workload's config.
+#[test]
+fn workload_flag_help_states_each_workloads_default() {
+    use clap::CommandFactory;
+
+    #[derive(Debug, Parser)]
+    struct Knobs {
+        #[command(flatten)]
+        knobs: WorkloadFlags,
+    }
+    let all = ["shared-prefix", "multi-turn", "long-doc", "agentic"];
+    let config = |workload: &str, extra: &str| {
+        let trace = if workload == "trace" {
+            "--trace t.jsonl"
+        } else {
+            ""
+        };
+        parse(&format!(
+            "--url http://x:1 --workload {workload} {trace} {extra}"
+        ))
+        .unwrap()
+        .workload_config()
+        .unwrap_or_else(|e| panic!("{workload} {extra}: {e}"))
+    };
+    let mut checked = 0;
+    for arg in Knobs::command().get_arguments() {
+        let long = arg.get_long().unwrap();
+        let help = arg.get_help().unwrap().to_string();
+        let (applies, _) = help.split_once(": ").unwrap();
+        let workloads: Vec<&str> = if applies == "all but trace" {
+            all.to_vec()
+        } else {
+            applies.split(", ").collect()
+        };
+        let Some((_, default)) = help.split_once("[default: ") else {
+            assert_eq!(long, "trace", "--{long} states no default: {help}");
+            continue;
+        };
+        let default = default.strip_suffix(']').unwrap();
+        for item in default.split(", ") {
+            // `64 shared-prefix and long-doc`, or a value for all of them.
+            let (value, named) = match item.split_once(' ') {
+                Some((value, names)) => (value, names.split(" and ").collect()),
+                None => (item, workloads.clone()),
+            };
+            for workload in named {
+                assert!(workloads.contains(&workload), "--{long}: {workload}");
+                assert_eq!(
+                    config(workload, &format!("--{long} {value}")),
+                    config(workload, ""),
+                    "--{long} {value} is not {workload}'s default"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 27, "{checked}");
 }

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::assign::{Assign, Assigner};
 use super::client::Client;
 use super::outcome::Outcome;
-use super::progress::Progress;
+use super::progress::{Progress, Snapshot};
 use super::report::{LoadReport, ReportHeader, Stats};
 use super::target::Target;
 use crate::workload::rng::{SplitMix64, key};
@@ -220,7 +220,13 @@ pub async fn drive(
                         (_, Some(d)) => el.as_secs_f64() / d.as_secs_f64().max(1e-9),
                         _ => 0.0,
                     };
-                    progress.draw(frac, stats.finished(), stats.failed(), el);
+                    progress.draw(&Snapshot {
+                        fraction: frac,
+                        done: stats.finished(),
+                        failed: stats.failed(),
+                        hit_rate: stats.hit_rate(),
+                        elapsed: el,
+                    });
                 }
             }
         }

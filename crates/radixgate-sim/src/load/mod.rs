@@ -44,6 +44,7 @@ pub async fn run(args: &LoadArgs) -> Result<LoadReport, SimError> {
     let cfg = args.workload_config()?;
     let shape = args.text_shape()?;
     let timeout = args.request_timeout()?;
+    args.max_error_rate()?;
     let workload = cfg.build(args.seed, shape)?;
     let plan = args.plan(workload.timestamped())?;
     let opts = BodyOptions {
@@ -66,7 +67,9 @@ pub async fn run(args: &LoadArgs) -> Result<LoadReport, SimError> {
 }
 
 /// The command: runs on a fresh multi-threaded runtime and prints the
-/// report (a table, or JSON with `--json`) on stdout.
+/// report (a table, or JSON with `--json`) on stdout; then fails if more
+/// requests failed than `--max-error-rate` allows, so a script or CI job
+/// sees a run against a dead or broken target as a failure.
 pub fn main(args: LoadArgs) -> Result<(), SimError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -79,5 +82,5 @@ pub fn main(args: LoadArgs) -> Result<(), SimError> {
     } else {
         print!("{}", report.table());
     }
-    Ok(())
+    report.check_failures(args.max_error_rate()?)
 }

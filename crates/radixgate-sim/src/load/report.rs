@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::outcome::Outcome;
+use crate::SimError;
 
 /// Latency summary in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -116,6 +117,11 @@ impl Stats {
         self.errors.values().sum()
     }
 
+    /// Σ cached / Σ prompt tokens so far (`None` before any usage).
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
+
     /// The final report.
     pub fn report(&self, header: ReportHeader, elapsed: Duration) -> LoadReport {
         let secs = elapsed.as_secs_f64().max(1e-9);
@@ -137,8 +143,7 @@ impl Stats {
             ok: self.ok,
             failed: self.failed(),
             errors: self.errors.clone(),
-            hit_rate: (self.prompt_tokens > 0)
-                .then(|| self.cached_tokens as f64 / self.prompt_tokens as f64),
+            hit_rate: self.hit_rate(),
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.completion_tokens,
@@ -220,6 +225,39 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// Failed requests over finished ones (`None` when none finished).
+    pub fn error_rate(&self) -> Option<f64> {
+        (self.sent > 0).then(|| self.failed as f64 / self.sent as f64)
+    }
+
+    /// An error when more requests failed than `max_error_rate` (a fraction)
+    /// allows, or when none finished (nothing was measured).
+    pub fn check_failures(&self, max_error_rate: f64) -> Result<(), SimError> {
+        let Some(rate) = self.error_rate() else {
+            return Err(SimError::NothingFinished);
+        };
+        if rate <= max_error_rate {
+            return Ok(());
+        }
+        let errors: Vec<String> = self
+            .errors
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        let only_connect = self.errors.keys().all(|k| k == "connect");
+        Err(SimError::TooManyFailures {
+            failed: self.failed,
+            finished: self.sent,
+            errors: format!("{:.1}%: {}", rate * 100.0, errors.join(", ")),
+            hint: if only_connect {
+                "; is a server listening at every --url?"
+            } else {
+                ""
+            },
+            max_error_rate,
+        })
+    }
+
     /// A human-readable table.
     pub fn table(&self) -> String {
         let h = &self.header;
@@ -374,5 +412,51 @@ mod tests {
         assert!(r.table().contains("hit rate 72.5%"));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["workers"]["a"], 2);
+    }
+
+    #[test]
+    fn failures_above_the_allowed_rate_fail_the_run() {
+        let header = ReportHeader {
+            workload: "w".into(),
+            api: "chat".into(),
+            stream: true,
+            arrivals: "x".into(),
+            assign: "round-robin".into(),
+            urls: vec!["u".into()],
+            seed: 0,
+            pool_size: None,
+        };
+        let mut st = Stats::default();
+        let nothing = st.report(header.clone(), Duration::from_secs(1));
+        assert!(matches!(
+            nothing.check_failures(1.0),
+            Err(SimError::NothingFinished)
+        ));
+        for _ in 0..3 {
+            st.record(&ok("a", 100, 50, 10));
+        }
+        let mut refused = ok("a", 0, 0, 1);
+        refused.error = Some(ErrorKind::Connect);
+        st.record(&refused);
+        let r = st.report(header.clone(), Duration::from_secs(1));
+        assert_eq!(r.error_rate(), Some(0.25));
+        r.check_failures(0.25).unwrap();
+        r.check_failures(1.0).unwrap();
+        let err = r.check_failures(0.0).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "1 of 4 requests failed (25.0%: connect 1), more than --max-error-rate 0 allows; \
+             is a server listening at every --url?"
+        );
+        let mut broken = ok("a", 0, 0, 1);
+        broken.error = Some(ErrorKind::Status(500));
+        st.record(&broken);
+        let err = st
+            .report(header, Duration::from_secs(1))
+            .check_failures(0.1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(40.0%: connect 1, http_500 1)"), "{err}");
+        assert!(!err.contains("listening"), "{err}");
     }
 }

@@ -23,7 +23,7 @@ const DEFAULT_PORT: u16 = 31000;
 
 /// Flags of `radixgate worker`. Model, engine and fault flags override the
 /// `--config` file (JSON of [`WorkerConfig`]), which overrides the built-in
-/// defaults shown in brackets.
+/// defaults shown as `[default: …]`.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
     /// Address to listen on.
@@ -37,23 +37,24 @@ pub struct WorkerArgs {
     /// Number of workers (consecutive ports, independent caches).
     #[arg(long, default_value_t = 1)]
     pub count: u16,
-    /// A JSON file holding a `WorkerConfig` (fields as in the README);
-    /// flags given on the command line override it.
+    /// A JSON file holding a `WorkerConfig` (its fields are listed in
+    /// crates/radixgate-sim/README.md); flags given on the command line
+    /// override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Worker name (`<name>-<i>` with --count > 1) [worker-<port>].
+    /// Worker name (`<name>-<i>` with --count > 1) [default: worker-<port>].
     #[arg(long)]
     pub name: Option<String>,
-    /// Model id served and reported [sim-llama-8b].
+    /// Model id served and reported [default: sim-llama-8b].
     #[arg(long)]
     pub model: Option<String>,
-    /// Characters per token of the simulated tokenizer [4].
+    /// Characters per token of the simulated tokenizer [default: 4].
     #[arg(long)]
     pub chars_per_token: Option<usize>,
-    /// Output tokens when a request sets no max_tokens [16].
+    /// Output tokens when a request sets no max_tokens [default: 16].
     #[arg(long)]
     pub default_max_tokens: Option<usize>,
-    /// Largest request body accepted, in bytes [33554432].
+    /// Largest request body accepted, in bytes [default: 33554432].
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
     /// Reply at once, with no simulated compute (measures router overhead).
@@ -62,10 +63,10 @@ pub struct WorkerArgs {
     /// The engine's size and timing.
     #[command(flatten)]
     pub engine: EngineFlags,
-    /// Fault: fraction of generation requests answered with HTTP 500 [0].
+    /// Fault: fraction of generation requests answered with HTTP 500 [default: 0].
     #[arg(long)]
     pub error_rate: Option<f64>,
-    /// Fault: milliseconds added before each generation request [0].
+    /// Fault: milliseconds added before each generation request [default: 0].
     #[arg(long)]
     pub added_latency_ms: Option<u64>,
     /// Fault: accept generation requests and never answer.
@@ -78,16 +79,16 @@ pub struct WorkerArgs {
     /// Fault: drop streamed responses after this many SSE events.
     #[arg(long)]
     pub die_after_chunks: Option<u32>,
-    /// Fault: refuse connections for this many seconds after start [0].
+    /// Fault: refuse connections for this many seconds after start [default: 0].
     #[arg(long)]
     pub slow_start_secs: Option<f64>,
     /// Fault: health endpoints answer 503.
     #[arg(long)]
     pub unhealthy: bool,
-    /// Fault: engine steps take this many times longer (1..=1000) [1].
+    /// Fault: engine steps take this many times longer (1..=1000) [default: 1].
     #[arg(long)]
     pub slowdown: Option<f64>,
-    /// Seed of the error-rate draws; worker i uses seed + i [0].
+    /// Seed of the error-rate draws; worker i uses seed + i [default: 0].
     #[arg(long)]
     pub fault_seed: Option<u64>,
     /// Apply the fault flags and file faults only to these worker indices
@@ -157,29 +158,29 @@ impl WorkerArgs {
 /// one given overrides its key of the engine config.
 #[derive(Debug, Clone, Default, Args)]
 pub struct EngineFlags {
-    /// KV page size in tokens [16].
+    /// KV page size in tokens [default: 16].
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// KV cache capacity of a worker in tokens [400000].
+    /// KV cache capacity of a worker in tokens [default: 400000].
     #[arg(long)]
     pub kv_capacity_tokens: Option<usize>,
-    /// Most requests in a worker's running batch [256].
+    /// Most requests in a worker's running batch [default: 256].
     #[arg(long)]
     pub max_running_requests: Option<usize>,
-    /// Token budget per step: prefill chunk + one per decoding request [8192].
+    /// Token budget per step: prefill chunk + one per decoding request [default: 8192].
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
-    /// Fixed cost of a step, microseconds [4800].
+    /// Fixed cost of a step, microseconds [default: 4800].
     #[arg(long)]
     pub step_base_us: Option<f64>,
-    /// Cost per batched token, microseconds [27].
+    /// Cost per batched token, microseconds [default: 27].
     #[arg(long)]
     pub token_us: Option<f64>,
-    /// KV read cost per context token of a decoding request, ns [39].
+    /// KV read cost per context token of a decoding request, ns [default: 39].
     #[arg(long)]
     pub kv_read_ns_per_token: Option<f64>,
     /// Relative speed of the worker: step times are divided by it, so 0.5
-    /// is a worker at half speed; in (0, 100] [1].
+    /// is a worker at half speed; in (0, 100] [default: 1].
     #[arg(long)]
     pub speed: Option<f64>,
 }
@@ -362,5 +363,31 @@ mod tests {
                 .to_string();
             assert!(e.contains("speed"), "{bad}: {e}");
         }
+    }
+
+    /// The flags that override the config file show the built-in default
+    /// in their help as `[default: …]` (clap cannot: an unset flag must
+    /// leave the file's value); setting one to it changes nothing.
+    #[test]
+    fn stated_defaults_are_the_built_in_ones() {
+        use clap::CommandFactory;
+        let base = WorkerConfig::default();
+        let default = parse(&[]).config(&base, 0).unwrap();
+        let mut checked = 0;
+        for arg in Cli::command().get_arguments() {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let Some((_, value)) = help.split_once("[default: ") else {
+                continue;
+            };
+            let value = value.strip_suffix(']').unwrap();
+            if !arg.get_default_values().is_empty() || value.contains('<') {
+                continue; // clap's own default, or a pattern (`worker-<port>`)
+            }
+            let long = format!("--{}", arg.get_long().unwrap());
+            let c = parse(&[&long, value]).config(&base, 0).unwrap();
+            assert_eq!(c, default, "{long} {value} is not the default");
+            checked += 1;
+        }
+        assert!(checked >= 16, "{checked}");
     }
 }

@@ -264,6 +264,8 @@ pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
         | SimError::BadUrl { .. }
         | SimError::EngineGone
         | SimError::Routing(_)
+        | SimError::TooManyFailures { .. }
+        | SimError::NothingFinished
         | SimError::Io(_) => ("server_error", None, "internal_error"),
     };
     serde_json::json!({"error": {"message": e.to_string(), "type": kind, "param": param, "code": code}})
@@ -281,6 +283,8 @@ pub(crate) fn error_response(e: &SimError) -> Response {
         | SimError::TraceFormat { .. }
         | SimError::BadUrl { .. }
         | SimError::Routing(_)
+        | SimError::TooManyFailures { .. }
+        | SimError::NothingFinished
         | SimError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         SimError::Unavailable(_) | SimError::EngineGone => StatusCode::SERVICE_UNAVAILABLE,
     };

@@ -67,7 +67,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub json: bool,
     /// Simulated milliseconds between refreshes of each worker's reported
-    /// load (what a gateway polling `/get_load` would see).
+    /// load (what a gateway would see polling each simulated worker's
+    /// `/get_load` endpoint).
     #[arg(long, default_value_t = 100)]
     pub load_poll_ms: u64,
     /// Workload to generate.
@@ -261,10 +262,10 @@ pub fn contender(name: &str, seed: u64) -> Result<Contender, SimError> {
             return Ok(reference);
         }
     }
-    let json = serde_json::json!({ "policy": name });
-    let cfg: PolicyConfig = serde_json::from_value(json).map_err(|_| {
+    let cfg = PolicyConfig::named(name).ok_or_else(|| {
         SimError::Config(format!(
-            "--policies: unknown policy {name:?} (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash, oracle or oracle_ttft)"
+            "--policies: unknown policy {name:?} (use {}, oracle or oracle_ttft)",
+            PolicyConfig::NAMES.join(", ")
         ))
     })?;
     let cfg = match cfg {

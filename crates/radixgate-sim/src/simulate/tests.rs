@@ -199,7 +199,11 @@ fn bad_configs_are_clear_errors() {
     cfg.workers = 2;
     cfg.arrivals = Arrivals::Closed { concurrency: 0 };
     assert!(run(&cfg, &Contender::Oracle).is_err());
-    assert!(args::contender("fastest", 0).is_err());
+    let err = args::contender("fastest", 0).unwrap_err().to_string();
+    assert!(
+        err.contains("\"fastest\" (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash, oracle or oracle_ttft)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -58,7 +58,7 @@ pub struct ServeArgs {
     pub drain_timeout_secs: Option<u64>,
 
     /// Routing policy [default: cache_aware].
-    #[arg(long, env = "RADIXGATE_POLICY", value_parser = POLICIES)]
+    #[arg(long, env = "RADIXGATE_POLICY", value_parser = PolicyConfig::NAMES)]
     pub policy: Option<String>,
     /// cache_aware: a hit needs matched/input above this, 0..=1 [default: 0.3].
     #[arg(long, env = "RADIXGATE_CACHE_THRESHOLD")]
@@ -124,7 +124,7 @@ pub struct ServeArgs {
     pub api_key_file: Option<PathBuf>,
     /// Key for the admin plane (/workers, /flush_cache), from any address.
     /// The client key (--api-key) never opens it. Unset: --admin-access
-    /// decides (by default, loopback peers only, without a key).
+    /// decides who may, without a key.
     #[arg(long, env = "RADIXGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
     /// Who may use the admin plane when --admin-api-key is unset: `loopback`
@@ -264,22 +264,10 @@ pub struct ServeArgs {
     pub log_json: bool,
 }
 
-/// Policy names accepted by `--policy`.
-const POLICIES: [&str; 7] = [
-    "cache_aware",
-    "prefill_aware",
-    "round_robin",
-    "random",
-    "power_of_two",
-    "least_load",
-    "consistent_hash",
-];
-
-/// The default settings of the policy called `name` (one of [`POLICIES`]).
+/// The default settings of the policy called `name`.
 fn policy_named(name: &str) -> Result<PolicyConfig, ConfigError> {
-    let yaml = format!("policy: {name}");
-    serde_norway::from_str(&yaml)
-        .map_err(|e| super::invalid("routing.policy", format!("unknown policy `{name}`: {e}")))
+    PolicyConfig::named(name)
+        .ok_or_else(|| super::invalid("routing.policy", format!("unknown policy `{name}`")))
 }
 
 fn set<T: Clone>(slot: &mut T, value: &Option<T>) {

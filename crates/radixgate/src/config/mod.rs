@@ -13,6 +13,7 @@
 
 mod cli;
 mod discovery;
+mod routing;
 mod tenants;
 mod validate;
 
@@ -43,7 +44,9 @@ pub struct Config {
     pub workers: Vec<WorkerSpec>,
     /// Workers found as pods through the Kubernetes API server.
     pub discovery: DiscoveryConfig,
-    /// The routing policy and its settings (`{policy: cache_aware, ...}`).
+    /// The routing policy and its settings (`{policy: cache_aware, ...}`;
+    /// without `policy:`, cache_aware's).
+    #[serde(deserialize_with = "routing::section")]
     pub routing: PolicyConfig,
     /// Active health checking.
     pub health: HealthConfig,
@@ -556,22 +559,14 @@ impl Config {
 
     /// Parses YAML text (an empty document is the default config). A
     /// `routing:` section without `policy:` tunes the default policy,
-    /// `cache_aware`.
+    /// `cache_aware`. Every error names its key and carries its line and
+    /// column.
     pub fn from_yaml(text: &str) -> Result<Self, serde_norway::Error> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        let mut document: serde_norway::Value = serde_norway::from_str(text)?;
-        if let Some(routing) = document
-            .get_mut("routing")
-            .and_then(serde_norway::Value::as_mapping_mut)
-            && !routing.contains_key("policy")
-        {
-            routing.insert("policy".into(), PolicyConfig::default().name().into());
-            // Errors from here on name the key but not the line.
-            return serde_norway::from_value(document);
-        }
-        // Parsed from the text, errors carry their line and column.
+        let document: serde_norway::Value = serde_norway::from_str(text)?;
+        routing::check(text, &document)?;
         serde_norway::from_str(text)
     }
 
@@ -599,5 +594,7 @@ impl Config {
     }
 }
 
+#[cfg(test)]
+mod example_tests;
 #[cfg(test)]
 mod tests;

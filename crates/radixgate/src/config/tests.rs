@@ -220,20 +220,6 @@ fn routing_section_in_yaml() {
 }
 
 #[test]
-fn the_example_file_is_valid_and_spells_out_the_defaults() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/radixgate.yaml");
-    let example = Config::from_yaml_file(std::path::Path::new(path)).unwrap();
-    example.validate().unwrap();
-    // Apart from its two workers, the example shows exactly the defaults.
-    assert_eq!(example.workers.len(), 2);
-    let without_workers = Config {
-        workers: Vec::new(),
-        ..example
-    };
-    assert_eq!(without_workers, Config::default());
-}
-
-#[test]
 fn prefill_aware_takes_the_tree_flags_but_not_the_thresholds() {
     let c = args(&["--policy", "prefill_aware", "--max-tree-size", "500"])
         .load()

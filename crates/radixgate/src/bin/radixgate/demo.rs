@@ -9,7 +9,9 @@
 //! until Ctrl-C.
 //!
 //! Everything is real: workers and gateway listen on loopback sockets and
-//! the workload is sent over HTTP by the same code as `radixgate load`.
+//! the workload is sent over HTTP by the same code as `radixgate load`,
+//! whose progress line (requests done, hit rate so far) shows each run on
+//! a terminal.
 //!
 //! It lives in the binary, not the gateway library, because it is the one
 //! place that puts simulated workers behind a gateway: the library stays
@@ -143,8 +145,13 @@ impl Cluster {
     }
 }
 
-/// The `radixgate load` flags of one run against `gateway`.
-fn load_args(args: &DemoArgs, gateway: &str) -> anyhow::Result<radixgate_sim::load::LoadArgs> {
+/// The `radixgate load` flags of one run against `gateway`. Load's
+/// progress line stays on: it shows requests done and the hit rate so far
+/// while each run takes its seconds, and only on a terminal.
+pub(crate) fn load_args(
+    args: &DemoArgs,
+    gateway: &str,
+) -> anyhow::Result<radixgate_sim::load::LoadArgs> {
     #[derive(Parser)]
     struct Load {
         #[command(flatten)]
@@ -159,7 +166,6 @@ fn load_args(args: &DemoArgs, gateway: &str) -> anyhow::Result<radixgate_sim::lo
         format!("--rate={}", args.rate),
         format!("--requests={}", args.requests),
         format!("--seed={}", args.seed),
-        "--no-progress".into(),
     ];
     Ok(Load::try_parse_from(argv)
         .context("building the demo workload")?
