@@ -37,11 +37,11 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY_PORT")]
     pub service_discovery_port: Option<u16>,
     /// Pod annotation whose value is that pod's port, for pools whose pods
-    /// differ (default: --service-discovery-port).
+    /// differ; a pod without it uses --service-discovery-port.
     #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY_PORT_ANNOTATION")]
     pub service_discovery_port_annotation: Option<String>,
     /// Where a discovered pod's model id is read: `label:KEY` or
-    /// `annotation:KEY` (default: asked from the worker).
+    /// `annotation:KEY`; unset, the worker is asked (/v1/models).
     #[arg(long, env = "RADIXGATE_MODEL_ID_FROM")]
     pub model_id_from: Option<String>,
     /// Kubeconfig file for discovery, instead of in-cluster credentials,
