@@ -51,6 +51,11 @@ pub struct WorkerSpec {
     /// pass; the simulator admits them healthy.
     #[serde(skip)]
     pub healthy: bool,
+    /// The name decisions, logs and `/workers` use, when the source knows
+    /// a better one than the URL's `host:port` (discovery: the pod's name).
+    /// Not part of the file or admin schema.
+    #[serde(skip)]
+    pub name: Option<String>,
 }
 
 impl WorkerSpec {
@@ -61,6 +66,7 @@ impl WorkerSpec {
             models: Vec::new(),
             api_key: None,
             healthy: true,
+            name: None,
         }
     }
 
@@ -77,6 +83,12 @@ impl WorkerSpec {
     /// Sets the API key sent to the worker.
     pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
         self.api_key = Some(key.into());
+        self
+    }
+
+    /// Sets the name decisions and logs use instead of `host:port`.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 

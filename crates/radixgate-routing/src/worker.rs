@@ -126,6 +126,8 @@ fn unpack(word: u64) -> Option<ReportedLoad> {
 pub struct Worker {
     id: WorkerId,
     url: String,
+    /// [`Self::name`]: the spec's name, else the URL's `host:port`.
+    name: String,
     models: Vec<String>,
     api_key: Option<String>,
     healthy: AtomicBool,
@@ -146,9 +148,13 @@ impl Worker {
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
         let fits = spec.models.len().max(1);
+        let url = WorkerUrl::canonical(&spec.url).to_owned();
         Self {
             id,
-            url: WorkerUrl::canonical(&spec.url).to_owned(),
+            name: spec
+                .name
+                .unwrap_or_else(|| WorkerUrl::name_of(&url).to_owned()),
+            url,
             models: spec.models,
             api_key: spec.api_key,
             healthy: AtomicBool::new(spec.healthy),
@@ -167,11 +173,12 @@ impl Worker {
         self.id
     }
 
-    /// A short, stable name for decisions and logs: the URL's `host:port`
-    /// (`10.0.0.5:30000`). Unlike the id, which follows admission order, it
-    /// reads the same in `/workers`, metrics and the decision header.
+    /// A short, stable name for decisions and logs: the name its source
+    /// gave (a pod's name), else the URL's `host:port` (`10.0.0.5:30000`).
+    /// Unlike the id, which follows admission order, it reads the same in
+    /// `/workers`, metrics and the decision header.
     pub fn name(&self) -> &str {
-        WorkerUrl::name_of(&self.url)
+        &self.name
     }
 
     /// Base URL without a trailing `/`.

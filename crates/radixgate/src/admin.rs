@@ -4,7 +4,9 @@
 //! `POST /workers` takes `{"url": ..., "api_key"?: ..., "models"?: [...]}`
 //! and answers 202: the worker is probed and admitted once healthy.
 //! `GET /workers` lists every known worker with its state.
-//! `DELETE /workers?url=...` removes one; its in-flight requests finish.
+//! `DELETE /workers?url=...` drains one: no new requests from then on; it
+//! is removed once its requests in flight finish (`"state": "draining"`
+//! until then, `"removed"` at once when none is in flight).
 //! `POST /flush_cache` tells every worker to drop its prefix cache.
 //!
 //! Who may call it ([`gate`]): whoever sends `server.admin_api_key`, from
@@ -113,7 +115,7 @@ pub(crate) struct RemoveQuery {
     url: Option<String>,
 }
 
-/// `DELETE /workers?url=...`.
+/// `DELETE /workers?url=...`: a drain (see [`crate::control::Control::drain`]).
 pub(crate) async fn remove(
     State(state): State<Arc<AppState>>,
     Query(q): Query<RemoveQuery>,
@@ -122,8 +124,8 @@ pub(crate) async fn remove(
         return GatewayError::InvalidRequest("DELETE /workers needs ?url=<worker URL>".into())
             .into_response();
     };
-    match state.shared.control.remove(url.clone()).await {
-        Ok(()) => Json(json!({"url": url, "state": "removed"})).into_response(),
+    match state.shared.control.drain(url.clone()).await {
+        Ok(drained) => Json(json!({"url": url, "state": drained})).into_response(),
         Err(err) => err.into_response(),
     }
 }

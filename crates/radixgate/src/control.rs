@@ -24,20 +24,44 @@
 //! therefore admitted as soon as it answers, and one that later fails its
 //! probes stays in the registry, marked unhealthy, so its tree survives a
 //! brief outage.
+//!
+//! A source may also hold a worker out of rotation without removing it
+//! ([`Control::set_ready`]: discovery, when a pod turns unready): it stays
+//! in the registry, marked unhealthy, so its tree record survives as it
+//! does for a worker failing its probes; it takes requests again when both
+//! its source and its probes say so.
+//!
+//! Draining ([`Control::drain`]: `DELETE /workers`, a terminating pod) takes
+//! a worker out of the registry at once, so no new request goes to it,
+//! while the control task keeps its `Arc<Worker>`: requests in flight hold
+//! their load guards and finish, `/workers` lists it as `draining` with
+//! that load, and the worker is forgotten when its load reaches zero or
+//! `server.drain_timeout_secs` has passed (requests still running then are
+//! not cut: the worker ends them, or they finish). The control task checks
+//! draining workers every [`DRAIN_POLL`] while there are any, and before
+//! every listing. Adding a worker at a URL that is draining replaces it: a
+//! new pod may take over a departed pod's address.
 
 use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
+use crate::metrics::{LabelledCounters, Metrics};
+use drain::{DRAINS, Draining};
 use radixgate_routing::{
     Policy, Registry, RoutingError, WorkerId, WorkerSet, WorkerSpec, WorkerUrl,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+mod drain;
+
+pub use drain::{DRAIN_POLL, Drained};
 
 /// A message to the control task; only [`Control`]'s methods build one.
 #[derive(Debug)]
@@ -49,6 +73,16 @@ enum Command {
     },
     Remove {
         url: String,
+        reply: oneshot::Sender<Result<(), GatewayError>>,
+    },
+    Drain {
+        url: String,
+        reply: oneshot::Sender<Result<Drained, GatewayError>>,
+    },
+    /// From discovery: the worker's pod turned ready or unready.
+    Ready {
+        url: String,
+        ready: bool,
         reply: oneshot::Sender<Result<(), GatewayError>>,
     },
     List {
@@ -86,7 +120,9 @@ pub struct WorkerStatus {
     pub id: Option<String>,
     /// Models served (empty: any, or not yet known).
     pub models: Vec<String>,
-    /// `pending` (never answered yet), `healthy` or `unhealthy`.
+    /// `pending` (never answered yet), `healthy`, `unhealthy`, `unready`
+    /// (held out of rotation by its source: a pod not ready), or
+    /// `draining` (out of rotation, its requests in flight finishing).
     pub state: &'static str,
     /// Requests in flight through this gateway.
     pub load: usize,
@@ -135,7 +171,25 @@ impl Control {
         .unwrap_or(Err(shutting_down()))
     }
 
-    /// Removes a worker by URL; requests in flight on it finish normally.
+    /// Takes a worker out of rotation at once and forgets it when its
+    /// requests in flight are done, or after `server.drain_timeout_secs`
+    /// (see the module doc). Draining a draining worker changes nothing.
+    pub async fn drain(&self, url: String) -> Result<Drained, GatewayError> {
+        self.ask(|reply| Command::Drain { url, reply })
+            .await
+            .unwrap_or(Err(shutting_down()))
+    }
+
+    /// Holds a worker out of rotation (`ready: false`) or lets it back,
+    /// keeping its tree record (see the module doc).
+    pub async fn set_ready(&self, url: String, ready: bool) -> Result<(), GatewayError> {
+        self.ask(|reply| Command::Ready { url, ready, reply })
+            .await
+            .unwrap_or(Err(shutting_down()))
+    }
+
+    /// Removes a worker by URL at once; requests in flight on it finish
+    /// normally, but it is no longer listed.
     pub async fn remove(&self, url: String) -> Result<(), GatewayError> {
         self.ask(|reply| Command::Remove { url, reply })
             .await
@@ -191,6 +245,23 @@ struct Known {
     id: Option<WorkerId>,
     /// Stops this worker's health checker.
     cancel: CancellationToken,
+    /// Set while draining: out of the registry, requests finishing.
+    draining: Option<Draining>,
+    /// Its health checker's verdict (true from admission).
+    healthy: bool,
+    /// Its source's verdict ([`Control::set_ready`]; true unless told).
+    ready: bool,
+}
+
+/// What the control task needs besides the registry: its settings and
+/// metric families.
+pub(crate) struct Settings {
+    /// How health checkers probe.
+    pub(crate) health: HealthConfig,
+    /// `server.worker_allowlist`, for workers added at runtime.
+    pub(crate) allowlist: Allowlist,
+    /// `server.drain_timeout_secs`.
+    pub(crate) drain_timeout: Duration,
 }
 
 /// Starts the control task. It stops when `shutdown` is cancelled (its
@@ -198,10 +269,15 @@ struct Known {
 pub(crate) fn spawn(
     registry: Registry,
     client: reqwest::Client,
-    health: HealthConfig,
-    allowlist: Allowlist,
+    settings: Settings,
+    metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> (Control, JoinHandle<()>) {
+    let Settings {
+        health,
+        allowlist,
+        drain_timeout,
+    } = settings;
     let (tx, rx) = mpsc::channel(256);
     let control = Control {
         tx,
@@ -213,6 +289,8 @@ pub(crate) fn spawn(
         client,
         health,
         allowlist,
+        drain_timeout,
+        drains: metrics.labelled_counters(&DRAINS, "end"),
         control: control.clone(),
         shutdown,
     };
@@ -226,6 +304,8 @@ struct ControlTask {
     health: HealthConfig,
     /// `server.worker_allowlist`, for [`Source::Runtime`] workers.
     allowlist: Allowlist,
+    drain_timeout: Duration,
+    drains: LabelledCounters,
     control: Control,
     shutdown: CancellationToken,
 }
@@ -233,12 +313,17 @@ struct ControlTask {
 impl ControlTask {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         loop {
+            let draining = self.known.values().any(|k| k.draining.is_some());
             let command = tokio::select! {
                 () = self.shutdown.cancelled() => break,
                 command = rx.recv() => match command {
                     Some(command) => command,
                     None => break,
                 },
+                () = tokio::time::sleep(DRAIN_POLL), if draining => {
+                    self.sweep_drains();
+                    continue;
+                }
             };
             self.handle(command);
         }
@@ -259,7 +344,14 @@ impl ControlTask {
             Command::Remove { url, reply } => {
                 let _ = reply.send(self.remove(&url));
             }
+            Command::Drain { url, reply } => {
+                let _ = reply.send(self.drain(&url));
+            }
+            Command::Ready { url, ready, reply } => {
+                let _ = reply.send(self.set_ready(&url, ready));
+            }
             Command::List { reply } => {
+                self.sweep_drains();
                 let _ = reply.send(self.list());
             }
             Command::SetPolicy { policy, reply } => {
@@ -268,8 +360,13 @@ impl ControlTask {
             }
             Command::Admit { url, models } => self.admit(url, models),
             Command::Health { url, healthy } => {
-                if let Some(id) = self.known.get(&url).and_then(|k| k.id) {
-                    match self.registry.set_health(id, healthy) {
+                let Some(known) = self.known.get_mut(&url) else {
+                    return;
+                };
+                known.healthy = healthy;
+                let ready = known.ready;
+                if let Some(id) = known.id {
+                    match self.registry.set_health(id, healthy && ready) {
                         Ok(true) => tracing::info!(worker = %url, healthy, "worker health changed"),
                         Ok(false) => {}
                         Err(err) => {
@@ -288,10 +385,19 @@ impl ControlTask {
         if source == Source::Runtime {
             self.allowlist.check(&url)?;
         }
-        if self.known.contains_key(&url) {
-            return Err(GatewayError::Admin(RoutingError::DuplicateWorker {
-                url: url.into(),
-            }));
+        match self.known.get(&url) {
+            // A new worker at a draining one's address (a new pod on a
+            // reused IP): the old one's requests keep their guards.
+            Some(known) if known.draining.is_some() => {
+                tracing::info!(worker = %url, "a new worker replaces the draining one at this URL");
+                self.forget(&url, "removed");
+            }
+            Some(_) => {
+                return Err(GatewayError::Admin(RoutingError::DuplicateWorker {
+                    url: url.into(),
+                }));
+            }
+            None => {}
         }
         let cancel = self.shutdown.child_token();
         tokio::spawn(health::watch(health::Target {
@@ -305,15 +411,39 @@ impl ControlTask {
             cancel: cancel.clone(),
         }));
         self.control.board.known(&url);
-        tracing::info!(worker = %url, "worker added; probing");
+        tracing::info!(worker = %url, name = spec.name.as_deref(), "worker added; probing");
         self.known.insert(
             url,
             Known {
                 spec,
                 id: None,
                 cancel,
+                draining: None,
+                healthy: false,
+                ready: true,
             },
         );
+        Ok(())
+    }
+
+    fn set_ready(&mut self, url: &str, ready: bool) -> Result<(), GatewayError> {
+        let url = WorkerUrl::canonical(url.trim());
+        let known = self
+            .known
+            .get_mut(url)
+            .ok_or_else(|| GatewayError::UnknownWorkerUrl {
+                url: url.to_owned(),
+            })?;
+        if known.ready == ready {
+            return Ok(());
+        }
+        known.ready = ready;
+        tracing::info!(worker = %url, ready, "worker's source changed its readiness");
+        if let Some(id) = known.id {
+            self.registry
+                .set_health(id, known.healthy && ready)
+                .map_err(GatewayError::Admin)?;
+        }
         Ok(())
     }
 
@@ -328,6 +458,9 @@ impl ControlTask {
             })?;
         known.cancel.cancel();
         self.control.board.forget(url);
+        if known.draining.is_some() {
+            self.drains.increment("removed");
+        }
         if let Some(id) = known.id {
             self.registry.remove(id).map_err(GatewayError::Admin)?;
         }
@@ -339,7 +472,7 @@ impl ControlTask {
         let Some(known) = self.known.get_mut(&url) else {
             return;
         };
-        if known.id.is_some() {
+        if known.id.is_some() || known.draining.is_some() {
             return;
         }
         let spec = WorkerSpec {
@@ -347,11 +480,12 @@ impl ControlTask {
             models,
             ..known.spec.clone()
         }
-        .with_health(true);
+        .with_health(known.ready);
         match self.registry.add(spec) {
             Ok(worker) => {
                 tracing::info!(worker = %url, id = %worker.id(), models = ?worker.models(), "worker admitted");
                 known.id = Some(worker.id());
+                known.healthy = true;
                 self.control.board.admitted(&url);
             }
             Err(err) => tracing::error!(worker = %url, %err, "worker could not be admitted"),
@@ -363,13 +497,20 @@ impl ControlTask {
         self.known
             .iter()
             .map(|(url, known)| {
-                let worker = known.id.and_then(|id| snapshot.get(id));
+                let draining = known.draining.as_ref().map(|d| &d.worker);
+                let worker = known.id.and_then(|id| snapshot.get(id)).or(draining);
                 WorkerStatus {
                     url: url.to_string(),
-                    name: url.name().to_owned(),
-                    id: known.id.map(|id| id.to_string()),
+                    name: known
+                        .spec
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| url.name().to_owned()),
+                    id: worker.map(|w| w.id().to_string()),
                     models: worker.map(|w| w.models().to_vec()).unwrap_or_default(),
                     state: match worker {
+                        _ if draining.is_some() => "draining",
+                        _ if !known.ready => "unready",
                         None => "pending",
                         Some(w) if w.is_healthy() => "healthy",
                         Some(_) => "unhealthy",

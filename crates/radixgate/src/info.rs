@@ -28,12 +28,17 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
         .iter()
         .filter(|w| w.is_available())
         .count();
+    let shutting_down = state.shared.shutting_down.is_cancelled();
     let body = json!({
-        "status": if available > 0 { "ok" } else { "no_healthy_workers" },
+        "status": match () {
+            () if shutting_down => "shutting_down",
+            () if available > 0 => "ok",
+            () => "no_healthy_workers",
+        },
         "healthy_workers": available,
         "workers": snapshot.workers().len(),
     });
-    let status = if available > 0 {
+    let status = if available > 0 && !shutting_down {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -16,6 +16,8 @@ pub mod body;
 pub mod breaker;
 pub mod config;
 pub mod control;
+#[cfg(feature = "kubernetes")]
+pub mod discovery;
 pub mod error;
 mod health;
 mod info;

@@ -283,6 +283,7 @@ fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
             new.outlier_detection != running.outlier_detection,
         ),
         ("metrics", new.metrics != running.metrics),
+        ("discovery", new.discovery != running.discovery),
         ("log", new.log != running.log),
     ]
     .into_iter()

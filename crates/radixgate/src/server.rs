@@ -14,7 +14,10 @@
 //! Client connections are accepted by [`crate::listen`], which holds them
 //! to a header-read and an idle timeout and caps them over all threads.
 //!
-//! Shutdown: every thread stops accepting at once, in-flight requests
+//! Shutdown: `/readiness` answers 503 at once; after
+//! `server.shutdown_delay_secs` (0 by default), time for load balancers
+//! such as Kubernetes endpoints to stop sending new connections, every
+//! thread stops accepting; in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
 //! then each remaining stream ends with an error event saying so (up to a
 //! second to send it), and the remaining connections are dropped with their
@@ -64,6 +67,10 @@ pub enum StartError {
     /// A configured worker was rejected.
     #[error("worker rejected: {0}")]
     Worker(#[from] GatewayError),
+    /// Kubernetes discovery could not start.
+    #[cfg(feature = "kubernetes")]
+    #[error(transparent)]
+    Discovery(#[from] crate::discovery::DiscoveryError),
     /// A listener failed.
     #[error("listener error: {0}")]
     Io(#[from] std::io::Error),
@@ -206,16 +213,31 @@ pub async fn run_reloadable(
     // Whatever way this function returns (an error part-way through start-up
     // included), the background tasks it started stop.
     let _stop_tasks = tasks.clone().drop_guard();
+    // Each component builds its own metric families from this recorder;
+    // only histogram buckets must be known before it is built.
+    let metrics = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
     let (control, control_task) = control::spawn(
         registry,
         client.clone(),
-        config.health.clone(),
-        Allowlist::parse(&config.server.worker_allowlist)?,
+        control::Settings {
+            health: config.health.clone(),
+            allowlist: Allowlist::parse(&config.server.worker_allowlist)?,
+            drain_timeout: Duration::from_secs(config.server.drain_timeout_secs),
+        },
+        &metrics,
         tasks.clone(),
     );
     for worker in &config.workers {
         control.add_configured(worker.clone()).await?;
     }
+    #[cfg(feature = "kubernetes")]
+    let discovery = match config.discovery.enabled {
+        true => {
+            crate::discovery::spawn(&config.discovery, control.clone(), &metrics, tasks.clone())
+                .await?
+        }
+        false => Vec::new(),
+    };
     // Its own token: a reload that replaces the policy stops this timer.
     let eviction_stop = tasks.child_token();
     let eviction = spawn_eviction(policy, eviction_stop.clone());
@@ -243,9 +265,6 @@ pub async fn run_reloadable(
         },
     ));
     let streams_abort = CancellationToken::new();
-    // Each component builds its own metric families from this recorder;
-    // only histogram buckets must be known before it is built.
-    let metrics = Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
     let shared = Arc::new(Shared {
         keys,
         admission: Admission::new(&config.admission, &metrics),
@@ -253,6 +272,7 @@ pub async fn run_reloadable(
         breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
+        shutting_down: CancellationToken::new(),
         request_metrics: RequestMetrics::new(&metrics),
         tenant_metrics: TenantMetrics::new(&metrics),
         metrics,
@@ -293,7 +313,7 @@ pub async fn run_reloadable(
         max_connections = connection_limits.slots_cap(),
         "radixgate listening"
     );
-    if shared.config.workers.is_empty() {
+    if shared.config.workers.is_empty() && !shared.config.discovery.enabled {
         tracing::warn!(
             "the worker pool is empty: requests get 503 until workers are added with \
              `--worker-urls URL...`, `workers:` in the config file (reloaded on SIGHUP), \
@@ -301,7 +321,9 @@ pub async fn run_reloadable(
         );
     }
     let listener = listener.into_std()?;
-    let stop = shutdown.child_token();
+    // Not a child of `shutdown`: readiness drops first, accepting stops
+    // after the shutdown delay.
+    let stop = CancellationToken::new();
     let abort = CancellationToken::new();
     // Likewise for serving threads already started when a later one fails.
     let _abort_threads = abort.clone().drop_guard();
@@ -331,10 +353,24 @@ pub async fn run_reloadable(
         running: threads,
         failure: None,
     };
+    let delay = Duration::from_secs(shared.config.server.shutdown_delay_secs);
     tokio::select! {
-        () = stop.cancelled() => {}
-        _ = serving.one_ended() => stop.cancel(),
+        () = shutdown.cancelled() => {
+            shared.shutting_down.cancel();
+            if !delay.is_zero() {
+                tracing::info!(
+                    ?delay,
+                    "shutting down: /readiness answers 503; still accepting for the shutdown delay"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = serving.one_ended() => {}
+                }
+            }
+        }
+        _ = serving.one_ended() => shared.shutting_down.cancel(),
     }
+    stop.cancel();
     // Stopped accepting; give in-flight requests the grace period, then
     // drop what is left (which releases its load).
     if tokio::time::timeout(grace, serving.all_ended())
@@ -357,6 +393,10 @@ pub async fn run_reloadable(
     .await;
     tasks.cancel();
     let _ = control_task.await;
+    #[cfg(feature = "kubernetes")]
+    for watch in discovery {
+        let _ = watch.await;
+    }
     let _ = upkeep.await;
     let _ = reloader.await;
     let _ = outliers.await;

@@ -57,6 +57,9 @@ pub(crate) struct Shared {
     /// Cancelled when shutdown stops waiting for streams: each response
     /// body then ends with an error event before its connection is dropped.
     pub(crate) streams_abort: tokio_util::sync::CancellationToken,
+    /// Cancelled when shutdown starts: `/readiness` answers 503 from then
+    /// on, before the listener closes.
+    pub(crate) shutting_down: tokio_util::sync::CancellationToken,
     /// The metrics recorder, rendered by `/metrics`.
     pub(crate) metrics: Metrics,
     /// The request path's metric families.

@@ -72,6 +72,13 @@ fn help_lists_the_sglang_compatible_flags() {
         "--admin-access",
         "--metrics-api-key",
         "--worker-allowlist",
+        // smg's discovery flags.
+        "--service-discovery",
+        "--selector",
+        "--service-discovery-namespace",
+        "--service-discovery-port",
+        "--model-id-from",
+        "--drain-timeout-secs",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }

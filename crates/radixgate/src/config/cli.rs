@@ -22,6 +22,41 @@ pub struct ServeArgs {
     #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_URLS", value_delimiter = ',')]
     pub worker_urls: Vec<String>,
 
+    /// Discover workers as pods from the Kubernetes API server (in-cluster
+    /// credentials in a pod, else kubeconfig); combines with --worker-urls.
+    #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY")]
+    pub service_discovery: bool,
+    /// Labels a worker pod must carry, `key=value` (space-separated, or
+    /// repeat the flag); pushed to the API server as a label selector.
+    #[arg(long, num_args = 1.., env = "RADIXGATE_SELECTOR", value_delimiter = ',')]
+    pub selector: Vec<String>,
+    /// Namespace to watch for worker pods [default: all namespaces].
+    #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY_NAMESPACE")]
+    pub service_discovery_namespace: Option<String>,
+    /// Port of the discovered workers [default: 80].
+    #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY_PORT")]
+    pub service_discovery_port: Option<u16>,
+    /// Pod annotation whose value is that pod's port, for pools whose pods
+    /// differ; a pod without it uses --service-discovery-port.
+    #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY_PORT_ANNOTATION")]
+    pub service_discovery_port_annotation: Option<String>,
+    /// Where a discovered pod's model id is read: `label:KEY` or
+    /// `annotation:KEY`; unset, the worker is asked (/v1/models).
+    #[arg(long, env = "RADIXGATE_MODEL_ID_FROM")]
+    pub model_id_from: Option<String>,
+    /// Kubeconfig file for discovery, instead of in-cluster credentials,
+    /// $KUBECONFIG or ~/.kube/config.
+    #[arg(long, env = "RADIXGATE_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seconds to keep accepting after SIGTERM with /readiness at 503,
+    /// before the listener closes (load balancers catch up) [default: 0].
+    #[arg(long, env = "RADIXGATE_SHUTDOWN_DELAY_SECS")]
+    pub shutdown_delay_secs: Option<u64>,
+    /// Seconds a drained worker (DELETE /workers, a terminating pod) is
+    /// waited for before it is forgotten [default: 300].
+    #[arg(long, env = "RADIXGATE_DRAIN_TIMEOUT_SECS")]
+    pub drain_timeout_secs: Option<u64>,
+
     /// Routing policy [default: cache_aware].
     #[arg(long, env = "RADIXGATE_POLICY", value_parser = PolicyConfig::NAMES)]
     pub policy: Option<String>,
@@ -264,6 +299,7 @@ impl ServeArgs {
                 .collect();
         }
         self.apply_routing(&mut config.routing)?;
+        self.apply_discovery(&mut config.discovery)?;
         let s = &mut config.server;
         set(&mut s.host, &self.host);
         set(&mut s.port, &self.port);
@@ -281,6 +317,8 @@ impl ServeArgs {
         set(&mut s.max_connections, &self.max_connections);
         set(&mut s.threads, &self.threads);
         set(&mut s.request_timeout_secs, &self.request_timeout_secs);
+        set(&mut s.drain_timeout_secs, &self.drain_timeout_secs);
+        set(&mut s.shutdown_delay_secs, &self.shutdown_delay_secs);
         set(
             &mut s.shutdown_grace_period_secs,
             &self.shutdown_grace_period_secs,
@@ -383,6 +421,36 @@ impl ServeArgs {
         set(&mut config.log.level, &self.log_level);
         if self.log_json {
             config.log.json = true;
+        }
+        Ok(())
+    }
+
+    fn apply_discovery(&self, d: &mut super::DiscoveryConfig) -> Result<(), ConfigError> {
+        if self.service_discovery {
+            d.enabled = true;
+        }
+        if !self.selector.is_empty() {
+            d.selector = self
+                .selector
+                .iter()
+                .map(|s| super::discovery::parse_label(s))
+                .collect::<Result<_, _>>()?;
+        }
+        if self.service_discovery_namespace.is_some() {
+            d.namespace = self.service_discovery_namespace.clone();
+        }
+        set(&mut d.port, &self.service_discovery_port);
+        if self.service_discovery_port_annotation.is_some() {
+            d.port_annotation = self.service_discovery_port_annotation.clone();
+        }
+        if let Some(from) = &self.model_id_from {
+            d.model_id_from = Some(
+                from.parse()
+                    .map_err(|reason| super::invalid("discovery.model_id_from", reason))?,
+            );
+        }
+        if self.kubeconfig.is_some() {
+            d.kubeconfig = self.kubeconfig.clone();
         }
         Ok(())
     }

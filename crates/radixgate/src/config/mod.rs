@@ -12,11 +12,13 @@
 //! existing command line keeps working.
 
 mod cli;
+mod discovery;
 mod routing;
 mod tenants;
 mod validate;
 
 pub use cli::ServeArgs;
+pub use discovery::{DiscoveryConfig, ModelIdFrom, Pool, PoolConfig};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
@@ -40,6 +42,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Workers known at start-up.
     pub workers: Vec<WorkerSpec>,
+    /// Workers found as pods through the Kubernetes API server.
+    pub discovery: DiscoveryConfig,
     /// The routing policy and its settings (`{policy: cache_aware, ...}`;
     /// without `policy:`, cache_aware's).
     #[serde(deserialize_with = "routing::section")]
@@ -109,6 +113,20 @@ pub struct ServerConfig {
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_grace_period_secs: u64,
+    /// Seconds the router keeps accepting after the shutdown signal, with
+    /// `/readiness` answering 503, before it closes its listener: time for
+    /// load balancers (Kubernetes endpoints) to stop sending it new
+    /// connections, so a rolling update of the router loses none. 0 = close
+    /// at once. On Kubernetes, 5-10 (and a pod grace period longer than
+    /// this plus `shutdown_grace_period_secs`).
+    pub shutdown_delay_secs: u64,
+    /// Longest a draining worker (`DELETE /workers`, a terminating pod) is
+    /// waited for, in seconds: it gets no new requests from the start, and
+    /// is removed when its requests in flight are done or this has passed
+    /// (those still running are then not cut; the worker ends them).
+    /// Default 300, the non-streamed request timeout: Kubernetes' own
+    /// grace period (30 s unless the pod sets more) usually ends it first.
+    pub drain_timeout_secs: u64,
     /// Key clients must send as `Authorization: Bearer <key>`; none = open
     /// (unless `tenants` lists keys). It is one more tenant, `default`, with
     /// no limits.
@@ -237,6 +255,8 @@ impl Default for ServerConfig {
             max_connections: 0,
             request_timeout_secs: 1800,
             shutdown_grace_period_secs: 30,
+            drain_timeout_secs: 300,
+            shutdown_delay_secs: 0,
             api_key: None,
             admin_api_key: None,
             admin_access: AdminAccess::Loopback,

@@ -412,3 +412,47 @@ fn connection_and_body_limits_are_flags_and_validated() {
         assert!(err.contains(key), "{argv:?}: {err}");
     }
 }
+
+#[test]
+fn an_smg_discovery_command_line_ports_over() {
+    let c = args(&[
+        "--service-discovery",
+        "--selector",
+        "app=sglang",
+        "tier=gpu",
+        "--service-discovery-namespace",
+        "llm",
+        "--service-discovery-port",
+        "30000",
+        "--model-id-from",
+        "annotation:sglang.ai/model",
+        "--drain-timeout-secs",
+        "60",
+    ])
+    .load();
+    #[cfg(not(feature = "kubernetes"))]
+    assert!(c.unwrap_err().to_string().contains("without Kubernetes"));
+    #[cfg(feature = "kubernetes")]
+    {
+        let c = c.unwrap();
+        assert!(c.discovery.enabled);
+        assert_eq!(c.server.drain_timeout_secs, 60);
+        let pools = c.discovery.resolved_pools();
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].selector, "app=sglang,tier=gpu");
+        assert_eq!(pools[0].namespace.as_deref(), Some("llm"));
+        assert_eq!(pools[0].port, 30000);
+        assert_eq!(
+            pools[0].model_id_from,
+            Some(ModelIdFrom::Annotation("sglang.ai/model".into()))
+        );
+    }
+    for (bad, needle) in [
+        (&["--selector", "app"][..], "key=value"),
+        (&["--model-id-from", "env:X"][..], "label:KEY"),
+        (&["--service-discovery"][..], "discovery"),
+    ] {
+        let err = args(bad).load().unwrap_err().to_string();
+        assert!(err.contains(needle), "{bad:?}: {err}");
+    }
+}

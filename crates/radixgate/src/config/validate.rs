@@ -78,6 +78,7 @@ impl Config {
         // Reads the key file and `key_env` variables: a bad entry stops
         // start-up (or a reload) here, named.
         self.tenants.resolve(self.server.api_key.as_deref())?;
+        self.discovery.validate()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",
@@ -108,6 +109,18 @@ impl Config {
         within(
             "server.shutdown_grace_period_secs",
             s.shutdown_grace_period_secs,
+            0,
+            MAX_SECS,
+        )?;
+        within(
+            "server.shutdown_delay_secs",
+            s.shutdown_delay_secs,
+            0,
+            MAX_SECS,
+        )?;
+        within(
+            "server.drain_timeout_secs",
+            s.drain_timeout_secs,
             0,
             MAX_SECS,
         )?;

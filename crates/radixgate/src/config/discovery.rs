@@ -1,0 +1,295 @@
+//! The `discovery:` section: which Kubernetes pods are workers, and how to
+//! reach them.
+//!
+//! Names follow smg's (`--service-discovery`, `--selector`,
+//! `--service-discovery-namespace`, `--service-discovery-port`), so an smg
+//! command line ports over. One label selector is one *pool*: the
+//! top-level `selector` with the top-level settings, plus any entries of
+//! `pools`, each with its own selector and, where it sets them, its own
+//! port and model. Every pool is its own watch, with its selector pushed to
+//! the API server.
+
+use super::{ConfigError, invalid};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Pod discovery from the Kubernetes API server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// Watch the API server for worker pods (`--service-discovery`).
+    pub enabled: bool,
+    /// Namespace to watch; none = every namespace the router may list
+    /// (`--service-discovery-namespace`).
+    pub namespace: Option<String>,
+    /// Labels a worker pod must all carry (`--selector app=sglang ...`).
+    pub selector: BTreeMap<String, String>,
+    /// Port the workers listen on (`--service-discovery-port`); smg's
+    /// default, 80.
+    pub port: u16,
+    /// Annotation whose value, when a pod has it, is that pod's port
+    /// instead of `port` (`--service-discovery-port-annotation`).
+    pub port_annotation: Option<String>,
+    /// Where a pod's model comes from: `label:KEY` or `annotation:KEY`
+    /// (`--model-id-from`). Unset, or a pod without it: the worker is asked
+    /// (`/v1/models`), as for a worker given by URL.
+    pub model_id_from: Option<ModelIdFrom>,
+    /// More selectors, each watched on its own (one per model, say).
+    pub pools: Vec<PoolConfig>,
+    /// A kubeconfig file to use instead of the usual search (in-cluster
+    /// service account when in a pod, else `$KUBECONFIG` or
+    /// `~/.kube/config`) (`--kubeconfig`).
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            namespace: None,
+            selector: BTreeMap::new(),
+            port: 80,
+            port_annotation: None,
+            model_id_from: None,
+            pools: Vec::new(),
+            kubeconfig: None,
+        }
+    }
+}
+
+/// One more selector under `discovery.pools`; unset settings are the
+/// section's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Labels a pod of this pool must all carry (not empty).
+    pub selector: BTreeMap<String, String>,
+    /// The pool's port.
+    pub port: Option<u16>,
+    /// The pool's port annotation.
+    pub port_annotation: Option<String>,
+    /// Where the pool's model comes from.
+    pub model_id_from: Option<ModelIdFrom>,
+    /// The models this pool's workers serve, when no pod says (neither
+    /// asked from the worker nor read from the pod).
+    pub models: Vec<String>,
+}
+
+/// A pool with every setting resolved: what one watch needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    /// Its label selector, as the API server takes it (`a=b,c=d`).
+    pub selector: String,
+    /// Namespace, or all.
+    pub namespace: Option<String>,
+    /// Port, unless the pod's annotation says otherwise.
+    pub port: u16,
+    /// The port annotation.
+    pub port_annotation: Option<String>,
+    /// Where the model comes from.
+    pub model_id_from: Option<ModelIdFrom>,
+    /// Models when the pod names none.
+    pub models: Vec<String>,
+}
+
+/// Where a pod's model id is read from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum ModelIdFrom {
+    /// `label:KEY`.
+    Label(String),
+    /// `annotation:KEY`.
+    Annotation(String),
+}
+
+impl FromStr for ModelIdFrom {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            Some(("label", key)) if !key.is_empty() => Ok(Self::Label(key.to_owned())),
+            Some(("annotation", key)) if !key.is_empty() => Ok(Self::Annotation(key.to_owned())),
+            _ => Err(format!("`{text}` is not `label:KEY` or `annotation:KEY`")),
+        }
+    }
+}
+
+impl TryFrom<String> for ModelIdFrom {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<ModelIdFrom> for String {
+    fn from(from: ModelIdFrom) -> Self {
+        from.to_string()
+    }
+}
+
+impl fmt::Display for ModelIdFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Label(key) => write!(f, "label:{key}"),
+            Self::Annotation(key) => write!(f, "annotation:{key}"),
+        }
+    }
+}
+
+/// `k=v` as given to `--selector`.
+pub(crate) fn parse_label(text: &str) -> Result<(String, String), ConfigError> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(invalid(
+            "discovery.selector",
+            format!("`{text}` is not `key=value`"),
+        )),
+    }
+}
+
+impl DiscoveryConfig {
+    /// Every pool to watch: the top-level selector's (when set), then
+    /// `pools`, with the section's settings filled in.
+    pub fn resolved_pools(&self) -> Vec<Pool> {
+        let top = (!self.selector.is_empty()).then(|| PoolConfig {
+            selector: self.selector.clone(),
+            ..PoolConfig::default()
+        });
+        top.iter()
+            .chain(&self.pools)
+            .map(|pool| Pool {
+                selector: selector_text(&pool.selector),
+                namespace: self.namespace.clone(),
+                port: pool.port.unwrap_or(self.port),
+                port_annotation: pool
+                    .port_annotation
+                    .clone()
+                    .or_else(|| self.port_annotation.clone()),
+                model_id_from: pool
+                    .model_id_from
+                    .clone()
+                    .or_else(|| self.model_id_from.clone()),
+                models: pool.models.clone(),
+            })
+            .collect()
+    }
+
+    /// The section's own checks (see [`super::Config::validate`]).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if !cfg!(feature = "kubernetes") {
+            return Err(invalid(
+                "discovery.enabled",
+                "this radixgate was built without Kubernetes support \
+                 (cargo feature `kubernetes`)",
+            ));
+        }
+        if self.resolved_pools().is_empty() {
+            return Err(invalid(
+                "discovery.selector",
+                "discovery needs a label selector (--selector app=sglang) \
+                 or at least one entry under discovery.pools",
+            ));
+        }
+        if self.port == 0 {
+            return Err(invalid("discovery.port", "must be between 1 and 65535"));
+        }
+        for (i, pool) in self.pools.iter().enumerate() {
+            if pool.selector.is_empty() {
+                return Err(invalid(
+                    "discovery.pools",
+                    format!("entry {i} has an empty selector: it would take every pod"),
+                ));
+            }
+            if pool.port == Some(0) {
+                return Err(invalid(
+                    "discovery.pools",
+                    format!("entry {i}: port must be between 1 and 65535"),
+                ));
+            }
+        }
+        let labels = self
+            .pools
+            .iter()
+            .flat_map(|p| &p.selector)
+            .chain(&self.selector);
+        for (key, value) in labels {
+            let bad = |s: &str| s.is_empty() || s.contains([',', '=', '!', ' ']);
+            if bad(key) || value.contains([',', '=', '!', ' ']) {
+                return Err(invalid(
+                    "discovery.selector",
+                    format!("`{key}={value}` is not a label a selector can match"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `a=b,c=d`, in key order.
+fn selector_text(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_id_from_reads_both_forms_and_refuses_others() {
+        assert_eq!(
+            "label:model".parse(),
+            Ok(ModelIdFrom::Label("model".into()))
+        );
+        assert_eq!(
+            "annotation:sglang.ai/model".parse(),
+            Ok(ModelIdFrom::Annotation("sglang.ai/model".into()))
+        );
+        for bad in ["label:", "model", "env:X", ""] {
+            assert!(bad.parse::<ModelIdFrom>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pools_take_the_section_settings_unless_they_set_their_own() {
+        let config: DiscoveryConfig = serde_norway::from_str(
+            "enabled: true\nselector: {app: a, tier: gpu}\nport: 8000\n\
+             model_id_from: label:model\npools:\n  - selector: {app: b}\n    port: 9000\n    models: [m]\n",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let pools = config.resolved_pools();
+        assert_eq!(pools.len(), 2);
+        assert_eq!(pools[0].selector, "app=a,tier=gpu");
+        assert_eq!(pools[0].port, 8000);
+        assert_eq!(pools[1].selector, "app=b");
+        assert_eq!(pools[1].port, 9000);
+        assert_eq!(pools[1].models, ["m"]);
+        assert_eq!(
+            pools[1].model_id_from,
+            Some(ModelIdFrom::Label("model".into()))
+        );
+    }
+
+    #[test]
+    fn enabled_without_a_selector_is_refused() {
+        let config = DiscoveryConfig {
+            enabled: true,
+            ..DiscoveryConfig::default()
+        };
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("label selector"), "{err}");
+        let err = serde_norway::from_str::<DiscoveryConfig>("model_id_from: env:X\n").unwrap_err();
+        assert!(err.to_string().contains("label:KEY"), "{err}");
+    }
+}

@@ -1,0 +1,394 @@
+//! Kubernetes pod discovery: one watch per pool (label selector), turning
+//! pod events into the control task's commands.
+//!
+//! Discovery is a *source* of workers like the admin API: it only calls
+//! [`Control::add`] (held to `server.worker_allowlist` like any runtime
+//! worker), [`Control::drain`], [`Control::remove`] and
+//! [`Control::set_ready`], and never touches the registry. Static workers
+//! and discovered ones live side by side.
+//!
+//! Per pod (see `pod.rs` for what the object says):
+//! - first seen serving → added, named after the pod;
+//! - turned unready → held out of rotation, its tree record kept;
+//!   ready again → back;
+//! - terminating or deleted → drained: no new requests at once, removed
+//!   when its requests in flight are done;
+//! - its URL changed (a new IP, a new port) → the old one removed, the new
+//!   one added.
+//!
+//! The watch is kube-runtime's watcher with the selector pushed to the API
+//! server: a broken watch resumes from the last resource version it saw, a
+//! `410 Gone` starts over with a fresh list, after which pods missing from
+//! it are treated as deleted. While the API server cannot be reached the
+//! router keeps routing to what it knows; the watch retries with back-off,
+//! a WARN says so (at most once a minute), and
+//! `radixgate_discovery_connected` reads 0.
+//!
+//! A malformed object is logged (once per pod and resource version) and
+//! skipped; what it was before stays as it was.
+//!
+//! Concurrency: each pool's task owns its own map of the pods it tracks;
+//! nothing here is shared but the control handle and metric families.
+
+mod object;
+mod pod;
+
+use crate::config::{DiscoveryConfig, Pool};
+use crate::control::Control;
+use crate::metrics::{Describe, Family, LabelledCounters, Metrics};
+use futures::StreamExt as _;
+use kube::Api;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use metrics::{Gauge, Label};
+use object::RawPod;
+use pod::Seen;
+use radixgate_routing::WorkerSpec;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// A WARN about the same unreachable API server is repeated this often.
+const REPEAT_WARNING: Duration = Duration::from_secs(60);
+
+const CONNECTED: Describe = Describe::new(
+    "radixgate_discovery_connected",
+    "Whether each discovery watch (by label selector) is connected to the Kubernetes \
+     API server (1) or retrying (0); while 0 the router routes to the workers it knows.",
+);
+const EVENTS: Describe = Describe::new(
+    "radixgate_discovery_events_total",
+    "Pod discovery events: `applied` (a pod added or changed), `deleted`, `relisted` \
+     (a fresh list completed, at start or after 410 Gone), `malformed` (an object skipped), \
+     `error` (the watch failed and retries).",
+);
+
+/// Why discovery could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// No usable cluster configuration (in-cluster or kubeconfig).
+    #[error("discovery: no Kubernetes configuration: {0}")]
+    Config(String),
+    /// The client could not be built from it.
+    #[error("discovery: cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// The cluster's client: in a pod, its service account (in-cluster);
+/// elsewhere `$KUBECONFIG` or `~/.kube/config`; `discovery.kubeconfig`
+/// overrides both.
+async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| DiscoveryError::Config(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(|e| DiscoveryError::Config(format!("{}: {e}", path.display())))?
+        }
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            kube::Config::incluster().map_err(|e| DiscoveryError::Config(e.to_string()))?
+        }
+        None => kube::Config::from_kubeconfig(&Default::default())
+            .await
+            .map_err(|e| DiscoveryError::Config(e.to_string()))?,
+    };
+    Ok(kube::Client::try_from(kube_config)?)
+}
+
+/// The discovery metric families, shared by every pool's task.
+struct DiscoveryMetrics {
+    connected: Family<Box<str>, Gauge>,
+    events: LabelledCounters,
+}
+
+impl DiscoveryMetrics {
+    fn connected(&self, selector: &str, connected: bool) {
+        self.connected.with(
+            selector,
+            || selector.into(),
+            || vec![Label::new("selector", selector.to_owned())],
+            |g| g.set(if connected { 1.0 } else { 0.0 }),
+        );
+    }
+}
+
+/// Starts one watch per pool of `config` (which must be enabled). They
+/// stop with `stop`.
+pub(crate) async fn spawn(
+    config: &DiscoveryConfig,
+    control: Control,
+    metrics: &Metrics,
+    stop: CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, DiscoveryError> {
+    let client = client(config).await?;
+    let metrics = Arc::new(DiscoveryMetrics {
+        connected: metrics.gauges(&CONNECTED),
+        events: metrics.labelled_counters(&EVENTS, "event"),
+    });
+    Ok(config
+        .resolved_pools()
+        .into_iter()
+        .map(|pool| {
+            tracing::info!(
+                selector = %pool.selector,
+                namespace = pool.namespace.as_deref().unwrap_or("(all)"),
+                "discovery: watching pods"
+            );
+            let watch = PoolWatch {
+                api: match &pool.namespace {
+                    Some(ns) => Api::namespaced(client.clone(), ns),
+                    None => Api::all(client.clone()),
+                },
+                pool,
+                control: control.clone(),
+                metrics: metrics.clone(),
+                pods: BTreeMap::new(),
+                listing: None,
+                complained: BTreeMap::new(),
+                refused: BTreeMap::new(),
+            };
+            tokio::spawn(watch.run(stop.clone()))
+        })
+        .collect())
+}
+
+/// One pool's watch and the pods it turned into workers.
+struct PoolWatch {
+    api: Api<RawPod>,
+    pool: Pool,
+    control: Control,
+    metrics: Arc<DiscoveryMetrics>,
+    /// Pods (by `namespace/name`) this watch made workers, by URL.
+    pods: BTreeMap<String, Tracked>,
+    /// During a (re)list: the pods listed so far.
+    listing: Option<BTreeSet<String>>,
+    /// Malformed objects already logged: pod key → resource version.
+    complained: BTreeMap<String, String>,
+    /// Pods the control task refused (the allowlist, a duplicate URL),
+    /// by key → URL: not offered again until their URL changes.
+    refused: BTreeMap<String, String>,
+}
+
+/// A pod this watch sent to the control task.
+struct Tracked {
+    url: String,
+    /// Whether it was last told ready.
+    ready: bool,
+}
+
+impl PoolWatch {
+    async fn run(mut self, stop: CancellationToken) {
+        let config = watcher::Config::default().labels(&self.pool.selector);
+        let mut events = watcher::watcher(self.api.clone(), config)
+            .default_backoff()
+            .boxed();
+        let mut outage: Option<Outage> = None;
+        self.metrics.connected(&self.pool.selector, false);
+        loop {
+            let event = tokio::select! {
+                () = stop.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                None => return,
+                Some(Ok(event)) => {
+                    if let Some(outage) = outage.take() {
+                        tracing::info!(
+                            selector = %self.pool.selector,
+                            down_for = ?outage.since.elapsed(),
+                            "discovery: the Kubernetes API server answers again"
+                        );
+                    }
+                    self.metrics.connected(&self.pool.selector, true);
+                    self.handle(event).await;
+                }
+                Some(Err(err)) => {
+                    self.metrics.events.increment("error");
+                    self.metrics.connected(&self.pool.selector, false);
+                    let now = Instant::now();
+                    let outage = outage.get_or_insert(Outage {
+                        since: now,
+                        warned: None,
+                    });
+                    if outage
+                        .warned
+                        .is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING)
+                    {
+                        outage.warned = Some(now);
+                        tracing::warn!(
+                            selector = %self.pool.selector,
+                            error = %err,
+                            workers = self.pods.len(),
+                            "discovery: the Kubernetes API server watch failed; routing \
+                             continues to the workers known, retrying with back-off"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, event: Event<RawPod>) {
+        match event {
+            Event::Init => self.listing = Some(BTreeSet::new()),
+            Event::InitApply(raw) => {
+                if let (Some(listing), Some(key)) = (&mut self.listing, pod::key(&raw)) {
+                    listing.insert(key);
+                }
+                self.apply(&raw).await;
+            }
+            Event::InitDone => {
+                // Counted when complete: a list that failed half-way is
+                // started over (another `Init`) and counted once.
+                self.metrics.events.increment("relisted");
+                let listed = self.listing.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .pods
+                    .keys()
+                    .filter(|k| !listed.contains(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.gone(&key, "no longer listed").await;
+                }
+            }
+            Event::Apply(raw) => self.apply(&raw).await,
+            Event::Delete(raw) => {
+                self.metrics.events.increment("deleted");
+                if let Some(key) = pod::key(&raw) {
+                    self.gone(&key, "deleted").await;
+                }
+            }
+        }
+    }
+
+    /// A pod was added or changed (or listed).
+    async fn apply(&mut self, raw: &RawPod) {
+        self.metrics.events.increment("applied");
+        let Some(key) = pod::key(raw) else {
+            self.malformed("(unnamed)", raw, "it has no metadata.name");
+            return;
+        };
+        let seen = match pod::read(raw, &self.pool) {
+            Ok(seen) => seen,
+            Err(why) => {
+                self.malformed(&key, raw, &why);
+                return;
+            }
+        };
+        self.complained.remove(&key);
+        let name = raw.metadata.name.clone().unwrap_or_default();
+        match (seen, self.pods.get(&key)) {
+            (Seen::Ready(endpoint), Some(tracked)) if tracked.url == endpoint.url => {
+                if !tracked.ready {
+                    let url = tracked.url.clone();
+                    self.ready(&key, &url, true).await;
+                }
+            }
+            (Seen::Ready(endpoint), None) if self.refused.get(&key) == Some(&endpoint.url) => {}
+            (Seen::Ready(endpoint), tracked) => {
+                if let Some(old) = tracked {
+                    let old = old.url.clone();
+                    tracing::info!(pod = %key, from = %old, to = %endpoint.url, "discovery: pod moved");
+                    self.pods.remove(&key);
+                    self.forget(&old, self.control.remove(old.clone()).await);
+                }
+                let spec = WorkerSpec::new(endpoint.url.clone())
+                    .with_models(endpoint.models)
+                    .with_name(name);
+                match self.control.add(spec).await {
+                    Ok(()) => {
+                        tracing::info!(pod = %key, url = %endpoint.url, "discovery: pod is a worker");
+                        self.refused.remove(&key);
+                        self.pods.insert(
+                            key,
+                            Tracked {
+                                url: endpoint.url,
+                                ready: true,
+                            },
+                        );
+                    }
+                    Err(err) => {
+                        tracing::warn!(
+                            pod = %key,
+                            url = %endpoint.url,
+                            %err,
+                            "discovery: pod not added (not offered again until its address changes)"
+                        );
+                        self.refused.insert(key, endpoint.url);
+                    }
+                }
+            }
+            (Seen::NotReady(why), Some(tracked)) => {
+                if tracked.ready {
+                    let url = tracked.url.clone();
+                    tracing::info!(pod = %key, why, "discovery: pod out of rotation");
+                    self.ready(&key, &url, false).await;
+                }
+            }
+            (Seen::Terminating, Some(_)) => self.gone(&key, "terminating").await,
+            (Seen::NotReady(_) | Seen::Terminating, None) => {}
+        }
+    }
+
+    async fn ready(&mut self, key: &str, url: &str, ready: bool) {
+        match self.control.set_ready(url.to_owned(), ready).await {
+            Ok(()) => {
+                if let Some(tracked) = self.pods.get_mut(key) {
+                    tracked.ready = ready;
+                }
+            }
+            Err(err) => {
+                // Removed behind our back (DELETE /workers): no longer ours.
+                tracing::info!(pod = %key, %err, "discovery: worker no longer known");
+                self.pods.remove(key);
+            }
+        }
+    }
+
+    /// The pod is terminating or gone: drain its worker.
+    async fn gone(&mut self, key: &str, why: &str) {
+        self.refused.remove(key);
+        let Some(tracked) = self.pods.remove(key) else {
+            return;
+        };
+        self.complained.remove(key);
+        match self.control.drain(tracked.url.clone()).await {
+            Ok(drained) => {
+                tracing::info!(pod = %key, url = %tracked.url, why, ?drained, "discovery: pod leaving")
+            }
+            Err(err) => tracing::info!(pod = %key, %err, "discovery: worker already gone"),
+        }
+    }
+
+    fn forget(&self, url: &str, result: Result<(), crate::error::GatewayError>) {
+        if let Err(err) = result {
+            tracing::info!(%url, %err, "discovery: worker already gone");
+        }
+    }
+
+    fn malformed(&mut self, key: &str, raw: &RawPod, why: &str) {
+        self.metrics.events.increment("malformed");
+        let version = raw.metadata.resource_version.clone().unwrap_or_default();
+        if self.complained.get(key) == Some(&version) {
+            return;
+        }
+        self.complained.insert(key.to_owned(), version.clone());
+        tracing::warn!(
+            pod = %key,
+            resource_version = %version,
+            selector = %self.pool.selector,
+            "discovery: skipping a malformed pod object: {why}"
+        );
+    }
+}
+
+/// The API server has been unreachable since `since`.
+struct Outage {
+    since: Instant,
+    warned: Option<Instant>,
+}

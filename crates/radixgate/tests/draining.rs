@@ -1,0 +1,176 @@
+//! Draining through a real gateway: a drained worker takes no new request,
+//! its requests in flight (streams included) finish, and then it goes.
+//! (Draining by a terminating pod is in `discovery.rs`.)
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+async fn workers(gateway: &str) -> Vec<Value> {
+    let list: Value = client()
+        .get(format!("{gateway}/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    list["workers"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_workers_drains_a_worker_with_a_stream_in_flight() {
+    let mut slow = fast_worker();
+    slow.engine.timing.step_base_us = 3000.0;
+    let a = sim_worker(slow).await;
+    let gw = gateway_ready(config(&[&a.url]), 1).await;
+    let mut long = chat("a long answer", true);
+    long["max_tokens"] = json!(400);
+    let mut stream = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut body = String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).into_owned();
+    let r: Value = client()
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["state"], "draining");
+    let listed = workers(&gw.url).await;
+    assert_eq!(listed[0]["state"], "draining", "{listed:?}");
+    assert_eq!(listed[0]["load"], 1, "{listed:?}");
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("no one to take it", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "a draining worker takes no new request");
+    // Draining again changes nothing.
+    let again: Value = client()
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["state"], "draining");
+
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    assert!(!body.contains("\"error\""), "{body}");
+    wait_until("the drained worker gone", || async {
+        workers(&gw.url).await.is_empty()
+    })
+    .await;
+    let metrics = metrics_text(&gw.url).await;
+    assert!(
+        metrics.contains("radixgate_worker_drains_total{end=\"finished\"} 1"),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_is_removed_at_once_and_a_drained_url_can_come_back() {
+    let a = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url]), 1).await;
+    let r: Value = client()
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["state"], "removed");
+    assert!(workers(&gw.url).await.is_empty());
+    let r = client()
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": a.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    wait_for_healthy(&gw.url, 1).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drops_readiness_before_the_listener_closes() {
+    let a = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&a.url]);
+    cfg.server.shutdown_delay_secs = 5;
+    let gw = gateway_ready(cfg, 1).await;
+    let readiness = || async {
+        let r = client()
+            .get(format!("{}/readiness", gw.url))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(readiness().await.0, 200);
+    gw.stop.cancel();
+    let (status, body) = readiness().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "shutting_down");
+    // Still accepting, and serving, during the delay: a load balancer that
+    // has not yet seen the 503 loses nothing.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("one more", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    gw.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_times_out_forgets_the_worker_but_does_not_cut_its_stream() {
+    let mut slow = fast_worker();
+    slow.engine.timing.step_base_us = 3000.0;
+    let a = sim_worker(slow).await;
+    let mut cfg = config(&[&a.url]);
+    cfg.server.drain_timeout_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    let mut long = chat("a very long answer", true);
+    long["max_tokens"] = json!(1500);
+    let mut stream = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut body = String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).into_owned();
+    client()
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap();
+    wait_until("the drain timed out", || async {
+        workers(&gw.url).await.is_empty()
+    })
+    .await;
+    let metrics = metrics_text(&gw.url).await;
+    assert!(
+        metrics.contains("radixgate_worker_drains_total{end=\"timeout\"} 1"),
+        "{metrics}"
+    );
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    gw.shutdown().await;
+}
