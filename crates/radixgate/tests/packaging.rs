@@ -1,0 +1,497 @@
+//! The packaging, held to the code it deploys: the Dockerfile, the Helm
+//! chart (`deploy/helm/radixgate`) and the plain manifests rendered from it
+//! (`deploy/manifests/radixgate.yaml`).
+//!
+//! - Every document of the manifests is read into its `k8s-openapi` type
+//!   and written back: a field the type does not know (a typo) is lost on
+//!   the way and fails the test, and so does a kind it has no type for.
+//! - The ConfigMap's `radixgate.yaml` and the Deployment's arguments go
+//!   through radixgate's own flag parser and config loader, and then run
+//!   the real binary against the fake API server (`k8s/mod.rs`): it finds a
+//!   worker pod by the chart's selector, turns ready, serves, and on SIGTERM
+//!   drops readiness while it still accepts.
+//! - The probes, Service, scrape annotations, RBAC and shutdown timing are
+//!   checked against that config.
+//! - The chart is linted and rendered by Helm's own engine
+//!   (`deploy/render.py`, through the helm-python-sdk package that
+//!   `.ci/run` installs); the committed manifests must equal its output,
+//!   and other values must give the objects they promise. Without the
+//!   package those tests fail: they never skip.
+
+mod common;
+mod k8s;
+mod manifests;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use manifests::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+#[test]
+fn every_manifest_is_read_and_written_back_by_its_kubernetes_type() {
+    let m = Manifests::parse(&committed()).unwrap_or_else(|e| panic!("{e}"));
+    let kinds: Vec<&str> = m.0.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ConfigMap",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Deployment",
+            "PodDisruptionBudget"
+        ]
+    );
+    // The check itself: a misspelt field, and an unknown kind, fail.
+    let mut typo = m.all("Deployment")[0].clone();
+    typo["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = json!({});
+    let err = check_schema(&typo).unwrap_err();
+    assert!(err.contains("readinesProbe"), "{err}");
+    assert!(check_schema(&json!({"apiVersion": "v1", "kind": "Secrets"})).is_err());
+}
+
+#[test]
+fn the_config_map_is_a_config_the_router_loads_with_the_deployments_flags() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let config = router_config(&m);
+    assert_eq!(
+        config.server.host, "0.0.0.0",
+        "a pod listens on its own address"
+    );
+    let d = &config.discovery;
+    assert!(d.enabled);
+    assert_eq!(
+        d.selector.get("radixgate/worker").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(d.namespace.as_deref(), Some("default"));
+    assert_eq!(d.resolved_pools().len(), 1);
+}
+
+#[test]
+fn probes_service_and_scrape_annotations_use_the_routers_port() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let port = i32::from(router_config(&m).server.port);
+    let deployment: Deployment = m.one("Deployment");
+    let c = container(&deployment);
+    let http = c
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("http"))
+        .unwrap();
+    assert_eq!(
+        http.container_port, port,
+        "the container port is server.port"
+    );
+    for (probe, path) in [
+        (&c.liveness_probe, "/liveness"),
+        (&c.readiness_probe, "/readiness"),
+    ] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(get.port, IntOrString::String("http".into()));
+    }
+    let service: Service = m.one("Service");
+    let target = &service.spec.unwrap().ports.unwrap()[0];
+    assert_eq!(target.target_port, Some(IntOrString::String("http".into())));
+    let annotations = deployment
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .annotations
+        .unwrap();
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], port.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+}
+
+#[test]
+fn rbac_lets_the_routers_account_get_list_and_watch_pods() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let config = router_config(&m);
+    assert_pods_readable(&m, config.discovery.namespace.as_deref());
+}
+
+#[test]
+fn a_router_rollout_waits_for_its_longest_request() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let server = router_config(&m).server;
+    let deployment: Deployment = m.one("Deployment");
+    let spec = deployment.spec.unwrap();
+    let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(
+        rolling.max_unavailable,
+        Some(IntOrString::Int(0)),
+        "a new router is ready before an old one stops"
+    );
+    let pod = spec.template.spec.unwrap();
+    let c = &pod.containers[0];
+    let sleep = c
+        .lifecycle
+        .as_ref()
+        .unwrap()
+        .pre_stop
+        .as_ref()
+        .unwrap()
+        .sleep
+        .as_ref()
+        .unwrap()
+        .seconds;
+    assert!(sleep > 0);
+    assert!(
+        server.shutdown_delay_secs > 0,
+        "readiness drops before the listener closes"
+    );
+    assert!(
+        server.request_timeout_secs > 0,
+        "the longest request is bounded"
+    );
+    assert!(
+        server.shutdown_grace_period_secs >= server.request_timeout_secs,
+        "shutdown waits for the longest request"
+    );
+    let grace = pod.termination_grace_period_seconds.unwrap();
+    let needed = sleep
+        + i64::try_from(server.shutdown_delay_secs + server.shutdown_grace_period_secs).unwrap();
+    assert!(
+        grace > needed,
+        "terminationGracePeriodSeconds {grace} <= {needed}"
+    );
+    // Service links would set RADIXGATE_PORT=tcp://... in the pod, which
+    // the router reads as --port.
+    assert_eq!(pod.enable_service_links, Some(false));
+}
+
+#[test]
+fn the_router_runs_unprivileged_on_a_read_only_root_as_the_image_says() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let deployment: Deployment = m.one("Deployment");
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    let p = pod.security_context.unwrap();
+    assert_eq!(p.run_as_non_root, Some(true));
+    let c = pod.containers[0].security_context.clone().unwrap();
+    assert_eq!(c.read_only_root_filesystem, Some(true));
+    assert_eq!(c.allow_privilege_escalation, Some(false));
+    assert_eq!(c.capabilities.unwrap().drop, Some(vec!["ALL".to_owned()]));
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let user = format!(
+        "USER {}:{}",
+        p.run_as_user.unwrap(),
+        p.run_as_group.unwrap()
+    );
+    assert!(
+        dockerfile.lines().any(|l| l == user),
+        "the Dockerfile says `{user}`"
+    );
+}
+
+#[test]
+fn selectors_pick_the_router_pods() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let deployment: Deployment = m.one("Deployment");
+    let spec = deployment.spec.unwrap();
+    let labels = spec.template.metadata.unwrap().labels.unwrap();
+    let picks = |selector: &BTreeMap<String, String>| {
+        !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    assert!(picks(&spec.selector.match_labels.unwrap()));
+    let service: Service = m.one("Service");
+    assert!(picks(&service.spec.unwrap().selector.unwrap()));
+    let budget: PodDisruptionBudget = m.one("PodDisruptionBudget");
+    assert!(picks(
+        &budget.spec.unwrap().selector.unwrap().match_labels.unwrap()
+    ));
+}
+
+#[test]
+fn the_dockerfile_builds_with_the_pinned_toolchain_and_serves_the_charts_port() {
+    let toolchain = std::fs::read_to_string(repo().join("rust-toolchain.toml")).unwrap();
+    let channel = toolchain
+        .lines()
+        .find_map(|l| l.strip_prefix("channel = "))
+        .unwrap()
+        .trim_matches('"');
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let from: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(
+        from,
+        [
+            format!("FROM rust:{channel}-alpine AS build").as_str(),
+            "FROM scratch"
+        ]
+    );
+    assert!(dockerfile.contains(&format!("RUSTUP_TOOLCHAIN={channel}")));
+    assert!(dockerfile.contains("cargo build --release --locked -p radixgate"));
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l == r#"ENTRYPOINT ["/radixgate"]"#)
+    );
+    let m = Manifests::parse(&committed()).unwrap();
+    let port = router_config(&m).server.port;
+    assert!(
+        dockerfile.lines().any(|l| l == format!("EXPOSE {port}")),
+        "EXPOSE {port}"
+    );
+}
+
+#[test]
+fn the_committed_manifests_are_the_chart_rendered_by_helm() {
+    let fresh = render(json!({})).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        fresh == committed(),
+        "deploy/manifests/radixgate.yaml differs from the chart; regenerate it:\n  \
+         deploy/render.py > deploy/manifests/radixgate.yaml"
+    );
+}
+
+#[test]
+fn values_choose_where_pods_are_watched_and_what_is_granted() {
+    let other = rendered(json!({"discovery": {"namespace": "llm"}}));
+    assert_eq!(
+        router_config(&other).discovery.namespace.as_deref(),
+        Some("llm")
+    );
+    assert_pods_readable(&other, Some("llm"));
+
+    let everywhere = rendered(json!({"discovery": {"allNamespaces": true}}));
+    assert_eq!(router_config(&everywhere).discovery.namespace, None);
+    assert_pods_readable(&everywhere, None);
+
+    let off =
+        rendered(json!({"discovery": {"enabled": false}, "workers": ["http://10.0.0.1:8000"]}));
+    let config = router_config(&off);
+    assert!(!config.discovery.enabled);
+    assert_eq!(config.workers.len(), 1);
+    for kind in ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] {
+        assert!(off.all(kind).is_empty(), "{kind} without discovery");
+    }
+    let deployment: Deployment = off.one("Deployment");
+    assert_eq!(
+        deployment
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .automount_service_account_token,
+        Some(false)
+    );
+
+    // Every discovery setting reaches the config under its own key.
+    let pools = rendered(json!({"discovery": {
+        "port": 30000, "portAnnotation": "example.com/port", "modelIdFrom": "label:model",
+        "pools": [{"selector": {"app": "vllm-qwen"}, "port": 8000, "models": ["qwen"],
+                   "modelIdFrom": "annotation:m", "portAnnotation": "example.com/qwen-port"}],
+    }}));
+    let d = router_config(&pools).discovery;
+    assert_eq!(
+        (d.port, d.port_annotation.as_deref()),
+        (30000, Some("example.com/port"))
+    );
+    assert_eq!(d.model_id_from.as_ref().unwrap().to_string(), "label:model");
+    let resolved = d.resolved_pools();
+    assert_eq!(resolved[1].selector, "app=vllm-qwen");
+    assert_eq!(
+        (resolved[1].port, resolved[1].models.as_slice()),
+        (8000, ["qwen".to_owned()].as_slice())
+    );
+    assert_eq!(
+        resolved[1].model_id_from.as_ref().unwrap().to_string(),
+        "annotation:m"
+    );
+    assert_eq!(
+        resolved[1].port_annotation.as_deref(),
+        Some("example.com/qwen-port")
+    );
+}
+
+#[test]
+fn the_chart_refuses_timings_that_would_cut_requests() {
+    let err = render(json!({"terminationGracePeriodSeconds": 60})).unwrap_err();
+    assert!(
+        err.contains("terminationGracePeriodSeconds (60) must be longer"),
+        "{err}"
+    );
+    let err = render(json!({"server": {"shutdownGracePeriodSecs": 30}})).unwrap_err();
+    assert!(
+        err.contains("must be at least server.requestTimeoutSecs"),
+        "{err}"
+    );
+    let err = render(json!({"server": {"requestTimeoutSecs": 0}})).unwrap_err();
+    assert!(err.contains("must not be 0"), "{err}");
+    // Longer than needed is taken as given.
+    let m = rendered(json!({"terminationGracePeriodSeconds": 900}));
+    let deployment: Deployment = m.one("Deployment");
+    assert_eq!(
+        deployment
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .termination_grace_period_seconds,
+        Some(900)
+    );
+}
+
+#[test]
+fn a_service_monitor_is_rendered_only_when_asked_for() {
+    let m = rendered(
+        json!({"metrics": {"serviceMonitor": {"enabled": true, "labels": {"release": "prom"}}}}),
+    );
+    let monitors = m.all("ServiceMonitor");
+    assert_eq!(monitors.len(), 1);
+    let monitor = monitors[0];
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    let service: Service = m.one("Service");
+    let labels = service.metadata.labels.unwrap();
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    assert!(
+        selector
+            .iter()
+            .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str()),
+        "it selects the Service"
+    );
+    assert!(
+        Manifests::parse(&committed())
+            .unwrap()
+            .all("ServiceMonitor")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployed_router_finds_a_labelled_pod_serves_and_drops_readiness_on_sigterm() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let config = router_config(&m);
+    let dir = temp_dir("run");
+    let args = router_args(&m, &dir);
+    let c = container(&m.one("Deployment"));
+    let path = |probe: &Option<k8s_openapi::api::core::v1::Probe>| {
+        probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .clone()
+            .unwrap()
+    };
+    let (liveness, readiness) = (path(&c.liveness_probe), path(&c.readiness_probe));
+
+    // A worker pod labelled as the chart's selector says, where it watches.
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _worker = common::sim_worker_on(listener, common::fast_worker()).await;
+    let api = k8s::FakeApi::start_new().await;
+    let mut pod = k8s::pod("worker-0", json!(config.discovery.selector), addr);
+    pod["metadata"]["namespace"] = json!(config.discovery.namespace);
+    api.put(pod);
+
+    // What differs from a cluster: loopback and a free port, the fake API
+    // server's kubeconfig instead of the pod's service account, and the
+    // test worker's port.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_radixgate"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("RADIXGATE_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command
+        .args(&args)
+        .env("RADIXGATE_HOST", "127.0.0.1")
+        .env("RADIXGATE_PORT", "0")
+        .env("RADIXGATE_KUBECONFIG", &api.kubeconfig)
+        .env("RADIXGATE_SERVICE_DISCOVERY_PORT", addr.port().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("[radixgate] {line}");
+            let parsed = serde_json::from_str(&line)
+                .unwrap_or_else(|_| json!({"fields": {"message": line}}));
+            if tx.send(parsed).is_err() {
+                break;
+            }
+        }
+    });
+    let mut router = Router { child, lines };
+    let listening = router.wait_for("radixgate listening");
+    let url = format!("http://{}", listening["fields"]["addr"].as_str().unwrap());
+    let client = common::client();
+    let status = |path: String| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            client
+                .get(format!("{url}{path}"))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    };
+    assert_eq!(status(liveness.clone()).await.unwrap(), 200);
+    common::wait_until("the pod found and the router ready", || async {
+        status(readiness.clone()).await.ok() == Some(200)
+    })
+    .await;
+    let answer = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&common::chat("hello from the chart", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.headers()["x-radixgate-worker"],
+        format!("http://{addr}").as_str()
+    );
+
+    // SIGTERM: readiness drops while the listener still accepts, for the
+    // chart's shutdown delay; then the router exits cleanly.
+    assert!(config.server.shutdown_delay_secs > 0);
+    let kill = Command::new("kill")
+        .args(["-TERM", &router.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    router.wait_for("still accepting for the shutdown delay");
+    assert_eq!(
+        status(readiness).await.unwrap(),
+        503,
+        "not ready, still accepting"
+    );
+    let exit = tokio::task::spawn_blocking(move || {
+        let status = router.child.wait().unwrap();
+        drop(router);
+        status
+    })
+    .await
+    .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,116 @@
+{{/*
+Names and labels shared by the templates, and radixgate.yaml itself.
+*/}}
+
+{{/* The chart's name, or nameOverride. */}}
+{{- define "radixgate.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Every object's name: fullnameOverride; else the release name when it
+already says radixgate (`helm install radixgate ...`); else
+`<release>-radixgate`. At most 63 characters, as a label value must be.
+*/}}
+{{- define "radixgate.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "radixgate.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "radixgate.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels that select the router pods; never changed by an upgrade. */}}
+{{- define "radixgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "radixgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "radixgate.labels" -}}
+{{ include "radixgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The service account the router runs as. */}}
+{{- define "radixgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "radixgate.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespace discovery watches; empty when it watches all. */}}
+{{- define "radixgate.watchedNamespace" -}}
+{{- if not .Values.discovery.allNamespaces -}}
+{{- .Values.discovery.namespace | default .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+terminationGracePeriodSeconds: the value, or the preStop sleep, the
+shutdown delay and the grace period together plus 10 s. A value that is
+not longer than the three together is refused: Kubernetes would kill the
+router while requests are still in flight.
+*/}}
+{{- define "radixgate.terminationGracePeriod" -}}
+{{- $s := .Values.server -}}
+{{- $needed := add (int .Values.preStopSleepSeconds) (int $s.shutdownDelaySecs) (int $s.shutdownGracePeriodSecs) -}}
+{{- if eq (toString .Values.terminationGracePeriodSeconds) "" -}}
+{{- add $needed 10 -}}
+{{- else if le (int .Values.terminationGracePeriodSeconds) $needed -}}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be longer than preStopSleepSeconds + server.shutdownDelaySecs + server.shutdownGracePeriodSecs (%d), or the kubelet kills the router while requests are in flight" (int .Values.terminationGracePeriodSeconds) $needed) -}}
+{{- else -}}
+{{- int .Values.terminationGracePeriodSeconds -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+radixgate.yaml: `config`, with the keys the chart manages set from their
+own values over it. Refuses a grace period shorter than the longest
+request, and an unbounded request time.
+*/}}
+{{- define "radixgate.config" -}}
+{{- $s := .Values.server -}}
+{{- if eq (int $s.requestTimeoutSecs) 0 -}}
+{{- fail "server.requestTimeoutSecs must not be 0 here: a rollout cannot wait for a request without an end" -}}
+{{- end -}}
+{{- if lt (int $s.shutdownGracePeriodSecs) (int $s.requestTimeoutSecs) -}}
+{{- fail (printf "server.shutdownGracePeriodSecs (%d) must be at least server.requestTimeoutSecs (%d), or a rollout cuts the longest streams" (int $s.shutdownGracePeriodSecs) (int $s.requestTimeoutSecs)) -}}
+{{- end -}}
+{{- $server := dict
+    "host" $s.host
+    "port" (int $s.port)
+    "request_timeout_secs" (int $s.requestTimeoutSecs)
+    "shutdown_grace_period_secs" (int $s.shutdownGracePeriodSecs)
+    "shutdown_delay_secs" (int $s.shutdownDelaySecs)
+    "drain_timeout_secs" (int $s.drainTimeoutSecs)
+    "worker_allowlist" $s.workerAllowlist -}}
+{{- $d := .Values.discovery -}}
+{{- $discovery := dict "enabled" (and $d.enabled true) "port" (int $d.port) -}}
+{{- if $d.enabled -}}
+{{- $_ := set $discovery "selector" $d.selector -}}
+{{- $_ := set $discovery "namespace" (include "radixgate.watchedNamespace" . | default nil) -}}
+{{- if $d.portAnnotation }}{{ $_ := set $discovery "port_annotation" $d.portAnnotation }}{{ end -}}
+{{- if $d.modelIdFrom }}{{ $_ := set $discovery "model_id_from" $d.modelIdFrom }}{{ end -}}
+{{- $pools := list -}}
+{{- range $d.pools -}}
+{{- $pool := dict "selector" .selector -}}
+{{- if .port }}{{ $_ := set $pool "port" (int .port) }}{{ end -}}
+{{- if .portAnnotation }}{{ $_ := set $pool "port_annotation" .portAnnotation }}{{ end -}}
+{{- if .modelIdFrom }}{{ $_ := set $pool "model_id_from" .modelIdFrom }}{{ end -}}
+{{- if .models }}{{ $_ := set $pool "models" .models }}{{ end -}}
+{{- $pools = append $pools $pool -}}
+{{- end -}}
+{{- $_ := set $discovery "pools" $pools -}}
+{{- end -}}
+{{- $managed := dict "server" $server "discovery" $discovery -}}
+{{- if .Values.workers }}{{ $_ := set $managed "workers" .Values.workers }}{{ end -}}
+{{- if .Values.routing }}{{ $_ := set $managed "routing" .Values.routing }}{{ end -}}
+{{- mustMergeOverwrite (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
+{{- end -}}
