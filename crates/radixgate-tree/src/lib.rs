@@ -22,7 +22,8 @@
 //! # Layout (one concept per file)
 //! `node.rs` nodes and their arena; `text.rs` byte-level UTF-8 helpers;
 //! `tenant.rs` a tenant's size and eviction log; `tree.rs` insert, match and
-//! structural edits; `undo.rs` taking an insert back; `evict.rs` per-tenant and global eviction, tenant
+//! structural edits; `undo.rs` taking an insert back; `trim.rs` cutting a tenant's path
+//! where its worker reported holding less; `evict.rs` per-tenant and global eviction, tenant
 //! removal; `stats.rs` size figures and the invariant check; `types.rs` the
 //! public value types. Dependencies point one way: `evict.rs` builds on
 //! `tree.rs`, and both on `tenant.rs` and `node.rs`.
@@ -55,6 +56,7 @@ mod stats;
 mod tenant;
 mod text;
 mod tree;
+mod trim;
 mod types;
 mod undo;
 
@@ -182,6 +184,15 @@ impl Tree {
             input_chars: walk.chars + text::count_chars(&text[walk.bytes..]),
             tenants,
         }
+    }
+
+    /// Cuts `tenant`'s claim on `text` after its first `keep` characters:
+    /// the worker reported holding only that much of it. Drops the rest of
+    /// the text and everything the tenant holds through the character after
+    /// the cut (a KV cache is prefix-closed); texts branching off at or
+    /// above the cut and other tenants stay. Returns the characters removed.
+    pub fn trim(&self, text: &str, tenant: TenantId, keep: usize) -> usize {
+        self.inner.write().trim(text, tenant, keep)
     }
 
     /// Forgets everything `tenant` holds (e.g. the worker left the pool).

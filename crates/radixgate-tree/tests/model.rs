@@ -18,6 +18,8 @@ enum Op {
     Remove(u32),
     Evict(usize),
     Undo(usize),
+    /// A random text, or (`Some(i)`, when there are any) an inserted one.
+    Trim(String, Option<usize>, u32, usize),
 }
 
 /// 'é' (C3 A9) and 'è' (C3 A8) share their first byte.
@@ -37,6 +39,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4u32).prop_map(Op::Remove),
         1 => (0..25usize).prop_map(Op::Evict),
         2 => (0..8usize).prop_map(Op::Undo),
+        3 => (text(), prop::option::of(0..8usize), 0..4u32, 0..10usize)
+            .prop_map(|(s, i, t, k)| Op::Trim(s, i, t, k)),
     ]
 }
 
@@ -101,6 +105,14 @@ proptest! {
                     prop_assert_eq!(removed, model.undo(&s, tenant, time, receipt.held_chars()));
                 }
                 Op::Undo(_) => {}
+                Op::Trim(s, i, t, keep) => {
+                    let s = match i {
+                        Some(i) if !receipts.is_empty() => &receipts[i % receipts.len()].0,
+                        _ => s,
+                    };
+                    let removed = tree.trim(s, TenantId(*t), *keep);
+                    prop_assert_eq!(removed, model.trim(s, TenantId(*t), *keep));
+                }
             }
             check_sizes(&tree, &model)?;
         }

@@ -85,6 +85,26 @@ impl Model {
         removed
     }
 
+    /// Removes every prefix the tenant holds that extends the first
+    /// `keep + 1` chars of `text` (nothing when `text` is not longer).
+    pub(crate) fn trim(&mut self, text: &str, tenant: TenantId, keep: usize) -> usize {
+        let chars: Vec<char> = text.chars().collect();
+        if chars.len() <= keep {
+            return 0;
+        }
+        let cut = &chars[..=keep];
+        let Some(m) = self.held.get_mut(&tenant) else {
+            return 0;
+        };
+        let before = m.len();
+        m.retain(|p, _| !p.starts_with(cut));
+        let removed = before - m.len();
+        if m.is_empty() {
+            self.held.remove(&tenant);
+        }
+        removed
+    }
+
     fn remove_prefix(&mut self, tenant: TenantId, prefix: &[char]) {
         if let Some(m) = self.held.get_mut(&tenant) {
             m.remove(prefix);
