@@ -186,13 +186,16 @@ impl Tree {
         }
     }
 
-    /// Cuts `tenant`'s claim on `text` after its first `keep` characters:
-    /// the worker reported holding only that much of it. Drops the rest of
-    /// the text and everything the tenant holds through the character after
-    /// the cut (a KV cache is prefix-closed); texts branching off at or
-    /// above the cut and other tenants stay. Returns the characters removed.
-    pub fn trim(&self, text: &str, tenant: TenantId, keep: usize) -> usize {
-        self.inner.write().trim(text, tenant, keep)
+    /// Cuts `tenant`'s path along `text` after its first `keep`
+    /// characters: the worker reported holding only that much of it. Drops
+    /// the tenant's claim on every text sharing more than `keep` characters
+    /// with `text` (a KV cache is prefix-closed) that it last got before
+    /// `older_than` (pass [`Insertion::time`] of the request's insert to
+    /// keep what was sent since, the request included; `u64::MAX` for a
+    /// plain cut). Texts branching off at or above the cut and other tenants
+    /// stay. Returns the characters removed.
+    pub fn trim(&self, text: &str, tenant: TenantId, keep: usize, older_than: u64) -> usize {
+        self.inner.write().trim(text, tenant, keep, older_than)
     }
 
     /// Forgets everything `tenant` holds (e.g. the worker left the pool).

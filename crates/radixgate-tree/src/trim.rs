@@ -1,39 +1,50 @@
 //! Trimming one tenant's claim on a text: the worker reported that it held
 //! less of the text than the tree predicted (its own cache evicted what the
-//! router still remembers), so the tree should forget the rest.
+//! router still remembers), so the tree should forget what it lost.
 //!
 //! [`Inner::trim`] cuts the tenant's path along the text after `keep`
-//! characters and drops the tenant's claim on everything below the cut: the
-//! rest of this text *and* every other text the tenant holds through the
-//! character after the cut. Engine KV caches are prefix-closed (a block is
-//! only reachable through the blocks before it), so a worker that lost
-//! position `keep + 1` of this text has lost every longer text through it
-//! too. Texts that branch off at or above the cut are untouched, and so is
-//! every other tenant.
+//! characters: it drops the tenant's claim on every text it holds that
+//! shares more than `keep` characters with this one — the rest of this text
+//! and every other text through the character after the cut — as far as
+//! the tenant last got it before `older_than`. Engine KV caches are
+//! prefix-closed (a block is only reachable through the blocks before it),
+//! so a worker that had lost position `keep + 1` of this text had lost
+//! every longer text through it too. `older_than` keeps what was sent to
+//! the worker since the cache was looked at (the request itself, when the
+//! caller passes its insert's time: the worker has just computed it). With
+//! `u64::MAX` the cut is plain. Texts branching off at or above the cut and
+//! other tenants are untouched.
 //!
+//! Because an insert stamps its whole path, a node's time is never older
+//! than its children's: the nodes older than `older_than` below the cut
+//! form whole subtrees, each released leaf-first like `remove_tenant` does.
 //! The eviction log stays exact: the dropped nodes' entries become stale
-//! (their holder is gone or the slot freed), and when the node at the cut
-//! becomes a leaf for the tenant it gets an entry with its own time, in time
-//! order, unless one is already there (an insert ended at it). Its time is
-//! the newest on the tenant's path below it (inserts stamp whole paths), so
-//! the "first valid entry is the least-recently-used leaf" argument of
+//! (holder gone or slot freed), and a node that becomes a leaf for the
+//! tenant gets an entry with its own time, in time order, unless one is
+//! there already (an insert ended at it). Its time is the newest below it,
+//! so the "first valid entry is the least-recently-used leaf" argument of
 //! `evict.rs` still holds. Runs under the write lock, like every edit.
 
 use crate::TenantId;
-use crate::node::ROOT;
-use crate::tenant::LruEntry;
+use crate::node::{NodeId, ROOT};
+use crate::tenant::{LruEntry, TenantState};
 use crate::text::{byte_offset_of_char, first_char};
 use crate::tree::{Inner, release, split};
 
 impl Inner {
-    /// Drops `tenant`'s claim on every position of `text` after the first
-    /// `keep` characters, with everything it holds below them. Returns the
-    /// characters removed (0 when the tenant held no more than `keep` of
-    /// `text`).
-    pub(crate) fn trim(&mut self, text: &str, tenant: TenantId, keep: usize) -> usize {
-        // Find the tenant's node holding character `keep + 1` of the text:
-        // walk its path while the text covers whole edges and they end at or
-        // above the cut.
+    /// Drops `tenant`'s claims on texts sharing more than `keep` characters
+    /// with `text` that it last got before `older_than`. Returns the
+    /// characters removed.
+    pub(crate) fn trim(
+        &mut self,
+        text: &str,
+        tenant: TenantId,
+        keep: usize,
+        older_than: u64,
+    ) -> usize {
+        // The tenant's node holding character `keep + 1` of the text: walk
+        // its path while the text covers whole edges ending at or above the
+        // cut.
         let mut node = ROOT;
         let mut depth = 0;
         let mut pos = 0;
@@ -51,7 +62,6 @@ impl Inner {
             }
             let edge_chars = next.edge_chars as usize;
             if depth + edge_chars > keep {
-                // The cut lies in this edge.
                 break (child, depth);
             }
             let edge = next.edge.as_bytes();
@@ -62,22 +72,73 @@ impl Inner {
             pos += edge.len();
             node = child;
         };
-        // The text must match the edge at least through char `keep + 1`.
+        // The text must reach the character after the cut.
         let edge = &self.arena[cut_node].edge;
         let need = byte_offset_of_char(edge, keep - start + 1);
         if !text[pos..].as_bytes().starts_with(&edge.as_bytes()[..need]) {
             return 0;
         }
-        let kept = if keep > start {
-            // Keep the edge's upper part: split it off at the cut.
-            let cut = byte_offset_of_char(edge, keep - start);
-            split(&mut self.arena, cut_node, cut)
-        } else {
-            node
+        let old = |inner: &Self, n: NodeId| {
+            inner.arena[n]
+                .holder(tenant)
+                .is_some_and(|h| h.last_access < older_than)
         };
-        let top = cut_node;
-        // Pre-order over what the tenant holds from `top` down; releasing
-        // in reverse frees children before their parents.
+        // Roots of the subtrees to drop, and the nodes that lose children.
+        let mut roots = Vec::new();
+        let mut parents = Vec::new();
+        if old(self, cut_node) {
+            let parent = if keep > start {
+                // Keep the edge's upper part: split it off at the cut.
+                let cut = byte_offset_of_char(edge, keep - start);
+                split(&mut self.arena, cut_node, cut)
+            } else {
+                node
+            };
+            roots.push(cut_node);
+            parents.push(parent);
+        } else {
+            let mut stack = vec![cut_node];
+            while let Some(n) = stack.pop() {
+                let mut lost = false;
+                for &(_, c) in &self.arena[n].children {
+                    if !self.arena[c].holds(tenant) {
+                        continue;
+                    }
+                    if old(self, c) {
+                        roots.push(c);
+                        lost = true;
+                    } else {
+                        stack.push(c);
+                    }
+                }
+                if lost {
+                    parents.push(n);
+                }
+            }
+        }
+        let mut removed = 0;
+        for root in roots {
+            removed += self.release_subtree(root, tenant);
+        }
+        let Some(state) = self.tenants.get_mut(&tenant) else {
+            return removed;
+        };
+        state.size -= removed;
+        self.tenant_chars -= removed;
+        if state.size == 0 {
+            self.tenants.remove(&tenant);
+            return removed;
+        }
+        for p in parents {
+            log_leaf(&self.arena, state, p, tenant);
+        }
+        removed
+    }
+
+    /// Releases `tenant`'s claim on `top` and everything it holds below;
+    /// returns the chars released (sizes are the caller's to fix).
+    fn release_subtree(&mut self, top: NodeId, tenant: TenantId) -> usize {
+        // Pre-order; releasing in reverse frees children before parents.
         let mut order = Vec::new();
         let mut stack = vec![top];
         while let Some(n) = stack.pop() {
@@ -90,30 +151,75 @@ impl Inner {
                     .filter(|&c| self.arena[c].holds(tenant)),
             );
         }
-        let mut removed = 0;
-        for n in order.into_iter().rev() {
-            removed += release(&mut self.arena, &mut self.stored_chars, n, tenant);
-        }
-        let Some(state) = self.tenants.get_mut(&tenant) else {
-            return removed;
-        };
-        state.size -= removed;
-        self.tenant_chars -= removed;
-        if state.size == 0 {
-            self.tenants.remove(&tenant);
-            return removed;
-        }
-        if kept != ROOT
-            && let Some(h) = self.arena[kept].holder(tenant)
-            && h.held_children == 0
-        {
-            let entry = LruEntry::new(&self.arena, h.last_access, kept);
-            let from = state.lru.partition_point(|e| e.time < entry.time);
-            let to = state.lru.partition_point(|e| e.time <= entry.time);
-            if !state.lru.range(from..to).any(|e| *e == entry) {
-                state.lru.insert(to, entry);
-            }
-        }
-        removed
+        order
+            .into_iter()
+            .rev()
+            .map(|n| release(&mut self.arena, &mut self.stored_chars, n, tenant))
+            .sum()
+    }
+}
+
+/// Gives `node` an eviction-log entry if it is now a leaf for `tenant` and
+/// has none with its time.
+fn log_leaf(arena: &crate::node::Arena, state: &mut TenantState, node: NodeId, tenant: TenantId) {
+    if node == ROOT {
+        return;
+    }
+    let Some(h) = arena[node].holder(tenant) else {
+        return;
+    };
+    if h.held_children != 0 {
+        return;
+    }
+    let entry = LruEntry::new(arena, h.last_access, node);
+    let from = state.lru.partition_point(|e| e.time < entry.time);
+    let to = state.lru.partition_point(|e| e.time <= entry.time);
+    if !state.lru.range(from..to).any(|e| *e == entry) {
+        state.lru.insert(to, entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{TenantId, Tree};
+
+    const A: TenantId = TenantId(1);
+    const B: TenantId = TenantId(2);
+
+    #[test]
+    fn a_correction_drops_stale_siblings_and_keeps_the_request_and_others() {
+        let tree = Tree::default();
+        tree.insert("system prompt: q1", A);
+        tree.insert("system prompt: q2", A);
+        tree.insert("system prompt: q1", B);
+        tree.insert("sys other", A);
+        // The worker reports it held only "sys" of the next request.
+        let r = tree.insert("system prompt: q3", A);
+        let removed = tree.trim("system prompt: q3", A, 3, r.time());
+        tree.check_invariants().unwrap();
+        // The "1" and "2" branches older than the request go; the shared
+        // "system prompt: q" is the request's own path, just computed.
+        assert_eq!(removed, 2);
+        assert_eq!(
+            tree.prefix_match_for("system prompt: q1", A).matched_chars,
+            16
+        );
+        assert_eq!(
+            tree.prefix_match_for("system prompt: q3", A).matched_chars,
+            17
+        );
+        assert_eq!(tree.prefix_match_for("sys other", A).matched_chars, 9);
+        assert_eq!(
+            tree.prefix_match_for("system prompt: q1", B).matched_chars,
+            17
+        );
+        // A plain cut takes the request's own path too.
+        assert_eq!(tree.trim("system prompt: q3", A, 3, u64::MAX), 14);
+        tree.check_invariants().unwrap();
+        assert_eq!(
+            tree.prefix_match_for("system prompt: q3", A).matched_chars,
+            3
+        );
+        assert_eq!(tree.tenant_size(A), 9);
     }
 }

@@ -38,6 +38,11 @@ impl Insertion {
         self.tenant
     }
 
+    /// The insert's logical time (see [`crate::Tree::trim`]).
+    pub fn time(&self) -> u64 {
+        self.time
+    }
+
     /// Characters of the text the tenant already held before the insert
     /// (what an undo keeps).
     pub fn held_chars(&self) -> usize {

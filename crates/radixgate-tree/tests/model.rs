@@ -19,7 +19,8 @@ enum Op {
     Evict(usize),
     Undo(usize),
     /// A random text, or (`Some(i)`, when there are any) an inserted one.
-    Trim(String, Option<usize>, u32, usize),
+    /// ... cut before the `older` of its insert time, else plainly.
+    Trim(String, Option<usize>, u32, usize, Option<u64>),
 }
 
 /// 'é' (C3 A9) and 'è' (C3 A8) share their first byte.
@@ -39,8 +40,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4u32).prop_map(Op::Remove),
         1 => (0..25usize).prop_map(Op::Evict),
         2 => (0..8usize).prop_map(Op::Undo),
-        3 => (text(), prop::option::of(0..8usize), 0..4u32, 0..10usize)
-            .prop_map(|(s, i, t, k)| Op::Trim(s, i, t, k)),
+        3 => (text(), prop::option::of(0..8usize), 0..4u32, 0..10usize, prop::option::of(0..4u64))
+            .prop_map(|(s, i, t, k, o)| Op::Trim(s, i, t, k, o)),
     ]
 }
 
@@ -105,13 +106,19 @@ proptest! {
                     prop_assert_eq!(removed, model.undo(&s, tenant, time, receipt.held_chars()));
                 }
                 Op::Undo(_) => {}
-                Op::Trim(s, i, t, keep) => {
-                    let s = match i {
-                        Some(i) if !receipts.is_empty() => &receipts[i % receipts.len()].0,
-                        _ => s,
+                Op::Trim(s, i, t, keep, older) => {
+                    // An inserted text, cut at its insert's time minus
+                    // `older` (what a correction passes), or a random one.
+                    let (s, older_than) = match i {
+                        Some(i) if !receipts.is_empty() => {
+                            let (s, receipt, _) = &receipts[i % receipts.len()];
+                            let older_than = older.map_or(u64::MAX, |o| receipt.time().saturating_sub(o));
+                            (s, older_than)
+                        }
+                        _ => (s, u64::MAX),
                     };
-                    let removed = tree.trim(s, TenantId(*t), *keep);
-                    prop_assert_eq!(removed, model.trim(s, TenantId(*t), *keep));
+                    let removed = tree.trim(s, TenantId(*t), *keep, older_than);
+                    prop_assert_eq!(removed, model.trim(s, TenantId(*t), *keep, older_than));
                 }
             }
             check_sizes(&tree, &model)?;

@@ -86,8 +86,15 @@ impl Model {
     }
 
     /// Removes every prefix the tenant holds that extends the first
-    /// `keep + 1` chars of `text` (nothing when `text` is not longer).
-    pub(crate) fn trim(&mut self, text: &str, tenant: TenantId, keep: usize) -> usize {
+    /// `keep + 1` chars of `text` (nothing when `text` is not longer) and
+    /// has a time before `older_than`.
+    pub(crate) fn trim(
+        &mut self,
+        text: &str,
+        tenant: TenantId,
+        keep: usize,
+        older_than: u64,
+    ) -> usize {
         let chars: Vec<char> = text.chars().collect();
         if chars.len() <= keep {
             return 0;
@@ -97,7 +104,7 @@ impl Model {
             return 0;
         };
         let before = m.len();
-        m.retain(|p, _| !p.starts_with(cut));
+        m.retain(|p, &mut t| !(p.starts_with(cut) && t < older_than));
         let removed = before - m.len();
         if m.is_empty() {
             self.held.remove(&tenant);
