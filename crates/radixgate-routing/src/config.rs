@@ -16,6 +16,7 @@
 //! factor 1.5, `match_granularity_chars` 64.
 
 use crate::RoutingError;
+use crate::correction::CorrectionConfig;
 use crate::cost::CostModelConfig;
 use crate::policy::{
     CacheAware, ConsistentHash, LeastLoad, Policy, PowerOfTwo, PrefillAware, Random, RoundRobin,
@@ -255,6 +256,9 @@ pub struct CacheAwareConfig {
     /// The TTFT cost model (read by the `predicted_ttft` hot-spot rule,
     /// learned in every mode, and shown in the decision header).
     pub cost: CostModelConfig,
+    /// Correction of the tree from the `cached_tokens` workers report
+    /// (`correction.rs`).
+    pub correction: CorrectionConfig,
 }
 
 impl Default for CacheAwareConfig {
@@ -271,6 +275,7 @@ impl Default for CacheAwareConfig {
             match_granularity_chars: 64,
             max_routing_text_chars: DEFAULT_MAX_ROUTING_TEXT_CHARS,
             cost: CostModelConfig::default(),
+            correction: CorrectionConfig::default(),
         }
     }
 }
@@ -294,6 +299,7 @@ impl CacheAwareConfig {
             ));
         }
         validate_text_cap(self.max_routing_text_chars)?;
+        self.correction.validate()?;
         if self.balance_rel_threshold > MAX_RATIO {
             return Err(RoutingError::config(
                 "balance_rel_threshold",
@@ -389,6 +395,8 @@ pub struct PrefillAwareConfig {
     pub max_total_chars: usize,
     /// As in [`CacheAwareConfig`].
     pub max_routing_text_chars: usize,
+    /// As in [`CacheAwareConfig`].
+    pub correction: CorrectionConfig,
 }
 
 impl Default for PrefillAwareConfig {
@@ -400,6 +408,7 @@ impl Default for PrefillAwareConfig {
             max_tree_size: c.max_tree_size,
             max_total_chars: c.max_total_chars,
             max_routing_text_chars: c.max_routing_text_chars,
+            correction: c.correction,
         }
     }
 }
@@ -421,6 +430,7 @@ impl PrefillAwareConfig {
             max_tree_size: self.max_tree_size,
             max_total_chars: self.max_total_chars,
             max_routing_text_chars: self.max_routing_text_chars,
+            correction: self.correction,
             ..CacheAwareConfig::default()
         }
     }
@@ -433,7 +443,8 @@ impl PrefillAwareConfig {
             self.max_tree_size,
             self.max_total_chars,
         )?;
-        validate_text_cap(self.max_routing_text_chars)
+        validate_text_cap(self.max_routing_text_chars)?;
+        self.correction.validate()
     }
 }
 

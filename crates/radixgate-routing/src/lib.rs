@@ -41,6 +41,7 @@
 //! ```
 
 mod config;
+pub mod correction;
 pub mod cost;
 mod error;
 mod eviction;
@@ -60,6 +61,7 @@ pub use config::{
     CacheAwareConfig, ConsistentHashConfig, HotSpotRule, LeastLoadConfig, LowMatchTarget,
     PolicyConfig, PowerOfTwoConfig, PrefillAwareConfig, RandomConfig, RoundRobinConfig,
 };
+pub use correction::{CacheFeedback, CacheReport, CacheTruthSnapshot, Corrected, CorrectionConfig};
 pub use cost::{Coefficients, CostModelConfig, Work};
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;

@@ -18,6 +18,7 @@
 //! All atomics use relaxed or acquire/release orderings: each value is an
 //! independent hint for routing, and no invariant spans two of them.
 
+use crate::correction::CacheTruth;
 use crate::cost::{Coefficients, CostModelConfig, Estimator, Work};
 use crate::{TenantId, WorkerSpec, WorkerUrl};
 use std::fmt;
@@ -140,6 +141,8 @@ pub struct Worker {
     /// The TTFT cost model's fit, one per model served (one for a
     /// wildcard worker), in the order of `models`.
     cost: Box<[Estimator]>,
+    /// Predicted against reported cached tokens (`correction.rs`).
+    truth: CacheTruth,
 }
 
 impl Worker {
@@ -165,7 +168,13 @@ impl Worker {
             processed: AtomicU64::new(0),
             reported: AtomicU64::new(0),
             cost: (0..fits).map(|_| Estimator::default()).collect(),
+            truth: CacheTruth::default(),
         }
+    }
+
+    /// The worker's record of predicted against reported cached tokens.
+    pub fn cache_truth(&self) -> &CacheTruth {
+        &self.truth
     }
 
     /// The worker's id.

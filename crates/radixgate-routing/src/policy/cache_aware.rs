@@ -527,8 +527,13 @@ impl CacheAware {
             ttft_ms: Some(ttft as f32),
             ..loads.explain(name, choice.branch, worker, choice.idx)
         };
-        Decision::with_prediction(worker, slot, work, self.config.cost, explanation)
-            .with_insert(tree, receipt, req.text)
+        Decision::with_prediction(worker, slot, work, self.config.cost, explanation).with_insert(
+            tree,
+            receipt,
+            req.text,
+            self.trees.rate(req.model),
+            self.config.correction,
+        )
     }
 
     /// The `predicted_ttft` rule (module doc, "Cost model").
@@ -667,8 +672,13 @@ impl CacheAware {
             alt_ttft_ms: alt.map(|v| v as f32),
             ..loads.explain(name, branch, worker, chosen.at.idx)
         };
-        Decision::with_prediction(worker, chosen.slot, chosen.work, *cost, explanation)
-            .with_insert(tree, receipt, req.text)
+        Decision::with_prediction(worker, chosen.slot, chosen.work, *cost, explanation).with_insert(
+            tree,
+            receipt,
+            req.text,
+            self.trees.rate(req.model),
+            self.config.correction,
+        )
     }
 
     /// Among the scored workers that pass `keep`, the one ranked first by

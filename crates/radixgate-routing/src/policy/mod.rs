@@ -31,6 +31,7 @@ pub use random::Random;
 pub use round_robin::RoundRobin;
 pub use trees::Trees;
 
+use crate::correction::{CacheFeedback, CorrectionConfig, TokenRate};
 use crate::{LoadGuard, RequestView, RoutingError, Worker, WorkerId};
 use radixgate_tree::{Insertion, Tree};
 use std::fmt;
@@ -106,6 +107,9 @@ struct TreeInsert {
     receipt: Insertion,
     /// Bytes of the (capped) routing text that were inserted.
     text_len: usize,
+    /// The model's characters per token and the correction's settings.
+    rate: Arc<TokenRate>,
+    correction: CorrectionConfig,
 }
 
 impl Decision {
@@ -152,14 +156,38 @@ impl Decision {
     }
 
     /// Records that the decision inserted `text` (the capped routing text)
-    /// into `tree` with `receipt`.
-    pub(crate) fn with_insert(mut self, tree: Arc<Tree>, receipt: Insertion, text: &str) -> Self {
+    /// into `tree` with `receipt`; `rate` and `correction` are for the
+    /// answer's [`CacheFeedback`].
+    pub(crate) fn with_insert(
+        mut self,
+        tree: Arc<Tree>,
+        receipt: Insertion,
+        text: &str,
+        rate: Arc<TokenRate>,
+        correction: CorrectionConfig,
+    ) -> Self {
         self.inserted = Some(TreeInsert {
             tree,
             receipt,
             text_len: text.len(),
+            rate,
+            correction,
         });
         self
+    }
+
+    /// What the answer's cached-token count is checked against (see
+    /// `correction.rs`); `None` for decisions that inserted into no tree
+    /// (or whose insert was taken back).
+    pub fn cache_feedback(&self) -> Option<CacheFeedback> {
+        self.inserted.as_ref().map(|i| CacheFeedback {
+            tree: i.tree.clone(),
+            receipt: i.receipt,
+            text_len: i.text_len,
+            rate: i.rate.clone(),
+            config: i.correction,
+            worker: self.guard.worker().clone(),
+        })
     }
 
     /// Takes back the tree insert this decision made, for a request the
@@ -174,6 +202,7 @@ impl Decision {
             tree,
             receipt,
             text_len,
+            ..
         }) = self.inserted.take()
         else {
             return 0;

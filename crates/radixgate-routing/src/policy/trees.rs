@@ -10,6 +10,7 @@
 //! internally. Keys come from the worker set's pools, never straight from a
 //! client, so the number of trees is bounded by the configured models.
 
+use crate::correction::TokenRate;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use radixgate_tree::{TenantId, Tree, TreeConfig};
@@ -37,6 +38,9 @@ pub(crate) struct TreeUpkeep {
 #[derive(Debug)]
 pub struct Trees {
     map: ArcSwap<HashMap<String, Arc<Tree>>>,
+    /// Each model's characters per token (`correction.rs`), created with
+    /// its tree.
+    rates: ArcSwap<HashMap<String, Arc<TokenRate>>>,
     add: Mutex<()>,
     upkeep: TreeUpkeep,
 }
@@ -46,6 +50,7 @@ impl Trees {
     pub(crate) fn new(upkeep: TreeUpkeep) -> Self {
         Self {
             map: ArcSwap::from_pointee(HashMap::new()),
+            rates: ArcSwap::from_pointee(HashMap::new()),
             add: Mutex::new(()),
             upkeep,
         }
@@ -79,8 +84,30 @@ impl Trees {
         }));
         let mut next = (*current).clone();
         next.insert(model.to_owned(), tree.clone());
+        let mut rates = (*self.rates.load_full()).clone();
+        rates.insert(model.to_owned(), Arc::new(TokenRate::default()));
+        // Rates first: whoever sees the tree finds its rate.
+        self.rates.store(Arc::new(rates));
         self.map.store(Arc::new(next));
         tree
+    }
+
+    /// The characters-per-token estimate of `model` (created with its
+    /// tree; a fresh one if the tree does not exist).
+    pub(crate) fn rate(&self, model: &str) -> Arc<TokenRate> {
+        self.rates.load().get(model).cloned().unwrap_or_default()
+    }
+
+    /// The learned characters per token of every model, sorted by model.
+    pub fn chars_per_token(&self) -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> = self
+            .rates
+            .load()
+            .iter()
+            .filter_map(|(m, r)| r.chars_per_token().map(|c| (m.clone(), c)))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
     }
 
     /// Forgets a tenant in every tree.

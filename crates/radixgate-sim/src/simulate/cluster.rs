@@ -28,7 +28,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worker, WorkerSpec};
+use radixgate_routing::{
+    CacheFeedback, CacheReport, Corrected, LoadGuard, Policy, Registry, ReportedLoad, Router,
+    Worker, WorkerSpec,
+};
 
 use super::events::{Kind, Queue};
 use super::text::{prompt_and_final, routing_text, worker_reply, worker_text};
@@ -72,6 +75,8 @@ pub struct RunStats {
     pub dispatches: Vec<Dispatched>,
     /// Simulated time of the last completion.
     pub end: Duration,
+    /// Answers whose reported cached tokens trimmed the policy's tree.
+    pub trims: u64,
     /// Events processed.
     pub events: u64,
 }
@@ -102,11 +107,18 @@ struct Live {
     session: SessionId,
     issuer: Option<usize>,
     guard: LoadGuard,
+    /// The decision's tree insert with the routing text, to check against
+    /// the cached tokens the engine reports (as the gateway does with each
+    /// answer's usage).
+    feedback: Option<(CacheFeedback, String)>,
     worker: usize,
     start: Duration,
     first: Option<Duration>,
     reply: String,
 }
+
+/// A choice: the load guard, and the tree feedback of a policy's decision.
+type Chosen = (LoadGuard, Option<(CacheFeedback, String)>);
 
 struct Cluster<'a> {
     cfg: &'a SimConfig,
@@ -353,20 +365,21 @@ impl Cluster<'_> {
         }
     }
 
-    fn choose(&mut self, spec: &RequestSpec, tokens: &[u64]) -> Result<LoadGuard, SimError> {
+    fn choose(&mut self, spec: &RequestSpec, tokens: &[u64]) -> Result<Chosen, SimError> {
         match &mut self.chooser {
             Chooser::Policy { router, model, .. } => {
                 let text = routing_text(&spec.prompt, self.cfg.api);
-                Ok(router
+                let decision = router
                     .select(Some(model.as_str()), &text, None, &[])?
-                    .decision
-                    .into_guard())
+                    .decision;
+                let feedback = decision.cache_feedback().map(|f| (f, text));
+                Ok((decision.into_guard(), feedback))
             }
             Chooser::Oracle { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
                 let i = oracle::choose(&self.engines, &in_flight, tokens, *turn);
                 *turn += 1;
-                Ok(LoadGuard::acquire(self.workers[i].clone()))
+                Ok((LoadGuard::acquire(self.workers[i].clone()), None))
             }
             Chooser::OracleTtft { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
@@ -381,7 +394,7 @@ impl Cluster<'_> {
                     .collect();
                 let i = oracle_ttft::choose(&self.engines, &busy_for, &in_flight, tokens, *turn);
                 *turn += 1;
-                Ok(LoadGuard::acquire(self.workers[i].clone()))
+                Ok((LoadGuard::acquire(self.workers[i].clone()), None))
             }
         }
     }
@@ -391,7 +404,7 @@ impl Cluster<'_> {
         let max_tokens = spec.max_tokens as usize;
         let reply = worker_reply(&text, max_tokens, &self.tokenizer);
         let (prompt, final_tokens) = prompt_and_final(&self.tokenizer, &text, &reply);
-        let guard = self.choose(&spec, &prompt)?;
+        let (guard, feedback) = self.choose(&spec, &prompt)?;
         let worker = self
             .workers
             .iter()
@@ -427,6 +440,7 @@ impl Cluster<'_> {
                 session: spec.session,
                 issuer,
                 guard,
+                feedback,
                 worker,
                 start: self.now,
                 first: None,
@@ -486,6 +500,15 @@ impl Cluster<'_> {
         s.e2e_ms.push(ms(self.now.saturating_sub(live.start)));
         s.per_worker[live.worker] += 1;
         s.end = self.now;
+        if let Some((feedback, text)) = live.feedback {
+            let report = CacheReport {
+                prompt_tokens: f.prompt_tokens as u64,
+                cached_tokens: f.cached_tokens as u64,
+            };
+            if let Corrected::Trimmed { .. } = feedback.apply(&text, report) {
+                s.trims += 1;
+            }
+        }
         drop(live.guard);
         self.workload.on_reply(live.session, &live.reply, self.now);
         self.wake(live.issuer);

@@ -38,6 +38,9 @@ pub struct PolicyReport {
     pub completed: u64,
     /// Requests refused by the engines (too large for a worker).
     pub failed: u64,
+    /// Answers whose reported cached tokens trimmed the policy's tree
+    /// (`routing.correction`).
+    pub trims: u64,
     /// Token-weighted hit rate.
     pub hit_rate: f64,
     /// `hit_rate` / the oracle's (when the oracle ran and hit anything).
@@ -83,6 +86,7 @@ impl PolicyReport {
             oracle: who.oracle_kind(),
             completed: s.completed,
             failed: s.failed,
+            trims: s.trims,
             hit_rate: if s.prompt_tokens > 0 {
                 s.cached_tokens as f64 / s.prompt_tokens as f64
             } else {

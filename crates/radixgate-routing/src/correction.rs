@@ -1,0 +1,311 @@
+//! Correction from `cached_tokens`: what the workers say they held, against
+//! what the tree predicted.
+//!
+//! The tree records what was sent where and forgets by its own clock; a
+//! worker's KV cache forgets by its own, usually much sooner. Every
+//! OpenAI-compatible worker reports, with each answer, how many prompt
+//! tokens it found cached. A decision that inserted into a tree hands out a
+//! [`CacheFeedback`] (the tree, the tenant, the characters the tree said
+//! the worker held, the insert's time); when the answer's usage arrives the
+//! gateway (or the simulator) calls [`CacheFeedback::apply`]:
+//!
+//! - the model's characters per token are learned from `prompt_tokens`
+//!   against the routed text's length ([`TokenRate`], a clipped running
+//!   mean: one odd answer moves it little);
+//! - the prediction in tokens is `held chars / chars per token`; when the
+//!   worker reports more than one KV page less
+//!   ([`CorrectionConfig::page_tokens`]), it had evicted the rest, and the
+//!   tree forgets, for that worker, every text through the first lost
+//!   character that was sent before this request
+//!   ([`radixgate_tree::Tree::trim`]; what was sent since, this request
+//!   included, the worker has just computed);
+//! - the worker's [`CacheTruth`] counts predicted and reported cached
+//!   tokens (their ratio to prompt tokens is the honest hit rate), trims,
+//!   invalid reports, and keeps a running prediction error.
+//!
+//! A report with `cached_tokens > prompt_tokens` or `prompt_tokens == 0`
+//! is counted as invalid and changes nothing; so is one the gateway could
+//! not read as counts (negative, not a number). Everything here runs once
+//! per answer, after its last byte, never on the pass-through.
+//!
+//! Concurrency: [`TokenRate`] is a `parking_lot::Mutex` around two numbers
+//! (held for a few instructions, once per answer); [`CacheTruth`] is
+//! atomics, each an independent counter.
+
+use crate::RoutingError;
+use crate::Worker;
+use parking_lot::Mutex;
+use radixgate_tree::{Insertion, Tree};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Settings of the correction (`routing.correction`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorrectionConfig {
+    /// Trim the tree when a worker reports holding clearly less than it
+    /// predicted. Off: the figures are still counted, nothing is trimmed.
+    pub enabled: bool,
+    /// The workers' KV page (block) size in tokens: a shortfall of up to
+    /// one page is paging, not eviction. Default 16 (vLLM's default block
+    /// size and the simulated worker's; SGLang's radix cache defaults to
+    /// pages of 1 token, where 16 is merely conservative).
+    pub page_tokens: usize,
+}
+
+impl Default for CorrectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            page_tokens: 16,
+        }
+    }
+}
+
+/// Largest `page_tokens`.
+const MAX_PAGE_TOKENS: usize = 4096;
+
+impl CorrectionConfig {
+    /// Checks ranges; the error names the offending key.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        if !(1..=MAX_PAGE_TOKENS).contains(&self.page_tokens) {
+            return Err(RoutingError::config(
+                "correction.page_tokens",
+                format!(
+                    "must be between 1 and {MAX_PAGE_TOKENS}, got {}",
+                    self.page_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The counts one answer reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheReport {
+    /// `prompt_tokens` (or the API's equivalent).
+    pub prompt_tokens: u64,
+    /// `cached_tokens` (or the API's equivalent).
+    pub cached_tokens: u64,
+}
+
+/// What [`CacheFeedback::apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corrected {
+    /// The report was impossible and was ignored (counted).
+    Invalid,
+    /// Counted; the tree was right, or correction is off.
+    Counted {
+        /// The prediction, in tokens.
+        predicted_tokens: u64,
+    },
+    /// Counted, and the worker's claims were trimmed.
+    Trimmed {
+        /// The prediction, in tokens.
+        predicted_tokens: u64,
+        /// Characters the tree forgot.
+        chars: usize,
+    },
+}
+
+/// One model's characters per token, learned from the answers.
+#[derive(Debug, Default)]
+pub struct TokenRate {
+    state: Mutex<RateState>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct RateState {
+    samples: u64,
+    chars_per_token: f64,
+}
+
+/// After this many samples the mean becomes a moving one (weight 1/64).
+const RATE_WINDOW: u64 = 64;
+
+impl TokenRate {
+    /// Learns from one answer: `chars` characters of routed text were
+    /// `tokens` prompt tokens. A sample is clipped to within a factor 2 of
+    /// the current estimate before it counts.
+    pub fn observe(&self, chars: usize, tokens: u64) {
+        if chars == 0 || tokens == 0 {
+            return;
+        }
+        let sample = chars as f64 / tokens as f64;
+        let mut s = self.state.lock();
+        if s.samples == 0 {
+            s.chars_per_token = sample;
+        } else {
+            let est = s.chars_per_token;
+            let clipped = sample.clamp(est / 2.0, est * 2.0);
+            let weight = 1.0 / (s.samples + 1).min(RATE_WINDOW) as f64;
+            s.chars_per_token = est + (clipped - est) * weight;
+        }
+        s.samples += 1;
+    }
+
+    /// The current estimate; `None` before the first sample.
+    pub fn chars_per_token(&self) -> Option<f64> {
+        let s = *self.state.lock();
+        (s.samples > 0).then_some(s.chars_per_token)
+    }
+}
+
+/// One worker's record of predicted against reported cached tokens.
+#[derive(Debug, Default)]
+pub struct CacheTruth {
+    reports: AtomicU64,
+    prompt_tokens: AtomicU64,
+    predicted_tokens: AtomicU64,
+    reported_tokens: AtomicU64,
+    trims: AtomicU64,
+    trimmed_chars: AtomicU64,
+    invalid: AtomicU64,
+    /// `f64` bits of the moving mean of `(predicted - reported) /
+    /// prompt_tokens` (positive: the tree over-predicts).
+    error: AtomicU64,
+}
+
+/// A snapshot of a [`CacheTruth`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CacheTruthSnapshot {
+    /// Valid reports counted.
+    pub reports: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Cached tokens the tree predicted for them.
+    pub predicted_tokens: u64,
+    /// Cached tokens the worker reported.
+    pub reported_tokens: u64,
+    /// Reports that trimmed the tree.
+    pub trims: u64,
+    /// Characters those trims removed.
+    pub trimmed_chars: u64,
+    /// Impossible or unreadable reports, ignored.
+    pub invalid: u64,
+    /// Moving mean of `(predicted - reported) / prompt_tokens` over recent
+    /// reports (weight 1/64); 0 before the first.
+    pub prediction_error: f64,
+}
+
+impl CacheTruthSnapshot {
+    /// Reported cached tokens over prompt tokens: the hit rate the worker
+    /// itself reports; `None` before the first report.
+    pub fn reported_hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.reported_tokens as f64 / self.prompt_tokens as f64)
+    }
+}
+
+impl CacheTruth {
+    /// Counts a report that could not be used.
+    pub fn invalid(&self) {
+        self.invalid.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count(&self, report: CacheReport, predicted: u64) {
+        let n = self.reports.fetch_add(1, Ordering::Relaxed) + 1;
+        self.prompt_tokens
+            .fetch_add(report.prompt_tokens, Ordering::Relaxed);
+        self.predicted_tokens
+            .fetch_add(predicted, Ordering::Relaxed);
+        self.reported_tokens
+            .fetch_add(report.cached_tokens, Ordering::Relaxed);
+        let sample = (predicted as f64 - report.cached_tokens as f64) / report.prompt_tokens as f64;
+        let weight = 1.0 / n.min(RATE_WINDOW) as f64;
+        let _ = self
+            .error
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let mean = f64::from_bits(bits);
+                Some((mean + (sample - mean) * weight).to_bits())
+            });
+    }
+
+    /// The figures so far.
+    pub fn snapshot(&self) -> CacheTruthSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheTruthSnapshot {
+            reports: get(&self.reports),
+            prompt_tokens: get(&self.prompt_tokens),
+            predicted_tokens: get(&self.predicted_tokens),
+            reported_tokens: get(&self.reported_tokens),
+            trims: get(&self.trims),
+            trimmed_chars: get(&self.trimmed_chars),
+            invalid: get(&self.invalid),
+            prediction_error: f64::from_bits(get(&self.error)),
+        }
+    }
+}
+
+/// What a decision's tree insert needs to be checked against the answer.
+#[derive(Debug, Clone)]
+pub struct CacheFeedback {
+    pub(crate) tree: Arc<Tree>,
+    pub(crate) receipt: Insertion,
+    /// Bytes of the routing text the decision inserted (the capped text).
+    pub(crate) text_len: usize,
+    pub(crate) rate: Arc<TokenRate>,
+    pub(crate) config: CorrectionConfig,
+    pub(crate) worker: Arc<Worker>,
+}
+
+impl CacheFeedback {
+    /// The worker the decision chose.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// Checks the answer's `report` for the request routed with `text`
+    /// (the full routing text, as given to the router) against the
+    /// prediction, counts it on the worker and, when the worker held more
+    /// than a page less than predicted, trims the tree.
+    pub fn apply(self, text: &str, report: CacheReport) -> Corrected {
+        let truth = self.worker.cache_truth();
+        if report.prompt_tokens == 0 || report.cached_tokens > report.prompt_tokens {
+            truth.invalid();
+            return Corrected::Invalid;
+        }
+        let Some(inserted) = text.get(..self.text_len) else {
+            truth.invalid();
+            return Corrected::Invalid;
+        };
+        self.rate
+            .observe(text.chars().count(), report.prompt_tokens);
+        let cpt = self
+            .rate
+            .chars_per_token()
+            .unwrap_or(1.0)
+            .max(f64::MIN_POSITIVE);
+        let held = self.receipt.held_chars();
+        // Engines count whole pages: the prediction is floored to a page
+        // too, so that paging alone never reads as a shortfall.
+        let page = self.config.page_tokens.max(1) as u64;
+        let predicted =
+            ((held as f64 / cpt).round() as u64).min(report.prompt_tokens) / page * page;
+        truth.count(report, predicted);
+        let short = predicted.saturating_sub(report.cached_tokens);
+        if !self.config.enabled || short <= page {
+            return Corrected::Counted {
+                predicted_tokens: predicted,
+            };
+        }
+        let keep = ((report.cached_tokens as f64 * cpt).floor() as usize).min(held);
+        let chars = self
+            .tree
+            .trim(inserted, self.receipt.tenant(), keep, self.receipt.time());
+        if chars == 0 {
+            return Corrected::Counted {
+                predicted_tokens: predicted,
+            };
+        }
+        truth.trims.fetch_add(1, Ordering::Relaxed);
+        truth
+            .trimmed_chars
+            .fetch_add(chars as u64, Ordering::Relaxed);
+        Corrected::Trimmed {
+            predicted_tokens: predicted,
+            chars,
+        }
+    }
+}
