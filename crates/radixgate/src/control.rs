@@ -131,6 +131,48 @@ pub struct WorkerStatus {
     /// Why the last health check failed, while it fails.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// What the worker reported of its prompt cache against what the
+    /// prefix tree predicted, once it has answered with a cached-token
+    /// count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheView>,
+}
+
+/// A worker's cached-token figures on `/workers`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CacheView {
+    /// Answers that reported cached tokens.
+    pub reports: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Cached tokens the worker reported.
+    pub reported_cached_tokens: u64,
+    /// Cached tokens the prefix tree predicted.
+    pub predicted_cached_tokens: u64,
+    /// Reported cached over prompt tokens: the worker's real hit rate.
+    pub reported_hit_rate: Option<f64>,
+    /// Running mean of (predicted - reported) / prompt tokens.
+    pub prediction_error: f64,
+    /// Answers that trimmed the tree.
+    pub trims: u64,
+    /// Reports ignored as impossible.
+    pub invalid_reports: u64,
+}
+
+impl CacheView {
+    fn of(w: &radixgate_routing::Worker) -> Option<Self> {
+        let t = w.cache_truth().snapshot();
+        (t.reports > 0 || t.invalid > 0).then(|| Self {
+            reports: t.reports,
+            prompt_tokens: t.prompt_tokens,
+            reported_cached_tokens: t.reported_tokens,
+            predicted_cached_tokens: t.predicted_tokens,
+            reported_hit_rate: t.reported_hit_rate(),
+            prediction_error: t.prediction_error,
+            trims: t.trims,
+            invalid_reports: t.invalid,
+        })
+    }
 }
 
 /// A cheap, cloneable handle to the control task.
@@ -518,6 +560,7 @@ impl ControlTask {
                     load: worker.map_or(0, |w| w.load()),
                     processed: worker.map_or(0, |w| w.processed()),
                     problem: self.control.board.problem(url),
+                    cache: worker.and_then(|w| CacheView::of(w)),
                 }
             })
             .collect()

@@ -46,6 +46,7 @@ use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::stream::{Primed, StreamEnd, StreamWatch, WatchedBody};
 use crate::upstream;
+use crate::usage::{CachedReport, UsageTail};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::extract::Request;
@@ -54,7 +55,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use radixgate_routing::{Decision, LoadGuard, Routed, RoutingError, WorkerId};
+use radixgate_routing::{
+    CacheFeedback, CacheReport, Corrected, Decision, LoadGuard, Routed, RoutingError, WorkerId,
+};
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -130,7 +133,14 @@ async fn forward(
         path: &path,
     };
     let answer = attempts(state, target, &request, &parts.headers, peer, bytes).await?;
-    Ok(respond(shared, answer, admitted, endpoint, started))
+    Ok(respond(
+        shared,
+        answer,
+        admitted,
+        endpoint,
+        started,
+        request.routing_text,
+    ))
 }
 
 /// Where a request goes: its endpoint and the worker path.
@@ -583,6 +593,7 @@ fn respond(
     admitted: AdmissionPermit,
     endpoint: Endpoint,
     started: Instant,
+    routing_text: String,
 ) -> Response {
     let Answer {
         response,
@@ -606,8 +617,20 @@ fn respond(
     {
         headers.insert(DECISION_HEADER, value);
     }
+    // A successful answer's usage is checked against what the tree
+    // predicted (`radixgate_routing::correction`).
+    let correction = status
+        .is_success()
+        .then(|| decision.cache_feedback())
+        .flatten()
+        .map(|feedback| Correction {
+            feedback,
+            text: routing_text,
+            tail: UsageTail::new(),
+        });
     let watch = RequestWatch {
         shared: shared.clone(),
+        correction,
         guard: decision.into_guard(),
         sse,
         preamble: if sse { endpoint.preamble() } else { None },
@@ -650,6 +673,9 @@ fn respond(
 /// by this one's end never sees this one's load still counted.
 struct RequestWatch {
     shared: Arc<Shared>,
+    /// The routing correction's share: the decision's tree feedback, the
+    /// routing text and the body's tail, scanned once at its end.
+    correction: Option<Correction>,
     /// The worker's load; released when this watch is dropped.
     guard: LoadGuard,
     /// Whether the response is an event stream (TTFT is recorded for those).
@@ -666,6 +692,59 @@ struct RequestWatch {
     model: Option<String>,
     status: u16,
     started: Instant,
+}
+
+/// What a response needs for the routing correction.
+struct Correction {
+    feedback: CacheFeedback,
+    text: String,
+    tail: UsageTail,
+}
+
+impl Correction {
+    /// The body ended whole: reads its cached-token report and hands it to
+    /// the correction. A body without one changes nothing; an impossible
+    /// one is counted on the worker (exported by the upkeep tick) and
+    /// otherwise ignored.
+    fn finish(mut self) {
+        let report = match self.tail.cached() {
+            CachedReport::Absent => return,
+            CachedReport::Invalid => {
+                let worker = self.feedback.worker();
+                worker.cache_truth().invalid();
+                tracing::debug!(
+                    worker = worker.url(),
+                    "unreadable cached-token report ignored"
+                );
+                return;
+            }
+            CachedReport::Report {
+                prompt_tokens,
+                cached_tokens,
+            } => CacheReport {
+                prompt_tokens,
+                cached_tokens,
+            },
+        };
+        let worker = self.feedback.worker().clone();
+        match self.feedback.apply(&self.text, report) {
+            Corrected::Invalid => {
+                tracing::debug!(
+                    worker = worker.url(),
+                    ?report,
+                    "impossible cached-token report ignored"
+                );
+            }
+            Corrected::Trimmed { chars, .. } => {
+                tracing::debug!(
+                    worker = worker.url(),
+                    chars,
+                    "worker held less than predicted; tree trimmed"
+                );
+            }
+            Corrected::Counted { .. } => {}
+        }
+    }
 }
 
 impl RequestWatch {
@@ -696,6 +775,9 @@ impl StreamWatch for RequestWatch {
     }
 
     fn data(&mut self, bytes: &[u8]) {
+        if let Some(c) = self.correction.as_mut() {
+            c.tail.push(bytes);
+        }
         if let Some(scan) = self.preamble.as_mut()
             && scan.feed(bytes)
         {
@@ -704,8 +786,13 @@ impl StreamWatch for RequestWatch {
         }
     }
 
-    fn finish(self, end: StreamEnd) {
+    fn finish(mut self, end: StreamEnd) {
         let metrics = &self.shared.request_metrics;
+        if end == StreamEnd::Complete
+            && let Some(c) = self.correction.take()
+        {
+            c.finish();
+        }
         metrics.request_done(
             self.route,
             self.status,

@@ -3,14 +3,17 @@
 //! slots, refresh the per-worker and admission gauges, and let the metrics
 //! recorder fold its histogram samples. Reads only snapshots and atomics.
 //!
-//! The per-worker gauges (in flight, healthy, tree characters) are read
+//! The per-worker gauges (in flight, healthy, tree characters) and the
+//! routing correction's per-worker figures (predicted against reported
+//! cached tokens, trims, prediction error) are read
 //! from the worker set here and nowhere else, so this task owns them
 //! ([`WorkerGauges`]); the breakers and admission own theirs and are asked
 //! to publish them on each tick.
 
 use crate::metrics::{Describe, Metrics, PerWorker};
 use crate::state::Shared;
-use ::metrics::Gauge;
+use ::metrics::{Counter, Gauge};
+use radixgate_routing::CacheTruthSnapshot;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +34,48 @@ pub(crate) const TREE_CHARS: Describe = Describe::new(
     "Characters of routed text the prefix tree holds for each worker.",
 );
 
+pub(crate) const CACHE_PROMPT_TOKENS: Describe = Describe::new(
+    "radixgate_cache_prompt_tokens_total",
+    "Prompt tokens of the answers from each worker that reported cached tokens.",
+);
+pub(crate) const CACHE_PREDICTED_TOKENS: Describe = Describe::new(
+    "radixgate_cache_predicted_tokens_total",
+    "Cached prompt tokens the prefix tree predicted for each worker, over the answers that reported cached tokens.",
+);
+pub(crate) const CACHE_REPORTED_TOKENS: Describe = Describe::new(
+    "radixgate_cache_reported_tokens_total",
+    "Cached prompt tokens each worker reported (over radixgate_cache_prompt_tokens_total: its real hit rate).",
+);
+pub(crate) const CACHE_TRIMS: Describe = Describe::new(
+    "radixgate_cache_trims_total",
+    "Answers whose cached tokens fell more than a KV page short of the prediction, so the prefix tree forgot what the worker had evicted.",
+);
+pub(crate) const CACHE_INVALID_REPORTS: Describe = Describe::new(
+    "radixgate_cache_invalid_reports_total",
+    "Cached-token reports from each worker ignored as impossible (more than the prompt, negative, not a number).",
+);
+pub(crate) const CACHE_PREDICTION_ERROR: Describe = Describe::new(
+    "radixgate_cache_prediction_error",
+    "Running mean of (predicted - reported cached tokens) / prompt tokens of each worker's recent answers; positive: the tree over-predicts.",
+);
+
 /// The per-worker gauges the tick refreshes.
 pub(crate) struct WorkerGauges {
     in_flight: PerWorker<Gauge>,
     healthy: PerWorker<Gauge>,
     tree_chars: PerWorker<Gauge>,
+    cache: CacheSeries,
+}
+
+/// The correction's per-worker figures: counters set to the workers' own
+/// totals (`radixgate_routing::correction::CacheTruth`) on every tick.
+struct CacheSeries {
+    prompt: PerWorker<Counter>,
+    predicted: PerWorker<Counter>,
+    reported: PerWorker<Counter>,
+    trims: PerWorker<Counter>,
+    invalid: PerWorker<Counter>,
+    error: PerWorker<Gauge>,
 }
 
 impl WorkerGauges {
@@ -44,7 +84,30 @@ impl WorkerGauges {
             in_flight: metrics.per_worker_gauges(&WORKER_IN_FLIGHT),
             healthy: metrics.per_worker_gauges(&WORKER_HEALTHY),
             tree_chars: metrics.per_worker_gauges(&TREE_CHARS),
+            cache: CacheSeries {
+                prompt: metrics.per_worker_counters(&CACHE_PROMPT_TOKENS),
+                predicted: metrics.per_worker_counters(&CACHE_PREDICTED_TOKENS),
+                reported: metrics.per_worker_counters(&CACHE_REPORTED_TOKENS),
+                trims: metrics.per_worker_counters(&CACHE_TRIMS),
+                invalid: metrics.per_worker_counters(&CACHE_INVALID_REPORTS),
+                error: metrics.per_worker_gauges(&CACHE_PREDICTION_ERROR),
+            },
         }
+    }
+
+    /// A worker's predicted against reported cached tokens, once it has
+    /// answered with a report (valid or not).
+    pub(crate) fn cache_truth(&self, worker: &str, t: CacheTruthSnapshot) {
+        if t.reports == 0 && t.invalid == 0 {
+            return;
+        }
+        let c = &self.cache;
+        c.prompt.with(worker, |s| s.absolute(t.prompt_tokens));
+        c.predicted.with(worker, |s| s.absolute(t.predicted_tokens));
+        c.reported.with(worker, |s| s.absolute(t.reported_tokens));
+        c.trims.with(worker, |s| s.absolute(t.trims));
+        c.invalid.with(worker, |s| s.absolute(t.invalid));
+        c.error.set(worker, t.prediction_error);
     }
 
     /// Requests in flight to a worker now.
@@ -100,6 +163,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
             if let Some(chars) = state.router.policy().cached_chars(worker.id()) {
                 gauges.tree_chars(worker.url(), chars);
             }
+            gauges.cache_truth(worker.url(), worker.cache_truth().snapshot());
         }
         state.admission.publish_metrics();
         state.metrics.run_upkeep();

@@ -21,6 +21,12 @@
 //! A body whose usage does not fit in the tail, or that has none, reports
 //! `None` (nothing is charged).
 
+//! The same tail gives the prompt's cached-token count for the routing
+//! correction ([`cached_in`]): `usage.prompt_tokens_details.cached_tokens`
+//! (vLLM, SGLang, OpenAI), the Responses API's
+//! `usage.input_tokens_details.cached_tokens`, the Messages API's
+//! `cache_read_input_tokens`, or SGLang's `meta_info.cached_tokens`.
+
 /// How much of a body's end is kept for the scan. A usage object is about
 /// 200 bytes; SSE streams end with the usage event and `data: [DONE]`; whole
 /// bodies put at most a few short fields after `usage`.
@@ -56,6 +62,78 @@ impl UsageTail {
     /// The tokens the body reports it used, if its tail says.
     pub fn tokens(&mut self) -> Option<u64> {
         tokens_in(self.tail.make_contiguous())
+    }
+
+    /// The prompt's cached-token report, if its tail has one.
+    pub fn cached(&mut self) -> CachedReport {
+        cached_in(self.tail.make_contiguous())
+    }
+}
+
+/// What a body's tail says about the prompt's cached tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedReport {
+    /// No cached-token count (the worker does not report one, or the body
+    /// has no usage).
+    Absent,
+    /// A count, with the prompt's size.
+    Report {
+        /// Prompt tokens (for the Messages API: input plus cache reads and
+        /// writes).
+        prompt_tokens: u64,
+        /// Of those, found cached.
+        cached_tokens: u64,
+    },
+    /// A count that is not one: negative, fractional, not a number, or
+    /// without a prompt count to compare it with.
+    Invalid,
+}
+
+/// The last cached-token report in `text`: the last `"usage"` object that
+/// carries a cached count, else the last `"meta_info"` that does.
+pub fn cached_in(text: &[u8]) -> CachedReport {
+    for object in objects_after(text, b"\"usage\"") {
+        let cached = detail(&object, "prompt_tokens_details", "cached_tokens")
+            .or_else(|| detail(&object, "input_tokens_details", "cached_tokens"))
+            .or_else(|| present(&object, "cache_read_input_tokens"));
+        if let Some(cached) = cached {
+            let prompt = Report::read(&object).and_then(|r| r.prompt);
+            return judge(prompt, cached);
+        }
+    }
+    for object in objects_after(text, b"\"meta_info\"") {
+        if let Some(cached) = present(&object, "cached_tokens") {
+            let prompt = Report::read(&object).and_then(|r| r.prompt);
+            return judge(prompt, cached);
+        }
+    }
+    CachedReport::Absent
+}
+
+/// `object[name]` unless missing or null.
+fn present<'o>(
+    object: &'o serde_json::Map<String, serde_json::Value>,
+    name: &str,
+) -> Option<&'o serde_json::Value> {
+    object.get(name).filter(|v| !v.is_null())
+}
+
+/// `object[outer][inner]` unless missing or null.
+fn detail<'o>(
+    object: &'o serde_json::Map<String, serde_json::Value>,
+    outer: &str,
+    inner: &str,
+) -> Option<&'o serde_json::Value> {
+    present(object, outer)?.get(inner).filter(|v| !v.is_null())
+}
+
+fn judge(prompt: Option<u64>, cached: &serde_json::Value) -> CachedReport {
+    match (prompt, cached.as_u64()) {
+        (Some(prompt_tokens), Some(cached_tokens)) => CachedReport::Report {
+            prompt_tokens,
+            cached_tokens,
+        },
+        _ => CachedReport::Invalid,
     }
 }
 
@@ -238,6 +316,47 @@ mod tests {
             b"}}}\"usage\":{{{",
         ] {
             assert_eq!(tokens_in(none), None, "{}", String::from_utf8_lossy(none));
+        }
+    }
+
+    #[test]
+    fn cached_tokens_in_every_shape() {
+        let report = |p, c| CachedReport::Report {
+            prompt_tokens: p,
+            cached_tokens: c,
+        };
+        let whole = br#"{"choices":[{"text":"\"usage\": {"}],"usage":{"prompt_tokens":7,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":3}}}"#;
+        assert_eq!(cached_in(whole), report(7, 3));
+        let stream = b"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n\
+            data: [DONE]\n\n";
+        assert_eq!(cached_in(stream), report(50, 32));
+        let responses = br#"event: response.completed
+data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8},"output_tokens":1}}}"#;
+        assert_eq!(cached_in(responses), report(9, 8));
+        let messages = br#"{"usage":{"input_tokens":2,"cache_read_input_tokens":16,"cache_creation_input_tokens":0,"output_tokens":3}}"#;
+        assert_eq!(cached_in(messages), report(18, 16));
+        let generate = br#"{"text":"x","meta_info":{"prompt_tokens":40,"completion_tokens":1,"cached_tokens":16}}"#;
+        assert_eq!(cached_in(generate), report(40, 16));
+        // No count, or a null one: nothing to learn.
+        let plain =
+            br#"{"usage":{"prompt_tokens":7,"completion_tokens":4,"prompt_tokens_details":null}}"#;
+        assert_eq!(cached_in(plain), CachedReport::Absent);
+        assert_eq!(cached_in(b"{\"choices\":[]}"), CachedReport::Absent);
+        // Garbage is not a count.
+        for bad in [
+            &br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":-1}}}"#[..],
+            br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":"3"}}}"#,
+            br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":2.5}}}"#,
+            br#"{"usage":{"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            br#"{"meta_info":{"prompt_tokens":7,"cached_tokens":[1]}}"#,
+        ] {
+            assert_eq!(
+                cached_in(bad),
+                CachedReport::Invalid,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
