@@ -788,9 +788,10 @@ impl StreamWatch for RequestWatch {
 
     fn finish(mut self, end: StreamEnd) {
         let metrics = &self.shared.request_metrics;
-        if end == StreamEnd::Complete
-            && let Some(c) = self.correction.take()
-        {
+        // Whatever the end: a body of known length is dropped once its last
+        // byte passed (never read to its end), and a complete usage object
+        // in the tail is the worker's word on this prompt either way.
+        if let Some(c) = self.correction.take() {
             c.finish();
         }
         metrics.request_done(
