@@ -75,7 +75,7 @@ impl Inner {
         // The text must reach the character after the cut.
         let edge = &self.arena[cut_node].edge;
         let need = byte_offset_of_char(edge, keep - start + 1);
-        if !text[pos..].as_bytes().starts_with(&edge.as_bytes()[..need]) {
+        if !text.as_bytes()[pos..].starts_with(&edge.as_bytes()[..need]) {
             return 0;
         }
         let old = |inner: &Self, n: NodeId| {

@@ -39,7 +39,13 @@ fn text(seed: &str, n: usize) -> String {
 
 /// Sends a chat request; returns the decision header's `match=` and the body.
 async fn ask(gateway: &str, content: &str, stream: bool) -> (f64, String) {
-    ask_model(gateway, content, stream, radixgate_sim::server::DEFAULT_MODEL).await
+    ask_model(
+        gateway,
+        content,
+        stream,
+        radixgate_sim::server::DEFAULT_MODEL,
+    )
+    .await
 }
 
 async fn ask_model(gateway: &str, content: &str, stream: bool, model: &str) -> (f64, String) {
@@ -98,7 +104,10 @@ async fn evict_then_share(stream: bool) -> (Gateway, SimWorker, String) {
     ask(&gw.url, &text("bravo ", 1900), stream).await;
     let half: String = doc.chars().take(600).collect();
     let (predicted, _) = ask(&gw.url, &format!("{half} and now something else"), stream).await;
-    assert!(predicted > 0.9, "the tree still predicted the half: {predicted}");
+    assert!(
+        predicted > 0.9,
+        "the tree still predicted the half: {predicted}"
+    );
     (gw, worker, doc)
 }
 
@@ -152,8 +161,9 @@ async fn streams_with_include_usage_feed_the_correction() {
 async fn with_correction_off_the_tree_keeps_its_guess() {
     let worker = sim_worker(small_cache_worker()).await;
     let mut c = config(&[&worker.url]);
-    c.routing = serde_json::from_value(json!({"policy": "cache_aware", "correction": {"enabled": false}}))
-        .unwrap();
+    c.routing =
+        serde_json::from_value(json!({"policy": "cache_aware", "correction": {"enabled": false}}))
+            .unwrap();
     let gw = gateway_ready(c, 1).await;
     let doc = text("alpha ", 1200);
     ask(&gw.url, &doc, false).await;
