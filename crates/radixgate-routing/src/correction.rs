@@ -309,3 +309,137 @@ impl CacheFeedback {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{WorkerId, WorkerSpec};
+
+    #[test]
+    fn the_rate_learns_and_one_odd_answer_moves_it_little() {
+        let rate = TokenRate::default();
+        assert_eq!(rate.chars_per_token(), None);
+        for _ in 0..10 {
+            rate.observe(400, 100);
+        }
+        assert_eq!(rate.chars_per_token(), Some(4.0));
+        rate.observe(400_000, 1);
+        let after = rate.chars_per_token().unwrap();
+        assert!((4.0..=4.4).contains(&after), "{after}");
+        rate.observe(0, 10);
+        rate.observe(10, 0);
+        assert_eq!(rate.chars_per_token(), Some(after));
+    }
+
+    /// A tree where worker 0 holds `held` and `other` (sent before), and a
+    /// decision's feedback for `text` sent now; the rate knows 4 chars per
+    /// token.
+    fn setup(held: &str, other: &str, text: &str, config: CorrectionConfig) -> CacheFeedback {
+        let tree = Arc::new(Tree::default());
+        let worker = Arc::new(Worker::new(
+            WorkerId(0),
+            WorkerSpec::new("http://127.0.0.1:1"),
+        ));
+        tree.insert(held, worker.id().tenant());
+        tree.insert(other, worker.id().tenant());
+        let receipt = tree.insert(text, worker.id().tenant());
+        let rate = Arc::new(TokenRate::default());
+        rate.observe(4000, 1000);
+        CacheFeedback {
+            tree,
+            receipt,
+            text_len: text.len(),
+            rate,
+            config,
+            worker,
+        }
+    }
+
+    #[test]
+    fn a_shortfall_of_more_than_a_page_trims_and_paging_does_not() {
+        let prefix = "p".repeat(400); // 100 tokens
+        let text = format!("{prefix}{}", "q".repeat(400));
+        let other = format!("{prefix}{}", "r".repeat(40));
+        let report = |cached| CacheReport {
+            prompt_tokens: 200,
+            cached_tokens: cached,
+        };
+        // Predicted 100 tokens (96 after paging); 90 reported: paging.
+        let f = setup(&prefix, &other, &text, CorrectionConfig::default());
+        let tree = f.tree.clone();
+        let worker = f.worker.clone();
+        assert_eq!(
+            f.apply(&text, report(90)),
+            Corrected::Counted {
+                predicted_tokens: 96
+            }
+        );
+        assert_eq!(
+            tree.prefix_match_for(&other, worker.id().tenant())
+                .matched_chars,
+            440
+        );
+        // 40 reported: more than a page short. The older sibling goes from
+        // char 161 on; the request's own path stays.
+        let f = setup(&prefix, &other, &text, CorrectionConfig::default());
+        let (tree, worker) = (f.tree.clone(), f.worker.clone());
+        assert_eq!(
+            f.apply(&text, report(40)),
+            Corrected::Trimmed {
+                predicted_tokens: 96,
+                chars: 40
+            }
+        );
+        assert_eq!(
+            tree.prefix_match_for(&other, worker.id().tenant())
+                .matched_chars,
+            400
+        );
+        assert_eq!(
+            tree.prefix_match_for(&text, worker.id().tenant())
+                .matched_chars,
+            800
+        );
+        let t = worker.cache_truth().snapshot();
+        assert_eq!((t.reports, t.trims, t.trimmed_chars), (1, 1, 40));
+        assert_eq!(
+            (t.predicted_tokens, t.reported_tokens, t.prompt_tokens),
+            (96, 40, 200)
+        );
+        assert!((t.prediction_error - 56.0 / 200.0).abs() < 1e-9);
+        // Off: counted, never trimmed.
+        let off = CorrectionConfig {
+            enabled: false,
+            ..CorrectionConfig::default()
+        };
+        let f = setup(&prefix, &other, &text, off);
+        assert!(matches!(
+            f.apply(&text, report(0)),
+            Corrected::Counted { .. }
+        ));
+    }
+
+    #[test]
+    fn impossible_reports_are_counted_and_ignored() {
+        let f = setup("abc", "abd", "abcdef", CorrectionConfig::default());
+        let worker = f.worker.clone();
+        let impossible = CacheReport {
+            prompt_tokens: 5,
+            cached_tokens: 6,
+        };
+        assert_eq!(f.clone().apply("abcdef", impossible), Corrected::Invalid);
+        let empty = CacheReport {
+            prompt_tokens: 0,
+            cached_tokens: 0,
+        };
+        assert_eq!(f.clone().apply("abcdef", empty), Corrected::Invalid);
+        // Not the text the decision inserted (shorter than it).
+        let fine = CacheReport {
+            prompt_tokens: 5,
+            cached_tokens: 0,
+        };
+        assert_eq!(f.apply("ab", fine), Corrected::Invalid);
+        let t = worker.cache_truth().snapshot();
+        assert_eq!((t.invalid, t.reports), (3, 0));
+    }
+}
