@@ -35,8 +35,10 @@
 use crate::RoutingError;
 use crate::Worker;
 use parking_lot::Mutex;
+use radixgate_tree::TenantId;
 use radixgate_tree::{Insertion, Tree};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -108,6 +110,75 @@ pub enum Corrected {
         /// Characters the tree forgot.
         chars: usize,
     },
+}
+
+/// One model's correction state: its characters per token, and the
+/// decisions whose answers are still out, per worker.
+///
+/// Why the second: the tree claims a prompt for its worker from the moment
+/// of the decision, but the worker holds it only once it has computed it.
+/// An answer that reports less cached than predicted may be short because
+/// an earlier request with the same prefix is still queued there, not
+/// because anything was evicted. So a trim drops only claims from before
+/// the oldest decision still in flight on that worker when this request
+/// was decided: those requests had all been answered, their prompts
+/// computed, so what of them the worker no longer held, it had evicted.
+#[derive(Debug, Default)]
+pub struct ModelTruth {
+    rate: TokenRate,
+    /// Insert times of decisions in flight, per worker (a count per time:
+    /// the tree's clock is per model, one insert per tick).
+    in_flight: Mutex<HashMap<TenantId, BTreeMap<u64, u32>>>,
+}
+
+impl ModelTruth {
+    /// The model's characters per token.
+    pub fn rate(&self) -> &TokenRate {
+        &self.rate
+    }
+
+    /// Registers a decision's insert at `time` for `tenant` until the
+    /// returned handle drops; also returns the oldest insert time then in
+    /// flight for `tenant` (`u64::MAX` if none).
+    pub(crate) fn register(self: &Arc<Self>, tenant: TenantId, time: u64) -> (InFlight, u64) {
+        let mut map = self.in_flight.lock();
+        let times = map.entry(tenant).or_default();
+        let oldest = times.keys().next().copied().unwrap_or(u64::MAX);
+        *times.entry(time).or_default() += 1;
+        drop(map);
+        let handle = InFlight {
+            model: self.clone(),
+            tenant,
+            time,
+        };
+        (handle, oldest)
+    }
+}
+
+/// A decision's insert still in flight; deregisters when dropped (the
+/// answer was read, or the decision was dropped unanswered).
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    model: Arc<ModelTruth>,
+    tenant: TenantId,
+    time: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut map = self.model.in_flight.lock();
+        if let Some(times) = map.get_mut(&self.tenant) {
+            if let Some(n) = times.get_mut(&self.time) {
+                *n -= 1;
+                if *n == 0 {
+                    times.remove(&self.time);
+                }
+            }
+            if times.is_empty() {
+                map.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// One model's characters per token, learned from the answers.
@@ -239,13 +310,19 @@ impl CacheTruth {
 }
 
 /// What a decision's tree insert needs to be checked against the answer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CacheFeedback {
     pub(crate) tree: Arc<Tree>,
     pub(crate) receipt: Insertion,
     /// Bytes of the routing text the decision inserted (the capped text).
     pub(crate) text_len: usize,
-    pub(crate) rate: Arc<TokenRate>,
+    pub(crate) model: Arc<ModelTruth>,
+    /// This decision, in flight until the feedback drops (held for its
+    /// `Drop`, never read).
+    pub(crate) _in_flight: Option<InFlight>,
+    /// The oldest insert in flight on the worker when this one was decided
+    /// (`u64::MAX`: none); a trim drops only claims older than it.
+    pub(crate) settled_before: u64,
     pub(crate) config: CorrectionConfig,
     pub(crate) worker: Arc<Worker>,
 }
@@ -270,13 +347,9 @@ impl CacheFeedback {
             truth.invalid();
             return Corrected::Invalid;
         };
-        self.rate
-            .observe(text.chars().count(), report.prompt_tokens);
-        let cpt = self
-            .rate
-            .chars_per_token()
-            .unwrap_or(1.0)
-            .max(f64::MIN_POSITIVE);
+        let rate = &self.model.rate;
+        rate.observe(text.chars().count(), report.prompt_tokens);
+        let cpt = rate.chars_per_token().unwrap_or(1.0).max(f64::MIN_POSITIVE);
         let held = self.receipt.held_chars();
         // Engines count whole pages: the prediction is floored to a page
         // too, so that paging alone never reads as a shortfall.
@@ -291,9 +364,12 @@ impl CacheFeedback {
             };
         }
         let keep = ((report.cached_tokens as f64 * cpt).floor() as usize).min(held);
-        let chars = self
-            .tree
-            .trim(inserted, self.receipt.tenant(), keep, self.receipt.time());
+        let chars = self.tree.trim(
+            inserted,
+            self.receipt.tenant(),
+            keep,
+            self.receipt.time().min(self.settled_before),
+        );
         if chars == 0 {
             return Corrected::Counted {
                 predicted_tokens: predicted,
@@ -343,13 +419,16 @@ mod tests {
         tree.insert(held, worker.id().tenant());
         tree.insert(other, worker.id().tenant());
         let receipt = tree.insert(text, worker.id().tenant());
-        let rate = Arc::new(TokenRate::default());
-        rate.observe(4000, 1000);
+        let model = Arc::new(ModelTruth::default());
+        model.rate().observe(4000, 1000);
+        let (in_flight, settled_before) = model.register(worker.id().tenant(), receipt.time());
         CacheFeedback {
             tree,
             receipt,
             text_len: text.len(),
-            rate,
+            model,
+            _in_flight: Some(in_flight),
+            settled_before,
             config,
             worker,
         }
@@ -420,6 +499,52 @@ mod tests {
     }
 
     #[test]
+    fn a_request_still_in_flight_on_the_worker_keeps_its_claim() {
+        let prefix = "p".repeat(400);
+        let old = format!("{prefix}{}", "o".repeat(40));
+        let queued = format!("{prefix}{}", "r".repeat(40));
+        let text = format!("{prefix}{}", "q".repeat(400));
+        let tree = Arc::new(Tree::default());
+        let worker = Arc::new(Worker::new(
+            WorkerId(0),
+            WorkerSpec::new("http://127.0.0.1:1"),
+        ));
+        let tenant = worker.id().tenant();
+        let model = Arc::new(ModelTruth::default());
+        model.rate().observe(4000, 1000);
+        // `old` was answered; `queued` is decided and still in flight.
+        tree.insert(&old, tenant);
+        let q = tree.insert(&queued, tenant);
+        let (queued_in_flight, _) = model.register(tenant, q.time());
+        let receipt = tree.insert(&text, tenant);
+        let (in_flight, settled_before) = model.register(tenant, receipt.time());
+        assert_eq!(settled_before, q.time());
+        let f = CacheFeedback {
+            tree: tree.clone(),
+            receipt,
+            text_len: text.len(),
+            model: model.clone(),
+            _in_flight: Some(in_flight),
+            settled_before,
+            config: CorrectionConfig::default(),
+            worker,
+        };
+        let report = CacheReport {
+            prompt_tokens: 200,
+            cached_tokens: 0,
+        };
+        assert!(matches!(
+            f.apply(&text, report),
+            Corrected::Trimmed { chars: 40, .. }
+        ));
+        assert_eq!(tree.prefix_match_for(&old, tenant).matched_chars, 400);
+        assert_eq!(tree.prefix_match_for(&queued, tenant).matched_chars, 440);
+        // Both answered: nothing is in flight any more.
+        drop(queued_in_flight);
+        assert_eq!(model.register(tenant, u64::MAX - 1).1, u64::MAX);
+    }
+
+    #[test]
     fn impossible_reports_are_counted_and_ignored() {
         let f = setup("abc", "abd", "abcdef", CorrectionConfig::default());
         let worker = f.worker.clone();
@@ -427,12 +552,20 @@ mod tests {
             prompt_tokens: 5,
             cached_tokens: 6,
         };
-        assert_eq!(f.clone().apply("abcdef", impossible), Corrected::Invalid);
+        assert_eq!(f.apply("abcdef", impossible), Corrected::Invalid);
+        let f = CacheFeedback {
+            worker: worker.clone(),
+            ..setup("abc", "abd", "abcdef", CorrectionConfig::default())
+        };
         let empty = CacheReport {
             prompt_tokens: 0,
             cached_tokens: 0,
         };
-        assert_eq!(f.clone().apply("abcdef", empty), Corrected::Invalid);
+        assert_eq!(f.apply("abcdef", empty), Corrected::Invalid);
+        let f = CacheFeedback {
+            worker: worker.clone(),
+            ..setup("abc", "abd", "abcdef", CorrectionConfig::default())
+        };
         // Not the text the decision inserted (shorter than it).
         let fine = CacheReport {
             prompt_tokens: 5,

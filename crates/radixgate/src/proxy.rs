@@ -597,7 +597,7 @@ fn respond(
 ) -> Response {
     let Answer {
         response,
-        decision,
+        mut decision,
         model,
         probe,
         sent,
@@ -621,7 +621,7 @@ fn respond(
     // predicted (`radixgate_routing::correction`).
     let correction = status
         .is_success()
-        .then(|| decision.cache_feedback())
+        .then(|| decision.take_cache_feedback())
         .flatten()
         .map(|feedback| Correction {
             feedback,

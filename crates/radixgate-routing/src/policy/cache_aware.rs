@@ -531,7 +531,7 @@ impl CacheAware {
             tree,
             receipt,
             req.text,
-            self.trees.rate(req.model),
+            self.trees.truth(req.model),
             self.config.correction,
         )
     }
@@ -676,7 +676,7 @@ impl CacheAware {
             tree,
             receipt,
             req.text,
-            self.trees.rate(req.model),
+            self.trees.truth(req.model),
             self.config.correction,
         )
     }

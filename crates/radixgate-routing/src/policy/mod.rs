@@ -31,7 +31,7 @@ pub use random::Random;
 pub use round_robin::RoundRobin;
 pub use trees::Trees;
 
-use crate::correction::{CacheFeedback, CorrectionConfig, TokenRate};
+use crate::correction::{CacheFeedback, CorrectionConfig, InFlight, ModelTruth};
 use crate::{LoadGuard, RequestView, RoutingError, Worker, WorkerId};
 use radixgate_tree::{Insertion, Tree};
 use std::fmt;
@@ -107,9 +107,14 @@ struct TreeInsert {
     receipt: Insertion,
     /// Bytes of the (capped) routing text that were inserted.
     text_len: usize,
-    /// The model's characters per token and the correction's settings.
-    rate: Arc<TokenRate>,
+    /// The model's correction state and the correction's settings.
+    model: Arc<ModelTruth>,
     correction: CorrectionConfig,
+    /// This insert, registered as in flight on its worker until the
+    /// answer is read or the decision dropped.
+    in_flight: InFlight,
+    /// The oldest insert then in flight on the worker.
+    settled_before: u64,
 }
 
 impl Decision {
@@ -163,28 +168,34 @@ impl Decision {
         tree: Arc<Tree>,
         receipt: Insertion,
         text: &str,
-        rate: Arc<TokenRate>,
+        model: Arc<ModelTruth>,
         correction: CorrectionConfig,
     ) -> Self {
+        let (in_flight, settled_before) = model.register(receipt.tenant(), receipt.time());
         self.inserted = Some(TreeInsert {
             tree,
             receipt,
             text_len: text.len(),
-            rate,
+            model,
             correction,
+            in_flight,
+            settled_before,
         });
         self
     }
 
     /// What the answer's cached-token count is checked against (see
     /// `correction.rs`); `None` for decisions that inserted into no tree
-    /// (or whose insert was taken back).
-    pub fn cache_feedback(&self) -> Option<CacheFeedback> {
-        self.inserted.as_ref().map(|i| CacheFeedback {
-            tree: i.tree.clone(),
+    /// (or whose insert was taken back). Taken once: the insert can no
+    /// longer be undone after.
+    pub fn take_cache_feedback(&mut self) -> Option<CacheFeedback> {
+        self.inserted.take().map(|i| CacheFeedback {
+            tree: i.tree,
             receipt: i.receipt,
             text_len: i.text_len,
-            rate: i.rate.clone(),
+            model: i.model,
+            _in_flight: Some(i.in_flight),
+            settled_before: i.settled_before,
             config: i.correction,
             worker: self.guard.worker().clone(),
         })

@@ -10,7 +10,7 @@
 //! internally. Keys come from the worker set's pools, never straight from a
 //! client, so the number of trees is bounded by the configured models.
 
-use crate::correction::TokenRate;
+use crate::correction::ModelTruth;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use radixgate_tree::{TenantId, Tree, TreeConfig};
@@ -40,7 +40,7 @@ pub struct Trees {
     map: ArcSwap<HashMap<String, Arc<Tree>>>,
     /// Each model's characters per token (`correction.rs`), created with
     /// its tree.
-    rates: ArcSwap<HashMap<String, Arc<TokenRate>>>,
+    rates: ArcSwap<HashMap<String, Arc<ModelTruth>>>,
     add: Mutex<()>,
     upkeep: TreeUpkeep,
 }
@@ -85,16 +85,16 @@ impl Trees {
         let mut next = (*current).clone();
         next.insert(model.to_owned(), tree.clone());
         let mut rates = (*self.rates.load_full()).clone();
-        rates.insert(model.to_owned(), Arc::new(TokenRate::default()));
+        rates.insert(model.to_owned(), Arc::new(ModelTruth::default()));
         // Rates first: whoever sees the tree finds its rate.
         self.rates.store(Arc::new(rates));
         self.map.store(Arc::new(next));
         tree
     }
 
-    /// The characters-per-token estimate of `model` (created with its
-    /// tree; a fresh one if the tree does not exist).
-    pub(crate) fn rate(&self, model: &str) -> Arc<TokenRate> {
+    /// The correction state of `model` (created with its tree; a fresh
+    /// one if the tree does not exist).
+    pub(crate) fn truth(&self, model: &str) -> Arc<ModelTruth> {
         self.rates.load().get(model).cloned().unwrap_or_default()
     }
 
@@ -104,7 +104,7 @@ impl Trees {
             .rates
             .load()
             .iter()
-            .filter_map(|(m, r)| r.chars_per_token().map(|c| (m.clone(), c)))
+            .filter_map(|(m, r)| r.rate().chars_per_token().map(|c| (m.clone(), c)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v

@@ -369,10 +369,10 @@ impl Cluster<'_> {
         match &mut self.chooser {
             Chooser::Policy { router, model, .. } => {
                 let text = routing_text(&spec.prompt, self.cfg.api);
-                let decision = router
+                let mut decision = router
                     .select(Some(model.as_str()), &text, None, &[])?
                     .decision;
-                let feedback = decision.cache_feedback().map(|f| (f, text));
+                let feedback = decision.take_cache_feedback().map(|f| (f, text));
                 Ok((decision.into_guard(), feedback))
             }
             Chooser::Oracle { turn } => {
