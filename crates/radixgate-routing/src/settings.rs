@@ -303,7 +303,7 @@ mod tests {
             ),
             "{msg}"
         );
-        assert!(msg.ends_with(" and `cost`"), "{msg}");
+        assert!(msg.ends_with(", `cost` and `correction`"), "{msg}");
         let msg = misplaced("cache_aware", "cache_treshold").unwrap();
         assert!(msg.contains("did you mean `cache_threshold`?"), "{msg}");
         let msg = misplaced("random", "virtual_node").unwrap();
