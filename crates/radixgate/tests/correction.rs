@@ -130,6 +130,13 @@ async fn routing_follows_real_evictions() {
     assert!(cache["prediction_error"].as_f64().unwrap() > 0.0, "{cache}");
     let rate = cache["reported_hit_rate"].as_f64().unwrap();
     assert!((0.0..1.0).contains(&rate), "{cache}");
+    // The upkeep tick exports the worker's figures (every 250 ms).
+    wait_until("the correction's series", || async {
+        metrics_text(&gw.url)
+            .await
+            .contains("radixgate_cache_trims_total{")
+    })
+    .await;
     let metrics = metrics_text(&gw.url).await;
     for series in [
         "radixgate_cache_trims_total{",
@@ -236,11 +243,13 @@ async fn a_lying_worker_is_ignored_and_counted() {
         assert_eq!(tree_chars(&gw.url).await, before, "{lie}");
         let (matched, _) = ask_model(&gw.url, &prompt, true, "scripted").await;
         assert!(matched > 0.99, "{lie}: {matched}");
-        assert!(
+        // The upkeep tick exports the worker's figures (every 250 ms).
+        wait_until("the invalid-report counter", || async {
             metrics_text(&gw.url)
                 .await
                 .contains("radixgate_cache_invalid_reports_total{")
-        );
+        })
+        .await;
         gw.shutdown().await;
         worker.stop.cancel();
     }
