@@ -233,6 +233,35 @@ impl Router {
         Ok(Routed { decision, model })
     }
 
+    /// Applies another router replica's routing decision: `text` (its
+    /// routing text) was sent to the worker at `worker_url` for `model`
+    /// (the pool key the peer resolved, `None` for its wildcard pool).
+    /// The worker is found by URL, since every replica numbers its workers
+    /// itself, and the text goes into this policy's tree through the same
+    /// capped insert a local decision makes. Returns whether anything was
+    /// recorded: `false` when the worker is unknown here, does not serve
+    /// the model, or the policy keeps no trees. No load is taken.
+    pub fn apply_remote_insert(&self, model: Option<&str>, worker_url: &str, text: &str) -> bool {
+        let set = self.current.load();
+        let Some(worker) = set.by_url(worker_url) else {
+            return false;
+        };
+        let Ok(pool) = set.resolve(model) else {
+            return false;
+        };
+        if !pool.workers.iter().any(|w| w.id() == worker.id()) {
+            return false;
+        }
+        let policy = self.policy.load();
+        match policy.trees() {
+            Some(trees) => {
+                trees.insert_remote(pool.model, text, worker.id().tenant());
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The current snapshot (for `/v1/models`, `/get_loads` and metrics).
     pub fn snapshot(&self) -> Arc<WorkerSet> {
         self.current.load_full()

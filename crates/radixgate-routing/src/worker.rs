@@ -13,7 +13,11 @@
 //! - health: the [`Registry`](crate::Registry), the single writer of the
 //!   worker set, which also publishes a new snapshot on every change;
 //! - breaker state, the outlier ejection flag and reported load: the
-//!   gateway's health/breaker/outlier tasks.
+//!   gateway's health/breaker/outlier tasks;
+//! - peer load (the in-flight requests and pending prefill that the other
+//!   router replicas report for this worker): the replica sync, or the
+//!   simulator's model of it. Policies balance on own plus peer load
+//!   ([`Worker::routing_load`], [`Worker::routing_pending_prefill`]).
 //!
 //! All atomics use relaxed or acquire/release orderings: each value is an
 //! independent hint for routing, and no invariant spans two of them.
@@ -136,6 +140,8 @@ pub struct Worker {
     pub(crate) in_flight: AtomicUsize,
     pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
+    peer_in_flight: AtomicUsize,
+    peer_prefill: AtomicUsize,
     reported: AtomicU64,
     /// The TTFT cost model's fit, one per model served (one for a
     /// wildcard worker), in the order of `models`.
@@ -163,6 +169,8 @@ impl Worker {
             in_flight: AtomicUsize::new(0),
             pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
+            peer_in_flight: AtomicUsize::new(0),
+            peer_prefill: AtomicUsize::new(0),
             reported: AtomicU64::new(0),
             cost: (0..fits).map(|_| Estimator::default()).collect(),
         }
@@ -247,6 +255,37 @@ impl Worker {
         self.pending_prefill.load(Ordering::Relaxed)
     }
 
+    /// Sets what the other router replicas last reported for this worker,
+    /// summed over them: their in-flight requests and pending prefill
+    /// characters. Replaces the previous value (the caller keeps the
+    /// per-replica reports and expires silent ones).
+    pub fn set_peer_load(&self, in_flight: usize, pending_prefill: usize) {
+        self.peer_in_flight.store(in_flight, Ordering::Relaxed);
+        self.peer_prefill.store(pending_prefill, Ordering::Relaxed);
+    }
+
+    /// In-flight requests the other replicas reported (0 when alone).
+    pub fn peer_load(&self) -> usize {
+        self.peer_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Pending prefill characters the other replicas reported.
+    pub fn peer_pending_prefill(&self) -> usize {
+        self.peer_prefill.load(Ordering::Relaxed)
+    }
+
+    /// The load policies balance on: this router's own in-flight requests
+    /// plus the other replicas' latest reports.
+    pub fn routing_load(&self) -> usize {
+        self.load().saturating_add(self.peer_load())
+    }
+
+    /// The pending prefill the cost model sees: own plus the peers'.
+    pub fn routing_pending_prefill(&self) -> usize {
+        self.pending_prefill()
+            .saturating_add(self.peer_pending_prefill())
+    }
+
     /// Requests routed to this worker that have finished (guard dropped).
     pub fn processed(&self) -> u64 {
         self.processed.load(Ordering::Relaxed)
@@ -322,6 +361,7 @@ impl fmt::Debug for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn a_worker_is_named_by_its_host_and_port() {
@@ -349,6 +389,18 @@ mod tests {
         assert_eq!(got.running, 7);
         assert_eq!(got.waiting, (1 << 24) - 1);
         assert!((got.kv_usage - 0.25).abs() < 1e-4);
+    }
+
+    #[test]
+    fn routing_load_adds_the_peers_reports_to_the_own_count() {
+        let w = Arc::new(Worker::new(WorkerId(1), WorkerSpec::new("http://a:1")));
+        let _own = crate::LoadGuard::with_prefill(w.clone(), 10);
+        assert_eq!((w.routing_load(), w.routing_pending_prefill()), (1, 10));
+        w.set_peer_load(3, 500);
+        assert_eq!((w.load(), w.pending_prefill()), (1, 10), "own unchanged");
+        assert_eq!((w.routing_load(), w.routing_pending_prefill()), (4, 510));
+        w.set_peer_load(0, 0);
+        assert_eq!((w.routing_load(), w.routing_pending_prefill()), (1, 10));
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl Decision {
 pub(crate) struct Candidate {
     /// Index into the workers slice.
     pub(crate) idx: usize,
-    /// In-flight requests.
+    /// In-flight requests: own plus the other replicas' reports.
     pub(crate) load: usize,
 }
 
@@ -241,7 +241,7 @@ impl Loads {
         let (mut min, mut max, mut sum) = (usize::MAX, 0, 0);
         for (idx, w) in workers.iter().enumerate() {
             if w.is_available() {
-                let load = w.load();
+                let load = w.routing_load();
                 min = min.min(load);
                 max = max.max(load);
                 sum += load;

@@ -83,6 +83,17 @@ impl Trees {
         tree
     }
 
+    /// Records that another router replica routed `text` for `model` to
+    /// the worker whose tenant here is `tenant`: the same capped insert the
+    /// policy's own decision makes, so a peer's decision and one's own
+    /// leave the same entry. Returns the characters inserted (after the
+    /// cap).
+    pub(crate) fn insert_remote(&self, model: &str, text: &str, tenant: TenantId) -> usize {
+        let text = self.cap(text);
+        self.get_or_create(model).insert(text, tenant);
+        text.chars().count()
+    }
+
     /// Forgets a tenant in every tree.
     pub(crate) fn remove_tenant(&self, tenant: TenantId) {
         for tree in self.map.load().values() {
