@@ -13,11 +13,7 @@
 //! - health: the [`Registry`](crate::Registry), the single writer of the
 //!   worker set, which also publishes a new snapshot on every change;
 //! - breaker state, the outlier ejection flag and reported load: the
-//!   gateway's health/breaker/outlier tasks;
-//! - peer load (the in-flight requests and pending prefill that the other
-//!   router replicas report for this worker): the replica sync, or the
-//!   simulator's model of it. Policies balance on own plus peer load
-//!   ([`Worker::routing_load`], [`Worker::routing_pending_prefill`]).
+//!   gateway's health/breaker/outlier tasks.
 //!
 //! All atomics use relaxed or acquire/release orderings: each value is an
 //! independent hint for routing, and no invariant spans two of them.
@@ -140,7 +136,10 @@ pub struct Worker {
     pub(crate) in_flight: AtomicUsize,
     pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
+    /// Other router replicas' in-flight requests on this worker, as their
+    /// latest unexpired reports add up (see [`PeerLoads`](crate::PeerLoads)).
     peer_in_flight: AtomicUsize,
+    /// Other replicas' pending prefill characters on this worker.
     peer_prefill: AtomicUsize,
     reported: AtomicU64,
     /// The TTFT cost model's fit, one per model served (one for a
@@ -241,8 +240,10 @@ impl Worker {
         self.is_healthy() && self.breaker() != BreakerState::Open && !self.is_ejected()
     }
 
-    /// Requests routed to this worker whose [`LoadGuard`](crate::LoadGuard)
-    /// is still alive.
+    /// Requests routed to this worker, by this router, whose
+    /// [`LoadGuard`](crate::LoadGuard) is still alive. What other replicas
+    /// route is [`peer_load`](Self::peer_load); policies read the sum,
+    /// [`routing_load`](Self::routing_load).
     pub fn load(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -255,32 +256,35 @@ impl Worker {
         self.pending_prefill.load(Ordering::Relaxed)
     }
 
-    /// Sets what the other router replicas last reported for this worker,
-    /// summed over them: their in-flight requests and pending prefill
-    /// characters. Replaces the previous value (the caller keeps the
-    /// per-replica reports and expires silent ones).
-    pub fn set_peer_load(&self, in_flight: usize, pending_prefill: usize) {
-        self.peer_in_flight.store(in_flight, Ordering::Relaxed);
-        self.peer_prefill.store(pending_prefill, Ordering::Relaxed);
-    }
-
-    /// In-flight requests the other replicas reported (0 when alone).
+    /// In-flight requests other router replicas report on this worker
+    /// (0 without replica sync).
     pub fn peer_load(&self) -> usize {
         self.peer_in_flight.load(Ordering::Relaxed)
     }
 
-    /// Pending prefill characters the other replicas reported.
+    /// Pending prefill characters other router replicas report on this
+    /// worker (0 without replica sync).
     pub fn peer_pending_prefill(&self) -> usize {
         self.peer_prefill.load(Ordering::Relaxed)
     }
 
+    /// Sets what the other replicas report (only [`PeerLoads::apply`]
+    /// writes it).
+    ///
+    /// [`PeerLoads::apply`]: crate::PeerLoads::apply
+    pub(crate) fn set_peer_load(&self, in_flight: usize, prefill: usize) {
+        self.peer_in_flight.store(in_flight, Ordering::Relaxed);
+        self.peer_prefill.store(prefill, Ordering::Relaxed);
+    }
+
     /// The load policies balance on: this router's own in-flight requests
-    /// plus the other replicas' latest reports.
+    /// ([`load`](Self::load)) plus those other replicas report
+    /// ([`peer_load`](Self::peer_load)).
     pub fn routing_load(&self) -> usize {
         self.load().saturating_add(self.peer_load())
     }
 
-    /// The pending prefill the cost model sees: own plus the peers'.
+    /// The pending prefill the cost model weighs: own plus other replicas'.
     pub fn routing_pending_prefill(&self) -> usize {
         self.pending_prefill()
             .saturating_add(self.peer_pending_prefill())
@@ -354,6 +358,7 @@ impl fmt::Debug for Worker {
             .field("breaker", &self.breaker())
             .field("ejected", &self.is_ejected())
             .field("load", &self.load())
+            .field("peer_load", &self.peer_load())
             .finish()
     }
 }
@@ -361,7 +366,6 @@ impl fmt::Debug for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn a_worker_is_named_by_its_host_and_port() {
@@ -389,18 +393,6 @@ mod tests {
         assert_eq!(got.running, 7);
         assert_eq!(got.waiting, (1 << 24) - 1);
         assert!((got.kv_usage - 0.25).abs() < 1e-4);
-    }
-
-    #[test]
-    fn routing_load_adds_the_peers_reports_to_the_own_count() {
-        let w = Arc::new(Worker::new(WorkerId(1), WorkerSpec::new("http://a:1")));
-        let _own = crate::LoadGuard::with_prefill(w.clone(), 10);
-        assert_eq!((w.routing_load(), w.routing_pending_prefill()), (1, 10));
-        w.set_peer_load(3, 500);
-        assert_eq!((w.load(), w.pending_prefill()), (1, 10), "own unchanged");
-        assert_eq!((w.routing_load(), w.routing_pending_prefill()), (4, 510));
-        w.set_peer_load(0, 0);
-        assert_eq!((w.routing_load(), w.routing_pending_prefill()), (1, 10));
     }
 
     #[test]

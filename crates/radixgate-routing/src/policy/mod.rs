@@ -184,6 +184,14 @@ impl Decision {
         }
     }
 
+    /// The part of `text` (the routing text the request was routed with)
+    /// that this decision inserted into its tree: what another router
+    /// replica must insert to learn the same. `None` when nothing was
+    /// inserted (a policy without trees) or the insert was taken back.
+    pub fn inserted_text<'t>(&self, text: &'t str) -> Option<&'t str> {
+        self.inserted.as_ref().and_then(|i| text.get(..i.text_len))
+    }
+
     /// The chosen worker.
     pub fn worker(&self) -> &Arc<Worker> {
         self.guard.worker()
@@ -213,12 +221,14 @@ impl Decision {
 pub(crate) struct Candidate {
     /// Index into the workers slice.
     pub(crate) idx: usize,
-    /// In-flight requests: own plus the other replicas' reports.
+    /// In-flight requests.
     pub(crate) load: usize,
 }
 
 /// Loads of the available workers, read once per decision so that every
-/// branch of a decision reasons about the same numbers.
+/// branch of a decision reasons about the same numbers. A worker's load is
+/// its [`routing_load`](Worker::routing_load): this router's in-flight
+/// requests plus those other replicas report.
 #[derive(Debug)]
 pub(crate) struct Loads {
     /// The available workers, in slice order (so by `idx`, ascending).

@@ -83,15 +83,11 @@ impl Trees {
         tree
     }
 
-    /// Records that another router replica routed `text` for `model` to
-    /// the worker whose tenant here is `tenant`: the same capped insert the
-    /// policy's own decision makes, so a peer's decision and one's own
-    /// leave the same entry. Returns the characters inserted (after the
-    /// cap).
-    pub(crate) fn insert_remote(&self, model: &str, text: &str, tenant: TenantId) -> usize {
-        let text = self.cap(text);
-        self.get_or_create(model).insert(text, tenant);
-        text.chars().count()
+    /// Records `text` (capped as a decision's would be) for `tenant` in the
+    /// tree of `model`, created on first use: a decision another router
+    /// replica made. Callers pass only pool keys of the worker set.
+    pub(crate) fn insert_for(&self, model: &str, text: &str, tenant: TenantId) {
+        let _ = self.get_or_create(model).insert(self.cap(text), tenant);
     }
 
     /// Forgets a tenant in every tree.

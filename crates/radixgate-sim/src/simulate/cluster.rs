@@ -258,7 +258,7 @@ impl Cluster<'_> {
                 }
                 Kind::Sync => {
                     if let Chooser::Policy { replicas, .. } = &mut self.chooser {
-                        replicas.deliver();
+                        replicas.deliver(self.now);
                     }
                 }
                 Kind::Evict => {
@@ -312,11 +312,11 @@ impl Cluster<'_> {
         }
     }
 
-    /// Replica `replica`'s own load on `worker` may have changed: tell the
-    /// others (after the sync delay; nothing without sync or peers).
-    fn load_changed(&mut self, replica: usize, worker: usize) {
+    /// Replica `replica`'s own load may have changed: tell the others
+    /// (after the sync delay; nothing without sync or peers).
+    fn load_changed(&mut self, replica: usize) {
         if let Chooser::Policy { replicas, .. } = &mut self.chooser {
-            replicas.publish_load(&mut self.queue, self.now, replica, worker);
+            replicas.publish_load(&mut self.queue, self.now, replica);
         }
     }
 
@@ -400,10 +400,16 @@ impl Cluster<'_> {
                 let routed = replicas
                     .router(r)
                     .select(Some(model.as_str()), &text, None, &[])?;
-                let guard = routed.decision.into_guard();
-                let url = guard.worker().url();
-                replicas.publish_insert(&mut self.queue, self.now, r, routed.model, url, &text);
-                Ok((guard, r))
+                let model = routed.model.as_deref();
+                replicas.publish_decision(
+                    &mut self.queue,
+                    self.now,
+                    r,
+                    model,
+                    &routed.decision,
+                    &text,
+                );
+                Ok((routed.decision.into_guard(), r))
             }
             Chooser::Oracle { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
@@ -442,7 +448,7 @@ impl Cluster<'_> {
             .iter()
             .position(|w| w.id() == guard.worker().id())
             .expect("the policy chose one of our workers");
-        self.load_changed(replica, worker);
+        self.load_changed(replica);
         let id = self.next_id;
         self.next_id += 1;
         let req = EngineRequest {
@@ -454,7 +460,7 @@ impl Cluster<'_> {
         if self.engines[worker].submit(req, self.now).is_err() {
             // Too large for a worker (the HTTP worker answers 400).
             drop(guard);
-            self.load_changed(replica, worker);
+            self.load_changed(replica);
             self.stats.failed += 1;
             self.stats.dispatches.push(Dispatched {
                 at: self.now,
@@ -506,8 +512,8 @@ impl Cluster<'_> {
                 // The cost model learns from simulated first tokens as the
                 // gateway's learns from real ones.
                 live.guard.first_token(self.now.saturating_sub(live.start));
-                let (replica, worker) = (live.replica, live.worker);
-                self.load_changed(replica, worker);
+                let replica = live.replica;
+                self.load_changed(replica);
             }
         }
         for f in out.finished {
@@ -537,7 +543,7 @@ impl Cluster<'_> {
         s.per_worker[live.worker] += 1;
         s.end = self.now;
         drop(live.guard);
-        self.load_changed(live.replica, live.worker);
+        self.load_changed(live.replica);
         self.workload.on_reply(live.session, &live.reply, self.now);
         self.wake(live.issuer);
     }

@@ -10,17 +10,19 @@
 //! With a sync delay `D`, every change a replica makes is published as a
 //! [`Message`] and applied by every other replica `D` of simulated time
 //! later, through the event queue (one [`Kind::Sync`] event per message):
-//! - a routing decision: the peers insert the routing text for the worker
-//!   with that URL ([`Router::apply_remote_insert`], the live router's own
-//!   path for a peer's insert);
+//! - a routing decision: the text the decision inserted
+//!   ([`Decision::inserted_text`]), which the peers insert for the worker
+//!   with that URL ([`Router::learn`], the live router's own path for a
+//!   peer's decision);
 //! - a change of the replica's own in-flight count or pending prefill on a
-//!   worker (at the decision, the first token and the end): each peer keeps
-//!   the latest report per replica and worker, and sets the worker's peer
-//!   load to their sum ([`Worker::set_peer_load`]). A replica thus sees the
-//!   others' load as of `D` ago.
+//!   worker (at the decision, the first token and the end): a report of
+//!   its load on every worker, which each peer's [`PeerLoads`] keeps as
+//!   that replica's latest and adds into the workers' peer load, as the
+//!   live router does. A replica thus sees the others' load as of `D` ago.
 //!
 //! The model is the ideal sync: every change is sent at once, none is lost
-//! or coalesced, all arrive after exactly `D`. Since `D` is the same for
+//! or coalesced, all arrive after exactly `D`, and no replica goes silent
+//! (reports never expire). Since `D` is the same for
 //! every message, messages are due in the order they were sent, so the
 //! pending ones sit in a FIFO and each `Sync` event applies the oldest.
 //! Without sync (`None`), nothing is sent: each replica learns only from
@@ -29,9 +31,12 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use radixgate_routing::{Policy, PolicyConfig, Registry, Router, Worker, WorkerSpec};
+use radixgate_routing::{
+    Decision, PeerLoad, PeerLoads, Policy, PolicyConfig, Registry, Router, WILDCARD_MODEL, Worker,
+    WorkerSpec,
+};
 
 use super::events::{Kind, Queue};
 use crate::SimError;
@@ -104,19 +109,18 @@ impl ReplicaConfig {
 /// What one replica tells the others.
 #[derive(Debug)]
 enum Message {
-    /// It routed `text` for `model` to the worker at `url`.
+    /// It routed `text` for pool `model` to the worker at `url`.
     Insert {
         from: usize,
-        model: Option<String>,
+        model: String,
         url: String,
         text: String,
     },
-    /// Its own load on worker `worker` is now this.
+    /// Its report number `seq` of its own load on every worker.
     Load {
         from: usize,
-        worker: usize,
-        in_flight: usize,
-        prefill: usize,
+        seq: u64,
+        loads: Vec<PeerLoad>,
     },
 }
 
@@ -125,6 +129,10 @@ struct Member {
     router: Router,
     /// Its records of the pool's workers, by index (the engines' order).
     workers: Vec<Arc<Worker>>,
+    /// The other replicas' latest load reports.
+    peers: PeerLoads,
+    /// Load reports it has sent.
+    sent: u64,
     /// Kept alive: the router's snapshots belong to it.
     _registry: Registry,
 }
@@ -135,9 +143,9 @@ pub(super) struct Replicas {
     assigner: Assigner,
     /// `None` when nothing is sent: no sync, or one replica.
     delay: Option<Duration>,
-    /// `peer[to][from][worker]`: the latest (in-flight, prefill) replica
-    /// `from` reported to `to` for `worker`.
-    peer: Vec<Vec<Vec<(usize, usize)>>>,
+    /// Simulated time zero as the `Instant` [`PeerLoads`] stamps reports
+    /// with; only differences count, and reports never expire here.
+    epoch: Instant,
     outbox: VecDeque<Message>,
 }
 
@@ -160,6 +168,8 @@ impl Replicas {
                 Ok(Member {
                     router: registry.router(),
                     workers,
+                    peers: PeerLoads::new(Duration::MAX),
+                    sent: 0,
                     _registry: registry,
                 })
             })
@@ -169,7 +179,7 @@ impl Replicas {
             members,
             assigner: Assigner::new(cfg.spread, n),
             delay: cfg.sync_delay.filter(|_| n > 1),
-            peer: vec![vec![vec![(0, 0); specs.len()]; n]; n],
+            epoch: Instant::now(),
             outbox: VecDeque::new(),
         })
     }
@@ -200,48 +210,53 @@ impl Replicas {
         self.members.iter().map(|m| m.router.policy())
     }
 
-    /// Replica `from` routed `text` for `model` to `url`.
-    pub(super) fn publish_insert(
+    /// Replica `from` made `decision` for `text` in pool `model` (`None`:
+    /// the wildcard pool); the peers learn what it inserted.
+    pub(super) fn publish_decision(
         &mut self,
         queue: &mut Queue,
         now: Duration,
         from: usize,
-        model: Option<String>,
-        url: &str,
+        model: Option<&str>,
+        decision: &Decision,
         text: &str,
     ) {
         if self.delay.is_none() {
             return;
         }
-        self.send(
-            queue,
-            now,
-            Message::Insert {
-                from,
-                model,
-                url: url.to_owned(),
-                text: text.to_owned(),
-            },
-        );
+        let Some(inserted) = decision.inserted_text(text) else {
+            return;
+        };
+        let msg = Message::Insert {
+            from,
+            model: model.unwrap_or(WILDCARD_MODEL).to_owned(),
+            url: decision.worker().url().to_owned(),
+            text: inserted.to_owned(),
+        };
+        self.send(queue, now, msg);
     }
 
-    /// Replica `from`'s own load on `worker` may have changed.
-    pub(super) fn publish_load(
-        &mut self,
-        queue: &mut Queue,
-        now: Duration,
-        from: usize,
-        worker: usize,
-    ) {
+    /// Replica `from`'s own load may have changed: it reports its load on
+    /// every worker.
+    pub(super) fn publish_load(&mut self, queue: &mut Queue, now: Duration, from: usize) {
         if self.delay.is_none() {
             return;
         }
-        let w = &self.members[from].workers[worker];
+        let m = &mut self.members[from];
+        m.sent += 1;
+        let loads = m
+            .workers
+            .iter()
+            .map(|w| PeerLoad {
+                url: w.url().to_owned(),
+                in_flight: w.load() as u32,
+                pending_prefill: w.pending_prefill() as u64,
+            })
+            .collect();
         let msg = Message::Load {
             from,
-            worker,
-            in_flight: w.load(),
-            prefill: w.pending_prefill(),
+            seq: m.sent,
+            loads,
         };
         self.send(queue, now, msg);
     }
@@ -253,9 +268,9 @@ impl Replicas {
         }
     }
 
-    /// A [`Kind::Sync`] event: the oldest message reaches every other
-    /// replica.
-    pub(super) fn deliver(&mut self) {
+    /// A [`Kind::Sync`] event at simulated time `now`: the oldest message
+    /// reaches every other replica.
+    pub(super) fn deliver(&mut self, now: Duration) {
         let Some(msg) = self.outbox.pop_front() else {
             return;
         };
@@ -268,26 +283,17 @@ impl Replicas {
             } => {
                 for (to, m) in self.members.iter().enumerate() {
                     if to != from {
-                        m.router.apply_remote_insert(model.as_deref(), &url, &text);
+                        m.router.learn(&model, &url, &text);
                     }
                 }
             }
-            Message::Load {
-                from,
-                worker,
-                in_flight,
-                prefill,
-            } => {
-                for (to, m) in self.members.iter().enumerate() {
-                    if to == from {
-                        continue;
+            Message::Load { from, seq, loads } => {
+                let at = self.epoch + now;
+                for (to, m) in self.members.iter_mut().enumerate() {
+                    if to != from {
+                        m.peers.report(from as u64, seq, at, loads.clone());
+                        m.peers.apply(&m.workers);
                     }
-                    self.peer[to][from][worker] = (in_flight, prefill);
-                    let (f, p) = self.peer[to]
-                        .iter()
-                        .map(|by_worker| by_worker[worker])
-                        .fold((0, 0), |(a, b), (f, p)| (a + f, b + p));
-                    m.workers[worker].set_peer_load(f, p);
                 }
             }
         }
@@ -330,14 +336,14 @@ mod tests {
         let t0 = Duration::from_millis(10);
         let g0 = radixgate_routing::LoadGuard::with_prefill(r.members[0].workers[1].clone(), 40);
         let g2 = radixgate_routing::LoadGuard::acquire(r.members[2].workers[1].clone());
-        r.publish_load(&mut q, t0, 0, 1);
-        r.publish_load(&mut q, t0, 2, 1);
+        r.publish_load(&mut q, t0, 0);
+        r.publish_load(&mut q, t0, 2);
         assert_eq!(r.members[1].workers[1].peer_load(), 0, "not yet");
         let mut at = Vec::new();
         while let Some(ev) = q.pop() {
             assert_eq!(ev.kind, Kind::Sync);
             at.push(ev.at);
-            r.deliver();
+            r.deliver(ev.at);
         }
         assert_eq!(at, vec![t0 + Duration::from_millis(5); 2]);
         let ws: Vec<Arc<Worker>> = (0..3).map(|k| r.members[k].workers[1].clone()).collect();
@@ -346,9 +352,9 @@ mod tests {
         assert_eq!((w(0).peer_load(), w(2).peer_load()), (1, 1), "not its own");
         assert_eq!(w(0).load(), 1, "own count untouched");
         drop(g0);
-        r.publish_load(&mut q, t0, 0, 1);
-        while q.pop().is_some() {
-            r.deliver();
+        r.publish_load(&mut q, t0, 0);
+        while let Some(ev) = q.pop() {
+            r.deliver(ev.at);
         }
         assert_eq!((w(1).peer_load(), w(1).peer_pending_prefill()), (1, 0));
         drop(g2);
@@ -358,8 +364,16 @@ mod tests {
     fn nothing_is_sent_without_sync_or_peers() {
         for mut r in [set(3, None), set(1, Some(Duration::from_millis(1)))] {
             let mut q = Queue::default();
-            r.publish_load(&mut q, Duration::ZERO, 0, 0);
-            r.publish_insert(&mut q, Duration::ZERO, 0, None, "http://sim-0", "x");
+            r.publish_load(&mut q, Duration::ZERO, 0);
+            let d = r.router(0).select(Some("m"), "x", None, &[]).unwrap();
+            r.publish_decision(
+                &mut q,
+                Duration::ZERO,
+                0,
+                d.model.as_deref(),
+                &d.decision,
+                "x",
+            );
             assert!(q.pop().is_none());
         }
     }
