@@ -380,7 +380,7 @@ async fn tls_with_a_private_ca_works() {
     let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
     let tls_url = format!("tls://127.0.0.1:{}", nats.port);
     let with_ca = |ca: Option<&std::path::Path>| {
-        let mut c = replica_config(&[tls_url.clone()], &urls);
+        let mut c = replica_config(std::slice::from_ref(&tls_url), &urls);
         c.sync.tls.required = true;
         c.sync.tls.ca_file = ca.map(|p| p.to_path_buf());
         c

@@ -162,7 +162,7 @@ impl Applier {
 /// Where inserts come from.
 enum Source {
     /// The JetStream stream, replayed from its oldest message.
-    Stream(consumer::pull::Ordered, u64),
+    Stream(Box<consumer::pull::Ordered>, u64),
     /// Core NATS: live only.
     Core(async_nats::Subscriber),
 }
@@ -232,7 +232,7 @@ async fn source(
         .messages()
         .await
         .map_err(|e| format!("cannot read the stream: {e}"))?;
-    Ok(Source::Stream(messages, last))
+    Ok(Source::Stream(Box::new(messages), last))
 }
 
 /// Insert batches: replay then live from the stream, or live from core
