@@ -162,14 +162,20 @@ impl Applier {
 /// Where inserts come from.
 enum Source {
     /// The JetStream stream, replayed from its oldest message.
-    Stream(consumer::pull::Ordered, u64),
+    Stream(Box<consumer::pull::Ordered>, u64),
     /// Core NATS: live only.
     Core(async_nats::Subscriber),
 }
 
 /// Sets up the stream (or finds JetStream missing and falls back to core
-/// NATS); retried by the caller while NATS cannot be reached.
-async fn source(client: &Client, me: &Identity, config: &SyncConfig) -> Result<Source, String> {
+/// NATS) and a consumer starting after stream sequence `after`; retried by
+/// the caller while NATS cannot be reached.
+async fn source(
+    client: &Client,
+    me: &Identity,
+    config: &SyncConfig,
+    after: u64,
+) -> Result<Source, String> {
     let js = jetstream::new(client.clone());
     let subject = me.subject("inserts");
     let created = js
@@ -208,7 +214,16 @@ async fn source(client: &Client, me: &Identity, config: &SyncConfig) -> Result<S
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subject,
-            deliver_policy: consumer::DeliverPolicy::All,
+            // From the oldest message; after a reconnect, from the one after
+            // the last applied, unless the stream is not the one it was (a
+            // server that lost its store starts counting again).
+            deliver_policy: match after {
+                0 => consumer::DeliverPolicy::All,
+                seen if last < seen => consumer::DeliverPolicy::All,
+                seen => consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: seen + 1,
+                },
+            },
             ..Default::default()
         })
         .await
@@ -217,7 +232,7 @@ async fn source(client: &Client, me: &Identity, config: &SyncConfig) -> Result<S
         .messages()
         .await
         .map_err(|e| format!("cannot read the stream: {e}"))?;
-    Ok(Source::Stream(messages, last))
+    Ok(Source::Stream(Box::new(messages), last))
 }
 
 /// Insert batches: replay then live from the stream, or live from core
@@ -259,10 +274,12 @@ pub(super) async fn inserts(
         keep: config.reference_window_bytes.saturating_mul(2),
     };
     let mut backoff = Duration::from_millis(100);
+    // The last stream sequence applied: a new consumer starts after it.
+    let mut last_seen = 0u64;
     loop {
         let src = tokio::select! {
             _ = stop.cancelled() => return,
-            src = source(&client, &me, &config) => src,
+            src = source(&client, &me, &config, last_seen) => src,
         };
         let src = match src {
             Ok(src) => src,
@@ -302,8 +319,15 @@ pub(super) async fn inserts(
                     let m = match m {
                         Some(Ok(m)) => m,
                         Some(Err(err)) => {
-                            tracing::debug!(error = %err, "replica sync: stream read error");
-                            continue;
+                            // A restarted server forgot the consumer; the
+                            // ordered consumer does not always recover, so
+                            // a new one resumes after the last message.
+                            tracing::warn!(error = %err, "replica sync: stream read failed; resuming with a new consumer");
+                            tokio::select! {
+                                _ = stop.cancelled() => return,
+                                _ = tokio::time::sleep(backoff) => {}
+                            }
+                            break;
                         }
                         None => break,
                     };
@@ -311,6 +335,7 @@ pub(super) async fn inserts(
                         .info()
                         .map(|i| (i.stream_sequence, i.pending))
                         .unwrap_or((u64::MAX, 0));
+                    last_seen = last_seen.max(seq);
                     let live = ready.load(Ordering::Acquire);
                     applier.apply(&m.payload, live);
                     if !live && (seq >= last || pending == 0) {
@@ -324,6 +349,9 @@ pub(super) async fn inserts(
                 }
             }
         }
-        tracing::warn!("replica sync: insert feed ended; setting it up again");
+        tracing::info!(
+            resume_after = last_seen,
+            "replica sync: insert feed ended; setting it up again"
+        );
     }
 }
