@@ -15,6 +15,10 @@
 //! a scheduled speed change is a [`Kind::SpeedChange`] event that sets the
 //! engine's speed for the steps it starts from then on.
 //!
+//! With several router replicas ([`replicas`](super::replicas)), each
+//! request goes to one replica's policy, and each replica's decisions and
+//! load changes reach the others through [`Kind::Sync`] events.
+//!
 //! Workers' reported load (`running`, `waiting`, KV use) is refreshed from
 //! the engines every `load_poll` of simulated time, as a gateway polling
 //! `/get_load` would see it; no built-in policy reads it today. The
@@ -28,9 +32,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use radixgate_routing::{LoadGuard, Policy, Registry, ReportedLoad, Router, Worker, WorkerSpec};
+use radixgate_routing::{LoadGuard, ReportedLoad, Worker, WorkerSpec};
 
 use super::events::{Kind, Queue};
+use super::replicas::Replicas;
 use super::text::{prompt_and_final, routing_text, worker_reply, worker_text};
 use super::timeline::Dispatched;
 use super::{Contender, SimConfig, oracle, oracle_ttft};
@@ -78,7 +83,7 @@ pub struct RunStats {
 
 enum Chooser {
     Policy {
-        router: Router,
+        replicas: Replicas,
         model: String,
         next_evict: Option<Duration>,
     },
@@ -102,6 +107,8 @@ struct Live {
     session: SessionId,
     issuer: Option<usize>,
     guard: LoadGuard,
+    /// The router replica that routed it.
+    replica: usize,
     worker: usize,
     start: Duration,
     first: Option<Duration>,
@@ -143,21 +150,18 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
         .collect::<Result<Vec<_>, _>>()?;
     let model = cfg.worker.model.clone();
     let spec = |i: usize| WorkerSpec::new(format!("http://sim-{i}")).with_models([model.clone()]);
-    let (chooser, workers, _registry) = match who {
+    let (chooser, workers) = match who {
         Contender::Policy(pc) => {
-            let policy: Arc<dyn Policy> = pc.build()?;
-            let next_evict = policy.eviction_interval();
-            let mut registry = Registry::new(policy);
-            let workers = (0..cfg.workers)
-                .map(|i| registry.add(spec(i)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let router = registry.router();
+            let specs: Vec<WorkerSpec> = (0..cfg.workers).map(spec).collect();
+            let replicas = Replicas::build(&cfg.replicas, pc, &specs)?;
+            let next_evict = replicas.router(0).policy().eviction_interval();
+            let workers = replicas.first_workers();
             let chooser = Chooser::Policy {
-                router,
+                replicas,
                 model: model.clone(),
                 next_evict,
             };
-            (chooser, workers, Some(registry))
+            (chooser, workers)
         }
         Contender::Oracle | Contender::OracleTtft => {
             let workers = (0..cfg.workers)
@@ -168,7 +172,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
             } else {
                 Chooser::OracleTtft { turn: 0 }
             };
-            (chooser, workers, None)
+            (chooser, workers)
         }
     };
     let issuers = match cfg.arrivals {
@@ -252,14 +256,21 @@ impl Cluster<'_> {
                         self.queue.push(self.now + every, Kind::Poll);
                     }
                 }
+                Kind::Sync => {
+                    if let Chooser::Policy { replicas, .. } = &mut self.chooser {
+                        replicas.deliver(self.now);
+                    }
+                }
                 Kind::Evict => {
                     if let Chooser::Policy {
-                        router,
+                        replicas,
                         next_evict: Some(every),
                         ..
                     } = &self.chooser
                     {
-                        router.policy().evict_now();
+                        for policy in replicas.policies() {
+                            policy.evict_now();
+                        }
                         let every = *every;
                         if self.active() {
                             self.queue.push(self.now + every, Kind::Evict);
@@ -278,13 +289,34 @@ impl Cluster<'_> {
     }
 
     fn publish_loads(&self) {
-        for (e, w) in self.engines.iter().zip(&self.workers) {
-            let l = e.load();
-            w.set_reported_load(ReportedLoad {
-                running: l.running as u32,
-                waiting: l.waiting as u32,
-                kv_usage: l.kv_used_tokens as f32 / l.kv_capacity_tokens.max(1) as f32,
-            });
+        let reports: Vec<ReportedLoad> = self
+            .engines
+            .iter()
+            .map(|e| {
+                let l = e.load();
+                ReportedLoad {
+                    running: l.running as u32,
+                    waiting: l.waiting as u32,
+                    kv_usage: l.kv_used_tokens as f32 / l.kv_capacity_tokens.max(1) as f32,
+                }
+            })
+            .collect();
+        let set = |workers: &[Arc<Worker>]| {
+            for (w, r) in workers.iter().zip(&reports) {
+                w.set_reported_load(*r);
+            }
+        };
+        match &self.chooser {
+            Chooser::Policy { replicas, .. } => replicas.all_workers().for_each(set),
+            Chooser::Oracle { .. } | Chooser::OracleTtft { .. } => set(&self.workers),
+        }
+    }
+
+    /// Replica `replica`'s own load may have changed: tell the others
+    /// (after the sync delay; nothing without sync or peers).
+    fn load_changed(&mut self, replica: usize) {
+        if let Chooser::Policy { replicas, .. } = &mut self.chooser {
+            replicas.publish_load(&mut self.queue, self.now, replica);
         }
     }
 
@@ -353,20 +385,37 @@ impl Cluster<'_> {
         }
     }
 
-    fn choose(&mut self, spec: &RequestSpec, tokens: &[u64]) -> Result<LoadGuard, SimError> {
+    /// The worker's load guard and the replica that decided.
+    fn choose(
+        &mut self,
+        spec: &RequestSpec,
+        tokens: &[u64],
+    ) -> Result<(LoadGuard, usize), SimError> {
         match &mut self.chooser {
-            Chooser::Policy { router, model, .. } => {
+            Chooser::Policy {
+                replicas, model, ..
+            } => {
                 let text = routing_text(&spec.prompt, self.cfg.api);
-                Ok(router
-                    .select(Some(model.as_str()), &text, None, &[])?
-                    .decision
-                    .into_guard())
+                let r = replicas.pick(spec);
+                let routed = replicas
+                    .router(r)
+                    .select(Some(model.as_str()), &text, None, &[])?;
+                let model = routed.model.as_deref();
+                replicas.publish_decision(
+                    &mut self.queue,
+                    self.now,
+                    r,
+                    model,
+                    &routed.decision,
+                    &text,
+                );
+                Ok((routed.decision.into_guard(), r))
             }
             Chooser::Oracle { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
                 let i = oracle::choose(&self.engines, &in_flight, tokens, *turn);
                 *turn += 1;
-                Ok(LoadGuard::acquire(self.workers[i].clone()))
+                Ok((LoadGuard::acquire(self.workers[i].clone()), 0))
             }
             Chooser::OracleTtft { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
@@ -381,7 +430,7 @@ impl Cluster<'_> {
                     .collect();
                 let i = oracle_ttft::choose(&self.engines, &busy_for, &in_flight, tokens, *turn);
                 *turn += 1;
-                Ok(LoadGuard::acquire(self.workers[i].clone()))
+                Ok((LoadGuard::acquire(self.workers[i].clone()), 0))
             }
         }
     }
@@ -391,12 +440,15 @@ impl Cluster<'_> {
         let max_tokens = spec.max_tokens as usize;
         let reply = worker_reply(&text, max_tokens, &self.tokenizer);
         let (prompt, final_tokens) = prompt_and_final(&self.tokenizer, &text, &reply);
-        let guard = self.choose(&spec, &prompt)?;
+        let (guard, replica) = self.choose(&spec, &prompt)?;
+        // Every replica numbers the pool alike, so replica 0's records
+        // find the index.
         let worker = self
             .workers
             .iter()
             .position(|w| w.id() == guard.worker().id())
             .expect("the policy chose one of our workers");
+        self.load_changed(replica);
         let id = self.next_id;
         self.next_id += 1;
         let req = EngineRequest {
@@ -408,6 +460,7 @@ impl Cluster<'_> {
         if self.engines[worker].submit(req, self.now).is_err() {
             // Too large for a worker (the HTTP worker answers 400).
             drop(guard);
+            self.load_changed(replica);
             self.stats.failed += 1;
             self.stats.dispatches.push(Dispatched {
                 at: self.now,
@@ -427,6 +480,7 @@ impl Cluster<'_> {
                 session: spec.session,
                 issuer,
                 guard,
+                replica,
                 worker,
                 start: self.now,
                 first: None,
@@ -458,6 +512,8 @@ impl Cluster<'_> {
                 // The cost model learns from simulated first tokens as the
                 // gateway's learns from real ones.
                 live.guard.first_token(self.now.saturating_sub(live.start));
+                let replica = live.replica;
+                self.load_changed(replica);
             }
         }
         for f in out.finished {
@@ -487,6 +543,7 @@ impl Cluster<'_> {
         s.per_worker[live.worker] += 1;
         s.end = self.now;
         drop(live.guard);
+        self.load_changed(live.replica);
         self.workload.on_reply(live.session, &live.reply, self.now);
         self.wake(live.issuer);
     }

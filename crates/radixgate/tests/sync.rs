@@ -1,0 +1,403 @@
+//! Router replicas sharing state over a real `nats-server` started by the
+//! tests (loopback, JetStream, its own store), with real simulated workers
+//! and in-process gateways.
+
+mod common;
+mod sync_support;
+
+use common::*;
+use radixgate::config::Config;
+use radixgate_sim::server::FaultConfig;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use sync_support::{Nats, temp_dir, tls_files};
+
+fn replica_config(nats: &[String], workers: &[&str]) -> Config {
+    let mut c = config(workers);
+    c.sync.urls = nats.to_vec();
+    c.sync.batch_ms = 5;
+    c.sync.warmup_timeout_secs = 60;
+    c
+}
+
+/// A prompt long enough that a repeat of it is a clear cache hit.
+fn prompt(tag: &str) -> String {
+    format!(
+        "{tag}: {}",
+        "please summarise the attached quarterly report. ".repeat(12)
+    )
+}
+
+/// Sends one chat request; returns the worker that served it and the
+/// decision's branch.
+async fn ask(gateway: &str, text: &str) -> (String, String) {
+    let r = client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&chat(text, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{text}");
+    let worker = r.headers()["x-radixgate-worker"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let decision = r.headers()["x-radixgate-decision"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    r.bytes().await.unwrap();
+    let branch = decision
+        .split_whitespace()
+        .find_map(|p| p.strip_prefix("branch="))
+        .unwrap_or_default()
+        .to_owned();
+    (worker, branch)
+}
+
+/// The value of one exported series (0 when absent).
+async fn metric(gateway: &str, series: &str) -> f64 {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+async fn readiness(gateway: &str) -> u16 {
+    client()
+        .get(format!("{gateway}/readiness"))
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+async fn wait_ready(gateway: &str) {
+    wait_until("readiness 200", || async {
+        readiness(gateway).await == 200
+    })
+    .await;
+}
+
+async fn wait_connected(gateway: &str) {
+    wait_until("sync connected", || async {
+        metric(gateway, "radixgate_sync_connected").await == 1.0
+    })
+    .await;
+}
+
+/// Three workers; replicas A and B on one NATS.
+async fn two_replicas(nats: &Nats) -> (Vec<SimWorker>, Gateway, Gateway) {
+    let workers = vec![
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    wait_ready(&a.url).await;
+    wait_ready(&b.url).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    (workers, a, b)
+}
+
+/// Routes `n` fresh prompts through `from`, then checks `to` sends each to
+/// the same worker as a cache hit.
+async fn assert_propagates(from: &str, to: &str, tag: &str, n: usize) {
+    for i in 0..n {
+        let text = prompt(&format!("{tag} {i}"));
+        let (worker, _) = ask(from, &text).await;
+        wait_until(&format!("{to} learns {tag} {i}"), || async {
+            let (w, branch) = ask(to, &text).await;
+            w == worker && branch == "cache_hit"
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserts_propagate_between_replicas() {
+    let nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+    // Each prompt lands on some worker at A; B sends its repeat there too.
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..6 {
+        let text = prompt(&format!("conversation {i}"));
+        let (at_a, _) = ask(&a.url, &text).await;
+        seen.insert(at_a.clone());
+        wait_until("B routes A's prefix to A's worker", || async {
+            let (at_b, branch) = ask(&b.url, &format!("{text} and a follow-up")).await;
+            at_b == at_a && branch == "cache_hit"
+        })
+        .await;
+    }
+    assert!(seen.len() > 1, "the prompts spread over workers: {seen:?}");
+    assert_propagates(&b.url, &a.url, "from b", 3).await;
+    assert!(metric(&a.url, "radixgate_sync_messages_sent_total").await > 0.0);
+    assert!(metric(&b.url, "radixgate_sync_bytes_received_total").await > 0.0);
+    assert!(
+        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await > 0.0,
+        "own messages come back and are skipped"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_propagates_and_b_avoids_what_a_loaded() {
+    let nats = Nats::start(&[]);
+    let slow = sim_worker(fast_worker()).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 4_000,
+        ..FaultConfig::default()
+    });
+    let other = sim_worker(fast_worker()).await;
+    // A knows only the slow worker; B knows both.
+    let a = gateway_ready(replica_config(&[nats.url()], &[&slow.url]), 1).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &[&slow.url, &other.url]), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let mut held = Vec::new();
+    for i in 0..100 {
+        let url = a.url.clone();
+        held.push(tokio::spawn(async move {
+            ask(&url, &prompt(&format!("held {i}"))).await
+        }));
+    }
+    wait_until("A holds 100 requests", || async {
+        total_load(&a.url).await == 100
+    })
+    .await;
+    // B's own load is zero on both: only A's reports can make it avoid `slow`.
+    for i in 0..10 {
+        let (w, branch) = ask(&b.url, &prompt(&format!("fresh {i}"))).await;
+        assert_eq!(
+            w, other.url,
+            "request {i} went to the worker A loaded ({branch})"
+        );
+        assert_eq!(branch, "imbalanced");
+    }
+    for h in held {
+        h.await.unwrap();
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_replica_warms_up_before_it_is_ready() {
+    let mut nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    let mut routed = Vec::new();
+    for i in 0..8 {
+        let text = prompt(&format!("history {i}"));
+        routed.push((ask(&a.url, &text).await.0, text));
+    }
+    // Let A's last batch reach the stream, then take NATS away: the late
+    // replica starts while it cannot replay anything.
+    wait_until("A published its decisions", || async {
+        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    nats.kill();
+    let b = gateway(replica_config(&[nats.url()], &urls)).await;
+    wait_for_healthy(&b.url, 3).await;
+    assert_eq!(readiness(&b.url).await, 503, "warming up");
+    nats.restart();
+    wait_ready(&b.url).await;
+    for (worker, text) in &routed {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!((&w, branch.as_str()), (worker, "cache_hit"), "{text}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_stops_waiting_after_the_warmup_timeout() {
+    let mut nats = Nats::start(&[]);
+    let w = sim_worker(fast_worker()).await;
+    nats.kill();
+    let mut c = replica_config(&[nats.url()], &[&w.url]);
+    c.sync.warmup_timeout_secs = 1;
+    let b = gateway(c).await;
+    wait_for_healthy(&b.url, 1).await;
+    assert_eq!(readiness(&b.url).await, 503);
+    wait_ready(&b.url).await;
+    // And it routes on local state with NATS down.
+    ask(&b.url, &prompt("no nats")).await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
+    let mut nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for (k, gw) in [a.url.clone(), b.url.clone()].into_iter().enumerate() {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        load.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // `ask` asserts a 200.
+                ask(&gw, &prompt(&format!("steady {k} {i}"))).await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        }));
+    }
+    wait_until("steady traffic", || async {
+        sent.load(Ordering::Relaxed) > 20
+    })
+    .await;
+    nats.kill();
+    wait_until("A sees NATS gone", || async {
+        metric(&a.url, "radixgate_sync_connected").await == 0.0
+    })
+    .await;
+    let before = sent.load(Ordering::Relaxed);
+    wait_until("traffic goes on without NATS", || async {
+        sent.load(Ordering::Relaxed) > before + 20
+    })
+    .await;
+    nats.restart();
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "after restart", 3).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.expect("no request failed");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_foreign_messages_are_ignored_and_counted() {
+    let nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let inserts = "radixgate.sync.radixgate.inserts";
+    let load = "radixgate.sync.radixgate.load";
+    raw.publish(inserts, "garbage".into()).await.unwrap();
+    raw.publish(load, vec![0xff; 4096].into()).await.unwrap();
+    raw.publish(inserts, b"RG\x07\x01\x00".to_vec().into())
+        .await
+        .unwrap();
+    raw.publish(inserts, b"RG\x01\x01".to_vec().into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("malformed counted", || async {
+        metric(&b.url, "radixgate_sync_ignored_total{reason=\"malformed\"}").await >= 3.0
+            && metric(&b.url, "radixgate_sync_ignored_total{reason=\"version\"}").await >= 1.0
+    })
+    .await;
+    // A well-formed load report naming another cluster, on our subject.
+    let mut foreign = b"RG\x01\x02\x00\x05other\x01x".to_vec();
+    foreign.extend_from_slice(&7u64.to_le_bytes());
+    foreign.extend_from_slice(&[1, 0, 0]);
+    raw.publish(load, foreign.into()).await.unwrap();
+    raw.flush().await.unwrap();
+    wait_until("foreign cluster counted", || async {
+        metric(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"foreign_cluster\"}",
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+    // Both still route and sync.
+    assert_propagates(&a.url, &b.url, "after garbage", 2).await;
+    assert_eq!(readiness(&b.url).await, 200);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_works_and_a_wrong_password_never_connects() {
+    let nats = Nats::start(&["--user", "router", "--pass", "s3cret"]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let dir = temp_dir("creds");
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let with = |password: &str| {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.user = Some("router".into());
+        c.sync.auth.password_file = Some(dir.join(password));
+        c
+    };
+    std::fs::write(dir.join("wrong"), "guess\n").unwrap();
+    let a = gateway_ready(with("password"), 2).await;
+    let b = gateway_ready(with("password"), 2).await;
+    let c = gateway_ready(with("wrong"), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "authenticated", 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(metric(&c.url, "radixgate_sync_connected").await, 0.0);
+    // It still serves, on local state.
+    ask(&c.url, &prompt("unauthenticated replica")).await;
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca_works() {
+    let certs = temp_dir("tls");
+    let (ca, cert, key) = tls_files(&certs);
+    let nats = Nats::start(&[
+        "--tls",
+        "--tlscert",
+        cert.to_str().unwrap(),
+        "--tlskey",
+        key.to_str().unwrap(),
+    ]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let tls_url = format!("tls://127.0.0.1:{}", nats.port);
+    let with_ca = |ca: Option<&std::path::Path>| {
+        let mut c = replica_config(std::slice::from_ref(&tls_url), &urls);
+        c.sync.tls.required = true;
+        c.sync.tls.ca_file = ca.map(|p| p.to_path_buf());
+        c
+    };
+    let a = gateway_ready(with_ca(Some(&ca)), 2).await;
+    let b = gateway_ready(with_ca(Some(&ca)), 2).await;
+    let untrusting = gateway_ready(with_ca(None), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "over tls", 2).await;
+    assert_eq!(
+        metric(&untrusting.url, "radixgate_sync_connected").await,
+        0.0,
+        "a server certificate from an unknown CA is refused"
+    );
+    for g in [a, b, untrusting] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(certs);
+}
