@@ -401,3 +401,48 @@ async fn tls_with_a_private_ca_works() {
     }
     let _ = std::fs::remove_dir_all(certs);
 }
+
+/// A replica with prefix references off still resolves the references of a
+/// peer that has them on: what it keeps for a sender follows the sender's
+/// window, not its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_references_off_resolves_a_peers_references() {
+    let nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let mut off = replica_config(&[nats.url()], &urls);
+    off.sync.reference_window_bytes = 0;
+    let a = gateway_ready(off, 2).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let system = "You are a careful assistant for the finance team. ".repeat(12);
+    // B sends the third as a reference to the first, two entries back.
+    let first = format!("{system}<user>first question");
+    ask(&b.url, &first).await;
+    ask(&b.url, &prompt("something unrelated")).await;
+    let third = format!("{system}<user>second question");
+    let (worker, _) = ask(&b.url, &third).await;
+    // A fourth, sent whole: once A learned it, A applied the third too.
+    assert_propagates(&b.url, &a.url, "after the reference", 1).await;
+    assert_eq!(
+        metric(
+            &a.url,
+            "radixgate_sync_ignored_total{reason=\"missing_base\"}"
+        )
+        .await,
+        0.0,
+        "A dropped a reference it should hold"
+    );
+    let (w, branch) = ask(&a.url, &third).await;
+    assert_eq!(
+        (w.as_str(), branch.as_str()),
+        (worker.as_str(), "cache_hit")
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
