@@ -104,17 +104,53 @@ async fn two_replicas(nats: &Nats) -> (Vec<SimWorker>, Gateway, Gateway) {
     (workers, a, b)
 }
 
+/// Messages `gateway` received from others, whole ones (not its own, not
+/// refused ones).
+async fn received_from_peers(gateway: &str) -> f64 {
+    let mut n = metric(gateway, "radixgate_sync_messages_received_total").await;
+    for reason in ["own", "malformed", "version", "foreign_cluster"] {
+        n -= metric(
+            gateway,
+            &format!("radixgate_sync_ignored_total{{reason=\"{reason}\"}}"),
+        )
+        .await;
+    }
+    n
+}
+
+/// Asks `from` to route `text`, then waits until `to` received every
+/// message `from` published since: asking `to` to route is no way to wait,
+/// since each ask inserts into its own tree, and two replicas fed the same
+/// prompts tend to make the same choices on their own.
+async fn ask_and_wait(from: &str, to: &str, text: &str) -> String {
+    let sent = || metric(from, "radixgate_sync_messages_sent_total");
+    let (sent0, received0) = (sent().await, received_from_peers(to).await);
+    let (worker, _) = ask(from, text).await;
+    // The batch goes out within `batch_ms` (5).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let published = sent().await - sent0;
+    assert!(published >= 1.0, "{from} published nothing");
+    wait_until(&format!("{to} received what {from} sent"), || async {
+        received_from_peers(to).await - received0 >= published
+    })
+    .await;
+    // Received is counted just before the batch is applied.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    worker
+}
+
 /// Routes `n` fresh prompts through `from`, then checks `to` sends each to
-/// the same worker as a cache hit.
+/// the same worker as a cache hit, at its first ask.
 async fn assert_propagates(from: &str, to: &str, tag: &str, n: usize) {
     for i in 0..n {
         let text = prompt(&format!("{tag} {i}"));
-        let (worker, _) = ask(from, &text).await;
-        wait_until(&format!("{to} learns {tag} {i}"), || async {
-            let (w, branch) = ask(to, &text).await;
-            w == worker && branch == "cache_hit"
-        })
-        .await;
+        let worker = ask_and_wait(from, to, &text).await;
+        let (w, branch) = ask(to, &text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "{to} did not learn {tag} {i}"
+        );
     }
 }
 
@@ -126,13 +162,14 @@ async fn inserts_propagate_between_replicas() {
     let mut seen = std::collections::HashSet::new();
     for i in 0..6 {
         let text = prompt(&format!("conversation {i}"));
-        let (at_a, _) = ask(&a.url, &text).await;
+        let at_a = ask_and_wait(&a.url, &b.url, &text).await;
         seen.insert(at_a.clone());
-        wait_until("B routes A's prefix to A's worker", || async {
-            let (at_b, branch) = ask(&b.url, &format!("{text} and a follow-up")).await;
-            at_b == at_a && branch == "cache_hit"
-        })
-        .await;
+        let (at_b, branch) = ask(&b.url, &format!("{text} and a follow-up")).await;
+        assert_eq!(
+            (at_b.as_str(), branch.as_str()),
+            (at_a.as_str(), "cache_hit"),
+            "B routes A's prefix to A's worker"
+        );
     }
     assert!(seen.len() > 1, "the prompts spread over workers: {seen:?}");
     assert_propagates(&b.url, &a.url, "from b", 3).await;
@@ -277,11 +314,21 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
     nats.restart();
     wait_connected(&a.url).await;
     wait_connected(&b.url).await;
-    assert_propagates(&a.url, &b.url, "after restart", 3).await;
+    // Traffic went on through the restart without a failed request.
     stop.store(true, Ordering::Relaxed);
     for l in load {
         l.await.expect("no request failed");
     }
+    // B's insert feed comes back (a new stream consumer, replaying what it
+    // missed) after its load subscription: wait for a decision of A made
+    // after all that traffic to reach B's tree, then check strictly.
+    let gate = prompt("after restart, first");
+    let (at_a, _) = ask(&a.url, &gate).await;
+    wait_until("B's insert feed resumed", || async {
+        ask(&b.url, &gate).await == (at_a.clone(), "cache_hit".to_owned())
+    })
+    .await;
+    assert_propagates(&a.url, &b.url, "after restart", 3).await;
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -400,4 +447,49 @@ async fn tls_with_a_private_ca_works() {
         g.shutdown().await;
     }
     let _ = std::fs::remove_dir_all(certs);
+}
+
+/// A replica with prefix references off still resolves the references of a
+/// peer that has them on: what it keeps for a sender follows the sender's
+/// window, not its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_references_off_resolves_a_peers_references() {
+    let nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let mut off = replica_config(&[nats.url()], &urls);
+    off.sync.reference_window_bytes = 0;
+    let a = gateway_ready(off, 2).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let system = "You are a careful assistant for the finance team. ".repeat(12);
+    // B sends the third as a reference to the first, two entries back.
+    let first = format!("{system}<user>first question");
+    ask(&b.url, &first).await;
+    ask(&b.url, &prompt("something unrelated")).await;
+    let third = format!("{system}<user>second question");
+    let (worker, _) = ask(&b.url, &third).await;
+    // A fourth, sent whole: once A learned it, A applied the third too.
+    assert_propagates(&b.url, &a.url, "after the reference", 1).await;
+    assert_eq!(
+        metric(
+            &a.url,
+            "radixgate_sync_ignored_total{reason=\"missing_base\"}"
+        )
+        .await,
+        0.0,
+        "A dropped a reference it should hold"
+    );
+    let (w, branch) = ask(&a.url, &third).await;
+    assert_eq!(
+        (w.as_str(), branch.as_str()),
+        (worker.as_str(), "cache_hit")
+    );
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -24,7 +24,7 @@ pub use discovery::{DiscoveryConfig, ModelIdFrom, Pool, PoolConfig};
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
-pub use sync::{SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
+pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
     MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_OUTLIER_FACTOR, MAX_PAYLOAD_SIZE, MAX_REQUESTS,

@@ -12,6 +12,10 @@ use super::{ConfigError, invalid};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// The largest `reference_window_bytes`: each peer keeps twice this per
+/// sender.
+pub const MAX_REFERENCE_WINDOW_BYTES: usize = 256 << 20;
+
 /// Replica sync over NATS.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -298,7 +302,7 @@ impl SyncConfig {
                 ),
             ));
         }
-        if self.reference_window_bytes > 256 << 20 {
+        if self.reference_window_bytes > MAX_REFERENCE_WINDOW_BYTES {
             return Err(invalid(
                 "sync.reference_window_bytes",
                 "must be at most 256 MiB (each peer keeps twice this)",

@@ -9,8 +9,9 @@
 //! remembered value is sent as a reference to that entry plus the rest.
 //!
 //! The receiver ([`Incoming`], one per sending process) keeps the texts it
-//! received from that sender, the newest first out, within twice the
-//! sender's window: the sender only refers to entries within its last
+//! received from that sender, the oldest first out, within twice the
+//! sender's window (each batch states it; the receiver's own setting does
+//! not matter): the sender only refers to entries within its last
 //! `window` bytes of texts, so, with no message lost, every reference
 //! resolves. A lost message (core NATS while disconnected, a stream that
 //! aged out) makes some references unresolvable: those entries are skipped
@@ -138,6 +139,11 @@ impl Incoming {
             texts: VecDeque::new(),
             bytes: 0,
         }
+    }
+
+    /// Follows the sender's window, as its latest batch states it.
+    pub(crate) fn set_keep(&mut self, keep: usize) {
+        self.keep = keep;
     }
 
     /// Rebuilds entry `id`'s text and remembers it.

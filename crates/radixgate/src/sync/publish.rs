@@ -113,6 +113,7 @@ pub(super) async fn run(
         load_seq: 0,
     };
     let mut dict = Outgoing::new(config.reference_window_bytes);
+    let window = config.reference_window_bytes as u64;
     let mut tick = tokio::time::interval(Duration::from_millis(config.batch_ms));
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let period = Duration::from_millis(config.load_period_ms);
@@ -125,6 +126,7 @@ pub(super) async fn run(
         }
         // Inserts: everything queued now, in batches under the size cap.
         let mut batch = Inserts {
+            window,
             first_entry: dict.next_id(),
             entries: Vec::new(),
         };
@@ -145,6 +147,7 @@ pub(super) async fn run(
                 let full = std::mem::replace(
                     &mut batch,
                     Inserts {
+                        window,
                         first_entry: dict.next_id(),
                         entries: Vec::new(),
                     },

@@ -103,8 +103,11 @@ struct Applier {
     router: Router,
     metrics: Arc<SyncMetrics>,
     senders: HashMap<u64, (Incoming, Instant, u64)>,
-    keep: usize,
 }
+
+/// The largest reference window a sender may claim (the configuration's
+/// bound): a forged batch cannot make this replica keep more.
+const MAX_WINDOW: u64 = crate::config::MAX_REFERENCE_WINDOW_BYTES as u64;
 
 impl Applier {
     /// Applies one payload; `live` says whether to record its lag.
@@ -122,11 +125,14 @@ impl Applier {
                 self.senders.remove(&k);
             }
         }
-        let keep = self.keep;
+        // Twice the *sender's* window: its references reach that far back,
+        // whatever this replica's own setting is.
+        let keep = 2 * batch.window.min(MAX_WINDOW) as usize;
         let (texts, heard, next) = self
             .senders
             .entry(h.instance)
             .or_insert_with(|| (Incoming::new(keep), Instant::now(), 0));
+        texts.set_keep(keep);
         *heard = Instant::now();
         for (i, entry) in batch.entries.into_iter().enumerate() {
             let id = batch.first_entry.saturating_add(i as u64);
@@ -271,7 +277,6 @@ pub(super) async fn inserts(
         router,
         metrics,
         senders: HashMap::new(),
-        keep: config.reference_window_bytes.saturating_mul(2),
     };
     let mut backoff = Duration::from_millis(100);
     // The last stream sequence applied: a new consumer starts after it.

@@ -15,7 +15,9 @@
 //! `replica` name), and keys the reference dictionary below.
 //!
 //! Inserts body: a string table (`n:var`, then `n` strs: the batch's models
-//! and worker URLs, each once), `first_entry:var`, `count:var`, then per
+//! and worker URLs, each once), `window:var` (the sender's reference
+//! window, so a receiver keeps enough of its texts), `first_entry:var`,
+//! `count:var`, then per
 //! entry `model:var url:var back:var [base_len:var] suffix:bytes`. Entries
 //! are numbered `first_entry + i`. `back` 0: the entry's text is `suffix`.
 //! Otherwise the text is the first `base_len` bytes of the text of entry
@@ -73,6 +75,9 @@ pub(crate) struct WireEntry {
 /// A batch of inserts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Inserts {
+    /// The sender's `reference_window_bytes`: references point at most this
+    /// many bytes of texts back.
+    pub(crate) window: u64,
     pub(crate) first_entry: u64,
     pub(crate) entries: Vec<WireEntry>,
 }
@@ -182,6 +187,7 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
     for s in &table {
         put_bytes(&mut out, s.as_bytes());
     }
+    put_var(&mut out, batch.window);
     put_var(&mut out, batch.first_entry);
     put_var(&mut out, batch.entries.len() as u64);
     for (e, (m, u)) in batch.entries.iter().zip(refs) {
@@ -319,6 +325,7 @@ fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
     for _ in 0..n {
         table.push(r.str("string")?);
     }
+    let window = r.var("window")?;
     let first_entry = r.var("first entry")?;
     let count = r.count(4, "entry count")?;
     let mut entries = Vec::with_capacity(count);
@@ -345,6 +352,7 @@ fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
         });
     }
     Ok(Inserts {
+        window,
         first_entry,
         entries,
     })

@@ -22,6 +22,7 @@ fn entry(model: &str, url: &str, base: Option<(u64, u64)>, suffix: &str) -> Wire
 
 fn sample() -> Inserts {
     Inserts {
+        window: 8 << 20,
         first_entry: 41,
         entries: vec![
             entry("m", "http://10.0.0.1:30000", None, "<user>hello"),
@@ -47,6 +48,7 @@ fn inserts_and_loads_round_trip() {
 #[test]
 fn urls_and_models_are_sent_once_per_batch() {
     let one = Inserts {
+        window: 0,
         first_entry: 0,
         entries: vec![entry("m", "http://10.0.0.1:30000", None, "x")],
     };
@@ -120,8 +122,9 @@ fn huge_counts_and_lengths_are_refused_without_allocating() {
     put_var(&mut big_string, 1 << 40);
     assert!(decode(&big_string).is_err());
     let mut big_entries = h.clone();
-    put_var(&mut big_entries, 0);
-    put_var(&mut big_entries, 0);
+    put_var(&mut big_entries, 0); // string table
+    put_var(&mut big_entries, 0); // window
+    put_var(&mut big_entries, 0); // first entry
     put_var(&mut big_entries, 1 << 30);
     assert_eq!(
         decode(&big_entries).unwrap_err(),
@@ -140,7 +143,8 @@ fn bad_indexes_and_bad_utf8_are_refused() {
     let mut index = h.clone();
     put_var(&mut index, 1);
     put_bytes(&mut index, b"m");
-    put_var(&mut index, 0);
+    put_var(&mut index, 0); // window
+    put_var(&mut index, 0); // first entry
     put_var(&mut index, 1);
     put_var(&mut index, 0);
     put_var(&mut index, 5); // url index outside the table
@@ -180,6 +184,7 @@ proptest! {
     #[test]
     fn round_trips(texts in proptest::collection::vec(".{0,40}", 0..6), first in any::<u64>(), back in 0u64..1000, len in any::<u64>()) {
         let batch = Inserts {
+            window: len / 3,
             first_entry: first,
             entries: texts
                 .iter()
