@@ -263,6 +263,66 @@ async fn a_late_replica_warms_up_before_it_is_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history() {
+    // NATS stays up, so the late replica replays the stream at once. One
+    // worker is down as it starts: the entries for it wait until it is
+    // back and admitted, rather than being dropped as unknown.
+    let nats = Nats::start(&[]);
+    let mut workers = vec![
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<String> = workers.iter().map(|w| w.url.clone()).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    let mut routed = Vec::new();
+    for i in 0..12 {
+        let text = prompt(&format!("before admission {i}"));
+        routed.push((ask(&a.url, &text).await.0, text));
+    }
+    let late = urls[2];
+    assert!(
+        routed.iter().any(|(w, _)| w == late),
+        "no decision for the third worker: {routed:?}"
+    );
+    wait_until("A published its decisions", || async {
+        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let addr: std::net::SocketAddr = late.trim_start_matches("http://").parse().unwrap();
+    let down = workers.pop().unwrap();
+    down.stop.cancel();
+    down.handle.join().await;
+    let b = gateway(replica_config(&[nats.url()], &urls)).await;
+    wait_for_healthy(&b.url, 2).await;
+    wait_ready(&b.url).await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    workers.push(sim_worker_on(listener, fast_worker()).await);
+    wait_for_healthy(&b.url, 3).await;
+    // Held entries are retried every 250 ms.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for (worker, text) in &routed {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!((&w, branch.as_str()), (worker, "cache_hit"), "{text}");
+    }
+    assert_eq!(
+        metric(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"unknown_worker\"}"
+        )
+        .await,
+        0.0
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_stops_waiting_after_the_warmup_timeout() {
     let mut nats = Nats::start(&[]);
     let w = sim_worker(fast_worker()).await;

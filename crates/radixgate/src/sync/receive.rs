@@ -17,7 +17,7 @@ use async_nats::Client;
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
 use radixgate_routing::{Learned, PeerLoad, PeerLoads, Router};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -103,7 +103,58 @@ struct Applier {
     router: Router,
     metrics: Arc<SyncMetrics>,
     senders: HashMap<u64, (Incoming, Instant, u64)>,
+    held: Held,
 }
+
+/// Entries for a worker this replica does not know yet, retried until it
+/// does or `hold` has passed. A starting replica replays the stream before
+/// its first health checks admit its workers, and a peer may discover a
+/// new pod a moment before this replica does: without holding, both would
+/// lose what the cluster learned about those workers.
+struct Held {
+    entries: VecDeque<HeldEntry>,
+    bytes: usize,
+    hold: Duration,
+}
+
+struct HeldEntry {
+    since: Instant,
+    model: String,
+    url: String,
+    text: Arc<str>,
+}
+
+impl Held {
+    /// Keeps an entry for a worker not known yet; over the byte budget the
+    /// oldest are given up.
+    fn push(&mut self, model: String, url: String, text: Arc<str>, metrics: &SyncMetrics) {
+        let size = model.len() + url.len() + text.len();
+        while self.bytes + size > HELD_BYTES {
+            let Some(old) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= old.model.len() + old.url.len() + old.text.len();
+            metrics.ignored("unknown_worker");
+        }
+        if size > HELD_BYTES {
+            metrics.ignored("unknown_worker");
+            return;
+        }
+        self.bytes += size;
+        self.entries.push_back(HeldEntry {
+            since: Instant::now(),
+            model,
+            url,
+            text,
+        });
+    }
+}
+
+/// The most text held for unknown workers; the oldest goes first.
+const HELD_BYTES: usize = 16 << 20;
+
+/// How often held entries are retried.
+const HELD_RETRY: Duration = Duration::from_millis(250);
 
 /// The largest reference window a sender may claim (the configuration's
 /// bound): a forged batch cannot make this replica keep more.
@@ -154,7 +205,9 @@ impl Applier {
             };
             match self.router.learn(&entry.model, &entry.url, &text) {
                 Learned::Inserted | Learned::NoTrees => {}
-                Learned::UnknownWorker => self.metrics.ignored("unknown_worker"),
+                Learned::UnknownWorker => {
+                    self.held.push(entry.model, entry.url, text, &self.metrics)
+                }
                 Learned::UnknownModel => self.metrics.ignored("unknown_model"),
             }
         }
@@ -162,6 +215,33 @@ impl Applier {
             let lag_ms = now_ms().saturating_sub(h.sent_ms);
             self.metrics.lag(lag_ms as f64 / 1000.0);
         }
+    }
+
+    /// Applies the held entries whose workers are known now, in the order
+    /// they came; gives up those held longer than `hold`.
+    fn retry_held(&mut self) {
+        if self.held.entries.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let hold = self.held.hold;
+        let mut kept = VecDeque::with_capacity(self.held.entries.len());
+        let mut bytes = 0;
+        for e in self.held.entries.drain(..) {
+            match self.router.learn(&e.model, &e.url, &e.text) {
+                Learned::Inserted | Learned::NoTrees => {}
+                Learned::UnknownModel => self.metrics.ignored("unknown_model"),
+                Learned::UnknownWorker if now.duration_since(e.since) >= hold => {
+                    self.metrics.ignored("unknown_worker")
+                }
+                Learned::UnknownWorker => {
+                    bytes += e.model.len() + e.url.len() + e.text.len();
+                    kept.push_back(e);
+                }
+            }
+        }
+        self.held.entries = kept;
+        self.held.bytes = bytes;
     }
 }
 
@@ -277,7 +357,16 @@ pub(super) async fn inserts(
         router,
         metrics,
         senders: HashMap::new(),
+        held: Held {
+            entries: VecDeque::new(),
+            bytes: 0,
+            // As long as a starting replica waits for its warm start: its
+            // workers are admitted well within it.
+            hold: warmup.max(Duration::from_secs(1)),
+        },
     };
+    let mut retry = tokio::time::interval(HELD_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut backoff = Duration::from_millis(100);
     // The last stream sequence applied: a new consumer starts after it.
     let mut last_seen = 0u64;
@@ -305,6 +394,7 @@ pub(super) async fn inserts(
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
+                        _ = retry.tick() => applier.retry_held(),
                         m = sub.next() => match m {
                             Some(m) => applier.apply(&m.payload, true),
                             None => break,
@@ -319,6 +409,10 @@ pub(super) async fn inserts(
                 loop {
                     let m = tokio::select! {
                         _ = stop.cancelled() => return,
+                        _ = retry.tick() => {
+                            applier.retry_held();
+                            continue;
+                        }
                         m = messages.next() => m,
                     };
                     let m = match m {
