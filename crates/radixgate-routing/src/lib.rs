@@ -11,6 +11,9 @@
 //!   workers a retry already tried ([`Router::select`] → [`Routed`]);
 //! - the resulting [`Decision`] holds a [`LoadGuard`] on the chosen worker
 //!   and an [`Explanation`]; the guard's drop is the only way load goes down;
+//! - [`PeerLoads`] and [`Router::learn`] take in what other router
+//!   replicas report (their load, their decisions), so every replica routes
+//!   on the pool's whole state;
 //! - [`spawn_eviction`] runs the policy's tree eviction on a timer;
 //! - [`text`] turns a request into its [`RoutingText`], the one rule both
 //!   the gateway and the simulator use, marked with its [`CacheNamespace`]
@@ -48,6 +51,7 @@ mod eviction;
 mod guard;
 mod mix;
 mod namespace;
+mod peer_load;
 pub mod policy;
 mod registry;
 mod request;
@@ -67,9 +71,10 @@ pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
 pub use guard::LoadGuard;
 pub use namespace::CacheNamespace;
+pub use peer_load::{PeerLoad, PeerLoads};
 pub use policy::{Branch, Decision, Explanation, Policy, Rendered};
 pub use radixgate_tree::TenantId;
-pub use registry::{Registry, Routed, Router};
+pub use registry::{Learned, Registry, Routed, Router};
 pub use request::RequestView;
 pub use settings::POLICY_KEY;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};

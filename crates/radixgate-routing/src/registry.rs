@@ -174,6 +174,19 @@ pub struct Routed {
     pub model: Option<String>,
 }
 
+/// What [`Router::learn`] did with another replica's decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// The text was recorded for the worker.
+    Inserted,
+    /// No worker has that URL here (not discovered yet, or removed).
+    UnknownWorker,
+    /// That worker does not serve that pool here.
+    UnknownModel,
+    /// The policy keeps no prefix trees (round_robin, least_load, …).
+    NoTrees,
+}
+
 impl Router {
     /// Resolves the model's pool and chooses a worker in it, never one in
     /// `exclude` (the workers a retry already tried after a connect error or
@@ -236,6 +249,39 @@ impl Router {
     /// The current snapshot (for `/v1/models`, `/get_loads` and metrics).
     pub fn snapshot(&self) -> Arc<WorkerSet> {
         self.current.load_full()
+    }
+
+    /// Records in the policy's tree for pool `model` that `text` (a routing
+    /// text) was sent to the worker at `url`, as another router replica
+    /// decided. The worker is found by canonical URL, since each replica
+    /// numbers its workers itself. `model` must be a pool key of the
+    /// current worker set ([`WILDCARD_MODEL`] for the wildcard pool) served
+    /// by that worker, so a peer cannot create trees for made-up models.
+    pub fn learn(&self, model: &str, url: &str, text: &str) -> Learned {
+        let set = self.current.load();
+        let Some(worker) = set.by_url(url) else {
+            return Learned::UnknownWorker;
+        };
+        let known_pool = match set.resolve(Some(model)) {
+            Ok(pool) => pool.model == model,
+            Err(_) => false,
+        };
+        let serves = if model == WILDCARD_MODEL {
+            worker.models().is_empty()
+        } else {
+            worker.serves(model)
+        };
+        if !known_pool || !serves {
+            return Learned::UnknownModel;
+        }
+        let policy = self.policy.load();
+        match policy.trees() {
+            Some(trees) => {
+                trees.insert_for(model, text, worker.id().tenant());
+                Learned::Inserted
+            }
+            None => Learned::NoTrees,
+        }
     }
 
     /// The policy decisions are made by now (a reload may replace it).

@@ -137,6 +137,11 @@ pub struct Worker {
     pub(crate) in_flight: AtomicUsize,
     pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
+    /// Other router replicas' in-flight requests on this worker, as their
+    /// latest unexpired reports add up (see [`PeerLoads`](crate::PeerLoads)).
+    peer_in_flight: AtomicUsize,
+    /// Other replicas' pending prefill characters on this worker.
+    peer_prefill: AtomicUsize,
     reported: AtomicU64,
     /// The TTFT cost model's fit, one per model served (one for a
     /// wildcard worker), in the order of `models`.
@@ -166,6 +171,8 @@ impl Worker {
             in_flight: AtomicUsize::new(0),
             pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
+            peer_in_flight: AtomicUsize::new(0),
+            peer_prefill: AtomicUsize::new(0),
             reported: AtomicU64::new(0),
             cost: (0..fits).map(|_| Estimator::default()).collect(),
             truth: CacheTruth::default(),
@@ -242,8 +249,10 @@ impl Worker {
         self.is_healthy() && self.breaker() != BreakerState::Open && !self.is_ejected()
     }
 
-    /// Requests routed to this worker whose [`LoadGuard`](crate::LoadGuard)
-    /// is still alive.
+    /// Requests routed to this worker, by this router, whose
+    /// [`LoadGuard`](crate::LoadGuard) is still alive. What other replicas
+    /// route is [`peer_load`](Self::peer_load); policies read the sum,
+    /// [`routing_load`](Self::routing_load).
     pub fn load(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -254,6 +263,40 @@ impl Worker {
     /// [`LoadGuard`](crate::LoadGuard) changes it.
     pub fn pending_prefill(&self) -> usize {
         self.pending_prefill.load(Ordering::Relaxed)
+    }
+
+    /// In-flight requests other router replicas report on this worker
+    /// (0 without replica sync).
+    pub fn peer_load(&self) -> usize {
+        self.peer_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Pending prefill characters other router replicas report on this
+    /// worker (0 without replica sync).
+    pub fn peer_pending_prefill(&self) -> usize {
+        self.peer_prefill.load(Ordering::Relaxed)
+    }
+
+    /// Sets what the other replicas report (only [`PeerLoads::apply`]
+    /// writes it).
+    ///
+    /// [`PeerLoads::apply`]: crate::PeerLoads::apply
+    pub(crate) fn set_peer_load(&self, in_flight: usize, prefill: usize) {
+        self.peer_in_flight.store(in_flight, Ordering::Relaxed);
+        self.peer_prefill.store(prefill, Ordering::Relaxed);
+    }
+
+    /// The load policies balance on: this router's own in-flight requests
+    /// ([`load`](Self::load)) plus those other replicas report
+    /// ([`peer_load`](Self::peer_load)).
+    pub fn routing_load(&self) -> usize {
+        self.load().saturating_add(self.peer_load())
+    }
+
+    /// The pending prefill the cost model weighs: own plus other replicas'.
+    pub fn routing_pending_prefill(&self) -> usize {
+        self.pending_prefill()
+            .saturating_add(self.peer_pending_prefill())
     }
 
     /// Requests routed to this worker that have finished (guard dropped).
@@ -324,6 +367,7 @@ impl fmt::Debug for Worker {
             .field("breaker", &self.breaker())
             .field("ejected", &self.is_ejected())
             .field("load", &self.load())
+            .field("peer_load", &self.peer_load())
             .finish()
     }
 }

@@ -71,6 +71,7 @@ async fn compare(workload: WorkloadConfig, api: Api, requests: u64) {
         duration: None,
         load_poll: None,
         speeds: Default::default(),
+        replicas: Default::default(),
     };
     for who in [Contender::Oracle, Contender::Policy(Default::default())] {
         let sim = run(&sim_cfg, &who).unwrap();

@@ -20,7 +20,8 @@ pub(crate) async fn liveness() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// `/readiness` and `/health`: at least one worker can take requests.
+/// `/readiness` and `/health`: at least one worker can take requests (and
+/// replica sync, if on, has finished its warm start).
 pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     let snapshot = state.shared.router.snapshot();
     let available = snapshot
@@ -29,16 +30,21 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
         .filter(|w| w.is_available())
         .count();
     let shutting_down = state.shared.shutting_down.is_cancelled();
+    // A replica warming up from the sync history is not ready yet (see
+    // `crate::sync`): it would route on a tree that does not know the
+    // cluster's recent prefixes.
+    let warming = state.shared.sync.as_ref().is_some_and(|s| !s.ready());
     let body = json!({
         "status": match () {
             () if shutting_down => "shutting_down",
+            () if warming => "sync_warming_up",
             () if available > 0 => "ok",
             () => "no_healthy_workers",
         },
         "healthy_workers": available,
         "workers": snapshot.workers().len(),
     });
-    let status = if available > 0 && !shutting_down {
+    let status = if available > 0 && !shutting_down && !warming {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

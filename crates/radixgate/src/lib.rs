@@ -32,6 +32,7 @@ pub mod retry;
 pub mod server;
 mod state;
 pub mod stream;
+mod sync;
 pub mod tenants;
 mod upkeep;
 pub mod upstream;

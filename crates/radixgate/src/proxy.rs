@@ -319,6 +319,18 @@ async fn attempts(
                         // reached this worker's cache.
                         let undone = decision.undo_insert(&request.routing_text);
                         tracing::debug!(worker = worker.url(), %status, undone, "worker rejected the request");
+                    } else if let Some(sync) = &shared.sync
+                        && let Some(text) = decision.inserted_text(&request.routing_text)
+                    {
+                        // The prompt reached the worker: other replicas
+                        // learn it too (queued, never waited for).
+                        sync.routed(
+                            model
+                                .as_deref()
+                                .unwrap_or(radixgate_routing::WILDCARD_MODEL),
+                            worker.url(),
+                            text,
+                        );
                     }
                     return Ok(Answer {
                         response,

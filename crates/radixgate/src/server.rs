@@ -264,8 +264,18 @@ pub async fn run_reloadable(
             tasks: tasks.clone(),
         },
     ));
+    let sync = match config.sync.enabled() {
+        true => Some(crate::sync::spawn(
+            &config.sync,
+            router.clone(),
+            &metrics,
+            tasks.clone(),
+        )?),
+        false => None,
+    };
     let streams_abort = CancellationToken::new();
     let shared = Arc::new(Shared {
+        sync,
         keys,
         admission: Admission::new(&config.admission, &metrics),
         bodies,

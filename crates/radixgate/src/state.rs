@@ -70,6 +70,9 @@ pub(crate) struct Shared {
     /// The tenant families: answers, tokens and refusals by tenant. Kept
     /// here, not in [`Tenants`], so a reload does not replace them.
     pub(crate) tenant_metrics: TenantMetrics,
+    /// Replica sync over NATS, when `sync.urls` is set: the request path
+    /// queues its decisions here, `/readiness` asks about the warm start.
+    pub(crate) sync: Option<crate::sync::SyncHandle>,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
 }

@@ -8,11 +8,17 @@
 //! The renderer's family order is a hash map's, so lines are compared
 //! sorted. The worker's URL (a random port) is written as `W`.
 //!
-//! After an intended change to the exported metrics, regenerate the list
+//! Replica sync's families (`radixgate_sync_*`) are pinned apart, in
+//! `tests/golden/metrics_series_sync.txt`, from two replicas on a real
+//! `nats-server` started by the test; their values depend on batch timing,
+//! so only the names, types, help texts and label sets are compared.
+//!
+//! After an intended change to the exported metrics, regenerate the lists
 //! with `RADIXGATE_BLESS=1 cargo test -p radixgate --test metrics_series`
-//! and review its diff.
+//! and review their diff.
 
 mod common;
+mod sync_support;
 
 use common::*;
 use radixgate_sim::server::FaultConfig;
@@ -23,6 +29,20 @@ const GOLDEN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/golden/metrics_series.txt"
 );
+const GOLDEN_SYNC: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/golden/metrics_series_sync.txt"
+);
+
+/// Compares `got` with the committed list at `path` (or writes it, when
+/// blessing).
+fn check_golden(path: &str, got: &str, scrape: &str) {
+    if std::env::var_os("RADIXGATE_BLESS").is_some() {
+        std::fs::write(path, got).unwrap();
+    }
+    let want = std::fs::read_to_string(path).expect("the committed list");
+    assert_eq!(got, want, "/metrics series changed; full scrape:\n{scrape}");
+}
 
 /// One line per rendered sample: `family type "help" | series = value`,
 /// sorted; timing-dependent values (buckets, sums) read `*`.
@@ -165,9 +185,136 @@ async fn metrics_series_match_the_committed_list() {
     gw.shutdown().await;
 
     let got = series(&text, &w.url).join("\n") + "\n";
-    if std::env::var_os("RADIXGATE_BLESS").is_some() {
-        std::fs::write(GOLDEN, &got).unwrap();
+    check_golden(GOLDEN, &got, &text);
+}
+
+/// The sync families of one replica's scrape (none has a worker label),
+/// each value `*`.
+fn sync_series(tag: &str, text: &str, worker: &str) -> Vec<String> {
+    series(text, worker)
+        .into_iter()
+        .filter(|l| l.starts_with("radixgate_sync_"))
+        .map(|l| {
+            let (head, _) = l.rsplit_once(" = ").expect("a value");
+            format!("{tag} {head} = *")
+        })
+        .collect()
+}
+
+async fn sync_value(gateway: &str, series: &str) -> f64 {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_metrics_series_match_the_committed_list() {
+    let mut nats = sync_support::Nats::start(&[]);
+    let w = sim_worker(fast_worker()).await;
+    let w2 = sim_worker(fast_worker()).await;
+    let replica = |workers: &[&str]| {
+        let mut c = config(workers);
+        c.sync.urls = vec![nats.url()];
+        c.sync.batch_ms = 5;
+        c
+    };
+    // A knows a worker B does not: B counts A's decisions for it unknown.
+    let a = gateway_ready(replica(&[&w.url, &w2.url]), 2).await;
+    let b = gateway_ready(replica(&[&w.url]), 1).await;
+    for gw in [&a.url, &b.url] {
+        wait_until("sync connected and ready", || async {
+            sync_value(gw, "radixgate_sync_connected").await == 1.0
+                && client()
+                    .get(format!("{gw}/readiness"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+        })
+        .await;
     }
-    let want = std::fs::read_to_string(GOLDEN).expect("the committed list");
-    assert_eq!(got, want, "/metrics series changed; full scrape:\n{text}");
+    let chat_url = format!("{}/v1/chat/completions", a.url);
+    // Until one decision goes to the worker B does not know.
+    let mut to_w2 = false;
+    for i in 0..20 {
+        let text = format!("request {i}: {}", "a long enough prompt ".repeat(20));
+        let r = client()
+            .post(&chat_url)
+            .json(&chat(&text, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        to_w2 |= r.headers()["x-radixgate-worker"] == w2.url.as_str();
+        r.bytes().await.unwrap();
+        if to_w2 && i >= 1 {
+            break;
+        }
+    }
+    assert!(to_w2, "no request went to the second worker");
+    wait_until("B applied and skipped A's decisions", || async {
+        sync_value(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"unknown_worker\"}",
+        )
+        .await
+            > 0.0
+            && sync_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await > 0.0
+            && metrics_text(&b.url)
+                .await
+                .contains("radixgate_sync_lag_seconds ")
+    })
+    .await;
+    // Garbage, another version, another cluster.
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    raw.publish("radixgate.sync.radixgate.inserts", "garbage".into())
+        .await
+        .unwrap();
+    raw.publish(
+        "radixgate.sync.radixgate.inserts",
+        b"RG\x07\x01\x00".to_vec().into(),
+    )
+    .await
+    .unwrap();
+    let mut foreign = b"RG\x01\x02\x00\x05other\x01x".to_vec();
+    foreign.extend_from_slice(&7u64.to_le_bytes());
+    foreign.extend_from_slice(&[1, 0, 0]);
+    raw.publish("radixgate.sync.radixgate.load", foreign.into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("B counted the bad messages", || async {
+        let text = metrics_text(&b.url).await;
+        ["malformed", "version", "foreign_cluster"]
+            .iter()
+            .all(|r| text.contains(&format!("radixgate_sync_ignored_total{{reason=\"{r}\"}}")))
+    })
+    .await;
+    // NATS gone: A drops what it cannot publish.
+    nats.kill();
+    wait_until("A disconnected", || async {
+        sync_value(&a.url, "radixgate_sync_connected").await == 0.0
+    })
+    .await;
+    assert_eq!(
+        post(chat_url.clone(), chat("while NATS is down", false)).await,
+        200
+    );
+    wait_until("A dropped a decision", || async {
+        sync_value(
+            &a.url,
+            "radixgate_sync_dropped_total{reason=\"disconnected\"}",
+        )
+        .await
+            > 0.0
+    })
+    .await;
+    let (text_a, text_b) = (metrics_text(&a.url).await, metrics_text(&b.url).await);
+    a.shutdown().await;
+    b.shutdown().await;
+    let mut got = sync_series("A", &text_a, &w.url);
+    got.extend(sync_series("B", &text_b, &w.url));
+    let got = got.join("\n") + "\n";
+    check_golden(GOLDEN_SYNC, &got, &format!("{text_a}\n{text_b}"));
 }

@@ -320,6 +320,44 @@ fn values_choose_where_pods_are_watched_and_what_is_granted() {
 }
 
 #[test]
+fn replicas_share_state_over_nats_when_sync_urls_are_set() {
+    // Default: no sync section, so replicas would not share.
+    assert!(router_config(&rendered(json!({}))).sync.urls.is_empty());
+
+    let synced = rendered(json!({
+        "replicaCount": 3,
+        "sync": {
+            "urls": ["nats://nats.nats.svc:4222"],
+            "cluster": "prod",
+            // Credential files (`auth.creds_file` under the mounted Secret)
+            // are read at start-up, so none is named here.
+            "settings": {"history_secs": 300},
+            "secretName": "nats-creds",
+        },
+    }));
+    let sync = router_config(&synced).sync;
+    assert_eq!(sync.urls, ["nats://nats.nats.svc:4222"]);
+    assert_eq!((sync.cluster.as_str(), sync.history_secs), ("prod", 300));
+    let deployment: Deployment = synced.one("Deployment");
+    let spec = deployment.spec.unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.unwrap();
+    let volume = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("nats-creds"))
+        .expect("the credentials Secret is a volume");
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap_or_default();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.name == volume.name && m.mount_path == "/etc/radixgate-sync"),
+        "{mounts:?}"
+    );
+}
+
+#[test]
 fn the_chart_refuses_timings_that_would_cut_requests() {
     let err = render(json!({"terminationGracePeriodSeconds": 60})).unwrap_err();
     assert!(

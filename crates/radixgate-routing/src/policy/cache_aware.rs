@@ -513,7 +513,7 @@ impl CacheAware {
         };
         let slot = worker.cost_slot(req.model);
         let work = Work {
-            queued_chars: worker.pending_prefill(),
+            queued_chars: worker.routing_pending_prefill(),
             uncached_chars: input.saturating_sub(choice.matched.unwrap_or(0)),
             in_flight: loads.load_of(choice.idx).unwrap_or(0),
         };
@@ -566,7 +566,7 @@ impl CacheAware {
                     last_access: own.map_or(0, |o| o.last_access),
                     slot,
                     work: Work {
-                        queued_chars: w.pending_prefill(),
+                        queued_chars: w.routing_pending_prefill(),
                         uncached_chars: input - matched,
                         in_flight: at.load,
                     },

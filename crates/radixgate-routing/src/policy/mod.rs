@@ -224,6 +224,14 @@ impl Decision {
         }
     }
 
+    /// The part of `text` (the routing text the request was routed with)
+    /// that this decision inserted into its tree: what another router
+    /// replica must insert to learn the same. `None` when nothing was
+    /// inserted (a policy without trees) or the insert was taken back.
+    pub fn inserted_text<'t>(&self, text: &'t str) -> Option<&'t str> {
+        self.inserted.as_ref().and_then(|i| text.get(..i.text_len))
+    }
+
     /// The chosen worker.
     pub fn worker(&self) -> &Arc<Worker> {
         self.guard.worker()
@@ -258,7 +266,9 @@ pub(crate) struct Candidate {
 }
 
 /// Loads of the available workers, read once per decision so that every
-/// branch of a decision reasons about the same numbers.
+/// branch of a decision reasons about the same numbers. A worker's load is
+/// its [`routing_load`](Worker::routing_load): this router's in-flight
+/// requests plus those other replicas report.
 #[derive(Debug)]
 pub(crate) struct Loads {
     /// The available workers, in slice order (so by `idx`, ascending).
@@ -281,7 +291,7 @@ impl Loads {
         let (mut min, mut max, mut sum) = (usize::MAX, 0, 0);
         for (idx, w) in workers.iter().enumerate() {
             if w.is_available() {
-                let load = w.load();
+                let load = w.routing_load();
                 min = min.min(load);
                 max = max.max(load);
                 sum += load;

@@ -110,6 +110,13 @@ impl Trees {
         v
     }
 
+    /// Records `text` (capped as a decision's would be) for `tenant` in the
+    /// tree of `model`, created on first use: a decision another router
+    /// replica made. Callers pass only pool keys of the worker set.
+    pub(crate) fn insert_for(&self, model: &str, text: &str, tenant: TenantId) {
+        let _ = self.get_or_create(model).insert(self.cap(text), tenant);
+    }
+
     /// Forgets a tenant in every tree.
     pub(crate) fn remove_tenant(&self, tenant: TenantId) {
         for tree in self.map.load().values() {

@@ -55,9 +55,15 @@ pub enum WorkloadKind {
 /// Flags of `radixgate load`.
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    /// Base URL of a server or router, e.g. http://127.0.0.1:31000 (repeat
-    /// for several).
-    #[arg(long = "url", required = true, value_name = "URL")]
+    /// Base URL of a server or router, e.g. http://127.0.0.1:31000 (repeat,
+    /// or separate with commas, for several: requests are spread over them
+    /// by --assign).
+    #[arg(
+        long = "url",
+        required = true,
+        value_name = "URL",
+        value_delimiter = ','
+    )]
     pub urls: Vec<String>,
     /// API to call.
     #[arg(long, value_parser = api_parser(), default_value = "chat")]

@@ -5,6 +5,9 @@
 //! targets every target owns G/N groups (±1), and the most popular groups
 //! (seen first under skew) are spread across targets. That is a perfect
 //! partition: a group's prefix is only ever prefilled on one worker.
+//! `client-hash` keeps a session on one target too, but picks it by a hash
+//! of the session, with no memory: what a load balancer hashing its
+//! clients does, uneven by chance.
 //!
 //! Concurrency: one `Mutex` around the key map, held for one lookup; a
 //! plain mutex because the critical section is a hash-map probe and never
@@ -17,6 +20,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 use crate::workload::RequestSpec;
+use crate::workload::rng::key;
+
+/// Seed of the client hash (fixed: the same session picks the same
+/// target in every run).
+const CLIENT_HASH: u64 = 0x636c_6965_6e74;
 
 /// How requests are spread over several `--url`s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -28,6 +36,9 @@ pub enum Assign {
     BySession,
     /// Every request of a prefix group to one target.
     ByGroup,
+    /// Every request of a session to the target a hash of the session
+    /// picks (stateless, like a load balancer hashing its clients).
+    ClientHash,
 }
 
 impl Assign {
@@ -37,6 +48,7 @@ impl Assign {
             Assign::RoundRobin => "round-robin",
             Assign::BySession => "by-session",
             Assign::ByGroup => "by-group",
+            Assign::ClientHash => "client-hash",
         }
     }
 }
@@ -69,6 +81,9 @@ impl Assigner {
             }
             Assign::BySession => spec.session,
             Assign::ByGroup => spec.group,
+            Assign::ClientHash => {
+                return (key(CLIENT_HASH, &[spec.session]) % self.targets) as usize;
+            }
         };
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         let next = &self.counter;
@@ -109,5 +124,17 @@ mod tests {
         }
         let s = Assigner::new(Assign::BySession, 2);
         assert_eq!(s.pick(&spec(5, 1)), s.pick(&spec(5, 2)));
+        // Client hash: sticky per session, independent of arrival order
+        // and of other assigners, and every target gets some sessions.
+        let h = Assigner::new(Assign::ClientHash, 3);
+        let again = Assigner::new(Assign::ClientHash, 3);
+        let picks: Vec<usize> = (0..60).map(|k| h.pick(&spec(k, 0))).collect();
+        for k in (0..60).rev() {
+            assert_eq!(again.pick(&spec(k, 7)), picks[k as usize], "session {k}");
+        }
+        for t in 0..3 {
+            let n = picks.iter().filter(|&&p| p == t).count();
+            assert!((5..=35).contains(&n), "target {t}: {n} of 60");
+        }
     }
 }

@@ -136,6 +136,10 @@ impl Stats {
             let mean = self.ok as f64 / slots as f64;
             max / mean
         });
+        // Every --url, in order, those that got nothing included.
+        let per_url = (0..header.urls.len())
+            .map(|t| self.per_target.get(&t).copied().unwrap_or(0))
+            .collect();
         LoadReport {
             header,
             elapsed_s: secs,
@@ -154,7 +158,7 @@ impl Stats {
             output_tokens_per_s: self.completion_tokens as f64 / secs,
             prompt_tokens_per_s: self.prompt_tokens as f64 / secs,
             workers: self.workers.clone(),
-            per_url: self.per_target.values().copied().collect(),
+            per_url,
             spread,
         }
     }
@@ -272,7 +276,17 @@ impl LoadReport {
             h.assign,
             h.seed
         );
-        let _ = writeln!(s, "targets  {}", h.urls.join(" "));
+        if h.urls.len() > 1 {
+            let list: Vec<String> = h
+                .urls
+                .iter()
+                .zip(&self.per_url)
+                .map(|(u, n)| format!("{u} {n}"))
+                .collect();
+            let _ = writeln!(s, "targets  {}  (requests each)", list.join(", "));
+        } else {
+            let _ = writeln!(s, "targets  {}", h.urls.join(" "));
+        }
         let _ = writeln!(
             s,
             "requests {} ok, {} failed in {:.2} s  ({:.1} req/s, {:.0} output tok/s, {:.0} prompt tok/s)",
@@ -410,6 +424,8 @@ mod tests {
         behind.pool_size = Some(6);
         assert_eq!(st.report(behind, Duration::from_secs(2)).spread, Some(4.0));
         assert!(r.table().contains("hit rate 72.5%"));
+        assert_eq!(r.per_url, [5, 0, 0], "targets that got nothing count");
+        assert!(r.table().contains("u1 5, u2 0, u3 0  (requests each)"));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["workers"]["a"], 2);
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RandomConfig};
 
+use super::replicas::{DEFAULT_SYNC_DELAY_MS, ReplicaConfig};
 use super::report::{PolicyReport, SimReport};
 use super::speeds::{PoolSpeeds, SpeedChange};
 use super::sweep::{self, Axis};
@@ -19,7 +20,7 @@ use super::{Contender, SimConfig, cluster};
 use crate::SimError;
 use crate::load::args::api_parser;
 use crate::load::builder::workload_config;
-use crate::load::{Api, ArrivalFlags, ArrivalPlan, WorkloadFlags, WorkloadKind};
+use crate::load::{Api, ArrivalFlags, ArrivalPlan, Assign, WorkloadFlags, WorkloadKind};
 use crate::server::{EngineFlags, WorkerConfig};
 use crate::workload::TextShape;
 
@@ -51,9 +52,27 @@ pub struct SimulateArgs {
     pub policies: Vec<String>,
     /// A policy setting and the values to try, e.g.
     /// `cache_threshold=0.1,0.3,0.5` or `hot_spot.slack=1,2,4` (repeat for
-    /// a grid; each policy is swept over the settings it has).
+    /// a grid; each policy is swept over the settings it has); also
+    /// `replicas=1,2,4` and `sync_delay_ms=1,10,off`, swept for every
+    /// policy.
     #[arg(long, value_name = "KEY=V1,V2")]
     pub sweep: Vec<String>,
+    /// Router replicas the requests are spread over, each with its own
+    /// policy state (trees, in-flight counts); the oracles always route as
+    /// one router.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub replicas: usize,
+    /// Simulated milliseconds after which each replica applies the other
+    /// replicas' routing decisions and load changes.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_SYNC_DELAY_MS as f64)]
+    pub sync_delay_ms: f64,
+    /// The replicas never share what they learn.
+    #[arg(long, conflicts_with = "sync_delay_ms")]
+    pub no_sync: bool,
+    /// How requests are spread over the replicas (the values of `radixgate
+    /// load --assign`).
+    #[arg(long, value_enum, default_value_t = Assign::RoundRobin)]
+    pub replica_spread: Assign,
     /// API the requests are sent through (sets the routing text).
     #[arg(long, value_parser = api_parser(), default_value = "chat")]
     pub api: Api,
@@ -160,6 +179,15 @@ impl SimulateArgs {
                     .map(|c| SpeedChange::parse(c))
                     .collect::<Result<_, _>>()?,
             },
+            replicas: ReplicaConfig {
+                count: self.replicas,
+                sync_delay: if self.no_sync {
+                    None
+                } else {
+                    Some(sync_delay(self.sync_delay_ms, "--sync-delay-ms")?)
+                },
+                spread: self.replica_spread,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -184,7 +212,7 @@ impl SimulateArgs {
         if bases.is_empty() {
             return Err(SimError::Config("--policies names no policy".into()));
         }
-        for axis in &axes {
+        for axis in axes.iter().filter(|a| !sweep::is_run_key(&a.key)) {
             let used = bases.iter().any(|b| match b {
                 Contender::Policy(p) => sweep::has_key(p, &axis.key),
                 Contender::Oracle | Contender::OracleTtft => false,
@@ -225,32 +253,80 @@ impl SimulateArgs {
         }
     }
 
-    /// Runs every contender on the same config and reports.
+    /// The replica settings to run: the flags' alone, or the grid of the
+    /// `replicas` and `sync_delay_ms` sweep axes, each with its label.
+    pub fn replica_points(
+        &self,
+        base: &ReplicaConfig,
+    ) -> Result<Vec<(ReplicaConfig, String)>, SimError> {
+        let axes = self
+            .sweep
+            .iter()
+            .map(|s| Axis::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        sweep::run_grid(base, &axes)
+    }
+
+    /// Runs every contender on the same config (at every replica setting
+    /// swept; the oracles once, since they route as one router) and
+    /// reports.
     pub fn execute(&self) -> Result<SimReport, SimError> {
         let cfg = self.sim_config()?;
         let window = self.timeline_window()?;
         let contenders = self.contenders()?;
+        let points = self.replica_points(&cfg.replicas)?;
         let mut report = SimReport {
             workload: cfg.workload.name().into(),
             workers: cfg.workers,
             arrivals: cfg.arrivals.describe(),
             seed: cfg.seed,
             api: cfg.api.path().into(),
+            replicas: match points.as_slice() {
+                [(only, _)] => only.describe(),
+                _ => None,
+            },
             ttft_reference: None,
             rows: Vec::new(),
         };
-        for (who, params) in contenders {
-            let started = Instant::now();
-            let stats = cluster::run(&cfg, &who)?;
-            let wall = started.elapsed().as_secs_f64();
-            let mut row = PolicyReport::new(&who, params, &stats, wall);
-            if let Some(w) = window {
-                row.timeline = Some(Timeline::of(&stats.dispatches, cfg.workers, w)?);
+        for (k, (replicas, label)) in points.iter().enumerate() {
+            let cfg = SimConfig {
+                replicas: *replicas,
+                ..cfg.clone()
+            };
+            for (who, params) in &contenders {
+                let params = match who {
+                    Contender::Oracle | Contender::OracleTtft if k > 0 => continue,
+                    Contender::Oracle | Contender::OracleTtft => params.clone(),
+                    Contender::Policy(_) => [params.as_str(), label.as_str()]
+                        .into_iter()
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                };
+                let started = Instant::now();
+                let stats = cluster::run(&cfg, who)?;
+                let wall = started.elapsed().as_secs_f64();
+                let mut row = PolicyReport::new(who, params, &stats, wall);
+                if let Some(w) = window {
+                    row.timeline = Some(Timeline::of(&stats.dispatches, cfg.workers, w)?);
+                }
+                report.rows.push(row);
             }
-            report.rows.push(row);
         }
         report.relate_to_oracles();
         Ok(report)
+    }
+}
+
+/// A sync delay given in milliseconds, checked.
+pub(super) fn sync_delay(ms: f64, what: &str) -> Result<Duration, SimError> {
+    let max = super::replicas::MAX_SYNC_DELAY.as_secs_f64() * 1000.0;
+    if ms.is_finite() && (0.0..=max).contains(&ms) {
+        Ok(Duration::from_secs_f64(ms / 1000.0))
+    } else {
+        Err(SimError::Config(format!(
+            "{what} must be in 0..={max} milliseconds, got {ms}"
+        )))
     }
 }
 

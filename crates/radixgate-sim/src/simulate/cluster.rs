@@ -15,6 +15,10 @@
 //! a scheduled speed change is a [`Kind::SpeedChange`] event that sets the
 //! engine's speed for the steps it starts from then on.
 //!
+//! With several router replicas ([`replicas`](super::replicas)), each
+//! request goes to one replica's policy, and each replica's decisions and
+//! load changes reach the others through [`Kind::Sync`] events.
+//!
 //! Workers' reported load (`running`, `waiting`, KV use) is refreshed from
 //! the engines every `load_poll` of simulated time, as a gateway polling
 //! `/get_load` would see it; no built-in policy reads it today. The
@@ -29,11 +33,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use radixgate_routing::{
-    CacheFeedback, CacheReport, Corrected, LoadGuard, Policy, Registry, ReportedLoad, Router,
-    Worker, WorkerSpec,
+    CacheFeedback, CacheReport, Corrected, LoadGuard, ReportedLoad, Worker, WorkerSpec,
 };
 
 use super::events::{Kind, Queue};
+use super::replicas::Replicas;
 use super::text::{prompt_and_final, routing_text, worker_reply, worker_text};
 use super::timeline::Dispatched;
 use super::{Contender, SimConfig, oracle, oracle_ttft};
@@ -83,7 +87,7 @@ pub struct RunStats {
 
 enum Chooser {
     Policy {
-        router: Router,
+        replicas: Replicas,
         model: String,
         next_evict: Option<Duration>,
     },
@@ -111,14 +115,17 @@ struct Live {
     /// the cached tokens the engine reports (as the gateway does with each
     /// answer's usage).
     feedback: Option<(CacheFeedback, String)>,
+    /// The router replica that routed it.
+    replica: usize,
     worker: usize,
     start: Duration,
     first: Option<Duration>,
     reply: String,
 }
 
-/// A choice: the load guard, and the tree feedback of a policy's decision.
-type Chosen = (LoadGuard, Option<(CacheFeedback, String)>);
+/// A choice: the load guard, the replica that decided, and the tree
+/// feedback of a policy's decision.
+type Chosen = (LoadGuard, usize, Option<(CacheFeedback, String)>);
 
 struct Cluster<'a> {
     cfg: &'a SimConfig,
@@ -155,21 +162,18 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
         .collect::<Result<Vec<_>, _>>()?;
     let model = cfg.worker.model.clone();
     let spec = |i: usize| WorkerSpec::new(format!("http://sim-{i}")).with_models([model.clone()]);
-    let (chooser, workers, _registry) = match who {
+    let (chooser, workers) = match who {
         Contender::Policy(pc) => {
-            let policy: Arc<dyn Policy> = pc.build()?;
-            let next_evict = policy.eviction_interval();
-            let mut registry = Registry::new(policy);
-            let workers = (0..cfg.workers)
-                .map(|i| registry.add(spec(i)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let router = registry.router();
+            let specs: Vec<WorkerSpec> = (0..cfg.workers).map(spec).collect();
+            let replicas = Replicas::build(&cfg.replicas, pc, &specs)?;
+            let next_evict = replicas.router(0).policy().eviction_interval();
+            let workers = replicas.first_workers();
             let chooser = Chooser::Policy {
-                router,
+                replicas,
                 model: model.clone(),
                 next_evict,
             };
-            (chooser, workers, Some(registry))
+            (chooser, workers)
         }
         Contender::Oracle | Contender::OracleTtft => {
             let workers = (0..cfg.workers)
@@ -180,7 +184,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
             } else {
                 Chooser::OracleTtft { turn: 0 }
             };
-            (chooser, workers, None)
+            (chooser, workers)
         }
     };
     let issuers = match cfg.arrivals {
@@ -264,14 +268,21 @@ impl Cluster<'_> {
                         self.queue.push(self.now + every, Kind::Poll);
                     }
                 }
+                Kind::Sync => {
+                    if let Chooser::Policy { replicas, .. } = &mut self.chooser {
+                        replicas.deliver(self.now);
+                    }
+                }
                 Kind::Evict => {
                     if let Chooser::Policy {
-                        router,
+                        replicas,
                         next_evict: Some(every),
                         ..
                     } = &self.chooser
                     {
-                        router.policy().evict_now();
+                        for policy in replicas.policies() {
+                            policy.evict_now();
+                        }
                         let every = *every;
                         if self.active() {
                             self.queue.push(self.now + every, Kind::Evict);
@@ -290,13 +301,34 @@ impl Cluster<'_> {
     }
 
     fn publish_loads(&self) {
-        for (e, w) in self.engines.iter().zip(&self.workers) {
-            let l = e.load();
-            w.set_reported_load(ReportedLoad {
-                running: l.running as u32,
-                waiting: l.waiting as u32,
-                kv_usage: l.kv_used_tokens as f32 / l.kv_capacity_tokens.max(1) as f32,
-            });
+        let reports: Vec<ReportedLoad> = self
+            .engines
+            .iter()
+            .map(|e| {
+                let l = e.load();
+                ReportedLoad {
+                    running: l.running as u32,
+                    waiting: l.waiting as u32,
+                    kv_usage: l.kv_used_tokens as f32 / l.kv_capacity_tokens.max(1) as f32,
+                }
+            })
+            .collect();
+        let set = |workers: &[Arc<Worker>]| {
+            for (w, r) in workers.iter().zip(&reports) {
+                w.set_reported_load(*r);
+            }
+        };
+        match &self.chooser {
+            Chooser::Policy { replicas, .. } => replicas.all_workers().for_each(set),
+            Chooser::Oracle { .. } | Chooser::OracleTtft { .. } => set(&self.workers),
+        }
+    }
+
+    /// Replica `replica`'s own load may have changed: tell the others
+    /// (after the sync delay; nothing without sync or peers).
+    fn load_changed(&mut self, replica: usize) {
+        if let Chooser::Policy { replicas, .. } = &mut self.chooser {
+            replicas.publish_load(&mut self.queue, self.now, replica);
         }
     }
 
@@ -365,21 +397,35 @@ impl Cluster<'_> {
         }
     }
 
+    /// The worker's load guard, the replica that decided, and the
+    /// decision's tree insert to check against the engine's cached tokens.
     fn choose(&mut self, spec: &RequestSpec, tokens: &[u64]) -> Result<Chosen, SimError> {
         match &mut self.chooser {
-            Chooser::Policy { router, model, .. } => {
+            Chooser::Policy {
+                replicas, model, ..
+            } => {
                 let text = routing_text(&spec.prompt, self.cfg.api);
-                let mut decision = router
-                    .select(Some(model.as_str()), &text, None, &[])?
-                    .decision;
-                let feedback = decision.take_cache_feedback().map(|f| (f, text));
-                Ok((decision.into_guard(), feedback))
+                let r = replicas.pick(spec);
+                let mut routed =
+                    replicas
+                        .router(r)
+                        .select(Some(model.as_str()), &text, None, &[])?;
+                replicas.publish_decision(
+                    &mut self.queue,
+                    self.now,
+                    r,
+                    routed.model.as_deref(),
+                    &routed.decision,
+                    &text,
+                );
+                let feedback = routed.decision.take_cache_feedback().map(|f| (f, text));
+                Ok((routed.decision.into_guard(), r, feedback))
             }
             Chooser::Oracle { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
                 let i = oracle::choose(&self.engines, &in_flight, tokens, *turn);
                 *turn += 1;
-                Ok((LoadGuard::acquire(self.workers[i].clone()), None))
+                Ok((LoadGuard::acquire(self.workers[i].clone()), 0, None))
             }
             Chooser::OracleTtft { turn } => {
                 let in_flight: Vec<usize> = self.workers.iter().map(|w| w.load()).collect();
@@ -394,7 +440,7 @@ impl Cluster<'_> {
                     .collect();
                 let i = oracle_ttft::choose(&self.engines, &busy_for, &in_flight, tokens, *turn);
                 *turn += 1;
-                Ok((LoadGuard::acquire(self.workers[i].clone()), None))
+                Ok((LoadGuard::acquire(self.workers[i].clone()), 0, None))
             }
         }
     }
@@ -404,12 +450,15 @@ impl Cluster<'_> {
         let max_tokens = spec.max_tokens as usize;
         let reply = worker_reply(&text, max_tokens, &self.tokenizer);
         let (prompt, final_tokens) = prompt_and_final(&self.tokenizer, &text, &reply);
-        let (guard, feedback) = self.choose(&spec, &prompt)?;
+        let (guard, replica, feedback) = self.choose(&spec, &prompt)?;
+        // Every replica numbers the pool alike, so replica 0's records
+        // find the index.
         let worker = self
             .workers
             .iter()
             .position(|w| w.id() == guard.worker().id())
             .expect("the policy chose one of our workers");
+        self.load_changed(replica);
         let id = self.next_id;
         self.next_id += 1;
         let req = EngineRequest {
@@ -421,6 +470,7 @@ impl Cluster<'_> {
         if self.engines[worker].submit(req, self.now).is_err() {
             // Too large for a worker (the HTTP worker answers 400).
             drop(guard);
+            self.load_changed(replica);
             self.stats.failed += 1;
             self.stats.dispatches.push(Dispatched {
                 at: self.now,
@@ -441,6 +491,7 @@ impl Cluster<'_> {
                 issuer,
                 guard,
                 feedback,
+                replica,
                 worker,
                 start: self.now,
                 first: None,
@@ -472,6 +523,8 @@ impl Cluster<'_> {
                 // The cost model learns from simulated first tokens as the
                 // gateway's learns from real ones.
                 live.guard.first_token(self.now.saturating_sub(live.start));
+                let replica = live.replica;
+                self.load_changed(replica);
             }
         }
         for f in out.finished {
@@ -510,6 +563,7 @@ impl Cluster<'_> {
             }
         }
         drop(live.guard);
+        self.load_changed(live.replica);
         self.workload.on_reply(live.session, &live.reply, self.now);
         self.wake(live.issuer);
     }

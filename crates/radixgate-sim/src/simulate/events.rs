@@ -5,9 +5,10 @@
 //! step that starts at the change's time runs at the new speed), then
 //! engine step results (a worker's results at `t` are visible to a decision
 //! at `t`, as the HTTP worker publishes its load before delivering a step's
-//! events), then the periodic load poll and tree eviction, then request
-//! issues; and within a class in the order they were scheduled (`seq`, a
-//! counter). So a run is a pure function of its inputs.
+//! events), then the periodic load poll, tree eviction and messages
+//! between router replicas, then request issues; and within a class in the
+//! order they were scheduled (`seq`, a counter). So a run is a pure
+//! function of its inputs.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -24,6 +25,9 @@ pub enum Kind {
     Poll,
     /// Run the policy's tree eviction (the gateway's background task).
     Evict,
+    /// The oldest message between router replicas arrives
+    /// ([`replicas`](super::replicas)).
+    Sync,
     /// Issuer `0` (a client, or the arrival process) asks the workload for
     /// its next request.
     Issue(usize),
@@ -34,7 +38,7 @@ impl Kind {
         match self {
             Kind::SpeedChange(_) => 0,
             Kind::StepDone(_) => 1,
-            Kind::Poll | Kind::Evict => 2,
+            Kind::Poll | Kind::Evict | Kind::Sync => 2,
             Kind::Issue(_) => 3,
         }
     }
@@ -43,7 +47,10 @@ impl Kind {
     /// conditions — rather than work (it must not keep a finished run
     /// alive).
     pub fn is_upkeep(self) -> bool {
-        matches!(self, Kind::Poll | Kind::Evict | Kind::SpeedChange(_))
+        matches!(
+            self,
+            Kind::Poll | Kind::Evict | Kind::Sync | Kind::SpeedChange(_)
+        )
     }
 }
 

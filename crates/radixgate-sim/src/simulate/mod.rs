@@ -19,11 +19,16 @@
 //! The pool may be heterogeneous: [`speeds`] gives each worker a speed at
 //! the start and changes it at set simulated times.
 //!
-//! Layout: [`args`] (flags), [`sweep`] (policy parameter grids), [`events`]
-//! (the ordered event queue), [`cluster`] (one run), [`speeds`], [`oracle`],
-//! [`oracle_ttft`] and its [`forecast`], [`text`] (routing text vs worker
-//! text), [`report`] (statistics, table,
-//! JSON), [`timeline`] (per-worker traffic and TTFT over simulated time).
+//! The policies may run as several router replicas ([`replicas`]), each
+//! with its own state, sharing what they learn after a sync delay (or
+//! never); the oracles always route as one all-knowing router.
+//!
+//! Layout: [`args`] (flags), [`sweep`] (policy parameter and replica
+//! grids), [`events`] (the ordered event queue), [`cluster`] (one run),
+//! [`replicas`], [`speeds`], [`oracle`], [`oracle_ttft`] and its
+//! [`forecast`], [`text`] (routing text vs worker text), [`report`]
+//! (statistics, table, JSON), [`timeline`] (per-worker traffic and TTFT
+//! over simulated time).
 //!
 //! [`Engine`]: crate::engine::Engine
 
@@ -33,6 +38,7 @@ pub mod events;
 pub mod forecast;
 pub mod oracle;
 pub mod oracle_ttft;
+pub mod replicas;
 pub mod report;
 pub mod speeds;
 pub mod sweep;
@@ -45,6 +51,7 @@ use radixgate_routing::PolicyConfig;
 
 pub use args::SimulateArgs;
 pub use cluster::{RunStats, run};
+pub use replicas::ReplicaConfig;
 pub use report::{PolicyReport, SimReport};
 pub use speeds::{PoolSpeeds, SpeedChange};
 
@@ -80,6 +87,8 @@ pub struct SimConfig {
     /// Each worker's speed at the start and its changes during the run
     /// (default: every worker at the worker config's speed throughout).
     pub speeds: PoolSpeeds,
+    /// The router replicas the policies run as (default: one router).
+    pub replicas: ReplicaConfig,
 }
 
 impl SimConfig {
@@ -102,6 +111,7 @@ impl SimConfig {
         if self.load_poll == Some(Duration::ZERO) {
             return Err(SimError::Config("--load-poll-ms must be > 0".into()));
         }
+        self.replicas.validate()?;
         self.speeds.validate(self.workers)
     }
 }
@@ -164,3 +174,6 @@ pub fn main(args: SimulateArgs) -> Result<(), SimError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod replica_tests;

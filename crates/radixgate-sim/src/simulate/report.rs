@@ -148,6 +148,10 @@ pub struct SimReport {
     pub seed: u64,
     /// API whose routing text was used.
     pub api: String,
+    /// The policies' router replicas, in words, when they ran as several
+    /// (one setting for the whole run; a sweep labels each row instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<String>,
     /// The oracle row the TTFT ratios are relative to: the one with the
     /// lowest mean TTFT (`None` when no oracle ran).
     pub ttft_reference: Option<String>,
@@ -309,6 +313,9 @@ impl SimReport {
             "workload {}  workers {}  arrivals {}  api {}  seed {}",
             self.workload, self.workers, self.arrivals, self.api, self.seed
         );
+        if let Some(r) = &self.replicas {
+            let _ = writeln!(out, "policies as {r}");
+        }
         let width = self
             .rows
             .iter()
@@ -421,6 +428,7 @@ mod tests {
             arrivals: "a".into(),
             seed: 0,
             api: "/v1/chat/completions".into(),
+            replicas: None,
             ttft_reference: None,
             rows,
         };

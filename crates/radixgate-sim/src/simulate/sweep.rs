@@ -11,11 +11,25 @@
 //!
 //! Each policy is swept over the product of the axes whose keys it has; a
 //! policy with none of the keys runs once, as a baseline.
+//!
+//! Two keys are settings of the run, not of a policy: `replicas` (router
+//! replicas) and `sync_delay_ms` (a number, or `off` for no sync). Every
+//! policy runs at every point of their grid ([`run_grid`]); points that
+//! differ only in the sync delay of a single router are one point.
 
 use radixgate_routing::PolicyConfig;
 use serde_json::{Map, Value};
 
+use super::replicas::ReplicaConfig;
 use crate::SimError;
+
+/// The keys that set the run's router replicas rather than a policy.
+pub const RUN_KEYS: [&str; 2] = ["replicas", "sync_delay_ms"];
+
+/// Whether `key` is one of [`RUN_KEYS`].
+pub fn is_run_key(key: &str) -> bool {
+    RUN_KEYS.contains(&key)
+}
 
 /// One `--sweep KEY=V1,V2,…`.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +152,70 @@ pub fn apply(cfg: &PolicyConfig, point: &Point) -> Result<PolicyConfig, SimError
     Ok(out)
 }
 
+/// The replica settings of the product of the run axes among `axes`
+/// (the others are ignored), each with its label (`replicas=4
+/// sync_delay_ms=10`); `base` alone, unlabelled, when there are none.
+pub fn run_grid(
+    base: &ReplicaConfig,
+    axes: &[Axis],
+) -> Result<Vec<(ReplicaConfig, String)>, SimError> {
+    let mut points: Vec<(ReplicaConfig, Point)> = vec![(*base, Vec::new())];
+    for axis in axes.iter().filter(|a| is_run_key(&a.key)) {
+        let mut next = Vec::new();
+        for (cfg, point) in &points {
+            for v in &axis.values {
+                let mut cfg = *cfg;
+                let bad = || {
+                    SimError::Config(format!(
+                        "--sweep {}: {v} is not a {}",
+                        axis.key,
+                        if axis.key == "replicas" {
+                            "replica count"
+                        } else {
+                            "delay in milliseconds or `off`"
+                        }
+                    ))
+                };
+                match (axis.key.as_str(), v) {
+                    ("replicas", Value::Number(n)) => {
+                        cfg.count = n.as_u64().ok_or_else(bad)? as usize;
+                    }
+                    ("sync_delay_ms", Value::Number(n)) => {
+                        let ms = n.as_f64().ok_or_else(bad)?;
+                        cfg.sync_delay =
+                            Some(super::args::sync_delay(ms, "--sweep sync_delay_ms")?);
+                    }
+                    ("sync_delay_ms", Value::String(w)) if w == "off" => cfg.sync_delay = None,
+                    _ => return Err(bad()),
+                }
+                cfg.validate()?;
+                let mut point = point.clone();
+                point.push((axis.key.clone(), v.clone()));
+                next.push((cfg, point));
+            }
+        }
+        points = next;
+    }
+    let mut out: Vec<(ReplicaConfig, String)> = Vec::new();
+    for (cfg, point) in points {
+        // One router has no peers: its sync delay changes nothing.
+        let (cfg, point) = if cfg.count == 1 {
+            let single = ReplicaConfig {
+                sync_delay: base.sync_delay,
+                ..cfg
+            };
+            let point = point.into_iter().filter(|(k, _)| k == "replicas").collect();
+            (single, point)
+        } else {
+            (cfg, point)
+        };
+        if !out.iter().any(|(c, _)| *c == cfg) {
+            out.push((cfg, describe(&point)));
+        }
+    }
+    Ok(out)
+}
+
 /// `k=v k=v` for a point (empty for the baseline).
 pub fn describe(point: &Point) -> String {
     point
@@ -217,6 +295,46 @@ mod tests {
                 ..c
             }
         );
+    }
+
+    #[test]
+    fn run_grids_cover_replicas_and_delays_once() {
+        let axes = vec![
+            Axis::parse("replicas=1,4").unwrap(),
+            Axis::parse("sync_delay_ms=1,off").unwrap(),
+            Axis::parse("cache_threshold=0.5").unwrap(),
+        ];
+        let base = ReplicaConfig::default();
+        let grid = run_grid(&base, &axes).unwrap();
+        let labels: Vec<&str> = grid.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "replicas=1",
+                "replicas=4 sync_delay_ms=1",
+                "replicas=4 sync_delay_ms=off"
+            ]
+        );
+        assert_eq!(grid[0].0, base);
+        assert_eq!(grid[1].0.count, 4);
+        assert_eq!(
+            grid[1].0.sync_delay,
+            Some(std::time::Duration::from_millis(1))
+        );
+        assert_eq!(grid[2].0.sync_delay, None);
+        assert_eq!(
+            run_grid(&base, &axes[2..]).unwrap(),
+            vec![(base, String::new())]
+        );
+        for bad in [
+            "replicas=0",
+            "replicas=x",
+            "sync_delay_ms=-1",
+            "sync_delay_ms=never",
+        ] {
+            let axes = [Axis::parse(bad).unwrap()];
+            assert!(run_grid(&base, &axes).is_err(), "{bad}");
+        }
     }
 
     #[test]

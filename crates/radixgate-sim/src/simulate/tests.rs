@@ -25,10 +25,11 @@ pub(super) fn small(workers: usize, workload: WorkloadConfig, arrivals: Arrivals
         duration: None,
         load_poll: Some(Duration::from_millis(100)),
         speeds: PoolSpeeds::default(),
+        replicas: ReplicaConfig::default(),
     }
 }
 
-fn shared_prefix(zipf: f64) -> WorkloadConfig {
+pub(super) fn shared_prefix(zipf: f64) -> WorkloadConfig {
     WorkloadConfig::SharedPrefix(SharedPrefixConfig {
         groups: 6,
         prompts_per_group: 16,
@@ -39,7 +40,7 @@ fn shared_prefix(zipf: f64) -> WorkloadConfig {
     })
 }
 
-fn multi_turn() -> WorkloadConfig {
+pub(super) fn multi_turn() -> WorkloadConfig {
     WorkloadConfig::MultiTurn(MultiTurnConfig {
         conversations: 40,
         turns: 4,
@@ -50,7 +51,7 @@ fn multi_turn() -> WorkloadConfig {
     })
 }
 
-fn policy(name: &str) -> Contender {
+pub(super) fn policy(name: &str) -> Contender {
     args::contender(name, 7).unwrap()
 }
 

@@ -262,6 +262,111 @@ pub struct ServeArgs {
     /// Log one JSON object per line.
     #[arg(long, env = "RADIXGATE_LOG_JSON")]
     pub log_json: bool,
+
+    /// Replica sync over NATS.
+    #[command(flatten)]
+    pub sync: SyncArgs,
+}
+
+/// The `--sync-*` flags: sharing routing state between router replicas.
+#[derive(Clone, Debug, Default, Args)]
+pub struct SyncArgs {
+    /// NATS server to share routing state with other router replicas,
+    /// nats://HOST:PORT or tls://HOST:PORT; repeat for a NATS cluster.
+    /// Without it, sync is off.
+    #[arg(long = "sync-url", env = "RADIXGATE_SYNC_URL", value_delimiter = ',')]
+    pub sync_url: Vec<String>,
+    /// Cluster name scoping the sync subjects and stream; replicas sync
+    /// only with the same name [default: radixgate].
+    #[arg(long, env = "RADIXGATE_SYNC_CLUSTER", value_name = "NAME")]
+    pub sync_cluster: Option<String>,
+    /// This replica's name in sync messages and logs [default: random].
+    #[arg(long, env = "RADIXGATE_SYNC_REPLICA_ID", value_name = "NAME")]
+    pub sync_replica_id: Option<String>,
+    /// Seconds a starting replica replays recent decisions before
+    /// /readiness turns 200 anyway [default: 10].
+    #[arg(long, env = "RADIXGATE_SYNC_WARMUP_TIMEOUT_SECS", value_name = "SECS")]
+    pub sync_warmup_timeout_secs: Option<u64>,
+    /// Seconds of decisions the NATS stream keeps for late replicas
+    /// [default: 600].
+    #[arg(long, env = "RADIXGATE_SYNC_HISTORY_SECS", value_name = "SECS")]
+    pub sync_history_secs: Option<u64>,
+    /// Refuse a NATS server without TLS.
+    #[arg(long, env = "RADIXGATE_SYNC_TLS_REQUIRED")]
+    pub sync_tls_required: bool,
+    /// PEM CA certificates to trust for the NATS servers.
+    #[arg(long, env = "RADIXGATE_SYNC_TLS_CA", value_name = "PATH")]
+    pub sync_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for NATS (mutual TLS); needs --sync-tls-key.
+    #[arg(long, env = "RADIXGATE_SYNC_TLS_CERT", value_name = "PATH")]
+    pub sync_tls_cert: Option<PathBuf>,
+    /// PEM key of --sync-tls-cert.
+    #[arg(long, env = "RADIXGATE_SYNC_TLS_KEY", value_name = "PATH")]
+    pub sync_tls_key: Option<PathBuf>,
+    /// NATS token (prefer RADIXGATE_SYNC_TOKEN or --sync-token-file).
+    #[arg(long, env = "RADIXGATE_SYNC_TOKEN", hide_env_values = true)]
+    pub sync_token: Option<String>,
+    /// File holding the NATS token.
+    #[arg(long, env = "RADIXGATE_SYNC_TOKEN_FILE", value_name = "PATH")]
+    pub sync_token_file: Option<PathBuf>,
+    /// NATS user name, with --sync-password or --sync-password-file.
+    #[arg(long, env = "RADIXGATE_SYNC_USER")]
+    pub sync_user: Option<String>,
+    /// NATS password (prefer RADIXGATE_SYNC_PASSWORD or a file).
+    #[arg(long, env = "RADIXGATE_SYNC_PASSWORD", hide_env_values = true)]
+    pub sync_password: Option<String>,
+    /// File holding the NATS password.
+    #[arg(long, env = "RADIXGATE_SYNC_PASSWORD_FILE", value_name = "PATH")]
+    pub sync_password_file: Option<PathBuf>,
+    /// File holding an nkey seed for NATS.
+    #[arg(long, env = "RADIXGATE_SYNC_NKEY_SEED_FILE", value_name = "PATH")]
+    pub sync_nkey_seed_file: Option<PathBuf>,
+    /// NATS .creds file (JWT and nkey seed).
+    #[arg(long, env = "RADIXGATE_SYNC_CREDS_FILE", value_name = "PATH")]
+    pub sync_creds_file: Option<PathBuf>,
+}
+
+impl SyncArgs {
+    /// Overrides `sync` with every flag that was given.
+    pub fn apply(&self, sync: &mut super::SyncConfig) {
+        if !self.sync_url.is_empty() {
+            sync.urls = self.sync_url.clone();
+        }
+        set(&mut sync.cluster, &self.sync_cluster);
+        if self.sync_replica_id.is_some() {
+            sync.replica_id = self.sync_replica_id.clone();
+        }
+        set(
+            &mut sync.warmup_timeout_secs,
+            &self.sync_warmup_timeout_secs,
+        );
+        set(&mut sync.history_secs, &self.sync_history_secs);
+        if self.sync_tls_required {
+            sync.tls.required = true;
+        }
+        let some = |slot: &mut Option<PathBuf>, v: &Option<PathBuf>| {
+            if v.is_some() {
+                *slot = v.clone();
+            }
+        };
+        some(&mut sync.tls.ca_file, &self.sync_tls_ca);
+        some(&mut sync.tls.cert_file, &self.sync_tls_cert);
+        some(&mut sync.tls.key_file, &self.sync_tls_key);
+        let a = &mut sync.auth;
+        if self.sync_token.is_some() {
+            a.token = self.sync_token.clone();
+        }
+        some(&mut a.token_file, &self.sync_token_file);
+        if self.sync_user.is_some() {
+            a.user = self.sync_user.clone();
+        }
+        if self.sync_password.is_some() {
+            a.password = self.sync_password.clone();
+        }
+        some(&mut a.password_file, &self.sync_password_file);
+        some(&mut a.nkey_seed_file, &self.sync_nkey_seed_file);
+        some(&mut a.creds_file, &self.sync_creds_file);
+    }
 }
 
 /// The default settings of the policy called `name`.
@@ -300,6 +405,7 @@ impl ServeArgs {
         }
         self.apply_routing(&mut config.routing)?;
         self.apply_discovery(&mut config.discovery)?;
+        self.sync.apply(&mut config.sync);
         let s = &mut config.server;
         set(&mut s.host, &self.host);
         set(&mut s.port, &self.port);

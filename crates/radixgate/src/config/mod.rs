@@ -14,15 +14,17 @@
 mod cli;
 mod discovery;
 mod routing;
+mod sync;
 mod tenants;
 mod validate;
 
-pub use cli::ServeArgs;
+pub use cli::{ServeArgs, SyncArgs};
 pub use discovery::{DiscoveryConfig, ModelIdFrom, Pool, PoolConfig};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
+pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
     MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_OUTLIER_FACTOR, MAX_PAYLOAD_SIZE, MAX_REQUESTS,
@@ -62,6 +64,8 @@ pub struct Config {
     pub tenants: TenantsConfig,
     /// Prometheus exposition.
     pub metrics: MetricsConfig,
+    /// Sharing routing state with other router replicas over NATS.
+    pub sync: SyncConfig,
     /// Logging.
     pub log: LogConfig,
 }

@@ -79,6 +79,7 @@ impl Config {
         // start-up (or a reload) here, named.
         self.tenants.resolve(self.server.api_key.as_deref())?;
         self.discovery.validate()?;
+        self.sync.validate()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",

@@ -112,5 +112,11 @@ request, and an unbounded request time.
 {{- $managed := dict "server" $server "discovery" $discovery -}}
 {{- if .Values.workers }}{{ $_ := set $managed "workers" .Values.workers }}{{ end -}}
 {{- if .Values.routing }}{{ $_ := set $managed "routing" .Values.routing }}{{ end -}}
+{{- with .Values.sync -}}
+{{- if .urls -}}
+{{- $sync := mustMergeOverwrite (deepCopy (.settings | default dict)) (dict "urls" .urls "cluster" .cluster) -}}
+{{- $_ := set $managed "sync" $sync -}}
+{{- end -}}
+{{- end -}}
 {{- mustMergeOverwrite (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
 {{- end -}}

@@ -1,0 +1,127 @@
+//! What other router replicas report, through the public API: their
+//! decisions ([`Router::learn`]) and their load ([`PeerLoads`]) steer this
+//! router's own decisions.
+
+use radixgate_routing::policy::CacheAware;
+use radixgate_routing::{
+    Branch, CacheAwareConfig, HotSpotRule, Learned, PeerLoad, PeerLoads, PolicyConfig, Registry,
+    WILDCARD_MODEL, WorkerSpec,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn text(tag: &str) -> String {
+    format!(
+        "<system>{}</system><user>{tag}",
+        "be brief and exact. ".repeat(10)
+    )
+}
+
+fn registry() -> Registry {
+    Registry::new(Arc::new(CacheAware::new(CacheAwareConfig {
+        hot_spot: HotSpotRule::Off,
+        ..CacheAwareConfig::default()
+    })))
+}
+
+#[test]
+fn a_learned_prefix_routes_to_the_worker_a_peer_chose() {
+    let mut reg = registry();
+    for u in ["http://a:1", "http://b:1", "http://c:1"] {
+        reg.add(WorkerSpec::new(u).with_models(["m"])).unwrap();
+    }
+    let router = reg.router();
+    let prompt = text("long shared context");
+    assert_eq!(router.learn("m", "http://c:1/", &prompt), Learned::Inserted);
+    for _ in 0..5 {
+        let d = router
+            .select(Some("m"), &format!("{prompt} and more"), None, &[])
+            .unwrap()
+            .decision;
+        assert_eq!(d.explanation().branch, Branch::CacheHit);
+        assert_eq!(d.worker().url(), "http://c:1");
+    }
+}
+
+#[test]
+fn learning_refuses_unknown_workers_and_pools() {
+    let mut reg = registry();
+    reg.add(WorkerSpec::new("http://a:1").with_models(["m"]))
+        .unwrap();
+    let router = reg.router();
+    let t = text("x");
+    assert_eq!(router.learn("m", "http://z:1", &t), Learned::UnknownWorker);
+    assert_eq!(
+        router.learn("other", "http://a:1", &t),
+        Learned::UnknownModel
+    );
+    assert_eq!(
+        router.learn(WILDCARD_MODEL, "http://a:1", &t),
+        Learned::UnknownModel,
+        "a named-model worker is not in the wildcard pool"
+    );
+    assert!(router.policy().trees().unwrap().get("other").is_none());
+
+    let mut rr = Registry::new(
+        PolicyConfig::RoundRobin(Default::default())
+            .build()
+            .unwrap(),
+    );
+    rr.add(WorkerSpec::new("http://a:1")).unwrap();
+    assert_eq!(
+        rr.router().learn(WILDCARD_MODEL, "http://a:1", &t),
+        Learned::NoTrees
+    );
+}
+
+#[test]
+fn the_decision_says_what_it_inserted() {
+    let mut reg = registry();
+    reg.add(WorkerSpec::new("http://a:1")).unwrap();
+    let t = text("y");
+    let mut d = reg.router().select(None, &t, None, &[]).unwrap().decision;
+    assert_eq!(d.inserted_text(&t), Some(t.as_str()));
+    d.undo_insert(&t);
+    assert_eq!(d.inserted_text(&t), None, "taken back: nothing to share");
+}
+
+#[test]
+fn peer_load_turns_a_balanced_pool_imbalanced() {
+    let mut reg = registry();
+    let a = reg.add(WorkerSpec::new("http://a:1")).unwrap();
+    reg.add(WorkerSpec::new("http://b:1")).unwrap();
+    let router = reg.router();
+    let prompt = text("held by a");
+    assert_eq!(
+        router.learn(WILDCARD_MODEL, "http://a:1", &prompt),
+        Learned::Inserted
+    );
+    let mut peers = PeerLoads::new(Duration::from_millis(300));
+    let now = Instant::now();
+    peers.report(
+        9,
+        1,
+        now,
+        vec![PeerLoad {
+            url: "http://a:1".into(),
+            in_flight: 200,
+            pending_prefill: 0,
+        }],
+    );
+    peers.apply(router.snapshot().workers());
+    let d = router.select(None, &prompt, None, &[]).unwrap().decision;
+    assert_eq!(d.explanation().branch, Branch::Imbalanced);
+    assert_eq!(d.worker().url(), "http://b:1", "a is loaded by a peer");
+    drop(d);
+    peers.expire(now + Duration::from_secs(1));
+    peers.apply(router.snapshot().workers());
+    assert_eq!(a.routing_load(), 0);
+    // The report expired: balanced again, a cache hit (a and b both hold
+    // the prompt now: b was sent it while a was loaded).
+    let d = router.select(None, &prompt, None, &[]).unwrap().decision;
+    assert_eq!(
+        d.explanation().branch,
+        Branch::CacheHit,
+        "the report expired"
+    );
+}

@@ -1,0 +1,192 @@
+//! Router replicas sharing one view of the pool, over NATS.
+//!
+//! Each replica publishes what it routed (model, worker URL, the routing
+//! text it inserted into its tree) and its per-worker load; every replica
+//! applies the others' decisions to its own trees ([`Router::learn`]) and
+//! routes on its own load plus theirs ([`PeerLoads`]). The wire format is
+//! [`wire`]'s; repeated prefixes travel as references ([`dict`]).
+//!
+//! Subjects, all under `radixgate.sync.<cluster>.`: `inserts` (batches of
+//! decisions, also captured by the JetStream stream `RADIXGATE-<cluster>`
+//! with a bounded age and size) and `load` (load reports, core NATS only:
+//! a report is stale in 300 ms, so keeping it is pointless).
+//!
+//! Warm start: the insert receiver reads the stream through an ordered
+//! consumer from its oldest message, so a starting replica replays what the
+//! cluster routed recently and then follows live, in one ordered sequence
+//! that also resumes after a reconnect. `/readiness` waits for it (see
+//! [`SyncHandle::ready`]). Without JetStream on the server it falls back to
+//! a core subscription, with a WARN.
+//!
+//! Faults: the request path only ever does a `try_send` into a bounded
+//! queue ([`SyncHandle::routed`]): when it is full, the decision is dropped
+//! and counted. The publisher drops (and counts) what it cannot send while
+//! NATS is disconnected. async-nats reconnects with back-off; everything
+//! keeps routing on local state meanwhile.
+//!
+//! Concurrency: three tasks (publisher, insert receiver, load receiver),
+//! each owning its state; they share the router handle, the metric
+//! families and the readiness flag (an atomic). No locks.
+//!
+//! [`Router::learn`]: radixgate_routing::Router::learn
+//! [`PeerLoads`]: radixgate_routing::PeerLoads
+
+mod connect;
+mod dict;
+mod metrics;
+mod publish;
+mod receive;
+mod wire;
+
+use crate::config::SyncConfig;
+use crate::metrics::Metrics;
+pub(crate) use metrics::SyncMetrics;
+use radixgate_routing::Router;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// One decision to share.
+#[derive(Debug)]
+pub(crate) struct Routed {
+    pub(crate) model: String,
+    pub(crate) url: String,
+    pub(crate) text: String,
+}
+
+/// Who this process is, in its messages.
+#[derive(Clone, Debug)]
+pub(crate) struct Identity {
+    pub(crate) cluster: String,
+    pub(crate) replica: String,
+    pub(crate) instance: u64,
+}
+
+impl Identity {
+    fn subject(&self, what: &str) -> String {
+        format!("radixgate.sync.{}.{what}", self.cluster)
+    }
+
+    fn stream(&self) -> String {
+        format!("RADIXGATE-{}", self.cluster)
+    }
+}
+
+/// The request path's handle on sync.
+#[derive(Debug)]
+pub(crate) struct SyncHandle {
+    queue: mpsc::Sender<Routed>,
+    ready: Arc<AtomicBool>,
+    metrics: Arc<SyncMetrics>,
+}
+
+impl SyncHandle {
+    /// Queues a decision for publishing; never waits. A full queue drops
+    /// it (counted `radixgate_sync_dropped_total{reason="queue_full"}`).
+    pub(crate) fn routed(&self, model: &str, url: &str, text: &str) {
+        let item = Routed {
+            model: model.to_owned(),
+            url: url.to_owned(),
+            text: text.to_owned(),
+        };
+        if let Err(err) = self.queue.try_send(item) {
+            let reason = match err {
+                mpsc::error::TrySendError::Full(_) => "queue_full",
+                mpsc::error::TrySendError::Closed(_) => "stopped",
+            };
+            self.metrics.dropped(reason, 1);
+        }
+    }
+
+    /// Whether the warm start is over: the history was replayed, or there
+    /// was none, or the wait for it ran out.
+    pub(crate) fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// Starts sync: connects (in the background: a NATS server that is down
+/// at start-up is retried, and routing does not wait for it) and spawns
+/// the publisher and receivers on the current runtime, stopped by `stop`.
+pub(crate) fn spawn(
+    config: &SyncConfig,
+    router: Router,
+    metrics: &Metrics,
+    stop: CancellationToken,
+) -> Result<SyncHandle, crate::config::ConfigError> {
+    let auth = config.auth.resolve()?;
+    let identity = Identity {
+        cluster: config.cluster.clone(),
+        replica: config
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>())),
+        instance: rand::random(),
+    };
+    let metrics = Arc::new(SyncMetrics::new(metrics));
+    let ready = Arc::new(AtomicBool::new(false));
+    let (queue, rx) = mpsc::channel(config.queue_capacity);
+    let config = config.clone();
+    let task_metrics = metrics.clone();
+    let task_ready = ready.clone();
+    tracing::info!(
+        replica = %identity.replica,
+        cluster = %identity.cluster,
+        urls = ?config.urls,
+        auth = auth.kind(),
+        "replica sync: connecting to NATS"
+    );
+    tokio::spawn(async move {
+        let client = match connect::connect(&config, auth, &identity, task_metrics.clone()).await {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::error!(error = %err, "replica sync: cannot set up the NATS client; routing on local state only");
+                task_ready.store(true, Ordering::Release);
+                return;
+            }
+        };
+        let publisher = tokio::spawn(publish::run(
+            client.clone(),
+            identity.clone(),
+            config.clone(),
+            rx,
+            router.clone(),
+            task_metrics.clone(),
+            stop.clone(),
+        ));
+        let loads = tokio::spawn(receive::loads(
+            client.clone(),
+            identity.clone(),
+            config.clone(),
+            router.clone(),
+            task_metrics.clone(),
+            stop.clone(),
+        ));
+        let inserts = tokio::spawn(receive::inserts(
+            client.clone(),
+            identity,
+            config,
+            router,
+            task_metrics,
+            task_ready,
+            stop.clone(),
+        ));
+        stop.cancelled().await;
+        let _ = tokio::join!(publisher, loads, inserts);
+        // Sends what is buffered before the connection closes.
+        let _ = client.flush().await;
+    });
+    Ok(SyncHandle {
+        queue,
+        ready,
+        metrics,
+    })
+}
+
+/// Wall-clock milliseconds since the Unix epoch (message timestamps; lag).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

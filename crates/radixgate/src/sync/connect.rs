@@ -1,0 +1,85 @@
+//! The NATS client: TLS, credentials, reconnecting with back-off, and
+//! connection events turned into logs and the `connected` gauge.
+
+use super::{Identity, SyncMetrics};
+use crate::config::{SyncAuth, SyncConfig};
+use async_nats::{Client, ConnectOptions, Event, ServerAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest pause between reconnect attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Builds the client. It connects in the background and keeps
+/// reconnecting, with back-off from 50 ms doubling up to 2 s, forever:
+/// a replica never gives up on NATS, it routes on local state meanwhile.
+pub(super) async fn connect(
+    config: &SyncConfig,
+    auth: SyncAuth,
+    me: &Identity,
+    metrics: Arc<SyncMetrics>,
+) -> Result<Client, async_nats::ConnectError> {
+    let addrs: Vec<ServerAddr> = config
+        .urls
+        .iter()
+        .map(|u| u.parse::<ServerAddr>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| {
+            async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::ServerParse, e)
+        })?;
+    let mut options = ConnectOptions::new()
+        .name(format!("radixgate/{}", me.replica))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        .ping_interval(Duration::from_secs(5))
+        .reconnect_delay_callback(|attempts| {
+            let step = Duration::from_millis(50).saturating_mul(1 << attempts.min(6) as u32);
+            step.min(MAX_BACKOFF)
+        })
+        .event_callback(move |event| {
+            let metrics = metrics.clone();
+            async move {
+                match event {
+                    Event::Connected => {
+                        metrics.connected(true);
+                        tracing::info!("replica sync: connected to NATS");
+                    }
+                    Event::Disconnected => {
+                        metrics.connected(false);
+                        tracing::warn!("replica sync: disconnected from NATS; routing on local state, reconnecting");
+                    }
+                    Event::ServerError(err) => {
+                        tracing::error!(error = %err, "replica sync: NATS server error (wrong credentials or permissions?)");
+                    }
+                    Event::ClientError(err) => {
+                        tracing::warn!(error = %err, "replica sync: NATS client error");
+                    }
+                    Event::SlowConsumer(_) => {
+                        tracing::warn!("replica sync: NATS reports this replica as a slow consumer");
+                    }
+                    other => tracing::info!(event = %other, "replica sync: NATS event"),
+                }
+            }
+        });
+    options = match auth {
+        SyncAuth::None => options,
+        SyncAuth::Token(t) => options.token(t),
+        SyncAuth::UserPassword(u, p) => options.user_and_password(u, p),
+        SyncAuth::NkeySeed(seed) => options.nkey(seed),
+        SyncAuth::Creds(text) => options.credentials(&text).map_err(|e| {
+            async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::Authentication, e)
+        })?,
+    };
+    let tls = &config.tls;
+    if tls.required {
+        options = options.require_tls(true);
+    }
+    if let Some(ca) = &tls.ca_file {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    options.connect(addrs).await
+}

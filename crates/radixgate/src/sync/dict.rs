@@ -1,0 +1,274 @@
+//! Sending a routed text as "the first N bytes of a text I sent before, then
+//! this": both ends of the reference scheme of [`super::wire`].
+//!
+//! Prompts repeat: a conversation's next turn resends every earlier turn,
+//! and many requests share one system prompt. The sender ([`Outgoing`])
+//! hashes each text it publishes at every [`BLOCK`]-byte boundary (a chain:
+//! each hash covers all bytes before it) and remembers, per hash, the
+//! latest entry that had it. A new text whose leading blocks hash to a
+//! remembered value is sent as a reference to that entry plus the rest.
+//!
+//! The receiver ([`Incoming`], one per sending process) keeps the texts it
+//! received from that sender, the oldest first out, within twice the
+//! sender's window (each batch states it; the receiver's own setting does
+//! not matter): the sender only refers to entries within its last
+//! `window` bytes of texts, so, with no message lost, every reference
+//! resolves. A lost message (core NATS while disconnected, a stream that
+//! aged out) makes some references unresolvable: those entries are skipped
+//! and counted, never guessed.
+//!
+//! Both are owned by one task each (the publisher, the receiver): no locks.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hasher;
+use std::sync::Arc;
+
+/// Bytes per hashed block: references cover whole blocks.
+pub(crate) const BLOCK: usize = 256;
+
+/// The chain of block hashes of `text`: entry `k` covers `text[..(k+1)*BLOCK]`.
+fn block_hashes(text: &[u8]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(text.len() / BLOCK);
+    let mut prev = 0u64;
+    for block in text.chunks_exact(BLOCK) {
+        let mut h = DefaultHasher::new();
+        h.write_u64(prev);
+        h.write(block);
+        prev = h.finish();
+        out.push(prev);
+    }
+    out
+}
+
+/// The sender's memory of what it published recently.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    window: usize,
+    next_id: u64,
+    /// Block hash → the latest entry whose text has it.
+    index: HashMap<u64, u64>,
+    /// Entries still referable, oldest first: `(id, text bytes, hashes)`.
+    recent: VecDeque<(u64, usize, Vec<u64>)>,
+    bytes: usize,
+}
+
+/// How one text is to be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Encoded {
+    /// The entry's id.
+    pub(crate) id: u64,
+    /// `(entries back, base bytes)` when a prefix is sent by reference.
+    pub(crate) base: Option<(u64, u64)>,
+}
+
+impl Outgoing {
+    /// Refers only to entries within the last `window` bytes of texts;
+    /// 0 turns references off.
+    pub(crate) fn new(window: usize) -> Self {
+        Self {
+            window,
+            next_id: 0,
+            index: HashMap::new(),
+            recent: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Numbers `text` and finds the longest remembered prefix of it.
+    pub(crate) fn encode(&mut self, text: &[u8]) -> Encoded {
+        let id = self.next_id;
+        self.next_id += 1;
+        if self.window == 0 {
+            return Encoded { id, base: None };
+        }
+        let hashes = block_hashes(text);
+        let mut base = None;
+        for (k, h) in hashes.iter().enumerate() {
+            match self.index.get(h) {
+                Some(&entry) => base = Some((id - entry, ((k + 1) * BLOCK) as u64)),
+                None => break,
+            }
+        }
+        for h in &hashes {
+            self.index.insert(*h, id);
+        }
+        self.bytes += text.len();
+        self.recent.push_back((id, text.len(), hashes));
+        while self.bytes > self.window && self.recent.len() > 1 {
+            let (old, len, hashes) = self.recent.pop_front().expect("not empty");
+            self.bytes -= len;
+            for h in hashes {
+                if self.index.get(&h) == Some(&old) {
+                    self.index.remove(&h);
+                }
+            }
+        }
+        Encoded { id, base }
+    }
+
+    /// The id the next text will get.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id
+    }
+}
+
+/// Why an entry's text could not be rebuilt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unresolved {
+    /// The referenced entry is not held (a lost or aged-out message).
+    MissingBase,
+    /// The reference is inconsistent (longer than its base, bad UTF-8).
+    Malformed,
+}
+
+/// One sender's texts, as this receiver rebuilt them.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    keep: usize,
+    texts: VecDeque<(u64, Arc<str>)>,
+    bytes: usize,
+}
+
+impl Incoming {
+    /// Keeps at least the last `keep` bytes of texts (twice the sender's
+    /// window).
+    pub(crate) fn new(keep: usize) -> Self {
+        Self {
+            keep,
+            texts: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Follows the sender's window, as its latest batch states it.
+    pub(crate) fn set_keep(&mut self, keep: usize) {
+        self.keep = keep;
+    }
+
+    /// Rebuilds entry `id`'s text and remembers it.
+    pub(crate) fn resolve(
+        &mut self,
+        id: u64,
+        base: Option<(u64, u64)>,
+        suffix: &[u8],
+    ) -> Result<Arc<str>, Unresolved> {
+        let text: Arc<str> = match base {
+            None => Arc::from(std::str::from_utf8(suffix).map_err(|_| Unresolved::Malformed)?),
+            Some((back, len)) => {
+                let base_id = id.checked_sub(back).ok_or(Unresolved::Malformed)?;
+                let at = self
+                    .texts
+                    .binary_search_by_key(&base_id, |(i, _)| *i)
+                    .map_err(|_| Unresolved::MissingBase)?;
+                let base = self.texts[at].1.as_bytes();
+                let len = usize::try_from(len).map_err(|_| Unresolved::Malformed)?;
+                let head = base.get(..len).ok_or(Unresolved::Malformed)?;
+                let mut bytes = Vec::with_capacity(len + suffix.len());
+                bytes.extend_from_slice(head);
+                bytes.extend_from_slice(suffix);
+                let s = String::from_utf8(bytes).map_err(|_| Unresolved::Malformed)?;
+                Arc::from(s)
+            }
+        };
+        if self.texts.back().is_some_and(|(last, _)| *last >= id) {
+            // Out of order (a replay overlapping live traffic): keep the
+            // list sorted by dropping what is not newer.
+            self.texts.clear();
+            self.bytes = 0;
+        }
+        self.bytes += text.len();
+        self.texts.push_back((id, text.clone()));
+        while self.bytes > self.keep && self.texts.len() > 1 {
+            let (_, old) = self.texts.pop_front().expect("not empty");
+            self.bytes -= old.len();
+        }
+        Ok(text)
+    }
+
+    /// Bytes of text held.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(turns: usize) -> String {
+        let mut s = "<system>".to_owned() + &"Answer with care. ".repeat(40);
+        for t in 0..turns {
+            s += &format!(
+                "<user>question {t} {}<assistant>answer {t}",
+                "x".repeat(300)
+            );
+        }
+        s
+    }
+
+    /// What a receiver rebuilds is what the sender sent, and a follow-up
+    /// turn travels as a reference plus its new part.
+    #[test]
+    fn a_next_turn_is_sent_as_a_reference_and_rebuilt_exactly() {
+        let mut out = Outgoing::new(1 << 20);
+        let mut inc = Incoming::new(2 << 20);
+        let mut sent_bytes = 0;
+        let mut total = 0;
+        for turns in 1..8 {
+            let text = prompt(turns);
+            let e = out.encode(text.as_bytes());
+            let cut = e.base.map_or(0, |(_, len)| len as usize);
+            if turns > 1 {
+                assert!(cut >= text.len() - 400 - BLOCK, "turn {turns}: {cut}");
+            }
+            sent_bytes += text.len() - cut;
+            total += text.len();
+            let got = inc.resolve(e.id, e.base, &text.as_bytes()[cut..]).unwrap();
+            assert_eq!(&*got, text);
+        }
+        assert!(sent_bytes * 3 < total, "{sent_bytes} of {total}");
+    }
+
+    #[test]
+    fn references_stay_within_the_window() {
+        let mut out = Outgoing::new(3 * BLOCK);
+        let a = "a".repeat(2 * BLOCK);
+        let b = "b".repeat(2 * BLOCK);
+        assert_eq!(out.encode(a.as_bytes()).base, None);
+        assert!(out.encode(a.as_bytes()).base.is_some());
+        out.encode(b.as_bytes());
+        out.encode(b.as_bytes());
+        assert_eq!(out.encode(a.as_bytes()).base, None, "a left the window");
+        assert_eq!(out.next_id(), 5);
+        assert_eq!(Outgoing::new(0).encode(a.as_bytes()).base, None);
+    }
+
+    #[test]
+    fn missing_or_inconsistent_bases_are_refused() {
+        let mut inc = Incoming::new(1 << 20);
+        assert_eq!(
+            inc.resolve(5, Some((1, 3)), b"x"),
+            Err(Unresolved::MissingBase)
+        );
+        inc.resolve(4, None, "héllo".as_bytes()).unwrap();
+        assert_eq!(
+            inc.resolve(5, Some((1, 99)), b"x"),
+            Err(Unresolved::Malformed)
+        );
+        assert_eq!(
+            inc.resolve(5, Some((9, 1)), b"x"),
+            Err(Unresolved::Malformed)
+        );
+        // Cut inside `é`, and a suffix that does not complete it.
+        assert_eq!(
+            inc.resolve(5, Some((1, 2)), b"x"),
+            Err(Unresolved::Malformed)
+        );
+        // A cut inside a character is fine when the suffix completes it.
+        let got = inc.resolve(6, Some((2, 2)), b"\xa9llo").unwrap();
+        assert_eq!(&*got, "h\u{e9}llo");
+        assert!(inc.bytes() > 0);
+    }
+}

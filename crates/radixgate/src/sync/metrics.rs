@@ -1,0 +1,107 @@
+//! Sync's metric families (names fixed: the bench reads them).
+
+use crate::metrics::{Describe, Family, LabelledCounters, Metrics, OneGauge};
+use metrics::Counter;
+
+const SENT: Describe = Describe::new(
+    "radixgate_sync_messages_sent_total",
+    "Sync messages this replica published to NATS (insert batches and load reports).",
+);
+const RECEIVED: Describe = Describe::new(
+    "radixgate_sync_messages_received_total",
+    "Sync messages received from NATS, own and ignored ones included.",
+);
+const BYTES_SENT: Describe = Describe::new(
+    "radixgate_sync_bytes_sent_total",
+    "Payload bytes of the sync messages published.",
+);
+const BYTES_RECEIVED: Describe = Describe::new(
+    "radixgate_sync_bytes_received_total",
+    "Payload bytes of the sync messages received.",
+);
+const DROPPED: Describe = Describe::new(
+    "radixgate_sync_dropped_total",
+    "Decisions or reports not published, by reason (queue_full, disconnected, publish_error, stopped).",
+);
+const IGNORED: Describe = Describe::new(
+    "radixgate_sync_ignored_total",
+    "Received messages or entries not applied, by reason (malformed, version, foreign_cluster, own, unknown_worker, unknown_model, missing_base).",
+);
+const CONNECTED: Describe = Describe::new(
+    "radixgate_sync_connected",
+    "Whether this replica is connected to NATS (1) or not (0).",
+);
+const LAG: Describe = Describe::seconds(
+    "radixgate_sync_lag_seconds",
+    "Delay from a peer's publishing to this replica applying, of the latest live insert batch.",
+);
+
+/// The sync families of one gateway.
+#[derive(Debug)]
+pub(crate) struct SyncMetrics {
+    sent: Family<(), Counter>,
+    received: Family<(), Counter>,
+    bytes_sent: Family<(), Counter>,
+    bytes_received: Family<(), Counter>,
+    dropped: Family<&'static str, Counter>,
+    ignored: LabelledCounters,
+    connected: OneGauge,
+    lag: OneGauge,
+}
+
+fn add(family: &Family<(), Counter>, n: u64) {
+    family.with(&(), || (), Vec::new, |c| c.increment(n));
+}
+
+impl SyncMetrics {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        let m = Self {
+            sent: metrics.counters(&SENT),
+            received: metrics.counters(&RECEIVED),
+            bytes_sent: metrics.counters(&BYTES_SENT),
+            bytes_received: metrics.counters(&BYTES_RECEIVED),
+            dropped: metrics.counters(&DROPPED),
+            ignored: metrics.labelled_counters(&IGNORED, "reason"),
+            connected: metrics.gauge(&CONNECTED),
+            lag: metrics.gauge(&LAG),
+        };
+        // Exported from the start, so a scrape shows sync is on.
+        m.connected.set(0.0);
+        add(&m.sent, 0);
+        add(&m.received, 0);
+        add(&m.bytes_sent, 0);
+        add(&m.bytes_received, 0);
+        m
+    }
+
+    pub(crate) fn sent(&self, bytes: usize) {
+        add(&self.sent, 1);
+        add(&self.bytes_sent, bytes as u64);
+    }
+
+    pub(crate) fn received(&self, bytes: usize) {
+        add(&self.received, 1);
+        add(&self.bytes_received, bytes as u64);
+    }
+
+    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
+        self.dropped.with(
+            &reason,
+            || reason,
+            || vec![metrics::Label::from_static_parts("reason", reason)],
+            |c| c.increment(n),
+        );
+    }
+
+    pub(crate) fn ignored(&self, reason: &'static str) {
+        self.ignored.increment(reason);
+    }
+
+    pub(crate) fn connected(&self, up: bool) {
+        self.connected.set(if up { 1.0 } else { 0.0 });
+    }
+
+    pub(crate) fn lag(&self, seconds: f64) {
+        self.lag.set(seconds);
+    }
+}

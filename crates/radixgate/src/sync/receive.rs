@@ -1,0 +1,456 @@
+//! The receivers: other replicas' decisions into this router's trees, and
+//! their load reports into [`PeerLoads`].
+//!
+//! Whatever arrives is decoded ([`wire::decode`]); a malformed message, one
+//! of another format version or another cluster, and this process's own
+//! messages are counted by reason and skipped. An entry naming a worker
+//! this router does not know (yet) is counted `unknown_worker` and skipped:
+//! the same prefix is learned again from the next request that routes it,
+//! and keeping entries for workers that may never appear would need a
+//! bound of its own.
+
+use super::dict::{Incoming, Unresolved};
+use super::wire::{self, Body, Header};
+use super::{Identity, SyncMetrics, now_ms};
+use crate::config::SyncConfig;
+use async_nats::Client;
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt as _;
+use radixgate_routing::{Learned, PeerLoad, PeerLoads, Router};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Sending processes whose texts are kept at once; beyond it the one heard
+/// from least recently is forgotten.
+const MAX_SENDERS: usize = 64;
+
+/// Decodes and screens a payload: `None` (counted) unless it is a peer's
+/// message of this cluster.
+fn screen(payload: &[u8], me: &Identity, metrics: &SyncMetrics) -> Option<(Header, Body)> {
+    metrics.received(payload.len());
+    match wire::decode(payload) {
+        Err(err) => {
+            tracing::debug!(error = %err, "replica sync: message ignored");
+            metrics.ignored(err.reason());
+            None
+        }
+        Ok((h, _)) if h.cluster != me.cluster => {
+            metrics.ignored("foreign_cluster");
+            None
+        }
+        Ok((h, _)) if h.instance == me.instance => {
+            metrics.ignored("own");
+            None
+        }
+        Ok(message) => Some(message),
+    }
+}
+
+/// Load reports: core NATS, and a timer that expires silent replicas.
+pub(super) async fn loads(
+    client: Client,
+    me: Identity,
+    config: SyncConfig,
+    router: Router,
+    metrics: Arc<SyncMetrics>,
+    stop: CancellationToken,
+) {
+    let mut peers = PeerLoads::new(Duration::from_millis(config.load_expiry_ms));
+    let mut sub = loop {
+        match client.subscribe(me.subject("load")).await {
+            Ok(sub) => break sub,
+            Err(err) => {
+                tracing::warn!(error = %err, "replica sync: cannot subscribe to load reports; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(config.load_period_ms));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                peers.expire(Instant::now());
+            }
+            message = sub.next() => {
+                let Some(message) = message else { break };
+                let Some((h, Body::Load(loads))) = screen(&message.payload, &me, &metrics) else {
+                    continue;
+                };
+                let loads = loads
+                    .into_iter()
+                    .map(|l| PeerLoad { url: l.url, in_flight: l.in_flight, pending_prefill: l.pending_prefill })
+                    .collect();
+                peers.report(h.instance, h.seq, Instant::now(), loads);
+            }
+        }
+        // Also after a tick: a new worker, or an expired report, shows.
+        peers.apply(router.snapshot().workers());
+    }
+    // Stopping: peers' load no longer counts.
+    PeerLoads::new(Duration::ZERO).apply(router.snapshot().workers());
+}
+
+/// Applies insert batches, keeping each sender's texts for references.
+struct Applier {
+    me: Identity,
+    router: Router,
+    metrics: Arc<SyncMetrics>,
+    senders: HashMap<u64, (Incoming, Instant, u64)>,
+    held: Held,
+}
+
+/// Entries for a worker this replica does not know yet, retried until it
+/// does or `hold` has passed. A starting replica replays the stream before
+/// its first health checks admit its workers, and a peer may discover a
+/// new pod a moment before this replica does: without holding, both would
+/// lose what the cluster learned about those workers.
+struct Held {
+    entries: VecDeque<HeldEntry>,
+    bytes: usize,
+    hold: Duration,
+}
+
+struct HeldEntry {
+    since: Instant,
+    model: String,
+    url: String,
+    text: Arc<str>,
+}
+
+impl Held {
+    /// Keeps an entry for a worker not known yet; over the byte budget the
+    /// oldest are given up.
+    fn push(&mut self, model: String, url: String, text: Arc<str>, metrics: &SyncMetrics) {
+        let size = model.len() + url.len() + text.len();
+        while self.bytes + size > HELD_BYTES {
+            let Some(old) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= old.model.len() + old.url.len() + old.text.len();
+            metrics.ignored("unknown_worker");
+        }
+        if size > HELD_BYTES {
+            metrics.ignored("unknown_worker");
+            return;
+        }
+        self.bytes += size;
+        self.entries.push_back(HeldEntry {
+            since: Instant::now(),
+            model,
+            url,
+            text,
+        });
+    }
+}
+
+/// The most text held for unknown workers; the oldest goes first.
+const HELD_BYTES: usize = 16 << 20;
+
+/// How often held entries are retried.
+const HELD_RETRY: Duration = Duration::from_millis(250);
+
+/// The largest reference window a sender may claim (the configuration's
+/// bound): a forged batch cannot make this replica keep more.
+const MAX_WINDOW: u64 = crate::config::MAX_REFERENCE_WINDOW_BYTES as u64;
+
+impl Applier {
+    /// Applies one payload; `live` says whether to record its lag.
+    fn apply(&mut self, payload: &[u8], live: bool) {
+        let Some((h, Body::Inserts(batch))) = screen(payload, &self.me, &self.metrics) else {
+            return;
+        };
+        if self.senders.len() >= MAX_SENDERS && !self.senders.contains_key(&h.instance) {
+            let oldest = self
+                .senders
+                .iter()
+                .min_by_key(|(_, (_, at, _))| *at)
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.senders.remove(&k);
+            }
+        }
+        // Twice the *sender's* window: its references reach that far back,
+        // whatever this replica's own setting is.
+        let keep = 2 * batch.window.min(MAX_WINDOW) as usize;
+        let (texts, heard, next) = self
+            .senders
+            .entry(h.instance)
+            .or_insert_with(|| (Incoming::new(keep), Instant::now(), 0));
+        texts.set_keep(keep);
+        *heard = Instant::now();
+        for (i, entry) in batch.entries.into_iter().enumerate() {
+            let id = batch.first_entry.saturating_add(i as u64);
+            if id < *next {
+                // Delivered again (a consumer resumed): applied already.
+                continue;
+            }
+            *next = id + 1;
+            let text = match texts.resolve(id, entry.base, &entry.suffix) {
+                Ok(text) => text,
+                Err(Unresolved::MissingBase) => {
+                    self.metrics.ignored("missing_base");
+                    continue;
+                }
+                Err(Unresolved::Malformed) => {
+                    self.metrics.ignored("malformed");
+                    continue;
+                }
+            };
+            match self.router.learn(&entry.model, &entry.url, &text) {
+                Learned::Inserted | Learned::NoTrees => {}
+                Learned::UnknownWorker => {
+                    self.held.push(entry.model, entry.url, text, &self.metrics)
+                }
+                Learned::UnknownModel => self.metrics.ignored("unknown_model"),
+            }
+        }
+        if live {
+            let lag_ms = now_ms().saturating_sub(h.sent_ms);
+            self.metrics.lag(lag_ms as f64 / 1000.0);
+        }
+    }
+
+    /// Applies the held entries whose workers are known now, in the order
+    /// they came; gives up those held longer than `hold`.
+    fn retry_held(&mut self) {
+        if self.held.entries.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let hold = self.held.hold;
+        let mut kept = VecDeque::with_capacity(self.held.entries.len());
+        let mut bytes = 0;
+        for e in self.held.entries.drain(..) {
+            match self.router.learn(&e.model, &e.url, &e.text) {
+                Learned::Inserted | Learned::NoTrees => {}
+                Learned::UnknownModel => self.metrics.ignored("unknown_model"),
+                Learned::UnknownWorker if now.duration_since(e.since) >= hold => {
+                    self.metrics.ignored("unknown_worker")
+                }
+                Learned::UnknownWorker => {
+                    bytes += e.model.len() + e.url.len() + e.text.len();
+                    kept.push_back(e);
+                }
+            }
+        }
+        self.held.entries = kept;
+        self.held.bytes = bytes;
+    }
+}
+
+/// Where inserts come from.
+enum Source {
+    /// The JetStream stream, replayed from its oldest message.
+    Stream(Box<consumer::pull::Ordered>, u64),
+    /// Core NATS: live only.
+    Core(async_nats::Subscriber),
+}
+
+/// Sets up the stream (or finds JetStream missing and falls back to core
+/// NATS) and a consumer starting after stream sequence `after`; retried by
+/// the caller while NATS cannot be reached.
+async fn source(
+    client: &Client,
+    me: &Identity,
+    config: &SyncConfig,
+    after: u64,
+) -> Result<Source, String> {
+    let js = jetstream::new(client.clone());
+    let subject = me.subject("inserts");
+    let created = js
+        .get_or_create_stream(stream::Config {
+            name: me.stream(),
+            subjects: vec![subject.clone()],
+            max_age: Duration::from_secs(config.history_secs),
+            max_bytes: i64::try_from(config.history_bytes).unwrap_or(i64::MAX),
+            discard: stream::DiscardPolicy::Old,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await;
+    let mut stream = match created {
+        Ok(stream) => stream,
+        Err(err)
+            if err.kind() == jetstream::context::CreateStreamErrorKind::JetStreamUnavailable =>
+        {
+            tracing::warn!(
+                "replica sync: JetStream is not available on the NATS server; no warm start, live sync over core NATS only"
+            );
+            let sub = client
+                .subscribe(subject)
+                .await
+                .map_err(|e| format!("cannot subscribe: {e}"))?;
+            return Ok(Source::Core(sub));
+        }
+        Err(err) => return Err(format!("cannot set up the stream: {err}")),
+    };
+    let last = stream
+        .info()
+        .await
+        .map_err(|e| format!("cannot read the stream's state: {e}"))?
+        .state
+        .last_sequence;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subject,
+            // From the oldest message; after a reconnect, from the one after
+            // the last applied, unless the stream is not the one it was (a
+            // server that lost its store starts counting again).
+            deliver_policy: match after {
+                0 => consumer::DeliverPolicy::All,
+                seen if last < seen => consumer::DeliverPolicy::All,
+                seen => consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: seen + 1,
+                },
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create the consumer: {e}"))?;
+    let messages = consumer
+        .messages()
+        .await
+        .map_err(|e| format!("cannot read the stream: {e}"))?;
+    Ok(Source::Stream(Box::new(messages), last))
+}
+
+/// Insert batches: replay then live from the stream, or live from core
+/// NATS. Marks `ready` once the replay reached the stream's end as it was
+/// at the start, or the warm-up wait ran out.
+pub(super) async fn inserts(
+    client: Client,
+    me: Identity,
+    config: SyncConfig,
+    router: Router,
+    metrics: Arc<SyncMetrics>,
+    ready: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
+    let warmup = Duration::from_secs(config.warmup_timeout_secs);
+    let started = Instant::now();
+    {
+        let ready = ready.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(warmup) => {
+                    if !ready.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(
+                            waited_secs = warmup.as_secs(),
+                            "replica sync: warm start did not finish in time; ready with what was learned so far"
+                        );
+                    }
+                }
+            }
+        });
+    }
+    let mut applier = Applier {
+        me: me.clone(),
+        router,
+        metrics,
+        senders: HashMap::new(),
+        held: Held {
+            entries: VecDeque::new(),
+            bytes: 0,
+            // As long as a starting replica waits for its warm start: its
+            // workers are admitted well within it.
+            hold: warmup.max(Duration::from_secs(1)),
+        },
+    };
+    let mut retry = tokio::time::interval(HELD_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut backoff = Duration::from_millis(100);
+    // The last stream sequence applied: a new consumer starts after it.
+    let mut last_seen = 0u64;
+    loop {
+        let src = tokio::select! {
+            _ = stop.cancelled() => return,
+            src = source(&client, &me, &config, last_seen) => src,
+        };
+        let src = match src {
+            Ok(src) => src,
+            Err(err) => {
+                tracing::warn!(error = %err, "replica sync: inserts not received yet; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        match src {
+            Source::Core(mut sub) => {
+                ready.store(true, Ordering::Release);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = retry.tick() => applier.retry_held(),
+                        m = sub.next() => match m {
+                            Some(m) => applier.apply(&m.payload, true),
+                            None => break,
+                        },
+                    }
+                }
+            }
+            Source::Stream(mut messages, last) => {
+                if last == 0 && !ready.swap(true, Ordering::AcqRel) {
+                    tracing::info!("replica sync: no history to replay; ready");
+                }
+                loop {
+                    let m = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = retry.tick() => {
+                            applier.retry_held();
+                            continue;
+                        }
+                        m = messages.next() => m,
+                    };
+                    let m = match m {
+                        Some(Ok(m)) => m,
+                        Some(Err(err)) => {
+                            // A restarted server forgot the consumer; the
+                            // ordered consumer does not always recover, so
+                            // a new one resumes after the last message.
+                            tracing::warn!(error = %err, "replica sync: stream read failed; resuming with a new consumer");
+                            tokio::select! {
+                                _ = stop.cancelled() => return,
+                                _ = tokio::time::sleep(backoff) => {}
+                            }
+                            break;
+                        }
+                        None => break,
+                    };
+                    let (seq, pending) = m
+                        .info()
+                        .map(|i| (i.stream_sequence, i.pending))
+                        .unwrap_or((u64::MAX, 0));
+                    last_seen = last_seen.max(seq);
+                    let live = ready.load(Ordering::Acquire);
+                    applier.apply(&m.payload, live);
+                    if !live && (seq >= last || pending == 0) {
+                        ready.store(true, Ordering::Release);
+                        tracing::info!(
+                            replayed_to = seq,
+                            took_ms = started.elapsed().as_millis() as u64,
+                            "replica sync: warm start done; ready"
+                        );
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            resume_after = last_seen,
+            "replica sync: insert feed ended; setting it up again"
+        );
+    }
+}

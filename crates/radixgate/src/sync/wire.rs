@@ -1,0 +1,380 @@
+//! The sync messages' bytes: encoding and a decoder that never panics.
+//!
+//! Every message is one NATS payload:
+//!
+//! ```text
+//! "RG" version:u8 kind:u8 flags:u8
+//! cluster:str replica:str instance:u64le seq:var sent_ms:var
+//! body
+//! ```
+//!
+//! `var` is an unsigned LEB128 integer, `str`/`bytes` a `var` length then
+//! that many bytes. `kind` 1 is a batch of inserts, 2 a load report;
+//! `flags` must be 0 in version 1. `instance` is random per process: it
+//! tells a replica's own messages apart (even a restarted one under the same
+//! `replica` name), and keys the reference dictionary below.
+//!
+//! Inserts body: a string table (`n:var`, then `n` strs: the batch's models
+//! and worker URLs, each once), `window:var` (the sender's reference
+//! window, so a receiver keeps enough of its texts), `first_entry:var`,
+//! `count:var`, then per
+//! entry `model:var url:var back:var [base_len:var] suffix:bytes`. Entries
+//! are numbered `first_entry + i`. `back` 0: the entry's text is `suffix`.
+//! Otherwise the text is the first `base_len` bytes of the text of entry
+//! `id - back` from the same instance, then `suffix`: long prompts repeat
+//! what the same replica sent moments before (a conversation's earlier
+//! turns, a shared system prompt), and the receiver keeps those texts (see
+//! [`super::dict`]).
+//!
+//! Load body: `count:var`, then per worker `url:str in_flight:var
+//! pending_prefill:var`; a report lists every worker the replica has load
+//! on, so it replaces the previous one whole.
+//!
+//! Limits checked while decoding: a payload over [`MAX_MESSAGE`], a count
+//! larger than the bytes left could hold, an index outside the string
+//! table, text that is not UTF-8, trailing bytes: all are
+//! [`WireError`]s, counted by the receiver as malformed.
+
+use std::fmt;
+
+/// The first bytes of every message.
+const MAGIC: &[u8; 2] = b"RG";
+/// The format version this build writes and reads.
+pub(crate) const VERSION: u8 = 1;
+const KIND_INSERTS: u8 = 1;
+const KIND_LOAD: u8 = 2;
+/// The largest payload decoded (NATS's own default limit is 1 MiB).
+pub(crate) const MAX_MESSAGE: usize = 8 << 20;
+
+/// Who sent a message, and when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// The sync cluster name.
+    pub(crate) cluster: String,
+    /// The replica's name (`--sync-replica-id`, or random).
+    pub(crate) replica: String,
+    /// Random per process.
+    pub(crate) instance: u64,
+    /// Per instance and kind, up by one per message.
+    pub(crate) seq: u64,
+    /// Wall-clock milliseconds since the Unix epoch at publishing.
+    pub(crate) sent_ms: u64,
+}
+
+/// One routed text, as sent: maybe a reference into an earlier entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WireEntry {
+    pub(crate) model: String,
+    pub(crate) url: String,
+    /// `(entries back, bytes of that entry's text)`, or `None`.
+    pub(crate) base: Option<(u64, u64)>,
+    /// The text after the base's bytes (all of it without a base).
+    pub(crate) suffix: Vec<u8>,
+}
+
+/// A batch of inserts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Inserts {
+    /// The sender's `reference_window_bytes`: references point at most this
+    /// many bytes of texts back.
+    pub(crate) window: u64,
+    pub(crate) first_entry: u64,
+    pub(crate) entries: Vec<WireEntry>,
+}
+
+/// One worker's load in a report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WorkerLoad {
+    pub(crate) url: String,
+    pub(crate) in_flight: u32,
+    pub(crate) pending_prefill: u64,
+}
+
+/// A decoded message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Body {
+    Inserts(Inserts),
+    Load(Vec<WorkerLoad>),
+}
+
+/// Why a payload was not decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum WireError {
+    /// Not a radixgate message, or cut short, or inconsistent.
+    Malformed(&'static str),
+    /// A radixgate message of another format version.
+    Version(u8),
+}
+
+impl WireError {
+    /// The `reason` label it is counted under.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Self::Malformed(_) => "malformed",
+            Self::Version(_) => "version",
+        }
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Malformed(what) => write!(f, "malformed sync message: {what}"),
+            Self::Version(v) => write!(
+                f,
+                "sync message of format version {v}, this build reads {VERSION}"
+            ),
+        }
+    }
+}
+
+fn put_var(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_var(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_header(out: &mut Vec<u8>, kind: u8, h: &Header) {
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&[VERSION, kind, 0]);
+    put_bytes(out, h.cluster.as_bytes());
+    put_bytes(out, h.replica.as_bytes());
+    out.extend_from_slice(&h.instance.to_le_bytes());
+    put_var(out, h.seq);
+    put_var(out, h.sent_ms);
+}
+
+/// The place of `s` in the batch's string table, added if new.
+fn table_index<'a>(table: &mut Vec<&'a str>, s: &'a str) -> u64 {
+    match table.iter().position(|t| *t == s) {
+        Some(i) => i as u64,
+        None => {
+            table.push(s);
+            (table.len() - 1) as u64
+        }
+    }
+}
+
+/// Encodes a batch of inserts.
+pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
+    let mut table: Vec<&str> = Vec::new();
+    let mut refs = Vec::with_capacity(batch.entries.len());
+    for e in &batch.entries {
+        let m = table_index(&mut table, e.model.as_str());
+        let u = table_index(&mut table, e.url.as_str());
+        refs.push((m, u));
+    }
+    let mut out = Vec::with_capacity(
+        64 + batch
+            .entries
+            .iter()
+            .map(|e| e.suffix.len() + 8)
+            .sum::<usize>(),
+    );
+    put_header(&mut out, KIND_INSERTS, h);
+    put_var(&mut out, table.len() as u64);
+    for s in &table {
+        put_bytes(&mut out, s.as_bytes());
+    }
+    put_var(&mut out, batch.window);
+    put_var(&mut out, batch.first_entry);
+    put_var(&mut out, batch.entries.len() as u64);
+    for (e, (m, u)) in batch.entries.iter().zip(refs) {
+        put_var(&mut out, m);
+        put_var(&mut out, u);
+        match e.base {
+            Some((back, len)) => {
+                put_var(&mut out, back.max(1));
+                put_var(&mut out, len);
+            }
+            None => put_var(&mut out, 0),
+        }
+        put_bytes(&mut out, &e.suffix);
+    }
+    out
+}
+
+/// Encodes a load report.
+pub(crate) fn encode_load(h: &Header, loads: &[WorkerLoad]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48 + loads.len() * 40);
+    put_header(&mut out, KIND_LOAD, h);
+    put_var(&mut out, loads.len() as u64);
+    for l in loads {
+        put_bytes(&mut out, l.url.as_bytes());
+        put_var(&mut out, u64::from(l.in_flight));
+        put_var(&mut out, l.pending_prefill);
+    }
+    out
+}
+
+/// A cursor over a payload; every read checks the bytes left.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        if n > self.rest.len() {
+            return Err(WireError::Malformed(what));
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+
+    fn var(&mut self, what: &'static str) -> Result<u64, WireError> {
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let [byte] = self.take(1, what)? else {
+                return Err(WireError::Malformed(what));
+            };
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(WireError::Malformed(what));
+            }
+            v |= bits << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(WireError::Malformed(what))
+    }
+
+    /// A count of items each at least `min_bytes` long: never more than the
+    /// bytes left could hold, so a forged count cannot reserve memory.
+    fn count(&mut self, min_bytes: usize, what: &'static str) -> Result<usize, WireError> {
+        let n = self.var(what)?;
+        if n > (self.rest.len() / min_bytes.max(1)) as u64 {
+            return Err(WireError::Malformed(what));
+        }
+        Ok(n as usize)
+    }
+
+    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], WireError> {
+        let n = self.var(what)?;
+        let n = usize::try_from(n).map_err(|_| WireError::Malformed(what))?;
+        self.take(n, what)
+    }
+
+    fn str(&mut self, what: &'static str) -> Result<&'a str, WireError> {
+        std::str::from_utf8(self.bytes(what)?).map_err(|_| WireError::Malformed(what))
+    }
+}
+
+/// Decodes a payload.
+pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
+    if payload.len() > MAX_MESSAGE {
+        return Err(WireError::Malformed("larger than the largest message"));
+    }
+    let mut r = Reader { rest: payload };
+    if r.take(2, "magic")? != MAGIC {
+        return Err(WireError::Malformed("not a radixgate sync message"));
+    }
+    let [version, kind, flags] = r.take(3, "header")? else {
+        return Err(WireError::Malformed("header"));
+    };
+    let (version, kind, flags) = (*version, *kind, *flags);
+    if version != VERSION {
+        return Err(WireError::Version(version));
+    }
+    if flags != 0 {
+        return Err(WireError::Malformed("unknown flags"));
+    }
+    let cluster = r.str("cluster")?.to_owned();
+    let replica = r.str("replica")?.to_owned();
+    let instance = r.take(8, "instance")?;
+    let instance = u64::from_le_bytes(
+        instance
+            .try_into()
+            .map_err(|_| WireError::Malformed("instance"))?,
+    );
+    let seq = r.var("seq")?;
+    let sent_ms = r.var("sent time")?;
+    let header = Header {
+        cluster,
+        replica,
+        instance,
+        seq,
+        sent_ms,
+    };
+    let body = match kind {
+        KIND_INSERTS => Body::Inserts(decode_inserts(&mut r)?),
+        KIND_LOAD => Body::Load(decode_load(&mut r)?),
+        _ => return Err(WireError::Malformed("unknown kind")),
+    };
+    if !r.rest.is_empty() {
+        return Err(WireError::Malformed("trailing bytes"));
+    }
+    Ok((header, body))
+}
+
+fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
+    let n = r.count(1, "string table")?;
+    let mut table = Vec::with_capacity(n);
+    for _ in 0..n {
+        table.push(r.str("string")?);
+    }
+    let window = r.var("window")?;
+    let first_entry = r.var("first entry")?;
+    let count = r.count(4, "entry count")?;
+    let mut entries = Vec::with_capacity(count);
+    let lookup = |i: u64| -> Result<&str, WireError> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| table.get(i).copied())
+            .ok_or(WireError::Malformed("string index"))
+    };
+    for _ in 0..count {
+        let model = lookup(r.var("model")?)?.to_owned();
+        let url = lookup(r.var("url")?)?.to_owned();
+        let back = r.var("base")?;
+        let base = match back {
+            0 => None,
+            back => Some((back, r.var("base length")?)),
+        };
+        let suffix = r.bytes("text")?.to_vec();
+        entries.push(WireEntry {
+            model,
+            url,
+            base,
+            suffix,
+        });
+    }
+    Ok(Inserts {
+        window,
+        first_entry,
+        entries,
+    })
+}
+
+fn decode_load(r: &mut Reader<'_>) -> Result<Vec<WorkerLoad>, WireError> {
+    let count = r.count(3, "worker count")?;
+    let mut loads = Vec::with_capacity(count);
+    for _ in 0..count {
+        let url = r.str("url")?.to_owned();
+        let in_flight =
+            u32::try_from(r.var("in flight")?).map_err(|_| WireError::Malformed("in flight"))?;
+        let pending_prefill = r.var("pending prefill")?;
+        loads.push(WorkerLoad {
+            url,
+            in_flight,
+            pending_prefill,
+        });
+    }
+    Ok(loads)
+}
+
+#[cfg(test)]
+#[path = "wire_tests.rs"]
+mod tests;

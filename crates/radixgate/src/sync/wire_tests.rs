@@ -1,0 +1,198 @@
+use super::*;
+use proptest::prelude::*;
+
+fn header() -> Header {
+    Header {
+        cluster: "prod".into(),
+        replica: "r-1".into(),
+        instance: 0xdead_beef_0123_4567,
+        seq: 300,
+        sent_ms: 1_700_000_000_123,
+    }
+}
+
+fn entry(model: &str, url: &str, base: Option<(u64, u64)>, suffix: &str) -> WireEntry {
+    WireEntry {
+        model: model.into(),
+        url: url.into(),
+        base,
+        suffix: suffix.as_bytes().to_vec(),
+    }
+}
+
+fn sample() -> Inserts {
+    Inserts {
+        window: 8 << 20,
+        first_entry: 41,
+        entries: vec![
+            entry("m", "http://10.0.0.1:30000", None, "<user>hello"),
+            entry("m", "http://10.0.0.2:30000", Some((1, 6)), "bye"),
+            entry("*", "http://10.0.0.1:30000", None, "日本語"),
+        ],
+    }
+}
+
+#[test]
+fn inserts_and_loads_round_trip() {
+    let bytes = encode_inserts(&header(), &sample());
+    assert_eq!(decode(&bytes).unwrap(), (header(), Body::Inserts(sample())));
+    let loads = vec![WorkerLoad {
+        url: "http://a:1".into(),
+        in_flight: u32::MAX,
+        pending_prefill: u64::MAX,
+    }];
+    let bytes = encode_load(&header(), &loads);
+    assert_eq!(decode(&bytes).unwrap(), (header(), Body::Load(loads)));
+}
+
+#[test]
+fn urls_and_models_are_sent_once_per_batch() {
+    let one = Inserts {
+        window: 0,
+        first_entry: 0,
+        entries: vec![entry("m", "http://10.0.0.1:30000", None, "x")],
+    };
+    let mut many = one.clone();
+    many.entries = vec![one.entries[0].clone(); 10];
+    let (a, b) = (
+        encode_inserts(&header(), &one).len(),
+        encode_inserts(&header(), &many).len(),
+    );
+    // Each further entry: model and url indexes, no base, a 1-byte text.
+    assert_eq!(b - a, 9 * 5);
+}
+
+#[test]
+fn wrong_magic_version_kind_and_flags_are_refused() {
+    let good = encode_inserts(&header(), &sample());
+    let mut bad = good.clone();
+    bad[0] = b'X';
+    assert_eq!(decode(&bad).unwrap_err().reason(), "malformed");
+    let mut v2 = good.clone();
+    v2[2] = 2;
+    assert_eq!(decode(&v2).unwrap_err(), WireError::Version(2));
+    let mut kind = good.clone();
+    kind[3] = 9;
+    assert_eq!(
+        decode(&kind).unwrap_err(),
+        WireError::Malformed("unknown kind")
+    );
+    let mut flags = good.clone();
+    flags[4] = 1;
+    assert!(decode(&flags).is_err());
+    let mut trailing = good;
+    trailing.push(0);
+    assert_eq!(
+        decode(&trailing).unwrap_err(),
+        WireError::Malformed("trailing bytes")
+    );
+}
+
+#[test]
+fn every_truncation_is_an_error_not_a_panic() {
+    let good = encode_inserts(&header(), &sample());
+    for cut in 0..good.len() {
+        assert!(decode(&good[..cut]).is_err(), "cut at {cut}");
+    }
+    let load = encode_load(
+        &header(),
+        &[WorkerLoad {
+            url: "http://a:1".into(),
+            in_flight: 3,
+            pending_prefill: 9,
+        }],
+    );
+    for cut in 0..load.len() {
+        assert!(decode(&load[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn huge_counts_and_lengths_are_refused_without_allocating() {
+    let mut h = Vec::new();
+    put_header(&mut h, KIND_INSERTS, &header());
+    let mut big_table = h.clone();
+    put_var(&mut big_table, u64::MAX);
+    assert_eq!(
+        decode(&big_table).unwrap_err(),
+        WireError::Malformed("string table")
+    );
+    let mut big_string = h.clone();
+    put_var(&mut big_string, 1);
+    put_var(&mut big_string, 1 << 40);
+    assert!(decode(&big_string).is_err());
+    let mut big_entries = h.clone();
+    put_var(&mut big_entries, 0); // string table
+    put_var(&mut big_entries, 0); // window
+    put_var(&mut big_entries, 0); // first entry
+    put_var(&mut big_entries, 1 << 30);
+    assert_eq!(
+        decode(&big_entries).unwrap_err(),
+        WireError::Malformed("entry count")
+    );
+    let mut overlong_var = h;
+    overlong_var.extend_from_slice(&[0xff; 11]);
+    assert!(decode(&overlong_var).is_err());
+    assert!(decode(&vec![0u8; MAX_MESSAGE + 1]).is_err());
+}
+
+#[test]
+fn bad_indexes_and_bad_utf8_are_refused() {
+    let mut h = Vec::new();
+    put_header(&mut h, KIND_INSERTS, &header());
+    let mut index = h.clone();
+    put_var(&mut index, 1);
+    put_bytes(&mut index, b"m");
+    put_var(&mut index, 0); // window
+    put_var(&mut index, 0); // first entry
+    put_var(&mut index, 1);
+    put_var(&mut index, 0);
+    put_var(&mut index, 5); // url index outside the table
+    put_var(&mut index, 0);
+    put_bytes(&mut index, b"text");
+    assert_eq!(
+        decode(&index).unwrap_err(),
+        WireError::Malformed("string index")
+    );
+    let mut utf8 = h;
+    put_var(&mut utf8, 1);
+    put_bytes(&mut utf8, &[0xff, 0xfe]);
+    assert_eq!(decode(&utf8).unwrap_err(), WireError::Malformed("string"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any bytes at all: an answer, never a panic.
+    #[test]
+    fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode(&bytes);
+    }
+
+    /// A valid message with bytes flipped: an answer, never a panic.
+    #[test]
+    fn mutations_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+        let mut bytes = encode_inserts(&header(), &sample());
+        for (at, b) in flips {
+            let i = at % bytes.len();
+            bytes[i] = b;
+        }
+        let _ = decode(&bytes);
+    }
+
+    /// Whatever the texts and numbers, what is encoded decodes the same.
+    #[test]
+    fn round_trips(texts in proptest::collection::vec(".{0,40}", 0..6), first in any::<u64>(), back in 0u64..1000, len in any::<u64>()) {
+        let batch = Inserts {
+            window: len / 3,
+            first_entry: first,
+            entries: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| entry(&format!("m{}", i % 2), "http://a:1", (back > 0).then_some((back, len)), t))
+                .collect(),
+        };
+        let bytes = encode_inserts(&header(), &batch);
+        prop_assert_eq!(decode(&bytes).unwrap(), (header(), Body::Inserts(batch)));
+    }
+}

@@ -1,0 +1,555 @@
+//! Router replicas sharing state over a real `nats-server` started by the
+//! tests (loopback, JetStream, its own store), with real simulated workers
+//! and in-process gateways.
+
+mod common;
+mod sync_support;
+
+use common::*;
+use radixgate::config::Config;
+use radixgate_sim::server::FaultConfig;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use sync_support::{Nats, temp_dir, tls_files};
+
+fn replica_config(nats: &[String], workers: &[&str]) -> Config {
+    let mut c = config(workers);
+    c.sync.urls = nats.to_vec();
+    c.sync.batch_ms = 5;
+    c.sync.warmup_timeout_secs = 60;
+    c
+}
+
+/// A prompt long enough that a repeat of it is a clear cache hit.
+fn prompt(tag: &str) -> String {
+    format!(
+        "{tag}: {}",
+        "please summarise the attached quarterly report. ".repeat(12)
+    )
+}
+
+/// Sends one chat request; returns the worker that served it and the
+/// decision's branch.
+async fn ask(gateway: &str, text: &str) -> (String, String) {
+    let r = client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&chat(text, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{text}");
+    let worker = r.headers()["x-radixgate-worker"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let decision = r.headers()["x-radixgate-decision"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    r.bytes().await.unwrap();
+    let branch = decision
+        .split_whitespace()
+        .find_map(|p| p.strip_prefix("branch="))
+        .unwrap_or_default()
+        .to_owned();
+    (worker, branch)
+}
+
+/// The value of one exported series (0 when absent).
+async fn metric(gateway: &str, series: &str) -> f64 {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+async fn readiness(gateway: &str) -> u16 {
+    client()
+        .get(format!("{gateway}/readiness"))
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+async fn wait_ready(gateway: &str) {
+    wait_until("readiness 200", || async {
+        readiness(gateway).await == 200
+    })
+    .await;
+}
+
+async fn wait_connected(gateway: &str) {
+    wait_until("sync connected", || async {
+        metric(gateway, "radixgate_sync_connected").await == 1.0
+    })
+    .await;
+}
+
+/// Three workers; replicas A and B on one NATS.
+async fn two_replicas(nats: &Nats) -> (Vec<SimWorker>, Gateway, Gateway) {
+    let workers = vec![
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    wait_ready(&a.url).await;
+    wait_ready(&b.url).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    (workers, a, b)
+}
+
+/// Messages `gateway` received from others, whole ones (not its own, not
+/// refused ones).
+async fn received_from_peers(gateway: &str) -> f64 {
+    let mut n = metric(gateway, "radixgate_sync_messages_received_total").await;
+    for reason in ["own", "malformed", "version", "foreign_cluster"] {
+        n -= metric(
+            gateway,
+            &format!("radixgate_sync_ignored_total{{reason=\"{reason}\"}}"),
+        )
+        .await;
+    }
+    n
+}
+
+/// Asks `from` to route `text`, then waits until `to` received every
+/// message `from` published since: asking `to` to route is no way to wait,
+/// since each ask inserts into its own tree, and two replicas fed the same
+/// prompts tend to make the same choices on their own.
+async fn ask_and_wait(from: &str, to: &str, text: &str) -> String {
+    let sent = || metric(from, "radixgate_sync_messages_sent_total");
+    let (sent0, received0) = (sent().await, received_from_peers(to).await);
+    let (worker, _) = ask(from, text).await;
+    // The batch goes out within `batch_ms` (5).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let published = sent().await - sent0;
+    assert!(published >= 1.0, "{from} published nothing");
+    wait_until(&format!("{to} received what {from} sent"), || async {
+        received_from_peers(to).await - received0 >= published
+    })
+    .await;
+    // Received is counted just before the batch is applied.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    worker
+}
+
+/// Routes `n` fresh prompts through `from`, then checks `to` sends each to
+/// the same worker as a cache hit, at its first ask.
+async fn assert_propagates(from: &str, to: &str, tag: &str, n: usize) {
+    for i in 0..n {
+        let text = prompt(&format!("{tag} {i}"));
+        let worker = ask_and_wait(from, to, &text).await;
+        let (w, branch) = ask(to, &text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "{to} did not learn {tag} {i}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserts_propagate_between_replicas() {
+    let nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+    // Each prompt lands on some worker at A; B sends its repeat there too.
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..6 {
+        let text = prompt(&format!("conversation {i}"));
+        let at_a = ask_and_wait(&a.url, &b.url, &text).await;
+        seen.insert(at_a.clone());
+        let (at_b, branch) = ask(&b.url, &format!("{text} and a follow-up")).await;
+        assert_eq!(
+            (at_b.as_str(), branch.as_str()),
+            (at_a.as_str(), "cache_hit"),
+            "B routes A's prefix to A's worker"
+        );
+    }
+    assert!(seen.len() > 1, "the prompts spread over workers: {seen:?}");
+    assert_propagates(&b.url, &a.url, "from b", 3).await;
+    assert!(metric(&a.url, "radixgate_sync_messages_sent_total").await > 0.0);
+    assert!(metric(&b.url, "radixgate_sync_bytes_received_total").await > 0.0);
+    assert!(
+        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await > 0.0,
+        "own messages come back and are skipped"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_propagates_and_b_avoids_what_a_loaded() {
+    let nats = Nats::start(&[]);
+    let slow = sim_worker(fast_worker()).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 4_000,
+        ..FaultConfig::default()
+    });
+    let other = sim_worker(fast_worker()).await;
+    // A knows only the slow worker; B knows both.
+    let a = gateway_ready(replica_config(&[nats.url()], &[&slow.url]), 1).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &[&slow.url, &other.url]), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let mut held = Vec::new();
+    for i in 0..100 {
+        let url = a.url.clone();
+        held.push(tokio::spawn(async move {
+            ask(&url, &prompt(&format!("held {i}"))).await
+        }));
+    }
+    wait_until("A holds 100 requests", || async {
+        total_load(&a.url).await == 100
+    })
+    .await;
+    // B's own load is zero on both: only A's reports can make it avoid `slow`.
+    for i in 0..10 {
+        let (w, branch) = ask(&b.url, &prompt(&format!("fresh {i}"))).await;
+        assert_eq!(
+            w, other.url,
+            "request {i} went to the worker A loaded ({branch})"
+        );
+        assert_eq!(branch, "imbalanced");
+    }
+    for h in held {
+        h.await.unwrap();
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_replica_warms_up_before_it_is_ready() {
+    let mut nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    let mut routed = Vec::new();
+    for i in 0..8 {
+        let text = prompt(&format!("history {i}"));
+        routed.push((ask(&a.url, &text).await.0, text));
+    }
+    // Let A's last batch reach the stream, then take NATS away: the late
+    // replica starts while it cannot replay anything.
+    wait_until("A published its decisions", || async {
+        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    nats.kill();
+    let b = gateway(replica_config(&[nats.url()], &urls)).await;
+    wait_for_healthy(&b.url, 3).await;
+    assert_eq!(readiness(&b.url).await, 503, "warming up");
+    nats.restart();
+    wait_ready(&b.url).await;
+    for (worker, text) in &routed {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!((&w, branch.as_str()), (worker, "cache_hit"), "{text}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history() {
+    // NATS stays up, so the late replica replays the stream at once. One
+    // worker is down as it starts: the entries for it wait until it is
+    // back and admitted, rather than being dropped as unknown.
+    let nats = Nats::start(&[]);
+    let mut workers = vec![
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<String> = workers.iter().map(|w| w.url.clone()).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    let mut routed = Vec::new();
+    for i in 0..12 {
+        let text = prompt(&format!("before admission {i}"));
+        routed.push((ask(&a.url, &text).await.0, text));
+    }
+    let late = urls[2];
+    assert!(
+        routed.iter().any(|(w, _)| w == late),
+        "no decision for the third worker: {routed:?}"
+    );
+    wait_until("A published its decisions", || async {
+        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let addr: std::net::SocketAddr = late.trim_start_matches("http://").parse().unwrap();
+    let down = workers.pop().unwrap();
+    down.stop.cancel();
+    down.handle.join().await;
+    let b = gateway(replica_config(&[nats.url()], &urls)).await;
+    wait_for_healthy(&b.url, 2).await;
+    wait_ready(&b.url).await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    workers.push(sim_worker_on(listener, fast_worker()).await);
+    wait_for_healthy(&b.url, 3).await;
+    // Held entries are retried every 250 ms.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for (worker, text) in &routed {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!((&w, branch.as_str()), (worker, "cache_hit"), "{text}");
+    }
+    assert_eq!(
+        metric(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"unknown_worker\"}"
+        )
+        .await,
+        0.0
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_stops_waiting_after_the_warmup_timeout() {
+    let mut nats = Nats::start(&[]);
+    let w = sim_worker(fast_worker()).await;
+    nats.kill();
+    let mut c = replica_config(&[nats.url()], &[&w.url]);
+    c.sync.warmup_timeout_secs = 1;
+    let b = gateway(c).await;
+    wait_for_healthy(&b.url, 1).await;
+    assert_eq!(readiness(&b.url).await, 503);
+    wait_ready(&b.url).await;
+    // And it routes on local state with NATS down.
+    ask(&b.url, &prompt("no nats")).await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
+    let mut nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for (k, gw) in [a.url.clone(), b.url.clone()].into_iter().enumerate() {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        load.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // `ask` asserts a 200.
+                ask(&gw, &prompt(&format!("steady {k} {i}"))).await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        }));
+    }
+    wait_until("steady traffic", || async {
+        sent.load(Ordering::Relaxed) > 20
+    })
+    .await;
+    nats.kill();
+    wait_until("A sees NATS gone", || async {
+        metric(&a.url, "radixgate_sync_connected").await == 0.0
+    })
+    .await;
+    let before = sent.load(Ordering::Relaxed);
+    wait_until("traffic goes on without NATS", || async {
+        sent.load(Ordering::Relaxed) > before + 20
+    })
+    .await;
+    nats.restart();
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    // Traffic went on through the restart without a failed request.
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.expect("no request failed");
+    }
+    // B's insert feed comes back (a new stream consumer, replaying what it
+    // missed) after its load subscription: wait for a decision of A made
+    // after all that traffic to reach B's tree, then check strictly.
+    let gate = prompt("after restart, first");
+    let (at_a, _) = ask(&a.url, &gate).await;
+    wait_until("B's insert feed resumed", || async {
+        ask(&b.url, &gate).await == (at_a.clone(), "cache_hit".to_owned())
+    })
+    .await;
+    assert_propagates(&a.url, &b.url, "after restart", 3).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_foreign_messages_are_ignored_and_counted() {
+    let nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let inserts = "radixgate.sync.radixgate.inserts";
+    let load = "radixgate.sync.radixgate.load";
+    raw.publish(inserts, "garbage".into()).await.unwrap();
+    raw.publish(load, vec![0xff; 4096].into()).await.unwrap();
+    raw.publish(inserts, b"RG\x07\x01\x00".to_vec().into())
+        .await
+        .unwrap();
+    raw.publish(inserts, b"RG\x01\x01".to_vec().into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("malformed counted", || async {
+        metric(&b.url, "radixgate_sync_ignored_total{reason=\"malformed\"}").await >= 3.0
+            && metric(&b.url, "radixgate_sync_ignored_total{reason=\"version\"}").await >= 1.0
+    })
+    .await;
+    // A well-formed load report naming another cluster, on our subject.
+    let mut foreign = b"RG\x01\x02\x00\x05other\x01x".to_vec();
+    foreign.extend_from_slice(&7u64.to_le_bytes());
+    foreign.extend_from_slice(&[1, 0, 0]);
+    raw.publish(load, foreign.into()).await.unwrap();
+    raw.flush().await.unwrap();
+    wait_until("foreign cluster counted", || async {
+        metric(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"foreign_cluster\"}",
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+    // Both still route and sync.
+    assert_propagates(&a.url, &b.url, "after garbage", 2).await;
+    assert_eq!(readiness(&b.url).await, 200);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_works_and_a_wrong_password_never_connects() {
+    let nats = Nats::start(&["--user", "router", "--pass", "s3cret"]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let dir = temp_dir("creds");
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let with = |password: &str| {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.user = Some("router".into());
+        c.sync.auth.password_file = Some(dir.join(password));
+        c
+    };
+    std::fs::write(dir.join("wrong"), "guess\n").unwrap();
+    let a = gateway_ready(with("password"), 2).await;
+    let b = gateway_ready(with("password"), 2).await;
+    let c = gateway_ready(with("wrong"), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "authenticated", 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(metric(&c.url, "radixgate_sync_connected").await, 0.0);
+    // It still serves, on local state.
+    ask(&c.url, &prompt("unauthenticated replica")).await;
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca_works() {
+    let certs = temp_dir("tls");
+    let (ca, cert, key) = tls_files(&certs);
+    let nats = Nats::start(&[
+        "--tls",
+        "--tlscert",
+        cert.to_str().unwrap(),
+        "--tlskey",
+        key.to_str().unwrap(),
+    ]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let tls_url = format!("tls://127.0.0.1:{}", nats.port);
+    let with_ca = |ca: Option<&std::path::Path>| {
+        let mut c = replica_config(std::slice::from_ref(&tls_url), &urls);
+        c.sync.tls.required = true;
+        c.sync.tls.ca_file = ca.map(|p| p.to_path_buf());
+        c
+    };
+    let a = gateway_ready(with_ca(Some(&ca)), 2).await;
+    let b = gateway_ready(with_ca(Some(&ca)), 2).await;
+    let untrusting = gateway_ready(with_ca(None), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "over tls", 2).await;
+    assert_eq!(
+        metric(&untrusting.url, "radixgate_sync_connected").await,
+        0.0,
+        "a server certificate from an unknown CA is refused"
+    );
+    for g in [a, b, untrusting] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(certs);
+}
+
+/// A replica with prefix references off still resolves the references of a
+/// peer that has them on: what it keeps for a sender follows the sender's
+/// window, not its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_references_off_resolves_a_peers_references() {
+    let nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let mut off = replica_config(&[nats.url()], &urls);
+    off.sync.reference_window_bytes = 0;
+    let a = gateway_ready(off, 2).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let system = "You are a careful assistant for the finance team. ".repeat(12);
+    // B sends the third as a reference to the first, two entries back.
+    let first = format!("{system}<user>first question");
+    ask(&b.url, &first).await;
+    ask(&b.url, &prompt("something unrelated")).await;
+    let third = format!("{system}<user>second question");
+    let (worker, _) = ask(&b.url, &third).await;
+    // A fourth, sent whole: once A learned it, A applied the third too.
+    assert_propagates(&b.url, &a.url, "after the reference", 1).await;
+    assert_eq!(
+        metric(
+            &a.url,
+            "radixgate_sync_ignored_total{reason=\"missing_base\"}"
+        )
+        .await,
+        0.0,
+        "A dropped a reference it should hold"
+    );
+    let (w, branch) = ask(&a.url, &third).await;
+    assert_eq!(
+        (w.as_str(), branch.as_str()),
+        (worker.as_str(), "cache_hit")
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
