@@ -265,10 +265,10 @@ async fn a_late_replica_warms_up_before_it_is_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history() {
     // NATS stays up, so the late replica replays the stream at once. One
-    // worker is down as it starts: the entries for it wait until it is
-    // back and admitted, rather than being dropped as unknown.
+    // worker fails its health checks as it starts: the entries for it wait
+    // until it is admitted, rather than being dropped as unknown.
     let nats = Nats::start(&[]);
-    let mut workers = vec![
+    let workers = [
         sim_worker(fast_worker()).await,
         sim_worker(fast_worker()).await,
         sim_worker(fast_worker()).await,
@@ -294,15 +294,16 @@ async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history()
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let addr: std::net::SocketAddr = late.trim_start_matches("http://").parse().unwrap();
-    let down = workers.pop().unwrap();
-    down.stop.cancel();
-    down.handle.join().await;
+    // The third worker fails its health checks (keeping its cache) while
+    // B starts and replays.
+    workers[2].set_faults(FaultConfig {
+        unhealthy: true,
+        ..FaultConfig::default()
+    });
     let b = gateway(replica_config(&[nats.url()], &urls)).await;
     wait_for_healthy(&b.url, 2).await;
     wait_ready(&b.url).await;
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    workers.push(sim_worker_on(listener, fast_worker()).await);
+    workers[2].set_faults(FaultConfig::default());
     wait_for_healthy(&b.url, 3).await;
     // Held entries are retried every 250 ms.
     tokio::time::sleep(Duration::from_millis(600)).await;
