@@ -43,18 +43,6 @@ fn discovering(api: &FakeApi) -> Config {
     c
 }
 
-async fn workers(gateway: &str) -> Vec<Value> {
-    let list: Value = client()
-        .get(format!("{gateway}/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    list["workers"].as_array().unwrap().clone()
-}
-
 /// The `/workers` entry named `name`, if listed.
 async fn worker_named(gateway: &str, name: &str) -> Option<Value> {
     workers(gateway)

@@ -7,18 +7,6 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-async fn workers(gateway: &str) -> Vec<Value> {
-    let list: Value = client()
-        .get(format!("{gateway}/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    list["workers"].as_array().unwrap().clone()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_workers_drains_a_worker_with_a_stream_in_flight() {
     let mut slow = fast_worker();

@@ -124,29 +124,31 @@ struct HeldEntry {
     text: Arc<str>,
 }
 
+impl HeldEntry {
+    /// What it counts against `HELD_BYTES`.
+    fn size(&self) -> usize {
+        self.model.len() + self.url.len() + self.text.len()
+    }
+}
+
 impl Held {
     /// Keeps an entry for a worker not known yet; over the byte budget the
     /// oldest are given up.
-    fn push(&mut self, model: String, url: String, text: Arc<str>, metrics: &SyncMetrics) {
-        let size = model.len() + url.len() + text.len();
-        while self.bytes + size > HELD_BYTES {
-            let Some(old) = self.entries.pop_front() else {
-                break;
-            };
-            self.bytes -= old.model.len() + old.url.len() + old.text.len();
-            metrics.ignored("unknown_worker");
-        }
+    fn push(&mut self, entry: HeldEntry, metrics: &SyncMetrics) {
+        let size = entry.size();
         if size > HELD_BYTES {
             metrics.ignored("unknown_worker");
             return;
         }
+        while self.bytes + size > HELD_BYTES {
+            let Some(old) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= old.size();
+            metrics.ignored("unknown_worker");
+        }
         self.bytes += size;
-        self.entries.push_back(HeldEntry {
-            since: Instant::now(),
-            model,
-            url,
-            text,
-        });
+        self.entries.push_back(entry);
     }
 }
 
@@ -205,9 +207,15 @@ impl Applier {
             };
             match self.router.learn(&entry.model, &entry.url, &text) {
                 Learned::Inserted | Learned::NoTrees => {}
-                Learned::UnknownWorker => {
-                    self.held.push(entry.model, entry.url, text, &self.metrics)
-                }
+                Learned::UnknownWorker => self.held.push(
+                    HeldEntry {
+                        since: Instant::now(),
+                        model: entry.model,
+                        url: entry.url,
+                        text,
+                    },
+                    &self.metrics,
+                ),
                 Learned::UnknownModel => self.metrics.ignored("unknown_model"),
             }
         }
@@ -235,7 +243,7 @@ impl Applier {
                     self.metrics.ignored("unknown_worker")
                 }
                 Learned::UnknownWorker => {
-                    bytes += e.model.len() + e.url.len() + e.text.len();
+                    bytes += e.size();
                     kept.push_back(e);
                 }
             }

@@ -153,6 +153,19 @@ pub fn chat(text: &str, stream: bool) -> Value {
 }
 
 /// The gateway's `/get_loads` answer.
+/// The entries `/workers` lists.
+pub async fn workers(gateway: &str) -> Vec<Value> {
+    let list: Value = client()
+        .get(format!("{gateway}/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    list["workers"].as_array().unwrap().clone()
+}
+
 pub async fn get_loads(gateway: &str) -> Value {
     client()
         .get(format!("{gateway}/get_loads"))
