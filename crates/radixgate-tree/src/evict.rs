@@ -12,7 +12,9 @@
 //! held child can have time `T`, and any older child would have had an older
 //! valid entry, already evicted. When a whole leaf goes and its parent becomes
 //! a leaf with the same time, the parent is pushed to the front (it is the
-//! new minimum); when an eviction stops inside an edge, the edge is split and
+//! new minimum); a parent that becomes a leaf with a newer time normally has
+//! its own entry (an insert ended at it), but a trim can take the child that
+//! carried its time, so it gets one in time order if it has none; when an eviction stops inside an edge, the edge is split and
 //! the kept upper part is pushed to the front (or, when the tenant is the
 //! edge's only holder, the edge is shortened in place: no split, no copy).
 //! `Tree::check_invariants` verifies that every tenant leaf has a valid entry
@@ -135,9 +137,14 @@ impl Inner {
             if parent != ROOT
                 && let Some(h) = arena[parent].holder(tenant)
                 && h.held_children == 0
-                && h.last_access == entry.time
             {
-                push_front(state, arena, entry.time, parent);
+                if h.last_access == entry.time {
+                    push_front(state, arena, entry.time, parent);
+                } else {
+                    // A newer parent whose own newest child a trim took
+                    // (`trim.rs`): it may have no entry yet.
+                    state.log_leaf(arena, parent, tenant);
+                }
             }
             evicted
         } else {

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 
 use crate::TenantId;
-use crate::node::{Arena, NodeId};
+use crate::node::{Arena, NodeId, ROOT};
 
 /// Logs shorter than this are never compacted.
 const MIN_COMPACT_LEN: usize = 64;
@@ -68,6 +68,27 @@ impl Default for TenantState {
 }
 
 impl TenantState {
+    /// Gives `node` an entry, in time order, if it is now a leaf the tenant
+    /// holds and has no entry with its time (a trim, `trim.rs`, can leave a
+    /// node whose time no leaf below carries).
+    pub(crate) fn log_leaf(&mut self, arena: &Arena, node: NodeId, tenant: TenantId) {
+        if node == ROOT {
+            return;
+        }
+        let Some(h) = arena[node].holder(tenant) else {
+            return;
+        };
+        if h.held_children != 0 {
+            return;
+        }
+        let entry = LruEntry::new(arena, h.last_access, node);
+        let from = self.lru.partition_point(|e| e.time < entry.time);
+        let to = self.lru.partition_point(|e| e.time <= entry.time);
+        if !self.lru.range(from..to).any(|e| *e == entry) {
+            self.lru.insert(to, entry);
+        }
+    }
+
     /// Drops stale entries once the log has doubled since the last compaction.
     pub(crate) fn compact_if_needed(&mut self, arena: &Arena, tenant: TenantId) {
         if self.lru.len() > self.compact_at {

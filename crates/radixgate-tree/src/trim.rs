@@ -27,7 +27,6 @@
 
 use crate::TenantId;
 use crate::node::{NodeId, ROOT};
-use crate::tenant::{LruEntry, TenantState};
 use crate::text::{byte_offset_of_char, first_char};
 use crate::tree::{Inner, release, split};
 
@@ -130,7 +129,7 @@ impl Inner {
             return removed;
         }
         for p in parents {
-            log_leaf(&self.arena, state, p, tenant);
+            state.log_leaf(&self.arena, p, tenant);
         }
         removed
     }
@@ -156,26 +155,6 @@ impl Inner {
             .rev()
             .map(|n| release(&mut self.arena, &mut self.stored_chars, n, tenant))
             .sum()
-    }
-}
-
-/// Gives `node` an eviction-log entry if it is now a leaf for `tenant` and
-/// has none with its time.
-fn log_leaf(arena: &crate::node::Arena, state: &mut TenantState, node: NodeId, tenant: TenantId) {
-    if node == ROOT {
-        return;
-    }
-    let Some(h) = arena[node].holder(tenant) else {
-        return;
-    };
-    if h.held_children != 0 {
-        return;
-    }
-    let entry = LruEntry::new(arena, h.last_access, node);
-    let from = state.lru.partition_point(|e| e.time < entry.time);
-    let to = state.lru.partition_point(|e| e.time <= entry.time);
-    if !state.lru.range(from..to).any(|e| *e == entry) {
-        state.lru.insert(to, entry);
     }
 }
 
@@ -221,5 +200,27 @@ mod tests {
             3
         );
         assert_eq!(tree.tenant_size(A), 9);
+    }
+
+    #[test]
+    fn a_parent_whose_newest_child_was_trimmed_stays_evictable() {
+        // "éa" is newer than "éé": trimming it leaves "é" with a time no
+        // leaf below carries. Evicting "éé", or undoing its insert, must
+        // leave "é" a leaf with an eviction entry.
+        for undo in [false, true] {
+            let tree = Tree::default();
+            let first = tree.insert("éé", A);
+            tree.insert("éa", A);
+            assert_eq!(tree.trim("éa", A, 1, u64::MAX), 1);
+            tree.check_invariants().unwrap();
+            if undo {
+                assert_eq!(tree.undo_insert("éé", first), 1);
+            } else {
+                assert_eq!(tree.evict(1).evicted_chars, 1);
+            }
+            tree.check_invariants().unwrap();
+            assert_eq!(tree.evict(0).evicted_chars, 1);
+            assert_eq!(tree.tenant_size(A), 0);
+        }
     }
 }

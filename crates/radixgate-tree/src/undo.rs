@@ -114,21 +114,25 @@ impl Inner {
         self.tenant_chars -= removed;
         if state.size == 0 {
             self.tenants.remove(&tenant);
-        } else if removed > 0
-            && node != ROOT
-            && self.arena[node]
+        } else if removed > 0 && node != ROOT {
+            let stamped = self.arena[node]
                 .holder(tenant)
-                .is_some_and(|h| h.last_access == time)
-        {
-            // The kept prefix ends at a node stamped with the insert's time,
-            // and the entry that would have found it once it became a leaf
-            // named the tail just removed: it needs its own, in time order (a
-            // later insert may already have appended). Its other children are
-            // older, so their entries come first, as after any insert that
-            // ends inside the tree.
-            let entry = LruEntry::new(&self.arena, time, node);
-            let at = state.lru.partition_point(|e| e.time <= time);
-            state.lru.insert(at, entry);
+                .is_some_and(|h| h.last_access == time);
+            if stamped {
+                // The kept prefix ends at a node stamped with the insert's
+                // time, and the entry that would have found it once it
+                // became a leaf named the tail just removed: it needs its
+                // own, in time order (a later insert may already have
+                // appended). Its other children are older, so their entries
+                // come first, as after any insert that ends inside the tree.
+                let entry = LruEntry::new(&self.arena, time, node);
+                let at = state.lru.partition_point(|e| e.time <= time);
+                state.lru.insert(at, entry);
+            } else {
+                // A newer node left a leaf: its own newest child may have
+                // been taken by a trim (`trim.rs`), so it may have no entry.
+                state.log_leaf(&self.arena, node, tenant);
+            }
         }
         removed
     }
