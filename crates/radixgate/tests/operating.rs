@@ -172,11 +172,15 @@ async fn metrics_scrape_is_valid_prometheus_text_with_the_traffic() {
         .await
         .unwrap();
     // Worker gauges are refreshed by a periodic tick: wait for one that
-    // saw both workers.
-    wait_until("gauges of both workers", || async {
+    // saw both workers after every answer's load guard was dropped (hyper
+    // drops a body shortly after its last byte reaches the client, so a
+    // tick can still see one in flight).
+    wait_until("gauges of both workers with nothing in flight", || async {
         let s = scrape(&gw.url).await;
-        w.iter()
-            .all(|x| gauge(&s, "radixgate_worker_healthy", &x.url).is_some())
+        w.iter().all(|x| {
+            gauge(&s, "radixgate_worker_healthy", &x.url).is_some()
+                && gauge(&s, "radixgate_worker_in_flight_requests", &x.url) == Some(0.0)
+        })
     })
     .await;
     let s = scrape(&gw.url).await;
