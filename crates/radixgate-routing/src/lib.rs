@@ -14,6 +14,8 @@
 //! - [`PeerLoads`] and [`Router::learn`] take in what other router
 //!   replicas report (their load, their decisions), so every replica routes
 //!   on the pool's whole state;
+//! - [`ExactMatches`] carry what engines' KV events say each worker holds,
+//!   for the workers whose event stream is live ([`Router::select_exact`]);
 //! - [`spawn_eviction`] runs the policy's tree eviction on a timer;
 //! - [`text`] turns a request into its [`RoutingText`], the one rule both
 //!   the gateway and the simulator use, marked with its [`CacheNamespace`]
@@ -48,6 +50,7 @@ pub mod correction;
 pub mod cost;
 mod error;
 mod eviction;
+mod exact;
 mod guard;
 mod mix;
 mod namespace;
@@ -69,6 +72,7 @@ pub use correction::{CacheFeedback, CacheReport, CacheTruthSnapshot, Corrected, 
 pub use cost::{Coefficients, CostModelConfig, Work};
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
+pub use exact::ExactMatches;
 pub use guard::LoadGuard;
 pub use namespace::CacheNamespace;
 pub use peer_load::{PeerLoad, PeerLoads};

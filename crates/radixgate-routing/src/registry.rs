@@ -17,6 +17,7 @@
 //! keep that state: a worker that was briefly unhealthy comes back with its
 //! cache record intact.
 
+use crate::ExactMatches;
 use crate::policy::LeastLoad;
 use crate::{
     Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerSet,
@@ -202,7 +203,22 @@ impl Router {
         exclude: &[WorkerId],
     ) -> Result<Routed, RoutingError> {
         let policy = self.policy.load();
-        self.select_with(&***policy, model, text, routing_key, exclude)
+        self.select_with(&***policy, model, text, routing_key, exclude, None)
+    }
+
+    /// Like [`select`](Self::select), with exact matches from engines' KV
+    /// events for the workers whose stream is live; the others are matched
+    /// in the policy's tree as usual.
+    pub fn select_exact(
+        &self,
+        model: Option<&str>,
+        text: &str,
+        routing_key: Option<&str>,
+        exclude: &[WorkerId],
+        exact: Option<ExactMatches<'_>>,
+    ) -> Result<Routed, RoutingError> {
+        let policy = self.policy.load();
+        self.select_with(&***policy, model, text, routing_key, exclude, exact)
     }
 
     /// Like [`select`](Self::select), but always the least-loaded available
@@ -215,7 +231,7 @@ impl Router {
         model: Option<&str>,
         exclude: &[WorkerId],
     ) -> Result<Routed, RoutingError> {
-        self.select_with(&*self.least_load, model, "", None, exclude)
+        self.select_with(&*self.least_load, model, "", None, exclude, None)
     }
 
     fn select_with(
@@ -225,10 +241,13 @@ impl Router {
         text: &str,
         routing_key: Option<&str>,
         exclude: &[WorkerId],
+        exact: Option<ExactMatches<'_>>,
     ) -> Result<Routed, RoutingError> {
         let set = self.current.load();
         let pool = set.resolve(model)?;
-        let req = RequestView::new(pool.model, text).with_routing_key(routing_key);
+        let req = RequestView::new(pool.model, text)
+            .with_routing_key(routing_key)
+            .with_exact(exact);
         let decision = if exclude.is_empty() {
             // The common case borrows the pool as is; only a retry pays for
             // a filtered copy.

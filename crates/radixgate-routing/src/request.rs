@@ -1,6 +1,8 @@
 //! What a policy sees of a request: a borrowed view, built by the gateway
 //! (or the simulator) from the parsed body without copying the text.
 
+use crate::ExactMatches;
+
 /// The parts of a request routing needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestView<'a> {
@@ -15,6 +17,9 @@ pub struct RequestView<'a> {
     pub text: &'a str,
     /// A sticky-session key (`x-session-id` header, or the body's `user`).
     pub routing_key: Option<&'a str>,
+    /// Exact matches from engines' KV events, for the workers whose event
+    /// stream is live (`exact.rs`); `None` without events.
+    pub exact: Option<ExactMatches<'a>>,
 }
 
 impl<'a> RequestView<'a> {
@@ -24,12 +29,19 @@ impl<'a> RequestView<'a> {
             model,
             text,
             routing_key: None,
+            exact: None,
         }
     }
 
     /// Sets the routing key.
     pub fn with_routing_key(mut self, key: Option<&'a str>) -> Self {
         self.routing_key = key;
+        self
+    }
+
+    /// Sets the exact matches.
+    pub fn with_exact(mut self, exact: Option<ExactMatches<'a>>) -> Self {
+        self.exact = exact;
         self
     }
 }

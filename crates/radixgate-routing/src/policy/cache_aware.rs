@@ -129,6 +129,8 @@ struct Scored {
     at: Candidate,
     /// Characters of the text it holds.
     matched: usize,
+    /// `matched` came from the engine's KV events.
+    exact: bool,
     /// When the text's matched part was last sent to it (tree clock).
     last_access: u64,
     /// Its cost-model fit for the request's model.
@@ -559,10 +561,13 @@ impl CacheAware {
                 let fit = w.ttft_fit(slot);
                 fitted += usize::from(fit.is_some());
                 let own = tm.get(w.id().tenant());
-                let matched = own.map_or(0, |o| o.matched_chars);
+                // A live event stream's exact match, else the tree's guess.
+                let exact = req.exact.and_then(|e| e.chars(w.id(), input));
+                let matched = exact.unwrap_or_else(|| own.map_or(0, |o| o.matched_chars));
                 Scored {
                     at,
                     matched,
+                    exact: exact.is_some(),
                     last_access: own.map_or(0, |o| o.last_access),
                     slot,
                     work: Work {
@@ -630,7 +635,9 @@ impl CacheAware {
                     0.0
                 };
                 if holder.ttft_ms <= bar + others_ms {
-                    let branch = if deepest < tm.matched_chars {
+                    // (With exact matches the tree's deepest is no yardstick:
+                    // a hit is a hit.)
+                    let branch = if deepest < tm.matched_chars && req.exact.is_none() {
                         Branch::CacheHitFallback
                     } else {
                         Branch::CacheHit
@@ -670,6 +677,7 @@ impl CacheAware {
             input_chars: input,
             ttft_ms: Some(chosen.ttft_ms as f32),
             alt_ttft_ms: alt.map(|v| v as f32),
+            exact: chosen.exact,
             ..loads.explain(name, branch, worker, chosen.at.idx)
         };
         Decision::with_prediction(worker, chosen.slot, chosen.work, *cost, explanation).with_insert(

@@ -97,6 +97,9 @@ pub struct Explanation {
     /// workers, milliseconds (`None` without the cost model or an
     /// alternative).
     pub alt_ttft_ms: Option<f32>,
+    /// The chosen worker's match came from its engine's KV events, not
+    /// from the tree.
+    pub exact: bool,
 }
 
 impl Explanation {
@@ -146,6 +149,9 @@ impl fmt::Display for Rendered<'_> {
                 total => (matched.min(total) * 1000 + total / 2) / total,
             };
             write!(f, " match={}.{:03}", permille / 1000, permille % 1000)?;
+            if e.exact {
+                f.write_str(" index=exact")?;
+            }
         }
         write!(
             f,

@@ -354,6 +354,7 @@ impl Loads {
             available: self.candidates.len(),
             ttft_ms: None,
             alt_ttft_ms: None,
+            exact: false,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use super::testutil::{hold, pick, workers};
 use super::*;
+use crate::ExactMatches;
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
 use proptest::prelude::*;
 
@@ -540,4 +541,31 @@ fn new_prompts_avoid_a_slow_worker_and_an_unmeasured_one_is_taken_as_its_peers()
     };
     assert!(slow.predict_ms(work) > 5.0 * fast.predict_ms(work));
     assert!(ws[2].ttft_fit(0).is_none());
+}
+
+#[test]
+fn a_live_event_stream_overrides_the_tree_and_the_others_keep_it() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(3);
+    let text = long_text("events");
+    // The tree's guess: worker `owner` holds the text.
+    let owner = pick(&p, &ws, &text);
+    let select = |live: &[(WorkerId, usize)]| {
+        let exact = ExactMatches {
+            input_tokens: 64,
+            live,
+        };
+        let req = RequestView::new("m", &text).with_exact(Some(exact));
+        let d = p.select(&req, &ws).expect("a worker");
+        (d.worker().id(), d.explanation().exact)
+    };
+    let other = ws.iter().map(|w| w.id()).find(|&id| id != owner).unwrap();
+    // The owner's engine says it evicted everything, another holds it all.
+    let mut live = vec![(owner, 0), (other, 64)];
+    live.sort_unstable();
+    assert_eq!(select(&live), (other, true));
+    // Now the tree guesses both hold it (the last decision inserted it for
+    // `other`). The owner's stream is not live, so its tree record stands;
+    // the other's live stream says it holds nothing.
+    assert_eq!(select(&[(other, 0)]), (owner, false));
 }
