@@ -73,6 +73,11 @@ pub struct SimulateArgs {
     /// load --assign`).
     #[arg(long, value_enum, default_value_t = Assign::RoundRobin)]
     pub replica_spread: Assign,
+    /// Policies route on exact matches from the engines' KV caches, as a
+    /// gateway whose workers all publish KV events would, with no event
+    /// lag (the tree stands in for nothing); the oracles are unaffected.
+    #[arg(long)]
+    pub exact_events: bool,
     /// API the requests are sent through (sets the routing text).
     #[arg(long, value_parser = api_parser(), default_value = "chat")]
     pub api: Api,
@@ -188,6 +193,7 @@ impl SimulateArgs {
                 },
                 spread: self.replica_spread,
             },
+            exact_events: self.exact_events,
         };
         cfg.validate()?;
         Ok(cfg)

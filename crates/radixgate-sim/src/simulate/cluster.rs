@@ -33,7 +33,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use radixgate_routing::{
-    CacheFeedback, CacheReport, Corrected, LoadGuard, ReportedLoad, Worker, WorkerSpec,
+    CacheFeedback, CacheReport, Corrected, ExactMatches, LoadGuard, ReportedLoad, Worker, WorkerId,
+    WorkerSpec,
 };
 
 use super::events::{Kind, Queue};
@@ -406,10 +407,30 @@ impl Cluster<'_> {
             } => {
                 let text = routing_text(&spec.prompt, self.cfg.api);
                 let r = replicas.pick(spec);
-                let mut routed =
-                    replicas
-                        .router(r)
-                        .select(Some(model.as_str()), &text, None, &[])?;
+                // With exact events, every worker's stream is live and says
+                // what its cache holds of the prompt now (ids are alike on
+                // every replica).
+                let mut live: Vec<(WorkerId, usize)> = if self.cfg.exact_events {
+                    self.workers
+                        .iter()
+                        .zip(&self.engines)
+                        .map(|(w, e)| (w.id(), e.cache().cached_prefix_tokens(tokens)))
+                        .collect::<Vec<_>>()
+                } else {
+                    Vec::new()
+                };
+                live.sort_unstable();
+                let exact = self.cfg.exact_events.then_some(ExactMatches {
+                    input_tokens: tokens.len(),
+                    live: &live,
+                });
+                let mut routed = replicas.router(r).select_exact(
+                    Some(model.as_str()),
+                    &text,
+                    None,
+                    &[],
+                    exact,
+                )?;
                 replicas.publish_decision(
                     &mut self.queue,
                     self.now,

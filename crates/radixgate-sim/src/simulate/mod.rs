@@ -89,6 +89,9 @@ pub struct SimConfig {
     pub speeds: PoolSpeeds,
     /// The router replicas the policies run as (default: one router).
     pub replicas: ReplicaConfig,
+    /// Policies see exact matches from the engines' KV caches, as a gateway
+    /// whose workers all publish KV events would (with no event lag).
+    pub exact_events: bool,
 }
 
 impl SimConfig {

@@ -26,6 +26,7 @@ pub(super) fn small(workers: usize, workload: WorkloadConfig, arrivals: Arrivals
         load_poll: Some(Duration::from_millis(100)),
         speeds: PoolSpeeds::default(),
         replicas: ReplicaConfig::default(),
+        exact_events: false,
     }
 }
 
@@ -434,4 +435,38 @@ fn pool_speed_flags_are_checked_against_the_pool() {
         let e = parse(argv).sim_config().unwrap_err().to_string();
         assert!(e.contains(expect), "{argv:?}: {e}");
     }
+}
+
+/// With caches far smaller than the working set, the tree remembers
+/// prefixes the engines have evicted; exact matches from the engines' KV
+/// caches do not.
+#[test]
+fn exact_events_see_evictions_the_tree_cannot() {
+    let mut cfg = small(
+        4,
+        WorkloadConfig::SharedPrefix(SharedPrefixConfig {
+            groups: 48,
+            prompts_per_group: 16,
+            system_tokens: 1024,
+            question_tokens: 32,
+            output_tokens: 8,
+            zipf: 0.6,
+        }),
+        Arrivals::Poisson { rate: 40.0 },
+    );
+    cfg.worker.engine.kv_capacity_tokens = 8_000;
+    cfg.max_requests = Some(600);
+    let hit = |s: &RunStats| s.cached_tokens as f64 / s.prompt_tokens as f64;
+    let approx = cluster::run(&cfg, &policy("cache_aware")).unwrap();
+    cfg.exact_events = true;
+    let exact = cluster::run(&cfg, &policy("cache_aware")).unwrap();
+    let oracle = cluster::run(&cfg, &Contender::Oracle).unwrap();
+    eprintln!(
+        "hit rate: approximate {:.3}, exact {:.3}, oracle {:.3}",
+        hit(&approx),
+        hit(&exact),
+        hit(&oracle)
+    );
+    assert_eq!(exact.completed, approx.completed);
+    assert!(hit(&exact) > hit(&approx));
 }
