@@ -306,3 +306,79 @@ fn lora_blocks_match_only_their_adapter() {
     assert!(index.bytes_estimate() > 0);
     assert_eq!(index.keys(), 4);
 }
+
+fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEvent {
+    KvEvent::Stored(BlockStored {
+        block_hashes: hashes.iter().copied().map(EngineHash).collect(),
+        parent: parent.map(EngineHash),
+        token_ids: tokens.to_vec(),
+        block_size: bs,
+        lora_id: None,
+    })
+}
+
+#[test]
+fn a_reused_engine_handle_takes_its_new_meaning() {
+    let (a, b) = ([1, 2, 3, 4], [5, 6, 7, 8]);
+    let mut index = KvIndex::new();
+    index.apply(0, &[store(&[1], None, &a, 4)]);
+    assert_eq!(index.match_tokens(&a, None), vec![(0, 4)]);
+    // The engine says hash 1 is now block `b`.
+    index.apply(0, &[store(&[1], None, &b, 4)]);
+    assert!(index.match_tokens(&a, None).is_empty());
+    assert_eq!(index.match_tokens(&b, None), vec![(0, 4)]);
+    assert_eq!(index.blocks(), 1);
+    let stats = index.apply(0, &[KvEvent::Removed(vec![EngineHash(1)])]);
+    assert_eq!((stats.removed, index.blocks(), index.keys()), (1, 0, 0));
+    assert!(index.match_tokens(&b, None).is_empty());
+}
+
+#[test]
+fn a_block_stored_twice_needs_two_removals() {
+    let a = [1, 2, 3, 4];
+    let mut index = KvIndex::new();
+    index.apply(0, &[store(&[1], None, &a, 4), store(&[1], None, &a, 4)]);
+    index.apply(0, &[KvEvent::Removed(vec![EngineHash(1)])]);
+    assert_eq!(index.match_tokens(&a, None), vec![(0, 4)]);
+    index.apply(0, &[KvEvent::Removed(vec![EngineHash(1)])]);
+    assert!(index.match_tokens(&a, None).is_empty());
+}
+
+#[test]
+fn over_capacity_refuses_the_rest_of_the_chain_and_keeps_what_is_held() {
+    let tokens: Vec<u32> = (0..16).collect();
+    let limits = IndexLimits {
+        max_blocks_per_worker: 3,
+        max_blocks_total: 5,
+    };
+    let mut index = KvIndex::with_limits(limits);
+    let stats = index.apply(0, &[store(&[1, 2, 3, 4], None, &tokens, 4)]);
+    assert_eq!((stats.stored, stats.over_capacity), (3, 1));
+    assert_eq!(index.match_tokens(&tokens, None), vec![(0, 12)]);
+    // The total cap: worker 1 gets the 2 blocks left in all.
+    let stats = index.apply(1, &[store(&[1, 2, 3, 4], None, &tokens, 4)]);
+    assert_eq!((stats.stored, stats.over_capacity), (2, 2));
+    assert_eq!(index.match_tokens(&tokens, None), vec![(0, 12), (1, 8)]);
+    // Removals make room again.
+    index.apply(0, &[KvEvent::Removed(vec![EngineHash(3)])]);
+    let stats = index.apply(1, &[store(&[3], Some(2), &tokens[8..12], 4)]);
+    assert_eq!((stats.stored, stats.over_capacity), (1, 0));
+}
+
+#[test]
+fn an_unknown_parent_skips_the_event() {
+    let tokens: Vec<u32> = (0..8).collect();
+    let mut index = KvIndex::new();
+    let stats = index.apply(0, &[store(&[2], Some(1), &tokens[4..], 4)]);
+    assert_eq!((stats.stored, stats.unknown_parent), (0, 1));
+    // A parent known with another block size is unknown too.
+    index.apply(0, &[store(&[1, 9], None, &tokens[..4], 2)]);
+    let stats = index.apply(0, &[store(&[2], Some(9), &tokens[4..], 4)]);
+    assert_eq!(stats.unknown_parent, 1);
+    assert!(
+        index
+            .match_tokens(&tokens, None)
+            .iter()
+            .all(|&(_, n)| n == 4)
+    );
+}

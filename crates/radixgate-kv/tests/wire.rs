@@ -419,6 +419,92 @@ proptest! {
     }
 }
 
+/// Any msgpack scalar, biased to the ones the decoder looks at.
+fn leaf() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Nil),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        (0u64..300).prop_map(Value::from),
+        prop::sample::select(vec![0i64, -1, 1 << 32, i64::MIN]).prop_map(Value::from),
+        any::<f64>().prop_map(Value::F64),
+        prop::sample::select(vec![
+            "BlockStored",
+            "BlockRemoved",
+            "AllBlocksCleared",
+            "GPU",
+            "CPU",
+            "type"
+        ])
+        .prop_map(Value::from),
+        proptest::collection::vec(any::<u8>(), 0..40).prop_map(Value::Binary),
+    ]
+}
+
+/// Any msgpack value, scalars most often.
+fn any_value() -> impl Strategy<Value = Value> {
+    let nested = leaf().prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+        ]
+    });
+    prop_oneof![3 => leaf(), 1 => nested]
+}
+
+/// Replaces the `n`th node (pre-order, wrapping) of a value tree.
+fn replace_nth(v: &mut Value, n: &mut usize, with: &Value) -> bool {
+    if *n == 0 {
+        *v = with.clone();
+        return true;
+    }
+    *n -= 1;
+    match v {
+        Value::Array(items) => items.iter_mut().any(|c| replace_nth(c, n, with)),
+        Value::Map(entries) => entries
+            .iter_mut()
+            .any(|(k, c)| replace_nth(k, n, with) || replace_nth(c, n, with)),
+        _ => false,
+    }
+}
+
+fn valid_values() -> Vec<Value> {
+    valid_payloads()
+        .iter()
+        .map(|p| rmpv::decode::read_value(&mut &p[..]).expect("valid"))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// A valid payload with any one node replaced by any value decodes or
+    /// fails; it never panics.
+    #[test]
+    fn payloads_with_a_node_replaced_never_panic(
+        which in 0usize..2,
+        node in any::<usize>(),
+        with in any_value(),
+    ) {
+        let mut v = valid_values().swap_remove(which);
+        // Count nodes to pick one uniformly.
+        let mut count = 0;
+        fn nodes(v: &Value, c: &mut usize) {
+            *c += 1;
+            match v {
+                Value::Array(items) => items.iter().for_each(|i| nodes(i, c)),
+                Value::Map(e) => e.iter().for_each(|(k, i)| { nodes(k, c); nodes(i, c) }),
+                _ => {}
+            }
+        }
+        nodes(&v, &mut count);
+        let mut n = node % count;
+        prop_assert!(replace_nth(&mut v, &mut n, &with));
+        let _ = decode_payload(&encode(&v));
+    }
+}
+
 #[test]
 fn replay_helpers() {
     assert_eq!(replay_request(258), [0, 0, 0, 0, 0, 0, 1, 2]);
