@@ -4,16 +4,18 @@
 //! - [`wire`] decodes the engines' ZMQ messages (SGLang and vLLM, both
 //!   payload shapes) and holds the replay protocol's pure helpers;
 //! - [`keys`] computes our own chained block keys from token ids;
-//! - [`index`] maps those keys to the workers holding them, per model.
+//! - [`index`] maps those keys to the workers holding them, per model;
+//! - [`subscribe`] follows one engine's publisher over ZMQ (gaps, replay,
+//!   reconnects) and reports batches and the stream's standing.
 //!
-//! The library does no I/O: the gateway owns the sockets and decides what a
-//! gap or a decoding error means for routing (see the crate README for the
-//! measured costs).
+//! Only [`subscribe`] does I/O. The gateway decides what a stale stream
+//! means for routing. The crate README has the measured costs.
 
 pub mod error;
 pub mod event;
 pub mod index;
 pub mod keys;
+pub mod subscribe;
 pub mod wire;
 
 pub use error::WireError;
