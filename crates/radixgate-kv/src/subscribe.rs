@@ -31,6 +31,13 @@
 //! doubling delay; after a reconnect, the next sequence decides (nothing
 //! missed: live again; a gap: as above).
 //!
+//! Limits of the protocol, not of this code: joining a publisher that has
+//! run longer than its replay buffer leaves the stream stale until the
+//! engine clears its cache or restarts (what it held before cannot be
+//! learned; vLLM's newer snapshot endpoint could, and is not read here);
+//! and a restart whose first heard sequence is not below the expected one,
+//! from a publisher without stream ids, cannot be told from continuity.
+//!
 //! The task ends when the caller drops the receiving side of the channel.
 
 use std::time::Duration;
