@@ -160,5 +160,7 @@ mod tests {
         assert_ne!(digest_bytes(b""), digest_bytes(b"\0"));
         assert_ne!(digest_bytes(&[1; 32]), digest_bytes(&[1; 33]));
         assert_ne!(digest_bytes(&[1; 32]), digest_bytes(&[2; 32]));
+        // The tail is zero-padded, so only the length tells these apart.
+        assert_ne!(digest_bytes(&[0; 15]), digest_bytes(&[0; 16]));
     }
 }

@@ -64,6 +64,8 @@ fn map_shape_with_bytes_hashes_and_a_parent() {
     );
     let b = decode_payload(&payload).unwrap();
     assert_eq!(b.data_parallel_rank, None);
+    // Distinct byte hashes of one length are distinct handles.
+    assert_ne!(EngineHash::from_bytes(&h1), EngineHash::from_bytes(&parent));
     assert_eq!(
         b.events,
         vec![
