@@ -1,0 +1,340 @@
+//! An async subscriber to one engine's KV-event publisher.
+//!
+//! [`run`] owns a SUB socket (the pure-Rust `zeromq` crate, on tokio)
+//! connected to the publisher, and reports to its caller through a channel:
+//! [`Update::Batch`] for each decoded batch in sequence order, and the
+//! stream's standing as [`Update::Live`] / [`Update::Stale`] transitions, plus
+//! [`Update::Restarted`] when the publisher started over.
+//!
+//! **Exactness.** The worker's index is exact when every batch since a
+//! known-empty cache was applied. The subscriber knows that in three ways:
+//! it saw sequence 0 (the publisher's start, directly or by replay); a
+//! batch carried `AllBlocksCleared`; or it was exact and no sequence was
+//! missed since. Until then it reports nothing but batches: the caller
+//! starts every worker as stale and waits for `Live`.
+//!
+//! **Gaps.** A sequence above the next expected one is a gap. With a replay
+//! endpoint, a DEALER socket asks for the missing sequences (the engines'
+//! ROUTER streams every buffered batch from the one asked for, then the
+//! end marker; see [`crate::wire`]), and the gap is filled when they all
+//! come back in order within the timeout. Otherwise the stream is stale
+//! (the batches go on being delivered, so the caller may keep an
+//! approximate index) until exactness returns.
+//!
+//! **Restarts.** A sequence below the expected one, or a new publisher
+//! stream id, means the publisher restarted: `Restarted` tells the caller to
+//! drop the worker's blocks, and the new stream is exact from its sequence
+//! 0 on.
+//!
+//! **Disconnects.** The socket monitor's `Disconnected`, or a failed
+//! receive, makes a live stream stale and starts reconnecting with a
+//! doubling delay; after a reconnect, the next sequence decides (nothing
+//! missed: live again; a gap: as above).
+//!
+//! Limits of the protocol, not of this code: joining a publisher that has
+//! run longer than its replay buffer leaves the stream stale until the
+//! engine clears its cache or restarts (what it held before cannot be
+//! learned; vLLM's newer snapshot endpoint could, and is not read here);
+//! and a restart whose first heard sequence is not below the expected one,
+//! from a publisher without stream ids, cannot be told from continuity.
+//!
+//! The task ends when the caller drops the receiving side of the channel.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
+
+use crate::error::WireError;
+use crate::event::{EventBatch, KvEvent};
+use crate::wire::{ReplayReply, replay_request, split_message, split_replay_reply};
+
+/// Where and how to subscribe.
+#[derive(Clone, Debug)]
+pub struct SubscriberConfig {
+    /// The publisher's endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The topic prefix to subscribe to (the engines' default is empty).
+    pub topic: String,
+    /// The publisher's replay endpoint, when it has one.
+    pub replay_endpoint: Option<String>,
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// The first delay between reconnection attempts; it doubles up to
+    /// `max_reconnect_delay`.
+    pub reconnect_delay: Duration,
+    /// The longest delay between reconnection attempts.
+    pub max_reconnect_delay: Duration,
+    /// How long a replay may wait for each reply.
+    pub replay_timeout: Duration,
+}
+
+impl SubscriberConfig {
+    /// A configuration with the default timings for `endpoint` and `topic`.
+    pub fn new(endpoint: impl Into<String>, topic: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            topic: topic.into(),
+            replay_endpoint: None,
+            connect_timeout: Duration::from_secs(2),
+            reconnect_delay: Duration::from_millis(100),
+            max_reconnect_delay: Duration::from_secs(5),
+            replay_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What the subscriber reports.
+#[derive(Debug)]
+pub enum Update {
+    /// A decoded batch, in sequence order.
+    Batch {
+        /// Its sequence number.
+        seq: u64,
+        /// The batch.
+        batch: EventBatch,
+    },
+    /// The index fed by this stream is exact from here on.
+    Live,
+    /// The index fed by this stream is no longer exact.
+    Stale(StaleReason),
+    /// The publisher restarted: drop the worker's blocks before applying
+    /// what follows.
+    Restarted,
+}
+
+/// Why a stream went stale.
+#[derive(Debug)]
+pub enum StaleReason {
+    /// The connection was lost or could not be made.
+    Disconnected,
+    /// Sequences were missed and no replay filled them.
+    Gap {
+        /// The sequence expected.
+        expected: u64,
+        /// The sequence received.
+        got: u64,
+    },
+    /// A message could not be decoded.
+    Decode(WireError),
+}
+
+#[derive(Default)]
+struct State {
+    /// The next sequence wanted; `None` before the first message of a
+    /// publisher lifetime.
+    expected: Option<u64>,
+    stream_id: Option<[u8; 16]>,
+    /// Every batch since a known-empty cache was delivered.
+    exact: bool,
+    /// `Live` was the last standing reported.
+    live: bool,
+}
+
+/// The receiver is gone: stop.
+struct Closed;
+
+impl State {
+    async fn send(tx: &mpsc::Sender<Update>, update: Update) -> Result<(), Closed> {
+        tx.send(update).await.map_err(|_| Closed)
+    }
+
+    async fn lose(
+        &mut self,
+        tx: &mpsc::Sender<Update>,
+        exactness: bool,
+        why: StaleReason,
+    ) -> Result<(), Closed> {
+        if exactness {
+            self.exact = false;
+        }
+        if self.live {
+            self.live = false;
+            Self::send(tx, Update::Stale(why)).await?;
+        }
+        Ok(())
+    }
+
+    async fn deliver(
+        &mut self,
+        tx: &mpsc::Sender<Update>,
+        seq: u64,
+        batch: EventBatch,
+    ) -> Result<(), Closed> {
+        if batch.events.iter().any(|e| matches!(e, KvEvent::Cleared)) {
+            self.exact = true;
+        }
+        self.expected = Some(seq.wrapping_add(1));
+        Self::send(tx, Update::Batch { seq, batch }).await
+    }
+
+    async fn on_message(
+        &mut self,
+        cfg: &SubscriberConfig,
+        tx: &mpsc::Sender<Update>,
+        frames: Vec<Bytes>,
+    ) -> Result<(), Closed> {
+        let message = match split_message(&frames) {
+            Ok(m) => m,
+            Err(e) => return self.lose(tx, true, StaleReason::Decode(e)).await,
+        };
+        let restarted = match (self.expected, message.stream_id, self.stream_id) {
+            (_, Some(new), Some(old)) if new != old => true,
+            (Some(expected), ..) => message.seq < expected,
+            _ => false,
+        };
+        self.stream_id = message.stream_id;
+        if restarted {
+            self.expected = None;
+            self.exact = false;
+            Self::send(tx, Update::Restarted).await?;
+        }
+        let want = self.expected.unwrap_or(0);
+        if self.expected.is_none() && message.seq == 0 {
+            // The publisher's first batch: its cache was empty before it.
+            self.exact = true;
+        }
+        if message.seq > want {
+            let filled = match &cfg.replay_endpoint {
+                Some(endpoint) => self.replay(cfg, endpoint, want, message.seq, tx).await?,
+                None => false,
+            };
+            if !filled {
+                let gap = StaleReason::Gap {
+                    expected: self.expected.unwrap_or(want),
+                    got: message.seq,
+                };
+                self.lose(tx, true, gap).await?;
+            }
+        }
+        match message.decode() {
+            Ok(batch) => self.deliver(tx, message.seq, batch).await?,
+            Err(e) => {
+                self.expected = Some(message.seq.wrapping_add(1));
+                self.lose(tx, true, StaleReason::Decode(e)).await?;
+            }
+        }
+        if self.exact && !self.live {
+            self.live = true;
+            Self::send(tx, Update::Live).await?;
+        }
+        Ok(())
+    }
+
+    /// Asks the replay socket for `from..until` and delivers what comes
+    /// back in order; true when all of it came.
+    async fn replay(
+        &mut self,
+        cfg: &SubscriberConfig,
+        endpoint: &str,
+        from: u64,
+        until: u64,
+        tx: &mpsc::Sender<Update>,
+    ) -> Result<bool, Closed> {
+        // Exactness through a replay needs the stream before it exact, or
+        // the replay to start at the publisher's first batch.
+        let was_exact = self.exact || (self.expected.is_none() && from == 0);
+        let mut socket = DealerSocket::with_options(options(cfg));
+        let connected = tokio::time::timeout(cfg.connect_timeout, socket.connect(endpoint)).await;
+        if !matches!(connected, Ok(Ok(()))) {
+            return Ok(false);
+        }
+        let request = vec![Bytes::new(), Bytes::copy_from_slice(&replay_request(from))];
+        let Ok(request) = ZmqMessage::try_from(request) else {
+            return Ok(false);
+        };
+        if socket.send(request).await.is_err() {
+            return Ok(false);
+        }
+        let mut next = from;
+        while next < until {
+            let reply = match tokio::time::timeout(cfg.replay_timeout, socket.recv()).await {
+                Ok(Ok(reply)) => reply.into_vec(),
+                _ => return Ok(false),
+            };
+            let (seq, payload) = match split_replay_reply(&reply) {
+                Ok(ReplayReply::Batch { seq, payload }) => (seq, payload),
+                Ok(ReplayReply::End) | Err(_) => return Ok(false),
+            };
+            if seq < next {
+                continue;
+            }
+            if seq > next {
+                // The publisher's buffer no longer holds `next`.
+                return Ok(false);
+            }
+            let Ok(batch) = crate::wire::decode_payload(payload) else {
+                return Ok(false);
+            };
+            self.deliver(tx, seq, batch).await?;
+            next += 1;
+        }
+        if was_exact {
+            self.exact = true;
+        }
+        Ok(true)
+    }
+}
+
+fn options(cfg: &SubscriberConfig) -> SocketOptions {
+    let mut options = SocketOptions::default();
+    options.connect_timeout(cfg.connect_timeout);
+    options
+}
+
+/// Subscribes to `cfg.endpoint` and reports through `tx` until `tx`'s
+/// receiver is dropped. See the module docs.
+pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
+    let mut state = State::default();
+    let mut delay = cfg.reconnect_delay;
+    loop {
+        if tx.is_closed() {
+            return;
+        }
+        let mut socket = SubSocket::with_options(options(&cfg));
+        let mut monitor = socket.monitor();
+        let subscribed = socket.subscribe(&cfg.topic).await.is_ok();
+        let connected = subscribed
+            && matches!(
+                tokio::time::timeout(cfg.connect_timeout, socket.connect(&cfg.endpoint)).await,
+                Ok(Ok(()))
+            );
+        if connected {
+            delay = cfg.reconnect_delay;
+            loop {
+                tokio::select! {
+                    message = socket.recv() => match message {
+                        Ok(m) => {
+                            if state.on_message(&cfg, &tx, m.into_vec()).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(_) => break,
+                    },
+                    event = monitor.next() => match event {
+                        Some(SocketEvent::Disconnected(_)) | None => break,
+                        Some(_) => {}
+                    },
+                    () = tx.closed() => return,
+                }
+            }
+        }
+        if state
+            .lose(&tx, false, StaleReason::Disconnected)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        drop(socket);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = tx.closed() => return,
+        }
+        delay = (delay * 2).min(cfg.max_reconnect_delay);
+    }
+}

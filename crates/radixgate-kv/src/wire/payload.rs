@@ -1,0 +1,244 @@
+//! The msgpack payload of one message: an event batch.
+//!
+//! Both engines encode with msgspec. Facts this decoder relies on, from
+//! vLLM's `vllm/distributed/kv_events.py` and SGLang's
+//! `python/sglang/srt/disaggregation/kv_events.py` (public sources, several
+//! versions read):
+//!
+//! - The batch is `EventBatch(ts: float, events: list, data_parallel_rank:
+//!   int | None = None)`, `array_like` in SGLang and in vLLM through 2025,
+//!   so `[ts, events]` or `[ts, events, rank]` (`omit_defaults` drops a
+//!   trailing default). One later vLLM version encodes it as a map with
+//!   those three names, so both are read.
+//! - Events are tagged structs (`tag=True`: the tag is the class name, and
+//!   the tag field of a map is `"type"`). As arrays (SGLang, vLLM through
+//!   2025) the tag comes first and fields follow in declaration order:
+//!   `BlockStored`: block_hashes, parent_block_hash, token_ids, block_size,
+//!   lora_id, then (vLLM) medium, lora_name, and later optional fields
+//!   (extra_keys, group_idx, ...); `BlockRemoved`: block_hashes, then (vLLM)
+//!   medium, group_idx, ...; `AllBlocksCleared`: nothing. Since 2026 vLLM
+//!   drops `array_like` on events, so they arrive as maps with those names.
+//! - `medium` is `"GPU"` for the GPU cache (vLLM's `MEDIUM_GPU`); other
+//!   tiers ("CPU", offload tiers) are skipped here. Missing or nil means GPU
+//!   (SGLang and older vLLM have no medium field).
+//! - Hashes are `int` (SGLang, older vLLM) or `bytes | int` (vLLM's
+//!   `ExternalBlockHash`).
+//!
+//! Leniency: unknown map keys and extra trailing array fields are ignored,
+//! so newer engines' additions decode; unknown tags are counted and
+//! skipped. Strictness: a missing or mistyped field we need fails the whole
+//! batch, because applying half of a batch would silently desynchronise the
+//! index.
+
+use rmpv::ValueRef;
+
+use crate::error::WireError;
+use crate::event::{BlockStored, EngineHash, EventBatch, KvEvent, Skipped};
+
+/// Our payloads nest at most 5 deep (batch, events, event, hashes, hash);
+/// newer optional fields (extra_keys) add 2. The bound keeps hostile
+/// nesting from recursing deep.
+const MAX_DEPTH: usize = 16;
+
+/// Decodes one msgpack payload into an event batch.
+pub fn decode_payload(bytes: &[u8]) -> Result<EventBatch, WireError> {
+    let mut rd = bytes;
+    let value = rmpv::decode::read_value_ref_with_max_depth(&mut rd, MAX_DEPTH)?;
+    if !rd.is_empty() {
+        return Err(WireError::TrailingBytes(rd.len()));
+    }
+    batch(&value)
+}
+
+fn batch(value: &ValueRef<'_>) -> Result<EventBatch, WireError> {
+    let (ts, events, rank) = match value {
+        ValueRef::Array(items) => (items.first(), items.get(1), items.get(2)),
+        ValueRef::Map(entries) => (
+            field(entries, "ts"),
+            field(entries, "events"),
+            field(entries, "data_parallel_rank"),
+        ),
+        _ => return Err(WireError::shape("payload", "an array or a map")),
+    };
+    let ts = match ts {
+        Some(ValueRef::F64(f)) => *f,
+        Some(ValueRef::F32(f)) => f64::from(*f),
+        Some(ValueRef::Integer(i)) => i.as_f64().unwrap_or(f64::NAN),
+        _ => return Err(WireError::shape("ts", "a number")),
+    };
+    let Some(ValueRef::Array(items)) = events else {
+        return Err(WireError::shape("events", "an array"));
+    };
+    let data_parallel_rank = match rank {
+        None | Some(ValueRef::Nil) => None,
+        Some(ValueRef::Integer(i)) => Some(
+            i.as_i64()
+                .ok_or(WireError::shape("data_parallel_rank", "an i64"))?,
+        ),
+        Some(_) => return Err(WireError::shape("data_parallel_rank", "an integer or nil")),
+    };
+    let mut out = EventBatch {
+        ts,
+        events: Vec::with_capacity(items.len()),
+        data_parallel_rank,
+        skipped: Skipped::default(),
+    };
+    for item in items {
+        event(item, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The fields of one event, whichever shape it came in.
+struct Fields<'v, 'a> {
+    tag: &'v str,
+    shape: Shape<'v, 'a>,
+}
+
+enum Shape<'v, 'a> {
+    /// The fields after the tag, in declaration order.
+    Array(&'v [ValueRef<'a>]),
+    Map(&'v [(ValueRef<'a>, ValueRef<'a>)]),
+}
+
+impl<'v, 'a> Fields<'v, 'a> {
+    /// Field `index` (after the tag) of the array shape, `name` of the map
+    /// shape.
+    fn get(&self, index: usize, name: &str) -> Option<&'v ValueRef<'a>> {
+        match self.shape {
+            Shape::Array(items) => items.get(index),
+            Shape::Map(entries) => field(entries, name),
+        }
+    }
+}
+
+fn event(value: &ValueRef<'_>, out: &mut EventBatch) -> Result<(), WireError> {
+    let fields = match value {
+        ValueRef::Array(items) => match items.split_first() {
+            Some((tag, rest)) => Fields {
+                tag: as_str(tag).ok_or(WireError::shape("event", "a tag string first"))?,
+                shape: Shape::Array(rest),
+            },
+            None => return Err(WireError::shape("event", "a non-empty array")),
+        },
+        ValueRef::Map(entries) => Fields {
+            tag: field(entries, "type")
+                .and_then(as_str)
+                .ok_or(WireError::shape("event", "a \"type\" string"))?,
+            shape: Shape::Map(entries),
+        },
+        _ => return Err(WireError::shape("event", "an array or a map")),
+    };
+    match fields.tag {
+        "BlockStored" => {
+            let at = "BlockStored";
+            let block_hashes = hashes(fields.get(0, "block_hashes"), at)?;
+            let parent = match fields.get(1, "parent_block_hash") {
+                None if matches!(fields.shape, Shape::Array(_)) => {
+                    return Err(WireError::shape(at, "parent_block_hash"));
+                }
+                None | Some(ValueRef::Nil) => None,
+                Some(v) => Some(hash(v, at)?),
+            };
+            let token_ids = tokens(fields.get(2, "token_ids"))?;
+            let block_size = match fields.get(3, "block_size") {
+                Some(ValueRef::Integer(i)) => i
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0),
+                _ => None,
+            }
+            .ok_or(WireError::shape("block_size", "a positive u32"))?;
+            let lora_id = match fields.get(4, "lora_id") {
+                None | Some(ValueRef::Nil) => None,
+                Some(ValueRef::Integer(i)) => {
+                    Some(i.as_i64().ok_or(WireError::shape("lora_id", "an i64"))?)
+                }
+                Some(_) => return Err(WireError::shape("lora_id", "an integer or nil")),
+            };
+            if !on_gpu(fields.get(5, "medium"))? {
+                out.skipped.other_medium += 1;
+                return Ok(());
+            }
+            out.events.push(KvEvent::Stored(BlockStored {
+                block_hashes,
+                parent,
+                token_ids,
+                block_size,
+                lora_id,
+            }));
+        }
+        "BlockRemoved" => {
+            let block_hashes = hashes(fields.get(0, "block_hashes"), "BlockRemoved")?;
+            if !on_gpu(fields.get(1, "medium"))? {
+                out.skipped.other_medium += 1;
+                return Ok(());
+            }
+            out.events.push(KvEvent::Removed(block_hashes));
+        }
+        "AllBlocksCleared" => out.events.push(KvEvent::Cleared),
+        _ => out.skipped.unknown_tag += 1,
+    }
+    Ok(())
+}
+
+fn field<'v, 'a>(
+    entries: &'v [(ValueRef<'a>, ValueRef<'a>)],
+    name: &str,
+) -> Option<&'v ValueRef<'a>> {
+    entries
+        .iter()
+        .find(|(k, _)| as_str(k) == Some(name))
+        .map(|(_, v)| v)
+}
+
+fn as_str<'v>(value: &'v ValueRef<'_>) -> Option<&'v str> {
+    match value {
+        ValueRef::String(s) => s.as_str(),
+        _ => None,
+    }
+}
+
+/// Missing or nil medium is GPU; a string is compared case-insensitively.
+fn on_gpu(medium: Option<&ValueRef<'_>>) -> Result<bool, WireError> {
+    match medium {
+        None | Some(ValueRef::Nil) => Ok(true),
+        Some(v) => as_str(v)
+            .map(|s| s.eq_ignore_ascii_case("GPU"))
+            .ok_or(WireError::shape("medium", "a string or nil")),
+    }
+}
+
+fn hash(value: &ValueRef<'_>, at: &'static str) -> Result<EngineHash, WireError> {
+    match value {
+        // Signed values keep their two's-complement bit pattern.
+        ValueRef::Integer(i) => i
+            .as_u64()
+            .or_else(|| i.as_i64().map(|n| n as u64))
+            .map(EngineHash)
+            .ok_or(WireError::shape(at, "block hashes as integers or bytes")),
+        ValueRef::Binary(b) => Ok(EngineHash::from_bytes(b)),
+        _ => Err(WireError::shape(at, "block hashes as integers or bytes")),
+    }
+}
+
+fn hashes(value: Option<&ValueRef<'_>>, at: &'static str) -> Result<Vec<EngineHash>, WireError> {
+    match value {
+        Some(ValueRef::Array(items)) => items.iter().map(|v| hash(v, at)).collect(),
+        _ => Err(WireError::shape(at, "block_hashes as an array")),
+    }
+}
+
+fn tokens(value: Option<&ValueRef<'_>>) -> Result<Vec<u32>, WireError> {
+    let Some(ValueRef::Array(items)) = value else {
+        return Err(WireError::shape("token_ids", "an array"));
+    };
+    items
+        .iter()
+        .map(|v| match v {
+            ValueRef::Integer(i) => i.as_u64().and_then(|n| u32::try_from(n).ok()),
+            _ => None,
+        })
+        .collect::<Option<Vec<u32>>>()
+        .ok_or(WireError::shape("token_ids", "integers in 0..2^32"))
+}

@@ -1,0 +1,257 @@
+//! The subscriber against real ZMQ sockets made here on loopback: a PUB
+//! publishing engine-format messages and, for replay, a ROUTER answering
+//! the way the engines' replay socket does.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use radixgate_kv::subscribe::{StaleReason, SubscriberConfig, Update, run};
+use rmpv::Value;
+use tokio::sync::mpsc;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const TOPIC: &str = "kv-events";
+
+fn stored_payload(seq: u64) -> Vec<u8> {
+    batch(
+        vec![stored_array(
+            vec![uint(seq)],
+            Value::Nil,
+            &[1, 2, 3, 4],
+            4,
+            Value::Nil,
+        )],
+        Value::Nil,
+    )
+}
+
+fn cleared_payload() -> Vec<u8> {
+    batch(vec![cleared_array()], Value::Nil)
+}
+
+fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
+    let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+    ZmqMessage::try_from(frames).expect("frames")
+}
+
+async fn publish(socket: &mut PubSocket, seq: u64, payload: Vec<u8>) {
+    let frames = vec![
+        TOPIC.as_bytes().to_vec(),
+        seq.to_be_bytes().to_vec(),
+        payload,
+    ];
+    socket.send(message(frames)).await.expect("publish");
+}
+
+async fn next(rx: &mut mpsc::Receiver<Update>) -> Update {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("an update within 10 s")
+        .expect("the subscriber is running")
+}
+
+async fn expect_batch(rx: &mut mpsc::Receiver<Update>, want: u64) {
+    match next(rx).await {
+        Update::Batch { seq, .. } => assert_eq!(seq, want),
+        other => panic!("expected batch {want}, got {other:?}"),
+    }
+}
+
+/// Publishes from `seq` on, `payload(seq)` each, until the subscriber
+/// reports something (a SUB only gets what is published after its
+/// subscription reached the PUB); returns the first update and the next
+/// sequence to publish.
+async fn publish_until_heard(
+    socket: &mut PubSocket,
+    rx: &mut mpsc::Receiver<Update>,
+    mut seq: u64,
+    payload: impl Fn(u64) -> Vec<u8>,
+    buffer: Option<&Buffer>,
+) -> (Update, u64) {
+    for _ in 0..200 {
+        if let Some(b) = buffer {
+            b.lock().expect("buffer").push((seq, payload(seq)));
+        }
+        publish(socket, seq, payload(seq)).await;
+        seq += 1;
+        if let Ok(Some(u)) = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
+            return (u, seq);
+        }
+    }
+    panic!("the subscriber heard nothing in 200 messages");
+}
+
+async fn bind_pub(endpoint: &str) -> (PubSocket, String) {
+    let mut socket = PubSocket::new();
+    let bound = socket.bind(endpoint).await.expect("bind PUB");
+    (socket, bound.to_string())
+}
+
+fn config(endpoint: &str) -> SubscriberConfig {
+    let mut cfg = SubscriberConfig::new(endpoint, TOPIC);
+    cfg.reconnect_delay = Duration::from_millis(20);
+    cfg.max_reconnect_delay = Duration::from_millis(200);
+    cfg
+}
+
+#[tokio::test]
+async fn gaps_restarts_and_disconnects_without_replay() {
+    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let task = tokio::spawn(run(config(&endpoint), tx));
+
+    // Whatever the first sequence heard, a clear makes the stream exact.
+    let (first, mut seq) =
+        publish_until_heard(&mut publisher, &mut rx, 0, |_| cleared_payload(), None).await;
+    assert!(matches!(first, Update::Batch { .. }), "{first:?}");
+    assert!(matches!(next(&mut rx).await, Update::Live));
+
+    publish(&mut publisher, seq, stored_payload(seq)).await;
+    expect_batch(&mut rx, seq).await;
+    // Skip one sequence: no replay, so the stream goes stale.
+    publish(&mut publisher, seq + 2, stored_payload(seq + 2)).await;
+    match next(&mut rx).await {
+        Update::Stale(StaleReason::Gap { expected, got }) => {
+            assert_eq!((expected, got), (seq + 1, seq + 2))
+        }
+        other => panic!("expected a gap, got {other:?}"),
+    }
+    expect_batch(&mut rx, seq + 2).await;
+    seq += 3;
+    // Still stale: a stored batch does not repair it, a clear does.
+    publish(&mut publisher, seq, stored_payload(seq)).await;
+    expect_batch(&mut rx, seq).await;
+    publish(&mut publisher, seq + 1, cleared_payload()).await;
+    expect_batch(&mut rx, seq + 1).await;
+    assert!(matches!(next(&mut rx).await, Update::Live));
+
+    // The publisher restarts its sequence.
+    publish(&mut publisher, 0, stored_payload(0)).await;
+    assert!(matches!(next(&mut rx).await, Update::Restarted));
+    expect_batch(&mut rx, 0).await;
+
+    // The publisher goes away: stale. A new one on the same port, once
+    // heard with a clear, makes it live again.
+    drop(publisher);
+    assert!(matches!(
+        next(&mut rx).await,
+        Update::Stale(StaleReason::Disconnected)
+    ));
+    let (mut publisher, again) = bind_pub(&endpoint).await;
+    assert_eq!(again, endpoint);
+    let mut live = false;
+    let (mut update, _) =
+        publish_until_heard(&mut publisher, &mut rx, 0, |_| cleared_payload(), None).await;
+    for _ in 0..10 {
+        if matches!(update, Update::Live) {
+            live = true;
+            break;
+        }
+        update = next(&mut rx).await;
+    }
+    assert!(live, "live again after the reconnect");
+
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the subscriber stops when its receiver is dropped")
+        .expect("no panic");
+}
+
+type Buffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+/// A replay socket as the engines run it: a ROUTER that answers a start
+/// sequence with every buffered batch from it on, then the end marker.
+async fn replay_server(buffer: Buffer) -> String {
+    let mut router = RouterSocket::new();
+    let endpoint = router
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind ROUTER")
+        .to_string();
+    tokio::spawn(async move {
+        while let Ok(request) = router.recv().await {
+            let frames = request.into_vec();
+            let [id, _, start] = &frames[..] else {
+                continue;
+            };
+            let start = u64::from_be_bytes(start[..8].try_into().expect("8 bytes"));
+            let batches: Vec<(u64, Vec<u8>)> = buffer
+                .lock()
+                .expect("buffer")
+                .iter()
+                .filter(|(s, _)| *s >= start)
+                .cloned()
+                .collect();
+            for (seq, payload) in batches {
+                let reply = vec![id.to_vec(), Vec::new(), seq.to_be_bytes().to_vec(), payload];
+                if router.send(message(reply)).await.is_err() {
+                    break;
+                }
+            }
+            let end = vec![
+                id.to_vec(),
+                Vec::new(),
+                (-1i64).to_be_bytes().to_vec(),
+                Vec::new(),
+            ];
+            let _ = router.send(message(end)).await;
+        }
+    });
+    endpoint
+}
+
+#[tokio::test]
+async fn gaps_are_filled_by_replay() {
+    let buffer: Buffer = Arc::default();
+    let replay = replay_server(buffer.clone()).await;
+    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
+    let (tx, mut rx) = mpsc::channel(1024);
+    let mut cfg = config(&endpoint);
+    cfg.replay_endpoint = Some(replay);
+    let task = tokio::spawn(run(cfg, tx));
+
+    // Whatever the first sequence heard, replay fills everything before it:
+    // batches 0, 1, ... in order, then live.
+    let (first, mut seq) =
+        publish_until_heard(&mut publisher, &mut rx, 0, stored_payload, Some(&buffer)).await;
+    assert!(matches!(first, Update::Batch { seq: 0, .. }), "{first:?}");
+    for want in 1..seq {
+        expect_batch(&mut rx, want).await;
+    }
+    assert!(matches!(next(&mut rx).await, Update::Live));
+
+    // Two batches the subscriber never sees live come back by replay.
+    for s in seq..seq + 2 {
+        buffer.lock().expect("buffer").push((s, stored_payload(s)));
+    }
+    buffer
+        .lock()
+        .expect("buffer")
+        .push((seq + 2, stored_payload(seq + 2)));
+    publish(&mut publisher, seq + 2, stored_payload(seq + 2)).await;
+    for want in seq..seq + 3 {
+        expect_batch(&mut rx, want).await;
+    }
+    seq += 3;
+
+    // A batch the replay buffer lost: stale.
+    buffer
+        .lock()
+        .expect("buffer")
+        .push((seq + 1, stored_payload(seq + 1)));
+    publish(&mut publisher, seq + 1, stored_payload(seq + 1)).await;
+    match next(&mut rx).await {
+        Update::Stale(StaleReason::Gap { expected, got }) => {
+            assert_eq!((expected, got), (seq, seq + 1))
+        }
+        other => panic!("expected a gap, got {other:?}"),
+    }
+    expect_batch(&mut rx, seq + 1).await;
+    drop(rx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+}
