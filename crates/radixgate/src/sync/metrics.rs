@@ -27,6 +27,10 @@ const IGNORED: Describe = Describe::new(
     "radixgate_sync_ignored_total",
     "Received messages or entries not applied, by reason (malformed, version, foreign_cluster, own, unknown_worker, unknown_model, missing_base).",
 );
+const LEARNED: Describe = Describe::new(
+    "radixgate_sync_entries_learned_total",
+    "Peers' routing decisions applied to this replica's trees.",
+);
 const CONNECTED: Describe = Describe::new(
     "radixgate_sync_connected",
     "Whether this replica is connected to NATS (1) or not (0).",
@@ -45,6 +49,7 @@ pub(crate) struct SyncMetrics {
     bytes_received: Family<(), Counter>,
     dropped: Family<&'static str, Counter>,
     ignored: LabelledCounters,
+    learned: Family<(), Counter>,
     connected: OneGauge,
     lag: OneGauge,
 }
@@ -62,6 +67,7 @@ impl SyncMetrics {
             bytes_received: metrics.counters(&BYTES_RECEIVED),
             dropped: metrics.counters(&DROPPED),
             ignored: metrics.labelled_counters(&IGNORED, "reason"),
+            learned: metrics.counters(&LEARNED),
             connected: metrics.gauge(&CONNECTED),
             lag: metrics.gauge(&LAG),
         };
@@ -71,6 +77,7 @@ impl SyncMetrics {
         add(&m.received, 0);
         add(&m.bytes_sent, 0);
         add(&m.bytes_received, 0);
+        add(&m.learned, 0);
         m
     }
 
@@ -91,6 +98,10 @@ impl SyncMetrics {
             || vec![metrics::Label::from_static_parts("reason", reason)],
             |c| c.increment(n),
         );
+    }
+
+    pub(crate) fn learned(&self) {
+        add(&self.learned, 1);
     }
 
     pub(crate) fn ignored(&self, reason: &'static str) {

@@ -206,7 +206,8 @@ impl Applier {
                 }
             };
             match self.router.learn(&entry.model, &entry.url, &text) {
-                Learned::Inserted | Learned::NoTrees => {}
+                Learned::Inserted => self.metrics.learned(),
+                Learned::NoTrees => {}
                 Learned::UnknownWorker => self.held.push(
                     HeldEntry {
                         since: Instant::now(),
@@ -237,7 +238,8 @@ impl Applier {
         let mut bytes = 0;
         for e in self.held.entries.drain(..) {
             match self.router.learn(&e.model, &e.url, &e.text) {
-                Learned::Inserted | Learned::NoTrees => {}
+                Learned::Inserted => self.metrics.learned(),
+                Learned::NoTrees => {}
                 Learned::UnknownModel => self.metrics.ignored("unknown_model"),
                 Learned::UnknownWorker if now.duration_since(e.since) >= hold => {
                     self.metrics.ignored("unknown_worker")
