@@ -1,0 +1,175 @@
+//! Turn an inference request body into the prompt token ids the engine will
+//! compute, so the router can match requests against the engines' KV-cache
+//! events (which carry token ids, not text).
+//!
+//! - [`Tokenizer::load`] reads a `tokenizer.json`, or a model directory with
+//!   `tokenizer.json` and optionally `tokenizer_config.json` (chat template,
+//!   special tokens) or `chat_template.jinja`.
+//! - [`Tokenizer::prompt_tokens`] tokenizes `/v1/chat/completions`,
+//!   `/v1/completions` and SGLang `/generate` bodies as vLLM or SGLang
+//!   would ([`Engine`]).
+//! - [`body_token_ids`] reads ids a body already carries (`/generate`
+//!   `input_ids`, a completions prompt of ids) with no tokenizer at all.
+//! - With the `testing` feature, [`testing`] trains a small tokenizer in
+//!   process and writes a model directory for tests; nothing is downloaded.
+//!
+//! A [`Tokenizer`] is immutable after load and `Send + Sync`: share one
+//! behind an `Arc` and call it from any thread; there are no locks.
+//!
+//! # Cost per request
+//!
+//! `cargo bench -p radixgate-tokenize --bench tokenize` measures it; the
+//! figures are recorded here once measured.
+
+mod chat;
+mod config;
+mod error;
+mod pyjson;
+mod request;
+mod template;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+pub use error::TokenizeError;
+pub use request::{Endpoint, Engine, body_token_ids};
+
+use config::ChatConfig;
+use request::Prompt;
+use template::ChatTemplate;
+
+/// A model's tokenizer and chat template.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat: Option<ChatTemplate>,
+    special_tokens: Vec<(&'static str, String)>,
+    engine: Engine,
+}
+
+impl Tokenizer {
+    /// Load from a `tokenizer.json` file, or from a model directory holding
+    /// `tokenizer.json` and optionally `tokenizer_config.json` /
+    /// `chat_template.jinja` / `chat_template.json`.
+    ///
+    /// A lone file has no chat template: chat requests then fail with
+    /// [`TokenizeError::NoChatTemplate`]. A template that does not compile
+    /// fails here, not on the first request.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, TokenizeError> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|source| TokenizeError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (tokenizer_json, config) = if meta.is_dir() {
+            let file = path.join("tokenizer.json");
+            if !file.is_file() {
+                return Err(TokenizeError::NoTokenizerJson {
+                    dir: path.to_path_buf(),
+                });
+            }
+            (file, ChatConfig::load_dir(path)?)
+        } else {
+            (path.to_path_buf(), ChatConfig::default())
+        };
+        let bytes = std::fs::read(&tokenizer_json).map_err(|source| TokenizeError::Io {
+            path: tokenizer_json.clone(),
+            source,
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|source| {
+            TokenizeError::BadTokenizer {
+                path: tokenizer_json.clone(),
+                source,
+            }
+        })?;
+        let chat = match config.template {
+            Some((source, origin)) => Some(ChatTemplate::compile(source, &origin)?),
+            None => None,
+        };
+        Ok(Self {
+            inner,
+            chat,
+            special_tokens: config.special_tokens,
+            engine: Engine::default(),
+        })
+    }
+
+    /// Follow `engine`'s rules where vLLM and SGLang differ (default vLLM).
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// The engine whose rules are followed.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// Whether chat requests can be tokenized.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.is_some()
+    }
+
+    /// The vocabulary size, special tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The prompt token ids the engine computes for `body` sent to
+    /// `endpoint`.
+    pub fn prompt_tokens(
+        &self,
+        endpoint: Endpoint,
+        body: &Value,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        match request::prompt_of(endpoint, body)? {
+            Prompt::Ids(ids) => Ok(ids),
+            Prompt::Text {
+                text,
+                add_special_tokens,
+            } => self.encode(text, add_special_tokens),
+            Prompt::Chat(map) => {
+                let prepared = chat::prepare(map, self.engine)?;
+                let add_special_tokens = prepared.add_special_tokens;
+                let text = self.render(prepared)?;
+                self.encode(&text, add_special_tokens)
+            }
+        }
+    }
+
+    /// The prompt text the chat template renders for a chat completion
+    /// body (what [`prompt_tokens`](Self::prompt_tokens) then encodes).
+    pub fn render_chat(&self, body: &Value) -> Result<String, TokenizeError> {
+        let Value::Object(map) = body else {
+            return Err(error::invalid("the body must be a JSON object"));
+        };
+        self.render(chat::prepare(map, self.engine)?)
+    }
+
+    fn render(&self, prepared: chat::PreparedChat) -> Result<String, TokenizeError> {
+        let template = self.chat.as_ref().ok_or(TokenizeError::NoChatTemplate)?;
+        let context = chat::context_value(&self.special_tokens, prepared.context);
+        let mut text = template.render(context)?;
+        if let Some(final_message) = &prepared.continue_final {
+            text = chat::cut_after_final(&text, final_message)?;
+        }
+        if let Some(suffix) = &prepared.append {
+            text.push_str(suffix);
+        }
+        Ok(text)
+    }
+
+    /// Encode `text`, adding the tokenizer's special tokens (e.g. a BOS) when
+    /// `add_special_tokens`. Special-token strings in the text (`<|im_start|>`)
+    /// become their ids either way.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let encoding = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(TokenizeError::Encode)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+}
