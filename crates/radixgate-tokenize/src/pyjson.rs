@@ -251,13 +251,14 @@ mod tests {
 
     #[test]
     fn dumps_matches_python_defaults() {
+        // Keys in sorted order, so the expectation holds with and without
+        // serde_json's `preserve_order`.
         let v = Value::from(minijinja::value::Serde(serde_json::json!({
-            "name": "get_weather",
-            "parameters": {"type": "object", "required": ["city"], "x": [], "y": {}},
+            "b": true, "f": 2.0, "n": 3, "name": "get_weather",
             "note": "naïve \"quoted\"\n\u{1}",
-            "n": 3, "f": 2.0, "b": true, "z": null
+            "parameters": {"required": ["city"], "type": "object", "x": [], "y": {}},
+            "z": null
         })));
-        // Key order: serde_json's map is sorted (no preserve_order here).
         assert_eq!(
             dumps(&v, &Layout::new(None)).unwrap(),
             r#"{"b": true, "f": 2.0, "n": 3, "name": "get_weather", "note": "naïve \"quoted\"\n\u0001", "parameters": {"required": ["city"], "type": "object", "x": [], "y": {}}, "z": null}"#

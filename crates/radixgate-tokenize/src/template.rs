@@ -12,7 +12,7 @@
 //! with minijinja:
 //! - the same whitespace settings, `break`/`continue`, Python string and dict
 //!   methods (`.strip()`, `.items()`, ...) from minijinja-contrib's pycompat;
-//! - printed `None`/`True`/`False` and floats spelled as Python prints them;
+//! - printed values spelled as Python prints them (`None`, `True`, `1e-05`);
 //! - a bounded amount of work per render (minijinja's fuel), so a template
 //!   cannot hang the router.
 //!
@@ -82,28 +82,23 @@ impl ChatTemplate {
     }
 }
 
-/// Print values as Python's `str()` would: `None`, `True`, `False`, float
-/// repr. Strings, integers and undefined print as minijinja prints them
-/// (the same as Jinja2).
+/// Print floats as Python's `str()` does (`1e+16`, `1e-05`, `nan`);
+/// minijinja already prints `None`, `True`, `False`, integers and strings
+/// as Python does, and spells floats in fixed notation only.
 fn python_formatter(
     out: &mut minijinja::Output,
     state: &mut State,
     value: &Value,
 ) -> Result<(), Error> {
-    let text = match value.kind() {
-        ValueKind::None => Some("None".to_owned()),
-        ValueKind::Bool => Some(if value.is_true() { "True" } else { "False" }.to_owned()),
-        ValueKind::Number if !value.is_integer() => f64::try_from(value.clone()).ok().map(|f| {
-            let mut s = String::new();
-            pyjson::write_float(&mut s, f, false);
-            s
-        }),
-        _ => None,
-    };
-    match text {
-        Some(t) => out.write_str(&t).map_err(Error::from),
-        None => minijinja::escape_formatter(out, state, value),
+    if value.kind() == ValueKind::Number
+        && !value.is_integer()
+        && let Ok(f) = f64::try_from(value.clone())
+    {
+        let mut s = String::new();
+        pyjson::write_float(&mut s, f, false);
+        return out.write_str(&s).map_err(Error::from);
     }
+    minijinja::escape_formatter(out, state, value)
 }
 
 /// `tojson(value, indent=None, separators=None, sort_keys=False,
@@ -198,12 +193,13 @@ mod tests {
     fn python_methods_loop_controls_and_spelling() {
         let out = render(
             "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}\
-             {{ m.content.strip().upper() }};{% endfor %}{{ x }} {{ t }} {{ f }} {{ none }}",
+             {{ m.content.strip().upper() }};{% endfor %}{{ x }} {{ t }} {{ f }} {{ none }} \
+             {{ big }} {{ small }}",
             serde_json::json!({"messages": [{"content": " hi "}, {"content": "yo"}, {"content": "no"}],
-                               "x": null, "t": true, "f": 1.0}),
+                               "x": null, "t": true, "f": 1.0, "big": 1e16, "small": 0.00001}),
         )
         .unwrap();
-        assert_eq!(out, "HI;YO;None True 1.0 None");
+        assert_eq!(out, "HI;YO;None True 1.0 None 1e+16 1e-05");
     }
 
     #[test]
@@ -214,6 +210,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "[{\"a\": 1}]|[\n  {\n    \"a\": 1\n  }\n]|\"é<&>\"");
+    }
+
+    #[test]
+    fn tojson_keeps_map_order_unless_sort_keys_and_takes_separators() {
+        // A map literal keeps its written order (minijinja preserve_order).
+        let out = render(
+            "{{ {'b': 1, 'a': [1, 2]} | tojson }}|{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}|\
+             {{ {'b': 1, 'a': [1, 2]} | tojson(separators=(',', ':')) }}",
+            serde_json::json!({}),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "{\"b\": 1, \"a\": [1, 2]}|{\"a\": 2, \"b\": 1}|{\"b\":1,\"a\":[1,2]}"
+        );
     }
 
     #[test]

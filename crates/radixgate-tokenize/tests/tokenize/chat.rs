@@ -99,6 +99,14 @@ fn null_content_renders_empty_and_images_are_refused() {
             .unwrap()
             .contains("<|assistant|>\n<|end|>\n")
     );
+    // A null key is left out, as both engines leave it out: `is defined`
+    // is false for it.
+    let (_d2, named) = model_with_template(
+        "{% for m in messages %}{% if m.name is defined %}[{{ m.name }}]{% endif %}{{ m.content }}{% endfor %}",
+    );
+    let body = json!({"messages": [{"role": "user", "content": "q", "name": null},
+                                   {"role": "user", "content": "r", "name": "bob"}]});
+    assert_eq!(named.render_chat(&body).unwrap(), "q[bob]r");
     let image = json!({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]});
     let err = tok.prompt_tokens(CHAT, &image).unwrap_err();
@@ -181,9 +189,13 @@ fn malformed_messages_are_client_errors() {
 #[test]
 fn tools_reach_the_template_as_python_json() {
     let (_dir, tok) = model();
-    let tools = json!([{"type": "function", "function": {
-        "name": "get_weather", "description": "Météo",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    // Keys written in sorted order: the router's serde_json may or may not
+    // keep insertion order (its `preserve_order` feature), and either way
+    // these come out as written.
+    let tools = json!([{"function": {
+        "description": "Météo", "name": "get_weather",
+        "parameters": {"properties": {"city": {"type": "string"}}, "type": "object"}},
+        "type": "function"}]);
     let body = json!({"tools": tools, "messages": [{"role": "user", "content": "x"}]});
     let rendered = tok.render_chat(&body).unwrap();
     assert!(
