@@ -18,8 +18,24 @@
 //!
 //! # Cost per request
 //!
-//! `cargo bench -p radixgate-tokenize --bench tokenize` measures it; the
-//! figures are recorded here once measured.
+//! Measured 2026-12-01 with `cargo bench -p radixgate-tokenize --bench
+//! tokenize` (bench profile: release, fat LTO) on the 2-core development
+//! machine while other builds ran (load average about 6). Tokenizer: the
+//! test tokenizer, byte-level BPE trained in process (asked for 8,000
+//! tokens; the synthetic corpus yields 2,009), a 4-role chat template.
+//! "CPU" is this thread's CPU time per request, median of 5 runs; "wall" is
+//! criterion's median, inflated by the shared cores.
+//!
+//! | prompt | messages | `prompt_tokens` CPU | wall | of which template render (wall) |
+//! |---|---|---|---|---|
+//! | 1,007 tokens (5.5 KB) | 6 | 1.68 ms | 2.66 ms | 25 µs |
+//! | 8,037 tokens (44 KB) | 36 | 8.26 ms | 18.4 ms | 106 µs |
+//! | 31,975 tokens (177 KB) | 134 | 51.0 ms | 83.5 ms | 445 µs |
+//!
+//! Encoding dominates (the `encode` row of the bench is within noise of the
+//! whole); rendering the template is under 1%. That is 3.3-5.4 MB of prompt
+//! per CPU-second. The corpus repeats ~150 words, so the BPE word cache
+//! always hits: a real model's tokenizer on varied text will not be faster.
 
 mod chat;
 mod config;
