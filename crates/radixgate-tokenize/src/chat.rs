@@ -81,15 +81,15 @@ pub(crate) fn prepare(
         }
         Engine::Sglang => {
             add_generation_prompt = true;
-            if last_is_assistant {
-                let last = prepared.last_mut().expect("non-empty");
-                if let Some(Value::String(text)) = last.get("content").cloned() {
-                    if continue_final_message {
-                        prepared.pop();
-                        append = Some(text);
-                    } else {
-                        last.insert("role".into(), Value::String("user".into()));
-                    }
+            if last_is_assistant
+                && let Some(last) = prepared.last_mut()
+                && let Some(Value::String(text)) = last.get("content").cloned()
+            {
+                if continue_final_message {
+                    prepared.pop();
+                    append = Some(text);
+                } else {
+                    last.insert("role".into(), Value::String("user".into()));
                 }
             }
         }

@@ -189,3 +189,14 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The router shares one tokenizer across its request tasks.
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn shared<T: Send + Sync + 'static>() {}
+        shared::<super::Tokenizer>();
+        shared::<super::TokenizeError>();
+    }
+}
