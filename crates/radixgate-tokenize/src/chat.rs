@@ -2,10 +2,10 @@
 //! engine prepares them.
 //!
 //! Both engines (vLLM's chat utilities, SGLang's serving_chat):
-//! - render message content given as a list of parts from its text parts
-//!   only, joined (`"\n"` in vLLM, `" "` in SGLang) — for templates that
-//!   take content as a string, which is what a text-only model's template
-//!   does;
+//! - give a template that takes content as a string the text parts joined
+//!   (`"\n"` in vLLM, `" "` in SGLang), and a template that loops over
+//!   `message.content` a list of `{"type": "text", "text": ...}` parts (vLLM
+//!   also wraps a plain string as one part; SGLang leaves it a string);
 //! - give a message with `content: null` the empty string;
 //! - leave out keys whose value is null;
 //! - parse an assistant tool call's `arguments` from its JSON string into an
@@ -34,9 +34,14 @@ pub(crate) struct PreparedChat {
 }
 
 /// Read `body` (a chat completion request) under `engine`'s rules.
+///
+/// `content_parts`: the template iterates over a message's content (see
+/// [`crate::template::iterates_message_content`]), so content goes to it as
+/// a list of parts rather than a string.
 pub(crate) fn prepare(
     body: &Map<String, Value>,
     engine: Engine,
+    content_parts: bool,
 ) -> Result<PreparedChat, TokenizeError> {
     let messages = match body.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
@@ -44,13 +49,9 @@ pub(crate) fn prepare(
         Some(_) => return Err(invalid("`messages` must be a list")),
         None => return Err(invalid("/v1/chat/completions needs `messages`")),
     };
-    let joiner = match engine {
-        Engine::Vllm => "\n",
-        Engine::Sglang => " ",
-    };
     let mut prepared = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
-        prepared.push(message_for_template(message, i, joiner)?);
+        prepared.push(message_for_template(message, i, engine, content_parts)?);
     }
 
     let continue_final_message = flag(body, "continue_final_message", false)?;
@@ -137,7 +138,8 @@ pub(crate) fn prepare(
 fn message_for_template(
     message: &Value,
     i: usize,
-    joiner: &str,
+    engine: Engine,
+    content_parts: bool,
 ) -> Result<Map<String, Value>, TokenizeError> {
     let Value::Object(message) = message else {
         return Err(invalid(format!("`messages`[{i}] must be an object")));
@@ -152,10 +154,12 @@ fn message_for_template(
             out.insert(k.clone(), v.clone());
         }
     }
-    let content = match message.get("content") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
+    let mut was_list = false;
+    let texts: Vec<&str> = match message.get("content") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.as_str()],
         Some(Value::Array(parts)) => {
+            was_list = true;
             let mut texts = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
                 let kind = part.get("type").and_then(Value::as_str);
@@ -181,7 +185,7 @@ fn message_for_template(
                     }
                 }
             }
-            texts.join(joiner)
+            texts
         }
         Some(_) => {
             return Err(invalid(format!(
@@ -189,7 +193,19 @@ fn message_for_template(
             )));
         }
     };
-    out.insert("content".into(), Value::String(content));
+    let content = match (content_parts, engine) {
+        // A template that loops over content gets parts: vLLM wraps a string
+        // as one text part; SGLang passes a string as it is.
+        (true, _) if was_list || engine == Engine::Vllm => Value::Array(
+            texts
+                .iter()
+                .map(|t| serde_json::json!({"type": "text", "text": t}))
+                .collect(),
+        ),
+        (_, Engine::Vllm) => Value::String(texts.join("\n")),
+        (_, Engine::Sglang) => Value::String(texts.join(" ")),
+    };
+    out.insert("content".into(), content);
     if role == "assistant"
         && let Some(Value::Array(calls)) = out.get_mut("tool_calls")
     {
@@ -253,10 +269,16 @@ fn tools(body: &Map<String, Value>, engine: Engine) -> Result<Value, TokenizeErr
 /// The text to continue: the final message's content (for a list of parts,
 /// its last text part — transformers' rule).
 fn final_text(message: Option<&Map<String, Value>>) -> Option<String> {
-    match message?.get("content")? {
-        Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
-        _ => None,
-    }
+    let text = match message?.get("content")? {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .rev()
+            .find_map(|p| p.get("text").and_then(Value::as_str))?
+            .to_owned(),
+        _ => return None,
+    };
+    (!text.trim().is_empty()).then_some(text)
 }
 
 /// Cut `rendered` after the final message's text, as transformers does for

@@ -148,9 +148,7 @@ impl Tokenizer {
                 add_special_tokens,
             } => self.encode(text, add_special_tokens),
             Prompt::Chat(map) => {
-                let prepared = chat::prepare(map, self.engine)?;
-                let add_special_tokens = prepared.add_special_tokens;
-                let text = self.render(prepared)?;
+                let (text, add_special_tokens) = self.render(map)?;
                 self.encode(&text, add_special_tokens)
             }
         }
@@ -162,11 +160,16 @@ impl Tokenizer {
         let Value::Object(map) = body else {
             return Err(error::invalid("the body must be a JSON object"));
         };
-        self.render(chat::prepare(map, self.engine)?)
+        Ok(self.render(map)?.0)
     }
 
-    fn render(&self, prepared: chat::PreparedChat) -> Result<String, TokenizeError> {
+    /// The rendered prompt, and whether to encode it with special tokens.
+    fn render(
+        &self,
+        body: &serde_json::Map<String, Value>,
+    ) -> Result<(String, bool), TokenizeError> {
         let template = self.chat.as_ref().ok_or(TokenizeError::NoChatTemplate)?;
+        let prepared = chat::prepare(body, self.engine, template.content_parts())?;
         let context = chat::context_value(&self.special_tokens, prepared.context);
         let mut text = template.render(context)?;
         if let Some(final_message) = &prepared.continue_final {
@@ -175,7 +178,7 @@ impl Tokenizer {
         if let Some(suffix) = &prepared.append {
             text.push_str(suffix);
         }
-        Ok(text)
+        Ok((text, prepared.add_special_tokens))
     }
 
     /// Encode `text`, adding the tokenizer's special tokens (e.g. a BOS) when

@@ -39,6 +39,7 @@ const FUEL: u64 = 10_000_000;
 #[derive(Debug)]
 pub(crate) struct ChatTemplate {
     env: Environment<'static>,
+    content_parts: bool,
 }
 
 impl ChatTemplate {
@@ -62,12 +63,19 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        let content_parts = iterates_message_content(&source);
         env.add_template_owned(NAME, source)
             .map_err(|source| TokenizeError::TemplateSyntax {
                 origin: origin.to_path_buf(),
                 source,
             })?;
-        Ok(Self { env })
+        Ok(Self { env, content_parts })
+    }
+
+    /// Whether the template loops over a message's content, and so wants
+    /// content as a list of parts.
+    pub(crate) fn content_parts(&self) -> bool {
+        self.content_parts
     }
 
     /// Render with `context` (a map of the template's variables).
@@ -80,6 +88,36 @@ impl ChatTemplate {
             .render(context)
             .map_err(TokenizeError::TemplateRender)
     }
+}
+
+/// Whether `source` has a `{% for ... in message.content %}` loop (also
+/// `message['content']`, and `msg`/`m` for the message variable, with
+/// filters or a condition after it). vLLM and SGLang both decide a
+/// template's "content format" this way (by its parsed loops): such a
+/// template gets content as a list of `{"type": "text", "text": ...}` parts,
+/// any other gets one string.
+pub(crate) fn iterates_message_content(source: &str) -> bool {
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("%}") else { break };
+        let tag = after[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        if let Some((_, iterable)) = tag.strip_prefix("for ").and_then(|t| t.split_once(" in ")) {
+            let iterable = iterable.split('|').next().unwrap_or_default();
+            let iterable = iterable.split(" if ").next().unwrap_or_default();
+            let compact: String = iterable.chars().filter(|c| !c.is_whitespace()).collect();
+            let is_content = ["message", "msg", "m"].iter().any(|var| {
+                compact == format!("{var}.content")
+                    || compact == format!("{var}['content']")
+                    || compact == format!("{var}[\"content\"]")
+            });
+            if is_content {
+                return true;
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    false
 }
 
 /// Print floats as Python's `str()` does (`1e+16`, `1e-05`, `nan`);
@@ -225,6 +263,24 @@ mod tests {
             out,
             "{\"b\": 1, \"a\": [1, 2]}|{\"a\": 2, \"b\": 1}|{\"b\":1,\"a\":[1,2]}"
         );
+    }
+
+    #[test]
+    fn content_loops_are_detected() {
+        for source in [
+            "{% for c in message['content'] %}{{ c.text }}{% endfor %}",
+            "{%- for part in message.content | selectattr('type', 'eq', 'text') -%}x{% endfor %}",
+            "{% for c in m[\"content\"] if c.type == 'text' %}x{% endfor %}",
+        ] {
+            assert!(iterates_message_content(source), "{source}");
+        }
+        for source in [
+            "{% for message in messages %}{{ message['content'] }}{% endfor %}",
+            "{% for t in message.tool_calls %}{% endfor %}",
+            "{{ '{% for c in message.content' }}",
+        ] {
+            assert!(!iterates_message_content(source), "{source}");
+        }
     }
 
     #[test]

@@ -276,3 +276,25 @@ fn continue_final_message_leaves_the_last_reply_open() {
         "<|bos|><|user|>\nName a colour.<|end|>\n<|user|>\nThe colour is<|end|>\n<|assistant|>\n"
     );
 }
+
+#[test]
+fn a_template_that_loops_over_content_gets_parts() {
+    let (_dir, tok) = model_with_template(
+        "{% for message in messages %}<{{ message.role }}>\
+         {% for part in message['content'] %}[{{ part.text }}]{% endfor %}{% endfor %}",
+    );
+    let body = json!({"messages": [
+        {"role": "system", "content": "plain"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
+    // vLLM wraps a string as one text part.
+    assert_eq!(
+        tok.render_chat(&body).unwrap(),
+        "<system>[plain]<user>[a][b]"
+    );
+    // SGLang passes a string as it is (the loop then walks its characters).
+    let tok = tok.with_engine(Engine::Sglang);
+    assert_eq!(
+        tok.render_chat(&body).unwrap(),
+        "<system>[][][][][]<user>[a][b]"
+    );
+}
