@@ -19,6 +19,7 @@ pub mod control;
 #[cfg(feature = "kubernetes")]
 pub mod discovery;
 pub mod error;
+mod events;
 mod health;
 mod info;
 pub mod inspect;

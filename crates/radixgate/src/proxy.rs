@@ -132,7 +132,29 @@ async fn forward(
         endpoint,
         path: &path,
     };
-    let answer = attempts(state, target, &request, &parts.headers, peer, bytes).await?;
+    // What the workers' KV events say they hold (`events.rs`), once for
+    // every attempt. Tokenizing a long prompt takes milliseconds of CPU,
+    // so it runs on the blocking pool, not on a serving thread.
+    let exact = match (&shared.kv_events, endpoint) {
+        (Some(events), Endpoint::Routed(_)) => {
+            let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
+            tokio::task::spawn_blocking(move || events.matched(path, &body))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
+    let answer = attempts(
+        state,
+        target,
+        &request,
+        exact.as_ref(),
+        &parts.headers,
+        peer,
+        bytes,
+    )
+    .await?;
     Ok(respond(
         shared,
         answer,
@@ -217,6 +239,7 @@ async fn attempts(
     state: &AppState,
     target: Target<'_>,
     request: &Inspected,
+    exact: Option<&crate::events::Matched>,
     client_headers: &HeaderMap,
     peer: Option<IpAddr>,
     bytes: Bytes,
@@ -238,11 +261,12 @@ async fn attempts(
                 .router
                 .select_least_loaded(request.model.as_deref(), &tried)
         } else {
-            shared.router.select(
+            shared.router.select_exact(
                 request.model.as_deref(),
                 &request.routing_text,
                 routing_key,
                 &tried,
+                exact.map(crate::events::Matched::view),
             )
         };
         let Routed {

@@ -71,6 +71,14 @@ pub enum StartError {
     #[cfg(feature = "kubernetes")]
     #[error(transparent)]
     Discovery(#[from] crate::discovery::DiscoveryError),
+    /// `kv_events.tokenizer` could not be loaded.
+    #[error("cannot load the tokenizer `kv_events.tokenizer` ({}): {source}", path.display())]
+    Tokenizer {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// Why it failed.
+        source: radixgate_tokenize::TokenizeError,
+    },
     /// A listener failed.
     #[error("listener error: {0}")]
     Io(#[from] std::io::Error),
@@ -273,9 +281,19 @@ pub async fn run_reloadable(
         )?),
         false => None,
     };
+    let kv_events = match config.kv_events.enabled {
+        true => Some(crate::events::KvEvents::spawn(
+            &config.kv_events,
+            router.clone(),
+            &metrics,
+            tasks.clone(),
+        )?),
+        false => None,
+    };
     let streams_abort = CancellationToken::new();
     let shared = Arc::new(Shared {
         sync,
+        kv_events,
         keys,
         admission: Admission::new(&config.admission, &metrics),
         bodies,

@@ -73,6 +73,9 @@ pub(crate) struct Shared {
     /// Replica sync over NATS, when `sync.urls` is set: the request path
     /// queues its decisions here, `/readiness` asks about the warm start.
     pub(crate) sync: Option<crate::sync::SyncHandle>,
+    /// The workers' KV-event streams and their exact index, when
+    /// `kv_events.enabled`.
+    pub(crate) kv_events: Option<Arc<crate::events::KvEvents>>,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
 }

@@ -266,6 +266,32 @@ pub struct ServeArgs {
     /// Replica sync over NATS.
     #[command(flatten)]
     pub sync: SyncArgs,
+
+    /// Subscribe to the workers' KV-cache event streams (SGLang, vLLM
+    /// `--kv-events-config`) and route on what they really hold.
+    #[arg(long, env = "RADIXGATE_KV_EVENTS")]
+    pub kv_events: bool,
+    /// The event publishers' port on each worker's host [default: 5557];
+    /// data-parallel rank r publishes on this port + r.
+    #[arg(long, env = "RADIXGATE_KV_EVENTS_PORT")]
+    pub kv_events_port: Option<u16>,
+    /// The engines' event replay port, if they run one; rank r on this + r.
+    #[arg(long, env = "RADIXGATE_KV_EVENTS_REPLAY_PORT")]
+    pub kv_events_replay_port: Option<u16>,
+    /// Topic prefix to subscribe to [default: all].
+    #[arg(long, env = "RADIXGATE_KV_EVENTS_TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// Data-parallel ranks per worker [default: 1].
+    #[arg(long, env = "RADIXGATE_KV_EVENTS_DP_SIZE")]
+    pub kv_events_dp_size: Option<u32>,
+    /// Whose chat-prompt rules requests are tokenized by [default: vllm].
+    #[arg(long, value_enum, env = "RADIXGATE_KV_EVENTS_ENGINE")]
+    pub kv_events_engine: Option<super::EngineRules>,
+    /// The model's tokenizer.json, or its model directory (with
+    /// tokenizer_config.json for the chat template), for matching requests
+    /// against KV events.
+    #[arg(long, env = "RADIXGATE_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// The `--sync-*` flags: sharing routing state between router replicas.
@@ -406,6 +432,18 @@ impl ServeArgs {
         self.apply_routing(&mut config.routing)?;
         self.apply_discovery(&mut config.discovery)?;
         self.sync.apply(&mut config.sync);
+        let k = &mut config.kv_events;
+        k.enabled |= self.kv_events;
+        set(&mut k.port, &self.kv_events_port);
+        if self.kv_events_replay_port.is_some() {
+            k.replay_port = self.kv_events_replay_port;
+        }
+        set(&mut k.topic, &self.kv_events_topic);
+        set(&mut k.data_parallel_size, &self.kv_events_dp_size);
+        set(&mut k.engine, &self.kv_events_engine);
+        if self.tokenizer.is_some() {
+            k.tokenizer = self.tokenizer.clone();
+        }
         let s = &mut config.server;
         set(&mut s.host, &self.host);
         set(&mut s.port, &self.port);

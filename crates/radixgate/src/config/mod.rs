@@ -13,6 +13,7 @@
 
 mod cli;
 mod discovery;
+mod kv_events;
 mod routing;
 mod sync;
 mod tenants;
@@ -20,6 +21,7 @@ mod validate;
 
 pub use cli::{ServeArgs, SyncArgs};
 pub use discovery::{DiscoveryConfig, ModelIdFrom, Pool, PoolConfig};
+pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
@@ -66,6 +68,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Sharing routing state with other router replicas over NATS.
     pub sync: SyncConfig,
+    /// The workers' KV-cache event streams (exact prefix matches).
+    pub kv_events: KvEventsConfig,
     /// Logging.
     pub log: LogConfig,
 }

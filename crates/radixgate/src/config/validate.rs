@@ -80,6 +80,7 @@ impl Config {
         self.tenants.resolve(self.server.api_key.as_deref())?;
         self.discovery.validate()?;
         self.sync.validate()?;
+        self.kv_events.validate()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",

@@ -1,0 +1,231 @@
+//! The `kv_events:` section: subscribing to the workers' KV-cache event
+//! streams (SGLang, vLLM) so routing sees what each worker really holds
+//! (see `docs/kv-events.md`).
+//!
+//! Each worker's publisher is found at `endpoints[url]` when the worker's
+//! URL is listed there, else at `tcp://<the worker's host>:<port>`; a worker
+//! running `data_parallel_size` ranks publishes rank `r` at `port + r` (and
+//! answers replays at `replay_port + r`), as vLLM offsets its ports per
+//! data-parallel rank. Matching needs the request's token ids: `tokenizer`
+//! names the model's `tokenizer.json` or model directory.
+
+use super::{ConfigError, invalid};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The largest `data_parallel_size`: ranks are keyed in 8 bits.
+pub const MAX_DATA_PARALLEL_SIZE: u32 = 256;
+
+/// KV-event subscription.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvEventsConfig {
+    /// Subscribe to every worker's publisher (`--kv-events`).
+    pub enabled: bool,
+    /// The publishers' port on each worker's host (`--kv-events-port`);
+    /// SGLang's and vLLM's examples use 5557.
+    pub port: u16,
+    /// The engines' replay port, if they run one (`--kv-events-replay-port`):
+    /// a gap is then filled from it instead of marking the worker stale.
+    pub replay_port: Option<u16>,
+    /// Topic prefix to subscribe to (`--kv-events-topic`); empty: all.
+    pub topic: String,
+    /// Data-parallel ranks per worker, each publishing on its own port
+    /// (`--kv-events-dp-size`).
+    pub data_parallel_size: u32,
+    /// Publisher endpoints by worker URL, for workers whose publisher is
+    /// not at `tcp://<host>:<port>`, e.g. `{"http://10.0.0.5:8000":
+    /// "tcp://10.0.0.5:6000"}` (rank r at the port plus r).
+    pub endpoints: BTreeMap<String, String>,
+    /// The model's `tokenizer.json`, or a model directory holding it and
+    /// `tokenizer_config.json` (`--tokenizer`). Without it only requests
+    /// that carry token ids (`/generate` with `input_ids`, completions with
+    /// a token-id prompt) can be matched; every other one is routed on the
+    /// approximate tree, and start-up says so.
+    pub tokenizer: Option<PathBuf>,
+    /// Whose chat-prompt rules the tokenizer follows: `vllm` or `sglang`
+    /// (`--kv-events-engine`).
+    pub engine: EngineRules,
+    /// Blocks the index keeps per worker rank; past it a worker is taken
+    /// as stale (an engine evicts long before: only one that lies gets
+    /// there).
+    pub max_blocks_per_worker: usize,
+    /// Blocks the index keeps in all.
+    pub max_blocks_total: usize,
+}
+
+/// Whose rules a chat request is tokenized by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineRules {
+    /// vLLM's.
+    #[default]
+    Vllm,
+    /// SGLang's.
+    Sglang,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            port: 5557,
+            replay_port: None,
+            topic: String::new(),
+            data_parallel_size: 1,
+            endpoints: BTreeMap::new(),
+            tokenizer: None,
+            engine: EngineRules::default(),
+            max_blocks_per_worker: 1 << 20,
+            max_blocks_total: 1 << 24,
+        }
+    }
+}
+
+impl KvEventsConfig {
+    /// Checks the numbers and endpoints (the tokenizer is loaded, and so
+    /// checked, at start-up).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_DATA_PARALLEL_SIZE).contains(&self.data_parallel_size) {
+            return Err(invalid(
+                "kv_events.data_parallel_size",
+                format!(
+                    "must be in 1..={MAX_DATA_PARALLEL_SIZE}, got {}",
+                    self.data_parallel_size
+                ),
+            ));
+        }
+        let last = u32::from(self.port) + self.data_parallel_size - 1;
+        if self.port == 0 || last > u32::from(u16::MAX) {
+            return Err(invalid(
+                "kv_events.port",
+                format!(
+                    "ports {}..={last} (one per data-parallel rank) must be in 1..=65535",
+                    self.port
+                ),
+            ));
+        }
+        if let Some(replay) = self.replay_port {
+            let last = u32::from(replay) + self.data_parallel_size - 1;
+            if replay == 0 || last > u32::from(u16::MAX) {
+                return Err(invalid(
+                    "kv_events.replay_port",
+                    format!("ports {replay}..={last} must be in 1..=65535"),
+                ));
+            }
+        }
+        for (url, endpoint) in &self.endpoints {
+            if tcp_port(endpoint).is_none() {
+                return Err(invalid(
+                    "kv_events.endpoints",
+                    format!("{url}: {endpoint:?} is not tcp://HOST:PORT"),
+                ));
+            }
+        }
+        if self.max_blocks_per_worker == 0 || self.max_blocks_total == 0 {
+            return Err(invalid(
+                "kv_events.max_blocks_per_worker",
+                "the block limits must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The publisher and replay endpoints of each rank of the worker at
+    /// `url` whose host is `host`.
+    pub fn endpoints_for(&self, url: &str, host: &str) -> Vec<(String, Option<String>)> {
+        let (host, port) = match self.endpoints.get(url).and_then(|e| tcp_port(e)) {
+            Some((h, p)) => (h.to_owned(), p),
+            None => (bracketed(host), self.port),
+        };
+        (0..self.data_parallel_size)
+            .map(|r| {
+                let rank = r as u16;
+                let publisher = format!("tcp://{host}:{}", port.saturating_add(rank));
+                let replay = self
+                    .replay_port
+                    .map(|p| format!("tcp://{host}:{}", p.saturating_add(rank)));
+                (publisher, replay)
+            })
+            .collect()
+    }
+}
+
+/// An IPv6 literal in brackets, as an endpoint needs it.
+fn bracketed(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// `tcp://HOST:PORT`'s host and port.
+fn tcp_port(endpoint: &str) -> Option<(&str, u16)> {
+    let rest = endpoint.strip_prefix("tcp://")?;
+    let (host, port) = rest.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    (!host.is_empty() && port > 0).then_some((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_follow_the_host_port_and_rank() {
+        let c = KvEventsConfig {
+            data_parallel_size: 2,
+            replay_port: Some(5600),
+            ..KvEventsConfig::default()
+        };
+        assert_eq!(
+            c.endpoints_for("http://10.0.0.5:8000", "10.0.0.5"),
+            vec![
+                (
+                    "tcp://10.0.0.5:5557".to_owned(),
+                    Some("tcp://10.0.0.5:5600".to_owned())
+                ),
+                (
+                    "tcp://10.0.0.5:5558".to_owned(),
+                    Some("tcp://10.0.0.5:5601".to_owned())
+                ),
+            ]
+        );
+        assert_eq!(
+            c.endpoints_for("http://[::1]:8000", "::1")[0].0,
+            "tcp://[::1]:5557"
+        );
+        let mut c = KvEventsConfig::default();
+        c.endpoints.insert(
+            "http://127.0.0.1:9000".into(),
+            "tcp://127.0.0.1:7000".into(),
+        );
+        assert_eq!(
+            c.endpoints_for("http://127.0.0.1:9000", "127.0.0.1")[0].0,
+            "tcp://127.0.0.1:7000"
+        );
+    }
+
+    #[test]
+    fn bad_settings_name_their_key() {
+        let err = |c: KvEventsConfig| c.validate().unwrap_err().to_string();
+        let e = err(KvEventsConfig {
+            data_parallel_size: 0,
+            ..KvEventsConfig::default()
+        });
+        assert!(e.contains("kv_events.data_parallel_size"), "{e}");
+        let e = err(KvEventsConfig {
+            port: 65535,
+            data_parallel_size: 2,
+            ..KvEventsConfig::default()
+        });
+        assert!(e.contains("kv_events.port"), "{e}");
+        let mut c = KvEventsConfig::default();
+        c.endpoints.insert("http://w:1".into(), "udp://w:2".into());
+        let e = err(c);
+        assert!(e.contains("kv_events.endpoints"), "{e}");
+        assert!(KvEventsConfig::default().validate().is_ok());
+    }
+}

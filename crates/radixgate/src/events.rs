@@ -1,0 +1,440 @@
+//! Exact prefix matches from the workers' KV-cache events.
+//!
+//! With `kv_events.enabled`, the gateway subscribes to every worker's event
+//! publisher (one per data-parallel rank; `radixgate_kv::subscribe`) and
+//! keeps one exact index of the blocks each rank holds
+//! (`radixgate_kv::KvIndex`, keyed by our own chained block keys over
+//! token ids, so the engines' hash algorithms and seeds never matter).
+//!
+//! - **Following the pool.** A supervisor compares the router's worker set
+//!   with the subscriptions twice a second: a new worker gets one
+//!   subscription per rank, a removed one has its subscriptions stopped and
+//!   its blocks dropped. Discovery and the admin API need nothing else.
+//! - **Live or stale.** A worker's matches count only while every one of its
+//!   ranks' streams is live: the subscriber says so once every batch since
+//!   a known-empty cache was applied. A gap no replay filled, a lost
+//!   connection, an undecodable message or a rank over its block limit
+//!   makes the worker stale; its requests are then matched in the policy's
+//!   approximate tree, as for a worker that publishes nothing. A publisher
+//!   restart drops the rank's blocks (its cache is empty again).
+//! - **A request** is tokenized once, before the retry loop: the body's own
+//!   token ids (`/generate` `input_ids`, a completions prompt of ids), or
+//!   the configured tokenizer with the chat template. Its blocks are keyed
+//!   and matched for every block size the engines reported; a worker's
+//!   match is the best of its ranks (the engine's data-parallel balancer,
+//!   not the router, picks the rank). What each live worker holds reaches
+//!   the policy as [`ExactMatches`]; a request that cannot be tokenized is
+//!   routed on the tree alone, counted by reason.
+//!
+//! Cost: a read lock on the index per request (writers hold it per batch);
+//! the tokenizer dominates (`crates/radixgate-tokenize`, measured there).
+
+use crate::config::{EngineRules, KvEventsConfig};
+use crate::metrics::{Describe, Family, LabelledCounters, Metrics, OneGauge};
+use metrics::Counter;
+use parking_lot::{Mutex, RwLock};
+use radixgate_kv::subscribe::{self, StaleReason, SubscriberConfig, Update};
+use radixgate_kv::{IndexLimits, KvIndex};
+use radixgate_routing::{ExactMatches, Router, WorkerId};
+use radixgate_tokenize::{Endpoint as TokenEndpoint, Engine, Tokenizer, body_token_ids};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// How often the supervisor compares the pool with its subscriptions.
+const SUPERVISE_PERIOD: Duration = Duration::from_millis(500);
+
+/// Updates a subscriber may queue before it waits for the index.
+const UPDATE_QUEUE: usize = 1024;
+
+/// Ranks are keyed in the low 8 bits of an index key.
+const RANK_BITS: u32 = 8;
+
+const BATCHES: Describe = Describe::new(
+    "radixgate_kv_events_batches_total",
+    "KV-event batches applied to the exact index.",
+);
+const STORED: Describe = Describe::new(
+    "radixgate_kv_events_blocks_stored_total",
+    "Blocks the workers' engines reported stored.",
+);
+const REMOVED: Describe = Describe::new(
+    "radixgate_kv_events_blocks_removed_total",
+    "Blocks the workers' engines reported removed.",
+);
+const STALE: Describe = Describe::new(
+    "radixgate_kv_events_stale_total",
+    "Event streams that stopped being exact, by reason (disconnected, gap, decode, restarted, over_capacity).",
+);
+const LIVE: Describe = Describe::new(
+    "radixgate_kv_events_live_workers",
+    "Workers whose every rank's event stream is live (their requests are matched exactly).",
+);
+const WORKERS: Describe = Describe::new("radixgate_kv_events_workers", "Workers subscribed to.");
+const BLOCKS: Describe = Describe::new(
+    "radixgate_kv_events_index_blocks",
+    "Blocks in the exact index, over all workers.",
+);
+const REQUESTS: Describe = Describe::new(
+    "radixgate_kv_events_requests_total",
+    "Routed requests by how they were matched (exact, no_live_worker, no_tokens, tokenize_error).",
+);
+
+/// The families.
+struct EventMetrics {
+    batches: Family<(), Counter>,
+    stored: Family<(), Counter>,
+    removed: Family<(), Counter>,
+    stale: LabelledCounters,
+    live: OneGauge,
+    workers: OneGauge,
+    blocks: OneGauge,
+    requests: LabelledCounters,
+}
+
+fn add(family: &Family<(), Counter>, n: u64) {
+    family.with(&(), || (), Vec::new, |c| c.increment(n));
+}
+
+impl EventMetrics {
+    fn new(metrics: &Metrics) -> Self {
+        let m = Self {
+            batches: metrics.counters(&BATCHES),
+            stored: metrics.counters(&STORED),
+            removed: metrics.counters(&REMOVED),
+            stale: metrics.labelled_counters(&STALE, "reason"),
+            live: metrics.gauge(&LIVE),
+            workers: metrics.gauge(&WORKERS),
+            blocks: metrics.gauge(&BLOCKS),
+            requests: metrics.labelled_counters(&REQUESTS, "match"),
+        };
+        add(&m.batches, 0);
+        add(&m.stored, 0);
+        add(&m.removed, 0);
+        m.live.set(0.0);
+        m.workers.set(0.0);
+        m.blocks.set(0.0);
+        m
+    }
+}
+
+/// One subscribed worker.
+struct Subscribed {
+    /// Whether each rank's stream is live.
+    live: Vec<bool>,
+    /// Stops its subscriptions.
+    stop: CancellationToken,
+}
+
+/// The exact index and the streams feeding it.
+pub(crate) struct KvEvents {
+    config: KvEventsConfig,
+    tokenizer: Option<Arc<Tokenizer>>,
+    index: RwLock<KvIndex>,
+    workers: Mutex<HashMap<WorkerId, Subscribed>>,
+    /// The live workers, ascending by id: what requests read.
+    live: RwLock<Vec<WorkerId>>,
+    metrics: EventMetrics,
+}
+
+/// A request's exact matches, owned (the policy borrows them).
+pub(crate) struct Matched {
+    input_tokens: usize,
+    live: Vec<(WorkerId, usize)>,
+}
+
+impl Matched {
+    /// The view a policy takes.
+    pub(crate) fn view(&self) -> ExactMatches<'_> {
+        ExactMatches {
+            input_tokens: self.input_tokens,
+            live: &self.live,
+        }
+    }
+}
+
+impl KvEvents {
+    /// Loads the tokenizer and starts the supervisor; its tasks stop with
+    /// `stop`.
+    pub(crate) fn spawn(
+        config: &KvEventsConfig,
+        router: Router,
+        metrics: &Metrics,
+        stop: CancellationToken,
+    ) -> Result<Arc<Self>, crate::server::StartError> {
+        let tokenizer = match &config.tokenizer {
+            Some(path) => {
+                let engine = match config.engine {
+                    EngineRules::Vllm => Engine::Vllm,
+                    EngineRules::Sglang => Engine::Sglang,
+                };
+                let t = Tokenizer::load(path)
+                    .map_err(|source| crate::server::StartError::Tokenizer {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .with_engine(engine);
+                if !t.has_chat_template() {
+                    tracing::warn!(
+                        tokenizer = %path.display(),
+                        "kv_events: the tokenizer has no chat template; chat requests are routed on the approximate tree"
+                    );
+                }
+                Some(Arc::new(t))
+            }
+            None => {
+                tracing::warn!(
+                    "kv_events: no tokenizer (--tokenizer); only requests carrying token ids (/generate input_ids, completions with a token-id prompt) are matched against KV events, every other one is routed on the approximate tree"
+                );
+                None
+            }
+        };
+        let events = Arc::new(Self {
+            config: config.clone(),
+            tokenizer,
+            index: RwLock::new(KvIndex::with_limits(IndexLimits {
+                max_blocks_per_worker: config.max_blocks_per_worker,
+                max_blocks_total: config.max_blocks_total,
+            })),
+            workers: Mutex::new(HashMap::new()),
+            live: RwLock::new(Vec::new()),
+            metrics: EventMetrics::new(metrics),
+        });
+        tokio::spawn(supervise(events.clone(), router, stop));
+        Ok(events)
+    }
+
+    /// What each live worker holds of the prompt of a request to `path`
+    /// with body `bytes`; `None` (counted) when no worker is live or the
+    /// request cannot be tokenized, and the tree decides alone.
+    pub(crate) fn matched(&self, path: &str, bytes: &[u8]) -> Option<Matched> {
+        let live = self.live.read().clone();
+        if live.is_empty() {
+            self.metrics.requests.increment("no_live_worker");
+            return None;
+        }
+        let tokens = match self.tokens(path, bytes) {
+            Ok(Some(tokens)) => tokens,
+            Ok(None) => {
+                self.metrics.requests.increment("no_tokens");
+                return None;
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "kv_events: request not tokenized; routed on the tree");
+                self.metrics.requests.increment("tokenize_error");
+                return None;
+            }
+        };
+        let found = self.index.read().match_tokens(&tokens, None);
+        let mut out: Vec<(WorkerId, usize)> = live.iter().map(|&id| (id, 0)).collect();
+        for (key, matched) in found {
+            let id = WorkerId(key >> RANK_BITS);
+            if let Ok(k) = out.binary_search_by_key(&id, |&(w, _)| w) {
+                out[k].1 = out[k].1.max(matched);
+            }
+        }
+        self.metrics.requests.increment("exact");
+        Some(Matched {
+            input_tokens: tokens.len(),
+            live: out,
+        })
+    }
+
+    fn tokens(&self, path: &str, bytes: &[u8]) -> Result<Option<Vec<u32>>, String> {
+        let Some(endpoint) = TokenEndpoint::from_path(path) else {
+            return Ok(None);
+        };
+        let body: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if let Some(ids) = body_token_ids(endpoint, &body).map_err(|e| e.to_string())? {
+            return Ok(Some(ids));
+        }
+        match &self.tokenizer {
+            Some(t) => t
+                .prompt_tokens(endpoint, &body)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
+    /// Republishes the live list after a stream changed standing.
+    fn refresh_live(&self) {
+        let workers = self.workers.lock();
+        let mut live: Vec<WorkerId> = workers
+            .iter()
+            .filter(|(_, s)| s.live.iter().all(|&l| l))
+            .map(|(&id, _)| id)
+            .collect();
+        live.sort_unstable();
+        self.metrics.live.set(live.len() as f64);
+        self.metrics.workers.set(workers.len() as f64);
+        *self.live.write() = live;
+    }
+
+    fn set_live(&self, id: WorkerId, rank: usize, live: bool) {
+        if let Some(s) = self.workers.lock().get_mut(&id)
+            && let Some(slot) = s.live.get_mut(rank)
+        {
+            *slot = live;
+        }
+        self.refresh_live();
+    }
+}
+
+/// The index key of a worker's rank.
+fn key(id: WorkerId, rank: usize) -> Option<u32> {
+    (id.0 < 1 << (32 - RANK_BITS)).then(|| (id.0 << RANK_BITS) | rank as u32)
+}
+
+/// Keeps one subscription per rank of every worker in the pool.
+async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(SUPERVISE_PERIOD);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let set = router.snapshot();
+        let current: HashMap<WorkerId, String> = set
+            .workers()
+            .iter()
+            .map(|w| (w.id(), w.url().to_owned()))
+            .collect();
+        let gone: Vec<WorkerId> = events
+            .workers
+            .lock()
+            .keys()
+            .filter(|id| !current.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            if let Some(s) = events.workers.lock().remove(&id) {
+                s.stop.cancel();
+            }
+            let mut index = events.index.write();
+            for rank in 0..events.config.data_parallel_size as usize {
+                if let Some(k) = key(id, rank) {
+                    index.remove_worker(k);
+                }
+            }
+            events.metrics.blocks.set(index.blocks() as f64);
+            drop(index);
+            events.refresh_live();
+        }
+        for (id, url) in current {
+            if events.workers.lock().contains_key(&id) {
+                continue;
+            }
+            let Some(host) = reqwest::Url::parse(&url)
+                .ok()
+                .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
+            else {
+                continue;
+            };
+            let endpoints = events.config.endpoints_for(&url, &host);
+            let worker_stop = stop.child_token();
+            events.workers.lock().insert(
+                id,
+                Subscribed {
+                    live: vec![false; endpoints.len()],
+                    stop: worker_stop.clone(),
+                },
+            );
+            for (rank, (endpoint, replay)) in endpoints.into_iter().enumerate() {
+                let Some(k) = key(id, rank) else {
+                    tracing::warn!(worker = %url, "kv_events: worker id out of range; not subscribed");
+                    continue;
+                };
+                tracing::info!(worker = %url, rank, endpoint = %endpoint, "kv_events: subscribing");
+                let mut cfg = SubscriberConfig::new(endpoint, events.config.topic.clone());
+                cfg.replay_endpoint = replay;
+                tokio::spawn(follow(
+                    events.clone(),
+                    id,
+                    rank,
+                    k,
+                    url.clone(),
+                    cfg,
+                    worker_stop.clone(),
+                ));
+            }
+            events.refresh_live();
+        }
+    }
+    for (_, s) in events.workers.lock().drain() {
+        s.stop.cancel();
+    }
+}
+
+/// One rank's stream into the index.
+async fn follow(
+    events: Arc<KvEvents>,
+    id: WorkerId,
+    rank: usize,
+    key: u32,
+    url: String,
+    cfg: SubscriberConfig,
+    stop: CancellationToken,
+) {
+    let (tx, mut rx) = mpsc::channel(UPDATE_QUEUE);
+    let subscriber = tokio::spawn(subscribe::run(cfg, tx));
+    let mut live = false;
+    loop {
+        let update = tokio::select! {
+            _ = stop.cancelled() => break,
+            update = rx.recv() => update,
+        };
+        let Some(update) = update else { break };
+        match update {
+            Update::Batch { batch, .. } => {
+                let stats = {
+                    let mut index = events.index.write();
+                    let stats = index.apply(key, &batch.events);
+                    events.metrics.blocks.set(index.blocks() as f64);
+                    stats
+                };
+                add(&events.metrics.batches, 1);
+                add(&events.metrics.stored, stats.stored as u64);
+                add(&events.metrics.removed, stats.removed as u64);
+                if stats.over_capacity > 0 && live {
+                    // A rank past its limit lies about its cache (engines
+                    // evict long before): its matches no longer count.
+                    tracing::warn!(worker = %url, rank, "kv_events: worker over its block limit; matched on the tree from now on");
+                    events.metrics.stale.increment("over_capacity");
+                    live = false;
+                    events.set_live(id, rank, false);
+                }
+            }
+            Update::Live => {
+                if !live {
+                    tracing::info!(worker = %url, rank, "kv_events: stream live; routing on exact matches");
+                    live = true;
+                    events.set_live(id, rank, true);
+                }
+            }
+            Update::Stale(reason) => {
+                let label = match &reason {
+                    StaleReason::Disconnected => "disconnected",
+                    StaleReason::Gap { .. } => "gap",
+                    StaleReason::Decode(_) => "decode",
+                };
+                events.metrics.stale.increment(label);
+                if live {
+                    tracing::warn!(worker = %url, rank, reason = ?reason, "kv_events: stream stale; routing this worker on the approximate tree");
+                }
+                live = false;
+                events.set_live(id, rank, false);
+            }
+            Update::Restarted => {
+                events.metrics.stale.increment("restarted");
+                tracing::info!(worker = %url, rank, "kv_events: publisher restarted; its blocks dropped");
+                let mut index = events.index.write();
+                index.remove_worker(key);
+                events.metrics.blocks.set(index.blocks() as f64);
+            }
+        }
+    }
+    subscriber.abort();
+}
