@@ -573,3 +573,64 @@ async fn no_publisher_without_an_endpoint_and_bad_endpoints_fail_at_start() {
         .to_string();
     assert!(e.contains("cannot bind kv_events.endpoint"), "{e}");
 }
+
+/// A token source standing in for a real tokenizer: one id per byte.
+#[derive(Debug)]
+struct ByteTokens;
+
+impl radixgate_sim::tokens::TokenSource for ByteTokens {
+    fn tokenize(&self, text: &str) -> Vec<u64> {
+        text.bytes().map(|b| 1000 + u64::from(b)).collect()
+    }
+}
+
+/// Events carry the ids the worker's token source gives, and a prompt
+/// given as `input_ids` is cached, and reported, as those very ids.
+#[tokio::test]
+async fn events_carry_a_plugged_token_sources_ids_and_input_ids_as_given() {
+    let (shape, hash) = (EventShape::Array, HashFormat::Int);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let handle = radixgate_sim::server::start_with_tokens(
+        listener,
+        config(64, shape, hash, false),
+        std::sync::Arc::new(ByteTokens),
+        stop,
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", handle.addr());
+    let mut sub = Sub::connect(&handle.kv_events_endpoint().unwrap(), shape, hash).await;
+    sub.join(&base).await;
+    assert_eq!(tokenize(&base, "hi").await, vec![1000 + 104, 1000 + 105]);
+    generate(&base, "abcdefghi", 1).await;
+    let (_, evs) = collect_until(&mut sub, |e| stored_blocks(e) >= 2).await;
+    let Ev::Stored { tokens, .. } = &evs[0] else {
+        panic!("{evs:?}")
+    };
+    let want: Vec<u64> = "abcdefgh".bytes().map(|b| 1000 + u64::from(b)).collect();
+    assert_eq!(tokens, &want, "the token source's ids");
+    let ids: Vec<u64> = (5..14).collect();
+    let (s, _, v) = post(
+        &base,
+        "/generate",
+        json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, evs) = collect_until(&mut sub, |e| {
+        e.iter()
+            .any(|e| matches!(e, Ev::Stored { parent: None, tokens, .. } if tokens[0] == 5))
+    })
+    .await;
+    let first = evs.iter().find_map(|e| match e {
+        Ev::Stored {
+            parent: None,
+            tokens,
+            ..
+        } => Some(tokens),
+        _ => None,
+    });
+    assert_eq!(first.unwrap()[..8], ids[..8], "input_ids as given");
+}

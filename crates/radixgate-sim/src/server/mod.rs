@@ -44,7 +44,7 @@ pub use listen::WORKER_HEADER;
 
 use crate::engine::{Engine, EngineConfig, LoadSnapshot};
 use crate::error::SimError;
-use crate::tokens::{DEFAULT_CHARS_PER_TOKEN, Tokenizer};
+use crate::tokens::{DEFAULT_CHARS_PER_TOKEN, TokenSource, Tokenizer};
 use driver::EngineHandle;
 use faults::Faults;
 use kv_events::Publisher;
@@ -121,7 +121,10 @@ pub(crate) struct WorkerState {
     config: WorkerConfig,
     name: Arc<str>,
     model: Arc<str>,
+    /// Reply text (simulated, `chars_per_token` characters per token).
     tokenizer: Tokenizer,
+    /// Prompt token ids: what the engine, its cache and KV events see.
+    tokens: Arc<dyn TokenSource>,
     engine: EngineHandle,
     faults: Faults,
     metrics: Metrics,
@@ -232,15 +235,39 @@ pub async fn start(
     Ok(group.remove(0))
 }
 
+/// Starts one worker on `listener` whose prompts are tokenized by `tokens`
+/// (a real tokenizer, say) instead of the simulated tokenizer.
+pub async fn start_with_tokens(
+    listener: TcpListener,
+    config: WorkerConfig,
+    tokens: Arc<dyn TokenSource>,
+    shutdown: CancellationToken,
+) -> Result<WorkerHandle, SimError> {
+    let mut group = start_workers(vec![(listener, config, Some(tokens))], shutdown).await?;
+    Ok(group.remove(0))
+}
+
 /// Starts several workers, each on its listener, that can administer each
 /// other's faults; all stop when `shutdown` fires.
 pub async fn start_group(
     workers: Vec<(TcpListener, WorkerConfig)>,
     shutdown: CancellationToken,
 ) -> Result<Vec<WorkerHandle>, SimError> {
+    let workers = workers.into_iter().map(|(l, c)| (l, c, None)).collect();
+    start_workers(workers, shutdown).await
+}
+
+/// A worker to start, with its own token source or (`None`) the simulated
+/// tokenizer of its configuration.
+type WorkerSpec = (TcpListener, WorkerConfig, Option<Arc<dyn TokenSource>>);
+
+async fn start_workers(
+    workers: Vec<WorkerSpec>,
+    shutdown: CancellationToken,
+) -> Result<Vec<WorkerHandle>, SimError> {
     let mut states = Vec::new();
     let mut prepared = Vec::new();
-    for (listener, config) in workers {
+    for (listener, config, tokens) in workers {
         config.validate()?;
         let addr = listener.local_addr()?;
         let name: Arc<str> = if config.name.is_empty() {
@@ -262,10 +289,13 @@ pub async fn start_group(
         } else {
             (None, None)
         };
+        let tokenizer = Tokenizer::new(config.chars_per_token)?;
+        let tokens = tokens.unwrap_or_else(|| Arc::new(tokenizer));
         let state = Arc::new(WorkerState {
             name,
             model: config.model.clone().into(),
-            tokenizer: Tokenizer::new(config.chars_per_token)?,
+            tokenizer,
+            tokens,
             engine: EngineHandle::spawn(engine, faults.slowdown(), sink, shutdown.clone()),
             faults,
             metrics: Metrics::default(),
