@@ -6,11 +6,11 @@
 //! counted, and its number is spent anyway, so subscribers see a sequence
 //! gap rather than contiguous numbers over lost events.
 //!
-//! Sequence numbers: a batch's sequence is its number minus the number of
-//! the first batch this publisher instance handled, so they count from 0
-//! like a fresh engine's publisher (a `count()` per publisher in vLLM and
-//! SGLang) and any batch lost before the socket (queue overflow) leaves a
-//! hole.
+//! Sequence numbers: a batch's sequence is its number minus the number the
+//! publisher instance started from (0 for the first; the next batch's for
+//! one restarted by the fault), so they count from 0 like a fresh engine's
+//! publisher (a `count()` per publisher in vLLM and SGLang), and any batch
+//! lost before the socket (queue overflow) leaves a hole.
 //!
 //! Replay (vLLM's and SGLang's `_service_replay`): the ROUTER socket takes
 //! `[identity, empty delimiter, start]` as a REQ client sends it (we also
@@ -129,9 +129,13 @@ impl EventSink {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        if self.tx.try_send(Batch { number, ts, events }).is_err() {
+        if let Err(mpsc::error::TrySendError::Full(_)) =
+            self.tx.try_send(Batch { number, ts, events })
+        {
             self.stats.dropped_overflow.fetch_add(1, Ordering::Relaxed);
         }
+        // Closed: the publisher has shut down with the worker; nothing to
+        // count.
     }
 }
 
@@ -194,7 +198,9 @@ impl Publisher {
                 .then(|| endpoint("kv_events.replay_endpoint", &config.replay_endpoint))
                 .transpose()?,
             sockets: None,
-            base: None,
+            // The first instance counts from number 0, so a batch lost to
+            // overflow before the first one published is a gap too.
+            base: Some(0),
             buffer: VecDeque::new(),
             withhold: knobs.drop,
             config: config.clone(),
@@ -239,9 +245,15 @@ impl Task {
         };
         *self.stats.bound.lock() = (Some(self.publish_at.clone()), self.replay_at.clone());
         self.sockets = Some(Sockets { publish, replay });
+        Ok(())
+    }
+
+    /// Opens the sockets as a new instance: sequence from the next batch,
+    /// nothing to replay.
+    async fn restart(&mut self) -> Result<(), SimError> {
         self.base = None;
         self.buffer.clear();
-        Ok(())
+        self.open().await
     }
 
     async fn close(&mut self) {
@@ -294,7 +306,7 @@ impl Task {
                 self.close().await;
                 tracing::info!("kv events: publisher stopped (fault)");
             }
-            (false, false) => match self.open().await {
+            (false, false) => match self.restart().await {
                 Ok(()) => {
                     tracing::info!(endpoint = %self.publish_at, "kv events: publisher restarted")
                 }
