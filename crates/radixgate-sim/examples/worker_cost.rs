@@ -25,6 +25,9 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[tokio::main]
 async fn main() {
+    // reqwest is built without a bundled crypto provider (the workspace
+    // uses ring): install it before building a client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut args = std::env::args().skip(1);
     let (mut pid, mut rate, mut secs, mut stream_every, mut urls) =
         (0u32, 2000.0f64, 10.0f64, 0u64, Vec::new());

@@ -11,12 +11,45 @@
 //! (role markers and turn boundaries), so turn N+1's text extends turn N's
 //! prompt plus its reply. Replies are pseudo-text seeded from the prompt, with
 //! exactly the requested number of tokens. Everything here is pure.
+//!
+//! [`TokenSource`] is the seam for a real tokenizer: the worker turns
+//! prompts into the token ids its engine, cache and KV events see only
+//! through it, so a tokenizer built from a `tokenizer.json` can stand in
+//! for the simulated one (replies stay simulated text).
 
 use crate::error::SimError;
 
 /// Default number of characters per token (about what BPE tokenizers give
 /// on English text).
 pub const DEFAULT_CHARS_PER_TOKEN: usize = 4;
+
+/// Where a worker's prompt token ids come from.
+pub trait TokenSource: Send + Sync + std::fmt::Debug {
+    /// The token ids of `text`.
+    fn tokenize(&self, text: &str) -> Vec<u64>;
+
+    /// The number of tokens of `text`.
+    fn count(&self, text: &str) -> usize {
+        self.tokenize(text).len()
+    }
+
+    /// The engine's token ids for a prompt given as ids (SGLang
+    /// `input_ids`): the ids as given, as a real engine takes them (so KV
+    /// events carry the client's ids).
+    fn prompt_ids(&self, ids: &[u64]) -> Vec<u64> {
+        ids.to_vec()
+    }
+}
+
+impl TokenSource for Tokenizer {
+    fn tokenize(&self, text: &str) -> Vec<u64> {
+        Tokenizer::tokenize(self, text)
+    }
+
+    fn count(&self, text: &str) -> usize {
+        Tokenizer::count(self, text)
+    }
+}
 
 /// The fixed text tokenizer: `chars_per_token` characters per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,12 +107,6 @@ impl Tokenizer {
     /// The number of tokens of `text` without materialising them.
     pub fn count(&self, text: &str) -> usize {
         text.chars().count().div_ceil(self.chars_per_token)
-    }
-
-    /// Token ids for a request given as token ids (SGLang `input_ids`):
-    /// each id is rehashed so it lives in the same id space as text tokens.
-    pub fn from_ids(ids: &[u64]) -> Vec<u64> {
-        ids.iter().map(|&id| finish(id ^ 0x5bd1_e995)).collect()
     }
 }
 
@@ -232,5 +259,14 @@ mod tests {
             prop_assert_eq!(r.len(), n * cpt);
             prop_assert_eq!(r, reply_text(seed, n, &t));
         }
+    }
+
+    #[test]
+    fn ids_pass_through_and_the_trait_agrees_with_the_tokenizer() {
+        let t = Tokenizer::new(3).unwrap();
+        let src: &dyn TokenSource = &t;
+        assert_eq!(src.prompt_ids(&[7, 1, 7]), vec![7, 1, 7]);
+        assert_eq!(src.tokenize("hello world"), t.tokenize("hello world"));
+        assert_eq!(src.count("hello world"), 4);
     }
 }

@@ -18,6 +18,14 @@
 //!   stay valid until released;
 //! - eviction takes the evictable leaf with the oldest access tick.
 //!
+//! Events: when [`KvCache::record_events`] is on, every change to the set
+//! of cached blocks is logged as a [`CacheEvent`], in order, for the
+//! worker's KV-event publisher: a run of blocks entering the tree (with the
+//! hash of the block before the run and the run's token ids), blocks
+//! evicted, and the whole tree emptied by a flush. Replaying the log on an
+//! empty set gives exactly the cache's set of block hashes (property test
+//! `events_replay_to_the_cached_set`). Off, it costs one branch per change.
+//!
 //! Concurrency: none; the cache is owned by one engine, driven by one task.
 
 use std::collections::{BTreeSet, HashMap};
@@ -26,6 +34,29 @@ use std::collections::{BTreeSet, HashMap};
 type NodeId = u32;
 
 const ROOT_HASH: u64 = 0x243f_6a88_85a3_08d3;
+
+/// A change to the set of cached blocks, as KV-event publishers report it
+/// (vLLM's and SGLang's `BlockStored`, `BlockRemoved`, `AllBlocksCleared`).
+/// Hashes are this cache's chain hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// Consecutive blocks of one sequence entered the cache.
+    Stored {
+        /// The blocks' chain hashes, root-most first.
+        hashes: Vec<u64>,
+        /// The hash of the block before the first one; `None` at the root.
+        parent: Option<u64>,
+        /// The blocks' token ids, `block_size` per block, in order.
+        tokens: Vec<u64>,
+    },
+    /// Blocks left the cache (evicted).
+    Removed {
+        /// Their chain hashes.
+        hashes: Vec<u64>,
+    },
+    /// Every block left the cache (a flush that emptied it).
+    Cleared,
+}
 
 #[derive(Debug, Clone)]
 struct Node {
@@ -66,6 +97,8 @@ pub struct KvCache {
     unpinned_blocks: usize,
     reserved_blocks: usize,
     evicted_blocks: u64,
+    /// The event log, when recording (see the module doc).
+    events: Option<Vec<CacheEvent>>,
 }
 
 impl KvCache {
@@ -83,7 +116,19 @@ impl KvCache {
             unpinned_blocks: 0,
             reserved_blocks: 0,
             evicted_blocks: 0,
+            events: None,
         }
+    }
+
+    /// Starts (or stops, dropping what was logged) recording [`CacheEvent`]s.
+    pub fn record_events(&mut self, on: bool) {
+        self.events = on.then(Vec::new);
+    }
+
+    /// The events logged since the last call, oldest first (empty when not
+    /// recording).
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Tokens per block.
@@ -172,13 +217,17 @@ impl KvCache {
     /// `base` up to where they diverge), creating missing blocks from
     /// `reserved` (the request's own reservation) first and then from free
     /// or evictable room. Stops early, without error, when no room is left.
-    /// Returns the new pinned path; `base` stays pinned until released.
+    /// `tokens` are the tokens `hashes` were computed from (reported with
+    /// the new blocks when recording events). Returns the new pinned path;
+    /// `base` stays pinned until released.
     pub fn extend(
         &mut self,
         base: &PinnedPath,
         hashes: &[u64],
+        tokens: &[u64],
         reserved: &mut usize,
     ) -> PinnedPath {
+        debug_assert!(hashes.len() * self.block_size <= tokens.len());
         let common = base
             .nodes
             .iter()
@@ -189,8 +238,14 @@ impl KvCache {
             nodes: base.nodes[..common].to_vec(),
         };
         self.pin(&path);
-        for &h in &hashes[common..] {
+        // The run of blocks created here, as (first index, count), for the
+        // event log.
+        let mut run: Option<(usize, usize)> = None;
+        for (i, &h) in hashes.iter().enumerate().skip(common) {
             if let Some(&id) = self.index.get(&h) {
+                // A block that exists after one we created would mean a
+                // chain-hash collision; end the run so events stay exact.
+                self.log_stored(hashes, tokens, run.take());
                 // Already there (another request computed it): pin it, and
                 // our reserved block for it is not needed.
                 self.pin_one(id);
@@ -213,8 +268,26 @@ impl KvCache {
             let parent = path.nodes.last().copied();
             let id = self.insert(h, parent);
             path.nodes.push(id);
+            match &mut run {
+                Some((_, n)) => *n += 1,
+                None => run = Some((i, 1)),
+            }
         }
+        self.log_stored(hashes, tokens, run);
         path
+    }
+
+    /// Logs blocks `first..first + n` of `hashes` as stored.
+    fn log_stored(&mut self, hashes: &[u64], tokens: &[u64], run: Option<(usize, usize)>) {
+        let (Some(log), Some((first, n))) = (self.events.as_mut(), run) else {
+            return;
+        };
+        let bs = self.block_size;
+        log.push(CacheEvent::Stored {
+            hashes: hashes[first..first + n].to_vec(),
+            parent: first.checked_sub(1).map(|p| hashes[p]),
+            tokens: tokens[first * bs..(first + n) * bs].to_vec(),
+        });
     }
 
     /// Unpins `path` and returns `unused_reserved` reserved blocks.
@@ -241,11 +314,29 @@ impl KvCache {
     }
 
     /// Evicts every unpinned block (SGLang's `/flush_cache`). Returns how
-    /// many were evicted.
+    /// many were evicted. When that empties the cache, the event log says
+    /// so with one [`CacheEvent::Cleared`] instead of the removals.
     pub fn flush(&mut self) -> usize {
+        // Where the log stood, to replace this flush's removals.
+        let mark = self.events.as_ref().map(|log| {
+            let tail = match log.last() {
+                Some(CacheEvent::Removed { hashes }) => hashes.len(),
+                _ => 0,
+            };
+            (log.len(), tail)
+        });
         let mut n = 0;
         while self.evict_one() {
             n += 1;
+        }
+        if let (Some(log), Some((len, tail)), true) =
+            (self.events.as_mut(), mark, self.tree_blocks == 0 && n > 0)
+        {
+            log.truncate(len);
+            if let Some(CacheEvent::Removed { hashes }) = log.last_mut() {
+                hashes.truncate(tail);
+            }
+            log.push(CacheEvent::Cleared);
         }
         n
     }
@@ -273,6 +364,15 @@ impl KvCache {
         self.tree_blocks -= 1;
         self.unpinned_blocks -= 1;
         self.evicted_blocks += 1;
+        if let Some(log) = self.events.as_mut() {
+            // Evictions in a row share one event, as one step's do.
+            match log.last_mut() {
+                Some(CacheEvent::Removed { hashes }) => hashes.push(node.hash),
+                _ => log.push(CacheEvent::Removed {
+                    hashes: vec![node.hash],
+                }),
+            }
+        }
         if let Some(p) = node.parent {
             let parent = self.node_mut(p);
             parent.children -= 1;

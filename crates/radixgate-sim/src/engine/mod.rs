@@ -36,7 +36,7 @@ pub mod view;
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-pub use cache::{KvCache, PinnedPath};
+pub use cache::{CacheEvent, KvCache, PinnedPath};
 pub use config::{EngineConfig, MAX_SPEED, TimingConfig, check_speed};
 pub use view::{RunningView, WaitingView};
 
@@ -346,6 +346,17 @@ impl Engine {
         &self.cache
     }
 
+    /// Starts or stops logging the cache's stores and evictions
+    /// ([`KvCache::record_events`]); for a worker that publishes KV events.
+    pub fn record_cache_events(&mut self, on: bool) {
+        self.cache.record_events(on);
+    }
+
+    /// The cache events logged since the last call, oldest first.
+    pub fn take_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.cache.take_events()
+    }
+
     /// Current load.
     pub fn load(&self) -> LoadSnapshot {
         let running_prefill: usize = self.running.iter().map(Running::prefill_left).sum();
@@ -435,7 +446,7 @@ impl Engine {
         let r = &mut self.running[i];
         let new = self
             .cache
-            .extend(&r.path, &r.prompt_hashes, &mut r.reserved);
+            .extend(&r.path, &r.prompt_hashes, &r.req.prompt, &mut r.reserved);
         let old = std::mem::replace(&mut r.path, new);
         self.cache.release(old, 0);
         if r.req.max_new_tokens > 0 {
@@ -457,7 +468,9 @@ impl Engine {
             let mut r = self.running.remove(i);
             if !r.req.final_tokens.is_empty() {
                 let hashes = self.cache.block_hashes(&r.req.final_tokens);
-                let full = self.cache.extend(&r.path, &hashes, &mut r.reserved);
+                let full =
+                    self.cache
+                        .extend(&r.path, &hashes, &r.req.final_tokens, &mut r.reserved);
                 let old = std::mem::replace(&mut r.path, full);
                 self.cache.release(old, 0);
             }

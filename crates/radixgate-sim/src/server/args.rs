@@ -5,7 +5,9 @@
 //! given on the command line; the result is validated before anything
 //! binds. `--count N` serves N workers on consecutive ports, each with its
 //! own engine. Faults apply to every worker unless `--fault-workers` names
-//! some (0-based indices).
+//! some (0-based indices). KV-event endpoints move up by the worker index
+//! (worker i publishes on port + i), as engines offset them by
+//! data-parallel rank.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -14,7 +16,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{FaultConfig, WorkerConfig, start_group};
+use super::{EventShape, FaultConfig, HashFormat, WorkerConfig, start_group};
 use crate::engine::EngineConfig;
 use crate::error::SimError;
 
@@ -91,6 +93,37 @@ pub struct WorkerArgs {
     /// Seed of the error-rate draws; worker i uses seed + i [default: 0].
     #[arg(long)]
     pub fault_seed: Option<u64>,
+    /// Fault: the KV-event publisher starts stopped (no sockets); clearing
+    /// `kv_events_stopped` at run time starts it.
+    #[arg(long)]
+    pub kv_events_stopped: bool,
+    /// Fault: withhold the first N KV-event batches from subscribers (kept
+    /// for replay), a sequence gap [default: 0].
+    #[arg(long)]
+    pub kv_events_drop: Option<u32>,
+    /// Publish KV-cache events (ZeroMQ PUB, vLLM/SGLang wire format) bound
+    /// at this endpoint, e.g. tcp://127.0.0.1:5557 (`*` = all interfaces);
+    /// worker i uses port + i. Unset: no events.
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
+    /// Topic frame of each KV-event message (default: empty, every
+    /// subscriber matches it).
+    #[arg(long)]
+    pub kv_events_topic: Option<String>,
+    /// KV-event msgpack layout: tagged arrays (SGLang, older vLLM) or
+    /// tagged maps (newer vLLM) [default: array].
+    #[arg(long, value_enum)]
+    pub kv_events_shape: Option<EventShape>,
+    /// Block hashes in KV events as msgpack integers or 8 bytes [default: int].
+    #[arg(long, value_enum)]
+    pub kv_events_hash: Option<HashFormat>,
+    /// Serve KV-event replay (ZeroMQ ROUTER) at this endpoint; worker i
+    /// uses port + i. Unset: no replay.
+    #[arg(long)]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Recent KV-event batches kept for replay [default: 10000].
+    #[arg(long)]
+    pub kv_events_replay_batches: Option<usize>,
     /// Apply the fault flags and file faults only to these worker indices
     /// (e.g. `0,2`); the others start without faults.
     #[arg(long, value_delimiter = ',')]
@@ -133,6 +166,8 @@ impl WorkerArgs {
             f.unhealthy |= self.unhealthy;
             set(&mut f.slowdown, self.slowdown);
             set(&mut f.seed, self.fault_seed);
+            f.kv_events_stopped |= self.kv_events_stopped;
+            set(&mut f.kv_events_drop, self.kv_events_drop);
             f.seed = f.seed.wrapping_add(u64::from(i));
         } else {
             c.faults = FaultConfig::default();
@@ -149,6 +184,17 @@ impl WorkerArgs {
         set(&mut c.max_body_bytes, self.max_body_bytes);
         c.instant |= self.instant;
         self.engine.apply(&mut c.engine);
+        let k = &mut c.kv_events;
+        set(&mut k.endpoint, self.kv_events_endpoint.clone());
+        set(&mut k.topic, self.kv_events_topic.clone());
+        set(&mut k.shape, self.kv_events_shape);
+        set(&mut k.hash, self.kv_events_hash);
+        set(
+            &mut k.replay_endpoint,
+            self.kv_events_replay_endpoint.clone(),
+        );
+        set(&mut k.replay_batches, self.kv_events_replay_batches);
+        c.kv_events = c.kv_events.for_worker(i)?;
         c.validate()?;
         Ok(c)
     }
@@ -238,6 +284,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             h.name(),
             h.addr()
         );
+        if let Some(ep) = h.kv_events_endpoint() {
+            let replay = h
+                .kv_events_replay_endpoint()
+                .map_or_else(String::new, |r| format!(", replay on {r}"));
+            eprintln!(
+                "radixgate worker {} publishes KV events on {ep}{replay}",
+                h.name()
+            );
+        }
     }
     wait_for_signal().await;
     shutdown.cancel();
@@ -389,5 +444,44 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 16, "{checked}");
+    }
+
+    #[test]
+    fn kv_event_flags_set_the_config_and_move_up_per_worker() {
+        let a = parse(&[
+            "--count",
+            "2",
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:5557",
+            "--kv-events-replay-endpoint",
+            "tcp://*:6557",
+            "--kv-events-shape",
+            "map",
+            "--kv-events-hash",
+            "bytes",
+            "--kv-events-topic",
+            "kv",
+            "--kv-events-drop",
+            "2",
+        ]);
+        let base = a.base_config().unwrap();
+        let c = a.config(&base, 1).unwrap();
+        assert_eq!(c.kv_events.endpoint, "tcp://127.0.0.1:5558");
+        assert_eq!(c.kv_events.replay_endpoint, "tcp://0.0.0.0:6558");
+        assert_eq!(c.kv_events.shape, EventShape::Map);
+        assert_eq!(c.kv_events.hash, HashFormat::Bytes);
+        assert_eq!(c.kv_events.topic, "kv");
+        assert_eq!(c.faults.kv_events_drop, 2);
+        let c0 = a.config(&base, 0).unwrap();
+        assert_eq!(c0.kv_events.endpoint, "tcp://127.0.0.1:5557");
+        assert_eq!(c0.kv_events.replay_endpoint, "tcp://*:6557");
+        let bad = parse(&["--kv-events-endpoint", "ipc:///tmp/kv"]);
+        let e = bad
+            .config(&bad.base_config().unwrap(), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kv_events.endpoint"), "{e}");
+        let orphan = parse(&["--kv-events-replay-endpoint", "tcp://127.0.0.1:6557"]);
+        assert!(orphan.config(&orphan.base_config().unwrap(), 0).is_err());
     }
 }

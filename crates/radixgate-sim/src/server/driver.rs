@@ -12,6 +12,11 @@
 //! after it changes take that many times longer, and the engine's busy-time
 //! counter shows the slowed time.
 //!
+//! KV events: with a publisher configured, the engine logs its cache's
+//! changes and this task hands them over as one batch per step (and one
+//! after a flush), when the step's results become visible, through the
+//! publisher's non-blocking sink.
+//!
 //! Invariants: each live request has exactly one subscriber entry, removed
 //! when it finishes or is cancelled; a request whose handler has gone away
 //! (client disconnect) is cancelled in the engine, so its pages are freed.
@@ -29,6 +34,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::faults::SlowdownCell;
+use super::kv_events::EventSink;
 use crate::engine::{Engine, EngineCounters, EngineRequest, Finished, LoadSnapshot, ReqId};
 use crate::error::SimError;
 
@@ -82,17 +88,20 @@ pub(crate) struct EngineHandle {
 impl EngineHandle {
     /// Starts the task for `engine`, slowed by `slowdown`; it stops when
     /// `shutdown` fires or all handles are dropped.
+    /// With `events`, the engine's cache changes are published through it.
     pub(crate) fn spawn(
-        engine: Engine,
+        mut engine: Engine,
         slowdown: SlowdownCell,
+        events: Option<EventSink>,
         shutdown: CancellationToken,
     ) -> Self {
+        engine.record_cache_events(events.is_some());
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Mutex::new(EngineStats {
             load: engine.load(),
             counters: engine.counters().clone(),
         }));
-        tokio::spawn(drive(engine, rx, stats.clone(), slowdown, shutdown));
+        tokio::spawn(drive(engine, rx, stats.clone(), slowdown, events, shutdown));
         Self { tx, stats }
     }
 
@@ -139,8 +148,15 @@ async fn drive(
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     stats: Arc<Mutex<EngineStats>>,
     slowdown: SlowdownCell,
+    mut events: Option<EventSink>,
     shutdown: CancellationToken,
 ) {
+    // Hands the cache's logged changes to the publisher as one batch.
+    let mut emit = |engine: &mut Engine| {
+        if let Some(sink) = events.as_mut() {
+            sink.send(engine.take_cache_events());
+        }
+    };
     let start = Instant::now();
     let mut speed = Speed {
         configured: engine.config().timing.speed,
@@ -165,6 +181,8 @@ async fn drive(
         while let Ok(cmd) = rx.try_recv() {
             apply(&mut engine, &mut subs, cmd, start);
         }
+        // A flush's evictions are a batch of their own, before the step's.
+        emit(&mut engine);
         let now = Instant::now();
         let begin = match last_end {
             // Catch up only small lags; after a stall, restart from now.
@@ -174,6 +192,7 @@ async fn drive(
         speed.follow(&mut engine, &slowdown);
         let out = engine.step(begin.duration_since(start));
         if out.is_idle() {
+            emit(&mut engine);
             publish(&engine, &stats);
             if !engine.is_idle() {
                 // Work exists but none can run (cannot happen with a valid
@@ -195,7 +214,8 @@ async fn drive(
             () = shutdown.cancelled() => return,
         }
         // Publish before delivering, so a client that has seen this step's
-        // tokens also sees its load.
+        // tokens also sees its load (and a subscriber its cache events).
+        emit(&mut engine);
         publish(&engine, &stats);
         let mut gone = Vec::new();
         for (id, cached) in out.admitted {

@@ -60,7 +60,7 @@ async fn serve(s: &Arc<WorkerState>, body: Body) -> Result<Response, SimError> {
         .enumerate()
         .map(|(index, input)| {
             let (seed, n) = match input {
-                Input::Text(t) => (text_hash(t), s.tokenizer.count(t)),
+                Input::Text(t) => (text_hash(t), s.tokens.count(t)),
                 Input::Ids(ids) => {
                     let text = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
                     (text_hash(&text), ids.len())

@@ -11,7 +11,11 @@
 //! after the knob is set at run time), `unhealthy` (`/health` and
 //! `/health_generate` answer 503), `slowdown` (every engine step started
 //! while it is set takes that many times longer: a worker that turned slow,
-//! e.g. thermally throttled or sharing its GPU).
+//! e.g. thermally throttled or sharing its GPU), and two for the KV-event
+//! publisher: `kv_events_stopped` (its sockets closed; clearing it restarts
+//! it as a new publisher, sequence from 0) and `kv_events_drop` (the next N
+//! batches after the knobs are set are withheld from subscribers but kept
+//! for replay: a sequence gap).
 //!
 //! Concurrency: the knobs and the generator sit behind one `parking_lot`
 //! mutex: critical sections are a few loads or one random draw and never
@@ -19,7 +23,8 @@
 //! accept loop listens to (to close or reopen the listener). The engine task
 //! reads `slowdown` once per step from a [`SlowdownCell`], an atomic, so the
 //! step loop never takes the knobs' lock; a step already under way when the
-//! knob changes keeps its duration.
+//! knob changes keeps its duration. The KV-event publisher task gets its two
+//! knobs on a `watch` channel of their own, on every change.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +63,33 @@ pub struct FaultConfig {
     pub slowdown: f64,
     /// Seed of the error-rate draws.
     pub seed: u64,
+    /// The KV-event publisher is stopped: sockets closed, batches lost
+    /// (counted). Clearing it starts a new publisher on the same
+    /// endpoints, as a restarted engine's: sequence from 0, empty replay
+    /// buffer.
+    pub kv_events_stopped: bool,
+    /// Withhold the next N KV-event batches (after the knobs are set, or
+    /// after start) from subscribers, keeping them for replay: subscribers
+    /// see a sequence gap of N.
+    pub kv_events_drop: u32,
+}
+
+/// The fault knobs the KV-event publisher follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct KvEventsFaults {
+    /// `kv_events_stopped`.
+    pub(crate) stopped: bool,
+    /// `kv_events_drop`.
+    pub(crate) drop: u32,
+}
+
+impl From<&FaultConfig> for KvEventsFaults {
+    fn from(c: &FaultConfig) -> Self {
+        Self {
+            stopped: c.kv_events_stopped,
+            drop: c.kv_events_drop,
+        }
+    }
 }
 
 impl Default for FaultConfig {
@@ -72,6 +104,8 @@ impl Default for FaultConfig {
             unhealthy: false,
             slowdown: 1.0,
             seed: 0,
+            kv_events_stopped: false,
+            kv_events_drop: 0,
         }
     }
 }
@@ -150,6 +184,7 @@ pub(crate) struct Faults {
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
     slowdown: SlowdownCell,
+    kv_events: watch::Sender<KvEventsFaults>,
 }
 
 impl Faults {
@@ -157,6 +192,7 @@ impl Faults {
     pub(crate) fn new(config: FaultConfig) -> Self {
         let (changed, _) = watch::channel(0);
         let slowdown = SlowdownCell::new(config.slowdown);
+        let (kv_events, _) = watch::channel(KvEventsFaults::from(&config));
         let inner = Inner {
             rng: StdRng::seed_from_u64(config.seed),
             slow_until: slow_until(&config),
@@ -166,7 +202,14 @@ impl Faults {
             inner: Mutex::new(inner),
             changed,
             slowdown,
+            kv_events,
         }
+    }
+
+    /// A receiver of the KV-event publisher's knobs, marked changed on every
+    /// `set` (so setting `kv_events_drop` again re-arms it).
+    pub(crate) fn kv_events(&self) -> watch::Receiver<KvEventsFaults> {
+        self.kv_events.subscribe()
     }
 
     /// The cell the engine task reads `slowdown` from.
@@ -188,6 +231,7 @@ impl Faults {
             inner.rng = StdRng::seed_from_u64(config.seed);
             inner.slow_until = slow_until(&config);
             self.slowdown.set(config.slowdown);
+            self.kv_events.send_replace(KvEventsFaults::from(&config));
             inner.config = config;
         }
         self.changed.send_modify(|v| *v += 1);

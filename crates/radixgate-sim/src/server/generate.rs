@@ -26,7 +26,7 @@ use super::response::Reply;
 use super::{WorkerState, error_response, read_body};
 use crate::engine::{EngineRequest, ReqId};
 use crate::error::SimError;
-use crate::tokens::{Tokenizer, reply_text, text_hash};
+use crate::tokens::{reply_text, text_hash};
 
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
@@ -71,14 +71,14 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     // `--instant` only counts tokens (no hashing): minimal work per request.
     let (prompt_text, prompt_tokens, prompt_len) = match (&req.prompt, s.config.instant) {
-        (Prompt::Text(t), true) => (t.as_str(), Vec::new(), s.tokenizer.count(t)),
+        (Prompt::Text(t), true) => (t.as_str(), Vec::new(), s.tokens.count(t)),
         (Prompt::Ids(ids), true) => ("", Vec::new(), ids.len()),
         (Prompt::Text(t), false) => {
-            let tokens = s.tokenizer.tokenize(t);
+            let tokens = s.tokens.tokenize(t);
             let n = tokens.len();
             (t.as_str(), tokens, n)
         }
-        (Prompt::Ids(ids), false) => ("", Tokenizer::from_ids(ids), ids.len()),
+        (Prompt::Ids(ids), false) => ("", s.tokens.prompt_ids(ids), ids.len()),
     };
     let seed = match &req.prompt {
         Prompt::Text(t) => text_hash(t),
@@ -119,12 +119,10 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         });
     }
     let final_tokens = match &req.prompt {
-        Prompt::Text(_) => s
-            .tokenizer
-            .tokenize(&format!("{prompt_text}{}", reply.text)),
+        Prompt::Text(_) => s.tokens.tokenize(&format!("{prompt_text}{}", reply.text)),
         Prompt::Ids(_) => {
             let mut t = prompt_tokens.clone();
-            t.extend(s.tokenizer.tokenize(&reply.text));
+            t.extend(s.tokens.tokenize(&reply.text));
             t
         }
     };

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::driver::EngineStats;
+use super::kv_events::KvEventsCounters;
 use super::response::Reply;
 use crate::error::SimError;
 
@@ -231,4 +232,40 @@ impl Metrics {
         );
         out
     }
+}
+
+/// The KV-event publisher's counters as Prometheus text.
+pub(crate) fn kv_events_text(worker: &str, model: &str, c: &KvEventsCounters) -> String {
+    let labels = format!("worker=\"{worker}\",model_name=\"{model}\"");
+    let mut out = String::with_capacity(1024);
+    for (name, help, v) in [
+        (
+            "published",
+            "KV-event batches sent to subscribers.",
+            c.published,
+        ),
+        (
+            "dropped_overflow",
+            "KV-event batches dropped on a full publisher queue (each a sequence gap).",
+            c.dropped_overflow,
+        ),
+        (
+            "dropped_stopped",
+            "KV-event batches lost while the publisher was stopped (fault).",
+            c.dropped_stopped,
+        ),
+        (
+            "withheld",
+            "KV-event batches withheld from subscribers by the drop fault.",
+            c.withheld,
+        ),
+        ("replays", "KV-event replay requests answered.", c.replays),
+    ] {
+        let name = format!("radixgate_sim_kv_events_{name}_total");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}"
+        );
+    }
+    out
 }

@@ -17,6 +17,7 @@ mod driver;
 mod embeddings;
 mod faults;
 mod generate;
+pub mod kv_events;
 mod listen;
 mod metrics;
 mod request;
@@ -38,13 +39,15 @@ use tokio_util::sync::CancellationToken;
 
 pub use args::{EngineFlags, WorkerArgs, run};
 pub use faults::{FaultConfig, MAX_SLOWDOWN};
+pub use kv_events::{EventShape, HashFormat, KvEventsConfig};
 pub use listen::WORKER_HEADER;
 
 use crate::engine::{Engine, EngineConfig, LoadSnapshot};
 use crate::error::SimError;
-use crate::tokens::{DEFAULT_CHARS_PER_TOKEN, Tokenizer};
+use crate::tokens::{DEFAULT_CHARS_PER_TOKEN, TokenSource, Tokenizer};
 use driver::EngineHandle;
 use faults::Faults;
+use kv_events::Publisher;
 use metrics::Metrics;
 
 /// The model id reported when none is configured.
@@ -71,6 +74,8 @@ pub struct WorkerConfig {
     pub engine: EngineConfig,
     /// Fault knobs at start-up.
     pub faults: FaultConfig,
+    /// The KV-event publisher (off unless `kv_events.endpoint` is set).
+    pub kv_events: KvEventsConfig,
 }
 
 impl Default for WorkerConfig {
@@ -84,6 +89,7 @@ impl Default for WorkerConfig {
             instant: false,
             engine: EngineConfig::default(),
             faults: FaultConfig::default(),
+            kv_events: KvEventsConfig::default(),
         }
     }
 }
@@ -105,6 +111,7 @@ impl WorkerConfig {
             return Err(SimError::Config("max_body_bytes must be positive".into()));
         }
         self.engine.validate()?;
+        self.kv_events.validate()?;
         self.faults.validate()
     }
 }
@@ -114,10 +121,15 @@ pub(crate) struct WorkerState {
     config: WorkerConfig,
     name: Arc<str>,
     model: Arc<str>,
+    /// Reply text (simulated, `chars_per_token` characters per token).
     tokenizer: Tokenizer,
+    /// Prompt token ids: what the engine, its cache and KV events see.
+    tokens: Arc<dyn TokenSource>,
     engine: EngineHandle,
     faults: Faults,
     metrics: Metrics,
+    /// The KV-event publisher, when configured.
+    kv_events: Option<Publisher>,
     next_id: AtomicU64,
     shutdown: CancellationToken,
     /// All workers of this process, for `/admin/workers/{i}/faults`
@@ -189,6 +201,24 @@ impl WorkerHandle {
         self.state.faults.set(faults)
     }
 
+    /// The KV-event PUB endpoint as bound (port resolved), while the
+    /// publisher is up.
+    pub fn kv_events_endpoint(&self) -> Option<String> {
+        let p = self.state.kv_events.as_ref()?;
+        p.stats.bound.lock().0.clone()
+    }
+
+    /// The KV-event replay endpoint as bound, while the publisher is up.
+    pub fn kv_events_replay_endpoint(&self) -> Option<String> {
+        let p = self.state.kv_events.as_ref()?;
+        p.stats.bound.lock().1.clone()
+    }
+
+    /// The KV-event publisher's counters (`None` without a publisher).
+    pub fn kv_events_counters(&self) -> Option<kv_events::KvEventsCounters> {
+        self.state.kv_events.as_ref().map(|p| p.stats.counters())
+    }
+
     /// Waits for the worker to stop (after its shutdown token fires).
     pub async fn join(self) {
         let _ = self.task.await;
@@ -205,15 +235,39 @@ pub async fn start(
     Ok(group.remove(0))
 }
 
+/// Starts one worker on `listener` whose prompts are tokenized by `tokens`
+/// (a real tokenizer, say) instead of the simulated tokenizer.
+pub async fn start_with_tokens(
+    listener: TcpListener,
+    config: WorkerConfig,
+    tokens: Arc<dyn TokenSource>,
+    shutdown: CancellationToken,
+) -> Result<WorkerHandle, SimError> {
+    let mut group = start_workers(vec![(listener, config, Some(tokens))], shutdown).await?;
+    Ok(group.remove(0))
+}
+
 /// Starts several workers, each on its listener, that can administer each
 /// other's faults; all stop when `shutdown` fires.
 pub async fn start_group(
     workers: Vec<(TcpListener, WorkerConfig)>,
     shutdown: CancellationToken,
 ) -> Result<Vec<WorkerHandle>, SimError> {
+    let workers = workers.into_iter().map(|(l, c)| (l, c, None)).collect();
+    start_workers(workers, shutdown).await
+}
+
+/// A worker to start, with its own token source or (`None`) the simulated
+/// tokenizer of its configuration.
+type WorkerSpec = (TcpListener, WorkerConfig, Option<Arc<dyn TokenSource>>);
+
+async fn start_workers(
+    workers: Vec<WorkerSpec>,
+    shutdown: CancellationToken,
+) -> Result<Vec<WorkerHandle>, SimError> {
     let mut states = Vec::new();
     let mut prepared = Vec::new();
-    for (listener, config) in workers {
+    for (listener, config, tokens) in workers {
         config.validate()?;
         let addr = listener.local_addr()?;
         let name: Arc<str> = if config.name.is_empty() {
@@ -223,13 +277,29 @@ pub async fn start_group(
         };
         let engine = Engine::new(config.engine.clone())?;
         let faults = Faults::new(config.faults.clone());
+        let (kv_events, sink) = if config.kv_events.enabled() {
+            let (p, sink) = Publisher::start(
+                &config.kv_events,
+                config.engine.block_size,
+                faults.kv_events(),
+                shutdown.clone(),
+            )
+            .await?;
+            (Some(p), Some(sink))
+        } else {
+            (None, None)
+        };
+        let tokenizer = Tokenizer::new(config.chars_per_token)?;
+        let tokens = tokens.unwrap_or_else(|| Arc::new(tokenizer));
         let state = Arc::new(WorkerState {
             name,
             model: config.model.clone().into(),
-            tokenizer: Tokenizer::new(config.chars_per_token)?,
-            engine: EngineHandle::spawn(engine, faults.slowdown(), shutdown.clone()),
+            tokenizer,
+            tokens,
+            engine: EngineHandle::spawn(engine, faults.slowdown(), sink, shutdown.clone()),
             faults,
             metrics: Metrics::default(),
+            kv_events,
             next_id: AtomicU64::new(1),
             shutdown: shutdown.clone(),
             group: OnceLock::new(),

@@ -129,7 +129,14 @@ async fn load(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(s): State<Arc<WorkerState>>) -> Response {
-    let text = s.metrics.render(&s.name, &s.model, &s.engine.stats());
+    let mut text = s.metrics.render(&s.name, &s.model, &s.engine.stats());
+    if let Some(p) = &s.kv_events {
+        text.push_str(&super::metrics::kv_events_text(
+            &s.name,
+            &s.model,
+            &p.stats.counters(),
+        ));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -69,7 +69,7 @@ pub(crate) async fn tokenize(State(s): State<Arc<WorkerState>>, body: Body) -> R
         let Prompt::Text(text) = parse(api, bytes, 0)?.prompt else {
             unreachable!("chat and completions prompts are text")
         };
-        let tokens = s.tokenizer.tokenize(&text);
+        let tokens = s.tokens.tokenize(&text);
         Ok(json!({
             "count": tokens.len(),
             "max_model_len": s.config.engine.kv_capacity_tokens,
@@ -86,7 +86,7 @@ pub(crate) async fn count_tokens(State(s): State<Arc<WorkerState>>, body: Body) 
         let Prompt::Text(text) = super::conversation::messages(bytes, false)?.prompt else {
             unreachable!("a conversation is text")
         };
-        Ok(json!({"input_tokens": s.tokenizer.count(&text)}))
+        Ok(json!({"input_tokens": s.tokens.count(&text)}))
     })
     .await
 }
@@ -161,7 +161,7 @@ pub(crate) async fn rerank(State(s): State<Arc<WorkerState>>, body: Body) -> Res
         let tokens: usize = b
             .documents
             .iter()
-            .map(|d| s.tokenizer.count(&b.query) + s.tokenizer.count(d.text()))
+            .map(|d| s.tokens.count(&b.query) + s.tokens.count(d.text()))
             .sum();
         let results: Vec<Value> = scored
             .iter()
@@ -223,7 +223,7 @@ pub(crate) async fn score(State(s): State<Arc<WorkerState>>, body: Body) -> Resp
         };
         let tokens: usize = pairs
             .iter()
-            .map(|(l, r)| s.tokenizer.count(l) + s.tokenizer.count(r))
+            .map(|(l, r)| s.tokens.count(l) + s.tokens.count(r))
             .sum();
         let data: Vec<Value> = pairs
             .iter()
