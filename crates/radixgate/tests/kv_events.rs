@@ -1,0 +1,283 @@
+//! KV events end to end: `serve` subscribed to simulated workers that
+//! publish their paged caches' stores and evictions over ZeroMQ in the
+//! engines' wire format (`radixgate worker --kv-events-endpoint`). Requests
+//! are SGLang `/generate` bodies with `input_ids`, which need no tokenizer
+//! on either side; the worker caches exactly those ids.
+
+mod common;
+
+use common::*;
+use radixgate::config::Config;
+use radixgate_sim::server::{FaultConfig, WorkerConfig};
+use serde_json::{Value, json};
+
+/// A free port on 127.0.0.1 (bound, read, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fast worker with a small cache (`blocks` blocks of 16 tokens) that
+/// publishes KV events on a fixed port, with a replay socket if asked.
+async fn publishing_worker(blocks: usize, replay: bool) -> (SimWorker, String) {
+    let mut c: WorkerConfig = fast_worker();
+    c.engine.kv_capacity_tokens = blocks * c.engine.block_size;
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    c.kv_events.endpoint = endpoint.clone();
+    if replay {
+        c.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    }
+    (sim_worker(c).await, endpoint)
+}
+
+/// A gateway subscribed to each worker's publisher.
+fn events_config(workers: &[(&SimWorker, &str)]) -> Config {
+    let urls: Vec<&str> = workers.iter().map(|(w, _)| w.url.as_str()).collect();
+    let mut c = config(&urls);
+    c.kv_events.enabled = true;
+    for (w, endpoint) in workers {
+        c.kv_events
+            .endpoints
+            .insert(w.url.clone(), (*endpoint).to_owned());
+    }
+    if let Some((w, _)) = workers.first()
+        && let Some(replay) = w.handle.kv_events_replay_endpoint()
+    {
+        let port = replay.rsplit(':').next().unwrap().parse().unwrap();
+        c.kv_events.replay_port = Some(port);
+    }
+    c
+}
+
+/// `n` token ids for prompt `tag` (distinct prompts share no block).
+fn ids(tag: u32, n: u32) -> Vec<u32> {
+    (0..n).map(|i| 1 + tag * 10_000 + i).collect()
+}
+
+fn body(ids: &[u32]) -> Value {
+    json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})
+}
+
+/// Sends `/generate` to `url` (a worker or the gateway); returns the
+/// serving worker and the decision header (empty from a worker).
+async fn generate(url: &str, ids: &[u32]) -> (String, String) {
+    let r = client()
+        .post(format!("{url}/generate"))
+        .json(&body(ids))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let out = (header("x-radixgate-worker"), header("x-radixgate-decision"));
+    r.bytes().await.unwrap();
+    out
+}
+
+/// A gauge or counter of the gateway, 0 when absent.
+async fn value(gateway: &str, series: &str) -> f64 {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn wait_live(gateway: &str, n: usize) {
+    wait_until(&format!("{n} workers live"), || async {
+        value(gateway, "radixgate_kv_events_live_workers").await == n as f64
+    })
+    .await;
+}
+
+/// Makes each worker's stream exact and waits until all are live. A
+/// subscriber that joins after a publisher's first batch cannot know what
+/// came before (without replay); the engine's `AllBlocksCleared` tells it
+/// the cache is empty. So each worker's cache is filled a little and
+/// flushed, again until the subscription had joined in time to hear it.
+async fn make_live(gateway: &str, workers: &[&SimWorker]) {
+    wait_until(&format!("{} workers live", workers.len()), || async {
+        for w in workers {
+            // (Flushing an empty cache tells nobody anything.)
+            generate(&w.url, &ids(9_999, 40)).await;
+            let r = client()
+                .post(format!("{}/flush_cache", w.url))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        value(gateway, "radixgate_kv_events_live_workers").await == workers.len() as f64
+    })
+    .await;
+}
+
+/// What a worker holds that the router never routed: a prompt sent
+/// straight to a worker is found there through its events, and the tree
+/// alone could not know it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_the_router_never_saw_are_found_through_events() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let (w2, e2) = publishing_worker(4096, false).await;
+    let gw = gateway_ready(events_config(&[(&w1, &e1), (&w2, &e2)]), 2).await;
+    make_live(&gw.url, &[&w1, &w2]).await;
+    for tag in 0..6u32 {
+        let holder = if tag % 2 == 0 { &w1 } else { &w2 };
+        let prompt = ids(tag, 160);
+        let stored = value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+        generate(&holder.url, &prompt).await;
+        // The events arrive a moment after the answer: its 10 blocks.
+        wait_until("the stored blocks to be indexed", || async {
+            value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
+        })
+        .await;
+        let mut extended = prompt.clone();
+        extended.extend(ids(100 + tag, 32));
+        let (worker, decision) = generate(&gw.url, &extended).await;
+        assert_eq!(worker, holder.url, "prompt {tag}: {decision}");
+        assert!(decision.contains("index=exact"), "{decision}");
+        assert!(decision.contains("branch=cache_hit"), "{decision}");
+    }
+    gw.shutdown().await;
+}
+
+/// The tree remembers a prefix its worker has evicted; the events say it
+/// is gone, so the request is not sent there for a hit that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_follows_real_evictions() {
+    for events in [true, false] {
+        let (w1, e1) = publishing_worker(24, false).await;
+        let (w2, e2) = publishing_worker(24, false).await;
+        let mut cfg = events_config(&[(&w1, &e1), (&w2, &e2)]);
+        cfg.kv_events.enabled = events;
+        let gw = gateway_ready(cfg, 2).await;
+        if events {
+            make_live(&gw.url, &[&w1, &w2]).await;
+        }
+        let prompt = ids(1, 160);
+        let (owner, _) = generate(&gw.url, &prompt).await;
+        // Fill the owner's 24-block cache with other prompts, sent to it
+        // directly: the router's tree never hears of them.
+        for tag in 10..14 {
+            generate(&owner, &ids(tag, 320)).await;
+        }
+        if events {
+            // Least recently used first: the prompt's 10 blocks.
+            wait_until("the evictions to be indexed", || async {
+                value(&gw.url, "radixgate_kv_events_blocks_removed_total").await >= 10.0
+            })
+            .await;
+        }
+        let (_, decision) = generate(&gw.url, &prompt).await;
+        if events {
+            assert!(!decision.contains("branch=cache_hit"), "{decision}");
+            assert!(decision.contains("match=0.000"), "{decision}");
+        } else {
+            // The control: the tree alone still predicts the hit.
+            assert!(decision.contains("branch=cache_hit"), "{decision}");
+        }
+        gw.shutdown().await;
+    }
+}
+
+/// A publisher restart drops the worker's blocks and the stream comes back
+/// live; while it is down the worker is matched in the tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restart_falls_back_to_the_tree_then_recovers() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let (w2, e2) = publishing_worker(4096, false).await;
+    let gw = gateway_ready(events_config(&[(&w1, &e1), (&w2, &e2)]), 2).await;
+    make_live(&gw.url, &[&w1, &w2]).await;
+    let prompt = ids(3, 160);
+    let (owner, decision) = generate(&gw.url, &prompt).await;
+    let (owner_w, other_w) = if owner == w1.url {
+        (&w1, &w2)
+    } else {
+        (&w2, &w1)
+    };
+    assert!(!decision.contains("branch=cache_hit"), "{decision}");
+    // The publisher goes away: the stream is stale, the worker is matched
+    // in the tree (a hit without `index=exact`).
+    owner_w.set_faults(FaultConfig {
+        kv_events_stopped: true,
+        ..FaultConfig::default()
+    });
+    wait_live(&gw.url, 1).await;
+    let (w, decision) = generate(&gw.url, &prompt).await;
+    assert_eq!(w, owner, "{decision}");
+    assert!(decision.contains("branch=cache_hit"), "{decision}");
+    assert!(!decision.contains("index=exact"), "{decision}");
+    // It comes back as a new publisher (sequence 0): its next batch makes
+    // it live again.
+    owner_w.set_faults(FaultConfig::default());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    generate(&owner, &ids(4, 64)).await;
+    wait_live(&gw.url, 2).await;
+    assert!(
+        value(
+            &gw.url,
+            "radixgate_kv_events_stale_total{reason=\"disconnected\"}"
+        )
+        .await
+            + value(
+                &gw.url,
+                "radixgate_kv_events_stale_total{reason=\"restarted\"}"
+            )
+            .await
+            >= 1.0
+    );
+    // The other worker's stream stayed live throughout.
+    let _ = other_w;
+    gw.shutdown().await;
+}
+
+/// A sequence gap: filled from the engine's replay socket when it has one
+/// (the stream stays live), else the worker is stale and matched in the
+/// tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_gap_is_replayed_or_makes_the_worker_stale() {
+    for replay in [true, false] {
+        let (w1, e1) = publishing_worker(4096, replay).await;
+        let gw = gateway_ready(events_config(&[(&w1, &e1)]), 1).await;
+        make_live(&gw.url, &[&w1]).await;
+        w1.set_faults(FaultConfig {
+            kv_events_drop: 1,
+            ..FaultConfig::default()
+        });
+        // The withheld batch, then one that shows the gap.
+        generate(&w1.url, &ids(20, 64)).await;
+        generate(&w1.url, &ids(21, 64)).await;
+        if replay {
+            wait_until("the gap filled by replay", || async {
+                // 4 blocks, then 4.
+                value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= 8.0
+            })
+            .await;
+            assert_eq!(
+                value(&gw.url, "radixgate_kv_events_live_workers").await,
+                1.0
+            );
+            assert_eq!(
+                value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await,
+                0.0
+            );
+        } else {
+            wait_until("the gap seen", || async {
+                value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await >= 1.0
+            })
+            .await;
+            wait_live(&gw.url, 0).await;
+        }
+        gw.shutdown().await;
+    }
+}
