@@ -72,6 +72,7 @@ async fn compare(workload: WorkloadConfig, api: Api, requests: u64) {
         load_poll: None,
         speeds: Default::default(),
         replicas: Default::default(),
+        exact_events: false,
     };
     for who in [Contender::Oracle, Contender::Policy(Default::default())] {
         let sim = run(&sim_cfg, &who).unwrap();

@@ -285,7 +285,7 @@ impl KvEvents {
 
 /// The index key of a worker's rank.
 fn key(id: WorkerId, rank: usize) -> Option<u32> {
-    (id.0 < 1 << (32 - RANK_BITS)).then(|| (id.0 << RANK_BITS) | rank as u32)
+    (id.0 < 1 << (32 - RANK_BITS)).then_some((id.0 << RANK_BITS) | rank as u32)
 }
 
 /// Keeps one subscription per rank of every worker in the pool.
@@ -396,8 +396,8 @@ async fn follow(
                     stats
                 };
                 add(&events.metrics.batches, 1);
-                add(&events.metrics.stored, stats.stored as u64);
-                add(&events.metrics.removed, stats.removed as u64);
+                add(&events.metrics.stored, stats.stored);
+                add(&events.metrics.removed, stats.removed);
                 if stats.over_capacity > 0 && live {
                     // A rank past its limit lies about its cache (engines
                     // evict long before): its matches no longer count.
