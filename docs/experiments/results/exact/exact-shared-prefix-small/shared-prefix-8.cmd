@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 8 --workload shared-prefix --groups 128 --system-tokens 4096 --rate 120 --requests 6000 --policies cache_aware --seed 1 --exact-events --kv-capacity-tokens 100000
