@@ -51,6 +51,28 @@ impl TokenSource for Tokenizer {
     }
 }
 
+/// A model's own tokenizer (`radixgate worker --tokenizer`): the worker's
+/// prompt text encoded with it, as an engine encodes the text its chat
+/// template rendered (no special tokens added again), so a router with the
+/// same tokenizer and a template that renders as [`render_chat`] does
+/// computes the same ids.
+#[derive(Debug)]
+pub struct ModelTokens(pub radixgate_tokenize::Tokenizer);
+
+impl TokenSource for ModelTokens {
+    fn tokenize(&self, text: &str) -> Vec<u64> {
+        match self.0.encode(text, false) {
+            Ok(ids) => ids.into_iter().map(u64::from).collect(),
+            Err(err) => {
+                // Not expected for text the worker rendered itself; the
+                // request is then served as if empty of prompt tokens.
+                tracing::warn!(error = %err, "worker: the tokenizer failed on a prompt");
+                Vec::new()
+            }
+        }
+    }
+}
+
 /// The fixed text tokenizer: `chars_per_token` characters per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tokenizer {

@@ -281,3 +281,97 @@ async fn a_sequence_gap_is_replayed_or_makes_the_worker_stale() {
         gw.shutdown().await;
     }
 }
+
+/// ChatML, rendered exactly as the simulated worker renders chat messages
+/// (`radixgate_sim::tokens::render_chat`): a router with this template and
+/// a worker with the same tokenizer compute the same prompt ids, as a real
+/// router and engine sharing a model directory do.
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Chat requests, tokenized by the router with the model's tokenizer and
+/// chat template, match the blocks the worker reported for the same
+/// conversation sent to it directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
+    use radixgate_sim::tokens::ModelTokens;
+    use radixgate_tokenize::testing::{TestModel, sample_text};
+    let model = TestModel {
+        chat_template: Some(CHATML.to_owned()),
+        ..TestModel::default()
+    };
+    let dir = model.write_temp().unwrap();
+    let tokens = std::sync::Arc::new(ModelTokens(
+        radixgate_tokenize::Tokenizer::load(dir.path()).unwrap(),
+    ));
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let mut c: WorkerConfig = fast_worker();
+        let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+        c.kv_events.endpoint = endpoint.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let handle =
+            radixgate_sim::server::start_with_tokens(listener, c, tokens.clone(), stop.clone())
+                .await
+                .unwrap();
+        let url = format!("http://{}", handle.addr());
+        workers.push((SimWorker { handle, url, stop }, endpoint));
+    }
+    let (w1, e1) = &workers[0];
+    let (w2, e2) = &workers[1];
+    let mut cfg = events_config(&[(w1, e1), (w2, e2)]);
+    cfg.kv_events.tokenizer = Some(dir.path().to_path_buf());
+    let gw = gateway_ready(cfg, 2).await;
+    make_live(&gw.url, &[w1, w2]).await;
+    for tag in 0..4u64 {
+        let holder = if tag % 2 == 0 { w1 } else { w2 };
+        let system = sample_text(400, tag);
+        let ask = |question: &str| {
+            json!({"max_tokens": 2, "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ]})
+        };
+        let stored = value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", holder.url))
+            .json(&ask("what does it say?"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        wait_until("the conversation's blocks to be indexed", || async {
+            value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
+        })
+        .await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&ask("and in one word?"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let worker = r.headers()["x-radixgate-worker"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let decision = r.headers()["x-radixgate-decision"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        r.bytes().await.unwrap();
+        assert_eq!(worker, holder.url, "conversation {tag}: {decision}");
+        assert!(decision.contains("index=exact"), "{decision}");
+        assert!(decision.contains("branch=cache_hit"), "{decision}");
+    }
+    assert!(
+        value(
+            &gw.url,
+            "radixgate_kv_events_requests_total{match=\"exact\"}"
+        )
+        .await
+            >= 4.0
+    );
+    gw.shutdown().await;
+}

@@ -11,12 +11,13 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventShape, FaultConfig, HashFormat, WorkerConfig, start_group};
+use super::{EventShape, FaultConfig, HashFormat, WorkerConfig};
 use crate::engine::EngineConfig;
 use crate::error::SimError;
 
@@ -124,6 +125,11 @@ pub struct WorkerArgs {
     /// Recent KV-event batches kept for replay [default: 10000].
     #[arg(long)]
     pub kv_events_replay_batches: Option<usize>,
+    /// Tokenize prompts with this model's tokenizer (a `tokenizer.json` or a
+    /// model directory) instead of the simulated one, so that KV events
+    /// carry the ids a router with the same tokenizer computes.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// Apply the fault flags and file faults only to these worker indices
     /// (e.g. `0,2`); the others start without faults.
     #[arg(long, value_delimiter = ',')]
@@ -261,6 +267,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         );
     }
     let base = args.base_config()?;
+    let tokens: Option<Arc<dyn crate::tokens::TokenSource>> = match &args.tokenizer {
+        Some(path) => {
+            let t = radixgate_tokenize::Tokenizer::load(path)
+                .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", path.display()))?;
+            Some(Arc::new(crate::tokens::ModelTokens(t)))
+        }
+        None => None,
+    };
     let mut workers = Vec::new();
     for i in 0..args.count {
         let config = args.config(&base, i)?;
@@ -273,10 +287,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             ),
             _ => anyhow::anyhow!("cannot listen on {addr}: {e}"),
         })?;
-        workers.push((listener, config));
+        workers.push((listener, config, tokens.clone()));
     }
     let shutdown = CancellationToken::new();
-    let handles = start_group(workers, shutdown.clone()).await?;
+    let handles = super::start_workers(workers, shutdown.clone()).await?;
     for h in &handles {
         tracing::info!(worker = h.name(), addr = %h.addr(), "simulated worker listening");
         eprintln!(
