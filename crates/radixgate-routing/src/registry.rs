@@ -202,8 +202,7 @@ impl Router {
         routing_key: Option<&str>,
         exclude: &[WorkerId],
     ) -> Result<Routed, RoutingError> {
-        let policy = self.policy.load();
-        self.select_with(&***policy, model, text, routing_key, exclude, None)
+        self.select_exact(model, text, routing_key, exclude, None)
     }
 
     /// Like [`select`](Self::select), with exact matches from engines' KV

@@ -71,15 +71,7 @@ async fn ask_model(gateway: &str, content: &str, stream: bool, model: &str) -> (
 
 /// The one worker's entry in `/workers`.
 async fn worker_entry(gateway: &str) -> Value {
-    let v: Value = client()
-        .get(format!("{gateway}/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["workers"][0].clone()
+    workers(gateway).await[0].clone()
 }
 
 /// The tree's characters for the one worker (`/get_loads`).

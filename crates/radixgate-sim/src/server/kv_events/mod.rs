@@ -44,9 +44,10 @@ pub const DEFAULT_QUEUE_BATCHES: usize = 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum EventShape {
-    /// Arrays, positional, tag first: `[ts, events, dp_rank]` with events
-    /// like `["BlockStored", hashes, parent, tokens, block_size, lora_id,
-    /// medium]` (SGLang, and vLLM while its structs were `array_like`).
+    /// Arrays, positional, tag first: a batch is (ts, events, dp_rank)
+    /// and an event like ("BlockStored", hashes, parent, tokens,
+    /// block_size, lora_id, medium) (SGLang, and vLLM while its structs were
+    /// `array_like`).
     #[default]
     Array,
     /// Maps keyed by field name, tagged by `type`: `{"ts", "events",
