@@ -107,8 +107,8 @@ pub struct WorkerArgs {
     /// worker i uses port + i. Unset: no events.
     #[arg(long)]
     pub kv_events_endpoint: Option<String>,
-    /// Topic frame of each KV-event message; an empty topic matches every
-    /// subscription [default: empty]
+    /// Topic frame of each KV-event message; empty unless set, which every
+    /// subscription matches.
     #[arg(long)]
     pub kv_events_topic: Option<String>,
     /// KV-event msgpack layout: tagged arrays (SGLang, older vLLM) or
