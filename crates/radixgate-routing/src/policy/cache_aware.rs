@@ -131,6 +131,8 @@ struct Scored {
     matched: usize,
     /// `matched` came from the engine's KV events.
     exact: bool,
+    /// Characters of the text the tree guesses it holds.
+    guess: usize,
     /// When the text's matched part was last sent to it (tree clock).
     last_access: u64,
     /// Its cost-model fit for the request's model.
@@ -568,6 +570,7 @@ impl CacheAware {
                     at,
                     matched,
                     exact: exact.is_some(),
+                    guess: own.map_or(0, |o| o.matched_chars),
                     last_access: own.map_or(0, |o| o.last_access),
                     slot,
                     work: Work {
@@ -649,17 +652,35 @@ impl CacheAware {
                 }
             } else {
                 let fast = |s: &Scored| s.ttft_ms <= bar;
-                match self.config.low_match {
-                    LowMatchTarget::MinLoad => (
-                        self.quickest(&scored, fast, |s| (s.at.load, 0)),
-                        Branch::LowMatchMinLoad,
-                    ),
-                    LowMatchTarget::SmallestTree => (
-                        self.quickest(&scored, fast, |s| {
-                            (tree.tenant_size(workers[s.at.idx].id().tenant()), 0)
-                        }),
-                        Branch::LowMatchSmallestTree,
-                    ),
+                // With exact matches nobody holds the text now. Where the
+                // tree last sent it, its requests keep going: computing it
+                // again there (if that worker is as quick as the best)
+                // keeps one copy instead of spreading it over the pool.
+                let affinity = req
+                    .exact
+                    .and_then(|_| {
+                        scored
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, s)| fast(s) && self.above_threshold(s.guess, input))
+                            .max_by_key(|(_, s)| (s.guess, s.last_access))
+                    })
+                    .map(|(k, _)| (k, Branch::LowMatchAffinity));
+                if let Some(choice) = affinity {
+                    choice
+                } else {
+                    match self.config.low_match {
+                        LowMatchTarget::MinLoad => (
+                            self.quickest(&scored, fast, |s| (s.at.load, 0)),
+                            Branch::LowMatchMinLoad,
+                        ),
+                        LowMatchTarget::SmallestTree => (
+                            self.quickest(&scored, fast, |s| {
+                                (tree.tenant_size(workers[s.at.idx].id().tenant()), 0)
+                            }),
+                            Branch::LowMatchSmallestTree,
+                        ),
+                    }
                 }
             }
         };

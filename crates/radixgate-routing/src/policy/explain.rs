@@ -24,6 +24,11 @@ pub enum Branch {
     LowMatchMinLoad,
     /// cache_aware: match rate at or below the threshold; smallest tree.
     LowMatchSmallestTree,
+    /// cache_aware with exact matches: no worker holds the text now; the
+    /// one the tree last sent it to takes it again, as quick as the best
+    /// (the prefix is computed again where its requests keep going, rather
+    /// than on whichever worker is idlest).
+    LowMatchAffinity,
     /// round_robin: next in turn.
     RoundRobin,
     /// random: uniform choice.
@@ -51,6 +56,7 @@ impl Branch {
             Self::HotSpotSpill => "hot_spot_spill",
             Self::LowMatchMinLoad => "low_match_min_load",
             Self::LowMatchSmallestTree => "low_match_smallest_tree",
+            Self::LowMatchAffinity => "low_match_affinity",
             Self::RoundRobin => "round_robin",
             Self::Random => "random",
             Self::PowerOfTwo => "power_of_two",

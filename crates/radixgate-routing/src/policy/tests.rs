@@ -569,3 +569,22 @@ fn a_live_event_stream_overrides_the_tree_and_the_others_keep_it() {
     // the other's live stream says it holds nothing.
     assert_eq!(select(&[(other, 0)]), (owner, false));
 }
+
+#[test]
+fn with_exact_matches_a_text_nobody_holds_goes_back_where_the_tree_sent_it() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(3);
+    let text = long_text("evicted everywhere");
+    let owner = pick(&p, &ws, &text);
+    let live: Vec<(WorkerId, usize)> = ws.iter().map(|w| (w.id(), 0)).collect();
+    let req = RequestView::new("m", &text).with_exact(Some(ExactMatches {
+        input_tokens: 64,
+        live: &live,
+    }));
+    for _ in 0..4 {
+        let d = p.select(&req, &ws).expect("a worker");
+        assert_eq!(d.worker().id(), owner);
+        assert_eq!(d.explanation().branch, Branch::LowMatchAffinity);
+        assert_eq!(d.explanation().matched_chars, Some(0));
+    }
+}
