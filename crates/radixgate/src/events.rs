@@ -30,8 +30,7 @@
 //! the tokenizer dominates (`crates/radixgate-tokenize`, measured there).
 
 use crate::config::{EngineRules, KvEventsConfig};
-use crate::metrics::{Describe, Family, LabelledCounters, Metrics, OneGauge};
-use metrics::Counter;
+use crate::metrics::{Describe, LabelledCounters, Metrics, OneCounter, OneGauge};
 use parking_lot::{Mutex, RwLock};
 use radixgate_kv::subscribe::{self, StaleReason, SubscriberConfig, Update};
 use radixgate_kv::{IndexLimits, KvIndex};
@@ -84,9 +83,9 @@ const REQUESTS: Describe = Describe::new(
 
 /// The families.
 struct EventMetrics {
-    batches: Family<(), Counter>,
-    stored: Family<(), Counter>,
-    removed: Family<(), Counter>,
+    batches: OneCounter,
+    stored: OneCounter,
+    removed: OneCounter,
     stale: LabelledCounters,
     live: OneGauge,
     workers: OneGauge,
@@ -94,25 +93,18 @@ struct EventMetrics {
     requests: LabelledCounters,
 }
 
-fn add(family: &Family<(), Counter>, n: u64) {
-    family.with(&(), || (), Vec::new, |c| c.increment(n));
-}
-
 impl EventMetrics {
     fn new(metrics: &Metrics) -> Self {
         let m = Self {
-            batches: metrics.counters(&BATCHES),
-            stored: metrics.counters(&STORED),
-            removed: metrics.counters(&REMOVED),
+            batches: metrics.counter(&BATCHES),
+            stored: metrics.counter(&STORED),
+            removed: metrics.counter(&REMOVED),
             stale: metrics.labelled_counters(&STALE, "reason"),
             live: metrics.gauge(&LIVE),
             workers: metrics.gauge(&WORKERS),
             blocks: metrics.gauge(&BLOCKS),
             requests: metrics.labelled_counters(&REQUESTS, "match"),
         };
-        add(&m.batches, 0);
-        add(&m.stored, 0);
-        add(&m.removed, 0);
         m.live.set(0.0);
         m.workers.set(0.0);
         m.blocks.set(0.0);
@@ -228,7 +220,7 @@ impl KvEvents {
             }
         };
         let found = self.index.read().match_tokens(&tokens, None);
-        let mut out: Vec<(WorkerId, usize)> = live.iter().map(|&id| (id, 0)).collect();
+        let mut out: Vec<(WorkerId, usize)> = self.live.read().iter().map(|&id| (id, 0)).collect();
         for (key, matched) in found {
             let id = WorkerId(key >> RANK_BITS);
             if let Ok(k) = out.binary_search_by_key(&id, |&(w, _)| w) {
@@ -395,9 +387,9 @@ async fn follow(
                     events.metrics.blocks.set(index.blocks() as f64);
                     stats
                 };
-                add(&events.metrics.batches, 1);
-                add(&events.metrics.stored, stats.stored);
-                add(&events.metrics.removed, stats.removed);
+                events.metrics.batches.add(1);
+                events.metrics.stored.add(stats.stored);
+                events.metrics.removed.add(stats.removed);
                 if stats.over_capacity > 0 && live {
                     // A rank past its limit lies about its cache (engines
                     // evict long before): its matches no longer count.

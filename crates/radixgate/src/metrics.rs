@@ -191,6 +191,13 @@ impl Metrics {
         PerWorker(self.counters(describe))
     }
 
+    /// A counter without labels, exported (at 0) from the start.
+    pub fn counter(&self, describe: &'static Describe) -> OneCounter {
+        let c = OneCounter(self.counters(describe));
+        c.add(0);
+        c
+    }
+
     /// A gauge without labels, exported from its first [`set`](OneGauge::set).
     pub fn gauge(&self, describe: &'static Describe) -> OneGauge {
         OneGauge(self.gauges(describe))
@@ -313,6 +320,17 @@ impl PerWorker<Gauge> {
     /// Sets the worker's gauge.
     pub fn set(&self, worker: &str, value: f64) {
         self.with(worker, |g| g.set(value));
+    }
+}
+
+/// A counter without labels ([`Metrics::counter`]).
+#[derive(Debug)]
+pub struct OneCounter(Family<(), Counter>);
+
+impl OneCounter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.with(&(), || (), Vec::new, |c| c.increment(n));
     }
 }
 

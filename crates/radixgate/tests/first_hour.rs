@@ -146,21 +146,14 @@ async fn an_unreachable_worker_is_named_in_the_log_and_in_the_503() {
     );
     assert_eq!(body["error"]["code"], "no_healthy_worker");
 
-    let listed: serde_json::Value = common::client()
-        .get(format!("{base}/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let entry = &listed["workers"][0];
-    assert_eq!(entry["state"], "pending", "{listed}");
-    assert_eq!(entry["problem"], "connection refused", "{listed}");
+    let listed = common::workers(&base).await;
+    let entry = &listed[0];
+    assert_eq!(entry["state"], "pending", "{listed:?}");
+    assert_eq!(entry["problem"], "connection refused", "{listed:?}");
     assert_eq!(
         entry["name"],
         worker.trim_start_matches("http://"),
-        "{listed}"
+        "{listed:?}"
     );
 
     // Probes go on every 2 s, but the warning is not repeated for a minute.

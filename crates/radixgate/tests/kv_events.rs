@@ -71,30 +71,12 @@ async fn generate(url: &str, ids: &[u32]) -> (String, String) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let header = |name: &str| {
-        r.headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default()
-    };
-    let out = (header("x-radixgate-worker"), header("x-radixgate-decision"));
-    r.bytes().await.unwrap();
-    out
-}
-
-/// A gauge or counter of the gateway, 0 when absent.
-async fn value(gateway: &str, series: &str) -> f64 {
-    metrics_text(gateway)
-        .await
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+    served_by(r).await
 }
 
 async fn wait_live(gateway: &str, n: usize) {
     wait_until(&format!("{n} workers live"), || async {
-        value(gateway, "radixgate_kv_events_live_workers").await == n as f64
+        series_value(gateway, "radixgate_kv_events_live_workers").await == n as f64
     })
     .await;
 }
@@ -117,7 +99,7 @@ async fn make_live(gateway: &str, workers: &[&SimWorker]) {
             assert!(r.status().is_success());
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        value(gateway, "radixgate_kv_events_live_workers").await == workers.len() as f64
+        series_value(gateway, "radixgate_kv_events_live_workers").await == workers.len() as f64
     })
     .await;
 }
@@ -134,11 +116,11 @@ async fn prompts_the_router_never_saw_are_found_through_events() {
     for tag in 0..6u32 {
         let holder = if tag % 2 == 0 { &w1 } else { &w2 };
         let prompt = ids(tag, 160);
-        let stored = value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+        let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
         generate(&holder.url, &prompt).await;
         // The events arrive a moment after the answer: its 10 blocks.
         wait_until("the stored blocks to be indexed", || async {
-            value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
+            series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
         })
         .await;
         let mut extended = prompt.clone();
@@ -174,7 +156,7 @@ async fn routing_follows_real_evictions() {
         if events {
             // Least recently used first: the prompt's 10 blocks.
             wait_until("the evictions to be indexed", || async {
-                value(&gw.url, "radixgate_kv_events_blocks_removed_total").await >= 10.0
+                series_value(&gw.url, "radixgate_kv_events_blocks_removed_total").await >= 10.0
             })
             .await;
         }
@@ -224,12 +206,12 @@ async fn a_publisher_restart_falls_back_to_the_tree_then_recovers() {
     generate(&owner, &ids(4, 64)).await;
     wait_live(&gw.url, 2).await;
     assert!(
-        value(
+        series_value(
             &gw.url,
             "radixgate_kv_events_stale_total{reason=\"disconnected\"}"
         )
         .await
-            + value(
+            + series_value(
                 &gw.url,
                 "radixgate_kv_events_stale_total{reason=\"restarted\"}"
             )
@@ -260,20 +242,21 @@ async fn a_sequence_gap_is_replayed_or_makes_the_worker_stale() {
         if replay {
             wait_until("the gap filled by replay", || async {
                 // 4 blocks, then 4.
-                value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= 8.0
+                series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= 8.0
             })
             .await;
             assert_eq!(
-                value(&gw.url, "radixgate_kv_events_live_workers").await,
+                series_value(&gw.url, "radixgate_kv_events_live_workers").await,
                 1.0
             );
             assert_eq!(
-                value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await,
+                series_value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await,
                 0.0
             );
         } else {
             wait_until("the gap seen", || async {
-                value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await >= 1.0
+                series_value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await
+                    >= 1.0
             })
             .await;
             wait_live(&gw.url, 0).await;
@@ -332,7 +315,7 @@ async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
                 {"role": "user", "content": question},
             ]})
         };
-        let stored = value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+        let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
         let r = client()
             .post(format!("{}/v1/chat/completions", holder.url))
             .json(&ask("what does it say?"))
@@ -342,7 +325,7 @@ async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
         wait_until("the conversation's blocks to be indexed", || async {
-            value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
+            series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
         })
         .await;
         let r = client()
@@ -366,7 +349,7 @@ async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
         assert!(decision.contains("branch=cache_hit"), "{decision}");
     }
     assert!(
-        value(
+        series_value(
             &gw.url,
             "radixgate_kv_events_requests_total{match=\"exact\"}"
         )

@@ -6,9 +6,8 @@
 mod common;
 
 use clap::Parser;
-use common::{client, config, fast_worker, gateway_ready, sim_worker};
+use common::{config, fast_worker, gateway_ready, get_loads, sim_worker};
 use radixgate_sim::load::{LoadArgs, LoadReport};
-use serde_json::Value;
 
 #[derive(Parser)]
 struct Cli {
@@ -18,15 +17,7 @@ struct Cli {
 
 /// Requests a gateway has finished, over all its workers.
 async fn processed(gateway: &str) -> u64 {
-    let body: Value = client()
-        .get(format!("{gateway}/get_loads"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    body["workers"]
+    get_loads(gateway).await["workers"]
         .as_array()
         .unwrap()
         .iter()

@@ -39,30 +39,13 @@ async fn ask(gateway: &str, text: &str) -> (String, String) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{text}");
-    let worker = r.headers()["x-radixgate-worker"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let decision = r.headers()["x-radixgate-decision"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    r.bytes().await.unwrap();
+    let (worker, decision) = served_by(r).await;
     let branch = decision
         .split_whitespace()
         .find_map(|p| p.strip_prefix("branch="))
         .unwrap_or_default()
         .to_owned();
     (worker, branch)
-}
-
-/// The value of one exported series (0 when absent).
-async fn metric(gateway: &str, series: &str) -> f64 {
-    metrics_text(gateway)
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 async fn readiness(gateway: &str) -> u16 {
@@ -82,7 +65,7 @@ async fn wait_ready(gateway: &str) {
 
 async fn wait_connected(gateway: &str) {
     wait_until("sync connected", || async {
-        metric(gateway, "radixgate_sync_connected").await == 1.0
+        series_value(gateway, "radixgate_sync_connected").await == 1.0
     })
     .await;
 }
@@ -109,7 +92,7 @@ async fn two_replicas(nats: &Nats) -> (Vec<SimWorker>, Gateway, Gateway) {
 /// inserts into its own tree, and two replicas fed the same prompts tend to
 /// make the same choices on their own.
 async fn ask_and_wait(from: &str, to: &str, text: &str) -> String {
-    let learned = || metric(to, "radixgate_sync_entries_learned_total");
+    let learned = || series_value(to, "radixgate_sync_entries_learned_total");
     let learned0 = learned().await;
     let (worker, _) = ask(from, text).await;
     // One routed request is one entry; `to` counts it once it is in its
@@ -156,10 +139,10 @@ async fn inserts_propagate_between_replicas() {
     }
     assert!(seen.len() > 1, "the prompts spread over workers: {seen:?}");
     assert_propagates(&b.url, &a.url, "from b", 3).await;
-    assert!(metric(&a.url, "radixgate_sync_messages_sent_total").await > 0.0);
-    assert!(metric(&b.url, "radixgate_sync_bytes_received_total").await > 0.0);
+    assert!(series_value(&a.url, "radixgate_sync_messages_sent_total").await > 0.0);
+    assert!(series_value(&b.url, "radixgate_sync_bytes_received_total").await > 0.0);
     assert!(
-        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await > 0.0,
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await > 0.0,
         "own messages come back and are skipped"
     );
     a.shutdown().await;
@@ -227,7 +210,7 @@ async fn a_late_replica_warms_up_before_it_is_ready() {
     // Let A's last batch reach the stream, then take NATS away: the late
     // replica starts while it cannot replay anything.
     wait_until("A published its decisions", || async {
-        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -272,7 +255,7 @@ async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history()
         "no decision for the third worker: {routed:?}"
     );
     wait_until("A published its decisions", || async {
-        metric(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -295,7 +278,7 @@ async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history()
         assert_eq!((&w, branch.as_str()), (worker, "cache_hit"), "{text}");
     }
     assert_eq!(
-        metric(
+        series_value(
             &b.url,
             "radixgate_sync_ignored_total{reason=\"unknown_worker\"}"
         )
@@ -347,7 +330,7 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
     .await;
     nats.kill();
     wait_until("A sees NATS gone", || async {
-        metric(&a.url, "radixgate_sync_connected").await == 0.0
+        series_value(&a.url, "radixgate_sync_connected").await == 0.0
     })
     .await;
     let before = sent.load(Ordering::Relaxed);
@@ -394,8 +377,8 @@ async fn malformed_and_foreign_messages_are_ignored_and_counted() {
         .unwrap();
     raw.flush().await.unwrap();
     wait_until("malformed counted", || async {
-        metric(&b.url, "radixgate_sync_ignored_total{reason=\"malformed\"}").await >= 3.0
-            && metric(&b.url, "radixgate_sync_ignored_total{reason=\"version\"}").await >= 1.0
+        series_value(&b.url, "radixgate_sync_ignored_total{reason=\"malformed\"}").await >= 3.0
+            && series_value(&b.url, "radixgate_sync_ignored_total{reason=\"version\"}").await >= 1.0
     })
     .await;
     // A well-formed load report naming another cluster, on our subject.
@@ -405,7 +388,7 @@ async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     raw.publish(load, foreign.into()).await.unwrap();
     raw.flush().await.unwrap();
     wait_until("foreign cluster counted", || async {
-        metric(
+        series_value(
             &b.url,
             "radixgate_sync_ignored_total{reason=\"foreign_cluster\"}",
         )
@@ -444,7 +427,7 @@ async fn user_password_works_and_a_wrong_password_never_connects() {
     wait_connected(&b.url).await;
     assert_propagates(&a.url, &b.url, "authenticated", 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(metric(&c.url, "radixgate_sync_connected").await, 0.0);
+    assert_eq!(series_value(&c.url, "radixgate_sync_connected").await, 0.0);
     // It still serves, on local state.
     ask(&c.url, &prompt("unauthenticated replica")).await;
     for g in [a, b, c] {
@@ -483,7 +466,7 @@ async fn tls_with_a_private_ca_works() {
     wait_connected(&b.url).await;
     assert_propagates(&a.url, &b.url, "over tls", 2).await;
     assert_eq!(
-        metric(&untrusting.url, "radixgate_sync_connected").await,
+        series_value(&untrusting.url, "radixgate_sync_connected").await,
         0.0,
         "a server certificate from an unknown CA is refused"
     );
@@ -521,7 +504,7 @@ async fn a_replica_with_references_off_resolves_a_peers_references() {
     // A fourth, sent whole: once A learned it, A applied the third too.
     assert_propagates(&b.url, &a.url, "after the reference", 1).await;
     assert_eq!(
-        metric(
+        series_value(
             &a.url,
             "radixgate_sync_ignored_total{reason=\"missing_base\"}"
         )

@@ -1,6 +1,6 @@
 //! Sync's metric families (names fixed: the bench reads them).
 
-use crate::metrics::{Describe, Family, LabelledCounters, Metrics, OneGauge};
+use crate::metrics::{Describe, Family, LabelledCounters, Metrics, OneCounter, OneGauge};
 use metrics::Counter;
 
 const SENT: Describe = Describe::new(
@@ -43,52 +43,43 @@ const LAG: Describe = Describe::seconds(
 /// The sync families of one gateway.
 #[derive(Debug)]
 pub(crate) struct SyncMetrics {
-    sent: Family<(), Counter>,
-    received: Family<(), Counter>,
-    bytes_sent: Family<(), Counter>,
-    bytes_received: Family<(), Counter>,
+    sent: OneCounter,
+    received: OneCounter,
+    bytes_sent: OneCounter,
+    bytes_received: OneCounter,
     dropped: Family<&'static str, Counter>,
     ignored: LabelledCounters,
-    learned: Family<(), Counter>,
+    learned: OneCounter,
     connected: OneGauge,
     lag: OneGauge,
-}
-
-fn add(family: &Family<(), Counter>, n: u64) {
-    family.with(&(), || (), Vec::new, |c| c.increment(n));
 }
 
 impl SyncMetrics {
     pub(crate) fn new(metrics: &Metrics) -> Self {
         let m = Self {
-            sent: metrics.counters(&SENT),
-            received: metrics.counters(&RECEIVED),
-            bytes_sent: metrics.counters(&BYTES_SENT),
-            bytes_received: metrics.counters(&BYTES_RECEIVED),
+            sent: metrics.counter(&SENT),
+            received: metrics.counter(&RECEIVED),
+            bytes_sent: metrics.counter(&BYTES_SENT),
+            bytes_received: metrics.counter(&BYTES_RECEIVED),
             dropped: metrics.counters(&DROPPED),
             ignored: metrics.labelled_counters(&IGNORED, "reason"),
-            learned: metrics.counters(&LEARNED),
+            learned: metrics.counter(&LEARNED),
             connected: metrics.gauge(&CONNECTED),
             lag: metrics.gauge(&LAG),
         };
         // Exported from the start, so a scrape shows sync is on.
         m.connected.set(0.0);
-        add(&m.sent, 0);
-        add(&m.received, 0);
-        add(&m.bytes_sent, 0);
-        add(&m.bytes_received, 0);
-        add(&m.learned, 0);
         m
     }
 
     pub(crate) fn sent(&self, bytes: usize) {
-        add(&self.sent, 1);
-        add(&self.bytes_sent, bytes as u64);
+        self.sent.add(1);
+        self.bytes_sent.add(bytes as u64);
     }
 
     pub(crate) fn received(&self, bytes: usize) {
-        add(&self.received, 1);
-        add(&self.bytes_received, bytes as u64);
+        self.received.add(1);
+        self.bytes_received.add(bytes as u64);
     }
 
     pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
@@ -101,7 +92,7 @@ impl SyncMetrics {
     }
 
     pub(crate) fn learned(&self) {
-        add(&self.learned, 1);
+        self.learned.add(1);
     }
 
     pub(crate) fn ignored(&self, reason: &'static str) {

@@ -177,6 +177,31 @@ pub async fn get_loads(gateway: &str) -> Value {
         .unwrap()
 }
 
+/// The value of one exported series, named with its labels as rendered
+/// (`name{label="v"}`); 0 when absent.
+pub async fn series_value(gateway: &str, series: &str) -> f64 {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// The worker that served an answer and the gateway's decision header
+/// (each empty when absent, as on a worker's own answer); reads the body
+/// to its end.
+pub async fn served_by(r: reqwest::Response) -> (String, String) {
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let out = (header("x-radixgate-worker"), header("x-radixgate-decision"));
+    r.bytes().await.unwrap();
+    out
+}
+
 /// Sum of in-flight load over the gateway's workers.
 pub async fn total_load(gateway: &str) -> u64 {
     get_loads(gateway).await["workers"]
