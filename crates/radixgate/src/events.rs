@@ -198,15 +198,22 @@ impl KvEvents {
         Ok(events)
     }
 
-    /// What each live worker holds of the prompt of a request to `path`
-    /// with body `bytes`; `None` (counted) when no worker is live or the
-    /// request cannot be tokenized, and the tree decides alone.
-    pub(crate) fn matched(&self, path: &str, bytes: &[u8]) -> Option<Matched> {
-        let live = self.live.read().clone();
-        if live.is_empty() {
+    /// Whether a request is worth matching at all: false (counted) while
+    /// no worker's stream is live, so the request path skips tokenizing
+    /// and the trip to the blocking pool.
+    pub(crate) fn any_live(&self) -> bool {
+        let any = !self.live.read().is_empty();
+        if !any {
             self.metrics.requests.increment("no_live_worker");
-            return None;
         }
+        any
+    }
+
+    /// What each live worker holds of the prompt of a request to `path`
+    /// with body `bytes` (no worker at all when none is live any more:
+    /// the tree decides); `None` (counted) when the request cannot be
+    /// tokenized, and the tree decides alone.
+    pub(crate) fn matched(&self, path: &str, bytes: &[u8]) -> Option<Matched> {
         let tokens = match self.tokens(path, bytes) {
             Ok(Some(tokens)) => tokens,
             Ok(None) => {

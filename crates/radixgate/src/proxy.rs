@@ -136,7 +136,7 @@ async fn forward(
     // every attempt. Tokenizing a long prompt takes milliseconds of CPU,
     // so it runs on the blocking pool, not on a serving thread.
     let exact = match (&shared.kv_events, endpoint) {
-        (Some(events), Endpoint::Routed(_)) => {
+        (Some(events), Endpoint::Routed(_)) if events.any_live() => {
             let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
             tokio::task::spawn_blocking(move || events.matched(path, &body))
                 .await
