@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402
 import report  # noqa: E402
 from run import (QUALITY_WORKER_PORT, ROOT, missing_worker_flags,  # noqa: E402
-                 quality_workloads, ready_body, repo_relative, run_load, worker_groups)
+                 quality_workloads, ready_body, repo_relative, run_load, start_workers)
 
 REPLICA_PORT = 35600  # replicas from here, one port each
 NATS_PORT = 35400
@@ -89,23 +89,8 @@ class Replicas:
         return out
 
     def start_workers(self, count: int, per_worker: dict[int, list[str]]):
-        groups = worker_groups(count, per_worker)
-        for attempt in range(5):
-            port = procs.free_block(QUALITY_WORKER_PORT + 10 * attempt, count)
-            started = [procs.start([self.binary, "worker", "--port", str(port + first),
-                                    "--count", str(k), *args], self.log("workers"))
-                       for first, k, args in groups]
-            urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
-            try:
-                for (first, k, _), proc in zip(groups, started):
-                    for u in urls[first:first + k]:
-                        procs.wait_http(u + "/health", timeout=20, alive=proc)
-                return started, urls
-            except RuntimeError as err:
-                print(f"workers on {port}: {err}; retrying", file=sys.stderr)
-                for proc in started:
-                    procs.stop(proc)
-        raise RuntimeError("could not start workers")
+        return start_workers(self.binary, self.log("workers"), QUALITY_WORKER_PORT, count, [],
+                             per_worker)
 
     def start_nats(self):
         """A fresh nats-server with JetStream on a free loopback port."""

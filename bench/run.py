@@ -101,6 +101,30 @@ def missing_worker_flags(binary: str, per_worker: dict[int, list[str]]) -> list[
     return sorted(f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", helptext))
 
 
+def start_workers(binary: str, log: str, first_port: int, count: int, extra: list[str],
+                  per_worker: dict[int, list[str]] | None = None):
+    """Starts `count` workers on the first free block of ports from
+    `first_port`: one process for all of them, or one per run of workers
+    that share their `per_worker` arguments. Returns (processes, URLs)."""
+    groups = worker_groups(count, per_worker or {})
+    for attempt in range(5):
+        port = procs.free_block(first_port + 10 * attempt, count)
+        started = [procs.start([binary, "worker", "--port", str(port + first),
+                                "--count", str(k), *extra, *args], log)
+                   for first, k, args in groups]
+        urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
+        try:
+            for (first, k, _), proc in zip(groups, started):
+                for u in urls[first:first + k]:
+                    procs.wait_http(u + "/health", timeout=20, alive=proc)
+            return started, urls
+        except RuntimeError as err:
+            print(f"workers on {port}: {err}; retrying", file=sys.stderr)
+            for proc in started:
+                procs.stop(proc)
+    raise RuntimeError("could not start workers")
+
+
 COST_BODY = ["--no-stream", "--workload", "shared-prefix", "--groups", "16",
              "--system-tokens", "900", "--question-tokens", "100", "--output-tokens", "16"]
 
@@ -138,26 +162,8 @@ class Bench:
 
     def start_workers(self, first_port: int, count: int, extra: list[str],
                       per_worker: dict[int, list[str]] | None = None):
-        """Starts `count` workers on the first free block of ports from
-        `first_port`: one process for all of them, or one per run of workers
-        that share their `per_worker` arguments. Returns (processes, URLs)."""
-        groups = worker_groups(count, per_worker or {})
-        for attempt in range(5):
-            port = procs.free_block(first_port + 10 * attempt, count)
-            started = [procs.start([self.binary, "worker", "--port", str(port + first),
-                                    "--count", str(k), *extra, *args], self.log("workers"))
-                       for first, k, args in groups]
-            urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
-            try:
-                for (first, k, _), proc in zip(groups, started):
-                    for u in urls[first:first + k]:
-                        procs.wait_http(u + "/health", timeout=20, alive=proc)
-                return started, urls
-            except RuntimeError as err:
-                print(f"workers on {port}: {err}; retrying", file=sys.stderr)
-                for proc in started:
-                    procs.stop(proc)
-        raise RuntimeError("could not start workers")
+        return start_workers(self.binary, self.log("workers"), first_port, count, extra,
+                             per_worker)
 
     def stop_workers(self, started: list, urls: list[str]):
         for proc in started:
