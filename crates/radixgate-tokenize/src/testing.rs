@@ -48,6 +48,12 @@ pub const CHAT_TEMPLATE: &str = "{{ bos_token }}\
 {% endfor %}\
 {% if add_generation_prompt %}<|assistant|>\n{% endif %}";
 
+/// ChatML, rendered exactly as the simulated worker renders chat messages
+/// (`radixgate_sim::tokens::render_chat`): a router with this template and
+/// a simulated worker with the same tokenizer compute the same prompt ids,
+/// as a real router and engine sharing a model directory do.
+pub const CHATML_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
 /// Which tokenizer to make.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TestModel {

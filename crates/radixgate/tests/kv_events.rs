@@ -265,21 +265,15 @@ async fn a_sequence_gap_is_replayed_or_makes_the_worker_stale() {
     }
 }
 
-/// ChatML, rendered exactly as the simulated worker renders chat messages
-/// (`radixgate_sim::tokens::render_chat`): a router with this template and
-/// a worker with the same tokenizer compute the same prompt ids, as a real
-/// router and engine sharing a model directory do.
-const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-
 /// Chat requests, tokenized by the router with the model's tokenizer and
 /// chat template, match the blocks the worker reported for the same
 /// conversation sent to it directly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
     use radixgate_sim::tokens::ModelTokens;
-    use radixgate_tokenize::testing::{TestModel, sample_text};
+    use radixgate_tokenize::testing::{CHATML_TEMPLATE, TestModel, sample_text};
     let model = TestModel {
-        chat_template: Some(CHATML.to_owned()),
+        chat_template: Some(CHATML_TEMPLATE.to_owned()),
         ..TestModel::default()
     };
     let dir = model.write_temp().unwrap();
