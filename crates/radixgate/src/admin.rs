@@ -78,7 +78,8 @@ pub(crate) struct Gate {
 
 /// The challenge of a browser page's 401 (RFC 7617): any user name, the
 /// admin key as the password.
-const BASIC_CHALLENGE: &str = r#"Basic realm="radixgate admin (password: the admin key)", charset="UTF-8""#;
+const BASIC_CHALLENGE: &str =
+    r#"Basic realm="radixgate admin (password: the admin key)", charset="UTF-8""#;
 
 /// Middleware: the admin plane's access rule. The peer address comes from
 /// the connection (`ConnectInfo`); a request without one (not from a
@@ -224,7 +225,10 @@ mod tests {
         let pages = gated_as(Some("sk-admin"), AdminAccess::Loopback, true);
         let api = gated_as(Some("sk-admin"), AdminAccess::Loopback, false);
         let peer = Some("203.0.113.9:5");
-        assert_eq!(answer(&pages, peer, Some(good)).await.status(), StatusCode::OK);
+        assert_eq!(
+            answer(&pages, peer, Some(good)).await.status(),
+            StatusCode::OK
+        );
         assert_eq!(
             answer(&pages, peer, Some("Bearer sk-admin")).await.status(),
             StatusCode::OK
@@ -245,7 +249,10 @@ mod tests {
         assert_eq!(challenges(&refused), ["Bearer"]);
         // Without a key, the pages follow admin_access like the rest.
         let open = gated_as(None, AdminAccess::Loopback, true);
-        assert_eq!(status(&open, Some("127.0.0.1:5"), None).await, StatusCode::OK);
+        assert_eq!(
+            status(&open, Some("127.0.0.1:5"), None).await,
+            StatusCode::OK
+        );
         assert_eq!(
             answer(&open, peer, Some(good)).await.status(),
             StatusCode::FORBIDDEN

@@ -70,10 +70,7 @@ impl Scrape {
                 }
                 UPSTREAM_ERRORS => {
                     if let Some(worker) = series.label("worker") {
-                        *scrape
-                            .upstream_errors
-                            .entry(worker.to_owned())
-                            .or_default() += count;
+                        *scrape.upstream_errors.entry(worker.to_owned()).or_default() += count;
                     }
                 }
                 TTFT => scrape.ttft.add(&series, count),

@@ -58,6 +58,10 @@ fn rates_need_two_readings_then_cover_the_window() {
             // (4 * 5 + 4 * 50) / 8 s: the window reaches back to the start.
             assert_eq!(last["pool"]["answers_per_sec"], 27.5);
         }
+        if step == 12 {
+            // Steps 3 to 12: two at 5 a second, eight at 50.
+            assert_eq!(last["pool"]["answers_per_sec"], 41.0);
+        }
     }
     // Ten steps of 50 a second: the slow start has left the window.
     assert_eq!(last["pool"]["answers_per_sec"], 50.0);
@@ -100,7 +104,10 @@ fn percentiles_come_from_the_window_not_from_the_start() {
         assert!(ms > 500.0 && ms <= 1000.0, "{q} {ms}");
     }
     // p50 of 100 answers spread over (0.5, 1] s: half-way.
-    assert!((ttft["p50"].as_f64().unwrap() - 750.0).abs() < 1e-6, "{ttft}");
+    assert!(
+        (ttft["p50"].as_f64().unwrap() - 750.0).abs() < 1e-6,
+        "{ttft}"
+    );
     // Each point carries its own percentiles.
     let series = v["series"].as_array().unwrap();
     assert!(series[3]["ttft_ms"]["p99"].as_f64().unwrap() <= 10.0);

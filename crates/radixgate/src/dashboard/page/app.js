@@ -5,7 +5,7 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const W = 600, H = 200;
+const W = 480, H = 180;
 const PAD = { left: 44, right: 8, top: 8, bottom: 20 };
 const REFRESH_MS = 1000;
 // The data endpoint, next to this page (its URL may carry user:password@,
@@ -72,7 +72,7 @@ function frame(svg, t0, t1, ymax, unit) {
     svg.appendChild(el("svg:text", { class: "axis", x: PAD.left - 4, y: y(v) + 4, "text-anchor": "end" }, label));
   }
   const span = (t1 - t0) / 1000;
-  const stepSecs = span > 240 ? 60 : span > 60 ? 30 : 10;
+  const stepSecs = span > 150 ? 60 : span > 60 ? 30 : 10;
   for (let s = 0; s <= span; s += stepSecs) {
     const t = t1 - s * 1000;
     const text = s === 0 ? "now" : s % 60 === 0 ? `-${s / 60}m` : `-${s}s`;
@@ -112,27 +112,36 @@ function lineChart(svg, points, t0, t1, lines, unit) {
   if (drawn === 0) empty(svg, "no answers in this window yet");
 }
 
-// Stacked bars of decisions per step, one colour per branch.
-function decisionChart(svg, legend, points, t0, t1, stepSecs) {
+// Stacked bars of decisions per second, one colour per branch, the steps
+// summed into bins of BIN_SECS (a few dozen bars over five minutes).
+const BIN_SECS = 5;
+function decisionChart(svg, legend, points, t0, t1) {
   const branches = [];
   for (const p of points) for (const b of Object.keys(p.decisions)) if (!branches.includes(b)) branches.push(b);
   branches.sort();
+  const bins = new Map();
+  for (const p of points) {
+    const end = t1 - Math.floor((t1 - p.t_ms) / (BIN_SECS * 1000)) * BIN_SECS * 1000;
+    const bin = bins.get(end) || {};
+    for (const [b, n] of Object.entries(p.decisions)) bin[b] = (bin[b] || 0) + n;
+    bins.set(end, bin);
+  }
   let ymax = 0;
-  for (const p of points) ymax = Math.max(ymax, Object.values(p.decisions).reduce((a, b) => a + b, 0) / stepSecs);
+  for (const bin of bins.values()) ymax = Math.max(ymax, Object.values(bin).reduce((a, b) => a + b, 0) / BIN_SECS);
   const { x, y, pw } = frame(svg, t0, t1, niceMax(ymax), "n");
-  const bw = Math.max(1, (pw * stepSecs * 1000) / Math.max(1, t1 - t0) - 0.4);
+  const bw = Math.max(1, (pw * BIN_SECS * 1000) / Math.max(1, t1 - t0) - 1);
   let bars = 0;
   const totals = {};
-  for (const p of points) {
+  for (const [end, bin] of bins) {
     let base = 0;
     for (const [i, b] of branches.entries()) {
-      const n = p.decisions[b] || 0;
+      const n = bin[b] || 0;
       if (n === 0) continue;
       totals[b] = (totals[b] || 0) + n;
-      const v = n / stepSecs;
+      const v = n / BIN_SECS;
       const top = y(base + v), bottom = y(base);
       svg.appendChild(el("svg:rect", {
-        class: `bar b${i % 8}`, x: (x(p.t_ms) - bw).toFixed(1), y: top.toFixed(1),
+        class: `bar b${i % 8}`, x: (x(end) - bw).toFixed(1), y: top.toFixed(1),
         width: bw.toFixed(1), height: Math.max(0.5, bottom - top).toFixed(1),
         "data-branch": b, "data-count": n,
       }));
@@ -236,9 +245,13 @@ function render(d) {
   $("history").textContent = String(Math.round(d.history_secs / 60));
   $("worker-count").textContent = `${d.workers.length}`;
 
-  const t1 = d.sampled_at_ms, t0 = t1 - d.history_secs * 1000;
+  // The charts span what has been sampled (at least a minute), up to the
+  // whole history.
   const pts = d.series;
-  decisionChart($("chart-decisions"), $("legend-decisions"), pts, t0, t1, d.step_secs);
+  const t1 = d.sampled_at_ms;
+  const first = pts.length ? pts[0].t_ms : t1;
+  const t0 = Math.max(t1 - d.history_secs * 1000, Math.min(first, t1 - 60 * 1000));
+  decisionChart($("chart-decisions"), $("legend-decisions"), pts, t0, t1);
   const pct = (key, q) => (pt) => (pt[key] ? pt[key][q] : null);
   lineChart($("chart-ttft"), pts, t0, t1, ["p50", "p90", "p99"].map((q) => ({ cls: q, pick: pct("ttft_ms", q) })), "ms");
   lineChart($("chart-latency"), pts, t0, t1, ["p50", "p90", "p99"].map((q) => ({ cls: q, pick: pct("latency_ms", q) })), "ms");
