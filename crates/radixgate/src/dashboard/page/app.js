@@ -187,7 +187,7 @@ function workerRows(workers) {
     st.appendChild(el("span", { class: `state ${cls}` }, label));
     tr.appendChild(st);
     const load = cell(String(w.in_flight), "num");
-    const bar = el("span", { class: "bar" });
+    const bar = el("span", { class: "load-bar" });
     bar.style.width = `${Math.round((w.in_flight / maxLoad) * 40)}px`;
     load.appendChild(bar);
     tr.appendChild(load);
