@@ -11,6 +11,9 @@
 //! 9110 (11.1) says of every authentication scheme; the key is not.
 //! [`bearer_matches`] is the one check; the admin plane's gate
 //! ([`crate::admin`]) and `/metrics` use it with their own keys.
+//! [`basic_matches`] is the browser's way in to the dashboard's read-only
+//! pages: HTTP Basic (RFC 7617) with the admin key as the password, any
+//! user name; the gate accepts it on those pages only.
 //!
 //! Each key sits in an `ArcSwapOption` shared by the middleware of every
 //! serving thread and by the reload task ([`crate::reload`]), which stores
@@ -114,6 +117,51 @@ pub(crate) fn bearer_matches(headers: &HeaderMap, expected: &str) -> bool {
     bearer(headers).is_some_and(|given| constant_time_eq(given.as_bytes(), expected.as_bytes()))
 }
 
+/// Whether `headers` carry `Authorization: Basic <base64(user:password)>`
+/// whose password is `expected` (any user name), the scheme in any case.
+pub(crate) fn basic_matches(headers: &HeaderMap, expected: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+        .and_then(|(_, token)| base64_decode(token.trim()))
+        .and_then(|pair| {
+            let colon = pair.iter().position(|&b| b == b':')?;
+            Some(constant_time_eq(&pair[colon + 1..], expected.as_bytes()))
+        })
+        .unwrap_or(false)
+}
+
+/// Standard base64 (RFC 4648, with or without `=` padding); `None` for
+/// anything else.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let digits = text.trim_end_matches('=').as_bytes();
+    if text.len() - digits.len() > 2 || digits.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in digits {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
 /// Equality whose running time depends only on the lengths.
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -144,5 +192,33 @@ mod tests {
         assert!(!bearer_matches(&headers("Bearer"), "sk-1"));
         assert!(!bearer_matches(&HeaderMap::new(), "sk-1"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn basic_takes_the_key_as_password_from_any_user() {
+        let headers = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            h
+        };
+        // base64("admin:sk-1"), base64(":sk-1"), base64("ops:sk-2"),
+        // base64("a:b:sk-1") (a password may hold colons).
+        assert!(basic_matches(&headers("Basic YWRtaW46c2stMQ=="), "sk-1"));
+        assert!(basic_matches(&headers("basic YWRtaW46c2stMQ"), "sk-1"));
+        assert!(basic_matches(&headers("Basic OnNrLTE="), "sk-1"));
+        assert!(!basic_matches(&headers("Basic b3BzOnNrLTI="), "sk-1"));
+        assert!(!basic_matches(&headers("Basic YTpiOnNrLTE="), "sk-1"));
+        assert!(basic_matches(&headers("Basic YTpiOnNrLTE="), "b:sk-1"));
+        // No colon, bad characters, bad length, another scheme.
+        assert!(!basic_matches(&headers("Basic c2stMQ=="), "sk-1"));
+        assert!(!basic_matches(&headers("Basic YWRtaW46c2stMQ=*"), "sk-1"));
+        assert!(!basic_matches(&headers("Basic YWRtaW46c2stM"), "sk-1"));
+        assert!(!basic_matches(&headers("Bearer sk-1"), "sk-1"));
+        assert!(!basic_matches(&HeaderMap::new(), "sk-1"));
+        assert_eq!(base64_decode("").unwrap(), b"");
+        assert_eq!(base64_decode("Zm9vYmFy").unwrap(), b"foobar");
+        assert_eq!(base64_decode("Zm9vYg==").unwrap(), b"foob");
+        assert_eq!(base64_decode("/+8=").unwrap(), [0xff, 0xef]);
+        assert!(base64_decode("Zm9vYg===").is_none());
     }
 }

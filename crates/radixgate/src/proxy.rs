@@ -664,7 +664,15 @@ fn respond(
             text: routing_text,
             tail: UsageTail::new(),
         });
+    let seen = shared.dashboard.seen(
+        &decision,
+        &explained,
+        endpoint.label(),
+        model.as_deref(),
+        status.as_u16(),
+    );
     let watch = RequestWatch {
+        seen,
         shared: shared.clone(),
         correction,
         guard: decision.into_guard(),
@@ -708,6 +716,8 @@ fn respond(
 /// the load guard goes before the admission permit, so a request admitted
 /// by this one's end never sees this one's load still counted.
 struct RequestWatch {
+    /// What the status page lists, while someone watches it.
+    seen: Option<crate::dashboard::Seen>,
     shared: Arc<Shared>,
     /// The routing correction's share: the decision's tree feedback, the
     /// routing text and the body's tail, scanned once at its end.
@@ -797,9 +807,13 @@ impl RequestWatch {
         if !self.sse {
             return;
         }
+        let elapsed = self.started.elapsed();
         self.shared
             .request_metrics
-            .ttft(self.route, self.model.as_deref(), self.started.elapsed());
+            .ttft(self.route, self.model.as_deref(), elapsed);
+        if let Some(seen) = &mut self.seen {
+            seen.first_token(elapsed);
+        }
     }
 }
 
@@ -836,6 +850,11 @@ impl StreamWatch for RequestWatch {
             self.model.as_deref(),
             self.started.elapsed(),
         );
+        if let Some(seen) = self.seen.take() {
+            self.shared
+                .dashboard
+                .answered(seen, end, self.started.elapsed());
+        }
         let worker = self.guard.worker();
         if end == StreamEnd::UpstreamError {
             tracing::warn!(worker = worker.url(), "worker stream broke off or stalled");

@@ -310,9 +310,11 @@ pub async fn run_reloadable(
         control,
         client,
         started: Instant::now(),
+        dashboard: crate::dashboard::Dashboard::default(),
     });
     let upkeep = tokio::spawn(upkeep::run(shared.clone(), tasks.clone()));
     let outliers = tokio::spawn(crate::outlier::run(shared.clone(), tasks.clone()));
+    let dashboard = tokio::spawn(crate::dashboard::run(shared.clone(), tasks.clone()));
     // The metrics listener's handler needs no forwarding, but shares the
     // serving threads' state type; its pool stays empty.
     let background = Arc::new(AppState {
@@ -428,6 +430,7 @@ pub async fn run_reloadable(
     let _ = upkeep.await;
     let _ = reloader.await;
     let _ = outliers.await;
+    let _ = dashboard.await;
     if let Some(metrics_server) = metrics_server {
         let _ = metrics_server.await;
     }

@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     pub(crate) kv_events: Option<Arc<crate::events::KvEvents>>,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
+    /// The live status page's sampler state and request ring.
+    pub(crate) dashboard: crate::dashboard::Dashboard,
 }
 
 /// One serving thread's view of a gateway: the shared state and the

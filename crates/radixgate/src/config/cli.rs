@@ -122,9 +122,10 @@ pub struct ServeArgs {
     /// low); see examples/radixgate.yaml [config: tenants.api_key_file].
     #[arg(long, env = "RADIXGATE_API_KEY_FILE", value_name = "PATH")]
     pub api_key_file: Option<PathBuf>,
-    /// Key for the admin plane (/workers, /flush_cache), from any address.
-    /// The client key (--api-key) never opens it. Unset: --admin-access
-    /// decides who may, without a key.
+    /// Key for the admin plane (/workers, /flush_cache, /dashboard), from any
+    /// address; a browser gives it as the /dashboard password. The client
+    /// key (--api-key) never opens it. Unset: --admin-access decides who
+    /// may, without a key.
     #[arg(long, env = "RADIXGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
     /// Who may use the admin plane when --admin-api-key is unset: `loopback`

@@ -139,8 +139,9 @@ pub struct ServerConfig {
     /// (unless `tenants` lists keys). It is one more tenant, `default`, with
     /// no limits.
     pub api_key: Option<String>,
-    /// Key for the admin plane (`/workers`, `/flush_cache`). The client key
-    /// never opens it; without this key, `admin_access` decides who may.
+    /// Key for the admin plane (`/workers`, `/flush_cache`, `/dashboard`).
+    /// The client key never opens it; without this key, `admin_access`
+    /// decides who may.
     pub admin_api_key: Option<String>,
     /// Who may use the admin plane when no `admin_api_key` is set.
     pub admin_access: AdminAccess,

@@ -1,0 +1,99 @@
+//! The sampler task: parked until the data endpoint is read, then one
+//! reading a step (`history.rs` does the arithmetic) until nobody has read
+//! for [`IDLE_AFTER`](super::IDLE_AFTER), when it drops its history and
+//! parks again. It runs on the gateway's main runtime, not on a serving
+//! thread, so a reading never delays a request.
+
+use super::history::{History, Reading, STEP_SECS, WorkerReading};
+use super::prom::Scrape;
+use crate::state::Shared;
+use hashbrown::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long a reading waits for the control task's worker list.
+const LIST_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs until `stop` is cancelled.
+pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    let dashboard = &shared.dashboard;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = dashboard.wake.notified() => {}
+        }
+        let mut history = History::default();
+        let mut ticks = tokio::time::interval(Duration::from_secs(STEP_SECS));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            if dashboard.idle() {
+                break;
+            }
+            let Some(reading) = read(&shared).await else {
+                continue;
+            };
+            match history.push(reading) {
+                Ok(body) => {
+                    dashboard.latest.send_replace(Some(body.into()));
+                }
+                Err(err) => tracing::warn!(%err, "dashboard: cannot serialise a reading"),
+            }
+        }
+        dashboard.latest.send_replace(None);
+        dashboard.recent.clear();
+        tracing::debug!("dashboard: nobody watches; sampler parked");
+    }
+}
+
+/// One reading of the gateway; `None` when the control task did not
+/// answer in time (the step is skipped).
+async fn read(shared: &Shared) -> Option<Reading> {
+    let list = tokio::time::timeout(LIST_WAIT, shared.control.list())
+        .await
+        .ok()?;
+    let snapshot = shared.router.snapshot();
+    let policy = shared.router.policy();
+    let by_id: HashMap<String, &Arc<radixgate_routing::Worker>> = snapshot
+        .workers()
+        .iter()
+        .map(|w| (w.id().to_string(), w))
+        .collect();
+    let mut workers: Vec<WorkerReading> = list
+        .into_iter()
+        .map(|status| {
+            let admitted = status.id.as_ref().and_then(|id| by_id.get(id));
+            let truth = admitted.map(|w| w.cache_truth().snapshot());
+            WorkerReading {
+                url: admitted.map_or(status.url, |w| w.url().to_owned()),
+                name: status.name,
+                id: status.id,
+                state: status.state,
+                breaker: admitted.map_or("closed", |w| w.breaker().as_str()),
+                ejected: admitted.is_some_and(|w| w.is_ejected()),
+                in_flight: status.load,
+                processed: status.processed,
+                tree_chars: admitted.and_then(|w| policy.cached_chars(w.id())),
+                prompt_tokens: truth.map_or(0, |t| t.prompt_tokens),
+                reported_tokens: truth.map_or(0, |t| t.reported_tokens),
+            }
+        })
+        .collect();
+    workers.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.url.cmp(&b.url)));
+    let scrape = Scrape::read(&shared.metrics.render());
+    let (recent, predicted) = shared.dashboard.recent.drain();
+    Some(Reading {
+        at_ms: super::unix_ms(),
+        mono_ms: shared.dashboard.now_ms(),
+        policy: policy.name(),
+        uptime_secs: shared.started.elapsed().as_secs(),
+        scrape,
+        workers,
+        predicted,
+        recent,
+    })
+}

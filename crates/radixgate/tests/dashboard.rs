@@ -1,0 +1,356 @@
+//! The live status page in a real browser: a gateway in front of 64
+//! simulated workers under load, its `/dashboard` opened by a headless
+//! Chromium (Debian's `chromium`; `.ci/run` installs it), whose rendered
+//! DOM is read back (`--dump-dom`) twice.
+//!
+//! Chromium runs with its own throwaway profile, resolves nothing but
+//! loopback, listens on no port (no remote debugging), and is stopped by
+//! its process group if it outlives its time. A machine without it fails
+//! this test with a message saying so: the page is only checked in a
+//! browser.
+
+mod common;
+
+use common::{chat, client, fast_worker, gateway_ready, sim_worker};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+const WORKERS: usize = 64;
+const KEY: &str = "sk-admin-dashboard-test";
+
+/// The `chromium` on `PATH`, or a failure that says how to get it.
+fn chromium() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("chromium"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "this test drives a real headless Chromium and found no `chromium` on PATH: \
+                 install Debian's `chromium` package (`apt-get install chromium`; .ci/run \
+                 installs it when missing)"
+            )
+        })
+}
+
+/// Whether this process runs as root (Chromium's sandbox refuses root).
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// The DOM of `url` after Chromium has run its scripts for `budget_ms` of
+/// virtual time (which waits for network fetches).
+async fn dump_dom(url: &str, budget_ms: u64) -> String {
+    let (dom, stderr) = browse(url, budget_ms).await;
+    assert!(
+        dom.contains("<html"),
+        "no page from chromium: {dom}\n{stderr}"
+    );
+    dom
+}
+
+/// What Chromium printed for `url`: the DOM (empty when the page did not
+/// load) and its log.
+async fn browse(url: &str, budget_ms: u64) -> (String, String) {
+    let profile = std::env::temp_dir().join(format!(
+        "radixgate-dashboard-chromium-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let mut command = tokio::process::Command::new(chromium());
+    command
+        .arg("--headless")
+        .arg("--disable-gpu")
+        .arg("--no-first-run")
+        .arg("--no-default-browser-check")
+        .arg("--disable-extensions")
+        .arg("--disable-background-networking")
+        .arg("--disable-component-update")
+        .arg("--disable-sync")
+        .arg("--disable-dev-shm-usage")
+        // Names resolve to nothing; loopback addresses are used as they are.
+        .arg("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .arg("--dump-dom")
+        .arg(url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        // Its own process group, so a hung browser and its helpers can be
+        // stopped together.
+        .process_group(0);
+    if is_root() {
+        command.arg("--no-sandbox");
+    }
+    let child = command.spawn().expect("chromium starts");
+    let pid = child.id().expect("a running child has a pid");
+    let out = match tokio::time::timeout(Duration::from_secs(120), child.wait_with_output()).await {
+        Ok(out) => out.expect("chromium runs"),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .status();
+            panic!("chromium (pid {pid}) did not finish within 120 s (a hang guard)");
+        }
+    };
+    let _ = std::fs::remove_dir_all(&profile);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "chromium failed ({}): {dom}\n{stderr}",
+        out.status
+    );
+    (dom, stderr)
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher as _, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// The text of the element with `id` in a dumped DOM.
+fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
+    let open = start + dom[start..].find('>').unwrap() + 1;
+    let close = open + dom[open..].find('<').unwrap();
+    &dom[open..close]
+}
+
+/// An attribute of the element with `id`.
+fn attr_of<'a>(dom: &'a str, id: &str, attr: &str) -> &'a str {
+    let start = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page"));
+    let tag = &dom[dom[..start].rfind('<').unwrap()..start + dom[start..].find('>').unwrap()];
+    let at = tag
+        .find(&format!("{attr}=\""))
+        .unwrap_or_else(|| panic!("#{id} has no {attr}: {tag}"));
+    let value = &tag[at + attr.len() + 2..];
+    &value[..value.find('"').unwrap()]
+}
+
+/// The markup of the SVG chart `id`.
+fn chart<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom
+        .find(&format!("<svg id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no chart {id}"));
+    &dom[start..start + dom[start..].find("</svg>").unwrap()]
+}
+
+/// The largest `data-points` of the lines drawn in a chart.
+fn points_drawn(svg: &str) -> u64 {
+    svg.match_indices("data-points=\"")
+        .map(|(i, m)| {
+            let v = &svg[i + m.len()..];
+            v[..v.find('"').unwrap()].parse::<u64>().unwrap()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The row of the worker at `url` in the workers table.
+fn row<'a>(dom: &'a str, url: &str) -> &'a str {
+    let start = dom
+        .find(&format!("<tr data-worker=\"{url}\""))
+        .unwrap_or_else(|| panic!("no row for worker {url}"));
+    &dom[start..start + dom[start..].find("</tr>").unwrap()]
+}
+
+/// Streamed chat requests over a few shared prefixes, `lanes` at a time,
+/// until `stop` is set.
+fn drive_load(
+    gateway: String,
+    lanes: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..lanes)
+        .map(|lane| {
+            let (gateway, stop) = (gateway.clone(), stop.clone());
+            tokio::spawn(async move {
+                let c = client();
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let group = sent % 8;
+                    let text = format!(
+                        "You are assistant number {group}. Answer briefly and politely. \
+                         Question {lane}-{sent}: what is {sent} plus {lane}?"
+                    );
+                    if let Ok(r) = c
+                        .post(format!("{gateway}/v1/chat/completions"))
+                        .json(&chat(&text, true))
+                        .send()
+                        .await
+                    {
+                        let _ = r.bytes().await;
+                    }
+                    sent += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                sent
+            })
+        })
+        .collect()
+}
+
+async fn data(gateway: &str) -> Value {
+    let r = client()
+        .get(format!("{gateway}/dashboard/data"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_renders_live_in_a_real_browser_behind_the_admin_key() {
+    // Fails here, before anything starts, on a machine without it.
+    chromium();
+    let mut workers = Vec::with_capacity(WORKERS);
+    for _ in 0..WORKERS {
+        workers.push(sim_worker(fast_worker()).await);
+    }
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let mut config = common::config(&urls);
+    config.server.admin_api_key = Some(KEY.into());
+    let gw = gateway_ready(config, WORKERS).await;
+    let base = gw.url.clone();
+
+    // The admin key is enforced on the page, its script and its data; a
+    // browser is asked for it (Basic), and may give it as the password.
+    let c = client();
+    for path in ["/dashboard", "/dashboard/app.js", "/dashboard/data"] {
+        let r = c.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path} without a key");
+        let offered: Vec<_> = r
+            .headers()
+            .get_all("www-authenticate")
+            .iter()
+            .cloned()
+            .collect();
+        assert!(
+            offered
+                .iter()
+                .any(|v| v.to_str().unwrap().starts_with("Basic ")),
+            "{path}: {offered:?}"
+        );
+        let body = r.text().await.unwrap();
+        assert!(!body.contains("workers"), "{path} leaked data: {body}");
+        let r = c
+            .get(format!("{base}{path}"))
+            .basic_auth("anyone", Some("not-the-key"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{path} with a wrong password");
+        let r = c
+            .get(format!("{base}{path}"))
+            .basic_auth("anyone", Some(KEY))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path} with the key as password");
+    }
+    // The routes that change the pool take no Basic credentials.
+    let r = c
+        .post(format!("{base}/workers"))
+        .basic_auth("anyone", Some(KEY))
+        .json(&serde_json::json!({"url": "http://127.0.0.1:9"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    // Load, and a worker that goes down while the page is open.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = drive_load(base.clone(), 6, stop.clone());
+    let first = data(&base).await;
+    assert_eq!(first["workers"].as_array().unwrap().len(), WORKERS);
+    common::wait_until("TTFT percentiles on the data endpoint", || {
+        let base = base.clone();
+        async move { data(&base).await["pool"]["ttft_ms"]["p50"].is_number() }
+    })
+    .await;
+
+    // Without the key, the browser gets the refusal, not the page.
+    let port = base.trim_start_matches("http://127.0.0.1:");
+    // (Headless Chromium loads no page after a refused challenge; a
+    // browser that showed the refusal would show its JSON.)
+    let (refused, log) = browse(&format!("http://127.0.0.1:{port}/dashboard"), 2000).await;
+    assert!(!refused.contains("data-worker"), "{refused}");
+    assert!(
+        refused.contains("invalid_api_key") || log.contains("AUTH"),
+        "neither a refusal shown nor an authentication failure logged:\n{refused}\n{log}"
+    );
+
+    // With it: every worker's row, and charts with data.
+    let page = format!("http://admin:{KEY}@127.0.0.1:{port}/dashboard");
+    let dom = dump_dom(&page, 3000).await;
+    assert_eq!(attr_of(&dom, "status", "class"), "pill");
+    assert!(dom.contains("data-state=\"live\""), "{dom}");
+    assert_eq!(dom.matches("<tr data-worker=").count(), WORKERS, "{dom}");
+    for w in &workers {
+        let r = row(&dom, &w.url);
+        assert!(r.contains("healthy"), "{r}");
+    }
+    let ttft = chart(&dom, "chart-ttft");
+    assert!(points_drawn(ttft) >= 2, "TTFT chart: {ttft}");
+    let latency = chart(&dom, "chart-latency");
+    assert!(points_drawn(latency) >= 2, "latency chart: {latency}");
+    let decisions = chart(&dom, "chart-decisions");
+    assert!(decisions.contains("<rect class=\"bar"), "{decisions}");
+    assert!(dom.contains("cache_aware branch="), "last decisions: {dom}");
+    let answered: u64 = text_of(&dom, "answers-total").parse().unwrap();
+    let sampled: u64 = attr_of(&dom, "sampled-at", "data-ms").parse().unwrap();
+    assert!(answered > 0);
+
+    // A worker goes down; on a second read the numbers have moved on and
+    // its row says so.
+    let down = &workers[WORKERS - 1];
+    down.stop.cancel();
+    common::wait_until("the stopped worker marked unhealthy", || {
+        let base = base.clone();
+        let url = down.url.clone();
+        async move {
+            data(&base).await["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w["url"] == url.as_str() && w["state"] == "unhealthy")
+        }
+    })
+    .await;
+    let dom2 = dump_dom(&page, 3000).await;
+    let answered2: u64 = text_of(&dom2, "answers-total").parse().unwrap();
+    let sampled2: u64 = attr_of(&dom2, "sampled-at", "data-ms").parse().unwrap();
+    assert!(sampled2 > sampled, "sampled at {sampled} then {sampled2}");
+    assert!(answered2 > answered, "answers {answered} then {answered2}");
+    assert!(
+        row(&dom2, &down.url).contains("unhealthy"),
+        "{}",
+        row(&dom2, &down.url)
+    );
+    assert_eq!(dom2.matches("<tr data-worker=").count(), WORKERS);
+
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = 0;
+    for lane in load {
+        sent += lane.await.unwrap();
+    }
+    assert!(sent > 0);
+    gw.shutdown().await;
+    for w in workers {
+        w.stop.cancel();
+    }
+}
