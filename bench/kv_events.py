@@ -45,7 +45,7 @@ ROUTER_PORT = 35500
 APPROX = "routing:\n  policy: cache_aware\n  correction:\n    enabled: false\n"
 
 
-def workloads(trace: str, scale: float) -> dict[str, tuple[list[str], list[str]]]:
+def workloads(trace: str, scale: float, speedup: float) -> dict[str, tuple[list[str], list[str]]]:
     """name -> (`radixgate load` arguments, `radixgate worker` arguments)."""
     n = lambda x: str(max(20, int(x * scale)))  # noqa: E731
     return {
@@ -55,10 +55,10 @@ def workloads(trace: str, scale: float) -> dict[str, tuple[list[str], list[str]]
              "--question-tokens", "128", "--output-tokens", "32", "--rate", "12",
              "--requests", n(600)],
             ["--kv-capacity-tokens", "100000"]),
-        # The production trace as bench/run.py replays it: prompts average
-        # 14k tokens, the workers' caches hold a few of them.
+        # The production trace as bench/run.py replays it (by default):
+        # prompts average 14k tokens, the workers' caches hold a few of them.
         "mooncake-trace": (
-            ["--workload", "trace", "--trace", trace, "--speedup", "2.5",
+            ["--workload", "trace", "--trace", trace, "--speedup", str(speedup),
              "--max-output-tokens", "64", "--requests", n(300)],
             []),
     }
@@ -154,6 +154,9 @@ def main() -> int:
                    "the test tokenizer with radixgate-tokenize's write_test_model example")
     p.add_argument("--trace", default=os.path.join(ROOT, "traces", "mooncake_conversation.jsonl"))
     p.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
+    p.add_argument("--speedup", type=float, default=2.5, help="the trace's time compression "
+                   "(the test tokenizer makes about twice the simulated tokens of a prompt: "
+                   "1.25 keeps the workers about as busy as bench/run.py's 2.5)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only-workload", action="append")
     p.add_argument("--only-mode", action="append",
@@ -188,7 +191,7 @@ def main() -> int:
     print(f"logs in {tmp}; load average {meta['loadavg_start']}", flush=True)
     rows = []
     try:
-        for wname, (load_args, worker_args) in workloads(opts.trace, opts.scale).items():
+        for wname, (load_args, worker_args) in workloads(opts.trace, opts.scale, opts.speedup).items():
             if opts.only_workload and wname not in opts.only_workload:
                 continue
             for router in routers:
