@@ -31,8 +31,9 @@
 //!
 //! **Estimates.** Without usage in the answer, the prompt's length is its
 //! characters over the model's current characters per token; the output's
-//! is the count of SSE data events (less `[DONE]`) for a stream, or the
-//! body's bytes beyond a JSON envelope over characters per token.
+//! is the count of SSE data events (less `[DONE]` and events with an empty
+//! `content`, such as a chat stream's opening role chunk) for a stream, or
+//! the body's bytes beyond a JSON envelope over characters per token.
 
 use std::hash::{BuildHasher, Hasher};
 
@@ -130,6 +131,9 @@ pub struct Output {
     pub bytes: u64,
     /// SSE `data:` fields seen (a stream's events).
     pub events: u64,
+    /// Events with an empty `content` (a chat stream's opening role chunk,
+    /// a closing chunk): no token.
+    pub empty: u64,
     /// Whether its last event was `[DONE]` (not a token).
     pub done: bool,
 }
@@ -139,7 +143,8 @@ impl Output {
     pub fn frame(&mut self, bytes: &[u8]) {
         self.bytes += bytes.len() as u64;
         if self.sse {
-            self.events += bytes.windows(5).filter(|w| w == b"data:").count() as u64;
+            self.events += count(bytes, b"data:");
+            self.empty += count(bytes, br#""content":"""#) + count(bytes, br#""content": """#);
             if bytes.ends_with(b"[DONE]\n\n") || bytes.ends_with(b"[DONE]\r\n\r\n") {
                 self.done = true;
             } else if !bytes.iter().all(u8::is_ascii_whitespace) {
@@ -151,11 +156,21 @@ impl Output {
     /// Estimated output tokens, at `chars_per_token`.
     fn tokens(&self, chars_per_token: f64) -> u64 {
         if self.sse {
-            self.events.saturating_sub(u64::from(self.done))
+            self.events
+                .saturating_sub(u64::from(self.done))
+                .saturating_sub(self.empty)
         } else {
             (self.bytes.saturating_sub(ENVELOPE_BYTES) as f64 / chars_per_token).ceil() as u64
         }
     }
+}
+
+/// Occurrences of `needle` in `haystack`.
+fn count(haystack: &[u8], needle: &[u8]) -> u64 {
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count() as u64
 }
 
 /// The JSON line, in the field order of a Mooncake trace.
@@ -331,17 +346,22 @@ mod tests {
             ..Output::default()
         };
         for frame in [
-            &b"data: {\"a\":1}\n\n"[..],
+            &br#"data: {"delta":{"content":"","role":"assistant"}}"#[..],
+            b"\n\n",
+            b"data: {\"a\":1}\n\n",
             b"data: {\"a\":2}\n\ndata: {\"a\":3}\n\n",
             b"data: [DONE]\n\n",
         ] {
             stream.frame(frame);
         }
-        assert_eq!((stream.events, stream.done), (4, true));
+        assert_eq!((stream.events, stream.empty, stream.done), (5, 1, true));
         let f = finished(None, stream);
         let l = line(&salt, &f, 2048, 3.2);
         assert_eq!(l.input_length, 1250, "4000 chars at 3.2 per token");
-        assert_eq!(l.output_length, 3, "three data events, less [DONE]");
+        assert_eq!(
+            l.output_length, 3,
+            "five data events, less [DONE] and the role"
+        );
         assert_eq!(l.hash_ids.len(), 3);
         assert_eq!(l.cached_tokens, None);
         assert_eq!(l.lengths, "estimated");
