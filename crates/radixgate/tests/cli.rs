@@ -317,7 +317,9 @@ fn help_states_defaults_one_way() {
         .filter_map(|l| l.split_whitespace().next())
         .filter(|c| *c != "help")
         .collect();
-    for expected in ["demo", "serve", "worker", "load", "simulate", "version"] {
+    for expected in [
+        "demo", "serve", "worker", "load", "simulate", "tune", "version",
+    ] {
         assert!(commands.contains(&expected), "{expected} in {commands:?}");
     }
     for command in commands {

@@ -10,9 +10,9 @@ use radixgate_routing::PolicyConfig;
 #[derive(Debug, clap::Args)]
 pub(crate) struct TuneCommand {
     /// The router's config file (`radixgate serve --config`): its
-    /// `routing:` settings are the current ones, the others are measured
-    /// against them and keep their other keys [default: the built-in
-    /// defaults].
+    /// `routing:` settings are the current ones, which the others are
+    /// measured against and keep their other keys of (without it, the
+    /// built-in settings).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(flatten)]
