@@ -176,6 +176,24 @@ fn bad_settings_are_precise_start_up_errors() {
     assert!(!ok);
     assert!(err.contains("must start with http://"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // A trace recording that cannot be written: which file, and why.
+    let (ok, err) = run(radixgate().args([
+        "serve",
+        "--port",
+        "0",
+        "--record-trace",
+        "/no/such/dir/trace.jsonl",
+    ]));
+    assert!(!ok);
+    assert!(
+        err.contains("cannot open the trace recording /no/such/dir/trace.jsonl"),
+        "{err}"
+    );
+    // A tune without a trace file, or on one that is not a trace.
+    let (ok, err) = run(radixgate().args(["tune", "--trace", "/no/such/trace.jsonl"]));
+    assert!(!ok);
+    assert!(err.contains("/no/such/trace.jsonl"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

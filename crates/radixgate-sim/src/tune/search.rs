@@ -115,15 +115,38 @@ pub fn run_all(
 
 /// The index of the outcome with the least mean TTFT among those whose hit
 /// rate is at least `current`'s minus `tolerance` (a fraction), if it is
-/// quicker than `current`; ties go to the earlier point.
+/// quicker than `current`. Settings that route alike tie exactly; ties go
+/// to the higher hit rate, then the lower p99, then the fewest settings
+/// changed from `current`'s, then the earlier point.
 pub fn choose(current: &Outcome, rows: &[Outcome], tolerance: f64) -> Option<usize> {
     let floor = current.hit_rate - tolerance;
+    let changed = |r: &Outcome| {
+        r.point
+            .iter()
+            .filter(|(k, v)| !current.point.iter().any(|(ck, cv)| ck == k && same(cv, v)))
+            .count()
+    };
     rows.iter()
         .enumerate()
         .filter(|(_, r)| r.hit_rate >= floor && r.ttft_mean_ms.is_finite())
-        .min_by(|a, b| a.1.ttft_mean_ms.total_cmp(&b.1.ttft_mean_ms))
+        .min_by(|(i, a), (j, b)| {
+            a.ttft_mean_ms
+                .total_cmp(&b.ttft_mean_ms)
+                .then(b.hit_rate.total_cmp(&a.hit_rate))
+                .then(a.ttft_p99_ms.total_cmp(&b.ttft_p99_ms))
+                .then(changed(a).cmp(&changed(b)))
+                .then(i.cmp(j))
+        })
         .filter(|(_, r)| r.ttft_mean_ms < current.ttft_mean_ms)
         .map(|(i, _)| i)
+}
+
+/// Whether two setting values are equal (numbers by value: `2` and `2.0`).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 /// The settings of `point` as lines for the config file's `routing:`
@@ -180,7 +203,7 @@ mod tests {
             outcome("fast but cold", 0.50, 10.0),
             outcome("slower", 0.61, 90.0),
             outcome("best", 0.595, 40.0),
-            outcome("tied", 0.70, 40.0),
+            outcome("slower, hotter", 0.70, 45.0),
             outcome("broken", 0.9, f64::NAN),
         ];
         assert_eq!(choose(&current, &rows, 0.01), Some(2));
@@ -188,6 +211,34 @@ mod tests {
         assert_eq!(choose(&current, &rows, 0.0), Some(3));
         // Nothing quicker than the current settings: keep them.
         assert_eq!(choose(&outcome("now", 0.6, 30.0), &rows, 0.01), None);
+    }
+
+    #[test]
+    fn exact_ties_keep_what_need_not_change() {
+        let at = |ct: f64, abs: u64, rel: f64, ttft: f64| Outcome {
+            point: vec![
+                ("cache_threshold".into(), json!(ct)),
+                ("balance_abs_threshold".into(), json!(abs)),
+                ("balance_rel_threshold".into(), json!(rel)),
+            ],
+            ..outcome("", 0.9, ttft)
+        };
+        let current = Outcome {
+            hit_rate: 0.5,
+            ..at(0.95, 0, 1.5, 40.0)
+        };
+        let rows = [
+            at(0.1, 16, 1.2, 15.0),
+            at(0.1, 16, 1.5, 15.0),
+            at(0.3, 64, 1.5, 15.0),
+            at(0.1, 4, 1.5, 20.0),
+        ];
+        // Rows 0 to 2 route alike; row 1 changes two settings, row 0 three.
+        assert_eq!(choose(&current, &rows, 0.01), Some(1));
+        // The higher hit rate goes first among equal TTFTs.
+        let mut better = rows.clone();
+        better[2].hit_rate = 0.95;
+        assert_eq!(choose(&current, &better, 0.01), Some(2));
     }
 
     #[test]

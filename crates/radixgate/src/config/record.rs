@@ -67,3 +67,50 @@ impl RecordTraceConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let ok = RecordTraceConfig {
+            path: Some("t.jsonl".into()),
+            ..RecordTraceConfig::default()
+        };
+        assert!(ok.validate().is_ok());
+        for (bad, key) in [
+            (
+                RecordTraceConfig {
+                    path: Some("".into()),
+                    ..ok.clone()
+                },
+                "record_trace.path",
+            ),
+            (
+                RecordTraceConfig {
+                    path: Some("/".into()),
+                    ..ok.clone()
+                },
+                "record_trace.path",
+            ),
+            (
+                RecordTraceConfig {
+                    keep: MAX_RECORD_KEEP + 1,
+                    ..ok.clone()
+                },
+                "record_trace.keep",
+            ),
+            (
+                RecordTraceConfig {
+                    admin_dir: "".into(),
+                    ..ok.clone()
+                },
+                "record_trace.admin_dir",
+            ),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(key), "{err}");
+        }
+    }
+}
