@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 enum Cli {
-    Load(LoadArgs),
-    Simulate(SimulateArgs),
-    Tune(TuneArgs),
+    Load(Box<LoadArgs>),
+    Simulate(Box<SimulateArgs>),
+    Tune(Box<TuneArgs>),
 }
 
 fn parse(argv: &str) -> Cli {
@@ -320,7 +320,11 @@ async fn no_prompt_text_reaches_the_recording() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_switches_and_rotates_the_recording_behind_its_gate() {
-    let dir = tmp("admin");
+    // The admin directory one level down, so an escape would land in this
+    // test's own fresh directory.
+    let top = tmp("admin");
+    let dir = top.join("admin");
+    std::fs::create_dir_all(&dir).unwrap();
     let ws = workers(1, &fast_worker()).await;
     let mut cfg = config(&urls(&ws));
     cfg.record_trace.admin_dir = dir.clone();
@@ -377,7 +381,7 @@ async fn the_admin_api_switches_and_rotates_the_recording_behind_its_gate() {
         assert_eq!(status, 400, "{bad}: {answer}");
         assert!(answer["error"]["message"].is_string(), "{answer}");
     }
-    assert!(!dir.join("../escape.jsonl").exists());
+    assert!(!top.join("escape.jsonl").exists());
 
     // On, with rotation at 1500 bytes keeping two old files.
     let (status, state) = admin(&gw.url, "POST", Some(body), key).await;
@@ -429,7 +433,7 @@ async fn the_admin_api_switches_and_rotates_the_recording_behind_its_gate() {
     for w in ws {
         w.stop.cancel();
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&top);
 }
 
 /// The routing section of `cfg` with the settings of a tune point.

@@ -109,13 +109,15 @@ impl Writer {
         };
         bytes.push(b'\n');
         let max = self.settings.max_bytes;
-        if max > 0 && self.size > 0 && self.size + bytes.len() as u64 > max {
-            if let Err(err) = self.rotate() {
-                // The line still goes to the file in hand; the next
-                // rotation is tried after another `max_bytes`, not at once.
-                self.failed(&err);
-                self.size = 0;
-            }
+        if max > 0
+            && self.size > 0
+            && self.size + bytes.len() as u64 > max
+            && let Err(err) = self.rotate()
+        {
+            // The line still goes to the file in hand; the next rotation is
+            // tried after another `max_bytes`, not at once.
+            self.failed(&err);
+            self.size = 0;
         }
         match self.file.write_all(&bytes) {
             Ok(()) => {
