@@ -8,6 +8,8 @@
 //! is removed once its requests in flight finish (`"state": "draining"`
 //! until then, `"removed"` at once when none is in flight).
 //! `POST /flush_cache` tells every worker to drop its prefix cache.
+//! `GET`/`POST`/`DELETE /record_trace` show, start and stop the trace
+//! recording (`record/admin.rs`).
 //!
 //! Who may call it ([`gate`]): whoever sends `server.admin_api_key`, from
 //! anywhere; without that key, by `server.admin_access`, peers on loopback
@@ -30,6 +32,7 @@ use crate::auth::{RequiredKey, basic_matches, bearer_matches};
 use crate::config::{AdminAccess, WorkerSpec};
 use crate::error::GatewayError;
 use crate::info;
+use crate::record::admin as record;
 use crate::state::{AppState, Shared};
 use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -56,6 +59,10 @@ pub(crate) fn router(shared: &Shared) -> Router<Arc<AppState>> {
     Router::new()
         .route("/workers", get(list).post(add).delete(remove))
         .route("/flush_cache", post(info::flush_cache))
+        .route(
+            "/record_trace",
+            get(record::status).post(record::start).delete(record::stop),
+        )
         .route_layer(axum::middleware::from_fn_with_state(gate_state, gate))
         .merge(
             crate::dashboard::routes()

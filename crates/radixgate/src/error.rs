@@ -207,6 +207,9 @@ pub enum GatewayError {
     /// The gateway is shutting down and no longer takes this call.
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    /// A trace recording asked for through the admin API could not start.
+    #[error(transparent)]
+    RecordTrace(#[from] crate::record::RecordError),
     /// A route that does not exist.
     #[error("no route for {method} {path}")]
     NotFound {
@@ -236,6 +239,8 @@ impl GatewayError {
             | Self::MethodNotAllowed { .. }
             | Self::Admin(_)
             | Self::RateLimited { .. } => Origin::Client,
+            Self::RecordTrace(err) if err.client_caused() => Origin::Client,
+            Self::RecordTrace(_) => Origin::Gateway,
             Self::Connect { .. }
             | Self::UpstreamStatus { .. }
             | Self::FirstByteTimeout { .. }
@@ -283,6 +288,8 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::RecordTrace(err) if err.client_caused() => StatusCode::BAD_REQUEST,
+            Self::RecordTrace(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::QueueFull { .. } | Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::RequestTimeout { .. }
             | Self::FirstByteTimeout { .. }
@@ -314,6 +321,10 @@ impl GatewayError {
             Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
             Self::ShuttingDown => ("service_unavailable", "shutting_down"),
             Self::Routing(_) => ("server_error", "routing_error"),
+            Self::RecordTrace(err) if err.client_caused() => {
+                ("invalid_request_error", "record_trace_failed")
+            }
+            Self::RecordTrace(_) => ("server_error", "record_trace_failed"),
             Self::QueueFull { .. } => ("rate_limit_error", "queue_full"),
             // OpenAI's own answer: the type names the limit.
             Self::RateLimited { limit, .. } => (limit.as_str(), "rate_limit_exceeded"),

@@ -29,6 +29,7 @@ pub mod metrics;
 mod outlier;
 pub mod preamble;
 pub mod proxy;
+pub mod record;
 pub mod reload;
 pub mod retry;
 pub mod server;

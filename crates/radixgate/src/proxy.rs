@@ -31,7 +31,8 @@
 //! metrics. The body's bytes (and so their budget) are released when the
 //! attempts are over. The request path owns its metric families
 //! ([`RequestMetrics`], in `proxy/metrics.rs`); admission counts its own
-//! refusals.
+//! refusals. While a trace recording runs, the end of the stream also
+//! hands the request to it ([`crate::record`], one call that never waits).
 //!
 //! [`Router::select`]: radixgate_routing::Router::select
 
@@ -655,15 +656,12 @@ fn respond(
     }
     // A successful answer's usage is checked against what the tree
     // predicted (`radixgate_routing::correction`).
+    let branch = decision.explanation().branch.as_str();
     let correction = status
         .is_success()
         .then(|| decision.take_cache_feedback())
         .flatten()
-        .map(|feedback| Correction {
-            feedback,
-            text: routing_text,
-            tail: UsageTail::new(),
-        });
+        .map(|feedback| Correction { feedback });
     let seen = shared.dashboard.seen(
         &decision,
         &explained,
@@ -671,10 +669,24 @@ fn respond(
         model.as_deref(),
         status.as_u16(),
     );
+    // While a trace recording runs, each routed request is recorded at its
+    // end (`crate::record`).
+    let record = match endpoint {
+        Endpoint::Routed(_) => shared.recorder.pending(branch, sse),
+        Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
+    };
+    let read_usage = correction.is_some() || record.is_some();
     let watch = RequestWatch {
         seen,
         shared: shared.clone(),
         correction,
+        record,
+        tail: read_usage.then(UsageTail::new),
+        text: if read_usage {
+            routing_text
+        } else {
+            String::new()
+        },
         guard: decision.into_guard(),
         sse,
         preamble: if sse { endpoint.preamble() } else { None },
@@ -719,9 +731,15 @@ struct RequestWatch {
     /// What the status page lists, while someone watches it.
     seen: Option<crate::dashboard::Seen>,
     shared: Arc<Shared>,
-    /// The routing correction's share: the decision's tree feedback, the
-    /// routing text and the body's tail, scanned once at its end.
+    /// The routing correction's share: the decision's tree feedback.
     correction: Option<Correction>,
+    /// The trace recording's share, while one runs.
+    record: Option<crate::record::Pending>,
+    /// The body's tail, scanned once at its end, when the correction or
+    /// the recording reads its usage.
+    tail: Option<UsageTail>,
+    /// The routing text, kept only for the correction and the recording.
+    text: String,
     /// The worker's load; released when this watch is dropped.
     guard: LoadGuard,
     /// Whether the response is an event stream (TTFT is recorded for those).
@@ -743,17 +761,15 @@ struct RequestWatch {
 /// What a response needs for the routing correction.
 struct Correction {
     feedback: CacheFeedback,
-    text: String,
-    tail: UsageTail,
 }
 
 impl Correction {
-    /// The body ended whole: reads its cached-token report and hands it to
-    /// the correction. A body without one changes nothing; an impossible
-    /// one is counted on the worker (exported by the upkeep tick) and
-    /// otherwise ignored.
-    fn finish(mut self) {
-        let report = match self.tail.cached() {
+    /// The body ended: hands its cached-token report (`cached`, read from
+    /// its tail) for the routing text `text` to the correction. A body
+    /// without one changes nothing; an impossible one is counted on the
+    /// worker (exported by the upkeep tick) and otherwise ignored.
+    fn finish(self, text: &str, cached: CachedReport) {
+        let report = match cached {
             CachedReport::Absent => return,
             CachedReport::Invalid => {
                 let worker = self.feedback.worker();
@@ -773,7 +789,7 @@ impl Correction {
             },
         };
         let worker = self.feedback.worker().clone();
-        match self.feedback.apply(&self.text, report) {
+        match self.feedback.apply(text, report) {
             Corrected::Invalid => {
                 tracing::debug!(
                     worker = worker.url(),
@@ -825,8 +841,11 @@ impl StreamWatch for RequestWatch {
     }
 
     fn data(&mut self, bytes: &[u8]) {
-        if let Some(c) = self.correction.as_mut() {
-            c.tail.push(bytes);
+        if let Some(tail) = self.tail.as_mut() {
+            tail.push(bytes);
+        }
+        if let Some(record) = self.record.as_mut() {
+            record.data(bytes);
         }
         if let Some(scan) = self.preamble.as_mut()
             && scan.feed(bytes)
@@ -841,8 +860,22 @@ impl StreamWatch for RequestWatch {
         // Whatever the end: a body of known length is dropped once its last
         // byte passed (never read to its end), and a complete usage object
         // in the tail is the worker's word on this prompt either way.
-        if let Some(c) = self.correction.take() {
-            c.finish();
+        let usage = self.tail.as_mut().map(UsageTail::usage);
+        if let (Some(c), Some(usage)) = (self.correction.take(), usage) {
+            c.finish(&self.text, usage.cached);
+        }
+        if let Some(pending) = self.record.take() {
+            self.shared.recorder.record(
+                pending,
+                crate::record::Ended {
+                    text: std::mem::take(&mut self.text),
+                    model: self.model.as_deref(),
+                    worker: self.guard.worker().url(),
+                    status: self.status,
+                    started: self.started,
+                    usage,
+                },
+            );
         }
         metrics.request_done(
             self.route,

@@ -79,6 +79,9 @@ pub enum StartError {
         /// Why it failed.
         source: radixgate_tokenize::TokenizeError,
     },
+    /// The trace recording (`record_trace.path`) could not start.
+    #[error(transparent)]
+    Record(#[from] crate::record::RecordError),
     /// A listener failed.
     #[error("listener error: {0}")]
     Io(#[from] std::io::Error),
@@ -290,10 +293,12 @@ pub async fn run_reloadable(
         )?),
         false => None,
     };
+    let recorder = crate::record::Recorder::new(&config.record_trace, router.clone(), &metrics)?;
     let streams_abort = CancellationToken::new();
     let shared = Arc::new(Shared {
         sync,
         kv_events,
+        recorder,
         keys,
         admission: Admission::new(&config.admission, &metrics),
         bodies,
@@ -422,6 +427,9 @@ pub async fn run_reloadable(
     })
     .await;
     tasks.cancel();
+    // Every request has ended: what the recording queued goes to disk.
+    let recording = shared.clone();
+    let _ = tokio::task::spawn_blocking(move || recording.recorder.stop()).await;
     let _ = control_task.await;
     #[cfg(feature = "kubernetes")]
     for watch in discovery {

@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     /// The workers' KV-event streams and their exact index, when
     /// `kv_events.enabled`.
     pub(crate) kv_events: Option<Arc<crate::events::KvEvents>>,
+    /// The trace recording (`record_trace`), switched at runtime by the
+    /// admin API; the request path hands it each finished request.
+    pub(crate) recorder: crate::record::Recorder,
     /// When the gateway started (for `uptime_secs`).
     pub(crate) started: Instant,
     /// The live status page's sampler state and request ring.

@@ -26,6 +26,10 @@
 //! (vLLM, SGLang, OpenAI), the Responses API's
 //! `usage.input_tokens_details.cached_tokens`, the Messages API's
 //! `cache_read_input_tokens`, or SGLang's `meta_info.cached_tokens`.
+//!
+//! And, for a trace recording (`record.rs`), the prompt and completion
+//! counts apart ([`counts_in`]), with the cached count, in one scan
+//! ([`UsageTail::usage`]).
 
 /// How much of a body's end is kept for the scan. A usage object is about
 /// 200 bytes; SSE streams end with the usage event and `data: [DONE]`; whole
@@ -68,6 +72,54 @@ impl UsageTail {
     pub fn cached(&mut self) -> CachedReport {
         cached_in(self.tail.make_contiguous())
     }
+
+    /// The prompt and completion counts and the cached-token report.
+    pub fn usage(&mut self) -> Usage {
+        let text = self.tail.make_contiguous();
+        Usage {
+            counts: counts_in(text),
+            cached: cached_in(text),
+        }
+    }
+}
+
+/// Everything a body's tail reports about its request's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt and completion tokens.
+    pub counts: Counts,
+    /// The prompt's cached tokens.
+    pub cached: CachedReport,
+}
+
+/// Prompt and completion tokens as reported, each when present.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// `prompt_tokens` (or the API's equivalent, see [`Report`]).
+    pub prompt: Option<u64>,
+    /// `completion_tokens` or `output_tokens`.
+    pub completion: Option<u64>,
+}
+
+/// The prompt and completion counts of the last usage reports in `text`:
+/// each from the latest `"usage"` object that has it (an Anthropic stream
+/// reports its prompt at the start and its output at the end), else from
+/// the latest `"meta_info"`.
+pub fn counts_in(text: &[u8]) -> Counts {
+    let mut out = Counts::default();
+    for key in [&b"\"usage\""[..], b"\"meta_info\""] {
+        for report in objects_after(text, key).filter_map(|o| Report::read(&o)) {
+            out.prompt = out.prompt.or(report.prompt);
+            out.completion = out.completion.or(report.output);
+            if out.prompt.is_some() && out.completion.is_some() {
+                return out;
+            }
+        }
+        if out.prompt.is_some() || out.completion.is_some() {
+            return out;
+        }
+    }
+    out
 }
 
 /// What a body's tail says about the prompt's cached tokens.
@@ -358,6 +410,43 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn prompt_and_completion_counts_apart() {
+        let counts = |p, c| Counts {
+            prompt: p,
+            completion: c,
+        };
+        let whole = br#"{"choices":[{"text":"\"usage\": {"}],"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":11}}"#;
+        assert_eq!(counts_in(whole), counts(Some(7), Some(4)));
+        // vLLM's continuous usage stats: the last chunk's counts.
+        let stream = b"data: {\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":1}}\n\n\
+            data: {\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
+        assert_eq!(counts_in(stream), counts(Some(50), Some(2)));
+        // Anthropic: the prompt at the start, the output at the end.
+        let messages = b"data: {\"message\":{\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n\
+            data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n";
+        assert_eq!(counts_in(messages), counts(Some(20), Some(9)));
+        let responses = br#"{"response":{"usage":{"input_tokens":12,"output_tokens":3}}}"#;
+        assert_eq!(counts_in(responses), counts(Some(12), Some(3)));
+        let generate = br#"{"text":"x","meta_info":{"prompt_tokens":40,"completion_tokens":1,"cached_tokens":16}}"#;
+        assert_eq!(counts_in(generate), counts(Some(40), Some(1)));
+        for none in [&b""[..], b"data: {\"usage\":null}\n\n", b"{\"usage\":{}}"] {
+            assert_eq!(counts_in(none), Counts::default());
+        }
+        let mut tail = UsageTail::new();
+        tail.push(generate);
+        assert_eq!(
+            tail.usage(),
+            Usage {
+                counts: counts(Some(40), Some(1)),
+                cached: CachedReport::Report {
+                    prompt_tokens: 40,
+                    cached_tokens: 16
+                },
+            }
+        );
     }
 
     #[test]

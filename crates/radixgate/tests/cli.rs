@@ -176,6 +176,24 @@ fn bad_settings_are_precise_start_up_errors() {
     assert!(!ok);
     assert!(err.contains("must start with http://"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // A trace recording that cannot be written: which file, and why.
+    let (ok, err) = run(radixgate().args([
+        "serve",
+        "--port",
+        "0",
+        "--record-trace",
+        "/no/such/dir/trace.jsonl",
+    ]));
+    assert!(!ok);
+    assert!(
+        err.contains("cannot open the trace recording /no/such/dir/trace.jsonl"),
+        "{err}"
+    );
+    // A tune without a trace file, or on one that is not a trace.
+    let (ok, err) = run(radixgate().args(["tune", "--trace", "/no/such/trace.jsonl"]));
+    assert!(!ok);
+    assert!(err.contains("/no/such/trace.jsonl"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -317,7 +335,9 @@ fn help_states_defaults_one_way() {
         .filter_map(|l| l.split_whitespace().next())
         .filter(|c| *c != "help")
         .collect();
-    for expected in ["demo", "serve", "worker", "load", "simulate", "version"] {
+    for expected in [
+        "demo", "serve", "worker", "load", "simulate", "tune", "version",
+    ] {
         assert!(commands.contains(&expected), "{expected} in {commands:?}");
     }
     for command in commands {

@@ -104,8 +104,13 @@ pub struct LoadArgs {
     /// Never draw the progress line.
     #[arg(long)]
     pub no_progress: bool,
-    /// Workload to generate.
-    #[arg(long, value_enum, default_value_t = WorkloadKind::SharedPrefix)]
+    /// Workload to generate (`trace` when `--trace` is given).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = WorkloadKind::SharedPrefix,
+        default_value_if("trace", clap::builder::ArgPredicate::IsPresent, "trace")
+    )]
     pub workload: WorkloadKind,
     /// Read the workload from a JSON file (the `WorkloadConfig` schema)
     /// instead of --workload and its flags.

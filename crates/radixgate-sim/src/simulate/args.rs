@@ -95,8 +95,13 @@ pub struct SimulateArgs {
     /// `/get_load` endpoint).
     #[arg(long, default_value_t = 100)]
     pub load_poll_ms: u64,
-    /// Workload to generate.
-    #[arg(long, value_enum, default_value_t = WorkloadKind::SharedPrefix)]
+    /// Workload to generate (`trace` when `--trace` is given).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = WorkloadKind::SharedPrefix,
+        default_value_if("trace", clap::builder::ArgPredicate::IsPresent, "trace")
+    )]
     pub workload: WorkloadKind,
     /// Read the workload from a JSON file (the `WorkloadConfig` schema)
     /// instead of --workload and its flags.
@@ -132,23 +137,7 @@ pub struct SimulateArgs {
 impl SimulateArgs {
     /// The worker model: `--worker-config` (or defaults), then flags.
     pub fn worker(&self) -> Result<WorkerConfig, SimError> {
-        let mut c = match &self.worker_config {
-            None => WorkerConfig::default(),
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    SimError::Config(format!(
-                        "cannot read --worker-config {}: {e}",
-                        path.display()
-                    ))
-                })?;
-                serde_json::from_str(&text).map_err(|e| {
-                    SimError::Config(format!("--worker-config {}: {e}", path.display()))
-                })?
-            }
-        };
-        self.engine.apply(&mut c.engine);
-        c.validate()?;
-        Ok(c)
+        worker_config(self.worker_config.as_deref(), &self.engine)
     }
 
     /// The simulation these flags describe (validated).
@@ -221,7 +210,7 @@ impl SimulateArgs {
         for axis in axes.iter().filter(|a| !sweep::is_run_key(&a.key)) {
             let used = bases.iter().any(|b| match b {
                 Contender::Policy(p) => sweep::has_key(p, &axis.key),
-                Contender::Oracle | Contender::OracleTtft => false,
+                Contender::Oracle | Contender::OracleTtft | Contender::Pinned(_) => false,
             });
             if !used {
                 return Err(SimError::Config(format!(
@@ -233,7 +222,9 @@ impl SimulateArgs {
         let mut out = Vec::new();
         for base in bases {
             match &base {
-                Contender::Oracle | Contender::OracleTtft => out.push((base, String::new())),
+                Contender::Oracle | Contender::OracleTtft | Contender::Pinned(_) => {
+                    out.push((base, String::new()));
+                }
                 Contender::Policy(p) => {
                     for point in sweep::grid_for(p, &axes) {
                         let cfg = sweep::apply(p, &point)?;
@@ -301,8 +292,12 @@ impl SimulateArgs {
             };
             for (who, params) in &contenders {
                 let params = match who {
-                    Contender::Oracle | Contender::OracleTtft if k > 0 => continue,
-                    Contender::Oracle | Contender::OracleTtft => params.clone(),
+                    Contender::Oracle | Contender::OracleTtft | Contender::Pinned(_) if k > 0 => {
+                        continue;
+                    }
+                    Contender::Oracle | Contender::OracleTtft | Contender::Pinned(_) => {
+                        params.clone()
+                    }
                     Contender::Policy(_) => [params.as_str(), label.as_str()]
                         .into_iter()
                         .filter(|s| !s.is_empty())
@@ -322,6 +317,30 @@ impl SimulateArgs {
         report.relate_to_oracles();
         Ok(report)
     }
+}
+
+/// The worker model: `file` (a `radixgate worker --config` JSON file, or
+/// the defaults), then the engine flags given; validated.
+pub fn worker_config(
+    file: Option<&std::path::Path>,
+    engine: &EngineFlags,
+) -> Result<WorkerConfig, SimError> {
+    let mut c = match file {
+        None => WorkerConfig::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                SimError::Config(format!(
+                    "cannot read --worker-config {}: {e}",
+                    path.display()
+                ))
+            })?;
+            serde_json::from_str(&text)
+                .map_err(|e| SimError::Config(format!("--worker-config {}: {e}", path.display())))?
+        }
+    };
+    engine.apply(&mut c.engine);
+    c.validate()?;
+    Ok(c)
 }
 
 /// A sync delay given in milliseconds, checked.

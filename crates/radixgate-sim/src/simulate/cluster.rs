@@ -84,6 +84,24 @@ pub struct RunStats {
     pub trims: u64,
     /// Events processed.
     pub events: u64,
+    /// Every completed request, in completion order: its place in the
+    /// workload, its worker and its tokens (for per-worker figures over any
+    /// subset, as `radixgate tune`'s prediction check needs).
+    pub served: Vec<Served>,
+}
+
+/// One completed request of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Served {
+    /// The workload's number for it ([`RequestSpec::seq`]; a trace's line,
+    /// in time order).
+    pub seq: u64,
+    /// The worker (index in the pool) that served it.
+    pub worker: usize,
+    /// Its prompt tokens.
+    pub prompt_tokens: u64,
+    /// Of those, found in the worker's cache.
+    pub cached_tokens: u64,
 }
 
 enum Chooser {
@@ -98,6 +116,9 @@ enum Chooser {
     OracleTtft {
         turn: usize,
     },
+    Pinned {
+        workers: Arc<[usize]>,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -110,6 +131,7 @@ enum IssuerState {
 
 struct Live {
     session: SessionId,
+    seq: u64,
     issuer: Option<usize>,
     guard: LoadGuard,
     /// The decision's tree insert with the routing text, to check against
@@ -176,14 +198,24 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
             };
             (chooser, workers)
         }
-        Contender::Oracle | Contender::OracleTtft => {
+        Contender::Oracle | Contender::OracleTtft | Contender::Pinned(_) => {
             let workers = (0..cfg.workers)
                 .map(|i| Arc::new(Worker::new(radixgate_routing::WorkerId(i as u32), spec(i))))
                 .collect();
-            let chooser = if *who == Contender::Oracle {
-                Chooser::Oracle { turn: 0 }
-            } else {
-                Chooser::OracleTtft { turn: 0 }
+            let chooser = match who {
+                Contender::Pinned(pins) => {
+                    if let Some(&bad) = pins.iter().find(|&&w| w >= cfg.workers) {
+                        return Err(SimError::Config(format!(
+                            "a request is pinned to worker {bad}, but the pool has {} workers",
+                            cfg.workers
+                        )));
+                    }
+                    Chooser::Pinned {
+                        workers: pins.clone(),
+                    }
+                }
+                Contender::Oracle => Chooser::Oracle { turn: 0 },
+                _ => Chooser::OracleTtft { turn: 0 },
             };
             (chooser, workers)
         }
@@ -321,7 +353,9 @@ impl Cluster<'_> {
         };
         match &self.chooser {
             Chooser::Policy { replicas, .. } => replicas.all_workers().for_each(set),
-            Chooser::Oracle { .. } | Chooser::OracleTtft { .. } => set(&self.workers),
+            Chooser::Oracle { .. } | Chooser::OracleTtft { .. } | Chooser::Pinned { .. } => {
+                set(&self.workers);
+            }
         }
     }
 
@@ -463,6 +497,19 @@ impl Cluster<'_> {
                 *turn += 1;
                 Ok((LoadGuard::acquire(self.workers[i].clone()), 0, None))
             }
+            Chooser::Pinned { workers } => {
+                let i = usize::try_from(spec.seq)
+                    .ok()
+                    .and_then(|seq| workers.get(seq).copied())
+                    .ok_or_else(|| {
+                        SimError::Config(format!(
+                            "request {} has no pinned worker ({} pins)",
+                            spec.seq,
+                            workers.len()
+                        ))
+                    })?;
+                Ok((LoadGuard::acquire(self.workers[i].clone()), 0, None))
+            }
         }
     }
 
@@ -509,6 +556,7 @@ impl Cluster<'_> {
             id,
             Live {
                 session: spec.session,
+                seq: spec.seq,
                 issuer,
                 guard,
                 feedback,
@@ -573,6 +621,12 @@ impl Cluster<'_> {
         });
         s.e2e_ms.push(ms(self.now.saturating_sub(live.start)));
         s.per_worker[live.worker] += 1;
+        s.served.push(Served {
+            seq: live.seq,
+            worker: live.worker,
+            prompt_tokens: f.prompt_tokens as u64,
+            cached_tokens: f.cached_tokens as u64,
+        });
         s.end = self.now;
         if let Some((feedback, text)) = live.feedback {
             let report = CacheReport {

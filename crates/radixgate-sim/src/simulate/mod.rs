@@ -50,7 +50,7 @@ use std::time::Duration;
 use radixgate_routing::PolicyConfig;
 
 pub use args::SimulateArgs;
-pub use cluster::{RunStats, run};
+pub use cluster::{RunStats, Served, run};
 pub use replicas::ReplicaConfig;
 pub use report::{PolicyReport, SimReport};
 pub use speeds::{PoolSpeeds, SpeedChange};
@@ -129,6 +129,10 @@ pub enum Contender {
     /// The reference that also weighs the delay it adds to queued requests
     /// ([`oracle_ttft`]).
     OracleTtft,
+    /// Each request goes to the worker given by its place in the workload
+    /// (`pins[seq]`): a recording replayed as it was routed, to check the
+    /// worker model against what the real workers reported.
+    Pinned(std::sync::Arc<[usize]>),
 }
 
 /// Which of the simulator's references a row is.
@@ -148,13 +152,14 @@ impl Contender {
             Contender::Policy(p) => p.name(),
             Contender::Oracle => "oracle",
             Contender::OracleTtft => "oracle_ttft",
+            Contender::Pinned(_) => "recorded",
         }
     }
 
     /// Which oracle it is, if it is one.
     pub fn oracle_kind(&self) -> Option<OracleKind> {
         match self {
-            Contender::Policy(_) => None,
+            Contender::Policy(_) | Contender::Pinned(_) => None,
             Contender::Oracle => Some(OracleKind::Greedy),
             Contender::OracleTtft => Some(OracleKind::Ttft),
         }

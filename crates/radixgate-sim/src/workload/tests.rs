@@ -301,11 +301,6 @@ fn trace_errors_name_the_line() {
             1,
             "does not fit",
         ),
-        (
-            "{\"timestamp\":5,\"input_length\":6,\"output_length\":1,\"hash_ids\":[1]}\n{\"timestamp\":4,\"input_length\":6,\"output_length\":1,\"hash_ids\":[1]}",
-            2,
-            "before",
-        ),
         ("not json", 1, "expected"),
         ("", 0, "no records"),
     ];
@@ -326,6 +321,43 @@ fn trace_errors_name_the_line() {
         TextShape::default(),
     );
     assert!(matches!(missing, Err(crate::SimError::TraceIo { .. })));
+}
+
+/// A recording (`serve --record-trace`) is written as requests end: its
+/// lines replay sorted by arrival, its extra fields are read or ignored, and
+/// answers that failed are not replayed.
+#[test]
+fn recorded_lines_replay_in_time_order_without_failed_answers() {
+    let text = r#"{"timestamp": 1700000000900, "input_length": 10, "output_length": 2, "hash_ids": [7], "worker": "http://a", "branch": "cache_hit", "cached_tokens": 8, "status": 200, "model": "m"}
+{"timestamp": 1700000000100, "input_length": 600, "output_length": 3, "hash_ids": [5, 6], "worker": "http://b", "cached_tokens": null, "status": 200}
+{"timestamp": 1700000000500, "input_length": 20, "output_length": 1, "hash_ids": [9], "worker": "http://a", "status": 503}
+{"timestamp": 1700000000100, "input_length": 30, "output_length": 4, "hash_ids": [5]}
+"#;
+    let recs = parse_trace(text, Path::new("r"), 512).unwrap();
+    let times: Vec<u64> = recs.iter().map(|r| r.timestamp % 10_000).collect();
+    assert_eq!(times, [100, 100, 500, 900], "sorted, ties in file order");
+    assert_eq!(recs[0].input_length, 600);
+    assert_eq!(recs[0].worker.as_deref(), Some("http://b"));
+    assert_eq!(recs[0].cached_tokens, None);
+    assert_eq!(recs[1].worker, None);
+    assert_eq!(recs[3].cached_tokens, Some(8));
+    assert!(!recs[2].replayed());
+    let mut w = TraceReplay::from_records(
+        TraceConfig::new("r"),
+        0,
+        TextShape::default(),
+        Arc::new(recs),
+    );
+    let mut seen = Vec::new();
+    let mut now = T0;
+    loop {
+        match w.next(now) {
+            Poll::Ready(spec) => seen.push((spec.seq, spec.max_tokens)),
+            Poll::NotBefore(t) => now = t,
+            _ => break,
+        }
+    }
+    assert_eq!(seen, [(0, 3), (1, 4), (3, 2)], "the 503 is skipped");
 }
 
 /// The two Mooncake traces shipped in the repository's `traces/`.

@@ -11,6 +11,14 @@
 //!
 //! Requests arrive at `(timestamp - first timestamp) / speedup`. Records
 //! are validated when loaded: a bad line is a precise error naming the line.
+//! Lines may come in any order of time (a recording of `radixgate serve
+//! --record-trace` is written as requests end, not as they arrive): they are
+//! replayed sorted by timestamp, lines of equal time in file order.
+//!
+//! Fields other than the four above are ignored, except three that a
+//! recording adds and that are kept: `worker` (who served it), the
+//! reported `cached_tokens`, and `status`. A line whose `status` is not a
+//! 2xx is not replayed: its worker refused or failed it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +44,23 @@ pub struct TraceRecord {
     pub output_length: u64,
     /// The prompt's blocks, by id.
     pub hash_ids: Vec<u64>,
+    /// A recording's: the URL of the worker that served the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// A recording's: the prompt tokens the worker reported cached (`None`
+    /// when it did not report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    /// A recording's: the HTTP status of the worker's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+impl TraceRecord {
+    /// Whether the request is replayed: no status (a plain trace), or a 2xx.
+    pub fn replayed(&self) -> bool {
+        self.status.is_none_or(|s| (200..300).contains(&s))
+    }
 }
 
 /// Settings of [`TraceReplay`].
@@ -93,8 +118,8 @@ impl TraceConfig {
     }
 }
 
-/// Reads and validates a trace file. Records are kept in file order, which
-/// must be by non-decreasing timestamp.
+/// Reads and validates a trace file. Records come back sorted by
+/// timestamp (stable: equal times keep their file order).
 pub fn load_trace(path: &Path, block_tokens: u64) -> Result<Vec<TraceRecord>, SimError> {
     let text = std::fs::read_to_string(path).map_err(|source| SimError::TraceIo {
         path: path.to_owned(),
@@ -114,7 +139,6 @@ pub(super) fn parse_trace(
         reason,
     };
     let mut out = Vec::new();
-    let mut last_ts = 0;
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.trim().is_empty() {
@@ -136,21 +160,12 @@ pub(super) fn parse_trace(
                 ),
             ));
         }
-        if rec.timestamp < last_ts {
-            return Err(bad(
-                n,
-                format!(
-                    "timestamp {} is before the previous {last_ts}",
-                    rec.timestamp
-                ),
-            ));
-        }
-        last_ts = rec.timestamp;
         out.push(rec);
     }
     if out.is_empty() {
         return Err(bad(0, "the trace holds no records".into()));
     }
+    out.sort_by_key(|r| r.timestamp);
     Ok(out)
 }
 
@@ -222,6 +237,9 @@ impl TraceReplay {
 
 impl Workload for TraceReplay {
     fn next(&mut self, now: Duration) -> Poll {
+        while self.pos < self.len() && !self.records[self.pos].replayed() {
+            self.pos += 1;
+        }
         if self.pos >= self.len() {
             return Poll::Done;
         }

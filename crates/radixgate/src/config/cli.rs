@@ -293,6 +293,13 @@ pub struct ServeArgs {
     /// against KV events.
     #[arg(long, env = "RADIXGATE_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
+
+    /// Record every routed request to this file, one JSON line each in the
+    /// Mooncake trace shape (no prompt text), for `radixgate simulate
+    /// --trace` and `radixgate tune --trace`; rotation in `record_trace:`
+    /// of the config file. Also switchable at runtime: /record_trace.
+    #[arg(long, env = "RADIXGATE_RECORD_TRACE", value_name = "FILE")]
+    pub record_trace: Option<PathBuf>,
 }
 
 /// The `--sync-*` flags: sharing routing state between router replicas.
@@ -444,6 +451,9 @@ impl ServeArgs {
         set(&mut k.engine, &self.kv_events_engine);
         if self.tokenizer.is_some() {
             k.tokenizer = self.tokenizer.clone();
+        }
+        if self.record_trace.is_some() {
+            config.record_trace.path = self.record_trace.clone();
         }
         let s = &mut config.server;
         set(&mut s.host, &self.host);

@@ -14,6 +14,7 @@
 mod cli;
 mod discovery;
 mod kv_events;
+mod record;
 mod routing;
 mod sync;
 mod tenants;
@@ -26,6 +27,7 @@ pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
+pub use record::{MAX_RECORD_KEEP, RecordTraceConfig};
 pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
@@ -70,6 +72,8 @@ pub struct Config {
     pub sync: SyncConfig,
     /// The workers' KV-cache event streams (exact prefix matches).
     pub kv_events: KvEventsConfig,
+    /// Recording every routed request as a replayable trace.
+    pub record_trace: RecordTraceConfig,
     /// Logging.
     pub log: LogConfig,
 }

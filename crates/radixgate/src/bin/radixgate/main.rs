@@ -1,11 +1,13 @@
 //! The `radixgate` command: parses the command line and runs a subcommand.
 //!
-//! `serve` is the gateway library's. `worker`, `load`, `simulate` and `demo`
-//! come from `radixgate-sim` and exist only with the default `sim` feature,
+//! `serve` is the gateway library's. `worker`, `load`, `simulate`, `tune`
+//! and `demo` come from `radixgate-sim` and exist only with the default `sim` feature,
 //! so a gateway-only build (`--no-default-features`) compiles no simulator.
 
 #[cfg(feature = "sim")]
 mod demo;
+#[cfg(feature = "sim")]
+mod tune;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -45,6 +47,11 @@ enum Command {
     /// simulated workers in simulated time, and compare them with an oracle.
     #[cfg(feature = "sim")]
     Simulate(Box<radixgate_sim::simulate::SimulateArgs>),
+    /// Replay a recording (`serve --record-trace`) over a grid of routing
+    /// settings offline and print the best at equal hit rate, its expected
+    /// gain and the config lines to paste.
+    #[cfg(feature = "sim")]
+    Tune(Box<tune::TuneCommand>),
     /// Print the build's version and exit.
     Version,
 }
@@ -94,6 +101,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         #[cfg(feature = "sim")]
         Command::Simulate(args) => radixgate_sim::simulate::main(*args)?,
+        #[cfg(feature = "sim")]
+        Command::Tune(cmd) => tune::run(*cmd)?,
     }
     Ok(())
 }

@@ -1,0 +1,136 @@
+//! `radixgate tune`: the routing settings that would have served a
+//! recording best.
+//!
+//! A recording of production traffic (`radixgate serve --record-trace`,
+//! one Mooncake-format line per request with the worker that served it
+//! and the cached tokens it reported) is replayed by the offline
+//! simulator ([`crate::simulate`]) at its own timestamps, against a pool of
+//! the given worker model:
+//!
+//! 1. the prediction check ([`predict`]): each request pinned to the
+//!    worker that served it; simulated against recorded hit rate per
+//!    worker, and the current settings' own simulated routing against the
+//!    recorded total;
+//! 2. the current settings (the gateway config's `routing:` section,
+//!    passed in by the binary, or the defaults), then every point of the
+//!    grid of `cache_threshold` × `balance_abs_threshold` ×
+//!    `balance_rel_threshold` (and any `--sweep` axis) applied to them;
+//! 3. the choice ([`search::choose`]): the lowest mean TTFT among the
+//!    points whose hit rate is at least the current settings' minus
+//!    `--hit-tolerance` points; its gain over the current settings and
+//!    the config lines that set it.
+//!
+//! Layout: [`args`] (flags), [`recording`] (the file, its workers and
+//! reports), [`predict`], [`search`] (grid, parallel runs, choice),
+//! [`report`] (text and JSON).
+
+pub mod args;
+pub mod predict;
+pub mod recording;
+pub mod report;
+pub mod search;
+
+use radixgate_routing::PolicyConfig;
+
+pub use args::TuneArgs;
+pub use predict::Prediction;
+pub use recording::Recording;
+pub use report::TuneReport;
+
+use crate::SimError;
+use crate::simulate::Contender;
+use search::Outcome;
+
+/// Runs the whole tuning of `args`' recording, `current` being the
+/// settings it is measured against.
+pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimError> {
+    current.validate()?;
+    let tolerance = args.tolerance()?;
+    let axes = args.axes()?;
+    let grid = search::grid(current, &axes)?;
+    let rec = Recording::load(&args.trace, args.block_tokens, args.requests.unwrap_or(0))?;
+    let workers = match args.workers {
+        Some(n) => n,
+        None if rec.workers.is_empty() => {
+            return Err(SimError::Config(format!(
+                "{} names no workers (not a recording?): give the pool size with --workers",
+                rec.path.display()
+            )));
+        }
+        None => rec.workers.len(),
+    };
+    let cfg = args.sim_config(workers)?;
+    let no_prediction = predict::unavailable(&rec, workers);
+    let mut prediction = match no_prediction {
+        None => Some(predict::pinned(&cfg, &rec)?),
+        Some(_) => None,
+    };
+    let mut contenders = vec![Contender::Policy(current.clone())];
+    contenders.extend(grid.iter().map(|(_, p)| Contender::Policy(p.clone())));
+    let mut stats = search::run_all(&cfg, &contenders, args.threads())?.into_iter();
+    let base = stats.next().expect("the current settings ran");
+    if let Some(p) = prediction.as_mut() {
+        p.policy_hit_rate = predict::reported_subset(&rec, &base).hit_rate();
+    }
+    // The current settings' values of the swept keys, for the label.
+    let current_point = axes
+        .iter()
+        .map(|a| (a.key.clone(), setting(current, &a.key)))
+        .collect();
+    let current_run = Outcome::of(current_point, &base);
+    let runs: Vec<Outcome> = grid
+        .into_iter()
+        .zip(stats)
+        .map(|((point, _), s)| Outcome::of(point, &s))
+        .collect();
+    let best = search::choose(&current_run, &runs, tolerance).map(|i| runs[i].clone());
+    Ok(TuneReport {
+        trace: args.trace.display().to_string(),
+        requests: rec.records.len(),
+        replayed: rec.replayed(),
+        span_secs: rec.span_secs(),
+        workers,
+        policy: current.name().into(),
+        equal_hit_rate: format!(
+            "\"equal hit rate\" = at least the current settings' hit rate minus {} points",
+            args.hit_tolerance
+        ),
+        hit_tolerance_points: args.hit_tolerance,
+        prediction,
+        no_prediction,
+        ttft_change_pct: best
+            .as_ref()
+            .map(|b| (b.ttft_mean_ms / current_run.ttft_mean_ms - 1.0) * 100.0),
+        hit_rate_change_points: best
+            .as_ref()
+            .map(|b| (b.hit_rate - current_run.hit_rate) * 100.0),
+        config: best
+            .as_ref()
+            .map(|b| search::yaml_lines(current.name(), &b.point)),
+        current: current_run,
+        best,
+        runs,
+    })
+}
+
+/// The value of the (dotted) setting `key` in `cfg`'s serde form.
+fn setting(cfg: &PolicyConfig, key: &str) -> serde_json::Value {
+    let mut v = serde_json::to_value(cfg).unwrap_or_default();
+    for part in key.split('.') {
+        v = v.get(part).cloned().unwrap_or_default();
+    }
+    v
+}
+
+/// The command: tunes and prints the report (text, or JSON with `--json`).
+pub fn main(args: &TuneArgs, current: &PolicyConfig) -> Result<(), SimError> {
+    let report = run(args, current)?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| SimError::Io(std::io::Error::other(e)))?;
+        println!("{text}");
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! The recorder and its writer on real files: lines, rotation, the queue's
+//! bound, switching, and admin paths.
+
+use super::*;
+use crate::usage::{Counts, Usage};
+use radixgate_routing::{PolicyConfig, Registry};
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("radixgate-record-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn recorder(config: &RecordTraceConfig) -> Recorder {
+    let registry = Registry::new(PolicyConfig::default().build().unwrap());
+    Recorder::new(config, registry.router(), &Metrics::new()).unwrap()
+}
+
+fn end(text: &str) -> Ended<'static> {
+    Ended {
+        text: text.to_owned(),
+        model: Some("m"),
+        worker: "http://w:1",
+        status: 200,
+        started: Instant::now(),
+        usage: Some(Usage {
+            counts: Counts {
+                prompt: Some(600),
+                completion: Some(3),
+            },
+            cached: crate::usage::CachedReport::Absent,
+        }),
+    }
+}
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn requests_become_lines_and_stop_waits_for_them() {
+    let d = dir("lines");
+    let path = d.join("t.jsonl");
+    let r = recorder(&RecordTraceConfig {
+        path: Some(path.clone()),
+        ..RecordTraceConfig::default()
+    });
+    assert!(r.status().recording);
+    for i in 0..50 {
+        let p = r.pending("cache_hit", false).expect("recording");
+        r.record(p, end(&format!("prompt {i}")));
+    }
+    let status = r.stop();
+    assert!(!status.recording);
+    assert_eq!(status.lines, 50, "{status:?}");
+    let got = lines(&path);
+    assert_eq!(got.len(), 50);
+    assert_eq!(got[0]["input_length"], 600);
+    assert_eq!(got[0]["hash_ids"].as_array().unwrap().len(), 2);
+    assert_eq!(got[0]["worker"], "http://w:1");
+    assert!(got[0]["cached_tokens"].is_null());
+    // Off: nothing is kept, nothing written.
+    assert!(r.pending("cache_hit", false).is_none());
+    assert_eq!(r.status(), Status::off());
+    // A new recording appends to the file.
+    r.start(Settings {
+        path: path.clone(),
+        max_bytes: 0,
+        keep: 1,
+    })
+    .unwrap();
+    let p = r.pending("imbalanced", true).unwrap();
+    r.record(p, end("again"));
+    assert_eq!(r.stop().lines, 1);
+    assert_eq!(lines(&path).len(), 51);
+    assert_eq!(lines(&path)[50]["branch"], "imbalanced");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn files_rotate_by_size_and_keep_that_many() {
+    let d = dir("rotate");
+    let path = d.join("t.jsonl");
+    let r = recorder(&RecordTraceConfig::default());
+    r.start(Settings {
+        path: path.clone(),
+        max_bytes: 1000,
+        keep: 2,
+    })
+    .unwrap();
+    for i in 0..40 {
+        let p = r.pending("cache_hit", false).unwrap();
+        r.record(p, end(&format!("p{i}")));
+    }
+    let status = r.stop();
+    assert_eq!(status.lines, 40);
+    assert!(status.rotations >= 3, "{status:?}");
+    let sizes: Vec<u64> = [
+        path.clone(),
+        writer::rotated(&path, 1),
+        writer::rotated(&path, 2),
+    ]
+    .iter()
+    .map(|p| std::fs::metadata(p).unwrap().len())
+    .collect();
+    assert!(sizes.iter().all(|&s| s > 0 && s <= 1000), "{sizes:?}");
+    assert!(!writer::rotated(&path, 3).exists(), "keep 2");
+    // The newest lines are in FILE, the ones before in FILE.1.
+    let newest = lines(&path);
+    let before = lines(&writer::rotated(&path, 1));
+    let stamp = |v: &serde_json::Value| v["timestamp"].as_u64().unwrap();
+    assert!(stamp(before.last().unwrap()) <= stamp(&newest[0]));
+    // keep 0: a full file is deleted.
+    let path0 = d.join("zero.jsonl");
+    r.start(Settings {
+        path: path0.clone(),
+        max_bytes: 1000,
+        keep: 0,
+    })
+    .unwrap();
+    for i in 0..40 {
+        let p = r.pending("cache_hit", false).unwrap();
+        r.record(p, end(&format!("p{i}")));
+    }
+    let status = r.stop();
+    assert!(status.rotations >= 3);
+    assert!(!writer::rotated(&path0, 1).exists());
+    assert!(lines(&path0).len() < 40);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_without_waiting() {
+    let d = dir("full");
+    let path = d.join("t.jsonl");
+    let r = recorder(&RecordTraceConfig::default());
+    r.start(Settings {
+        path: path.clone(),
+        max_bytes: 0,
+        keep: 0,
+    })
+    .unwrap();
+    // Prompts bigger than the byte bound: every one is dropped at once.
+    let huge = "x".repeat(QUEUE_BYTES + 1);
+    for _ in 0..3 {
+        let p = r.pending("cache_hit", false).unwrap();
+        r.record(p, end(&huge));
+    }
+    let status = r.stop();
+    assert_eq!((status.dropped, status.lines), (3, 0));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_file_that_cannot_be_opened_is_an_error_and_keeps_the_recording() {
+    let d = dir("open");
+    let r = recorder(&RecordTraceConfig::default());
+    let good = d.join("good.jsonl");
+    r.start(Settings {
+        path: good.clone(),
+        max_bytes: 0,
+        keep: 0,
+    })
+    .unwrap();
+    let err = r
+        .start(Settings {
+            path: d.join("missing-dir/t.jsonl"),
+            max_bytes: 0,
+            keep: 0,
+        })
+        .unwrap_err();
+    assert!(matches!(err, RecordError::Open { .. }), "{err}");
+    assert!(err.client_caused());
+    let status = r.status();
+    assert!(status.recording);
+    assert_eq!(status.settings.unwrap().path, good);
+    r.stop();
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn admin_paths_stay_inside_the_admin_dir() {
+    let base = Path::new("/var/lib/radixgate");
+    assert_eq!(
+        inside(base, Path::new("t.jsonl")).unwrap(),
+        base.join("t.jsonl")
+    );
+    assert_eq!(
+        inside(base, Path::new("day/t.jsonl")).unwrap(),
+        base.join("day/t.jsonl")
+    );
+    assert_eq!(
+        inside(base, Path::new("/var/lib/radixgate/x.jsonl")).unwrap(),
+        base.join("x.jsonl")
+    );
+    for bad in [
+        "../t.jsonl",
+        "a/../../t.jsonl",
+        "/etc/passwd",
+        "/var/lib/radixgate-other/x",
+        "",
+        "/",
+        "..",
+    ] {
+        assert!(inside(base, Path::new(bad)).is_err(), "{bad}");
+    }
+    // A relative admin dir takes relative paths only.
+    assert!(inside(Path::new("."), Path::new("/tmp/x")).is_err());
+    assert_eq!(
+        inside(Path::new("."), Path::new("x")).unwrap(),
+        Path::new("./x")
+    );
+}

@@ -1,0 +1,175 @@
+//! The recording's writer: one OS thread per recording that turns finished
+//! requests into lines and appends them to the file, rotating it by size.
+//!
+//! It runs on its own thread because file writes block; nothing on the
+//! request path ever waits for it (the queue in front of it is bounded and
+//! a full queue drops, see `record.rs`). It writes through a buffer and
+//! flushes whenever the queue runs empty, so a line reaches the file soon
+//! after its request ended without a system call per line under load. It
+//! ends when every sender is gone (the recording was stopped or replaced,
+//! or the gateway shut down), after writing what was queued.
+//!
+//! Rotation: before a line that would take the file past `max_bytes` (when
+//! the file is not empty), `FILE.{keep-1}` … `FILE.1` move up one,
+//! `FILE` becomes `FILE.1`, and a new `FILE` starts; with `keep` 0 the full
+//! file is deleted instead. A recording appends to an existing `FILE`.
+//!
+//! A write error is logged once per recording (then only counted) and the
+//! line is lost; the next line tries again. A failed rotation is counted
+//! the same way, and lines keep going to the file in hand.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
+
+use super::line::{self, Finished, Salt};
+use super::{RecordMetrics, Settings};
+
+/// The figures of one recording, read by `GET /record_trace`.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    /// Lines written.
+    pub(super) lines: AtomicU64,
+    /// Requests dropped because the queue was full.
+    pub(super) dropped: AtomicU64,
+    /// Lines lost to write errors.
+    pub(super) write_errors: AtomicU64,
+    /// Rotations done.
+    pub(super) rotations: AtomicU64,
+}
+
+/// Where a model's characters per token come from (the routing
+/// correction's learned rates; `None` before the first answer).
+pub(super) type Rates = Box<dyn Fn(&str) -> Option<f64> + Send>;
+
+/// Everything the writer thread owns.
+pub(super) struct Writer {
+    pub(super) settings: Settings,
+    pub(super) file: BufWriter<File>,
+    /// Bytes in the current file.
+    pub(super) size: u64,
+    pub(super) salt: Salt,
+    pub(super) rates: Rates,
+    /// Each model's block size in characters, fixed when the model is
+    /// first recorded (so its block boundaries never move).
+    pub(super) blocks: HashMap<String, usize>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) metrics: Arc<RecordMetrics>,
+    /// Routing-text bytes queued; released as each line is handled.
+    pub(super) queued_bytes: Arc<AtomicUsize>,
+    /// Whether a write error was already logged.
+    pub(super) warned: bool,
+}
+
+/// Opens `path` for appending (creating it), with its current size.
+pub(super) fn open(path: &Path) -> std::io::Result<(BufWriter<File>, u64)> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let size = file.metadata()?.len();
+    Ok((BufWriter::with_capacity(64 * 1024, file), size))
+}
+
+impl Writer {
+    /// Handles lines until every sender is gone.
+    pub(super) fn run(mut self, rx: Receiver<Finished>) {
+        while let Ok(first) = rx.recv() {
+            self.handle(first);
+            while let Ok(next) = rx.try_recv() {
+                self.handle(next);
+            }
+            if let Err(err) = self.file.flush() {
+                self.failed(&err);
+            }
+        }
+        if let Err(err) = self.file.flush() {
+            self.failed(&err);
+        }
+    }
+
+    fn handle(&mut self, f: Finished) {
+        self.queued_bytes.fetch_sub(f.text.len(), Ordering::Relaxed);
+        let model = f.model.as_deref().unwrap_or("");
+        let rate = (self.rates)(model);
+        let block_chars = *self
+            .blocks
+            .entry(model.to_owned())
+            .or_insert_with(|| line::block_chars(rate));
+        let line = line::line(
+            &self.salt,
+            &f,
+            block_chars,
+            rate.unwrap_or(line::DEFAULT_CHARS_PER_TOKEN),
+        );
+        let mut bytes = match serde_json::to_vec(&line) {
+            Ok(b) => b,
+            Err(err) => return self.failed(&std::io::Error::other(err)),
+        };
+        bytes.push(b'\n');
+        let max = self.settings.max_bytes;
+        if max > 0
+            && self.size > 0
+            && self.size + bytes.len() as u64 > max
+            && let Err(err) = self.rotate()
+        {
+            // The line still goes to the file in hand; the next rotation is
+            // tried after another `max_bytes`, not at once.
+            self.failed(&err);
+            self.size = 0;
+        }
+        match self.file.write_all(&bytes) {
+            Ok(()) => {
+                self.size += bytes.len() as u64;
+                self.counters.lines.fetch_add(1, Ordering::Relaxed);
+                self.metrics.lines.add(1);
+            }
+            Err(err) => self.failed(&err),
+        }
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        self.file.flush()?;
+        let path = &self.settings.path;
+        let keep = self.settings.keep;
+        if keep == 0 {
+            std::fs::remove_file(path)?;
+        } else {
+            for k in (1..keep).rev() {
+                match std::fs::rename(rotated(path, k), rotated(path, k + 1)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+            std::fs::rename(path, rotated(path, 1))?;
+        }
+        let (file, size) = open(path)?;
+        self.file = file;
+        self.size = size;
+        self.counters.rotations.fetch_add(1, Ordering::Relaxed);
+        self.metrics.rotations.add(1);
+        Ok(())
+    }
+
+    fn failed(&mut self, err: &std::io::Error) {
+        self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+        self.metrics.write_errors.add(1);
+        if !self.warned {
+            self.warned = true;
+            tracing::warn!(
+                path = %self.settings.path.display(),
+                error = %err,
+                "cannot write the trace recording; lines are lost until writes succeed \
+                 (counted in radixgate_record_trace_write_errors_total)"
+            );
+        }
+    }
+}
+
+/// `FILE.k`.
+pub(super) fn rotated(path: &Path, k: u32) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{k}"));
+    PathBuf::from(name)
+}
