@@ -35,6 +35,7 @@ mod state;
 pub mod stream;
 mod sync;
 pub mod tenants;
+pub mod trace;
 mod upkeep;
 pub mod upstream;
 pub mod usage;

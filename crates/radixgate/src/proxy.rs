@@ -116,7 +116,8 @@ async fn forward(
     };
     // Over a tenant's limit: refused before its body is read.
     let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    let spans = crate::trace::RequestSpans::take(&mut parts.extensions);
     let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
     let request = endpoint.inspect(&bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
@@ -162,6 +163,7 @@ async fn forward(
         endpoint,
         started,
         request.routing_text,
+        spans,
     ))
 }
 
@@ -197,6 +199,8 @@ struct Answer {
     /// When the answering attempt was sent (the first token's wait is
     /// counted from it).
     sent: tokio::time::Instant,
+    /// The answering attempt's spans.
+    trace: crate::trace::Attempt,
 }
 
 /// Most bytes of a worker's error body read for its message.
@@ -256,6 +260,7 @@ async fn attempts(
     // Behind a preamble, the watch finds the first token (see `respond`).
     let first_event_is_token = target.endpoint.preamble().is_none();
     loop {
+        let deciding = crate::trace::Deciding::start();
         let routed = if target.endpoint.by_load() {
             shared
                 .router
@@ -275,6 +280,7 @@ async fn attempts(
         } = match routed {
             Ok(routed) => routed,
             Err(err) => {
+                deciding.failed(&err);
                 return Err(match last_failure {
                     // No untried worker is left: report what the last
                     // attempt saw, not the empty pool.
@@ -286,6 +292,7 @@ async fn attempts(
                 });
             }
         };
+        deciding.decided(&decision, tried.len());
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
         let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
@@ -300,6 +307,7 @@ async fn attempts(
         let last_attempt = tried.len() as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
+        let mut traced = crate::trace::Attempt::start(worker.url(), target.path, tried.len());
         let attempt = async {
             let response = send(
                 state,
@@ -308,6 +316,7 @@ async fn attempts(
                 client_headers,
                 peer,
                 bytes.clone(),
+                &traced,
             )
             .await?;
             prime(response, worker.url()).await
@@ -326,6 +335,7 @@ async fn attempts(
         let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
+                traced.answered(status.as_u16());
                 shared.outliers.sample(worker.id(), sent.elapsed());
                 if status.is_success()
                     && is_event_stream(response.headers())
@@ -362,6 +372,7 @@ async fn attempts(
                         model,
                         probe: Some(probe),
                         sent,
+                        trace: traced,
                     });
                 }
                 shared
@@ -377,6 +388,7 @@ async fn attempts(
                         model,
                         probe: None,
                         sent,
+                        trace: traced,
                     });
                 }
                 let (message, _) = error_message(response, deadline).await;
@@ -402,6 +414,7 @@ async fn attempts(
             }
         };
         record(&worker, probe, Outcome::Failure);
+        traced.failed(retry::reason(&failure), &failure);
         if last_attempt || !failure.retryable() {
             let attempts = tried.len() as u32 + 1;
             return Err(if attempts > 1 {
@@ -606,11 +619,13 @@ async fn send(
     client_headers: &HeaderMap,
     peer: Option<IpAddr>,
     body: Bytes,
+    traced: &crate::trace::Attempt,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
     let gateway_has_key = !state.shared.tenants.load().is_open();
-    let headers =
+    let mut headers =
         upstream::request_headers(client_headers, worker.api_key(), gateway_has_key, peer);
+    traced.inject(&mut headers);
     state
         .forwarder
         .post(worker.url(), path, headers, body)
@@ -630,6 +645,7 @@ fn respond(
     endpoint: Endpoint,
     started: Instant,
     routing_text: String,
+    spans: crate::trace::RequestSpans,
 ) -> Response {
     let Answer {
         response,
@@ -637,6 +653,7 @@ fn respond(
         model,
         probe,
         sent,
+        trace,
     } = answer;
     let status = response.status();
     // The worker's content type decides, not the client's `stream` flag: a
@@ -677,6 +694,7 @@ fn respond(
         model,
         status: status.as_u16(),
         started,
+        trace: crate::trace::RequestTrace::new(spans, trace),
     };
     // Checked: a timeout too far away for the clock is no deadline at all
     // (validation keeps it within a day; this is the second line).
@@ -728,6 +746,8 @@ struct RequestWatch {
     model: Option<String>,
     status: u16,
     started: Instant,
+    /// The request's and the answering attempt's spans, to its end.
+    trace: crate::trace::RequestTrace,
 }
 
 /// What a response needs for the routing correction.
@@ -811,6 +831,7 @@ impl StreamWatch for RequestWatch {
     }
 
     fn data(&mut self, bytes: &[u8]) {
+        self.trace.data(bytes);
         if let Some(c) = self.correction.as_mut() {
             c.tail.push(bytes);
         }
@@ -823,6 +844,8 @@ impl StreamWatch for RequestWatch {
     }
 
     fn finish(mut self, end: StreamEnd) {
+        self.trace.end(end);
+        let _in_request = self.trace.enter();
         let metrics = &self.shared.request_metrics;
         // Whatever the end: a body of known length is dropped once its last
         // byte passed (never read to its end), and a complete usage object

@@ -16,6 +16,7 @@ mod discovery;
 mod kv_events;
 mod routing;
 mod sync;
+mod telemetry;
 mod tenants;
 mod validate;
 
@@ -27,6 +28,7 @@ pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 /// models?}`. Re-exported here because it is part of this schema.
 pub use radixgate_routing::WorkerSpec;
 pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
+pub use telemetry::{MAX_REQUEST_ID_HEADERS, TracingConfig, otlp_traces_url};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
     MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_OUTLIER_FACTOR, MAX_PAYLOAD_SIZE, MAX_REQUESTS,
@@ -72,6 +74,8 @@ pub struct Config {
     pub kv_events: KvEventsConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Request ids and OpenTelemetry trace export.
+    pub tracing: TracingConfig,
 }
 
 /// The listening socket and request limits.

@@ -81,6 +81,7 @@ impl Config {
         self.discovery.validate()?;
         self.sync.validate()?;
         self.kv_events.validate()?;
+        self.tracing.validate()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",
