@@ -31,7 +31,9 @@
 //! metrics. The body's bytes (and so their budget) are released when the
 //! attempts are over. The request path owns its metric families
 //! ([`RequestMetrics`], in `proxy/metrics.rs`); admission counts its own
-//! refusals.
+//! refusals. The request's spans (`crate::trace`: the decision, each
+//! attempt, its first byte, the stream) are one call at each step; without
+//! trace export they are disabled and cost a check each.
 //!
 //! [`Router::select`]: radixgate_routing::Router::select
 

@@ -93,12 +93,23 @@ impl Serve {
     }
 
     /// Sends SIGTERM (with `kill`, to this process's id) and waits for it
-    /// to exit; returns whether it exited with success.
+    /// to exit; returns whether it exited with success. Panics (after
+    /// killing it) if it is still running 60 s later: a hang guard.
     pub fn terminate(&mut self) -> bool {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(sent.success(), "kill -TERM {pid}");
-        self.child.wait().unwrap().success()
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("still running 60 s after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Lines read so far and any that arrive within `wait`.
