@@ -279,19 +279,11 @@ async fn spans_nest_under_the_clients_traceparent() {
     // Nothing else was exported (no probe or scrape spans), and under the
     // configured service name.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(
-        receiver.spans.lock().len(),
-        15,
-        "{:?}",
-        names(&receiver.spans.lock())
-    );
-    assert!(
-        receiver
-            .services
-            .lock()
-            .iter()
-            .all(|s| s == "router-under-test")
-    );
+    // A copy: the receiver's lock is not held while a message is formatted.
+    let all = receiver.spans.lock().clone();
+    assert_eq!(all.len(), 15, "{:?}", names(&all));
+    let services = receiver.services.lock().clone();
+    assert!(!services.is_empty() && services.iter().all(|s| s == "router-under-test"));
 }
 
 fn decode(hex: &str) -> Vec<u8> {
@@ -306,15 +298,15 @@ async fn spans_still_queued_at_shutdown_are_exported() {
     let (receiver, collector) = Receiver::start().await;
     let w = sim_worker(fast_worker()).await;
     let t = tap(&w.url).await;
-    let (mut serve, base) =
-        Serve::start(&["--worker-urls", &t.url, "--otlp-endpoint", &collector]);
+    let (mut serve, base) = Serve::start(&["--worker-urls", &t.url, "--otlp-endpoint", &collector]);
     wait_for_healthy(&base, 1).await;
     let sent = send(&base, &t, None, false).await;
     // At once, within the batch delay: the spans are still queued.
     assert!(serve.terminate(), "a clean exit");
-    assert_eq!(receiver.spans.lock().len(), 5, "{:?}", names(&receiver.spans.lock()));
-    let trace_id = sent.worker_traceparent.split('-').nth(1).unwrap().to_owned();
-    assert!(receiver.spans.lock().iter().all(|s| hex(&s.trace_id) == trace_id));
+    let all = receiver.spans.lock().clone();
+    assert_eq!(all.len(), 5, "{:?}", names(&all));
+    let trace_id = sent.worker_traceparent.split('-').nth(1).unwrap();
+    assert!(all.iter().all(|s| hex(&s.trace_id) == trace_id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,7 +82,7 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Exports what is still queued (waiting at most a few seconds), then
+    /// Exports what is still queued (waiting at most 5 s, the SDK's), then
     /// stops the exporter. Call it from the runtime given to [`init`]: the
     /// last posts run there.
     pub async fn shutdown(self) {
