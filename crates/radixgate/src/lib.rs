@@ -37,6 +37,7 @@ mod state;
 pub mod stream;
 mod sync;
 pub mod tenants;
+pub mod trace;
 mod upkeep;
 pub mod upstream;
 pub mod usage;

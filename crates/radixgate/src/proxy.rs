@@ -33,6 +33,9 @@
 //! ([`RequestMetrics`], in `proxy/metrics.rs`); admission counts its own
 //! refusals. While a trace recording runs, the end of the stream also
 //! hands the request to it ([`crate::record`], one call that never waits).
+//! The request's spans (`crate::trace`: the decision, each attempt, its
+//! first byte, the stream) are one call at each step; without trace export
+//! they are disabled and cost a check each.
 //!
 //! [`Router::select`]: radixgate_routing::Router::select
 
@@ -117,7 +120,8 @@ async fn forward(
     };
     // Over a tenant's limit: refused before its body is read.
     let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    let spans = crate::trace::RequestSpans::take(&mut parts.extensions);
     let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
     let request = endpoint.inspect(&bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
@@ -163,6 +167,7 @@ async fn forward(
         endpoint,
         started,
         request.routing_text,
+        spans,
     ))
 }
 
@@ -198,6 +203,8 @@ struct Answer {
     /// When the answering attempt was sent (the first token's wait is
     /// counted from it).
     sent: tokio::time::Instant,
+    /// The answering attempt's spans.
+    trace: crate::trace::Attempt,
 }
 
 /// Most bytes of a worker's error body read for its message.
@@ -257,6 +264,7 @@ async fn attempts(
     // Behind a preamble, the watch finds the first token (see `respond`).
     let first_event_is_token = target.endpoint.preamble().is_none();
     loop {
+        let deciding = crate::trace::Deciding::start();
         let routed = if target.endpoint.by_load() {
             shared
                 .router
@@ -276,6 +284,7 @@ async fn attempts(
         } = match routed {
             Ok(routed) => routed,
             Err(err) => {
+                deciding.failed(&err);
                 return Err(match last_failure {
                     // No untried worker is left: report what the last
                     // attempt saw, not the empty pool.
@@ -287,6 +296,7 @@ async fn attempts(
                 });
             }
         };
+        deciding.decided(&decision, tried.len());
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
         let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
@@ -301,6 +311,7 @@ async fn attempts(
         let last_attempt = tried.len() as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
+        let mut traced = crate::trace::Attempt::start(worker.url(), target.path, tried.len());
         let attempt = async {
             let response = send(
                 state,
@@ -309,6 +320,7 @@ async fn attempts(
                 client_headers,
                 peer,
                 bytes.clone(),
+                &traced,
             )
             .await?;
             prime(response, worker.url()).await
@@ -327,6 +339,7 @@ async fn attempts(
         let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
+                traced.answered(status.as_u16());
                 shared.outliers.sample(worker.id(), sent.elapsed());
                 if status.is_success()
                     && is_event_stream(response.headers())
@@ -363,6 +376,7 @@ async fn attempts(
                         model,
                         probe: Some(probe),
                         sent,
+                        trace: traced,
                     });
                 }
                 shared
@@ -378,6 +392,7 @@ async fn attempts(
                         model,
                         probe: None,
                         sent,
+                        trace: traced,
                     });
                 }
                 let (message, _) = error_message(response, deadline).await;
@@ -403,6 +418,7 @@ async fn attempts(
             }
         };
         record(&worker, probe, Outcome::Failure);
+        traced.failed(retry::reason(&failure), &failure);
         if last_attempt || !failure.retryable() {
             let attempts = tried.len() as u32 + 1;
             return Err(if attempts > 1 {
@@ -607,11 +623,13 @@ async fn send(
     client_headers: &HeaderMap,
     peer: Option<IpAddr>,
     body: Bytes,
+    traced: &crate::trace::Attempt,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
     let gateway_has_key = !state.shared.tenants.load().is_open();
-    let headers =
+    let mut headers =
         upstream::request_headers(client_headers, worker.api_key(), gateway_has_key, peer);
+    traced.inject(&mut headers);
     state
         .forwarder
         .post(worker.url(), path, headers, body)
@@ -631,6 +649,7 @@ fn respond(
     endpoint: Endpoint,
     started: Instant,
     routing_text: String,
+    spans: crate::trace::RequestSpans,
 ) -> Response {
     let Answer {
         response,
@@ -638,6 +657,7 @@ fn respond(
         model,
         probe,
         sent,
+        trace,
     } = answer;
     let status = response.status();
     // The worker's content type decides, not the client's `stream` flag: a
@@ -697,6 +717,7 @@ fn respond(
         model,
         status: status.as_u16(),
         started,
+        trace: crate::trace::RequestTrace::new(spans, trace),
     };
     // Checked: a timeout too far away for the clock is no deadline at all
     // (validation keeps it within a day; this is the second line).
@@ -756,6 +777,8 @@ struct RequestWatch {
     model: Option<String>,
     status: u16,
     started: Instant,
+    /// The request's and the answering attempt's spans, to its end.
+    trace: crate::trace::RequestTrace,
 }
 
 /// What a response needs for the routing correction.
@@ -841,6 +864,7 @@ impl StreamWatch for RequestWatch {
     }
 
     fn data(&mut self, bytes: &[u8]) {
+        self.trace.data(bytes);
         if let Some(tail) = self.tail.as_mut() {
             tail.push(bytes);
         }
@@ -856,6 +880,8 @@ impl StreamWatch for RequestWatch {
     }
 
     fn finish(mut self, end: StreamEnd) {
+        self.trace.end(end);
+        let _in_request = self.trace.enter();
         let metrics = &self.shared.request_metrics;
         // Whatever the end: a body of known length is dropped once its last
         // byte passed (never read to its end), and a complete usage object

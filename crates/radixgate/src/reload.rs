@@ -25,9 +25,9 @@
 //!   unchanged keeps what it has already spent.
 //!
 //! Everything else (the listening address and port, threads, body limit,
-//! timeouts, health, retry, breaker, admission, metrics, log settings)
-//! takes a restart: a reload that changes it says so in a WARN line and
-//! keeps the running value.
+//! timeouts, health, retry, breaker, admission, metrics, log and tracing
+//! settings) takes a restart: a reload that changes it says so in a WARN
+//! line and keeps the running value.
 //!
 //! Concurrency: one task applies reloads, one at a time, in order; it only
 //! sends commands to the control task and stores into `ArcSwap`s, so the
@@ -285,6 +285,7 @@ fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
         ("metrics", new.metrics != running.metrics),
         ("discovery", new.discovery != running.discovery),
         ("log", new.log != running.log),
+        ("tracing", new.tracing != running.tracing),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))

@@ -156,6 +156,12 @@ fn routes(state: Arc<AppState>) -> Router {
             .into_response()
         })
         .method_not_allowed_fallback(method_not_allowed)
+        // Every answer, the router's own errors included, carries the
+        // request's id; every request runs in its spans.
+        .layer(axum::middleware::from_fn_with_state(
+            crate::trace::request_id::RequestIds::new(state.shared.config.tracing.header_names()),
+            crate::trace::request_id::layer,
+        ))
         .with_state(state)
 }
 

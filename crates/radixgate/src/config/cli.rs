@@ -264,6 +264,26 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_LOG_JSON")]
     pub log_json: bool,
 
+    /// Client headers a request id is taken from, first valid one wins
+    /// (comma-separated, or repeat the flag); without one the router makes
+    /// one. It reaches the worker and the client as x-request-id
+    /// [default: x-request-id,x-correlation-id,x-trace-id,request-id].
+    #[arg(
+        long,
+        num_args = 1..,
+        env = "RADIXGATE_REQUEST_ID_HEADERS",
+        value_delimiter = ','
+    )]
+    pub request_id_headers: Vec<String>,
+    /// Export spans to this OpenTelemetry collector over OTLP/HTTP, e.g.
+    /// http://127.0.0.1:4318 (/v1/traces is added to a URL without a
+    /// path); unset = no export.
+    #[arg(long, env = "RADIXGATE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// The service.name of exported spans [default: radixgate].
+    #[arg(long, env = "RADIXGATE_OTLP_SERVICE_NAME", value_name = "NAME")]
+    pub otlp_service_name: Option<String>,
+
     /// Replica sync over NATS.
     #[command(flatten)]
     pub sync: SyncArgs,
@@ -577,6 +597,14 @@ impl ServeArgs {
         if self.log_json {
             config.log.json = true;
         }
+        let t = &mut config.tracing;
+        if !self.request_id_headers.is_empty() {
+            t.request_id_headers = self.request_id_headers.clone();
+        }
+        if self.otlp_endpoint.is_some() {
+            t.otlp_endpoint = self.otlp_endpoint.clone();
+        }
+        set(&mut t.service_name, &self.otlp_service_name);
         Ok(())
     }
 

@@ -17,6 +17,7 @@ mod kv_events;
 mod record;
 mod routing;
 mod sync;
+mod telemetry;
 mod tenants;
 mod validate;
 
@@ -29,6 +30,7 @@ pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 pub use radixgate_routing::WorkerSpec;
 pub use record::{MAX_RECORD_KEEP, RecordTraceConfig};
 pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
+pub use telemetry::{MAX_REQUEST_ID_HEADERS, TracingConfig, otlp_traces_url};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
     MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_OUTLIER_FACTOR, MAX_PAYLOAD_SIZE, MAX_REQUESTS,
@@ -76,6 +78,8 @@ pub struct Config {
     pub record_trace: RecordTraceConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Request ids and OpenTelemetry trace export.
+    pub tracing: TracingConfig,
 }
 
 /// The listening socket and request limits.

@@ -82,6 +82,7 @@ impl Config {
         self.sync.validate()?;
         self.kv_events.validate()?;
         self.record_trace.validate()?;
+        self.tracing.validate()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",

@@ -6,6 +6,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod process;
+pub mod tap;
+
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;

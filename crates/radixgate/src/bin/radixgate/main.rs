@@ -80,13 +80,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve(args) => {
             let config = args.load().context("invalid configuration")?;
-            init_logs(&config.log.level, config.log.json);
             // Requests are served on the gateway's own threads; this
-            // runtime only runs probes, control and upkeep.
-            tokio::runtime::Builder::new_current_thread()
+            // runtime only runs probes, control, upkeep and span export.
+            let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .build()?
-                .block_on(serve(*args, config))?;
+                .build()?;
+            let telemetry = radixgate::trace::init(
+                logs(&config.log.level, config.log.json),
+                Some((&config.tracing, runtime.handle().clone())),
+            )?;
+            runtime.block_on(async {
+                let served = serve(*args, config).await;
+                telemetry.shutdown().await;
+                served
+            })?;
         }
         #[cfg(feature = "sim")]
         Command::Load(args) => radixgate_sim::load::main(*args)?,
@@ -174,21 +181,23 @@ async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
-fn init_logs(level: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(colour(
+/// Log lines on stderr at `level` (`RUST_LOG` overrides it).
+fn logs(level: &str, json: bool) -> radixgate::trace::Logs<'_> {
+    radixgate::trace::Logs {
+        level,
+        json,
+        ansi: colour(
             std::io::IsTerminal::is_terminal(&std::io::stderr()),
             std::env::var_os("NO_COLOR").as_deref(),
-        ))
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+        ),
     }
+}
+
+/// Logs only, for the subcommands other than `serve`.
+#[cfg(feature = "sim")]
+fn init_logs(level: &str, json: bool) {
+    // Only fails if a subscriber is already installed: keep that one.
+    let _ = radixgate::trace::init(logs(level, json), None);
 }
 
 /// Whether logs are coloured: only on a terminal, and not when `NO_COLOR`

@@ -1,0 +1,205 @@
+//! Every request's id, and the spans around its handling.
+//!
+//! The id is the first of the client's `tracing.request_id_headers` that is
+//! present with a valid value (1 to [`MAX_REQUEST_ID_LEN`] visible ASCII
+//! characters, so it is safe in a header and in a log line), else a fresh
+//! one: 32 random hex digits. A client's id that is not valid is replaced,
+//! never refused: an id is for finding a request, not a reason to fail it.
+//! Whichever it is, the worker gets it as `x-request-id` (replacing the
+//! client's own, which is otherwise passed on like any header) and the
+//! client gets it back as `x-request-id` on every answer, the router's own
+//! errors included.
+//!
+//! The middleware wraps every route, and makes the request's spans
+//! ([`super::RequestSpans`]): the log span `request{request_id=…}` always,
+//! and with export on the exported `receive` span, whose parent is the
+//! client's `traceparent` when it sent a valid one.
+
+use super::{OTEL_TARGET, REQUEST_TARGET, RequestSpans};
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::Status;
+use std::sync::Arc;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The header the id goes to the worker and back to the client in.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client-supplied id kept, in bytes: room for a UUID (36), a W3C
+/// trace id (32) or an AWS `X-Amzn-Trace-Id` (about 80).
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Paths whose requests get no exported span: probes and scrapes, which
+/// would otherwise fill a trace store with one trace every few seconds.
+const UNTRACED: [&str; 4] = ["/health", "/readiness", "/liveness", "/metrics"];
+
+/// Where ids are read from (the configured header names).
+#[derive(Debug)]
+pub struct RequestIds {
+    headers: Box<[HeaderName]>,
+}
+
+impl RequestIds {
+    /// Reads ids from `headers`, in that order.
+    pub fn new(headers: Vec<HeaderName>) -> Arc<Self> {
+        Arc::new(Self {
+            headers: headers.into_boxed_slice(),
+        })
+    }
+
+    /// The request's id: the first valid client one, else a fresh one.
+    pub fn pick(&self, headers: &axum::http::HeaderMap) -> HeaderValue {
+        self.headers
+            .iter()
+            .filter_map(|name| headers.get(name))
+            .find(|value| valid(value))
+            .cloned()
+            .unwrap_or_else(fresh)
+    }
+}
+
+/// 1 to [`MAX_REQUEST_ID_LEN`] visible ASCII characters (no spaces or
+/// control characters).
+pub fn valid(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_REQUEST_ID_LEN
+        && bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+/// A fresh id: 128 random bits as 32 lower-case hex digits.
+pub fn fresh() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits: u128 = rand::random();
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// The middleware: picks the id, sets it on the request, runs the rest of
+/// the router inside the request's spans, and sets it on the answer.
+pub async fn layer(State(ids): State<Arc<RequestIds>>, mut req: Request, next: Next) -> Response {
+    let id = ids.pick(req.headers());
+    req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
+    // Valid ids are visible ASCII, so this never falls back.
+    let shown = id.to_str().unwrap_or_default();
+    let receive = receive_span(&req, shown);
+    let request = tracing::error_span!(
+        target: REQUEST_TARGET,
+        parent: &receive,
+        "request",
+        request_id = %shown
+    );
+    let spans = RequestSpans {
+        request: request.clone(),
+        receive: receive.clone(),
+    };
+    req.extensions_mut().insert(spans);
+    let mut response = next
+        .run(req)
+        .instrument(request)
+        .instrument(receive.clone())
+        .await;
+    if !receive.is_disabled() {
+        let status = response.status();
+        receive.set_attribute("http.response.status_code", i64::from(status.as_u16()));
+        if status.is_server_error() {
+            receive.set_status(Status::error(status.to_string()));
+        }
+    }
+    response.headers_mut().insert(REQUEST_ID_HEADER, id);
+    response
+}
+
+/// The exported server span of a request, child of the client's
+/// `traceparent` when it sent a valid one; disabled without export and for
+/// probes and scrapes.
+fn receive_span(req: &Request, id: &str) -> tracing::Span {
+    if !super::exporting() || UNTRACED.contains(&req.uri().path()) {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(target: OTEL_TARGET, "receive", otel.kind = "server");
+    let client = opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .extract(&opentelemetry_http::HeaderExtractor(req.headers()));
+    // Before the span is first entered: after that its parent is fixed.
+    let _ = span.set_parent(client);
+    span.set_attribute("request_id", id.to_owned());
+    span.set_attribute("http.request.method", req.method().as_str().to_owned());
+    span.set_attribute("url.path", req.uri().path().to_owned());
+    span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderMap;
+
+    fn ids() -> Arc<RequestIds> {
+        RequestIds::new(
+            ["x-request-id", "x-correlation-id"]
+                .map(HeaderName::from_static)
+                .to_vec(),
+        )
+    }
+
+    #[test]
+    fn the_first_valid_client_id_wins() {
+        let mut h = HeaderMap::new();
+        h.insert("x-correlation-id", HeaderValue::from_static("corr-1"));
+        assert_eq!(ids().pick(&h), "corr-1");
+        h.insert("x-request-id", HeaderValue::from_static("req-1"));
+        assert_eq!(ids().pick(&h), "req-1");
+        // A bad first one falls through to the next valid one.
+        h.insert("x-request-id", HeaderValue::from_static("has space"));
+        assert_eq!(ids().pick(&h), "corr-1");
+    }
+
+    #[test]
+    fn invalid_or_missing_ids_are_replaced_by_fresh_ones() {
+        let long = "a".repeat(MAX_REQUEST_ID_LEN + 1);
+        for bad in ["", "has space", "tab\there", long.as_str(), "caf\u{e9}"] {
+            let mut h = HeaderMap::new();
+            let Ok(value) = HeaderValue::from_str(bad) else {
+                continue;
+            };
+            h.insert("x-request-id", value);
+            let id = ids().pick(&h);
+            assert_ne!(id.as_bytes(), bad.as_bytes(), "{bad:?} kept");
+            assert_eq!(id.len(), 32);
+        }
+        let ok = "a".repeat(MAX_REQUEST_ID_LEN);
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_str(&ok).unwrap());
+        assert_eq!(ids().pick(&h), ok.as_str());
+    }
+
+    #[test]
+    fn fresh_ids_are_32_hex_digits_and_differ() {
+        let a = fresh();
+        let b = fresh();
+        assert_ne!(a, b);
+        for id in [a, b] {
+            let text = id.to_str().unwrap();
+            assert_eq!(text.len(), 32, "{text}");
+            assert!(
+                text.bytes()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            );
+            assert!(valid(&id));
+        }
+    }
+
+    #[test]
+    fn no_headers_configured_means_always_fresh() {
+        let none = RequestIds::new(Vec::new());
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_static("req-1"));
+        assert_ne!(none.pick(&h), "req-1");
+    }
+}

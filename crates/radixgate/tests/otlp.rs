@@ -1,0 +1,364 @@
+//! OpenTelemetry export against a real OTLP/HTTP receiver on loopback: the
+//! `radixgate serve` binary with `--otlp-endpoint` posts its spans to a
+//! receiver started here, which decodes them with the protocol's own
+//! types (`opentelemetry-proto`); the worker is a real simulated worker
+//! behind a tap that records what it was sent. Checked: the span tree and
+//! its parent (the client's `traceparent`), the decision's explanation as
+//! attributes, the `traceparent` the worker got, a streamed and a whole
+//! answer; without export, the client's headers pass unchanged; and a dead
+//! collector breaks no request and is logged once.
+
+mod common;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use common::process::{Serve, free_port};
+use common::tap::tap;
+use common::*;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use parking_lot::Mutex;
+use prost::Message;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// A real OTLP/HTTP trace receiver: `POST /v1/traces` with a protobuf
+/// `ExportTraceServiceRequest`; keeps every span and the service names.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Span>>>,
+    services: Arc<Mutex<Vec<String>>>,
+}
+
+impl Receiver {
+    async fn start() -> (Self, String) {
+        let receiver = Self::default();
+        let app = Router::new()
+            .route("/v1/traces", post(accept))
+            .with_state(receiver.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (receiver, url)
+    }
+
+    /// The spans of trace `trace_id` once `n` of them have arrived.
+    async fn trace(&self, trace_id: &[u8], n: usize) -> Vec<Span> {
+        let of = |spans: &[Span]| -> Vec<Span> {
+            spans
+                .iter()
+                .filter(|s| s.trace_id == trace_id)
+                .cloned()
+                .collect()
+        };
+        wait_until(&format!("{n} spans of trace {}", hex(trace_id)), || async {
+            of(&self.spans.lock()).len() >= n
+        })
+        .await;
+        of(&self.spans.lock())
+    }
+}
+
+async fn accept(State(r): State<Receiver>, body: Bytes) -> axum::response::Response {
+    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+    for resource in request.resource_spans {
+        for kv in resource.resource.iter().flat_map(|r| &r.attributes) {
+            if kv.key == "service.name" {
+                r.services.lock().push(text(kv.value.as_ref()));
+            }
+        }
+        for scope in resource.scope_spans {
+            r.spans.lock().extend(scope.spans);
+        }
+    }
+    axum::response::Response::builder()
+        .header("content-type", "application/x-protobuf")
+        .body(ExportTraceServiceResponse::default().encode_to_vec().into())
+        .unwrap()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn text(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::IntValue(i)) => i.to_string(),
+        Some(Any::DoubleValue(d)) => d.to_string(),
+        Some(Any::BoolValue(b)) => b.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A span's attribute, as text; empty when absent.
+fn attr(span: &Span, key: &str) -> String {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| text(kv.value.as_ref()))
+        .unwrap_or_default()
+}
+
+/// The one span named `name`.
+fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+    assert_eq!(found.len(), 1, "one {name} span in {:#?}", names(spans));
+    found[0]
+}
+
+fn names(spans: &[Span]) -> Vec<&str> {
+    spans.iter().map(|s| s.name.as_str()).collect()
+}
+
+/// What one request came back with.
+struct Sent {
+    id: String,
+    decision: String,
+    worker_traceparent: String,
+    worker_tracestate: Option<String>,
+}
+
+/// Sends a chat request through `base` with `traceparent` (if any) and a
+/// tracestate, reads the answer to its end, and returns what the worker
+/// behind `tap` was sent.
+async fn send(base: &str, tap: &common::tap::Tap, traceparent: Option<&str>, stream: bool) -> Sent {
+    let mut request = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat("the span tree, please", stream));
+    if let Some(parent) = traceparent {
+        request = request
+            .header("traceparent", parent)
+            .header("tracestate", "vendor=opaque1");
+    }
+    let r = request.send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let header = |name: &str| r.headers()[name].to_str().unwrap().to_owned();
+    let (id, decision) = (header("x-request-id"), header("x-radixgate-decision"));
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("\"error\""), "{body}");
+    Sent {
+        id,
+        decision,
+        worker_traceparent: tap
+            .last("traceparent")
+            .expect("a traceparent to the worker"),
+        worker_tracestate: tap.last("tracestate"),
+    }
+}
+
+/// The five spans of one request nest as documented, and the worker was
+/// told the attempt's span as its parent.
+fn check_tree(spans: &[Span], sent: &Sent, client_span: Option<&[u8]>, worker: &str, stream: bool) {
+    assert_eq!(spans.len(), 5, "{:?}", names(spans));
+    let receive = named(spans, "receive");
+    let decision = named(spans, "decision");
+    let attempt = named(spans, "attempt");
+    let first_byte = named(spans, "first_byte");
+    let body = named(spans, "stream");
+
+    // receive: the server span, under the client's span when it sent one.
+    assert_eq!(receive.kind, SpanKind::Server as i32);
+    match client_span {
+        Some(parent) => assert_eq!(receive.parent_span_id, parent),
+        None => assert!(
+            receive.parent_span_id.is_empty(),
+            "a root without a traceparent"
+        ),
+    }
+    assert_eq!(attr(receive, "request_id"), sent.id);
+    assert_eq!(attr(receive, "url.path"), "/v1/chat/completions");
+    assert_eq!(attr(receive, "http.response.status_code"), "200");
+
+    // decision: under receive, with the explanation the header gave.
+    assert_eq!(decision.parent_span_id, receive.span_id);
+    assert_eq!(attr(decision, "radixgate.decision"), sent.decision);
+    assert_eq!(attr(decision, "radixgate.worker"), worker);
+    assert_eq!(attr(decision, "radixgate.policy"), "cache_aware");
+    let branch = attr(decision, "radixgate.branch");
+    assert!(
+        sent.decision.contains(&format!("branch={branch}")) && !branch.is_empty(),
+        "{branch} vs {}",
+        sent.decision
+    );
+    for key in ["radixgate.match", "radixgate.load", "radixgate.available"] {
+        assert!(!attr(decision, key).is_empty(), "{key} on the decision");
+    }
+
+    // attempt: the client span under receive, and the worker's parent.
+    assert_eq!(attempt.parent_span_id, receive.span_id);
+    assert_eq!(attempt.kind, SpanKind::Client as i32);
+    assert_eq!(attr(attempt, "radixgate.worker"), worker);
+    assert_eq!(attr(attempt, "radixgate.retry"), "0");
+    assert_eq!(attr(attempt, "http.response.status_code"), "200");
+    assert_eq!(attr(attempt, "radixgate.outcome"), "complete");
+    assert_eq!(
+        sent.worker_traceparent,
+        format!("00-{}-{}-01", hex(&attempt.trace_id), hex(&attempt.span_id)),
+        "the worker's spans nest under the attempt"
+    );
+
+    // first_byte and stream: under the attempt, one after the other.
+    assert_eq!(first_byte.parent_span_id, attempt.span_id);
+    assert_eq!(body.parent_span_id, attempt.span_id);
+    assert_eq!(attr(body, "radixgate.outcome"), "complete");
+    assert!(
+        attr(body, "gen_ai.usage.input_tokens")
+            .parse::<u64>()
+            .unwrap()
+            > 0,
+        "stream={stream}: tokens from the usage"
+    );
+    // Each child within its parent (clock order, not durations).
+    for (child, parent) in [
+        (decision, receive),
+        (attempt, receive),
+        (first_byte, attempt),
+        (body, attempt),
+    ] {
+        assert!(
+            parent.start_time_unix_nano <= child.start_time_unix_nano
+                && child.end_time_unix_nano <= parent.end_time_unix_nano,
+            "{} outside {}",
+            child.name,
+            parent.name
+        );
+    }
+    assert!(first_byte.end_time_unix_nano <= body.start_time_unix_nano);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_nest_under_the_clients_traceparent() {
+    let (receiver, collector) = Receiver::start().await;
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let (_serve, base) = Serve::start(&[
+        "--worker-urls",
+        &t.url,
+        "--otlp-endpoint",
+        &collector,
+        "--otlp-service-name",
+        "router-under-test",
+    ]);
+    wait_for_healthy(&base, 1).await;
+    for (i, stream) in [false, true].into_iter().enumerate() {
+        let trace_id = format!("4bf92f3577b34da6a3ce929d0e0e47{i:02x}");
+        let client_span = "00f067aa0ba902b7";
+        let sent = send(
+            &base,
+            &t,
+            Some(&format!("00-{trace_id}-{client_span}-01")),
+            stream,
+        )
+        .await;
+        let trace = receiver.trace(&decode(&trace_id), 5).await;
+        check_tree(&trace, &sent, Some(&decode(client_span)), &t.url, stream);
+        // The client's tracestate goes on with the trace.
+        assert_eq!(sent.worker_tracestate.as_deref(), Some("vendor=opaque1"));
+    }
+
+    // No traceparent: the router starts the trace.
+    let sent = send(&base, &t, None, true).await;
+    let trace_id = sent
+        .worker_traceparent
+        .split('-')
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let trace = receiver.trace(&decode(&trace_id), 5).await;
+    check_tree(&trace, &sent, None, &t.url, true);
+    assert_eq!(sent.worker_tracestate, None);
+
+    // Nothing else was exported (no probe or scrape spans), and under the
+    // configured service name.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A copy: the receiver's lock is not held while a message is formatted.
+    let all = receiver.spans.lock().clone();
+    assert_eq!(all.len(), 15, "{:?}", names(&all));
+    let services = receiver.services.lock().clone();
+    assert!(!services.is_empty() && services.iter().all(|s| s == "router-under-test"));
+}
+
+fn decode(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_still_queued_at_shutdown_are_exported() {
+    let (receiver, collector) = Receiver::start().await;
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let (mut serve, base) = Serve::start(&["--worker-urls", &t.url, "--otlp-endpoint", &collector]);
+    wait_for_healthy(&base, 1).await;
+    let sent = send(&base, &t, None, false).await;
+    // At once, within the batch delay: the spans are still queued.
+    assert!(serve.terminate(), "a clean exit");
+    let all = receiver.spans.lock().clone();
+    assert_eq!(all.len(), 5, "{:?}", names(&all));
+    let trace_id = sent.worker_traceparent.split('-').nth(1).unwrap();
+    assert!(all.iter().all(|s| hex(&s.trace_id) == trace_id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_export_the_clients_trace_headers_pass_unchanged() {
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let gw = gateway_ready(config(&[&t.url]), 1).await;
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let sent = send(&gw.url, &t, Some(parent), true).await;
+    assert_eq!(sent.worker_traceparent, parent);
+    assert_eq!(sent.worker_tracestate.as_deref(), Some("vendor=opaque1"));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_collector_breaks_no_request_and_is_logged_once() {
+    let w = sim_worker(fast_worker()).await;
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let (mut serve, base) = Serve::start(&["--worker-urls", &w.url, "--otlp-endpoint", &dead]);
+    wait_for_healthy(&base, 1).await;
+    // Requests over several batch periods: every one is answered.
+    for i in 0..12 {
+        let r = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat(&format!("dead collector {i}"), i % 2 == 0))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let warned = serve.wait_for("OTLP span export failed");
+    assert!(
+        warned.contains("WARN") && warned.contains(&dead),
+        "{warned}"
+    );
+    // More failing batches later: still that one line.
+    for i in 0..4 {
+        let r = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat(&format!("still dead {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let seen = serve.drain(Duration::from_secs(4));
+    let warnings = seen
+        .iter()
+        .filter(|l| l.contains("OTLP span export failed"))
+        .count();
+    assert_eq!(warnings, 1, "{seen:#?}");
+}
