@@ -36,11 +36,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402
 import report  # noqa: E402
 from routers import PEERS, Router, _peer_module, _radixgate  # noqa: E402
-from run import MODEL, ROOT, HERE, ready_body, repo_relative, run_load, start_workers  # noqa: E402
+from run import ROOT, HERE, repo_relative, run_load, start_router, start_workers  # noqa: E402
 
 WORKER_PORT = 35100
 EVENT_PORT = 35300   # worker i publishes on EVENT_PORT + i (or the next free block)
-ROUTER_PORT = 35500
 
 APPROX = "routing:\n  policy: cache_aware\n  correction:\n    enabled: false\n"
 
@@ -77,25 +76,6 @@ def exact_router(binary: str, tokenizer: str, event_urls: dict[str, str]):
                 "--log-level", "warn", "--kv-events", "--tokenizer", tokenizer,
                 "--worker-urls", *urls]
     return cmd
-
-
-def start_router(router: Router, urls: list[str], tmp: str, log: str):
-    scratch = os.path.join(tmp, router.policy.replace(" ", "-").replace(",", ""))
-    os.makedirs(scratch, exist_ok=True)
-    for attempt in range(5):
-        port = procs.free_block(ROUTER_PORT + 10 * attempt, 2)
-        proc = procs.start(router.command(urls, port, scratch), log)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            procs.wait_http(url + "/v1/chat/completions", timeout=90, body=ready_body(),
-                            alive=proc)
-        except RuntimeError as err:
-            print(f"{router.name} on {port}: {err}; retrying", file=sys.stderr)
-            procs.stop(proc)
-            continue
-        time.sleep(1.0)
-        return proc, url, [port, port + 1]
-    raise RuntimeError(f"could not start {router.name}")
 
 
 def kv_series(url: str) -> dict[str, float]:
@@ -205,7 +185,8 @@ def main() -> int:
                     router = Router(router.name, router.policy,
                                     exact_router(binary, tokenizer, event_urls))
                 try:
-                    proc, url, ports = start_router(router, urls, tmp,
+                    scratch = os.path.join(tmp, router.policy.replace(" ", "-"))
+                    proc, url, ports = start_router(router, urls, scratch,
                                                     os.path.join(tmp, f"router-{router.name}.log"))
                     try:
                         t0 = time.time()

@@ -148,6 +148,27 @@ def ready_body() -> bytes:
                        "messages": [{"role": "user", "content": "bench readiness probe"}]}).encode()
 
 
+def start_router(router: Router, urls: list[str], scratch: str, log: str):
+    """Starts `router` (one with a command) in front of `urls` on the first
+    free ports from ROUTER_PORT; ready once a chat completion is answered 200
+    through it (workers discovered). Returns (process, URL, its ports)."""
+    os.makedirs(scratch, exist_ok=True)
+    for attempt in range(5):
+        port = procs.free_block(ROUTER_PORT + 10 * attempt, 2)
+        proc = procs.start(router.command(urls, port, scratch), log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            procs.wait_http(url + "/v1/chat/completions", timeout=90, body=ready_body(),
+                            alive=proc)
+        except RuntimeError as err:
+            print(f"{router.name} on {port}: {err}; retrying", file=sys.stderr)
+            procs.stop(proc)
+            continue
+        time.sleep(1.0)  # let a first health round settle
+        return proc, url, [port, port + 1]
+    raise RuntimeError(f"could not start {router.name}")
+
+
 class Bench:
     def __init__(self, opts):
         self.opts = opts
@@ -175,24 +196,9 @@ class Bench:
         if router.command is None:
             return None, urls
         scratch = os.path.join(self.tmp, f"{router.name}-{router.policy}")
-        os.makedirs(scratch, exist_ok=True)
-        for attempt in range(5):
-            port = procs.free_block(ROUTER_PORT + 10 * attempt, 2)
-            proc = procs.start(router.command(urls, port, scratch),
-                               self.log(f"router-{router.name}"))
-            url = f"http://127.0.0.1:{port}"
-            try:
-                # Ready = a chat completion answered 200 through it (workers discovered).
-                procs.wait_http(url + "/v1/chat/completions", timeout=90, body=ready_body(),
-                                alive=proc)
-            except RuntimeError as err:
-                print(f"{router.name} on {port}: {err}; retrying", file=sys.stderr)
-                procs.stop(proc)
-                continue
-            time.sleep(1.0)  # let a first health round settle
-            self.router_ports = [port, port + 1]
-            return proc, [url]
-        raise RuntimeError(f"could not start {router.name}")
+        proc, url, self.router_ports = start_router(router, urls, scratch,
+                                                    self.log(f"router-{router.name}"))
+        return proc, [url]
 
     def stop_router(self, proc):
         if proc is not None:
