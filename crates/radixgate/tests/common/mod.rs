@@ -64,6 +64,22 @@ pub async fn sim_worker_on(listener: TcpListener, config: WorkerConfig) -> SimWo
     SimWorker { handle, url, stop }
 }
 
+/// Serves `app` on a free loopback port until the returned token is
+/// cancelled; returns its URL and that token.
+pub async fn serve_app(app: Router) -> (String, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { s.cancelled().await })
+            .await
+            .unwrap();
+    });
+    (url, stop)
+}
+
 /// A running gateway.
 pub struct Gateway {
     pub url: String,
@@ -305,16 +321,7 @@ async fn scripted(pieces: Vec<&'static str>, ending: Ending) -> ScriptedWorker {
         .route("/v1/responses", post(answer))
         .route("/v1/messages", post(answer))
         .with_state(script);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { s.cancelled().await })
-            .await
-            .unwrap();
-    });
+    let (url, stop) = serve_app(app).await;
     ScriptedWorker {
         url,
         received,

@@ -10,7 +10,6 @@ use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// A running tap.
@@ -54,16 +53,7 @@ pub async fn tap(upstream: &str) -> Tap {
         seen: seen.clone(),
     };
     let app = Router::new().fallback(forward).with_state(pass);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { s.cancelled().await })
-            .await
-            .unwrap();
-    });
+    let (url, stop) = super::serve_app(app).await;
     Tap { url, seen, stop }
 }
 
