@@ -166,7 +166,9 @@ def main() -> int:
         routers = [r for r in routers if r.policy in opts.only_mode]
 
     started = dt.datetime.now(dt.timezone.utc)
-    meta = report.run_meta(binary, ["bench/kv_events.py", *sys.argv[1:]], started)
+    # The tokenizer's directory is this machine's: recorded as DIR.
+    argv = [("DIR" if a == opts.tokenizer else a) for a in sys.argv[1:]]
+    meta = report.run_meta(binary, ["bench/kv_events.py", *argv], started)
     meta["peers"] = report.peer_versions()
     print(f"logs in {tmp}; load average {meta['loadavg_start']}", flush=True)
     rows = []
