@@ -82,6 +82,6 @@ pub use registry::{Learned, Registry, Routed, Router};
 pub use request::RequestView;
 pub use settings::POLICY_KEY;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
-pub use spec::{WorkerSpec, WorkerUrl};
+pub use spec::{WorkerRole, WorkerSpec, WorkerUrl};
 pub use text::{Api, RoutingText};
 pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId};

@@ -16,12 +16,17 @@
 //! decision already running finishes on the policy it loaded. Health changes
 //! keep that state: a worker that was briefly unhealthy comes back with its
 //! cache record intact.
+//!
+//! Decode workers of a disaggregated pool are chosen by a policy of their
+//! own ([`Registry::set_decode_policy`], wrapped in a [`Holding`] so the
+//! decode pool always has a prefix record); regular and prefill workers
+//! share the main policy (its trees keep them apart by tenant).
 
-use crate::ExactMatches;
-use crate::policy::LeastLoad;
+use crate::policy::{Holding, LeastLoad};
+use crate::{CacheAwareConfig, ExactMatches};
 use crate::{
-    Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerSet,
-    WorkerSpec, WorkerUrl,
+    Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerRole,
+    WorkerSet, WorkerSpec, WorkerUrl,
 };
 use arc_swap::ArcSwap;
 use std::sync::Arc;
@@ -31,6 +36,7 @@ use std::sync::Arc;
 pub struct Registry {
     current: Arc<ArcSwap<WorkerSet>>,
     policy: Arc<ArcSwap<Arc<dyn Policy>>>,
+    decode_policy: Arc<ArcSwap<Arc<dyn Policy>>>,
     least_load: Arc<LeastLoad>,
     next_id: u32,
 }
@@ -41,6 +47,10 @@ impl Registry {
         Self {
             current: Arc::new(ArcSwap::from_pointee(WorkerSet::default())),
             policy: Arc::new(ArcSwap::from_pointee(policy)),
+            decode_policy: Arc::new(ArcSwap::from_pointee(Arc::new(Holding::new(
+                Arc::new(LeastLoad::new()),
+                &CacheAwareConfig::default(),
+            )) as Arc<dyn Policy>)),
             least_load: Arc::new(LeastLoad::new()),
             next_id: 0,
         }
@@ -51,6 +61,7 @@ impl Registry {
         Router {
             current: self.current.clone(),
             policy: self.policy.clone(),
+            decode_policy: self.decode_policy.clone(),
             least_load: self.least_load.clone(),
         }
     }
@@ -65,14 +76,41 @@ impl Registry {
     /// decisions from then on use it. Its trees start empty.
     pub fn set_policy(&mut self, policy: Arc<dyn Policy>) {
         for worker in self.current.load().workers() {
-            policy.on_worker_added(worker);
+            if worker.role() != WorkerRole::Decode {
+                policy.on_worker_added(worker);
+            }
         }
         self.policy.store(Arc::new(policy));
+    }
+
+    /// Replaces the decode workers' policy, as [`set_policy`](Self::set_policy)
+    /// does the main one; it is wrapped in a [`Holding`] whose own record
+    /// (when the policy keeps no trees) is bounded by `bounds`.
+    pub fn set_decode_policy(&mut self, policy: Arc<dyn Policy>, bounds: &CacheAwareConfig) {
+        let policy: Arc<dyn Policy> = Arc::new(Holding::new(policy, bounds));
+        for worker in self.current.load().workers() {
+            if worker.role() == WorkerRole::Decode {
+                policy.on_worker_added(worker);
+            }
+        }
+        self.decode_policy.store(Arc::new(policy));
     }
 
     /// The policy decisions are made by now.
     pub fn policy(&self) -> Arc<dyn Policy> {
         Arc::clone(&self.policy.load())
+    }
+
+    /// The decode workers' policy.
+    pub fn decode_policy(&self) -> Arc<dyn Policy> {
+        Arc::clone(&self.decode_policy.load())
+    }
+
+    fn policy_of(&self, role: WorkerRole) -> Arc<dyn Policy> {
+        match role {
+            WorkerRole::Decode => self.decode_policy(),
+            WorkerRole::Regular | WorkerRole::Prefill => self.policy(),
+        }
     }
 
     /// Validates and adds a worker, publishing a new snapshot. The worker
@@ -91,7 +129,7 @@ impl Registry {
         })?;
         spec.url = url.into();
         let worker = Arc::new(Worker::new(id, spec));
-        self.policy.load().on_worker_added(&worker);
+        self.policy_of(worker.role()).on_worker_added(&worker);
         let mut workers = set.workers().to_vec();
         workers.push(worker.clone());
         self.publish(workers);
@@ -114,7 +152,7 @@ impl Registry {
             .cloned()
             .collect();
         self.publish(workers);
-        self.policy.load().on_worker_removed(&worker);
+        self.policy_of(worker.role()).on_worker_removed(&worker);
         Ok(worker)
     }
 
@@ -159,6 +197,7 @@ fn validate_spec(spec: &WorkerSpec) -> Result<WorkerUrl, RoutingError> {
 pub struct Router {
     current: Arc<ArcSwap<WorkerSet>>,
     policy: Arc<ArcSwap<Arc<dyn Policy>>>,
+    decode_policy: Arc<ArcSwap<Arc<dyn Policy>>>,
     /// For [`Router::select_least_loaded`]; shared by the clones, so ties
     /// rotate over all requests.
     least_load: Arc<LeastLoad>,
@@ -216,8 +255,25 @@ impl Router {
         exclude: &[WorkerId],
         exact: Option<ExactMatches<'_>>,
     ) -> Result<Routed, RoutingError> {
-        let policy = self.policy.load();
-        self.select_with(&***policy, model, text, routing_key, exclude, exact)
+        self.select_in(WorkerRole::Regular, model, text, routing_key, exclude, exact)
+    }
+
+    /// Like [`select_exact`](Self::select_exact), in the pool of `role`'s
+    /// workers, by that role's policy (decode workers have their own).
+    pub fn select_in(
+        &self,
+        role: WorkerRole,
+        model: Option<&str>,
+        text: &str,
+        routing_key: Option<&str>,
+        exclude: &[WorkerId],
+        exact: Option<ExactMatches<'_>>,
+    ) -> Result<Routed, RoutingError> {
+        let policy = match role {
+            WorkerRole::Decode => self.decode_policy.load(),
+            WorkerRole::Regular | WorkerRole::Prefill => self.policy.load(),
+        };
+        self.select_with(&***policy, role, model, text, routing_key, exclude, exact)
     }
 
     /// Like [`select`](Self::select), but always the least-loaded available
@@ -230,12 +286,25 @@ impl Router {
         model: Option<&str>,
         exclude: &[WorkerId],
     ) -> Result<Routed, RoutingError> {
-        self.select_with(&*self.least_load, model, "", None, exclude, None)
+        self.select_least_loaded_in(WorkerRole::Regular, model, exclude)
     }
 
+    /// Like [`select_least_loaded`](Self::select_least_loaded), in the pool
+    /// of `role`'s workers.
+    pub fn select_least_loaded_in(
+        &self,
+        role: WorkerRole,
+        model: Option<&str>,
+        exclude: &[WorkerId],
+    ) -> Result<Routed, RoutingError> {
+        self.select_with(&*self.least_load, role, model, "", None, exclude, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn select_with(
         &self,
         policy: &dyn Policy,
+        role: WorkerRole,
         model: Option<&str>,
         text: &str,
         routing_key: Option<&str>,
@@ -243,7 +312,7 @@ impl Router {
         exact: Option<ExactMatches<'_>>,
     ) -> Result<Routed, RoutingError> {
         let set = self.current.load();
-        let pool = set.resolve(model)?;
+        let pool = set.resolve_in(role, model)?;
         let req = RequestView::new(pool.model, text)
             .with_routing_key(routing_key)
             .with_exact(exact);
@@ -280,7 +349,7 @@ impl Router {
         let Some(worker) = set.by_url(url) else {
             return Learned::UnknownWorker;
         };
-        let known_pool = match set.resolve(Some(model)) {
+        let known_pool = match set.resolve_in(worker.role(), Some(model)) {
             Ok(pool) => pool.model == model,
             Err(_) => false,
         };
@@ -292,7 +361,10 @@ impl Router {
         if !known_pool || !serves {
             return Learned::UnknownModel;
         }
-        let policy = self.policy.load();
+        let policy = match worker.role() {
+            WorkerRole::Decode => self.decode_policy.load(),
+            WorkerRole::Regular | WorkerRole::Prefill => self.policy.load(),
+        };
         match policy.trees() {
             Some(trees) => {
                 trees.insert_for(model, text, worker.id().tenant());
@@ -305,5 +377,10 @@ impl Router {
     /// The policy decisions are made by now (a reload may replace it).
     pub fn policy(&self) -> Arc<dyn Policy> {
         Arc::clone(&self.policy.load())
+    }
+
+    /// The decode workers' policy (see [`Registry::set_decode_policy`]).
+    pub fn decode_policy(&self) -> Arc<dyn Policy> {
+        Arc::clone(&self.decode_policy.load())
     }
 }

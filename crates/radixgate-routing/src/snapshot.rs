@@ -10,8 +10,13 @@
 //! it plus the wildcard workers (those that name no model). Requests for a
 //! model nobody names go to the wildcard pool, keyed [`WILDCARD_MODEL`], so a
 //! client cannot create per-model state by inventing model names.
+//!
+//! Roles: the pools are built per [`WorkerRole`], so in a prefill/decode
+//! disaggregated pool a request resolves its prefill and its decode pool
+//! apart ([`WorkerSet::resolve_in`]); [`WorkerSet::resolve`] is the regular
+//! workers' pool.
 
-use crate::{RoutingError, Worker, WorkerId, WorkerUrl};
+use crate::{RoutingError, Worker, WorkerId, WorkerRole, WorkerUrl};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -33,22 +38,31 @@ pub struct Pool<'a> {
 pub struct WorkerSet {
     generation: u64,
     workers: Vec<Arc<Worker>>,
+    /// The pools of each role, indexed by [`WorkerRole::index`].
+    roles: [RolePools; 3],
+}
+
+/// The pools of the workers of one role.
+#[derive(Debug, Default)]
+struct RolePools {
+    /// Whether the role has any worker.
+    any: bool,
     pools: BTreeMap<String, Vec<Arc<Worker>>>,
     wildcard: Vec<Arc<Worker>>,
 }
 
-impl WorkerSet {
-    pub(crate) fn build(generation: u64, mut workers: Vec<Arc<Worker>>) -> Self {
-        workers.sort_by_key(|w| w.id());
+impl RolePools {
+    fn build<'a>(workers: impl Iterator<Item = &'a Arc<Worker>>) -> Self {
+        let workers: Vec<&Arc<Worker>> = workers.collect();
         let wildcard: Vec<Arc<Worker>> = workers
             .iter()
             .filter(|w| w.models().is_empty())
-            .cloned()
+            .map(|w| Arc::clone(w))
             .collect();
         let mut pools: BTreeMap<String, Vec<Arc<Worker>>> = BTreeMap::new();
         for w in &workers {
             for m in w.models() {
-                pools.entry(m.clone()).or_default().push(w.clone());
+                pools.entry(m.clone()).or_default().push(Arc::clone(w));
             }
         }
         for pool in pools.values_mut() {
@@ -57,10 +71,22 @@ impl WorkerSet {
             pool.dedup_by_key(|w| w.id());
         }
         Self {
-            generation,
-            workers,
+            any: !workers.is_empty(),
             pools,
             wildcard,
+        }
+    }
+}
+
+impl WorkerSet {
+    pub(crate) fn build(generation: u64, mut workers: Vec<Arc<Worker>>) -> Self {
+        workers.sort_by_key(|w| w.id());
+        let roles = WorkerRole::ALL
+            .map(|role| RolePools::build(workers.iter().filter(|w| w.role() == role)));
+        Self {
+            generation,
+            workers,
+            roles,
         }
     }
 
@@ -89,12 +115,24 @@ impl WorkerSet {
         self.workers.iter().find(|w| w.url() == url)
     }
 
-    /// Models named by at least one worker, sorted (for `/v1/models`).
+    /// Models named by at least one worker of any role, sorted (for
+    /// `/v1/models`).
     pub fn models(&self) -> impl Iterator<Item = &str> {
-        self.pools.keys().map(String::as_str)
+        let all: std::collections::BTreeSet<&str> = self
+            .roles
+            .iter()
+            .flat_map(|r| r.pools.keys().map(String::as_str))
+            .collect();
+        all.into_iter()
     }
 
-    /// The pool a request for `model` goes to.
+    /// The pool of regular workers a request for `model` goes to (see
+    /// [`resolve_in`](Self::resolve_in)).
+    pub fn resolve(&self, model: Option<&str>) -> Result<Pool<'_>, RoutingError> {
+        self.resolve_in(WorkerRole::Regular, model)
+    }
+
+    /// The pool of `role`'s workers a request for `model` goes to.
     ///
     /// - a named model → the workers naming it, plus the wildcard workers;
     /// - a model nobody names → the wildcard pool, or
@@ -104,45 +142,51 @@ impl WorkerSet {
     ///
     /// Health is not considered here: a pool whose workers are all down still
     /// resolves, and the policy answers [`RoutingError::NoHealthyWorker`].
-    pub fn resolve(&self, model: Option<&str>) -> Result<Pool<'_>, RoutingError> {
-        if self.workers.is_empty() {
+    /// A role without workers answers [`RoutingError::NoWorkers`].
+    pub fn resolve_in(
+        &self,
+        role: WorkerRole,
+        model: Option<&str>,
+    ) -> Result<Pool<'_>, RoutingError> {
+        let pools = &self.roles[role.index()];
+        if !pools.any {
             return Err(RoutingError::NoWorkers);
         }
         match model {
             Some(m) => {
-                if let Some((key, workers)) = self.pools.get_key_value(m) {
+                if let Some((key, workers)) = pools.pools.get_key_value(m) {
                     Ok(Pool {
                         model: key,
                         workers,
                     })
-                } else if !self.wildcard.is_empty() {
-                    Ok(self.wildcard_pool())
+                } else if !pools.wildcard.is_empty() {
+                    Ok(Self::wildcard_pool(pools))
                 } else {
                     Err(RoutingError::UnknownModel {
                         model: m.to_owned(),
                     })
                 }
             }
-            None => match self.pools.len() {
-                0 => Ok(self.wildcard_pool()),
+            None => match pools.pools.len() {
+                0 => Ok(Self::wildcard_pool(pools)),
                 1 => {
-                    let (key, workers) = self.pools.iter().next().expect("one pool");
+                    let (key, workers) = pools.pools.iter().next().expect("one pool");
                     Ok(Pool {
                         model: key,
                         workers,
                     })
                 }
                 _ => Err(RoutingError::ModelRequired {
-                    available: self.pools.keys().cloned().collect(),
+                    available: pools.pools.keys().cloned().collect(),
                 }),
             },
         }
     }
 
-    fn wildcard_pool(&self) -> Pool<'_> {
+    fn wildcard_pool(pools: &RolePools) -> Pool<'_> {
         Pool {
             model: WILDCARD_MODEL,
-            workers: &self.wildcard,
+            workers: &pools.wildcard,
         }
     }
 }
@@ -198,5 +242,31 @@ mod tests {
             WorkerSet::default().resolve(None).unwrap_err(),
             RoutingError::NoWorkers
         );
+    }
+
+    #[test]
+    fn roles_resolve_apart() {
+        let s = set(vec![
+            WorkerSpec::new("http://p1:1")
+                .with_models(["llama"])
+                .with_role(WorkerRole::Prefill),
+            WorkerSpec::new("http://d1:1")
+                .with_models(["llama"])
+                .with_role(WorkerRole::Decode),
+            WorkerSpec::new("http://d2:1").with_role(WorkerRole::Decode),
+            WorkerSpec::new("http://p2:1")
+                .with_models(["qwen"])
+                .with_role(WorkerRole::Prefill),
+        ]);
+        let prefill = s.resolve_in(WorkerRole::Prefill, Some("llama")).unwrap();
+        assert_eq!(ids(&prefill), vec![0]);
+        let decode = s.resolve_in(WorkerRole::Decode, Some("llama")).unwrap();
+        assert_eq!(ids(&decode), vec![1, 2]);
+        // A model only the prefill pool names: decode's wildcard worker.
+        let decode = s.resolve_in(WorkerRole::Decode, Some("qwen")).unwrap();
+        assert_eq!((decode.model, ids(&decode)), (WILDCARD_MODEL, vec![2]));
+        // No regular workers at all.
+        assert_eq!(s.resolve(Some("llama")).unwrap_err(), RoutingError::NoWorkers);
+        assert_eq!(s.models().collect::<Vec<_>>(), vec!["llama", "qwen"]);
     }
 }

@@ -31,7 +31,8 @@ use std::ops::Range;
 /// [`Registry::add`](crate::Registry::add).
 ///
 /// In a config file (or a `POST /workers` body) an entry is either a bare
-/// URL string or `{url, api_key?, models?}`; unknown keys are errors.
+/// URL string or `{url, api_key?, models?, role?, bootstrap_port?}`; unknown
+/// keys are errors.
 /// Health on admission is not part of that schema.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "form::WorkerSpec")]
@@ -56,6 +57,63 @@ pub struct WorkerSpec {
     /// Not part of the file or admin schema.
     #[serde(skip)]
     pub name: Option<String>,
+    /// What the worker does in a prefill/decode disaggregated pool
+    /// ([`WorkerRole`]); regular workers do both.
+    #[serde(skip_serializing_if = "WorkerRole::is_regular")]
+    pub role: WorkerRole,
+    /// A prefill worker's bootstrap port (SGLang's
+    /// `--disaggregation-bootstrap-port`), sent to decode workers as
+    /// `bootstrap_port`; `None` sends JSON null.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
+}
+
+/// A worker's part in serving a request.
+///
+/// In a disaggregated pool a **prefill** worker computes the prompt's KV
+/// cache and a **decode** worker generates from it once the cache has
+/// moved; each request goes to one of each. A **regular** worker does
+/// both (a co-located pool, and every pool outside PD mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerRole {
+    /// Prefill and decode on one worker.
+    #[default]
+    Regular,
+    /// Computes prompts; its KV moves to a decode worker.
+    Prefill,
+    /// Generates from KV a prefill worker computed.
+    Decode,
+}
+
+impl WorkerRole {
+    /// All roles, in index order ([`Self::index`]).
+    pub const ALL: [WorkerRole; 3] = [Self::Regular, Self::Prefill, Self::Decode];
+
+    /// A stable label (metrics, `/workers`, config).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Regular => "regular",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+
+    /// Position in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether this is the co-located role (the default).
+    pub fn is_regular(&self) -> bool {
+        *self == Self::Regular
+    }
+}
+
+impl fmt::Display for WorkerRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl WorkerSpec {
@@ -67,7 +125,21 @@ impl WorkerSpec {
             api_key: None,
             healthy: true,
             name: None,
+            role: WorkerRole::Regular,
+            bootstrap_port: None,
         }
+    }
+
+    /// Sets the worker's role in a disaggregated pool.
+    pub fn with_role(mut self, role: WorkerRole) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// Sets a prefill worker's bootstrap port.
+    pub fn with_bootstrap_port(mut self, port: Option<u16>) -> Self {
+        self.bootstrap_port = port;
+        self
     }
 
     /// Sets the models served.
@@ -123,6 +195,10 @@ mod form {
         pub(super) api_key: Option<String>,
         #[serde(default)]
         pub(super) models: Vec<String>,
+        #[serde(default)]
+        pub(super) role: super::WorkerRole,
+        #[serde(default)]
+        pub(super) bootstrap_port: Option<u16>,
     }
 }
 
@@ -134,9 +210,14 @@ impl From<form::WorkerSpec> for WorkerSpec {
                 url,
                 api_key,
                 models,
+                role,
+                bootstrap_port,
             }) => Self {
                 api_key,
-                ..Self::new(url).with_models(models)
+                ..Self::new(url)
+                    .with_models(models)
+                    .with_role(role)
+                    .with_bootstrap_port(bootstrap_port)
             },
         }
     }

@@ -20,7 +20,7 @@
 
 use crate::correction::CacheTruth;
 use crate::cost::{Coefficients, CostModelConfig, Estimator, Work};
-use crate::{TenantId, WorkerSpec, WorkerUrl};
+use crate::{TenantId, WorkerRole, WorkerSpec, WorkerUrl};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -131,6 +131,8 @@ pub struct Worker {
     name: String,
     models: Vec<String>,
     api_key: Option<String>,
+    role: WorkerRole,
+    bootstrap_port: Option<u16>,
     healthy: AtomicBool,
     breaker: AtomicU8,
     ejected: AtomicBool,
@@ -165,6 +167,8 @@ impl Worker {
             url,
             models: spec.models,
             api_key: spec.api_key,
+            role: spec.role,
+            bootstrap_port: spec.bootstrap_port,
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             ejected: AtomicBool::new(false),
@@ -182,6 +186,16 @@ impl Worker {
     /// The worker's record of predicted against reported cached tokens.
     pub fn cache_truth(&self) -> &CacheTruth {
         &self.truth
+    }
+
+    /// The worker's part in a disaggregated pool.
+    pub fn role(&self) -> WorkerRole {
+        self.role
+    }
+
+    /// A prefill worker's bootstrap port, if configured.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.bootstrap_port
     }
 
     /// The worker's id.

@@ -14,6 +14,7 @@
 mod cache_aware;
 mod consistent_hash;
 mod explain;
+mod holding;
 mod least_load;
 mod power_of_two;
 mod prefill_aware;
@@ -24,6 +25,7 @@ mod trees;
 pub use cache_aware::CacheAware;
 pub use consistent_hash::ConsistentHash;
 pub use explain::{Branch, Explanation, Rendered};
+pub use holding::Holding;
 pub use least_load::LeastLoad;
 pub use power_of_two::PowerOfTwo;
 pub use prefill_aware::PrefillAware;
@@ -182,6 +184,13 @@ impl Decision {
             settled_before,
         });
         self
+    }
+
+    /// Characters of the routing text the chosen worker was predicted to
+    /// hold before this decision (its tree record, before the decision's
+    /// own insert); `None` for decisions that inserted into no tree.
+    pub fn held_chars(&self) -> Option<usize> {
+        self.inserted.as_ref().map(|i| i.receipt.held_chars())
     }
 
     /// What the answer's cached-token count is checked against (see
