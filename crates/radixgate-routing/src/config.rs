@@ -78,6 +78,18 @@ impl PolicyConfig {
         }
     }
 
+    /// The tree bounds (size, eviction, routing-text cap, correction) this
+    /// policy's trees have, as cache_aware settings; a policy without trees
+    /// has cache_aware's defaults. A decode pool's prefix record
+    /// ([`Holding`](crate::policy::Holding)) takes the prefill policy's.
+    pub fn tree_bounds(&self) -> CacheAwareConfig {
+        match self {
+            Self::CacheAware(c) => c.clone(),
+            Self::PrefillAware(c) => c.as_cache_aware(),
+            _ => CacheAwareConfig::default(),
+        }
+    }
+
     /// Validates, then builds the policy.
     pub fn build(&self) -> Result<Arc<dyn Policy>, RoutingError> {
         self.validate()?;

@@ -255,7 +255,14 @@ impl Router {
         exclude: &[WorkerId],
         exact: Option<ExactMatches<'_>>,
     ) -> Result<Routed, RoutingError> {
-        self.select_in(WorkerRole::Regular, model, text, routing_key, exclude, exact)
+        self.select_in(
+            WorkerRole::Regular,
+            model,
+            text,
+            routing_key,
+            exclude,
+            exact,
+        )
     }
 
     /// Like [`select_exact`](Self::select_exact), in the pool of `role`'s

@@ -266,7 +266,10 @@ mod tests {
         let decode = s.resolve_in(WorkerRole::Decode, Some("qwen")).unwrap();
         assert_eq!((decode.model, ids(&decode)), (WILDCARD_MODEL, vec![2]));
         // No regular workers at all.
-        assert_eq!(s.resolve(Some("llama")).unwrap_err(), RoutingError::NoWorkers);
+        assert_eq!(
+            s.resolve(Some("llama")).unwrap_err(),
+            RoutingError::NoWorkers
+        );
         assert_eq!(s.models().collect::<Vec<_>>(), vec!["llama", "qwen"]);
     }
 }

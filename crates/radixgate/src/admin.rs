@@ -142,6 +142,10 @@ pub(crate) async fn add(State(state): State<Arc<AppState>>, body: axum::body::By
         Err(err) => return GatewayError::BadRequest(err.into()).into_response(),
     };
     let url = spec.url.clone();
+    if let Err(reason) = state.shared.config.pd_role_fits(&spec) {
+        return GatewayError::Admin(radixgate_routing::RoutingError::InvalidWorker { url, reason })
+            .into_response();
+    }
     match state.shared.control.add(spec).await {
         Ok(()) => (
             StatusCode::ACCEPTED,

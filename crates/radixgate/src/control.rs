@@ -49,7 +49,7 @@ use crate::health;
 use crate::metrics::{LabelledCounters, Metrics};
 use drain::{DRAINS, Draining};
 use radixgate_routing::{
-    Policy, Registry, RoutingError, WorkerId, WorkerSet, WorkerSpec, WorkerUrl,
+    Policy, Registry, RoutingError, WorkerId, WorkerRole, WorkerSet, WorkerSpec, WorkerUrl,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -120,6 +120,13 @@ pub struct WorkerStatus {
     pub id: Option<String>,
     /// Models served (empty: any, or not yet known).
     pub models: Vec<String>,
+    /// `prefill` or `decode` in a disaggregated pool; absent for a regular
+    /// worker.
+    #[serde(skip_serializing_if = "WorkerRole::is_regular")]
+    pub role: WorkerRole,
+    /// A prefill worker's bootstrap port, when configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
     /// `pending` (never answered yet), `healthy`, `unhealthy`, `unready`
     /// (held out of rotation by its source: a pod not ready), or
     /// `draining` (out of rotation, its requests in flight finishing).
@@ -550,6 +557,8 @@ impl ControlTask {
                         .unwrap_or_else(|| url.name().to_owned()),
                     id: worker.map(|w| w.id().to_string()),
                     models: worker.map(|w| w.models().to_vec()).unwrap_or_default(),
+                    role: known.spec.role,
+                    bootstrap_port: known.spec.bootstrap_port,
                     state: match worker {
                         _ if draining.is_some() => "draining",
                         _ if !known.ready => "unready",

@@ -190,6 +190,15 @@ impl Target {
     /// Validates `new` in full, then applies what a reload may change.
     async fn apply(&mut self, new: Config) -> Result<Changes, ReloadError> {
         new.validate()?;
+        if new.pd.enabled != self.running.pd.enabled {
+            // The workers' roles are checked against the running pool: one
+            // that turns disaggregated (or back) needs a restart.
+            return Err(ConfigError::Invalid {
+                key: "pd.enabled",
+                reason: "turning prefill/decode disaggregation on or off needs a restart".into(),
+            }
+            .into());
+        }
         let policy: Option<Arc<dyn Policy>> = if new.routing == self.running.routing {
             None
         } else {
@@ -286,6 +295,7 @@ fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
         ("discovery", new.discovery != running.discovery),
         ("log", new.log != running.log),
         ("tracing", new.tracing != running.tracing),
+        ("pd", new.pd != running.pd),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))

@@ -222,7 +222,18 @@ pub async fn run_reloadable(
         .routing
         .build()
         .map_err(crate::config::ConfigError::from)?;
-    let registry = Registry::new(policy.clone());
+    let mut registry = Registry::new(policy.clone());
+    if config.pd.enabled {
+        let decode = config
+            .pd
+            .decode_policy
+            .build()
+            .map_err(crate::config::ConfigError::from)?;
+        registry.set_decode_policy(decode, &config.routing.tree_bounds());
+    }
+    // The decode pool's record (its own, or its policy's trees) is evicted
+    // on its own timer; it lives as long as the gateway.
+    let decode_policy = registry.decode_policy();
     let router = registry.router();
     let client = upstream::client()?;
     let forwarder = upstream::Forwarder::new()?;
@@ -258,6 +269,13 @@ pub async fn run_reloadable(
     // Its own token: a reload that replaces the policy stops this timer.
     let eviction_stop = tasks.child_token();
     let eviction = spawn_eviction(policy, eviction_stop.clone());
+    // The decode pool's prefix record is evicted on a timer of its own,
+    // for the gateway's lifetime (a reload does not replace it).
+    let decode_eviction = config
+        .pd
+        .enabled
+        .then(|| spawn_eviction(decode_policy, tasks.clone()))
+        .flatten();
     let grace = Duration::from_secs(config.server.shutdown_grace_period_secs);
     let bodies = BodyLimits {
         max_size: config.server.max_payload_size,
@@ -448,7 +466,7 @@ pub async fn run_reloadable(
     if let Some(metrics_server) = metrics_server {
         let _ = metrics_server.await;
     }
-    if let Some(eviction) = eviction {
+    for eviction in [eviction, decode_eviction].into_iter().flatten() {
         let _ = eviction.await;
     }
     match serving.failure {

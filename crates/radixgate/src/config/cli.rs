@@ -6,7 +6,7 @@
 
 use super::{Config, ConfigError, WorkerSpec};
 use clap::Args;
-use radixgate_routing::PolicyConfig;
+use radixgate_routing::{PolicyConfig, WorkerRole};
 use std::path::PathBuf;
 
 /// Command-line flags of `radixgate serve`.
@@ -57,9 +57,37 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_DRAIN_TIMEOUT_SECS")]
     pub drain_timeout_secs: Option<u64>,
 
-    /// Routing policy [default: cache_aware].
+    /// Routing policy [default: cache_aware]. In a disaggregated pool, the
+    /// prefill workers' policy.
     #[arg(long, env = "RADIXGATE_POLICY", value_parser = PolicyConfig::NAMES)]
     pub policy: Option<String>,
+
+    /// Serve a prefill/decode disaggregated pool: each request goes to a
+    /// prefill worker (--prefill) and a decode worker (--decode).
+    #[arg(long, env = "RADIXGATE_PD_DISAGGREGATION")]
+    pub pd_disaggregation: bool,
+    /// The engines' KV-transfer protocol in a disaggregated pool
+    /// [default: sglang].
+    #[arg(long, value_enum, env = "RADIXGATE_PD_PROTOCOL")]
+    pub pd_protocol: Option<super::PdProtocol>,
+    /// A prefill worker and, for SGLang, its bootstrap port (repeat the
+    /// flag per worker): `--prefill http://p0:30000 8998`.
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"])]
+    pub prefill: Vec<String>,
+    /// A decode worker (repeat the flag, or several URLs after one).
+    #[arg(long, num_args = 1.., value_name = "URL", env = "RADIXGATE_DECODE", value_delimiter = ',')]
+    pub decode: Vec<String>,
+    /// The prefill workers' policy (the same setting as --policy).
+    #[arg(long, env = "RADIXGATE_PREFILL_POLICY", value_parser = PolicyConfig::NAMES, conflicts_with = "policy")]
+    pub prefill_policy: Option<String>,
+    /// The decode workers' policy [default: power_of_two].
+    #[arg(long, env = "RADIXGATE_DECODE_POLICY", value_parser = PolicyConfig::NAMES)]
+    pub decode_policy: Option<String>,
+    /// Send a request to its decode worker alone when that worker is
+    /// predicted to hold all but at most this many of its prompt's tokens;
+    /// 0 = never [default: 32].
+    #[arg(long, env = "RADIXGATE_PD_SKIP_PREFILL_TOKENS")]
+    pub pd_skip_prefill_tokens: Option<usize>,
     /// cache_aware: a hit needs matched/input above this, 0..=1 [default: 0.3].
     #[arg(long, env = "RADIXGATE_CACHE_THRESHOLD")]
     pub cache_threshold: Option<f64>,
@@ -423,6 +451,40 @@ impl SyncArgs {
     }
 }
 
+/// The `--prefill URL [BOOTSTRAP_PORT]` occurrences, whose values clap
+/// hands over as one list: a value of digits is the port of the URL before
+/// it (a URL has a scheme, so the two never mix).
+fn prefill_specs(values: &[String]) -> Result<Vec<WorkerSpec>, ConfigError> {
+    let mut specs: Vec<WorkerSpec> = Vec::new();
+    for value in values {
+        if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+            let port = value.parse::<u16>().ok().filter(|p| *p > 0);
+            let last = specs.last_mut().filter(|s| s.bootstrap_port.is_none());
+            match (last, port) {
+                (Some(spec), Some(port)) => spec.bootstrap_port = Some(port),
+                (Some(spec), None) => {
+                    return Err(super::invalid(
+                        "workers",
+                        format!(
+                            "--prefill {} {value}: the bootstrap port must be between 1 and 65535",
+                            spec.url
+                        ),
+                    ));
+                }
+                (None, _) => {
+                    return Err(super::invalid(
+                        "workers",
+                        format!("--prefill {value}: a bootstrap port follows its worker's URL"),
+                    ));
+                }
+            }
+        } else {
+            specs.push(WorkerSpec::new(value.clone()).with_role(WorkerRole::Prefill));
+        }
+    }
+    Ok(specs)
+}
+
 /// The default settings of the policy called `name`.
 fn policy_named(name: &str) -> Result<PolicyConfig, ConfigError> {
     PolicyConfig::named(name)
@@ -450,13 +512,12 @@ impl ServeArgs {
     /// Overrides `config` with every flag that was given.
     pub fn apply(&self, config: &mut Config) -> Result<(), ConfigError> {
         if !self.worker_urls.is_empty() {
-            config.workers = self
-                .worker_urls
-                .iter()
-                .cloned()
-                .map(WorkerSpec::new)
-                .collect();
+            config.workers.retain(|w| w.role != WorkerRole::Regular);
+            config
+                .workers
+                .extend(self.worker_urls.iter().cloned().map(WorkerSpec::new));
         }
+        self.apply_pd(config)?;
         self.apply_routing(&mut config.routing)?;
         self.apply_discovery(&mut config.discovery)?;
         self.sync.apply(&mut config.sync);
@@ -638,8 +699,42 @@ impl ServeArgs {
         Ok(())
     }
 
+    /// The disaggregation flags: `--prefill`/`--decode` replace the file's
+    /// workers of that role (as `--worker-urls` replaces the regular ones).
+    fn apply_pd(&self, config: &mut Config) -> Result<(), ConfigError> {
+        let pd = &mut config.pd;
+        pd.enabled |= self.pd_disaggregation;
+        set(&mut pd.protocol, &self.pd_protocol);
+        set(
+            &mut pd.skip_prefill_max_uncached_tokens,
+            &self.pd_skip_prefill_tokens,
+        );
+        if let Some(name) = &self.decode_policy
+            && name != pd.decode_policy.name()
+        {
+            pd.decode_policy = PolicyConfig::named(name).ok_or_else(|| {
+                super::invalid("pd.decode_policy", format!("unknown policy `{name}`"))
+            })?;
+        }
+        if !self.prefill.is_empty() {
+            let prefill = prefill_specs(&self.prefill)?;
+            config.workers.retain(|w| w.role != WorkerRole::Prefill);
+            config.workers.extend(prefill);
+        }
+        if !self.decode.is_empty() {
+            config.workers.retain(|w| w.role != WorkerRole::Decode);
+            config.workers.extend(
+                self.decode
+                    .iter()
+                    .map(|url| WorkerSpec::new(url.clone()).with_role(WorkerRole::Decode)),
+            );
+        }
+        Ok(())
+    }
+
     fn apply_routing(&self, routing: &mut PolicyConfig) -> Result<(), ConfigError> {
-        if let Some(name) = &self.policy
+        let policy = self.policy.as_ref().or(self.prefill_policy.as_ref());
+        if let Some(name) = policy
             && name != routing.name()
         {
             *routing = policy_named(name)?;

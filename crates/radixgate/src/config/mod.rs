@@ -14,6 +14,7 @@
 mod cli;
 mod discovery;
 mod kv_events;
+mod pd;
 mod record;
 mod routing;
 mod sync;
@@ -27,6 +28,7 @@ pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,
 /// models?}`. Re-exported here because it is part of this schema.
+pub use pd::{MAX_SKIP_TOKENS, PdConfig, PdProtocol};
 pub use radixgate_routing::WorkerSpec;
 pub use record::{MAX_RECORD_KEEP, RecordTraceConfig};
 pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
@@ -76,6 +78,8 @@ pub struct Config {
     pub kv_events: KvEventsConfig,
     /// Recording every routed request as a replayable trace.
     pub record_trace: RecordTraceConfig,
+    /// Prefill/decode disaggregation.
+    pub pd: PdConfig,
     /// Logging.
     pub log: LogConfig,
     /// Request ids and OpenTelemetry trace export.

@@ -10,7 +10,7 @@
 //! start-up beats a panic per request.
 
 use super::{Config, ConfigError, MAX_THREADS, invalid};
-use radixgate_routing::WorkerUrl;
+use radixgate_routing::{WorkerRole, WorkerSpec, WorkerUrl};
 use std::fmt::Display;
 
 /// Longest duration in seconds any `*_secs` setting may have: a day. No
@@ -70,7 +70,10 @@ impl Config {
         for (i, worker) in self.workers.iter().enumerate() {
             WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
+            self.pd_role_fits(worker)
+                .map_err(|why| invalid("workers", format!("entry {i} ({}): {why}", worker.url)))?;
         }
+        self.validate_pd()?;
         self.validate_health()?;
         self.validate_retry()?;
         self.validate_outlier_detection()?;
@@ -88,6 +91,55 @@ impl Config {
                 "metrics.prometheus_port",
                 "must differ from server.port (/metrics is served there already)",
             ));
+        }
+        Ok(())
+    }
+
+    /// Whether a worker's role fits the pool: a disaggregated pool has
+    /// only prefill and decode workers, any other only regular ones; a
+    /// bootstrap port belongs to a prefill worker. The admin API checks
+    /// an added worker the same way.
+    pub fn pd_role_fits(&self, worker: &WorkerSpec) -> Result<(), String> {
+        match (self.pd.enabled, worker.role) {
+            (true, WorkerRole::Regular) => {
+                return Err(
+                    "a disaggregated pool (pd.enabled, --pd-disaggregation) has only \
+                     prefill and decode workers: give it `role: prefill` or `role: decode` \
+                     (or list it with --prefill or --decode)"
+                        .to_owned(),
+                );
+            }
+            (false, role @ (WorkerRole::Prefill | WorkerRole::Decode)) => {
+                return Err(format!(
+                    "`role: {role}` needs a disaggregated pool (pd.enabled, --pd-disaggregation)"
+                ));
+            }
+            _ => {}
+        }
+        if worker.bootstrap_port.is_some() && worker.role != WorkerRole::Prefill {
+            return Err("bootstrap_port is a prefill worker's setting".to_owned());
+        }
+        if worker.bootstrap_port == Some(0) {
+            return Err("bootstrap_port must be between 1 and 65535".to_owned());
+        }
+        Ok(())
+    }
+
+    fn validate_pd(&self) -> Result<(), ConfigError> {
+        self.pd.validate()?;
+        if !self.pd.enabled || self.discovery.enabled {
+            return Ok(());
+        }
+        for role in [WorkerRole::Prefill, WorkerRole::Decode] {
+            if !self.workers.iter().any(|w| w.role == role) {
+                return Err(invalid(
+                    "workers",
+                    format!(
+                        "a disaggregated pool needs at least one {role} worker \
+                         (--{role} URL, or `role: {role}` in workers:)"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
