@@ -185,6 +185,34 @@ pub enum GatewayError {
         /// How long the attempt had waited.
         after: Duration,
     },
+    /// One side of a prefill/decode disaggregated request failed; the
+    /// other side was cancelled. Answers as the failure does.
+    #[error("{side} worker failed: {source}")]
+    Disaggregated {
+        /// `prefill` or `decode`.
+        side: &'static str,
+        /// What went wrong there.
+        source: Box<GatewayError>,
+    },
+    /// A vLLM prefill worker answered without the `kv_transfer_params` the
+    /// decode step needs: it runs without a KV connector.
+    #[error(
+        "prefill worker {worker} answered without kv_transfer_params; start it with a KV connector \
+         (vLLM --kv-transfer-config with kv_role kv_producer or kv_both)"
+    )]
+    NoTransferParams {
+        /// The worker URL.
+        worker: String,
+    },
+    /// The route has no meaning in a disaggregated pool.
+    #[error(
+        "{route} is not served by a prefill/decode disaggregated pool; \
+         /generate, /v1/completions and /v1/chat/completions are"
+    )]
+    NotDisaggregated {
+        /// The route.
+        route: &'static str,
+    },
     /// Retries were exhausted; holds the last attempt's error.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted {
@@ -246,6 +274,9 @@ impl GatewayError {
             | Self::FirstByteTimeout { .. }
             | Self::WorkerLost { .. } => Origin::Upstream,
             Self::RetriesExhausted { last, .. } => last.origin(),
+            Self::Disaggregated { source, .. } => source.origin(),
+            Self::NoTransferParams { .. } => Origin::Upstream,
+            Self::NotDisaggregated { .. } => Origin::Client,
             Self::NoHealthyWorker { .. }
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
@@ -297,6 +328,9 @@ impl GatewayError {
             Self::Connect { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamStatus { status, .. } => *status,
             Self::RetriesExhausted { last, .. } => last.status(),
+            Self::Disaggregated { source, .. } => source.status(),
+            Self::NoTransferParams { .. } => StatusCode::BAD_GATEWAY,
+            Self::NotDisaggregated { .. } => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -335,6 +369,9 @@ impl GatewayError {
             Self::FirstByteTimeout { .. } => ("timeout", "worker_timeout"),
             Self::WorkerLost { .. } => ("timeout", "worker_unavailable"),
             Self::RetriesExhausted { last, .. } => last.kind(),
+            Self::Disaggregated { source, .. } => source.kind(),
+            Self::NoTransferParams { .. } => ("upstream_error", "no_kv_transfer_params"),
+            Self::NotDisaggregated { .. } => ("invalid_request_error", "not_disaggregated"),
         }
     }
 

@@ -78,6 +78,7 @@ const ROUTING_KEY_HEADERS: [&str; 2] = ["x-session-id", "x-radixgate-routing-key
 
 mod endpoint;
 pub(crate) mod metrics;
+mod pd;
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
 
@@ -150,24 +151,49 @@ async fn forward(
         }
         _ => None,
     };
-    let answer = attempts(
-        state,
-        target,
-        &request,
-        exact.as_ref(),
-        &parts.headers,
-        peer,
-        bytes,
-    )
-    .await?;
+    let (answer, pd) = if shared.config.pd.enabled {
+        // A disaggregated pool: a prefill and a decode worker (`pd.rs`).
+        let Endpoint::Routed(api) = endpoint else {
+            return Err(GatewayError::NotDisaggregated {
+                route: endpoint.label(),
+            });
+        };
+        let (answer, held) = pd::attempts(
+            state,
+            api,
+            target,
+            &request,
+            exact.as_ref(),
+            &parts.headers,
+            peer,
+            bytes,
+        )
+        .await?;
+        (answer, Some(held))
+    } else {
+        let answer = attempts(
+            state,
+            target,
+            &request,
+            exact.as_ref(),
+            &parts.headers,
+            peer,
+            bytes,
+        )
+        .await?;
+        (answer, None)
+    };
     Ok(respond(
         shared,
         answer,
         admitted,
-        endpoint,
-        started,
-        request.routing_text,
-        spans,
+        Responding {
+            endpoint,
+            started,
+            routing_text: request.routing_text,
+            spans,
+            pd,
+        },
     ))
 }
 
@@ -646,11 +672,15 @@ fn respond(
     shared: &Arc<Shared>,
     answer: Answer,
     admitted: AdmissionPermit,
-    endpoint: Endpoint,
-    started: Instant,
-    routing_text: String,
-    spans: crate::trace::RequestSpans,
+    responding: Responding,
 ) -> Response {
+    let Responding {
+        endpoint,
+        started,
+        routing_text,
+        spans,
+        pd,
+    } = responding;
     let Answer {
         response,
         mut decision,
@@ -669,9 +699,17 @@ fn respond(
         headers.insert(WORKER_HEADER, value);
     }
     let mut explained = String::with_capacity(128);
-    if write!(explained, "{}", decision.rendered()).is_ok()
-        && let Ok(value) = HeaderValue::from_str(&explained)
-    {
+    if let Some(pd) = &pd {
+        explained.push_str(&pd.explained);
+        if let Some(prefill) = &pd.prefill_worker
+            && let Ok(value) = HeaderValue::from_str(prefill)
+        {
+            headers.insert(pd::PREFILL_WORKER_HEADER, value);
+        }
+    } else {
+        let _ = write!(explained, "{}", decision.rendered());
+    }
+    if let Ok(value) = HeaderValue::from_str(&explained) {
         headers.insert(DECISION_HEADER, value);
     }
     // A successful answer's usage is checked against what the tree
@@ -718,6 +756,7 @@ fn respond(
         status: status.as_u16(),
         started,
         trace: crate::trace::RequestTrace::new(spans, trace),
+        pd,
     };
     // Checked: a timeout too far away for the clock is no deadline at all
     // (validation keeps it within a day; this is the second line).
@@ -743,6 +782,16 @@ fn respond(
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
+}
+
+/// What [`respond`] needs besides the answer.
+struct Responding {
+    endpoint: Endpoint,
+    started: Instant,
+    routing_text: String,
+    spans: crate::trace::RequestSpans,
+    /// A disaggregated request's other side and explanation.
+    pd: Option<pd::Held>,
 }
 
 /// What a response body carries until it ends. Field order is drop order:
@@ -779,6 +828,9 @@ struct RequestWatch {
     started: Instant,
     /// The request's and the answering attempt's spans, to its end.
     trace: crate::trace::RequestTrace,
+    /// A disaggregated request's prefill side, cancelled with the stream
+    /// unless it completes.
+    pd: Option<pd::Held>,
 }
 
 /// What a response needs for the routing correction.
@@ -880,6 +932,9 @@ impl StreamWatch for RequestWatch {
     }
 
     fn finish(mut self, end: StreamEnd) {
+        if let Some(pd) = self.pd.take() {
+            pd.finish(end == StreamEnd::Complete);
+        }
         self.trace.end(end);
         let _in_request = self.trace.enter();
         let metrics = &self.shared.request_metrics;

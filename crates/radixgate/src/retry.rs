@@ -38,6 +38,7 @@ pub fn retryable(err: &GatewayError) -> bool {
         | GatewayError::FirstByteTimeout { .. }
         | GatewayError::WorkerLost { .. } => true,
         GatewayError::UpstreamStatus { status, .. } => retryable_status(*status),
+        GatewayError::Disaggregated { source, .. } => retryable(source),
         _ => false,
     }
 }
@@ -48,6 +49,7 @@ pub(crate) fn reason(err: &GatewayError) -> &'static str {
         GatewayError::Connect { .. } => "connect",
         GatewayError::FirstByteTimeout { .. } => "timeout",
         GatewayError::WorkerLost { .. } => "worker_lost",
+        GatewayError::Disaggregated { source, .. } => reason(source),
         _ => "status",
     }
 }

@@ -110,6 +110,11 @@ impl Trees {
         v
     }
 
+    /// The learned characters per token of `model`, once learned.
+    pub fn chars_per_token_of(&self, model: &str) -> Option<f64> {
+        self.rates.load().get(model)?.rate().chars_per_token()
+    }
+
     /// Records `text` (capped as a decision's would be) for `tenant` in the
     /// tree of `model`, created on first use: a decision another router
     /// replica made. Callers pass only pool keys of the worker set.

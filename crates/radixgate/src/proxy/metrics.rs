@@ -62,6 +62,14 @@ pub(crate) const UNROUTED: Describe = Describe::new(
     "radixgate_unrouted_requests_total",
     "Requests to /v1 paths the gateway has no route for, admitted and passed to the least-loaded worker of their model, by API family (the first path segment after /v1, from a fixed list; other for the rest).",
 );
+pub(crate) const PD_REQUESTS: Describe = Describe::new(
+    "radixgate_pd_requests_total",
+    "Disaggregated attempts, by path: paired (a prefill and a decode worker) or skipped_prefill (decode alone, predicted to hold the prompt).",
+);
+pub(crate) const PD_FAILURES: Describe = Describe::new(
+    "radixgate_pd_failures_total",
+    "Disaggregated attempts that failed, by the side that failed (prefill or decode); the other side was cancelled.",
+);
 pub(crate) const UPSTREAM_ERRORS: Describe = Describe::new(
     "radixgate_upstream_errors_total",
     "Failed attempts at a worker, by worker and kind of error.",
@@ -81,6 +89,8 @@ pub struct RequestMetrics {
     decisions: LabelledCounters,
     retries: LabelledCounters,
     unrouted: LabelledCounters,
+    pd_requests: LabelledCounters,
+    pd_failures: LabelledCounters,
 }
 
 impl RequestMetrics {
@@ -97,6 +107,8 @@ impl RequestMetrics {
             decisions: metrics.labelled_counters(&DECISIONS, "branch"),
             retries: metrics.labelled_counters(&RETRIES, "reason"),
             unrouted: metrics.labelled_counters(&UNROUTED, "api"),
+            pd_requests: metrics.labelled_counters(&PD_REQUESTS, "path"),
+            pd_failures: metrics.labelled_counters(&PD_FAILURES, "side"),
         }
     }
 
@@ -166,6 +178,16 @@ impl RequestMetrics {
     /// by load; `api` is its family (e.g. `audio`, `other`).
     pub fn unrouted(&self, api: &'static str) {
         self.unrouted.increment(api);
+    }
+
+    /// A disaggregated attempt, `paired` or `skipped_prefill`.
+    pub fn pd_request(&self, path: &'static str) {
+        self.pd_requests.increment(path);
+    }
+
+    /// A disaggregated attempt that failed on `side` (`prefill`, `decode`).
+    pub fn pd_failure(&self, side: &'static str) {
+        self.pd_failures.increment(side);
     }
 
     /// A retry on another worker; `reason` is e.g. `connect`, `status_5xx`, `status_429`.

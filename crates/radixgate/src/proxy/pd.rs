@@ -1,0 +1,975 @@
+//! Prefill/decode disaggregation: one request, two workers.
+//!
+//! Each request gets a prefill worker, chosen in the prefill pool by the
+//! main policy (cache awareness pays there: prefill reuse sets TTFT), and a
+//! decode worker, chosen in the decode pool by the decode policy. How the
+//! KV cache then moves is the engines' protocol (`pd.protocol`):
+//!
+//! - **SGLang**: the client's body plus `bootstrap_host`, `bootstrap_port`
+//!   (the prefill worker's) and a fresh random `bootstrap_room` (arrays of
+//!   the batch's length for a batch) goes to both workers at once. Decode
+//!   pulls the KV from prefill's bootstrap server and answers the client.
+//!   Prefill's own answer is read to its end in a task of its own (its
+//!   load guard, breaker permit and cached-token report with it) and
+//!   dropped; the client's response body holds that task, so a client that
+//!   goes away before prefill has answered cancels it too.
+//! - **vLLM** (NIXL-style connectors): first the prefill worker gets the
+//!   body with `stream: false`, `max_tokens: 1` and
+//!   `kv_transfer_params.do_remote_decode`; its answer's
+//!   `kv_transfer_params` then go, in the client's own body, to the decode
+//!   worker, which answers the client.
+//!
+//! Either side failing before decode's first byte fails the attempt: the
+//! other side is cancelled (its connection dropped), both load guards are
+//! released, and a retryable failure is retried on a new pair, as a
+//! co-located request is retried on a new worker.
+//!
+//! **Prefill skip**: when the chosen decode worker is predicted to hold all
+//! but `pd.skip_prefill_max_uncached_tokens` of the prompt (the decode
+//! pool's prefix record, `radixgate_routing::policy::Holding`), the
+//! client's bytes go to decode alone, as to a co-located worker.
+//!
+//! Bodies are edited by key, not re-serialised through types: every value
+//! the client sent is passed on byte for byte ([`RawValue`]); only the
+//! object's key order and the white space between keys may change.
+
+use super::{
+    Answer, Target, Waiting, error_message, first_byte, prime, record, routing_key, send,
+    unavailable,
+};
+use crate::breaker::{Outcome, Permit};
+use crate::config::PdProtocol;
+use crate::error::GatewayError;
+use crate::inspect::{Api, Inspected};
+use crate::retry::{self, Backoff};
+use crate::state::{AppState, Shared};
+use crate::usage::{CachedReport, UsageTail};
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use radixgate_routing::{Decision, Routed, WorkerId, WorkerRole, WorkerUrl};
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Header naming the prefill worker of a disaggregated request.
+pub(super) const PREFILL_WORKER_HEADER: &str = "x-radixgate-prefill-worker";
+
+/// Most bytes of a vLLM prefill answer read for its `kv_transfer_params`.
+const PREFILL_ANSWER_LIMIT: usize = 1 << 20;
+
+/// Longest a finished request's prefill answer is still read for (its
+/// cached-token report and breaker outcome) after decode has answered.
+const PREFILL_TAIL: Duration = Duration::from_secs(60);
+
+/// What a disaggregated request keeps until its response body ends.
+pub(crate) struct Held {
+    /// The SGLang prefill side, still reading prefill's answer.
+    prefill: Option<tokio::task::JoinHandle<()>>,
+    /// The `x-radixgate-decision` line naming both choices.
+    pub(crate) explained: String,
+    /// The prefill worker's URL (`None`: prefill skipped).
+    pub(crate) prefill_worker: Option<String>,
+}
+
+impl Held {
+    /// The response ended: a complete one leaves prefill's answer to be
+    /// read to its end; any other end cancels it.
+    pub(crate) fn finish(mut self, complete: bool) {
+        if let Some(task) = self.prefill.take()
+            && !complete
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(task) = self.prefill.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Whether `api` is served by a disaggregated pool speaking `protocol`
+/// (the others answer 501).
+fn served(api: Api, protocol: PdProtocol) -> bool {
+    match protocol {
+        PdProtocol::Sglang => {
+            matches!(api, Api::Generate | Api::Completions | Api::ChatCompletions)
+        }
+        PdProtocol::Vllm => matches!(api, Api::Completions | Api::ChatCompletions),
+    }
+}
+
+/// The pair's attempt loop (see the module doc); returns decode's answer
+/// and what the response body must keep.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn attempts(
+    state: &AppState,
+    api: Api,
+    target: Target<'_>,
+    request: &Inspected,
+    exact: Option<&crate::events::Matched>,
+    client_headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    bytes: Bytes,
+) -> Result<(Answer, Held), GatewayError> {
+    let shared = &state.shared;
+    let pd = &shared.config.pd;
+    if !served(api, pd.protocol) {
+        return Err(GatewayError::NotDisaggregated { route: api.path() });
+    }
+    let routing_key = routing_key(client_headers, request.user.as_deref());
+    let max_retries = shared.config.retry.max_retries;
+    let first_byte_timeout = shared.config.first_byte_timeout(request.stream);
+    let stream_first_byte_timeout = shared.config.first_byte_timeout(true);
+    let mut backoff = Backoff::new(&shared.config.retry);
+    let mut tried_prefill: Vec<WorkerId> = Vec::new();
+    let mut tried_decode: Vec<WorkerId> = Vec::new();
+    let mut last_failure: Option<GatewayError> = None;
+    let mut attempt = 0u32;
+    let model = request.model.as_deref();
+    let text = &request.routing_text;
+    loop {
+        let give_up = |err, last: Option<GatewayError>| match last {
+            Some(last) => GatewayError::RetriesExhausted {
+                attempts: attempt,
+                last: Box::new(last),
+            },
+            None => unavailable(shared, err, model),
+        };
+        let decode = match shared.router.select_in(
+            WorkerRole::Decode,
+            model,
+            text,
+            routing_key,
+            &tried_decode,
+            None,
+        ) {
+            Ok(routed) => routed,
+            Err(err) => return Err(give_up(err, last_failure)),
+        };
+        let skip = skips_prefill(shared, &decode, text, pd.skip_prefill_max_uncached_tokens);
+        let prefill = match skip {
+            Some(_) => None,
+            None => match shared.router.select_in(
+                WorkerRole::Prefill,
+                model,
+                text,
+                routing_key,
+                &tried_prefill,
+                exact.map(crate::events::Matched::view),
+            ) {
+                Ok(routed) => Some(routed),
+                Err(err) => return Err(give_up(err, last_failure)),
+            },
+        };
+        let explained = explain(pd.protocol, prefill.as_ref(), &decode, skip);
+        shared.request_metrics.pd_request(if skip.is_some() {
+            "skipped_prefill"
+        } else {
+            "paired"
+        });
+        let last_attempt = attempt >= max_retries;
+        attempt += 1;
+        let pair = Pair {
+            state,
+            path: target.path,
+            client_headers,
+            peer,
+            first_byte_timeout,
+            hang: stream_first_byte_timeout,
+            text,
+            retry: attempt as usize - 1,
+        };
+        let outcome = match prefill {
+            None => pair.decode_alone(decode, bytes.clone()).await,
+            Some(prefill) => match pd.protocol {
+                PdProtocol::Sglang => pair.sglang(api, prefill, decode, &bytes).await,
+                PdProtocol::Vllm => pair.vllm(prefill, decode, &bytes).await,
+            },
+        };
+        let failure = match outcome {
+            Ok(mut done) => {
+                let prefill_worker = done.prefill_worker.take();
+                return Ok((
+                    done.answer,
+                    Held {
+                        prefill: done.prefill_task,
+                        explained,
+                        prefill_worker,
+                    },
+                ));
+            }
+            Err(Failed {
+                side,
+                worker,
+                error,
+                answer,
+            }) => {
+                shared.request_metrics.pd_failure(side.as_str());
+                if let (true, Some(answer)) = (last_attempt, answer) {
+                    // Nobody is left to ask: decode's own error answer
+                    // goes to the client, as a co-located one would.
+                    return Ok((
+                        *answer,
+                        Held {
+                            prefill: None,
+                            explained,
+                            prefill_worker: None,
+                        },
+                    ));
+                }
+                match side {
+                    WorkerRole::Decode => tried_decode.push(worker),
+                    _ => tried_prefill.push(worker),
+                }
+                GatewayError::Disaggregated {
+                    side: side.as_str(),
+                    source: Box::new(error),
+                }
+            }
+        };
+        if last_attempt || !failure.retryable() {
+            return Err(if attempt > 1 {
+                GatewayError::RetriesExhausted {
+                    attempts: attempt,
+                    last: Box::new(failure),
+                }
+            } else {
+                failure
+            });
+        }
+        tracing::debug!(error = %failure, "disaggregated attempt failed; retrying on a new pair");
+        shared.request_metrics.retry(retry::reason(&failure));
+        last_failure = Some(failure);
+        let pause = backoff.pause(&mut rand::rng());
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The prompt tokens decode would have to compute itself, when that is at
+/// most `threshold` (and the threshold is on): decode's predicted holding,
+/// in the model's learned characters per token (4 until learned).
+fn skips_prefill(shared: &Shared, decode: &Routed, text: &str, threshold: usize) -> Option<usize> {
+    if threshold == 0 {
+        return None;
+    }
+    let held = decode.decision.held_chars()?;
+    let chars = text.chars().count();
+    let uncached = chars.saturating_sub(held);
+    let per_token = decode
+        .model
+        .as_deref()
+        .and_then(|m| {
+            shared
+                .router
+                .decode_policy()
+                .trees()
+                .and_then(|t| t.chars_per_token_of(m))
+        })
+        .unwrap_or(4.0)
+        .max(0.5);
+    let tokens = (uncached as f64 / per_token).ceil() as usize;
+    (held > 0 && tokens <= threshold).then_some(tokens)
+}
+
+/// `pd=sglang prefill=[…] decode=[…]`, or with `prefill=skipped` and the
+/// tokens decode computes itself; each bracket is that side's decision
+/// line.
+fn explain(
+    protocol: PdProtocol,
+    prefill: Option<&Routed>,
+    decode: &Routed,
+    skip: Option<usize>,
+) -> String {
+    let mut line = String::with_capacity(256);
+    let _ = write!(line, "pd={} ", protocol.as_str());
+    match (prefill, skip) {
+        (Some(p), _) => {
+            let _ = write!(line, "prefill=[{}] ", p.decision.rendered());
+        }
+        (None, Some(tokens)) => {
+            let _ = write!(line, "prefill=skipped uncached_tokens={tokens} ");
+        }
+        (None, None) => {}
+    }
+    let _ = write!(line, "decode=[{}]", decode.decision.rendered());
+    if let Some(held) = decode.decision.held_chars() {
+        let _ = write!(line, " decode_held_chars={held}");
+    }
+    line
+}
+
+/// One pair's attempt: what it shares with every step.
+struct Pair<'a> {
+    state: &'a AppState,
+    path: &'a str,
+    client_headers: &'a HeaderMap,
+    peer: Option<IpAddr>,
+    first_byte_timeout: Option<Duration>,
+    hang: Option<Duration>,
+    text: &'a str,
+    retry: usize,
+}
+
+/// A pair's attempt that answered.
+struct Done {
+    answer: Answer,
+    prefill_task: Option<tokio::task::JoinHandle<()>>,
+    prefill_worker: Option<String>,
+}
+
+/// A pair's attempt that failed: on which side, and decode's own error
+/// answer when it gave one (passed through on the last attempt).
+struct Failed {
+    side: WorkerRole,
+    worker: WorkerId,
+    error: GatewayError,
+    answer: Option<Box<Answer>>,
+}
+
+impl Failed {
+    fn prefill(worker: WorkerId, error: GatewayError) -> Self {
+        Self {
+            side: WorkerRole::Prefill,
+            worker,
+            error,
+            answer: None,
+        }
+    }
+}
+
+impl Pair<'_> {
+    /// Sends `body` to the decision's worker and waits for its head and
+    /// first frame; a failure is recorded on the worker.
+    async fn attempt(
+        &self,
+        decision: &mut Decision,
+        body: Bytes,
+    ) -> Result<(Answer2, Permit), (GatewayError, Option<Permit>)> {
+        let shared = &self.state.shared;
+        let worker = decision.worker().clone();
+        let breaker = shared.breakers.get(worker.id());
+        let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
+            return Err((
+                GatewayError::WorkerLost {
+                    worker: worker.url().to_owned(),
+                    after: Duration::ZERO,
+                },
+                None,
+            ));
+        };
+        let sent = tokio::time::Instant::now();
+        let traced = crate::trace::Attempt::start(worker.url(), self.path, self.retry);
+        let attempt = async {
+            let response = send(
+                self.state,
+                decision,
+                self.path,
+                self.client_headers,
+                self.peer,
+                body,
+                &traced,
+            )
+            .await?;
+            prime(response, worker.url()).await
+        };
+        let waited = first_byte(
+            attempt,
+            Waiting {
+                worker: &worker,
+                breaker: &breaker,
+                sent,
+                timeout: self.first_byte_timeout,
+                hang: self.hang,
+            },
+        )
+        .await;
+        match waited {
+            Ok(response) => Ok((
+                Answer2 {
+                    response,
+                    sent,
+                    trace: traced,
+                },
+                probe,
+            )),
+            Err(err) => {
+                if let GatewayError::FirstByteTimeout { after, .. } = &err {
+                    shared.outliers.sample(worker.id(), *after);
+                    breaker.note_hang(tokio::time::Instant::now());
+                }
+                shared
+                    .request_metrics
+                    .upstream_error(worker.url(), error_kind(&err));
+                traced.failed(retry::reason(&err), &err);
+                record(&worker, probe, Outcome::Failure);
+                Err((err, None))
+            }
+        }
+    }
+
+    /// Decode's response: the client's answer if it succeeded; otherwise
+    /// the failure, with the answer kept for the last attempt.
+    async fn decode_answer(&self, routed: Routed, body: Bytes) -> Result<Answer, Failed> {
+        let Routed {
+            mut decision,
+            model,
+        } = routed;
+        let shared = &self.state.shared;
+        let worker = decision.worker().clone();
+        let (mut answer, probe) = match self.attempt(&mut decision, body).await {
+            Ok(ok) => ok,
+            Err((error, _)) => {
+                return Err(Failed {
+                    side: WorkerRole::Decode,
+                    worker: worker.id(),
+                    error,
+                    answer: None,
+                });
+            }
+        };
+        let status = answer.response.status();
+        answer.trace.answered(status.as_u16());
+        shared.outliers.sample(worker.id(), answer.sent.elapsed());
+        if status.is_success() && super::is_event_stream(answer.response.headers()) {
+            decision.first_token(answer.sent.elapsed());
+        }
+        if !retry::retryable_status(status) {
+            if status.is_client_error() {
+                decision.undo_insert(self.text);
+            }
+            return Ok(Answer {
+                response: answer.response,
+                decision,
+                model,
+                probe: Some(probe),
+                sent: answer.sent,
+                trace: answer.trace,
+            });
+        }
+        shared
+            .request_metrics
+            .upstream_error(worker.url(), "status");
+        record(&worker, probe, Outcome::Failure);
+        // The last attempt passes the answer itself on; a retry names the
+        // status.
+        let error = GatewayError::UpstreamStatus {
+            worker: worker.url().to_owned(),
+            status,
+            message: None,
+        };
+        let kept = Answer {
+            response: answer.response,
+            decision,
+            model,
+            probe: None,
+            sent: answer.sent,
+            trace: answer.trace,
+        };
+        Err(Failed {
+            side: WorkerRole::Decode,
+            worker: worker.id(),
+            error,
+            answer: Some(Box::new(kept)),
+        })
+    }
+
+    /// The prefill skip: the client's bytes to decode alone.
+    async fn decode_alone(&self, decode: Routed, bytes: Bytes) -> Result<Done, Failed> {
+        let answer = self.decode_answer(decode, bytes).await?;
+        Ok(Done {
+            answer,
+            prefill_task: None,
+            prefill_worker: None,
+        })
+    }
+
+    /// SGLang: both at once, with the bootstrap fields.
+    async fn sglang(
+        &self,
+        api: Api,
+        prefill: Routed,
+        mut decode: Routed,
+        bytes: &Bytes,
+    ) -> Result<Done, Failed> {
+        let shared = &self.state.shared;
+        let prefill_worker = prefill.decision.worker().clone();
+        let host = WorkerUrl::parse(prefill_worker.url())
+            .map(|u| u.host().trim_matches(['[', ']']).to_owned())
+            .unwrap_or_default();
+        let body = match with_bootstrap(api, bytes, &host, prefill_worker.bootstrap_port()) {
+            Ok(body) => body,
+            Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
+        };
+        // The pair's answer is decode's; prefill's transfer is not what
+        // decode's cached-token report measures.
+        drop(decode.decision.take_cache_feedback());
+        let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(prefill_side(
+            PrefillSide {
+                shared: shared.clone(),
+                forwarder: self.state.forwarder.clone(),
+                path: self.path.to_owned(),
+                headers: self.client_headers.clone(),
+                peer: self.peer,
+                timeout: self.first_byte_timeout,
+                hang: self.hang,
+                text: self.text.to_owned(),
+                retry: self.retry,
+            },
+            prefill.decision,
+            body.clone(),
+            head_tx,
+        ));
+        let mut task = AbortOnDrop(Some(task));
+        let decoding = self.decode_answer(decode, body);
+        tokio::pin!(decoding);
+        tokio::pin!(head_rx);
+        let mut prefill_ok = false;
+        loop {
+            tokio::select! {
+                head = &mut head_rx, if !prefill_ok => match head {
+                    Ok(Ok(())) => prefill_ok = true,
+                    Ok(Err(error)) => return Err(Failed::prefill(prefill_worker.id(), error)),
+                    // The task ended without a word: it panicked or was cut.
+                    Err(_) => {
+                        return Err(Failed::prefill(
+                            prefill_worker.id(),
+                            GatewayError::WorkerLost {
+                                worker: prefill_worker.url().to_owned(),
+                                after: Duration::ZERO,
+                            },
+                        ));
+                    }
+                },
+                decoded = &mut decoding => {
+                    let answer = decoded?;
+                    return Ok(Done {
+                        answer,
+                        prefill_task: task.0.take(),
+                        prefill_worker: Some(prefill_worker.url().to_owned()),
+                    });
+                }
+            }
+        }
+    }
+
+    /// vLLM: prefill first, then decode with prefill's transfer parameters.
+    async fn vllm(
+        &self,
+        prefill: Routed,
+        mut decode: Routed,
+        bytes: &Bytes,
+    ) -> Result<Done, Failed> {
+        let Routed {
+            decision: mut prefill_decision,
+            ..
+        } = prefill;
+        let prefill_worker = prefill_decision.worker().clone();
+        let step_one = match prefill_body(bytes) {
+            Ok(body) => body,
+            Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
+        };
+        let (mut answer, probe) = match self.attempt(&mut prefill_decision, step_one).await {
+            Ok(ok) => ok,
+            Err((error, _)) => return Err(Failed::prefill(prefill_worker.id(), error)),
+        };
+        let status = answer.response.status();
+        answer.trace.answered(status.as_u16());
+        let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
+        if !status.is_success() {
+            let (message, _) = error_message(answer.response, deadline).await;
+            record(&prefill_worker, probe, Outcome::Failure);
+            self.state
+                .shared
+                .request_metrics
+                .upstream_error(prefill_worker.url(), "status");
+            return Err(Failed::prefill(
+                prefill_worker.id(),
+                GatewayError::UpstreamStatus {
+                    worker: prefill_worker.url().to_owned(),
+                    status,
+                    message,
+                },
+            ));
+        }
+        prefill_decision.first_token(answer.sent.elapsed());
+        let whole = read_whole(answer.response, deadline).await;
+        let params = whole.as_deref().and_then(transfer_params);
+        let Some(params) = params else {
+            record(&prefill_worker, probe, Outcome::Failure);
+            return Err(Failed::prefill(
+                prefill_worker.id(),
+                GatewayError::NoTransferParams {
+                    worker: prefill_worker.url().to_owned(),
+                },
+            ));
+        };
+        record(&prefill_worker, probe, Outcome::Success);
+        if let Some(body) = &whole {
+            apply_cached_report(&mut prefill_decision, self.text, body);
+        }
+        // Prefill's work is done: its load goes now, not with the stream.
+        drop(prefill_decision);
+        let step_two = match with_transfer_params(bytes, &params) {
+            Ok(body) => body,
+            Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
+        };
+        drop(decode.decision.take_cache_feedback());
+        let answer = self.decode_answer(decode, step_two).await?;
+        Ok(Done {
+            answer,
+            prefill_task: None,
+            prefill_worker: Some(prefill_worker.url().to_owned()),
+        })
+    }
+}
+
+/// A primed response and when it was sent.
+struct Answer2 {
+    response: axum::http::Response<crate::stream::Primed<hyper::body::Incoming>>,
+    sent: tokio::time::Instant,
+    trace: crate::trace::Attempt,
+}
+
+/// The metrics kind of a failed attempt.
+fn error_kind(err: &GatewayError) -> &'static str {
+    match err {
+        GatewayError::FirstByteTimeout { .. } => "timeout",
+        GatewayError::WorkerLost { .. } => "worker_lost",
+        _ => "connect",
+    }
+}
+
+/// Aborts the task it holds when dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// What the SGLang prefill task needs, owned.
+struct PrefillSide {
+    shared: Arc<Shared>,
+    forwarder: crate::upstream::Forwarder,
+    path: String,
+    headers: HeaderMap,
+    peer: Option<IpAddr>,
+    timeout: Option<Duration>,
+    hang: Option<Duration>,
+    text: String,
+    retry: usize,
+}
+
+/// The SGLang prefill side: sends, reports its head (or failure) on `head`,
+/// then reads prefill's answer to its end, its load and breaker permit
+/// held until then, and corrects the prefill pool's record from its
+/// cached-token report.
+async fn prefill_side(
+    side: PrefillSide,
+    mut decision: Decision,
+    body: Bytes,
+    head: tokio::sync::oneshot::Sender<Result<(), GatewayError>>,
+) {
+    let state = AppState {
+        shared: side.shared.clone(),
+        forwarder: side.forwarder,
+    };
+    let pair = Pair {
+        state: &state,
+        path: &side.path,
+        client_headers: &side.headers,
+        peer: side.peer,
+        first_byte_timeout: side.timeout,
+        hang: side.hang,
+        text: &side.text,
+        retry: side.retry,
+    };
+    let worker = decision.worker().clone();
+    let (mut answer, probe) = match pair.attempt(&mut decision, body).await {
+        Ok(ok) => ok,
+        Err((error, _)) => {
+            let _ = head.send(Err(error));
+            return;
+        }
+    };
+    let status = answer.response.status();
+    answer.trace.answered(status.as_u16());
+    if !status.is_success() {
+        let deadline = side.timeout.map(|t| answer.sent + t);
+        let (message, _) = error_message(answer.response, deadline).await;
+        side.shared
+            .request_metrics
+            .upstream_error(worker.url(), "status");
+        record(&worker, probe, Outcome::Failure);
+        let _ = head.send(Err(GatewayError::UpstreamStatus {
+            worker: worker.url().to_owned(),
+            status,
+            message,
+        }));
+        return;
+    }
+    decision.first_token(answer.sent.elapsed());
+    let _ = head.send(Ok(()));
+    let read = async {
+        let mut tail = UsageTail::new();
+        let mut body = std::pin::pin!(answer.response.into_body());
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        tail.push(data);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+        Some(tail)
+    };
+    match tokio::time::timeout(PREFILL_TAIL, read).await {
+        Ok(Some(mut tail)) => {
+            record(&worker, probe, Outcome::Success);
+            if let Some(feedback) = decision.take_cache_feedback() {
+                super::Correction { feedback }.finish(&side.text, tail.cached());
+            }
+        }
+        Ok(None) => {
+            side.shared
+                .request_metrics
+                .upstream_error(worker.url(), "stream_broken");
+            record(&worker, probe, Outcome::Failure);
+        }
+        Err(_) => drop(probe),
+    }
+}
+
+/// Reads a whole answer (at most [`PREFILL_ANSWER_LIMIT`] bytes) before
+/// `deadline`; `None` if it breaks, is too long or is late.
+async fn read_whole(
+    response: axum::http::Response<crate::stream::Primed<hyper::body::Incoming>>,
+    deadline: Option<tokio::time::Instant>,
+) -> Option<Bytes> {
+    let body = http_body_util::Limited::new(response.into_body(), PREFILL_ANSWER_LIMIT);
+    let read = async { body.collect().await.ok().map(|c| c.to_bytes()) };
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, read).await.ok().flatten(),
+        None => read.await,
+    }
+}
+
+/// Hands a vLLM prefill answer's cached-token report to the prefill
+/// pool's correction.
+fn apply_cached_report(decision: &mut Decision, text: &str, body: &[u8]) {
+    let mut tail = UsageTail::new();
+    tail.push(body);
+    let cached = tail.cached();
+    if matches!(cached, CachedReport::Absent) {
+        return;
+    }
+    if let Some(feedback) = decision.take_cache_feedback() {
+        super::Correction { feedback }.finish(text, cached);
+    }
+}
+
+/// A request body's top-level fields, their values as the client wrote
+/// them.
+type Fields = BTreeMap<String, Box<RawValue>>;
+
+fn fields(bytes: &[u8]) -> Result<Fields, GatewayError> {
+    serde_json::from_slice(bytes).map_err(|e| GatewayError::BadRequest(e.into()))
+}
+
+fn to_bytes(fields: &Fields) -> Result<Bytes, GatewayError> {
+    serde_json::to_vec(fields)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::BadRequest(e.into()))
+}
+
+fn raw(json: String) -> Box<RawValue> {
+    RawValue::from_string(json).expect("the gateway writes valid JSON")
+}
+
+/// How many prompts a request carries: `Some(n)` for a batch (SGLang
+/// `/generate` with a list of texts or of token-id lists, `/v1/completions`
+/// with a list of prompts), `None` for one.
+fn batch_size(api: Api, fields: &Fields) -> Option<usize> {
+    let list =
+        |key: &str| -> Option<Vec<&RawValue>> { serde_json::from_str(fields.get(key)?.get()).ok() };
+    let nested = |items: &[&RawValue]| {
+        items
+            .first()
+            .is_some_and(|v| matches!(v.get().trim_start().as_bytes().first(), Some(b'[' | b'"')))
+    };
+    match api {
+        Api::Generate => {
+            if let Some(texts) = list("text") {
+                return Some(texts.len());
+            }
+            list("input_ids")
+                .filter(|ids| nested(ids))
+                .map(|ids| ids.len())
+        }
+        Api::Completions => list("prompt").filter(|p| nested(p)).map(|p| p.len()),
+        _ => None,
+    }
+}
+
+/// The SGLang body: the client's plus `bootstrap_host`, `bootstrap_port`
+/// and a fresh `bootstrap_room` (arrays for a batch).
+fn with_bootstrap(
+    api: Api,
+    bytes: &[u8],
+    host: &str,
+    port: Option<u16>,
+) -> Result<Bytes, GatewayError> {
+    let mut fields = fields(bytes)?;
+    let host = serde_json::to_string(host).expect("a string");
+    let port = port.map_or_else(|| "null".to_owned(), |p| p.to_string());
+    let room = || (rand::random::<u64>() >> 1).to_string();
+    let (host, port, room) = match batch_size(api, &fields) {
+        None => (host, port, room()),
+        Some(n) => (
+            format!("[{}]", vec![host; n].join(",")),
+            format!("[{}]", vec![port; n].join(",")),
+            format!("[{}]", (0..n).map(|_| room()).collect::<Vec<_>>().join(",")),
+        ),
+    };
+    fields.insert("bootstrap_host".into(), raw(host));
+    fields.insert("bootstrap_port".into(), raw(port));
+    fields.insert("bootstrap_room".into(), raw(room));
+    to_bytes(&fields)
+}
+
+/// vLLM's step one: one whole token, and a request for remote decode.
+fn prefill_body(bytes: &[u8]) -> Result<Bytes, GatewayError> {
+    let mut fields = fields(bytes)?;
+    fields.insert("stream".into(), raw("false".into()));
+    fields.insert("max_tokens".into(), raw("1".into()));
+    if fields.contains_key("max_completion_tokens") {
+        fields.insert("max_completion_tokens".into(), raw("1".into()));
+    }
+    fields.remove("stream_options");
+    fields.insert(
+        "kv_transfer_params".into(),
+        raw(r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#.into()),
+    );
+    to_bytes(&fields)
+}
+
+/// The `kv_transfer_params` object of a vLLM prefill answer.
+fn transfer_params(body: &[u8]) -> Option<Box<RawValue>> {
+    let fields: Fields = serde_json::from_slice(body).ok()?;
+    let params = fields.get("kv_transfer_params")?;
+    params
+        .get()
+        .trim_start()
+        .starts_with('{')
+        .then(|| params.clone())
+}
+
+/// vLLM's step two: the client's body with prefill's transfer parameters.
+fn with_transfer_params(bytes: &[u8], params: &RawValue) -> Result<Bytes, GatewayError> {
+    let mut fields = fields(bytes)?;
+    fields.insert("kv_transfer_params".into(), params.to_owned());
+    to_bytes(&fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn parse(b: &Bytes) -> Value {
+        serde_json::from_slice(b).unwrap()
+    }
+
+    #[test]
+    fn bootstrap_fields_are_added_and_everything_else_kept() {
+        let body = br#"{"text":"hi","sampling_params":{"temperature":0.70,"max_new_tokens":8},"unknown_field":[1,2.50]}"#;
+        let out = with_bootstrap(Api::Generate, body, "10.0.0.5", Some(8998)).unwrap();
+        let v = parse(&out);
+        assert_eq!(v["bootstrap_host"], "10.0.0.5");
+        assert_eq!(v["bootstrap_port"], 8998);
+        let room = v["bootstrap_room"].as_u64().unwrap();
+        assert!(room < 1 << 63);
+        // Values pass byte for byte (2.50 and 0.70 keep their spelling).
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.contains(r#""unknown_field":[1,2.50]"#), "{text}");
+        assert!(text.contains(r#""temperature":0.70"#), "{text}");
+        let again = with_bootstrap(Api::Generate, body, "10.0.0.5", None).unwrap();
+        let again = parse(&again);
+        assert_eq!(again["bootstrap_port"], Value::Null);
+        assert_ne!(again["bootstrap_room"], v["bootstrap_room"], "a fresh room");
+    }
+
+    #[test]
+    fn a_batch_gets_arrays() {
+        let out =
+            with_bootstrap(Api::Generate, br#"{"text":["a","b","c"]}"#, "h", Some(1)).unwrap();
+        let v = parse(&out);
+        assert_eq!(v["bootstrap_host"], json!(["h", "h", "h"]));
+        assert_eq!(v["bootstrap_port"], json!([1, 1, 1]));
+        let rooms = v["bootstrap_room"].as_array().unwrap();
+        assert_eq!(rooms.len(), 3);
+        assert_ne!(rooms[0], rooms[1]);
+        let ids =
+            with_bootstrap(Api::Generate, br#"{"input_ids":[[1,2],[3]]}"#, "h", None).unwrap();
+        assert_eq!(parse(&ids)["bootstrap_room"].as_array().unwrap().len(), 2);
+        // One prompt of token ids is not a batch.
+        let one = with_bootstrap(Api::Generate, br#"{"input_ids":[1,2,3]}"#, "h", None).unwrap();
+        assert!(parse(&one)["bootstrap_room"].is_u64());
+        let prompts =
+            with_bootstrap(Api::Completions, br#"{"prompt":["x","y"]}"#, "h", None).unwrap();
+        assert_eq!(parse(&prompts)["bootstrap_host"], json!(["h", "h"]));
+        let chat = with_bootstrap(
+            Api::ChatCompletions,
+            br#"{"messages":[{"role":"user","content":"x"}]}"#,
+            "h",
+            None,
+        )
+        .unwrap();
+        assert!(parse(&chat)["bootstrap_room"].is_u64());
+    }
+
+    #[test]
+    fn the_vllm_steps_rewrite_only_their_fields() {
+        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"extra":{"k":1}}"#;
+        let one = parse(&prefill_body(body).unwrap());
+        assert_eq!(one["stream"], false);
+        assert_eq!(one["max_tokens"], 1);
+        assert_eq!(one["max_completion_tokens"], 1);
+        assert!(one.get("stream_options").is_none());
+        assert_eq!(one["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(one["kv_transfer_params"]["do_remote_prefill"], false);
+        assert_eq!(one["extra"], json!({"k": 1}));
+        let answer = br#"{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[1,2],"remote_host":"127.0.0.1","remote_port":5600}}"#;
+        let params = transfer_params(answer).unwrap();
+        let two = parse(&with_transfer_params(body, &params).unwrap());
+        assert_eq!(two["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
+        assert_eq!(two["stream"], true, "the client's own flags");
+        assert_eq!(two["max_tokens"], 64);
+        assert_eq!(two["stream_options"], json!({"include_usage": true}));
+        assert!(transfer_params(br#"{"choices":[]}"#).is_none());
+        assert!(transfer_params(br#"{"kv_transfer_params":null}"#).is_none());
+        assert!(transfer_params(b"not json").is_none());
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_the_clients_error() {
+        assert!(matches!(
+            with_bootstrap(Api::Generate, b"[1]", "h", None),
+            Err(GatewayError::BadRequest(_))
+        ));
+    }
+}
