@@ -55,6 +55,7 @@ pub struct PdConfig {
     /// Send a request to its decode worker alone, skipping the prefill
     /// pool, when that worker is predicted to hold all but at most this
     /// many of the prompt's tokens (`--pd-skip-prefill-tokens`); 0 = never.
+    /// A whole prompt that short goes to decode alone too.
     /// The prediction is the decode pool's prefix record (every prompt a
     /// decode worker generated from is in its cache), converted to tokens
     /// at the model's learned characters per token. Default 32: two pages

@@ -255,7 +255,9 @@ pub(super) async fn attempts(
 
 /// The prompt tokens decode would have to compute itself, when that is at
 /// most `threshold` (and the threshold is on): decode's predicted holding,
-/// in the model's learned characters per token (4 until learned).
+/// in the model's learned characters per token (4 until learned). A prompt
+/// that short in all goes to decode alone too: moving its KV would cost
+/// more than computing it.
 fn skips_prefill(shared: &Shared, decode: &Routed, text: &str, threshold: usize) -> Option<usize> {
     if threshold == 0 {
         return None;
@@ -276,7 +278,7 @@ fn skips_prefill(shared: &Shared, decode: &Routed, text: &str, threshold: usize)
         .unwrap_or(4.0)
         .max(0.5);
     let tokens = (uncached as f64 / per_token).ceil() as usize;
-    (held > 0 && tokens <= threshold).then_some(tokens)
+    (tokens <= threshold).then_some(tokens)
 }
 
 /// `pd=sglang prefill=[…] decode=[…]`, or with `prefill=skipped` and the
@@ -533,32 +535,39 @@ impl Pair<'_> {
         tokio::pin!(decoding);
         tokio::pin!(head_rx);
         let mut prefill_ok = false;
-        loop {
+        let failed = |error| Failed::prefill(prefill_worker.id(), error);
+        let lost = || {
+            // The task ended without a word: it panicked or was cut.
+            GatewayError::WorkerLost {
+                worker: prefill_worker.url().to_owned(),
+                after: Duration::ZERO,
+            }
+        };
+        let answer = loop {
             tokio::select! {
                 head = &mut head_rx, if !prefill_ok => match head {
                     Ok(Ok(())) => prefill_ok = true,
-                    Ok(Err(error)) => return Err(Failed::prefill(prefill_worker.id(), error)),
-                    // The task ended without a word: it panicked or was cut.
-                    Err(_) => {
-                        return Err(Failed::prefill(
-                            prefill_worker.id(),
-                            GatewayError::WorkerLost {
-                                worker: prefill_worker.url().to_owned(),
-                                after: Duration::ZERO,
-                            },
-                        ));
-                    }
+                    Ok(Err(error)) => return Err(failed(error)),
+                    Err(_) => return Err(failed(lost())),
                 },
-                decoded = &mut decoding => {
-                    let answer = decoded?;
-                    return Ok(Done {
-                        answer,
-                        prefill_task: task.0.take(),
-                        prefill_worker: Some(prefill_worker.url().to_owned()),
-                    });
-                }
+                decoded = &mut decoding => break decoded?,
+            }
+        };
+        // Decode answered; the client gets it once prefill has answered
+        // too (in practice it already has: decode's first token needs
+        // prefill's KV), so a prefill failure is reported as one.
+        if !prefill_ok {
+            match head_rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => return Err(failed(error)),
+                Err(_) => return Err(failed(lost())),
             }
         }
+        Ok(Done {
+            answer,
+            prefill_task: task.0.take(),
+            prefill_worker: Some(prefill_worker.url().to_owned()),
+        })
     }
 
     /// vLLM: prefill first, then decode with prefill's transfer parameters.

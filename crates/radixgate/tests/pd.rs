@@ -1,0 +1,640 @@
+//! Prefill/decode disaggregation through `serve`, on loopback: what each
+//! engine is sent (SGLang's bootstrap fields, vLLM's two steps), what the
+//! client gets back, whole and streamed, and what happens when either
+//! side fails, when the client goes away, and when decode alone will do.
+//!
+//! The workers here are recording engines: each role of each protocol
+//! answers as the engine does and keeps every body it was sent, so a test
+//! can check them field by field. (`tests/pd_sim.rs` runs the simulated
+//! workers, whose decode really pulls the KV from prefill.)
+
+mod common;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::routing::{get, post};
+use common::{client, config, gateway, series_value, wait_for_healthy, wait_until};
+use parking_lot::Mutex;
+use radixgate::config::{Config, PdProtocol, WorkerSpec};
+use radixgate_routing::{PolicyConfig, WorkerRole};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How a recording engine behaves.
+#[derive(Clone, Copy, Default)]
+struct Behaviour {
+    /// Answer every request with this status.
+    fail: Option<u16>,
+    /// Wait this long before answering (a long prefill, a slow transfer).
+    delay_ms: u64,
+    /// Streams: wait this long between events.
+    event_gap_ms: u64,
+}
+
+/// A recording engine in one role.
+#[derive(Clone)]
+struct Engine {
+    name: &'static str,
+    role: WorkerRole,
+    bodies: Arc<Mutex<Vec<Value>>>,
+    cancelled: Arc<AtomicUsize>,
+    behaviour: Arc<Mutex<Behaviour>>,
+    url: Arc<Mutex<String>>,
+}
+
+impl Engine {
+    fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().clone()
+    }
+
+    fn cancelled(&self) -> usize {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    fn url(&self) -> String {
+        self.url.lock().clone()
+    }
+
+    fn set(&self, behaviour: Behaviour) {
+        *self.behaviour.lock() = behaviour;
+    }
+}
+
+/// Counts a handler (or its stream) dropped before it finished.
+struct Unfinished {
+    count: Arc<AtomicUsize>,
+    done: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.done {
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn engine(name: &'static str, role: WorkerRole) -> Engine {
+    let e = Engine {
+        name,
+        role,
+        bodies: Arc::default(),
+        cancelled: Arc::default(),
+        behaviour: Arc::default(),
+        url: Arc::default(),
+    };
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { Json(json!({"data": [{"id": "pd-model"}]})) }),
+        )
+        .route("/generate", post(answer))
+        .route("/v1/completions", post(answer))
+        .route("/v1/chat/completions", post(answer))
+        .with_state(e.clone());
+    let (url, _stop) = common::serve_app(app).await;
+    *e.url.lock() = url;
+    e
+}
+
+use axum::Json;
+
+async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Response {
+    let mut guard = Unfinished {
+        count: e.cancelled.clone(),
+        done: false,
+    };
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    e.bodies.lock().push(body.clone());
+    let b = *e.behaviour.lock();
+    tokio::time::sleep(Duration::from_millis(b.delay_ms)).await;
+    if let Some(status) = b.fail {
+        guard.done = true;
+        return axum::response::Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"error": {"message": format!("{} failed on purpose", e.name)}}).to_string(),
+            ))
+            .unwrap();
+    }
+    let vllm_prefill = body["kv_transfer_params"]["do_remote_decode"] == true;
+    let mut whole = json!({
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("from-{}", e.name)}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+    });
+    if vllm_prefill {
+        whole["kv_transfer_params"] = json!({
+            "do_remote_prefill": true,
+            "do_remote_decode": false,
+            "remote_engine_id": format!("engine-{}", e.name),
+            "remote_block_ids": [7, 8, 9],
+            "remote_host": "127.0.0.1",
+            "remote_port": 5601,
+            "tp_size": 1,
+        });
+    }
+    if body["stream"] != true {
+        guard.done = true;
+        return Json(whole).into_response();
+    }
+    let name = e.name;
+    let gap = Duration::from_millis(b.event_gap_ms.max(1));
+    let events = (0..3).map(move |i| {
+        if i < 2 {
+            format!(
+                "data: {}\n\n",
+                json!({"choices": [{"index": 0, "delta": {"content": format!("from-{name}-{i}")}}]})
+            )
+        } else {
+            "data: [DONE]\n\n".to_owned()
+        }
+    });
+    let stream = futures::stream::iter(events.enumerate()).then(move |(i, event)| async move {
+        if i > 0 {
+            tokio::time::sleep(gap).await;
+        }
+        Ok::<_, std::io::Error>(Bytes::from(event))
+    });
+    // The guard rides with the stream: dropping it unfinished is a cancel.
+    let stream = GuardedStream {
+        inner: Box::pin(stream),
+        guard,
+    };
+    axum::response::Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+use axum::response::IntoResponse;
+use futures::StreamExt as _;
+
+struct GuardedStream<S> {
+    inner: std::pin::Pin<Box<S>>,
+    guard: Unfinished,
+}
+
+impl<S: futures::Stream> futures::Stream for GuardedStream<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let next = self.inner.as_mut().poll_next(cx);
+        if let std::task::Poll::Ready(None) = next {
+            self.guard.done = true;
+        }
+        next
+    }
+}
+
+/// A disaggregated pool of the given engines.
+fn pd_config(
+    protocol: PdProtocol,
+    prefill: &[(&Engine, Option<u16>)],
+    decode: &[&Engine],
+) -> Config {
+    let mut c = config(&[]);
+    c.pd.enabled = true;
+    c.pd.protocol = protocol;
+    // Every request to both workers, unless a test turns the skip on.
+    c.pd.skip_prefill_max_uncached_tokens = 0;
+    for (e, port) in prefill {
+        c.workers.push(
+            WorkerSpec::new(e.url())
+                .with_role(WorkerRole::Prefill)
+                .with_bootstrap_port(*port),
+        );
+    }
+    for e in decode {
+        c.workers
+            .push(WorkerSpec::new(e.url()).with_role(WorkerRole::Decode));
+    }
+    c.retry.max_retries = 2;
+    c
+}
+
+async fn started(c: Config) -> common::Gateway {
+    let n = c.workers.len();
+    let gw = gateway(c).await;
+    wait_for_healthy(&gw.url, n).await;
+    gw
+}
+
+/// A prompt of about 300 tokens: longer than the prefill skip's threshold
+/// of 32, so it goes to both workers until decode holds it.
+fn long_prompt(topic: &str) -> String {
+    format!(
+        "{topic}: {}",
+        "why prefill and decode run on separate pools; ".repeat(25)
+    )
+}
+
+fn chat_body(stream: bool) -> Value {
+    json!({
+        "model": "pd-model",
+        "messages": [{"role": "user", "content": long_prompt("tell me about disaggregation")}],
+        "stream": stream,
+        "max_tokens": 32,
+        "client_extension": {"keep": [1, 2.50]},
+    })
+}
+
+async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_sends_the_bootstrap_fields_to_both_and_answers_from_decode() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(
+        PdProtocol::Sglang,
+        &[(&prefill, Some(8998))],
+        &[&decode],
+    ))
+    .await;
+    for stream in [false, true] {
+        let r = post_chat(&gw.url, &chat_body(stream)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-radixgate-worker"), decode.url());
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), prefill.url());
+        let decision = header(&r, "x-radixgate-decision");
+        assert!(
+            decision.starts_with("pd=sglang prefill=[cache_aware ")
+                && decision.contains("decode=[power_of_two "),
+            "{decision}"
+        );
+        let text = r.text().await.unwrap();
+        assert!(text.contains("from-decode"), "{text}");
+        assert!(!text.contains("from-prefill"), "{text}");
+        let (p, d) = (prefill.bodies(), decode.bodies());
+        let (p, d) = (p.last().unwrap(), d.last().unwrap());
+        assert_eq!(p, d, "both get the same body");
+        assert_eq!(p["bootstrap_host"], "127.0.0.1");
+        assert_eq!(p["bootstrap_port"], 8998);
+        assert!(p["bootstrap_room"].as_u64().unwrap() < 1 << 63);
+        assert_eq!(p["stream"], stream);
+        assert_eq!(p["client_extension"], json!({"keep": [1, 2.50]}));
+        assert_eq!(p["max_tokens"], 32);
+    }
+    let rooms: Vec<u64> = decode
+        .bodies()
+        .iter()
+        .map(|b| b["bootstrap_room"].as_u64().unwrap())
+        .collect();
+    assert_ne!(rooms[0], rooms[1], "a fresh room per request");
+    assert_eq!(
+        series_value(&gw.url, "radixgate_pd_requests_total{path=\"paired\"}").await,
+        2.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_generate_batch_gets_arrays_and_no_port_is_null() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(
+        PdProtocol::Sglang,
+        &[(&prefill, None)],
+        &[&decode],
+    ))
+    .await;
+    let r = client()
+        .post(format!("{}/generate", gw.url))
+        .json(&json!({"text": ["first prompt", "second prompt"], "sampling_params": {"max_new_tokens": 4}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sent = &decode.bodies()[0];
+    assert_eq!(sent["bootstrap_host"], json!(["127.0.0.1", "127.0.0.1"]));
+    assert_eq!(sent["bootstrap_port"], json!([null, null]));
+    assert_eq!(sent["bootstrap_room"].as_array().unwrap().len(), 2);
+    assert_eq!(&prefill.bodies()[0], sent);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_runs_prefill_then_decode_with_its_transfer_params() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode])).await;
+    for stream in [false, true] {
+        let mut body = chat_body(stream);
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let r = post_chat(&gw.url, &body).await;
+        assert_eq!(r.status(), 200);
+        assert!(header(&r, "x-radixgate-decision").starts_with("pd=vllm prefill=["));
+        let text = r.text().await.unwrap();
+        assert!(text.contains("from-decode"), "{text}");
+        let one = prefill.bodies().last().unwrap().clone();
+        assert_eq!(one["stream"], false);
+        assert_eq!(one["max_tokens"], 1);
+        assert!(one.get("stream_options").is_none());
+        assert_eq!(
+            one["kv_transfer_params"],
+            json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+                   "remote_block_ids": null, "remote_host": null, "remote_port": null})
+        );
+        assert_eq!(one["client_extension"], json!({"keep": [1, 2.50]}));
+        let two = decode.bodies().last().unwrap().clone();
+        assert_eq!(
+            two["kv_transfer_params"]["remote_engine_id"],
+            "engine-prefill"
+        );
+        assert_eq!(
+            two["kv_transfer_params"]["remote_block_ids"],
+            json!([7, 8, 9])
+        );
+        assert_eq!(two["kv_transfer_params"]["do_remote_prefill"], true);
+        assert_eq!(two["stream"], stream, "decode gets the client's own flags");
+        assert_eq!(two["max_tokens"], 32);
+        assert_eq!(two["client_extension"], json!({"keep": [1, 2.50]}));
+        if stream {
+            assert_eq!(two["stream_options"], json!({"include_usage": true}));
+        }
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_side_fails_the_request_cancels_the_other_and_frees_both() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = engine("prefill", WorkerRole::Prefill).await;
+        let decode = engine("decode", WorkerRole::Decode).await;
+        let mut c = pd_config(protocol, &[(&prefill, None)], &[&decode]);
+        c.retry.max_retries = 0;
+        c.circuit_breaker.enabled = false;
+        let gw = started(c).await;
+        // Prefill fails while decode is still waiting for the KV.
+        prefill.set(Behaviour {
+            fail: Some(500),
+            delay_ms: 50,
+            ..Behaviour::default()
+        });
+        decode.set(Behaviour {
+            delay_ms: 60_000,
+            ..Behaviour::default()
+        });
+        let r = post_chat(&gw.url, &chat_body(false)).await;
+        assert_eq!(r.status(), 500, "{protocol:?}");
+        let err: Value = r.json().await.unwrap();
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("prefill worker failed")
+                && message.contains("prefill failed on purpose"),
+            "{message}"
+        );
+        if protocol == PdProtocol::Sglang {
+            wait_until("decode's request cancelled", || async {
+                decode.cancelled() == 1
+            })
+            .await;
+        } else {
+            assert!(
+                decode.bodies().is_empty(),
+                "vLLM's decode step never started"
+            );
+        }
+        // Decode fails while prefill is still computing.
+        prefill.set(Behaviour {
+            delay_ms: 60_000,
+            ..Behaviour::default()
+        });
+        decode.set(Behaviour {
+            fail: Some(503),
+            ..Behaviour::default()
+        });
+        if protocol == PdProtocol::Sglang {
+            let r = post_chat(&gw.url, &chat_body(true)).await;
+            assert_eq!(r.status(), 503);
+            wait_until("prefill's request cancelled", || async {
+                prefill.cancelled() == 1
+            })
+            .await;
+        } else {
+            prefill.set(Behaviour::default());
+            let r = post_chat(&gw.url, &chat_body(true)).await;
+            assert_eq!(r.status(), 503);
+            let err: Value = r.json().await.unwrap();
+            assert!(
+                err["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("decode failed on purpose")
+            );
+        }
+        common::wait_for_zero_load(&gw.url).await;
+        assert_eq!(
+            series_value(&gw.url, "radixgate_pd_failures_total{side=\"prefill\"}").await,
+            1.0
+        );
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_retried_on_a_new_pair() {
+    let bad = engine("bad-prefill", WorkerRole::Prefill).await;
+    let good = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    bad.set(Behaviour {
+        fail: Some(502),
+        ..Behaviour::default()
+    });
+    let mut c = pd_config(
+        PdProtocol::Sglang,
+        &[(&bad, None), (&good, None)],
+        &[&decode],
+    );
+    c.routing = PolicyConfig::named("round_robin").unwrap();
+    c.circuit_breaker.enabled = false;
+    let gw = started(c).await;
+    for _ in 0..4 {
+        let r = post_chat(&gw.url, &chat_body(false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
+    }
+    assert!(!bad.bodies().is_empty(), "the bad prefill worker was tried");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_both_sides() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(
+        PdProtocol::Sglang,
+        &[(&prefill, None)],
+        &[&decode],
+    ))
+    .await;
+    // Before any answer: both are still working.
+    prefill.set(Behaviour {
+        delay_ms: 60_000,
+        ..Behaviour::default()
+    });
+    decode.set(Behaviour {
+        delay_ms: 60_000,
+        ..Behaviour::default()
+    });
+    let gone = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat_body(true))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(gone.is_err());
+    wait_until("both sides cancelled", || async {
+        prefill.cancelled() == 1 && decode.cancelled() == 1
+    })
+    .await;
+    // Mid-stream: decode is streaming, prefill's own answer is not over.
+    prefill.set(Behaviour {
+        event_gap_ms: 60_000,
+        ..Behaviour::default()
+    });
+    decode.set(Behaviour {
+        event_gap_ms: 60_000,
+        ..Behaviour::default()
+    });
+    let mut r = post_chat(&gw.url, &chat_body(true)).await;
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("from-decode-0"));
+    drop(r);
+    wait_until("both sides cancelled mid-stream", || async {
+        prefill.cancelled() == 2 && decode.cancelled() == 2
+    })
+    .await;
+    common::wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_alone_serves_a_prompt_it_already_holds() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let mut c = pd_config(PdProtocol::Sglang, &[(&prefill, None)], &[&decode]);
+    c.pd.decode_policy = PolicyConfig::named("cache_aware").unwrap();
+    c.pd.skip_prefill_max_uncached_tokens = 32;
+    let gw = started(c).await;
+    let body = chat_body(false);
+    let first = post_chat(&gw.url, &body).await;
+    assert!(header(&first, "x-radixgate-decision").contains("prefill=[cache_aware"));
+    // The same prompt again: decode holds all of it.
+    let again = post_chat(&gw.url, &body).await;
+    assert_eq!(again.status(), 200);
+    let decision = header(&again, "x-radixgate-decision");
+    assert!(
+        decision.starts_with("pd=sglang prefill=skipped uncached_tokens=0 decode=["),
+        "{decision}"
+    );
+    assert_eq!(header(&again, "x-radixgate-prefill-worker"), "");
+    assert!(again.text().await.unwrap().contains("from-decode"));
+    assert_eq!(prefill.bodies().len(), 1, "prefill was skipped");
+    let alone = &decode.bodies()[1];
+    assert!(
+        alone.get("bootstrap_room").is_none(),
+        "decode alone gets the client's body"
+    );
+    assert_eq!(alone, &body);
+    // A different prompt goes to both again.
+    let other = post_chat(
+        &gw.url,
+        &json!({"model": "pd-model", "messages": [{"role": "user", "content": long_prompt("another question")}]}),
+    )
+    .await;
+    assert!(header(&other, "x-radixgate-decision").contains("prefill=[cache_aware"));
+    assert_eq!(
+        series_value(
+            &gw.url,
+            "radixgate_pd_requests_total{path=\"skipped_prefill\"}"
+        )
+        .await,
+        1.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_without_a_disaggregated_meaning_are_refused_and_roles_are_checked() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode])).await;
+    let r = client()
+        .post(format!("{}/v1/embeddings", gw.url))
+        .json(&json!({"model": "pd-model", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 501);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "not_disaggregated");
+    // vLLM's protocol has no /generate.
+    let r = client()
+        .post(format!("{}/generate", gw.url))
+        .json(&json!({"text": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 501);
+    // The admin API takes a role, and only one that fits the pool.
+    let r = client()
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": "http://127.0.0.1:9"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let err: Value = r.json().await.unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("role: prefill"),
+        "{err}"
+    );
+    let extra = engine("decode-2", WorkerRole::Decode).await;
+    let r = client()
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": extra.url(), "role": "decode"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    wait_for_healthy(&gw.url, 3).await;
+    let listed = common::workers(&gw.url).await;
+    let roles: Vec<&str> = listed.iter().map(|w| w["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles.iter().filter(|r| **r == "decode").count(),
+        2,
+        "{listed:?}"
+    );
+    assert_eq!(roles.iter().filter(|r| **r == "prefill").count(), 1);
+    gw.shutdown().await;
+    assert!(extra.role == WorkerRole::Decode);
+}
