@@ -1,6 +1,6 @@
 use super::*;
 use clap::Parser;
-use radixgate_routing::PolicyConfig;
+use radixgate_routing::{PolicyConfig, WorkerRole};
 
 #[derive(Parser)]
 struct Cli {
@@ -455,4 +455,127 @@ fn an_smg_discovery_command_line_ports_over() {
         let err = args(bad).load().unwrap_err().to_string();
         assert!(err.contains(needle), "{bad:?}: {err}");
     }
+}
+
+#[test]
+fn pd_flags_build_a_disaggregated_pool() {
+    let a = args(&[
+        "--pd-disaggregation",
+        "--pd-protocol",
+        "vllm",
+        "--prefill",
+        "http://p0:30000",
+        "8998",
+        "--prefill",
+        "http://p1:30000",
+        "--decode",
+        "http://d0:30000",
+        "--decode",
+        "http://d1:30000",
+        "--decode-policy",
+        "least_load",
+        "--prefill-policy",
+        "round_robin",
+        "--pd-skip-prefill-tokens",
+        "0",
+    ]);
+    let c = a.load().unwrap();
+    assert!(c.pd.enabled);
+    assert_eq!(c.pd.protocol, PdProtocol::Vllm);
+    assert_eq!(c.pd.decode_policy.name(), "least_load");
+    assert_eq!(c.routing.name(), "round_robin");
+    assert_eq!(c.pd.skip_prefill_max_uncached_tokens, 0);
+    let roles: Vec<(&str, WorkerRole, Option<u16>)> = c
+        .workers
+        .iter()
+        .map(|w| (w.url.as_str(), w.role, w.bootstrap_port))
+        .collect();
+    assert_eq!(
+        roles,
+        vec![
+            ("http://p0:30000", WorkerRole::Prefill, Some(8998)),
+            ("http://p1:30000", WorkerRole::Prefill, None),
+            ("http://d0:30000", WorkerRole::Decode, None),
+            ("http://d1:30000", WorkerRole::Decode, None),
+        ]
+    );
+    // The file form says the same.
+    let file = Config::from_yaml(
+        "pd: {enabled: true, decode_policy: {policy: cache_aware, cache_threshold: 0.5}}\n\
+         workers:\n  - {url: 'http://p0:30000', role: prefill, bootstrap_port: 8998}\n\
+         \x20 - {url: 'http://d0:30000', role: decode}\n",
+    )
+    .unwrap();
+    file.validate().unwrap();
+    assert_eq!(file.workers[0].bootstrap_port, Some(8998));
+    assert_eq!(file.pd.protocol, PdProtocol::Sglang);
+}
+
+#[test]
+fn pd_roles_must_fit_the_pool() {
+    let err = |argv: &[&str]| args(argv).load().unwrap_err().to_string();
+    let e = err(&[
+        "--pd-disaggregation",
+        "--worker-urls",
+        "http://w:1",
+        "--decode",
+        "http://d:1",
+    ]);
+    assert!(
+        e.contains("entry 0 (http://w:1)") && e.contains("role: prefill"),
+        "{e}"
+    );
+    let e = err(&["--prefill", "http://p:1"]);
+    assert!(
+        e.contains("`role: prefill` needs a disaggregated pool"),
+        "{e}"
+    );
+    let e = err(&["--pd-disaggregation", "--prefill", "http://p:1"]);
+    assert!(e.contains("needs at least one decode worker"), "{e}");
+    let e = err(&[
+        "--pd-disaggregation",
+        "--prefill",
+        "http://p:1",
+        "0",
+        "--decode",
+        "http://d:1",
+    ]);
+    assert!(
+        e.contains("bootstrap port must be between 1 and 65535"),
+        "{e}"
+    );
+    let e = err(&[
+        "--pd-disaggregation",
+        "--decode",
+        "http://d:1",
+        "--prefill",
+        "8998",
+    ]);
+    assert!(
+        e.contains("a bootstrap port follows its worker's URL"),
+        "{e}"
+    );
+    let bad = Config::from_yaml(
+        "pd: {enabled: true}\nworkers:\n  - {url: 'http://d:1', role: decode, bootstrap_port: 1}\n  - {url: 'http://p:1', role: prefill}\n",
+    )
+    .unwrap()
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("bootstrap_port is a prefill worker's setting"),
+        "{bad}"
+    );
+    let bad = Config::from_yaml("pd: {skip_prefill_max_uncached_tokens: 99999999}\n")
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("pd.skip_prefill_max_uncached_tokens"), "{bad}");
+    // With discovery on, the pools may start empty.
+    let c = Config::from_yaml(
+        "pd: {enabled: true}\ndiscovery: {enabled: true, selector: {app: sglang}}\n",
+    )
+    .unwrap();
+    c.validate().unwrap();
 }
