@@ -4,7 +4,8 @@
 //! the operator/client (`Config`, `BadRequest`, `PayloadTooLarge`, and the
 //! load tool's `TraceIo`, `TraceFormat`, `BadUrl`), a
 //! deliberately injected fault (`InjectedFault`), or the process itself
-//! (`Io`, `EngineGone`), or the routing code the simulator drives
+//! (`Io`, `EngineGone`), or the other worker of a prefill/decode pair
+//! (`KvTransfer`), or the routing code the simulator drives
 //! (`Routing`), or the targets a load run measured (`TooManyFailures`,
 //! `NothingFinished`: the run itself went as asked). The HTTP server maps
 //! these to status codes in exactly one place (`server::error_response`).
@@ -43,6 +44,18 @@ pub enum SimError {
     /// The engine task has stopped (shutdown in progress; HTTP 503).
     #[error("engine stopped")]
     EngineGone,
+    /// A prefill/decode KV transfer failed: on a prefill worker, a pull
+    /// it cannot answer; on a decode worker, a pull that failed or timed
+    /// out (the prefill side's fault, or the link's).
+    #[error("KV transfer for room {room}: {reason}")]
+    KvTransfer {
+        /// The room (SGLang) or transfer id (vLLM).
+        room: String,
+        /// What went wrong, for the client.
+        reason: String,
+        /// Which failure it is (decides the HTTP status).
+        failure: TransferFailure,
+    },
     /// A trace file could not be read (operator's fault).
     #[error("cannot read trace file {path}")]
     TraceIo {
@@ -101,6 +114,21 @@ pub enum SimError {
     Routing(#[from] radixgate_routing::RoutingError),
 }
 
+/// How a KV transfer failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferFailure {
+    /// Prefill side: no ready KV for the room (HTTP 404).
+    NotFound,
+    /// Prefill side: the room's prefill failed or was cancelled (HTTP 500).
+    PrefillFailed,
+    /// Decode side: the prefill worker could not be reached, dropped the
+    /// pull, or answered an error (HTTP 502).
+    Unreachable,
+    /// Decode side: the KV did not arrive within the transfer timeout
+    /// (HTTP 504).
+    TimedOut,
+}
+
 impl SimError {
     /// A 400-class error about one request field.
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
@@ -114,7 +142,11 @@ impl SimError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            Self::InjectedFault(_) | Self::Unavailable(_) | Self::EngineGone | Self::Io(_)
+            Self::InjectedFault(_)
+                | Self::Unavailable(_)
+                | Self::EngineGone
+                | Self::Io(_)
+                | Self::KvTransfer { .. }
         )
     }
 }

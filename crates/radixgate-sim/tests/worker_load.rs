@@ -121,6 +121,15 @@ async fn every_api_streamed_and_not_reports_hits_usage_and_workers() {
             assert_eq!(r.workers.keys().collect::<Vec<_>>(), ["w0", "w1"], "{what}");
             assert_eq!(r.workers.values().sum::<u64>(), 24, "{what}");
             assert_eq!(r.ttft_ms.is_some(), stream, "{what}");
+            // Every streamed request had 4 tokens, so 3 gaps to time.
+            match (&r.tpot_ms, &r.e2e_ms) {
+                (Some(t), Some(e)) => {
+                    assert!(stream, "{what}");
+                    assert_eq!(t.count, 24, "{what}");
+                    assert!(t.mean > 0.0 && t.mean < e.mean, "{what}");
+                }
+                (t, _) => assert!(!stream && t.is_none(), "{what}"),
+            }
         }
     }
     shutdown.cancel();

@@ -27,6 +27,12 @@
 //! them); when it finishes, the blocks of prompt + reply
 //! (`EngineRequest::final_tokens`) join the tree unpinned.
 //!
+//! Transferred requests ([`Engine::submit_transferred`]): a decode worker of
+//! a prefill/decode pair receives the prompt's KV from the prefill worker;
+//! at admission the prompt's full blocks enter the tree (reusing those
+//! already cached), nothing is prefilled, and the request decodes from its
+//! first step with the whole prompt counted as cached.
+//!
 //! Concurrency: none; one owner drives it (a tokio task, or a simulator loop).
 
 pub mod cache;
@@ -147,6 +153,9 @@ struct Waiting {
     hashes: Vec<u64>,
     /// Prompt tokens not cached at submission (for the load report).
     uncached_at_arrival: usize,
+    /// The prompt's KV arrived from another worker (disaggregated
+    /// prefill): nothing to compute, the whole prompt counts as cached.
+    transferred: bool,
 }
 
 struct Running {
@@ -220,6 +229,28 @@ impl Engine {
     /// Queues a request. Fails if its id is live, or if it could never fit
     /// in the cache even when empty (it would block the queue forever).
     pub fn submit(&mut self, req: EngineRequest, now: Duration) -> Result<(), SimError> {
+        self.enqueue(req, now, false)
+    }
+
+    /// Queues a request whose prompt KV was computed elsewhere and moved
+    /// here (a decode worker of a prefill/decode pair): at admission the
+    /// prompt's blocks enter this cache as if computed, the whole prompt
+    /// counts as cached (`Finished::cached_tokens` = prompt length), and
+    /// the request only decodes. Fails as [`Engine::submit`] does.
+    pub fn submit_transferred(
+        &mut self,
+        req: EngineRequest,
+        now: Duration,
+    ) -> Result<(), SimError> {
+        self.enqueue(req, now, true)
+    }
+
+    fn enqueue(
+        &mut self,
+        req: EngineRequest,
+        now: Duration,
+        transferred: bool,
+    ) -> Result<(), SimError> {
         if self.ids.contains(&req.id) {
             return Err(SimError::bad_request(
                 format!("duplicate request id {}", req.id),
@@ -241,14 +272,18 @@ impl Engine {
         }
         self.ids.insert(req.id);
         let hashes = self.cache.block_hashes(&req.prompt);
-        let hit = self.hit_blocks(&hashes, req.prompt.len()) * self.config.block_size;
-        let uncached_at_arrival = req.prompt.len() - hit;
+        let uncached_at_arrival = if transferred {
+            0
+        } else {
+            req.prompt.len() - self.hit_blocks(&hashes, req.prompt.len()) * self.config.block_size
+        };
         self.waiting_prefill += uncached_at_arrival;
         self.waiting.push_back(Waiting {
             req,
             arrival: now,
             hashes,
             uncached_at_arrival,
+            transferred,
         });
         Ok(())
     }
@@ -302,6 +337,9 @@ impl Engine {
         out.decode_seqs = decoding.len();
         out.prefill_tokens = chunks.iter().map(|c| c.1).sum();
         if out.decode_seqs == 0 && out.prefill_tokens == 0 {
+            // Only a transferred request with nothing to generate can be
+            // complete without a step.
+            self.retire(&mut out);
             return out;
         }
         out.duration =
@@ -417,19 +455,29 @@ impl Engine {
             let Some(head) = self.waiting.front() else {
                 break;
             };
-            let matched = self.hit_blocks(&head.hashes, head.req.prompt.len());
+            let matched = if head.transferred {
+                // Every full block of the prompt may be reused: nothing of
+                // it is computed here.
+                self.cache.match_blocks(&head.hashes)
+            } else {
+                self.hit_blocks(&head.hashes, head.req.prompt.len())
+            };
             let need = self.blocks_needed(&head.req) - matched;
             let Some(path) = self.cache.acquire(&head.hashes, matched, need) else {
                 break;
             };
             let w = self.waiting.pop_front().expect("head exists");
             self.waiting_prefill -= w.uncached_at_arrival;
-            let cached = matched * self.config.block_size;
+            let cached = if w.transferred {
+                w.req.prompt.len()
+            } else {
+                matched * self.config.block_size
+            };
             self.counters.admitted += 1;
             self.counters.prompt_tokens += w.req.prompt.len() as u64;
             self.counters.cached_tokens += cached as u64;
             admitted.push((w.req.id, cached));
-            self.running.push(Running {
+            let mut r = Running {
                 queued: now.saturating_sub(w.arrival),
                 path,
                 reserved: need,
@@ -438,7 +486,17 @@ impl Engine {
                 generated: 0,
                 prompt_hashes: w.hashes,
                 req: w.req,
-            });
+            };
+            if w.transferred {
+                // The moved KV enters the tree now, as a local prefill's
+                // does when it completes.
+                let new =
+                    self.cache
+                        .extend(&r.path, &r.prompt_hashes, &r.req.prompt, &mut r.reserved);
+                let old = std::mem::replace(&mut r.path, new);
+                self.cache.release(old, 0);
+            }
+            self.running.push(r);
         }
     }
 

@@ -326,3 +326,33 @@ proptest! {
         prop_assert_eq!(first, sorted);
     }
 }
+
+#[test]
+fn a_transferred_prompt_is_cached_whole_and_only_decodes() {
+    let mut e = Engine::new(cfg()).unwrap();
+    let prompt: Vec<u64> = (0..42).collect();
+    e.submit_transferred(req(1, prompt.clone(), 3), Duration::ZERO)
+        .unwrap();
+    assert_eq!(e.load().pending_prefill_tokens, 0, "nothing to prefill");
+    let first = e.step(Duration::ZERO);
+    assert_eq!(first.prefill_tokens, 0);
+    assert_eq!(first.admitted, vec![(1, 42)]);
+    assert_eq!(first.progressed, vec![(1, 1)], "the first step decodes");
+    let mut now = first.duration;
+    let done = run(&mut e, &mut now);
+    assert_eq!(done[0].cached_tokens, 42);
+    assert_eq!(done[0].completion_tokens, 3);
+    // Its full blocks are now this engine's cache: a local request for the
+    // same prompt hits them (all but the last token, as always).
+    assert_eq!(e.cached_prefix_tokens(&prompt), 40);
+    e.submit(req(2, prompt, 1), now).unwrap();
+    let out = e.step(now);
+    assert_eq!(out.admitted, vec![(2, 40)]);
+    // Nothing to generate: it completes without a step.
+    e.submit_transferred(req(3, (100..120).collect(), 0), now)
+        .unwrap();
+    let mut t = now;
+    let done = run(&mut e, &mut t);
+    let three = done.iter().find(|f| f.id == 3).unwrap();
+    assert_eq!((three.cached_tokens, three.completion_tokens), (20, 0));
+}

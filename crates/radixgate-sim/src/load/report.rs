@@ -5,6 +5,10 @@
 //! - token hit rate = Σ cached tokens / Σ prompt tokens over successful
 //!   responses that reported usage;
 //! - percentiles are nearest-rank over successful requests;
+//! - time per output token (TPOT, the inter-token latency) of one request =
+//!   (E2E − TTFT) / (output tokens − 1), over successful streamed requests
+//!   that reported more than one output token in their usage (the first
+//!   token's time is TTFT's; a whole response has no TTFT);
 //! - spread = the busiest worker's request count / the mean count, over the
 //!   workers seen in responses, the `--url`s or `--pool-size`, whichever
 //!   are more (so a worker that got nothing still counts when it was a
@@ -68,6 +72,7 @@ impl Summary {
 pub struct Stats {
     ttft_ms: Vec<f64>,
     e2e_ms: Vec<f64>,
+    tpot_ms: Vec<f64>,
     ok: u64,
     errors: BTreeMap<String, u64>,
     prompt_tokens: u64,
@@ -82,6 +87,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// One request's time per output token in ms: (E2E − TTFT) / (output
+/// tokens − 1), for a streamed request with more than one output token.
+pub fn tpot_ms(o: &Outcome) -> Option<f64> {
+    let ttft = o.ttft?;
+    let tokens = o.usage?.completion_tokens;
+    (tokens > 1).then(|| ms(o.e2e.saturating_sub(ttft)) / (tokens - 1) as f64)
+}
+
 impl Stats {
     /// Adds one outcome.
     pub fn record(&mut self, o: &Outcome) {
@@ -94,6 +107,9 @@ impl Stats {
         self.e2e_ms.push(ms(o.e2e));
         if let Some(t) = o.ttft {
             self.ttft_ms.push(ms(t));
+        }
+        if let Some(ms) = tpot_ms(o) {
+            self.tpot_ms.push(ms);
         }
         match o.usage {
             Some(u) => {
@@ -154,6 +170,7 @@ impl Stats {
             responses_without_usage: self.without_usage,
             ttft_ms: Summary::of(self.ttft_ms.clone()),
             e2e_ms: Summary::of(self.e2e_ms.clone()),
+            tpot_ms: Summary::of(self.tpot_ms.clone()),
             requests_per_s: self.ok as f64 / secs,
             output_tokens_per_s: self.completion_tokens as f64 / secs,
             prompt_tokens_per_s: self.prompt_tokens as f64 / secs,
@@ -214,6 +231,10 @@ pub struct LoadReport {
     pub ttft_ms: Option<Summary>,
     /// End-to-end latency.
     pub e2e_ms: Option<Summary>,
+    /// Time per output token, the inter-token latency: (E2E − TTFT) /
+    /// (output tokens − 1) per streamed request with more than one output
+    /// token.
+    pub tpot_ms: Option<Summary>,
     /// Successful requests per second.
     pub requests_per_s: f64,
     /// Generated tokens per second.
@@ -310,7 +331,11 @@ impl LoadReport {
             s,
             "latency ms       mean      p50      p90      p99      max"
         );
-        for (name, sum) in [("ttft", &self.ttft_ms), ("e2e", &self.e2e_ms)] {
+        for (name, sum) in [
+            ("ttft", &self.ttft_ms),
+            ("e2e", &self.e2e_ms),
+            ("tpot", &self.tpot_ms),
+        ] {
             match sum {
                 Some(m) => {
                     let _ = writeln!(
@@ -323,6 +348,14 @@ impl LoadReport {
                     let _ = writeln!(s, "  {name:<8} n/a");
                 }
             }
+        }
+        if let Some(t) = &self.tpot_ms {
+            let _ = writeln!(
+                s,
+                "  (tpot: time per output token = (e2e - ttft) / (output tokens - 1), over {} \
+                 streamed requests with more than one token)",
+                t.count
+            );
         }
         if !self.errors.is_empty() {
             let list: Vec<String> = self
@@ -424,10 +457,35 @@ mod tests {
         behind.pool_size = Some(6);
         assert_eq!(st.report(behind, Duration::from_secs(2)).spread, Some(4.0));
         assert!(r.table().contains("hit rate 72.5%"));
+        // (ms - ms / 2) / (10 - 1) per request: 10, 20, 30 ms.
+        let tpot = r.tpot_ms.unwrap();
+        assert_eq!(tpot.count, 3);
+        assert!((tpot.mean - 10.0 / 9.0).abs() < 1e-9, "{tpot:?}");
+        assert!((tpot.p99 - 15.0 / 9.0).abs() < 1e-9, "{tpot:?}");
+        assert!(r.table().contains("  tpot "), "{}", r.table());
+        assert!(r.table().contains("(e2e - ttft) / (output tokens - 1)"));
         assert_eq!(r.per_url, [5, 0, 0], "targets that got nothing count");
         assert!(r.table().contains("u1 5, u2 0, u3 0  (requests each)"));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["workers"]["a"], 2);
+        assert_eq!(json["tpot_ms"]["count"], 3);
+    }
+
+    #[test]
+    fn tpot_needs_a_stream_and_two_tokens() {
+        let mut o = ok("a", 10, 0, 100);
+        assert_eq!(tpot_ms(&o), Some(50.0 / 9.0));
+        o.usage = Some(Usage {
+            completion_tokens: 1,
+            ..o.usage.unwrap()
+        });
+        assert_eq!(tpot_ms(&o), None, "one token has no gap");
+        let mut whole = ok("a", 10, 0, 100);
+        whole.ttft = None;
+        assert_eq!(tpot_ms(&whole), None, "no TTFT without a stream");
+        let mut bare = ok("a", 10, 0, 100);
+        bare.usage = None;
+        assert_eq!(tpot_ms(&bare), None, "no usage, no token count");
     }
 
     #[test]

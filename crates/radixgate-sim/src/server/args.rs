@@ -17,7 +17,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventShape, FaultConfig, HashFormat, WorkerConfig};
+use super::{EventShape, FaultConfig, HashFormat, Role, WorkerConfig};
 use crate::engine::EngineConfig;
 use crate::error::SimError;
 
@@ -130,6 +130,41 @@ pub struct WorkerArgs {
     /// carry the ids a router with the same tokenizer computes.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// Prefill/decode disaggregation role: `prefill` computes prompts and
+    /// holds their KV for decode workers to pull, `decode` pulls it and
+    /// decodes; requests without PD fields are served as usual
+    /// [default: regular].
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+    /// Prefill: also serve the KV pull endpoint (`GET /kv/{room}`) on this
+    /// port, the SGLang bootstrap port; worker i uses port + i; 0 picks
+    /// free ports. Unset: only on the HTTP port.
+    #[arg(long)]
+    pub bootstrap_port: Option<u16>,
+    /// Decode: pull from this bootstrap port when a request's
+    /// `bootstrap_port` is null. Unset: such requests get a 400.
+    #[arg(long)]
+    pub default_bootstrap_port: Option<u16>,
+    /// Decode: KV transfer bandwidth in bytes per second (one 400 Gb/s
+    /// NIC) [default: 50000000000].
+    #[arg(long)]
+    pub transfer_bandwidth: Option<f64>,
+    /// Decode: KV bytes per prompt token moved (Llama-3-8B, BF16)
+    /// [default: 131072].
+    #[arg(long)]
+    pub kv_bytes_per_token: Option<u64>,
+    /// Decode: how long to wait for a prefill worker's KV, milliseconds
+    /// [default: 30000].
+    #[arg(long)]
+    pub transfer_timeout_ms: Option<u64>,
+    /// Prefill: how long ready KV waits for its pull, and a pull for its
+    /// room, milliseconds [default: 60000].
+    #[arg(long)]
+    pub kv_hold_timeout_ms: Option<u64>,
+    /// Fault (prefill): fraction of finished prefills whose KV is never
+    /// marked ready, so the decode worker times out [default: 0].
+    #[arg(long)]
+    pub fault_drop_transfers: Option<f64>,
     /// Apply the fault flags and file faults only to these worker indices
     /// (e.g. `0,2`); the others start without faults.
     #[arg(long, value_delimiter = ',')]
@@ -174,6 +209,7 @@ impl WorkerArgs {
             set(&mut f.seed, self.fault_seed);
             f.kv_events_stopped |= self.kv_events_stopped;
             set(&mut f.kv_events_drop, self.kv_events_drop);
+            set(&mut f.drop_transfers, self.fault_drop_transfers);
             f.seed = f.seed.wrapping_add(u64::from(i));
         } else {
             c.faults = FaultConfig::default();
@@ -201,6 +237,19 @@ impl WorkerArgs {
         );
         set(&mut k.replay_batches, self.kv_events_replay_batches);
         c.kv_events = c.kv_events.for_worker(i)?;
+        let p = &mut c.pd;
+        set(&mut p.role, self.role);
+        if self.bootstrap_port.is_some() {
+            p.bootstrap_port = self.bootstrap_port;
+        }
+        if self.default_bootstrap_port.is_some() {
+            p.default_bootstrap_port = self.default_bootstrap_port;
+        }
+        set(&mut p.transfer_bandwidth, self.transfer_bandwidth);
+        set(&mut p.kv_bytes_per_token, self.kv_bytes_per_token);
+        set(&mut p.transfer_timeout_ms, self.transfer_timeout_ms);
+        set(&mut p.hold_timeout_ms, self.kv_hold_timeout_ms);
+        c.pd = c.pd.for_worker(i)?;
         c.validate()?;
         Ok(c)
     }
@@ -298,6 +347,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             h.name(),
             h.addr()
         );
+        if let Some(b) = h.bootstrap_addr() {
+            eprintln!(
+                "radixgate worker {} serves KV pulls (bootstrap) on http://{b}",
+                h.name()
+            );
+        }
         if let Some(ep) = h.kv_events_endpoint() {
             let replay = h
                 .kv_events_replay_endpoint()
@@ -497,5 +552,55 @@ mod tests {
         assert!(e.contains("kv_events.endpoint"), "{e}");
         let orphan = parse(&["--kv-events-replay-endpoint", "tcp://127.0.0.1:6557"]);
         assert!(orphan.config(&orphan.base_config().unwrap(), 0).is_err());
+    }
+
+    #[test]
+    fn pd_flags_set_the_config_and_move_up_per_worker() {
+        let a = parse(&[
+            "--count",
+            "2",
+            "--role",
+            "prefill",
+            "--bootstrap-port",
+            "8998",
+            "--kv-hold-timeout-ms",
+            "5000",
+            "--fault-drop-transfers",
+            "0.5",
+        ]);
+        let base = a.base_config().unwrap();
+        let c = a.config(&base, 1).unwrap();
+        assert_eq!(c.pd.role, Role::Prefill);
+        assert_eq!(c.pd.bootstrap_port, Some(8999));
+        assert_eq!(c.pd.hold_timeout_ms, 5000);
+        assert_eq!(c.faults.drop_transfers, 0.5);
+        let d = parse(&[
+            "--role",
+            "decode",
+            "--transfer-bandwidth",
+            "1e9",
+            "--kv-bytes-per-token",
+            "65536",
+            "--transfer-timeout-ms",
+            "250",
+            "--default-bootstrap-port",
+            "8998",
+        ]);
+        let c = d.config(&d.base_config().unwrap(), 0).unwrap();
+        assert_eq!(c.pd.role, Role::Decode);
+        assert_eq!(
+            (c.pd.transfer_bandwidth, c.pd.kv_bytes_per_token),
+            (1e9, 65536)
+        );
+        assert_eq!(c.pd.transfer_timeout_ms, 250);
+        assert_eq!(c.pd.default_bootstrap_port, Some(8998));
+        for bad in [
+            &["--role", "decode", "--bootstrap-port", "8998"][..],
+            &["--fault-drop-transfers", "1.5"],
+            &["--transfer-bandwidth", "0"],
+        ] {
+            let b = parse(bad);
+            assert!(b.config(&b.base_config().unwrap(), 0).is_err(), "{bad:?}");
+        }
     }
 }

@@ -208,7 +208,12 @@ mod tests {
     use super::*;
 
     fn prompt(api: Api, body: &str) -> String {
-        match parse(api, body.as_bytes(), 16).unwrap().prompt {
+        match parse(api, body.as_bytes(), 16)
+            .unwrap()
+            .items
+            .remove(0)
+            .prompt
+        {
             Prompt::Text(t) => t,
             Prompt::Ids(_) => panic!("a conversation is text"),
         }
@@ -246,7 +251,9 @@ mod tests {
                 {"type":"reasoning","id":"r"}],"max_output_tokens":5,"stream":true}"#,
             16,
         )
-        .unwrap();
+        .unwrap()
+        .items
+        .remove(0);
         assert!(r.stream && r.include_usage && r.max_tokens == 5);
         let Prompt::Text(t) = r.prompt else { panic!() };
         assert!(t.contains("<tool_call>f({})</tool_call>") && t.contains("tool\n42"));

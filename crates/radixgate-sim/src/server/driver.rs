@@ -49,6 +49,9 @@ pub(crate) enum Cmd {
     Submit {
         req: EngineRequest,
         stream: bool,
+        /// The prompt's KV came from a prefill worker
+        /// ([`Engine::submit_transferred`]).
+        transferred: bool,
         events: mpsc::UnboundedSender<Event>,
     },
     /// The client went away.
@@ -253,10 +256,16 @@ fn apply(engine: &mut Engine, subs: &mut HashMap<ReqId, Subscriber>, cmd: Cmd, s
         Cmd::Submit {
             req,
             stream,
+            transferred,
             events,
         } => {
             let id = req.id;
-            match engine.submit(req, start.elapsed()) {
+            let submitted = if transferred {
+                engine.submit_transferred(req, start.elapsed())
+            } else {
+                engine.submit(req, start.elapsed())
+            };
+            match submitted {
                 Ok(()) => {
                     subs.insert(id, Subscriber { stream, events });
                 }

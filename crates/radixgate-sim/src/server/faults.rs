@@ -15,7 +15,10 @@
 //! publisher: `kv_events_stopped` (its sockets closed; clearing it restarts
 //! it as a new publisher, sequence from 0) and `kv_events_drop` (the next N
 //! batches after the knobs are set are withheld from subscribers but kept
-//! for replay: a sequence gap).
+//! for replay: a sequence gap), and one for prefill workers:
+//! `drop_transfers` (that fraction of finished prefills never mark their
+//! KV ready, so the decode worker's pull times out; drawn from the same
+//! seeded generator).
 //!
 //! Concurrency: the knobs and the generator sit behind one `parking_lot`
 //! mutex: critical sections are a few loads or one random draw and never
@@ -72,6 +75,9 @@ pub struct FaultConfig {
     /// after start) from subscribers, keeping them for replay: subscribers
     /// see a sequence gap of N.
     pub kv_events_drop: u32,
+    /// Prefill workers: fraction (0..=1) of finished prefills whose KV is
+    /// never marked ready, so the decode worker's pull times out.
+    pub drop_transfers: f64,
 }
 
 /// The fault knobs the KV-event publisher follows.
@@ -106,6 +112,7 @@ impl Default for FaultConfig {
             seed: 0,
             kv_events_stopped: false,
             kv_events_drop: 0,
+            drop_transfers: 0.0,
         }
     }
 }
@@ -117,6 +124,12 @@ impl FaultConfig {
             return Err(SimError::Config(format!(
                 "faults.error_rate must be in 0..=1, got {}",
                 self.error_rate
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.drop_transfers) {
+            return Err(SimError::Config(format!(
+                "faults.drop_transfers must be in 0..=1, got {}",
+                self.drop_transfers
             )));
         }
         if !self.slow_start_secs.is_finite() || !(0.0..=86_400.0).contains(&self.slow_start_secs) {
@@ -259,6 +272,13 @@ impl Faults {
     pub(crate) fn draw_error(&self) -> bool {
         let mut inner = self.inner.lock();
         let rate = inner.config.error_rate;
+        rate > 0.0 && inner.rng.random::<f64>() < rate
+    }
+
+    /// One draw: should this prefill's KV never be marked ready?
+    pub(crate) fn draw_drop_transfer(&self) -> bool {
+        let mut inner = self.inner.lock();
+        let rate = inner.config.drop_transfers;
         rate > 0.0 && inner.rng.random::<f64>() < rate
     }
 }

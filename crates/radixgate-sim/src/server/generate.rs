@@ -21,8 +21,10 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
 use super::driver::{Cmd, Event};
+use super::faults::FaultConfig;
+use super::pd::{self, Part};
 use super::request::{Api, GenRequest, Prompt, parse};
-use super::response::Reply;
+use super::response::{DONE_EVENT, Reply};
 use super::{WorkerState, error_response, read_body};
 use crate::engine::{EngineRequest, ReqId};
 use crate::error::SimError;
@@ -66,8 +68,70 @@ async fn handle(s: Arc<WorkerState>, api: Api, body: Body) -> Response {
 
 async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, SimError> {
     let bytes = read_body(body, s.config.max_body_bytes).await?;
-    let req = parse(api, &bytes, s.config.default_max_tokens)?;
+    let parsed = parse(api, &bytes, s.config.default_max_tokens)?;
+    let parts = pd::plan(&s.config.pd, api, &bytes, parsed.items.len())?;
     let faults = s.request_faults().await?;
+    let items = parsed.items.into_iter().zip(parts);
+    if !parsed.batch {
+        let mut items = items;
+        let Some((req, part)) = items.next() else {
+            return Err(SimError::bad_request("no prompt", None));
+        };
+        return Ok(match serve_one(s, api, req, part, &faults, None).await? {
+            Answer::Whole(v) => json_response(&v),
+            Answer::Stream(b) => sse_response(b),
+        });
+    }
+    // A /generate batch: the items run side by side; the answer is their
+    // list, or their events interleaved (each with its `index`) and one
+    // `[DONE]`.
+    let answers = futures::future::join_all(
+        items
+            .enumerate()
+            .map(|(i, (req, part))| serve_one(s, api, req, part, &faults, Some(i))),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    let mut whole = Vec::new();
+    let mut streams = Vec::new();
+    for a in answers {
+        match a {
+            Answer::Whole(v) => whole.push(v),
+            Answer::Stream(b) => streams.push(b.into_data_stream()),
+        }
+    }
+    if streams.is_empty() {
+        return Ok(json_response(&serde_json::Value::Array(whole)));
+    }
+    use futures::StreamExt;
+    let merged = futures::stream::select_all(streams)
+        .map(|c| c.map_err(std::io::Error::other))
+        .chain(futures::stream::once(async {
+            Ok(Bytes::from_static(DONE_EVENT))
+        }));
+    Ok(sse_response(Body::from_stream(merged)))
+}
+
+/// One request's answer, before it becomes a response (a batch combines
+/// several).
+enum Answer {
+    /// A whole JSON body.
+    Whole(serde_json::Value),
+    /// An SSE body.
+    Stream(Body),
+}
+
+/// Serves one request (or one item of a `/generate` batch, `index`), in
+/// the part `part` its PD fields give it.
+async fn serve_one(
+    s: &Arc<WorkerState>,
+    api: Api,
+    req: GenRequest,
+    part: Part,
+    faults: &FaultConfig,
+    index: Option<usize>,
+) -> Result<Answer, SimError> {
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     // `--instant` only counts tokens (no hashing): minimal work per request.
     let (prompt_text, prompt_tokens, prompt_len) = match (&req.prompt, s.config.instant) {
@@ -86,7 +150,12 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
             (h ^ x).wrapping_mul(0x100_0000_01b3)
         }),
     };
-    let text = reply_text(seed, req.max_tokens, &s.tokenizer);
+    // A prefill worker generates at most one token (the router drops it).
+    let max_tokens = match part {
+        Part::PrefillRoom(_) | Part::PrefillVllm => req.max_tokens.min(1),
+        Part::Regular | Part::Decode(_) => req.max_tokens,
+    };
+    let text = reply_text(seed, max_tokens, &s.tokenizer);
     let mut reply = Reply {
         api,
         id: request_id(api, &s.name, id),
@@ -98,10 +167,30 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         chars_per_token: s.tokenizer.chars_per_token(),
         prompt_tokens: prompt_len,
         cached_tokens: 0,
-        completion_tokens: req.max_tokens,
+        completion_tokens: max_tokens,
         text,
+        index: index.unwrap_or(0),
+        done_event: index.is_none(),
+        kv_transfer_params: None,
+    };
+    let (room, source) = match part {
+        Part::Regular => (None, None),
+        Part::PrefillRoom(key) => (Some(pd::Rooms::begin(s, key)?), None),
+        Part::PrefillVllm => {
+            let room = pd::Rooms::begin(s, reply.id.clone())?;
+            reply.kv_transfer_params = Some(vllm_params(s, room.key(), prompt_len));
+            (Some(room), None)
+        }
+        Part::Decode(src) => (None, Some(src)),
     };
     if s.config.instant {
+        if let Some(src) = &source {
+            pd::transfer(s, src).await?;
+            reply.cached_tokens = prompt_len;
+        }
+        if let Some(room) = room {
+            room.ready(prompt_len);
+        }
         s.metrics.record_instant(&reply);
         return Ok(if req.stream {
             let mut events: Vec<Bytes> = reply.preamble().into_iter().collect();
@@ -113,9 +202,9 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
                 req.include_usage,
             ));
             events.extend(reply.closing(req.include_usage));
-            sse_response(stream_of(events, faults.die_after_chunks))
+            Answer::Stream(stream_of(events, faults.die_after_chunks))
         } else {
-            json_response(&reply)
+            Answer::Whole(reply.full())
         });
     }
     let final_tokens = match &req.prompt {
@@ -130,47 +219,91 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         id,
         prompt: prompt_tokens,
         final_tokens,
-        max_new_tokens: req.max_tokens,
+        max_new_tokens: max_tokens,
     };
-    let (tx, rx) = mpsc::unbounded_channel();
-    s.engine.send(Cmd::Submit {
-        req: engine_req,
-        stream: req.stream,
-        events: tx,
-    })?;
     if req.stream {
-        return Ok(stream_reply(
+        let start = match source {
+            // The stream starts at once (as the engines' do); the transfer
+            // runs inside it, and a failed one is an SSE error event.
+            Some(src) => Start::Transfer(src, engine_req),
+            None => Start::Submitted(submit(s, engine_req, true, false)?),
+        };
+        return Ok(Answer::Stream(stream_reply(
             s.clone(),
             id,
             reply,
             req,
-            rx,
+            start,
+            room,
             faults.die_after_chunks,
-        ));
+        )));
     }
+    let transferred = source.is_some();
+    if let Some(src) = &source {
+        pd::transfer(s, src).await?;
+    }
+    let mut rx = submit(s, engine_req, false, transferred)?;
     let mut guard = CancelOnDrop {
         s: s.clone(),
         id,
         armed: true,
     };
-    let mut rx = rx;
     loop {
         match rx.recv().await {
             Some(Event::Done(f)) => {
                 guard.armed = false;
                 reply.cached_tokens = f.cached_tokens;
                 reply.completion_tokens = f.completion_tokens;
+                if let Some(room) = room {
+                    room.ready(f.prompt_tokens);
+                }
                 s.metrics.record_done(&reply);
-                return Ok(json_response(&reply));
+                return Ok(Answer::Whole(reply.full()));
             }
             Some(Event::Tokens(_) | Event::Admitted(_)) => {}
             Some(Event::Rejected(e)) => {
                 guard.armed = false;
+                if let Some(room) = room {
+                    room.fail(&e.to_string());
+                }
                 return Err(e);
             }
             None => return Err(SimError::EngineGone),
         }
     }
+}
+
+/// Queues a request in the engine; its events come on the receiver.
+fn submit(
+    s: &WorkerState,
+    req: EngineRequest,
+    stream: bool,
+    transferred: bool,
+) -> Result<mpsc::UnboundedReceiver<Event>, SimError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.engine.send(Cmd::Submit {
+        req,
+        stream,
+        transferred,
+        events: tx,
+    })?;
+    Ok(rx)
+}
+
+/// The `kv_transfer_params` a vLLM prefill answers: where decode pulls the
+/// KV held under `key`.
+fn vllm_params(s: &WorkerState, key: &str, prompt_len: usize) -> serde_json::Value {
+    let blocks = prompt_len.div_ceil(s.config.engine.block_size);
+    serde_json::json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_engine_id": &*s.name,
+        "remote_block_ids": (0..blocks).collect::<Vec<_>>(),
+        "remote_host": s.pull_addr.ip().to_string(),
+        "remote_port": s.pull_addr.port(),
+        "remote_request_id": key,
+        "tp_size": 1,
+    })
 }
 
 fn request_id(api: Api, worker: &str, id: ReqId) -> String {
@@ -199,8 +332,8 @@ impl Drop for CancelOnDrop {
     }
 }
 
-fn json_response(reply: &Reply) -> Response {
-    let body = serde_json::to_vec(&reply.full()).expect("a JSON value serialises");
+fn json_response(v: &serde_json::Value) -> Response {
+    let body = serde_json::to_vec(v).expect("a JSON value serialises");
     (
         [(
             header::CONTENT_TYPE,
@@ -266,17 +399,48 @@ fn sse_response(body: Body) -> Response {
     r
 }
 
-/// Streams a request's events as they come from the engine.
+/// How a stream begins: already in the engine, or after its KV transfer.
+enum Start {
+    /// Submitted; its events come on the receiver.
+    Submitted(mpsc::UnboundedReceiver<Event>),
+    /// Pull this KV first, then submit the request as transferred.
+    Transfer(pd::Source, EngineRequest),
+}
+
+/// Streams a request's events as they come from the engine; a prefill
+/// request settles its `room` when it finishes.
 fn stream_reply(
     s: Arc<WorkerState>,
     id: ReqId,
     mut reply: Reply,
     req: GenRequest,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    start: Start,
+    mut room: Option<pd::RoomGuard>,
     die_after: Option<u32>,
-) -> Response {
+) -> Body {
     let (tx, body_rx) = mpsc::channel::<Chunk>(16);
     tokio::spawn(async move {
+        let mut rx = match start {
+            Start::Submitted(rx) => rx,
+            Start::Transfer(src, engine_req) => {
+                let pulled = tokio::select! {
+                    r = pd::transfer(&s, &src) => r,
+                    // The client left: dropping the pull counts the cancel.
+                    () = tx.closed() => return,
+                };
+                let submitted = pulled.and_then(|()| submit(&s, engine_req, true, true));
+                match submitted {
+                    Ok(rx) => rx,
+                    Err(e) => {
+                        s.metrics.count_error(&e);
+                        let _ = tx
+                            .send(Ok(super::response::sse(&super::error_json(&e))))
+                            .await;
+                        return;
+                    }
+                }
+            }
+        };
         let mut guard = CancelOnDrop {
             s: s.clone(),
             id,
@@ -326,6 +490,9 @@ fn stream_reply(
                 }
                 Event::Done(f) => {
                     guard.armed = false;
+                    if let Some(room) = room.take() {
+                        room.ready(f.prompt_tokens);
+                    }
                     reply.cached_tokens = f.cached_tokens;
                     reply.completion_tokens = f.completion_tokens;
                     s.metrics.record_done(&reply);
@@ -348,6 +515,9 @@ fn stream_reply(
                 }
                 Event::Rejected(e) => {
                     guard.armed = false;
+                    if let Some(room) = room.take() {
+                        room.fail(&e.to_string());
+                    }
                     s.metrics.count_error(&e);
                     let _ = emit(super::response::sse(&super::error_json(&e))).await;
                     return;
@@ -360,5 +530,5 @@ fn stream_reply(
             body_rx,
             |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
         );
-    sse_response(Body::from_stream(flush_before_error(Box::pin(stream))))
+    Body::from_stream(flush_before_error(Box::pin(stream)))
 }

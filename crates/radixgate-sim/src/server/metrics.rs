@@ -33,9 +33,31 @@ pub(crate) struct Metrics {
     pub(crate) cached_tokens: AtomicU64,
     /// Output tokens of completed requests.
     pub(crate) completion_tokens: AtomicU64,
+    /// Requests whose client went away before they reached the engine
+    /// (a decode request waiting for its KV); the engine counts the rest.
+    pub(crate) cancelled_outside_engine: AtomicU64,
+    /// Decode: requests waiting for their KV now (a gauge).
+    pub(crate) kv_transfers_waiting: AtomicU64,
+    /// Decode: KV transfers completed.
+    pub(crate) kv_transfers: AtomicU64,
+    /// Decode: KV transfers that failed or timed out.
+    pub(crate) kv_transfer_errors: AtomicU64,
+    /// Decode: prompt tokens of KV moved in.
+    pub(crate) kv_transfer_tokens: AtomicU64,
+    /// Decode: simulated transfer time, microseconds.
+    pub(crate) kv_transfer_micros: AtomicU64,
+    /// Prefill: pulls answered with KV.
+    pub(crate) kv_pulls_served: AtomicU64,
+    /// Prefill: KV never marked ready (the `drop_transfers` fault).
+    pub(crate) kv_transfers_dropped: AtomicU64,
 }
 
 impl Metrics {
+    /// Adds `n` to one counter.
+    pub(crate) fn count(&self, counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn count_error(&self, e: &SimError) {
         let c = match e {
             SimError::BadRequest { .. }
@@ -178,8 +200,50 @@ impl Metrics {
         metric(
             "radixgate_sim_cancelled_total",
             "counter",
-            "Requests cancelled by their client.",
-            stats.counters.cancelled as f64,
+            "Requests cancelled by their client (in the engine, or waiting for their KV).",
+            (stats.counters.cancelled + get(&self.cancelled_outside_engine)) as f64,
+        );
+        metric(
+            "radixgate_sim_kv_transfers_waiting",
+            "gauge",
+            "Decode: requests waiting for their prompt's KV.",
+            get(&self.kv_transfers_waiting) as f64,
+        );
+        metric(
+            "radixgate_sim_kv_transfers_total",
+            "counter",
+            "Decode: prompt KV transfers pulled from prefill workers.",
+            get(&self.kv_transfers) as f64,
+        );
+        metric(
+            "radixgate_sim_kv_transfer_errors_total",
+            "counter",
+            "Decode: KV pulls that failed or timed out.",
+            get(&self.kv_transfer_errors) as f64,
+        );
+        metric(
+            "radixgate_sim_kv_transfer_tokens_total",
+            "counter",
+            "Decode: prompt tokens of KV moved in.",
+            get(&self.kv_transfer_tokens) as f64,
+        );
+        metric(
+            "radixgate_sim_kv_transfer_seconds_total",
+            "counter",
+            "Decode: simulated KV transfer time.",
+            get(&self.kv_transfer_micros) as f64 / 1e6,
+        );
+        metric(
+            "radixgate_sim_kv_pulls_served_total",
+            "counter",
+            "Prefill: KV pulls answered.",
+            get(&self.kv_pulls_served) as f64,
+        );
+        metric(
+            "radixgate_sim_kv_transfers_dropped_total",
+            "counter",
+            "Prefill: KV never marked ready (drop_transfers fault).",
+            get(&self.kv_transfers_dropped) as f64,
         );
         metric(
             "radixgate_sim_busy_seconds_total",

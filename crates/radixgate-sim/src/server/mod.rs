@@ -20,6 +20,7 @@ mod generate;
 pub mod kv_events;
 mod listen;
 mod metrics;
+pub mod pd;
 mod request;
 mod response;
 mod response_events;
@@ -41,9 +42,10 @@ pub use args::{EngineFlags, WorkerArgs, run};
 pub use faults::{FaultConfig, MAX_SLOWDOWN};
 pub use kv_events::{EventShape, HashFormat, KvEventsConfig};
 pub use listen::WORKER_HEADER;
+pub use pd::{PdConfig, Role};
 
 use crate::engine::{Engine, EngineConfig, LoadSnapshot};
-use crate::error::SimError;
+use crate::error::{SimError, TransferFailure};
 use crate::tokens::{DEFAULT_CHARS_PER_TOKEN, TokenSource, Tokenizer};
 use driver::EngineHandle;
 use faults::Faults;
@@ -76,6 +78,8 @@ pub struct WorkerConfig {
     pub faults: FaultConfig,
     /// The KV-event publisher (off unless `kv_events.endpoint` is set).
     pub kv_events: KvEventsConfig,
+    /// Prefill/decode disaggregation: the role and the KV transfer.
+    pub pd: PdConfig,
 }
 
 impl Default for WorkerConfig {
@@ -90,6 +94,7 @@ impl Default for WorkerConfig {
             engine: EngineConfig::default(),
             faults: FaultConfig::default(),
             kv_events: KvEventsConfig::default(),
+            pd: PdConfig::default(),
         }
     }
 }
@@ -112,6 +117,7 @@ impl WorkerConfig {
         }
         self.engine.validate()?;
         self.kv_events.validate()?;
+        self.pd.validate()?;
         self.faults.validate()
     }
 }
@@ -131,6 +137,13 @@ pub(crate) struct WorkerState {
     /// The KV-event publisher, when configured.
     kv_events: Option<Publisher>,
     next_id: AtomicU64,
+    /// Prefill: the KV held per room.
+    rooms: pd::Rooms,
+    /// Decode: the client KV is pulled with.
+    pull: pd::PullClient,
+    /// Where decode workers pull this worker's KV: its bootstrap listener,
+    /// else its HTTP port (host unspecified: loopback).
+    pull_addr: SocketAddr,
     shutdown: CancellationToken,
     /// All workers of this process, for `/admin/workers/{i}/faults`
     /// (set once, after the group is built).
@@ -168,7 +181,9 @@ impl WorkerState {
 pub struct WorkerHandle {
     state: Arc<WorkerState>,
     addr: SocketAddr,
+    bootstrap: Option<SocketAddr>,
     task: tokio::task::JoinHandle<()>,
+    bootstrap_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for WorkerHandle {
@@ -184,6 +199,12 @@ impl WorkerHandle {
     /// The address it serves.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of its KV bootstrap listener (prefill workers started
+    /// with a bootstrap port).
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.bootstrap
     }
 
     /// Its name.
@@ -222,6 +243,9 @@ impl WorkerHandle {
     /// Waits for the worker to stop (after its shutdown token fires).
     pub async fn join(self) {
         let _ = self.task.await;
+        if let Some(t) = self.bootstrap_task {
+            let _ = t.await;
+        }
     }
 }
 
@@ -291,6 +315,23 @@ async fn start_workers(
         };
         let tokenizer = Tokenizer::new(config.chars_per_token)?;
         let tokens = tokens.unwrap_or_else(|| Arc::new(tokenizer));
+        let bootstrap = match config.pd.bootstrap_port {
+            Some(port) => {
+                let at = SocketAddr::new(addr.ip(), port);
+                let l = TcpListener::bind(at).await.map_err(|e| {
+                    SimError::Config(format!(
+                        "cannot listen on {at} for KV pulls (--bootstrap-port): {e}"
+                    ))
+                })?;
+                let bound = l.local_addr()?;
+                Some((l, bound))
+            }
+            None => None,
+        };
+        let mut pull_addr = bootstrap.as_ref().map_or(addr, |b| b.1);
+        if pull_addr.ip().is_unspecified() {
+            pull_addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
         let state = Arc::new(WorkerState {
             name,
             model: config.model.clone().into(),
@@ -301,22 +342,39 @@ async fn start_workers(
             metrics: Metrics::default(),
             kv_events,
             next_id: AtomicU64::new(1),
+            rooms: pd::Rooms::new(std::time::Duration::from_millis(config.pd.hold_timeout_ms)),
+            pull: pd::PullClient::new(),
+            pull_addr,
             shutdown: shutdown.clone(),
             group: OnceLock::new(),
             config,
         });
         states.push(state.clone());
-        prepared.push((listener, addr, state));
+        prepared.push((listener, addr, bootstrap, state));
     }
     for s in &states {
         let _ = s.group.set(states.clone());
     }
     Ok(prepared
         .into_iter()
-        .map(|(listener, addr, state)| {
+        .map(|(listener, addr, bootstrap, state)| {
             let router = routes::router(state.clone());
             let task = tokio::spawn(listen::serve(listener, addr, router, state.clone()));
-            WorkerHandle { state, addr, task }
+            let (bootstrap, bootstrap_task) = match bootstrap {
+                Some((l, at)) => {
+                    let router = routes::bootstrap_router(state.clone());
+                    let t = tokio::spawn(listen::serve(l, at, router, state.clone()));
+                    (Some(at), Some(t))
+                }
+                None => (None, None),
+            };
+            WorkerHandle {
+                state,
+                addr,
+                bootstrap,
+                task,
+                bootstrap_task,
+            }
         })
         .collect())
 }
@@ -331,6 +389,16 @@ pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
         SimError::NotFound(_) => ("invalid_request_error", None, "not_found"),
         SimError::InjectedFault(_) => ("server_error", None, "injected_fault"),
         SimError::Unavailable(_) => ("server_error", None, "unavailable"),
+        SimError::KvTransfer { failure, .. } => (
+            "server_error",
+            None,
+            match failure {
+                TransferFailure::NotFound => "kv_not_found",
+                TransferFailure::PrefillFailed => "kv_prefill_failed",
+                TransferFailure::Unreachable => "kv_transfer_failed",
+                TransferFailure::TimedOut => "kv_transfer_timeout",
+            },
+        ),
         SimError::Config(_)
         | SimError::TraceIo { .. }
         | SimError::TraceFormat { .. }
@@ -360,6 +428,12 @@ pub(crate) fn error_response(e: &SimError) -> Response {
         | SimError::NothingFinished
         | SimError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         SimError::Unavailable(_) | SimError::EngineGone => StatusCode::SERVICE_UNAVAILABLE,
+        SimError::KvTransfer { failure, .. } => match failure {
+            TransferFailure::NotFound => StatusCode::NOT_FOUND,
+            TransferFailure::PrefillFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            TransferFailure::Unreachable => StatusCode::BAD_GATEWAY,
+            TransferFailure::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+        },
     };
     (status, axum::Json(error_json(e))).into_response()
 }

@@ -89,7 +89,7 @@ struct GenerateBody {
     #[serde(default)]
     text: Option<Value>,
     #[serde(default)]
-    input_ids: Option<Vec<u64>>,
+    input_ids: Option<Value>,
     #[serde(default)]
     sampling_params: Option<SamplingParams>,
     #[serde(default)]
@@ -151,12 +151,99 @@ fn prompt_text(v: Value, param: &str) -> Result<String, SimError> {
     }
 }
 
-/// Parses `body` for `api`.
-pub(crate) fn parse(
-    api: Api,
-    body: &[u8],
-    default_max_tokens: usize,
-) -> Result<GenRequest, SimError> {
+/// A parsed request body: one request, or a `/generate` batch (`text` a
+/// list of strings, or `input_ids` a list of lists), answered as a list.
+#[derive(Debug, Clone)]
+pub(crate) struct Parsed {
+    /// The requests, in the batch's order (one outside a batch).
+    pub(crate) items: Vec<GenRequest>,
+    /// Whether the body was a batch (even of one).
+    pub(crate) batch: bool,
+}
+
+/// The prompts of a `/generate` body and whether it is a batch.
+fn generate_prompts(
+    text: Option<Value>,
+    ids: Option<Value>,
+) -> Result<(Vec<Prompt>, bool), SimError> {
+    let ids_of = |v: Value, param: &str| -> Result<Vec<u64>, SimError> {
+        serde_json::from_value(v).map_err(|_| {
+            SimError::bad_request(
+                format!("{param} must be a list of token ids (or a list of such lists)"),
+                Some("input_ids"),
+            )
+        })
+    };
+    match (text, ids) {
+        (Some(Value::Array(items)), _) => {
+            let prompts = items
+                .into_iter()
+                .map(|t| match t {
+                    Value::String(s) => Ok(Prompt::Text(s)),
+                    _ => Err(SimError::bad_request(
+                        "text must be a string or a list of strings",
+                        Some("text"),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((prompts, true))
+        }
+        (Some(t), _) => Ok((vec![Prompt::Text(prompt_text(t, "text")?)], false)),
+        (None, Some(Value::Array(items))) if items.first().is_some_and(Value::is_array) => {
+            let prompts = items
+                .into_iter()
+                .map(|v| ids_of(v, "input_ids[i]").map(Prompt::Ids))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((prompts, true))
+        }
+        (None, Some(v)) => Ok((vec![Prompt::Ids(ids_of(v, "input_ids")?)], false)),
+        (None, None) => Err(SimError::bad_request(
+            "one of text or input_ids is required",
+            Some("text"),
+        )),
+    }
+}
+
+/// Parses `body` for `api` (see [`Parsed`]).
+pub(crate) fn parse(api: Api, body: &[u8], default_max_tokens: usize) -> Result<Parsed, SimError> {
+    if api == Api::Generate {
+        return parse_generate(body, default_max_tokens);
+    }
+    Ok(Parsed {
+        items: vec![parse_one(api, body, default_max_tokens)?],
+        batch: false,
+    })
+}
+
+fn parse_generate(body: &[u8], default_max_tokens: usize) -> Result<Parsed, SimError> {
+    let b: GenerateBody = serde_json::from_slice(body).map_err(bad)?;
+    let (prompts, batch) = generate_prompts(b.text, b.input_ids)?;
+    if prompts.is_empty() {
+        return Err(SimError::bad_request(
+            "a batch needs at least one prompt",
+            Some("text"),
+        ));
+    }
+    let sp = b.sampling_params.unwrap_or_default();
+    let max_tokens = max_tokens(
+        sp.max_new_tokens,
+        default_max_tokens,
+        "sampling_params.max_new_tokens",
+    )?;
+    let stream = b.stream.unwrap_or(false);
+    let items = prompts
+        .into_iter()
+        .map(|prompt| GenRequest {
+            prompt,
+            max_tokens,
+            stream,
+            include_usage: true,
+        })
+        .collect();
+    Ok(Parsed { items, batch })
+}
+
+fn parse_one(api: Api, body: &[u8], default_max_tokens: usize) -> Result<GenRequest, SimError> {
     match api {
         Api::Chat => {
             let b: ChatBody = serde_json::from_slice(body).map_err(bad)?;
@@ -202,30 +289,12 @@ pub(crate) fn parse(
                     .unwrap_or(false),
             })
         }
-        Api::Generate => {
-            let b: GenerateBody = serde_json::from_slice(body).map_err(bad)?;
-            let prompt = match (b.text, b.input_ids) {
-                (Some(t), _) => Prompt::Text(prompt_text(t, "text")?),
-                (None, Some(ids)) => Prompt::Ids(ids),
-                (None, None) => {
-                    return Err(SimError::bad_request(
-                        "one of text or input_ids is required",
-                        Some("text"),
-                    ));
-                }
-            };
-            let sp = b.sampling_params.unwrap_or_default();
-            Ok(GenRequest {
-                prompt,
-                max_tokens: max_tokens(
-                    sp.max_new_tokens,
-                    default_max_tokens,
-                    "sampling_params.max_new_tokens",
-                )?,
-                stream: b.stream.unwrap_or(false),
-                include_usage: true,
-            })
-        }
+        // `parse` takes /generate bodies apart (batches); one item here.
+        Api::Generate => parse_generate(body, default_max_tokens)?
+            .items
+            .into_iter()
+            .next()
+            .ok_or_else(|| SimError::bad_request("no prompt", Some("text"))),
         Api::Responses => super::conversation::responses(body, default_max_tokens),
         Api::Messages => super::conversation::messages(body, true),
     }
@@ -239,7 +308,7 @@ mod tests {
     fn chat_takes_max_completion_tokens_and_parts() {
         let body = br#"{"model":"x","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],
             "max_completion_tokens":5,"max_tokens":9,"stream":true,"stream_options":{"include_usage":true},"extra":1}"#;
-        let r = parse(Api::Chat, body, 16).unwrap();
+        let r = parse(Api::Chat, body, 16).unwrap().items.remove(0);
         assert_eq!(r.max_tokens, 5);
         assert!(r.stream && r.include_usage);
         let Prompt::Text(t) = r.prompt else { panic!() };
@@ -255,6 +324,26 @@ mod tests {
         assert!(parse(Api::Generate, br#"{"sampling_params":{}}"#, 16).is_err());
         assert!(parse(Api::Completions, br#"{"prompt":"a","max_tokens":-1}"#, 16).is_err());
         let r = parse(Api::Generate, br#"{"input_ids":[1,2,3]}"#, 7).unwrap();
-        assert_eq!(r.max_tokens, 7);
+        assert_eq!((r.items[0].max_tokens, r.batch), (7, false));
+        assert!(parse(Api::Generate, br#"{"text":["a", 5]}"#, 16).is_err());
+        assert!(parse(Api::Generate, br#"{"input_ids":[[1], "x"]}"#, 16).is_err());
+        assert!(parse(Api::Generate, br#"{"text":[]}"#, 16).is_err());
+    }
+
+    #[test]
+    fn generate_lists_are_batches() {
+        let r = parse(Api::Generate, br#"{"text":["a", "b"]}"#, 16).unwrap();
+        assert!(r.batch);
+        assert_eq!(r.items.len(), 2);
+        let r = parse(Api::Generate, br#"{"input_ids":[[1, 2], [3]]}"#, 16).unwrap();
+        assert!(r.batch);
+        assert!(matches!(&r.items[1].prompt, Prompt::Ids(ids) if ids == &[3]));
+        let r = parse(Api::Generate, br#"{"text":["one"]}"#, 16).unwrap();
+        assert!(
+            r.batch,
+            "a list of one is a batch of one, answered as a list"
+        );
+        let r = parse(Api::Generate, br#"{"text":"one"}"#, 16).unwrap();
+        assert!(!r.batch);
     }
 }

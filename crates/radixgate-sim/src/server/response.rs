@@ -33,6 +33,14 @@ pub(crate) struct Reply {
     pub(crate) prompt_tokens: usize,
     pub(crate) cached_tokens: usize,
     pub(crate) completion_tokens: usize,
+    /// The item's place in a `/generate` batch (0 outside one).
+    pub(crate) index: usize,
+    /// Whether the stream ends with `data: [DONE]` (not a batch item's:
+    /// the batch sends one after all of them).
+    pub(crate) done_event: bool,
+    /// vLLM prefill: the `kv_transfer_params` a whole answer carries for
+    /// the decode step.
+    pub(crate) kv_transfer_params: Option<Value>,
 }
 
 impl Reply {
@@ -69,6 +77,14 @@ impl Reply {
 
     /// The non-streamed response body.
     pub(crate) fn full(&self) -> Value {
+        let mut v = self.full_body();
+        if let Some(p) = &self.kv_transfer_params {
+            v["kv_transfer_params"] = p.clone();
+        }
+        v
+    }
+
+    fn full_body(&self) -> Value {
         match self.api {
             Api::Chat => json!({
                 "id": self.id,
@@ -160,7 +176,7 @@ impl Reply {
             Api::Generate => sse(&json!({
                 "text": self.piece(0, to),
                 "meta_info": self.meta_info(to, last),
-                "index": 0,
+                "index": self.index,
             })),
             Api::Responses => self.responses_delta(from, to),
             Api::Messages => self.messages_delta(from, to),
@@ -179,7 +195,9 @@ impl Reply {
         if include_usage && self.api != Api::Generate {
             out.push(sse(&self.chunk(json!([]), Some(self.usage()))));
         }
-        out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        if self.done_event {
+            out.push(Bytes::from_static(DONE_EVENT));
+        }
         out
     }
 
@@ -197,12 +215,15 @@ impl Reply {
                 usage,
             ))),
             Api::Generate => Some(sse(
-                &json!({"text": "", "meta_info": self.meta_info(0, true), "index": 0}),
+                &json!({"text": "", "meta_info": self.meta_info(0, true), "index": self.index}),
             )),
             Api::Responses | Api::Messages => None,
         }
     }
 }
+
+/// The event that ends an OpenAI or SGLang stream.
+pub(crate) const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 
 /// One SSE event with a name: `event: {name}\ndata: {json}\n\n`.
 pub(crate) fn named_sse(name: &str, v: &Value) -> Bytes {

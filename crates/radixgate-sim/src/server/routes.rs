@@ -1,5 +1,7 @@
 //! The worker's routes and its non-generation endpoints: health, server and
-//! model info, models list, load, metrics, cache flush, fault admin
+//! model info, models list, load, metrics, cache flush, fault admin, the
+//! KV pull endpoint of prefill workers (also alone on their bootstrap
+//! listener)
 //! (generation, embeddings, and reranking, scoring and tokenizing have their
 //! own modules).
 //!
@@ -20,7 +22,7 @@ use tokio::sync::oneshot;
 
 use super::driver::Cmd;
 use super::faults::FaultConfig;
-use super::{WorkerState, embeddings, error_response, generate, read_body, utility};
+use super::{WorkerState, embeddings, error_response, generate, pd, read_body, utility};
 use crate::error::SimError;
 
 /// The router of one worker.
@@ -50,11 +52,22 @@ pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
         .route("/score", post(utility::score))
         .route("/tokenize", post(utility::tokenize))
         .route("/detokenize", post(utility::detokenize))
+        .route("/kv/{room}", get(pd::kv_handler))
         .route("/admin/faults", get(get_faults).post(set_faults))
         .route(
             "/admin/workers/{index}/faults",
             get(get_peer_faults).post(set_peer_faults),
         )
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// The router of a prefill worker's bootstrap listener: the KV pull
+/// endpoint and health only.
+pub(crate) fn bootstrap_router(state: Arc<WorkerState>) -> axum::Router {
+    axum::Router::new()
+        .route("/kv/{room}", get(pd::kv_handler))
+        .route("/health", get(health))
         .fallback(not_found)
         .with_state(state)
 }
@@ -82,6 +95,14 @@ async fn server_info(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Valu
         "chars_per_token": s.config.chars_per_token,
         "instant": s.config.instant,
         "dp_size": 1,
+        // SGLang's names: "null" for a regular worker.
+        "disaggregation_mode": match s.config.pd.role {
+            pd::Role::Regular => "null",
+            pd::Role::Prefill => "prefill",
+            pd::Role::Decode => "decode",
+        },
+        "disaggregation_bootstrap_port": (s.config.pd.role == pd::Role::Prefill)
+            .then_some(s.pull_addr.port()),
         "tp_size": 1,
         "timing": e.timing,
         "internal_states": [{"num_running_reqs": load.running, "num_waiting_reqs": load.waiting}],

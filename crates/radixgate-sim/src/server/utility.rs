@@ -66,7 +66,7 @@ pub(crate) async fn tokenize(State(s): State<Arc<WorkerState>>, body: Body) -> R
                 Some("prompt"),
             ));
         };
-        let Prompt::Text(text) = parse(api, bytes, 0)?.prompt else {
+        let Some(Prompt::Text(text)) = parse(api, bytes, 0)?.items.pop().map(|r| r.prompt) else {
             unreachable!("chat and completions prompts are text")
         };
         let tokens = s.tokens.tokenize(&text);
