@@ -1,0 +1,186 @@
+//! Prefill/decode disaggregation end to end: `serve` in front of simulated
+//! workers in both roles, whose decode really pulls each prompt's KV from
+//! the prefill worker over loopback HTTP (SGLang's bootstrap server, vLLM's
+//! remote host and port). What reaches the client is decode's answer with
+//! the whole prompt counted as cached; the workers' own counters show the
+//! transfer happened; a transfer that never arrives and a prefill worker
+//! that dies come back to the client as errors, never a hang.
+
+mod common;
+
+use common::{client, config, gateway, wait_for_healthy, wait_until};
+use radixgate::config::{Config, PdProtocol, WorkerSpec};
+use radixgate_routing::WorkerRole;
+use radixgate_sim::server::{FaultConfig, PdConfig, Role, WorkerConfig};
+use serde_json::{Value, json};
+
+/// A simulated worker in `role`; a prefill worker serves its pulls on a
+/// bootstrap port of its own.
+async fn worker(role: Role) -> common::SimWorker {
+    let mut c = common::fast_worker();
+    c.pd = PdConfig {
+        role,
+        bootstrap_port: (role == Role::Prefill).then_some(0),
+        transfer_timeout_ms: 2_000,
+        hold_timeout_ms: 5_000,
+        ..PdConfig::default()
+    };
+    common::sim_worker(c).await
+}
+
+fn prefill_spec(w: &common::SimWorker) -> WorkerSpec {
+    WorkerSpec::new(w.url.clone())
+        .with_role(WorkerRole::Prefill)
+        .with_bootstrap_port(w.handle.bootstrap_addr().map(|a| a.port()))
+}
+
+fn pd_config(
+    protocol: PdProtocol,
+    prefill: &[&common::SimWorker],
+    decode: &[&common::SimWorker],
+) -> Config {
+    let mut c = config(&[]);
+    c.pd.enabled = true;
+    c.pd.protocol = protocol;
+    c.pd.skip_prefill_max_uncached_tokens = 0;
+    c.workers.extend(prefill.iter().map(|w| prefill_spec(w)));
+    c.workers.extend(
+        decode
+            .iter()
+            .map(|w| WorkerSpec::new(w.url.clone()).with_role(WorkerRole::Decode)),
+    );
+    c
+}
+
+/// A worker's counter from its `/metrics`.
+async fn counter(url: &str, series: &str) -> f64 {
+    let text = client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // `name{labels} value`
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn prompt(i: usize) -> String {
+    format!(
+        "request {i}: {}",
+        "a long shared document about prefill and decode pools. ".repeat(40)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_protocols_move_the_kv_and_decode_answers_with_it_cached() {
+    let _ = WorkerConfig::default();
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = worker(Role::Prefill).await;
+        let decode = worker(Role::Decode).await;
+        let gw = gateway(pd_config(protocol, &[&prefill], &[&decode])).await;
+        wait_for_healthy(&gw.url, 2).await;
+        for (i, stream) in [false, true].into_iter().enumerate() {
+            let mut body = json!({
+                "model": "sim-llama-8b",
+                "messages": [{"role": "user", "content": prompt(i)}],
+                "max_tokens": 8,
+                "stream": stream,
+            });
+            if stream {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            let r = client()
+                .post(format!("{}/v1/chat/completions", gw.url))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{protocol:?} stream={stream}");
+            assert_eq!(
+                r.headers()["x-radixgate-worker"].to_str().unwrap(),
+                decode.url
+            );
+            let text = r.text().await.unwrap();
+            let usage: Value = if stream {
+                text.lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                    .find_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
+                    .unwrap_or_else(|| panic!("no usage in {text}"))
+            } else {
+                serde_json::from_str::<Value>(&text).unwrap()["usage"].clone()
+            };
+            let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+            assert!(prompt_tokens > 400, "{usage}");
+            assert_eq!(
+                usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+                Some(prompt_tokens),
+                "decode had the whole prompt from prefill: {usage}"
+            );
+        }
+        assert_eq!(
+            counter(&decode.url, "radixgate_sim_kv_transfers_total").await,
+            2.0,
+            "{protocol:?}"
+        );
+        assert_eq!(
+            counter(&prefill.url, "radixgate_sim_kv_pulls_served_total").await,
+            2.0
+        );
+        common::wait_for_zero_load(&gw.url).await;
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_that_never_arrives_and_a_dead_prefill_are_errors() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = worker(Role::Prefill).await;
+        let decode = worker(Role::Decode).await;
+        let mut c = pd_config(protocol, &[&prefill], &[&decode]);
+        c.retry.max_retries = 0;
+        let gw = gateway(c).await;
+        wait_for_healthy(&gw.url, 2).await;
+        prefill.set_faults(FaultConfig {
+            drop_transfers: 1.0,
+            ..FaultConfig::default()
+        });
+        let r = client()
+            .post(format!("{}/v1/completions", gw.url))
+            .json(&json!({"model": "sim-llama-8b", "prompt": prompt(7), "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_server_error(), "{protocol:?}: {}", r.status());
+        let err: Value = r.json().await.unwrap();
+        let message = err["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(!message.is_empty(), "{err}");
+        // The prefill worker dies: decode cannot pull (SGLang), or step one
+        // cannot be sent (vLLM).
+        prefill.set_faults(FaultConfig::default());
+        prefill.stop.cancel();
+        let r = client()
+            .post(format!("{}/v1/completions", gw.url))
+            .json(&json!({"model": "sim-llama-8b", "prompt": prompt(8), "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_server_error(), "{protocol:?}: {}", r.status());
+        wait_until("no load left", || async {
+            common::total_load(&gw.url).await == 0
+        })
+        .await;
+        gw.shutdown().await;
+    }
+}
