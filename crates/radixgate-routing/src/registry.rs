@@ -390,4 +390,15 @@ impl Router {
     pub fn decode_policy(&self) -> Arc<dyn Policy> {
         Arc::clone(&self.decode_policy.load())
     }
+
+    /// Characters the prefix record of `worker`'s role attributes to it
+    /// (see [`Policy::cached_chars`]).
+    pub fn cached_chars(&self, worker: &Worker) -> Option<usize> {
+        match worker.role() {
+            WorkerRole::Decode => self.decode_policy.load().cached_chars(worker.id()),
+            WorkerRole::Regular | WorkerRole::Prefill => {
+                self.policy.load().cached_chars(worker.id())
+            }
+        }
+    }
 }

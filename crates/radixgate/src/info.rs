@@ -70,6 +70,7 @@ pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Valu
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": state.shared.started.elapsed().as_secs(),
         "routing": state.shared.config.routing,
+        "pd": state.shared.config.pd,
         "workers": workers,
     }))
 }
@@ -89,7 +90,7 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
                 "processed": w.processed(),
                 "healthy": w.is_healthy(),
                 "available": w.is_available(),
-                "cached_chars": state.shared.router.policy().cached_chars(w.id()),
+                "cached_chars": state.shared.router.cached_chars(w),
                 "ttft_model": ttft_model(w),
             })
         })

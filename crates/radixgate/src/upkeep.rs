@@ -160,7 +160,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
             state.breakers.publish(worker, now);
             gauges.in_flight(worker.url(), worker.load());
             gauges.healthy(worker.url(), worker.is_healthy());
-            if let Some(chars) = state.router.policy().cached_chars(worker.id()) {
+            if let Some(chars) = state.router.cached_chars(worker) {
                 gauges.tree_chars(worker.url(), chars);
             }
             gauges.cache_truth(worker.url(), worker.cache_truth().snapshot());

@@ -77,7 +77,7 @@ async fn read(shared: &Shared) -> Option<Reading> {
                 ejected: admitted.is_some_and(|w| w.is_ejected()),
                 in_flight: status.load,
                 processed: status.processed,
-                tree_chars: admitted.and_then(|w| policy.cached_chars(w.id())),
+                tree_chars: admitted.and_then(|w| shared.router.cached_chars(w)),
                 prompt_tokens: truth.map_or(0, |t| t.prompt_tokens),
                 reported_tokens: truth.map_or(0, |t| t.reported_tokens),
             }
