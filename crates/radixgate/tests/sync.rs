@@ -520,3 +520,85 @@ async fn a_replica_with_references_off_resolves_a_peers_references() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_pool_shares_both_roles_records() {
+    use radixgate::config::WorkerSpec;
+    use radixgate_routing::WorkerRole;
+    let nats = Nats::start(&[]);
+    let mut prefill = Vec::new();
+    for _ in 0..3 {
+        let mut c = fast_worker();
+        c.pd.role = radixgate_sim::server::Role::Prefill;
+        prefill.push(sim_worker(c).await);
+    }
+    let mut c = fast_worker();
+    c.pd.role = radixgate_sim::server::Role::Decode;
+    let decode = sim_worker(c).await;
+    let pd_replica = || {
+        let mut c = replica_config(&[nats.url()], &[]);
+        c.pd.enabled = true;
+        c.pd.skip_prefill_max_uncached_tokens = 0;
+        c.workers = prefill
+            .iter()
+            .map(|w| {
+                // The simulated prefill worker serves its KV pulls on its
+                // HTTP port too.
+                WorkerSpec::new(w.url.clone())
+                    .with_role(WorkerRole::Prefill)
+                    .with_bootstrap_port(Some(w.handle.addr().port()))
+            })
+            .chain([WorkerSpec::new(decode.url.clone()).with_role(WorkerRole::Decode)])
+            .collect();
+        c
+    };
+    let a = gateway_ready(pd_replica(), 4).await;
+    let b = gateway_ready(pd_replica(), 4).await;
+    for g in [&a.url, &b.url] {
+        wait_ready(g).await;
+        wait_connected(g).await;
+    }
+    for i in 0..4 {
+        let text = prompt(&format!("pd conversation {i}"));
+        let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+        let before = learned().await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", a.url))
+            .json(&chat(&text, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let at_a = r.headers()["x-radixgate-prefill-worker"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        // Both decisions: the prefill worker's and the decode worker's.
+        wait_until("B learned both of A's decisions", || async {
+            learned().await >= before + 2.0
+        })
+        .await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", b.url))
+            .json(&chat(&format!("{text} and a follow-up"), false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["x-radixgate-prefill-worker"].to_str().unwrap(),
+            at_a,
+            "B sends A's prefix to A's prefill worker"
+        );
+        let decision = r.headers()["x-radixgate-decision"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            decision.contains("prefill=[cache_aware branch=cache_hit"),
+            "{decision}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}

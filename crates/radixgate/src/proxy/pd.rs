@@ -175,6 +175,22 @@ pub(super) async fn attempts(
         } else {
             "paired"
         });
+        // Counted once per attempt, by the decision that set its prompt's
+        // cost: prefill's, or decode's when it prefills alone.
+        let deciding = prefill.as_ref().unwrap_or(&decode);
+        shared
+            .request_metrics
+            .decision(deciding.decision.explanation().branch.as_str());
+        // What other router replicas learn once the pair has answered.
+        let learned = [prefill.as_ref(), Some(&decode)].map(|side| {
+            let side = side?;
+            let inserted = side.decision.inserted_text(text)?;
+            Some(Learned {
+                model: side.model.clone(),
+                url: side.decision.worker().url().to_owned(),
+                len: inserted.len(),
+            })
+        });
         let last_attempt = attempt >= max_retries;
         attempt += 1;
         let pair = Pair {
@@ -196,6 +212,20 @@ pub(super) async fn attempts(
         };
         let failure = match outcome {
             Ok(mut done) => {
+                if let Some(sync) = &shared.sync
+                    && done.answer.response.status().is_success()
+                {
+                    for learned in learned.into_iter().flatten() {
+                        sync.routed(
+                            learned
+                                .model
+                                .as_deref()
+                                .unwrap_or(radixgate_routing::WILDCARD_MODEL),
+                            &learned.url,
+                            &text[..learned.len],
+                        );
+                    }
+                }
                 let prefill_worker = done.prefill_worker.take();
                 return Ok((
                     done.answer,
@@ -251,6 +281,14 @@ pub(super) async fn attempts(
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;
     }
+}
+
+/// A decision's tree insert, for the other router replicas.
+struct Learned {
+    model: Option<String>,
+    url: String,
+    /// Bytes of the routing text inserted.
+    len: usize,
 }
 
 /// The prompt tokens decode would have to compute itself, when that is at
