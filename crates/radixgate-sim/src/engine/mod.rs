@@ -19,6 +19,12 @@
 //! chunks in admission order (chunked prefill). The last prefill chunk
 //! yields the first output token; each later step yields one more.
 //!
+//! KV from elsewhere ([`Engine::submit_transferred`], a prefill/decode
+//! split's decode side): the request arrives with its whole prompt's KV, so
+//! at admission its prompt blocks join the tree as if computed, it counts
+//! the whole prompt as cached, and its first step decodes its first output
+//! token (no prefill chunk, so it never waits behind one of its own).
+//!
 //! Cache: at admission a request pins its cached prefix (full blocks, at
 //! most up to the token before its last prompt token, since the last one is
 //! always computed) and reserves blocks for the rest of its prompt and its
@@ -147,6 +153,8 @@ struct Waiting {
     hashes: Vec<u64>,
     /// Prompt tokens not cached at submission (for the load report).
     uncached_at_arrival: usize,
+    /// Its prompt's KV came with it ([`Engine::submit_transferred`]).
+    transferred: bool,
 }
 
 struct Running {
@@ -220,6 +228,38 @@ impl Engine {
     /// Queues a request. Fails if its id is live, or if it could never fit
     /// in the cache even when empty (it would block the queue forever).
     pub fn submit(&mut self, req: EngineRequest, now: Duration) -> Result<(), SimError> {
+        self.enqueue(req, now, false)
+    }
+
+    /// Queues a request whose prompt's KV was computed elsewhere and
+    /// arrives with it (a decode worker's transfer from a prefill worker).
+    /// Admitted like any request (FIFO, the same reservation), it stores
+    /// its prompt blocks as if computed, reports the whole prompt as
+    /// cached, and produces its first output token in its first step.
+    /// Fails as [`Self::submit`] does, or if it asks for no output token.
+    pub fn submit_transferred(
+        &mut self,
+        req: EngineRequest,
+        now: Duration,
+    ) -> Result<(), SimError> {
+        if req.max_new_tokens == 0 {
+            return Err(SimError::bad_request(
+                format!(
+                    "request {} arrives with its prompt's KV but asks for no output token",
+                    req.id
+                ),
+                Some("max_tokens"),
+            ));
+        }
+        self.enqueue(req, now, true)
+    }
+
+    fn enqueue(
+        &mut self,
+        req: EngineRequest,
+        now: Duration,
+        transferred: bool,
+    ) -> Result<(), SimError> {
         if self.ids.contains(&req.id) {
             return Err(SimError::bad_request(
                 format!("duplicate request id {}", req.id),
@@ -242,13 +282,18 @@ impl Engine {
         self.ids.insert(req.id);
         let hashes = self.cache.block_hashes(&req.prompt);
         let hit = self.hit_blocks(&hashes, req.prompt.len()) * self.config.block_size;
-        let uncached_at_arrival = req.prompt.len() - hit;
+        let uncached_at_arrival = if transferred {
+            0
+        } else {
+            req.prompt.len() - hit
+        };
         self.waiting_prefill += uncached_at_arrival;
         self.waiting.push_back(Waiting {
             req,
             arrival: now,
             hashes,
             uncached_at_arrival,
+            transferred,
         });
         Ok(())
     }
@@ -312,6 +357,11 @@ impl Engine {
             let r = &mut self.running[i];
             r.generated += 1;
             out.progressed.push((r.req.id, r.generated));
+            // Only a request that came with its KV decodes its first token
+            // (the others' first comes with their last prefill chunk).
+            if r.generated == 1 {
+                out.first_token.push(r.req.id);
+            }
         }
         for (i, chunk) in chunks {
             self.running[i].prefilled += chunk;
@@ -424,7 +474,11 @@ impl Engine {
             };
             let w = self.waiting.pop_front().expect("head exists");
             self.waiting_prefill -= w.uncached_at_arrival;
-            let cached = matched * self.config.block_size;
+            let cached = if w.transferred {
+                w.req.prompt.len()
+            } else {
+                matched * self.config.block_size
+            };
             self.counters.admitted += 1;
             self.counters.prompt_tokens += w.req.prompt.len() as u64;
             self.counters.cached_tokens += cached as u64;
@@ -439,16 +493,27 @@ impl Engine {
                 prompt_hashes: w.hashes,
                 req: w.req,
             });
+            if w.transferred {
+                // The transferred KV is in place: store its blocks now.
+                let i = self.running.len() - 1;
+                self.store_prompt(i);
+            }
         }
     }
 
-    fn on_prefill_done(&mut self, i: usize, out: &mut StepOutcome) {
+    /// Running request `i`'s prompt blocks join the tree (pinned by it).
+    fn store_prompt(&mut self, i: usize) {
         let r = &mut self.running[i];
         let new = self
             .cache
             .extend(&r.path, &r.prompt_hashes, &r.req.prompt, &mut r.reserved);
         let old = std::mem::replace(&mut r.path, new);
         self.cache.release(old, 0);
+    }
+
+    fn on_prefill_done(&mut self, i: usize, out: &mut StepOutcome) {
+        self.store_prompt(i);
+        let r = &mut self.running[i];
         if r.req.max_new_tokens > 0 {
             r.generated = 1;
             out.progressed.push((r.req.id, 1));

@@ -326,3 +326,58 @@ proptest! {
         prop_assert_eq!(first, sorted);
     }
 }
+
+#[test]
+fn a_transferred_prompt_decodes_at_once_and_is_cached() {
+    let prompt: Vec<u64> = (0..40).collect();
+    let mut e = Engine::new(cfg()).unwrap();
+    e.submit_transferred(req(1, prompt.clone(), 3), Duration::ZERO)
+        .unwrap();
+    assert_eq!(
+        e.load().pending_prefill_tokens,
+        0,
+        "nothing is left to prefill"
+    );
+    // Its first step decodes its first token: no prefill chunk, and the
+    // step reads the whole prompt as context.
+    let first = e.step(Duration::ZERO);
+    assert_eq!(first.prefill_tokens, 0);
+    assert_eq!(first.decode_seqs, 1);
+    assert_eq!(first.admitted, vec![(1, 40)]);
+    assert_eq!(first.first_token, vec![1]);
+    assert_eq!(first.progressed, vec![(1, 1)]);
+    assert_eq!(
+        first.duration,
+        cfg().timing.step_duration(0, 1, prompt.len())
+    );
+    let mut now = first.duration;
+    let done = run(&mut e, &mut now);
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        done[0].cached_tokens, 40,
+        "the whole prompt counts as cached"
+    );
+    assert_eq!(done[0].completion_tokens, 3);
+    assert_eq!(e.counters().generated_tokens, 3);
+    // Its blocks joined the tree: the same prompt, computed here, hits
+    // every full block but the one holding its last token.
+    e.submit(req(2, prompt.clone(), 1), now).unwrap();
+    let again = run(&mut e, &mut now);
+    assert_eq!(again[0].cached_tokens, 36);
+
+    // The same request computed here spends its first step prefilling the
+    // whole prompt (its first token comes with that prefill).
+    let mut plain = Engine::new(cfg()).unwrap();
+    plain.submit(req(1, prompt, 3), Duration::ZERO).unwrap();
+    let step = plain.step(Duration::ZERO);
+    assert_eq!(step.prefill_tokens, 40);
+    assert_eq!(step.decode_seqs, 0);
+    assert_eq!(step.first_token, vec![1]);
+
+    // No output asked: refused, not queued.
+    let err = e
+        .submit_transferred(req(3, vec![1, 2, 3], 0), now)
+        .unwrap_err();
+    assert!(err.to_string().contains("no output token"), "{err}");
+    assert!(e.is_idle());
+}
