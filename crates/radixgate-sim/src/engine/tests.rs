@@ -350,6 +350,9 @@ fn a_transferred_prompt_decodes_at_once_and_is_cached() {
         first.duration,
         cfg().timing.step_duration(0, 1, prompt.len())
     );
+    // Its prompt's blocks are in the tree while it runs, as a computed
+    // prompt's are once prefilled.
+    assert_eq!(e.cached_prefix_tokens(&prompt), 40);
     let mut now = first.duration;
     let done = run(&mut e, &mut now);
     assert_eq!(done.len(), 1);
