@@ -524,11 +524,11 @@ impl Cluster<'_> {
             }
         }
         for &(id, _) in &out.progressed {
-            if let Some(live) = self.live.get_mut(&id) {
-                if let Some(last) = live.last_token.replace(self.now) {
-                    let gap = self.now.saturating_sub(last).as_secs_f64() * 1000.0;
-                    self.stats.itl_ms.push(gap);
-                }
+            if let Some(live) = self.live.get_mut(&id)
+                && let Some(last) = live.last_token.replace(self.now)
+            {
+                let gap = self.now.saturating_sub(last).as_secs_f64() * 1000.0;
+                self.stats.itl_ms.push(gap);
             }
         }
         for f in out.finished {

@@ -28,12 +28,12 @@
 //! ones, reported by [`pd_report`].
 //!
 //! Layout: [`args`] (flags), [`sweep`] (policy parameter and replica
-//! grids), [`events`] (the ordered event queue), `issuing` (the clients),
-//! [`cluster`] (one run),
-//! [`replicas`], [`speeds`], [`oracle`], [`oracle_ttft`] and its
-//! [`forecast`], [`text`] (routing text vs worker text), [`report`]
-//! (statistics, table, JSON), [`timeline`] (per-worker traffic and TTFT
-//! over simulated time).
+//! grids), [`events`] (the ordered event queue), `issuing` (the clients,
+//! shared by both kinds of run), [`cluster`] (one run), [`replicas`],
+//! [`speeds`], [`oracle`], [`oracle_ttft`] and its [`forecast`], [`text`]
+//! (routing text vs worker text), [`report`] (statistics, table, JSON),
+//! [`timeline`] (per-worker traffic and TTFT over simulated time); for
+//! `--pd`, [`pd`], [`pd_cluster`] and [`pd_report`].
 //!
 //! [`Engine`]: crate::engine::Engine
 

@@ -82,11 +82,6 @@ impl PdShape {
             decode: count(d, "decode")?,
         })
     }
-
-    /// `2P+2D`.
-    pub fn describe(&self) -> String {
-        format!("{}P+{}D", self.prefill, self.decode)
-    }
 }
 
 /// How KV moves from a prefill worker to a decode worker.
@@ -139,15 +134,6 @@ impl Transfer {
     /// How long `tokens` tokens of KV take on the link.
     pub fn time(&self, tokens: usize) -> Duration {
         Duration::from_secs_f64(tokens as f64 * self.kv_bytes_per_token as f64 / self.bytes_per_sec)
-    }
-
-    /// `50 GB/s, 131072 B of KV per token`.
-    pub fn describe(&self) -> String {
-        format!(
-            "{} GB/s, {} B of KV per token",
-            self.bytes_per_sec / 1e9,
-            self.kv_bytes_per_token
-        )
     }
 }
 
