@@ -81,6 +81,69 @@ fn smoke_run_reports_every_policy_and_the_oracle() {
 }
 
 #[test]
+fn pd_run_reports_each_arm_and_a_bad_shape_is_an_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+        .args([
+            "simulate",
+            "--pd",
+            "2:1",
+            "--workload",
+            "long-doc",
+            "--document-tokens",
+            "512",
+            "--output-tokens",
+            "4",
+            "--requests",
+            "20",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let arms: Vec<(&str, &str)> = v["arms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["arm"].as_str().unwrap(),
+                a["prefill_policy"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        arms,
+        [
+            ("co-located", "cache_aware"),
+            ("pd", "cache_aware"),
+            ("pd", "round_robin")
+        ]
+    );
+    for a in v["arms"].as_array().unwrap() {
+        assert_eq!(a["completed"], 20, "{a}");
+    }
+    for (shape, says) in [
+        ("0:2", "the prefill pool needs at least 1 worker"),
+        ("2:0", "the decode pool needs at least 1 worker"),
+        ("x", "expected P:D"),
+    ] {
+        let bad = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+            .args(["simulate", &format!("--pd={shape}")])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(!bad.status.success(), "{shape}");
+        assert!(stderr.contains(says), "{shape}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{shape}: {stderr}");
+    }
+}
+
+#[test]
 fn simulated_routing_text_is_the_gateways() {
     let workloads = [
         WorkloadConfig::SharedPrefix(SharedPrefixConfig::default()),

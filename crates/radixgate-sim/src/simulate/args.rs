@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RandomConfig};
 
+use super::pd::{self, PdPlan, PdShape, Transfer};
 use super::replicas::{DEFAULT_SYNC_DELAY_MS, ReplicaConfig};
 use super::report::{PolicyReport, SimReport};
 use super::speeds::{PoolSpeeds, SpeedChange};
@@ -132,6 +133,37 @@ pub struct SimulateArgs {
     /// simulated seconds, requests dispatched and their mean TTFT (0: off).
     #[arg(long, value_name = "S")]
     pub timeline_secs: Option<f64>,
+    /// Prefill/decode disaggregation: P prefill and D decode workers, run
+    /// against P+D co-located workers (routed by --prefill-policy) on the
+    /// same workload and seed, e.g. `2:2`.
+    #[arg(
+        long,
+        value_name = "P:D",
+        conflicts_with_all = [
+            "workers", "policies", "sweep", "replicas", "sync_delay_ms", "no_sync",
+            "exact_events", "worker_speeds", "speed_change", "timeline_secs",
+        ]
+    )]
+    pub pd: Option<String>,
+    /// With --pd: the prefill pool's policy (and the co-located pool's);
+    /// any `radixgate serve --policy` name.
+    #[arg(long, value_name = "NAME", requires = "pd", default_value = pd::DEFAULT_PREFILL_POLICY)]
+    pub prefill_policy: String,
+    /// With --pd: the decode pool's policy.
+    #[arg(long, value_name = "NAME", requires = "pd", default_value = pd::DEFAULT_DECODE_POLICY)]
+    pub decode_policy: String,
+    /// With --pd: bandwidth of each prefill worker's link to the decode
+    /// workers, GB/s (one 400 Gb/s RDMA NIC is 50).
+    #[arg(long, value_name = "GB/S", requires = "pd", default_value_t = pd::DEFAULT_TRANSFER_GB_PER_S)]
+    pub pd_transfer_bandwidth: f64,
+    /// With --pd: bytes of KV per prompt token (Llama-3-8B's is 131072).
+    #[arg(long, value_name = "BYTES", requires = "pd", default_value_t = pd::DEFAULT_KV_BYTES_PER_TOKEN)]
+    pub pd_kv_bytes_per_token: u64,
+    /// With --pd: also run an arm that sends a request to decode alone when
+    /// its decode worker holds all but at most this many of its prompt
+    /// tokens.
+    #[arg(long, value_name = "TOKENS", requires = "pd")]
+    pub pd_skip_prefill_threshold: Option<usize>,
 }
 
 impl SimulateArgs {
@@ -234,6 +266,20 @@ impl SimulateArgs {
             }
         }
         Ok(out)
+    }
+
+    /// What `--pd` asks for (`None` without it), checked.
+    pub fn pd_plan(&self) -> Result<Option<PdPlan>, SimError> {
+        let Some(shape) = &self.pd else {
+            return Ok(None);
+        };
+        Ok(Some(PdPlan {
+            shape: PdShape::parse(shape)?,
+            prefill_policy: pd::router_policy("--prefill-policy", &self.prefill_policy, self.seed)?,
+            decode_policy: pd::router_policy("--decode-policy", &self.decode_policy, self.seed)?,
+            transfer: Transfer::new(self.pd_transfer_bandwidth, self.pd_kv_bytes_per_token)?,
+            skip_prefill_threshold: self.pd_skip_prefill_threshold,
+        }))
     }
 
     /// The timeline's window, if one was asked for.

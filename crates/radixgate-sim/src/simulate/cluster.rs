@@ -38,20 +38,15 @@ use radixgate_routing::{
 };
 
 use super::events::{Kind, Queue};
+use super::issuing::{Issued, Issuers};
 use super::replicas::Replicas;
 use super::text::{prompt_and_final, routing_text, worker_reply, worker_text};
 use super::timeline::Dispatched;
 use super::{Contender, SimConfig, oracle, oracle_ttft};
 use crate::SimError;
 use crate::engine::{Engine, EngineRequest, Finished, ReqId};
-use crate::load::Arrivals;
 use crate::tokens::Tokenizer;
-use crate::workload::rng::{SplitMix64, key};
-use crate::workload::{Poll, RequestSpec, SessionId, Workload};
-
-/// The load tool's arrival-stream key, so `simulate --rate R` and `load
-/// --rate R` draw the same arrival times for a seed.
-const ARRIVALS: u64 = 61;
+use crate::workload::{RequestSpec, SessionId, Workload};
 
 /// What one run measured (raw; [`report`](super::report) summarises).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,6 +65,9 @@ pub struct RunStats {
     pub ttft_ms: Vec<f64>,
     /// End-to-end latency per completed request, ms, in completion order.
     pub e2e_ms: Vec<f64>,
+    /// Inter-token latency: every gap between two consecutive output
+    /// tokens of one request, ms, in the order the later token came.
+    pub itl_ms: Vec<f64>,
     /// Completed requests per worker.
     pub per_worker: Vec<u64>,
     /// Tokens each worker's engine computed: uncached prompt tokens plus
@@ -121,14 +119,6 @@ enum Chooser {
     },
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum IssuerState {
-    Scheduled,
-    Busy,
-    Awaiting,
-    Retired,
-}
-
 struct Live {
     session: SessionId,
     seq: u64,
@@ -143,6 +133,8 @@ struct Live {
     worker: usize,
     start: Duration,
     first: Option<Duration>,
+    /// When its latest output token came.
+    last_token: Option<Duration>,
     reply: String,
 }
 
@@ -162,10 +154,7 @@ struct Cluster<'a> {
     chooser: Chooser,
     queue: Queue,
     now: Duration,
-    issuers: Vec<IssuerState>,
-    rng: SplitMix64,
-    next_arrival: Duration,
-    issued: u64,
+    issuers: Issuers,
     next_id: ReqId,
     live: HashMap<ReqId, Live>,
     stats: RunStats,
@@ -220,10 +209,6 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
             (chooser, workers)
         }
     };
-    let issuers = match cfg.arrivals {
-        Arrivals::Closed { concurrency } => concurrency,
-        Arrivals::Poisson { .. } | Arrivals::Timestamps => 1,
-    };
     let mut c = Cluster {
         cfg,
         tokenizer,
@@ -235,10 +220,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
         chooser,
         queue: Queue::default(),
         now: Duration::ZERO,
-        issuers: vec![IssuerState::Scheduled; issuers],
-        rng: SplitMix64::new(key(cfg.seed, &[ARRIVALS])),
-        next_arrival: Duration::ZERO,
-        issued: 0,
+        issuers: Issuers::new(cfg),
         next_id: 0,
         live: HashMap::new(),
         stats: RunStats {
@@ -261,12 +243,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
 
 impl Cluster<'_> {
     fn start(&mut self) {
-        if let Arrivals::Poisson { rate } = self.cfg.arrivals {
-            self.next_arrival = Duration::from_secs_f64(self.rng.exp(1.0 / rate));
-        }
-        for i in 0..self.issuers.len() {
-            self.queue.push(self.next_arrival, Kind::Issue(i));
-        }
+        self.issuers.start(&mut self.queue);
         if let Some(every) = self.cfg.load_poll {
             self.queue.push(every, Kind::Poll);
         }
@@ -292,6 +269,8 @@ impl Cluster<'_> {
                     self.engines[c.worker].set_speed(c.speed)?;
                 }
                 Kind::StepDone(w) => self.step_done(w),
+                // Only prefill/decode runs move KV between workers.
+                Kind::KvArrived(_) => {}
                 Kind::Issue(i) => self.issue(i)?,
                 Kind::Poll => {
                     self.publish_loads();
@@ -367,69 +346,16 @@ impl Cluster<'_> {
         }
     }
 
-    fn stopped(&self) -> bool {
-        self.cfg.max_requests.is_some_and(|m| self.issued >= m)
-            || self.cfg.duration.is_some_and(|d| self.now >= d)
-    }
-
     fn issue(&mut self, i: usize) -> Result<(), SimError> {
-        if self.stopped() {
-            self.issuers[i] = IssuerState::Retired;
-            return Ok(());
-        }
-        // Busy while deciding; every arm below leaves it in its next state.
-        self.issuers[i] = IssuerState::Busy;
-        match self.workload.next(self.now) {
-            Poll::Ready(spec) => {
-                self.issued += 1;
-                let closed = matches!(self.cfg.arrivals, Arrivals::Closed { .. });
-                self.dispatch(spec, closed.then_some(i))?;
-                match self.cfg.arrivals {
-                    // Busy until its request completes (or already
-                    // rescheduled, if the engine refused it).
-                    Arrivals::Closed { .. } => {}
-                    Arrivals::Poisson { rate } => {
-                        self.next_arrival += Duration::from_secs_f64(self.rng.exp(1.0 / rate));
-                        self.schedule(i, self.next_arrival.max(self.now));
-                    }
-                    Arrivals::Timestamps => self.schedule(i, self.now),
-                }
-            }
-            Poll::NotBefore(t) => {
-                let at = if t > self.now {
-                    t
-                } else {
-                    self.now + Duration::from_micros(1)
-                };
-                self.schedule(i, at);
-            }
-            Poll::AwaitReply if !self.live.is_empty() => {
-                self.issuers[i] = IssuerState::Awaiting;
-            }
-            // Nothing in flight can ever answer: the workload is stuck.
-            Poll::AwaitReply | Poll::Done => self.issuers[i] = IssuerState::Retired,
+        let in_flight = !self.live.is_empty();
+        let turn = self
+            .issuers
+            .turn(i, self.now, &mut *self.workload, &mut self.queue, in_flight);
+        if let Some(Issued { spec, client }) = turn {
+            self.dispatch(spec, client)?;
+            self.issuers.dispatched(i, self.now, &mut self.queue);
         }
         Ok(())
-    }
-
-    fn schedule(&mut self, i: usize, at: Duration) {
-        self.issuers[i] = IssuerState::Scheduled;
-        self.queue.push(at, Kind::Issue(i));
-    }
-
-    /// After an outcome: the request's own client and every client waiting
-    /// on a reply try again now.
-    fn wake(&mut self, issuer: Option<usize>) {
-        if let Some(i) = issuer
-            && self.issuers[i] == IssuerState::Busy
-        {
-            self.schedule(i, self.now);
-        }
-        for i in 0..self.issuers.len() {
-            if self.issuers[i] == IssuerState::Awaiting {
-                self.schedule(i, self.now);
-            }
-        }
     }
 
     /// The worker's load guard, the replica that decided, and the
@@ -547,9 +473,9 @@ impl Cluster<'_> {
             });
             self.workload.on_failure(spec.session, self.now);
             if let Some(i) = issuer {
-                self.schedule(i, self.now);
+                self.issuers.schedule(i, self.now, &mut self.queue);
             }
-            self.wake(None);
+            self.issuers.wake(None, self.now, &mut self.queue);
             return Ok(());
         }
         self.live.insert(
@@ -564,6 +490,7 @@ impl Cluster<'_> {
                 worker,
                 start: self.now,
                 first: None,
+                last_token: None,
                 reply,
             },
         );
@@ -594,6 +521,14 @@ impl Cluster<'_> {
                 live.guard.first_token(self.now.saturating_sub(live.start));
                 let replica = live.replica;
                 self.load_changed(replica);
+            }
+        }
+        for &(id, _) in &out.progressed {
+            if let Some(live) = self.live.get_mut(&id)
+                && let Some(last) = live.last_token.replace(self.now)
+            {
+                let gap = self.now.saturating_sub(last).as_secs_f64() * 1000.0;
+                self.stats.itl_ms.push(gap);
             }
         }
         for f in out.finished {
@@ -640,6 +575,6 @@ impl Cluster<'_> {
         drop(live.guard);
         self.load_changed(live.replica);
         self.workload.on_reply(live.session, &live.reply, self.now);
-        self.wake(live.issuer);
+        self.issuers.wake(live.issuer, self.now, &mut self.queue);
     }
 }

@@ -3,9 +3,9 @@
 //! Ordering is total and independent of the heap's internals: events fire
 //! in time order; at equal times by class — worker speed changes first (a
 //! step that starts at the change's time runs at the new speed), then
-//! engine step results (a worker's results at `t` are visible to a decision
-//! at `t`, as the HTTP worker publishes its load before delivering a step's
-//! events), then the periodic load poll, tree eviction and messages
+//! engine step results and KV transfers landing (a worker's results at `t`
+//! are visible to a decision at `t`, as the HTTP worker publishes its load
+//! before delivering a step's events), then the periodic load poll, tree eviction and messages
 //! between router replicas, then request issues; and within a class in the
 //! order they were scheduled (`seq`, a counter). So a run is a pure
 //! function of its inputs.
@@ -21,6 +21,9 @@ pub enum Kind {
     SpeedChange(usize),
     /// Engine `0`'s current step completes; its results become visible.
     StepDone(usize),
+    /// Request `0`'s KV has reached its decode worker (prefill/decode runs
+    /// only).
+    KvArrived(u64),
     /// Refresh every worker's reported load from its engine (`/get_load`).
     Poll,
     /// Run the policy's tree eviction (the gateway's background task).
@@ -37,7 +40,7 @@ impl Kind {
     fn class(self) -> u8 {
         match self {
             Kind::SpeedChange(_) => 0,
-            Kind::StepDone(_) => 1,
+            Kind::StepDone(_) | Kind::KvArrived(_) => 1,
             Kind::Poll | Kind::Evict | Kind::Sync => 2,
             Kind::Issue(_) => 3,
         }

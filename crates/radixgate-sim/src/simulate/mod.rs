@@ -23,12 +23,17 @@
 //! with its own state, sharing what they learn after a sync delay (or
 //! never); the oracles always route as one all-knowing router.
 //!
+//! With `--pd P:D` it runs prefill/decode disaggregation instead ([`pd`]):
+//! P prefill and D decode workers ([`pd_cluster`]) against P+D co-located
+//! ones, reported by [`pd_report`].
+//!
 //! Layout: [`args`] (flags), [`sweep`] (policy parameter and replica
-//! grids), [`events`] (the ordered event queue), [`cluster`] (one run),
-//! [`replicas`], [`speeds`], [`oracle`], [`oracle_ttft`] and its
-//! [`forecast`], [`text`] (routing text vs worker text), [`report`]
-//! (statistics, table, JSON), [`timeline`] (per-worker traffic and TTFT
-//! over simulated time).
+//! grids), [`events`] (the ordered event queue), `issuing` (the clients,
+//! shared by both kinds of run), [`cluster`] (one run), [`replicas`],
+//! [`speeds`], [`oracle`], [`oracle_ttft`] and its [`forecast`], [`text`]
+//! (routing text vs worker text), [`report`] (statistics, table, JSON),
+//! [`timeline`] (per-worker traffic and TTFT over simulated time); for
+//! `--pd`, [`pd`], [`pd_cluster`] and [`pd_report`].
 //!
 //! [`Engine`]: crate::engine::Engine
 
@@ -36,8 +41,12 @@ pub mod args;
 pub mod cluster;
 pub mod events;
 pub mod forecast;
+mod issuing;
 pub mod oracle;
 pub mod oracle_ttft;
+pub mod pd;
+pub mod pd_cluster;
+pub mod pd_report;
 pub mod replicas;
 pub mod report;
 pub mod speeds;
@@ -169,15 +178,26 @@ impl Contender {
 /// The command: runs every contender and prints the report (a table, or
 /// JSON with `--json`) on stdout.
 pub fn main(args: SimulateArgs) -> Result<(), SimError> {
+    if let Some(plan) = args.pd_plan()? {
+        let report = plan.execute(&args.sim_config()?)?;
+        if args.json {
+            println!("{}", pretty(&report)?);
+        } else {
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
     let report = args.execute()?;
     if args.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| SimError::Io(std::io::Error::other(e)))?;
-        println!("{text}");
+        println!("{}", pretty(&report)?);
     } else {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+fn pretty<T: serde::Serialize>(v: &T) -> Result<String, SimError> {
+    serde_json::to_string_pretty(v).map_err(|e| SimError::Io(std::io::Error::other(e)))
 }
 
 #[cfg(test)]
@@ -185,3 +205,6 @@ mod tests;
 
 #[cfg(test)]
 mod replica_tests;
+
+#[cfg(test)]
+mod pd_tests;
