@@ -32,9 +32,9 @@ pub struct WorkerArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
-    /// Port of the first worker; worker i listens on port + i. Not the
-    /// router's 30000, so `radixgate serve` and `radixgate worker` started
-    /// without `--port` do not collide.
+    /// Port of the first worker; worker i listens on port + i (0: each
+    /// picks a free port). Not the router's 30000, so `radixgate serve`
+    /// and `radixgate worker` started without `--port` do not collide.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Number of workers (consecutive ports, independent caches).
@@ -327,7 +327,9 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut workers = Vec::new();
     for i in 0..args.count {
         let config = args.config(&base, i)?;
-        let addr = SocketAddr::new(args.host, args.port + i);
+        // Port 0 asks for a free port, for every worker (not 0 + i).
+        let port = if args.port == 0 { 0 } else { args.port + i };
+        let addr = SocketAddr::new(args.host, port);
         let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
                 "cannot listen on {addr}: the port is in use (another worker, or a \

@@ -5,9 +5,10 @@
 //! marked ready with its token count when the prefill finishes, or failed
 //! when the request fails or its client goes away. A pull waits until the
 //! room is ready or failed, at most the hold timeout, then answers
-//! `{"room", "tokens", "bytes", "worker"}` (and forgets the room: the KV
-//! has moved), a 500 naming the failure, or a 404 for a room that never
-//! became ready (unknown, dropped by the `drop_transfers` fault, expired).
+//! `{"room", "tokens", "bytes", "worker"}` (the KV has moved: a second
+//! pull gets a 404 at once), a 500 naming the failure, or a 404 for a room
+//! that never became ready (unknown, dropped by the `drop_transfers`
+//! fault, expired).
 //! Ready KV that nobody pulls is released after the hold timeout; a room
 //! the drop fault left pending likewise.
 //!
@@ -43,6 +44,8 @@ enum Held {
     Dropped(Instant),
     /// Ready to pull: the prompt's tokens.
     Ready(usize, Instant),
+    /// Pulled: the KV has moved (a second pull is answered at once).
+    Taken(Instant),
     /// The prefill failed.
     Failed(String, Instant),
 }
@@ -78,7 +81,7 @@ impl Rooms {
         let hold = self.hold;
         inner.rooms.retain(|_, s| match s {
             Held::Pending => true,
-            Held::Dropped(t) | Held::Ready(_, t) | Held::Failed(_, t) => {
+            Held::Dropped(t) | Held::Ready(_, t) | Held::Taken(t) | Held::Failed(_, t) => {
                 now.duration_since(*t) < hold
             }
         });
@@ -126,11 +129,19 @@ impl Rooms {
             {
                 let mut inner = self.inner.lock();
                 self.sweep(&mut inner, Instant::now());
+                let now = Instant::now();
                 match inner.rooms.get(key) {
                     Some(Held::Ready(tokens, _)) => {
                         let tokens = *tokens;
-                        inner.rooms.remove(key);
+                        inner.rooms.insert(key.to_owned(), Held::Taken(now));
                         return Ok(tokens);
+                    }
+                    Some(Held::Taken(_)) => {
+                        return Err(SimError::KvTransfer {
+                            room: key.to_owned(),
+                            reason: "its KV was already pulled".into(),
+                            failure: TransferFailure::NotFound,
+                        });
                     }
                     Some(Held::Failed(why, _)) => {
                         let reason = format!("the prefill failed: {why}");
@@ -234,5 +245,74 @@ pub(crate) async fn kv_handler(
             .into_response()
         }
         Err(e) => error_response(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rooms_with(key: &str) -> Rooms {
+        let r = Rooms::new(Duration::from_secs(60));
+        r.inner.lock().rooms.insert(key.into(), Held::Pending);
+        r
+    }
+
+    fn not_found(e: SimError) -> bool {
+        matches!(
+            e,
+            SimError::KvTransfer {
+                failure: TransferFailure::NotFound,
+                ..
+            }
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pull_waits_for_its_room_and_takes_it_once() {
+        let rooms = Arc::new(rooms_with("7"));
+        let t0 = Instant::now();
+        let pull = tokio::spawn({
+            let rooms = rooms.clone();
+            async move { rooms.take("7").await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        rooms.set("7", Held::Ready(120, Instant::now()));
+        assert_eq!(pull.await.unwrap().unwrap(), 120);
+        assert_eq!(Instant::now() - t0, Duration::from_secs(5));
+        // Pulled already: answered at once, not after the hold timeout.
+        assert!(not_found(rooms.take("7").await.unwrap_err()));
+        assert_eq!(Instant::now() - t0, Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_dropped_and_unpulled_rooms_are_404_after_the_hold() {
+        let rooms = rooms_with("1");
+        let t0 = Instant::now();
+        assert!(not_found(rooms.take("unknown").await.unwrap_err()));
+        assert_eq!(
+            Instant::now() - t0,
+            Duration::from_secs(60),
+            "waited the hold"
+        );
+        rooms.set("1", Held::Dropped(Instant::now()));
+        assert!(not_found(rooms.take("1").await.unwrap_err()));
+        // Ready but never pulled within the hold: released.
+        rooms
+            .inner
+            .lock()
+            .rooms
+            .insert("2".into(), Held::Ready(5, Instant::now()));
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        let t1 = Instant::now();
+        assert!(not_found(rooms.take("2").await.unwrap_err()));
+        assert_eq!(Instant::now() - t1, Duration::from_secs(60));
+        rooms
+            .inner
+            .lock()
+            .rooms
+            .insert("3".into(), Held::Failed("boom".into(), Instant::now()));
+        let e = rooms.take("3").await.unwrap_err();
+        assert!(e.to_string().contains("the prefill failed: boom"), "{e}");
     }
 }
