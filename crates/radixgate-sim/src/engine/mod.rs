@@ -350,6 +350,11 @@ impl Engine {
             let r = &mut self.running[i];
             r.generated += 1;
             out.progressed.push((r.req.id, r.generated));
+            if r.generated == 1 {
+                // A transferred prompt's first token comes from a decode
+                // step, not from a prefill's end.
+                out.first_token.push(r.req.id);
+            }
         }
         for (i, chunk) in chunks {
             self.running[i].prefilled += chunk;

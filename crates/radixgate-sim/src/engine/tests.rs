@@ -338,6 +338,7 @@ fn a_transferred_prompt_is_cached_whole_and_only_decodes() {
     assert_eq!(first.prefill_tokens, 0);
     assert_eq!(first.admitted, vec![(1, 42)]);
     assert_eq!(first.progressed, vec![(1, 1)], "the first step decodes");
+    assert_eq!(first.first_token, vec![1], "and reports its first token");
     let mut now = first.duration;
     let done = run(&mut e, &mut now);
     assert_eq!(done[0].cached_tokens, 42);
