@@ -638,3 +638,39 @@ async fn routes_without_a_disaggregated_meaning_are_refused_and_roles_are_checke
     gw.shutdown().await;
     assert!(extra.role == WorkerRole::Decode);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_client_that_goes_away_cancels_the_step_under_way() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode])).await;
+    // Gone during step one: prefill's request is cancelled, decode never
+    // hears of it.
+    prefill.set(Behaviour {
+        delay_ms: 60_000,
+        ..Behaviour::default()
+    });
+    let gone = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat_body(true))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(gone.is_err());
+    wait_until("prefill cancelled", || async { prefill.cancelled() == 1 }).await;
+    assert!(decode.bodies().is_empty());
+    // Gone during step two's stream: decode's request is cancelled.
+    prefill.set(Behaviour::default());
+    decode.set(Behaviour {
+        event_gap_ms: 60_000,
+        ..Behaviour::default()
+    });
+    let mut r = post_chat(&gw.url, &chat_body(true)).await;
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("from-decode-0"));
+    drop(r);
+    wait_until("decode cancelled", || async { decode.cancelled() == 1 }).await;
+    common::wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
