@@ -49,6 +49,8 @@ pub(crate) struct Reading {
 pub(crate) struct WorkerReading {
     pub(crate) url: String,
     pub(crate) name: String,
+    /// `regular`, or `prefill`/`decode` in a disaggregated pool.
+    pub(crate) role: &'static str,
     pub(crate) id: Option<String>,
     /// The admin API's state (`healthy`, `unhealthy`, `draining`, …).
     pub(crate) state: &'static str,
@@ -129,6 +131,7 @@ pub(crate) struct Point {
 pub(crate) struct WorkerRow {
     pub(crate) url: String,
     pub(crate) name: String,
+    pub(crate) role: &'static str,
     pub(crate) id: Option<String>,
     pub(crate) state: &'static str,
     pub(crate) breaker: &'static str,
@@ -341,6 +344,7 @@ impl History {
         WorkerRow {
             url: w.url.clone(),
             name: w.name.clone(),
+            role: w.role,
             id: w.id.clone(),
             state: w.state,
             breaker: w.breaker,

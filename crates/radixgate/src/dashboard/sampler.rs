@@ -71,6 +71,7 @@ async fn read(shared: &Shared) -> Option<Reading> {
             WorkerReading {
                 url: admitted.map_or(status.url, |w| w.url().to_owned()),
                 name: status.name,
+                role: status.role.as_str(),
                 id: status.id,
                 state: status.state,
                 breaker: admitted.map_or("closed", |w| w.breaker().as_str()),

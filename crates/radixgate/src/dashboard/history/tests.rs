@@ -20,6 +20,7 @@ fn reading(step: u64, answers: u64) -> Reading {
 
 fn worker(url: &str, processed: u64) -> WorkerReading {
     WorkerReading {
+        role: "regular",
         url: url.into(),
         name: url.trim_start_matches("http://").into(),
         id: Some("w0".into()),

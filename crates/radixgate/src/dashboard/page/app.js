@@ -181,7 +181,8 @@ function workerRows(workers) {
   const maxLoad = Math.max(1, ...workers.map((w) => w.in_flight));
   const rows = workers.map((w) => {
     const tr = el("tr", { "data-worker": w.url });
-    tr.appendChild(cell(w.name, null, w.id ? `${w.url} (${w.id})` : w.url));
+    const name = w.role && w.role !== "regular" ? `${w.name} (${w.role})` : w.name;
+    tr.appendChild(cell(name, null, w.id ? `${w.url} (${w.id})` : w.url));
     const [label, cls] = workerState(w);
     const st = el("td", {});
     st.appendChild(el("span", { class: `state ${cls}` }, label));
