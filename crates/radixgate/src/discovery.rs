@@ -13,8 +13,12 @@
 //!   ready again → back;
 //! - terminating or deleted → drained: no new requests at once, removed
 //!   when its requests in flight are done;
-//! - its URL changed (a new IP, a new port) → the old one removed, the new
-//!   one added.
+//! - its URL changed (a new IP, a new port), or its bootstrap port → the
+//!   old one removed, the new one added.
+//!
+//! A discovered worker has its pool's role (`regular`, or `prefill` or
+//! `decode` in a disaggregated pool), and a prefill pod its bootstrap port
+//! (its annotation's, else the pool's).
 //!
 //! The watch is kube-runtime's watcher with the selector pushed to the API
 //! server: a broken watch resumes from the last resource version it saw, a
@@ -136,6 +140,7 @@ pub(crate) async fn spawn(
             tracing::info!(
                 selector = %pool.selector,
                 namespace = pool.namespace.as_deref().unwrap_or("(all)"),
+                role = %pool.role,
                 "discovery: watching pods"
             );
             let watch = PoolWatch {
@@ -176,6 +181,8 @@ struct PoolWatch {
 /// A pod this watch sent to the control task.
 struct Tracked {
     url: String,
+    /// The bootstrap port it was added with.
+    bootstrap_port: Option<u16>,
     /// Whether it was last told ready.
     ready: bool,
 }
@@ -283,7 +290,10 @@ impl PoolWatch {
         self.complained.remove(&key);
         let name = raw.metadata.name.clone().unwrap_or_default();
         match (seen, self.pods.get(&key)) {
-            (Seen::Ready(endpoint), Some(tracked)) if tracked.url == endpoint.url => {
+            (Seen::Ready(endpoint), Some(tracked))
+                if tracked.url == endpoint.url
+                    && tracked.bootstrap_port == endpoint.bootstrap_port =>
+            {
                 if !tracked.ready {
                     let url = tracked.url.clone();
                     self.ready(&key, &url, true).await;
@@ -293,21 +303,36 @@ impl PoolWatch {
             (Seen::Ready(endpoint), tracked) => {
                 if let Some(old) = tracked {
                     let old = old.url.clone();
-                    tracing::info!(pod = %key, from = %old, to = %endpoint.url, "discovery: pod moved");
+                    tracing::info!(
+                        pod = %key,
+                        from = %old,
+                        to = %endpoint.url,
+                        bootstrap_port = ?endpoint.bootstrap_port,
+                        "discovery: pod moved"
+                    );
                     self.pods.remove(&key);
                     self.forget(&old, self.control.remove(old.clone()).await);
                 }
                 let spec = WorkerSpec::new(endpoint.url.clone())
                     .with_models(endpoint.models)
-                    .with_name(name);
+                    .with_name(name)
+                    .with_role(self.pool.role)
+                    .with_bootstrap_port(endpoint.bootstrap_port);
                 match self.control.add(spec).await {
                     Ok(()) => {
-                        tracing::info!(pod = %key, url = %endpoint.url, "discovery: pod is a worker");
+                        tracing::info!(
+                            pod = %key,
+                            url = %endpoint.url,
+                            role = %self.pool.role,
+                            bootstrap_port = ?endpoint.bootstrap_port,
+                            "discovery: pod is a worker"
+                        );
                         self.refused.remove(&key);
                         self.pods.insert(
                             key,
                             Tracked {
                                 url: endpoint.url,
+                                bootstrap_port: endpoint.bootstrap_port,
                                 ready: true,
                             },
                         );

@@ -79,6 +79,10 @@ fn help_lists_the_sglang_compatible_flags() {
         "--service-discovery-port",
         "--model-id-from",
         "--drain-timeout-secs",
+        // ... and its disaggregated pool's.
+        "--prefill-selector",
+        "--decode-selector",
+        "--bootstrap-port-annotation",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }
@@ -87,6 +91,8 @@ fn help_lists_the_sglang_compatible_flags() {
         "never opens it",
         "127.0.0.0/8 or ::1",
         "[default: loopback]",
+        // smg's annotation for a prefill pod's bootstrap port.
+        "[default: sglang.ai/bootstrap-port]",
     ] {
         assert!(help.contains(rule), "`{rule}` missing from serve --help");
     }
@@ -193,6 +199,56 @@ fn bad_settings_are_precise_start_up_errors() {
     let (ok, err) = run(radixgate().args(["tune", "--trace", "/no/such/trace.jsonl"]));
     assert!(!ok);
     assert!(err.contains("/no/such/trace.jsonl"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn role_selectors_are_read_from_flags_and_environment_and_checked() {
+    // A prefill selector, from its variable, without a disaggregated pool.
+    let (ok, err) = run(radixgate()
+        .args(["serve", "--port", "0", "--service-discovery"])
+        .env("RADIXGATE_PREFILL_SELECTOR", "app=sglang,component=prefill"));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "entry 0 (app=sglang,component=prefill): `role: prefill` needs a disaggregated pool"
+        ),
+        "{err}"
+    );
+    // A disaggregated pool with a regular selector.
+    let (ok, err) = run(radixgate()
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--service-discovery",
+            "--pd-disaggregation",
+            "--selector",
+            "app=sglang",
+            "--prefill-selector",
+            "app=p",
+        ])
+        .env("RADIXGATE_DECODE_SELECTOR", "app=d"));
+    assert!(!ok);
+    assert!(
+        err.contains("discovery.selector") && err.contains("would discover regular workers"),
+        "{err}"
+    );
+    let (ok, err) = run(radixgate()
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--service-discovery",
+            "--pd-disaggregation",
+            "--prefill-selector",
+            "app=p",
+            "--decode-selector",
+            "app=d",
+        ])
+        .env("RADIXGATE_BOOTSTRAP_PORT_ANNOTATION", ""));
+    assert!(!ok);
+    assert!(err.contains("discovery.bootstrap_port_annotation"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
 

@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use manifests::*;
+use radixgate_routing::WorkerRole;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -316,6 +317,60 @@ fn values_choose_where_pods_are_watched_and_what_is_granted() {
     assert_eq!(
         resolved[1].port_annotation.as_deref(),
         Some("example.com/qwen-port")
+    );
+}
+
+#[test]
+fn a_disaggregated_pool_is_discovered_by_role_through_the_chart() {
+    let pd = rendered(json!({
+        "config": {"pd": {"enabled": true}},
+        "discovery": {
+            "selector": null,
+            "bootstrapPortAnnotation": "example.com/bootstrap-port",
+            "pools": [
+                {"selector": {"app": "sglang", "component": "prefill"}, "role": "prefill",
+                 "bootstrapPort": 8998},
+                {"selector": {"app": "sglang", "component": "decode"}, "role": "decode"},
+            ],
+        },
+    }));
+    // Loaded and validated as the router does at start-up.
+    let config = router_config(&pd);
+    assert!(config.pd.enabled);
+    let pools = config.discovery.resolved_pools();
+    let seen: Vec<(&str, WorkerRole, Option<u16>, Option<&str>)> = pools
+        .iter()
+        .map(|p| {
+            (
+                p.selector.as_str(),
+                p.role,
+                p.bootstrap_port,
+                p.bootstrap_port_annotation.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "app=sglang,component=prefill",
+                WorkerRole::Prefill,
+                Some(8998),
+                Some("example.com/bootstrap-port")
+            ),
+            (
+                "app=sglang,component=decode",
+                WorkerRole::Decode,
+                None,
+                None
+            ),
+        ]
+    );
+    // Unset, the annotation is smg's default.
+    let plain = router_config(&rendered(json!({})));
+    assert_eq!(
+        plain.discovery.bootstrap_port_annotation,
+        "sglang.ai/bootstrap-port"
     );
 }
 

@@ -44,6 +44,22 @@ pub struct ServeArgs {
     /// `annotation:KEY`; unset, the worker is asked (/v1/models).
     #[arg(long, env = "RADIXGATE_MODEL_ID_FROM")]
     pub model_id_from: Option<String>,
+    /// Labels a prefill worker pod must carry, `key=value` (space-separated,
+    /// or repeat the flag): a discovery pool of prefill workers with the
+    /// namespace, port and model settings above; replaces the file's
+    /// prefill pools. Needs --pd-disaggregation.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE", env = "RADIXGATE_PREFILL_SELECTOR", value_delimiter = ',')]
+    pub prefill_selector: Vec<String>,
+    /// Labels a decode worker pod must carry, as --prefill-selector: a
+    /// discovery pool of decode workers; replaces the file's decode pools.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE", env = "RADIXGATE_DECODE_SELECTOR", value_delimiter = ',')]
+    pub decode_selector: Vec<String>,
+    /// Pod annotation whose value is a discovered prefill pod's bootstrap
+    /// port (SGLang's --disaggregation-bootstrap-port); a pod without it
+    /// has its pool's bootstrap_port, else none
+    /// [default: sglang.ai/bootstrap-port].
+    #[arg(long, value_name = "KEY", env = "RADIXGATE_BOOTSTRAP_PORT_ANNOTATION")]
+    pub bootstrap_port_annotation: Option<String>,
     /// Kubeconfig file for discovery, instead of in-cluster credentials,
     /// $KUBECONFIG or ~/.kube/config.
     #[arg(long, env = "RADIXGATE_KUBECONFIG", value_name = "PATH")]
@@ -677,7 +693,7 @@ impl ServeArgs {
             d.selector = self
                 .selector
                 .iter()
-                .map(|s| super::discovery::parse_label(s))
+                .map(|s| super::discovery::parse_label("discovery.selector", "--selector", s))
                 .collect::<Result<_, _>>()?;
         }
         if self.service_discovery_namespace.is_some() {
@@ -695,6 +711,36 @@ impl ServeArgs {
         }
         if self.kubeconfig.is_some() {
             d.kubeconfig = self.kubeconfig.clone();
+        }
+        set(
+            &mut d.bootstrap_port_annotation,
+            &self.bootstrap_port_annotation,
+        );
+        for (role, flag, labels) in [
+            (
+                WorkerRole::Prefill,
+                "--prefill-selector",
+                &self.prefill_selector,
+            ),
+            (
+                WorkerRole::Decode,
+                "--decode-selector",
+                &self.decode_selector,
+            ),
+        ] {
+            if labels.is_empty() {
+                continue;
+            }
+            let selector = labels
+                .iter()
+                .map(|s| super::discovery::parse_label("discovery.pools", flag, s))
+                .collect::<Result<_, _>>()?;
+            d.pools.retain(|p| p.role != role);
+            d.pools.push(super::PoolConfig {
+                selector,
+                role,
+                ..super::PoolConfig::default()
+            });
         }
         Ok(())
     }

@@ -8,8 +8,16 @@
 //! `pools`, each with its own selector and, where it sets them, its own
 //! port and model. Every pool is its own watch, with its selector pushed to
 //! the API server.
+//!
+//! In a disaggregated pool (`pd:`), each pool has a `role`: its pods are
+//! prefill or decode workers (smg's `--prefill-selector` and
+//! `--decode-selector` make one pool of each). A prefill pod's bootstrap
+//! port is read from its annotation (`bootstrap_port_annotation`, smg's
+//! default `sglang.ai/bootstrap-port`), else it is the pool's
+//! `bootstrap_port`, else none (JSON null to decode).
 
 use super::{ConfigError, invalid};
+use radixgate_routing::WorkerRole;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,7 +45,13 @@ pub struct DiscoveryConfig {
     /// (`--model-id-from`). Unset, or a pod without it: the worker is asked
     /// (`/v1/models`), as for a worker given by URL.
     pub model_id_from: Option<ModelIdFrom>,
-    /// More selectors, each watched on its own (one per model, say).
+    /// Annotation whose value, on a prefill pool's pod, is that pod's
+    /// bootstrap port (SGLang's `--disaggregation-bootstrap-port`)
+    /// (`--bootstrap-port-annotation`); smg's default,
+    /// `sglang.ai/bootstrap-port`. A pool may name its own.
+    pub bootstrap_port_annotation: String,
+    /// More selectors, each watched on its own (one per model, say, or one
+    /// per role of a disaggregated pool).
     pub pools: Vec<PoolConfig>,
     /// A kubeconfig file to use instead of the usual search (in-cluster
     /// service account when in a pod, else `$KUBECONFIG` or
@@ -54,11 +68,15 @@ impl Default for DiscoveryConfig {
             port: 80,
             port_annotation: None,
             model_id_from: None,
+            bootstrap_port_annotation: DEFAULT_BOOTSTRAP_PORT_ANNOTATION.to_owned(),
             pools: Vec::new(),
             kubeconfig: None,
         }
     }
 }
+
+/// smg's annotation for a prefill pod's bootstrap port.
+pub const DEFAULT_BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";
 
 /// One more selector under `discovery.pools`; unset settings are the
 /// section's.
@@ -76,6 +94,15 @@ pub struct PoolConfig {
     /// The models this pool's workers serve, when no pod says (neither
     /// asked from the worker nor read from the pod).
     pub models: Vec<String>,
+    /// What its pods do: `regular`, or in a disaggregated pool (`pd:`)
+    /// `prefill` or `decode`.
+    #[serde(skip_serializing_if = "WorkerRole::is_regular")]
+    pub role: WorkerRole,
+    /// A prefill pool's bootstrap port, for pods without the annotation.
+    pub bootstrap_port: Option<u16>,
+    /// A prefill pool's bootstrap port annotation, instead of the
+    /// section's.
+    pub bootstrap_port_annotation: Option<String>,
 }
 
 /// A pool with every setting resolved: what one watch needs.
@@ -93,6 +120,13 @@ pub struct Pool {
     pub model_id_from: Option<ModelIdFrom>,
     /// Models when the pod names none.
     pub models: Vec<String>,
+    /// The role of its pods' workers.
+    pub role: WorkerRole,
+    /// A prefill pool's bootstrap port, unless the pod's annotation says
+    /// otherwise.
+    pub bootstrap_port: Option<u16>,
+    /// A prefill pool's bootstrap port annotation (none for other roles).
+    pub bootstrap_port_annotation: Option<String>,
 }
 
 /// Where a pod's model id is read from.
@@ -140,14 +174,16 @@ impl fmt::Display for ModelIdFrom {
     }
 }
 
-/// `k=v` as given to `--selector`.
-pub(crate) fn parse_label(text: &str) -> Result<(String, String), ConfigError> {
+/// `k=v` as given to `flag` (`--selector`, `--prefill-selector`, ...),
+/// whose setting is `key`.
+pub(crate) fn parse_label(
+    key: &'static str,
+    flag: &str,
+    text: &str,
+) -> Result<(String, String), ConfigError> {
     match text.split_once('=') {
-        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
-        _ => Err(invalid(
-            "discovery.selector",
-            format!("`{text}` is not `key=value`"),
-        )),
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(invalid(key, format!("{flag} `{text}` is not `key=value`"))),
     }
 }
 
@@ -174,6 +210,13 @@ impl DiscoveryConfig {
                     .clone()
                     .or_else(|| self.model_id_from.clone()),
                 models: pool.models.clone(),
+                role: pool.role,
+                bootstrap_port: pool.bootstrap_port,
+                bootstrap_port_annotation: (pool.role == WorkerRole::Prefill).then(|| {
+                    pool.bootstrap_port_annotation
+                        .clone()
+                        .unwrap_or_else(|| self.bootstrap_port_annotation.clone())
+                }),
             })
             .collect()
     }
@@ -213,6 +256,36 @@ impl DiscoveryConfig {
                     format!("entry {i}: port must be between 1 and 65535"),
                 ));
             }
+            let bootstrap =
+                pool.bootstrap_port.is_some() || pool.bootstrap_port_annotation.is_some();
+            if bootstrap && pool.role != WorkerRole::Prefill {
+                return Err(invalid(
+                    "discovery.pools",
+                    format!(
+                        "entry {i} ({}): bootstrap_port and bootstrap_port_annotation are a \
+                         prefill pool's settings (`role: prefill`)",
+                        selector_text(&pool.selector)
+                    ),
+                ));
+            }
+            if pool.bootstrap_port == Some(0) {
+                return Err(invalid(
+                    "discovery.pools",
+                    format!("entry {i}: bootstrap_port must be between 1 and 65535"),
+                ));
+            }
+            if pool.bootstrap_port_annotation.as_deref() == Some("") {
+                return Err(invalid(
+                    "discovery.pools",
+                    format!("entry {i}: bootstrap_port_annotation must not be empty"),
+                ));
+            }
+        }
+        if self.bootstrap_port_annotation.is_empty() {
+            return Err(invalid(
+                "discovery.bootstrap_port_annotation",
+                format!("must not be empty (smg's is {DEFAULT_BOOTSTRAP_PORT_ANNOTATION})"),
+            ));
         }
         let labels = self
             .pools
@@ -233,7 +306,7 @@ impl DiscoveryConfig {
 }
 
 /// `a=b,c=d`, in key order.
-fn selector_text(labels: &BTreeMap<String, String>) -> String {
+pub(crate) fn selector_text(labels: &BTreeMap<String, String>) -> String {
     labels
         .iter()
         .map(|(k, v)| format!("{k}={v}"))

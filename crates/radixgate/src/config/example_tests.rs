@@ -152,6 +152,19 @@ fn the_example_file_shows_every_key() {
             .with_api_key("k"),
     ));
     alternatives.extend(paths_of(
+        "discovery.pools",
+        &PoolConfig {
+            selector: [("app".to_owned(), "p".to_owned())].into(),
+            port: Some(1),
+            port_annotation: Some("a".into()),
+            model_id_from: Some(ModelIdFrom::Label("m".into())),
+            models: vec!["m".into()],
+            role: radixgate_routing::WorkerRole::Prefill,
+            bootstrap_port: Some(1),
+            bootstrap_port_annotation: Some("b".into()),
+        },
+    ));
+    alternatives.extend(paths_of(
         "tenants.keys",
         &TenantSpec {
             name: "t".into(),

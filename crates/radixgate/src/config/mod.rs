@@ -23,7 +23,9 @@ mod tenants;
 mod validate;
 
 pub use cli::{ServeArgs, SyncArgs};
-pub use discovery::{DiscoveryConfig, ModelIdFrom, Pool, PoolConfig};
+pub use discovery::{
+    DEFAULT_BOOTSTRAP_PORT_ANNOTATION, DiscoveryConfig, ModelIdFrom, Pool, PoolConfig,
+};
 pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,

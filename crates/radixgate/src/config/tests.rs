@@ -572,10 +572,211 @@ fn pd_roles_must_fit_the_pool() {
         .unwrap_err()
         .to_string();
     assert!(bad.contains("pd.skip_prefill_max_uncached_tokens"), "{bad}");
-    // With discovery on, the pools may start empty.
+    // With discovery on, the static lists may be empty: the pools have
+    // the roles.
     let c = Config::from_yaml(
-        "pd: {enabled: true}\ndiscovery: {enabled: true, selector: {app: sglang}}\n",
+        "pd: {enabled: true}\ndiscovery:\n  enabled: true\n  pools:\n\
+         \x20   - {selector: {app: p}, role: prefill}\n    - {selector: {app: d}, role: decode}\n",
+    )
+    .unwrap();
+    #[cfg(feature = "kubernetes")]
+    c.validate().unwrap();
+    #[cfg(not(feature = "kubernetes"))]
+    assert!(c.validate().is_err());
+}
+
+#[cfg(feature = "kubernetes")]
+#[test]
+fn pd_selectors_are_discovery_pools_with_their_roles() {
+    let file = Config::from_yaml(
+        "discovery:\n  pools:\n    - {selector: {app: old-prefill}, role: prefill}\n\
+         \x20   - {selector: {app: old-decode}, role: decode, port: 9000}\n",
+    )
+    .unwrap();
+    let mut c = file.clone();
+    args(&[
+        "--service-discovery",
+        "--pd-disaggregation",
+        "--prefill-selector",
+        "app=sglang",
+        "role=prefill",
+        "--decode-selector",
+        "app=sglang,role=decode",
+        "--service-discovery-namespace",
+        "llm",
+        "--service-discovery-port",
+        "30000",
+        "--model-id-from",
+        "label:model",
+        "--bootstrap-port-annotation",
+        "example.com/bootstrap",
+    ])
+    .apply(&mut c)
+    .unwrap();
+    c.validate().unwrap();
+    let pools = c.discovery.resolved_pools();
+    let seen: Vec<(&str, WorkerRole, u16, Option<&str>)> = pools
+        .iter()
+        .map(|p| {
+            (
+                p.selector.as_str(),
+                p.role,
+                p.port,
+                p.bootstrap_port_annotation.as_deref(),
+            )
+        })
+        .collect();
+    // Each flag replaces the file's pools of its role.
+    assert_eq!(
+        seen,
+        [
+            (
+                "app=sglang,role=prefill",
+                WorkerRole::Prefill,
+                30000,
+                Some("example.com/bootstrap")
+            ),
+            ("app=sglang,role=decode", WorkerRole::Decode, 30000, None),
+        ]
+    );
+    for pool in &pools {
+        assert_eq!(pool.namespace.as_deref(), Some("llm"));
+        assert_eq!(pool.model_id_from, Some(ModelIdFrom::Label("model".into())));
+    }
+    // ... and keeps the other role's.
+    let mut c = file.clone();
+    args(&[
+        "--service-discovery",
+        "--pd-disaggregation",
+        "--prefill-selector",
+        "app=new-prefill",
+    ])
+    .apply(&mut c)
+    .unwrap();
+    c.validate().unwrap();
+    let pools: Vec<(String, WorkerRole, u16)> = c
+        .discovery
+        .resolved_pools()
+        .into_iter()
+        .map(|p| (p.selector, p.role, p.port))
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            ("app=old-decode".to_owned(), WorkerRole::Decode, 9000),
+            ("app=new-prefill".to_owned(), WorkerRole::Prefill, 80),
+        ]
+    );
+    // Unset, the annotation is smg's; a pool may name its own and a fixed
+    // port for pods without it.
+    let c = Config::from_yaml(
+        "pd: {enabled: true}\ndiscovery:\n  enabled: true\n  pools:\n\
+         \x20   - {selector: {app: p}, role: prefill}\n\
+         \x20   - {selector: {app: q}, role: prefill, bootstrap_port: 8998, bootstrap_port_annotation: b/p}\n\
+         \x20   - {selector: {app: d}, role: decode}\n",
     )
     .unwrap();
     c.validate().unwrap();
+    let pools = c.discovery.resolved_pools();
+    assert_eq!(
+        pools[0].bootstrap_port_annotation.as_deref(),
+        Some("sglang.ai/bootstrap-port")
+    );
+    assert_eq!(pools[0].bootstrap_port, None);
+    assert_eq!(pools[1].bootstrap_port_annotation.as_deref(), Some("b/p"));
+    assert_eq!(pools[1].bootstrap_port, Some(8998));
+    assert_eq!(pools[2].bootstrap_port_annotation, None);
+}
+
+#[cfg(feature = "kubernetes")]
+#[test]
+fn discovery_pools_roles_must_fit_the_pool() {
+    let err = |argv: &[&str]| {
+        let mut full = vec!["--service-discovery"];
+        full.extend_from_slice(argv);
+        args(&full).load().unwrap_err().to_string()
+    };
+    let e = err(&[
+        "--pd-disaggregation",
+        "--selector",
+        "app=sglang",
+        "--prefill-selector",
+        "app=p",
+        "--decode-selector",
+        "app=d",
+    ]);
+    assert!(
+        e.starts_with(
+            "invalid setting `discovery.selector`: `app=sglang` would discover regular workers"
+        ) && e.contains("--prefill-selector and --decode-selector"),
+        "{e}"
+    );
+    let e = err(&["--prefill-selector", "app=p"]);
+    assert!(
+        e.contains(
+            "`discovery.pools`: entry 0 (app=p): `role: prefill` needs a disaggregated pool"
+        ),
+        "{e}"
+    );
+    let e = err(&["--pd-disaggregation", "--prefill-selector", "app=p"]);
+    assert!(
+        e.contains("needs at least one decode worker") && e.contains("--decode-selector"),
+        "{e}"
+    );
+    // A static decode worker is enough beside a prefill pool.
+    args(&[
+        "--service-discovery",
+        "--pd-disaggregation",
+        "--prefill-selector",
+        "app=p",
+        "--decode",
+        "http://d:1",
+    ])
+    .load()
+    .unwrap();
+    let e = err(&["--pd-disaggregation", "--decode-selector", "app"]);
+    assert!(
+        e.contains("`discovery.pools`: --decode-selector `app` is not `key=value`"),
+        "{e}"
+    );
+    let e = err(&[
+        "--pd-disaggregation",
+        "--prefill-selector",
+        "app=p",
+        "--decode-selector",
+        "app=d",
+        "--bootstrap-port-annotation",
+        "",
+    ]);
+    assert!(e.contains("discovery.bootstrap_port_annotation"), "{e}");
+    let file = |pools: &str| {
+        Config::from_yaml(&format!(
+            "pd: {{enabled: true}}\ndiscovery:\n  enabled: true\n  pools:\n\
+             \x20   - {{selector: {{app: d}}, role: decode}}\n{pools}"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string()
+    };
+    let e = file("    - {selector: {app: w}}\n");
+    assert!(
+        e.contains("entry 1 (app=w): a disaggregated pool (pd.enabled, --pd-disaggregation) has only prefill and decode workers"),
+        "{e}"
+    );
+    let e = file("    - {selector: {app: x}, role: decode, bootstrap_port: 8998}\n");
+    assert!(
+        e.contains("entry 1 (app=x): bootstrap_port and bootstrap_port_annotation are a prefill pool's settings"),
+        "{e}"
+    );
+    let e = file("    - {selector: {app: p}, role: prefill, bootstrap_port: 0}\n");
+    assert!(
+        e.contains("entry 1: bootstrap_port must be between 1 and 65535"),
+        "{e}"
+    );
+    let e = file("    - {selector: {app: p}, role: prefill, bootstrap_port_annotation: ''}\n");
+    assert!(
+        e.contains("entry 1: bootstrap_port_annotation must not be empty"),
+        "{e}"
+    );
 }

@@ -73,6 +73,8 @@ impl Config {
             self.pd_role_fits(worker)
                 .map_err(|why| invalid("workers", format!("entry {i} ({}): {why}", worker.url)))?;
         }
+        // Each pool's own settings before whether the pools fit PD.
+        self.discovery.validate()?;
         self.validate_pd()?;
         self.validate_health()?;
         self.validate_retry()?;
@@ -81,7 +83,6 @@ impl Config {
         // Reads the key file and `key_env` variables: a bad entry stops
         // start-up (or a reload) here, named.
         self.tenants.resolve(self.server.api_key.as_deref())?;
-        self.discovery.validate()?;
         self.sync.validate()?;
         self.kv_events.validate()?;
         self.record_trace.validate()?;
@@ -127,18 +128,80 @@ impl Config {
 
     fn validate_pd(&self) -> Result<(), ConfigError> {
         self.pd.validate()?;
-        if !self.pd.enabled || self.discovery.enabled {
+        let discovering = self.discovery.enabled;
+        if discovering {
+            self.pd_pools_fit()?;
+        }
+        if !self.pd.enabled {
             return Ok(());
         }
+        let pools = if discovering {
+            self.discovery.resolved_pools()
+        } else {
+            Vec::new()
+        };
         for role in [WorkerRole::Prefill, WorkerRole::Decode] {
-            if !self.workers.iter().any(|w| w.role == role) {
+            let listed = self.workers.iter().any(|w| w.role == role);
+            if !listed && !pools.iter().any(|p| p.role == role) {
+                let discovered = if discovering {
+                    format!(
+                        ", or a discovery pool: --{role}-selector KEY=VALUE or `role: {role}` in discovery.pools"
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(invalid(
                     "workers",
                     format!(
                         "a disaggregated pool needs at least one {role} worker \
-                         (--{role} URL, or `role: {role}` in workers:)"
+                         (--{role} URL, or `role: {role}` in workers:{discovered})"
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every discovery pool's role fits the pool, as
+    /// [`Self::pd_role_fits`] holds each listed worker to it.
+    fn pd_pools_fit(&self) -> Result<(), ConfigError> {
+        let d = &self.discovery;
+        if self.pd.enabled && !d.selector.is_empty() {
+            return Err(invalid(
+                "discovery.selector",
+                format!(
+                    "`{}` would discover regular workers, and a disaggregated pool \
+                     (pd.enabled, --pd-disaggregation) has only prefill and decode workers: \
+                     select them with --prefill-selector and --decode-selector, or with \
+                     `role: prefill` and `role: decode` in discovery.pools",
+                    super::discovery::selector_text(&d.selector)
+                ),
+            ));
+        }
+        for (i, pool) in d.pools.iter().enumerate() {
+            let selector = super::discovery::selector_text(&pool.selector);
+            match (self.pd.enabled, pool.role) {
+                (true, WorkerRole::Regular) => {
+                    return Err(invalid(
+                        "discovery.pools",
+                        format!(
+                            "entry {i} ({selector}): a disaggregated pool (pd.enabled, \
+                             --pd-disaggregation) has only prefill and decode workers: give it \
+                             `role: prefill` or `role: decode` (or select it with \
+                             --prefill-selector or --decode-selector)"
+                        ),
+                    ));
+                }
+                (false, role @ (WorkerRole::Prefill | WorkerRole::Decode)) => {
+                    return Err(invalid(
+                        "discovery.pools",
+                        format!(
+                            "entry {i} ({selector}): `role: {role}` needs a disaggregated pool \
+                             (pd.enabled, --pd-disaggregation)"
+                        ),
+                    ));
+                }
+                _ => {}
             }
         }
         Ok(())

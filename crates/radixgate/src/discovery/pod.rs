@@ -5,9 +5,11 @@
 //! `True`, it has a pod IP and it is not terminating (no
 //! `deletionTimestamp`). Its URL is `http://<pod IP>:<port>`, the port
 //! being the pool's, or the pod's port annotation when the pool names one
-//! and the pod has it. A value that cannot be right (a port annotation
-//! that is not a port, an IP that is not an address) makes the object
-//! malformed: it is reported, never guessed around.
+//! and the pod has it. A prefill pool's pod has a bootstrap port: its
+//! bootstrap port annotation's value, else the pool's. A value that cannot
+//! be right (a port or bootstrap port annotation that is not a port, an IP
+//! that is not an address) makes the object malformed: it is reported,
+//! never guessed around.
 
 use super::object::RawPod;
 use crate::config::{ModelIdFrom, Pool};
@@ -34,6 +36,8 @@ pub(crate) struct Endpoint {
     /// From the pod's label or annotation, else the pool's (may be empty:
     /// ask the worker).
     pub(crate) models: Vec<String>,
+    /// A prefill pod's bootstrap port, when it has one.
+    pub(crate) bootstrap_port: Option<u16>,
 }
 
 /// `namespace/name`, the key a pod is tracked by; `None` without a name.
@@ -70,7 +74,9 @@ pub(crate) fn read(raw: &RawPod, pool: &Pool) -> Result<Seen, String> {
     let ip: IpAddr = ip
         .parse()
         .map_err(|_| format!("status.podIP `{ip}` is not an IP address"))?;
-    let port = port(&pod, pool)?;
+    let port = annotated_port(&pod, pool.port_annotation.as_ref())?.unwrap_or(pool.port);
+    let bootstrap_port =
+        annotated_port(&pod, pool.bootstrap_port_annotation.as_ref())?.or(pool.bootstrap_port);
     let url = match ip {
         IpAddr::V4(ip) => format!("http://{ip}:{port}"),
         IpAddr::V6(ip) => format!("http://[{ip}]:{port}"),
@@ -78,19 +84,18 @@ pub(crate) fn read(raw: &RawPod, pool: &Pool) -> Result<Seen, String> {
     Ok(Seen::Ready(Endpoint {
         url,
         models: models(&pod, pool),
+        bootstrap_port,
     }))
 }
 
-/// The pool's port, or the pod's annotation of it.
-fn port(pod: &Pod, pool: &Pool) -> Result<u16, String> {
-    let annotated = pool
-        .port_annotation
-        .as_ref()
-        .and_then(|key| Some((key, pod.metadata.annotations.as_ref()?.get(key)?)));
+/// The port in the pod's annotation `key`, if the pool names one and the
+/// pod has it.
+fn annotated_port(pod: &Pod, key: Option<&String>) -> Result<Option<u16>, String> {
+    let annotated = key.and_then(|key| Some((key, pod.metadata.annotations.as_ref()?.get(key)?)));
     match annotated {
-        None => Ok(pool.port),
+        None => Ok(None),
         Some((key, value)) => match value.trim().parse::<u16>() {
-            Ok(port) if port > 0 => Ok(port),
+            Ok(port) if port > 0 => Ok(Some(port)),
             _ => Err(format!(
                 "annotation {key}=`{}` is not a port (1-65535)",
                 value.escape_debug()
@@ -119,6 +124,7 @@ fn models(pod: &Pod, pool: &Pool) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use radixgate_routing::WorkerRole;
     use serde_json::{Value, json};
 
     fn pool() -> Pool {
@@ -129,6 +135,9 @@ mod tests {
             port_annotation: Some("radixgate/port".into()),
             model_id_from: Some(ModelIdFrom::Label("model".into())),
             models: Vec::new(),
+            role: WorkerRole::Regular,
+            bootstrap_port: None,
+            bootstrap_port_annotation: None,
         }
     }
 
@@ -152,6 +161,7 @@ mod tests {
             Ok(Seen::Ready(Endpoint {
                 url: "http://10.0.0.5:8000".into(),
                 models: vec!["llama".into()],
+                bootstrap_port: None,
             }))
         );
         let v6 = pod(|b| b["status"]["podIP"] = json!("fd00::5"));
@@ -205,6 +215,42 @@ mod tests {
         assert!(matches!(read(&p, &by_annotation), Ok(Seen::Ready(e)) if e.models == ["qwen"]));
         let p = pod(|_| {});
         assert!(matches!(read(&p, &by_annotation), Ok(Seen::Ready(e)) if e.models == ["fallback"]));
+    }
+
+    #[test]
+    fn a_prefill_pod_has_its_annotated_bootstrap_port_else_the_pool_s() {
+        let prefill = Pool {
+            role: WorkerRole::Prefill,
+            bootstrap_port: Some(8998),
+            bootstrap_port_annotation: Some("sglang.ai/bootstrap-port".into()),
+            ..pool()
+        };
+        let bootstrap = |p: &RawPod, pool: &Pool| match read(p, pool) {
+            Ok(Seen::Ready(e)) => Ok(e.bootstrap_port),
+            other => Err(format!("{other:?}")),
+        };
+        let annotated =
+            pod(|b| b["metadata"]["annotations"] = json!({"sglang.ai/bootstrap-port": " 9100 "}));
+        assert_eq!(bootstrap(&annotated, &prefill), Ok(Some(9100)));
+        assert_eq!(bootstrap(&pod(|_| {}), &prefill), Ok(Some(8998)));
+        let no_fixed = Pool {
+            bootstrap_port: None,
+            ..prefill.clone()
+        };
+        assert_eq!(bootstrap(&pod(|_| {}), &no_fixed), Ok(None));
+        // A pool without the annotation (decode, regular) never reads it.
+        assert_eq!(bootstrap(&annotated, &pool()), Ok(None));
+        for bad in ["0", "65536", "port", ""] {
+            let p =
+                pod(|b| b["metadata"]["annotations"] = json!({"sglang.ai/bootstrap-port": bad}));
+            let err = read(&p, &prefill).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "annotation sglang.ai/bootstrap-port=`{bad}` is not a port"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -94,10 +94,11 @@ request, and an unbounded request time.
 {{- $d := .Values.discovery -}}
 {{- $discovery := dict "enabled" (and $d.enabled true) "port" (int $d.port) -}}
 {{- if $d.enabled -}}
-{{- $_ := set $discovery "selector" $d.selector -}}
+{{- $_ := set $discovery "selector" ($d.selector | default dict) -}}
 {{- $_ := set $discovery "namespace" (include "radixgate.watchedNamespace" . | default nil) -}}
 {{- if $d.portAnnotation }}{{ $_ := set $discovery "port_annotation" $d.portAnnotation }}{{ end -}}
 {{- if $d.modelIdFrom }}{{ $_ := set $discovery "model_id_from" $d.modelIdFrom }}{{ end -}}
+{{- if $d.bootstrapPortAnnotation }}{{ $_ := set $discovery "bootstrap_port_annotation" $d.bootstrapPortAnnotation }}{{ end -}}
 {{- $pools := list -}}
 {{- range $d.pools -}}
 {{- $pool := dict "selector" .selector -}}
@@ -105,6 +106,9 @@ request, and an unbounded request time.
 {{- if .portAnnotation }}{{ $_ := set $pool "port_annotation" .portAnnotation }}{{ end -}}
 {{- if .modelIdFrom }}{{ $_ := set $pool "model_id_from" .modelIdFrom }}{{ end -}}
 {{- if .models }}{{ $_ := set $pool "models" .models }}{{ end -}}
+{{- if .role }}{{ $_ := set $pool "role" .role }}{{ end -}}
+{{- if .bootstrapPort }}{{ $_ := set $pool "bootstrap_port" (int .bootstrapPort) }}{{ end -}}
+{{- if .bootstrapPortAnnotation }}{{ $_ := set $pool "bootstrap_port_annotation" .bootstrapPortAnnotation }}{{ end -}}
 {{- $pools = append $pools $pool -}}
 {{- end -}}
 {{- $_ := set $discovery "pools" $pools -}}
