@@ -338,21 +338,16 @@ async fn attempts(
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let mut traced = crate::trace::Attempt::start(worker.url(), target.path, tried.len());
-        let attempt = async {
-            let response = send(
-                state,
-                &decision,
-                target.path,
+        let attempted = send_primed(
+            state,
+            &decision,
+            Outgoing {
+                path: target.path,
                 client_headers,
                 peer,
-                bytes.clone(),
-                &traced,
-            )
-            .await?;
-            prime(response, worker.url()).await
-        };
-        let attempted = first_byte(
-            attempt,
+            },
+            bytes.clone(),
+            &traced,
             Waiting {
                 worker: &worker,
                 breaker: &breaker,
@@ -639,6 +634,41 @@ fn record(worker: &radixgate_routing::Worker, probe: Permit, outcome: Outcome) {
         );
         publish_breaker(worker, state);
     }
+}
+
+/// Where an attempt's request goes and what it carries of the client's.
+#[derive(Clone, Copy)]
+struct Outgoing<'a> {
+    /// The worker path.
+    path: &'a str,
+    client_headers: &'a HeaderMap,
+    peer: Option<IpAddr>,
+}
+
+/// One attempt up to its first byte: `body` to the decision's worker, then
+/// its head and first frame ([`prime`]), waited for as [`first_byte`] says.
+async fn send_primed(
+    state: &AppState,
+    decision: &Decision,
+    out: Outgoing<'_>,
+    body: Bytes,
+    traced: &crate::trace::Attempt,
+    waiting: Waiting<'_>,
+) -> Result<axum::http::Response<Primed<Incoming>>, GatewayError> {
+    let attempt = async {
+        let response = send(
+            state,
+            decision,
+            out.path,
+            out.client_headers,
+            out.peer,
+            body,
+            traced,
+        )
+        .await?;
+        prime(response, decision.worker().url()).await
+    };
+    first_byte(attempt, waiting).await
 }
 
 /// One attempt: the client's bytes to the chosen worker.

@@ -237,6 +237,14 @@ fn long_prompt(topic: &str) -> String {
     )
 }
 
+/// One prefill and one decode engine (no bootstrap port) behind a gateway.
+async fn pair(protocol: PdProtocol) -> (Engine, Engine, common::Gateway) {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let gw = started(pd_config(protocol, &[(&prefill, None)], &[&decode])).await;
+    (prefill, decode, gw)
+}
+
 fn chat_body(stream: bool) -> Value {
     json!({
         "model": "pd-model",
@@ -312,14 +320,7 @@ async fn sglang_sends_the_bootstrap_fields_to_both_and_answers_from_decode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_generate_batch_gets_arrays_and_no_port_is_null() {
-    let prefill = engine("prefill", WorkerRole::Prefill).await;
-    let decode = engine("decode", WorkerRole::Decode).await;
-    let gw = started(pd_config(
-        PdProtocol::Sglang,
-        &[(&prefill, None)],
-        &[&decode],
-    ))
-    .await;
+    let (prefill, decode, gw) = pair(PdProtocol::Sglang).await;
     let r = client()
         .post(format!("{}/generate", gw.url))
         .json(&json!({"text": ["first prompt", "second prompt"], "sampling_params": {"max_new_tokens": 4}}))
@@ -337,9 +338,7 @@ async fn sglang_generate_batch_gets_arrays_and_no_port_is_null() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_runs_prefill_then_decode_with_its_transfer_params() {
-    let prefill = engine("prefill", WorkerRole::Prefill).await;
-    let decode = engine("decode", WorkerRole::Decode).await;
-    let gw = started(pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode])).await;
+    let (prefill, decode, gw) = pair(PdProtocol::Vllm).await;
     for stream in [false, true] {
         let mut body = chat_body(stream);
         if stream {
@@ -484,14 +483,7 @@ async fn a_failed_attempt_is_retried_on_a_new_pair() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_both_sides() {
-    let prefill = engine("prefill", WorkerRole::Prefill).await;
-    let decode = engine("decode", WorkerRole::Decode).await;
-    let gw = started(pd_config(
-        PdProtocol::Sglang,
-        &[(&prefill, None)],
-        &[&decode],
-    ))
-    .await;
+    let (prefill, decode, gw) = pair(PdProtocol::Sglang).await;
     // Before any answer: both are still working.
     prefill.set(Behaviour {
         delay_ms: 60_000,
@@ -582,9 +574,7 @@ async fn decode_alone_serves_a_prompt_it_already_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_without_a_disaggregated_meaning_are_refused_and_roles_are_checked() {
-    let prefill = engine("prefill", WorkerRole::Prefill).await;
-    let decode = engine("decode", WorkerRole::Decode).await;
-    let gw = started(pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode])).await;
+    let (_prefill, _decode, gw) = pair(PdProtocol::Vllm).await;
     let r = client()
         .post(format!("{}/v1/embeddings", gw.url))
         .json(&json!({"model": "pd-model", "input": "x"}))
@@ -641,9 +631,7 @@ async fn routes_without_a_disaggregated_meaning_are_refused_and_roles_are_checke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vllm_client_that_goes_away_cancels_the_step_under_way() {
-    let prefill = engine("prefill", WorkerRole::Prefill).await;
-    let decode = engine("decode", WorkerRole::Decode).await;
-    let gw = started(pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode])).await;
+    let (prefill, decode, gw) = pair(PdProtocol::Vllm).await;
     // Gone during step one: prefill's request is cancelled, decode never
     // hears of it.
     prefill.set(Behaviour {

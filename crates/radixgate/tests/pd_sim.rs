@@ -52,26 +52,6 @@ fn pd_config(
     c
 }
 
-/// A worker's counter from its `/metrics`.
-async fn counter(url: &str, series: &str) -> f64 {
-    let text = client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    // `name{labels} value`
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(series)
-                .is_some_and(|rest| rest.starts_with('{'))
-        })
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn prompt(i: usize) -> String {
     format!(
         "request {i}: {}",
@@ -127,12 +107,12 @@ async fn both_protocols_move_the_kv_and_decode_answers_with_it_cached() {
             );
         }
         assert_eq!(
-            counter(&decode.url, "radixgate_sim_kv_transfers_total").await,
+            common::series_sum(&decode.url, "radixgate_sim_kv_transfers_total").await,
             2.0,
             "{protocol:?}"
         );
         assert_eq!(
-            counter(&prefill.url, "radixgate_sim_kv_pulls_served_total").await,
+            common::series_sum(&prefill.url, "radixgate_sim_kv_pulls_served_total").await,
             2.0
         );
         common::wait_for_zero_load(&gw.url).await;

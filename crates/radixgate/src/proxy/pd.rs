@@ -34,8 +34,7 @@
 //! object's key order and the white space between keys may change.
 
 use super::{
-    Answer, Target, Waiting, error_message, first_byte, prime, record, routing_key, send,
-    unavailable,
+    Answer, Outgoing, Target, Waiting, error_message, record, routing_key, send_primed, unavailable,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -407,21 +406,16 @@ impl Pair<'_> {
         };
         let sent = tokio::time::Instant::now();
         let traced = crate::trace::Attempt::start(worker.url(), self.path, self.retry);
-        let attempt = async {
-            let response = send(
-                self.state,
-                decision,
-                self.path,
-                self.client_headers,
-                self.peer,
-                body,
-                &traced,
-            )
-            .await?;
-            prime(response, worker.url()).await
-        };
-        let waited = first_byte(
-            attempt,
+        let waited = send_primed(
+            self.state,
+            decision,
+            Outgoing {
+                path: self.path,
+                client_headers: self.client_headers,
+                peer: self.peer,
+            },
+            body,
+            &traced,
             Waiting {
                 worker: &worker,
                 breaker: &breaker,

@@ -206,6 +206,21 @@ pub async fn series_value(gateway: &str, series: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
+/// The sum of a series over all its label sets at `url`'s `/metrics` (a
+/// gateway's, or a simulated worker's, whose series carry its name); 0
+/// when absent.
+pub async fn series_sum(url: &str, name: &str) -> f64 {
+    metrics_text(url)
+        .await
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The worker that served an answer and the gateway's decision header
 /// (each empty when absent, as on a worker's own answer); reads the body
 /// to its end.
