@@ -127,6 +127,19 @@ fn pd_run_reports_each_arm_and_a_bad_shape_is_an_error() {
     for a in v["arms"].as_array().unwrap() {
         assert_eq!(a["completed"], 20, "{a}");
     }
+    // The router's and the simulated worker's defaults: power_of_two picks
+    // decode workers, the link is 50000000000 bytes per second.
+    assert_eq!(v["arms"][1]["decode_policy"], "power_of_two");
+    assert_eq!(v["transfer_bandwidth"], 50e9);
+    assert!(v["skip_prefill_tokens"].is_null());
+    // A bandwidth in GB/s is refused, naming the unit.
+    let bad = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+        .args(["simulate", "--pd=2:2", "--pd-transfer-bandwidth", "50"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(stderr.contains("bytes per second"), "{stderr}");
     for (shape, says) in [
         ("0:2", "the prefill pool needs at least 1 worker"),
         ("2:0", "the decode pool needs at least 1 worker"),

@@ -149,21 +149,24 @@ pub struct SimulateArgs {
     /// any `radixgate serve --policy` name.
     #[arg(long, value_name = "NAME", requires = "pd", default_value = pd::DEFAULT_PREFILL_POLICY)]
     pub prefill_policy: String,
-    /// With --pd: the decode pool's policy.
+    /// With --pd: the decode pool's policy, as the router's --decode-policy.
     #[arg(long, value_name = "NAME", requires = "pd", default_value = pd::DEFAULT_DECODE_POLICY)]
     pub decode_policy: String,
     /// With --pd: bandwidth of each prefill worker's link to the decode
-    /// workers, GB/s (one 400 Gb/s RDMA NIC is 50).
-    #[arg(long, value_name = "GB/S", requires = "pd", default_value_t = pd::DEFAULT_TRANSFER_GB_PER_S)]
+    /// workers, bytes per second, as `radixgate worker --transfer-bandwidth`
+    /// (50000000000 is one 400 Gb/s NIC).
+    #[arg(long, value_name = "BYTES/S", requires = "pd", default_value_t = pd::DEFAULT_TRANSFER_BANDWIDTH)]
     pub pd_transfer_bandwidth: f64,
     /// With --pd: bytes of KV per prompt token (Llama-3-8B's is 131072).
     #[arg(long, value_name = "BYTES", requires = "pd", default_value_t = pd::DEFAULT_KV_BYTES_PER_TOKEN)]
     pub pd_kv_bytes_per_token: u64,
-    /// With --pd: also run an arm that sends a request to decode alone when
-    /// its decode worker holds all but at most this many of its prompt
-    /// tokens.
+    /// With --pd: also run an arm, pd+skip, that sends a request to decode
+    /// alone when its decode worker holds all but at most this many of its
+    /// prompt tokens, as the router's --pd-skip-prefill-tokens (0: never,
+    /// so no such arm). The simulator reads the decode worker's true cache
+    /// where the router predicts it.
     #[arg(long, value_name = "TOKENS", requires = "pd")]
-    pub pd_skip_prefill_threshold: Option<usize>,
+    pub pd_skip_prefill_tokens: Option<usize>,
 }
 
 impl SimulateArgs {
@@ -278,7 +281,7 @@ impl SimulateArgs {
             prefill_policy: pd::router_policy("--prefill-policy", &self.prefill_policy, self.seed)?,
             decode_policy: pd::router_policy("--decode-policy", &self.decode_policy, self.seed)?,
             transfer: Transfer::new(self.pd_transfer_bandwidth, self.pd_kv_bytes_per_token)?,
-            skip_prefill_threshold: self.pd_skip_prefill_threshold,
+            skip_prefill_tokens: pd::skip_prefill_tokens(self.pd_skip_prefill_tokens)?,
         }))
     }
 

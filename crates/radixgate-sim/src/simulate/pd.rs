@@ -8,16 +8,19 @@
 //! - `pd` again with the other prefill policy (round_robin, or cache_aware
 //!   when the prefill policy is round_robin), to show what cache awareness
 //!   on the prefill pool is worth;
-//! - with a skip-prefill threshold, `pd+skip`: the first PD arm, sending a
-//!   request to decode alone when its decode worker holds all but that many
-//!   of its prompt tokens.
+//! - with `--pd-skip-prefill-tokens N` (N > 0), `pd+skip`: the first PD
+//!   arm, sending a request to decode alone when its decode worker holds all
+//!   but at most N of its prompt tokens (the router's rule, with the decode
+//!   engine's true cache in place of the router's prediction).
 //!
 //! The KV transfer's defaults describe an 8B-class model over one fast
 //! link: [`DEFAULT_KV_BYTES_PER_TOKEN`] is Llama-3-8B's KV per token (the
 //! engine model's own default model, see `engine::config`), and
-//! [`DEFAULT_TRANSFER_GB_PER_S`] is one 400 Gb/s RDMA NIC (50 GB/s), the
-//! usual per-GPU network of disaggregated deployments. At those, an
-//! 8,192-token prompt moves in 21.5 ms.
+//! [`DEFAULT_TRANSFER_BANDWIDTH`] is one 400 Gb/s RDMA NIC (50 GB/s), the
+//! usual per-GPU network of disaggregated deployments; both are the
+//! simulated worker's own defaults (`radixgate worker --transfer-bandwidth`,
+//! `--kv-bytes-per-token`). At those, an 8,192-token prompt moves in
+//! 21.5 ms. The decode policy's default is the router's (`pd.decode_policy`).
 
 use std::time::{Duration, Instant};
 
@@ -29,18 +32,27 @@ use super::{Contender, SimConfig, cluster, pd_cluster};
 use crate::SimError;
 
 /// KV bytes per token when none is given: Llama-3-8B's (2 x 32 layers x 8
-/// KV heads x 128 x 2 bytes), as the engine model's defaults assume.
-pub const DEFAULT_KV_BYTES_PER_TOKEN: u64 = 131_072;
+/// KV heads x 128 x 2 bytes), as the engine model's defaults assume; the
+/// simulated worker's `--kv-bytes-per-token` default.
+pub use crate::server::pd::DEFAULT_KV_BYTES_PER_TOKEN;
 
-/// Transfer bandwidth when none is given, GB/s (10^9 bytes): one 400 Gb/s
-/// RDMA NIC.
-pub const DEFAULT_TRANSFER_GB_PER_S: f64 = 50.0;
+/// Transfer bandwidth when none is given, bytes per second: one 400 Gb/s
+/// RDMA NIC; the simulated worker's `--transfer-bandwidth` default.
+pub use crate::server::pd::DEFAULT_TRANSFER_BANDWIDTH;
+
+/// Least and most bandwidth accepted, bytes per second (1 MB/s, 100 TB/s).
+const TRANSFER_BANDWIDTH_RANGE: (f64, f64) = (1e6, 1e14);
+
+/// Largest `--pd-skip-prefill-tokens`, the router's limit: beyond a few
+/// thousand tokens, decode would run a long prefill itself.
+pub const MAX_SKIP_PREFILL_TOKENS: usize = 1 << 16;
 
 /// The prefill policy when none is given.
 pub const DEFAULT_PREFILL_POLICY: &str = "cache_aware";
 
-/// The decode policy when none is given.
-pub const DEFAULT_DECODE_POLICY: &str = "least_load";
+/// The decode policy when none is given: the router's `pd.decode_policy`
+/// default.
+pub const DEFAULT_DECODE_POLICY: &str = "power_of_two";
 
 /// Most workers in one pool (the co-located pool is their sum).
 const MAX_POOL: usize = 2048;
@@ -96,30 +108,32 @@ pub struct Transfer {
 impl Default for Transfer {
     fn default() -> Self {
         Self {
-            bytes_per_sec: DEFAULT_TRANSFER_GB_PER_S * 1e9,
+            bytes_per_sec: DEFAULT_TRANSFER_BANDWIDTH,
             kv_bytes_per_token: DEFAULT_KV_BYTES_PER_TOKEN,
         }
     }
 }
 
 impl Transfer {
-    /// A transfer at `gb_per_s` GB/s of `kv_bytes_per_token`, checked.
-    pub fn new(gb_per_s: f64, kv_bytes_per_token: u64) -> Result<Self, SimError> {
+    /// A transfer at `bytes_per_sec` of `kv_bytes_per_token`, checked.
+    pub fn new(bytes_per_sec: f64, kv_bytes_per_token: u64) -> Result<Self, SimError> {
         let t = Self {
-            bytes_per_sec: gb_per_s * 1e9,
+            bytes_per_sec,
             kv_bytes_per_token,
         };
         t.validate()?;
         Ok(t)
     }
 
-    /// Bandwidth positive and finite (at least 1 MB/s, at most 100 TB/s);
-    /// KV per token at least one byte.
+    /// Bandwidth finite, at least 1 MB/s and at most 100 TB/s; KV per token
+    /// at least one byte.
     pub fn validate(&self) -> Result<(), SimError> {
-        let gb = self.bytes_per_sec / 1e9;
-        if !gb.is_finite() || !(0.001..=100_000.0).contains(&gb) {
+        let (least, most) = TRANSFER_BANDWIDTH_RANGE;
+        if !(least..=most).contains(&self.bytes_per_sec) {
             return Err(SimError::Config(format!(
-                "--pd-transfer-bandwidth must be in 0.001..=100000 GB/s, got {gb}"
+                "--pd-transfer-bandwidth must be in {least}..={most} bytes per second \
+                 (50000000000 is one 400 Gb/s NIC), got {}",
+                self.bytes_per_sec
             )));
         }
         if !(1..=1 << 30).contains(&self.kv_bytes_per_token) {
@@ -179,8 +193,9 @@ pub struct PdPlan {
     pub decode_policy: PolicyConfig,
     /// How the KV moves.
     pub transfer: Transfer,
-    /// The skip-prefill arm's threshold, if it runs.
-    pub skip_prefill_threshold: Option<usize>,
+    /// The skip-prefill arm's `--pd-skip-prefill-tokens`, if it runs (never
+    /// 0: that is the router's "never", and no arm runs).
+    pub skip_prefill_tokens: Option<usize>,
 }
 
 /// The policy `--prefill-policy`/`--decode-policy` (`flag`) names: one a
@@ -193,6 +208,18 @@ pub fn router_policy(flag: &str, name: &str, seed: u64) -> Result<PolicyConfig, 
             other.name(),
             PolicyConfig::NAMES.join(", ")
         ))),
+    }
+}
+
+/// `--pd-skip-prefill-tokens`, checked as the router checks it: at most
+/// [`MAX_SKIP_PREFILL_TOKENS`]; 0 means never, so no pd+skip arm.
+pub fn skip_prefill_tokens(tokens: Option<usize>) -> Result<Option<usize>, SimError> {
+    match tokens {
+        Some(n) if n > MAX_SKIP_PREFILL_TOKENS => Err(SimError::Config(format!(
+            "--pd-skip-prefill-tokens must be at most {MAX_SKIP_PREFILL_TOKENS} tokens, got {n}"
+        ))),
+        Some(0) | None => Ok(None),
+        some => Ok(some),
     }
 }
 
@@ -235,9 +262,9 @@ impl PdPlan {
             api: cfg.api.path().into(),
             prefill_workers: self.shape.prefill,
             decode_workers: self.shape.decode,
-            transfer_gb_per_s: self.transfer.bytes_per_sec / 1e9,
+            transfer_bandwidth: self.transfer.bytes_per_sec,
             kv_bytes_per_token: self.transfer.kv_bytes_per_token,
-            skip_prefill_threshold: self.skip_prefill_threshold,
+            skip_prefill_tokens: self.skip_prefill_tokens,
             arms: Vec::new(),
         };
         let started = Instant::now();
@@ -249,7 +276,7 @@ impl PdPlan {
         ));
         let mut arms = vec![("pd", self.arm(&self.prefill_policy, None))];
         arms.push(("pd", self.arm(&self.other_prefill_policy(cfg.seed)?, None)));
-        if let Some(t) = self.skip_prefill_threshold {
+        if let Some(t) = self.skip_prefill_tokens {
             arms.push(("pd+skip", self.arm(&self.prefill_policy, Some(t))));
         }
         for (name, arm) in &arms {

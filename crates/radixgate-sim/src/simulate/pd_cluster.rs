@@ -19,11 +19,11 @@
 //!    the first token. TTFT is thus prefill queue + prefill + transfer
 //!    (with any wait for the link) + decode queue + first decode step.
 //!
-//! With a skip-prefill threshold, a request whose chosen decode worker
-//! already holds all but at most that many of its prompt tokens goes to
-//! decode alone, which prefills the rest itself (the router's
-//! `--pd-skip-prefill-threshold`). The simulator reads the decode engine's
-//! true cache for this, so it is what an exact prediction would save.
+//! With `--pd-skip-prefill-tokens N`, a request whose chosen decode worker
+//! already holds all but at most N of its prompt tokens goes to decode
+//! alone, which prefills the rest itself (the router's flag and rule). The
+//! simulator reads the decode engine's true cache where the router
+//! predicts it, so it is what an exact prediction would save.
 //!
 //! The prefill engine's copy of the KV is released (and kept as prefix
 //! cache) when its prefill ends rather than when the transfer is done: the

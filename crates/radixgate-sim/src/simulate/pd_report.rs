@@ -142,12 +142,12 @@ pub struct PdReport {
     pub prefill_workers: usize,
     /// Decode workers of the PD arms.
     pub decode_workers: usize,
-    /// KV transfer bandwidth, GB/s.
-    pub transfer_gb_per_s: f64,
+    /// KV transfer bandwidth, bytes per second.
+    pub transfer_bandwidth: f64,
     /// KV bytes per prompt token.
     pub kv_bytes_per_token: u64,
-    /// The skip-prefill arm's threshold, when it ran.
-    pub skip_prefill_threshold: Option<usize>,
+    /// The skip-prefill arm's `--pd-skip-prefill-tokens`, when it ran.
+    pub skip_prefill_tokens: Option<usize>,
     /// One row per arm.
     pub arms: Vec<ArmReport>,
 }
@@ -164,11 +164,12 @@ impl PdReport {
         );
         let _ = writeln!(
             out,
-            "PD: {} prefill + {} decode workers against {} co-located; KV moves at {} GB/s, {} B per token",
+            "PD: {} prefill + {} decode workers against {} co-located; KV moves at {} B/s ({} GB/s), {} B per token",
             self.prefill_workers,
             self.decode_workers,
             self.prefill_workers + self.decode_workers,
-            self.transfer_gb_per_s,
+            self.transfer_bandwidth,
+            self.transfer_bandwidth / 1e9,
             self.kv_bytes_per_token
         );
         let _ = writeln!(
@@ -233,7 +234,7 @@ impl PdReport {
             "req/s     completed requests, tok/s output tokens, per simulated second".into(),
             "computed  prompt tokens computed by all workers (not found cached)".into(),
         ];
-        if let Some(t) = self.skip_prefill_threshold {
+        if let Some(t) = self.skip_prefill_tokens {
             legend.push(format!(
                 "pd+skip   a request whose decode worker holds all but at most {t} of its prompt \
                  tokens goes to decode alone (skipped)"

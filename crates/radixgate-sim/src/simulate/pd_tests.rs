@@ -72,13 +72,18 @@ fn one_request_waits_for_prefill_transfer_and_one_decode_step() {
 
 #[test]
 fn transfer_time_grows_as_bandwidth_falls() {
-    let fast = Transfer::new(100.0, 131_072).unwrap();
-    let slow = Transfer::new(1.0, 131_072).unwrap();
+    let fast = Transfer::new(100e9, 131_072).unwrap();
+    let slow = Transfer::new(1e9, 131_072).unwrap();
     // 8192 tokens of 128 KiB at 1 GB/s: 1.07 s; at 100 GB/s a hundredth.
     assert_eq!(slow.time(8192), Duration::from_nanos(1_073_741_824));
     assert_eq!(fast.time(8192), Duration::from_nanos(10_737_418));
     assert!(Transfer::new(0.0, 1).is_err() && Transfer::new(f64::NAN, 1).is_err());
-    assert!(Transfer::new(1.0, 0).is_err());
+    assert!(Transfer::new(1e9, 0).is_err());
+    // Bytes per second, as `radixgate worker --transfer-bandwidth`: the
+    // default is one 400 Gb/s NIC, and a figure in GB/s is refused.
+    assert_eq!(Transfer::default().bytes_per_sec, 50e9);
+    assert_eq!(Transfer::new(1e6, 1).unwrap().bytes_per_sec, 1e6);
+    assert!(Transfer::new(50.0, 1).is_err());
 
     // One client: no transfer waits for the link, so each takes exactly
     // its prompt's time, and the slower link adds the difference to TTFT.
@@ -253,6 +258,22 @@ fn bad_pd_values_are_precise_errors() {
     assert!(e.to_string().contains("unknown policy \"nope\""), "{e}");
     let e = plan(&["--pd", "2:2", "--pd-transfer-bandwidth", "0"]).unwrap_err();
     assert!(e.to_string().contains("--pd-transfer-bandwidth"), "{e}");
+    let e = plan(&["--pd", "2:2", "--pd-transfer-bandwidth", "50"]).unwrap_err();
+    assert!(e.to_string().contains("bytes per second"), "{e}");
+    // The router's defaults and vocabulary: power_of_two on decode, bytes
+    // per second on the link, --pd-skip-prefill-tokens with 0 = never.
+    let p = plan(&["--pd", "2:2"]).unwrap().unwrap();
+    assert_eq!(p.decode_policy.name(), "power_of_two");
+    assert_eq!(p.transfer, Transfer::default());
+    assert_eq!(p.skip_prefill_tokens, None);
+    let p = plan(&["--pd", "2:2", "--pd-transfer-bandwidth", "25000000000"]);
+    assert_eq!(p.unwrap().unwrap().transfer.bytes_per_sec, 25e9);
+    let skip = |n: &str| plan(&["--pd", "2:2", "--pd-skip-prefill-tokens", n]);
+    assert_eq!(skip("0").unwrap().unwrap().skip_prefill_tokens, None);
+    assert_eq!(skip("32").unwrap().unwrap().skip_prefill_tokens, Some(32));
+    let e = skip("65537").unwrap_err().to_string();
+    assert!(e.contains("--pd-skip-prefill-tokens must be at most 65536"), "{e}");
+    assert!(args(&["--pd", "2:2", "--pd-skip-prefill-threshold", "8"]).is_err());
     // PD flags need --pd; --pd sizes the pool itself.
     assert!(args(&["--prefill-policy", "round_robin"]).is_err());
     assert!(args(&["--pd", "2:2", "--workers", "4"]).is_err());
@@ -272,7 +293,7 @@ fn the_report_has_every_arm_in_text_and_json() {
         "4",
         "--requests",
         "30",
-        "--pd-skip-prefill-threshold",
+        "--pd-skip-prefill-tokens",
         "64",
     ])
     .unwrap();
@@ -301,7 +322,7 @@ fn the_report_has_every_arm_in_text_and_json() {
     assert!(report.arms.iter().all(|r| r.completed == 30));
     let text = report.table();
     for s in [
-        "PD: 2 prefill + 1 decode workers against 3 co-located; KV moves at 50 GB/s, 131072 B per token",
+        "PD: 2 prefill + 1 decode workers against 3 co-located; KV moves at 50000000000 B/s (50 GB/s), 131072 B per token",
         "itl_p99",
         "\nitl_*     inter-token latency",
         "\npd+skip   a request whose decode worker holds all but at most 64",
@@ -309,7 +330,9 @@ fn the_report_has_every_arm_in_text_and_json() {
         assert!(text.contains(s), "`{s}` not in\n{text}");
     }
     let json = serde_json::to_value(&report).unwrap();
-    assert_eq!(json["arms"][1]["decode_policy"], "least_load");
+    assert_eq!(json["arms"][1]["decode_policy"], "power_of_two");
+    assert_eq!(json["transfer_bandwidth"], 50e9);
+    assert_eq!(json["skip_prefill_tokens"], 64);
     assert!(json["arms"][1]["itl_ms"]["p99"].as_f64().unwrap() > 0.0);
     assert!(json["arms"][0]["transfer_ms"].is_null());
 }
