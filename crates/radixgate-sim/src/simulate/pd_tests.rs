@@ -272,7 +272,10 @@ fn bad_pd_values_are_precise_errors() {
     assert_eq!(skip("0").unwrap().unwrap().skip_prefill_tokens, None);
     assert_eq!(skip("32").unwrap().unwrap().skip_prefill_tokens, Some(32));
     let e = skip("65537").unwrap_err().to_string();
-    assert!(e.contains("--pd-skip-prefill-tokens must be at most 65536"), "{e}");
+    assert!(
+        e.contains("--pd-skip-prefill-tokens must be at most 65536"),
+        "{e}"
+    );
     assert!(args(&["--pd", "2:2", "--pd-skip-prefill-threshold", "8"]).is_err());
     // PD flags need --pd; --pd sizes the pool itself.
     assert!(args(&["--prefill-policy", "round_robin"]).is_err());
