@@ -424,17 +424,7 @@ async fn attempts(
                 }
             }
             Err(err) => {
-                let kind = match &err {
-                    GatewayError::FirstByteTimeout { after, .. } => {
-                        // A hung worker's latency is at least the timeout.
-                        shared.outliers.sample(worker.id(), *after);
-                        breaker.note_hang(tokio::time::Instant::now());
-                        "timeout"
-                    }
-                    GatewayError::WorkerLost { .. } => "worker_lost",
-                    _ => "connect",
-                };
-                shared.request_metrics.upstream_error(worker.url(), kind);
+                no_first_byte(shared, &worker, &breaker, &err);
                 err
             }
         };
@@ -462,6 +452,28 @@ async fn attempts(
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;
     }
+}
+
+/// An attempt that got no first byte (refused, hung, or its worker lost
+/// meanwhile): counted by kind; a hang also teaches outlier detection and
+/// the breaker.
+fn no_first_byte(
+    shared: &Shared,
+    worker: &radixgate_routing::Worker,
+    breaker: &crate::breaker::Breaker,
+    err: &GatewayError,
+) {
+    let kind = match err {
+        GatewayError::FirstByteTimeout { after, .. } => {
+            // A hung worker's latency is at least the timeout.
+            shared.outliers.sample(worker.id(), *after);
+            breaker.note_hang(tokio::time::Instant::now());
+            "timeout"
+        }
+        GatewayError::WorkerLost { .. } => "worker_lost",
+        _ => "connect",
+    };
+    shared.request_metrics.upstream_error(worker.url(), kind);
 }
 
 /// Whether a response is an event stream (by the worker's content type).

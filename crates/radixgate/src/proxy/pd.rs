@@ -34,7 +34,8 @@
 //! object's key order and the white space between keys may change.
 
 use super::{
-    Answer, Outgoing, Target, Waiting, error_message, record, routing_key, send_primed, unavailable,
+    Answer, Outgoing, Target, Waiting, error_message, no_first_byte, record, routing_key,
+    send_primed, unavailable,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -180,8 +181,10 @@ pub(super) async fn attempts(
         shared
             .request_metrics
             .decision(deciding.decision.explanation().branch.as_str());
-        // What other router replicas learn once the pair has answered.
+        // What other router replicas learn once the pair has answered
+        // (nothing to keep without sync).
         let learned = [prefill.as_ref(), Some(&decode)].map(|side| {
+            shared.sync.as_ref()?;
             let side = side?;
             let inserted = side.decision.inserted_text(text)?;
             Some(Learned {
@@ -210,9 +213,13 @@ pub(super) async fn attempts(
             },
         };
         let failure = match outcome {
-            Ok(mut done) => {
+            Ok(Done {
+                answer,
+                prefill_task,
+                prefill_worker,
+            }) => {
                 if let Some(sync) = &shared.sync
-                    && done.answer.response.status().is_success()
+                    && answer.response.status().is_success()
                 {
                     for learned in learned.into_iter().flatten() {
                         sync.routed(
@@ -225,11 +232,10 @@ pub(super) async fn attempts(
                         );
                     }
                 }
-                let prefill_worker = done.prefill_worker.take();
                 return Ok((
-                    done.answer,
+                    answer,
                     Held {
-                        prefill: done.prefill_task,
+                        prefill: prefill_task,
                         explained,
                         prefill_worker,
                     },
@@ -391,18 +397,16 @@ impl Pair<'_> {
         &self,
         decision: &mut Decision,
         body: Bytes,
-    ) -> Result<(Answer2, Permit), (GatewayError, Option<Permit>)> {
+    ) -> Result<(Answer2, Permit), GatewayError> {
         let shared = &self.state.shared;
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
         let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
-            return Err((
-                GatewayError::WorkerLost {
-                    worker: worker.url().to_owned(),
-                    after: Duration::ZERO,
-                },
-                None,
-            ));
+            // Half-open with its probe already out: this worker sits out.
+            return Err(GatewayError::WorkerLost {
+                worker: worker.url().to_owned(),
+                after: Duration::ZERO,
+            });
         };
         let sent = tokio::time::Instant::now();
         let traced = crate::trace::Attempt::start(worker.url(), self.path, self.retry);
@@ -435,16 +439,10 @@ impl Pair<'_> {
                 probe,
             )),
             Err(err) => {
-                if let GatewayError::FirstByteTimeout { after, .. } = &err {
-                    shared.outliers.sample(worker.id(), *after);
-                    breaker.note_hang(tokio::time::Instant::now());
-                }
-                shared
-                    .request_metrics
-                    .upstream_error(worker.url(), error_kind(&err));
+                no_first_byte(shared, &worker, &breaker, &err);
                 traced.failed(retry::reason(&err), &err);
                 record(&worker, probe, Outcome::Failure);
-                Err((err, None))
+                Err(err)
             }
         }
     }
@@ -460,7 +458,7 @@ impl Pair<'_> {
         let worker = decision.worker().clone();
         let (mut answer, probe) = match self.attempt(&mut decision, body).await {
             Ok(ok) => ok,
-            Err((error, _)) => {
+            Err(error) => {
                 return Err(Failed {
                     side: WorkerRole::Decode,
                     worker: worker.id(),
@@ -622,7 +620,7 @@ impl Pair<'_> {
         };
         let (mut answer, probe) = match self.attempt(&mut prefill_decision, step_one).await {
             Ok(ok) => ok,
-            Err((error, _)) => return Err(Failed::prefill(prefill_worker.id(), error)),
+            Err(error) => return Err(Failed::prefill(prefill_worker.id(), error)),
         };
         let status = answer.response.status();
         answer.trace.answered(status.as_u16());
@@ -682,15 +680,6 @@ struct Answer2 {
     trace: crate::trace::Attempt,
 }
 
-/// The metrics kind of a failed attempt.
-fn error_kind(err: &GatewayError) -> &'static str {
-    match err {
-        GatewayError::FirstByteTimeout { .. } => "timeout",
-        GatewayError::WorkerLost { .. } => "worker_lost",
-        _ => "connect",
-    }
-}
-
 /// Aborts the task it holds when dropped.
 struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
 
@@ -742,7 +731,7 @@ async fn prefill_side(
     let worker = decision.worker().clone();
     let (mut answer, probe) = match pair.attempt(&mut decision, body).await {
         Ok(ok) => ok,
-        Err((error, _)) => {
+        Err(error) => {
             let _ = head.send(Err(error));
             return;
         }
