@@ -107,10 +107,7 @@ impl Registry {
     }
 
     fn policy_of(&self, role: WorkerRole) -> Arc<dyn Policy> {
-        match role {
-            WorkerRole::Decode => self.decode_policy(),
-            WorkerRole::Regular | WorkerRole::Prefill => self.policy(),
-        }
+        Arc::clone(&slot_of(role, &self.policy, &self.decode_policy).load())
     }
 
     /// Validates and adds a worker, publishing a new snapshot. The worker
@@ -276,10 +273,7 @@ impl Router {
         exclude: &[WorkerId],
         exact: Option<ExactMatches<'_>>,
     ) -> Result<Routed, RoutingError> {
-        let policy = match role {
-            WorkerRole::Decode => self.decode_policy.load(),
-            WorkerRole::Regular | WorkerRole::Prefill => self.policy.load(),
-        };
+        let policy = slot_of(role, &self.policy, &self.decode_policy).load();
         self.select_with(&***policy, role, model, text, routing_key, exclude, exact)
     }
 
@@ -368,10 +362,7 @@ impl Router {
         if !known_pool || !serves {
             return Learned::UnknownModel;
         }
-        let policy = match worker.role() {
-            WorkerRole::Decode => self.decode_policy.load(),
-            WorkerRole::Regular | WorkerRole::Prefill => self.policy.load(),
-        };
+        let policy = slot_of(worker.role(), &self.policy, &self.decode_policy).load();
         match policy.trees() {
             Some(trees) => {
                 trees.insert_for(model, text, worker.id().tenant());
@@ -394,11 +385,21 @@ impl Router {
     /// Characters the prefix record of `worker`'s role attributes to it
     /// (see [`Policy::cached_chars`]).
     pub fn cached_chars(&self, worker: &Worker) -> Option<usize> {
-        match worker.role() {
-            WorkerRole::Decode => self.decode_policy.load().cached_chars(worker.id()),
-            WorkerRole::Regular | WorkerRole::Prefill => {
-                self.policy.load().cached_chars(worker.id())
-            }
-        }
+        slot_of(worker.role(), &self.policy, &self.decode_policy)
+            .load()
+            .cached_chars(worker.id())
+    }
+}
+
+/// Where the policy of `role`'s workers sits: decode workers have their
+/// own, regular and prefill workers share the main one.
+fn slot_of<'a>(
+    role: WorkerRole,
+    main: &'a ArcSwap<Arc<dyn Policy>>,
+    decode: &'a ArcSwap<Arc<dyn Policy>>,
+) -> &'a ArcSwap<Arc<dyn Policy>> {
+    match role {
+        WorkerRole::Decode => decode,
+        WorkerRole::Regular | WorkerRole::Prefill => main,
     }
 }
