@@ -264,6 +264,26 @@ async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// A streamed request whose client gives up after half a second, before
+/// any answer.
+async fn leave_before_any_answer(gw: &str) {
+    let gone = client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .json(&chat_body(true))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(gone.is_err());
+}
+
+/// A streamed request whose client goes away after decode's first event.
+async fn leave_after_the_first_event(gw: &str) {
+    let mut r = post_chat(gw, &chat_body(true)).await;
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("from-decode-0"));
+}
+
 fn header(r: &reqwest::Response, name: &str) -> String {
     r.headers()
         .get(name)
@@ -493,13 +513,7 @@ async fn a_client_that_goes_away_cancels_both_sides() {
         delay_ms: 60_000,
         ..Behaviour::default()
     });
-    let gone = client()
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .json(&chat_body(true))
-        .timeout(Duration::from_millis(500))
-        .send()
-        .await;
-    assert!(gone.is_err());
+    leave_before_any_answer(&gw.url).await;
     wait_until("both sides cancelled", || async {
         prefill.cancelled() == 1 && decode.cancelled() == 1
     })
@@ -513,11 +527,7 @@ async fn a_client_that_goes_away_cancels_both_sides() {
         event_gap_ms: 60_000,
         ..Behaviour::default()
     });
-    let mut r = post_chat(&gw.url, &chat_body(true)).await;
-    assert_eq!(r.status(), 200);
-    let first = r.chunk().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("from-decode-0"));
-    drop(r);
+    leave_after_the_first_event(&gw.url).await;
     wait_until("both sides cancelled mid-stream", || async {
         prefill.cancelled() == 2 && decode.cancelled() == 2
     })
@@ -638,13 +648,7 @@ async fn a_vllm_client_that_goes_away_cancels_the_step_under_way() {
         delay_ms: 60_000,
         ..Behaviour::default()
     });
-    let gone = client()
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .json(&chat_body(true))
-        .timeout(Duration::from_millis(500))
-        .send()
-        .await;
-    assert!(gone.is_err());
+    leave_before_any_answer(&gw.url).await;
     wait_until("prefill cancelled", || async { prefill.cancelled() == 1 }).await;
     assert!(decode.bodies().is_empty());
     // Gone during step two's stream: decode's request is cancelled.
@@ -653,11 +657,7 @@ async fn a_vllm_client_that_goes_away_cancels_the_step_under_way() {
         event_gap_ms: 60_000,
         ..Behaviour::default()
     });
-    let mut r = post_chat(&gw.url, &chat_body(true)).await;
-    assert_eq!(r.status(), 200);
-    let first = r.chunk().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("from-decode-0"));
-    drop(r);
+    leave_after_the_first_event(&gw.url).await;
     wait_until("decode cancelled", || async { decode.cancelled() == 1 }).await;
     common::wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
