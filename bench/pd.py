@@ -485,8 +485,6 @@ def main() -> int:
     meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     result = {"meta": meta, "rows": rows}
     stem = report.result_stem(opts.out, started, "pd")
-    if os.path.exists(stem + ".json"):  # a run started in the same minute
-        stem = report.result_stem(opts.out, started, f"{started:%S}s-pd")
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(stem + ".md", "w") as f:

@@ -23,9 +23,14 @@ def run_meta(binary: str, command: list[str], started: dt.datetime) -> dict:
 
 
 def result_stem(out_dir: str, started: dt.datetime, part: str) -> str:
-    """`<out_dir>/<UTC start>-<part>` (the directory is created)."""
+    """`<out_dir>/<UTC start>-<part>` (the directory is created); a run
+    started in the same minute as one already written gets its seconds too,
+    `<UTC start>-<SS>s-<part>`, so it never overwrites that one."""
     os.makedirs(out_dir, exist_ok=True)
-    return os.path.join(out_dir, started.strftime("%Y-%m-%dT%H%MZ") + f"-{part}")
+    stem = os.path.join(out_dir, started.strftime("%Y-%m-%dT%H%MZ") + f"-{part}")
+    if any(os.path.exists(stem + ext) for ext in (".json", ".md")):
+        stem = os.path.join(out_dir, started.strftime("%Y-%m-%dT%H%MZ-%Ss") + f"-{part}")
+    return stem
 
 
 def _f(x, fmt="{:.1f}"):
