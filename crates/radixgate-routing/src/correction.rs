@@ -12,7 +12,10 @@
 //! - the model's characters per token are learned from `prompt_tokens`
 //!   against the routed text's length ([`TokenRate`], a clipped running
 //!   mean: one odd answer moves it little);
-//! - the prediction in tokens is `held chars / chars per token`; when the
+//! - the prediction in tokens is `held chars / chars per token`, at this
+//!   request's own ratio (its text's length over its `prompt_tokens`:
+//!   texts of one model differ by a factor of two, and at the mean a long
+//!   full hit reads as a shortfall of many pages); when the
 //!   worker reports more than one KV page less
 //!   ([`CorrectionConfig::page_tokens`]), it had evicted the rest, and the
 //!   tree forgets, for that worker, every text through the first lost
@@ -348,8 +351,17 @@ impl CacheFeedback {
             return Corrected::Invalid;
         };
         let rate = &self.model.rate;
-        rate.observe(text.chars().count(), report.prompt_tokens);
-        let cpt = rate.chars_per_token().unwrap_or(1.0).max(f64::MIN_POSITIVE);
+        let text_chars = text.chars().count();
+        rate.observe(text_chars, report.prompt_tokens);
+        // This request's own characters per token: the held prefix is part
+        // of its text, so its ratio converts it better than the model's
+        // mean over other texts (the mean serves only for an empty text).
+        let cpt = if text_chars > 0 {
+            text_chars as f64 / report.prompt_tokens as f64
+        } else {
+            rate.chars_per_token().unwrap_or(1.0)
+        }
+        .max(f64::MIN_POSITIVE);
         let held = self.receipt.held_chars();
         // Engines count whole pages: the prediction is floored to a page
         // too, so that paging alone never reads as a shortfall.
@@ -496,6 +508,34 @@ mod tests {
             f.apply(&text, report(0)),
             Corrected::Counted { .. }
         ));
+    }
+
+    #[test]
+    fn the_prediction_uses_the_requests_own_characters_per_token() {
+        // The model's other texts ran at 2 chars per token; this one runs
+        // at 4 (800 chars, 200 tokens), and the worker held all 400 chars
+        // of the prefix: 100 tokens. At the model's mean the prefix would
+        // read as 200 tokens, and a full hit as a shortfall.
+        let prefix = "p".repeat(400);
+        let text = format!("{prefix}{}", "q".repeat(400));
+        let f = setup(&prefix, &prefix, &text, CorrectionConfig::default());
+        for _ in 0..400 {
+            f.model.rate().observe(2000, 1000);
+        }
+        assert!(f.model.rate().chars_per_token().unwrap() < 2.1);
+        let tree = f.tree.clone();
+        let tenant = f.worker.id().tenant();
+        let report = CacheReport {
+            prompt_tokens: 200,
+            cached_tokens: 100,
+        };
+        assert_eq!(
+            f.apply(&text, report),
+            Corrected::Counted {
+                predicted_tokens: 96
+            }
+        );
+        assert_eq!(tree.prefix_match_for(&text, tenant).matched_chars, 800);
     }
 
     #[test]
