@@ -146,8 +146,10 @@ def start_router(binary: str, tmp: str, name: str, workers: list[str],
 
 
 def load_cmd(binary: str, urls: list[str], args: argparse.Namespace) -> list[str]:
+    # A trace is paced by its own timestamps (--speedup), not a concurrency.
+    pace = [] if args.workload == "trace" else ["--concurrency", str(args.concurrency)]
     cmd = [binary, "load", "--workload", args.workload, "--requests", str(args.requests),
-           "--concurrency", str(args.concurrency), "--seed", str(args.seed),
+           *pace, "--seed", str(args.seed),
            "--assign", "round-robin", "--json", "--no-progress", *args.load_arg]
     for u in urls:
         cmd += ["--url", u]
