@@ -3,6 +3,8 @@
 
     python3 bench/sync_cost.py bytes --workload multi-turn --requests 400
     python3 bench/sync_cost.py cpu --requests 20000
+    python3 bench/sync_cost.py compare --quality hot-prefix --scale 0.5 \
+        --binary OLD --binary-b NEW --rounds 3
 
 `bytes`: one nats-server (JetStream, a store of its own, a free loopback
 port), two simulated workers, two `serve` replicas with `--sync-url`, once
@@ -17,6 +19,19 @@ and zlib, as a stand-in for a batch compressor in the publisher.
 `--sync-url` (one NATS), two without; the same load (`radixgate load`, same
 workload, seed and count) goes to each pair at the same time, and each
 router's CPU (utime + stime from /proc/PID/stat) is read before and after.
+
+`compare`: router CPU per request of N replicas with sync against the same
+N without, at a routing-quality workload's own rate (bench/run.py's
+workloads, realistic simulated workers), and of two builds side by side:
+each group (N replicas without sync; N with sync from `--binary`; N with
+sync from `--binary-b`, if given) has its own workers and its own
+nats-server, and the same `radixgate load` runs against every group at the
+same time, so the groups share whatever else the machine does. Before the
+load, every group idles `--idle-s` seconds: what sync costs when nothing is
+routed. Per group: CPU and thread wake-ups (context switches of every
+thread, from /proc/PID/task/*/status) per request, and sync messages per
+request from the replicas' /metrics. `--rounds` repeats it; the summary is
+the median of each round's ratios.
 
 Only processes started here are stopped, by their ids (bench/procs.py).
 """
@@ -131,9 +146,11 @@ def start_router(binary: str, tmp: str, name: str, workers: list[str],
 
 
 def load_cmd(binary: str, urls: list[str], args: argparse.Namespace) -> list[str]:
+    # A trace is paced by its own timestamps (--speedup), not a concurrency.
+    pace = [] if args.workload == "trace" else ["--concurrency", str(args.concurrency)]
     cmd = [binary, "load", "--workload", args.workload, "--requests", str(args.requests),
-           "--concurrency", str(args.concurrency), "--seed", str(args.seed),
-           "--assign", "round-robin", "--json", "--no-progress"]
+           *pace, "--seed", str(args.seed),
+           "--assign", "round-robin", "--json", "--no-progress", *args.load_arg]
     for u in urls:
         cmd += ["--url", u]
     return cmd
@@ -161,6 +178,13 @@ def bytes_run(args: argparse.Namespace, window: int | None) -> dict:
         cap.stop()
         procs.stop(nats)
         inserts, loads = cap.payloads["inserts"], cap.payloads["load"]
+        if args.save_inserts:
+            # One file per batch, for `zstd -b` (see docs/sync.md).
+            out = os.path.join(args.save_inserts, "off" if window == 0 else "default")
+            os.makedirs(out, exist_ok=True)
+            for i, payload in enumerate(inserts):
+                with open(os.path.join(out, f"batch-{i:05}.bin"), "wb") as f:
+                    f.write(payload)
         n = report["ok"]
         raw_i = sum(map(len, inserts))
         raw_l = sum(map(len, loads))
@@ -224,17 +248,175 @@ def cpu_run(args: argparse.Namespace) -> dict:
         }
 
 
+def wakeups(root: int) -> int:
+    """Context switches (voluntary and not) of every thread of `root`'s tree."""
+    total = 0
+    for pid in procs.descendants(root):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")):
+                            total += int(line.split()[1])
+            except OSError:
+                continue
+    return total
+
+
+SYNC_COUNTERS = ("radixgate_sync_messages_sent_total", "radixgate_sync_messages_received_total")
+
+
+def compare_group_usage(group) -> tuple[float, int, dict[str, float]]:
+    """(CPU seconds, wake-ups, sync counters) of a group's replicas, summed."""
+    from replicas import metric_sum
+    cpu = sum(procs.cpu_seconds(p.pid) for p in group["procs"])
+    wake = sum(wakeups(p.pid) for p in group["procs"])
+    counters = {name: sum(metric_sum(t, (name,)) for t in group["targets"])
+                for name in SYNC_COUNTERS}
+    return cpu, wake, counters
+
+
+def published(group) -> dict[str, int]:
+    """Messages published so far in a group, by subject kind (inserts, load)."""
+    cap = group.get("capture")
+    return {k: len(v) for k, v in cap.payloads.items()} if cap else {"inserts": 0, "load": 0}
+
+
+def compare_round(args: argparse.Namespace, wname: str, wl) -> dict:
+    from replicas import Replicas
+    from run import run_load
+    specs = [("no sync", args.binary, False), ("sync", args.binary, True)]
+    if args.binary_b:
+        specs.append(("sync, b", args.binary_b, True))
+    groups = []
+    try:
+        for name, binary, sync in specs:
+            opts = argparse.Namespace(bin=binary, no_sync_only=False)
+            bench = Replicas(opts)
+            workers, urls = bench.start_workers(4, wl.per_worker)
+            group = {"name": name, "binary": binary, "workers": workers, "nats": None,
+                     "procs": []}
+            groups.append(group)
+            nats_port = None
+            if sync:
+                group["nats"], nats_port = bench.start_nats()
+                group["capture"] = Capture(nats_port)
+                group["capture"].start()
+            group["procs"], group["targets"] = bench.start_replicas(
+                args.replicas, urls, nats_port, f"cost-{len(groups)}")
+            group["load"] = [binary, wl.load + ["--assign", "round-robin",
+                                                "--pool-size", str(len(urls))]]
+        before = [compare_group_usage(g) for g in groups]
+        published0 = [published(g) for g in groups]
+        time.sleep(args.idle_s)
+        idle = [compare_group_usage(g) for g in groups]
+        published1 = [published(g) for g in groups]
+        results: list[dict | None] = [None] * len(groups)
+
+        def drive(i: int) -> None:
+            g = groups[i]
+            results[i] = run_load(g["load"][0], g["targets"], g["load"][1], args.seed)
+
+        threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(groups))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after = [compare_group_usage(g) for g in groups]
+        published2 = [published(g) for g in groups]
+    finally:
+        for g in groups:
+            if "capture" in g:
+                g["capture"].stop()
+            for p in g["procs"] + g["workers"] + ([g["nats"]] if g["nats"] else []):
+                procs.stop(p)
+    out = {"workload": wname, "replicas": args.replicas, "idle_s": args.idle_s, "groups": []}
+    for g, b, i, a, rep, p0, p1, p2 in zip(groups, before, idle, after, results,
+                                           published0, published1, published2):
+        ok = rep["ok"]
+        ttft = rep.get("ttft_ms") or {}
+        out["groups"].append({
+            "group": g["name"], "binary": g["binary"], "ok": ok, "failed": rep["failed"],
+            "hit_rate": rep["hit_rate"], "ttft_mean_ms": ttft.get("mean"),
+            "idle_cpu_ms_per_s": (i[0] - b[0]) / args.idle_s * 1000,
+            "idle_wakeups_per_s": (i[1] - b[1]) / args.idle_s,
+            "cpu_ms_per_req": (a[0] - i[0]) / ok * 1000,
+            "wakeups_per_req": (a[1] - i[1]) / ok,
+            "sent_per_req": (a[2][SYNC_COUNTERS[0]] - i[2][SYNC_COUNTERS[0]]) / ok,
+            "received_per_req": (a[2][SYNC_COUNTERS[1]] - i[2][SYNC_COUNTERS[1]]) / ok,
+            "idle_published_per_s": {k: (p1[k] - p0[k]) / args.idle_s for k in p0},
+            "published_per_req": {k: (p2[k] - p1[k]) / ok for k in p0},
+        })
+    base = out["groups"][0]["cpu_ms_per_req"]
+    for g in out["groups"]:
+        g["cpu_vs_no_sync"] = g["cpu_ms_per_req"] / base if base else None
+    return out
+
+
+def med_of(vals: list[float]) -> float:
+    vals = sorted(vals)
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def compare(args: argparse.Namespace) -> None:
+    from run import quality_workloads
+    trace = os.path.join(ROOT, "traces/mooncake_conversation.jsonl")
+    workloads = quality_workloads(trace, args.scale)
+    for wname in args.quality:
+        rounds = []
+        for r in range(args.rounds):
+            row = compare_round(args, wname, workloads[wname])
+            rounds.append(row)
+            print(json.dumps(row), flush=True)
+        summary = {"workload": wname, "rounds": args.rounds, "median": {}}
+        for k, g in enumerate(rounds[0]["groups"]):
+            def med(key):
+                return med_of([r["groups"][k][key] for r in rounds])
+            summary["median"][g["group"]] = {
+                key: med(key) for key in ("cpu_ms_per_req", "cpu_vs_no_sync",
+                                          "idle_cpu_ms_per_s", "idle_wakeups_per_s",
+                                          "wakeups_per_req", "sent_per_req",
+                                          "received_per_req", "hit_rate", "ttft_mean_ms")}
+            summary["median"][g["group"]]["published_per_req"] = {
+                kind: med_of([r["groups"][k]["published_per_req"][kind] for r in rounds])
+                for kind in ("inserts", "load")}
+        if args.binary_b:
+            summary["b_vs_a_cpu_per_req_median"] = med_of(
+                [r["groups"][2]["cpu_ms_per_req"] / r["groups"][1]["cpu_ms_per_req"]
+                 for r in rounds])
+        print(json.dumps(summary), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["bytes", "cpu"])
+    ap.add_argument("mode", choices=["bytes", "cpu", "compare"])
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/radixgate"))
     ap.add_argument("--workload", default="multi-turn")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--load-arg", action="append", default=[],
+                    help="bytes, cpu: one more argument for `radixgate load` (repeatable)")
+    ap.add_argument("--save-inserts", help="bytes: write every insert batch's payload here")
+    ap.add_argument("--binary-b", help="compare: a second build, run side by side")
+    ap.add_argument("--quality", action="append",
+                    help="compare: a routing-quality workload of bench/run.py (repeatable)")
+    ap.add_argument("--scale", type=float, default=0.5, help="compare: its request counts x this")
+    ap.add_argument("--replicas", type=int, default=4, help="compare: replicas per group")
+    ap.add_argument("--idle-s", type=float, default=10.0, help="compare: idle time measured")
+    ap.add_argument("--rounds", type=int, default=3, help="compare: rounds (medians)")
     args = ap.parse_args()
     print(f"# {' '.join(sys.argv)}", flush=True)
-    if args.mode == "bytes":
+    if args.mode == "compare":
+        if not args.quality:
+            ap.error("compare needs --quality WORKLOAD")
+        compare(args)
+    elif args.mode == "bytes":
         for window in (None, 0):
             print(json.dumps(bytes_run(args, window)), flush=True)
     else:

@@ -49,6 +49,7 @@ impl LoadGuard {
         worker
             .pending_prefill
             .fetch_add(prefill_chars, Ordering::Relaxed);
+        worker.load_changed();
         Self {
             worker,
             prefill: prefill_chars,
@@ -87,9 +88,12 @@ impl LoadGuard {
     /// request still counts as in flight until the guard drops. Idempotent.
     pub fn prefill_done(&mut self) {
         let chars = std::mem::take(&mut self.prefill);
-        self.worker
-            .pending_prefill
-            .fetch_sub(chars, Ordering::Relaxed);
+        if chars > 0 {
+            self.worker
+                .pending_prefill
+                .fetch_sub(chars, Ordering::Relaxed);
+            self.worker.load_changed();
+        }
     }
 
     /// The worker this guard holds load on.
@@ -103,6 +107,7 @@ impl Drop for LoadGuard {
         self.prefill_done();
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.worker.processed.fetch_add(1, Ordering::Relaxed);
+        self.worker.load_changed();
     }
 }
 

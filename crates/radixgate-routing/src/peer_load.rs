@@ -103,6 +103,12 @@ impl PeerLoads {
         before - self.reports.len()
     }
 
+    /// When the next held report expires (its arrival plus the expiry);
+    /// `None` while none is held: a receiver needs no timer then.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.reports.values().map(|r| r.at + self.expiry).min()
+    }
+
     /// Replicas whose report still counts.
     pub fn replicas(&self) -> usize {
         self.reports.len()

@@ -30,6 +30,7 @@ use crate::{
 };
 use arc_swap::ArcSwap;
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 /// The single writer of the worker set.
 #[derive(Debug)]
@@ -38,6 +39,8 @@ pub struct Registry {
     policy: Arc<ArcSwap<Arc<dyn Policy>>>,
     decode_policy: Arc<ArcSwap<Arc<dyn Policy>>>,
     least_load: Arc<LeastLoad>,
+    /// Every worker's load-change signal (see [`Router::load_changes`]).
+    load_changes: Arc<Notify>,
     next_id: u32,
 }
 
@@ -52,6 +55,7 @@ impl Registry {
                 &CacheAwareConfig::default(),
             )) as Arc<dyn Policy>)),
             least_load: Arc::new(LeastLoad::new()),
+            load_changes: Arc::new(Notify::new()),
             next_id: 0,
         }
     }
@@ -63,6 +67,7 @@ impl Registry {
             policy: self.policy.clone(),
             decode_policy: self.decode_policy.clone(),
             least_load: self.least_load.clone(),
+            load_changes: self.load_changes.clone(),
         }
     }
 
@@ -125,7 +130,7 @@ impl Registry {
             RoutingError::config("workers", "more than u32::MAX workers were added")
         })?;
         spec.url = url.into();
-        let worker = Arc::new(Worker::new(id, spec));
+        let worker = Arc::new(Worker::new(id, spec).with_load_changes(self.load_changes.clone()));
         self.policy_of(worker.role()).on_worker_added(&worker);
         let mut workers = set.workers().to_vec();
         workers.push(worker.clone());
@@ -198,6 +203,7 @@ pub struct Router {
     /// For [`Router::select_least_loaded`]; shared by the clones, so ties
     /// rotate over all requests.
     least_load: Arc<LeastLoad>,
+    load_changes: Arc<Notify>,
 }
 
 /// A routing decision and the pool it was made in.
@@ -332,6 +338,15 @@ impl Router {
         };
         let model = (pool.model != WILDCARD_MODEL).then(|| pool.model.to_owned());
         Ok(Routed { decision, model })
+    }
+
+    /// Notified whenever the own load (in-flight count or pending prefill)
+    /// of any worker added through the registry changes: replica sync's
+    /// publisher waits on it instead of polling the loads. One permit is
+    /// kept while nobody waits, so a change is never missed, and many
+    /// changes before the next wait wake it once.
+    pub fn load_changes(&self) -> Arc<Notify> {
+        self.load_changes.clone()
     }
 
     /// The current snapshot (for `/v1/models`, `/get_loads` and metrics).

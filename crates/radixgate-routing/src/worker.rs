@@ -22,8 +22,10 @@ use crate::correction::CacheTruth;
 use crate::cost::{Coefficients, CostModelConfig, Estimator, Work};
 use crate::{TenantId, WorkerRole, WorkerSpec, WorkerUrl};
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// Identifies a worker for as long as the process runs; never reused, so a
 /// worker removed and added again gets a fresh id (and a fresh cache record).
@@ -145,6 +147,10 @@ pub struct Worker {
     /// Other replicas' pending prefill characters on this worker.
     peer_prefill: AtomicUsize,
     reported: AtomicU64,
+    /// Told whenever `in_flight` or `pending_prefill` changes (by a
+    /// [`LoadGuard`](crate::LoadGuard)); shared by every worker of a
+    /// registry, so one waiter (replica sync's publisher) hears of any.
+    load_changes: Arc<Notify>,
     /// The TTFT cost model's fit, one per model served (one for a
     /// wildcard worker), in the order of `models`.
     cost: Box<[Estimator]>,
@@ -178,9 +184,23 @@ impl Worker {
             peer_in_flight: AtomicUsize::new(0),
             peer_prefill: AtomicUsize::new(0),
             reported: AtomicU64::new(0),
+            load_changes: Arc::new(Notify::new()),
             cost: (0..fits).map(|_| Estimator::default()).collect(),
             truth: CacheTruth::default(),
         }
+    }
+
+    /// Shares `changes` as this worker's load-change signal (see
+    /// [`Router::load_changes`](crate::Router::load_changes)).
+    pub(crate) fn with_load_changes(mut self, changes: Arc<Notify>) -> Self {
+        self.load_changes = changes;
+        self
+    }
+
+    /// Its own load changed: wakes the signal's waiter, or leaves it a
+    /// permit (one atomic operation when nobody waits).
+    pub(crate) fn load_changed(&self) {
+        self.load_changes.notify_one();
     }
 
     /// The worker's record of predicted against reported cached tokens.

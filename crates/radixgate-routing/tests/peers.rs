@@ -125,3 +125,71 @@ fn peer_load_turns_a_balanced_pool_imbalanced() {
         "the report expired"
     );
 }
+
+/// Whether `changes` holds a permit (a change not waited for yet); takes it.
+fn changed(changes: &tokio::sync::Notify) -> bool {
+    let notified = changes.notified();
+    tokio::pin!(notified);
+    notified.enable()
+}
+
+/// Replica sync's publisher waits on `load_changes` instead of polling:
+/// every change of a worker's own load (a decision, its prefill done, its
+/// end) must reach it, and nothing else may.
+#[test]
+fn own_load_changes_signal_the_router_s_waiter() {
+    let mut reg = registry();
+    for u in ["http://a:1", "http://b:1"] {
+        reg.add(WorkerSpec::new(u).with_models(["m"])).unwrap();
+    }
+    let router = reg.router();
+    let changes = router.load_changes();
+    assert!(!changed(&changes), "nothing changed yet");
+    let mut decision = router
+        .select(Some("m"), &text("a question"), None, &[])
+        .unwrap()
+        .decision;
+    assert!(changed(&changes), "a decision takes load");
+    assert!(!changed(&changes), "one permit per wait");
+    let mut peers = PeerLoads::new(Duration::from_millis(300));
+    peers.report(
+        9,
+        1,
+        Instant::now(),
+        vec![PeerLoad {
+            url: "http://b:1".into(),
+            in_flight: 4,
+            pending_prefill: 0,
+        }],
+    );
+    peers.apply(router.snapshot().workers());
+    assert!(!changed(&changes), "peers' load is not this replica's own");
+    let prefill = decision.worker().pending_prefill();
+    decision.first_token(Duration::from_millis(5));
+    assert_eq!(
+        changed(&changes),
+        prefill > 0,
+        "releasing predicted prefill ({prefill} chars) is a change"
+    );
+    drop(decision);
+    assert!(changed(&changes), "the end releases load");
+}
+
+#[test]
+fn the_next_expiry_is_the_oldest_report_s() {
+    let mut peers = PeerLoads::new(Duration::from_millis(300));
+    assert_eq!(peers.next_expiry(), None);
+    let t0 = Instant::now();
+    let load = |url: &str| {
+        vec![PeerLoad {
+            url: url.into(),
+            in_flight: 1,
+            pending_prefill: 0,
+        }]
+    };
+    peers.report(1, 1, t0 + Duration::from_millis(50), load("http://a:1"));
+    peers.report(2, 1, t0, load("http://b:1"));
+    assert_eq!(peers.next_expiry(), Some(t0 + Duration::from_millis(300)));
+    peers.expire(t0 + Duration::from_millis(301));
+    assert_eq!(peers.next_expiry(), Some(t0 + Duration::from_millis(350)));
+}

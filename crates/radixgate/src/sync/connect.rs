@@ -29,6 +29,13 @@ pub(super) async fn connect(
         })?;
     let mut options = ConnectOptions::new()
         .name(format!("radixgate/{}", me.replica))
+        // The server does not hand this connection back what it published
+        // itself: a replica skipped its own load reports after decoding
+        // them, one in N of all it received. JetStream is not affected: the
+        // stream stores every batch, and the consumer delivers this
+        // replica's own ones too (screened out by their header, see
+        // `receive::screen`).
+        .no_echo()
         .retry_on_initial_connect()
         .max_reconnects(None)
         .connection_timeout(Duration::from_secs(2))

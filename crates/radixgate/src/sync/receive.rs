@@ -1,7 +1,7 @@
 //! The receivers: other replicas' decisions into this router's trees, and
 //! their load reports into [`PeerLoads`].
 //!
-//! Whatever arrives is decoded ([`wire::decode`]); a malformed message, one
+//! Whatever arrives is decoded ([`wire::decode_header`], then the body); a malformed message, one
 //! of another format version or another cluster, and this process's own
 //! messages are counted by reason and skipped. An entry naming a worker
 //! this router does not know (yet) is counted `unknown_worker` and skipped:
@@ -28,28 +28,37 @@ use tokio_util::sync::CancellationToken;
 const MAX_SENDERS: usize = 64;
 
 /// Decodes and screens a payload: `None` (counted) unless it is a peer's
-/// message of this cluster.
+/// message of this cluster. The header is screened before the body is
+/// decoded: this replica's own insert batches come back through the stream
+/// (JetStream delivers them whatever `no_echo` says), and are dropped
+/// without decoding, and allocating, their entries.
 fn screen(payload: &[u8], me: &Identity, metrics: &SyncMetrics) -> Option<(Header, Body)> {
     metrics.received(payload.len());
-    match wire::decode(payload) {
-        Err(err) => {
-            tracing::debug!(error = %err, "replica sync: message ignored");
-            metrics.ignored(err.reason());
-            None
-        }
-        Ok((h, _)) if h.cluster != me.cluster => {
-            metrics.ignored("foreign_cluster");
-            None
-        }
-        Ok((h, _)) if h.instance == me.instance => {
-            metrics.ignored("own");
-            None
-        }
-        Ok(message) => Some(message),
+    let ignored = |err: wire::WireError| {
+        tracing::debug!(error = %err, "replica sync: message ignored");
+        metrics.ignored(err.reason());
+        None
+    };
+    let (h, body) = match wire::decode_header(payload) {
+        Err(err) => return ignored(err),
+        Ok(decoded) => decoded,
+    };
+    if h.cluster != me.cluster {
+        metrics.ignored("foreign_cluster");
+        return None;
+    }
+    if h.instance == me.instance {
+        metrics.ignored("own");
+        return None;
+    }
+    match body.decode() {
+        Err(err) => ignored(err),
+        Ok(body) => Some((h, body)),
     }
 }
 
-/// Load reports: core NATS, and a timer that expires silent replicas.
+/// Load reports: core NATS, and a timer, while any report is held, that
+/// expires silent replicas.
 pub(super) async fn loads(
     client: Client,
     me: Identity,
@@ -71,11 +80,14 @@ pub(super) async fn loads(
             }
         }
     };
-    let mut tick = tokio::time::interval(Duration::from_millis(config.load_period_ms));
     loop {
+        // A timer only while a report is held: the next one to expire
+        // (a hair after, as a report exactly at its expiry still counts).
+        let expiry = peers.next_expiry().map(|at| at + Duration::from_millis(1));
+        let wake = expiry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tick.tick() => {
+            _ = tokio::time::sleep_until(wake.into()), if expiry.is_some() => {
                 peers.expire(Instant::now());
             }
             message = sub.next() => {
@@ -90,7 +102,7 @@ pub(super) async fn loads(
                 peers.report(h.instance, h.seq, Instant::now(), loads);
             }
         }
-        // Also after a tick: a new worker, or an expired report, shows.
+        // Also after an expiry: the expired report's load goes.
         peers.apply(router.snapshot().workers());
     }
     // Stopping: peers' load no longer counts.
@@ -155,7 +167,8 @@ impl Held {
 /// The most text held for unknown workers; the oldest goes first.
 const HELD_BYTES: usize = 16 << 20;
 
-/// How often held entries are retried.
+/// How often held entries are retried (the timer runs only while some are
+/// held).
 const HELD_RETRY: Duration = Duration::from_millis(250);
 
 /// The largest reference window a sender may claim (the configuration's
@@ -404,7 +417,7 @@ pub(super) async fn inserts(
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = retry.tick() => applier.retry_held(),
+                        _ = retry.tick(), if !applier.held.entries.is_empty() => applier.retry_held(),
                         m = sub.next() => match m {
                             Some(m) => applier.apply(&m.payload, true),
                             None => break,
@@ -419,7 +432,7 @@ pub(super) async fn inserts(
                 loop {
                     let m = tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = retry.tick() => {
+                        _ = retry.tick(), if !applier.held.entries.is_empty() => {
                             applier.retry_held();
                             continue;
                         }

@@ -272,8 +272,40 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes a payload.
+/// Decodes a payload (the receivers screen the header first, see
+/// [`decode_header`]).
+#[cfg(test)]
 pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
+    let (header, body) = decode_header(payload)?;
+    Ok((header, body.decode()?))
+}
+
+/// A message's body, not decoded yet: a receiver screens the header first
+/// and skips what is not for it (its own, another cluster's) without
+/// decoding, and allocating, the entries.
+pub(crate) struct RawBody<'a> {
+    kind: u8,
+    rest: &'a [u8],
+}
+
+impl RawBody<'_> {
+    /// Decodes the body; the whole payload must be used.
+    pub(crate) fn decode(self) -> Result<Body, WireError> {
+        let mut r = Reader { rest: self.rest };
+        let body = match self.kind {
+            KIND_INSERTS => Body::Inserts(decode_inserts(&mut r)?),
+            KIND_LOAD => Body::Load(decode_load(&mut r)?),
+            _ => return Err(WireError::Malformed("unknown kind")),
+        };
+        if !r.rest.is_empty() {
+            return Err(WireError::Malformed("trailing bytes"));
+        }
+        Ok(body)
+    }
+}
+
+/// Decodes a payload's header, leaving its body for [`RawBody::decode`].
+pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), WireError> {
     if payload.len() > MAX_MESSAGE {
         return Err(WireError::Malformed("larger than the largest message"));
     }
@@ -290,6 +322,9 @@ pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
     }
     if flags != 0 {
         return Err(WireError::Malformed("unknown flags"));
+    }
+    if kind != KIND_INSERTS && kind != KIND_LOAD {
+        return Err(WireError::Malformed("unknown kind"));
     }
     let cluster = r.str("cluster")?.to_owned();
     let replica = r.str("replica")?.to_owned();
@@ -308,15 +343,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
         seq,
         sent_ms,
     };
-    let body = match kind {
-        KIND_INSERTS => Body::Inserts(decode_inserts(&mut r)?),
-        KIND_LOAD => Body::Load(decode_load(&mut r)?),
-        _ => return Err(WireError::Malformed("unknown kind")),
-    };
-    if !r.rest.is_empty() {
-        return Err(WireError::Malformed("trailing bytes"));
-    }
-    Ok((header, body))
+    Ok((header, RawBody { kind, rest: r.rest }))
 }
 
 fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
