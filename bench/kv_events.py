@@ -213,12 +213,7 @@ def main() -> int:
     meta["skipped"] = skipped
     meta["loadavg_end"] = os.getloadavg()
     result = {"meta": meta, "rows": rows}
-    stem = report.result_stem(opts.out, started, "kv")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
-    print(f"wrote {stem}.md and .json")
+    report.write_result(opts.out, started, "kv", result, markdown)
     return 0
 
 

@@ -484,12 +484,7 @@ def main() -> int:
     meta["loadavg_end"] = os.getloadavg()
     meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     result = {"meta": meta, "rows": rows}
-    stem = report.result_stem(opts.out, started, "pd")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
-    print(f"wrote {stem}.md and .json")
+    report.write_result(opts.out, started, "pd", result, markdown)
     return 0
 
 

@@ -283,12 +283,7 @@ def main() -> int:
                                       started),
               "assign": opts.assign, "seed": opts.seed, "scale": opts.scale,
               "notes": bench.notes, "rows": rows}
-    stem = report.result_stem(opts.out, started, "replicas")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
-    print(f"wrote {os.path.relpath(stem, ROOT)}.{{md,json}}")
+    report.write_result(opts.out, started, "replicas", result, markdown)
     return 0
 
 

@@ -33,6 +33,18 @@ def result_stem(out_dir: str, started: dt.datetime, part: str) -> str:
     return stem
 
 
+def write_result(out_dir: str, started: dt.datetime, part: str, result, markdown) -> str:
+    """Writes `result` as `<stem>.json` and `markdown(result)` as
+    `<stem>.md` (stem from `result_stem`), says so, and returns the stem."""
+    stem = result_stem(out_dir, started, part)
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(result))
+    print(f"wrote {stem}.md and .json")
+    return stem
+
+
 def _f(x, fmt="{:.1f}"):
     return "–" if x is None else fmt.format(x)
 

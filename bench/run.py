@@ -346,12 +346,7 @@ def main() -> int:
     meta["skipped"] = bench.skipped
     meta["loadavg_end"] = os.getloadavg()
     meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    stem = report.result_stem(opts.out, started, opts.part)
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(report.markdown(result))
-    print(f"wrote {stem}.md and .json")
+    report.write_result(opts.out, started, opts.part, result, report.markdown)
     return 0
 
 
