@@ -40,14 +40,7 @@ async fn pair(prefill: WorkerConfig, decode: WorkerConfig) -> (Worker, Worker, u
 
 /// A counter of `/metrics` (summed over label sets).
 async fn metric(base: &str, name: &str) -> f64 {
-    let text = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(base).await;
     text.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())

@@ -271,14 +271,7 @@ async fn cancelled_stream_leaves_the_batch() {
 
 /// The worker's simulated busy time so far (`/metrics`), seconds.
 async fn busy_seconds(base: &str) -> f64 {
-    let text = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(base).await;
     let line = text
         .lines()
         .find(|l| l.starts_with("radixgate_sim_busy_seconds_total"))

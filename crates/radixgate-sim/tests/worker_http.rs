@@ -29,14 +29,7 @@ async fn info_endpoints_answer_like_a_server() {
     let load = get_json(&w.base, "/get_load").await;
     assert_eq!(load["running"], 0);
     assert_eq!(load["kv_capacity_tokens"], 100_000);
-    let metrics = c
-        .get(format!("{}/metrics", w.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&w.base).await;
     for name in [
         "radixgate_sim_running_requests",
         "radixgate_sim_kv_usage_ratio",
@@ -83,14 +76,7 @@ async fn repeated_prompt_raises_cached_tokens_and_flush_clears_them() {
         v1["choices"][0]["message"]["content"], v2["choices"][0]["message"]["content"],
         "deterministic reply"
     );
-    let metrics = client()
-        .get(format!("{}/metrics", w.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&w.base).await;
     assert!(metrics.contains(&format!(
         "radixgate_sim_cached_tokens_total{{worker=\"{}\",model_name=\"sim-llama-8b\"}} {cached}",
         w.handle.name()

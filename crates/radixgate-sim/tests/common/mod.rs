@@ -61,6 +61,18 @@ pub(crate) async fn post(
     (status, headers, v)
 }
 
+/// A worker's `/metrics` page.
+pub(crate) async fn metrics_text(base: &str) -> String {
+    client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub(crate) async fn get_json(base: &str, path: &str) -> Value {
     client()
         .get(format!("{base}{path}"))
