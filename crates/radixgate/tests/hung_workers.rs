@@ -74,15 +74,6 @@ fn scripted_chat(text: &str, stream: bool) -> Value {
     body
 }
 
-async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(format!("{gw}/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn metric(gw: &str, name: &str, worker: &str) -> Option<f64> {
     let text = metrics_text(gw).await;
     text.lines()

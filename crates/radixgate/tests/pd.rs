@@ -14,7 +14,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
-use common::{client, config, gateway, series_value, wait_for_healthy, wait_until};
+use common::{client, config, gateway, post_chat, series_value, wait_for_healthy, wait_until};
 use parking_lot::Mutex;
 use radixgate::config::{Config, PdProtocol, WorkerSpec};
 use radixgate_routing::{PolicyConfig, WorkerRole};
@@ -253,15 +253,6 @@ fn chat_body(stream: bool) -> Value {
         "max_tokens": 32,
         "client_extension": {"keep": [1, 2.50]},
     })
-}
-
-async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(format!("{gw}/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
 }
 
 /// A streamed request whose client gives up after half a second, before

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{client, config, gateway, wait_for_healthy, wait_until};
+use common::{client, config, gateway, post_chat, wait_for_healthy, wait_until};
 use radixgate::config::{Config, PdProtocol, WorkerSpec};
 use radixgate_routing::WorkerRole;
 use radixgate_sim::server::{FaultConfig, PdConfig, Role, WorkerConfig};
@@ -77,12 +77,7 @@ async fn both_protocols_move_the_kv_and_decode_answers_with_it_cached() {
             if stream {
                 body["stream_options"] = json!({"include_usage": true});
             }
-            let r = client()
-                .post(format!("{}/v1/chat/completions", gw.url))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let r = post_chat(&gw.url, &body).await;
             assert_eq!(r.status(), 200, "{protocol:?} stream={stream}");
             assert_eq!(
                 r.headers()["x-radixgate-worker"].to_str().unwrap(),

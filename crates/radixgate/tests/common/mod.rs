@@ -171,6 +171,16 @@ pub fn chat(text: &str, stream: bool) -> Value {
     })
 }
 
+/// Sends `body` to the gateway's `/v1/chat/completions`.
+pub async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// The gateway's `/get_loads` answer.
 /// The entries `/workers` lists.
 pub async fn workers(gateway: &str) -> Vec<Value> {
