@@ -14,8 +14,8 @@
 //!   mean: one odd answer moves it little);
 //! - the prediction in tokens is `held chars / chars per token`, at this
 //!   request's own ratio (its text's length over its `prompt_tokens`:
-//!   texts of one model differ by a factor of two, and at the mean a long
-//!   full hit reads as a shortfall of many pages); when the
+//!   texts of one model differ, and at the model's mean a long full hit
+//!   can read as a shortfall of many pages); when the
 //!   worker reports more than one KV page less
 //!   ([`CorrectionConfig::page_tokens`]), it had evicted the rest, and the
 //!   tree forgets, for that worker, every text through the first lost
@@ -350,18 +350,13 @@ impl CacheFeedback {
             truth.invalid();
             return Corrected::Invalid;
         };
-        let rate = &self.model.rate;
         let text_chars = text.chars().count();
-        rate.observe(text_chars, report.prompt_tokens);
+        self.model.rate.observe(text_chars, report.prompt_tokens);
         // This request's own characters per token: the held prefix is part
         // of its text, so its ratio converts it better than the model's
-        // mean over other texts (the mean serves only for an empty text).
-        let cpt = if text_chars > 0 {
-            text_chars as f64 / report.prompt_tokens as f64
-        } else {
-            rate.chars_per_token().unwrap_or(1.0)
-        }
-        .max(f64::MIN_POSITIVE);
+        // mean over other texts. (An empty text held nothing: any ratio
+        // predicts 0 for it.)
+        let cpt = (text_chars as f64 / report.prompt_tokens as f64).max(f64::MIN_POSITIVE);
         let held = self.receipt.held_chars();
         // Engines count whole pages: the prediction is floored to a page
         // too, so that paging alone never reads as a shortfall.
