@@ -429,12 +429,15 @@ async fn a_failing_side_fails_the_request_cancels_the_other_and_frees_both() {
                 "vLLM's decode step never started"
             );
         }
-        // Decode fails while prefill is still computing.
+        // Decode fails while prefill is still computing (a moment after
+        // both got the request: a failure before prefill's handler has its
+        // body would leave nothing there to cancel).
         prefill.set(Behaviour {
             delay_ms: 60_000,
             ..Behaviour::default()
         });
         decode.set(Behaviour {
+            delay_ms: 300,
             fail: Some(503),
             ..Behaviour::default()
         });
