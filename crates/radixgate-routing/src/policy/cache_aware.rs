@@ -139,8 +139,8 @@ struct Scored {
     slot: usize,
     /// What the request would wait behind there.
     work: Work,
-    /// Its own fit, if it has answered yet.
-    fit: Option<Coefficients>,
+    /// It has answered yet: `coefficients` are its own fit.
+    fitted: bool,
     /// The cost model it is predicted by (its fit, or a stand-in).
     coefficients: Coefficients,
     /// The predicted time to first token, milliseconds.
@@ -553,47 +553,59 @@ impl CacheAware {
         let cost = &self.config.cost;
         let tm = tree.tenant_matches(req.text);
         let input = tm.input_chars;
+        // Built in place: a few hundred bytes per worker, moved once less.
+        let mut scored: SmallVec<[Scored; 16]> = SmallVec::new();
+        // The candidates and the tree's holders are both in id order when
+        // the pool comes from the registry: then one merge finds each
+        // worker's own match, else a search per worker.
+        let in_order = loads.candidates.is_sorted_by_key(|c| workers[c.idx].id());
+        let mut holders = tm.tenants.iter().peekable();
         let mut fitted = 0usize;
-        let mut scored: SmallVec<[Scored; 16]> = loads
-            .candidates
-            .iter()
-            .map(|&at| {
-                let w = &workers[at.idx];
-                let slot = w.cost_slot(req.model);
-                let fit = w.ttft_fit(slot);
-                fitted += usize::from(fit.is_some());
-                let own = tm.get(w.id().tenant());
-                // A live event stream's exact match, else the tree's guess.
-                let exact = req.exact.and_then(|e| e.chars(w.id(), input));
-                let matched = exact.unwrap_or_else(|| own.map_or(0, |o| o.matched_chars));
-                Scored {
-                    at,
-                    matched,
-                    exact: exact.is_some(),
-                    guess: own.map_or(0, |o| o.matched_chars),
-                    last_access: own.map_or(0, |o| o.last_access),
-                    slot,
-                    work: Work {
-                        queued_chars: w.routing_pending_prefill(),
-                        uncached_chars: input - matched,
-                        in_flight: at.load,
-                    },
-                    fit,
-                    coefficients: Coefficients::default(),
-                    ttft_ms: 0.0,
-                }
-            })
-            .collect();
+        for &at in &loads.candidates {
+            let w = &workers[at.idx];
+            let tenant = w.id().tenant();
+            let own = if in_order {
+                while holders.next_if(|h| h.tenant < tenant).is_some() {}
+                holders.next_if(|h| h.tenant == tenant)
+            } else {
+                tm.get(tenant)
+            };
+            let slot = w.cost_slot(req.model);
+            let fit = w.ttft_fit(slot);
+            fitted += usize::from(fit.is_some());
+            // A live event stream's exact match, else the tree's guess.
+            let exact = req.exact.and_then(|e| e.chars(w.id(), input));
+            let guess = own.map_or(0, |o| o.matched_chars);
+            let matched = exact.unwrap_or(guess);
+            scored.push(Scored {
+                at,
+                matched,
+                exact: exact.is_some(),
+                guess,
+                last_access: own.map_or(0, |o| o.last_access),
+                slot,
+                work: Work {
+                    queued_chars: w.routing_pending_prefill(),
+                    uncached_chars: input - matched,
+                    in_flight: at.load,
+                },
+                fitted: fit.is_some(),
+                coefficients: fit.unwrap_or_default(),
+                ttft_ms: 0.0,
+            });
+        }
         // A worker that has not answered yet is taken to be like its
         // answered peers (the mean of their fits), or the seed while none
         // has: a new worker gets traffic and is measured.
-        let stand_in = if fitted == scored.len() {
-            Coefficients::default()
-        } else {
-            Coefficients::mean(scored.iter().filter_map(|s| s.fit)).unwrap_or_else(|| cost.seed())
-        };
+        if fitted < scored.len() {
+            let stand_in =
+                Coefficients::mean(scored.iter().filter(|s| s.fitted).map(|s| s.coefficients))
+                    .unwrap_or_else(|| cost.seed());
+            for s in scored.iter_mut().filter(|s| !s.fitted) {
+                s.coefficients = stand_in;
+            }
+        }
         for s in &mut scored {
-            s.coefficients = s.fit.unwrap_or(stand_in);
             s.ttft_ms = s.coefficients.predict_ms(s.work);
         }
         let quickest = scored

@@ -588,3 +588,27 @@ fn with_exact_matches_a_text_nobody_holds_goes_back_where_the_tree_sent_it() {
         assert_eq!(d.explanation().matched_chars, Some(0));
     }
 }
+
+#[test]
+fn each_worker_is_scored_by_its_own_match_in_any_slice_order() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(5);
+    let texts: Vec<String> = (0..5).map(|i| long_text(&format!("doc {i}"))).collect();
+    // Each text lands on a worker of the pool in id order.
+    let owners: Vec<WorkerId> = texts.iter().map(|t| pick(&p, &ws, t)).collect();
+    // In another order (not the registry's), every text still goes to the
+    // worker that holds it, and its match is the whole text.
+    let shuffled = vec![
+        ws[3].clone(),
+        ws[0].clone(),
+        ws[4].clone(),
+        ws[1].clone(),
+        ws[2].clone(),
+    ];
+    for (t, owner) in texts.iter().zip(&owners) {
+        let d = p.select(&RequestView::new("m", t), &shuffled).unwrap();
+        assert_eq!(d.worker().id(), *owner);
+        assert_eq!(d.explanation().branch, Branch::CacheHit);
+        assert_eq!(d.explanation().matched_chars, Some(t.chars().count()));
+    }
+}
