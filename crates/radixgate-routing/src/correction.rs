@@ -42,6 +42,7 @@ use radixgate_tree::TenantId;
 use radixgate_tree::{Insertion, Tree};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -131,7 +132,35 @@ pub struct ModelTruth {
     rate: TokenRate,
     /// Insert times of decisions in flight, per worker (a count per time:
     /// the tree's clock is per model, one insert per tick).
-    in_flight: Mutex<HashMap<TenantId, BTreeMap<u64, u32>>>,
+    in_flight: Mutex<HashMap<TenantId, BTreeMap<u64, u32>, BuildHasherDefault<TenantHasher>>>,
+}
+
+/// Hashes a tenant id with one multiplication: ids are small distinct
+/// integers from the router itself, never from a client, so SipHash's
+/// defence against chosen keys buys nothing on this per-decision path.
+#[derive(Default)]
+struct TenantHasher(u64);
+
+impl Hasher for TenantHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: spreads consecutive ids over the high bits,
+        // which the table's probe uses.
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl ModelTruth {

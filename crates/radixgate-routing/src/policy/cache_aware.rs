@@ -61,7 +61,7 @@
 //! [`CacheAwareConfig::seed_rule`]: crate::CacheAwareConfig::seed_rule
 //! [`Tree::tenant_matches`]: radixgate_tree::Tree::tenant_matches
 
-use super::trees::TreeUpkeep;
+use super::trees::{Model, TreeUpkeep};
 use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
 use crate::{Coefficients, RequestView, RoutingError, Work, Worker, WorkerId};
@@ -190,6 +190,7 @@ impl CacheAware {
         self.trees.get(model)
     }
 
+    #[cfg(test)]
     pub(crate) fn tree_or_create(&self, model: &str) -> Arc<Tree> {
         self.trees.get_or_create(model)
     }
@@ -430,7 +431,7 @@ impl CacheAware {
         };
         let req = &capped;
         let loads = Loads::read(req, workers)?;
-        let tree = self.tree_or_create(req.model);
+        let model = self.trees.model(req.model);
         if let HotSpotRule::PredictedTtft {
             margin,
             slack_ms,
@@ -442,9 +443,9 @@ impl CacheAware {
                 slack_ms,
                 reuse_ms,
             };
-            return Ok(self.by_ttft(name, req, workers, &loads, tree, bound));
+            return Ok(self.by_ttft(name, req, workers, &loads, model, bound));
         }
-        Ok(self.by_rule(name, req, workers, &loads, tree))
+        Ok(self.by_rule(name, req, workers, &loads, model))
     }
 
     /// The in-flight rules (`relative_cap`, `off`): DESIGN §1 as it was
@@ -457,7 +458,7 @@ impl CacheAware {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
         loads: &Loads,
-        tree: Arc<Tree>,
+        Model { tree, truth }: Model,
     ) -> Decision {
         let choice = if self.is_imbalanced(loads.min, loads.max) {
             Choice {
@@ -535,7 +536,7 @@ impl CacheAware {
             tree,
             receipt,
             req.text,
-            self.trees.truth(req.model),
+            truth,
             self.config.correction,
         )
     }
@@ -547,7 +548,7 @@ impl CacheAware {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
         loads: &Loads,
-        tree: Arc<Tree>,
+        Model { tree, truth }: Model,
         bound: TtftBound,
     ) -> Decision {
         let cost = &self.config.cost;
@@ -717,7 +718,7 @@ impl CacheAware {
             tree,
             receipt,
             req.text,
-            self.trees.truth(req.model),
+            truth,
             self.config.correction,
         )
     }

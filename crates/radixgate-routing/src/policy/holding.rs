@@ -64,10 +64,10 @@ impl Policy for Holding {
             // A prefix-aware policy recorded its decision itself.
             return Ok(decision);
         };
-        let tree = trees.get_or_create(req.model);
+        let super::trees::Model { tree, truth } = trees.model(req.model);
         let text = trees.cap(req.text);
         let receipt = tree.insert(text, decision.worker().id().tenant());
-        Ok(decision.with_insert(tree, receipt, text, trees.truth(req.model), self.correction))
+        Ok(decision.with_insert(tree, receipt, text, truth, self.correction))
     }
 
     fn on_worker_added(&self, worker: &Arc<Worker>) {

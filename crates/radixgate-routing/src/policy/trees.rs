@@ -37,12 +37,17 @@ pub(crate) struct TreeUpkeep {
 /// The per-model prefix trees of one policy, and their upkeep.
 #[derive(Debug)]
 pub struct Trees {
-    map: ArcSwap<HashMap<String, Arc<Tree>>>,
-    /// Each model's characters per token (`correction.rs`), created with
-    /// its tree.
-    rates: ArcSwap<HashMap<String, Arc<ModelTruth>>>,
+    map: ArcSwap<HashMap<String, Model>>,
     add: Mutex<()>,
     upkeep: TreeUpkeep,
+}
+
+/// One model's tree and its correction state (`correction.rs`), created
+/// together and found by one lookup.
+#[derive(Clone, Debug)]
+pub(crate) struct Model {
+    pub(crate) tree: Arc<Tree>,
+    pub(crate) truth: Arc<ModelTruth>,
 }
 
 impl Trees {
@@ -50,7 +55,6 @@ impl Trees {
     pub(crate) fn new(upkeep: TreeUpkeep) -> Self {
         Self {
             map: ArcSwap::from_pointee(HashMap::new()),
-            rates: ArcSwap::from_pointee(HashMap::new()),
             add: Mutex::new(()),
             upkeep,
         }
@@ -66,45 +70,43 @@ impl Trees {
 
     /// The tree of `model`, if a request for it was routed.
     pub fn get(&self, model: &str) -> Option<Arc<Tree>> {
-        self.map.load().get(model).cloned()
+        self.map.load().get(model).map(|m| m.tree.clone())
     }
 
     /// The tree of `model`, created on first use.
     pub(crate) fn get_or_create(&self, model: &str) -> Arc<Tree> {
-        if let Some(t) = self.map.load().get(model) {
-            return t.clone();
+        self.model(model).tree
+    }
+
+    /// The tree and correction state of `model`, created on first use.
+    pub(crate) fn model(&self, model: &str) -> Model {
+        if let Some(m) = self.map.load().get(model) {
+            return m.clone();
         }
         let _writer = self.add.lock();
         let current = self.map.load_full();
-        if let Some(t) = current.get(model) {
-            return t.clone();
+        if let Some(m) = current.get(model) {
+            return m.clone();
         }
-        let tree = Arc::new(Tree::new(TreeConfig {
-            max_total_chars: self.upkeep.max_total_chars,
-        }));
+        let created = Model {
+            tree: Arc::new(Tree::new(TreeConfig {
+                max_total_chars: self.upkeep.max_total_chars,
+            })),
+            truth: Arc::new(ModelTruth::default()),
+        };
         let mut next = (*current).clone();
-        next.insert(model.to_owned(), tree.clone());
-        let mut rates = (*self.rates.load_full()).clone();
-        rates.insert(model.to_owned(), Arc::new(ModelTruth::default()));
-        // Rates first: whoever sees the tree finds its rate.
-        self.rates.store(Arc::new(rates));
+        next.insert(model.to_owned(), created.clone());
         self.map.store(Arc::new(next));
-        tree
-    }
-
-    /// The correction state of `model` (created with its tree; a fresh
-    /// one if the tree does not exist).
-    pub(crate) fn truth(&self, model: &str) -> Arc<ModelTruth> {
-        self.rates.load().get(model).cloned().unwrap_or_default()
+        created
     }
 
     /// The learned characters per token of every model, sorted by model.
     pub fn chars_per_token(&self) -> Vec<(String, f64)> {
         let mut v: Vec<(String, f64)> = self
-            .rates
+            .map
             .load()
             .iter()
-            .filter_map(|(m, r)| r.rate().chars_per_token().map(|c| (m.clone(), c)))
+            .filter_map(|(m, r)| r.truth.rate().chars_per_token().map(|c| (m.clone(), c)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -112,7 +114,7 @@ impl Trees {
 
     /// The learned characters per token of `model`, once learned.
     pub fn chars_per_token_of(&self, model: &str) -> Option<f64> {
-        self.rates.load().get(model)?.rate().chars_per_token()
+        self.map.load().get(model)?.truth.rate().chars_per_token()
     }
 
     /// Records `text` (capped as a decision's would be) for `tenant` in the
@@ -124,8 +126,8 @@ impl Trees {
 
     /// Forgets a tenant in every tree.
     pub(crate) fn remove_tenant(&self, tenant: TenantId) {
-        for tree in self.map.load().values() {
-            tree.remove_tenant(tenant);
+        for m in self.map.load().values() {
+            m.tree.remove_tenant(tenant);
         }
     }
 
@@ -135,7 +137,7 @@ impl Trees {
         self.map
             .load()
             .values()
-            .map(|t| t.evict(self.upkeep.max_tree_size).evicted_chars)
+            .map(|m| m.tree.evict(self.upkeep.max_tree_size).evicted_chars)
             .sum()
     }
 
@@ -150,7 +152,7 @@ impl Trees {
         self.map
             .load()
             .values()
-            .map(|t| t.tenant_size(tenant))
+            .map(|m| m.tree.tenant_size(tenant))
             .sum()
     }
 }
