@@ -185,6 +185,15 @@ impl ModelTruth {
         };
         (handle, oldest)
     }
+
+    /// Drops a removed worker's entry if nothing of it is in flight (one
+    /// still in use then stays behind, empty: a few dozen bytes).
+    pub(crate) fn forget(&self, tenant: TenantId) {
+        let mut map = self.in_flight.lock();
+        if map.get(&tenant).is_some_and(BTreeMap::is_empty) {
+            map.remove(&tenant);
+        }
+    }
 }
 
 /// A decision's insert still in flight; deregisters when dropped (the
@@ -198,16 +207,16 @@ pub(crate) struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        // A worker's entry stays when it empties (its next decision reuses
+        // it without allocating) until the worker is removed
+        // ([`ModelTruth::forget`]).
         let mut map = self.model.in_flight.lock();
-        if let Some(times) = map.get_mut(&self.tenant) {
-            if let Some(n) = times.get_mut(&self.time) {
-                *n -= 1;
-                if *n == 0 {
-                    times.remove(&self.time);
-                }
-            }
-            if times.is_empty() {
-                map.remove(&self.tenant);
+        if let Some(times) = map.get_mut(&self.tenant)
+            && let Some(n) = times.get_mut(&self.time)
+        {
+            *n -= 1;
+            if *n == 0 {
+                times.remove(&self.time);
             }
         }
     }
@@ -426,6 +435,28 @@ impl CacheFeedback {
 mod tests {
     use super::*;
     use crate::{WorkerId, WorkerSpec};
+
+    #[test]
+    fn in_flight_entries_are_reused_and_forgotten_with_their_worker() {
+        let model = Arc::new(ModelTruth::default());
+        let (a, oldest) = model.register(TenantId(1), 5);
+        assert_eq!(oldest, u64::MAX);
+        let (b, oldest) = model.register(TenantId(1), 7);
+        assert_eq!(oldest, 5);
+        drop(a);
+        assert_eq!(model.register(TenantId(1), 9).1, 7);
+        drop(b);
+        // Empty, the entry stays for the worker's next decision...
+        assert_eq!(model.in_flight.lock().len(), 1);
+        assert_eq!(model.register(TenantId(1), 11).1, u64::MAX);
+        // ...until the worker is removed.
+        model.forget(TenantId(1));
+        assert!(model.in_flight.lock().is_empty());
+        let (c, _) = model.register(TenantId(2), 12);
+        model.forget(TenantId(2));
+        assert_eq!(model.in_flight.lock().len(), 1, "still in flight");
+        drop(c);
+    }
 
     #[test]
     fn the_rate_learns_and_one_odd_answer_moves_it_little() {

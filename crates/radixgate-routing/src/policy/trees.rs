@@ -128,6 +128,7 @@ impl Trees {
     pub(crate) fn remove_tenant(&self, tenant: TenantId) {
         for m in self.map.load().values() {
             m.tree.remove_tenant(tenant);
+            m.truth.forget(tenant);
         }
     }
 
