@@ -273,7 +273,7 @@ pub struct CacheTruth {
     predicted_tokens: AtomicU64,
     reported_tokens: AtomicU64,
     trims: AtomicU64,
-    pub(crate) trimmed_chars: AtomicU64,
+    trimmed_chars: AtomicU64,
     invalid: AtomicU64,
     /// `f64` bits of the moving mean of `(predicted - reported) /
     /// prompt_tokens` (positive: the tree over-predicts).
@@ -311,11 +311,6 @@ impl CacheTruthSnapshot {
 }
 
 impl CacheTruth {
-    /// Characters correction has trimmed from the worker's trees, in all.
-    pub fn trimmed_chars(&self) -> u64 {
-        self.trimmed_chars.load(Ordering::Relaxed)
-    }
-
     /// Counts a report that could not be used.
     pub fn invalid(&self) {
         self.invalid.fetch_add(1, Ordering::Relaxed);

@@ -373,7 +373,7 @@ impl CacheAware {
                     .iter()
                     .map(|&at| Footprint {
                         at,
-                        tree_chars: footprint(tree, &workers[at.idx]),
+                        tree_chars: tree.tenant_size(workers[at.idx].id().tenant()),
                     })
                     .collect();
                 // Smallest tree, then least loaded; the remaining ties rotate.
@@ -689,7 +689,7 @@ impl CacheAware {
                         ),
                         LowMatchTarget::SmallestTree => (
                             self.quickest(&scored, fast, |s| {
-                                (footprint(&tree, &workers[s.at.idx]), 0)
+                                (tree.tenant_size(workers[s.at.idx].id().tenant()), 0)
                             }),
                             Branch::LowMatchSmallestTree,
                         ),
@@ -749,17 +749,6 @@ impl CacheAware {
             .collect();
         ties[self.next_turn() % ties.len()]
     }
-}
-
-/// A worker's footprint for the smallest-tree target: its tree's
-/// characters plus every character correction ever trimmed from it. A
-/// trim shrinks the tree because the worker's cache is full, not because
-/// it has room; counted at its tree size alone, the worker trimmed most
-/// would look emptiest and draw each new prompt (docs/correction.md).
-fn footprint(tree: &Tree, worker: &Worker) -> usize {
-    let trimmed = usize::try_from(worker.cache_truth().trimmed_chars()).unwrap_or(usize::MAX);
-    tree.tenant_size(worker.id().tenant())
-        .saturating_add(trimmed)
 }
 
 /// Orders own matches that tie under the granularity: least loaded first,

@@ -612,31 +612,3 @@ fn each_worker_is_scored_by_its_own_match_in_any_slice_order() {
         assert_eq!(d.explanation().matched_chars, Some(t.chars().count()));
     }
 }
-
-#[test]
-fn a_trimmed_worker_is_not_taken_for_the_emptiest() {
-    use std::sync::atomic::Ordering;
-    for cfg in [seed_rule(), CacheAwareConfig::default()] {
-        // Worker 1's tree holds one text, worker 0's nothing.
-        let setup = || {
-            let p = cache_aware(cfg.clone());
-            let ws = workers(2);
-            p.tree_or_create("m")
-                .insert(&long_text("resident"), ws[1].id().tenant());
-            (p, ws)
-        };
-        let fresh = long_text("a new prefix");
-        let (p, ws) = setup();
-        assert_eq!(pick(&p, &ws, &fresh), ws[0].id(), "the empty tree");
-        // Correction trimmed more from worker 0 than worker 1 holds: its
-        // cache is full, not empty, so the new prefix goes to worker 1.
-        let (p, ws) = setup();
-        ws[0]
-            .cache_truth()
-            .trimmed_chars
-            .store(10_000, Ordering::Relaxed);
-        let d = p.select(&RequestView::new("m", &fresh), &ws).unwrap();
-        assert_eq!(d.worker().id(), ws[1].id());
-        assert_eq!(d.explanation().branch, Branch::LowMatchSmallestTree);
-    }
-}
