@@ -184,6 +184,15 @@ pub(crate) fn spawn(
     })
 }
 
+/// Sleeps until `at`, or for ever when there is no deadline: the timer
+/// branch of a `select!` that has one only sometimes.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Wall-clock milliseconds since the Unix epoch (message timestamps; lag).
 fn now_ms() -> u64 {
     std::time::SystemTime::now()

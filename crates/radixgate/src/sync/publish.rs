@@ -102,10 +102,6 @@ fn own_loads(router: &Router) -> Vec<WorkerLoad> {
 /// docs/sync.md's side-by-side runs.
 const LOAD_COALESCE: Duration = Duration::from_millis(25);
 
-/// Far enough ahead to stand for "no deadline" in a `select!` branch that is
-/// disabled anyway.
-const NEVER: Duration = Duration::from_secs(3600);
-
 /// Publishes until `stop`. Nothing runs on a timer while there is nothing
 /// to say: the task sleeps until a decision is queued (then waits
 /// `batch_ms` for more to join its batch) or the router signals that a
@@ -163,7 +159,7 @@ pub(super) async fn run(
                 None => queue_open = false,
             },
             _ = changes.notified(), if !load_changed => load_changed = true,
-            _ = tokio::time::sleep_until(wake.unwrap_or_else(|| Instant::now() + NEVER)), if wake.is_some() => {}
+            _ = super::sleep_until_some(wake) => {}
         }
         let now = Instant::now();
         if batch_due.is_some_and(|due| now >= due) {

@@ -1,10 +1,11 @@
 //! The receivers: other replicas' decisions into this router's trees, and
 //! their load reports into [`PeerLoads`].
 //!
-//! Whatever arrives is decoded ([`wire::decode_header`], then the body); a malformed message, one
-//! of another format version or another cluster, and this process's own
-//! messages are counted by reason and skipped. An entry naming a worker
-//! this router does not know (yet) is counted `unknown_worker` and skipped:
+//! Whatever arrives is decoded ([`wire::decode_header`], then the body); a
+//! malformed message, one of another format version or another cluster,
+//! and this process's own messages are counted by reason and skipped. An
+//! entry naming a worker this router does not know (yet) is counted
+//! `unknown_worker` and skipped:
 //! the same prefix is learned again from the next request that routes it,
 //! and keeping entries for workers that may never appear would need a
 //! bound of its own.
@@ -84,10 +85,9 @@ pub(super) async fn loads(
         // A timer only while a report is held: the next one to expire
         // (a hair after, as a report exactly at its expiry still counts).
         let expiry = peers.next_expiry().map(|at| at + Duration::from_millis(1));
-        let wake = expiry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep_until(wake.into()), if expiry.is_some() => {
+            _ = super::sleep_until_some(expiry.map(Into::into)) => {
                 peers.expire(Instant::now());
             }
             message = sub.next() => {
