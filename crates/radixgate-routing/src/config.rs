@@ -170,6 +170,12 @@ pub enum HotSpotRule {
         /// Scale of the repeated-prefill term, milliseconds (0: no term).
         #[serde(default = "default_ttft_reuse_ms")]
         reuse_ms: f64,
+        /// `margin` while the pool overflows: at least one in a hundred of
+        /// its recent answers reported a cache that had evicted what the
+        /// tree said it held (correction's trims). A hit is then worth less
+        /// than it looks, and tree sizes no longer say where there is room.
+        #[serde(default = "default_ttft_overflow_margin")]
+        overflow_margin: f64,
     },
 }
 
@@ -189,6 +195,11 @@ fn default_factor() -> f64 {
 /// See `docs/defaults.md`, "The cost model".
 fn default_ttft_margin() -> f64 {
     0.5
+}
+
+/// See `docs/correction.md`, "When the caches overflow".
+fn default_ttft_overflow_margin() -> f64 {
+    0.3
 }
 
 /// See `docs/defaults.md`, "The cost model".
@@ -217,6 +228,7 @@ impl Default for HotSpotRule {
             margin: default_ttft_margin(),
             slack_ms: default_ttft_slack_ms(),
             reuse_ms: default_ttft_reuse_ms(),
+            overflow_margin: default_ttft_overflow_margin(),
         }
     }
 }
@@ -349,6 +361,7 @@ impl CacheAwareConfig {
             margin,
             slack_ms,
             reuse_ms,
+            overflow_margin,
         } = self.hot_spot
         {
             if !reuse_ms.is_finite() || !(0.0..=MAX_TTFT_SLACK_MS).contains(&reuse_ms) {
@@ -359,11 +372,16 @@ impl CacheAwareConfig {
                     ),
                 ));
             }
-            if !margin.is_finite() || !(0.0..=MAX_RATIO).contains(&margin) {
-                return Err(RoutingError::config(
-                    "hot_spot.margin",
-                    format!("must be a finite number between 0 and {MAX_RATIO}, got {margin}"),
-                ));
+            for (key, margin) in [
+                ("hot_spot.margin", margin),
+                ("hot_spot.overflow_margin", overflow_margin),
+            ] {
+                if !margin.is_finite() || !(0.0..=MAX_RATIO).contains(&margin) {
+                    return Err(RoutingError::config(
+                        key,
+                        format!("must be a finite number between 0 and {MAX_RATIO}, got {margin}"),
+                    ));
+                }
             }
             if !slack_ms.is_finite() || !(0.0..=MAX_TTFT_SLACK_MS).contains(&slack_ms) {
                 return Err(RoutingError::config(
@@ -435,6 +453,7 @@ impl PrefillAwareConfig {
                 margin: 0.0,
                 slack_ms: 0.0,
                 reuse_ms: 0.0,
+                overflow_margin: 0.0,
             },
             low_match: LowMatchTarget::MinLoad,
             cost: self.cost,
@@ -698,6 +717,25 @@ mod tests {
             }),
             "hot_spot.factor"
         );
+        for (margin, overflow_margin, key) in [
+            (-1.0, 0.3, "hot_spot.margin"),
+            (0.5, f64::INFINITY, "hot_spot.overflow_margin"),
+            (0.5, -0.1, "hot_spot.overflow_margin"),
+        ] {
+            let rule = HotSpotRule::PredictedTtft {
+                margin,
+                slack_ms: 10.0,
+                reuse_ms: 50.0,
+                overflow_margin,
+            };
+            assert_eq!(
+                bad(CacheAwareConfig {
+                    hot_spot: rule,
+                    ..d()
+                }),
+                key
+            );
+        }
         let msg = PolicyConfig::CacheAware(CacheAwareConfig {
             cache_threshold: -0.1,
             ..d()

@@ -130,10 +130,24 @@ pub enum Corrected {
 #[derive(Debug, Default)]
 pub struct ModelTruth {
     rate: TokenRate,
+    /// The share of answers that trimmed, a running mean over the last
+    /// [`EVICTION_WINDOW`] answers (f64 bits).
+    evictions: AtomicU64,
+    /// Answers counted into `evictions`.
+    answers: AtomicU64,
     /// Insert times of decisions in flight, per worker (a count per time:
     /// the tree's clock is per model, one insert per tick).
     in_flight: Mutex<HashMap<TenantId, BTreeMap<u64, u32>, BuildHasherDefault<TenantHasher>>>,
 }
+
+/// Answers the eviction rate is a running mean over.
+pub const EVICTION_WINDOW: u64 = 256;
+
+/// The eviction rate from which a pool counts as overflowing: one answer in
+/// a hundred. On the workloads of `docs/defaults.md` whose working set the
+/// caches hold, fewer than one answer in a thousand trims; where it exceeds
+/// them (the Mooncake traces), two in a hundred or more.
+pub const OVERFLOW_RATE: f64 = 0.01;
 
 /// Hashes a tenant id with one multiplication: ids are small distinct
 /// integers from the router itself, never from a client, so SipHash's
@@ -184,6 +198,35 @@ impl ModelTruth {
             time,
         };
         (handle, oldest)
+    }
+
+    /// The share of this model's recent answers that showed an eviction
+    /// (a trim): a running mean over the last [`EVICTION_WINDOW`] answers,
+    /// 0 until [`EVICTION_WINDOW`] have been counted.
+    pub fn eviction_rate(&self) -> f64 {
+        if self.answers.load(Ordering::Relaxed) < EVICTION_WINDOW {
+            return 0.0;
+        }
+        f64::from_bits(self.evictions.load(Ordering::Relaxed))
+    }
+
+    /// The pool's caches no longer hold what it sends them: at least
+    /// [`OVERFLOW_RATE`] of its recent answers showed an eviction.
+    pub fn overflowing(&self) -> bool {
+        self.eviction_rate() >= OVERFLOW_RATE
+    }
+
+    /// Counts one answer, which trimmed or not.
+    pub(crate) fn count_answer(&self, trimmed: bool) {
+        let n = self.answers.fetch_add(1, Ordering::Relaxed) + 1;
+        let sample = if trimmed { 1.0 } else { 0.0 };
+        let weight = 1.0 / n.min(EVICTION_WINDOW) as f64;
+        let _ = self
+            .evictions
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let mean = f64::from_bits(bits);
+                Some((mean + (sample - mean) * weight).to_bits())
+            });
     }
 
     /// Drops a removed worker's entry if nothing of it is in flight (one
@@ -402,32 +445,37 @@ impl CacheFeedback {
         let predicted =
             ((held as f64 / cpt).round() as u64).min(report.prompt_tokens) / page * page;
         truth.count(report, predicted);
-        let short = predicted.saturating_sub(report.cached_tokens);
-        if !self.config.enabled || short <= page {
-            return Corrected::Counted {
+        let corrected = 'trim: {
+            let short = predicted.saturating_sub(report.cached_tokens);
+            if !self.config.enabled || short <= page {
+                break 'trim Corrected::Counted {
+                    predicted_tokens: predicted,
+                };
+            }
+            let keep = ((report.cached_tokens as f64 * cpt).floor() as usize).min(held);
+            let chars = self.tree.trim(
+                inserted,
+                self.receipt.tenant(),
+                keep,
+                self.receipt.time().min(self.settled_before),
+            );
+            if chars == 0 {
+                break 'trim Corrected::Counted {
+                    predicted_tokens: predicted,
+                };
+            }
+            truth.trims.fetch_add(1, Ordering::Relaxed);
+            truth
+                .trimmed_chars
+                .fetch_add(chars as u64, Ordering::Relaxed);
+            Corrected::Trimmed {
                 predicted_tokens: predicted,
-            };
-        }
-        let keep = ((report.cached_tokens as f64 * cpt).floor() as usize).min(held);
-        let chars = self.tree.trim(
-            inserted,
-            self.receipt.tenant(),
-            keep,
-            self.receipt.time().min(self.settled_before),
-        );
-        if chars == 0 {
-            return Corrected::Counted {
-                predicted_tokens: predicted,
-            };
-        }
-        truth.trims.fetch_add(1, Ordering::Relaxed);
-        truth
-            .trimmed_chars
-            .fetch_add(chars as u64, Ordering::Relaxed);
-        Corrected::Trimmed {
-            predicted_tokens: predicted,
-            chars,
-        }
+                chars,
+            }
+        };
+        self.model
+            .count_answer(matches!(corrected, Corrected::Trimmed { .. }));
+        corrected
     }
 }
 
@@ -456,6 +504,35 @@ mod tests {
         model.forget(TenantId(2));
         assert_eq!(model.in_flight.lock().len(), 1, "still in flight");
         drop(c);
+    }
+
+    #[test]
+    fn the_eviction_rate_is_the_recent_share_of_trimming_answers() {
+        let model = ModelTruth::default();
+        // Not judged before a whole window of answers.
+        for _ in 0..EVICTION_WINDOW - 1 {
+            model.count_answer(true);
+        }
+        assert_eq!(model.eviction_rate(), 0.0);
+        assert!(!model.overflowing());
+        model.count_answer(true);
+        assert_eq!(model.eviction_rate(), 1.0);
+        assert!(model.overflowing());
+        // A long run of answers that did not trim brings it down.
+        for _ in 0..4 * EVICTION_WINDOW {
+            model.count_answer(false);
+        }
+        assert!(model.eviction_rate() < 0.02, "{}", model.eviction_rate());
+        for _ in 0..4 * EVICTION_WINDOW {
+            model.count_answer(false);
+        }
+        assert!(!model.overflowing(), "{}", model.eviction_rate());
+        // One trim in a hundred answers holds it at the threshold.
+        let steady = ModelTruth::default();
+        for i in 0..20 * EVICTION_WINDOW {
+            steady.count_answer(i % 50 == 0);
+        }
+        assert!(steady.overflowing(), "{}", steady.eviction_rate());
     }
 
     #[test]
@@ -514,12 +591,20 @@ mod tests {
         let f = setup(&prefix, &other, &text, CorrectionConfig::default());
         let tree = f.tree.clone();
         let worker = f.worker.clone();
+        let model = f.model.clone();
         assert_eq!(
             f.apply(&text, report(90)),
             Corrected::Counted {
                 predicted_tokens: 96
             }
         );
+        let evictions = |m: &ModelTruth| {
+            (
+                m.answers.load(Ordering::Relaxed),
+                f64::from_bits(m.evictions.load(Ordering::Relaxed)),
+            )
+        };
+        assert_eq!(evictions(&model), (1, 0.0));
         assert_eq!(
             tree.prefix_match_for(&other, worker.id().tenant())
                 .matched_chars,
@@ -528,7 +613,7 @@ mod tests {
         // 40 reported: more than a page short. The older sibling goes from
         // char 161 on; the request's own path stays.
         let f = setup(&prefix, &other, &text, CorrectionConfig::default());
-        let (tree, worker) = (f.tree.clone(), f.worker.clone());
+        let (tree, worker, model) = (f.tree.clone(), f.worker.clone(), f.model.clone());
         assert_eq!(
             f.apply(&text, report(40)),
             Corrected::Trimmed {
@@ -536,6 +621,7 @@ mod tests {
                 chars: 40
             }
         );
+        assert_eq!(evictions(&model), (1, 1.0), "a trim counts as an eviction");
         assert_eq!(
             tree.prefix_match_for(&other, worker.id().tenant())
                 .matched_chars,

@@ -10,9 +10,9 @@
 //! ([`WorkerGauges`]); the breakers and admission own theirs and are asked
 //! to publish them on each tick.
 
-use crate::metrics::{Describe, Metrics, PerWorker};
+use crate::metrics::{Describe, Family, Metrics, PerWorker};
 use crate::state::Shared;
-use ::metrics::{Counter, Gauge};
+use ::metrics::{Counter, Gauge, Label};
 use radixgate_routing::CacheTruthSnapshot;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -59,12 +59,18 @@ pub(crate) const CACHE_PREDICTION_ERROR: Describe = Describe::new(
     "Running mean of (predicted - reported cached tokens) / prompt tokens of each worker's recent answers; positive: the tree over-predicts.",
 );
 
+pub(crate) const CACHE_EVICTION_RATE: Describe = Describe::new(
+    "radixgate_cache_eviction_rate",
+    "Share of each model's recent answers (the last 256) whose cached tokens showed an eviction the prefix tree did not know of; from 0.01 the pool counts as overflowing and cache_aware spills hits by hot_spot.overflow_margin.",
+);
+
 /// The per-worker gauges the tick refreshes.
 pub(crate) struct WorkerGauges {
     in_flight: PerWorker<Gauge>,
     healthy: PerWorker<Gauge>,
     tree_chars: PerWorker<Gauge>,
     cache: CacheSeries,
+    eviction_rate: Family<String, Gauge>,
 }
 
 /// The correction's per-worker figures: counters set to the workers' own
@@ -92,7 +98,18 @@ impl WorkerGauges {
                 invalid: metrics.per_worker_counters(&CACHE_INVALID_REPORTS),
                 error: metrics.per_worker_gauges(&CACHE_PREDICTION_ERROR),
             },
+            eviction_rate: metrics.gauges(&CACHE_EVICTION_RATE),
         }
+    }
+
+    /// A model's eviction rate now.
+    pub(crate) fn eviction_rate(&self, model: &str, rate: f64) {
+        self.eviction_rate.with(
+            model,
+            || model.to_owned(),
+            || vec![Label::new("model", model.to_owned())],
+            |g| g.set(rate),
+        );
     }
 
     /// A worker's predicted against reported cached tokens, once it has
@@ -164,6 +181,11 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
                 gauges.tree_chars(worker.url(), chars);
             }
             gauges.cache_truth(worker.url(), worker.cache_truth().snapshot());
+        }
+        if let Some(trees) = state.router.policy().trees() {
+            for (model, rate) in trees.eviction_rates() {
+                gauges.eviction_rate(&model, rate);
+            }
         }
         state.admission.publish_metrics();
         state.metrics.run_upkeep();

@@ -151,6 +151,7 @@ struct Scored {
 #[derive(Clone, Copy)]
 struct TtftBound {
     margin: f64,
+    overflow_margin: f64,
     slack_ms: f64,
     reuse_ms: f64,
 }
@@ -436,10 +437,12 @@ impl CacheAware {
             margin,
             slack_ms,
             reuse_ms,
+            overflow_margin,
         } = self.config.hot_spot
         {
             let bound = TtftBound {
                 margin,
+                overflow_margin,
                 slack_ms,
                 reuse_ms,
             };
@@ -614,7 +617,14 @@ impl CacheAware {
             .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms))
             .expect("a candidate");
         let best = quickest.ttft_ms;
-        let bar = best * (1.0 + bound.margin) + bound.slack_ms;
+        // While the caches overflow a tree's hit is worth less than it
+        // looks; matches from a live event stream are the engine's own.
+        let margin = if req.exact.is_none() && truth.overflowing() {
+            bound.overflow_margin
+        } else {
+            bound.margin
+        };
+        let bar = best * (1.0 + margin) + bound.slack_ms;
         let (k, branch) = if self.is_imbalanced(loads.min, loads.max) {
             let idx = loads.least_loaded(self.next_turn());
             let k = scored

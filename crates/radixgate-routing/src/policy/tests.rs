@@ -514,6 +514,63 @@ fn predicted_ttft_keeps_a_hit_until_the_holder_is_much_slower_then_spills() {
 }
 
 #[test]
+fn while_the_pool_overflows_a_busy_holder_spills_sooner() {
+    let p = cache_aware(CacheAwareConfig::default());
+    let ws = workers(3);
+    for w in &ws {
+        teach(w, 150_000.0);
+    }
+    // Two 4,000-char prefixes held by worker 1 only (a spill makes the
+    // quickest worker a holder too, so each is spilled at most once).
+    let (a, b) = ("a".repeat(4_000), "b".repeat(4_000));
+    for prefix in [&a, &b] {
+        p.tree_or_create("m").insert(prefix, ws[1].id().tenant());
+    }
+    // 9,700 chars queued on the holder: about 70 ms, against 32 ms for a
+    // miss elsewhere. Within 1.5 × 32 + 10 ms plus the repeat term (14 ms),
+    // beyond 1.3 × 32 + 10 + 14 ms.
+    let _queued = LoadGuard::with_prefill(ws[1].clone(), 9_700);
+    let ask = |prefix: &str, q: &str| {
+        let d = p
+            .select(&RequestView::new("m", &format!("{prefix}{q}")), &ws)
+            .unwrap();
+        (d.worker().id(), d.explanation().branch)
+    };
+    assert_eq!(ask(&a, "1?"), (ws[1].id(), Branch::CacheHit));
+    // 256 answers, 3 of which trimmed: 1.2% of recent answers showed an
+    // eviction, so the overflow margin applies.
+    let truth = p.trees().expect("a tree policy").model("m").truth;
+    for i in 0..256 {
+        truth.count_answer(i % 100 == 0);
+    }
+    assert!(truth.overflowing());
+    let (id, branch) = ask(&b, "2?");
+    assert_ne!(id, ws[1].id());
+    assert_eq!(branch, Branch::HotSpotSpill);
+    // Matches from live event streams are the engine's own: the margin
+    // stays. (One token per character; worker 1 holds 4,000.)
+    let text = format!("{}4?", "c".repeat(4_000));
+    let live = [(ws[0].id(), 0), (ws[1].id(), 4_000), (ws[2].id(), 0)];
+    let exact = ExactMatches {
+        input_tokens: text.len(),
+        live: &live,
+    };
+    let req = RequestView::new("m", &text).with_exact(Some(exact));
+    let d = p.select(&req, &ws).unwrap();
+    assert_eq!(
+        (d.worker().id(), d.explanation().branch),
+        (ws[1].id(), Branch::CacheHit)
+    );
+    // Evictions stop: the rate decays below one in a hundred and the
+    // default margin is back.
+    for _ in 0..256 {
+        truth.count_answer(false);
+    }
+    assert!(!truth.overflowing());
+    assert_eq!(ask(&a, "3?"), (ws[1].id(), Branch::CacheHit));
+}
+
+#[test]
 fn new_prompts_avoid_a_slow_worker_and_an_unmeasured_one_is_taken_as_its_peers() {
     let p = cache_aware(CacheAwareConfig::default());
     let ws = workers(3);

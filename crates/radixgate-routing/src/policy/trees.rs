@@ -112,6 +112,19 @@ impl Trees {
         v
     }
 
+    /// Every model's eviction rate (the share of its recent answers that
+    /// trimmed its tree; [`ModelTruth::eviction_rate`]), sorted by model.
+    pub fn eviction_rates(&self) -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> = self
+            .map
+            .load()
+            .iter()
+            .map(|(m, r)| (m.clone(), r.truth.eviction_rate()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     /// The learned characters per token of `model`, once learned.
     pub fn chars_per_token_of(&self, model: &str) -> Option<f64> {
         self.map.load().get(model)?.truth.rate().chars_per_token()

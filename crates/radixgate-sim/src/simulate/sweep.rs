@@ -261,6 +261,7 @@ mod tests {
                 margin: 2.0,
                 slack_ms: 10.0,
                 reuse_ms: 50.0,
+                overflow_margin: 0.3,
             }
         );
         // A rule change replaces the rule's fields: the seed rule's cap
