@@ -149,6 +149,17 @@ pub const EVICTION_WINDOW: u64 = 256;
 /// them (the Mooncake traces), two in a hundred or more.
 pub const OVERFLOW_RATE: f64 = 0.01;
 
+/// Folds `sample` into the running mean kept as f64 bits in `mean`, as the
+/// `n`-th sample (capped by the caller to its window: older samples then
+/// fade).
+fn fold_mean(mean: &AtomicU64, sample: f64, n: u64) {
+    let weight = 1.0 / n as f64;
+    let _ = mean.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+        let m = f64::from_bits(bits);
+        Some((m + (sample - m) * weight).to_bits())
+    });
+}
+
 /// Hashes a tenant id with one multiplication: ids are small distinct
 /// integers from the router itself, never from a client, so SipHash's
 /// defence against chosen keys buys nothing on this per-decision path.
@@ -220,13 +231,7 @@ impl ModelTruth {
     pub(crate) fn count_answer(&self, trimmed: bool) {
         let n = self.answers.fetch_add(1, Ordering::Relaxed) + 1;
         let sample = if trimmed { 1.0 } else { 0.0 };
-        let weight = 1.0 / n.min(EVICTION_WINDOW) as f64;
-        let _ = self
-            .evictions
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                let mean = f64::from_bits(bits);
-                Some((mean + (sample - mean) * weight).to_bits())
-            });
+        fold_mean(&self.evictions, sample, n.min(EVICTION_WINDOW));
     }
 
     /// Drops a removed worker's entry if nothing of it is in flight (one
@@ -368,13 +373,7 @@ impl CacheTruth {
         self.reported_tokens
             .fetch_add(report.cached_tokens, Ordering::Relaxed);
         let sample = (predicted as f64 - report.cached_tokens as f64) / report.prompt_tokens as f64;
-        let weight = 1.0 / n.min(RATE_WINDOW) as f64;
-        let _ = self
-            .error
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                let mean = f64::from_bits(bits);
-                Some((mean + (sample - mean) * weight).to_bits())
-            });
+        fold_mean(&self.error, sample, n.min(RATE_WINDOW));
     }
 
     /// The figures so far.
