@@ -102,24 +102,23 @@ impl Trees {
 
     /// The learned characters per token of every model, sorted by model.
     pub fn chars_per_token(&self) -> Vec<(String, f64)> {
-        let mut v: Vec<(String, f64)> = self
-            .map
-            .load()
-            .iter()
-            .filter_map(|(m, r)| r.truth.rate().chars_per_token().map(|c| (m.clone(), c)))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        self.per_model(|t| t.rate().chars_per_token())
     }
 
     /// Every model's eviction rate (the share of its recent answers that
     /// trimmed its tree; [`ModelTruth::eviction_rate`]), sorted by model.
     pub fn eviction_rates(&self) -> Vec<(String, f64)> {
+        self.per_model(|t| Some(t.eviction_rate()))
+    }
+
+    /// `figure` of every model's correction state that has one, sorted by
+    /// model.
+    fn per_model(&self, figure: impl Fn(&ModelTruth) -> Option<f64>) -> Vec<(String, f64)> {
         let mut v: Vec<(String, f64)> = self
             .map
             .load()
             .iter()
-            .map(|(m, r)| (m.clone(), r.truth.eviction_rate()))
+            .filter_map(|(m, r)| figure(&r.truth).map(|f| (m.clone(), f)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
