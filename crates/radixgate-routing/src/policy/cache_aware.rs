@@ -5,7 +5,9 @@
 //! 1. over the **available** workers of the pool: `min_load`, `max_load`;
 //! 2. imbalanced iff `max - min > balance_abs_threshold` and
 //!    `max > balance_rel_threshold * min` → shortest queue (the safety net
-//!    under every rule);
+//!    under every rule; with live KV-event streams, a worker far enough
+//!    below the busiest that holds the text or is computing it, if any:
+//!    [`CacheAware::relief_holder`]);
 //! 3. otherwise longest-prefix match in the model's tree; if
 //!    `matched / input > cache_threshold` → a holder of the deepest match
 //!    (with `match_granularity_chars` G > 1, a worker whose match is shorter
@@ -626,11 +628,16 @@ impl CacheAware {
         };
         let bar = best * (1.0 + margin) + bound.slack_ms;
         let (k, branch) = if self.is_imbalanced(loads.min, loads.max) {
-            let idx = loads.least_loaded(self.next_turn());
-            let k = scored
-                .iter()
-                .position(|s| s.at.idx == idx)
-                .expect("a candidate");
+            let k = req
+                .exact
+                .and_then(|_| self.relief_holder(&scored, loads.max, input))
+                .unwrap_or_else(|| {
+                    let idx = loads.least_loaded(self.next_turn());
+                    scored
+                        .iter()
+                        .position(|s| s.at.idx == idx)
+                        .expect("a candidate")
+                });
             (k, Branch::Imbalanced)
         } else {
             let deepest = scored.iter().map(|s| s.matched).max().unwrap_or(0);
@@ -731,6 +738,39 @@ impl CacheAware {
             truth,
             self.config.correction,
         )
+    }
+
+    /// The safety net's target with live event streams: among the workers
+    /// whose load alone is imbalanced against the busiest's (`max_load`),
+    /// the least loaded of those whose match is the deepest, if that is
+    /// above the cache threshold. The match is the engine's or, where
+    /// deeper, the tree's guess: a copy still being computed is in the
+    /// tree before the engine's events report it, and the next request for
+    /// the same text is better sent where it is being computed than to
+    /// start a whole prefill on one more worker. A guess of a copy since
+    /// evicted costs what the shortest queue would: a whole prefill on a
+    /// worker far below the busiest. Index into `scored`.
+    fn relief_holder(&self, scored: &[Scored], max_load: usize, input: usize) -> Option<usize> {
+        let held = |s: &Scored| s.matched.max(s.guess);
+        let relief = || {
+            scored
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| self.is_imbalanced(s.at.load, max_load))
+        };
+        let deepest = relief().map(|(_, s)| held(s)).max()?;
+        if !self.above_threshold(deepest, input) {
+            return None;
+        }
+        relief()
+            .filter(|(_, s)| self.near(held(s), deepest))
+            // least loaded, then most recent
+            .min_by(|(_, a), (_, b)| {
+                a.at.load
+                    .cmp(&b.at.load)
+                    .then(b.last_access.cmp(&a.last_access))
+            })
+            .map(|(k, _)| k)
     }
 
     /// Among the scored workers that pass `keep`, the one ranked first by

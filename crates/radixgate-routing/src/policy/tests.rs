@@ -76,6 +76,53 @@ fn twenty_in_flight_versus_zero_always_picks_the_idle_worker() {
 }
 
 #[test]
+fn with_live_events_the_safety_net_sends_a_text_where_it_is_being_computed() {
+    let p = cache_aware(CacheAwareConfig {
+        balance_abs_threshold: 5,
+        balance_rel_threshold: 2.0,
+        ..CacheAwareConfig::default()
+    });
+    let ws = workers(4);
+    let text = long_text("agent");
+    let tree = p.tree_or_create("m");
+    // Worker 0 holds the text and runs 20 requests; the safety net already
+    // sent the text to worker 2 (in the tree, not yet in its engine's
+    // events: its prefill is still running).
+    tree.insert(&text, ws[0].id().tenant());
+    tree.insert(&text, ws[2].id().tenant());
+    let _busy = hold(&ws[0], 20);
+    let _computing = hold(&ws[2], 1);
+    let live = [
+        (ws[0].id(), 64),
+        (ws[1].id(), 0),
+        (ws[2].id(), 0),
+        (ws[3].id(), 0),
+    ];
+    let exact = ExactMatches {
+        input_tokens: 64,
+        live: &live,
+    };
+    let ask = |text: &str, exact: Option<ExactMatches<'_>>| {
+        let req = RequestView::new("m", text).with_exact(exact);
+        let d = p.select(&req, &ws).expect("a worker");
+        (d.worker().id(), d.explanation().branch)
+    };
+    // Not the busy holder, not an idle worker that would start a second
+    // copy: the worker computing it.
+    for _ in 0..4 {
+        assert_eq!(ask(&text, Some(exact)), (ws[2].id(), Branch::Imbalanced));
+    }
+    // Without events the net keeps its shortest queue.
+    let (id, branch) = ask(&text, None);
+    assert!(id == ws[1].id() || id == ws[3].id(), "{id:?}");
+    assert_eq!(branch, Branch::Imbalanced);
+    // A text no relief worker holds or computes: the shortest queue.
+    let (id, branch) = ask(&long_text("new"), Some(exact));
+    assert!(id == ws[1].id() || id == ws[3].id(), "{id:?}");
+    assert_eq!(branch, Branch::Imbalanced);
+}
+
+#[test]
 fn ties_at_the_matched_node_go_by_load_then_recency() {
     let p = cache_aware(seed_rule());
     let ws = workers(3);
