@@ -176,7 +176,8 @@ class Replicas:
 
     def run(self) -> list[dict]:
         rows = []
-        for wname, wl in quality_workloads(self.opts.trace, self.opts.scale).items():
+        workloads = quality_workloads(self.opts.trace, self.opts.scale, self.opts.spread_bursts)
+        for wname, wl in workloads.items():
             if self.opts.only_workload and wname not in self.opts.only_workload:
                 continue
             if missing := missing_worker_flags(self.binary, wl.per_worker):
@@ -271,6 +272,9 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--trace", default=os.path.join(ROOT, "traces/mooncake_conversation.jsonl"))
+    p.add_argument("--spread-bursts", action="store_true",
+                   help="mooncake-trace: requests sharing a timestamp arrive evenly over the "
+                        "time to the next one (the trace's times are rounded to ~3 s)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     opts = p.parse_args()
     if 1 not in opts.replicas:
@@ -282,6 +286,7 @@ def main() -> int:
     result = {"meta": report.run_meta(bench.binary, ["python3", "bench/replicas.py", *sys.argv[1:]],
                                       started),
               "assign": opts.assign, "seed": opts.seed, "scale": opts.scale,
+              "spread_bursts": opts.spread_bursts,
               "notes": bench.notes, "rows": rows}
     report.write_result(opts.out, started, "replicas", result, markdown)
     return 0

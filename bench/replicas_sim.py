@@ -40,11 +40,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only-workload", action="append", default=[])
     p.add_argument("--trace", default=os.path.join(ROOT, "traces/mooncake_conversation.jsonl"))
+    p.add_argument("--spread-bursts", action="store_true",
+                   help="mooncake-trace: requests sharing a timestamp arrive evenly over the "
+                        "time to the next one (the trace's times are rounded to ~3 s)")
     p.add_argument("--out", help="write the raw reports here (JSON)")
     opts = p.parse_args()
     rel_trace = os.path.relpath(opts.trace, ROOT)
     rows, raw, commands = [], {}, []
-    for wname, wl in quality_workloads(opts.trace, 1.0).items():
+    for wname, wl in quality_workloads(opts.trace, 1.0, opts.spread_bursts).items():
         if opts.only_workload and wname not in opts.only_workload:
             continue
         args = ["simulate", "--json", "--workers", "4", "--policies", "cache_aware",

@@ -52,8 +52,10 @@ def repo_relative(arg: str) -> str:
     return arg
 
 
-def quality_workloads(trace: str, scale: float) -> dict[str, Workload]:
-    """Each routing-quality workload, in table order."""
+def quality_workloads(trace: str, scale: float, spread_bursts: bool = False) -> dict[str, Workload]:
+    """Each routing-quality workload, in table order. With `spread_bursts`
+    the trace's requests that share a timestamp arrive evenly over the time
+    to the next one (`radixgate load --spread-bursts`) instead of at once."""
     n = lambda x: str(max(20, int(x * scale)))  # noqa: E731
     shared_prefix = ["--workload", "shared-prefix", "--groups", "16",
                      "--rate", "16", "--requests", n(480)]
@@ -66,7 +68,8 @@ def quality_workloads(trace: str, scale: float) -> dict[str, Workload]:
         # The trace's prompts average 14k tokens: its first 300 requests
         # (105 s of trace) at 2.5x keep 4 workers busy but not saturated.
         "mooncake-trace": Workload(["--workload", "trace", "--trace", trace, "--speedup", "2.5",
-                                    "--max-output-tokens", "64", "--requests", n(300)]),
+                                    "--max-output-tokens", "64", "--requests", n(300)]
+                                   + (["--spread-bursts"] if spread_bursts else [])),
         # Few hot prefixes every worker can hold, long questions; 128 req/s
         # keeps ~16 requests running per worker (E2E 1.7-2x that at 16 req/s)
         # with no queue, where 192 req/s is at the knee (bench/README.md).

@@ -216,6 +216,11 @@ pub struct WorkloadFlags {
     /// trace: time compression, 2 = twice as fast [default: 1].
     #[arg(long)]
     pub speedup: Option<f64>,
+    /// trace: records that share a timestamp arrive evenly over the time
+    /// to the next distinct one, not all at once (for traces whose times
+    /// are rounded to a coarse grid).
+    #[arg(long)]
+    pub spread_bursts: bool,
     /// trace: tokens per hash block [default: 512].
     #[arg(long)]
     pub block_tokens: Option<u64>,

@@ -171,6 +171,8 @@ impl Used<'_> {
         let mut c = TraceConfig::new(path);
         take!(self, speedup, "--speedup", c.speedup);
         take!(self, block_tokens, "--block-tokens", c.block_tokens);
+        self.names.insert("--spread-bursts");
+        c.spread_bursts = self.flags.spread_bursts;
         take!(
             self,
             max_output_tokens,
@@ -223,7 +225,7 @@ impl Used<'_> {
 
     fn unused(&self) -> Vec<&'static str> {
         let f = self.flags;
-        let set: [(&'static str, bool); 24] = [
+        let set: [(&'static str, bool); 25] = [
             ("--groups", f.groups.is_some()),
             ("--prompts-per-group", f.prompts_per_group.is_some()),
             ("--system-tokens", f.system_tokens.is_some()),
@@ -246,6 +248,7 @@ impl Used<'_> {
             ("--trace", f.trace.is_some()),
             ("--speedup", f.speedup.is_some()),
             ("--block-tokens", f.block_tokens.is_some()),
+            ("--spread-bursts", f.spread_bursts),
             ("--max-output-tokens", f.max_output_tokens.is_some()),
             ("--mix", f.mix.is_some()),
         ];

@@ -288,6 +288,65 @@ fn trace_rendering_keeps_prefixes_lengths_and_partial_blocks() {
 }
 
 #[test]
+fn spread_bursts_spaces_equal_timestamps_over_the_gap_to_the_next() {
+    let trace = r#"{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [2]}
+{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [3]}
+{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [4]}
+{"timestamp": 3000, "input_length": 10, "output_length": 1, "hash_ids": [5]}
+{"timestamp": 4000, "input_length": 10, "output_length": 1, "hash_ids": [6]}
+{"timestamp": 4000, "input_length": 10, "output_length": 1, "hash_ids": [7]}
+"#;
+    let arrivals = |spread_bursts: bool| {
+        let recs = parse_trace(trace, Path::new("t"), 512).unwrap();
+        let cfg = TraceConfig {
+            speedup: 2.0,
+            spread_bursts,
+            ..TraceConfig::new("t")
+        };
+        let mut w = TraceReplay::from_records(cfg, 0, TextShape::default(), Arc::new(recs));
+        let mut out = Vec::new();
+        let mut now = T0;
+        loop {
+            match w.next(now) {
+                Poll::Ready(spec) => out.push((spec.group, spec.arrival.unwrap().as_millis())),
+                Poll::NotBefore(t) => now = t,
+                Poll::Done => return out,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    // As recorded: four at once, then one, then two at once (halved by
+    // the speedup).
+    assert_eq!(
+        arrivals(false),
+        [
+            (1, 0),
+            (2, 0),
+            (3, 0),
+            (4, 0),
+            (5, 1500),
+            (6, 2000),
+            (7, 2000)
+        ]
+    );
+    // Spread: the four over the 3 s to the next record, in file order; the
+    // last two over the gap before them (1 s).
+    assert_eq!(
+        arrivals(true),
+        [
+            (1, 0),
+            (2, 375),
+            (3, 750),
+            (4, 1125),
+            (5, 1500),
+            (6, 2000),
+            (7, 2250)
+        ]
+    );
+}
+
+#[test]
 fn trace_errors_name_the_line() {
     let cases = [
         ("{\"timestamp\": 0}\n", 1, "missing field"),

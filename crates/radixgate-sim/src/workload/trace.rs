@@ -9,7 +9,13 @@
 //! concatenation — so two requests that share their first k block ids share
 //! exactly that much text, and the trace's prefix structure is kept.
 //!
-//! Requests arrive at `(timestamp - first timestamp) / speedup`. Records
+//! Requests arrive at `(timestamp - first timestamp) / speedup`. With
+//! `spread_bursts`, the records that share a timestamp arrive evenly over
+//! the time to the next distinct one (the last burst over the gap before
+//! it) instead of all at once: some traces round their times to a coarse
+//! grid (Mooncake's conversation trace to about 3 s, 10 requests an
+//! instant on average, up to 28), and a burst at one instant is a load no
+//! front end sees. Records
 //! are validated when loaded: a bad line is a precise error naming the line.
 //! Lines may come in any order of time (a recording of `radixgate serve
 //! --record-trace` is written as requests end, not as they arrive): they are
@@ -81,6 +87,10 @@ pub struct TraceConfig {
     /// Cap on tokens generated per request (0 = as the trace says).
     #[serde(default)]
     pub max_output_tokens: u32,
+    /// Records sharing a timestamp arrive evenly over the time to the next
+    /// distinct one, not all at once (module doc).
+    #[serde(default)]
+    pub spread_bursts: bool,
 }
 
 fn one() -> f64 {
@@ -100,6 +110,7 @@ impl TraceConfig {
             limit: 0,
             block_tokens: 512,
             max_output_tokens: 0,
+            spread_bursts: false,
         }
     }
 
@@ -176,6 +187,8 @@ pub struct TraceReplay {
     seed: u64,
     shape: TextShape,
     records: Arc<Vec<TraceRecord>>,
+    /// Each record's arrival, from the first record's (before `speedup`).
+    offsets_ms: Arc<Vec<f64>>,
     pos: usize,
 }
 
@@ -194,11 +207,13 @@ impl TraceReplay {
         shape: TextShape,
         records: Arc<Vec<TraceRecord>>,
     ) -> Self {
+        let offsets_ms = Arc::new(offsets_ms(&records, cfg.spread_bursts));
         Self {
             cfg,
             seed,
             shape,
             records,
+            offsets_ms,
             pos: 0,
         }
     }
@@ -229,10 +244,44 @@ impl TraceReplay {
         out
     }
 
-    fn arrival(&self, rec: &TraceRecord) -> Duration {
-        let first = self.records[0].timestamp;
-        Duration::from_secs_f64((rec.timestamp - first) as f64 / 1000.0 / self.cfg.speedup)
+    fn arrival(&self, pos: usize) -> Duration {
+        Duration::from_secs_f64(self.offsets_ms[pos] / 1000.0 / self.cfg.speedup)
     }
+}
+
+/// Each record's arrival in milliseconds from the first record's, for
+/// records sorted by timestamp: the timestamps themselves, or with
+/// `spread` each burst of equal timestamps evenly over the gap to the next
+/// distinct one (the last burst over the gap before it; a trace of one
+/// instant stays at one instant).
+fn offsets_ms(records: &[TraceRecord], spread: bool) -> Vec<f64> {
+    let Some(first) = records.first().map(|r| r.timestamp) else {
+        return Vec::new();
+    };
+    let mut out: Vec<f64> = records
+        .iter()
+        .map(|r| (r.timestamp - first) as f64)
+        .collect();
+    if !spread {
+        return out;
+    }
+    let mut start = 0;
+    let mut last_gap = 0u64;
+    while start < records.len() {
+        let t = records[start].timestamp;
+        let end = start + records[start..].partition_point(|r| r.timestamp == t);
+        let gap = match records.get(end) {
+            Some(next) => next.timestamp - t,
+            None => last_gap,
+        };
+        let k = (end - start) as f64;
+        for (i, o) in out[start..end].iter_mut().enumerate() {
+            *o += gap as f64 * i as f64 / k;
+        }
+        last_gap = gap;
+        start = end;
+    }
+    out
 }
 
 impl Workload for TraceReplay {
@@ -244,7 +293,7 @@ impl Workload for TraceReplay {
             return Poll::Done;
         }
         let rec = &self.records[self.pos];
-        let at = self.arrival(rec);
+        let at = self.arrival(self.pos);
         if at > now {
             return Poll::NotBefore(at);
         }
