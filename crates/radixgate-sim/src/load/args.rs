@@ -218,7 +218,7 @@ pub struct WorkloadFlags {
     pub speedup: Option<f64>,
     /// trace: records that share a timestamp arrive evenly over the time
     /// to the next distinct one, not all at once (for traces whose times
-    /// are rounded to a coarse grid).
+    /// are rounded to a coarse grid) [default: off].
     #[arg(long)]
     pub spread_bursts: bool,
     /// trace: tokens per hash block [default: 512].

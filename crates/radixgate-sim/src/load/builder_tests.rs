@@ -188,6 +188,15 @@ fn workload_flag_help_states_each_workloads_default() {
         } else {
             applies.split(", ").collect()
         };
+        if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+            // A switch: off unless given, and given it changes the config.
+            assert!(help.ends_with("[default: off]"), "--{long}: {help}");
+            for &workload in &workloads {
+                assert_ne!(config(workload, &format!("--{long}")), config(workload, ""));
+                checked += 1;
+            }
+            continue;
+        }
         let Some((_, default)) = help.split_once("[default: ") else {
             assert_eq!(long, "trace", "--{long} states no default: {help}");
             continue;
