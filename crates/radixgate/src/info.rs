@@ -75,7 +75,8 @@ pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Valu
     }))
 }
 
-/// `/get_loads`: in-flight requests per admitted worker.
+/// `/get_loads`: in-flight requests per admitted worker: this replica's own,
+/// and what the other replicas last reported (replica sync; 0 without).
 pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
     let snapshot = state.shared.router.snapshot();
     let workers: Vec<Value> = snapshot
@@ -87,6 +88,8 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
                 "url": w.url(),
                 "load": w.load(),
                 "pending_prefill_chars": w.pending_prefill(),
+                "peer_load": w.peer_load(),
+                "peer_pending_prefill_chars": w.peer_pending_prefill(),
                 "processed": w.processed(),
                 "healthy": w.is_healthy(),
                 "available": w.is_available(),

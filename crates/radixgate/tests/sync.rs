@@ -160,7 +160,11 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     let other = sim_worker(fast_worker()).await;
     // A knows only the slow worker; B knows both.
     let a = gateway_ready(replica_config(&[nats.url()], &[&slow.url]), 1).await;
-    let b = gateway_ready(replica_config(&[nats.url()], &[&slow.url, &other.url]), 2).await;
+    // B keeps a report for a minute: only A's next report, not its expiry,
+    // can take the load away again.
+    let mut b_config = replica_config(&[nats.url()], &[&slow.url, &other.url]);
+    b_config.sync.load_expiry_ms = 60_000;
+    let b = gateway_ready(b_config, 2).await;
     wait_connected(&a.url).await;
     wait_connected(&b.url).await;
     let mut held = Vec::new();
@@ -183,11 +187,29 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
         );
         assert_eq!(branch, "imbalanced");
     }
+    assert_eq!(peer_load(&b.url, &slow.url).await, 100);
     for h in held {
         h.await.unwrap();
     }
+    // A fall is not reported at once, but within a load period.
+    wait_until("B hears that A's load fell", || async {
+        peer_load(&b.url, &slow.url).await == 0
+    })
+    .await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// The load the other replicas reported on a worker, as `/get_loads` shows it.
+async fn peer_load(gateway: &str, worker: &str) -> u64 {
+    let loads = get_loads(gateway).await;
+    let w = loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == worker)
+        .unwrap_or_else(|| panic!("{worker} in {loads}"));
+    w["peer_load"].as_u64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

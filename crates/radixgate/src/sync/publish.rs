@@ -1,7 +1,8 @@
 //! The publisher: queued decisions go out `batch_ms` after the first of
 //! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), and
-//! the load report goes out when it changed, or every `load_period_ms`
-//! while this replica has anything in flight. It wakes only for these: an
+//! the load report goes out when a worker's load rose, and on every
+//! multiple of `load_period_ms` of the wall clock while this replica has
+//! anything in flight (which is when falls go out). It wakes only for these: an
 //! idle replica's publisher does not run at all (it ticked every `batch_ms`
 //! before, 100 wake-ups a second whatever the traffic).
 //!
@@ -96,19 +97,66 @@ fn own_loads(router: &Router) -> Vec<WorkerLoad> {
         .collect()
 }
 
-/// The shortest gap between two load reports. Under steady traffic the
-/// load changes many times a second, and a report per change (each decoded
-/// by every peer) took sync's extra router CPU from 13.5-14.5% to 17% in
-/// docs/sync.md's side-by-side runs.
+/// The shortest gap between two load reports that announce a rise. Under
+/// steady traffic the load changes many times a second, and a report per
+/// change (each decoded by every peer) took sync's extra router CPU from
+/// 13.5-14.5% to 17% in docs/sync.md's side-by-side runs.
 const LOAD_COALESCE: Duration = Duration::from_millis(25);
+
+/// Whether `now` asks more of a worker than `reported` said: a worker's
+/// in-flight count or pending prefill above what was reported, or a worker
+/// not in the report. Peers that have not heard of a rise send that worker
+/// more than its share (every replica picks the same quiet holder), so a
+/// rise is reported at once; a fall only makes peers a little shy of the
+/// worker until the next periodic report.
+fn rises(now: &[WorkerLoad], reported: &[WorkerLoad]) -> bool {
+    now.iter()
+        .any(|w| match reported.iter().find(|r| r.url == w.url) {
+            Some(r) => w.in_flight > r.in_flight || w.pending_prefill > r.pending_prefill,
+            None => true,
+        })
+}
+
+/// How long after a wall-clock time `wall` (since the Unix epoch) the next
+/// multiple of `step` since the epoch comes, strictly after it.
+fn to_next_multiple(wall: Duration, step: Duration) -> Duration {
+    let step_ns = step.as_nanos().max(1);
+    let into = wall.as_nanos() % step_ns;
+    Duration::from_nanos((step_ns - into) as u64)
+}
+
+/// Two reads of the wall clock and the monotonic one disagree by this much
+/// at most, as far as [`on_grid`] is concerned.
+const CLOCK_SLACK: Duration = Duration::from_micros(50);
+
+/// The first instant after `after` (by more than [`CLOCK_SLACK`], so that
+/// an instant on the grid is not given back as its own successor) that
+/// falls on a multiple of `step` of the wall clock. Periodic reports go out
+/// on this grid, the same for every replica (to the accuracy of their
+/// clocks), so the reports of all busy peers reach a replica together and
+/// are read in one wake-up instead of one each.
+fn on_grid(after: Instant, step: Duration) -> Instant {
+    let after = after + CLOCK_SLACK;
+    let now = Instant::now();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let wall_after = if after >= now {
+        wall + (after - now)
+    } else {
+        wall.saturating_sub(now - after)
+    };
+    after + to_next_multiple(wall_after, step)
+}
 
 /// Publishes until `stop`. Nothing runs on a timer while there is nothing
 /// to say: the task sleeps until a decision is queued (then waits
 /// `batch_ms` for more to join its batch) or the router signals that a
-/// worker's own load changed (then reports at once, unless the last report
-/// is under [`LOAD_COALESCE`] old: then when it is). While the load it last
-/// reported is non-zero it repeats it every `load_period_ms`, so peers never
-/// expire a live report.
+/// worker's own load changed. A rise is reported at once, unless the last
+/// report is under [`LOAD_COALESCE`] old (then when it is). While the load
+/// it last reported is non-zero it reports again on every multiple of
+/// `load_period_ms` of the wall clock, so peers never expire a live report
+/// and hear of falls within a period; a fall alone waits for that.
 pub(super) async fn run(
     client: Client,
     me: Identity,
@@ -136,19 +184,15 @@ pub(super) async fn run(
     let mut queued: Vec<Routed> = Vec::new();
     let mut batch_due: Option<Instant> = None;
     let mut queue_open = true;
-    // A load change was signalled and not reported yet.
-    let mut load_changed = false;
+    // A rise was seen and not reported yet.
+    let mut risen = false;
     let mut last_load: Vec<WorkerLoad> = Vec::new();
     let mut last_load_at = Instant::now();
+    // The next periodic report, while the last one was non-zero.
+    let mut tick: Option<Instant> = None;
     loop {
-        let load_due = if load_changed {
-            Some(last_load_at + LOAD_COALESCE)
-        } else if !last_load.is_empty() {
-            Some(last_load_at + period)
-        } else {
-            None
-        };
-        let wake = [batch_due, load_due].into_iter().flatten().min();
+        let rise_due = risen.then(|| last_load_at + LOAD_COALESCE);
+        let wake = [batch_due, rise_due, tick].into_iter().flatten().min();
         tokio::select! {
             _ = stop.cancelled() => return,
             item = rx.recv(), if queue_open && batch_due.is_none() => match item {
@@ -158,7 +202,9 @@ pub(super) async fn run(
                 }
                 None => queue_open = false,
             },
-            _ = changes.notified(), if !load_changed => load_changed = true,
+            // A fall needs nothing here: a non-zero last report has its
+            // tick set, and the tick reports whatever the load is then.
+            _ = changes.notified(), if !risen => risen = rises(&own_loads(&router), &last_load),
             _ = super::sleep_until_some(wake) => {}
         }
         let now = Instant::now();
@@ -169,18 +215,17 @@ pub(super) async fn run(
             }
             send_batches(&mut p, &mut dict, window, std::mem::take(&mut queued)).await;
         }
-        // Load: on change, coalesced to one report per LOAD_COALESCE, and
-        // at least every period while non-zero.
-        let since = now.duration_since(last_load_at);
-        let periodic = !last_load.is_empty() && since >= period;
-        if (load_changed && since >= LOAD_COALESCE) || periodic {
-            load_changed = false;
+        let rise_now = rise_due.is_some_and(|due| now >= due);
+        let tick_now = tick.is_some_and(|due| now >= due);
+        if rise_now || tick_now {
+            risen = false;
             let loads = own_loads(&router);
-            if loads != last_load || (periodic && !loads.is_empty()) {
+            if tick_now || loads != last_load {
                 p.send_load(&loads).await;
-                last_load = loads;
                 last_load_at = Instant::now();
             }
+            tick = (!loads.is_empty()).then(|| on_grid(last_load_at, period));
+            last_load = loads;
         }
     }
 }
@@ -220,5 +265,72 @@ async fn send_batches(p: &mut Publisher, dict: &mut Outgoing, window: u64, items
     }
     if !batch.entries.is_empty() {
         p.send_inserts(batch).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(url: &str, in_flight: u32, pending_prefill: u64) -> WorkerLoad {
+        WorkerLoad {
+            url: url.to_owned(),
+            in_flight,
+            pending_prefill,
+        }
+    }
+
+    #[test]
+    fn a_rise_is_more_in_flight_more_prefill_or_a_new_worker() {
+        let reported = [load("a", 2, 100), load("b", 1, 0)];
+        assert!(rises(&[load("a", 3, 100), load("b", 1, 0)], &reported));
+        assert!(rises(&[load("a", 2, 101), load("b", 1, 0)], &reported));
+        assert!(rises(
+            &[load("a", 2, 100), load("b", 1, 0), load("c", 1, 0)],
+            &reported
+        ));
+        assert!(rises(&[load("c", 1, 0)], &[]));
+        // Falls, and workers gone from the report, are not rises.
+        assert!(!rises(&[load("a", 1, 100), load("b", 1, 0)], &reported));
+        assert!(!rises(&[load("a", 2, 0)], &reported));
+        assert!(!rises(&[], &reported));
+        assert!(!rises(&reported, &reported));
+    }
+
+    #[test]
+    fn the_grid_is_the_next_multiple_strictly_after() {
+        let step = Duration::from_millis(100);
+        let ms = Duration::from_millis;
+        assert_eq!(to_next_multiple(ms(1_000_030), step), ms(70));
+        assert_eq!(to_next_multiple(ms(1_000_099), step), ms(1));
+        // On a multiple: the next one, a whole step on.
+        assert_eq!(to_next_multiple(ms(1_000_000), step), step);
+        assert_eq!(
+            to_next_multiple(Duration::from_nanos(1), step),
+            ms(100) - Duration::from_nanos(1)
+        );
+        // A zero step never divides by zero.
+        assert_eq!(
+            to_next_multiple(ms(5), Duration::ZERO),
+            Duration::from_nanos(1)
+        );
+    }
+
+    #[test]
+    fn grid_instants_are_at_most_a_step_ahead_and_a_step_apart() {
+        let step = Duration::from_millis(100);
+        let start = Instant::now();
+        let first = on_grid(start, step);
+        assert!(first > start && first - start <= step);
+        let second = on_grid(first, step);
+        // Not the same instant again: the next multiple, a step on, give or
+        // take the clocks' reads.
+        let gap = second - first;
+        assert!(
+            gap > step - CLOCK_SLACK && gap <= step + CLOCK_SLACK,
+            "{gap:?}"
+        );
+        let past = on_grid(start - Duration::from_millis(250), step);
+        assert!(past <= start - Duration::from_millis(150) + CLOCK_SLACK);
     }
 }
