@@ -27,6 +27,18 @@ pub struct LoadGuard {
     predicted: Option<Predicted>,
 }
 
+/// A first token the cost model learned from: the work the decision saw on
+/// the worker and the wait. Replica sync hands it to the other replicas
+/// ([`Router::observe`](crate::Router::observe)), so that every replica
+/// fits each worker on all of the pool's first tokens, not its share.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    /// What the decision saw on the worker.
+    pub work: Work,
+    /// From the decision to the first token.
+    pub elapsed: Duration,
+}
+
 /// The facts a TTFT prediction was made from, kept until the first token.
 #[derive(Clone, Copy, Debug)]
 struct Predicted {
@@ -77,11 +89,16 @@ impl LoadGuard {
     /// the worker's cost model learns from the wait, once. Callers pass only
     /// a real first token (a streamed response's first event), not the end
     /// of a whole answer.
-    pub fn first_token(&mut self, elapsed: Duration) {
-        if let Some(p) = self.predicted.take() {
+    pub fn first_token(&mut self, elapsed: Duration) -> Option<Observation> {
+        let learned = self.predicted.take().map(|p| {
             self.worker.observe_ttft(p.slot, p.work, elapsed, &p.cost);
-        }
+            Observation {
+                work: p.work,
+                elapsed,
+            }
+        });
         self.prefill_done();
+        learned
     }
 
     /// The request's first token arrived: its prefill work is done. The

@@ -73,7 +73,7 @@ pub use cost::{Coefficients, CostModelConfig, Work};
 pub use error::{ErrorOrigin, RoutingError};
 pub use eviction::spawn_eviction;
 pub use exact::ExactMatches;
-pub use guard::LoadGuard;
+pub use guard::{LoadGuard, Observation};
 pub use namespace::CacheNamespace;
 pub use peer_load::{PeerLoad, PeerLoads};
 pub use policy::{Branch, Decision, Explanation, Policy, Rendered};

@@ -23,7 +23,7 @@
 //! share the main policy (its trees keep them apart by tenant).
 
 use crate::policy::{Holding, LeastLoad};
-use crate::{CacheAwareConfig, ExactMatches};
+use crate::{CacheAwareConfig, ExactMatches, Observation};
 use crate::{
     Decision, Policy, RequestView, RoutingError, WILDCARD_MODEL, Worker, WorkerId, WorkerRole,
     WorkerSet, WorkerSpec, WorkerUrl,
@@ -381,6 +381,37 @@ impl Router {
         match policy.trees() {
             Some(trees) => {
                 trees.insert_for(model, text, worker.id().tenant());
+                Learned::Inserted
+            }
+            None => Learned::NoTrees,
+        }
+    }
+
+    /// Teaches the cost model of the worker at `url` (its fit for pool
+    /// `model`) a first token another router replica saw there. Checked as
+    /// [`learn`](Self::learn) checks an insert; `NoTrees` stands for a
+    /// policy without a cost model here.
+    pub fn observe(&self, model: &str, url: &str, seen: Observation) -> Learned {
+        let set = self.current.load();
+        let Some(worker) = set.by_url(url) else {
+            return Learned::UnknownWorker;
+        };
+        let known_pool = match set.resolve_in(worker.role(), Some(model)) {
+            Ok(pool) => pool.model == model,
+            Err(_) => false,
+        };
+        let serves = if model == WILDCARD_MODEL {
+            worker.models().is_empty()
+        } else {
+            worker.serves(model)
+        };
+        if !known_pool || !serves {
+            return Learned::UnknownModel;
+        }
+        let policy = slot_of(worker.role(), &self.policy, &self.decode_policy).load();
+        match policy.cost_model() {
+            Some(cost) => {
+                worker.observe_ttft(worker.cost_slot(model), seen.work, seen.elapsed, cost);
                 Learned::Inserted
             }
             None => Learned::NoTrees,

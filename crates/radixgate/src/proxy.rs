@@ -360,6 +360,7 @@ async fn attempts(
         let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
+                let mut observed = None;
                 traced.answered(status.as_u16());
                 shared.outliers.sample(worker.id(), sent.elapsed());
                 if status.is_success()
@@ -370,7 +371,7 @@ async fn attempts(
                     // model learns this worker's wait from it. (A whole
                     // answer's first byte comes after its decode too, so
                     // it only releases the predicted prefill, later.)
-                    decision.first_token(sent.elapsed());
+                    observed = decision.first_token(sent.elapsed());
                 }
                 if !retry::retryable_status(status) {
                     if status.is_client_error() {
@@ -389,6 +390,7 @@ async fn attempts(
                                 .unwrap_or(radixgate_routing::WILDCARD_MODEL),
                             worker.url(),
                             text,
+                            observed,
                         );
                     }
                     return Ok(Answer {

@@ -53,6 +53,8 @@ pub(crate) struct Routed {
     pub(crate) model: String,
     pub(crate) url: String,
     pub(crate) text: String,
+    /// The first token the cost model learned from, if it did.
+    pub(crate) observed: Option<radixgate_routing::Observation>,
 }
 
 /// Who this process is, in its messages.
@@ -84,11 +86,20 @@ pub(crate) struct SyncHandle {
 impl SyncHandle {
     /// Queues a decision for publishing; never waits. A full queue drops
     /// it (counted `radixgate_sync_dropped_total{reason="queue_full"}`).
-    pub(crate) fn routed(&self, model: &str, url: &str, text: &str) {
+    /// `observed`: the request's first token, if this replica's cost model
+    /// learned from it; the others' fits learn from it too.
+    pub(crate) fn routed(
+        &self,
+        model: &str,
+        url: &str,
+        text: &str,
+        observed: Option<radixgate_routing::Observation>,
+    ) {
         let item = Routed {
             model: model.to_owned(),
             url: url.to_owned(),
             text: text.to_owned(),
+            observed,
         };
         if let Err(err) = self.queue.try_send(item) {
             let reason = match err {

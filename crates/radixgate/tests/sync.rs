@@ -213,6 +213,56 @@ async fn peer_load(gateway: &str, worker: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_teaches_every_replicas_cost_model() {
+    let nats = Nats::start(&[]);
+    let worker = sim_worker(fast_worker()).await;
+    let a = gateway_ready(replica_config(&[nats.url()], &[&worker.url]), 1).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &[&worker.url]), 1).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_eq!(first_tokens_learned(&b.url, &worker.url).await, 0);
+    for i in 0..5 {
+        let r = post_chat(&a.url, &chat(&prompt(&format!("streamed {i}")), true)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    // A's fit learned from its 5 streamed first tokens; B routed nothing,
+    // and its fit for the same worker learns them through sync.
+    assert_eq!(first_tokens_learned(&a.url, &worker.url).await, 5);
+    wait_until("B's fit learns A's first tokens", || async {
+        first_tokens_learned(&b.url, &worker.url).await == 5
+    })
+    .await;
+    assert_eq!(
+        series_value(&b.url, "radixgate_sync_first_tokens_learned_total").await,
+        5.0
+    );
+    // A learns nothing back from its own.
+    assert_eq!(first_tokens_learned(&a.url, &worker.url).await, 5);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// First tokens the cost model has learned from for a worker, over its
+/// models, as `/get_loads` shows it.
+async fn first_tokens_learned(gateway: &str, worker: &str) -> u64 {
+    let loads = get_loads(gateway).await;
+    let w = loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == worker)
+        .unwrap_or_else(|| panic!("{worker} in {loads}"))
+        .clone();
+    w["ttft_model"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["observations"].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_replica_warms_up_before_it_is_ready() {
     let mut nats = Nats::start(&[]);
     let workers = [

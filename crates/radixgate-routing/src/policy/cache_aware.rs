@@ -417,6 +417,10 @@ impl Policy for CacheAware {
     fn trees(&self) -> Option<&Trees> {
         Some(&self.trees)
     }
+
+    fn cost_model(&self) -> Option<&crate::CostModelConfig> {
+        Some(&self.config.cost)
+    }
 }
 
 impl CacheAware {

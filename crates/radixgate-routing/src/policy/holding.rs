@@ -78,6 +78,10 @@ impl Policy for Holding {
         self.own.as_ref().or_else(|| self.inner.trees())
     }
 
+    fn cost_model(&self) -> Option<&crate::CostModelConfig> {
+        self.inner.cost_model()
+    }
+
     fn on_worker_removed(&self, worker: &Worker) {
         self.inner.on_worker_removed(worker);
         if let Some(trees) = &self.own {

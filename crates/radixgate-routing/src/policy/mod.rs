@@ -34,7 +34,7 @@ pub use round_robin::RoundRobin;
 pub use trees::Trees;
 
 use crate::correction::{CacheFeedback, CorrectionConfig, InFlight, ModelTruth};
-use crate::{LoadGuard, RequestView, RoutingError, Worker, WorkerId};
+use crate::{CostModelConfig, LoadGuard, Observation, RequestView, RoutingError, Worker, WorkerId};
 use radixgate_tree::{Insertion, Tree};
 use std::fmt;
 use std::sync::Arc;
@@ -62,6 +62,13 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// tree upkeep below (forgetting a removed worker, eviction, the cache
     /// record) is implemented once, on [`Trees`], and reached through this.
     fn trees(&self) -> Option<&Trees> {
+        None
+    }
+
+    /// The TTFT cost model's settings, if the policy learns one (a peer
+    /// replica's first tokens teach this replica's fits with them:
+    /// [`Router::observe`](crate::Router::observe)).
+    fn cost_model(&self) -> Option<&CostModelConfig> {
         None
     }
 
@@ -157,9 +164,9 @@ impl Decision {
     }
 
     /// The request's first token arrived `elapsed` after the decision (see
-    /// [`LoadGuard::first_token`]).
-    pub fn first_token(&mut self, elapsed: Duration) {
-        self.guard.first_token(elapsed);
+    /// [`LoadGuard::first_token`]); what the cost model learned, if it did.
+    pub fn first_token(&mut self, elapsed: Duration) -> Option<Observation> {
+        self.guard.first_token(elapsed)
     }
 
     /// Records that the decision inserted `text` (the capped routing text)

@@ -60,6 +60,10 @@ impl Policy for PrefillAware {
     fn trees(&self) -> Option<&Trees> {
         self.inner.trees()
     }
+
+    fn cost_model(&self) -> Option<&crate::CostModelConfig> {
+        self.inner.cost_model()
+    }
 }
 
 #[cfg(test)]

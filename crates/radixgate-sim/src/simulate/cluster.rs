@@ -33,8 +33,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use radixgate_routing::{
-    CacheFeedback, CacheReport, Corrected, ExactMatches, LoadGuard, ReportedLoad, Worker, WorkerId,
-    WorkerSpec,
+    CacheFeedback, CacheReport, Corrected, ExactMatches, LoadGuard, Observation, ReportedLoad,
+    WILDCARD_MODEL, Worker, WorkerId, WorkerSpec,
 };
 
 use super::events::{Kind, Queue};
@@ -340,6 +340,29 @@ impl Cluster<'_> {
 
     /// Replica `replica`'s own load may have changed: tell the others
     /// (after the sync delay; nothing without sync or peers).
+    /// Replica `replica`'s cost model learned `seen` on `worker`: the
+    /// other replicas' fits learn it too, after the sync delay.
+    fn first_token_seen(&mut self, replica: usize, worker: &Worker, seen: Observation) {
+        if let Chooser::Policy {
+            replicas, model, ..
+        } = &mut self.chooser
+        {
+            let pool = if worker.models().is_empty() {
+                WILDCARD_MODEL
+            } else {
+                model.as_str()
+            };
+            replicas.publish_observation(
+                &mut self.queue,
+                self.now,
+                replica,
+                pool,
+                worker.url(),
+                seen,
+            );
+        }
+    }
+
     fn load_changed(&mut self, replica: usize) {
         if let Chooser::Policy { replicas, .. } = &mut self.chooser {
             replicas.publish_load(&mut self.queue, self.now, replica);
@@ -517,10 +540,15 @@ impl Cluster<'_> {
             if let Some(live) = self.live.get_mut(id) {
                 live.first = Some(self.now);
                 // The cost model learns from simulated first tokens as the
-                // gateway's learns from real ones.
-                live.guard.first_token(self.now.saturating_sub(live.start));
+                // gateway's learns from real ones, and so do the other
+                // replicas' (replica sync carries the first token).
+                let seen = live.guard.first_token(self.now.saturating_sub(live.start));
                 let replica = live.replica;
+                let worker = live.guard.worker().clone();
                 self.load_changed(replica);
+                if let Some(seen) = seen {
+                    self.first_token_seen(replica, &worker, seen);
+                }
             }
         }
         for &(id, _) in &out.progressed {

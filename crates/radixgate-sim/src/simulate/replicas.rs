@@ -14,6 +14,10 @@
 //!   ([`Decision::inserted_text`]), which the peers insert for the worker
 //!   with that URL ([`Router::learn`], the live router's own path for a
 //!   peer's decision);
+//! - a first token its cost model learned from (the work the decision saw
+//!   on the worker and the wait), which the peers' fits for the worker with
+//!   that URL learn too ([`Router::observe`]; the live router sends it with
+//!   the decision's insert);
 //! - a change of the replica's own in-flight count or pending prefill on a
 //!   worker (at the decision, the first token and the end): a report of
 //!   its load on every worker, which each peer's [`PeerLoads`] keeps as
@@ -34,8 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use radixgate_routing::{
-    Decision, PeerLoad, PeerLoads, Policy, PolicyConfig, Registry, Router, WILDCARD_MODEL, Worker,
-    WorkerSpec,
+    Decision, Observation, PeerLoad, PeerLoads, Policy, PolicyConfig, Registry, Router,
+    WILDCARD_MODEL, Worker, WorkerSpec,
 };
 
 use super::events::{Kind, Queue};
@@ -115,6 +119,13 @@ enum Message {
         model: String,
         url: String,
         text: String,
+    },
+    /// Its cost model learned from a first token on the worker at `url`.
+    Observed {
+        from: usize,
+        model: String,
+        url: String,
+        seen: Observation,
     },
     /// Its report number `seq` of its own load on every worker.
     Load {
@@ -236,6 +247,29 @@ impl Replicas {
         self.send(queue, now, msg);
     }
 
+    /// Replica `from`'s cost model learned `seen` on the worker at `url`
+    /// (pool `model`); the peers' fits learn it too.
+    pub(super) fn publish_observation(
+        &mut self,
+        queue: &mut Queue,
+        now: Duration,
+        from: usize,
+        model: &str,
+        url: &str,
+        seen: Observation,
+    ) {
+        if self.delay.is_none() || self.members.len() < 2 {
+            return;
+        }
+        let msg = Message::Observed {
+            from,
+            model: model.to_owned(),
+            url: url.to_owned(),
+            seen,
+        };
+        self.send(queue, now, msg);
+    }
+
     /// Replica `from`'s own load may have changed: it reports its load on
     /// every worker.
     pub(super) fn publish_load(&mut self, queue: &mut Queue, now: Duration, from: usize) {
@@ -284,6 +318,18 @@ impl Replicas {
                 for (to, m) in self.members.iter().enumerate() {
                     if to != from {
                         m.router.learn(&model, &url, &text);
+                    }
+                }
+            }
+            Message::Observed {
+                from,
+                model,
+                url,
+                seen,
+            } => {
+                for (to, m) in self.members.iter().enumerate() {
+                    if to != from {
+                        m.router.observe(&model, &url, seen);
                     }
                 }
             }
@@ -358,6 +404,34 @@ mod tests {
         }
         assert_eq!((w(1).peer_load(), w(1).peer_pending_prefill()), (1, 0));
         drop(g2);
+    }
+
+    #[test]
+    fn a_first_token_teaches_the_peers_fits_after_the_delay() {
+        let mut r = set(3, Some(Duration::from_millis(5)));
+        let mut q = Queue::default();
+        let seen = Observation {
+            work: radixgate_routing::Work {
+                queued_chars: 0,
+                uncached_chars: 4096,
+                in_flight: 1,
+            },
+            elapsed: Duration::from_millis(30),
+        };
+        r.publish_observation(&mut q, Duration::ZERO, 0, "m", "http://sim-1", seen);
+        let learned = |r: &Replicas, k: usize| r.members[k].workers[1].ttft_observations(0);
+        assert_eq!(learned(&r, 1), 0, "not yet");
+        while let Some(ev) = q.pop() {
+            assert_eq!(ev.at, Duration::from_millis(5));
+            r.deliver(ev.at);
+        }
+        assert_eq!((learned(&r, 1), learned(&r, 2)), (1, 1));
+        assert_eq!(learned(&r, 0), 0, "not its own: it learned it already");
+        assert_eq!(
+            r.members[1].workers[0].ttft_observations(0),
+            0,
+            "only that worker"
+        );
     }
 
     #[test]

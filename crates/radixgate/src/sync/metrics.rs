@@ -31,6 +31,10 @@ const LEARNED: Describe = Describe::new(
     "radixgate_sync_entries_learned_total",
     "Peers' routing decisions applied to this replica's trees.",
 );
+const OBSERVED: Describe = Describe::new(
+    "radixgate_sync_first_tokens_learned_total",
+    "Peers' first-token observations this replica's TTFT cost model learned from.",
+);
 const CONNECTED: Describe = Describe::new(
     "radixgate_sync_connected",
     "Whether this replica is connected to NATS (1) or not (0).",
@@ -50,6 +54,7 @@ pub(crate) struct SyncMetrics {
     dropped: Family<&'static str, Counter>,
     ignored: LabelledCounters,
     learned: OneCounter,
+    observed: OneCounter,
     connected: OneGauge,
     lag: OneGauge,
 }
@@ -64,6 +69,7 @@ impl SyncMetrics {
             dropped: metrics.counters(&DROPPED),
             ignored: metrics.labelled_counters(&IGNORED, "reason"),
             learned: metrics.counter(&LEARNED),
+            observed: metrics.counter(&OBSERVED),
             connected: metrics.gauge(&CONNECTED),
             lag: metrics.gauge(&LAG),
         };
@@ -93,6 +99,10 @@ impl SyncMetrics {
 
     pub(crate) fn learned(&self) {
         self.learned.add(1);
+    }
+
+    pub(crate) fn observed(&self) {
+        self.observed.add(1);
     }
 
     pub(crate) fn ignored(&self, reason: &'static str) {

@@ -9,8 +9,11 @@
 //! ```
 //!
 //! `var` is an unsigned LEB128 integer, `str`/`bytes` a `var` length then
-//! that many bytes. `kind` 1 is a batch of inserts, 2 a load report;
-//! `flags` must be 0 in version 1. `instance` is random per process: it
+//! that many bytes. `kind` 1 is a batch of inserts, 2 a load report.
+//! `flags`: bit 0 ([`FLAG_OBSERVED`], inserts only) says every entry ends
+//! with a first-token observation (below); any other bit is malformed.
+//! Builds before that bit reject it as malformed, so a sender sets it only
+//! on batches that carry one. `instance` is random per process: it
 //! tells a replica's own messages apart (even a restarted one under the same
 //! `replica` name), and keys the reference dictionary below.
 //!
@@ -25,6 +28,12 @@
 //! what the same replica sent moments before (a conversation's earlier
 //! turns, a shared system prompt), and the receiver keeps those texts (see
 //! [`super::dict`]).
+//!
+//! With [`FLAG_OBSERVED`], each entry then ends with `seen:u8`: 0, or 1
+//! followed by `queued_chars:var uncached_chars:var in_flight:var
+//! ttft_us:var`: what the sender's cost model saw on the worker when it
+//! decided, and the wait for the first token, which every receiver's fit
+//! for that worker learns from too.
 //!
 //! Load body: `count:var`, then per worker `url:str in_flight:var
 //! pending_prefill:var`; a report lists every worker the replica has load
@@ -43,6 +52,11 @@ const MAGIC: &[u8; 2] = b"RG";
 pub(crate) const VERSION: u8 = 1;
 const KIND_INSERTS: u8 = 1;
 const KIND_LOAD: u8 = 2;
+/// Flag: the inserts' entries carry first-token observations.
+pub(crate) const FLAG_OBSERVED: u8 = 1;
+/// The longest first-token wait an observation may state; a longer one is
+/// malformed (a lying peer must not teach a fit absurd speeds).
+pub(crate) const MAX_OBSERVED_TTFT_US: u64 = 600_000_000;
 /// The largest payload decoded (NATS's own default limit is 1 MiB).
 pub(crate) const MAX_MESSAGE: usize = 8 << 20;
 
@@ -70,6 +84,17 @@ pub(crate) struct WireEntry {
     pub(crate) base: Option<(u64, u64)>,
     /// The text after the base's bytes (all of it without a base).
     pub(crate) suffix: Vec<u8>,
+    /// The first token the sender's cost model learned from, if it did.
+    pub(crate) observed: Option<Observed>,
+}
+
+/// A first-token observation, as sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Observed {
+    pub(crate) queued_chars: u64,
+    pub(crate) uncached_chars: u64,
+    pub(crate) in_flight: u64,
+    pub(crate) ttft_us: u64,
 }
 
 /// A batch of inserts.
@@ -145,9 +170,9 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-fn put_header(out: &mut Vec<u8>, kind: u8, h: &Header) {
+fn put_header(out: &mut Vec<u8>, kind: u8, flags: u8, h: &Header) {
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[VERSION, kind, 0]);
+    out.extend_from_slice(&[VERSION, kind, flags]);
     put_bytes(out, h.cluster.as_bytes());
     put_bytes(out, h.replica.as_bytes());
     out.extend_from_slice(&h.instance.to_le_bytes());
@@ -182,7 +207,9 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
             .map(|e| e.suffix.len() + 8)
             .sum::<usize>(),
     );
-    put_header(&mut out, KIND_INSERTS, h);
+    let observed = batch.entries.iter().any(|e| e.observed.is_some());
+    let flags = if observed { FLAG_OBSERVED } else { 0 };
+    put_header(&mut out, KIND_INSERTS, flags, h);
     put_var(&mut out, table.len() as u64);
     for s in &table {
         put_bytes(&mut out, s.as_bytes());
@@ -201,6 +228,18 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
             None => put_var(&mut out, 0),
         }
         put_bytes(&mut out, &e.suffix);
+        if observed {
+            match e.observed {
+                Some(o) => {
+                    out.push(1);
+                    put_var(&mut out, o.queued_chars);
+                    put_var(&mut out, o.uncached_chars);
+                    put_var(&mut out, o.in_flight);
+                    put_var(&mut out, o.ttft_us);
+                }
+                None => out.push(0),
+            }
+        }
     }
     out
 }
@@ -208,7 +247,7 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
 /// Encodes a load report.
 pub(crate) fn encode_load(h: &Header, loads: &[WorkerLoad]) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + loads.len() * 40);
-    put_header(&mut out, KIND_LOAD, h);
+    put_header(&mut out, KIND_LOAD, 0, h);
     put_var(&mut out, loads.len() as u64);
     for l in loads {
         put_bytes(&mut out, l.url.as_bytes());
@@ -285,6 +324,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
 /// decoding, and allocating, the entries.
 pub(crate) struct RawBody<'a> {
     kind: u8,
+    flags: u8,
     rest: &'a [u8],
 }
 
@@ -293,7 +333,7 @@ impl RawBody<'_> {
     pub(crate) fn decode(self) -> Result<Body, WireError> {
         let mut r = Reader { rest: self.rest };
         let body = match self.kind {
-            KIND_INSERTS => Body::Inserts(decode_inserts(&mut r)?),
+            KIND_INSERTS => Body::Inserts(decode_inserts(&mut r, self.flags)?),
             KIND_LOAD => Body::Load(decode_load(&mut r)?),
             _ => return Err(WireError::Malformed("unknown kind")),
         };
@@ -320,11 +360,16 @@ pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), Wir
     if version != VERSION {
         return Err(WireError::Version(version));
     }
-    if flags != 0 {
-        return Err(WireError::Malformed("unknown flags"));
-    }
     if kind != KIND_INSERTS && kind != KIND_LOAD {
         return Err(WireError::Malformed("unknown kind"));
+    }
+    let known = if kind == KIND_INSERTS {
+        FLAG_OBSERVED
+    } else {
+        0
+    };
+    if flags & !known != 0 {
+        return Err(WireError::Malformed("unknown flags"));
     }
     let cluster = r.str("cluster")?.to_owned();
     let replica = r.str("replica")?.to_owned();
@@ -343,10 +388,17 @@ pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), Wir
         seq,
         sent_ms,
     };
-    Ok((header, RawBody { kind, rest: r.rest }))
+    Ok((
+        header,
+        RawBody {
+            kind,
+            flags,
+            rest: r.rest,
+        },
+    ))
 }
 
-fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
+fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
     let n = r.count(1, "string table")?;
     let mut table = Vec::with_capacity(n);
     for _ in 0..n {
@@ -371,11 +423,17 @@ fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
             back => Some((back, r.var("base length")?)),
         };
         let suffix = r.bytes("text")?.to_vec();
+        let observed = if flags & FLAG_OBSERVED != 0 {
+            decode_observed(r)?
+        } else {
+            None
+        };
         entries.push(WireEntry {
             model,
             url,
             base,
             suffix,
+            observed,
         });
     }
     Ok(Inserts {
@@ -383,6 +441,25 @@ fn decode_inserts(r: &mut Reader<'_>) -> Result<Inserts, WireError> {
         first_entry,
         entries,
     })
+}
+
+fn decode_observed(r: &mut Reader<'_>) -> Result<Option<Observed>, WireError> {
+    match r.take(1, "observation")? {
+        [0] => Ok(None),
+        [1] => {
+            let o = Observed {
+                queued_chars: r.var("queued chars")?,
+                uncached_chars: r.var("uncached chars")?,
+                in_flight: r.var("in flight")?,
+                ttft_us: r.var("first token")?,
+            };
+            if o.ttft_us > MAX_OBSERVED_TTFT_US {
+                return Err(WireError::Malformed("first token"));
+            }
+            Ok(Some(o))
+        }
+        _ => Err(WireError::Malformed("observation")),
+    }
 }
 
 fn decode_load(r: &mut Reader<'_>) -> Result<Vec<WorkerLoad>, WireError> {

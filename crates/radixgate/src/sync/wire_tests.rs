@@ -13,6 +13,7 @@ fn header() -> Header {
 
 fn entry(model: &str, url: &str, base: Option<(u64, u64)>, suffix: &str) -> WireEntry {
     WireEntry {
+        observed: None,
         model: model.into(),
         url: url.into(),
         base,
@@ -78,14 +79,80 @@ fn wrong_magic_version_kind_and_flags_are_refused() {
         WireError::Malformed("unknown kind")
     );
     let mut flags = good.clone();
-    flags[4] = 1;
-    assert!(decode(&flags).is_err());
+    flags[4] = 2;
+    assert_eq!(
+        decode(&flags).unwrap_err(),
+        WireError::Malformed("unknown flags")
+    );
+    // The observation flag belongs to inserts only.
+    let mut load = encode_load(&header(), &[]);
+    load[4] = FLAG_OBSERVED;
+    assert_eq!(
+        decode(&load).unwrap_err(),
+        WireError::Malformed("unknown flags")
+    );
     let mut trailing = good;
     trailing.push(0);
     assert_eq!(
         decode(&trailing).unwrap_err(),
         WireError::Malformed("trailing bytes")
     );
+}
+
+fn observed(ttft_us: u64) -> Observed {
+    Observed {
+        queued_chars: 12_000,
+        uncached_chars: 300,
+        in_flight: 7,
+        ttft_us,
+    }
+}
+
+/// `sample()` with a first-token observation on its first entry.
+fn sample_observed() -> Inserts {
+    let mut batch = sample();
+    batch.entries[0].observed = Some(observed(41_250));
+    batch
+}
+
+#[test]
+fn observations_round_trip_and_only_batches_with_one_are_flagged() {
+    let bytes = encode_inserts(&header(), &sample_observed());
+    assert_eq!(bytes[4], FLAG_OBSERVED);
+    assert_eq!(
+        decode(&bytes).unwrap(),
+        (header(), Body::Inserts(sample_observed()))
+    );
+    // Without one, the batch is what builds before observations read.
+    assert_eq!(encode_inserts(&header(), &sample())[4], 0);
+    // Each entry pays one byte, and the one observed its four numbers.
+    let plain = encode_inserts(&header(), &sample()).len();
+    assert_eq!(bytes.len() - plain, 3 + 2 + 2 + 1 + 3);
+}
+
+#[test]
+fn bad_observations_are_refused() {
+    let good = encode_inserts(&header(), &sample_observed());
+    // The entry's `seen` byte comes right after its text ("<user>hello").
+    let at = good.windows(11).position(|w| w == b"<user>hello").unwrap() + 11;
+    assert_eq!(good[at], 1);
+    let mut seen = good.clone();
+    seen[at] = 2;
+    assert_eq!(
+        decode(&seen).unwrap_err(),
+        WireError::Malformed("observation")
+    );
+    let mut slow = sample();
+    slow.entries[2].observed = Some(observed(MAX_OBSERVED_TTFT_US + 1));
+    assert_eq!(
+        decode(&encode_inserts(&header(), &slow)).unwrap_err(),
+        WireError::Malformed("first token")
+    );
+    slow.entries[2].observed = Some(observed(MAX_OBSERVED_TTFT_US));
+    assert!(decode(&encode_inserts(&header(), &slow)).is_ok());
+    for cut in 0..good.len() {
+        assert!(decode(&good[..cut]).is_err(), "cut at {cut}");
+    }
 }
 
 #[test]
@@ -110,7 +177,7 @@ fn every_truncation_is_an_error_not_a_panic() {
 #[test]
 fn huge_counts_and_lengths_are_refused_without_allocating() {
     let mut h = Vec::new();
-    put_header(&mut h, KIND_INSERTS, &header());
+    put_header(&mut h, KIND_INSERTS, 0, &header());
     let mut big_table = h.clone();
     put_var(&mut big_table, u64::MAX);
     assert_eq!(
@@ -139,7 +206,7 @@ fn huge_counts_and_lengths_are_refused_without_allocating() {
 #[test]
 fn bad_indexes_and_bad_utf8_are_refused() {
     let mut h = Vec::new();
-    put_header(&mut h, KIND_INSERTS, &header());
+    put_header(&mut h, KIND_INSERTS, 0, &header());
     let mut index = h.clone();
     put_var(&mut index, 1);
     put_bytes(&mut index, b"m");
@@ -182,14 +249,18 @@ proptest! {
 
     /// Whatever the texts and numbers, what is encoded decodes the same.
     #[test]
-    fn round_trips(texts in proptest::collection::vec(".{0,40}", 0..6), first in any::<u64>(), back in 0u64..1000, len in any::<u64>()) {
+    fn round_trips(texts in proptest::collection::vec(".{0,40}", 0..6), first in any::<u64>(), back in 0u64..1000, len in any::<u64>(), ttft in 0..=MAX_OBSERVED_TTFT_US) {
         let batch = Inserts {
             window: len / 3,
             first_entry: first,
             entries: texts
                 .iter()
                 .enumerate()
-                .map(|(i, t)| entry(&format!("m{}", i % 2), "http://a:1", (back > 0).then_some((back, len)), t))
+                .map(|(i, t)| {
+                    let mut e = entry(&format!("m{}", i % 2), "http://a:1", (back > 0).then_some((back, len)), t);
+                    e.observed = (i % 3 == 1).then_some(Observed { queued_chars: len, uncached_chars: back, in_flight: first, ttft_us: ttft });
+                    e
+                })
                 .collect(),
         };
         let bytes = encode_inserts(&header(), &batch);
