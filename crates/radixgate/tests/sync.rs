@@ -191,7 +191,7 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     for h in held {
         h.await.unwrap();
     }
-    // A fall is not reported at once, but within a load period.
+    // The fall reaches B as a report, not by the expiry of the last one.
     wait_until("B hears that A's load fell", || async {
         peer_load(&b.url, &slow.url).await == 0
     })

@@ -1,8 +1,8 @@
 //! The publisher: queued decisions go out `batch_ms` after the first of
 //! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), and
-//! the load report goes out when a worker's load rose, and on every
-//! multiple of `load_period_ms` of the wall clock while this replica has
-//! anything in flight (which is when falls go out). It wakes only for these: an
+//! the load report goes out when it changed (at most one per 25 ms), and on
+//! every multiple of `load_period_ms` of the wall clock while this replica
+//! has anything in flight. It wakes only for these: an
 //! idle replica's publisher does not run at all (it ticked every `batch_ms`
 //! before, 100 wake-ups a second whatever the traffic).
 //!
@@ -97,25 +97,11 @@ fn own_loads(router: &Router) -> Vec<WorkerLoad> {
         .collect()
 }
 
-/// The shortest gap between two load reports that announce a rise. Under
+/// The shortest gap between two load reports that announce a change. Under
 /// steady traffic the load changes many times a second, and a report per
 /// change (each decoded by every peer) took sync's extra router CPU from
 /// 13.5-14.5% to 17% in docs/sync.md's side-by-side runs.
 const LOAD_COALESCE: Duration = Duration::from_millis(25);
-
-/// Whether `now` asks more of a worker than `reported` said: a worker's
-/// in-flight count or pending prefill above what was reported, or a worker
-/// not in the report. Peers that have not heard of a rise send that worker
-/// more than its share (every replica picks the same quiet holder), so a
-/// rise is reported at once; a fall only makes peers a little shy of the
-/// worker until the next periodic report.
-fn rises(now: &[WorkerLoad], reported: &[WorkerLoad]) -> bool {
-    now.iter()
-        .any(|w| match reported.iter().find(|r| r.url == w.url) {
-            Some(r) => w.in_flight > r.in_flight || w.pending_prefill > r.pending_prefill,
-            None => true,
-        })
-}
 
 /// How long after a wall-clock time `wall` (since the Unix epoch) the next
 /// multiple of `step` since the epoch comes, strictly after it.
@@ -152,11 +138,10 @@ fn on_grid(after: Instant, step: Duration) -> Instant {
 /// Publishes until `stop`. Nothing runs on a timer while there is nothing
 /// to say: the task sleeps until a decision is queued (then waits
 /// `batch_ms` for more to join its batch) or the router signals that a
-/// worker's own load changed. A rise is reported at once, unless the last
+/// worker's own load changed. A change is reported at once, unless the last
 /// report is under [`LOAD_COALESCE`] old (then when it is). While the load
 /// it last reported is non-zero it reports again on every multiple of
-/// `load_period_ms` of the wall clock, so peers never expire a live report
-/// and hear of falls within a period; a fall alone waits for that.
+/// `load_period_ms` of the wall clock, so peers never expire a live report.
 pub(super) async fn run(
     client: Client,
     me: Identity,
@@ -184,15 +169,15 @@ pub(super) async fn run(
     let mut queued: Vec<Routed> = Vec::new();
     let mut batch_due: Option<Instant> = None;
     let mut queue_open = true;
-    // A rise was seen and not reported yet.
-    let mut risen = false;
+    // A change was signalled and not reported yet.
+    let mut changed = false;
     let mut last_load: Vec<WorkerLoad> = Vec::new();
     let mut last_load_at = Instant::now();
     // The next periodic report, while the last one was non-zero.
     let mut tick: Option<Instant> = None;
     loop {
-        let rise_due = risen.then(|| last_load_at + LOAD_COALESCE);
-        let wake = [batch_due, rise_due, tick].into_iter().flatten().min();
+        let change_due = changed.then(|| last_load_at + LOAD_COALESCE);
+        let wake = [batch_due, change_due, tick].into_iter().flatten().min();
         tokio::select! {
             _ = stop.cancelled() => return,
             item = rx.recv(), if queue_open && batch_due.is_none() => match item {
@@ -202,9 +187,7 @@ pub(super) async fn run(
                 }
                 None => queue_open = false,
             },
-            // A fall needs nothing here: a non-zero last report has its
-            // tick set, and the tick reports whatever the load is then.
-            _ = changes.notified(), if !risen => risen = rises(&own_loads(&router), &last_load),
+            _ = changes.notified(), if !changed => changed = true,
             _ = super::sleep_until_some(wake) => {}
         }
         let now = Instant::now();
@@ -215,10 +198,10 @@ pub(super) async fn run(
             }
             send_batches(&mut p, &mut dict, window, std::mem::take(&mut queued)).await;
         }
-        let rise_now = rise_due.is_some_and(|due| now >= due);
+        let change_now = change_due.is_some_and(|due| now >= due);
         let tick_now = tick.is_some_and(|due| now >= due);
-        if rise_now || tick_now {
-            risen = false;
+        if change_now || tick_now {
+            changed = false;
             let loads = own_loads(&router);
             if tick_now || loads != last_load {
                 p.send_load(&loads).await;
@@ -279,31 +262,6 @@ async fn send_batches(p: &mut Publisher, dict: &mut Outgoing, window: u64, items
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn load(url: &str, in_flight: u32, pending_prefill: u64) -> WorkerLoad {
-        WorkerLoad {
-            url: url.to_owned(),
-            in_flight,
-            pending_prefill,
-        }
-    }
-
-    #[test]
-    fn a_rise_is_more_in_flight_more_prefill_or_a_new_worker() {
-        let reported = [load("a", 2, 100), load("b", 1, 0)];
-        assert!(rises(&[load("a", 3, 100), load("b", 1, 0)], &reported));
-        assert!(rises(&[load("a", 2, 101), load("b", 1, 0)], &reported));
-        assert!(rises(
-            &[load("a", 2, 100), load("b", 1, 0), load("c", 1, 0)],
-            &reported
-        ));
-        assert!(rises(&[load("c", 1, 0)], &[]));
-        // Falls, and workers gone from the report, are not rises.
-        assert!(!rises(&[load("a", 1, 100), load("b", 1, 0)], &reported));
-        assert!(!rises(&[load("a", 2, 0)], &reported));
-        assert!(!rises(&[], &reported));
-        assert!(!rises(&reported, &reported));
-    }
 
     #[test]
     fn the_grid_is_the_next_multiple_strictly_after() {
