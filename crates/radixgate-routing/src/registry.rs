@@ -361,23 +361,10 @@ impl Router {
     /// current worker set ([`WILDCARD_MODEL`] for the wildcard pool) served
     /// by that worker, so a peer cannot create trees for made-up models.
     pub fn learn(&self, model: &str, url: &str, text: &str) -> Learned {
-        let set = self.current.load();
-        let Some(worker) = set.by_url(url) else {
-            return Learned::UnknownWorker;
+        let (worker, policy) = match self.peer_target(model, url) {
+            Ok(found) => found,
+            Err(refused) => return refused,
         };
-        let known_pool = match set.resolve_in(worker.role(), Some(model)) {
-            Ok(pool) => pool.model == model,
-            Err(_) => false,
-        };
-        let serves = if model == WILDCARD_MODEL {
-            worker.models().is_empty()
-        } else {
-            worker.serves(model)
-        };
-        if !known_pool || !serves {
-            return Learned::UnknownModel;
-        }
-        let policy = slot_of(worker.role(), &self.policy, &self.decode_policy).load();
         match policy.trees() {
             Some(trees) => {
                 trees.insert_for(model, text, worker.id().tenant());
@@ -392,9 +379,31 @@ impl Router {
     /// [`learn`](Self::learn) checks an insert; `NoTrees` stands for a
     /// policy without a cost model here.
     pub fn observe(&self, model: &str, url: &str, seen: Observation) -> Learned {
+        let (worker, policy) = match self.peer_target(model, url) {
+            Ok(found) => found,
+            Err(refused) => return refused,
+        };
+        match policy.cost_model() {
+            Some(cost) => {
+                worker.observe_ttft(worker.cost_slot(model), seen.work, seen.elapsed, cost);
+                Learned::Inserted
+            }
+            None => Learned::NoTrees,
+        }
+    }
+
+    /// The worker at `url` and the policy of its role, if `model` is a pool
+    /// of the current worker set that this worker serves: what a peer
+    /// replica's message may touch ([`learn`](Self::learn),
+    /// [`observe`](Self::observe)).
+    fn peer_target(
+        &self,
+        model: &str,
+        url: &str,
+    ) -> Result<(Arc<Worker>, Arc<dyn Policy>), Learned> {
         let set = self.current.load();
         let Some(worker) = set.by_url(url) else {
-            return Learned::UnknownWorker;
+            return Err(Learned::UnknownWorker);
         };
         let known_pool = match set.resolve_in(worker.role(), Some(model)) {
             Ok(pool) => pool.model == model,
@@ -406,16 +415,11 @@ impl Router {
             worker.serves(model)
         };
         if !known_pool || !serves {
-            return Learned::UnknownModel;
+            return Err(Learned::UnknownModel);
         }
-        let policy = slot_of(worker.role(), &self.policy, &self.decode_policy).load();
-        match policy.cost_model() {
-            Some(cost) => {
-                worker.observe_ttft(worker.cost_slot(model), seen.work, seen.elapsed, cost);
-                Learned::Inserted
-            }
-            None => Learned::NoTrees,
-        }
+        let policy: Arc<dyn Policy> =
+            Arc::clone(&slot_of(worker.role(), &self.policy, &self.decode_policy).load());
+        Ok((Arc::clone(worker), policy))
     }
 
     /// The policy decisions are made by now (a reload may replace it).

@@ -200,16 +200,23 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     b.shutdown().await;
 }
 
-/// The load the other replicas reported on a worker, as `/get_loads` shows it.
-async fn peer_load(gateway: &str, worker: &str) -> u64 {
+/// `/get_loads`'s entry for one worker.
+async fn worker_loads(gateway: &str, worker: &str) -> serde_json::Value {
     let loads = get_loads(gateway).await;
-    let w = loads["workers"]
+    loads["workers"]
         .as_array()
         .unwrap()
         .iter()
         .find(|w| w["url"] == worker)
-        .unwrap_or_else(|| panic!("{worker} in {loads}"));
-    w["peer_load"].as_u64().unwrap()
+        .unwrap_or_else(|| panic!("{worker} in {loads}"))
+        .clone()
+}
+
+/// The load the other replicas reported on a worker, as `/get_loads` shows it.
+async fn peer_load(gateway: &str, worker: &str) -> u64 {
+    worker_loads(gateway, worker).await["peer_load"]
+        .as_u64()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,15 +253,7 @@ async fn a_first_token_teaches_every_replicas_cost_model() {
 /// First tokens the cost model has learned from for a worker, over its
 /// models, as `/get_loads` shows it.
 async fn first_tokens_learned(gateway: &str, worker: &str) -> u64 {
-    let loads = get_loads(gateway).await;
-    let w = loads["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["url"] == worker)
-        .unwrap_or_else(|| panic!("{worker} in {loads}"))
-        .clone();
-    w["ttft_model"]
+    worker_loads(gateway, worker).await["ttft_model"]
         .as_array()
         .unwrap()
         .iter()
