@@ -9,13 +9,15 @@ when at least k workers hold the deepest match (within the granularity),
 the hit is honoured only while the holder's prediction is within
 best * (1 + margin), with no slack_ms and no repeated-prefill term.
 
-Usage: holders_sweep.py 2,3 zipf:32,long-doc:8,...   Env: RADIXGATE (binary).
+Usage: holders_sweep.py 2,3 zipf:32,long-doc:8,...   Env: RADIXGATE (binary),
+SEED (default 1).
 """
 import json, os, subprocess, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ttft
 B = os.environ.get("RADIXGATE", "target/release/radixgate")
 ks = sys.argv[1].split(",")
+SEED = os.environ.get("SEED", "1")
 cells = [c.split(":") for c in sys.argv[2].split(",")]
 for name, n in cells:
     n = int(n)
@@ -25,7 +27,7 @@ for name, n in cells:
     rate = round(per * n, 3)
     req = 12000 if n >= 32 else 6000
     cmd = (f"{B} simulate --workers {n} {wf} --rate {rate} --requests {req} "
-           "--policies cache_aware,prefill_aware --seed 1 --json")
+           f"--policies cache_aware,prefill_aware --seed {SEED} --json")
     out = {}
     for k in ["off"] + ks:
         env = dict(os.environ)
