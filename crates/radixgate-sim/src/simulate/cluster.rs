@@ -338,8 +338,6 @@ impl Cluster<'_> {
         }
     }
 
-    /// Replica `replica`'s own load may have changed: tell the others
-    /// (after the sync delay; nothing without sync or peers).
     /// Replica `replica`'s cost model learned `seen` on `worker`: the
     /// other replicas' fits learn it too, after the sync delay.
     fn first_token_seen(&mut self, replica: usize, worker: &Worker, seen: Observation) {
@@ -363,6 +361,8 @@ impl Cluster<'_> {
         }
     }
 
+    /// Replica `replica`'s own load may have changed: tell the others
+    /// (after the sync delay; nothing without sync or peers).
     fn load_changed(&mut self, replica: usize) {
         if let Chooser::Policy { replicas, .. } = &mut self.chooser {
             replicas.publish_load(&mut self.queue, self.now, replica);
@@ -542,11 +542,13 @@ impl Cluster<'_> {
                 // The cost model learns from simulated first tokens as the
                 // gateway's learns from real ones, and so do the other
                 // replicas' (replica sync carries the first token).
-                let seen = live.guard.first_token(self.now.saturating_sub(live.start));
+                let seen = live
+                    .guard
+                    .first_token(self.now.saturating_sub(live.start))
+                    .map(|seen| (live.guard.worker().clone(), seen));
                 let replica = live.replica;
-                let worker = live.guard.worker().clone();
                 self.load_changed(replica);
-                if let Some(seen) = seen {
+                if let Some((worker, seen)) = seen {
                     self.first_token_seen(replica, &worker, seen);
                 }
             }

@@ -258,7 +258,7 @@ impl Replicas {
         url: &str,
         seen: Observation,
     ) {
-        if self.delay.is_none() || self.members.len() < 2 {
+        if self.delay.is_none() {
             return;
         }
         let msg = Message::Observed {
@@ -302,6 +302,15 @@ impl Replicas {
         }
     }
 
+    /// Every replica but `from`: the receivers of its messages.
+    fn others(&self, from: usize) -> impl Iterator<Item = &Member> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(move |&(to, _)| to != from)
+            .map(|(_, m)| m)
+    }
+
     /// A [`Kind::Sync`] event at simulated time `now`: the oldest message
     /// reaches every other replica.
     pub(super) fn deliver(&mut self, now: Duration) {
@@ -315,10 +324,8 @@ impl Replicas {
                 url,
                 text,
             } => {
-                for (to, m) in self.members.iter().enumerate() {
-                    if to != from {
-                        m.router.learn(&model, &url, &text);
-                    }
+                for m in self.others(from) {
+                    m.router.learn(&model, &url, &text);
                 }
             }
             Message::Observed {
@@ -327,10 +334,8 @@ impl Replicas {
                 url,
                 seen,
             } => {
-                for (to, m) in self.members.iter().enumerate() {
-                    if to != from {
-                        m.router.observe(&model, &url, seen);
-                    }
+                for m in self.others(from) {
+                    m.router.observe(&model, &url, seen);
                 }
             }
             Message::Load { from, seq, loads } => {

@@ -10,7 +10,7 @@
 //! buffer, then block): batches are dropped and counted `disconnected`.
 
 use super::dict::Outgoing;
-use super::wire::{self, Header, Inserts, MAX_OBSERVED_TTFT_US, Observed, WireEntry, WorkerLoad};
+use super::wire::{self, Header, Inserts, Observed, WireEntry, WorkerLoad};
 use super::{Identity, Routed, SyncMetrics, now_ms};
 use crate::config::SyncConfig;
 use async_nats::Client;
@@ -232,14 +232,7 @@ async fn send_batches(p: &mut Publisher, dict: &mut Outgoing, window: u64, items
             url: item.url,
             base: encoded.base,
             suffix,
-            observed: item.observed.map(|o| Observed {
-                queued_chars: o.work.queued_chars as u64,
-                uncached_chars: o.work.uncached_chars as u64,
-                in_flight: o.work.in_flight as u64,
-                ttft_us: u64::try_from(o.elapsed.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .min(MAX_OBSERVED_TTFT_US),
-            }),
+            observed: item.observed.map(Observed::from),
         });
         if bytes >= MAX_BATCH_BYTES {
             let full = std::mem::replace(

@@ -17,7 +17,7 @@ use crate::config::SyncConfig;
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
-use radixgate_routing::{Learned, Observation, PeerLoad, PeerLoads, Router, Work};
+use radixgate_routing::{Learned, Observation, PeerLoad, PeerLoads, Router};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -221,14 +221,7 @@ impl Applier {
             // A first token teaches the fits only as it happens: replayed
             // history is about the workers as they were.
             if live && let Some(o) = entry.observed {
-                let seen = Observation {
-                    work: Work {
-                        queued_chars: usize::try_from(o.queued_chars).unwrap_or(usize::MAX),
-                        uncached_chars: usize::try_from(o.uncached_chars).unwrap_or(usize::MAX),
-                        in_flight: usize::try_from(o.in_flight).unwrap_or(usize::MAX),
-                    },
-                    elapsed: Duration::from_micros(o.ttft_us),
-                };
+                let seen = Observation::from(o);
                 if self.router.observe(&entry.model, &entry.url, seen) == Learned::Inserted {
                     self.metrics.observed();
                 }

@@ -44,7 +44,9 @@
 //! table, text that is not UTF-8, trailing bytes: all are
 //! [`WireError`]s, counted by the receiver as malformed.
 
+use radixgate_routing::{Observation, Work};
 use std::fmt;
+use std::time::Duration;
 
 /// The first bytes of every message.
 const MAGIC: &[u8; 2] = b"RG";
@@ -95,6 +97,37 @@ pub(crate) struct Observed {
     pub(crate) uncached_chars: u64,
     pub(crate) in_flight: u64,
     pub(crate) ttft_us: u64,
+}
+
+/// What the cost model learned, as sent: the wait in whole microseconds,
+/// at most [`MAX_OBSERVED_TTFT_US`].
+impl From<Observation> for Observed {
+    fn from(o: Observation) -> Self {
+        Self {
+            queued_chars: o.work.queued_chars as u64,
+            uncached_chars: o.work.uncached_chars as u64,
+            in_flight: o.work.in_flight as u64,
+            ttft_us: u64::try_from(o.elapsed.as_micros())
+                .unwrap_or(u64::MAX)
+                .min(MAX_OBSERVED_TTFT_US),
+        }
+    }
+}
+
+/// A received observation, for this replica's cost model (counts past
+/// `usize` saturate).
+impl From<Observed> for Observation {
+    fn from(o: Observed) -> Self {
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        Self {
+            work: Work {
+                queued_chars: size(o.queued_chars),
+                uncached_chars: size(o.uncached_chars),
+                in_flight: size(o.in_flight),
+            },
+            elapsed: Duration::from_micros(o.ttft_us),
+        }
+    }
 }
 
 /// A batch of inserts.

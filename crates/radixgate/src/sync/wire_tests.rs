@@ -131,6 +131,26 @@ fn observations_round_trip_and_only_batches_with_one_are_flagged() {
 }
 
 #[test]
+fn an_observation_converts_both_ways_and_a_long_wait_is_capped() {
+    let seen = Observation {
+        work: Work {
+            queued_chars: 12_000,
+            uncached_chars: 300,
+            in_flight: 7,
+        },
+        elapsed: std::time::Duration::from_micros(41_250),
+    };
+    let sent = Observed::from(seen);
+    assert_eq!(sent, observed(41_250));
+    assert_eq!(Observation::from(sent), seen);
+    let hour = Observation {
+        elapsed: std::time::Duration::from_secs(3600),
+        ..seen
+    };
+    assert_eq!(Observed::from(hour).ttft_us, MAX_OBSERVED_TTFT_US);
+}
+
+#[test]
 fn bad_observations_are_refused() {
     let good = encode_inserts(&header(), &sample_observed());
     // The entry's `seen` byte comes right after its text ("<user>hello").
