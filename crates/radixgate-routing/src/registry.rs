@@ -42,6 +42,8 @@ pub struct Registry {
     /// Every worker's load-change signal (see [`Router::load_changes`]).
     load_changes: Arc<Notify>,
     next_id: u32,
+    /// Where every policy's tie-breaking rotation starts ([`Self::stagger`]).
+    stagger: usize,
 }
 
 impl Registry {
@@ -57,7 +59,18 @@ impl Registry {
             least_load: Arc::new(LeastLoad::new()),
             load_changes: Arc::new(Notify::new()),
             next_id: 0,
+            stagger: 0,
         }
+    }
+
+    /// Starts every policy's tie-breaking rotation at `start`, now and
+    /// after a reload ([`Policy::stagger`]): each replica of a router that
+    /// shares its pool with others should start at its own place.
+    pub fn stagger(&mut self, start: usize) {
+        self.stagger = start;
+        self.policy.load().stagger(start);
+        self.decode_policy.load().stagger(start);
+        self.least_load.stagger(start);
     }
 
     /// A cheap, cloneable handle for the request path.
@@ -85,6 +98,7 @@ impl Registry {
                 policy.on_worker_added(worker);
             }
         }
+        policy.stagger(self.stagger);
         self.policy.store(Arc::new(policy));
     }
 
@@ -98,6 +112,7 @@ impl Registry {
                 policy.on_worker_added(worker);
             }
         }
+        policy.stagger(self.stagger);
         self.decode_policy.store(Arc::new(policy));
     }
 

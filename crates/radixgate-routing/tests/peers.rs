@@ -193,3 +193,69 @@ fn the_next_expiry_is_the_oldest_report_s() {
     peers.expire(t0 + Duration::from_millis(301));
     assert_eq!(peers.next_expiry(), Some(t0 + Duration::from_millis(350)));
 }
+
+/// The worker index (0-3 of `http://w0:1`..) the first decision of a fresh
+/// registry with `config`, staggered at `start` (if any), goes to, by every
+/// path a request may take: the policy, and the least-loaded pick.
+fn first_choices(config: &PolicyConfig, start: Option<usize>, reload: bool) -> (usize, usize) {
+    let mut reg = Registry::new(config.build().unwrap());
+    for i in 0..4 {
+        reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap();
+    }
+    if let Some(start) = start {
+        reg.stagger(start);
+    }
+    if reload {
+        // A reload's new policy starts where the registry says.
+        reg.set_policy(config.build().unwrap());
+    }
+    let router = reg.router();
+    let index = |url: &str| {
+        url["http://w".len()..]
+            .trim_end_matches(":1")
+            .parse()
+            .unwrap()
+    };
+    // Each decision's load is released before the next one.
+    let by_policy = index(
+        router
+            .select(None, &text("first"), None, &[])
+            .unwrap()
+            .decision
+            .worker()
+            .url(),
+    );
+    let least = index(
+        router
+            .select_least_loaded(None, &[])
+            .unwrap()
+            .decision
+            .worker()
+            .url(),
+    );
+    (by_policy, least)
+}
+
+#[test]
+fn a_staggered_registry_breaks_a_cold_starts_ties_elsewhere() {
+    // Every worker idle, no tree, no fit: every policy faces a tie, which
+    // its rotation breaks. Replicas that start their rotations in different
+    // places send their first requests to different workers.
+    for config in [
+        PolicyConfig::default(),
+        PolicyConfig::PrefillAware(Default::default()),
+        PolicyConfig::LeastLoad(Default::default()),
+        PolicyConfig::RoundRobin(Default::default()),
+    ] {
+        assert_eq!(first_choices(&config, None, false), (0, 0), "{config:?}");
+        for start in 0..8 {
+            for reload in [false, true] {
+                assert_eq!(
+                    first_choices(&config, Some(start), reload),
+                    (start % 4, start % 4),
+                    "{config:?} from {start}, reload {reload}"
+                );
+            }
+        }
+    }
+}

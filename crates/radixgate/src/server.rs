@@ -231,6 +231,12 @@ pub async fn run_reloadable(
             .map_err(crate::config::ConfigError::from)?;
         registry.set_decode_policy(decode, &config.routing.tree_bounds());
     }
+    if config.sync.enabled() {
+        // Replicas start their tie-breaking rotations apart (a random
+        // place each), so that at a cold start they do not all send their
+        // first requests to the same worker.
+        registry.stagger(rand::random::<u32>() as usize);
+    }
     // The decode pool's record (its own, or its policy's trees) is evicted
     // on its own timer; it lives as long as the gateway.
     let decode_policy = registry.decode_policy();

@@ -406,6 +406,10 @@ impl Policy for CacheAware {
         "cache_aware"
     }
 
+    fn stagger(&self, start: usize) {
+        self.turn.store(start, Ordering::Relaxed);
+    }
+
     fn select(
         &self,
         req: &RequestView<'_>,

@@ -56,6 +56,10 @@ impl Policy for ConsistentHash {
         "consistent_hash"
     }
 
+    fn stagger(&self, start: usize) {
+        self.turn.store(start, Ordering::Relaxed);
+    }
+
     fn select(
         &self,
         req: &RequestView<'_>,

@@ -54,6 +54,10 @@ impl Policy for Holding {
         self.inner.name()
     }
 
+    fn stagger(&self, start: usize) {
+        self.inner.stagger(start);
+    }
+
     fn select(
         &self,
         req: &RequestView<'_>,

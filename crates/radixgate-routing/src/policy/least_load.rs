@@ -24,6 +24,10 @@ impl Policy for LeastLoad {
         "least_load"
     }
 
+    fn stagger(&self, start: usize) {
+        self.turn.store(start, Ordering::Relaxed);
+    }
+
     fn select(
         &self,
         req: &RequestView<'_>,

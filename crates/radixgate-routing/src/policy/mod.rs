@@ -53,6 +53,16 @@ pub trait Policy: Send + Sync + fmt::Debug {
         workers: &[Arc<Worker>],
     ) -> Result<Decision, RoutingError>;
 
+    /// Starts the policy's tie-breaking rotation at `start` (by default
+    /// there is none). Replicas of one router each start theirs elsewhere:
+    /// with the same rotation, replicas that see the same state (a cold
+    /// start: empty trees, no fits yet) break every tie alike, and their
+    /// first requests all land on one worker before any hears of the
+    /// others' (docs/replicas.md, "Ties at a cold start").
+    fn stagger(&self, start: usize) {
+        let _ = start;
+    }
+
     /// A worker joined the pool.
     fn on_worker_added(&self, worker: &Arc<Worker>) {
         let _ = worker;

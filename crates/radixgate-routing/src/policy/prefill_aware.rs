@@ -49,6 +49,10 @@ impl Policy for PrefillAware {
         "prefill_aware"
     }
 
+    fn stagger(&self, start: usize) {
+        self.inner.stagger(start);
+    }
+
     fn select(
         &self,
         req: &RequestView<'_>,

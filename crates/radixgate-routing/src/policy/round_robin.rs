@@ -28,6 +28,10 @@ impl Policy for RoundRobin {
         "round_robin"
     }
 
+    fn stagger(&self, start: usize) {
+        self.next.store(start, Ordering::Relaxed);
+    }
+
     fn select(
         &self,
         req: &RequestView<'_>,

@@ -143,3 +143,21 @@ fn a_longer_sync_delay_does_not_beat_a_shorter_one() {
     }
     assert!(rates[3] < rates[0], "1 s is worse than 1 ms: {rates:?}");
 }
+
+#[test]
+fn replicas_starting_together_send_their_first_requests_apart() {
+    // Four requests at once, one per replica, before any sync message can
+    // arrive: each replica sees an idle pool with nothing learned, a tie
+    // its rotation breaks. Started at the same place, all four rotations
+    // would pick the first worker (measured: [4, 0, 0, 0]).
+    for name in ["cache_aware", "prefill_aware", "least_load", "round_robin"] {
+        let base = small(4, multi_turn(), Arrivals::Closed { concurrency: 4 });
+        let cfg = SimConfig {
+            max_requests: Some(4),
+            replicas: replicas(4, Some(1000)),
+            ..base
+        };
+        let s = run(&cfg, &policy(name)).unwrap();
+        assert_eq!(s.per_worker, vec![1, 1, 1, 1], "{name}");
+    }
+}

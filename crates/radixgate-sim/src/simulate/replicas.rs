@@ -110,6 +110,15 @@ impl ReplicaConfig {
     }
 }
 
+/// Where replica `r`'s tie-breaking rotation starts when there are
+/// several with sync: as a live replica's with sync on, a number unrelated
+/// to the others' (there a random one per process; here a fixed scramble
+/// of `r`, so that runs repeat). Without sync a live router does not know
+/// it has peers, and starts at 0 as one router does.
+fn stagger_start(r: usize) -> usize {
+    ((r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 16) as usize
+}
+
 /// What one replica tells the others.
 #[derive(Debug)]
 enum Message {
@@ -169,9 +178,12 @@ impl Replicas {
     ) -> Result<Self, SimError> {
         cfg.validate()?;
         let members = (0..cfg.count)
-            .map(|_| {
+            .map(|r| {
                 let policy: Arc<dyn Policy> = pc.build()?;
                 let mut registry = Registry::new(policy);
+                if cfg.count > 1 && cfg.sync_delay.is_some() {
+                    registry.stagger(stagger_start(r));
+                }
                 let workers = specs
                     .iter()
                     .map(|s| registry.add(s.clone()))
