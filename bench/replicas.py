@@ -5,7 +5,7 @@
 For each routing-quality workload and each setting (1 router; N replicas
 without sync; N replicas with `--sync-url` to a real `nats-server`), fresh
 simulated workers, a fresh `nats-server -js` where sync is on, and the
-replicas (`radixgate serve --policy cache_aware`) in front of the same
+replicas (`radixgate serve --policy cache_aware`, or `--policy`) in front of the same
 workers; `radixgate load --json` spreads the workload over the replicas
 (`--assign`, round-robin by default). Measured per run: hit rate and TTFT
 as the load tool reports them, router CPU (utime+stime of every replica's
@@ -116,7 +116,7 @@ class Replicas:
             started = []
             for i in range(n):
                 cmd = [self.binary, "serve", "--host", "127.0.0.1", "--port", str(port + i),
-                       "--policy", "cache_aware", "--log-level", "warn"]
+                       "--policy", self.opts.policy, "--log-level", "warn"]
                 if nats_port is not None:
                     cmd += ["--sync-url", f"nats://127.0.0.1:{nats_port}",
                             "--sync-cluster", cluster]
@@ -269,6 +269,10 @@ def main() -> int:
                    choices=["round-robin", "by-session", "by-group", "client-hash"],
                    help="how the load tool spreads requests over the replicas")
     p.add_argument("--only-workload", action="append", default=[])
+    p.add_argument("--policy", default="cache_aware",
+                   help="the replicas' policy; round_robin, whose decisions nothing synced "
+                        "changes, with --no-sync-only, shows what running N router processes "
+                        "on these cores costs TTFT by itself")
     p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--trace", default=os.path.join(ROOT, "traces/mooncake_conversation.jsonl"))
