@@ -329,8 +329,11 @@ async fn rerank_score_and_tokenizing_go_to_the_least_loaded_worker() {
         let url = format!("{}/v1/rerank", gw.url);
         let body = rerank.clone();
         let task = tokio::spawn(async move { client().post(url).json(&body).send().await });
+        // Held means in flight on worker 0: a rerank on its way to the
+        // idle worker is in flight for a moment too, and taking it for the
+        // held one would send a later request to the hung worker.
         wait_until("the rerank answered or held", || async {
-            task.is_finished() || total_load(&gw.url).await == 1
+            task.is_finished() || worker_load(&gw.url, &w[0].url).await == 1
         })
         .await;
         if !task.is_finished() {

@@ -256,6 +256,17 @@ pub async fn total_load(gateway: &str) -> u64 {
         .sum()
 }
 
+/// The in-flight load the gateway counts on the worker at `url`.
+pub async fn worker_load(gateway: &str, url: &str) -> u64 {
+    get_loads(gateway).await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .and_then(|w| w["load"].as_u64())
+        .unwrap_or(0)
+}
+
 pub async fn wait_for_zero_load(gateway: &str) {
     wait_until("all loads back to zero", || async {
         total_load(gateway).await == 0
