@@ -333,7 +333,7 @@ async fn rerank_score_and_tokenizing_go_to_the_least_loaded_worker() {
         // idle worker is in flight for a moment too, and taking it for the
         // held one would send a later request to the hung worker.
         wait_until("the rerank answered or held", || async {
-            task.is_finished() || worker_load(&gw.url, &w[0].url).await == 1
+            task.is_finished() || worker_loads(&gw.url, &w[0].url).await["load"] == 1
         })
         .await;
         if !task.is_finished() {

@@ -200,18 +200,6 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     b.shutdown().await;
 }
 
-/// `/get_loads`'s entry for one worker.
-async fn worker_loads(gateway: &str, worker: &str) -> serde_json::Value {
-    let loads = get_loads(gateway).await;
-    loads["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["url"] == worker)
-        .unwrap_or_else(|| panic!("{worker} in {loads}"))
-        .clone()
-}
-
 /// The load the other replicas reported on a worker, as `/get_loads` shows it.
 async fn peer_load(gateway: &str, worker: &str) -> u64 {
     worker_loads(gateway, worker).await["peer_load"]

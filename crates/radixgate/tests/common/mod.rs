@@ -256,15 +256,16 @@ pub async fn total_load(gateway: &str) -> u64 {
         .sum()
 }
 
-/// The in-flight load the gateway counts on the worker at `url`.
-pub async fn worker_load(gateway: &str, url: &str) -> u64 {
-    get_loads(gateway).await["workers"]
+/// `/get_loads`'s entry for one worker.
+pub async fn worker_loads(gateway: &str, worker: &str) -> Value {
+    let loads = get_loads(gateway).await;
+    loads["workers"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|w| w["url"] == url)
-        .and_then(|w| w["load"].as_u64())
-        .unwrap_or(0)
+        .find(|w| w["url"] == worker)
+        .unwrap_or_else(|| panic!("{worker} in {loads}"))
+        .clone()
 }
 
 pub async fn wait_for_zero_load(gateway: &str) {
