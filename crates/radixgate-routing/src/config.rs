@@ -160,6 +160,14 @@ pub enum HotSpotRule {
     /// cheap; spilling a long document rarely pays. Low-match requests go to the
     /// `low_match` target among the workers within `best * (1 + margin) +
     /// slack_ms`. Default.
+    ///
+    /// A match drawing more than its holders' share of the traffic is hot:
+    /// `hot_share * share * workers >= holders`, with `share` the part of
+    /// the recent requests whose text ran through it (the tree's demand
+    /// count) and `holders` the workers holding it. A hot match's hit is
+    /// honoured only while its holder is the quickest worker (no margin,
+    /// slack or repeated-prefill term), so the prefix spreads until enough
+    /// workers hold it.
     PredictedTtft {
         /// Relative slack over the best worker's predicted TTFT.
         #[serde(default = "default_ttft_margin")]
@@ -176,6 +184,9 @@ pub enum HotSpotRule {
         /// than it looks, and tree sizes no longer say where there is room.
         #[serde(default = "default_ttft_overflow_margin")]
         overflow_margin: f64,
+        /// Scale of the hot-match test (0: no match is hot).
+        #[serde(default = "default_ttft_hot_share")]
+        hot_share: f64,
     },
 }
 
@@ -212,6 +223,11 @@ fn default_ttft_reuse_ms() -> f64 {
     50.0
 }
 
+/// See `docs/defaults.md`, "Hot matches".
+fn default_ttft_hot_share() -> f64 {
+    1.0
+}
+
 impl HotSpotRule {
     /// The seed rule's cap: slack 8, factor 1.5.
     pub fn seed() -> Self {
@@ -229,6 +245,7 @@ impl Default for HotSpotRule {
             slack_ms: default_ttft_slack_ms(),
             reuse_ms: default_ttft_reuse_ms(),
             overflow_margin: default_ttft_overflow_margin(),
+            hot_share: default_ttft_hot_share(),
         }
     }
 }
@@ -362,6 +379,7 @@ impl CacheAwareConfig {
             slack_ms,
             reuse_ms,
             overflow_margin,
+            hot_share,
         } = self.hot_spot
         {
             if !reuse_ms.is_finite() || !(0.0..=MAX_TTFT_SLACK_MS).contains(&reuse_ms) {
@@ -375,6 +393,7 @@ impl CacheAwareConfig {
             for (key, margin) in [
                 ("hot_spot.margin", margin),
                 ("hot_spot.overflow_margin", overflow_margin),
+                ("hot_spot.hot_share", hot_share),
             ] {
                 if !margin.is_finite() || !(0.0..=MAX_RATIO).contains(&margin) {
                     return Err(RoutingError::config(
@@ -454,6 +473,7 @@ impl PrefillAwareConfig {
                 slack_ms: 0.0,
                 reuse_ms: 0.0,
                 overflow_margin: 0.0,
+                hot_share: 0.0,
             },
             low_match: LowMatchTarget::MinLoad,
             cost: self.cost,
@@ -717,16 +737,19 @@ mod tests {
             }),
             "hot_spot.factor"
         );
-        for (margin, overflow_margin, key) in [
-            (-1.0, 0.3, "hot_spot.margin"),
-            (0.5, f64::INFINITY, "hot_spot.overflow_margin"),
-            (0.5, -0.1, "hot_spot.overflow_margin"),
+        for (margin, overflow_margin, hot_share, key) in [
+            (-1.0, 0.3, 1.0, "hot_spot.margin"),
+            (0.5, f64::INFINITY, 1.0, "hot_spot.overflow_margin"),
+            (0.5, -0.1, 1.0, "hot_spot.overflow_margin"),
+            (0.5, 0.3, f64::NAN, "hot_spot.hot_share"),
+            (0.5, 0.3, -1.0, "hot_spot.hot_share"),
         ] {
             let rule = HotSpotRule::PredictedTtft {
                 margin,
                 slack_ms: 10.0,
                 reuse_ms: 50.0,
                 overflow_margin,
+                hot_share,
             };
             assert_eq!(
                 bad(CacheAwareConfig {

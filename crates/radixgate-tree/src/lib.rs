@@ -49,6 +49,7 @@
 //! Memory is one 80-byte node slot per edge plus the edge bytes (see
 //! BENCHMARKS.md for bytes per stored character).
 
+mod demand;
 mod error;
 mod evict;
 mod node;
@@ -174,12 +175,21 @@ impl Tree {
     /// ancestors. Costs one walk plus the holders of the nodes on the path,
     /// where `prefix_match_for` per tenant would walk once per tenant.
     ///
+    /// `share` is the demand on the match: the share of the tree's recent
+    /// inserts (about the last 512, decayed) whose text ran through the
+    /// match's character `matched_chars - within + 1` (`within` 1: its
+    /// last character; a router that treats matches within G characters
+    /// of the deepest as equal passes G, so that the share is that of the
+    /// part every such holder holds). 0 when nothing matched, and while
+    /// fewer than about 3 recent inserts ran through it.
+    ///
     /// [`prefix_match_for`]: Self::prefix_match_for
-    pub fn tenant_matches(&self, text: &str) -> TenantMatches {
+    pub fn tenant_matches(&self, text: &str, within: usize) -> TenantMatches {
         let inner = self.inner.read();
-        let (walk, tenants) = inner.walk_all(text);
+        let (walk, tenants, share) = inner.walk_all(text, within);
         drop(inner);
         TenantMatches {
+            share,
             matched_chars: walk.chars,
             input_chars: walk.chars + text::count_chars(&text[walk.bytes..]),
             tenants,

@@ -58,6 +58,10 @@ pub(crate) struct Node {
     pub(crate) children: Vec<(char, NodeId)>,
     /// Tenants holding this node, sorted by tenant.
     pub(crate) holders: Holders,
+    /// Inserts through this node, decayed by the clock (see `demand.rs`).
+    pub(crate) demand: f32,
+    /// Clock (low 32 bits) of the newest insert through this node.
+    pub(crate) touched: u32,
 }
 
 impl Node {

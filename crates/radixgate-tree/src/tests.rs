@@ -299,12 +299,82 @@ fn readers_share_the_lock() {
 
 #[test]
 fn node_slot_stays_small() {
-    // BENCHMARKS.md's bytes-per-char figures assume an 80-byte slot.
-    assert!(std::mem::size_of::<crate::node::Node>() <= 80);
+    // BENCHMARKS.md's bytes-per-char figures were measured with an 80-byte
+    // slot; the demand count (`demand.rs`) added 8.
+    assert!(std::mem::size_of::<crate::node::Node>() <= 88);
 }
 
 #[test]
 fn tree_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Tree>();
+}
+
+/// `n` texts: `hot` of every 4 behind one prefix, the rest behind another,
+/// each with its own numbered suffix.
+fn three_hot_one_cold(tree: &Tree, n: usize) {
+    for i in 0..n {
+        let prefix = if i % 4 == 3 {
+            "cold prefix|"
+        } else {
+            "hot prefix|"
+        };
+        tree.insert(&format!("{prefix}{i:05}"), A);
+    }
+}
+
+#[test]
+fn demand_share_is_the_part_of_recent_inserts_through_the_match() {
+    let tree = Tree::default();
+    three_hot_one_cold(&tree, 2000);
+    // 'x' starts no suffix: the match ends at the end of the prefix.
+    let hot = tree.tenant_matches("hot prefix|x", 1);
+    let cold = tree.tenant_matches("cold prefix|x", 1);
+    assert_eq!(hot.matched_chars, "hot prefix|".len());
+    assert!((hot.share - 0.75).abs() < 0.03, "{}", hot.share);
+    assert!((cold.share - 0.25).abs() < 0.03, "{}", cold.share);
+    // Nothing matched: no demand.
+    assert_eq!(tree.tenant_matches("zzz", 1).share, 0.0);
+    checked(&tree);
+}
+
+#[test]
+fn a_young_trees_shares_are_not_biased_low() {
+    let tree = Tree::default();
+    three_hot_one_cold(&tree, 40);
+    let hot = tree.tenant_matches("hot prefix|x", 1).share;
+    assert!((hot - 0.75).abs() < 0.05, "{hot}");
+}
+
+#[test]
+fn a_share_needs_a_few_inserts_and_fades_without_them() {
+    let tree = Tree::default();
+    tree.insert("a document|q1", A);
+    tree.insert("a document|q2", A);
+    assert_eq!(tree.tenant_matches("a document|x", 1).share, 0.0);
+    for q in 3..=5 {
+        tree.insert(&format!("a document|q{q}"), A);
+    }
+    assert!(tree.tenant_matches("a document|x", 1).share > 0.5);
+    for i in 0..3000 {
+        tree.insert(&format!("something else {i}"), B);
+    }
+    assert_eq!(tree.tenant_matches("a document|x", 1).share, 0.0);
+}
+
+#[test]
+fn within_reads_the_share_of_the_part_near_holders_share() {
+    let tree = Tree::default();
+    // Every text shares "prefix|q"; the digit after it splits them ten ways.
+    for i in 0..1000 {
+        tree.insert(&format!("prefix|q{}{i:04}", i % 10), A);
+    }
+    let text = "prefix|q7x";
+    let m = tree.tenant_matches(text, 1);
+    assert_eq!(m.matched_chars, "prefix|q7".len());
+    // The last matched character is in one tenth of the texts...
+    assert!((m.share - 0.1).abs() < 0.03, "{}", m.share);
+    // ...the one three characters back is in all of them.
+    let m = tree.tenant_matches(text, 3);
+    assert!(m.share > 0.95, "{}", m.share);
 }

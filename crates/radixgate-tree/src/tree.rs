@@ -113,8 +113,10 @@ impl Inner {
 
     /// Like [`walk`](Self::walk) without a tenant filter, also collecting
     /// every holder along the path with the depth of the deepest path node
-    /// it holds (sorted by tenant).
-    pub(crate) fn walk_all(&self, text: &str) -> (Walk, Vec<TenantDepth>) {
+    /// it holds (sorted by tenant), and the demand share (`demand.rs`) of
+    /// the path node holding the match's character `chars - within + 1`
+    /// (0 when nothing matched).
+    pub(crate) fn walk_all(&self, text: &str, within: usize) -> (Walk, Vec<TenantDepth>, f64) {
         let arena = &self.arena;
         // Nodes on the path with the characters matched through each.
         let mut path: SmallVec<[(NodeId, usize); 16]> = SmallVec::new();
@@ -138,7 +140,13 @@ impl Inner {
                 }
             }
         }
-        (walk, depths)
+        // The node holding the match's character `chars - within + 1`.
+        let from = walk.chars.saturating_sub(within.saturating_sub(1)).max(1);
+        let share = path
+            .iter()
+            .find(|&&(_, chars)| chars >= from)
+            .map_or(0.0, |&(id, _)| crate::demand::share(&arena[id], self.clock));
+        (walk, depths, share)
     }
 
     /// Records that `tenant` was sent `text` at a new logical time. The
@@ -185,6 +193,7 @@ impl Inner {
                 pos += cut;
                 split(arena, child, cut)
             };
+            crate::demand::bump(&mut arena[next], now);
             // Holding is prefix-closed, so the nodes the tenant already
             // held form the top of this path: their sum is what it held.
             if touch(arena, state, next, tenant, now) {
@@ -256,6 +265,7 @@ fn add_leaves(
         let cut = floor_char_boundary(rest, rest.len().min(MAX_EDGE_BYTES));
         let (piece, tail) = rest.split_at(cut);
         let mut node = Node::new(piece.into(), parent);
+        crate::demand::bump(&mut node, now);
         node.holders.push(Holder {
             tenant,
             held_children: 0,
@@ -296,6 +306,8 @@ pub(crate) fn split(arena: &mut Arena, node: NodeId, cut: usize) -> NodeId {
         })
         .collect();
     upper.children = vec![(lower_first, node)];
+    upper.demand = arena[node].demand;
+    upper.touched = arena[node].touched;
     let id = arena.alloc(upper);
     arena[node].parent = id;
     arena.link_child(parent, upper_first, id);

@@ -59,8 +59,11 @@ pub struct TenantDepth {
 
 /// Result of [`crate::Tree::tenant_matches`]: every tenant's own match of a
 /// text, from one walk.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct TenantMatches {
+    /// The share of the tree's recent inserts that ran through the match
+    /// (see [`crate::Tree::tenant_matches`]).
+    pub share: f64,
     /// Characters of the longest prefix of the text held by any tenant.
     pub matched_chars: usize,
     /// Characters in the text.

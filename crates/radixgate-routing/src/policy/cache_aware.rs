@@ -32,7 +32,10 @@
 //!   would spend prefilling again what the holder already holds (a spill
 //!   makes the pool compute it again, and delays whatever reaches that
 //!   worker meanwhile); otherwise the quickest worker takes it
-//!   ([`Branch::HotSpotSpill`]) and becomes a holder;
+//!   ([`Branch::HotSpotSpill`]) and becomes a holder. A hot match (the
+//!   tree's demand share of it × the pool's size × `hot_share` reaches its
+//!   number of holders: it draws more than their share of the traffic) is
+//!   honoured only while the holder is the quickest worker;
 //! - step 4: the low-match target among the workers within the bound.
 //!
 //! The decision header shows the chosen worker's prediction and the best
@@ -156,6 +159,7 @@ struct TtftBound {
     overflow_margin: f64,
     slack_ms: f64,
     reuse_ms: f64,
+    hot_share: f64,
 }
 
 /// A worker's cache footprint in a tree, for the smallest-tree target.
@@ -448,6 +452,7 @@ impl CacheAware {
             slack_ms,
             reuse_ms,
             overflow_margin,
+            hot_share,
         } = self.config.hot_spot
         {
             let bound = TtftBound {
@@ -455,6 +460,7 @@ impl CacheAware {
                 overflow_margin,
                 slack_ms,
                 reuse_ms,
+                hot_share,
             };
             return Ok(self.by_ttft(name, req, workers, &loads, model, bound));
         }
@@ -565,7 +571,7 @@ impl CacheAware {
         bound: TtftBound,
     ) -> Decision {
         let cost = &self.config.cost;
-        let tm = tree.tenant_matches(req.text);
+        let tm = tree.tenant_matches(req.text, self.config.match_granularity_chars.max(1));
         let input = tm.input_chars;
         // Built in place: a few hundred bytes per worker, moved once less.
         let mut scored: SmallVec<[Scored; 16]> = SmallVec::new();
@@ -675,7 +681,15 @@ impl CacheAware {
                 } else {
                     0.0
                 };
-                if holder.ttft_ms <= bar + others_ms {
+                // A hot match spreads: its holder must be the quickest.
+                let holders = scored
+                    .iter()
+                    .filter(|s| self.near(s.matched, deepest))
+                    .count();
+                let hot = bound.hot_share > 0.0
+                    && bound.hot_share * tm.share * scored.len() as f64 >= holders as f64;
+                let limit = if hot { best } else { bar + others_ms };
+                if holder.ttft_ms <= limit {
                     // (With exact matches the tree's deepest is no yardstick:
                     // a hit is a hit.)
                     let branch = if deepest < tm.matched_chars && req.exact.is_none() {

@@ -560,6 +560,70 @@ fn predicted_ttft_keeps_a_hit_until_the_holder_is_much_slower_then_spills() {
     assert_eq!(pick(&seed, &ws, &format!("{prefix}fourth?")), ws[1].id());
 }
 
+/// The default config with the hot-match test scaled by `hot_share`.
+fn with_hot_share(hot_share: f64) -> CacheAwareConfig {
+    let HotSpotRule::PredictedTtft {
+        margin,
+        slack_ms,
+        reuse_ms,
+        overflow_margin,
+        ..
+    } = CacheAwareConfig::default().hot_spot
+    else {
+        panic!("the default rule is predicted_ttft")
+    };
+    CacheAwareConfig {
+        hot_spot: HotSpotRule::PredictedTtft {
+            margin,
+            slack_ms,
+            reuse_ms,
+            overflow_margin,
+            hot_share,
+        },
+        ..CacheAwareConfig::default()
+    }
+}
+
+#[test]
+fn a_hot_prefix_spreads_while_a_cold_one_stays_with_its_holder() {
+    let ws = workers(4);
+    for w in &ws {
+        teach(w, 150_000.0);
+    }
+    let (hot, cold) = ("h".repeat(4_000), "c".repeat(4_000));
+    // 100 recent requests, all sent to worker 1: 9 in 10 behind the hot
+    // prefix (0.9 of the traffic: more than one worker's share of four),
+    // the rest behind the cold one (0.1: less).
+    let policy = |hot_share| {
+        let p = cache_aware(with_hot_share(hot_share));
+        let tree = p.tree_or_create("m");
+        for i in 0..100 {
+            let prefix = if i % 10 == 0 { &cold } else { &hot };
+            tree.insert(&format!("{prefix}{i:03}"), ws[1].id().tenant());
+        }
+        p
+    };
+    let ask = |p: &CacheAware, prefix: &str, q: &str| {
+        let d = p
+            .select(&RequestView::new("m", &format!("{prefix}{q}")), &ws)
+            .unwrap();
+        (d.worker().id(), d.explanation().branch)
+    };
+    // 5,000 chars queued on the holder: slower than a miss elsewhere, but
+    // within the bound for a hit (the first predicted_ttft test).
+    let _queued = LoadGuard::with_prefill(ws[1].clone(), 5_000);
+    let p = policy(1.0);
+    assert_eq!(ask(&p, &cold, "a?"), (ws[1].id(), Branch::CacheHit));
+    let (id, branch) = ask(&p, &hot, "b?");
+    assert_ne!(id, ws[1].id());
+    assert_eq!(branch, Branch::HotSpotSpill);
+    // The worker it went to holds it now, and is the quickest holder.
+    assert_eq!(ask(&p, &hot, "c?"), (id, Branch::CacheHit));
+    // With the test off the hot prefix stays too.
+    let off = policy(0.0);
+    assert_eq!(ask(&off, &hot, "b?"), (ws[1].id(), Branch::CacheHit));
+}
+
 #[test]
 fn while_the_pool_overflows_a_busy_holder_spills_sooner() {
     let p = cache_aware(CacheAwareConfig::default());

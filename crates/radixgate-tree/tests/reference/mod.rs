@@ -144,6 +144,7 @@ impl Model {
             .filter(|d| d.matched_chars > 0)
             .collect();
         TenantMatches {
+            share: 0.0,
             matched_chars: tenants.iter().map(|d| d.matched_chars).max().unwrap_or(0),
             input_chars: chars.len(),
             tenants,
