@@ -225,7 +225,7 @@ fn default_ttft_reuse_ms() -> f64 {
 
 /// See `docs/defaults.md`, "Hot matches".
 fn default_ttft_hot_share() -> f64 {
-    1.0
+    1.5
 }
 
 impl HotSpotRule {

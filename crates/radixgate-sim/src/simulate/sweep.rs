@@ -262,7 +262,7 @@ mod tests {
                 slack_ms: 10.0,
                 reuse_ms: 50.0,
                 overflow_margin: 0.3,
-                hot_share: 1.0,
+                hot_share: 1.5,
             }
         );
         // A rule change replaces the rule's fields: the seed rule's cap
