@@ -46,7 +46,7 @@
 //! Costs: match and insert are one `memcmp` per edge on the path plus a
 //! binary search per node; only the unmatched tail of a text is counted in
 //! characters. Eviction costs O(log) per evicted node (see `evict.rs`).
-//! Memory is one 80-byte node slot per edge plus the edge bytes (see
+//! Memory is one 88-byte node slot per edge plus the edge bytes (see
 //! BENCHMARKS.md for bytes per stored character).
 
 mod demand;
@@ -180,8 +180,8 @@ impl Tree {
     /// match's character `matched_chars - within + 1` (`within` 1: its
     /// last character; a router that treats matches within G characters
     /// of the deepest as equal passes G, so that the share is that of the
-    /// part every such holder holds). 0 when nothing matched, and while
-    /// fewer than about 3 recent inserts ran through it.
+    /// part every such holder holds). 0 when nothing matched, and while its
+    /// decayed count is under 3 (about four recent inserts).
     ///
     /// [`prefix_match_for`]: Self::prefix_match_for
     pub fn tenant_matches(&self, text: &str, within: usize) -> TenantMatches {

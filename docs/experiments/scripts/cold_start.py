@@ -19,10 +19,8 @@ import ttft  # noqa: E402
 name, n, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 chosen = " ".join(sys.argv[4:]) or "--policies cache_aware --sweep hot_spot.hot_share=0,1"
 window = os.environ.get("WINDOW", "1")
-flags, per = ttft.SPEC[name]
-rate = round(per * n, 3)
-cmd = (f"{ttft.B} simulate --workers {n} {flags} --rate {rate} "
-       f"--requests {12000 if n >= 32 else 6000} {chosen} "
+flags = ttft.SPEC[name][0]
+cmd = (f"{ttft.B} simulate --workers {n} {flags} {ttft.arrivals(name, n)} {chosen} "
        f"--seed {seed} --timeline-secs {window} --json")
 print("$ " + cmd.replace(ttft.B, "radixgate", 1))
 rep = json.loads(subprocess.run(cmd.split(), capture_output=True, text=True, check=True).stdout)

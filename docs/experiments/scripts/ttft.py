@@ -35,15 +35,19 @@ POLICIES = "cache_aware,prefill_aware,least_load,round_robin"
 SWEEP = "--sweep hot_spot.rule=relative_cap,predicted_ttft"
 
 
-def command(name: str, n: int, seed: int) -> str:
-    flags, per = SPEC[name]
-    rate = round(per * n, 3)
+def arrivals(name: str, n: int) -> str:
+    """A cell's arrival flags: the rate (or a trace's speedup) for `n`
+    workers and the number of requests."""
+    rate = round(SPEC[name][1] * n, 3)
     if name.startswith("mooncake"):
-        arrivals = f"--speedup {rate} --requests 4000"
-    else:
-        arrivals = f"--rate {rate} --requests {12000 if n >= 32 else 6000}"
+        return f"--speedup {rate} --requests 4000"
+    return f"--rate {rate} --requests {12000 if n >= 32 else 6000}"
+
+
+def command(name: str, n: int, seed: int) -> str:
+    flags = SPEC[name][0]
     policies = POLICIES + (",oracle,oracle_ttft" if seed == 1 else "")
-    return f"{B} simulate --workers {n} {flags} {arrivals} --policies {policies} {SWEEP} --seed {seed}"
+    return f"{B} simulate --workers {n} {flags} {arrivals(name, n)} --policies {policies} {SWEEP} --seed {seed}"
 
 
 def run(out: str, name: str, n: int, seed: int) -> str:

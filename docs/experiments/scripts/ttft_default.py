@@ -27,14 +27,9 @@ import ttft  # noqa: E402
 
 
 def default_command(name: str, n: int, seed: int) -> str:
-    flags, per = ttft.SPEC[name]
-    rate = round(per * n, 3)
-    if name.startswith("mooncake"):
-        arrivals = f"--speedup {rate} --requests 4000"
-    else:
-        arrivals = f"--rate {rate} --requests {12000 if n >= 32 else 6000}"
+    flags = ttft.SPEC[name][0]
     return (
-        f"{ttft.B} simulate --workers {n} {flags} {arrivals} --policies cache_aware "
+        f"{ttft.B} simulate --workers {n} {flags} {ttft.arrivals(name, n)} --policies cache_aware "
         f"--sweep hot_spot.rule=predicted_ttft --seed {seed}"
     )
 

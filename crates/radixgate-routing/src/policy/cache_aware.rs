@@ -682,12 +682,14 @@ impl CacheAware {
                     0.0
                 };
                 // A hot match spreads: its holder must be the quickest.
-                let holders = scored
-                    .iter()
-                    .filter(|s| self.near(s.matched, deepest))
-                    .count();
-                let hot = bound.hot_share > 0.0
-                    && bound.hot_share * tm.share * scored.len() as f64 >= holders as f64;
+                // (A share of 0, most matches', is never hot: skip the count.)
+                let hot = bound.hot_share > 0.0 && tm.share > 0.0 && {
+                    let holders = scored
+                        .iter()
+                        .filter(|s| self.near(s.matched, deepest))
+                        .count();
+                    bound.hot_share * tm.share * scored.len() as f64 >= holders as f64
+                };
                 let limit = if hot { best } else { bar + others_ms };
                 if holder.ttft_ms <= limit {
                     // (With exact matches the tree's deepest is no yardstick:
