@@ -41,7 +41,7 @@ use parking_lot::Mutex;
 use radixgate_tree::TenantId;
 use radixgate_tree::{Insertion, Tree};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,9 +135,12 @@ pub struct ModelTruth {
     evictions: AtomicU64,
     /// Answers counted into `evictions`.
     answers: AtomicU64,
-    /// Insert times of decisions in flight, per worker (a count per time:
-    /// the tree's clock is per model, one insert per tick).
-    in_flight: Mutex<HashMap<TenantId, BTreeMap<u64, u32>, BuildHasherDefault<TenantHasher>>>,
+    /// Insert times of decisions in flight, per worker, oldest first (a
+    /// count per time: the tree's clock is per model, one insert per tick).
+    /// A sorted deque, not a map: times arrive nearly in order and leave
+    /// nearly in order, and an emptied deque keeps its buffer, so a
+    /// decision allocates nothing here.
+    in_flight: Mutex<HashMap<TenantId, VecDeque<(u64, u32)>, BuildHasherDefault<TenantHasher>>>,
 }
 
 /// Answers the eviction rate is a running mean over.
@@ -200,8 +203,11 @@ impl ModelTruth {
     pub(crate) fn register(self: &Arc<Self>, tenant: TenantId, time: u64) -> (InFlight, u64) {
         let mut map = self.in_flight.lock();
         let times = map.entry(tenant).or_default();
-        let oldest = times.keys().next().copied().unwrap_or(u64::MAX);
-        *times.entry(time).or_default() += 1;
+        let oldest = times.front().map_or(u64::MAX, |&(t, _)| t);
+        match times.binary_search_by_key(&time, |&(t, _)| t) {
+            Ok(at) => times[at].1 += 1,
+            Err(at) => times.insert(at, (time, 1)),
+        }
         drop(map);
         let handle = InFlight {
             model: self.clone(),
@@ -238,7 +244,7 @@ impl ModelTruth {
     /// still in use then stays behind, empty: a few dozen bytes).
     pub(crate) fn forget(&self, tenant: TenantId) {
         let mut map = self.in_flight.lock();
-        if map.get(&tenant).is_some_and(BTreeMap::is_empty) {
+        if map.get(&tenant).is_some_and(VecDeque::is_empty) {
             map.remove(&tenant);
         }
     }
@@ -260,11 +266,11 @@ impl Drop for InFlight {
         // ([`ModelTruth::forget`]).
         let mut map = self.model.in_flight.lock();
         if let Some(times) = map.get_mut(&self.tenant)
-            && let Some(n) = times.get_mut(&self.time)
+            && let Ok(at) = times.binary_search_by_key(&self.time, |&(t, _)| t)
         {
-            *n -= 1;
-            if *n == 0 {
-                times.remove(&self.time);
+            times[at].1 -= 1;
+            if times[at].1 == 0 {
+                times.remove(at);
             }
         }
     }

@@ -159,6 +159,7 @@ impl Inner {
                 edge.truncate(cut);
                 n.edge = edge.into_boxed_str();
                 n.edge_chars -= budget as u32;
+                arena.reshaped();
                 *stored_chars -= budget;
                 push_front(state, arena, entry.time, node);
                 budget

@@ -65,6 +65,7 @@ mod undo;
 mod tests;
 
 pub use error::TreeError;
+pub use tree::Trail;
 pub use types::{
     EvictionReport, PrefixMatch, TenantDepth, TenantHit, TenantId, TenantMatch, TenantMatches,
     TreeConfig, TreeStats,
@@ -118,6 +119,24 @@ impl Tree {
     pub fn insert(&self, text: &str, tenant: TenantId) -> Insertion {
         let mut inner = self.inner.write();
         let receipt = inner.insert(text, tenant);
+        inner.enforce_total_bound();
+        receipt
+    }
+
+    /// [`Tree::insert`] of the `text` that [`Tree::tenant_matches`] returned
+    /// `matched` for: the same insert, without comparing the text again
+    /// along the path that walk took, unless the tree changed shape since
+    /// (another insert added or split a node, or an eviction removed one).
+    /// `matched` must be of this very text; a match of another one makes
+    /// the tree record a text that was never inserted.
+    pub fn insert_matched(
+        &self,
+        text: &str,
+        tenant: TenantId,
+        matched: &TenantMatches,
+    ) -> Insertion {
+        let mut inner = self.inner.write();
+        let receipt = inner.insert_trailed(text, tenant, &matched.trail);
         inner.enforce_total_bound();
         receipt
     }
@@ -186,10 +205,11 @@ impl Tree {
     /// [`prefix_match_for`]: Self::prefix_match_for
     pub fn tenant_matches(&self, text: &str, within: usize) -> TenantMatches {
         let inner = self.inner.read();
-        let (walk, tenants, share) = inner.walk_all(text, within);
+        let (walk, tenants, share, trail) = inner.walk_all(text, within);
         drop(inner);
         TenantMatches {
             share,
+            trail,
             matched_chars: walk.chars,
             input_chars: walk.chars + text::count_chars(&text[walk.bytes..]),
             tenants,

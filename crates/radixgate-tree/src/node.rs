@@ -120,6 +120,10 @@ pub(crate) struct Arena {
     free: Vec<NodeId>,
     slots: usize,
     live: usize,
+    /// Bumped by every change to which nodes exist, their links or their
+    /// edges: a path recorded under one value is still the tree's path
+    /// while the value stays (see `Trail`).
+    shape: u64,
 }
 
 impl Default for Arena {
@@ -131,6 +135,7 @@ impl Default for Arena {
             free: Vec::new(),
             slots: 1,
             live: 0,
+            shape: 0,
         }
     }
 }
@@ -154,6 +159,7 @@ impl Arena {
     /// Stores `node` in a free slot (or a new one) and returns its id.
     pub(crate) fn alloc(&mut self, mut node: Node) -> NodeId {
         self.live += 1;
+        self.reshaped();
         if let Some(id) = self.free.pop() {
             node.generation = self[id].generation;
             self[id] = node;
@@ -184,12 +190,14 @@ impl Arena {
             ..Node::default()
         };
         self.unlink_child(parent, first);
+        self.reshaped();
         self.free.push(id);
         self.live -= 1;
     }
 
     /// Adds `child` (whose edge starts with `first`) under `parent`.
     pub(crate) fn link_child(&mut self, parent: NodeId, first: char, child: NodeId) {
+        self.reshaped();
         let children = &mut self[parent].children;
         match children.binary_search_by_key(&first, |&(k, _)| k) {
             Ok(i) => children[i].1 = child,
@@ -202,6 +210,18 @@ impl Arena {
         if let Ok(i) = children.binary_search_by_key(&first, |&(k, _)| k) {
             children.remove(i);
         }
+    }
+
+    /// Records a change of shape: nodes, links or edges (every change but
+    /// an edge shortened in place goes through `alloc`, `free` or
+    /// `link_child`, which call this).
+    pub(crate) fn reshaped(&mut self) {
+        self.shape = self.shape.wrapping_add(1);
+    }
+
+    /// The shape counter: equal values, the same nodes, links and edges.
+    pub(crate) fn shape(&self) -> u64 {
+        self.shape
     }
 
     /// Live nodes, root excluded.

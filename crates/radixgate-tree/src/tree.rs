@@ -48,6 +48,29 @@ pub(crate) struct Walk {
     pub(crate) bytes: usize,
 }
 
+/// The whole-edge nodes of a walk, for an insert of the same text after it
+/// ([`crate::Tree::insert_matched`]): valid while the tree's shape counter
+/// is what it was at the walk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trail {
+    shape: u64,
+    text_bytes: usize,
+    /// Node and the text's bytes through the end of its edge, from the top.
+    nodes: SmallVec<[(NodeId, usize); 8]>,
+}
+
+impl Trail {
+    /// Whether the trail is a path of `text` in `arena` (for debug checks).
+    fn follows(&self, arena: &Arena, text: &str) -> bool {
+        let mut from = 0;
+        self.nodes.iter().all(|&(id, through)| {
+            let ok = text.get(from..through) == Some(&*arena[id].edge);
+            from = through;
+            ok
+        })
+    }
+}
+
 impl Inner {
     pub(crate) fn new(max_total_chars: usize) -> Self {
         Self {
@@ -63,7 +86,7 @@ impl Inner {
     /// Follows `text` down from the root as far as it matches, only through
     /// nodes held by `only` when given.
     pub(crate) fn walk(&self, text: &str, only: Option<TenantId>) -> Walk {
-        self.walk_visiting(text, only, |_, _| {})
+        self.walk_visiting(text, only, |_, _, _| {})
     }
 
     /// [`walk`](Self::walk), calling `visit(node, chars matched through it)`
@@ -73,7 +96,7 @@ impl Inner {
         &self,
         text: &str,
         only: Option<TenantId>,
-        mut visit: impl FnMut(NodeId, usize),
+        mut visit: impl FnMut(NodeId, usize, Option<usize>),
     ) -> Walk {
         let arena = &self.arena;
         let mut node = ROOT;
@@ -94,13 +117,13 @@ impl Inner {
             if common == edge.len() {
                 chars += next.edge_chars as usize;
                 pos += common;
-                visit(child, chars);
+                visit(child, chars, Some(pos));
             } else {
                 // The child was found by its first char, so `cut` > 0.
                 let cut = floor_char_boundary(rest, common);
                 chars += count_chars(&rest[..cut]);
                 pos += cut;
-                visit(child, chars);
+                visit(child, chars, None);
                 break;
             }
         }
@@ -113,30 +136,57 @@ impl Inner {
 
     /// Like [`walk`](Self::walk) without a tenant filter, also collecting
     /// every holder along the path with the depth of the deepest path node
-    /// it holds (sorted by tenant), and the demand share (`demand.rs`) of
-    /// the path node holding the match's character `chars - within + 1`
-    /// (0 when nothing matched).
-    pub(crate) fn walk_all(&self, text: &str, within: usize) -> (Walk, Vec<TenantDepth>, f64) {
+    /// it holds (sorted by tenant), the demand share (`demand.rs`) of the
+    /// path node holding the match's character `chars - within + 1` (0 when
+    /// nothing matched), and the trail for an insert of the same text.
+    pub(crate) fn walk_all(
+        &self,
+        text: &str,
+        within: usize,
+    ) -> (Walk, Vec<TenantDepth>, f64, Trail) {
         let arena = &self.arena;
         // Nodes on the path with the characters matched through each.
         let mut path: SmallVec<[(NodeId, usize); 16]> = SmallVec::new();
-        let walk = self.walk_visiting(text, None, |id, chars| path.push((id, chars)));
-        // The first node's holders are every tenant on the path.
-        let mut depths: Vec<TenantDepth> =
-            Vec::with_capacity(path.first().map_or(0, |&(id, _)| arena[id].holders.len()));
-        // Deepest first: a tenant's first appearance is its own match;
-        // every holder of a node also holds the nodes above it.
-        for &(id, depth) in path.iter().rev() {
+        let mut trail = Trail {
+            shape: arena.shape(),
+            text_bytes: text.len(),
+            nodes: SmallVec::new(),
+        };
+        let walk = self.walk_visiting(text, None, |id, chars, whole| {
+            path.push((id, chars));
+            if let Some(bytes) = whole {
+                trail.nodes.push((id, bytes));
+            }
+        });
+        // Holding is prefix-closed, so the first node's holders (sorted by
+        // tenant, as every node's are) are every tenant on the path; going
+        // deeper, each holder's depth and access time are overwritten by
+        // the deeper node's, found by a search forward from the previous
+        // holder's place.
+        let mut depths: Vec<TenantDepth> = path.first().map_or_else(Vec::new, |&(id, depth)| {
+            arena[id]
+                .holders
+                .iter()
+                .map(|h| TenantDepth {
+                    tenant: h.tenant,
+                    matched_chars: depth,
+                    last_access: h.last_access,
+                })
+                .collect()
+        });
+        for &(id, depth) in path.iter().skip(1) {
+            let mut from = 0;
             for h in &arena[id].holders {
-                if let Err(at) = depths.binary_search_by_key(&h.tenant, |d| d.tenant) {
-                    depths.insert(
-                        at,
-                        TenantDepth {
-                            tenant: h.tenant,
-                            matched_chars: depth,
-                            last_access: h.last_access,
-                        },
-                    );
+                from += depths[from..].partition_point(|d| d.tenant < h.tenant);
+                let d = TenantDepth {
+                    tenant: h.tenant,
+                    matched_chars: depth,
+                    last_access: h.last_access,
+                };
+                match depths.get_mut(from) {
+                    Some(at) if at.tenant == h.tenant => *at = d,
+                    // (Not above: an invariant broken; still reported.)
+                    _ => depths.insert(from, d),
                 }
             }
         }
@@ -146,7 +196,7 @@ impl Inner {
             .iter()
             .find(|&&(_, chars)| chars >= from)
             .map_or(0.0, |&(id, _)| crate::demand::share(&arena[id], self.clock));
-        (walk, depths, share)
+        (walk, depths, share, trail)
     }
 
     /// Records that `tenant` was sent `text` at a new logical time. The
@@ -154,6 +204,33 @@ impl Inner {
     /// in `evict.rs`), under the same write lock. Returns the receipt that
     /// `Inner::undo` takes back.
     pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) -> Insertion {
+        self.insert_along(text, tenant, &[])
+    }
+
+    /// [`insert`](Self::insert) of `text`, a walk of which `trail` recorded:
+    /// while the tree's shape is what the walk saw, its whole-edge nodes are
+    /// taken without comparing the text again. Otherwise a plain insert.
+    pub(crate) fn insert_trailed(
+        &mut self,
+        text: &str,
+        tenant: TenantId,
+        trail: &Trail,
+    ) -> Insertion {
+        if trail.shape != self.arena.shape() || trail.text_bytes != text.len() {
+            return self.insert(text, tenant);
+        }
+        debug_assert!(trail.follows(&self.arena, text), "a trail of another text");
+        self.insert_along(text, tenant, &trail.nodes)
+    }
+
+    /// The insert, with `known` the path's first nodes (each with the
+    /// text's bytes through the end of its edge) already matched in full.
+    fn insert_along(
+        &mut self,
+        text: &str,
+        tenant: TenantId,
+        known: &[(NodeId, usize)],
+    ) -> Insertion {
         self.clock += 1;
         let now = self.clock;
         let mut receipt = Insertion {
@@ -175,6 +252,14 @@ impl Inner {
         let size_before = state.size;
         let mut node = ROOT;
         let mut pos = 0;
+        // Each step is the loop's below for a whole edge.
+        for &(next, through) in known {
+            crate::demand::bump(&mut arena[next], now);
+            if touch(arena, state, next, tenant, now) {
+                receipt.held_chars += arena[next].edge_chars as usize;
+            }
+            (node, pos) = (next, through);
+        }
         let end = loop {
             if pos == text.len() {
                 break node;

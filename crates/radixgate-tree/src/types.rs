@@ -71,6 +71,9 @@ pub struct TenantMatches {
     /// Every tenant that holds at least one character of the text's path,
     /// sorted by tenant id. A tenant not listed matches 0 characters.
     pub tenants: Vec<TenantDepth>,
+    /// The walk's path, for [`crate::Tree::insert_matched`] (empty from
+    /// anything but [`crate::Tree::tenant_matches`]).
+    pub trail: crate::Trail,
 }
 
 impl TenantMatches {

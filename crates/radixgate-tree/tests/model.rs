@@ -6,12 +6,15 @@
 mod reference;
 
 use proptest::prelude::*;
-use radixgate_tree::{TenantId, TenantMatches, Tree, TreeConfig};
+use radixgate_tree::{Insertion, TenantId, TenantMatches, Tree, TreeConfig};
 use reference::Model;
 
 #[derive(Clone, Debug)]
 enum Op {
     Insert(String, u32),
+    /// An insert after `tenant_matches` of the same text, with (`Some`)
+    /// another insert between the two.
+    InsertMatched(String, u32, Option<(String, u32)>),
     Match(String),
     MatchFor(String, u32),
     MatchAll(String),
@@ -34,6 +37,8 @@ fn text() -> impl Strategy<Value = String> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (text(), 0..4u32).prop_map(|(s, t)| Op::Insert(s, t)),
+        4 => (text(), 0..4u32, prop::option::of((text(), 0..4u32)))
+            .prop_map(|(s, t, between)| Op::InsertMatched(s, t, between)),
         3 => text().prop_map(Op::Match),
         2 => (text(), 0..4u32).prop_map(|(s, t)| Op::MatchFor(s, t)),
         2 => text().prop_map(Op::MatchAll),
@@ -66,6 +71,26 @@ fn check_sizes(tree: &Tree, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Applies to the model an insert the tree took as `receipt`, and checks
+/// they agree.
+fn inserted(
+    tree: &Tree,
+    model: &mut Model,
+    receipts: &mut Vec<(String, Insertion, u64)>,
+    max_total: usize,
+    s: &str,
+    t: u32,
+    receipt: Insertion,
+) -> Result<(), TestCaseError> {
+    let (time, held) = model.insert(s, TenantId(t));
+    prop_assert_eq!(receipt.held_chars(), held);
+    receipts.push((s.to_owned(), receipt, time));
+    if max_total != usize::MAX {
+        prop_assert!(tree.stats().tenant_chars <= max_total);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
@@ -78,12 +103,16 @@ proptest! {
             match op {
                 Op::Insert(s, t) => {
                     let receipt = tree.insert(s, TenantId(*t));
-                    let (time, held) = model.insert(s, TenantId(*t));
-                    prop_assert_eq!(receipt.held_chars(), held);
-                    receipts.push((s.clone(), receipt, time));
-                    if max_total != usize::MAX {
-                        prop_assert!(tree.stats().tenant_chars <= max_total);
+                    inserted(&tree, &mut model, &mut receipts, max_total, s, *t, receipt)?;
+                }
+                Op::InsertMatched(s, t, between) => {
+                    let matched = tree.tenant_matches(s, 1);
+                    if let Some((b, u)) = between {
+                        tree.insert(b, TenantId(*u));
+                        model.insert(b, TenantId(*u));
                     }
+                    let receipt = tree.insert_matched(s, TenantId(*t), &matched);
+                    inserted(&tree, &mut model, &mut receipts, max_total, s, *t, receipt)?;
                 }
                 Op::Match(s) => prop_assert_eq!(tree.prefix_match(s), model.prefix_match(s)),
                 Op::MatchFor(s, t) => prop_assert_eq!(
@@ -94,6 +123,7 @@ proptest! {
                     // The demand share has tests of its own (src/tests.rs).
                     let got = TenantMatches {
                         share: 0.0,
+                        trail: Default::default(),
                         ..tree.tenant_matches(s, 1)
                     };
                     prop_assert_eq!(got, model.tenant_matches(s));
@@ -134,6 +164,7 @@ proptest! {
         for t in model.tenants() {
             prop_assert!(tree.tenant_size(t) > 0);
         }
-        prop_assert!(model.clock() as usize <= ops.len());
+        // At most one tick per op, two for an insert with another between.
+        prop_assert!(model.clock() as usize <= 2 * ops.len());
     }
 }

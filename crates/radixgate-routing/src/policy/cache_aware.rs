@@ -39,7 +39,9 @@
 //! - step 4: the low-match target among the workers within the bound.
 //!
 //! The decision header shows the chosen worker's prediction and the best
-//! alternative's. Cost: one tree walk, one pass over the pool (three atomic
+//! alternative's. Cost: one tree walk (the insert then follows its path
+//! without comparing the text again, [`Tree::insert_matched`], unless the
+//! tree changed shape in between), one pass over the pool (three atomic
 //! reads per worker), one tree-size read per candidate in the low-match
 //! branch.
 //!
@@ -65,6 +67,7 @@
 //!
 //! [`CacheAwareConfig::seed_rule`]: crate::CacheAwareConfig::seed_rule
 //! [`Tree::tenant_matches`]: radixgate_tree::Tree::tenant_matches
+//! [`Tree::insert_matched`]: radixgate_tree::Tree::insert_matched
 
 use super::trees::{Model, TreeUpkeep};
 use super::{Branch, Candidate, Decision, Explanation, Loads, Policy, Trees};
@@ -746,7 +749,7 @@ impl CacheAware {
             .map(|(_, s)| s.ttft_ms)
             .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
         let worker = &workers[chosen.at.idx];
-        let receipt = tree.insert(req.text, worker.id().tenant());
+        let receipt = tree.insert_matched(req.text, worker.id().tenant(), &tm);
         let explanation = Explanation {
             matched_chars: Some(chosen.matched),
             input_chars: input,

@@ -36,6 +36,7 @@ pub use trees::Trees;
 use crate::correction::{CacheFeedback, CorrectionConfig, InFlight, ModelTruth};
 use crate::{CostModelConfig, LoadGuard, Observation, RequestView, RoutingError, Worker, WorkerId};
 use radixgate_tree::{Insertion, Tree};
+use smallvec::SmallVec;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -297,8 +298,9 @@ pub(crate) struct Candidate {
 /// requests plus those other replicas report.
 #[derive(Debug)]
 pub(crate) struct Loads {
-    /// The available workers, in slice order (so by `idx`, ascending).
-    pub(crate) candidates: Vec<Candidate>,
+    /// The available workers, in slice order (so by `idx`, ascending);
+    /// inline up to 16 (no allocation per decision for most pools).
+    pub(crate) candidates: SmallVec<[Candidate; 16]>,
     /// Smallest load among them.
     pub(crate) min: usize,
     /// Largest load among them.
@@ -313,7 +315,7 @@ impl Loads {
         req: &RequestView<'_>,
         workers: &[Arc<Worker>],
     ) -> Result<Self, RoutingError> {
-        let mut candidates = Vec::with_capacity(workers.len());
+        let mut candidates = SmallVec::with_capacity(workers.len());
         let (mut min, mut max, mut sum) = (usize::MAX, 0, 0);
         for (idx, w) in workers.iter().enumerate() {
             if w.is_available() {

@@ -148,6 +148,7 @@ impl Model {
             matched_chars: tenants.iter().map(|d| d.matched_chars).max().unwrap_or(0),
             input_chars: chars.len(),
             tenants,
+            trail: Default::default(),
         }
     }
 
