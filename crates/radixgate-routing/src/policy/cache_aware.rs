@@ -584,6 +584,7 @@ impl CacheAware {
         let in_order = loads.candidates.is_sorted_by_key(|c| workers[c.idx].id());
         let mut holders = tm.tenants.iter().peekable();
         let mut fitted = 0usize;
+        let mut deepest = 0;
         for &at in &loads.candidates {
             let w = &workers[at.idx];
             let tenant = w.id().tenant();
@@ -600,6 +601,7 @@ impl CacheAware {
             let exact = req.exact.and_then(|e| e.chars(w.id(), input));
             let guess = own.map_or(0, |o| o.matched_chars);
             let matched = exact.unwrap_or(guess);
+            deepest = deepest.max(matched);
             scored.push(Scored {
                 at,
                 matched,
@@ -628,13 +630,26 @@ impl CacheAware {
                 s.coefficients = stand_in;
             }
         }
-        for s in &mut scored {
-            s.ttft_ms = s.coefficients.predict_ms(s.work);
+        // The predictions, the quickest worker (the first of equals) and
+        // the least prediction of the others (the header's alternative when
+        // the quickest is chosen), in one pass.
+        let mut q = 0;
+        let mut runner_up: Option<f64> = None;
+        for j in 0..scored.len() {
+            let t = scored[j].coefficients.predict_ms(scored[j].work);
+            scored[j].ttft_ms = t;
+            if j > 0 {
+                let lead = scored[q].ttft_ms;
+                let other = if t.total_cmp(&lead).is_lt() {
+                    q = j;
+                    lead
+                } else {
+                    t
+                };
+                runner_up = Some(runner_up.map_or(other, |m| m.min(other)));
+            }
         }
-        let quickest = scored
-            .iter()
-            .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms))
-            .expect("a candidate");
+        let quickest = &scored[q];
         let best = quickest.ttft_ms;
         // While the caches overflow a tree's hit is worth less than it
         // looks; matches from a live event stream are the engine's own.
@@ -657,21 +672,29 @@ impl CacheAware {
                 });
             (k, Branch::Imbalanced)
         } else {
-            let deepest = scored.iter().map(|s| s.matched).max().unwrap_or(0);
             if self.above_threshold(deepest, input) {
                 // The holders: every worker whose match ties with the
                 // deepest available one under the granularity; the
-                // quickest of them, then the most recent.
-                let (k, holder) = scored
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| self.near(s.matched, deepest))
-                    .min_by(|(_, a), (_, b)| {
-                        a.ttft_ms
-                            .total_cmp(&b.ttft_ms)
-                            .then(b.last_access.cmp(&a.last_access))
-                    })
-                    .expect("the deepest is among them");
+                // quickest of them (the first of equals), then the most
+                // recent. Counted on the way, for the hot test.
+                let mut k = usize::MAX;
+                let mut holders = 0usize;
+                for (j, s) in scored.iter().enumerate() {
+                    if !self.near(s.matched, deepest) {
+                        continue;
+                    }
+                    holders += 1;
+                    let first = scored.get(k).is_none_or(|h| {
+                        s.ttft_ms
+                            .total_cmp(&h.ttft_ms)
+                            .then(h.last_access.cmp(&s.last_access))
+                            .is_lt()
+                    });
+                    if first {
+                        k = j;
+                    }
+                }
+                let holder = &scored[k];
                 // What the quickest worker would prefill again of what the
                 // holder already holds.
                 let repeat_chars = quickest
@@ -685,14 +708,9 @@ impl CacheAware {
                     0.0
                 };
                 // A hot match spreads: its holder must be the quickest.
-                // (A share of 0, most matches', is never hot: skip the count.)
-                let hot = bound.hot_share > 0.0 && tm.share > 0.0 && {
-                    let holders = scored
-                        .iter()
-                        .filter(|s| self.near(s.matched, deepest))
-                        .count();
-                    bound.hot_share * tm.share * scored.len() as f64 >= holders as f64
-                };
+                // (A share of 0, most matches', is never hot.)
+                let hot = bound.hot_share > 0.0
+                    && bound.hot_share * tm.share * scored.len() as f64 >= holders as f64;
                 let limit = if hot { best } else { bar + others_ms };
                 if holder.ttft_ms <= limit {
                     // (With exact matches the tree's deepest is no yardstick:
@@ -742,12 +760,7 @@ impl CacheAware {
             }
         };
         let chosen = &scored[k];
-        let alt = scored
-            .iter()
-            .enumerate()
-            .filter(|&(j, _)| j != k)
-            .map(|(_, s)| s.ttft_ms)
-            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+        let alt = if k == q { runner_up } else { Some(best) };
         let worker = &workers[chosen.at.idx];
         let receipt = tree.insert_matched(req.text, worker.id().tenant(), &tm);
         let explanation = Explanation {
