@@ -140,8 +140,11 @@ pub struct ModelTruth {
     /// A sorted deque, not a map: times arrive nearly in order and leave
     /// nearly in order, and an emptied deque keeps its buffer, so a
     /// decision allocates nothing here.
-    in_flight: Mutex<HashMap<TenantId, VecDeque<(u64, u32)>, BuildHasherDefault<TenantHasher>>>,
+    in_flight: Mutex<HashMap<TenantId, InFlightTimes, BuildHasherDefault<TenantHasher>>>,
 }
+
+/// One worker's in-flight insert times, sorted, each with its count.
+type InFlightTimes = VecDeque<(u64, u32)>;
 
 /// Answers the eviction rate is a running mean over.
 pub const EVICTION_WINDOW: u64 = 256;
