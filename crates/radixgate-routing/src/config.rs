@@ -164,10 +164,11 @@ pub enum HotSpotRule {
     /// A match drawing more than its holders' share of the traffic is hot:
     /// `hot_share * share * workers >= holders`, with `share` the part of
     /// the recent requests whose text ran through it (the tree's demand
-    /// count) and `holders` the workers holding it. A hot match's hit is
-    /// honoured only while its holder is the quickest worker (no margin,
-    /// slack or repeated-prefill term), so the prefix spreads until enough
-    /// workers hold it.
+    /// count) and `holders` the workers holding it. A hot match goes to the
+    /// least-loaded worker among those predicted within `best * (1 +
+    /// hot_margin)` (a holder before a non-holder of the same load, then
+    /// the quicker), so the prefix spreads over as many workers as its
+    /// traffic needs, and its load stays even while it does.
     PredictedTtft {
         /// Relative slack over the best worker's predicted TTFT.
         #[serde(default = "default_ttft_margin")]
@@ -187,6 +188,10 @@ pub enum HotSpotRule {
         /// Scale of the hot-match test (0: no match is hot).
         #[serde(default = "default_ttft_hot_share")]
         hot_share: f64,
+        /// Relative slack over the best worker's predicted TTFT within
+        /// which a hot match goes to the least-loaded worker.
+        #[serde(default = "default_ttft_hot_margin")]
+        hot_margin: f64,
     },
 }
 
@@ -228,6 +233,11 @@ fn default_ttft_hot_share() -> f64 {
     1.5
 }
 
+/// See `docs/defaults.md`, "Hot matches".
+fn default_ttft_hot_margin() -> f64 {
+    0.25
+}
+
 impl HotSpotRule {
     /// The seed rule's cap: slack 8, factor 1.5.
     pub fn seed() -> Self {
@@ -246,6 +256,7 @@ impl Default for HotSpotRule {
             reuse_ms: default_ttft_reuse_ms(),
             overflow_margin: default_ttft_overflow_margin(),
             hot_share: default_ttft_hot_share(),
+            hot_margin: default_ttft_hot_margin(),
         }
     }
 }
@@ -380,6 +391,7 @@ impl CacheAwareConfig {
             reuse_ms,
             overflow_margin,
             hot_share,
+            hot_margin,
         } = self.hot_spot
         {
             if !reuse_ms.is_finite() || !(0.0..=MAX_TTFT_SLACK_MS).contains(&reuse_ms) {
@@ -394,6 +406,7 @@ impl CacheAwareConfig {
                 ("hot_spot.margin", margin),
                 ("hot_spot.overflow_margin", overflow_margin),
                 ("hot_spot.hot_share", hot_share),
+                ("hot_spot.hot_margin", hot_margin),
             ] {
                 if !margin.is_finite() || !(0.0..=MAX_RATIO).contains(&margin) {
                     return Err(RoutingError::config(
@@ -474,6 +487,7 @@ impl PrefillAwareConfig {
                 reuse_ms: 0.0,
                 overflow_margin: 0.0,
                 hot_share: 0.0,
+                hot_margin: 0.0,
             },
             low_match: LowMatchTarget::MinLoad,
             cost: self.cost,
@@ -737,12 +751,14 @@ mod tests {
             }),
             "hot_spot.factor"
         );
-        for (margin, overflow_margin, hot_share, key) in [
-            (-1.0, 0.3, 1.0, "hot_spot.margin"),
-            (0.5, f64::INFINITY, 1.0, "hot_spot.overflow_margin"),
-            (0.5, -0.1, 1.0, "hot_spot.overflow_margin"),
-            (0.5, 0.3, f64::NAN, "hot_spot.hot_share"),
-            (0.5, 0.3, -1.0, "hot_spot.hot_share"),
+        for (margin, overflow_margin, hot_share, hot_margin, key) in [
+            (-1.0, 0.3, 1.0, 0.25, "hot_spot.margin"),
+            (0.5, f64::INFINITY, 1.0, 0.25, "hot_spot.overflow_margin"),
+            (0.5, -0.1, 1.0, 0.25, "hot_spot.overflow_margin"),
+            (0.5, 0.3, f64::NAN, 0.25, "hot_spot.hot_share"),
+            (0.5, 0.3, -1.0, 0.25, "hot_spot.hot_share"),
+            (0.5, 0.3, 1.0, -0.5, "hot_spot.hot_margin"),
+            (0.5, 0.3, 1.0, f64::NAN, "hot_spot.hot_margin"),
         ] {
             let rule = HotSpotRule::PredictedTtft {
                 margin,
@@ -750,6 +766,7 @@ mod tests {
                 reuse_ms: 50.0,
                 overflow_margin,
                 hot_share,
+                hot_margin,
             };
             assert_eq!(
                 bad(CacheAwareConfig {

@@ -34,8 +34,11 @@
 //!   worker meanwhile); otherwise the quickest worker takes it
 //!   ([`Branch::HotSpotSpill`]) and becomes a holder. A hot match (the
 //!   tree's demand share of it × the pool's size × `hot_share` reaches its
-//!   number of holders: it draws more than their share of the traffic) is
-//!   honoured only while the holder is the quickest worker;
+//!   number of holders: it draws more than their share of the traffic)
+//!   goes to the least-loaded worker predicted within `best * (1 +
+//!   hot_margin)`, a holder before a non-holder of the same load: the
+//!   prefix spreads as its traffic needs, and load stays even although a
+//!   holder would be a little quicker;
 //! - step 4: the low-match target among the workers within the bound.
 //!
 //! The decision header shows the chosen worker's prediction and the best
@@ -163,6 +166,7 @@ struct TtftBound {
     slack_ms: f64,
     reuse_ms: f64,
     hot_share: f64,
+    hot_margin: f64,
 }
 
 /// A worker's cache footprint in a tree, for the smallest-tree target.
@@ -456,6 +460,7 @@ impl CacheAware {
             reuse_ms,
             overflow_margin,
             hot_share,
+            hot_margin,
         } = self.config.hot_spot
         {
             let bound = TtftBound {
@@ -464,6 +469,7 @@ impl CacheAware {
                 slack_ms,
                 reuse_ms,
                 hot_share,
+                hot_margin,
             };
             return Ok(self.by_ttft(name, req, workers, &loads, model, bound));
         }
@@ -711,16 +717,32 @@ impl CacheAware {
                 // (A share of 0, most matches', is never hot.)
                 let hot = bound.hot_share > 0.0
                     && bound.hot_share * tm.share * scored.len() as f64 >= holders as f64;
-                let limit = if hot { best } else { bar + others_ms };
-                if holder.ttft_ms <= limit {
-                    // (With exact matches the tree's deepest is no yardstick:
-                    // a hit is a hit.)
-                    let branch = if deepest < tm.matched_chars && req.exact.is_none() {
-                        Branch::CacheHitFallback
+                // (With exact matches the tree's deepest is no yardstick:
+                // a hit is a hit.)
+                let hit = if deepest < tm.matched_chars && req.exact.is_none() {
+                    Branch::CacheHitFallback
+                } else {
+                    Branch::CacheHit
+                };
+                if hot {
+                    // The least-loaded worker nearly as quick as the best
+                    // (a holder before a non-holder, then the quicker): a
+                    // spill costs the short prefix once, piling costs every
+                    // request on the busier worker.
+                    let cap = best * (1.0 + bound.hot_margin);
+                    let k = self.quickest(
+                        &scored,
+                        |s| s.ttft_ms <= cap,
+                        |s| (s.at.load, usize::from(!self.near(s.matched, deepest))),
+                    );
+                    let branch = if self.near(scored[k].matched, deepest) {
+                        hit
                     } else {
-                        Branch::CacheHit
+                        Branch::HotSpotSpill
                     };
                     (k, branch)
+                } else if holder.ttft_ms <= bar + others_ms {
+                    (k, hit)
                 } else {
                     let k = self.quickest(&scored, |_| true, |s| (0, s.at.load));
                     (k, Branch::HotSpotSpill)

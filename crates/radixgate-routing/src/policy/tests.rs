@@ -560,8 +560,9 @@ fn predicted_ttft_keeps_a_hit_until_the_holder_is_much_slower_then_spills() {
     assert_eq!(pick(&seed, &ws, &format!("{prefix}fourth?")), ws[1].id());
 }
 
-/// The default config with the hot-match test scaled by `hot_share`.
-fn with_hot_share(hot_share: f64) -> CacheAwareConfig {
+/// The default config with the hot-match test scaled by `hot_share` and
+/// its margin `hot_margin`.
+fn with_hot(hot_share: f64, hot_margin: f64) -> CacheAwareConfig {
     let HotSpotRule::PredictedTtft {
         margin,
         slack_ms,
@@ -579,9 +580,60 @@ fn with_hot_share(hot_share: f64) -> CacheAwareConfig {
             reuse_ms,
             overflow_margin,
             hot_share,
+            hot_margin,
         },
         ..CacheAwareConfig::default()
     }
+}
+
+fn with_hot_share(hot_share: f64) -> CacheAwareConfig {
+    let HotSpotRule::PredictedTtft { hot_margin, .. } = CacheAwareConfig::default().hot_spot else {
+        panic!("the default rule is predicted_ttft")
+    };
+    with_hot(hot_share, hot_margin)
+}
+
+#[test]
+fn a_hot_prefix_goes_to_an_idle_worker_nearly_as_quick_as_its_busy_holders() {
+    // A short system prompt that every request starts with, held by three
+    // of four workers, each running two requests (decoding: nothing left
+    // to prefill); the fourth is idle and holds nothing. The cost model
+    // learned that requests in flight do not delay a first token (the
+    // `teach` fit: 5 ms plus prefill), so a holder is the quickest worker,
+    // by the 0.8 ms the idle one would spend on the prompt.
+    let ws = workers(4);
+    for w in &ws {
+        teach(w, 150_000.0);
+    }
+    let system = "s".repeat(120);
+    let policy = |hot_margin| {
+        let p = cache_aware(with_hot(1.5, hot_margin));
+        let tree = p.tree_or_create("m");
+        for i in 0..90 {
+            tree.insert(&format!("{system}{i:03}"), ws[i % 3].id().tenant());
+        }
+        p
+    };
+    let _running: Vec<LoadGuard> = ws[..3]
+        .iter()
+        .flat_map(|w| [LoadGuard::acquire(w.clone()), LoadGuard::acquire(w.clone())])
+        .collect();
+    let ask = |p: &CacheAware, q: &str| {
+        let d = p
+            .select(&RequestView::new("m", &format!("{system}{q}")), &ws)
+            .unwrap();
+        (d.worker().id(), d.explanation().branch)
+    };
+    // Within the default margin of the best, the idle worker takes it, and
+    // then holds it: the next one is a hit there.
+    let p = policy(0.25);
+    assert_eq!(ask(&p, "q0"), (ws[3].id(), Branch::HotSpotSpill));
+    assert_eq!(ask(&p, "q1"), (ws[3].id(), Branch::CacheHit));
+    // With no margin only the quickest qualify: a busy holder.
+    let strict = policy(0.0);
+    let (id, branch) = ask(&strict, "q0");
+    assert_ne!(id, ws[3].id());
+    assert_eq!(branch, Branch::CacheHit);
 }
 
 #[test]

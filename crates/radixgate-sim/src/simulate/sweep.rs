@@ -263,6 +263,7 @@ mod tests {
                 reuse_ms: 50.0,
                 overflow_margin: 0.3,
                 hot_share: 1.5,
+                hot_margin: 0.25,
             }
         );
         // A rule change replaces the rule's fields: the seed rule's cap
