@@ -151,8 +151,8 @@ pub enum HotSpotRule {
     /// `best * (1 + margin) + slack_ms + repeat_ms² / reuse_ms`, where
     /// `best` is the least predicted TTFT in the pool and `repeat_ms` the
     /// predicted time the quickest worker would spend prefilling what the
-    /// holder already holds; otherwise the quickest worker takes it (and
-    /// becomes a holder). The last term is what a spill costs others: the
+    /// holder already holds; otherwise the least-loaded worker (the
+    /// quickest of equals) takes it and becomes a holder. The last term is what a spill costs others: the
     /// pool computes that prefix again, and the requests that reach the
     /// quickest worker while it does (about `repeat_ms / reuse_ms` of
     /// them, `reuse_ms` standing for the gap between arrivals there) each

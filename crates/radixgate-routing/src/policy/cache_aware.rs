@@ -31,8 +31,8 @@
 //!   `repeat_ms² / reuse_ms`, where `repeat_ms` is what the quickest worker
 //!   would spend prefilling again what the holder already holds (a spill
 //!   makes the pool compute it again, and delays whatever reaches that
-//!   worker meanwhile); otherwise the quickest worker takes it
-//!   ([`Branch::HotSpotSpill`]) and becomes a holder. A hot match (the
+//!   worker meanwhile); otherwise the least-loaded worker (the quickest
+//!   of equals) takes it ([`Branch::HotSpotSpill`]) and becomes a holder. A hot match (the
 //!   tree's demand share of it × the pool's size × `hot_share` reaches its
 //!   number of holders: it draws more than their share of the traffic)
 //!   goes to the least-loaded worker predicted within `best * (1 +
