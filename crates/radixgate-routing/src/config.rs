@@ -152,8 +152,9 @@ pub enum HotSpotRule {
     /// `best` is the least predicted TTFT in the pool and `repeat_ms` the
     /// predicted time the quickest worker would spend prefilling what the
     /// holder already holds; otherwise the least-loaded worker (the
-    /// quickest of equals) takes it and becomes a holder. The last term is what a spill costs others: the
-    /// pool computes that prefix again, and the requests that reach the
+    /// quickest of equals) takes it and becomes a holder. The last term is
+    /// what a spill costs others: the pool computes that prefix again, and
+    /// the requests that reach the
     /// quickest worker while it does (about `repeat_ms / reuse_ms` of
     /// them, `reuse_ms` standing for the gap between arrivals there) each
     /// wait up to `repeat_ms` behind it. Spilling a short hot prefix is

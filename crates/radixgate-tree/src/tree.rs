@@ -252,12 +252,16 @@ impl Inner {
         let size_before = state.size;
         let mut node = ROOT;
         let mut pos = 0;
-        // Each step is the loop's below for a whole edge.
-        for &(next, through) in known {
+        // Counts the insert through `next` and gives it to the tenant,
+        // adding what it held there already to the receipt.
+        let mut enter = |arena: &mut Arena, state: &mut TenantState, next: NodeId| {
             crate::demand::bump(&mut arena[next], now);
             if touch(arena, state, next, tenant, now) {
                 receipt.held_chars += arena[next].edge_chars as usize;
             }
+        };
+        for &(next, through) in known {
+            enter(arena, state, next);
             (node, pos) = (next, through);
         }
         let end = loop {
@@ -278,12 +282,9 @@ impl Inner {
                 pos += cut;
                 split(arena, child, cut)
             };
-            crate::demand::bump(&mut arena[next], now);
             // Holding is prefix-closed, so the nodes the tenant already
             // held form the top of this path: their sum is what it held.
-            if touch(arena, state, next, tenant, now) {
-                receipt.held_chars += arena[next].edge_chars as usize;
-            }
+            enter(arena, state, next);
             node = next;
         };
         state.lru.push_back(LruEntry::new(arena, now, end));

@@ -32,9 +32,10 @@
 //!   would spend prefilling again what the holder already holds (a spill
 //!   makes the pool compute it again, and delays whatever reaches that
 //!   worker meanwhile); otherwise the least-loaded worker (the quickest
-//!   of equals) takes it ([`Branch::HotSpotSpill`]) and becomes a holder. A hot match (the
-//!   tree's demand share of it × the pool's size × `hot_share` reaches its
-//!   number of holders: it draws more than their share of the traffic)
+//!   of equals) takes it ([`Branch::HotSpotSpill`]) and becomes a holder.
+//!   A hot match (the tree's demand share of it × the pool's size ×
+//!   `hot_share` reaches its number of holders: it draws more than their
+//!   share of the traffic)
 //!   goes to the least-loaded worker predicted within `best * (1 +
 //!   hot_margin)`, a holder before a non-holder of the same load: the
 //!   prefix spreads as its traffic needs, and load stays even although a
@@ -683,38 +684,27 @@ impl CacheAware {
                 // deepest available one under the granularity; the
                 // quickest of them (the first of equals), then the most
                 // recent. Counted on the way, for the hot test.
-                let mut k = usize::MAX;
+                let mut first: Option<usize> = None;
                 let mut holders = 0usize;
                 for (j, s) in scored.iter().enumerate() {
                     if !self.near(s.matched, deepest) {
                         continue;
                     }
                     holders += 1;
-                    let first = scored.get(k).is_none_or(|h| {
+                    let ahead = first.is_none_or(|f| {
+                        let h = &scored[f];
                         s.ttft_ms
                             .total_cmp(&h.ttft_ms)
                             .then(h.last_access.cmp(&s.last_access))
                             .is_lt()
                     });
-                    if first {
-                        k = j;
+                    if ahead {
+                        first = Some(j);
                     }
                 }
-                let holder = &scored[k];
-                // What the quickest worker would prefill again of what the
-                // holder already holds.
-                let repeat_chars = quickest
-                    .work
-                    .uncached_chars
-                    .saturating_sub(holder.work.uncached_chars);
-                let repeat_ms = quickest.coefficients.per_kchar_ms * repeat_chars as f64 / 1024.0;
-                let others_ms = if bound.reuse_ms > 0.0 {
-                    repeat_ms * repeat_ms / bound.reuse_ms
-                } else {
-                    0.0
-                };
-                // A hot match spreads: its holder must be the quickest.
-                // (A share of 0, most matches', is never hot.)
+                let k = first.expect("the deepest is among them");
+                // A hot match spreads (below). (A share of 0, most
+                // matches', is never hot.)
                 let hot = bound.hot_share > 0.0
                     && bound.hot_share * tm.share * scored.len() as f64 >= holders as f64;
                 // (With exact matches the tree's deepest is no yardstick:
@@ -741,7 +731,8 @@ impl CacheAware {
                         Branch::HotSpotSpill
                     };
                     (k, branch)
-                } else if holder.ttft_ms <= bar + others_ms {
+                } else if scored[k].ttft_ms <= bar + self.spill_cost_ms(quickest, &scored[k], bound)
+                {
                     (k, hit)
                 } else {
                     let k = self.quickest(&scored, |_| true, |s| (0, s.at.load));
@@ -800,6 +791,21 @@ impl CacheAware {
             truth,
             self.config.correction,
         )
+    }
+
+    /// The repeated-prefill term of the hit bound: `repeat_ms² / reuse_ms`,
+    /// `repeat_ms` being what the `quickest` worker would prefill again of
+    /// what `holder` already holds (0 without a `reuse_ms`).
+    fn spill_cost_ms(&self, quickest: &Scored, holder: &Scored, bound: TtftBound) -> f64 {
+        if bound.reuse_ms <= 0.0 {
+            return 0.0;
+        }
+        let repeat_chars = quickest
+            .work
+            .uncached_chars
+            .saturating_sub(holder.work.uncached_chars);
+        let repeat_ms = quickest.coefficients.per_kchar_ms * repeat_chars as f64 / 1024.0;
+        repeat_ms * repeat_ms / bound.reuse_ms
     }
 
     /// The safety net's target with live event streams: among the workers
