@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload shared-prefix --groups 16 --rate 16 --requests 480 --worker-speeds 0.5,1,1,1 --policies cache_aware,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 1 --json

@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload trace --trace ../shared/traces/mooncake_conversation.jsonl --speedup 2.5 --max-output-tokens 64 --requests 300 --policies cache_aware,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 1 --json

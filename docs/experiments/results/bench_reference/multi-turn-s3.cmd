@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload multi-turn --rate 12 --think-ms 300 --requests 360 --policies cache_aware,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 3 --json

@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload shared-prefix --groups 8 --zipf 2.0 --rate 16 --requests 480 --policies cache_aware,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 3 --json
