@@ -224,9 +224,10 @@ fn default_ttft_slack_ms() -> f64 {
     10.0
 }
 
-/// See `docs/defaults.md`, "The cost model".
+/// See `docs/defaults.md`, "The cost model" and "A long document is
+/// rarely worth computing twice".
 fn default_ttft_reuse_ms() -> f64 {
-    50.0
+    10.0
 }
 
 /// See `docs/defaults.md`, "Hot matches".

@@ -689,10 +689,10 @@ fn while_the_pool_overflows_a_busy_holder_spills_sooner() {
     for prefix in [&a, &b] {
         p.tree_or_create("m").insert(prefix, ws[1].id().tenant());
     }
-    // 9,700 chars queued on the holder: about 70 ms, against 32 ms for a
-    // miss elsewhere. Within 1.5 × 32 + 10 ms plus the repeat term (14 ms),
-    // beyond 1.3 × 32 + 10 + 14 ms.
-    let _queued = LoadGuard::with_prefill(ws[1].clone(), 9_700);
+    // 18,100 chars queued on the holder: about 126 ms, against 32 ms for
+    // a miss elsewhere. Within 1.5 × 32 + 10 ms plus the repeat term
+    // (27 ms² / reuse_ms 10 = 71 ms), beyond 1.3 × 32 + 10 + 71 ms.
+    let _queued = LoadGuard::with_prefill(ws[1].clone(), 18_100);
     let ask = |prefix: &str, q: &str| {
         let d = p
             .select(&RequestView::new("m", &format!("{prefix}{q}")), &ws)

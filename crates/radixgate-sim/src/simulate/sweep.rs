@@ -260,7 +260,7 @@ mod tests {
             HotSpotRule::PredictedTtft {
                 margin: 2.0,
                 slack_ms: 10.0,
-                reuse_ms: 50.0,
+                reuse_ms: 10.0,
                 overflow_margin: 0.3,
                 hot_share: 1.5,
                 hot_margin: 0.25,
