@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload shared-prefix --groups 8 --zipf 2.0 --question-tokens 512 --rate 120 --requests 7200 --speed-change 0@20=0.25 --speed-change 0@35=1 --timeline-secs 5 --policies cache_aware,least_load --seed 1
