@@ -170,6 +170,23 @@ struct TtftBound {
     hot_margin: f64,
 }
 
+impl TtftBound {
+    /// The repeated-prefill term of the hit bound: `repeat_ms² / reuse_ms`,
+    /// `repeat_ms` being what the `quickest` worker would prefill again of
+    /// what `holder` already holds (0 without a `reuse_ms`).
+    fn spill_cost_ms(&self, quickest: &Scored, holder: &Scored) -> f64 {
+        if self.reuse_ms <= 0.0 {
+            return 0.0;
+        }
+        let repeat_chars = quickest
+            .work
+            .uncached_chars
+            .saturating_sub(holder.work.uncached_chars);
+        let repeat_ms = quickest.coefficients.per_kchar_ms * repeat_chars as f64 / 1024.0;
+        repeat_ms * repeat_ms / self.reuse_ms
+    }
+}
+
 /// A worker's cache footprint in a tree, for the smallest-tree target.
 struct Footprint {
     at: Candidate,
@@ -731,8 +748,7 @@ impl CacheAware {
                         Branch::HotSpotSpill
                     };
                     (k, branch)
-                } else if scored[k].ttft_ms <= bar + self.spill_cost_ms(quickest, &scored[k], bound)
-                {
+                } else if scored[k].ttft_ms <= bar + bound.spill_cost_ms(quickest, &scored[k]) {
                     (k, hit)
                 } else {
                     let k = self.quickest(&scored, |_| true, |s| (0, s.at.load));
@@ -791,21 +807,6 @@ impl CacheAware {
             truth,
             self.config.correction,
         )
-    }
-
-    /// The repeated-prefill term of the hit bound: `repeat_ms² / reuse_ms`,
-    /// `repeat_ms` being what the `quickest` worker would prefill again of
-    /// what `holder` already holds (0 without a `reuse_ms`).
-    fn spill_cost_ms(&self, quickest: &Scored, holder: &Scored, bound: TtftBound) -> f64 {
-        if bound.reuse_ms <= 0.0 {
-            return 0.0;
-        }
-        let repeat_chars = quickest
-            .work
-            .uncached_chars
-            .saturating_sub(holder.work.uncached_chars);
-        let repeat_ms = quickest.coefficients.per_kchar_ms * repeat_chars as f64 / 1024.0;
-        repeat_ms * repeat_ms / bound.reuse_ms
     }
 
     /// The safety net's target with live event streams: among the workers
