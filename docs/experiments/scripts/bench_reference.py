@@ -17,21 +17,18 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../bench"))
+from replicas_sim import simulate_args  # noqa: E402
+from run import quality_workloads  # noqa: E402
+
 B = os.environ.get("RADIXGATE", "target/release/radixgate")
 TRACES = os.environ.get("TRACES", "../shared/traces")
 SEEDS = [int(s) for s in os.environ.get("SEEDS", "1 2 3").split()]
 
-SHARED = "--workload shared-prefix --groups 16 --rate 16 --requests 480"
-# The same arguments as bench/run.py's quality_workloads().
+# bench/run.py's own workloads, as `simulate` takes them.
 WORKLOADS = {
-    "shared-prefix": SHARED,
-    "zipf-hot": "--workload shared-prefix --groups 8 --zipf 2.0 --rate 16 --requests 480",
-    "multi-turn": "--workload multi-turn --rate 12 --think-ms 300 --requests 360",
-    "mooncake-trace": f"--workload trace --trace {TRACES}/mooncake_conversation.jsonl "
-    "--speedup 2.5 --max-output-tokens 64 --requests 300",
-    "hot-prefix": "--workload shared-prefix --groups 8 --zipf 2.0 --question-tokens 512 "
-    "--rate 128 --requests 2560",
-    "hetero": f"{SHARED} --worker-speeds 0.5,1,1,1",
+    name: " ".join(simulate_args(name, wl))
+    for name, wl in quality_workloads(f"{TRACES}/mooncake_conversation.jsonl", 1.0).items()
 }
 POLICIES = "cache_aware,round_robin,oracle,oracle_ttft"
 SWEEP = "hot_spot.rule=relative_cap,predicted_ttft"
