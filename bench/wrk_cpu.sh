@@ -5,8 +5,8 @@
 # Usage: bench/wrk_cpu.sh BIN TAG [radixgate serve arguments...]
 # Starts 2 `radixgate worker --instant` workers (from target/release) and
 # `BIN serve --policy cache_aware` on loopback ports 36200-36201 and 36300,
-# warms up with 3 s of wrk, then runs `wrk -t2 -c32 -d8s` with one 4 KiB
-# chat body and prints the router's utime+stime (/proc) per request and
+# warms up with 3 s of wrk, then runs `wrk -t2 -c32 -d8s` with the 4 KiB
+# chat body of `bench/run.py --part cost` and prints the router's utime+stime (/proc) per request and
 # wrk's requests per second. Run several binaries in alternating rounds:
 # single runs on a shared machine move by 10-20%.
 set -euo pipefail
@@ -23,13 +23,9 @@ for _ in $(seq 100); do
   curl -sf http://127.0.0.1:36300/health > /dev/null && curl -sf http://127.0.0.1:36200/health > /dev/null && break
   sleep 0.1
 done
-python3 - "$TMP/post.lua" <<'PY'
-import json, sys
-body = json.dumps({"model": "sim-llama-8b", "max_tokens": 16,
-                   "messages": [{"role": "user", "content": "x" * 4096}]})
-open(sys.argv[1], "w").write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                             f"wrk.body = [[{body}]]\n")
-PY
+# The cost part's own wrk body (bench/report.py).
+python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL)' \
+  "$ROOT/bench" "$TMP/post.lua"
 URL=http://127.0.0.1:36300/v1/chat/completions
 wrk -t2 -c32 -d3s -s "$TMP/post.lua" "$URL" > /dev/null
 c0=$(awk '{print $14 + $15}' /proc/$SP/stat)
