@@ -451,3 +451,48 @@ fn demo_draws_no_progress_line_into_a_pipe() {
         "{stderr}"
     );
 }
+
+/// The `THP_enabled` line of a process's /proc status: 0 once the process
+/// turned transparent huge pages off for itself.
+fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("a THP_enabled line (Linux 5.0 on)")
+        .trim()
+        .to_owned()
+}
+
+/// `serve`'s THP_enabled once it listens.
+fn serving_thp(c: &mut Command) -> String {
+    let mut child = c
+        .args(["serve", "--port", "0"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = None;
+    for line in lines {
+        if line.unwrap().contains("radixgate listening") {
+            seen = Some(thp_enabled(child.id()));
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen.expect("serve started")
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_router_runs_without_transparent_huge_pages_unless_asked() {
+    assert_eq!(serving_thp(&mut radixgate()), "0");
+    // MIMALLOC_ALLOW_THP=1 leaves the flag as the process inherited it.
+    let inherited = thp_enabled(std::process::id());
+    assert_eq!(
+        serving_thp(radixgate().env("MIMALLOC_ALLOW_THP", "1")),
+        inherited
+    );
+}

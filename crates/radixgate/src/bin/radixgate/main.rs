@@ -57,6 +57,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    huge_pages_off();
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
@@ -67,6 +68,24 @@ fn main() -> std::process::ExitCode {
             eprintln!("radixgate: error: {message}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Turns transparent huge pages off for this process, unless the operator
+/// set `MIMALLOC_ALLOW_THP` (then mimalloc does as that says). mimalloc asks
+/// the kernel for huge pages on its memory (`madvise`), frees pages it has
+/// not used for 10 ms back to it, and faults them in again at the next burst:
+/// each fault then zeroes 2 MiB. A replica applying its peers' long prompts
+/// spent about half its CPU there (docs/sync.md, "Huge pages"); under wrk
+/// at full speed it made no difference.
+fn huge_pages_off() {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    if let Err(err) = rustix::thread::disable_transparent_huge_pages(true) {
+        // Only a kernel without the prctl refuses it; nothing to do then.
+        eprintln!("radixgate: transparent huge pages stay on: {err}");
     }
 }
 
