@@ -24,8 +24,9 @@ fn run(c: &mut Command) -> (bool, String) {
     )
 }
 
-/// Starts `serve` and waits for it to listen (true) or exit (false).
-fn starts(c: &mut Command) -> bool {
+/// Spawns `c` and reads its stderr until it listens (true; still running)
+/// or exits (false).
+fn spawn_listening(c: &mut Command) -> (std::process::Child, bool) {
     let mut child = c
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -39,6 +40,12 @@ fn starts(c: &mut Command) -> bool {
             break;
         }
     }
+    (child, listening)
+}
+
+/// Starts `serve` and waits for it to listen (true) or exit (false).
+fn starts(c: &mut Command) -> bool {
+    let (mut child, listening) = spawn_listening(c);
     let _ = child.kill();
     let _ = child.wait();
     listening
@@ -466,23 +473,12 @@ fn thp_enabled(pid: u32) -> String {
 
 /// `serve`'s THP_enabled once it listens.
 fn serving_thp(c: &mut Command) -> String {
-    let mut child = c
-        .args(["serve", "--port", "0"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = None;
-    for line in lines {
-        if line.unwrap().contains("radixgate listening") {
-            seen = Some(thp_enabled(child.id()));
-            break;
-        }
-    }
+    let (mut child, listening) = spawn_listening(c.args(["serve", "--port", "0"]));
+    assert!(listening, "serve started");
+    let thp = thp_enabled(child.id());
     let _ = child.kill();
     let _ = child.wait();
-    seen.expect("serve started")
+    thp
 }
 
 #[cfg(target_os = "linux")]
