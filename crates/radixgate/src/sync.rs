@@ -166,12 +166,16 @@ pub(crate) fn spawn(
             task_metrics.clone(),
             stop.clone(),
         ));
+        // Load reports that came with insert batches, from the insert
+        // receiver to the load receiver (both on this runtime).
+        let (batch_loads, batch_loads_rx) = mpsc::channel(receive::BATCH_LOADS);
         let loads = tokio::spawn(receive::loads(
             client.clone(),
             identity.clone(),
             config.clone(),
             router.clone(),
             task_metrics.clone(),
+            batch_loads_rx,
             stop.clone(),
         ));
         let inserts = tokio::spawn(receive::inserts(
@@ -180,7 +184,10 @@ pub(crate) fn spawn(
             config,
             router,
             task_metrics,
-            task_ready,
+            receive::Handoff {
+                loads: batch_loads,
+                ready: task_ready,
+            },
             stop.clone(),
         ));
         stop.cancelled().await;

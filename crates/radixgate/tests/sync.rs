@@ -200,6 +200,71 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     b.shutdown().await;
 }
 
+/// A peer's insert batch carrying its load report (wire format 1, kind 1,
+/// flag 2) and no entries, as hand-written bytes: what a replica sends
+/// when a batch goes out while its load changed.
+fn batch_with_load(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
+    let mut m = b"RG\x01\x01\x02\x09radixgate\x04peer".to_vec();
+    m.extend_from_slice(&instance.to_le_bytes());
+    // seq, sent_ms; no strings, window 0, first entry 0, no entries.
+    m.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
+    // The load report: its number, one worker.
+    m.extend_from_slice(&[seq, 1, worker.len() as u8]);
+    m.extend_from_slice(worker.as_bytes());
+    m.extend_from_slice(&[in_flight, 0]);
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_report_that_comes_with_an_insert_batch_counts() {
+    let nats = Nats::start(&[]);
+    let worker = sim_worker(fast_worker()).await;
+    let mut b_config = replica_config(&[nats.url()], &[&worker.url]);
+    b_config.sync.load_expiry_ms = 60_000;
+    let b = gateway_ready(b_config, 1).await;
+    wait_ready(&b.url).await;
+    wait_connected(&b.url).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let inserts = "radixgate.sync.radixgate.inserts";
+    raw.publish(inserts, batch_with_load(42, 5, &worker.url, 7).into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("B counts the peer's 7 in flight", || async {
+        peer_load(&b.url, &worker.url).await == 7
+    })
+    .await;
+    // Numbered with the peer's other reports: an older one that arrives
+    // later (a batch outrun by a core report) changes nothing. Another
+    // peer's report, behind it in the stream, shows it was read.
+    raw.publish(inserts, batch_with_load(42, 4, &worker.url, 1).into())
+        .await
+        .unwrap();
+    raw.publish(inserts, batch_with_load(43, 1, &worker.url, 10).into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("B hears the second peer", || async {
+        peer_load(&b.url, &worker.url).await != 7
+    })
+    .await;
+    assert_eq!(peer_load(&b.url, &worker.url).await, 17);
+    // A newer one replaces it.
+    raw.publish(inserts, batch_with_load(42, 6, &worker.url, 2).into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("B counts the newer report's 2", || async {
+        peer_load(&b.url, &worker.url).await == 12
+    })
+    .await;
+    assert_eq!(
+        series_value(&b.url, "radixgate_sync_ignored_total{reason=\"malformed\"}").await,
+        0.0
+    );
+    b.shutdown().await;
+}
+
 /// The load the other replicas reported on a worker, as `/get_loads` shows it.
 async fn peer_load(gateway: &str, worker: &str) -> u64 {
     worker_loads(gateway, worker).await["peer_load"]

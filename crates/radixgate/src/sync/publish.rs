@@ -1,8 +1,9 @@
 //! The publisher: queued decisions go out `batch_ms` after the first of
-//! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), and
-//! the load report goes out when it changed (at most one per 25 ms), and on
-//! every multiple of `load_period_ms` of the wall clock while this replica
-//! has anything in flight. It wakes only for these: an
+//! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), the
+//! last of which carries this replica's load report; the load report also
+//! goes out on its own when it changed and no batch is due (at most one per
+//! 25 ms), and on every multiple of `load_period_ms` of the wall clock while
+//! this replica has anything in flight. It wakes only for these: an
 //! idle replica's publisher does not run at all (it ticked every `batch_ms`
 //! before, 100 wake-ups a second whatever the traffic).
 //!
@@ -66,6 +67,13 @@ impl Publisher {
         }
     }
 
+    /// The number the next load report goes out with, on its own or with a
+    /// batch.
+    fn next_load_seq(&mut self) -> u64 {
+        self.load_seq += 1;
+        self.load_seq
+    }
+
     async fn send_inserts(&mut self, batch: Inserts) {
         self.insert_seq += 1;
         let n = batch.entries.len() as u64;
@@ -75,8 +83,8 @@ impl Publisher {
     }
 
     async fn send_load(&mut self, loads: &[WorkerLoad]) {
-        self.load_seq += 1;
-        let payload = wire::encode_load(&self.header(self.load_seq), loads);
+        let seq = self.next_load_seq();
+        let payload = wire::encode_load(&self.header(seq), loads);
         let subject = self.load_subject.clone();
         self.send(&subject, payload, 1).await;
     }
@@ -176,7 +184,11 @@ pub(super) async fn run(
     // The next periodic report, while the last one was non-zero.
     let mut tick: Option<Instant> = None;
     loop {
-        let change_due = changed.then(|| last_load_at + LOAD_COALESCE);
+        // A change waits for a batch that is due anyway (at most
+        // `batch_ms`), and goes with it: at a worker's first token the
+        // decision is queued and the load falls at once, and one message
+        // wakes each peer once, where two woke it twice.
+        let change_due = changed.then(|| batch_due.unwrap_or(last_load_at + LOAD_COALESCE));
         let wake = [batch_due, change_due, tick].into_iter().flatten().min();
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -196,10 +208,29 @@ pub(super) async fn run(
             while let Ok(item) = rx.try_recv() {
                 queued.push(item);
             }
-            send_batches(&mut p, &mut dict, window, std::mem::take(&mut queued)).await;
+            // Every batch carries the loads as they are now: a report that
+            // costs no message of its own.
+            let loads = own_loads(&router);
+            let seq = p.next_load_seq();
+            let items = std::mem::take(&mut queued);
+            send_batches(&mut p, &mut dict, window, items, (seq, loads.clone())).await;
+            changed = false;
+            last_load_at = Instant::now();
+            tick = (!loads.is_empty()).then(|| on_grid(last_load_at, period));
+            last_load = loads;
         }
-        let change_now = change_due.is_some_and(|due| now >= due);
+        let change_now = changed && change_due.is_some_and(|due| now >= due);
         let tick_now = tick.is_some_and(|due| now >= due);
+        if change_now && !tick_now && batch_due.is_none() && queue_open {
+            // The request path signals the fall at a first token just
+            // before it queues the decision: if that is in, the change
+            // waits for its batch.
+            if let Ok(item) = rx.try_recv() {
+                queued.push(item);
+                batch_due = Some(now + batch_wait);
+                continue;
+            }
+        }
         if change_now || tick_now {
             changed = false;
             let loads = own_loads(&router);
@@ -213,12 +244,20 @@ pub(super) async fn run(
     }
 }
 
-/// Sends `items` as insert batches, each under [`MAX_BATCH_BYTES`].
-async fn send_batches(p: &mut Publisher, dict: &mut Outgoing, window: u64, items: Vec<Routed>) {
+/// Sends `items` as insert batches, each under [`MAX_BATCH_BYTES`]; the
+/// last one carries `load`, this replica's load report numbered so.
+async fn send_batches(
+    p: &mut Publisher,
+    dict: &mut Outgoing,
+    window: u64,
+    items: Vec<Routed>,
+    load: (u64, Vec<WorkerLoad>),
+) {
     let mut batch = Inserts {
         window,
         first_entry: dict.next_id(),
         entries: Vec::with_capacity(items.len()),
+        load: None,
     };
     let mut bytes = 0;
     for item in items {
@@ -241,15 +280,16 @@ async fn send_batches(p: &mut Publisher, dict: &mut Outgoing, window: u64, items
                     window,
                     first_entry: dict.next_id(),
                     entries: Vec::new(),
+                    load: None,
                 },
             );
             p.send_inserts(full).await;
             bytes = 0;
         }
     }
-    if !batch.entries.is_empty() {
-        p.send_inserts(batch).await;
-    }
+    // The report goes even if the last cut left no entry.
+    batch.load = Some(load);
+    p.send_inserts(batch).await;
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Sending processes whose texts are kept at once; beyond it the one heard
@@ -58,14 +59,38 @@ fn screen(payload: &[u8], me: &Identity, metrics: &SyncMetrics) -> Option<(Heade
     }
 }
 
-/// Load reports: core NATS, and a timer, while any report is held, that
-/// expires silent replicas.
+/// A peer's load report that came with one of its insert batches: the
+/// sender's instance, the report's number and the loads.
+pub(super) type BatchLoad = (u64, u64, Vec<PeerLoad>);
+
+/// How many batch-borne load reports may wait for the load receiver; more
+/// are dropped (counted `ignored{reason="load_backlog"}`): a later report
+/// replaces them anyway.
+pub(super) const BATCH_LOADS: usize = 256;
+
+fn peer_loads(loads: Vec<wire::WorkerLoad>) -> Vec<PeerLoad> {
+    loads
+        .into_iter()
+        .map(|l| PeerLoad {
+            url: l.url,
+            in_flight: l.in_flight,
+            pending_prefill: l.pending_prefill,
+        })
+        .collect()
+}
+
+/// Load reports: on core NATS, and those that came with insert batches
+/// (`from_batches`, handed over by [`inserts`]); and a timer, while any
+/// report is held, that expires silent replicas. A replica's reports are
+/// numbered across both ways, so a report overtaken by a later one (a core
+/// message outruns the stream) is dropped by [`PeerLoads::report`].
 pub(super) async fn loads(
     client: Client,
     me: Identity,
     config: SyncConfig,
     router: Router,
     metrics: Arc<SyncMetrics>,
+    mut from_batches: mpsc::Receiver<BatchLoad>,
     stop: CancellationToken,
 ) {
     let mut peers = PeerLoads::new(Duration::from_millis(config.load_expiry_ms));
@@ -95,11 +120,10 @@ pub(super) async fn loads(
                 let Some((h, Body::Load(loads))) = screen(&message.payload, &me, &metrics) else {
                     continue;
                 };
-                let loads = loads
-                    .into_iter()
-                    .map(|l| PeerLoad { url: l.url, in_flight: l.in_flight, pending_prefill: l.pending_prefill })
-                    .collect();
-                peers.report(h.instance, h.seq, Instant::now(), loads);
+                peers.report(h.instance, h.seq, Instant::now(), peer_loads(loads));
+            }
+            Some((instance, seq, loads)) = from_batches.recv() => {
+                peers.report(instance, seq, Instant::now(), loads);
             }
         }
         // Also after an expiry: the expired report's load goes.
@@ -114,6 +138,8 @@ struct Applier {
     me: Identity,
     router: Router,
     metrics: Arc<SyncMetrics>,
+    /// To the load receiver: the load reports that came with live batches.
+    loads: mpsc::Sender<BatchLoad>,
     senders: HashMap<u64, (Incoming, Instant, u64)>,
     held: Held,
 }
@@ -178,9 +204,19 @@ const MAX_WINDOW: u64 = crate::config::MAX_REFERENCE_WINDOW_BYTES as u64;
 impl Applier {
     /// Applies one payload; `live` says whether to record its lag.
     fn apply(&mut self, payload: &[u8], live: bool) {
-        let Some((h, Body::Inserts(batch))) = screen(payload, &self.me, &self.metrics) else {
+        let Some((h, Body::Inserts(mut batch))) = screen(payload, &self.me, &self.metrics) else {
             return;
         };
+        // A replayed report is about load long gone.
+        if let Some((seq, loads)) = batch.load.take()
+            && live
+            && self
+                .loads
+                .try_send((h.instance, seq, peer_loads(loads)))
+                .is_err()
+        {
+            self.metrics.ignored("load_backlog");
+        }
         if self.senders.len() >= MAX_SENDERS && !self.senders.contains_key(&h.instance) {
             let oldest = self
                 .senders
@@ -352,6 +388,14 @@ async fn source(
     Ok(Source::Stream(Box::new(messages), last))
 }
 
+/// What the insert feed hands on besides the trees.
+pub(super) struct Handoff {
+    /// The load reports that come with live batches, to [`loads`].
+    pub(super) loads: mpsc::Sender<BatchLoad>,
+    /// Set once the warm start is over.
+    pub(super) ready: Arc<AtomicBool>,
+}
+
 /// Insert batches: replay then live from the stream, or live from core
 /// NATS. Marks `ready` once the replay reached the stream's end as it was
 /// at the start, or the warm-up wait ran out.
@@ -361,9 +405,10 @@ pub(super) async fn inserts(
     config: SyncConfig,
     router: Router,
     metrics: Arc<SyncMetrics>,
-    ready: Arc<AtomicBool>,
+    out: Handoff,
     stop: CancellationToken,
 ) {
+    let Handoff { loads, ready } = out;
     let warmup = Duration::from_secs(config.warmup_timeout_secs);
     let started = Instant::now();
     {
@@ -387,6 +432,7 @@ pub(super) async fn inserts(
         me: me.clone(),
         router,
         metrics,
+        loads,
         senders: HashMap::new(),
         held: Held {
             entries: VecDeque::new(),

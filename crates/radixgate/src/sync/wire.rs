@@ -56,6 +56,8 @@ const KIND_INSERTS: u8 = 1;
 const KIND_LOAD: u8 = 2;
 /// Flag: the inserts' entries carry first-token observations.
 pub(crate) const FLAG_OBSERVED: u8 = 1;
+/// Inserts: the batch ends with the sender's load report.
+pub(crate) const FLAG_LOAD: u8 = 2;
 /// The longest first-token wait an observation may state; a longer one is
 /// malformed (a lying peer must not teach a fit absurd speeds).
 pub(crate) const MAX_OBSERVED_TTFT_US: u64 = 600_000_000;
@@ -138,6 +140,10 @@ pub(crate) struct Inserts {
     pub(crate) window: u64,
     pub(crate) first_entry: u64,
     pub(crate) entries: Vec<WireEntry>,
+    /// The sender's load report, when one goes out with the batch: its
+    /// number in the sender's load reports (as a load message's header
+    /// `seq`), and the loads.
+    pub(crate) load: Option<(u64, Vec<WorkerLoad>)>,
 }
 
 /// One worker's load in a report.
@@ -241,7 +247,8 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
             .sum::<usize>(),
     );
     let observed = batch.entries.iter().any(|e| e.observed.is_some());
-    let flags = if observed { FLAG_OBSERVED } else { 0 };
+    let flags =
+        if observed { FLAG_OBSERVED } else { 0 } | if batch.load.is_some() { FLAG_LOAD } else { 0 };
     put_header(&mut out, KIND_INSERTS, flags, h);
     put_var(&mut out, table.len() as u64);
     for s in &table {
@@ -274,6 +281,10 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
             }
         }
     }
+    if let Some((seq, loads)) = &batch.load {
+        put_var(&mut out, *seq);
+        put_loads(&mut out, loads);
+    }
     out
 }
 
@@ -281,13 +292,17 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
 pub(crate) fn encode_load(h: &Header, loads: &[WorkerLoad]) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + loads.len() * 40);
     put_header(&mut out, KIND_LOAD, 0, h);
-    put_var(&mut out, loads.len() as u64);
-    for l in loads {
-        put_bytes(&mut out, l.url.as_bytes());
-        put_var(&mut out, u64::from(l.in_flight));
-        put_var(&mut out, l.pending_prefill);
-    }
+    put_loads(&mut out, loads);
     out
+}
+
+fn put_loads(out: &mut Vec<u8>, loads: &[WorkerLoad]) {
+    put_var(out, loads.len() as u64);
+    for l in loads {
+        put_bytes(out, l.url.as_bytes());
+        put_var(out, u64::from(l.in_flight));
+        put_var(out, l.pending_prefill);
+    }
 }
 
 /// A cursor over a payload; every read checks the bytes left.
@@ -397,7 +412,7 @@ pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), Wir
         return Err(WireError::Malformed("unknown kind"));
     }
     let known = if kind == KIND_INSERTS {
-        FLAG_OBSERVED
+        FLAG_OBSERVED | FLAG_LOAD
     } else {
         0
     };
@@ -469,10 +484,16 @@ fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
             observed,
         });
     }
+    let load = if flags & FLAG_LOAD != 0 {
+        Some((r.var("load seq")?, decode_load(r)?))
+    } else {
+        None
+    };
     Ok(Inserts {
         window,
         first_entry,
         entries,
+        load,
     })
 }
 

@@ -30,6 +30,7 @@ fn sample() -> Inserts {
             entry("m", "http://10.0.0.2:30000", Some((1, 6)), "bye"),
             entry("*", "http://10.0.0.1:30000", None, "日本語"),
         ],
+        load: None,
     }
 }
 
@@ -52,6 +53,7 @@ fn urls_and_models_are_sent_once_per_batch() {
         window: 0,
         first_entry: 0,
         entries: vec![entry("m", "http://10.0.0.1:30000", None, "x")],
+        load: None,
     };
     let mut many = one.clone();
     many.entries = vec![one.entries[0].clone(); 10];
@@ -79,18 +81,20 @@ fn wrong_magic_version_kind_and_flags_are_refused() {
         WireError::Malformed("unknown kind")
     );
     let mut flags = good.clone();
-    flags[4] = 2;
+    flags[4] = 4;
     assert_eq!(
         decode(&flags).unwrap_err(),
         WireError::Malformed("unknown flags")
     );
     // The observation flag belongs to inserts only.
-    let mut load = encode_load(&header(), &[]);
-    load[4] = FLAG_OBSERVED;
-    assert_eq!(
-        decode(&load).unwrap_err(),
-        WireError::Malformed("unknown flags")
-    );
+    for flag in [FLAG_OBSERVED, FLAG_LOAD] {
+        let mut load = encode_load(&header(), &[]);
+        load[4] = flag;
+        assert_eq!(
+            decode(&load).unwrap_err(),
+            WireError::Malformed("unknown flags")
+        );
+    }
     let mut trailing = good;
     trailing.push(0);
     assert_eq!(
@@ -128,6 +132,50 @@ fn observations_round_trip_and_only_batches_with_one_are_flagged() {
     // Each entry pays one byte, and the one observed its four numbers.
     let plain = encode_inserts(&header(), &sample()).len();
     assert_eq!(bytes.len() - plain, 3 + 2 + 2 + 1 + 3);
+}
+
+/// `sample_observed()` carrying a load report.
+fn sample_with_load() -> Inserts {
+    let mut batch = sample_observed();
+    batch.load = Some((
+        17,
+        vec![
+            WorkerLoad {
+                url: "http://10.0.0.1:30000".into(),
+                in_flight: 3,
+                pending_prefill: 9_000,
+            },
+            WorkerLoad {
+                url: "http://10.0.0.2:30000".into(),
+                in_flight: 0,
+                pending_prefill: 0,
+            },
+        ],
+    ));
+    batch
+}
+
+#[test]
+fn a_load_report_rides_on_a_batch_and_only_such_batches_are_flagged() {
+    let bytes = encode_inserts(&header(), &sample_with_load());
+    assert_eq!(bytes[4], FLAG_OBSERVED | FLAG_LOAD);
+    assert_eq!(
+        decode(&bytes).unwrap(),
+        (header(), Body::Inserts(sample_with_load()))
+    );
+    // An empty report still says "nothing in flight", and a batch may
+    // carry no entries: a report is never lost for want of a decision.
+    let mut empty = sample();
+    empty.entries.clear();
+    empty.load = Some((1, Vec::new()));
+    let bytes = encode_inserts(&header(), &empty);
+    assert_eq!(bytes[4], FLAG_LOAD);
+    assert_eq!(decode(&bytes).unwrap(), (header(), Body::Inserts(empty)));
+    // Every cut of it is refused, never read short.
+    let bytes = encode_inserts(&header(), &sample_with_load());
+    for cut in 0..bytes.len() {
+        assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
 }
 
 #[test]
@@ -259,7 +307,7 @@ proptest! {
     /// A valid message with bytes flipped: an answer, never a panic.
     #[test]
     fn mutations_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
-        let mut bytes = encode_inserts(&header(), &sample());
+        let mut bytes = encode_inserts(&header(), &sample_with_load());
         for (at, b) in flips {
             let i = at % bytes.len();
             bytes[i] = b;
@@ -282,6 +330,7 @@ proptest! {
                     e
                 })
                 .collect(),
+            load: (back % 2 == 1).then(|| (first, vec![WorkerLoad { url: format!("http://w:{back}"), in_flight: (len % 1000) as u32, pending_prefill: len }])),
         };
         let bytes = encode_inserts(&header(), &batch);
         prop_assert_eq!(decode(&bytes).unwrap(), (header(), Body::Inserts(batch)));
