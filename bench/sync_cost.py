@@ -20,6 +20,15 @@ and zlib, as a stand-in for a batch compressor in the publisher.
 workload, seed and count) goes to each pair at the same time, and each
 router's CPU (utime + stime from /proc/PID/stat) is read before and after.
 
+`receive`: what one sync message costs the replica that reads it. One
+nats-server, two instant workers and one `serve` replica with `--sync-url`;
+a raw NATS connection started here plays a peer and publishes well-formed
+load reports (another instance of the same cluster, naming the replica's
+workers) at each `--rate` in turn, `--bunch` at a time (so 100/s in bunches
+of 4 is 25 bunches a second), `--spacing-us` apart within a bunch. Per step: the replica's CPU (utime + stime)
+and thread wake-ups per message and per second, against the same time idle
+just before; the replica's /metrics confirm it read them.
+
 `compare`: router CPU per request of N replicas with sync against the same
 N without, at a routing-quality workload's own rate (bench/run.py's
 workloads, realistic simulated workers), and of two builds side by side:
@@ -267,6 +276,92 @@ def wakeups(root: int) -> int:
     return total
 
 
+def load_report(cluster: str, seq: int, urls: list[str]) -> bytes:
+    """A peer's load report in wire format 1 (docs/sync.md), kind 2."""
+    def var(v: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte = v & 0x7F
+            v >>= 7
+            if v == 0:
+                out.append(byte)
+                return bytes(out)
+            out.append(byte | 0x80)
+
+    def text(b: bytes) -> bytes:
+        return var(len(b)) + b
+
+    out = b"RG" + bytes([1, 2, 0]) + text(cluster.encode()) + text(b"bench-peer")
+    out += (0x5EED_0000_0000_0001).to_bytes(8, "little") + var(seq) + var(int(time.time() * 1000))
+    out += var(len(urls))
+    for u in urls:
+        out += text(u.encode()) + var(2) + var(4096)
+    return out
+
+
+def receive_run(args: argparse.Namespace) -> None:
+    from replicas import metric_sum
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            _, nport = start_nats(tmp)
+            workers = start_workers(args.binary, tmp, 2, [])
+            router, url = start_router(args.binary, tmp, "r1", workers,
+                                       f"nats://127.0.0.1:{nport}", None)
+            sock = socket.create_connection(("127.0.0.1", nport))
+            sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+            sock.recv(4096)
+            subject = b"radixgate.sync.radixgate.load"
+            seq = 0
+
+            def usage() -> tuple[float, int, float]:
+                got = metric_sum(url, ("radixgate_sync_messages_received_total",))
+                return procs.cpu_seconds(router.pid), wakeups(router.pid), got
+
+            time.sleep(args.idle_s)
+            for rate in args.rate:
+                before = usage()
+                time.sleep(args.idle_s)
+                idle = usage()
+                bunches = rate / args.bunch
+                start = time.monotonic()
+                n = 0
+                while time.monotonic() - start < args.idle_s:
+                    out = b""
+                    for i in range(args.bunch):
+                        seq += 1
+                        payload = load_report("radixgate", seq, workers)
+                        out += b"PUB %s %d\r\n%s\r\n" % (subject, len(payload), payload)
+                        if args.spacing_us > 0:
+                            sock.sendall(out)
+                            out = b""
+                            if i + 1 < args.bunch:
+                                time.sleep(args.spacing_us / 1e6)
+                    if out:
+                        sock.sendall(out)
+                    n += args.bunch
+                    due = start + (n / args.bunch) / bunches
+                    time.sleep(max(0.0, due - time.monotonic()))
+                time.sleep(0.2)
+                after = usage()
+                secs = args.idle_s
+                idle_cpu = (idle[0] - before[0]) / secs
+                idle_wake = (idle[1] - before[1]) / secs
+                busy_cpu = (after[0] - idle[0]) / (secs + 0.2)
+                busy_wake = (after[1] - idle[1]) / (secs + 0.2)
+                read = after[2] - idle[2]
+                print(json.dumps({
+                    "rate_per_s": rate, "bunch": args.bunch, "published": n, "read": read,
+                    "idle_cpu_ms_per_s": round(idle_cpu * 1e3, 3),
+                    "busy_cpu_ms_per_s": round(busy_cpu * 1e3, 3),
+                    "extra_cpu_us_per_msg": round((busy_cpu - idle_cpu) * 1e6 / (n / secs), 2),
+                    "idle_wakeups_per_s": round(idle_wake, 1),
+                    "extra_wakeups_per_msg": round((busy_wake - idle_wake) / (n / secs), 3),
+                }), flush=True)
+            sock.close()
+        finally:
+            procs.stop_all()
+
+
 SYNC_COUNTERS = ("radixgate_sync_messages_sent_total", "radixgate_sync_messages_received_total")
 
 
@@ -394,7 +489,7 @@ def compare(args: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["bytes", "cpu", "compare"])
+    ap.add_argument("mode", choices=["bytes", "cpu", "compare", "receive"])
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/radixgate"))
     ap.add_argument("--workload", default="multi-turn")
     ap.add_argument("--requests", type=int, default=400)
@@ -410,12 +505,20 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=4, help="compare: replicas per group")
     ap.add_argument("--idle-s", type=float, default=10.0, help="compare: idle time measured")
     ap.add_argument("--rounds", type=int, default=3, help="compare: rounds (medians)")
+    ap.add_argument("--rate", type=float, action="append",
+                    help="receive: messages a second a fake peer sends (repeatable)")
+    ap.add_argument("--bunch", type=int, default=1, help="receive: messages sent together")
+    ap.add_argument("--spacing-us", type=float, default=0.0,
+                    help="receive: microseconds between the messages of a bunch")
     args = ap.parse_args()
     print(f"# {' '.join(sys.argv)}", flush=True)
     if args.mode == "compare":
         if not args.quality:
             ap.error("compare needs --quality WORKLOAD")
         compare(args)
+    elif args.mode == "receive":
+        args.rate = args.rate or [25.0, 100.0, 400.0]
+        receive_run(args)
     elif args.mode == "bytes":
         for window in (None, 0):
             print(json.dumps(bytes_run(args, window)), flush=True)
