@@ -120,6 +120,7 @@ class Replicas:
                 if nats_port is not None:
                     cmd += ["--sync-url", f"nats://127.0.0.1:{nats_port}",
                             "--sync-cluster", cluster]
+                cmd += self.opts.serve_arg
                 cmd += ["--worker-urls", *urls]
                 started.append(procs.start(cmd, self.log(f"replica-{i}")))
             targets = [f"http://127.0.0.1:{port + i}" for i in range(n)]
@@ -275,6 +276,9 @@ def main() -> int:
                         "on these cores costs TTFT by itself")
     p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="one more argument for every `radixgate serve` (repeatable), "
+                        "e.g. --serve-arg=--config --serve-arg=FILE")
     p.add_argument("--trace", default=os.path.join(ROOT, "traces/mooncake_conversation.jsonl"))
     p.add_argument("--spread-bursts", action="store_true",
                    help="mooncake-trace: requests sharing a timestamp arrive evenly over the "

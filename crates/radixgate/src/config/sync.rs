@@ -32,12 +32,16 @@ pub struct SyncConfig {
     /// Routed texts waiting to be published; beyond it new ones are
     /// dropped (and counted) rather than slowing the request path.
     pub queue_capacity: usize,
-    /// Milliseconds decisions and load changes are gathered before they are
-    /// published as one message.
+    /// Milliseconds decisions are gathered before they are published as
+    /// one insert batch (which carries the load report too).
     pub batch_ms: u64,
     /// Milliseconds between load reports while this replica has requests
-    /// in flight (at least this often; changes go out within `batch_ms`).
+    /// in flight (at least this often; changes go out sooner).
     pub load_period_ms: u64,
+    /// The shortest gap, in milliseconds, between two load reports that
+    /// announce a change; 0: every change at once. Fresher reports balance
+    /// replicas better and cost every peer a wake-up each.
+    pub load_coalesce_ms: u64,
     /// Milliseconds after which a silent replica's load report no longer
     /// counts; 3 periods by design.
     pub load_expiry_ms: u64,
@@ -67,6 +71,7 @@ impl Default for SyncConfig {
             queue_capacity: 4096,
             batch_ms: 10,
             load_period_ms: 100,
+            load_coalesce_ms: 25,
             load_expiry_ms: 300,
             reference_window_bytes: 8 << 20,
             history_secs: 600,
@@ -292,6 +297,15 @@ impl SyncConfig {
         positive("sync.queue_capacity", self.queue_capacity as u64, 1 << 20)?;
         positive("sync.batch_ms", self.batch_ms, 1000)?;
         positive("sync.load_period_ms", self.load_period_ms, 10_000)?;
+        if self.load_coalesce_ms > self.load_period_ms {
+            return Err(invalid(
+                "sync.load_coalesce_ms",
+                format!(
+                    "({}) must be at most load_period_ms ({})",
+                    self.load_coalesce_ms, self.load_period_ms
+                ),
+            ));
+        }
         positive("sync.load_expiry_ms", self.load_expiry_ms, 60_000)?;
         if self.load_expiry_ms < self.load_period_ms {
             return Err(invalid(
@@ -410,6 +424,11 @@ mod tests {
         let mut c = on();
         c.load_expiry_ms = 50;
         assert!(err(&c).contains("at least load_period_ms"));
+        let mut c = on();
+        c.load_coalesce_ms = 101;
+        assert!(err(&c).contains("sync.load_coalesce_ms"));
+        c.load_coalesce_ms = 0;
+        assert!(c.validate().is_ok());
         let mut c = on();
         c.batch_ms = 0;
         assert!(err(&c).contains("sync.batch_ms"));

@@ -2,8 +2,8 @@
 //! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), the
 //! last of which carries this replica's load report; the load report also
 //! goes out on its own when it changed and no batch is due (at most one per
-//! 25 ms), and on every multiple of `load_period_ms` of the wall clock while
-//! this replica has anything in flight. It wakes only for these: an
+//! `load_coalesce_ms`, 25), and on every multiple of `load_period_ms` of
+//! the wall clock while this replica has anything in flight. It wakes only for these: an
 //! idle replica's publisher does not run at all (it ticked every `batch_ms`
 //! before, 100 wake-ups a second whatever the traffic).
 //!
@@ -105,12 +105,6 @@ fn own_loads(router: &Router) -> Vec<WorkerLoad> {
         .collect()
 }
 
-/// The shortest gap between two load reports that announce a change. Under
-/// steady traffic the load changes many times a second, and a report per
-/// change (each decoded by every peer) took sync's extra router CPU from
-/// 13.5-14.5% to 17% in docs/sync.md's side-by-side runs.
-const LOAD_COALESCE: Duration = Duration::from_millis(25);
-
 /// How long after a wall-clock time `wall` (since the Unix epoch) the next
 /// multiple of `step` since the epoch comes, strictly after it.
 fn to_next_multiple(wall: Duration, step: Duration) -> Duration {
@@ -147,7 +141,7 @@ fn on_grid(after: Instant, step: Duration) -> Instant {
 /// to say: the task sleeps until a decision is queued (then waits
 /// `batch_ms` for more to join its batch) or the router signals that a
 /// worker's own load changed. A change is reported at once, unless the last
-/// report is under [`LOAD_COALESCE`] old (then when it is). While the load
+/// report is under `load_coalesce_ms` old (then when it is). While the load
 /// it last reported is non-zero it reports again on every multiple of
 /// `load_period_ms` of the wall clock, so peers never expire a live report.
 pub(super) async fn run(
@@ -172,6 +166,11 @@ pub(super) async fn run(
     let window = config.reference_window_bytes as u64;
     let batch_wait = Duration::from_millis(config.batch_ms);
     let period = Duration::from_millis(config.load_period_ms);
+    // The shortest gap between two load reports that announce a change.
+    // Under steady traffic the load changes many times a second, and a
+    // report per change (each read by every peer) took sync's extra router
+    // CPU from 13.5-14.5% to 17% in docs/sync.md's side-by-side runs.
+    let coalesce = Duration::from_millis(config.load_coalesce_ms);
     let changes = router.load_changes();
     // The decisions waiting for their batch, and when it goes out.
     let mut queued: Vec<Routed> = Vec::new();
@@ -188,7 +187,7 @@ pub(super) async fn run(
         // `batch_ms`), and goes with it: at a worker's first token the
         // decision is queued and the load falls at once, and one message
         // wakes each peer once, where two woke it twice.
-        let change_due = changed.then(|| batch_due.unwrap_or(last_load_at + LOAD_COALESCE));
+        let change_due = changed.then(|| batch_due.unwrap_or(last_load_at + coalesce));
         let wake = [batch_due, change_due, tick].into_iter().flatten().min();
         tokio::select! {
             _ = stop.cancelled() => return,
