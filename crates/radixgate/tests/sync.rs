@@ -225,39 +225,31 @@ async fn a_load_report_that_comes_with_an_insert_batch_counts() {
     wait_ready(&b.url).await;
     wait_connected(&b.url).await;
     let raw = async_nats::connect(nats.url()).await.unwrap();
-    let inserts = "radixgate.sync.radixgate.inserts";
-    raw.publish(inserts, batch_with_load(42, 5, &worker.url, 7).into())
-        .await
-        .unwrap();
-    raw.flush().await.unwrap();
-    wait_until("B counts the peer's 7 in flight", || async {
-        peer_load(&b.url, &worker.url).await == 7
-    })
-    .await;
+    // Publishes peers' batches, (instance, report number, in flight) each,
+    // then waits for B to count `total` on the worker.
+    let step = |batches: &'static [(u64, u8, u8)], total: u64| {
+        let (raw, b, worker) = (raw.clone(), b.url.clone(), worker.url.clone());
+        async move {
+            for &(instance, seq, in_flight) in batches {
+                let m = batch_with_load(instance, seq, &worker, in_flight);
+                raw.publish("radixgate.sync.radixgate.inserts", m.into())
+                    .await
+                    .unwrap();
+            }
+            raw.flush().await.unwrap();
+            wait_until(&format!("B counts {total} in flight"), || async {
+                peer_load(&b, &worker).await == total
+            })
+            .await;
+        }
+    };
+    step(&[(42, 5, 7)], 7).await;
     // Numbered with the peer's other reports: an older one that arrives
-    // later (a batch outrun by a core report) changes nothing. Another
-    // peer's report, behind it in the stream, shows it was read.
-    raw.publish(inserts, batch_with_load(42, 4, &worker.url, 1).into())
-        .await
-        .unwrap();
-    raw.publish(inserts, batch_with_load(43, 1, &worker.url, 10).into())
-        .await
-        .unwrap();
-    raw.flush().await.unwrap();
-    wait_until("B hears the second peer", || async {
-        peer_load(&b.url, &worker.url).await != 7
-    })
-    .await;
-    assert_eq!(peer_load(&b.url, &worker.url).await, 17);
+    // later (a batch outrun by a core report) changes nothing (7 + 10, not
+    // 1 + 10, once another peer's report behind it in the stream is in).
+    step(&[(42, 4, 1), (43, 1, 10)], 17).await;
     // A newer one replaces it.
-    raw.publish(inserts, batch_with_load(42, 6, &worker.url, 2).into())
-        .await
-        .unwrap();
-    raw.flush().await.unwrap();
-    wait_until("B counts the newer report's 2", || async {
-        peer_load(&b.url, &worker.url).await == 12
-    })
-    .await;
+    step(&[(42, 6, 2)], 12).await;
     assert_eq!(
         series_value(&b.url, "radixgate_sync_ignored_total{reason=\"malformed\"}").await,
         0.0
