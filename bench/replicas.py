@@ -150,7 +150,10 @@ class Replicas:
             cpu0 = sum(procs.cpu_seconds(p.pid) for p in replicas)
             bytes0 = sum(metric_sum(t, SYNC_BYTES) for t in targets)
             t0 = time.time()
-            rep = run_load(self.binary, targets, wl.load + extra, self.opts.seed)
+            # --drive N: the load goes to the first N replicas only; the
+            # others run, sync and route nothing.
+            driven = targets[:self.opts.drive] if self.opts.drive else targets
+            rep = run_load(self.binary, driven, wl.load + extra, self.opts.seed)
             wall = time.time() - t0
             cpu1 = sum(procs.cpu_seconds(p.pid) for p in replicas)
             bytes1 = sum(metric_sum(t, SYNC_BYTES) for t in targets)
@@ -213,17 +216,23 @@ def ratio(a, b):
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
-    """Each row with its ratios: hit rate and mean TTFT against the 1-router
-    row of its workload, CPU per request against the same replica count
-    without sync (for sync rows)."""
+    """Each row with its ratios: hit rate and mean TTFT against the mean of
+    the 1-router rows of its workload (`--replicas 1,4,1` runs one router
+    before and after the replicas, so that a drift over the runs weighs on
+    both sides), CPU per request against the same replica count without
+    sync (for sync rows)."""
+    def mean_of(rows: list[dict], key: str):
+        vals = [x[key] for x in rows if x[key] is not None]
+        return sum(vals) / len(vals) if vals else None
+
     out = []
     for r in rows:
         same = [x for x in rows if x["workload"] == r["workload"]]
-        one = next((x for x in same if x["replicas"] == 1), None)
+        ones = [x for x in same if x["replicas"] == 1]
         plain = next((x for x in same if x["replicas"] == r["replicas"] and not x["sync"]), None)
         out.append(r | {
-            "hit_vs_1": ratio(r["hit_rate"], one and one["hit_rate"]),
-            "ttft_vs_1": ratio(r["ttft_mean_ms"], one and one["ttft_mean_ms"]),
+            "hit_vs_1": ratio(r["hit_rate"], mean_of(ones, "hit_rate")),
+            "ttft_vs_1": ratio(r["ttft_mean_ms"], mean_of(ones, "ttft_mean_ms")),
             "cpu_vs_no_sync": ratio(r["cpu_ms_per_req"], plain and plain["cpu_ms_per_req"])
             if r["sync"] else None,
         })
@@ -263,7 +272,8 @@ def main() -> int:
     p.add_argument("--bin", default=os.path.join(ROOT, "target/release/radixgate"))
     p.add_argument("--replicas", default="1,2,4",
                    type=lambda s: [int(x) for x in s.split(",") if x.strip()],
-                   help="replica counts, comma-separated (1 = the single-router reference)")
+                   help="replica counts, comma-separated, run in this order (1 = the single-router "
+                        "reference; given twice, as in 1,4,1, the ratios use the mean of its runs)")
     p.add_argument("--no-sync-only", action="store_true",
                    help="run only 1 router and the replicas without sync")
     p.add_argument("--assign", default="round-robin",
@@ -276,6 +286,10 @@ def main() -> int:
                         "on these cores costs TTFT by itself")
     p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--drive", type=int, default=0,
+                   help="send the load to the first N replicas only (the rest run, sync and "
+                        "route nothing): what sync and the extra processes cost, apart from "
+                        "splitting the decisions")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="one more argument for every `radixgate serve` (repeatable), "
                         "e.g. --serve-arg=--config --serve-arg=FILE")

@@ -391,7 +391,7 @@ def compare_round(args: argparse.Namespace, wname: str, wl) -> dict:
     try:
         for name, binary, sync in specs:
             opts = argparse.Namespace(bin=binary, no_sync_only=False, policy="cache_aware",
-                                      serve_arg=[])
+                                      serve_arg=[], drive=0)
             bench = Replicas(opts)
             workers, urls = bench.start_workers(4, wl.per_worker)
             group = {"name": name, "binary": binary, "workers": workers, "nats": None,
