@@ -25,9 +25,10 @@ nats-server, two instant workers and one `serve` replica with `--sync-url`;
 a raw NATS connection started here plays a peer and publishes well-formed
 load reports (another instance of the same cluster, naming the replica's
 workers) at each `--rate` in turn, `--bunch` at a time (so 100/s in bunches
-of 4 is 25 bunches a second), `--spacing-us` apart within a bunch. Per step: the replica's CPU (utime + stime)
-and thread wake-ups per message and per second, against the same time idle
-just before; the replica's /metrics confirm it read them.
+of 4 is 25 bunches a second), `--spacing-us` apart within a bunch. Per
+step: the replica's CPU (utime + stime) and thread wake-ups per message and
+per second, against the same time idle just before; the replica's /metrics
+confirm it read them.
 
 `compare`: router CPU per request of N replicas with sync against the same
 N without, at a routing-quality workload's own rate (bench/run.py's

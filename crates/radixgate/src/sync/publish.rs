@@ -3,9 +3,9 @@
 //! last of which carries this replica's load report; the load report also
 //! goes out on its own when it changed and no batch is due (at most one per
 //! `load_coalesce_ms`, 25), and on every multiple of `load_period_ms` of
-//! the wall clock while this replica has anything in flight. It wakes only for these: an
-//! idle replica's publisher does not run at all (it ticked every `batch_ms`
-//! before, 100 wake-ups a second whatever the traffic).
+//! the wall clock while this replica has anything in flight. It wakes only
+//! for these: an idle replica's publisher does not run at all (it ticked
+//! every `batch_ms` before, 100 wake-ups a second whatever the traffic).
 //!
 //! While NATS is disconnected nothing is handed to the client (it would
 //! buffer, then block): batches are dropped and counted `disconnected`.
