@@ -119,15 +119,15 @@ def cost_medians(rows) -> list[dict]:
     return out
 
 
-def write_wrk_lua(path: str, model: str) -> None:
-    """A wrk script POSTing one 4 KiB chat completion body (whole, not streamed)."""
+def write_wrk_lua(path: str, model: str, stream: bool = False) -> None:
+    """A wrk script POSTing one 4 KiB chat completion body (whole unless `stream`)."""
     words = ("the router sends each request to the worker most likely to hold its "
              "prompt prefix in cache unless that overloads it ").split()
     text, i = [], 0
     while len(" ".join(text)) < 4000:
         text.append(words[i % len(words)])
         i += 1
-    body = json.dumps({"model": model, "max_tokens": 16, "stream": False, "messages": [
+    body = json.dumps({"model": model, "max_tokens": 16, "stream": stream, "messages": [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": " ".join(text)}]})
     with open(path, "w") as f:

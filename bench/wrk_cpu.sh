@@ -6,8 +6,9 @@
 # Starts 2 `radixgate worker --instant` workers (from target/release) and
 # `BIN serve --policy cache_aware` on loopback ports 36200-36201 and 36300,
 # warms up with 3 s of wrk, then runs `wrk -t2 -c32 -d8s` with the 4 KiB
-# chat body of `bench/run.py --part cost` and prints the router's utime+stime (/proc) per request and
-# wrk's requests per second. Run several binaries in alternating rounds:
+# chat body of `bench/run.py --part cost` (streamed with STREAM=1) and
+# prints the router's utime+stime (/proc) per request and wrk's requests
+# per second. Run several binaries in alternating rounds:
 # single runs on a shared machine move by 10-20%.
 set -euo pipefail
 BIN=$1; TAG=$2; shift 2
@@ -24,8 +25,8 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 # The cost part's own wrk body (bench/report.py).
-python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL)' \
-  "$ROOT/bench" "$TMP/post.lua"
+python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL, sys.argv[3] == "1")' \
+  "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}"
 URL=http://127.0.0.1:36300/v1/chat/completions
 wrk -t2 -c32 -d3s -s "$TMP/post.lua" "$URL" > /dev/null
 c0=$(awk '{print $14 + $15}' /proc/$SP/stat)

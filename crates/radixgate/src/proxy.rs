@@ -87,7 +87,11 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     let started = Instant::now();
     let shared = &state.shared;
     let route = endpoint.label();
-    let work = forward(&state, endpoint, req, started);
+    // Boxed, like the attempt loops below: a future is moved whole each
+    // time it is wrapped (the handler's, axum's and the timeout's), and
+    // unboxed this one was 18 KiB, copied several times per request: 15%
+    // of the gateway's instructions under wrk (bench/instr_cost.py).
+    let work = Box::pin(forward(&state, endpoint, req, started));
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
@@ -158,7 +162,7 @@ async fn forward(
                 route: endpoint.label(),
             });
         };
-        let (answer, held) = pd::attempts(
+        let (answer, held) = Box::pin(pd::attempts(
             state,
             api,
             target,
@@ -167,11 +171,11 @@ async fn forward(
             &parts.headers,
             peer,
             bytes,
-        )
+        ))
         .await?;
         (answer, Some(held))
     } else {
-        let answer = attempts(
+        let answer = Box::pin(attempts(
             state,
             target,
             &request,
@@ -179,7 +183,7 @@ async fn forward(
             &parts.headers,
             peer,
             bytes,
-        )
+        ))
         .await?;
         (answer, None)
     };

@@ -240,20 +240,13 @@ fn objects_after<'t>(
     text: &'t [u8],
     key: &'t [u8],
 ) -> impl Iterator<Item = serde_json::Map<String, serde_json::Value>> + 't {
-    let mut end = text.len();
-    std::iter::from_fn(move || {
-        while let Some(at) = rfind(&text[..end], key) {
-            end = at;
-            if let Some(object) = object_at(&text[at + key.len()..]) {
-                return Some(object);
-            }
-        }
-        None
-    })
-}
-
-fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).rposition(|w| w == needle)
+    // Found front to back (the forward search is vectorised, the reverse
+    // one is not: a streamed answer's 8 KiB tail is scanned several times),
+    // tried back to front.
+    let hits: Vec<usize> = memchr::memmem::find_iter(text, key).collect();
+    hits.into_iter()
+        .rev()
+        .filter_map(move |at| object_at(&text[at + key.len()..]))
 }
 
 /// The JSON object right after `: ` at the start of `rest`, if complete.
