@@ -19,7 +19,8 @@ minute per binary.
         [--top 20] [--serve-arg=--config --serve-arg=FILE]
 
 `--bin TAG=PATH` names a binary in the output. `--top N` lists the N
-functions with the most instructions of their own, per request. Needs
+functions with the most instructions of their own, per request; `--keep`
+keeps the dumps for `callgrind_annotate`. Needs
 valgrind (`apt-get install valgrind`) and a release build of `radixgate`
 for the workers (target/release).
 """
@@ -125,7 +126,10 @@ def measure(tag: str, binary: str, args) -> float:
           f"{took:.0f} s under callgrind)")
     for ir, name in top:
         print(f"  {ir / args.requests:10,.0f}  {name}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        print(f"  callgrind dump: {max(dumps, key=os.path.getmtime)}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return per
 
 
@@ -136,6 +140,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--stream", action="store_true", help="streamed answers")
     ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--keep", action="store_true",
+                    help="keep each callgrind dump (callgrind_annotate reads it)")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="an extra `serve` argument (repeat; --serve-arg=--flag)")
     args = ap.parse_args()

@@ -989,9 +989,17 @@ impl StreamWatch for RequestWatch {
         // Whatever the end: a body of known length is dropped once its last
         // byte passed (never read to its end), and a complete usage object
         // in the tail is the worker's word on this prompt either way.
-        let usage = self.tail.as_mut().map(UsageTail::usage);
-        if let (Some(c), Some(usage)) = (self.correction.take(), usage) {
-            c.finish(&self.text, usage.cached);
+        // The prompt and completion counts are read only for a recording.
+        let (cached, usage) = match self.tail.as_mut() {
+            Some(tail) if self.record.is_some() => {
+                let usage = tail.usage();
+                (Some(usage.cached), Some(usage))
+            }
+            Some(tail) => (Some(tail.cached()), None),
+            None => (None, None),
+        };
+        if let (Some(c), Some(cached)) = (self.correction.take(), cached) {
+            c.finish(&self.text, cached);
         }
         if let Some(pending) = self.record.take() {
             self.shared.recorder.record(
