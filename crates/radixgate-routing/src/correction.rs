@@ -439,7 +439,7 @@ impl CacheFeedback {
             truth.invalid();
             return Corrected::Invalid;
         };
-        let text_chars = text.chars().count();
+        let text_chars = radixgate_tree::count_chars(text);
         self.model.rate.observe(text_chars, report.prompt_tokens);
         // This request's own characters per token: the held prefix is part
         // of its text, so its ratio converts it better than the model's

@@ -559,7 +559,7 @@ impl CacheAware {
         // The chosen worker's work, for the cost model: the match the rule
         // saw, or (imbalanced: none was taken) the whole text uncached.
         let input = match choice.input {
-            0 => req.text.chars().count(),
+            0 => radixgate_tree::count_chars(req.text),
             n => n,
         };
         let slot = worker.cost_slot(req.model);
