@@ -18,6 +18,12 @@ minute per binary.
     python3 bench/instr_cost.py --bin A --bin B [--requests 1000] [--stream]
         [--top 20] [--serve-arg=--config --serve-arg=FILE]
 
+`--sync-reports N [--rate R]` measures sync instead: the router with
+`--sync-url` to a nats-server of its own, callgrind zeroed, then the same
+time idle and with a fake peer publishing N well-formed load reports at R
+a second (bench/sync_cost.py's `receive` does the same for CPU time), and
+prints the difference per report.
+
 `--bin TAG=PATH` names a binary in the output. `--top N` lists the N
 functions with the most instructions of their own, per request; `--keep`
 keeps the dumps for `callgrind_annotate`. Needs
@@ -133,6 +139,60 @@ def measure(tag: str, binary: str, args) -> float:
     return per
 
 
+def measure_sync(tag: str, binary: str, args) -> float:
+    """Instructions per peer load report a replica reads, over the same time idle."""
+    import socket
+    import sync_cost
+    tmp = tempfile.mkdtemp(prefix="instr-")
+    _, nport = sync_cost.start_nats(tmp)
+    workers = sync_cost.start_workers(os.path.join(ROOT, "target/release/radixgate"), tmp, 2, [])
+    port = sync_cost.free_port()
+    out = os.path.join(tmp, "callgrind.out")
+    router = procs.start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+                          "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                          "warn", *args.serve_arg, "--worker-urls", *workers, "--sync-url",
+                          f"nats://127.0.0.1:{nport}", "--sync-replica-id", "r1"],
+                         os.path.join(tmp, "router.log"))
+    control = ["callgrind_control", "-z", str(router.pid)]
+    secs = args.sync_reports / args.rate
+    try:
+        procs.wait_http(f"http://127.0.0.1:{port}/readiness", timeout=300, alive=router)
+        peer = socket.create_connection(("127.0.0.1", nport))
+        peer.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+        peer.recv(4096)
+        time.sleep(3)
+        # Window 1: idle for as long as the reports will take.
+        subprocess.run(control, check=True, capture_output=True)
+        time.sleep(secs)
+        subprocess.run(control[:1] + ["-d", str(router.pid)], check=True, capture_output=True)
+        # Window 2: a fake peer's well-formed load reports, one at a time.
+        subprocess.run(control, check=True, capture_output=True)
+        start = time.monotonic()
+        for i in range(args.sync_reports):
+            report_ = sync_cost.load_report("radixgate", i + 1, workers)
+            peer.sendall(b"PUB radixgate.sync.radixgate.load %d\r\n%s\r\n"
+                         % (len(report_), report_))
+            time.sleep(max(0.0, start + (i + 1) / args.rate - time.monotonic()))
+        time.sleep(0.3)
+        subprocess.run(control[:1] + ["-d", str(router.pid)], check=True, capture_output=True)
+        peer.close()
+    finally:
+        procs.stop_all()
+    dumps = sorted((d for d in glob.glob(out + ".*") if re.search(r"\.\d+$", d)),
+                   key=lambda d: int(d.rsplit(".", 1)[1]))
+    if len(dumps) < 2:
+        sys.exit(f"callgrind wrote {len(dumps)} dumps, not 2; see {tmp}/router.log")
+    idle, _ = totals(dumps[-2], 0)
+    busy, top = totals(dumps[-1], args.top)
+    per = (busy - idle) / args.sync_reports
+    print(f"{tag}: {per:,.0f} instructions per load report read ({args.sync_reports} at "
+          f"{args.rate:g}/s; idle {idle / secs:,.0f} a second)")
+    for ir, name in top:
+        print(f"  {ir / args.sync_reports:10,.0f}  {name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return per
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", action="append", required=True, help="PATH or TAG=PATH")
@@ -140,6 +200,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--stream", action="store_true", help="streamed answers")
     ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--sync-reports", type=int, default=0,
+                    help="instead: instructions per peer load report read (needs nats-server)")
+    ap.add_argument("--rate", type=float, default=50.0, help="--sync-reports: reports a second")
     ap.add_argument("--keep", action="store_true",
                     help="keep each callgrind dump (callgrind_annotate reads it)")
     ap.add_argument("--serve-arg", action="append", default=[],
@@ -147,6 +210,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.requests < 1 or args.warmup < 0:
         ap.error("--requests must be at least 1 and --warmup at least 0")
+    if args.sync_reports < 0 or args.rate <= 0:
+        ap.error("--sync-reports must be at least 0 and --rate positive")
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: apt-get install valgrind")
@@ -158,7 +223,8 @@ def main() -> None:
         tag = tag or path
         if not os.access(path, os.X_OK):
             sys.exit(f"{path} is not an executable")
-        results.append((tag, measure(tag, path, args)))
+        mode = measure_sync if args.sync_reports > 0 else measure
+        results.append((tag, mode(tag, path, args)))
     if len(results) > 1:
         base = results[0][1]
         for tag, per in results[1:]:
