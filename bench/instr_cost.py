@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,29 @@ def totals(dump: str, top: int) -> tuple[int, list[tuple[int, str]]]:
     return int(total.group(1).replace(",", "")), rows[:top]
 
 
+def start_under_callgrind(binary: str, tmp: str, serve_args: list[str]):
+    """`binary serve SERVE_ARGS` under callgrind; its process and dump prefix."""
+    out = os.path.join(tmp, "callgrind.out")
+    proc = procs.start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+                        "serve", "--host", "127.0.0.1", "--log-level", "warn", *serve_args],
+                       os.path.join(tmp, "router.log"))
+    return proc, out
+
+
+def control(proc, flag: str) -> None:
+    """`callgrind_control -z` (zero the counters) or `-d` (dump them)."""
+    subprocess.run(["callgrind_control", flag, str(proc.pid)], check=True, capture_output=True)
+
+
+def dumps_of(out: str, tmp: str, need: int) -> list[str]:
+    """The dumps `-d` wrote (`out.1`, `out.2`, ...), oldest first."""
+    dumps = sorted((d for d in glob.glob(out + ".*") if re.search(r"\.\d+$", d)),
+                   key=lambda d: int(d.rsplit(".", 1)[1]))
+    if len(dumps) < need:
+        sys.exit(f"callgrind wrote {len(dumps)} dumps, not {need}; see {tmp}/router.log")
+    return dumps
+
+
 def measure(tag: str, binary: str, args) -> float:
     tmp = tempfile.mkdtemp(prefix="instr-")
     first = procs.free_block(36200, 3, last=36999)
@@ -100,40 +124,32 @@ def measure(tag: str, binary: str, args) -> float:
     worker = procs.start([os.path.join(ROOT, "target/release/radixgate"), "worker", "--port",
                           str(wport[0]), "--count", "2", "--instant"],
                          os.path.join(tmp, "workers.log"))
-    out = os.path.join(tmp, "callgrind.out")
-    router = procs.start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
-                          "serve", "--host", "127.0.0.1", "--port", str(rport), "--policy",
-                          "cache_aware", "--log-level", "warn", *args.serve_arg, "--worker-urls",
-                          *[f"http://127.0.0.1:{p}" for p in wport]],
-                         os.path.join(tmp, "router.log"))
+    router, out = start_under_callgrind(binary, tmp, [
+        "--port", str(rport), "--policy", "cache_aware", *args.serve_arg, "--worker-urls",
+        *[f"http://127.0.0.1:{p}" for p in wport]])
     try:
         procs.wait_http(f"http://127.0.0.1:{wport[0]}/health", timeout=30, alive=worker)
         # Under callgrind the router starts about 50 times slower.
         procs.wait_http(f"http://127.0.0.1:{rport}/health", timeout=300, alive=router)
         body = chat_body(args.stream)
         send(rport, body, args.warmup)
-        subprocess.run(["callgrind_control", "-z", str(router.pid)], check=True,
-                       capture_output=True)
+        control(router, "-z")
         started = time.monotonic()
         send(rport, body, args.requests)
-        subprocess.run(["callgrind_control", "-d", str(router.pid)], check=True,
-                       capture_output=True)
+        control(router, "-d")
         took = time.monotonic() - started
     finally:
         procs.stop(router)
         procs.stop(worker)
-    # `-d` writes `out.1`; the end of the process writes `out` itself.
-    dumps = [d for d in glob.glob(out + ".*") if re.search(r"\.\d+$", d)]
-    if not dumps:
-        sys.exit(f"callgrind wrote no dump; see {tmp}/router.log")
-    total, top = totals(max(dumps, key=os.path.getmtime), args.top)
+    dump = dumps_of(out, tmp, 1)[-1]
+    total, top = totals(dump, args.top)
     per = total / args.requests
     print(f"{tag}: {per:,.0f} instructions per request ({args.requests} requests, "
           f"{took:.0f} s under callgrind)")
     for ir, name in top:
         print(f"  {ir / args.requests:10,.0f}  {name}")
     if args.keep:
-        print(f"  callgrind dump: {max(dumps, key=os.path.getmtime)}")
+        print(f"  callgrind dump: {dump}")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     return per
@@ -141,19 +157,14 @@ def measure(tag: str, binary: str, args) -> float:
 
 def measure_sync(tag: str, binary: str, args) -> float:
     """Instructions per peer load report a replica reads, over the same time idle."""
-    import socket
-    import sync_cost
+    import sync_cost  # its NATS helpers; imported here, only this mode needs them
     tmp = tempfile.mkdtemp(prefix="instr-")
     _, nport = sync_cost.start_nats(tmp)
     workers = sync_cost.start_workers(os.path.join(ROOT, "target/release/radixgate"), tmp, 2, [])
     port = sync_cost.free_port()
-    out = os.path.join(tmp, "callgrind.out")
-    router = procs.start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
-                          "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-                          "warn", *args.serve_arg, "--worker-urls", *workers, "--sync-url",
-                          f"nats://127.0.0.1:{nport}", "--sync-replica-id", "r1"],
-                         os.path.join(tmp, "router.log"))
-    control = ["callgrind_control", "-z", str(router.pid)]
+    router, out = start_under_callgrind(binary, tmp, [
+        "--port", str(port), *args.serve_arg, "--worker-urls", *workers, "--sync-url",
+        f"nats://127.0.0.1:{nport}", "--sync-replica-id", "r1"])
     secs = args.sync_reports / args.rate
     try:
         procs.wait_http(f"http://127.0.0.1:{port}/readiness", timeout=300, alive=router)
@@ -162,11 +173,11 @@ def measure_sync(tag: str, binary: str, args) -> float:
         peer.recv(4096)
         time.sleep(3)
         # Window 1: idle for as long as the reports will take.
-        subprocess.run(control, check=True, capture_output=True)
+        control(router, "-z")
         time.sleep(secs)
-        subprocess.run(control[:1] + ["-d", str(router.pid)], check=True, capture_output=True)
+        control(router, "-d")
         # Window 2: a fake peer's well-formed load reports, one at a time.
-        subprocess.run(control, check=True, capture_output=True)
+        control(router, "-z")
         start = time.monotonic()
         for i in range(args.sync_reports):
             report_ = sync_cost.load_report("radixgate", i + 1, workers)
@@ -174,14 +185,11 @@ def measure_sync(tag: str, binary: str, args) -> float:
                          % (len(report_), report_))
             time.sleep(max(0.0, start + (i + 1) / args.rate - time.monotonic()))
         time.sleep(0.3)
-        subprocess.run(control[:1] + ["-d", str(router.pid)], check=True, capture_output=True)
+        control(router, "-d")
         peer.close()
     finally:
         procs.stop_all()
-    dumps = sorted((d for d in glob.glob(out + ".*") if re.search(r"\.\d+$", d)),
-                   key=lambda d: int(d.rsplit(".", 1)[1]))
-    if len(dumps) < 2:
-        sys.exit(f"callgrind wrote {len(dumps)} dumps, not 2; see {tmp}/router.log")
+    dumps = dumps_of(out, tmp, 2)
     idle, _ = totals(dumps[-2], 0)
     busy, top = totals(dumps[-1], args.top)
     per = (busy - idle) / args.sync_reports
