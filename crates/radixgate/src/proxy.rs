@@ -89,8 +89,8 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     let route = endpoint.label();
     // Boxed, like the attempt loops below: a future is moved whole each
     // time it is wrapped (the handler's, axum's and the timeout's), and
-    // unboxed this one was 18 KiB, copied several times per request: 15%
-    // of the gateway's instructions under wrk (bench/instr_cost.py).
+    // unboxed this one was 18 KiB, copied several times per request; the
+    // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
     let work = Box::pin(forward(&state, endpoint, req, started));
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
