@@ -146,7 +146,8 @@ class Replicas:
             if sync:
                 nats, nats_port = self.start_nats()
             replicas, targets = self.start_replicas(n, urls, nats_port, f"bench-{wname}")
-            extra = ["--assign", self.opts.assign, "--pool-size", str(len(urls))]
+            extra = ["--assign", self.opts.assign, "--pool-size", str(len(urls)),
+                     *self.opts.load_arg]
             cpu0 = sum(procs.cpu_seconds(p.pid) for p in replicas)
             bytes0 = sum(metric_sum(t, SYNC_BYTES) for t in targets)
             t0 = time.time()
@@ -293,6 +294,9 @@ def main() -> int:
     p.add_argument("--serve-arg", action="append", default=[],
                    help="one more argument for every `radixgate serve` (repeatable), "
                         "e.g. --serve-arg=--config --serve-arg=FILE")
+    p.add_argument("--load-arg", action="append", default=[],
+                   help="one more argument for `radixgate load` (repeatable), e.g. "
+                        "--load-arg=--no-stream (whole answers: no TTFT, hit rate only)")
     p.add_argument("--trace", default=os.path.join(ROOT, "traces/mooncake_conversation.jsonl"))
     p.add_argument("--spread-bursts", action="store_true",
                    help="mooncake-trace: requests sharing a timestamp arrive evenly over the "
