@@ -338,6 +338,19 @@ async fn attempts(
             .request_metrics
             .decision(decision.explanation().branch.as_str());
         tracing::debug!(route, worker = worker.url(), decision = %decision.rendered(), "routed");
+        let pool = model
+            .as_deref()
+            .unwrap_or(radixgate_routing::WILDCARD_MODEL);
+        if let Some(sync) = &shared.sync
+            && let Some(text) = decision.inserted_text(&request.routing_text)
+        {
+            // Other replicas learn the decision as it goes out, as this
+            // one's tree did: a whole answer's first byte comes after its
+            // decode, and a stream's after a prefill that can take seconds
+            // while the pool is busy; until then they would route the same
+            // prefix blind (docs/sync.md). Queued, never waited for.
+            sync.routed(pool, worker.url(), text);
+        }
         let last_attempt = tried.len() as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
@@ -380,22 +393,16 @@ async fn attempts(
                 if !retry::retryable_status(status) {
                     if status.is_client_error() {
                         // Rejected (400, 404, 413, 422, …): the prompt never
-                        // reached this worker's cache.
+                        // reached this worker's cache. (The other replicas
+                        // keep what they were sent; their trees correct
+                        // or evict it like any stale guess.)
                         let undone = decision.undo_insert(&request.routing_text);
                         tracing::debug!(worker = worker.url(), %status, undone, "worker rejected the request");
                     } else if let Some(sync) = &shared.sync
-                        && let Some(text) = decision.inserted_text(&request.routing_text)
+                        && let Some(seen) = observed
                     {
-                        // The prompt reached the worker: other replicas
-                        // learn it too (queued, never waited for).
-                        sync.routed(
-                            model
-                                .as_deref()
-                                .unwrap_or(radixgate_routing::WILDCARD_MODEL),
-                            worker.url(),
-                            text,
-                            observed,
-                        );
+                        // The others' cost models learn the first token too.
+                        sync.first_token(pool, worker.url(), seen);
                     }
                     return Ok(Answer {
                         response,

@@ -47,11 +47,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// One decision to share.
+/// One thing to share about a request: the decision (its text), or the
+/// first token the cost model learned from (an empty text).
 #[derive(Debug)]
 pub(crate) struct Routed {
     pub(crate) model: String,
     pub(crate) url: String,
+    /// What the policy inserted; empty for a first token alone.
     pub(crate) text: String,
     /// The first token the cost model learned from, if it did.
     pub(crate) observed: Option<radixgate_routing::Observation>,
@@ -84,23 +86,36 @@ pub(crate) struct SyncHandle {
 }
 
 impl SyncHandle {
-    /// Queues a decision for publishing; never waits. A full queue drops
-    /// it (counted `radixgate_sync_dropped_total{reason="queue_full"}`).
-    /// `observed`: the request's first token, if this replica's cost model
-    /// learned from it; the others' fits learn from it too.
-    pub(crate) fn routed(
-        &self,
-        model: &str,
-        url: &str,
-        text: &str,
-        observed: Option<radixgate_routing::Observation>,
-    ) {
-        let item = Routed {
+    /// Queues a decision for publishing as it goes out to the worker;
+    /// never waits. A full queue drops it (counted
+    /// `radixgate_sync_dropped_total{reason="queue_full"}`).
+    pub(crate) fn routed(&self, model: &str, url: &str, text: &str) {
+        self.queue(Routed {
             model: model.to_owned(),
             url: url.to_owned(),
             text: text.to_owned(),
-            observed,
-        };
+            observed: None,
+        });
+    }
+
+    /// Queues a first token this replica's cost model learned from on the
+    /// worker at `url`, for the others' fits; never waits. It goes as an
+    /// entry without text (which builds before it insert as nothing).
+    pub(crate) fn first_token(
+        &self,
+        model: &str,
+        url: &str,
+        observed: radixgate_routing::Observation,
+    ) {
+        self.queue(Routed {
+            model: model.to_owned(),
+            url: url.to_owned(),
+            text: String::new(),
+            observed: Some(observed),
+        });
+    }
+
+    fn queue(&self, item: Routed) {
         if let Err(err) = self.queue.try_send(item) {
             let reason = match err {
                 mpsc::error::TrySendError::Full(_) => "queue_full",

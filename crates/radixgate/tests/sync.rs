@@ -150,6 +150,52 @@ async fn inserts_propagate_between_replicas() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_reaches_the_other_replicas_before_its_answer_does() {
+    let nats = Nats::start(&[]);
+    let (workers, a, b) = two_replicas(&nats).await;
+    // No worker answers: A's request waits for its first byte (a long
+    // prefill, a whole answer's decode) while B must already know where
+    // its prompt went, or B routes the same prefix blind meanwhile.
+    let hang = FaultConfig {
+        hang: true,
+        ..FaultConfig::default()
+    };
+    for w in &workers {
+        w.set_faults(hang.clone());
+    }
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+    let text = prompt("unanswered");
+    let url = a.url.clone();
+    let asked = text.clone();
+    let pending = tokio::spawn(async move { ask(&url, &asked).await });
+    wait_until("B learns A's decision before its answer", || async {
+        learned().await > learned0
+    })
+    .await;
+    assert!(!pending.is_finished(), "the worker answered nothing yet");
+    let mut chosen = Vec::new();
+    for w in &workers {
+        if worker_loads(&a.url, &w.url).await["load"] == 1 {
+            chosen.push(w.url.clone());
+        }
+    }
+    assert_eq!(chosen.len(), 1, "A holds its one request: {chosen:?}");
+    for w in &workers {
+        w.set_faults(FaultConfig::default());
+    }
+    let (at_b, branch) = ask(&b.url, &format!("{text} and a follow-up")).await;
+    assert_eq!(
+        (at_b.as_str(), branch.as_str()),
+        (chosen[0].as_str(), "cache_hit"),
+        "B routes the prefix to where A sent it"
+    );
+    pending.abort();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_propagates_and_b_avoids_what_a_loaded() {
     let nats = Nats::start(&[]);
     let slow = sim_worker(fast_worker()).await;
@@ -291,6 +337,52 @@ async fn a_first_token_teaches_every_replicas_cost_model() {
     );
     // A learns nothing back from its own.
     assert_eq!(first_tokens_learned(&a.url, &worker.url).await, 5);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_rides_with_the_next_decision() {
+    let nats = Nats::start(&[]);
+    // First tokens come 50 ms after each request goes out, well after its
+    // decision's batch (`batch_ms` 5 here).
+    let worker = sim_worker(fast_worker()).await;
+    worker.set_faults(FaultConfig {
+        latency_ms: 50,
+        ..FaultConfig::default()
+    });
+    let a = gateway_ready(replica_config(&[nats.url()], &[&worker.url]), 1).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &[&worker.url]), 1).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let mut batches = raw
+        .subscribe("radixgate.sync.radixgate.inserts")
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    for i in 0..5 {
+        let r = post_chat(&a.url, &chat(&prompt(&format!("riding {i}")), true)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    wait_until("B's fit learns A's 5 first tokens", || async {
+        first_tokens_learned(&b.url, &worker.url).await == 5
+    })
+    .await;
+    // Five decisions, each in a batch of its own that also carries the
+    // request before's first token; the last first token alone, within a
+    // second. One batch per first token would make ten.
+    let mut seen = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(
+        Duration::from_millis(300),
+        futures::StreamExt::next(&mut batches),
+    )
+    .await
+    {
+        seen += 1;
+    }
+    assert_eq!(seen, 6, "insert batches A sent");
     a.shutdown().await;
     b.shutdown().await;
 }

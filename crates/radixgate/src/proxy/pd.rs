@@ -229,7 +229,6 @@ pub(super) async fn attempts(
                                 .unwrap_or(radixgate_routing::WILDCARD_MODEL),
                             &learned.url,
                             &text[..learned.len],
-                            None,
                         );
                     }
                 }

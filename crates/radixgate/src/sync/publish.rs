@@ -1,6 +1,7 @@
 //! The publisher: queued decisions go out `batch_ms` after the first of
 //! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), the
-//! last of which carries this replica's load report; the load report also
+//! last of which carries this replica's load report; first tokens go with
+//! the next batch (within [`FIRST_TOKEN_WAIT`]); the load report also
 //! goes out on its own when it changed and no batch is due (at most one per
 //! `load_coalesce_ms`, 25), and on every multiple of `load_period_ms` of
 //! the wall clock while this replica has anything in flight. It wakes only
@@ -22,6 +23,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// Longest a first token waits in the queue for a decision's batch to go
+/// out with.
+const FIRST_TOKEN_WAIT: Duration = Duration::from_secs(1);
 
 /// Largest insert batch payload; NATS refuses payloads over its
 /// `max_payload` (1 MiB unless configured).
@@ -175,6 +180,11 @@ pub(super) async fn run(
     // The decisions waiting for their batch, and when it goes out.
     let mut queued: Vec<Routed> = Vec::new();
     let mut batch_due: Option<Instant> = None;
+    // First tokens alone wait for the next decision's batch, at most this
+    // long: one more batch per request would be one more message read by
+    // every peer (and by this replica, back from the stream), and a fit
+    // that forgets over tens of first tokens loses nothing in a second.
+    let mut first_tokens_due: Option<Instant> = None;
     let mut queue_open = true;
     // A change was signalled and not reported yet.
     let mut changed = false;
@@ -188,10 +198,17 @@ pub(super) async fn run(
         // decision is queued and the load falls at once, and one message
         // wakes each peer once, where two woke it twice.
         let change_due = changed.then(|| batch_due.unwrap_or(last_load_at + coalesce));
-        let wake = [batch_due, change_due, tick].into_iter().flatten().min();
+        let wake = [batch_due, change_due, tick, first_tokens_due]
+            .into_iter()
+            .flatten()
+            .min();
         tokio::select! {
             _ = stop.cancelled() => return,
             item = rx.recv(), if queue_open && batch_due.is_none() => match item {
+                Some(item) if item.text.is_empty() => {
+                    queued.push(item);
+                    first_tokens_due.get_or_insert(Instant::now() + FIRST_TOKEN_WAIT);
+                }
                 Some(item) => {
                     queued.push(item);
                     batch_due = Some(Instant::now() + batch_wait);
@@ -202,8 +219,13 @@ pub(super) async fn run(
             _ = super::sleep_until_some(wake) => {}
         }
         let now = Instant::now();
+        if first_tokens_due.is_some_and(|due| now >= due) {
+            // No decision came to carry them.
+            batch_due = Some(now);
+        }
         if batch_due.is_some_and(|due| now >= due) {
             batch_due = None;
+            first_tokens_due = None;
             while let Ok(item) = rx.try_recv() {
                 queued.push(item);
             }
@@ -221,11 +243,19 @@ pub(super) async fn run(
         let change_now = changed && change_due.is_some_and(|due| now >= due);
         let tick_now = tick.is_some_and(|due| now >= due);
         if change_now && !tick_now && batch_due.is_none() && queue_open {
-            // The request path signals the fall at a first token just
+            // The request path raises the load as it routes a request just
             // before it queues the decision: if that is in, the change
-            // waits for its batch.
-            if let Ok(item) = rx.try_recv() {
+            // waits for its batch. (A first token alone does not make one.)
+            let mut decision = false;
+            while let Ok(item) = rx.try_recv() {
+                if item.text.is_empty() {
+                    first_tokens_due.get_or_insert(now + FIRST_TOKEN_WAIT);
+                } else {
+                    decision = true;
+                }
                 queued.push(item);
+            }
+            if decision {
                 batch_due = Some(now + batch_wait);
                 continue;
             }

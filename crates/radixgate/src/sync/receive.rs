@@ -262,6 +262,10 @@ impl Applier {
                     self.metrics.observed();
                 }
             }
+            if text.is_empty() {
+                // A first token alone: its decision came earlier.
+                continue;
+            }
             match self.router.learn(&entry.model, &entry.url, &text) {
                 Learned::Inserted => self.metrics.learned(),
                 Learned::NoTrees => {}
