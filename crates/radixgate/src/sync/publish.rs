@@ -1,7 +1,7 @@
 //! The publisher: queued decisions go out `batch_ms` after the first of
 //! them as one insert batch (or a few, each under [`MAX_BATCH_BYTES`]), the
 //! last of which carries this replica's load report; first tokens go with
-//! the next batch (within [`FIRST_TOKEN_WAIT`]); the load report also
+//! the next batch (within `load_period_ms`); the load report also
 //! goes out on its own when it changed and no batch is due (at most one per
 //! `load_coalesce_ms`, 25), and on every multiple of `load_period_ms` of
 //! the wall clock while this replica has anything in flight. It wakes only
@@ -23,10 +23,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Longest a first token waits in the queue for a decision's batch to go
-/// out with.
-const FIRST_TOKEN_WAIT: Duration = Duration::from_secs(1);
 
 /// Largest insert batch payload; NATS refuses payloads over its
 /// `max_payload` (1 MiB unless configured).
@@ -180,10 +176,12 @@ pub(super) async fn run(
     // The decisions waiting for their batch, and when it goes out.
     let mut queued: Vec<Routed> = Vec::new();
     let mut batch_due: Option<Instant> = None;
-    // First tokens alone wait for the next decision's batch, at most this
-    // long: one more batch per request would be one more message read by
-    // every peer (and by this replica, back from the stream), and a fit
-    // that forgets over tens of first tokens loses nothing in a second.
+    // First tokens alone wait for the next decision's batch, at most a
+    // load period (as fresh as the peers' view of the loads they are
+    // fitted against): one more batch per request would be one more
+    // message read by every peer (and by this replica, back from the
+    // stream).
+    let first_token_wait = period;
     let mut first_tokens_due: Option<Instant> = None;
     let mut queue_open = true;
     // A change was signalled and not reported yet.
@@ -207,7 +205,7 @@ pub(super) async fn run(
             item = rx.recv(), if queue_open && batch_due.is_none() => match item {
                 Some(item) if item.text.is_empty() => {
                     queued.push(item);
-                    first_tokens_due.get_or_insert(Instant::now() + FIRST_TOKEN_WAIT);
+                    first_tokens_due.get_or_insert(Instant::now() + first_token_wait);
                 }
                 Some(item) => {
                     queued.push(item);
@@ -249,7 +247,7 @@ pub(super) async fn run(
             let mut decision = false;
             while let Ok(item) = rx.try_recv() {
                 if item.text.is_empty() {
-                    first_tokens_due.get_or_insert(now + FIRST_TOKEN_WAIT);
+                    first_tokens_due.get_or_insert(now + first_token_wait);
                 } else {
                     decision = true;
                 }
