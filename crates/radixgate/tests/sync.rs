@@ -351,7 +351,12 @@ async fn a_first_token_rides_with_the_next_decision() {
         latency_ms: 50,
         ..FaultConfig::default()
     });
-    let a = gateway_ready(replica_config(&[nats.url()], &[&worker.url]), 1).await;
+    // A first token waits for the next decision at most a load period: a
+    // long one here, so that a slow test machine cannot let one go alone.
+    let mut a_config = replica_config(&[nats.url()], &[&worker.url]);
+    a_config.sync.load_period_ms = 2_000;
+    a_config.sync.load_expiry_ms = 6_000;
+    let a = gateway_ready(a_config, 1).await;
     let b = gateway_ready(replica_config(&[nats.url()], &[&worker.url]), 1).await;
     wait_connected(&a.url).await;
     wait_connected(&b.url).await;
@@ -371,8 +376,8 @@ async fn a_first_token_rides_with_the_next_decision() {
     })
     .await;
     // Five decisions, each in a batch of its own that also carries the
-    // request before's first token; the last first token alone, within a
-    // second. One batch per first token would make ten.
+    // request before's first token; the last first token alone, a load
+    // period later. One batch per first token would make ten.
     let mut seen = 0;
     while let Ok(Some(_)) = tokio::time::timeout(
         Duration::from_millis(300),
