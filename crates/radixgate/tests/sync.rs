@@ -195,14 +195,21 @@ async fn a_decision_reaches_the_other_replicas_before_its_answer_does() {
     b.shutdown().await;
 }
 
+/// A fast worker that waits `latency_ms` before it starts on each
+/// generation request.
+async fn late_worker(latency_ms: u64) -> SimWorker {
+    let w = sim_worker(fast_worker()).await;
+    w.set_faults(FaultConfig {
+        latency_ms,
+        ..FaultConfig::default()
+    });
+    w
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_propagates_and_b_avoids_what_a_loaded() {
     let nats = Nats::start(&[]);
-    let slow = sim_worker(fast_worker()).await;
-    slow.set_faults(FaultConfig {
-        latency_ms: 4_000,
-        ..FaultConfig::default()
-    });
+    let slow = late_worker(4_000).await;
     let other = sim_worker(fast_worker()).await;
     // A knows only the slow worker; B knows both.
     let a = gateway_ready(replica_config(&[nats.url()], &[&slow.url]), 1).await;
@@ -346,11 +353,7 @@ async fn a_first_token_rides_with_the_next_decision() {
     let nats = Nats::start(&[]);
     // First tokens come 50 ms after each request goes out, well after its
     // decision's batch (`batch_ms` 5 here).
-    let worker = sim_worker(fast_worker()).await;
-    worker.set_faults(FaultConfig {
-        latency_ms: 50,
-        ..FaultConfig::default()
-    });
+    let worker = late_worker(50).await;
     // A first token waits for the next decision at most a load period: a
     // long one here, so that a slow test machine cannot let one go alone.
     let mut a_config = replica_config(&[nats.url()], &[&worker.url]);

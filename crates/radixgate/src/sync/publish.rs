@@ -203,13 +203,11 @@ pub(super) async fn run(
         tokio::select! {
             _ = stop.cancelled() => return,
             item = rx.recv(), if queue_open && batch_due.is_none() => match item {
-                Some(item) if item.text.is_empty() => {
-                    queued.push(item);
-                    first_tokens_due.get_or_insert(Instant::now() + first_token_wait);
-                }
                 Some(item) => {
-                    queued.push(item);
-                    batch_due = Some(Instant::now() + batch_wait);
+                    let now = Instant::now();
+                    if enqueue(&mut queued, &mut first_tokens_due, item, now + first_token_wait) {
+                        batch_due = Some(now + batch_wait);
+                    }
                 }
                 None => queue_open = false,
             },
@@ -246,12 +244,12 @@ pub(super) async fn run(
             // waits for its batch. (A first token alone does not make one.)
             let mut decision = false;
             while let Ok(item) = rx.try_recv() {
-                if item.text.is_empty() {
-                    first_tokens_due.get_or_insert(now + first_token_wait);
-                } else {
-                    decision = true;
-                }
-                queued.push(item);
+                decision |= enqueue(
+                    &mut queued,
+                    &mut first_tokens_due,
+                    item,
+                    now + first_token_wait,
+                );
             }
             if decision {
                 batch_due = Some(now + batch_wait);
@@ -269,6 +267,23 @@ pub(super) async fn run(
             last_load = loads;
         }
     }
+}
+
+/// Queues `item` for the next batch: a decision makes one due (the
+/// caller's to schedule; true); a first token alone only waits for one, at
+/// most until `first_token_by`.
+fn enqueue(
+    queued: &mut Vec<Routed>,
+    first_tokens_due: &mut Option<Instant>,
+    item: Routed,
+    first_token_by: Instant,
+) -> bool {
+    let decision = !item.text.is_empty();
+    if !decision {
+        first_tokens_due.get_or_insert(first_token_by);
+    }
+    queued.push(item);
+    decision
 }
 
 /// Sends `items` as insert batches, each under [`MAX_BATCH_BYTES`]; the
