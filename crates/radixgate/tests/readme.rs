@@ -241,6 +241,34 @@ fn every_shell_block_of_the_readme_runs_as_written() {
         .find(|b| b.text.contains("-- demo"))
         .expect("the set-up block runs the demo");
     let printed = std::fs::read_to_string(work.join(format!("block-{}.log", demo.line))).unwrap();
+    let quoted = demo_figures(&text);
+    // The in-process workers run on wall-clock time, so a loaded 2-core
+    // machine moves the demo's hit rates: 17 runs here (release and debug
+    // builds, some beside two busy loops) gave round_robin 44.1-47.3% and
+    // cache_aware 79.7-81.5%, and one CI run 42.6%. Figures left from older
+    // code were 4 points off (77.5% against 81.5%). So a figure more than
+    // 3 points off gets one more run of the demo (`--no-serve`), and must
+    // match that one: a stale figure misses both, a stall misses one.
+    let first = demo_hit_rates(&printed);
+    if !within(quoted, first, 3.0) {
+        let again = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+            .args(["demo", "--no-serve"])
+            .current_dir(repo())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("the demo runs again");
+        let second = demo_hit_rates(&String::from_utf8_lossy(&again.stdout));
+        assert!(
+            within(quoted, second, 3.0),
+            "README quotes cache_aware and round_robin at {quoted:?}% hit rate; \
+             the demo measured {first:?}% and then {second:?}%"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The demo's (cache_aware, round_robin) hit rates from its printed table.
+fn demo_hit_rates(printed: &str) -> (f64, f64) {
     let hit_rate = |policy: &str| -> f64 {
         let row = printed
             .lines()
@@ -249,20 +277,12 @@ fn every_shell_block_of_the_readme_runs_as_written() {
         let cols: Vec<&str> = row.split_whitespace().collect();
         cols[1].trim_end_matches('%').parse().unwrap()
     };
-    let quoted = demo_figures(&text);
-    for (policy, quoted, measured) in [
-        ("cache_aware", quoted.0, hit_rate("cache_aware")),
-        ("round_robin", quoted.1, hit_rate("round_robin")),
-    ] {
-        // The in-process workers run on wall-clock time, so a loaded 2-core
-        // machine moves the demo's hit rates by a point or two; figures left
-        // from older code were 4 points off (77.5% against 81.5%).
-        assert!(
-            (quoted - measured).abs() <= 3.0,
-            "README quotes {policy} at {quoted}% hit rate; the demo measured {measured}%"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&work);
+    (hit_rate("cache_aware"), hit_rate("round_robin"))
+}
+
+/// Both pairs of hit rates are within `points` of each other.
+fn within(a: (f64, f64), b: (f64, f64), points: f64) -> bool {
+    (a.0 - b.0).abs() <= points && (a.1 - b.1).abs() <= points
 }
 
 /// The two hit rates the README's "Results" quotes for the demo.
