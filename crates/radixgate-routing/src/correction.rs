@@ -408,6 +408,8 @@ pub struct CacheFeedback {
     pub(crate) receipt: Insertion,
     /// Bytes of the routing text the decision inserted (the capped text).
     pub(crate) text_len: usize,
+    /// Its characters, where the policy counted them.
+    pub(crate) text_chars: Option<usize>,
     pub(crate) model: Arc<ModelTruth>,
     /// This decision, in flight until the feedback drops (held for its
     /// `Drop`, never read).
@@ -435,11 +437,17 @@ impl CacheFeedback {
             truth.invalid();
             return Corrected::Invalid;
         }
-        let Some(inserted) = text.get(..self.text_len) else {
+        let (Some(inserted), Some(beyond)) = (text.get(..self.text_len), text.get(self.text_len..))
+        else {
             truth.invalid();
             return Corrected::Invalid;
         };
-        let text_chars = radixgate_tree::count_chars(text);
+        // The routing text's characters: the policy counted the inserted
+        // part (a 4 KiB prompt is ~2,000 instructions to count again).
+        let text_chars = match self.text_chars {
+            Some(chars) => chars + radixgate_tree::count_chars(beyond),
+            None => radixgate_tree::count_chars(text),
+        };
         self.model.rate.observe(text_chars, report.prompt_tokens);
         // This request's own characters per token: the held prefix is part
         // of its text, so its ratio converts it better than the model's
@@ -578,12 +586,38 @@ mod tests {
             tree,
             receipt,
             text_len: text.len(),
+            text_chars: None,
             model,
             _in_flight: Some(in_flight),
             settled_before,
             config,
             worker,
         }
+    }
+
+    #[test]
+    fn the_policys_count_of_the_inserted_text_stands_for_counting_it_again() {
+        // Three bytes a character, and a routing text longer than the
+        // inserted (capped) part: the rate learns the whole text's
+        // characters either way.
+        let inserted = "日".repeat(300);
+        let text = format!("{inserted}{}", "本".repeat(100));
+        let learned = |text_chars: Option<usize>| {
+            let mut f = setup("", "", &inserted, CorrectionConfig::default());
+            f.text_chars = text_chars;
+            let model = f.model.clone();
+            f.apply(
+                &text,
+                CacheReport {
+                    prompt_tokens: 100,
+                    cached_tokens: 0,
+                },
+            );
+            model.rate().chars_per_token().unwrap()
+        };
+        let counted = learned(None);
+        assert_eq!(learned(Some(300)), counted);
+        assert_ne!(learned(Some(900)), counted, "the count is used");
     }
 
     #[test]
@@ -712,6 +746,7 @@ mod tests {
             tree: tree.clone(),
             receipt,
             text_len: text.len(),
+            text_chars: None,
             model: model.clone(),
             _in_flight: Some(in_flight),
             settled_before,

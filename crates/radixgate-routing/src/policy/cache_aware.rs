@@ -582,6 +582,7 @@ impl CacheAware {
             tree,
             receipt,
             req.text,
+            Some(input),
             truth,
             self.config.correction,
         )
@@ -804,6 +805,7 @@ impl CacheAware {
             tree,
             receipt,
             req.text,
+            Some(input),
             truth,
             self.config.correction,
         )

@@ -71,7 +71,7 @@ impl Policy for Holding {
         let super::trees::Model { tree, truth } = trees.model(req.model);
         let text = trees.cap(req.text);
         let receipt = tree.insert(text, decision.worker().id().tenant());
-        Ok(decision.with_insert(tree, receipt, text, truth, self.correction))
+        Ok(decision.with_insert(tree, receipt, text, None, truth, self.correction))
     }
 
     fn on_worker_added(&self, worker: &Arc<Worker>) {

@@ -127,6 +127,8 @@ struct TreeInsert {
     receipt: Insertion,
     /// Bytes of the (capped) routing text that were inserted.
     text_len: usize,
+    /// Its characters, where the policy counted them on the way.
+    text_chars: Option<usize>,
     /// The model's correction state and the correction's settings.
     model: Arc<ModelTruth>,
     correction: CorrectionConfig,
@@ -180,14 +182,16 @@ impl Decision {
         self.guard.first_token(elapsed)
     }
 
-    /// Records that the decision inserted `text` (the capped routing text)
-    /// into `tree` with `receipt`; `rate` and `correction` are for the
-    /// answer's [`CacheFeedback`].
+    /// Records that the decision inserted `text` (the capped routing text,
+    /// of `text_chars` characters where the policy counted them) into
+    /// `tree` with `receipt`; `model` and `correction` are for the answer's
+    /// [`CacheFeedback`].
     pub(crate) fn with_insert(
         mut self,
         tree: Arc<Tree>,
         receipt: Insertion,
         text: &str,
+        text_chars: Option<usize>,
         model: Arc<ModelTruth>,
         correction: CorrectionConfig,
     ) -> Self {
@@ -196,6 +200,7 @@ impl Decision {
             tree,
             receipt,
             text_len: text.len(),
+            text_chars,
             model,
             correction,
             in_flight,
@@ -220,6 +225,7 @@ impl Decision {
             tree: i.tree,
             receipt: i.receipt,
             text_len: i.text_len,
+            text_chars: i.text_chars,
             model: i.model,
             _in_flight: Some(i.in_flight),
             settled_before: i.settled_before,
