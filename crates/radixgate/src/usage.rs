@@ -31,6 +31,11 @@
 //! counts apart ([`counts_in`]), with the cached count, in one scan
 //! ([`UsageTail::usage`]).
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+use serde::Deserialize;
+
 /// How much of a body's end is kept for the scan. A usage object is about
 /// 200 bytes; SSE streams end with the usage event and `data: [DONE]`; whole
 /// bodies put at most a few short fields after `usage`.
@@ -107,7 +112,7 @@ pub struct Counts {
 /// the latest `"meta_info"`.
 pub fn counts_in(text: &[u8]) -> Counts {
     let mut out = Counts::default();
-    for key in [&b"\"usage\""[..], b"\"meta_info\""] {
+    for key in [Key::Usage, Key::MetaInfo] {
         for report in objects_after(text, key).filter_map(|o| Report::read(&o)) {
             out.prompt = out.prompt.or(report.prompt);
             out.completion = out.completion.or(report.output);
@@ -144,17 +149,17 @@ pub enum CachedReport {
 /// The last cached-token report in `text`: the last `"usage"` object that
 /// carries a cached count, else the last `"meta_info"` that does.
 pub fn cached_in(text: &[u8]) -> CachedReport {
-    for object in objects_after(text, b"\"usage\"") {
-        let cached = detail(&object, "prompt_tokens_details", "cached_tokens")
-            .or_else(|| detail(&object, "input_tokens_details", "cached_tokens"))
-            .or_else(|| present(&object, "cache_read_input_tokens"));
+    for object in objects_after(text, Key::Usage) {
+        let cached = detail(&object.prompt_tokens_details)
+            .or_else(|| detail(&object.input_tokens_details))
+            .or(object.cache_read_input_tokens.as_ref());
         if let Some(cached) = cached {
             let prompt = Report::read(&object).and_then(|r| r.prompt);
             return judge(prompt, cached);
         }
     }
-    for object in objects_after(text, b"\"meta_info\"") {
-        if let Some(cached) = present(&object, "cached_tokens") {
+    for object in objects_after(text, Key::MetaInfo) {
+        if let Some(cached) = &object.cached_tokens {
             let prompt = Report::read(&object).and_then(|r| r.prompt);
             return judge(prompt, cached);
         }
@@ -162,21 +167,12 @@ pub fn cached_in(text: &[u8]) -> CachedReport {
     CachedReport::Absent
 }
 
-/// `object[name]` unless missing or null.
-fn present<'o>(
-    object: &'o serde_json::Map<String, serde_json::Value>,
-    name: &str,
-) -> Option<&'o serde_json::Value> {
-    object.get(name).filter(|v| !v.is_null())
-}
-
-/// `object[outer][inner]` unless missing or null.
-fn detail<'o>(
-    object: &'o serde_json::Map<String, serde_json::Value>,
-    outer: &str,
-    inner: &str,
-) -> Option<&'o serde_json::Value> {
-    present(object, outer)?.get(inner).filter(|v| !v.is_null())
+/// `details.cached_tokens` unless missing or null.
+fn detail(details: &Option<serde_json::Value>) -> Option<&serde_json::Value> {
+    details
+        .as_ref()?
+        .get("cached_tokens")
+        .filter(|v| !v.is_null())
 }
 
 fn judge(prompt: Option<u64>, cached: &serde_json::Value) -> CachedReport {
@@ -194,7 +190,7 @@ fn judge(prompt: Option<u64>, cached: &serde_json::Value) -> CachedReport {
 /// count), else the last `"meta_info"` with prompt and completion counts.
 pub fn tokens_in(text: &[u8]) -> Option<u64> {
     let mut later_output = None;
-    for report in objects_after(text, b"\"usage\"").filter_map(|o| Report::read(&o)) {
+    for report in objects_after(text, Key::Usage).filter_map(|o| Report::read(&o)) {
         match (later_output, report) {
             (
                 None,
@@ -226,7 +222,7 @@ pub fn tokens_in(text: &[u8]) -> Option<u64> {
         }
     }
     later_output.or_else(|| {
-        objects_after(text, b"\"meta_info\"")
+        objects_after(text, Key::MetaInfo)
             .filter_map(|o| Report::read(&o))
             .find_map(|r| {
                 r.total
@@ -235,22 +231,62 @@ pub fn tokens_in(text: &[u8]) -> Option<u64> {
     })
 }
 
-/// The JSON objects that follow `key` and `:` in `text`, last first.
-fn objects_after<'t>(
-    text: &'t [u8],
-    key: &'t [u8],
-) -> impl Iterator<Item = serde_json::Map<String, serde_json::Value>> + 't {
+/// The keys whose objects carry usage.
+#[derive(Clone, Copy)]
+enum Key {
+    /// `"usage"`: OpenAI, the Responses and Messages APIs.
+    Usage,
+    /// `"meta_info"`: SGLang's `/generate`.
+    MetaInfo,
+}
+
+impl Key {
+    /// The quoted key's searcher, built once.
+    fn finder(self) -> &'static memchr::memmem::Finder<'static> {
+        static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+        static META_INFO: LazyLock<Finder<'static>> =
+            LazyLock::new(|| Finder::new(b"\"meta_info\""));
+        match self {
+            Key::Usage => &USAGE,
+            Key::MetaInfo => &META_INFO,
+        }
+    }
+}
+
+/// The fields of a usage object that any API's report uses; each `None`
+/// when missing or null, and kept as given otherwise (a count that is not
+/// one is told apart from none). Every other field is skipped unread; an
+/// object with one of these fields twice is not read at all.
+#[derive(Debug, Default, Deserialize)]
+struct Fields {
+    total_tokens: Option<serde_json::Value>,
+    prompt_tokens: Option<serde_json::Value>,
+    input_tokens: Option<serde_json::Value>,
+    cache_read_input_tokens: Option<serde_json::Value>,
+    cache_creation_input_tokens: Option<serde_json::Value>,
+    completion_tokens: Option<serde_json::Value>,
+    output_tokens: Option<serde_json::Value>,
+    /// SGLang's `meta_info.cached_tokens`.
+    cached_tokens: Option<serde_json::Value>,
+    prompt_tokens_details: Option<serde_json::Value>,
+    input_tokens_details: Option<serde_json::Value>,
+}
+
+/// The usage objects that follow `key` and `:` in `text`, last first.
+fn objects_after(text: &[u8], key: Key) -> impl Iterator<Item = Fields> + '_ {
     // Found front to back (the forward search is vectorised, the reverse
     // one is not: a streamed answer's 8 KiB tail is scanned several times),
     // tried back to front.
-    let hits: Vec<usize> = memchr::memmem::find_iter(text, key).collect();
+    let finder = key.finder();
+    let hits: Vec<usize> = finder.find_iter(text).collect();
     hits.into_iter()
         .rev()
-        .filter_map(move |at| object_at(&text[at + key.len()..]))
+        .filter_map(move |at| object_at(&text[at + finder.needle().len()..]))
 }
 
-/// The JSON object right after `: ` at the start of `rest`, if complete.
-fn object_at(rest: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+/// The JSON object right after `: ` at the start of `rest`, if complete
+/// and well-formed (what follows it is not read).
+fn object_at(rest: &[u8]) -> Option<Fields> {
     let rest = rest
         .trim_ascii_start()
         .strip_prefix(b":")?
@@ -258,36 +294,7 @@ fn object_at(rest: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> 
     if rest.first() != Some(&b'{') {
         return None;
     }
-    let len = object_len(rest)?;
-    serde_json::from_slice(&rest[..len]).ok()
-}
-
-/// Length of the balanced `{...}` at the start of `text`, strings skipped.
-fn object_len(text: &[u8]) -> Option<usize> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, &b) in text.iter().enumerate() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' => depth += 1,
-            b'}' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i + 1);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    Fields::deserialize(&mut serde_json::Deserializer::from_slice(rest)).ok()
 }
 
 /// The counts one usage object reports; at least one is there.
@@ -302,19 +309,19 @@ struct Report {
 }
 
 impl Report {
-    fn read(object: &serde_json::Map<String, serde_json::Value>) -> Option<Self> {
-        let field = |name: &str| object.get(name).and_then(serde_json::Value::as_u64);
-        let prompt = field("prompt_tokens").or_else(|| {
-            field("input_tokens").map(|input| {
+    fn read(object: &Fields) -> Option<Self> {
+        let count = |field: &Option<serde_json::Value>| field.as_ref()?.as_u64();
+        let prompt = count(&object.prompt_tokens).or_else(|| {
+            count(&object.input_tokens).map(|input| {
                 input
-                    .saturating_add(field("cache_read_input_tokens").unwrap_or(0))
-                    .saturating_add(field("cache_creation_input_tokens").unwrap_or(0))
+                    .saturating_add(count(&object.cache_read_input_tokens).unwrap_or(0))
+                    .saturating_add(count(&object.cache_creation_input_tokens).unwrap_or(0))
             })
         });
         let report = Self {
-            total: field("total_tokens"),
+            total: count(&object.total_tokens),
             prompt,
-            output: field("completion_tokens").or_else(|| field("output_tokens")),
+            output: count(&object.completion_tokens).or_else(|| count(&object.output_tokens)),
         };
         (report.total.is_some() || report.prompt.is_some() || report.output.is_some())
             .then_some(report)
@@ -388,6 +395,13 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_
             br#"{"usage":{"prompt_tokens":7,"completion_tokens":4,"prompt_tokens_details":null}}"#;
         assert_eq!(cached_in(plain), CachedReport::Absent);
         assert_eq!(cached_in(b"{\"choices\":[]}"), CachedReport::Absent);
+        // Fields no API reports are skipped, however nested; details that
+        // are not an object hold no count.
+        let extra = br#"{"usage":{"prompt_tokens":7,"x":{"y":["}{",{"usage":1}]},"prompt_tokens_details":5,"cache_read_input_tokens":2}}"#;
+        assert_eq!(cached_in(extra), report(7, 2));
+        // A field given twice is not a report to trust.
+        let twice = br#"{"usage":{"prompt_tokens":7,"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":3}}}"#;
+        assert_eq!(cached_in(twice), CachedReport::Absent);
         // Garbage is not a count.
         for bad in [
             &br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":-1}}}"#[..],
