@@ -168,11 +168,8 @@ pub fn cached_in(text: &[u8]) -> CachedReport {
 }
 
 /// `details.cached_tokens` unless missing or null.
-fn detail(details: &Option<serde_json::Value>) -> Option<&serde_json::Value> {
-    details
-        .as_ref()?
-        .get("cached_tokens")
-        .filter(|v| !v.is_null())
+fn detail(details: &Option<Details>) -> Option<&serde_json::Value> {
+    details.as_ref()?.cached_tokens.as_ref()
 }
 
 fn judge(prompt: Option<u64>, cached: &serde_json::Value) -> CachedReport {
@@ -268,8 +265,74 @@ struct Fields {
     output_tokens: Option<serde_json::Value>,
     /// SGLang's `meta_info.cached_tokens`.
     cached_tokens: Option<serde_json::Value>,
-    prompt_tokens_details: Option<serde_json::Value>,
-    input_tokens_details: Option<serde_json::Value>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens_details: Option<Details>,
+}
+
+/// A `*_tokens_details` object's `cached_tokens` (`None`: missing or
+/// null); any other value than an object holds none. Read without a map
+/// of its fields.
+#[derive(Debug, Default)]
+struct Details {
+    cached_tokens: Option<serde_json::Value>,
+}
+
+impl<'de> Deserialize<'de> for Details {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+        #[derive(Deserialize)]
+        #[serde(field_identifier, rename_all = "snake_case")]
+        enum Key {
+            CachedTokens,
+            #[serde(other)]
+            Other,
+        }
+
+        struct Read;
+        impl<'de> Visitor<'de> for Read {
+            type Value = Details;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Details, A::Error> {
+                let mut out = Details::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        // The last one, as a map would keep.
+                        Key::CachedTokens => out.cached_tokens = map.next_value()?,
+                        Key::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Details, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Details::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Details, E> {
+                Ok(Details::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Details, E> {
+                Ok(Details::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Details, E> {
+                Ok(Details::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Details, E> {
+                Ok(Details::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Details, E> {
+                Ok(Details::default())
+            }
+            fn visit_unit<E>(self) -> Result<Details, E> {
+                Ok(Details::default())
+            }
+        }
+        d.deserialize_any(Read)
+    }
 }
 
 /// The usage objects that follow `key` and `:` in `text`, last first.
@@ -399,6 +462,8 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_
         // are not an object hold no count.
         let extra = br#"{"usage":{"prompt_tokens":7,"x":{"y":["}{",{"usage":1}]},"prompt_tokens_details":5,"cache_read_input_tokens":2}}"#;
         assert_eq!(cached_in(extra), report(7, 2));
+        let beside = br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"audio_tokens":1,"cached_tokens":null},"input_tokens_details":[{"cached_tokens":1}],"cache_read_input_tokens":4}}"#;
+        assert_eq!(cached_in(beside), report(7, 4));
         // A field given twice is not a report to trust.
         let twice = br#"{"usage":{"prompt_tokens":7,"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":3}}}"#;
         assert_eq!(cached_in(twice), CachedReport::Absent);
