@@ -143,32 +143,43 @@ pub struct Rendered<'a> {
 }
 
 impl fmt::Display for Rendered<'_> {
+    // This line is rendered for every request: pieces and integers are
+    // written straight, not through `write!` (whose argument machinery and
+    // integer padding were most of its ~3,400 instructions), and the rates
+    // in integer arithmetic (float formatting is slower still).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let e = self.explanation;
-        write!(f, "{} branch={} worker={}", e.policy, e.branch, self.worker)?;
+        f.write_str(e.policy)?;
+        f.write_str(" branch=")?;
+        f.write_str(e.branch.as_str())?;
+        f.write_str(" worker=")?;
+        f.write_str(self.worker)?;
         if let Some(matched) = e.matched_chars {
-            // The rate to three decimals in integer arithmetic: this line
-            // is rendered for every request, and float formatting is the
-            // slow part of it.
+            // The rate to three decimals.
             let permille = match e.input_chars {
                 0 => 0,
                 total => (matched.min(total) * 1000 + total / 2) / total,
             };
-            write!(f, " match={}.{:03}", permille / 1000, permille % 1000)?;
+            f.write_str(" match=")?;
+            decimal(f, permille as u64, 3)?;
             if e.exact {
                 f.write_str(" index=exact")?;
             }
         }
-        write!(
-            f,
-            " load={} min={} max={} available={}",
-            e.load, e.min_load, e.max_load, e.available
-        )?;
+        for (name, value) in [
+            (" load=", e.load),
+            (" min=", e.min_load),
+            (" max=", e.max_load),
+            (" available=", e.available),
+        ] {
+            f.write_str(name)?;
+            decimal(f, value as u64, 0)?;
+        }
         if let Some(ms) = e.ttft_ms {
-            write!(f, " ttft=")?;
+            f.write_str(" ttft=")?;
             tenths(f, ms)?;
             if let Some(alt) = e.alt_ttft_ms {
-                write!(f, " alt=")?;
+                f.write_str(" alt=")?;
                 tenths(f, alt)?;
             }
         }
@@ -176,13 +187,144 @@ impl fmt::Display for Rendered<'_> {
     }
 }
 
-/// `12.5ms`: milliseconds to one decimal, in integer arithmetic (as the
-/// match rate above, this runs for every request).
+/// `12.5ms`: milliseconds to one decimal.
 fn tenths(f: &mut fmt::Formatter<'_>, ms: f32) -> fmt::Result {
     let t = if ms.is_finite() {
         (ms.max(0.0) * 10.0).round().min(u64::MAX as f32) as u64
     } else {
         0
     };
-    write!(f, "{}.{}ms", t / 10, t % 10)
+    decimal(f, t, 1)?;
+    f.write_str("ms")
+}
+
+/// `value` over 10^`places`, with that many decimals (`decimal(f, 873, 3)`
+/// writes `0.873`), digit by digit into a buffer.
+fn decimal(f: &mut fmt::Formatter<'_>, mut value: u64, places: usize) -> fmt::Result {
+    let mut buf = [0u8; 24];
+    let mut at = buf.len();
+    let mut written = 0;
+    while written <= places || value > 0 {
+        if written == places && places > 0 {
+            at -= 1;
+            buf[at] = b'.';
+        }
+        at -= 1;
+        buf[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        written += 1;
+    }
+    f.write_str(std::str::from_utf8(&buf[at..]).map_err(|_| fmt::Error)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line as `write!` would give it (the rendering before it was
+    /// written digit by digit).
+    fn by_format(e: &Explanation, worker: &str) -> String {
+        let mut s = format!("{} branch={} worker={worker}", e.policy, e.branch);
+        if let Some(matched) = e.matched_chars {
+            let permille = match e.input_chars {
+                0 => 0,
+                total => (matched.min(total) * 1000 + total / 2) / total,
+            };
+            s += &format!(" match={}.{:03}", permille / 1000, permille % 1000);
+            if e.exact {
+                s += " index=exact";
+            }
+        }
+        s += &format!(
+            " load={} min={} max={} available={}",
+            e.load, e.min_load, e.max_load, e.available
+        );
+        let tenths = |ms: f32| {
+            let t = if ms.is_finite() {
+                (ms.max(0.0) * 10.0).round().min(u64::MAX as f32) as u64
+            } else {
+                0
+            };
+            format!("{}.{}ms", t / 10, t % 10)
+        };
+        if let Some(ms) = e.ttft_ms {
+            s += &format!(" ttft={}", tenths(ms));
+            if let Some(alt) = e.alt_ttft_ms {
+                s += &format!(" alt={}", tenths(alt));
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn the_line_is_what_format_would_write() {
+        let counts = [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            999,
+            1000,
+            4096,
+            123_456,
+            usize::MAX / 1001,
+        ];
+        let times = [
+            0.0,
+            0.04,
+            0.05,
+            0.96,
+            1.0,
+            9.95,
+            12.44,
+            99.99,
+            1234.5,
+            -3.0,
+            f32::NAN,
+            f32::INFINITY,
+            1e30,
+        ];
+        let mut lines = 0;
+        for (i, &matched) in counts.iter().enumerate() {
+            for &input in &counts {
+                let e = Explanation {
+                    policy: "cache_aware",
+                    branch: Branch::CacheHit,
+                    worker: crate::WorkerId(7),
+                    load: matched,
+                    min_load: input,
+                    max_load: counts[(i + 3) % counts.len()],
+                    available: i,
+                    matched_chars: (i % 4 != 0).then_some(matched),
+                    input_chars: input,
+                    ttft_ms: (i % 3 != 0).then_some(times[i % times.len()]),
+                    alt_ttft_ms: Some(times[(i + input) % times.len()]),
+                    exact: i % 2 == 0,
+                };
+                let line = e.render("10.0.0.5:30000").to_string();
+                assert_eq!(line, by_format(&e, "10.0.0.5:30000"));
+                lines += 1;
+            }
+        }
+        for &ms in &times {
+            let e = Explanation {
+                policy: "least_load",
+                branch: Branch::LeastLoad,
+                worker: crate::WorkerId(7),
+                load: 1,
+                min_load: 0,
+                max_load: 2,
+                available: 3,
+                matched_chars: None,
+                input_chars: 0,
+                ttft_ms: Some(ms),
+                alt_ttft_ms: None,
+                exact: false,
+            };
+            assert_eq!(e.render("w").to_string(), by_format(&e, "w"));
+        }
+        assert_eq!(lines, counts.len() * counts.len());
+    }
 }
