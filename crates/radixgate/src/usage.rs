@@ -239,7 +239,7 @@ enum Key {
 
 impl Key {
     /// The quoted key's searcher, built once.
-    fn finder(self) -> &'static memchr::memmem::Finder<'static> {
+    fn finder(self) -> &'static Finder<'static> {
         static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
         static META_INFO: LazyLock<Finder<'static>> =
             LazyLock::new(|| Finder::new(b"\"meta_info\""));
@@ -283,7 +283,7 @@ impl<'de> Deserialize<'de> for Details {
 
         #[derive(Deserialize)]
         #[serde(field_identifier, rename_all = "snake_case")]
-        enum Key {
+        enum Field {
             CachedTokens,
             #[serde(other)]
             Other,
@@ -297,11 +297,11 @@ impl<'de> Deserialize<'de> for Details {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Details, A::Error> {
                 let mut out = Details::default();
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
                         // The last one, as a map would keep.
-                        Key::CachedTokens => out.cached_tokens = map.next_value()?,
-                        Key::Other => {
+                        Field::CachedTokens => out.cached_tokens = map.next_value()?,
+                        Field::Other => {
                             map.next_value::<IgnoredAny>()?;
                         }
                     }
