@@ -31,10 +31,12 @@
 //! counts apart ([`counts_in`]), with the cached count, in one scan
 //! ([`UsageTail::usage`]).
 
+mod object;
+
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
-use serde::Deserialize;
+use object::{Count, Fields};
 
 /// How much of a body's end is kept for the scan. A usage object is about
 /// 200 bytes; SSE streams end with the usage event and `data: [DONE]`; whole
@@ -150,16 +152,17 @@ pub enum CachedReport {
 /// carries a cached count, else the last `"meta_info"` that does.
 pub fn cached_in(text: &[u8]) -> CachedReport {
     for object in objects_after(text, Key::Usage) {
-        let cached = detail(&object.prompt_tokens_details)
-            .or_else(|| detail(&object.input_tokens_details))
-            .or(object.cache_read_input_tokens.as_ref());
+        let cached = object
+            .prompt_details_cached
+            .or(object.input_details_cached)
+            .or(object.cache_read_input_tokens);
         if let Some(cached) = cached {
             let prompt = Report::read(&object).and_then(|r| r.prompt);
             return judge(prompt, cached);
         }
     }
     for object in objects_after(text, Key::MetaInfo) {
-        if let Some(cached) = &object.cached_tokens {
+        if let Some(cached) = object.cached_tokens {
             let prompt = Report::read(&object).and_then(|r| r.prompt);
             return judge(prompt, cached);
         }
@@ -167,12 +170,7 @@ pub fn cached_in(text: &[u8]) -> CachedReport {
     CachedReport::Absent
 }
 
-/// `details.cached_tokens` unless missing or null.
-fn detail(details: &Option<Details>) -> Option<&serde_json::Value> {
-    details.as_ref()?.cached_tokens.as_ref()
-}
-
-fn judge(prompt: Option<u64>, cached: &serde_json::Value) -> CachedReport {
+fn judge(prompt: Option<u64>, cached: Count) -> CachedReport {
     match (prompt, cached.as_u64()) {
         (Some(prompt_tokens), Some(cached_tokens)) => CachedReport::Report {
             prompt_tokens,
@@ -250,91 +248,6 @@ impl Key {
     }
 }
 
-/// The fields of a usage object that any API's report uses; each `None`
-/// when missing or null, and kept as given otherwise (a count that is not
-/// one is told apart from none). Every other field is skipped unread; an
-/// object with one of these fields twice is not read at all.
-#[derive(Debug, Default, Deserialize)]
-struct Fields {
-    total_tokens: Option<serde_json::Value>,
-    prompt_tokens: Option<serde_json::Value>,
-    input_tokens: Option<serde_json::Value>,
-    cache_read_input_tokens: Option<serde_json::Value>,
-    cache_creation_input_tokens: Option<serde_json::Value>,
-    completion_tokens: Option<serde_json::Value>,
-    output_tokens: Option<serde_json::Value>,
-    /// SGLang's `meta_info.cached_tokens`.
-    cached_tokens: Option<serde_json::Value>,
-    prompt_tokens_details: Option<Details>,
-    input_tokens_details: Option<Details>,
-}
-
-/// A `*_tokens_details` object's `cached_tokens` (`None`: missing or
-/// null); any other value than an object holds none. Read without a map
-/// of its fields.
-#[derive(Debug, Default)]
-struct Details {
-    cached_tokens: Option<serde_json::Value>,
-}
-
-impl<'de> Deserialize<'de> for Details {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
-
-        #[derive(Deserialize)]
-        #[serde(field_identifier, rename_all = "snake_case")]
-        enum Field {
-            CachedTokens,
-            #[serde(other)]
-            Other,
-        }
-
-        struct Read;
-        impl<'de> Visitor<'de> for Read {
-            type Value = Details;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Details, A::Error> {
-                let mut out = Details::default();
-                while let Some(field) = map.next_key::<Field>()? {
-                    match field {
-                        // The last one, as a map would keep.
-                        Field::CachedTokens => out.cached_tokens = map.next_value()?,
-                        Field::Other => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(out)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Details, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Details::default())
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Details, E> {
-                Ok(Details::default())
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Details, E> {
-                Ok(Details::default())
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Details, E> {
-                Ok(Details::default())
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Details, E> {
-                Ok(Details::default())
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Details, E> {
-                Ok(Details::default())
-            }
-            fn visit_unit<E>(self) -> Result<Details, E> {
-                Ok(Details::default())
-            }
-        }
-        d.deserialize_any(Read)
-    }
-}
-
 /// The usage objects that follow `key` and `:` in `text`, last first.
 fn objects_after(text: &[u8], key: Key) -> impl Iterator<Item = Fields> + '_ {
     // Found front to back (the forward search is vectorised, the reverse
@@ -357,7 +270,7 @@ fn object_at(rest: &[u8]) -> Option<Fields> {
     if rest.first() != Some(&b'{') {
         return None;
     }
-    Fields::deserialize(&mut serde_json::Deserializer::from_slice(rest)).ok()
+    object::read(rest)
 }
 
 /// The counts one usage object reports; at least one is there.
@@ -373,18 +286,18 @@ struct Report {
 
 impl Report {
     fn read(object: &Fields) -> Option<Self> {
-        let count = |field: &Option<serde_json::Value>| field.as_ref()?.as_u64();
-        let prompt = count(&object.prompt_tokens).or_else(|| {
-            count(&object.input_tokens).map(|input| {
+        let count = |field: Option<Count>| field?.as_u64();
+        let prompt = count(object.prompt_tokens).or_else(|| {
+            count(object.input_tokens).map(|input| {
                 input
-                    .saturating_add(count(&object.cache_read_input_tokens).unwrap_or(0))
-                    .saturating_add(count(&object.cache_creation_input_tokens).unwrap_or(0))
+                    .saturating_add(count(object.cache_read_input_tokens).unwrap_or(0))
+                    .saturating_add(count(object.cache_creation_input_tokens).unwrap_or(0))
             })
         });
         let report = Self {
-            total: count(&object.total_tokens),
+            total: count(object.total_tokens),
             prompt,
-            output: count(&object.completion_tokens).or_else(|| count(&object.output_tokens)),
+            output: count(object.completion_tokens).or_else(|| count(object.output_tokens)),
         };
         (report.total.is_some() || report.prompt.is_some() || report.output.is_some())
             .then_some(report)
@@ -464,9 +377,9 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_
         assert_eq!(cached_in(extra), report(7, 2));
         let beside = br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"audio_tokens":1,"cached_tokens":null},"input_tokens_details":[{"cached_tokens":1}],"cache_read_input_tokens":4}}"#;
         assert_eq!(cached_in(beside), report(7, 4));
-        // A field given twice is not a report to trust.
+        // A field given twice counts as given last, as a JSON map keeps it.
         let twice = br#"{"usage":{"prompt_tokens":7,"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":3}}}"#;
-        assert_eq!(cached_in(twice), CachedReport::Absent);
+        assert_eq!(cached_in(twice), report(9, 3));
         // Garbage is not a count.
         for bad in [
             &br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":-1}}}"#[..],
