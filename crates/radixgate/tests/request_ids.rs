@@ -269,4 +269,22 @@ async fn log_lines_about_a_request_carry_its_id() {
     let json: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(json["span"]["request_id"], "log-json-2", "{line}");
     assert_eq!(json["span"]["name"], "request", "{line}");
+    // At the default level (a bare `info`) the debug line is not logged:
+    // it would have come before the WARN.
+    assert!(
+        !serve.seen.iter().any(|l| l.contains("\"routed\"")),
+        "{}",
+        serve.seen.join("\n")
+    );
+    drop(serve);
+
+    // A bare level lets its own lines through, with the request's span.
+    let (mut serve, base) = Serve::start(&["--worker-urls", &w.url, "--log-level", "DEBUG"]);
+    wait_for_healthy(&base, 1).await;
+    broken_stream(&base, "log-text-3").await;
+    let routed = serve.wait_for(" routed ");
+    assert!(
+        routed.contains("DEBUG") && routed.contains("request{request_id=log-text-3}"),
+        "{routed}"
+    );
 }

@@ -30,7 +30,8 @@ use opentelemetry_sdk::trace::{
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, filter_fn};
+use tracing_subscriber::layer::Filter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
@@ -92,6 +93,21 @@ impl Telemetry {
     }
 }
 
+/// The log filter: `RUST_LOG` where set, else `level`. A bare level
+/// (`info`, `warn`, ...), the usual case, is a [`LevelFilter`]: an
+/// [`EnvFilter`] lets the same lines through but also follows every span
+/// in and out (for directives that name spans), a few hundred instructions
+/// a request for nothing.
+fn level_filter(level: &str) -> Box<dyn Filter<Registry> + Send + Sync> {
+    match EnvFilter::try_from_default_env() {
+        Ok(env) => Box::new(env),
+        Err(_) => match level.parse::<LevelFilter>() {
+            Ok(level) => Box::new(level),
+            Err(_) => Box::new(EnvFilter::new(level)),
+        },
+    }
+}
+
 /// Installs the process's subscriber: log lines as `logs` says, and with
 /// `tracing.otlp_endpoint` set the OpenTelemetry layer exporting to it,
 /// posting from `runtime`.
@@ -99,11 +115,10 @@ pub fn init(
     logs: Logs<'_>,
     tracing: Option<(&TracingConfig, tokio::runtime::Handle)>,
 ) -> Result<Telemetry, TraceError> {
-    let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(logs.level));
     // The request span at any level, the log filter for the rest, never an
     // exported span.
     let log_filter = filter_fn(|m| m.is_span() && m.target() == REQUEST_TARGET)
-        .or(env)
+        .or(level_filter(logs.level))
         .and(filter_fn(|m| m.target() != OTEL_TARGET));
     let log_layer = tracing_subscriber::fmt::layer()
         .with_ansi(logs.ansi)
