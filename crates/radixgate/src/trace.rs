@@ -1,14 +1,15 @@
 //! Request ids, and the router's own spans for OpenTelemetry.
 //!
-//! Two kinds of `tracing` span, kept apart by their targets, so that each
-//! subscriber layer sees only its own:
+//! A request's id goes into every log line about it, and its spans to
+//! OpenTelemetry:
 //!
-//! - **`request`** ([`REQUEST_TARGET`]) carries `request_id` into every log
-//!   line about a request: the request-id middleware ([`request_id`])
-//!   enters it around the whole handler, and the response body's watch
-//!   enters it again at the stream's end. Only the log layer sees it. It
-//!   is an `ERROR`-level span so that any log level short of `off` keeps
-//!   it: a `WARN` line about a request still names the request.
+//! - **The request's log scope** ([`request_log::RequestLog`]) carries
+//!   `request_id` into every log line about a request, at any level (a
+//!   `WARN` line about a request names the request): the request-id
+//!   middleware ([`request_id`]) makes it current around the whole
+//!   handler, and the response body's watch again at the stream's end. It
+//!   is not a `tracing` span (it was): a span cost every request about
+//!   6,000 instructions for lines that are rarely written.
 //! - **`receive`, `decision`, `attempt`, `first_byte`, `stream`**
 //!   ([`OTEL_TARGET`]): the spans exported over OTLP (see `docs/tracing.md`
 //!   for their attributes). Only the OpenTelemetry layer sees them, and it
@@ -19,7 +20,7 @@
 //!   `OpenTelemetrySpanExt::set_attribute`, never as `tracing` fields, so
 //!   none of this is formatted unless it is exported.
 //!
-//! `receive` is entered with `request` (so the OpenTelemetry context of the
+//! `receive` is entered with the log scope (so the OpenTelemetry context of the
 //! request is current, and `decision` and `attempt` nest under it);
 //! `first_byte` and `stream` name their `attempt` as explicit parent and
 //! are never entered: each ends when it is dropped. The answering
@@ -32,6 +33,7 @@
 
 pub mod export;
 pub mod request_id;
+pub mod request_log;
 
 use crate::stream::StreamEnd;
 use crate::usage::{CachedReport, UsageTail};
@@ -45,8 +47,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 pub use export::{Logs, Telemetry, TraceError, init};
 pub use request_id::{MAX_REQUEST_ID_LEN, REQUEST_ID_HEADER};
 
-/// Target of the per-request log span.
-pub const REQUEST_TARGET: &str = "radixgate::request";
 /// Target of the exported spans.
 pub const OTEL_TARGET: &str = "radixgate::otel";
 
@@ -59,22 +59,22 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
-/// The two spans of one request, made by the request-id middleware and
+/// The two scopes of one request, made by the request-id middleware and
 /// handed to the response body through the request's extensions.
 #[derive(Clone, Debug)]
 pub struct RequestSpans {
-    /// The log span (`request_id`).
-    pub request: Span,
+    /// The log scope (`request_id`).
+    pub request: request_log::RequestLog,
     /// The exported server span (disabled without export).
     pub receive: Span,
 }
 
 impl RequestSpans {
-    /// The spans the middleware left in `extensions`; the current span
-    /// (and no exported one) where there are none.
+    /// The scopes the middleware left in `extensions`; the current log
+    /// scope (and no exported span) where there are none.
     pub fn take(extensions: &mut axum::http::Extensions) -> Self {
         extensions.remove::<Self>().unwrap_or_else(|| Self {
-            request: Span::current(),
+            request: request_log::RequestLog::current(),
             receive: Span::none(),
         })
     }
@@ -228,10 +228,10 @@ impl Attempt {
     }
 }
 
-/// The request's spans, entered; exits `request`, then `receive`, when
-/// dropped (fields drop in order).
+/// The request's scopes, entered; leaves the log scope, then `receive`,
+/// when dropped (fields drop in order).
 pub(crate) struct Entered<'a> {
-    _request: tracing::span::Entered<'a>,
+    _request: request_log::Entered,
     _receive: tracing::span::Entered<'a>,
 }
 

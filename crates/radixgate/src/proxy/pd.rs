@@ -544,9 +544,10 @@ impl Pair<'_> {
         // decode's cached-token report measures.
         drop(decode.decision.take_cache_feedback());
         let (head_tx, head_rx) = tokio::sync::oneshot::channel();
-        // In the request's span: its log lines carry the request id, and its
-        // attempt span nests under the request's trace.
-        let task = tokio::spawn(tracing::Instrument::in_current_span(prefill_side(
+        // In the request's scopes: its log lines carry the request id, and
+        // its attempt span nests under the request's trace.
+        let log = crate::trace::request_log::RequestLog::current();
+        let task = tokio::spawn(log.scope(tracing::Instrument::in_current_span(prefill_side(
             PrefillSide {
                 shared: shared.clone(),
                 forwarder: self.state.forwarder.clone(),
@@ -561,7 +562,7 @@ impl Pair<'_> {
             prefill.decision,
             body.clone(),
             head_tx,
-        )));
+        ))));
         let mut task = AbortOnDrop(Some(task));
         let decoding = self.decode_answer(decode, body);
         tokio::pin!(decoding);

@@ -18,7 +18,8 @@
 //! spans, nothing else. The first failure is logged once (WARN), and the
 //! first success after failures once (INFO).
 
-use super::{OTEL_TARGET, REQUEST_TARGET};
+use super::OTEL_TARGET;
+use super::request_log::LogFormat;
 use crate::config::TracingConfig;
 use bytes::Bytes;
 use opentelemetry::trace::TracerProvider as _;
@@ -115,17 +116,26 @@ pub fn init(
     logs: Logs<'_>,
     tracing: Option<(&TracingConfig, tokio::runtime::Handle)>,
 ) -> Result<Telemetry, TraceError> {
-    // The request span at any level, the log filter for the rest, never an
-    // exported span.
-    let log_filter = filter_fn(|m| m.is_span() && m.target() == REQUEST_TARGET)
-        .or(level_filter(logs.level))
-        .and(filter_fn(|m| m.target() != OTEL_TARGET));
+    // The log filter, never an exported span.
+    let log_filter = level_filter(logs.level).and(filter_fn(|m| m.target() != OTEL_TARGET));
     let log_layer = tracing_subscriber::fmt::layer()
         .with_ansi(logs.ansi)
         .with_writer(std::io::stderr);
+    // Each line with the request it is about, if any (`request_log`).
     let log_layer = match logs.json {
-        true => log_layer.json().with_filter(log_filter).boxed(),
-        false => log_layer.with_filter(log_filter).boxed(),
+        true => log_layer
+            .json()
+            .map_event_format(LogFormat::json)
+            .with_filter(log_filter)
+            .boxed(),
+        false => log_layer
+            .event_format(LogFormat::text(
+                tracing_subscriber::fmt::format()
+                    .without_time()
+                    .with_level(false),
+            ))
+            .with_filter(log_filter)
+            .boxed(),
     };
     let (otel_layer, provider) = match tracing {
         Some((config, runtime)) if config.otlp_endpoint.is_some() => {

@@ -10,12 +10,15 @@
 //! client gets it back as `x-request-id` on every answer, the router's own
 //! errors included.
 //!
-//! The middleware wraps every route, and makes the request's spans
-//! ([`super::RequestSpans`]): the log span `request{request_id=…}` always,
-//! and with export on the exported `receive` span, whose parent is the
-//! client's `traceparent` when it sent a valid one.
+//! The middleware wraps every route, and makes the request's scopes
+//! ([`super::RequestSpans`]): its log scope, which puts
+//! `request{request_id=…}` in every log line about it
+//! ([`super::request_log`]), always, and with export on the exported
+//! `receive` span, whose parent is the client's `traceparent` when it sent
+//! a valid one.
 
-use super::{OTEL_TARGET, REQUEST_TARGET, RequestSpans};
+use super::request_log::RequestLog;
+use super::{OTEL_TARGET, RequestSpans};
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
@@ -83,29 +86,19 @@ pub fn fresh() -> HeaderValue {
 }
 
 /// The middleware: picks the id, sets it on the request, runs the rest of
-/// the router inside the request's spans, and sets it on the answer.
+/// the router inside the request's scopes, and sets it on the answer.
 pub async fn layer(State(ids): State<Arc<RequestIds>>, mut req: Request, next: Next) -> Response {
     let id = ids.pick(req.headers());
     req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
     // Valid ids are visible ASCII, so this never falls back.
-    let shown = id.to_str().unwrap_or_default();
-    let receive = receive_span(&req, shown);
-    let request = tracing::error_span!(
-        target: REQUEST_TARGET,
-        parent: &receive,
-        "request",
-        request_id = %shown
-    );
+    let receive = receive_span(&req, id.to_str().unwrap_or_default());
+    let log = RequestLog::new(id.clone());
     let spans = RequestSpans {
-        request: request.clone(),
+        request: log.clone(),
         receive: receive.clone(),
     };
     req.extensions_mut().insert(spans);
-    let mut response = next
-        .run(req)
-        .instrument(request)
-        .instrument(receive.clone())
-        .await;
+    let mut response = log.scope(next.run(req)).instrument(receive.clone()).await;
     if !receive.is_disabled() {
         let status = response.status();
         receive.set_attribute("http.response.status_code", i64::from(status.as_u16()));
