@@ -54,7 +54,7 @@ use crate::usage::{CachedReport, UsageTail};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -74,7 +74,11 @@ pub const WORKER_HEADER: &str = "x-radixgate-worker";
 pub const DECISION_HEADER: &str = "x-radixgate-decision";
 /// Headers that carry a sticky-session key, in order of preference (the
 /// body's `user` field is the fallback).
-const ROUTING_KEY_HEADERS: [&str; 2] = ["x-session-id", "x-radixgate-routing-key"];
+/// Names, not strings: a lookup by string parses and checks the name first.
+const ROUTING_KEY_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("x-session-id"),
+    HeaderName::from_static("x-radixgate-routing-key"),
+];
 
 mod endpoint;
 pub(crate) mod metrics;
@@ -213,7 +217,7 @@ struct Target<'a> {
 fn routing_key<'a>(headers: &'a HeaderMap, user: Option<&'a str>) -> Option<&'a str> {
     ROUTING_KEY_HEADERS
         .iter()
-        .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()))
+        .find_map(|h| headers.get(h).and_then(|v| v.to_str().ok()))
         .or(user)
 }
 
@@ -1049,5 +1053,30 @@ impl StreamWatch for RequestWatch {
                 StreamEnd::Shutdown => drop(probe),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_routing_key_is_the_first_header_that_has_one_else_the_user() {
+        let headers = |pairs: &[(&'static str, &[u8])]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, HeaderValue::from_bytes(value).unwrap());
+            }
+            map
+        };
+        let both = headers(&[("x-radixgate-routing-key", b"k"), ("X-Session-Id", b"s")]);
+        assert_eq!(routing_key(&both, Some("u")), Some("s"));
+        let key = headers(&[("x-radixgate-routing-key", b"k")]);
+        assert_eq!(routing_key(&key, Some("u")), Some("k"));
+        assert_eq!(routing_key(&HeaderMap::new(), Some("u")), Some("u"));
+        assert_eq!(routing_key(&HeaderMap::new(), None), None);
+        // A value that is not text is no key.
+        let opaque = headers(&[("x-session-id", b"\xff"), ("x-radixgate-routing-key", b"k")]);
+        assert_eq!(routing_key(&opaque, None), Some("k"));
     }
 }

@@ -300,7 +300,9 @@ pub fn request_headers(
 /// gateway appends an error event, which a fixed length would not allow.
 pub fn response_headers(worker: &HeaderMap, streaming: bool) -> HeaderMap {
     let options = connection_options(worker);
-    let mut out = HeaderMap::with_capacity(worker.len() + 2);
+    // Room for what the router adds (its worker, decision and prefill
+    // headers, the request id, hyper's length and date) without a rehash.
+    let mut out = HeaderMap::with_capacity(worker.len() + 6);
     for (name, value) in worker {
         if is_connection_specific(name, &options) || (streaming && name == header::CONTENT_LENGTH) {
             continue;
