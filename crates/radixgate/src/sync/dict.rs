@@ -161,14 +161,30 @@ impl Incoming {
                     .texts
                     .binary_search_by_key(&base_id, |(i, _)| *i)
                     .map_err(|_| Unresolved::MissingBase)?;
-                let base = self.texts[at].1.as_bytes();
+                let base: &str = &self.texts[at].1;
                 let len = usize::try_from(len).map_err(|_| Unresolved::Malformed)?;
-                let head = base.get(..len).ok_or(Unresolved::Malformed)?;
-                let mut bytes = Vec::with_capacity(len + suffix.len());
-                bytes.extend_from_slice(head);
-                bytes.extend_from_slice(suffix);
-                let s = String::from_utf8(bytes).map_err(|_| Unresolved::Malformed)?;
-                Arc::from(s)
+                if len > base.len() {
+                    return Err(Unresolved::Malformed);
+                }
+                // The base is text already, so only what follows the last
+                // whole character of its head is checked (a cut may fall
+                // inside a character that the suffix completes): on a long
+                // prompt the head is most of it.
+                let mut whole = len;
+                while !base.is_char_boundary(whole) {
+                    whole -= 1;
+                }
+                let mut text = String::with_capacity(len + suffix.len());
+                text.push_str(&base[..whole]);
+                if whole == len {
+                    text.push_str(std::str::from_utf8(suffix).map_err(|_| Unresolved::Malformed)?);
+                } else {
+                    let mut rest = base.as_bytes()[whole..len].to_vec();
+                    rest.extend_from_slice(suffix);
+                    let rest = String::from_utf8(rest).map_err(|_| Unresolved::Malformed)?;
+                    text.push_str(&rest);
+                }
+                Arc::from(text)
             }
         };
         if self.texts.back().is_some_and(|(last, _)| *last >= id) {
@@ -269,6 +285,28 @@ mod tests {
         // A cut inside a character is fine when the suffix completes it.
         let got = inc.resolve(6, Some((2, 2)), b"\xa9llo").unwrap();
         assert_eq!(&*got, "h\u{e9}llo");
+        // A suffix that is not text after a whole head is refused too, and
+        // so is one that completes the cut character wrongly.
+        assert_eq!(
+            inc.resolve(7, Some((1, 3)), b"\xff"),
+            Err(Unresolved::Malformed)
+        );
+        assert_eq!(
+            inc.resolve(7, Some((1, 2)), b"\x41"),
+            Err(Unresolved::Malformed)
+        );
+        // A four-byte character cut after each of its bytes.
+        inc.resolve(7, None, "a\u{1f600}b".as_bytes()).unwrap();
+        for (id, cut) in [(8, 2), (9, 3), (10, 4)] {
+            let got = inc
+                .resolve(
+                    id,
+                    Some((id - 7, cut)),
+                    &"a\u{1f600}b".as_bytes()[cut as usize..],
+                )
+                .unwrap();
+            assert_eq!(&*got, "a\u{1f600}b", "cut at {cut}");
+        }
         assert!(inc.bytes() > 0);
     }
 }
