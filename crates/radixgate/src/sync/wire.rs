@@ -239,13 +239,20 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
         let u = table_index(&mut table, e.url.as_str());
         refs.push((m, u));
     }
+    // Room for all of it (a varint is at most 10 bytes): a batch of one long
+    // prompt that outgrew its buffer was copied whole to a buffer twice
+    // the size.
+    let strings = |lens: &mut dyn Iterator<Item = usize>| lens.map(|n| n + 10).sum::<usize>();
     let mut out = Vec::with_capacity(
-        64 + batch
-            .entries
-            .iter()
-            .map(|e| e.suffix.len() + 8)
-            .sum::<usize>(),
+        80 + strings(&mut [h.cluster.len(), h.replica.len()].into_iter())
+            + strings(&mut table.iter().map(|s| s.len()))
+            + strings(&mut batch.entries.iter().map(|e| e.suffix.len() + 81))
+            + batch.load.as_ref().map_or(0, |(_, loads)| {
+                20 + strings(&mut loads.iter().map(|l| l.url.len() + 20))
+            }),
     );
+    #[cfg(test)]
+    let reserved = out.capacity();
     let observed = batch.entries.iter().any(|e| e.observed.is_some());
     let flags =
         if observed { FLAG_OBSERVED } else { 0 } | if batch.load.is_some() { FLAG_LOAD } else { 0 };
@@ -285,6 +292,8 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
         put_var(&mut out, *seq);
         put_loads(&mut out, loads);
     }
+    #[cfg(test)]
+    assert_eq!(out.capacity(), reserved, "the batch outgrew its buffer");
     out
 }
 
