@@ -361,41 +361,42 @@ mod tests {
                 .with_ansi(ansi)
                 .with_max_level(Level::TRACE)
         };
+        // Each logs `emit`'s lines about the request, then without one.
+        let in_span = |sub: tracing::Dispatch| {
+            tracing::dispatcher::with_default(&sub, || {
+                tracing::error_span!("request", request_id = %"r-1").in_scope(emit);
+                emit();
+            });
+        };
+        let in_scope = |sub: tracing::Dispatch| {
+            tracing::dispatcher::with_default(&sub, || {
+                let request = RequestLog::new(HeaderValue::from_static("r-1")).enter();
+                emit();
+                drop(request);
+                emit();
+            });
+        };
         if json {
-            let sub = builder().json().with_writer(stock.clone()).finish();
-            tracing::subscriber::with_default(sub, || {
-                tracing::error_span!("request", request_id = %"r-1").in_scope(emit);
-                emit();
-            });
-            let sub = builder()
-                .json()
-                .map_event_format(LogFormat::json)
-                .with_writer(ours.clone())
-                .finish();
-            tracing::subscriber::with_default(sub, || {
-                let _request = RequestLog::new(HeaderValue::from_static("r-1")).enter();
-                emit();
-                drop(_request);
-                emit();
-            });
+            in_span(builder().json().with_writer(stock.clone()).finish().into());
+            in_scope(
+                builder()
+                    .json()
+                    .map_event_format(LogFormat::json)
+                    .with_writer(ours.clone())
+                    .finish()
+                    .into(),
+            );
         } else {
-            let sub = builder().with_writer(stock.clone()).finish();
-            tracing::subscriber::with_default(sub, || {
-                tracing::error_span!("request", request_id = %"r-1").in_scope(emit);
-                emit();
-            });
-            let sub = builder()
-                .event_format(LogFormat::text(
-                    fmt::format().without_time().with_level(false),
-                ))
-                .with_writer(ours.clone())
-                .finish();
-            tracing::subscriber::with_default(sub, || {
-                let _request = RequestLog::new(HeaderValue::from_static("r-1")).enter();
-                emit();
-                drop(_request);
-                emit();
-            });
+            in_span(builder().with_writer(stock.clone()).finish().into());
+            in_scope(
+                builder()
+                    .event_format(LogFormat::text(
+                        fmt::format().without_time().with_level(false),
+                    ))
+                    .with_writer(ours.clone())
+                    .finish()
+                    .into(),
+            );
         }
         (strip(stock), strip(ours))
     }
