@@ -41,11 +41,7 @@ impl RequestLog {
 
     /// The request whose code runs now, if any (for a task it spawns).
     pub fn current() -> Self {
-        Self(CURRENT.with(|current| {
-            let id = current.take();
-            current.set(id.clone());
-            id
-        }))
+        Self(with_current(|id| id.cloned()))
     }
 
     /// Makes this the current request until the guard drops.
@@ -128,14 +124,19 @@ impl<F: Future> Future for Scoped<F> {
     }
 }
 
-/// The current request's id, if any, as text.
-fn with_current<R>(f: impl FnOnce(Option<&str>) -> R) -> R {
+/// `f` of the current request's id, if any (left in place).
+fn with_current<R>(f: impl FnOnce(Option<&HeaderValue>) -> R) -> R {
     CURRENT.with(|current| {
         let id = current.take();
-        let out = f(id.as_ref().and_then(|id| id.to_str().ok()));
+        let out = f(id.as_ref());
         current.set(id);
         out
     })
+}
+
+/// `f` of the current request's id as text (ids are visible ASCII).
+fn with_current_text<R>(f: impl FnOnce(Option<&str>) -> R) -> R {
+    with_current(|id| f(id.and_then(|id| id.to_str().ok())))
 }
 
 /// The log layer's line format: `inner`'s, with the current request's id.
@@ -173,7 +174,7 @@ where
         event: &Event<'_>,
     ) -> fmt::Result {
         if self.json {
-            return with_current(|id| match id {
+            return with_current_text(|id| match id {
                 None => self.inner.format_event(ctx, writer, event),
                 Some(id) => {
                     let mut line = String::new();
@@ -204,7 +205,7 @@ where
         } else {
             write!(writer, "{level} ")?;
         }
-        with_current(|id| match (id, ansi) {
+        with_current_text(|id| match (id, ansi) {
             (None, _) => Ok(()),
             (Some(id), false) => write!(writer, "request{{request_id={id}}}: "),
             (Some(id), true) => write!(
@@ -256,7 +257,7 @@ mod tests {
     use super::*;
 
     fn current() -> Option<String> {
-        with_current(|id| id.map(str::to_owned))
+        with_current_text(|id| id.map(str::to_owned))
     }
 
     #[test]
