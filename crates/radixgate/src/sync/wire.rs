@@ -239,18 +239,16 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
         let u = table_index(&mut table, e.url.as_str());
         refs.push((m, u));
     }
-    // Room for all of it (a varint is at most 10 bytes): a batch of one long
-    // prompt that outgrew its buffer was copied whole to a buffer twice
-    // the size.
-    let strings = |lens: &mut dyn Iterator<Item = usize>| lens.map(|n| n + 10).sum::<usize>();
-    let mut out = Vec::with_capacity(
-        80 + strings(&mut [h.cluster.len(), h.replica.len()].into_iter())
-            + strings(&mut table.iter().map(|s| s.len()))
-            + strings(&mut batch.entries.iter().map(|e| e.suffix.len() + 81))
-            + batch.load.as_ref().map_or(0, |(_, loads)| {
-                20 + strings(&mut loads.iter().map(|l| l.url.len() + 20))
-            }),
-    );
+    // Room for all of it, each string with its length and each number at
+    // most 10 bytes as a varint: a batch of one long prompt that outgrew
+    // its buffer was copied whole to a buffer twice the size.
+    let header = 80 + h.cluster.len() + h.replica.len() + 20;
+    let names: usize = table.iter().map(|s| s.len() + 10).sum();
+    let entries: usize = batch.entries.iter().map(|e| e.suffix.len() + 91).sum();
+    let loads = batch.load.as_ref().map_or(0, |(_, loads)| {
+        20 + loads.iter().map(|l| l.url.len() + 30).sum::<usize>()
+    });
+    let mut out = Vec::with_capacity(header + names + entries + loads);
     #[cfg(test)]
     let reserved = out.capacity();
     let observed = batch.entries.iter().any(|e| e.observed.is_some());
