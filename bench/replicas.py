@@ -92,13 +92,16 @@ class Replicas:
         return start_workers(self.binary, self.log("workers"), QUALITY_WORKER_PORT, count, [],
                              per_worker)
 
-    def start_nats(self):
-        """A fresh nats-server with JetStream on a free loopback port."""
+    def start_nats(self, jetstream: bool = True):
+        """A fresh nats-server with JetStream (or, `jetstream=False`,
+        without: the replicas then sync over core NATS only, with no warm
+        start) on a free loopback port."""
         for attempt in range(5):
             port = procs.free_block(NATS_PORT + 10 * attempt, 1)
             store = tempfile.mkdtemp(prefix="nats-", dir=self.tmp)
-            proc = procs.start([self.nats, "-a", "127.0.0.1", "-p", str(port), "-js",
-                                "-sd", store], self.log("nats"))
+            js = ["-js", "-sd", store] if jetstream else []
+            proc = procs.start([self.nats, "-a", "127.0.0.1", "-p", str(port), *js],
+                               self.log("nats"))
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and proc.poll() is None:
                 if procs.port_open(port):

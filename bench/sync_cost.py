@@ -41,7 +41,11 @@ load, every group idles `--idle-s` seconds: what sync costs when nothing is
 routed. Per group: CPU and thread wake-ups (context switches of every
 thread, from /proc/PID/task/*/status) per request, and sync messages per
 request from the replicas' /metrics. `--rounds` repeats it; the summary is
-the median of each round's ratios.
+the median of each round's ratios. With `--b-core-only`, group b's
+nats-server runs without JetStream (`--binary-b` defaults to `--binary`):
+its replicas fall back to core NATS for inserts, which measures what the
+stream's delivery costs (a replica's own batches read back, the pull
+consumer's requests) against live sync without it.
 
 Only processes started here are stopped, by their ids (bench/procs.py).
 """
@@ -400,7 +404,8 @@ def compare_round(args: argparse.Namespace, wname: str, wl) -> dict:
             groups.append(group)
             nats_port = None
             if sync:
-                group["nats"], nats_port = bench.start_nats()
+                core_only = args.b_core_only and name == "sync, b"
+                group["nats"], nats_port = bench.start_nats(jetstream=not core_only)
                 group["capture"] = Capture(nats_port)
                 group["capture"].start()
             group["procs"], group["targets"] = bench.start_replicas(
@@ -501,6 +506,10 @@ def main() -> int:
                     help="bytes, cpu: one more argument for `radixgate load` (repeatable)")
     ap.add_argument("--save-inserts", help="bytes: write every insert batch's payload here")
     ap.add_argument("--binary-b", help="compare: a second build, run side by side")
+    ap.add_argument("--b-core-only", action="store_true",
+                    help="compare: group b's nats-server runs without JetStream, so its "
+                         "replicas get inserts over core NATS (no echo of their own, no "
+                         "warm start)")
     ap.add_argument("--quality", action="append",
                     help="compare: a routing-quality workload of bench/run.py (repeatable)")
     ap.add_argument("--scale", type=float, default=0.5, help="compare: its request counts x this")
@@ -517,6 +526,8 @@ def main() -> int:
     if args.mode == "compare":
         if not args.quality:
             ap.error("compare needs --quality WORKLOAD")
+        if args.b_core_only and not args.binary_b:
+            args.binary_b = args.binary
         compare(args)
     elif args.mode == "receive":
         args.rate = args.rate or [25.0, 100.0, 400.0]
