@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 32 --workload trace --trace traces/mooncake_synthetic.jsonl --speedup 6.4 --requests 4000 --policies cache_aware --sweep hot_spot.rule=predicted_ttft --sweep hot_spot.overflow_margin=0.1,0.15,0.2,0.3 --seed 2
