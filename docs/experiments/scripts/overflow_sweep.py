@@ -15,7 +15,6 @@ and .cmd, then prints one table per cell.
 """
 import json
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,16 +35,7 @@ def command(name: str, n: int, seed: int, values: str) -> str:
 
 def run(out: str, values: str, cell: tuple[str, int, int]) -> str:
     name, n, seed = cell
-    path = f"{out}/{name}-{n}-s{seed}"
-    cmd = command(name, n, seed, values)
-    with open(path + ".cmd", "w") as f:
-        f.write("$ " + cmd.replace(ttft.B, "radixgate", 1).replace(ttft.T, "traces") + "\n")
-    done = subprocess.run(cmd.split() + ["--json"], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"FAILED {path}: {done.stderr.strip()[-300:]}"
-    with open(path + ".json", "w") as f:
-        f.write(done.stdout)
-    return f"done {path}"
+    return ttft.run_to(f"{out}/{name}-{n}-s{seed}", command(name, n, seed, values))
 
 
 def mean(xs: list[float]) -> float:

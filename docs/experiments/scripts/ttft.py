@@ -51,8 +51,12 @@ def command(name: str, n: int, seed: int) -> str:
 
 
 def run(out: str, name: str, n: int, seed: int) -> str:
-    path = f"{out}/{name}-{n}-s{seed}"
-    cmd = command(name, n, seed)
+    return run_to(f"{out}/{name}-{n}-s{seed}", command(name, n, seed))
+
+
+def run_to(path: str, cmd: str) -> str:
+    """Runs `cmd` with `--json` into PATH.json, the command (paths made
+    relative) into PATH.cmd."""
     with open(path + ".cmd", "w") as f:
         f.write("$ " + cmd.replace(B, "radixgate", 1).replace(T, "traces") + "\n")
     done = subprocess.run(cmd.split() + ["--json"], capture_output=True, text=True)
