@@ -179,10 +179,7 @@ impl Incoming {
                 // whole character of its head is checked (a cut may fall
                 // inside a character that the suffix completes): on a long
                 // prompt the head is most of it.
-                let mut whole = len;
-                while !base.is_char_boundary(whole) {
-                    whole -= 1;
-                }
+                let whole = base.floor_char_boundary(len);
                 let mut text = String::with_capacity(len + suffix.len());
                 text.push_str(&base[..whole]);
                 if whole == len {
