@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
 use std::fmt;
+use text::Text;
 
 /// The inference APIs the gateway routes (one enum, shared with routing and
 /// the simulator).
@@ -303,7 +304,7 @@ impl<'de> Deserialize<'de> for Content {
                 Ok(Content(out))
             }
         }
-        d.deserialize_any(V)
+        text::string_seq_or_null(d, V)
     }
 }
 
@@ -312,7 +313,7 @@ struct Part<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
+    text: Option<Text<'a>>,
     #[serde(default)]
     image_url: Option<UrlField>,
     /// A file part's id (Responses `input_image`/`input_file`), which names
@@ -324,7 +325,7 @@ struct Part<'a> {
 impl Part<'_> {
     fn render(&self, out: &mut ContentText) {
         match &self.text {
-            Some(text) => out.push_text(text),
+            Some(text) => out.push_text(&text.0),
             None => out.push_part(
                 self.kind.as_deref(),
                 self.image_url
@@ -513,10 +514,11 @@ impl<'de> Deserialize<'de> for TextOrIds {
             }
         }
         let mut out = PromptText::default();
-        d.deserialize_any(V {
+        let top = V {
             out: &mut out,
             depth: 0,
-        })?;
+        };
+        text::string_or_seq(d, top)?;
         Ok(TextOrIds(out))
     }
 }
@@ -529,3 +531,4 @@ mod messages;
 mod responses;
 #[cfg(test)]
 mod tests;
+mod text;

@@ -10,7 +10,7 @@
 //! the client orders it), `tool_result` as a marker with its id and then
 //! its content, anything else as a part marker naming its source.
 
-use super::{LoraPath, null_as_false};
+use super::{LoraPath, Text, null_as_false};
 use radixgate_routing::text::{ContentText, RoutingText, Speaker, ToolCallsText};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
@@ -102,7 +102,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Blocks<'a> {
                 Ok(Blocks(blocks))
             }
         }
-        d.deserialize_any(V)
+        super::text::string_seq_or_null(d, V)
     }
 }
 
@@ -120,9 +120,9 @@ struct Block<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
+    text: Option<Text<'a>>,
     #[serde(borrow, default)]
-    thinking: Option<Cow<'a, str>>,
+    thinking: Option<Text<'a>>,
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     /// A tool call's arguments: any JSON.
@@ -153,7 +153,7 @@ impl<'a> Block<'a> {
     fn text(text: Cow<'a, str>) -> Self {
         Self {
             kind: Some(Cow::Borrowed("text")),
-            text: Some(text),
+            text: Some(Text(text)),
             ..Self::default()
         }
     }
@@ -172,10 +172,10 @@ impl<'a> Block<'a> {
             }
             Some("thinking") => {
                 content.push_part(Some("thinking"), None);
-                content.push_text(self.thinking.as_deref().unwrap_or_default());
+                content.push_text(self.thinking.as_ref().map_or("", |t| &t.0));
             }
             kind => match &self.text {
-                Some(text) => content.push_text(text),
+                Some(text) => content.push_text(&text.0),
                 None => {
                     let source = self.source.as_ref().and_then(|s| {
                         s.url

@@ -26,7 +26,7 @@ pub(super) struct Request<'a> {
     #[serde(borrow, default)]
     pub(super) user: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    instructions: Option<Cow<'a, str>>,
+    instructions: Option<super::Text<'a>>,
     #[serde(borrow, default)]
     input: Input<'a>,
     #[serde(borrow, default)]
@@ -41,7 +41,7 @@ impl Request<'_> {
     /// Instructions first, then the input items in order.
     pub(super) fn render(&self, out: &mut RoutingText) {
         if let Some(instructions) = &self.instructions {
-            out.push_plain_message("system", instructions);
+            out.push_plain_message("system", &instructions.0);
         }
         match &self.input {
             Input::None => {}
@@ -89,7 +89,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
                 Ok(Input::Items(items))
             }
         }
-        d.deserialize_any(V)
+        super::text::string_seq_or_null(d, V)
     }
 }
 

@@ -199,3 +199,93 @@ fn model_only_endpoints() {
         assert!(err.to_string().starts_with("invalid JSON body"), "{err}");
     }
 }
+
+/// Long strings are read as bytes and checked for UTF-8 once
+/// (`inspect::text`): escapes must decode as serde_json's own `str` reading
+/// does, in every place such a string is read.
+#[test]
+fn long_strings_decode_escapes_as_serde_json_does() {
+    let literals = [
+        r#""""#,
+        r#""plain""#,
+        r#""line\nbreak\ttab \"quoted\" back\\slash \/ slash""#,
+        r#""caf\u00e9 \ud83d\ude00 and raw café 😀""#,
+        r#""\u0000\u001f""#,
+    ];
+    for literal in literals {
+        let s: String = serde_json::from_str(literal).unwrap();
+        let chat_text = chat(&format!(
+            r#"{{"messages":[{{"role":"user","content":{literal}}}]}}"#
+        ));
+        assert_eq!(chat_text.routing_text, format!("<|user|>\n{s}<|end|>\n"));
+        let part = chat(&format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":{literal}}}]}}]}}"#
+        ));
+        assert_eq!(part.routing_text, chat_text.routing_text, "{literal}");
+        let prompt = format!(r#"{{"prompt":{literal}}}"#);
+        let got = inspect(Api::Completions, prompt.as_bytes()).unwrap();
+        assert_eq!(got.routing_text, s, "{literal}");
+        let responses = format!(r#"{{"instructions":{literal},"input":{literal}}}"#);
+        let got = inspect(Api::Responses, responses.as_bytes()).unwrap();
+        assert_eq!(
+            got.routing_text,
+            format!("<|system|>\n{s}<|end|>\n<|user|>\n{s}<|end|>\n"),
+            "{literal}"
+        );
+        let messages = format!(
+            r#"{{"system":{literal},"messages":[{{"role":"user","content":[{{"type":"text","text":{literal}}}]}}]}}"#
+        );
+        let got = inspect(Api::Messages, messages.as_bytes()).unwrap();
+        assert_eq!(
+            got.routing_text,
+            format!("<|system|>\n{s}<|end|>\n<|user|>\n{s}<|end|>\n"),
+            "{literal}"
+        );
+    }
+}
+
+#[test]
+fn long_strings_that_are_not_utf8_are_refused() {
+    let bodies: [&[u8]; 4] = [
+        b"{\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9\"}]}",
+        b"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"\xff\"}]}]}",
+        // A lone surrogate escape decodes to bytes that are not UTF-8.
+        br#"{"messages":[{"role":"user","content":"\ud800"}]}"#,
+        br#"{"messages":[{"role":"user","content":"a\udc00b"}]}"#,
+    ];
+    for body in bodies {
+        let err = inspect(Api::ChatCompletions, body).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid JSON body: a string is not valid UTF-8 at line 1"),
+            "{err}"
+        );
+    }
+    let err = inspect(Api::Completions, b"{\"prompt\":\"\xc3\"}").unwrap_err();
+    assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+}
+
+/// The other side of reading long strings as bytes: a raw control
+/// character inside one, which JSON wants escaped, is the worker's to
+/// refuse (the body goes to it as it came).
+#[test]
+fn a_raw_control_character_in_a_long_string_is_passed_on() {
+    let got = chat("{\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\"}]}");
+    assert_eq!(got.routing_text, "<|user|>\na\tb<|end|>\n");
+}
+
+#[test]
+fn a_prompt_is_a_string_or_an_array() {
+    for body in [
+        &br#"{"prompt":null}"#[..],
+        br#"{"prompt":7}"#,
+        br#"{"prompt":{}}"#,
+    ] {
+        let err = inspect(Api::Completions, body).unwrap_err().to_string();
+        assert!(
+            err.contains("expected a string, an array of token ids"),
+            "{err}"
+        );
+    }
+    let err = inspect(Api::Completions, b"{}").unwrap_err().to_string();
+    assert!(err.contains("missing field `prompt`"), "{err}");
+}
