@@ -44,7 +44,7 @@ use crate::inspect::{Api, Inspected};
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::usage::{CachedReport, UsageTail};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use radixgate_routing::{Decision, Routed, WorkerId, WorkerRole, WorkerUrl};
@@ -56,7 +56,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Header naming the prefill worker of a disaggregated request.
-pub(super) const PREFILL_WORKER_HEADER: &str = "x-radixgate-prefill-worker";
+pub(super) const PREFILL_WORKER_NAME: HeaderName =
+    HeaderName::from_static("x-radixgate-prefill-worker");
 
 /// Most bytes of a vLLM prefill answer read for its `kv_transfer_params`.
 const PREFILL_ANSWER_LIMIT: usize = 1 << 20;
