@@ -16,7 +16,7 @@ threads, so it complements wrk_cpu.sh rather than replacing it. About a
 minute per binary.
 
     python3 bench/instr_cost.py --bin A --bin B [--requests 1000] [--stream]
-        [--top 20] [--serve-arg=--config --serve-arg=FILE]
+        [--top 20] [--prompt-kib 64] [--serve-arg=--config --serve-arg=FILE]
 
 `--sync-reports N [--rate R]` measures sync instead: the router with
 `--sync-url` to a nats-server of its own, callgrind zeroed, then the same
@@ -52,8 +52,19 @@ import run  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def chat_body(stream: bool) -> bytes:
-    """The body wrk_cpu.sh sends (bench/report.py)."""
+def chat_body(stream: bool, prompt_kib: int = 0) -> bytes:
+    """The body wrk_cpu.sh sends (bench/report.py); with `prompt_kib` its
+    user message is made that many KiB long (the same words repeated)."""
+    body = wrk_body(stream)
+    if not prompt_kib:
+        return body
+    doc = json.loads(body)
+    words = doc["messages"][-1]["content"]
+    doc["messages"][-1]["content"] = (words * (prompt_kib * 1024 // len(words) + 1))[:prompt_kib * 1024]
+    return json.dumps(doc).encode()
+
+
+def wrk_body(stream: bool) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         lua = os.path.join(tmp, "post.lua")
         report.write_wrk_lua(lua, run.MODEL, stream)
@@ -131,7 +142,7 @@ def measure(tag: str, binary: str, args) -> float:
         procs.wait_http(f"http://127.0.0.1:{wport[0]}/health", timeout=30, alive=worker)
         # Under callgrind the router starts about 50 times slower.
         procs.wait_http(f"http://127.0.0.1:{rport}/health", timeout=300, alive=router)
-        body = chat_body(args.stream)
+        body = chat_body(args.stream, args.prompt_kib)
         send(rport, body, args.warmup)
         control(router, "-z")
         started = time.monotonic()
@@ -207,6 +218,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--stream", action="store_true", help="streamed answers")
+    ap.add_argument("--prompt-kib", type=int, default=0,
+                    help="a user message this many KiB long instead of the 4 KiB body")
     ap.add_argument("--top", type=int, default=0)
     ap.add_argument("--sync-reports", type=int, default=0,
                     help="instead: instructions per peer load report read (needs nats-server)")
