@@ -6,7 +6,8 @@
 # Starts 2 `radixgate worker --instant` workers (from target/release) and
 # `BIN serve --policy cache_aware` on loopback ports 36200-36201 and 36300,
 # warms up with 3 s of wrk, then runs `wrk -t2 -c32 -d8s` with the 4 KiB
-# chat body of `bench/run.py --part cost` (streamed with STREAM=1) and
+# chat body of `bench/run.py --part cost` (streamed with STREAM=1; its
+# user message PROMPT_KIB KiB long if set) and
 # prints the router's utime+stime (/proc) per request and wrk's requests
 # per second. Run several binaries in alternating rounds:
 # single runs on a shared machine move by 10-20%.
@@ -24,9 +25,17 @@ for _ in $(seq 100); do
   curl -sf http://127.0.0.1:36300/health > /dev/null && curl -sf http://127.0.0.1:36200/health > /dev/null && break
   sleep 0.1
 done
-# The cost part's own wrk body (bench/report.py).
-python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL, sys.argv[3] == "1")' \
-  "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}"
+# The cost part's own wrk body (bench/report.py); with PROMPT_KIB=N its
+# user message made N KiB long (bench/instr_cost.py's --prompt-kib).
+if [ -n "${PROMPT_KIB:-}" ]; then
+  python3 -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import instr_cost
+body = instr_cost.chat_body(sys.argv[3] == "1", int(sys.argv[4])).decode()
+open(sys.argv[2], "w").write("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = " + json.dumps(body) + "\n")' \
+    "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}" "$PROMPT_KIB"
+else
+  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL, sys.argv[3] == "1")' \
+    "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}"
+fi
 URL=http://127.0.0.1:36300/v1/chat/completions
 wrk -t2 -c32 -d3s -s "$TMP/post.lua" "$URL" > /dev/null
 c0=$(awk '{print $14 + $15}' /proc/$SP/stat)
