@@ -289,3 +289,77 @@ fn a_prompt_is_a_string_or_an_array() {
     let err = inspect(Api::Completions, b"{}").unwrap_err().to_string();
     assert!(err.contains("missing field `prompt`"), "{err}");
 }
+
+mod long_strings {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Bytes that make strings hard: quotes, backslashes, escape letters,
+    /// hex digits, control characters, bytes of UTF-8 sequences (whole and
+    /// broken), plain letters.
+    fn hard_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            Just(b"\\".to_vec()),
+            Just(b"\"".to_vec()),
+            Just(b"\\u".to_vec()),
+            Just(b"\\ud83d\\ude00".to_vec()),
+            Just(b"\\ud800".to_vec()),
+            Just("é😀".as_bytes().to_vec()),
+            prop::sample::select(b"nrtbf/u0aF9x ".to_vec()).prop_map(|b| vec![b]),
+            (0u8..0x20).prop_map(|b| vec![b]),
+            (0x80u8..=0xff).prop_map(|b| vec![b]),
+        ];
+        prop::collection::vec(piece, 0..24).prop_map(|pieces| pieces.concat())
+    }
+
+    fn body(raw: &[u8]) -> Vec<u8> {
+        let mut body = br#"{"messages":[{"role":"user","content":""#.to_vec();
+        body.extend_from_slice(raw);
+        body.extend_from_slice(br#""}]}"#);
+        body
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// Any text, written by serde_json, routes as that text.
+        #[test]
+        fn any_text_routes_as_itself(s in any::<String>()) {
+            let body = serde_json::json!({"messages": [{"role": "user", "content": s}]});
+            let got = inspect(Api::ChatCompletions, body.to_string().as_bytes()).unwrap();
+            prop_assert_eq!(got.routing_text, format!("<|user|>\n{s}<|end|>\n"));
+        }
+
+        /// Whatever bytes a content string holds: where serde_json reads the
+        /// body, inspect reads the same text; where it does not, inspect
+        /// refuses it too, unless the one fault is a raw control character
+        /// (the worker's to refuse, `inspect/text.rs`).
+        #[test]
+        fn hostile_content_reads_as_serde_json_reads_it(raw in hard_bytes()) {
+            let body = body(&raw);
+            let reference = serde_json::from_slice::<serde_json::Value>(&body);
+            let got = inspect(Api::ChatCompletions, &body);
+            match (reference, got) {
+                (Ok(value), Ok(got)) => {
+                    let text = value["messages"][0]["content"].as_str().unwrap().to_owned();
+                    prop_assert_eq!(got.routing_text, format!("<|user|>\n{text}<|end|>\n"));
+                }
+                (Ok(_), Err(err)) => prop_assert!(false, "refused what serde_json reads: {err}"),
+                (Err(_), Ok(_)) => {
+                    let escaped: Vec<u8> = raw
+                        .iter()
+                        .map(|&b| if b < 0x20 { b'x' } else { b })
+                        .collect();
+                    prop_assert!(
+                        raw.iter().any(|&b| b < 0x20)
+                            && serde_json::from_slice::<serde_json::Value>(&self::body(&escaped))
+                                .is_ok(),
+                        "read what serde_json refuses: {:?}",
+                        String::from_utf8_lossy(&raw)
+                    );
+                }
+                (Err(_), Err(_)) => {}
+            }
+        }
+    }
+}
