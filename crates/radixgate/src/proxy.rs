@@ -72,8 +72,8 @@ use std::time::Instant;
 pub const WORKER_HEADER: &str = "x-radixgate-worker";
 /// Header explaining the routing decision.
 pub const DECISION_HEADER: &str = "x-radixgate-decision";
-/// The two as header names: a `&str` key is checked and lowered again at
-/// every insert (about 640 instructions each, callgrind).
+/// The two as header names: a `&str` key is parsed and checked again at
+/// every insert (callgrind: 464 instructions a request fewer this way).
 const WORKER_NAME: HeaderName = HeaderName::from_static(WORKER_HEADER);
 const DECISION_NAME: HeaderName = HeaderName::from_static(DECISION_HEADER);
 /// Headers that carry a sticky-session key, in order of preference (the
