@@ -53,23 +53,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def chat_body(stream: bool, prompt_kib: int = 0) -> bytes:
-    """The body wrk_cpu.sh sends (bench/report.py); with `prompt_kib` its
-    user message is made that many KiB long (the same words repeated)."""
-    body = wrk_body(stream)
-    if not prompt_kib:
-        return body
-    doc = json.loads(body)
-    words = doc["messages"][-1]["content"]
-    doc["messages"][-1]["content"] = (words * (prompt_kib * 1024 // len(words) + 1))[:prompt_kib * 1024]
-    return json.dumps(doc).encode()
-
-
-def wrk_body(stream: bool) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        lua = os.path.join(tmp, "post.lua")
-        report.write_wrk_lua(lua, run.MODEL, stream)
-        with open(lua) as f:
-            return json.loads(f.read().split("wrk.body = ", 1)[1]).encode()
+    """The body wrk_cpu.sh sends (bench/report.py), its user message
+    `prompt_kib` KiB long if given."""
+    return report.wrk_body(run.MODEL, stream, prompt_kib).encode()
 
 
 def send(port: int, body: bytes, count: int) -> None:

@@ -119,17 +119,28 @@ def cost_medians(rows) -> list[dict]:
     return out
 
 
-def write_wrk_lua(path: str, model: str, stream: bool = False) -> None:
-    """A wrk script POSTing one 4 KiB chat completion body (whole unless `stream`)."""
+def wrk_body(model: str, stream: bool = False, prompt_kib: int = 0) -> str:
+    """One 4 KiB chat completion body (whole unless `stream`); with
+    `prompt_kib` its user message is that many KiB of the same text
+    repeated."""
     words = ("the router sends each request to the worker most likely to hold its "
              "prompt prefix in cache unless that overloads it ").split()
     text, i = [], 0
     while len(" ".join(text)) < 4000:
         text.append(words[i % len(words)])
         i += 1
-    body = json.dumps({"model": model, "max_tokens": 16, "stream": stream, "messages": [
+    content = " ".join(text)
+    if prompt_kib:
+        size = prompt_kib * 1024
+        content = (content * (size // len(content) + 1))[:size]
+    return json.dumps({"model": model, "max_tokens": 16, "stream": stream, "messages": [
         {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": " ".join(text)}]})
+        {"role": "user", "content": content}]})
+
+
+def write_wrk_lua(path: str, model: str, stream: bool = False, prompt_kib: int = 0) -> None:
+    """A wrk script POSTing one `wrk_body`."""
+    body = wrk_body(model, stream, prompt_kib)
     with open(path, "w") as f:
         f.write('wrk.method = "POST"\n')
         f.write('wrk.headers["Content-Type"] = "application/json"\n')

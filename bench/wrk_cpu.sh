@@ -26,16 +26,9 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 # The cost part's own wrk body (bench/report.py); with PROMPT_KIB=N its
-# user message made N KiB long (bench/instr_cost.py's --prompt-kib).
-if [ -n "${PROMPT_KIB:-}" ]; then
-  python3 -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import instr_cost
-body = instr_cost.chat_body(sys.argv[3] == "1", int(sys.argv[4])).decode()
-open(sys.argv[2], "w").write("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = " + json.dumps(body) + "\n")' \
-    "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}" "$PROMPT_KIB"
-else
-  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL, sys.argv[3] == "1")' \
-    "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}"
-fi
+# user message made N KiB long (as bench/instr_cost.py's --prompt-kib).
+python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import report, run; report.write_wrk_lua(sys.argv[2], run.MODEL, sys.argv[3] == "1", int(sys.argv[4]))' \
+  "$ROOT/bench" "$TMP/post.lua" "${STREAM:-0}" "${PROMPT_KIB:-0}"
 URL=http://127.0.0.1:36300/v1/chat/completions
 wrk -t2 -c32 -d3s -s "$TMP/post.lua" "$URL" > /dev/null
 c0=$(awk '{print $14 + $15}' /proc/$SP/stat)
