@@ -9,7 +9,9 @@
 //! Subjects, all under `radixgate.sync.<cluster>.`: `inserts` (batches of
 //! decisions, also captured by the JetStream stream `RADIXGATE-<cluster>`
 //! with a bounded age and size) and `load` (load reports, core NATS only:
-//! a report is stale in 300 ms, so keeping it is pointless).
+//! a report is stale in 300 ms, so keeping it is pointless). Load reports
+//! on their own go over a second connection, by a thread of their own that
+//! sends and reads them once per `load_period_ms` ([`lane`]).
 //!
 //! Warm start: the insert receiver reads the stream through an ordered
 //! consumer from its oldest message, so a starting replica replays what the
@@ -19,20 +21,24 @@
 //! a core subscription, with a WARN.
 //!
 //! Faults: the request path only ever does a `try_send` into a bounded
-//! queue ([`SyncHandle::routed`]): when it is full, the decision is dropped
-//! and counted. The publisher drops (and counts) what it cannot send while
+//! queue ([`SyncHandle::routed`]), or pushes a first token onto a bounded
+//! list ([`SyncHandle::first_token`]): when it is full, the item is
+//! dropped and counted. The publisher drops (and counts) what it cannot send while
 //! NATS is disconnected. async-nats reconnects with back-off; everything
 //! keeps routing on local state meanwhile.
 //!
-//! Concurrency: three tasks (publisher, insert receiver, load receiver),
-//! each owning its state; they share the router handle, the metric
-//! families and the readiness flag (an atomic). No locks.
+//! Concurrency: two tasks (publisher, insert receiver) on the serving
+//! runtime and the load lane's thread, each owning its state; they share
+//! the router handle, the metric families, the readiness flag (an atomic)
+//! and [`lane::Shared`]: the peers' reports and the first tokens waiting,
+//! each behind a mutex held for a few hundred nanoseconds.
 //!
 //! [`Router::learn`]: radixgate_routing::Router::learn
 //! [`PeerLoads`]: radixgate_routing::PeerLoads
 
 mod connect;
 mod dict;
+mod lane;
 mod metrics;
 mod publish;
 mod receive;
@@ -47,16 +53,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// One thing to share about a request: the decision (its text), or the
-/// first token the cost model learned from (an empty text).
+/// A decision to share: the worker and the text the policy inserted.
 #[derive(Debug)]
 pub(crate) struct Routed {
     pub(crate) model: String,
     pub(crate) url: String,
-    /// What the policy inserted; empty for a first token alone.
     pub(crate) text: String,
-    /// The first token the cost model learned from, if it did.
-    pub(crate) observed: Option<radixgate_routing::Observation>,
 }
 
 /// Who this process is, in its messages.
@@ -81,6 +83,7 @@ impl Identity {
 #[derive(Debug)]
 pub(crate) struct SyncHandle {
     queue: mpsc::Sender<Routed>,
+    lane: Arc<lane::Shared>,
     ready: Arc<AtomicBool>,
     metrics: Arc<SyncMetrics>,
 }
@@ -90,38 +93,39 @@ impl SyncHandle {
     /// never waits. A full queue drops it (counted
     /// `radixgate_sync_dropped_total{reason="queue_full"}`).
     pub(crate) fn routed(&self, model: &str, url: &str, text: &str) {
-        self.queue(Routed {
+        let item = Routed {
             model: model.to_owned(),
             url: url.to_owned(),
             text: text.to_owned(),
-            observed: None,
-        });
-    }
-
-    /// Queues a first token this replica's cost model learned from on the
-    /// worker at `url`, for the others' fits; never waits. It goes as an
-    /// entry without text (which builds before it insert as nothing).
-    pub(crate) fn first_token(
-        &self,
-        model: &str,
-        url: &str,
-        observed: radixgate_routing::Observation,
-    ) {
-        self.queue(Routed {
-            model: model.to_owned(),
-            url: url.to_owned(),
-            text: String::new(),
-            observed: Some(observed),
-        });
-    }
-
-    fn queue(&self, item: Routed) {
+        };
         if let Err(err) = self.queue.try_send(item) {
             let reason = match err {
                 mpsc::error::TrySendError::Full(_) => "queue_full",
                 mpsc::error::TrySendError::Closed(_) => "stopped",
             };
             self.metrics.dropped(reason, 1);
+        }
+    }
+
+    /// Keeps a first token this replica's cost model learned from on the
+    /// worker at `url`, for the others' fits; never waits. It goes with the
+    /// next decision's insert batch (as an entry without text, which
+    /// builds before it insert as nothing), or else with the load lane's
+    /// next report. Beyond `queue_capacity` waiting it is dropped
+    /// (counted `queue_full`).
+    pub(crate) fn first_token(
+        &self,
+        model: &str,
+        url: &str,
+        observed: radixgate_routing::Observation,
+    ) {
+        let first = wire::FirstToken {
+            model: model.to_owned(),
+            url: url.to_owned(),
+            observed: observed.into(),
+        };
+        if !self.lane.first_token(first) {
+            self.metrics.dropped("queue_full", 1);
         }
     }
 
@@ -163,12 +167,36 @@ pub(crate) fn spawn(
         auth = auth.kind(),
         "replica sync: connecting to NATS"
     );
+    let lane_shared = lane::Shared::new(&config, router.clone());
+    let handle_lane = lane_shared.clone();
+    let lane = lane::spawn(
+        config.clone(),
+        auth.clone(),
+        identity.clone(),
+        lane_shared.clone(),
+        metrics.clone(),
+        stop.clone(),
+    )
+    .map_err(|e| crate::config::ConfigError::Invalid {
+        key: "sync",
+        reason: format!("cannot start the load lane's thread: {e}"),
+    })?;
     tokio::spawn(async move {
-        let client = match connect::connect(&config, auth, &identity, task_metrics.clone()).await {
+        let client = match connect::connect(
+            &config,
+            auth,
+            &identity,
+            task_metrics.clone(),
+            "inserts",
+        )
+        .await
+        {
             Ok(client) => client,
             Err(err) => {
                 tracing::error!(error = %err, "replica sync: cannot set up the NATS client; routing on local state only");
                 task_ready.store(true, Ordering::Release);
+                stop.cancelled().await;
+                lane.join().await;
                 return;
             }
         };
@@ -177,20 +205,8 @@ pub(crate) fn spawn(
             identity.clone(),
             config.clone(),
             rx,
-            router.clone(),
+            lane_shared.clone(),
             task_metrics.clone(),
-            stop.clone(),
-        ));
-        // Load reports that came with insert batches, from the insert
-        // receiver to the load receiver (both on this runtime).
-        let (batch_loads, batch_loads_rx) = mpsc::channel(receive::BATCH_LOADS);
-        let loads = tokio::spawn(receive::loads(
-            client.clone(),
-            identity.clone(),
-            config.clone(),
-            router.clone(),
-            task_metrics.clone(),
-            batch_loads_rx,
             stop.clone(),
         ));
         let inserts = tokio::spawn(receive::inserts(
@@ -200,30 +216,22 @@ pub(crate) fn spawn(
             router,
             task_metrics,
             receive::Handoff {
-                loads: batch_loads,
+                lane: lane_shared,
                 ready: task_ready,
             },
             stop.clone(),
         ));
         stop.cancelled().await;
-        let _ = tokio::join!(publisher, loads, inserts);
+        let _ = tokio::join!(publisher, inserts, lane.join());
         // Sends what is buffered before the connection closes.
         let _ = client.flush().await;
     });
     Ok(SyncHandle {
         queue,
+        lane: handle_lane,
         ready,
         metrics,
     })
-}
-
-/// Sleeps until `at`, or for ever when there is no deadline: the timer
-/// branch of a `select!` that has one only sometimes.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Wall-clock milliseconds since the Unix epoch (message timestamps; lag).

@@ -253,6 +253,43 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     b.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fall_reaches_a_peer_that_routes_nothing() {
+    let nats = Nats::start(&[]);
+    let slow = late_worker(1_500).await;
+    let a = gateway_ready(replica_config(&[nats.url()], &[&slow.url]), 1).await;
+    // B keeps a report for a minute: only A's own report of the fall, not
+    // the expiry of the last one, can take the load away. B routes
+    // nothing, so nothing B sends wakes A.
+    let mut b_config = replica_config(&[nats.url()], &[&slow.url]);
+    b_config.sync.load_expiry_ms = 60_000;
+    let b = gateway_ready(b_config, 1).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let url = a.url.clone();
+        held.push(tokio::spawn(async move {
+            ask(&url, &prompt(&format!("held {i}"))).await
+        }));
+    }
+    // The rise comes with A's decisions.
+    wait_until("B hears of A's 5", || async {
+        peer_load(&b.url, &slow.url).await == 5
+    })
+    .await;
+    for h in held {
+        h.await.unwrap();
+    }
+    // The fall has no decision to ride with: A's load lane reports it.
+    wait_until("B hears that A's load fell", || async {
+        peer_load(&b.url, &slow.url).await == 0
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// A peer's insert batch carrying its load report (wire format 1, kind 1,
 /// flag 2) and no entries, as hand-written bytes: what a replica sends
 /// when a batch goes out while its load changed.
@@ -310,6 +347,65 @@ async fn a_load_report_that_comes_with_an_insert_batch_counts() {
     b.shutdown().await;
 }
 
+/// A peer's load report on its own (wire format 1, kind 2), as
+/// hand-written bytes: one worker.
+fn load_report(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
+    let mut m = b"RG\x01\x02\x00\x09radixgate\x04peer".to_vec();
+    m.extend_from_slice(&instance.to_le_bytes());
+    // seq, sent_ms, one worker.
+    m.extend_from_slice(&[seq, 0, 1, worker.len() as u8]);
+    m.extend_from_slice(worker.as_bytes());
+    m.extend_from_slice(&[in_flight, 0]);
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peers_load_report_expires() {
+    let nats = Nats::start(&[]);
+    let worker = sim_worker(fast_worker()).await;
+    let mut b_config = replica_config(&[nats.url()], &[&worker.url]);
+    b_config.sync.load_expiry_ms = 400;
+    let b = gateway_ready(b_config, 1).await;
+    wait_ready(&b.url).await;
+    wait_connected(&b.url).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    // B routes nothing and its own load is zero: it reads this while
+    // waiting on its socket, then keeps its lane ticking only for the
+    // report it holds.
+    let m = load_report(77, 1, &worker.url, 9);
+    raw.publish("radixgate.sync.radixgate.load", m.into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("B counts the peer's 9", || async {
+        peer_load(&b.url, &worker.url).await == 9
+    })
+    .await;
+    let heard = std::time::Instant::now();
+    // The peer goes silent: its report stops counting after the expiry,
+    // with no other message to wake B.
+    wait_until("the silent peer's report expires", || async {
+        peer_load(&b.url, &worker.url).await == 0
+    })
+    .await;
+    assert!(
+        heard.elapsed() >= Duration::from_millis(100),
+        "{:?}",
+        heard.elapsed()
+    );
+    // A report again: counted again (the lane went back to its socket).
+    let m = load_report(77, 2, &worker.url, 4);
+    raw.publish("radixgate.sync.radixgate.load", m.into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    wait_until("B counts the peer's 4", || async {
+        peer_load(&b.url, &worker.url).await == 4
+    })
+    .await;
+    b.shutdown().await;
+}
+
 /// The load the other replicas reported on a worker, as `/get_loads` shows it.
 async fn peer_load(gateway: &str, worker: &str) -> u64 {
     worker_loads(gateway, worker).await["peer_load"]
@@ -354,8 +450,9 @@ async fn a_first_token_rides_with_the_next_decision() {
     // First tokens come 50 ms after each request goes out, well after its
     // decision's batch (`batch_ms` 5 here).
     let worker = late_worker(50).await;
-    // A first token waits for the next decision at most a load period: a
-    // long one here, so that a slow test machine cannot let one go alone.
+    // A first token with no decision after it goes with the load lane's
+    // next report, at most a load period later: a long one here, so that
+    // on a slow test machine it cannot go before the next decision does.
     let mut a_config = replica_config(&[nats.url()], &[&worker.url]);
     a_config.sync.load_period_ms = 2_000;
     a_config.sync.load_expiry_ms = 6_000;
@@ -379,8 +476,8 @@ async fn a_first_token_rides_with_the_next_decision() {
     })
     .await;
     // Five decisions, each in a batch of its own that also carries the
-    // request before's first token; the last first token alone, a load
-    // period later. One batch per first token would make ten.
+    // request before's first token; the last first token with a load
+    // report, not in a batch. One batch per first token would make ten.
     let mut seen = 0;
     while let Ok(Some(_)) = tokio::time::timeout(
         Duration::from_millis(300),
@@ -390,7 +487,7 @@ async fn a_first_token_rides_with_the_next_decision() {
     {
         seen += 1;
     }
-    assert_eq!(seen, 6, "insert batches A sent");
+    assert_eq!(seen, 5, "insert batches A sent");
     a.shutdown().await;
     b.shutdown().await;
 }

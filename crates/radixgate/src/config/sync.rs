@@ -32,16 +32,16 @@ pub struct SyncConfig {
     /// Routed texts waiting to be published; beyond it new ones are
     /// dropped (and counted) rather than slowing the request path.
     pub queue_capacity: usize,
-    /// Milliseconds decisions are gathered before they are published as
-    /// one insert batch (which carries the load report too).
+    /// At most one insert batch (which carries the load report too) per
+    /// this many milliseconds: a decision after a quiet spell goes at
+    /// once, those within `batch_ms` of the last batch go together then.
     pub batch_ms: u64,
-    /// Milliseconds between load reports while this replica has requests
-    /// in flight (at least this often; changes go out sooner).
+    /// The load lane's tick, milliseconds: while this replica has requests
+    /// in flight it reports its load on every multiple of it, and it reads
+    /// the peers' reports then. A request's start and its first token go
+    /// with its insert batches at once; a fall at its end reaches the
+    /// peers within one to two ticks.
     pub load_period_ms: u64,
-    /// The shortest gap, in milliseconds, between two load reports that
-    /// announce a change; 0: every change at once. Fresher reports balance
-    /// replicas better and cost every peer a wake-up each.
-    pub load_coalesce_ms: u64,
     /// Milliseconds after which a silent replica's load report no longer
     /// counts; 3 periods by design.
     pub load_expiry_ms: u64,
@@ -71,7 +71,6 @@ impl Default for SyncConfig {
             queue_capacity: 4096,
             batch_ms: 10,
             load_period_ms: 100,
-            load_coalesce_ms: 25,
             load_expiry_ms: 300,
             reference_window_bytes: 8 << 20,
             history_secs: 600,
@@ -297,15 +296,6 @@ impl SyncConfig {
         positive("sync.queue_capacity", self.queue_capacity as u64, 1 << 20)?;
         positive("sync.batch_ms", self.batch_ms, 1000)?;
         positive("sync.load_period_ms", self.load_period_ms, 10_000)?;
-        if self.load_coalesce_ms > self.load_period_ms {
-            return Err(invalid(
-                "sync.load_coalesce_ms",
-                format!(
-                    "({}) must be at most load_period_ms ({})",
-                    self.load_coalesce_ms, self.load_period_ms
-                ),
-            ));
-        }
         positive("sync.load_expiry_ms", self.load_expiry_ms, 60_000)?;
         if self.load_expiry_ms < self.load_period_ms {
             return Err(invalid(
@@ -424,11 +414,6 @@ mod tests {
         let mut c = on();
         c.load_expiry_ms = 50;
         assert!(err(&c).contains("at least load_period_ms"));
-        let mut c = on();
-        c.load_coalesce_ms = 101;
-        assert!(err(&c).contains("sync.load_coalesce_ms"));
-        c.load_coalesce_ms = 0;
-        assert!(c.validate().is_ok());
         let mut c = on();
         c.batch_ms = 0;
         assert!(err(&c).contains("sync.batch_ms"));

@@ -13,12 +13,17 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Builds the client. It connects in the background and keeps
 /// reconnecting, with back-off from 50 ms doubling up to 2 s, forever:
 /// a replica never gives up on NATS, it routes on local state meanwhile.
+/// A replica has two: `inserts` (decisions, the stream; its state is the
+/// `connected` gauge) and the `load lane` ([`super::lane`]); `lane` names
+/// it in the logs.
 pub(super) async fn connect(
     config: &SyncConfig,
     auth: SyncAuth,
     me: &Identity,
     metrics: Arc<SyncMetrics>,
+    lane: &'static str,
 ) -> Result<Client, async_nats::ConnectError> {
+    let gauge = lane == "inserts";
     let addrs: Vec<ServerAddr> = config
         .urls
         .iter()
@@ -28,7 +33,7 @@ pub(super) async fn connect(
             async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::ServerParse, e)
         })?;
     let mut options = ConnectOptions::new()
-        .name(format!("radixgate/{}", me.replica))
+        .name(format!("radixgate/{}/{lane}", me.replica))
         // The server does not hand this connection back what it published
         // itself: a replica skipped its own load reports after decoding
         // them, one in N of all it received. JetStream is not affected: the
@@ -49,23 +54,27 @@ pub(super) async fn connect(
             async move {
                 match event {
                     Event::Connected => {
-                        metrics.connected(true);
-                        tracing::info!("replica sync: connected to NATS");
+                        if gauge {
+                            metrics.connected(true);
+                        }
+                        tracing::info!(lane, "replica sync: connected to NATS");
                     }
                     Event::Disconnected => {
-                        metrics.connected(false);
-                        tracing::warn!("replica sync: disconnected from NATS; routing on local state, reconnecting");
+                        if gauge {
+                            metrics.connected(false);
+                        }
+                        tracing::warn!(lane, "replica sync: disconnected from NATS; routing on local state, reconnecting");
                     }
                     Event::ServerError(err) => {
-                        tracing::error!(error = %err, "replica sync: NATS server error (wrong credentials or permissions?)");
+                        tracing::error!(lane, error = %err, "replica sync: NATS server error (wrong credentials or permissions?)");
                     }
                     Event::ClientError(err) => {
-                        tracing::warn!(error = %err, "replica sync: NATS client error");
+                        tracing::warn!(lane, error = %err, "replica sync: NATS client error");
                     }
                     Event::SlowConsumer(_) => {
-                        tracing::warn!("replica sync: NATS reports this replica as a slow consumer");
+                        tracing::warn!(lane, "replica sync: NATS reports this replica as a slow consumer");
                     }
-                    other => tracing::info!(event = %other, "replica sync: NATS event"),
+                    other => tracing::info!(lane, event = %other, "replica sync: NATS event"),
                 }
             }
         });

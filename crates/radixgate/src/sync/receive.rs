@@ -1,5 +1,6 @@
-//! The receivers: other replicas' decisions into this router's trees, and
-//! their load reports into [`PeerLoads`].
+//! The insert receiver: other replicas' decisions into this router's
+//! trees, and the load reports that come with them to [`Shared`] (the
+//! load lane, [`super::lane`], reads the reports sent on their own).
 //!
 //! Whatever arrives is decoded ([`wire::decode_header`], then the body); a
 //! malformed message, one of another format version or another cluster,
@@ -11,18 +12,18 @@
 //! bound of its own.
 
 use super::dict::{Incoming, Unresolved};
+use super::lane::Shared;
 use super::wire::{self, Body, Header};
 use super::{Identity, SyncMetrics, now_ms};
 use crate::config::SyncConfig;
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
-use radixgate_routing::{Learned, Observation, PeerLoad, PeerLoads, Router};
+use radixgate_routing::{Learned, Observation, PeerLoad, Router};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Sending processes whose texts are kept at once; beyond it the one heard
@@ -34,7 +35,11 @@ const MAX_SENDERS: usize = 64;
 /// decoded: this replica's own insert batches come back through the stream
 /// (JetStream delivers them whatever `no_echo` says), and are dropped
 /// without decoding, and allocating, their entries.
-fn screen(payload: &[u8], me: &Identity, metrics: &SyncMetrics) -> Option<(Header, Body)> {
+pub(super) fn screen(
+    payload: &[u8],
+    me: &Identity,
+    metrics: &SyncMetrics,
+) -> Option<(Header, Body)> {
     metrics.received(payload.len());
     let ignored = |err: wire::WireError| {
         tracing::debug!(error = %err, "replica sync: message ignored");
@@ -59,16 +64,7 @@ fn screen(payload: &[u8], me: &Identity, metrics: &SyncMetrics) -> Option<(Heade
     }
 }
 
-/// A peer's load report that came with one of its insert batches: the
-/// sender's instance, the report's number and the loads.
-pub(super) type BatchLoad = (u64, u64, Vec<PeerLoad>);
-
-/// How many batch-borne load reports may wait for the load receiver; more
-/// are dropped (counted `ignored{reason="load_backlog"}`): a later report
-/// replaces them anyway.
-pub(super) const BATCH_LOADS: usize = 256;
-
-fn peer_loads(loads: Vec<wire::WorkerLoad>) -> Vec<PeerLoad> {
+pub(super) fn peer_loads(loads: Vec<wire::WorkerLoad>) -> Vec<PeerLoad> {
     loads
         .into_iter()
         .map(|l| PeerLoad {
@@ -79,67 +75,13 @@ fn peer_loads(loads: Vec<wire::WorkerLoad>) -> Vec<PeerLoad> {
         .collect()
 }
 
-/// Load reports: on core NATS, and those that came with insert batches
-/// (`from_batches`, handed over by [`inserts`]); and a timer, while any
-/// report is held, that expires silent replicas. A replica's reports are
-/// numbered across both ways, so a report overtaken by a later one (a core
-/// message outruns the stream) is dropped by [`PeerLoads::report`].
-pub(super) async fn loads(
-    client: Client,
-    me: Identity,
-    config: SyncConfig,
-    router: Router,
-    metrics: Arc<SyncMetrics>,
-    mut from_batches: mpsc::Receiver<BatchLoad>,
-    stop: CancellationToken,
-) {
-    let mut peers = PeerLoads::new(Duration::from_millis(config.load_expiry_ms));
-    let mut sub = loop {
-        match client.subscribe(me.subject("load")).await {
-            Ok(sub) => break sub,
-            Err(err) => {
-                tracing::warn!(error = %err, "replica sync: cannot subscribe to load reports; retrying");
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-            }
-        }
-    };
-    loop {
-        // A timer only while a report is held: the next one to expire
-        // (a hair after, as a report exactly at its expiry still counts).
-        let expiry = peers.next_expiry().map(|at| at + Duration::from_millis(1));
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = super::sleep_until_some(expiry.map(Into::into)) => {
-                peers.expire(Instant::now());
-            }
-            message = sub.next() => {
-                let Some(message) = message else { break };
-                let Some((h, Body::Load(loads))) = screen(&message.payload, &me, &metrics) else {
-                    continue;
-                };
-                peers.report(h.instance, h.seq, Instant::now(), peer_loads(loads));
-            }
-            Some((instance, seq, loads)) = from_batches.recv() => {
-                peers.report(instance, seq, Instant::now(), loads);
-            }
-        }
-        // Also after an expiry: the expired report's load goes.
-        peers.apply(router.snapshot().workers());
-    }
-    // Stopping: peers' load no longer counts.
-    PeerLoads::new(Duration::ZERO).apply(router.snapshot().workers());
-}
-
 /// Applies insert batches, keeping each sender's texts for references.
 struct Applier {
     me: Identity,
     router: Router,
     metrics: Arc<SyncMetrics>,
-    /// To the load receiver: the load reports that came with live batches.
-    loads: mpsc::Sender<BatchLoad>,
+    /// Where the load reports that come with live batches go.
+    lane: Arc<Shared>,
     senders: HashMap<u64, (Incoming, Instant, u64)>,
     held: Held,
 }
@@ -210,12 +152,8 @@ impl Applier {
         // A replayed report is about load long gone.
         if let Some((seq, loads)) = batch.load.take()
             && live
-            && self
-                .loads
-                .try_send((h.instance, seq, peer_loads(loads)))
-                .is_err()
         {
-            self.metrics.ignored("load_backlog");
+            self.lane.report(h.instance, seq, peer_loads(loads));
         }
         if self.senders.len() >= MAX_SENDERS && !self.senders.contains_key(&h.instance) {
             let oldest = self
@@ -394,8 +332,8 @@ async fn source(
 
 /// What the insert feed hands on besides the trees.
 pub(super) struct Handoff {
-    /// The load reports that come with live batches, to [`loads`].
-    pub(super) loads: mpsc::Sender<BatchLoad>,
+    /// Where the load reports that come with live batches go.
+    pub(super) lane: Arc<Shared>,
     /// Set once the warm start is over.
     pub(super) ready: Arc<AtomicBool>,
 }
@@ -412,7 +350,7 @@ pub(super) async fn inserts(
     out: Handoff,
     stop: CancellationToken,
 ) {
-    let Handoff { loads, ready } = out;
+    let Handoff { lane, ready } = out;
     let warmup = Duration::from_secs(config.warmup_timeout_secs);
     let started = Instant::now();
     {
@@ -436,7 +374,7 @@ pub(super) async fn inserts(
         me: me.clone(),
         router,
         metrics,
-        loads,
+        lane,
         senders: HashMap::new(),
         held: Held {
             entries: VecDeque::new(),

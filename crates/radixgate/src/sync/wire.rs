@@ -10,8 +10,9 @@
 //!
 //! `var` is an unsigned LEB128 integer, `str`/`bytes` a `var` length then
 //! that many bytes. `kind` 1 is a batch of inserts, 2 a load report.
-//! `flags`: bit 0 ([`FLAG_OBSERVED`], inserts only) says every entry ends
-//! with a first-token observation (below); any other bit is malformed.
+//! `flags`: bit 0 ([`FLAG_OBSERVED`]) says the message carries first-token
+//! observations (below); bit 1 ([`FLAG_LOAD`], inserts only) that a batch
+//! ends with a load report; any other bit is malformed.
 //! Builds before that bit reject it as malformed, so a sender sets it only
 //! on batches that carry one. `instance` is random per process: it
 //! tells a replica's own messages apart (even a restarted one under the same
@@ -37,7 +38,10 @@
 //!
 //! Load body: `count:var`, then per worker `url:str in_flight:var
 //! pending_prefill:var`; a report lists every worker the replica has load
-//! on, so it replaces the previous one whole.
+//! on, so it replaces the previous one whole. With [`FLAG_OBSERVED`] (the
+//! load lane's first tokens that no decision's batch took along) it then
+//! has `n:var` and `n` times `model:str url:str queued_chars:var
+//! uncached_chars:var in_flight:var ttft_us:var`.
 //!
 //! Limits checked while decoding: a payload over [`MAX_MESSAGE`], a count
 //! larger than the bytes left could hold, an index outside the string
@@ -54,7 +58,8 @@ const MAGIC: &[u8; 2] = b"RG";
 pub(crate) const VERSION: u8 = 1;
 const KIND_INSERTS: u8 = 1;
 const KIND_LOAD: u8 = 2;
-/// Flag: the inserts' entries carry first-token observations.
+/// Flag: the inserts' entries, or the load report, carry first-token
+/// observations.
 pub(crate) const FLAG_OBSERVED: u8 = 1;
 /// Inserts: the batch ends with the sender's load report.
 pub(crate) const FLAG_LOAD: u8 = 2;
@@ -158,7 +163,17 @@ pub(crate) struct WorkerLoad {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Body {
     Inserts(Inserts),
-    Load(Vec<WorkerLoad>),
+    /// A load report, and the first tokens that came with it.
+    Load(Vec<WorkerLoad>, Vec<FirstToken>),
+}
+
+/// A first token on its own (in a load report): the worker it came from
+/// and what the sender's cost model learned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FirstToken {
+    pub(crate) model: String,
+    pub(crate) url: String,
+    pub(crate) observed: Observed,
 }
 
 /// Why a payload was not decoded.
@@ -277,10 +292,7 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
             match e.observed {
                 Some(o) => {
                     out.push(1);
-                    put_var(&mut out, o.queued_chars);
-                    put_var(&mut out, o.uncached_chars);
-                    put_var(&mut out, o.in_flight);
-                    put_var(&mut out, o.ttft_us);
+                    put_observed(&mut out, &o);
                 }
                 None => out.push(0),
             }
@@ -295,11 +307,32 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
     out
 }
 
-/// Encodes a load report.
-pub(crate) fn encode_load(h: &Header, loads: &[WorkerLoad]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48 + loads.len() * 40);
-    put_header(&mut out, KIND_LOAD, 0, h);
+fn put_observed(out: &mut Vec<u8>, o: &Observed) {
+    put_var(out, o.queued_chars);
+    put_var(out, o.uncached_chars);
+    put_var(out, o.in_flight);
+    put_var(out, o.ttft_us);
+}
+
+/// Encodes a load report, with the first tokens that go along (if any:
+/// without, the flag is clear and builds before it read the report).
+pub(crate) fn encode_load(h: &Header, loads: &[WorkerLoad], firsts: &[FirstToken]) -> Vec<u8> {
+    let firsts_len: usize = firsts
+        .iter()
+        .map(|f| f.model.len() + f.url.len() + 60)
+        .sum();
+    let mut out = Vec::with_capacity(48 + loads.len() * 40 + firsts_len);
+    let flags = if firsts.is_empty() { 0 } else { FLAG_OBSERVED };
+    put_header(&mut out, KIND_LOAD, flags, h);
     put_loads(&mut out, loads);
+    if !firsts.is_empty() {
+        put_var(&mut out, firsts.len() as u64);
+        for f in firsts {
+            put_bytes(&mut out, f.model.as_bytes());
+            put_bytes(&mut out, f.url.as_bytes());
+            put_observed(&mut out, &f.observed);
+        }
+    }
     out
 }
 
@@ -389,7 +422,15 @@ impl RawBody<'_> {
         let mut r = Reader { rest: self.rest };
         let body = match self.kind {
             KIND_INSERTS => Body::Inserts(decode_inserts(&mut r, self.flags)?),
-            KIND_LOAD => Body::Load(decode_load(&mut r)?),
+            KIND_LOAD => {
+                let loads = decode_load(&mut r)?;
+                let firsts = if self.flags & FLAG_OBSERVED != 0 {
+                    decode_first_tokens(&mut r)?
+                } else {
+                    Vec::new()
+                };
+                Body::Load(loads, firsts)
+            }
             _ => return Err(WireError::Malformed("unknown kind")),
         };
         if !r.rest.is_empty() {
@@ -421,7 +462,7 @@ pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), Wir
     let known = if kind == KIND_INSERTS {
         FLAG_OBSERVED | FLAG_LOAD
     } else {
-        0
+        FLAG_OBSERVED
     };
     if flags & !known != 0 {
         return Err(WireError::Malformed("unknown flags"));
@@ -507,20 +548,39 @@ fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
 fn decode_observed(r: &mut Reader<'_>) -> Result<Option<Observed>, WireError> {
     match r.take(1, "observation")? {
         [0] => Ok(None),
-        [1] => {
-            let o = Observed {
-                queued_chars: r.var("queued chars")?,
-                uncached_chars: r.var("uncached chars")?,
-                in_flight: r.var("in flight")?,
-                ttft_us: r.var("first token")?,
-            };
-            if o.ttft_us > MAX_OBSERVED_TTFT_US {
-                return Err(WireError::Malformed("first token"));
-            }
-            Ok(Some(o))
-        }
+        [1] => observed_fields(r).map(Some),
         _ => Err(WireError::Malformed("observation")),
     }
+}
+
+fn observed_fields(r: &mut Reader<'_>) -> Result<Observed, WireError> {
+    let o = Observed {
+        queued_chars: r.var("queued chars")?,
+        uncached_chars: r.var("uncached chars")?,
+        in_flight: r.var("in flight")?,
+        ttft_us: r.var("first token")?,
+    };
+    if o.ttft_us > MAX_OBSERVED_TTFT_US {
+        return Err(WireError::Malformed("first token"));
+    }
+    Ok(o)
+}
+
+fn decode_first_tokens(r: &mut Reader<'_>) -> Result<Vec<FirstToken>, WireError> {
+    // At least a byte per string and four per observation.
+    let count = r.count(6, "first token count")?;
+    let mut firsts = Vec::with_capacity(count);
+    for _ in 0..count {
+        let model = r.str("model")?.to_owned();
+        let url = r.str("url")?.to_owned();
+        let observed = observed_fields(r)?;
+        firsts.push(FirstToken {
+            model,
+            url,
+            observed,
+        });
+    }
+    Ok(firsts)
 }
 
 fn decode_load(r: &mut Reader<'_>) -> Result<Vec<WorkerLoad>, WireError> {

@@ -43,8 +43,51 @@ fn inserts_and_loads_round_trip() {
         in_flight: u32::MAX,
         pending_prefill: u64::MAX,
     }];
-    let bytes = encode_load(&header(), &loads);
-    assert_eq!(decode(&bytes).unwrap(), (header(), Body::Load(loads)));
+    let bytes = encode_load(&header(), &loads, &[]);
+    // Without first tokens the flag is clear: builds before it read it.
+    assert_eq!(bytes[4], 0);
+    assert_eq!(
+        decode(&bytes).unwrap(),
+        (header(), Body::Load(loads.clone(), Vec::new()))
+    );
+    let firsts = first_tokens();
+    let bytes = encode_load(&header(), &loads, &firsts);
+    assert_eq!(bytes[4], FLAG_OBSERVED);
+    assert_eq!(
+        decode(&bytes).unwrap(),
+        (header(), Body::Load(loads, firsts.clone()))
+    );
+    // A report of no load may carry first tokens alone.
+    let bytes = encode_load(&header(), &[], &firsts);
+    assert_eq!(
+        decode(&bytes).unwrap(),
+        (header(), Body::Load(Vec::new(), firsts))
+    );
+}
+
+fn first_tokens() -> Vec<FirstToken> {
+    vec![
+        FirstToken {
+            model: "m".into(),
+            url: "http://10.0.0.1:30000".into(),
+            observed: Observed {
+                queued_chars: 0,
+                uncached_chars: u64::MAX,
+                in_flight: 3,
+                ttft_us: MAX_OBSERVED_TTFT_US,
+            },
+        },
+        FirstToken {
+            model: "*".into(),
+            url: "http://10.0.0.2:30000".into(),
+            observed: Observed {
+                queued_chars: 4096,
+                uncached_chars: 17,
+                in_flight: 0,
+                ttft_us: 1,
+            },
+        },
+    ]
 }
 
 #[test]
@@ -86,15 +129,26 @@ fn wrong_magic_version_kind_and_flags_are_refused() {
         decode(&flags).unwrap_err(),
         WireError::Malformed("unknown flags")
     );
-    // The observation flag belongs to inserts only.
-    for flag in [FLAG_OBSERVED, FLAG_LOAD] {
-        let mut load = encode_load(&header(), &[]);
-        load[4] = flag;
-        assert_eq!(
-            decode(&load).unwrap_err(),
-            WireError::Malformed("unknown flags")
-        );
-    }
+    // The load flag belongs to inserts only.
+    let mut load = encode_load(&header(), &[], &[]);
+    load[4] = FLAG_LOAD;
+    assert_eq!(
+        decode(&load).unwrap_err(),
+        WireError::Malformed("unknown flags")
+    );
+    // The observation flag on a report says first tokens follow.
+    load[4] = FLAG_OBSERVED;
+    assert_eq!(
+        decode(&load).unwrap_err(),
+        WireError::Malformed("first token count")
+    );
+    // A first token's wait is bounded as in a batch.
+    let mut long = first_tokens();
+    long[0].observed.ttft_us = MAX_OBSERVED_TTFT_US + 1;
+    assert_eq!(
+        decode(&encode_load(&header(), &[], &long)).unwrap_err(),
+        WireError::Malformed("first token")
+    );
     let mut trailing = good;
     trailing.push(0);
     assert_eq!(
@@ -236,6 +290,7 @@ fn every_truncation_is_an_error_not_a_panic() {
             in_flight: 3,
             pending_prefill: 9,
         }],
+        &first_tokens(),
     );
     for cut in 0..load.len() {
         assert!(decode(&load[..cut]).is_err(), "cut at {cut}");
