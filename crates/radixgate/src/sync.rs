@@ -167,6 +167,12 @@ pub(crate) fn spawn(
         auth = auth.kind(),
         "replica sync: connecting to NATS"
     );
+    if let Some(ms) = config.load_coalesce_ms {
+        tracing::warn!(
+            load_coalesce_ms = ms,
+            "sync.load_coalesce_ms has no effect since the load lane (load reports go once per sync.load_period_ms); remove it from the config"
+        );
+    }
     let lane_shared = lane::Shared::new(&config, router.clone());
     let handle_lane = lane_shared.clone();
     let lane = lane::spawn(

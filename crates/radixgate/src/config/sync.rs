@@ -42,6 +42,11 @@ pub struct SyncConfig {
     /// with its insert batches at once; a fall at its end reaches the
     /// peers within one to two ticks.
     pub load_period_ms: u64,
+    /// Accepted and unused: builds before the load lane (2026-12-03)
+    /// coalesced load reports by it. Kept so their configs still load
+    /// during a rolling upgrade; a WARN at start says to remove it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_coalesce_ms: Option<u64>,
     /// Milliseconds after which a silent replica's load report no longer
     /// counts; 3 periods by design.
     pub load_expiry_ms: u64,
@@ -71,6 +76,7 @@ impl Default for SyncConfig {
             queue_capacity: 4096,
             batch_ms: 10,
             load_period_ms: 100,
+            load_coalesce_ms: None,
             load_expiry_ms: 300,
             reference_window_bytes: 8 << 20,
             history_secs: 600,
@@ -401,6 +407,18 @@ mod tests {
             let e = err(&c);
             assert!(e.contains("sync.urls") && e.contains(says), "{url}: {e}");
         }
+    }
+
+    #[test]
+    fn a_setting_of_builds_before_the_load_lane_still_loads() {
+        let c = crate::config::Config::from_yaml(
+            "sync:\n  urls: [nats://127.0.0.1:4222]\n  load_coalesce_ms: 25\n",
+        )
+        .unwrap();
+        assert_eq!(c.sync.load_coalesce_ms, Some(25));
+        assert!(c.sync.validate().is_ok());
+        let c = crate::config::Config::from_yaml("sync:\n  load_coalsce_ms: 25\n");
+        assert!(c.is_err(), "a misspelt key is still refused");
     }
 
     #[test]
