@@ -206,6 +206,25 @@ async fn late_worker(latency_ms: u64) -> SimWorker {
     w
 }
 
+/// A replica over `workers` (all healthy before it returns) that counts a
+/// peer's load report for `load_expiry_ms` after the peer's last one.
+async fn replica_keeping_reports(nats: &Nats, workers: &[&str], load_expiry_ms: u64) -> Gateway {
+    let mut c = replica_config(&[nats.url()], workers);
+    c.sync.load_expiry_ms = load_expiry_ms;
+    gateway_ready(c, workers.len()).await
+}
+
+/// `n` requests through `gateway`, sent at once and answered in the
+/// background: (worker, branch) each.
+fn send_at_once(gateway: &str, n: usize) -> Vec<tokio::task::JoinHandle<(String, String)>> {
+    (0..n)
+        .map(|i| {
+            let url = gateway.to_owned();
+            tokio::spawn(async move { ask(&url, &prompt(&format!("held {i}"))).await })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_propagates_and_b_avoids_what_a_loaded() {
     let nats = Nats::start(&[]);
@@ -215,18 +234,10 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
     let a = gateway_ready(replica_config(&[nats.url()], &[&slow.url]), 1).await;
     // B keeps a report for a minute: only A's next report, not its expiry,
     // can take the load away again.
-    let mut b_config = replica_config(&[nats.url()], &[&slow.url, &other.url]);
-    b_config.sync.load_expiry_ms = 60_000;
-    let b = gateway_ready(b_config, 2).await;
+    let b = replica_keeping_reports(&nats, &[&slow.url, &other.url], 60_000).await;
     wait_connected(&a.url).await;
     wait_connected(&b.url).await;
-    let mut held = Vec::new();
-    for i in 0..100 {
-        let url = a.url.clone();
-        held.push(tokio::spawn(async move {
-            ask(&url, &prompt(&format!("held {i}"))).await
-        }));
-    }
+    let held = send_at_once(&a.url, 100);
     wait_until("A holds 100 requests", || async {
         total_load(&a.url).await == 100
     })
@@ -241,14 +252,8 @@ async fn load_propagates_and_b_avoids_what_a_loaded() {
         assert_eq!(branch, "imbalanced");
     }
     assert_eq!(peer_load(&b.url, &slow.url).await, 100);
-    for h in held {
-        h.await.unwrap();
-    }
     // The fall reaches B as a report, not by the expiry of the last one.
-    wait_until("B hears that A's load fell", || async {
-        peer_load(&b.url, &slow.url).await == 0
-    })
-    .await;
+    fall_reaches(held, &b, &slow.url).await;
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -261,45 +266,104 @@ async fn a_fall_reaches_a_peer_that_routes_nothing() {
     // B keeps a report for a minute: only A's own report of the fall, not
     // the expiry of the last one, can take the load away. B routes
     // nothing, so nothing B sends wakes A.
-    let mut b_config = replica_config(&[nats.url()], &[&slow.url]);
-    b_config.sync.load_expiry_ms = 60_000;
-    let b = gateway_ready(b_config, 1).await;
+    let b = replica_keeping_reports(&nats, &[&slow.url], 60_000).await;
     wait_connected(&a.url).await;
     wait_connected(&b.url).await;
-    let mut held = Vec::new();
-    for i in 0..5 {
-        let url = a.url.clone();
-        held.push(tokio::spawn(async move {
-            ask(&url, &prompt(&format!("held {i}"))).await
-        }));
-    }
+    let held = send_at_once(&a.url, 5);
     // The rise comes with A's decisions.
     wait_until("B hears of A's 5", || async {
         peer_load(&b.url, &slow.url).await == 5
     })
     .await;
+    // The fall has no decision to ride with: A's load lane reports it.
+    fall_reaches(held, &b, &slow.url).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Waits for the `held` requests to end, then for `b` to count no peer's
+/// load on `worker` any more.
+async fn fall_reaches(
+    held: Vec<tokio::task::JoinHandle<(String, String)>>,
+    b: &Gateway,
+    worker: &str,
+) {
     for h in held {
         h.await.unwrap();
     }
-    // The fall has no decision to ride with: A's load lane reports it.
     wait_until("B hears that A's load fell", || async {
-        peer_load(&b.url, &slow.url).await == 0
+        peer_load(&b.url, worker).await == 0
     })
     .await;
-    a.shutdown().await;
-    b.shutdown().await;
+}
+
+/// Replica B alone behind a fresh nats-server, with `load_expiry_ms` for
+/// peers' reports, and a plain NATS client that plays its peers.
+struct Listener {
+    nats: Nats,
+    worker: SimWorker,
+    b: Gateway,
+    raw: async_nats::Client,
+}
+
+impl Listener {
+    async fn start(load_expiry_ms: u64) -> Self {
+        let nats = Nats::start(&[]);
+        let worker = sim_worker(fast_worker()).await;
+        let b = replica_keeping_reports(&nats, &[&worker.url], load_expiry_ms).await;
+        wait_ready(&b.url).await;
+        wait_connected(&b.url).await;
+        let raw = async_nats::connect(nats.url()).await.unwrap();
+        Listener {
+            nats,
+            worker,
+            b,
+            raw,
+        }
+    }
+}
+
+/// Publishes `m` on the cluster `radixgate`'s subject `kind` and waits
+/// until the server has it.
+async fn publish_flushed(raw: &async_nats::Client, kind: &str, m: Vec<u8>) {
+    raw.publish(format!("radixgate.sync.radixgate.{kind}"), m.into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
 }
 
 /// A peer's insert batch carrying its load report (wire format 1, kind 1,
 /// flag 2) and no entries, as hand-written bytes: what a replica sends
 /// when a batch goes out while its load changed.
 fn batch_with_load(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
-    let mut m = b"RG\x01\x01\x02\x09radixgate\x04peer".to_vec();
+    // seq, sent_ms; no strings, window 0, first entry 0, no entries; the
+    // load report's number and count.
+    peer_message(
+        1,
+        2,
+        instance,
+        &[1, 0, 0, 0, 0, 0, seq, 1],
+        worker,
+        in_flight,
+    )
+}
+
+/// A peer's message (wire format 1) of `kind` with `flags`, from replica
+/// `peer` of cluster `radixgate`, process `instance`: `body`, then one
+/// worker's load (`in_flight`, no prefill pending).
+fn peer_message(
+    kind: u8,
+    flags: u8,
+    instance: u64,
+    body: &[u8],
+    worker: &str,
+    in_flight: u8,
+) -> Vec<u8> {
+    let mut m = vec![b'R', b'G', 1, kind, flags];
+    m.extend_from_slice(b"\x09radixgate\x04peer");
     m.extend_from_slice(&instance.to_le_bytes());
-    // seq, sent_ms; no strings, window 0, first entry 0, no entries.
-    m.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
-    // The load report: its number, one worker.
-    m.extend_from_slice(&[seq, 1, worker.len() as u8]);
+    m.extend_from_slice(body);
+    m.push(worker.len() as u8);
     m.extend_from_slice(worker.as_bytes());
     m.extend_from_slice(&[in_flight, 0]);
     m
@@ -307,14 +371,12 @@ fn batch_with_load(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_report_that_comes_with_an_insert_batch_counts() {
-    let nats = Nats::start(&[]);
-    let worker = sim_worker(fast_worker()).await;
-    let mut b_config = replica_config(&[nats.url()], &[&worker.url]);
-    b_config.sync.load_expiry_ms = 60_000;
-    let b = gateway_ready(b_config, 1).await;
-    wait_ready(&b.url).await;
-    wait_connected(&b.url).await;
-    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let Listener {
+        nats: _nats,
+        worker,
+        b,
+        raw,
+    } = Listener::start(60_000).await;
     // Publishes peers' batches, (instance, report number, in flight) each,
     // then waits for B to count `total` on the worker.
     let step = |batches: &'static [(u64, u8, u8)], total: u64| {
@@ -350,33 +412,22 @@ async fn a_load_report_that_comes_with_an_insert_batch_counts() {
 /// A peer's load report on its own (wire format 1, kind 2), as
 /// hand-written bytes: one worker.
 fn load_report(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
-    let mut m = b"RG\x01\x02\x00\x09radixgate\x04peer".to_vec();
-    m.extend_from_slice(&instance.to_le_bytes());
     // seq, sent_ms, one worker.
-    m.extend_from_slice(&[seq, 0, 1, worker.len() as u8]);
-    m.extend_from_slice(worker.as_bytes());
-    m.extend_from_slice(&[in_flight, 0]);
-    m
+    peer_message(2, 0, instance, &[seq, 0, 1], worker, in_flight)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_peers_load_report_expires() {
-    let nats = Nats::start(&[]);
-    let worker = sim_worker(fast_worker()).await;
-    let mut b_config = replica_config(&[nats.url()], &[&worker.url]);
-    b_config.sync.load_expiry_ms = 400;
-    let b = gateway_ready(b_config, 1).await;
-    wait_ready(&b.url).await;
-    wait_connected(&b.url).await;
-    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let Listener {
+        nats: _nats,
+        worker,
+        b,
+        raw,
+    } = Listener::start(400).await;
     // B routes nothing and its own load is zero: it reads this while
     // waiting on its socket, then keeps its lane ticking only for the
     // report it holds.
-    let m = load_report(77, 1, &worker.url, 9);
-    raw.publish("radixgate.sync.radixgate.load", m.into())
-        .await
-        .unwrap();
-    raw.flush().await.unwrap();
+    publish_flushed(&raw, "load", load_report(77, 1, &worker.url, 9)).await;
     wait_until("B counts the peer's 9", || async {
         peer_load(&b.url, &worker.url).await == 9
     })
@@ -394,11 +445,7 @@ async fn a_silent_peers_load_report_expires() {
         heard.elapsed()
     );
     // A report again: counted again (the lane went back to its socket).
-    let m = load_report(77, 2, &worker.url, 4);
-    raw.publish("radixgate.sync.radixgate.load", m.into())
-        .await
-        .unwrap();
-    raw.flush().await.unwrap();
+    publish_flushed(&raw, "load", load_report(77, 2, &worker.url, 4)).await;
     wait_until("B counts the peer's 4", || async {
         peer_load(&b.url, &worker.url).await == 4
     })
