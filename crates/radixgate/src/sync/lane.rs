@@ -47,6 +47,9 @@ pub(super) struct Shared {
     load_seq: AtomicU64,
     /// The lane waits on its socket, not on its clock.
     idle: AtomicBool,
+    /// The lane's thread has ended (stopping, or it could not start):
+    /// nothing would expire a peer's report any more, so none is taken.
+    closed: AtomicBool,
     /// Wakes an idle lane: a peer's report came with a batch, and has to
     /// expire in time, or a first token waits to go.
     poke: Notify,
@@ -65,6 +68,7 @@ impl Shared {
             peers: Mutex::new(PeerLoads::new(Duration::from_millis(config.load_expiry_ms))),
             load_seq: AtomicU64::new(0),
             idle: AtomicBool::new(true),
+            closed: AtomicBool::new(false),
             poke: Notify::new(),
             first_tokens: Mutex::new(Vec::new()),
             limit: config.queue_capacity,
@@ -114,6 +118,9 @@ impl Shared {
     /// once.
     pub(super) fn report(&self, instance: u64, seq: u64, loads: Vec<PeerLoad>) {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
         if peers.report(instance, seq, Instant::now(), loads) {
             peers.apply(self.router.snapshot().workers());
         }
@@ -138,9 +145,13 @@ impl Shared {
         peers.replicas() > 0
     }
 
-    /// Stopping: the peers' loads no longer count.
-    fn forget(&self) {
-        PeerLoads::new(Duration::ZERO).apply(self.router.snapshot().workers());
+    /// The lane has ended: the peers' loads no longer count, now or later
+    /// (a report that comes with a batch would stay for ever).
+    fn close(&self) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        self.closed.store(true, Ordering::Release);
+        *peers = PeerLoads::new(Duration::ZERO);
+        peers.apply(self.router.snapshot().workers());
     }
 }
 
@@ -191,12 +202,13 @@ pub(super) fn spawn(
             {
                 Ok(rt) => rt,
                 Err(err) => {
-                    tracing::error!(error = %err, "replica sync: cannot start the load lane; peers' loads come with their decisions only");
+                    tracing::error!(error = %err, "replica sync: cannot start the load lane; peers' loads are not counted");
+                    shared.close();
                     return;
                 }
             };
             run(&rt, &config, auth, &me, &shared, &metrics, &stop);
-            shared.forget();
+            shared.close();
         })?;
     Ok(Lane { thread })
 }
@@ -232,7 +244,7 @@ fn run(
         Ok(set) => set,
         Err(err) => {
             if !stop.is_cancelled() {
-                tracing::error!(error = %err, "replica sync: no load lane; peers' loads come with their decisions only");
+                tracing::error!(error = %err, "replica sync: no load lane; peers' loads are not counted");
             }
             return;
         }
@@ -426,6 +438,28 @@ fn on_grid(after: Instant, step: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
+
+    #[test]
+    fn a_closed_lane_takes_no_more_reports() {
+        let mut registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let worker = registry.add(WorkerSpec::new("http://127.0.0.1:9")).unwrap();
+        let shared = Shared::new(&SyncConfig::default(), registry.router());
+        let load = |in_flight| {
+            vec![PeerLoad {
+                url: "http://127.0.0.1:9".to_owned(),
+                in_flight,
+                pending_prefill: 0,
+            }]
+        };
+        shared.report(7, 1, load(3));
+        assert_eq!(worker.peer_load(), 3);
+        // With no lane left to expire it, a report would count for ever.
+        shared.close();
+        assert_eq!(worker.peer_load(), 0);
+        shared.report(7, 2, load(5));
+        assert_eq!(worker.peer_load(), 0);
+    }
 
     #[test]
     fn the_grid_is_the_next_multiple_strictly_after() {
