@@ -31,7 +31,7 @@
 //! runtime and the load lane's thread, each owning its state; they share
 //! the router handle, the metric families, the readiness flag (an atomic)
 //! and [`lane::Shared`]: the peers' reports and the first tokens waiting,
-//! each behind a mutex held for a few hundred nanoseconds.
+//! each behind a mutex held only to read or swap a list.
 //!
 //! [`Router::learn`]: radixgate_routing::Router::learn
 //! [`PeerLoads`]: radixgate_routing::PeerLoads
