@@ -77,6 +77,41 @@ impl Identity {
     fn stream(&self) -> String {
         format!("RADIXGATE-{}", self.cluster)
     }
+
+    /// The header of this process's message numbered `seq`, stamped now.
+    fn header(&self, seq: u64) -> wire::Header {
+        wire::Header {
+            cluster: self.cluster.clone(),
+            replica: self.replica.clone(),
+            instance: self.instance,
+            seq,
+            sent_ms: now_ms(),
+        }
+    }
+}
+
+/// Hands `payload` to the client for `subject` and counts it sent, or
+/// counts its `items` dropped: while disconnected nothing is handed over
+/// (the client would buffer, then block).
+async fn publish(
+    client: &async_nats::Client,
+    subject: &str,
+    payload: Vec<u8>,
+    items: u64,
+    metrics: &SyncMetrics,
+) {
+    if client.connection_state() != async_nats::connection::State::Connected {
+        metrics.dropped("disconnected", items);
+        return;
+    }
+    let len = payload.len();
+    match client.publish(subject.to_owned(), payload.into()).await {
+        Ok(()) => metrics.sent(len),
+        Err(err) => {
+            tracing::debug!(error = %err, "replica sync: publish failed");
+            metrics.dropped("publish_error", items);
+        }
+    }
 }
 
 /// The request path's handle on sync.

@@ -25,12 +25,11 @@
 //! prefilling, there.
 
 use super::wire::{self, Body, FirstToken, WorkerLoad};
-use super::{Identity, SyncMetrics, now_ms};
+use super::{Identity, SyncMetrics};
 use crate::config::{SyncAuth, SyncConfig};
 use async_nats::Subscriber;
-use async_nats::connection::State;
 use futures::{FutureExt as _, StreamExt as _};
-use radixgate_routing::{Learned, Observation, PeerLoad, PeerLoads, Router};
+use radixgate_routing::{PeerLoad, PeerLoads, Router, Worker};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -161,13 +160,18 @@ fn own_loads(router: &Router) -> Vec<WorkerLoad> {
         .snapshot()
         .workers()
         .iter()
-        .filter(|w| w.load() > 0 || w.pending_prefill() > 0)
+        .filter(|w| loaded(w))
         .map(|w| WorkerLoad {
             url: w.url().to_owned(),
             in_flight: u32::try_from(w.load()).unwrap_or(u32::MAX),
             pending_prefill: w.pending_prefill() as u64,
         })
         .collect()
+}
+
+/// Whether a worker has load of this replica's own to report.
+fn loaded(w: &Worker) -> bool {
+    w.load() > 0 || w.pending_prefill() > 0
 }
 
 /// The lane's thread and what stops it.
@@ -320,7 +324,13 @@ impl Ticks<'_> {
     /// holds a peer's report that has to expire in time.
     fn busy(&self) -> bool {
         !self.last.is_empty()
-            || !own_loads(&self.shared.router).is_empty()
+            || self
+                .shared
+                .router
+                .snapshot()
+                .workers()
+                .iter()
+                .any(|w| loaded(w))
             || self.shared.first_tokens_waiting()
             || self.shared.expire()
     }
@@ -342,31 +352,10 @@ impl Ticks<'_> {
     }
 
     async fn send(&self, loads: &[WorkerLoad], firsts: &[FirstToken]) {
-        let items = 1 + firsts.len() as u64;
-        if self.client.connection_state() != State::Connected {
-            self.metrics.dropped("disconnected", items);
-            return;
-        }
-        let header = wire::Header {
-            cluster: self.me.cluster.clone(),
-            replica: self.me.replica.clone(),
-            instance: self.me.instance,
-            seq: self.shared.next_load_seq(),
-            sent_ms: now_ms(),
-        };
+        let header = self.me.header(self.shared.next_load_seq());
         let payload = wire::encode_load(&header, loads, firsts);
-        let len = payload.len();
-        match self
-            .client
-            .publish(self.subject.clone(), payload.into())
-            .await
-        {
-            Ok(()) => self.metrics.sent(len),
-            Err(err) => {
-                tracing::debug!(error = %err, "replica sync: publish failed");
-                self.metrics.dropped("publish_error", items);
-            }
-        }
+        let items = 1 + firsts.len() as u64;
+        super::publish(&self.client, &self.subject, payload, items, self.metrics).await;
     }
 
     /// Runs the connection until it has nothing more to read or write,
@@ -395,10 +384,13 @@ impl Ticks<'_> {
         self.shared
             .report(h.instance, h.seq, super::receive::peer_loads(loads));
         for f in firsts {
-            let seen = Observation::from(f.observed);
-            if self.shared.router.observe(&f.model, &f.url, seen) == Learned::Inserted {
-                self.metrics.observed();
-            }
+            super::receive::learn_first_token(
+                &self.shared.router,
+                self.metrics,
+                &f.model,
+                &f.url,
+                f.observed,
+            );
         }
     }
 }

@@ -13,11 +13,10 @@
 
 use super::dict::Outgoing;
 use super::lane::Shared;
-use super::wire::{self, FirstToken, Header, Inserts, WireEntry, WorkerLoad};
-use super::{Identity, Routed, SyncMetrics, now_ms};
+use super::wire::{self, FirstToken, Inserts, WireEntry, WorkerLoad};
+use super::{Identity, Routed, SyncMetrics};
 use crate::config::SyncConfig;
 use async_nats::Client;
-use async_nats::connection::State;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -37,41 +36,18 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn header(&self, seq: u64) -> Header {
-        Header {
-            cluster: self.me.cluster.clone(),
-            replica: self.me.replica.clone(),
-            instance: self.me.instance,
-            seq,
-            sent_ms: now_ms(),
-        }
-    }
-
-    async fn send(&self, subject: &str, payload: Vec<u8>, items: u64) {
-        if self.client.connection_state() != State::Connected {
-            self.metrics.dropped("disconnected", items);
-            return;
-        }
-        let len = payload.len();
-        match self
-            .client
-            .publish(subject.to_owned(), payload.into())
-            .await
-        {
-            Ok(()) => self.metrics.sent(len),
-            Err(err) => {
-                tracing::debug!(error = %err, "replica sync: publish failed");
-                self.metrics.dropped("publish_error", items);
-            }
-        }
-    }
-
     async fn send_inserts(&mut self, batch: Inserts) {
         self.insert_seq += 1;
         let n = batch.entries.len() as u64;
-        let payload = wire::encode_inserts(&self.header(self.insert_seq), &batch);
-        let subject = self.inserts_subject.clone();
-        self.send(&subject, payload, n).await;
+        let payload = wire::encode_inserts(&self.me.header(self.insert_seq), &batch);
+        super::publish(
+            &self.client,
+            &self.inserts_subject,
+            payload,
+            n,
+            &self.metrics,
+        )
+        .await;
     }
 }
 

@@ -64,6 +64,20 @@ pub(super) fn screen(
     }
 }
 
+/// Teaches this replica's fit for the worker at `url` and pool `model` a
+/// first token a peer saw there (from a batch or a load report).
+pub(super) fn learn_first_token(
+    router: &Router,
+    metrics: &SyncMetrics,
+    model: &str,
+    url: &str,
+    observed: wire::Observed,
+) {
+    if router.observe(model, url, Observation::from(observed)) == Learned::Inserted {
+        metrics.observed();
+    }
+}
+
 pub(super) fn peer_loads(loads: Vec<wire::WorkerLoad>) -> Vec<PeerLoad> {
     loads
         .into_iter()
@@ -195,10 +209,7 @@ impl Applier {
             // A first token teaches the fits only as it happens: replayed
             // history is about the workers as they were.
             if live && let Some(o) = entry.observed {
-                let seen = Observation::from(o);
-                if self.router.observe(&entry.model, &entry.url, seen) == Learned::Inserted {
-                    self.metrics.observed();
-                }
+                learn_first_token(&self.router, &self.metrics, &entry.model, &entry.url, o);
             }
             if text.is_empty() {
                 // A first token alone: its decision came earlier.
