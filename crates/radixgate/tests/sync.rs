@@ -836,6 +836,82 @@ async fn tls_with_a_private_ca_works() {
     let _ = std::fs::remove_dir_all(certs);
 }
 
+/// A NATS server configured with a small `max_payload` (8 KiB here; NATS
+/// refuses any larger payload): a text over it goes as its head, and
+/// decisions that go out together are split into batches under it, so no
+/// decision is lost with a long neighbour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_fit_the_servers_max_payload() {
+    let conf_dir = temp_dir("conf");
+    let conf = conf_dir.join("nats.conf");
+    std::fs::write(&conf, "max_payload: 8192\n").unwrap();
+    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
+    let (_workers, a, b) = two_replicas(&nats).await;
+
+    // 22 KB of text: B learns its head, and routes a question on that head
+    // to the worker A chose, as a hit.
+    let long = format!(
+        "long report: {}",
+        "the quarter's figures, line by line. ".repeat(600)
+    );
+    let worker = ask_and_wait(&a.url, &b.url, &long).await;
+    // Until A's report that the request ended reaches B, B counts its
+    // prefill as queued there, and may spill.
+    wait_until("B saw A's request end", || async {
+        let loads = worker_loads(&b.url, &worker).await;
+        loads["peer_load"] == 0 && loads["peer_pending_prefill_chars"] == 0
+    })
+    .await;
+    let (at_b, branch) = ask(&b.url, &long[..2000]).await;
+    assert_eq!(
+        (at_b.as_str(), branch.as_str()),
+        (worker.as_str(), "cache_hit"),
+        "B learned the head of A's long text"
+    );
+    assert_eq!(
+        series_value(&a.url, "radixgate_sync_texts_cut_total").await,
+        1.0
+    );
+
+    // 16 decisions of 2 KB at once: those that wait for the same batch
+    // would make one over 8 KiB.
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let before = learned().await;
+    let asks: Vec<_> = (0..16)
+        .map(|i| {
+            let url = a.url.clone();
+            let text = format!(
+                "together {i}: {}",
+                "a question of two kilobytes. ".repeat(70)
+            );
+            tokio::spawn(async move { ask(&url, &text).await })
+        })
+        .collect();
+    for h in asks {
+        h.await.unwrap();
+    }
+    wait_until("B learned all 16", || async {
+        learned().await >= before + 16.0
+    })
+    .await;
+    assert_eq!(
+        series_value(
+            &a.url,
+            "radixgate_sync_dropped_total{reason=\"publish_error\"}"
+        )
+        .await,
+        0.0
+    );
+    assert_eq!(
+        series_value(&a.url, "radixgate_sync_texts_cut_total").await,
+        1.0,
+        "2 KB texts go whole"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(conf_dir);
+}
+
 /// A replica with prefix references off still resolves the references of a
 /// peer that has them on: what it keeps for a sender follows the sender's
 /// window, not its own.

@@ -35,6 +35,10 @@ const OBSERVED: Describe = Describe::new(
     "radixgate_sync_first_tokens_learned_total",
     "Peers' first-token observations this replica's TTFT cost model learned from.",
 );
+const TEXTS_CUT: Describe = Describe::new(
+    "radixgate_sync_texts_cut_total",
+    "Routed texts published cut to their head, to fit the NATS server's max_payload.",
+);
 const CONNECTED: Describe = Describe::new(
     "radixgate_sync_connected",
     "Whether this replica is connected to NATS (1) or not (0).",
@@ -55,6 +59,7 @@ pub(crate) struct SyncMetrics {
     ignored: LabelledCounters,
     learned: OneCounter,
     observed: OneCounter,
+    texts_cut: OneCounter,
     connected: OneGauge,
     lag: OneGauge,
 }
@@ -70,6 +75,7 @@ impl SyncMetrics {
             ignored: metrics.labelled_counters(&IGNORED, "reason"),
             learned: metrics.counter(&LEARNED),
             observed: metrics.counter(&OBSERVED),
+            texts_cut: metrics.counter(&TEXTS_CUT),
             connected: metrics.gauge(&CONNECTED),
             lag: metrics.gauge(&LAG),
         };
@@ -103,6 +109,10 @@ impl SyncMetrics {
 
     pub(crate) fn observed(&self) {
         self.observed.add(1);
+    }
+
+    pub(crate) fn text_cut(&self) {
+        self.texts_cut.add(1);
     }
 
     pub(crate) fn ignored(&self, reason: &'static str) {

@@ -1,5 +1,6 @@
 //! The publisher: a queued decision goes out at once as an insert batch
-//! (or a few, each under [`MAX_BATCH_BYTES`]) unless the last batch went
+//! (or a few, each under [`MAX_BATCH_BYTES`] and the server's
+//! `max_payload`) unless the last batch went
 //! under `batch_ms` ago; then it waits until `batch_ms` after that one,
 //! with whatever else comes meanwhile. The last batch carries this
 //! replica's loads as they are then, and the first tokens waiting (else
@@ -23,8 +24,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Largest insert batch payload; NATS refuses payloads over its
-/// `max_payload` (1 MiB unless configured).
+/// Largest insert batch payload, unless the server's `max_payload` (1 MiB
+/// unless configured) is smaller: NATS refuses a payload over it.
 const MAX_BATCH_BYTES: usize = 512 << 10;
 
 struct Publisher {
@@ -113,9 +114,11 @@ pub(super) async fn run(
     }
 }
 
-/// Sends `items` as insert batches, each under [`MAX_BATCH_BYTES`]; the
-/// last one carries `firsts` (entries without text) and `load`, this
-/// replica's load report numbered so.
+/// Sends `items` as insert batches, each within [`MAX_BATCH_BYTES`] (but
+/// for one long text alone) and the server's `max_payload`; the last one
+/// carries `firsts` (entries without text) and `load`, this replica's
+/// load report numbered so. A text that would not fit in a batch of its
+/// own goes cut to its head ([`fit`]).
 async fn send_batches(
     p: &mut Publisher,
     dict: &mut Outgoing,
@@ -124,6 +127,18 @@ async fn send_batches(
     firsts: Vec<FirstToken>,
     load: (u64, Vec<WorkerLoad>),
 ) {
+    // Decisions are grouped up to MAX_BATCH_BYTES (or the server's
+    // limit, if smaller); one long text may take all the server accepts.
+    // Every batch keeps room for the load report, though only the last
+    // carries it. (Before the first connection the client knows no limit;
+    // nothing is sent then.)
+    let frame = wire::inserts_frame_bound(&p.me.header(0), Some(load.1.as_slice()));
+    let accepted = match p.client.max_payload() {
+        0 => MAX_BATCH_BYTES,
+        n => n,
+    };
+    let whole = accepted.saturating_sub(frame);
+    let room = accepted.min(MAX_BATCH_BYTES).saturating_sub(frame);
     let mut batch = Inserts {
         window,
         first_entry: dict.next_id(),
@@ -132,11 +147,19 @@ async fn send_batches(
     };
     let mut bytes = 0;
     for item in items {
-        let text = item.text.as_bytes();
-        let encoded = dict.encode(text);
+        let fixed = wire::entry_bound(0, &item.model, &item.url);
+        let text = fit(&item.text, whole.saturating_sub(fixed), &p.metrics);
+        // Decided before the text takes its number: a reference only
+        // shortens what is sent.
+        let most = wire::entry_bound(text.len(), &item.model, &item.url);
+        if bytes + most > room && !batch.entries.is_empty() {
+            send_full(p, dict, window, &mut batch).await;
+            bytes = 0;
+        }
+        let encoded = dict.encode(text.as_bytes());
         let cut = encoded.base.map_or(0, |(_, len)| len as usize);
-        let suffix = text[cut..].to_vec();
-        bytes += suffix.len() + item.url.len() + item.model.len() + 8;
+        let suffix = text.as_bytes()[cut..].to_vec();
+        bytes += wire::entry_bound(suffix.len(), &item.model, &item.url);
         batch.entries.push(WireEntry {
             model: item.model,
             url: item.url,
@@ -144,21 +167,14 @@ async fn send_batches(
             suffix,
             observed: None,
         });
-        if bytes >= MAX_BATCH_BYTES {
-            let full = std::mem::replace(
-                &mut batch,
-                Inserts {
-                    window,
-                    first_entry: dict.next_id(),
-                    entries: Vec::new(),
-                    load: None,
-                },
-            );
-            p.send_inserts(full).await;
-            bytes = 0;
-        }
     }
     for f in firsts {
+        let most = wire::entry_bound(0, &f.model, &f.url);
+        if bytes + most > room && !batch.entries.is_empty() {
+            send_full(p, dict, window, &mut batch).await;
+            bytes = 0;
+        }
+        bytes += most;
         // An empty text: nothing to refer to, nothing to insert.
         let encoded = dict.encode(b"");
         batch.entries.push(WireEntry {
@@ -172,4 +188,29 @@ async fn send_batches(
     // The report goes even if the last cut left no entry.
     batch.load = Some(load);
     p.send_inserts(batch).await;
+}
+
+/// Sends `batch` and starts the next one in its place.
+async fn send_full(p: &mut Publisher, dict: &Outgoing, window: u64, batch: &mut Inserts) {
+    let next = Inserts {
+        window,
+        first_entry: dict.next_id(),
+        entries: Vec::new(),
+        load: None,
+    };
+    p.send_inserts(std::mem::replace(batch, next)).await;
+}
+
+/// `text`, or as much of its head as fits in `room` bytes, cut at a
+/// character's boundary (counted `radixgate_sync_texts_cut_total`): the
+/// worker was sent all of it, so it holds that head, and a peer that
+/// learns the head routes its repeats as hits. Sent whole, a text over
+/// the server's `max_payload` would be refused, and with it every other
+/// decision of its batch.
+fn fit<'a>(text: &'a str, room: usize, metrics: &SyncMetrics) -> &'a str {
+    if text.len() <= room {
+        return text;
+    }
+    metrics.text_cut();
+    &text[..text.floor_char_boundary(room)]
 }

@@ -246,6 +246,33 @@ fn table_index<'a>(table: &mut Vec<&'a str>, s: &'a str) -> u64 {
 }
 
 /// Encodes a batch of inserts.
+/// At most what an insert batch takes beyond its entries: the header and
+/// the batch's own numbers, and the load report if it carries `loads`.
+/// Each string counts with its length and each number as a 10-byte varint,
+/// its most.
+pub(crate) fn inserts_frame_bound(h: &Header, loads: Option<&[WorkerLoad]>) -> usize {
+    let header = 80 + h.cluster.len() + h.replica.len() + 20;
+    header
+        + loads.map_or(0, |loads| {
+            20 + loads.iter().map(|l| l.url.len() + 30).sum::<usize>()
+        })
+}
+
+/// At most what an entry's numbers take: its model's and URL's places in
+/// the table, its reference, its suffix's length and its first token.
+const ENTRY_NUMBERS: usize = 91;
+
+/// At most what one entry adds to an insert batch: its numbers, its
+/// suffix, and its model and URL if they are new to the batch's string
+/// table.
+pub(crate) fn entry_bound(suffix_len: usize, model: &str, url: &str) -> usize {
+    name_bound(model) + name_bound(url) + suffix_len + ENTRY_NUMBERS
+}
+
+fn name_bound(s: &str) -> usize {
+    s.len() + 10
+}
+
 pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
     let mut table: Vec<&str> = Vec::new();
     let mut refs = Vec::with_capacity(batch.entries.len());
@@ -254,16 +281,16 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
         let u = table_index(&mut table, e.url.as_str());
         refs.push((m, u));
     }
-    // Room for all of it, each string with its length and each number at
-    // most 10 bytes as a varint: a batch of one long prompt that outgrew
-    // its buffer was copied whole to a buffer twice the size.
-    let header = 80 + h.cluster.len() + h.replica.len() + 20;
-    let names: usize = table.iter().map(|s| s.len() + 10).sum();
-    let entries: usize = batch.entries.iter().map(|e| e.suffix.len() + 91).sum();
-    let loads = batch.load.as_ref().map_or(0, |(_, loads)| {
-        20 + loads.iter().map(|l| l.url.len() + 30).sum::<usize>()
-    });
-    let mut out = Vec::with_capacity(header + names + entries + loads);
+    // Room for all of it: a batch of one long prompt that outgrew its
+    // buffer was copied whole to a buffer twice the size.
+    let frame = inserts_frame_bound(h, batch.load.as_ref().map(|(_, l)| l.as_slice()));
+    let names: usize = table.iter().map(|s| name_bound(s)).sum();
+    let entries: usize = batch
+        .entries
+        .iter()
+        .map(|e| e.suffix.len() + ENTRY_NUMBERS)
+        .sum();
+    let mut out = Vec::with_capacity(frame + names + entries);
     #[cfg(test)]
     let reserved = out.capacity();
     let observed = batch.entries.iter().any(|e| e.observed.is_some());

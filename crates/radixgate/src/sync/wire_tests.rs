@@ -388,6 +388,10 @@ proptest! {
             load: (back % 2 == 1).then(|| (first, vec![WorkerLoad { url: format!("http://w:{back}"), in_flight: (len % 1000) as u32, pending_prefill: len }])),
         };
         let bytes = encode_inserts(&header(), &batch);
+        // The publisher sizes its batches by these bounds.
+        let bound = inserts_frame_bound(&header(), batch.load.as_ref().map(|(_, l)| l.as_slice()))
+            + batch.entries.iter().map(|e| entry_bound(e.suffix.len(), &e.model, &e.url)).sum::<usize>();
+        prop_assert!(bytes.len() <= bound, "{} bytes over the bound {}", bytes.len(), bound);
         prop_assert_eq!(decode(&bytes).unwrap(), (header(), Body::Inserts(batch)));
     }
 }
