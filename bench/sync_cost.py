@@ -39,8 +39,11 @@ nats-server, and the same `radixgate load` runs against every group at the
 same time, so the groups share whatever else the machine does. Before the
 load, every group idles `--idle-s` seconds: what sync costs when nothing is
 routed. Per group: CPU and thread wake-ups (context switches of every
-thread, from /proc/PID/task/*/status) per request, and sync messages per
-request from the replicas' /metrics. `--rounds` repeats it; the summary is
+thread, from /proc/PID/task/*/status) per request, the CPU per request
+split by thread (the serving runtime's workers, the load lane's thread,
+and the rest: the main thread, whose runtime runs the publisher and the
+insert receiver), and sync messages per request from the replicas'
+/metrics. `--rounds` repeats it; the summary is
 the median of each round's ratios. With `--b-core-only`, group b's
 nats-server runs without JetStream (`--binary-b` defaults to `--binary`):
 its replicas fall back to core NATS for inserts, which measures what the
@@ -281,6 +284,38 @@ def wakeups(root: int) -> int:
     return total
 
 
+# A router's threads by name: the serving runtime's workers, the load
+# lane's thread (its 15-character comm), and the rest (the main thread's
+# runtime, which runs the publisher and the insert receiver, and tokio's
+# blocking threads).
+THREAD_KINDS = (("radixgate-serve", "serving"), ("radixgate-sync-", "load lane"))
+
+
+def cpu_by_thread(root: int) -> dict[str, float]:
+    """CPU seconds (utime + stime) of `root`'s live threads, by kind
+    (THREAD_KINDS, else "main and other"). A thread that ended is missing
+    here but counted in the process's own total (cpu_seconds)."""
+    out = {kind: 0.0 for _, kind in THREAD_KINDS}
+    out["main and other"] = 0.0
+    for pid in procs.descendants(root):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    head, rest = f.read().rsplit(")", 1)
+            except OSError:
+                continue
+            comm = head.split("(", 1)[1]
+            fields = rest.split()
+            kind = next((k for prefix, k in THREAD_KINDS if comm.startswith(prefix)),
+                        "main and other")
+            out[kind] += (int(fields[11]) + int(fields[12])) / procs.CLK_TCK
+    return out
+
+
 def load_report(cluster: str, seq: int, urls: list[str]) -> bytes:
     """A peer's load report in wire format 1 (docs/sync.md), kind 2."""
     def var(v: int) -> bytes:
@@ -370,14 +405,19 @@ def receive_run(args: argparse.Namespace) -> None:
 SYNC_COUNTERS = ("radixgate_sync_messages_sent_total", "radixgate_sync_messages_received_total")
 
 
-def compare_group_usage(group) -> tuple[float, int, dict[str, float]]:
-    """(CPU seconds, wake-ups, sync counters) of a group's replicas, summed."""
+def compare_group_usage(group) -> tuple[float, int, dict[str, float], dict[str, float]]:
+    """(CPU seconds, wake-ups, sync counters, CPU seconds by thread kind) of
+    a group's replicas, summed."""
     from replicas import metric_sum
     cpu = sum(procs.cpu_seconds(p.pid) for p in group["procs"])
     wake = sum(wakeups(p.pid) for p in group["procs"])
     counters = {name: sum(metric_sum(t, (name,)) for t in group["targets"])
                 for name in SYNC_COUNTERS}
-    return cpu, wake, counters
+    threads: dict[str, float] = {}
+    for p in group["procs"]:
+        for kind, secs in cpu_by_thread(p.pid).items():
+            threads[kind] = threads.get(kind, 0.0) + secs
+    return cpu, wake, counters, threads
 
 
 def published(group) -> dict[str, int]:
@@ -448,6 +488,7 @@ def compare_round(args: argparse.Namespace, wname: str, wl) -> dict:
             "idle_wakeups_per_s": (i[1] - b[1]) / args.idle_s,
             "cpu_ms_per_req": (a[0] - i[0]) / ok * 1000,
             "wakeups_per_req": (a[1] - i[1]) / ok,
+            "cpu_ms_per_req_by_thread": {k: (a[3][k] - i[3][k]) / ok * 1000 for k in a[3]},
             "sent_per_req": (a[2][SYNC_COUNTERS[0]] - i[2][SYNC_COUNTERS[0]]) / ok,
             "received_per_req": (a[2][SYNC_COUNTERS[1]] - i[2][SYNC_COUNTERS[1]]) / ok,
             "idle_published_per_s": {k: (p1[k] - p0[k]) / args.idle_s for k in p0},
@@ -487,6 +528,9 @@ def compare(args: argparse.Namespace) -> None:
             summary["median"][g["group"]]["published_per_req"] = {
                 kind: med_of([r["groups"][k]["published_per_req"][kind] for r in rounds])
                 for kind in ("inserts", "load")}
+            summary["median"][g["group"]]["cpu_ms_per_req_by_thread"] = {
+                kind: med_of([r["groups"][k]["cpu_ms_per_req_by_thread"][kind] for r in rounds])
+                for kind in g["cpu_ms_per_req_by_thread"]}
         if args.binary_b:
             summary["b_vs_a_cpu_per_req_median"] = med_of(
                 [r["groups"][2]["cpu_ms_per_req"] / r["groups"][1]["cpu_ms_per_req"]
