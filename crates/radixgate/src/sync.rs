@@ -228,7 +228,7 @@ pub(crate) fn spawn(
             auth,
             &identity,
             task_metrics.clone(),
-            "inserts",
+            connect::Link::Inserts,
         )
         .await
         {

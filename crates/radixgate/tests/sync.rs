@@ -688,9 +688,16 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
         sent.load(Ordering::Relaxed) > 20
     })
     .await;
+    // Both connections: the decisions' and the load lane's.
+    let lane = "radixgate_sync_load_lane_connected";
+    wait_until("A's load lane connected", || async {
+        series_value(&a.url, lane).await == 1.0
+    })
+    .await;
     nats.kill();
     wait_until("A sees NATS gone", || async {
         series_value(&a.url, "radixgate_sync_connected").await == 0.0
+            && series_value(&a.url, lane).await == 0.0
     })
     .await;
     let before = sent.load(Ordering::Relaxed);
@@ -701,6 +708,10 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
     nats.restart();
     wait_connected(&a.url).await;
     wait_connected(&b.url).await;
+    wait_until("A's load lane reconnected", || async {
+        series_value(&a.url, lane).await == 1.0
+    })
+    .await;
     // Traffic went on through the restart without a failed request.
     stop.store(true, Ordering::Relaxed);
     for l in load {

@@ -10,20 +10,43 @@ use std::time::Duration;
 /// Longest pause between reconnect attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// A replica's two NATS connections.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Link {
+    /// Decisions and the stream: the `connected` gauge.
+    Inserts,
+    /// Load reports ([`super::lane`]): the `load_lane_connected` gauge.
+    LoadLane,
+}
+
+impl Link {
+    /// Its name in the logs.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Inserts => "inserts",
+            Self::LoadLane => "load lane",
+        }
+    }
+
+    fn set(self, metrics: &SyncMetrics, up: bool) {
+        match self {
+            Self::Inserts => metrics.connected(up),
+            Self::LoadLane => metrics.lane_connected(up),
+        }
+    }
+}
+
 /// Builds the client. It connects in the background and keeps
 /// reconnecting, with back-off from 50 ms doubling up to 2 s, forever:
 /// a replica never gives up on NATS, it routes on local state meanwhile.
-/// A replica has two: `inserts` (decisions, the stream; its state is the
-/// `connected` gauge) and the `load lane` ([`super::lane`]); `lane` names
-/// it in the logs.
 pub(super) async fn connect(
     config: &SyncConfig,
     auth: SyncAuth,
     me: &Identity,
     metrics: Arc<SyncMetrics>,
-    lane: &'static str,
+    link: Link,
 ) -> Result<Client, async_nats::ConnectError> {
-    let gauge = lane == "inserts";
+    let lane = link.name();
     let addrs: Vec<ServerAddr> = config
         .urls
         .iter()
@@ -54,15 +77,11 @@ pub(super) async fn connect(
             async move {
                 match event {
                     Event::Connected => {
-                        if gauge {
-                            metrics.connected(true);
-                        }
+                        link.set(&metrics, true);
                         tracing::info!(lane, "replica sync: connected to NATS");
                     }
                     Event::Disconnected => {
-                        if gauge {
-                            metrics.connected(false);
-                        }
+                        link.set(&metrics, false);
                         tracing::warn!(lane, "replica sync: disconnected from NATS; routing on local state, reconnecting");
                     }
                     Event::ServerError(err) => {

@@ -228,7 +228,7 @@ fn run(
 ) {
     let subject = me.subject("load");
     let setup = rt.block_on(async {
-        let client = super::connect::connect(config, auth, me, metrics.clone(), "load lane")
+        let client = super::connect::connect(config, auth, me, metrics.clone(), super::connect::Link::LoadLane)
             .await
             .map_err(|e| e.to_string())?;
         loop {

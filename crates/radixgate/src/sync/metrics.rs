@@ -41,7 +41,11 @@ const TEXTS_CUT: Describe = Describe::new(
 );
 const CONNECTED: Describe = Describe::new(
     "radixgate_sync_connected",
-    "Whether this replica is connected to NATS (1) or not (0).",
+    "Whether this replica's NATS connection for decisions and the stream is connected (1) or not (0).",
+);
+const LANE_CONNECTED: Describe = Describe::new(
+    "radixgate_sync_load_lane_connected",
+    "Whether this replica's load lane (its second NATS connection, for load reports) is connected (1) or not (0).",
 );
 const LAG: Describe = Describe::seconds(
     "radixgate_sync_lag_seconds",
@@ -61,6 +65,7 @@ pub(crate) struct SyncMetrics {
     observed: OneCounter,
     texts_cut: OneCounter,
     connected: OneGauge,
+    lane_connected: OneGauge,
     lag: OneGauge,
 }
 
@@ -77,10 +82,12 @@ impl SyncMetrics {
             observed: metrics.counter(&OBSERVED),
             texts_cut: metrics.counter(&TEXTS_CUT),
             connected: metrics.gauge(&CONNECTED),
+            lane_connected: metrics.gauge(&LANE_CONNECTED),
             lag: metrics.gauge(&LAG),
         };
         // Exported from the start, so a scrape shows sync is on.
         m.connected.set(0.0);
+        m.lane_connected.set(0.0);
         m
     }
 
@@ -121,6 +128,10 @@ impl SyncMetrics {
 
     pub(crate) fn connected(&self, up: bool) {
         self.connected.set(if up { 1.0 } else { 0.0 });
+    }
+
+    pub(crate) fn lane_connected(&self, up: bool) {
+        self.lane_connected.set(if up { 1.0 } else { 0.0 });
     }
 
     pub(crate) fn lag(&self, seconds: f64) {
