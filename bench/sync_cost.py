@@ -265,9 +265,9 @@ def cpu_run(args: argparse.Namespace) -> dict:
         }
 
 
-def wakeups(root: int) -> int:
-    """Context switches (voluntary and not) of every thread of `root`'s tree."""
-    total = 0
+def task_files(root: int, name: str):
+    """The text of /proc/PID/task/TID/`name` for every thread of `root`'s
+    tree (a thread or process that ends meanwhile is skipped)."""
     for pid in procs.descendants(root):
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
@@ -275,13 +275,18 @@ def wakeups(root: int) -> int:
             continue
         for tid in tasks:
             try:
-                with open(f"/proc/{pid}/task/{tid}/status") as f:
-                    for line in f:
-                        if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")):
-                            total += int(line.split()[1])
+                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                    yield f.read()
             except OSError:
                 continue
-    return total
+
+
+def wakeups(root: int) -> int:
+    """Context switches (voluntary and not) of every thread of `root`'s tree."""
+    return sum(int(line.split()[1])
+               for status in task_files(root, "status")
+               for line in status.splitlines()
+               if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
 
 
 # A router's threads by name: the serving runtime's workers, the load
@@ -297,22 +302,13 @@ def cpu_by_thread(root: int) -> dict[str, float]:
     here but counted in the process's own total (cpu_seconds)."""
     out = {kind: 0.0 for _, kind in THREAD_KINDS}
     out["main and other"] = 0.0
-    for pid in procs.descendants(root):
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    head, rest = f.read().rsplit(")", 1)
-            except OSError:
-                continue
-            comm = head.split("(", 1)[1]
-            fields = rest.split()
-            kind = next((k for prefix, k in THREAD_KINDS if comm.startswith(prefix)),
-                        "main and other")
-            out[kind] += (int(fields[11]) + int(fields[12])) / procs.CLK_TCK
+    for stat in task_files(root, "stat"):
+        head, rest = stat.rsplit(")", 1)
+        comm = head.split("(", 1)[1]
+        fields = rest.split()
+        kind = next((k for prefix, k in THREAD_KINDS if comm.startswith(prefix)),
+                    "main and other")
+        out[kind] += (int(fields[11]) + int(fields[12])) / procs.CLK_TCK
     return out
 
 
