@@ -522,9 +522,10 @@ async fn a_first_token_rides_with_the_next_decision() {
         first_tokens_learned(&b.url, &worker.url).await == 5
     })
     .await;
-    // Five decisions, each in a batch of its own that also carries the
-    // request before's first token; the last first token with a load
-    // report, not in a batch. One batch per first token would make ten.
+    // Five decisions, each in a batch of its own; a first token goes with
+    // the load lane's early report (one a period), else with the next
+    // decision's batch, the last one with the lane's next tick. One batch
+    // per first token would make ten.
     let mut seen = 0;
     while let Ok(Some(_)) = tokio::time::timeout(
         Duration::from_millis(300),
@@ -537,6 +538,88 @@ async fn a_first_token_rides_with_the_next_decision() {
     assert_eq!(seen, 5, "insert batches A sent");
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A first token means its request's prefill is done: after a long
+/// prefill the load lane reports it (and the lower pending prefill) at
+/// once, not at its next tick on the wall-clock grid, which a long period
+/// here puts seconds away. After a short one it waits for the tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prefills_first_token_goes_out_before_the_lanes_next_tick() {
+    let nats = Nats::start(&[]);
+    let worker = late_worker(200).await;
+    let mut a_config = replica_config(&[nats.url()], &[&worker.url]);
+    a_config.sync.load_period_ms = 4_000;
+    a_config.sync.load_expiry_ms = 12_000;
+    let a = gateway_ready(a_config, 1).await;
+    wait_connected(&a.url).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let mut reports = raw
+        .subscribe("radixgate.sync.radixgate.load")
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    // Just after a multiple of the period (the grid every replica ticks
+    // on): the next tick is 3.6 s or more away.
+    let into_period = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            % 4_000
+    };
+    wait_until("the start of a period", || async {
+        (100..400).contains(&into_period())
+    })
+    .await;
+    let short = prompt("short");
+    let long = "please compare every figure of the attached annual report. ".repeat(200);
+    assert!(short.len() < 8 * 1024 && long.len() > 10 * 1024);
+    let ask_stream = |text: String| {
+        let url = a.url.clone();
+        tokio::spawn(async move {
+            let r = post_chat(&url, &chat(&text, true)).await;
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        })
+    };
+    // A short prefill: its first token (after 200 ms) waits for the tick.
+    let asked = ask_stream(short);
+    assert!(
+        !first_token_reported(&mut reports, Duration::from_millis(1_000)).await,
+        "a short prefill's first token went out before the tick"
+    );
+    asked.await.unwrap();
+    // A long one: at once, more than two seconds before the tick.
+    let sent = std::time::Instant::now();
+    let asked = ask_stream(long);
+    assert!(
+        first_token_reported(&mut reports, Duration::from_millis(1_500)).await,
+        "a long prefill's first token waited for the lane's next tick"
+    );
+    assert!(sent.elapsed() >= Duration::from_millis(150));
+    assert!(
+        into_period() < 3_500,
+        "{} ms into the period",
+        into_period()
+    );
+    asked.await.unwrap();
+    a.shutdown().await;
+}
+
+/// Whether a load report that carries a first token arrives `within`:
+/// flag bit 0, the byte after magic, version and kind.
+async fn first_token_reported(reports: &mut async_nats::Subscriber, within: Duration) -> bool {
+    tokio::time::timeout(within, async {
+        while let Some(m) = futures::StreamExt::next(reports).await {
+            if m.payload[4] & 1 == 1 {
+                return;
+            }
+        }
+        panic!("the subscription ended");
+    })
+    .await
+    .is_ok()
 }
 
 /// First tokens the cost model has learned from for a worker, over its

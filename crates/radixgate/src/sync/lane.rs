@@ -36,6 +36,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// The prefill, in characters, whose end the lane reports at once rather
+/// than at its next tick: about 2k tokens, tens of milliseconds of a GPU's
+/// prefill, which a peer that still counts it queued would route around.
+/// Shorter prefills (a chat turn past a cached prefix) wait for the tick,
+/// and so cost no extra wake-up.
+pub(super) const EARLY_PREFILL_CHARS: u64 = 8 * 1024;
+
 /// What the lane shares with the publisher and the insert receiver.
 #[derive(Debug)]
 pub(super) struct Shared {
@@ -52,6 +59,12 @@ pub(super) struct Shared {
     /// Wakes an idle lane: a peer's report came with a batch, and has to
     /// expire in time, or a first token waits to go.
     poke: Notify,
+    /// A first token came while the lane ticks: its request's prefill is
+    /// done, and the peers should hear so before the next tick (see
+    /// [`Shared::first_token`]).
+    early: AtomicBool,
+    /// The lane's thread, unparked for an early tick.
+    thread: std::sync::OnceLock<std::thread::Thread>,
     /// First tokens this replica's cost model learned from, for the
     /// peers' fits: the next decision's batch takes them along, or else
     /// the lane's next report. At most `limit`.
@@ -69,6 +82,8 @@ impl Shared {
             idle: AtomicBool::new(true),
             closed: AtomicBool::new(false),
             poke: Notify::new(),
+            early: AtomicBool::new(false),
+            thread: std::sync::OnceLock::new(),
             first_tokens: Mutex::new(Vec::new()),
             limit: config.queue_capacity,
             router,
@@ -77,13 +92,29 @@ impl Shared {
 
     /// Keeps a first token for the next message out; false (it is
     /// dropped) when `queue_capacity` are waiting already.
+    ///
+    /// A first token also means that its request's prefill is done: the
+    /// request no longer counts as pending prefill on its worker here, and
+    /// until the peers hear so they count it as still queued there. So the
+    /// lane ticks early, at once, rather than at its next multiple of the
+    /// period (at most once a period: see [`run`]), when that prefill was
+    /// long enough to matter to the peers' predictions
+    /// ([`EARLY_PREFILL_CHARS`]); each peer reads the report at its own
+    /// next tick.
     pub(super) fn first_token(&self, first: FirstToken) -> bool {
+        let early = first.observed.uncached_chars >= EARLY_PREFILL_CHARS;
         let mut firsts = self.first_tokens.lock().unwrap_or_else(|e| e.into_inner());
         if firsts.len() >= self.limit {
             return false;
         }
         firsts.push(first);
         drop(firsts);
+        if early {
+            self.early.store(true, Ordering::Release);
+            if let Some(thread) = self.thread.get() {
+                thread.unpark();
+            }
+        }
         // Its request is still in flight, so the lane ticks already; a
         // lane that went idle all the same must not keep it for ever.
         self.wake_if_idle();
@@ -200,6 +231,7 @@ pub(super) fn spawn(
     let thread = std::thread::Builder::new()
         .name("radixgate-sync-load".to_owned())
         .spawn(move || {
+            let _ = shared.thread.set(std::thread::current());
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -267,20 +299,31 @@ fn run(
     // idle lane when this replica gets busy. (While it ticks, a signal
     // left over only makes the next idle wait look once more.)
     let changes = shared.router.load_changes();
+    // Whether the tick since the last one on the grid was an early one.
+    let mut early_taken = false;
     while !stop.is_cancelled() {
         if lane.busy() {
             shared.idle.store(false, Ordering::Release);
+            // This tick reports every first token so far.
+            shared.early.store(false, Ordering::Release);
             rt.block_on(lane.tick());
             // Asleep, not waiting on the socket: what the peers send
-            // meanwhile waits there for the next tick.
+            // meanwhile waits there for the next tick. A first token wakes
+            // it for one early tick a period; the grid's tick still follows.
             let due = on_grid(Instant::now(), period);
+            let mut early = false;
             while !stop.is_cancelled() {
                 let now = Instant::now();
                 if now >= due {
                     break;
                 }
+                if !early_taken && shared.early.swap(false, Ordering::AcqRel) {
+                    early = true;
+                    break;
+                }
                 std::thread::park_timeout(due - now);
             }
+            early_taken = early;
         } else {
             shared.idle.store(true, Ordering::Release);
             // Something may have changed between the last look and the
