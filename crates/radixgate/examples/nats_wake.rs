@@ -1,0 +1,161 @@
+//! What one NATS message costs the thread that waits for it, before any of
+//! radixgate's own work: the floor under sync's CPU per message at light
+//! rates, where each message wakes its reader on its own
+//! (docs/sync.md, "What a message costs before radixgate's work").
+//!
+//! A publisher thread sends `COUNT` messages of `BYTES` bytes at `RATE` a
+//! second to a NATS server; two readers take them in turn, each on a
+//! thread of its own that measures its own CPU time
+//! (`/proc/thread-self/schedstat`, nanoseconds on the CPU) from its first
+//! message to its last:
+//! - `raw`: a blocking socket speaking the NATS protocol by hand (SUB,
+//!   then reads until it has counted the messages): the kernel's wake-up
+//!   and the reads, nothing else;
+//! - `async-nats`: the client radixgate uses, a subscriber on a
+//!   current-thread tokio runtime, as sync's receivers run.
+//!
+//! `cargo run --release -p radixgate --example nats_wake -- NATS_URL [RATE]
+//! [COUNT] [BYTES]` (defaults 100, 1000, 200), with a `nats-server`
+//! running at `NATS_URL` (`nats://127.0.0.1:PORT`).
+
+use futures::StreamExt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const SUBJECT: &str = "radixgate.wake.bench";
+
+/// This thread's time on the CPU so far, in microseconds.
+fn thread_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("/proc/thread-self/schedstat (Linux only)");
+    let ns: f64 = stat
+        .split_whitespace()
+        .next()
+        .and_then(|f| f.parse().ok())
+        .expect("schedstat's first field");
+    ns / 1_000.0
+}
+
+/// `host:port` of a `nats://host:port` URL.
+fn address(url: &str) -> &str {
+    url.trim_start_matches("nats://").trim_end_matches('/')
+}
+
+/// Sends `count` messages at `rate` a second, after a short pause that
+/// lets the reader subscribe.
+fn publish(url: &str, rate: f64, count: usize, bytes: usize) -> std::io::Result<()> {
+    let mut conn = TcpStream::connect(address(url))?;
+    conn.set_nodelay(true)?;
+    conn.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\nPING\r\n")?;
+    let mut greeting = [0u8; 4096];
+    let _ = conn.read(&mut greeting)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let payload = vec![b'x'; bytes];
+    let start = Instant::now();
+    for i in 0..count {
+        let mut frame = format!("PUB {SUBJECT} {bytes}\r\n").into_bytes();
+        frame.extend_from_slice(&payload);
+        frame.extend_from_slice(b"\r\n");
+        conn.write_all(&frame)?;
+        let due = start + Duration::from_secs_f64((i + 1) as f64 / rate);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    Ok(())
+}
+
+/// The raw reader: CPU microseconds per message over `count` messages.
+fn read_raw(url: &str, count: usize) -> std::io::Result<f64> {
+    let mut conn = TcpStream::connect(address(url))?;
+    conn.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n")?;
+    conn.write_all(format!("SUB {SUBJECT} 1\r\nPING\r\n").as_bytes())?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    let mut payload = Vec::new();
+    let (mut seen, mut first) = (0, 0.0);
+    while seen < count {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if line.starts_with("PING") {
+            conn.write_all(b"PONG\r\n")?;
+        } else if let Some(header) = line.strip_prefix("MSG ") {
+            // MSG <subject> <sid> <bytes>: the payload and its CRLF follow.
+            let bytes: usize = header
+                .split_whitespace()
+                .last()
+                .and_then(|b| b.parse().ok())
+                .ok_or(std::io::ErrorKind::InvalidData)?;
+            payload.resize(bytes + 2, 0);
+            reader.read_exact(&mut payload)?;
+            if seen == 0 {
+                first = thread_cpu_us();
+            }
+            seen += 1;
+        }
+    }
+    Ok((thread_cpu_us() - first) / (count - 1) as f64)
+}
+
+/// The async-nats reader: CPU microseconds per message over `count`.
+fn read_async_nats(url: &str, count: usize) -> Result<f64, Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = async_nats::connect(url).await?;
+        let mut messages = client.subscribe(SUBJECT).await?;
+        client.flush().await?;
+        let (mut seen, mut first) = (0, 0.0);
+        while seen < count {
+            if messages.next().await.is_none() {
+                return Err("the subscription ended".into());
+            }
+            if seen == 0 {
+                first = thread_cpu_us();
+            }
+            seen += 1;
+        }
+        Ok((thread_cpu_us() - first) / (count - 1) as f64)
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(url) = args.first().cloned() else {
+        return Err("usage: nats_wake NATS_URL [RATE] [COUNT] [BYTES]".into());
+    };
+    let number = |i: usize, default: f64| -> Result<f64, Box<dyn std::error::Error>> {
+        match args.get(i) {
+            Some(a) => Ok(a.parse().map_err(|_| format!("not a number: {a}"))?),
+            None => Ok(default),
+        }
+    };
+    let rate = number(1, 100.0)?;
+    let count = number(2, 1000.0)? as usize;
+    let bytes = number(3, 200.0)? as usize;
+    if rate <= 0.0 || count < 2 {
+        return Err("RATE must be above 0 and COUNT at least 2".into());
+    }
+    for reader in ["raw", "async-nats"] {
+        let publisher = {
+            let url = url.clone();
+            std::thread::spawn(move || publish(&url, rate, count, bytes))
+        };
+        let url = url.clone();
+        let cost = std::thread::spawn(move || match reader {
+            "raw" => read_raw(&url, count).map_err(|e| e.to_string()),
+            _ => read_async_nats(&url, count).map_err(|e| e.to_string()),
+        })
+        .join()
+        .map_err(|_| "a reader panicked")??;
+        publisher.join().map_err(|_| "the publisher panicked")??;
+        println!(
+            "{{\"reader\": \"{reader}\", \"rate_per_s\": {rate}, \"messages\": {count}, \"bytes\": {bytes}, \"cpu_us_per_message\": {cost:.1}}}"
+        );
+    }
+    Ok(())
+}
