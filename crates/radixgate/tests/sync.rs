@@ -522,10 +522,10 @@ async fn a_first_token_rides_with_the_next_decision() {
         first_tokens_learned(&b.url, &worker.url).await == 5
     })
     .await;
-    // Five decisions, each in a batch of its own; a first token goes with
-    // the load lane's early report (one a period), else with the next
-    // decision's batch, the last one with the lane's next tick. One batch
-    // per first token would make ten.
+    // Five decisions, each in a batch of its own that also carries the
+    // request before's first token; the last first token with a load
+    // report, not in a batch (these prefills are too short for an early
+    // one). One batch per first token would make ten.
     let mut seen = 0;
     while let Ok(Some(_)) = tokio::time::timeout(
         Duration::from_millis(300),

@@ -308,8 +308,9 @@ fn run(
             shared.early.store(false, Ordering::Release);
             rt.block_on(lane.tick());
             // Asleep, not waiting on the socket: what the peers send
-            // meanwhile waits there for the next tick. A first token wakes
-            // it for one early tick a period; the grid's tick still follows.
+            // meanwhile waits there for the next tick. A long prefill's
+            // first token wakes it for one early tick a period; the grid's
+            // tick still follows.
             let due = on_grid(Instant::now(), period);
             let mut early = false;
             while !stop.is_cancelled() {
