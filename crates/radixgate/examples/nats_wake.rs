@@ -14,8 +14,12 @@
 //! - `async-nats`: the client radixgate uses, a subscriber on a
 //!   current-thread tokio runtime, as sync's receivers run.
 //!
+//! With a fifth argument `TICK_MS`, it measures a ticking reader instead,
+//! as the load lane runs: asleep between ticks, it reads at each tick what
+//! came meanwhile and sends one message (raw, then async-nats): CPU per tick.
+//!
 //! `cargo run --release -p radixgate --example nats_wake -- NATS_URL [RATE]
-//! [COUNT] [BYTES]` (defaults 100, 1000, 200), with a `nats-server`
+//! [COUNT] [BYTES] [TICK_MS]` (defaults 100, 1000, 200), with a `nats-server`
 //! running at `NATS_URL` (`nats://127.0.0.1:PORT`).
 
 use futures::StreamExt;
@@ -123,10 +127,115 @@ fn read_async_nats(url: &str, count: usize) -> Result<f64, Box<dyn std::error::E
     })
 }
 
+/// The next multiple of `period` after now, as an `Instant`.
+fn next_tick(period: Duration) -> Instant {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let p = period.as_nanos();
+    Instant::now() + Duration::from_nanos((p - wall.as_nanos() % p) as u64)
+}
+
+/// A ticking reader, as the load lane: asleep between ticks, not waiting
+/// on its socket; at each tick it reads what came and sends one message.
+/// Raw: a non-blocking socket read and a write. CPU microseconds a tick.
+fn tick_raw(url: &str, period: Duration, ticks: usize, bytes: usize) -> std::io::Result<f64> {
+    let mut conn = TcpStream::connect(address(url))?;
+    conn.set_nodelay(true)?;
+    conn.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":false}\r\n")?;
+    conn.write_all(format!("SUB {SUBJECT} 1\r\n").as_bytes())?;
+    conn.set_nonblocking(true)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut frame = format!("PUB {SUBJECT}.own {bytes}\r\n").into_bytes();
+    frame.extend(std::iter::repeat_n(b'y', bytes));
+    frame.extend_from_slice(b"\r\n");
+    let mut first = 0.0;
+    for i in 0..ticks {
+        let due = next_tick(period);
+        while let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        if i == 1 {
+            first = thread_cpu_us();
+        }
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    if buf[..n].windows(4).any(|w| w == b"PING") {
+                        conn.write_all(b"PONG\r\n")?;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        conn.write_all(&frame)?;
+    }
+    Ok((thread_cpu_us() - first) / (ticks - 1) as f64)
+}
+
+/// The same with async-nats, driven as the load lane drives it: the
+/// runtime runs only inside a tick.
+fn tick_async_nats(
+    url: &str,
+    period: Duration,
+    ticks: usize,
+    bytes: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    use futures::FutureExt as _;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (client, mut messages) = runtime.block_on(async {
+        let client = async_nats::ConnectOptions::new()
+            .no_echo()
+            .connect(url)
+            .await?;
+        let messages = client.subscribe(SUBJECT).await?;
+        client.flush().await?;
+        Ok::<_, Box<dyn std::error::Error>>((client, messages))
+    })?;
+    let payload = bytes::Bytes::from(vec![b'y'; bytes]);
+    let mut first = 0.0;
+    for i in 0..ticks {
+        let due = next_tick(period);
+        while let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::park_timeout(wait);
+        }
+        if i == 1 {
+            first = thread_cpu_us();
+        }
+        runtime.block_on(async {
+            let drain = |messages: &mut async_nats::Subscriber| {
+                let mut got = false;
+                while let Some(Some(_)) = messages.next().now_or_never() {
+                    got = true;
+                }
+                got
+            };
+            let mut quiet = 0;
+            while quiet < 2 {
+                tokio::task::yield_now().await;
+                quiet = if drain(&mut messages) { 0 } else { quiet + 1 };
+            }
+            let _ = client
+                .publish(format!("{SUBJECT}.own"), payload.clone())
+                .await;
+            let mut quiet = 0;
+            while quiet < 2 {
+                tokio::task::yield_now().await;
+                quiet = if drain(&mut messages) { 0 } else { quiet + 1 };
+            }
+        });
+    }
+    Ok((thread_cpu_us() - first) / (ticks - 1) as f64)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(url) = args.first().cloned() else {
-        return Err("usage: nats_wake NATS_URL [RATE] [COUNT] [BYTES]".into());
+        return Err("usage: nats_wake NATS_URL [RATE] [COUNT] [BYTES] [TICK_MS]".into());
     };
     let number = |i: usize, default: f64| -> Result<f64, Box<dyn std::error::Error>> {
         match args.get(i) {
@@ -139,6 +248,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = number(3, 200.0)? as usize;
     if rate <= 0.0 || count < 2 {
         return Err("RATE must be above 0 and COUNT at least 2".into());
+    }
+    if let Some(tick_ms) = args.get(4) {
+        let period = Duration::from_millis(tick_ms.parse()?);
+        // As many ticks as the publisher's messages last.
+        let ticks = (count as f64 / rate / period.as_secs_f64().max(1e-3)) as usize;
+        if period.is_zero() || ticks < 2 {
+            return Err("TICK_MS must be above 0 and under COUNT / RATE / 2 seconds".into());
+        }
+        for reader in ["raw", "async-nats"] {
+            let publisher = {
+                let url = url.clone();
+                std::thread::spawn(move || publish(&url, rate, count, bytes))
+            };
+            let url = url.clone();
+            let cost = std::thread::spawn(move || match reader {
+                "raw" => tick_raw(&url, period, ticks, bytes).map_err(|e| e.to_string()),
+                _ => tick_async_nats(&url, period, ticks, bytes).map_err(|e| e.to_string()),
+            })
+            .join()
+            .map_err(|_| "a ticker panicked")??;
+            publisher.join().map_err(|_| "the publisher panicked")??;
+            println!(
+                "{{\"ticker\": \"{reader}\", \"period_ms\": {}, \"rate_per_s\": {rate}, \"ticks\": {ticks}, \"bytes\": {bytes}, \"cpu_us_per_tick\": {cost:.1}}}",
+                period.as_millis()
+            );
+        }
+        return Ok(());
     }
     for reader in ["raw", "async-nats"] {
         let publisher = {
