@@ -223,12 +223,14 @@ pub(crate) fn spawn(
         reason: format!("cannot start the load lane's thread: {e}"),
     })?;
     tokio::spawn(async move {
+        let (connects, reconnected) = tokio::sync::watch::channel(0);
         let client = match connect::connect(
             &config,
             auth,
             &identity,
             task_metrics.clone(),
             connect::Link::Inserts,
+            Some(Arc::new(connects)),
         )
         .await
         {
@@ -259,6 +261,7 @@ pub(crate) fn spawn(
             receive::Handoff {
                 lane: lane_shared,
                 ready: task_ready,
+                reconnected,
             },
             stop.clone(),
         ));

@@ -11,7 +11,7 @@ use radixgate_sim::server::FaultConfig;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use sync_support::{Nats, temp_dir, tls_files};
+use sync_support::{Nats, Partition, temp_dir, tls_files};
 
 fn replica_config(nats: &[String], workers: &[&str]) -> Config {
     let mut c = config(workers);
@@ -72,14 +72,19 @@ async fn wait_connected(gateway: &str) {
 
 /// Three workers; replicas A and B on one NATS.
 async fn two_replicas(nats: &Nats) -> (Vec<SimWorker>, Gateway, Gateway) {
+    two_replicas_at(&nats.url(), &nats.url()).await
+}
+
+/// Three workers; replica A reaching NATS at `a_nats`, B at `b_nats`.
+async fn two_replicas_at(a_nats: &str, b_nats: &str) -> (Vec<SimWorker>, Gateway, Gateway) {
     let workers = vec![
         sim_worker(fast_worker()).await,
         sim_worker(fast_worker()).await,
         sim_worker(fast_worker()).await,
     ];
     let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
-    let a = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
-    let b = gateway_ready(replica_config(&[nats.url()], &urls), 3).await;
+    let a = gateway_ready(replica_config(&[a_nats.to_owned()], &urls), 3).await;
+    let b = gateway_ready(replica_config(&[b_nats.to_owned()], &urls), 3).await;
     wait_ready(&a.url).await;
     wait_ready(&b.url).await;
     wait_connected(&a.url).await;
@@ -810,6 +815,58 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
     })
     .await;
     assert_propagates(&a.url, &b.url, "after restart", 3).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
+    let nats = Nats::start(&[]);
+    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    // A reaches NATS through the cable that will be cut; B directly.
+    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    assert_propagates(&b.url, &a.url, "before the partition", 2).await;
+
+    cut.freeze();
+    let learned = || series_value(&a.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+    // B goes on routing, and its decisions go into the stream; A hears
+    // none of them.
+    let mut routed_by_b = Vec::new();
+    for i in 0..3 {
+        let text = prompt(&format!("during the partition {i}"));
+        let (worker, _) = ask(&b.url, &text).await;
+        routed_by_b.push((text, worker));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        learned().await,
+        learned0,
+        "the partition let B's decisions through"
+    );
+    // A routes on its own meanwhile: every request answered.
+    for i in 0..10 {
+        ask(&a.url, &prompt(&format!("A alone {i}"))).await;
+    }
+
+    // The partition ends after the connections it froze were given up.
+    cut.heal();
+    wait_until(
+        "A caught up on what B routed during the partition",
+        || async { learned().await >= learned0 + routed_by_b.len() as f64 },
+    )
+    .await;
+    for (text, worker) in &routed_by_b {
+        let (w, branch) = ask(&a.url, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "A did not catch up on {text:.30}"
+        );
+    }
+    // And the link works both ways again.
+    wait_connected(&a.url).await;
+    assert_propagates(&a.url, &b.url, "after the partition", 2).await;
     a.shutdown().await;
     b.shutdown().await;
 }

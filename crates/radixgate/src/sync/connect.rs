@@ -6,6 +6,7 @@ use crate::config::{SyncAuth, SyncConfig};
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// Longest pause between reconnect attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -39,12 +40,15 @@ impl Link {
 /// Builds the client. It connects in the background and keeps
 /// reconnecting, with back-off from 50 ms doubling up to 2 s, forever:
 /// a replica never gives up on NATS, it routes on local state meanwhile.
+/// `connects`, if given, counts the connections made (the first and
+/// every reconnect).
 pub(super) async fn connect(
     config: &SyncConfig,
     auth: SyncAuth,
     me: &Identity,
     metrics: Arc<SyncMetrics>,
     link: Link,
+    connects: Option<Arc<watch::Sender<u64>>>,
 ) -> Result<Client, async_nats::ConnectError> {
     let lane = link.name();
     let addrs: Vec<ServerAddr> = config
@@ -74,9 +78,13 @@ pub(super) async fn connect(
         })
         .event_callback(move |event| {
             let metrics = metrics.clone();
+            let connects = connects.clone();
             async move {
                 match event {
                     Event::Connected => {
+                        if let Some(connects) = connects {
+                            connects.send_modify(|n| *n += 1);
+                        }
                         link.set(&metrics, true);
                         tracing::info!(lane, "replica sync: connected to NATS");
                     }

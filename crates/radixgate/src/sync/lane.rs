@@ -260,7 +260,14 @@ fn run(
 ) {
     let subject = me.subject("load");
     let setup = rt.block_on(async {
-        let client = super::connect::connect(config, auth, me, metrics.clone(), super::connect::Link::LoadLane)
+        let client = super::connect::connect(
+            config,
+            auth,
+            me,
+            metrics.clone(),
+            super::connect::Link::LoadLane,
+            None,
+        )
             .await
             .map_err(|e| e.to_string())?;
         loop {

@@ -347,6 +347,9 @@ pub(super) struct Handoff {
     pub(super) lane: Arc<Shared>,
     /// Set once the warm start is over.
     pub(super) ready: Arc<AtomicBool>,
+    /// The count of the client's connections: a new one means the stream
+    /// consumer may have lost messages with the old one.
+    pub(super) reconnected: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Insert batches: replay then live from the stream, or live from core
@@ -361,7 +364,11 @@ pub(super) async fn inserts(
     out: Handoff,
     stop: CancellationToken,
 ) {
-    let Handoff { lane, ready } = out;
+    let Handoff {
+        lane,
+        ready,
+        mut reconnected,
+    } = out;
     let warmup = Duration::from_secs(config.warmup_timeout_secs);
     let started = Instant::now();
     {
@@ -418,6 +425,8 @@ pub(super) async fn inserts(
             }
         };
         backoff = Duration::from_millis(100);
+        // The connection the consumer was made on, and any before it.
+        reconnected.borrow_and_update();
         match src {
             Source::Core(mut sub) => {
                 ready.store(true, Ordering::Release);
@@ -444,6 +453,19 @@ pub(super) async fn inserts(
                             continue;
                         }
                         m = messages.next() => m,
+                        // What the server sent down a connection that died
+                        // (a partition, a cut cable) is lost, and the
+                        // consumer would only notice at a gap in what
+                        // comes next, or at its missed heartbeats tens of
+                        // seconds on: a new one resumes after the last
+                        // message applied at once.
+                        Ok(()) = reconnected.changed() => {
+                            tracing::info!(
+                                resume_after = last_seen,
+                                "replica sync: reconnected to NATS; resuming the insert feed after the last batch applied"
+                            );
+                            break;
+                        }
                     };
                     let m = match m {
                         Some(Ok(m)) => m,

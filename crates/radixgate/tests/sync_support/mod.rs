@@ -170,3 +170,101 @@ pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         dir.join("server.key"),
     )
 }
+
+/// A TCP proxy on loopback in front of a NATS server, for a network
+/// partition: [`Partition::freeze`] stops it passing bytes either way while
+/// every connection stays open (as a cable pulled between switches: no
+/// FIN, no RST, writes pile up in buffers); [`Partition::heal`] drops the
+/// connections it froze, as a partition that outlived the client's
+/// pings ends, and passes bytes again for new ones. Its tasks run on the
+/// test's runtime.
+pub struct Partition {
+    pub port: u16,
+    frozen: tokio::sync::watch::Sender<bool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Partition {
+    /// Starts passing connections on a free loopback port to `upstream`
+    /// (`host:port`).
+    pub async fn start(upstream: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (frozen, thawed) = tokio::sync::watch::channel(false);
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let upstream = upstream.to_owned();
+        let held = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                let mut held = held.lock().unwrap();
+                held.push(tokio::spawn(pump(cr, sw, thawed.clone())));
+                held.push(tokio::spawn(pump(sr, cw, thawed.clone())));
+            }
+        });
+        Self {
+            port,
+            frozen,
+            conns,
+            accept,
+        }
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops passing bytes; connections stay open.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Drops every connection so far and passes bytes again.
+    pub fn heal(&self) {
+        for task in self.conns.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        self.frozen.send_replace(false);
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for task in self.conns.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// Copies `from` to `to` while not frozen: a frozen pump neither reads
+/// nor writes, so what is sent meanwhile waits in the kernel's buffers.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut thawed: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if thawed.wait_for(|frozen| !frozen).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if thawed.wait_for(|frozen| !frozen).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
