@@ -872,6 +872,64 @@ async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_back_after_nats_lost_its_store_replays_the_new_stream_whole() {
+    let mut nats = Nats::start(&[]);
+    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    // A's place in the stream moves past a few sequences.
+    assert_propagates(&b.url, &a.url, "the old store", 3).await;
+
+    // While A is cut off, NATS comes back with nothing: the stream is made
+    // again, and B's decisions fill it past where A was.
+    cut.freeze();
+    nats.restart_empty();
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    let last_sequence = || {
+        let js = js.clone();
+        async move {
+            match js.get_stream("RADIXGATE-radixgate").await {
+                Ok(mut s) => s.info().await.map_or(0, |i| i.state.last_sequence),
+                Err(_) => 0,
+            }
+        }
+    };
+    wait_until("B made the stream again", || async {
+        js.get_stream("RADIXGATE-radixgate").await.is_ok()
+    })
+    .await;
+    let mut routed_by_b = Vec::new();
+    for i in 0..12 {
+        let text = prompt(&format!("the new store {i}"));
+        let (worker, _) = ask(&b.url, &text).await;
+        routed_by_b.push((text, worker));
+        // One batch a decision, so the new stream's sequences pass A's.
+        wait_until("B's decision in the new stream", || async {
+            last_sequence().await > i
+        })
+        .await;
+    }
+
+    let learned = || series_value(&a.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+    cut.heal();
+    wait_until("A learned the new stream", || async {
+        learned().await >= learned0 + routed_by_b.len() as f64
+    })
+    .await;
+    for (text, worker) in &routed_by_b {
+        let (w, branch) = ask(&a.url, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "A missed {text:.20}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     let nats = Nats::start(&[]);
     let (_workers, a, b) = two_replicas(&nats).await;

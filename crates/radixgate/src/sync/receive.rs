@@ -267,21 +267,30 @@ impl Applier {
 
 /// Where inserts come from.
 enum Source {
-    /// The JetStream stream, replayed from its oldest message.
+    /// The JetStream stream, replayed from its oldest message or resumed
+    /// after a place in it; its last sequence when the consumer was made.
     Stream(Box<consumer::pull::Ordered>, u64),
     /// Core NATS: live only.
     Core(async_nats::Subscriber),
 }
 
+/// A place in the stream: the last sequence applied, in the stream made
+/// at `created`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Place {
+    seq: u64,
+    created: Option<async_nats::datetime::DateTime>,
+}
+
 /// Sets up the stream (or finds JetStream missing and falls back to core
-/// NATS) and a consumer starting after stream sequence `after`; retried by
-/// the caller while NATS cannot be reached.
+/// NATS) and a consumer starting after `after`; retried by the caller
+/// while NATS cannot be reached. Also returns when the stream was made.
 async fn source(
     client: &Client,
     me: &Identity,
     config: &SyncConfig,
-    after: u64,
-) -> Result<Source, String> {
+    after: Place,
+) -> Result<(Source, Option<async_nats::datetime::DateTime>), String> {
     let js = jetstream::new(client.clone());
     let subject = me.subject("inserts");
     let created = js
@@ -307,27 +316,33 @@ async fn source(
                 .subscribe(subject)
                 .await
                 .map_err(|e| format!("cannot subscribe: {e}"))?;
-            return Ok(Source::Core(sub));
+            return Ok((Source::Core(sub), None));
         }
         Err(err) => return Err(format!("cannot set up the stream: {err}")),
     };
-    let last = stream
+    let info = stream
         .info()
         .await
-        .map_err(|e| format!("cannot read the stream's state: {e}"))?
-        .state
-        .last_sequence;
+        .map_err(|e| format!("cannot read the stream's state: {e}"))?;
+    let (last, created) = (info.state.last_sequence, info.created);
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subject,
             // From the oldest message; after a reconnect, from the one after
-            // the last applied, unless the stream is not the one it was (a
-            // server that lost its store starts counting again).
+            // the last applied, unless the stream is not the one it was: a
+            // server that lost its store made it again and counts from 1,
+            // and may be past the old place by now.
             deliver_policy: match after {
-                0 => consumer::DeliverPolicy::All,
-                seen if last < seen => consumer::DeliverPolicy::All,
-                seen => consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: seen + 1,
+                Place { seq: 0, .. } => consumer::DeliverPolicy::All,
+                Place { created: Some(was), .. } if was != created => {
+                    tracing::info!(
+                        "replica sync: the stream was made again since the last batch applied (the NATS server lost its store?); replaying it whole"
+                    );
+                    consumer::DeliverPolicy::All
+                }
+                Place { seq, .. } if last < seq => consumer::DeliverPolicy::All,
+                Place { seq, .. } => consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: seq + 1,
                 },
             },
             ..Default::default()
@@ -338,7 +353,7 @@ async fn source(
         .messages()
         .await
         .map_err(|e| format!("cannot read the stream: {e}"))?;
-    Ok(Source::Stream(Box::new(messages), last))
+    Ok((Source::Stream(Box::new(messages), last), Some(created)))
 }
 
 /// What the insert feed hands on besides the trees.
@@ -406,13 +421,13 @@ pub(super) async fn inserts(
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut backoff = Duration::from_millis(100);
     // The last stream sequence applied: a new consumer starts after it.
-    let mut last_seen = 0u64;
+    let mut last_seen = Place::default();
     loop {
         let src = tokio::select! {
             _ = stop.cancelled() => return,
             src = source(&client, &me, &config, last_seen) => src,
         };
-        let src = match src {
+        let (src, created) = match src {
             Ok(src) => src,
             Err(err) => {
                 tracing::warn!(error = %err, "replica sync: inserts not received yet; retrying");
@@ -442,6 +457,11 @@ pub(super) async fn inserts(
                 }
             }
             Source::Stream(mut messages, last) => {
+                // A stream made again (or behind the place held) is
+                // replayed from its start: places count from there.
+                if created != last_seen.created || last < last_seen.seq {
+                    last_seen = Place { seq: 0, created };
+                }
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
                     tracing::info!("replica sync: no history to replay; ready");
                 }
@@ -461,7 +481,7 @@ pub(super) async fn inserts(
                         // message applied at once.
                         Ok(()) = reconnected.changed() => {
                             tracing::info!(
-                                resume_after = last_seen,
+                                resume_after = last_seen.seq,
                                 "replica sync: reconnected to NATS; resuming the insert feed after the last batch applied"
                             );
                             break;
@@ -486,7 +506,7 @@ pub(super) async fn inserts(
                         .info()
                         .map(|i| (i.stream_sequence, i.pending))
                         .unwrap_or((u64::MAX, 0));
-                    last_seen = last_seen.max(seq);
+                    last_seen.seq = last_seen.seq.max(seq);
                     let live = ready.load(Ordering::Acquire);
                     applier.apply(&m.payload, live);
                     if !live && (seq >= last || pending == 0) {
@@ -501,7 +521,7 @@ pub(super) async fn inserts(
             }
         }
         tracing::info!(
-            resume_after = last_seen,
+            resume_after = last_seen.seq,
             "replica sync: insert feed ended; setting it up again"
         );
     }

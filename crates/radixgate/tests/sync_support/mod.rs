@@ -95,6 +95,14 @@ impl Nats {
         self.kill();
         self.launch();
     }
+
+    /// Starts it again on the same port with its store gone, as a server
+    /// replaced by a new one: its streams start again from sequence 1.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(self.dir.join("store"));
+        self.launch();
+    }
 }
 
 impl Drop for Nats {
