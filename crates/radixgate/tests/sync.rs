@@ -930,6 +930,42 @@ async fn a_replica_back_after_nats_lost_its_store_replays_the_new_stream_whole()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_without_jetstream_syncs_live() {
+    // JetStream on the server, but not for the routers' account: the
+    // stream cannot be made, and live sync still has to work.
+    let dir = temp_dir("accounts");
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        "accounts: { ROUTERS: { users: [ { user: router, password: s3cret } ] } }\n",
+    )
+    .unwrap();
+    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let replica = || {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.user = Some("router".into());
+        c.sync.auth.password_file = Some(dir.join("password"));
+        c
+    };
+    let a = gateway_ready(replica(), 2).await;
+    let b = gateway_ready(replica(), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_connected(gw).await;
+        wait_ready(gw).await;
+    }
+    assert_propagates(&a.url, &b.url, "no jetstream for the account", 2).await;
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     let nats = Nats::start(&[]);
     let (_workers, a, b) = two_replicas(&nats).await;

@@ -274,6 +274,23 @@ enum Source {
     Core(async_nats::Subscriber),
 }
 
+/// Whether setting up the stream failed for want of JetStream: none on
+/// the server, or none for the account the replica signs in to (a server
+/// with several accounts enables it for each on its own). Then there is
+/// no stream to wait for, ever; other errors are retried.
+fn no_jetstream(err: &jetstream::context::CreateStreamError) -> bool {
+    use jetstream::ErrorCode;
+    use jetstream::context::CreateStreamErrorKind as Kind;
+    match err.kind() {
+        Kind::JetStreamUnavailable => true,
+        Kind::JetStream(e) => matches!(
+            e.error_code(),
+            ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+        ),
+        _ => false,
+    }
+}
+
 /// A place in the stream: the last sequence applied, in the stream made
 /// at `created`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -306,11 +323,10 @@ async fn source(
         .await;
     let mut stream = match created {
         Ok(stream) => stream,
-        Err(err)
-            if err.kind() == jetstream::context::CreateStreamErrorKind::JetStreamUnavailable =>
-        {
+        Err(err) if no_jetstream(&err) => {
             tracing::warn!(
-                "replica sync: JetStream is not available on the NATS server; no warm start, live sync over core NATS only"
+                error = %err,
+                "replica sync: JetStream is not available to this replica (not on the NATS server, or not enabled for its account); no warm start, live sync over core NATS only"
             );
             let sub = client
                 .subscribe(subject)
