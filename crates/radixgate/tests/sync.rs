@@ -966,6 +966,61 @@ async fn an_account_without_jetstream_syncs_live() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_refused_leaves_live_sync_working_until_it_is_made() {
+    let nats = Nats::start(&[]);
+    // An operator's stream already takes every subject of the routers, so
+    // theirs cannot be made (overlapping subjects).
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "AUDIT".into(),
+        subjects: vec!["radixgate.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // B reaches NATS through a cable the test cuts later.
+    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let (_workers, a, b) = two_replicas_at(&nats.url(), &cut.url()).await;
+    let stream = "radixgate_sync_stream";
+    for gw in [&a.url, &b.url] {
+        assert_eq!(series_value(gw, stream).await, 0.0);
+    }
+    assert_propagates(&a.url, &b.url, "beside another stream", 2).await;
+
+    // The operator removes the other stream: the replicas make theirs and
+    // read it, so a replica cut off catches up again.
+    js.delete_stream("AUDIT").await.unwrap();
+    for gw in [&a.url, &b.url] {
+        wait_until("the insert feed reads the stream", || async {
+            series_value(gw, stream).await == 1.0
+        })
+        .await;
+    }
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    cut.freeze();
+    let learned0 = learned().await;
+    let mut routed_by_a = Vec::new();
+    for i in 0..3 {
+        let text = prompt(&format!("while B is cut off {i}"));
+        routed_by_a.push((ask(&a.url, &text).await.0, text));
+    }
+    cut.heal();
+    wait_until("B caught up from the stream", || async {
+        learned().await >= learned0 + routed_by_a.len() as f64
+    })
+    .await;
+    for (worker, text) in &routed_by_a {
+        assert_eq!(
+            ask(&b.url, text).await,
+            (worker.clone(), "cache_hit".to_owned())
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     let nats = Nats::start(&[]);
     let (_workers, a, b) = two_replicas(&nats).await;

@@ -47,6 +47,10 @@ const LANE_CONNECTED: Describe = Describe::new(
     "radixgate_sync_load_lane_connected",
     "Whether this replica's load lane (its second NATS connection, for load reports) is connected (1) or not (0).",
 );
+const STREAM: Describe = Describe::new(
+    "radixgate_sync_stream",
+    "Whether this replica's insert feed reads the JetStream stream (1: warm start and catching up after a disconnect) or only live core NATS (0: the server refused the stream, or no feed yet).",
+);
 const LAG: Describe = Describe::seconds(
     "radixgate_sync_lag_seconds",
     "Delay from a peer's publishing to this replica applying, of the latest live insert batch.",
@@ -66,6 +70,7 @@ pub(crate) struct SyncMetrics {
     texts_cut: OneCounter,
     connected: OneGauge,
     lane_connected: OneGauge,
+    stream: OneGauge,
     lag: OneGauge,
 }
 
@@ -83,11 +88,13 @@ impl SyncMetrics {
             texts_cut: metrics.counter(&TEXTS_CUT),
             connected: metrics.gauge(&CONNECTED),
             lane_connected: metrics.gauge(&LANE_CONNECTED),
+            stream: metrics.gauge(&STREAM),
             lag: metrics.gauge(&LAG),
         };
         // Exported from the start, so a scrape shows sync is on.
         m.connected.set(0.0);
         m.lane_connected.set(0.0);
+        m.stream.set(0.0);
         m
     }
 
@@ -132,6 +139,10 @@ impl SyncMetrics {
 
     pub(crate) fn lane_connected(&self, up: bool) {
         self.lane_connected.set(if up { 1.0 } else { 0.0 });
+    }
+
+    pub(crate) fn stream(&self, on: bool) {
+        self.stream.set(if on { 1.0 } else { 0.0 });
     }
 
     pub(crate) fn lag(&self, seconds: f64) {

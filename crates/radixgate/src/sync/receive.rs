@@ -274,22 +274,21 @@ enum Source {
     Core(async_nats::Subscriber),
 }
 
-/// Whether setting up the stream failed for want of JetStream: none on
-/// the server, or none for the account the replica signs in to (a server
-/// with several accounts enables it for each on its own). Then there is
-/// no stream to wait for, ever; other errors are retried.
-fn no_jetstream(err: &jetstream::context::CreateStreamError) -> bool {
-    use jetstream::ErrorCode;
+/// Whether the server refused to set up the stream, rather than failed
+/// to answer: no JetStream on it, or none enabled for the account the
+/// replica signs in to (a server with several accounts enables it for each
+/// on its own), or a stream that cannot be made as asked (another stream
+/// takes its subject, the account's limits, ...). Live sync then goes over
+/// core NATS meanwhile; the stream is tried again now and then.
+fn refused(err: &jetstream::context::CreateStreamError) -> bool {
     use jetstream::context::CreateStreamErrorKind as Kind;
-    match err.kind() {
-        Kind::JetStreamUnavailable => true,
-        Kind::JetStream(e) => matches!(
-            e.error_code(),
-            ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
-        ),
-        _ => false,
-    }
+    matches!(err.kind(), Kind::JetStreamUnavailable | Kind::JetStream(_))
 }
+
+/// How often, at most, a replica that syncs over core NATS because the
+/// server refused the stream asks for it again: after 1 s, then twice as
+/// long each time, up to this.
+const STREAM_RETRY: Duration = Duration::from_secs(30);
 
 /// A place in the stream: the last sequence applied, in the stream made
 /// at `created`.
@@ -299,15 +298,58 @@ struct Place {
     created: Option<async_nats::datetime::DateTime>,
 }
 
-/// Sets up the stream (or finds JetStream missing and falls back to core
-/// NATS) and a consumer starting after `after`; retried by the caller
+/// Why there is no stream consumer.
+enum NoStream {
+    /// The server refused the stream ([`refused`]).
+    Refused(String),
+    /// No answer, or a failure on the way: retried soon.
+    Failed(String),
+}
+
+/// Sets up the stream and a consumer starting after `after`, or falls
+/// back to core NATS when the server refuses the stream (with a WARN,
+/// unless `warned` says one was given already). Retried by the caller
 /// while NATS cannot be reached. Also returns when the stream was made.
 async fn source(
     client: &Client,
     me: &Identity,
     config: &SyncConfig,
     after: Place,
+    warned: &mut bool,
 ) -> Result<(Source, Option<async_nats::datetime::DateTime>), String> {
+    match stream_source(client, me, config, after).await {
+        Ok(made) => {
+            if std::mem::take(warned) {
+                tracing::info!(
+                    "replica sync: the stream is set up now; warm start and catching up are back"
+                );
+            }
+            Ok(made)
+        }
+        Err(NoStream::Failed(err)) => Err(err),
+        Err(NoStream::Refused(err)) => {
+            if !std::mem::replace(warned, true) {
+                tracing::warn!(
+                    error = %err,
+                    "replica sync: the NATS server refused the stream (no JetStream on it or for this account, or the stream cannot be made as asked); live sync over core NATS, no warm start or catching up; asking again, at most every 30 s"
+                );
+            }
+            let sub = client
+                .subscribe(me.subject("inserts"))
+                .await
+                .map_err(|e| format!("cannot subscribe: {e}"))?;
+            Ok((Source::Core(sub), None))
+        }
+    }
+}
+
+/// The stream and a consumer starting after `after`.
+async fn stream_source(
+    client: &Client,
+    me: &Identity,
+    config: &SyncConfig,
+    after: Place,
+) -> Result<(Source, Option<async_nats::datetime::DateTime>), NoStream> {
     let js = jetstream::new(client.clone());
     let subject = me.subject("inserts");
     let created = js
@@ -323,23 +365,14 @@ async fn source(
         .await;
     let mut stream = match created {
         Ok(stream) => stream,
-        Err(err) if no_jetstream(&err) => {
-            tracing::warn!(
-                error = %err,
-                "replica sync: JetStream is not available to this replica (not on the NATS server, or not enabled for its account); no warm start, live sync over core NATS only"
-            );
-            let sub = client
-                .subscribe(subject)
-                .await
-                .map_err(|e| format!("cannot subscribe: {e}"))?;
-            return Ok((Source::Core(sub), None));
-        }
-        Err(err) => return Err(format!("cannot set up the stream: {err}")),
+        Err(err) if refused(&err) => return Err(NoStream::Refused(err.to_string())),
+        Err(err) => return Err(NoStream::Failed(format!("cannot set up the stream: {err}"))),
     };
+    let failed = |what: &str, e: &dyn std::fmt::Display| NoStream::Failed(format!("{what}: {e}"));
     let info = stream
         .info()
         .await
-        .map_err(|e| format!("cannot read the stream's state: {e}"))?;
+        .map_err(|e| failed("cannot read the stream's state", &e))?;
     let (last, created) = (info.state.last_sequence, info.created);
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
@@ -364,11 +397,11 @@ async fn source(
             ..Default::default()
         })
         .await
-        .map_err(|e| format!("cannot create the consumer: {e}"))?;
+        .map_err(|e| failed("cannot create the consumer", &e))?;
     let messages = consumer
         .messages()
         .await
-        .map_err(|e| format!("cannot read the stream: {e}"))?;
+        .map_err(|e| failed("cannot read the stream", &e))?;
     Ok((Source::Stream(Box::new(messages), last), Some(created)))
 }
 
@@ -438,10 +471,17 @@ pub(super) async fn inserts(
     let mut backoff = Duration::from_millis(100);
     // The last stream sequence applied: a new consumer starts after it.
     let mut last_seen = Place::default();
+    // The server refused the stream, and said so in a WARN.
+    let mut refused = false;
+    // A stream consumer made while syncing over core NATS, to go on with.
+    let mut made = None;
     loop {
-        let src = tokio::select! {
-            _ = stop.cancelled() => return,
-            src = source(&client, &me, &config, last_seen) => src,
+        let src = match made.take() {
+            Some(made) => Ok(made),
+            None => tokio::select! {
+                _ = stop.cancelled() => return,
+                src = source(&client, &me, &config, last_seen, &mut refused) => src,
+            },
         };
         let (src, created) = match src {
             Ok(src) => src,
@@ -461,6 +501,10 @@ pub(super) async fn inserts(
         match src {
             Source::Core(mut sub) => {
                 ready.store(true, Ordering::Release);
+                applier.metrics.stream(false);
+                let mut wait = Duration::from_secs(1);
+                let again = tokio::time::sleep(wait);
+                tokio::pin!(again);
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
@@ -469,10 +513,26 @@ pub(super) async fn inserts(
                             Some(m) => applier.apply(&m.payload, true),
                             None => break,
                         },
+                        // The stream, once the server makes it, from its
+                        // start: nothing is missed between the two feeds,
+                        // and what went out since it was made came here
+                        // too and is applied again (a tree holds a text
+                        // once; a first token in it is learned twice).
+                        () = &mut again => {
+                            wait = (wait * 2).min(STREAM_RETRY);
+                            again.as_mut().reset(tokio::time::Instant::now() + wait);
+                            if let Ok(stream) = stream_source(&client, &me, &config, Place::default()).await {
+                                tracing::info!("replica sync: the stream is set up now; warm start and catching up are back");
+                                refused = false;
+                                made = Some(stream);
+                                break;
+                            }
+                        }
                     }
                 }
             }
             Source::Stream(mut messages, last) => {
+                applier.metrics.stream(true);
                 // A stream made again (or behind the place held) is
                 // replayed from its start: places count from there.
                 if created != last_seen.created || last < last_seen.seq {
