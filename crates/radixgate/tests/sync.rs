@@ -1021,6 +1021,79 @@ async fn a_stream_refused_leaves_live_sync_working_until_it_is_made() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_allowed_only_the_sync_subjects_syncs_live() {
+    let dir = temp_dir("permissions");
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        "authorization: { users: [ { user: router, password: s3cret, permissions: { publish: \"radixgate.sync.>\", subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] } } ] }\n",
+    )
+    .unwrap();
+    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let replica = || {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.user = Some("router".into());
+        c.sync.auth.password_file = Some(dir.join("password"));
+        c
+    };
+    let a = gateway_ready(replica(), 2).await;
+    let b = gateway_ready(replica(), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_connected(gw).await;
+    }
+    // The server answers the JetStream API with silence here, so live sync
+    // starts once the stream's setup timed out (the client's 10 s): until
+    // then A's decisions are lost to B. Probe until one gets through.
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let mut probe = 0;
+    wait_until("B hears A's decisions", || {
+        probe += 1;
+        let text = prompt(&format!("probe {probe}"));
+        let (a, learned) = (a.url.clone(), learned);
+        async move {
+            let before = learned().await;
+            ask(&a, &text).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            learned().await > before
+        }
+    })
+    .await;
+    assert_propagates(&a.url, &b.url, "only the sync subjects", 2).await;
+    assert_eq!(series_value(&b.url, "radixgate_sync_stream").await, 0.0);
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_permissions_docs_sync_md_names_are_enough_for_the_stream() {
+    let dir = temp_dir("permissions-enough");
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        "authorization: { users: [ { user: router, password: s3cret, permissions: { publish: [\"radixgate.sync.>\", \"$JS.API.>\"], subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] } } ] }\n",
+    )
+    .unwrap();
+    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
+    let w = sim_worker(fast_worker()).await;
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let mut c = replica_config(&[nats.url()], &[&w.url]);
+    c.sync.auth.user = Some("router".into());
+    c.sync.auth.password_file = Some(dir.join("password"));
+    let a = gateway_ready(c, 1).await;
+    wait_ready(&a.url).await;
+    assert_eq!(series_value(&a.url, "radixgate_sync_stream").await, 1.0);
+    a.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     let nats = Nats::start(&[]);
     let (_workers, a, b) = two_replicas(&nats).await;

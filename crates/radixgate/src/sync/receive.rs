@@ -270,8 +270,9 @@ enum Source {
     /// The JetStream stream, replayed from its oldest message or resumed
     /// after a place in it; its last sequence when the consumer was made.
     Stream(Box<consumer::pull::Ordered>, u64),
-    /// Core NATS: live only.
-    Core(async_nats::Subscriber),
+    /// Core NATS: live only, while the stream is refused or cannot be set
+    /// up (and asked for again now and then).
+    Core(async_nats::Subscriber, NoStream),
 }
 
 /// Whether the server refused to set up the stream, rather than failed
@@ -306,10 +307,13 @@ enum NoStream {
     Failed(String),
 }
 
-/// Sets up the stream and a consumer starting after `after`, or falls
-/// back to core NATS when the server refuses the stream (with a WARN,
-/// unless `warned` says one was given already). Retried by the caller
-/// while NATS cannot be reached. Also returns when the stream was made.
+/// Sets up the stream and a consumer starting after `after`, or else
+/// subscribes on core NATS, so that live sync never waits for the stream:
+/// the server refused it, or gave no answer (a timeout; or the user may not
+/// use the JetStream API, which the server reports apart, as an error
+/// event, and answers with silence). A WARN says which, unless `warned`
+/// says one was given already. Errors only if it cannot even subscribe
+/// (retried by the caller). Also returns when the stream was made.
 async fn source(
     client: &Client,
     me: &Identity,
@@ -317,30 +321,27 @@ async fn source(
     after: Place,
     warned: &mut bool,
 ) -> Result<(Source, Option<async_nats::datetime::DateTime>), String> {
-    match stream_source(client, me, config, after).await {
-        Ok(made) => {
-            if std::mem::take(warned) {
-                tracing::info!(
-                    "replica sync: the stream is set up now; warm start and catching up are back"
-                );
-            }
-            Ok(made)
-        }
-        Err(NoStream::Failed(err)) => Err(err),
-        Err(NoStream::Refused(err)) => {
-            if !std::mem::replace(warned, true) {
-                tracing::warn!(
-                    error = %err,
-                    "replica sync: the NATS server refused the stream (no JetStream on it or for this account, or the stream cannot be made as asked); live sync over core NATS, no warm start or catching up; asking again, at most every 30 s"
-                );
-            }
-            let sub = client
-                .subscribe(me.subject("inserts"))
-                .await
-                .map_err(|e| format!("cannot subscribe: {e}"))?;
-            Ok((Source::Core(sub), None))
+    let why = match stream_source(client, me, config, after).await {
+        Ok(made) => return Ok(made),
+        Err(why) => why,
+    };
+    if !std::mem::replace(warned, true) {
+        match &why {
+            NoStream::Refused(err) => tracing::warn!(
+                error = %err,
+                "replica sync: the NATS server refused the stream (no JetStream on it or for this account, or the stream cannot be made as asked); live sync over core NATS, no warm start or catching up; asking again, at most every 30 s"
+            ),
+            NoStream::Failed(err) => tracing::warn!(
+                error = %err,
+                "replica sync: the stream could not be set up (NATS slow, or this user may not use the JetStream API: see the server's errors); live sync over core NATS meanwhile; retrying"
+            ),
         }
     }
+    let sub = client
+        .subscribe(me.subject("inserts"))
+        .await
+        .map_err(|e| format!("cannot subscribe: {e}"))?;
+    Ok((Source::Core(sub, why), None))
 }
 
 /// The stream and a consumer starting after `after`.
@@ -499,12 +500,25 @@ pub(super) async fn inserts(
         // The connection the consumer was made on, and any before it.
         reconnected.borrow_and_update();
         match src {
-            Source::Core(mut sub) => {
-                ready.store(true, Ordering::Release);
+            Source::Core(mut sub, why) => {
                 applier.metrics.stream(false);
-                let mut wait = Duration::from_secs(1);
+                // A refused stream will not come by waiting: ready now. One
+                // that could not be set up may come, and with it the warm
+                // start: ready once it is replayed, or the wait runs out.
+                let refused_now = matches!(why, NoStream::Refused(_));
+                if refused_now {
+                    ready.store(true, Ordering::Release);
+                }
+                let (mut wait, most) = if refused_now {
+                    (Duration::from_secs(1), STREAM_RETRY)
+                } else {
+                    (Duration::from_millis(250), Duration::from_secs(2))
+                };
                 let again = tokio::time::sleep(wait);
                 tokio::pin!(again);
+                // Asking for the stream, beside the live feed: an answer
+                // may take the client's whole request timeout.
+                let mut asking: Option<futures::future::BoxFuture<'_, _>> = None;
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
@@ -513,20 +527,34 @@ pub(super) async fn inserts(
                             Some(m) => applier.apply(&m.payload, true),
                             None => break,
                         },
-                        // The stream, once the server makes it, from its
-                        // start: nothing is missed between the two feeds,
-                        // and what went out since it was made came here
-                        // too and is applied again (a tree holds a text
-                        // once; a first token in it is learned twice).
-                        () = &mut again => {
-                            wait = (wait * 2).min(STREAM_RETRY);
-                            again.as_mut().reset(tokio::time::Instant::now() + wait);
-                            if let Ok(stream) = stream_source(&client, &me, &config, Place::default()).await {
-                                tracing::info!("replica sync: the stream is set up now; warm start and catching up are back");
-                                refused = false;
-                                made = Some(stream);
-                                break;
+                        () = &mut again, if asking.is_none() => {
+                            asking = Some(Box::pin(stream_source(&client, &me, &config, last_seen)));
+                        }
+                        // Once the server makes it, the stream from where
+                        // this replica was (from its start if it never
+                        // read one): nothing is missed between the two
+                        // feeds, and what came over both is applied again
+                        // (a tree holds a text once; a first token in it
+                        // is learned twice).
+                        answer = async { asking.as_mut().expect("asking").await }, if asking.is_some() => {
+                            asking = None;
+                            match answer {
+                                Ok(stream) => {
+                                    tracing::info!("replica sync: the stream is set up now; warm start and catching up are back");
+                                    refused = false;
+                                    made = Some(stream);
+                                    break;
+                                }
+                                Err(NoStream::Refused(_)) => {
+                                    ready.store(true, Ordering::Release);
+                                    wait = (wait * 2).clamp(Duration::from_secs(1), STREAM_RETRY);
+                                }
+                                Err(NoStream::Failed(err)) => {
+                                    tracing::debug!(error = %err, "replica sync: the stream could not be set up yet");
+                                    wait = (wait * 2).min(most);
+                                }
                             }
+                            again.as_mut().reset(tokio::time::Instant::now() + wait);
                         }
                     }
                 }
