@@ -472,8 +472,8 @@ pub(super) async fn inserts(
     let mut backoff = Duration::from_millis(100);
     // The last stream sequence applied: a new consumer starts after it.
     let mut last_seen = Place::default();
-    // The server refused the stream, and said so in a WARN.
-    let mut refused = false;
+    // A WARN said that the insert feed went over core NATS.
+    let mut warned = false;
     // A stream consumer made while syncing over core NATS, to go on with.
     let mut made = None;
     loop {
@@ -481,7 +481,7 @@ pub(super) async fn inserts(
             Some(made) => Ok(made),
             None => tokio::select! {
                 _ = stop.cancelled() => return,
-                src = source(&client, &me, &config, last_seen, &mut refused) => src,
+                src = source(&client, &me, &config, last_seen, &mut warned) => src,
             },
         };
         let (src, created) = match src {
@@ -541,7 +541,6 @@ pub(super) async fn inserts(
                             match answer {
                                 Ok(stream) => {
                                     tracing::info!("replica sync: the stream is set up now; warm start and catching up are back");
-                                    refused = false;
                                     made = Some(stream);
                                     break;
                                 }
@@ -561,6 +560,7 @@ pub(super) async fn inserts(
             }
             Source::Stream(mut messages, last) => {
                 applier.metrics.stream(true);
+                warned = false;
                 // A stream made again (or behind the place held) is
                 // replayed from its start: places count from there.
                 if created != last_seen.created || last < last_seen.seq {
