@@ -872,6 +872,35 @@ async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_goes_quiet_is_given_up_at_its_pings_and_caught_up_after() {
+    let nats = Nats::start(&[]);
+    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    assert_propagates(&b.url, &a.url, "before the link went quiet", 1).await;
+    let learned = || series_value(&a.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+    // No FIN, no RST: only the client's pings (every 5 s, given up after
+    // two unanswered) can tell A its connection is dead.
+    cut.freeze();
+    let (worker, _) = ask(&b.url, &prompt("while the link is quiet")).await;
+    wait_until("A gave its connection up", || async {
+        series_value(&a.url, "radixgate_sync_connected").await == 0.0
+    })
+    .await;
+    assert_eq!(learned().await, learned0);
+    // The link comes back (new connections pass; the old ones were given
+    // up), and A catches up from the stream.
+    cut.heal();
+    wait_until("A caught up", || async { learned().await > learned0 }).await;
+    assert_eq!(
+        ask(&a.url, &prompt("while the link is quiet")).await,
+        (worker, "cache_hit".to_owned())
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_back_after_nats_lost_its_store_replays_the_new_stream_whole() {
     let mut nats = Nats::start(&[]);
     let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
