@@ -175,6 +175,21 @@ fn tick_raw(url: &str, period: Duration, ticks: usize, bytes: usize) -> std::io:
     Ok((thread_cpu_us() - first) / (ticks - 1) as f64)
 }
 
+/// Lets the runtime poll its socket and takes what came, until two rounds
+/// in a row bring nothing (as the load lane's `drain`).
+async fn drain(messages: &mut async_nats::Subscriber) {
+    use futures::FutureExt as _;
+    let mut quiet = 0;
+    while quiet < 2 {
+        tokio::task::yield_now().await;
+        let mut got = false;
+        while let Some(Some(_)) = messages.next().now_or_never() {
+            got = true;
+        }
+        quiet = if got { 0 } else { quiet + 1 };
+    }
+}
+
 /// The same with async-nats, driven as the load lane drives it: the
 /// runtime runs only inside a tick.
 fn tick_async_nats(
@@ -183,7 +198,6 @@ fn tick_async_nats(
     ticks: usize,
     bytes: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    use futures::FutureExt as _;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -207,29 +221,35 @@ fn tick_async_nats(
             first = thread_cpu_us();
         }
         runtime.block_on(async {
-            let drain = |messages: &mut async_nats::Subscriber| {
-                let mut got = false;
-                while let Some(Some(_)) = messages.next().now_or_never() {
-                    got = true;
-                }
-                got
-            };
-            let mut quiet = 0;
-            while quiet < 2 {
-                tokio::task::yield_now().await;
-                quiet = if drain(&mut messages) { 0 } else { quiet + 1 };
-            }
+            drain(&mut messages).await;
             let _ = client
                 .publish(format!("{SUBJECT}.own"), payload.clone())
                 .await;
-            let mut quiet = 0;
-            while quiet < 2 {
-                tokio::task::yield_now().await;
-                quiet = if drain(&mut messages) { 0 } else { quiet + 1 };
-            }
+            drain(&mut messages).await;
         });
     }
     Ok((thread_cpu_us() - first) / (ticks - 1) as f64)
+}
+
+/// Runs `measure` on a thread of its own while a publisher thread sends
+/// `count` messages of `bytes` at `rate` a second; its figure.
+fn beside_publisher(
+    url: &str,
+    rate: f64,
+    count: usize,
+    bytes: usize,
+    measure: impl FnOnce(String) -> Result<f64, String> + Send + 'static,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let publisher = {
+        let url = url.to_owned();
+        std::thread::spawn(move || publish(&url, rate, count, bytes))
+    };
+    let url = url.to_owned();
+    let cost = std::thread::spawn(move || measure(url))
+        .join()
+        .map_err(|_| "a reader panicked")??;
+    publisher.join().map_err(|_| "the publisher panicked")??;
+    Ok(cost)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -257,18 +277,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err("TICK_MS must be above 0 and under COUNT / RATE / 2 seconds".into());
         }
         for reader in ["raw", "async-nats"] {
-            let publisher = {
-                let url = url.clone();
-                std::thread::spawn(move || publish(&url, rate, count, bytes))
-            };
-            let url = url.clone();
-            let cost = std::thread::spawn(move || match reader {
+            let cost = beside_publisher(&url, rate, count, bytes, move |url| match reader {
                 "raw" => tick_raw(&url, period, ticks, bytes).map_err(|e| e.to_string()),
                 _ => tick_async_nats(&url, period, ticks, bytes).map_err(|e| e.to_string()),
-            })
-            .join()
-            .map_err(|_| "a ticker panicked")??;
-            publisher.join().map_err(|_| "the publisher panicked")??;
+            })?;
             println!(
                 "{{\"ticker\": \"{reader}\", \"period_ms\": {}, \"rate_per_s\": {rate}, \"ticks\": {ticks}, \"bytes\": {bytes}, \"cpu_us_per_tick\": {cost:.1}}}",
                 period.as_millis()
@@ -277,18 +289,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     for reader in ["raw", "async-nats"] {
-        let publisher = {
-            let url = url.clone();
-            std::thread::spawn(move || publish(&url, rate, count, bytes))
-        };
-        let url = url.clone();
-        let cost = std::thread::spawn(move || match reader {
+        let cost = beside_publisher(&url, rate, count, bytes, move |url| match reader {
             "raw" => read_raw(&url, count).map_err(|e| e.to_string()),
             _ => read_async_nats(&url, count).map_err(|e| e.to_string()),
-        })
-        .join()
-        .map_err(|_| "a reader panicked")??;
-        publisher.join().map_err(|_| "the publisher panicked")??;
+        })?;
         println!(
             "{{\"reader\": \"{reader}\", \"rate_per_s\": {rate}, \"messages\": {count}, \"bytes\": {bytes}, \"cpu_us_per_message\": {cost:.1}}}"
         );

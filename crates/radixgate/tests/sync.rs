@@ -92,6 +92,39 @@ async fn two_replicas_at(a_nats: &str, b_nats: &str) -> (Vec<SimWorker>, Gateway
     (workers, a, b)
 }
 
+/// A NATS server run with the config file `conf` (written into a fresh
+/// directory, which also gets the password file of the user `router`).
+fn nats_with_config(tag: &str, conf: &str) -> (Nats, std::path::PathBuf) {
+    let dir = temp_dir(tag);
+    std::fs::write(dir.join("nats.conf"), conf).unwrap();
+    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
+    let nats = Nats::start(&["-c", dir.join("nats.conf").to_str().unwrap()]);
+    (nats, dir)
+}
+
+/// A replica of `workers` signing in as `router`, password from `dir`.
+fn router_config(nats: &Nats, dir: &std::path::Path, workers: &[&str]) -> Config {
+    let mut c = replica_config(&[nats.url()], workers);
+    c.sync.auth.user = Some("router".into());
+    c.sync.auth.password_file = Some(dir.join("password"));
+    c
+}
+
+/// Two workers; replicas A and B signing in as `router`, connected.
+async fn two_routers(nats: &Nats, dir: &std::path::Path) -> (Vec<SimWorker>, Gateway, Gateway) {
+    let workers = vec![
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let a = gateway_ready(router_config(nats, dir, &urls), 2).await;
+    let b = gateway_ready(router_config(nats, dir, &urls), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_connected(gw).await;
+    }
+    (workers, a, b)
+}
+
 /// Asks `from` to route `text`, then waits until `to` applied the decision
 /// to its tree: asking `to` to route is no way to wait, since each ask
 /// inserts into its own tree, and two replicas fed the same prompts tend to
@@ -962,30 +995,12 @@ async fn a_replica_back_after_nats_lost_its_store_replays_the_new_stream_whole()
 async fn an_account_without_jetstream_syncs_live() {
     // JetStream on the server, but not for the routers' account: the
     // stream cannot be made, and live sync still has to work.
-    let dir = temp_dir("accounts");
-    let conf = dir.join("nats.conf");
-    std::fs::write(
-        &conf,
+    let (nats, dir) = nats_with_config(
+        "accounts",
         "accounts: { ROUTERS: { users: [ { user: router, password: s3cret } ] } }\n",
-    )
-    .unwrap();
-    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
-    let workers = [
-        sim_worker(fast_worker()).await,
-        sim_worker(fast_worker()).await,
-    ];
-    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
-    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
-    let replica = || {
-        let mut c = replica_config(&[nats.url()], &urls);
-        c.sync.auth.user = Some("router".into());
-        c.sync.auth.password_file = Some(dir.join("password"));
-        c
-    };
-    let a = gateway_ready(replica(), 2).await;
-    let b = gateway_ready(replica(), 2).await;
+    );
+    let (_workers, a, b) = two_routers(&nats, &dir).await;
     for gw in [&a.url, &b.url] {
-        wait_connected(gw).await;
         wait_ready(gw).await;
     }
     assert_propagates(&a.url, &b.url, "no jetstream for the account", 2).await;
@@ -1051,31 +1066,11 @@ async fn a_stream_refused_leaves_live_sync_working_until_it_is_made() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_allowed_only_the_sync_subjects_syncs_live() {
-    let dir = temp_dir("permissions");
-    let conf = dir.join("nats.conf");
-    std::fs::write(
-        &conf,
+    let (nats, dir) = nats_with_config(
+        "permissions",
         "authorization: { users: [ { user: router, password: s3cret, permissions: { publish: \"radixgate.sync.>\", subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] } } ] }\n",
-    )
-    .unwrap();
-    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
-    let workers = [
-        sim_worker(fast_worker()).await,
-        sim_worker(fast_worker()).await,
-    ];
-    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
-    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
-    let replica = || {
-        let mut c = replica_config(&[nats.url()], &urls);
-        c.sync.auth.user = Some("router".into());
-        c.sync.auth.password_file = Some(dir.join("password"));
-        c
-    };
-    let a = gateway_ready(replica(), 2).await;
-    let b = gateway_ready(replica(), 2).await;
-    for gw in [&a.url, &b.url] {
-        wait_connected(gw).await;
-    }
+    );
+    let (_workers, a, b) = two_routers(&nats, &dir).await;
     // The server answers the JetStream API with silence here, so live sync
     // starts once the stream's setup timed out (the client's 10 s): until
     // then A's decisions are lost to B. Probe until one gets through.
@@ -1102,19 +1097,12 @@ async fn a_user_allowed_only_the_sync_subjects_syncs_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_permissions_docs_sync_md_names_are_enough_for_the_stream() {
-    let dir = temp_dir("permissions-enough");
-    let conf = dir.join("nats.conf");
-    std::fs::write(
-        &conf,
+    let (nats, dir) = nats_with_config(
+        "permissions-enough",
         "authorization: { users: [ { user: router, password: s3cret, permissions: { publish: [\"radixgate.sync.>\", \"$JS.API.>\"], subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] } } ] }\n",
-    )
-    .unwrap();
-    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
+    );
     let w = sim_worker(fast_worker()).await;
-    std::fs::write(dir.join("password"), "s3cret\n").unwrap();
-    let mut c = replica_config(&[nats.url()], &[&w.url]);
-    c.sync.auth.user = Some("router".into());
-    c.sync.auth.password_file = Some(dir.join("password"));
+    let c = router_config(&nats, &dir, &[&w.url]);
     let a = gateway_ready(c, 1).await;
     wait_ready(&a.url).await;
     assert_eq!(series_value(&a.url, "radixgate_sync_stream").await, 1.0);
