@@ -11,7 +11,7 @@ use radixgate_sim::server::FaultConfig;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use sync_support::{Nats, Partition, temp_dir, tls_files};
+use sync_support::{Nats, Partition, client_cert, temp_dir, tls_files};
 
 fn replica_config(nats: &[String], workers: &[&str]) -> Config {
     let mut c = config(workers);
@@ -1187,6 +1187,65 @@ async fn user_password_works_and_a_wrong_password_never_connects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_and_an_nkey_work_and_another_users_seed_never_connects() {
+    let dir = temp_dir("token-nkey");
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+
+    let nats = Nats::start(&["--auth", "t0ken"]);
+    std::fs::write(dir.join("token"), "t0ken\n").unwrap();
+    let with_token = || {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.token_file = Some(dir.join("token"));
+        c
+    };
+    let a = gateway_ready(with_token(), 2).await;
+    let b = gateway_ready(with_token(), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "with a token", 1).await;
+    for g in [a, b] {
+        g.shutdown().await;
+    }
+    drop(nats);
+
+    let router = nkeys::KeyPair::new_user();
+    let stranger = nkeys::KeyPair::new_user();
+    std::fs::write(dir.join("router.nk"), router.seed().unwrap()).unwrap();
+    std::fs::write(dir.join("stranger.nk"), stranger.seed().unwrap()).unwrap();
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization: {{ users: [ {{ nkey: {} }} ] }}\n",
+            router.public_key()
+        ),
+    )
+    .unwrap();
+    let nats = Nats::start(&["-c", conf.to_str().unwrap()]);
+    let with_seed = |file: &str| {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.nkey_seed_file = Some(dir.join(file));
+        c
+    };
+    let a = gateway_ready(with_seed("router.nk"), 2).await;
+    let b = gateway_ready(with_seed("router.nk"), 2).await;
+    let c = gateway_ready(with_seed("stranger.nk"), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "with an nkey", 1).await;
+    assert_eq!(series_value(&c.url, "radixgate_sync_connected").await, 0.0);
+    ask(&c.url, &prompt("a stranger's replica")).await;
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_private_ca_works() {
     let certs = temp_dir("tls");
     let (ca, cert, key) = tls_files(&certs);
@@ -1230,6 +1289,56 @@ async fn tls_with_a_private_ca_works() {
 /// refuses any larger payload): a text over it goes as its head, and
 /// decisions that go out together are split into batches under it, so no
 /// decision is lost with a long neighbour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_verifies_clients_takes_a_replicas_certificate() {
+    let certs = temp_dir("mtls");
+    let (ca, cert, key) = tls_files(&certs);
+    let (client, client_key) = client_cert(&certs);
+    let nats = Nats::start(&[
+        "--tls",
+        "--tlscert",
+        cert.to_str().unwrap(),
+        "--tlskey",
+        key.to_str().unwrap(),
+        "--tlsverify",
+        "--tlscacert",
+        ca.to_str().unwrap(),
+    ]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let tls_url = format!("tls://127.0.0.1:{}", nats.port);
+    let with_cert = |cert: bool| {
+        let mut c = replica_config(std::slice::from_ref(&tls_url), &urls);
+        c.sync.tls.required = true;
+        c.sync.tls.ca_file = Some(ca.clone());
+        if cert {
+            c.sync.tls.cert_file = Some(client.clone());
+            c.sync.tls.key_file = Some(client_key.clone());
+        }
+        c
+    };
+    let a = gateway_ready(with_cert(true), 2).await;
+    let b = gateway_ready(with_cert(true), 2).await;
+    let anonymous = gateway_ready(with_cert(false), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    assert_propagates(&a.url, &b.url, "with client certificates", 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        series_value(&anonymous.url, "radixgate_sync_connected").await,
+        0.0,
+        "a replica without a client certificate is refused"
+    );
+    ask(&anonymous.url, &prompt("no client certificate")).await;
+    for g in [a, b, anonymous] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(certs);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_fit_the_servers_max_payload() {
     let conf_dir = temp_dir("conf");

@@ -185,6 +185,30 @@ fn read_secret(key: &'static str, path: &Path) -> Result<String, ConfigError> {
     Ok(text)
 }
 
+/// The nkey seed in `path`, checked to be a user's (`SU...`): any other
+/// is refused by the server at every connect, for ever.
+fn user_seed(path: &Path) -> Result<String, ConfigError> {
+    const KEY: &str = "sync.auth.nkey_seed_file";
+    let seed = read_secret(KEY, path)?;
+    let pair = nkeys::KeyPair::from_seed(&seed).map_err(|e| {
+        invalid(
+            KEY,
+            format!("{} does not hold an nkey seed: {e}", path.display()),
+        )
+    })?;
+    if pair.key_pair_type() != nkeys::KeyPairType::User {
+        return Err(invalid(
+            KEY,
+            format!(
+                "{} holds the seed of {:?} key; a NATS user signs in with a user seed (SU...)",
+                path.display(),
+                pair.key_pair_type()
+            ),
+        ));
+    }
+    Ok(seed)
+}
+
 fn inline_or_file(
     key: &'static str,
     inline: &Option<String>,
@@ -219,11 +243,23 @@ impl SyncAuthConfig {
             (None, None) => None,
         };
         let nkey = match &self.nkey_seed_file {
-            Some(p) => Some(read_secret("sync.auth.nkey_seed_file", p)?),
+            Some(p) => Some(user_seed(p)?),
             None => None,
         };
         let creds = match &self.creds_file {
-            Some(p) => Some(read_secret("sync.auth.creds_file", p)?),
+            Some(p) => {
+                let text = read_secret("sync.auth.creds_file", p)?;
+                // Read as the client will read it: a JWT and a seed.
+                async_nats::ConnectOptions::new()
+                    .credentials(&text)
+                    .map_err(|e| {
+                        invalid(
+                            "sync.auth.creds_file",
+                            format!("{} is not a NATS .creds file: {e}", p.display()),
+                        )
+                    })?;
+                Some(text)
+            }
             None => None,
         };
         let given: Vec<&str> = [
@@ -463,6 +499,44 @@ mod tests {
             e.contains("sync.auth.creds_file") && e.contains("cannot read"),
             "{e}"
         );
+        // An nkey seed and a .creds file are read as the client reads them.
+        let seed = dir.join("seed");
+        // A user seed with a character in its key changed: its checksum
+        // fails.
+        let mut corrupt = nkeys::KeyPair::new_user().seed().unwrap();
+        let other = if &corrupt[10..11] == "A" { "B" } else { "A" };
+        corrupt.replace_range(10..11, other);
+        for (text, says) in [
+            (&*corrupt, "does not hold"),
+            ("not a seed\n", "does not hold"),
+            (
+                &*nkeys::KeyPair::new_account().seed().unwrap(),
+                "a NATS user signs in with a user seed",
+            ),
+        ] {
+            std::fs::write(&seed, text).unwrap();
+            let mut c = on();
+            c.auth.nkey_seed_file = Some(seed.clone());
+            let e = err(&c);
+            assert!(
+                e.contains("sync.auth.nkey_seed_file") && e.contains(says),
+                "{e}"
+            );
+        }
+        let user = nkeys::KeyPair::new_user();
+        std::fs::write(&seed, format!("{}\n", user.seed().unwrap())).unwrap();
+        let mut c = on();
+        c.auth.nkey_seed_file = Some(seed.clone());
+        assert_eq!(
+            c.auth.resolve().unwrap(),
+            SyncAuth::NkeySeed(user.seed().unwrap())
+        );
+        let creds = dir.join("bad.creds");
+        std::fs::write(&creds, "-----BEGIN NATS USER JWT-----\nnot a jwt\n").unwrap();
+        let mut c = on();
+        c.auth.creds_file = Some(creds);
+        let e = err(&c);
+        assert!(e.contains("is not a NATS .creds file"), "{e}");
         let mut c = on();
         c.tls.cert_file = Some(dir.join("missing.pem"));
         assert!(err(&c).contains("sync.tls.cert_file"));

@@ -112,71 +112,102 @@ impl Drop for Nats {
     }
 }
 
+/// Runs `openssl ARGS` in `dir`; panics with its error output if it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl must be installed (.ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A throwaway CA and a server certificate for 127.0.0.1, made with the
 /// `openssl` command; returns (ca.pem, server.pem, server.key).
 pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl must be installed (.ci/run installs it)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=radixgate test CA",
-    ]);
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=radixgate test CA",
+        ],
+    );
+    let (server, key) = signed(
+        dir,
+        "server",
         "/CN=127.0.0.1",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "1",
-        "-extfile",
-        "ext.cnf",
-    ]);
-    (
-        dir.join("ca.pem"),
-        dir.join("server.pem"),
-        dir.join("server.key"),
+        "subjectAltName=IP:127.0.0.1",
+    );
+    (dir.join("ca.pem"), server, key)
+}
+
+/// A client certificate signed by the CA [`tls_files`] made in `dir`;
+/// returns (client.pem, client.key).
+pub fn client_cert(dir: &Path) -> (PathBuf, PathBuf) {
+    signed(
+        dir,
+        "client",
+        "/CN=radixgate replica",
+        "extendedKeyUsage=clientAuth",
     )
+}
+
+/// A key and a certificate for `subject` with the extension `ext`, signed
+/// by the CA in `dir`: (NAME.pem, NAME.key).
+fn signed(dir: &Path, name: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf) {
+    let file = |suffix: &str| format!("{name}.{suffix}");
+    std::fs::write(dir.join(file("cnf")), format!("{ext}\n")).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &file("key"),
+            "-out",
+            &file("csr"),
+            "-subj",
+            subject,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &file("csr"),
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &file("pem"),
+            "-days",
+            "1",
+            "-extfile",
+            &file("cnf"),
+        ],
+    );
+    (dir.join(file("pem")), dir.join(file("key")))
 }
 
 /// A TCP proxy on loopback in front of a NATS server, for a network
