@@ -771,6 +771,37 @@ async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_history_setting_reaches_the_stream_at_the_next_start() {
+    let nats = Nats::start(&[]);
+    let w = sim_worker(fast_worker()).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    let limits = || {
+        let js = js.clone();
+        async move {
+            let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
+            let c = s.info().await.unwrap().config.clone();
+            (c.max_age.as_secs(), c.max_bytes)
+        }
+    };
+    let with_history = |secs: u64, bytes: u64| {
+        let mut c = replica_config(&[nats.url()], &[&w.url]);
+        c.sync.history_secs = secs;
+        c.sync.history_bytes = bytes;
+        c
+    };
+    let a = gateway_ready(with_history(600, 64 << 20), 1).await;
+    wait_ready(&a.url).await;
+    assert_eq!(limits().await, (600, 64 << 20));
+    a.shutdown().await;
+    // Restarted with another setting, it finds the stream it made before.
+    let a = gateway_ready(with_history(120, 8 << 20), 1).await;
+    wait_ready(&a.url).await;
+    assert_eq!(limits().await, (120, 8 << 20));
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_stops_waiting_after_the_warmup_timeout() {
     let mut nats = Nats::start(&[]);
     let w = sim_worker(fast_worker()).await;

@@ -344,6 +344,41 @@ async fn source(
     Ok((Source::Core(sub, why), None))
 }
 
+/// Gives a stream found with other limits than this replica's
+/// `history_secs` and `history_bytes` (made by an earlier config, or
+/// another build) this replica's, and its subject if it lacks it: a
+/// changed setting takes effect at the next connect, not only on a new
+/// stream. Replicas run with different settings set it in turn, each at
+/// its connect; the log says so. A refusal leaves the stream as it is.
+async fn keep_limits(js: &jetstream::Context, found: &stream::Config, want: &stream::Config) {
+    let subject = &want.subjects[0];
+    if found.max_age == want.max_age
+        && found.max_bytes == want.max_bytes
+        && found.subjects.contains(subject)
+    {
+        return;
+    }
+    let mut update = found.clone();
+    update.max_age = want.max_age;
+    update.max_bytes = want.max_bytes;
+    if !update.subjects.contains(subject) {
+        update.subjects.push(subject.clone());
+    }
+    match js.update_stream(&update).await {
+        Ok(_) => tracing::info!(
+            was_max_age_secs = found.max_age.as_secs(),
+            was_max_bytes = found.max_bytes,
+            max_age_secs = want.max_age.as_secs(),
+            max_bytes = want.max_bytes,
+            "replica sync: the stream's limits set to this replica's history_secs and history_bytes"
+        ),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "replica sync: cannot set the stream's limits to this replica's; using it as it is"
+        ),
+    }
+}
+
 /// The stream and a consumer starting after `after`.
 async fn stream_source(
     client: &Client,
@@ -353,17 +388,16 @@ async fn stream_source(
 ) -> Result<(Source, Option<async_nats::datetime::DateTime>), NoStream> {
     let js = jetstream::new(client.clone());
     let subject = me.subject("inserts");
-    let created = js
-        .get_or_create_stream(stream::Config {
-            name: me.stream(),
-            subjects: vec![subject.clone()],
-            max_age: Duration::from_secs(config.history_secs),
-            max_bytes: i64::try_from(config.history_bytes).unwrap_or(i64::MAX),
-            discard: stream::DiscardPolicy::Old,
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await;
+    let want = stream::Config {
+        name: me.stream(),
+        subjects: vec![subject.clone()],
+        max_age: Duration::from_secs(config.history_secs),
+        max_bytes: i64::try_from(config.history_bytes).unwrap_or(i64::MAX),
+        discard: stream::DiscardPolicy::Old,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    let created = js.get_or_create_stream(&want).await;
     let mut stream = match created {
         Ok(stream) => stream,
         Err(err) if refused(&err) => return Err(NoStream::Refused(err.to_string())),
@@ -375,6 +409,7 @@ async fn stream_source(
         .await
         .map_err(|e| failed("cannot read the stream's state", &e))?;
     let (last, created) = (info.state.last_sequence, info.created);
+    keep_limits(&js, &info.config, &want).await;
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subject,
