@@ -1277,6 +1277,44 @@ async fn a_token_and_an_nkey_work_and_another_users_seed_never_connects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creds_file_signs_in_to_a_server_in_operator_mode() {
+    let dir = temp_dir("operator");
+    let (conf, creds) = sync_support::operator_mode();
+    std::fs::write(dir.join("nats.conf"), conf).unwrap();
+    std::fs::write(dir.join("router.creds"), creds).unwrap();
+    let nats = Nats::start(&["-c", dir.join("nats.conf").to_str().unwrap()]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let with_creds = || {
+        let mut c = replica_config(&[nats.url()], &urls);
+        c.sync.auth.creds_file = Some(dir.join("router.creds"));
+        c
+    };
+    let a = gateway_ready(with_creds(), 2).await;
+    let b = gateway_ready(with_creds(), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_connected(gw).await;
+        wait_ready(gw).await;
+        assert_eq!(series_value(gw, "radixgate_sync_stream").await, 1.0);
+    }
+    assert_propagates(&a.url, &b.url, "signed in with a creds file", 2).await;
+    // Without credentials the server lets nobody in.
+    let anonymous = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        series_value(&anonymous.url, "radixgate_sync_connected").await,
+        0.0
+    );
+    for g in [a, b, anonymous] {
+        g.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_private_ca_works() {
     let certs = temp_dir("tls");
     let (ca, cert, key) = tls_files(&certs);

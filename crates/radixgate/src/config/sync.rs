@@ -248,7 +248,16 @@ impl SyncAuthConfig {
         };
         let creds = match &self.creds_file {
             Some(p) => {
-                let text = read_secret("sync.auth.creds_file", p)?;
+                // As it is: the client's parser wants the line end after
+                // the seed's closing line, which a trim would take when
+                // nothing follows it.
+                read_secret("sync.auth.creds_file", p)?;
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    invalid(
+                        "sync.auth.creds_file",
+                        format!("cannot read {}: {e}", p.display()),
+                    )
+                })?;
                 // Read as the client will read it: a JWT and a seed.
                 async_nats::ConnectOptions::new()
                     .credentials(&text)

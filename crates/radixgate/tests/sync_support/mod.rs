@@ -307,3 +307,77 @@ async fn pump(
         }
     }
 }
+
+/// A NATS server in operator mode (JWTs, a memory resolver) with one
+/// account, JetStream on; returns its config file's text and the `.creds`
+/// text of a user of that account. The JWTs are signed here with nkeys as
+/// NATS signs them: `header.claims.signature`, base64url, ed25519.
+pub fn operator_mode() -> (String, String) {
+    use nkeys::KeyPair;
+    let b64 = |bytes: &[u8]| data_encoding::BASE64URL_NOPAD.encode(bytes);
+    let iat = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let jwt = |issuer: &KeyPair, subject: &str, name: &str, nats: serde_json::Value| {
+        let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+        let claims = serde_json::json!({
+            "jti": format!("{:032X}", rand::random::<u128>()),
+            "iat": iat,
+            "iss": issuer.public_key(),
+            "name": name,
+            "sub": subject,
+            "nats": nats,
+        });
+        let body = b64(claims.to_string().as_bytes());
+        let signed = format!("{header}.{body}");
+        let sig = issuer.sign(signed.as_bytes()).unwrap();
+        format!("{signed}.{}", b64(&sig))
+    };
+    let operator = KeyPair::new_operator();
+    let account = KeyPair::new_account();
+    let system = KeyPair::new_account();
+    let user = KeyPair::new_user();
+    let op_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "test operator",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    });
+    let acc_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "routers",
+        serde_json::json!({"type": "account", "version": 2, "limits": unlimited}),
+    );
+    let sys_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "system",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "router",
+        serde_json::json!({
+            "type": "user", "version": 2, "pub": {}, "sub": {},
+            "subs": -1, "data": -1, "payload": -1,
+        }),
+    );
+    let conf = format!(
+        "operator: \"{op_jwt}\"\nsystem_account: {sys}\nresolver: MEMORY\nresolver_preload: {{\n  {acc}: \"{acc_jwt}\"\n  {sys}: \"{sys_jwt}\"\n}}\n",
+        sys = system.public_key(),
+        acc = account.public_key(),
+    );
+    let creds = format!(
+        "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+        user.seed().unwrap()
+    );
+    (conf, creds)
+}
