@@ -120,11 +120,16 @@ pub async fn gateway(config: Config) -> Gateway {
     Gateway { url, stop, task }
 }
 
-/// A gateway in front of `workers`, once `healthy` of them are admitted.
+/// A gateway in front of `workers`, once `healthy` of them are admitted;
+/// one that stops first (a config it refuses) fails the test with its
+/// error, not with a wait that runs out.
 pub async fn gateway_ready(config: Config, healthy: usize) -> Gateway {
-    let gw = gateway(config).await;
-    wait_for_healthy(&gw.url, healthy).await;
-    gw
+    let mut gw = gateway(config).await;
+    let url = gw.url.clone();
+    tokio::select! {
+        () = wait_for_healthy(&url, healthy) => gw,
+        ended = &mut gw.task => panic!("the gateway stopped before it was ready: {ended:?}"),
+    }
 }
 
 pub async fn wait_for_healthy(gateway: &str, n: usize) {
