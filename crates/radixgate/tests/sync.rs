@@ -1142,6 +1142,63 @@ async fn the_permissions_docs_sync_md_names_are_enough_for_the_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_node_of_a_nats_cluster_fails_no_request_and_sync_goes_on() {
+    // Two servers routed into one cluster, JetStream clustered over them.
+    let routes = [sync_support::free_port(), sync_support::free_port()];
+    let node = |i: usize| {
+        let me = format!("nats://127.0.0.1:{}", routes[i]);
+        let other = format!("nats://127.0.0.1:{}", routes[1 - i]);
+        let name = format!("n{i}");
+        Nats::start(&[
+            "--cluster_name",
+            "routers",
+            "--server_name",
+            &name,
+            "--cluster",
+            &me,
+            "--routes",
+            &other,
+        ])
+    };
+    let mut n0 = node(0);
+    let n1 = node(1);
+    let urls = [n0.url(), n1.url()];
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let worker_urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let a = gateway_ready(replica_config(&urls, &worker_urls), 2).await;
+    let b = gateway_ready(replica_config(&urls, &worker_urls), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_connected(gw).await;
+    }
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let mut probe = 0;
+    let mut gets_through = || {
+        probe += 1;
+        let text = prompt(&format!("probe {probe}"));
+        let a = a.url.clone();
+        async move {
+            let before = learned().await;
+            ask(&a, &text).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            learned().await > before
+        }
+    };
+    wait_until("sync over the cluster", &mut gets_through).await;
+
+    // One node goes: the clients move to the other, and with half the
+    // cluster gone JetStream has no quorum; live sync goes on regardless.
+    n0.kill();
+    wait_until("sync after losing a node", &mut gets_through).await;
+    assert_propagates(&a.url, &b.url, "after losing a node", 2).await;
+    for g in [a, b] {
+        g.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     let nats = Nats::start(&[]);
     let (_workers, a, b) = two_replicas(&nats).await;
