@@ -269,7 +269,7 @@ impl Applier {
 enum Source {
     /// The JetStream stream, replayed from its oldest message or resumed
     /// after a place in it; its last sequence when the consumer was made.
-    Stream(Box<consumer::pull::Ordered>, u64),
+    Stream(Box<consumer::pull::Ordered>, u64, Box<stream::Stream>),
     /// Core NATS: live only, while the stream is refused or cannot be set
     /// up (and asked for again now and then).
     Core(async_nats::Subscriber, NoStream),
@@ -290,6 +290,15 @@ fn refused(err: &jetstream::context::CreateStreamError) -> bool {
 /// server refused the stream asks for it again: after 1 s, then twice as
 /// long each time, up to this.
 const STREAM_RETRY: Duration = Duration::from_secs(30);
+
+/// How long the insert feed waits for an answer from the JetStream API.
+const API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the insert feed asks the stream how far it is: a consumer
+/// that stopped delivering (its stream's node gone from a NATS cluster,
+/// say, while this replica's own connection is fine) does not always say
+/// so, and the feed must not wait on it for ever.
+const STREAM_CHECK: Duration = Duration::from_secs(5);
 
 /// A place in the stream: the last sequence applied, in the stream made
 /// at `created`.
@@ -386,7 +395,11 @@ async fn stream_source(
     config: &SyncConfig,
     after: Place,
 ) -> Result<(Source, Option<async_nats::datetime::DateTime>), NoStream> {
-    let js = jetstream::new(client.clone());
+    // Answers come within a second or two; one that takes longer means
+    // the server (or its JetStream) is not there to answer.
+    let js = jetstream::ContextBuilder::new()
+        .timeout(API_TIMEOUT)
+        .build(client.clone());
     let subject = me.subject("inserts");
     let want = stream::Config {
         name: me.stream(),
@@ -438,7 +451,10 @@ async fn stream_source(
         .messages()
         .await
         .map_err(|e| failed("cannot read the stream", &e))?;
-    Ok((Source::Stream(Box::new(messages), last), Some(created)))
+    Ok((
+        Source::Stream(Box::new(messages), last, Box::new(stream)),
+        Some(created),
+    ))
 }
 
 /// What the insert feed hands on besides the trees.
@@ -593,7 +609,7 @@ pub(super) async fn inserts(
                     }
                 }
             }
-            Source::Stream(mut messages, last) => {
+            Source::Stream(mut messages, last, mut stream) => {
                 applier.metrics.stream(true);
                 warned = false;
                 // A stream made again (or behind the place held) is
@@ -604,6 +620,14 @@ pub(super) async fn inserts(
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
                     tracing::info!("replica sync: no history to replay; ready");
                 }
+                // The stream's last sequence at the previous look, and
+                // where this feed was then.
+                let mut looked: Option<(u64, u64)> = None;
+                let mut check = tokio::time::interval_at(
+                    tokio::time::Instant::now() + STREAM_CHECK,
+                    STREAM_CHECK,
+                );
+                check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     let m = tokio::select! {
                         _ = stop.cancelled() => return,
@@ -612,6 +636,36 @@ pub(super) async fn inserts(
                             continue;
                         }
                         m = messages.next() => m,
+                        // The stream no longer answers, or has had batches
+                        // past this feed's place for two looks in a row
+                        // while the feed stood still: a new consumer (or,
+                        // if none can be made, core NATS meanwhile).
+                        _ = check.tick() => {
+                            let info = tokio::time::timeout(API_TIMEOUT, stream.info()).await;
+                            let now = match info {
+                                Ok(Ok(info)) => (info.state.last_sequence, last_seen.seq),
+                                _ => {
+                                    tracing::warn!(
+                                        resume_after = last_seen.seq,
+                                        "replica sync: the stream does not answer; setting the insert feed up again"
+                                    );
+                                    break;
+                                }
+                            };
+                            let stalled = looked.is_some_and(|(was_last, was_seen)| {
+                                was_last > was_seen && now.1 == was_seen
+                            }) && now.0 > now.1;
+                            if stalled {
+                                tracing::warn!(
+                                    resume_after = last_seen.seq,
+                                    stream_last = now.0,
+                                    "replica sync: the stream consumer stopped delivering; setting the insert feed up again"
+                                );
+                                break;
+                            }
+                            looked = Some(now);
+                            continue;
+                        }
                         // What the server sent down a connection that died
                         // (a partition, a cut cable) is lost, and the
                         // consumer would only notice at a gap in what
