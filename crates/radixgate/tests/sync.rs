@@ -143,6 +143,25 @@ async fn ask_and_wait(from: &str, to: &str, text: &str) -> String {
     worker
 }
 
+/// Routes fresh prompts through `from` until `to` learns one: for while
+/// decisions may be lost on the way (no live feed yet), where
+/// [`ask_and_wait`] would wait on one for ever.
+async fn until_decisions_get_through(what: &str, from: &str, to: &str) {
+    let learned = || series_value(to, "radixgate_sync_entries_learned_total");
+    let mut probe = 0;
+    wait_until(what, || {
+        probe += 1;
+        let text = prompt(&format!("{what}: probe {probe}"));
+        async move {
+            let before = learned().await;
+            ask(from, &text).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            learned().await > before
+        }
+    })
+    .await;
+}
+
 /// Routes `n` fresh prompts through `from`, then checks `to` sends each to
 /// the same worker as a cache hit, at its first ask.
 async fn assert_propagates(from: &str, to: &str, tag: &str, n: usize) {
@@ -1103,22 +1122,9 @@ async fn a_user_allowed_only_the_sync_subjects_syncs_live() {
     );
     let (_workers, a, b) = two_routers(&nats, &dir).await;
     // The server answers the JetStream API with silence here, so live sync
-    // starts once the stream's setup timed out (the client's 10 s): until
+    // starts once the stream's setup timed out (5 s): until
     // then A's decisions are lost to B. Probe until one gets through.
-    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
-    let mut probe = 0;
-    wait_until("B hears A's decisions", || {
-        probe += 1;
-        let text = prompt(&format!("probe {probe}"));
-        let (a, learned) = (a.url.clone(), learned);
-        async move {
-            let before = learned().await;
-            ask(&a, &text).await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            learned().await > before
-        }
-    })
-    .await;
+    until_decisions_get_through("B hears A's decisions", &a.url, &b.url).await;
     assert_propagates(&a.url, &b.url, "only the sync subjects", 2).await;
     assert_eq!(series_value(&b.url, "radixgate_sync_stream").await, 0.0);
     a.shutdown().await;
@@ -1173,25 +1179,12 @@ async fn losing_a_node_of_a_nats_cluster_fails_no_request_and_sync_goes_on() {
     for gw in [&a.url, &b.url] {
         wait_connected(gw).await;
     }
-    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
-    let mut probe = 0;
-    let mut gets_through = || {
-        probe += 1;
-        let text = prompt(&format!("probe {probe}"));
-        let a = a.url.clone();
-        async move {
-            let before = learned().await;
-            ask(&a, &text).await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            learned().await > before
-        }
-    };
-    wait_until("sync over the cluster", &mut gets_through).await;
+    until_decisions_get_through("sync over the cluster", &a.url, &b.url).await;
 
     // One node goes: the clients move to the other, and with half the
     // cluster gone JetStream has no quorum; live sync goes on regardless.
     n0.kill();
-    wait_until("sync after losing a node", &mut gets_through).await;
+    until_decisions_get_through("sync after losing a node", &a.url, &b.url).await;
     assert_propagates(&a.url, &b.url, "after losing a node", 2).await;
     for g in [a, b] {
         g.shutdown().await;
