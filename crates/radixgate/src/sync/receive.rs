@@ -17,6 +17,7 @@ use super::wire::{self, Body, Header};
 use super::{Identity, SyncMetrics, now_ms};
 use crate::config::SyncConfig;
 use async_nats::Client;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt as _;
 use radixgate_routing::{Learned, Observation, PeerLoad, Router};
@@ -609,7 +610,7 @@ pub(super) async fn inserts(
                     }
                 }
             }
-            Source::Stream(mut messages, last, mut stream) => {
+            Source::Stream(mut messages, last, stream) => {
                 applier.metrics.stream(true);
                 warned = false;
                 // A stream made again (or behind the place held) is
@@ -620,7 +621,8 @@ pub(super) async fn inserts(
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
                     tracing::info!("replica sync: no history to replay; ready");
                 }
-                // The stream's last sequence at the previous look, and
+                let inserts = me.subject("inserts");
+                // The last sequence on that subject at the previous look, and
                 // where this feed was then.
                 let mut looked: Option<(u64, u64)> = None;
                 let mut check = tokio::time::interval_at(
@@ -641,9 +643,19 @@ pub(super) async fn inserts(
                         // while the feed stood still: a new consumer (or,
                         // if none can be made, core NATS meanwhile).
                         _ = check.tick() => {
-                            let info = tokio::time::timeout(API_TIMEOUT, stream.info()).await;
-                            let now = match info {
-                                Ok(Ok(info)) => (info.state.last_sequence, last_seen.seq),
+                            // The last batch on this feed's subject (the
+                            // stream may carry others, which the consumer
+                            // does not deliver).
+                            let last = tokio::time::timeout(
+                                API_TIMEOUT,
+                                stream.get_last_raw_message_by_subject(&inserts),
+                            )
+                            .await;
+                            let now = match last {
+                                Ok(Ok(m)) => (m.sequence, last_seen.seq),
+                                Ok(Err(e)) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {
+                                    (0, last_seen.seq)
+                                }
                                 _ => {
                                     tracing::warn!(
                                         resume_after = last_seen.seq,
