@@ -269,8 +269,16 @@ impl Applier {
 /// Where inserts come from.
 enum Source {
     /// The JetStream stream, replayed from its oldest message or resumed
-    /// after a place in it; its last sequence when the consumer was made.
-    Stream(Box<consumer::pull::Ordered>, u64, Box<stream::Stream>),
+    /// after a place in it.
+    Stream {
+        messages: Box<consumer::pull::Ordered>,
+        /// Its last sequence when the consumer was made.
+        last: u64,
+        stream: Box<stream::Stream>,
+        /// Where the consumer starts after: sequence 0 (from the oldest
+        /// message) of a stream new to this feed.
+        from: Place,
+    },
     /// Core NATS: live only, while the stream is refused or cannot be set
     /// up (and asked for again now and then).
     Core(async_nats::Subscriber, NoStream),
@@ -323,14 +331,14 @@ enum NoStream {
 /// use the JetStream API, which the server reports apart, as an error
 /// event, and answers with silence). A WARN says which, unless `warned`
 /// says one was given already. Errors only if it cannot even subscribe
-/// (retried by the caller). Also returns when the stream was made.
+/// (retried by the caller).
 async fn source(
     client: &Client,
     me: &Identity,
     config: &SyncConfig,
     after: Place,
     warned: &mut bool,
-) -> Result<(Source, Option<async_nats::datetime::DateTime>), String> {
+) -> Result<Source, String> {
     let why = match stream_source(client, me, config, after).await {
         Ok(made) => return Ok(made),
         Err(why) => why,
@@ -351,7 +359,7 @@ async fn source(
         .subscribe(me.subject("inserts"))
         .await
         .map_err(|e| format!("cannot subscribe: {e}"))?;
-    Ok((Source::Core(sub, why), None))
+    Ok(Source::Core(sub, why))
 }
 
 /// Gives a stream found with other limits than this replica's
@@ -395,7 +403,7 @@ async fn stream_source(
     me: &Identity,
     config: &SyncConfig,
     after: Place,
-) -> Result<(Source, Option<async_nats::datetime::DateTime>), NoStream> {
+) -> Result<Source, NoStream> {
     // Answers come within a second or two; one that takes longer means
     // the server (or its JetStream) is not there to answer.
     let js = jetstream::ContextBuilder::new()
@@ -424,23 +432,31 @@ async fn stream_source(
         .map_err(|e| failed("cannot read the stream's state", &e))?;
     let (last, created) = (info.state.last_sequence, info.created);
     keep_limits(&js, &info.config, &want).await;
+    // From the oldest message; after a reconnect, from the one after the
+    // last applied, unless the stream is not the one it was: a server
+    // that lost its store made it again and counts from 1, and may be
+    // past the old place by now.
+    let made_again = after.created.is_some_and(|was| was != created);
+    if made_again {
+        tracing::info!(
+            "replica sync: the stream was made again since the last batch applied (the NATS server lost its store?); replaying it whole"
+        );
+    }
+    let seq = if made_again || last < after.seq {
+        0
+    } else {
+        after.seq
+    };
+    let from = Place {
+        seq,
+        created: Some(created),
+    };
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subject,
-            // From the oldest message; after a reconnect, from the one after
-            // the last applied, unless the stream is not the one it was: a
-            // server that lost its store made it again and counts from 1,
-            // and may be past the old place by now.
-            deliver_policy: match after {
-                Place { seq: 0, .. } => consumer::DeliverPolicy::All,
-                Place { created: Some(was), .. } if was != created => {
-                    tracing::info!(
-                        "replica sync: the stream was made again since the last batch applied (the NATS server lost its store?); replaying it whole"
-                    );
-                    consumer::DeliverPolicy::All
-                }
-                Place { seq, .. } if last < seq => consumer::DeliverPolicy::All,
-                Place { seq, .. } => consumer::DeliverPolicy::ByStartSequence {
+            deliver_policy: match from.seq {
+                0 => consumer::DeliverPolicy::All,
+                seq => consumer::DeliverPolicy::ByStartSequence {
                     start_sequence: seq + 1,
                 },
             },
@@ -452,10 +468,12 @@ async fn stream_source(
         .messages()
         .await
         .map_err(|e| failed("cannot read the stream", &e))?;
-    Ok((
-        Source::Stream(Box::new(messages), last, Box::new(stream)),
-        Some(created),
-    ))
+    Ok(Source::Stream {
+        messages: Box::new(messages),
+        last,
+        stream: Box::new(stream),
+        from,
+    })
 }
 
 /// What the insert feed hands on besides the trees.
@@ -536,7 +554,7 @@ pub(super) async fn inserts(
                 src = source(&client, &me, &config, last_seen, &mut warned) => src,
             },
         };
-        let (src, created) = match src {
+        let src = match src {
             Ok(src) => src,
             Err(err) => {
                 tracing::warn!(error = %err, "replica sync: inserts not received yet; retrying");
@@ -610,14 +628,15 @@ pub(super) async fn inserts(
                     }
                 }
             }
-            Source::Stream(mut messages, last, stream) => {
+            Source::Stream {
+                mut messages,
+                last,
+                stream,
+                from,
+            } => {
                 applier.metrics.stream(true);
                 warned = false;
-                // A stream made again (or behind the place held) is
-                // replayed from its start: places count from there.
-                if created != last_seen.created || last < last_seen.seq {
-                    last_seen = Place { seq: 0, created };
-                }
+                last_seen = from;
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
                     tracing::info!("replica sync: no history to replay; ready");
                 }
