@@ -176,10 +176,14 @@ impl SyncAuth {
 }
 
 fn read_secret(key: &'static str, path: &Path) -> Result<String, ConfigError> {
+    Ok(read_secret_file(key, path)?.trim().to_owned())
+}
+
+/// The text of a secret's file as written; an error if it is blank.
+fn read_secret_file(key: &'static str, path: &Path) -> Result<String, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
-    let text = text.trim().to_owned();
-    if text.is_empty() {
+    if text.trim().is_empty() {
         return Err(invalid(key, format!("{} is empty", path.display())));
     }
     Ok(text)
@@ -251,13 +255,7 @@ impl SyncAuthConfig {
                 // As it is: the client's parser wants the line end after
                 // the seed's closing line, which a trim would take when
                 // nothing follows it.
-                read_secret("sync.auth.creds_file", p)?;
-                let text = std::fs::read_to_string(p).map_err(|e| {
-                    invalid(
-                        "sync.auth.creds_file",
-                        format!("cannot read {}: {e}", p.display()),
-                    )
-                })?;
+                let text = read_secret_file("sync.auth.creds_file", p)?;
                 // Read as the client will read it: a JWT and a seed.
                 async_nats::ConnectOptions::new()
                     .credentials(&text)
