@@ -193,14 +193,20 @@ impl Incoming {
                 Arc::from(text)
             }
         };
-        if self.texts.back().is_some_and(|(last, _)| *last >= id) {
-            // Out of order (a replay overlapping live traffic): keep the
-            // list sorted by dropping what is not newer.
-            self.texts.clear();
-            self.bytes = 0;
+        // Out of order (a batch sent again after its sender reconnected,
+        // a replay overlapping live traffic): into its place, so that
+        // later entries can refer to it.
+        match self.texts.binary_search_by_key(&id, |(i, _)| *i) {
+            Ok(at) => {
+                self.bytes -= self.texts[at].1.len();
+                self.bytes += text.len();
+                self.texts[at].1 = text.clone();
+            }
+            Err(at) => {
+                self.bytes += text.len();
+                self.texts.insert(at, (id, text.clone()));
+            }
         }
-        self.bytes += text.len();
-        self.texts.push_back((id, text.clone()));
         while self.bytes > self.keep && self.texts.len() > 1 {
             let (_, old) = self.texts.pop_front().expect("not empty");
             self.bytes -= old.len();
@@ -314,5 +320,32 @@ mod tests {
             assert_eq!(&*got, "a\u{1f600}b", "cut at {cut}");
         }
         assert!(inc.bytes() > 0);
+    }
+
+    /// A batch that comes late (sent again after its sender reconnected)
+    /// takes its place among the texts: the entries after it that refer
+    /// to it resolve, and so do those that refer to what came before it.
+    #[test]
+    fn a_late_entry_is_kept_in_order_and_referred_to() {
+        let mut inc = Incoming::new(1 << 20);
+        inc.resolve(1, None, b"first").unwrap();
+        inc.resolve(5, None, b"fifth").unwrap();
+        // 2 comes after 5, and refers to 1.
+        assert_eq!(
+            &*inc.resolve(2, Some((1, 5)), b" and second").unwrap(),
+            "first and second"
+        );
+        assert_eq!(
+            &*inc.resolve(3, Some((1, 16)), b", third").unwrap(),
+            "first and second, third"
+        );
+        assert_eq!(
+            &*inc.resolve(6, Some((1, 5)), b", sixth").unwrap(),
+            "fifth, sixth"
+        );
+        // The same entry again replaces itself.
+        let before = inc.bytes();
+        inc.resolve(2, Some((1, 5)), b" and second").unwrap();
+        assert_eq!(inc.bytes(), before);
     }
 }
