@@ -243,13 +243,18 @@ pub(crate) fn spawn(
                 return;
             }
         };
+        let delivery = Arc::new(publish::Delivery::default());
         let publisher = tokio::spawn(publish::run(
             client.clone(),
             identity.clone(),
             config.clone(),
             rx,
-            lane_shared.clone(),
-            task_metrics.clone(),
+            publish::Outlets {
+                lane: lane_shared.clone(),
+                metrics: task_metrics.clone(),
+                delivery: delivery.clone(),
+                reconnected: reconnected.clone(),
+            },
             stop.clone(),
         ));
         let inserts = tokio::spawn(receive::inserts(
@@ -262,6 +267,7 @@ pub(crate) fn spawn(
                 lane: lane_shared,
                 ready: task_ready,
                 reconnected,
+                delivery,
             },
             stop.clone(),
         ));

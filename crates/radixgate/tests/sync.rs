@@ -955,6 +955,115 @@ async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_cut_off_replica_routed_reaches_its_peers_after() {
+    let nats = Nats::start(&[]);
+    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    assert_propagates(&a.url, &b.url, "before the partition", 1).await;
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+
+    cut.freeze();
+    let mut routed_by_a = Vec::new();
+    // Into a connection that is dead before A's client notices (its pings
+    // go unanswered for 10-15 s)...
+    for i in 0..3 {
+        let text = prompt(&format!("before A noticed {i}"));
+        let (worker, _) = ask(&a.url, &text).await;
+        routed_by_a.push((text, worker));
+    }
+    // ...and once it has given the connection up.
+    wait_until("A gave its connection up", || async {
+        series_value(&a.url, "radixgate_sync_connected").await == 0.0
+    })
+    .await;
+    for i in 0..3 {
+        let text = prompt(&format!("while A knew it was cut off {i}"));
+        let (worker, _) = ask(&a.url, &text).await;
+        routed_by_a.push((text, worker));
+    }
+    assert_eq!(
+        learned().await,
+        learned0,
+        "the partition let A's decisions through"
+    );
+
+    cut.heal();
+    wait_until("B learned what A routed while cut off", || async {
+        learned().await >= learned0 + routed_by_a.len() as f64
+    })
+    .await;
+    for (text, worker) in &routed_by_a {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "B never learned {text:.40}"
+        );
+    }
+    // Each once: what reached the stream before the cut is not applied again.
+    assert_eq!(learned().await, learned0 + routed_by_a.len() as f64);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_core_nats_what_a_replica_routed_while_disconnected_goes_at_the_reconnect() {
+    // No stream for the routers' account: live sync over core NATS only.
+    let (nats, dir) = nats_with_config(
+        "accounts-cut",
+        "accounts: { ROUTERS: { users: [ { user: router, password: s3cret } ] } }\n",
+    );
+    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let mut through_the_cut = router_config(&nats, &dir, &urls);
+    through_the_cut.sync.urls = vec![cut.url()];
+    let a = gateway_ready(through_the_cut, 2).await;
+    let b = gateway_ready(router_config(&nats, &dir, &urls), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_ready(gw).await;
+        wait_connected(gw).await;
+    }
+    assert_propagates(&a.url, &b.url, "over core NATS", 1).await;
+    assert_eq!(series_value(&a.url, "radixgate_sync_stream").await, 0.0);
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+
+    cut.freeze();
+    wait_until("A gave its connection up", || async {
+        series_value(&a.url, "radixgate_sync_connected").await == 0.0
+    })
+    .await;
+    let mut routed_by_a = Vec::new();
+    for i in 0..3 {
+        let text = prompt(&format!("while A was disconnected {i}"));
+        let (worker, _) = ask(&a.url, &text).await;
+        routed_by_a.push((text, worker));
+    }
+    cut.heal();
+    wait_until("B learned what A routed while disconnected", || async {
+        learned().await >= learned0 + routed_by_a.len() as f64
+    })
+    .await;
+    for (text, worker) in &routed_by_a {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "B never learned {text:.40}"
+        );
+    }
+    assert!(series_value(&a.url, "radixgate_sync_batches_resent_total").await >= 1.0);
+    assert_eq!(learned().await, learned0 + routed_by_a.len() as f64);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_that_goes_quiet_is_given_up_at_its_pings_and_caught_up_after() {
     let nats = Nats::start(&[]);
     let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;

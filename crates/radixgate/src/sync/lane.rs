@@ -428,7 +428,7 @@ impl Ticks<'_> {
 
     fn take(&self, payload: &[u8]) {
         let Some((h, Body::Load(loads, firsts))) =
-            super::receive::screen(payload, self.me, self.metrics)
+            super::receive::screen(payload, self.me, self.metrics, None)
         else {
             return;
         };

@@ -21,7 +21,7 @@ const BYTES_RECEIVED: Describe = Describe::new(
 );
 const DROPPED: Describe = Describe::new(
     "radixgate_sync_dropped_total",
-    "Decisions or reports not published, by reason (queue_full, disconnected, publish_error, stopped).",
+    "Decisions or reports not published, by reason (queue_full; disconnected: kept for a reconnect past the bound, or a load report while disconnected; publish_error, stopped).",
 );
 const IGNORED: Describe = Describe::new(
     "radixgate_sync_ignored_total",
@@ -38,6 +38,10 @@ const OBSERVED: Describe = Describe::new(
 const TEXTS_CUT: Describe = Describe::new(
     "radixgate_sync_texts_cut_total",
     "Routed texts published cut to their head, to fit the NATS server's max_payload.",
+);
+const RESENT: Describe = Describe::new(
+    "radixgate_sync_batches_resent_total",
+    "Insert batches published again after a reconnect: not seen back from the stream (sent into a connection that died, or kept while disconnected).",
 );
 const CONNECTED: Describe = Describe::new(
     "radixgate_sync_connected",
@@ -68,6 +72,7 @@ pub(crate) struct SyncMetrics {
     learned: OneCounter,
     observed: OneCounter,
     texts_cut: OneCounter,
+    resent: OneCounter,
     connected: OneGauge,
     lane_connected: OneGauge,
     stream: OneGauge,
@@ -86,6 +91,7 @@ impl SyncMetrics {
             learned: metrics.counter(&LEARNED),
             observed: metrics.counter(&OBSERVED),
             texts_cut: metrics.counter(&TEXTS_CUT),
+            resent: metrics.counter(&RESENT),
             connected: metrics.gauge(&CONNECTED),
             lane_connected: metrics.gauge(&LANE_CONNECTED),
             stream: metrics.gauge(&STREAM),
@@ -127,6 +133,10 @@ impl SyncMetrics {
 
     pub(crate) fn text_cut(&self) {
         self.texts_cut.add(1);
+    }
+
+    pub(crate) fn resent(&self, batches: u64) {
+        self.resent.add(batches);
     }
 
     pub(crate) fn ignored(&self, reason: &'static str) {

@@ -4,13 +4,24 @@
 //! under `batch_ms` ago; then it waits until `batch_ms` after that one,
 //! with whatever else comes meanwhile. The last batch carries this
 //! replica's loads as they are then, and the first tokens waiting (else
-//! the load lane sends them). It wakes only for these: an idle replica's
-//! publisher does not run at all. Load reports
-//! on their own (the refresh, a fall at a request's end) are the load
-//! lane's ([`super::lane`]).
+//! the load lane sends them). It wakes only for these, and for a
+//! reconnect: an idle replica's publisher does not run at all. Load
+//! reports on their own (the refresh, a fall at a request's end) are the
+//! load lane's ([`super::lane`]).
 //!
-//! While NATS is disconnected nothing is handed to the client (it would
-//! buffer, then block): batches are dropped and counted `disconnected`.
+//! A batch is kept until it comes back from the stream (the insert feed
+//! delivers this replica's own batches too, [`Delivery`]): one written
+//! into a connection that died before the client noticed (up to two
+//! missed pings, 10-15 s) is lost with it, and so is one the client was
+//! never handed while it knew it was disconnected. At every reconnect
+//! what was not seen back goes again, in order, so the peers learn what
+//! this replica routed while it was cut off. They apply an entry once
+//! (`receive::Seen`), so a batch that had reached the stream after all
+//! costs nothing but its bytes. At most [`MAX_UNCONFIRMED_BYTES`] are
+//! kept; a batch never handed to the client that falls out of it is
+//! counted dropped (`disconnected`). Over core NATS (no stream) nothing
+//! comes back: what is handed over is not kept, what waited for a
+//! reconnect goes once.
 
 use super::dict::Outgoing;
 use super::lane::Shared;
@@ -18,9 +29,12 @@ use super::wire::{self, FirstToken, Inserts, WireEntry, WorkerLoad};
 use super::{Identity, Routed, SyncMetrics};
 use crate::config::SyncConfig;
 use async_nats::Client;
+use bytes::Bytes;
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,28 +42,221 @@ use tokio_util::sync::CancellationToken;
 /// unless configured) is smaller: NATS refuses a payload over it.
 const MAX_BATCH_BYTES: usize = 512 << 10;
 
+/// The most bytes of insert batches kept until they are seen back from
+/// the stream: a 10-15 s cut at a few long-prompt decisions a second is a
+/// few MiB.
+pub(super) const MAX_UNCONFIRMED_BYTES: usize = 16 << 20;
+
+/// What the insert feed tells the publisher: how far this replica's own
+/// batches have come back from the stream, and whether they will.
+#[derive(Debug, Default)]
+pub(super) struct Delivery {
+    /// The number of the last own batch seen back.
+    stored: AtomicU64,
+    /// The feed reads the stream (else core NATS, which sends nothing
+    /// back to its sender).
+    on_stream: AtomicBool,
+}
+
+impl Delivery {
+    /// An own batch came back from the stream: it, and every batch before
+    /// it, is stored.
+    pub(super) fn seen_back(&self, seq: u64) {
+        self.stored.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// The feed switched to the stream (`true`) or to core NATS.
+    pub(super) fn on_stream(&self, on: bool) {
+        self.on_stream.store(on, Ordering::Release);
+    }
+
+    fn stored(&self) -> u64 {
+        self.stored.load(Ordering::Acquire)
+    }
+
+    fn coming_back(&self) -> bool {
+        self.on_stream.load(Ordering::Acquire)
+    }
+}
+
+/// An insert batch not known to be stored.
+#[derive(Debug)]
+struct Kept {
+    seq: u64,
+    payload: Bytes,
+    entries: u64,
+    /// Handed to the client once (else it waited for a connection).
+    handed: bool,
+}
+
+/// Insert batches not yet seen back from the stream, oldest first.
+#[derive(Debug, Default)]
+struct Unconfirmed {
+    batches: VecDeque<Kept>,
+    bytes: usize,
+}
+
+impl Unconfirmed {
+    fn keep(&mut self, batch: Kept, metrics: &SyncMetrics) {
+        self.bytes += batch.payload.len();
+        self.batches.push_back(batch);
+        while self.bytes > MAX_UNCONFIRMED_BYTES {
+            let Some(old) = self.batches.pop_front() else {
+                break;
+            };
+            self.bytes -= old.payload.len();
+            if !old.handed {
+                metrics.dropped("disconnected", old.entries);
+            }
+        }
+    }
+
+    /// Forgets the batches numbered `stored` or less.
+    fn confirmed(&mut self, stored: u64) {
+        while let Some(b) = self.batches.front()
+            && b.seq <= stored
+        {
+            self.bytes -= b.payload.len();
+            self.batches.pop_front();
+        }
+    }
+}
+
 struct Publisher {
     client: Client,
     me: Identity,
     metrics: Arc<SyncMetrics>,
     inserts_subject: String,
     insert_seq: u64,
+    delivery: Arc<Delivery>,
+    unconfirmed: Unconfirmed,
 }
 
 impl Publisher {
     async fn send_inserts(&mut self, batch: Inserts) {
         self.insert_seq += 1;
-        let n = batch.entries.len() as u64;
-        let payload = wire::encode_inserts(&self.me.header(self.insert_seq), &batch);
-        super::publish(
+        let entries = batch.entries.len() as u64;
+        let payload = Bytes::from(wire::encode_inserts(
+            &self.me.header(self.insert_seq),
+            &batch,
+        ));
+        self.unconfirmed.confirmed(self.delivery.stored());
+        let handed = hand_over(
             &self.client,
             &self.inserts_subject,
-            payload,
-            n,
             &self.metrics,
+            payload.clone(),
         )
         .await;
+        let keep = match handed {
+            Handed::Yes => self.delivery.coming_back(),
+            Handed::Disconnected => true,
+            Handed::Refused => {
+                self.metrics.dropped("publish_error", entries);
+                false
+            }
+        };
+        if keep {
+            let kept = Kept {
+                seq: self.insert_seq,
+                payload,
+                entries,
+                handed: handed == Handed::Yes,
+            };
+            self.unconfirmed.keep(kept, &self.metrics);
+        }
     }
+
+    /// After a reconnect: sends again, in order, every batch not seen back
+    /// from the stream.
+    async fn resend(&mut self) {
+        self.unconfirmed.confirmed(self.delivery.stored());
+        if self.unconfirmed.batches.is_empty() {
+            return;
+        }
+        let mut sent = 0;
+        let mut refused = Vec::new();
+        for (i, b) in self.unconfirmed.batches.iter_mut().enumerate() {
+            match hand_over(
+                &self.client,
+                &self.inserts_subject,
+                &self.metrics,
+                b.payload.clone(),
+            )
+            .await
+            {
+                Handed::Yes => {
+                    b.handed = true;
+                    sent += 1;
+                }
+                // Gone again: the next reconnect sends the rest.
+                Handed::Disconnected => break,
+                Handed::Refused => refused.push(i),
+            }
+        }
+        for i in refused.into_iter().rev() {
+            if let Some(b) = self.unconfirmed.batches.remove(i) {
+                self.unconfirmed.bytes -= b.payload.len();
+                self.metrics.dropped("publish_error", b.entries);
+            }
+        }
+        self.metrics.resent(sent);
+        tracing::info!(
+            batches = sent,
+            "replica sync: reconnected; sent again the insert batches not seen back from the stream"
+        );
+        if !self.delivery.coming_back() {
+            // Core NATS: nothing will confirm what went.
+            let kept = &mut self.unconfirmed;
+            kept.batches.retain(|b| !b.handed);
+            kept.bytes = kept.batches.iter().map(|b| b.payload.len()).sum();
+        }
+    }
+}
+
+/// What became of a batch given to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handed {
+    Yes,
+    /// Not while disconnected: the client would buffer, then block.
+    Disconnected,
+    /// The client refused it (counted `publish_error`).
+    Refused,
+}
+
+/// Gives `payload` to the client for `subject`.
+async fn hand_over(
+    client: &Client,
+    subject: &str,
+    metrics: &SyncMetrics,
+    payload: Bytes,
+) -> Handed {
+    if client.connection_state() != async_nats::connection::State::Connected {
+        return Handed::Disconnected;
+    }
+    let len = payload.len();
+    match client.publish(subject.to_owned(), payload).await {
+        Ok(()) => {
+            metrics.sent(len);
+            Handed::Yes
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, "replica sync: publish failed");
+            Handed::Refused
+        }
+    }
+}
+
+/// What the publisher shares with the rest of sync.
+pub(super) struct Outlets {
+    /// Loads and first tokens to take along.
+    pub(super) lane: Arc<Shared>,
+    pub(super) metrics: Arc<SyncMetrics>,
+    /// How far own batches came back from the stream.
+    pub(super) delivery: Arc<Delivery>,
+    /// The count of the client's connections: at each new one, what was
+    /// not seen back goes again.
+    pub(super) reconnected: watch::Receiver<u64>,
 }
 
 /// Publishes until `stop`, at most one batch per `batch_ms`. Nothing runs
@@ -60,16 +267,23 @@ pub(super) async fn run(
     me: Identity,
     config: SyncConfig,
     mut rx: mpsc::Receiver<Routed>,
-    lane: Arc<Shared>,
-    metrics: Arc<SyncMetrics>,
+    out: Outlets,
     stop: CancellationToken,
 ) {
+    let Outlets {
+        lane,
+        metrics,
+        delivery,
+        mut reconnected,
+    } = out;
     let mut p = Publisher {
         inserts_subject: me.subject("inserts"),
         client,
         me,
         metrics,
         insert_seq: 0,
+        delivery,
+        unconfirmed: Unconfirmed::default(),
     };
     let mut dict = Outgoing::new(config.reference_window_bytes);
     let window = config.reference_window_bytes as u64;
@@ -78,6 +292,10 @@ pub(super) async fn run(
     loop {
         let first = tokio::select! {
             _ = stop.cancelled() => return,
+            Ok(()) = reconnected.changed() => {
+                p.resend().await;
+                continue;
+            }
             item = rx.recv() => match item {
                 Some(item) => item,
                 None => {
@@ -213,4 +431,45 @@ fn fit<'a>(text: &'a str, room: usize, metrics: &SyncMetrics) -> &'a str {
     }
     metrics.text_cut();
     &text[..text.floor_char_boundary(room)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn batch(seq: u64, len: usize, handed: bool) -> Kept {
+        Kept {
+            seq,
+            payload: Bytes::from(vec![0u8; len]),
+            entries: 2,
+            handed,
+        }
+    }
+
+    #[test]
+    fn batches_are_kept_until_seen_back_and_within_the_bound() {
+        let metrics = SyncMetrics::new(&Metrics::new());
+        let mut kept = Unconfirmed::default();
+        for seq in 1..=4 {
+            kept.keep(batch(seq, 100, true), &metrics);
+        }
+        kept.confirmed(2);
+        let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [3, 4]);
+        assert_eq!(kept.bytes, 200);
+        // Past the bound the oldest go.
+        let big = MAX_UNCONFIRMED_BYTES / 2;
+        kept.keep(batch(5, big, false), &metrics);
+        kept.keep(batch(6, big, false), &metrics);
+        let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [5, 6]);
+        assert_eq!(kept.bytes, 2 * big);
+        kept.keep(batch(7, 1, true), &metrics);
+        let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [6, 7], "batch 5 was never handed over: dropped");
+        kept.confirmed(u64::MAX);
+        assert!(kept.batches.is_empty());
+        assert_eq!(kept.bytes, 0);
+    }
 }

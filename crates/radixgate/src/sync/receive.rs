@@ -13,6 +13,7 @@
 
 use super::dict::{Incoming, Unresolved};
 use super::lane::Shared;
+use super::publish::Delivery;
 use super::wire::{self, Body, Header};
 use super::{Identity, SyncMetrics, now_ms};
 use crate::config::SyncConfig;
@@ -35,11 +36,13 @@ const MAX_SENDERS: usize = 64;
 /// message of this cluster. The header is screened before the body is
 /// decoded: this replica's own insert batches come back through the stream
 /// (JetStream delivers them whatever `no_echo` says), and are dropped
-/// without decoding, and allocating, their entries.
+/// without decoding, and allocating, their entries; `echo`, if given,
+/// hears their numbers (what the stream stored, for the publisher).
 pub(super) fn screen(
     payload: &[u8],
     me: &Identity,
     metrics: &SyncMetrics,
+    echo: Option<&Delivery>,
 ) -> Option<(Header, Body)> {
     metrics.received(payload.len());
     let ignored = |err: wire::WireError| {
@@ -57,6 +60,9 @@ pub(super) fn screen(
     }
     if h.instance == me.instance {
         metrics.ignored("own");
+        if let Some(echo) = echo {
+            echo.seen_back(h.seq);
+        }
         return None;
     }
     match body.decode() {
@@ -97,8 +103,67 @@ struct Applier {
     metrics: Arc<SyncMetrics>,
     /// Where the load reports that come with live batches go.
     lane: Arc<Shared>,
-    senders: HashMap<u64, (Incoming, Instant, u64)>,
+    /// Where own batches seen back are told.
+    delivery: Arc<Delivery>,
+    senders: HashMap<u64, (Incoming, Instant, Seen)>,
     held: Held,
+}
+
+/// The most gaps remembered per sender; beyond it the oldest is given up.
+const MAX_GAPS: usize = 64;
+
+/// Which of a sender's entries were applied: all below `next` but the
+/// gaps (entries that never came: a batch lost with a connection, sent
+/// again after its sender reconnected, or a feed that joined late), so
+/// that an entry delivered twice (a consumer resumed, a batch sent again
+/// that had been stored) is applied once, and one that comes late still
+/// is.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The entry after the highest applied; `None` before the first.
+    next: Option<u64>,
+    /// Ranges `[from, to)` below `next` not applied, oldest first.
+    gaps: VecDeque<(u64, u64)>,
+}
+
+impl Seen {
+    /// Whether entry `id` is new: true once per id.
+    fn first_time(&mut self, id: u64) -> bool {
+        let Some(next) = self.next else {
+            self.next = Some(id.saturating_add(1));
+            return true;
+        };
+        if id >= next {
+            if id > next {
+                self.gaps.push_back((next, id));
+                if self.gaps.len() > MAX_GAPS {
+                    self.gaps.pop_front();
+                }
+            }
+            self.next = Some(id.saturating_add(1));
+            return true;
+        }
+        let Some(i) = self
+            .gaps
+            .iter()
+            .position(|&(from, to)| from <= id && id < to)
+        else {
+            return false;
+        };
+        let (from, to) = self.gaps[i];
+        match (id == from, id + 1 == to) {
+            (true, true) => {
+                self.gaps.remove(i);
+            }
+            (true, false) => self.gaps[i].0 = id + 1,
+            (false, true) => self.gaps[i].1 = id,
+            (false, false) => {
+                self.gaps[i].1 = id;
+                self.gaps.insert(i + 1, (id + 1, to));
+            }
+        }
+        true
+    }
 }
 
 /// Entries for a worker this replica does not know yet, retried until it
@@ -161,7 +226,9 @@ const MAX_WINDOW: u64 = crate::config::MAX_REFERENCE_WINDOW_BYTES as u64;
 impl Applier {
     /// Applies one payload; `live` says whether to record its lag.
     fn apply(&mut self, payload: &[u8], live: bool) {
-        let Some((h, Body::Inserts(mut batch))) = screen(payload, &self.me, &self.metrics) else {
+        let Some((h, Body::Inserts(mut batch))) =
+            screen(payload, &self.me, &self.metrics, Some(&self.delivery))
+        else {
             return;
         };
         // A replayed report is about load long gone.
@@ -183,19 +250,18 @@ impl Applier {
         // Twice the *sender's* window: its references reach that far back,
         // whatever this replica's own setting is.
         let keep = 2 * batch.window.min(MAX_WINDOW) as usize;
-        let (texts, heard, next) = self
+        let (texts, heard, seen) = self
             .senders
             .entry(h.instance)
-            .or_insert_with(|| (Incoming::new(keep), Instant::now(), 0));
+            .or_insert_with(|| (Incoming::new(keep), Instant::now(), Seen::default()));
         texts.set_keep(keep);
         *heard = Instant::now();
         for (i, entry) in batch.entries.into_iter().enumerate() {
             let id = batch.first_entry.saturating_add(i as u64);
-            if id < *next {
-                // Delivered again (a consumer resumed): applied already.
+            if !seen.first_time(id) {
+                // Delivered again: applied already.
                 continue;
             }
-            *next = id + 1;
             let text = match texts.resolve(id, entry.base, &entry.suffix) {
                 Ok(text) => text,
                 Err(Unresolved::MissingBase) => {
@@ -485,6 +551,8 @@ pub(super) struct Handoff {
     /// The count of the client's connections: a new one means the stream
     /// consumer may have lost messages with the old one.
     pub(super) reconnected: tokio::sync::watch::Receiver<u64>,
+    /// Where own batches seen back from the stream are told.
+    pub(super) delivery: Arc<Delivery>,
 }
 
 /// Insert batches: replay then live from the stream, or live from core
@@ -503,6 +571,7 @@ pub(super) async fn inserts(
         lane,
         ready,
         mut reconnected,
+        delivery,
     } = out;
     let warmup = Duration::from_secs(config.warmup_timeout_secs);
     let started = Instant::now();
@@ -528,6 +597,7 @@ pub(super) async fn inserts(
         router,
         metrics,
         lane,
+        delivery,
         senders: HashMap::new(),
         held: Held {
             entries: VecDeque::new(),
@@ -572,6 +642,7 @@ pub(super) async fn inserts(
         match src {
             Source::Core(mut sub, why) => {
                 applier.metrics.stream(false);
+                applier.delivery.on_stream(false);
                 // A refused stream will not come by waiting: ready now. One
                 // that could not be set up may come, and with it the warm
                 // start: ready once it is replayed, or the wait runs out.
@@ -635,6 +706,7 @@ pub(super) async fn inserts(
                 from,
             } => {
                 applier.metrics.stream(true);
+                applier.delivery.on_stream(true);
                 warned = false;
                 last_seen = from;
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
@@ -748,5 +820,41 @@ pub(super) async fn inserts(
             resume_after = last_seen.seq,
             "replica sync: insert feed ended; setting it up again"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_is_new_once_and_a_late_one_fills_its_gap() {
+        let mut seen = Seen::default();
+        // A feed that starts in the middle of a sender's history.
+        assert!(seen.first_time(10));
+        assert!(seen.first_time(11));
+        assert!(!seen.first_time(11), "delivered again");
+        assert!(!seen.first_time(3), "before the feed's start is not a gap");
+        // 12-14 were lost, 15 came first.
+        assert!(seen.first_time(15));
+        assert!(seen.first_time(13));
+        assert!(!seen.first_time(13));
+        assert!(seen.first_time(12));
+        assert!(seen.first_time(14));
+        assert!(!seen.first_time(12) && !seen.first_time(14) && !seen.first_time(15));
+        assert!(seen.gaps.is_empty(), "{:?}", seen.gaps);
+        assert!(seen.first_time(16));
+    }
+
+    #[test]
+    fn gaps_are_bounded() {
+        let mut seen = Seen::default();
+        for i in 0..=(2 * MAX_GAPS as u64) {
+            assert!(seen.first_time(2 * i));
+        }
+        assert_eq!(seen.gaps.len(), MAX_GAPS);
+        // The oldest gaps were given up, the newest are kept.
+        assert!(!seen.first_time(1));
+        assert!(seen.first_time(4 * MAX_GAPS as u64 - 1));
     }
 }
