@@ -85,6 +85,9 @@ struct Kept {
     seq: u64,
     payload: Bytes,
     entries: u64,
+    /// When it was made: one older than the stream keeps history is not
+    /// sent again (a starting replica would not replay it either).
+    made: Instant,
     /// Handed to the client once (else it waited for a connection).
     handed: bool,
 }
@@ -111,6 +114,20 @@ impl Unconfirmed {
         }
     }
 
+    /// Forgets the batches made before `since`; those never handed to the
+    /// client are counted dropped.
+    fn stale(&mut self, since: Instant, metrics: &SyncMetrics) {
+        while let Some(b) = self.batches.front()
+            && b.made < since
+        {
+            self.bytes -= b.payload.len();
+            if !b.handed {
+                metrics.dropped("disconnected", b.entries);
+            }
+            self.batches.pop_front();
+        }
+    }
+
     /// Forgets the batches numbered `stored` or less.
     fn confirmed(&mut self, stored: u64) {
         while let Some(b) = self.batches.front()
@@ -130,6 +147,8 @@ struct Publisher {
     insert_seq: u64,
     delivery: Arc<Delivery>,
     unconfirmed: Unconfirmed,
+    /// How long the stream keeps history (`sync.history_secs`).
+    history: Duration,
 }
 
 impl Publisher {
@@ -161,6 +180,7 @@ impl Publisher {
                 seq: self.insert_seq,
                 payload,
                 entries,
+                made: Instant::now(),
                 handed: handed == Handed::Yes,
             };
             self.unconfirmed.keep(kept, &self.metrics);
@@ -171,6 +191,9 @@ impl Publisher {
     /// from the stream.
     async fn resend(&mut self) {
         self.unconfirmed.confirmed(self.delivery.stored());
+        if let Some(since) = Instant::now().checked_sub(self.history) {
+            self.unconfirmed.stale(since, &self.metrics);
+        }
         if self.unconfirmed.batches.is_empty() {
             return;
         }
@@ -284,6 +307,7 @@ pub(super) async fn run(
         insert_seq: 0,
         delivery,
         unconfirmed: Unconfirmed::default(),
+        history: Duration::from_secs(config.history_secs),
     };
     let mut dict = Outgoing::new(config.reference_window_bytes);
     let window = config.reference_window_bytes as u64;
@@ -443,6 +467,7 @@ mod tests {
             seq,
             payload: Bytes::from(vec![0u8; len]),
             entries: 2,
+            made: Instant::now(),
             handed,
         }
     }
@@ -471,5 +496,19 @@ mod tests {
         kept.confirmed(u64::MAX);
         assert!(kept.batches.is_empty());
         assert_eq!(kept.bytes, 0);
+    }
+
+    #[test]
+    fn batches_older_than_the_history_are_not_sent_again() {
+        let metrics = SyncMetrics::new(&Metrics::new());
+        let mut kept = Unconfirmed::default();
+        let mut old = batch(1, 10, false);
+        old.made -= Duration::from_secs(700);
+        kept.keep(old, &metrics);
+        kept.keep(batch(2, 10, false), &metrics);
+        kept.stale(Instant::now() - Duration::from_secs(600), &metrics);
+        let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [2]);
+        assert_eq!(kept.bytes, 10);
     }
 }
