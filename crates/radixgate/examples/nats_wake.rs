@@ -18,9 +18,16 @@
 //! as the load lane runs: asleep between ticks, it reads at each tick what
 //! came meanwhile and sends one message (raw, then async-nats): CPU per tick.
 //!
+//! With a sixth argument `AWAKE_MS`, the same report is written by a
+//! thread that is awake anyway every `AWAKE_MS` (as a serving thread is
+//! between a stream's chunks), once a period has passed since the last:
+//! that thread's CPU per period without reports and with them, twice each
+//! in turn. The difference is what a report costs a thread that need not
+//! wake for it.
+//!
 //! `cargo run --release -p radixgate --example nats_wake -- NATS_URL [RATE]
-//! [COUNT] [BYTES] [TICK_MS]` (defaults 100, 1000, 200), with a `nats-server`
-//! running at `NATS_URL` (`nats://127.0.0.1:PORT`).
+//! [COUNT] [BYTES] [TICK_MS] [AWAKE_MS]` (defaults 100, 1000, 200), with a
+//! `nats-server` running at `NATS_URL` (`nats://127.0.0.1:PORT`).
 
 use futures::StreamExt;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -175,6 +182,51 @@ fn tick_raw(url: &str, period: Duration, ticks: usize, bytes: usize) -> std::io:
     Ok((thread_cpu_us() - first) / (ticks - 1) as f64)
 }
 
+/// A thread awake every `awake` that, with `report`, also does the raw
+/// tick's read and write once `period` has passed since the last: CPU
+/// microseconds per period.
+fn tick_inline(
+    url: &str,
+    period: Duration,
+    awake: Duration,
+    ticks: usize,
+    bytes: usize,
+    report: bool,
+) -> std::io::Result<f64> {
+    let mut conn = TcpStream::connect(address(url))?;
+    conn.set_nodelay(true)?;
+    conn.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":false}\r\n")?;
+    conn.write_all(format!("SUB {SUBJECT} 1\r\n").as_bytes())?;
+    conn.set_nonblocking(true)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut frame = format!("PUB {SUBJECT}.own {bytes}\r\n").into_bytes();
+    frame.extend(std::iter::repeat_n(b'y', bytes));
+    frame.extend_from_slice(b"\r\n");
+    let start = Instant::now();
+    let first = thread_cpu_us();
+    let mut last = Instant::now();
+    while start.elapsed() < period * ticks as u32 {
+        std::thread::sleep(awake);
+        if report && last.elapsed() >= period {
+            last = Instant::now();
+            loop {
+                match conn.read(&mut buf) {
+                    Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => {
+                        if buf[..n].windows(4).any(|w| w == b"PING") {
+                            conn.write_all(b"PONG\r\n")?;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            conn.write_all(&frame)?;
+        }
+    }
+    Ok((thread_cpu_us() - first) / ticks as f64)
+}
+
 /// Lets the runtime poll its socket and takes what came, until two rounds
 /// in a row bring nothing (as the load lane's `drain`).
 async fn drain(messages: &mut async_nats::Subscriber) {
@@ -255,7 +307,7 @@ fn beside_publisher(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(url) = args.first().cloned() else {
-        return Err("usage: nats_wake NATS_URL [RATE] [COUNT] [BYTES] [TICK_MS]".into());
+        return Err("usage: nats_wake NATS_URL [RATE] [COUNT] [BYTES] [TICK_MS] [AWAKE_MS]".into());
     };
     let number = |i: usize, default: f64| -> Result<f64, Box<dyn std::error::Error>> {
         match args.get(i) {
@@ -275,6 +327,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ticks = (count as f64 / rate / period.as_secs_f64().max(1e-3)) as usize;
         if period.is_zero() || ticks < 2 {
             return Err("TICK_MS must be above 0 and under COUNT / RATE / 2 seconds".into());
+        }
+        if let Some(awake) = args.get(5) {
+            let awake = Duration::from_millis(awake.parse()?);
+            for report in [false, true, false, true] {
+                let cost = beside_publisher(&url, rate, count, bytes, move |url| {
+                    tick_inline(&url, period, awake, ticks, bytes, report)
+                        .map_err(|e| e.to_string())
+                })?;
+                println!("{{\"inline_report\": {report}, \"cpu_us_per_period\": {cost:.1}}}");
+            }
+            return Ok(());
         }
         for reader in ["raw", "async-nats"] {
             let cost = beside_publisher(&url, rate, count, bytes, move |url| match reader {
