@@ -315,6 +315,9 @@ pub(super) async fn run(
     let mut last_batch: Option<Instant> = None;
     loop {
         let first = tokio::select! {
+            // A reconnect first: what was kept goes before anything new,
+            // so that a new batch's references to it resolve.
+            biased;
             _ = stop.cancelled() => return,
             Ok(()) = reconnected.changed() => {
                 p.resend().await;
@@ -341,6 +344,11 @@ pub(super) async fn run(
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep_until(due) => {}
             }
+        }
+        // A reconnect while this decision waited: the same.
+        if reconnected.has_changed().unwrap_or(false) {
+            reconnected.borrow_and_update();
+            p.resend().await;
         }
         let mut items = vec![first];
         while let Ok(item) = rx.try_recv() {
