@@ -143,19 +143,44 @@ fn next_tick(period: Duration) -> Instant {
     Instant::now() + Duration::from_nanos((p - wall.as_nanos() % p) as u64)
 }
 
-/// A ticking reader, as the load lane: asleep between ticks, not waiting
-/// on its socket; at each tick it reads what came and sends one message.
-/// Raw: a non-blocking socket read and a write. CPU microseconds a tick.
-fn tick_raw(url: &str, period: Duration, ticks: usize, bytes: usize) -> std::io::Result<f64> {
+/// A raw connection subscribed to the messages, non-blocking, and the
+/// frame a tick sends.
+fn raw_ticker(url: &str, bytes: usize) -> std::io::Result<(TcpStream, Vec<u8>)> {
     let mut conn = TcpStream::connect(address(url))?;
     conn.set_nodelay(true)?;
     conn.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":false}\r\n")?;
     conn.write_all(format!("SUB {SUBJECT} 1\r\n").as_bytes())?;
     conn.set_nonblocking(true)?;
-    let mut buf = vec![0u8; 64 * 1024];
     let mut frame = format!("PUB {SUBJECT}.own {bytes}\r\n").into_bytes();
     frame.extend(std::iter::repeat_n(b'y', bytes));
     frame.extend_from_slice(b"\r\n");
+    Ok((conn, frame))
+}
+
+/// One raw tick: reads what came (answering the server's pings), sends
+/// `frame`.
+fn raw_tick(conn: &mut TcpStream, buf: &mut [u8], frame: &[u8]) -> std::io::Result<()> {
+    loop {
+        match conn.read(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                if buf[..n].windows(4).any(|w| w == b"PING") {
+                    conn.write_all(b"PONG\r\n")?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    conn.write_all(frame)
+}
+
+/// A ticking reader, as the load lane: asleep between ticks, not waiting
+/// on its socket; at each tick it reads what came and sends one message.
+/// Raw: a non-blocking socket read and a write. CPU microseconds a tick.
+fn tick_raw(url: &str, period: Duration, ticks: usize, bytes: usize) -> std::io::Result<f64> {
+    let (mut conn, frame) = raw_ticker(url, bytes)?;
+    let mut buf = vec![0u8; 64 * 1024];
     let mut first = 0.0;
     for i in 0..ticks {
         let due = next_tick(period);
@@ -165,19 +190,7 @@ fn tick_raw(url: &str, period: Duration, ticks: usize, bytes: usize) -> std::io:
         if i == 1 {
             first = thread_cpu_us();
         }
-        loop {
-            match conn.read(&mut buf) {
-                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    if buf[..n].windows(4).any(|w| w == b"PING") {
-                        conn.write_all(b"PONG\r\n")?;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            }
-        }
-        conn.write_all(&frame)?;
+        raw_tick(&mut conn, &mut buf, &frame)?;
     }
     Ok((thread_cpu_us() - first) / (ticks - 1) as f64)
 }
@@ -193,15 +206,8 @@ fn tick_inline(
     bytes: usize,
     report: bool,
 ) -> std::io::Result<f64> {
-    let mut conn = TcpStream::connect(address(url))?;
-    conn.set_nodelay(true)?;
-    conn.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":false}\r\n")?;
-    conn.write_all(format!("SUB {SUBJECT} 1\r\n").as_bytes())?;
-    conn.set_nonblocking(true)?;
+    let (mut conn, frame) = raw_ticker(url, bytes)?;
     let mut buf = vec![0u8; 64 * 1024];
-    let mut frame = format!("PUB {SUBJECT}.own {bytes}\r\n").into_bytes();
-    frame.extend(std::iter::repeat_n(b'y', bytes));
-    frame.extend_from_slice(b"\r\n");
     let start = Instant::now();
     let first = thread_cpu_us();
     let mut last = Instant::now();
@@ -209,19 +215,7 @@ fn tick_inline(
         std::thread::sleep(awake);
         if report && last.elapsed() >= period {
             last = Instant::now();
-            loop {
-                match conn.read(&mut buf) {
-                    Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                    Ok(n) => {
-                        if buf[..n].windows(4).any(|w| w == b"PING") {
-                            conn.write_all(b"PONG\r\n")?;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(e),
-                }
-            }
-            conn.write_all(&frame)?;
+            raw_tick(&mut conn, &mut buf, &frame)?;
         }
     }
     Ok((thread_cpu_us() - first) / ticks as f64)

@@ -954,55 +954,66 @@ async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
     b.shutdown().await;
 }
 
+/// Routes `n` prompts tagged `tag` through `gateway`: each text and the
+/// worker it went to.
+async fn route_prompts(gateway: &str, tag: &str, n: usize) -> Vec<(String, String)> {
+    let mut routed = Vec::new();
+    for i in 0..n {
+        let text = prompt(&format!("{tag} {i}"));
+        let (worker, _) = ask(gateway, &text).await;
+        routed.push((text, worker));
+    }
+    routed
+}
+
+/// Waits until `to` has learned one entry for each of `routed` since it
+/// had learned `learned0`, then checks that it learned each once and
+/// routes each text to the same worker as a cache hit.
+async fn assert_learned_once_each(to: &str, learned0: f64, routed: &[(String, String)]) {
+    let learned = || series_value(to, "radixgate_sync_entries_learned_total");
+    let want = learned0 + routed.len() as f64;
+    wait_until("the peer learned every decision", || async {
+        learned().await >= want
+    })
+    .await;
+    for (text, worker) in routed {
+        let (w, branch) = ask(to, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "never learned {text:.40}"
+        );
+    }
+    // Each once: what had reached the stream is not applied again.
+    assert_eq!(learned().await, want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_cut_off_replica_routed_reaches_its_peers_after() {
     let nats = Nats::start(&[]);
     let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
     let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
     assert_propagates(&a.url, &b.url, "before the partition", 1).await;
-    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
-    let learned0 = learned().await;
+    let learned0 = series_value(&b.url, "radixgate_sync_entries_learned_total").await;
 
     cut.freeze();
-    let mut routed_by_a = Vec::new();
     // Into a connection that is dead before A's client notices (its pings
     // go unanswered for 10-15 s)...
-    for i in 0..3 {
-        let text = prompt(&format!("before A noticed {i}"));
-        let (worker, _) = ask(&a.url, &text).await;
-        routed_by_a.push((text, worker));
-    }
+    let mut routed_by_a = route_prompts(&a.url, "before A noticed", 3).await;
     // ...and once it has given the connection up.
     wait_until("A gave its connection up", || async {
         series_value(&a.url, "radixgate_sync_connected").await == 0.0
     })
     .await;
-    for i in 0..3 {
-        let text = prompt(&format!("while A knew it was cut off {i}"));
-        let (worker, _) = ask(&a.url, &text).await;
-        routed_by_a.push((text, worker));
-    }
+    routed_by_a.extend(route_prompts(&a.url, "while A knew it was cut off", 3).await);
     assert_eq!(
-        learned().await,
+        series_value(&b.url, "radixgate_sync_entries_learned_total").await,
         learned0,
         "the partition let A's decisions through"
     );
 
     cut.heal();
-    wait_until("B learned what A routed while cut off", || async {
-        learned().await >= learned0 + routed_by_a.len() as f64
-    })
-    .await;
-    for (text, worker) in &routed_by_a {
-        let (w, branch) = ask(&b.url, text).await;
-        assert_eq!(
-            (w.as_str(), branch.as_str()),
-            (worker.as_str(), "cache_hit"),
-            "B never learned {text:.40}"
-        );
-    }
-    // Each once: what reached the stream before the cut is not applied again.
-    assert_eq!(learned().await, learned0 + routed_by_a.len() as f64);
+    assert_learned_once_each(&b.url, learned0, &routed_by_a).await;
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -1030,35 +1041,17 @@ async fn over_core_nats_what_a_replica_routed_while_disconnected_goes_at_the_rec
     }
     assert_propagates(&a.url, &b.url, "over core NATS", 1).await;
     assert_eq!(series_value(&a.url, "radixgate_sync_stream").await, 0.0);
-    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
-    let learned0 = learned().await;
+    let learned0 = series_value(&b.url, "radixgate_sync_entries_learned_total").await;
 
     cut.freeze();
     wait_until("A gave its connection up", || async {
         series_value(&a.url, "radixgate_sync_connected").await == 0.0
     })
     .await;
-    let mut routed_by_a = Vec::new();
-    for i in 0..3 {
-        let text = prompt(&format!("while A was disconnected {i}"));
-        let (worker, _) = ask(&a.url, &text).await;
-        routed_by_a.push((text, worker));
-    }
+    let routed_by_a = route_prompts(&a.url, "while A was disconnected", 3).await;
     cut.heal();
-    wait_until("B learned what A routed while disconnected", || async {
-        learned().await >= learned0 + routed_by_a.len() as f64
-    })
-    .await;
-    for (text, worker) in &routed_by_a {
-        let (w, branch) = ask(&b.url, text).await;
-        assert_eq!(
-            (w.as_str(), branch.as_str()),
-            (worker.as_str(), "cache_hit"),
-            "B never learned {text:.40}"
-        );
-    }
+    assert_learned_once_each(&b.url, learned0, &routed_by_a).await;
     assert!(series_value(&a.url, "radixgate_sync_batches_resent_total").await >= 1.0);
-    assert_eq!(learned().await, learned0 + routed_by_a.len() as f64);
     a.shutdown().await;
     b.shutdown().await;
 }
