@@ -283,6 +283,50 @@ fn send_at_once(gateway: &str, n: usize) -> Vec<tokio::task::JoinHandle<(String,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_publish_queue_drops_and_counts_and_every_request_is_answered() {
+    let nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    // A's publisher sends a decision, then holds the next for a second
+    // while its queue has room for one more.
+    let mut small = replica_config(&[nats.url()], &urls);
+    small.sync.queue_capacity = 1;
+    small.sync.batch_ms = 1000;
+    let a = gateway_ready(small, 2).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_ready(gw).await;
+        wait_connected(gw).await;
+    }
+    let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
+    let learned0 = learned().await;
+    let n = 20;
+    // Every request is answered, whatever the queue holds.
+    for r in send_at_once(&a.url, n) {
+        r.await.expect("answered");
+    }
+    let dropped = series_value(
+        &a.url,
+        "radixgate_sync_dropped_total{reason=\"queue_full\"}",
+    )
+    .await;
+    assert!(dropped >= 1.0, "nothing overflowed: {dropped}");
+    // What was not dropped reaches B once the held batch goes.
+    let went = learned0 + n as f64 - dropped;
+    wait_until("B learned what A did not drop", || async {
+        learned().await >= went
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(learned().await, went);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_propagates_and_b_avoids_what_a_loaded() {
     let nats = Nats::start(&[]);
     let slow = late_worker(4_000).await;
