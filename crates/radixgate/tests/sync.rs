@@ -998,6 +998,36 @@ async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
     b.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_link_to_nats_shows_as_lag_and_loses_nothing() {
+    let nats = Nats::start(&[]);
+    let slow = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let (_workers, a, b) = two_replicas_at(&slow.url(), &nats.url()).await;
+    assert_propagates(&a.url, &b.url, "before the link slowed", 1).await;
+    let learned0 = series_value(&b.url, "radixgate_sync_entries_learned_total").await;
+
+    // Every chunk between A and NATS waits 400 ms, each way.
+    slow.slow(Duration::from_millis(400));
+    let routed_by_a = route_prompts(&a.url, "over a slow link", 4).await;
+    assert_learned_once_each(&b.url, learned0, &routed_by_a).await;
+    // B's lag gauge tells the slow link (publish to apply, latest batch).
+    let lag = series_value(&b.url, "radixgate_sync_lag_seconds").await;
+    assert!(lag >= 0.35, "lag {lag} s over a link 400 ms slow");
+    // Slow is not down: A's client kept its connection (its pings are
+    // answered in 0.8 s), and nothing was dropped or sent again.
+    assert_eq!(series_value(&a.url, "radixgate_sync_connected").await, 1.0);
+    assert_eq!(
+        series_sum(&a.url, "radixgate_sync_dropped_total").await,
+        0.0
+    );
+    assert_eq!(
+        series_value(&a.url, "radixgate_sync_batches_resent_total").await,
+        0.0
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// Routes `n` prompts tagged `tag` through `gateway`: each text and the
 /// worker it went to.
 async fn route_prompts(gateway: &str, tag: &str, n: usize) -> Vec<(String, String)> {

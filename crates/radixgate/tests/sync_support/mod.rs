@@ -215,11 +215,13 @@ fn signed(dir: &Path, name: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf
 /// every connection stays open (as a cable pulled between switches: no
 /// FIN, no RST, writes pile up in buffers); [`Partition::heal`] drops the
 /// connections it froze, as a partition that outlived the client's
-/// pings ends, and passes bytes again for new ones. Its tasks run on the
-/// test's runtime.
+/// pings ends, and passes bytes again for new ones. [`Partition::slow`]
+/// makes it a slow link instead: each chunk waits before it passes. Its
+/// tasks run on the test's runtime.
 pub struct Partition {
     pub port: u16,
     frozen: tokio::sync::watch::Sender<bool>,
+    delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
     conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -231,6 +233,8 @@ impl Partition {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (frozen, thawed) = tokio::sync::watch::channel(false);
+        let delay = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let slow = delay.clone();
         let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let upstream = upstream.to_owned();
         let held = conns.clone();
@@ -242,13 +246,14 @@ impl Partition {
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
                 let mut held = held.lock().unwrap();
-                held.push(tokio::spawn(pump(cr, sw, thawed.clone())));
-                held.push(tokio::spawn(pump(sr, cw, thawed.clone())));
+                held.push(tokio::spawn(pump(cr, sw, thawed.clone(), slow.clone())));
+                held.push(tokio::spawn(pump(sr, cw, thawed.clone(), slow.clone())));
             }
         });
         Self {
             port,
             frozen,
+            delay,
             conns,
             accept,
         }
@@ -257,6 +262,13 @@ impl Partition {
     /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Holds every chunk `by` before passing it on, both ways (a slow or
+    /// congested link; zero: as fast as loopback).
+    pub fn slow(&self, by: std::time::Duration) {
+        self.delay
+            .store(by.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Stops passing bytes; connections stay open.
@@ -284,10 +296,12 @@ impl Drop for Partition {
 
 /// Copies `from` to `to` while not frozen: a frozen pump neither reads
 /// nor writes, so what is sent meanwhile waits in the kernel's buffers.
+/// Each chunk waits `delay` milliseconds first.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut thawed: tokio::sync::watch::Receiver<bool>,
+    delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut buf = vec![0u8; 64 * 1024];
@@ -299,6 +313,10 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        let wait = delay.load(std::sync::atomic::Ordering::Relaxed);
+        if wait > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        }
         if thawed.wait_for(|frozen| !frozen).await.is_err() {
             return;
         }
