@@ -92,6 +92,28 @@ async fn two_replicas_at(a_nats: &str, b_nats: &str) -> (Vec<SimWorker>, Gateway
     (workers, a, b)
 }
 
+/// Two workers; replica A with `edit` made to its config, B as is; both
+/// ready and connected.
+async fn two_replicas_with(
+    nats: &Nats,
+    edit: impl FnOnce(&mut Config),
+) -> (Vec<SimWorker>, Gateway, Gateway) {
+    let workers = vec![
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    let mut changed = replica_config(&[nats.url()], &urls);
+    edit(&mut changed);
+    let a = gateway_ready(changed, 2).await;
+    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_ready(gw).await;
+        wait_connected(gw).await;
+    }
+    (workers, a, b)
+}
+
 /// A NATS server run with the config file `conf` (written into a fresh
 /// directory, which also gets the password file of the user `router`).
 fn nats_with_config(tag: &str, conf: &str) -> (Nats, std::path::PathBuf) {
@@ -285,22 +307,13 @@ fn send_at_once(gateway: &str, n: usize) -> Vec<tokio::task::JoinHandle<(String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_publish_queue_drops_and_counts_and_every_request_is_answered() {
     let nats = Nats::start(&[]);
-    let workers = [
-        sim_worker(fast_worker()).await,
-        sim_worker(fast_worker()).await,
-    ];
-    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
     // A's publisher sends a decision, then holds the next for a second
     // while its queue has room for one more.
-    let mut small = replica_config(&[nats.url()], &urls);
-    small.sync.queue_capacity = 1;
-    small.sync.batch_ms = 1000;
-    let a = gateway_ready(small, 2).await;
-    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
-    for gw in [&a.url, &b.url] {
-        wait_ready(gw).await;
-        wait_connected(gw).await;
-    }
+    let (_workers, a, b) = two_replicas_with(&nats, |c| {
+        c.sync.queue_capacity = 1;
+        c.sync.batch_ms = 1000;
+    })
+    .await;
     let learned = || series_value(&b.url, "radixgate_sync_entries_learned_total");
     let learned0 = learned().await;
     let n = 20;
@@ -1712,18 +1725,7 @@ async fn decisions_fit_the_servers_max_payload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_references_off_resolves_a_peers_references() {
     let nats = Nats::start(&[]);
-    let workers = [
-        sim_worker(fast_worker()).await,
-        sim_worker(fast_worker()).await,
-    ];
-    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
-    let mut off = replica_config(&[nats.url()], &urls);
-    off.sync.reference_window_bytes = 0;
-    let a = gateway_ready(off, 2).await;
-    let b = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
-    wait_ready(&a.url).await;
-    wait_connected(&a.url).await;
-    wait_connected(&b.url).await;
+    let (_workers, a, b) = two_replicas_with(&nats, |c| c.sync.reference_window_bytes = 0).await;
     let system = "You are a careful assistant for the finance team. ".repeat(12);
     // B sends the third as a reference to the first, two entries back.
     let first = format!("{system}<user>first question");
