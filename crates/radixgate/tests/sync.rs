@@ -114,6 +114,11 @@ async fn two_replicas_with(
     (workers, a, b)
 }
 
+/// A nats-server config whose one account, the routers' (user `router`,
+/// password `s3cret`), has no JetStream, though the server runs it.
+const NO_JETSTREAM_ACCOUNT: &str =
+    "accounts: { ROUTERS: { users: [ { user: router, password: s3cret } ] } }\n";
+
 /// A NATS server run with the config file `conf` (written into a fresh
 /// directory, which also gets the password file of the user `router`).
 fn nats_with_config(tag: &str, conf: &str) -> (Nats, std::path::PathBuf) {
@@ -1108,10 +1113,7 @@ async fn what_a_cut_off_replica_routed_reaches_its_peers_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_core_nats_what_a_replica_routed_while_disconnected_goes_at_the_reconnect() {
     // No stream for the routers' account: live sync over core NATS only.
-    let (nats, dir) = nats_with_config(
-        "accounts-cut",
-        "accounts: { ROUTERS: { users: [ { user: router, password: s3cret } ] } }\n",
-    );
+    let (nats, dir) = nats_with_config("accounts-cut", NO_JETSTREAM_ACCOUNT);
     let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
     let workers = [
         sim_worker(fast_worker()).await,
@@ -1234,10 +1236,7 @@ async fn a_replica_back_after_nats_lost_its_store_replays_the_new_stream_whole()
 async fn an_account_without_jetstream_syncs_live() {
     // JetStream on the server, but not for the routers' account: the
     // stream cannot be made, and live sync still has to work.
-    let (nats, dir) = nats_with_config(
-        "accounts",
-        "accounts: { ROUTERS: { users: [ { user: router, password: s3cret } ] } }\n",
-    );
+    let (nats, dir) = nats_with_config("accounts", NO_JETSTREAM_ACCOUNT);
     let (_workers, a, b) = two_routers(&nats, &dir).await;
     for gw in [&a.url, &b.url] {
         wait_ready(gw).await;
