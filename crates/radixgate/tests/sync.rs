@@ -1422,6 +1422,27 @@ async fn malformed_and_foreign_messages_are_ignored_and_counted() {
     b.shutdown().await;
 }
 
+/// Two replicas of two workers from `config`, each connected to NATS.
+async fn two_connected(config: impl Fn() -> Config) -> (Gateway, Gateway) {
+    let a = gateway_ready(config(), 2).await;
+    let b = gateway_ready(config(), 2).await;
+    wait_connected(&a.url).await;
+    wait_connected(&b.url).await;
+    (a, b)
+}
+
+/// `gateway`, whose NATS settings (`why`) the server refuses, has not
+/// connected half a second on, and still serves on its local state.
+async fn assert_kept_out(gateway: &Gateway, why: &str) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        series_value(&gateway.url, "radixgate_sync_connected").await,
+        0.0,
+        "a replica with {why} connected"
+    );
+    ask(&gateway.url, &prompt(why)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_password_works_and_a_wrong_password_never_connects() {
     let nats = Nats::start(&["--user", "router", "--pass", "s3cret"]);
@@ -1439,16 +1460,10 @@ async fn user_password_works_and_a_wrong_password_never_connects() {
         c
     };
     std::fs::write(dir.join("wrong"), "guess\n").unwrap();
-    let a = gateway_ready(with("password"), 2).await;
-    let b = gateway_ready(with("password"), 2).await;
+    let (a, b) = two_connected(|| with("password")).await;
     let c = gateway_ready(with("wrong"), 2).await;
-    wait_connected(&a.url).await;
-    wait_connected(&b.url).await;
     assert_propagates(&a.url, &b.url, "authenticated", 2).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(series_value(&c.url, "radixgate_sync_connected").await, 0.0);
-    // It still serves, on local state.
-    ask(&c.url, &prompt("unauthenticated replica")).await;
+    assert_kept_out(&c, "a wrong password").await;
     for g in [a, b, c] {
         g.shutdown().await;
     }
@@ -1471,10 +1486,7 @@ async fn a_token_and_an_nkey_work_and_another_users_seed_never_connects() {
         c.sync.auth.token_file = Some(dir.join("token"));
         c
     };
-    let a = gateway_ready(with_token(), 2).await;
-    let b = gateway_ready(with_token(), 2).await;
-    wait_connected(&a.url).await;
-    wait_connected(&b.url).await;
+    let (a, b) = two_connected(with_token).await;
     assert_propagates(&a.url, &b.url, "with a token", 1).await;
     for g in [a, b] {
         g.shutdown().await;
@@ -1500,14 +1512,10 @@ async fn a_token_and_an_nkey_work_and_another_users_seed_never_connects() {
         c.sync.auth.nkey_seed_file = Some(dir.join(file));
         c
     };
-    let a = gateway_ready(with_seed("router.nk"), 2).await;
-    let b = gateway_ready(with_seed("router.nk"), 2).await;
+    let (a, b) = two_connected(|| with_seed("router.nk")).await;
     let c = gateway_ready(with_seed("stranger.nk"), 2).await;
-    wait_connected(&a.url).await;
-    wait_connected(&b.url).await;
     assert_propagates(&a.url, &b.url, "with an nkey", 1).await;
-    assert_eq!(series_value(&c.url, "radixgate_sync_connected").await, 0.0);
-    ask(&c.url, &prompt("a stranger's replica")).await;
+    assert_kept_out(&c, "another user's seed").await;
     for g in [a, b, c] {
         g.shutdown().await;
     }
@@ -1531,21 +1539,15 @@ async fn a_creds_file_signs_in_to_a_server_in_operator_mode() {
         c.sync.auth.creds_file = Some(dir.join("router.creds"));
         c
     };
-    let a = gateway_ready(with_creds(), 2).await;
-    let b = gateway_ready(with_creds(), 2).await;
+    let (a, b) = two_connected(with_creds).await;
     for gw in [&a.url, &b.url] {
-        wait_connected(gw).await;
         wait_ready(gw).await;
         assert_eq!(series_value(gw, "radixgate_sync_stream").await, 1.0);
     }
     assert_propagates(&a.url, &b.url, "signed in with a creds file", 2).await;
     // Without credentials the server lets nobody in.
     let anonymous = gateway_ready(replica_config(&[nats.url()], &urls), 2).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        series_value(&anonymous.url, "radixgate_sync_connected").await,
-        0.0
-    );
+    assert_kept_out(&anonymous, "no credentials").await;
     for g in [a, b, anonymous] {
         g.shutdown().await;
     }
@@ -1575,27 +1577,16 @@ async fn tls_with_a_private_ca_works() {
         c.sync.tls.ca_file = ca.map(|p| p.to_path_buf());
         c
     };
-    let a = gateway_ready(with_ca(Some(&ca)), 2).await;
-    let b = gateway_ready(with_ca(Some(&ca)), 2).await;
+    let (a, b) = two_connected(|| with_ca(Some(&ca))).await;
     let untrusting = gateway_ready(with_ca(None), 2).await;
-    wait_connected(&a.url).await;
-    wait_connected(&b.url).await;
     assert_propagates(&a.url, &b.url, "over tls", 2).await;
-    assert_eq!(
-        series_value(&untrusting.url, "radixgate_sync_connected").await,
-        0.0,
-        "a server certificate from an unknown CA is refused"
-    );
+    assert_kept_out(&untrusting, "a server certificate from an unknown CA").await;
     for g in [a, b, untrusting] {
         g.shutdown().await;
     }
     let _ = std::fs::remove_dir_all(certs);
 }
 
-/// A NATS server configured with a small `max_payload` (8 KiB here; NATS
-/// refuses any larger payload): a text over it goes as its head, and
-/// decisions that go out together are split into batches under it, so no
-/// decision is lost with a long neighbour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_verifies_clients_takes_a_replicas_certificate() {
     let certs = temp_dir("mtls");
@@ -1627,25 +1618,20 @@ async fn a_server_that_verifies_clients_takes_a_replicas_certificate() {
         }
         c
     };
-    let a = gateway_ready(with_cert(true), 2).await;
-    let b = gateway_ready(with_cert(true), 2).await;
+    let (a, b) = two_connected(|| with_cert(true)).await;
     let anonymous = gateway_ready(with_cert(false), 2).await;
-    wait_connected(&a.url).await;
-    wait_connected(&b.url).await;
     assert_propagates(&a.url, &b.url, "with client certificates", 2).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        series_value(&anonymous.url, "radixgate_sync_connected").await,
-        0.0,
-        "a replica without a client certificate is refused"
-    );
-    ask(&anonymous.url, &prompt("no client certificate")).await;
+    assert_kept_out(&anonymous, "no client certificate").await;
     for g in [a, b, anonymous] {
         g.shutdown().await;
     }
     let _ = std::fs::remove_dir_all(certs);
 }
 
+/// A NATS server configured with a small `max_payload` (8 KiB here; NATS
+/// refuses any larger payload): a text over it goes as its head, and
+/// decisions that go out together are split into batches under it, so no
+/// decision is lost with a long neighbour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_fit_the_servers_max_payload() {
     let conf_dir = temp_dir("conf");
