@@ -90,26 +90,47 @@ impl Identity {
     }
 }
 
-/// Hands `payload` to the client for `subject` and counts it sent, or
-/// counts its `items` dropped: while disconnected nothing is handed over
-/// (the client would buffer, then block).
-async fn publish(
+/// What became of a message given to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handed {
+    Yes,
+    /// Not while disconnected: the client would buffer, then block.
+    Disconnected,
+    /// The client refused it.
+    Refused,
+}
+
+impl Handed {
+    /// The `dropped` reason of a message not handed over.
+    fn dropped_as(self) -> Option<&'static str> {
+        match self {
+            Self::Yes => None,
+            Self::Disconnected => Some("disconnected"),
+            Self::Refused => Some("publish_error"),
+        }
+    }
+}
+
+/// Gives `payload` to the client for `subject`, counted sent if it takes
+/// it; nothing is handed over while disconnected.
+async fn hand_over(
     client: &async_nats::Client,
     subject: &str,
-    payload: Vec<u8>,
-    items: u64,
+    payload: bytes::Bytes,
     metrics: &SyncMetrics,
-) {
+) -> Handed {
     if client.connection_state() != async_nats::connection::State::Connected {
-        metrics.dropped("disconnected", items);
-        return;
+        return Handed::Disconnected;
     }
     let len = payload.len();
-    match client.publish(subject.to_owned(), payload.into()).await {
-        Ok(()) => metrics.sent(len),
+    match client.publish(subject.to_owned(), payload).await {
+        Ok(()) => {
+            metrics.sent(len);
+            Handed::Yes
+        }
         Err(err) => {
             tracing::debug!(error = %err, "replica sync: publish failed");
-            metrics.dropped("publish_error", items);
+            Handed::Refused
         }
     }
 }

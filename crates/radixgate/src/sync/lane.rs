@@ -406,7 +406,11 @@ impl Ticks<'_> {
         let header = self.me.header(self.shared.next_load_seq());
         let payload = wire::encode_load(&header, loads, firsts);
         let items = 1 + firsts.len() as u64;
-        super::publish(&self.client, &self.subject, payload, items, self.metrics).await;
+        let handed =
+            super::hand_over(&self.client, &self.subject, payload.into(), self.metrics).await;
+        if let Some(reason) = handed.dropped_as() {
+            self.metrics.dropped(reason, items);
+        }
     }
 
     /// Runs the connection until it has nothing more to read or write,

@@ -26,7 +26,7 @@
 use super::dict::Outgoing;
 use super::lane::Shared;
 use super::wire::{self, FirstToken, Inserts, WireEntry, WorkerLoad};
-use super::{Identity, Routed, SyncMetrics};
+use super::{Handed, Identity, Routed, SyncMetrics, hand_over};
 use crate::config::SyncConfig;
 use async_nats::Client;
 use bytes::Bytes;
@@ -103,22 +103,31 @@ impl Unconfirmed {
     fn keep(&mut self, batch: Kept, metrics: &SyncMetrics) {
         self.bytes += batch.payload.len();
         self.batches.push_back(batch);
-        while self.bytes > MAX_UNCONFIRMED_BYTES {
-            let Some(old) = self.batches.pop_front() else {
-                break;
-            };
-            self.bytes -= old.payload.len();
-            if !old.handed {
-                metrics.dropped("disconnected", old.entries);
-            }
-        }
+        // What is kept before each oldest one goes.
+        let mut bytes = self.bytes;
+        self.forget_oldest(metrics, |b| {
+            let over = bytes > MAX_UNCONFIRMED_BYTES;
+            bytes -= b.payload.len();
+            over
+        });
     }
 
-    /// Forgets the batches made before `since`; those never handed to the
-    /// client are counted dropped.
+    /// Forgets the batches made before `since`.
     fn stale(&mut self, since: Instant, metrics: &SyncMetrics) {
+        self.forget_oldest(metrics, |b| b.made < since);
+    }
+
+    /// Forgets the batches numbered `stored` or less (all handed over:
+    /// they came back).
+    fn confirmed(&mut self, stored: u64, metrics: &SyncMetrics) {
+        self.forget_oldest(metrics, |b| b.seq <= stored);
+    }
+
+    /// Forgets the oldest batches while `old` says so; one never handed to
+    /// the client is counted dropped.
+    fn forget_oldest(&mut self, metrics: &SyncMetrics, mut old: impl FnMut(&Kept) -> bool) {
         while let Some(b) = self.batches.front()
-            && b.made < since
+            && old(b)
         {
             self.bytes -= b.payload.len();
             if !b.handed {
@@ -128,14 +137,10 @@ impl Unconfirmed {
         }
     }
 
-    /// Forgets the batches numbered `stored` or less.
-    fn confirmed(&mut self, stored: u64) {
-        while let Some(b) = self.batches.front()
-            && b.seq <= stored
-        {
-            self.bytes -= b.payload.len();
-            self.batches.pop_front();
-        }
+    /// Keeps only the batches `keep` says to.
+    fn retain(&mut self, keep: impl FnMut(&Kept) -> bool) {
+        self.batches.retain(keep);
+        self.bytes = self.batches.iter().map(|b| b.payload.len()).sum();
     }
 }
 
@@ -159,12 +164,13 @@ impl Publisher {
             &self.me.header(self.insert_seq),
             &batch,
         ));
-        self.unconfirmed.confirmed(self.delivery.stored());
+        self.unconfirmed
+            .confirmed(self.delivery.stored(), &self.metrics);
         let handed = hand_over(
             &self.client,
             &self.inserts_subject,
-            &self.metrics,
             payload.clone(),
+            &self.metrics,
         )
         .await;
         let keep = match handed {
@@ -190,7 +196,8 @@ impl Publisher {
     /// After a reconnect: sends again, in order, every batch not seen back
     /// from the stream.
     async fn resend(&mut self) {
-        self.unconfirmed.confirmed(self.delivery.stored());
+        self.unconfirmed
+            .confirmed(self.delivery.stored(), &self.metrics);
         if let Some(since) = Instant::now().checked_sub(self.history) {
             self.unconfirmed.stale(since, &self.metrics);
         }
@@ -199,12 +206,12 @@ impl Publisher {
         }
         let mut sent = 0;
         let mut refused = Vec::new();
-        for (i, b) in self.unconfirmed.batches.iter_mut().enumerate() {
+        for b in &mut self.unconfirmed.batches {
             match hand_over(
                 &self.client,
                 &self.inserts_subject,
-                &self.metrics,
                 b.payload.clone(),
+                &self.metrics,
             )
             .await
             {
@@ -214,14 +221,14 @@ impl Publisher {
                 }
                 // Gone again: the next reconnect sends the rest.
                 Handed::Disconnected => break,
-                Handed::Refused => refused.push(i),
+                Handed::Refused => {
+                    self.metrics.dropped("publish_error", b.entries);
+                    refused.push(b.seq);
+                }
             }
         }
-        for i in refused.into_iter().rev() {
-            if let Some(b) = self.unconfirmed.batches.remove(i) {
-                self.unconfirmed.bytes -= b.payload.len();
-                self.metrics.dropped("publish_error", b.entries);
-            }
+        if !refused.is_empty() {
+            self.unconfirmed.retain(|b| !refused.contains(&b.seq));
         }
         self.metrics.resent(sent);
         tracing::info!(
@@ -230,42 +237,7 @@ impl Publisher {
         );
         if !self.delivery.coming_back() {
             // Core NATS: nothing will confirm what went.
-            let kept = &mut self.unconfirmed;
-            kept.batches.retain(|b| !b.handed);
-            kept.bytes = kept.batches.iter().map(|b| b.payload.len()).sum();
-        }
-    }
-}
-
-/// What became of a batch given to the client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Handed {
-    Yes,
-    /// Not while disconnected: the client would buffer, then block.
-    Disconnected,
-    /// The client refused it (counted `publish_error`).
-    Refused,
-}
-
-/// Gives `payload` to the client for `subject`.
-async fn hand_over(
-    client: &Client,
-    subject: &str,
-    metrics: &SyncMetrics,
-    payload: Bytes,
-) -> Handed {
-    if client.connection_state() != async_nats::connection::State::Connected {
-        return Handed::Disconnected;
-    }
-    let len = payload.len();
-    match client.publish(subject.to_owned(), payload).await {
-        Ok(()) => {
-            metrics.sent(len);
-            Handed::Yes
-        }
-        Err(err) => {
-            tracing::debug!(error = %err, "replica sync: publish failed");
-            Handed::Refused
+            self.unconfirmed.retain(|b| !b.handed);
         }
     }
 }
@@ -487,7 +459,7 @@ mod tests {
         for seq in 1..=4 {
             kept.keep(batch(seq, 100, true), &metrics);
         }
-        kept.confirmed(2);
+        kept.confirmed(2, &metrics);
         let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
         assert_eq!(seqs, [3, 4]);
         assert_eq!(kept.bytes, 200);
@@ -501,7 +473,7 @@ mod tests {
         kept.keep(batch(7, 1, true), &metrics);
         let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
         assert_eq!(seqs, [6, 7], "batch 5 was never handed over: dropped");
-        kept.confirmed(u64::MAX);
+        kept.confirmed(u64::MAX, &metrics);
         assert!(kept.batches.is_empty());
         assert_eq!(kept.bytes, 0);
     }

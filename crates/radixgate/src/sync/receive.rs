@@ -224,6 +224,14 @@ const HELD_RETRY: Duration = Duration::from_millis(250);
 const MAX_WINDOW: u64 = crate::config::MAX_REFERENCE_WINDOW_BYTES as u64;
 
 impl Applier {
+    /// The feed reads the stream (`true`) or core NATS: for the gauge,
+    /// and for the publisher, whose own batches come back only from the
+    /// stream.
+    fn on_stream(&self, on: bool) {
+        self.metrics.stream(on);
+        self.delivery.on_stream(on);
+    }
+
     /// Applies one payload; `live` says whether to record its lag.
     fn apply(&mut self, payload: &[u8], live: bool) {
         let Some((h, Body::Inserts(mut batch))) =
@@ -641,8 +649,7 @@ pub(super) async fn inserts(
         reconnected.borrow_and_update();
         match src {
             Source::Core(mut sub, why) => {
-                applier.metrics.stream(false);
-                applier.delivery.on_stream(false);
+                applier.on_stream(false);
                 // A refused stream will not come by waiting: ready now. One
                 // that could not be set up may come, and with it the warm
                 // start: ready once it is replayed, or the wait runs out.
@@ -674,9 +681,8 @@ pub(super) async fn inserts(
                         // Once the server makes it, the stream from where
                         // this replica was (from its start if it never
                         // read one): nothing is missed between the two
-                        // feeds, and what came over both is applied again
-                        // (a tree holds a text once; a first token in it
-                        // is learned twice).
+                        // feeds, and what came over both is applied once
+                        // (`Seen`).
                         answer = async { asking.as_mut().expect("asking").await }, if asking.is_some() => {
                             asking = None;
                             match answer {
@@ -705,8 +711,7 @@ pub(super) async fn inserts(
                 stream,
                 from,
             } => {
-                applier.metrics.stream(true);
-                applier.delivery.on_stream(true);
+                applier.on_stream(true);
                 warned = false;
                 last_seen = from;
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
