@@ -48,7 +48,14 @@ the median of each round's ratios. With `--b-core-only`, group b's
 nats-server runs without JetStream (`--binary-b` defaults to `--binary`):
 its replicas fall back to core NATS for inserts, which measures what the
 stream's delivery costs (a replica's own batches read back, the pull
-consumer's requests) against live sync without it.
+consumer's requests) against live sync without it. With `--awake both`,
+each round runs twice, as is and then with every CPU kept out of its idle
+state by a busy loop at `SCHED_IDLE` priority (`AwakeCpus`; `--awake on`
+runs only that): on a virtual machine, waking an idle virtual CPU costs
+more than waking a busy one, and this tells how much of sync's share that
+is (docs/sync.md, "Waking a thread on this machine, and with no idle
+CPUs"). The loops' own CPU is not counted; any thread of the groups
+preempts them at once.
 
 Only processes started here are stopped, by their ids (bench/procs.py).
 """
@@ -398,6 +405,33 @@ def receive_run(args: argparse.Namespace) -> None:
             procs.stop_all()
 
 
+class AwakeCpus:
+    """While entered, one busy loop per CPU this process may use, each pinned
+    to its CPU at `SCHED_IDLE` priority: the CPUs never go idle, and any
+    other thread that wakes preempts the loop at once. Stopped by PID."""
+
+    CODE = ("import os\n"
+            "os.sched_setaffinity(0, {%d})\n"
+            "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "while True:\n"
+            "    pass\n")
+
+    def __init__(self, log_dir: str):
+        self.log = os.path.join(log_dir, "awake.log")
+        self.loops: list[subprocess.Popen] = []
+
+    def __enter__(self):
+        for cpu in sorted(os.sched_getaffinity(0)):
+            self.loops.append(procs.start([sys.executable, "-c", self.CODE % cpu], self.log))
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.loops:
+            procs.stop(p)
+        self.loops = []
+        return False
+
+
 SYNC_COUNTERS = ("radixgate_sync_messages_sent_total", "radixgate_sync_messages_received_total")
 
 
@@ -506,32 +540,45 @@ def compare(args: argparse.Namespace) -> None:
     from run import quality_workloads
     trace = os.path.join(ROOT, "traces/mooncake_conversation.jsonl")
     workloads = quality_workloads(trace, args.scale)
+    conditions = {"off": [False], "on": [True], "both": [False, True]}[args.awake]
     for wname in args.quality:
-        rounds = []
+        by_condition: dict[bool, list[dict]] = {c: [] for c in conditions}
         for r in range(args.rounds):
-            row = compare_round(args, wname, workloads[wname])
-            rounds.append(row)
-            print(json.dumps(row), flush=True)
-        summary = {"workload": wname, "rounds": args.rounds, "median": {}}
-        for k, g in enumerate(rounds[0]["groups"]):
-            def med(key):
-                return med_of([r["groups"][k][key] for r in rounds])
-            summary["median"][g["group"]] = {
-                key: med(key) for key in ("cpu_ms_per_req", "cpu_vs_no_sync",
-                                          "idle_cpu_ms_per_s", "idle_wakeups_per_s",
-                                          "wakeups_per_req", "sent_per_req",
-                                          "received_per_req", "hit_rate", "ttft_mean_ms")}
-            summary["median"][g["group"]]["published_per_req"] = {
-                kind: med_of([r["groups"][k]["published_per_req"][kind] for r in rounds])
-                for kind in ("inserts", "load")}
-            summary["median"][g["group"]]["cpu_ms_per_req_by_thread"] = {
-                kind: med_of([r["groups"][k]["cpu_ms_per_req_by_thread"][kind] for r in rounds])
-                for kind in g["cpu_ms_per_req_by_thread"]}
-        if args.binary_b:
-            summary["b_vs_a_cpu_per_req_median"] = med_of(
-                [r["groups"][2]["cpu_ms_per_req"] / r["groups"][1]["cpu_ms_per_req"]
-                 for r in rounds])
-        print(json.dumps(summary), flush=True)
+            for awake in conditions:
+                if awake:
+                    with tempfile.TemporaryDirectory() as tmp, AwakeCpus(tmp):
+                        row = compare_round(args, wname, workloads[wname])
+                else:
+                    row = compare_round(args, wname, workloads[wname])
+                row["awake"] = awake
+                by_condition[awake].append(row)
+                print(json.dumps(row), flush=True)
+        for awake, rounds in by_condition.items():
+            compare_summary(args, wname, awake, rounds)
+
+
+def compare_summary(args: argparse.Namespace, wname: str, awake: bool, rounds: list[dict]) -> None:
+    """Prints the medians over `rounds` of one workload and condition."""
+    summary = {"workload": wname, "awake": awake, "rounds": args.rounds, "median": {}}
+    for k, g in enumerate(rounds[0]["groups"]):
+        def med(key):
+            return med_of([r["groups"][k][key] for r in rounds])
+        summary["median"][g["group"]] = {
+            key: med(key) for key in ("cpu_ms_per_req", "cpu_vs_no_sync",
+                                      "idle_cpu_ms_per_s", "idle_wakeups_per_s",
+                                      "wakeups_per_req", "sent_per_req",
+                                      "received_per_req", "hit_rate", "ttft_mean_ms")}
+        summary["median"][g["group"]]["published_per_req"] = {
+            kind: med_of([r["groups"][k]["published_per_req"][kind] for r in rounds])
+            for kind in ("inserts", "load")}
+        summary["median"][g["group"]]["cpu_ms_per_req_by_thread"] = {
+            kind: med_of([r["groups"][k]["cpu_ms_per_req_by_thread"][kind] for r in rounds])
+            for kind in g["cpu_ms_per_req_by_thread"]}
+    if args.binary_b:
+        summary["b_vs_a_cpu_per_req_median"] = med_of(
+            [r["groups"][2]["cpu_ms_per_req"] / r["groups"][1]["cpu_ms_per_req"]
+             for r in rounds])
+    print(json.dumps(summary), flush=True)
 
 
 def main() -> int:
@@ -556,6 +603,9 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=4, help="compare: replicas per group")
     ap.add_argument("--idle-s", type=float, default=10.0, help="compare: idle time measured")
     ap.add_argument("--rounds", type=int, default=3, help="compare: rounds (medians)")
+    ap.add_argument("--awake", choices=["off", "on", "both"], default="off",
+                    help="compare: run each round with the CPUs kept out of idle "
+                         "(on), as is (off), or both in turn")
     ap.add_argument("--rate", type=float, action="append",
                     help="receive: messages a second a fake peer sends (repeatable)")
     ap.add_argument("--bunch", type=int, default=1, help="receive: messages sent together")
