@@ -19,6 +19,8 @@ and zlib, as a stand-in for a batch compressor in the publisher.
 `--sync-url` (one NATS), two without; the same load (`radixgate load`, same
 workload, seed and count) goes to each pair at the same time, and each
 router's CPU (utime + stime from /proc/PID/stat) is read before and after.
+With `--core-only` the nats-server has no JetStream: the replicas send
+inserts over core NATS, as they do when a server refuses the stream.
 
 `receive`: what one sync message costs the replica that reads it. One
 nats-server, two instant workers and one `serve` replica with `--sync-url`;
@@ -129,10 +131,10 @@ class Capture(threading.Thread):
         self.sock.close()
 
 
-def start_nats(tmp: str) -> tuple[subprocess.Popen, int]:
+def start_nats(tmp: str, jetstream: bool = True) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    proc = procs.start(["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js",
-                        "-sd", os.path.join(tmp, f"store-{port}")],
+    js = ["-js", "-sd", os.path.join(tmp, f"store-{port}")] if jetstream else []
+    proc = procs.start(["nats-server", "-a", "127.0.0.1", "-p", str(port), *js],
                        os.path.join(tmp, "nats.log"))
     deadline = time.monotonic() + 20
     while not procs.port_open(port):
@@ -238,7 +240,7 @@ def bytes_run(args: argparse.Namespace, window: int | None) -> dict:
 
 def cpu_run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="radixgate-sync-cpu-") as tmp:
-        nats, nport = start_nats(tmp)
+        nats, nport = start_nats(tmp, jetstream=not args.core_only)
         workers = start_workers(args.binary, tmp, 2, ["--instant"])
         sync = f"nats://127.0.0.1:{nport}"
         on = [start_router(args.binary, tmp, f"on{i}", workers, sync, None) for i in range(2)]
@@ -267,6 +269,7 @@ def cpu_run(args: argparse.Namespace) -> dict:
                         "cpu_us_per_req": us_on},
             "sync_off": {"cpu_s": cpu_off, "ok": ok_off, "failed": failed_off,
                          "cpu_us_per_req": us_off},
+            "core_only": args.core_only,
             "extra_cpu": us_on / us_off - 1,
             "nats_server_cpu_us_per_req": nats_cpu / ok_on * 1e6,
         }
@@ -597,6 +600,9 @@ def main() -> int:
                     help="compare: group b's nats-server runs without JetStream, so its "
                          "replicas get inserts over core NATS (no echo of their own, no "
                          "warm start)")
+    ap.add_argument("--core-only", action="store_true",
+                    help="cpu: the nats-server runs without JetStream, so inserts go over "
+                         "core NATS (no stream, no own batches read back)")
     ap.add_argument("--quality", action="append",
                     help="compare: a routing-quality workload of bench/run.py (repeatable)")
     ap.add_argument("--scale", type=float, default=0.5, help="compare: its request counts x this")
