@@ -29,24 +29,16 @@
 //! [COUNT] [BYTES] [TICK_MS] [AWAKE_MS]` (defaults 100, 1000, 200), with a
 //! `nats-server` running at `NATS_URL` (`nats://127.0.0.1:PORT`).
 
+#[path = "support/thread_cpu.rs"]
+mod thread_cpu;
+
 use futures::StreamExt;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+use thread_cpu::thread_cpu_us;
 
 const SUBJECT: &str = "radixgate.wake.bench";
-
-/// This thread's time on the CPU so far, in microseconds.
-fn thread_cpu_us() -> f64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
-        .expect("/proc/thread-self/schedstat (Linux only)");
-    let ns: f64 = stat
-        .split_whitespace()
-        .next()
-        .and_then(|f| f.parse().ok())
-        .expect("schedstat's first field");
-    ns / 1_000.0
-}
 
 /// `host:port` of a `nats://host:port` URL.
 fn address(url: &str) -> &str {

@@ -22,21 +22,13 @@
 //! every CPU kept busy by a loop at `SCHED_IDLE` priority (which any woken
 //! thread preempts at once), and writes the figures as JSON lines.
 
+#[path = "support/thread_cpu.rs"]
+mod thread_cpu;
+
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
-
-/// This thread's time on the CPU so far, in microseconds.
-fn thread_cpu_us() -> f64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
-        .expect("/proc/thread-self/schedstat (Linux only)");
-    let ns: f64 = stat
-        .split_whitespace()
-        .next()
-        .and_then(|f| f.parse().ok())
-        .expect("schedstat's first field");
-    ns / 1_000.0
-}
+use thread_cpu::thread_cpu_us;
 
 /// CPU microseconds per wake-up of a thread that sleeps `period` `count`
 /// times, and the mean wall time of a period.
