@@ -21,6 +21,8 @@ workload, seed and count) goes to each pair at the same time, and each
 router's CPU (utime + stime from /proc/PID/stat) is read before and after.
 With `--core-only` the nats-server has no JetStream: the replicas send
 inserts over core NATS, as they do when a server refuses the stream.
+`--sync-arg=ARG` (repeatable) passes a flag to the replicas with sync
+(`--sync-arg=--sync-stream-storage --sync-arg=memory`).
 
 `receive`: what one sync message costs the replica that reads it. One
 nats-server, two instant workers and one `serve` replica with `--sync-url`;
@@ -155,11 +157,12 @@ def start_workers(binary: str, tmp: str, count: int, extra: list[str]) -> list[s
 
 
 def start_router(binary: str, tmp: str, name: str, workers: list[str],
-                 sync: str | None, window: int | None) -> tuple[subprocess.Popen, str]:
+                 sync: str | None, window: int | None,
+                 sync_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [binary, "serve", "--port", str(port), "--worker-urls", *workers]
     if sync:
-        cmd += ["--sync-url", sync, "--sync-replica-id", name]
+        cmd += ["--sync-url", sync, "--sync-replica-id", name, *sync_args]
     if window is not None:
         cfg = os.path.join(tmp, f"{name}.yaml")
         with open(cfg, "w") as f:
@@ -243,7 +246,8 @@ def cpu_run(args: argparse.Namespace) -> dict:
         nats, nport = start_nats(tmp, jetstream=not args.core_only)
         workers = start_workers(args.binary, tmp, 2, ["--instant"])
         sync = f"nats://127.0.0.1:{nport}"
-        on = [start_router(args.binary, tmp, f"on{i}", workers, sync, None) for i in range(2)]
+        on = [start_router(args.binary, tmp, f"on{i}", workers, sync, None, tuple(args.sync_arg))
+              for i in range(2)]
         off = [start_router(args.binary, tmp, f"off{i}", workers, None, None) for i in range(2)]
         before = {p.pid: procs.cpu_seconds(p.pid) for p, _ in on + off}
         nats_before = procs.cpu_seconds(nats.pid)
@@ -270,6 +274,7 @@ def cpu_run(args: argparse.Namespace) -> dict:
             "sync_off": {"cpu_s": cpu_off, "ok": ok_off, "failed": failed_off,
                          "cpu_us_per_req": us_off},
             "core_only": args.core_only,
+            "sync_args": args.sync_arg,
             "extra_cpu": us_on / us_off - 1,
             "nats_server_cpu_us_per_req": nats_cpu / ok_on * 1e6,
         }
@@ -600,6 +605,8 @@ def main() -> int:
                     help="compare: group b's nats-server runs without JetStream, so its "
                          "replicas get inserts over core NATS (no echo of their own, no "
                          "warm start)")
+    ap.add_argument("--sync-arg", action="append", default=[],
+                    help="cpu: one more argument for the replicas with sync (repeatable)")
     ap.add_argument("--core-only", action="store_true",
                     help="cpu: the nats-server runs without JetStream, so inserts go over "
                          "core NATS (no stream, no own batches read back)")

@@ -5,8 +5,9 @@
 mod common;
 mod sync_support;
 
+use async_nats::jetstream::stream::StorageType;
 use common::*;
-use radixgate::config::Config;
+use radixgate::config::{Config, StreamStorage};
 use radixgate_sim::server::FaultConfig;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -880,6 +881,47 @@ async fn a_changed_history_setting_reaches_the_stream_at_the_next_start() {
     wait_ready(&a.url).await;
     assert_eq!(limits().await, (120, 8 << 20));
     a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_stream_is_made_as_configured_and_a_stream_found_otherwise_is_kept() {
+    let nats = Nats::start(&[]);
+    let w = sim_worker(fast_worker()).await;
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    let storage = || {
+        let js = js.clone();
+        async move {
+            let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
+            s.info().await.unwrap().config.storage
+        }
+    };
+    let kept = |kind: StreamStorage| {
+        let mut c = replica_config(&[nats.url()], &[&w.url]);
+        c.sync.stream_storage = kind;
+        c
+    };
+    let a = gateway_ready(kept(StreamStorage::Memory), 1).await;
+    wait_ready(&a.url).await;
+    assert_eq!(storage().await, StorageType::Memory);
+    let text = prompt("kept in memory");
+    ask(&a.url, &text).await;
+    wait_until("A's batch is in the stream", || async {
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    // A replica configured for a file finds the memory stream, uses it
+    // as it is, and warms up from it.
+    let b = gateway_ready(kept(StreamStorage::File), 1).await;
+    wait_ready(&b.url).await;
+    assert_eq!(storage().await, StorageType::Memory);
+    let (worker, branch) = ask(&b.url, &text).await;
+    assert_eq!(
+        (worker.as_str(), branch.as_str()),
+        (w.url.as_str(), "cache_hit")
+    );
+    a.shutdown().await;
+    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

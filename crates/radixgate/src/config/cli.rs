@@ -389,6 +389,10 @@ pub struct SyncArgs {
     /// [default: 600].
     #[arg(long, env = "RADIXGATE_SYNC_HISTORY_SECS", value_name = "SECS")]
     pub sync_history_secs: Option<u64>,
+    /// Where the NATS server keeps the stream: file (outlives a NATS
+    /// restart) or memory [default: file].
+    #[arg(long, value_enum, env = "RADIXGATE_SYNC_STREAM_STORAGE")]
+    pub sync_stream_storage: Option<super::StreamStorage>,
     /// Refuse a NATS server without TLS.
     #[arg(long, env = "RADIXGATE_SYNC_TLS_REQUIRED")]
     pub sync_tls_required: bool,
@@ -439,6 +443,7 @@ impl SyncArgs {
             &self.sync_warmup_timeout_secs,
         );
         set(&mut sync.history_secs, &self.sync_history_secs);
+        set(&mut sync.stream_storage, &self.sync_stream_storage);
         if self.sync_tls_required {
             sync.tls.required = true;
         }

@@ -33,7 +33,9 @@ pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 pub use pd::{MAX_SKIP_TOKENS, PdConfig, PdProtocol};
 pub use radixgate_routing::WorkerSpec;
 pub use record::{MAX_RECORD_KEEP, RecordTraceConfig};
-pub use sync::{MAX_REFERENCE_WINDOW_BYTES, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig};
+pub use sync::{
+    MAX_REFERENCE_WINDOW_BYTES, StreamStorage, SyncAuth, SyncAuthConfig, SyncConfig, SyncTlsConfig,
+};
 pub use telemetry::{MAX_REQUEST_ID_HEADERS, TracingConfig, otlp_traces_url};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{

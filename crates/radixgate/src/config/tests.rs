@@ -780,3 +780,23 @@ fn discovery_pools_roles_must_fit_the_pool() {
         "{e}"
     );
 }
+
+#[test]
+fn the_sync_stream_storage_comes_from_the_file_or_the_flag_and_nothing_else() {
+    assert_eq!(Config::default().sync.stream_storage, StreamStorage::File);
+    let by_file = Config::from_yaml("sync: {stream_storage: memory}\n").unwrap();
+    assert_eq!(by_file.sync.stream_storage, StreamStorage::Memory);
+    let by_flag = args(&["--sync-stream-storage", "memory"]).load().unwrap();
+    assert_eq!(by_flag.sync.stream_storage, StreamStorage::Memory);
+    let err = Config::from_yaml("sync: {stream_storage: disk}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("stream_storage") || err.contains("disk"),
+        "{err}"
+    );
+    assert!(
+        Cli::try_parse_from(["serve", "--sync-stream-storage", "disk"]).is_err(),
+        "an unknown kind is refused"
+    );
+}

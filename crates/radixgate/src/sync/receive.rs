@@ -16,7 +16,7 @@ use super::lane::Shared;
 use super::publish::Delivery;
 use super::wire::{self, Body, Header};
 use super::{Identity, SyncMetrics, now_ms};
-use crate::config::SyncConfig;
+use crate::config::{StreamStorage, SyncConfig};
 use async_nats::Client;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, consumer, stream};
@@ -443,6 +443,16 @@ async fn source(
 /// stream. Replicas run with different settings set it in turn, each at
 /// its connect; the log says so. A refusal leaves the stream as it is.
 async fn keep_limits(js: &jetstream::Context, found: &stream::Config, want: &stream::Config) {
+    // The server cannot change where a stream is kept: only a stream
+    // deleted and made again would move.
+    if found.storage != want.storage {
+        tracing::warn!(
+            stream = %found.name,
+            found = ?found.storage,
+            configured = ?want.storage,
+            "replica sync: the stream is kept otherwise than sync.stream_storage says (made by another config); using it as it is, delete it on the NATS server to have it made anew"
+        );
+    }
     let subject = &want.subjects[0];
     if found.max_age == want.max_age
         && found.max_bytes == want.max_bytes
@@ -490,7 +500,10 @@ async fn stream_source(
         max_age: Duration::from_secs(config.history_secs),
         max_bytes: i64::try_from(config.history_bytes).unwrap_or(i64::MAX),
         discard: stream::DiscardPolicy::Old,
-        storage: stream::StorageType::File,
+        storage: match config.stream_storage {
+            StreamStorage::File => stream::StorageType::File,
+            StreamStorage::Memory => stream::StorageType::Memory,
+        },
         ..Default::default()
     };
     let created = js.get_or_create_stream(&want).await;
