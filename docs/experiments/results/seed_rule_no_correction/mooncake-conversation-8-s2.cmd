@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 8 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 2.0 --requests 4000 --policies cache_aware --sweep hot_spot.rule=relative_cap --sweep correction.enabled=false,true --seed 2 --json
