@@ -792,7 +792,7 @@ fn the_sync_stream_storage_comes_from_the_file_or_the_flag_and_nothing_else() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("stream_storage") || err.contains("disk"),
+        err.contains("sync.stream_storage") && err.contains("`disk`"),
         "{err}"
     );
     assert!(
