@@ -5,7 +5,8 @@
 mod common;
 mod sync_support;
 
-use async_nats::jetstream::stream::StorageType;
+use async_nats::jetstream::Context as JetStream;
+use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
 use common::*;
 use radixgate::config::{Config, StreamStorage};
 use radixgate_sim::server::FaultConfig;
@@ -852,19 +853,26 @@ async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history()
     b.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_changed_history_setting_reaches_the_stream_at_the_next_start() {
+/// A NATS server, one worker, and a JetStream handle on the server.
+async fn nats_worker_and_jetstream() -> (Nats, SimWorker, JetStream) {
     let nats = Nats::start(&[]);
     let w = sim_worker(fast_worker()).await;
-    let raw = async_nats::connect(nats.url()).await.unwrap();
-    let js = async_nats::jetstream::new(raw);
-    let limits = || {
-        let js = js.clone();
-        async move {
-            let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
-            let c = s.info().await.unwrap().config.clone();
-            (c.max_age.as_secs(), c.max_bytes)
-        }
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    (nats, w, js)
+}
+
+/// The sync stream's config as the server holds it.
+async fn stream_config(js: &JetStream) -> StreamConfig {
+    let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
+    s.info().await.unwrap().config.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_history_setting_reaches_the_stream_at_the_next_start() {
+    let (nats, w, js) = nats_worker_and_jetstream().await;
+    let limits = || async {
+        let c = stream_config(&js).await;
+        (c.max_age.as_secs(), c.max_bytes)
     };
     let with_history = |secs: u64, bytes: u64| {
         let mut c = replica_config(&[nats.url()], &[&w.url]);
@@ -885,17 +893,8 @@ async fn a_changed_history_setting_reaches_the_stream_at_the_next_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_stream_is_made_as_configured_and_a_stream_found_otherwise_is_kept() {
-    let nats = Nats::start(&[]);
-    let w = sim_worker(fast_worker()).await;
-    let raw = async_nats::connect(nats.url()).await.unwrap();
-    let js = async_nats::jetstream::new(raw);
-    let storage = || {
-        let js = js.clone();
-        async move {
-            let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
-            s.info().await.unwrap().config.storage
-        }
-    };
+    let (nats, w, js) = nats_worker_and_jetstream().await;
+    let storage = || async { stream_config(&js).await.storage };
     let kept = |kind: StreamStorage| {
         let mut c = replica_config(&[nats.url()], &[&w.url]);
         c.sync.stream_storage = kind;
