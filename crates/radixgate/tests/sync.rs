@@ -164,12 +164,31 @@ async fn ask_and_wait(from: &str, to: &str, text: &str) -> String {
     let (worker, _) = ask(from, text).await;
     // One routed request is one entry; `to` counts it once it is in its
     // tree. (Counting messages instead is not exact: a load report on core
-    // NATS may be lost, and then no count ever matches.)
-    wait_until(&format!("{to} learned what {from} routed"), || async {
-        learned().await > learned0
-    })
-    .await;
+    // NATS may be lost, and then no count ever matches.) A hang guard, not
+    // a speed assertion; on a timeout both replicas' sync series say where
+    // the entry stopped.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while learned().await <= learned0 {
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for {to} learned what {from} routed\n{from}:\n{}\n{to}:\n{}",
+                sync_series(from).await,
+                sync_series(to).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     worker
+}
+
+/// A gateway's `radixgate_sync_*` series, one a line.
+async fn sync_series(gateway: &str) -> String {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("radixgate_sync_"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Routes fresh prompts through `from` until `to` learns one: for while
