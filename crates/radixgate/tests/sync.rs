@@ -94,6 +94,16 @@ async fn two_replicas_at(a_nats: &str, b_nats: &str) -> (Vec<SimWorker>, Gateway
     (workers, a, b)
 }
 
+/// Two replicas over `nats`, A through a loopback proxy the test can
+/// freeze, slow or heal, B directly.
+async fn two_replicas_a_through_a_proxy(
+    nats: &Nats,
+) -> (Partition, Vec<SimWorker>, Gateway, Gateway) {
+    let proxy = Partition::in_front_of(nats).await;
+    let (workers, a, b) = two_replicas_at(&proxy.url(), &nats.url()).await;
+    (proxy, workers, a, b)
+}
+
 /// Two workers; replica A with `edit` made to its config, B as is; both
 /// ready and connected.
 async fn two_replicas_with(
@@ -1027,9 +1037,8 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
     let nats = Nats::start(&[]);
-    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
     // A reaches NATS through the cable that will be cut; B directly.
-    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    let (cut, _workers, a, b) = two_replicas_a_through_a_proxy(&nats).await;
     assert_propagates(&b.url, &a.url, "before the partition", 2).await;
 
     cut.freeze();
@@ -1079,8 +1088,7 @@ async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_link_to_nats_shows_as_lag_and_loses_nothing() {
     let nats = Nats::start(&[]);
-    let slow = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
-    let (_workers, a, b) = two_replicas_at(&slow.url(), &nats.url()).await;
+    let (slow, _workers, a, b) = two_replicas_a_through_a_proxy(&nats).await;
     assert_propagates(&a.url, &b.url, "before the link slowed", 1).await;
     let learned0 = series_value(&b.url, "radixgate_sync_entries_learned_total").await;
 
@@ -1143,8 +1151,7 @@ async fn assert_learned_once_each(to: &str, learned0: f64, routed: &[(String, St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_cut_off_replica_routed_reaches_its_peers_after() {
     let nats = Nats::start(&[]);
-    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
-    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    let (cut, _workers, a, b) = two_replicas_a_through_a_proxy(&nats).await;
     assert_propagates(&a.url, &b.url, "before the partition", 1).await;
     let learned0 = series_value(&b.url, "radixgate_sync_entries_learned_total").await;
 
@@ -1174,7 +1181,7 @@ async fn what_a_cut_off_replica_routed_reaches_its_peers_after() {
 async fn over_core_nats_what_a_replica_routed_while_disconnected_goes_at_the_reconnect() {
     // No stream for the routers' account: live sync over core NATS only.
     let (nats, dir) = nats_with_config("accounts-cut", NO_JETSTREAM_ACCOUNT);
-    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let cut = Partition::in_front_of(&nats).await;
     let workers = [
         sim_worker(fast_worker()).await,
         sim_worker(fast_worker()).await,
@@ -1208,8 +1215,7 @@ async fn over_core_nats_what_a_replica_routed_while_disconnected_goes_at_the_rec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_that_goes_quiet_is_given_up_at_its_pings_and_caught_up_after() {
     let nats = Nats::start(&[]);
-    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
-    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    let (cut, _workers, a, b) = two_replicas_a_through_a_proxy(&nats).await;
     assert_propagates(&b.url, &a.url, "before the link went quiet", 1).await;
     let learned = || series_value(&a.url, "radixgate_sync_entries_learned_total");
     let learned0 = learned().await;
@@ -1237,8 +1243,7 @@ async fn a_link_that_goes_quiet_is_given_up_at_its_pings_and_caught_up_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_back_after_nats_lost_its_store_replays_the_new_stream_whole() {
     let mut nats = Nats::start(&[]);
-    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
-    let (_workers, a, b) = two_replicas_at(&cut.url(), &nats.url()).await;
+    let (cut, _workers, a, b) = two_replicas_a_through_a_proxy(&nats).await;
     // A's place in the stream moves past a few sequences.
     assert_propagates(&b.url, &a.url, "the old store", 3).await;
 
@@ -1322,7 +1327,7 @@ async fn a_stream_refused_leaves_live_sync_working_until_it_is_made() {
     .await
     .unwrap();
     // B reaches NATS through a cable the test cuts later.
-    let cut = Partition::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let cut = Partition::in_front_of(&nats).await;
     let (_workers, a, b) = two_replicas_at(&nats.url(), &cut.url()).await;
     let stream = "radixgate_sync_stream";
     for gw in [&a.url, &b.url] {

@@ -227,6 +227,11 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// Starts passing connections on a free loopback port to `nats`.
+    pub async fn in_front_of(nats: &Nats) -> Self {
+        Self::start(&format!("127.0.0.1:{}", nats.port)).await
+    }
+
     /// Starts passing connections on a free loopback port to `upstream`
     /// (`host:port`).
     pub async fn start(upstream: &str) -> Self {
