@@ -1,0 +1,1 @@
+$ radixgate simulate --json --workers 4 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 1 --requests 4000 --policies cache_aware,prefill_aware,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 1
