@@ -43,11 +43,11 @@ nats-server, and the same `radixgate load` runs against every group at the
 same time, so the groups share whatever else the machine does. Before the
 load, every group idles `--idle-s` seconds: what sync costs when nothing is
 routed. Per group: CPU and thread wake-ups (context switches of every
-thread, from /proc/PID/task/*/status) per request, the CPU per request
-split by thread (the serving runtime's workers, the load lane's thread,
-and the rest: the main thread, whose runtime runs the publisher and the
-insert receiver), and sync messages per request from the replicas'
-/metrics. `--rounds` repeats it; the summary is
+thread, from /proc/PID/task/*/status) per request, the CPU, the wake-ups
+and the minor page faults per request split by thread (the serving
+runtime's workers, the load lane's thread, and the rest: the main thread,
+whose runtime runs the publisher and the insert receiver), and sync
+messages per request from the replicas' /metrics. `--rounds` repeats it; the summary is
 the median of each round's ratios. With `--b-core-only`, group b's
 nats-server runs without JetStream (`--binary-b` defaults to `--binary`):
 its replicas fall back to core NATS for inserts, which measures what the
@@ -280,20 +280,26 @@ def cpu_run(args: argparse.Namespace) -> dict:
         }
 
 
-def task_files(root: int, name: str):
-    """The text of /proc/PID/task/TID/`name` for every thread of `root`'s
-    tree (a thread or process that ends meanwhile is skipped)."""
+def task_dirs(root: int):
+    """/proc/PID/task/TID of every thread of `root`'s tree."""
     for pid in procs.descendants(root):
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
         for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
-                    yield f.read()
-            except OSError:
-                continue
+            yield f"/proc/{pid}/task/{tid}"
+
+
+def task_files(root: int, name: str):
+    """The text of /proc/PID/task/TID/`name` for every thread of `root`'s
+    tree (a thread or process that ends meanwhile is skipped)."""
+    for task in task_dirs(root):
+        try:
+            with open(f"{task}/{name}") as f:
+                yield f.read()
+        except OSError:
+            continue
 
 
 def wakeups(root: int) -> int:
@@ -311,20 +317,34 @@ def wakeups(root: int) -> int:
 THREAD_KINDS = (("radixgate-serve", "serving"), ("radixgate-sync-", "load lane"))
 
 
-def cpu_by_thread(root: int) -> dict[str, float]:
-    """CPU seconds (utime + stime) of `root`'s live threads, by kind
+def by_thread(root: int) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """CPU seconds (utime + stime), wake-ups (context switches, as
+    `wakeups`) and minor page faults of `root`'s live threads, by kind
     (THREAD_KINDS, else "main and other"). A thread that ended is missing
-    here but counted in the process's own total (cpu_seconds)."""
-    out = {kind: 0.0 for _, kind in THREAD_KINDS}
-    out["main and other"] = 0.0
-    for stat in task_files(root, "stat"):
+    here but counted in the process's own CPU total (cpu_seconds)."""
+    kinds = [k for _, k in THREAD_KINDS] + ["main and other"]
+    cpu = {kind: 0.0 for kind in kinds}
+    wake = {kind: 0 for kind in kinds}
+    faults = {kind: 0 for kind in kinds}
+    for task in task_dirs(root):
+        try:
+            with open(f"{task}/stat") as f:
+                stat = f.read()
+            with open(f"{task}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
         head, rest = stat.rsplit(")", 1)
         comm = head.split("(", 1)[1]
         fields = rest.split()
         kind = next((k for prefix, k in THREAD_KINDS if comm.startswith(prefix)),
                     "main and other")
-        out[kind] += (int(fields[11]) + int(fields[12])) / procs.CLK_TCK
-    return out
+        # After ")": state=0, ..., minflt=7, ..., utime=11, stime=12.
+        cpu[kind] += (int(fields[11]) + int(fields[12])) / procs.CLK_TCK
+        faults[kind] += int(fields[7])
+        wake[kind] += sum(int(line.split()[1]) for line in status.splitlines()
+                          if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+    return cpu, wake, faults
 
 
 def load_report(cluster: str, seq: int, urls: list[str]) -> bytes:
@@ -443,19 +463,28 @@ class AwakeCpus:
 SYNC_COUNTERS = ("radixgate_sync_messages_sent_total", "radixgate_sync_messages_received_total")
 
 
-def compare_group_usage(group) -> tuple[float, int, dict[str, float], dict[str, float]]:
-    """(CPU seconds, wake-ups, sync counters, CPU seconds by thread kind) of
-    a group's replicas, summed."""
+def compare_group_usage(group) -> tuple[float, int, dict[str, float], dict[str, float],
+                                        dict[str, int], dict[str, int]]:
+    """(CPU seconds, wake-ups, sync counters, CPU seconds by thread kind,
+    wake-ups by thread kind, minor page faults by thread kind) of a
+    group's replicas, summed."""
     from replicas import metric_sum
     cpu = sum(procs.cpu_seconds(p.pid) for p in group["procs"])
     wake = sum(wakeups(p.pid) for p in group["procs"])
     counters = {name: sum(metric_sum(t, (name,)) for t in group["targets"])
                 for name in SYNC_COUNTERS}
     threads: dict[str, float] = {}
+    thread_wakes: dict[str, int] = {}
+    thread_faults: dict[str, int] = {}
     for p in group["procs"]:
-        for kind, secs in cpu_by_thread(p.pid).items():
+        secs_by, wakes_by, faults_by = by_thread(p.pid)
+        for kind, secs in secs_by.items():
             threads[kind] = threads.get(kind, 0.0) + secs
-    return cpu, wake, counters, threads
+        for kind, n in wakes_by.items():
+            thread_wakes[kind] = thread_wakes.get(kind, 0) + n
+        for kind, n in faults_by.items():
+            thread_faults[kind] = thread_faults.get(kind, 0) + n
+    return cpu, wake, counters, threads, thread_wakes, thread_faults
 
 
 def published(group) -> dict[str, int]:
@@ -527,6 +556,8 @@ def compare_round(args: argparse.Namespace, wname: str, wl) -> dict:
             "cpu_ms_per_req": (a[0] - i[0]) / ok * 1000,
             "wakeups_per_req": (a[1] - i[1]) / ok,
             "cpu_ms_per_req_by_thread": {k: (a[3][k] - i[3][k]) / ok * 1000 for k in a[3]},
+            "wakeups_per_req_by_thread": {k: (a[4][k] - i[4][k]) / ok for k in a[4]},
+            "page_faults_per_req_by_thread": {k: (a[5][k] - i[5][k]) / ok for k in a[5]},
             "sent_per_req": (a[2][SYNC_COUNTERS[0]] - i[2][SYNC_COUNTERS[0]]) / ok,
             "received_per_req": (a[2][SYNC_COUNTERS[1]] - i[2][SYNC_COUNTERS[1]]) / ok,
             "idle_published_per_s": {k: (p1[k] - p0[k]) / args.idle_s for k in p0},
@@ -582,6 +613,12 @@ def compare_summary(args: argparse.Namespace, wname: str, awake: bool, rounds: l
         summary["median"][g["group"]]["cpu_ms_per_req_by_thread"] = {
             kind: med_of([r["groups"][k]["cpu_ms_per_req_by_thread"][kind] for r in rounds])
             for kind in g["cpu_ms_per_req_by_thread"]}
+        summary["median"][g["group"]]["wakeups_per_req_by_thread"] = {
+            kind: med_of([r["groups"][k]["wakeups_per_req_by_thread"][kind] for r in rounds])
+            for kind in g["wakeups_per_req_by_thread"]}
+        summary["median"][g["group"]]["page_faults_per_req_by_thread"] = {
+            kind: med_of([r["groups"][k]["page_faults_per_req_by_thread"][kind] for r in rounds])
+            for kind in g["page_faults_per_req_by_thread"]}
     if args.binary_b:
         summary["b_vs_a_cpu_per_req_median"] = med_of(
             [r["groups"][2]["cpu_ms_per_req"] / r["groups"][1]["cpu_ms_per_req"]
