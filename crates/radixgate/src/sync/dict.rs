@@ -135,7 +135,9 @@ pub(crate) enum Unresolved {
 #[derive(Debug)]
 pub(crate) struct Incoming {
     keep: usize,
-    texts: VecDeque<(u64, Arc<str>)>,
+    /// Each held once, shared with the caller: a `String` behind the
+    /// `Arc`, so a rebuilt text is not copied again into an `Arc<str>`.
+    texts: VecDeque<(u64, Arc<String>)>,
     bytes: usize,
 }
 
@@ -161,9 +163,13 @@ impl Incoming {
         id: u64,
         base: Option<(u64, u64)>,
         suffix: &[u8],
-    ) -> Result<Arc<str>, Unresolved> {
-        let text: Arc<str> = match base {
-            None => Arc::from(std::str::from_utf8(suffix).map_err(|_| Unresolved::Malformed)?),
+    ) -> Result<Arc<String>, Unresolved> {
+        let text = match base {
+            None => Arc::new(
+                std::str::from_utf8(suffix)
+                    .map_err(|_| Unresolved::Malformed)?
+                    .to_owned(),
+            ),
             Some((back, len)) => {
                 let base_id = id.checked_sub(back).ok_or(Unresolved::Malformed)?;
                 let at = self
@@ -190,7 +196,7 @@ impl Incoming {
                     let rest = String::from_utf8(rest).map_err(|_| Unresolved::Malformed)?;
                     text.push_str(&rest);
                 }
-                Arc::from(text)
+                Arc::new(text)
             }
         };
         // Out of order (a batch sent again after its sender reconnected,
@@ -254,7 +260,7 @@ mod tests {
             sent_bytes += text.len() - cut;
             total += text.len();
             let got = inc.resolve(e.id, e.base, &text.as_bytes()[cut..]).unwrap();
-            assert_eq!(&*got, text);
+            assert_eq!(got.as_str(), text);
         }
         assert!(sent_bytes * 3 < total, "{sent_bytes} of {total}");
     }
@@ -296,7 +302,7 @@ mod tests {
         );
         // A cut inside a character is fine when the suffix completes it.
         let got = inc.resolve(6, Some((2, 2)), b"\xa9llo").unwrap();
-        assert_eq!(&*got, "h\u{e9}llo");
+        assert_eq!(got.as_str(), "h\u{e9}llo");
         // A suffix that is not text after a whole head is refused too, and
         // so is one that completes the cut character wrongly.
         assert_eq!(
@@ -317,7 +323,7 @@ mod tests {
                     &"a\u{1f600}b".as_bytes()[cut as usize..],
                 )
                 .unwrap();
-            assert_eq!(&*got, "a\u{1f600}b", "cut at {cut}");
+            assert_eq!(got.as_str(), "a\u{1f600}b", "cut at {cut}");
         }
         assert!(inc.bytes() > 0);
     }
@@ -332,15 +338,17 @@ mod tests {
         inc.resolve(5, None, b"fifth").unwrap();
         // 2 comes after 5, and refers to 1.
         assert_eq!(
-            &*inc.resolve(2, Some((1, 5)), b" and second").unwrap(),
+            inc.resolve(2, Some((1, 5)), b" and second")
+                .unwrap()
+                .as_str(),
             "first and second"
         );
         assert_eq!(
-            &*inc.resolve(3, Some((1, 16)), b", third").unwrap(),
+            inc.resolve(3, Some((1, 16)), b", third").unwrap().as_str(),
             "first and second, third"
         );
         assert_eq!(
-            &*inc.resolve(6, Some((1, 5)), b", sixth").unwrap(),
+            inc.resolve(6, Some((1, 5)), b", sixth").unwrap().as_str(),
             "fifth, sixth"
         );
         // The same entry again replaces itself.

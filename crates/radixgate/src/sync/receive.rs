@@ -181,7 +181,7 @@ struct HeldEntry {
     since: Instant,
     model: String,
     url: String,
-    text: Arc<str>,
+    text: Arc<String>,
 }
 
 impl HeldEntry {
