@@ -47,9 +47,9 @@ thread, from /proc/PID/task/*/status) per request, the CPU, the wake-ups
 and the minor page faults per request split by thread (the serving
 runtime's workers, the load lane's thread, and the rest: the main thread,
 whose runtime runs the publisher and the insert receiver), and sync
-messages per request from the replicas' /metrics. `--rounds` repeats it; the summary is
-the median of each round's ratios. With `--b-core-only`, group b's
-nats-server runs without JetStream (`--binary-b` defaults to `--binary`):
+messages per request from the replicas' /metrics. `--rounds` repeats it;
+the summary is the median of each round's ratios. With `--b-core-only`,
+group b's nats-server runs without JetStream (`--binary-b` defaults to `--binary`):
 its replicas fall back to core NATS for inserts, which measures what the
 stream's delivery costs (a replica's own batches read back, the pull
 consumer's requests) against live sync without it. With `--awake both`,
@@ -302,12 +302,16 @@ def task_files(root: int, name: str):
             continue
 
 
+def switches(status: str) -> int:
+    """Context switches (voluntary and not) in a thread's
+    /proc/PID/task/TID/status text: its wake-ups."""
+    return sum(int(line.split()[1]) for line in status.splitlines()
+               if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+
+
 def wakeups(root: int) -> int:
     """Context switches (voluntary and not) of every thread of `root`'s tree."""
-    return sum(int(line.split()[1])
-               for status in task_files(root, "status")
-               for line in status.splitlines()
-               if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+    return sum(switches(status) for status in task_files(root, "status"))
 
 
 # A router's threads by name: the serving runtime's workers, the load
@@ -317,16 +321,16 @@ def wakeups(root: int) -> int:
 THREAD_KINDS = (("radixgate-serve", "serving"), ("radixgate-sync-", "load lane"))
 
 
-def by_thread(root: int) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
-    """CPU seconds (utime + stime), wake-ups (context switches, as
-    `wakeups`) and minor page faults of `root`'s live threads, by kind
+def by_thread(roots) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """CPU seconds (utime + stime), wake-ups (`switches`) and minor page
+    faults of the live threads of every tree in `roots`, summed by kind
     (THREAD_KINDS, else "main and other"). A thread that ended is missing
     here but counted in the process's own CPU total (cpu_seconds)."""
     kinds = [k for _, k in THREAD_KINDS] + ["main and other"]
     cpu = {kind: 0.0 for kind in kinds}
     wake = {kind: 0 for kind in kinds}
     faults = {kind: 0 for kind in kinds}
-    for task in task_dirs(root):
+    for task in (t for root in roots for t in task_dirs(root)):
         try:
             with open(f"{task}/stat") as f:
                 stat = f.read()
@@ -342,8 +346,7 @@ def by_thread(root: int) -> tuple[dict[str, float], dict[str, int], dict[str, in
         # After ")": state=0, ..., minflt=7, ..., utime=11, stime=12.
         cpu[kind] += (int(fields[11]) + int(fields[12])) / procs.CLK_TCK
         faults[kind] += int(fields[7])
-        wake[kind] += sum(int(line.split()[1]) for line in status.splitlines()
-                          if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+        wake[kind] += switches(status)
     return cpu, wake, faults
 
 
@@ -467,24 +470,13 @@ def compare_group_usage(group) -> tuple[float, int, dict[str, float], dict[str, 
                                         dict[str, int], dict[str, int]]:
     """(CPU seconds, wake-ups, sync counters, CPU seconds by thread kind,
     wake-ups by thread kind, minor page faults by thread kind) of a
-    group's replicas, summed."""
+    group's replicas, summed. The wake-ups are the threads' (those alive)."""
     from replicas import metric_sum
     cpu = sum(procs.cpu_seconds(p.pid) for p in group["procs"])
-    wake = sum(wakeups(p.pid) for p in group["procs"])
     counters = {name: sum(metric_sum(t, (name,)) for t in group["targets"])
                 for name in SYNC_COUNTERS}
-    threads: dict[str, float] = {}
-    thread_wakes: dict[str, int] = {}
-    thread_faults: dict[str, int] = {}
-    for p in group["procs"]:
-        secs_by, wakes_by, faults_by = by_thread(p.pid)
-        for kind, secs in secs_by.items():
-            threads[kind] = threads.get(kind, 0.0) + secs
-        for kind, n in wakes_by.items():
-            thread_wakes[kind] = thread_wakes.get(kind, 0) + n
-        for kind, n in faults_by.items():
-            thread_faults[kind] = thread_faults.get(kind, 0) + n
-    return cpu, wake, counters, threads, thread_wakes, thread_faults
+    threads, thread_wakes, thread_faults = by_thread(p.pid for p in group["procs"])
+    return cpu, sum(thread_wakes.values()), counters, threads, thread_wakes, thread_faults
 
 
 def published(group) -> dict[str, int]:
