@@ -58,6 +58,13 @@ pub struct CorrectionConfig {
     /// size and the simulated worker's; SGLang's radix cache defaults to
     /// pages of 1 token, where 16 is merely conservative).
     pub page_tokens: usize,
+    /// Keep each worker's share of a model's tree within the worker's KV
+    /// cache (its `kv_capacity_tokens`, at the model's learned characters
+    /// per token): what the tree holds beyond it, least recently used
+    /// first, the cache has most likely evicted too. Only where the
+    /// capacity is known (reported on admission or configured) and once the
+    /// model's characters per token have been learned.
+    pub capacity_bound: bool,
 }
 
 impl Default for CorrectionConfig {
@@ -65,6 +72,7 @@ impl Default for CorrectionConfig {
         Self {
             enabled: true,
             page_tokens: 16,
+            capacity_bound: true,
         }
     }
 }
@@ -73,6 +81,18 @@ impl Default for CorrectionConfig {
 const MAX_PAGE_TOKENS: usize = 4096;
 
 impl CorrectionConfig {
+    /// The most characters `worker`'s share of the tree of the model
+    /// `truth` counts for should hold ([`Self::capacity_bound`]); `None`:
+    /// unbounded (off, capacity unknown, or nothing learned yet).
+    pub(crate) fn tree_bound(&self, worker: &Worker, truth: &ModelTruth) -> Option<usize> {
+        if !self.capacity_bound {
+            return None;
+        }
+        let tokens = worker.kv_capacity_tokens()?;
+        let chars_per_token = truth.rate.chars_per_token()?;
+        Some((tokens as f64 * chars_per_token) as usize).filter(|&chars| chars > 0)
+    }
+
     /// Checks ranges; the error names the offending key.
     pub fn validate(&self) -> Result<(), RoutingError> {
         if !(1..=MAX_PAGE_TOKENS).contains(&self.page_tokens) {

@@ -31,8 +31,8 @@ use std::ops::Range;
 /// [`Registry::add`](crate::Registry::add).
 ///
 /// In a config file (or a `POST /workers` body) an entry is either a bare
-/// URL string or `{url, api_key?, models?, role?, bootstrap_port?}`; unknown
-/// keys are errors.
+/// URL string or `{url, api_key?, models?, role?, bootstrap_port?,
+/// kv_capacity_tokens?}`; unknown keys are errors.
 /// Health on admission is not part of that schema.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "form::WorkerSpec")]
@@ -66,6 +66,12 @@ pub struct WorkerSpec {
     /// `bootstrap_port`; `None` sends JSON null.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bootstrap_port: Option<u16>,
+    /// Tokens the worker's KV cache holds (SGLang's
+    /// `max_total_num_tokens`). The gateway asks the worker when the
+    /// operator gives none; prefix policies keep the worker's share of
+    /// their tree within it (`routing.correction.capacity_bound`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 /// A worker's part in serving a request.
@@ -127,6 +133,7 @@ impl WorkerSpec {
             name: None,
             role: WorkerRole::Regular,
             bootstrap_port: None,
+            kv_capacity_tokens: None,
         }
     }
 
@@ -139,6 +146,12 @@ impl WorkerSpec {
     /// Sets a prefill worker's bootstrap port.
     pub fn with_bootstrap_port(mut self, port: Option<u16>) -> Self {
         self.bootstrap_port = port;
+        self
+    }
+
+    /// Sets the tokens the worker's KV cache holds.
+    pub fn with_kv_capacity_tokens(mut self, tokens: Option<u64>) -> Self {
+        self.kv_capacity_tokens = tokens;
         self
     }
 
@@ -199,6 +212,8 @@ mod form {
         pub(super) role: super::WorkerRole,
         #[serde(default)]
         pub(super) bootstrap_port: Option<u16>,
+        #[serde(default)]
+        pub(super) kv_capacity_tokens: Option<u64>,
     }
 }
 
@@ -212,12 +227,14 @@ impl From<form::WorkerSpec> for WorkerSpec {
                 models,
                 role,
                 bootstrap_port,
+                kv_capacity_tokens,
             }) => Self {
                 api_key,
                 ..Self::new(url)
                     .with_models(models)
                     .with_role(role)
                     .with_bootstrap_port(bootstrap_port)
+                    .with_kv_capacity_tokens(kv_capacity_tokens)
             },
         }
     }

@@ -135,6 +135,7 @@ pub struct Worker {
     api_key: Option<String>,
     role: WorkerRole,
     bootstrap_port: Option<u16>,
+    kv_capacity_tokens: Option<u64>,
     healthy: AtomicBool,
     breaker: AtomicU8,
     ejected: AtomicBool,
@@ -175,6 +176,7 @@ impl Worker {
             api_key: spec.api_key,
             role: spec.role,
             bootstrap_port: spec.bootstrap_port,
+            kv_capacity_tokens: spec.kv_capacity_tokens,
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             ejected: AtomicBool::new(false),
@@ -216,6 +218,12 @@ impl Worker {
     /// A prefill worker's bootstrap port, if configured.
     pub fn bootstrap_port(&self) -> Option<u16> {
         self.bootstrap_port
+    }
+
+    /// Tokens the worker's KV cache holds, if known (the spec's, or what
+    /// the worker reported on admission).
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        self.kv_capacity_tokens
     }
 
     /// The worker's id.

@@ -55,23 +55,36 @@ impl Inner {
             .filter(|(_, s)| s.size > max)
             .map(|(&t, _)| t)
             .collect();
+        over.into_iter()
+            .map(|tenant| self.evict_tenant_to(tenant, max))
+            .sum()
+    }
+
+    /// After an insert for `tenant`: if it holds more than `bound` chars,
+    /// evicts its least-recently-used leaves down to the low watermark
+    /// (`bound - bound / LOW_WATERMARK_DIV`); returns the chars evicted.
+    pub(crate) fn enforce_tenant_bound(&mut self, tenant: TenantId, bound: usize) -> usize {
+        if self.tenants.get(&tenant).is_none_or(|s| s.size <= bound) {
+            return 0;
+        }
+        self.evict_tenant_to(tenant, bound - bound / LOW_WATERMARK_DIV)
+    }
+
+    /// Evicts `tenant`'s least-recently-used leaves until it holds at most
+    /// `target` chars; returns the chars evicted.
+    fn evict_tenant_to(&mut self, tenant: TenantId, target: usize) -> usize {
         let mut evicted = 0;
-        for tenant in over {
-            while let Some(excess) = self
-                .tenants
-                .get(&tenant)
-                .and_then(|s| s.size.checked_sub(max))
-            {
-                let step = if excess == 0 {
-                    0
-                } else {
-                    self.evict_step(tenant, excess)
-                };
-                if step == 0 {
-                    break;
-                }
-                evicted += step;
+        while let Some(excess) = self
+            .tenants
+            .get(&tenant)
+            .and_then(|s| s.size.checked_sub(target))
+            .filter(|&excess| excess > 0)
+        {
+            let step = self.evict_step(tenant, excess);
+            if step == 0 {
+                break;
             }
+            evicted += step;
         }
         evicted
     }

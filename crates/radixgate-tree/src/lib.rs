@@ -118,8 +118,21 @@ impl Tree {
     /// [`Tree::undo_insert`] (the worker rejected the request); dropping it
     /// costs nothing.
     pub fn insert(&self, text: &str, tenant: TenantId) -> Insertion {
+        self.insert_within(text, tenant, None)
+    }
+
+    /// [`Tree::insert`], then, when `tenant` holds more than `bound`
+    /// characters, evicts its least-recently-used leaves down to the bound's
+    /// low watermark (`bound - bound / 16`, so that eviction comes in
+    /// batches, not on every insert). The bound of a worker whose KV cache
+    /// holds about that much: the tree then forgets what the cache, evicting
+    /// least-recently-used too, has most likely lost.
+    pub fn insert_within(&self, text: &str, tenant: TenantId, bound: Option<usize>) -> Insertion {
         let mut inner = self.inner.write();
         let receipt = inner.insert(text, tenant);
+        if let Some(bound) = bound {
+            inner.enforce_tenant_bound(tenant, bound);
+        }
         inner.enforce_total_bound();
         receipt
     }
@@ -136,8 +149,22 @@ impl Tree {
         tenant: TenantId,
         matched: &TenantMatches,
     ) -> Insertion {
+        self.insert_matched_within(text, tenant, matched, None)
+    }
+
+    /// [`Tree::insert_matched`] with [`Tree::insert_within`]'s bound.
+    pub fn insert_matched_within(
+        &self,
+        text: &str,
+        tenant: TenantId,
+        matched: &TenantMatches,
+        bound: Option<usize>,
+    ) -> Insertion {
         let mut inner = self.inner.write();
         let receipt = inner.insert_trailed(text, tenant, &matched.trail);
+        if let Some(bound) = bound {
+            inner.enforce_tenant_bound(tenant, bound);
+        }
         inner.enforce_total_bound();
         receipt
     }

@@ -571,7 +571,8 @@ impl CacheAware {
         let ttft = worker
             .ttft_coefficients(slot, &self.config.cost)
             .predict_ms(work);
-        let receipt = tree.insert(req.text, worker.id().tenant());
+        let bound = self.tree_bound(req, worker, &truth);
+        let receipt = tree.insert_within(req.text, worker.id().tenant(), bound);
         let explanation = Explanation {
             matched_chars: choice.matched,
             input_chars: choice.input,
@@ -586,6 +587,23 @@ impl CacheAware {
             truth,
             self.config.correction,
         )
+    }
+
+    /// The bound on `worker`'s share of the tree for this decision's insert
+    /// ([`CorrectionConfig::capacity_bound`]). None with live event
+    /// streams: the tree is then the fallback for a worker whose stream
+    /// drops and the guess of where a text is being computed, and keeps
+    /// what it was sent (`docs/kv-events.md` was measured so).
+    fn tree_bound(
+        &self,
+        req: &RequestView<'_>,
+        worker: &Worker,
+        truth: &crate::policy::ModelTruth,
+    ) -> Option<usize> {
+        if req.exact.is_some() {
+            return None;
+        }
+        self.config.correction.tree_bound(worker, truth)
     }
 
     /// The `predicted_ttft` rule (module doc, "Cost model").
@@ -792,7 +810,8 @@ impl CacheAware {
         let chosen = &scored[k];
         let alt = if k == q { runner_up } else { Some(best) };
         let worker = &workers[chosen.at.idx];
-        let receipt = tree.insert_matched(req.text, worker.id().tenant(), &tm);
+        let bound = self.tree_bound(req, worker, &truth);
+        let receipt = tree.insert_matched_within(req.text, worker.id().tenant(), &tm, bound);
         let explanation = Explanation {
             matched_chars: Some(chosen.matched),
             input_chars: input,

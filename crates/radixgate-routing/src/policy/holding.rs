@@ -70,7 +70,8 @@ impl Policy for Holding {
         };
         let super::trees::Model { tree, truth } = trees.model(req.model);
         let text = trees.cap(req.text);
-        let receipt = tree.insert(text, decision.worker().id().tenant());
+        let bound = self.correction.tree_bound(decision.worker(), &truth);
+        let receipt = tree.insert_within(text, decision.worker().id().tenant(), bound);
         Ok(decision.with_insert(tree, receipt, text, None, truth, self.correction))
     }
 

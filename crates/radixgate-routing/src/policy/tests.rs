@@ -2,8 +2,8 @@
 
 use super::testutil::{hold, pick, workers};
 use super::*;
-use crate::ExactMatches;
 use crate::config::{CacheAwareConfig, HotSpotRule, LowMatchTarget};
+use crate::{ExactMatches, WorkerSpec};
 use proptest::prelude::*;
 
 fn cache_aware(cfg: CacheAwareConfig) -> CacheAware {
@@ -830,5 +830,61 @@ fn each_worker_is_scored_by_its_own_match_in_any_slice_order() {
         assert_eq!(d.worker().id(), *owner);
         assert_eq!(d.explanation().branch, Branch::CacheHit);
         assert_eq!(d.explanation().matched_chars, Some(t.chars().count()));
+    }
+}
+
+#[test]
+fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
+    let spec = |i: u32, tokens: Option<u64>| {
+        Arc::new(Worker::new(
+            WorkerId(i),
+            WorkerSpec::new(format!("http://w{i}:8000")).with_kv_capacity_tokens(tokens),
+        ))
+    };
+    // Worker 0 holds 1,000 tokens; worker 1 says nothing of its cache.
+    let ws = [spec(0, Some(1_000)), spec(1, None)];
+    let texts: Vec<String> = (0..5).map(|i| format!("{i}{}", "x".repeat(599))).collect();
+    let size_after = |p: &CacheAware, w: &Arc<Worker>| {
+        for text in &texts {
+            let d = p.select(&RequestView::new("m", text), std::slice::from_ref(w));
+            assert_eq!(d.expect("a worker").worker().id(), w.id());
+        }
+        p.tree_or_create("m").tenant_size(w.id().tenant())
+    };
+    for bounded in [true, false] {
+        let mut cfg = CacheAwareConfig::default();
+        cfg.correction.capacity_bound = bounded;
+        let p = cache_aware(cfg);
+        // Before the model's characters per token are learned, no bound.
+        assert_eq!(size_after(&p, &ws[0]), 3_000);
+        // 2 characters a token: worker 0's cache holds 2,000 characters,
+        // and from its next insert on the tree keeps it at most that (down
+        // to the watermark 2,000 - 2,000 / 16 = 1,875 when over), oldest
+        // texts first.
+        p.trees()
+            .expect("a tree policy")
+            .model("m")
+            .truth
+            .rate()
+            .observe(2_000, 1_000);
+        let held = size_after(&p, &ws[0]);
+        let tree = p.tree_or_create("m");
+        if bounded {
+            assert_eq!(held, 1_875);
+            assert_eq!(
+                tree.prefix_match_for(&texts[4], ws[0].id().tenant())
+                    .matched_chars,
+                600
+            );
+            assert_eq!(
+                tree.prefix_match_for(&texts[0], ws[0].id().tenant())
+                    .matched_chars,
+                0
+            );
+        } else {
+            assert_eq!(held, 3_000);
+        }
+        // A worker whose cache is unknown is bounded by max_tree_size only.
+        assert_eq!(size_after(&p, &ws[1]), 3_000);
     }
 }

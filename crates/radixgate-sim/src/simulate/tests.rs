@@ -437,9 +437,10 @@ fn pool_speed_flags_are_checked_against_the_pool() {
     }
 }
 
-/// With caches far smaller than the working set, the tree remembers
-/// prefixes the engines have evicted; exact matches from the engines' KV
-/// caches do not.
+/// With caches far smaller than the working set, a tree that only
+/// remembers (no bound from the workers' cache size) keeps prefixes the
+/// engines have evicted; exact matches from the engines' KV caches do not,
+/// and a tree kept within each worker's cache comes closer to them.
 #[test]
 fn exact_events_see_evictions_the_tree_cannot() {
     let mut cfg = small(
@@ -457,16 +458,27 @@ fn exact_events_see_evictions_the_tree_cannot() {
     cfg.worker.engine.kv_capacity_tokens = 8_000;
     cfg.max_requests = Some(600);
     let hit = |s: &RunStats| s.cached_tokens as f64 / s.prompt_tokens as f64;
-    let approx = cluster::run(&cfg, &policy("cache_aware")).unwrap();
+    let Contender::Policy(bounded) = policy("cache_aware") else {
+        unreachable!("a policy")
+    };
+    let unbounded = sweep::apply(
+        &bounded,
+        &vec![("correction.capacity_bound".to_owned(), false.into())],
+    )
+    .unwrap();
+    let approx = cluster::run(&cfg, &Contender::Policy(unbounded.clone())).unwrap();
+    let within = cluster::run(&cfg, &Contender::Policy(bounded)).unwrap();
     cfg.exact_events = true;
-    let exact = cluster::run(&cfg, &policy("cache_aware")).unwrap();
+    let exact = cluster::run(&cfg, &Contender::Policy(unbounded)).unwrap();
     let oracle = cluster::run(&cfg, &Contender::Oracle).unwrap();
     eprintln!(
-        "hit rate: approximate {:.3}, exact {:.3}, oracle {:.3}",
+        "hit rate: approximate {:.3}, within the caches {:.3}, exact {:.3}, oracle {:.3}",
         hit(&approx),
+        hit(&within),
         hit(&exact),
         hit(&oracle)
     );
     assert_eq!(exact.completed, approx.completed);
     assert!(hit(&exact) > hit(&approx));
+    assert!(hit(&within) > hit(&approx));
 }
