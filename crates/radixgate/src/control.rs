@@ -93,8 +93,13 @@ enum Command {
         policy: Arc<dyn Policy>,
         reply: oneshot::Sender<()>,
     },
-    /// From a health checker: first probes passed; these are the models.
-    Admit { url: WorkerUrl, models: Vec<String> },
+    /// From a health checker: first probes passed; these are the models
+    /// and the KV cache's size in tokens, if known.
+    Admit {
+        url: WorkerUrl,
+        models: Vec<String>,
+        kv_capacity_tokens: Option<u64>,
+    },
     /// From a health checker: the worker's health changed.
     Health { url: WorkerUrl, healthy: bool },
 }
@@ -127,6 +132,10 @@ pub struct WorkerStatus {
     /// A prefill worker's bootstrap port, when configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bootstrap_port: Option<u16>,
+    /// Tokens the worker's KV cache holds, configured or reported on
+    /// admission; absent where neither says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_capacity_tokens: Option<u64>,
     /// `pending` (never answered yet), `healthy`, `unhealthy`, `unready`
     /// (held out of rotation by its source: a pod not ready), or
     /// `draining` (out of rotation, its requests in flight finishing).
@@ -268,8 +277,18 @@ impl Control {
 
     /// From a health checker: the worker at `url` passed its first probes
     /// and serves `models`; the control task adds it to the registry.
-    pub(crate) async fn admit(&self, url: WorkerUrl, models: Vec<String>) {
-        self.send(Command::Admit { url, models }).await;
+    pub(crate) async fn admit(
+        &self,
+        url: WorkerUrl,
+        models: Vec<String>,
+        kv_capacity_tokens: Option<u64>,
+    ) {
+        self.send(Command::Admit {
+            url,
+            models,
+            kv_capacity_tokens,
+        })
+        .await;
     }
 
     /// From a health checker: the admitted worker at `url` became healthy
@@ -407,7 +426,11 @@ impl ControlTask {
                 self.registry.set_policy(policy);
                 let _ = reply.send(());
             }
-            Command::Admit { url, models } => self.admit(url, models),
+            Command::Admit {
+                url,
+                models,
+                kv_capacity_tokens,
+            } => self.admit(url, models, kv_capacity_tokens),
             Command::Health { url, healthy } => {
                 let Some(known) = self.known.get_mut(&url) else {
                     return;
@@ -453,6 +476,7 @@ impl ControlTask {
             url: url.clone(),
             api_key: spec.api_key.clone(),
             models: spec.models.clone(),
+            kv_capacity_tokens: spec.kv_capacity_tokens,
             client: self.client.clone(),
             config: self.health.clone(),
             control: self.control.clone(),
@@ -517,7 +541,7 @@ impl ControlTask {
         Ok(())
     }
 
-    fn admit(&mut self, url: WorkerUrl, models: Vec<String>) {
+    fn admit(&mut self, url: WorkerUrl, models: Vec<String>, kv_capacity_tokens: Option<u64>) {
         let Some(known) = self.known.get_mut(&url) else {
             return;
         };
@@ -527,6 +551,7 @@ impl ControlTask {
         let spec = WorkerSpec {
             url: url.to_string(),
             models,
+            kv_capacity_tokens,
             ..known.spec.clone()
         }
         .with_health(known.ready);
@@ -559,6 +584,7 @@ impl ControlTask {
                     models: worker.map(|w| w.models().to_vec()).unwrap_or_default(),
                     role: known.spec.role,
                     bootstrap_port: known.spec.bootstrap_port,
+                    kv_capacity_tokens: worker.and_then(|w| w.kv_capacity_tokens()),
                     state: match worker {
                         _ if draining.is_some() => "draining",
                         _ if !known.ready => "unready",

@@ -47,6 +47,9 @@ pub(crate) struct Target {
     pub(crate) api_key: Option<String>,
     /// Models the operator listed; empty: ask the worker on admission.
     pub(crate) models: Vec<String>,
+    /// The KV cache's size the operator gave; none: ask the worker on
+    /// admission.
+    pub(crate) kv_capacity_tokens: Option<u64>,
     pub(crate) client: reqwest::Client,
     pub(crate) config: HealthConfig,
     pub(crate) control: Control,
@@ -94,7 +97,11 @@ impl Watched for Target {
         } else {
             self.models.clone()
         };
-        self.control.admit(self.url.clone(), models).await;
+        let capacity = match self.kv_capacity_tokens {
+            Some(tokens) => Some(tokens),
+            None => discover_capacity(self).await,
+        };
+        self.control.admit(self.url.clone(), models, capacity).await;
     }
 
     async fn report(&mut self, healthy: bool) {
@@ -311,6 +318,54 @@ async fn discover_models(target: &Target) -> Vec<String> {
     }
     tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
     Vec::new()
+}
+
+/// The tokens a worker's KV cache holds, as the worker reports it: SGLang's
+/// `/get_server_info` (`max_total_num_tokens`), else vLLM's `/metrics`
+/// (`vllm:cache_config_info`, whose labels carry `num_gpu_blocks` and
+/// `block_size`); `None` if it reports neither (the tree is then bounded
+/// only by `max_tree_size`).
+async fn discover_capacity(target: &Target) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct ServerInfo {
+        max_total_num_tokens: Option<u64>,
+    }
+    if let Ok(response) = get(target, "/get_server_info").send().await
+        && response.status().is_success()
+        && let Ok(ServerInfo {
+            max_total_num_tokens: Some(tokens),
+        }) = response.json::<ServerInfo>().await
+        && tokens > 0
+    {
+        return Some(tokens);
+    }
+    if let Ok(response) = get(target, "/metrics").send().await
+        && response.status().is_success()
+        && let Ok(text) = response.text().await
+        && let Some(tokens) = vllm_cache_tokens(&text)
+    {
+        return Some(tokens);
+    }
+    tracing::debug!(worker = %target.url, "worker reports no KV cache size");
+    None
+}
+
+/// `num_gpu_blocks × block_size` from vLLM's `vllm:cache_config_info`
+/// sample in a Prometheus text exposition; `None` without one, or with a
+/// label missing, unreadable or zero.
+fn vllm_cache_tokens(metrics: &str) -> Option<u64> {
+    let labels = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("vllm:cache_config_info{"))?;
+    let labels = &labels[..labels.find('}')?];
+    let label = |name: &str| -> Option<u64> {
+        labels.split(',').find_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            (key.trim() == name).then(|| value.trim().trim_matches('"').parse().ok())?
+        })
+    };
+    let tokens = label("num_gpu_blocks")?.checked_mul(label("block_size")?)?;
+    (tokens > 0).then_some(tokens)
 }
 
 #[cfg(test)]

@@ -364,3 +364,69 @@ async fn queued_prefill_is_released_at_the_first_token() {
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
+
+/// A worker that speaks like vLLM about its cache: no `/get_server_info`,
+/// a `/metrics` page with `vllm:cache_config_info` (`blocks` of 16 tokens),
+/// or none at all when `blocks` is `None`.
+async fn vllm_like(blocks: Option<u64>) -> (String, tokio_util::sync::CancellationToken) {
+    use axum::routing::get;
+    let metrics = match blocks {
+        Some(n) => format!(
+            "# TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"{n}\"}} 1.0\n\
+             vllm:num_requests_running{{model_name=\"m\"}} 0.0\n"
+        ),
+        None => "vllm:num_requests_running{model_name=\"m\"} 0.0\n".to_owned(),
+    };
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": "m"}]})) }),
+        )
+        .route("/metrics", get(move || async move { metrics }));
+    serve_app(app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_workers_kv_cache_size_is_read_on_admission_unless_configured() {
+    let mut small = fast_worker();
+    small.engine.kv_capacity_tokens = 4_096;
+    let sglang_like = sim_worker(small).await;
+    let configured = sim_worker(fast_worker()).await;
+    let (vllm, stop_vllm) = vllm_like(Some(512)).await;
+    let (silent, stop_silent) = vllm_like(None).await;
+    let mut cfg = config(&[&sglang_like.url, &vllm, &silent]);
+    cfg.workers.push(
+        radixgate::config::WorkerSpec::new(&configured.url).with_kv_capacity_tokens(Some(1_234)),
+    );
+    let gw = gateway_ready(cfg, 4).await;
+    let v: Value = client()
+        .get(format!("{}/workers", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let capacity = |url: &str| {
+        let w = v["workers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a list: {v}"))
+            .iter()
+            .find(|w| w["url"] == url)
+            .unwrap_or_else(|| panic!("{url} in {v}"));
+        w.get("kv_capacity_tokens").and_then(Value::as_u64)
+    };
+    // SGLang's max_total_num_tokens, as the simulated worker reports it.
+    assert_eq!(capacity(&sglang_like.url), Some(4_096), "{v}");
+    // vLLM's blocks times their size.
+    assert_eq!(capacity(&vllm), Some(512 * 16), "{v}");
+    // The operator's figure, not the worker's 100,000.
+    assert_eq!(capacity(&configured.url), Some(1_234), "{v}");
+    // Neither: unknown, and the worker serves all the same.
+    assert_eq!(capacity(&silent), None, "{v}");
+    gw.shutdown().await;
+    stop_vllm.cancel();
+    stop_silent.cancel();
+}

@@ -800,3 +800,22 @@ fn the_sync_stream_storage_comes_from_the_file_or_the_flag_and_nothing_else() {
         "an unknown kind is refused"
     );
 }
+
+#[test]
+fn a_worker_entry_may_give_its_kv_cache_size() {
+    let c = Config::from_yaml(
+        "workers:\n  - {url: 'http://a:30000', kv_capacity_tokens: 400000}\n  - 'http://b:30000'\n",
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.workers[0].kv_capacity_tokens, Some(400_000));
+    assert_eq!(c.workers[1].kv_capacity_tokens, None);
+    for bad in ["-1", "lots"] {
+        let e = Config::from_yaml(&format!(
+            "workers:\n  - {{url: 'http://a:30000', kv_capacity_tokens: {bad}}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("workers"), "{e}");
+    }
+}

@@ -244,3 +244,23 @@ fn a_retry_interval_under_a_second_reads_in_milliseconds() {
         "not reachable: no answer within 5 s (retrying every 500 ms)"
     );
 }
+
+#[test]
+fn vllm_reports_its_cache_as_blocks_of_a_size() {
+    let page = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+                # TYPE vllm:cache_config_info gauge\n\
+                vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"27000\",swap_space_bytes=\"4294967296\"} 1.0\n";
+    assert_eq!(super::vllm_cache_tokens(page), Some(432_000));
+    for bad in [
+        "",
+        "vllm:num_requests_running{model_name=\"m\"} 0.0\n",
+        "vllm:cache_config_info{block_size=\"16\"} 1.0\n",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0\n",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"0\"} 1.0\n",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"-3\"} 1.0\n",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"99999999999999999999\"} 1.0\n",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"5\" 1.0\n",
+    ] {
+        assert_eq!(super::vllm_cache_tokens(bad), None, "{bad}");
+    }
+}
