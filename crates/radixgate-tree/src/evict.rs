@@ -46,6 +46,13 @@ use crate::tree::{Inner, release, split};
 /// The global bound evicts down to `max - max / LOW_WATERMARK_DIV` chars.
 const LOW_WATERMARK_DIV: usize = 16;
 
+/// What a bound of `bound` chars evicts down to once exceeded
+/// ([`crate::Tree::insert_within`]): 15/16 of it, so that eviction comes in
+/// batches.
+pub fn low_watermark(bound: usize) -> usize {
+    bound - bound / LOW_WATERMARK_DIV
+}
+
 impl Inner {
     /// Brings every tenant to at most `max` chars; returns the chars evicted.
     pub(crate) fn evict_each(&mut self, max: usize) -> usize {
@@ -62,12 +69,12 @@ impl Inner {
 
     /// After an insert for `tenant`: if it holds more than `bound` chars,
     /// evicts its least-recently-used leaves down to the low watermark
-    /// (`bound - bound / LOW_WATERMARK_DIV`); returns the chars evicted.
+    /// ([`low_watermark`]); returns the chars evicted.
     pub(crate) fn enforce_tenant_bound(&mut self, tenant: TenantId, bound: usize) -> usize {
         if self.tenants.get(&tenant).is_none_or(|s| s.size <= bound) {
             return 0;
         }
-        self.evict_tenant_to(tenant, bound - bound / LOW_WATERMARK_DIV)
+        self.evict_tenant_to(tenant, low_watermark(bound))
     }
 
     /// Evicts `tenant`'s least-recently-used leaves until it holds at most
@@ -96,7 +103,7 @@ impl Inner {
         if self.tenant_chars <= self.max_total_chars {
             return 0;
         }
-        let target = self.max_total_chars - self.max_total_chars / LOW_WATERMARK_DIV;
+        let target = low_watermark(self.max_total_chars);
         self.evict_global(target)
     }
 

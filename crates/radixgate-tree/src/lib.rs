@@ -65,6 +65,7 @@ mod undo;
 mod tests;
 
 pub use error::TreeError;
+pub use evict::low_watermark;
 pub use text::count_chars;
 pub use tree::Trail;
 pub use types::{

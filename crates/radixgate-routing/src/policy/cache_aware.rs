@@ -606,6 +606,26 @@ impl CacheAware {
         self.config.correction.tree_bound(worker, truth)
     }
 
+    /// `worker`'s tree size for the smallest-tree target, counted no
+    /// higher than the low watermark of its cache bound
+    /// ([`Self::tree_bound`]): a worker whose cache is full has no more
+    /// room than another full one, whatever the last eviction left, so
+    /// among full workers the least loaded, then the quickest, takes a new
+    /// prompt.
+    fn footprint(
+        &self,
+        req: &RequestView<'_>,
+        tree: &Tree,
+        worker: &Worker,
+        truth: &crate::policy::ModelTruth,
+    ) -> usize {
+        let size = tree.tenant_size(worker.id().tenant());
+        match self.tree_bound(req, worker, truth) {
+            Some(bound) => size.min(radixgate_tree::low_watermark(bound)),
+            None => size,
+        }
+    }
+
     /// The `predicted_ttft` rule (module doc, "Cost model").
     fn by_ttft(
         &self,
@@ -799,7 +819,10 @@ impl CacheAware {
                         ),
                         LowMatchTarget::SmallestTree => (
                             self.quickest(&scored, fast, |s| {
-                                (tree.tenant_size(workers[s.at.idx].id().tenant()), 0)
+                                (
+                                    self.footprint(req, &tree, &workers[s.at.idx], &truth),
+                                    s.at.load,
+                                )
                             }),
                             Branch::LowMatchSmallestTree,
                         ),

@@ -888,3 +888,48 @@ fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
         assert_eq!(size_after(&p, &ws[1]), 3_000);
     }
 }
+
+#[test]
+fn among_workers_whose_caches_are_full_the_least_loaded_takes_a_new_prompt() {
+    let ws: Vec<Arc<Worker>> = (0..3)
+        .map(|i| {
+            Arc::new(Worker::new(
+                WorkerId(i),
+                WorkerSpec::new(format!("http://w{i}:8000")).with_kv_capacity_tokens(Some(1_000)),
+            ))
+        })
+        .collect();
+    for w in &ws {
+        teach(w, 150_000.0);
+    }
+    let p = cache_aware(CacheAwareConfig::default());
+    // 2 characters a token: each cache holds 2,000 characters, full from
+    // the watermark 1,875 on.
+    p.trees()
+        .expect("a tree policy")
+        .model("m")
+        .truth
+        .rate()
+        .observe(2_000, 1_000);
+    let tree = p.tree_or_create("m");
+    for (w, chars) in ws.iter().zip([1_990, 1_880, 1_950]) {
+        tree.insert(
+            &format!("{}{}", w.id().0, "y".repeat(chars - 1)),
+            w.id().tenant(),
+        );
+    }
+    let new_prompt = |tag: &str| {
+        let text = format!("{tag} {}", "fresh prompt text ".repeat(20));
+        let d = p.select(&RequestView::new("m", &text), &ws).unwrap();
+        assert_eq!(d.explanation().branch, Branch::LowMatchSmallestTree);
+        d.worker().id()
+    };
+    // All three are full: worker 1's smaller tree is no more room, and the
+    // least loaded takes the prompt (worker 1 has one in flight).
+    let _busy = hold(&ws[1], 1);
+    let _busier = hold(&ws[2], 2);
+    assert_eq!(new_prompt("a"), ws[0].id());
+    // A worker below the watermark has room: its smaller tree wins.
+    tree.remove_tenant(ws[2].id().tenant());
+    assert_eq!(new_prompt("b"), ws[2].id());
+}
