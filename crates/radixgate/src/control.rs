@@ -557,7 +557,7 @@ impl ControlTask {
         .with_health(known.ready);
         match self.registry.add(spec) {
             Ok(worker) => {
-                tracing::info!(worker = %url, id = %worker.id(), models = ?worker.models(), "worker admitted");
+                tracing::info!(worker = %url, id = %worker.id(), models = ?worker.models(), kv_capacity_tokens = ?worker.kv_capacity_tokens(), "worker admitted");
                 known.id = Some(worker.id());
                 known.healthy = true;
                 self.control.board.admitted(&url);
