@@ -1,3 +1,1 @@
 $ radixgate simulate --workers 32 --workload shared-prefix --groups 8 --zipf 2.0 --question-tokens 512 --rate 1280 --requests 12000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 1
-# default row re-run by ttft_default.py:
-$ radixgate simulate --workers 32 --workload shared-prefix --groups 8 --zipf 2.0 --question-tokens 512 --rate 1280 --requests 12000 --policies cache_aware --sweep hot_spot.rule=predicted_ttft --seed 1

@@ -1,3 +1,1 @@
 $ radixgate simulate --workers 32 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 8.0 --requests 4000 --policies cache_aware,prefill_aware,least_load,round_robin --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 3
-# default row re-run by ttft_default.py:
-$ radixgate simulate --workers 32 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 8.0 --requests 4000 --policies cache_aware --sweep hot_spot.rule=predicted_ttft --seed 3

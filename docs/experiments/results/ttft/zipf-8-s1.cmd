@@ -1,3 +1,1 @@
 $ radixgate simulate --workers 8 --workload shared-prefix --groups 128 --system-tokens 4096 --zipf 1.1 --rate 120 --requests 6000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 1
-# default row re-run by ttft_default.py:
-$ radixgate simulate --workers 8 --workload shared-prefix --groups 128 --system-tokens 4096 --zipf 1.1 --rate 120 --requests 6000 --policies cache_aware --sweep hot_spot.rule=predicted_ttft --seed 1

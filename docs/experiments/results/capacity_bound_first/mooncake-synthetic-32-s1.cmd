@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 32 --workload trace --trace traces/mooncake_synthetic.jsonl --speedup 6.4 --requests 4000 --policies cache_aware,prefill_aware,least_load,round_robin,oracle,oracle_ttft --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 1

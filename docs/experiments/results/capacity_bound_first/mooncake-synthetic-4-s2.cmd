@@ -1,0 +1,1 @@
+$ radixgate simulate --workers 4 --workload trace --trace traces/mooncake_synthetic.jsonl --speedup 0.8 --requests 4000 --policies cache_aware,prefill_aware,least_load,round_robin --sweep hot_spot.rule=relative_cap,predicted_ttft --seed 2
