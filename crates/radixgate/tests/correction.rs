@@ -81,13 +81,25 @@ async fn tree_chars(gateway: &str) -> u64 {
         .unwrap()
 }
 
+/// A config for the one worker at `url` with `correction` as the
+/// routing's correction settings.
+fn with_correction(url: &str, correction: Value) -> radixgate::config::Config {
+    let mut c = config(&[url]);
+    c.routing =
+        serde_json::from_value(json!({"policy": "cache_aware", "correction": correction})).unwrap();
+    c
+}
+
 /// A document, then a long unrelated prompt that makes the worker evict
 /// it, then a prompt sharing the document's first half: the worker reports
 /// (almost) nothing cached where the tree predicted the half. Returns the
-/// gateway and the document.
+/// gateway and the document. The tree is not bounded by the worker's cache
+/// size here (it would forget the document as the worker does, and there
+/// would be nothing to trim: `the_tree_forgets_what_the_workers_cache_cannot_hold`).
 async fn evict_then_share(stream: bool) -> (Gateway, SimWorker, String) {
     let worker = sim_worker(small_cache_worker()).await;
-    let gw = gateway_ready(config(&[&worker.url]), 1).await;
+    let c = with_correction(&worker.url, json!({"capacity_bound": false}));
+    let gw = gateway_ready(c, 1).await;
     let doc = text("alpha ", 1200); // ~300 tokens
     ask(&gw.url, &doc, stream).await;
     let (again, _) = ask(&gw.url, &doc, stream).await;
@@ -159,10 +171,10 @@ async fn streams_with_include_usage_feed_the_correction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_correction_off_the_tree_keeps_its_guess() {
     let worker = sim_worker(small_cache_worker()).await;
-    let mut c = config(&[&worker.url]);
-    c.routing =
-        serde_json::from_value(json!({"policy": "cache_aware", "correction": {"enabled": false}}))
-            .unwrap();
+    let c = with_correction(
+        &worker.url,
+        json!({"enabled": false, "capacity_bound": false}),
+    );
     let gw = gateway_ready(c, 1).await;
     let doc = text("alpha ", 1200);
     ask(&gw.url, &doc, false).await;
@@ -175,6 +187,43 @@ async fn with_correction_off_the_tree_keeps_its_guess() {
     .await;
     let (matched, _) = ask(&gw.url, &doc, false).await;
     assert!(matched > 0.99, "{matched}");
+    assert_eq!(worker_entry(&gw.url).await["cache"]["trims"], 0);
+    gw.shutdown().await;
+    worker.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tree_forgets_what_the_workers_cache_cannot_hold() {
+    // The default: the gateway reads the worker's 512 tokens on admission
+    // and keeps the worker's share of the tree within them.
+    let worker = sim_worker(small_cache_worker()).await;
+    let gw = gateway_ready(config(&[&worker.url]), 1).await;
+    assert_eq!(worker_entry(&gw.url).await["kv_capacity_tokens"], 512);
+    let doc = text("alpha ", 1200);
+    ask(&gw.url, &doc, false).await;
+    // The first answer teaches the characters per token; from then on the
+    // bound holds.
+    wait_until("the first report", || async {
+        worker_entry(&gw.url).await["cache"]["reports"].as_u64() == Some(1)
+    })
+    .await;
+    let (again, _) = ask(&gw.url, &doc, false).await;
+    assert!(again > 0.99, "the tree predicts the document: {again}");
+    ask(&gw.url, &text("bravo ", 1900), false).await;
+    // The worker evicted the document to compute the second prompt, and
+    // the tree, kept within the worker's cache, forgot it too: no hit is
+    // predicted, so there is nothing for the correction to trim.
+    let half: String = doc.chars().take(600).collect();
+    let (predicted, _) = ask(&gw.url, &format!("{half} and now something else"), false).await;
+    assert!(predicted < 0.1, "the tree forgot the document: {predicted}");
+    assert!(
+        tree_chars(&gw.url).await <= 512 * 4 + 64,
+        "within the cache at the simulated worker's 4 characters a token"
+    );
+    wait_until("four reports", || async {
+        worker_entry(&gw.url).await["cache"]["reports"].as_u64() == Some(4)
+    })
+    .await;
     assert_eq!(worker_entry(&gw.url).await["cache"]["trims"], 0);
     gw.shutdown().await;
     worker.stop.cancel();
