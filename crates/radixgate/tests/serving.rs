@@ -401,31 +401,22 @@ async fn each_workers_kv_cache_size_is_read_on_admission_unless_configured() {
         radixgate::config::WorkerSpec::new(&configured.url).with_kv_capacity_tokens(Some(1_234)),
     );
     let gw = gateway_ready(cfg, 4).await;
-    let v: Value = client()
-        .get(format!("{}/workers", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = workers(&gw.url).await;
     let capacity = |url: &str| {
-        let w = v["workers"]
-            .as_array()
-            .unwrap_or_else(|| panic!("a list: {v}"))
+        let w = listed
             .iter()
             .find(|w| w["url"] == url)
-            .unwrap_or_else(|| panic!("{url} in {v}"));
+            .unwrap_or_else(|| panic!("{url} in {listed:?}"));
         w.get("kv_capacity_tokens").and_then(Value::as_u64)
     };
     // SGLang's max_total_num_tokens, as the simulated worker reports it.
-    assert_eq!(capacity(&sglang_like.url), Some(4_096), "{v}");
+    assert_eq!(capacity(&sglang_like.url), Some(4_096));
     // vLLM's blocks times their size.
-    assert_eq!(capacity(&vllm), Some(512 * 16), "{v}");
+    assert_eq!(capacity(&vllm), Some(512 * 16));
     // The operator's figure, not the worker's 100,000.
-    assert_eq!(capacity(&configured.url), Some(1_234), "{v}");
+    assert_eq!(capacity(&configured.url), Some(1_234));
     // Neither: unknown, and the worker serves all the same.
-    assert_eq!(capacity(&silent), None, "{v}");
+    assert_eq!(capacity(&silent), None);
     gw.shutdown().await;
     stop_vllm.cancel();
     stop_silent.cancel();

@@ -833,16 +833,18 @@ fn each_worker_is_scored_by_its_own_match_in_any_slice_order() {
     }
 }
 
+/// Worker `i` (as `workers` makes them) whose KV cache holds `tokens`.
+fn with_cache(i: u32, tokens: Option<u64>) -> Arc<Worker> {
+    Arc::new(Worker::new(
+        WorkerId(i),
+        WorkerSpec::new(format!("http://w{i}:8000")).with_kv_capacity_tokens(tokens),
+    ))
+}
+
 #[test]
 fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
-    let spec = |i: u32, tokens: Option<u64>| {
-        Arc::new(Worker::new(
-            WorkerId(i),
-            WorkerSpec::new(format!("http://w{i}:8000")).with_kv_capacity_tokens(tokens),
-        ))
-    };
     // Worker 0 holds 1,000 tokens; worker 1 says nothing of its cache.
-    let ws = [spec(0, Some(1_000)), spec(1, None)];
+    let ws = [with_cache(0, Some(1_000)), with_cache(1, None)];
     let texts: Vec<String> = (0..5).map(|i| format!("{i}{}", "x".repeat(599))).collect();
     let size_after = |p: &CacheAware, w: &Arc<Worker>| {
         for text in &texts {
@@ -891,14 +893,7 @@ fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
 
 #[test]
 fn among_workers_whose_caches_are_full_the_least_loaded_takes_a_new_prompt() {
-    let ws: Vec<Arc<Worker>> = (0..3)
-        .map(|i| {
-            Arc::new(Worker::new(
-                WorkerId(i),
-                WorkerSpec::new(format!("http://w{i}:8000")).with_kv_capacity_tokens(Some(1_000)),
-            ))
-        })
-        .collect();
+    let ws: Vec<Arc<Worker>> = (0..3).map(|i| with_cache(i, Some(1_000))).collect();
     for w in &ws {
         teach(w, 150_000.0);
     }
