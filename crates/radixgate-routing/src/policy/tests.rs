@@ -841,6 +841,12 @@ fn with_cache(i: u32, tokens: Option<u64>) -> Arc<Worker> {
     ))
 }
 
+/// Teaches `p` that model "m" has 2 characters a token.
+fn two_chars_a_token(p: &CacheAware) {
+    let model = p.trees().expect("a tree policy").model("m");
+    model.truth.rate().observe(2_000, 1_000);
+}
+
 #[test]
 fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
     // Worker 0 holds 1,000 tokens; worker 1 says nothing of its cache.
@@ -863,12 +869,7 @@ fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
         // and from its next insert on the tree keeps it at most that (down
         // to the watermark 2,000 - 2,000 / 16 = 1,875 when over), oldest
         // texts first.
-        p.trees()
-            .expect("a tree policy")
-            .model("m")
-            .truth
-            .rate()
-            .observe(2_000, 1_000);
+        two_chars_a_token(&p);
         let held = size_after(&p, &ws[0]);
         let tree = p.tree_or_create("m");
         if bounded {
@@ -900,12 +901,7 @@ fn among_workers_whose_caches_are_full_the_least_loaded_takes_a_new_prompt() {
     let p = cache_aware(CacheAwareConfig::default());
     // 2 characters a token: each cache holds 2,000 characters, full from
     // the watermark 1,875 on.
-    p.trees()
-        .expect("a tree policy")
-        .model("m")
-        .truth
-        .rate()
-        .observe(2_000, 1_000);
+    two_chars_a_token(&p);
     let tree = p.tree_or_create("m");
     for (w, chars) in ws.iter().zip([1_990, 1_880, 1_950]) {
         tree.insert(
