@@ -20,6 +20,9 @@ use tokio::net::TcpStream;
 /// Turns a hang into a failure; never a speed assertion.
 const HANG_GUARD: Duration = Duration::from_secs(30);
 
+/// One simulated worker, admitted without health probes; each test starts
+/// its gateway with `gateway_ready(c, 1)`, since admission still asks the
+/// worker for its models and its KV cache size before the worker serves.
 async fn worker_and_config() -> (SimWorker, Config) {
     let w = sim_worker(fast_worker()).await;
     let mut c = config(&[&w.url]);
@@ -157,7 +160,7 @@ async fn normal_request_succeeds(gateway: &str) {
 async fn declared_oversize_body_is_refused_before_it_is_sent() {
     let (_w, mut c) = worker_and_config().await;
     c.server.max_payload_size = 1024;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     let mut s = connect(&gw.url).await;
     // Headers only: the 10 MB body is never sent.
     s.write_all(post_head(10_000_000, "").as_bytes())
@@ -178,7 +181,7 @@ async fn declared_oversize_body_is_refused_before_it_is_sent() {
 async fn expect_continue_with_oversize_length_gets_413_not_100_continue() {
     let (_w, mut c) = worker_and_config().await;
     c.server.max_payload_size = 1024;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     let mut s = connect(&gw.url).await;
     s.write_all(post_head(10_000_000, "Expect: 100-continue\r\n").as_bytes())
         .await
@@ -212,7 +215,7 @@ async fn stalled_body_gets_408_not_a_gateway_timeout() {
     // Today only the end-to-end timeout would end it (as a 504 that blames
     // the worker); keep that short so the old behaviour shows quickly.
     c.server.request_timeout_secs = 3;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     let mut s = connect(&gw.url).await;
     let body = chat_body(500);
     s.write_all(post_head(body.len(), "").as_bytes())
@@ -235,7 +238,7 @@ async fn body_budget_exhausted_gets_503_with_retry_after_and_is_given_back() {
     let (_w, mut c) = worker_and_config().await;
     c.server.max_payload_size = 1000;
     c.server.max_buffered_body_bytes = 1500;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     // A slow client declares 1,000 bytes and sends 10: its reservation
     // takes 1,000 of the 1,500-byte budget.
     let mut slow = connect(&gw.url).await;
@@ -312,7 +315,7 @@ async fn body_budget_exhausted_gets_503_with_retry_after_and_is_given_back() {
 async fn slowloris_is_closed_after_the_header_timeout() {
     let (_w, mut c) = worker_and_config().await;
     c.server.header_read_timeout_secs = 1;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     // Half a request head, then nothing.
     let mut half = connect(&gw.url).await;
     half.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
@@ -370,7 +373,7 @@ async fn get_on(stream: &mut TcpStream, path: &str) -> Option<Answer> {
 async fn idle_keep_alive_connection_is_closed() {
     let (_w, mut c) = worker_and_config().await;
     c.server.idle_timeout_secs = 1;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     let mut s = connect(&gw.url).await;
     let answer = get_on(&mut s, "/liveness").await.unwrap();
     assert_eq!(answer.status, 200);
@@ -384,7 +387,7 @@ async fn an_idle_connection_is_not_held_to_the_header_timeout() {
     let (_w, mut c) = worker_and_config().await;
     c.server.header_read_timeout_secs = 1;
     c.server.idle_timeout_secs = 60;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     let mut s = connect(&gw.url).await;
     assert_eq!(get_on(&mut s, "/liveness").await.unwrap().status, 200);
     // Idle for longer than the header timeout, well within the idle one.
@@ -403,7 +406,7 @@ async fn connections_over_the_cap_are_closed_and_the_cap_frees_up() {
     let (_w, mut c) = worker_and_config().await;
     c.server.max_connections = 3;
     c.server.threads = 2;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     // Fill the cap with connections that are each served once and kept
     // open; earlier clients' connections may still be counted for a
     // moment, so each is retried until served.
@@ -450,7 +453,7 @@ async fn a_slow_upload_does_not_hold_the_only_admission_slot() {
     let (_w, mut c) = worker_and_config().await;
     c.admission.max_concurrent_requests = Some(1);
     c.admission.queue_size = 0;
-    let gw = gateway(c).await;
+    let gw = gateway_ready(c, 1).await;
     let mut slow = connect(&gw.url).await;
     let body = chat_body(2000);
     slow.write_all(post_head(body.len(), "").as_bytes())
