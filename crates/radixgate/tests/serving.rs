@@ -415,7 +415,7 @@ async fn each_workers_kv_cache_size_is_read_on_admission_unless_configured() {
     assert_eq!(capacity(&vllm), Some(512 * 16));
     // The operator's figure, not the worker's 100,000.
     assert_eq!(capacity(&configured.url), Some(1_234));
-    // Neither: unknown, and the worker serves all the same.
+    // Neither: unknown, and the worker is admitted all the same.
     assert_eq!(capacity(&silent), None);
     gw.shutdown().await;
     stop_vllm.cancel();

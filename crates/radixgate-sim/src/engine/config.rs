@@ -85,6 +85,12 @@ impl EngineConfig {
     pub fn capacity_blocks(&self) -> usize {
         self.kv_capacity_tokens / self.block_size
     }
+
+    /// Tokens the cache holds in whole blocks: what the worker reports as
+    /// SGLang's `max_total_num_tokens`.
+    pub fn capacity_tokens(&self) -> usize {
+        self.capacity_blocks() * self.block_size
+    }
 }
 
 /// How long one engine step takes:

@@ -89,7 +89,7 @@ async fn server_info(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Valu
         "worker": &*s.name,
         "version": concat!("radixgate-sim ", env!("CARGO_PKG_VERSION")),
         "page_size": e.block_size,
-        "max_total_num_tokens": e.capacity_blocks() * e.block_size,
+        "max_total_num_tokens": e.capacity_tokens(),
         "max_running_requests": e.max_running_requests,
         "chunked_prefill_size": e.max_batch_tokens,
         "chars_per_token": s.config.chars_per_token,

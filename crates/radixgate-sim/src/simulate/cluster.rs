@@ -174,9 +174,7 @@ pub fn run(cfg: &SimConfig, who: &Contender) -> Result<RunStats, SimError> {
         .collect::<Result<Vec<_>, _>>()?;
     let model = cfg.worker.model.clone();
     // What each worker reports on admission (`/get_server_info`).
-    let capacity = engines
-        .first()
-        .map(|e| (e.config().capacity_blocks() * e.config().block_size) as u64);
+    let capacity = engines.first().map(|e| e.config().capacity_tokens() as u64);
     let spec = |i: usize| {
         WorkerSpec::new(format!("http://sim-{i}"))
             .with_models([model.clone()])
