@@ -182,8 +182,10 @@ pub enum HotSpotRule {
         reuse_ms: f64,
         /// `margin` while the pool overflows: at least one in a hundred of
         /// its recent answers reported a cache that had evicted what the
-        /// tree said it held (correction's trims). A hit is then worth less
-        /// than it looks, and tree sizes no longer say where there is room.
+        /// tree said it held (correction's trims), or of its recent inserts
+        /// evicted to keep a worker's share of the tree within its cache
+        /// (`correction.capacity_bound`). A hit is then worth less than it
+        /// looks, and tree sizes no longer say where there is room.
         #[serde(default = "default_ttft_overflow_margin")]
         overflow_margin: f64,
         /// Scale of the hot-match test (0: no match is hot).

@@ -130,9 +130,9 @@ impl Tree {
     /// least-recently-used too, has most likely lost.
     pub fn insert_within(&self, text: &str, tenant: TenantId, bound: Option<usize>) -> Insertion {
         let mut inner = self.inner.write();
-        let receipt = inner.insert(text, tenant);
+        let mut receipt = inner.insert(text, tenant);
         if let Some(bound) = bound {
-            inner.enforce_tenant_bound(tenant, bound);
+            receipt.bound_evicted = inner.enforce_tenant_bound(tenant, bound);
         }
         inner.enforce_total_bound();
         receipt
@@ -162,9 +162,9 @@ impl Tree {
         bound: Option<usize>,
     ) -> Insertion {
         let mut inner = self.inner.write();
-        let receipt = inner.insert_trailed(text, tenant, &matched.trail);
+        let mut receipt = inner.insert_trailed(text, tenant, &matched.trail);
         if let Some(bound) = bound {
-            inner.enforce_tenant_bound(tenant, bound);
+            receipt.bound_evicted = inner.enforce_tenant_bound(tenant, bound);
         }
         inner.enforce_total_bound();
         receipt

@@ -137,19 +137,27 @@ fn eviction_takes_least_recently_used_leaves_first() {
 #[test]
 fn a_bounded_insert_forgets_the_tenants_least_recently_used_leaves() {
     let tree = Tree::default();
-    tree.insert_within("aaaa-old", A, Some(32)); // 1
+    assert_eq!(
+        tree.insert_within("aaaa-old", A, Some(32)).bound_evicted(),
+        0
+    ); // 1
     tree.insert_within("bbbb-new", A, Some(32)); // 2
     tree.insert_within("shared", B, Some(32));
     assert_eq!(tree.tenant_size(A), 16);
     // 27 chars: over the bound of 20, so A goes down to 20 - 20 / 16 = 19,
-    // the oldest leaf first: exactly "aaaa-old".
-    tree.insert_within("cccc-newest", A, Some(20));
+    // the oldest leaf first: exactly "aaaa-old", which the receipt counts.
+    let receipt = tree.insert_within("cccc-newest", A, Some(20));
+    assert_eq!(receipt.bound_evicted(), 8);
     assert_eq!(tree.tenant_size(A), 19);
     assert_eq!(tree.prefix_match_for("aaaa-old", A).matched_chars, 0);
     assert_eq!(tree.prefix_match_for("bbbb-new", A).matched_chars, 8);
     assert_eq!(tree.prefix_match_for("cccc-newest", A).matched_chars, 11);
     // Within the bound nothing goes; other tenants are untouched.
-    tree.insert_within("cccc-newest", A, Some(20));
+    assert_eq!(
+        tree.insert_within("cccc-newest", A, Some(20))
+            .bound_evicted(),
+        0
+    );
     assert_eq!(tree.tenant_size(A), 19);
     assert_eq!(tree.tenant_size(B), 6);
     checked(&tree);

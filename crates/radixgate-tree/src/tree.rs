@@ -237,6 +237,7 @@ impl Inner {
             tenant,
             time: now,
             held_chars: 0,
+            bound_evicted: 0,
         };
         if text.is_empty() {
             return receipt;

@@ -30,6 +30,9 @@ pub struct Insertion {
     pub(crate) time: u64,
     /// Characters of the text the tenant already held before the insert.
     pub(crate) held_chars: usize,
+    /// Characters of the tenant's least-recently-used leaves that the
+    /// insert's bound evicted ([`crate::Tree::insert_within`]).
+    pub(crate) bound_evicted: usize,
 }
 
 impl Insertion {
@@ -48,6 +51,12 @@ impl Insertion {
     pub fn held_chars(&self) -> usize {
         self.held_chars
     }
+
+    /// Characters of the tenant's least-recently-used leaves that the
+    /// insert's bound evicted (0 without a bound, or within it).
+    pub fn bound_evicted(&self) -> usize {
+        self.bound_evicted
+    }
 }
 
 impl Inner {
@@ -64,6 +73,7 @@ impl Inner {
             tenant,
             time,
             held_chars: keep,
+            ..
         } = receipt;
         // The tenant's path along `text`: the deepest node it holds whose
         // edge the text covers whole, and that node's depth in chars.

@@ -64,6 +64,11 @@ pub(crate) const CACHE_EVICTION_RATE: Describe = Describe::new(
     "Share of each model's recent answers (the last 256) whose cached tokens showed an eviction the prefix tree did not know of; from 0.01 the pool counts as overflowing and cache_aware spills hits by hot_spot.overflow_margin.",
 );
 
+pub(crate) const CACHE_BOUND_EVICTION_RATE: Describe = Describe::new(
+    "radixgate_cache_bound_eviction_rate",
+    "Share of each model's recent tree inserts (the last 256) that evicted a worker's oldest prefixes to keep its share of the tree within its KV cache (correction.capacity_bound); from 0.01 the pool counts as overflowing, as with radixgate_cache_eviction_rate.",
+);
+
 /// The per-worker gauges the tick refreshes.
 pub(crate) struct WorkerGauges {
     in_flight: PerWorker<Gauge>,
@@ -71,6 +76,7 @@ pub(crate) struct WorkerGauges {
     tree_chars: PerWorker<Gauge>,
     cache: CacheSeries,
     eviction_rate: Family<String, Gauge>,
+    bound_eviction_rate: Family<String, Gauge>,
 }
 
 /// The correction's per-worker figures: counters set to the workers' own
@@ -99,16 +105,26 @@ impl WorkerGauges {
                 error: metrics.per_worker_gauges(&CACHE_PREDICTION_ERROR),
             },
             eviction_rate: metrics.gauges(&CACHE_EVICTION_RATE),
+            bound_eviction_rate: metrics.gauges(&CACHE_BOUND_EVICTION_RATE),
         }
     }
 
     /// A model's eviction rate now.
     pub(crate) fn eviction_rate(&self, model: &str, rate: f64) {
-        self.eviction_rate.with(
+        Self::set_for_model(&self.eviction_rate, model, rate);
+    }
+
+    /// A model's bound eviction rate now.
+    pub(crate) fn bound_eviction_rate(&self, model: &str, rate: f64) {
+        Self::set_for_model(&self.bound_eviction_rate, model, rate);
+    }
+
+    fn set_for_model(family: &Family<String, Gauge>, model: &str, value: f64) {
+        family.with(
             model,
             || model.to_owned(),
             || vec![Label::new("model", model.to_owned())],
-            |g| g.set(rate),
+            |g| g.set(value),
         );
     }
 
@@ -185,6 +201,9 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
         if let Some(trees) = state.router.policy().trees() {
             for (model, rate) in trees.eviction_rates() {
                 gauges.eviction_rate(&model, rate);
+            }
+            for (model, rate) in trees.bound_eviction_rates() {
+                gauges.bound_eviction_rate(&model, rate);
             }
         }
         state.admission.publish_metrics();

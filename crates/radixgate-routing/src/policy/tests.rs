@@ -848,6 +848,31 @@ fn two_chars_a_token(p: &CacheAware) {
 }
 
 #[test]
+fn inserts_that_evict_to_stay_within_a_cache_make_the_pool_overflow() {
+    // Worker 0 holds 1,000 tokens (2,000 characters), worker 1 a million.
+    let ws = [with_cache(0, Some(1_000)), with_cache(1, Some(1_000_000))];
+    for (w, overflows) in [(&ws[0], true), (&ws[1], false)] {
+        let p = cache_aware(CacheAwareConfig::default());
+        two_chars_a_token(&p);
+        // 300 new 600-character prompts: a cache of 2,000 characters
+        // keeps about three of them, one of a million all.
+        for i in 0..300 {
+            let text = format!("{i:04}{}", "x".repeat(596));
+            let d = p.select(&RequestView::new("m", &text), std::slice::from_ref(w));
+            assert_eq!(d.expect("a worker").worker().id(), w.id());
+        }
+        let truth = p.trees().expect("a tree policy").model("m").truth;
+        assert_eq!(truth.eviction_rate(), 0.0, "no answer trimmed");
+        assert_eq!(
+            truth.overflowing(),
+            overflows,
+            "{}",
+            truth.bound_eviction_rate()
+        );
+    }
+}
+
+#[test]
 fn a_worker_keeps_its_share_of_the_tree_within_the_cache_it_reports() {
     // Worker 0 holds 1,000 tokens; worker 1 says nothing of its cache.
     let ws = [with_cache(0, Some(1_000)), with_cache(1, None)];

@@ -111,6 +111,13 @@ impl Trees {
         self.per_model(|t| Some(t.eviction_rate()))
     }
 
+    /// Every model's bound eviction rate (the share of its recent inserts
+    /// that evicted to stay within their worker's cache;
+    /// [`ModelTruth::bound_eviction_rate`]), sorted by model.
+    pub fn bound_eviction_rates(&self) -> Vec<(String, f64)> {
+        self.per_model(|t| Some(t.bound_eviction_rate()))
+    }
+
     /// `figure` of every model's correction state that has one, sorted by
     /// model.
     fn per_model(&self, figure: impl Fn(&ModelTruth) -> Option<f64>) -> Vec<(String, f64)> {
