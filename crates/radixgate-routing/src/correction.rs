@@ -62,7 +62,7 @@ pub struct CorrectionConfig {
     /// cache (its `kv_capacity_tokens`, at the model's learned characters
     /// per token): what the tree holds beyond it, least recently used
     /// first, the cache has most likely evicted too. Only where the
-    /// capacity is known (reported on admission or configured) and once the
+    /// capacity is known (reported since admission or configured) and once the
     /// model's characters per token have been learned.
     pub capacity_bound: bool,
 }

@@ -135,7 +135,9 @@ pub struct Worker {
     api_key: Option<String>,
     role: WorkerRole,
     bootstrap_port: Option<u16>,
-    kv_capacity_tokens: Option<u64>,
+    /// Tokens the KV cache holds; 0: not known. Settable: the gateway asks
+    /// the worker after admitting it, and again when it comes back.
+    kv_capacity_tokens: AtomicU64,
     healthy: AtomicBool,
     breaker: AtomicU8,
     ejected: AtomicBool,
@@ -176,7 +178,7 @@ impl Worker {
             api_key: spec.api_key,
             role: spec.role,
             bootstrap_port: spec.bootstrap_port,
-            kv_capacity_tokens: spec.kv_capacity_tokens,
+            kv_capacity_tokens: AtomicU64::new(spec.kv_capacity_tokens.unwrap_or(0)),
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             ejected: AtomicBool::new(false),
@@ -221,9 +223,16 @@ impl Worker {
     }
 
     /// Tokens the worker's KV cache holds, if known (the spec's, or what
-    /// the worker reported on admission).
+    /// the worker reported since its admission).
     pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        Some(self.kv_capacity_tokens.load(Ordering::Relaxed)).filter(|&t| t > 0)
+    }
+
+    /// Sets what [`Self::kv_capacity_tokens`] returns (`None` or 0:
+    /// unknown): what the worker reported after its admission.
+    pub fn set_kv_capacity_tokens(&self, tokens: Option<u64>) {
         self.kv_capacity_tokens
+            .store(tokens.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// The worker's id.

@@ -94,7 +94,8 @@ enum Command {
         reply: oneshot::Sender<()>,
     },
     /// From a health checker: first probes passed; these are the models
-    /// and the KV cache's size in tokens, if known.
+    /// and the KV cache's size in tokens, if the operator gave it (else
+    /// the worker's answer follows as [`Command::Capacity`]).
     Admit {
         url: WorkerUrl,
         models: Vec<String>,
@@ -102,6 +103,9 @@ enum Command {
     },
     /// From a health checker: the worker's health changed.
     Health { url: WorkerUrl, healthy: bool },
+    /// From a health checker: the admitted worker's KV cache holds this
+    /// many tokens, as it reported.
+    Capacity { url: WorkerUrl, tokens: u64 },
 }
 
 /// Where a worker to add comes from, which decides whether
@@ -297,6 +301,12 @@ impl Control {
         self.send(Command::Health { url, healthy }).await;
     }
 
+    /// From a health checker: the worker at `url` reported that its KV
+    /// cache holds `tokens`.
+    pub(crate) async fn set_capacity(&self, url: WorkerUrl, tokens: u64) {
+        self.send(Command::Capacity { url, tokens }).await;
+    }
+
     async fn send(&self, command: Command) {
         // Only fails when the control task is gone, i.e. during shutdown,
         // when nothing is left to inform.
@@ -431,6 +441,7 @@ impl ControlTask {
                 models,
                 kv_capacity_tokens,
             } => self.admit(url, models, kv_capacity_tokens),
+            Command::Capacity { url, tokens } => self.set_capacity(&url, tokens),
             Command::Health { url, healthy } => {
                 let Some(known) = self.known.get_mut(&url) else {
                     return;
@@ -563,6 +574,21 @@ impl ControlTask {
                 self.control.board.admitted(&url);
             }
             Err(err) => tracing::error!(worker = %url, %err, "worker could not be admitted"),
+        }
+    }
+
+    /// The admitted worker at `url` reported its KV cache's size.
+    fn set_capacity(&mut self, url: &WorkerUrl, tokens: u64) {
+        let Some(id) = self.known.get(url).and_then(|known| known.id) else {
+            return;
+        };
+        let Some(worker) = self.registry.snapshot().get(id).cloned() else {
+            return;
+        };
+        let was = worker.kv_capacity_tokens();
+        if was != Some(tokens) {
+            worker.set_kv_capacity_tokens(Some(tokens));
+            tracing::info!(worker = %url, kv_capacity_tokens = tokens, was = ?was, "worker's KV cache size read");
         }
     }
 

@@ -42,13 +42,14 @@ pub(crate) use board::Board;
 const REPEAT_COMPLAINT: Duration = Duration::from_secs(60);
 
 /// What one health checker watches.
+#[derive(Clone)]
 pub(crate) struct Target {
     pub(crate) url: WorkerUrl,
     pub(crate) api_key: Option<String>,
     /// Models the operator listed; empty: ask the worker on admission.
     pub(crate) models: Vec<String>,
-    /// The KV cache's size the operator gave; none: ask the worker on
-    /// admission.
+    /// The KV cache's size the operator gave; none: ask the worker once
+    /// it is admitted, and again whenever it comes back healthy.
     pub(crate) kv_capacity_tokens: Option<u64>,
     pub(crate) client: reqwest::Client,
     pub(crate) config: HealthConfig,
@@ -97,15 +98,45 @@ impl Watched for Target {
         } else {
             self.models.clone()
         };
-        let capacity = match self.kv_capacity_tokens {
-            Some(tokens) => Some(tokens),
-            None => discover_capacity(self).await,
-        };
-        self.control.admit(self.url.clone(), models, capacity).await;
+        self.control
+            .admit(self.url.clone(), models, self.kv_capacity_tokens)
+            .await;
+        self.read_capacity();
     }
 
     async fn report(&mut self, healthy: bool) {
         self.control.report_health(self.url.clone(), healthy).await;
+        if healthy {
+            // Back from a failure, perhaps a restart with another cache.
+            self.read_capacity();
+        }
+    }
+}
+
+impl Target {
+    /// Asks the worker for its KV cache's size, unless the operator gave
+    /// it, beside the probes: the worker is in rotation meanwhile, its tree
+    /// bounded only by `max_tree_size` until the answer comes, and one
+    /// that hangs on the question (up to a probe's timeout per endpoint)
+    /// delays neither its admission nor its next probe. A worker that no
+    /// longer says keeps the size it said before.
+    fn read_capacity(&self) {
+        if self.kv_capacity_tokens.is_some() {
+            return;
+        }
+        let target = self.clone();
+        tokio::spawn(async move {
+            let tokens = tokio::select! {
+                () = target.cancel.cancelled() => return,
+                tokens = discover_capacity(&target) => tokens,
+            };
+            if let Some(tokens) = tokens {
+                target
+                    .control
+                    .set_capacity(target.url.clone(), tokens)
+                    .await;
+            }
+        });
     }
 }
 

@@ -194,11 +194,14 @@ async fn with_correction_off_the_tree_keeps_its_guess() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tree_forgets_what_the_workers_cache_cannot_hold() {
-    // The default: the gateway reads the worker's 512 tokens on admission
-    // and keeps the worker's share of the tree within them.
+    // The default: the gateway reads the worker's 512 tokens once it is
+    // admitted and keeps the worker's share of the tree within them.
     let worker = sim_worker(small_cache_worker()).await;
     let gw = gateway_ready(config(&[&worker.url]), 1).await;
-    assert_eq!(worker_entry(&gw.url).await["kv_capacity_tokens"], 512);
+    wait_until("the worker's cache size", || async {
+        worker_entry(&gw.url).await["kv_capacity_tokens"] == 512
+    })
+    .await;
     let doc = text("alpha ", 1200);
     ask(&gw.url, &doc, false).await;
     // The first answer teaches the characters per token; from then on the

@@ -8,6 +8,8 @@ use common::*;
 use futures::StreamExt;
 use radixgate::proxy::{DECISION_HEADER, WORKER_HEADER};
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_answers() {
@@ -388,8 +390,104 @@ async fn vllm_like(blocks: Option<u64>) -> (String, tokio_util::sync::Cancellati
     serve_app(app).await
 }
 
+/// A vLLM-like worker whose health and KV cache size (in 16-token blocks)
+/// can change; with `blocks` `None` it never answers `/get_server_info` or
+/// `/metrics` at all, as a wedged worker or proxy would.
+async fn changing_worker(
+    blocks: Option<Arc<AtomicU64>>,
+    healthy: Arc<AtomicBool>,
+) -> (String, tokio_util::sync::CancellationToken) {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let hangs = blocks.is_none();
+    let metrics = move || {
+        let blocks = blocks.clone();
+        async move {
+            let Some(blocks) = blocks else {
+                return std::future::pending::<String>().await;
+            };
+            format!(
+                "vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"{}\"}} 1.0\n",
+                blocks.load(Ordering::Relaxed)
+            )
+        }
+    };
+    let health = move || {
+        let healthy = healthy.clone();
+        async move {
+            if healthy.load(Ordering::Relaxed) {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+    };
+    let mut app = axum::Router::new()
+        .route("/health", get(health))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": "m"}]})) }),
+        )
+        .route("/metrics", get(metrics));
+    if hangs {
+        app = app.route("/get_server_info", get(std::future::pending::<String>));
+    }
+    serve_app(app).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_workers_kv_cache_size_is_read_on_admission_unless_configured() {
+async fn a_worker_that_hangs_when_asked_its_cache_size_is_admitted_all_the_same() {
+    let healthy = Arc::new(AtomicBool::new(true));
+    let (url, stop) = changing_worker(None, healthy.clone()).await;
+    let mut cfg = config(&[&url]);
+    // Longer than the wait below: a gateway that waited for the answers
+    // before admitting the worker would not admit it in time.
+    cfg.health.timeout_secs = 120;
+    let gw = gateway_ready(cfg, 1).await;
+    assert_eq!(listed_capacity(&gw.url, &url).await, None);
+    // Its probes go on meanwhile: a failure still takes it out.
+    healthy.store(false, Ordering::Relaxed);
+    wait_for_healthy(&gw.url, 0).await;
+    gw.shutdown().await;
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_back_from_a_failure_is_asked_its_cache_size_again() {
+    let blocks = Arc::new(AtomicU64::new(512));
+    let healthy = Arc::new(AtomicBool::new(true));
+    let (url, stop) = changing_worker(Some(blocks.clone()), healthy.clone()).await;
+    let gw = gateway_ready(config(&[&url]), 1).await;
+    wait_until("the first cache size", || async {
+        listed_capacity(&gw.url, &url).await == Some(512 * 16)
+    })
+    .await;
+    // It fails, and comes back restarted with a larger cache.
+    healthy.store(false, Ordering::Relaxed);
+    wait_for_healthy(&gw.url, 0).await;
+    blocks.store(2_048, Ordering::Relaxed);
+    healthy.store(true, Ordering::Relaxed);
+    wait_for_healthy(&gw.url, 1).await;
+    wait_until("the new cache size", || async {
+        listed_capacity(&gw.url, &url).await == Some(2_048 * 16)
+    })
+    .await;
+    gw.shutdown().await;
+    stop.cancel();
+}
+
+/// A worker's KV cache size on `/workers`, once listed.
+async fn listed_capacity(gateway: &str, url: &str) -> Option<u64> {
+    let listed = workers(gateway).await;
+    let w = listed
+        .iter()
+        .find(|w| w["url"] == url)
+        .unwrap_or_else(|| panic!("{url} in {listed:?}"));
+    w.get("kv_capacity_tokens").and_then(Value::as_u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_workers_kv_cache_size_is_read_once_admitted_unless_configured() {
     let mut small = fast_worker();
     small.engine.kv_capacity_tokens = 4_096;
     let sglang_like = sim_worker(small).await;
@@ -401,22 +499,21 @@ async fn each_workers_kv_cache_size_is_read_on_admission_unless_configured() {
         radixgate::config::WorkerSpec::new(&configured.url).with_kv_capacity_tokens(Some(1_234)),
     );
     let gw = gateway_ready(cfg, 4).await;
-    let listed = workers(&gw.url).await;
-    let capacity = |url: &str| {
-        let w = listed
-            .iter()
-            .find(|w| w["url"] == url)
-            .unwrap_or_else(|| panic!("{url} in {listed:?}"));
-        w.get("kv_capacity_tokens").and_then(Value::as_u64)
-    };
+    // The sizes are asked once each worker is admitted, beside the probes.
     // SGLang's max_total_num_tokens, as the simulated worker reports it.
-    assert_eq!(capacity(&sglang_like.url), Some(4_096));
+    wait_until("the simulated worker's cache size", || async {
+        listed_capacity(&gw.url, &sglang_like.url).await == Some(4_096)
+    })
+    .await;
     // vLLM's blocks times their size.
-    assert_eq!(capacity(&vllm), Some(512 * 16));
+    wait_until("the vLLM-like worker's cache size", || async {
+        listed_capacity(&gw.url, &vllm).await == Some(512 * 16)
+    })
+    .await;
     // The operator's figure, not the worker's 100,000.
-    assert_eq!(capacity(&configured.url), Some(1_234));
+    assert_eq!(listed_capacity(&gw.url, &configured.url).await, Some(1_234));
     // Neither: unknown, and the worker is admitted all the same.
-    assert_eq!(capacity(&silent), None);
+    assert_eq!(listed_capacity(&gw.url, &silent).await, None);
     gw.shutdown().await;
     stop_vllm.cancel();
     stop_silent.cancel();
