@@ -277,9 +277,17 @@ impl ModelTruth {
         f64::from_bits(self.bound_evictions.load(Ordering::Relaxed))
     }
 
+    /// Counts an insert made within `bound`, which evicted or not (see
+    /// its receipt); one without a bound is not counted.
+    pub(crate) fn count_insert(&self, bound: Option<usize>, receipt: &Insertion) {
+        if bound.is_some() {
+            self.count_bounded_insert(receipt.bound_evicted() > 0);
+        }
+    }
+
     /// Counts one insert made within its worker's cache bound, which
     /// evicted or not.
-    pub(crate) fn count_bounded_insert(&self, evicted: bool) {
+    fn count_bounded_insert(&self, evicted: bool) {
         let n = self.bounded_inserts.fetch_add(1, Ordering::Relaxed) + 1;
         let sample = if evicted { 1.0 } else { 0.0 };
         fold_mean(&self.bound_evictions, sample, n.min(EVICTION_WINDOW));

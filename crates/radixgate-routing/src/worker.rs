@@ -228,11 +228,10 @@ impl Worker {
         Some(self.kv_capacity_tokens.load(Ordering::Relaxed)).filter(|&t| t > 0)
     }
 
-    /// Sets what [`Self::kv_capacity_tokens`] returns (`None` or 0:
-    /// unknown): what the worker reported after its admission.
-    pub fn set_kv_capacity_tokens(&self, tokens: Option<u64>) {
-        self.kv_capacity_tokens
-            .store(tokens.unwrap_or(0), Ordering::Relaxed);
+    /// Sets what [`Self::kv_capacity_tokens`] returns: what the worker
+    /// reported after its admission (0: unknown).
+    pub fn set_kv_capacity_tokens(&self, tokens: u64) {
+        self.kv_capacity_tokens.store(tokens, Ordering::Relaxed);
     }
 
     /// The worker's id.

@@ -587,7 +587,7 @@ impl ControlTask {
         };
         let was = worker.kv_capacity_tokens();
         if was != Some(tokens) {
-            worker.set_kv_capacity_tokens(Some(tokens));
+            worker.set_kv_capacity_tokens(tokens);
             tracing::info!(worker = %url, kv_capacity_tokens = tokens, was = ?was, "worker's KV cache size read");
         }
     }

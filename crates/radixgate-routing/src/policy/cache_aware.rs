@@ -573,9 +573,7 @@ impl CacheAware {
             .predict_ms(work);
         let bound = self.tree_bound(req, worker, &truth);
         let receipt = tree.insert_within(req.text, worker.id().tenant(), bound);
-        if bound.is_some() {
-            truth.count_bounded_insert(receipt.bound_evicted() > 0);
-        }
+        truth.count_insert(bound, &receipt);
         let explanation = Explanation {
             matched_chars: choice.matched,
             input_chars: choice.input,
@@ -838,9 +836,7 @@ impl CacheAware {
         let worker = &workers[chosen.at.idx];
         let bound = self.tree_bound(req, worker, &truth);
         let receipt = tree.insert_matched_within(req.text, worker.id().tenant(), &tm, bound);
-        if bound.is_some() {
-            truth.count_bounded_insert(receipt.bound_evicted() > 0);
-        }
+        truth.count_insert(bound, &receipt);
         let explanation = Explanation {
             matched_chars: Some(chosen.matched),
             input_chars: input,

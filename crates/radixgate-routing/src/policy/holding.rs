@@ -72,9 +72,7 @@ impl Policy for Holding {
         let text = trees.cap(req.text);
         let bound = self.correction.tree_bound(decision.worker(), &truth);
         let receipt = tree.insert_within(text, decision.worker().id().tenant(), bound);
-        if bound.is_some() {
-            truth.count_bounded_insert(receipt.bound_evicted() > 0);
-        }
+        truth.count_insert(bound, &receipt);
         Ok(decision.with_insert(tree, receipt, text, None, truth, self.correction))
     }
 
