@@ -37,11 +37,11 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::TenantId;
 use crate::node::{Arena, NodeId, ROOT};
 use crate::tenant::{LruEntry, TenantState};
 use crate::text::byte_offset_of_char;
 use crate::tree::{Inner, release, split};
+use crate::{Insertion, TenantId};
 
 /// The global bound evicts down to `max - max / LOW_WATERMARK_DIV` chars.
 const LOW_WATERMARK_DIV: usize = 16;
@@ -67,10 +67,25 @@ impl Inner {
             .sum()
     }
 
+    /// After the insert of `receipt`: its tenant's `bound`
+    /// ([`Self::enforce_tenant_bound`], the chars evicted counted on the
+    /// receipt), then the tree's ([`Self::enforce_total_bound`]).
+    pub(crate) fn enforce_bounds(
+        &mut self,
+        mut receipt: Insertion,
+        bound: Option<usize>,
+    ) -> Insertion {
+        if let Some(bound) = bound {
+            receipt.bound_evicted = self.enforce_tenant_bound(receipt.tenant, bound);
+        }
+        self.enforce_total_bound();
+        receipt
+    }
+
     /// After an insert for `tenant`: if it holds more than `bound` chars,
     /// evicts its least-recently-used leaves down to the low watermark
     /// ([`low_watermark`]); returns the chars evicted.
-    pub(crate) fn enforce_tenant_bound(&mut self, tenant: TenantId, bound: usize) -> usize {
+    fn enforce_tenant_bound(&mut self, tenant: TenantId, bound: usize) -> usize {
         if self.tenants.get(&tenant).is_none_or(|s| s.size <= bound) {
             return 0;
         }
@@ -99,7 +114,7 @@ impl Inner {
     /// After an insert: if all tenants together hold more than
     /// `max_total_chars`, evicts across tenants down to the low watermark;
     /// returns the chars evicted.
-    pub(crate) fn enforce_total_bound(&mut self) -> usize {
+    fn enforce_total_bound(&mut self) -> usize {
         if self.tenant_chars <= self.max_total_chars {
             return 0;
         }

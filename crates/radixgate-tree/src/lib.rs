@@ -130,12 +130,8 @@ impl Tree {
     /// least-recently-used too, has most likely lost.
     pub fn insert_within(&self, text: &str, tenant: TenantId, bound: Option<usize>) -> Insertion {
         let mut inner = self.inner.write();
-        let mut receipt = inner.insert(text, tenant);
-        if let Some(bound) = bound {
-            receipt.bound_evicted = inner.enforce_tenant_bound(tenant, bound);
-        }
-        inner.enforce_total_bound();
-        receipt
+        let receipt = inner.insert(text, tenant);
+        inner.enforce_bounds(receipt, bound)
     }
 
     /// [`Tree::insert`] of the `text` that [`Tree::tenant_matches`] returned
@@ -162,12 +158,8 @@ impl Tree {
         bound: Option<usize>,
     ) -> Insertion {
         let mut inner = self.inner.write();
-        let mut receipt = inner.insert_trailed(text, tenant, &matched.trail);
-        if let Some(bound) = bound {
-            receipt.bound_evicted = inner.enforce_tenant_bound(tenant, bound);
-        }
-        inner.enforce_total_bound();
-        receipt
+        let receipt = inner.insert_trailed(text, tenant, &matched.trail);
+        inner.enforce_bounds(receipt, bound)
     }
 
     /// Takes back an insert of `text` (the very text given to

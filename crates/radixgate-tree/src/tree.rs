@@ -200,7 +200,7 @@ impl Inner {
     }
 
     /// Records that `tenant` was sent `text` at a new logical time. The
-    /// caller then enforces the global bound (`Inner::enforce_total_bound`,
+    /// caller then enforces the bounds (`Inner::enforce_bounds`,
     /// in `evict.rs`), under the same write lock. Returns the receipt that
     /// `Inner::undo` takes back.
     pub(crate) fn insert(&mut self, text: &str, tenant: TenantId) -> Insertion {
