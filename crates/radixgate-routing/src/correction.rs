@@ -85,12 +85,23 @@ impl CorrectionConfig {
     /// `truth` counts for should hold ([`Self::capacity_bound`]); `None`:
     /// unbounded (off, capacity unknown, or nothing learned yet).
     pub(crate) fn tree_bound(&self, worker: &Worker, truth: &ModelTruth) -> Option<usize> {
-        if !self.capacity_bound {
-            return None;
-        }
+        self.bound_at(worker, self.bound_rate(truth))
+    }
+
+    /// The model's characters per token for [`Self::bound_at`]: `None`
+    /// with the bound off or nothing learned yet. Read once for a decision
+    /// that bounds several workers (a lock).
+    pub(crate) fn bound_rate(&self, truth: &ModelTruth) -> Option<f64> {
+        self.capacity_bound
+            .then(|| truth.rate.chars_per_token())
+            .flatten()
+    }
+
+    /// [`Self::tree_bound`] at the model's `chars_per_token`, as
+    /// [`Self::bound_rate`] read it.
+    pub(crate) fn bound_at(&self, worker: &Worker, chars_per_token: Option<f64>) -> Option<usize> {
         let tokens = worker.kv_capacity_tokens()?;
-        let chars_per_token = truth.rate.chars_per_token()?;
-        Some((tokens as f64 * chars_per_token) as usize).filter(|&chars| chars > 0)
+        Some((tokens as f64 * chars_per_token?) as usize).filter(|&chars| chars > 0)
     }
 
     /// Checks ranges; the error names the offending key.

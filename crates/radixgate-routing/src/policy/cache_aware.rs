@@ -601,27 +601,30 @@ impl CacheAware {
         worker: &Worker,
         truth: &crate::policy::ModelTruth,
     ) -> Option<usize> {
+        let correction = &self.config.correction;
+        correction.bound_at(worker, self.bound_rate(req, truth))
+    }
+
+    /// The model's characters per token for this decision's bounds
+    /// ([`CorrectionConfig::bound_rate`]); `None` with live event streams
+    /// (see [`Self::tree_bound`]).
+    fn bound_rate(&self, req: &RequestView<'_>, truth: &crate::policy::ModelTruth) -> Option<f64> {
         if req.exact.is_some() {
             return None;
         }
-        self.config.correction.tree_bound(worker, truth)
+        self.config.correction.bound_rate(truth)
     }
 
     /// `worker`'s tree size for the smallest-tree target, counted no
     /// higher than the low watermark of its cache bound
-    /// ([`Self::tree_bound`]): a worker whose cache is full has no more
+    /// ([`Self::tree_bound`], at the decision's `rate` from
+    /// [`Self::bound_rate`]): a worker whose cache is full has no more
     /// room than another full one, whatever the last eviction left, so
     /// among full workers the least loaded, then the quickest, takes a new
     /// prompt.
-    fn footprint(
-        &self,
-        req: &RequestView<'_>,
-        tree: &Tree,
-        worker: &Worker,
-        truth: &crate::policy::ModelTruth,
-    ) -> usize {
+    fn footprint(&self, tree: &Tree, worker: &Worker, rate: Option<f64>) -> usize {
         let size = tree.tenant_size(worker.id().tenant());
-        match self.tree_bound(req, worker, truth) {
+        match self.config.correction.bound_at(worker, rate) {
             Some(bound) => size.min(radixgate_tree::low_watermark(bound)),
             None => size,
         }
@@ -818,15 +821,15 @@ impl CacheAware {
                             self.quickest(&scored, fast, |s| (s.at.load, 0)),
                             Branch::LowMatchMinLoad,
                         ),
-                        LowMatchTarget::SmallestTree => (
-                            self.quickest(&scored, fast, |s| {
-                                (
-                                    self.footprint(req, &tree, &workers[s.at.idx], &truth),
-                                    s.at.load,
-                                )
-                            }),
-                            Branch::LowMatchSmallestTree,
-                        ),
+                        LowMatchTarget::SmallestTree => {
+                            let rate = self.bound_rate(req, &truth);
+                            (
+                                self.quickest(&scored, fast, |s| {
+                                    (self.footprint(&tree, &workers[s.at.idx], rate), s.at.load)
+                                }),
+                                Branch::LowMatchSmallestTree,
+                            )
+                        }
                     }
                 }
             }
