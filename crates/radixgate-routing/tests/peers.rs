@@ -4,8 +4,8 @@
 
 use radixgate_routing::policy::CacheAware;
 use radixgate_routing::{
-    Branch, CacheAwareConfig, HotSpotRule, Learned, PeerLoad, PeerLoads, PolicyConfig, Registry,
-    WILDCARD_MODEL, WorkerSpec,
+    Branch, CacheAwareConfig, CacheReport, HotSpotRule, Learned, PeerLoad, PeerLoads, PolicyConfig,
+    Registry, WILDCARD_MODEL, WorkerSpec,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,6 +83,63 @@ fn the_decision_says_what_it_inserted() {
     assert_eq!(d.inserted_text(&t), Some(t.as_str()));
     d.undo_insert(&t);
     assert_eq!(d.inserted_text(&t), None, "taken back: nothing to share");
+}
+
+#[test]
+fn a_peers_decisions_keep_a_workers_share_within_its_cache() {
+    // Worker a holds 1,000 tokens; worker b says nothing of its cache.
+    let mut reg = registry();
+    reg.add(
+        WorkerSpec::new("http://a:1")
+            .with_models(["m"])
+            .with_kv_capacity_tokens(Some(1_000)),
+    )
+    .unwrap();
+    reg.add(WorkerSpec::new("http://b:1").with_models(["m"]))
+        .unwrap();
+    let router = reg.router();
+    // One answer teaches the model 2 characters a token: a's cache holds
+    // 2,000 characters.
+    let t = "z".repeat(1_000);
+    let mut d = router.select(Some("m"), &t, None, &[]).unwrap().decision;
+    d.take_cache_feedback().expect("a tree decision").apply(
+        &t,
+        CacheReport {
+            prompt_tokens: 500,
+            cached_tokens: 0,
+        },
+    );
+    let policy = router.policy();
+    let trees = policy.trees().expect("cache_aware keeps trees");
+    assert_eq!(trees.chars_per_token_of("m"), Some(2.0));
+    let set = router.snapshot();
+    let tenant = |url: &str| set.by_url(url).expect("a worker").id().tenant();
+    let (a, b) = (tenant("http://a:1"), tenant("http://b:1"));
+    let before = (trees.tenant_chars(a), trees.tenant_chars(b));
+    // 300 new 600-character prompts a peer sent to each.
+    for i in 0..300 {
+        let text = format!("{i:04}{}", "x".repeat(596));
+        for url in ["http://a:1", "http://b:1"] {
+            assert_eq!(router.learn("m", url, &text), Learned::Inserted);
+        }
+    }
+    let a_held = trees.tenant_chars(a);
+    assert!(a_held <= 2_000, "a holds {a_held} characters of its 2,000");
+    assert!(
+        trees.tenant_chars(b) >= before.1 + 150_000,
+        "b's cache is unknown: nothing is bounded"
+    );
+    let rate = trees.bound_eviction_rates();
+    assert!(
+        rate.iter().any(|(m, r)| m == "m" && *r > 0.1),
+        "the peer's inserts that evicted count: {rate:?}"
+    );
+    // Where the engines' KV events decide, the tree keeps what it was sent.
+    for i in 0..10 {
+        let text = format!("{i:04}{}", "y".repeat(596));
+        router.learn_unbounded("m", "http://a:1", &text);
+    }
+    assert!(trees.tenant_chars(a) >= 6_000);
 }
 
 #[test]

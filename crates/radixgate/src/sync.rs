@@ -198,6 +198,7 @@ impl SyncHandle {
 pub(crate) fn spawn(
     config: &SyncConfig,
     router: Router,
+    events: Option<Arc<crate::events::KvEvents>>,
     metrics: &Metrics,
     stop: CancellationToken,
 ) -> Result<SyncHandle, crate::config::ConfigError> {
@@ -289,6 +290,7 @@ pub(crate) fn spawn(
                 ready: task_ready,
                 reconnected,
                 delivery,
+                events,
             },
             stop.clone(),
         ));

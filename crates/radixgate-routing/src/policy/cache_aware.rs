@@ -451,6 +451,10 @@ impl Policy for CacheAware {
         Some(&self.trees)
     }
 
+    fn correction(&self) -> Option<crate::CorrectionConfig> {
+        Some(self.config.correction)
+    }
+
     fn cost_model(&self) -> Option<&crate::CostModelConfig> {
         Some(&self.config.cost)
     }

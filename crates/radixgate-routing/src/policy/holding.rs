@@ -84,6 +84,13 @@ impl Policy for Holding {
         self.own.as_ref().or_else(|| self.inner.trees())
     }
 
+    fn correction(&self) -> Option<CorrectionConfig> {
+        match self.own {
+            Some(_) => Some(self.correction),
+            None => self.inner.correction(),
+        }
+    }
+
     fn cost_model(&self) -> Option<&crate::CostModelConfig> {
         self.inner.cost_model()
     }

@@ -76,6 +76,14 @@ pub trait Policy: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The settings that correct the policy's trees (among them the bound
+    /// of each worker's share by its cache), if it keeps trees: a peer
+    /// replica's decisions are recorded within the same bounds as the
+    /// policy's own ([`Router::learn`](crate::Router::learn)).
+    fn correction(&self) -> Option<CorrectionConfig> {
+        None
+    }
+
     /// The TTFT cost model's settings, if the policy learns one (a peer
     /// replica's first tokens teach this replica's fits with them:
     /// [`Router::observe`](crate::Router::observe)).

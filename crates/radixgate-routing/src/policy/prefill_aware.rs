@@ -65,6 +65,10 @@ impl Policy for PrefillAware {
         self.inner.trees()
     }
 
+    fn correction(&self) -> Option<crate::CorrectionConfig> {
+        self.inner.correction()
+    }
+
     fn cost_model(&self) -> Option<&crate::CostModelConfig> {
         self.inner.cost_model()
     }

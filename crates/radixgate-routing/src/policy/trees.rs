@@ -10,7 +10,8 @@
 //! internally. Keys come from the worker set's pools, never straight from a
 //! client, so the number of trees is bounded by the configured models.
 
-use crate::correction::ModelTruth;
+use crate::Worker;
+use crate::correction::{CorrectionConfig, ModelTruth};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use radixgate_tree::{TenantId, Tree, TreeConfig};
@@ -74,6 +75,7 @@ impl Trees {
     }
 
     /// The tree of `model`, created on first use.
+    #[cfg(test)]
     pub(crate) fn get_or_create(&self, model: &str) -> Arc<Tree> {
         self.model(model).tree
     }
@@ -136,11 +138,23 @@ impl Trees {
         self.map.load().get(model)?.truth.rate().chars_per_token()
     }
 
-    /// Records `text` (capped as a decision's would be) for `tenant` in the
+    /// Records `text` (capped as a decision's would be) for `worker` in the
     /// tree of `model`, created on first use: a decision another router
-    /// replica made. Callers pass only pool keys of the worker set.
-    pub(crate) fn insert_for(&self, model: &str, text: &str, tenant: TenantId) {
-        let _ = self.get_or_create(model).insert(self.cap(text), tenant);
+    /// replica made. With `correction`, the worker's share stays within its
+    /// cache as after the policy's own inserts, and the insert counts
+    /// towards the model's bound eviction rate. Callers pass only pool keys
+    /// of the worker set.
+    pub(crate) fn insert_for(
+        &self,
+        model: &str,
+        text: &str,
+        worker: &Worker,
+        correction: Option<CorrectionConfig>,
+    ) {
+        let Model { tree, truth } = self.model(model);
+        let bound = correction.and_then(|c| c.tree_bound(worker, &truth));
+        let receipt = tree.insert_within(self.cap(text), worker.id().tenant(), bound);
+        truth.count_insert(bound, &receipt);
     }
 
     /// Forgets a tenant in every tree.
