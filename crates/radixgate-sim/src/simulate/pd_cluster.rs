@@ -95,10 +95,20 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(pc: &PolicyConfig, role: &str, n: usize, model: &str) -> Result<Self, SimError> {
+    /// `n` workers of `role`, each reporting a KV cache of `capacity`
+    /// tokens on admission, as a real one does (`/get_server_info`).
+    fn new(
+        pc: &PolicyConfig,
+        role: &str,
+        n: usize,
+        model: &str,
+        capacity: Option<u64>,
+    ) -> Result<Self, SimError> {
         let specs: Vec<WorkerSpec> = (0..n)
             .map(|i| {
-                WorkerSpec::new(format!("http://sim-{role}-{i}")).with_models([model.to_owned()])
+                WorkerSpec::new(format!("http://sim-{role}-{i}"))
+                    .with_models([model.to_owned()])
+                    .with_kv_capacity_tokens(capacity)
             })
             .collect();
         let replicas = Replicas::build(&ReplicaConfig::default(), pc, &specs)?;
@@ -212,8 +222,21 @@ pub fn run(cfg: &SimConfig, arm: &PdArm) -> Result<PdStats, SimError> {
         .map(|_| Engine::new(cfg.worker.engine.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let model = cfg.worker.model.as_str();
-    let prefill = Pool::new(&arm.prefill_policy, "prefill", arm.prefill_workers, model)?;
-    let decode = Pool::new(&arm.decode_policy, "decode", arm.decode_workers, model)?;
+    let capacity = engines.first().map(|e| e.config().capacity_tokens() as u64);
+    let prefill = Pool::new(
+        &arm.prefill_policy,
+        "prefill",
+        arm.prefill_workers,
+        model,
+        capacity,
+    )?;
+    let decode = Pool::new(
+        &arm.decode_policy,
+        "decode",
+        arm.decode_workers,
+        model,
+        capacity,
+    )?;
     let evict_every = match (prefill.eviction_interval(), decode.eviction_interval()) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
