@@ -257,6 +257,16 @@ impl ModelTruth {
         (handle, oldest)
     }
 
+    /// Whether a decision's insert at tree time `time` for `tenant` is
+    /// still in flight (its answer not read yet): the text is being
+    /// computed on that worker, or held by a request running there.
+    pub(crate) fn in_flight_at(&self, tenant: TenantId, time: u64) -> bool {
+        self.in_flight
+            .lock()
+            .get(&tenant)
+            .is_some_and(|times| times.binary_search_by_key(&time, |&(t, _)| t).is_ok())
+    }
+
     /// The share of this model's recent answers that showed an eviction
     /// (a trim): a running mean over the last [`EVICTION_WINDOW`] answers,
     /// 0 until [`EVICTION_WINDOW`] have been counted.

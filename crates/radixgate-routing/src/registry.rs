@@ -377,28 +377,15 @@ impl Router {
     /// by that worker, so a peer cannot create trees for made-up models.
     ///
     /// The worker's share of the tree is then kept within its cache, as
-    /// after this router's own decisions; [`learn_unbounded`]
-    /// (Self::learn_unbounded) is for a pool whose engines publish KV
-    /// events, where the tree keeps what each worker was sent.
+    /// after this router's own decisions.
     pub fn learn(&self, model: &str, url: &str, text: &str) -> Learned {
-        self.learn_within(model, url, text, true)
-    }
-
-    /// [`learn`](Self::learn) without the cache bound: what a decision
-    /// made on the engines' KV events records (`exact` matches).
-    pub fn learn_unbounded(&self, model: &str, url: &str, text: &str) -> Learned {
-        self.learn_within(model, url, text, false)
-    }
-
-    fn learn_within(&self, model: &str, url: &str, text: &str, bounded: bool) -> Learned {
         let (worker, policy) = match self.peer_target(model, url) {
             Ok(found) => found,
             Err(refused) => return refused,
         };
         match policy.trees() {
             Some(trees) => {
-                let correction = policy.correction().filter(|_| bounded);
-                trees.insert_for(model, text, &worker, correction);
+                trees.insert_for(model, text, &worker, policy.correction());
                 Learned::Inserted
             }
             None => Learned::NoTrees,

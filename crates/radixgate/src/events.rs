@@ -198,16 +198,11 @@ impl KvEvents {
         Ok(events)
     }
 
-    /// Whether any worker's stream is live (uncounted).
-    pub(crate) fn live_now(&self) -> bool {
-        !self.live.read().is_empty()
-    }
-
     /// Whether a request is worth matching at all: false (counted) while
     /// no worker's stream is live, so the request path skips tokenizing
     /// and the trip to the blocking pool.
     pub(crate) fn any_live(&self) -> bool {
-        let any = self.live_now();
+        let any = !self.live.read().is_empty();
         if !any {
             self.metrics.requests.increment("no_live_worker");
         }

@@ -305,20 +305,19 @@ pub async fn run_reloadable(
             tasks: tasks.clone(),
         },
     ));
-    let kv_events = match config.kv_events.enabled {
-        true => Some(crate::events::KvEvents::spawn(
-            &config.kv_events,
+    let sync = match config.sync.enabled() {
+        true => Some(crate::sync::spawn(
+            &config.sync,
             router.clone(),
             &metrics,
             tasks.clone(),
         )?),
         false => None,
     };
-    let sync = match config.sync.enabled() {
-        true => Some(crate::sync::spawn(
-            &config.sync,
+    let kv_events = match config.kv_events.enabled {
+        true => Some(crate::events::KvEvents::spawn(
+            &config.kv_events,
             router.clone(),
-            kv_events.clone(),
             &metrics,
             tasks.clone(),
         )?),

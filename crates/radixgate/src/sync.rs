@@ -198,7 +198,6 @@ impl SyncHandle {
 pub(crate) fn spawn(
     config: &SyncConfig,
     router: Router,
-    events: Option<Arc<crate::events::KvEvents>>,
     metrics: &Metrics,
     stop: CancellationToken,
 ) -> Result<SyncHandle, crate::config::ConfigError> {
@@ -290,7 +289,6 @@ pub(crate) fn spawn(
                 ready: task_ready,
                 reconnected,
                 delivery,
-                events,
             },
             stop.clone(),
         ));

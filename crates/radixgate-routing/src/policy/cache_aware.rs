@@ -42,6 +42,13 @@
 //!   holder would be a little quicker;
 //! - step 4: the low-match target among the workers within the bound.
 //!
+//! With live KV-event streams a worker's match is its engine's, except for
+//! a text still being computed (its events come once the prefill is done):
+//! while a second copy would evict a cached text elsewhere (the caches
+//! overflow, or every worker's share of the tree is at its cache's size)
+//! the tree's guess counts where a request still in flight sent it
+//! ([`CacheAware::copies_evict`]).
+//!
 //! The decision header shows the chosen worker's prediction and the best
 //! alternative's. Cost: one tree walk (the insert then follows its path
 //! without comparing the text again, [`Tree::insert_matched`], unless the
@@ -575,7 +582,7 @@ impl CacheAware {
         let ttft = worker
             .ttft_coefficients(slot, &self.config.cost)
             .predict_ms(work);
-        let bound = self.tree_bound(req, worker, &truth);
+        let bound = self.config.correction.tree_bound(worker, &truth);
         let receipt = tree.insert_within(req.text, worker.id().tenant(), bound);
         truth.count_insert(bound, &receipt);
         let explanation = Explanation {
@@ -594,35 +601,11 @@ impl CacheAware {
         )
     }
 
-    /// The bound on `worker`'s share of the tree for this decision's insert
-    /// ([`CorrectionConfig::capacity_bound`]). None with live event
-    /// streams: the tree is then the fallback for a worker whose stream
-    /// drops and the guess of where a text is being computed, and keeps
-    /// what it was sent (`docs/kv-events.md` was measured so).
-    fn tree_bound(
-        &self,
-        req: &RequestView<'_>,
-        worker: &Worker,
-        truth: &crate::policy::ModelTruth,
-    ) -> Option<usize> {
-        let correction = &self.config.correction;
-        correction.bound_at(worker, self.bound_rate(req, truth))
-    }
-
-    /// The model's characters per token for this decision's bounds
-    /// ([`CorrectionConfig::bound_rate`]); `None` with live event streams
-    /// (see [`Self::tree_bound`]).
-    fn bound_rate(&self, req: &RequestView<'_>, truth: &crate::policy::ModelTruth) -> Option<f64> {
-        if req.exact.is_some() {
-            return None;
-        }
-        self.config.correction.bound_rate(truth)
-    }
-
     /// `worker`'s tree size for the smallest-tree target, counted no
     /// higher than the low watermark of its cache bound
-    /// ([`Self::tree_bound`], at the decision's `rate` from
-    /// [`Self::bound_rate`]): a worker whose cache is full has no more
+    /// ([`CorrectionConfig::tree_bound`](crate::CorrectionConfig::tree_bound),
+    /// at the decision's `rate` from
+    /// [`CorrectionConfig::bound_rate`](crate::CorrectionConfig::bound_rate)): a worker whose cache is full has no more
     /// room than another full one, whatever the last eviction left, so
     /// among full workers the least loaded, then the quickest, takes a new
     /// prompt.
@@ -656,6 +639,11 @@ impl CacheAware {
         let mut holders = tm.tenants.iter().peekable();
         let mut fitted = 0usize;
         let mut deepest = 0;
+        // A text still being computed is not in its engine's events yet.
+        // While a second copy would evict something else, the worker
+        // computing it counts as holding it (`Self::copies_evict`).
+        let computing_holds =
+            req.exact.is_some() && self.copies_evict(&tree, &truth, workers, loads);
         for &at in &loads.candidates {
             let w = &workers[at.idx];
             let tenant = w.id().tenant();
@@ -671,12 +659,22 @@ impl CacheAware {
             // A live event stream's exact match, else the tree's guess.
             let exact = req.exact.and_then(|e| e.chars(w.id(), input));
             let guess = own.map_or(0, |o| o.matched_chars);
-            let matched = exact.unwrap_or(guess);
+            let matched = match exact {
+                Some(e)
+                    if computing_holds
+                        && guess > e
+                        && own.is_some_and(|o| truth.in_flight_at(tenant, o.last_access)) =>
+                {
+                    guess
+                }
+                Some(e) => e,
+                None => guess,
+            };
             deepest = deepest.max(matched);
             scored.push(Scored {
                 at,
                 matched,
-                exact: exact.is_some(),
+                exact: exact.is_some_and(|e| e == matched),
                 guess,
                 last_access: own.map_or(0, |o| o.last_access),
                 slot,
@@ -826,7 +824,7 @@ impl CacheAware {
                             Branch::LowMatchMinLoad,
                         ),
                         LowMatchTarget::SmallestTree => {
-                            let rate = self.bound_rate(req, &truth);
+                            let rate = self.config.correction.bound_rate(&truth);
                             (
                                 self.quickest(&scored, fast, |s| {
                                     (self.footprint(&tree, &workers[s.at.idx], rate), s.at.load)
@@ -841,7 +839,7 @@ impl CacheAware {
         let chosen = &scored[k];
         let alt = if k == q { runner_up } else { Some(best) };
         let worker = &workers[chosen.at.idx];
-        let bound = self.tree_bound(req, worker, &truth);
+        let bound = self.config.correction.tree_bound(worker, &truth);
         let receipt = tree.insert_matched_within(req.text, worker.id().tenant(), &tm, bound);
         truth.count_insert(bound, &receipt);
         let explanation = Explanation {
@@ -860,6 +858,38 @@ impl CacheAware {
             truth,
             self.config.correction,
         )
+    }
+
+    /// Whether, with live event streams, a second copy of a text costs a
+    /// cached one elsewhere: the model's caches overflow
+    /// ([`ModelTruth::overflowing`](crate::policy::ModelTruth::overflowing)),
+    /// or every candidate's share of the tree has reached its cache's low
+    /// watermark (sizes known). A request's text is then best sent where
+    /// it is being computed, however busy that worker looks with the text
+    /// counted uncached there: the engine's events report a prefill only
+    /// once it is done, so the request would be predicted to compute it a
+    /// second time on the worker already computing it, and spilled. On a
+    /// pool whose caches have room the spill is a cheap replica and stays.
+    fn copies_evict(
+        &self,
+        tree: &Tree,
+        truth: &crate::policy::ModelTruth,
+        workers: &[Arc<Worker>],
+        loads: &Loads,
+    ) -> bool {
+        if truth.overflowing() {
+            return true;
+        }
+        let correction = &self.config.correction;
+        let Some(rate) = correction.bound_rate(truth) else {
+            return false;
+        };
+        loads.candidates.iter().all(|c| {
+            let w = &workers[c.idx];
+            correction.bound_at(w, Some(rate)).is_some_and(|bound| {
+                tree.tenant_size(w.id().tenant()) >= radixgate_tree::low_watermark(bound)
+            })
+        })
     }
 
     /// The safety net's target with live event streams: among the workers

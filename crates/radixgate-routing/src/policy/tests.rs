@@ -949,3 +949,54 @@ fn among_workers_whose_caches_are_full_the_least_loaded_takes_a_new_prompt() {
     tree.remove_tenant(ws[2].id().tenant());
     assert_eq!(new_prompt("b"), ws[2].id());
 }
+
+#[test]
+fn with_exact_matches_a_text_being_computed_stays_there_once_copies_evict() {
+    // Three workers of 10,000 tokens, 2 characters a token: 20,000
+    // characters of cache each, full from 18,750 (the low watermark).
+    let ws: Vec<Arc<Worker>> = (0..3).map(|i| with_cache(i, Some(10_000))).collect();
+    let text = format!("computing: {}", "a long shared document. ".repeat(400));
+    let chars = text.chars().count();
+    // Every engine's events say it holds none of the text.
+    let live: Vec<(WorkerId, usize)> = ws.iter().map(|w| (w.id(), 0)).collect();
+    let exact = ExactMatches {
+        input_tokens: chars / 2,
+        live: &live,
+    };
+    let req = RequestView::new("m", &text).with_exact(Some(exact));
+    for full in [false, true] {
+        let p = cache_aware(CacheAwareConfig::default());
+        two_chars_a_token(&p);
+        let tree = p.tree_or_create("m");
+        if full {
+            for (i, w) in ws.iter().enumerate() {
+                tree.insert(&format!("{i} {}", "f".repeat(18_800)), w.id().tenant());
+            }
+        }
+        // The first request starts computing the text on one worker and
+        // is still in flight there, behind 6 more requests.
+        let first = p.select(&req, &ws).expect("a worker");
+        let at = first.worker().clone();
+        let _busy = hold(&at, 6);
+        let d = p.select(&req, &ws).expect("a worker");
+        let e = d.explanation();
+        if full {
+            // A second copy would evict another worker's cache: the text
+            // counts as held where it is being computed.
+            assert_eq!(d.worker().id(), at.id());
+            assert_eq!(e.branch, Branch::CacheHit);
+            assert_eq!(e.matched_chars, Some(chars));
+            assert!(!e.exact, "the match is the tree's, not the events'");
+        } else {
+            // Room everywhere: a second copy on an idle worker is quicker.
+            assert_ne!(d.worker().id(), at.id(), "{:?}", e.branch);
+            assert_eq!(e.matched_chars, Some(0));
+        }
+        drop(d);
+        // Once the first request is answered its text is in the engine's
+        // events if it is held at all: they say it is not.
+        drop(first);
+        let d = p.select(&req, &ws).expect("a worker");
+        assert_eq!(d.explanation().matched_chars, Some(0), "full: {full}");
+    }
+}

@@ -17,7 +17,6 @@ use super::publish::Delivery;
 use super::wire::{self, Body, Header};
 use super::{Identity, SyncMetrics, now_ms};
 use crate::config::{StreamStorage, SyncConfig};
-use crate::events::KvEvents;
 use async_nats::Client;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, consumer, stream};
@@ -97,22 +96,6 @@ pub(super) fn peer_loads(loads: Vec<wire::WorkerLoad>) -> Vec<PeerLoad> {
         .collect()
 }
 
-/// Records a peer's decision in the tree, bounded by the worker's cache
-/// as this router's own decisions are ([`Router::learn`]); unbounded while
-/// a worker's KV event stream is live, as they are then too.
-fn learn(
-    router: &Router,
-    events: Option<&KvEvents>,
-    model: &str,
-    url: &str,
-    text: &str,
-) -> Learned {
-    match events {
-        Some(events) if events.live_now() => router.learn_unbounded(model, url, text),
-        _ => router.learn(model, url, text),
-    }
-}
-
 /// Applies insert batches, keeping each sender's texts for references.
 struct Applier {
     me: Identity,
@@ -124,10 +107,6 @@ struct Applier {
     delivery: Arc<Delivery>,
     senders: HashMap<u64, (Incoming, Instant, Seen)>,
     held: Held,
-    /// The engines' KV events, where configured: while any worker's
-    /// stream is live this router's own decisions keep what each worker
-    /// was sent, unbounded by its cache, and so do the peers' here.
-    events: Option<Arc<KvEvents>>,
 }
 
 /// The most gaps remembered per sender; beyond it the oldest is given up.
@@ -311,13 +290,7 @@ impl Applier {
                 // A first token alone: its decision came earlier.
                 continue;
             }
-            match learn(
-                &self.router,
-                self.events.as_deref(),
-                &entry.model,
-                &entry.url,
-                &text,
-            ) {
+            match self.router.learn(&entry.model, &entry.url, &text) {
                 Learned::Inserted => self.metrics.learned(),
                 Learned::NoTrees => {}
                 Learned::UnknownWorker => self.held.push(
@@ -349,13 +322,7 @@ impl Applier {
         let mut kept = VecDeque::with_capacity(self.held.entries.len());
         let mut bytes = 0;
         for e in self.held.entries.drain(..) {
-            match learn(
-                &self.router,
-                self.events.as_deref(),
-                &e.model,
-                &e.url,
-                &e.text,
-            ) {
+            match self.router.learn(&e.model, &e.url, &e.text) {
                 Learned::Inserted => self.metrics.learned(),
                 Learned::NoTrees => {}
                 Learned::UnknownModel => self.metrics.ignored("unknown_model"),
@@ -607,8 +574,6 @@ pub(super) struct Handoff {
     pub(super) reconnected: tokio::sync::watch::Receiver<u64>,
     /// Where own batches seen back from the stream are told.
     pub(super) delivery: Arc<Delivery>,
-    /// The engines' KV events, where configured ([`Applier::learn`]).
-    pub(super) events: Option<Arc<KvEvents>>,
 }
 
 /// Insert batches: replay then live from the stream, or live from core
@@ -628,7 +593,6 @@ pub(super) async fn inserts(
         ready,
         mut reconnected,
         delivery,
-        events,
     } = out;
     let warmup = Duration::from_secs(config.warmup_timeout_secs);
     let started = Instant::now();
@@ -663,7 +627,6 @@ pub(super) async fn inserts(
             // workers are admitted well within it.
             hold: warmup.max(Duration::from_secs(1)),
         },
-        events,
     };
     let mut retry = tokio::time::interval(HELD_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
