@@ -2,8 +2,9 @@
 # The exact-events study of docs/kv-events.md: every workload of
 # docs/defaults.md plus shared-prefix-small (a quarter of the default KV
 # cache), at 4 and 8 workers. Per cell, two runs of the same workload and
-# seed: cache_aware with correction off and on plus the oracle, then
-# cache_aware with --exact-events.
+# seed: cache_aware's tree alone (no correction from the answers, no bound
+# by the workers' caches) and with the default correction (both), plus the
+# oracle; then cache_aware with --exact-events.
 #
 # Usage: exact.sh OUTDIR    Env: RADIXGATE, TRACES, SIZES (default "4 8"),
 #        WORKLOADS (default: all).
@@ -18,6 +19,6 @@ for w in ${WORKLOADS:-$all shared-prefix-small}; do
     *) name=$w; extra="";;
   esac
   POLICIES=cache_aware,oracle WORKLOADS=$name "$here/defaults.sh" "$OUT/approx-$w" \
-    --sweep correction.enabled=false,true $extra
+    --sweep correction.enabled=false,true --sweep correction.capacity_bound=false,true $extra
   POLICIES=cache_aware WORKLOADS=$name "$here/defaults.sh" "$OUT/exact-$w" --exact-events $extra
 done

@@ -30,9 +30,17 @@ def main():
                 continue
             cells = {}
             for row in load(path)["rows"]:
-                key = {"correction.enabled=false": "approx",
-                       "correction.enabled=true": "corr"}.get(row["params"], row["policy"])
-                cells[key] = row
+                key = {
+                    # The tree alone: no trims, no bound by the caches.
+                    "correction.enabled=false correction.capacity_bound=false": "approx",
+                    # The default correction: both.
+                    "correction.enabled=true correction.capacity_bound=true": "corr",
+                    # Reports of builds before the bound (2026-12-04).
+                    "correction.enabled=false": "approx",
+                    "correction.enabled=true": "corr",
+                }.get(row["params"], row["policy"])
+                if key in ("approx", "corr", "oracle"):
+                    cells[key] = row
             cells["exact"] = next(r for r in load(exact_path)["rows"] if r["policy"] == "cache_aware")
             rows.append((w, int(n), cells))
     rows.sort(key=lambda x: (x[0], x[1]))

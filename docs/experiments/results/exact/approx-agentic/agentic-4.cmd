@@ -1,1 +1,1 @@
-$ radixgate simulate --workers 4 --workload agentic --rate 160 --requests 6000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true
+$ radixgate simulate --workers 4 --workload agentic --rate 160 --requests 6000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true --sweep correction.capacity_bound=false,true

@@ -1,1 +1,1 @@
-$ radixgate simulate --workers 8 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 2.0 --requests 4000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true
+$ radixgate simulate --workers 8 --workload trace --trace traces/mooncake_conversation.jsonl --speedup 2.0 --requests 4000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true --sweep correction.capacity_bound=false,true

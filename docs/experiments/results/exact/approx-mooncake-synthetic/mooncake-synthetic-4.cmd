@@ -1,1 +1,1 @@
-$ radixgate simulate --workers 4 --workload trace --trace traces/mooncake_synthetic.jsonl --speedup 0.8 --requests 4000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true
+$ radixgate simulate --workers 4 --workload trace --trace traces/mooncake_synthetic.jsonl --speedup 0.8 --requests 4000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true --sweep correction.capacity_bound=false,true

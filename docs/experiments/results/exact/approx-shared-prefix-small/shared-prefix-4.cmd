@@ -1,1 +1,1 @@
-$ radixgate simulate --workers 4 --workload shared-prefix --groups 128 --system-tokens 4096 --rate 60 --requests 6000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true --kv-capacity-tokens 100000
+$ radixgate simulate --workers 4 --workload shared-prefix --groups 128 --system-tokens 4096 --rate 60 --requests 6000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true --sweep correction.capacity_bound=false,true --kv-capacity-tokens 100000

@@ -1,1 +1,1 @@
-$ radixgate simulate --workers 8 --workload shared-prefix --groups 128 --system-tokens 4096 --zipf 1.1 --rate 120 --requests 6000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true
+$ radixgate simulate --workers 8 --workload shared-prefix --groups 128 --system-tokens 4096 --zipf 1.1 --rate 120 --requests 6000 --policies cache_aware,oracle --seed 1 --sweep correction.enabled=false,true --sweep correction.capacity_bound=false,true
