@@ -602,13 +602,12 @@ impl CacheAware {
     }
 
     /// `worker`'s tree size for the smallest-tree target, counted no
-    /// higher than the low watermark of its cache bound
-    /// ([`CorrectionConfig::tree_bound`](crate::CorrectionConfig::tree_bound),
-    /// at the decision's `rate` from
-    /// [`CorrectionConfig::bound_rate`](crate::CorrectionConfig::bound_rate)): a worker whose cache is full has no more
-    /// room than another full one, whatever the last eviction left, so
-    /// among full workers the least loaded, then the quickest, takes a new
-    /// prompt.
+    /// higher than the low watermark of its cache bound (at the decision's
+    /// `rate`, from
+    /// [`CorrectionConfig::bound_rate`](crate::CorrectionConfig::bound_rate)):
+    /// a worker whose cache is full has no more room than another full
+    /// one, whatever the last eviction left, so among full workers the
+    /// least loaded, then the quickest, takes a new prompt.
     fn footprint(&self, tree: &Tree, worker: &Worker, rate: Option<f64>) -> usize {
         let size = tree.tenant_size(worker.id().tenant());
         match self.config.correction.bound_at(worker, rate) {
