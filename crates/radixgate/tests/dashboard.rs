@@ -47,7 +47,7 @@ fn is_root() -> bool {
 /// The DOM of `url` after Chromium has run its scripts for `budget_ms` of
 /// virtual time (which waits for network fetches).
 async fn dump_dom(url: &str, budget_ms: u64) -> String {
-    let (dom, stderr) = browse(url, budget_ms).await;
+    let Browsed { dom, stderr, .. } = browse(url, budget_ms).await;
     assert!(
         dom.contains("<html"),
         "no page from chromium: {dom}\n{stderr}"
@@ -57,12 +57,22 @@ async fn dump_dom(url: &str, budget_ms: u64) -> String {
 
 /// What Chromium printed for `url`: the DOM (empty when the page did not
 /// load) and its log.
-async fn browse(url: &str, budget_ms: u64) -> (String, String) {
+/// What one headless Chromium run left: the page's DOM, its standard
+/// error, and its net log (Chromium's own record of every request and
+/// response, headers included).
+struct Browsed {
+    dom: String,
+    stderr: String,
+    net_log: String,
+}
+
+async fn browse(url: &str, budget_ms: u64) -> Browsed {
     let profile = std::env::temp_dir().join(format!(
         "radixgate-dashboard-chromium-{}-{}",
         std::process::id(),
         rand_suffix()
     ));
+    let net_log = profile.with_extension("netlog.json");
     let mut command = tokio::process::Command::new(chromium());
     command
         .arg("--headless")
@@ -77,6 +87,7 @@ async fn browse(url: &str, budget_ms: u64) -> (String, String) {
         // Names resolve to nothing; loopback addresses are used as they are.
         .arg("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
         .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--log-net-log={}", net_log.display()))
         .arg(format!("--virtual-time-budget={budget_ms}"))
         .arg("--dump-dom")
         .arg(url)
@@ -101,6 +112,8 @@ async fn browse(url: &str, budget_ms: u64) -> (String, String) {
         }
     };
     let _ = std::fs::remove_dir_all(&profile);
+    let logged = std::fs::read_to_string(&net_log).unwrap_or_default();
+    let _ = std::fs::remove_file(&net_log);
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
@@ -108,7 +121,11 @@ async fn browse(url: &str, budget_ms: u64) -> (String, String) {
         "chromium failed ({}): {dom}\n{stderr}",
         out.status
     );
-    (dom, stderr)
+    Browsed {
+        dom,
+        stderr,
+        net_log: logged,
+    }
 }
 
 fn rand_suffix() -> u64 {
@@ -285,13 +302,20 @@ async fn the_status_page_renders_live_in_a_real_browser_behind_the_admin_key() {
 
     // Without the key, the browser gets the refusal, not the page.
     let port = base.trim_start_matches("http://127.0.0.1:");
-    // (Headless Chromium loads no page after a refused challenge; a
-    // browser that showed the refusal would show its JSON.)
-    let (refused, log) = browse(&format!("http://127.0.0.1:{port}/dashboard"), 2000).await;
-    assert!(!refused.contains("data-worker"), "{refused}");
+    // (Headless Chromium shows an empty page after a refused challenge; a
+    // browser that showed the refusal would show its JSON. Either way its
+    // net log holds the gateway's 401 and its Basic challenge.)
+    let refused = browse(&format!("http://127.0.0.1:{port}/dashboard"), 2000).await;
+    assert!(!refused.dom.contains("data-worker"), "{}", refused.dom);
+    let challenged = refused.net_log.contains(" 401 Unauthorized")
+        && refused
+            .net_log
+            .contains("radixgate admin (password: the admin key)");
     assert!(
-        refused.contains("invalid_api_key") || log.contains("AUTH"),
-        "neither a refusal shown nor an authentication failure logged:\n{refused}\n{log}"
+        refused.dom.contains("invalid_api_key") || challenged,
+        "neither a refusal shown nor a 401 with the Basic challenge in the net log:\n{}\n{}",
+        refused.dom,
+        refused.stderr
     );
 
     // With it: every worker's row, and charts with data.
