@@ -55,17 +55,16 @@ async fn dump_dom(url: &str, budget_ms: u64) -> String {
     dom
 }
 
-/// What Chromium printed for `url`: the DOM (empty when the page did not
-/// load) and its log.
-/// What one headless Chromium run left: the page's DOM, its standard
-/// error, and its net log (Chromium's own record of every request and
-/// response, headers included).
+/// What one headless Chromium run left: the page's DOM (empty when the
+/// page did not load), its standard error, and its net log (Chromium's own
+/// record of every request and response, headers included).
 struct Browsed {
     dom: String,
     stderr: String,
     net_log: String,
 }
 
+/// What Chromium left for `url` after `budget_ms` of virtual time.
 async fn browse(url: &str, budget_ms: u64) -> Browsed {
     let profile = std::env::temp_dir().join(format!(
         "radixgate-dashboard-chromium-{}-{}",
