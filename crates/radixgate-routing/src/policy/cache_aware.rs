@@ -610,10 +610,16 @@ impl CacheAware {
     /// least loaded, then the quickest, takes a new prompt.
     fn footprint(&self, tree: &Tree, worker: &Worker, rate: Option<f64>) -> usize {
         let size = tree.tenant_size(worker.id().tenant());
-        match self.config.correction.bound_at(worker, rate) {
-            Some(bound) => size.min(radixgate_tree::low_watermark(bound)),
-            None => size,
-        }
+        self.full_from(worker, rate)
+            .map_or(size, |full| size.min(full))
+    }
+
+    /// The share of the tree from which `worker`'s cache counts as full:
+    /// the low watermark of its cache bound at `rate`; `None` while its
+    /// size or the model's characters per token is unknown.
+    fn full_from(&self, worker: &Worker, rate: Option<f64>) -> Option<usize> {
+        let bound = self.config.correction.bound_at(worker, rate)?;
+        Some(radixgate_tree::low_watermark(bound))
     }
 
     /// The `predicted_ttft` rule (module doc, "Cost model").
@@ -879,15 +885,13 @@ impl CacheAware {
         if truth.overflowing() {
             return true;
         }
-        let correction = &self.config.correction;
-        let Some(rate) = correction.bound_rate(truth) else {
+        let Some(rate) = self.config.correction.bound_rate(truth) else {
             return false;
         };
         loads.candidates.iter().all(|c| {
             let w = &workers[c.idx];
-            correction.bound_at(w, Some(rate)).is_some_and(|bound| {
-                tree.tenant_size(w.id().tenant()) >= radixgate_tree::low_watermark(bound)
-            })
+            self.full_from(w, Some(rate))
+                .is_some_and(|full| tree.tenant_size(w.id().tenant()) >= full)
         })
     }
 
