@@ -9,7 +9,7 @@
 //! decision's branch, the reported cached tokens, the status).
 //!
 //! The request path's part is one call at the end of each request
-//! ([`Recorder::record`], from `proxy.rs`'s `RequestWatch`), which hands the
+//! ([`Recorder::record`], from `proxy/respond.rs`'s `RequestWatch`), which hands the
 //! routing text and the answer's usage to a bounded queue and returns: it
 //! never waits, never hashes, never touches the file. A full queue (more
 //! than [`QUEUE_LINES`] requests, or [`QUEUE_BYTES`] of routing text,

@@ -1,7 +1,7 @@
 //! The request path's metrics: requests answered and their latency, time to
 //! first token, routing decisions, retries and failed attempts. Their names
 //! and help texts live here, next to the code that records them
-//! (`proxy.rs`); the machinery is [`crate::metrics`].
+//! (`proxy.rs` and the files below it); the machinery is [`crate::metrics`].
 //!
 //! Labels: routes, decision branches, retry reasons and error kinds are
 //! `&'static str` chosen by the code; statuses are HTTP codes; models are

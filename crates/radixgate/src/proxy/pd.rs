@@ -29,9 +29,13 @@
 //! pool's prefix record, `radixgate_routing::policy::Holding`), the
 //! client's bytes go to decode alone, as to a co-located worker.
 //!
-//! Bodies are edited by key, not re-serialised through types: every value
-//! the client sent is passed on byte for byte ([`RawValue`]); only the
+//! Bodies are edited by key, not re-serialised through types (`pd/body.rs`):
+//! every value the client sent is passed on byte for byte; only the
 //! object's key order and the white space between keys may change.
+
+mod body;
+
+use body::{prefill_body, transfer_params, with_bootstrap, with_transfer_params};
 
 use super::{
     Answer, Outgoing, Target, Waiting, error_message, no_first_byte, record, routing_key,
@@ -48,8 +52,6 @@ use axum::http::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use radixgate_routing::{Decision, Routed, WorkerId, WorkerRole, WorkerUrl};
-use serde_json::value::RawValue;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -813,197 +815,5 @@ fn apply_cached_report(decision: &mut Decision, text: &str, body: &[u8]) {
     }
     if let Some(feedback) = decision.take_cache_feedback() {
         super::Correction { feedback }.finish(text, cached);
-    }
-}
-
-/// A request body's top-level fields, their values as the client wrote
-/// them.
-type Fields = BTreeMap<String, Box<RawValue>>;
-
-fn fields(bytes: &[u8]) -> Result<Fields, GatewayError> {
-    serde_json::from_slice(bytes).map_err(|e| GatewayError::BadRequest(e.into()))
-}
-
-fn to_bytes(fields: &Fields) -> Result<Bytes, GatewayError> {
-    serde_json::to_vec(fields)
-        .map(Bytes::from)
-        .map_err(|e| GatewayError::BadRequest(e.into()))
-}
-
-fn raw(json: String) -> Box<RawValue> {
-    RawValue::from_string(json).expect("the gateway writes valid JSON")
-}
-
-/// How many prompts a request carries: `Some(n)` for a batch (SGLang
-/// `/generate` with a list of texts or of token-id lists, `/v1/completions`
-/// with a list of prompts), `None` for one.
-fn batch_size(api: Api, fields: &Fields) -> Option<usize> {
-    let list =
-        |key: &str| -> Option<Vec<&RawValue>> { serde_json::from_str(fields.get(key)?.get()).ok() };
-    let nested = |items: &[&RawValue]| {
-        items
-            .first()
-            .is_some_and(|v| matches!(v.get().trim_start().as_bytes().first(), Some(b'[' | b'"')))
-    };
-    match api {
-        Api::Generate => {
-            if let Some(texts) = list("text") {
-                return Some(texts.len());
-            }
-            list("input_ids")
-                .filter(|ids| nested(ids))
-                .map(|ids| ids.len())
-        }
-        Api::Completions => list("prompt").filter(|p| nested(p)).map(|p| p.len()),
-        _ => None,
-    }
-}
-
-/// The SGLang body: the client's plus `bootstrap_host`, `bootstrap_port`
-/// and a fresh `bootstrap_room` (arrays for a batch).
-fn with_bootstrap(
-    api: Api,
-    bytes: &[u8],
-    host: &str,
-    port: Option<u16>,
-) -> Result<Bytes, GatewayError> {
-    let mut fields = fields(bytes)?;
-    let host = serde_json::to_string(host).expect("a string");
-    let port = port.map_or_else(|| "null".to_owned(), |p| p.to_string());
-    let room = || (rand::random::<u64>() >> 1).to_string();
-    let (host, port, room) = match batch_size(api, &fields) {
-        None => (host, port, room()),
-        Some(n) => (
-            format!("[{}]", vec![host; n].join(",")),
-            format!("[{}]", vec![port; n].join(",")),
-            format!("[{}]", (0..n).map(|_| room()).collect::<Vec<_>>().join(",")),
-        ),
-    };
-    fields.insert("bootstrap_host".into(), raw(host));
-    fields.insert("bootstrap_port".into(), raw(port));
-    fields.insert("bootstrap_room".into(), raw(room));
-    to_bytes(&fields)
-}
-
-/// vLLM's step one: one whole token, and a request for remote decode.
-fn prefill_body(bytes: &[u8]) -> Result<Bytes, GatewayError> {
-    let mut fields = fields(bytes)?;
-    fields.insert("stream".into(), raw("false".into()));
-    fields.insert("max_tokens".into(), raw("1".into()));
-    if fields.contains_key("max_completion_tokens") {
-        fields.insert("max_completion_tokens".into(), raw("1".into()));
-    }
-    fields.remove("stream_options");
-    fields.insert(
-        "kv_transfer_params".into(),
-        raw(r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#.into()),
-    );
-    to_bytes(&fields)
-}
-
-/// The `kv_transfer_params` object of a vLLM prefill answer.
-fn transfer_params(body: &[u8]) -> Option<Box<RawValue>> {
-    let fields: Fields = serde_json::from_slice(body).ok()?;
-    let params = fields.get("kv_transfer_params")?;
-    params
-        .get()
-        .trim_start()
-        .starts_with('{')
-        .then(|| params.clone())
-}
-
-/// vLLM's step two: the client's body with prefill's transfer parameters.
-fn with_transfer_params(bytes: &[u8], params: &RawValue) -> Result<Bytes, GatewayError> {
-    let mut fields = fields(bytes)?;
-    fields.insert("kv_transfer_params".into(), params.to_owned());
-    to_bytes(&fields)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::{Value, json};
-
-    fn parse(b: &Bytes) -> Value {
-        serde_json::from_slice(b).unwrap()
-    }
-
-    #[test]
-    fn bootstrap_fields_are_added_and_everything_else_kept() {
-        let body = br#"{"text":"hi","sampling_params":{"temperature":0.70,"max_new_tokens":8},"unknown_field":[1,2.50]}"#;
-        let out = with_bootstrap(Api::Generate, body, "10.0.0.5", Some(8998)).unwrap();
-        let v = parse(&out);
-        assert_eq!(v["bootstrap_host"], "10.0.0.5");
-        assert_eq!(v["bootstrap_port"], 8998);
-        let room = v["bootstrap_room"].as_u64().unwrap();
-        assert!(room < 1 << 63);
-        // Values pass byte for byte (2.50 and 0.70 keep their spelling).
-        let text = std::str::from_utf8(&out).unwrap();
-        assert!(text.contains(r#""unknown_field":[1,2.50]"#), "{text}");
-        assert!(text.contains(r#""temperature":0.70"#), "{text}");
-        let again = with_bootstrap(Api::Generate, body, "10.0.0.5", None).unwrap();
-        let again = parse(&again);
-        assert_eq!(again["bootstrap_port"], Value::Null);
-        assert_ne!(again["bootstrap_room"], v["bootstrap_room"], "a fresh room");
-    }
-
-    #[test]
-    fn a_batch_gets_arrays() {
-        let out =
-            with_bootstrap(Api::Generate, br#"{"text":["a","b","c"]}"#, "h", Some(1)).unwrap();
-        let v = parse(&out);
-        assert_eq!(v["bootstrap_host"], json!(["h", "h", "h"]));
-        assert_eq!(v["bootstrap_port"], json!([1, 1, 1]));
-        let rooms = v["bootstrap_room"].as_array().unwrap();
-        assert_eq!(rooms.len(), 3);
-        assert_ne!(rooms[0], rooms[1]);
-        let ids =
-            with_bootstrap(Api::Generate, br#"{"input_ids":[[1,2],[3]]}"#, "h", None).unwrap();
-        assert_eq!(parse(&ids)["bootstrap_room"].as_array().unwrap().len(), 2);
-        // One prompt of token ids is not a batch.
-        let one = with_bootstrap(Api::Generate, br#"{"input_ids":[1,2,3]}"#, "h", None).unwrap();
-        assert!(parse(&one)["bootstrap_room"].is_u64());
-        let prompts =
-            with_bootstrap(Api::Completions, br#"{"prompt":["x","y"]}"#, "h", None).unwrap();
-        assert_eq!(parse(&prompts)["bootstrap_host"], json!(["h", "h"]));
-        let chat = with_bootstrap(
-            Api::ChatCompletions,
-            br#"{"messages":[{"role":"user","content":"x"}]}"#,
-            "h",
-            None,
-        )
-        .unwrap();
-        assert!(parse(&chat)["bootstrap_room"].is_u64());
-    }
-
-    #[test]
-    fn the_vllm_steps_rewrite_only_their_fields() {
-        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"extra":{"k":1}}"#;
-        let one = parse(&prefill_body(body).unwrap());
-        assert_eq!(one["stream"], false);
-        assert_eq!(one["max_tokens"], 1);
-        assert_eq!(one["max_completion_tokens"], 1);
-        assert!(one.get("stream_options").is_none());
-        assert_eq!(one["kv_transfer_params"]["do_remote_decode"], true);
-        assert_eq!(one["kv_transfer_params"]["do_remote_prefill"], false);
-        assert_eq!(one["extra"], json!({"k": 1}));
-        let answer = br#"{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[1,2],"remote_host":"127.0.0.1","remote_port":5600}}"#;
-        let params = transfer_params(answer).unwrap();
-        let two = parse(&with_transfer_params(body, &params).unwrap());
-        assert_eq!(two["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
-        assert_eq!(two["stream"], true, "the client's own flags");
-        assert_eq!(two["max_tokens"], 64);
-        assert_eq!(two["stream_options"], json!({"include_usage": true}));
-        assert!(transfer_params(br#"{"choices":[]}"#).is_none());
-        assert!(transfer_params(br#"{"kv_transfer_params":null}"#).is_none());
-        assert!(transfer_params(b"not json").is_none());
-    }
-
-    #[test]
-    fn a_body_that_is_not_an_object_is_the_clients_error() {
-        assert!(matches!(
-            with_bootstrap(Api::Generate, b"[1]", "h", None),
-            Err(GatewayError::BadRequest(_))
-        ));
     }
 }

@@ -1,0 +1,277 @@
+//! One attempt at a worker, up to its first byte: the client's bytes
+//! sent ([`send`]), the response head and first body frame waited for
+//! ([`first_byte`], [`prime`]) while the worker is watched for being lost
+//! or hung, and what an attempt that failed leaves behind (its count, the
+//! breaker's record, the worker's own error message). Shared by the
+//! co-located attempt loop (`proxy.rs`) and the disaggregated one
+//! (`proxy/pd.rs`); nothing here retries.
+
+use crate::breaker::publish_breaker;
+use crate::breaker::{Outcome, Permit};
+use crate::error::GatewayError;
+use crate::state::{AppState, Shared};
+use crate::stream::Primed;
+use crate::upstream;
+use axum::http::{HeaderMap, header};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use radixgate_routing::Decision;
+use std::net::IpAddr;
+
+/// Most bytes of a worker's error body read for its message.
+const ERROR_BODY_LIMIT: usize = 4096;
+
+/// An attempt that got no first byte (refused, hung, or its worker lost
+/// meanwhile): counted by kind; a hang also teaches outlier detection and
+/// the breaker.
+pub(super) fn no_first_byte(
+    shared: &Shared,
+    worker: &radixgate_routing::Worker,
+    breaker: &crate::breaker::Breaker,
+    err: &GatewayError,
+) {
+    let kind = match err {
+        GatewayError::FirstByteTimeout { after, .. } => {
+            // A hung worker's latency is at least the timeout.
+            shared.outliers.sample(worker.id(), *after);
+            breaker.note_hang(tokio::time::Instant::now());
+            "timeout"
+        }
+        GatewayError::WorkerLost { .. } => "worker_lost",
+        _ => "connect",
+    };
+    shared.request_metrics.upstream_error(worker.url(), kind);
+}
+
+/// Whether a response is an event stream (by the worker's content type).
+pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
+/// How often an attempt still waiting for its first byte looks whether its
+/// worker has been marked unavailable meanwhile.
+const WORKER_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// An attempt waiting for its first byte, and what it waits on.
+pub(super) struct Waiting<'a> {
+    pub(super) worker: &'a radixgate_routing::Worker,
+    pub(super) breaker: &'a crate::breaker::Breaker,
+    pub(super) sent: tokio::time::Instant,
+    /// This attempt's first-byte timeout.
+    pub(super) timeout: Option<std::time::Duration>,
+    /// The streams' first-byte timeout: waited that long on a worker that
+    /// has meanwhile let another attempt pass it, this one is hung too.
+    pub(super) hang: Option<std::time::Duration>,
+}
+
+/// Waits for `attempt` (the response head and its first frame) until
+/// `sent + timeout`. Every [`WORKER_CHECK`] it also looks at the worker,
+/// and gives up at once (to be retried elsewhere) when
+/// - the worker has been marked unavailable meanwhile (its breaker opened
+///   on other requests' timeouts, it was ejected, or it fails health
+///   checks), or
+/// - another attempt at it has timed out waiting for its first byte since
+///   this one was sent, and this one has waited at least the streams'
+///   first-byte timeout: the worker hangs requests, even if it answers
+///   others (so its breaker may stay closed).
+///
+/// So requests already waiting on a hung worker move on when the first of
+/// them times out, not each after its own timeout (300 s for a whole
+/// answer by default). An attempt that gets its first byte within a second
+/// costs one timer, as a plain timeout would.
+pub(super) async fn first_byte<T>(
+    attempt: impl std::future::Future<Output = Result<T, GatewayError>>,
+    waiting: Waiting<'_>,
+) -> Result<T, GatewayError> {
+    let Waiting {
+        worker,
+        breaker,
+        sent,
+        timeout,
+        hang,
+    } = waiting;
+    let deadline = timeout.map(|t| sent + t);
+    tokio::pin!(attempt);
+    loop {
+        let check = tokio::time::Instant::now() + WORKER_CHECK;
+        let wake = deadline.map_or(check, |d| d.min(check));
+        if let Ok(done) = tokio::time::timeout_at(wake, &mut attempt).await {
+            return done;
+        }
+        if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+            return Err(GatewayError::FirstByteTimeout {
+                worker: worker.url().to_owned(),
+                after: timeout.unwrap_or_default(),
+            });
+        }
+        let hung = hang.is_some_and(|h| sent.elapsed() >= h) && breaker.hung_since(sent);
+        if hung || !worker.is_available() {
+            return Err(GatewayError::WorkerLost {
+                worker: worker.url().to_owned(),
+                after: sent.elapsed(),
+            });
+        }
+    }
+}
+
+/// Reads a 2xx response's first body frame (the first token of a stream),
+/// so that a worker that sends its head and then hangs is caught before
+/// anything reaches the client. Other statuses are returned as they are.
+/// A body that breaks before its first frame is a failed attempt.
+pub(super) async fn prime(
+    response: axum::http::Response<Incoming>,
+    worker: &str,
+) -> Result<axum::http::Response<Primed<Incoming>>, GatewayError> {
+    let (parts, mut body) = response.into_parts();
+    let first = if parts.status.is_success() {
+        match body.frame().await {
+            Some(Ok(frame)) => Some(frame),
+            Some(Err(err)) => {
+                return Err(GatewayError::Connect {
+                    worker: worker.to_owned(),
+                    source: Box::new(err),
+                });
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    Ok(axum::http::Response::from_parts(
+        parts,
+        Primed::new(first, body),
+    ))
+}
+
+/// The worker's own reason for an error answer: `error.message`,
+/// `message` or `detail` of a JSON body, else its text, from at most
+/// [`ERROR_BODY_LIMIT`] bytes read before `deadline`. Also returns the
+/// bytes read.
+pub(super) async fn error_message(
+    response: axum::http::Response<Primed<Incoming>>,
+    deadline: Option<tokio::time::Instant>,
+) -> (Option<String>, Bytes) {
+    let body = http_body_util::Limited::new(response.into_body(), ERROR_BODY_LIMIT);
+    let read = async {
+        let mut body = std::pin::pin!(body);
+        let mut buf = bytes::BytesMut::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                buf.extend_from_slice(data);
+            }
+        }
+        buf.freeze()
+    };
+    let bytes = match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, read)
+            .await
+            .unwrap_or_default(),
+        None => tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .unwrap_or_default(),
+    };
+    (worker_message(&bytes), bytes)
+}
+
+/// The message of a worker's error body (see [`error_message`]), trimmed
+/// to one line of at most 512 characters.
+fn worker_message(body: &[u8]) -> Option<String> {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let from_json = json.as_ref().and_then(|v| {
+        [
+            v.pointer("/error/message"),
+            v.get("message"),
+            v.get("detail"),
+            v.get("error"),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|m| m.as_str().map(str::to_owned))
+    });
+    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let line: String = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(512)
+        .collect();
+    (!line.is_empty()).then_some(line)
+}
+
+/// Records an attempt's outcome and publishes any breaker change at once,
+/// so policies stop (or resume) choosing the worker without waiting for
+/// the upkeep tick.
+pub(super) fn record(worker: &radixgate_routing::Worker, probe: Permit, outcome: Outcome) {
+    if let Some(state) = probe.record(outcome, tokio::time::Instant::now()) {
+        tracing::info!(
+            worker = worker.url(),
+            state = state.as_str(),
+            "circuit breaker changed"
+        );
+        publish_breaker(worker, state);
+    }
+}
+
+/// Where an attempt's request goes and what it carries of the client's.
+#[derive(Clone, Copy)]
+pub(super) struct Outgoing<'a> {
+    /// The worker path.
+    pub(super) path: &'a str,
+    pub(super) client_headers: &'a HeaderMap,
+    pub(super) peer: Option<IpAddr>,
+}
+
+/// One attempt up to its first byte: `body` to the decision's worker, then
+/// its head and first frame ([`prime`]), waited for as [`first_byte`] says.
+pub(super) async fn send_primed(
+    state: &AppState,
+    decision: &Decision,
+    out: Outgoing<'_>,
+    body: Bytes,
+    traced: &crate::trace::Attempt,
+    waiting: Waiting<'_>,
+) -> Result<axum::http::Response<Primed<Incoming>>, GatewayError> {
+    let attempt = async {
+        let response = send(
+            state,
+            decision,
+            out.path,
+            out.client_headers,
+            out.peer,
+            body,
+            traced,
+        )
+        .await?;
+        prime(response, decision.worker().url()).await
+    };
+    first_byte(attempt, waiting).await
+}
+
+/// One attempt: the client's bytes to the chosen worker.
+async fn send(
+    state: &AppState,
+    decision: &Decision,
+    path: &str,
+    client_headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    body: Bytes,
+    traced: &crate::trace::Attempt,
+) -> Result<axum::http::Response<Incoming>, GatewayError> {
+    let worker = decision.worker();
+    let gateway_has_key = !state.shared.tenants.load().is_open();
+    let mut headers =
+        upstream::request_headers(client_headers, worker.api_key(), gateway_has_key, peer);
+    traced.inject(&mut headers);
+    state
+        .forwarder
+        .post(worker.url(), path, headers, body)
+        .await
+        .map_err(|err| GatewayError::Connect {
+            worker: worker.url().to_owned(),
+            source: Box::new(err),
+        })
+}
