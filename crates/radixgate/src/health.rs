@@ -314,6 +314,48 @@ fn unreachable_because(err: &reqwest::Error, timeout_secs: u64) -> String {
     innermost.to_string()
 }
 
+/// Most bytes of a worker's answer to a discovery question that are read.
+/// A model list of thousands of adapters, or a metrics page with every
+/// histogram, stays far below it; a worker that sends more (broken, or
+/// lying) is taken as not having answered, instead of filling the
+/// gateway's memory for as long as the probe's timeout lets it.
+const DISCOVERY_ANSWER_LIMIT: usize = 8 << 20;
+
+/// The body of a 2xx answer to a GET of `path`, read to its end within the
+/// probe's timeout and [`DISCOVERY_ANSWER_LIMIT`]; `None` for any other
+/// answer, none at all, or one that is too long (with a WARN).
+async fn answer(target: &Target, path: &str) -> Option<bytes::Bytes> {
+    let mut response = get(target, path).send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let too_long = || {
+        tracing::warn!(
+            worker = %target.url,
+            path,
+            limit_bytes = DISCOVERY_ANSWER_LIMIT,
+            "worker's answer is longer than the gateway reads; taken as no answer"
+        );
+    };
+    let limit = DISCOVERY_ANSWER_LIMIT;
+    if response
+        .content_length()
+        .is_some_and(|length| length > limit as u64)
+    {
+        too_long();
+        return None;
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > limit {
+            too_long();
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body.freeze())
+}
+
 #[derive(Deserialize)]
 struct ModelList {
     data: Vec<ModelEntry>,
@@ -332,18 +374,16 @@ struct ModelInfo {
 /// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
 /// `/get_model_info`; empty (serves any model) if it reports neither.
 async fn discover_models(target: &Target) -> Vec<String> {
-    if let Ok(response) = get(target, "/v1/models").send().await
-        && response.status().is_success()
-        && let Ok(list) = response.json::<ModelList>().await
+    if let Some(body) = answer(target, "/v1/models").await
+        && let Ok(list) = serde_json::from_slice::<ModelList>(&body)
         && !list.data.is_empty()
     {
         return list.data.into_iter().map(|m| m.id).collect();
     }
-    if let Ok(response) = get(target, "/get_model_info").send().await
-        && response.status().is_success()
+    if let Some(body) = answer(target, "/get_model_info").await
         && let Ok(ModelInfo {
             model_path: Some(path),
-        }) = response.json::<ModelInfo>().await
+        }) = serde_json::from_slice::<ModelInfo>(&body)
     {
         return vec![path];
     }
@@ -361,19 +401,16 @@ async fn discover_capacity(target: &Target) -> Option<u64> {
     struct ServerInfo {
         max_total_num_tokens: Option<u64>,
     }
-    if let Ok(response) = get(target, "/get_server_info").send().await
-        && response.status().is_success()
+    if let Some(body) = answer(target, "/get_server_info").await
         && let Ok(ServerInfo {
             max_total_num_tokens: Some(tokens),
-        }) = response.json::<ServerInfo>().await
+        }) = serde_json::from_slice::<ServerInfo>(&body)
         && tokens > 0
     {
         return Some(tokens);
     }
-    if let Ok(response) = get(target, "/metrics").send().await
-        && response.status().is_success()
-        && let Ok(text) = response.text().await
-        && let Some(tokens) = vllm_cache_tokens(&text)
+    if let Some(body) = answer(target, "/metrics").await
+        && let Some(tokens) = vllm_cache_tokens(&String::from_utf8_lossy(&body))
     {
         return Some(tokens);
     }

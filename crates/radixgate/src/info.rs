@@ -148,16 +148,14 @@ pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
         FAN_OUT_TIMEOUT,
     );
     match request.send().await {
-        Ok(response) => {
-            let status = response.status();
-            let body = response.bytes().await.unwrap_or_default();
-            (
-                status,
-                [(axum::http::header::CONTENT_TYPE, "application/json")],
-                body,
-            )
-                .into_response()
-        }
+        // Passed on as it arrives, never held whole: the gateway does not
+        // size a worker's answer for it.
+        Ok(response) => (
+            response.status(),
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            axum::body::Body::from_stream(response.bytes_stream()),
+        )
+            .into_response(),
         Err(err) => crate::error::GatewayError::Connect {
             worker: worker.url().to_owned(),
             source: Box::new(err),

@@ -518,3 +518,90 @@ async fn each_workers_kv_cache_size_is_read_once_admitted_unless_configured() {
     stop_vllm.cancel();
     stop_silent.cancel();
 }
+
+/// What a flooding endpoint sent, and whether its answer was let go.
+#[derive(Default)]
+struct Flood {
+    sent: AtomicU64,
+    dropped: AtomicBool,
+}
+
+/// An answer that never ends: a JSON list opening, then 1 MiB of entries
+/// every 10 ms, counted in `flood`, which also learns when the gateway
+/// lets the answer go.
+fn flood_body(flood: Arc<Flood>) -> axum::body::Body {
+    struct LetGo(Arc<Flood>);
+    impl Drop for LetGo {
+        fn drop(&mut self) {
+            self.0.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+    let entries = bytes::Bytes::from(r#"{"id":"flood"},"#.repeat((1 << 20) / 15));
+    let head = bytes::Bytes::from_static(br#"{"data":["#);
+    let chunks = futures::stream::unfold((LetGo(flood), true), move |(held, first)| {
+        let entries = entries.clone();
+        let head = head.clone();
+        async move {
+            let chunk = if first {
+                head
+            } else {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                entries
+            };
+            held.0.sent.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            Some((Ok::<_, std::io::Error>(chunk), (held, false)))
+        }
+    });
+    axum::body::Body::from_stream(chunks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_floods_its_discovery_answers_is_read_only_so_far() {
+    use axum::routing::get;
+    let models = Arc::new(Flood::default());
+    let server_info = Arc::new(Flood::default());
+    let (m, s) = (models.clone(), server_info.clone());
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { flood_body(m) }))
+        .route(
+            "/get_model_info",
+            get(|| async { axum::Json(json!({"model_path": "m-real"})) }),
+        )
+        .route(
+            "/get_server_info",
+            get(move || async move { flood_body(s) }),
+        )
+        .route(
+            "/metrics",
+            get(|| async {
+                "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1.0\n"
+            }),
+        );
+    let (url, stop) = serve_app(app).await;
+    let mut cfg = config(&[&url]);
+    // Long enough that a gateway reading until the timeout would take in
+    // hundreds of MiB first (1 MiB every 10 ms).
+    cfg.health.timeout_secs = 5;
+    let gw = gateway_ready(cfg, 1).await;
+    // The flooded questions count as unanswered: the models come from
+    // SGLang's /get_model_info, the cache size from vLLM's /metrics.
+    let listed = workers(&gw.url).await;
+    assert_eq!(listed[0]["models"], json!(["m-real"]), "{listed:?}");
+    wait_until("the cache size from /metrics", || async {
+        listed_capacity(&gw.url, &url).await == Some(1_600)
+    })
+    .await;
+    // Each flood was let go after the gateway's 8 MiB, give or take what
+    // loopback's socket buffers hold, not after the probe's timeout.
+    for (path, flood) in [("/v1/models", &models), ("/get_server_info", &server_info)] {
+        wait_until(path, || async { flood.dropped.load(Ordering::SeqCst) }).await;
+        let sent = flood.sent.load(Ordering::SeqCst);
+        assert!(
+            sent < 24 << 20,
+            "{path}: {sent} bytes sent before it was let go"
+        );
+    }
+    gw.shutdown().await;
+    stop.cancel();
+}
