@@ -51,6 +51,7 @@ use zeromq::{
 
 use crate::error::WireError;
 use crate::event::{EventBatch, KvEvent};
+use crate::guard::{Guarded, Unopened};
 use crate::wire::{ReplayReply, replay_request, split_message, split_replay_reply};
 
 /// Where and how to subscribe.
@@ -71,7 +72,14 @@ pub struct SubscriberConfig {
     pub max_reconnect_delay: Duration,
     /// How long a replay may wait for each reply.
     pub replay_timeout: Duration,
+    /// The longest frame, and message, the publisher may send; one
+    /// declared longer ends the connection ([`StaleReason::Oversized`]).
+    pub max_message_bytes: u64,
 }
+
+/// [`SubscriberConfig::max_message_bytes`]'s default: 64 MiB, where an
+/// engine's batch of a million-token prompt's blocks is a few MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 64 << 20;
 
 impl SubscriberConfig {
     /// A configuration with the default timings for `endpoint` and `topic`.
@@ -84,6 +92,7 @@ impl SubscriberConfig {
             reconnect_delay: Duration::from_millis(100),
             max_reconnect_delay: Duration::from_secs(5),
             replay_timeout: Duration::from_secs(1),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -121,6 +130,19 @@ pub enum StaleReason {
     },
     /// A message could not be decoded.
     Decode(WireError),
+    /// The publisher declared a frame or message longer than
+    /// [`SubscriberConfig::max_message_bytes`]; the connection was ended
+    /// before any of it was read.
+    Oversized {
+        /// The length it declared.
+        declared: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// No directory would take the size guard's local socket
+    /// (`$XDG_RUNTIME_DIR`, `$TMPDIR` or `/tmp`, `/dev/shm`): not
+    /// subscribed.
+    NoLocalSocket,
 }
 
 #[derive(Default)]
@@ -157,6 +179,13 @@ impl State {
             Self::send(tx, Update::Stale(why)).await?;
         }
         Ok(())
+    }
+
+    /// The publisher sent what the subscriber refuses to read: said every
+    /// time, live or not, since it never becomes live that way.
+    async fn refuse(&mut self, tx: &mpsc::Sender<Update>, why: StaleReason) -> Result<(), Closed> {
+        self.live = false;
+        Self::send(tx, Update::Stale(why)).await
     }
 
     async fn deliver(
@@ -238,8 +267,13 @@ impl State {
         // Exactness through a replay needs the stream before it exact, or
         // the replay to start at the publisher's first batch.
         let was_exact = self.exact || (self.expected.is_none() && from == 0);
+        let Ok(guarded) = Guarded::open(endpoint, cfg.connect_timeout, cfg.max_message_bytes).await
+        else {
+            return Ok(false);
+        };
         let mut socket = DealerSocket::with_options(options(cfg));
-        let connected = tokio::time::timeout(cfg.connect_timeout, socket.connect(endpoint)).await;
+        let connected =
+            tokio::time::timeout(cfg.connect_timeout, socket.connect(guarded.endpoint())).await;
         if !matches!(connected, Ok(Ok(()))) {
             return Ok(false);
         }
@@ -295,14 +329,18 @@ pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
         if tx.is_closed() {
             return;
         }
+        let guarded =
+            Guarded::open(&cfg.endpoint, cfg.connect_timeout, cfg.max_message_bytes).await;
         let mut socket = SubSocket::with_options(options(&cfg));
         let mut monitor = socket.monitor();
         let subscribed = socket.subscribe(&cfg.topic).await.is_ok();
-        let connected = subscribed
-            && matches!(
-                tokio::time::timeout(cfg.connect_timeout, socket.connect(&cfg.endpoint)).await,
+        let connected = match &guarded {
+            Ok(guarded) if subscribed => matches!(
+                tokio::time::timeout(cfg.connect_timeout, socket.connect(guarded.endpoint())).await,
                 Ok(Ok(()))
-            );
+            ),
+            _ => false,
+        };
         if connected {
             delay = cfg.reconnect_delay;
             loop {
@@ -323,14 +361,24 @@ pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
                 }
             }
         }
-        if state
-            .lose(&tx, false, StaleReason::Disconnected)
-            .await
-            .is_err()
-        {
+        let lost = match guarded.as_ref().map(Guarded::oversized) {
+            Ok(Some(declared)) => {
+                let why = StaleReason::Oversized {
+                    declared,
+                    limit: cfg.max_message_bytes,
+                };
+                state.refuse(&tx, why).await
+            }
+            Err(Unopened::NoLocalSocket) => state.refuse(&tx, StaleReason::NoLocalSocket).await,
+            Ok(None) | Err(Unopened::Unreachable) => {
+                state.lose(&tx, false, StaleReason::Disconnected).await
+            }
+        };
+        if lost.is_err() {
             return;
         }
         drop(socket);
+        drop(guarded);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = tx.closed() => return,

@@ -255,3 +255,117 @@ async fn gaps_are_filled_by_replay() {
     drop(rx);
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
 }
+
+/// A publisher written by hand, byte for byte (ZMTP 3.0, NULL mechanism),
+/// so that it can send what no ZMQ library would: it greets, says READY as
+/// a PUB, reads what the subscriber sends (its greeting, READY and
+/// subscription), then writes `then` and holds the connection open.
+async fn hand_written_publisher(then: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let endpoint = format!("tcp://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move {
+        let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
+        greeting.extend(b"NULL");
+        greeting.resize(64, 0);
+        let mut ready = vec![5];
+        ready.extend(b"READY");
+        ready.push(11);
+        ready.extend(b"Socket-Type");
+        ready.extend(3u32.to_be_bytes());
+        ready.extend(b"PUB");
+        let mut opening = greeting;
+        opening.extend([0x04, ready.len() as u8]);
+        opening.extend(ready);
+        let mut held = Vec::new();
+        // Each connection (the subscriber reconnects after a cut) gets the
+        // same; the streams are kept so that only the guard ends them.
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut theirs = [0u8; 256];
+            if stream.write_all(&opening).await.is_err() || stream.read(&mut theirs).await.is_err()
+            {
+                continue;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = stream.write_all(&then).await;
+            held.push(stream);
+        }
+    });
+    endpoint
+}
+
+/// One message frame as ZMTP writes it (`more`: frames follow).
+fn zmtp_frame(more: bool, body: &[u8]) -> Vec<u8> {
+    let more = u8::from(more);
+    let mut out = if body.len() > 255 {
+        let mut head = vec![more | 0x02];
+        head.extend((body.len() as u64).to_be_bytes());
+        head
+    } else {
+        vec![more, body.len() as u8]
+    };
+    out.extend(body);
+    out
+}
+
+#[tokio::test]
+async fn a_publisher_that_declares_a_huge_frame_is_cut_off_not_read() {
+    // A whole message first (batch 0, a clear: the stream goes live), then
+    // a frame whose 9-byte header declares 64 TiB. The ZMQ client alone
+    // set that much aside at once, and the process aborted.
+    let mut then = zmtp_frame(true, TOPIC.as_bytes());
+    then.extend(zmtp_frame(true, &0u64.to_be_bytes()));
+    then.extend(zmtp_frame(false, &cleared_payload()));
+    then.push(0x02);
+    then.extend((1u64 << 46).to_be_bytes());
+    let endpoint = hand_written_publisher(then).await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let task = tokio::spawn(run(config(&endpoint), tx));
+    expect_batch(&mut rx, 0).await;
+    assert!(matches!(next(&mut rx).await, Update::Live));
+    match next(&mut rx).await {
+        Update::Stale(StaleReason::Oversized { declared, limit }) => {
+            assert_eq!(declared, 1 << 46);
+            assert_eq!(limit, 64 << 20);
+        }
+        other => panic!("expected the frame refused, got {other:?}"),
+    }
+    // It reconnects, is sent the same, and says so again each time (the
+    // replayed batch 0 is a restart: the publisher began again).
+    let mut refused = 1;
+    while refused < 3 {
+        match next(&mut rx).await {
+            Update::Stale(StaleReason::Oversized { .. }) => refused += 1,
+            Update::Batch { .. } | Update::Live | Update::Restarted => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    drop(rx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+}
+
+#[tokio::test]
+async fn a_message_that_never_ends_is_cut_off_at_the_limit() {
+    // Frames of 1,000 bytes, each announcing more: nothing past the limit
+    // is read, whatever each frame's own length.
+    let mut then = Vec::new();
+    for _ in 0..200 {
+        then.extend(zmtp_frame(true, &[7u8; 1_000]));
+    }
+    let endpoint = hand_written_publisher(then).await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let mut cfg = config(&endpoint);
+    cfg.max_message_bytes = 100_000;
+    let task = tokio::spawn(run(cfg, tx));
+    match next(&mut rx).await {
+        Update::Stale(StaleReason::Oversized { declared, limit }) => {
+            assert_eq!(limit, 100_000);
+            assert_eq!(declared, 101_000, "refused at the frame that crosses it");
+        }
+        other => panic!("expected the message refused, got {other:?}"),
+    }
+    drop(rx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+}

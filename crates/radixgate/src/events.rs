@@ -349,6 +349,7 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
                 tracing::info!(worker = %url, rank, endpoint = %endpoint, "kv_events: subscribing");
                 let mut cfg = SubscriberConfig::new(endpoint, events.config.topic.clone());
                 cfg.replay_endpoint = replay;
+                cfg.max_message_bytes = events.config.max_message_bytes;
                 tokio::spawn(follow(
                     events.clone(),
                     id,
@@ -418,9 +419,17 @@ async fn follow(
                     StaleReason::Disconnected => "disconnected",
                     StaleReason::Gap { .. } => "gap",
                     StaleReason::Decode(_) => "decode",
+                    StaleReason::Oversized { .. } => "oversized",
+                    StaleReason::NoLocalSocket => "no_local_socket",
                 };
                 events.metrics.stale.increment(label);
-                if live {
+                if let StaleReason::Oversized { declared, limit } = reason {
+                    // Said at every try, live or not: such a publisher
+                    // never becomes live, and nothing else would say why.
+                    tracing::warn!(worker = %url, rank, declared_bytes = declared, limit_bytes = limit, "kv_events: publisher sent a frame or message over kv_events.max_message_bytes; disconnected, routing this worker on the approximate tree");
+                } else if let StaleReason::NoLocalSocket = reason {
+                    tracing::warn!(worker = %url, rank, "kv_events: no directory takes the size guard's local socket ($XDG_RUNTIME_DIR, $TMPDIR or /tmp, /dev/shm); not subscribed, routing this worker on the approximate tree");
+                } else if live {
                     tracing::warn!(worker = %url, rank, reason = ?reason, "kv_events: stream stale; routing this worker on the approximate tree");
                 }
                 live = false;

@@ -53,7 +53,16 @@ pub struct KvEventsConfig {
     pub max_blocks_per_worker: usize,
     /// Blocks the index keeps in all.
     pub max_blocks_total: usize,
+    /// The longest frame, or message, a publisher may send; one that
+    /// declares more is cut off before it is read, and its stream counts
+    /// as stale (`oversized`), so that a worker that lies cannot make the
+    /// router set memory aside for it.
+    pub max_message_bytes: u64,
 }
+
+/// The smallest `max_message_bytes` taken: an engine's ordinary batch
+/// must fit.
+const MIN_MESSAGE_BYTES: u64 = 64 << 10;
 
 /// Whose rules a chat request is tokenized by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -79,6 +88,7 @@ impl Default for KvEventsConfig {
             engine: EngineRules::default(),
             max_blocks_per_worker: 1 << 20,
             max_blocks_total: 1 << 24,
+            max_message_bytes: radixgate_kv::subscribe::DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -127,6 +137,15 @@ impl KvEventsConfig {
             return Err(invalid(
                 "kv_events.max_blocks_per_worker",
                 "the block limits must be at least 1",
+            ));
+        }
+        if self.max_message_bytes < MIN_MESSAGE_BYTES {
+            return Err(invalid(
+                "kv_events.max_message_bytes",
+                format!(
+                    "must be at least {MIN_MESSAGE_BYTES} (64 KiB), got {}",
+                    self.max_message_bytes
+                ),
             ));
         }
         Ok(())
@@ -226,6 +245,12 @@ mod tests {
         c.endpoints.insert("http://w:1".into(), "udp://w:2".into());
         let e = err(c);
         assert!(e.contains("kv_events.endpoints"), "{e}");
+        let e = err(KvEventsConfig {
+            max_message_bytes: 65_535,
+            ..KvEventsConfig::default()
+        });
+        assert!(e.contains("kv_events.max_message_bytes"), "{e}");
+        assert!(e.contains("65535"), "{e}");
         assert!(KvEventsConfig::default().validate().is_ok());
     }
 }
