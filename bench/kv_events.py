@@ -103,13 +103,23 @@ def matched(row: dict) -> str:
     return f"{exact / total:.3f}" if total else ""
 
 
+def cpu_per_request(row: dict) -> str:
+    """The router's CPU per request answered, in ms (rows before it was
+    measured have none)."""
+    cpu, ok = row.get("router_cpu_s"), row["report"].get("ok")
+    return f"{cpu * 1000 / ok:.3f}" if cpu is not None and ok else ""
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     out = ["# KV events for real: serve over simulated workers publishing events", "",
            f"`{m['command']}` at {m['started_utc']}, commit {m.get('git') or '?'}.",
            "Four workers per run, fresh for every row; the same seeded load.", "",
+           "Router CPU: utime + stime of the router's process tree over the load (/proc), "
+           "per request answered.", "",
            "| workload | router | mode | ok | failed | hit rate | mean TTFT ms | p90 TTFT ms | "
-           "TTFT vs approximate | matched on events |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "TTFT vs approximate | matched on events | router CPU ms/request |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for w in dict.fromkeys(r["workload"] for r in result["rows"]):
         rows = [r for r in result["rows"] if r["workload"] == w]
         base = next((r for r in rows if r["policy"] == "approximate"), None)
@@ -121,7 +131,7 @@ def markdown(result: dict) -> str:
                   else "")
             out.append(f"| {w} | {r['router']} | {r['policy']} | {rep['ok']} | {rep['failed']} | "
                        f"{report._f(rep.get('hit_rate'), '{:.3f}')} | {report._f(t.get('mean'))} | "
-                       f"{report._f(t.get('p90'))} | {vs} | {matched(r)} |")
+                       f"{report._f(t.get('p90'))} | {vs} | {matched(r)} | {cpu_per_request(r)} |")
     if m.get("skipped"):
         out += ["", "Left out: " + "; ".join(m["skipped"])]
     return "\n".join(out) + "\n"
@@ -192,7 +202,9 @@ def main() -> int:
                                                     os.path.join(tmp, f"router-{router.name}.log"))
                     try:
                         t0 = time.time()
+                        cpu0 = procs.cpu_seconds(proc.pid)
                         rep = run_load(binary, [url], load_args + ["--pool-size", "4"], opts.seed)
+                        cpu_s = procs.cpu_seconds(proc.pid) - cpu0
                         kv = kv_series(url) if router.policy == "exact events" else {}
                     finally:
                         procs.stop(proc)
@@ -205,6 +217,7 @@ def main() -> int:
                        "wall_s": round(time.time() - t0, 1),
                        "load_args": [repo_relative(a) for a in load_args],
                        "worker_args": worker_args, "kv_series": kv,
+                       "router_cpu_s": round(cpu_s, 3),
                        "loadavg": os.getloadavg(), "report": rep}
                 rows.append(row)
                 print(report.quality_line(row), flush=True)
