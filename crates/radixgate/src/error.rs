@@ -238,6 +238,15 @@ pub enum GatewayError {
     /// A trace recording asked for through the admin API could not start.
     #[error(transparent)]
     RecordTrace(#[from] crate::record::RecordError),
+    /// The request has passed through this gateway before (its `Via`
+    /// names it): a worker URL leads back here (`crate::via`).
+    #[error(
+        "the request came back to this router (its Via header names {pseudonym}): a worker URL points at the router itself or at a router that forwards back to it"
+    )]
+    LoopDetected {
+        /// This gateway's pseudonym.
+        pseudonym: String,
+    },
     /// A route that does not exist.
     #[error("no route for {method} {path}")]
     NotFound {
@@ -283,6 +292,7 @@ impl GatewayError {
             | Self::BodyBudgetExhausted { .. }
             | Self::RequestTimeout { .. }
             | Self::Routing(_)
+            | Self::LoopDetected { .. }
             | Self::ShuttingDown => Origin::Gateway,
         }
     }
@@ -319,6 +329,7 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             Self::RecordTrace(err) if err.client_caused() => StatusCode::BAD_REQUEST,
             Self::RecordTrace(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::QueueFull { .. } | Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -355,6 +366,7 @@ impl GatewayError {
             Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
             Self::ShuttingDown => ("service_unavailable", "shutting_down"),
             Self::Routing(_) => ("server_error", "routing_error"),
+            Self::LoopDetected { .. } => ("server_error", "loop_detected"),
             Self::RecordTrace(err) if err.client_caused() => {
                 ("invalid_request_error", "record_trace_failed")
             }

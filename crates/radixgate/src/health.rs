@@ -288,6 +288,10 @@ async fn probe(target: &Target) -> Result<(), String> {
     };
     match response {
         Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) if r.status() == reqwest::StatusCode::LOOP_DETECTED => Err(format!(
+            "health check {endpoint} answered {}: this URL is the router itself, or leads back to it",
+            r.status()
+        )),
         Ok(r) => Err(format!("health check {endpoint} answered {}", r.status())),
         Err(err) => Err(unreachable_because(&err, target.config.timeout_secs)),
     }

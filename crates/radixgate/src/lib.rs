@@ -41,3 +41,4 @@ pub mod trace;
 mod upkeep;
 pub mod upstream;
 pub mod usage;
+mod via;

@@ -156,6 +156,12 @@ fn routes(state: Arc<AppState>) -> Router {
             .into_response()
         })
         .method_not_allowed_fallback(method_not_allowed)
+        // A request that has been here before is refused first, whatever
+        // its route (`crate::via`).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::via::refuse_loops,
+        ))
         // Every answer, the router's own errors included, carries the
         // request's id; every request runs in its spans.
         .layer(axum::middleware::from_fn_with_state(
@@ -241,7 +247,8 @@ pub async fn run_reloadable(
     // on its own timer; it lives as long as the gateway.
     let decode_policy = registry.decode_policy();
     let router = registry.router();
-    let client = upstream::client()?;
+    let via = crate::via::Via::new();
+    let client = upstream::worker_client(via.value())?;
     let forwarder = upstream::Forwarder::new()?;
     let tasks = shutdown.child_token();
     // Whatever way this function returns (an error part-way through start-up
@@ -326,6 +333,7 @@ pub async fn run_reloadable(
     let recorder = crate::record::Recorder::new(&config.record_trace, router.clone(), &metrics)?;
     let streams_abort = CancellationToken::new();
     let shared = Arc::new(Shared {
+        via,
         sync,
         kv_events,
         recorder,

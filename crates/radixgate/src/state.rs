@@ -34,6 +34,9 @@ use std::time::Instant;
 
 /// What every thread of one gateway shares.
 pub(crate) struct Shared {
+    /// This gateway's `Via` entry, sent with every request to a worker
+    /// and looked for in every request received (`crate::via`).
+    pub(crate) via: crate::via::Via,
     /// The validated configuration, as at start-up (a reload changes the
     /// workers, the policy and [`Self::keys`], not this).
     pub(crate) config: Config,

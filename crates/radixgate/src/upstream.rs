@@ -48,6 +48,19 @@ fn install_crypto() {
 
 /// Builds the client for the gateway's own calls to workers.
 pub fn client() -> Result<reqwest::Client, reqwest::Error> {
+    builder().build()
+}
+
+/// [`client`], sending `via` (this gateway's `Via` entry) with every call,
+/// so that a probe of a "worker" that is this gateway is refused
+/// (`crate::via`).
+pub(crate) fn worker_client(via: &HeaderValue) -> Result<reqwest::Client, reqwest::Error> {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::VIA, via.clone());
+    builder().default_headers(headers).build()
+}
+
+fn builder() -> reqwest::ClientBuilder {
     install_crypto();
     reqwest::Client::builder()
         .tcp_nodelay(true)
@@ -55,7 +68,6 @@ pub fn client() -> Result<reqwest::Client, reqwest::Error> {
         .pool_max_idle_per_host(POOL_MAX_IDLE)
         .connect_timeout(CONNECT_TIMEOUT)
         .no_proxy()
-        .build()
 }
 
 /// The request path's client: forwards a client's request to a worker.

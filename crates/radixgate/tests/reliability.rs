@@ -441,3 +441,126 @@ async fn shutdown_cuts_what_outlives_the_grace_period_on_every_thread() {
         assert!(!String::from_utf8_lossy(&rest).contains("[DONE]"));
     }
 }
+
+/// A fake worker that never passes its health check and keeps the `Via`
+/// header of the last probe it got.
+async fn via_recorder() -> (
+    String,
+    Arc<std::sync::Mutex<Option<String>>>,
+    tokio_util::sync::CancellationToken,
+) {
+    use axum::http::{HeaderMap, StatusCode};
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let s = seen.clone();
+    let app = axum::Router::new().route(
+        "/health",
+        axum::routing::get(move |headers: HeaderMap| {
+            let s = s.clone();
+            async move {
+                let via = headers.get("via").and_then(|v| v.to_str().ok());
+                *s.lock().unwrap() = via.map(str::to_owned);
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }),
+    );
+    let (url, stop) = serve_app(app).await;
+    (url, seen, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_url_that_is_the_router_itself_is_never_admitted() {
+    let w = sim_worker(fast_worker()).await;
+    let (recorder, seen, stop) = via_recorder().await;
+    let gw = gateway_ready(config(&[&w.url, &recorder]), 1).await;
+    // What the router says of itself to every worker it calls.
+    wait_until("a probe's Via", || async { seen.lock().unwrap().is_some() }).await;
+    let via = seen.lock().unwrap().clone().unwrap();
+    assert!(via.starts_with("1.1 radixgate-"), "{via}");
+    // Its own URL added as a worker: the probe comes back to it, is refused
+    // with 508, and the "worker" stays out, saying why.
+    let c = client();
+    let r = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": gw.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    wait_until("the router's own URL refused", || async {
+        workers(&gw.url).await.iter().any(|w| {
+            w["url"] == gw.url.as_str()
+                && w["problem"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("508") && p.contains("router itself"))
+        })
+    })
+    .await;
+    let me = workers(&gw.url).await;
+    let me = me.iter().find(|x| x["url"] == gw.url.as_str()).unwrap();
+    assert_eq!(me["state"], "pending", "{me}");
+    for i in 0..10 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&chat(&format!("question {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], w.url.as_str());
+    }
+    // A request that carries the router's own entry is refused at once;
+    // another router's entry before it in the chain is not.
+    let looped = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("via", format!("1.1 edge-proxy, {via}"))
+        .json(&chat("again", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(looped.status(), 508);
+    let body: Value = looped.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "loop_detected", "{body}");
+    let chained = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("via", "1.1 radixgate-0123456789abcdef")
+        .json(&chat("from another router", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chained.status(), 200);
+    gw.shutdown().await;
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routers_that_forward_to_each_other_send_the_request_round_once_at_most() {
+    let w = sim_worker(fast_worker()).await;
+    // A in front of the worker; B in front of A; then B added to A's pool.
+    let a = gateway_ready(round_robin(config(&[&w.url])), 1).await;
+    let b = gateway_ready(config(&[&a.url]), 1).await;
+    let c = client();
+    let r = c
+        .post(format!("{}/workers", a.url))
+        .json(&json!({"url": b.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    wait_for_healthy(&a.url, 2).await;
+    // Round-robin sends every other request to B, which sends it back to
+    // A: A refuses it (508), B passes that on, and A retries the worker.
+    // Without the refusal A would route it again, and its answer would
+    // have come through B.
+    for i in 0..10 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", a.url))
+            .json(&chat(&format!("question {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], w.url.as_str(), "request {i}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -265,6 +265,9 @@ async fn send(
     let gateway_has_key = !state.shared.tenants.load().is_open();
     let mut headers =
         upstream::request_headers(client_headers, worker.api_key(), gateway_has_key, peer);
+    // After any the client sent: a request that comes back is refused
+    // (`crate::via`).
+    headers.append(header::VIA, state.shared.via.value().clone());
     traced.inject(&mut headers);
     state
         .forwarder

@@ -1,0 +1,113 @@
+//! Forwarding loops, found by the `Via` header (RFC 9110 §7.6.3).
+//!
+//! Every request this gateway sends a worker (a client's, a health probe,
+//! model and cache-size discovery, a fan-out) carries a `Via` entry that
+//! names this gateway by a pseudonym drawn when it starts
+//! (`1.1 radixgate-<16 hex digits>`), after any entries the client sent.
+//! A request that arrives with that pseudonym in its `Via` has been here
+//! before: a worker URL points at this router (a typo, or a Kubernetes
+//! selector that also matches the router's own pods), or at a router that
+//! forwards back here. It is refused with 508 Loop Detected before
+//! anything else is done, so the health probe of such a "worker" fails and
+//! it is never admitted, and a request already under way is retried on
+//! another worker instead of going round until the connection limits stop
+//! it. Another router in the chain (one in front of per-pool routers, say)
+//! has a pseudonym of its own and passes.
+
+use crate::error::GatewayError;
+use crate::state::AppState;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+
+/// This gateway's entry in the `Via` headers it sends.
+#[derive(Debug, Clone)]
+pub(crate) struct Via {
+    value: HeaderValue,
+    pseudonym: String,
+}
+
+impl Via {
+    /// A new pseudonym, drawn at random (one per gateway: two gateways in
+    /// one process, as in the tests, are told apart too).
+    pub(crate) fn new() -> Self {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(rand::random());
+        let pseudonym = format!("radixgate-{:016x}", hasher.finish());
+        let value = HeaderValue::from_str(&format!("1.1 {pseudonym}"))
+            .expect("ASCII letters, digits and a hyphen");
+        Self { value, pseudonym }
+    }
+
+    /// The header value: `1.1 radixgate-…`.
+    pub(crate) fn value(&self) -> &HeaderValue {
+        &self.value
+    }
+
+    /// Whether `headers` carry this gateway's entry in a `Via`.
+    pub(crate) fn seen_in(&self, headers: &HeaderMap) -> bool {
+        headers.get_all(header::VIA).iter().any(|value| {
+            value.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|entry| entry.split_whitespace().nth(1) == Some(&self.pseudonym))
+            })
+        })
+    }
+}
+
+/// Refuses, with 508, a request that has passed through this gateway
+/// before (see the module doc).
+pub(crate) async fn refuse_loops(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let via = &state.shared.via;
+    if via.seen_in(req.headers()) {
+        tracing::warn!(
+            path = req.uri().path(),
+            "request came back to this router (its Via names it): a worker URL leads back here"
+        );
+        return GatewayError::LoopDetected {
+            pseudonym: via.pseudonym.clone(),
+        }
+        .into_response();
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_this_gateways_own_entry_counts() {
+        let ours = Via::new();
+        let other = Via::new();
+        assert_ne!(ours.pseudonym, other.pseudonym);
+        let mut headers = HeaderMap::new();
+        assert!(!ours.seen_in(&headers));
+        headers.append(
+            header::VIA,
+            HeaderValue::from_static("1.1 nginx, 1.0 squid"),
+        );
+        headers.append(header::VIA, other.value().clone());
+        assert!(!ours.seen_in(&headers), "another router's entry passes");
+        // Its name as a comment, or inside another name, is not its entry.
+        let mentioned = format!("1.1 proxy ({})", ours.pseudonym);
+        headers.append(header::VIA, HeaderValue::from_str(&mentioned).unwrap());
+        let longer = format!("1.1 {}0", ours.pseudonym);
+        headers.append(header::VIA, HeaderValue::from_str(&longer).unwrap());
+        assert!(!ours.seen_in(&headers));
+        // In a list, or a field line of its own.
+        let listed = format!("1.1 nginx, HTTP/1.1 {} , 1.1 x", ours.pseudonym);
+        let mut in_list = HeaderMap::new();
+        in_list.insert(header::VIA, HeaderValue::from_str(&listed).unwrap());
+        assert!(ours.seen_in(&in_list));
+        headers.append(header::VIA, ours.value().clone());
+        assert!(ours.seen_in(&headers));
+    }
+}
