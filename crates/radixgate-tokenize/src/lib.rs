@@ -141,15 +141,36 @@ impl Tokenizer {
         endpoint: Endpoint,
         body: &Value,
     ) -> Result<Vec<u32>, TokenizeError> {
+        self.prompt_prefix_tokens(endpoint, body, usize::MAX)
+    }
+
+    /// [`prompt_tokens`](Self::prompt_tokens) of the prompt's first
+    /// `max_chars` characters: the text, as sent or as the chat template
+    /// renders it, is cut there before it is encoded (a prompt of token ids,
+    /// to its first `max_chars` ids). A router that matches prefixes needs
+    /// no more than the prefix it keeps, and encoding costs time and memory
+    /// in proportion to the text: a 22 MB chat prompt took a router 9 s of
+    /// CPU and 3.3 GB at its peak with the test tokenizer. The tokens of
+    /// the cut text are the whole text's up to the last word or so before
+    /// the cut.
+    pub fn prompt_prefix_tokens(
+        &self,
+        endpoint: Endpoint,
+        body: &Value,
+        max_chars: usize,
+    ) -> Result<Vec<u32>, TokenizeError> {
         match request::prompt_of(endpoint, body)? {
-            Prompt::Ids(ids) => Ok(ids),
+            Prompt::Ids(mut ids) => {
+                ids.truncate(max_chars);
+                Ok(ids)
+            }
             Prompt::Text {
                 text,
                 add_special_tokens,
-            } => self.encode(text, add_special_tokens),
+            } => self.encode(prefix(text, max_chars), add_special_tokens),
             Prompt::Chat(map) => {
                 let (text, add_special_tokens) = self.render(map)?;
-                self.encode(&text, add_special_tokens)
+                self.encode(prefix(&text, max_chars), add_special_tokens)
             }
         }
     }
@@ -193,8 +214,24 @@ impl Tokenizer {
     }
 }
 
+/// The first `max_chars` characters of `text`.
+fn prefix(text: &str, max_chars: usize) -> &str {
+    match text.char_indices().nth(max_chars) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_prefix_is_cut_at_a_character() {
+        assert_eq!(super::prefix("héllo", 2), "hé");
+        assert_eq!(super::prefix("héllo", 5), "héllo");
+        assert_eq!(super::prefix("héllo", 50), "héllo");
+        assert_eq!(super::prefix("héllo", 0), "");
+    }
+
     /// The router shares one tokenizer across its request tasks.
     #[test]
     fn tokenizer_is_send_and_sync() {

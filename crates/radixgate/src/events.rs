@@ -124,6 +124,9 @@ struct Subscribed {
 pub(crate) struct KvEvents {
     config: KvEventsConfig,
     tokenizer: Option<Arc<Tokenizer>>,
+    /// How much of a prompt is tokenized and matched: the routing text's
+    /// cap (`max_routing_text_chars`).
+    max_prompt_chars: usize,
     index: RwLock<KvIndex>,
     workers: Mutex<HashMap<WorkerId, Subscribed>>,
     /// The live workers, ascending by id: what requests read.
@@ -152,6 +155,7 @@ impl KvEvents {
     /// `stop`.
     pub(crate) fn spawn(
         config: &KvEventsConfig,
+        max_prompt_chars: usize,
         router: Router,
         metrics: &Metrics,
         stop: CancellationToken,
@@ -186,6 +190,7 @@ impl KvEvents {
         let events = Arc::new(Self {
             config: config.clone(),
             tokenizer,
+            max_prompt_chars,
             index: RwLock::new(KvIndex::with_limits(IndexLimits {
                 max_blocks_per_worker: config.max_blocks_per_worker,
                 max_blocks_total: config.max_blocks_total,
@@ -241,17 +246,21 @@ impl KvEvents {
         })
     }
 
+    /// The prompt's tokens, of its first `max_prompt_chars` characters
+    /// only (see [`Tokenizer::prompt_prefix_tokens`]): the tree keeps no
+    /// more of a prompt either.
     fn tokens(&self, path: &str, bytes: &[u8]) -> Result<Option<Vec<u32>>, String> {
         let Some(endpoint) = TokenEndpoint::from_path(path) else {
             return Ok(None);
         };
         let body: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        if let Some(ids) = body_token_ids(endpoint, &body).map_err(|e| e.to_string())? {
+        if let Some(mut ids) = body_token_ids(endpoint, &body).map_err(|e| e.to_string())? {
+            ids.truncate(self.max_prompt_chars);
             return Ok(Some(ids));
         }
         match &self.tokenizer {
             Some(t) => t
-                .prompt_tokens(endpoint, &body)
+                .prompt_prefix_tokens(endpoint, &body, self.max_prompt_chars)
                 .map(Some)
                 .map_err(|e| e.to_string()),
             None => Ok(None),

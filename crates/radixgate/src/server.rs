@@ -324,6 +324,7 @@ pub async fn run_reloadable(
     let kv_events = match config.kv_events.enabled {
         true => Some(crate::events::KvEvents::spawn(
             &config.kv_events,
+            config.routing.tree_bounds().max_routing_text_chars,
             router.clone(),
             &metrics,
             tasks.clone(),

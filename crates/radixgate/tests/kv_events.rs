@@ -352,3 +352,37 @@ async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
     );
     gw.shutdown().await;
 }
+
+/// Only a prompt's first `max_routing_text_chars` are tokenized and
+/// matched, as the tree keeps only that much of it: a prompt of any length
+/// costs no more than that to match (a 22 MB chat prompt took 9 s of CPU
+/// and 3.3 GB before), and the share it finds held is the capped
+/// prefix's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_capped_prefix_of_a_prompt_is_matched() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let (w2, e2) = publishing_worker(4096, false).await;
+    let mut cfg = events_config(&[(&w1, &e1), (&w2, &e2)]);
+    let radixgate_routing::PolicyConfig::CacheAware(c) = &mut cfg.routing else {
+        panic!("the default policy is cache_aware");
+    };
+    c.max_routing_text_chars = 200;
+    let gw = gateway_ready(cfg, 2).await;
+    make_live(&gw.url, &[&w1, &w2]).await;
+    let held = ids(0, 160);
+    let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+    generate(&w1.url, &held).await;
+    wait_until("the stored blocks to be indexed", || async {
+        series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
+    })
+    .await;
+    // 160 of the first 200 ids are held: a hit. Matched against all 5,000
+    // it would be 3% of the prompt, no hit at all.
+    let mut long = held.clone();
+    long.extend(ids(1, 4_840));
+    let (worker, decision) = generate(&gw.url, &long).await;
+    assert_eq!(worker, w1.url, "{decision}");
+    assert!(decision.contains("index=exact"), "{decision}");
+    assert!(decision.contains("branch=cache_hit"), "{decision}");
+    gw.shutdown().await;
+}
