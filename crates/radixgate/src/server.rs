@@ -158,10 +158,7 @@ fn routes(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // A request that has been here before is refused first, whatever
         // its route (`crate::via`).
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::via::refuse_loops,
-        ))
+        .layer(crate::via::RefuseLoops::new(&state.shared.via))
         // Every answer, the router's own errors included, carries the
         // request's id; every request runs in its spans.
         .layer(axum::middleware::from_fn_with_state(

@@ -282,7 +282,9 @@ pub fn request_headers(
     peer: Option<IpAddr>,
 ) -> HeaderMap {
     let options = connection_options(client);
-    let mut out = HeaderMap::with_capacity(client.len() + 1);
+    // Room for what is added: the worker's key, the two forwarding
+    // headers, the gateway's `Via` and a trace context, without a rehash.
+    let mut out = HeaderMap::with_capacity(client.len() + 5);
     for (name, value) in client {
         if is_connection_specific(name, &options)
             || name == header::HOST
