@@ -51,7 +51,7 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use error::TokenizeError;
-pub use request::{Endpoint, Engine, body_token_ids};
+pub use request::{Endpoint, Engine, body_token_ids, flat_token_ids};
 
 use config::ChatConfig;
 use request::Prompt;

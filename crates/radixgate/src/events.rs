@@ -35,7 +35,9 @@ use parking_lot::{Mutex, RwLock};
 use radixgate_kv::subscribe::{self, StaleReason, SubscriberConfig, Update};
 use radixgate_kv::{IndexLimits, KvIndex};
 use radixgate_routing::{ExactMatches, Router, WorkerId};
-use radixgate_tokenize::{Endpoint as TokenEndpoint, Engine, Tokenizer, body_token_ids};
+use radixgate_tokenize::{
+    Endpoint as TokenEndpoint, Engine, Tokenizer, body_token_ids, flat_token_ids,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,6 +255,12 @@ impl KvEvents {
         let Some(endpoint) = TokenEndpoint::from_path(path) else {
             return Ok(None);
         };
+        // A flat list of ids is read from the bytes: as values it would
+        // take about ten times the body (`flat_token_ids`).
+        if let Some(mut ids) = flat_token_ids(endpoint, bytes) {
+            ids.truncate(self.max_prompt_chars);
+            return Ok(Some(ids));
+        }
         let body: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if let Some(mut ids) = body_token_ids(endpoint, &body).map_err(|e| e.to_string())? {
             ids.truncate(self.max_prompt_chars);
