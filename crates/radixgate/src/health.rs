@@ -341,17 +341,16 @@ async fn answer(target: &Target, path: &str) -> Option<bytes::Bytes> {
             "worker's answer is longer than the gateway reads; taken as no answer"
         );
     };
-    let limit = DISCOVERY_ANSWER_LIMIT;
     if response
         .content_length()
-        .is_some_and(|length| length > limit as u64)
+        .is_some_and(|length| length > DISCOVERY_ANSWER_LIMIT as u64)
     {
         too_long();
         return None;
     }
     let mut body = bytes::BytesMut::new();
     while let Some(chunk) = response.chunk().await.ok()? {
-        if body.len() + chunk.len() > limit {
+        if body.len() + chunk.len() > DISCOVERY_ANSWER_LIMIT {
             too_long();
             return None;
         }

@@ -20,7 +20,6 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use futures::future::Either;
 use std::future::Ready;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower::{Layer, Service};
@@ -36,9 +35,7 @@ impl Via {
     /// A new pseudonym, drawn at random (one per gateway: two gateways in
     /// one process, as in the tests, are told apart too).
     pub(crate) fn new() -> Self {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(rand::random());
-        let pseudonym = format!("radixgate-{:016x}", hasher.finish());
+        let pseudonym = format!("radixgate-{:016x}", rand::random::<u64>());
         let value = HeaderValue::from_str(&format!("1.1 {pseudonym}"))
             .expect("ASCII letters, digits and a hyphen");
         Self { value, pseudonym }

@@ -498,16 +498,7 @@ async fn a_worker_url_that_is_the_router_itself_is_never_admitted() {
     let me = workers(&gw.url).await;
     let me = me.iter().find(|x| x["url"] == gw.url.as_str()).unwrap();
     assert_eq!(me["state"], "pending", "{me}");
-    for i in 0..10 {
-        let r = c
-            .post(format!("{}/v1/chat/completions", gw.url))
-            .json(&chat(&format!("question {i}"), false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()[WORKER_HEADER], w.url.as_str());
-    }
+    assert_all_served_by(&gw.url, &w.url, 10, "question").await;
     // A request that carries the router's own entry is refused at once;
     // another router's entry before it in the chain is not.
     let looped = c
@@ -551,16 +542,7 @@ async fn two_routers_that_forward_to_each_other_send_the_request_round_once_at_m
     // A: A refuses it (508), B passes that on, and A retries the worker.
     // Without the refusal A would route it again, and its answer would
     // have come through B.
-    for i in 0..10 {
-        let r = c
-            .post(format!("{}/v1/chat/completions", a.url))
-            .json(&chat(&format!("question {i}"), false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()[WORKER_HEADER], w.url.as_str(), "request {i}");
-    }
+    assert_all_served_by(&a.url, &w.url, 10, "question").await;
     a.shutdown().await;
     b.shutdown().await;
 }
