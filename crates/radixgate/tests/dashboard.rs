@@ -293,9 +293,21 @@ async fn the_status_page_renders_live_in_a_real_browser_behind_the_admin_key() {
     let load = drive_load(base.clone(), 6, stop.clone());
     let first = data(&base).await;
     assert_eq!(first["workers"].as_array().unwrap().len(), WORKERS);
-    common::wait_until("TTFT percentiles on the data endpoint", || {
+    // Two readings with TTFT and latency percentiles, so that the charts
+    // have two points to draw whatever the page's first fetch finds (the
+    // browser's virtual time runs its refreshes far quicker than the
+    // sampler's one reading a second).
+    common::wait_until("two TTFT and latency points on the data endpoint", || {
         let base = base.clone();
-        async move { data(&base).await["pool"]["ttft_ms"]["p50"].is_number() }
+        async move {
+            let data = data(&base).await;
+            let charted =
+                |p: &Value| p["ttft_ms"]["p50"].is_number() && p["latency_ms"]["p50"].is_number();
+            data["pool"]["ttft_ms"]["p50"].is_number()
+                && data["series"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().filter(|p| charted(p)).count() >= 2)
+        }
     })
     .await;
 
