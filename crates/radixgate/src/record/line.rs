@@ -29,7 +29,8 @@
 //! from its last (a prompt's token count can disagree with its routing
 //! text's length, e.g. for templates the router does not see).
 //!
-//! **Estimates.** Without usage in the answer, the prompt's length is its
+//! **Estimates.** Without usage in the answer, or with a prompt count over
+//! [`MAX_INPUT_TOKENS`] (a worker that lies), the prompt's length is its
 //! characters over the model's current characters per token; the output's
 //! is the count of SSE data events (less `[DONE]` and events with an empty
 //! `content`, such as a chat stream's opening role chunk) for a stream, or
@@ -43,6 +44,13 @@ use crate::usage::{CachedReport, Usage};
 
 /// Tokens per block: the Mooncake trace's block.
 pub const BLOCK_TOKENS: u64 = 512;
+
+/// The most prompt tokens a line takes from an answer's usage: above any
+/// model's context today (10 million tokens at most), and 32,768 block ids.
+/// A worker that reports more is not believed (its count would make the
+/// line's ids, one per block, take memory without bound): the prompt's
+/// length is estimated from its text instead.
+pub const MAX_INPUT_TOKENS: u64 = 1 << 24;
 
 /// Characters per token before the correction has learned a model's.
 pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
@@ -206,7 +214,8 @@ pub fn line<'a>(
     block_chars: usize,
     chars_per_token: f64,
 ) -> Line<'a> {
-    let counts = f.usage.map(|u| u.counts).unwrap_or_default();
+    let mut counts = f.usage.map(|u| u.counts).unwrap_or_default();
+    counts.prompt = counts.prompt.filter(|&n| n <= MAX_INPUT_TOKENS);
     let cpt = if chars_per_token.is_finite() && chars_per_token > 0.0 {
         chars_per_token
     } else {
@@ -336,6 +345,36 @@ mod tests {
         assert_eq!(v["branch"], "cache_hit");
         assert_eq!(v["status"], 200);
         assert_eq!(v["model"], "m");
+    }
+
+    #[test]
+    fn a_prompt_count_no_model_could_take_is_replaced_by_the_estimate() {
+        let salt = Salt::new();
+        for lie in [MAX_INPUT_TOKENS + 1, u64::MAX] {
+            let usage = Usage {
+                counts: Counts {
+                    prompt: Some(lie),
+                    completion: Some(7),
+                },
+                cached: CachedReport::Absent,
+            };
+            let f = finished(Some(usage), Output::default());
+            let l = line(&salt, &f, 2048, 4.0);
+            assert_eq!(l.input_length, 1000, "4000 chars at 4 per token, not {lie}");
+            assert_eq!(l.hash_ids.len(), 2);
+            assert_eq!(l.lengths, "estimated");
+        }
+        let usage = Usage {
+            counts: Counts {
+                prompt: Some(MAX_INPUT_TOKENS),
+                completion: Some(7),
+            },
+            cached: CachedReport::Absent,
+        };
+        let f = finished(Some(usage), Output::default());
+        let l = line(&salt, &f, 2048, 4.0);
+        assert_eq!(l.input_length, MAX_INPUT_TOKENS);
+        assert_eq!(l.hash_ids.len() as u64, MAX_INPUT_TOKENS / BLOCK_TOKENS);
     }
 
     #[test]
