@@ -260,7 +260,9 @@ impl TokenBucket {
     }
 
     fn charge(&self, tokens: u64) {
-        *self.overdraft.lock() += tokens;
+        let mut overdraft = self.overdraft.lock();
+        *overdraft = overdraft.saturating_add(tokens);
+        drop(overdraft);
         // Pays what the bucket holds now; the rest waits for `settle` calls.
         let _ = self.settle();
     }

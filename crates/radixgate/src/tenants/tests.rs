@@ -71,6 +71,22 @@ fn tokens_are_charged_after_the_fact_with_an_overdraft() {
 }
 
 #[test]
+fn a_count_no_answer_could_have_is_owed_without_overflow() {
+    let set = tenants(TWO, None);
+    let b = set.find("sk-b").unwrap();
+    b.charge(u64::MAX);
+    b.charge(u64::MAX);
+    match b.admit() {
+        Err(GatewayError::RateLimited {
+            limit: Limit::Tokens,
+            retry_after,
+            ..
+        }) => assert!(retry_after > Duration::from_secs(3600), "{retry_after:?}"),
+        other => panic!("expected a token limit, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_reload_keeps_unchanged_buckets() {
     let set = tenants(TWO, None);
     let a = set.find("sk-a").unwrap();
