@@ -29,33 +29,92 @@ fn raw(json: String) -> Box<RawValue> {
     RawValue::from_string(json).expect("the gateway writes valid JSON")
 }
 
+/// The most prompts a disaggregated batch may carry. Each gets its own
+/// bootstrap host, port and room in the body sent to both workers, about
+/// 40 bytes a prompt, where the client may have written 3 (`"",`): without
+/// a limit, one body of 32 MiB made the router build and send two of over
+/// 400 MB. Far above the batches engines are sent in practice.
+pub(super) const MAX_BATCH_PROMPTS: usize = 65_536;
+
+/// A JSON array's length, and whether its first item is a string or a list
+/// (a batch of prompts, rather than one prompt of token ids), read without
+/// keeping its items.
+struct Items {
+    len: usize,
+    nested: bool,
+}
+
+impl<'de> serde::Deserialize<'de> for Items {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Count;
+        impl<'de> serde::de::Visitor<'de> for Count {
+            type Value = Items;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Items, A::Error> {
+                let Some(first) = seq.next_element::<&'de RawValue>()? else {
+                    return Ok(Items {
+                        len: 0,
+                        nested: false,
+                    });
+                };
+                let nested = matches!(
+                    first.get().trim_start().as_bytes().first(),
+                    Some(b'[' | b'"')
+                );
+                let mut len = 1;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    len += 1;
+                }
+                Ok(Items { len, nested })
+            }
+        }
+        deserializer.deserialize_seq(Count)
+    }
+}
+
 /// How many prompts a request carries: `Some(n)` for a batch (SGLang
 /// `/generate` with a list of texts or of token-id lists, `/v1/completions`
 /// with a list of prompts), `None` for one.
 fn batch_size(api: Api, fields: &Fields) -> Option<usize> {
-    let list =
-        |key: &str| -> Option<Vec<&RawValue>> { serde_json::from_str(fields.get(key)?.get()).ok() };
-    let nested = |items: &[&RawValue]| {
-        items
-            .first()
-            .is_some_and(|v| matches!(v.get().trim_start().as_bytes().first(), Some(b'[' | b'"')))
-    };
+    let list = |key: &str| serde_json::from_str::<Items>(fields.get(key)?.get()).ok();
     match api {
         Api::Generate => {
             if let Some(texts) = list("text") {
-                return Some(texts.len());
+                return Some(texts.len);
             }
             list("input_ids")
-                .filter(|ids| nested(ids))
-                .map(|ids| ids.len())
+                .filter(|ids| ids.nested)
+                .map(|ids| ids.len)
         }
-        Api::Completions => list("prompt").filter(|p| nested(p)).map(|p| p.len()),
+        Api::Completions => list("prompt").filter(|p| p.nested).map(|p| p.len),
         _ => None,
     }
 }
 
+/// `[item, item, …]`, `n` items made by `item`.
+fn array(n: usize, mut item: impl FnMut(&mut String)) -> String {
+    let mut out = String::with_capacity(2 + n * 8);
+    out.push('[');
+    for i in 0..n {
+        if i > 0 {
+            out.push(',');
+        }
+        item(&mut out);
+    }
+    out.push(']');
+    out
+}
+
 /// The SGLang body: the client's plus `bootstrap_host`, `bootstrap_port`
-/// and a fresh `bootstrap_room` (arrays for a batch).
+/// and a fresh `bootstrap_room` (arrays for a batch, of at most
+/// [`MAX_BATCH_PROMPTS`] prompts).
 pub(super) fn with_bootstrap(
     api: Api,
     bytes: &[u8],
@@ -68,10 +127,19 @@ pub(super) fn with_bootstrap(
     let room = || (rand::random::<u64>() >> 1).to_string();
     let (host, port, room) = match batch_size(api, &fields) {
         None => (host, port, room()),
+        Some(n) if n > MAX_BATCH_PROMPTS => {
+            return Err(GatewayError::InvalidRequest(format!(
+                "a batch of {n} prompts is over the {MAX_BATCH_PROMPTS} this gateway sends \
+                 to a prefill and decode pair in one request; split it"
+            )));
+        }
         Some(n) => (
-            format!("[{}]", vec![host; n].join(",")),
-            format!("[{}]", vec![port; n].join(",")),
-            format!("[{}]", (0..n).map(|_| room()).collect::<Vec<_>>().join(",")),
+            array(n, |out| out.push_str(&host)),
+            array(n, |out| out.push_str(&port)),
+            array(n, |out| {
+                use std::fmt::Write as _;
+                let _ = write!(out, "{}", rand::random::<u64>() >> 1);
+            }),
         ),
     };
     fields.insert("bootstrap_host".into(), raw(host));
@@ -169,6 +237,38 @@ mod tests {
         )
         .unwrap();
         assert!(parse(&chat)["bootstrap_room"].is_u64());
+    }
+
+    #[test]
+    fn a_batch_over_the_limit_is_refused_and_one_at_it_is_not() {
+        let batch = |n: usize| format!(r#"{{"text":[{}]}}"#, vec![r#""""#; n].join(","));
+        let at = with_bootstrap(
+            Api::Generate,
+            batch(MAX_BATCH_PROMPTS).as_bytes(),
+            "h",
+            Some(1),
+        )
+        .unwrap();
+        let rooms = &parse(&at)["bootstrap_room"];
+        assert_eq!(rooms.as_array().unwrap().len(), MAX_BATCH_PROMPTS);
+        let over = batch(MAX_BATCH_PROMPTS + 1);
+        match with_bootstrap(Api::Generate, over.as_bytes(), "h", Some(1)) {
+            Err(GatewayError::InvalidRequest(why)) => {
+                assert!(why.contains("65537 prompts"), "{why}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let ids = format!(
+            r#"{{"input_ids":[{}]}}"#,
+            vec!["[1]"; MAX_BATCH_PROMPTS + 1].join(",")
+        );
+        assert!(with_bootstrap(Api::Generate, ids.as_bytes(), "h", None).is_err());
+        // One long prompt of ids is one prompt, whatever its length.
+        let one = format!(
+            r#"{{"input_ids":[{}]}}"#,
+            vec!["7"; MAX_BATCH_PROMPTS + 1].join(",")
+        );
+        assert!(parse(&with_bootstrap(Api::Generate, one.as_bytes(), "h", None).unwrap())["bootstrap_room"].is_u64());
     }
 
     #[test]
