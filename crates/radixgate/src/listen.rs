@@ -9,7 +9,9 @@
 //! - per connection, a watchdog ([`activity`]) that closes it when a request
 //!   head takes longer than `header_read_timeout_secs` (from the accept or
 //!   from the head's first byte), or when it has had no request in flight
-//!   for `idle_timeout_secs`;
+//!   for `idle_timeout_secs`, or when its client has taken none of an
+//!   answer that waits for it for `client_write_timeout_secs` (nginx's
+//!   `send_timeout`);
 //! - a cap on client connections over all serving threads
 //!   ([`ConnectionSlots`], `max_connections`): a connection over it is
 //!   accepted and closed at once — the client learns at once rather than
@@ -123,6 +125,7 @@ impl ConnectionSlots {
 pub(crate) struct ConnectionLimits {
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
+    pub(crate) write_timeout: Duration,
     pub(crate) slots: Arc<ConnectionSlots>,
 }
 
@@ -149,6 +152,7 @@ pub(crate) async fn serve(
     let timeouts = Timeouts {
         header: limits.header_read_timeout,
         idle: limits.idle_timeout,
+        write: limits.write_timeout,
     };
     let connections = TaskTracker::new();
     loop {
@@ -218,7 +222,7 @@ async fn connection(
         async move {
             let response = app.oneshot(req.map(Body::new)).await?;
             Ok::<_, std::convert::Infallible>(
-                response.map(|body| Body::new(Tracked { body, _busy: busy })),
+                response.map(|body| Body::new(Tracked { body, busy })),
             )
         }
     });
@@ -240,7 +244,7 @@ async fn connection(
                 conn.as_mut().graceful_shutdown();
             }
             () = expired.as_mut() => {
-                tracing::debug!(%peer, "closing client connection: header or idle timeout");
+                tracing::debug!(%peer, "closing client connection: header, idle or write timeout");
                 return;
             }
         }
@@ -248,10 +252,11 @@ async fn connection(
 }
 
 /// A response body that keeps its request counted on the connection until
-/// it is dropped (sent, or cut off).
+/// it is dropped (sent, or cut off), and tells it whether the client or the
+/// worker is what the answer waits for.
 struct Tracked {
     body: Body,
-    _busy: Busy,
+    busy: Busy,
 }
 
 impl http_body::Body for Tracked {
@@ -262,7 +267,12 @@ impl http_body::Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => self.busy.handed(),
+            _ => self.busy.asked(),
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -292,6 +302,7 @@ mod tests {
         let limits = ConnectionLimits {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
             slots: ConnectionSlots::new(16),
         };
         let stop = CancellationToken::new();

@@ -295,6 +295,7 @@ pub async fn run_reloadable(
     let connection_limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs(config.server.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(config.server.idle_timeout_secs),
+        write_timeout: Duration::from_secs(config.server.client_write_timeout_secs),
         slots: ConnectionSlots::new(config.server.connection_cap()),
     };
     let keys = Arc::new(Keys::new(&config.server));

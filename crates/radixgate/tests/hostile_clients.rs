@@ -470,3 +470,94 @@ async fn a_slow_upload_does_not_hold_the_only_admission_slot() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     gw.shutdown().await;
 }
+
+// ---- a client that stops reading ----
+
+/// A worker whose streamed answers never end, as fast as they are read
+/// (16 KiB events); its whole answers are short.
+async fn endless_streamer() -> (String, tokio_util::sync::CancellationToken) {
+    use axum::routing::{get, post};
+    let answer = |body: axum::Json<Value>| async move {
+        if body["stream"] != true {
+            return axum::Json(serde_json::json!({
+                "id": "c", "object": "chat.completion", "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }))
+            .into_response();
+        }
+        let event = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "x".repeat(16 * 1024)
+        );
+        let event = bytes::Bytes::from(event);
+        let events =
+            futures::stream::repeat_with(move || Ok::<_, std::convert::Infallible>(event.clone()));
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(axum::body::Body::from_stream(events))
+            .unwrap()
+    };
+    let app = axum::Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(serde_json::json!({"data": [{"id": "m"}]})) }),
+        )
+        .route("/v1/chat/completions", post(answer));
+    serve_app(app).await
+}
+
+use axum::response::IntoResponse as _;
+
+#[tokio::test]
+async fn a_client_that_stops_reading_its_stream_is_cut_off_and_frees_its_slot() {
+    let (worker, _stop) = endless_streamer().await;
+    let mut c = config(&[&worker]);
+    c.health.enabled = false;
+    c.admission.max_concurrent_requests = Some(1);
+    c.admission.queue_size = 0;
+    c.server.client_write_timeout_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+
+    // A client with a small receive window reads the answer's head, then
+    // nothing more, and keeps its connection open.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = gw.url.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let body = serde_json::json!({
+        "model": "m", "stream": true, "max_tokens": 1_000_000,
+        "messages": [{"role": "user", "content": "tell me everything"}],
+    })
+    .to_string();
+    stalled
+        .write_all(format!("{}{body}", post_head(body.len(), "")).as_bytes())
+        .await
+        .unwrap();
+    let mut head = [0u8; 64];
+    let n = tokio::time::timeout(HANG_GUARD, stalled.read(&mut head))
+        .await
+        .expect("the stream's head")
+        .unwrap();
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&head[..n])
+    );
+
+    // The only slot is the stalled stream's until its connection is cut
+    // (503 meanwhile); then a normal request gets it.
+    first_some("a normal request admitted after the stalled client is cut off", || async {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    wait_closed(&mut stalled).await;
+    gw.shutdown().await;
+}

@@ -145,6 +145,9 @@ pub struct ServeArgs {
     /// Seconds an idle keep-alive client connection is kept open [default: 120].
     #[arg(long, env = "RADIXGATE_IDLE_TIMEOUT_SECS")]
     pub idle_timeout_secs: Option<u64>,
+    /// Seconds a client may take none of its answer while the router has some for it; then its connection is closed [default: 60].
+    #[arg(long, env = "RADIXGATE_CLIENT_WRITE_TIMEOUT_SECS")]
+    pub client_write_timeout_secs: Option<u64>,
     /// Client connections open at once; more are closed at once. 0 = half of `ulimit -n` [default: 0].
     #[arg(long, env = "RADIXGATE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -571,6 +574,10 @@ impl ServeArgs {
             &self.header_read_timeout_secs,
         );
         set(&mut s.idle_timeout_secs, &self.idle_timeout_secs);
+        set(
+            &mut s.client_write_timeout_secs,
+            &self.client_write_timeout_secs,
+        );
         set(&mut s.max_connections, &self.max_connections);
         set(&mut s.threads, &self.threads);
         set(&mut s.request_timeout_secs, &self.request_timeout_secs);

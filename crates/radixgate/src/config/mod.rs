@@ -126,6 +126,13 @@ pub struct ServerConfig {
     /// Python httpx 5 s, aiohttp 15 s, Node 5 s), so the client, not the
     /// router, closes idle connections and no request races a close.
     pub idle_timeout_secs: u64,
+    /// Longest a client may go without taking any of its answer while the
+    /// router has some for it, in seconds; then its connection is closed,
+    /// and with it the request (its admission slot, the worker's stream).
+    /// 60 s is nginx's `send_timeout`: a client that stops reading, with
+    /// its connection kept open, otherwise holds all of that for as long
+    /// as the worker would go on.
+    pub client_write_timeout_secs: u64,
     /// Client connections open at once, over all serving threads; beyond
     /// it new connections are closed at once (and a WARN is logged). 0 =
     /// half of the process's open-file limit (`ulimit -n`; 4096 where it
@@ -277,6 +284,7 @@ impl Default for ServerConfig {
             max_buffered_body_bytes: 1 << 30,
             header_read_timeout_secs: 10,
             idle_timeout_secs: 120,
+            client_write_timeout_secs: 60,
             max_connections: 0,
             request_timeout_secs: 1800,
             shutdown_grace_period_secs: 30,

@@ -372,6 +372,8 @@ fn connection_and_body_limits_are_flags_and_validated() {
         "3",
         "--idle-timeout-secs",
         "30",
+        "--client-write-timeout-secs",
+        "7",
         "--max-connections",
         "200",
     ])
@@ -381,9 +383,10 @@ fn connection_and_body_limits_are_flags_and_validated() {
     assert_eq!(c.server.max_buffered_body_bytes, 100_000_000);
     assert_eq!(c.server.header_read_timeout_secs, 3);
     assert_eq!(c.server.idle_timeout_secs, 30);
+    assert_eq!(c.server.client_write_timeout_secs, 7);
     assert_eq!(c.server.connection_cap(), 200);
     assert!(Config::default().server.connection_cap() >= 64);
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--body-read-timeout-secs", "0"],
             "server.body_read_timeout_secs",
@@ -393,6 +396,10 @@ fn connection_and_body_limits_are_flags_and_validated() {
             "server.header_read_timeout_secs",
         ),
         (&["--idle-timeout-secs", "0"], "server.idle_timeout_secs"),
+        (
+            &["--client-write-timeout-secs", "0"],
+            "server.client_write_timeout_secs",
+        ),
         (
             &["--max-buffered-body-bytes", "1000"],
             "server.max_buffered_body_bytes",

@@ -251,6 +251,10 @@ impl Config {
                 s.header_read_timeout_secs,
             ),
             ("server.idle_timeout_secs", s.idle_timeout_secs),
+            (
+                "server.client_write_timeout_secs",
+                s.client_write_timeout_secs,
+            ),
         ] {
             within(key, secs, 1, MAX_SECS)?;
         }

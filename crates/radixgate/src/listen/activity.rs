@@ -1,4 +1,5 @@
-//! What one client connection is doing, for its header and idle timeouts.
+//! What one client connection is doing, for its header, idle and write
+//! timeouts.
 //!
 //! hyper's own `header_read_timeout` starts whenever an HTTP/1 connection
 //! waits for a request head — including the wait for the next request on an
@@ -10,14 +11,28 @@
 //! from the moment a request's head is parsed until its response body is
 //! dropped. The connection's deadline follows:
 //!
-//! - a request in flight: none (the body-read timeout and the request
-//!   timeout bound a request);
+//! - a request in flight: none while the router waits for the body or the
+//!   worker (the body-read timeout and the request timeout bound those);
+//!   `write_timeout` after the client last took any of its answer while
+//!   an answer's frame waits for it ([`Sending`]: a client that stops
+//!   reading and keeps its connection open would otherwise hold its
+//!   request, its admission slot and the worker's stream for as long as
+//!   the worker goes on);
 //! - HTTP/1 bytes of a next head read since the connection went idle: the
 //!   head must be complete `header_read_timeout` after its first byte;
 //! - a new connection: its first request head within `header_read_timeout`
 //!   of the accept;
 //! - otherwise (idle keep-alive, HTTP/2 with no stream open): `idle_timeout`
 //!   after its last request ended.
+//!
+//! The write deadline is seen from the answers' bodies: one that has handed
+//! hyper a frame and has not been asked for the next is waiting for the
+//! client (hyper asks for more as soon as it has written, or buffered, what
+//! it has), one asked for a frame it does not have yet is waiting for the
+//! worker. Over HTTP/2 the connection's streams are seen together: the
+//! connection is cut when answers wait for the client and none of them
+//! has moved for the timeout, so a client that stalls one stream while it
+//! reads another keeps that one until its request timeout.
 //!
 //! Concurrency: one connection's state is a `parking_lot::Mutex` touched by
 //! its reads, its requests (HTTP/2 streams run as tasks of the same
@@ -32,6 +47,7 @@
 use parking_lot::Mutex;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -40,20 +56,31 @@ use tokio::time::Instant;
 /// The first bytes of every HTTP/2 connection (its preface starts so).
 const H2_PREFACE_START: &[u8] = b"PRI ";
 
-/// A connection's two timeouts.
+/// A connection's timeouts.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timeouts {
     /// For a request head to arrive.
     pub(crate) header: Duration,
     /// For a connection with no request in flight.
     pub(crate) idle: Duration,
+    /// For the client to take any of an answer that waits for it.
+    pub(crate) write: Duration,
 }
 
 /// One connection's activity; shared by its reads, requests and watchdog.
 #[derive(Debug)]
 pub(crate) struct Activity {
     state: Mutex<State>,
+    /// The answers waiting for the client: in the high 32 bits, how many
+    /// bodies have handed hyper a frame and not been asked for the next;
+    /// in the low 32, frames handed in all (wrapping: only compared for a
+    /// change). An atomic apart from `state`, since it moves with every
+    /// frame of a stream.
+    sending: AtomicU64,
 }
+
+/// One in [`Activity::sending`]'s count of bodies waiting for the client.
+const WAITING_ONE: u64 = 1 << 32;
 
 #[derive(Debug)]
 struct State {
@@ -84,6 +111,7 @@ impl Activity {
                 read_any: false,
                 h2: false,
             }),
+            sending: AtomicU64::new(0),
         })
     }
 
@@ -106,7 +134,10 @@ impl Activity {
         state.served = true;
         state.head_started = None;
         drop(state);
-        Busy(self.clone())
+        Busy {
+            activity: self.clone(),
+            handed: false,
+        }
     }
 
     /// When the connection must be closed, if nothing changes first.
@@ -123,13 +154,20 @@ impl Activity {
     }
 
     /// Completes when the connection has outlived its deadline: a head took
-    /// too long, or it sat idle too long.
+    /// too long, it sat idle too long, or its client took none of an answer
+    /// that waited for it for `write` (seen by this watchdog's looks, so
+    /// within twice that).
     pub(crate) async fn expired(&self, timeouts: Timeouts) {
-        // No deadline can move earlier than a head's: now + `header`.
-        let look_again = timeouts.header.min(timeouts.idle);
+        // No deadline can move earlier than a head's (now + `header`), and
+        // a stall is seen at a look.
+        let look_again = timeouts.header.min(timeouts.idle).min(timeouts.write);
+        let mut stall = Stall::default();
         loop {
             let now = Instant::now();
-            let wake = match self.deadline(timeouts) {
+            let deadline = self.deadline(timeouts).or_else(|| {
+                stall.deadline(self.sending.load(Ordering::Relaxed), now, timeouts.write)
+            });
+            let wake = match deadline {
                 Some(deadline) if deadline <= now => return,
                 Some(deadline) => deadline.min(now + look_again),
                 None => now + look_again,
@@ -139,13 +177,65 @@ impl Activity {
     }
 }
 
-/// A request in flight on a connection; dropped with its response body.
+/// The watchdog's view of answers waiting for the client: what
+/// [`Activity::sending`] read at the last look, and since when it had not
+/// changed.
+#[derive(Debug, Default)]
+struct Stall {
+    seen: u64,
+    since: Option<Instant>,
+}
+
+impl Stall {
+    /// When the connection must be cut for a client that takes nothing,
+    /// given `sending` read `now`; `None` while no answer waits for it.
+    fn deadline(&mut self, sending: u64, now: Instant, write: Duration) -> Option<Instant> {
+        if sending < WAITING_ONE {
+            self.since = None;
+            return None;
+        }
+        if self.since.is_none() || sending != self.seen {
+            self.seen = sending;
+            self.since = Some(now);
+        }
+        self.since.map(|since| since + write)
+    }
+}
+
+/// A request in flight on a connection; dropped with its response body,
+/// which reports its frames to it.
 #[derive(Debug)]
-pub(crate) struct Busy(Arc<Activity>);
+pub(crate) struct Busy {
+    activity: Arc<Activity>,
+    /// The body handed hyper a frame and was not asked for the next yet.
+    handed: bool,
+}
+
+impl Busy {
+    /// The body handed hyper a frame: the client is what it waits for,
+    /// until it is asked for the next.
+    pub(crate) fn handed(&mut self) {
+        let add = if self.handed { 1 } else { WAITING_ONE + 1 };
+        self.handed = true;
+        self.activity.sending.fetch_add(add, Ordering::Relaxed);
+    }
+
+    /// The body was asked for a frame it does not have yet (the worker is
+    /// what it waits for), or it has ended.
+    pub(crate) fn asked(&mut self) {
+        if self.handed {
+            self.handed = false;
+            self.activity
+                .sending
+                .fetch_sub(WAITING_ONE, Ordering::Relaxed);
+        }
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let mut state = self.0.state.lock();
+        self.asked();
+        let mut state = self.activity.state.lock();
         state.in_flight -= 1;
         if state.in_flight == 0 {
             state.since = Instant::now();
@@ -217,6 +307,7 @@ mod tests {
     const T: Timeouts = Timeouts {
         header: Duration::from_secs(10),
         idle: Duration::from_secs(120),
+        write: Duration::from_secs(60),
     };
 
     #[tokio::test(start_paused = true)]
@@ -261,7 +352,10 @@ mod tests {
         let expired = tokio::spawn(async move { watched.expired(T).await });
         tokio::time::advance(Duration::from_secs(1000)).await;
         tokio::task::yield_now().await;
-        assert!(!expired.is_finished(), "a request in flight never expires");
+        assert!(
+            !expired.is_finished(),
+            "a request in flight that waits for its worker never expires"
+        );
         drop(busy);
         tokio::time::advance(T.idle - Duration::from_secs(1)).await;
         tokio::task::yield_now().await;
@@ -286,5 +380,36 @@ mod tests {
         tokio::time::advance(Duration::from_millis(2)).await;
         tokio::task::yield_now().await;
         assert!(expired.is_finished(), "at the header timeout");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_the_client_takes_none_of_expires_after_the_write_timeout() {
+        let activity = Activity::new();
+        let mut busy = activity.request();
+        let watched = activity.clone();
+        let expired = tokio::spawn(async move { watched.expired(T).await });
+        let passes = |secs| async move {
+            tokio::time::advance(Duration::from_secs(secs)).await;
+            tokio::task::yield_now().await;
+        };
+        // Frames taken as they come: the client keeps up.
+        for _ in 0..30 {
+            busy.handed();
+            passes(5).await;
+            busy.handed();
+            busy.asked();
+            passes(5).await;
+        }
+        assert!(!expired.is_finished(), "a client that reads is never cut");
+        // A frame handed and never asked past: the client takes nothing.
+        busy.handed();
+        passes(T.write.as_secs() - 11).await;
+        assert!(!expired.is_finished());
+        // Seen within twice the timeout (the watchdog's looks).
+        passes(2 * T.write.as_secs()).await;
+        assert!(expired.is_finished(), "a client that takes nothing is cut");
+        expired.await.unwrap();
+        drop(busy);
+        assert_eq!(activity.sending.load(Ordering::Relaxed) >> 32, 0);
     }
 }
