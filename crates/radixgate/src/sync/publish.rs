@@ -383,8 +383,8 @@ async fn send_batches(
         let suffix = text.as_bytes()[cut..].to_vec();
         bytes += wire::entry_bound(suffix.len(), &item.model, &item.url);
         batch.entries.push(WireEntry {
-            model: item.model,
-            url: item.url,
+            model: item.model.into(),
+            url: item.url.into(),
             base: encoded.base,
             suffix,
             observed: None,
@@ -400,8 +400,8 @@ async fn send_batches(
         // An empty text: nothing to refer to, nothing to insert.
         let encoded = dict.encode(b"");
         batch.entries.push(WireEntry {
-            model: f.model,
-            url: f.url,
+            model: f.model.into(),
+            url: f.url.into(),
             base: encoded.base,
             suffix: Vec::new(),
             observed: Some(f.observed),

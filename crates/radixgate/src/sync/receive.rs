@@ -179,8 +179,8 @@ struct Held {
 
 struct HeldEntry {
     since: Instant,
-    model: String,
-    url: String,
+    model: Arc<str>,
+    url: Arc<str>,
     text: Arc<String>,
 }
 

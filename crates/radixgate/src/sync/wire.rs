@@ -46,10 +46,13 @@
 //! Limits checked while decoding: a payload over [`MAX_MESSAGE`], a count
 //! larger than the bytes left could hold, an index outside the string
 //! table, text that is not UTF-8, trailing bytes: all are
-//! [`WireError`]s, counted by the receiver as malformed.
+//! [`WireError`]s, counted by the receiver as malformed. What a payload
+//! decodes to is at most a few times its size: each string of a batch's
+//! table is held once, shared by the entries that name it.
 
 use radixgate_routing::{Observation, Work};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The first bytes of every message.
@@ -87,8 +90,10 @@ pub(crate) struct Header {
 /// One routed text, as sent: maybe a reference into an earlier entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct WireEntry {
-    pub(crate) model: String,
-    pub(crate) url: String,
+    /// Shared by the batch's entries that name it: decoded, each string of
+    /// the table is held once however many entries name it.
+    pub(crate) model: Arc<str>,
+    pub(crate) url: Arc<str>,
     /// `(entries back, bytes of that entry's text)`, or `None`.
     pub(crate) base: Option<(u64, u64)>,
     /// The text after the base's bytes (all of it without a base).
@@ -277,8 +282,8 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
     let mut table: Vec<&str> = Vec::new();
     let mut refs = Vec::with_capacity(batch.entries.len());
     for e in &batch.entries {
-        let m = table_index(&mut table, e.model.as_str());
-        let u = table_index(&mut table, e.url.as_str());
+        let m = table_index(&mut table, &e.model);
+        let u = table_index(&mut table, &e.url);
         refs.push((m, u));
     }
     // Room for all of it: a batch of one long prompt that outgrew its
@@ -523,23 +528,26 @@ pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), Wir
 
 fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
     let n = r.count(1, "string table")?;
-    let mut table = Vec::with_capacity(n);
+    // Each string once, shared by the entries that name it: an entry is 4
+    // bytes, so a copy each would let a 1 MiB batch naming one 512 KiB
+    // string ask for about 137 GB.
+    let mut table: Vec<Arc<str>> = Vec::with_capacity(n);
     for _ in 0..n {
-        table.push(r.str("string")?);
+        table.push(Arc::from(r.str("string")?));
     }
     let window = r.var("window")?;
     let first_entry = r.var("first entry")?;
     let count = r.count(4, "entry count")?;
     let mut entries = Vec::with_capacity(count);
-    let lookup = |i: u64| -> Result<&str, WireError> {
+    let lookup = |i: u64| -> Result<Arc<str>, WireError> {
         usize::try_from(i)
             .ok()
-            .and_then(|i| table.get(i).copied())
+            .and_then(|i| table.get(i).cloned())
             .ok_or(WireError::Malformed("string index"))
     };
     for _ in 0..count {
-        let model = lookup(r.var("model")?)?.to_owned();
-        let url = lookup(r.var("url")?)?.to_owned();
+        let model = lookup(r.var("model")?)?;
+        let url = lookup(r.var("url")?)?;
         let back = r.var("base")?;
         let base = match back {
             0 => None,

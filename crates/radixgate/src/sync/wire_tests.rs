@@ -326,6 +326,45 @@ fn huge_counts_and_lengths_are_refused_without_allocating() {
     assert!(decode(&vec![0u8; MAX_MESSAGE + 1]).is_err());
 }
 
+/// Entries that all name one long table string share it: what a batch
+/// decodes to grows with its bytes, not with its entries times its table
+/// strings. (With a copy per entry, a forged 1 MiB batch of 4-byte entries
+/// naming one 512 KiB string asked for about 137 GB.)
+#[test]
+fn entries_share_the_table_strings_they_name() {
+    let long = "m".repeat(4096);
+    let entries = 2000;
+    let mut bytes = Vec::new();
+    put_header(&mut bytes, KIND_INSERTS, 0, &header());
+    put_var(&mut bytes, 1);
+    put_bytes(&mut bytes, long.as_bytes());
+    put_var(&mut bytes, 0); // window
+    put_var(&mut bytes, 0); // first entry
+    put_var(&mut bytes, entries);
+    for _ in 0..entries {
+        // Model 0, URL 0, no base, no text.
+        bytes.extend_from_slice(&[0, 0, 0, 0]);
+    }
+    let Ok((_, Body::Inserts(batch))) = decode(&bytes) else {
+        panic!("not decoded");
+    };
+    assert_eq!(batch.entries.len(), entries as usize);
+    // The string bytes held, each place in memory once.
+    let mut held = std::collections::HashMap::new();
+    for e in &batch.entries {
+        for s in [&*e.model, &*e.url] {
+            assert_eq!(s, long);
+            held.insert(s.as_ptr(), s.len());
+        }
+    }
+    let held: usize = held.values().sum();
+    assert!(
+        held <= bytes.len(),
+        "{held} bytes of strings from a message of {}",
+        bytes.len()
+    );
+}
+
 #[test]
 fn bad_indexes_and_bad_utf8_are_refused() {
     let mut h = Vec::new();
