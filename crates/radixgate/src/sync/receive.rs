@@ -160,6 +160,12 @@ impl Seen {
             (false, false) => {
                 self.gaps[i].1 = id;
                 self.gaps.insert(i + 1, (id + 1, to));
+                // One sender filling a wide gap piece by piece would
+                // otherwise add a gap each time, each found by a longer
+                // scan.
+                if self.gaps.len() > MAX_GAPS {
+                    self.gaps.pop_front();
+                }
             }
         }
         true
@@ -874,5 +880,22 @@ mod tests {
         // The oldest gaps were given up, the newest are kept.
         assert!(!seen.first_time(1));
         assert!(seen.first_time(4 * MAX_GAPS as u64 - 1));
+    }
+    /// Entries that fill one gap piece by piece split it each time: the
+    /// cap holds there too, the oldest pieces given up.
+    #[test]
+    fn split_gaps_are_bounded() {
+        let mut seen = Seen::default();
+        let far = 1 << 40;
+        assert!(seen.first_time(0));
+        assert!(seen.first_time(far));
+        for i in 1..=(2 * MAX_GAPS as u64) {
+            assert!(seen.first_time(2 * i));
+            assert!(seen.gaps.len() <= MAX_GAPS, "{} gaps", seen.gaps.len());
+        }
+        assert_eq!(seen.gaps.len(), MAX_GAPS);
+        assert!(!seen.first_time(1), "the oldest piece was given up");
+        assert!(seen.first_time(far - 1));
+        assert!(seen.first_time(4 * MAX_GAPS as u64 + 1));
     }
 }
