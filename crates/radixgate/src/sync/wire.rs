@@ -46,9 +46,11 @@
 //! Limits checked while decoding: a payload over [`MAX_MESSAGE`], a count
 //! larger than the bytes left could hold, an index outside the string
 //! table, text that is not UTF-8, trailing bytes: all are
-//! [`WireError`]s, counted by the receiver as malformed. What a payload
-//! decodes to is at most a few times its size: each string of a batch's
-//! table is held once, shared by the entries that name it.
+//! [`WireError`]s, counted by the receiver as malformed; so is a batch
+//! whose entries would rebuild more than [`MAX_BATCH_TEXT`] bytes of text,
+//! refused before any is copied. What a payload decodes to is at most a
+//! few times its size: each string of a batch's table is held once, shared
+//! by the entries that name it.
 
 use radixgate_routing::{Observation, Work};
 use std::fmt;
@@ -71,6 +73,20 @@ pub(crate) const FLAG_LOAD: u8 = 2;
 pub(crate) const MAX_OBSERVED_TTFT_US: u64 = 600_000_000;
 /// The largest payload decoded (NATS's own default limit is 1 MiB).
 pub(crate) const MAX_MESSAGE: usize = 8 << 20;
+/// The longest text a receiver rebuilds ([`super::dict::Incoming`]); a
+/// longer one is malformed. A sender cuts each text to what one message
+/// may carry (`publish::fit`, at most this), and a reference only shortens
+/// what is sent: no sender makes a longer one.
+pub(crate) const MAX_TEXT: usize = MAX_MESSAGE;
+/// The most bytes of text an insert batch's entries rebuild together
+/// (each its base's bytes and its suffix); a batch that states more is
+/// malformed. A reference lets a 7-byte entry stand for a long text, so
+/// without a bound a forged 1 MiB batch cost a receiver about 0.6 s of
+/// copying (an 8 MiB one 30 s) on the runtime that serves requests. A
+/// sender starts a new batch before its texts pass it (builds before it
+/// did not: theirs is refused only past 64 MiB of texts in one batch, 256
+/// decisions on one 256 KiB prompt within `batch_ms`).
+pub(crate) const MAX_BATCH_TEXT: usize = 8 * MAX_TEXT;
 
 /// Who sent a message, and when.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -539,6 +555,8 @@ fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
     let first_entry = r.var("first entry")?;
     let count = r.count(4, "entry count")?;
     let mut entries = Vec::with_capacity(count);
+    // The bytes of text the entries rebuild, as they state them.
+    let mut texts: u64 = 0;
     let lookup = |i: u64| -> Result<Arc<str>, WireError> {
         usize::try_from(i)
             .ok()
@@ -554,6 +572,12 @@ fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
             back => Some((back, r.var("base length")?)),
         };
         let suffix = r.bytes("text")?.to_vec();
+        texts = texts
+            .saturating_add(base.map_or(0, |(_, len)| len))
+            .saturating_add(suffix.len() as u64);
+        if texts > MAX_BATCH_TEXT as u64 {
+            return Err(WireError::Malformed("more text than a batch rebuilds"));
+        }
         let observed = if flags & FLAG_OBSERVED != 0 {
             decode_observed(r)?
         } else {
