@@ -455,6 +455,13 @@ pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
     Ok((header, body.decode()?))
 }
 
+/// What a message carries: each kind has a subject of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Inserts,
+    Load,
+}
+
 /// A message's body, not decoded yet: a receiver screens the header first
 /// and skips what is not for it (its own, another cluster's) without
 /// decoding, and allocating, the entries.
@@ -465,6 +472,14 @@ pub(crate) struct RawBody<'a> {
 }
 
 impl RawBody<'_> {
+    /// Its kind ([`decode_header`] refuses any other).
+    pub(crate) fn kind(&self) -> Kind {
+        match self.kind {
+            KIND_LOAD => Kind::Load,
+            _ => Kind::Inserts,
+        }
+    }
+
     /// Decodes the body; the whole payload must be used.
     pub(crate) fn decode(self) -> Result<Body, WireError> {
         let mut r = Reader { rest: self.rest };
