@@ -15,10 +15,13 @@
 //! `window` bytes of texts, so, with no message lost, every reference
 //! resolves. A lost message (core NATS while disconnected, a stream that
 //! aged out) makes some references unresolvable: those entries are skipped
-//! and counted, never guessed.
+//! and counted, never guessed. A text longer than any sender sends
+//! ([`MAX_TEXT`]) is refused, so what is held stays within `keep` and one
+//! such text, whatever the references chain.
 //!
 //! Both are owned by one task each (the publisher, the receiver): no locks.
 
+use super::wire::MAX_TEXT;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -127,7 +130,8 @@ impl Outgoing {
 pub(crate) enum Unresolved {
     /// The referenced entry is not held (a lost or aged-out message).
     MissingBase,
-    /// The reference is inconsistent (longer than its base, bad UTF-8).
+    /// The reference is inconsistent (longer than its base, bad UTF-8), or
+    /// the text longer than [`MAX_TEXT`].
     Malformed,
 }
 
@@ -164,6 +168,17 @@ impl Incoming {
         base: Option<(u64, u64)>,
         suffix: &[u8],
     ) -> Result<Arc<String>, Unresolved> {
+        // Each entry may be "all of the one before, and more": unrefused,
+        // one text would grow by a message's worth per message, held as
+        // the newest whatever `keep` says. Only this entry is refused (and
+        // those that refer to it, as `MissingBase`), as other inconsistent
+        // references are: the entries before it in its batch are applied
+        // already, and what a batch may copy in all is bounded when it is
+        // decoded (`wire::MAX_BATCH_TEXT`).
+        let stated = base.map_or(0, |(_, len)| len);
+        if stated.saturating_add(suffix.len() as u64) > MAX_TEXT as u64 {
+            return Err(Unresolved::Malformed);
+        }
         let text = match base {
             None => Arc::new(
                 std::str::from_utf8(suffix)
@@ -326,6 +341,30 @@ mod tests {
             assert_eq!(got.as_str(), "a\u{1f600}b", "cut at {cut}");
         }
         assert!(inc.bytes() > 0);
+    }
+
+    /// Each entry "all of the one before, and more": the text that would
+    /// grow past what a sender ever sends is refused, and what is held
+    /// stays within `keep` and one longest text.
+    #[test]
+    fn a_text_longer_than_any_sender_sends_is_refused() {
+        let keep = 1 << 20;
+        let mut inc = Incoming::new(keep);
+        let more = vec![b'a'; 1 << 20];
+        let mut last = (0, inc.resolve(0, None, &more).unwrap().len());
+        let mut refused = 0;
+        for id in 1..20 {
+            match inc.resolve(id, Some((id - last.0, last.1 as u64)), &more) {
+                Ok(text) => last = (id, text.len()),
+                Err(e) => {
+                    assert_eq!(e, Unresolved::Malformed);
+                    refused += 1;
+                }
+            }
+            assert!(inc.bytes() <= keep + MAX_TEXT, "{} bytes held", inc.bytes());
+        }
+        assert_eq!(last.1, MAX_TEXT, "the longest text a sender sends");
+        assert_eq!(refused, 12);
     }
 
     /// A batch that comes late (sent again after its sender reconnected)

@@ -432,7 +432,7 @@ impl Ticks<'_> {
 
     fn take(&self, payload: &[u8]) {
         let Some((h, Body::Load(loads, firsts))) =
-            super::receive::screen(payload, self.me, self.metrics, None)
+            super::receive::screen(payload, self.me, self.metrics, None, wire::Kind::Load)
         else {
             return;
         };

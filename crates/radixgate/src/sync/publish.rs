@@ -337,7 +337,8 @@ pub(super) async fn run(
 }
 
 /// Sends `items` as insert batches, each within [`MAX_BATCH_BYTES`] (but
-/// for one long text alone) and the server's `max_payload`; the last one
+/// for one long text alone), the server's `max_payload` and
+/// [`wire::MAX_BATCH_TEXT`] of texts once rebuilt; the last one
 /// carries `firsts` (entries without text) and `load`, this replica's
 /// load report numbered so. A text that would not fit in a batch of its
 /// own goes cut to its head ([`fit`]).
@@ -355,9 +356,11 @@ async fn send_batches(
     // carries it. (Before the first connection the client knows no limit;
     // nothing is sent then.)
     let frame = wire::inserts_frame_bound(&p.me.header(0), Some(load.1.as_slice()));
+    // No receiver decodes more than MAX_MESSAGE, nor rebuilds a longer
+    // text, whatever the server would take.
     let accepted = match p.client.max_payload() {
         0 => MAX_BATCH_BYTES,
-        n => n,
+        n => n.min(wire::MAX_MESSAGE),
     };
     let whole = accepted.saturating_sub(frame);
     let room = accepted.min(MAX_BATCH_BYTES).saturating_sub(frame);
@@ -368,23 +371,30 @@ async fn send_batches(
         load: None,
     };
     let mut bytes = 0;
+    // The bytes of text the batch's entries rebuild, references and all:
+    // receivers refuse a batch of more than MAX_BATCH_TEXT.
+    let mut texts = 0;
     for item in items {
         let fixed = wire::entry_bound(0, &item.model, &item.url);
         let text = fit(&item.text, whole.saturating_sub(fixed), &p.metrics);
         // Decided before the text takes its number: a reference only
         // shortens what is sent.
         let most = wire::entry_bound(text.len(), &item.model, &item.url);
-        if bytes + most > room && !batch.entries.is_empty() {
+        if (bytes + most > room || texts + text.len() > wire::MAX_BATCH_TEXT)
+            && !batch.entries.is_empty()
+        {
             send_full(p, dict, window, &mut batch).await;
             bytes = 0;
+            texts = 0;
         }
+        texts += text.len();
         let encoded = dict.encode(text.as_bytes());
         let cut = encoded.base.map_or(0, |(_, len)| len as usize);
         let suffix = text.as_bytes()[cut..].to_vec();
         bytes += wire::entry_bound(suffix.len(), &item.model, &item.url);
         batch.entries.push(WireEntry {
-            model: item.model,
-            url: item.url,
+            model: item.model.into(),
+            url: item.url.into(),
             base: encoded.base,
             suffix,
             observed: None,
@@ -400,8 +410,8 @@ async fn send_batches(
         // An empty text: nothing to refer to, nothing to insert.
         let encoded = dict.encode(b"");
         batch.entries.push(WireEntry {
-            model: f.model,
-            url: f.url,
+            model: f.model.into(),
+            url: f.url.into(),
             base: encoded.base,
             suffix: Vec::new(),
             observed: Some(f.observed),

@@ -33,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 const MAX_SENDERS: usize = 64;
 
 /// Decodes and screens a payload: `None` (counted) unless it is a peer's
-/// message of this cluster. The header is screened before the body is
+/// message of this cluster and of the kind `want` its subject carries.
+/// The header is screened before the body is
 /// decoded: this replica's own insert batches come back through the stream
 /// (JetStream delivers them whatever `no_echo` says), and are dropped
 /// without decoding, and allocating, their entries; `echo`, if given,
@@ -43,6 +44,7 @@ pub(super) fn screen(
     me: &Identity,
     metrics: &SyncMetrics,
     echo: Option<&Delivery>,
+    want: wire::Kind,
 ) -> Option<(Header, Body)> {
     metrics.received(payload.len());
     let ignored = |err: wire::WireError| {
@@ -63,6 +65,12 @@ pub(super) fn screen(
         if let Some(echo) = echo {
             echo.seen_back(h.seq);
         }
+        return None;
+    }
+    // No build sends a kind on the other's subject: not decoded (an
+    // insert batch would be decoded on the load lane's thread).
+    if body.kind() != want {
+        metrics.ignored("malformed");
         return None;
     }
     match body.decode() {
@@ -160,6 +168,12 @@ impl Seen {
             (false, false) => {
                 self.gaps[i].1 = id;
                 self.gaps.insert(i + 1, (id + 1, to));
+                // One sender filling a wide gap piece by piece would
+                // otherwise add a gap each time, each found by a longer
+                // scan.
+                if self.gaps.len() > MAX_GAPS {
+                    self.gaps.pop_front();
+                }
             }
         }
         true
@@ -179,8 +193,8 @@ struct Held {
 
 struct HeldEntry {
     since: Instant,
-    model: String,
-    url: String,
+    model: Arc<str>,
+    url: Arc<str>,
     text: Arc<String>,
 }
 
@@ -234,9 +248,13 @@ impl Applier {
 
     /// Applies one payload; `live` says whether to record its lag.
     fn apply(&mut self, payload: &[u8], live: bool) {
-        let Some((h, Body::Inserts(mut batch))) =
-            screen(payload, &self.me, &self.metrics, Some(&self.delivery))
-        else {
+        let Some((h, Body::Inserts(mut batch))) = screen(
+            payload,
+            &self.me,
+            &self.metrics,
+            Some(&self.delivery),
+            wire::Kind::Inserts,
+        ) else {
             return;
         };
         // A replayed report is about load long gone.
@@ -874,5 +892,58 @@ mod tests {
         // The oldest gaps were given up, the newest are kept.
         assert!(!seen.first_time(1));
         assert!(seen.first_time(4 * MAX_GAPS as u64 - 1));
+    }
+    /// Entries that fill one gap piece by piece split it each time: the
+    /// cap holds there too, the oldest pieces given up.
+    #[test]
+    fn split_gaps_are_bounded() {
+        let mut seen = Seen::default();
+        let far = 1 << 40;
+        assert!(seen.first_time(0));
+        assert!(seen.first_time(far));
+        for i in 1..=(2 * MAX_GAPS as u64) {
+            assert!(seen.first_time(2 * i));
+            assert!(seen.gaps.len() <= MAX_GAPS, "{} gaps", seen.gaps.len());
+        }
+        assert_eq!(seen.gaps.len(), MAX_GAPS);
+        assert!(!seen.first_time(1), "the oldest piece was given up");
+        assert!(seen.first_time(far - 1));
+        assert!(seen.first_time(4 * MAX_GAPS as u64 + 1));
+    }
+
+    /// A load report on the inserts subject, or a batch on the load one,
+    /// is counted and skipped, its body not decoded.
+    #[test]
+    fn a_message_of_the_other_kind_is_counted_and_skipped() {
+        let registry = crate::metrics::Metrics::new();
+        let metrics = SyncMetrics::new(&registry);
+        let me = Identity {
+            cluster: "prod".into(),
+            replica: "r-1".into(),
+            instance: 1,
+        };
+        let peer = Identity {
+            instance: 2,
+            ..me.clone()
+        };
+        let load = wire::encode_load(&peer.header(7), &[], &[]);
+        let batch = wire::encode_inserts(
+            &peer.header(8),
+            &wire::Inserts {
+                window: 0,
+                first_entry: 0,
+                entries: Vec::new(),
+                load: None,
+            },
+        );
+        assert!(screen(&load, &me, &metrics, None, wire::Kind::Inserts).is_none());
+        assert!(screen(&batch, &me, &metrics, None, wire::Kind::Load).is_none());
+        assert!(screen(&batch, &me, &metrics, None, wire::Kind::Inserts).is_some());
+        assert!(screen(&load, &me, &metrics, None, wire::Kind::Load).is_some());
+        let text = registry.render();
+        assert!(
+            text.contains("radixgate_sync_ignored_total{reason=\"malformed\"} 2"),
+            "{text}"
+        );
     }
 }

@@ -46,10 +46,15 @@
 //! Limits checked while decoding: a payload over [`MAX_MESSAGE`], a count
 //! larger than the bytes left could hold, an index outside the string
 //! table, text that is not UTF-8, trailing bytes: all are
-//! [`WireError`]s, counted by the receiver as malformed.
+//! [`WireError`]s, counted by the receiver as malformed; so is a batch
+//! whose entries would rebuild more than [`MAX_BATCH_TEXT`] bytes of text,
+//! refused before any is copied. What a payload decodes to is at most a
+//! few times its size: each string of a batch's table is held once, shared
+//! by the entries that name it.
 
 use radixgate_routing::{Observation, Work};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The first bytes of every message.
@@ -68,6 +73,20 @@ pub(crate) const FLAG_LOAD: u8 = 2;
 pub(crate) const MAX_OBSERVED_TTFT_US: u64 = 600_000_000;
 /// The largest payload decoded (NATS's own default limit is 1 MiB).
 pub(crate) const MAX_MESSAGE: usize = 8 << 20;
+/// The longest text a receiver rebuilds ([`super::dict::Incoming`]); a
+/// longer one is malformed. A sender cuts each text to what one message
+/// may carry (`publish::fit`, at most this), and a reference only shortens
+/// what is sent: no sender makes a longer one.
+pub(crate) const MAX_TEXT: usize = MAX_MESSAGE;
+/// The most bytes of text an insert batch's entries rebuild together
+/// (each its base's bytes and its suffix); a batch that states more is
+/// malformed. A reference lets a 7-byte entry stand for a long text, so
+/// without a bound a forged 1 MiB batch cost a receiver about 0.6 s of
+/// copying (an 8 MiB one 30 s) on the runtime that serves requests. A
+/// sender starts a new batch before its texts pass it (builds before it
+/// did not: theirs is refused only past 64 MiB of texts in one batch, 256
+/// decisions on one 256 KiB prompt within `batch_ms`).
+pub(crate) const MAX_BATCH_TEXT: usize = 8 * MAX_TEXT;
 
 /// Who sent a message, and when.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,8 +106,10 @@ pub(crate) struct Header {
 /// One routed text, as sent: maybe a reference into an earlier entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct WireEntry {
-    pub(crate) model: String,
-    pub(crate) url: String,
+    /// Shared by the batch's entries that name it: decoded, each string of
+    /// the table is held once however many entries name it.
+    pub(crate) model: Arc<str>,
+    pub(crate) url: Arc<str>,
     /// `(entries back, bytes of that entry's text)`, or `None`.
     pub(crate) base: Option<(u64, u64)>,
     /// The text after the base's bytes (all of it without a base).
@@ -277,8 +298,8 @@ pub(crate) fn encode_inserts(h: &Header, batch: &Inserts) -> Vec<u8> {
     let mut table: Vec<&str> = Vec::new();
     let mut refs = Vec::with_capacity(batch.entries.len());
     for e in &batch.entries {
-        let m = table_index(&mut table, e.model.as_str());
-        let u = table_index(&mut table, e.url.as_str());
+        let m = table_index(&mut table, &e.model);
+        let u = table_index(&mut table, &e.url);
         refs.push((m, u));
     }
     // Room for all of it: a batch of one long prompt that outgrew its
@@ -434,6 +455,13 @@ pub(crate) fn decode(payload: &[u8]) -> Result<(Header, Body), WireError> {
     Ok((header, body.decode()?))
 }
 
+/// What a message carries: each kind has a subject of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Inserts,
+    Load,
+}
+
 /// A message's body, not decoded yet: a receiver screens the header first
 /// and skips what is not for it (its own, another cluster's) without
 /// decoding, and allocating, the entries.
@@ -444,6 +472,14 @@ pub(crate) struct RawBody<'a> {
 }
 
 impl RawBody<'_> {
+    /// Its kind ([`decode_header`] refuses any other).
+    pub(crate) fn kind(&self) -> Kind {
+        match self.kind {
+            KIND_LOAD => Kind::Load,
+            _ => Kind::Inserts,
+        }
+    }
+
     /// Decodes the body; the whole payload must be used.
     pub(crate) fn decode(self) -> Result<Body, WireError> {
         let mut r = Reader { rest: self.rest };
@@ -523,29 +559,40 @@ pub(crate) fn decode_header(payload: &[u8]) -> Result<(Header, RawBody<'_>), Wir
 
 fn decode_inserts(r: &mut Reader<'_>, flags: u8) -> Result<Inserts, WireError> {
     let n = r.count(1, "string table")?;
-    let mut table = Vec::with_capacity(n);
+    // Each string once, shared by the entries that name it: an entry is 4
+    // bytes, so a copy each would let a 1 MiB batch naming one 512 KiB
+    // string ask for about 137 GB.
+    let mut table: Vec<Arc<str>> = Vec::with_capacity(n);
     for _ in 0..n {
-        table.push(r.str("string")?);
+        table.push(Arc::from(r.str("string")?));
     }
     let window = r.var("window")?;
     let first_entry = r.var("first entry")?;
     let count = r.count(4, "entry count")?;
     let mut entries = Vec::with_capacity(count);
-    let lookup = |i: u64| -> Result<&str, WireError> {
+    // The bytes of text the entries rebuild, as they state them.
+    let mut texts: u64 = 0;
+    let lookup = |i: u64| -> Result<Arc<str>, WireError> {
         usize::try_from(i)
             .ok()
-            .and_then(|i| table.get(i).copied())
+            .and_then(|i| table.get(i).cloned())
             .ok_or(WireError::Malformed("string index"))
     };
     for _ in 0..count {
-        let model = lookup(r.var("model")?)?.to_owned();
-        let url = lookup(r.var("url")?)?.to_owned();
+        let model = lookup(r.var("model")?)?;
+        let url = lookup(r.var("url")?)?;
         let back = r.var("base")?;
         let base = match back {
             0 => None,
             back => Some((back, r.var("base length")?)),
         };
         let suffix = r.bytes("text")?.to_vec();
+        texts = texts
+            .saturating_add(base.map_or(0, |(_, len)| len))
+            .saturating_add(suffix.len() as u64);
+        if texts > MAX_BATCH_TEXT as u64 {
+            return Err(WireError::Malformed("more text than a batch rebuilds"));
+        }
         let observed = if flags & FLAG_OBSERVED != 0 {
             decode_observed(r)?
         } else {

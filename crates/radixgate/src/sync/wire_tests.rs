@@ -326,6 +326,79 @@ fn huge_counts_and_lengths_are_refused_without_allocating() {
     assert!(decode(&vec![0u8; MAX_MESSAGE + 1]).is_err());
 }
 
+/// Entries that all name one long table string share it: what a batch
+/// decodes to grows with its bytes, not with its entries times its table
+/// strings. (With a copy per entry, a forged 1 MiB batch of 4-byte entries
+/// naming one 512 KiB string asked for about 137 GB.)
+#[test]
+fn entries_share_the_table_strings_they_name() {
+    let long = "m".repeat(4096);
+    let entries = 2000;
+    let mut bytes = Vec::new();
+    put_header(&mut bytes, KIND_INSERTS, 0, &header());
+    put_var(&mut bytes, 1);
+    put_bytes(&mut bytes, long.as_bytes());
+    put_var(&mut bytes, 0); // window
+    put_var(&mut bytes, 0); // first entry
+    put_var(&mut bytes, entries);
+    for _ in 0..entries {
+        // Model 0, URL 0, no base, no text.
+        bytes.extend_from_slice(&[0, 0, 0, 0]);
+    }
+    let Ok((_, Body::Inserts(batch))) = decode(&bytes) else {
+        panic!("not decoded");
+    };
+    assert_eq!(batch.entries.len(), entries as usize);
+    // The string bytes held, each place in memory once.
+    let mut held = std::collections::HashMap::new();
+    for e in &batch.entries {
+        for s in [&*e.model, &*e.url] {
+            assert_eq!(s, long);
+            held.insert(s.as_ptr(), s.len());
+        }
+    }
+    let held: usize = held.values().sum();
+    assert!(
+        held <= bytes.len(),
+        "{held} bytes of strings from a message of {}",
+        bytes.len()
+    );
+}
+
+/// A batch whose entries, each "all of the one before", would rebuild
+/// more text than a sender puts in one batch is refused whole, before
+/// anything is copied: a forged 1 MiB batch of 7-byte entries naming a
+/// 512 KiB text cost about 0.6 s of copying, an 8 MiB one about 30 s.
+#[test]
+fn a_batch_that_rebuilds_more_text_than_a_sender_sends_is_refused() {
+    let text = 1 << 20;
+    let batch = |entries: u64| {
+        let mut bytes = Vec::new();
+        put_header(&mut bytes, KIND_INSERTS, 0, &header());
+        put_var(&mut bytes, 2);
+        put_bytes(&mut bytes, b"m");
+        put_bytes(&mut bytes, b"http://10.0.0.1:30000");
+        put_var(&mut bytes, 0); // window
+        put_var(&mut bytes, 0); // first entry
+        put_var(&mut bytes, entries);
+        bytes.extend_from_slice(&[0, 1, 0]);
+        put_bytes(&mut bytes, &vec![b'a'; text]);
+        for _ in 1..entries {
+            // All of the entry before, and nothing more.
+            bytes.extend_from_slice(&[0, 1, 1]);
+            put_var(&mut bytes, text as u64);
+            put_bytes(&mut bytes, b"");
+        }
+        bytes
+    };
+    let most = (MAX_BATCH_TEXT / text) as u64;
+    assert!(decode(&batch(most)).is_ok());
+    assert_eq!(
+        decode(&batch(most + 1)).err(),
+        Some(WireError::Malformed("more text than a batch rebuilds"))
+    );
+}
+
 #[test]
 fn bad_indexes_and_bad_utf8_are_refused() {
     let mut h = Vec::new();
@@ -370,9 +443,11 @@ proptest! {
         let _ = decode(&bytes);
     }
 
-    /// Whatever the texts and numbers, what is encoded decodes the same.
+    /// Whatever the texts and numbers, what is encoded decodes the same
+    /// (a base as long as a text may be: a batch that states more text is
+    /// refused).
     #[test]
-    fn round_trips(texts in proptest::collection::vec(".{0,40}", 0..6), first in any::<u64>(), back in 0u64..1000, len in any::<u64>(), ttft in 0..=MAX_OBSERVED_TTFT_US) {
+    fn round_trips(texts in proptest::collection::vec(".{0,40}", 0..6), first in any::<u64>(), back in 0u64..1000, len in any::<u64>(), base_len in 0..=MAX_TEXT as u64, ttft in 0..=MAX_OBSERVED_TTFT_US) {
         let batch = Inserts {
             window: len / 3,
             first_entry: first,
@@ -380,7 +455,7 @@ proptest! {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
-                    let mut e = entry(&format!("m{}", i % 2), "http://a:1", (back > 0).then_some((back, len)), t);
+                    let mut e = entry(&format!("m{}", i % 2), "http://a:1", (back > 0).then_some((back, base_len)), t);
                     e.observed = (i % 3 == 1).then_some(Observed { queued_chars: len, uncached_chars: back, in_flight: first, ttft_us: ttft });
                     e
                 })
