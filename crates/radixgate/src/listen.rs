@@ -59,6 +59,8 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 pub(crate) struct ConnectionSlots {
     open: AtomicUsize,
     cap: usize,
+    /// What sets the cap, for the WARN line.
+    setting: &'static str,
     /// Connections closed at the cap since the last WARN line.
     refused: AtomicUsize,
     /// When the last WARN line was logged, in ms since `epoch` (0: never).
@@ -76,11 +78,17 @@ impl Drop for Slot {
 }
 
 impl ConnectionSlots {
-    /// Room for `cap` connections.
+    /// Room for `cap` connections (`server.max_connections`).
     pub(crate) fn new(cap: usize) -> Arc<Self> {
+        Self::set_by(cap, "server.max_connections")
+    }
+
+    /// Room for `cap` connections, a cap that `setting` names.
+    pub(crate) fn set_by(cap: usize, setting: &'static str) -> Arc<Self> {
         Arc::new(Self {
             open: AtomicUsize::new(0),
             cap,
+            setting,
             refused: AtomicUsize::new(0),
             warned_at_ms: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
@@ -113,7 +121,8 @@ impl ConnectionSlots {
             tracing::warn!(
                 max_connections = self.cap,
                 refused,
-                "client connection cap (server.max_connections = {}) reached: closing new connections",
+                "client connection cap ({} = {}) reached: closing new connections",
+                self.setting,
                 self.cap
             );
         }

@@ -177,6 +177,9 @@ async fn method_not_allowed(req: Request) -> axum::response::Response {
     .into_response()
 }
 
+/// Connections the separate metrics port keeps open at once.
+const METRICS_PORT_CONNECTIONS: usize = 64;
+
 /// Binds the separate metrics port, if one is configured.
 async fn metrics_listener(config: &Config) -> Result<Option<TcpListener>, StartError> {
     let Some(port) = config.metrics.prometheus_port else {
@@ -368,12 +371,23 @@ pub async fn run_reloadable(
             let app = Router::new()
                 .route("/metrics", get(info::metrics))
                 .with_state(background);
-            let stop = tasks.clone();
-            Some(tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await
-            }))
+            // Held to the client port's timeouts (`axum::serve` has none:
+            // connections that never sent a request were held open, and
+            // with them file descriptors the client port needs), with a
+            // cap of its own: a scrape port has a few clients.
+            let limits = ConnectionLimits {
+                slots: ConnectionSlots::set_by(
+                    METRICS_PORT_CONNECTIONS,
+                    "the metrics port's own cap",
+                ),
+                ..connection_limits.clone()
+            };
+            Some(tokio::spawn(listen::serve(
+                listener,
+                app,
+                limits,
+                tasks.clone(),
+            )))
         }
         None => None,
     };

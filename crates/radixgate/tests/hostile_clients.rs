@@ -362,6 +362,30 @@ async fn slowloris_is_closed_after_the_header_timeout() {
     gw.shutdown().await;
 }
 
+#[tokio::test]
+async fn the_separate_metrics_port_closes_slow_and_idle_connections_too() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.header_read_timeout_secs = 1;
+    c.server.idle_timeout_secs = 1;
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = spare.local_addr().unwrap().port();
+    drop(spare);
+    c.metrics.prometheus_port = Some(port);
+    let gw = gateway_ready(c, 1).await;
+    let metrics = format!("http://127.0.0.1:{port}");
+    let mut silent = connect(&metrics).await;
+    let mut half = connect(&metrics).await;
+    half.write_all(b"GET /metrics HTTP/1.1\r\n").await.unwrap();
+    let mut idle = connect(&metrics).await;
+    let answer = get_on(&mut idle, "/metrics").await.unwrap();
+    assert_eq!(answer.status, 200);
+    assert!(answer.body.contains("# TYPE radixgate_"), "{}", answer.body);
+    wait_closed(&mut silent).await;
+    wait_closed(&mut half).await;
+    wait_closed(&mut idle).await;
+    gw.shutdown().await;
+}
+
 /// Sends a GET on a raw keep-alive connection and reads its answer.
 async fn get_on(stream: &mut TcpStream, path: &str) -> Option<Answer> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n");
