@@ -13,7 +13,13 @@
 //!
 //! Who may call it ([`gate`]): whoever sends `server.admin_api_key`, from
 //! anywhere; without that key, by `server.admin_access`, peers on loopback
-//! (127.0.0.0/8, ::1) or nobody. The client key never opens it: a client
+//! (127.0.0.0/8, ::1) or nobody. A loopback peer is taken for a local
+//! caller (a shell, a sidecar, `kubectl port-forward`) only if nothing in
+//! the request says otherwise ([`elsewhere`]): a browser on the host sends
+//! a web page's requests from loopback too (a cross-site form's or
+//! `fetch`'s `POST /workers`, or a page whose name was rebound to
+//! 127.0.0.1), and a proxy on the host (a TLS terminator, a service-mesh
+//! sidecar) relays anyone's. The client key never opens it: a client
 //! that could add a worker could have the next user's request answered by
 //! its own server. [`router`] is the one route group; anything added to the
 //! admin plane later (a runtime switch) goes in it and so behind the gate.
@@ -100,7 +106,9 @@ pub(crate) async fn gate(State(gate): State<Gate>, req: Request, next: Next) -> 
         (None, AdminAccess::Off) => Some(GatewayError::AdminForbidden {
             reason: "the admin API is off: set server.admin_api_key (--admin-api-key) to use it",
         }),
-        (None, AdminAccess::Loopback) if from_loopback(&req) => None,
+        (None, AdminAccess::Loopback) if from_loopback(&req) => {
+            elsewhere(&req).map(|reason| GatewayError::AdminForbidden { reason })
+        }
         (None, AdminAccess::Loopback) => Some(GatewayError::AdminForbidden {
             reason: "without server.admin_api_key (--admin-api-key) the admin API takes only \
                      loopback peers (127.0.0.0/8, ::1)",
@@ -128,6 +136,96 @@ fn from_loopback(req: &Request) -> bool {
     req.extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .is_some_and(|ConnectInfo(peer)| peer.ip().to_canonical().is_loopback())
+}
+
+/// Why a request from a loopback peer is not a local caller's, if it is
+/// not: it came through a proxy (it names a client of its own), a browser
+/// sent it for a page of another site (`Sec-Fetch-Site`, `Origin`), or it
+/// is addressed to a name other than loopback's (DNS rebinding: a page's
+/// own name, resolved to 127.0.0.1).
+fn elsewhere(req: &Request) -> Option<&'static str> {
+    let headers = req.headers();
+    const PROXIED: [&str; 5] = [
+        "forwarded",
+        "x-forwarded-for",
+        "x-real-ip",
+        "x-forwarded-client-cert",
+        "x-envoy-external-address",
+    ];
+    if PROXIED.iter().any(|name| headers.contains_key(*name)) {
+        return Some(
+            "without server.admin_api_key (--admin-api-key) the admin API takes only loopback \
+             peers, and this request came through a proxy (it names a client of its own)",
+        );
+    }
+    let site = headers.get("sec-fetch-site").map(HeaderValue::as_bytes);
+    let origin = headers.get(header::ORIGIN).map(HeaderValue::as_bytes);
+    let page_elsewhere = site.is_some_and(|s| s != b"same-origin" && s != b"none")
+        || origin.is_some_and(|o| !origin_is_loopback(o));
+    if page_elsewhere {
+        return Some(
+            "without server.admin_api_key (--admin-api-key) the admin API takes only loopback \
+             peers, and this request was sent by a web page of another site",
+        );
+    }
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.host().as_bytes())
+        .or_else(|| headers.get(header::HOST).map(HeaderValue::as_bytes));
+    if host.is_some_and(|h| !host_is_loopback(without_port(h))) {
+        return Some(
+            "without server.admin_api_key (--admin-api-key) the admin API takes only loopback \
+             peers, addressed as localhost or a loopback address; this request names another host",
+        );
+    }
+    None
+}
+
+/// An `Origin` of a loopback host (`http://127.0.0.1:30000`,
+/// `http://localhost`); `null` is not.
+fn origin_is_loopback(origin: &[u8]) -> bool {
+    let Some(rest) = std::str::from_utf8(origin)
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, rest)| rest)
+    else {
+        return false;
+    };
+    host_is_loopback(without_port(rest.as_bytes()))
+}
+
+/// `host[:port]` or `[v6][:port]` less its port.
+fn without_port(authority: &[u8]) -> &[u8] {
+    if authority.first() == Some(&b'[') {
+        return match authority.iter().position(|&b| b == b']') {
+            Some(end) => &authority[..=end],
+            None => authority,
+        };
+    }
+    match authority.iter().rposition(|&b| b == b':') {
+        Some(colon) => &authority[..colon],
+        None => authority,
+    }
+}
+
+/// `localhost` (or a name under it, RFC 6761), or a loopback address
+/// (`[::1]` with its brackets).
+fn host_is_loopback(host: &[u8]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if host == "localhost" || host.ends_with(".localhost") {
+        return true;
+    }
+    let literal = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(&host);
+    literal
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 /// `GET /workers`.
@@ -300,6 +398,87 @@ mod tests {
         }
         // No peer address at all is not loopback.
         assert_eq!(status(&app, None, None).await, StatusCode::FORBIDDEN);
+    }
+
+    /// A loopback peer without the key is a local caller only if nothing
+    /// says otherwise: a web page of another site, a name other than
+    /// loopback's, a proxy relaying a client.
+    #[tokio::test]
+    async fn without_a_key_a_browser_page_or_a_proxy_on_the_host_is_refused() {
+        let app = gated(None, AdminAccess::Loopback);
+        let ask = |headers: &[(&'static str, &'static str)]| {
+            let app = app.clone();
+            let headers = headers.to_vec();
+            async move {
+                let mut req = Request::builder().uri("/workers");
+                for (name, value) in headers {
+                    req = req.header(name, value);
+                }
+                let mut req = req.body(Body::empty()).unwrap();
+                req.extensions_mut()
+                    .insert(ConnectInfo("127.0.0.1:5".parse::<SocketAddr>().unwrap()));
+                app.oneshot(req).await.unwrap().status()
+            }
+        };
+        // What curl, a sidecar on loopback, kubectl port-forward and the
+        // router's own status page send.
+        for local in [
+            &[][..],
+            &[("host", "127.0.0.1:30000")],
+            &[("host", "localhost:30000")],
+            &[("host", "[::1]:30000")],
+            &[("host", "LOCALHOST.")],
+            &[("host", "router.localhost:8080")],
+            &[
+                ("host", "127.0.0.1:30000"),
+                ("origin", "http://127.0.0.1:30000"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            &[("host", "localhost:30000"), ("sec-fetch-site", "none")],
+        ] {
+            assert_eq!(ask(local).await, StatusCode::OK, "{local:?}");
+        }
+        for elsewhere in [
+            &[
+                ("host", "127.0.0.1:30000"),
+                ("sec-fetch-site", "cross-site"),
+            ][..],
+            &[("host", "127.0.0.1:30000"), ("sec-fetch-site", "same-site")],
+            &[
+                ("host", "127.0.0.1:30000"),
+                ("origin", "https://evil.example"),
+            ],
+            &[("host", "127.0.0.1:30000"), ("origin", "null")],
+            &[("host", "evil.example:30000")],
+            &[("host", "127.0.0.1.evil.example")],
+            &[("host", "10.0.0.5:30000")],
+            &[
+                ("host", "127.0.0.1:30000"),
+                ("x-forwarded-for", "203.0.113.9"),
+            ],
+            &[
+                ("host", "127.0.0.1:30000"),
+                ("forwarded", "for=203.0.113.9"),
+            ],
+            &[
+                ("host", "127.0.0.1:30000"),
+                ("x-forwarded-client-cert", "By=spiffe://x"),
+            ],
+        ] {
+            assert_eq!(ask(elsewhere).await, StatusCode::FORBIDDEN, "{elsewhere:?}");
+        }
+        // The key decides wherever the request came from.
+        let keyed = gated(Some("sk-admin"), AdminAccess::Loopback);
+        let mut req = Request::builder()
+            .uri("/workers")
+            .header("authorization", "Bearer sk-admin")
+            .header("host", "evil.example")
+            .header("sec-fetch-site", "cross-site")
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo("127.0.0.1:5".parse::<SocketAddr>().unwrap()));
+        assert_eq!(keyed.oneshot(req).await.unwrap().status(), StatusCode::OK);
     }
 
     #[tokio::test]
