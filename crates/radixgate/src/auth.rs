@@ -22,15 +22,19 @@
 
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
-use crate::state::AppState;
-use crate::tenants::{Metered, TenantRef};
+use crate::state::Shared;
+use crate::tenants::{Metered, Tenant, TenantRef};
 use arc_swap::ArcSwapOption;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures::future::Either;
+use std::future::{Future, Ready};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use tower::{Layer, Service};
 
 /// A key a route group requires, if any; a reload may replace it.
 #[derive(Clone, Debug, Default)]
@@ -72,32 +76,115 @@ impl Keys {
     }
 }
 
-/// Middleware of the client API: finds the tenant whose key was presented
-/// (401 if none matches while any is configured), tags the request with it,
-/// counts its answer and meters its body.
-pub(crate) async fn require_tenant(
-    State(state): State<Arc<AppState>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let shared = &state.shared;
-    let tenant = {
-        let tenants = shared.tenants.load();
-        if tenants.is_open() {
-            return next.run(req).await;
+/// The client API's gate: finds the tenant whose key was presented (401 if
+/// none matches while any is configured), tags the request with it, counts
+/// its answer and meters its body. A service of its own, whose future is
+/// named, rather than `axum::middleware::from_fn`, which boxes the route
+/// and the future of each request.
+#[derive(Clone)]
+pub(crate) struct RequireTenant {
+    shared: Arc<Shared>,
+}
+
+impl RequireTenant {
+    /// The gate of the tenants in `shared` (as a reload leaves them).
+    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+        Self {
+            shared: shared.clone(),
         }
-        match bearer(req.headers()).and_then(|key| tenants.find(key)) {
-            Some(tenant) => tenant.clone(),
-            None => return GatewayError::Unauthorized.into_response(),
+    }
+}
+
+impl<S> Layer<S> for RequireTenant {
+    type Service = TenantGate<S>;
+
+    fn layer(&self, inner: S) -> TenantGate<S> {
+        TenantGate {
+            inner,
+            shared: self.shared.clone(),
         }
-    };
-    req.extensions_mut().insert(TenantRef(tenant.clone()));
-    let response = next.run(req).await;
-    shared
-        .tenant_metrics
-        .request(tenant.name(), response.status().as_u16());
-    let shared = shared.clone();
-    response.map(|body| Body::new(Metered::new(body, tenant, shared)))
+    }
+}
+
+/// [`RequireTenant`] around a route.
+#[derive(Clone)]
+pub(crate) struct TenantGate<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// What the gate answers with: its own refusal, the route's answer as is
+/// (no tenants configured) or metered for its tenant.
+type Gated<F, E> = Either<Ready<Result<Response, E>>, Either<F, Charged<F>>>;
+
+impl<S> Service<Request> for TenantGate<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Gated<S::Future, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let tenant = {
+            let tenants = self.shared.tenants.load();
+            if tenants.is_open() {
+                None
+            } else {
+                match bearer(req.headers()).and_then(|key| tenants.find(key)) {
+                    Some(tenant) => Some(tenant.clone()),
+                    None => {
+                        let refused = GatewayError::Unauthorized.into_response();
+                        return Either::Left(std::future::ready(Ok(refused)));
+                    }
+                }
+            }
+        };
+        let Some(tenant) = tenant else {
+            return Either::Right(Either::Left(self.inner.call(req)));
+        };
+        req.extensions_mut().insert(TenantRef(tenant.clone()));
+        Either::Right(Either::Right(Charged {
+            inner: self.inner.call(req),
+            charge: Some((tenant, self.shared.clone())),
+        }))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A tenant's answer under way: counted in its metrics when it comes,
+    /// and its body metered ([`Metered`]).
+    pub(crate) struct Charged<F> {
+        #[pin]
+        inner: F,
+        charge: Option<(Arc<Tenant>, Arc<Shared>)>,
+    }
+}
+
+impl<F, E> Future for Charged<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = ready!(this.inner.poll(cx));
+        let (Ok(response), Some((tenant, shared))) = (&answer, this.charge.take()) else {
+            return Poll::Ready(answer);
+        };
+        shared
+            .tenant_metrics
+            .request(tenant.name(), response.status().as_u16());
+        Poll::Ready(
+            answer
+                .map(|response| response.map(|body| Body::new(Metered::new(body, tenant, shared)))),
+        )
+    }
 }
 
 /// The token of an `Authorization: Bearer <token>` header, if present; the

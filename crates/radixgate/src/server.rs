@@ -25,7 +25,7 @@
 
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
-use crate::auth::{Keys, require_tenant};
+use crate::auth::{Keys, RequireTenant};
 use crate::body::{BodyBudget, BodyLimits};
 use crate::breaker::Breakers;
 use crate::config::Config;
@@ -135,10 +135,7 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/get_server_info", get(info::server_info))
         .route("/get_model_info", get(info::model_info))
         .route("/get_loads", get(info::loads))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_tenant,
-        ));
+        .route_layer(RequireTenant::new(&state.shared));
     let admin = admin::router(&state.shared);
     let open = Router::<Arc<AppState>>::new()
         .route("/health", get(info::readiness))
@@ -161,9 +158,8 @@ fn routes(state: Arc<AppState>) -> Router {
         .layer(crate::via::RefuseLoops::new(&state.shared.via))
         // Every answer, the router's own errors included, carries the
         // request's id; every request runs in its spans.
-        .layer(axum::middleware::from_fn_with_state(
+        .layer(crate::trace::request_id::IdentifyRequests::new(
             crate::trace::request_id::RequestIds::new(state.shared.config.tracing.header_names()),
-            crate::trace::request_id::layer,
         ))
         .with_state(state)
 }

@@ -10,23 +10,27 @@
 //! client gets it back as `x-request-id` on every answer, the router's own
 //! errors included.
 //!
-//! The middleware wraps every route, and makes the request's scopes
+//! The layer ([`IdentifyRequests`]) wraps every route, and makes the request's scopes
 //! ([`super::RequestSpans`]): its log scope, which puts
 //! `request{request_id=…}` in every log line about it
 //! ([`super::request_log`]), always, and with export on the exported
 //! `receive` span, whose parent is the client's `traceparent` when it sent
 //! a valid one.
 
-use super::request_log::RequestLog;
+use super::request_log::{RequestLog, Scoped};
 use super::{OTEL_TARGET, RequestSpans};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
-use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::Status;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use tower::{Layer, Service};
 use tracing::Instrument;
+use tracing::instrument::Instrumented;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The header the id goes to the worker and back to the client in.
@@ -85,29 +89,113 @@ pub fn fresh() -> HeaderValue {
     HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
-/// The middleware: picks the id, sets it on the request, runs the rest of
-/// the router inside the request's scopes, and sets it on the answer.
-pub async fn layer(State(ids): State<Arc<RequestIds>>, mut req: Request, next: Next) -> Response {
-    let id = ids.pick(req.headers());
-    req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
-    // Valid ids are visible ASCII, so this never falls back.
-    let receive = receive_span(&req, id.to_str().unwrap_or_default());
-    let log = RequestLog::new(id.clone());
-    let spans = RequestSpans {
-        request: log.clone(),
-        receive: receive.clone(),
-    };
-    req.extensions_mut().insert(spans);
-    let mut response = log.scope(next.run(req)).instrument(receive.clone()).await;
-    if !receive.is_disabled() {
-        let status = response.status();
-        receive.set_attribute("http.response.status_code", i64::from(status.as_u16()));
-        if status.is_server_error() {
-            receive.set_status(Status::error(status.to_string()));
+/// The layer that gives every request its id and scopes (see the module
+/// doc). A service of its own, whose future is named, rather than
+/// `axum::middleware::from_fn`, which boxes the rest of the router and the
+/// future of each request.
+#[derive(Clone, Debug)]
+pub struct IdentifyRequests {
+    ids: Arc<RequestIds>,
+}
+
+impl IdentifyRequests {
+    /// Ids read from `ids`' headers.
+    pub fn new(ids: Arc<RequestIds>) -> Self {
+        Self { ids }
+    }
+}
+
+impl<S> Layer<S> for IdentifyRequests {
+    type Service = Identified<S>;
+
+    fn layer(&self, inner: S) -> Identified<S> {
+        Identified {
+            inner,
+            ids: self.ids.clone(),
         }
     }
-    response.headers_mut().insert(REQUEST_ID_HEADER, id);
-    response
+}
+
+/// [`IdentifyRequests`] around a service.
+#[derive(Clone, Debug)]
+pub struct Identified<S> {
+    inner: S,
+    ids: Arc<RequestIds>,
+}
+
+impl<S> Service<Request> for Identified<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Answered<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    /// Picks the id, sets it on the request and runs the rest of the
+    /// router inside the request's scopes, its call included.
+    fn call(&mut self, mut req: Request) -> Answered<S::Future> {
+        let id = self.ids.pick(req.headers());
+        req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
+        // Valid ids are visible ASCII, so this never falls back.
+        let receive = receive_span(&req, id.to_str().unwrap_or_default());
+        let log = RequestLog::new(id.clone());
+        let spans = RequestSpans {
+            request: log.clone(),
+            receive: receive.clone(),
+        };
+        req.extensions_mut().insert(spans);
+        let inner = {
+            let _span = receive.enter();
+            let _current = log.enter();
+            self.inner.call(req)
+        };
+        Answered {
+            inner: log.scope(inner).instrument(receive.clone()),
+            id: Some(id),
+            receive,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer under way ([`Identified`]): on its way out it
+    /// gets the request's id, and the exported span its status.
+    pub struct Answered<F> {
+        #[pin]
+        inner: Instrumented<Scoped<F>>,
+        id: Option<HeaderValue>,
+        receive: tracing::Span,
+    }
+}
+
+impl<F, E> Future for Answered<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut answer = ready!(this.inner.poll(cx));
+        if let Ok(response) = &mut answer {
+            if !this.receive.is_disabled() {
+                let status = response.status();
+                this.receive
+                    .set_attribute("http.response.status_code", i64::from(status.as_u16()));
+                if status.is_server_error() {
+                    this.receive.set_status(Status::error(status.to_string()));
+                }
+            }
+            if let Some(id) = this.id.take() {
+                response.headers_mut().insert(REQUEST_ID_HEADER, id);
+            }
+        }
+        Poll::Ready(answer)
+    }
 }
 
 /// The exported server span of a request, child of the client's
