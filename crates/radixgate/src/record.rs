@@ -404,8 +404,10 @@ impl Recorder {
         max_bytes: Option<u64>,
         keep: Option<u32>,
     ) -> Result<Settings, RecordError> {
+        let path = inside(&self.config.admin_dir, path)?;
+        a_trace_of_the_dir(&self.config.admin_dir, &path)?;
         Ok(Settings {
-            path: inside(&self.config.admin_dir, path)?,
+            path,
             max_bytes: max_bytes.unwrap_or(self.config.max_bytes),
             keep: keep.unwrap_or(self.config.keep),
         })
@@ -457,6 +459,71 @@ fn inside(dir: &Path, path: &Path) -> Result<PathBuf, RecordError> {
         )));
     }
     Ok(dir.join(path))
+}
+
+/// Refuses an admin path (already [`inside`] `dir` by its components) that
+/// leads out of `dir` through a symbolic link, or names a file other than
+/// a trace: an existing file is appended to, and rotated away or removed
+/// when it is full, so the admin API must not reach a file it did not
+/// write, in `dir` or out of it.
+fn a_trace_of_the_dir(dir: &Path, path: &Path) -> Result<(), RecordError> {
+    let bad = |reason: String| RecordError::Path {
+        path: path.to_owned(),
+        reason,
+    };
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let (Ok(real_dir), Ok(real_parent)) = (dir.canonicalize(), parent.canonicalize()) else {
+        // Opening it will say what is missing.
+        return Ok(());
+    };
+    if !real_parent.starts_with(&real_dir) {
+        return Err(bad(format!(
+            "leads out of record_trace.admin_dir ({}) through a symbolic link",
+            dir.display()
+        )));
+    }
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(()); // a new file
+    };
+    if meta.file_type().is_symlink() {
+        return Err(bad("is a symbolic link; name the file itself".into()));
+    }
+    if !meta.is_file() {
+        return Err(bad("is not a file".into()));
+    }
+    if meta.len() > 0 && !starts_as_a_trace(path) {
+        return Err(bad(
+            "is a file that is not a trace (its first line is not a trace line); \
+             name a new file, or a trace recorded before"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the file's first line is a JSON object with a trace line's
+/// `timestamp` and `hash_ids`.
+fn starts_as_a_trace(path: &Path) -> bool {
+    use std::io::{BufRead, Read};
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut first = Vec::new();
+    // A trace line has one id per 512 tokens of its prompt: a few hundred
+    // KiB at the most a line takes (`line::MAX_INPUT_TOKENS`).
+    let limit = 1 << 20;
+    if std::io::BufReader::new(file.take(limit))
+        .read_until(b'\n', &mut first)
+        .is_err()
+    {
+        return false;
+    }
+    serde_json::from_slice::<serde_json::Value>(&first).is_ok_and(|line| {
+        line.get("timestamp").is_some_and(serde_json::Value::is_u64)
+            && line
+                .get("hash_ids")
+                .is_some_and(serde_json::Value::is_array)
+    })
 }
 
 #[cfg(test)]

@@ -216,3 +216,38 @@ fn admin_paths_stay_inside_the_admin_dir() {
         Path::new("./x")
     );
 }
+
+/// The admin API records only into the admin dir's own files: not through
+/// a link that leads out of it, and not into a file that is not a trace.
+#[test]
+fn an_admin_recording_goes_through_no_link_and_into_no_other_file() {
+    let d = dir("links");
+    let admin = d.join("admin");
+    let outside = d.join("outside");
+    std::fs::create_dir_all(&admin).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("victim.conf"), "keep me\n").unwrap();
+    std::os::unix::fs::symlink(outside.join("victim.conf"), admin.join("link.jsonl")).unwrap();
+    std::os::unix::fs::symlink(&outside, admin.join("out")).unwrap();
+    std::fs::write(admin.join("notes.txt"), "not a trace\n").unwrap();
+    let trace = "{\"timestamp\":1,\"input_length\":5,\"output_length\":1,\"hash_ids\":[7]}\n";
+    std::fs::write(admin.join("old.jsonl"), trace).unwrap();
+    let config = RecordTraceConfig {
+        admin_dir: admin.clone(),
+        ..RecordTraceConfig::default()
+    };
+    let r = recorder(&config);
+    for bad in ["link.jsonl", "out/t.jsonl", "notes.txt", "."] {
+        let err = r.admin_settings(Path::new(bad), None, None).expect_err(bad);
+        assert!(matches!(err, RecordError::Path { .. }), "{bad}: {err}");
+    }
+    for good in ["new.jsonl", "old.jsonl"] {
+        let settings = r.admin_settings(Path::new(good), None, None).expect(good);
+        assert_eq!(settings.path, admin.join(good));
+    }
+    assert_eq!(
+        std::fs::read_to_string(outside.join("victim.conf")).unwrap(),
+        "keep me\n"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
