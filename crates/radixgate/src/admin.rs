@@ -40,6 +40,7 @@ use crate::error::GatewayError;
 use crate::info;
 use crate::record::admin as record;
 use crate::state::{AppState, Shared};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -261,10 +262,22 @@ pub(crate) struct RemoveQuery {
 }
 
 /// `DELETE /workers?url=...`: a drain (see [`crate::control::Control::drain`]).
+/// A query that is not one (`?url=a&url=b`) is a 400 with an OpenAI-style
+/// body like the others, not axum's plain-text rejection.
 pub(crate) async fn remove(
     State(state): State<Arc<AppState>>,
-    Query(q): Query<RemoveQuery>,
+    query: Result<Query<RemoveQuery>, QueryRejection>,
 ) -> Response {
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(err) => {
+            return GatewayError::InvalidRequest(format!(
+                "DELETE /workers takes ?url=<worker URL>: {}",
+                err.body_text()
+            ))
+            .into_response();
+        }
+    };
     let Some(url) = q.url else {
         return GatewayError::InvalidRequest("DELETE /workers needs ?url=<worker URL>".into())
             .into_response();

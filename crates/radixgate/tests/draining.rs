@@ -162,3 +162,27 @@ async fn a_drain_that_times_out_forgets_the_worker_but_does_not_cut_its_stream()
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_malformed_drain_query_gets_an_openai_style_error() {
+    let a = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url]), 1).await;
+    for (query, status) in [("?url=a&url=b", 400), ("", 400), ("?url=%ZZ", 404)] {
+        let r = client()
+            .delete(format!("{}/workers{query}", gw.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{query}");
+        let body: Value = r
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{query}: not JSON: {e}"));
+        assert_eq!(
+            body["error"]["type"], "invalid_request_error",
+            "{query}: {body}"
+        );
+    }
+    assert_eq!(workers(&gw.url).await[0]["state"], "healthy");
+    gw.shutdown().await;
+}
