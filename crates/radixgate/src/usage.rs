@@ -12,12 +12,13 @@
 //! last data event when the client asked with
 //! `stream_options.include_usage`. An Anthropic stream splits it: the prompt
 //! in `message_start`'s usage, at the start, and the final output count
-//! alone in `message_delta`'s, at the end; the two are added when both are
-//! still in the tail, else only the output is charged.
+//! alone in `message_delta`'s, at the end; the two are added.
 //!
-//! [`UsageTail`] keeps only the last [`TAIL_BYTES`] bytes a body passed
-//! through, so memory is bounded whatever the body's size, and the frames
-//! themselves go to the client unchanged; the scan runs once, at the end.
+//! [`UsageTail`] keeps only the first [`HEAD_BYTES`] and the last
+//! [`TAIL_BYTES`] bytes a body passed through (the head for that stream's
+//! first event, however long the stream), so memory is bounded whatever the
+//! body's size, and the frames themselves go to the client unchanged; the
+//! scan runs once, at the end.
 //! A body whose usage does not fit in the tail, or that has none, reports
 //! `None` (nothing is charged).
 
@@ -43,11 +44,21 @@ use object::{Count, Fields};
 /// bodies put at most a few short fields after `usage`.
 pub const TAIL_BYTES: usize = 8 * 1024;
 
-/// The last [`TAIL_BYTES`] bytes of a body, in a ring: a small frame costs
-/// its own length to keep, however full the tail is.
+/// How much of a body's start is kept too: an Anthropic stream's first
+/// event, `message_start` with the prompt's usage, is a few hundred bytes.
+pub const HEAD_BYTES: usize = 2 * 1024;
+
+/// The first [`HEAD_BYTES`] and the last [`TAIL_BYTES`] bytes of a body,
+/// the tail in a ring: a small frame costs its own length to keep, however
+/// full the tail is.
 #[derive(Debug, Default)]
 pub struct UsageTail {
+    head: Vec<u8>,
     tail: std::collections::VecDeque<u8>,
+    /// Bytes passed through in all.
+    seen: u64,
+    /// The scanned text, when head and tail are joined.
+    joined: Vec<u8>,
 }
 
 impl UsageTail {
@@ -56,8 +67,13 @@ impl UsageTail {
         Self::default()
     }
 
-    /// Appends the next piece of the body, keeping only the end.
+    /// Appends the next piece of the body, keeping only its start and end.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.seen += bytes.len() as u64;
+        if self.head.len() < HEAD_BYTES {
+            let room = HEAD_BYTES - self.head.len();
+            self.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
         if bytes.len() >= TAIL_BYTES {
             self.tail.clear();
             self.tail.extend(&bytes[bytes.len() - TAIL_BYTES..]);
@@ -70,19 +86,41 @@ impl UsageTail {
         self.tail.extend(bytes);
     }
 
-    /// The tokens the body reports it used, if its tail says.
-    pub fn tokens(&mut self) -> Option<u64> {
-        tokens_in(self.tail.make_contiguous())
+    /// What is kept of the body, as one text: the whole body while it
+    /// fits in the tail (or the head and tail overlap), else its head, a
+    /// NUL (which no JSON holds, so no object read runs across the cut)
+    /// and its tail.
+    fn text(&mut self) -> &[u8] {
+        let tail = self.tail.make_contiguous();
+        let seen = usize::try_from(self.seen).unwrap_or(usize::MAX);
+        let before_tail = seen - tail.len();
+        if before_tail == 0 {
+            return tail;
+        }
+        self.joined.clear();
+        if before_tail <= self.head.len() {
+            self.joined.extend_from_slice(&self.head[..before_tail]);
+        } else {
+            self.joined.extend_from_slice(&self.head);
+            self.joined.push(0);
+        }
+        self.joined.extend_from_slice(tail);
+        &self.joined
     }
 
-    /// The prompt's cached-token report, if its tail has one.
+    /// The tokens the body reports it used, if what is kept of it says.
+    pub fn tokens(&mut self) -> Option<u64> {
+        tokens_in(self.text())
+    }
+
+    /// The prompt's cached-token report, if what is kept has one.
     pub fn cached(&mut self) -> CachedReport {
-        cached_in(self.tail.make_contiguous())
+        cached_in(self.text())
     }
 
     /// The prompt and completion counts and the cached-token report.
     pub fn usage(&mut self) -> Usage {
-        let text = self.tail.make_contiguous();
+        let text = self.text();
         Usage {
             counts: counts_in(text),
             cached: cached_in(text),
@@ -345,6 +383,43 @@ mod tests {
         ] {
             assert_eq!(tokens_in(none), None, "{}", String::from_utf8_lossy(none));
         }
+    }
+
+    /// An Anthropic stream longer than the tail: its prompt count, in the
+    /// first event, is charged with the output count of its last.
+    #[test]
+    fn a_long_streams_first_event_is_kept_for_its_prompt_count() {
+        let start = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4000,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n";
+        let delta = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"some words\"}}\n\n";
+        let end = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":900}}\n\n\
+            event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        for deltas in [0, 50, 60, 70, 100, 1000] {
+            let mut tail = UsageTail::new();
+            tail.push(start);
+            for _ in 0..deltas {
+                tail.push(delta);
+            }
+            tail.push(end);
+            assert_eq!(tail.tokens(), Some(4916), "{deltas} deltas");
+            assert_eq!(tail.usage().counts.prompt, Some(4016), "{deltas} deltas");
+        }
+        // A body in one piece, longer than the tail.
+        let mut whole = start.to_vec();
+        for _ in 0..1000 {
+            whole.extend_from_slice(delta);
+        }
+        whole.extend_from_slice(end);
+        let mut tail = UsageTail::new();
+        tail.push(&whole);
+        assert_eq!(tail.tokens(), Some(4916));
+        // An OpenAI stream's end still decides alone.
+        let mut tail = UsageTail::new();
+        tail.push(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"total_tokens\":2}}\n\n");
+        for _ in 0..1000 {
+            tail.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n");
+        }
+        tail.push(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n");
+        assert_eq!(tail.tokens(), Some(7));
     }
 
     #[test]
