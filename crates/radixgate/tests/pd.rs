@@ -469,6 +469,51 @@ async fn a_failing_side_fails_the_request_cancels_the_other_and_frees_both() {
     }
 }
 
+/// Decode refusing the request (a 4xx, final) is the answer: prefill, which
+/// would wait for a decode that never joins its bootstrap room, is not
+/// waited for but cancelled, and nobody's breaker counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_decodes_refusal_is_answered_at_once_and_cancels_prefill() {
+    let (prefill, decode, gw) = pair(PdProtocol::Sglang).await;
+    prefill.set(Behaviour {
+        delay_ms: 60_000,
+        ..Behaviour::default()
+    });
+    decode.set(Behaviour {
+        delay_ms: 300,
+        fail: Some(422),
+        ..Behaviour::default()
+    });
+    for stream in [true, false] {
+        // A hang guard, well under the first-byte timeouts (60 s, 300 s)
+        // that waiting for prefill would take.
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            post_chat(&gw.url, &chat_body(stream)),
+        )
+        .await
+        .expect("decode's refusal answered without waiting for prefill");
+        assert_eq!(r.status(), 422, "stream {stream}");
+        let err: Value = r.json().await.unwrap();
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("decode failed on purpose")),
+            "{err}"
+        );
+    }
+    wait_until("prefill's requests cancelled", || async {
+        prefill.cancelled() == 2
+    })
+    .await;
+    common::wait_for_zero_load(&gw.url).await;
+    assert_eq!(
+        series_value(&gw.url, "radixgate_pd_failures_total{side=\"prefill\"}").await,
+        0.0
+    );
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_is_retried_on_a_new_pair() {
     let bad = engine("bad-prefill", WorkerRole::Prefill).await;

@@ -591,7 +591,18 @@ impl Pair<'_> {
         };
         // Decode answered; the client gets it once prefill has answered
         // too (in practice it already has: decode's first token needs
-        // prefill's KV), so a prefill failure is reported as one.
+        // prefill's KV), so a prefill failure is reported as one. Not when
+        // decode refused the request (a final 4xx): prefill would wait for
+        // a decode that never joins the bootstrap room, until a timeout
+        // that would then be reported as prefill's; it is cancelled as the
+        // task is dropped.
+        if !answer.response.status().is_success() {
+            return Ok(Done {
+                answer,
+                prefill_task: None,
+                prefill_worker: Some(prefill_worker.url().to_owned()),
+            });
+        }
         if !prefill_ok {
             match head_rx.await {
                 Ok(Ok(())) => {}
