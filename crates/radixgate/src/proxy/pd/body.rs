@@ -148,7 +148,8 @@ pub(super) fn with_bootstrap(
     to_bytes(&fields)
 }
 
-/// vLLM's step one: one whole token, and a request for remote decode.
+/// vLLM's step one: one whole token, no echo or log-probabilities, and a
+/// request for remote decode.
 pub(super) fn prefill_body(bytes: &[u8]) -> Result<Bytes, GatewayError> {
     let mut fields = fields(bytes)?;
     fields.insert("stream".into(), raw("false".into()));
@@ -157,6 +158,11 @@ pub(super) fn prefill_body(bytes: &[u8]) -> Result<Bytes, GatewayError> {
         fields.insert("max_completion_tokens".into(), raw("1".into()));
     }
     fields.remove("stream_options");
+    // Step one's answer is read for its transfer parameters alone (up to
+    // 1 MiB); these would make it as long as the prompt, or longer.
+    for echoed in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
+        fields.remove(echoed);
+    }
     fields.insert(
         "kv_transfer_params".into(),
         raw(r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#.into()),
@@ -273,8 +279,13 @@ mod tests {
 
     #[test]
     fn the_vllm_steps_rewrite_only_their_fields() {
-        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"extra":{"k":1}}"#;
+        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"extra":{"k":1},"echo":true,"logprobs":5,"top_logprobs":3,"prompt_logprobs":1}"#;
         let one = parse(&prefill_body(body).unwrap());
+        // What would make step one's answer as long as the prompt: the
+        // prompt echoed, its log-probabilities.
+        for echoed in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
+            assert!(one.get(echoed).is_none(), "{echoed} kept: {one}");
+        }
         assert_eq!(one["stream"], false);
         assert_eq!(one["max_tokens"], 1);
         assert_eq!(one["max_completion_tokens"], 1);
@@ -289,6 +300,10 @@ mod tests {
         assert_eq!(two["stream"], true, "the client's own flags");
         assert_eq!(two["max_tokens"], 64);
         assert_eq!(two["stream_options"], json!({"include_usage": true}));
+        assert_eq!(
+            (two["echo"].clone(), two["logprobs"].clone()),
+            (json!(true), json!(5))
+        );
         assert!(transfer_params(br#"{"choices":[]}"#).is_none());
         assert!(transfer_params(br#"{"kv_transfer_params":null}"#).is_none());
         assert!(transfer_params(b"not json").is_none());
