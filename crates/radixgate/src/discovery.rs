@@ -23,10 +23,13 @@
 //! The watch is kube-runtime's watcher with the selector pushed to the API
 //! server: a broken watch resumes from the last resource version it saw, a
 //! `410 Gone` starts over with a fresh list, after which pods missing from
-//! it are treated as deleted. While the API server cannot be reached the
-//! router keeps routing to what it knows; the watch retries with back-off,
-//! a WARN says so (at most once a minute), and
-//! `radixgate_discovery_connected` reads 0.
+//! it are treated as deleted. While the API server cannot be reached, or
+//! refuses the list (no RBAC), the router keeps routing to what it knows;
+//! the watch retries with back-off (0.8 s doubling to 30 s, jittered, and
+//! not started over until the API server answers), a WARN says so (at most
+//! once a minute), and `radixgate_discovery_connected` reads 0. It reads 1
+//! once a list completed or the watch brought a change: the watcher's
+//! `Init` comes before the list is even asked for.
 //!
 //! A malformed object is logged (once per pod and resource version) and
 //! skipped; what it was before stays as it was.
@@ -42,8 +45,8 @@ use crate::control::Control;
 use crate::metrics::{Describe, Family, LabelledCounters, Metrics};
 use futures::StreamExt as _;
 use kube::Api;
-use kube::runtime::WatchStreamExt as _;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::utils::Backoff as _;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use metrics::{Gauge, Label};
 use object::RawPod;
 use pod::Seen;
@@ -58,10 +61,15 @@ use tokio_util::sync::CancellationToken;
 /// A WARN about the same unreachable API server is repeated this often.
 const REPEAT_WARNING: Duration = Duration::from_secs(60);
 
+/// The longest wait between tries, should the back-off give none (kube's
+/// grows from 0.8 s to 30 s, jittered up to twice that).
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
 const CONNECTED: Describe = Describe::new(
     "radixgate_discovery_connected",
     "Whether each discovery watch (by label selector) is connected to the Kubernetes \
-     API server (1) or retrying (0); while 0 the router routes to the workers it knows.",
+     API server (1: a list completed or a change came since the last error) or retrying (0); \
+     while 0 the router routes to the workers it knows.",
 );
 const EVENTS: Describe = Describe::new(
     "radixgate_discovery_events_total",
@@ -190,9 +198,11 @@ struct Tracked {
 impl PoolWatch {
     async fn run(mut self, stop: CancellationToken) {
         let config = watcher::Config::default().labels(&self.pool.selector);
-        let mut events = watcher::watcher(self.api.clone(), config)
-            .default_backoff()
-            .boxed();
+        let mut events = watcher::watcher(self.api.clone(), config).boxed();
+        // Ours, not `.default_backoff()`'s: that one starts over on any
+        // `Ok`, and a failed list is followed by an `Init` at once, so a
+        // list that keeps failing was retried every 0.8 s.
+        let mut backoff = DefaultBackoff::default();
         let mut outage: Option<Outage> = None;
         self.metrics.connected(&self.pool.selector, false);
         loop {
@@ -203,14 +213,20 @@ impl PoolWatch {
             match event {
                 None => return,
                 Some(Ok(event)) => {
-                    if let Some(outage) = outage.take() {
-                        tracing::info!(
-                            selector = %self.pool.selector,
-                            down_for = ?outage.since.elapsed(),
-                            "discovery: the Kubernetes API server answers again"
-                        );
+                    // `Init` comes before the list is asked for, and a page
+                    // of it before the rest: neither says the API server
+                    // answers a whole list or a watch.
+                    if !matches!(event, Event::Init | Event::InitApply(_)) {
+                        backoff.reset();
+                        if let Some(outage) = outage.take() {
+                            tracing::info!(
+                                selector = %self.pool.selector,
+                                down_for = ?outage.since.elapsed(),
+                                "discovery: the Kubernetes API server answers again"
+                            );
+                        }
+                        self.metrics.connected(&self.pool.selector, true);
                     }
-                    self.metrics.connected(&self.pool.selector, true);
                     self.handle(event).await;
                 }
                 Some(Err(err)) => {
@@ -233,6 +249,11 @@ impl PoolWatch {
                             "discovery: the Kubernetes API server watch failed; routing \
                              continues to the workers known, retrying with back-off"
                         );
+                    }
+                    let pause = backoff.next().unwrap_or(MAX_BACKOFF);
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(pause) => {}
                     }
                 }
             }

@@ -6,7 +6,7 @@ mod common;
 mod k8s;
 
 use common::*;
-use k8s::{FakeApi, PORT_ANNOTATION, moved, pod, set_ready, terminating};
+use k8s::{FakeApi, Lists, PORT_ANNOTATION, moved, pod, set_ready, terminating};
 use radixgate::config::{Config, ModelIdFrom, PoolConfig};
 use radixgate_routing::WorkerRole;
 use radixgate_sim::server::WorkerConfig;
@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 /// A simulated worker on its own loopback address, `127.0.0.<host>`.
@@ -84,6 +85,19 @@ fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// `radixgate_discovery_connected` for `selector`.
+async fn connected(gateway: &str, selector: &str) -> f64 {
+    let series = format!("radixgate_discovery_connected{{selector=\"{selector}\"}}");
+    metric(&metrics_text(gateway).await, &series)
+}
+
+fn lists(api: &FakeApi) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with("list"))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -884,5 +898,45 @@ async fn a_disaggregated_pool_is_discovered_by_role_with_bootstrap_ports() {
             .is_some_and(|w| w["bootstrap_port"] == 9200 && w["state"] == "healthy")
     })
     .await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_refused_for_want_of_rbac_is_retried_with_growing_back_off() {
+    let logs = captured_logs();
+    let (_w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "forbidden"}), addr));
+    api.answer_lists(Lists::Status(403));
+    let mut cfg = discovering(&api);
+    // Its own selector, to tell its log lines from other tests'.
+    cfg.discovery.selector = labels(&[("app", "forbidden")]);
+    let gw = gateway(cfg).await;
+    wait_until("a first list", || async { lists(&api) >= 1 }).await;
+    // Back-off from 0.8 s, doubling (plus up to as much again of jitter):
+    // the fourth try comes 5.6 s or more after the first. Retried every
+    // 0.8 to 1.6 s, it would have come by 4.8 s.
+    let start = Instant::now();
+    let mut gauge = Vec::new();
+    while start.elapsed() < Duration::from_millis(5400) {
+        gauge.push(connected(&gw.url, "app=forbidden").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tries = lists(&api);
+    assert!(
+        (2..=3).contains(&tries),
+        "{tries} lists in 5.4 s: {:?}",
+        api.requests()
+    );
+    assert!(gauge.iter().all(|g| *g == 0.0), "{gauge:?}");
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let lines = |needle: &str| {
+        text.lines()
+            .filter(|l| l.contains("selector=app=forbidden") && l.contains(needle))
+            .count()
+    };
+    assert_eq!(lines("answers again"), 0, "{text}");
+    assert_eq!(lines("watch failed"), 1, "one WARN a minute:\n{text}");
+    assert!(workers(&gw.url).await.is_empty());
     gw.shutdown().await;
 }

@@ -14,7 +14,9 @@
 //! ([`FakeApi::drop_watches`]), forget history so that resuming fails with
 //! `410 Gone` as an `ERROR` event ([`FakeApi::compact`]), and stop and
 //! restart the server on the same port ([`FakeApi::stop`],
-//! [`FakeApi::start`]). It records every request ([`FakeApi::requests`]).
+//! [`FakeApi::start`]), and answer lists with an error status
+//! ([`FakeApi::answer_lists`]). It records every request
+//! ([`FakeApi::requests`]).
 //!
 //! [`pod`] builds pod objects whose IP and port annotation point at real
 //! simulated workers on `127.0.0.x`.
@@ -59,6 +61,18 @@ struct Store {
     compacted: u64,
     /// `list ns=.. selector=..` / `watch rv=..` per request, in order.
     requests: Vec<String>,
+    /// How lists are answered.
+    lists: Lists,
+}
+
+/// How the fake server answers a list.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Lists {
+    /// With the pods.
+    #[default]
+    Pods,
+    /// With this error status (403: no RBAC to list pods).
+    Status(u16),
 }
 
 /// What live watches are sent.
@@ -235,6 +249,11 @@ impl FakeApi {
         store.history.clear();
     }
 
+    /// Answers every later list as `lists` says.
+    pub fn answer_lists(&self, lists: Lists) {
+        self.shared.store.lock().lists = lists;
+    }
+
     /// The requests served so far.
     pub fn requests(&self) -> Vec<String> {
         self.shared.store.lock().requests.clone()
@@ -301,11 +320,26 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
     let selector = query.get("labelSelector").cloned().unwrap_or_default();
     let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     if !watch {
-        let mut store = shared.store.lock();
-        store.requests.push(format!(
-            "list ns={} selector={selector}",
-            namespace.as_deref().unwrap_or("*")
-        ));
+        let lists = {
+            let mut store = shared.store.lock();
+            store.requests.push(format!(
+                "list ns={} selector={selector}",
+                namespace.as_deref().unwrap_or("*")
+            ));
+            store.lists
+        };
+        match lists {
+            Lists::Pods => {}
+            Lists::Status(code) => {
+                let status = json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "pods is forbidden", "reason": "Forbidden", "code": code,
+                });
+                let code = StatusCode::from_u16(code).unwrap();
+                return (code, axum::Json(status)).into_response();
+            }
+        }
+        let store = shared.store.lock();
         let items: Vec<Value> = store
             .pods
             .values()
