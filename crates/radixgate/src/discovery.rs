@@ -29,7 +29,11 @@
 //! not started over until the API server answers), a WARN says so (at most
 //! once a minute), and `radixgate_discovery_connected` reads 0. It reads 1
 //! once a list completed or the watch brought a change: the watcher's
-//! `Init` comes before the list is even asked for.
+//! `Init` comes before the list is even asked for. An answer that stays
+//! silent longer than a watch is asked to stay open (290 s, as
+//! kube-runtime's) and a tenth more is given up on and retried, so a list
+//! or watch sent to an API server host that died with the connection open
+//! does not wait forever.
 //!
 //! A malformed object is logged (once per pod and resource version) and
 //! skipped; what it was before stays as it was.
@@ -108,7 +112,23 @@ async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError
             .await
             .map_err(|e| DiscoveryError::Config(e.to_string()))?,
     };
+    let mut kube_config = kube_config;
+    // kube reads answers with no timeout: a list, or the start of a watch,
+    // sent to an API server that took it and went silent (its host gone
+    // with the connection open) waited forever.
+    kube_config.read_timeout = Some(read_timeout(config.watch_timeout_secs));
+    // Counted from the request, not from when its pooled connection went
+    // idle.
+    kube_config.reset_reader_on_write = true;
     Ok(kube::Client::try_from(kube_config)?)
+}
+
+/// How long an answer from the API server may stay silent: longer than a
+/// watch asks to stay open, since a watch sends nothing while no pod
+/// changes until the API server ends it.
+fn read_timeout(watch_timeout_secs: u32) -> Duration {
+    let watch = Duration::from_secs(watch_timeout_secs.max(1).into());
+    watch + (watch / 10).max(Duration::from_secs(1))
 }
 
 /// The discovery metric families, shared by every pool's task.
@@ -157,6 +177,7 @@ pub(crate) async fn spawn(
                     None => Api::all(client.clone()),
                 },
                 pool,
+                watch_timeout_secs: config.watch_timeout_secs.max(1),
                 control: control.clone(),
                 metrics: metrics.clone(),
                 pods: BTreeMap::new(),
@@ -173,6 +194,8 @@ pub(crate) async fn spawn(
 struct PoolWatch {
     api: Api<RawPod>,
     pool: Pool,
+    /// The `timeoutSeconds` each watch asks for.
+    watch_timeout_secs: u32,
     control: Control,
     metrics: Arc<DiscoveryMetrics>,
     /// Pods (by `namespace/name`) this watch made workers, by URL.
@@ -197,7 +220,9 @@ struct Tracked {
 
 impl PoolWatch {
     async fn run(mut self, stop: CancellationToken) {
-        let config = watcher::Config::default().labels(&self.pool.selector);
+        let config = watcher::Config::default()
+            .labels(&self.pool.selector)
+            .timeout(self.watch_timeout_secs);
         let mut events = watcher::watcher(self.api.clone(), config).boxed();
         // Ours, not `.default_backoff()`'s: that one starts over on any
         // `Ok`, and a failed list is followed by an `Init` at once, so a

@@ -940,3 +940,38 @@ async fn a_list_refused_for_want_of_rbac_is_retried_with_growing_back_off() {
     assert!(workers(&gw.url).await.is_empty());
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_never_answered_is_given_up_on_and_retried() {
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "sglang"}), addr));
+    api.answer_lists(Lists::Silence);
+    let mut cfg = discovering(&api);
+    // Watches of 1 s, so an answer silent for 2 s is given up on.
+    cfg.discovery.watch_timeout_secs = 1;
+    let gw = gateway(cfg).await;
+    wait_until("a first list", || async { lists(&api) >= 1 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        connected(&gw.url, "app=sglang").await,
+        0.0,
+        "connected while the list is unanswered"
+    );
+    assert!(workers(&gw.url).await.is_empty());
+
+    // The API server answers again: a later list is, and the pod found.
+    api.answer_lists(Lists::Pods);
+    wait_for_healthy(&gw.url, 1).await;
+    assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
+    assert!(lists(&api) >= 2, "{:?}", api.requests());
+    wait_until("discovery connected", || async {
+        connected(&gw.url, "app=sglang").await == 1.0
+    })
+    .await;
+    // Idle watches end after their timeout and resume; no error.
+    wait_for_watch(&api, 3).await;
+    api.put(set_ready(api.get("w-0"), false));
+    wait_for_state(&gw.url, "w-0", "unready").await;
+    gw.shutdown().await;
+}

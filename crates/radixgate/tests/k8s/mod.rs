@@ -14,8 +14,9 @@
 //! ([`FakeApi::drop_watches`]), forget history so that resuming fails with
 //! `410 Gone` as an `ERROR` event ([`FakeApi::compact`]), and stop and
 //! restart the server on the same port ([`FakeApi::stop`],
-//! [`FakeApi::start`]), and answer lists with an error status
-//! ([`FakeApi::answer_lists`]). It records every request
+//! [`FakeApi::start`]), and answer lists with an error status or not at
+//! all ([`FakeApi::answer_lists`]). A watch ends after its
+//! `timeoutSeconds`, as the API server's does. It records every request
 //! ([`FakeApi::requests`]).
 //!
 //! [`pod`] builds pod objects whose IP and port annotation point at real
@@ -73,6 +74,9 @@ pub enum Lists {
     Pods,
     /// With this error status (403: no RBAC to list pods).
     Status(u16),
+    /// Never: the request is read and nothing is sent back (a host that
+    /// died with the connection open).
+    Silence,
 }
 
 /// What live watches are sent.
@@ -338,6 +342,11 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
                 let code = StatusCode::from_u16(code).unwrap();
                 return (code, axum::Json(status)).into_response();
             }
+            Lists::Silence => {
+                let stopping = shared.stopping.lock().clone();
+                stopping.cancelled().await;
+                return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
         }
         let store = shared.store.lock();
         let items: Vec<Value> = store
@@ -359,6 +368,13 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .map_or(std::time::Duration::MAX, std::time::Duration::from_secs);
+    let ends = tokio::time::Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(86_400));
     let mut live = shared.live.subscribe();
     let cut = shared.cut.lock().clone();
     let stopping = shared.stopping.lock().clone();
@@ -413,6 +429,7 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
             let next = tokio::select! {
                 () = cut.cancelled() => return,
                 () = stopping.cancelled() => return,
+                () = tokio::time::sleep_until(ends) => return,
                 next = live.recv() => next,
             };
             let event = match next {
