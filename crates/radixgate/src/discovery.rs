@@ -299,6 +299,9 @@ impl PoolWatch {
                 // started over (another `Init`) and counted once.
                 self.metrics.events.increment("relisted");
                 let listed = self.listing.take().unwrap_or_default();
+                // What is not listed is gone, pods never made workers too.
+                self.refused.retain(|key, _| listed.contains(key));
+                self.complained.retain(|key, _| listed.contains(key));
                 let gone: Vec<String> = self
                     .pods
                     .keys()
@@ -424,10 +427,10 @@ impl PoolWatch {
     /// The pod is terminating or gone: drain its worker.
     async fn gone(&mut self, key: &str, why: &str) {
         self.refused.remove(key);
+        self.complained.remove(key);
         let Some(tracked) = self.pods.remove(key) else {
             return;
         };
-        self.complained.remove(key);
         match self.control.drain(tracked.url.clone()).await {
             Ok(drained) => {
                 tracing::info!(pod = %key, url = %tracked.url, why, ?drained, "discovery: pod leaving")
@@ -463,3 +466,6 @@ struct Outage {
     since: Instant,
     warned: Option<Instant>,
 }
+
+#[cfg(test)]
+mod tests;
