@@ -14,7 +14,11 @@
 //! - terminating or deleted → drained: no new requests at once, removed
 //!   when its requests in flight are done;
 //! - its URL changed (a new IP, a new port), or its bootstrap port → the
-//!   old one removed, the new one added.
+//!   old one removed, the new one added;
+//! - refused by the control task (the allowlist, another worker at its
+//!   URL) → not offered again until its URL changes or a pod of this
+//!   watch leaves that URL: after a relist, a new pod on a departed pod's
+//!   IP and port is listed before the departed one is found gone.
 //!
 //! A discovered worker has its pool's role (`regular`, or `prefill` or
 //! `decode` in a disaggregated pool), and a prefill pod its bootstrap port
@@ -205,8 +209,9 @@ struct PoolWatch {
     /// Malformed objects already logged: pod key → resource version.
     complained: BTreeMap<String, String>,
     /// Pods the control task refused (the allowlist, a duplicate URL),
-    /// by key → URL: not offered again until their URL changes.
-    refused: BTreeMap<String, String>,
+    /// by key, with what they were offered: not offered again until their
+    /// URL changes, or a pod of this watch leaves that URL.
+    refused: BTreeMap<String, WorkerSpec>,
 }
 
 /// A pod this watch sent to the control task.
@@ -299,7 +304,9 @@ impl PoolWatch {
                 // started over (another `Init`) and counted once.
                 self.metrics.events.increment("relisted");
                 let listed = self.listing.take().unwrap_or_default();
-                // What is not listed is gone, pods never made workers too.
+                // The pods not listed are gone. Those never made workers
+                // are forgotten first, so that none is offered an address
+                // freed below.
                 self.refused.retain(|key, _| listed.contains(key));
                 self.complained.retain(|key, _| listed.contains(key));
                 let gone: Vec<String> = self
@@ -348,10 +355,14 @@ impl PoolWatch {
                     self.ready(&key, &url, true).await;
                 }
             }
-            (Seen::Ready(endpoint), None) if self.refused.get(&key) == Some(&endpoint.url) => {}
+            (Seen::Ready(endpoint), None)
+                if self
+                    .refused
+                    .get(&key)
+                    .is_some_and(|spec| spec.url == endpoint.url) => {}
             (Seen::Ready(endpoint), tracked) => {
-                if let Some(old) = tracked {
-                    let old = old.url.clone();
+                let moved_from = tracked.map(|old| old.url.clone());
+                if let Some(old) = &moved_from {
                     tracing::info!(
                         pod = %key,
                         from = %old,
@@ -360,41 +371,16 @@ impl PoolWatch {
                         "discovery: pod moved"
                     );
                     self.pods.remove(&key);
-                    self.forget(&old, self.control.remove(old.clone()).await);
+                    self.forget(old, self.control.remove(old.clone()).await);
                 }
-                let spec = WorkerSpec::new(endpoint.url.clone())
+                let spec = WorkerSpec::new(endpoint.url)
                     .with_models(endpoint.models)
                     .with_name(name)
                     .with_role(self.pool.role)
                     .with_bootstrap_port(endpoint.bootstrap_port);
-                match self.control.add(spec).await {
-                    Ok(()) => {
-                        tracing::info!(
-                            pod = %key,
-                            url = %endpoint.url,
-                            role = %self.pool.role,
-                            bootstrap_port = ?endpoint.bootstrap_port,
-                            "discovery: pod is a worker"
-                        );
-                        self.refused.remove(&key);
-                        self.pods.insert(
-                            key,
-                            Tracked {
-                                url: endpoint.url,
-                                bootstrap_port: endpoint.bootstrap_port,
-                                ready: true,
-                            },
-                        );
-                    }
-                    Err(err) => {
-                        tracing::warn!(
-                            pod = %key,
-                            url = %endpoint.url,
-                            %err,
-                            "discovery: pod not added (not offered again until its address changes)"
-                        );
-                        self.refused.insert(key, endpoint.url);
-                    }
+                self.offer(key, spec).await;
+                if let Some(old) = moved_from {
+                    self.freed(&old).await;
                 }
             }
             (Seen::NotReady(why), Some(tracked)) => {
@@ -405,7 +391,65 @@ impl PoolWatch {
                 }
             }
             (Seen::Terminating, Some(_)) => self.gone(&key, "terminating").await,
-            (Seen::NotReady(_) | Seen::Terminating, None) => {}
+            // A refused pod is offered again once it serves again, as it
+            // then is; none is offered an address freed meanwhile.
+            (Seen::NotReady(_) | Seen::Terminating, None) => {
+                self.refused.remove(&key);
+            }
+        }
+    }
+
+    /// Offers the pod's worker to the control task.
+    async fn offer(&mut self, key: String, spec: WorkerSpec) {
+        let (url, bootstrap_port) = (spec.url.clone(), spec.bootstrap_port);
+        match self.control.add(spec.clone()).await {
+            Ok(()) => {
+                tracing::info!(
+                    pod = %key,
+                    %url,
+                    role = %self.pool.role,
+                    ?bootstrap_port,
+                    "discovery: pod is a worker"
+                );
+                self.refused.remove(&key);
+                self.pods.insert(
+                    key,
+                    Tracked {
+                        url,
+                        bootstrap_port,
+                        ready: true,
+                    },
+                );
+            }
+            Err(err) => {
+                tracing::warn!(
+                    pod = %key,
+                    %url,
+                    %err,
+                    "discovery: pod not added (not offered again until its address changes)"
+                );
+                self.refused.insert(key, spec);
+            }
+        }
+    }
+
+    /// A pod of this watch left `url`. A pod refused for it is offered
+    /// it: after a relist, a pod that took a departed pod's IP and port
+    /// while the watch was down can be listed before the departed one is
+    /// found gone.
+    async fn freed(&mut self, url: &str) {
+        if self.pods.values().any(|tracked| tracked.url == url) {
+            return;
+        }
+        let waiting = self
+            .refused
+            .iter()
+            .find(|(_, spec)| spec.url == url)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = waiting
+            && let Some(spec) = self.refused.remove(&key)
+        {
+            self.offer(key, spec).await;
         }
     }
 
@@ -437,6 +481,7 @@ impl PoolWatch {
             }
             Err(err) => tracing::info!(pod = %key, %err, "discovery: worker already gone"),
         }
+        self.freed(&tracked.url).await;
     }
 
     fn forget(&self, url: &str, result: Result<(), crate::error::GatewayError>) {

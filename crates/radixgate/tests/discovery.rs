@@ -975,3 +975,29 @@ async fn a_list_never_answered_is_given_up_on_and_retried() {
     wait_for_state(&gw.url, "w-0", "unready").await;
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_took_a_departed_pods_address_during_a_relist_is_a_worker() {
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let mut api = FakeApi::start_new().await;
+    api.put(pod("old-0", json!({"app": "sglang"}), addr));
+    let gw = gateway(discovering(&api)).await;
+    wait_for_healthy(&gw.url, 1).await;
+
+    // While the watch is down, the pod goes and a new one gets its IP and
+    // port; history is compacted, so the watch lists again (410 Gone),
+    // and the list has the new pod, not the old one.
+    api.stop().await;
+    api.delete("old-0");
+    api.put(pod("new-0", json!({"app": "sglang"}), addr));
+    api.compact();
+    api.start().await;
+    wait_until("new-0 the worker at the address", || async {
+        let list = workers(&gw.url).await;
+        list.len() == 1 && list[0]["name"] == "new-0" && list[0]["state"] == "healthy"
+    })
+    .await;
+    assert_eq!(worker_named(&gw.url, "new-0").await.unwrap()["url"], w.url);
+    assert_all_served_by(&gw.url, &w.url, 4, "after the relist").await;
+    gw.shutdown().await;
+}

@@ -99,3 +99,35 @@ async fn pods_that_never_became_workers_are_forgotten_when_they_go() {
     assert!(watch.complained.is_empty(), "{:?}", watch.complained);
     stop.cancel();
 }
+
+#[tokio::test]
+async fn a_pod_refused_for_another_pods_address_gets_it_when_that_one_moves() {
+    let stop = CancellationToken::new();
+    let mut watch = watch(&stop);
+    let at = |ip: &'static str| move |body: &mut Value| body["status"]["podIP"] = json!(ip);
+    watch
+        .handle(Event::Apply(pod("a", 1, at("10.0.0.5"))))
+        .await;
+    watch
+        .handle(Event::Apply(pod("b", 2, at("10.0.0.5"))))
+        .await;
+    assert!(watch.refused.contains_key("llm/b"), "a duplicate URL");
+
+    watch
+        .handle(Event::Apply(pod("a", 3, at("10.0.0.6"))))
+        .await;
+    let urls: Vec<(&str, &str)> = watch
+        .pods
+        .iter()
+        .map(|(key, tracked)| (key.as_str(), tracked.url.as_str()))
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            ("llm/a", "http://10.0.0.6:8000"),
+            ("llm/b", "http://10.0.0.5:8000")
+        ]
+    );
+    assert!(watch.refused.is_empty());
+    stop.cancel();
+}
