@@ -13,8 +13,9 @@
 //!   ready again → back;
 //! - terminating or deleted → drained: no new requests at once, removed
 //!   when its requests in flight are done;
-//! - its URL changed (a new IP, a new port), or its bootstrap port → the
-//!   old one removed, the new one added;
+//! - its URL changed (a new IP, a new port), its bootstrap port or its
+//!   models (its label or annotation) → the old one removed, the new one
+//!   added;
 //! - refused by the control task (the allowlist, another worker at its
 //!   URL) → not offered again until its URL changes or a pod of this
 //!   watch leaves that URL: after a relist, a new pod on a departed pod's
@@ -219,6 +220,8 @@ struct Tracked {
     url: String,
     /// The bootstrap port it was added with.
     bootstrap_port: Option<u16>,
+    /// The models it was added with.
+    models: Vec<String>,
     /// Whether it was last told ready.
     ready: bool,
 }
@@ -348,7 +351,8 @@ impl PoolWatch {
         match (seen, self.pods.get(&key)) {
             (Seen::Ready(endpoint), Some(tracked))
                 if tracked.url == endpoint.url
-                    && tracked.bootstrap_port == endpoint.bootstrap_port =>
+                    && tracked.bootstrap_port == endpoint.bootstrap_port
+                    && tracked.models == endpoint.models =>
             {
                 if !tracked.ready {
                     let url = tracked.url.clone();
@@ -368,7 +372,8 @@ impl PoolWatch {
                         from = %old,
                         to = %endpoint.url,
                         bootstrap_port = ?endpoint.bootstrap_port,
-                        "discovery: pod moved"
+                        models = ?endpoint.models,
+                        "discovery: pod moved or changed"
                     );
                     self.pods.remove(&key);
                     self.forget(old, self.control.remove(old.clone()).await);
@@ -401,7 +406,8 @@ impl PoolWatch {
 
     /// Offers the pod's worker to the control task.
     async fn offer(&mut self, key: String, spec: WorkerSpec) {
-        let (url, bootstrap_port) = (spec.url.clone(), spec.bootstrap_port);
+        let (url, bootstrap_port, models) =
+            (spec.url.clone(), spec.bootstrap_port, spec.models.clone());
         match self.control.add(spec.clone()).await {
             Ok(()) => {
                 tracing::info!(
@@ -417,6 +423,7 @@ impl PoolWatch {
                     Tracked {
                         url,
                         bootstrap_port,
+                        models,
                         ready: true,
                     },
                 );

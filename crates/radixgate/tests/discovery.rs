@@ -1001,3 +1001,45 @@ async fn a_pod_that_took_a_departed_pods_address_during_a_relist_is_a_worker() {
     assert_all_served_by(&gw.url, &w.url, 4, "after the relist").await;
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_label_change_gives_the_worker_its_new_model() {
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    let p = pod("w-0", json!({"app": "sglang", "model": "model-a"}), addr);
+    api.put(p.clone());
+    let mut cfg = discovering(&api);
+    cfg.discovery.model_id_from = Some(ModelIdFrom::Label("model".into()));
+    let gw = gateway(cfg).await;
+    wait_for_healthy(&gw.url, 1).await;
+    let models = || async {
+        let list: Value = client()
+            .get(format!("{}/v1/models", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| Some(m["id"].as_str()?.to_owned()))
+            .collect::<Vec<String>>()
+    };
+    assert_eq!(models().await, ["model-a"]);
+
+    let mut relabelled = p;
+    relabelled["metadata"]["labels"]["model"] = json!("model-b");
+    api.put(relabelled);
+    wait_until("w-0 serving model-b", || async {
+        models().await == ["model-b"]
+            && worker_named(&gw.url, "w-0")
+                .await
+                .is_some_and(|w| w["state"] == "healthy")
+    })
+    .await;
+    assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
+    gw.shutdown().await;
+}
