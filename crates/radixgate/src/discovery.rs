@@ -13,8 +13,13 @@
 //!   ready again → back;
 //! - terminating or deleted → drained: no new requests at once, removed
 //!   when its requests in flight are done;
-//! - its URL changed (a new IP, a new port), or its bootstrap port → the
-//!   old one removed, the new one added.
+//! - its URL changed (a new IP, a new port), its bootstrap port or its
+//!   models (its label or annotation) → the old one removed, the new one
+//!   added;
+//! - refused by the control task (the allowlist, another worker at its
+//!   URL) → not offered again until its URL changes or a pod of this
+//!   watch leaves that URL: after a relist, a new pod on a departed pod's
+//!   IP and port is listed before the departed one is found gone.
 //!
 //! A discovered worker has its pool's role (`regular`, or `prefill` or
 //! `decode` in a disaggregated pool), and a prefill pod its bootstrap port
@@ -23,10 +28,17 @@
 //! The watch is kube-runtime's watcher with the selector pushed to the API
 //! server: a broken watch resumes from the last resource version it saw, a
 //! `410 Gone` starts over with a fresh list, after which pods missing from
-//! it are treated as deleted. While the API server cannot be reached the
-//! router keeps routing to what it knows; the watch retries with back-off,
-//! a WARN says so (at most once a minute), and
-//! `radixgate_discovery_connected` reads 0.
+//! it are treated as deleted. While the API server cannot be reached, or
+//! refuses the list (no RBAC), the router keeps routing to what it knows;
+//! the watch retries with back-off (0.8 s doubling to 30 s, jittered, and
+//! not started over until the API server answers), a WARN says so (at most
+//! once a minute), and `radixgate_discovery_connected` reads 0. It reads 1
+//! once a list completed or the watch brought a change: the watcher's
+//! `Init` comes before the list is even asked for. An answer that stays
+//! silent longer than a watch is asked to stay open (290 s, as
+//! kube-runtime's) and a tenth more is given up on and retried, so a list
+//! or watch sent to an API server host that died with the connection open
+//! does not wait forever.
 //!
 //! A malformed object is logged (once per pod and resource version) and
 //! skipped; what it was before stays as it was.
@@ -42,8 +54,8 @@ use crate::control::Control;
 use crate::metrics::{Describe, Family, LabelledCounters, Metrics};
 use futures::StreamExt as _;
 use kube::Api;
-use kube::runtime::WatchStreamExt as _;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::utils::Backoff as _;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use metrics::{Gauge, Label};
 use object::RawPod;
 use pod::Seen;
@@ -58,10 +70,15 @@ use tokio_util::sync::CancellationToken;
 /// A WARN about the same unreachable API server is repeated this often.
 const REPEAT_WARNING: Duration = Duration::from_secs(60);
 
+/// The longest wait between tries, should the back-off give none (kube's
+/// grows from 0.8 s to 30 s, jittered up to twice that).
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
 const CONNECTED: Describe = Describe::new(
     "radixgate_discovery_connected",
     "Whether each discovery watch (by label selector) is connected to the Kubernetes \
-     API server (1) or retrying (0); while 0 the router routes to the workers it knows.",
+     API server (1: a list completed or a change came since the last error) or retrying (0); \
+     while 0 the router routes to the workers it knows.",
 );
 const EVENTS: Describe = Describe::new(
     "radixgate_discovery_events_total",
@@ -100,7 +117,23 @@ async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError
             .await
             .map_err(|e| DiscoveryError::Config(e.to_string()))?,
     };
+    let mut kube_config = kube_config;
+    // kube reads answers with no timeout: a list, or the start of a watch,
+    // sent to an API server that took it and went silent (its host gone
+    // with the connection open) waited forever.
+    kube_config.read_timeout = Some(read_timeout(config.watch_timeout_secs));
+    // Counted from the request, not from when its pooled connection went
+    // idle.
+    kube_config.reset_reader_on_write = true;
     Ok(kube::Client::try_from(kube_config)?)
+}
+
+/// How long an answer from the API server may stay silent: longer than a
+/// watch asks to stay open, since a watch sends nothing while no pod
+/// changes until the API server ends it.
+fn read_timeout(watch_timeout_secs: u32) -> Duration {
+    let watch = Duration::from_secs(watch_timeout_secs.max(1).into());
+    watch + (watch / 10).max(Duration::from_secs(1))
 }
 
 /// The discovery metric families, shared by every pool's task.
@@ -149,6 +182,7 @@ pub(crate) async fn spawn(
                     None => Api::all(client.clone()),
                 },
                 pool,
+                watch_timeout_secs: config.watch_timeout_secs.max(1),
                 control: control.clone(),
                 metrics: metrics.clone(),
                 pods: BTreeMap::new(),
@@ -165,6 +199,8 @@ pub(crate) async fn spawn(
 struct PoolWatch {
     api: Api<RawPod>,
     pool: Pool,
+    /// The `timeoutSeconds` each watch asks for.
+    watch_timeout_secs: u32,
     control: Control,
     metrics: Arc<DiscoveryMetrics>,
     /// Pods (by `namespace/name`) this watch made workers, by URL.
@@ -174,8 +210,9 @@ struct PoolWatch {
     /// Malformed objects already logged: pod key → resource version.
     complained: BTreeMap<String, String>,
     /// Pods the control task refused (the allowlist, a duplicate URL),
-    /// by key → URL: not offered again until their URL changes.
-    refused: BTreeMap<String, String>,
+    /// by key, with what they were offered: not offered again until their
+    /// URL changes, or a pod of this watch leaves that URL.
+    refused: BTreeMap<String, WorkerSpec>,
 }
 
 /// A pod this watch sent to the control task.
@@ -183,16 +220,22 @@ struct Tracked {
     url: String,
     /// The bootstrap port it was added with.
     bootstrap_port: Option<u16>,
+    /// The models it was added with.
+    models: Vec<String>,
     /// Whether it was last told ready.
     ready: bool,
 }
 
 impl PoolWatch {
     async fn run(mut self, stop: CancellationToken) {
-        let config = watcher::Config::default().labels(&self.pool.selector);
-        let mut events = watcher::watcher(self.api.clone(), config)
-            .default_backoff()
-            .boxed();
+        let config = watcher::Config::default()
+            .labels(&self.pool.selector)
+            .timeout(self.watch_timeout_secs);
+        let mut events = watcher::watcher(self.api.clone(), config).boxed();
+        // Ours, not `.default_backoff()`'s: that one starts over on any
+        // `Ok`, and a failed list is followed by an `Init` at once, so a
+        // list that keeps failing was retried every 0.8 s.
+        let mut backoff = DefaultBackoff::default();
         let mut outage: Option<Outage> = None;
         self.metrics.connected(&self.pool.selector, false);
         loop {
@@ -203,14 +246,20 @@ impl PoolWatch {
             match event {
                 None => return,
                 Some(Ok(event)) => {
-                    if let Some(outage) = outage.take() {
-                        tracing::info!(
-                            selector = %self.pool.selector,
-                            down_for = ?outage.since.elapsed(),
-                            "discovery: the Kubernetes API server answers again"
-                        );
+                    // `Init` comes before the list is asked for, and a page
+                    // of it before the rest: neither says the API server
+                    // answers a whole list or a watch.
+                    if !matches!(event, Event::Init | Event::InitApply(_)) {
+                        backoff.reset();
+                        if let Some(outage) = outage.take() {
+                            tracing::info!(
+                                selector = %self.pool.selector,
+                                down_for = ?outage.since.elapsed(),
+                                "discovery: the Kubernetes API server answers again"
+                            );
+                        }
+                        self.metrics.connected(&self.pool.selector, true);
                     }
-                    self.metrics.connected(&self.pool.selector, true);
                     self.handle(event).await;
                 }
                 Some(Err(err)) => {
@@ -234,6 +283,11 @@ impl PoolWatch {
                              continues to the workers known, retrying with back-off"
                         );
                     }
+                    let pause = backoff.next().unwrap_or(MAX_BACKOFF);
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(pause) => {}
+                    }
                 }
             }
         }
@@ -253,6 +307,11 @@ impl PoolWatch {
                 // started over (another `Init`) and counted once.
                 self.metrics.events.increment("relisted");
                 let listed = self.listing.take().unwrap_or_default();
+                // The pods not listed are gone. Those never made workers
+                // are forgotten first, so that none is offered an address
+                // freed below.
+                self.refused.retain(|key, _| listed.contains(key));
+                self.complained.retain(|key, _| listed.contains(key));
                 let gone: Vec<String> = self
                     .pods
                     .keys()
@@ -292,60 +351,41 @@ impl PoolWatch {
         match (seen, self.pods.get(&key)) {
             (Seen::Ready(endpoint), Some(tracked))
                 if tracked.url == endpoint.url
-                    && tracked.bootstrap_port == endpoint.bootstrap_port =>
+                    && tracked.bootstrap_port == endpoint.bootstrap_port
+                    && tracked.models == endpoint.models =>
             {
                 if !tracked.ready {
                     let url = tracked.url.clone();
                     self.ready(&key, &url, true).await;
                 }
             }
-            (Seen::Ready(endpoint), None) if self.refused.get(&key) == Some(&endpoint.url) => {}
+            (Seen::Ready(endpoint), None)
+                if self
+                    .refused
+                    .get(&key)
+                    .is_some_and(|spec| spec.url == endpoint.url) => {}
             (Seen::Ready(endpoint), tracked) => {
-                if let Some(old) = tracked {
-                    let old = old.url.clone();
+                let moved_from = tracked.map(|old| old.url.clone());
+                if let Some(old) = &moved_from {
                     tracing::info!(
                         pod = %key,
                         from = %old,
                         to = %endpoint.url,
                         bootstrap_port = ?endpoint.bootstrap_port,
-                        "discovery: pod moved"
+                        models = ?endpoint.models,
+                        "discovery: pod moved or changed"
                     );
                     self.pods.remove(&key);
-                    self.forget(&old, self.control.remove(old.clone()).await);
+                    self.forget(old, self.control.remove(old.clone()).await);
                 }
-                let spec = WorkerSpec::new(endpoint.url.clone())
+                let spec = WorkerSpec::new(endpoint.url)
                     .with_models(endpoint.models)
                     .with_name(name)
                     .with_role(self.pool.role)
                     .with_bootstrap_port(endpoint.bootstrap_port);
-                match self.control.add(spec).await {
-                    Ok(()) => {
-                        tracing::info!(
-                            pod = %key,
-                            url = %endpoint.url,
-                            role = %self.pool.role,
-                            bootstrap_port = ?endpoint.bootstrap_port,
-                            "discovery: pod is a worker"
-                        );
-                        self.refused.remove(&key);
-                        self.pods.insert(
-                            key,
-                            Tracked {
-                                url: endpoint.url,
-                                bootstrap_port: endpoint.bootstrap_port,
-                                ready: true,
-                            },
-                        );
-                    }
-                    Err(err) => {
-                        tracing::warn!(
-                            pod = %key,
-                            url = %endpoint.url,
-                            %err,
-                            "discovery: pod not added (not offered again until its address changes)"
-                        );
-                        self.refused.insert(key, endpoint.url);
-                    }
+                self.offer(key, spec).await;
+                if let Some(old) = moved_from {
+                    self.freed(&old).await;
                 }
             }
             (Seen::NotReady(why), Some(tracked)) => {
@@ -356,7 +396,67 @@ impl PoolWatch {
                 }
             }
             (Seen::Terminating, Some(_)) => self.gone(&key, "terminating").await,
-            (Seen::NotReady(_) | Seen::Terminating, None) => {}
+            // A refused pod is offered again once it serves again, as it
+            // then is; none is offered an address freed meanwhile.
+            (Seen::NotReady(_) | Seen::Terminating, None) => {
+                self.refused.remove(&key);
+            }
+        }
+    }
+
+    /// Offers the pod's worker to the control task.
+    async fn offer(&mut self, key: String, spec: WorkerSpec) {
+        let (url, bootstrap_port, models) =
+            (spec.url.clone(), spec.bootstrap_port, spec.models.clone());
+        match self.control.add(spec.clone()).await {
+            Ok(()) => {
+                tracing::info!(
+                    pod = %key,
+                    %url,
+                    role = %self.pool.role,
+                    ?bootstrap_port,
+                    "discovery: pod is a worker"
+                );
+                self.refused.remove(&key);
+                self.pods.insert(
+                    key,
+                    Tracked {
+                        url,
+                        bootstrap_port,
+                        models,
+                        ready: true,
+                    },
+                );
+            }
+            Err(err) => {
+                tracing::warn!(
+                    pod = %key,
+                    %url,
+                    %err,
+                    "discovery: pod not added (not offered again until its address changes)"
+                );
+                self.refused.insert(key, spec);
+            }
+        }
+    }
+
+    /// A pod of this watch left `url`. A pod refused for it is offered
+    /// it: after a relist, a pod that took a departed pod's IP and port
+    /// while the watch was down can be listed before the departed one is
+    /// found gone.
+    async fn freed(&mut self, url: &str) {
+        if self.pods.values().any(|tracked| tracked.url == url) {
+            return;
+        }
+        let waiting = self
+            .refused
+            .iter()
+            .find(|(_, spec)| spec.url == url)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = waiting
+            && let Some(spec) = self.refused.remove(&key)
+        {
+            self.offer(key, spec).await;
         }
     }
 
@@ -378,16 +478,17 @@ impl PoolWatch {
     /// The pod is terminating or gone: drain its worker.
     async fn gone(&mut self, key: &str, why: &str) {
         self.refused.remove(key);
+        self.complained.remove(key);
         let Some(tracked) = self.pods.remove(key) else {
             return;
         };
-        self.complained.remove(key);
         match self.control.drain(tracked.url.clone()).await {
             Ok(drained) => {
                 tracing::info!(pod = %key, url = %tracked.url, why, ?drained, "discovery: pod leaving")
             }
             Err(err) => tracing::info!(pod = %key, %err, "discovery: worker already gone"),
         }
+        self.freed(&tracked.url).await;
     }
 
     fn forget(&self, url: &str, result: Result<(), crate::error::GatewayError>) {
@@ -417,3 +518,6 @@ struct Outage {
     since: Instant,
     warned: Option<Instant>,
 }
+
+#[cfg(test)]
+mod tests;

@@ -57,6 +57,12 @@ pub struct DiscoveryConfig {
     /// service account when in a pod, else `$KUBECONFIG` or
     /// `~/.kube/config`) (`--kubeconfig`).
     pub kubeconfig: Option<PathBuf>,
+    /// How long each watch request asks the API server to stay open (its
+    /// `timeoutSeconds`; kube-runtime's 290). An answer that stays silent
+    /// longer than this and a margin is given up on and retried. Not part
+    /// of the file schema: tests shorten it.
+    #[serde(skip)]
+    pub watch_timeout_secs: u32,
 }
 
 impl Default for DiscoveryConfig {
@@ -71,9 +77,14 @@ impl Default for DiscoveryConfig {
             bootstrap_port_annotation: DEFAULT_BOOTSTRAP_PORT_ANNOTATION.to_owned(),
             pools: Vec::new(),
             kubeconfig: None,
+            watch_timeout_secs: DEFAULT_WATCH_TIMEOUT_SECS,
         }
     }
 }
+
+/// kube-runtime's watch timeout: the API server ends a watch after this
+/// many seconds, and the watch resumes from where it was.
+pub(crate) const DEFAULT_WATCH_TIMEOUT_SECS: u32 = 290;
 
 /// smg's annotation for a prefill pod's bootstrap port.
 pub const DEFAULT_BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";
@@ -352,6 +363,9 @@ mod tests {
             pools[1].model_id_from,
             Some(ModelIdFrom::Label("model".into()))
         );
+        // Not in the file: kube-runtime's, whatever it says.
+        assert_eq!(config.watch_timeout_secs, 290);
+        assert!(serde_norway::from_str::<DiscoveryConfig>("watch_timeout_secs: 5\n").is_err());
     }
 
     #[test]

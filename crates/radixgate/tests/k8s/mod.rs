@@ -14,7 +14,10 @@
 //! ([`FakeApi::drop_watches`]), forget history so that resuming fails with
 //! `410 Gone` as an `ERROR` event ([`FakeApi::compact`]), and stop and
 //! restart the server on the same port ([`FakeApi::stop`],
-//! [`FakeApi::start`]). It records every request ([`FakeApi::requests`]).
+//! [`FakeApi::start`]), and answer lists with an error status or not at
+//! all ([`FakeApi::answer_lists`]). A watch ends after its
+//! `timeoutSeconds`, as the API server's does. It records every request
+//! ([`FakeApi::requests`]).
 //!
 //! [`pod`] builds pod objects whose IP and port annotation point at real
 //! simulated workers on `127.0.0.x`.
@@ -59,6 +62,21 @@ struct Store {
     compacted: u64,
     /// `list ns=.. selector=..` / `watch rv=..` per request, in order.
     requests: Vec<String>,
+    /// How lists are answered.
+    lists: Lists,
+}
+
+/// How the fake server answers a list.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Lists {
+    /// With the pods.
+    #[default]
+    Pods,
+    /// With this error status (403: no RBAC to list pods).
+    Status(u16),
+    /// Never: the request is read and nothing is sent back (a host that
+    /// died with the connection open).
+    Silence,
 }
 
 /// What live watches are sent.
@@ -235,6 +253,11 @@ impl FakeApi {
         store.history.clear();
     }
 
+    /// Answers every later list as `lists` says.
+    pub fn answer_lists(&self, lists: Lists) {
+        self.shared.store.lock().lists = lists;
+    }
+
     /// The requests served so far.
     pub fn requests(&self) -> Vec<String> {
         self.shared.store.lock().requests.clone()
@@ -301,11 +324,31 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
     let selector = query.get("labelSelector").cloned().unwrap_or_default();
     let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     if !watch {
-        let mut store = shared.store.lock();
-        store.requests.push(format!(
-            "list ns={} selector={selector}",
-            namespace.as_deref().unwrap_or("*")
-        ));
+        let lists = {
+            let mut store = shared.store.lock();
+            store.requests.push(format!(
+                "list ns={} selector={selector}",
+                namespace.as_deref().unwrap_or("*")
+            ));
+            store.lists
+        };
+        match lists {
+            Lists::Pods => {}
+            Lists::Status(code) => {
+                let status = json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "pods is forbidden", "reason": "Forbidden", "code": code,
+                });
+                let code = StatusCode::from_u16(code).unwrap();
+                return (code, axum::Json(status)).into_response();
+            }
+            Lists::Silence => {
+                let stopping = shared.stopping.lock().clone();
+                stopping.cancelled().await;
+                return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
+        }
+        let store = shared.store.lock();
         let items: Vec<Value> = store
             .pods
             .values()
@@ -325,6 +368,13 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .map_or(std::time::Duration::MAX, std::time::Duration::from_secs);
+    let ends = tokio::time::Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(86_400));
     let mut live = shared.live.subscribe();
     let cut = shared.cut.lock().clone();
     let stopping = shared.stopping.lock().clone();
@@ -379,6 +429,7 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
             let next = tokio::select! {
                 () = cut.cancelled() => return,
                 () = stopping.cancelled() => return,
+                () = tokio::time::sleep_until(ends) => return,
                 next = live.recv() => next,
             };
             let event = match next {
