@@ -369,18 +369,25 @@ struct RateState {
     chars_per_token: f64,
 }
 
+/// The characters per token any tokenizer gives, the first sample
+/// included: about 1 for CJK text, 3-5 for English and code; the bounds
+/// leave room for templates and prompts of ids.
+const PLAUSIBLE_CHARS_PER_TOKEN: (f64, f64) = (0.25, 32.0);
+
 /// After this many samples the mean becomes a moving one (weight 1/64).
 const RATE_WINDOW: u64 = 64;
 
 impl TokenRate {
     /// Learns from one answer: `chars` characters of routed text were
-    /// `tokens` prompt tokens. A sample is clipped to within a factor 2 of
-    /// the current estimate before it counts.
+    /// `tokens` prompt tokens. A sample is held to what a tokenizer could
+    /// give ([`PLAUSIBLE_CHARS_PER_TOKEN`]), and clipped to within a factor
+    /// 2 of the current estimate, before it counts.
     pub fn observe(&self, chars: usize, tokens: u64) {
         if chars == 0 || tokens == 0 {
             return;
         }
-        let sample = chars as f64 / tokens as f64;
+        let (low, high) = PLAUSIBLE_CHARS_PER_TOKEN;
+        let sample = (chars as f64 / tokens as f64).clamp(low, high);
         let mut s = self.state.lock();
         if s.samples == 0 {
             s.chars_per_token = sample;
@@ -668,6 +675,29 @@ mod tests {
         rate.observe(0, 10);
         rate.observe(10, 0);
         assert_eq!(rate.chars_per_token(), Some(after));
+    }
+
+    /// A first answer that no tokenizer could give (a worker that lies:
+    /// one token for a long prompt) does not set the estimate far off; the
+    /// honest answers after it bring it back.
+    #[test]
+    fn a_first_answer_no_tokenizer_gives_is_held_to_what_one_could() {
+        let (low, high) = PLAUSIBLE_CHARS_PER_TOKEN;
+        for (chars, tokens, bound) in [(400_000, 1, high), (1, 400_000, low)] {
+            let rate = TokenRate::default();
+            rate.observe(chars, tokens);
+            assert_eq!(rate.chars_per_token(), Some(bound));
+            // Slowly, since every sample is clipped to a factor 2 of the
+            // estimate: within 10% after 150 answers at 4.
+            for _ in 0..150 {
+                rate.observe(400, 100);
+            }
+            let after = rate.chars_per_token().unwrap();
+            assert!(
+                (3.6..=4.4).contains(&after),
+                "{after} after {chars}/{tokens}"
+            );
+        }
     }
 
     /// A tree where worker 0 holds `held` and `other` (sent before), and a
