@@ -166,6 +166,14 @@ pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
                     );
                 }
             }
+            // Applying goes in steps (keys and tenants, then each worker,
+            // then the policy): one that fails leaves those before it done.
+            Err(err @ ReloadError::Apply(_)) => tracing::error!(
+                error = %crate::error::chain(err),
+                "configuration reload failed part way: the keys and tenants, and the worker \
+                 changes before the error, took effect; the routing policy did not. Fix the \
+                 cause and reload again"
+            ),
             Err(err) => tracing::error!(
                 error = %crate::error::chain(err),
                 "configuration reload failed; the running configuration stays"
@@ -268,8 +276,29 @@ impl Target {
 }
 
 /// The sections of `new` that differ from `running` in what only a restart
-/// applies.
+/// applies. Every section is named below, so a section added to [`Config`]
+/// must be placed here (a reload applies it, or it is reported).
 fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
+    let Config {
+        // Applied by a reload (the server's keys below).
+        workers: _,
+        routing: _,
+        tenants: _,
+        server: _,
+        discovery,
+        health,
+        retry,
+        circuit_breaker,
+        outlier_detection,
+        admission,
+        metrics,
+        sync,
+        kv_events,
+        record_trace,
+        pd,
+        log,
+        tracing,
+    } = new;
     let mut server = new.server.clone();
     server.api_key.clone_from(&running.server.api_key);
     server
@@ -280,24 +309,52 @@ fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
         .clone_from(&running.server.metrics_api_key);
     [
         ("server", server != running.server),
-        ("health", new.health != running.health),
-        ("retry", new.retry != running.retry),
+        ("health", *health != running.health),
+        ("retry", *retry != running.retry),
         (
             "circuit_breaker",
-            new.circuit_breaker != running.circuit_breaker,
+            *circuit_breaker != running.circuit_breaker,
         ),
-        ("admission", new.admission != running.admission),
+        ("admission", *admission != running.admission),
         (
             "outlier_detection",
-            new.outlier_detection != running.outlier_detection,
+            *outlier_detection != running.outlier_detection,
         ),
-        ("metrics", new.metrics != running.metrics),
-        ("discovery", new.discovery != running.discovery),
-        ("log", new.log != running.log),
-        ("tracing", new.tracing != running.tracing),
-        ("pd", new.pd != running.pd),
+        ("metrics", *metrics != running.metrics),
+        ("discovery", *discovery != running.discovery),
+        ("sync", *sync != running.sync),
+        ("kv_events", *kv_events != running.kv_events),
+        ("record_trace", *record_trace != running.record_trace),
+        ("log", *log != running.log),
+        ("tracing", *tracing != running.tracing),
+        ("pd", *pd != running.pd),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every section a reload does not apply is named when it changes: a
+    /// setting edited and reloaded is never ignored without a WARN.
+    #[test]
+    fn every_section_a_reload_cannot_apply_is_named() {
+        let running = Config::default();
+        let changed = |edit: fn(&mut Config)| {
+            let mut new = Config::default();
+            edit(&mut new);
+            restart_sections(&running, &new)
+        };
+        assert!(changed(|_| {}).is_empty());
+        assert_eq!(changed(|c| c.record_trace.keep += 1), ["record_trace"]);
+        assert_eq!(changed(|c| c.kv_events.port += 1), ["kv_events"]);
+        assert_eq!(changed(|c| c.sync.queue_capacity += 1), ["sync"]);
+        assert_eq!(changed(|c| c.server.idle_timeout_secs += 1), ["server"]);
+        // What a reload applies is not named.
+        assert!(changed(|c| c.server.api_key = Some("k".into())).is_empty());
+        assert!(changed(|c| c.workers.push(WorkerSpec::new("http://w:1"))).is_empty());
+    }
 }
