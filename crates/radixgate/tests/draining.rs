@@ -1,6 +1,6 @@
 //! Draining through a real gateway: a drained worker takes no new request,
 //! its requests in flight (streams included) finish, and then it goes.
-//! (Draining by a terminating pod is in `discovery.rs`.)
+//! (Draining by a terminating pod is in `discovery/main.rs`.)
 
 mod common;
 
