@@ -12,10 +12,16 @@
 //! releases load by hand.
 //!
 //! A worker that dies mid-stream must never look like a finished stream. For
-//! an SSE response the body then ends with an explicit
-//! `data: {"error": ...}` event and no `[DONE]`; any other body ends with an
-//! error, so the connection is aborted instead of completing (nothing is
-//! appended to a JSON body). The same holds when the worker goes silent for
+//! an SSE response the body then ends with an explicit error event and no
+//! `[DONE]`, in the shape the API's clients look for ([`ErrorEvents`]:
+//! `data: {"error": ...}` for the OpenAI-style APIs, `event: error` for the
+//! Messages and Responses APIs); if the worker's bytes stopped in the middle
+//! of an event, that event is closed first (a blank line), so the error
+//! event is one of its own and parses. An SSE body that ends cleanly in the
+//! middle of an event (a worker whose connection closed, an HTTP/2 reset
+//! with no error) ends so too: it is not a complete stream. Any other body
+//! ends with an error, so the connection is aborted instead of completing
+//! (nothing is appended to a JSON body). The same holds when the worker goes silent for
 //! longer than the stall timeout ([`WatchedBody::with_stall_timeout`]), when
 //! the request's deadline passes, and when the gateway's shutdown grace
 //! period runs out ([`WatchedBody::with_abort`]): the client learns why its
@@ -68,11 +74,31 @@ impl StreamWatch for () {
     fn finish(self, _end: StreamEnd) {}
 }
 
+/// The shape of the error event an SSE body ends with when it breaks off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ErrorEvents {
+    /// `data: {"error": {"message", "type", "param", "code"}}`: OpenAI's
+    /// chat and completions APIs as vLLM and SGLang stream them.
+    #[default]
+    OpenAi,
+    /// `event: error` with `{"type": "error", "error": {"type",
+    /// "message"}}`: Anthropic's Messages API (its SDKs raise on that
+    /// event only).
+    Messages,
+    /// `event: error` with `{"type": "error", "code", "message",
+    /// "param"}`: OpenAI's Responses API.
+    Responses,
+}
+
 /// A worker's response body with its [`StreamWatch`].
 pub struct WatchedBody<B, W: StreamWatch> {
     inner: B,
     watch: Option<W>,
     sse: bool,
+    errors: ErrorEvents,
+    /// The last bytes passed on (an SSE body's), to tell whether they end
+    /// an event; as if a blank line came before the first.
+    last: [u8; 3],
     started: bool,
     /// End-to-end deadline of the request, if any: a worker that stalls
     /// mid-stream must not hold the client (and the load) forever.
@@ -93,12 +119,20 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
             inner,
             watch: Some(watch),
             sse,
+            errors: ErrorEvents::default(),
+            last: *b"\n\n\n",
             started: false,
             deadline: None,
             stall: None,
             abort: None,
             done: false,
         }
+    }
+
+    /// Ends an SSE body that breaks off with `errors`' event.
+    pub fn with_error_events(mut self, errors: ErrorEvents) -> Self {
+        self.errors = errors;
+        self
     }
 
     /// Ends the body with an error (an SSE error event, or a failed body)
@@ -133,11 +167,36 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
         self.end(end);
         if self.sse {
             Poll::Ready(Some(Ok(Frame::data(sse_error_event(
+                self.errors,
+                self.closing(),
                 &err.to_string(),
                 code,
             )))))
         } else {
             Poll::Ready(Some(Err(err)))
+        }
+    }
+
+    /// What closes the event the passed bytes stopped in, if they stopped
+    /// in one: nothing at an event's end (a blank line), one line end after
+    /// a whole line, two in the middle of one. (A lone `\r` is followed by
+    /// `\n\n`: with it, `\r\n` is one line end, and then a blank line.)
+    fn closing(&self) -> &'static str {
+        match self.last {
+            [_, b'\n' | b'\r', b'\n' | b'\r'] if self.last[1..] != *b"\r\n" => "",
+            [b'\n' | b'\r', b'\r', b'\n'] => "",
+            [_, _, b'\n'] => "\n",
+            _ => "\n\n",
+        }
+    }
+
+    /// Notes the end of `data`, passed on.
+    fn passed(&mut self, data: &[u8]) {
+        match data.len() {
+            0 => {}
+            1 => self.last = [self.last[1], self.last[2], data[0]],
+            2 => self.last = [self.last[2], data[0], data[1]],
+            n => self.last.copy_from_slice(&data[n - 3..]),
         }
     }
 
@@ -149,17 +208,39 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
     }
 }
 
-/// The SSE event sent when a worker's stream breaks off or times out.
-fn sse_error_event(message: &str, code: &str) -> Bytes {
-    let body = serde_json::json!({
-        "error": {
-            "message": message,
-            "type": "upstream_error",
-            "param": null,
-            "code": code,
+/// The SSE event sent when a worker's stream breaks off or times out, after
+/// `closing` (what ends an event the worker left unfinished).
+fn sse_error_event(errors: ErrorEvents, closing: &str, message: &str, code: &str) -> Bytes {
+    let event = match errors {
+        ErrorEvents::OpenAi => {
+            let body = serde_json::json!({
+                "error": {
+                    "message": message,
+                    "type": "upstream_error",
+                    "param": null,
+                    "code": code,
+                }
+            });
+            format!("data: {body}\n\n")
         }
-    });
-    Bytes::from(format!("data: {body}\n\n"))
+        ErrorEvents::Messages => {
+            let body = serde_json::json!({
+                "type": "error",
+                "error": {"type": "api_error", "message": message},
+            });
+            format!("event: error\ndata: {body}\n\n")
+        }
+        ErrorEvents::Responses => {
+            let body = serde_json::json!({
+                "type": "error",
+                "code": code,
+                "message": message,
+                "param": null,
+            });
+            format!("event: error\ndata: {body}\n\n")
+        }
+    };
+    Bytes::from(format!("{closing}{event}"))
 }
 
 impl<B, W> Body for WatchedBody<B, W>
@@ -207,12 +288,17 @@ where
         }
         match ready!(polled) {
             Some(Ok(frame)) => {
-                if let (Some(data), Some(watch)) = (frame.data_ref(), this.watch.as_mut()) {
-                    if !this.started {
-                        this.started = true;
-                        watch.first_byte();
+                if let Some(data) = frame.data_ref() {
+                    if this.sse {
+                        this.passed(data);
                     }
-                    watch.data(data);
+                    if let Some(watch) = this.watch.as_mut() {
+                        if !this.started {
+                            this.started = true;
+                            watch.first_byte();
+                        }
+                        watch.data(data);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -220,6 +306,10 @@ where
                 let err: Self::Error = err.into();
                 let message = format!("the worker's stream broke off: {err}");
                 this.fail(message.into(), "stream_interrupted")
+            }
+            None if this.sse && !this.closing().is_empty() => {
+                let err = "the worker's stream ended in the middle of an event";
+                this.fail(err.into(), "stream_incomplete")
             }
             None => {
                 this.end(StreamEnd::Complete);

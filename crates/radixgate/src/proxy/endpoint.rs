@@ -18,6 +18,7 @@
 use crate::error::GatewayError;
 use crate::inspect::{Api, InspectError, Inspected, inspect, inspect_model};
 use crate::preamble::Preamble;
+use crate::stream::ErrorEvents;
 use axum::http::Uri;
 
 /// How a route's requests are served.
@@ -87,6 +88,15 @@ impl Endpoint {
             Endpoint::ByLoad(_) => inspect_model(body),
             Endpoint::Unrouted if body.trim_ascii_start().starts_with(b"{") => inspect_model(body),
             Endpoint::Unrouted => Ok(Inspected::default()),
+        }
+    }
+
+    /// The error event a broken stream of this endpoint ends with.
+    pub(crate) fn error_events(self) -> ErrorEvents {
+        match self {
+            Endpoint::Routed(Api::Messages) => ErrorEvents::Messages,
+            Endpoint::Routed(Api::Responses) => ErrorEvents::Responses,
+            Endpoint::Routed(_) | Endpoint::ByLoad(_) | Endpoint::Unrouted => ErrorEvents::OpenAi,
         }
     }
 

@@ -128,7 +128,9 @@ pub(super) fn respond(
     // period's expiry; any other body is cut with its connection anyway,
     // so it does not register with the shared token (a lock per response).
     if sse {
-        body = body.with_abort(shared.streams_abort.clone());
+        body = body
+            .with_abort(shared.streams_abort.clone())
+            .with_error_events(endpoint.error_events());
     }
     if let Some(deadline) = deadline {
         body = body.with_deadline(deadline);

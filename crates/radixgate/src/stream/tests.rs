@@ -37,13 +37,101 @@ fn broken() -> Item {
 async fn complete_stream_passes_bytes_and_finishes_once() {
     let log = Log::default();
     let body = WatchedBody::new(
-        upstream(vec![data("a"), data("b")]),
+        upstream(vec![data("data: a\n"), data("\ndata: b\n\n")]),
         Recorder(log.clone()),
         true,
     );
     let bytes = body.collect().await.unwrap().to_bytes();
-    assert_eq!(bytes, "ab");
+    assert_eq!(bytes, "data: a\n\ndata: b\n\n");
     assert_eq!(*log.lock().unwrap(), ["first", "Complete"]);
+}
+
+/// The events of an SSE text, each as its lines' data joined (what a
+/// client's parser hands on), and what follows the last blank line.
+fn events(text: &str) -> (Vec<String>, String) {
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
+    let mut parts: Vec<&str> = text.split("\n\n").collect();
+    let rest = parts.pop().unwrap_or_default().to_owned();
+    let events = parts
+        .iter()
+        .map(|event| {
+            event
+                .lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect();
+    (events, rest)
+}
+
+/// A worker that breaks off, or ends cleanly, in the middle of an event:
+/// the event is closed first, so the error event is one of its own and
+/// parses, and a clean end there is no complete stream.
+#[tokio::test]
+async fn an_end_in_the_middle_of_an_event_closes_it_before_the_error_event() {
+    let partial = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel";
+    for (items, end) in [
+        (
+            vec![data("data: 1\n\n"), data(partial), broken()],
+            "UpstreamError",
+        ),
+        (vec![data("data: 1\n\n"), data(partial)], "UpstreamError"),
+        (
+            vec![data("data: 1\n\ndata: 2\n"), broken()],
+            "UpstreamError",
+        ),
+        (
+            vec![data("data: 1\r\n\r\n"), data("data: 2\r"), broken()],
+            "UpstreamError",
+        ),
+        (
+            vec![data("data: 1\n\n"), data("data: [DONE]\n"), data("\n")],
+            "Complete",
+        ),
+    ] {
+        let log = Log::default();
+        let body = WatchedBody::new(upstream(items), Recorder(log.clone()), true);
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let (events, rest) = events(text);
+        assert_eq!(rest, "", "the text ends at an event's end: {text:?}");
+        assert_eq!(events[0], "1", "{text:?}");
+        assert_eq!(*log.lock().unwrap(), ["first", end], "{text:?}");
+        if end == "Complete" {
+            assert_eq!(events.last().unwrap(), "[DONE]");
+            continue;
+        }
+        let error: serde_json::Value = serde_json::from_str(events.last().unwrap())
+            .unwrap_or_else(|e| panic!("the error event is not JSON ({e}): {text:?}"));
+        assert_eq!(error["error"]["type"], "upstream_error", "{text:?}");
+    }
+}
+
+/// The Messages and Responses APIs' clients look for an event named
+/// `error`, in their own shapes.
+#[tokio::test]
+async fn each_api_gets_its_own_error_event() {
+    for (api, expected) in [
+        (
+            ErrorEvents::Messages,
+            "event: error\ndata: {\"error\":{\"message\":\"the worker's stream broke off: reset\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n",
+        ),
+        (
+            ErrorEvents::Responses,
+            "event: error\ndata: {\"code\":\"stream_interrupted\",\"message\":\"the worker's stream broke off: reset\",\"param\":null,\"type\":\"error\"}\n\n",
+        ),
+    ] {
+        let body = WatchedBody::new(
+            upstream(vec![data("event: ping\ndata: {}\n\n"), broken()]),
+            (),
+            true,
+        )
+        .with_error_events(api);
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(text, format!("event: ping\ndata: {{}}\n\n{expected}"));
+    }
 }
 
 #[tokio::test]
@@ -123,13 +211,25 @@ async fn a_stream_that_keeps_sending_outlives_its_stall_timeout() {
     let log = Log::default();
     let gap = std::time::Duration::from_millis(600);
     let body = WatchedBody::new(
-        paced(&["a", "b", "c", "d", "e"], vec![gap; 5]),
+        paced(
+            &[
+                "data: a\n\n",
+                "data: b\n\n",
+                "data: c\n\n",
+                "data: d\n\n",
+                "data: e\n\n",
+            ],
+            vec![gap; 5],
+        ),
         Recorder(log.clone()),
         true,
     )
     .with_stall_timeout(std::time::Duration::from_secs(1));
     let bytes = body.collect().await.unwrap().to_bytes();
-    assert_eq!(bytes, "abcde");
+    assert_eq!(
+        bytes,
+        "data: a\n\ndata: b\n\ndata: c\n\ndata: d\n\ndata: e\n\n"
+    );
     assert_eq!(*log.lock().unwrap(), ["first", "Complete"]);
 }
 
@@ -159,7 +259,7 @@ async fn a_stream_silent_past_its_stall_timeout_ends_with_an_error_event() {
 async fn a_shutdown_ends_a_stream_that_keeps_sending() {
     let log = Log::default();
     let token = tokio_util::sync::CancellationToken::new();
-    let texts: &'static [&'static str] = &["x"; 100];
+    let texts: &'static [&'static str] = &["data: x\n\n"; 100];
     let body = WatchedBody::new(
         paced(texts, vec![std::time::Duration::from_millis(100); 100]),
         Recorder(log.clone()),
@@ -174,7 +274,7 @@ async fn a_shutdown_ends_a_stream_that_keeps_sending() {
     let bytes = body.collect().await.unwrap().to_bytes();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     // Frames at 100, 200 and 300 ms; the cancel at 350 ms ends it there.
-    assert_eq!(text.split("data: ").next(), Some("xxx"), "{text}");
+    assert_eq!(text.matches("data: x\n\n").count(), 3, "{text}");
     assert!(text.contains("shutting_down"), "{text}");
     assert_eq!(*log.lock().unwrap(), ["first", "Shutdown"]);
 }
