@@ -12,8 +12,11 @@
 //! connection-specific and must not be forwarded (RFC 9110 §7.6.1) — the
 //! standard ones and every header the message's own `Connection` header
 //! names, both ways — `host` and `content-length` are set by the client
-//! library for the new connection, and the client's `authorization` is
-//! replaced by the worker's own key when one is configured.
+//! library for the new connection, the client's `authorization` is
+//! replaced by the worker's own key when one is configured, and its
+//! `accept-encoding` is not passed on: the gateway reads answers (usage,
+//! first tokens) and may append an error event to a stream, so a worker (or
+//! a proxy in front of it) must not compress them.
 //!
 //! `X-Forwarded-For` and `Forwarded` are appended to: the client's peer
 //! address is added after whatever the client sent (RFC 7239 §4), so the
@@ -286,9 +289,13 @@ pub fn request_headers(
     // headers, the gateway's `Via` and a trace context, without a rehash.
     let mut out = HeaderMap::with_capacity(client.len() + 5);
     for (name, value) in client {
+        // No `Accept-Encoding`: answers come as they are, since the
+        // gateway reads them (usage, first tokens) and may append an error
+        // event to a stream.
         if is_connection_specific(name, &options)
             || name == header::HOST
             || name == header::CONTENT_LENGTH
+            || name == header::ACCEPT_ENCODING
         {
             continue;
         }
@@ -360,8 +367,13 @@ mod tests {
             ("authorization", "Bearer client"),
             ("x-request-id", "r1"),
             ("content-type", "application/json"),
+            ("accept-encoding", "gzip, deflate"),
         ]);
         let open = request_headers(&client, None, false, None);
+        assert!(
+            open.get("accept-encoding").is_none(),
+            "answers come as they are: the router reads them"
+        );
         assert_eq!(
             open["authorization"], "Bearer client",
             "no keys: passed through"
