@@ -481,6 +481,24 @@ mod tests {
     use axum::http::HeaderValue;
 
     #[test]
+    fn an_event_stream_is_told_by_its_media_type_in_any_case() {
+        for (value, sse) in [
+            ("text/event-stream", true),
+            ("text/event-stream; charset=utf-8", true),
+            ("Text/Event-Stream", true),
+            ("TEXT/EVENT-STREAM;charset=UTF-8", true),
+            ("application/json", false),
+            ("text/event", false),
+            ("", false),
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert("content-type", HeaderValue::from_static(value));
+            assert_eq!(is_event_stream(&headers), sse, "{value:?}");
+        }
+        assert!(!is_event_stream(&HeaderMap::new()));
+    }
+
+    #[test]
     fn the_routing_key_is_the_first_header_that_has_one_else_the_user() {
         let headers = |pairs: &[(&'static str, &[u8])]| {
             let mut map = HeaderMap::new();

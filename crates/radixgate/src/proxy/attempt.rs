@@ -44,11 +44,15 @@ pub(super) fn no_first_byte(
     shared.request_metrics.upstream_error(worker.url(), kind);
 }
 
-/// Whether a response is an event stream (by the worker's content type).
+/// Whether a response is an event stream (by the worker's content type;
+/// media types are matched in any case, RFC 9110 8.3.1).
 pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+    const SSE: &[u8] = b"text/event-stream";
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .get(..SSE.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(SSE))
+    })
 }
 
 /// How often an attempt still waiting for its first byte looks whether its
