@@ -1385,6 +1385,67 @@ async fn a_user_allowed_only_the_sync_subjects_syncs_live() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Users `full` (anything) and `router` (password `s3cret` both), the
+/// latter allowed the sync subjects and, if `js`, the JetStream API.
+fn full_and_router(js: bool) -> String {
+    let publish = if js {
+        "[\"radixgate.sync.>\", \"$JS.API.>\"]"
+    } else {
+        "\"radixgate.sync.>\""
+    };
+    format!(
+        "authorization: {{ users: [ {{ user: full, password: s3cret }}, {{ user: router, password: s3cret, permissions: {{ publish: {publish}, subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] }} }} ] }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_synced_live_before_the_stream_came_replays_the_history() {
+    let (nats, dir) = nats_with_config("history", &full_and_router(false));
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    // A makes the stream and routes into it.
+    let mut full = router_config(&nats, &dir, &urls);
+    full.sync.auth.user = Some("full".into());
+    let a = gateway_ready(full, 2).await;
+    wait_ready(&a.url).await;
+    let history = route_prompts(&a.url, "before B started", 3).await;
+    // B may not use the JetStream API (its setup times out), so it syncs
+    // live over core NATS and hears A's later decisions first.
+    let b = gateway_ready(router_config(&nats, &dir, &urls), 2).await;
+    until_decisions_get_through("B hears A live", &a.url, &b.url).await;
+    assert_eq!(series_value(&b.url, "radixgate_sync_stream").await, 0.0);
+    // Now it may: it reads the stream from its start, and learns what A
+    // routed before it heard A live.
+    // (JetStream is on from the command line; a reloaded config that does
+    // not name its store turns it off.)
+    let store = nats.dir.join("store");
+    let conf = format!(
+        "jetstream: {{ store_dir: {store:?} }}\n{}",
+        full_and_router(true)
+    );
+    std::fs::write(dir.join("nats.conf"), conf).unwrap();
+    nats.reload();
+    wait_until("B reads the stream", || async {
+        series_value(&b.url, "radixgate_sync_stream").await == 1.0
+    })
+    .await;
+    wait_ready(&b.url).await;
+    for (text, worker) in &history {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "B never learned {text:.40}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_permissions_docs_sync_md_names_are_enough_for_the_stream() {
     let (nats, dir) = nats_with_config(

@@ -126,6 +126,12 @@ const MAX_GAPS: usize = 64;
 /// that an entry delivered twice (a consumer resumed, a batch sent again
 /// that had been stored) is applied once, and one that comes late still
 /// is.
+///
+/// The entries before the first one heard are a gap too: a feed that
+/// synced live over core NATS while the stream could not be set up reads
+/// the stream from its start once it can, and the sender's history comes
+/// after its later entries (ids the stream no longer holds just never
+/// come).
 #[derive(Debug, Default)]
 struct Seen {
     /// The entry after the highest applied; `None` before the first.
@@ -138,6 +144,9 @@ impl Seen {
     /// Whether entry `id` is new: true once per id.
     fn first_time(&mut self, id: u64) -> bool {
         let Some(next) = self.next else {
+            if id > 0 {
+                self.gaps.push_back((0, id));
+            }
             self.next = Some(id.saturating_add(1));
             return true;
         };
@@ -870,7 +879,10 @@ mod tests {
         assert!(seen.first_time(10));
         assert!(seen.first_time(11));
         assert!(!seen.first_time(11), "delivered again");
-        assert!(!seen.first_time(3), "before the feed's start is not a gap");
+        // Before the first heard: new, once (a replay from the stream's
+        // start, after live entries over core NATS).
+        assert!(seen.first_time(3));
+        assert!(!seen.first_time(3));
         // 12-14 were lost, 15 came first.
         assert!(seen.first_time(15));
         assert!(seen.first_time(13));
@@ -878,7 +890,7 @@ mod tests {
         assert!(seen.first_time(12));
         assert!(seen.first_time(14));
         assert!(!seen.first_time(12) && !seen.first_time(14) && !seen.first_time(15));
-        assert!(seen.gaps.is_empty(), "{:?}", seen.gaps);
+        assert_eq!(seen.gaps, [(0, 3), (4, 10)], "what the feed never had");
         assert!(seen.first_time(16));
     }
 
@@ -909,6 +921,21 @@ mod tests {
         assert!(!seen.first_time(1), "the oldest piece was given up");
         assert!(seen.first_time(far - 1));
         assert!(seen.first_time(4 * MAX_GAPS as u64 + 1));
+    }
+
+    /// A sender first heard live (over core NATS, while the stream could
+    /// not be set up), then replayed from the stream's start once it is:
+    /// its entries before the first one heard are new, each once.
+    #[test]
+    fn entries_before_the_first_heard_are_new_once() {
+        let mut seen = Seen::default();
+        assert!(seen.first_time(1000));
+        for id in 0..1000 {
+            assert!(seen.first_time(id), "entry {id} of the replay");
+        }
+        assert!((0..=1000).all(|id| !seen.first_time(id)));
+        assert!(seen.gaps.is_empty(), "{:?}", seen.gaps);
+        assert!(seen.first_time(1001));
     }
 
     /// A load report on the inserts subject, or a batch on the load one,
