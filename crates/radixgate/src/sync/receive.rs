@@ -141,7 +141,16 @@ struct Seen {
 }
 
 impl Seen {
-    /// Whether entry `id` is new: true once per id.
+    /// Whether entry `id` was not applied yet (nothing recorded).
+    fn is_new(&self, id: u64) -> bool {
+        match self.next {
+            None => true,
+            Some(next) if id >= next => true,
+            Some(_) => self.gaps.iter().any(|&(from, to)| from <= id && id < to),
+        }
+    }
+
+    /// Records entry `id` as applied; whether it was new: true once per id.
     fn first_time(&mut self, id: u64) -> bool {
         let Some(next) = self.next else {
             if id > 0 {
@@ -293,11 +302,18 @@ impl Applier {
         *heard = Instant::now();
         for (i, entry) in batch.entries.into_iter().enumerate() {
             let id = batch.first_entry.saturating_add(i as u64);
-            if !seen.first_time(id) {
+            if !seen.is_new(id) {
                 // Delivered again: applied already.
                 continue;
             }
-            let text = match texts.resolve(id, entry.base, &entry.suffix) {
+            let resolved = texts.resolve(id, entry.base, &entry.suffix);
+            // An entry whose base has not come yet stays new: its base may
+            // come late (a batch made as its sender reconnected goes out
+            // before the kept ones it refers to, and again after them).
+            if !matches!(resolved, Err(Unresolved::MissingBase)) {
+                seen.first_time(id);
+            }
+            let text = match resolved {
                 Ok(text) => text,
                 Err(Unresolved::MissingBase) => {
                     self.metrics.ignored("missing_base");
@@ -936,6 +952,125 @@ mod tests {
         assert!((0..=1000).all(|id| !seen.first_time(id)));
         assert!(seen.gaps.is_empty(), "{:?}", seen.gaps);
         assert!(seen.first_time(1001));
+    }
+
+    const WORKER: &str = "http://127.0.0.1:9";
+
+    /// An applier for a router of one worker (the wildcard pool, a policy
+    /// with trees), the worker and the metrics' registry.
+    fn applier(
+        config: &SyncConfig,
+    ) -> (
+        Applier,
+        Arc<radixgate_routing::Worker>,
+        crate::metrics::Metrics,
+    ) {
+        use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
+        let mut registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let worker = registry.add(WorkerSpec::new(WORKER)).unwrap();
+        let router = registry.router();
+        let metrics = crate::metrics::Metrics::new();
+        let applier = Applier {
+            me: Identity {
+                cluster: "prod".into(),
+                replica: "r-1".into(),
+                instance: 1,
+            },
+            lane: Shared::new(config, router.clone()),
+            router,
+            metrics: Arc::new(SyncMetrics::new(&metrics)),
+            delivery: Arc::default(),
+            senders: HashMap::new(),
+            held: Held {
+                entries: VecDeque::new(),
+                bytes: 0,
+                hold: Duration::from_secs(1),
+            },
+        };
+        (applier, worker, metrics)
+    }
+
+    /// The value of the series `name` (with its labels) in `metrics`.
+    fn series(metrics: &crate::metrics::Metrics, name: &str) -> f64 {
+        let text = metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    /// Peer 2's insert batch numbered `seq`, sent at `sent_ms`: entries
+    /// from `first_entry` on, each `(base, suffix)` for the worker.
+    fn peer_batch(
+        seq: u64,
+        sent_ms: u64,
+        first_entry: u64,
+        entries: &[(Option<(u64, u64)>, &str)],
+        load: Option<(u64, u32)>,
+    ) -> Vec<u8> {
+        let peer = Identity {
+            cluster: "prod".into(),
+            replica: "r-2".into(),
+            instance: 2,
+        };
+        let mut h = peer.header(seq);
+        h.sent_ms = sent_ms;
+        let entries = entries
+            .iter()
+            .map(|&(base, suffix)| wire::WireEntry {
+                model: radixgate_routing::WILDCARD_MODEL.into(),
+                url: WORKER.into(),
+                base,
+                suffix: suffix.as_bytes().to_vec(),
+                observed: None,
+            })
+            .collect();
+        let load = load.map(|(seq, in_flight)| {
+            let worker = wire::WorkerLoad {
+                url: WORKER.into(),
+                in_flight,
+                pending_prefill: 0,
+            };
+            (seq, vec![worker])
+        });
+        wire::encode_inserts(
+            &h,
+            &wire::Inserts {
+                window: 1 << 20,
+                first_entry,
+                entries,
+                load,
+            },
+        )
+    }
+
+    /// A sender's batch k+1 that refers into batch k, delivered before it
+    /// (a batch made in the moment its sender reconnected goes out before
+    /// the kept ones are sent again, which are followed by it again): its
+    /// entry is rebuilt and applied when it comes again, once.
+    #[test]
+    fn an_entry_whose_base_comes_after_it_is_applied_when_it_comes_again() {
+        let (mut applier, _worker, metrics) = applier(&SyncConfig::default());
+        let base = "system: answer with care. ".repeat(20);
+        let k = peer_batch(1, now_ms(), 0, &[(None, &base)], None);
+        let later = (Some((1, base.len() as u64)), "user: what is new?");
+        let k1 = peer_batch(2, now_ms(), 1, &[later], None);
+        let learned = || series(&metrics, "radixgate_sync_entries_learned_total");
+        applier.apply(&k1, true);
+        assert_eq!(learned(), 0.0);
+        assert_eq!(
+            series(
+                &metrics,
+                "radixgate_sync_ignored_total{reason=\"missing_base\"}"
+            ),
+            1.0
+        );
+        applier.apply(&k, true);
+        assert_eq!(learned(), 1.0);
+        applier.apply(&k1, true);
+        assert_eq!(learned(), 2.0, "entry 1 rebuilt once its base came");
+        applier.apply(&k1, true);
+        applier.apply(&k, true);
+        assert_eq!(learned(), 2.0, "each applied once");
     }
 
     /// A load report on the inserts subject, or a batch on the load one,
