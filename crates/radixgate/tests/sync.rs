@@ -486,16 +486,21 @@ async fn publish_flushed(raw: &async_nats::Client, kind: &str, m: Vec<u8>) {
 /// flag 2) and no entries, as hand-written bytes: what a replica sends
 /// when a batch goes out while its load changed.
 fn batch_with_load(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
-    // seq, sent_ms; no strings, window 0, first entry 0, no entries; the
-    // load report's number and count.
-    peer_message(
-        1,
-        2,
-        instance,
-        &[1, 0, 0, 0, 0, 0, seq, 1],
-        worker,
-        in_flight,
-    )
+    // seq, sent_ms (now: an older report is load gone by now); no strings,
+    // window 0, first entry 0, no entries; the load report's number and
+    // count.
+    let mut sent_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut body = vec![1];
+    while sent_ms >= 0x80 {
+        body.push(sent_ms as u8 | 0x80);
+        sent_ms >>= 7;
+    }
+    body.push(sent_ms as u8);
+    body.extend_from_slice(&[0, 0, 0, 0, seq, 1]);
+    peer_message(1, 2, instance, &body, worker, in_flight)
 }
 
 /// A peer's message (wire format 1) of `kind` with `flags`, from replica

@@ -111,10 +111,26 @@ struct Applier {
     metrics: Arc<SyncMetrics>,
     /// Where the load reports that come with live batches go.
     lane: Arc<Shared>,
+    /// A report that comes with a batch sent longer ago than this (the
+    /// sender's clock then, this replica's now) is not taken:
+    /// `load_expiry_ms` and [`CLOCK_SKEW`].
+    report_age_ms: u64,
     /// Where own batches seen back are told.
     delivery: Arc<Delivery>,
     senders: HashMap<u64, (Incoming, Instant, Seen)>,
     held: Held,
+}
+
+/// How far the replicas' wall clocks may be apart for a load report that
+/// comes with a batch to be judged by its send time: taken unless sent
+/// longer ago than the reports' expiry and this.
+const CLOCK_SKEW: Duration = Duration::from_secs(1);
+
+/// The oldest a load report that comes with a batch may be to be taken.
+fn report_age_ms(config: &SyncConfig) -> u64 {
+    config
+        .load_expiry_ms
+        .saturating_add(CLOCK_SKEW.as_millis() as u64)
 }
 
 /// The most gaps remembered per sender; beyond it the oldest is given up.
@@ -275,9 +291,14 @@ impl Applier {
         ) else {
             return;
         };
-        // A replayed report is about load long gone.
+        // A replayed report is about load long gone, and so is one that
+        // comes live but was sent before the reports' expiry: a batch that
+        // the feed catches up on after a reconnect, or that its sender
+        // sent again after its own.
+        let fresh = now_ms().saturating_sub(h.sent_ms) <= self.report_age_ms;
         if let Some((seq, loads)) = batch.load.take()
             && live
+            && fresh
         {
             self.lane.report(h.instance, seq, peer_loads(loads));
         }
@@ -661,6 +682,7 @@ pub(super) async fn inserts(
         router,
         metrics,
         lane,
+        report_age_ms: report_age_ms(&config),
         delivery,
         senders: HashMap::new(),
         held: Held {
@@ -977,6 +999,7 @@ mod tests {
                 instance: 1,
             },
             lane: Shared::new(config, router.clone()),
+            report_age_ms: report_age_ms(config),
             router,
             metrics: Arc::new(SyncMetrics::new(&metrics)),
             delivery: Arc::default(),
@@ -1071,6 +1094,28 @@ mod tests {
         applier.apply(&k1, true);
         applier.apply(&k, true);
         assert_eq!(learned(), 2.0, "each applied once");
+    }
+
+    /// A load report in a batch sent longer ago than the reports' expiry
+    /// (replayed from the stream as the feed caught up, or a batch sent
+    /// again after its sender reconnected) is load long gone: not taken.
+    #[test]
+    fn a_load_report_in_a_batch_sent_before_the_expiry_is_not_taken() {
+        let config = SyncConfig::default();
+        let (mut applier, worker, _metrics) = applier(&config);
+        let old = now_ms() - 60_000;
+        applier.apply(&peer_batch(1, old, 0, &[], Some((1, 5))), true);
+        assert_eq!(worker.peer_load(), 0, "a minute-old report counted");
+        // One sent just now counts, and so does one from a clock a little
+        // ahead or behind.
+        applier.apply(&peer_batch(2, now_ms(), 0, &[], Some((2, 3))), true);
+        assert_eq!(worker.peer_load(), 3);
+        let behind = now_ms() - config.load_expiry_ms;
+        applier.apply(&peer_batch(3, behind, 0, &[], Some((3, 4))), true);
+        assert_eq!(worker.peer_load(), 4);
+        let ahead = now_ms() + 5_000;
+        applier.apply(&peer_batch(4, ahead, 0, &[], Some((4, 6))), true);
+        assert_eq!(worker.peer_load(), 6);
     }
 
     /// A load report on the inserts subject, or a batch on the load one,
