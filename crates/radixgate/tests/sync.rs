@@ -486,16 +486,21 @@ async fn publish_flushed(raw: &async_nats::Client, kind: &str, m: Vec<u8>) {
 /// flag 2) and no entries, as hand-written bytes: what a replica sends
 /// when a batch goes out while its load changed.
 fn batch_with_load(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
-    // seq, sent_ms; no strings, window 0, first entry 0, no entries; the
-    // load report's number and count.
-    peer_message(
-        1,
-        2,
-        instance,
-        &[1, 0, 0, 0, 0, 0, seq, 1],
-        worker,
-        in_flight,
-    )
+    // seq, sent_ms (now: an older report is load gone by now); no strings,
+    // window 0, first entry 0, no entries; the load report's number and
+    // count.
+    let mut sent_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut body = vec![1];
+    while sent_ms >= 0x80 {
+        body.push(sent_ms as u8 | 0x80);
+        sent_ms >>= 7;
+    }
+    body.push(sent_ms as u8);
+    body.extend_from_slice(&[0, 0, 0, 0, seq, 1]);
+    peer_message(1, 2, instance, &body, worker, in_flight)
 }
 
 /// A peer's message (wire format 1) of `kind` with `flags`, from replica
@@ -1380,6 +1385,67 @@ async fn a_user_allowed_only_the_sync_subjects_syncs_live() {
     until_decisions_get_through("B hears A's decisions", &a.url, &b.url).await;
     assert_propagates(&a.url, &b.url, "only the sync subjects", 2).await;
     assert_eq!(series_value(&b.url, "radixgate_sync_stream").await, 0.0);
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Users `full` (anything) and `router` (password `s3cret` both), the
+/// latter allowed the sync subjects and, if `js`, the JetStream API.
+fn full_and_router(js: bool) -> String {
+    let publish = if js {
+        "[\"radixgate.sync.>\", \"$JS.API.>\"]"
+    } else {
+        "\"radixgate.sync.>\""
+    };
+    format!(
+        "authorization: {{ users: [ {{ user: full, password: s3cret }}, {{ user: router, password: s3cret, permissions: {{ publish: {publish}, subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] }} }} ] }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_synced_live_before_the_stream_came_replays_the_history() {
+    let (nats, dir) = nats_with_config("history", &full_and_router(false));
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    // A makes the stream and routes into it.
+    let mut full = router_config(&nats, &dir, &urls);
+    full.sync.auth.user = Some("full".into());
+    let a = gateway_ready(full, 2).await;
+    wait_ready(&a.url).await;
+    let history = route_prompts(&a.url, "before B started", 3).await;
+    // B may not use the JetStream API (its setup times out), so it syncs
+    // live over core NATS and hears A's later decisions first.
+    let b = gateway_ready(router_config(&nats, &dir, &urls), 2).await;
+    until_decisions_get_through("B hears A live", &a.url, &b.url).await;
+    assert_eq!(series_value(&b.url, "radixgate_sync_stream").await, 0.0);
+    // Now it may: it reads the stream from its start, and learns what A
+    // routed before it heard A live.
+    // (JetStream is on from the command line; a reloaded config that does
+    // not name its store turns it off.)
+    let store = nats.dir.join("store");
+    let conf = format!(
+        "jetstream: {{ store_dir: {store:?} }}\n{}",
+        full_and_router(true)
+    );
+    std::fs::write(dir.join("nats.conf"), conf).unwrap();
+    nats.reload();
+    wait_until("B reads the stream", || async {
+        series_value(&b.url, "radixgate_sync_stream").await == 1.0
+    })
+    .await;
+    wait_ready(&b.url).await;
+    for (text, worker) in &history {
+        let (w, branch) = ask(&b.url, text).await;
+        assert_eq!(
+            (w.as_str(), branch.as_str()),
+            (worker.as_str(), "cache_hit"),
+            "B never learned {text:.40}"
+        );
+    }
     a.shutdown().await;
     b.shutdown().await;
     let _ = std::fs::remove_dir_all(dir);

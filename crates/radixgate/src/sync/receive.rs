@@ -111,10 +111,26 @@ struct Applier {
     metrics: Arc<SyncMetrics>,
     /// Where the load reports that come with live batches go.
     lane: Arc<Shared>,
+    /// A report that comes with a batch sent longer ago than this (the
+    /// sender's clock then, this replica's now) is not taken:
+    /// `load_expiry_ms` and [`CLOCK_SKEW`].
+    report_age_ms: u64,
     /// Where own batches seen back are told.
     delivery: Arc<Delivery>,
     senders: HashMap<u64, (Incoming, Instant, Seen)>,
     held: Held,
+}
+
+/// How far the replicas' wall clocks may be apart for a load report that
+/// comes with a batch to be judged by its send time: taken unless sent
+/// longer ago than the reports' expiry and this.
+const CLOCK_SKEW: Duration = Duration::from_secs(1);
+
+/// The oldest a load report that comes with a batch may be to be taken.
+fn report_age_ms(config: &SyncConfig) -> u64 {
+    config
+        .load_expiry_ms
+        .saturating_add(CLOCK_SKEW.as_millis() as u64)
 }
 
 /// The most gaps remembered per sender; beyond it the oldest is given up.
@@ -126,6 +142,12 @@ const MAX_GAPS: usize = 64;
 /// that an entry delivered twice (a consumer resumed, a batch sent again
 /// that had been stored) is applied once, and one that comes late still
 /// is.
+///
+/// The entries before the first one heard are a gap too: a feed that
+/// synced live over core NATS while the stream could not be set up reads
+/// the stream from its start once it can, and the sender's history comes
+/// after its later entries (ids the stream no longer holds just never
+/// come).
 #[derive(Debug, Default)]
 struct Seen {
     /// The entry after the highest applied; `None` before the first.
@@ -135,9 +157,21 @@ struct Seen {
 }
 
 impl Seen {
-    /// Whether entry `id` is new: true once per id.
+    /// Whether entry `id` was not applied yet (nothing recorded).
+    fn is_new(&self, id: u64) -> bool {
+        match self.next {
+            None => true,
+            Some(next) if id >= next => true,
+            Some(_) => self.gaps.iter().any(|&(from, to)| from <= id && id < to),
+        }
+    }
+
+    /// Records entry `id` as applied; whether it was new: true once per id.
     fn first_time(&mut self, id: u64) -> bool {
         let Some(next) = self.next else {
+            if id > 0 {
+                self.gaps.push_back((0, id));
+            }
             self.next = Some(id.saturating_add(1));
             return true;
         };
@@ -257,9 +291,14 @@ impl Applier {
         ) else {
             return;
         };
-        // A replayed report is about load long gone.
+        // A replayed report is about load long gone, and so is one that
+        // comes live but was sent before the reports' expiry: a batch that
+        // the feed catches up on after a reconnect, or that its sender
+        // sent again after its own.
+        let fresh = now_ms().saturating_sub(h.sent_ms) <= self.report_age_ms;
         if let Some((seq, loads)) = batch.load.take()
             && live
+            && fresh
         {
             self.lane.report(h.instance, seq, peer_loads(loads));
         }
@@ -284,11 +323,18 @@ impl Applier {
         *heard = Instant::now();
         for (i, entry) in batch.entries.into_iter().enumerate() {
             let id = batch.first_entry.saturating_add(i as u64);
-            if !seen.first_time(id) {
+            if !seen.is_new(id) {
                 // Delivered again: applied already.
                 continue;
             }
-            let text = match texts.resolve(id, entry.base, &entry.suffix) {
+            let resolved = texts.resolve(id, entry.base, &entry.suffix);
+            // An entry whose base has not come yet stays new: its base may
+            // come late (a batch made as its sender reconnected goes out
+            // before the kept ones it refers to, and again after them).
+            if !matches!(resolved, Err(Unresolved::MissingBase)) {
+                seen.first_time(id);
+            }
+            let text = match resolved {
                 Ok(text) => text,
                 Err(Unresolved::MissingBase) => {
                     self.metrics.ignored("missing_base");
@@ -636,6 +682,7 @@ pub(super) async fn inserts(
         router,
         metrics,
         lane,
+        report_age_ms: report_age_ms(&config),
         delivery,
         senders: HashMap::new(),
         held: Held {
@@ -870,7 +917,10 @@ mod tests {
         assert!(seen.first_time(10));
         assert!(seen.first_time(11));
         assert!(!seen.first_time(11), "delivered again");
-        assert!(!seen.first_time(3), "before the feed's start is not a gap");
+        // Before the first heard: new, once (a replay from the stream's
+        // start, after live entries over core NATS).
+        assert!(seen.first_time(3));
+        assert!(!seen.first_time(3));
         // 12-14 were lost, 15 came first.
         assert!(seen.first_time(15));
         assert!(seen.first_time(13));
@@ -878,7 +928,7 @@ mod tests {
         assert!(seen.first_time(12));
         assert!(seen.first_time(14));
         assert!(!seen.first_time(12) && !seen.first_time(14) && !seen.first_time(15));
-        assert!(seen.gaps.is_empty(), "{:?}", seen.gaps);
+        assert_eq!(seen.gaps, [(0, 3), (4, 10)], "what the feed never had");
         assert!(seen.first_time(16));
     }
 
@@ -909,6 +959,163 @@ mod tests {
         assert!(!seen.first_time(1), "the oldest piece was given up");
         assert!(seen.first_time(far - 1));
         assert!(seen.first_time(4 * MAX_GAPS as u64 + 1));
+    }
+
+    /// A sender first heard live (over core NATS, while the stream could
+    /// not be set up), then replayed from the stream's start once it is:
+    /// its entries before the first one heard are new, each once.
+    #[test]
+    fn entries_before_the_first_heard_are_new_once() {
+        let mut seen = Seen::default();
+        assert!(seen.first_time(1000));
+        for id in 0..1000 {
+            assert!(seen.first_time(id), "entry {id} of the replay");
+        }
+        assert!((0..=1000).all(|id| !seen.first_time(id)));
+        assert!(seen.gaps.is_empty(), "{:?}", seen.gaps);
+        assert!(seen.first_time(1001));
+    }
+
+    const WORKER: &str = "http://127.0.0.1:9";
+
+    /// An applier for a router of one worker (the wildcard pool, a policy
+    /// with trees), the worker and the metrics' registry.
+    fn applier(
+        config: &SyncConfig,
+    ) -> (
+        Applier,
+        Arc<radixgate_routing::Worker>,
+        crate::metrics::Metrics,
+    ) {
+        use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
+        let mut registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let worker = registry.add(WorkerSpec::new(WORKER)).unwrap();
+        let router = registry.router();
+        let metrics = crate::metrics::Metrics::new();
+        let applier = Applier {
+            me: Identity {
+                cluster: "prod".into(),
+                replica: "r-1".into(),
+                instance: 1,
+            },
+            lane: Shared::new(config, router.clone()),
+            report_age_ms: report_age_ms(config),
+            router,
+            metrics: Arc::new(SyncMetrics::new(&metrics)),
+            delivery: Arc::default(),
+            senders: HashMap::new(),
+            held: Held {
+                entries: VecDeque::new(),
+                bytes: 0,
+                hold: Duration::from_secs(1),
+            },
+        };
+        (applier, worker, metrics)
+    }
+
+    /// The value of the series `name` (with its labels) in `metrics`.
+    fn series(metrics: &crate::metrics::Metrics, name: &str) -> f64 {
+        let text = metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    /// Peer 2's insert batch numbered `seq`, sent at `sent_ms`: entries
+    /// from `first_entry` on, each `(base, suffix)` for the worker.
+    fn peer_batch(
+        seq: u64,
+        sent_ms: u64,
+        first_entry: u64,
+        entries: &[(Option<(u64, u64)>, &str)],
+        load: Option<(u64, u32)>,
+    ) -> Vec<u8> {
+        let peer = Identity {
+            cluster: "prod".into(),
+            replica: "r-2".into(),
+            instance: 2,
+        };
+        let mut h = peer.header(seq);
+        h.sent_ms = sent_ms;
+        let entries = entries
+            .iter()
+            .map(|&(base, suffix)| wire::WireEntry {
+                model: radixgate_routing::WILDCARD_MODEL.into(),
+                url: WORKER.into(),
+                base,
+                suffix: suffix.as_bytes().to_vec(),
+                observed: None,
+            })
+            .collect();
+        let load = load.map(|(seq, in_flight)| {
+            let worker = wire::WorkerLoad {
+                url: WORKER.into(),
+                in_flight,
+                pending_prefill: 0,
+            };
+            (seq, vec![worker])
+        });
+        wire::encode_inserts(
+            &h,
+            &wire::Inserts {
+                window: 1 << 20,
+                first_entry,
+                entries,
+                load,
+            },
+        )
+    }
+
+    /// A sender's batch k+1 that refers into batch k, delivered before it
+    /// (a batch made in the moment its sender reconnected goes out before
+    /// the kept ones are sent again, which are followed by it again): its
+    /// entry is rebuilt and applied when it comes again, once.
+    #[test]
+    fn an_entry_whose_base_comes_after_it_is_applied_when_it_comes_again() {
+        let (mut applier, _worker, metrics) = applier(&SyncConfig::default());
+        let base = "system: answer with care. ".repeat(20);
+        let k = peer_batch(1, now_ms(), 0, &[(None, &base)], None);
+        let later = (Some((1, base.len() as u64)), "user: what is new?");
+        let k1 = peer_batch(2, now_ms(), 1, &[later], None);
+        let learned = || series(&metrics, "radixgate_sync_entries_learned_total");
+        applier.apply(&k1, true);
+        assert_eq!(learned(), 0.0);
+        assert_eq!(
+            series(
+                &metrics,
+                "radixgate_sync_ignored_total{reason=\"missing_base\"}"
+            ),
+            1.0
+        );
+        applier.apply(&k, true);
+        assert_eq!(learned(), 1.0);
+        applier.apply(&k1, true);
+        assert_eq!(learned(), 2.0, "entry 1 rebuilt once its base came");
+        applier.apply(&k1, true);
+        applier.apply(&k, true);
+        assert_eq!(learned(), 2.0, "each applied once");
+    }
+
+    /// A load report in a batch sent longer ago than the reports' expiry
+    /// (replayed from the stream as the feed caught up, or a batch sent
+    /// again after its sender reconnected) is load long gone: not taken.
+    #[test]
+    fn a_load_report_in_a_batch_sent_before_the_expiry_is_not_taken() {
+        let config = SyncConfig::default();
+        let (mut applier, worker, _metrics) = applier(&config);
+        let old = now_ms() - 60_000;
+        applier.apply(&peer_batch(1, old, 0, &[], Some((1, 5))), true);
+        assert_eq!(worker.peer_load(), 0, "a minute-old report counted");
+        // One sent just now counts, and so does one from a clock a little
+        // ahead or behind.
+        applier.apply(&peer_batch(2, now_ms(), 0, &[], Some((2, 3))), true);
+        assert_eq!(worker.peer_load(), 3);
+        let behind = now_ms() - config.load_expiry_ms;
+        applier.apply(&peer_batch(3, behind, 0, &[], Some((3, 4))), true);
+        assert_eq!(worker.peer_load(), 4);
+        let ahead = now_ms() + 5_000;
+        applier.apply(&peer_batch(4, ahead, 0, &[], Some((4, 6))), true);
+        assert_eq!(worker.peer_load(), 6);
     }
 
     /// A load report on the inserts subject, or a batch on the load one,

@@ -96,6 +96,17 @@ impl Nats {
         self.launch();
     }
 
+    /// Has the server read its config file again, as an operator's edit
+    /// would (`nats-server --signal reload=PID`).
+    pub fn reload(&self) {
+        let pid = self.child.as_ref().expect("nats-server runs").id();
+        let status = Command::new("nats-server")
+            .args(["--signal", &format!("reload={pid}")])
+            .status()
+            .unwrap();
+        assert!(status.success(), "nats-server --signal reload: {status}");
+    }
+
     /// Starts it again on the same port with its store gone, as a server
     /// replaced by a new one: its streams start again from sequence 1.
     pub fn restart_empty(&mut self) {
