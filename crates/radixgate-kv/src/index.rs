@@ -18,7 +18,9 @@
 //! meaning (the engine reused the handle).
 //!
 //! Bounds: [`IndexLimits`] caps the engine hashes held per worker and in
-//! all. Engines evict on their own, so hitting a cap means an engine that
+//! all, and [`MAX_BLOCK_SIZES`] the block sizes held at once (each costs
+//! every match a pass over the prompt; a size is forgotten once none of its
+//! blocks is held). Engines evict on their own, so hitting a cap means an engine that
 //! stores without ever reporting removals (or a cache far larger than
 //! configured). Blocks past a cap are refused, from the first refused block
 //! to the end of that event (the rest of the chain could not be matched
@@ -33,6 +35,13 @@ use smallvec::SmallVec;
 
 use crate::event::{BlockStored, EngineHash, KvEvent};
 use crate::keys;
+
+/// The most block sizes the index holds blocks of at once. An engine has
+/// one block size (a hybrid model's cache groups a few); each size held
+/// costs every match its own pass over the prompt, so a publisher that
+/// reports one size after another cannot make every request slower.
+/// Blocks of a further size are refused as over capacity.
+pub const MAX_BLOCK_SIZES: usize = 4;
 
 /// A worker's small integer id, chosen by the caller.
 pub type WorkerKey = u32;
@@ -150,6 +159,10 @@ impl KvIndex {
             stats.bad_shape += n;
             return;
         }
+        if !self.by_size.contains_key(&block_size) && self.by_size.len() >= MAX_BLOCK_SIZES {
+            stats.over_capacity += n;
+            return;
+        }
         let mut key = match event.parent {
             None => keys::root_key(event.lora_id),
             Some(parent) => match self
@@ -207,9 +220,13 @@ impl KvIndex {
                         refs: 1,
                     },
                 );
-                if let Some(m) = self.by_size.get_mut(&held.block_size) {
-                    drop_holder(m, held.key, worker, held.refs);
-                }
+                release(
+                    &mut self.by_size,
+                    held.block_size,
+                    held.key,
+                    worker,
+                    held.refs,
+                );
             }
             None => {
                 if state.engine.len() >= self.limits.max_blocks_per_worker
@@ -252,9 +269,7 @@ impl KvIndex {
                 state.engine.remove(hash);
                 self.blocks -= 1;
             }
-            if let Some(m) = self.by_size.get_mut(&block_size) {
-                drop_holder(m, key, worker, 1);
-            }
+            release(&mut self.by_size, block_size, key, worker, 1);
             stats.removed += 1;
         }
     }
@@ -270,6 +285,7 @@ impl KvIndex {
                 drop_holder(m, held.key, worker, held.refs);
             }
         }
+        self.by_size.retain(|_, m| !m.is_empty());
         self.blocks -= n;
         n
     }
@@ -383,6 +399,23 @@ fn add_holder(map: &mut HashMap<u64, Holders>, key: u64, worker: WorkerKey, refs
     match holders.binary_search_by_key(&worker, |&(w, _)| w) {
         Ok(i) => holders[i].1 = holders[i].1.saturating_add(refs),
         Err(i) => holders.insert(i, (worker, refs)),
+    }
+}
+
+/// Drops `refs` of `worker`'s hold on `key` of `block_size`, and the block
+/// size once no block of it is held.
+fn release(
+    by_size: &mut HashMap<u32, HashMap<u64, Holders>>,
+    block_size: u32,
+    key: u64,
+    worker: WorkerKey,
+    refs: u32,
+) {
+    if let Some(m) = by_size.get_mut(&block_size) {
+        drop_holder(m, key, worker, refs);
+        if m.is_empty() {
+            by_size.remove(&block_size);
+        }
     }
 }
 

@@ -382,3 +382,31 @@ fn an_unknown_parent_skips_the_event() {
             .all(|&(_, n)| n == 4)
     );
 }
+
+/// Every block size seen costs each match a pass over the prompt: a
+/// publisher that reports many is held to a few at once, and a size whose
+/// blocks are all gone is forgotten.
+#[test]
+fn block_sizes_are_few_and_forgotten_when_empty() {
+    let mut index = KvIndex::new();
+    let tokens: Vec<u32> = (0..64).collect();
+    let mut over = 0;
+    for bs in 1..=1000u32 {
+        let block: Vec<u32> = (0..bs).collect();
+        over += index
+            .apply(0, &[store(&[u64::from(bs)], None, &block, bs)])
+            .over_capacity;
+    }
+    let sizes = index.block_sizes().count();
+    assert!(sizes <= 4, "{sizes} block sizes held");
+    assert_eq!(over, 1000 - sizes as u64);
+    // All removed: no size is left to scan.
+    let removed: Vec<EngineHash> = (1..=1000).map(EngineHash).collect();
+    index.apply(0, &[KvEvent::Removed(removed)]);
+    assert_eq!(index.blocks(), 0);
+    assert_eq!(index.block_sizes().count(), 0);
+    // And a new size is taken again.
+    let stats = index.apply(0, &[store(&[7], None, &tokens[..16], 16)]);
+    assert_eq!((stats.stored, stats.over_capacity), (1, 0));
+    assert_eq!(index.match_tokens(&tokens, None), vec![(0, 16)]);
+}
