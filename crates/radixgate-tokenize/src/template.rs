@@ -29,11 +29,15 @@ use crate::pyjson::{self, Layout};
 
 const NAME: &str = "chat_template";
 
-/// Instructions one render may execute: a template's loops run a few
-/// hundred per message, so this allows conversations of many thousands of
-/// messages and stops a runaway template (nested `range` loops) in well
-/// under a second of release-build time.
-const FUEL: u64 = 10_000_000;
+/// Work one render may do (minijinja's fuel: one an instruction, one per
+/// 64 bytes of strings it makes or reads): 4 million instructions, or 256
+/// MB of strings. A template's loops run a few hundred instructions per
+/// message, so this allows conversations of many thousands of messages and
+/// a whole 32 MiB prompt copied a few times over, and stops a runaway
+/// template (nested `range` loops, strings doubled) in well under a second
+/// of release-build time and a few hundred megabytes. (At 10 million, a
+/// template of doubled strings made 781 MB in one render.)
+const FUEL: u64 = 4_000_000;
 
 /// A compiled chat template.
 #[derive(Debug)]
@@ -328,5 +332,31 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("fuel"), "{err}");
+    }
+
+    /// Fuel pays for the strings a render makes too: a template cannot
+    /// make hundreds of megabytes per request. A whole 32 MiB prompt,
+    /// copied a few times, still renders.
+    #[test]
+    fn a_template_that_makes_huge_strings_stops_and_a_huge_prompt_renders() {
+        let err = render(
+            "{% set a = 'x' * 100000000 %}{% set b = a ~ 'y' %}{{ b | length }}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("fuel"), "{err}");
+        let content = "word ".repeat((16 << 20) / 5);
+        let out = render(
+            "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}\n{% endfor %}",
+            serde_json::json!({"messages": [
+                {"role": "system", "content": content},
+                {"role": "user", "content": content},
+            ]}),
+        )
+        .unwrap();
+        assert_eq!(
+            out.len(),
+            2 * (content.trim().len() + "<|user|>\n".len()) + 2
+        );
     }
 }

@@ -133,6 +133,10 @@ pub(crate) struct KvEvents {
     workers: Mutex<HashMap<WorkerId, Subscribed>>,
     /// The live workers, ascending by id: what requests read.
     live: RwLock<Vec<WorkerId>>,
+    /// Requests tokenized at once: one per CPU. A render and its encoding
+    /// are CPU work on the blocking pool (up to 512 threads), and a chat
+    /// template may make up to its fuel's 256 MB of strings per render.
+    tokenizing: Arc<tokio::sync::Semaphore>,
     metrics: EventMetrics,
 }
 
@@ -179,6 +183,15 @@ impl KvEvents {
                         tokenizer = %path.display(),
                         "kv_events: the tokenizer has no chat template; chat requests are routed on the approximate tree"
                     );
+                } else if let Err(err) = t.render_chat(&serde_json::json!({
+                    "messages": [{"role": "user", "content": "Hello"}],
+                })) {
+                    // Said at start, not at every request's DEBUG line.
+                    tracing::warn!(
+                        tokenizer = %path.display(),
+                        error = %err,
+                        "kv_events: the chat template fails on a one-message conversation; chat requests it fails on are routed on the approximate tree"
+                    );
                 }
                 Some(Arc::new(t))
             }
@@ -199,6 +212,9 @@ impl KvEvents {
             })),
             workers: Mutex::new(HashMap::new()),
             live: RwLock::new(Vec::new()),
+            tokenizing: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, usize::from),
+            )),
             metrics: EventMetrics::new(metrics),
         });
         tokio::spawn(supervise(events.clone(), router, stop));
@@ -214,6 +230,12 @@ impl KvEvents {
             self.metrics.requests.increment("no_live_worker");
         }
         any
+    }
+
+    /// A turn to tokenize a request (see `tokenizing`); `None` only if the
+    /// semaphore were closed, which it never is.
+    pub(crate) async fn turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.tokenizing.clone().acquire_owned().await.ok()
     }
 
     /// What each live worker holds of the prompt of a request to `path`

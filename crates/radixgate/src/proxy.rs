@@ -159,11 +159,15 @@ async fn forward(
     // so it runs on the blocking pool, not on a serving thread.
     let exact = match (&shared.kv_events, endpoint) {
         (Some(events), Endpoint::Routed(_)) if events.any_live() => {
+            let turn = events.turn().await;
             let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
-            tokio::task::spawn_blocking(move || events.matched(path, &body))
-                .await
-                .ok()
-                .flatten()
+            tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                events.matched(path, &body)
+            })
+            .await
+            .ok()
+            .flatten()
         }
         _ => None,
     };
