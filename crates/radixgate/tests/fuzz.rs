@@ -274,24 +274,57 @@ proptest! {
         let body = WatchedBody::new(inner, Watch(ends.clone()), sse);
         let collected = runtime().block_on(body.collect());
         let sent: Vec<u8> = chunks.concat();
-        match (breaks_off, sse, collected) {
+        // An event stream that ends inside an event did not end well.
+        let failed = breaks_off || (sse && !ends_an_event(&sent));
+        match (failed, sse, collected) {
             (false, _, Ok(out)) => prop_assert_eq!(out.to_bytes().to_vec(), sent),
             (true, true, Ok(out)) => {
                 let out = out.to_bytes().to_vec();
                 prop_assert!(out.starts_with(&sent));
-                let event = std::str::from_utf8(&out[sent.len()..]).unwrap();
+                // What closes the worker's last event, if it was left open,
+                // then the error event, an event of its own.
+                let rest = &out[sent.len()..];
+                let closing = rest.iter().take_while(|&&b| b == b'\n').count();
+                prop_assert!(closing <= 2);
+                let mut closed = sent.clone();
+                closed.extend_from_slice(&rest[..closing]);
+                prop_assert!(ends_an_event(&closed), "{:?} left open", String::from_utf8_lossy(&closed));
+                prop_assert!(ends_an_event(&out));
+                let event = std::str::from_utf8(&rest[closing..]).unwrap();
                 let data = event.strip_prefix("data: ").and_then(|e| e.strip_suffix("\n\n"));
                 let data: Value = serde_json::from_str(data.unwrap()).unwrap();
                 prop_assert!(data["error"]["message"].is_string());
             }
             (true, false, Err(_)) => {}
-            (breaks_off, sse, other) => {
-                prop_assert!(false, "breaks_off {} sse {}: {:?}", breaks_off, sse, other.map(|_| ()));
+            (failed, sse, other) => {
+                prop_assert!(false, "failed {} sse {}: {:?}", failed, sse, other.map(|_| ()));
             }
         }
-        let expected = if breaks_off { StreamEnd::UpstreamError } else { StreamEnd::Complete };
+        let expected = if failed { StreamEnd::UpstreamError } else { StreamEnd::Complete };
         prop_assert_eq!(ends.0.lock().unwrap().clone(), vec![expected]);
     }
+}
+
+/// Whether an event stream's bytes end at an event's end (a blank line),
+/// read as the SSE spec reads lines (`\r\n`, `\n` or `\r` ends one);
+/// no bytes at all do.
+fn ends_an_event(bytes: &[u8]) -> bool {
+    let (mut in_line, mut last_blank, mut after_cr) = (false, true, false);
+    for &b in bytes {
+        match b {
+            b'\n' if after_cr => after_cr = false,
+            b'\n' | b'\r' => {
+                last_blank = !in_line;
+                in_line = false;
+                after_cr = b == b'\r';
+            }
+            _ => {
+                in_line = true;
+                after_cr = false;
+            }
+        }
+    }
+    !in_line && last_blank
 }
 
 // -------------------------------------------------------------------- SSE
