@@ -39,6 +39,10 @@ use crate::SimError;
 
 const BLOCK: u64 = 41;
 
+/// Least and most `speedup`: a second of trace replays in at most 1000 s,
+/// and arrivals stay `Duration`s.
+pub const SPEEDUP_RANGE: (f64, f64) = (1e-3, 1e6);
+
 /// One request of a trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRecord {
@@ -116,9 +120,10 @@ impl TraceConfig {
 
     /// Checks ranges (not the file: that is read by [`TraceReplay::new`]).
     pub fn validate(&self) -> Result<(), SimError> {
-        if !self.speedup.is_finite() || self.speedup <= 0.0 {
+        let (least, most) = SPEEDUP_RANGE;
+        if !(least..=most).contains(&self.speedup) {
             return Err(SimError::Config(format!(
-                "speedup must be a finite number > 0, got {}",
+                "speedup must be in {least}..={most}, got {}",
                 self.speedup
             )));
         }
