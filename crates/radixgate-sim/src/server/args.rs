@@ -281,7 +281,7 @@ pub struct EngineFlags {
     #[arg(long)]
     pub kv_read_ns_per_token: Option<f64>,
     /// Relative speed of the worker: step times are divided by it, so 0.5
-    /// is a worker at half speed; in (0, 100] [default: 1].
+    /// is a worker at half speed; in 0.001..=100 [default: 1].
     #[arg(long)]
     pub speed: Option<f64>,
 }
