@@ -224,7 +224,7 @@ pub struct WorkloadFlags {
     /// are rounded to a coarse grid) [default: off].
     #[arg(long)]
     pub spread_bursts: bool,
-    /// trace: tokens per hash block [default: 512].
+    /// trace: tokens per hash block, at most 1048576 [default: 512].
     #[arg(long)]
     pub block_tokens: Option<u64>,
     /// trace: cap on tokens generated per request, 0 = as traced

@@ -170,6 +170,22 @@ fn think_and_tool_times_are_at_most_a_day() {
     }
 }
 
+/// `--block-tokens` sizes the text of every block: 1e15 passed the `> 0`
+/// check and aborted the process allocating the first prompt.
+#[test]
+fn block_tokens_has_a_ceiling() {
+    let trace = "--url http://x:1 --workload trace --trace t.jsonl";
+    for bad in ["1000000000000000", "1048577"] {
+        let e = config_err(&format!("{trace} --block-tokens {bad}"));
+        assert!(
+            e.contains("block_tokens") && e.contains("1048576"),
+            "{bad}: {e}"
+        );
+    }
+    let a = parse(&format!("{trace} --block-tokens 1048576")).unwrap();
+    assert!(a.workload_config().is_ok());
+}
+
 #[test]
 fn workload_file_uses_the_serde_schema() {
     let dir = std::env::temp_dir().join(format!("radixgate-load-args-{}", std::process::id()));
