@@ -110,12 +110,17 @@ pub struct TimingConfig {
     /// KV read per context token of each decoding sequence, nanoseconds.
     pub kv_read_ns_per_token: f64,
     /// Relative speed of this worker: every step's duration is divided by
-    /// it. In (0, 100]; 1 is the default.
+    /// it. In 0.001..=100; 1 is the default.
     pub speed: f64,
 }
 
 /// The largest accepted `speed` (a worker 100 times faster than the model).
 pub const MAX_SPEED: f64 = 100.0;
+
+/// The smallest accepted `speed` (a worker 1000 times slower). Simulated
+/// time is stepped through (the load poll, every 100 ms): a speed near 0
+/// makes a step last centuries, and the run never ends.
+pub const MIN_SPEED: f64 = 1e-3;
 
 impl Default for TimingConfig {
     fn default() -> Self {
@@ -129,7 +134,7 @@ impl Default for TimingConfig {
 }
 
 impl TimingConfig {
-    /// Every constant finite and non-negative; `speed` in (0, 100].
+    /// Every constant finite and non-negative; `speed` in 0.001..=100.
     pub fn validate(&self) -> Result<(), SimError> {
         check_speed("timing.speed", self.speed)?;
         for (name, v) in [
@@ -166,13 +171,13 @@ impl TimingConfig {
     }
 }
 
-/// Checks a worker speed given as `what`: finite and in (0, 100].
+/// Checks a worker speed given as `what`: finite and in 0.001..=100.
 pub fn check_speed(what: &str, speed: f64) -> Result<(), SimError> {
-    if speed.is_finite() && speed > 0.0 && speed <= MAX_SPEED {
+    if (MIN_SPEED..=MAX_SPEED).contains(&speed) {
         Ok(())
     } else {
         Err(SimError::Config(format!(
-            "{what} must be a number in (0, {MAX_SPEED}] (1 = full speed, 0.5 = half), got {speed}"
+            "{what} must be in {MIN_SPEED}..={MAX_SPEED} (1 = full speed, 0.5 = half), got {speed}"
         )))
     }
 }
@@ -225,5 +230,16 @@ mod tests {
         // A JSON config without `speed` gets full speed.
         let t: TimingConfig = serde_json::from_str(r#"{"token_us": 5.0}"#).unwrap();
         assert_eq!(t.speed, 1.0);
+    }
+
+    /// A speed of 1e-300 passed the `> 0` check and made each step last
+    /// centuries of simulated time: `simulate --speed 1e-300` hung.
+    #[test]
+    fn speed_has_a_floor() {
+        for bad in [1e-300, 0.0009] {
+            let e = check_speed("--speed", bad).unwrap_err().to_string();
+            assert!(e.contains("--speed") && e.contains("0.001"), "{bad}: {e}");
+        }
+        assert!(check_speed("--speed", 0.001).is_ok());
     }
 }

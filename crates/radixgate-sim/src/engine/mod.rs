@@ -43,7 +43,7 @@ use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 pub use cache::{CacheEvent, KvCache, PinnedPath};
-pub use config::{EngineConfig, MAX_SPEED, TimingConfig, check_speed};
+pub use config::{EngineConfig, MAX_SPEED, MIN_SPEED, TimingConfig, check_speed};
 pub use view::{RunningView, WaitingView};
 
 use crate::error::SimError;

@@ -131,7 +131,8 @@ pub struct LoadArgs {
 /// and its own default.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ArrivalFlags {
-    /// Open loop: Poisson arrivals at this many requests per second.
+    /// Open loop: Poisson arrivals at this many requests per second (at
+    /// least 0.001).
     #[arg(long, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
     /// Closed loop: this many clients [default: 8].
@@ -180,7 +181,7 @@ pub struct WorkloadFlags {
     /// multi-turn: user message tokens [default: 96].
     #[arg(long)]
     pub user_tokens: Option<u64>,
-    /// multi-turn: mean think time, ms [default: 500].
+    /// multi-turn: mean think time, ms, at most a day [default: 500].
     #[arg(long)]
     pub think_ms: Option<f64>,
     /// long-doc: documents [default: 4].
@@ -207,13 +208,15 @@ pub struct WorkloadFlags {
     /// agentic: steps per session [default: 8].
     #[arg(long)]
     pub steps: Option<u32>,
-    /// agentic: mean tool time between steps, ms [default: 100].
+    /// agentic: mean tool time between steps, ms, at most a day
+    /// [default: 100].
     #[arg(long)]
     pub tool_ms: Option<f64>,
     /// trace: the JSONL file (required with --workload trace).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// trace: time compression, 2 = twice as fast [default: 1].
+    /// trace: time compression, 2 = twice as fast, in 0.001..=1000000
+    /// [default: 1].
     #[arg(long)]
     pub speedup: Option<f64>,
     /// trace: records that share a timestamp arrive evenly over the time
@@ -221,7 +224,7 @@ pub struct WorkloadFlags {
     /// are rounded to a coarse grid) [default: off].
     #[arg(long)]
     pub spread_bursts: bool,
-    /// trace: tokens per hash block [default: 512].
+    /// trace: tokens per hash block, at most 1048576 [default: 512].
     #[arg(long)]
     pub block_tokens: Option<u64>,
     /// trace: cap on tokens generated per request, 0 = as traced

@@ -19,6 +19,10 @@ use crate::workload::{
 pub const DEFAULT_REQUESTS: u64 = 200;
 /// Closed-loop clients when neither `--rate` nor `--concurrency` is given.
 pub const DEFAULT_CONCURRENCY: usize = 8;
+/// The least `--rate`, requests a second: one in about 17 minutes. The
+/// gaps between arrivals are drawn as `Duration`s, with a mean of 1/rate
+/// seconds, which a rate near 0 overflows.
+pub const MIN_RATE: f64 = 1e-3;
 
 /// What the arrival flags say once checked: how requests arrive and when
 /// issuing stops.
@@ -45,8 +49,10 @@ impl ArrivalFlags {
             }
             Ok(Arrivals::Timestamps)
         } else if let Some(rate) = self.rate {
-            if !rate.is_finite() || rate <= 0.0 {
-                return Err(SimError::Config(format!("--rate must be > 0, got {rate}")));
+            if !rate.is_finite() || rate < MIN_RATE {
+                return Err(SimError::Config(format!(
+                    "--rate must be at least {MIN_RATE} requests a second, got {rate}"
+                )));
             }
             Ok(Arrivals::Poisson { rate })
         } else {

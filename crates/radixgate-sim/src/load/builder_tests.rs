@@ -125,6 +125,67 @@ fn bad_flags_are_precise_errors() {
     }
 }
 
+/// `--rate` is the mean of the Poisson gaps' inverse: 1e-300 passed the
+/// `> 0` check and panicked drawing the first gap as a `Duration`.
+#[test]
+fn rate_has_a_floor() {
+    let plan = |args: &str| parse(args).unwrap().plan(false);
+    for bad in ["1e-300", "0.0009"] {
+        let e = plan(&format!("--url http://x:1 --rate {bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--rate") && e.contains("0.001"), "{bad}: {e}");
+    }
+    assert!(plan("--url http://x:1 --rate 0.001").is_ok());
+    assert!(plan("--url http://x:1 --rate 1e9").is_ok());
+}
+
+/// `--speedup` divides the trace's times: 1e-300 passed the `> 0` check
+/// and panicked making the second arrival a `Duration`.
+#[test]
+fn speedup_has_a_range() {
+    let trace = "--url http://x:1 --workload trace --trace t.jsonl";
+    for bad in ["1e-300", "0.0009", "1e300", "2e6"] {
+        let e = config_err(&format!("{trace} --speedup {bad}"));
+        assert!(e.contains("speedup") && e.contains("0.001"), "{bad}: {e}");
+    }
+    for good in ["0.001", "1000000"] {
+        let a = parse(&format!("{trace} --speedup {good}")).unwrap();
+        assert!(a.workload_config().is_ok(), "{good}");
+    }
+}
+
+/// Think and tool times are means of exponential draws: 1e300 ms passed the
+/// `>= 0` check and panicked making the first pause a `Duration`.
+#[test]
+fn think_and_tool_times_are_at_most_a_day() {
+    for (workload, flag) in [("multi-turn", "think-ms"), ("agentic", "tool-ms")] {
+        let args = |v: &str| format!("--url http://x:1 --workload {workload} --{flag} {v}");
+        for bad in ["1e300", "86400001"] {
+            let e = config_err(&args(bad));
+            let name = flag.replace('-', "_");
+            assert!(e.contains(&name) && e.contains("86400000"), "{bad}: {e}");
+        }
+        assert!(parse(&args("86400000")).unwrap().workload_config().is_ok());
+    }
+}
+
+/// `--block-tokens` sizes the text of every block: 1e15 passed the `> 0`
+/// check and aborted the process allocating the first prompt.
+#[test]
+fn block_tokens_has_a_ceiling() {
+    let trace = "--url http://x:1 --workload trace --trace t.jsonl";
+    for bad in ["1000000000000000", "1048577"] {
+        let e = config_err(&format!("{trace} --block-tokens {bad}"));
+        assert!(
+            e.contains("block_tokens") && e.contains("1048576"),
+            "{bad}: {e}"
+        );
+    }
+    let a = parse(&format!("{trace} --block-tokens 1048576")).unwrap();
+    assert!(a.workload_config().is_ok());
+}
+
 #[test]
 fn workload_file_uses_the_serde_schema() {
     let dir = std::env::temp_dir().join(format!("radixgate-load-args-{}", std::process::id()));

@@ -145,12 +145,12 @@ pub struct WorkerArgs {
     /// `bootstrap_port` is null. Unset: such requests get a 400.
     #[arg(long)]
     pub default_bootstrap_port: Option<u16>,
-    /// Decode: KV transfer bandwidth in bytes per second (one 400 Gb/s
-    /// NIC) [default: 50000000000].
+    /// Decode: KV transfer bandwidth in bytes per second, 1e6..=1e14 (one
+    /// 400 Gb/s NIC) [default: 50000000000].
     #[arg(long)]
     pub transfer_bandwidth: Option<f64>,
-    /// Decode: KV bytes per prompt token moved (Llama-3-8B, BF16)
-    /// [default: 131072].
+    /// Decode: KV bytes per prompt token moved, at most 1073741824
+    /// (Llama-3-8B, BF16) [default: 131072].
     #[arg(long)]
     pub kv_bytes_per_token: Option<u64>,
     /// Decode: how long to wait for a prefill worker's KV, milliseconds
@@ -281,7 +281,7 @@ pub struct EngineFlags {
     #[arg(long)]
     pub kv_read_ns_per_token: Option<f64>,
     /// Relative speed of the worker: step times are divided by it, so 0.5
-    /// is a worker at half speed; in (0, 100] [default: 1].
+    /// is a worker at half speed; in 0.001..=100 [default: 1].
     #[arg(long)]
     pub speed: Option<f64>,
 }

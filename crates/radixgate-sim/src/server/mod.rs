@@ -43,6 +43,7 @@ pub use faults::{FaultConfig, MAX_SLOWDOWN};
 pub use kv_events::{EventShape, HashFormat, KvEventsConfig};
 pub use listen::WORKER_HEADER;
 pub use pd::{PdConfig, Role};
+pub use request::MAX_OUTPUT_TOKENS;
 
 use crate::engine::{Engine, EngineConfig, LoadSnapshot};
 use crate::error::{SimError, TransferFailure};

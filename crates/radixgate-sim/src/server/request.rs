@@ -45,7 +45,7 @@ pub(crate) struct GenRequest {
 }
 
 /// The most output tokens one request may ask for.
-const MAX_OUTPUT_TOKENS: usize = 1 << 20;
+pub const MAX_OUTPUT_TOKENS: usize = 1 << 20;
 
 #[derive(Deserialize)]
 struct ChatBody {

@@ -30,6 +30,7 @@ use super::args::contender;
 use super::pd_report::{ArmReport, PdReport};
 use super::{Contender, SimConfig, cluster, pd_cluster};
 use crate::SimError;
+use crate::server::pd::{MAX_KV_BYTES_PER_TOKEN, TRANSFER_BANDWIDTH_RANGE};
 
 /// KV bytes per token when none is given: Llama-3-8B's (2 x 32 layers x 8
 /// KV heads x 128 x 2 bytes), as the engine model's defaults assume; the
@@ -39,9 +40,6 @@ pub use crate::server::pd::DEFAULT_KV_BYTES_PER_TOKEN;
 /// Transfer bandwidth when none is given, bytes per second: one 400 Gb/s
 /// RDMA NIC; the simulated worker's `--transfer-bandwidth` default.
 pub use crate::server::pd::DEFAULT_TRANSFER_BANDWIDTH;
-
-/// Least and most bandwidth accepted, bytes per second (1 MB/s, 100 TB/s).
-const TRANSFER_BANDWIDTH_RANGE: (f64, f64) = (1e6, 1e14);
 
 /// Largest `--pd-skip-prefill-tokens`, the router's limit: beyond a few
 /// thousand tokens, decode would run a long prefill itself.
@@ -136,9 +134,9 @@ impl Transfer {
                 self.bytes_per_sec
             )));
         }
-        if !(1..=1 << 30).contains(&self.kv_bytes_per_token) {
+        if !(1..=MAX_KV_BYTES_PER_TOKEN).contains(&self.kv_bytes_per_token) {
             return Err(SimError::Config(format!(
-                "--pd-kv-bytes-per-token must be in 1..=1073741824, got {}",
+                "--pd-kv-bytes-per-token must be in 1..={MAX_KV_BYTES_PER_TOKEN}, got {}",
                 self.kv_bytes_per_token
             )));
         }

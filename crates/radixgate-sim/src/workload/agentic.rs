@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::conversation::{Conversations, Script};
-use super::multi_turn::non_negative_ms;
+use super::multi_turn::pause_ms;
 use super::rng::{SplitMix64, key};
 use super::shared_prefix::positive;
 use super::{Message, Poll, Role, SessionId, TextShape, Workload};
@@ -72,7 +72,7 @@ impl AgenticConfig {
         positive("step_tokens", self.step_tokens)?;
         positive("steps", u64::from(self.steps))?;
         positive("output_tokens", u64::from(self.output_tokens))?;
-        non_negative_ms("tool_ms", self.tool_ms)
+        pause_ms("tool_ms", self.tool_ms)
     }
 }
 

@@ -39,7 +39,9 @@ pub use multi_turn::{MultiTurn, MultiTurnConfig};
 pub use shared_prefix::{SharedPrefix, SharedPrefixConfig};
 pub use spec::{Message, Prompt, RequestSpec, Role, SessionId};
 pub use text::TextShape;
-pub use trace::{TraceConfig, TraceRecord, TraceReplay, load_trace};
+pub use trace::{
+    MAX_BLOCK_TOKENS, MAX_SPAN_MS, SPEEDUP_RANGE, TraceConfig, TraceRecord, TraceReplay, load_trace,
+};
 pub use zipf::Zipf;
 
 /// What a workload has for the driver at a given time.

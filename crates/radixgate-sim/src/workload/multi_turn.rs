@@ -60,14 +60,19 @@ impl MultiTurnConfig {
         positive("turns", u64::from(self.turns))?;
         positive("user_tokens", self.user_tokens)?;
         positive("output_tokens", u64::from(self.output_tokens))?;
-        non_negative_ms("think_ms", self.think_ms)
+        pause_ms("think_ms", self.think_ms)
     }
 }
 
-pub(super) fn non_negative_ms(name: &str, v: f64) -> Result<(), SimError> {
-    if !v.is_finite() || v < 0.0 {
+/// The longest mean pause, ms: a day. Pauses are exponential draws made
+/// `Duration`s, which a mean near `f64::MAX` overflows.
+const MAX_PAUSE_MS: f64 = 86_400_000.0;
+
+/// Checks a mean pause between turns, ms: in 0..=a day.
+pub(super) fn pause_ms(name: &str, v: f64) -> Result<(), SimError> {
+    if !(0.0..=MAX_PAUSE_MS).contains(&v) {
         return Err(SimError::Config(format!(
-            "{name} must be a finite number >= 0, got {v}"
+            "{name} must be in 0..={MAX_PAUSE_MS} milliseconds (a day), got {v}"
         )));
     }
     Ok(())

@@ -382,6 +382,56 @@ fn trace_errors_name_the_line() {
     assert!(matches!(missing, Err(crate::SimError::TraceIo { .. })));
 }
 
+fn trace_line(timestamp: u64, output_length: u64) -> String {
+    format!(
+        "{{\"timestamp\":{timestamp},\"input_length\":10,\"output_length\":{output_length},\"hash_ids\":[1]}}\n"
+    )
+}
+
+fn trace_error(text: &str) -> (usize, String) {
+    match parse_trace(text, Path::new("f.jsonl"), 512) {
+        Err(crate::SimError::TraceFormat { line, reason, .. }) => (line, reason),
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
+/// `output_length` is what the simulated worker generates (its text is
+/// made and tokenized before the engine refuses the request): 4e9 tokens
+/// took 6.8 GB and more than 30 s. The HTTP worker's limit holds.
+#[test]
+fn trace_output_length_is_at_most_a_workers_limit() {
+    let ok = trace_line(0, 1 << 20);
+    assert!(parse_trace(&ok, Path::new("f.jsonl"), 512).is_ok());
+    for out in [(1 << 20) + 1, 4_000_000_000, u64::MAX] {
+        let (line, reason) = trace_error(&format!("{ok}{}", trace_line(1, out)));
+        assert_eq!(line, 2, "{reason}");
+        assert!(
+            reason.contains("output_length") && reason.contains("1048576"),
+            "{reason}"
+        );
+    }
+}
+
+/// The simulator steps through the trace's time (load polls every
+/// 100 simulated ms): a second line at u64::MAX ms hung `simulate`. A
+/// trace spans at most a week, in any order of its lines.
+#[test]
+fn trace_span_is_at_most_a_week() {
+    const WEEK_MS: u64 = 7 * 86_400_000;
+    let spans = |ts: &[u64]| ts.iter().map(|&t| trace_line(t, 1)).collect::<String>();
+    assert!(parse_trace(&spans(&[5, 5 + WEEK_MS, 9]), Path::new("f.jsonl"), 512).is_ok());
+    for (ts, bad_line) in [
+        (vec![0, u64::MAX], 2),
+        (vec![u64::MAX, 0], 2),
+        (vec![5, 6 + WEEK_MS], 2),
+        (vec![1000, 0, 1001 + WEEK_MS], 3),
+    ] {
+        let (line, reason) = trace_error(&spans(&ts));
+        assert_eq!(line, bad_line, "{ts:?}: {reason}");
+        assert!(reason.contains("7 days"), "{reason}");
+    }
+}
+
 /// A recording (`serve --record-trace`) is written as requests end: its
 /// lines replay sorted by arrival, its extra fields are read or ignored, and
 /// answers that failed are not replayed.

@@ -17,6 +17,9 @@
 //! instant on average, up to 28), and a burst at one instant is a load no
 //! front end sees. Records
 //! are validated when loaded: a bad line is a precise error naming the line.
+//! A line's `output_length` is at most what the simulated worker generates
+//! ([`MAX_OUTPUT_TOKENS`]), and the trace spans at most a week
+//! ([`MAX_SPAN_MS`]): the simulator steps through its time.
 //! Lines may come in any order of time (a recording of `radixgate serve
 //! --record-trace` is written as requests end, not as they arrive): they are
 //! replayed sorted by timestamp, lines of equal time in file order.
@@ -36,8 +39,20 @@ use super::rng::key;
 use super::text::append_filler;
 use super::{Poll, Prompt, RequestSpec, SessionId, TextShape, Workload};
 use crate::SimError;
+use crate::server::MAX_OUTPUT_TOKENS;
 
 const BLOCK: u64 = 41;
+
+/// Least and most `speedup`: a second of trace replays in at most 1000 s,
+/// and arrivals stay `Duration`s.
+pub const SPEEDUP_RANGE: (f64, f64) = (1e-3, 1e6);
+
+/// The largest `block_tokens`: each block renders to that many tokens of
+/// text, a partial one included (512 in Mooncake).
+pub const MAX_BLOCK_TOKENS: u64 = 1 << 20;
+
+/// The longest time from a trace's first timestamp to its last, ms: a week.
+pub const MAX_SPAN_MS: u64 = 7 * 86_400_000;
 
 /// One request of a trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,14 +131,18 @@ impl TraceConfig {
 
     /// Checks ranges (not the file: that is read by [`TraceReplay::new`]).
     pub fn validate(&self) -> Result<(), SimError> {
-        if !self.speedup.is_finite() || self.speedup <= 0.0 {
+        let (least, most) = SPEEDUP_RANGE;
+        if !(least..=most).contains(&self.speedup) {
             return Err(SimError::Config(format!(
-                "speedup must be a finite number > 0, got {}",
+                "speedup must be in {least}..={most}, got {}",
                 self.speedup
             )));
         }
-        if self.block_tokens == 0 {
-            return Err(SimError::Config("block_tokens must be > 0".into()));
+        if !(1..=MAX_BLOCK_TOKENS).contains(&self.block_tokens) {
+            return Err(SimError::Config(format!(
+                "block_tokens must be in 1..={MAX_BLOCK_TOKENS}, got {}",
+                self.block_tokens
+            )));
         }
         Ok(())
     }
@@ -150,6 +169,8 @@ pub(super) fn parse_trace(
         reason,
     };
     let mut out = Vec::new();
+    // The earliest and latest timestamps so far.
+    let mut span: Option<(u64, u64)> = None;
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.trim().is_empty() {
@@ -171,6 +192,27 @@ pub(super) fn parse_trace(
                 ),
             ));
         }
+        if rec.output_length > MAX_OUTPUT_TOKENS as u64 {
+            return Err(bad(
+                n,
+                format!(
+                    "output_length {} is more than a worker generates ({MAX_OUTPUT_TOKENS} tokens)",
+                    rec.output_length
+                ),
+            ));
+        }
+        let t = rec.timestamp;
+        let (first, last) = span.map_or((t, t), |(a, b)| (a.min(t), b.max(t)));
+        if last - first > MAX_SPAN_MS {
+            return Err(bad(
+                n,
+                format!(
+                    "timestamp {t} makes the trace span more than 7 days ({MAX_SPAN_MS} ms): \
+                     its times run from {first} to {last}"
+                ),
+            ));
+        }
+        span = Some((first, last));
         out.push(rec);
     }
     if out.is_empty() {

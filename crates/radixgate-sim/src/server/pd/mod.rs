@@ -99,18 +99,30 @@ impl Default for PdConfig {
 /// The longest accepted timeout.
 const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
+/// Least and most transfer bandwidth accepted, bytes per second (1 MB/s,
+/// 100 TB/s). With at most [`MAX_KV_BYTES_PER_TOKEN`], a transfer's time
+/// is a `Duration` for any prompt a worker holds.
+pub const TRANSFER_BANDWIDTH_RANGE: (f64, f64) = (1e6, 1e14);
+
+/// The most KV bytes per token accepted (1 GiB).
+pub const MAX_KV_BYTES_PER_TOKEN: u64 = 1 << 30;
+
 impl PdConfig {
     /// Checks ranges and that each setting suits the role.
     pub fn validate(&self) -> Result<(), SimError> {
         let bad = |m: String| Err(SimError::Config(m));
-        if !self.transfer_bandwidth.is_finite() || self.transfer_bandwidth <= 0.0 {
+        let (least, most) = TRANSFER_BANDWIDTH_RANGE;
+        if !(least..=most).contains(&self.transfer_bandwidth) {
             return bad(format!(
-                "pd.transfer_bandwidth must be a positive number of bytes per second, got {}",
+                "pd.transfer_bandwidth must be in {least}..={most} bytes per second, got {}",
                 self.transfer_bandwidth
             ));
         }
-        if self.kv_bytes_per_token == 0 {
-            return bad("pd.kv_bytes_per_token must be at least 1".into());
+        if !(1..=MAX_KV_BYTES_PER_TOKEN).contains(&self.kv_bytes_per_token) {
+            return bad(format!(
+                "pd.kv_bytes_per_token must be in 1..={MAX_KV_BYTES_PER_TOKEN}, got {}",
+                self.kv_bytes_per_token
+            ));
         }
         for (name, v) in [
             ("transfer_timeout_ms", self.transfer_timeout_ms),
@@ -207,6 +219,16 @@ mod tests {
             },
             PdConfig {
                 kv_bytes_per_token: 0,
+                ..PdConfig::default()
+            },
+            // A transfer's time overflowed a `Duration`: the decode worker
+            // panicked on its first request.
+            PdConfig {
+                transfer_bandwidth: 1e-300,
+                ..PdConfig::default()
+            },
+            PdConfig {
+                kv_bytes_per_token: u64::MAX,
                 ..PdConfig::default()
             },
             PdConfig {
