@@ -512,6 +512,26 @@ impl CacheFeedback {
         &self.worker
     }
 
+    /// Keeps of `text` (the full routing text) only what [`Self::apply`]
+    /// reads of it later, the inserted (capped) part, its characters
+    /// counted now: a response then holds at most the tree's cap of the
+    /// prompt while it streams, not the whole prompt. `apply` is then
+    /// given the kept text.
+    pub fn keep_inserted(&mut self, text: &mut String) {
+        let Some(beyond) = text.get(self.text_len..) else {
+            return;
+        };
+        if beyond.is_empty() {
+            return;
+        }
+        self.text_chars = Some(match self.text_chars {
+            Some(chars) => chars + radixgate_tree::count_chars(beyond),
+            None => radixgate_tree::count_chars(text),
+        });
+        text.truncate(self.text_len);
+        text.shrink_to_fit();
+    }
+
     /// Checks the answer's `report` for the request routed with `text`
     /// (the full routing text, as given to the router) against the
     /// prediction, counts it on the worker and, when the worker held more
@@ -751,6 +771,23 @@ mod tests {
         let counted = learned(None);
         assert_eq!(learned(Some(300)), counted);
         assert_ne!(learned(Some(900)), counted, "the count is used");
+        // Keeping only the inserted part, counted first, learns the same.
+        for text_chars in [None, Some(300)] {
+            let mut f = setup("", "", &inserted, CorrectionConfig::default());
+            f.text_chars = text_chars;
+            let model = f.model.clone();
+            let mut kept = text.clone();
+            f.keep_inserted(&mut kept);
+            assert_eq!(kept, inserted);
+            f.apply(
+                &kept,
+                CacheReport {
+                    prompt_tokens: 100,
+                    cached_tokens: 0,
+                },
+            );
+            assert_eq!(model.rate().chars_per_token().unwrap(), counted);
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub(super) fn respond(
     let Responding {
         endpoint,
         started,
-        routing_text,
+        mut routing_text,
         spans,
         pd,
     } = responding;
@@ -73,7 +73,7 @@ pub(super) fn respond(
     // A successful answer's usage is checked against what the tree
     // predicted (`radixgate_routing::correction`).
     let branch = decision.explanation().branch.as_str();
-    let correction = status
+    let mut correction = status
         .is_success()
         .then(|| decision.take_cache_feedback())
         .flatten()
@@ -92,6 +92,12 @@ pub(super) fn respond(
         Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
     };
     let read_usage = correction.is_some() || record.is_some();
+    // The correction reads only the inserted (capped) part of the text: a
+    // huge prompt is not held whole while its answer streams (a recording
+    // hashes the whole text, so then it is).
+    if let (Some(correction), None) = (correction.as_mut(), &record) {
+        correction.feedback.keep_inserted(&mut routing_text);
+    }
     let watch = RequestWatch {
         seen,
         shared: shared.clone(),
