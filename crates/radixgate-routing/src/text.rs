@@ -134,6 +134,11 @@ impl ContentText {
         self.0.push_str("|>");
     }
 
+    /// Appends content rendered apart (a tool result's own content).
+    pub fn append(&mut self, other: &ContentText) {
+        self.0.push_str(&other.0);
+    }
+
     /// The content so far.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -151,6 +156,11 @@ impl ToolCallsText {
         self.0.push_str(name.unwrap_or(""));
         self.0.push_str("|>");
         self.0.push_str(arguments.unwrap_or(""));
+    }
+
+    /// Appends calls rendered apart (inside a tool result's content).
+    pub fn append(&mut self, other: &ToolCallsText) {
+        self.0.push_str(&other.0);
     }
 
     /// The calls so far.
@@ -197,6 +207,12 @@ impl RoutingText {
     /// An empty text.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Appends messages rendered apart (those a body lists before the part
+    /// that renders first, such as a system prompt given after them).
+    pub fn append(&mut self, other: &RoutingText) {
+        self.0.push_str(&other.0);
     }
 
     /// Appends one chat message: `<|role[:name][#id]|>\n`, the content, the

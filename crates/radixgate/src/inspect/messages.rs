@@ -4,8 +4,10 @@
 //!
 //! `system` (a string or text blocks) renders first, as a system message,
 //! whatever its place in the JSON object; then each message, its content a
-//! string or blocks. A block's fields come in any order, so blocks are read
-//! whole and then rendered: text as text, `tool_use` as a tool call (its
+//! string or blocks. Messages and blocks are rendered as they are read, so
+//! a body of many small ones is never held as a list of them (a 32 MiB body
+//! of empty blocks read into a list took gigabytes). A block's fields come
+//! in any order, so each block is read whole and then rendered: text as text, `tool_use` as a tool call (its
 //! `input` as JSON, keys sorted, so the same call renders the same however
 //! the client orders it), `tool_result` as a marker with its id and then
 //! its content, anything else as a part marker naming its source.
@@ -28,10 +30,9 @@ pub(super) struct Request<'a> {
     /// the OpenAI APIs).
     #[serde(borrow, default)]
     pub(super) metadata: Option<Metadata<'a>>,
-    #[serde(borrow, default)]
-    system: Blocks<'a>,
-    #[serde(borrow)]
-    messages: Vec<Message<'a>>,
+    #[serde(default)]
+    system: Blocks,
+    messages: Messages,
     #[serde(borrow, default)]
     pub(super) cache_salt: Option<Cow<'a, str>>,
     #[serde(default)]
@@ -49,68 +50,95 @@ pub(super) struct Metadata<'a> {
 impl Request<'_> {
     /// The system prompt first (if any), then the messages in order.
     pub(super) fn render(&self, out: &mut RoutingText) {
-        if !self.system.0.is_empty() {
-            render_message(out, "system", &self.system);
+        if self.system.any {
+            out.push_message(
+                Speaker::role("system"),
+                &self.system.content,
+                &self.system.calls,
+            );
         }
-        for message in &self.messages {
-            render_message(out, &message.role, &message.content);
-        }
+        out.append(&self.messages.0);
     }
 }
 
-fn render_message(out: &mut RoutingText, role: &str, blocks: &Blocks<'_>) {
-    let mut content = ContentText::default();
-    let mut calls = ToolCallsText::default();
-    blocks.render(&mut content, &mut calls);
-    out.push_message(Speaker::role(role), &content, &calls);
+/// `messages`, rendered one by one as they are read.
+struct Messages(RoutingText);
+
+impl<'de> Deserialize<'de> for Messages {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Messages;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = RoutingText::new();
+                while let Some(message) = seq.next_element::<Message<'de>>()? {
+                    let content = &message.content;
+                    out.push_message(
+                        Speaker::role(&message.role),
+                        &content.content,
+                        &content.calls,
+                    );
+                }
+                Ok(Messages(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 #[derive(Deserialize)]
 struct Message<'a> {
     #[serde(borrow)]
     role: Cow<'a, str>,
-    #[serde(borrow, default)]
-    content: Blocks<'a>,
+    #[serde(default)]
+    content: Blocks,
 }
 
-/// Content: a string (one text block), a list of blocks, or absent.
+/// Content: a string (one text block), a list of blocks, or absent;
+/// rendered block by block as it is read.
 #[derive(Default)]
-struct Blocks<'a>(Vec<Block<'a>>);
+struct Blocks {
+    content: ContentText,
+    calls: ToolCallsText,
+    /// Whether there was any block.
+    any: bool,
+}
 
-impl<'de: 'a, 'a> Deserialize<'de> for Blocks<'a> {
+impl<'de> Deserialize<'de> for Blocks {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Blocks<'de>;
+            type Value = Blocks;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a string or an array of content blocks")
             }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Blocks(vec![Block::text(Cow::Borrowed(v))]))
-            }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Blocks(vec![Block::text(Cow::Owned(v.to_owned()))]))
+                let mut blocks = Blocks::default();
+                blocks.push(&Block::text(Cow::Borrowed(v)));
+                Ok(blocks)
             }
             fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
                 Ok(Blocks::default())
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut blocks = Vec::new();
+                let mut blocks = Blocks::default();
                 while let Some(block) = seq.next_element::<Block<'de>>()? {
-                    blocks.push(block);
+                    blocks.push(&block);
                 }
-                Ok(Blocks(blocks))
+                Ok(blocks)
             }
         }
         super::text::string_seq_or_null(d, V)
     }
 }
 
-impl Blocks<'_> {
-    fn render(&self, content: &mut ContentText, calls: &mut ToolCallsText) {
-        for block in &self.0 {
-            block.render(content, calls);
-        }
+impl Blocks {
+    fn push(&mut self, block: &Block<'_>) {
+        block.render(&mut self.content, &mut self.calls);
+        self.any = true;
     }
 }
 
@@ -131,8 +159,8 @@ struct Block<'a> {
     #[serde(borrow, default)]
     tool_use_id: Option<Cow<'a, str>>,
     /// A tool result's content: a string or blocks.
-    #[serde(borrow, default)]
-    content: Option<Blocks<'a>>,
+    #[serde(default)]
+    content: Option<Blocks>,
     #[serde(borrow, default)]
     source: Option<Source<'a>>,
 }
@@ -167,7 +195,8 @@ impl<'a> Block<'a> {
             Some("tool_result") => {
                 content.push_part(Some("tool_result"), self.tool_use_id.as_deref());
                 if let Some(inner) = &self.content {
-                    inner.render(content, calls);
+                    content.append(&inner.content);
+                    calls.append(&inner.calls);
                 }
             }
             Some("thinking") => {

@@ -46,22 +46,20 @@ impl Request<'_> {
         match &self.input {
             Input::None => {}
             Input::Text(text) => out.push_plain_message("user", text),
-            Input::Items(items) => {
-                for item in items {
-                    item.render(out);
-                }
-            }
+            Input::Items(items) => out.append(items),
         }
     }
 }
 
-/// `input`: a string, a list of items, or absent.
+/// `input`: a string, a list of items (rendered one by one as they are
+/// read, so a body of many small items is never held as a list of them),
+/// or absent.
 #[derive(Default)]
 enum Input<'a> {
     #[default]
     None,
     Text(Cow<'a, str>),
-    Items(Vec<Item<'a>>),
+    Items(RoutingText),
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
@@ -82,9 +80,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
                 Ok(Input::None)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut items = Vec::new();
+                let mut items = RoutingText::new();
                 while let Some(item) = seq.next_element::<Item<'de>>()? {
-                    items.push(item);
+                    item.render(&mut items);
                 }
                 Ok(Input::Items(items))
             }
