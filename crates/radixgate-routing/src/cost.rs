@@ -260,15 +260,20 @@ impl Estimator {
         self.fitted().unwrap_or(*seed)
     }
 
-    /// The fitted coefficients, `None` before the first observation.
+    /// The fitted coefficients, `None` before the first observation. The
+    /// three are stored one by one (NaN before the first fit): a read
+    /// between the first fit's stores is no fit yet, never a NaN one.
     pub(crate) fn fitted(&self) -> Option<Coefficients> {
         let read = |i: usize| f64::from_bits(self.published[i].load(Ordering::Relaxed));
-        let base = read(0);
-        (!base.is_nan()).then(|| Coefficients {
-            base_ms: base,
+        let fit = Coefficients {
+            base_ms: read(0),
             per_kchar_ms: read(1),
             per_request_ms: read(2),
-        })
+        };
+        [fit.base_ms, fit.per_kchar_ms, fit.per_request_ms]
+            .iter()
+            .all(|v| v.is_finite())
+            .then_some(fit)
     }
 
     /// Observations taken so far.
@@ -358,6 +363,25 @@ fn solve_ridge(xx: &[f64; 6], xt: &[f64; 3], seed: [f64; 3]) -> Option<[f64; 3]>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The three coefficients are published one by one: a decision that
+    /// reads between the first fit's stores sees the first alone, and
+    /// takes the seed rather than a NaN prediction.
+    #[test]
+    fn a_half_published_first_fit_is_no_fit() {
+        let estimator = Estimator::default();
+        assert!(estimator.fitted().is_none());
+        estimator.published[0].store(2.0f64.to_bits(), Ordering::Relaxed);
+        assert!(estimator.fitted().is_none(), "{:?}", estimator.fitted());
+        estimator.published[1].store(0.5f64.to_bits(), Ordering::Relaxed);
+        assert!(estimator.fitted().is_none());
+        estimator.published[2].store(1.0f64.to_bits(), Ordering::Relaxed);
+        let fit = estimator.fitted().unwrap();
+        assert_eq!(
+            (fit.base_ms, fit.per_kchar_ms, fit.per_request_ms),
+            (2.0, 0.5, 1.0)
+        );
+    }
 
     fn work(prefill: usize, in_flight: usize) -> Work {
         Work {

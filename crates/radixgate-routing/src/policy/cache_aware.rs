@@ -937,16 +937,26 @@ impl CacheAware {
         keep: impl Fn(&Scored) -> bool,
         key: impl Fn(&Scored) -> (usize, usize),
     ) -> usize {
-        let ranked: Vec<(usize, (usize, usize), f64)> = scored
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| keep(s))
-            .map(|(k, s)| (k, key(s), s.ttft_ms))
-            .collect();
-        let first = ranked
+        let rank = |keep: &dyn Fn(&Scored) -> bool| -> Vec<(usize, (usize, usize), f64)> {
+            scored
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| keep(s))
+                .map(|(k, s)| (k, key(s), s.ttft_ms))
+                .collect()
+        };
+        let mut ranked = rank(&keep);
+        if ranked.is_empty() {
+            // Only if a prediction were not a number (the quickest passes
+            // any bar): every worker then ranks, rather than none.
+            ranked = rank(&|_| true);
+        }
+        let Some(first) = ranked
             .iter()
             .min_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)))
-            .expect("the quickest worker passes");
+        else {
+            return 0;
+        };
         let ties: Vec<usize> = ranked
             .iter()
             .filter(|r| r.1 == first.1 && r.2 == first.2)
