@@ -92,6 +92,19 @@ impl TracingConfig {
 /// else `endpoint/v1/traces` (OTLP/HTTP's path for traces), so both a
 /// collector's base URL and a full traces URL work.
 pub fn otlp_traces_url(endpoint: &str) -> Result<String, String> {
+    // Checked first, so that no message below repeats them: the exporter
+    // never sends credentials written in the URL, and the URL is logged.
+    if endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .is_some_and(|authority| authority.contains('@'))
+    {
+        return Err("the URL must not carry credentials (user:password@): the exporter \
+                    does not send them, and the URL is logged"
+            .into());
+    }
     let uri: axum::http::Uri = endpoint
         .parse()
         .map_err(|err| format!("`{endpoint}` is not a URL: {err}"))?;
@@ -141,6 +154,13 @@ mod tests {
             "http://c/?a=b",
         ] {
             assert!(otlp_traces_url(bad).is_err(), "{bad}");
+        }
+        // Credentials in the URL are never sent by the exporter, and the
+        // URL is logged: refused, without repeating them.
+        for with_secret in ["http://user:s3cret@c:4318", "https://s3cret@c/v1/traces"] {
+            let err = otlp_traces_url(with_secret).unwrap_err();
+            assert!(err.contains("credentials"), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
         }
     }
 
