@@ -117,7 +117,7 @@ fn probes_service_and_scrape_annotations_use_the_routers_port() {
 }
 
 #[test]
-fn rbac_lets_the_routers_account_get_list_and_watch_pods() {
+fn rbac_lets_the_routers_account_list_and_watch_pods_and_no_more() {
     let m = Manifests::parse(&committed()).unwrap();
     let config = router_config(&m);
     assert_pods_readable(&m, config.discovery.namespace.as_deref());

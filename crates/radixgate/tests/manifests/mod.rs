@@ -316,8 +316,15 @@ pub fn assert_pods_readable(m: &Manifests, namespace: Option<&str>) {
                 && r.verbs.iter().any(|v| v == verb)
         })
     };
-    for verb in ["get", "list", "watch"] {
+    for verb in ["list", "watch"] {
         assert!(grants(verb), "no `{verb}` on pods: {rules:?}");
+    }
+    // Discovery lists and watches; nothing more is granted.
+    for verb in ["get", "create", "update", "patch", "delete", "*"] {
+        assert!(
+            !grants(verb),
+            "`{verb}` on pods is more than discovery needs: {rules:?}"
+        );
     }
 }
 
