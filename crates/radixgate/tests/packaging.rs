@@ -165,8 +165,8 @@ fn a_router_rollout_waits_for_its_longest_request() {
     let needed = sleep
         + i64::try_from(server.shutdown_delay_secs + server.shutdown_grace_period_secs).unwrap();
     assert!(
-        grace > needed,
-        "terminationGracePeriodSeconds {grace} <= {needed}"
+        grace >= needed + 10,
+        "terminationGracePeriodSeconds {grace} < {needed} + 10"
     );
     // Service links would set RADIXGATE_PORT=tcp://... in the pod, which
     // the router reads as --port.
@@ -416,9 +416,15 @@ fn replicas_share_state_over_nats_when_sync_urls_are_set() {
 fn the_chart_refuses_timings_that_would_cut_requests() {
     let err = render(json!({"terminationGracePeriodSeconds": 60})).unwrap_err();
     assert!(
-        err.contains("terminationGracePeriodSeconds (60) must be longer"),
+        err.contains("terminationGracePeriodSeconds (60) must be at least"),
         "{err}"
     );
+    // The defaults' 5 + 5 + 600 s, and a second more: the router still
+    // ends the streams it cuts (1 s) and flushes its spans (up to 5 s)
+    // after its grace period.
+    let err = render(json!({"terminationGracePeriodSeconds": 611})).unwrap_err();
+    assert!(err.contains("(620)"), "{err}");
+    rendered(json!({"terminationGracePeriodSeconds": 620}));
     let err = render(json!({"server": {"shutdownGracePeriodSecs": 30}})).unwrap_err();
     assert!(
         err.contains("must be at least server.requestTimeoutSecs"),

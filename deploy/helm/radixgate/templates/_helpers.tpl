@@ -54,17 +54,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 terminationGracePeriodSeconds: the value, or the preStop sleep, the
-shutdown delay and the grace period together plus 10 s. A value that is
-not longer than the three together is refused: Kubernetes would kill the
-router while requests are still in flight.
+shutdown delay and the grace period together plus 10 s. A value shorter
+than that is refused: after its grace period the router still ends the
+streams it cut (1 s) and flushes its spans (up to 5 s), and Kubernetes
+would kill it before.
 */}}
 {{- define "radixgate.terminationGracePeriod" -}}
 {{- $s := .Values.server -}}
 {{- $needed := add (int .Values.preStopSleepSeconds) (int $s.shutdownDelaySecs) (int $s.shutdownGracePeriodSecs) -}}
 {{- if eq (toString .Values.terminationGracePeriodSeconds) "" -}}
 {{- add $needed 10 -}}
-{{- else if le (int .Values.terminationGracePeriodSeconds) $needed -}}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must be longer than preStopSleepSeconds + server.shutdownDelaySecs + server.shutdownGracePeriodSecs (%d), or the kubelet kills the router while requests are in flight" (int .Values.terminationGracePeriodSeconds) $needed) -}}
+{{- else if lt (int .Values.terminationGracePeriodSeconds) (add $needed 10) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least preStopSleepSeconds + server.shutdownDelaySecs + server.shutdownGracePeriodSecs + 10 (%d): the router ends the streams it cut and flushes its spans after its grace period, and the kubelet would kill it first" (int .Values.terminationGracePeriodSeconds) (add $needed 10)) -}}
 {{- else -}}
 {{- int .Values.terminationGracePeriodSeconds -}}
 {{- end -}}
