@@ -594,3 +594,34 @@ async fn the_deployed_router_finds_a_labelled_pod_serves_and_drops_readiness_on_
     assert!(exit.success(), "{exit:?}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The image's root is read-only and has no temporary directory: a trace
+/// recording started through the admin API needs a writable directory,
+/// which the chart mounts and names as `record_trace.admin_dir`.
+#[test]
+fn the_chart_gives_trace_recordings_a_writable_directory() {
+    let m = Manifests::parse(&committed()).unwrap();
+    let config = router_config(&m);
+    let dir = config.record_trace.admin_dir.clone();
+    let deployment: Deployment = m.one("Deployment");
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap_or_default();
+    let mount = mounts
+        .iter()
+        .find(|m| std::path::Path::new(&m.mount_path) == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at record_trace.admin_dir {dir:?}: {mounts:?}"));
+    assert_ne!(mount.read_only, Some(true));
+    let volume = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.name == mount.name)
+        .expect("the mount's volume");
+    assert!(volume.empty_dir.is_some(), "{volume:?}");
+    // The operator's own directory wins.
+    let m = rendered(json!({"config": {"record_trace": {"admin_dir": "/traces"}}}));
+    assert_eq!(
+        router_config(&m).record_trace.admin_dir,
+        std::path::Path::new("/traces")
+    );
+}

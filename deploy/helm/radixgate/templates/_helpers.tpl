@@ -123,5 +123,6 @@ request, and an unbounded request time.
 {{- $_ := set $managed "sync" $sync -}}
 {{- end -}}
 {{- end -}}
-{{- mustMergeOverwrite (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
+{{- $defaults := dict "record_trace" (dict "admin_dir" .Values.dataVolume.mountPath) -}}
+{{- mustMergeOverwrite $defaults (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
 {{- end -}}
