@@ -205,6 +205,15 @@ fn validate_spec(spec: &WorkerSpec) -> Result<WorkerUrl, RoutingError> {
             reason: "a model name is empty".to_owned(),
         });
     }
+    if spec.models.iter().any(|m| m == WILDCARD_MODEL) {
+        return Err(RoutingError::InvalidWorker {
+            url: spec.url.clone(),
+            reason: format!(
+                "`{WILDCARD_MODEL}` is not a model name here: it names the pool of workers \
+                 that serve any model (list no models for that)"
+            ),
+        });
+    }
     Ok(url)
 }
 

@@ -44,6 +44,17 @@ fn add_remove_and_health_publish_new_snapshots() {
             "{bad}"
         );
     }
+    // `*` names the pool of workers that serve any model: no worker's
+    // model may take it.
+    for models in [vec![String::new()], vec!["m".to_owned(), "*".to_owned()]] {
+        assert!(
+            matches!(
+                reg.add(WorkerSpec::new("http://b:1").with_models(models.clone())),
+                Err(RoutingError::InvalidWorker { .. })
+            ),
+            "{models:?}"
+        );
+    }
     assert!(reg.set_health(a.id(), false).unwrap());
     assert!(
         !reg.set_health(a.id(), false).unwrap(),
