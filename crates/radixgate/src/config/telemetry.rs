@@ -101,9 +101,11 @@ pub fn otlp_traces_url(endpoint: &str) -> Result<String, String> {
         .next()
         .is_some_and(|authority| authority.contains('@'))
     {
-        return Err("the URL must not carry credentials (user:password@): the exporter \
+        return Err(
+            "the URL must not carry credentials (user:password@): the exporter \
                     does not send them, and the URL is logged"
-            .into());
+                .into(),
+        );
     }
     let uri: axum::http::Uri = endpoint
         .parse()
