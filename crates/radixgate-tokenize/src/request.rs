@@ -223,7 +223,7 @@ pub fn flat_token_ids(endpoint: Endpoint, bytes: &[u8]) -> Option<Vec<u32>> {
     #[derive(serde::Deserialize)]
     struct Generate {
         #[serde(default)]
-        input_ids: Option<Vec<u32>>,
+        input_ids: Option<FlatIds>,
         #[serde(default)]
         text: Option<IgnoredAny>,
         #[serde(default)]
@@ -232,7 +232,7 @@ pub fn flat_token_ids(endpoint: Endpoint, bytes: &[u8]) -> Option<Vec<u32>> {
     #[derive(serde::Deserialize)]
     struct Completions {
         #[serde(default)]
-        prompt: Option<Vec<u32>>,
+        prompt: Option<FlatIds>,
         #[serde(default)]
         prompt_embeds: Option<IgnoredAny>,
         /// Read only so that a value of the wrong type leaves the body to
@@ -243,7 +243,7 @@ pub fn flat_token_ids(endpoint: Endpoint, bytes: &[u8]) -> Option<Vec<u32>> {
     let ids = match endpoint {
         Endpoint::Generate => match serde_json::from_slice::<Generate>(bytes).ok()? {
             Generate {
-                input_ids: Some(ids),
+                input_ids: Some(FlatIds(ids)),
                 text: None,
                 input_embeds: None,
             } => ids,
@@ -251,7 +251,7 @@ pub fn flat_token_ids(endpoint: Endpoint, bytes: &[u8]) -> Option<Vec<u32>> {
         },
         Endpoint::Completions => match serde_json::from_slice::<Completions>(bytes).ok()? {
             Completions {
-                prompt: Some(ids),
+                prompt: Some(FlatIds(ids)),
                 prompt_embeds: None,
                 ..
             } => ids,
@@ -260,6 +260,68 @@ pub fn flat_token_ids(endpoint: Endpoint, bytes: &[u8]) -> Option<Vec<u32>> {
         Endpoint::ChatCompletions => return None,
     };
     (!ids.is_empty()).then_some(ids)
+}
+
+/// A list of token ids, or a batch of exactly one such list (which the
+/// tree of values reads as that list), read without keeping anything but
+/// the ids; any other shape is an error, which leaves the body to the tree.
+struct FlatIds(Vec<u32>);
+
+impl<'de> serde::Deserialize<'de> for FlatIds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, SeqAccess, Visitor};
+        /// An array's first item: an id, or a whole list of ids.
+        enum First {
+            Id(u32),
+            List(Vec<u32>),
+        }
+        impl<'de> serde::Deserialize<'de> for First {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = First;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a token id or a list of them")
+                    }
+                    fn visit_u64<E: Error>(self, n: u64) -> Result<First, E> {
+                        u32::try_from(n).map(First::Id).map_err(E::custom)
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<First, A::Error> {
+                        let ids: Vec<u32> = serde::Deserialize::deserialize(
+                            serde::de::value::SeqAccessDeserializer::new(seq),
+                        )?;
+                        Ok(First::List(ids))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FlatIds;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of token ids, or a list of one such list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FlatIds, A::Error> {
+                match seq.next_element::<First>()? {
+                    None => Ok(FlatIds(Vec::new())),
+                    Some(First::Id(first)) => {
+                        let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0) + 1);
+                        ids.push(first);
+                        while let Some(id) = seq.next_element::<u32>()? {
+                            ids.push(id);
+                        }
+                        Ok(FlatIds(ids))
+                    }
+                    Some(First::List(ids)) => match seq.next_element::<serde::de::IgnoredAny>()? {
+                        None => Ok(FlatIds(ids)),
+                        Some(_) => Err(A::Error::custom("a batch of several prompts")),
+                    },
+                }
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 /// The token ids a body carries itself — `/generate`'s `input_ids`, or a
@@ -310,8 +372,15 @@ mod tests {
                 json!({"prompt": [7], "add_special_tokens": false}),
                 true,
             ),
+            // A batch of one list of ids is that list.
+            (Generate, json!({"input_ids": [[4, 5]]}), true),
+            (Completions, json!({"prompt": [[9]]}), true),
             // Everything else is left to the tree of values.
-            (Generate, json!({"input_ids": [[4, 5]]}), false),
+            (Generate, json!({"input_ids": [[4, 5], [6]]}), false),
+            (Generate, json!({"input_ids": [[]]}), false),
+            (Generate, json!({"input_ids": [[[4]]]}), false),
+            (Generate, json!({"input_ids": [[4], 5]}), false),
+            (Generate, json!({"input_ids": [4, [5]]}), false),
             (Generate, json!({"input_ids": []}), false),
             (Generate, json!({"input_ids": [1, 4294967296u64]}), false),
             (Generate, json!({"input_ids": [1.0]}), false),
