@@ -31,8 +31,8 @@ use std::ops::Range;
 /// [`Registry::add`](crate::Registry::add).
 ///
 /// In a config file (or a `POST /workers` body) an entry is either a bare
-/// URL string or `{url, api_key?, models?, role?, bootstrap_port?,
-/// kv_capacity_tokens?}`; unknown keys are errors.
+/// URL string or `{url, api_key?, api_key_env?, models?, role?,
+/// bootstrap_port?, kv_capacity_tokens?}`; unknown keys are errors.
 /// Health on admission is not part of that schema.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "form::WorkerSpec")]
@@ -48,6 +48,11 @@ pub struct WorkerSpec {
     /// Bearer key the gateway sends to this worker, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
+    /// The environment variable that holds the key instead (a config file
+    /// then names only the variable, which a Kubernetes Secret can fill);
+    /// the gateway reads it into `api_key` when it loads the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
     /// Health on admission. The gateway admits workers once its probes
     /// pass; the simulator admits them healthy.
     #[serde(skip)]
@@ -129,6 +134,7 @@ impl WorkerSpec {
             url: url.into(),
             models: Vec::new(),
             api_key: None,
+            api_key_env: None,
             healthy: true,
             name: None,
             role: WorkerRole::Regular,
@@ -207,6 +213,8 @@ mod form {
         #[serde(default)]
         pub(super) api_key: Option<String>,
         #[serde(default)]
+        pub(super) api_key_env: Option<String>,
+        #[serde(default)]
         pub(super) models: Vec<String>,
         #[serde(default)]
         pub(super) role: super::WorkerRole,
@@ -224,12 +232,14 @@ impl From<form::WorkerSpec> for WorkerSpec {
             form::WorkerSpec::Full(form::Full {
                 url,
                 api_key,
+                api_key_env,
                 models,
                 role,
                 bootstrap_port,
                 kv_capacity_tokens,
             }) => Self {
                 api_key,
+                api_key_env,
                 ..Self::new(url)
                     .with_models(models)
                     .with_role(role)

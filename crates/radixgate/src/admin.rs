@@ -241,6 +241,14 @@ pub(crate) async fn add(State(state): State<Arc<AppState>>, body: axum::body::By
         Err(err) => return GatewayError::BadRequest(err.into()).into_response(),
     };
     let url = spec.url.clone();
+    if spec.api_key_env.is_some() {
+        // The request would name a variable of the router's own
+        // environment, whose value then goes to the URL it gives.
+        return GatewayError::InvalidRequest(
+            "`api_key_env` is for the configuration file; give the worker's `api_key` here".into(),
+        )
+        .into_response();
+    }
     if let Err(reason) = state.shared.config.pd_role_fits(&spec) {
         return GatewayError::Admin(radixgate_routing::RoutingError::InvalidWorker { url, reason })
             .into_response();

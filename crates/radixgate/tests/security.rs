@@ -107,6 +107,23 @@ async fn worker_urls_with_userinfo_path_query_or_fragment_are_refused() {
         let err = config(&[&bad]).validate().unwrap_err().to_string();
         assert!(err.contains("workers") && err.contains(why), "{bad}: {err}");
     }
+    // A key from the router's environment is for its config file: a
+    // request naming a variable would send its value to the URL it gives.
+    let r = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": format!("http://127.0.0.2:{port}"), "api_key_env": "HOME"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("api_key_env"),
+        "{body}"
+    );
     let list: Value = c
         .get(format!("{}/workers", gw.url))
         .send()

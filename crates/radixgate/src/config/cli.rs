@@ -529,6 +529,7 @@ impl ServeArgs {
             None => Config::default(),
         };
         self.apply(&mut config)?;
+        config.read_worker_keys()?;
         config.validate()?;
         Ok(config)
     }

@@ -826,3 +826,42 @@ fn a_worker_entry_may_give_its_kv_cache_size() {
         assert!(e.contains("workers"), "{e}");
     }
 }
+
+/// A worker's key may come from an environment variable the file names
+/// (cargo sets `CARGO_PKG_NAME` for the tests it runs); a missing one, an
+/// empty one or both forms at once stop loading, the entry named.
+#[test]
+fn a_worker_key_can_come_from_the_environment() {
+    let dir = std::env::temp_dir().join(format!("radixgate-config-keyenv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("c.yaml");
+    let load = |workers: &str| {
+        std::fs::write(&file, format!("workers:\n{workers}")).unwrap();
+        args(&["--config", file.to_str().unwrap()]).load()
+    };
+    let config = load("  - {url: http://w:1, api_key_env: CARGO_PKG_NAME}\n").unwrap();
+    assert_eq!(
+        config.workers[0].api_key.as_deref(),
+        Some(env!("CARGO_PKG_NAME"))
+    );
+    for (workers, said) in [
+        (
+            "  - http://v:1\n  - {url: http://w:1, api_key_env: RADIXGATE_TEST_NO_SUCH_VARIABLE}\n",
+            "RADIXGATE_TEST_NO_SUCH_VARIABLE",
+        ),
+        (
+            "  - {url: http://w:1, api_key: k, api_key_env: CARGO_PKG_NAME}\n",
+            "not both",
+        ),
+    ] {
+        let err = load(workers).unwrap_err().to_string();
+        assert!(err.contains("workers") && err.contains(said), "{err}");
+    }
+    let err = load(
+        "  - http://v:1\n  - {url: http://w:1, api_key_env: RADIXGATE_TEST_NO_SUCH_VARIABLE}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("entry 1"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -63,6 +63,29 @@ fn finite_within(key: &'static str, value: f64, min: f64, max: f64) -> Result<()
 }
 
 impl Config {
+    /// Reads each worker's `api_key_env` variable into its `api_key` (at
+    /// start-up and at every reload); a variable that is not set or is
+    /// empty, or a key given both ways, stops loading, the entry named.
+    pub fn read_worker_keys(&mut self) -> Result<(), ConfigError> {
+        for (i, worker) in self.workers.iter_mut().enumerate() {
+            let Some(var) = worker.api_key_env.take() else {
+                continue;
+            };
+            let bad =
+                |why: String| invalid("workers", format!("entry {i} ({}): {why}", worker.url));
+            if worker.api_key.is_some() {
+                return Err(bad("set `api_key` or `api_key_env`, not both".into()));
+            }
+            let key = std::env::var(&var)
+                .map_err(|_| bad(format!("api_key_env `{var}` is not set (or not UTF-8)")))?;
+            if key.trim().is_empty() {
+                return Err(bad(format!("api_key_env `{var}` is empty")));
+            }
+            worker.api_key = Some(key.trim().to_owned());
+        }
+        Ok(())
+    }
+
     /// Checks every value's range; the error names the key and the range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.routing.validate()?;
@@ -70,6 +93,12 @@ impl Config {
         for (i, worker) in self.workers.iter().enumerate() {
             WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
+            if worker.api_key_env.is_some() {
+                return Err(invalid(
+                    "workers",
+                    format!("entry {i}: `api_key_env` is read when the file is loaded"),
+                ));
+            }
             self.pd_role_fits(worker)
                 .map_err(|why| invalid("workers", format!("entry {i} ({}): {why}", worker.url)))?;
         }
