@@ -625,3 +625,40 @@ fn the_chart_gives_trace_recordings_a_writable_directory() {
         std::path::Path::new("/traces")
     );
 }
+
+/// A worker's key from a Secret: the config names a variable, which the
+/// container takes from the Secret; the key itself is in neither the
+/// values nor the ConfigMap.
+#[test]
+fn a_workers_key_comes_from_a_secret_not_the_config_map() {
+    let m = rendered(json!({"workers": [
+        "http://plain:8000",
+        {"url": "http://keyed:8000", "models": ["m"],
+         "apiKeySecret": {"name": "worker-keys", "key": "keyed"}},
+    ]}));
+    let config_map: k8s_openapi::api::core::v1::ConfigMap = m.one("ConfigMap");
+    let text = &config_map.data.unwrap()["radixgate.yaml"];
+    assert!(!text.contains("apiKeySecret"), "{text}");
+    let config = radixgate::config::Config::from_yaml(text).unwrap();
+    let keyed = &config.workers[1];
+    assert_eq!(keyed.url, "http://keyed:8000");
+    assert_eq!(keyed.api_key, None);
+    let var = keyed.api_key_env.clone().expect("a variable named");
+    assert_eq!(config.workers[0].api_key_env, None);
+    let deployment: Deployment = m.one("Deployment");
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    let from = env
+        .iter()
+        .find(|e| e.name == var)
+        .unwrap_or_else(|| panic!("no {var} in the container's env: {env:?}"));
+    let secret = from
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .expect("from a Secret");
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str()),
+        ("worker-keys", "keyed")
+    );
+}

@@ -115,7 +115,19 @@ request, and an unbounded request time.
 {{- $_ := set $discovery "pools" $pools -}}
 {{- end -}}
 {{- $managed := dict "server" $server "discovery" $discovery -}}
-{{- if .Values.workers }}{{ $_ := set $managed "workers" .Values.workers }}{{ end -}}
+{{- if .Values.workers -}}
+{{- $workers := list -}}
+{{- range $i, $w := .Values.workers -}}
+{{- if and (kindIs "map" $w) $w.apiKeySecret -}}
+{{- $entry := omit $w "apiKeySecret" -}}
+{{- $_ := set $entry "api_key_env" (include "radixgate.workerKeyVar" $i) -}}
+{{- $workers = append $workers $entry -}}
+{{- else -}}
+{{- $workers = append $workers $w -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $managed "workers" $workers -}}
+{{- end -}}
 {{- if .Values.routing }}{{ $_ := set $managed "routing" .Values.routing }}{{ end -}}
 {{- with .Values.sync -}}
 {{- if .urls -}}
@@ -125,4 +137,27 @@ request, and an unbounded request time.
 {{- end -}}
 {{- $defaults := dict "record_trace" (dict "admin_dir" .Values.dataVolume.mountPath) -}}
 {{- mustMergeOverwrite $defaults (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
+{{- end -}}
+
+{{/*
+The variable a worker's key from a Secret comes in (`apiKeySecret`; the
+config names it as the worker's `api_key_env`).
+*/}}
+{{- define "radixgate.workerKeyVar" -}}
+{{- printf "RADIXGATE_WORKER_KEY_%d" . -}}
+{{- end -}}
+
+{{/*
+The container's variables for the workers' keys from Secrets.
+*/}}
+{{- define "radixgate.workerKeyEnv" -}}
+{{- range $i, $w := .Values.workers -}}
+{{- if and (kindIs "map" $w) $w.apiKeySecret }}
+- name: {{ include "radixgate.workerKeyVar" $i }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "apiKeySecret.name" $w.apiKeySecret.name }}
+      key: {{ required "apiKeySecret.key" $w.apiKeySecret.key }}
+{{- end }}
+{{- end -}}
 {{- end -}}
