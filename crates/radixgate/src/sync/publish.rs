@@ -117,10 +117,14 @@ impl Unconfirmed {
         self.forget_oldest(metrics, |b| b.made < since);
     }
 
-    /// Forgets the batches numbered `stored` or less (all handed over:
-    /// they came back).
+    /// Forgets the oldest batches numbered `stored` or less that were
+    /// handed over (the stream keeps one connection's batches in order).
+    /// One never handed over is not stored, whatever came back after it:
+    /// after a reconnect a new batch can go, and come back, before those
+    /// kept meanwhile are sent again; it and those after it stay until it
+    /// is sent (some then go twice; receivers apply an entry once).
     fn confirmed(&mut self, stored: u64, metrics: &SyncMetrics) {
-        self.forget_oldest(metrics, |b| b.seq <= stored);
+        self.forget_oldest(metrics, |b| b.handed && b.seq <= stored);
     }
 
     /// Forgets the oldest batches while `old` says so; one never handed to
@@ -484,8 +488,33 @@ mod tests {
         let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
         assert_eq!(seqs, [6, 7], "batch 5 was never handed over: dropped");
         kept.confirmed(u64::MAX, &metrics);
+        let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [6, 7], "batch 6 was never handed over: not stored");
+        kept.batches[0].handed = true;
+        kept.confirmed(u64::MAX, &metrics);
         assert!(kept.batches.is_empty());
         assert_eq!(kept.bytes, 0);
+    }
+
+    /// After a reconnect a batch can be handed over (and come back) before
+    /// the ones kept while disconnected are sent again: its number coming
+    /// back does not make them stored.
+    #[test]
+    fn a_later_batch_seen_back_does_not_confirm_one_never_handed_over() {
+        let registry = Metrics::new();
+        let metrics = SyncMetrics::new(&registry);
+        let mut kept = Unconfirmed::default();
+        kept.keep(batch(1, 10, true), &metrics);
+        kept.keep(batch(2, 10, false), &metrics);
+        kept.keep(batch(3, 10, true), &metrics);
+        kept.confirmed(3, &metrics);
+        let seqs: Vec<u64> = kept.batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [2, 3], "batch 2 waits to be sent again");
+        assert!(
+            !registry.render().contains("reason=\"disconnected\"} 2"),
+            "{}",
+            registry.render()
+        );
     }
 
     #[test]
