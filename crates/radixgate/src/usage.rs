@@ -57,8 +57,6 @@ pub struct UsageTail {
     tail: std::collections::VecDeque<u8>,
     /// Bytes passed through in all.
     seen: u64,
-    /// The scanned text, when head and tail are joined.
-    joined: Vec<u8>,
 }
 
 impl UsageTail {
@@ -90,40 +88,38 @@ impl UsageTail {
     /// fits in the tail (or the head and tail overlap), else its head, a
     /// NUL (which no JSON holds, so no object read runs across the cut)
     /// and its tail.
-    fn text(&mut self) -> &[u8] {
+    fn text(&mut self) -> std::borrow::Cow<'_, [u8]> {
         let tail = self.tail.make_contiguous();
         let seen = usize::try_from(self.seen).unwrap_or(usize::MAX);
         let before_tail = seen - tail.len();
         if before_tail == 0 {
-            return tail;
+            return std::borrow::Cow::Borrowed(tail);
         }
-        self.joined.clear();
-        if before_tail <= self.head.len() {
-            self.joined.extend_from_slice(&self.head[..before_tail]);
+        let head = &self.head[..before_tail.min(self.head.len())];
+        let cut: &[u8] = if before_tail > self.head.len() {
+            b"\0"
         } else {
-            self.joined.extend_from_slice(&self.head);
-            self.joined.push(0);
-        }
-        self.joined.extend_from_slice(tail);
-        &self.joined
+            b""
+        };
+        [head, cut, tail].concat().into()
     }
 
     /// The tokens the body reports it used, if what is kept of it says.
     pub fn tokens(&mut self) -> Option<u64> {
-        tokens_in(self.text())
+        tokens_in(&self.text())
     }
 
     /// The prompt's cached-token report, if what is kept has one.
     pub fn cached(&mut self) -> CachedReport {
-        cached_in(self.text())
+        cached_in(&self.text())
     }
 
     /// The prompt and completion counts and the cached-token report.
     pub fn usage(&mut self) -> Usage {
         let text = self.text();
         Usage {
-            counts: counts_in(text),
-            cached: cached_in(text),
+            counts: counts_in(&text),
+            cached: cached_in(&text),
         }
     }
 }
