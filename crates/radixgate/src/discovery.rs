@@ -433,7 +433,7 @@ impl PoolWatch {
                     pod = %key,
                     %url,
                     %err,
-                    "discovery: pod not added (not offered again until its address changes)"
+                    "discovery: pod not added (offered again when its address changes, or when a pod of this watch leaves that address)"
                 );
                 self.refused.insert(key, spec);
             }
