@@ -48,6 +48,7 @@ pub mod testing;
 
 use std::path::Path;
 
+use radixgate_tree::cap_chars;
 use serde_json::Value;
 
 pub use error::TokenizeError;
@@ -167,10 +168,10 @@ impl Tokenizer {
             Prompt::Text {
                 text,
                 add_special_tokens,
-            } => self.encode(prefix(text, max_chars), add_special_tokens),
+            } => self.encode(cap_chars(text, max_chars), add_special_tokens),
             Prompt::Chat(map) => {
                 let (text, add_special_tokens) = self.render(map)?;
-                self.encode(prefix(&text, max_chars), add_special_tokens)
+                self.encode(cap_chars(&text, max_chars), add_special_tokens)
             }
         }
     }
@@ -214,24 +215,8 @@ impl Tokenizer {
     }
 }
 
-/// The first `max_chars` characters of `text`.
-fn prefix(text: &str, max_chars: usize) -> &str {
-    match text.char_indices().nth(max_chars) {
-        Some((end, _)) => &text[..end],
-        None => text,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_prefix_is_cut_at_a_character() {
-        assert_eq!(super::prefix("héllo", 2), "hé");
-        assert_eq!(super::prefix("héllo", 5), "héllo");
-        assert_eq!(super::prefix("héllo", 50), "héllo");
-        assert_eq!(super::prefix("héllo", 0), "");
-    }
-
     /// The router shares one tokenizer across its request tasks.
     #[test]
     fn tokenizer_is_send_and_sync() {

@@ -66,7 +66,7 @@ mod tests;
 
 pub use error::TreeError;
 pub use evict::low_watermark;
-pub use text::count_chars;
+pub use text::{cap_chars, count_chars};
 pub use tree::Trail;
 pub use types::{
     EvictionReport, PrefixMatch, TenantDepth, TenantHit, TenantId, TenantMatch, TenantMatches,

@@ -60,6 +60,20 @@ pub fn count_chars(s: &str) -> usize {
         .sum()
 }
 
+/// The first `max` characters of `text` (all of it when shorter): the
+/// prefix of a prompt a tree keeps, and the one a tokenizer that matches
+/// against it needs.
+pub fn cap_chars(text: &str, max: usize) -> &str {
+    // A text of at most `max` bytes has at most `max` chars: no scan.
+    if text.len() <= max {
+        return text;
+    }
+    match text.char_indices().nth(max) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
 /// The largest char boundary of `s` that is `<= i` (`i <= s.len()`).
 pub(crate) fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     while !s.is_char_boundary(i) {
@@ -85,6 +99,18 @@ pub(crate) fn first_char(s: &str) -> char {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cap_cuts_on_a_char_boundary_and_counts_chars() {
+        assert_eq!(cap_chars("hello", 10), "hello");
+        assert_eq!(cap_chars("hello", 3), "hel");
+        assert_eq!(cap_chars("héllo", 2), "hé");
+        assert_eq!(cap_chars("héllo", 5), "héllo");
+        assert_eq!(cap_chars("日本語", 2), "日本");
+        assert_eq!(cap_chars("日本語", 3), "日本語");
+        assert_eq!(cap_chars("", 0), "");
+        assert_eq!(cap_chars("abc", 0), "");
+    }
 
     #[test]
     fn common_prefix_finds_first_difference_at_every_offset() {

@@ -14,7 +14,7 @@ use crate::Worker;
 use crate::correction::{CorrectionConfig, ModelTruth};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use radixgate_tree::{TenantId, Tree, TreeConfig};
+use radixgate_tree::{TenantId, Tree, TreeConfig, cap_chars};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,33 +188,5 @@ impl Trees {
             .values()
             .map(|m| m.tree.tenant_size(tenant))
             .sum()
-    }
-}
-
-/// The first `max` characters of `text` (all of it when shorter).
-pub(crate) fn cap_chars(text: &str, max: usize) -> &str {
-    // A text of at most `max` bytes has at most `max` chars: no scan.
-    if text.len() <= max {
-        return text;
-    }
-    match text.char_indices().nth(max) {
-        Some((at, _)) => &text[..at],
-        None => text,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cap_chars;
-
-    #[test]
-    fn cap_cuts_on_a_char_boundary_and_counts_chars() {
-        assert_eq!(cap_chars("hello", 10), "hello");
-        assert_eq!(cap_chars("hello", 3), "hel");
-        assert_eq!(cap_chars("héllo", 2), "hé");
-        assert_eq!(cap_chars("日本語", 2), "日本");
-        assert_eq!(cap_chars("日本語", 3), "日本語");
-        assert_eq!(cap_chars("", 0), "");
-        assert_eq!(cap_chars("abc", 0), "");
     }
 }
