@@ -169,12 +169,15 @@ fn elsewhere(req: &Request) -> Option<&'static str> {
              peers, and this request was sent by a web page of another site",
         );
     }
-    let host = req
-        .uri()
-        .authority()
-        .map(|a| a.host().as_bytes())
-        .or_else(|| headers.get(header::HOST).map(HeaderValue::as_bytes));
-    if host.is_some_and(|h| !host_is_loopback(without_port(h))) {
+    // The target's authority (HTTP/2's `:authority`, an absolute-form
+    // target) comes parsed, its host without the port; `Host` as written.
+    let loopback_host = match req.uri().authority() {
+        Some(authority) => host_is_loopback(authority.host().as_bytes()),
+        None => headers
+            .get(header::HOST)
+            .is_none_or(|h| host_is_loopback(without_port(h.as_bytes()))),
+    };
+    if !loopback_host {
         return Some(
             "without server.admin_api_key (--admin-api-key) the admin API takes only loopback \
              peers, addressed as localhost or a loopback address; this request names another host",
