@@ -162,8 +162,15 @@ impl Seen {
         match self.next {
             None => true,
             Some(next) if id >= next => true,
-            Some(_) => self.gaps.iter().any(|&(from, to)| from <= id && id < to),
+            Some(_) => self.gap_of(id).is_some(),
         }
+    }
+
+    /// The gap that holds `id`, if any.
+    fn gap_of(&self, id: u64) -> Option<usize> {
+        self.gaps
+            .iter()
+            .position(|&(from, to)| from <= id && id < to)
     }
 
     /// Records entry `id` as applied; whether it was new: true once per id.
@@ -185,11 +192,7 @@ impl Seen {
             self.next = Some(id.saturating_add(1));
             return true;
         }
-        let Some(i) = self
-            .gaps
-            .iter()
-            .position(|&(from, to)| from <= id && id < to)
-        else {
+        let Some(i) = self.gap_of(id) else {
             return false;
         };
         let (from, to) = self.gaps[i];
