@@ -23,7 +23,7 @@
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
 use crate::state::Shared;
-use crate::tenants::{Metered, Tenant, TenantRef};
+use crate::tenants::{Metered, Metering, Tenant, TenantRef};
 use arc_swap::ArcSwapOption;
 use axum::body::Body;
 use axum::extract::Request;
@@ -180,10 +180,20 @@ where
         shared
             .tenant_metrics
             .request(tenant.name(), response.status().as_u16());
-        Poll::Ready(
-            answer
-                .map(|response| response.map(|body| Body::new(Metered::new(body, tenant, shared)))),
-        )
+        Poll::Ready(answer.map(|mut response| {
+            // Set by the request path on a worker's answer to a tenant with
+            // a token limit; only a successful one is charged an estimate.
+            let metering = response
+                .extensions_mut()
+                .remove::<Metering>()
+                .filter(|_| response.status().is_success());
+            let sse = crate::proxy::is_event_stream(response.headers());
+            if metering.as_ref().is_some_and(Metering::strips_usage_event) && sse {
+                // The usage event is taken out: the length changes.
+                response.headers_mut().remove(header::CONTENT_LENGTH);
+            }
+            response.map(|body| Body::new(Metered::new(body, tenant, shared, metering, sse)))
+        }))
     }
 }
 

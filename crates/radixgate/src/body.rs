@@ -212,6 +212,20 @@ pub async fn read(
     }))
 }
 
+/// `data`, a body the gateway made from one it read (an edit of it), paid
+/// for from `budget` like the one read: 503 when it does not fit.
+pub fn budgeted(data: Vec<u8>, budget: &BodyBudget) -> Result<Bytes, GatewayError> {
+    let reservation = budget
+        .reserve(data.len())
+        .ok_or(GatewayError::BodyBudgetExhausted {
+            budget: budget.limit(),
+        })?;
+    Ok(Bytes::from_owner(Budgeted {
+        data,
+        _reservation: reservation,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

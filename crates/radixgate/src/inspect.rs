@@ -27,6 +27,7 @@ use radixgate_routing::CacheNamespace;
 use radixgate_routing::text::{ContentText, PromptText, RoutingText, Speaker, ToolCallsText};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
 use text::Text;
@@ -46,6 +47,60 @@ pub struct Inspected {
     pub routing_text: String,
     /// The `user` field, a fallback sticky-session key.
     pub user: Option<String>,
+    /// An OpenAI stream's `stream_options`, where the body has them (read
+    /// for tenants whose tokens are metered: `crate::tenants::usage_event`).
+    pub stream_options: StreamOptions,
+}
+
+/// The `stream_options` of a chat or text completion request: whether the
+/// client asked for the usage event, and where the value lies in the body.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum StreamOptions {
+    /// Not an API that has them: its streams always report usage.
+    #[default]
+    NotApplicable,
+    /// The body has no `stream_options`.
+    Absent,
+    /// The body's `stream_options` value is the bytes `at` (`null`, an
+    /// object, or something a worker refuses); `usage` says whether it is
+    /// an object with `include_usage: true`.
+    Given {
+        /// The value's byte range in the body.
+        at: std::ops::Range<usize>,
+        /// Whether it asks for the usage event.
+        usage: bool,
+    },
+}
+
+impl StreamOptions {
+    /// The options as read: `raw` is the value as written, a slice of
+    /// `body`.
+    fn read(body: &[u8], raw: Option<&RawValue>) -> Self {
+        let Some(raw) = raw else {
+            return Self::Absent;
+        };
+        #[derive(Deserialize)]
+        struct Asked {
+            #[serde(default)]
+            include_usage: Option<bool>,
+        }
+        let text = raw.get();
+        let start = (text.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+        let at = start..start + text.len();
+        if body.get(at.clone()) != Some(text.as_bytes()) {
+            // Not a slice of the body after all (serde_json borrows raw
+            // values from a slice it reads): nothing to edit in place.
+            return Self::NotApplicable;
+        }
+        let usage = serde_json::from_str::<Asked>(text)
+            .is_ok_and(|asked| asked.include_usage == Some(true));
+        Self::Given { at, usage }
+    }
+
+    /// Whether the client asked for the usage event.
+    pub fn usage_asked(&self) -> bool {
+        matches!(self, Self::Given { usage: true, .. })
+    }
 }
 
 /// Why a body could not be inspected. Always the client's fault.
@@ -74,18 +129,21 @@ fn object(body: &[u8]) -> Result<&[u8], InspectError> {
 pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
     let body = object(body)?;
     let mut text = RoutingText::new();
+    let mut stream_options = StreamOptions::NotApplicable;
     let (model, stream, user, keys) = match api {
         Api::ChatCompletions => {
             let req: ChatRequest<'_> = serde_json::from_slice(body)?;
             for message in &req.messages.0 {
                 message.render(&mut text);
             }
+            stream_options = StreamOptions::read(body, req.stream_options);
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
         }
         Api::Completions => {
             let req: PromptRequest<'_> = serde_json::from_slice(body)?;
             text.push_prompt(&req.prompt.0);
+            stream_options = StreamOptions::read(body, req.stream_options);
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
         }
@@ -122,6 +180,7 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
         stream,
         routing_text: text.into_string_in(&keys.namespace()),
         user: user.map(Cow::into_owned),
+        stream_options,
     })
 }
 
@@ -236,6 +295,10 @@ struct ChatRequest<'a> {
     user: Option<Cow<'a, str>>,
     #[serde(borrow)]
     messages: Messages<'a>,
+    /// `stream_options` as written, `null` included (a key present twice is
+    /// refused, so this is the only one).
+    #[serde(borrow, default, deserialize_with = "raw_value")]
+    stream_options: Option<&'a RawValue>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(default)]
@@ -402,6 +465,10 @@ struct PromptRequest<'a> {
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
     prompt: TextOrIds,
+    /// `stream_options` as written, `null` included (a key present twice is
+    /// refused, so this is the only one).
+    #[serde(borrow, default, deserialize_with = "raw_value")]
+    stream_options: Option<&'a RawValue>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(default)]
@@ -521,6 +588,12 @@ impl<'de> Deserialize<'de> for TextOrIds {
         text::string_or_seq(d, top)?;
         Ok(TextOrIds(out))
     }
+}
+
+/// A value as written, `null` too (`Option<&RawValue>` would read `null`
+/// as absent).
+fn raw_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 pub(crate) fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {

@@ -7,8 +7,10 @@
 //! - **inspect**: read the few fields routing needs (what the route's
 //!   [`Endpoint`] reads: the routing text of an inference API, only the
 //!   model of one routed by load); every attempt then sends the same
-//!   bytes, so the worker sees exactly what the client sent. A malformed
-//!   request is refused here, without waiting;
+//!   bytes, so the worker sees exactly what the client sent (but for one
+//!   field: a stream of a tenant whose tokens are metered asks for its
+//!   usage, `crate::tenants`). A malformed request is refused here,
+//!   without waiting;
 //! - **admit**: wait for an admission slot ([`crate::admission`]). Only
 //!   after the body has arrived: a slow upload holds budget bytes, which
 //!   are bounded, never one of the few concurrency slots;
@@ -87,9 +89,8 @@ mod endpoint;
 pub(crate) mod metrics;
 mod pd;
 mod respond;
-use attempt::{
-    Outgoing, Waiting, error_message, is_event_stream, no_first_byte, record, send_primed,
-};
+pub(crate) use attempt::is_event_stream;
+use attempt::{Outgoing, Waiting, error_message, no_first_byte, record, send_primed};
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
 use respond::{Correction, Responding, respond};
@@ -141,6 +142,9 @@ async fn forward(
     let spans = crate::trace::RequestSpans::take(&mut parts.extensions);
     let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
     let request = endpoint.inspect(&bytes)?;
+    // A tenant whose tokens are metered: its stream asks for usage, and
+    // what it is charged without any is estimated (`tenants/usage_event.rs`).
+    let (bytes, metering) = crate::tenants::meter(shared, &parts.extensions, &request, bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
     if let Some(family) = unrouted {
         shared.request_metrics.unrouted(family);
@@ -203,7 +207,7 @@ async fn forward(
         .await?;
         (answer, None)
     };
-    Ok(respond(
+    let mut response = respond(
         shared,
         answer,
         admitted,
@@ -214,7 +218,11 @@ async fn forward(
             spans,
             pd,
         },
-    ))
+    );
+    if let Some(metering) = metering {
+        response.extensions_mut().insert(metering);
+    }
+    Ok(response)
 }
 
 /// Where a request goes: its endpoint and the worker path.

@@ -27,11 +27,20 @@
 //! matched. The gateway never logs a key: tenants are named in logs and
 //! metrics by their configured name.
 //!
+//!   A tenant with a token limit is charged for its OpenAI streams too
+//!   when its client does not ask for their usage (the gateway asks in its
+//!   stead: `tenants/usage_event.rs`), and for an answer that reports no
+//!   usage (a worker that does not, a client gone before the usage event)
+//!   an estimate: the prompt's characters over the model's learned
+//!   characters per token, and the output's events or bytes
+//!   ([`crate::usage::Output`]).
+//!
 //! The tenant metric families are this component's ([`TenantMetrics`], in
 //! `tenants/metrics.rs`).
 
 mod metered;
 pub(crate) mod metrics;
+mod usage_event;
 
 pub(crate) use metered::Metered;
 pub(crate) use metrics::TenantMetrics;
@@ -40,7 +49,11 @@ use crate::admission::Priority;
 use crate::auth::constant_time_eq;
 use crate::config::{Config, ConfigError, ResolvedTenant};
 use crate::error::GatewayError;
+use crate::inspect::Inspected;
+use crate::state::Shared;
 use axum::extract::Request;
+use axum::http::Extensions;
+use bytes::Bytes;
 use governor::clock::Clock as _;
 use governor::{DefaultDirectRateLimiter, Quota};
 use parking_lot::Mutex;
@@ -194,6 +207,11 @@ impl Tenant {
         }
     }
 
+    /// Whether the tenant has a token limit (its answers are metered).
+    pub fn meters_tokens(&self) -> bool {
+        self.tokens.is_some()
+    }
+
     /// Charges the tokens a response reported (after the fact; see the
     /// module doc).
     pub fn charge(&self, tokens: u64) {
@@ -215,6 +233,60 @@ pub(crate) fn admit(req: &Request, metrics: &TenantMetrics) -> Result<Priority, 
         }
     })?;
     Ok(tenant.priority())
+}
+
+/// How a metered tenant's answer is charged when it reports no usage, and
+/// whether its usage event was asked for in the client's stead (and so is
+/// taken out of its stream). In the response's extensions, from the
+/// request path to [`Metered`].
+#[derive(Clone, Debug)]
+pub(crate) struct Metering {
+    /// The prompt's estimated tokens.
+    prompt_tokens: u64,
+    /// The model's characters per token, for the output's estimate.
+    chars_per_token: f64,
+    /// The client did not ask for the usage event.
+    strip_usage_event: bool,
+}
+
+impl Metering {
+    /// Whether the usage event is taken out of the answer.
+    pub(crate) fn strips_usage_event(&self) -> bool {
+        self.strip_usage_event
+    }
+}
+
+/// For a request of a tenant with a token limit, its [`Metering`] and the
+/// body to send: a stream's asks for its usage ([`usage_event`]). Any other
+/// request's body is returned as it is.
+pub(crate) fn meter(
+    shared: &Shared,
+    extensions: &Extensions,
+    request: &Inspected,
+    body: Bytes,
+) -> Result<(Bytes, Option<Metering>), GatewayError> {
+    match extensions.get::<TenantRef>() {
+        Some(TenantRef(tenant)) if tenant.meters_tokens() => {}
+        _ => return Ok((body, None)),
+    }
+    let edited = if request.stream {
+        usage_event::ask_for_usage(&body, &request.stream_options, &shared.bodies.budget)?
+    } else {
+        None
+    };
+    let chars_per_token = request
+        .model
+        .as_deref()
+        .and_then(|m| shared.router.policy().trees()?.chars_per_token_of(m))
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .unwrap_or(crate::record::line::DEFAULT_CHARS_PER_TOKEN);
+    let chars = request.routing_text.chars().count();
+    let metering = Metering {
+        prompt_tokens: (chars as f64 / chars_per_token).ceil() as u64,
+        chars_per_token,
+        strip_usage_event: edited.is_some(),
+    };
+    Ok((edited.unwrap_or(body), Some(metering)))
 }
 
 /// `requests_per_minute`: one cell per request.

@@ -33,11 +33,13 @@
 //! ([`UsageTail::usage`]).
 
 mod object;
+mod output;
 
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
 use object::{Count, Fields};
+pub use output::Output;
 
 /// How much of a body's end is kept for the scan. A usage object is about
 /// 200 bytes; SSE streams end with the usage event and `data: [DONE]`; whole

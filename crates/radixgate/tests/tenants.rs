@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use radixgate::config::Config;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// A config with `tenants_yaml` (the body of a `tenants:` section) in front
@@ -204,6 +204,122 @@ async fn per_tenant_metrics_are_exported() {
     assert!(
         !text.contains("sk-a") && !text.contains("sk-b"),
         "no key in metrics"
+    );
+    gw.shutdown().await;
+}
+
+/// A stream's data events, `[DONE]` left out, as JSON.
+fn stream_events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("a JSON event"))
+        .collect()
+}
+
+/// `radixgate_tenant_tokens_total` of `tenant`, 0 before any.
+async fn tenant_tokens(gateway: &str, tenant: &str) -> f64 {
+    let text = metrics_text(gateway).await;
+    sample(
+        &text,
+        "radixgate_tenant_tokens_total",
+        &[&format!("tenant=\"{tenant}\"")],
+    )
+    .unwrap_or(0.0)
+}
+
+/// A tenant with a token limit that streams without asking for usage is
+/// charged all the same: the gateway asks the worker for it, charges what
+/// it reports, and the client's stream has no usage event it did not ask
+/// for. A client that asked gets its usage event as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_include_usage_is_charged_and_its_client_sees_no_usage_event() {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let asked = chat("metered stream", true);
+    let r = post_as(&gw.url, Some("sk-a"), &asked).await;
+    assert_eq!(r.status(), 200);
+    let body = r.text().await.unwrap();
+    let events = stream_events(&body);
+    let usage = events.last().expect("events")["usage"]["total_tokens"]
+        .as_f64()
+        .expect("the usage event the client asked for");
+    assert!(usage > 0.0, "{body}");
+    assert_eq!(tenant_tokens(&gw.url, "team-a").await, usage);
+
+    for options in [
+        None,
+        Some(json!(null)),
+        Some(json!({"include_usage": false})),
+    ] {
+        let mut unasked = asked.clone();
+        match options.clone() {
+            None => unasked.as_object_mut().unwrap().remove("stream_options"),
+            Some(value) => unasked
+                .as_object_mut()
+                .unwrap()
+                .insert("stream_options".into(), value),
+        };
+        let before = tenant_tokens(&gw.url, "team-a").await;
+        let r = post_as(&gw.url, Some("sk-a"), &unasked).await;
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("content-length").is_none());
+        let body = r.text().await.unwrap();
+        let events = stream_events(&body);
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+        assert!(events.len() >= 2, "{body}");
+        for event in &events {
+            assert_ne!(event["choices"], json!([]), "a usage event: {body}");
+            assert!(event["usage"].is_null(), "{body}");
+        }
+        assert_eq!(
+            tenant_tokens(&gw.url, "team-a").await - before,
+            usage,
+            "charged what the worker reported: {options:?}"
+        );
+    }
+    gw.shutdown().await;
+}
+
+/// A client that leaves a stream before its usage event is charged an
+/// estimate (the prompt's characters and the events it was sent), not
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
+    let mut slow = fast_worker();
+    slow.engine.timing.step_base_us = 20_000.0;
+    let worker = sim_worker(slow).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let mut body = chat(&"a long question ".repeat(100), true);
+    body["max_tokens"] = json!(1000);
+    let mut r = post_as(&gw.url, Some("sk-a"), &body).await;
+    assert_eq!(r.status(), 200);
+    let mut read = String::new();
+    while read.matches("data: ").count() < 4 {
+        let chunk = r.chunk().await.unwrap().expect("the stream goes on");
+        read.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(r);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let charged = loop {
+        let charged = tenant_tokens(&gw.url, "team-a").await;
+        if charged > 0.0 || std::time::Instant::now() > deadline {
+            break charged;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // 1,600 characters at 4 a token (none learned yet), and at least the
+    // three events with text the client read.
+    assert!(charged >= 403.0, "charged {charged}");
+    assert!(
+        charged < 1000.0,
+        "charged {charged}: the prompt and what was sent"
     );
     gw.shutdown().await;
 }

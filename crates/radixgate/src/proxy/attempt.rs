@@ -46,7 +46,7 @@ pub(super) fn no_first_byte(
 
 /// Whether a response is an event stream (by the worker's content type;
 /// media types are matched in any case, RFC 9110 8.3.1).
-pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
     const SSE: &[u8] = b"text/event-stream";
     headers.get(header::CONTENT_TYPE).is_some_and(|v| {
         v.as_bytes()

@@ -40,6 +40,7 @@ use std::hash::{BuildHasher, Hasher};
 
 use serde::Serialize;
 
+pub use crate::usage::Output;
 use crate::usage::{CachedReport, Usage};
 
 /// Tokens per block: the Mooncake trace's block.
@@ -54,10 +55,6 @@ pub const MAX_INPUT_TOKENS: u64 = 1 << 24;
 
 /// Characters per token before the correction has learned a model's.
 pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
-
-/// Bytes of a whole JSON answer that are not its generated text (ids,
-/// field names, usage): taken off before estimating its output tokens.
-const ENVELOPE_BYTES: u64 = 256;
 
 /// Ids are kept below 2^53 (exact in every JSON reader).
 const ID_MASK: u64 = (1 << 53) - 1;
@@ -128,57 +125,6 @@ pub struct Finished {
     pub usage: Option<Usage>,
     /// The answer's body as it passed.
     pub output: Output,
-}
-
-/// What a response body looked like as it passed, for estimates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Output {
-    /// Whether it was an event stream.
-    pub sse: bool,
-    /// Bytes.
-    pub bytes: u64,
-    /// SSE `data:` fields seen (a stream's events).
-    pub events: u64,
-    /// Events with an empty `content` (a chat stream's opening role chunk,
-    /// a closing chunk): no token.
-    pub empty: u64,
-    /// Whether its last event was `[DONE]` (not a token).
-    pub done: bool,
-}
-
-impl Output {
-    /// Counts one frame of the body.
-    pub fn frame(&mut self, bytes: &[u8]) {
-        self.bytes += bytes.len() as u64;
-        if self.sse {
-            self.events += count(bytes, b"data:");
-            self.empty += count(bytes, br#""content":"""#) + count(bytes, br#""content": """#);
-            if bytes.ends_with(b"[DONE]\n\n") || bytes.ends_with(b"[DONE]\r\n\r\n") {
-                self.done = true;
-            } else if !bytes.iter().all(u8::is_ascii_whitespace) {
-                self.done = false;
-            }
-        }
-    }
-
-    /// Estimated output tokens, at `chars_per_token`.
-    fn tokens(&self, chars_per_token: f64) -> u64 {
-        if self.sse {
-            self.events
-                .saturating_sub(u64::from(self.done))
-                .saturating_sub(self.empty)
-        } else {
-            (self.bytes.saturating_sub(ENVELOPE_BYTES) as f64 / chars_per_token).ceil() as u64
-        }
-    }
-}
-
-/// Occurrences of `needle` in `haystack`.
-fn count(haystack: &[u8], needle: &[u8]) -> u64 {
-    haystack
-        .windows(needle.len())
-        .filter(|w| *w == needle)
-        .count() as u64
 }
 
 /// The JSON line, in the field order of a Mooncake trace.

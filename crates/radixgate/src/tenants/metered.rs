@@ -1,16 +1,20 @@
-//! A tenant's response body: passed through frame by frame, unchanged, while
-//! its tail is kept for the usage scan ([`crate::usage`]); the tokens found
-//! are charged to the tenant and counted in its metrics once, when the body
-//! ends.
+//! A tenant's response body: passed through frame by frame, while its tail
+//! is kept for the usage scan ([`crate::usage`]); the tokens found are
+//! charged to the tenant and counted in its metrics once, when the body
+//! ends. For a tenant with a token limit ([`Metering`]), an answer that
+//! reports none is charged an estimate, and a usage event asked for in the
+//! client's stead is taken out ([`UsageEventFilter`]); every other body
+//! passes unchanged.
 //!
 //! "Ends" is the earliest sure point: a body of known length is done when
 //! its last byte passes, before that frame is handed on, so the charge lands
 //! before the client can send its next request; a chunked body (a stream)
 //! when its end is read; a body the client drops, when it is dropped.
 
-use super::Tenant;
+use super::usage_event::UsageEventFilter;
+use super::{Metering, Tenant};
 use crate::state::Shared;
-use crate::usage::UsageTail;
+use crate::usage::{Output, UsageTail};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
@@ -26,17 +30,45 @@ pub(crate) struct Metered<B> {
     seen: u64,
     /// Who to charge; taken when charged.
     charge: Option<(Arc<Tenant>, Arc<Shared>)>,
+    /// A metered answer: its estimate, counted as it passes.
+    estimate: Option<(Metering, Output)>,
+    /// Takes out the usage event the client did not ask for.
+    filter: Option<UsageEventFilter>,
+    /// The inner body has ended (what the filter held is being passed on).
+    ended: bool,
 }
 
 impl<B: Body> Metered<B> {
-    pub(crate) fn new(inner: B, tenant: Arc<Tenant>, shared: Arc<Shared>) -> Self {
-        let length = inner.size_hint().exact();
+    /// `metering` for a worker's successful answer to a tenant with a token
+    /// limit; `sse` whether it is an event stream.
+    pub(crate) fn new(
+        inner: B,
+        tenant: Arc<Tenant>,
+        shared: Arc<Shared>,
+        metering: Option<Metering>,
+        sse: bool,
+    ) -> Self {
+        let filter = metering
+            .as_ref()
+            .filter(|m| m.strip_usage_event && sse)
+            .map(|_| UsageEventFilter::new());
+        // Filtered, the length changes: none is promised.
+        let length = inner.size_hint().exact().filter(|_| filter.is_none());
         Self {
             inner,
             tail: UsageTail::new(),
             length,
             seen: 0,
             charge: Some((tenant, shared)),
+            estimate: metering.map(|m| {
+                let output = Output {
+                    sse,
+                    ..Output::default()
+                };
+                (m, output)
+            }),
+            filter,
+            ended: false,
         }
     }
 }
@@ -46,7 +78,12 @@ impl<B> Metered<B> {
         let Some((tenant, shared)) = self.charge.take() else {
             return;
         };
-        if let Some(tokens) = self.tail.tokens() {
+        let reported = self.tail.tokens();
+        let tokens = reported.or_else(|| {
+            let (metering, output) = self.estimate.as_ref()?;
+            Some(metering.prompt_tokens + output.tokens(metering.chars_per_token))
+        });
+        if let Some(tokens) = tokens {
             tenant.charge(tokens);
             shared.tenant_metrics.tokens(tenant.name(), tokens);
         }
@@ -65,27 +102,55 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        match &polled {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    this.tail.push(data);
-                    this.seen += data.len() as u64;
-                    if this.length == Some(this.seen) {
-                        this.finish();
-                    }
-                }
+        loop {
+            if this.ended {
+                let rest = this.filter.as_mut().map(UsageEventFilter::finish);
+                this.filter = None;
+                return Poll::Ready(rest.filter(|r| !r.is_empty()).map(|r| Ok(Frame::data(r))));
             }
-            Some(Err(_)) | None => this.finish(),
+            let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            let data = match &polled {
+                Some(Ok(frame)) => frame.data_ref(),
+                Some(Err(_)) => {
+                    this.finish();
+                    return Poll::Ready(polled);
+                }
+                None => {
+                    this.finish();
+                    this.ended = true;
+                    continue;
+                }
+            };
+            let Some(data) = data else {
+                return Poll::Ready(polled);
+            };
+            this.tail.push(data);
+            this.seen += data.len() as u64;
+            if let Some((_, output)) = &mut this.estimate {
+                output.frame(data);
+            }
+            if this.length == Some(this.seen) {
+                this.finish();
+            }
+            let Some(filter) = &mut this.filter else {
+                return Poll::Ready(polled);
+            };
+            let passed = filter.push(data);
+            if !passed.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(passed))));
+            }
         }
-        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended && self.filter.is_none()
+            || self.inner.is_end_stream() && !self.filter.as_ref().is_some_and(|f| f.holds())
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.filter.is_some() {
+            return SizeHint::default();
+        }
         self.inner.size_hint()
     }
 }

@@ -1,0 +1,361 @@
+//! The usage of a metered tenant's OpenAI stream, whether its client asked
+//! for it or not.
+//!
+//! A chat or text completion stream reports its tokens only in a last event
+//! the client asks for (`stream_options.include_usage`). A tenant with a
+//! token limit could otherwise stream without it and never be charged. So
+//! for such a tenant the gateway asks in the client's stead
+//! ([`ask_for_usage`]): the body sent to the worker gets `include_usage:
+//! true` (the one edit; every other byte as the client wrote it), and the
+//! usage event the client did not ask for is taken out of the answer on its
+//! way back ([`UsageEventFilter`]), after the tail that is charged from has
+//! seen it. A client that asked gets its stream unchanged.
+
+use crate::body::BodyBudget;
+use crate::error::GatewayError;
+use crate::inspect::StreamOptions;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+/// What `stream_options` asks for in the client's stead.
+const ASKED: &str = r#"{"include_usage":true}"#;
+
+/// The body with `stream_options.include_usage: true`, or `None` when it
+/// cannot be edited in place (its `stream_options` is neither an object
+/// nor `null`: the worker refuses it anyway) or needs no edit. The new
+/// body's bytes are taken from `budget` like the one read.
+pub(crate) fn ask_for_usage(
+    body: &[u8],
+    options: &StreamOptions,
+    budget: &BodyBudget,
+) -> Result<Option<Bytes>, GatewayError> {
+    let (at, value) = match options {
+        StreamOptions::NotApplicable | StreamOptions::Given { usage: true, .. } => {
+            return Ok(None);
+        }
+        StreamOptions::Absent => {
+            // Right after the object's opening brace (the body was read as
+            // an object, so one is there after white space).
+            let Some(open) = body.iter().position(|&b| b == b'{') else {
+                return Ok(None);
+            };
+            let empty = body[open + 1..].trim_ascii_start().first() == Some(&b'}');
+            let value = format!(
+                r#""stream_options":{ASKED}{}"#,
+                if empty { "" } else { "," }
+            );
+            (open + 1..open + 1, value)
+        }
+        StreamOptions::Given { at, usage: false } => {
+            let written = &body[at.clone()];
+            let value = match written {
+                b"null" => ASKED.to_owned(),
+                _ => {
+                    let Ok(mut object) = serde_json::from_slice::<
+                        serde_json::Map<String, serde_json::Value>,
+                    >(written) else {
+                        return Ok(None);
+                    };
+                    object.insert("include_usage".into(), serde_json::Value::Bool(true));
+                    serde_json::to_string(&object).expect("a map of JSON values")
+                }
+            };
+            (at.clone(), value)
+        }
+    };
+    let mut edited = Vec::with_capacity(body.len() + value.len());
+    edited.extend_from_slice(&body[..at.start]);
+    edited.extend_from_slice(value.as_bytes());
+    edited.extend_from_slice(&body[at.end..]);
+    crate::body::budgeted(edited, budget).map(Some)
+}
+
+/// The longest event the filter holds back while it is read: far above a
+/// usage event (a few hundred bytes). A longer one is passed on as it
+/// comes, and so is everything after it (the filter turns itself off).
+const MAX_EVENT: usize = 64 * 1024;
+
+/// Takes the usage event (`"choices": []` with a `usage` object) out of an
+/// OpenAI event stream, frame by frame. Everything else passes in order;
+/// an event's bytes are held until its blank line, so that a usage event
+/// split over frames is taken out whole. Line ends are SSE's: `\n`, `\r\n`
+/// or `\r`.
+#[derive(Debug, Default)]
+pub(crate) struct UsageEventFilter {
+    /// The event being read, not yet passed on.
+    event: Vec<u8>,
+    /// The line being read is empty so far.
+    line_empty: bool,
+    /// The last byte was a `\r` that ended a line: a `\n` next is the same
+    /// line end.
+    cr: bool,
+    /// That `\r` ended an empty line, so the event ends with it (and with
+    /// the `\n` after it, if one comes).
+    ending: bool,
+    /// Given up (an event over [`MAX_EVENT`]): frames pass as they are.
+    off: bool,
+}
+
+impl UsageEventFilter {
+    /// A filter at the start of a stream.
+    pub(crate) fn new() -> Self {
+        Self {
+            line_empty: true,
+            ..Self::default()
+        }
+    }
+
+    /// The bytes of `frame` that can go on now, the usage event left out.
+    pub(crate) fn push(&mut self, frame: &Bytes) -> Bytes {
+        if self.off {
+            return frame.clone();
+        }
+        let mut out = Vec::with_capacity(frame.len() + self.event.len());
+        for (i, &b) in frame.iter().enumerate() {
+            if self.cr {
+                self.cr = false;
+                if b == b'\n' {
+                    self.event.push(b);
+                    if self.ending {
+                        self.end_event(&mut out);
+                    }
+                    continue;
+                }
+                if self.ending {
+                    self.end_event(&mut out);
+                }
+            }
+            self.event.push(b);
+            match b {
+                b'\r' => {
+                    self.ending = self.line_empty;
+                    self.cr = true;
+                    self.line_empty = true;
+                }
+                b'\n' if self.line_empty => self.end_event(&mut out),
+                b'\n' => self.line_empty = true,
+                _ => self.line_empty = false,
+            }
+            if self.event.len() > MAX_EVENT {
+                out.append(&mut self.event);
+                out.extend_from_slice(&frame[i + 1..]);
+                self.off = true;
+                break;
+            }
+        }
+        Bytes::from(out)
+    }
+
+    /// What is left at the stream's end: an event that ended with a lone
+    /// `\r` (unless it is the usage event), or one never ended, as it is.
+    pub(crate) fn finish(&mut self) -> Bytes {
+        let mut out = Vec::new();
+        if self.cr && self.ending {
+            self.end_event(&mut out);
+        }
+        out.append(&mut self.event);
+        Bytes::from(out)
+    }
+
+    /// Whether bytes are held back.
+    pub(crate) fn holds(&self) -> bool {
+        !self.event.is_empty()
+    }
+
+    fn end_event(&mut self, out: &mut Vec<u8>) {
+        if !is_usage_event(&self.event) {
+            out.extend_from_slice(&self.event);
+        }
+        self.event.clear();
+        self.ending = false;
+        self.line_empty = true;
+    }
+}
+
+/// Whether `event` is the usage event: its data, one JSON object, has an
+/// empty `choices` list and a `usage` that is not `null`.
+fn is_usage_event(event: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Chunk {
+        choices: Vec<IgnoredAny>,
+        #[serde(default)]
+        usage: Option<IgnoredAny>,
+    }
+    if memchr::memmem::find(event, b"\"usage\"").is_none() {
+        return false;
+    }
+    let mut data = Vec::new();
+    for line in event.split(|&b| b == b'\n' || b == b'\r') {
+        if let Some(value) = line.strip_prefix(b"data:") {
+            if !data.is_empty() {
+                data.push(b'\n');
+            }
+            data.extend_from_slice(value.strip_prefix(b" ").unwrap_or(value));
+        }
+    }
+    serde_json::from_slice::<Chunk>(&data)
+        .is_ok_and(|chunk| chunk.choices.is_empty() && chunk.usage.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const USAGE: &str = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}";
+
+    /// The stream a chat worker sends when asked for usage, with line ends
+    /// `eol`.
+    fn stream(eol: &str) -> String {
+        [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":null}",
+            USAGE,
+            "data: [DONE]",
+        ]
+        .iter()
+        .map(|e| format!("{e}{eol}{eol}"))
+        .collect()
+    }
+
+    fn filtered(frames: &[&[u8]]) -> String {
+        let mut filter = UsageEventFilter::new();
+        let mut out = Vec::new();
+        for frame in frames {
+            out.extend_from_slice(&filter.push(&Bytes::copy_from_slice(frame)));
+        }
+        out.extend_from_slice(&filter.finish());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_usage_event_is_taken_out_however_the_stream_is_cut() {
+        for eol in ["\n", "\r\n", "\r"] {
+            let whole = stream(eol);
+            let want = whole.replace(&format!("{USAGE}{eol}{eol}"), "");
+            assert_ne!(want, whole);
+            assert_eq!(filtered(&[whole.as_bytes()]), want, "{eol:?} in one frame");
+            // Every cut into two frames, and one byte a frame.
+            for cut in 0..=whole.len() {
+                let (a, b) = whole.as_bytes().split_at(cut);
+                assert_eq!(filtered(&[a, b]), want, "{eol:?} cut at {cut}");
+            }
+            let bytes: Vec<&[u8]> = whole.as_bytes().chunks(1).collect();
+            assert_eq!(filtered(&bytes), want, "{eol:?} a byte a frame");
+        }
+    }
+
+    #[test]
+    fn other_events_pass_unchanged() {
+        // Usage in every chunk (vLLM's continuous usage), a usage of null,
+        // comments, an event without data, a stream that ends mid-event.
+        let stream = concat!(
+            ": keep-alive\n\n",
+            "data: {\"choices\":[{\"text\":\"x\"}],\"usage\":{\"total_tokens\":3}}\n\n",
+            "data: {\"choices\":[],\"usage\":null}\n\n",
+            "event: ping\n\n",
+            "data: {\"choices\":[],\"usage\"",
+        );
+        assert_eq!(filtered(&[stream.as_bytes()]), stream);
+    }
+
+    #[test]
+    fn an_overlong_event_turns_the_filter_off_without_losing_a_byte() {
+        let long = format!("data: {{\"x\":\"{}\"}}\n\n", "y".repeat(MAX_EVENT + 10));
+        let whole = format!("{long}{USAGE}\n\n");
+        let halves = whole.as_bytes().split_at(MAX_EVENT / 2);
+        assert_eq!(filtered(&[halves.0, halves.1]), whole);
+    }
+
+    fn body(options: &StreamOptions, text: &str) -> String {
+        let budget = BodyBudget::new(1 << 20);
+        match ask_for_usage(text.as_bytes(), options, &budget).unwrap() {
+            Some(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+            None => text.to_owned(),
+        }
+    }
+
+    fn options(text: &str) -> StreamOptions {
+        crate::inspect::inspect(crate::inspect::Api::ChatCompletions, text.as_bytes())
+            .unwrap()
+            .stream_options
+    }
+
+    #[test]
+    fn the_body_asks_for_usage_with_every_other_byte_as_written() {
+        let cases = [
+            (
+                r#" {"model":"m", "messages":[],"stream":true}"#,
+                r#" {"stream_options":{"include_usage":true},"model":"m", "messages":[],"stream":true}"#,
+            ),
+            (
+                r#"{"messages":[],"stream_options": null ,"stream":true}"#,
+                r#"{"messages":[],"stream_options": {"include_usage":true} ,"stream":true}"#,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":false,"continuous_usage_stats":true}}"#,
+                r#"{"messages":[],"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+            ),
+            // Asked already, or a value no worker takes: unchanged.
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+            ),
+            (
+                r#"{"messages":[],"stream_options":"yes"}"#,
+                r#"{"messages":[],"stream_options":"yes"}"#,
+            ),
+        ];
+        for (sent, want) in cases {
+            let edited = body(&options(sent), sent);
+            assert_eq!(edited, want);
+            let parsed: serde_json::Value = serde_json::from_str(&edited).unwrap();
+            assert_eq!(
+                options(&edited).usage_asked(),
+                sent != cases[5].0,
+                "{edited}"
+            );
+            assert!(parsed.is_object());
+        }
+        // An escaped key is the same key: asked for in place, not twice.
+        let escaped = r#"{"messages":[],"stream\u005foptions":{"include_usage":false}}"#;
+        assert_eq!(
+            body(&options(escaped), escaped),
+            r#"{"messages":[],"stream\u005foptions":{"include_usage":true}}"#
+        );
+        // Twice is refused when inspected, so never edited.
+        assert!(
+            crate::inspect::inspect(
+                crate::inspect::Api::ChatCompletions,
+                br#"{"messages":[],"stream_options":null,"stream_options":{}}"#
+            )
+            .is_err()
+        );
+        // An empty object (text completions read no other field it needs).
+        assert_eq!(
+            body(&StreamOptions::Absent, "{ }"),
+            r#"{"stream_options":{"include_usage":true} }"#
+        );
+    }
+
+    #[test]
+    fn the_edited_body_is_paid_from_the_budget() {
+        let budget = BodyBudget::new(96);
+        let sent = r#"{"messages":[],"stream":true}"#;
+        let edited = ask_for_usage(sent.as_bytes(), &options(sent), &budget)
+            .unwrap()
+            .unwrap();
+        assert_eq!(budget.used(), edited.len());
+        drop(edited);
+        assert_eq!(budget.used(), 0);
+        let long = format!(r#"{{"messages":[],"user":"{}"}}"#, "u".repeat(40));
+        assert!(matches!(
+            ask_for_usage(long.as_bytes(), &options(&long), &budget),
+            Err(GatewayError::BodyBudgetExhausted { .. })
+        ));
+    }
+}
