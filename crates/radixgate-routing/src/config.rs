@@ -284,7 +284,9 @@ pub struct CacheAwareConfig {
     pub max_tree_size: usize,
     /// Hard bound on all workers' characters in one model's tree, enforced
     /// on every insert, independent of the number of workers (so memory
-    /// stays bounded between passes and does not grow with N).
+    /// stays bounded between passes and does not grow with N). Each node
+    /// counts as [`radixgate_tree::DEFAULT_NODE_CHARS`] characters more, so
+    /// the bound holds memory whatever the prompts' shape.
     pub max_total_chars: usize,
     /// Target of low-match requests.
     pub low_match: LowMatchTarget,

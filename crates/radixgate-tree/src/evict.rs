@@ -115,15 +115,15 @@ impl Inner {
     /// `max_total_chars`, evicts across tenants down to the low watermark;
     /// returns the chars evicted.
     fn enforce_total_bound(&mut self) -> usize {
-        if self.tenant_chars <= self.max_total_chars {
+        if self.weight() <= self.max_total_chars {
             return 0;
         }
         let target = low_watermark(self.max_total_chars);
         self.evict_global(target)
     }
 
-    /// Evicts in global LRU order until all tenants together hold at most
-    /// `target` chars; returns the chars evicted.
+    /// Evicts in global LRU order until the tree weighs at most `target`
+    /// ([`Inner::weight`]); returns the chars evicted.
     fn evict_global(&mut self, target: usize) -> usize {
         let mut heap = BinaryHeap::with_capacity(self.tenants.len());
         for (&tenant, state) in &mut self.tenants {
@@ -132,11 +132,11 @@ impl Inner {
             }
         }
         let mut evicted = 0;
-        while self.tenant_chars > target {
+        while self.weight() > target {
             let Some(Reverse((_, tenant))) = heap.pop() else {
                 break;
             };
-            evicted += self.evict_step(tenant, self.tenant_chars - target);
+            evicted += self.evict_step(tenant, self.weight() - target);
             if let Some(state) = self.tenants.get_mut(&tenant)
                 && let Some(e) = state.front(&self.arena, tenant)
             {

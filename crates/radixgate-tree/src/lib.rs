@@ -17,7 +17,9 @@
 //!   and is exact to the character (see `evict.rs`). [`Tree::evict`] is the
 //!   periodic per-tenant pass; [`TreeConfig::max_total_chars`] is the global
 //!   bound enforced inline by inserts, so memory stays bounded between passes
-//!   no matter how many tenants there are.
+//!   no matter how many tenants there are (it counts each node as
+//!   [`TreeConfig::node_chars`] characters more, so that it bounds memory
+//!   whatever the texts' shape).
 //!
 //! # Layout (one concept per file)
 //! `node.rs` nodes and their arena; `text.rs` byte-level UTF-8 helpers;
@@ -69,8 +71,8 @@ pub use evict::low_watermark;
 pub use text::{cap_chars, count_chars};
 pub use tree::Trail;
 pub use types::{
-    EvictionReport, PrefixMatch, TenantDepth, TenantHit, TenantId, TenantMatch, TenantMatches,
-    TreeConfig, TreeStats,
+    DEFAULT_NODE_CHARS, EvictionReport, PrefixMatch, TenantDepth, TenantHit, TenantId, TenantMatch,
+    TenantMatches, TreeConfig, TreeStats,
 };
 pub use undo::Insertion;
 
@@ -100,7 +102,7 @@ impl std::fmt::Debug for Tree {
 impl Tree {
     /// An empty tree.
     pub fn new(config: TreeConfig) -> Self {
-        let inner = RwLock::new(tree::Inner::new(config.max_total_chars));
+        let inner = RwLock::new(tree::Inner::new(config.max_total_chars, config.node_chars));
         Self { config, inner }
     }
 
@@ -111,8 +113,9 @@ impl Tree {
 
     /// Records that `tenant` was sent `text`: the tenant now holds every
     /// prefix of it, with the newest logical time along the path. Then, if
-    /// all tenants together hold more than `max_total_chars`, evicts
-    /// least-recently-used leaves across tenants down to the low watermark.
+    /// all tenants together hold more than `max_total_chars` (each node
+    /// counted as `node_chars` more), evicts least-recently-used leaves
+    /// across tenants down to the low watermark.
     /// An empty text holds nothing (it still takes a clock tick).
     ///
     /// The returned [`Insertion`] can take the insert back with

@@ -11,9 +11,11 @@ fn checked(tree: &Tree) {
     tree.check_invariants().expect("invariants hold");
 }
 
+/// A tree whose global bound counts characters alone.
 fn bounded(max: usize) -> Tree {
     Tree::new(TreeConfig {
         max_total_chars: max,
+        node_chars: 0,
     })
 }
 
@@ -214,6 +216,45 @@ fn global_bound_evicts_oldest_across_tenants_to_the_low_watermark() {
     assert_eq!(tree.prefix_match("09-xxxxxxxxxxxxxxxxx").matched_chars, 20);
     let s = tree.stats();
     assert!(s.tenant_chars <= 160 && s.tenant_chars >= 150, "{s:?}");
+}
+
+/// Prompts crafted so that each insert adds a one-character leaf: the
+/// bound, which counts every node as 64 characters more, holds the tree's
+/// memory near what it would be for as many characters of real prompts
+/// (about 2 bytes each), not at 145 bytes a counted character.
+#[test]
+fn global_bound_counts_nodes_so_one_character_leaves_cannot_outgrow_it() {
+    let bound = 100_000;
+    let tree = Tree::new(TreeConfig {
+        max_total_chars: bound,
+        ..TreeConfig::default()
+    });
+    let alphabet: Vec<char> = ('a'..='z').chain('A'..='Z').chain('0'..='9').collect();
+    let mut texts = Vec::with_capacity(60_000);
+    'all: for a in &alphabet {
+        for b in &alphabet {
+            for c in &alphabet {
+                texts.push(format!("P{a}{b}{c}"));
+                if texts.len() == 60_000 {
+                    break 'all;
+                }
+            }
+        }
+    }
+    let mut last = String::new();
+    for text in texts {
+        tree.insert(&text, A);
+        last = text;
+    }
+    let s = tree.stats();
+    checked(&tree);
+    assert!(
+        s.tenant_chars + s.nodes * crate::DEFAULT_NODE_CHARS <= bound,
+        "{s:?}"
+    );
+    assert!(s.estimated_bytes <= 4 * bound, "{s:?}");
+    // Recent texts are still held.
+    assert_eq!(tree.prefix_match(&last).matched_chars, 4);
 }
 
 #[test]

@@ -34,8 +34,11 @@ pub(crate) struct Inner {
     pub(crate) tenant_chars: usize,
     /// Sum of all edges' chars (shared prefixes once).
     pub(crate) stored_chars: usize,
-    /// Hard bound on `tenant_chars` after every insert.
+    /// Hard bound on the tree's weight ([`Inner::weight`]) after every
+    /// insert.
     pub(crate) max_total_chars: usize,
+    /// What the bound counts a node as, in characters.
+    pub(crate) node_chars: usize,
 }
 
 /// Where a walk down the tree stopped.
@@ -72,7 +75,7 @@ impl Trail {
 }
 
 impl Inner {
-    pub(crate) fn new(max_total_chars: usize) -> Self {
+    pub(crate) fn new(max_total_chars: usize, node_chars: usize) -> Self {
         Self {
             arena: Arena::default(),
             tenants: HashMap::new(),
@@ -80,7 +83,15 @@ impl Inner {
             tenant_chars: 0,
             stored_chars: 0,
             max_total_chars,
+            node_chars,
         }
+    }
+
+    /// What the global bound holds to: the tenants' characters, and
+    /// `node_chars` for each node.
+    pub(crate) fn weight(&self) -> usize {
+        self.tenant_chars
+            .saturating_add(self.node_chars.saturating_mul(self.arena.live()))
     }
 
     /// Follows `text` down from the root as far as it matches, only through

@@ -12,13 +12,29 @@ pub struct TreeConfig {
     /// the tree past it evicts least-recently-used leaves, across tenants,
     /// down to a low watermark of `max - max / 16`, so a burst of inserts pays
     /// for eviction in batches. Any value is valid; `usize::MAX` means none.
+    ///
+    /// The bound counts each node as [`Self::node_chars`] more characters
+    /// (not the tenants' own sizes, which model what workers hold): a node
+    /// costs far more memory than a character of its edge, and prompts
+    /// crafted to add one-character leaves would otherwise take about 145
+    /// bytes for each character the bound counts, against about 2 for real
+    /// prompts.
     pub max_total_chars: usize,
+    /// What the global bound counts a node as, in characters, besides its
+    /// edge ([`DEFAULT_NODE_CHARS`] by default; 0 bounds characters alone).
+    pub node_chars: usize,
 }
+
+/// A node's weight in the global bound: about what one costs (its slot,
+/// holder and child vectors and edge allocation, ~145 bytes) over what a
+/// character of real prompts costs (~2 bytes).
+pub const DEFAULT_NODE_CHARS: usize = 64;
 
 impl Default for TreeConfig {
     fn default() -> Self {
         Self {
             max_total_chars: usize::MAX,
+            node_chars: DEFAULT_NODE_CHARS,
         }
     }
 }

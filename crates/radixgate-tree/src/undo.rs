@@ -230,6 +230,7 @@ mod tests {
     fn undo_after_the_global_bound_evicted_part_of_it_is_safe() {
         let tree = Tree::new(TreeConfig {
             max_total_chars: 16,
+            node_chars: 0,
         });
         tree.insert("0123456789", B);
         let r = tree.insert("abcdefghijklmnop", A);

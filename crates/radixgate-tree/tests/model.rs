@@ -96,7 +96,11 @@ proptest! {
 
     #[test]
     fn tree_agrees_with_reference_model(max_total in bound(), ops in prop::collection::vec(op(), 1..60)) {
-        let tree = Tree::new(TreeConfig { max_total_chars: max_total });
+        let tree = Tree::new(TreeConfig {
+            max_total_chars: max_total,
+            // The model bounds characters alone.
+            node_chars: 0,
+        });
         let mut model = Model::new(max_total);
         let mut receipts = Vec::new();
         for op in &ops {

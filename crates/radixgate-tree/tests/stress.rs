@@ -32,6 +32,7 @@ fn concurrent_inserts_matches_and_evictions_keep_invariants() {
     const MAX: usize = 2_000;
     let tree = Arc::new(Tree::new(TreeConfig {
         max_total_chars: MAX,
+        ..TreeConfig::default()
     }));
     let mut handles = Vec::new();
     for w in 0..6u64 {

@@ -93,6 +93,7 @@ impl Trees {
         let created = Model {
             tree: Arc::new(Tree::new(TreeConfig {
                 max_total_chars: self.upkeep.max_total_chars,
+                ..TreeConfig::default()
             })),
             truth: Arc::new(ModelTruth::default()),
         };

@@ -180,6 +180,7 @@ fn match_and_insert(c: &mut Criterion) {
         let bound = built.tree.stats().tenant_chars;
         let fresh = Tree::new(TreeConfig {
             max_total_chars: bound,
+            ..TreeConfig::default()
         });
         for (s, t) in &built.texts {
             fresh.insert(s, *t);

@@ -127,6 +127,7 @@ pub(crate) fn build(p: usize, chars: usize, max_total: usize) -> Built {
     let mut work = Workload::new(p);
     let tree = Tree::new(TreeConfig {
         max_total_chars: max_total,
+        ..TreeConfig::default()
     });
     let rss_before = rss_bytes();
     let mut texts = Vec::new();
