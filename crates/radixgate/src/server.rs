@@ -21,7 +21,9 @@
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
 //! then each remaining stream ends with an error event saying so (up to a
 //! second to send it), and the remaining connections are dropped with their
-//! runtimes — which drops their bodies and so releases their load.
+//! runtimes — which drops their bodies and so releases their load. The
+//! metrics port (`metrics.prometheus_port`, which serves the probes too,
+//! apart from the client connections' cap) accepts until then.
 
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
@@ -362,11 +364,27 @@ pub async fn run_reloadable(
         shared: shared.clone(),
         forwarder: forwarder.fresh_pool(),
     });
+    // The metrics port serves the probes: it stays up through the shutdown
+    // delay (readiness at 503) and the grace period, not stopping with the
+    // background tasks at the shutdown signal.
+    let management_stop = CancellationToken::new();
+    let _stop_management = management_stop.clone().drop_guard();
     let metrics_server = match metrics_listener(&shared.config).await? {
         Some(listener) => {
+            // The probes too: on their own port, apart from the client
+            // port's connection cap, clients that fill that cap cannot fail
+            // an orchestrator's probes (and have the router restarted,
+            // cutting every stream it serves).
             let app = Router::new()
                 .route("/metrics", get(info::metrics))
+                .route("/health", get(info::readiness))
+                .route("/readiness", get(info::readiness))
+                .route("/liveness", get(info::liveness))
                 .with_state(background);
+            tracing::info!(
+                addr = %listener.local_addr()?,
+                "metrics and probes listening"
+            );
             // Held to the client port's timeouts (`axum::serve` has none:
             // connections that never sent a request were held open, and
             // with them file descriptors the client port needs), with a
@@ -382,7 +400,7 @@ pub async fn run_reloadable(
                 listener,
                 app,
                 limits,
-                tasks.clone(),
+                management_stop.clone(),
             )))
         }
         None => None,
@@ -474,6 +492,7 @@ pub async fn run_reloadable(
     })
     .await;
     tasks.cancel();
+    management_stop.cancel();
     // Every request has ended: what the recording queued goes to disk.
     let recording = shared.clone();
     let _ = tokio::task::spawn_blocking(move || recording.recorder.stop()).await;

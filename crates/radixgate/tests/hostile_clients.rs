@@ -470,6 +470,49 @@ async fn connections_over_the_cap_are_closed_and_the_cap_frees_up() {
     gw.shutdown().await;
 }
 
+/// Clients that fill the client port's connection cap must not fail the
+/// orchestrator's probes (Kubernetes would restart a router under a
+/// connection flood, cutting every stream it serves): the metrics port,
+/// apart from that cap, answers `/liveness`, `/readiness` and `/health` too.
+#[tokio::test]
+async fn probes_on_the_metrics_port_pass_while_clients_fill_the_connection_cap() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.max_connections = 2;
+    c.server.threads = 1;
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = spare.local_addr().unwrap().port();
+    drop(spare);
+    c.metrics.prometheus_port = Some(port);
+    let gw = gateway_ready(c, 1).await;
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let served = first_some(&format!("connection {i} served"), || {
+            let url = gw.url.clone();
+            async move {
+                let mut s = connect(&url).await;
+                let answer = get_on(&mut s, "/liveness").await?;
+                (answer.status == 200).then_some(s)
+            }
+        })
+        .await;
+        held.push(served);
+    }
+    let mut probe = connect(&gw.url).await;
+    assert!(
+        get_on(&mut probe, "/liveness").await.is_none(),
+        "the client port is full"
+    );
+    let management = format!("http://127.0.0.1:{port}");
+    for path in ["/liveness", "/readiness", "/health"] {
+        let mut s = connect(&management).await;
+        let answer = get_on(&mut s, path).await.expect("answered");
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+        assert!(answer.body.contains("\"status\":\"ok\""), "{}", answer.body);
+    }
+    drop(held);
+    gw.shutdown().await;
+}
+
 // ---- item 5: admission after the body ----
 
 #[tokio::test]

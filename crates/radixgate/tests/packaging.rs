@@ -75,34 +75,64 @@ fn the_config_map_is_a_config_the_router_loads_with_the_deployments_flags() {
     assert_eq!(d.resolved_pools().len(), 1);
 }
 
-#[test]
-fn probes_service_and_scrape_annotations_use_the_routers_port() {
-    let m = Manifests::parse(&committed()).unwrap();
-    let port = i32::from(router_config(&m).server.port);
+/// The container's port named `name`.
+fn container_port(c: &k8s_openapi::api::core::v1::Container, name: &str) -> Option<i32> {
+    c.ports
+        .as_ref()?
+        .iter()
+        .find(|p| p.name.as_deref() == Some(name))
+        .map(|p| p.container_port)
+}
+
+/// The probes, Prometheus' annotations and the Service's ports, as
+/// `manifests` render them: the probes' and Prometheus' port is the
+/// metrics port (`metrics.prometheus_port`, apart from the client port's
+/// connection cap) when `management` says there is one, else the router's.
+fn assert_ports(m: &Manifests, management: bool) {
+    let config = router_config(m);
+    let port = i32::from(config.server.port);
     let deployment: Deployment = m.one("Deployment");
     let c = container(&deployment);
-    let http = c
-        .ports
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|p| p.name.as_deref() == Some("http"))
-        .unwrap();
     assert_eq!(
-        http.container_port, port,
+        container_port(&c, "http"),
+        Some(port),
         "the container port is server.port"
     );
+    let (probe_port, probe_name) = if management {
+        let metrics = config.metrics.prometheus_port.expect("a metrics port");
+        assert_ne!(i32::from(metrics), port);
+        assert_eq!(container_port(&c, "management"), Some(i32::from(metrics)));
+        (i32::from(metrics), "management")
+    } else {
+        assert_eq!(config.metrics.prometheus_port, None);
+        assert_eq!(container_port(&c, "management"), None);
+        (port, "http")
+    };
     for (probe, path) in [
         (&c.liveness_probe, "/liveness"),
         (&c.readiness_probe, "/readiness"),
     ] {
         let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
         assert_eq!(get.path.as_deref(), Some(path));
-        assert_eq!(get.port, IntOrString::String("http".into()));
+        assert_eq!(get.port, IntOrString::String(probe_name.into()));
     }
     let service: Service = m.one("Service");
-    let target = &service.spec.unwrap().ports.unwrap()[0];
-    assert_eq!(target.target_port, Some(IntOrString::String("http".into())));
+    let ports = service.spec.unwrap().ports.unwrap();
+    assert_eq!(
+        ports[0].target_port,
+        Some(IntOrString::String("http".into()))
+    );
+    if management {
+        let second = ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some("management"));
+        assert_eq!(
+            second.and_then(|p| p.target_port.clone()),
+            Some(IntOrString::String("management".into()))
+        );
+    } else {
+        assert_eq!(ports.len(), 1);
+    }
     let annotations = deployment
         .spec
         .unwrap()
@@ -112,8 +142,25 @@ fn probes_service_and_scrape_annotations_use_the_routers_port() {
         .annotations
         .unwrap();
     assert_eq!(annotations["prometheus.io/scrape"], "true");
-    assert_eq!(annotations["prometheus.io/port"], port.to_string());
+    assert_eq!(annotations["prometheus.io/port"], probe_port.to_string());
     assert_eq!(annotations["prometheus.io/path"], "/metrics");
+}
+
+#[test]
+fn probes_and_scrapes_use_the_metrics_port_apart_from_client_connections() {
+    assert_ports(&Manifests::parse(&committed()).unwrap(), true);
+    // Without one, the router's port; the same port twice is refused.
+    assert_ports(&rendered(json!({"server": {"managementPort": 0}})), false);
+    let err = render(json!({"server": {"managementPort": 30000}})).unwrap_err();
+    assert!(
+        err.contains("server.managementPort (30000) must differ"),
+        "{err}"
+    );
+    // The operator's other metrics settings stay.
+    let m = rendered(json!({"config": {"metrics": {"prometheus_host": "0.0.0.0"}}}));
+    let metrics = router_config(&m).metrics;
+    assert_eq!(metrics.prometheus_port, Some(30001));
+    assert_eq!(metrics.prometheus_host.as_deref(), Some("0.0.0.0"));
 }
 
 #[test]
@@ -456,7 +503,7 @@ fn a_service_monitor_is_rendered_only_when_asked_for() {
     assert_eq!(monitors.len(), 1);
     let monitor = monitors[0];
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
-    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "management");
     assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
     let service: Service = m.one("Service");
     let labels = service.metadata.labels.unwrap();
@@ -521,6 +568,7 @@ async fn the_deployed_router_finds_a_labelled_pod_serves_and_drops_readiness_on_
         .env("RADIXGATE_PORT", "0")
         .env("RADIXGATE_KUBECONFIG", &api.kubeconfig)
         .env("RADIXGATE_SERVICE_DISCOVERY_PORT", addr.port().to_string())
+        .env("RADIXGATE_PROMETHEUS_PORT", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -539,12 +587,15 @@ async fn the_deployed_router_finds_a_labelled_pod_serves_and_drops_readiness_on_
         }
     });
     let mut router = Router { child, lines };
+    // The probes go to the metrics port, as the chart's do.
+    let management = router.wait_for("metrics and probes listening");
+    let management = format!("http://{}", management["fields"]["addr"].as_str().unwrap());
     let listening = router.wait_for("radixgate listening");
     let url = format!("http://{}", listening["fields"]["addr"].as_str().unwrap());
     let client = common::client();
     let status = |path: String| {
         let client = client.clone();
-        let url = url.clone();
+        let url = management.clone();
         async move {
             client
                 .get(format!("{url}{path}"))

@@ -297,7 +297,8 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_QUEUE_TIMEOUT_SECS")]
     pub queue_timeout_secs: Option<u64>,
 
-    /// Extra port that serves only /metrics.
+    /// Extra port that serves /metrics and the probes (/liveness,
+    /// /readiness, /health), apart from the client port's connection cap.
     #[arg(long, env = "RADIXGATE_PROMETHEUS_PORT")]
     pub prometheus_port: Option<u16>,
     /// Address for --prometheus-port [default: the server's host].

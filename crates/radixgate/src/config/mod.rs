@@ -498,11 +498,13 @@ impl Default for AdmissionConfig {
 }
 
 /// Prometheus exposition. `/metrics` is always on the main port; a
-/// `prometheus_port` adds a second listener for it.
+/// `prometheus_port` adds a second listener for it and for the probes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    /// Extra port serving only `/metrics`.
+    /// Extra port serving `/metrics` and the probes (`/liveness`,
+    /// `/readiness`, `/health`), apart from the client port's connection
+    /// cap, so that clients filling it cannot fail an orchestrator's probes.
     pub prometheus_port: Option<u16>,
     /// Address for that port (defaults to the server's host).
     pub prometheus_host: Option<String>,

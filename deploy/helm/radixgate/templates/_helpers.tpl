@@ -115,6 +115,12 @@ request, and an unbounded request time.
 {{- $_ := set $discovery "pools" $pools -}}
 {{- end -}}
 {{- $managed := dict "server" $server "discovery" $discovery -}}
+{{- if gt (int $s.managementPort) 0 -}}
+{{- if eq (int $s.managementPort) (int $s.port) -}}
+{{- fail (printf "server.managementPort (%d) must differ from server.port" (int $s.managementPort)) -}}
+{{- end -}}
+{{- $_ := set $managed "metrics" (dict "prometheus_port" (int $s.managementPort)) -}}
+{{- end -}}
 {{- if .Values.workers -}}
 {{- $workers := list -}}
 {{- range $i, $w := .Values.workers -}}
@@ -160,4 +166,12 @@ The container's variables for the workers' keys from Secrets.
       key: {{ required "apiKeySecret.key" $w.apiKeySecret.key }}
 {{- end }}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The port name the probes and Prometheus use: the management port's, or the
+router's when there is none.
+*/}}
+{{- define "radixgate.managementPortName" -}}
+{{- if gt (int .Values.server.managementPort) 0 -}}management{{- else -}}http{{- end -}}
 {{- end -}}
