@@ -18,8 +18,14 @@
 //!
 //! Label cardinality is bounded by the callers: labels are `&'static str`
 //! chosen by the code, HTTP codes, served models, or the URLs of
-//! configured workers. Series of a removed worker keep their last value:
-//! its owner sets its gauges to 0 when it is removed.
+//! configured workers. Series of a removed worker go: its owner sets its
+//! gauges to 0 when it is removed and [`Metrics::forget_worker`] drops its
+//! cached handles, and the exporter forgets counters and gauges nobody used
+//! for [`SERIES_IDLE`] (under pod churn the series would otherwise grow with
+//! every pod address ever seen). Live series are kept by
+//! [`Metrics::run_upkeep`], which marks every cached handle used (without
+//! changing its value) every eighth of that time; a cached handle is never
+//! left pointing at a series the exporter forgot.
 //!
 //! Histograms: the recorder fixes bucket bounds when it is built, so the
 //! owner of a histogram declares it ([`HistogramSpec`]) to
@@ -43,10 +49,18 @@ use hashbrown::Equivalent;
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
-use series::Series;
+use metrics_util::MetricKindMask;
+use parking_lot::Mutex;
+use series::{Cache, Series};
 pub(crate) use series::{LabelKey, LabelRef};
+pub use series::{SeriesKey, Touch};
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// How long the exporter keeps a counter or gauge nobody used: a removed
+/// worker's series stay this long (its gauges at 0), then go.
+pub const SERIES_IDLE: Duration = Duration::from_secs(15 * 60);
 
 mod series;
 
@@ -96,12 +110,26 @@ pub struct HistogramSpec {
 static METADATA: Metadata<'static> = Metadata::new("radixgate", Level::INFO, Some(module_path!()));
 
 /// One gateway's metrics: build families from it, serve [`render`](Self::render).
-#[derive(Debug)]
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
     /// Names of the histograms given buckets at construction.
     histograms: Box<[&'static str]>,
+    /// Every family's cache, to touch and to forget workers in.
+    caches: Mutex<Vec<Weak<dyn Cache>>>,
+    /// How long the exporter keeps an unused counter or gauge.
+    idle: Duration,
+    /// When the caches were last touched.
+    touched: Mutex<Instant>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("histograms", &self.histograms)
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
@@ -115,7 +143,14 @@ impl Metrics {
     /// # Panics
     /// If a spec has no buckets (they are constants: a programming error).
     pub fn with_histograms(specs: &[&'static HistogramSpec]) -> Self {
-        let mut builder = PrometheusBuilder::new();
+        Self::with_idle(specs, SERIES_IDLE)
+    }
+
+    /// [`with_histograms`](Self::with_histograms), with unused counters and
+    /// gauges forgotten after `idle` instead of [`SERIES_IDLE`].
+    pub(crate) fn with_idle(specs: &[&'static HistogramSpec], idle: Duration) -> Self {
+        let mut builder = PrometheusBuilder::new()
+            .idle_timeout(MetricKindMask::COUNTER | MetricKindMask::GAUGE, Some(idle));
         for spec in specs {
             builder = builder
                 .set_buckets_for_metric(Matcher::Full(spec.describe.name.into()), spec.buckets)
@@ -127,26 +162,50 @@ impl Metrics {
             recorder: Arc::new(recorder),
             handle,
             histograms: specs.iter().map(|s| s.describe.name).collect(),
+            caches: Mutex::new(Vec::new()),
+            idle,
+            touched: Mutex::new(Instant::now()),
         }
     }
 
-    fn family<K: Hash + Eq, H>(&self, name: &'static str) -> Family<K, H> {
+    fn family<K: FamilyKey, H>(&self, name: &'static str) -> Family<K, H>
+    where
+        H: Touch + Send + Sync + 'static,
+    {
+        let series = Arc::new(Series::new());
+        let weak: Weak<dyn Cache> = Arc::downgrade(&series) as Weak<dyn Cache>;
+        self.caches.lock().push(weak);
         Family {
             recorder: self.recorder.clone(),
             name,
-            series: Series::new(),
+            series,
         }
     }
 
+    /// Forgets the cached series labelled with a removed worker's URL:
+    /// the exporter drops them once unused for the idle time (their owners
+    /// have set the gauges to 0). Returns how many were forgotten.
+    pub fn forget_worker(&self, url: &str) -> usize {
+        self.live_caches().iter().map(|c| c.forget(url)).sum()
+    }
+
+    /// The caches of the families still alive (dropping the others).
+    fn live_caches(&self) -> Vec<Arc<dyn Cache>> {
+        let mut caches = self.caches.lock();
+        let live: Vec<Arc<dyn Cache>> = caches.iter().filter_map(Weak::upgrade).collect();
+        caches.retain(|c| c.strong_count() > 0);
+        live
+    }
+
     /// A counter family, described by `describe`.
-    pub fn counters<K: Hash + Eq>(&self, describe: &'static Describe) -> Family<K, Counter> {
+    pub fn counters<K: FamilyKey>(&self, describe: &'static Describe) -> Family<K, Counter> {
         self.recorder
             .describe_counter(key_name(describe), describe.unit, help(describe));
         self.family(describe.name)
     }
 
     /// A gauge family, described by `describe`.
-    pub fn gauges<K: Hash + Eq>(&self, describe: &'static Describe) -> Family<K, Gauge> {
+    pub fn gauges<K: FamilyKey>(&self, describe: &'static Describe) -> Family<K, Gauge> {
         self.recorder
             .describe_gauge(key_name(describe), describe.unit, help(describe));
         self.family(describe.name)
@@ -157,7 +216,7 @@ impl Metrics {
     /// # Panics
     /// If `spec` was not given to [`with_histograms`](Self::with_histograms):
     /// its samples would be exported as a summary, not in its buckets.
-    pub fn histograms<K: Hash + Eq>(&self, spec: &'static HistogramSpec) -> Family<K, Histogram> {
+    pub fn histograms<K: FamilyKey>(&self, spec: &'static HistogramSpec) -> Family<K, Histogram> {
         let describe = &spec.describe;
         assert!(
             self.histograms.contains(&describe.name),
@@ -203,10 +262,22 @@ impl Metrics {
         OneGauge(self.gauges(describe))
     }
 
-    /// Folds recorded histogram samples into their buckets; call it every
-    /// few seconds so memory stays bounded between scrapes.
+    /// Folds recorded histogram samples into their buckets, and every
+    /// eighth of the idle time marks every cached series used; call it
+    /// every few seconds so memory stays bounded between scrapes and no
+    /// live series is forgotten.
     pub fn run_upkeep(&self) {
         self.handle.run_upkeep();
+        {
+            let mut touched = self.touched.lock();
+            if touched.elapsed() < self.idle / 8 {
+                return;
+            }
+            *touched = Instant::now();
+        }
+        for cache in self.live_caches() {
+            cache.touch();
+        }
     }
 
     /// Everything, in the Prometheus text exposition format (with `# HELP`
@@ -229,6 +300,12 @@ fn key_name(describe: &'static Describe) -> KeyName {
 fn help(describe: &'static Describe) -> SharedString {
     SharedString::const_str(describe.help)
 }
+
+/// What label values of a family are: hashed, compared, and read for a
+/// worker's URL ([`SeriesKey`]).
+pub trait FamilyKey: Hash + Eq + SeriesKey + Send + Sync + 'static {}
+
+impl<K: Hash + Eq + SeriesKey + Send + Sync + 'static> FamilyKey for K {}
 
 /// A handle kind the recorder registers by key.
 pub trait Register: Sized {
@@ -259,7 +336,7 @@ impl Register for Histogram {
 pub struct Family<K, H> {
     recorder: Arc<PrometheusRecorder>,
     name: &'static str,
-    series: Series<K, H>,
+    series: Arc<Series<K, H>>,
 }
 
 impl<K: Hash + Eq, H: Register> Family<K, H> {

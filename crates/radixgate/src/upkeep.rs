@@ -180,12 +180,14 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
                 .iter()
                 .map(|w| w.url().to_owned())
                 .collect();
-            // The exporter keeps a removed worker's series; zero them so no
-            // dashboard shows load on a worker that is gone.
+            // A removed worker's series stay for the exporter's idle time
+            // (`crate::metrics`), then go; zeroed meanwhile so no dashboard
+            // shows load on a worker that is gone.
             for gone in known.difference(&live) {
                 gauges.in_flight(gone, 0);
                 gauges.healthy(gone, false);
                 gauges.tree_chars(gone, 0);
+                state.metrics.forget_worker(gone);
             }
             known = live;
         }

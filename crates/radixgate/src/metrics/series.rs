@@ -9,6 +9,7 @@
 //! outnumber the few inserts (one per new label combination) and no caller
 //! ever holds it across `.await` (it is only taken inside these methods).
 
+use ::metrics::{Counter, Gauge, Histogram};
 use hashbrown::{Equivalent, HashMap};
 use parking_lot::RwLock;
 use std::hash::Hash;
@@ -48,6 +49,90 @@ impl<K: Hash + Eq, V> Series<K, V> {
         };
         f(handle)
     }
+}
+
+/// A family's cache as the gateway's [`super::Metrics`] keeps it: to mark
+/// its series used (the exporter forgets series nobody used for a while)
+/// and to forget a removed worker's.
+pub(super) trait Cache: Send + Sync {
+    /// Marks every cached series as used, without changing its value.
+    fn touch(&self);
+    /// Forgets the handles of the series labelled `text` (a removed
+    /// worker's URL), so that they are no longer touched; returns how many.
+    fn forget(&self, text: &str) -> usize;
+}
+
+impl<K, V> Cache for Series<K, V>
+where
+    K: SeriesKey + Send + Sync,
+    V: Touch + Send + Sync,
+{
+    fn touch(&self) {
+        for handle in self.map.read().values() {
+            handle.touch();
+        }
+    }
+
+    fn forget(&self, text: &str) -> usize {
+        let mut map = self.map.write();
+        let before = map.len();
+        map.retain(|key, _| !key.names(text));
+        before - map.len()
+    }
+}
+
+/// Label values of a cached series: whether they name a given text (a
+/// worker's URL). Static labels the code chooses never do.
+pub trait SeriesKey {
+    /// Whether one of the label values is `text`.
+    fn names(&self, _text: &str) -> bool {
+        false
+    }
+}
+
+impl SeriesKey for () {}
+
+impl SeriesKey for &'static str {}
+
+impl SeriesKey for Box<str> {
+    fn names(&self, text: &str) -> bool {
+        &**self == text
+    }
+}
+
+impl SeriesKey for String {
+    fn names(&self, text: &str) -> bool {
+        self == text
+    }
+}
+
+impl SeriesKey for LabelKey {
+    fn names(&self, text: &str) -> bool {
+        &*self.text == text
+    }
+}
+
+/// A handle that can be marked used without changing its value.
+pub trait Touch {
+    /// Marks the series used.
+    fn touch(&self);
+}
+
+impl Touch for Counter {
+    fn touch(&self) {
+        self.increment(0);
+    }
+}
+
+impl Touch for Gauge {
+    fn touch(&self) {
+        self.increment(0.0);
+    }
+}
+
+/// Histograms are never forgotten by the exporter (nor labelled by worker).
+impl Touch for Histogram {
+    fn touch(&self) {}
 }
 
 /// Owned label values of a series: a static label, a code, a caller's text.

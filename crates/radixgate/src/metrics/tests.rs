@@ -342,3 +342,57 @@ fn buckets_span_milliseconds_to_minutes() {
         assert!(*buckets.last().expect("non-empty") >= 120.0);
     }
 }
+
+/// Whether any sample of the scrape is labelled `worker` = `url`.
+fn mentions(scrape: &Scrape, url: &str) -> bool {
+    scrape
+        .samples
+        .iter()
+        .any(|s| s.labels.get("worker") == Some(url))
+}
+
+/// Under pod churn a removed worker's series must not stay forever: once
+/// forgotten they go after the idle time, while live series nobody updated
+/// meanwhile stay (their cached handles are touched), with their values.
+#[test]
+fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
+    let idle = Duration::from_millis(400);
+    let metrics = Metrics::with_idle(RequestMetrics::HISTOGRAMS, idle);
+    let m = RequestMetrics::new(&metrics);
+    let w = WorkerGauges::new(&metrics);
+    for worker in [W1, W2] {
+        w.in_flight(worker, 3);
+        w.healthy(worker, true);
+        m.upstream_error(worker, "connect");
+    }
+    m.request_done(CHAT, 200, Some("llama"), Duration::from_millis(30));
+    let s = parse(&metrics.render());
+    assert!(mentions(&s, W1) && mentions(&s, W2));
+
+    // W1 is removed: its owner zeroes its gauges and forgets its handles.
+    w.in_flight(W1, 0);
+    w.healthy(W1, false);
+    assert_eq!(metrics.forget_worker(W1), 3);
+    let started = std::time::Instant::now();
+    while started.elapsed() < idle * 3 {
+        metrics.run_upkeep();
+        let _ = metrics.render();
+        std::thread::sleep(idle / 16);
+    }
+    let s = parse(&metrics.render());
+    assert!(!mentions(&s, W1), "the removed worker's series stayed");
+    assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W2)]), 1.0);
+    assert_eq!(scalar(&s, WORKER_HEALTHY, &[("worker", W2)]), 1.0);
+    assert_eq!(scalar(&s, WORKER_IN_FLIGHT, &[("worker", W2)]), 3.0);
+    assert_eq!(
+        scalar(&s, REQUESTS, &[("route", CHAT), ("status", "200")]),
+        1.0
+    );
+
+    // Back at the same address: new series, counted from the start.
+    m.upstream_error(W1, "connect");
+    m.upstream_error(W2, "connect");
+    let s = parse(&metrics.render());
+    assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W1)]), 1.0);
+    assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W2)]), 2.0);
+}
