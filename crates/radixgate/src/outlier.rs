@@ -6,7 +6,9 @@
 //!
 //! The attempt loop ([`crate::proxy`]) reports each attempt's time to first
 //! byte ([`Outliers::sample`]; a first-byte timeout counts as a sample of
-//! the timeout itself, so a hung worker's mean rises too). Consecutive
+//! the timeout itself, so a hung worker's mean rises too), except for a
+//! generated whole answer, whose first byte waits for its whole decode
+//! (`Endpoint::times_its_worker`). Consecutive
 //! failures are the circuit breaker's business, not repeated here. Every
 //! `interval_secs`, [`Outliers::evaluate`] compares each worker's
 //! exponentially weighted mean latency with the median of its peers'

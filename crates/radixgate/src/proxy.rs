@@ -400,11 +400,11 @@ async fn attempts(
                 let status = response.status();
                 let mut observed = None;
                 traced.answered(status.as_u16());
-                shared.outliers.sample(worker.id(), sent.elapsed());
-                if status.is_success()
-                    && is_event_stream(response.headers())
-                    && first_event_is_token
-                {
+                let sse = is_event_stream(response.headers());
+                if target.endpoint.times_its_worker(status, sse) {
+                    shared.outliers.sample(worker.id(), sent.elapsed());
+                }
+                if status.is_success() && sse && first_event_is_token {
                     // A stream's first event is its first token: the cost
                     // model learns this worker's wait from it. (A whole
                     // answer's first byte comes after its decode too, so

@@ -263,7 +263,9 @@ async fn slow_worker_is_ejected_and_returns() {
     o.max_ejection_percent = 50;
     let gw = gateway_ready(c, 2).await;
     for i in 0..8 {
-        let r = post_chat(&gw.url, &chat(&format!("outlier {i}"), false)).await;
+        // Streamed: the first token's wait is what outlier detection
+        // samples of a generating API.
+        let r = post_chat(&gw.url, &chat(&format!("outlier {i}"), true)).await;
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
     }
@@ -285,6 +287,63 @@ async fn slow_worker_is_ejected_and_returns() {
         metric(&gw.url, "radixgate_outlier_ejected", &fast.url).await,
         Some(0.0)
     );
+    gw.shutdown().await;
+}
+
+/// A worker given long whole (non-streamed) generations is not slow: its
+/// first byte waits for the whole decode, which the requests' lengths
+/// decide. Cache-aware routing keeps a client's long generations on one
+/// worker; outlier detection must not eject it for that, while the other
+/// worker answers short streams at once.
+#[tokio::test]
+async fn long_whole_generations_do_not_make_their_worker_an_outlier() {
+    let mut paced = fast_worker();
+    paced.engine.timing.step_base_us = 2_000.0;
+    let a = sim_worker(paced.clone()).await;
+    let b = sim_worker(paced).await;
+    let mut c = config(&[&a.url, &b.url]);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    let o = &mut c.outlier_detection;
+    o.interval_secs = 1;
+    o.min_samples = 3;
+    o.min_gap_ms = 200;
+    o.latency_factor = 2.0;
+    o.base_ejection_secs = 30;
+    o.max_ejection_percent = 50;
+    let gw = gateway_ready(c, 2).await;
+    // Round robin alternates: one worker gets every long whole answer
+    // (300 tokens, about 0.6 s), the other every short stream.
+    let mut long_on = None;
+    for i in 0..8 {
+        let body = if i % 2 == 0 {
+            let mut long = chat(&format!("a long report {i}"), false);
+            long["max_tokens"] = serde_json::json!(300);
+            long
+        } else {
+            chat(&format!("a quick stream {i}"), true)
+        };
+        let r = post_chat(&gw.url, &body).await;
+        assert_eq!(r.status(), 200);
+        let worker = r.headers()["x-radixgate-worker"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        if i % 2 == 0 {
+            assert!(long_on.get_or_insert(worker.clone()) == &worker);
+        }
+        r.bytes().await.unwrap();
+    }
+    // Three evaluations after the samples.
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await;
+    for worker in [&a.url, &b.url] {
+        assert_eq!(
+            metric(&gw.url, "radixgate_outlier_ejections_total", worker)
+                .await
+                .unwrap_or(0.0),
+            0.0,
+            "{worker} (long answers on {long_on:?}) was ejected"
+        );
+    }
     gw.shutdown().await;
 }
 

@@ -100,6 +100,26 @@ impl Endpoint {
         }
     }
 
+    /// Whether an answer's time to its first byte says how quick its worker
+    /// is, for outlier detection: for an error answer and for a stream (its
+    /// first event follows the prefill), yes; for a whole successful answer
+    /// only where nothing is generated (embeddings, reranking, scoring,
+    /// tokenizing). A generated whole answer's first byte waits for its
+    /// whole decode, which the request's length decides, not the worker:
+    /// cache-aware routing keeps a client's long generations on one worker,
+    /// which would then read as many times slower than its peers. (An
+    /// unrouted API may generate, so its whole answers are not judged.)
+    pub(crate) fn times_its_worker(self, status: axum::http::StatusCode, stream: bool) -> bool {
+        if !status.is_success() || stream {
+            return true;
+        }
+        match self {
+            Endpoint::Routed(api) => api == Api::Embeddings,
+            Endpoint::ByLoad(_) => true,
+            Endpoint::Unrouted => false,
+        }
+    }
+
     /// The scan for this endpoint's streams' first token, where the first
     /// event is not it.
     pub(crate) fn preamble(self) -> Option<Preamble> {

@@ -200,6 +200,7 @@ pub(super) async fn attempts(
         attempt += 1;
         let pair = Pair {
             state,
+            api,
             path: target.path,
             client_headers,
             peer,
@@ -357,6 +358,8 @@ fn explain(
 /// One pair's attempt: what it shares with every step.
 struct Pair<'a> {
     state: &'a AppState,
+    /// The API asked (outlier detection judges its answers by it).
+    api: Api,
     path: &'a str,
     client_headers: &'a HeaderMap,
     peer: Option<IpAddr>,
@@ -472,8 +475,11 @@ impl Pair<'_> {
         };
         let status = answer.response.status();
         answer.trace.answered(status.as_u16());
-        shared.outliers.sample(worker.id(), answer.sent.elapsed());
-        if status.is_success() && super::is_event_stream(answer.response.headers()) {
+        let sse = super::is_event_stream(answer.response.headers());
+        if super::Endpoint::Routed(self.api).times_its_worker(status, sse) {
+            shared.outliers.sample(worker.id(), answer.sent.elapsed());
+        }
+        if status.is_success() && sse {
             decision.first_token(answer.sent.elapsed());
         }
         if !retry::retryable_status(status) {
@@ -554,6 +560,7 @@ impl Pair<'_> {
             PrefillSide {
                 shared: shared.clone(),
                 forwarder: self.state.forwarder.clone(),
+                api: self.api,
                 path: self.path.to_owned(),
                 headers: self.client_headers.clone(),
                 peer: self.peer,
@@ -710,6 +717,7 @@ impl Drop for AbortOnDrop {
 struct PrefillSide {
     shared: Arc<Shared>,
     forwarder: crate::upstream::Forwarder,
+    api: Api,
     path: String,
     headers: HeaderMap,
     peer: Option<IpAddr>,
@@ -735,6 +743,7 @@ async fn prefill_side(
     };
     let pair = Pair {
         state: &state,
+        api: side.api,
         path: &side.path,
         client_headers: &side.headers,
         peer: side.peer,
