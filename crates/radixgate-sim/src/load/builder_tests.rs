@@ -140,6 +140,23 @@ fn rate_has_a_floor() {
     assert!(plan("--url http://x:1 --rate 1e9").is_ok());
 }
 
+/// Closed-loop clients are state kept for the whole run: 10^8 took 6.6 GB
+/// in `simulate` before its first request.
+#[test]
+fn concurrency_has_a_range() {
+    let plan = |args: &str| parse(args).unwrap().plan(false);
+    for bad in ["0", "100001", "100000000"] {
+        let e = plan(&format!("--url http://x:1 --concurrency {bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--concurrency must be in 1..=100000"),
+            "{bad}: {e}"
+        );
+    }
+    assert!(plan("--url http://x:1 --concurrency 100000").is_ok());
+}
+
 /// `--speedup` divides the trace's times: 1e-300 passed the `> 0` check
 /// and panicked making the second arrival a `Duration`.
 #[test]

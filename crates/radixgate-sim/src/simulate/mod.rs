@@ -117,8 +117,13 @@ impl SimConfig {
         }
         self.worker.validate()?;
         self.workload.validate()?;
-        if let Arrivals::Closed { concurrency: 0 } = self.arrivals {
-            return Err(SimError::Config("--concurrency must be > 0".into()));
+        if let Arrivals::Closed { concurrency } = self.arrivals
+            && !(1..=crate::load::builder::MAX_CONCURRENCY).contains(&concurrency)
+        {
+            return Err(SimError::Config(format!(
+                "--concurrency must be in 1..={}, got {concurrency}",
+                crate::load::builder::MAX_CONCURRENCY
+            )));
         }
         if self.load_poll == Some(Duration::ZERO) {
             return Err(SimError::Config("--load-poll-ms must be > 0".into()));

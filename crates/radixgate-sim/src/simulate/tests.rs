@@ -199,8 +199,11 @@ fn bad_configs_are_clear_errors() {
             .contains("--workers")
     );
     cfg.workers = 2;
-    cfg.arrivals = Arrivals::Closed { concurrency: 0 };
-    assert!(run(&cfg, &Contender::Oracle).is_err());
+    for concurrency in [0, 100_001, 100_000_000] {
+        cfg.arrivals = Arrivals::Closed { concurrency };
+        let err = run(&cfg, &Contender::Oracle).unwrap_err().to_string();
+        assert!(err.contains("--concurrency must be in 1..=100000"), "{err}");
+    }
     let err = args::contender("fastest", 0).unwrap_err().to_string();
     assert!(
         err.contains("\"fastest\" (use cache_aware, prefill_aware, round_robin, random, power_of_two, least_load, consistent_hash, oracle or oracle_ttft)"),
