@@ -102,7 +102,7 @@ impl Inner {
             .and_then(|s| s.size.checked_sub(target))
             .filter(|&excess| excess > 0)
         {
-            let step = self.evict_step(tenant, excess);
+            let step = self.evict_step(tenant, excess, 0);
             if step == 0 {
                 break;
             }
@@ -136,7 +136,7 @@ impl Inner {
             let Some(Reverse((_, tenant))) = heap.pop() else {
                 break;
             };
-            evicted += self.evict_step(tenant, self.weight() - target);
+            evicted += self.evict_step(tenant, self.weight() - target, self.node_chars);
             if let Some(state) = self.tenants.get_mut(&tenant)
                 && let Some(e) = state.front(&self.arena, tenant)
             {
@@ -148,7 +148,13 @@ impl Inner {
 
     /// Evicts at most `budget` (> 0) chars from `tenant`'s least-recently-used
     /// leaf; returns the chars evicted (0 when the tenant holds nothing).
-    fn evict_step(&mut self, tenant: TenantId, budget: usize) -> usize {
+    /// `split_cost` is what a split's new node weighs against the budget
+    /// (the global bound's `node_chars`; 0 for a tenant's own bound): a
+    /// shared edge cut inside evicts that much more, so that the step
+    /// still frees `budget`, and is released whole when that reaches its
+    /// length. (Otherwise each split would add back what it freed, and the
+    /// next step cut the same path again, 64 characters at a time.)
+    fn evict_step(&mut self, tenant: TenantId, budget: usize, split_cost: usize) -> usize {
         let Self {
             arena,
             tenants,
@@ -165,6 +171,11 @@ impl Inner {
         state.lru.pop_front();
         let node = entry.node;
         let edge_chars = arena[node].edge_chars as usize;
+        let budget = if arena[node].holders.len() > 1 && budget < edge_chars {
+            budget.saturating_add(split_cost)
+        } else {
+            budget
+        };
         let evicted = if edge_chars <= budget {
             let parent = arena[node].parent;
             let evicted = release(arena, stored_chars, node, tenant);

@@ -257,6 +257,34 @@ fn global_bound_counts_nodes_so_one_character_leaves_cannot_outgrow_it() {
     assert_eq!(tree.prefix_match(&last).matched_chars, 4);
 }
 
+/// Two workers share a long text; a third one's insert takes the tree
+/// just over its bound. The global eviction takes what the bound needs
+/// from the oldest holder of the shared path, with one split, not the
+/// whole path in splits of one node's weight each (which left the other
+/// holder's path in 137 pieces).
+#[test]
+fn global_eviction_of_a_shared_path_stops_at_the_bound() {
+    let long = "s".repeat(10_000);
+    let tree = Tree::new(TreeConfig {
+        max_total_chars: 2 * 10_000 + 100,
+        ..TreeConfig::default()
+    });
+    tree.insert(&long, A);
+    tree.insert(&long, B);
+    tree.insert(&"c".repeat(100), TenantId(3));
+    checked(&tree);
+    let s = tree.stats();
+    // 20,100 characters and two nodes (192) were over 20,100: down to the
+    // low watermark (18,844), the shared path cut once.
+    assert!(s.nodes <= 4, "{s:?}");
+    assert!(
+        s.tenant_chars + s.nodes * crate::DEFAULT_NODE_CHARS <= 2 * 10_000 + 100,
+        "{s:?}"
+    );
+    assert!(tree.tenant_size(A) >= 8_000, "{}", tree.tenant_size(A));
+    assert_eq!(tree.tenant_size(B), 10_000);
+}
+
 #[test]
 fn global_bound_of_zero_keeps_nothing() {
     let tree = bounded(0);
