@@ -30,6 +30,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 use text::Text;
 
 /// The inference APIs the gateway routes (one enum, shared with routing and
@@ -53,7 +54,8 @@ pub struct Inspected {
 }
 
 /// The `stream_options` of a chat or text completion request: whether the
-/// client asked for the usage event, and where the value lies in the body.
+/// client asked for the usage event, and where to edit the body to ask
+/// for it (`crate::tenants`, for a tenant whose tokens are metered).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum StreamOptions {
     /// Not an API that has them: its streams always report usage.
@@ -61,15 +63,23 @@ pub enum StreamOptions {
     NotApplicable,
     /// The body has no `stream_options`.
     Absent,
-    /// The body's `stream_options` value is the bytes `at` (`null`, an
-    /// object, or something a worker refuses); `usage` says whether it is
-    /// an object with `include_usage: true`.
-    Given {
+    /// `stream_options: null`, the value at `at`.
+    Null {
         /// The value's byte range in the body.
-        at: std::ops::Range<usize>,
-        /// Whether it asks for the usage event.
-        usage: bool,
+        at: Range<usize>,
     },
+    /// An object.
+    Object {
+        /// Whether it asks for the usage event: its last `include_usage`
+        /// is neither `false` nor `null`, or it has none and so leaves it
+        /// to the server (vLLM's default is to send it).
+        asked: bool,
+        /// The byte ranges of its `include_usage` values that are `false`
+        /// or `null`.
+        declined: Vec<Range<usize>>,
+    },
+    /// Anything else, which a worker refuses.
+    Other,
 }
 
 impl StreamOptions {
@@ -79,27 +89,69 @@ impl StreamOptions {
         let Some(raw) = raw else {
             return Self::Absent;
         };
-        #[derive(Deserialize)]
-        struct Asked {
-            #[serde(default)]
-            include_usage: Option<bool>,
-        }
-        let text = raw.get();
-        let start = (text.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
-        let at = start..start + text.len();
-        if body.get(at.clone()) != Some(text.as_bytes()) {
+        let Some(at) = range_in(body, raw) else {
             // Not a slice of the body after all (serde_json borrows raw
             // values from a slice it reads): nothing to edit in place.
             return Self::NotApplicable;
+        };
+        if raw.get() == "null" {
+            return Self::Null { at };
         }
-        let usage = serde_json::from_str::<Asked>(text)
-            .is_ok_and(|asked| asked.include_usage == Some(true));
-        Self::Given { at, usage }
+        let Ok(IncludeUsage(values)) = serde_json::from_str::<IncludeUsage<'_>>(raw.get()) else {
+            return Self::Other;
+        };
+        let declines = |v: &RawValue| matches!(v.get(), "false" | "null");
+        Self::Object {
+            asked: !values.last().is_some_and(|v| declines(v)),
+            declined: values
+                .iter()
+                .filter(|v| declines(v))
+                .filter_map(|v| range_in(body, v))
+                .collect(),
+        }
     }
 
-    /// Whether the client asked for the usage event.
+    /// Whether the client asked for the usage event (or left it to the
+    /// server).
     pub fn usage_asked(&self) -> bool {
-        matches!(self, Self::Given { usage: true, .. })
+        matches!(self, Self::Object { asked: true, .. })
+    }
+}
+
+/// Where `raw`, borrowed from `body`, lies in it.
+fn range_in(body: &[u8], raw: &RawValue) -> Option<Range<usize>> {
+    let text = raw.get();
+    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let at = start..start + text.len();
+    (body.get(at.clone()) == Some(text.as_bytes())).then_some(at)
+}
+
+/// Every `include_usage` value of a `stream_options` object, as written
+/// (a key written twice is read twice; JSON readers in Python keep the
+/// last). Other keys are skipped unread.
+struct IncludeUsage<'a>(Vec<&'a RawValue>);
+
+impl<'de> Deserialize<'de> for IncludeUsage<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IncludeUsage<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut values = Vec::new();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    if key == "include_usage" {
+                        values.push(map.next_value::<&'de RawValue>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(IncludeUsage(values))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 

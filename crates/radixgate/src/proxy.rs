@@ -144,7 +144,9 @@ async fn forward(
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`).
-    let (bytes, metering) = crate::tenants::meter(shared, &parts.extensions, &request, bytes)?;
+    let routed = matches!(endpoint, Endpoint::Routed(_));
+    let (bytes, metering) =
+        crate::tenants::meter(shared, &parts.extensions, routed, &request, bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
     if let Some(family) = unrouted {
         shared.request_metrics.unrouted(family);

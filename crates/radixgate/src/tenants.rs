@@ -31,7 +31,7 @@
 //!   when its client does not ask for their usage (the gateway asks in its
 //!   stead: `tenants/usage_event.rs`), and for an answer that reports no
 //!   usage (a worker that does not, a client gone before the usage event)
-//!   an estimate: the prompt's characters over the model's learned
+//!   an estimate: the request body's bytes over the model's learned
 //!   characters per token, and the output's events or bytes
 //!   ([`crate::usage::Output`]).
 //!
@@ -256,17 +256,20 @@ impl Metering {
     }
 }
 
-/// For a request of a tenant with a token limit, its [`Metering`] and the
-/// body to send: a stream's asks for its usage ([`usage_event`]). Any other
-/// request's body is returned as it is.
+/// For a request of a tenant with a token limit to an inference API
+/// (`routed`), its [`Metering`] and the body to send: a stream's asks for
+/// its usage ([`usage_event`]). Any other request's body is returned as it
+/// is, and its answer charged only what it reports (a tokenizer's or an
+/// unknown API's answer holds no tokens to estimate).
 pub(crate) fn meter(
     shared: &Shared,
     extensions: &Extensions,
+    routed: bool,
     request: &Inspected,
     body: Bytes,
 ) -> Result<(Bytes, Option<Metering>), GatewayError> {
     match extensions.get::<TenantRef>() {
-        Some(TenantRef(tenant)) if tenant.meters_tokens() => {}
+        Some(TenantRef(tenant)) if tenant.meters_tokens() && routed => {}
         _ => return Ok((body, None)),
     }
     let edited = if request.stream {
@@ -280,9 +283,12 @@ pub(crate) fn meter(
         .and_then(|m| shared.router.policy().trees()?.chars_per_token_of(m))
         .filter(|c| c.is_finite() && *c > 0.0)
         .unwrap_or(crate::record::line::DEFAULT_CHARS_PER_TOKEN);
-    let chars = request.routing_text.chars().count();
+    // The whole body, not the routing text: tools, schemas and other
+    // fields the prompt template renders count too. (Its JSON syntax, and
+    // an image's bytes, count more than they cost: an estimate stands in
+    // only for usage the answer did not report.)
     let metering = Metering {
-        prompt_tokens: (chars as f64 / chars_per_token).ceil() as u64,
+        prompt_tokens: (body.len() as f64 / chars_per_token).ceil() as u64,
         chars_per_token,
         strip_usage_event: edited.is_some(),
     };

@@ -285,7 +285,7 @@ async fn a_stream_without_include_usage_is_charged_and_its_client_sees_no_usage_
 }
 
 /// A client that leaves a stream before its usage event is charged an
-/// estimate (the prompt's characters and the events it was sent), not
+/// estimate (the request body's bytes and the events it was sent), not
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
@@ -314,8 +314,8 @@ async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
-    // 1,600 characters at 4 a token (none learned yet), and at least the
-    // three events with text the client read.
+    // A body of about 1,700 bytes at 4 a token (none learned yet), and at
+    // least the three events with text the client read.
     assert!(charged >= 403.0, "charged {charged}");
     assert!(
         charged < 1000.0,

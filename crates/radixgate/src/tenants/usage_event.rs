@@ -17,23 +17,27 @@ use crate::inspect::StreamOptions;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use std::ops::Range;
 
-/// What `stream_options` asks for in the client's stead.
+/// What `stream_options: null` becomes.
 const ASKED: &str = r#"{"include_usage":true}"#;
 
 /// The body with `stream_options.include_usage: true`, or `None` when it
-/// cannot be edited in place (its `stream_options` is neither an object
-/// nor `null`: the worker refuses it anyway) or needs no edit. The new
+/// needs no edit (the client asked, or left it to the server's default) or
+/// cannot have one (a `stream_options` that is neither an object nor
+/// `null`: the worker refuses it anyway). Only the one value changes:
+/// `null` becomes `{"include_usage":true}`, each `include_usage` of
+/// `false` or `null` becomes `true`, or, without `stream_options`, the
+/// field is added first; every other byte is passed as written. The new
 /// body's bytes are taken from `budget` like the one read.
 pub(crate) fn ask_for_usage(
     body: &[u8],
     options: &StreamOptions,
     budget: &BodyBudget,
 ) -> Result<Option<Bytes>, GatewayError> {
-    let (at, value) = match options {
-        StreamOptions::NotApplicable | StreamOptions::Given { usage: true, .. } => {
-            return Ok(None);
-        }
+    let edits: Vec<(Range<usize>, &str)> = match options {
+        StreamOptions::NotApplicable | StreamOptions::Other => return Ok(None),
+        StreamOptions::Object { asked: true, .. } => return Ok(None),
         StreamOptions::Absent => {
             // Right after the object's opening brace (the body was read as
             // an object, so one is there after white space).
@@ -41,39 +45,34 @@ pub(crate) fn ask_for_usage(
                 return Ok(None);
             };
             let empty = body[open + 1..].trim_ascii_start().first() == Some(&b'}');
-            let value = format!(
-                r#""stream_options":{ASKED}{}"#,
-                if empty { "" } else { "," }
-            );
-            (open + 1..open + 1, value)
+            let field = if empty { FIELD } else { FIELD_AND_COMMA };
+            vec![(open + 1..open + 1, field)]
         }
-        StreamOptions::Given { at, usage: false } => {
-            let written = &body[at.clone()];
-            let value = match written {
-                b"null" => ASKED.to_owned(),
-                _ => {
-                    let Ok(mut object) = serde_json::from_slice::<
-                        serde_json::Map<String, serde_json::Value>,
-                    >(written) else {
-                        return Ok(None);
-                    };
-                    object.insert("include_usage".into(), serde_json::Value::Bool(true));
-                    serde_json::to_string(&object).expect("a map of JSON values")
-                }
-            };
-            (at.clone(), value)
-        }
+        StreamOptions::Null { at } => vec![(at.clone(), ASKED)],
+        StreamOptions::Object {
+            asked: false,
+            declined,
+        } => declined.iter().map(|at| (at.clone(), "true")).collect(),
     };
-    let mut edited = Vec::with_capacity(body.len() + value.len());
-    edited.extend_from_slice(&body[..at.start]);
-    edited.extend_from_slice(value.as_bytes());
-    edited.extend_from_slice(&body[at.end..]);
+    let mut edited = Vec::with_capacity(body.len() + FIELD_AND_COMMA.len());
+    let mut from = 0;
+    for (at, value) in edits {
+        edited.extend_from_slice(&body[from..at.start]);
+        edited.extend_from_slice(value.as_bytes());
+        from = at.end;
+    }
+    edited.extend_from_slice(&body[from..]);
     crate::body::budgeted(edited, budget).map(Some)
 }
 
+/// The field added to a body without `stream_options`.
+const FIELD: &str = r#""stream_options":{"include_usage":true}"#;
+const FIELD_AND_COMMA: &str = r#""stream_options":{"include_usage":true},"#;
+
 /// The longest event the filter holds back while it is read: far above a
-/// usage event (a few hundred bytes). A longer one is passed on as it
-/// comes, and so is everything after it (the filter turns itself off).
+/// usage event (a few hundred bytes). A longer one (an echoed prompt, say)
+/// is passed on as it comes, to its end, and the events after it are read
+/// as before.
 const MAX_EVENT: usize = 64 * 1024;
 
 /// Takes the usage event (`"choices": []` with a `usage` object) out of an
@@ -93,8 +92,9 @@ pub(crate) struct UsageEventFilter {
     /// That `\r` ended an empty line, so the event ends with it (and with
     /// the `\n` after it, if one comes).
     ending: bool,
-    /// Given up (an event over [`MAX_EVENT`]): frames pass as they are.
-    off: bool,
+    /// The event being read is over [`MAX_EVENT`]: its bytes pass as they
+    /// come, none held.
+    passing: bool,
 }
 
 impl UsageEventFilter {
@@ -108,15 +108,12 @@ impl UsageEventFilter {
 
     /// The bytes of `frame` that can go on now, the usage event left out.
     pub(crate) fn push(&mut self, frame: &Bytes) -> Bytes {
-        if self.off {
-            return frame.clone();
-        }
         let mut out = Vec::with_capacity(frame.len() + self.event.len());
-        for (i, &b) in frame.iter().enumerate() {
+        for &b in frame.iter() {
             if self.cr {
                 self.cr = false;
                 if b == b'\n' {
-                    self.event.push(b);
+                    self.keep(b, &mut out);
                     if self.ending {
                         self.end_event(&mut out);
                     }
@@ -126,7 +123,7 @@ impl UsageEventFilter {
                     self.end_event(&mut out);
                 }
             }
-            self.event.push(b);
+            self.keep(b, &mut out);
             match b {
                 b'\r' => {
                     self.ending = self.line_empty;
@@ -137,14 +134,22 @@ impl UsageEventFilter {
                 b'\n' => self.line_empty = true,
                 _ => self.line_empty = false,
             }
-            if self.event.len() > MAX_EVENT {
-                out.append(&mut self.event);
-                out.extend_from_slice(&frame[i + 1..]);
-                self.off = true;
-                break;
-            }
         }
         Bytes::from(out)
+    }
+
+    /// Holds `b` with its event, or passes it on once the event is too
+    /// long to be the usage event.
+    fn keep(&mut self, b: u8, out: &mut Vec<u8>) {
+        if self.passing {
+            out.push(b);
+            return;
+        }
+        self.event.push(b);
+        if self.event.len() > MAX_EVENT {
+            out.append(&mut self.event);
+            self.passing = true;
+        }
     }
 
     /// What is left at the stream's end: an event that ended with a lone
@@ -164,10 +169,11 @@ impl UsageEventFilter {
     }
 
     fn end_event(&mut self, out: &mut Vec<u8>) {
-        if !is_usage_event(&self.event) {
+        if !self.passing && !is_usage_event(&self.event) {
             out.extend_from_slice(&self.event);
         }
         self.event.clear();
+        self.passing = false;
         self.ending = false;
         self.line_empty = true;
     }
@@ -260,11 +266,22 @@ mod tests {
     }
 
     #[test]
-    fn an_overlong_event_turns_the_filter_off_without_losing_a_byte() {
-        let long = format!("data: {{\"x\":\"{}\"}}\n\n", "y".repeat(MAX_EVENT + 10));
-        let whole = format!("{long}{USAGE}\n\n");
-        let halves = whole.as_bytes().split_at(MAX_EVENT / 2);
-        assert_eq!(filtered(&[halves.0, halves.1]), whole);
+    fn an_overlong_event_passes_as_it_comes_and_the_usage_event_after_it_still_goes() {
+        let long = format!("data: {{\"x\":\"{}\"}}\n\n", "y".repeat(3 * MAX_EVENT));
+        let whole = format!("{long}{USAGE}\n\ndata: [DONE]\n\n");
+        let mut filter = UsageEventFilter::new();
+        let mut out = Vec::new();
+        for frame in whole.as_bytes().chunks(MAX_EVENT / 2) {
+            let passed = filter.push(&Bytes::copy_from_slice(frame));
+            out.extend_from_slice(&passed);
+            // Nothing past MAX_EVENT is held back.
+            assert!(filter.event.len() <= MAX_EVENT);
+        }
+        out.extend_from_slice(&filter.finish());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("{long}data: [DONE]\n\n")
+        );
     }
 
     fn body(options: &StreamOptions, text: &str) -> String {
@@ -294,16 +311,37 @@ mod tests {
             ),
             (
                 r#"{"messages":[],"stream_options":{"include_usage":false,"continuous_usage_stats":true}}"#,
-                r#"{"messages":[],"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+            ),
+            // Values a JSON map of this gateway would not take, which
+            // Python workers do: the edit reads none of them.
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":null,"x":1e400,"s":"\ud800"}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true,"x":1e400,"s":"\ud800"}}"#,
+            ),
+            // Written twice: both (Python's readers keep the last).
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":false, "include_usage" : false}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true, "include_usage" : true}}"#,
+            ),
+            // Asked already (the last one says so, any value but false or
+            // null does), left to the server's default, or a value no
+            // worker takes: unchanged.
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":false,"include_usage":true}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":false,"include_usage":true}}"#,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":"true"}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":"true"}}"#,
             ),
             (
                 r#"{"messages":[],"stream_options":{}}"#,
-                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
-            ),
-            // Asked already, or a value no worker takes: unchanged.
-            (
-                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
-                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+                r#"{"messages":[],"stream_options":{}}"#,
             ),
             (
                 r#"{"messages":[],"stream_options":"yes"}"#,
@@ -313,13 +351,11 @@ mod tests {
         for (sent, want) in cases {
             let edited = body(&options(sent), sent);
             assert_eq!(edited, want);
-            let parsed: serde_json::Value = serde_json::from_str(&edited).unwrap();
             assert_eq!(
                 options(&edited).usage_asked(),
-                sent != cases[5].0,
+                !sent.ends_with(r#""yes"}"#),
                 "{edited}"
             );
-            assert!(parsed.is_object());
         }
         // An escaped key is the same key: asked for in place, not twice.
         let escaped = r#"{"messages":[],"stream\u005foptions":{"include_usage":false}}"#;
