@@ -177,6 +177,9 @@ async fn method_not_allowed(req: Request) -> axum::response::Response {
 
 /// Connections the separate metrics port keeps open at once.
 const METRICS_PORT_CONNECTIONS: usize = 64;
+/// The longest the metrics port waits for a request head, or keeps an idle
+/// connection open.
+const METRICS_PORT_IDLE: Duration = Duration::from_secs(5);
 
 /// Binds the separate metrics port, if one is configured.
 async fn metrics_listener(config: &Config) -> Result<Option<TcpListener>, StartError> {
@@ -394,6 +397,12 @@ pub async fn run_reloadable(
                     METRICS_PORT_CONNECTIONS,
                     "the metrics port's own cap",
                 ),
+                // Probes and scrapes send their request at once and need
+                // no long keep-alive: connections that hold a slot without
+                // one go within seconds, so that the cap cannot be held
+                // for long by idle ones.
+                header_read_timeout: connection_limits.header_read_timeout.min(METRICS_PORT_IDLE),
+                idle_timeout: connection_limits.idle_timeout.min(METRICS_PORT_IDLE),
                 ..connection_limits.clone()
             };
             Some(tokio::spawn(listen::serve(

@@ -386,6 +386,33 @@ async fn the_separate_metrics_port_closes_slow_and_idle_connections_too() {
     gw.shutdown().await;
 }
 
+/// The metrics port serves probes and scrapes, which need no long
+/// keep-alive: an idle connection there goes within seconds, whatever the
+/// client port's idle timeout, so that its small cap is not held by idle
+/// connections.
+#[tokio::test]
+async fn the_metrics_port_keeps_an_idle_connection_seconds_not_the_client_ports_minutes() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.header_read_timeout_secs = 600;
+    c.server.idle_timeout_secs = 600;
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = spare.local_addr().unwrap().port();
+    drop(spare);
+    c.metrics.prometheus_port = Some(port);
+    let gw = gateway_ready(c, 1).await;
+    let metrics = format!("http://127.0.0.1:{port}");
+    let mut silent = connect(&metrics).await;
+    let mut idle = connect(&metrics).await;
+    assert_eq!(get_on(&mut idle, "/liveness").await.unwrap().status, 200);
+    let closed = tokio::time::timeout(Duration::from_secs(12), async {
+        wait_closed(&mut silent).await;
+        wait_closed(&mut idle).await;
+    })
+    .await;
+    assert!(closed.is_ok(), "held past 12 s");
+    gw.shutdown().await;
+}
+
 /// Sends a GET on a raw keep-alive connection and reads its answer.
 async fn get_on(stream: &mut TcpStream, path: &str) -> Option<Answer> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n");

@@ -116,23 +116,15 @@ fn assert_ports(m: &Manifests, management: bool) {
         assert_eq!(get.path.as_deref(), Some(path));
         assert_eq!(get.port, IntOrString::String(probe_name.into()));
     }
+    // The clients' Service has the router's port only: what reaches it
+    // never reaches the management port's small cap.
     let service: Service = m.one("Service");
     let ports = service.spec.unwrap().ports.unwrap();
+    assert_eq!(ports.len(), 1);
     assert_eq!(
         ports[0].target_port,
         Some(IntOrString::String("http".into()))
     );
-    if management {
-        let second = ports
-            .iter()
-            .find(|p| p.name.as_deref() == Some("management"));
-        assert_eq!(
-            second.and_then(|p| p.target_port.clone()),
-            Some(IntOrString::String("management".into()))
-        );
-    } else {
-        assert_eq!(ports.len(), 1);
-    }
     let annotations = deployment
         .spec
         .unwrap()
@@ -156,11 +148,22 @@ fn probes_and_scrapes_use_the_metrics_port_apart_from_client_connections() {
         err.contains("server.managementPort (30000) must differ"),
         "{err}"
     );
-    // The operator's other metrics settings stay.
-    let m = rendered(json!({"config": {"metrics": {"prometheus_host": "0.0.0.0"}}}));
-    let metrics = router_config(&m).metrics;
+    // The port and its address are the chart's: on the pod's address, and
+    // refused in `config`.
+    let metrics = router_config(&Manifests::parse(&committed()).unwrap()).metrics;
     assert_eq!(metrics.prometheus_port, Some(30001));
     assert_eq!(metrics.prometheus_host.as_deref(), Some("0.0.0.0"));
+    for own in ["prometheus_port", "prometheus_host"] {
+        let err = render(json!({"config": {"metrics": {own: 1}}})).unwrap_err();
+        assert!(
+            err.contains("set server.managementPort instead"),
+            "{own}: {err}"
+        );
+    }
+    let m = rendered(
+        json!({"server": {"managementPort": 0}, "config": {"metrics": {"prometheus_port": 9100}}}),
+    );
+    assert_eq!(router_config(&m).metrics.prometheus_port, Some(9100));
 }
 
 #[test]
@@ -505,16 +508,34 @@ fn a_service_monitor_is_rendered_only_when_asked_for() {
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "management");
     assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
-    let service: Service = m.one("Service");
-    let labels = service.metadata.labels.unwrap();
+    // It selects the management port's own Service, not the clients'.
     let selector = monitor["spec"]["selector"]["matchLabels"]
         .as_object()
         .unwrap();
-    assert!(
-        selector
-            .iter()
-            .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str()),
-        "it selects the Service"
+    let selected: Vec<Service> = m
+        .all("Service")
+        .into_iter()
+        .map(|s| serde_json::from_value::<Service>(s.clone()).unwrap())
+        .filter(|s| {
+            let labels = s.metadata.labels.clone().unwrap_or_default();
+            selector
+                .iter()
+                .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str())
+        })
+        .collect();
+    assert_eq!(selected.len(), 1, "{selector:?}");
+    let ports = selected[0].spec.clone().unwrap().ports.unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].name.as_deref(), Some("management"));
+    assert_eq!(ports[0].port, 30001);
+    // Without a management port, the clients' Service and its port.
+    let m = rendered(
+        json!({"server": {"managementPort": 0}, "metrics": {"serviceMonitor": {"enabled": true}}}),
+    );
+    assert_eq!(m.all("Service").len(), 1);
+    assert_eq!(
+        m.all("ServiceMonitor")[0]["spec"]["endpoints"][0]["port"],
+        "http"
     );
     assert!(
         Manifests::parse(&committed())
@@ -569,6 +590,7 @@ async fn the_deployed_router_finds_a_labelled_pod_serves_and_drops_readiness_on_
         .env("RADIXGATE_KUBECONFIG", &api.kubeconfig)
         .env("RADIXGATE_SERVICE_DISCOVERY_PORT", addr.port().to_string())
         .env("RADIXGATE_PROMETHEUS_PORT", "0")
+        .env("RADIXGATE_PROMETHEUS_HOST", "127.0.0.1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

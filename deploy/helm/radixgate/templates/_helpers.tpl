@@ -119,7 +119,11 @@ request, and an unbounded request time.
 {{- if eq (int $s.managementPort) (int $s.port) -}}
 {{- fail (printf "server.managementPort (%d) must differ from server.port" (int $s.managementPort)) -}}
 {{- end -}}
-{{- $_ := set $managed "metrics" (dict "prometheus_port" (int $s.managementPort)) -}}
+{{- $own := (.Values.config | default dict).metrics | default dict -}}
+{{- if or (hasKey $own "prometheus_port") (hasKey $own "prometheus_host") -}}
+{{- fail "config.metrics.prometheus_port and prometheus_host are the chart's own (server.managementPort, on server.host): set server.managementPort instead" -}}
+{{- end -}}
+{{- $_ := set $managed "metrics" (dict "prometheus_port" (int $s.managementPort) "prometheus_host" $s.host) -}}
 {{- end -}}
 {{- if .Values.workers -}}
 {{- $workers := list -}}
