@@ -20,9 +20,10 @@
 //! chosen by the code, HTTP codes, served models, or the URLs of
 //! configured workers. Series of a removed worker go: its owner sets its
 //! gauges to 0 when it is removed and [`Metrics::forget_worker`] drops its
-//! cached handles, and the exporter forgets counters and gauges nobody used
-//! for [`SERIES_IDLE`] (under pod churn the series would otherwise grow with
-//! every pod address ever seen). Live series are kept by
+//! cached handles (again at each touch, for series a request still running
+//! on it records after that), and the exporter forgets counters and gauges
+//! nobody used for [`SERIES_IDLE`] (under pod churn the series would
+//! otherwise grow with every pod address ever seen). Live series are kept by
 //! [`Metrics::run_upkeep`], which marks every cached handle used (without
 //! changing its value) every eighth of that time; a cached handle is never
 //! left pointing at a series the exporter forgot.
@@ -121,6 +122,10 @@ pub struct Metrics {
     idle: Duration,
     /// When the caches were last touched.
     touched: Mutex<Instant>,
+    /// Removed workers' URLs, and when: series recorded for them after
+    /// they were forgotten (a request that was still running, say) are
+    /// forgotten again at each touch, for twice the idle time.
+    retired: Mutex<std::collections::HashMap<Box<str>, Instant>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -165,6 +170,7 @@ impl Metrics {
             caches: Mutex::new(Vec::new()),
             idle,
             touched: Mutex::new(Instant::now()),
+            retired: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -184,9 +190,18 @@ impl Metrics {
 
     /// Forgets the cached series labelled with a removed worker's URL:
     /// the exporter drops them once unused for the idle time (their owners
-    /// have set the gauges to 0). Returns how many were forgotten.
+    /// have set the gauges to 0). Series recorded for it later are
+    /// forgotten again at each touch, until it is added back
+    /// ([`revive_worker`](Self::revive_worker)) or twice the idle time has
+    /// passed. Returns how many were forgotten now.
     pub fn forget_worker(&self, url: &str) -> usize {
+        self.retired.lock().insert(url.into(), Instant::now());
         self.live_caches().iter().map(|c| c.forget(url)).sum()
+    }
+
+    /// A worker at `url` is in the pool (again): its series are kept.
+    pub fn revive_worker(&self, url: &str) {
+        self.retired.lock().remove(url);
     }
 
     /// The caches of the families still alive (dropping the others).
@@ -275,7 +290,15 @@ impl Metrics {
             }
             *touched = Instant::now();
         }
+        let retired: Vec<Box<str>> = {
+            let mut retired = self.retired.lock();
+            retired.retain(|_, at| at.elapsed() < self.idle * 2);
+            retired.keys().cloned().collect()
+        };
         for cache in self.live_caches() {
+            for url in &retired {
+                cache.forget(url);
+            }
             cache.touch();
         }
     }

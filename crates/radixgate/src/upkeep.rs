@@ -189,6 +189,9 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
                 gauges.tree_chars(gone, 0);
                 state.metrics.forget_worker(gone);
             }
+            for added in live.difference(&known) {
+                state.metrics.revive_worker(added);
+            }
             known = live;
         }
         for worker in snapshot.workers() {

@@ -373,6 +373,8 @@ fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
     w.in_flight(W1, 0);
     w.healthy(W1, false);
     assert_eq!(metrics.forget_worker(W1), 3);
+    // A request that was still running on it ends after that.
+    m.upstream_error(W1, "stream_broken");
     let started = std::time::Instant::now();
     while started.elapsed() < idle * 3 {
         metrics.run_upkeep();
@@ -389,9 +391,17 @@ fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
         1.0
     );
 
-    // Back at the same address: new series, counted from the start.
+    // Back at the same address: new series, counted from the start, and
+    // kept.
+    metrics.revive_worker(W1);
     m.upstream_error(W1, "connect");
     m.upstream_error(W2, "connect");
+    let started = std::time::Instant::now();
+    while started.elapsed() < idle * 2 {
+        metrics.run_upkeep();
+        let _ = metrics.render();
+        std::thread::sleep(idle / 16);
+    }
     let s = parse(&metrics.render());
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W1)]), 1.0);
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W2)]), 2.0);
