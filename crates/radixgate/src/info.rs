@@ -15,9 +15,23 @@ use std::time::Duration;
 /// How long the gateway waits for a worker's answer to its own calls.
 const FAN_OUT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `/liveness`: the process is up.
-pub(crate) async fn liveness() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `/liveness`: the process is up and every serving thread runs its tasks
+/// (`crate::pulse`); 503 names a thread that has not for ten seconds.
+pub(crate) async fn liveness(State(state): State<Arc<AppState>>) -> Response {
+    let stalled = state.shared.pulse.stalled();
+    if stalled.is_empty() {
+        return Json(json!({"status": "ok"})).into_response();
+    }
+    let threads: Vec<Value> = stalled
+        .iter()
+        .map(|s| json!({"thread": s.thread, "unanswered_secs": s.for_secs}))
+        .collect();
+    tracing::error!(?stalled, "a serving thread has stopped running its tasks");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": "serving_thread_stalled", "threads": threads})),
+    )
+        .into_response()
 }
 
 /// `/readiness` and `/health`: at least one worker can take requests (and

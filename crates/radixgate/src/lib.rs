@@ -29,6 +29,7 @@ pub mod metrics;
 mod outlier;
 pub mod preamble;
 pub mod proxy;
+mod pulse;
 pub mod record;
 pub mod reload;
 pub mod retry;

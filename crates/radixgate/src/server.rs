@@ -357,6 +357,7 @@ pub async fn run_reloadable(
         client,
         started: Instant::now(),
         dashboard: crate::dashboard::Dashboard::default(),
+        pulse: crate::pulse::Pulse::new(crate::pulse::STALL),
     });
     let upkeep = tokio::spawn(upkeep::run(shared.clone(), tasks.clone()));
     let outliers = tokio::spawn(crate::outlier::run(shared.clone(), tasks.clone()));
@@ -445,6 +446,7 @@ pub async fn run_reloadable(
         });
         let thread = ServingThread {
             index,
+            shared: shared.clone(),
             listener: listener.try_clone()?,
             app: routes(state),
             limits: connection_limits.clone(),
@@ -566,6 +568,8 @@ impl Serving {
 /// handle of the shared listening socket.
 struct ServingThread {
     index: usize,
+    /// The gateway's state (its `pulse` is told the thread's runtime).
+    shared: Arc<Shared>,
     listener: std::net::TcpListener,
     app: Router,
     /// Timeouts and the connection cap (shared by all threads).
@@ -587,14 +591,16 @@ impl ServingThread {
             .name(format!("radixgate-serve-{}", self.index))
             .spawn(move || {
                 let Self {
+                    index,
+                    shared,
                     listener,
                     app,
                     limits,
                     stop,
                     abort,
                     ended,
-                    ..
                 } = self;
+                shared.pulse.started(index, runtime.handle().clone());
                 let result = runtime.block_on(async move {
                     let listener = TcpListener::from_std(listener)?;
                     let server = listen::serve(listener, app, limits, stop);
@@ -603,6 +609,7 @@ impl ServingThread {
                         () = abort.cancelled() => Ok(()),
                     }
                 });
+                shared.pulse.ended(index);
                 // Dropping the runtime drops every connection still open.
                 drop(runtime);
                 let _ = ended.send(result);

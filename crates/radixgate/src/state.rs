@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) started: Instant,
     /// The live status page's sampler state and request ring.
     pub(crate) dashboard: crate::dashboard::Dashboard,
+    /// Whether every serving thread still runs its tasks (`/liveness`).
+    pub(crate) pulse: crate::pulse::Pulse,
 }
 
 /// One serving thread's view of a gateway: the shared state and the
