@@ -133,24 +133,31 @@ mod tests {
 
     #[test]
     fn a_thread_that_runs_its_tasks_answers_and_a_blocked_one_is_reported() {
-        let pulse = Pulse::new(Duration::from_millis(200));
+        // Margins of 200 ms and more between what a thread has had time to
+        // do and what is asked of it: test threads share a busy machine.
+        let pulse = Pulse::new(Duration::from_millis(500));
         let (quick, _a) = serving_thread();
         let (blocked, _b) = serving_thread();
         pulse.started(0, quick);
         pulse.started(1, blocked.clone());
-        // Thread 1 blocks for a second.
-        blocked.spawn(async { std::thread::sleep(Duration::from_millis(1_000)) });
-        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let at = |ms: u64| {
+            let until = start + Duration::from_millis(ms);
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        };
+        // Thread 1 blocks for 2.5 s.
+        blocked.spawn(async { std::thread::sleep(Duration::from_millis(2_500)) });
+        at(50);
         assert!(pulse.stalled().is_empty(), "pings sent, none late yet");
-        std::thread::sleep(Duration::from_millis(300));
+        at(800);
         let stalled = pulse.stalled();
         assert_eq!(stalled.len(), 1, "{stalled:?}");
         assert_eq!(stalled[0].thread, 1);
-        assert!(stalled[0].for_secs >= 0.2);
-        // Unblocked, it answers; the next probe's ping too.
-        std::thread::sleep(Duration::from_millis(900));
+        assert!(stalled[0].for_secs >= 0.5);
+        // Unblocked, it answers; the next probe's pings too.
+        at(2_800);
         assert!(pulse.stalled().is_empty());
-        std::thread::sleep(Duration::from_millis(300));
+        at(3_500);
         assert!(pulse.stalled().is_empty());
     }
 
