@@ -70,13 +70,18 @@ pub enum StreamOptions {
     },
     /// An object.
     Object {
-        /// Whether it asks for the usage event: its last `include_usage`
-        /// is neither `false` nor `null`, or it has none and so leaves it
-        /// to the server (vLLM's default is to send it).
+        /// Its byte range in the body.
+        at: Range<usize>,
+        /// Whether the client asked for the usage event: its last
+        /// `include_usage` is `true` as written.
         asked: bool,
-        /// The byte ranges of its `include_usage` values that are `false`
-        /// or `null`.
+        /// The byte ranges of its `include_usage` values that are not
+        /// `true` as written (`false`, `0`, `"no"`, `null`, ...: Python
+        /// workers read several of them as false).
         declined: Vec<Range<usize>>,
+        /// Whether it has no `include_usage` at all (the server's default
+        /// decides: vLLM's sends usage, SGLang's does not).
+        unset: bool,
     },
     /// Anything else, which a worker refuses.
     Other,
@@ -100,19 +105,20 @@ impl StreamOptions {
         let Ok(IncludeUsage(values)) = serde_json::from_str::<IncludeUsage<'_>>(raw.get()) else {
             return Self::Other;
         };
-        let declines = |v: &RawValue| matches!(v.get(), "false" | "null");
+        let declines = |v: &RawValue| v.get() != "true";
         Self::Object {
-            asked: !values.last().is_some_and(|v| declines(v)),
+            asked: values.last().is_some_and(|v| !declines(v)),
             declined: values
                 .iter()
                 .filter(|v| declines(v))
                 .filter_map(|v| range_in(body, v))
                 .collect(),
+            unset: values.is_empty(),
+            at,
         }
     }
 
-    /// Whether the client asked for the usage event (or left it to the
-    /// server).
+    /// Whether the client asked for the usage event.
     pub fn usage_asked(&self) -> bool {
         matches!(self, Self::Object { asked: true, .. })
     }

@@ -144,9 +144,15 @@ async fn forward(
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`).
-    let routed = matches!(endpoint, Endpoint::Routed(_));
+    // Whether its answer may hold generated tokens: an inference API's, or
+    // an unknown one's taking JSON (an upload is not prompt text).
+    let generates = match endpoint {
+        Endpoint::Routed(_) => true,
+        Endpoint::ByLoad(_) => false,
+        Endpoint::Unrouted => bytes.trim_ascii_start().starts_with(b"{"),
+    };
     let (bytes, metering) =
-        crate::tenants::meter(shared, &parts.extensions, routed, &request, bytes)?;
+        crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)?;
     let admitted = shared.admission.acquire(priority).await?;
     if let Some(family) = unrouted {
         shared.request_metrics.unrouted(family);

@@ -256,23 +256,24 @@ impl Metering {
     }
 }
 
-/// For a request of a tenant with a token limit to an inference API
-/// (`routed`), its [`Metering`] and the body to send: a stream's asks for
-/// its usage ([`usage_event`]). Any other request's body is returned as it
-/// is, and its answer charged only what it reports (a tokenizer's or an
-/// unknown API's answer holds no tokens to estimate).
+/// For a request of a tenant with a token limit whose answer may hold
+/// generated tokens (`generates`: an inference API's, an unknown JSON
+/// API's), its [`Metering`] and the body to send: a stream's asks for its
+/// usage ([`usage_event`]). Any other request's body is returned as it is,
+/// and its answer charged only what it reports (a tokenizer's, a
+/// reranker's or an upload's holds no tokens to estimate).
 pub(crate) fn meter(
     shared: &Shared,
     extensions: &Extensions,
-    routed: bool,
+    generates: bool,
     request: &Inspected,
     body: Bytes,
 ) -> Result<(Bytes, Option<Metering>), GatewayError> {
     match extensions.get::<TenantRef>() {
-        Some(TenantRef(tenant)) if tenant.meters_tokens() && routed => {}
+        Some(TenantRef(tenant)) if tenant.meters_tokens() && generates => {}
         _ => return Ok((body, None)),
     }
-    let edited = if request.stream {
+    let asked = if request.stream {
         usage_event::ask_for_usage(&body, &request.stream_options, &shared.bodies.budget)?
     } else {
         None
@@ -290,9 +291,9 @@ pub(crate) fn meter(
     let metering = Metering {
         prompt_tokens: (body.len() as f64 / chars_per_token).ceil() as u64,
         chars_per_token,
-        strip_usage_event: edited.is_some(),
+        strip_usage_event: asked.as_ref().is_some_and(|a| a.strip),
     };
-    Ok((edited.unwrap_or(body), Some(metering)))
+    Ok((asked.map_or(body, |a| a.body), Some(metering)))
 }
 
 /// `requests_per_minute`: one cell per request.

@@ -254,6 +254,7 @@ async fn a_stream_without_include_usage_is_charged_and_its_client_sees_no_usage_
         None,
         Some(json!(null)),
         Some(json!({"include_usage": false})),
+        Some(json!({"include_usage": 0})),
     ] {
         let mut unasked = asked.clone();
         match options.clone() {

@@ -22,37 +22,59 @@ use std::ops::Range;
 /// What `stream_options: null` becomes.
 const ASKED: &str = r#"{"include_usage":true}"#;
 
+/// A body edited to ask for usage, and whether the usage event is then
+/// the client's to see.
+pub(crate) struct Asked {
+    /// The body to send.
+    pub(crate) body: Bytes,
+    /// The client did not ask for the usage event: take it out.
+    pub(crate) strip: bool,
+}
+
 /// The body with `stream_options.include_usage: true`, or `None` when it
-/// needs no edit (the client asked, or left it to the server's default) or
-/// cannot have one (a `stream_options` that is neither an object nor
-/// `null`: the worker refuses it anyway). Only the one value changes:
-/// `null` becomes `{"include_usage":true}`, each `include_usage` of
-/// `false` or `null` becomes `true`, or, without `stream_options`, the
-/// field is added first; every other byte is passed as written. The new
-/// body's bytes are taken from `budget` like the one read.
+/// needs no edit (the client wrote `include_usage: true`) or cannot have
+/// one (a `stream_options` that is neither an object nor `null`: the
+/// worker refuses it anyway). Only that value changes: `null` options
+/// become `{"include_usage":true}`, each `include_usage` written other
+/// than `true` (`false`, `0`, `"no"`...: Python workers read several as
+/// false) becomes `true`, an options object without it gets it first, and
+/// a body without options gets them first; every other byte is passed as
+/// written. The usage event is the client's to see only where its options
+/// object left `include_usage` to the server (vLLM's default is to send
+/// it). The new body's bytes are taken from `budget` like the one read.
 pub(crate) fn ask_for_usage(
     body: &[u8],
     options: &StreamOptions,
     budget: &BodyBudget,
-) -> Result<Option<Bytes>, GatewayError> {
-    let edits: Vec<(Range<usize>, &str)> = match options {
+) -> Result<Option<Asked>, GatewayError> {
+    // An object's first key goes right after its brace, with a comma when
+    // others follow.
+    let first_key = |open: usize, field: &'static str, and_comma: &'static str| {
+        let empty = body[open + 1..].trim_ascii_start().first() == Some(&b'}');
+        (open + 1..open + 1, if empty { field } else { and_comma })
+    };
+    let (edits, strip): (Vec<(Range<usize>, &str)>, bool) = match options {
         StreamOptions::NotApplicable | StreamOptions::Other => return Ok(None),
         StreamOptions::Object { asked: true, .. } => return Ok(None),
         StreamOptions::Absent => {
-            // Right after the object's opening brace (the body was read as
-            // an object, so one is there after white space).
+            // The body was read as an object: its brace is there, after
+            // white space.
             let Some(open) = body.iter().position(|&b| b == b'{') else {
                 return Ok(None);
             };
-            let empty = body[open + 1..].trim_ascii_start().first() == Some(&b'}');
-            let field = if empty { FIELD } else { FIELD_AND_COMMA };
-            vec![(open + 1..open + 1, field)]
+            (vec![first_key(open, FIELD, FIELD_AND_COMMA)], true)
         }
-        StreamOptions::Null { at } => vec![(at.clone(), ASKED)],
+        StreamOptions::Null { at } => (vec![(at.clone(), ASKED)], true),
         StreamOptions::Object {
-            asked: false,
-            declined,
-        } => declined.iter().map(|at| (at.clone(), "true")).collect(),
+            unset: true, at, ..
+        } => {
+            let edit = first_key(at.start, INCLUDE, INCLUDE_AND_COMMA);
+            (vec![edit], false)
+        }
+        StreamOptions::Object { declined, .. } => (
+            declined.iter().map(|at| (at.clone(), "true")).collect(),
+            true,
+        ),
     };
     let mut edited = Vec::with_capacity(body.len() + FIELD_AND_COMMA.len());
     let mut from = 0;
@@ -62,12 +84,16 @@ pub(crate) fn ask_for_usage(
         from = at.end;
     }
     edited.extend_from_slice(&body[from..]);
-    crate::body::budgeted(edited, budget).map(Some)
+    let body = crate::body::budgeted(edited, budget)?;
+    Ok(Some(Asked { body, strip }))
 }
 
 /// The field added to a body without `stream_options`.
 const FIELD: &str = r#""stream_options":{"include_usage":true}"#;
 const FIELD_AND_COMMA: &str = r#""stream_options":{"include_usage":true},"#;
+/// The key added to an options object without one.
+const INCLUDE: &str = r#""include_usage":true"#;
+const INCLUDE_AND_COMMA: &str = r#""include_usage":true,"#;
 
 /// The longest event the filter holds back while it is read: far above a
 /// usage event (a few hundred bytes). A longer one (an echoed prompt, say)
@@ -284,11 +310,11 @@ mod tests {
         );
     }
 
-    fn body(options: &StreamOptions, text: &str) -> String {
+    fn body(options: &StreamOptions, text: &str) -> (String, bool) {
         let budget = BodyBudget::new(1 << 20);
         match ask_for_usage(text.as_bytes(), options, &budget).unwrap() {
-            Some(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
-            None => text.to_owned(),
+            Some(asked) => (String::from_utf8(asked.body.to_vec()).unwrap(), asked.strip),
+            None => (text.to_owned(), false),
         }
     }
 
@@ -300,57 +326,76 @@ mod tests {
 
     #[test]
     fn the_body_asks_for_usage_with_every_other_byte_as_written() {
+        // (sent, sent on, whether the usage event is taken out)
         let cases = [
             (
                 r#" {"model":"m", "messages":[],"stream":true}"#,
                 r#" {"stream_options":{"include_usage":true},"model":"m", "messages":[],"stream":true}"#,
+                true,
             ),
             (
                 r#"{"messages":[],"stream_options": null ,"stream":true}"#,
                 r#"{"messages":[],"stream_options": {"include_usage":true} ,"stream":true}"#,
+                true,
             ),
             (
                 r#"{"messages":[],"stream_options":{"include_usage":false,"continuous_usage_stats":true}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+                true,
+            ),
+            // Values Python workers read as false.
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":0}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+                true,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":"no"}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+                true,
             ),
             // Values a JSON map of this gateway would not take, which
             // Python workers do: the edit reads none of them.
             (
                 r#"{"messages":[],"stream_options":{"include_usage":null,"x":1e400,"s":"\ud800"}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":true,"x":1e400,"s":"\ud800"}}"#,
+                true,
             ),
             // Written twice: both (Python's readers keep the last).
             (
-                r#"{"messages":[],"stream_options":{"include_usage":false, "include_usage" : false}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true, "include_usage" : false}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":true, "include_usage" : true}}"#,
+                true,
             ),
-            // Asked already (the last one says so, any value but false or
-            // null does), left to the server's default, or a value no
-            // worker takes: unchanged.
+            // Left to the server's default: asked for, the event left in
+            // (vLLM's default sends it).
             (
+                r#"{"messages":[],"stream_options":{}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
-                r#"{"messages":[],"stream_options":{"include_usage":true}}"#,
+                false,
             ),
+            (
+                r#"{"messages":[],"stream_options":{ "continuous_usage_stats":true}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":true, "continuous_usage_stats":true}}"#,
+                false,
+            ),
+            // Asked already (the last one is `true`), or a value no worker
+            // takes: unchanged.
             (
                 r#"{"messages":[],"stream_options":{"include_usage":false,"include_usage":true}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":false,"include_usage":true}}"#,
-            ),
-            (
-                r#"{"messages":[],"stream_options":{"include_usage":"true"}}"#,
-                r#"{"messages":[],"stream_options":{"include_usage":"true"}}"#,
-            ),
-            (
-                r#"{"messages":[],"stream_options":{}}"#,
-                r#"{"messages":[],"stream_options":{}}"#,
+                false,
             ),
             (
                 r#"{"messages":[],"stream_options":"yes"}"#,
                 r#"{"messages":[],"stream_options":"yes"}"#,
+                false,
             ),
         ];
-        for (sent, want) in cases {
-            let edited = body(&options(sent), sent);
+        for (sent, want, strip) in cases {
+            let (edited, stripped) = body(&options(sent), sent);
             assert_eq!(edited, want);
+            assert_eq!(stripped, strip, "{sent}");
             assert_eq!(
                 options(&edited).usage_asked(),
                 !sent.ends_with(r#""yes"}"#),
@@ -360,7 +405,7 @@ mod tests {
         // An escaped key is the same key: asked for in place, not twice.
         let escaped = r#"{"messages":[],"stream\u005foptions":{"include_usage":false}}"#;
         assert_eq!(
-            body(&options(escaped), escaped),
+            body(&options(escaped), escaped).0,
             r#"{"messages":[],"stream\u005foptions":{"include_usage":true}}"#
         );
         // Twice is refused when inspected, so never edited.
@@ -373,7 +418,7 @@ mod tests {
         );
         // An empty object (text completions read no other field it needs).
         assert_eq!(
-            body(&StreamOptions::Absent, "{ }"),
+            body(&StreamOptions::Absent, "{ }").0,
             r#"{"stream_options":{"include_usage":true} }"#
         );
     }
@@ -384,7 +429,8 @@ mod tests {
         let sent = r#"{"messages":[],"stream":true}"#;
         let edited = ask_for_usage(sent.as_bytes(), &options(sent), &budget)
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .body;
         assert_eq!(budget.used(), edited.len());
         drop(edited);
         assert_eq!(budget.used(), 0);
