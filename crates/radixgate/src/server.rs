@@ -398,13 +398,14 @@ pub async fn run_reloadable(
                     METRICS_PORT_CONNECTIONS,
                     "the metrics port's own cap",
                 ),
-                // Probes and scrapes send their request at once and need
-                // no long keep-alive: connections that hold a slot without
-                // one go within seconds, so that the cap cannot be held
-                // for long by idle ones.
+                // Probes and scrapes send their request at once, read
+                // their answer at once and need no long keep-alive:
+                // connections that hold a slot otherwise (idle, headless,
+                // or an HTTP/2 window left shut) go within seconds, so that
+                // the cap cannot be held for long.
                 header_read_timeout: connection_limits.header_read_timeout.min(METRICS_PORT_IDLE),
                 idle_timeout: connection_limits.idle_timeout.min(METRICS_PORT_IDLE),
-                ..connection_limits.clone()
+                write_timeout: connection_limits.write_timeout.min(METRICS_PORT_IDLE),
             };
             Some(tokio::spawn(listen::serve(
                 listener,

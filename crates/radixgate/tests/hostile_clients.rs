@@ -413,6 +413,38 @@ async fn the_metrics_port_keeps_an_idle_connection_seconds_not_the_client_ports_
     gw.shutdown().await;
 }
 
+/// An HTTP/2 client that shuts its flow-control window gets no byte of
+/// any answer's body: on the metrics port such a connection goes within
+/// seconds too, not after the client port's write timeout, so that 64 of
+/// them cannot hold its cap (and fail the probes there) for a minute each.
+#[tokio::test]
+async fn the_metrics_port_cuts_an_http2_client_with_a_shut_window_within_seconds() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.client_write_timeout_secs = 600;
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = spare.local_addr().unwrap().port();
+    drop(spare);
+    c.metrics.prometheus_port = Some(port);
+    let gw = gateway_ready(c, 1).await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake::<_, http_body_util::Empty<bytes::Bytes>>(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = axum::http::Request::get(format!("http://127.0.0.1:{port}/metrics"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let answer = sender.send_request(request).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let closed = tokio::time::timeout(Duration::from_secs(15), connection).await;
+    assert!(closed.is_ok(), "held past 15 s");
+    drop(answer);
+    gw.shutdown().await;
+}
+
 /// Sends a GET on a raw keep-alive connection and reads its answer.
 async fn get_on(stream: &mut TcpStream, path: &str) -> Option<Answer> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n");

@@ -153,6 +153,19 @@ fn probes_and_scrapes_use_the_metrics_port_apart_from_client_connections() {
     let metrics = router_config(&Manifests::parse(&committed()).unwrap()).metrics;
     assert_eq!(metrics.prometheus_port, Some(30001));
     assert_eq!(metrics.prometheus_host.as_deref(), Some("0.0.0.0"));
+    for (values, named) in [
+        (
+            json!({"extraArgs": ["--prometheus-host", "127.0.0.1"]}),
+            "extraArgs --prometheus-host",
+        ),
+        (
+            json!({"extraEnv": [{"name": "RADIXGATE_PROMETHEUS_PORT", "value": "1"}]}),
+            "extraEnv RADIXGATE_PROMETHEUS_PORT",
+        ),
+    ] {
+        let err = render(values).unwrap_err();
+        assert!(err.contains(named), "{named}: {err}");
+    }
     for own in ["prometheus_port", "prometheus_host"] {
         let err = render(json!({"config": {"metrics": {own: 1}}})).unwrap_err();
         assert!(

@@ -123,6 +123,16 @@ request, and an unbounded request time.
 {{- if or (hasKey $own "prometheus_port") (hasKey $own "prometheus_host") -}}
 {{- fail "config.metrics.prometheus_port and prometheus_host are the chart's own (server.managementPort, on server.host): set server.managementPort instead" -}}
 {{- end -}}
+{{- range .Values.extraArgs -}}
+{{- if hasPrefix "--prometheus-" (toString .) -}}
+{{- fail (printf "extraArgs %s: the metrics port is the chart's own (server.managementPort): set that instead" (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}
+{{- if hasPrefix "RADIXGATE_PROMETHEUS_" (toString .name) -}}
+{{- fail (printf "extraEnv %s: the metrics port is the chart's own (server.managementPort): set that instead" .name) -}}
+{{- end -}}
+{{- end -}}
 {{- $_ := set $managed "metrics" (dict "prometheus_port" (int $s.managementPort) "prometheus_host" $s.host) -}}
 {{- end -}}
 {{- if .Values.workers -}}
