@@ -21,7 +21,8 @@
 //! configured workers. Series of a removed worker go: its owner sets its
 //! gauges to 0 when it is removed and [`Metrics::forget_worker`] drops its
 //! cached handles (again at each touch, for series a request still running
-//! on it records after that), and the exporter forgets counters and gauges
+//! on it records after that, until a worker is back at that URL; the last
+//! 65,536 URLs are remembered), and the exporter forgets counters and gauges
 //! nobody used for [`SERIES_IDLE`] (under pod churn the series would
 //! otherwise grow with every pod address ever seen). Live series are kept by
 //! [`Metrics::run_upkeep`], which marks every cached handle used (without
@@ -122,10 +123,43 @@ pub struct Metrics {
     idle: Duration,
     /// When the caches were last touched.
     touched: Mutex<Instant>,
-    /// Removed workers' URLs, and when: series recorded for them after
-    /// they were forgotten (a request that was still running, say) are
-    /// forgotten again at each touch, for twice the idle time.
-    retired: Mutex<std::collections::HashMap<Box<str>, Instant>>,
+    /// Removed workers' URLs: series recorded for them after they were
+    /// forgotten (a request that was still running, say) are forgotten
+    /// again at each touch, until the URL is in the pool again.
+    retired: Mutex<Retired>,
+}
+
+/// The most removed workers' URLs kept (the oldest go first): a day of a
+/// pod every couple of seconds.
+const MAX_RETIRED: usize = 65_536;
+
+/// Removed workers' URLs, oldest first.
+#[derive(Debug, Default)]
+struct Retired {
+    urls: std::collections::HashSet<Box<str>>,
+    order: std::collections::VecDeque<Box<str>>,
+}
+
+impl Retired {
+    fn insert(&mut self, url: &str) {
+        if self.urls.insert(url.into()) {
+            self.order.push_back(url.into());
+        }
+        while self.urls.len() > MAX_RETIRED {
+            match self.order.pop_front() {
+                Some(oldest) => {
+                    self.urls.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn remove(&mut self, url: &str) {
+        if self.urls.remove(url) {
+            self.order.retain(|u| &**u != url);
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,7 +204,7 @@ impl Metrics {
             caches: Mutex::new(Vec::new()),
             idle,
             touched: Mutex::new(Instant::now()),
-            retired: Mutex::new(std::collections::HashMap::new()),
+            retired: Mutex::new(Retired::default()),
         }
     }
 
@@ -192,11 +226,15 @@ impl Metrics {
     /// the exporter drops them once unused for the idle time (their owners
     /// have set the gauges to 0). Series recorded for it later are
     /// forgotten again at each touch, until it is added back
-    /// ([`revive_worker`](Self::revive_worker)) or twice the idle time has
-    /// passed. Returns how many were forgotten now.
+    /// ([`revive_worker`](Self::revive_worker)). Returns how many were
+    /// forgotten now.
     pub fn forget_worker(&self, url: &str) -> usize {
-        self.retired.lock().insert(url.into(), Instant::now());
-        self.live_caches().iter().map(|c| c.forget(url)).sum()
+        self.retired.lock().insert(url);
+        let one: std::collections::HashSet<Box<str>> = [url.into()].into();
+        self.live_caches()
+            .iter()
+            .map(|c| c.forget_and_touch(&one))
+            .sum()
     }
 
     /// A worker at `url` is in the pool (again): its series are kept.
@@ -290,16 +328,9 @@ impl Metrics {
             }
             *touched = Instant::now();
         }
-        let retired: Vec<Box<str>> = {
-            let mut retired = self.retired.lock();
-            retired.retain(|_, at| at.elapsed() < self.idle * 2);
-            retired.keys().cloned().collect()
-        };
+        let retired = self.retired.lock().urls.clone();
         for cache in self.live_caches() {
-            for url in &retired {
-                cache.forget(url);
-            }
-            cache.touch();
+            cache.forget_and_touch(&retired);
         }
     }
 

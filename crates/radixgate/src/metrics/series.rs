@@ -12,6 +12,7 @@
 use ::metrics::{Counter, Gauge, Histogram};
 use hashbrown::{Equivalent, HashMap};
 use parking_lot::RwLock;
+use std::collections::HashSet;
 use std::hash::Hash;
 
 /// Handles of one metric family, by label values.
@@ -55,11 +56,11 @@ impl<K: Hash + Eq, V> Series<K, V> {
 /// its series used (the exporter forgets series nobody used for a while)
 /// and to forget a removed worker's.
 pub(super) trait Cache: Send + Sync {
-    /// Marks every cached series as used, without changing its value.
-    fn touch(&self);
-    /// Forgets the handles of the series labelled `text` (a removed
-    /// worker's URL), so that they are no longer touched; returns how many.
-    fn forget(&self, text: &str) -> usize;
+    /// Forgets the handles of the series labelled with one of `retired`
+    /// (removed workers' URLs), so that they are no longer touched, then
+    /// marks every other cached series as used, without changing its
+    /// value; returns how many were forgotten.
+    fn forget_and_touch(&self, retired: &HashSet<Box<str>>) -> usize;
 }
 
 impl<K, V> Cache for Series<K, V>
@@ -67,26 +68,27 @@ where
     K: SeriesKey + Send + Sync,
     V: Touch + Send + Sync,
 {
-    fn touch(&self) {
+    fn forget_and_touch(&self, retired: &HashSet<Box<str>>) -> usize {
+        let mut forgotten = 0;
+        if !retired.is_empty() {
+            let mut map = self.map.write();
+            let before = map.len();
+            map.retain(|key, _| !key.text().is_some_and(|t| retired.contains(t)));
+            forgotten = before - map.len();
+        }
         for handle in self.map.read().values() {
             handle.touch();
         }
-    }
-
-    fn forget(&self, text: &str) -> usize {
-        let mut map = self.map.write();
-        let before = map.len();
-        map.retain(|key, _| !key.names(text));
-        before - map.len()
+        forgotten
     }
 }
 
-/// Label values of a cached series: whether they name a given text (a
-/// worker's URL). Static labels the code chooses never do.
+/// Label values of a cached series: the one that may be a worker's URL.
+/// Static labels the code chooses never are.
 pub trait SeriesKey {
-    /// Whether one of the label values is `text`.
-    fn names(&self, _text: &str) -> bool {
-        false
+    /// The label value a caller gave (a worker's URL, a model, a tenant).
+    fn text(&self) -> Option<&str> {
+        None
     }
 }
 
@@ -95,20 +97,20 @@ impl SeriesKey for () {}
 impl SeriesKey for &'static str {}
 
 impl SeriesKey for Box<str> {
-    fn names(&self, text: &str) -> bool {
-        &**self == text
+    fn text(&self) -> Option<&str> {
+        Some(self)
     }
 }
 
 impl SeriesKey for String {
-    fn names(&self, text: &str) -> bool {
-        self == text
+    fn text(&self) -> Option<&str> {
+        Some(self)
     }
 }
 
 impl SeriesKey for LabelKey {
-    fn names(&self, text: &str) -> bool {
-        &*self.text == text
+    fn text(&self) -> Option<&str> {
+        Some(&self.text)
     }
 }
 

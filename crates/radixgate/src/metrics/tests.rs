@@ -385,6 +385,19 @@ fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
     }
     let s = parse(&metrics.render());
     assert!(!mentions(&s, W1), "the removed worker's series stayed");
+    // However late: a stream cut at its timeout, long after the removal.
+    m.upstream_error(W1, "timeout");
+    let started = std::time::Instant::now();
+    while started.elapsed() < idle * 3 {
+        metrics.run_upkeep();
+        let _ = metrics.render();
+        std::thread::sleep(idle / 16);
+    }
+    let s = parse(&metrics.render());
+    assert!(
+        !mentions(&s, W1),
+        "a late series of the removed worker stayed"
+    );
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W2)]), 1.0);
     assert_eq!(scalar(&s, WORKER_HEALTHY, &[("worker", W2)]), 1.0);
     assert_eq!(scalar(&s, WORKER_IN_FLIGHT, &[("worker", W2)]), 3.0);
