@@ -367,10 +367,7 @@ async fn the_separate_metrics_port_closes_slow_and_idle_connections_too() {
     let (_w, mut c) = worker_and_config().await;
     c.server.header_read_timeout_secs = 1;
     c.server.idle_timeout_secs = 1;
-    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = spare.local_addr().unwrap().port();
-    drop(spare);
-    c.metrics.prometheus_port = Some(port);
+    let port = with_metrics_port(&mut c).await;
     let gw = gateway_ready(c, 1).await;
     let metrics = format!("http://127.0.0.1:{port}");
     let mut silent = connect(&metrics).await;
@@ -395,10 +392,7 @@ async fn the_metrics_port_keeps_an_idle_connection_seconds_not_the_client_ports_
     let (_w, mut c) = worker_and_config().await;
     c.server.header_read_timeout_secs = 600;
     c.server.idle_timeout_secs = 600;
-    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = spare.local_addr().unwrap().port();
-    drop(spare);
-    c.metrics.prometheus_port = Some(port);
+    let port = with_metrics_port(&mut c).await;
     let gw = gateway_ready(c, 1).await;
     let metrics = format!("http://127.0.0.1:{port}");
     let mut silent = connect(&metrics).await;
@@ -421,10 +415,7 @@ async fn the_metrics_port_keeps_an_idle_connection_seconds_not_the_client_ports_
 async fn the_metrics_port_cuts_an_http2_client_with_a_shut_window_within_seconds() {
     let (_w, mut c) = worker_and_config().await;
     c.server.client_write_timeout_secs = 600;
-    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = spare.local_addr().unwrap().port();
-    drop(spare);
-    c.metrics.prometheus_port = Some(port);
+    let port = with_metrics_port(&mut c).await;
     let gw = gateway_ready(c, 1).await;
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let (mut sender, connection) =
@@ -484,19 +475,23 @@ async fn an_idle_connection_is_not_held_to_the_header_timeout() {
     gw.shutdown().await;
 }
 
-#[tokio::test]
-async fn connections_over_the_cap_are_closed_and_the_cap_frees_up() {
-    let (_w, mut c) = worker_and_config().await;
-    c.server.max_connections = 3;
-    c.server.threads = 2;
-    let gw = gateway_ready(c, 1).await;
-    // Fill the cap with connections that are each served once and kept
-    // open; earlier clients' connections may still be counted for a
-    // moment, so each is retried until served.
+/// Gives `c` a metrics port, a free one on loopback, and returns it.
+async fn with_metrics_port(c: &mut Config) -> u16 {
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = spare.local_addr().unwrap().port();
+    drop(spare);
+    c.metrics.prometheus_port = Some(port);
+    port
+}
+
+/// Fills a connection cap of `n` with connections that are each served
+/// once and kept open; earlier clients' connections may still be counted
+/// for a moment, so each is retried until served.
+async fn fill_the_cap(url: &str, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::new();
-    for i in 0..3 {
+    for i in 0..n {
         let served = first_some(&format!("connection {i} served"), || {
-            let url = gw.url.clone();
+            let url = url.to_owned();
             async move {
                 let mut s = connect(&url).await;
                 let answer = get_on(&mut s, "/liveness").await?;
@@ -506,6 +501,16 @@ async fn connections_over_the_cap_are_closed_and_the_cap_frees_up() {
         .await;
         held.push(served);
     }
+    held
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_closed_and_the_cap_frees_up() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.max_connections = 3;
+    c.server.threads = 2;
+    let gw = gateway_ready(c, 1).await;
+    let mut held = fill_the_cap(&gw.url, 3).await;
     // One more: accepted and closed at once, never served.
     let mut extra = connect(&gw.url).await;
     assert!(
@@ -538,24 +543,9 @@ async fn probes_on_the_metrics_port_pass_while_clients_fill_the_connection_cap()
     let (_w, mut c) = worker_and_config().await;
     c.server.max_connections = 2;
     c.server.threads = 1;
-    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = spare.local_addr().unwrap().port();
-    drop(spare);
-    c.metrics.prometheus_port = Some(port);
+    let port = with_metrics_port(&mut c).await;
     let gw = gateway_ready(c, 1).await;
-    let mut held = Vec::new();
-    for i in 0..2 {
-        let served = first_some(&format!("connection {i} served"), || {
-            let url = gw.url.clone();
-            async move {
-                let mut s = connect(&url).await;
-                let answer = get_on(&mut s, "/liveness").await?;
-                (answer.status == 200).then_some(s)
-            }
-        })
-        .await;
-        held.push(served);
-    }
+    let held = fill_the_cap(&gw.url, 2).await;
     let mut probe = connect(&gw.url).await;
     assert!(
         get_on(&mut probe, "/liveness").await.is_none(),

@@ -242,6 +242,22 @@ async fn stalled_stream_ends_with_an_error_event() {
     gw.shutdown().await;
 }
 
+/// Round robin over `workers`, with outlier detection that judges after
+/// three samples, each second, at twice the median and 200 ms above it,
+/// ejecting for `ejection_secs`.
+fn eager_outliers(workers: &[&str], ejection_secs: u64) -> Config {
+    let mut c = config(workers);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    let o = &mut c.outlier_detection;
+    o.interval_secs = 1;
+    o.min_samples = 3;
+    o.min_gap_ms = 200;
+    o.latency_factor = 2.0;
+    o.base_ejection_secs = ejection_secs;
+    o.max_ejection_percent = 50;
+    c
+}
+
 /// Item 3: a worker far slower than its peers (its `/health` fine) is
 /// ejected by outlier detection, and returns when its ejection is over.
 #[tokio::test]
@@ -252,15 +268,7 @@ async fn slow_worker_is_ejected_and_returns() {
         latency_ms: 400,
         ..FaultConfig::default()
     });
-    let mut c = config(&[&fast.url, &slow.url]);
-    c.routing = PolicyConfig::RoundRobin(Default::default());
-    let o = &mut c.outlier_detection;
-    o.interval_secs = 1;
-    o.min_samples = 3;
-    o.min_gap_ms = 200;
-    o.latency_factor = 2.0;
-    o.base_ejection_secs = 2;
-    o.max_ejection_percent = 50;
+    let c = eager_outliers(&[&fast.url, &slow.url], 2);
     let gw = gateway_ready(c, 2).await;
     for i in 0..8 {
         // Streamed: the first token's wait is what outlier detection
@@ -301,15 +309,7 @@ async fn long_whole_generations_do_not_make_their_worker_an_outlier() {
     paced.engine.timing.step_base_us = 2_000.0;
     let a = sim_worker(paced.clone()).await;
     let b = sim_worker(paced).await;
-    let mut c = config(&[&a.url, &b.url]);
-    c.routing = PolicyConfig::RoundRobin(Default::default());
-    let o = &mut c.outlier_detection;
-    o.interval_secs = 1;
-    o.min_samples = 3;
-    o.min_gap_ms = 200;
-    o.latency_factor = 2.0;
-    o.base_ejection_secs = 30;
-    o.max_ejection_percent = 50;
+    let c = eager_outliers(&[&a.url, &b.url], 30);
     let gw = gateway_ready(c, 2).await;
     // Round robin alternates: one worker gets every long whole answer
     // (300 tokens, about 0.6 s), the other every short stream.

@@ -351,6 +351,17 @@ fn mentions(scrape: &Scrape, url: &str) -> bool {
         .any(|s| s.labels.get("worker") == Some(url))
 }
 
+/// Runs the gateway's upkeep and a scrape every sixteenth of the idle
+/// time, for `how_long`.
+fn run_for(metrics: &Metrics, how_long: Duration) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < how_long {
+        metrics.run_upkeep();
+        let _ = metrics.render();
+        std::thread::sleep(metrics.idle / 16);
+    }
+}
+
 /// Under pod churn a removed worker's series must not stay forever: once
 /// forgotten they go after the idle time, while live series nobody updated
 /// meanwhile stay (their cached handles are touched), with their values.
@@ -377,22 +388,12 @@ fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
     assert_eq!(metrics.forget_worker(W1), 3);
     // A request that was still running on it ends after that.
     m.upstream_error(W1, "stream_broken");
-    let started = std::time::Instant::now();
-    while started.elapsed() < idle * 3 {
-        metrics.run_upkeep();
-        let _ = metrics.render();
-        std::thread::sleep(idle / 16);
-    }
+    run_for(&metrics, idle * 3);
     let s = parse(&metrics.render());
     assert!(!mentions(&s, W1), "the removed worker's series stayed");
     // However late: a stream cut at its timeout, long after the removal.
     m.upstream_error(W1, "timeout");
-    let started = std::time::Instant::now();
-    while started.elapsed() < idle * 3 {
-        metrics.run_upkeep();
-        let _ = metrics.render();
-        std::thread::sleep(idle / 16);
-    }
+    run_for(&metrics, idle * 3);
     let s = parse(&metrics.render());
     assert!(
         !mentions(&s, W1),
@@ -411,12 +412,7 @@ fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
     metrics.revive_worker(W1);
     m.upstream_error(W1, "connect");
     m.upstream_error(W2, "connect");
-    let started = std::time::Instant::now();
-    while started.elapsed() < idle * 2 {
-        metrics.run_upkeep();
-        let _ = metrics.render();
-        std::thread::sleep(idle / 16);
-    }
+    run_for(&metrics, idle * 2);
     let s = parse(&metrics.render());
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W1)]), 1.0);
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W2)]), 2.0);
