@@ -81,7 +81,11 @@ impl<B> Metered<B> {
         let reported = self.tail.tokens();
         let tokens = reported.or_else(|| {
             let (metering, output) = self.estimate.as_ref()?;
-            Some(metering.prompt_tokens + output.tokens(metering.chars_per_token))
+            Some(
+                metering
+                    .prompt_tokens
+                    .saturating_add(output.tokens(metering.chars_per_token)),
+            )
         });
         if let Some(tokens) = tokens {
             tenant.charge(tokens);
