@@ -139,11 +139,7 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/get_loads", get(info::loads))
         .route_layer(RequireTenant::new(&state.shared));
     let admin = admin::router(&state.shared);
-    let open = Router::<Arc<AppState>>::new()
-        .route("/health", get(info::readiness))
-        .route("/readiness", get(info::readiness))
-        .route("/liveness", get(info::liveness))
-        .route("/metrics", get(info::metrics));
+    let open = open_routes();
 
     api.merge(admin)
         .merge(open)
@@ -164,6 +160,17 @@ fn routes(state: Arc<AppState>) -> Router {
             crate::trace::request_id::RequestIds::new(state.shared.config.tracing.header_names()),
         ))
         .with_state(state)
+}
+
+/// The open endpoints: the probes, and `/metrics` (which checks
+/// `server.metrics_api_key` itself). On the client port and on the metrics
+/// port.
+fn open_routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/health", get(info::readiness))
+        .route("/readiness", get(info::readiness))
+        .route("/liveness", get(info::liveness))
+        .route("/metrics", get(info::metrics))
 }
 
 /// A known path asked with a method it does not take; axum adds `Allow`.
@@ -379,12 +386,7 @@ pub async fn run_reloadable(
             // port's connection cap, clients that fill that cap cannot fail
             // an orchestrator's probes (and have the router restarted,
             // cutting every stream it serves).
-            let app = Router::new()
-                .route("/metrics", get(info::metrics))
-                .route("/health", get(info::readiness))
-                .route("/readiness", get(info::readiness))
-                .route("/liveness", get(info::liveness))
-                .with_state(background);
+            let app = open_routes().with_state(background);
             tracing::info!(
                 addr = %listener.local_addr()?,
                 "metrics and probes listening"
