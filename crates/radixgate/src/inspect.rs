@@ -73,11 +73,11 @@ pub enum StreamOptions {
         /// Its byte range in the body.
         at: Range<usize>,
         /// Whether the client asked for the usage event: its last
-        /// `include_usage` is `true` as written.
+        /// `include_usage` is one a Python worker reads as true (`true`,
+        /// `1`, `"true"`, `"yes"`, ...; see [`reads_as_true`]).
         asked: bool,
         /// The byte ranges of its `include_usage` values that are not
-        /// `true` as written (`false`, `0`, `"no"`, `null`, ...: Python
-        /// workers read several of them as false).
+        /// (`false`, `0`, `"no"`, `null`, or one a worker refuses).
         declined: Vec<Range<usize>>,
         /// Whether it has no `include_usage` at all (the server's default
         /// decides: vLLM's sends usage, SGLang's does not).
@@ -105,7 +105,7 @@ impl StreamOptions {
         let Ok(IncludeUsage(values)) = serde_json::from_str::<IncludeUsage<'_>>(raw.get()) else {
             return Self::Other;
         };
-        let declines = |v: &RawValue| v.get() != "true";
+        let declines = |v: &RawValue| !reads_as_true(v.get());
         Self::Object {
             asked: values.last().is_some_and(|v| !declines(v)),
             declined: values
@@ -121,6 +121,20 @@ impl StreamOptions {
     /// Whether the client asked for the usage event.
     pub fn usage_asked(&self) -> bool {
         matches!(self, Self::Object { asked: true, .. })
+    }
+}
+
+/// Whether a JSON value, as written, is one the Python servers' request
+/// models (pydantic, in its default lax mode) read as a true boolean: the
+/// literal, 1, or a string spelling of true in any case. Anything else is
+/// false there, or refused.
+fn reads_as_true(json: &str) -> bool {
+    let value = json.strip_prefix('"').and_then(|v| v.strip_suffix('"'));
+    match value {
+        Some(text) => ["true", "1", "yes", "on", "t", "y"]
+            .iter()
+            .any(|t| text.eq_ignore_ascii_case(t)),
+        None => matches!(json, "true" | "1"),
     }
 }
 

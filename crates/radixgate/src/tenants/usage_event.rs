@@ -32,16 +32,17 @@ pub(crate) struct Asked {
 }
 
 /// The body with `stream_options.include_usage: true`, or `None` when it
-/// needs no edit (the client wrote `include_usage: true`) or cannot have
-/// one (a `stream_options` that is neither an object nor `null`: the
-/// worker refuses it anyway). Only that value changes: `null` options
-/// become `{"include_usage":true}`, each `include_usage` written other
-/// than `true` (`false`, `0`, `"no"`...: Python workers read several as
-/// false) becomes `true`, an options object without it gets it first, and
-/// a body without options gets them first; every other byte is passed as
-/// written. The usage event is the client's to see only where its options
-/// object left `include_usage` to the server (vLLM's default is to send
-/// it). The new body's bytes are taken from `budget` like the one read.
+/// needs no edit (the client's last `include_usage` reads as true to a
+/// Python worker: `true`, `1`, `"yes"`...) or cannot have one (a
+/// `stream_options` that is neither an object nor `null`: the worker
+/// refuses it anyway). Only that value changes: `null` options become
+/// `{"include_usage":true}`, each `include_usage` that does not read as
+/// true (`false`, `0`, `"no"`, `null`...) becomes `true`, an options object
+/// without it gets it first, and a body without options gets them first;
+/// every other byte is passed as written. The usage event is the client's
+/// to see only where its options object left `include_usage` to the server
+/// (vLLM's default is to send it). The new body's bytes are taken from
+/// `budget` like the one read.
 pub(crate) fn ask_for_usage(
     body: &[u8],
     options: &StreamOptions,
@@ -379,11 +380,21 @@ mod tests {
                 r#"{"messages":[],"stream_options":{"include_usage":true, "continuous_usage_stats":true}}"#,
                 false,
             ),
-            // Asked already (the last one is `true`), or a value no worker
-            // takes: unchanged.
+            // Asked already (the last one reads as true), or a value no
+            // worker takes: unchanged.
             (
                 r#"{"messages":[],"stream_options":{"include_usage":false,"include_usage":true}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":false,"include_usage":true}}"#,
+                false,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":"True"}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":"True"}}"#,
+                false,
+            ),
+            (
+                r#"{"messages":[],"stream_options":{"include_usage":1}}"#,
+                r#"{"messages":[],"stream_options":{"include_usage":1}}"#,
                 false,
             ),
             (
