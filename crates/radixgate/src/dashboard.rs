@@ -165,6 +165,7 @@ impl Dashboard {
                 StreamEnd::UpstreamError => "upstream_error",
                 StreamEnd::ClientGone => "client_gone",
                 StreamEnd::Shutdown => "shutdown",
+                StreamEnd::TimedOut => "timed_out",
             },
         };
         self.recent.push(answered, seen.matched);

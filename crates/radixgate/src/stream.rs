@@ -56,6 +56,9 @@ pub enum StreamEnd {
     ClientGone,
     /// The gateway cut the stream: its shutdown grace period ran out.
     Shutdown,
+    /// The gateway cut the stream: the request's own timeout ran out
+    /// (`server.request_timeout_secs`), whatever the worker was doing.
+    TimedOut,
 }
 
 /// Bookkeeping that lives exactly as long as a response stream.
@@ -272,7 +275,7 @@ where
                 && deadline.as_mut().poll(cx).is_ready()
             {
                 let err = "the request timed out while the worker was still answering";
-                return this.fail(err.into(), "request_timeout");
+                return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
             }
             if let Some((after, timer)) = this.stall.as_mut()
                 && timer.as_mut().poll(cx).is_ready()
@@ -299,6 +302,13 @@ where
                         }
                         watch.data(data);
                     }
+                }
+                // A body of known length is over with its last byte, and
+                // hyper drops it then, unpolled: it ends complete here, not
+                // as a client gone at the drop.
+                let event_open = this.sse && !this.closing().is_empty();
+                if this.inner.is_end_stream() && !event_open {
+                    this.end(StreamEnd::Complete);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

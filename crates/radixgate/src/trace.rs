@@ -294,6 +294,7 @@ impl RequestTrace {
             StreamEnd::UpstreamError => "upstream_error",
             StreamEnd::ClientGone => "client_gone",
             StreamEnd::Shutdown => "shutdown",
+            StreamEnd::TimedOut => "timed_out",
         };
         for span in [&self.stream, &self.attempt] {
             span.set_attribute("radixgate.outcome", outcome);

@@ -38,7 +38,7 @@ pub(crate) struct Answered {
     /// Arrival to end of body, milliseconds.
     pub(crate) latency_ms: f64,
     /// How the body ended: `complete`, `upstream_error`, `client_gone`,
-    /// `shutdown`.
+    /// `shutdown`, `timed_out`.
     pub(crate) end: &'static str,
 }
 

@@ -357,7 +357,7 @@ impl StreamWatch for RequestWatch {
                     record(worker, probe, Outcome::Success);
                 }
                 // The gateway cut it: says nothing about the worker.
-                StreamEnd::Shutdown => drop(probe),
+                StreamEnd::Shutdown | StreamEnd::TimedOut => drop(probe),
             }
         }
     }

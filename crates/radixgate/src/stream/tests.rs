@@ -298,3 +298,46 @@ async fn a_shutdown_ends_a_stream_whose_frames_are_always_ready() {
     );
     assert_eq!(*log.lock().unwrap(), ["Shutdown"]);
 }
+
+/// A body of known length ends with its last byte: hyper drops it then
+/// without polling it to its end, and that is a complete answer, not a
+/// client gone.
+#[tokio::test]
+async fn a_body_of_known_length_is_complete_at_its_last_byte() {
+    for sse in [false, true] {
+        let log = Log::default();
+        let mut body = WatchedBody::new(
+            http_body_util::Full::new(Bytes::from_static(b"data: {\"a\":1}\n\n")),
+            Recorder(log.clone()),
+            sse,
+        );
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "data: {\"a\":1}\n\n");
+        assert!(body.is_end_stream());
+        drop(body);
+        assert_eq!(*log.lock().unwrap(), ["first", "Complete"], "sse {sse}");
+    }
+}
+
+/// The request's own timeout cutting a stream says nothing about the
+/// worker: it ends as timed out, not as the worker's failure.
+#[tokio::test(start_paused = true)]
+async fn the_request_timeout_cutting_a_stream_is_not_the_workers_failure() {
+    let log = Log::default();
+    let body = WatchedBody::new(
+        paced(
+            &["data: a\n\n", "data: b\n\n"],
+            vec![
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(60),
+            ],
+        ),
+        Recorder(log.clone()),
+        true,
+    )
+    .with_deadline(tokio::time::Instant::now() + std::time::Duration::from_secs(5));
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(text.contains("request_timeout"), "{text}");
+    assert_eq!(*log.lock().unwrap(), ["first", "TimedOut"]);
+}
