@@ -201,6 +201,9 @@ pub struct Control {
     tx: mpsc::Sender<Command>,
     /// What the health checkers last saw of every known worker.
     board: health::Board,
+    /// The workers draining now (out of the registry, requests finishing),
+    /// as the control task last published them.
+    draining: Arc<parking_lot::Mutex<Vec<Arc<radixgate_routing::Worker>>>>,
 }
 
 impl Control {
@@ -256,6 +259,13 @@ impl Control {
         self.ask(|reply| Command::Remove { url, reply })
             .await
             .unwrap_or(Err(shutting_down()))
+    }
+
+    /// The workers draining now: out of the registry's snapshot, their
+    /// requests in flight finishing (their load is still read, e.g. for the
+    /// in-flight gauge).
+    pub(crate) fn draining(&self) -> Vec<Arc<radixgate_routing::Worker>> {
+        self.draining.lock().clone()
     }
 
     /// Why no worker serving `model` (any, when `None`) can take a request
@@ -360,6 +370,7 @@ pub(crate) fn spawn(
     let control = Control {
         tx,
         board: health::Board::default(),
+        draining: Arc::default(),
     };
     let task = ControlTask {
         registry,
@@ -400,13 +411,33 @@ impl ControlTask {
                 },
                 () = tokio::time::sleep(DRAIN_POLL), if draining => {
                     self.sweep_drains();
+                    self.publish_draining();
                     continue;
                 }
             };
             self.handle(command);
+            self.publish_draining();
         }
         for known in self.known.values() {
             known.cancel.cancel();
+        }
+    }
+
+    /// Publishes the draining workers to [`Control::draining`].
+    fn publish_draining(&self) {
+        let draining: Vec<_> = self
+            .known
+            .values()
+            .filter_map(|k| k.draining.as_ref().map(|d| d.worker.clone()))
+            .collect();
+        let mut published = self.control.draining.lock();
+        if published.len() != draining.len()
+            || published
+                .iter()
+                .zip(&draining)
+                .any(|(a, b)| !Arc::ptr_eq(a, b))
+        {
+            *published = draining;
         }
     }
 

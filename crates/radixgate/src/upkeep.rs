@@ -164,6 +164,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_generation = u64::MAX;
+    let mut last_draining: Vec<String> = Vec::new();
     let mut known: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
@@ -172,12 +173,18 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
         }
         let now = tokio::time::Instant::now();
         let snapshot = state.router.snapshot();
-        if snapshot.generation() != last_generation {
+        // Draining workers are out of the snapshot, their requests still
+        // in flight: their load is published until their drain ends.
+        let draining = state.control.draining();
+        let draining_now: Vec<&str> = draining.iter().map(|w| w.url()).collect();
+        if snapshot.generation() != last_generation || draining_now != last_draining {
             last_generation = snapshot.generation();
+            last_draining = draining_now.iter().map(|u| (*u).to_owned()).collect();
             state.breakers.retain(|id| snapshot.get(id).is_some());
             let live: HashSet<String> = snapshot
                 .workers()
                 .iter()
+                .chain(draining.iter())
                 .map(|w| w.url().to_owned())
                 .collect();
             // A removed worker's series stay for the exporter's idle time
@@ -193,6 +200,9 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
                 state.metrics.revive_worker(added);
             }
             known = live;
+        }
+        for worker in &draining {
+            gauges.in_flight(worker.url(), worker.load());
         }
         for worker in snapshot.workers() {
             state.breakers.publish(worker, now);

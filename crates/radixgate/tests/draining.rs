@@ -34,6 +34,16 @@ async fn delete_workers_drains_a_worker_with_a_stream_in_flight() {
     let listed = workers(&gw.url).await;
     assert_eq!(listed[0]["state"], "draining", "{listed:?}");
     assert_eq!(listed[0]["load"], 1, "{listed:?}");
+    // The in-flight gauge goes on reading its load while it drains (an
+    // operator waits for it to reach 0 before stopping the worker).
+    let in_flight = format!(
+        "radixgate_worker_in_flight_requests{{worker=\"{}\"}} 1",
+        a.url
+    );
+    wait_until("the draining worker's in-flight gauge at 1", || async {
+        metrics_text(&gw.url).await.contains(&in_flight)
+    })
+    .await;
     let r = client()
         .post(format!("{}/v1/chat/completions", gw.url))
         .json(&chat("no one to take it", false))
@@ -66,6 +76,14 @@ async fn delete_workers_drains_a_worker_with_a_stream_in_flight() {
         metrics.contains("radixgate_worker_drains_total{end=\"finished\"} 1"),
         "{metrics}"
     );
+    let drained = format!(
+        "radixgate_worker_in_flight_requests{{worker=\"{}\"}} 0",
+        a.url
+    );
+    wait_until("the drained worker's in-flight gauge at 0", || async {
+        metrics_text(&gw.url).await.contains(&drained)
+    })
+    .await;
     gw.shutdown().await;
 }
 
