@@ -233,6 +233,10 @@ async fn forward(
     Ok(response)
 }
 
+/// Why a request found no worker when the only ones left were half-open.
+const PROBING: &str = "every worker that could take it is half-open after failures, \
+its one probe request still out (circuit breaker); retry shortly";
+
 /// Where a request goes: its endpoint and the worker path.
 #[derive(Clone, Copy)]
 struct Target<'a> {
@@ -318,6 +322,9 @@ async fn attempts(
     let stream_first_byte_timeout = shared.config.first_byte_timeout(true);
     let mut backoff = Backoff::new(&shared.config.retry);
     let mut tried: Vec<WorkerId> = Vec::new();
+    // Of those, the workers left out because their half-open breaker's one
+    // probe request was out: no attempt, so no retry spent.
+    let mut sat_out = 0usize;
     let mut last_failure: Option<GatewayError> = None;
     let route = target.endpoint.label();
     // Behind a preamble, the watch finds the first token (see `respond`).
@@ -348,8 +355,12 @@ async fn attempts(
                     // No untried worker is left: report what the last
                     // attempt saw, not the empty pool.
                     Some(last) => GatewayError::RetriesExhausted {
-                        attempts: tried.len() as u32,
+                        attempts: (tried.len() - sat_out) as u32,
                         last: Box::new(last),
+                    },
+                    None if sat_out > 0 => GatewayError::NoHealthyWorker {
+                        model: request.model.clone(),
+                        why: PROBING.to_owned(),
                     },
                     None => unavailable(shared, err, request.model.as_deref()),
                 });
@@ -361,6 +372,7 @@ async fn attempts(
         let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
             // Half-open with its probe already out: this worker sits out.
             tried.push(worker.id());
+            sat_out += 1;
             continue;
         };
         shared
@@ -380,7 +392,7 @@ async fn attempts(
             // prefix blind (docs/sync.md). Queued, never waited for.
             sync.routed(pool, worker.url(), text);
         }
-        let last_attempt = tried.len() as u32 >= max_retries;
+        let last_attempt = (tried.len() - sat_out) as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let mut traced = crate::trace::Attempt::start(worker.url(), target.path, tried.len());
@@ -473,7 +485,7 @@ async fn attempts(
         record(&worker, probe, Outcome::Failure);
         traced.failed(retry::reason(&failure), &failure);
         if last_attempt || !failure.retryable() {
-            let attempts = tried.len() as u32 + 1;
+            let attempts = (tried.len() - sat_out) as u32 + 1;
             return Err(if attempts > 1 {
                 GatewayError::RetriesExhausted {
                     attempts,

@@ -546,3 +546,45 @@ async fn two_routers_that_forward_to_each_other_send_the_request_round_once_at_m
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A worker whose breaker is half-open takes one probe request; a request
+/// that finds it busy and no other worker is told so (a 503 naming the
+/// breaker), not that no worker serves its model, and spends no retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_finds_the_only_worker_probing_is_told_so() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.retry.max_retries = 0;
+    cfg.circuit_breaker.failure_threshold = 1;
+    cfg.circuit_breaker.timeout_duration_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    w.set_faults(FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    let c = client();
+    let r = post_chat(&gw.url, &chat("opens the breaker", false)).await;
+    assert_eq!(r.status(), 500);
+    // Half-open after a second; the probe then takes three.
+    w.set_faults(FaultConfig {
+        latency_ms: 3_000,
+        ..Default::default()
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
+    let url = gw.url.clone();
+    let probe =
+        tokio::spawn(async move { post_chat(&url, &chat("the probe", false)).await.status() });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("while the probe is out", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body: serde_json::Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("half-open"), "{message}");
+    assert_eq!(probe.await.unwrap(), 200);
+    gw.shutdown().await;
+}
