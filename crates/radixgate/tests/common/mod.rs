@@ -186,7 +186,6 @@ pub async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
-/// The gateway's `/get_loads` answer.
 /// The entries `/workers` lists.
 pub async fn workers(gateway: &str) -> Vec<Value> {
     let list: Value = client()
@@ -200,6 +199,25 @@ pub async fn workers(gateway: &str) -> Vec<Value> {
     list["workers"].as_array().unwrap().clone()
 }
 
+/// The model ids `/v1/models` lists.
+pub async fn model_ids(gateway: &str) -> Vec<String> {
+    let list: Value = client()
+        .get(format!("{gateway}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| Some(m["id"].as_str()?.to_owned()))
+        .collect()
+}
+
+/// The gateway's `/get_loads` answer.
 pub async fn get_loads(gateway: &str) -> Value {
     client()
         .get(format!("{gateway}/get_loads"))

@@ -244,29 +244,13 @@ async fn a_model_label_change_gives_the_worker_its_new_model() {
     cfg.discovery.model_id_from = Some(ModelIdFrom::Label("model".into()));
     let gw = gateway(cfg).await;
     wait_for_healthy(&gw.url, 1).await;
-    let models = || async {
-        let list: Value = client()
-            .get(format!("{}/v1/models", gw.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        list["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|m| Some(m["id"].as_str()?.to_owned()))
-            .collect::<Vec<String>>()
-    };
-    assert_eq!(models().await, ["model-a"]);
+    assert_eq!(model_ids(&gw.url).await, ["model-a"]);
 
     let mut relabelled = p;
     relabelled["metadata"]["labels"]["model"] = json!("model-b");
     api.put(relabelled);
     wait_until("w-0 serving model-b", || async {
-        models().await == ["model-b"]
+        model_ids(&gw.url).await == ["model-b"]
             && worker_named(&gw.url, "w-0")
                 .await
                 .is_some_and(|w| w["state"] == "healthy")
