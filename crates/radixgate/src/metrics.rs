@@ -231,10 +231,7 @@ impl Metrics {
     pub fn forget_worker(&self, url: &str) -> usize {
         self.retired.lock().insert(url);
         let one: std::collections::HashSet<Box<str>> = [url.into()].into();
-        self.live_caches()
-            .iter()
-            .map(|c| c.forget_and_touch(&one))
-            .sum()
+        self.live_caches().iter().map(|c| c.forget(&one)).sum()
     }
 
     /// A worker at `url` is in the pool (again): its series are kept.
@@ -330,7 +327,8 @@ impl Metrics {
         }
         let retired = self.retired.lock().urls.clone();
         for cache in self.live_caches() {
-            cache.forget_and_touch(&retired);
+            cache.forget(&retired);
+            cache.touch();
         }
     }
 

@@ -57,10 +57,11 @@ impl<K: Hash + Eq, V> Series<K, V> {
 /// and to forget a removed worker's.
 pub(super) trait Cache: Send + Sync {
     /// Forgets the handles of the series labelled with one of `retired`
-    /// (removed workers' URLs), so that they are no longer touched, then
-    /// marks every other cached series as used, without changing its
-    /// value; returns how many were forgotten.
-    fn forget_and_touch(&self, retired: &HashSet<Box<str>>) -> usize;
+    /// (removed workers' URLs), so that they are no longer touched;
+    /// returns how many were forgotten.
+    fn forget(&self, retired: &HashSet<Box<str>>) -> usize;
+    /// Marks every cached series as used, without changing its value.
+    fn touch(&self);
 }
 
 impl<K, V> Cache for Series<K, V>
@@ -68,18 +69,20 @@ where
     K: SeriesKey + Send + Sync,
     V: Touch + Send + Sync,
 {
-    fn forget_and_touch(&self, retired: &HashSet<Box<str>>) -> usize {
-        let mut forgotten = 0;
-        if !retired.is_empty() {
-            let mut map = self.map.write();
-            let before = map.len();
-            map.retain(|key, _| !key.text().is_some_and(|t| retired.contains(t)));
-            forgotten = before - map.len();
+    fn forget(&self, retired: &HashSet<Box<str>>) -> usize {
+        if retired.is_empty() {
+            return 0;
         }
+        let mut map = self.map.write();
+        let before = map.len();
+        map.retain(|key, _| !key.text().is_some_and(|t| retired.contains(t)));
+        before - map.len()
+    }
+
+    fn touch(&self) {
         for handle in self.map.read().values() {
             handle.touch();
         }
-        forgotten
     }
 }
 
