@@ -430,15 +430,7 @@ impl ControlTask {
             .values()
             .filter_map(|k| k.draining.as_ref().map(|d| d.worker.clone()))
             .collect();
-        let mut published = self.control.draining.lock();
-        if published.len() != draining.len()
-            || published
-                .iter()
-                .zip(&draining)
-                .any(|(a, b)| !Arc::ptr_eq(a, b))
-        {
-            *published = draining;
-        }
+        *self.control.draining.lock() = draining;
     }
 
     fn handle(&mut self, command: Command) {
