@@ -159,3 +159,61 @@ async fn a_transfer_that_never_arrives_and_a_dead_prefill_are_errors() {
         gw.shutdown().await;
     }
 }
+
+/// A decode worker whose breaker is half-open takes one probe request; a
+/// request that finds it busy and no other decode worker is told so (a 503
+/// naming the breaker), with no attempt made: vLLM's prefill is not run
+/// for a decode that cannot take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_whose_decode_is_probing_is_told_so_without_an_attempt() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = worker(Role::Prefill).await;
+        let decode = worker(Role::Decode).await;
+        let mut c = pd_config(protocol, &[&prefill], &[&decode]);
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.timeout_duration_secs = 1;
+        let gw = gateway(c).await;
+        wait_for_healthy(&gw.url, 2).await;
+        let completion = |i| json!({"model": "sim-llama-8b", "prompt": prompt(i), "max_tokens": 4});
+        decode.set_faults(FaultConfig {
+            error_rate: 1.0,
+            ..FaultConfig::default()
+        });
+        let r = post_completion(&gw.url, &completion(1)).await;
+        assert_eq!(r.status(), 500, "{protocol:?}: opens decode's breaker");
+        // Half-open after a second; the probe then takes three.
+        decode.set_faults(FaultConfig {
+            latency_ms: 3_000,
+            ..FaultConfig::default()
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
+        let url = gw.url.clone();
+        let body = completion(2);
+        let probe = tokio::spawn(async move { post_completion(&url, &body).await.status() });
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let prefilled = common::series_sum(&prefill.url, "radixgate_sim_requests_total").await;
+        let r = post_completion(&gw.url, &completion(3)).await;
+        assert_eq!(r.status(), 503, "{protocol:?}");
+        let err: Value = r.json().await.unwrap();
+        let message = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("half-open"), "{protocol:?}: {err}");
+        assert_eq!(
+            common::series_sum(&prefill.url, "radixgate_sim_requests_total").await,
+            prefilled,
+            "{protocol:?}: nothing sent to prefill for it"
+        );
+        assert_eq!(probe.await.unwrap(), 200, "{protocol:?}");
+        common::wait_for_zero_load(&gw.url).await;
+        gw.shutdown().await;
+    }
+}
+
+async fn post_completion(url: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("{url}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}

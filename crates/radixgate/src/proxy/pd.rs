@@ -38,7 +38,7 @@ mod body;
 use body::{prefill_body, transfer_params, with_bootstrap, with_transfer_params};
 
 use super::{
-    Answer, Outgoing, Target, Waiting, error_message, no_first_byte, record, routing_key,
+    Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record, routing_key,
     send_primed, unavailable,
 };
 use crate::breaker::{Outcome, Permit};
@@ -136,6 +136,9 @@ pub(super) async fn attempts(
     let mut tried_decode: Vec<WorkerId> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
     let mut attempt = 0u32;
+    // Whether a side was left out because its half-open breaker's one
+    // probe request was out: no attempt, so no retry spent.
+    let mut sat_out = false;
     let model = request.model.as_deref();
     let text = &request.routing_text;
     loop {
@@ -143,6 +146,10 @@ pub(super) async fn attempts(
             Some(last) => GatewayError::RetriesExhausted {
                 attempts: attempt,
                 last: Box::new(last),
+            },
+            None if sat_out => GatewayError::NoHealthyWorker {
+                model: request.model.clone(),
+                why: PROBING.to_owned(),
             },
             None => unavailable(shared, err, model),
         };
@@ -172,7 +179,27 @@ pub(super) async fn attempts(
                 Err(err) => return Err(give_up(err, last_failure)),
             },
         };
-        let explained = explain(pd.protocol, prefill.as_ref(), &decode, skip);
+        // Each side's breaker admits it before either is sent, so that a
+        // half-open side with its probe out costs the pair nothing (vLLM's
+        // prefill would otherwise run for a decode that cannot take it).
+        let now = tokio::time::Instant::now();
+        let Some(decode_probe) = probe(shared, &decode, now) else {
+            tried_decode.push(decode.decision.worker().id());
+            sat_out = true;
+            continue;
+        };
+        let prefill = match prefill {
+            None => None,
+            Some(prefill) => match probe(shared, &prefill, now) {
+                Some(permit) => Some((prefill, permit)),
+                None => {
+                    tried_prefill.push(prefill.decision.worker().id());
+                    sat_out = true;
+                    continue;
+                }
+            },
+        };
+        let explained = explain(pd.protocol, prefill.as_ref().map(|(p, _)| p), &decode, skip);
         shared.request_metrics.pd_request(if skip.is_some() {
             "skipped_prefill"
         } else {
@@ -180,13 +207,13 @@ pub(super) async fn attempts(
         });
         // Counted once per attempt, by the decision that set its prompt's
         // cost: prefill's, or decode's when it prefills alone.
-        let deciding = prefill.as_ref().unwrap_or(&decode);
+        let deciding = prefill.as_ref().map_or(&decode, |(p, _)| p);
         shared
             .request_metrics
             .decision(deciding.decision.explanation().branch.as_str());
         // What other router replicas learn once the pair has answered
         // (nothing to keep without sync).
-        let learned = [prefill.as_ref(), Some(&decode)].map(|side| {
+        let learned = [prefill.as_ref().map(|(p, _)| p), Some(&decode)].map(|side| {
             shared.sync.as_ref()?;
             let side = side?;
             let inserted = side.decision.inserted_text(text)?;
@@ -209,6 +236,7 @@ pub(super) async fn attempts(
             text,
             retry: attempt as usize - 1,
         };
+        let decode = (decode, decode_probe);
         let outcome = match prefill {
             None => pair.decode_alone(decode, bytes.clone()).await,
             Some(prefill) => match pd.protocol {
@@ -291,6 +319,18 @@ pub(super) async fn attempts(
         tokio::time::sleep(pause).await;
     }
 }
+
+/// The breaker's admission for a side's worker; `None` while it is
+/// half-open with its probe out.
+fn probe(shared: &Shared, side: &Routed, now: tokio::time::Instant) -> Option<Permit> {
+    shared
+        .breakers
+        .get(side.decision.worker().id())
+        .try_acquire(now)
+}
+
+/// A side's decision with its breaker's admission.
+type Admitted = (Routed, Permit);
 
 /// A decision's tree insert, for the other router replicas.
 struct Learned {
@@ -397,23 +437,18 @@ impl Failed {
 }
 
 impl Pair<'_> {
-    /// Sends `body` to the decision's worker and waits for its head and
-    /// first frame; a failure is recorded on the worker.
+    /// Sends `body` to the decision's worker, which its breaker admitted
+    /// with `probe`, and waits for its head and first frame; a failure is
+    /// recorded on the worker.
     async fn attempt(
         &self,
         decision: &mut Decision,
+        probe: Permit,
         body: Bytes,
     ) -> Result<(Answer2, Permit), GatewayError> {
         let shared = &self.state.shared;
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
-        let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
-            // Half-open with its probe already out: this worker sits out.
-            return Err(GatewayError::WorkerLost {
-                worker: worker.url().to_owned(),
-                after: Duration::ZERO,
-            });
-        };
         let sent = tokio::time::Instant::now();
         let traced = crate::trace::Attempt::start(worker.url(), self.path, self.retry);
         let waited = send_primed(
@@ -455,14 +490,17 @@ impl Pair<'_> {
 
     /// Decode's response: the client's answer if it succeeded; otherwise
     /// the failure, with the answer kept for the last attempt.
-    async fn decode_answer(&self, routed: Routed, body: Bytes) -> Result<Answer, Failed> {
-        let Routed {
-            mut decision,
-            model,
-        } = routed;
+    async fn decode_answer(&self, routed: Admitted, body: Bytes) -> Result<Answer, Failed> {
+        let (
+            Routed {
+                mut decision,
+                model,
+            },
+            probe,
+        ) = routed;
         let shared = &self.state.shared;
         let worker = decision.worker().clone();
-        let (mut answer, probe) = match self.attempt(&mut decision, body).await {
+        let (mut answer, probe) = match self.attempt(&mut decision, probe, body).await {
             Ok(ok) => ok,
             Err(error) => {
                 return Err(Failed {
@@ -523,7 +561,7 @@ impl Pair<'_> {
     }
 
     /// The prefill skip: the client's bytes to decode alone.
-    async fn decode_alone(&self, decode: Routed, bytes: Bytes) -> Result<Done, Failed> {
+    async fn decode_alone(&self, decode: Admitted, bytes: Bytes) -> Result<Done, Failed> {
         let answer = self.decode_answer(decode, bytes).await?;
         Ok(Done {
             answer,
@@ -536,8 +574,8 @@ impl Pair<'_> {
     async fn sglang(
         &self,
         api: Api,
-        prefill: Routed,
-        mut decode: Routed,
+        (prefill, prefill_probe): Admitted,
+        mut decode: Admitted,
         bytes: &Bytes,
     ) -> Result<Done, Failed> {
         let shared = &self.state.shared;
@@ -551,7 +589,7 @@ impl Pair<'_> {
         };
         // The pair's answer is decode's; prefill's transfer is not what
         // decode's cached-token report measures.
-        drop(decode.decision.take_cache_feedback());
+        drop(decode.0.decision.take_cache_feedback());
         let (head_tx, head_rx) = tokio::sync::oneshot::channel();
         // In the request's scopes: its log lines carry the request id, and
         // its attempt span nests under the request's trace.
@@ -570,6 +608,7 @@ impl Pair<'_> {
                 retry: self.retry,
             },
             prefill.decision,
+            prefill_probe,
             body.clone(),
             head_tx,
         ))));
@@ -627,20 +666,26 @@ impl Pair<'_> {
     /// vLLM: prefill first, then decode with prefill's transfer parameters.
     async fn vllm(
         &self,
-        prefill: Routed,
-        mut decode: Routed,
+        prefill: Admitted,
+        mut decode: Admitted,
         bytes: &Bytes,
     ) -> Result<Done, Failed> {
-        let Routed {
-            decision: mut prefill_decision,
-            ..
-        } = prefill;
+        let (
+            Routed {
+                decision: mut prefill_decision,
+                ..
+            },
+            prefill_probe,
+        ) = prefill;
         let prefill_worker = prefill_decision.worker().clone();
         let step_one = match prefill_body(bytes) {
             Ok(body) => body,
             Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
         };
-        let (mut answer, probe) = match self.attempt(&mut prefill_decision, step_one).await {
+        let (mut answer, probe) = match self
+            .attempt(&mut prefill_decision, prefill_probe, step_one)
+            .await
+        {
             Ok(ok) => ok,
             Err(error) => return Err(Failed::prefill(prefill_worker.id(), error)),
         };
@@ -685,7 +730,7 @@ impl Pair<'_> {
             Ok(body) => body,
             Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
         };
-        drop(decode.decision.take_cache_feedback());
+        drop(decode.0.decision.take_cache_feedback());
         let answer = self.decode_answer(decode, step_two).await?;
         Ok(Done {
             answer,
@@ -734,6 +779,7 @@ struct PrefillSide {
 async fn prefill_side(
     side: PrefillSide,
     mut decision: Decision,
+    probe: Permit,
     body: Bytes,
     head: tokio::sync::oneshot::Sender<Result<(), GatewayError>>,
 ) {
@@ -753,7 +799,7 @@ async fn prefill_side(
         retry: side.retry,
     };
     let worker = decision.worker().clone();
-    let (mut answer, probe) = match pair.attempt(&mut decision, body).await {
+    let (mut answer, probe) = match pair.attempt(&mut decision, probe, body).await {
         Ok(ok) => ok,
         Err(error) => {
             let _ = head.send(Err(error));
