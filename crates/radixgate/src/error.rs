@@ -185,6 +185,14 @@ pub enum GatewayError {
         /// How long the attempt had waited.
         after: Duration,
     },
+    /// The router panicked while handling the request: a bug, logged (with
+    /// where it happened and the request's id) by the panic hook that
+    /// `trace::init` installs. The message names no detail of it.
+    #[error(
+        "the router failed while handling this request (an internal error, logged with this \
+         request's id); please retry, and report it if it persists"
+    )]
+    Internal,
     /// One side of a prefill/decode disaggregated request failed; the
     /// other side was cancelled. Answers as the failure does.
     #[error("{side} worker failed: {source}")]
@@ -293,6 +301,7 @@ impl GatewayError {
             | Self::RequestTimeout { .. }
             | Self::Routing(_)
             | Self::LoopDetected { .. }
+            | Self::Internal
             | Self::ShuttingDown => Origin::Gateway,
         }
     }
@@ -328,7 +337,7 @@ impl GatewayError {
             Self::NoHealthyWorker { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Routing(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Routing(_) | Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             Self::RecordTrace(err) if err.client_caused() => StatusCode::BAD_REQUEST,
             Self::RecordTrace(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -366,6 +375,7 @@ impl GatewayError {
             Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
             Self::ShuttingDown => ("service_unavailable", "shutting_down"),
             Self::Routing(_) => ("server_error", "routing_error"),
+            Self::Internal => ("server_error", "internal_error"),
             Self::LoopDetected { .. } => ("server_error", "loop_detected"),
             Self::RecordTrace(err) if err.client_caused() => {
                 ("invalid_request_error", "record_trace_failed")

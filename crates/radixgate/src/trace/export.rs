@@ -160,7 +160,47 @@ pub fn init(
         .collect();
     tracing_subscriber::registry().with(layers).try_init()?;
     super::EXPORTING.store(exporting, Ordering::Relaxed);
+    std::panic::set_hook(Box::new(log_panic));
     Ok(Telemetry { provider })
+}
+
+/// The panic hook: a panic is an ERROR log line like any other, in the
+/// log's format and with the request it happened in (a JSON log's
+/// collector would not parse the default hook's bare lines), with where it
+/// happened and, when `RUST_BACKTRACE` asks for one, the backtrace. A
+/// request's handler that panics is then answered 500
+/// (`request_id::Answered`); a background task's panic ends that task.
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let message = panic_message(info.payload());
+    let location = info
+        .location()
+        .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
+        .unwrap_or_default();
+    let thread = std::thread::current();
+    let thread = thread.name().unwrap_or("unnamed");
+    let backtrace = std::backtrace::Backtrace::capture();
+    match backtrace.status() {
+        std::backtrace::BacktraceStatus::Captured => tracing::error!(
+            thread,
+            location,
+            %backtrace,
+            "panicked (a bug; please report it): {message}"
+        ),
+        _ => tracing::error!(
+            thread,
+            location,
+            "panicked (a bug; please report it): {message}"
+        ),
+    }
+}
+
+/// A panic's message: its payload when that is text.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// The tracer provider: batch export over OTLP/HTTP (protobuf) to the
@@ -274,5 +314,21 @@ impl HttpClient for Poster {
         let mut response = http::Response::new(body);
         *response.status_mut() = status;
         Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panics_message_is_its_text_payload() {
+        let message = |f: fn()| {
+            let payload = std::panic::catch_unwind(f).unwrap_err();
+            panic_message(payload.as_ref()).to_owned()
+        };
+        assert_eq!(message(|| panic!("static text")), "static text");
+        assert_eq!(message(|| panic!("formatted {}", 7)), "formatted 7");
+        assert_eq!(message(|| std::panic::panic_any(7_u32)), "(no message)");
     }
 }

@@ -16,15 +16,23 @@
 //! ([`super::request_log`]), always, and with export on the exported
 //! `receive` span, whose parent is the client's `traceparent` when it sent
 //! a valid one.
+//!
+//! It also answers for a handler that panics: the client gets a 500 with
+//! an OpenAI-style body ([`GatewayError::Internal`]) rather than a dropped
+//! connection, and the panic hook `trace::init` installs logs where it
+//! happened, with the request's id. A panic after the answer's head (in its
+//! body) still ends the connection: the status has been sent.
 
 use super::request_log::{RequestLog, Scoped};
 use super::{OTEL_TARGET, RequestSpans};
+use crate::error::GatewayError;
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::Status;
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -151,10 +159,10 @@ where
         let inner = {
             let _span = receive.enter();
             let _current = log.enter();
-            self.inner.call(req)
+            catch_unwind(AssertUnwindSafe(|| self.inner.call(req))).ok()
         };
         Answered {
-            inner: log.scope(inner).instrument(receive.clone()),
+            inner: inner.map(|inner| log.scope(inner).instrument(receive.clone())),
             id: Some(id),
             receive,
         }
@@ -163,10 +171,11 @@ where
 
 pin_project_lite::pin_project! {
     /// A request's answer under way ([`Identified`]): on its way out it
-    /// gets the request's id, and the exported span its status.
+    /// gets the request's id, and the exported span its status. `None`
+    /// when the call itself panicked.
     pub struct Answered<F> {
         #[pin]
-        inner: Instrumented<Scoped<F>>,
+        inner: Option<Instrumented<Scoped<F>>>,
         id: Option<HeaderValue>,
         receive: tracing::Span,
     }
@@ -179,8 +188,19 @@ where
     type Output = Result<Response, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut answer = ready!(this.inner.poll(cx));
+        let mut this = self.project();
+        let polled = match this.inner.as_mut().as_pin_mut() {
+            Some(inner) => catch_unwind(AssertUnwindSafe(|| inner.poll(cx))).ok(),
+            None => None,
+        };
+        let mut answer = match polled {
+            Some(polled) => ready!(polled),
+            None => {
+                // The handler's state is dropped now, never polled again.
+                this.inner.set(None);
+                Ok(GatewayError::Internal.into_response())
+            }
+        };
         if let Ok(response) = &mut answer {
             if !this.receive.is_disabled() {
                 let status = response.status();
@@ -258,6 +278,43 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-request-id", HeaderValue::from_str(&ok).unwrap());
         assert_eq!(ids().pick(&h), ok.as_str());
+    }
+
+    /// A handler that panics, in its call or as its future runs, is
+    /// answered 500 with an OpenAI-style body and the request's id; the
+    /// panic goes no further.
+    #[tokio::test]
+    async fn a_panicking_handler_is_answered_500_with_the_request_id() {
+        use std::convert::Infallible;
+        use tower::ServiceExt;
+        async fn in_poll(_: Request) -> Result<Response, Infallible> {
+            panic!("a bug in a handler")
+        }
+        fn in_call(_: Request) -> std::future::Ready<Result<Response, Infallible>> {
+            panic!("a bug in a layer's call")
+        }
+        let layer = IdentifyRequests::new(ids());
+        let answers = [
+            layer
+                .layer(tower::service_fn(in_poll))
+                .oneshot(Request::new(axum::body::Body::empty()))
+                .await,
+            layer
+                .layer(tower::service_fn(in_call))
+                .oneshot(Request::new(axum::body::Body::empty()))
+                .await,
+        ];
+        for answer in answers {
+            let answer = answer.unwrap();
+            assert_eq!(answer.status(), 500);
+            assert_eq!(answer.headers()[REQUEST_ID_HEADER].len(), 32);
+            let body = axum::body::to_bytes(answer.into_body(), 4096)
+                .await
+                .unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["error"]["code"], "internal_error", "{body}");
+            assert_eq!(body["error"]["type"], "server_error", "{body}");
+        }
     }
 
     #[test]
