@@ -16,6 +16,14 @@
 //!   words said by the system and by the user do not look alike.
 //! - content parts: text parts render as their text; any other part as a
 //!   marker `<|type[:url]|>`, so two requests with different images differ.
+//!   A source longer than [`LONG_SOURCE_BYTES`] (an image's base64 data
+//!   URL: megabytes) is named by its digest and length instead,
+//!   `<|type:digest=<32 hex digits>/<bytes>|>`: the same image still makes
+//!   the same text, but the tree does not take a few hundred tokens of
+//!   image for a million characters of prompt (which would fill its model
+//!   of the worker's cache, and cut the text after the image off at
+//!   `max_routing_text_chars`). The digest is two fixed-seed foldhash
+//!   hashes: the same in every process of one build, so replicas agree.
 //! - tool calls: `<|call:name|>arguments` per call.
 //! - prompts (completions, `/generate`, embeddings): text as is; token ids
 //!   as decimal numbers each followed by a space, which keeps the prefix
@@ -123,13 +131,18 @@ impl ContentText {
     }
 
     /// Appends a part without text as the marker `<|type[:url]|>`; a part
-    /// without a type is called `part`.
+    /// without a type is called `part`. A URL (or inline data) longer than
+    /// [`LONG_SOURCE_BYTES`] is written as its digest (see the module doc).
     pub fn push_part(&mut self, kind: Option<&str>, url: Option<&str>) {
         self.0.push_str("<|");
         self.0.push_str(kind.unwrap_or("part"));
         if let Some(url) = url {
             self.0.push(':');
-            self.0.push_str(url);
+            if url.len() > LONG_SOURCE_BYTES {
+                push_digest(&mut self.0, url);
+            } else {
+                self.0.push_str(url);
+            }
         }
         self.0.push_str("|>");
     }
@@ -143,6 +156,24 @@ impl ContentText {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// A part's source longer than this many bytes is named by its digest in
+/// the routing text.
+pub const LONG_SOURCE_BYTES: usize = 256;
+
+/// `digest=<32 hex digits>/<bytes>` for `source`.
+fn push_digest(out: &mut String, source: &str) {
+    use std::hash::BuildHasher as _;
+    // Fixed seeds: the digest must not change from one process to the next.
+    let hash = |seed| foldhash::fast::FixedState::with_seed(seed).hash_one(source);
+    let _ = write!(
+        out,
+        "digest={:016x}{:016x}/{}",
+        hash(0x7261_6469_7867_6174),
+        hash(0x6d65_6469_6120_7061),
+        source.len()
+    );
 }
 
 /// An assistant message's tool calls rendered as routing text.
@@ -302,6 +333,33 @@ mod tests {
             "<|system|>\nbe brief<|end|>\n<|user|>\nhi<|end|>\n"
         );
         assert_ne!(chat(&[("user", "same")]), chat(&[("system", "same")]));
+    }
+
+    #[test]
+    fn a_long_source_is_named_by_its_digest_and_length() {
+        let part = |url: &str| {
+            let mut content = ContentText::default();
+            content.push_part(Some("image_url"), Some(url));
+            content.as_str().to_owned()
+        };
+        let short = format!("http://x/{}", "a".repeat(LONG_SOURCE_BYTES - 9));
+        assert_eq!(part(&short), format!("<|image_url:{short}|>"));
+        let image = format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(100_000));
+        let marker = part(&image);
+        assert!(marker.len() < 80, "{marker}");
+        assert!(marker.ends_with(&format!("/{}|>", image.len())), "{marker}");
+        assert_eq!(part(&image), marker, "the same image, the same text");
+        let mut other = image.clone();
+        other.pop();
+        other.push('A');
+        assert_ne!(part(&other), marker, "a byte apart, another text");
+        // A known value: the digest must not change between processes
+        // (replicas share each other's inserts); a new foldhash that
+        // changed it would show here.
+        assert_eq!(
+            part(&"d".repeat(300)),
+            "<|image_url:digest=64f81590c73025caf3bd5f1f81f736ae/300|>"
+        );
     }
 
     #[test]

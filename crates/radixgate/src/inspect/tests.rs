@@ -58,6 +58,32 @@ fn content_parts_tool_calls_and_escapes() {
     assert!(!got.stream);
 }
 
+/// An inline image (a base64 data URL, Anthropic's base64 source) is
+/// named by its digest: the text after it is routed on, and the tree is not
+/// handed megabytes per image.
+#[test]
+fn inline_images_are_named_by_their_digest() {
+    let data = "iVBORw0KGgoAAAANSUhEUgAA".repeat(50_000);
+    let openai = format!(
+        r#"{{"messages":[{{"role":"user","content":[
+            {{"type":"image_url","image_url":{{"url":"data:image/png;base64,{data}"}}}},
+            {{"type":"text","text":"what is in this picture?"}}]}}]}}"#
+    );
+    let anthropic = format!(
+        r#"{{"max_tokens":8,"messages":[{{"role":"user","content":[
+            {{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{data}"}}}},
+            {{"type":"text","text":"what is in this picture?"}}]}}]}}"#
+    );
+    for (api, body) in [(Api::ChatCompletions, openai), (Api::Messages, anthropic)] {
+        let text = inspect(api, body.as_bytes()).unwrap().routing_text;
+        assert!(text.len() < 200, "{api:?}: {} bytes", text.len());
+        assert!(text.contains("digest="), "{api:?}: {text}");
+        assert!(text.contains("what is in this picture?"), "{api:?}: {text}");
+        let again = inspect(api, body.as_bytes()).unwrap().routing_text;
+        assert_eq!(text, again);
+    }
+}
+
 #[test]
 fn stream_null_is_false() {
     assert!(!chat(r#"{"stream":null,"messages":[]}"#).stream);
