@@ -32,7 +32,8 @@
 //!   stead: `tenants/usage_event.rs`), and for an answer that reports no
 //!   usage (a worker that does not, a client gone before the usage event)
 //!   an estimate: the request body's bytes over the model's learned
-//!   characters per token, and the output's events or bytes
+//!   characters per token (an inline image's base64 as one part of
+//!   `INLINE_MEDIA_TOKENS`), and the output's events or bytes
 //!   ([`crate::usage::Output`]).
 //!
 //! The tenant metric families are this component's ([`TenantMetrics`], in
@@ -285,15 +286,75 @@ pub(crate) fn meter(
         .filter(|c| c.is_finite() && *c > 0.0)
         .unwrap_or(crate::record::line::DEFAULT_CHARS_PER_TOKEN);
     // The whole body, not the routing text: tools, schemas and other
-    // fields the prompt template renders count too. (Its JSON syntax, and
-    // an image's bytes, count more than they cost: an estimate stands in
-    // only for usage the answer did not report.)
+    // fields the prompt template renders count too. (Its JSON syntax
+    // counts more than it costs: an estimate stands in only for usage the
+    // answer did not report.) Inline media count as parts, not bytes.
+    let media = InlineMedia::of(&body);
+    let text_bytes = body.len() - media.bytes;
     let metering = Metering {
-        prompt_tokens: (body.len() as f64 / chars_per_token).ceil() as u64,
+        prompt_tokens: ((text_bytes as f64 / chars_per_token).ceil() as u64)
+            .saturating_add(media.parts.saturating_mul(INLINE_MEDIA_TOKENS)),
         chars_per_token,
         strip_usage_event: asked.as_ref().is_some_and(|a| a.strip),
     };
     Ok((asked.map_or(body, |a| a.body), Some(metering)))
+}
+
+/// Tokens an inline media part (an image's or a clip's base64) is
+/// estimated at, for an answer that reports no usage: the order of what
+/// engines make of an image (hundreds to a couple of thousand tokens),
+/// where its bytes over characters per token would charge a 1 MB image
+/// 250,000.
+const INLINE_MEDIA_TOKENS: u64 = 1024;
+
+/// A run of base64 characters at least this long is inline media: text,
+/// code and token ids break into far shorter runs at spaces and
+/// punctuation.
+const INLINE_MEDIA_MIN_BYTES: usize = 1024;
+
+/// A request body's inline media: its runs of base64 characters
+/// (`A-Za-z0-9+/=`, the URL-safe `-_`, and `\` for an escaped `/`) of
+/// [`INLINE_MEDIA_MIN_BYTES`] or more.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct InlineMedia {
+    /// Their bytes.
+    bytes: usize,
+    /// How many.
+    parts: u64,
+}
+
+impl InlineMedia {
+    fn of(body: &[u8]) -> Self {
+        const BASE64: [bool; 256] = {
+            let mut table = [false; 256];
+            let mut b = 0;
+            while b < 256 {
+                let c = b as u8;
+                table[b] = c.is_ascii_alphanumeric()
+                    || matches!(c, b'+' | b'/' | b'=' | b'-' | b'_' | b'\\');
+                b += 1;
+            }
+            table
+        };
+        let mut media = Self::default();
+        let mut run = 0usize;
+        let end_run = |run: usize, media: &mut Self| {
+            if run >= INLINE_MEDIA_MIN_BYTES {
+                media.bytes += run;
+                media.parts += 1;
+            }
+        };
+        for &b in body {
+            if BASE64[usize::from(b)] {
+                run += 1;
+            } else {
+                end_run(run, &mut media);
+                run = 0;
+            }
+        }
+        end_run(run, &mut media);
+        media
+    }
 }
 
 /// `requests_per_minute`: one cell per request.

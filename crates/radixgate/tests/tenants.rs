@@ -322,6 +322,36 @@ async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
         charged < 1000.0,
         "charged {charged}: the prompt and what was sent"
     );
+
+    // An inline image counts as one part, not as its bytes (600,000 bytes
+    // of base64 would be 150,000 tokens).
+    let mut with_image = body.clone();
+    with_image["messages"][0]["content"] = json!([
+        {"type": "image_url", "image_url": {
+            "url": format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(54_546))}},
+        {"type": "text", "text": "a long question ".repeat(100)},
+    ]);
+    let mut r = post_as(&gw.url, Some("sk-a"), &with_image).await;
+    assert_eq!(r.status(), 200);
+    let mut read = String::new();
+    while read.matches("data: ").count() < 4 {
+        let chunk = r.chunk().await.unwrap().expect("the stream goes on");
+        read.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(r);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let with_image_charged = loop {
+        let now = tenant_tokens(&gw.url, "team-a").await - charged;
+        if now > 0.0 || std::time::Instant::now() > deadline {
+            break now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // The text as above, and 1,024 tokens for the image.
+    assert!(
+        (1_400.0..3_000.0).contains(&with_image_charged),
+        "charged {with_image_charged}"
+    );
     gw.shutdown().await;
 }
 

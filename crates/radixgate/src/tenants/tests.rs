@@ -135,3 +135,29 @@ fn a_refusal_is_an_openai_rate_limit_answer() {
     let response = refusal(Duration::ZERO).into_response();
     assert_eq!(response.headers()["retry-after"], "1", "never 0");
 }
+
+#[test]
+fn inline_media_are_long_base64_runs_and_nothing_else() {
+    let image = "iVBORw0KGgoAAAANSUhEUgAA".repeat(100);
+    let escaped = "ab\\/cd+=".repeat(200);
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":[
+        {{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}"}}}},
+        {{"type":"image_url","image_url":{{"url":"data:image/png;base64,{escaped}"}}}},
+        {{"type":"text","text":"{}"}}]}}],"prompt_ids":"{}"}}"#,
+        "a long question, with words and punctuation. ".repeat(100),
+        "12 345 6789 ".repeat(200),
+    );
+    assert_eq!(
+        InlineMedia::of(body.as_bytes()),
+        InlineMedia {
+            bytes: image.len() + escaped.len(),
+            parts: 2
+        }
+    );
+    assert_eq!(InlineMedia::of(&[]), InlineMedia::default());
+    // A run that ends the body counts too; one byte short does not.
+    let run = "A".repeat(INLINE_MEDIA_MIN_BYTES);
+    assert_eq!(InlineMedia::of(run.as_bytes()).parts, 1);
+    assert_eq!(InlineMedia::of(&run.as_bytes()[1..]).parts, 0);
+}
