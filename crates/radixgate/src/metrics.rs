@@ -57,6 +57,7 @@ use series::{Cache, Series};
 pub(crate) use series::{LabelKey, LabelRef};
 pub use series::{SeriesKey, Touch};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -249,6 +250,16 @@ impl Metrics {
 
     /// A counter family, described by `describe`.
     pub fn counters<K: FamilyKey>(&self, describe: &'static Describe) -> Family<K, Counter> {
+        self.recorder
+            .describe_counter(key_name(describe), describe.unit, help(describe));
+        self.family(describe.name)
+    }
+
+    /// A family of [`SaturatingCounter`]s, described by `describe`.
+    pub fn saturating_counters<K: FamilyKey>(
+        &self,
+        describe: &'static Describe,
+    ) -> Family<K, SaturatingCounter> {
         self.recorder
             .describe_counter(key_name(describe), describe.unit, help(describe));
         self.family(describe.name)
@@ -449,6 +460,46 @@ impl PerWorker<Gauge> {
     /// Sets the worker's gauge.
     pub fn set(&self, worker: &str, value: f64) {
         self.with(worker, |g| g.set(value));
+    }
+}
+
+/// A counter of amounts that come from outside (a worker's token counts),
+/// which may add up past `u64::MAX`: it stays there. The recorder's own
+/// counter adds wrapping, so the sum is kept here, added saturating, and
+/// the counter set to it.
+#[derive(Debug)]
+pub struct SaturatingCounter {
+    sum: AtomicU64,
+    counter: Counter,
+}
+
+impl SaturatingCounter {
+    /// Adds `n`, up to `u64::MAX`.
+    pub fn add(&self, n: u64) {
+        let before = self
+            .sum
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sum| {
+                Some(sum.saturating_add(n))
+            })
+            .unwrap_or(u64::MAX);
+        // `absolute` keeps the larger value, so concurrent adds that set it
+        // out of order leave the latest sum.
+        self.counter.absolute(before.saturating_add(n));
+    }
+}
+
+impl Register for SaturatingCounter {
+    fn register(recorder: &PrometheusRecorder, key: &Key) -> Self {
+        Self {
+            sum: AtomicU64::new(0),
+            counter: Counter::register(recorder, key),
+        }
+    }
+}
+
+impl Touch for SaturatingCounter {
+    fn touch(&self) {
+        self.counter.touch();
     }
 }
 

@@ -417,3 +417,18 @@ fn a_removed_workers_series_go_after_the_idle_time_and_quiet_live_ones_stay() {
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W1)]), 1.0);
     assert_eq!(scalar(&s, UPSTREAM_ERRORS, &[("worker", W2)]), 2.0);
 }
+
+/// A worker that reports more tokens than a `u64` holds over two answers
+/// (a lie, or a broken worker) leaves the tenant's counter at its largest
+/// value: it never wraps round to a small one, which Prometheus would read
+/// as a reset.
+#[test]
+fn a_tenants_token_counter_saturates() {
+    let metrics = gateway_metrics();
+    let tenants = TenantMetrics::new(&metrics);
+    tenants.tokens("team-a", u64::MAX - 1);
+    tenants.tokens("team-a", 5);
+    let text = metrics.render();
+    let line = format!("{TENANT_TOKENS}{{tenant=\"team-a\"}} {}", u64::MAX);
+    assert!(text.lines().any(|l| l == line), "{text}");
+}

@@ -11,7 +11,9 @@
 //! codes and limits are `&'static str`. The families live in the gateway's
 //! shared state rather than in [`super::Tenants`], which a reload replaces.
 
-use crate::metrics::{Describe, Family, LabelKey, LabelRef, Metrics, status_label};
+use crate::metrics::{
+    Describe, Family, LabelKey, LabelRef, Metrics, SaturatingCounter, status_label,
+};
 use ::metrics::{Counter, Label};
 
 pub(crate) const REQUESTS: Describe = Describe::new(
@@ -32,7 +34,8 @@ pub(crate) const RATE_LIMITED: Describe = Describe::new(
 pub(crate) struct TenantMetrics {
     /// ("", status, tenant)
     requests: Family<LabelKey, Counter>,
-    tokens: Family<Box<str>, Counter>,
+    /// Saturating: a worker may report any count.
+    tokens: Family<Box<str>, SaturatingCounter>,
     /// (limit, 0, tenant)
     rate_limited: Family<LabelKey, Counter>,
 }
@@ -41,7 +44,7 @@ impl TenantMetrics {
     pub(crate) fn new(metrics: &Metrics) -> Self {
         Self {
             requests: metrics.counters(&REQUESTS),
-            tokens: metrics.counters(&TOKENS),
+            tokens: metrics.saturating_counters(&TOKENS),
             rate_limited: metrics.counters(&RATE_LIMITED),
         }
     }
@@ -72,7 +75,7 @@ impl TenantMetrics {
             tenant,
             || tenant.into(),
             || vec![tenant_label(tenant)],
-            |c| c.increment(tokens),
+            |c| c.add(tokens),
         );
     }
 
