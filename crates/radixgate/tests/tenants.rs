@@ -355,6 +355,45 @@ async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
     gw.shutdown().await;
 }
 
+/// A worker that reports more tokens than any answer has does not lock its
+/// tenant out: the answer is charged as one that reports none (an
+/// estimate), and the tenant's next request is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_reports_absurd_usage_does_not_lock_its_tenant_out() {
+    use axum::routing::{get, post};
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route(
+            "/v1/chat/completions",
+            post(|| async {
+                axum::Json(json!({
+                    "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                    "usage": {"prompt_tokens": 1_000_000_000_000_000_000_u64,
+                              "completion_tokens": 1,
+                              "total_tokens": 1_000_000_000_000_000_001_u64},
+                }))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = format!("http://{}", listener.local_addr().unwrap());
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000}
+";
+    let gw = gateway_ready(tenant_config(&worker, tenants), 1).await;
+    for _ in 0..2 {
+        let r = post_as(&gw.url, Some("sk-a"), &chat("a short question", false)).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let _ = r.bytes().await;
+    }
+    let charged = tenant_tokens(&gw.url, "team-a").await;
+    assert!((1.0..200.0).contains(&charged), "charged {charged}");
+    gw.shutdown().await;
+    served.abort();
+}
+
 /// A worker that records the order requests reach it and holds each one
 /// until the test releases it: with one admission slot, the order it sees
 /// is the order the gateway admitted them in.

@@ -21,6 +21,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+/// The most tokens one answer is taken to report: more is a worker's lie
+/// (the trace recorder's bound on a prompt, 2^24, well past any context
+/// window).
+const MAX_REPORTED_TOKENS: u64 = crate::record::line::MAX_INPUT_TOKENS;
+
 /// A response body that charges its tenant for the tokens it reports.
 pub(crate) struct Metered<B> {
     inner: B,
@@ -78,7 +83,19 @@ impl<B> Metered<B> {
         let Some((tenant, shared)) = self.charge.take() else {
             return;
         };
-        let reported = self.tail.tokens();
+        // A count no answer can have is a worker's lie: charged as an
+        // answer that reports none, not a debt no tenant could pay back.
+        let reported = self.tail.tokens().filter(|&n| {
+            let plausible = n <= MAX_REPORTED_TOKENS;
+            if !plausible {
+                tracing::warn!(
+                    tokens = n,
+                    tenant = tenant.name(),
+                    "a worker reported more tokens than any answer has; charged as unreported"
+                );
+            }
+            plausible
+        });
         let tokens = reported.or_else(|| {
             let (metering, output) = self.estimate.as_ref()?;
             Some(
