@@ -26,8 +26,10 @@
 //!   tokens (their ratio to prompt tokens is the honest hit rate), trims,
 //!   invalid reports, and keeps a running prediction error.
 //!
-//! A report with `cached_tokens > prompt_tokens` or `prompt_tokens == 0`
-//! is counted as invalid and changes nothing; so is one the gateway could
+//! A report with `cached_tokens > prompt_tokens`, `prompt_tokens == 0` or
+//! `prompt_tokens` over [`MAX_PROMPT_TOKENS`] (a worker's lie, which would
+//! swamp the worker's sums for good) is counted as invalid and changes
+//! nothing; so is one the gateway could
 //! not read as counts (negative, not a number). Everything here runs once
 //! per answer, after its last byte, never on the pass-through.
 //!
@@ -357,6 +359,10 @@ impl Drop for InFlight {
     }
 }
 
+/// The most prompt tokens a report is believed for: 2^24, past any
+/// context window (the trace recorder's bound too).
+pub const MAX_PROMPT_TOKENS: u64 = 1 << 24;
+
 /// One model's characters per token, learned from the answers.
 #[derive(Debug, Default)]
 pub struct TokenRate {
@@ -538,7 +544,10 @@ impl CacheFeedback {
     /// than a page less than predicted, trims the tree.
     pub fn apply(self, text: &str, report: CacheReport) -> Corrected {
         let truth = self.worker.cache_truth();
-        if report.prompt_tokens == 0 || report.cached_tokens > report.prompt_tokens {
+        if report.prompt_tokens == 0
+            || report.prompt_tokens > MAX_PROMPT_TOKENS
+            || report.cached_tokens > report.prompt_tokens
+        {
             truth.invalid();
             return Corrected::Invalid;
         }
@@ -966,7 +975,16 @@ mod tests {
             cached_tokens: 0,
         };
         assert_eq!(f.apply("ab", fine), Corrected::Invalid);
+        let f = CacheFeedback {
+            worker: worker.clone(),
+            ..setup("abc", "abd", "abcdef", CorrectionConfig::default())
+        };
+        let lie = CacheReport {
+            prompt_tokens: MAX_PROMPT_TOKENS + 1,
+            cached_tokens: 0,
+        };
+        assert_eq!(f.apply("abcdef", lie), Corrected::Invalid);
         let t = worker.cache_truth().snapshot();
-        assert_eq!((t.invalid, t.reports), (3, 0));
+        assert_eq!((t.invalid, t.reports, t.prompt_tokens), (4, 0, 0));
     }
 }

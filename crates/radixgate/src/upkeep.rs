@@ -52,7 +52,7 @@ pub(crate) const CACHE_TRIMS: Describe = Describe::new(
 );
 pub(crate) const CACHE_INVALID_REPORTS: Describe = Describe::new(
     "radixgate_cache_invalid_reports_total",
-    "Cached-token reports from each worker ignored as impossible (more than the prompt, negative, not a number).",
+    "Cached-token reports from each worker ignored as impossible (more than the prompt, over 2^24 prompt tokens, negative, not a number).",
 );
 pub(crate) const CACHE_PREDICTION_ERROR: Describe = Describe::new(
     "radixgate_cache_prediction_error",
