@@ -105,12 +105,18 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     // unboxed this one was 18 KiB, copied several times per request; the
     // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
     let work = Box::pin(forward(&state, endpoint, req, started));
+    let unanswered = Unanswered {
+        shared,
+        route,
+        started,
+    };
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
             .unwrap_or(Err(GatewayError::RequestTimeout { after })),
         None => work.await,
     };
+    std::mem::forget(unanswered);
     result.unwrap_or_else(|err| {
         shared
             .request_metrics
@@ -118,6 +124,32 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
         err.into_response()
     })
 }
+
+/// A request whose client left before its answer's head (the connection
+/// closed while its body was read, it was queued or a worker had not yet
+/// answered): dropped with the request's future, it counts the request as
+/// 499, nginx's "client closed request", which would otherwise be in no
+/// count. Forgotten once the request has an answer.
+struct Unanswered<'a> {
+    shared: &'a Shared,
+    route: &'static str,
+    started: Instant,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.shared.request_metrics.request_done(
+            self.route,
+            CLIENT_CLOSED_REQUEST,
+            None,
+            self.started.elapsed(),
+        );
+    }
+}
+
+/// The status a request whose client left before its answer is counted
+/// with.
+const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// read → inspect → admit → attempts → respond.
 async fn forward(

@@ -588,3 +588,45 @@ async fn a_request_that_finds_the_only_worker_probing_is_told_so() {
     assert_eq!(probe.await.unwrap(), 200);
     gw.shutdown().await;
 }
+
+/// A client that leaves before its answer's head (here, while a slow
+/// worker has not answered) is counted 499 in radixgate_requests_total,
+/// once; an answered request is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_its_answer_is_counted_499() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let r = post_chat(&gw.url, &chat("answered", false)).await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    w.set_faults(FaultConfig {
+        latency_ms: 3_000,
+        ..Default::default()
+    });
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let left = impatient
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("left before the answer", false))
+        .send()
+        .await;
+    assert!(left.is_err(), "the client gave up");
+    let count = |text: &str, status: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("radixgate_requests_total{")
+                    && l.contains(&format!("status=\"{status}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    wait_until("the request counted 499", || async {
+        count(&metrics_text(&gw.url).await, "499") == 1.0
+    })
+    .await;
+    let text = metrics_text(&gw.url).await;
+    assert_eq!(count(&text, "200"), 1.0, "{text}");
+    gw.shutdown().await;
+}
