@@ -285,6 +285,28 @@ async fn a_stream_without_include_usage_is_charged_and_its_client_sees_no_usage_
     gw.shutdown().await;
 }
 
+/// Streams `body` as team-a (key `sk-a`), leaves after 4 events, and
+/// returns what the tenant was charged for it: its tokens past `before`,
+/// once they move (within 10 s).
+async fn charged_for_leaving_early(gateway: &str, body: &Value, before: f64) -> f64 {
+    let mut r = post_as(gateway, Some("sk-a"), body).await;
+    assert_eq!(r.status(), 200);
+    let mut read = String::new();
+    while read.matches("data: ").count() < 4 {
+        let chunk = r.chunk().await.unwrap().expect("the stream goes on");
+        read.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(r);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let charged = tenant_tokens(gateway, "team-a").await - before;
+        if charged > 0.0 || std::time::Instant::now() > deadline {
+            return charged;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A client that leaves a stream before its usage event is charged an
 /// estimate (the request body's bytes and the events it was sent), not
 /// nothing.
@@ -299,22 +321,7 @@ async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
     let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
     let mut body = chat(&"a long question ".repeat(100), true);
     body["max_tokens"] = json!(1000);
-    let mut r = post_as(&gw.url, Some("sk-a"), &body).await;
-    assert_eq!(r.status(), 200);
-    let mut read = String::new();
-    while read.matches("data: ").count() < 4 {
-        let chunk = r.chunk().await.unwrap().expect("the stream goes on");
-        read.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
-    drop(r);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let charged = loop {
-        let charged = tenant_tokens(&gw.url, "team-a").await;
-        if charged > 0.0 || std::time::Instant::now() > deadline {
-            break charged;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let charged = charged_for_leaving_early(&gw.url, &body, 0.0).await;
     // A body of about 1,700 bytes at 4 a token (none learned yet), and at
     // least the three events with text the client read.
     assert!(charged >= 403.0, "charged {charged}");
@@ -331,22 +338,7 @@ async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
             "url": format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(54_546))}},
         {"type": "text", "text": "a long question ".repeat(100)},
     ]);
-    let mut r = post_as(&gw.url, Some("sk-a"), &with_image).await;
-    assert_eq!(r.status(), 200);
-    let mut read = String::new();
-    while read.matches("data: ").count() < 4 {
-        let chunk = r.chunk().await.unwrap().expect("the stream goes on");
-        read.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
-    drop(r);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let with_image_charged = loop {
-        let now = tenant_tokens(&gw.url, "team-a").await - charged;
-        if now > 0.0 || std::time::Instant::now() > deadline {
-            break now;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let with_image_charged = charged_for_leaving_early(&gw.url, &with_image, charged).await;
     // The text as above, and 1,024 tokens for the image.
     assert!(
         (1_400.0..3_000.0).contains(&with_image_charged),
