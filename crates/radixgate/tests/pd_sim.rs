@@ -209,6 +209,17 @@ async fn a_pair_whose_decode_is_probing_is_told_so_without_an_attempt() {
     }
 }
 
+/// The gateway's count of `worker`'s breaker state changes.
+async fn breaker_transitions(gateway: &str, worker: &str) -> f64 {
+    common::metrics_text(gateway)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("radixgate_circuit_breaker_transitions_total{"))
+        .filter(|l| l.contains(&format!("worker=\"{worker}\"")))
+        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 async fn post_completion(url: &str, body: &Value) -> reqwest::Response {
     client()
         .post(format!("{url}/v1/completions"))
@@ -216,4 +227,59 @@ async fn post_completion(url: &str, body: &Value) -> reqwest::Response {
         .send()
         .await
         .unwrap()
+}
+
+/// A prefill worker whose KV never reaches decode (its own answers fine)
+/// fails each pair it is in at decode. A retry then takes another prefill
+/// worker too, so the request is answered; and the failures count on the
+/// prefill worker's breaker, not only on the decode workers', so it is
+/// left out once its breaker opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_worker_whose_transfers_fail_is_left_out_and_its_requests_answered() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let mut quick = common::fast_worker();
+        quick.pd = PdConfig {
+            role: Role::Decode,
+            transfer_timeout_ms: 300,
+            ..PdConfig::default()
+        };
+        let bad = worker(Role::Prefill).await;
+        let good = worker(Role::Prefill).await;
+        let d1 = common::sim_worker(quick.clone()).await;
+        let d2 = common::sim_worker(quick).await;
+        let mut c = pd_config(protocol, &[&bad, &good], &[&d1, &d2]);
+        c.circuit_breaker.failure_threshold = 3;
+        c.circuit_breaker.timeout_duration_secs = 600;
+        let gw = gateway(c).await;
+        wait_for_healthy(&gw.url, 4).await;
+        bad.set_faults(FaultConfig {
+            drop_transfers: 1.0,
+            ..FaultConfig::default()
+        });
+        for i in 0..16 {
+            let body = json!({"model": "sim-llama-8b", "prompt": prompt(100 + i), "max_tokens": 4});
+            let r = post_completion(&gw.url, &body).await;
+            let status = r.status();
+            assert_eq!(status, 200, "{protocol:?} {i}: {}", r.text().await.unwrap());
+            r.bytes().await.unwrap();
+        }
+        let served = common::series_sum(&bad.url, "radixgate_sim_requests_total").await;
+        assert!(
+            served <= 3.0,
+            "{protocol:?}: the bad prefill served {served}"
+        );
+        // The bad prefill's breaker opened; the good one's never moved. (A
+        // decode worker's may open too, when every pair it was in failed:
+        // it took the same failures, but the bad prefill had them first.)
+        common::wait_until("the bad prefill's breaker opened", || async {
+            breaker_transitions(&gw.url, &bad.url).await == 1.0
+        })
+        .await;
+        assert_eq!(
+            breaker_transitions(&gw.url, &good.url).await,
+            0.0,
+            "{protocol:?}"
+        );
+        gw.shutdown().await;
+    }
 }

@@ -134,6 +134,10 @@ pub(super) async fn attempts(
     let mut backoff = Backoff::new(&shared.config.retry);
     let mut tried_prefill: Vec<WorkerId> = Vec::new();
     let mut tried_decode: Vec<WorkerId> = Vec::new();
+    // Of `tried_prefill`, the prefill workers left out because their
+    // pair's decode failed after taking the request: a retry tries another
+    // prefill worker too, but falls back to these when no other is left.
+    let mut suspects: Vec<WorkerId> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
     let mut attempt = 0u32;
     // Whether a side was left out because its half-open breaker's one
@@ -165,17 +169,28 @@ pub(super) async fn attempts(
             Err(err) => return Err(give_up(err, last_failure)),
         };
         let skip = skips_prefill(shared, &decode, text, pd.skip_prefill_max_uncached_tokens);
-        let prefill = match skip {
-            Some(_) => None,
-            None => match shared.router.select_in(
+        let select_prefill = |tried: &[WorkerId]| {
+            shared.router.select_in(
                 WorkerRole::Prefill,
                 model,
                 text,
                 routing_key,
-                &tried_prefill,
+                tried,
                 exact.map(crate::events::Matched::view),
-            ) {
+            )
+        };
+        let prefill = match skip {
+            Some(_) => None,
+            None => match select_prefill(&tried_prefill) {
                 Ok(routed) => Some(routed),
+                Err(_) if !suspects.is_empty() => {
+                    tried_prefill.retain(|id| !suspects.contains(id));
+                    suspects.clear();
+                    match select_prefill(&tried_prefill) {
+                        Ok(routed) => Some(routed),
+                        Err(err) => return Err(give_up(err, last_failure)),
+                    }
+                }
                 Err(err) => return Err(give_up(err, last_failure)),
             },
         };
@@ -237,6 +252,7 @@ pub(super) async fn attempts(
             retry: attempt as usize - 1,
         };
         let decode = (decode, decode_probe);
+        let paired_prefill = prefill.as_ref().map(|(p, _)| p.decision.worker().clone());
         let outcome = match prefill {
             None => pair.decode_alone(decode, bytes.clone()).await,
             Some(prefill) => match pd.protocol {
@@ -280,6 +296,20 @@ pub(super) async fn attempts(
                 answer,
             }) => {
                 shared.request_metrics.pd_failure(side.as_str());
+                if let (WorkerRole::Decode, Some(prefill)) = (side, &paired_prefill)
+                    && transfer_may_have_failed(&error)
+                {
+                    // Decode took the request and failed it: the KV it
+                    // pulls from prefill may never have come. Both sides
+                    // are blamed, so that a prefill worker whose transfers
+                    // fail opens its breaker (its decodes, paired with
+                    // other prefills too, keep theirs closed).
+                    blame(shared, prefill);
+                    if !tried_prefill.contains(&prefill.id()) {
+                        tried_prefill.push(prefill.id());
+                        suspects.push(prefill.id());
+                    }
+                }
                 if let (true, Some(answer)) = (last_attempt, answer) {
                     // Nobody is left to ask: decode's own error answer
                     // goes to the client, as a co-located one would.
@@ -317,6 +347,32 @@ pub(super) async fn attempts(
         last_failure = Some(failure);
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// Whether decode's failure may be its transfer from prefill: decode
+/// answered an error (other than 503, an engine that is full or going)
+/// or no first byte in time, after taking the request. Not reaching
+/// decode at all is decode's own.
+fn transfer_may_have_failed(error: &GatewayError) -> bool {
+    match error {
+        GatewayError::UpstreamStatus { status, .. } => {
+            status.is_server_error() && *status != axum::http::StatusCode::SERVICE_UNAVAILABLE
+        }
+        GatewayError::FirstByteTimeout { .. } => true,
+        _ => false,
+    }
+}
+
+/// Counts a failure on `worker`'s breaker outside any attempt of its own
+/// (nothing, while it is half-open with its probes out).
+fn blame(shared: &Shared, worker: &radixgate_routing::Worker) {
+    if let Some(permit) = shared
+        .breakers
+        .get(worker.id())
+        .try_acquire(tokio::time::Instant::now())
+    {
+        record(worker, permit, Outcome::Failure);
     }
 }
 
@@ -591,6 +647,8 @@ impl Pair<'_> {
         // decode's cached-token report measures.
         drop(decode.0.decision.take_cache_feedback());
         let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+        // Prefill's success is the pair's: told once decode has answered.
+        let (decoded_tx, decoded_rx) = tokio::sync::oneshot::channel();
         // In the request's scopes: its log lines carry the request id, and
         // its attempt span nests under the request's trace.
         let log = crate::trace::request_log::RequestLog::current();
@@ -611,6 +669,7 @@ impl Pair<'_> {
             prefill_probe,
             body.clone(),
             head_tx,
+            decoded_rx,
         ))));
         let mut task = AbortOnDrop(Some(task));
         let decoding = self.decode_answer(decode, body);
@@ -656,6 +715,7 @@ impl Pair<'_> {
                 Err(_) => return Err(failed(lost())),
             }
         }
+        let _ = decoded_tx.send(());
         Ok(Done {
             answer,
             prefill_task: task.0.take(),
@@ -720,7 +780,6 @@ impl Pair<'_> {
                 },
             ));
         };
-        record(&prefill_worker, probe, Outcome::Success);
         if let Some(body) = &whole {
             apply_cached_report(&mut prefill_decision, self.text, body);
         }
@@ -731,7 +790,10 @@ impl Pair<'_> {
             Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
         };
         drop(decode.0.decision.take_cache_feedback());
+        // Prefill's success is the pair's (see `prefill_side`): a failed
+        // decode leaves the verdict to the pair's loop.
         let answer = self.decode_answer(decode, step_two).await?;
+        record(&prefill_worker, probe, Outcome::Success);
         Ok(Done {
             answer,
             prefill_task: None,
@@ -775,13 +837,16 @@ struct PrefillSide {
 /// The SGLang prefill side: sends, reports its head (or failure) on `head`,
 /// then reads prefill's answer to its end, its load and breaker permit
 /// held until then, and corrects the prefill pool's record from its
-/// cached-token report.
+/// cached-token report. Its breaker counts a success only once `decoded`
+/// says decode answered too: a prefill worker whose transfers never reach
+/// decode answers its own part well (the pair's loop blames it).
 async fn prefill_side(
     side: PrefillSide,
     mut decision: Decision,
     probe: Permit,
     body: Bytes,
     head: tokio::sync::oneshot::Sender<Result<(), GatewayError>>,
+    decoded: tokio::sync::oneshot::Receiver<()>,
 ) {
     let state = AppState {
         shared: side.shared.clone(),
@@ -841,7 +906,10 @@ async fn prefill_side(
     };
     match tokio::time::timeout(PREFILL_TAIL, read).await {
         Ok(Some(mut tail)) => {
-            record(&worker, probe, Outcome::Success);
+            match decoded.await {
+                Ok(()) => record(&worker, probe, Outcome::Success),
+                Err(_) => drop(probe),
+            }
             if let Some(feedback) = decision.take_cache_feedback() {
                 super::Correction { feedback }.finish(&side.text, tail.cached());
             }
