@@ -38,7 +38,8 @@
 //! silent longer than a watch is asked to stay open (290 s, as
 //! kube-runtime's) and a tenth more is given up on and retried, so a list
 //! or watch sent to an API server host that died with the connection open
-//! does not wait forever.
+//! does not wait forever. A list answer over 64 MiB, or a watch event
+//! over 16 MiB, is given up on and retried the same way (see `answer.rs`).
 //!
 //! A malformed object is logged (once per pod and resource version) and
 //! skipped; what it was before stays as it was.
@@ -46,6 +47,7 @@
 //! Concurrency: each pool's task owns its own map of the pods it tracks;
 //! nothing here is shared but the control handle and metric families.
 
+mod answer;
 mod object;
 mod pod;
 
@@ -125,7 +127,10 @@ async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError
     // Counted from the request, not from when its pooled connection went
     // idle.
     kube_config.reset_reader_on_write = true;
-    Ok(kube::Client::try_from(kube_config)?)
+    // kube reads answers without a size bound (see `answer.rs`).
+    Ok(kube::client::ClientBuilder::try_from(kube_config)?
+        .with_layer(&answer::Bounded)
+        .build())
 }
 
 /// How long an answer from the API server may stay silent: longer than a

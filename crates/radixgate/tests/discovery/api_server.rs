@@ -259,3 +259,72 @@ async fn a_model_label_change_gives_the_worker_its_new_model() {
     assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
     gw.shutdown().await;
 }
+
+/// Whether the captured logs have a line with all of `needles`.
+fn logged(logs: &Mutex<Vec<u8>>, needles: &[&str]) -> bool {
+    String::from_utf8_lossy(&logs.lock().unwrap())
+        .lines()
+        .any(|l| needles.iter().all(|n| l.contains(n)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_answer_past_its_bound_is_refused_and_retried() {
+    let logs = captured_logs();
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "padded"}), addr));
+    // Valid JSON (the list, then whitespace), but past 64 MiB.
+    api.answer_lists(Lists::Padded(65 << 20));
+    let mut cfg = discovering(&api);
+    cfg.discovery.selector = labels(&[("app", "padded")]);
+    let gw = gateway(cfg).await;
+    wait_until("the list refused", || async {
+        logged(
+            &logs,
+            &["selector=app=padded", "watch failed", "over 64 MiB"],
+        )
+    })
+    .await;
+    assert!(workers(&gw.url).await.is_empty());
+    assert_eq!(connected(&gw.url, "app=padded").await, 0.0);
+
+    api.answer_lists(Lists::Pods);
+    wait_for_healthy(&gw.url, 1).await;
+    assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_event_past_its_bound_is_refused_and_the_known_workers_serve_on() {
+    let logs = captured_logs();
+    let (a, a_addr) = worker_at(2, fast_worker()).await;
+    let (b, b_addr) = worker_at(3, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-a", json!({"app": "huge"}), a_addr));
+    let mut cfg = discovering(&api);
+    cfg.discovery.selector = labels(&[("app", "huge")]);
+    let gw = gateway(cfg).await;
+    wait_for_healthy(&gw.url, 1).await;
+    wait_for_watch(&api, 1).await;
+
+    // One event of 17 MiB: a pod with a huge annotation.
+    let mut huge = pod("w-b", json!({"app": "huge"}), b_addr);
+    huge["metadata"]["annotations"]["filler"] = json!("x".repeat(17 << 20));
+    api.put(huge);
+    wait_until("the event refused", || async {
+        logged(&logs, &["selector=app=huge", "watch failed", "over 16 MiB"])
+    })
+    .await;
+    let list = workers(&gw.url).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_all_served_by(&gw.url, &a.url, 4, "while the watch fails").await;
+
+    // Resumed, the watch meets the event again until history is
+    // compacted; the list that follows has the pod (a list's bound is
+    // larger than an event's).
+    api.compact();
+    api.drop_watches();
+    wait_for_healthy(&gw.url, 2).await;
+    assert_eq!(worker_named(&gw.url, "w-b").await.unwrap()["url"], b.url);
+    gw.shutdown().await;
+}

@@ -14,9 +14,9 @@
 //! ([`FakeApi::drop_watches`]), forget history so that resuming fails with
 //! `410 Gone` as an `ERROR` event ([`FakeApi::compact`]), and stop and
 //! restart the server on the same port ([`FakeApi::stop`],
-//! [`FakeApi::start`]), and answer lists with an error status or not at
-//! all ([`FakeApi::answer_lists`]). A watch ends after its
-//! `timeoutSeconds`, as the API server's does. It records every request
+//! [`FakeApi::start`]), and answer lists with an error status, not at
+//! all, or padded past any bound ([`FakeApi::answer_lists`]). A watch
+//! ends after its `timeoutSeconds`, as the API server's does. It records every request
 //! ([`FakeApi::requests`]).
 //!
 //! [`pod`] builds pod objects whose IP and port annotation point at real
@@ -29,6 +29,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
@@ -77,6 +78,9 @@ pub enum Lists {
     /// Never: the request is read and nothing is sent back (a host that
     /// died with the connection open).
     Silence,
+    /// With the pods, then this many bytes of whitespace: valid JSON,
+    /// larger than any list should be.
+    Padded(usize),
 }
 
 /// What live watches are sent.
@@ -333,7 +337,7 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
             store.lists
         };
         match lists {
-            Lists::Pods => {}
+            Lists::Pods | Lists::Padded(_) => {}
             Lists::Status(code) => {
                 let status = json!({
                     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -361,7 +365,17 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
             "metadata": {"resourceVersion": store.rv.to_string()},
             "items": items,
         });
-        return axum::Json(body).into_response();
+        let Lists::Padded(padding) = lists else {
+            return axum::Json(body).into_response();
+        };
+        let chunk = Bytes::from(vec![b' '; 1 << 20]);
+        let mut chunks = vec![Bytes::from(body.to_string())];
+        chunks.extend((0..padding.div_ceil(chunk.len())).map(|_| chunk.clone()));
+        let body = futures::stream::iter(chunks).map(Ok::<_, std::convert::Infallible>);
+        return Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from_stream(body))
+            .unwrap();
     }
 
     let from: u64 = query
