@@ -38,8 +38,10 @@
 //! silent longer than a watch is asked to stay open (290 s, as
 //! kube-runtime's) and a tenth more is given up on and retried, so a list
 //! or watch sent to an API server host that died with the connection open
-//! does not wait forever. A list answer over 64 MiB, or a watch event
-//! over 16 MiB, is given up on and retried the same way (see `answer.rs`).
+//! does not wait forever; so is one not over within that time of being
+//! asked (a list trickled a byte at a time). A list answer over 64 MiB, or
+//! a watch event over 16 MiB, is given up on and retried the same way (see
+//! `answer.rs`).
 //!
 //! A malformed object is logged (once per pod and resource version) and
 //! skipped; what it was before stays as it was.
@@ -127,15 +129,17 @@ async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError
     // Counted from the request, not from when its pooled connection went
     // idle.
     kube_config.reset_reader_on_write = true;
-    // kube reads answers without a size bound (see `answer.rs`).
+    // kube reads answers without a size bound, and a timeout that only
+    // silence trips (see `answer.rs`).
+    let deadline = read_timeout(config.watch_timeout_secs);
     Ok(kube::client::ClientBuilder::try_from(kube_config)?
-        .with_layer(&answer::Bounded)
+        .with_layer(&answer::Bounded { deadline })
         .build())
 }
 
-/// How long an answer from the API server may stay silent: longer than a
-/// watch asks to stay open, since a watch sends nothing while no pod
-/// changes until the API server ends it.
+/// How long an answer from the API server may stay silent, and how long
+/// it may take in all: longer than a watch asks to stay open, since a
+/// watch sends nothing while no pod changes until the API server ends it.
 fn read_timeout(watch_timeout_secs: u32) -> Duration {
     let watch = Duration::from_secs(watch_timeout_secs.max(1).into());
     watch + (watch / 10).max(Duration::from_secs(1))

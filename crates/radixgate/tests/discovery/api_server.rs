@@ -328,3 +328,23 @@ async fn a_watch_event_past_its_bound_is_refused_and_the_known_workers_serve_on(
     assert_eq!(worker_named(&gw.url, "w-b").await.unwrap()["url"], b.url);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_that_trickles_on_forever_is_given_up_on_and_retried() {
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "sglang"}), addr));
+    api.answer_lists(Lists::Trickle);
+    let mut cfg = discovering(&api);
+    // Watches of 1 s, so an answer not over in 2 s is given up on.
+    cfg.discovery.watch_timeout_secs = 1;
+    let gw = gateway(cfg).await;
+    wait_until("a second list", || async { lists(&api) >= 2 }).await;
+    assert!(workers(&gw.url).await.is_empty());
+    assert_eq!(connected(&gw.url, "app=sglang").await, 0.0);
+
+    api.answer_lists(Lists::Pods);
+    wait_for_healthy(&gw.url, 1).await;
+    assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
+    gw.shutdown().await;
+}

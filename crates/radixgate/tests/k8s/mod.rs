@@ -15,8 +15,9 @@
 //! `410 Gone` as an `ERROR` event ([`FakeApi::compact`]), and stop and
 //! restart the server on the same port ([`FakeApi::stop`],
 //! [`FakeApi::start`]), and answer lists with an error status, not at
-//! all, or padded past any bound ([`FakeApi::answer_lists`]). A watch
-//! ends after its `timeoutSeconds`, as the API server's does. It records every request
+//! all, padded past any bound or trickled forever
+//! ([`FakeApi::answer_lists`]). A watch ends after its `timeoutSeconds`,
+//! as the API server's does. It records every request
 //! ([`FakeApi::requests`]).
 //!
 //! [`pod`] builds pod objects whose IP and port annotation point at real
@@ -81,6 +82,9 @@ pub enum Lists {
     /// With the pods, then this many bytes of whitespace: valid JSON,
     /// larger than any list should be.
     Padded(usize),
+    /// With the list's first bytes, then a space every 100 ms, never
+    /// ending (an API server that hangs mid-body, yet is not silent).
+    Trickle,
 }
 
 /// What live watches are sent.
@@ -350,6 +354,25 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
                 let stopping = shared.stopping.lock().clone();
                 stopping.cancelled().await;
                 return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
+            Lists::Trickle => {
+                let stopping = shared.stopping.lock().clone();
+                let start = Bytes::from_static(b"{\"apiVersion\": \"v1\", \"kind\": \"PodList\", ");
+                let spaces = futures::stream::unfold(stopping, |stopping| async move {
+                    tokio::select! {
+                        () = stopping.cancelled() => None,
+                        () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                            Some((Bytes::from_static(b" "), stopping))
+                        }
+                    }
+                });
+                let body = futures::stream::once(async { start })
+                    .chain(spaces)
+                    .map(Ok::<_, std::convert::Infallible>);
+                return Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from_stream(body))
+                    .unwrap();
             }
         }
         let store = shared.store.lock();
