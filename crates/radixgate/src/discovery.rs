@@ -27,8 +27,9 @@
 //!
 //! The watch is kube-runtime's watcher with the selector pushed to the API
 //! server: a broken watch resumes from the last resource version it saw, a
-//! `410 Gone` starts over with a fresh list, after which pods missing from
-//! it are treated as deleted. While the API server cannot be reached, or
+//! `410 Gone` (as a watch event, or as the status of the watch request)
+//! starts over with a fresh list, after which pods missing from it are
+//! treated as deleted. While the API server cannot be reached, or
 //! refuses the list (no RBAC), the router keeps routing to what it knows;
 //! the watch retries with back-off (0.8 s doubling to 30 s, jittered, and
 //! not started over until the API server answers), a WARN says so (at most
@@ -240,7 +241,7 @@ impl PoolWatch {
         let config = watcher::Config::default()
             .labels(&self.pool.selector)
             .timeout(self.watch_timeout_secs);
-        let mut events = watcher::watcher(self.api.clone(), config).boxed();
+        let mut events = watcher::watcher(self.api.clone(), config.clone()).boxed();
         // Ours, not `.default_backoff()`'s: that one starts over on any
         // `Ok`, and a failed list is followed by an `Init` at once, so a
         // list that keeps failing was retried every 0.8 s.
@@ -291,6 +292,12 @@ impl PoolWatch {
                             "discovery: the Kubernetes API server watch failed; routing \
                              continues to the workers known, retrying with back-off"
                         );
+                    }
+                    // kube-runtime relists on a 410 sent as a watch event,
+                    // but one that refuses the watch request itself was
+                    // retried from the same version for good.
+                    if gone(&err) {
+                        events = watcher::watcher(self.api.clone(), config.clone()).boxed();
                     }
                     let pause = backoff.next().unwrap_or(MAX_BACKOFF);
                     tokio::select! {
@@ -520,6 +527,12 @@ impl PoolWatch {
             "discovery: skipping a malformed pod object: {why}"
         );
     }
+}
+
+/// Whether the API server refused to resume a watch: `410 Gone`, its
+/// version compacted away.
+fn gone(err: &watcher::Error) -> bool {
+    matches!(err, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
 }
 
 /// The API server has been unreachable since `since`.

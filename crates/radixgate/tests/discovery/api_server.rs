@@ -348,3 +348,33 @@ async fn a_list_that_trickles_on_forever_is_given_up_on_and_retried() {
     assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_with_410_gone_as_its_status_relists() {
+    let (a, a_addr) = worker_at(2, fast_worker()).await;
+    let (_b, b_addr) = worker_at(3, fast_worker()).await;
+    let (c, c_addr) = worker_at(4, fast_worker()).await;
+    let mut api = FakeApi::start_new().await;
+    api.refuse_stale_watches();
+    api.put(pod("w-a", json!({"app": "sglang"}), a_addr));
+    api.put(pod("w-b", json!({"app": "sglang"}), b_addr));
+    let gw = gateway(discovering(&api)).await;
+    wait_for_healthy(&gw.url, 2).await;
+    wait_for_watch(&api, 1).await;
+
+    // While the watch is down, w-b goes and w-c comes, and history is
+    // compacted: resuming is refused with 410, so the watch lists again.
+    api.stop().await;
+    api.delete("w-b");
+    api.put(pod("w-c", json!({"app": "sglang"}), c_addr));
+    api.compact();
+    api.start().await;
+    wait_until("w-b gone and w-c added after the relist", || async {
+        let list = workers(&gw.url).await;
+        let urls: Vec<&str> = list.iter().filter_map(|w| w["url"].as_str()).collect();
+        urls.len() == 2 && urls.contains(&a.url.as_str()) && urls.contains(&c.url.as_str())
+    })
+    .await;
+    assert_eq!(lists(&api), 2, "{:?}", api.requests());
+    gw.shutdown().await;
+}

@@ -16,8 +16,9 @@
 //! restart the server on the same port ([`FakeApi::stop`],
 //! [`FakeApi::start`]), and answer lists with an error status, not at
 //! all, padded past any bound or trickled forever
-//! ([`FakeApi::answer_lists`]). A watch ends after its `timeoutSeconds`,
-//! as the API server's does. It records every request
+//! ([`FakeApi::answer_lists`]), and answer stale watches with the HTTP
+//! status `410 Gone` ([`FakeApi::refuse_stale_watches`]). A watch ends
+//! after its `timeoutSeconds`, as the API server's does. It records every request
 //! ([`FakeApi::requests`]).
 //!
 //! [`pod`] builds pod objects whose IP and port annotation point at real
@@ -66,6 +67,9 @@ struct Store {
     requests: Vec<String>,
     /// How lists are answered.
     lists: Lists,
+    /// Watches from a version below `compacted` are answered `410 Gone`
+    /// as the HTTP status, not as an `ERROR` event in the stream.
+    gone_as_status: bool,
 }
 
 /// How the fake server answers a list.
@@ -261,6 +265,12 @@ impl FakeApi {
         store.history.clear();
     }
 
+    /// Answers watches from a compacted version with the HTTP status
+    /// `410 Gone` (as an API server may), not with an `ERROR` event.
+    pub fn refuse_stale_watches(&self) {
+        self.shared.store.lock().gone_as_status = true;
+    }
+
     /// Answers every later list as `lists` says.
     pub fn answer_lists(&self, lists: Lists) {
         self.shared.store.lock().lists = lists;
@@ -421,6 +431,14 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         store
             .requests
             .push(format!("watch rv={from} selector={selector}"));
+        if from < store.compacted && store.gone_as_status {
+            let status = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {from}"),
+                "reason": "Expired", "code": 410,
+            });
+            return (StatusCode::GONE, axum::Json(status)).into_response();
+        }
         if from < store.compacted {
             (Vec::new(), true)
         } else {
