@@ -45,7 +45,8 @@
 //! `answer.rs`).
 //!
 //! A malformed object is logged (once per pod and resource version) and
-//! skipped; what it was before stays as it was.
+//! skipped; what it was before stays as it was. Log lines carry the first
+//! 1 KiB of an error's text: serde quotes a wrong value whole.
 //!
 //! Concurrency: each pool's task owns its own map of the pods it tracks;
 //! nothing here is shared but the control handle and metric families.
@@ -65,6 +66,7 @@ use metrics::{Gauge, Label};
 use object::RawPod;
 use pod::Seen;
 use radixgate_routing::WorkerSpec;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +80,10 @@ const REPEAT_WARNING: Duration = Duration::from_secs(60);
 /// The longest wait between tries, should the back-off give none (kube's
 /// grows from 0.8 s to 30 s, jittered up to twice that).
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The most of an error's text a log line carries: serde quotes a wrong
+/// value whole, and the API server's messages are its own to size.
+const LOGGED_TEXT: usize = 1024;
 
 const CONNECTED: Describe = Describe::new(
     "radixgate_discovery_connected",
@@ -287,7 +293,7 @@ impl PoolWatch {
                         outage.warned = Some(now);
                         tracing::warn!(
                             selector = %self.pool.selector,
-                            error = %err,
+                            error = %excerpt(&err.to_string()),
                             workers = self.pods.len(),
                             "discovery: the Kubernetes API server watch failed; routing \
                              continues to the workers known, retrying with back-off"
@@ -524,9 +530,19 @@ impl PoolWatch {
             pod = %key,
             resource_version = %version,
             selector = %self.pool.selector,
-            "discovery: skipping a malformed pod object: {why}"
+            "discovery: skipping a malformed pod object: {}",
+            excerpt(why)
         );
     }
+}
+
+/// `text`, or its head and how long it was, to be logged.
+fn excerpt(text: &str) -> Cow<'_, str> {
+    if text.len() <= LOGGED_TEXT {
+        return Cow::Borrowed(text);
+    }
+    let head = &text[..text.floor_char_boundary(LOGGED_TEXT)];
+    Cow::Owned(format!("{head}... ({} bytes)", text.len()))
 }
 
 /// Whether the API server refused to resume a watch: `410 Gone`, its

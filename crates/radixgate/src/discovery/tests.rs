@@ -131,3 +131,16 @@ async fn a_pod_refused_for_another_pods_address_gets_it_when_that_one_moves() {
     assert!(watch.refused.is_empty());
     stop.cancel();
 }
+
+#[test]
+fn an_excerpt_keeps_short_text_and_cuts_long_text_at_a_character() {
+    assert_eq!(excerpt("short"), "short");
+    let long = "é".repeat(LOGGED_TEXT);
+    let cut = excerpt(&long);
+    assert!(cut.starts_with(&"é".repeat(LOGGED_TEXT / 2)), "{cut}");
+    assert!(
+        cut.ends_with(&format!("... ({} bytes)", 2 * LOGGED_TEXT)),
+        "{cut}"
+    );
+    assert!(cut.len() < LOGGED_TEXT + 32);
+}

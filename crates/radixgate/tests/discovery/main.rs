@@ -389,6 +389,47 @@ async fn malformed_objects_are_logged_and_the_rest_keeps_working() {
     gw.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_values_in_a_malformed_object_or_a_watch_error_are_not_logged_whole() {
+    let logs = captured_logs();
+    let (a, a_addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-a", json!({"app": "loud"}), a_addr));
+    let mut cfg = discovering(&api);
+    // Its own selector, to tell its log lines from other tests'.
+    cfg.discovery.selector = labels(&[("app", "loud")]);
+    let gw = gateway(cfg).await;
+    wait_for_healthy(&gw.url, 1).await;
+    wait_for_watch(&api, 1).await;
+
+    // serde quotes a wrong value whole, and the API server's messages are
+    // its own: 1 MiB each.
+    let filler = "x".repeat(1 << 20);
+    api.put_raw(
+        "ADDED",
+        json!({"metadata": {"name": "big", "namespace": "llm", "labels": {"app": "loud"}},
+               "status": filler}),
+    );
+    api.send_event(json!({"type": "ERROR", "object": {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": filler, "reason": "InternalError", "code": 500}}));
+    let lines = || {
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        text.lines()
+            .filter(|l| l.contains("pod=llm/big") || l.contains("selector=app=loud"))
+            .map(str::len)
+            .collect::<Vec<usize>>()
+    };
+    wait_until("both logged", || async {
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        text.contains("pod=llm/big") && text.contains("error returned by apiserver")
+    })
+    .await;
+    assert!(lines().iter().all(|len| *len < 4096), "{:?}", lines());
+    assert_all_served_by(&gw.url, &a.url, 2, "after both").await;
+    gw.shutdown().await;
+}
+
 /// Sends streamed requests one after another until `stop`; counts what
 /// was sent, what was answered whole (200 and a stream ending in
 /// `[DONE]`) and what failed (anything else), printing the first failures.

@@ -10,7 +10,8 @@
 //!
 //! Tests drive it: add, change and delete pods ([`FakeApi::put`],
 //! [`FakeApi::delete`]), send raw objects ([`FakeApi::put_raw`]), send a
-//! `BOOKMARK` ([`FakeApi::bookmark`]), cut every open watch mid-stream
+//! `BOOKMARK` ([`FakeApi::bookmark`]) or any event
+//! ([`FakeApi::send_event`]), cut every open watch mid-stream
 //! ([`FakeApi::drop_watches`]), forget history so that resuming fails with
 //! `410 Gone` as an `ERROR` event ([`FakeApi::compact`]), and stop and
 //! restart the server on the same port ([`FakeApi::stop`],
@@ -96,6 +97,7 @@ pub enum Lists {
 enum Live {
     Change(Change),
     Bookmark(u64),
+    Event(Value),
 }
 
 #[derive(Clone)]
@@ -248,6 +250,12 @@ impl FakeApi {
         };
         let _ = self.shared.live.send(Live::Bookmark(rv));
         rv
+    }
+
+    /// Sends every live watch `event` as it is (an `ERROR` event, say),
+    /// recording nothing.
+    pub fn send_event(&self, event: Value) {
+        let _ = self.shared.live.send(Live::Event(event));
     }
 
     /// Cuts every open watch mid-stream (the connection ends).
@@ -501,6 +509,7 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
                     "object": {"kind": "Pod", "apiVersion": "v1",
                                "metadata": {"resourceVersion": rv.to_string()}}
                 }),
+                Ok(Live::Event(event)) => event,
                 Err(_) => return,
             };
             if tx.send(line(event)).await.is_err() {
