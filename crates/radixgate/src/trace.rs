@@ -31,6 +31,7 @@
 //! Concurrency: spans are handles into the subscriber's registry; nothing
 //! here holds a lock. [`exporting`] is set once, at start-up.
 
+pub mod capped;
 pub mod export;
 pub mod request_id;
 pub mod request_log;

@@ -120,7 +120,7 @@ pub fn init(
     let log_filter = level_filter(logs.level).and(filter_fn(|m| m.target() != OTEL_TARGET));
     let log_layer = tracing_subscriber::fmt::layer()
         .with_ansi(logs.ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(super::capped::Capped::stderr(logs.json));
     // Each line with the request it is about, if any (`request_log`).
     let log_layer = match logs.json {
         true => log_layer
