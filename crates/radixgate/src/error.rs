@@ -153,6 +153,16 @@ pub enum GatewayError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A worker broke the connection after the request went out, before
+    /// its answer's head (or, for a 2xx, its first body frame).
+    #[error("worker {worker} broke the connection before answering: {source}")]
+    UpstreamClosed {
+        /// The worker URL.
+        worker: String,
+        /// The transport error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A worker answered with an error status before any byte reached the client.
     #[error("worker {worker} answered {status}{}", cause(message))]
     UpstreamStatus {
@@ -287,6 +297,7 @@ impl GatewayError {
             Self::RecordTrace(err) if err.client_caused() => Origin::Client,
             Self::RecordTrace(_) => Origin::Gateway,
             Self::Connect { .. }
+            | Self::UpstreamClosed { .. }
             | Self::UpstreamStatus { .. }
             | Self::FirstByteTimeout { .. }
             | Self::WorkerLost { .. } => Origin::Upstream,
@@ -345,7 +356,7 @@ impl GatewayError {
             Self::RequestTimeout { .. }
             | Self::FirstByteTimeout { .. }
             | Self::WorkerLost { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::Connect { .. } => StatusCode::BAD_GATEWAY,
+            Self::Connect { .. } | Self::UpstreamClosed { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamStatus { status, .. } => *status,
             Self::RetriesExhausted { last, .. } => last.status(),
             Self::Disaggregated { source, .. } => source.status(),
@@ -387,6 +398,7 @@ impl GatewayError {
             Self::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
             Self::RequestTimeout { .. } => ("timeout", "request_timeout"),
             Self::Connect { .. } => ("upstream_error", "worker_unreachable"),
+            Self::UpstreamClosed { .. } => ("upstream_error", "worker_closed"),
             Self::UpstreamStatus { .. } => ("upstream_error", "worker_error"),
             Self::FirstByteTimeout { .. } => ("timeout", "worker_timeout"),
             Self::WorkerLost { .. } => ("timeout", "worker_unavailable"),

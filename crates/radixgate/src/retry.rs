@@ -29,12 +29,15 @@ pub fn retryable_status(status: StatusCode) -> bool {
 }
 
 /// Whether a failed attempt may succeed on another worker: a worker that
-/// could not be reached, or one that answered with a
+/// could not be reached or broke the connection before answering (it may
+/// have begun the work: an engine that resets a connection has usually
+/// restarted, and the work is lost), or one that answered with a
 /// [retryable status](retryable_status). Everything else is the request's
 /// own fault or the gateway's, and another worker would not change it.
 pub fn retryable(err: &GatewayError) -> bool {
     match err {
         GatewayError::Connect { .. }
+        | GatewayError::UpstreamClosed { .. }
         | GatewayError::FirstByteTimeout { .. }
         | GatewayError::WorkerLost { .. } => true,
         GatewayError::UpstreamStatus { status, .. } => retryable_status(*status),
@@ -47,6 +50,7 @@ pub fn retryable(err: &GatewayError) -> bool {
 pub(crate) fn reason(err: &GatewayError) -> &'static str {
     match err {
         GatewayError::Connect { .. } => "connect",
+        GatewayError::UpstreamClosed { .. } => "closed",
         GatewayError::FirstByteTimeout { .. } => "timeout",
         GatewayError::WorkerLost { .. } => "worker_lost",
         GatewayError::Disaggregated { source, .. } => reason(source),

@@ -96,10 +96,15 @@ pub enum ForwardError {
         /// Why it is invalid.
         source: axum::http::uri::InvalidUri,
     },
-    /// The connection failed, or broke before a response head arrived;
-    /// the message holds the whole error chain.
+    /// No connection could be made (refused, unreachable, TLS, timed
+    /// out connecting); the message holds the whole error chain.
     #[error("{0}")]
     Transport(String),
+    /// The connection broke after the request went out, before a response
+    /// head arrived (the worker reset or closed it); the message holds the
+    /// whole error chain.
+    #[error("{0}")]
+    Closed(String),
 }
 
 impl Forwarder {
@@ -163,7 +168,10 @@ impl Forwarder {
             .await
             // hyper's own messages are terse ("client error (Connect)"):
             // the cause is in the chain.
-            .map_err(|err| ForwardError::Transport(crate::error::chain(&err)))
+            .map_err(|err| match err.is_connect() {
+                true => ForwardError::Transport(crate::error::chain(&err)),
+                false => ForwardError::Closed(crate::error::chain(&err)),
+            })
     }
 }
 

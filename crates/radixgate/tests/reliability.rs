@@ -630,3 +630,58 @@ async fn a_client_that_leaves_before_its_answer_is_counted_499() {
     assert_eq!(count(&text, "200"), 1.0, "{text}");
     gw.shutdown().await;
 }
+
+/// A worker that takes the request and closes the connection without
+/// answering is told apart from one that cannot be reached: 502
+/// `worker_closed`, "broke the connection before answering", and the
+/// upstream error counted as `closed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_closes_without_answering_is_not_called_unreachable() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = vec![0u8; 4096];
+                let Ok(n) = socket.read(&mut head).await else {
+                    return;
+                };
+                let body = match &head[..n] {
+                    h if h.starts_with(b"GET /health") => "ok".to_owned(),
+                    h if h.starts_with(b"GET /v1/models") => {
+                        json!({"data": [{"id": "sim-llama-8b"}]}).to_string()
+                    }
+                    // A request: read, then the connection is dropped.
+                    _ => return,
+                };
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let mut cfg = config(&[&url]);
+    cfg.retry.max_retries = 0;
+    let gw = gateway_ready(cfg, 1).await;
+    let r = post_chat(&gw.url, &chat("taken, then dropped", false)).await;
+    assert_eq!(r.status(), 502);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "worker_closed", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("broke the connection"), "{message}");
+    let text = metrics_text(&gw.url).await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("radixgate_upstream_errors_total{")
+                && l.contains("kind=\"closed\"")),
+        "{text}"
+    );
+    gw.shutdown().await;
+    served.abort();
+}

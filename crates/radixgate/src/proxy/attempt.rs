@@ -39,6 +39,7 @@ pub(super) fn no_first_byte(
             "timeout"
         }
         GatewayError::WorkerLost { .. } => "worker_lost",
+        GatewayError::UpstreamClosed { .. } => "closed",
         _ => "connect",
     };
     shared.request_metrics.upstream_error(worker.url(), kind);
@@ -134,7 +135,7 @@ pub(super) async fn prime(
         match body.frame().await {
             Some(Ok(frame)) => Some(frame),
             Some(Err(err)) => {
-                return Err(GatewayError::Connect {
+                return Err(GatewayError::UpstreamClosed {
                     worker: worker.to_owned(),
                     source: Box::new(err),
                 });
@@ -277,8 +278,14 @@ async fn send(
         .forwarder
         .post(worker.url(), path, headers, body)
         .await
-        .map_err(|err| GatewayError::Connect {
-            worker: worker.url().to_owned(),
-            source: Box::new(err),
+        .map_err(|err| match err {
+            upstream::ForwardError::Closed(_) => GatewayError::UpstreamClosed {
+                worker: worker.url().to_owned(),
+                source: Box::new(err),
+            },
+            _ => GatewayError::Connect {
+                worker: worker.url().to_owned(),
+                source: Box::new(err),
+            },
         })
 }
