@@ -58,7 +58,7 @@ use crate::state::{AppState, Shared};
 use crate::stream::Primed;
 use axum::extract::ConnectInfo;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -357,6 +357,10 @@ async fn attempts(
     // Of those, the workers left out because their half-open breaker's one
     // probe request was out: no attempt, so no retry spent.
     let mut sat_out = 0usize;
+    // The workers that answered this request 500, with their breakers'
+    // permits: counted as their failures only once another worker answers
+    // it (see `Answered500`).
+    let mut answered_500 = Answered500::default();
     let mut last_failure: Option<GatewayError> = None;
     let route = target.endpoint.label();
     // Behind a preamble, the watch finds the first token (see `respond`).
@@ -464,6 +468,9 @@ async fn attempts(
                     observed = decision.first_token(sent.elapsed());
                 }
                 if !retry::retryable_status(status) {
+                    if status.is_success() {
+                        answered_500.blame();
+                    }
                     if status.is_client_error() {
                         // Rejected (400, 404, 413, 422, …): the prompt never
                         // reached this worker's cache. (The other replicas
@@ -491,8 +498,12 @@ async fn attempts(
                     .upstream_error(worker.url(), "status");
                 if last_attempt {
                     // Nobody is left to ask: the client gets the worker's
-                    // own error answer, counted as the worker's failure.
-                    record(&worker, probe, Outcome::Failure);
+                    // own error answer, counted as the worker's failure
+                    // unless it is another 500 for a request others
+                    // answered 500 too.
+                    if !(status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any()) {
+                        record(&worker, probe, Outcome::Failure);
+                    }
                     return Ok(Answer {
                         response,
                         decision,
@@ -514,7 +525,14 @@ async fn attempts(
                 err
             }
         };
-        record(&worker, probe, Outcome::Failure);
+        match &failure {
+            GatewayError::UpstreamStatus { status, .. }
+                if *status == StatusCode::INTERNAL_SERVER_ERROR && !last_attempt =>
+            {
+                answered_500.hold(worker.clone(), probe);
+            }
+            _ => record(&worker, probe, Outcome::Failure),
+        }
         traced.failed(retry::reason(&failure), &failure);
         if last_attempt || !failure.retryable() {
             let attempts = (tried.len() - sat_out) as u32 + 1;
@@ -539,6 +557,37 @@ async fn attempts(
         tokio::time::sleep(pause).await;
     }
 }
+/// The workers that answered one request 500 so far, each with its
+/// breaker's permit. A 500 may be the worker's fault (a broken engine
+/// answers every request so) or the request's (a prompt that trips an
+/// engine's bug fails on every worker): counted on the breakers at once,
+/// a client repeating such a request opened every worker's breaker in a
+/// few tries and took the pool out (five requests, three workers). So a
+/// 500 counts as a worker's failure once another worker answers the
+/// request (`blame`); a request that every worker it tried answered 500
+/// counts on none (the permits are let go, neither outcome). Any other
+/// failure counts at once, as before: refused connections, timeouts, and
+/// 503 or 429, with which an overloaded engine sheds load.
+#[derive(Default)]
+struct Answered500(Vec<(Arc<radixgate_routing::Worker>, crate::breaker::Permit)>);
+
+impl Answered500 {
+    fn hold(&mut self, worker: Arc<radixgate_routing::Worker>, probe: crate::breaker::Permit) {
+        self.0.push((worker, probe));
+    }
+
+    fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Another worker answered: each 500 was its worker's failure.
+    fn blame(&mut self) {
+        for (worker, probe) in self.0.drain(..) {
+            record(&worker, probe, Outcome::Failure);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

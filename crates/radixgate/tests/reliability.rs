@@ -685,3 +685,80 @@ async fn a_worker_that_closes_without_answering_is_not_called_unreachable() {
     gw.shutdown().await;
     served.abort();
 }
+
+/// Workers that answer 500 to a prompt with "poison" in it, or to every
+/// prompt when `broken`; 200 otherwise.
+async fn poisonable_workers(n: usize, broken: usize) -> Vec<String> {
+    use axum::routing::{get, post};
+    let mut urls = Vec::new();
+    for i in 0..n {
+        let is_broken = i < broken;
+        let answer = move |axum::Json(body): axum::Json<Value>| async move {
+            use axum::response::IntoResponse;
+            if is_broken || body.to_string().contains("poison") {
+                let error = json!({"error": {"message": "engine error", "type": "server_error"}});
+                return (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    axum::Json(error),
+                )
+                    .into_response();
+            }
+            axum::Json(json!({
+                "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }))
+            .into_response()
+        };
+        let app = axum::Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route(
+                "/v1/models",
+                get(|| async { axum::Json(json!({"data": [{"id": "sim-llama-8b"}]})) }),
+            )
+            .route("/v1/chat/completions", post(answer));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+    urls
+}
+
+/// A request that every worker answers 500 (a prompt that trips an
+/// engine's bug) does not open the workers' breakers: a client repeating
+/// it does not take the pool out. A worker that answers 500 to everything
+/// still has its breaker opened, since other workers answer its requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_every_worker_answers_500_opens_no_breaker_but_a_broken_worker_is_left_out() {
+    let urls = poisonable_workers(3, 0).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let gw = gateway_ready(config(&refs), 3).await;
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("poison {i}"), false)).await;
+        assert_eq!(r.status(), 500, "poison {i}");
+    }
+    for i in 0..3 {
+        let r = post_chat(&gw.url, &chat(&format!("normal {i}"), false)).await;
+        assert_eq!(r.status(), 200, "normal {i}: {}", r.text().await.unwrap());
+    }
+    gw.shutdown().await;
+
+    let urls = poisonable_workers(3, 1).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut cfg = config(&refs);
+    cfg.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
+    let gw = gateway_ready(cfg, 3).await;
+    for i in 0..20 {
+        let r = post_chat(&gw.url, &chat(&format!("normal {i}"), false)).await;
+        assert_eq!(r.status(), 200, "normal {i}");
+    }
+    let broken = format!("worker=\"{}\"", urls[0]);
+    wait_until("the broken worker's breaker open", || async {
+        metrics_text(&gw.url).await.lines().any(|l| {
+            l.starts_with("radixgate_circuit_breaker_state{")
+                && l.contains(&broken)
+                && l.ends_with(" 1")
+        })
+    })
+    .await;
+    gw.shutdown().await;
+}
