@@ -283,3 +283,61 @@ async fn a_prefill_worker_whose_transfers_fail_is_left_out_and_its_requests_answ
         gw.shutdown().await;
     }
 }
+
+/// A prefill worker whose transfers fail, let back in half-open, fails its
+/// probe at decode: its breaker opens again, in both protocols (SGLang's
+/// prefill side still holds the probe's permit as decode fails; the failure
+/// must count all the same, not leave the breaker half-open with its probe
+/// given back, taking one failing pair after another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probing_prefill_whose_transfer_fails_opens_its_breaker_again() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let mut quick = common::fast_worker();
+        quick.pd = PdConfig {
+            role: Role::Decode,
+            transfer_timeout_ms: 300,
+            ..PdConfig::default()
+        };
+        let bad = worker(Role::Prefill).await;
+        let good = worker(Role::Prefill).await;
+        let mut decodes = Vec::new();
+        for _ in 0..4 {
+            decodes.push(common::sim_worker(quick.clone()).await);
+        }
+        let mut c = pd_config(
+            protocol,
+            &[&bad, &good],
+            &decodes.iter().collect::<Vec<_>>(),
+        );
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.timeout_duration_secs = 1;
+        let gw = gateway(c).await;
+        wait_for_healthy(&gw.url, 6).await;
+        bad.set_faults(FaultConfig {
+            drop_transfers: 1.0,
+            ..FaultConfig::default()
+        });
+        let mut i = 0;
+        // Until the bad prefill's breaker has opened (1), and then, a
+        // second on, until its probe has been sent (2).
+        for transitions in [1.0, 2.0] {
+            if transitions == 2.0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+            }
+            while breaker_transitions(&gw.url, &bad.url).await < transitions {
+                assert!(i < 40, "{protocol:?}: the bad prefill was never chosen");
+                let body =
+                    json!({"model": "sim-llama-8b", "prompt": prompt(200 + i), "max_tokens": 4});
+                let r = post_completion(&gw.url, &body).await;
+                assert_eq!(r.status(), 200, "{protocol:?} {i}");
+                r.bytes().await.unwrap();
+                i += 1;
+            }
+        }
+        common::wait_until("the bad prefill's breaker opened again", || async {
+            breaker_transitions(&gw.url, &bad.url).await >= 3.0
+        })
+        .await;
+        gw.shutdown().await;
+    }
+}

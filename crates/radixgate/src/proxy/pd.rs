@@ -691,7 +691,17 @@ impl Pair<'_> {
                     Ok(Err(error)) => return Err(failed(error)),
                     Err(_) => return Err(failed(lost())),
                 },
-                decoded = &mut decoding => break decoded?,
+                decoded = &mut decoding => match decoded {
+                    Ok(answer) => break answer,
+                    Err(failed) => {
+                        // The pair's loop may blame prefill for the
+                        // transfer: its permit (a half-open breaker's one
+                        // probe) must be given back first, or the blame
+                        // finds the probe out and counts nothing.
+                        task.cancel().await;
+                        return Err(failed);
+                    }
+                },
             }
         };
         // Decode answered; the client gets it once prefill has answered
@@ -811,6 +821,18 @@ struct Answer2 {
 
 /// Aborts the task it holds when dropped.
 struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    /// Aborts the task and waits for it to end, so that what it held (its
+    /// load guard, its breaker permit) has been dropped on return.
+    async fn cancel(&mut self) {
+        if let Some(task) = self.0.as_mut() {
+            task.abort();
+            let _ = task.await;
+        }
+        self.0 = None;
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
