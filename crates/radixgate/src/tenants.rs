@@ -313,8 +313,10 @@ const INLINE_MEDIA_TOKENS: u64 = 1024;
 const INLINE_MEDIA_MIN_BYTES: usize = 1024;
 
 /// A request body's inline media: its runs of base64 characters
-/// (`A-Za-z0-9+/=`, the URL-safe `-_`, and `\` for an escaped `/`) of
-/// [`INLINE_MEDIA_MIN_BYTES`] or more.
+/// (`A-Za-z0-9+/=`, the URL-safe `-_`, and `\/`, an escaped `/`) of
+/// [`INLINE_MEDIA_MIN_BYTES`] or more. Any other escape ends a run: text
+/// a JSON encoder escaped (Chinese as `\uXXXX`, lines joined by `\n`)
+/// would otherwise make runs as long as the text.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct InlineMedia {
     /// Their bytes.
@@ -330,8 +332,8 @@ impl InlineMedia {
             let mut b = 0;
             while b < 256 {
                 let c = b as u8;
-                table[b] = c.is_ascii_alphanumeric()
-                    || matches!(c, b'+' | b'/' | b'=' | b'-' | b'_' | b'\\');
+                table[b] =
+                    c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'-' | b'_');
                 b += 1;
             }
             table
@@ -344,9 +346,12 @@ impl InlineMedia {
                 media.parts += 1;
             }
         };
-        for &b in body {
+        let mut bytes = body.iter().peekable();
+        while let Some(&b) = bytes.next() {
             if BASE64[usize::from(b)] {
                 run += 1;
+            } else if b == b'\\' && bytes.next_if_eq(&&b'/').is_some() {
+                run += 2;
             } else {
                 end_run(run, &mut media);
                 run = 0;

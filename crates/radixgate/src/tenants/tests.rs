@@ -161,3 +161,17 @@ fn inline_media_are_long_base64_runs_and_nothing_else() {
     assert_eq!(InlineMedia::of(run.as_bytes()).parts, 1);
     assert_eq!(InlineMedia::of(&run.as_bytes()[1..]).parts, 0);
 }
+
+/// Text a JSON encoder escaped is text, however long its runs: Chinese as
+/// `\uXXXX` (Python's `json.dumps` writes any non-ASCII character so), and
+/// lines without spaces joined by `\n`.
+#[test]
+fn escaped_text_is_not_inline_media() {
+    let chinese = r"\u4eca\u5929\u7684\u5929\u6c14\u600e\u4e48\u6837\uff0c\u8bf7\u603b\u7ed3\u4e00\u4e0b\u3002"
+        .repeat(40);
+    let hashes = r"9fceb02d0ae598e95dc970b74767f19372d61af8\n".repeat(60);
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{chinese}"}},{{"role":"user","content":"{hashes}"}}]}}"#
+    );
+    assert_eq!(InlineMedia::of(body.as_bytes()), InlineMedia::default());
+}
