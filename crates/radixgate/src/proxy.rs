@@ -106,7 +106,7 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
     let work = Box::pin(forward(&state, endpoint, req, started));
     let unanswered = Unanswered {
-        shared,
+        metrics: &shared.request_metrics,
         route,
         started,
     };
@@ -129,21 +129,23 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
 /// closed while its body was read, it was queued or a worker had not yet
 /// answered): dropped with the request's future, it counts the request as
 /// 499, nginx's "client closed request", which would otherwise be in no
-/// count. Forgotten once the request has an answer.
+/// count. Forgotten once the request has an answer. Dropped as a panic
+/// unwinds the request's future, it counts what the client is answered
+/// (`trace::request_id`): 500, a bug, not a client that left.
 struct Unanswered<'a> {
-    shared: &'a Shared,
+    metrics: &'a RequestMetrics,
     route: &'static str,
     started: Instant,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        self.shared.request_metrics.request_done(
-            self.route,
-            CLIENT_CLOSED_REQUEST,
-            None,
-            self.started.elapsed(),
-        );
+        let status = match std::thread::panicking() {
+            true => GatewayError::Internal.status().as_u16(),
+            false => CLIENT_CLOSED_REQUEST,
+        };
+        self.metrics
+            .request_done(self.route, status, None, self.started.elapsed());
     }
 }
 
@@ -629,5 +631,35 @@ mod tests {
         // A value that is not text is no key.
         let opaque = headers(&[("x-session-id", b"\xff"), ("x-radixgate-routing-key", b"k")]);
         assert_eq!(routing_key(&opaque, None), Some("k"));
+    }
+
+    /// A request dropped unanswered is a client that left (499), unless a
+    /// panic unwound it: that one is answered 500 (`trace::request_id`),
+    /// a bug, and counted so.
+    #[test]
+    fn an_unanswered_request_is_499_unless_a_panic_ended_it() {
+        let metrics = crate::metrics::Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
+        let requests = RequestMetrics::new(&metrics);
+        let unanswered = |route| Unanswered {
+            metrics: &requests,
+            route,
+            started: Instant::now(),
+        };
+        drop(unanswered("/v1/completions"));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _unanswered = unanswered("/v1/chat/completions");
+            panic!("a bug in a handler");
+        }));
+        assert!(panicked.is_err());
+        let text = metrics.render();
+        let counted = |route: &str, status: &str| {
+            let series = format!(
+                "radixgate_requests_total{{route=\"{route}\",status=\"{status}\",model=\"unknown\"}} 1"
+            );
+            text.lines().any(|l| l == series)
+        };
+        assert!(counted("/v1/completions", "499"), "{text}");
+        assert!(counted("/v1/chat/completions", "500"), "{text}");
+        assert!(!counted("/v1/chat/completions", "499"), "{text}");
     }
 }
