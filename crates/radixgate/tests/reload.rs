@@ -225,6 +225,34 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     stop.cancel();
 }
 
+/// A file read while it is being rewritten in place (truncated, then
+/// written) may be empty: that is not the default config, which would drop
+/// every worker and open the client API to anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_of_a_file_truncated_to_nothing_changes_nothing() {
+    let a = sim_worker(fast_worker()).await;
+    let path = temp_file("truncated.yaml");
+    std::fs::write(&path, yaml(&[&a.url], "k", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "k").await;
+    for empty in ["", "\n  \n"] {
+        std::fs::write(&path, empty).unwrap();
+        let err = reload.reload().await.unwrap_err().to_string();
+        assert!(
+            err.contains("empty") && err.contains("truncated.yaml"),
+            "{err}"
+        );
+        assert_eq!(worker_urls(&gw, "k").await, std::slice::from_ref(&a.url));
+        assert_eq!(chat_status(&gw, "", "no key").await, 401);
+        assert_eq!(chat_status(&gw, "k", "the key").await, 200);
+    }
+    // The defaults, asked for.
+    std::fs::write(&path, "{}\n").unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_removed, std::slice::from_ref(&a.url));
+    stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
     let gate = Arc::new(Notify::new());

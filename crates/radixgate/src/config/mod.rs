@@ -541,6 +541,17 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The config file holds nothing: most likely it is being rewritten
+    /// in place (truncated, not yet written), so it is not taken for the
+    /// default config, which has no workers and no keys.
+    #[error(
+        "config file {path} is empty (being written?): write `{{}}` for the defaults, and \
+         replace the file by renaming a complete one over it"
+    )]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
     /// The config file is not valid YAML for the schema.
     #[error("invalid config file {path}: {source}")]
     Parse {
@@ -580,12 +591,17 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 }
 
 impl Config {
-    /// Reads a YAML config file.
+    /// Reads a YAML config file. Unlike an empty document given as text,
+    /// an empty file is refused: it is what a reload reads while the file
+    /// is being rewritten in place.
     pub fn from_yaml_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),
             source,
         })?;
+        if text.trim().is_empty() {
+            return Err(ConfigError::Empty { path: path.into() });
+        }
         Self::from_yaml(&text).map_err(|source| ConfigError::Parse {
             path: path.into(),
             source,
