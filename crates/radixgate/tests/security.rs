@@ -77,6 +77,37 @@ async fn admin_plane_never_takes_the_client_key() {
     gw.shutdown().await;
 }
 
+/// A tenant's key is a client key too: one that is also the admin key,
+/// listed in the file or in the key file it names, would let that client
+/// change the pool, so the config is refused with the tenant named.
+#[test]
+fn no_tenant_key_may_be_the_admin_key() {
+    let keys = std::env::temp_dir().join(format!(
+        "radixgate-admin-tenant-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&keys, "- {name: from-file, key: sk-admin}\n").unwrap();
+    for tenants in [
+        "  keys:\n    - {name: team-a, key: sk-a}\n    - {name: inline, key: sk-admin}\n"
+            .to_owned(),
+        format!("  api_key_file: {}\n", keys.display()),
+    ] {
+        let text = format!("server:\n  admin_api_key: sk-admin\ntenants:\n{tenants}");
+        let err = Config::from_yaml(&text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.admin_api_key"), "{err}");
+        assert!(
+            err.contains("`inline`") || err.contains("`from-file`"),
+            "{err}"
+        );
+        assert!(!err.contains("sk-admin"), "a key is never shown: {err}");
+    }
+    let _ = std::fs::remove_file(&keys);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_urls_with_userinfo_path_query_or_fragment_are_refused() {
     let w = sim_worker(fast_worker()).await;

@@ -111,7 +111,20 @@ impl Config {
         self.validate_breaker_and_admission()?;
         // Reads the key file and `key_env` variables: a bad entry stops
         // start-up (or a reload) here, named.
-        self.tenants.resolve(self.server.api_key.as_deref())?;
+        let tenants = self.tenants.resolve(self.server.api_key.as_deref())?;
+        // A tenant's key is a client key, and no client key opens the
+        // admin plane (`server.api_key` is checked with the server's keys).
+        let admin = self.server.admin_api_key.as_deref();
+        if let Some(tenant) = tenants.iter().find(|t| Some(t.key.as_str()) == admin) {
+            return Err(invalid(
+                "server.admin_api_key",
+                format!(
+                    "must differ from every client key, and tenant `{}` has it: the client key \
+                     never opens the admin plane",
+                    tenant.name
+                ),
+            ));
+        }
         self.sync.validate()?;
         self.kv_events.validate()?;
         self.record_trace.validate()?;
