@@ -190,20 +190,45 @@ impl WorkerSpec {
     }
 }
 
-/// The two spellings a worker entry may take in a file or request body. The
-/// enum is called `WorkerSpec` because serde names it in a mismatch ("did
-/// not match any variant of untagged enum WorkerSpec"), as the entry is
-/// called in the docs.
+/// The two spellings a worker entry may take in a file or request body.
+/// Told apart by the entry's own type (a string, or a map) rather than by
+/// trying each in turn, so a map's error names its field and fault
+/// (`unknown field `modles``) instead of "did not match any variant".
 mod form {
     use serde::Deserialize;
+    use serde::de::{self, Deserializer, MapAccess, Visitor};
+    use std::fmt;
 
-    #[derive(Deserialize)]
-    #[serde(untagged)]
     pub(super) enum WorkerSpec {
         /// Just the base URL.
         Url(String),
         /// The URL with its settings.
         Full(Full),
+    }
+
+    impl<'de> Deserialize<'de> for WorkerSpec {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Entry;
+
+            impl<'de> Visitor<'de> for Entry {
+                type Value = WorkerSpec;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a worker URL, or a map with its `url` and settings")
+                }
+
+                fn visit_str<E: de::Error>(self, url: &str) -> Result<WorkerSpec, E> {
+                    Ok(WorkerSpec::Url(url.to_owned()))
+                }
+
+                fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<WorkerSpec, M::Error> {
+                    Full::deserialize(de::value::MapAccessDeserializer::new(map))
+                        .map(WorkerSpec::Full)
+                }
+            }
+
+            deserializer.deserialize_any(Entry)
+        }
     }
 
     #[derive(Deserialize)]
@@ -634,10 +659,9 @@ mod tests {
         );
         let err = serde_json::from_str::<WorkerSpec>(r#"{"url": "http://a", "modles": ["m"]}"#)
             .unwrap_err();
-        assert!(
-            err.to_string().contains("untagged enum WorkerSpec"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("unknown field `modles`"), "{err}");
+        let err = serde_json::from_str::<WorkerSpec>("5").unwrap_err();
+        assert!(err.to_string().contains("a worker URL, or a map"), "{err}");
         assert!(
             serde_json::from_str::<WorkerSpec>(r#"{"url": "http://a", "healthy": true}"#).is_err()
         );

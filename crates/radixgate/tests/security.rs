@@ -167,6 +167,44 @@ async fn worker_urls_with_userinfo_path_query_or_fragment_are_refused() {
     gw.shutdown().await;
 }
 
+/// A `POST /workers` body of the wrong shape is told which field is wrong
+/// and how, not that it "did not match any variant".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let c = client();
+    for (body, why) in [
+        (
+            json!({"url": 5}),
+            "invalid type: integer `5`, expected a string",
+        ),
+        (
+            json!({"url": "http://127.0.0.2:1", "models": "m"}),
+            "invalid type: string \"m\", expected a sequence",
+        ),
+        (
+            json!({"url": "http://127.0.0.2:1", "modles": ["m"]}),
+            "unknown field `modles`",
+        ),
+        (json!({"api_key": "k"}), "missing field `url`"),
+        (json!(["http://127.0.0.2:1"]), "invalid type: sequence"),
+    ] {
+        let r = c
+            .post(format!("{}/workers", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let answer: Value = r.json().await.unwrap();
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{body}: {message}");
+    }
+    assert_eq!(workers(&gw.url).await.len(), 1);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_scheme_is_case_insensitive() {
     let w = sim_worker(fast_worker()).await;
