@@ -65,7 +65,7 @@ impl PeerLoads {
         let loads = loads
             .into_iter()
             .map(|l| PeerLoad {
-                url: WorkerUrl::canonical(&l.url).to_owned(),
+                url: WorkerUrl::canonical(&l.url).into_owned(),
                 ..l
             })
             .collect();

@@ -109,10 +109,10 @@ impl WorkerSet {
     }
 
     /// The worker with this URL, compared in canonical form
-    /// ([`WorkerUrl::canonical`]: a trailing `/` is ignored).
+    /// ([`WorkerUrl::canonical`]: a trailing `/` and case are ignored).
     pub fn by_url(&self, url: &str) -> Option<&Arc<Worker>> {
         let url = WorkerUrl::canonical(url);
-        self.workers.iter().find(|w| w.url() == url)
+        self.workers.iter().find(|w| w.url() == url.as_ref())
     }
 
     /// Models named by at least one worker of any role, sorted (for

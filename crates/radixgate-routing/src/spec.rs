@@ -20,7 +20,7 @@
 
 use crate::RoutingError;
 use serde::{Deserialize, Serialize};
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -276,7 +276,8 @@ impl From<form::WorkerSpec> for WorkerSpec {
 }
 
 /// A worker's base URL that passed the one URL rule, in canonical form
-/// (no trailing `/`), so two spellings of one worker compare equal.
+/// (no trailing `/`, lower-case), so two spellings of one worker compare
+/// equal.
 ///
 /// Equality, order and hash are those of the canonical string alone.
 #[derive(Clone, Debug)]
@@ -308,7 +309,7 @@ impl WorkerUrl {
         let canonical = Self::canonical(text);
         debug_assert!(parts.host.end <= canonical.len());
         Ok(Self {
-            text: canonical.to_owned(),
+            text: canonical.into_owned(),
             host: parts.host,
             port: parts.port,
             ip: parts.ip,
@@ -316,10 +317,17 @@ impl WorkerUrl {
     }
 
     /// The canonical spelling of `text`, without checking it: trailing `/`s
-    /// dropped. For looking a worker up by a URL a caller typed, where an
-    /// unparsable URL should simply match nothing.
-    pub fn canonical(text: &str) -> &str {
-        text.trim_end_matches('/')
+    /// dropped, and lower-cased, since a URL of the accepted shape is a
+    /// scheme, a host and a port, none of which has a case (`http://LOCALHOST:1`
+    /// is `http://localhost:1`). For looking a worker up by a URL a caller
+    /// typed, where an unparsable URL should simply match nothing.
+    pub fn canonical(text: &str) -> Cow<'_, str> {
+        let text = text.trim_end_matches('/');
+        if text.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(text.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(text)
+        }
     }
 
     /// The canonical URL.
@@ -337,11 +345,11 @@ impl WorkerUrl {
     /// `/workers` use: `url` without its scheme and trailing `/`
     /// (`10.0.0.5:30000`), since a worker URL has nothing after its port.
     pub fn name_of(url: &str) -> &str {
-        let url = Self::canonical(url);
+        let url = url.trim_end_matches('/');
         url.find("://").map_or(url, |i| &url[i + 3..])
     }
 
-    /// The host as written, without the brackets of an IPv6 address.
+    /// The host, lower-cased, without the brackets of an IPv6 address.
     pub fn host(&self) -> &str {
         &self.text[self.host.clone()]
     }
@@ -553,6 +561,8 @@ mod tests {
             ("http://[::1]:8000/", "http://[::1]:8000"),
             ("http://[::1]", "http://[::1]"),
             ("http://sim-0", "http://sim-0"),
+            ("http://Sim-0.NS:1/", "http://sim-0.ns:1"),
+            ("http://[::FFFF:a00:1]", "http://[::ffff:a00:1]"),
         ] {
             let url = WorkerUrl::parse(given).unwrap_or_else(|e| panic!("{given}: {e}"));
             assert_eq!(url.as_str(), canonical);
@@ -633,7 +643,7 @@ mod tests {
             ("http://10.0.0.5:30000", "10.0.0.5", Some(30000)),
             ("http://[::1]:8000", "::1", Some(8000)),
             ("http://[fe80::1]", "fe80::1", None),
-            ("http://Sim_0:1", "Sim_0", Some(1)),
+            ("http://Sim_0:1", "sim_0", Some(1)),
         ] {
             let url = WorkerUrl::parse(given).unwrap_or_else(|e| panic!("{given}: {e}"));
             assert_eq!(url.host(), host, "{given}");

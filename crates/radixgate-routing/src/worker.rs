@@ -167,7 +167,7 @@ impl Worker {
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
         let fits = spec.models.len().max(1);
-        let url = WorkerUrl::canonical(&spec.url).to_owned();
+        let url = WorkerUrl::canonical(&spec.url).into_owned();
         Self {
             id,
             name: spec

@@ -534,7 +534,7 @@ impl ControlTask {
     }
 
     fn set_ready(&mut self, url: &str, ready: bool) -> Result<(), GatewayError> {
-        let url = WorkerUrl::canonical(url.trim());
+        let url = &*WorkerUrl::canonical(url.trim());
         let known = self
             .known
             .get_mut(url)
@@ -556,7 +556,7 @@ impl ControlTask {
 
     fn remove(&mut self, url: &str) -> Result<(), GatewayError> {
         // Not parsed: a URL that was never accepted is simply not known.
-        let url = WorkerUrl::canonical(url.trim());
+        let url = &*WorkerUrl::canonical(url.trim());
         let known = self
             .known
             .remove(url)

@@ -205,6 +205,51 @@ async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
     gw.shutdown().await;
 }
 
+/// A host name is case-insensitive: the worker at `http://LOCALHOST:p` is
+/// the one at `http://localhost:p/`, added once, and removed by either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_url_spelled_with_another_case_is_the_same_worker() {
+    let w = sim_worker(fast_worker()).await;
+    let port = w.url.rsplit(':').next().unwrap().to_owned();
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let c = client();
+    let post = |url: String| {
+        c.post(format!("{}/workers", gw.url))
+            .json(&json!({"url": url}))
+            .send()
+    };
+    assert_eq!(
+        post(format!("http://LocalHost:{port}"))
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+    for twin in [
+        format!("http://localhost:{port}/"),
+        format!("http://LOCALHOST:{port}"),
+    ] {
+        let r = post(twin.clone()).await.unwrap();
+        assert_eq!(r.status(), 409, "{twin}");
+    }
+    let listed: Vec<Value> = workers(&gw.url).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .any(|w| w["url"] == format!("http://localhost:{port}")),
+        "{listed:?}"
+    );
+    let r = c
+        .delete(format!("{}/workers?url=http://LOCALHOST:{port}/", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(workers(&gw.url).await.len(), 1);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_scheme_is_case_insensitive() {
     let w = sim_worker(fast_worker()).await;

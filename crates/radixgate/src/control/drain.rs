@@ -44,7 +44,7 @@ pub(super) struct Draining {
 impl ControlTask {
     /// Out of the registry now; forgotten once idle (see the module doc).
     pub(super) fn drain(&mut self, url: &str) -> Result<Drained, GatewayError> {
-        let url = WorkerUrl::canonical(url.trim());
+        let url = &*WorkerUrl::canonical(url.trim());
         let known = self
             .known
             .get_mut(url)
