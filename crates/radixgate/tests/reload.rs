@@ -225,6 +225,29 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     stop.cancel();
 }
 
+/// A tenants' key file that vanished is named as what it is, and the
+/// running tenants stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_key_file_vanished_names_it_and_keeps_the_tenants() {
+    let a = sim_worker(fast_worker()).await;
+    let (path, keys) = (temp_file("with-keys.yaml"), temp_file("keys.yaml"));
+    std::fs::write(&keys, "- {name: team-a, key: sk-a}\n").unwrap();
+    let text = yaml(&[&a.url], "k", 0.3);
+    let text = format!("{text}tenants:\n  api_key_file: {}\n", keys.display());
+    std::fs::write(&path, text).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "k").await;
+    std::fs::remove_file(&keys).unwrap();
+    let err = reload.reload().await.unwrap_err().to_string();
+    assert!(
+        err.contains("API key file") && err.contains("keys.yaml"),
+        "{err}"
+    );
+    assert!(!err.contains("config file"), "{err}");
+    assert_eq!(chat_status(&gw, "sk-a", "still a tenant").await, 200);
+    stop.cancel();
+}
+
 /// A file read while it is being rewritten in place (truncated, then
 /// written) may be empty: that is not the default config, which would drop
 /// every worker and open the client API to anyone.

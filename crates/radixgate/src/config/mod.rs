@@ -561,6 +561,15 @@ pub enum ConfigError {
         #[source]
         source: serde_norway::Error,
     },
+    /// The API key file (`tenants.api_key_file`) could not be read.
+    #[error("cannot read API key file {path} (tenants.api_key_file): {source}")]
+    ReadKeysFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The API key file is not a valid list of tenants.
     #[error("invalid API key file {path}: {source}")]
     KeysFile {

@@ -122,7 +122,7 @@ impl TenantsConfig {
 
 /// Reads a keys file: a YAML (or JSON, which is YAML) list of tenants.
 fn read_file(path: &Path) -> Result<Vec<TenantSpec>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadKeysFile {
         path: path.into(),
         source,
     })?;
