@@ -341,3 +341,44 @@ async fn a_probing_prefill_whose_transfer_fails_opens_its_breaker_again() {
         gw.shutdown().await;
     }
 }
+
+/// A request every pair answers 500 (here, every prefill worker fails
+/// everything; from the router's side the same as a prompt that trips an
+/// engine bug on every worker) opens no breaker: the pool serves again as
+/// soon as the workers do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_every_pair_answers_500_open_no_breaker() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let p1 = worker(Role::Prefill).await;
+        let p2 = worker(Role::Prefill).await;
+        let d1 = worker(Role::Decode).await;
+        let d2 = worker(Role::Decode).await;
+        let gw = gateway(pd_config(protocol, &[&p1, &p2], &[&d1, &d2])).await;
+        wait_for_healthy(&gw.url, 4).await;
+        for p in [&p1, &p2] {
+            p.set_faults(FaultConfig {
+                error_rate: 1.0,
+                ..FaultConfig::default()
+            });
+        }
+        for i in 0..8 {
+            let body = json!({"model": "sim-llama-8b", "prompt": prompt(200 + i), "max_tokens": 4});
+            let r = post_completion(&gw.url, &body).await;
+            assert_eq!(r.status(), 500, "{protocol:?} {i}");
+        }
+        for w in [&p1, &p2, &d1, &d2] {
+            assert_eq!(
+                breaker_transitions(&gw.url, &w.url).await,
+                0.0,
+                "{protocol:?}"
+            );
+        }
+        for p in [&p1, &p2] {
+            p.set_faults(FaultConfig::default());
+        }
+        let body = json!({"model": "sim-llama-8b", "prompt": prompt(300), "max_tokens": 4});
+        let r = post_completion(&gw.url, &body).await;
+        assert_eq!(r.status(), 200, "{protocol:?}");
+        gw.shutdown().await;
+    }
+}

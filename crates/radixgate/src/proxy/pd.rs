@@ -48,7 +48,7 @@ use crate::inspect::{Api, Inspected};
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::usage::{CachedReport, UsageTail};
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use radixgate_routing::{Decision, Routed, WorkerId, WorkerRole, WorkerUrl};
@@ -138,6 +138,9 @@ pub(super) async fn attempts(
     // pair's decode failed after taking the request: a retry tries another
     // prefill worker too, but falls back to these when no other is left.
     let mut suspects: Vec<WorkerId> = Vec::new();
+    // The workers whose 500 for this request is not counted yet: blamed
+    // once another pair answers it, never if none does.
+    let mut answered_500: Vec<Arc<radixgate_routing::Worker>> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
     let mut attempt = 0u32;
     // Whether a side was left out because its half-open breaker's one
@@ -251,6 +254,7 @@ pub(super) async fn attempts(
             text,
             retry: attempt as usize - 1,
         };
+        let paired_decode = decode.decision.worker().clone();
         let decode = (decode, decode_probe);
         let paired_prefill = prefill.as_ref().map(|(p, _)| p.decision.worker().clone());
         let outcome = match prefill {
@@ -266,6 +270,11 @@ pub(super) async fn attempts(
                 prefill_task,
                 prefill_worker,
             }) => {
+                if answer.response.status().is_success() {
+                    for worker in answered_500.drain(..) {
+                        blame(shared, &worker);
+                    }
+                }
                 if let Some(sync) = &shared.sync
                     && answer.response.status().is_success()
                 {
@@ -296,6 +305,22 @@ pub(super) async fn attempts(
                 answer,
             }) => {
                 shared.request_metrics.pd_failure(side.as_str());
+                // A 500 waits to be counted (see `answered_500`); on the last
+                // attempt it counts now if it is the first (no other pair to
+                // tell by), and never if earlier pairs answered 500 too (the
+                // request's own fault).
+                let how = match (is_500(&error), last_attempt, answered_500.is_empty()) {
+                    (false, _, _) | (true, true, true) => Count::Now,
+                    (true, false, _) => Count::Later,
+                    (true, true, false) => Count::Never,
+                };
+                let failed = match side {
+                    WorkerRole::Decode => &paired_decode,
+                    _ => paired_prefill.as_ref().unwrap_or(&paired_decode),
+                };
+                if is_500(&error) {
+                    how.apply(shared, failed, &mut answered_500);
+                }
                 if let (WorkerRole::Decode, Some(prefill)) = (side, &paired_prefill)
                     && transfer_may_have_failed(&error)
                 {
@@ -303,8 +328,9 @@ pub(super) async fn attempts(
                     // pulls from prefill may never have come. Both sides
                     // are blamed, so that a prefill worker whose transfers
                     // fail opens its breaker (its decodes, paired with
-                    // other prefills too, keep theirs closed).
-                    blame(shared, prefill);
+                    // other prefills too, keep theirs closed); for a 500,
+                    // as decode is, once another pair answers.
+                    how.apply(shared, prefill, &mut answered_500);
                     if !tried_prefill.contains(&prefill.id()) {
                         tried_prefill.push(prefill.id());
                         suspects.push(prefill.id());
@@ -362,6 +388,47 @@ fn transfer_may_have_failed(error: &GatewayError) -> bool {
         GatewayError::FirstByteTimeout { .. } => true,
         _ => false,
     }
+}
+
+/// A side's failed answer on its breaker: at once, but for a 500, which
+/// the pair's loop counts only once another pair answers the request
+/// (`super::Answered500`: a prompt that trips an engine bug fails on every
+/// worker, and must not open every breaker).
+fn record_unless_500(worker: &radixgate_routing::Worker, probe: Permit, status: StatusCode) {
+    if status != StatusCode::INTERNAL_SERVER_ERROR {
+        record(worker, probe, Outcome::Failure);
+    }
+}
+
+/// When a failure the pair's loop blames is counted on the breaker.
+#[derive(Clone, Copy)]
+enum Count {
+    /// At once.
+    Now,
+    /// Once another pair answers the request.
+    Later,
+    /// Not at all: every pair answered the request 500.
+    Never,
+}
+
+impl Count {
+    fn apply(
+        self,
+        shared: &Shared,
+        worker: &Arc<radixgate_routing::Worker>,
+        later: &mut Vec<Arc<radixgate_routing::Worker>>,
+    ) {
+        match self {
+            Self::Now => blame(shared, worker),
+            Self::Later => later.push(worker.clone()),
+            Self::Never => {}
+        }
+    }
+}
+
+/// Whether `error` is a worker's 500 answer.
+fn is_500(error: &GatewayError) -> bool {
+    matches!(error, GatewayError::UpstreamStatus { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// Counts a failure on `worker`'s breaker outside any attempt of its own
@@ -592,7 +659,7 @@ impl Pair<'_> {
         shared
             .request_metrics
             .upstream_error(worker.url(), "status");
-        record(&worker, probe, Outcome::Failure);
+        record_unless_500(&worker, probe, status);
         // The last attempt passes the answer itself on; a retry names the
         // status.
         let error = GatewayError::UpstreamStatus {
@@ -764,7 +831,7 @@ impl Pair<'_> {
         let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
         if !status.is_success() {
             let (message, _) = error_message(answer.response, deadline).await;
-            record(&prefill_worker, probe, Outcome::Failure);
+            record_unless_500(&prefill_worker, probe, status);
             self.state
                 .shared
                 .request_metrics
@@ -901,7 +968,7 @@ async fn prefill_side(
         side.shared
             .request_metrics
             .upstream_error(worker.url(), "status");
-        record(&worker, probe, Outcome::Failure);
+        record_unless_500(&worker, probe, status);
         let _ = head.send(Err(GatewayError::UpstreamStatus {
             worker: worker.url().to_owned(),
             status,
