@@ -29,6 +29,13 @@
 //! settings) takes a restart: a reload that changes it says so in a WARN
 //! line and keeps the running value.
 //!
+//! Each reload is counted, `radixgate_config_reloads_total{result}`
+//! (`applied`, `refused`: an invalid configuration, the running one stays;
+//! `partial`: failed part way), and
+//! `radixgate_config_last_reload_successful` is 1 while the last one was
+//! applied whole (and before any), 0 otherwise: an operator alerts on it
+//! rather than reading the logs for a reload that did not take.
+//!
 //! Concurrency: one task applies reloads, one at a time, in order; it only
 //! sends commands to the control task and stores into `ArcSwap`s, so the
 //! request path never waits for it.
@@ -37,6 +44,7 @@ use crate::auth::Keys;
 use crate::config::{Config, ConfigError};
 use crate::control::Control;
 use crate::error::GatewayError;
+use crate::metrics::{Describe, LabelledCounters, Metrics, OneGauge};
 use crate::tenants::Tenants;
 use arc_swap::ArcSwap;
 use radixgate_routing::{Policy, WorkerSpec, WorkerUrl, spawn_eviction};
@@ -129,6 +137,43 @@ pub fn channel(loader: Loader) -> (Reload, Reloads) {
     (Reload { tx }, Reloads { rx, loader })
 }
 
+pub(crate) const RELOADS: Describe = Describe::new(
+    "radixgate_config_reloads_total",
+    "Configuration reloads, by result: applied, refused (an invalid configuration; the running one stays), partial (failed part way).",
+);
+pub(crate) const LAST_RELOAD_SUCCESSFUL: Describe = Describe::new(
+    "radixgate_config_last_reload_successful",
+    "1 while the last configuration reload was applied whole (and before any), 0 after one that was refused or failed part way.",
+);
+
+/// The reload task's metric families.
+pub(crate) struct ReloadMetrics {
+    reloads: LabelledCounters,
+    last_successful: OneGauge,
+}
+
+impl ReloadMetrics {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        let last_successful = metrics.gauge(&LAST_RELOAD_SUCCESSFUL);
+        last_successful.set(1.0);
+        Self {
+            reloads: metrics.labelled_counters(&RELOADS, "result"),
+            last_successful,
+        }
+    }
+
+    fn count(&self, outcome: &Result<Changes, ReloadError>) {
+        let result = match outcome {
+            Ok(_) => "applied",
+            Err(ReloadError::Apply(_)) => "partial",
+            Err(_) => "refused",
+        };
+        self.reloads.increment(result);
+        self.last_successful
+            .set(if outcome.is_ok() { 1.0 } else { 0.0 });
+    }
+}
+
 /// What a reload acts on, handed over by the server at start-up.
 pub(crate) struct Target {
     pub(crate) running: Config,
@@ -140,6 +185,7 @@ pub(crate) struct Target {
     pub(crate) eviction: CancellationToken,
     /// The background tasks' token (parent of the eviction timers).
     pub(crate) tasks: CancellationToken,
+    pub(crate) metrics: ReloadMetrics,
 }
 
 /// Applies reloads until `target.tasks` is cancelled or every handle is gone.
@@ -156,6 +202,7 @@ pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
             Ok(config) => target.apply(config).await,
             Err(err) => Err(err.into()),
         };
+        target.metrics.count(&outcome);
         match &outcome {
             Ok(changes) => {
                 tracing::info!(%changes, "configuration reloaded");

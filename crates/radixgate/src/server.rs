@@ -319,6 +319,7 @@ pub async fn run_reloadable(
             tenants: tenants.clone(),
             eviction: eviction_stop,
             tasks: tasks.clone(),
+            metrics: reload::ReloadMetrics::new(&metrics),
         },
     ));
     let sync = match config.sync.enabled() {

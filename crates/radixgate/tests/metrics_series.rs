@@ -156,8 +156,10 @@ async fn metrics_series_match_the_committed_list() {
     })
     .await;
 
-    // Worker failures: a broken stream, then a 500 that is retried where
-    // no other worker is left; the two failures open the breaker.
+    // Worker failures: a broken stream, a 500 that is retried where no
+    // other worker is left (so it counts on no breaker: no other worker
+    // could tell whether the request or the worker was at fault), and a
+    // second broken stream; the two broken streams open the breaker.
     w.set_faults(FaultConfig {
         die_after_chunks: Some(2),
         ..FaultConfig::default()
@@ -168,16 +170,24 @@ async fn metrics_series_match_the_committed_list() {
         ..FaultConfig::default()
     });
     assert_ne!(post(chat_url.clone(), chat("failed", false)).await, 200);
+    w.set_faults(FaultConfig {
+        die_after_chunks: Some(2),
+        ..FaultConfig::default()
+    });
+    assert_eq!(
+        post(chat_url.clone(), chat("broken again", true)).await,
+        200
+    );
     w.set_faults(FaultConfig::default());
 
     // Gauges are refreshed by the upkeep tick: wait for one that saw the
     // open breaker and the idle worker, and for outlier detection's tick.
     // A request is counted when its body ends, which may come just after
-    // the client has read it: wait for all ten in both families.
+    // the client has read it: wait for all eleven in both families.
     wait_until("gauges and counts after the failures", || async {
         let text = metrics_text(&gw.url).await;
-        count(&text, "radixgate_requests_total{") == 10.0
-            && count(&text, "radixgate_request_duration_seconds_count{") == 10.0
+        count(&text, "radixgate_requests_total{") == 11.0
+            && count(&text, "radixgate_request_duration_seconds_count{") == 11.0
             && text.contains("radixgate_circuit_breaker_state{")
             && count(&text, "radixgate_circuit_breaker_state{") == 1.0
             && count(&text, "radixgate_worker_in_flight_requests{") == 0.0

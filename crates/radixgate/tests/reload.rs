@@ -160,6 +160,23 @@ async fn reloadable_gateway(path: &Path) -> (String, Reload, CancellationToken) 
     (url, reload, stop)
 }
 
+/// Reloads applied and refused, and whether the last one was applied, from
+/// the gateway's `/metrics`.
+async fn reload_metrics(gateway: &str) -> (f64, f64, f64) {
+    let text = common::metrics_text(gateway).await;
+    let value = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("radixgate_config_reloads_total{result=\"applied\"}"),
+        value("radixgate_config_reloads_total{result=\"refused\"}"),
+        value("radixgate_config_last_reload_successful "),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_changed() {
     let a = sim_worker(fast_worker()).await;
@@ -187,6 +204,7 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     both.sort();
     assert_eq!(worker_urls(&gw, "k2").await, both);
     assert!(cached_chars(&gw, "k2", &a.url).await > 0, "trees kept");
+    assert_eq!(reload_metrics(&gw).await, (1.0, 0.0, 1.0));
 
     // A bad file changes nothing.
     std::fs::write(&path, yaml(&[&b.url], "k3", 1.5)).unwrap();
@@ -198,6 +216,7 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     let err = reload.reload().await.unwrap_err().to_string();
     assert!(err.contains("prot"), "{err}");
     assert_eq!(worker_urls(&gw, "k2").await, both);
+    assert_eq!(reload_metrics(&gw).await, (1.0, 2.0, 0.0));
 
     // A routing change rebuilds the policy; a removed worker goes.
     std::fs::write(&path, yaml(&[&b.url], "k2", 0.5)).unwrap();
@@ -212,6 +231,7 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
         200
     );
     assert!(cached_chars(&gw, "k2", &b.url).await > 0);
+    assert_eq!(reload_metrics(&gw).await, (2.0, 2.0, 1.0));
 
     // A setting that needs a restart is reported, not applied.
     let mut text = yaml(&[&b.url], "k2", 0.5);
