@@ -6,7 +6,7 @@ mod common;
 mod sync_support;
 
 use async_nats::jetstream::Context as JetStream;
-use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
+use async_nats::jetstream::stream::{Config as StreamConfig, DiscardPolicy, StorageType};
 use common::*;
 use radixgate::config::{Config, StreamStorage};
 use radixgate_sim::server::FaultConfig;
@@ -953,6 +953,32 @@ async fn a_memory_stream_is_made_as_configured_and_a_stream_found_otherwise_is_k
         (worker.as_str(), branch.as_str()),
         (w.url.as_str(), "cache_hit")
     );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A stream found that refuses what comes once it is full (made by an
+/// operator's or another tool's config with `discard: new`) is given the
+/// replicas' policy, oldest dropped first: otherwise every batch past its
+/// limit is refused by the server, with no answer to say so (batches are
+/// published without asking for one), and the peers stop learning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_found_refusing_new_batches_when_full_is_made_to_drop_old_ones() {
+    let nats = Nats::start(&[]);
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.create_stream(StreamConfig {
+        name: "RADIXGATE-radixgate".into(),
+        subjects: vec!["radixgate.sync.radixgate.inserts".into()],
+        max_messages: 3,
+        discard: DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (_workers, a, b) = two_replicas(&nats).await;
+    // Past the stream's three messages, each still reaches B.
+    assert_propagates(&a.url, &b.url, "past a full stream", 6).await;
+    assert_eq!(stream_config(&js).await.discard, DiscardPolicy::Old);
     a.shutdown().await;
     b.shutdown().await;
 }

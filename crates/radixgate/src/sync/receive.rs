@@ -508,7 +508,12 @@ async fn source(
 /// another build) this replica's, and its subject if it lacks it: a
 /// changed setting takes effect at the next connect, not only on a new
 /// stream. Replicas run with different settings set it in turn, each at
-/// its connect; the log says so. A refusal leaves the stream as it is.
+/// its connect; the log says so. A stream found that refuses new
+/// messages once full (`discard: new`, made by another tool's config)
+/// drops its oldest instead, as the replicas make it: batches are
+/// published with no answer asked for, so past its limit every one would
+/// be refused unseen and live sync would stop. A refusal leaves the stream
+/// as it is.
 async fn keep_limits(js: &jetstream::Context, found: &stream::Config, want: &stream::Config) {
     // The server cannot change where a stream is kept: only a stream
     // deleted and made again would move.
@@ -523,13 +528,22 @@ async fn keep_limits(js: &jetstream::Context, found: &stream::Config, want: &str
     let subject = &want.subjects[0];
     if found.max_age == want.max_age
         && found.max_bytes == want.max_bytes
+        && found.discard == want.discard
         && found.subjects.contains(subject)
     {
         return;
     }
+    if found.discard != want.discard {
+        tracing::warn!(
+            stream = %found.name,
+            found = ?found.discard,
+            "replica sync: the stream refuses new batches once full (made by another config); setting it to drop its oldest, as replicas make it"
+        );
+    }
     let mut update = found.clone();
     update.max_age = want.max_age;
     update.max_bytes = want.max_bytes;
+    update.discard = want.discard;
     if !update.subjects.contains(subject) {
         update.subjects.push(subject.clone());
     }
