@@ -608,6 +608,74 @@ async fn a_silent_peers_load_report_expires() {
     b.shutdown().await;
 }
 
+/// A peer's load report (wire format 1, kind 2) from process `instance`,
+/// numbered `seq`: `loads` as (worker URL, in flight), the list `times`
+/// over.
+fn load_report_of(instance: u64, seq: u64, loads: &[(&str, u64)], times: usize) -> Vec<u8> {
+    let var = |m: &mut Vec<u8>, mut v: u64| {
+        while v >= 0x80 {
+            m.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        m.push(v as u8);
+    };
+    let mut m = b"RG\x01\x02\x00\x09radixgate\x04peer".to_vec();
+    m.extend_from_slice(&instance.to_le_bytes());
+    var(&mut m, seq);
+    var(&mut m, 0);
+    var(&mut m, (loads.len() * times) as u64);
+    for _ in 0..times {
+        for &(url, in_flight) in loads {
+            var(&mut m, url.len() as u64);
+            m.extend_from_slice(url.as_bytes());
+            var(&mut m, in_flight);
+            var(&mut m, 0);
+        }
+    }
+    m
+}
+
+/// Reports that name workers no replica has (a broken or forged sender,
+/// a whole message of them each, from many processes) are counted and not
+/// kept: kept, every report taken summed them all again, and the load
+/// lane fell minutes behind the peers' real reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reports_naming_workers_no_replica_has_are_counted_and_not_kept() {
+    let Listener {
+        nats: _nats,
+        worker,
+        b,
+        raw,
+    } = Listener::start(300).await;
+    let unknown = load_report_of(0, 1, &[("http://x", 1)], 60_000);
+    for i in 0..40 {
+        let mut m = unknown.clone();
+        // The instance, after the magic, version, kind, flags and names.
+        m[20..28].copy_from_slice(&(1000 + i as u64).to_le_bytes());
+        raw.publish("radixgate.sync.radixgate.load", m.into())
+            .await
+            .unwrap();
+    }
+    // A peer that names the worker twice in one report: counted once, as
+    // the sum.
+    let twice = load_report_of(77, 1, &[(&worker.url, 4), (&worker.url, 5)], 1);
+    publish_flushed(&raw, "load", twice).await;
+    wait_until("B counts the peer's 9", || async {
+        peer_load(&b.url, &worker.url).await == 9
+    })
+    .await;
+    wait_until("the unknown workers counted", || async {
+        series_value(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"unknown_worker\"}",
+        )
+        .await
+            >= 40.0
+    })
+    .await;
+    b.shutdown().await;
+}
+
 /// The load the other replicas reported on a worker, as `/get_loads` shows it.
 async fn peer_load(gateway: &str, worker: &str) -> u64 {
     worker_loads(gateway, worker).await["peer_load"]

@@ -30,6 +30,7 @@ use crate::config::{SyncAuth, SyncConfig};
 use async_nats::Subscriber;
 use futures::{FutureExt as _, StreamExt as _};
 use radixgate_routing::{PeerLoad, PeerLoads, Router, Worker};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -145,17 +146,22 @@ impl Shared {
     }
 
     /// A peer's report, from wherever it came; applied to the workers at
-    /// once.
-    pub(super) fn report(&self, instance: u64, seq: u64, loads: Vec<PeerLoad>) {
+    /// once. Only its loads on this router's workers are kept, one per
+    /// worker (see [`known_loads`]); whether it named any other (counted
+    /// `ignored{reason="unknown_worker"}` by the caller).
+    pub(super) fn report(&self, instance: u64, seq: u64, loads: Vec<PeerLoad>) -> bool {
+        let snapshot = self.router.snapshot();
+        let (loads, unknown) = known_loads(loads, snapshot.workers());
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::Acquire) {
-            return;
+            return unknown;
         }
         if peers.report(instance, seq, Instant::now(), loads) {
-            peers.apply(self.router.snapshot().workers());
+            peers.apply(snapshot.workers());
         }
         drop(peers);
         self.wake_if_idle();
+        unknown
     }
 
     /// Starts an idle lane ticking: a report is held that must expire in
@@ -183,6 +189,40 @@ impl Shared {
         *peers = PeerLoads::new(Duration::ZERO);
         peers.apply(self.router.snapshot().workers());
     }
+}
+
+/// A peer's loads on `workers`, each worker's summed into one (a report
+/// lists each once), and whether it named any other. A report held keeps
+/// what it says until it expires, and every report taken adds up all
+/// those held: one that named thousands of workers no replica has (a
+/// forged or broken sender, up to a whole message of them) was kept
+/// whole, and a run of them from many instances held hundreds of MiB and
+/// kept the load lane summing them for minutes, the peers' real reports
+/// waiting behind. A worker this router discovers later counts from the
+/// peer's next report.
+fn known_loads(loads: Vec<PeerLoad>, workers: &[Arc<Worker>]) -> (Vec<PeerLoad>, bool) {
+    let index: HashMap<&str, usize> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.url(), i))
+        .collect();
+    let mut sums: Vec<Option<PeerLoad>> = vec![None; workers.len()];
+    let mut unknown = false;
+    for load in loads {
+        let url = radixgate_routing::WorkerUrl::canonical(&load.url);
+        let Some(&i) = index.get(url.as_ref()) else {
+            unknown = true;
+            continue;
+        };
+        let sum = sums[i].get_or_insert_with(|| PeerLoad {
+            url: workers[i].url().to_owned(),
+            in_flight: 0,
+            pending_prefill: 0,
+        });
+        sum.in_flight = sum.in_flight.saturating_add(load.in_flight);
+        sum.pending_prefill = sum.pending_prefill.saturating_add(load.pending_prefill);
+    }
+    (sums.into_iter().flatten().collect(), unknown)
 }
 
 /// This replica's own non-zero loads, by worker URL, in worker order.
@@ -436,8 +476,12 @@ impl Ticks<'_> {
         else {
             return;
         };
-        self.shared
-            .report(h.instance, h.seq, super::receive::peer_loads(loads));
+        if self
+            .shared
+            .report(h.instance, h.seq, super::receive::peer_loads(loads))
+        {
+            self.metrics.ignored("unknown_worker");
+        }
         for f in firsts {
             super::receive::learn_first_token(
                 &self.shared.router,

@@ -302,8 +302,9 @@ impl Applier {
         if let Some((seq, loads)) = batch.load.take()
             && live
             && fresh
+            && self.lane.report(h.instance, seq, peer_loads(loads))
         {
-            self.lane.report(h.instance, seq, peer_loads(loads));
+            self.metrics.ignored("unknown_worker");
         }
         if self.senders.len() >= MAX_SENDERS && !self.senders.contains_key(&h.instance) {
             let oldest = self
