@@ -5,9 +5,13 @@
 //! A request either gets an [`AdmissionPermit`] at once, waits in the queue
 //! for one, or is refused: [`GatewayError::QueueFull`] (429) at once when the
 //! queue is full, [`GatewayError::QueueTimeout`] (503) when it waited too
-//! long. The permit is owned and `'static`; it is meant to live inside the
-//! response body, next to the worker's load guard, and gives its slot back
-//! when dropped, however the response ends.
+//! long. A full queue still takes a request of a higher priority than its
+//! lowest waiter: that level's newest waiter gives its place up and is
+//! refused as if it had found the queue full, so a batch tenant that fills
+//! the queue cannot lock interactive ones out of it. The permit is owned
+//! and `'static`; it is meant to live inside the response body, next to the
+//! worker's load guard, and gives its slot back when dropped, however the
+//! response ends.
 //!
 //! A freed slot goes to the first waiter of the highest priority that has
 //! any (first come, first served within a priority), and is handed over
@@ -126,11 +130,20 @@ struct Slots {
     next_id: u64,
 }
 
-/// One queued request: its ticket and the channel its slot arrives on.
+/// One queued request: its ticket and the channel its turn arrives on.
 #[derive(Debug)]
 struct Waiter {
     id: u64,
-    slot: oneshot::Sender<()>,
+    slot: oneshot::Sender<Turn>,
+}
+
+/// How a waiter's wait ends, other than by its timeout.
+#[derive(Debug, PartialEq, Eq)]
+enum Turn {
+    /// A slot was handed to it.
+    Admitted,
+    /// A request of a higher priority took its place in a full queue.
+    Displaced,
 }
 
 /// One admitted request's slot; dropping it admits the next in line.
@@ -148,7 +161,35 @@ impl Drop for AdmissionPermit {
     }
 }
 
+impl Slots {
+    /// Makes room in a full queue for a newcomer of `priority`: the newest
+    /// waiter of the lowest priority below it, if any, leaves the queue and
+    /// is told so. False when every waiter's priority is as high.
+    fn displace_below(&mut self, priority: Priority) -> bool {
+        for lower in Priority::SERVED_FIRST.into_iter().rev() {
+            if lower >= priority {
+                return false;
+            }
+            // A waiter whose receiver is gone (see `release`) frees its
+            // place all the same.
+            if let Some(waiter) = self.queues[lower.index()].pop_back() {
+                self.queued -= 1;
+                let _ = waiter.slot.send(Turn::Displaced);
+                return true;
+            }
+        }
+        false
+    }
+}
+
 impl Limited {
+    /// The refusal of a request the queue has no place for.
+    fn full(&self) -> GatewayError {
+        GatewayError::QueueFull {
+            queue_size: self.queue_size,
+        }
+    }
+
     /// Gives a slot back: to the best waiter still waiting, else to the pool.
     fn release(&self) {
         let mut slots = self.slots.lock();
@@ -157,7 +198,7 @@ impl Limited {
                 slots.queued -= 1;
                 // A waiter whose receiver is gone was cancelled between its
                 // timeout and its clean-up; try the next one.
-                if waiter.slot.send(()).is_ok() {
+                if waiter.slot.send(Turn::Admitted).is_ok() {
                     return;
                 }
             }
@@ -172,13 +213,14 @@ struct QueuePlace {
     limited: Arc<Limited>,
     priority: Priority,
     id: u64,
-    slot: oneshot::Receiver<()>,
-    admitted: bool,
+    slot: oneshot::Receiver<Turn>,
+    /// Its wait is over and nothing is left to give back.
+    done: bool,
 }
 
 impl Drop for QueuePlace {
     fn drop(&mut self) {
-        if self.admitted {
+        if self.done {
             return;
         }
         let mut slots = self.limited.slots.lock();
@@ -189,9 +231,10 @@ impl Drop for QueuePlace {
             return;
         }
         drop(slots);
-        // Not in line any more: `release` popped it, and under the lock it
-        // has sent the slot by now. Nobody will use it here; pass it on.
-        if self.slot.try_recv().is_ok() {
+        // Not in line any more: `release` (or a newcomer that displaced
+        // it) popped it, and under the lock has sent its turn by now. A
+        // slot nobody will use here is passed on.
+        if self.slot.try_recv() == Ok(Turn::Admitted) {
             self.limited.release();
         }
     }
@@ -219,8 +262,9 @@ impl Admission {
 
     /// Waits for a slot, behind every earlier waiter of the same or a higher
     /// priority. Fails at once with `QueueFull` when `queue_size` requests
-    /// are already waiting, and with `QueueTimeout` after waiting
-    /// `queue_timeout_secs`.
+    /// of the same or a higher priority are already waiting, and with
+    /// `QueueTimeout` after waiting `queue_timeout_secs`. A waiter whose
+    /// place a higher priority takes fails with `QueueFull` then.
     pub async fn acquire(&self, priority: Priority) -> Result<AdmissionPermit, GatewayError> {
         let Some(limited) = &self.limited else {
             return Ok(AdmissionPermit { slot: None });
@@ -236,12 +280,10 @@ impl Admission {
                 slots.in_flight += 1;
                 return Ok(admitted());
             }
-            if slots.queued >= limited.queue_size {
+            if slots.queued >= limited.queue_size && !slots.displace_below(priority) {
                 drop(slots);
                 self.metrics.rejected.increment("queue_full");
-                return Err(GatewayError::QueueFull {
-                    queue_size: limited.queue_size,
-                });
+                return Err(limited.full());
             }
             let (tx, rx) = oneshot::channel();
             let id = slots.next_id;
@@ -253,14 +295,19 @@ impl Admission {
                 priority,
                 id,
                 slot: rx,
-                admitted: false,
+                done: false,
             }
         };
         let started = Instant::now();
         match tokio::time::timeout(limited.queue_timeout, &mut place.slot).await {
-            Ok(Ok(())) => {
-                place.admitted = true;
+            Ok(Ok(Turn::Admitted)) => {
+                place.done = true;
                 Ok(admitted())
+            }
+            Ok(Ok(Turn::Displaced)) => {
+                place.done = true;
+                self.metrics.rejected.increment("queue_full");
+                Err(limited.full())
             }
             // The sender is only dropped unsent when the gate is; treat that
             // like a timeout rather than panic.

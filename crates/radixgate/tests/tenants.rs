@@ -480,6 +480,58 @@ async fn a_high_priority_request_jumps_the_admission_queue() {
     gw.shutdown().await;
 }
 
+/// One slot, held, and a queue of two filled by a low-priority tenant: a
+/// high-priority request still gets a place (the newest low-priority
+/// waiter's, which is refused as if the queue had been full) and is
+/// served next, rather than being refused for a queue of batch work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_full_of_low_priority_requests_still_takes_a_high_priority_one() {
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: team-low, key: sk-low, priority: low}
+    - {name: team-high, key: sk-high, priority: high}
+";
+    let mut cfg = tenant_config(&worker.url, tenants);
+    cfg.admission.max_concurrent_requests = Some(1);
+    cfg.admission.queue_size = 2;
+    let gw = gateway_ready(cfg, 1).await;
+    let send = |who: &'static str, key: &'static str| {
+        let url = gw.url.clone();
+        tokio::spawn(async move {
+            let r = post_as(&url, Some(key), &chat(who, false)).await;
+            let status = r.status().as_u16();
+            let retry_after = r.headers().get("retry-after").cloned();
+            let body: Value = r.json().await.expect("JSON body");
+            (status, retry_after, body)
+        })
+    };
+    let holder = send("holder", "sk-low");
+    wait_until("the holder at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    let low_1 = send("low-1", "sk-low");
+    wait_for_queued(&gw.url, 1, 1).await;
+    let low_2 = send("low-2", "sk-low");
+    wait_for_queued(&gw.url, 2, 1).await;
+    let high = send("high", "sk-high");
+    // The newest low-priority waiter gives its place up, with the answer a
+    // full queue gets.
+    let (status, retry_after, body) = low_2.await.expect("request task");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "queue_full", "{body}");
+    assert!(retry_after.is_some(), "Retry-After");
+    wait_for_queued(&gw.url, 2, 1).await;
+    worker.release.add_permits(3);
+    for task in [holder, high, low_1] {
+        let (status, _, body) = task.await.expect("request task");
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(*worker.seen.lock(), ["holder", "high", "low-1"]);
+    wait_for_queued(&gw.url, 0, 0).await;
+    gw.shutdown().await;
+}
+
 /// Waits until the admission gauges show `queued` waiting and `in_flight`
 /// admitted.
 async fn wait_for_queued(gateway: &str, queued: usize, in_flight: usize) {

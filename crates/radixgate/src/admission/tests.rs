@@ -268,3 +268,39 @@ async fn a_slot_handed_to_a_waiter_that_gave_up_is_passed_on() {
     drop(permit);
     assert_eq!(gate.in_flight(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_takes_a_higher_priority_in_place_of_its_newest_lowest() {
+    let gate = gate(Some(1), 2, 60);
+    let held = gate.acquire(Priority::Normal).await.expect("first");
+    let queue = |priority| {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.acquire(priority).await })
+    };
+    let low_1 = queue(Priority::Low);
+    settle().await;
+    let normal = queue(Priority::Normal);
+    settle().await;
+    assert_eq!(gate.queued(), 2);
+    // As low as the lowest waiter: no place for it.
+    let refused = gate.acquire(Priority::Low).now_or_never().expect("at once");
+    assert!(matches!(refused, Err(GatewayError::QueueFull { .. })));
+    // A high one takes the low one's place; the low one is refused.
+    let high = queue(Priority::High);
+    let displaced = low_1.await.expect("task");
+    assert!(matches!(displaced, Err(GatewayError::QueueFull { .. })));
+    assert_eq!(gate.queued(), 2);
+    // Nobody below normal waits now: another normal one is refused.
+    let refused = gate
+        .acquire(Priority::Normal)
+        .now_or_never()
+        .expect("at once");
+    assert!(matches!(refused, Err(GatewayError::QueueFull { .. })));
+    drop(held);
+    let high = high.await.expect("task").expect("admitted first");
+    assert_eq!(gate.queued(), 1);
+    drop(high);
+    let normal = normal.await.expect("task").expect("admitted next");
+    drop(normal);
+    assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}
