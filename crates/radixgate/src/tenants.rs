@@ -274,11 +274,6 @@ pub(crate) fn meter(
         Some(TenantRef(tenant)) if tenant.meters_tokens() && generates => {}
         _ => return Ok((body, None)),
     }
-    let asked = if request.stream {
-        usage_event::ask_for_usage(&body, &request.stream_options, &shared.bodies.budget)?
-    } else {
-        None
-    };
     let chars_per_token = request
         .model
         .as_deref()
@@ -291,13 +286,20 @@ pub(crate) fn meter(
     // answer did not report.) Inline media count as parts, not bytes.
     let media = InlineMedia::of(&body);
     let text_bytes = body.len() - media.bytes;
-    let metering = Metering {
-        prompt_tokens: ((text_bytes as f64 / chars_per_token).ceil() as u64)
-            .saturating_add(media.parts.saturating_mul(INLINE_MEDIA_TOKENS)),
-        chars_per_token,
-        strip_usage_event: asked.as_ref().is_some_and(|a| a.strip),
+    let prompt_tokens = ((text_bytes as f64 / chars_per_token).ceil() as u64)
+        .saturating_add(media.parts.saturating_mul(INLINE_MEDIA_TOKENS));
+    // The client's body goes: its edit takes its place in the budget.
+    let asked = if request.stream {
+        usage_event::ask_for_usage(body, &request.stream_options, &shared.bodies.budget)?
+    } else {
+        usage_event::Asked { body, strip: false }
     };
-    Ok((asked.map_or(body, |a| a.body), Some(metering)))
+    let metering = Metering {
+        prompt_tokens,
+        chars_per_token,
+        strip_usage_event: asked.strip,
+    };
+    Ok((asked.body, Some(metering)))
 }
 
 /// Tokens an inline media part (an image's or a clip's base64) is

@@ -285,6 +285,32 @@ async fn a_stream_without_include_usage_is_charged_and_its_client_sees_no_usage_
     gw.shutdown().await;
 }
 
+/// A metered tenant's stream whose body is over half the body budget (the
+/// budget as small as the size limit, which the config allows): the body
+/// edited to ask for usage replaces the client's in the budget rather than
+/// needing room beside it, so the request is served, not answered 503
+/// "retry shortly" however idle the router is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_stream_over_half_the_body_budget_is_served() {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 100000000}
+";
+    let mut cfg = tenant_config(&worker.url, tenants);
+    cfg.server.max_payload_size = 100_000;
+    cfg.server.max_buffered_body_bytes = 100_000;
+    let gw = gateway_ready(cfg, 1).await;
+    let mut body = chat(&"long prompt ".repeat(5_000), true);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let r = post_as(&gw.url, Some("sk-a"), &body).await;
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(tenant_tokens(&gw.url, "team-a").await > 0.0);
+    gw.shutdown().await;
+}
+
 /// Streams `body` as team-a (key `sk-a`), leaves after 4 events, and
 /// returns what the tenant was charged for it: its tokens past `before`,
 /// once they move (within 10 s).

@@ -22,8 +22,8 @@ use std::ops::Range;
 /// What `stream_options: null` becomes.
 const ASKED: &str = r#"{"include_usage":true}"#;
 
-/// A body edited to ask for usage, and whether the usage event is then
-/// the client's to see.
+/// A body to send, edited to ask for usage where it needed that, and
+/// whether the usage event is then taken out of the answer.
 pub(crate) struct Asked {
     /// The body to send.
     pub(crate) body: Bytes,
@@ -31,7 +31,7 @@ pub(crate) struct Asked {
     pub(crate) strip: bool,
 }
 
-/// The body with `stream_options.include_usage: true`, or `None` when it
+/// The body with `stream_options.include_usage: true`, or as it is when it
 /// needs no edit (the client's last `include_usage` reads as true to a
 /// Python worker: `true`, `1`, `"yes"`...) or cannot have one (a
 /// `stream_options` that is neither an object nor `null`: the worker
@@ -42,12 +42,16 @@ pub(crate) struct Asked {
 /// every other byte is passed as written. The usage event is the client's
 /// to see only where its options object left `include_usage` to the server
 /// (vLLM's default is to send it). The new body's bytes are taken from
-/// `budget` like the one read.
+/// `budget` like the one read, in its place: `body` (the request path's
+/// only copy) is dropped first. Both are in memory while the edit is made,
+/// as with any edit, but the budget need not hold both, or a body over
+/// half the budget could never be sent.
 pub(crate) fn ask_for_usage(
-    body: &[u8],
+    body: Bytes,
     options: &StreamOptions,
     budget: &BodyBudget,
-) -> Result<Option<Asked>, GatewayError> {
+) -> Result<Asked, GatewayError> {
+    let unedited = |body| Ok(Asked { body, strip: false });
     // An object's first key goes right after its brace, with a comma when
     // others follow.
     let first_key = |open: usize, field: &'static str, and_comma: &'static str| {
@@ -55,13 +59,13 @@ pub(crate) fn ask_for_usage(
         (open + 1..open + 1, if empty { field } else { and_comma })
     };
     let (edits, strip): (Vec<(Range<usize>, &str)>, bool) = match options {
-        StreamOptions::NotApplicable | StreamOptions::Other => return Ok(None),
-        StreamOptions::Object { asked: true, .. } => return Ok(None),
+        StreamOptions::NotApplicable | StreamOptions::Other => return unedited(body),
+        StreamOptions::Object { asked: true, .. } => return unedited(body),
         StreamOptions::Absent => {
             // The body was read as an object: its brace is there, after
             // white space.
             let Some(open) = body.iter().position(|&b| b == b'{') else {
-                return Ok(None);
+                return unedited(body);
             };
             (vec![first_key(open, FIELD, FIELD_AND_COMMA)], true)
         }
@@ -85,8 +89,9 @@ pub(crate) fn ask_for_usage(
         from = at.end;
     }
     edited.extend_from_slice(&body[from..]);
+    drop(body);
     let body = crate::body::budgeted(edited, budget)?;
-    Ok(Some(Asked { body, strip }))
+    Ok(Asked { body, strip })
 }
 
 /// The field added to a body without `stream_options`.
@@ -313,10 +318,9 @@ mod tests {
 
     fn body(options: &StreamOptions, text: &str) -> (String, bool) {
         let budget = BodyBudget::new(1 << 20);
-        match ask_for_usage(text.as_bytes(), options, &budget).unwrap() {
-            Some(asked) => (String::from_utf8(asked.body.to_vec()).unwrap(), asked.strip),
-            None => (text.to_owned(), false),
-        }
+        let asked = ask_for_usage(Bytes::copy_from_slice(text.as_bytes()), options, &budget);
+        let asked = asked.unwrap();
+        (String::from_utf8(asked.body.to_vec()).unwrap(), asked.strip)
     }
 
     fn options(text: &str) -> StreamOptions {
@@ -438,16 +442,23 @@ mod tests {
     fn the_edited_body_is_paid_from_the_budget() {
         let budget = BodyBudget::new(96);
         let sent = r#"{"messages":[],"stream":true}"#;
-        let edited = ask_for_usage(sent.as_bytes(), &options(sent), &budget)
-            .unwrap()
+        let edited = ask_for_usage(Bytes::from_static(sent.as_bytes()), &options(sent), &budget)
             .unwrap()
             .body;
         assert_eq!(budget.used(), edited.len());
         drop(edited);
         assert_eq!(budget.used(), 0);
+        // The body read, paid from the same budget, makes room for its
+        // edit: the two would not fit side by side.
+        let read = crate::body::budgeted(sent.as_bytes().to_vec(), &budget).unwrap();
+        let edited = ask_for_usage(read, &options(sent), &budget).unwrap().body;
+        assert!(sent.len() + edited.len() > budget.limit());
+        assert_eq!(budget.used(), edited.len());
+        drop(edited);
+        assert_eq!(budget.used(), 0);
         let long = format!(r#"{{"messages":[],"user":"{}"}}"#, "u".repeat(40));
         assert!(matches!(
-            ask_for_usage(long.as_bytes(), &options(&long), &budget),
+            ask_for_usage(Bytes::from(long.clone()), &options(&long), &budget),
             Err(GatewayError::BodyBudgetExhausted { .. })
         ));
     }
