@@ -174,7 +174,9 @@ async fn forward(
     let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;
     let (mut parts, body) = req.into_parts();
     let spans = crate::trace::RequestSpans::take(&mut parts.extensions);
-    let bytes = body::read(&parts.headers, body, &shared.bodies).await?;
+    let bytes = body::read(&parts.headers, body, &shared.bodies)
+        .await
+        .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`).
@@ -186,8 +188,13 @@ async fn forward(
         Endpoint::Unrouted => bytes.trim_ascii_start().starts_with(b"{"),
     };
     let (bytes, metering) =
-        crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)?;
-    let admitted = shared.admission.acquire(priority).await?;
+        crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)
+            .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
+    let admitted = shared
+        .admission
+        .acquire(priority)
+        .await
+        .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     if let Some(family) = unrouted {
         shared.request_metrics.unrouted(family);
     }

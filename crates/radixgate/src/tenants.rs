@@ -60,6 +60,7 @@ use governor::{DefaultDirectRateLimiter, Quota};
 use parking_lot::Mutex;
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// Which of a tenant's limits refused a request.
@@ -368,6 +369,10 @@ impl InlineMedia {
 struct RequestBucket {
     per_minute: NonZeroU32,
     limiter: DefaultDirectRateLimiter,
+    /// Cells given back by requests the router refused for its own
+    /// overload ([`refund`]), taken before the limiter's: at most a
+    /// minute's worth. (The limiter cannot take a cell back.)
+    credits: AtomicU32,
 }
 
 impl RequestBucket {
@@ -375,14 +380,53 @@ impl RequestBucket {
         Self {
             per_minute,
             limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(per_minute)),
+            credits: AtomicU32::new(0),
         }
     }
 
     /// Takes a cell, or says how long until one frees.
     fn take(&self) -> Result<(), Duration> {
+        let credit = self
+            .credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
+        if credit.is_ok() {
+            return Ok(());
+        }
         self.limiter
             .check()
             .map_err(|not_until| not_until.wait_time_from(self.limiter.clock().now()))
+    }
+
+    /// Gives a taken cell back.
+    fn give_back(&self) {
+        let most = self.per_minute.get();
+        let _ = self
+            .credits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c < most).then_some(c + 1)
+            });
+    }
+}
+
+/// Gives the request's cell back to its tenant's request limit when the
+/// router refused it for its own overload (a full or timed-out admission
+/// queue, the body budget spent): a tenant is not charged for requests it
+/// was not served because the router was busy, which otherwise locked it
+/// out for the rest of the minute without a request served. Any other
+/// refusal (a bad body, an unknown model) keeps the cell, as it would at a
+/// limit in front of the router.
+pub(crate) fn refund(extensions: &Extensions, error: &GatewayError) {
+    let overloaded = matches!(
+        error,
+        GatewayError::QueueFull { .. }
+            | GatewayError::QueueTimeout { .. }
+            | GatewayError::BodyBudgetExhausted { .. }
+    );
+    if overloaded
+        && let Some(TenantRef(tenant)) = extensions.get::<TenantRef>()
+        && let Some(requests) = &tenant.requests
+    {
+        requests.give_back();
     }
 }
 

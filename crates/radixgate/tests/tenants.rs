@@ -558,6 +558,50 @@ async fn a_queue_full_of_low_priority_requests_still_takes_a_high_priority_one()
     gw.shutdown().await;
 }
 
+/// A tenant's requests the router refuses for its own overload (a full
+/// admission queue) do not spend its request limit: once the router has
+/// room, the tenant is served, not told to wait out the minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limit() {
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: busy, key: sk-busy}
+    - {name: team-a, key: sk-a, requests_per_minute: 2}
+";
+    let mut cfg = tenant_config(&worker.url, tenants);
+    cfg.admission.max_concurrent_requests = Some(1);
+    cfg.admission.queue_size = 0;
+    let gw = gateway_ready(cfg, 1).await;
+    let url = gw.url.clone();
+    let holder = tokio::spawn(async move {
+        post_as(&url, Some("sk-busy"), &chat("holder", false))
+            .await
+            .status()
+    });
+    wait_until("the holder at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    for i in 0..4 {
+        let r = post_as(&gw.url, Some("sk-a"), &chat(&format!("refused {i}"), false)).await;
+        assert_eq!(r.status(), 429, "{i}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "queue_full", "{i}: {body}");
+    }
+    worker.release.add_permits(3);
+    assert_eq!(holder.await.unwrap(), 200);
+    for i in 0..2 {
+        let r = post_as(&gw.url, Some("sk-a"), &chat(&format!("served {i}"), false)).await;
+        assert_eq!(r.status(), 200, "{i}: {}", r.text().await.unwrap());
+    }
+    // Its two a minute are spent now.
+    let r = post_as(&gw.url, Some("sk-a"), &chat("over", false)).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    gw.shutdown().await;
+}
+
 /// Waits until the admission gauges show `queued` waiting and `in_flight`
 /// admitted.
 async fn wait_for_queued(gateway: &str, queued: usize, in_flight: usize) {
