@@ -117,7 +117,10 @@ impl PeerLoads {
     /// Writes the sums of the held reports into `workers` (0 for a worker
     /// no report names).
     pub fn apply(&self, workers: &[Arc<Worker>]) {
-        let mut sums: HashMap<&str, (usize, usize)> = HashMap::new();
+        // foldhash, not SipHash: the URLs are this router's own workers'
+        // (a report keeps no other), nothing a peer could choose to collide.
+        let mut sums: HashMap<&str, (usize, usize), foldhash::fast::RandomState> =
+            HashMap::default();
         for load in self.reports.values().flat_map(|r| &r.loads) {
             let sum = sums.entry(load.url.as_str()).or_default();
             sum.0 = sum.0.saturating_add(load.in_flight as usize);
