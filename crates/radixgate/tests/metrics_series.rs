@@ -305,12 +305,20 @@ async fn sync_metrics_series_match_the_committed_list() {
             .all(|r| text.contains(&format!("radixgate_sync_ignored_total{{reason=\"{r}\"}}")))
     })
     .await;
-    // NATS gone: A drops what it cannot publish.
+    // NATS gone: A drops what it cannot publish (the load report its load
+    // lane sends while the request is in flight: the request lasts past
+    // the lane's next tick, 100 ms, which a fast answer did not always).
     nats.kill();
     wait_until("A disconnected", || async {
         sync_value(&a.url, "radixgate_sync_connected").await == 0.0
     })
     .await;
+    for worker in [&w, &w2] {
+        worker.set_faults(FaultConfig {
+            latency_ms: 300,
+            ..FaultConfig::default()
+        });
+    }
     assert_eq!(
         post(chat_url.clone(), chat("while NATS is down", false)).await,
         200
