@@ -38,7 +38,21 @@ struct Report {
     seq: u64,
     at: Instant,
     loads: Vec<PeerLoad>,
+    /// Expired: it no longer counts (its loads are gone), and is kept for
+    /// [`REMEMBERED`] more only so that an older report of the same
+    /// replica, late, is still refused.
+    expired: bool,
 }
+
+/// How long an expired report's number is remembered: a report that rides
+/// on an insert batch is taken up to about a second and a half after it
+/// was sent, so one overtaken by a newer report may arrive after that
+/// newer one has expired; without its number it would count again, stale.
+const REMEMBERED: Duration = Duration::from_secs(5);
+
+/// The most expired reports' numbers remembered (a forger's made-up
+/// replica ids each leave one); past it they are all forgotten.
+const MAX_REMEMBERED: usize = 1024;
 
 /// The latest unexpired load report of each other replica.
 #[derive(Debug)]
@@ -76,6 +90,7 @@ impl PeerLoads {
                     seq,
                     at: now,
                     loads,
+                    expired: false,
                 };
                 true
             }
@@ -86,6 +101,7 @@ impl PeerLoads {
                         seq,
                         at: now,
                         loads,
+                        expired: false,
                     },
                 );
                 true
@@ -93,25 +109,43 @@ impl PeerLoads {
         }
     }
 
-    /// Drops the reports of replicas silent for longer than the expiry;
-    /// returns how many were dropped.
+    /// Drops the reports of replicas silent for longer than the expiry
+    /// (their numbers are remembered a while, see [`REMEMBERED`]); returns
+    /// how many were dropped.
     pub fn expire(&mut self, now: Instant) -> usize {
-        let before = self.reports.len();
         let expiry = self.expiry;
-        self.reports
-            .retain(|_, r| now.saturating_duration_since(r.at) <= expiry);
-        before - self.reports.len()
+        let mut dropped = 0;
+        let mut remembered = 0;
+        self.reports.retain(|_, r| {
+            let age = now.saturating_duration_since(r.at);
+            if !r.expired && age > expiry {
+                r.expired = true;
+                r.loads = Vec::new();
+                dropped += 1;
+            }
+            let keep = !r.expired || age <= expiry + REMEMBERED;
+            remembered += usize::from(keep && r.expired);
+            keep
+        });
+        if remembered > MAX_REMEMBERED {
+            self.reports.retain(|_, r| !r.expired);
+        }
+        dropped
     }
 
     /// When the next held report expires (its arrival plus the expiry);
     /// `None` while none is held: a receiver needs no timer then.
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.reports.values().map(|r| r.at + self.expiry).min()
+        self.reports
+            .values()
+            .filter(|r| !r.expired)
+            .map(|r| r.at + self.expiry)
+            .min()
     }
 
     /// Replicas whose report still counts.
     pub fn replicas(&self) -> usize {
-        self.reports.len()
+        self.reports.values().filter(|r| !r.expired).count()
     }
 
     /// Writes the sums of the held reports into `workers` (0 for a worker
@@ -210,5 +244,43 @@ mod tests {
         peers.expire(t0 + expiry * 3);
         peers.apply(&ws);
         assert_eq!(ws[0].routing_load(), 0);
+    }
+
+    /// A report overtaken by a newer one that has since expired (it rode
+    /// on a late insert batch) is still refused: it would count stale.
+    #[test]
+    fn an_older_report_after_the_newer_one_expired_is_still_refused() {
+        let ws = workers();
+        let expiry = Duration::from_millis(300);
+        let mut peers = PeerLoads::new(expiry);
+        let t0 = Instant::now();
+        assert!(peers.report(42, 5, t0, vec![load("http://a:1", 1, 0)]));
+        let later = t0 + expiry + Duration::from_millis(1);
+        assert_eq!(peers.expire(later), 1);
+        assert_eq!((peers.replicas(), peers.next_expiry()), (0, None));
+        assert!(!peers.report(42, 4, later, vec![load("http://a:1", 7, 0)]));
+        peers.apply(&ws);
+        assert_eq!(ws[0].peer_load(), 0);
+        // A newer one counts, and a replica silent past the memory is
+        // forgotten whole.
+        assert!(peers.report(42, 6, later, vec![load("http://a:1", 2, 0)]));
+        peers.apply(&ws);
+        assert_eq!(ws[0].peer_load(), 2);
+        let gone = later + expiry + REMEMBERED + Duration::from_millis(2);
+        assert_eq!(peers.expire(gone), 1);
+        assert!(peers.reports.is_empty());
+    }
+
+    /// Made-up replica ids cannot grow what is remembered past its bound.
+    #[test]
+    fn expired_reports_remembered_are_bounded() {
+        let expiry = Duration::from_millis(300);
+        let mut peers = PeerLoads::new(expiry);
+        let t0 = Instant::now();
+        for id in 0..(MAX_REMEMBERED as u64 + 1) {
+            peers.report(id, 1, t0, Vec::new());
+        }
+        peers.expire(t0 + expiry * 2);
+        assert!(peers.reports.is_empty());
     }
 }
