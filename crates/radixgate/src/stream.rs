@@ -269,14 +269,16 @@ where
             let err = "the gateway shut down before the worker finished answering";
             return this.fail_as(StreamEnd::Shutdown, err.into(), "shutting_down");
         }
+        // Before the worker's next frame, not only while it has none: the
+        // frames of a fast worker read by a slow client are always ready.
+        if let Some(deadline) = this.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            let err = "the request timed out while the worker was still answering";
+            return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
+        }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if polled.is_pending() {
-            if let Some(deadline) = this.deadline.as_mut()
-                && deadline.as_mut().poll(cx).is_ready()
-            {
-                let err = "the request timed out while the worker was still answering";
-                return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
-            }
             if let Some((after, timer)) = this.stall.as_mut()
                 && timer.as_mut().poll(cx).is_ready()
             {
