@@ -11,7 +11,8 @@
 //! events until one that is not a preamble event begins.
 //!
 //! An event's type is its `event:` field, or else the `type` field of its
-//! data. The scan reads line by line, across frames, and keeps at most
+//! data. The scan reads line by line (lines end with `\n`, `\r\n` or a
+//! lone `\r`, as SSE allows), across frames, and keeps at most
 //! [`LINE_LIMIT`] bytes of a line; a data line it cannot read (longer than
 //! that, or not JSON) counts as more preamble, because taking a late event
 //! for the first token costs at most one event's delay, while taking the
@@ -43,6 +44,9 @@ pub struct Preamble {
     /// The current event was named by an `event:` line (as preamble: a
     /// named token event ends the scan at once).
     named: bool,
+    /// The last line ended with a `\r` at the end of a frame: a `\n`
+    /// first in the next is the same line end.
+    cr: bool,
 }
 
 impl Preamble {
@@ -56,9 +60,20 @@ impl Preamble {
     /// preamble has begun in them (the first token).
     pub fn feed(&mut self, bytes: &[u8]) -> bool {
         let mut rest = bytes;
-        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+        if std::mem::take(&mut self.cr) {
+            rest = rest.strip_prefix(b"\n").unwrap_or(rest);
+        }
+        // SSE's line ends: `\n`, `\r\n` or a lone `\r`.
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', rest) {
             self.keep(&rest[..end]);
+            let cr = rest[end] == b'\r';
             rest = &rest[end + 1..];
+            if cr {
+                match rest.strip_prefix(b"\n") {
+                    Some(after) => rest = after,
+                    None => self.cr = rest.is_empty(),
+                }
+            }
             if self.line_ends() {
                 return true;
             }
@@ -79,9 +94,6 @@ impl Preamble {
     fn line_ends(&mut self) -> bool {
         let mut line = std::mem::take(&mut self.line);
         let overflow = std::mem::take(&mut self.overflow);
-        if line.last() == Some(&b'\r') {
-            line.pop();
-        }
         let token = if line.is_empty() {
             // The event ended.
             self.named = false;
@@ -185,6 +197,25 @@ mod tests {
             found_in("event: ping\ndata: {\"type\":\"other\"}\n\n", 4),
             None
         );
+    }
+
+    /// SSE's three line ends, `\n`, `\r\n` and a lone `\r`, cut
+    /// anywhere: a `\r\n` split over two frames is one line end, not a
+    /// blank line that would end a named event early.
+    #[test]
+    fn every_line_end_is_read() {
+        let named = "event: ping\ndata: {\"type\":\"other\"}\n\n";
+        for eol in ["\n", "\r\n", "\r"] {
+            let preamble = RESPONSES[..RESPONSES.find("event: response.output_item").unwrap()]
+                .replace('\n', eol);
+            let stream = RESPONSES.replace('\n', eol);
+            let named = named.replace('\n', eol);
+            for size in [1, 2, 3, 7, stream.len()] {
+                assert_eq!(found_in(&preamble, size), None, "{eol:?} size {size}");
+                assert_eq!(found_in(&named, size), None, "{eol:?} size {size}");
+                assert!(found_in(&stream, size).is_some(), "{eol:?} size {size}");
+            }
+        }
     }
 
     #[test]
