@@ -187,7 +187,9 @@ where
                 .extensions_mut()
                 .remove::<Metering>()
                 .filter(|_| response.status().is_success());
-            let sse = crate::proxy::is_event_stream(response.headers());
+            // An encoded stream's usage event cannot be taken out of it.
+            let sse = crate::proxy::is_event_stream(response.headers())
+                && !crate::proxy::is_encoded(response.headers());
             if metering.as_ref().is_some_and(Metering::strips_usage_event) && sse {
                 // The usage event is taken out: the length changes.
                 response.headers_mut().remove(header::CONTENT_LENGTH);

@@ -89,8 +89,8 @@ mod endpoint;
 pub(crate) mod metrics;
 mod pd;
 mod respond;
-pub(crate) use attempt::is_event_stream;
 use attempt::{Outgoing, Waiting, error_message, no_first_byte, record, send_primed};
+pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
 use respond::{Correction, Responding, respond};
@@ -618,6 +618,26 @@ mod tests {
             assert_eq!(is_event_stream(&headers), sse, "{value:?}");
         }
         assert!(!is_event_stream(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_body_is_encoded_by_any_coding_but_identity() {
+        for (values, encoded) in [
+            (&["gzip"][..], true),
+            (&["br"], true),
+            (&["identity", "gzip"], true),
+            (&["Identity, deflate"], true),
+            (&["identity"], false),
+            (&[" IDENTITY "], false),
+            (&[""], false),
+            (&[], false),
+        ] {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append("content-encoding", HeaderValue::from_static(value));
+            }
+            assert_eq!(is_encoded(&headers), encoded, "{values:?}");
+        }
     }
 
     #[test]

@@ -504,6 +504,69 @@ async fn broken_json_answer_to_a_stream_request_gets_no_sse_text() {
     gw.shutdown().await;
 }
 
+/// A worker that compresses its event stream anyway (the router asks for
+/// no encoding) and breaks off: the error event, plain text, is not
+/// appended to the compressed bytes, where the client's decoder would
+/// choke on it; the body is cut, as a JSON one is.
+#[tokio::test]
+async fn a_broken_compressed_stream_gets_no_plain_text_appended() {
+    // A gzip header and one stored (uncompressed) deflate block, not the
+    // last: a valid start of a gzip body.
+    const EVENT: &[u8] = b"data: {\"n\":1}\n\n";
+    let mut start = vec![0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 0xff, 0x00];
+    let len = EVENT.len() as u16;
+    start.extend_from_slice(&len.to_le_bytes());
+    start.extend_from_slice(&(!len).to_le_bytes());
+    start.extend_from_slice(EVENT);
+    let sent = Bytes::from(start);
+    let w = test_worker(move || {
+        let pieces = futures::stream::iter([
+            Ok(sent.clone()),
+            Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "died")),
+        ])
+        .then(|item| async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            item
+        });
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("content-encoding", "gzip")
+            .body(Body::from_stream(pieces))
+            .unwrap()
+    })
+    .await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let r = post_chat(&gw.url, &scripted_chat("gzip", true)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-encoding"], "gzip");
+    let mut got = Vec::new();
+    let mut body = r.bytes_stream();
+    let mut broke = false;
+    while let Some(chunk) = body.next().await {
+        match chunk {
+            Ok(c) => got.extend_from_slice(&c),
+            Err(_) => {
+                broke = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        got.len() == 11 + 4 + EVENT.len() && got.ends_with(EVENT),
+        "bytes after the worker's: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(broke, "the client must see the body break off");
+    wait_until("the break counted as the worker's failure", || async {
+        metrics_text(&gw.url).await.contains(&format!(
+            "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"stream_broken\"}} 1",
+            w.url
+        ))
+    })
+    .await;
+    gw.shutdown().await;
+}
+
 /// Item 9: when every worker answers 5xx, the client's error names the
 /// worker's own reason, not only its status.
 #[tokio::test]

@@ -56,6 +56,21 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
     })
 }
 
+/// Whether a response's body is encoded (`content-encoding` other than
+/// `identity`): its bytes are not the text they carry, so nothing may be
+/// appended to them or taken out of them. The router asks for no encoding;
+/// a worker or a proxy in front of it may send one anyway.
+pub(crate) fn is_encoded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|coding| {
+            let coding = coding.trim_ascii();
+            !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
+        })
+}
+
 /// How often an attempt still waiting for its first byte looks whether its
 /// worker has been marked unavailable meanwhile.
 const WORKER_CHECK: std::time::Duration = std::time::Duration::from_secs(1);

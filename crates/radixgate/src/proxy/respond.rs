@@ -7,7 +7,7 @@
 //! the breaker's record and the request's metrics. One watch per request,
 //! built whole here; nothing is released by hand elsewhere.
 
-use super::attempt::{is_event_stream, record};
+use super::attempt::{is_encoded, is_event_stream, record};
 use super::{Answer, DECISION_NAME, Endpoint, WORKER_NAME, pd};
 use crate::admission::AdmissionPermit;
 use crate::breaker::{Outcome, Permit};
@@ -129,11 +129,15 @@ pub(super) fn respond(
         .request_timeout()
         .and_then(|t| started.checked_add(t))
         .map(tokio::time::Instant::from_std);
-    let mut body = WatchedBody::new(response.into_body(), watch, sse);
-    // Only an event stream can tell its client why it ends at the grace
-    // period's expiry; any other body is cut with its connection anyway,
-    // so it does not register with the shared token (a lock per response).
-    if sse {
+    // An encoded stream's bytes are not its events: one that breaks off is
+    // cut, as a JSON body is, for plain text after them would corrupt it.
+    let plain_sse = sse && !is_encoded(response.headers());
+    let mut body = WatchedBody::new(response.into_body(), watch, plain_sse);
+    // Only a plain event stream can tell its client why it ends at the
+    // grace period's expiry; any other body is cut with its connection
+    // anyway, so it does not register with the shared token (a lock per
+    // response).
+    if plain_sse {
         body = body
             .with_abort(shared.streams_abort.clone())
             .with_error_events(endpoint.error_events());
