@@ -117,8 +117,11 @@ pub struct WatchedBody<B, W: StreamWatch> {
 impl<B, W: StreamWatch> WatchedBody<B, W> {
     /// Wraps `inner`; `sse` says whether it is an event stream, which decides
     /// how a mid-stream failure is reported.
-    pub fn new(inner: B, watch: W, sse: bool) -> Self {
-        Self {
+    pub fn new(inner: B, watch: W, sse: bool) -> Self
+    where
+        B: Body,
+    {
+        let mut body = Self {
             inner,
             watch: Some(watch),
             sse,
@@ -129,7 +132,14 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
             stall: None,
             abort: None,
             done: false,
+        };
+        // A body over before it starts (an empty answer, a 204) is dropped
+        // unpolled once its head is written: it is complete now, not a
+        // client gone then.
+        if body.inner.is_end_stream() {
+            body.end(StreamEnd::Complete);
         }
+        body
     }
 
     /// Ends an SSE body that breaks off with `errors`' event.

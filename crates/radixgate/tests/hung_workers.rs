@@ -567,6 +567,50 @@ async fn a_broken_compressed_stream_gets_no_plain_text_appended() {
     gw.shutdown().await;
 }
 
+/// A worker's 200 with an empty body (`content-length: 0`) is a complete
+/// answer: hyper drops such a body unpolled once its head is written, and
+/// that is its end, not a client gone.
+#[tokio::test]
+async fn an_empty_answer_ends_complete() {
+    let w = test_worker(|| {
+        axum::response::Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::empty())
+            .unwrap()
+    })
+    .await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let data = || async {
+        let data: Value = client()
+            .get(format!("{}/dashboard/data", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        data
+    };
+    // The status page lists answers while someone watches it.
+    data().await;
+    let r = post_chat(&gw.url, &scripted_chat("empty", false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().len(), 0);
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    wait_until("the answer is listed", || async {
+        let recent = data().await["recent"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut ends = ends.lock();
+        ends.extend(recent.iter().map(|a| a["end"].clone()));
+        !ends.is_empty()
+    })
+    .await;
+    assert_eq!(*ends.lock(), [json!("complete")]);
+    gw.shutdown().await;
+}
+
 /// Item 9: when every worker answers 5xx, the client's error names the
 /// worker's own reason, not only its status.
 #[tokio::test]
