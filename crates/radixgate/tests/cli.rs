@@ -209,6 +209,73 @@ fn bad_settings_are_precise_start_up_errors() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// Spawns `c` and collects its stderr until a line holds `needle`, it
+/// exits, or 20 s pass; then ends it.
+fn stderr_until(c: &mut Command, needle: &str) -> String {
+    let mut child = c
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen = String::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        let Ok(line) = rx.recv_timeout(left) else {
+            break;
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(needle) {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
+#[test]
+fn log_levels_are_checked_and_take_sglangs_names() {
+    // SGLang's router takes Python's names: `warning` shows the warnings.
+    let err = stderr_until(
+        radixgate().args(["serve", "--port", "0", "--log-level", "warning"]),
+        "the worker pool is empty",
+    );
+    assert!(err.contains("the worker pool is empty"), "{err}");
+    assert!(!err.contains("radixgate listening"), "{err}");
+    // A word that is no level would silence every line: refused, named,
+    // from the flag, its variable or the file alike.
+    let mut flag = radixgate();
+    flag.args(["serve", "--port", "0", "--log-level", "verbose"]);
+    let mut variable = radixgate();
+    variable
+        .args(["serve", "--port", "0"])
+        .env("RADIXGATE_LOG_LEVEL", "verbose");
+    for mut c in [flag, variable] {
+        let err = stderr_until(&mut c, "radixgate: error");
+        assert!(
+            err.contains("invalid setting `log.level`: `verbose`")
+                && err.contains("is not a level"),
+            "{err}"
+        );
+    }
+    let err = stderr_until(
+        radixgate().args(["serve", "--port", "0", "--log-level", "radixgate=loud"]),
+        "radixgate: error",
+    );
+    assert!(err.contains("`loud` is not a level"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn role_selectors_are_read_from_flags_and_environment_and_checked() {
     // A prefill selector, from its variable, without a disaggregated pool.

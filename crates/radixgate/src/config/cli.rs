@@ -305,7 +305,9 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_PROMETHEUS_HOST")]
     pub prometheus_host: Option<String>,
 
-    /// Log filter, e.g. `info` or `radixgate=debug` [default: info].
+    /// Log filter: a level (error, warn, info, debug, trace; SGLang's
+    /// warning and critical too) or TARGET=LEVEL directives, e.g.
+    /// `radixgate=debug,info` [default: info].
     #[arg(long, env = "RADIXGATE_LOG_LEVEL")]
     pub log_level: Option<String>,
     /// Log one JSON object per line.

@@ -5,9 +5,9 @@
 //! `request_id_headers`, else a fresh one. With `otlp_endpoint` set, the
 //! router's spans go to that OTLP/HTTP collector; without it nothing is
 //! exported and no span beyond the request's own (which carries the id into
-//! log lines) is made.
+//! log lines) is made. The `log:` section's filter is checked here too.
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, LogConfig, invalid};
 use serde::{Deserialize, Serialize};
 
 /// Most headers `request_id_headers` may list (each is looked up on every
@@ -45,6 +45,55 @@ impl Default for TracingConfig {
             otlp_endpoint: None,
             service_name: "radixgate".into(),
         }
+    }
+}
+
+impl LogConfig {
+    /// `level` as a `tracing` filter: comma-separated directives, each a
+    /// level or `TARGET=LEVEL`. SGLang's router takes Python's names for
+    /// `--log-level`, so `warning` and `critical` read as `warn` and
+    /// `error`. Anything else is refused: `tracing` would read a word that
+    /// is no level as a target's name and silence every other log line.
+    pub fn filter(&self) -> Result<String, ConfigError> {
+        let bad = |why: String| invalid("log.level", format!("`{}`: {why}", self.level));
+        let mut directives = Vec::new();
+        for directive in self.level.split(',').map(str::trim) {
+            if directive.is_empty() {
+                continue;
+            }
+            let (target, level) = match directive.rsplit_once('=') {
+                Some((target, level)) => (Some(target), level),
+                None => (None, directive),
+            };
+            let Some(level) = level_name(level) else {
+                return Err(bad(format!(
+                    "`{level}` is not a level: give off, error, warn (or warning), info, \
+                     debug or trace, or TARGET=LEVEL directives such as radixgate=debug,info"
+                )));
+            };
+            let directive = target.map_or_else(|| level.clone(), |t| format!("{t}={level}"));
+            directive
+                .parse::<tracing_subscriber::filter::Directive>()
+                .map_err(|err| bad(format!("`{directive}`: {err}")))?;
+            directives.push(directive);
+        }
+        if directives.is_empty() {
+            return Err(bad("must name a level, e.g. info".into()));
+        }
+        Ok(directives.join(","))
+    }
+}
+
+/// A level as `tracing` spells it, or `None` for a word that is not one.
+fn level_name(word: &str) -> Option<String> {
+    let word = word.trim().to_ascii_lowercase();
+    match word.as_str() {
+        "warning" => Some("warn".into()),
+        "critical" => Some("error".into()),
+        _ => word
+            .parse::<tracing_subscriber::filter::LevelFilter>()
+            .is_ok()
+            .then_some(word),
     }
 }
 

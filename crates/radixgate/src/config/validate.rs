@@ -129,6 +129,7 @@ impl Config {
         self.kv_events.validate()?;
         self.record_trace.validate()?;
         self.tracing.validate()?;
+        self.log.filter()?;
         if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
             return Err(invalid(
                 "metrics.prometheus_port",

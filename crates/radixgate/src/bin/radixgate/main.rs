@@ -104,8 +104,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
+            let level = config.log.filter()?;
             let telemetry = radixgate::trace::init(
-                logs(&config.log.level, config.log.json),
+                logs(&level, config.log.json),
                 Some((&config.tracing, runtime.handle().clone())),
             )?;
             runtime.block_on(async {
