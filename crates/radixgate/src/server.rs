@@ -87,6 +87,19 @@ pub enum StartError {
     /// A listener failed.
     #[error("listener error: {0}")]
     Io(#[from] std::io::Error),
+    /// The separate metrics port could not be bound.
+    #[error(
+        "cannot listen on {host}:{port} for metrics.prometheus_port (--prometheus-port, \
+         --prometheus-host): {source}"
+    )]
+    MetricsListen {
+        /// The address asked for.
+        host: String,
+        /// The port asked for.
+        port: u16,
+        /// Why it failed.
+        source: std::io::Error,
+    },
 }
 
 fn forwarded(endpoint: Endpoint) -> axum::routing::MethodRouter<Arc<AppState>> {
@@ -198,7 +211,15 @@ async fn metrics_listener(config: &Config) -> Result<Option<TcpListener>, StartE
         .prometheus_host
         .as_deref()
         .unwrap_or(&config.server.host);
-    Ok(Some(TcpListener::bind((host, port)).await?))
+    let listener =
+        TcpListener::bind((host, port))
+            .await
+            .map_err(|source| StartError::MetricsListen {
+                host: host.to_owned(),
+                port,
+                source,
+            })?;
+    Ok(Some(listener))
 }
 
 /// Runs a gateway on `listener` until `shutdown` is cancelled.

@@ -413,6 +413,21 @@ fn load(url: &str, extra: &[&str]) -> (bool, String, String) {
 }
 
 #[test]
+fn a_metrics_port_in_use_is_named() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let (ok, err) = run(radixgate().args(["serve", "--port", "0", "--prometheus-port", &port]));
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on 127.0.0.1:{port} for metrics.prometheus_port (--prometheus-port"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
 fn load_fails_when_requests_fail() {
     // Nothing listens: every request fails, the run fails, and says why.
     let dead = format!("http://127.0.0.1:{}", free_port());
