@@ -202,6 +202,21 @@ fn bad_settings_are_precise_start_up_errors() {
         err.contains("cannot open the trace recording /no/such/dir/trace.jsonl"),
         "{err}"
     );
+    // An OTLP collector's port out of range: no export could ever reach it.
+    let err = stderr_until(
+        radixgate().args([
+            "serve",
+            "--port",
+            "0",
+            "--otlp-endpoint",
+            "http://127.0.0.1:99999",
+        ]),
+        "radixgate listening",
+    );
+    assert!(
+        err.contains("tracing.otlp_endpoint") && err.contains("bad port `99999` (1-65535)"),
+        "{err}"
+    );
     // A tune without a trace file, or on one that is not a trace.
     let (ok, err) = run(radixgate().args(["tune", "--trace", "/no/such/trace.jsonl"]));
     assert!(!ok);

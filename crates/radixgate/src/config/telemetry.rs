@@ -170,6 +170,13 @@ pub fn otlp_traces_url(endpoint: &str) -> Result<String, String> {
     if uri.host().is_none_or(str::is_empty) {
         return Err(format!("`{endpoint}` has no host"));
     }
+    // `Uri` takes any digits as a port; the exporter could reach none.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    if let Some((_, port)) = authority.rsplit_once(':').filter(|(_, p)| !p.contains(']'))
+        && port.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(format!("`{endpoint}` has a bad port `{port}` (1-65535)"));
+    }
     if uri.query().is_some() {
         return Err(format!("`{endpoint}` must not have a query"));
     }
