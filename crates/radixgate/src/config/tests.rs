@@ -865,3 +865,23 @@ fn a_worker_key_can_come_from_the_environment() {
     assert!(err.contains("entry 1"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A worker listed twice, in two spellings of one URL, is refused with
+/// both entries named, before anything starts.
+#[test]
+fn a_worker_listed_twice_is_refused_naming_both_entries() {
+    for (a, b) in [
+        ("http://127.0.0.1:1", "http://127.0.0.1:1/"),
+        ("http://Localhost:1", "http://localhost:1"),
+    ] {
+        let config = Config::from_yaml(&format!("workers:\n  - {a}\n  - http://c:3\n  - {b}\n"))
+            .expect("parses");
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("workers"), "{err}");
+        assert!(
+            err.contains("entries 0") && err.contains(" and 2 "),
+            "{err}"
+        );
+        assert!(err.contains(a) && err.contains(b), "{err}");
+    }
+}

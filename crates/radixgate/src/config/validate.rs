@@ -90,9 +90,22 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.routing.validate()?;
         self.validate_server()?;
+        // Each worker once, by its canonical URL (case and a trailing `/`
+        // aside): a second spelling was refused only once the first was
+        // being probed, as "already registered", naming no entry.
+        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for (i, worker) in self.workers.iter().enumerate() {
-            WorkerUrl::parse(&worker.url)
+            let url = WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
+            if let Some(first) = seen.insert(url.to_string(), i) {
+                return Err(invalid(
+                    "workers",
+                    format!(
+                        "entries {first} ({}) and {i} ({}) are the same worker, {url}: list it once",
+                        self.workers[first].url, worker.url
+                    ),
+                ));
+            }
             if worker.api_key_env.is_some() {
                 return Err(invalid(
                     "workers",
