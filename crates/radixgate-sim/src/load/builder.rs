@@ -385,11 +385,15 @@ impl LoadArgs {
     }
 }
 
-/// A positive, finite number of seconds from flag `flag` (at most 1e7).
+/// The most seconds a `load` duration or timeout may be (about 116 days).
+const MAX_SECS: f64 = 1e7;
+
+/// A positive, finite number of seconds from flag `flag` (at most
+/// [`MAX_SECS`]).
 fn secs(flag: &str, v: f64) -> Result<Duration, SimError> {
-    if !v.is_finite() || v <= 0.0 || v > 1e7 {
+    if !v.is_finite() || v <= 0.0 || v > MAX_SECS {
         return Err(SimError::Config(format!(
-            "{flag} must be a number of seconds > 0, got {v}"
+            "{flag} must be a number of seconds above 0 and at most {MAX_SECS}, got {v}"
         )));
     }
     Ok(Duration::from_secs_f64(v))

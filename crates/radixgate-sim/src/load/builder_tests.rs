@@ -100,6 +100,9 @@ fn bad_flags_are_precise_errors() {
     assert!(plan_err("--url http://x:1 --rate 0", false).contains("--rate"));
     assert!(plan_err("--url http://x:1 --rate 2", true).contains("timestamps"));
     assert!(plan_err("--url http://x:1 --duration=-1", false).contains("--duration"));
+    // Too long is said as such, with the bound (it read "> 0, got 1e30").
+    let long = plan_err("--url http://x:1 --duration 1e30", false);
+    assert!(long.contains("at most 10000000"), "{long}");
     assert!(plan_err("--url http://x:1 --requests 0", false).contains("--requests"));
     assert!(plan_err("--url http://x:1 --concurrency 0", false).contains("--concurrency"));
     assert!(
