@@ -589,3 +589,18 @@ fn the_router_runs_without_transparent_huge_pages_unless_asked() {
         inherited
     );
 }
+
+/// `demo --workers` is held to what one process can serve: a number far
+/// past it is refused at once, naming the flag and its range (it ran for
+/// half a minute and ended in "Too many open files").
+#[test]
+fn demo_workers_past_its_range_is_refused_at_once() {
+    for workers in ["0", "100000"] {
+        let (ok, err) = run(radixgate().args(["demo", "--no-serve", "--workers", workers]));
+        assert!(!ok, "{workers}");
+        assert!(
+            err.contains("--workers") && err.contains("1..=64"),
+            "{workers}: {err}"
+        );
+    }
+}
