@@ -604,3 +604,37 @@ fn demo_workers_past_its_range_is_refused_at_once() {
         );
     }
 }
+
+/// A switch's variable takes the words operators write (`1`, `yes`, `on`;
+/// `0`, `no`, `off`), as well as `true` and `false`; anything else is a
+/// start-up error naming the flag.
+#[test]
+fn switch_variables_take_one_and_zero_and_yes_and_no() {
+    for (value, json) in [
+        ("1", true),
+        ("yes", true),
+        ("On", true),
+        ("0", false),
+        ("no", false),
+    ] {
+        let mut child = radixgate()
+            .args(["serve", "--port", "0"])
+            .env("RADIXGATE_LOG_JSON", value)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let listening = BufReader::new(child.stderr.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("radixgate listening"));
+        let _ = child.kill();
+        let _ = child.wait();
+        let line = listening.unwrap_or_else(|| panic!("{value}: did not start"));
+        assert_eq!(line.starts_with('{'), json, "{value}: {line}");
+    }
+    let (ok, err) = run(radixgate()
+        .args(["serve", "--port", "0"])
+        .env("RADIXGATE_LOG_JSON", "maybe"));
+    assert!(!ok && err.contains("--log-json"), "{err}");
+}

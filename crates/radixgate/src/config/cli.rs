@@ -6,6 +6,7 @@
 
 use super::{Config, ConfigError, WorkerSpec};
 use clap::Args;
+use clap::builder::BoolishValueParser;
 use radixgate_routing::{PolicyConfig, WorkerRole};
 use std::path::PathBuf;
 
@@ -24,7 +25,7 @@ pub struct ServeArgs {
 
     /// Discover workers as pods from the Kubernetes API server (in-cluster
     /// credentials in a pod, else kubeconfig); combines with --worker-urls.
-    #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY")]
+    #[arg(long, env = "RADIXGATE_SERVICE_DISCOVERY", value_parser = BoolishValueParser::new())]
     pub service_discovery: bool,
     /// Labels a worker pod must carry, `key=value` (space-separated, or
     /// repeat the flag); pushed to the API server as a label selector.
@@ -80,7 +81,7 @@ pub struct ServeArgs {
 
     /// Serve a prefill/decode disaggregated pool: each request goes to a
     /// prefill worker (--prefill) and a decode worker (--decode).
-    #[arg(long, env = "RADIXGATE_PD_DISAGGREGATION")]
+    #[arg(long, env = "RADIXGATE_PD_DISAGGREGATION", value_parser = BoolishValueParser::new())]
     pub pd_disaggregation: bool,
     /// The engines' KV-transfer protocol in a disaggregated pool
     /// [default: sglang].
@@ -207,7 +208,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_HEALTH_SUCCESS_THRESHOLD")]
     pub health_success_threshold: Option<u32>,
     /// Do not probe workers; treat every worker as healthy.
-    #[arg(long, env = "RADIXGATE_DISABLE_HEALTH_CHECK")]
+    #[arg(long, env = "RADIXGATE_DISABLE_HEALTH_CHECK", value_parser = BoolishValueParser::new())]
     pub disable_health_check: bool,
 
     /// Retries on another worker after a failed attempt [default: 3].
@@ -242,7 +243,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_STALL_TIMEOUT_SECS")]
     pub stall_timeout_secs: Option<u64>,
     /// Never retry (the same as --retry-max-retries 0).
-    #[arg(long, env = "RADIXGATE_DISABLE_RETRIES")]
+    #[arg(long, env = "RADIXGATE_DISABLE_RETRIES", value_parser = BoolishValueParser::new())]
     pub disable_retries: bool,
 
     /// Consecutive failures that open a worker's breaker [default: 5].
@@ -255,7 +256,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_CB_TIMEOUT_DURATION_SECS")]
     pub cb_timeout_duration_secs: Option<u64>,
     /// Do not use circuit breakers.
-    #[arg(long, env = "RADIXGATE_DISABLE_CIRCUIT_BREAKER")]
+    #[arg(long, env = "RADIXGATE_DISABLE_CIRCUIT_BREAKER", value_parser = BoolishValueParser::new())]
     pub disable_circuit_breaker: bool,
 
     /// Seconds between outlier evaluations [default: 10].
@@ -280,7 +281,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_OUTLIER_MAX_EJECTION_PERCENT")]
     pub outlier_max_ejection_percent: Option<u32>,
     /// Do not eject slow workers.
-    #[arg(long, env = "RADIXGATE_DISABLE_OUTLIER_DETECTION")]
+    #[arg(long, env = "RADIXGATE_DISABLE_OUTLIER_DETECTION", value_parser = BoolishValueParser::new())]
     pub disable_outlier_detection: bool,
 
     /// Requests in flight at once; -1 for no limit [default: -1].
@@ -311,7 +312,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_LOG_LEVEL")]
     pub log_level: Option<String>,
     /// Log one JSON object per line.
-    #[arg(long, env = "RADIXGATE_LOG_JSON")]
+    #[arg(long, env = "RADIXGATE_LOG_JSON", value_parser = BoolishValueParser::new())]
     pub log_json: bool,
 
     /// Client headers a request id is taken from, first valid one wins
@@ -340,7 +341,7 @@ pub struct ServeArgs {
 
     /// Subscribe to the workers' KV-cache event streams (SGLang, vLLM
     /// `--kv-events-config`) and route on what they really hold.
-    #[arg(long, env = "RADIXGATE_KV_EVENTS")]
+    #[arg(long, env = "RADIXGATE_KV_EVENTS", value_parser = BoolishValueParser::new())]
     pub kv_events: bool,
     /// The event publishers' port on each worker's host [default: 5557];
     /// data-parallel rank r publishes on this port + r.
@@ -400,7 +401,7 @@ pub struct SyncArgs {
     #[arg(long, value_enum, env = "RADIXGATE_SYNC_STREAM_STORAGE")]
     pub sync_stream_storage: Option<super::StreamStorage>,
     /// Refuse a NATS server without TLS.
-    #[arg(long, env = "RADIXGATE_SYNC_TLS_REQUIRED")]
+    #[arg(long, env = "RADIXGATE_SYNC_TLS_REQUIRED", value_parser = BoolishValueParser::new())]
     pub sync_tls_required: bool,
     /// PEM CA certificates to trust for the NATS servers.
     #[arg(long, env = "RADIXGATE_SYNC_TLS_CA", value_name = "PATH")]
