@@ -534,13 +534,10 @@ async fn attempts(
                 err
             }
         };
-        match &failure {
-            GatewayError::UpstreamStatus { status, .. }
-                if *status == StatusCode::INTERNAL_SERVER_ERROR && !last_attempt =>
-            {
-                answered_500.hold(worker.clone(), probe);
-            }
-            _ => record(&worker, probe, Outcome::Failure),
+        if worker_answered_500(&failure) && !last_attempt {
+            answered_500.hold(worker.clone(), probe);
+        } else {
+            record(&worker, probe, Outcome::Failure);
         }
         traced.failed(retry::reason(&failure), &failure);
         if last_attempt || !failure.retryable() {
@@ -579,6 +576,11 @@ async fn attempts(
 /// 503 or 429, with which an overloaded engine sheds load.
 #[derive(Default)]
 struct Answered500(Vec<(Arc<radixgate_routing::Worker>, crate::breaker::Permit)>);
+
+/// Whether `error` is a worker's 500 answer (see [`Answered500`]).
+fn worker_answered_500(error: &GatewayError) -> bool {
+    matches!(error, GatewayError::UpstreamStatus { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR)
+}
 
 impl Answered500 {
     fn hold(&mut self, worker: Arc<radixgate_routing::Worker>, probe: crate::breaker::Permit) {

@@ -39,7 +39,7 @@ use body::{prefill_body, transfer_params, with_bootstrap, with_transfer_params};
 
 use super::{
     Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record, routing_key,
-    send_primed, unavailable,
+    send_primed, unavailable, worker_answered_500,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -309,7 +309,11 @@ pub(super) async fn attempts(
                 // attempt it counts now if it is the first (no other pair to
                 // tell by), and never if earlier pairs answered 500 too (the
                 // request's own fault).
-                let how = match (is_500(&error), last_attempt, answered_500.is_empty()) {
+                let how = match (
+                    worker_answered_500(&error),
+                    last_attempt,
+                    answered_500.is_empty(),
+                ) {
                     (false, _, _) | (true, true, true) => Count::Now,
                     (true, false, _) => Count::Later,
                     (true, true, false) => Count::Never,
@@ -318,7 +322,7 @@ pub(super) async fn attempts(
                     WorkerRole::Decode => &paired_decode,
                     _ => paired_prefill.as_ref().unwrap_or(&paired_decode),
                 };
-                if is_500(&error) {
+                if worker_answered_500(&error) {
                     how.apply(shared, failed, &mut answered_500);
                 }
                 if let (WorkerRole::Decode, Some(prefill)) = (side, &paired_prefill)
@@ -424,11 +428,6 @@ impl Count {
             Self::Never => {}
         }
     }
-}
-
-/// Whether `error` is a worker's 500 answer.
-fn is_500(error: &GatewayError) -> bool {
-    matches!(error, GatewayError::UpstreamStatus { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// Counts a failure on `worker`'s breaker outside any attempt of its own
