@@ -186,29 +186,27 @@ pub async fn post_chat(gw: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
-/// The entries `/workers` lists.
-pub async fn workers(gateway: &str) -> Vec<Value> {
-    let list: Value = client()
-        .get(format!("{gateway}/workers"))
+/// The JSON a GET of `path` answers.
+pub async fn get_json(gateway: &str, path: &str) -> Value {
+    client()
+        .get(format!("{gateway}{path}"))
         .send()
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The entries `/workers` lists.
+pub async fn workers(gateway: &str) -> Vec<Value> {
+    let list = get_json(gateway, "/workers").await;
     list["workers"].as_array().unwrap().clone()
 }
 
 /// The model ids `/v1/models` lists.
 pub async fn model_ids(gateway: &str) -> Vec<String> {
-    let list: Value = client()
-        .get(format!("{gateway}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = get_json(gateway, "/v1/models").await;
     list["data"]
         .as_array()
         .unwrap()
