@@ -18,6 +18,11 @@
 //! for the first token costs at most one event's delay, while taking the
 //! preamble for it would time the prefill as instant. Once the first token
 //! is found the scan is dropped: the rest of the stream is not looked at.
+//!
+//! Any API's stream may also open with SSE comments (`: keep-alive`), which
+//! some servers send while a prompt waits for its prefill: a stream whose
+//! first bytes are a comment is scanned too ([`Preamble::behind_comments`]),
+//! with every event, of any type, its first token.
 
 use crate::inspect::Api;
 use serde::Deserialize;
@@ -47,6 +52,8 @@ pub struct Preamble {
     /// The last line ended with a `\r` at the end of a frame: a `\n`
     /// first in the next is the same line end.
     cr: bool,
+    /// Only comments are preamble: the first event is the first token.
+    comments_only: bool,
 }
 
 impl Preamble {
@@ -54,6 +61,15 @@ impl Preamble {
     /// first token.
     pub fn for_api(api: Api) -> Option<Self> {
         matches!(api, Api::Responses | Api::Messages).then(Self::default)
+    }
+
+    /// The scan for a stream whose first event is its first token, but
+    /// whose first bytes are a comment ([`opens_with_comment`]).
+    pub fn behind_comments() -> Self {
+        Self {
+            comments_only: true,
+            ..Self::default()
+        }
     }
 
     /// Reads the stream's next bytes; true once an event that is not
@@ -100,9 +116,9 @@ impl Preamble {
             false
         } else if let Some(name) = field(&line, b"event") {
             self.named = true;
-            !is_preamble(&String::from_utf8_lossy(name))
+            self.comments_only || !is_preamble(&String::from_utf8_lossy(name))
         } else if let Some(data) = field(&line, b"data") {
-            !self.named && !overflow && data_is_token(data)
+            !self.named && (self.comments_only || (!overflow && data_is_token(data)))
         } else {
             // A comment (`:`), an `id:` or `retry:` line.
             false
@@ -112,6 +128,12 @@ impl Preamble {
         self.line = line;
         token
     }
+}
+
+/// Whether a stream's first bytes `first` are an SSE comment (a line that
+/// begins with `:`), after any blank lines.
+pub fn opens_with_comment(first: &[u8]) -> bool {
+    first.iter().find(|&&b| b != b'\n' && b != b'\r') == Some(&b':')
 }
 
 fn is_preamble(kind: &str) -> bool {
@@ -175,6 +197,25 @@ mod tests {
             assert!(at < end && at + size > start, "size {size}: {at}");
         }
         assert_eq!(found_in(&RESPONSES[..start], 5), None);
+    }
+
+    #[test]
+    fn behind_comments_any_event_is_the_first_token() {
+        let feed = |stream: &str, size: usize| {
+            let mut scan = Preamble::behind_comments();
+            stream
+                .as_bytes()
+                .chunks(size)
+                .position(|piece| scan.feed(piece))
+        };
+        for size in [1, 3, 64] {
+            assert_eq!(feed(": keep-alive\n\n:\r\n\r\n", size), None);
+            assert!(feed(": keep-alive\n\ndata: [not json\n\n", size).is_some());
+            assert!(feed(": x\n\nevent: ping\n", size).is_some());
+        }
+        assert!(opens_with_comment(b"\r\n: x\n\n"));
+        assert!(!opens_with_comment(b"data: {}\n\n"));
+        assert!(!opens_with_comment(b"\n\n"));
     }
 
     #[test]

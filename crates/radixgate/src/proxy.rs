@@ -372,8 +372,6 @@ async fn attempts(
     let mut answered_500 = Answered500::default();
     let mut last_failure: Option<GatewayError> = None;
     let route = target.endpoint.label();
-    // Behind a preamble, the watch finds the first token (see `respond`).
-    let first_event_is_token = target.endpoint.preamble().is_none();
     loop {
         let deciding = crate::trace::Deciding::start();
         let routed = if target.endpoint.by_load() {
@@ -469,7 +467,13 @@ async fn attempts(
                 if target.endpoint.times_its_worker(status, sse) {
                     shared.outliers.sample(worker.id(), sent.elapsed());
                 }
-                if status.is_success() && sse && first_event_is_token {
+                // Behind a preamble or an opening comment, the watch finds
+                // the first token (see `respond`).
+                let first_event_is_token = || {
+                    let first = response.body().first_data();
+                    target.endpoint.preamble(first).is_none()
+                };
+                if status.is_success() && sse && first_event_is_token() {
                     // A stream's first event is its first token: the cost
                     // model learns this worker's wait from it. (A whole
                     // answer's first byte comes after its decode too, so

@@ -390,6 +390,11 @@ impl<B> Primed<B> {
     pub fn new(first: Option<Frame<Bytes>>, rest: B) -> Self {
         Self { first, rest }
     }
+
+    /// The first frame's data, until it is read.
+    pub fn first_data(&self) -> Option<&[u8]> {
+        self.first.as_ref()?.data_ref().map(|data| &data[..])
+    }
 }
 
 impl<B> Body for Primed<B>

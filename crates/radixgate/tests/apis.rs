@@ -221,6 +221,84 @@ async fn a_preamble_is_not_the_first_token() {
     gw.shutdown().await;
 }
 
+/// A chat stream that opens with a keep-alive comment (SSE's `: ...`, which
+/// some servers send while a prompt waits) has not sent its first token
+/// either; nor has one that sent only comments and blank lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_comment_is_not_the_first_token() {
+    for opening in [": keep-alive\n\n", ":\r\n\r\n: queued\n\n"] {
+        let w = stalling_worker(vec![opening]).await;
+        let gw = gateway_ready(config(&[&w.url]), 1).await;
+        let body = json!({"model": "scripted", "stream": true,
+            "messages": [{"role": "user", "content": question("wait")}]});
+        let mut r = client()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let mut got = Vec::new();
+        while got.len() < opening.len() {
+            got.extend_from_slice(&r.chunk().await.unwrap().expect("the comment"));
+        }
+        assert_eq!(got, opening.as_bytes(), "passed through unchanged");
+        let loads = get_loads(&gw.url).await;
+        assert_eq!(loads["workers"][0]["load"], 1);
+        assert!(
+            loads["workers"][0]["pending_prefill_chars"]
+                .as_u64()
+                .unwrap()
+                > 0,
+            "{opening:?}: {loads}"
+        );
+        assert_eq!(first_tokens_seen(&gw.url, None).await, 0, "{opening:?}");
+        let text = metrics_text(&gw.url).await;
+        assert!(
+            !text.contains(
+                "radixgate_time_to_first_token_seconds_count{route=\"/v1/chat/completions\""
+            ),
+            "{opening:?}: {text}"
+        );
+        drop(r);
+        wait_for_zero_load(&gw.url).await;
+        gw.shutdown().await;
+    }
+}
+
+/// Behind a keep-alive comment, the first token is the first event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_token_after_a_keep_alive_comment_is_timed() {
+    let w = stalling_worker(vec![
+        ": keep-alive\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+    ])
+    .await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let body = json!({"model": "scripted", "stream": true,
+        "messages": [{"role": "user", "content": question("answer")}]});
+    let mut r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("hi") {
+        got.extend_from_slice(&r.chunk().await.unwrap().expect("the token"));
+    }
+    wait_until("the first token learned", || async {
+        first_tokens_seen(&gw.url, None).await == 1
+    })
+    .await;
+    let loads = get_loads(&gw.url).await;
+    assert_eq!(loads["workers"][0]["pending_prefill_chars"], 0, "{loads}");
+    drop(r);
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_record_first_tokens_and_charge_usage() {
     let w = sim_worker(fast_worker()).await;

@@ -120,13 +120,19 @@ impl Endpoint {
         }
     }
 
-    /// The scan for this endpoint's streams' first token, where the first
-    /// event is not it.
-    pub(crate) fn preamble(self) -> Option<Preamble> {
-        match self {
+    /// The scan for the first token of this endpoint's stream whose first
+    /// body frame is `first`, where that frame does not begin it: the
+    /// API's preamble, or comments that open the stream.
+    pub(crate) fn preamble(self, first: Option<&[u8]>) -> Option<Preamble> {
+        let by_api = match self {
             Endpoint::Routed(api) => Preamble::for_api(api),
             Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
-        }
+        };
+        by_api.or_else(|| {
+            first
+                .is_some_and(crate::preamble::opens_with_comment)
+                .then(Preamble::behind_comments)
+        })
     }
 }
 
@@ -227,7 +233,10 @@ mod tests {
         assert!(e.by_load() && Endpoint::ByLoad("/v1/score").by_load());
         assert!(!Endpoint::Routed(Api::Responses).by_load());
         assert_eq!(e.label(), "/v1/*");
-        assert!(Endpoint::Routed(Api::Messages).preamble().is_some());
-        assert!(Endpoint::ByLoad("/v1/rerank").preamble().is_none());
+        assert!(Endpoint::Routed(Api::Messages).preamble(None).is_some());
+        assert!(Endpoint::ByLoad("/v1/rerank").preamble(None).is_none());
+        let chat = Endpoint::Routed(Api::ChatCompletions);
+        assert!(chat.preamble(Some(b"data: {}\n\n")).is_none());
+        assert!(chat.preamble(Some(b"\r\n: keep-alive\n\n")).is_some());
     }
 }

@@ -639,7 +639,11 @@ impl Pair<'_> {
         if super::Endpoint::Routed(self.api).times_its_worker(status, sse) {
             shared.outliers.sample(worker.id(), answer.sent.elapsed());
         }
-        if status.is_success() && sse {
+        // Behind a preamble or an opening comment, the watch finds the
+        // first token (see `respond`).
+        let first = answer.response.body().first_data();
+        if status.is_success() && sse && super::Endpoint::Routed(self.api).preamble(first).is_none()
+        {
             decision.first_token(answer.sent.elapsed());
         }
         if !retry::retryable_status(status) {

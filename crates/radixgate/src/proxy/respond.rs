@@ -52,6 +52,9 @@ pub(super) fn respond(
     // worker may answer a streamed request with a JSON error, and an SSE
     // error event must never be appended to JSON.
     let sse = is_event_stream(response.headers());
+    let preamble = sse
+        .then(|| endpoint.preamble(response.body().first_data()))
+        .flatten();
     let mut headers = upstream::response_headers(response.headers(), sse);
     if let Ok(value) = HeaderValue::from_str(decision.worker().url()) {
         headers.insert(WORKER_NAME, value);
@@ -111,7 +114,7 @@ pub(super) fn respond(
         },
         guard: decision.into_guard(),
         sse,
-        preamble: if sse { endpoint.preamble() } else { None },
+        preamble,
         sent,
         probe,
         _admitted: admitted,
