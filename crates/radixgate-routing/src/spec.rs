@@ -306,27 +306,42 @@ impl WorkerUrl {
             url: text.to_owned(),
             reason,
         })?;
-        let canonical = Self::canonical(text);
-        debug_assert!(parts.host.end <= canonical.len());
+        let canonical = Self::canonical(text).into_owned();
+        // Respelled, the host may have moved or changed (an IPv4-mapped
+        // address is IPv4); read again, it parses (the same URL).
+        let Parts { host, port, ip } = match parse_parts(&canonical) {
+            Ok(respelled) => respelled,
+            Err(_) => parts,
+        };
+        debug_assert!(host.end <= canonical.len());
         Ok(Self {
-            text: canonical.into_owned(),
-            host: parts.host,
-            port: parts.port,
-            ip: parts.ip,
+            text: canonical,
+            host,
+            port,
+            ip,
         })
     }
 
     /// The canonical spelling of `text`, without checking it: trailing `/`s
     /// dropped, and lower-cased, since a URL of the accepted shape is a
     /// scheme, a host and a port, none of which has a case (`http://LOCALHOST:1`
-    /// is `http://localhost:1`). For looking a worker up by a URL a caller
-    /// typed, where an unparsable URL should simply match nothing.
+    /// is `http://localhost:1`); an IPv6 address in its one spelling (RFC
+    /// 5952: `[::1]`, not `[0:0:0:0:0:0:0:1]`), an IPv4-mapped one as the
+    /// IPv4 address it is (`http://[::ffff:10.0.0.1]` is `http://10.0.0.1`),
+    /// and the port without leading zeros. So one worker has one URL, which
+    /// replicas and the admin API look it up by. For looking a worker up by
+    /// a URL a caller typed, where an unparsable URL should simply match
+    /// nothing.
     pub fn canonical(text: &str) -> Cow<'_, str> {
         let text = text.trim_end_matches('/');
-        if text.bytes().any(|b| b.is_ascii_uppercase()) {
+        let lowered = if text.bytes().any(|b| b.is_ascii_uppercase()) {
             Cow::Owned(text.to_ascii_lowercase())
         } else {
             Cow::Borrowed(text)
+        };
+        match respelled(&lowered) {
+            Some(respelled) => Cow::Owned(respelled),
+            None => lowered,
         }
     }
 
@@ -415,6 +430,51 @@ impl From<WorkerUrl> for String {
     fn from(url: WorkerUrl) -> Self {
         url.text
     }
+}
+
+/// `url` (lower-cased, no trailing `/`) with its IPv6 host and its port
+/// spelled as [`WorkerUrl::canonical`] says, where either is spelled
+/// otherwise; `None` where nothing changes or the authority cannot be read.
+fn respelled(url: &str) -> Option<String> {
+    let (scheme, authority) = url.split_once("://")?;
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let (address, after) = bracketed.split_once(']')?;
+            let port = match after {
+                "" => None,
+                after => Some(after.strip_prefix(':')?),
+            };
+            let ip: Ipv6Addr = address.parse().ok()?;
+            let host = match ip.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => format!("[{ip}]"),
+            };
+            (host, port)
+        }
+        // A name or an IPv4 address is spelled one way once lower-cased:
+        // only a port with a leading zero changes.
+        None => match authority.split_once(':') {
+            Some((host, port)) if port.len() > 1 && port.starts_with('0') => {
+                (host.to_owned(), Some(port))
+            }
+            _ => return None,
+        },
+    };
+    let port = match port {
+        Some(port) if port.len() > 1 && port.starts_with('0') => {
+            let digits = port.trim_start_matches('0');
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some(digits)
+        }
+        port => port,
+    };
+    let respelled = match port {
+        Some(port) => format!("{scheme}://{host}:{port}"),
+        None => format!("{scheme}://{host}"),
+    };
+    (respelled != url).then_some(respelled)
 }
 
 /// What [`parse_parts`] finds in an accepted URL.
@@ -562,12 +622,26 @@ mod tests {
             ("http://[::1]", "http://[::1]"),
             ("http://sim-0", "http://sim-0"),
             ("http://Sim-0.NS:1/", "http://sim-0.ns:1"),
-            ("http://[::FFFF:a00:1]", "http://[::ffff:a00:1]"),
+            // An address has one spelling (RFC 5952; IPv4-mapped as IPv4),
+            // and a port no leading zeros.
+            ("http://[::FFFF:a00:1]", "http://10.0.0.1"),
+            ("http://[::ffff:127.0.0.1]:8000/", "http://127.0.0.1:8000"),
+            ("http://[0:0:0:0:0:0:0:1]:8000", "http://[::1]:8000"),
+            ("https://[2001:DB8:0:0:1::1]", "https://[2001:db8::1:0:0:1]"),
+            ("http://a:0080", "http://a:80"),
+            ("http://10.0.0.1:00443/", "http://10.0.0.1:443"),
         ] {
             let url = WorkerUrl::parse(given).unwrap_or_else(|e| panic!("{given}: {e}"));
             assert_eq!(url.as_str(), canonical);
             assert_eq!(WorkerUrl::canonical(given), canonical);
+            let again = WorkerUrl::parse(canonical).unwrap();
+            assert_eq!(again, url, "{given}");
+            assert_eq!((again.host(), again.port()), (url.host(), url.port()));
+            assert_eq!(again.ip(), url.ip().map(|ip| ip.to_canonical()), "{given}");
         }
+        // Not respelled: what does not parse is left as it is.
+        assert_eq!(WorkerUrl::canonical("http://[::1"), "http://[::1");
+        assert_eq!(WorkerUrl::canonical("http://[zz]:08"), "http://[zz]:08");
     }
 
     #[test]
@@ -650,7 +724,8 @@ mod tests {
             assert_eq!(url.port(), port, "{given}");
         }
         let ip = WorkerUrl::parse("http://[::ffff:10.0.0.1]:1").unwrap();
-        assert_eq!(ip.ip(), Some("::ffff:10.0.0.1".parse().unwrap()));
+        assert_eq!(ip.ip(), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!((ip.host(), ip.port()), ("10.0.0.1", Some(1)));
         assert_eq!(WorkerUrl::parse("http://a.b:1").unwrap().ip(), None);
     }
 

@@ -873,6 +873,8 @@ fn a_worker_listed_twice_is_refused_naming_both_entries() {
     for (a, b) in [
         ("http://127.0.0.1:1", "http://127.0.0.1:1/"),
         ("http://Localhost:1", "http://localhost:1"),
+        ("http://127.0.0.1:1", "'http://[::ffff:127.0.0.1]:01'"),
+        ("'http://[::1]:1'", "'http://[0::1]:1'"),
     ] {
         let config = Config::from_yaml(&format!("workers:\n  - {a}\n  - http://c:3\n  - {b}\n"))
             .expect("parses");
@@ -882,6 +884,9 @@ fn a_worker_listed_twice_is_refused_naming_both_entries() {
             err.contains("entries 0") && err.contains(" and 2 "),
             "{err}"
         );
-        assert!(err.contains(a) && err.contains(b), "{err}");
+        assert!(
+            err.contains(a.trim_matches('\'')) && err.contains(b.trim_matches('\'')),
+            "{err}"
+        );
     }
 }
