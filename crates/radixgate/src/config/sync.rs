@@ -9,6 +9,8 @@
 //! not a failure at the first reconnect.
 
 use super::{ConfigError, invalid};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -402,9 +404,51 @@ impl SyncConfig {
             (None, Some(_)) => return Err(invalid("sync.tls.key_file", "needs cert_file")),
             _ => {}
         }
+        // Read as the NATS client will read them at connect time, so a
+        // wrong file (a key given as the CA, a DER file) is named here, at
+        // start-up or reload, rather than in a reconnect loop's log.
+        for (key, path) in [
+            ("sync.tls.ca_file", &tls.ca_file),
+            ("sync.tls.cert_file", &tls.cert_file),
+        ] {
+            if let Some(p) = path {
+                pem_certificates(key, p)?;
+            }
+        }
+        if let Some(p) = &tls.key_file {
+            PrivateKeyDer::from_pem_file(p).map_err(|e| {
+                invalid(
+                    "sync.tls.key_file",
+                    format!("{} holds no PEM private key ({e})", p.display()),
+                )
+            })?;
+        }
         self.auth.resolve()?;
         Ok(())
     }
+}
+
+/// Checks that `path` (the setting `key`) holds at least one PEM
+/// certificate, and that each it holds is well-formed PEM.
+fn pem_certificates(key: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let unreadable = |e: rustls::pki_types::pem::Error| {
+        invalid(
+            key,
+            format!("{} is not PEM certificates ({e})", path.display()),
+        )
+    };
+    let mut found = 0usize;
+    for certificate in CertificateDer::pem_file_iter(path).map_err(unreadable)? {
+        certificate.map_err(unreadable)?;
+        found += 1;
+    }
+    if found == 0 {
+        return Err(invalid(
+            key,
+            format!("{} holds no PEM certificate", path.display()),
+        ));
+    }
+    Ok(())
 }
 
 /// A server URL async-nats can dial: `nats://` or `tls://`, a host, a port.
@@ -497,6 +541,52 @@ mod tests {
         let mut c = on();
         c.batch_ms = 0;
         assert!(err(&c).contains("sync.batch_ms"));
+    }
+
+    #[test]
+    fn tls_files_must_hold_what_they_are_for() {
+        let dir = std::env::temp_dir().join(format!("rg-sync-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = dir.join("cert.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let key = dir.join("key.pem");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let der = dir.join("cert.der");
+        std::fs::write(&der, [0x30, 0x82, 0x01, 0x0a]).unwrap();
+        let mut c = on();
+        c.tls.ca_file = Some(cert.clone());
+        c.tls.cert_file = Some(cert.clone());
+        c.tls.key_file = Some(key.clone());
+        c.validate().unwrap();
+        for (field, wrong) in [
+            ("ca_file", &key),
+            ("ca_file", &der),
+            ("cert_file", &key),
+            ("key_file", &cert),
+        ] {
+            let mut c = c.clone();
+            let slot = match field {
+                "ca_file" => &mut c.tls.ca_file,
+                "cert_file" => &mut c.tls.cert_file,
+                _ => &mut c.tls.key_file,
+            };
+            *slot = Some(wrong.clone());
+            let e = err(&c);
+            assert!(
+                e.contains(&format!("sync.tls.{field}")),
+                "{field} {wrong:?}: {e}"
+            );
+            assert!(e.contains(&wrong.display().to_string()), "{e}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
