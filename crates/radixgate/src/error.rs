@@ -240,6 +240,20 @@ pub enum GatewayError {
         #[source]
         last: Box<GatewayError>,
     },
+    /// Workers broke the connection on this request, as engines do when
+    /// they crash, and it was not sent to another in case it is what
+    /// crashes them ([`crate::retry::MAX_BROKEN_CONNECTIONS`]); holds the
+    /// last attempt's error.
+    #[error(
+        "{broke} workers broke the connection on this request before answering; it was not sent to another, in case it is what breaks them (last: {last})"
+    )]
+    BrokeWorkers {
+        /// How many workers broke the connection on it.
+        broke: u32,
+        /// The last error seen.
+        #[source]
+        last: Box<GatewayError>,
+    },
     /// An admin call or worker description was rejected. Only the admin
     /// path builds this; the request path's routing errors convert through
     /// `From<RoutingError>`.
@@ -301,7 +315,7 @@ impl GatewayError {
             | Self::UpstreamStatus { .. }
             | Self::FirstByteTimeout { .. }
             | Self::WorkerLost { .. } => Origin::Upstream,
-            Self::RetriesExhausted { last, .. } => last.origin(),
+            Self::RetriesExhausted { last, .. } | Self::BrokeWorkers { last, .. } => last.origin(),
             Self::Disaggregated { source, .. } => source.origin(),
             Self::NoTransferParams { .. } => Origin::Upstream,
             Self::NotDisaggregated { .. } => Origin::Client,
@@ -358,7 +372,7 @@ impl GatewayError {
             | Self::WorkerLost { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Connect { .. } | Self::UpstreamClosed { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamStatus { status, .. } => *status,
-            Self::RetriesExhausted { last, .. } => last.status(),
+            Self::RetriesExhausted { last, .. } | Self::BrokeWorkers { last, .. } => last.status(),
             Self::Disaggregated { source, .. } => source.status(),
             Self::NoTransferParams { .. } => StatusCode::BAD_GATEWAY,
             Self::NotDisaggregated { .. } => StatusCode::NOT_IMPLEMENTED,
@@ -402,7 +416,7 @@ impl GatewayError {
             Self::UpstreamStatus { .. } => ("upstream_error", "worker_error"),
             Self::FirstByteTimeout { .. } => ("timeout", "worker_timeout"),
             Self::WorkerLost { .. } => ("timeout", "worker_unavailable"),
-            Self::RetriesExhausted { last, .. } => last.kind(),
+            Self::RetriesExhausted { last, .. } | Self::BrokeWorkers { last, .. } => last.kind(),
             Self::Disaggregated { source, .. } => source.kind(),
             Self::NoTransferParams { .. } => ("upstream_error", "no_kv_transfer_params"),
             Self::NotDisaggregated { .. } => ("invalid_request_error", "not_disaggregated"),

@@ -370,6 +370,9 @@ async fn attempts(
     // permits: counted as their failures only once another worker answers
     // it (see `Answered500`).
     let mut answered_500 = Answered500::default();
+    // The workers that broke the connection on it: two, and it is not
+    // sent to a third (`retry::MAX_BROKEN_CONNECTIONS`).
+    let mut broken = retry::Broken::default();
     let mut last_failure: Option<GatewayError> = None;
     let route = target.endpoint.label();
     loop {
@@ -544,6 +547,7 @@ async fn attempts(
             record(&worker, probe, Outcome::Failure);
         }
         traced.failed(retry::reason(&failure), &failure);
+        let failure = broken.count(failure)?;
         if last_attempt || !failure.retryable() {
             let attempts = (tried.len() - sat_out) as u32 + 1;
             return Err(if attempts > 1 {

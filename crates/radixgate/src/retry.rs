@@ -46,6 +46,50 @@ pub fn retryable(err: &GatewayError) -> bool {
     }
 }
 
+/// How many workers may break the connection on one request (take it and
+/// close without answering, as an engine does when its process dies)
+/// before it is retried no more. One broken connection is most often the
+/// worker's own end (a restart, an out-of-memory kill), and another worker
+/// answers; two on one request suggest the request kills engines (a prompt
+/// that trips a crash), and each further retry would take down one more
+/// worker, the pool in `max_retries` + 1 tries.
+pub const MAX_BROKEN_CONNECTIONS: u32 = 2;
+
+/// Counts the workers that broke the connection on one request (see
+/// [`MAX_BROKEN_CONNECTIONS`]).
+#[derive(Debug, Default)]
+pub(crate) struct Broken(u32);
+
+impl Broken {
+    /// Takes a failed attempt's error; the error to give up with instead
+    /// of retrying, once `failure` makes too many broken connections.
+    pub(crate) fn count(&mut self, failure: GatewayError) -> Result<GatewayError, GatewayError> {
+        let closed = match &failure {
+            GatewayError::UpstreamClosed { .. } => true,
+            GatewayError::Disaggregated { source, .. } => {
+                matches!(**source, GatewayError::UpstreamClosed { .. })
+            }
+            _ => false,
+        };
+        if !closed {
+            return Ok(failure);
+        }
+        self.0 += 1;
+        if self.0 < MAX_BROKEN_CONNECTIONS {
+            return Ok(failure);
+        }
+        tracing::warn!(
+            broke = self.0,
+            error = %failure,
+            "workers broke the connection on this request; not retried, in case it is what breaks them"
+        );
+        Err(GatewayError::BrokeWorkers {
+            broke: self.0,
+            last: Box::new(failure),
+        })
+    }
+}
+
 /// The `reason` label a retry is counted under in the metrics.
 pub(crate) fn reason(err: &GatewayError) -> &'static str {
     match err {

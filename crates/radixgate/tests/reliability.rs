@@ -686,6 +686,114 @@ async fn a_worker_that_closes_without_answering_is_not_called_unreachable() {
     served.abort();
 }
 
+/// Workers of which the first `fragile` die on a prompt with "crash" in
+/// it: each takes the request and drops the connection unanswered, as a
+/// process that crashed would; 200 to anything else. Counts the crashes.
+async fn crashable_workers(n: usize, fragile: usize) -> (Vec<String>, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let crashes = Arc::new(AtomicUsize::new(0));
+    let mut urls = Vec::new();
+    for i in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        let crashes = crashes.clone();
+        let fragile = i < fragile;
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let crashes = crashes.clone();
+                tokio::spawn(async move {
+                    // The head, then as much body as it announces.
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let Ok(n @ 1..) = socket.read(&mut buf).await else {
+                            return;
+                        };
+                        got.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                        let Some(end) = text.find("\r\n\r\n") else {
+                            continue;
+                        };
+                        let length = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if got.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                    let request = String::from_utf8_lossy(&got);
+                    let body = if request.starts_with("GET /health") {
+                        "ok".to_owned()
+                    } else if request.starts_with("GET /v1/models") {
+                        json!({"data": [{"id": "sim-llama-8b"}]}).to_string()
+                    } else if fragile && request.contains("crash") {
+                        crashes.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    } else {
+                        json!({
+                            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                        })
+                        .to_string()
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+    }
+    (urls, crashes)
+}
+
+/// A request that kills the engine it reaches (a prompt that trips a
+/// crash) is not sent on to kill more: once two workers have broken the
+/// connection on it, it is not retried (502 `worker_closed`, saying why),
+/// whatever retries are left. A request that broke one worker's
+/// connection is still retried, and answered by the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
+    let (urls, crashes) = crashable_workers(5, 5).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut cfg = config(&refs);
+    cfg.retry.max_retries = 4;
+    cfg.retry.initial_backoff_ms = 1;
+    let gw = gateway_ready(cfg, 5).await;
+    let r = post_chat(&gw.url, &chat("please crash", false)).await;
+    assert_eq!(r.status(), 502);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "worker_closed", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("2 workers broke the connection"),
+        "{message}"
+    );
+    assert_eq!(crashes.load(Ordering::SeqCst), 2, "workers crashed");
+    for i in 0..5 {
+        let r = post_chat(&gw.url, &chat(&format!("normal {i}"), false)).await;
+        assert_eq!(r.status(), 200, "normal {i}");
+    }
+    gw.shutdown().await;
+
+    // One worker of three dies on it: the others answer.
+    let (urls, crashes) = crashable_workers(3, 1).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut cfg = config(&refs);
+    cfg.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
+    cfg.retry.initial_backoff_ms = 1;
+    let gw = gateway_ready(cfg, 3).await;
+    for i in 0..3 {
+        let r = post_chat(&gw.url, &chat(&format!("crash {i}"), false)).await;
+        assert_eq!(r.status(), 200, "crash {i}");
+    }
+    assert!(crashes.load(Ordering::SeqCst) >= 1);
+    gw.shutdown().await;
+}
+
 /// Workers that answer 500 to a prompt with "poison" in it, or to every
 /// prompt when `broken`; 200 otherwise.
 async fn poisonable_workers(n: usize, broken: usize) -> Vec<String> {

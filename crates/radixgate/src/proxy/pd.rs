@@ -142,6 +142,8 @@ pub(super) async fn attempts(
     // once another pair answers it, never if none does.
     let mut answered_500: Vec<Arc<radixgate_routing::Worker>> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
+    // The workers that broke the connection on it (`retry::Broken`).
+    let mut broken = retry::Broken::default();
     let mut attempt = 0u32;
     // Whether a side was left out because its half-open breaker's one
     // probe request was out: no attempt, so no retry spent.
@@ -362,6 +364,7 @@ pub(super) async fn attempts(
                 }
             }
         };
+        let failure = broken.count(failure)?;
         if last_attempt || !failure.retryable() {
             return Err(if attempt > 1 {
                 GatewayError::RetriesExhausted {
