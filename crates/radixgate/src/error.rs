@@ -245,11 +245,16 @@ pub enum GatewayError {
     /// crashes them ([`crate::retry::MAX_BROKEN_CONNECTIONS`]); holds the
     /// last attempt's error.
     #[error(
-        "{broke} workers broke the connection on this request before answering; it was not sent to another, in case it is what breaks them (last: {last})"
+        "{broke} worker{} broke the connection on this request before answering{}; it was not sent to another, in case it is what breaks them (last: {last})",
+        if *broke == 1 { "" } else { "s" },
+        if *before { ", as others did on the same request lately" } else { "" }
     )]
     BrokeWorkers {
         /// How many workers broke the connection on it.
         broke: u32,
+        /// Whether the same request had broken workers' connections
+        /// before ([`crate::retry::Suspects`]).
+        before: bool,
         /// The last error seen.
         #[source]
         last: Box<GatewayError>,

@@ -372,7 +372,11 @@ async fn attempts(
     let mut answered_500 = Answered500::default();
     // The workers that broke the connection on it: two, and it is not
     // sent to a third (`retry::MAX_BROKEN_CONNECTIONS`).
-    let mut broken = retry::Broken::default();
+    let mut broken = retry::Broken::new(
+        &shared.suspects,
+        request.model.as_deref(),
+        &request.routing_text,
+    );
     let mut last_failure: Option<GatewayError> = None;
     let route = target.endpoint.label();
     loop {

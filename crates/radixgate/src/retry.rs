@@ -56,13 +56,37 @@ pub fn retryable(err: &GatewayError) -> bool {
 pub const MAX_BROKEN_CONNECTIONS: u32 = 2;
 
 /// Counts the workers that broke the connection on one request (see
-/// [`MAX_BROKEN_CONNECTIONS`]).
-#[derive(Debug, Default)]
-pub(crate) struct Broken(u32);
+/// [`MAX_BROKEN_CONNECTIONS`]); a request that did so lately (one of the
+/// [`Suspects`]) may break one only.
+#[derive(Debug)]
+pub(crate) struct Broken<'a> {
+    suspects: &'a Suspects,
+    model: Option<&'a str>,
+    text: &'a str,
+    broke: u32,
+    limit: u32,
+}
 
-impl Broken {
+impl<'a> Broken<'a> {
+    /// The count for the request for `model` with routing text `text`.
+    pub(crate) fn new(suspects: &'a Suspects, model: Option<&'a str>, text: &'a str) -> Self {
+        let limit = if suspects.holds(model, text) {
+            1
+        } else {
+            MAX_BROKEN_CONNECTIONS
+        };
+        Self {
+            suspects,
+            model,
+            text,
+            broke: 0,
+            limit,
+        }
+    }
+
     /// Takes a failed attempt's error; the error to give up with instead
-    /// of retrying, once `failure` makes too many broken connections.
+    /// of retrying, once `failure` makes too many broken connections (the
+    /// request is then a suspect).
     pub(crate) fn count(&mut self, failure: GatewayError) -> Result<GatewayError, GatewayError> {
         let closed = match &failure {
             GatewayError::UpstreamClosed { .. } => true,
@@ -74,19 +98,76 @@ impl Broken {
         if !closed {
             return Ok(failure);
         }
-        self.0 += 1;
-        if self.0 < MAX_BROKEN_CONNECTIONS {
+        self.broke += 1;
+        if self.broke < self.limit {
             return Ok(failure);
         }
+        let before = self.limit < MAX_BROKEN_CONNECTIONS;
         tracing::warn!(
-            broke = self.0,
+            broke = self.broke,
+            before,
             error = %failure,
             "workers broke the connection on this request; not retried, in case it is what breaks them"
         );
+        self.suspects.add(self.model, self.text);
         Err(GatewayError::BrokeWorkers {
-            broke: self.0,
+            broke: self.broke,
+            before,
             last: Box::new(failure),
         })
+    }
+}
+
+/// How long a request that broke workers' connections stays a suspect.
+const SUSPECT_FOR: Duration = Duration::from_secs(600);
+
+/// The most suspects held; the oldest goes first.
+const MAX_SUSPECTS: usize = 1024;
+
+/// The requests that broke [`MAX_BROKEN_CONNECTIONS`] workers' connections
+/// in the last [`SUSPECT_FOR`], by a hash of their model and routing text.
+/// The same request again (most often the client's own retry: OpenAI's
+/// SDKs retry a 502 twice) goes to one worker only, and is not retried if
+/// that one breaks too: a prompt that crashes engines takes down one more
+/// worker per client retry, not two. If the breaks were chance (two
+/// workers restarting at once), a healthy worker answers it at the first
+/// try. Nothing is hashed while no suspect is held.
+#[derive(Debug, Default)]
+pub(crate) struct Suspects {
+    held: parking_lot::Mutex<Vec<(u64, std::time::Instant)>>,
+    any: std::sync::atomic::AtomicBool,
+}
+
+impl Suspects {
+    fn print(model: Option<&str>, text: &str) -> u64 {
+        use std::hash::BuildHasher;
+        foldhash::quality::FixedState::with_seed(0x5eed_b40c).hash_one((model, text))
+    }
+
+    /// Whether the request for `model` with routing text `text` is a
+    /// suspect.
+    fn holds(&self, model: Option<&str>, text: &str) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.any.load(Ordering::Relaxed) {
+            return false;
+        }
+        let print = Self::print(model, text);
+        let mut held = self.held.lock();
+        let now = std::time::Instant::now();
+        held.retain(|&(_, since)| now.duration_since(since) < SUSPECT_FOR);
+        self.any.store(!held.is_empty(), Ordering::Relaxed);
+        held.iter().any(|&(p, _)| p == print)
+    }
+
+    fn add(&self, model: Option<&str>, text: &str) {
+        let print = Self::print(model, text);
+        let mut held = self.held.lock();
+        held.retain(|&(p, _)| p != print);
+        if held.len() >= MAX_SUSPECTS {
+            held.remove(0);
+        }
+        held.push((print, std::time::Instant::now()));
+        self.any.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -163,6 +244,48 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+
+    fn closed() -> GatewayError {
+        GatewayError::UpstreamClosed {
+            worker: "w".into(),
+            source: "reset".into(),
+        }
+    }
+
+    #[test]
+    fn two_broken_connections_end_a_request_and_make_it_a_suspect() {
+        let suspects = Suspects::default();
+        let mut broken = Broken::new(&suspects, Some("m"), "poison");
+        assert!(broken.count(upstream(StatusCode::BAD_GATEWAY)).is_ok());
+        assert!(broken.count(closed()).is_ok());
+        let err = broken.count(closed()).unwrap_err();
+        assert!(matches!(
+            err,
+            GatewayError::BrokeWorkers {
+                broke: 2,
+                before: false,
+                ..
+            }
+        ));
+        assert!(suspects.holds(Some("m"), "poison"));
+        assert!(!suspects.holds(None, "poison") && !suspects.holds(Some("m"), "poisons"));
+        let mut again = Broken::new(&suspects, Some("m"), "poison");
+        let err = again.count(closed()).unwrap_err();
+        assert!(matches!(
+            err,
+            GatewayError::BrokeWorkers {
+                broke: 1,
+                before: true,
+                ..
+            }
+        ));
+        // The oldest suspect goes when too many are held.
+        for i in 0..MAX_SUSPECTS {
+            suspects.add(None, &i.to_string());
+        }
+        assert!(!suspects.holds(Some("m"), "poison"));
+        assert!(suspects.holds(None, "1") && suspects.holds(None, &(MAX_SUSPECTS - 1).to_string()));
+    }
 
     fn upstream(status: StatusCode) -> GatewayError {
         GatewayError::UpstreamStatus {

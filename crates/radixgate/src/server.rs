@@ -373,6 +373,7 @@ pub async fn run_reloadable(
         admission: Admission::new(&config.admission, &metrics),
         bodies,
         breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
+        suspects: crate::retry::Suspects::default(),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
         shutting_down: CancellationToken::new(),

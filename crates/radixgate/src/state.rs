@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     pub(crate) bodies: BodyLimits,
     /// One circuit breaker per worker.
     pub(crate) breakers: Breakers,
+    /// Requests that broke workers' connections lately (a prompt that
+    /// crashes engines), retried on no more than one worker.
+    pub(crate) suspects: crate::retry::Suspects,
     /// Latency statistics and ejection of slow workers.
     pub(crate) outliers: crate::outlier::Outliers,
     /// Cancelled when shutdown stops waiting for streams: each response

@@ -753,8 +753,9 @@ async fn crashable_workers(n: usize, fragile: usize) -> (Vec<String>, Arc<Atomic
 /// A request that kills the engine it reaches (a prompt that trips a
 /// crash) is not sent on to kill more: once two workers have broken the
 /// connection on it, it is not retried (502 `worker_closed`, saying why),
-/// whatever retries are left. A request that broke one worker's
-/// connection is still retried, and answered by the next.
+/// whatever retries are left, and the same request again goes to one
+/// worker only. A request that broke one worker's connection is still
+/// retried, and answered by the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
     let (urls, crashes) = crashable_workers(5, 5).await;
@@ -773,6 +774,22 @@ async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
         "{message}"
     );
     assert_eq!(crashes.load(Ordering::SeqCst), 2, "workers crashed");
+    // The client's retry of it reaches one worker, not two.
+    let r = post_chat(&gw.url, &chat("please crash", false)).await;
+    assert_eq!(r.status(), 502);
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "1 worker broke the connection on this request before answering, as others did"
+        ),
+        "{message}"
+    );
+    assert_eq!(crashes.load(Ordering::SeqCst), 3, "workers crashed");
+    // Another request is not a suspect.
+    let r = post_chat(&gw.url, &chat("crash again", false)).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(crashes.load(Ordering::SeqCst), 5, "workers crashed");
     for i in 0..5 {
         let r = post_chat(&gw.url, &chat(&format!("normal {i}"), false)).await;
         assert_eq!(r.status(), 200, "normal {i}");

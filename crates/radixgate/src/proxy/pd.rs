@@ -142,14 +142,14 @@ pub(super) async fn attempts(
     // once another pair answers it, never if none does.
     let mut answered_500: Vec<Arc<radixgate_routing::Worker>> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
-    // The workers that broke the connection on it (`retry::Broken`).
-    let mut broken = retry::Broken::default();
     let mut attempt = 0u32;
     // Whether a side was left out because its half-open breaker's one
     // probe request was out: no attempt, so no retry spent.
     let mut sat_out = false;
     let model = request.model.as_deref();
     let text = &request.routing_text;
+    // The workers that broke the connection on it (`retry::Broken`).
+    let mut broken = retry::Broken::new(&shared.suspects, model, text);
     loop {
         let give_up = |err, last: Option<GatewayError>| match last {
             Some(last) => GatewayError::RetriesExhausted {
