@@ -127,6 +127,33 @@ async fn fault_die_mid_stream_cuts_without_done() {
     );
 }
 
+/// A stream shorter than `die_after_chunks` events is not cut: it ends
+/// with `[DONE]` and a clean end of body, in instant mode as in the timed
+/// one. Instant mode used to drop the connection after the whole stream
+/// whatever its length, so a router in front saw a failed stream for an
+/// answer that was complete.
+#[tokio::test]
+async fn fault_die_mid_stream_spares_a_shorter_stream() {
+    for instant in [false, true] {
+        let mut cfg = fast_config();
+        cfg.instant = instant;
+        cfg.faults.die_after_chunks = Some(100);
+        let w = spawn(cfg).await;
+        let mut b = chat("hello", 4);
+        b["stream"] = json!(true);
+        let (events, done) = sse(&w.base, "/v1/chat/completions", b)
+            .await
+            .unwrap_or_else(|(events, err)| {
+                panic!(
+                    "instant {instant}: cut after {} events: {err}",
+                    events.len()
+                )
+            });
+        assert!(done, "instant {instant}");
+        assert_eq!(events.len(), 5, "instant {instant}: role + 4 tokens");
+    }
+}
+
 #[tokio::test]
 async fn fault_unhealthy_health_endpoints() {
     let mut cfg = fast_config();
