@@ -16,7 +16,9 @@
 //!   connection, an undecodable message or a rank over its block limit
 //!   makes the worker stale; its requests are then matched in the policy's
 //!   approximate tree, as for a worker that publishes nothing. A publisher
-//!   restart drops the rank's blocks (its cache is empty again).
+//!   restart drops the rank's blocks (its cache is empty again). A rank
+//!   whose blocks a limit refused stays stale until its engine clears its
+//!   cache or restarts, whatever its stream does.
 //! - **A request** is tokenized once, before the retry loop: the body's own
 //!   token ids (`/generate` `input_ids`, a completions prompt of ids), or
 //!   the configured tokenizer with the chat template. Its blocks are keyed
@@ -33,7 +35,7 @@ use crate::config::{EngineRules, KvEventsConfig};
 use crate::metrics::{Describe, LabelledCounters, Metrics, OneCounter, OneGauge};
 use parking_lot::{Mutex, RwLock};
 use radixgate_kv::subscribe::{self, StaleReason, SubscriberConfig, Update};
-use radixgate_kv::{IndexLimits, KvIndex};
+use radixgate_kv::{IndexLimits, KvEvent, KvIndex};
 use radixgate_routing::{ExactMatches, Router, WorkerId};
 use radixgate_tokenize::{
     Endpoint as TokenEndpoint, Engine, Tokenizer, body_token_ids, flat_token_ids,
@@ -419,6 +421,15 @@ async fn follow(
 ) {
     let (tx, mut rx) = mpsc::channel(UPDATE_QUEUE);
     let subscriber = tokio::spawn(subscribe::run(cfg, tx));
+    // The rank counts as live while its stream is (the subscriber's word)
+    // and the index holds every block the stream reported: once a limit
+    // refused some, only a cleared cache or a restart (both empty the
+    // rank's blocks) makes the index whole again. The subscriber knows
+    // nothing of the limits, so it neither says `Live` again after one
+    // (its stream never stopped being exact) nor holds `Live` back for a
+    // batch it delivered that was refused.
+    let mut streaming = false;
+    let mut refused = false;
     let mut live = false;
     loop {
         let update = tokio::select! {
@@ -437,22 +448,21 @@ async fn follow(
                 events.metrics.batches.add(1);
                 events.metrics.stored.add(stats.stored);
                 events.metrics.removed.add(stats.removed);
-                if stats.over_capacity > 0 && live {
-                    // A rank past its limit lies about its cache (engines
-                    // evict long before): its matches no longer count.
-                    tracing::warn!(worker = %url, rank, "kv_events: worker over its block limit; matched on the tree from now on");
-                    events.metrics.stale.increment("over_capacity");
-                    live = false;
-                    events.set_live(id, rank, false);
+                if stats.over_capacity > 0 {
+                    if live {
+                        // A rank past its limit lies about its cache
+                        // (engines evict long before), or its cache is
+                        // larger than the limit: its matches no longer
+                        // count.
+                        tracing::warn!(worker = %url, rank, "kv_events: worker over its block limit; matched on the tree until its cache is cleared");
+                        events.metrics.stale.increment("over_capacity");
+                    }
+                    refused = true;
+                } else if batch.events.iter().any(|e| matches!(e, KvEvent::Cleared)) {
+                    refused = false;
                 }
             }
-            Update::Live => {
-                if !live {
-                    tracing::info!(worker = %url, rank, "kv_events: stream live; routing on exact matches");
-                    live = true;
-                    events.set_live(id, rank, true);
-                }
-            }
+            Update::Live => streaming = true,
             Update::Stale(reason) => {
                 let label = match &reason {
                     StaleReason::Disconnected => "disconnected",
@@ -471,8 +481,7 @@ async fn follow(
                 } else if live {
                     tracing::warn!(worker = %url, rank, reason = ?reason, "kv_events: stream stale; routing this worker on the approximate tree");
                 }
-                live = false;
-                events.set_live(id, rank, false);
+                streaming = false;
             }
             Update::Restarted => {
                 events.metrics.stale.increment("restarted");
@@ -480,7 +489,15 @@ async fn follow(
                 let mut index = events.index.write();
                 index.remove_worker(key);
                 events.metrics.blocks.set(index.blocks() as f64);
+                refused = false;
             }
+        }
+        if live != (streaming && !refused) {
+            live = !live;
+            if live {
+                tracing::info!(worker = %url, rank, "kv_events: stream live; routing on exact matches");
+            }
+            events.set_live(id, rank, live);
         }
     }
     subscriber.abort();

@@ -386,3 +386,57 @@ async fn only_the_capped_prefix_of_a_prompt_is_matched() {
     assert!(decision.contains("branch=cache_hit"), "{decision}");
     gw.shutdown().await;
 }
+
+/// A rank over its block limit is matched on the tree, and is matched
+/// exactly again once its engine clears its cache (the index holds all of
+/// it then); a rank whose blocks were refused before its stream went live
+/// does not go live with the refused blocks missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_over_its_block_limit_is_exact_again_once_its_cache_is_cleared() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let mut cfg = events_config(&[(&w1, &e1)]);
+    // make_live's prompt is 2 blocks; 160 ids are 10.
+    cfg.kv_events.max_blocks_per_worker = 4;
+    let gw = gateway_ready(cfg, 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let over = "radixgate_kv_events_stale_total{reason=\"over_capacity\"}";
+    generate(&w1.url, &ids(1, 160)).await;
+    wait_until("the rank over its limit", || async {
+        series_value(&gw.url, over).await >= 1.0
+    })
+    .await;
+    wait_live(&gw.url, 0).await;
+    let flush = || async {
+        let r = client()
+            .post(format!("{}/flush_cache", w1.url))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    };
+    flush().await;
+    wait_live(&gw.url, 1).await;
+    // A new publisher (sequence 0) whose first batch is over the limit.
+    w1.set_faults(FaultConfig {
+        kv_events_stopped: true,
+        ..FaultConfig::default()
+    });
+    wait_live(&gw.url, 0).await;
+    w1.set_faults(FaultConfig::default());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+    generate(&w1.url, &ids(2, 160)).await;
+    wait_until("the new publisher's batch applied", || async {
+        series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 4.0
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        series_value(&gw.url, "radixgate_kv_events_live_workers").await,
+        0.0,
+        "live with 6 of its 10 blocks refused"
+    );
+    flush().await;
+    wait_live(&gw.url, 1).await;
+    gw.shutdown().await;
+}
