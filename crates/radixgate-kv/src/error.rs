@@ -25,6 +25,13 @@ pub enum WireError {
     /// Bytes were left after the payload's msgpack value.
     #[error("{0} bytes left after the payload's msgpack value")]
     TrailingBytes(usize),
+    /// The payload holds more msgpack values than the decoder takes
+    /// ([`crate::wire::MAX_PAYLOAD_VALUES`]).
+    #[error("payload holds more than {limit} msgpack values")]
+    TooManyValues {
+        /// The limit.
+        limit: usize,
+    },
     /// The msgpack value does not have the shape of an event batch.
     #[error("{at}: expected {expected}")]
     Shape {

@@ -80,6 +80,19 @@ pub struct EventBatch {
 }
 
 impl EventBatch {
+    /// The block hashes and token ids the batch holds, and one per event:
+    /// what its memory grows with.
+    pub fn values(&self) -> usize {
+        self.events
+            .iter()
+            .map(|e| match e {
+                KvEvent::Stored(s) => 1 + s.block_hashes.len() + s.token_ids.len(),
+                KvEvent::Removed(h) => 1 + h.len(),
+                KvEvent::Cleared => 1,
+            })
+            .sum()
+    }
+
     /// The number of blocks the batch's events name (stored plus removed),
     /// the unit of the ingest-rate figures.
     pub fn block_events(&self) -> usize {

@@ -38,13 +38,21 @@
 //! and a restart whose first heard sequence is not below the expected one,
 //! from a publisher without stream ids, cannot be told from continuity.
 //!
+//! **Memory.** A batch holds its block hashes and token ids until the
+//! caller has applied it and dropped its [`Update::Batch`]. However many
+//! batches the channel has room for, those not yet dropped hold at most
+//! [`MAX_QUEUED_VALUES`] of them: the subscriber waits (reading nothing
+//! more from its socket) until the caller catches up, as it does when the
+//! channel is full.
+//!
 //! The task ends when the caller drops the receiving side of the channel.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
@@ -97,6 +105,21 @@ impl SubscriberConfig {
     }
 }
 
+/// The most block hashes and token ids (with one per event) that one
+/// subscriber's batches hold between their decoding and their drop by the
+/// caller: 32 MiB of hashes, or two batches of a million-token prompt at
+/// one token per block. Without it, a channel of `n` batches could hold
+/// `n` times the largest batch a payload decodes to
+/// ([`crate::wire::MAX_PAYLOAD_VALUES`]): with the gateway's 1,024, 32 GiB
+/// for one worker that floods.
+pub const MAX_QUEUED_VALUES: usize = 1 << 22;
+
+/// A batch's share of [`MAX_QUEUED_VALUES`], given back when it is dropped.
+#[derive(Debug)]
+pub struct Queued {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// What the subscriber reports.
 #[derive(Debug)]
 pub enum Update {
@@ -106,6 +129,8 @@ pub enum Update {
         seq: u64,
         /// The batch.
         batch: EventBatch,
+        /// Its share of the queued values, held until this is dropped.
+        queued: Queued,
     },
     /// The index fed by this stream is exact from here on.
     Live,
@@ -145,8 +170,10 @@ pub enum StaleReason {
     NoLocalSocket,
 }
 
-#[derive(Default)]
 struct State {
+    /// The values of the batches sent and not yet dropped
+    /// ([`MAX_QUEUED_VALUES`]).
+    queued: Arc<Semaphore>,
     /// The next sequence wanted; `None` before the first message of a
     /// publisher lifetime.
     expected: Option<u64>,
@@ -155,6 +182,18 @@ struct State {
     exact: bool,
     /// `Live` was the last standing reported.
     live: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            queued: Arc::new(Semaphore::new(MAX_QUEUED_VALUES)),
+            expected: None,
+            stream_id: None,
+            exact: false,
+            live: false,
+        }
+    }
 }
 
 /// The receiver is gone: stop.
@@ -198,7 +237,15 @@ impl State {
             self.exact = true;
         }
         self.expected = Some(seq.wrapping_add(1));
-        Self::send(tx, Update::Batch { seq, batch }).await
+        let values = batch.values().min(MAX_QUEUED_VALUES);
+        let permit = self
+            .queued
+            .clone()
+            .acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX))
+            .await
+            .map_err(|_| Closed)?;
+        let queued = Queued { _permit: permit };
+        Self::send(tx, Update::Batch { seq, batch, queued }).await
     }
 
     async fn on_message(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use radixgate_kv::subscribe::{StaleReason, SubscriberConfig, Update, run};
+use radixgate_kv::subscribe::{MAX_QUEUED_VALUES, StaleReason, SubscriberConfig, Update, run};
 use rmpv::Value;
 use tokio::sync::mpsc;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -96,6 +96,47 @@ fn config(endpoint: &str) -> SubscriberConfig {
     cfg.reconnect_delay = Duration::from_millis(20);
     cfg.max_reconnect_delay = Duration::from_millis(200);
     cfg
+}
+
+/// A `BlockRemoved` batch of `n` one-byte hashes, written by hand (a
+/// tree of `Value`s that size is slow to build).
+fn removed_payload(n: usize) -> Vec<u8> {
+    let mut p = vec![0x92, 0xcb];
+    p.extend_from_slice(&1.5f64.to_be_bytes());
+    p.extend_from_slice(&[0x91, 0x92, 0xac]);
+    p.extend_from_slice(b"BlockRemoved");
+    p.push(0xdd);
+    p.extend_from_slice(&(n as u32).to_be_bytes());
+    p.resize(p.len() + n, 0x01);
+    p
+}
+
+/// Batches sent to the caller and not yet dropped hold at most
+/// `MAX_QUEUED_VALUES`, however much room the channel has: the subscriber
+/// waits for the caller, as it does for a full channel.
+#[tokio::test]
+async fn batches_not_yet_dropped_hold_at_most_the_queued_values() {
+    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let task = tokio::spawn(run(config(&endpoint), tx));
+    let (_, seq) =
+        publish_until_heard(&mut publisher, &mut rx, 0, |_| cleared_payload(), None).await;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {}
+    // Each holds more than half of the budget.
+    let half = MAX_QUEUED_VALUES / 2;
+    for s in seq..seq + 3 {
+        publish(&mut publisher, s, removed_payload(half)).await;
+    }
+    let settle = || tokio::time::sleep(Duration::from_millis(700));
+    settle().await;
+    assert_eq!(rx.len(), 1, "one batch sent, the next waiting");
+    let first = next(&mut rx).await;
+    settle().await;
+    assert_eq!(rx.len(), 0, "the first still held");
+    drop(first);
+    expect_batch(&mut rx, seq + 1).await;
+    expect_batch(&mut rx, seq + 2).await;
+    task.abort();
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use radixgate_kv::wire::{
-    REPLAY_END, ReplayReply, decode_message, decode_payload, is_replay_end, replay_request,
-    split_message, split_replay_reply,
+    MAX_PAYLOAD_VALUES, REPLAY_END, ReplayReply, count_values, decode_message, decode_payload,
+    is_replay_end, replay_request, split_message, split_replay_reply,
 };
 use radixgate_kv::{BlockStored, EngineHash, KvEvent, WireError};
 use rmpv::Value;
@@ -384,6 +384,79 @@ fn hostile_nesting_and_lengths_are_errors() {
     // An array header claiming 2^32-1 elements, with none following.
     assert!(decode_payload(&[0xdd, 0xff, 0xff, 0xff, 0xff]).is_err());
     assert!(decode_payload(&[0xc6, 0xff, 0xff, 0xff, 0xff]).is_err());
+}
+
+/// A `[ts, [["BlockRemoved", [h; n]]]]` payload of one-byte hashes:
+/// `n + 6` values.
+fn removed_of_tiny_hashes(n: usize) -> Vec<u8> {
+    let mut p = vec![0x92, 0xcb];
+    p.extend_from_slice(&1.5f64.to_be_bytes());
+    p.extend_from_slice(&[0x91, 0x92, 0xac]);
+    p.extend_from_slice(b"BlockRemoved");
+    p.push(0xdd);
+    p.extend_from_slice(&(n as u32).to_be_bytes());
+    p.resize(p.len() + n, 0x01);
+    p
+}
+
+#[test]
+fn a_payload_of_too_many_values_is_refused_before_it_is_decoded() {
+    let at_limit = removed_of_tiny_hashes(MAX_PAYLOAD_VALUES - 6);
+    assert_eq!(
+        count_values(&at_limit, MAX_PAYLOAD_VALUES),
+        MAX_PAYLOAD_VALUES
+    );
+    let batch = decode_payload(&at_limit).expect("at the limit");
+    assert_eq!(batch.block_events(), MAX_PAYLOAD_VALUES - 6);
+    let over = removed_of_tiny_hashes(MAX_PAYLOAD_VALUES - 5);
+    assert_eq!(
+        count_values(&over, MAX_PAYLOAD_VALUES),
+        MAX_PAYLOAD_VALUES + 1
+    );
+    assert!(matches!(
+        decode_payload(&over),
+        Err(WireError::TooManyValues {
+            limit: MAX_PAYLOAD_VALUES
+        })
+    ));
+}
+
+/// Any msgpack value, every marker kind among them: fixed and 8/16-bit
+/// lengths of strings, binaries, extensions, arrays and maps; floats of
+/// both widths.
+fn every_kind() -> impl Strategy<Value = Value> {
+    let scalar = prop_oneof![
+        leaf(),
+        any::<f32>().prop_map(Value::F32),
+        "[a-z]{0,300}".prop_map(Value::from),
+        proptest::collection::vec(any::<u8>(), 0..300).prop_map(Value::Binary),
+        (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..20))
+            .prop_map(|(kind, data)| Value::Ext(kind, data)),
+    ];
+    scalar.prop_recursive(3, 64, 20, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..20).prop_map(Value::Array),
+            proptest::collection::vec((inner.clone(), inner), 0..18).prop_map(Value::Map),
+        ]
+    })
+}
+
+proptest! {
+    /// The count reads every kind of msgpack value as the decoder does.
+    #[test]
+    fn values_are_counted_as_decoded(value in every_kind()) {
+        fn nodes(v: &Value) -> usize {
+            1 + match v {
+                Value::Array(items) => items.iter().map(nodes).sum(),
+                Value::Map(entries) => entries.iter().map(|(k, v)| nodes(k) + nodes(v)).sum(),
+                _ => 0,
+            }
+        }
+        let bytes = encode(&value);
+        prop_assert_eq!(count_values(&bytes, usize::MAX - 1), nodes(&value));
+        let all = nodes(&value);
+        prop_assert_eq!(count_values(&bytes, all - 1), all);
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -21,7 +21,7 @@
 
 mod payload;
 
-pub use payload::decode_payload;
+pub use payload::{MAX_PAYLOAD_VALUES, count_values, decode_payload};
 
 use crate::error::WireError;
 use crate::event::EventBatch;

@@ -40,8 +40,23 @@ use crate::event::{BlockStored, EngineHash, EventBatch, KvEvent, Skipped};
 /// nesting from recursing deep.
 const MAX_DEPTH: usize = 16;
 
-/// Decodes one msgpack payload into an event batch.
+/// The most msgpack values one payload may hold (each map entry counts
+/// two). The decoder first builds a tree of the payload's values at about
+/// 40 bytes each, so a payload of one-byte values within the size limit
+/// (64 MiB by default) took 2.6 GB to decode; this bound keeps that under
+/// about 170 MB. An engine's batch for a million-token prompt at one token
+/// per block (SGLang's default page) is about 2 Mi values.
+pub const MAX_PAYLOAD_VALUES: usize = 1 << 22;
+
+/// Decodes one msgpack payload into an event batch. A payload of more than
+/// [`MAX_PAYLOAD_VALUES`] values is refused before it is decoded.
 pub fn decode_payload(bytes: &[u8]) -> Result<EventBatch, WireError> {
+    let values = count_values(bytes, MAX_PAYLOAD_VALUES);
+    if values > MAX_PAYLOAD_VALUES {
+        return Err(WireError::TooManyValues {
+            limit: MAX_PAYLOAD_VALUES,
+        });
+    }
     let mut rd = bytes;
     let value = rmpv::decode::read_value_ref_with_max_depth(&mut rd, MAX_DEPTH)?;
     if !rd.is_empty() {
@@ -241,4 +256,65 @@ fn tokens(value: Option<&ValueRef<'_>>) -> Result<Vec<u32>, WireError> {
         })
         .collect::<Option<Vec<u32>>>()
         .ok_or(WireError::shape("token_ids", "integers in 0..2^32"))
+}
+
+/// Counts the msgpack values in `bytes` (an array's elements and a map's
+/// keys and values each count), reading only markers and lengths, and stops
+/// once past `limit` (returning `limit + 1`). Bytes that are not msgpack,
+/// or end early, end the count where they begin: the decoder then says
+/// what is wrong with them.
+pub fn count_values(bytes: &[u8], limit: usize) -> usize {
+    let mut at = 0usize;
+    // Read a big-endian length of `n` bytes.
+    let length = |at: &mut usize, n: usize| -> Option<u64> {
+        let field = bytes.get(*at..*at + n)?;
+        *at += n;
+        Some(field.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)))
+    };
+    let mut pending: u64 = 1;
+    let mut count = 0usize;
+    while pending > 0 {
+        if count > limit {
+            return limit + 1;
+        }
+        let Some(&marker) = bytes.get(at) else {
+            break;
+        };
+        at += 1;
+        pending -= 1;
+        count += 1;
+        // Bytes of payload after the marker, and values it holds.
+        let (skip, holds) = match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
+            0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
+            0x90..=0x9f => (0, u64::from(marker & 0x0f)),
+            0xa0..=0xbf => (u64::from(marker & 0x1f), 0),
+            0xcc | 0xd0 => (1, 0),
+            0xcd | 0xd1 => (2, 0),
+            0xca | 0xce | 0xd2 => (4, 0),
+            0xcb | 0xcf | 0xd3 => (8, 0),
+            // fixext: a type byte and 1, 2, 4, 8 or 16 bytes.
+            0xd4..=0xd8 => (1 + (1 << (marker - 0xd4)), 0),
+            // bin and str: a length, then the bytes.
+            0xc4 | 0xd9 => (length(&mut at, 1).unwrap_or(u64::MAX), 0),
+            0xc5 | 0xda => (length(&mut at, 2).unwrap_or(u64::MAX), 0),
+            0xc6 | 0xdb => (length(&mut at, 4).unwrap_or(u64::MAX), 0),
+            // ext: a length, a type byte, then the bytes.
+            0xc7 => (length(&mut at, 1).map_or(u64::MAX, |n| n + 1), 0),
+            0xc8 => (length(&mut at, 2).map_or(u64::MAX, |n| n + 1), 0),
+            0xc9 => (length(&mut at, 4).map_or(u64::MAX, |n| n + 1), 0),
+            0xdc => (0, length(&mut at, 2).unwrap_or(0)),
+            0xdd => (0, length(&mut at, 4).unwrap_or(0)),
+            0xde => (0, length(&mut at, 2).map_or(0, |n| 2 * n)),
+            0xdf => (0, length(&mut at, 4).map_or(0, |n| 2 * n)),
+            // 0xc1 is never used.
+            _ => break,
+        };
+        match usize::try_from(skip).ok().and_then(|n| at.checked_add(n)) {
+            Some(next) if next <= bytes.len() => at = next,
+            _ => break,
+        }
+        pending = pending.saturating_add(holds);
+    }
+    count
 }
