@@ -51,8 +51,12 @@ pub const MAX_PAYLOAD_VALUES: usize = 1 << 22;
 /// Decodes one msgpack payload into an event batch. A payload of more than
 /// [`MAX_PAYLOAD_VALUES`] values is refused before it is decoded.
 pub fn decode_payload(bytes: &[u8]) -> Result<EventBatch, WireError> {
-    let values = count_values(bytes, MAX_PAYLOAD_VALUES);
-    if values > MAX_PAYLOAD_VALUES {
+    // Every value takes at least a byte: a payload no longer than the
+    // limit is not counted (an engine's ordinary batch is a few KiB; the
+    // count cost 13% of decoding one).
+    if bytes.len() > MAX_PAYLOAD_VALUES
+        && count_values(bytes, MAX_PAYLOAD_VALUES) > MAX_PAYLOAD_VALUES
+    {
         return Err(WireError::TooManyValues {
             limit: MAX_PAYLOAD_VALUES,
         });
