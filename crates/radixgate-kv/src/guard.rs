@@ -241,13 +241,40 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 
 async fn dial(remote: &str) -> Option<Box<dyn Stream>> {
     if let Some(address) = remote.strip_prefix("tcp://") {
-        let stream = TcpStream::connect(address).await.ok()?;
-        let _ = stream.set_nodelay(true);
-        Some(Box::new(stream))
+        Some(Box::new(connect_tcp(address).await?))
     } else {
         let path = remote.strip_prefix("ipc://")?;
         Some(Box::new(UnixStream::connect(path).await.ok()?))
     }
+}
+
+/// A TCP connection to a publisher at `address`, with its options.
+async fn connect_tcp(address: &str) -> Option<TcpStream> {
+    let stream = TcpStream::connect(address).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    keep_alive(&stream);
+    Some(stream)
+}
+
+/// How long a publisher's connection may stay silent before the kernel
+/// asks the other end whether it is still there, how often it asks, and
+/// how many unanswered asks end the connection: a publisher's host that
+/// died or rebooted without a word is noticed within about a minute.
+const KEEPALIVE: (Duration, Duration, u32) = (Duration::from_secs(30), Duration::from_secs(10), 3);
+
+/// Turns TCP keepalive on for `stream`. A SUB sends nothing once
+/// subscribed, so without it a connection to a host that vanished (no
+/// reset ever comes) looks open forever: its worker's stream stayed live
+/// on an index of blocks long gone, and after the host came back its
+/// engine's new publisher was never heard. An engine idle for long sends
+/// nothing either; its host answers the probes.
+fn keep_alive(stream: &TcpStream) {
+    let (idle, interval, retries) = KEEPALIVE;
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval)
+        .with_retries(retries);
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&probes);
 }
 
 /// A new directory that only this user may enter, and the local socket

@@ -198,3 +198,19 @@ async fn the_local_socket_takes_this_process_only() {
     drop(guarded);
     assert!(!dir.exists(), "the directory goes with the connection");
 }
+
+/// A publisher's TCP connection is probed once silent: a host that
+/// vanished without a reset is noticed.
+#[tokio::test]
+async fn a_publishers_connection_has_keepalive() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let stream = connect_tcp(&address).await.expect("connects");
+    let socket = socket2::SockRef::from(&stream);
+    let (idle, interval, retries) = KEEPALIVE;
+    assert!(socket.keepalive().unwrap());
+    assert_eq!(socket.tcp_keepalive_time().unwrap(), idle);
+    assert_eq!(socket.tcp_keepalive_interval().unwrap(), interval);
+    assert_eq!(socket.tcp_keepalive_retries().unwrap(), retries);
+    assert!(socket.tcp_nodelay().unwrap());
+}
