@@ -433,6 +433,7 @@ async fn follow(
     let mut live = false;
     loop {
         let update = tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             update = rx.recv() => update,
         };
@@ -501,4 +502,15 @@ async fn follow(
         }
     }
     subscriber.abort();
+    if stop.is_cancelled() {
+        // The worker left the pool. The supervisor drops its blocks as it
+        // stops this task, but a batch this task had already taken could
+        // still be applied after that, on another thread, and its blocks
+        // would stay for good (a worker id never comes back), counted
+        // against `max_blocks_total`. Dropped again here, after the last
+        // apply.
+        let mut index = events.index.write();
+        index.remove_worker(key);
+        events.metrics.blocks.set(index.blocks() as f64);
+    }
 }
