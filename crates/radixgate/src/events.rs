@@ -52,6 +52,13 @@ const SUPERVISE_PERIOD: Duration = Duration::from_millis(500);
 /// Updates a subscriber may queue before it waits for the index.
 const UPDATE_QUEUE: usize = 1024;
 
+/// How long a rank's stream may go without becoming live before the log
+/// says so, once: a WARN when it sent events (it will not be exact before
+/// its engine clears its cache or restarts), an INFO when it sent none (an
+/// idle engine sends none). Nothing else told an operator why a worker was
+/// never matched exactly (`lose` speaks only of a live stream going stale).
+const NOT_LIVE_WARNING: Duration = Duration::from_secs(30);
+
 /// Ranks are keyed in the low 8 bits of an index key.
 const RANK_BITS: u32 = 8;
 
@@ -69,7 +76,7 @@ const REMOVED: Describe = Describe::new(
 );
 const STALE: Describe = Describe::new(
     "radixgate_kv_events_stale_total",
-    "Event streams that stopped being exact, by reason (disconnected, gap, decode, restarted, over_capacity).",
+    "Event streams that stopped being exact, by reason (disconnected, gap, decode, restarted, over_capacity, oversized, no_local_socket).",
 );
 const LIVE: Describe = Describe::new(
     "radixgate_kv_events_live_workers",
@@ -420,6 +427,7 @@ async fn follow(
     stop: CancellationToken,
 ) {
     let (tx, mut rx) = mpsc::channel(UPDATE_QUEUE);
+    let endpoint = cfg.endpoint.clone();
     let subscriber = tokio::spawn(subscribe::run(cfg, tx));
     // The rank counts as live while its stream is (the subscriber's word)
     // and the index holds every block the stream reported: once a limit
@@ -431,15 +439,29 @@ async fn follow(
     let mut streaming = false;
     let mut refused = false;
     let mut live = false;
+    let not_live = tokio::time::sleep(NOT_LIVE_WARNING);
+    tokio::pin!(not_live);
+    let mut warned = false;
+    let mut heard = false;
     loop {
         let update = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             update = rx.recv() => update,
+            () = &mut not_live, if !warned => {
+                warned = true;
+                if !live && !heard {
+                    tracing::info!(worker = %url, rank, %endpoint, "kv_events: no event heard in 30 s (an idle engine sends none; so does a wrong port or an engine started without its publisher); matched on the approximate tree until its stream is exact");
+                } else if !live {
+                    tracing::warn!(worker = %url, rank, %endpoint, "kv_events: events heard, but the stream is not exact (joined a publisher already running, with no replay of its start, or a limit refused blocks); matched on the approximate tree until its engine clears its cache or restarts");
+                }
+                continue;
+            }
         };
         let Some(update) = update else { break };
         match update {
             Update::Batch { batch, .. } => {
+                heard = true;
                 let stats = {
                     let mut index = events.index.write();
                     let stats = index.apply(key, &batch.events);
