@@ -42,6 +42,7 @@ use radixgate_tokenize::{
 };
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -89,7 +90,7 @@ const BLOCKS: Describe = Describe::new(
 );
 const REQUESTS: Describe = Describe::new(
     "radixgate_kv_events_requests_total",
-    "Routed requests by how they were matched (exact, no_live_worker, no_tokens, tokenize_error).",
+    "Routed requests by how they were matched (exact, no_live_worker, no_tokens, other_model, tokenize_error).",
 );
 
 /// The families.
@@ -147,6 +148,10 @@ pub(crate) struct KvEvents {
     /// template may make up to its fuel's 256 MB of strings per render.
     tokenizing: Arc<tokio::sync::Semaphore>,
     metrics: EventMetrics,
+    /// The model of the first request the tokenizer read, and whether a
+    /// request for another was told of (`reads_model`).
+    first_model: std::sync::OnceLock<String>,
+    warned_models: std::sync::atomic::AtomicBool,
 }
 
 /// A request's exact matches, owned (the policy borrows them).
@@ -225,6 +230,8 @@ impl KvEvents {
                 std::thread::available_parallelism().map_or(2, usize::from),
             )),
             metrics: EventMetrics::new(metrics),
+            first_model: std::sync::OnceLock::new(),
+            warned_models: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(supervise(events.clone(), router, stop));
         Ok(events)
@@ -247,15 +254,15 @@ impl KvEvents {
         self.tokenizing.clone().acquire_owned().await.ok()
     }
 
-    /// What each live worker holds of the prompt of a request to `path`
-    /// with body `bytes` (no worker at all when none is live any more:
-    /// the tree decides); `None` (counted) when the request cannot be
-    /// tokenized, and the tree decides alone.
-    pub(crate) fn matched(&self, path: &str, bytes: &[u8]) -> Option<Matched> {
-        let tokens = match self.tokens(path, bytes) {
-            Ok(Some(tokens)) => tokens,
-            Ok(None) => {
-                self.metrics.requests.increment("no_tokens");
+    /// What each live worker holds of the prompt of a request for `model`
+    /// to `path` with body `bytes` (no worker at all when none is live any
+    /// more: the tree decides); `None` (counted) when the request cannot
+    /// be tokenized, and the tree decides alone.
+    pub(crate) fn matched(&self, path: &str, bytes: &[u8], model: Option<&str>) -> Option<Matched> {
+        let tokens = match self.tokens(path, bytes, model) {
+            Ok(Ok(tokens)) => tokens,
+            Ok(Err(why)) => {
+                self.metrics.requests.increment(why);
                 return None;
             }
             Err(err) => {
@@ -281,29 +288,60 @@ impl KvEvents {
 
     /// The prompt's tokens, of its first `max_prompt_chars` characters
     /// only (see [`Tokenizer::prompt_prefix_tokens`]): the tree keeps no
-    /// more of a prompt either.
-    fn tokens(&self, path: &str, bytes: &[u8]) -> Result<Option<Vec<u32>>, String> {
+    /// more of a prompt either. `Ok(Err(label))` where there are none to
+    /// take: the request carries no ids and there is no tokenizer
+    /// (`no_tokens`) or none for its model (`other_model`).
+    fn tokens(
+        &self,
+        path: &str,
+        bytes: &[u8],
+        model: Option<&str>,
+    ) -> Result<Result<Vec<u32>, &'static str>, String> {
         let Some(endpoint) = TokenEndpoint::from_path(path) else {
-            return Ok(None);
+            return Ok(Err("no_tokens"));
         };
         // A flat list of ids is read from the bytes: as values it would
         // take about ten times the body (`flat_token_ids`).
         if let Some(mut ids) = flat_token_ids(endpoint, bytes) {
             ids.truncate(self.max_prompt_chars);
-            return Ok(Some(ids));
+            return Ok(Ok(ids));
         }
         let body: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if let Some(mut ids) = body_token_ids(endpoint, &body).map_err(|e| e.to_string())? {
             ids.truncate(self.max_prompt_chars);
-            return Ok(Some(ids));
+            return Ok(Ok(ids));
         }
-        match &self.tokenizer {
-            Some(t) => t
-                .prompt_prefix_tokens(endpoint, &body, self.max_prompt_chars)
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            None => Ok(None),
+        let Some(tokenizer) = &self.tokenizer else {
+            return Ok(Err("no_tokens"));
+        };
+        if !self.reads_model(model) {
+            return Ok(Err("other_model"));
         }
+        tokenizer
+            .prompt_prefix_tokens(endpoint, &body, self.max_prompt_chars)
+            .map(Ok)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether the tokenizer reads requests for `model`
+    /// (`kv_events.tokenizer_models`). With no list, it reads every
+    /// model's, and the first time requests for two models are tokenized a
+    /// WARN says that the list may be wanted.
+    fn reads_model(&self, model: Option<&str>) -> bool {
+        let listed = &self.config.tokenizer_models;
+        if !listed.is_empty() {
+            return model.is_some_and(|m| listed.iter().any(|l| l == m));
+        }
+        let model = model.unwrap_or_default();
+        let first = self.first_model.get_or_init(|| model.to_owned());
+        if first != model && !self.warned_models.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                first = %first,
+                model,
+                "kv_events: requests for two models are tokenized with one tokenizer; if it is not both models', list its models in kv_events.tokenizer_models (--kv-events-tokenizer-models), or the other model's workers match nothing exactly"
+            );
+        }
+        true
     }
 
     /// Republishes the live list after a stream changed standing.

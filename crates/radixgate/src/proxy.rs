@@ -214,9 +214,10 @@ async fn forward(
         (Some(events), Endpoint::Routed(_)) if events.any_live() => {
             let turn = events.turn().await;
             let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
+            let model = request.model.clone();
             tokio::task::spawn_blocking(move || {
                 let _turn = turn;
-                events.matched(path, &body)
+                events.matched(path, &body, model.as_deref())
             })
             .await
             .ok()

@@ -440,3 +440,45 @@ async fn a_worker_over_its_block_limit_is_exact_again_once_its_cache_is_cleared(
     wait_live(&gw.url, 1).await;
     gw.shutdown().await;
 }
+
+/// A request for a model the tokenizer is not listed for
+/// (`kv_events.tokenizer_models`) is routed on the tree, not tokenized
+/// into ids its engines never saw; one that carries its own ids is still
+/// matched exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_the_tokenizer_is_not_listed_for_is_routed_on_the_tree() {
+    use radixgate_tokenize::testing::{CHATML_TEMPLATE, TestModel};
+    let model = TestModel {
+        chat_template: Some(CHATML_TEMPLATE.to_owned()),
+        ..TestModel::default()
+    };
+    let dir = model.write_temp().unwrap();
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let mut cfg = events_config(&[(&w1, &e1)]);
+    cfg.kv_events.tokenizer = Some(dir.path().to_path_buf());
+    cfg.kv_events.tokenizer_models = vec!["another-model".into()];
+    let gw = gateway_ready(cfg, 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let exact = "radixgate_kv_events_requests_total{match=\"exact\"}";
+    generate(&gw.url, &ids(3, 64)).await;
+    assert_eq!(series_value(&gw.url, exact).await, 1.0);
+    // (The simulated worker's own chat ids do not fit the wire's 32 bits,
+    // so its stream goes stale after this one: it is the last request.)
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&json!({"max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let decision = r.headers()["x-radixgate-decision"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    r.bytes().await.unwrap();
+    assert!(!decision.contains("index=exact"), "{decision}");
+    let other = "radixgate_kv_events_requests_total{match=\"other_model\"}";
+    assert_eq!(series_value(&gw.url, other).await, 1.0);
+    assert_eq!(series_value(&gw.url, exact).await, 1.0);
+    gw.shutdown().await;
+}

@@ -364,6 +364,16 @@ pub struct ServeArgs {
     /// against KV events.
     #[arg(long, env = "RADIXGATE_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
+    /// The models whose requests --tokenizer reads (comma-separated, or
+    /// repeat the flag) [default: every model's]; another model's are
+    /// routed on the approximate tree.
+    #[arg(
+        long,
+        num_args = 1..,
+        env = "RADIXGATE_KV_EVENTS_TOKENIZER_MODELS",
+        value_delimiter = ','
+    )]
+    pub kv_events_tokenizer_models: Vec<String>,
 
     /// Record every routed request to this file, one JSON line each in the
     /// Mooncake trace shape (no prompt text), for `radixgate simulate
@@ -559,6 +569,9 @@ impl ServeArgs {
         set(&mut k.topic, &self.kv_events_topic);
         set(&mut k.data_parallel_size, &self.kv_events_dp_size);
         set(&mut k.engine, &self.kv_events_engine);
+        if !self.kv_events_tokenizer_models.is_empty() {
+            k.tokenizer_models = self.kv_events_tokenizer_models.clone();
+        }
         if self.tokenizer.is_some() {
             k.tokenizer = self.tokenizer.clone();
         }

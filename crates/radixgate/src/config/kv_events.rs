@@ -44,6 +44,15 @@ pub struct KvEventsConfig {
     /// a token-id prompt) can be matched; every other one is routed on the
     /// approximate tree, and start-up says so.
     pub tokenizer: Option<PathBuf>,
+    /// The models whose requests `tokenizer` reads
+    /// (`--kv-events-tokenizer-models a,b`); empty: every model's. In a
+    /// pool of several models, one model's tokenizer makes another's
+    /// prompts into ids its engines never saw, so their workers' exact
+    /// matches would all read 0 and those requests lose their cache
+    /// affinity: a request for a model not listed is routed on the
+    /// approximate tree (a request that carries its own token ids is
+    /// matched whatever its model).
+    pub tokenizer_models: Vec<String>,
     /// Whose chat-prompt rules the tokenizer follows: `vllm` or `sglang`
     /// (`--kv-events-engine`).
     pub engine: EngineRules,
@@ -85,6 +94,7 @@ impl Default for KvEventsConfig {
             data_parallel_size: 1,
             endpoints: BTreeMap::new(),
             tokenizer: None,
+            tokenizer_models: Vec::new(),
             engine: EngineRules::default(),
             max_blocks_per_worker: 1 << 20,
             max_blocks_total: 1 << 24,
