@@ -96,16 +96,32 @@ enum Command {
     /// From a health checker: first probes passed; these are the models
     /// and the KV cache's size in tokens, if the operator gave it (else
     /// the worker's answer follows as [`Command::Capacity`]).
+    ///
+    /// Each report from a health checker carries the checker's own token
+    /// (`checker`). One whose checker was stopped is ignored: it speaks of
+    /// a worker that was removed, perhaps replaced at its URL since (a
+    /// reload that changed its models, a restarted pod), and the new
+    /// worker is admitted on its own checker's probes and with its own
+    /// models.
     Admit {
         url: WorkerUrl,
         models: Vec<String>,
         kv_capacity_tokens: Option<u64>,
+        checker: CancellationToken,
     },
     /// From a health checker: the worker's health changed.
-    Health { url: WorkerUrl, healthy: bool },
+    Health {
+        url: WorkerUrl,
+        healthy: bool,
+        checker: CancellationToken,
+    },
     /// From a health checker: the admitted worker's KV cache holds this
     /// many tokens, as it reported.
-    Capacity { url: WorkerUrl, tokens: u64 },
+    Capacity {
+        url: WorkerUrl,
+        tokens: u64,
+        checker: CancellationToken,
+    },
 }
 
 /// Where a worker to add comes from, which decides whether
@@ -289,32 +305,58 @@ impl Control {
             .ok_or_else(shutting_down)
     }
 
-    /// From a health checker: the worker at `url` passed its first probes
-    /// and serves `models`; the control task adds it to the registry.
+    /// From the health checker whose token is `checker`: the worker at
+    /// `url` passed its first probes and serves `models`; the control task
+    /// adds it to the registry, unless that checker was stopped meanwhile
+    /// (see [`Command::Admit`]).
     pub(crate) async fn admit(
         &self,
         url: WorkerUrl,
         models: Vec<String>,
         kv_capacity_tokens: Option<u64>,
+        checker: &CancellationToken,
     ) {
         self.send(Command::Admit {
             url,
             models,
             kv_capacity_tokens,
+            checker: checker.clone(),
         })
         .await;
     }
 
-    /// From a health checker: the admitted worker at `url` became healthy
-    /// or unhealthy.
-    pub(crate) async fn report_health(&self, url: WorkerUrl, healthy: bool) {
-        self.send(Command::Health { url, healthy }).await;
+    /// From the health checker whose token is `checker`: the admitted
+    /// worker at `url` became healthy or unhealthy.
+    pub(crate) async fn report_health(
+        &self,
+        url: WorkerUrl,
+        healthy: bool,
+        checker: &CancellationToken,
+    ) {
+        let checker = checker.clone();
+        self.send(Command::Health {
+            url,
+            healthy,
+            checker,
+        })
+        .await;
     }
 
-    /// From a health checker: the worker at `url` reported that its KV
-    /// cache holds `tokens`.
-    pub(crate) async fn set_capacity(&self, url: WorkerUrl, tokens: u64) {
-        self.send(Command::Capacity { url, tokens }).await;
+    /// From the health checker whose token is `checker`: the worker at
+    /// `url` reported that its KV cache holds `tokens`.
+    pub(crate) async fn set_capacity(
+        &self,
+        url: WorkerUrl,
+        tokens: u64,
+        checker: &CancellationToken,
+    ) {
+        let checker = checker.clone();
+        self.send(Command::Capacity {
+            url,
+            tokens,
+            checker,
+        })
+        .await;
     }
 
     async fn send(&self, command: Command) {
@@ -459,13 +501,18 @@ impl ControlTask {
                 self.registry.set_policy(policy);
                 let _ = reply.send(());
             }
+            Command::Admit { checker, .. }
+            | Command::Health { checker, .. }
+            | Command::Capacity { checker, .. }
+                if checker.is_cancelled() => {}
             Command::Admit {
                 url,
                 models,
                 kv_capacity_tokens,
+                ..
             } => self.admit(url, models, kv_capacity_tokens),
-            Command::Capacity { url, tokens } => self.set_capacity(&url, tokens),
-            Command::Health { url, healthy } => {
+            Command::Capacity { url, tokens, .. } => self.set_capacity(&url, tokens),
+            Command::Health { url, healthy, .. } => {
                 let Some(known) = self.known.get_mut(&url) else {
                     return;
                 };
@@ -650,3 +697,6 @@ impl ControlTask {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests;

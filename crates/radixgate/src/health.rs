@@ -99,13 +99,20 @@ impl Watched for Target {
             self.models.clone()
         };
         self.control
-            .admit(self.url.clone(), models, self.kv_capacity_tokens)
+            .admit(
+                self.url.clone(),
+                models,
+                self.kv_capacity_tokens,
+                &self.cancel,
+            )
             .await;
         self.read_capacity();
     }
 
     async fn report(&mut self, healthy: bool) {
-        self.control.report_health(self.url.clone(), healthy).await;
+        self.control
+            .report_health(self.url.clone(), healthy, &self.cancel)
+            .await;
         if healthy {
             // Back from a failure, perhaps a restart with another cache.
             self.read_capacity();
@@ -133,7 +140,7 @@ impl Target {
             if let Some(tokens) = tokens {
                 target
                     .control
-                    .set_capacity(target.url.clone(), tokens)
+                    .set_capacity(target.url.clone(), tokens, &target.cancel)
                     .await;
             }
         });
