@@ -53,6 +53,7 @@ use metrics_exporter_prometheus::{
 };
 use metrics_util::MetricKindMask;
 use parking_lot::Mutex;
+use radixgate_routing::WorkerId;
 use series::{Cache, Series};
 pub(crate) use series::{LabelKey, LabelRef};
 pub use series::{SeriesKey, Touch};
@@ -311,6 +312,14 @@ impl Metrics {
         PerWorker(self.counters(describe))
     }
 
+    /// One counter per worker, labelled `worker`, following a total the
+    /// worker keeps ([`WorkerTotal`]).
+    pub fn per_worker_totals(&self, describe: &'static Describe) -> PerWorker<WorkerTotal> {
+        self.recorder
+            .describe_counter(key_name(describe), describe.unit, help(describe));
+        PerWorker(self.family(describe.name))
+    }
+
     /// A counter without labels, exported (at 0) from the start.
     pub fn counter(&self, describe: &'static Describe) -> OneCounter {
         let c = OneCounter(self.counters(describe));
@@ -498,6 +507,59 @@ impl Register for SaturatingCounter {
 }
 
 impl Touch for SaturatingCounter {
+    fn touch(&self) {
+        self.counter.touch();
+    }
+}
+
+/// A per-worker counter that follows a running total the worker keeps
+/// itself (its breaker's state changes, its cached-token reports), each
+/// total published again on every upkeep tick ([`Self::follow`]).
+///
+/// The series is the URL's, the total the worker's: a worker removed and
+/// added back at its URL (a restarted pod, DELETE then POST /workers) is a
+/// new worker whose totals start at 0, while its URL's series lives on for
+/// [`SERIES_IDLE`]. Setting the counter to the total would not do: the
+/// exporter keeps the larger value (`absolute`), so the new worker's counts
+/// would not show until they passed the old one's. Each publish adds
+/// instead what the total grew since the same worker's last one.
+///
+/// The lock (a `parking_lot::Mutex`) is held for a comparison and a store.
+#[derive(Debug)]
+pub struct WorkerTotal {
+    counter: Counter,
+    /// The worker last published, and its total then.
+    last: Mutex<Option<(WorkerId, u64)>>,
+}
+
+impl WorkerTotal {
+    /// Publishes `worker`'s running total, which never goes down for one
+    /// worker: the counter gains what it grew since that worker's last
+    /// publish, or all of it for a worker not published here before.
+    pub fn follow(&self, worker: WorkerId, total: u64) {
+        let before = {
+            let mut last = self.last.lock();
+            let before = match *last {
+                Some((id, seen)) if id == worker => seen,
+                _ => 0,
+            };
+            *last = Some((worker, total));
+            before
+        };
+        self.counter.increment(total.saturating_sub(before));
+    }
+}
+
+impl Register for WorkerTotal {
+    fn register(recorder: &PrometheusRecorder, key: &Key) -> Self {
+        Self {
+            counter: Counter::register(recorder, key),
+            last: Mutex::new(None),
+        }
+    }
+}
+
+impl Touch for WorkerTotal {
     fn touch(&self) {
         self.counter.touch();
     }

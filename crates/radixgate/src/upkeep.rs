@@ -10,10 +10,10 @@
 //! ([`WorkerGauges`]); the breakers and admission own theirs and are asked
 //! to publish them on each tick.
 
-use crate::metrics::{Describe, Family, Metrics, PerWorker};
+use crate::metrics::{Describe, Family, Metrics, PerWorker, WorkerTotal};
 use crate::state::Shared;
-use ::metrics::{Counter, Gauge, Label};
-use radixgate_routing::CacheTruthSnapshot;
+use ::metrics::{Gauge, Label};
+use radixgate_routing::Worker;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,14 +79,14 @@ pub(crate) struct WorkerGauges {
     bound_eviction_rate: Family<String, Gauge>,
 }
 
-/// The correction's per-worker figures: counters set to the workers' own
-/// totals (`radixgate_routing::correction::CacheTruth`) on every tick.
+/// The correction's per-worker figures: counters following the workers'
+/// own totals (`radixgate_routing::correction::CacheTruth`) on every tick.
 struct CacheSeries {
-    prompt: PerWorker<Counter>,
-    predicted: PerWorker<Counter>,
-    reported: PerWorker<Counter>,
-    trims: PerWorker<Counter>,
-    invalid: PerWorker<Counter>,
+    prompt: PerWorker<WorkerTotal>,
+    predicted: PerWorker<WorkerTotal>,
+    reported: PerWorker<WorkerTotal>,
+    trims: PerWorker<WorkerTotal>,
+    invalid: PerWorker<WorkerTotal>,
     error: PerWorker<Gauge>,
 }
 
@@ -97,11 +97,11 @@ impl WorkerGauges {
             healthy: metrics.per_worker_gauges(&WORKER_HEALTHY),
             tree_chars: metrics.per_worker_gauges(&TREE_CHARS),
             cache: CacheSeries {
-                prompt: metrics.per_worker_counters(&CACHE_PROMPT_TOKENS),
-                predicted: metrics.per_worker_counters(&CACHE_PREDICTED_TOKENS),
-                reported: metrics.per_worker_counters(&CACHE_REPORTED_TOKENS),
-                trims: metrics.per_worker_counters(&CACHE_TRIMS),
-                invalid: metrics.per_worker_counters(&CACHE_INVALID_REPORTS),
+                prompt: metrics.per_worker_totals(&CACHE_PROMPT_TOKENS),
+                predicted: metrics.per_worker_totals(&CACHE_PREDICTED_TOKENS),
+                reported: metrics.per_worker_totals(&CACHE_REPORTED_TOKENS),
+                trims: metrics.per_worker_totals(&CACHE_TRIMS),
+                invalid: metrics.per_worker_totals(&CACHE_INVALID_REPORTS),
                 error: metrics.per_worker_gauges(&CACHE_PREDICTION_ERROR),
             },
             eviction_rate: metrics.gauges(&CACHE_EVICTION_RATE),
@@ -130,17 +130,18 @@ impl WorkerGauges {
 
     /// A worker's predicted against reported cached tokens, once it has
     /// answered with a report (valid or not).
-    pub(crate) fn cache_truth(&self, worker: &str, t: CacheTruthSnapshot) {
+    pub(crate) fn cache_truth(&self, worker: &Worker) {
+        let t = worker.cache_truth().snapshot();
         if t.reports == 0 && t.invalid == 0 {
             return;
         }
-        let c = &self.cache;
-        c.prompt.with(worker, |s| s.absolute(t.prompt_tokens));
-        c.predicted.with(worker, |s| s.absolute(t.predicted_tokens));
-        c.reported.with(worker, |s| s.absolute(t.reported_tokens));
-        c.trims.with(worker, |s| s.absolute(t.trims));
-        c.invalid.with(worker, |s| s.absolute(t.invalid));
-        c.error.set(worker, t.prediction_error);
+        let (c, url, id) = (&self.cache, worker.url(), worker.id());
+        c.prompt.with(url, |s| s.follow(id, t.prompt_tokens));
+        c.predicted.with(url, |s| s.follow(id, t.predicted_tokens));
+        c.reported.with(url, |s| s.follow(id, t.reported_tokens));
+        c.trims.with(url, |s| s.follow(id, t.trims));
+        c.invalid.with(url, |s| s.follow(id, t.invalid));
+        c.error.set(url, t.prediction_error);
     }
 
     /// Requests in flight to a worker now.
@@ -211,7 +212,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
             if let Some(chars) = state.router.cached_chars(worker) {
                 gauges.tree_chars(worker.url(), chars);
             }
-            gauges.cache_truth(worker.url(), worker.cache_truth().snapshot());
+            gauges.cache_truth(worker);
         }
         if let Some(trees) = state.router.policy().trees() {
             for (model, rate) in trees.eviction_rates() {

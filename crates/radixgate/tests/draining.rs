@@ -204,3 +204,54 @@ async fn a_malformed_drain_query_gets_an_openai_style_error() {
     assert_eq!(workers(&gw.url).await[0]["state"], "healthy");
     gw.shutdown().await;
 }
+
+/// DELETE /workers, then POST /workers for the same URL.
+async fn remove_and_add_back(gw: &str, url: &str) {
+    let r: Value = client()
+        .delete(format!("{gw}/workers?url={url}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["state"], "removed");
+    let r = client()
+        .post(format!("{gw}/workers"))
+        .json(&json!({"url": url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    wait_for_healthy(gw, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_added_back_at_its_url_counts_on_in_its_series() {
+    let a = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url]), 1).await;
+    let prompt = format!(
+        "radixgate_cache_prompt_tokens_total{{worker=\"{}\"}}",
+        a.url
+    );
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("before {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+    }
+    wait_until("the prompt tokens counted", || async {
+        series_value(&gw.url, &prompt).await > 0.0
+    })
+    .await;
+    let before = series_value(&gw.url, &prompt).await;
+
+    // The worker at that URL again: a new worker, whose own totals start
+    // at 0, but the series is the URL's and counts on from where it was.
+    remove_and_add_back(&gw.url, &a.url).await;
+    let r = post_chat(&gw.url, &chat("after", false)).await;
+    assert_eq!(r.status(), 200);
+    wait_until("the answer after the worker came back counted", || async {
+        series_value(&gw.url, &prompt).await > before
+    })
+    .await;
+    gw.shutdown().await;
+}

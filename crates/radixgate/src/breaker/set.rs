@@ -3,9 +3,10 @@
 //! transition counter).
 //!
 //! The metrics are refreshed from the breakers themselves on the upkeep
-//! tick ([`Breakers::publish`]): the transition count is the breaker's own,
-//! set absolutely, so no change is missed or counted twice whoever calls it
-//! and however often.
+//! tick ([`Breakers::publish`]): the transition counter follows the
+//! breaker's own count ([`WorkerTotal`]), so no change is missed or counted
+//! twice however often it is published, and the breaker of a worker added
+//! back at its URL counts on in that URL's series.
 //!
 //! The map is a `parking_lot::RwLock`: read for a lookup per attempt (never
 //! held across `.await`), written only the first time a worker id is seen
@@ -13,8 +14,8 @@
 
 use super::{Breaker, BreakerState};
 use crate::config::BreakerConfig;
-use crate::metrics::{Describe, Metrics, PerWorker};
-use ::metrics::{Counter, Gauge};
+use crate::metrics::{Describe, Metrics, PerWorker, WorkerTotal};
+use ::metrics::Gauge;
 use parking_lot::RwLock;
 use radixgate_routing::{Worker, WorkerId};
 use std::collections::HashMap;
@@ -68,7 +69,8 @@ impl Breakers {
     pub(crate) fn publish(&self, worker: &Worker, now: Instant) {
         let breaker = self.get(worker.id());
         publish_breaker(worker, breaker.state(now));
-        self.metrics.record(worker.url(), &breaker, now);
+        self.metrics
+            .record(worker.url(), worker.id(), &breaker, now);
     }
 }
 
@@ -81,23 +83,23 @@ pub(crate) fn publish_breaker(worker: &Worker, state: BreakerState) {
 /// The breaker metric families.
 pub(crate) struct BreakerMetrics {
     state: PerWorker<Gauge>,
-    transitions: PerWorker<Counter>,
+    transitions: PerWorker<WorkerTotal>,
 }
 
 impl BreakerMetrics {
     pub(crate) fn new(metrics: &Metrics) -> Self {
         Self {
             state: metrics.per_worker_gauges(&STATE),
-            transitions: metrics.per_worker_counters(&TRANSITIONS),
+            transitions: metrics.per_worker_totals(&TRANSITIONS),
         }
     }
 
-    /// A worker's breaker as it stands at `now`: its state gauge and its
-    /// transition count (taken from the breaker).
-    pub(crate) fn record(&self, worker: &str, breaker: &Breaker, now: Instant) {
+    /// The breaker of worker `id` at URL `worker` as it stands at `now`:
+    /// its state gauge and its transition count (taken from the breaker).
+    pub(crate) fn record(&self, worker: &str, id: WorkerId, breaker: &Breaker, now: Instant) {
         let state = f64::from(breaker.state(now).as_gauge());
         self.state.set(worker, state);
         self.transitions
-            .with(worker, |c| c.absolute(breaker.transitions()));
+            .with(worker, |c| c.follow(id, breaker.transitions()));
     }
 }

@@ -188,8 +188,8 @@ async fn every_metric_renders_as_valid_text_with_its_values() {
     let permit = breaker.try_acquire(now).expect("closed");
     let _ = permit.record(Outcome::Failure, now);
     let b = BreakerMetrics::new(&metrics);
-    b.record(W1, &breaker, now);
-    b.record(W1, &breaker, now); // idempotent: the count comes from the breaker
+    b.record(W1, WorkerId(1), &breaker, now);
+    b.record(W1, WorkerId(1), &breaker, now); // idempotent: the count comes from the breaker
 
     admission.publish_metrics();
     let outliers = OutlierMetrics::new(&metrics);
@@ -298,9 +298,9 @@ fn gauges_follow_the_latest_value_and_breaker_transitions_accumulate() {
         .try_acquire(t0)
         .expect("closed")
         .record(Outcome::Failure, t0);
-    m.record(W1, &breaker, t0);
+    m.record(W1, WorkerId(1), &breaker, t0);
     let t1 = t0 + Duration::from_secs(1);
-    m.record(W1, &breaker, t1);
+    m.record(W1, WorkerId(1), &breaker, t1);
     let s = parse(&metrics.render());
     assert_eq!(
         scalar(&s, BREAKER_STATE, &[("worker", W1)]),
@@ -311,10 +311,46 @@ fn gauges_follow_the_latest_value_and_breaker_transitions_accumulate() {
         .try_acquire(t1)
         .expect("probe")
         .record(Outcome::Success, t1);
-    m.record(W1, &breaker, t1);
+    m.record(W1, WorkerId(1), &breaker, t1);
     let s = parse(&metrics.render());
     assert_eq!(scalar(&s, BREAKER_STATE, &[("worker", W1)]), 0.0, "closed");
     assert_eq!(scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]), 3.0);
+}
+
+/// A worker removed and added back at its URL is a new worker with a new
+/// breaker, whose transitions count on in the URL's series.
+#[test]
+fn a_new_worker_at_a_url_counts_on_from_its_series() {
+    let metrics = Metrics::new();
+    let m = BreakerMetrics::new(&metrics);
+    let cfg = BreakerConfig {
+        failure_threshold: 1,
+        ..BreakerConfig::default()
+    };
+    let fail = |breaker: &Arc<Breaker>, at: Instant| {
+        let _ = breaker
+            .try_acquire(at)
+            .expect("closed")
+            .record(Outcome::Failure, at);
+    };
+    let t0 = Instant::now();
+    let old = Arc::new(Breaker::new(&cfg));
+    fail(&old, t0);
+    m.record(W1, WorkerId(1), &old, t0);
+    m.record(W1, WorkerId(1), &old, t0);
+    let s = parse(&metrics.render());
+    assert_eq!(scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]), 1.0);
+
+    let new = Arc::new(Breaker::new(&cfg));
+    m.record(W1, WorkerId(2), &new, t0);
+    fail(&new, t0);
+    m.record(W1, WorkerId(2), &new, t0);
+    let s = parse(&metrics.render());
+    assert_eq!(
+        scalar(&s, BREAKER_TRANSITIONS, &[("worker", W1)]),
+        2.0,
+        "the new worker's breaker opened once more"
+    );
 }
 
 #[test]
