@@ -39,7 +39,7 @@ use crate::state::Shared;
 use ::metrics::{Counter, Gauge};
 use parking_lot::Mutex;
 use radixgate_routing::{Worker, WorkerId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -264,9 +264,12 @@ impl OutlierMetrics {
 }
 
 /// Runs [`Outliers::evaluate`] every interval over the current pool, with a
-/// log line and metrics for each change, until `stop`.
+/// log line and metrics for each change, until `stop`. A worker that left
+/// the pool reads not ejected (0) from then on, as its other gauges read 0.
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let metrics = OutlierMetrics::new(&shared.metrics);
+    // The workers whose gauge was set at the last evaluation.
+    let mut shown: HashSet<String> = HashSet::new();
     let mut ticks = tokio::time::interval(shared.outliers.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -298,9 +301,18 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 }
             }
         }
+        let live: HashSet<String> = snapshot
+            .workers()
+            .iter()
+            .map(|w| w.url().to_owned())
+            .collect();
+        for gone in shown.difference(&live) {
+            metrics.ejected(gone, false);
+        }
         for worker in snapshot.workers() {
             metrics.ejected(worker.url(), worker.is_ejected());
         }
+        shown = live;
     }
 }
 

@@ -195,6 +195,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
                 gauges.in_flight(gone, 0);
                 gauges.healthy(gone, false);
                 gauges.tree_chars(gone, 0);
+                state.breakers.gone(gone);
                 state.metrics.forget_worker(gone);
             }
             for added in live.difference(&known) {

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use radixgate_routing::{PolicyConfig, RoundRobinConfig};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,6 +252,49 @@ async fn a_worker_added_back_at_its_url_counts_on_in_its_series() {
     assert_eq!(r.status(), 200);
     wait_until("the answer after the worker came back counted", || async {
         series_value(&gw.url, &prompt).await > before
+    })
+    .await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_workers_breaker_gauge_does_not_stay_open() {
+    let flaky = sim_worker(fast_worker()).await;
+    let steady = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&flaky.url, &steady.url]);
+    cfg.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
+    cfg.circuit_breaker.failure_threshold = 2;
+    let gw = gateway_ready(cfg, 2).await;
+    flaky.set_faults(radixgate_sim::server::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    for i in 0..6 {
+        // Retried on the steady worker while the breaker counts failures.
+        let r = post_chat(&gw.url, &chat(&format!("fails {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+    }
+    let state = format!(
+        "radixgate_circuit_breaker_state{{worker=\"{}\"}}",
+        flaky.url
+    );
+    wait_until("the breaker open", || async {
+        series_value(&gw.url, &state).await == 1.0
+    })
+    .await;
+    let r: Value = client()
+        .delete(format!("{}/workers?url={}", gw.url, flaky.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["state"], "removed");
+    // Gone from the pool: its series no longer read as an open breaker
+    // (an alert on open breakers would fire for a worker that is gone).
+    wait_until("the removed worker's breaker gauge at 0", || async {
+        series_value(&gw.url, &state).await == 0.0
     })
     .await;
     gw.shutdown().await;

@@ -629,3 +629,37 @@ async fn the_workers_5xx_message_reaches_the_client() {
     assert_eq!(body["error"]["type"], "upstream_error");
     gw.shutdown().await;
 }
+
+/// An ejected worker that is removed reads not ejected: an alert on
+/// ejected workers does not go on firing for one that is gone.
+#[tokio::test]
+async fn a_removed_outliers_ejected_gauge_does_not_stay_up() {
+    let fast = sim_worker(fast_worker()).await;
+    let slow = sim_worker(fast_worker()).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 400,
+        ..FaultConfig::default()
+    });
+    let c = eager_outliers(&[&fast.url, &slow.url], 300);
+    let gw = gateway_ready(c, 2).await;
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("outlier {i}"), true)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    wait_until("the slow worker is ejected", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(1.0)
+    })
+    .await;
+    let r = client()
+        .delete(format!("{}/workers?url={}", gw.url, slow.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    wait_until("the removed worker's ejected gauge at 0", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(0.0)
+    })
+    .await;
+    gw.shutdown().await;
+}

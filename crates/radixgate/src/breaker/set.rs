@@ -63,6 +63,14 @@ impl Breakers {
         self.map.write().retain(|id, _| live(*id));
     }
 
+    /// A worker left the pool: its state gauge reads closed (0), as its
+    /// other gauges read 0, until the exporter drops the series; left as
+    /// it was, an open breaker would go on alerting for a worker that is
+    /// gone.
+    pub(crate) fn gone(&self, worker: &str) {
+        self.metrics.state.set(worker, 0.0);
+    }
+
     /// The upkeep tick's work for one worker: publishes its breaker's state
     /// at `now` into the worker's slot (an open breaker whose timeout passed
     /// reads half-open) and refreshes its metrics.
