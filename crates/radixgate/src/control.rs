@@ -41,6 +41,12 @@
 //! draining workers every [`DRAIN_POLL`] while there are any, and before
 //! every listing. Adding a worker at a URL that is draining replaces it: a
 //! new pod may take over a departed pod's address.
+//!
+//! One URL holds one worker, whichever source added it; another source's
+//! worker at that URL is refused as a duplicate. So that such a refused
+//! worker is not left out for good, every URL the control task lets go
+//! of (removed, or drained to its end) is told to the sources that listen
+//! ([`Control::freed`]: discovery offers a pod it was refused for it).
 
 use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
@@ -55,13 +61,16 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 mod drain;
 
 pub use drain::{DRAIN_POLL, Drained};
+
+/// The freed URLs ([`Control::freed`]) a receiver may fall behind by.
+const FREED_BACKLOG: usize = 64;
 
 /// A message to the control task; only [`Control`]'s methods build one.
 #[derive(Debug)]
@@ -220,6 +229,8 @@ pub struct Control {
     /// The workers draining now (out of the registry, requests finishing),
     /// as the control task last published them.
     draining: Arc<parking_lot::Mutex<Vec<Arc<radixgate_routing::Worker>>>>,
+    /// Every URL the control task lets go of, as it does.
+    freed: broadcast::Sender<WorkerUrl>,
 }
 
 impl Control {
@@ -275,6 +286,14 @@ impl Control {
         self.ask(|reply| Command::Remove { url, reply })
             .await
             .unwrap_or(Err(shutting_down()))
+    }
+
+    /// The URLs no worker holds any more from now on, as the control task
+    /// lets go of them (a worker removed, or its drain ended); a receiver
+    /// that falls more than [`FREED_BACKLOG`] behind is told it lagged.
+    #[cfg(feature = "kubernetes")]
+    pub(crate) fn freed(&self) -> broadcast::Receiver<WorkerUrl> {
+        self.freed.subscribe()
     }
 
     /// The workers draining now: out of the registry's snapshot, their
@@ -413,6 +432,7 @@ pub(crate) fn spawn(
         tx,
         board: health::Board::default(),
         draining: Arc::default(),
+        freed: broadcast::channel(FREED_BACKLOG).0,
     };
     let task = ControlTask {
         registry,
@@ -604,14 +624,14 @@ impl ControlTask {
     fn remove(&mut self, url: &str) -> Result<(), GatewayError> {
         // Not parsed: a URL that was never accepted is simply not known.
         let url = &*WorkerUrl::canonical(url.trim());
-        let known = self
-            .known
-            .remove(url)
-            .ok_or_else(|| GatewayError::UnknownWorkerUrl {
-                url: url.to_owned(),
-            })?;
+        let (url, known) =
+            self.known
+                .remove_entry(url)
+                .ok_or_else(|| GatewayError::UnknownWorkerUrl {
+                    url: url.to_owned(),
+                })?;
         known.cancel.cancel();
-        self.control.board.forget(url);
+        self.control.board.forget(url.as_str());
         if known.draining.is_some() {
             self.drains.increment("removed");
         }
@@ -619,7 +639,15 @@ impl ControlTask {
             self.registry.remove(id).map_err(GatewayError::Admin)?;
         }
         tracing::info!(worker = %url, "worker removed");
+        self.let_go(url);
         Ok(())
+    }
+
+    /// Tells the sources listening ([`Control::freed`]) that no worker
+    /// holds `url` any more.
+    fn let_go(&self, url: WorkerUrl) {
+        // Fails only while nobody listens, when nobody needs to know.
+        let _ = self.control.freed.send(url);
     }
 
     fn admit(&mut self, url: WorkerUrl, models: Vec<String>, kv_capacity_tokens: Option<u64>) {

@@ -17,9 +17,12 @@
 //!   models (its label or annotation) → the old one removed, the new one
 //!   added;
 //! - refused by the control task (the allowlist, another worker at its
-//!   URL) → not offered again until its URL changes or a pod of this
-//!   watch leaves that URL: after a relist, a new pod on a departed pod's
-//!   IP and port is listed before the departed one is found gone.
+//!   URL) → not offered again until its URL changes or that URL is freed:
+//!   a pod of this watch leaves it (after a relist, a new pod on a
+//!   departed pod's IP and port is listed before the departed one is
+//!   found gone), or the control task lets go of it, whichever source
+//!   held it (a static worker dropped by a reload or DELETE /workers:
+//!   the pod at its address, still serving, takes it over).
 //!
 //! A discovered worker has its pool's role (`regular`, or `prefill` or
 //! `decode` in a disaggregated pool), and a prefill pod its bootstrap port
@@ -66,10 +69,12 @@ use metrics::{Gauge, Label};
 use object::RawPod;
 use pod::Seen;
 use radixgate_routing::WorkerSpec;
+use radixgate_routing::WorkerUrl;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -199,6 +204,7 @@ pub(crate) async fn spawn(
                 },
                 pool,
                 watch_timeout_secs: config.watch_timeout_secs.max(1),
+                freed: control.freed(),
                 control: control.clone(),
                 metrics: metrics.clone(),
                 pods: BTreeMap::new(),
@@ -218,6 +224,8 @@ struct PoolWatch {
     /// The `timeoutSeconds` each watch asks for.
     watch_timeout_secs: u32,
     control: Control,
+    /// The URLs the control task lets go of ([`Control::freed`]).
+    freed: broadcast::Receiver<WorkerUrl>,
     metrics: Arc<DiscoveryMetrics>,
     /// Pods (by `namespace/name`) this watch made workers, by URL.
     pods: BTreeMap<String, Tracked>,
@@ -227,7 +235,7 @@ struct PoolWatch {
     complained: BTreeMap<String, String>,
     /// Pods the control task refused (the allowlist, a duplicate URL),
     /// by key, with what they were offered: not offered again until their
-    /// URL changes, or a pod of this watch leaves that URL.
+    /// URL changes, or that URL is freed.
     refused: BTreeMap<String, WorkerSpec>,
 }
 
@@ -258,6 +266,10 @@ impl PoolWatch {
             let event = tokio::select! {
                 () = stop.cancelled() => return,
                 event = events.next() => event,
+                freed = self.freed.recv() => {
+                    self.let_go(freed).await;
+                    continue;
+                }
             };
             match event {
                 None => return,
@@ -479,6 +491,24 @@ impl PoolWatch {
             && let Some(spec) = self.refused.remove(&key)
         {
             self.offer(key, spec).await;
+        }
+    }
+
+    /// The control task let go of a URL (see [`Control::freed`]): a pod
+    /// refused for it is offered it. Behind by more than the control
+    /// task keeps, every refused pod is offered again.
+    async fn let_go(&mut self, freed: Result<WorkerUrl, broadcast::error::RecvError>) {
+        match freed {
+            Ok(url) => self.freed(url.as_str()).await,
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                let urls: BTreeSet<String> =
+                    self.refused.values().map(|spec| spec.url.clone()).collect();
+                for url in urls {
+                    self.freed(&url).await;
+                }
+            }
+            // Not while this watch holds its `Control`, a sender.
+            Err(broadcast::error::RecvError::Closed) => {}
         }
     }
 

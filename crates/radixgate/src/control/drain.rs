@@ -74,9 +74,11 @@ impl ControlTask {
             }
             _ => {
                 self.drains.increment("finished");
-                self.known.remove(url);
                 self.control.board.forget(url);
                 tracing::info!(worker = %url, "worker drained (nothing in flight) and removed");
+                if let Some((url, _)) = self.known.remove_entry(url) {
+                    self.let_go(url);
+                }
                 Ok(Drained::Removed)
             }
         }
@@ -108,10 +110,12 @@ impl ControlTask {
             .collect();
         for (url, end) in done {
             self.forget(&url, end);
+            self.let_go(url);
         }
     }
 
-    /// Drops a draining worker's entry; `end` is how its drain ended.
+    /// Drops a draining worker's entry; `end` is how its drain ended. The
+    /// caller lets its URL go where no new worker takes it at once.
     pub(super) fn forget(&mut self, url: &WorkerUrl, end: &'static str) {
         if self.known.remove(url).is_some() {
             self.drains.increment(end);

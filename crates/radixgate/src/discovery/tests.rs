@@ -40,6 +40,7 @@ fn watch(stop: &CancellationToken) -> PoolWatch {
             bootstrap_port_annotation: None,
         },
         watch_timeout_secs: 290,
+        freed: control.freed(),
         control,
         metrics: Arc::new(DiscoveryMetrics {
             connected: metrics.gauges(&CONNECTED),

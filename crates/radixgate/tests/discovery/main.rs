@@ -635,3 +635,29 @@ async fn static_workers_and_discovered_ones_serve_together() {
     assert_all_served_by(&gw.url, &fixed.url, 4, "after the pod left").await;
     gw.shutdown().await;
 }
+
+/// A pod at a static worker's URL is refused while that worker is there;
+/// once the static worker is removed (DELETE /workers, or a reload that
+/// drops it, as when moving a pool from a static list to discovery) the
+/// pod, still serving, becomes the worker at that URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_refused_for_a_static_workers_url_gets_it_when_that_one_goes() {
+    let (pod_worker, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "sglang"}), addr));
+    let mut cfg = discovering(&api);
+    cfg.workers = config(&[&pod_worker.url]).workers;
+    let gw = gateway(cfg).await;
+    wait_for_watch(&api, 1).await;
+    wait_for_healthy(&gw.url, 1).await;
+    assert!(worker_named(&gw.url, "w-0").await.is_none(), "a duplicate");
+
+    let r = client()
+        .delete(format!("{}/workers?url={}", gw.url, pod_worker.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    wait_for_state(&gw.url, "w-0", "healthy").await;
+    gw.shutdown().await;
+}
