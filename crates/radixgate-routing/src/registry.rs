@@ -168,6 +168,9 @@ impl Registry {
             .filter(|w| w.id() != id)
             .cloned()
             .collect();
+        // Before the policy forgets it: a decision racing this removal
+        // then sees the flag after its insert (see `Router::select_with`).
+        worker.set_removed();
         self.publish(workers);
         self.policy_of(worker.role()).on_worker_removed(&worker);
         Ok(worker)
@@ -347,7 +350,7 @@ impl Router {
         let req = RequestView::new(pool.model, text)
             .with_routing_key(routing_key)
             .with_exact(exact);
-        let decision = if exclude.is_empty() {
+        let mut decision = if exclude.is_empty() {
             // The common case borrows the pool as is; only a retry pays for
             // a filtered copy.
             policy.select(&req, pool.workers)?
@@ -360,6 +363,9 @@ impl Router {
                 .collect();
             policy.select(&req, &rest)?
         };
+        if decision.worker().is_removed() {
+            forget_removed(policy, &mut decision, text);
+        }
         let model = (pool.model != WILDCARD_MODEL).then(|| pool.model.to_owned());
         Ok(Routed { decision, model })
     }
@@ -395,6 +401,10 @@ impl Router {
         match policy.trees() {
             Some(trees) => {
                 trees.insert_for(model, text, &worker, policy.correction());
+                if worker.is_removed() {
+                    // Removed while this was recorded: see `forget_removed`.
+                    trees.remove_tenant(worker.id().tenant());
+                }
                 Learned::Inserted
             }
             None => Learned::NoTrees,
@@ -465,6 +475,22 @@ impl Router {
         slot_of(worker.role(), &self.policy, &self.decode_policy)
             .load()
             .cached_chars(worker.id())
+    }
+}
+
+/// Takes back what `decision` recorded in `policy`'s trees for a worker
+/// that was removed while it was being made: the decision loaded the
+/// worker set before the removal was published, and its insert may have
+/// come after the registry had the policy forget the worker, leaving a
+/// record of a tenant that nobody would forget again (tree characters
+/// and a correction entry for every such race, for good). Its insert is
+/// undone first, so that forgetting the worker again finds nothing of it
+/// in flight. The request still goes to the worker, whose requests in
+/// flight finish as any removed worker's do.
+fn forget_removed(policy: &dyn Policy, decision: &mut Decision, text: &str) {
+    decision.undo_insert(text);
+    if let Some(trees) = policy.trees() {
+        trees.remove_tenant(decision.worker().id().tenant());
     }
 }
 

@@ -141,6 +141,9 @@ pub struct Worker {
     healthy: AtomicBool,
     breaker: AtomicU8,
     ejected: AtomicBool,
+    /// Set by [`Registry::remove`](crate::Registry::remove) before the
+    /// policy forgets the worker (see [`Worker::is_removed`]).
+    removed: AtomicBool,
     pub(crate) in_flight: AtomicUsize,
     pub(crate) pending_prefill: AtomicUsize,
     pub(crate) processed: AtomicU64,
@@ -182,6 +185,7 @@ impl Worker {
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             ejected: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             pending_prefill: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
@@ -291,6 +295,21 @@ impl Worker {
     /// owns this flag).
     pub fn set_ejected(&self, ejected: bool) {
         self.ejected.store(ejected, Ordering::Release);
+    }
+
+    /// Whether the registry removed this worker (requests routed to it
+    /// before still hold it). A decision that loaded the worker set just
+    /// before the removal was published may still choose it, and record
+    /// its text for it after the policy forgot it; the router reads this
+    /// after each decision to take such a record back. Sequentially
+    /// consistent, as the removal and the decision each write one place
+    /// (this flag, the tree) and read the other.
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_removed(&self) {
+        self.removed.store(true, Ordering::SeqCst);
     }
 
     /// Whether policies may choose this worker: healthy, breaker not open,

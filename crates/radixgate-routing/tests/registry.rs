@@ -6,6 +6,7 @@ use radixgate_routing::{
     Branch, CacheAwareConfig, HotSpotRule, Policy, PolicyConfig, Registry, RoutingError, WorkerSpec,
 };
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn text(tag: &str) -> String {
     format!(
@@ -342,4 +343,51 @@ fn handles_cross_threads_and_tasks() {
     send_sync_static::<radixgate_routing::WorkerSet>();
     send_static::<radixgate_routing::Decision>();
     send_static::<radixgate_routing::LoadGuard>();
+}
+
+/// Decisions made while workers come and go: a decision that chose a
+/// worker just as it was removed (it loaded the worker set before the
+/// removal was published) leaves nothing of it in the trees, where no
+/// one would ever forget it again.
+#[test]
+fn a_decision_racing_a_removal_leaves_no_record_of_the_removed_worker() {
+    let mut reg = Registry::new(PolicyConfig::default().build().unwrap());
+    let router = reg.router();
+    reg.add(WorkerSpec::new("http://stays:1")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let deciders: Vec<_> = (0..2)
+        .map(|t| {
+            let (router, stop) = (router.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // No shared prefix: each is a miss, which goes to the
+                    // worker with the smallest tree, the one just added.
+                    let _ = router.select(None, &format!("{t} request {i}"), None, &[]);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let mut removed = Vec::new();
+    for n in 0..3000 {
+        let w = reg.add(WorkerSpec::new(format!("http://w{n}:1"))).unwrap();
+        std::thread::yield_now();
+        reg.remove(w.id()).unwrap();
+        removed.push(w.id());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for decider in deciders {
+        decider.join().unwrap();
+    }
+    let policy = reg.policy();
+    let trees = policy.trees().unwrap();
+    let left: Vec<_> = removed
+        .iter()
+        .filter(|id| trees.tenant_chars(id.tenant()) > 0)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "removed workers still in the tree: {left:?}"
+    );
 }
