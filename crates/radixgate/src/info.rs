@@ -8,6 +8,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use radixgate_routing::WorkerRole;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,14 +36,27 @@ pub(crate) async fn liveness(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `/readiness` and `/health`: at least one worker can take requests (and
-/// replica sync, if on, has finished its warm start).
+/// replica sync, if on, has finished its warm start). A disaggregated
+/// request takes a worker of each role, so a disaggregated pool needs an
+/// available prefill worker and an available decode worker: one left with
+/// a single role (its decode pods all gone) answers every request 503.
 pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     let snapshot = state.shared.router.snapshot();
-    let available = snapshot
-        .workers()
-        .iter()
-        .filter(|w| w.is_available())
-        .count();
+    let available = |role: Option<WorkerRole>| {
+        snapshot
+            .workers()
+            .iter()
+            .filter(|w| w.is_available() && role.is_none_or(|role| w.role() == role))
+            .count()
+    };
+    let disaggregated = state.shared.config.pd.enabled;
+    let missing = match () {
+        () if !disaggregated => None,
+        () if available(Some(WorkerRole::Prefill)) == 0 => Some("no_healthy_prefill_workers"),
+        () if available(Some(WorkerRole::Decode)) == 0 => Some("no_healthy_decode_workers"),
+        () => None,
+    };
+    let available = available(None);
     let shutting_down = state.shared.shutting_down.is_cancelled();
     // A replica warming up from the sync history is not ready yet (see
     // `crate::sync`): it would route on a tree that does not know the
@@ -52,13 +66,13 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
         "status": match () {
             () if shutting_down => "shutting_down",
             () if warming => "sync_warming_up",
-            () if available > 0 => "ok",
-            () => "no_healthy_workers",
+            () if available == 0 => "no_healthy_workers",
+            () => missing.unwrap_or("ok"),
         },
         "healthy_workers": available,
         "workers": snapshot.workers().len(),
     });
-    let status = if available > 0 && !shutting_down && !warming {
+    let status = if available > 0 && missing.is_none() && !shutting_down && !warming {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -701,3 +701,36 @@ async fn a_vllm_client_that_goes_away_cancels_the_step_under_way() {
     common::wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
+
+/// A disaggregated pool left with one role only serves nothing: the
+/// gateway is not ready then, so that a load balancer sends elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_without_decode_workers_is_not_ready() {
+    let (_prefill, decode, gw) = pair(PdProtocol::Vllm).await;
+    let ready = || async {
+        client()
+            .get(format!("{}/readiness", gw.url))
+            .send()
+            .await
+            .unwrap()
+    };
+    assert_eq!(ready().await.status(), 200);
+    let r = client()
+        .delete(format!("{}/workers?url={}", gw.url, decode.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "no decode worker to answer");
+    let r = ready().await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "no_healthy_decode_workers", "{body}");
+    gw.shutdown().await;
+}
