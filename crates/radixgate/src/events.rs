@@ -60,6 +60,15 @@ const UPDATE_QUEUE: usize = 1024;
 /// never matched exactly (`lose` speaks only of a live stream going stale).
 const NOT_LIVE_WARNING: Duration = Duration::from_secs(30);
 
+/// Answers in a row that deny a worker's exact matches before it is taken
+/// off them ([`KvEvents::answered`]).
+const CONTRADICTIONS: u32 = 8;
+
+/// The smallest promise an answer is held to: shorter matches (a system
+/// prompt's few blocks) are too easily evicted between a decision and its
+/// prefill to say anything.
+const MIN_PROMISE_CHARS: usize = 1024;
+
 /// Ranks are keyed in the low 8 bits of an index key.
 const RANK_BITS: u32 = 8;
 
@@ -77,7 +86,7 @@ const REMOVED: Describe = Describe::new(
 );
 const STALE: Describe = Describe::new(
     "radixgate_kv_events_stale_total",
-    "Event streams that stopped being exact, by reason (disconnected, gap, decode, restarted, over_capacity, oversized, no_local_socket).",
+    "Event streams that stopped being exact, by reason (disconnected, gap, decode, restarted, over_capacity, oversized, no_local_socket, contradicted).",
 );
 const LIVE: Describe = Describe::new(
     "radixgate_kv_events_live_workers",
@@ -128,8 +137,14 @@ impl EventMetrics {
 struct Subscribed {
     /// Whether each rank's stream is live.
     live: Vec<bool>,
+    /// The worker's answers contradicted its events
+    /// ([`KvEvents::answered`]): not matched exactly until its engine
+    /// clears its cache or restarts.
+    contradicted: bool,
     /// Stops its subscriptions.
     stop: CancellationToken,
+    /// The worker's URL, for the log.
+    url: String,
 }
 
 /// The exact index and the streams feeding it.
@@ -152,6 +167,8 @@ pub(crate) struct KvEvents {
     /// request for another was told of (`reads_model`).
     first_model: std::sync::OnceLock<String>,
     warned_models: std::sync::atomic::AtomicBool,
+    /// Answers in a row that denied each worker's exact matches.
+    contradictions: Mutex<HashMap<WorkerId, u32>>,
 }
 
 /// A request's exact matches, owned (the policy borrows them).
@@ -232,6 +249,7 @@ impl KvEvents {
             metrics: EventMetrics::new(metrics),
             first_model: std::sync::OnceLock::new(),
             warned_models: std::sync::atomic::AtomicBool::new(false),
+            contradictions: Mutex::new(HashMap::new()),
         });
         tokio::spawn(supervise(events.clone(), router, stop));
         Ok(events)
@@ -349,13 +367,71 @@ impl KvEvents {
         let workers = self.workers.lock();
         let mut live: Vec<WorkerId> = workers
             .iter()
-            .filter(|(_, s)| s.live.iter().all(|&l| l))
+            .filter(|(_, s)| !s.contradicted && s.live.iter().all(|&l| l))
             .map(|(&id, _)| id)
             .collect();
         live.sort_unstable();
         self.metrics.live.set(live.len() as f64);
         self.metrics.workers.set(workers.len() as f64);
         *self.live.write() = live;
+    }
+
+    /// A worker answered a request whose exact match promised
+    /// `matched_chars` characters of its routing text held there, and
+    /// reported `cached_tokens` found cached. An engine whose events stopped
+    /// while its cache went on changing (a hung publishing thread), or a
+    /// stream that is another engine's (a wrong port), gives exact matches
+    /// that its answers deny, request after request, and nothing on the
+    /// wire says so. After [`CONTRADICTIONS`] answers in a row that found
+    /// far less than promised (fewer tokens than a sixteenth of the
+    /// promised characters, at least [`MIN_PROMISE_CHARS`] of them), the
+    /// worker is matched on the tree until its engine clears its cache or
+    /// restarts. Any answer that agrees starts the count again, so an
+    /// eviction racing a decision does not count for long.
+    pub(crate) fn answered(&self, id: WorkerId, matched_chars: usize, cached_tokens: u64) {
+        if matched_chars < MIN_PROMISE_CHARS {
+            return;
+        }
+        let denied = cached_tokens.saturating_mul(16) < matched_chars as u64;
+        let mut counts = self.contradictions.lock();
+        if !denied {
+            counts.remove(&id);
+            return;
+        }
+        let count = counts.entry(id).or_default();
+        *count += 1;
+        if *count < CONTRADICTIONS {
+            return;
+        }
+        counts.remove(&id);
+        drop(counts);
+        let url = {
+            let mut workers = self.workers.lock();
+            let Some(s) = workers.get_mut(&id) else {
+                return;
+            };
+            if std::mem::replace(&mut s.contradicted, true) {
+                return;
+            }
+            s.url.clone()
+        };
+        self.metrics.stale.increment("contradicted");
+        tracing::warn!(worker = %url, answers = CONTRADICTIONS, "kv_events: the worker's answers found far less cached than its events say it holds (its engine stopped publishing, or the stream is another engine's: check kv_events.port and endpoints); matched on the tree until its engine clears its cache or restarts");
+        self.refresh_live();
+    }
+
+    /// The worker's cache was emptied (a cleared cache or a restart): its
+    /// index is whole again, whatever its answers said before.
+    fn emptied(&self, id: WorkerId) {
+        self.contradictions.lock().remove(&id);
+        let was = self
+            .workers
+            .lock()
+            .get_mut(&id)
+            .is_some_and(|s| std::mem::replace(&mut s.contradicted, false));
+        if was {
+            self.refresh_live();
+        }
     }
 
     fn set_live(&self, id: WorkerId, rank: usize, live: bool) {
@@ -424,6 +500,8 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
                 id,
                 Subscribed {
                     live: vec![false; endpoints.len()],
+                    contradicted: false,
+                    url: url.clone(),
                     stop: worker_stop.clone(),
                 },
             );
@@ -521,6 +599,7 @@ async fn follow(
                     refused = true;
                 } else if batch.events.iter().any(|e| matches!(e, KvEvent::Cleared)) {
                     refused = false;
+                    events.emptied(id);
                 }
             }
             Update::Live => streaming = true,
@@ -550,7 +629,9 @@ async fn follow(
                 let mut index = events.index.write();
                 index.remove_worker(key);
                 events.metrics.blocks.set(index.blocks() as f64);
+                drop(index);
                 refused = false;
+                events.emptied(id);
             }
         }
         if live != (streaming && !refused) {

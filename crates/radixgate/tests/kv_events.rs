@@ -482,3 +482,62 @@ async fn a_model_the_tokenizer_is_not_listed_for_is_routed_on_the_tree() {
     assert_eq!(series_value(&gw.url, exact).await, 1.0);
     gw.shutdown().await;
 }
+
+/// A worker whose answers deny its events (its publisher hung while its
+/// cache changed: here, emptied unreported) is taken off exact matching
+/// after eight such answers in a row, and matched exactly again once its
+/// engine clears its cache where the stream says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_answers_deny_its_events_is_matched_on_the_tree() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let gw = gateway_ready(events_config(&[(&w1, &e1)]), 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+    for tag in 0..8 {
+        generate(&w1.url, &ids(tag, 400)).await;
+    }
+    wait_until("the prompts' blocks indexed", || async {
+        series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 200.0
+    })
+    .await;
+    // The publisher hangs; the cache is emptied, and nobody is told.
+    w1.set_faults(FaultConfig {
+        kv_events_frozen: true,
+        ..FaultConfig::default()
+    });
+    let r = client()
+        .post(format!("{}/flush_cache", w1.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let contradicted = "radixgate_kv_events_stale_total{reason=\"contradicted\"}";
+    for tag in 0..8 {
+        assert_eq!(
+            series_value(&gw.url, contradicted).await,
+            0.0,
+            "after {tag}"
+        );
+        let mut prompt = ids(tag, 400);
+        prompt.extend(ids(100 + tag, 16));
+        let (_, decision) = generate(&gw.url, &prompt).await;
+        assert!(decision.contains("index=exact"), "{decision}");
+    }
+    wait_until("the worker contradicted", || async {
+        series_value(&gw.url, contradicted).await == 1.0
+    })
+    .await;
+    wait_live(&gw.url, 0).await;
+    let (_, decision) = generate(&gw.url, &ids(0, 400)).await;
+    assert!(!decision.contains("index=exact"), "{decision}");
+    // The publisher recovers, and the engine clears its cache.
+    w1.set_faults(FaultConfig::default());
+    let r = client()
+        .post(format!("{}/flush_cache", w1.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    wait_live(&gw.url, 1).await;
+    gw.shutdown().await;
+}

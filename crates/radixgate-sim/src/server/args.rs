@@ -102,6 +102,10 @@ pub struct WorkerArgs {
     /// for replay), a sequence gap [default: 0].
     #[arg(long)]
     pub kv_events_drop: Option<u32>,
+    /// Fault: the KV-event publisher keeps its sockets but publishes
+    /// nothing (a hung publishing thread).
+    #[arg(long)]
+    pub kv_events_frozen: bool,
     /// Publish KV-cache events (ZeroMQ PUB, vLLM/SGLang wire format) bound
     /// at this endpoint, e.g. tcp://127.0.0.1:5557 (`*` = all interfaces);
     /// worker i uses port + i. Unset: no events.
@@ -209,6 +213,7 @@ impl WorkerArgs {
             set(&mut f.seed, self.fault_seed);
             f.kv_events_stopped |= self.kv_events_stopped;
             set(&mut f.kv_events_drop, self.kv_events_drop);
+            f.kv_events_frozen |= self.kv_events_frozen;
             set(&mut f.drop_transfers, self.fault_drop_transfers);
             f.seed = f.seed.wrapping_add(u64::from(i));
         } else {

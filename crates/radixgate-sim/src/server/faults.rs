@@ -75,6 +75,11 @@ pub struct FaultConfig {
     /// after start) from subscribers, keeping them for replay: subscribers
     /// see a sequence gap of N.
     pub kv_events_drop: u32,
+    /// The KV-event publisher keeps its sockets and publishes nothing:
+    /// batches are discarded (counted), as when an engine's publishing
+    /// thread hangs while the engine serves. Subscribers see an idle
+    /// engine whose cache changes unreported.
+    pub kv_events_frozen: bool,
     /// Prefill workers: fraction (0..=1) of finished prefills whose KV is
     /// never marked ready, so the decode worker's pull times out.
     pub drop_transfers: f64,
@@ -87,6 +92,8 @@ pub(crate) struct KvEventsFaults {
     pub(crate) stopped: bool,
     /// `kv_events_drop`.
     pub(crate) drop: u32,
+    /// `kv_events_frozen`.
+    pub(crate) frozen: bool,
 }
 
 impl From<&FaultConfig> for KvEventsFaults {
@@ -94,6 +101,7 @@ impl From<&FaultConfig> for KvEventsFaults {
         Self {
             stopped: c.kv_events_stopped,
             drop: c.kv_events_drop,
+            frozen: c.kv_events_frozen,
         }
     }
 }
@@ -112,6 +120,7 @@ impl Default for FaultConfig {
             seed: 0,
             kv_events_stopped: false,
             kv_events_drop: 0,
+            kv_events_frozen: false,
             drop_transfers: 0.0,
         }
     }

@@ -94,6 +94,12 @@ pub(super) fn respond(
         Endpoint::Routed(_) => shared.recorder.pending(branch, sse),
         Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
     };
+    let promised = {
+        let e = decision.explanation();
+        (e.exact && status.is_success() && shared.kv_events.is_some())
+            .then(|| e.matched_chars.map(|m| (decision.worker().id(), m)))
+            .flatten()
+    };
     let read_usage = correction.is_some() || record.is_some();
     // The correction reads only the inserted (capped) part of the text: a
     // huge prompt is not held whole while its answer streams (a recording
@@ -112,6 +118,7 @@ pub(super) fn respond(
         } else {
             String::new()
         },
+        promised,
         guard: decision.into_guard(),
         sse,
         preamble,
@@ -183,6 +190,10 @@ struct RequestWatch {
     tail: Option<UsageTail>,
     /// The routing text, kept only for the correction and the recording.
     text: String,
+    /// The chosen worker and the characters its KV events said it held,
+    /// when the decision rested on them: its answer's cached-token report
+    /// is held to that (`KvEvents::answered`).
+    promised: Option<(radixgate_routing::WorkerId, usize)>,
     /// The worker's load; released when this watch is dropped.
     guard: LoadGuard,
     /// Whether the response is an event stream (TTFT is recorded for those).
@@ -323,6 +334,12 @@ impl StreamWatch for RequestWatch {
             Some(tail) => (Some(tail.cached()), None),
             None => (None, None),
         };
+        if let (Some((worker, matched)), Some(CachedReport::Report { cached_tokens, .. })) =
+            (self.promised, &cached)
+            && let Some(events) = &self.shared.kv_events
+        {
+            events.answered(worker, matched, *cached_tokens);
+        }
         if let (Some(c), Some(cached)) = (self.correction.take(), cached) {
             c.finish(&self.text, cached);
         }

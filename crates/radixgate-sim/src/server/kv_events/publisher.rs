@@ -29,7 +29,9 @@
 //! binds the same endpoints again as a new publisher: sequence from 0,
 //! empty replay buffer, as a restarted engine's would be.
 //! `kv_events_drop: N` withholds the next N batches from PUB, keeping them
-//! for replay: a gap a subscriber can repair.
+//! for replay: a gap a subscriber can repair. `kv_events_frozen` discards
+//! batches (counted as stopped ones) with the sockets open: nothing tells
+//! a subscriber, as when an engine's publishing thread hangs.
 //!
 //! Concurrency: one task owns both sockets; the engine task talks to it
 //! only through the channel; counters are atomics read by `/metrics`.
@@ -165,6 +167,7 @@ struct Task {
     base: Option<u64>,
     buffer: VecDeque<(u64, Bytes)>,
     withhold: u32,
+    frozen: bool,
 }
 
 impl Publisher {
@@ -203,6 +206,7 @@ impl Publisher {
             base: Some(0),
             buffer: VecDeque::new(),
             withhold: knobs.drop,
+            frozen: knobs.frozen,
             config: config.clone(),
         };
         if !knobs.stopped {
@@ -301,6 +305,7 @@ impl Task {
     /// Applies changed fault knobs.
     async fn follow(&mut self, knobs: KvEventsFaults) {
         self.withhold = knobs.drop;
+        self.frozen = knobs.frozen;
         match (knobs.stopped, self.sockets.is_some()) {
             (true, true) => {
                 self.close().await;
@@ -317,7 +322,7 @@ impl Task {
     }
 
     async fn publish(&mut self, batch: Batch) {
-        let Some(sockets) = self.sockets.as_mut() else {
+        let Some(sockets) = self.sockets.as_mut().filter(|_| !self.frozen) else {
             self.stats.dropped_stopped.fetch_add(1, Ordering::Relaxed);
             return;
         };
