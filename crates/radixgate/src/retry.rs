@@ -64,23 +64,20 @@ pub(crate) struct Broken<'a> {
     model: Option<&'a str>,
     text: &'a str,
     broke: u32,
-    limit: u32,
+    /// How many may break it; looked up at the first that does, so that
+    /// a request no worker breaks costs nothing here.
+    limit: Option<u32>,
 }
 
 impl<'a> Broken<'a> {
     /// The count for the request for `model` with routing text `text`.
     pub(crate) fn new(suspects: &'a Suspects, model: Option<&'a str>, text: &'a str) -> Self {
-        let limit = if suspects.holds(model, text) {
-            1
-        } else {
-            MAX_BROKEN_CONNECTIONS
-        };
         Self {
             suspects,
             model,
             text,
             broke: 0,
-            limit,
+            limit: None,
         }
     }
 
@@ -99,10 +96,17 @@ impl<'a> Broken<'a> {
             return Ok(failure);
         }
         self.broke += 1;
-        if self.broke < self.limit {
+        let limit = *self.limit.get_or_insert_with(|| {
+            if self.suspects.holds(self.model, self.text) {
+                1
+            } else {
+                MAX_BROKEN_CONNECTIONS
+            }
+        });
+        if self.broke < limit {
             return Ok(failure);
         }
-        let before = self.limit < MAX_BROKEN_CONNECTIONS;
+        let before = limit < MAX_BROKEN_CONNECTIONS;
         tracing::warn!(
             broke = self.broke,
             before,
@@ -131,7 +135,8 @@ const MAX_SUSPECTS: usize = 1024;
 /// that one breaks too: a prompt that crashes engines takes down one more
 /// worker per client retry, not two. If the breaks were chance (two
 /// workers restarting at once), a healthy worker answers it at the first
-/// try. Nothing is hashed while no suspect is held.
+/// try. A request is looked up only once a worker has broken the
+/// connection on it, and nothing is hashed while no suspect is held.
 #[derive(Debug, Default)]
 pub(crate) struct Suspects {
     held: parking_lot::Mutex<Vec<(u64, std::time::Instant)>>,
