@@ -137,10 +137,22 @@ fn script(blocks: &[Block], logs: &Path) -> String {
         r#"set -u
 ip link set lo up
 bg=()
+# stop PID: SIGTERM to its process group, then up to 60 s for it to end;
+# one that does not is killed and named (a hang here hung the test).
+stop() {
+  kill -- -"$1" 2>/dev/null
+  for _ in $(seq 600); do
+    kill -0 "$1" 2>/dev/null || { wait "$1" 2>/dev/null; return 0; }
+    sleep 0.1
+  done
+  kill -9 -- -"$1" 2>/dev/null; wait "$1" 2>/dev/null
+  echo "did not stop within 60 s of SIGTERM: process group $1"; return 1
+}
 stop_background() {
-  for pid in "${bg[@]}"; do kill -- -"$pid" 2>/dev/null; done
-  for pid in "${bg[@]}"; do wait "$pid" 2>/dev/null; done
+  local stuck=0
+  for pid in "${bg[@]}"; do stop "$pid" || stuck=1; done
   bg=()
+  return $stuck
 }
 trap stop_background EXIT
 # wait_for LOG TEXT PID: until LOG shows TEXT (120 s), while PID lives.
@@ -158,7 +170,7 @@ fail() { echo "README block at line $1 failed: $2"; echo "--- its output:"; cat 
     let mut section = 0;
     for block in blocks.iter().filter(|b| b.how != How::Skip) {
         if block.section != section {
-            s.push_str("stop_background\n");
+            s.push_str("stop_background || fail 0 'a background block did not stop' /dev/null\n");
             section = block.section;
         }
         let log = logs.join(format!("block-{}.log", block.line));
@@ -189,7 +201,7 @@ fail() { echo "README block at line $1 failed: $2"; echo "--- its output:"; cat 
                         s,
                         "setsid bash -c {} >{log} 2>&1 & pid=$!\n\
                          wait_for {log} {} $pid || fail {line} {} {log}\n\
-                         kill -- -$pid; wait $pid 2>/dev/null",
+                         stop $pid || fail {line} 'did not stop' {log}",
                         quote(command),
                         quote(wait),
                         quote(&format!("did not start: {command}"))
@@ -199,7 +211,9 @@ fail() { echo "README block at line $1 failed: $2"; echo "--- its output:"; cat 
             How::Skip => unreachable!(),
         }
     }
-    s.push_str("stop_background\necho '== every block ran'\n");
+    s.push_str(
+        "stop_background || fail 0 'a background block did not stop' /dev/null\necho '== every block ran'\n",
+    );
     s
 }
 
