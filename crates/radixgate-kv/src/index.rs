@@ -38,10 +38,17 @@ use crate::keys;
 
 /// The most block sizes the index holds blocks of at once. An engine has
 /// one block size (a hybrid model's cache groups a few); each size held
-/// costs every match its own pass over the prompt, so a publisher that
-/// reports one size after another cannot make every request slower.
+/// costs every match its own pass over the prompt, so publishers that
+/// report one size after another cannot make every request slower.
 /// Blocks of a further size are refused as over capacity.
-pub const MAX_BLOCK_SIZES: usize = 4;
+pub const MAX_BLOCK_SIZES: usize = 8;
+
+/// The most block sizes one worker holds blocks of at once; blocks of a
+/// further size are refused as that worker's over capacity. Without it,
+/// one publisher reporting [`MAX_BLOCK_SIZES`] sizes had the next worker's
+/// first blocks (of a size of its own) refused, and that worker taken as
+/// stale for it: now it takes four such publishers.
+pub const MAX_BLOCK_SIZES_PER_WORKER: usize = 2;
 
 /// A worker's small integer id, chosen by the caller.
 pub type WorkerKey = u32;
@@ -113,6 +120,29 @@ struct Held {
 #[derive(Default)]
 struct Worker {
     engine: HashMap<EngineHash, Held>,
+    /// The block sizes of `engine`'s entries, with how many of each.
+    sizes: SmallVec<[(u32, usize); 2]>,
+}
+
+impl Worker {
+    fn holds_size(&self, block_size: u32) -> bool {
+        self.sizes.iter().any(|&(b, _)| b == block_size)
+    }
+
+    /// Counts an entry of `block_size` in (`up`) or out.
+    fn count_size(&mut self, block_size: u32, up: bool) {
+        match self.sizes.iter().position(|&(b, _)| b == block_size) {
+            Some(i) if up => self.sizes[i].1 += 1,
+            Some(i) => {
+                self.sizes[i].1 -= 1;
+                if self.sizes[i].1 == 0 {
+                    self.sizes.swap_remove(i);
+                }
+            }
+            None if up => self.sizes.push((block_size, 1)),
+            None => {}
+        }
+    }
 }
 
 /// The exact index of one model. See the module docs.
@@ -159,7 +189,12 @@ impl KvIndex {
             stats.bad_shape += n;
             return;
         }
-        if !self.by_size.contains_key(&block_size) && self.by_size.len() >= MAX_BLOCK_SIZES {
+        let worker_is_full = self.workers.get(&worker).is_some_and(|w| {
+            !w.holds_size(block_size) && w.sizes.len() >= MAX_BLOCK_SIZES_PER_WORKER
+        });
+        if worker_is_full
+            || !self.by_size.contains_key(&block_size) && self.by_size.len() >= MAX_BLOCK_SIZES
+        {
             stats.over_capacity += n;
             return;
         }
@@ -220,6 +255,8 @@ impl KvIndex {
                         refs: 1,
                     },
                 );
+                state.count_size(held.block_size, false);
+                state.count_size(block_size, true);
                 release(
                     &mut self.by_size,
                     held.block_size,
@@ -242,6 +279,7 @@ impl KvIndex {
                         refs: 1,
                     },
                 );
+                state.count_size(block_size, true);
                 self.blocks += 1;
             }
         }
@@ -267,6 +305,7 @@ impl KvIndex {
             } = *held;
             if refs == 0 {
                 state.engine.remove(hash);
+                state.count_size(block_size, false);
                 self.blocks -= 1;
             }
             release(&mut self.by_size, block_size, key, worker, 1);
@@ -280,6 +319,7 @@ impl KvIndex {
             return 0;
         };
         let n = state.engine.len();
+        state.sizes.clear();
         for (_, held) in state.engine.drain() {
             if let Some(m) = self.by_size.get_mut(&held.block_size) {
                 drop_holder(m, held.key, worker, held.refs);

@@ -22,4 +22,6 @@ pub mod wire;
 
 pub use error::WireError;
 pub use event::{BlockStored, EngineHash, EventBatch, KvEvent, Skipped};
-pub use index::{ApplyStats, IndexLimits, KvIndex, MAX_BLOCK_SIZES, WorkerKey};
+pub use index::{
+    ApplyStats, IndexLimits, KvIndex, MAX_BLOCK_SIZES, MAX_BLOCK_SIZES_PER_WORKER, WorkerKey,
+};

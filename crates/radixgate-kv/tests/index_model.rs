@@ -7,7 +7,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use proptest::prelude::*;
 use radixgate_kv::keys::{block_keys_from, next_key, root_key};
-use radixgate_kv::{ApplyStats, BlockStored, EngineHash, IndexLimits, KvEvent, KvIndex, WorkerKey};
+use radixgate_kv::{
+    ApplyStats, BlockStored, EngineHash, IndexLimits, KvEvent, KvIndex, MAX_BLOCK_SIZES_PER_WORKER,
+    WorkerKey,
+};
 
 const WORKERS: u32 = 4;
 
@@ -398,7 +401,10 @@ fn block_sizes_are_few_and_forgotten_when_empty() {
             .over_capacity;
     }
     let sizes = index.block_sizes().count();
-    assert!(sizes <= 4, "{sizes} block sizes held");
+    assert!(
+        sizes <= MAX_BLOCK_SIZES_PER_WORKER,
+        "{sizes} block sizes held"
+    );
     assert_eq!(over, 1000 - sizes as u64);
     // All removed: no size is left to scan.
     let removed: Vec<EngineHash> = (1..=1000).map(EngineHash).collect();
@@ -409,4 +415,27 @@ fn block_sizes_are_few_and_forgotten_when_empty() {
     let stats = index.apply(0, &[store(&[7], None, &tokens[..16], 16)]);
     assert_eq!((stats.stored, stats.over_capacity), (1, 0));
     assert_eq!(index.match_tokens(&tokens, None), vec![(0, 16)]);
+}
+
+/// One publisher's many block sizes do not crowd out another worker's
+/// own: each worker holds a few sizes at most, and the index more than
+/// one worker's share.
+#[test]
+fn one_workers_block_sizes_leave_room_for_anothers() {
+    let mut index = KvIndex::new();
+    for bs in 1..=100u32 {
+        let block: Vec<u32> = (0..bs).collect();
+        index.apply(0, &[store(&[u64::from(bs)], None, &block, bs)]);
+    }
+    assert_eq!(index.block_sizes().count(), MAX_BLOCK_SIZES_PER_WORKER);
+    let tokens: Vec<u32> = (0..64).collect();
+    let stats = index.apply(1, &[store(&[7], None, &tokens[..16], 16)]);
+    assert_eq!((stats.stored, stats.over_capacity), (1, 0));
+    assert!(index.match_tokens(&tokens, None).contains(&(1, 16)));
+    // Its sizes are counted out as its blocks go.
+    let removed: Vec<EngineHash> = (1..=2).map(EngineHash).collect();
+    index.apply(0, &[KvEvent::Removed(removed)]);
+    let block: Vec<u32> = (0..5).collect();
+    let stats = index.apply(0, &[store(&[500], None, &block, 5)]);
+    assert_eq!((stats.stored, stats.over_capacity), (1, 0));
 }
