@@ -2,10 +2,11 @@
 //! metrics and the cache-flush fan-out (served on the admin plane, see
 //! [`crate::admin`]). None of them touches the routing policy.
 
+use crate::error::GatewayError;
 use crate::state::AppState;
 use crate::upstream::worker_call;
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use radixgate_routing::WorkerRole;
@@ -83,11 +84,28 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 /// `/v1/models`: the union of the models the admitted workers serve.
 pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     let snapshot = state.shared.router.snapshot();
-    let data: Vec<Value> = snapshot
-        .models()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"}))
-        .collect();
+    let data: Vec<Value> = snapshot.models().map(model_entry).collect();
     Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`: one model's entry as [`models`] lists it, or a
+/// 404 `model_not_found`. The OpenAI SDKs' `models.retrieve` asks this,
+/// and SGLang answers it; the id is the rest of the path, since Hugging
+/// Face names hold a `/`.
+pub(crate) async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, GatewayError> {
+    let snapshot = state.shared.router.snapshot();
+    let found = snapshot.models().find(|m| *m == id);
+    found
+        .map(|m| Json(model_entry(m)))
+        .ok_or(GatewayError::UnknownModel { model: id })
+}
+
+/// A model's entry in the OpenAI model list.
+fn model_entry(id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"})
 }
 
 /// `/get_server_info`: the gateway's settings and its workers.

@@ -147,6 +147,11 @@ fn routes(state: Arc<AppState>) -> Router {
     let api = api
         .route("/v1/{*rest}", forwarded(Endpoint::Unrouted))
         .route("/v1/models", get(info::models))
+        // A model by its id; a POST below it is still any other `/v1` POST.
+        .route(
+            "/v1/models/{*id}",
+            get(info::model).merge(forwarded(Endpoint::Unrouted)),
+        )
         .route("/get_server_info", get(info::server_info))
         .route("/get_model_info", get(info::model_info))
         .route("/get_loads", get(info::loads))
