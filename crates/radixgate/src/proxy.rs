@@ -542,7 +542,8 @@ async fn attempts(
                 }
             }
             Err(err) => {
-                no_first_byte(shared, &worker, &breaker, &err);
+                let prompt = target.endpoint.first_byte_is_prompt(request.stream);
+                no_first_byte(shared, &worker, &breaker, &err, prompt);
                 err
             }
         };

@@ -4,8 +4,12 @@
 
 mod common;
 
+use axum::Router;
+use axum::routing::{get, post};
 use common::*;
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// `GET /v1/models/{id}` (the SDKs' `models.retrieve`, which SGLang
 /// serves) answers the model's entry as `/v1/models` lists it, for ids
@@ -54,5 +58,83 @@ async fn a_model_is_retrieved_by_its_id() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.headers().contains_key(radixgate::proxy::WORKER_HEADER));
+    gw.shutdown().await;
+}
+
+/// A worker for whole (non-streamed) answers of set lengths: a request
+/// whose text holds `long` is never answered; any other is answered
+/// `answer_after` after the long one arrived. Returns its URL and when the
+/// long request arrived.
+async fn paced_worker(
+    answer_after: Duration,
+) -> (
+    String,
+    Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
+) {
+    let long_arrived = Arc::new(parking_lot::Mutex::new(None));
+    let arrived = long_arrived.clone();
+    let chat = move |body: String| {
+        let arrived = arrived.clone();
+        async move {
+            if body.contains("long") {
+                *arrived.lock() = Some(tokio::time::Instant::now());
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            let since = arrived.lock().unwrap_or_else(tokio::time::Instant::now);
+            tokio::time::sleep_until(since + answer_after).await;
+            axum::Json(json!({
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}],
+            }))
+        }
+    };
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": "paced"}]})) }),
+        )
+        .route("/v1/chat/completions", post(chat));
+    let (url, _stop) = serve_app(app).await;
+    (url, long_arrived)
+}
+
+/// A whole (non-streamed) answer may take minutes to generate, and its
+/// first byte comes only when it is done: one that runs past
+/// `non_stream_timeout_secs` (300 s by default, under the SDKs' 600 s)
+/// says the request is long, not that its worker hangs. So it must not end
+/// the other whole answers the worker is generating meanwhile: here one
+/// that arrived later and answers well inside its own timeout (a
+/// reasoning model's long answer next to a longer one), which went to the
+/// engine directly is answered, was given up on as "marked unavailable"
+/// (504) once the longer one timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_whole_answer_timing_out_does_not_end_the_others() {
+    // The second request is sent 4 s after the long one and answered 10 s
+    // after it: 6 s of its own 8 s timeout, and 2 s after the long one's.
+    let (url, long_arrived) = paced_worker(Duration::from_secs(10)).await;
+    let mut c = config(&[&url]);
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.non_stream_timeout_secs = 8;
+    c.server.request_timeout_secs = 60;
+    let gw = gateway_ready(c, 1).await;
+    let ask = |text: &'static str| {
+        let url = gw.url.clone();
+        async move {
+            let body = json!({"model": "paced", "messages": [{"role": "user", "content": text}]});
+            post_chat(&url, &body).await
+        }
+    };
+    let long = tokio::spawn(ask("a long report"));
+    wait_until("the long request reached the worker", || async {
+        long_arrived.lock().is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let r = ask("a shorter answer").await;
+    let status = r.status();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(long.await.unwrap().status(), 504);
     gw.shutdown().await;
 }

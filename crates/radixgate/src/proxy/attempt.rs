@@ -23,19 +23,29 @@ use std::net::IpAddr;
 const ERROR_BODY_LIMIT: usize = 4096;
 
 /// An attempt that got no first byte (refused, hung, or its worker lost
-/// meanwhile): counted by kind; a hang also teaches outlier detection and
-/// the breaker.
+/// meanwhile): counted by kind. A timeout whose first byte was `prompt`
+/// (due soon after the prefill: a stream's first event, or an answer that
+/// generates nothing; `Endpoint::first_byte_is_prompt`) says the worker
+/// hangs, and also teaches outlier detection and the breaker's hang record
+/// ([`first_byte`] gives up on the attempts waiting there). A whole
+/// generated answer's first byte waits for its whole decode, which the
+/// request's length decides: its timeout says the request is long, and
+/// the other whole answers the worker is generating meanwhile, as long
+/// as theirs, are not hung for it.
 pub(super) fn no_first_byte(
     shared: &Shared,
     worker: &radixgate_routing::Worker,
     breaker: &crate::breaker::Breaker,
     err: &GatewayError,
+    prompt: bool,
 ) {
     let kind = match err {
         GatewayError::FirstByteTimeout { after, .. } => {
-            // A hung worker's latency is at least the timeout.
-            shared.outliers.sample(worker.id(), *after);
-            breaker.note_hang(tokio::time::Instant::now());
+            if prompt {
+                // A hung worker's latency is at least the timeout.
+                shared.outliers.sample(worker.id(), *after);
+                breaker.note_hang(tokio::time::Instant::now());
+            }
             "timeout"
         }
         GatewayError::WorkerLost { .. } => "worker_lost",

@@ -110,7 +110,17 @@ impl Endpoint {
     /// which would then read as many times slower than its peers. (An
     /// unrouted API may generate, so its whole answers are not judged.)
     pub(crate) fn times_its_worker(self, status: axum::http::StatusCode, stream: bool) -> bool {
-        if !status.is_success() || stream {
+        !status.is_success() || self.first_byte_is_prompt(stream)
+    }
+
+    /// Whether a successful answer's first byte is due soon after the
+    /// prefill, whatever the request's length: a stream's first event, or
+    /// a whole answer of an API that generates nothing. So a worker that
+    /// sends no first byte within the first-byte timeout hangs; a whole
+    /// generated answer that times out is only long (see
+    /// [`times_its_worker`](Self::times_its_worker)).
+    pub(crate) fn first_byte_is_prompt(self, stream: bool) -> bool {
+        if stream {
             return true;
         }
         match self {

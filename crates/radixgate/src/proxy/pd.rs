@@ -253,6 +253,7 @@ pub(super) async fn attempts(
             peer,
             first_byte_timeout,
             hang: stream_first_byte_timeout,
+            prompt: super::Endpoint::Routed(api).first_byte_is_prompt(request.stream),
             text,
             retry: attempt as usize - 1,
         };
@@ -530,6 +531,10 @@ struct Pair<'a> {
     peer: Option<IpAddr>,
     first_byte_timeout: Option<Duration>,
     hang: Option<Duration>,
+    /// Whether the client's request's first byte is due soon after its
+    /// prefill, so that its timeout says the worker hangs
+    /// (`Endpoint::first_byte_is_prompt`).
+    prompt: bool,
     text: &'a str,
     retry: usize,
 }
@@ -564,12 +569,14 @@ impl Failed {
 impl Pair<'_> {
     /// Sends `body` to the decision's worker, which its breaker admitted
     /// with `probe`, and waits for its head and first frame; a failure is
-    /// recorded on the worker.
+    /// recorded on the worker. `prompt`: whether that first byte is due
+    /// soon after the prefill (`attempt::no_first_byte`).
     async fn attempt(
         &self,
         decision: &mut Decision,
         probe: Permit,
         body: Bytes,
+        prompt: bool,
     ) -> Result<(Answer2, Permit), GatewayError> {
         let shared = &self.state.shared;
         let worker = decision.worker().clone();
@@ -605,7 +612,7 @@ impl Pair<'_> {
                 probe,
             )),
             Err(err) => {
-                no_first_byte(shared, &worker, &breaker, &err);
+                no_first_byte(shared, &worker, &breaker, &err, prompt);
                 traced.failed(retry::reason(&err), &err);
                 record(&worker, probe, Outcome::Failure);
                 Err(err)
@@ -625,7 +632,8 @@ impl Pair<'_> {
         ) = routed;
         let shared = &self.state.shared;
         let worker = decision.worker().clone();
-        let (mut answer, probe) = match self.attempt(&mut decision, probe, body).await {
+        let (mut answer, probe) = match self.attempt(&mut decision, probe, body, self.prompt).await
+        {
             Ok(ok) => ok,
             Err(error) => {
                 return Err(Failed {
@@ -735,6 +743,7 @@ impl Pair<'_> {
                 peer: self.peer,
                 timeout: self.first_byte_timeout,
                 hang: self.hang,
+                prompt: self.prompt,
                 text: self.text.to_owned(),
                 retry: self.retry,
             },
@@ -826,7 +835,8 @@ impl Pair<'_> {
             Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
         };
         let (mut answer, probe) = match self
-            .attempt(&mut prefill_decision, prefill_probe, step_one)
+            // One token: its answer comes at the prefill's end.
+            .attempt(&mut prefill_decision, prefill_probe, step_one, true)
             .await
         {
             Ok(ok) => ok,
@@ -925,6 +935,7 @@ struct PrefillSide {
     peer: Option<IpAddr>,
     timeout: Option<Duration>,
     hang: Option<Duration>,
+    prompt: bool,
     text: String,
     retry: usize,
 }
@@ -955,11 +966,12 @@ async fn prefill_side(
         peer: side.peer,
         first_byte_timeout: side.timeout,
         hang: side.hang,
+        prompt: side.prompt,
         text: &side.text,
         retry: side.retry,
     };
     let worker = decision.worker().clone();
-    let (mut answer, probe) = match pair.attempt(&mut decision, probe, body).await {
+    let (mut answer, probe) = match pair.attempt(&mut decision, probe, body, pair.prompt).await {
         Ok(ok) => ok,
         Err(error) => {
             let _ = head.send(Err(error));
