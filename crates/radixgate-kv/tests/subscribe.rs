@@ -98,19 +98,6 @@ fn config(endpoint: &str) -> SubscriberConfig {
     cfg
 }
 
-/// A `BlockRemoved` batch of `n` one-byte hashes, written by hand (a
-/// tree of `Value`s that size is slow to build).
-fn removed_payload(n: usize) -> Vec<u8> {
-    let mut p = vec![0x92, 0xcb];
-    p.extend_from_slice(&1.5f64.to_be_bytes());
-    p.extend_from_slice(&[0x91, 0x92, 0xac]);
-    p.extend_from_slice(b"BlockRemoved");
-    p.push(0xdd);
-    p.extend_from_slice(&(n as u32).to_be_bytes());
-    p.resize(p.len() + n, 0x01);
-    p
-}
-
 /// Batches sent to the caller and not yet dropped hold at most
 /// `MAX_QUEUED_VALUES`, however much room the channel has: the subscriber
 /// waits for the caller, as it does for a full channel.
@@ -125,7 +112,7 @@ async fn batches_not_yet_dropped_hold_at_most_the_queued_values() {
     // Each holds more than half of the budget.
     let half = MAX_QUEUED_VALUES / 2;
     for s in seq..seq + 3 {
-        publish(&mut publisher, s, removed_payload(half)).await;
+        publish(&mut publisher, s, removed_of_tiny_hashes(half)).await;
     }
     let settle = || tokio::time::sleep(Duration::from_millis(700));
     settle().await;

@@ -386,19 +386,6 @@ fn hostile_nesting_and_lengths_are_errors() {
     assert!(decode_payload(&[0xc6, 0xff, 0xff, 0xff, 0xff]).is_err());
 }
 
-/// A `[ts, [["BlockRemoved", [h; n]]]]` payload of one-byte hashes:
-/// `n + 6` values.
-fn removed_of_tiny_hashes(n: usize) -> Vec<u8> {
-    let mut p = vec![0x92, 0xcb];
-    p.extend_from_slice(&1.5f64.to_be_bytes());
-    p.extend_from_slice(&[0x91, 0x92, 0xac]);
-    p.extend_from_slice(b"BlockRemoved");
-    p.push(0xdd);
-    p.extend_from_slice(&(n as u32).to_be_bytes());
-    p.resize(p.len() + n, 0x01);
-    p
-}
-
 #[test]
 fn a_payload_of_too_many_values_is_refused_before_it_is_decoded() {
     let at_limit = removed_of_tiny_hashes(MAX_PAYLOAD_VALUES - 6);

@@ -175,9 +175,45 @@ async fn messages_conversations_follow_their_prefix() {
     gw.shutdown().await;
 }
 
-/// A stream that has sent only its preamble has not sent its first token:
-/// no TTFT is recorded, the cost model learns nothing, and the request's
-/// predicted prefill still counts as queued on its worker.
+/// Streams `body` to `route` through a gateway in front of a worker that
+/// sends `opening` and then stalls, and checks that the opening passed
+/// through unchanged and was not taken for the first token: no TTFT is
+/// recorded, the cost model learns nothing, and the request's predicted
+/// prefill still counts as queued on its worker.
+async fn opening_is_not_the_first_token(route: &str, body: Value, opening: &'static str) {
+    let w = stalling_worker(vec![opening]).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let mut r = client()
+        .post(format!("{}{route}", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut got = Vec::new();
+    while got.len() < opening.len() {
+        got.extend_from_slice(&r.chunk().await.unwrap().expect("the opening"));
+    }
+    assert_eq!(got, opening.as_bytes(), "passed through unchanged");
+    let loads = get_loads(&gw.url).await;
+    assert_eq!(loads["workers"][0]["load"], 1);
+    assert!(
+        loads["workers"][0]["pending_prefill_chars"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{opening:?}: {loads}"
+    );
+    assert_eq!(first_tokens_seen(&gw.url, None).await, 0, "{opening:?}");
+    let text = metrics_text(&gw.url).await;
+    let ttft = format!("radixgate_time_to_first_token_seconds_count{{route=\"{route}\"");
+    assert!(!text.contains(&ttft), "{opening:?}: {text}");
+    drop(r);
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+/// A stream that has sent only its preamble has not sent its first token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preamble_is_not_the_first_token() {
     let preamble = concat!(
@@ -186,39 +222,8 @@ async fn a_preamble_is_not_the_first_token() {
         "event: response.in_progress\n",
         "data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{}}\n\n",
     );
-    let w = stalling_worker(vec![preamble]).await;
-    let gw = gateway_ready(config(&[&w.url]), 1).await;
     let body = json!({"model": "scripted", "input": question("stall"), "stream": true});
-    let mut r = client()
-        .post(format!("{}/v1/responses", gw.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut got = Vec::new();
-    while got.len() < preamble.len() {
-        got.extend_from_slice(&r.chunk().await.unwrap().expect("the preamble"));
-    }
-    assert_eq!(got, preamble.as_bytes(), "passed through unchanged");
-    let loads = get_loads(&gw.url).await;
-    assert_eq!(loads["workers"][0]["load"], 1);
-    assert!(
-        loads["workers"][0]["pending_prefill_chars"]
-            .as_u64()
-            .unwrap()
-            > 0,
-        "{loads}"
-    );
-    assert_eq!(first_tokens_seen(&gw.url, None).await, 0);
-    let text = metrics_text(&gw.url).await;
-    assert!(
-        !text.contains("radixgate_time_to_first_token_seconds_count{route=\"/v1/responses\""),
-        "{text}"
-    );
-    drop(r);
-    wait_for_zero_load(&gw.url).await;
-    gw.shutdown().await;
+    opening_is_not_the_first_token("/v1/responses", body, preamble).await;
 }
 
 /// A chat stream that opens with a keep-alive comment (SSE's `: ...`, which
@@ -227,42 +232,9 @@ async fn a_preamble_is_not_the_first_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_comment_is_not_the_first_token() {
     for opening in [": keep-alive\n\n", ":\r\n\r\n: queued\n\n"] {
-        let w = stalling_worker(vec![opening]).await;
-        let gw = gateway_ready(config(&[&w.url]), 1).await;
         let body = json!({"model": "scripted", "stream": true,
             "messages": [{"role": "user", "content": question("wait")}]});
-        let mut r = client()
-            .post(format!("{}/v1/chat/completions", gw.url))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let mut got = Vec::new();
-        while got.len() < opening.len() {
-            got.extend_from_slice(&r.chunk().await.unwrap().expect("the comment"));
-        }
-        assert_eq!(got, opening.as_bytes(), "passed through unchanged");
-        let loads = get_loads(&gw.url).await;
-        assert_eq!(loads["workers"][0]["load"], 1);
-        assert!(
-            loads["workers"][0]["pending_prefill_chars"]
-                .as_u64()
-                .unwrap()
-                > 0,
-            "{opening:?}: {loads}"
-        );
-        assert_eq!(first_tokens_seen(&gw.url, None).await, 0, "{opening:?}");
-        let text = metrics_text(&gw.url).await;
-        assert!(
-            !text.contains(
-                "radixgate_time_to_first_token_seconds_count{route=\"/v1/chat/completions\""
-            ),
-            "{opening:?}: {text}"
-        );
-        drop(r);
-        wait_for_zero_load(&gw.url).await;
-        gw.shutdown().await;
+        opening_is_not_the_first_token("/v1/chat/completions", body, opening).await;
     }
 }
 

@@ -91,3 +91,17 @@ pub fn encode(v: &Value) -> Vec<u8> {
 pub fn frames(seq: u64, payload: Vec<u8>) -> Vec<Vec<u8>> {
     vec![b"kv-events".to_vec(), seq.to_be_bytes().to_vec(), payload]
 }
+
+/// A `[ts, [["BlockRemoved", [h; n]]]]` payload of `n` one-byte hashes
+/// (`n + 6` msgpack values), written by hand: a tree of `Value`s that
+/// size is slow to build.
+pub fn removed_of_tiny_hashes(n: usize) -> Vec<u8> {
+    let mut p = vec![0x92, 0xcb];
+    p.extend_from_slice(&1.5f64.to_be_bytes());
+    p.extend_from_slice(&[0x91, 0x92, 0xac]);
+    p.extend_from_slice(b"BlockRemoved");
+    p.push(0xdd);
+    p.extend_from_slice(&(n as u32).to_be_bytes());
+    p.resize(p.len() + n, 0x01);
+    p
+}
