@@ -16,6 +16,7 @@ pub mod body;
 pub mod breaker;
 pub mod config;
 pub mod control;
+mod cors;
 mod dashboard;
 #[cfg(feature = "kubernetes")]
 pub mod discovery;

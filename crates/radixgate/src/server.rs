@@ -156,10 +156,12 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/get_model_info", get(info::model_info))
         .route("/get_loads", get(info::loads))
         .route_layer(RequireTenant::new(&state.shared));
+
     let admin = admin::router(&state.shared);
     let open = open_routes();
 
-    api.merge(admin)
+    let routes = api
+        .merge(admin)
         .merge(open)
         .fallback(|req: Request| async move {
             GatewayError::NotFound {
@@ -168,7 +170,21 @@ fn routes(state: Arc<AppState>) -> Router {
             }
             .into_response()
         })
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(method_not_allowed);
+    // Pages of the allowed origins may call the client API, and only it
+    // (`crate::cors`): a preflight is answered before the key is asked,
+    // and before the 405 its route would give an `OPTIONS`.
+    let routes = match crate::cors::Cors::new(
+        &state.shared.config.server.cors_allowed_origins,
+        is_client_api,
+    ) {
+        Some(cors) => routes.layer(axum::middleware::from_fn_with_state(
+            cors,
+            crate::cors::layer,
+        )),
+        None => routes,
+    };
+    routes
         // A request that has been here before is refused first, whatever
         // its route (`crate::via`).
         .layer(crate::via::RefuseLoops::new(&state.shared.via))
@@ -178,6 +194,16 @@ fn routes(state: Arc<AppState>) -> Router {
             crate::trace::request_id::RequestIds::new(state.shared.config.tracing.header_names()),
         ))
         .with_state(state)
+}
+
+/// Whether `path` is one of the client API's routes (see [`routes`]): the
+/// inference APIs, the endpoints routed by load, anything under `/v1/`, and
+/// the `get_*` information routes.
+fn is_client_api(path: &str) -> bool {
+    path.starts_with("/v1/")
+        || ROUTED.iter().any(|api| api.path() == path)
+        || BY_LOAD.contains(&path)
+        || matches!(path, "/get_server_info" | "/get_model_info" | "/get_loads")
 }
 
 /// The open endpoints: the probes, and `/metrics` (which checks

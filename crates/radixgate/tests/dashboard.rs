@@ -389,3 +389,64 @@ async fn the_status_page_renders_live_in_a_real_browser_behind_the_admin_key() {
         w.stop.cancel();
     }
 }
+
+/// A page of another origin (another loopback port) calls the client API
+/// from a real browser: with its origin in `cors_allowed_origins` the
+/// browser's preflight and call go through and the page reads the answer
+/// and the router's headers; without it, the browser refuses the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_an_allowed_origin_calls_the_api_from_a_real_browser() {
+    let w = sim_worker(fast_worker()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let page_origin = format!("http://{}", listener.local_addr().unwrap());
+    let gateways = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let page = {
+        let gateways = gateways.clone();
+        axum::Router::new().route(
+            "/{n}",
+            axum::routing::get(move |axum::extract::Path(n): axum::extract::Path<usize>| {
+                let gateway = gateways.lock().unwrap()[n].clone();
+                async move {
+                    axum::response::Html(format!(
+                        r#"<html><body><pre id="result">pending</pre><script>
+fetch("{gateway}/v1/chat/completions", {{
+  method: "POST",
+  headers: {{"content-type": "application/json", "authorization": "Bearer sk-client"}},
+  body: JSON.stringify({{messages: [{{role: "user", content: "hi"}}], max_tokens: 2}})
+}})
+  .then(r => r.json().then(j => "status " + r.status + " worker " + r.headers.get("x-radixgate-worker")
+      + (j.choices ? " answered" : " " + JSON.stringify(j))))
+  .catch(e => "refused: " + e)
+  .then(t => {{ document.getElementById("result").textContent = t; }});
+</script></body></html>"#
+                    ))
+                }
+            }),
+        )
+    };
+    let served = tokio::spawn(async move { axum::serve(listener, page).await });
+    let mut runs = Vec::new();
+    for allowed in [true, false] {
+        let mut cfg = common::config(&[&w.url]);
+        cfg.server.api_key = Some("sk-client".into());
+        if allowed {
+            cfg.server.cors_allowed_origins = vec![page_origin.clone()];
+        }
+        let gw = gateway_ready(cfg, 1).await;
+        let n = {
+            let mut g = gateways.lock().unwrap();
+            g.push(gw.url.clone());
+            g.len() - 1
+        };
+        let dom = dump_dom(&format!("{page_origin}/{n}"), 5_000).await;
+        runs.push(text_of(&dom, "result").to_owned());
+        gw.shutdown().await;
+    }
+    assert_eq!(
+        runs[0],
+        format!("status 200 worker {} answered", w.url),
+        "allowed"
+    );
+    assert!(runs[1].starts_with("refused: "), "not allowed: {}", runs[1]);
+    served.abort();
+}

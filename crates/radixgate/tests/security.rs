@@ -657,3 +657,95 @@ async fn metrics_need_their_key_when_one_is_set() {
     assert_eq!(r.status(), 200);
     gw.shutdown().await;
 }
+
+/// Pages of the origins in `cors_allowed_origins` may call the client API
+/// from a browser: a preflight is answered before the key is asked, and
+/// each answer names the origin. Other origins get nothing of it, and the
+/// admin plane answers no origin at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_origins_may_call_the_client_api_and_no_other() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    cfg.server.admin_api_key = Some("sk-admin".into());
+    cfg.server.cors_allowed_origins = vec!["https://chat.example".into()];
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    let preflight = |path: &str, origin: &'static str| {
+        c.request(reqwest::Method::OPTIONS, format!("{}{path}", gw.url))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    let r = preflight("/v1/chat/completions", "https://chat.example")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://chat.example");
+    assert!(
+        h["access-control-allow-methods"]
+            .to_str()
+            .unwrap()
+            .contains("POST")
+    );
+    assert_eq!(
+        h["access-control-allow-headers"],
+        "authorization, content-type"
+    );
+    // The call itself still needs the key, and names the origin.
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("origin", "https://chat.example")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://chat.example"
+    );
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("origin", "https://chat.example")
+        .bearer_auth("sk-client")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://chat.example");
+    assert!(
+        h["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("x-radixgate-worker")
+    );
+    // Another origin: no preflight answer, no allowance.
+    let r = preflight("/v1/chat/completions", "https://evil.example")
+        .await
+        .unwrap();
+    assert_eq!(error_code(r, 405).await, "method_not_allowed");
+    let r = c
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("origin", "https://evil.example")
+        .bearer_auth("sk-client")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    // The admin plane answers no origin.
+    let r = preflight("/workers", "https://chat.example").await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    assert_ne!(r.status(), 204);
+    gw.shutdown().await;
+}

@@ -191,6 +191,16 @@ pub struct ServeArgs {
     /// start-up are trusted. Comma-separated or repeated; unset = any.
     #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_ALLOWLIST", value_delimiter = ',')]
     pub worker_allowlist: Vec<String>,
+    /// Web origins whose pages may call the client API from a browser
+    /// (CORS): `https://chat.example.com`, or `*` for any. Comma-separated
+    /// or repeated; unset = none.
+    #[arg(
+        long,
+        num_args = 1..,
+        env = "RADIXGATE_CORS_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_allowed_origins: Vec<String>,
 
     /// Seconds between health probes of a healthy worker [default: 10].
     #[arg(long, env = "RADIXGATE_HEALTH_CHECK_INTERVAL_SECS")]
@@ -621,6 +631,9 @@ impl ServeArgs {
         }
         if self.metrics_api_key.is_some() {
             s.metrics_api_key = self.metrics_api_key.clone();
+        }
+        if !self.cors_allowed_origins.is_empty() {
+            s.cors_allowed_origins = self.cors_allowed_origins.clone();
         }
         if !self.worker_allowlist.is_empty() {
             s.worker_allowlist = self.worker_allowlist.clone();

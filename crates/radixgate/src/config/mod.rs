@@ -177,6 +177,11 @@ pub struct ServerConfig {
     /// resolved. Empty = no restriction. Workers from the config file and
     /// flags are trusted: the operator wrote them.
     pub worker_allowlist: Vec<String>,
+    /// Web origins whose pages may call the client API from a browser
+    /// (CORS): exact origins (`https://chat.example.com`) or `*` for any.
+    /// Empty = none: a browser then refuses a page's cross-origin calls,
+    /// as before. The admin plane never answers another origin.
+    pub cors_allowed_origins: Vec<String>,
     /// Serving threads, each a single-threaded event loop accepting on the
     /// same socket (0 = one per CPU, at most [`MAX_THREADS`]).
     pub threads: usize,
@@ -295,6 +300,7 @@ impl Default for ServerConfig {
             admin_access: AdminAccess::Loopback,
             metrics_api_key: None,
             worker_allowlist: Vec::new(),
+            cors_allowed_origins: Vec::new(),
             threads: 0,
         }
     }

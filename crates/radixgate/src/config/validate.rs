@@ -300,6 +300,11 @@ impl Config {
             MAX_SECS,
         )?;
         s.validate_access()?;
+        for origin in &s.cors_allowed_origins {
+            crate::cors::check_origin(origin).map_err(|why| {
+                invalid("server.cors_allowed_origins", format!("{origin:?}: {why}"))
+            })?;
+        }
         for (key, secs) in [
             ("server.body_read_timeout_secs", s.body_read_timeout_secs),
             (
