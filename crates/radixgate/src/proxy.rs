@@ -377,6 +377,7 @@ async fn attempts(
         &shared.suspects,
         request.model.as_deref(),
         &request.routing_text,
+        &bytes,
     );
     let mut last_failure: Option<GatewayError> = None;
     let route = target.endpoint.label();

@@ -63,6 +63,7 @@ pub(crate) struct Broken<'a> {
     suspects: &'a Suspects,
     model: Option<&'a str>,
     text: &'a str,
+    body: &'a [u8],
     broke: u32,
     /// How many may break it; looked up at the first that does, so that
     /// a request no worker breaks costs nothing here.
@@ -70,12 +71,19 @@ pub(crate) struct Broken<'a> {
 }
 
 impl<'a> Broken<'a> {
-    /// The count for the request for `model` with routing text `text`.
-    pub(crate) fn new(suspects: &'a Suspects, model: Option<&'a str>, text: &'a str) -> Self {
+    /// The count for the request for `model` with routing text `text`
+    /// and body `body`.
+    pub(crate) fn new(
+        suspects: &'a Suspects,
+        model: Option<&'a str>,
+        text: &'a str,
+        body: &'a [u8],
+    ) -> Self {
         Self {
             suspects,
             model,
             text,
+            body,
             broke: 0,
             limit: None,
         }
@@ -96,8 +104,9 @@ impl<'a> Broken<'a> {
             return Ok(failure);
         }
         self.broke += 1;
+        let print = Suspects::print(self.model, self.text, self.body);
         let limit = *self.limit.get_or_insert_with(|| {
-            if self.suspects.holds(self.model, self.text) {
+            if self.suspects.holds(print) {
                 1
             } else {
                 MAX_BROKEN_CONNECTIONS
@@ -113,7 +122,7 @@ impl<'a> Broken<'a> {
             error = %failure,
             "workers broke the connection on this request; not retried, in case it is what breaks them"
         );
-        self.suspects.add(self.model, self.text);
+        self.suspects.add(print);
         Err(GatewayError::BrokeWorkers {
             broke: self.broke,
             before,
@@ -129,7 +138,10 @@ const SUSPECT_FOR: Duration = Duration::from_secs(600);
 const MAX_SUSPECTS: usize = 1024;
 
 /// The requests that broke [`MAX_BROKEN_CONNECTIONS`] workers' connections
-/// in the last [`SUSPECT_FOR`], by a hash of their model and routing text.
+/// in the last [`SUSPECT_FOR`], by a hash of their model and routing text
+/// (of their body where they have none: a request routed by load or not
+/// routed at all, whose routing text is empty, is not every other such
+/// request for its model).
 /// The same request again (most often the client's own retry: OpenAI's
 /// SDKs retry a 502 twice) goes to one worker only, and is not retried if
 /// that one breaks too: a prompt that crashes engines takes down one more
@@ -144,19 +156,25 @@ pub(crate) struct Suspects {
 }
 
 impl Suspects {
-    fn print(model: Option<&str>, text: &str) -> u64 {
+    /// The request for `model` with routing text `text` and body `body`,
+    /// as the suspects are held: by its text, or its body where its text is
+    /// empty.
+    fn print(model: Option<&str>, text: &str, body: &[u8]) -> u64 {
         use std::hash::BuildHasher;
-        foldhash::quality::FixedState::with_seed(0x5eed_b40c).hash_one((model, text))
+        let hasher = foldhash::quality::FixedState::with_seed(0x5eed_b40c);
+        match text {
+            "" => hasher.hash_one((model, false, body)),
+            text => hasher.hash_one((model, true, text)),
+        }
     }
 
-    /// Whether the request for `model` with routing text `text` is a
+    /// Whether the request whose [`print`](Self::print) is `print` is a
     /// suspect.
-    fn holds(&self, model: Option<&str>, text: &str) -> bool {
+    fn holds(&self, print: u64) -> bool {
         use std::sync::atomic::Ordering;
         if !self.any.load(Ordering::Relaxed) {
             return false;
         }
-        let print = Self::print(model, text);
         let mut held = self.held.lock();
         let now = std::time::Instant::now();
         held.retain(|&(_, since)| now.duration_since(since) < SUSPECT_FOR);
@@ -164,8 +182,7 @@ impl Suspects {
         held.iter().any(|&(p, _)| p == print)
     }
 
-    fn add(&self, model: Option<&str>, text: &str) {
-        let print = Self::print(model, text);
+    fn add(&self, print: u64) {
         let mut held = self.held.lock();
         held.retain(|&(p, _)| p != print);
         if held.len() >= MAX_SUSPECTS {
@@ -260,7 +277,8 @@ mod tests {
     #[test]
     fn two_broken_connections_end_a_request_and_make_it_a_suspect() {
         let suspects = Suspects::default();
-        let mut broken = Broken::new(&suspects, Some("m"), "poison");
+        let held = |model, text: &str| suspects.holds(Suspects::print(model, text, b"{}"));
+        let mut broken = Broken::new(&suspects, Some("m"), "poison", b"{}");
         assert!(broken.count(upstream(StatusCode::BAD_GATEWAY)).is_ok());
         assert!(broken.count(closed()).is_ok());
         let err = broken.count(closed()).unwrap_err();
@@ -272,9 +290,10 @@ mod tests {
                 ..
             }
         ));
-        assert!(suspects.holds(Some("m"), "poison"));
-        assert!(!suspects.holds(None, "poison") && !suspects.holds(Some("m"), "poisons"));
-        let mut again = Broken::new(&suspects, Some("m"), "poison");
+        assert!(held(Some("m"), "poison"));
+        assert!(!held(None, "poison") && !held(Some("m"), "poisons"));
+        // Another body of the same text is the same request.
+        let mut again = Broken::new(&suspects, Some("m"), "poison", b"{\"n\":2}");
         let err = again.count(closed()).unwrap_err();
         assert!(matches!(
             err,
@@ -286,10 +305,23 @@ mod tests {
         ));
         // The oldest suspect goes when too many are held.
         for i in 0..MAX_SUSPECTS {
-            suspects.add(None, &i.to_string());
+            suspects.add(Suspects::print(None, &i.to_string(), b""));
         }
-        assert!(!suspects.holds(Some("m"), "poison"));
-        assert!(suspects.holds(None, "1") && suspects.holds(None, &(MAX_SUSPECTS - 1).to_string()));
+        assert!(!held(Some("m"), "poison"));
+        assert!(held(None, "1") && held(None, &(MAX_SUSPECTS - 1).to_string()));
+    }
+
+    #[test]
+    fn a_request_without_routing_text_is_a_suspect_by_its_body() {
+        let suspects = Suspects::default();
+        let mut broken = Broken::new(&suspects, Some("m"), "", b"{\"query\":\"a\"}");
+        assert!(broken.count(closed()).is_ok());
+        assert!(broken.count(closed()).is_err());
+        let held = |body: &[u8]| suspects.holds(Suspects::print(Some("m"), "", body));
+        assert!(held(b"{\"query\":\"a\"}"));
+        assert!(!held(b"{\"query\":\"b\"}"));
+        // A text equal to the body's bytes is another request.
+        assert!(!suspects.holds(Suspects::print(Some("m"), "{\"query\":\"a\"}", b"")));
     }
 
     fn upstream(status: StatusCode) -> GatewayError {

@@ -811,6 +811,46 @@ async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
     gw.shutdown().await;
 }
 
+/// A request with no routing text (reranking, scoring, an upload to an
+/// unrouted path) is told from another by its body: one that broke two
+/// workers makes only itself a suspect, not every other such request for
+/// its model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspect_without_routing_text_is_told_by_its_body() {
+    let (urls, crashes) = crashable_workers(5, 5).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut cfg = config(&refs);
+    cfg.retry.max_retries = 4;
+    cfg.retry.initial_backoff_ms = 1;
+    let gw = gateway_ready(cfg, 5).await;
+    let rerank = |query: &str| {
+        client()
+            .post(format!("{}/v1/rerank", gw.url))
+            .json(&json!({
+                "model": radixgate_sim::server::DEFAULT_MODEL,
+                "query": query,
+                "documents": ["a", "b"],
+            }))
+            .send()
+    };
+    for (query, crashed) in [("crash one", 2), ("crash two", 4)] {
+        let r = rerank(query).await.unwrap();
+        assert_eq!(r.status(), 502, "{query}");
+        let body: Value = r.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("2 workers broke the connection"),
+            "{query}: {message}"
+        );
+        assert_eq!(crashes.load(Ordering::SeqCst), crashed, "{query}");
+    }
+    // The same request again is a suspect.
+    let r = rerank("crash one").await.unwrap();
+    assert_eq!(r.status(), 502);
+    assert_eq!(crashes.load(Ordering::SeqCst), 5);
+    gw.shutdown().await;
+}
+
 /// Workers that answer 500 to a prompt with "poison" in it, or to every
 /// prompt when `broken`; 200 otherwise.
 async fn poisonable_workers(n: usize, broken: usize) -> Vec<String> {

@@ -149,7 +149,7 @@ pub(super) async fn attempts(
     let model = request.model.as_deref();
     let text = &request.routing_text;
     // The workers that broke the connection on it (`retry::Broken`).
-    let mut broken = retry::Broken::new(&shared.suspects, model, text);
+    let mut broken = retry::Broken::new(&shared.suspects, model, text, &bytes);
     loop {
         let give_up = |err, last: Option<GatewayError>| match last {
             Some(last) => GatewayError::RetriesExhausted {
