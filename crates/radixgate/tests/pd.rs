@@ -540,6 +540,41 @@ async fn a_failed_attempt_is_retried_on_a_new_pair() {
     gw.shutdown().await;
 }
 
+/// SGLang's prefill worker answers at its prefill's end, whether or not
+/// the client streams: one that sends nothing by a whole answer's
+/// first-byte timeout hangs, and the other requests that have waited on it
+/// longer than the streams' timeout give up then (504
+/// `worker_unavailable`), not each at its own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sglang_prefill_is_a_hang_for_whole_answers_too() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let mut c = pd_config(PdProtocol::Sglang, &[(&prefill, None)], &[&decode]);
+    c.retry.max_retries = 0;
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.non_stream_timeout_secs = 3;
+    c.circuit_breaker.enabled = false;
+    let gw = started(c).await;
+    prefill.set(Behaviour {
+        delay_ms: 30_000,
+        ..Behaviour::default()
+    });
+    let url = gw.url.clone();
+    let first = tokio::spawn(async move { post_chat(&url, &chat_body(false)).await.status() });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // This one's checks fall 1 and 2 s after it is sent, its own timeout
+    // at 3 s; the first request times out 1.5 s after it is sent.
+    let sent = std::time::Instant::now();
+    let r = post_chat(&gw.url, &chat_body(false)).await;
+    let waited = sent.elapsed();
+    assert_eq!(first.await.unwrap(), 504);
+    assert_eq!(r.status(), 504);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("worker_unavailable"), "{body}");
+    assert!(waited < Duration::from_millis(2800), "{waited:?}");
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_both_sides() {
     let (prefill, decode, gw) = pair(PdProtocol::Sglang).await;

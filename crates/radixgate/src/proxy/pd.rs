@@ -743,7 +743,6 @@ impl Pair<'_> {
                 peer: self.peer,
                 timeout: self.first_byte_timeout,
                 hang: self.hang,
-                prompt: self.prompt,
                 text: self.text.to_owned(),
                 retry: self.retry,
             },
@@ -935,7 +934,6 @@ struct PrefillSide {
     peer: Option<IpAddr>,
     timeout: Option<Duration>,
     hang: Option<Duration>,
-    prompt: bool,
     text: String,
     retry: usize,
 }
@@ -966,7 +964,9 @@ async fn prefill_side(
         peer: side.peer,
         first_byte_timeout: side.timeout,
         hang: side.hang,
-        prompt: side.prompt,
+        // SGLang's prefill worker answers at its prefill's end, whether or
+        // not the client streams: its first byte is due soon after it.
+        prompt: true,
         text: &side.text,
         retry: side.retry,
     };
