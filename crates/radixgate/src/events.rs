@@ -388,8 +388,13 @@ impl KvEvents {
     /// worker is matched on the tree until its engine clears its cache or
     /// restarts. Any answer that agrees starts the count again, so an
     /// eviction racing a decision does not count for long.
+    ///
+    /// Not with data parallelism (`data_parallel_size` over 1): a worker's
+    /// match is its best rank's, while its engine answers from the rank it
+    /// picks, whose cache need not hold the prompt at all; such answers
+    /// deny nothing, and would take every such worker off its matches.
     pub(crate) fn answered(&self, id: WorkerId, matched_chars: usize, cached_tokens: u64) {
-        if matched_chars < MIN_PROMISE_CHARS {
+        if matched_chars < MIN_PROMISE_CHARS || self.config.data_parallel_size > 1 {
             return;
         }
         let denied = cached_tokens.saturating_mul(16) < matched_chars as u64;

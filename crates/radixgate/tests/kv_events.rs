@@ -541,3 +541,68 @@ async fn a_worker_whose_answers_deny_its_events_is_matched_on_the_tree() {
     wait_live(&gw.url, 1).await;
     gw.shutdown().await;
 }
+
+/// A worker of two data-parallel ranks answers each request from the rank
+/// its engine picks, which need not be the one holding the prompt (its
+/// events say the worker holds it): such answers deny nothing, and the
+/// worker stays matched exactly. Here rank 1's publisher is another
+/// engine's, whose cache holds prompts the worker's own rank 0 lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_parallel_worker_answering_from_another_rank_is_not_contradicted() {
+    // Two ports in a row, for ranks 0 and 1.
+    let port = (0..100)
+        .map(|_| free_port())
+        .find(|p| *p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok())
+        .unwrap();
+    let rank = |p: u16| {
+        let mut c: WorkerConfig = fast_worker();
+        c.engine.kv_capacity_tokens = 4096 * c.engine.block_size;
+        c.kv_events.endpoint = format!("tcp://127.0.0.1:{p}");
+        sim_worker(c)
+    };
+    let (w0, w1) = (rank(port).await, rank(port + 1).await);
+    let mut c = config(&[w0.url.as_str()]);
+    c.kv_events.enabled = true;
+    c.kv_events.data_parallel_size = 2;
+    c.kv_events
+        .endpoints
+        .insert(w0.url.clone(), format!("tcp://127.0.0.1:{port}"));
+    let gw = gateway_ready(c, 1).await;
+    wait_until("both ranks live", || async {
+        for w in [&w0, &w1] {
+            generate(&w.url, &ids(9_999, 40)).await;
+            let r = client()
+                .post(format!("{}/flush_cache", w.url))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        series_value(&gw.url, "radixgate_kv_events_live_workers").await == 1.0
+    })
+    .await;
+    let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+    for tag in 0..10 {
+        generate(&w1.url, &ids(tag, 400)).await;
+    }
+    wait_until("rank 1's prompts indexed", || async {
+        series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 250.0
+    })
+    .await;
+    for tag in 0..10 {
+        let mut prompt = ids(tag, 400);
+        prompt.extend(ids(100 + tag, 16));
+        let (_, decision) = generate(&gw.url, &prompt).await;
+        assert!(decision.contains("index=exact"), "{tag}: {decision}");
+    }
+    // The answers' reports are read as their bodies end.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let contradicted = "radixgate_kv_events_stale_total{reason=\"contradicted\"}";
+    assert_eq!(series_value(&gw.url, contradicted).await, 0.0);
+    assert_eq!(
+        series_value(&gw.url, "radixgate_kv_events_live_workers").await,
+        1.0
+    );
+    gw.shutdown().await;
+}
