@@ -479,6 +479,7 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
             if let Some(s) = events.workers.lock().remove(&id) {
                 s.stop.cancel();
             }
+            events.contradictions.lock().remove(&id);
             let mut index = events.index.write();
             for rank in 0..events.config.data_parallel_size as usize {
                 if let Some(k) = key(id, rank) {
@@ -658,5 +659,48 @@ async fn follow(
         let mut index = events.index.write();
         index.remove_worker(key);
         events.metrics.blocks.set(index.blocks() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
+
+    /// A removed worker's count of contradicting answers goes with it: a
+    /// worker id never comes back, so a count left behind would stay for
+    /// good, one per worker that left mid-count.
+    #[tokio::test]
+    async fn a_removed_workers_contradictions_are_forgotten() {
+        let mut registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let worker = registry.add(WorkerSpec::new("http://127.0.0.1:9")).unwrap();
+        let config = KvEventsConfig {
+            enabled: true,
+            ..KvEventsConfig::default()
+        };
+        let stop = CancellationToken::new();
+        let events = KvEvents::spawn(
+            &config,
+            1 << 16,
+            registry.router(),
+            &Metrics::new(),
+            stop.clone(),
+        )
+        .unwrap();
+        // Subscribed, as a worker whose answers are held to its events is.
+        while !events.workers.lock().contains_key(&worker.id()) {
+            tokio::time::sleep(SUPERVISE_PERIOD / 5).await;
+        }
+        events.answered(worker.id(), 4 * MIN_PROMISE_CHARS, 0);
+        assert_eq!(events.contradictions.lock().len(), 1);
+        registry.remove(worker.id()).unwrap();
+        let forgotten = async {
+            while !events.contradictions.lock().is_empty() {
+                tokio::time::sleep(SUPERVISE_PERIOD / 5).await;
+            }
+        };
+        let waited = tokio::time::timeout(SUPERVISE_PERIOD * 6, forgotten).await;
+        stop.cancel();
+        assert!(waited.is_ok(), "the removed worker's count is still held");
     }
 }
