@@ -350,7 +350,10 @@ impl KvEvents {
         if !listed.is_empty() {
             return model.is_some_and(|m| listed.iter().any(|l| l == m));
         }
-        let model = model.unwrap_or_default();
+        // A request that names no model says nothing of which it is.
+        let Some(model) = model else {
+            return true;
+        };
         let first = self.first_model.get_or_init(|| model.to_owned());
         if first != model && !self.warned_models.swap(true, Ordering::Relaxed) {
             tracing::warn!(
