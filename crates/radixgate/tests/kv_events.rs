@@ -81,6 +81,28 @@ async fn wait_live(gateway: &str, n: usize) {
     .await;
 }
 
+/// Has the worker at `url` empty its cache (its engine reports it).
+async fn flush_cache(url: &str) {
+    let r = client()
+        .post(format!("{url}/flush_cache"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+}
+
+/// A test model with a ChatML chat template, written to a temporary
+/// directory.
+fn chatml_model() -> radixgate_tokenize::testing::TempDir {
+    use radixgate_tokenize::testing::{CHATML_TEMPLATE, TestModel};
+    TestModel {
+        chat_template: Some(CHATML_TEMPLATE.to_owned()),
+        ..TestModel::default()
+    }
+    .write_temp()
+    .unwrap()
+}
+
 /// Makes each worker's stream exact and waits until all are live. A
 /// subscriber that joins after a publisher's first batch cannot know what
 /// came before (without replay); the engine's `AllBlocksCleared` tells it
@@ -91,12 +113,7 @@ async fn make_live(gateway: &str, workers: &[&SimWorker]) {
         for w in workers {
             // (Flushing an empty cache tells nobody anything.)
             generate(&w.url, &ids(9_999, 40)).await;
-            let r = client()
-                .post(format!("{}/flush_cache", w.url))
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success());
+            flush_cache(&w.url).await;
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         series_value(gateway, "radixgate_kv_events_live_workers").await == workers.len() as f64
@@ -271,12 +288,8 @@ async fn a_sequence_gap_is_replayed_or_makes_the_worker_stale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
     use radixgate_sim::tokens::ModelTokens;
-    use radixgate_tokenize::testing::{CHATML_TEMPLATE, TestModel, sample_text};
-    let model = TestModel {
-        chat_template: Some(CHATML_TEMPLATE.to_owned()),
-        ..TestModel::default()
-    };
-    let dir = model.write_temp().unwrap();
+    use radixgate_tokenize::testing::sample_text;
+    let dir = chatml_model();
     let tokens = std::sync::Arc::new(ModelTokens(
         radixgate_tokenize::Tokenizer::load(dir.path()).unwrap(),
     ));
@@ -406,15 +419,7 @@ async fn a_worker_over_its_block_limit_is_exact_again_once_its_cache_is_cleared(
     })
     .await;
     wait_live(&gw.url, 0).await;
-    let flush = || async {
-        let r = client()
-            .post(format!("{}/flush_cache", w1.url))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success());
-    };
-    flush().await;
+    flush_cache(&w1.url).await;
     wait_live(&gw.url, 1).await;
     // A new publisher (sequence 0) whose first batch is over the limit.
     w1.set_faults(FaultConfig {
@@ -436,7 +441,7 @@ async fn a_worker_over_its_block_limit_is_exact_again_once_its_cache_is_cleared(
         0.0,
         "live with 6 of its 10 blocks refused"
     );
-    flush().await;
+    flush_cache(&w1.url).await;
     wait_live(&gw.url, 1).await;
     gw.shutdown().await;
 }
@@ -447,12 +452,7 @@ async fn a_worker_over_its_block_limit_is_exact_again_once_its_cache_is_cleared(
 /// matched exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_the_tokenizer_is_not_listed_for_is_routed_on_the_tree() {
-    use radixgate_tokenize::testing::{CHATML_TEMPLATE, TestModel};
-    let model = TestModel {
-        chat_template: Some(CHATML_TEMPLATE.to_owned()),
-        ..TestModel::default()
-    };
-    let dir = model.write_temp().unwrap();
+    let dir = chatml_model();
     let (w1, e1) = publishing_worker(4096, false).await;
     let mut cfg = events_config(&[(&w1, &e1)]);
     cfg.kv_events.tokenizer = Some(dir.path().to_path_buf());
@@ -505,12 +505,7 @@ async fn a_worker_whose_answers_deny_its_events_is_matched_on_the_tree() {
         kv_events_frozen: true,
         ..FaultConfig::default()
     });
-    let r = client()
-        .post(format!("{}/flush_cache", w1.url))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    flush_cache(&w1.url).await;
     let contradicted = "radixgate_kv_events_stale_total{reason=\"contradicted\"}";
     for tag in 0..8 {
         assert_eq!(
@@ -532,12 +527,7 @@ async fn a_worker_whose_answers_deny_its_events_is_matched_on_the_tree() {
     assert!(!decision.contains("index=exact"), "{decision}");
     // The publisher recovers, and the engine clears its cache.
     w1.set_faults(FaultConfig::default());
-    let r = client()
-        .post(format!("{}/flush_cache", w1.url))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    flush_cache(&w1.url).await;
     wait_live(&gw.url, 1).await;
     gw.shutdown().await;
 }
@@ -571,12 +561,7 @@ async fn a_data_parallel_worker_answering_from_another_rank_is_not_contradicted(
     wait_until("both ranks live", || async {
         for w in [&w0, &w1] {
             generate(&w.url, &ids(9_999, 40)).await;
-            let r = client()
-                .post(format!("{}/flush_cache", w.url))
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success());
+            flush_cache(&w.url).await;
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         series_value(&gw.url, "radixgate_kv_events_live_workers").await == 1.0

@@ -750,6 +750,17 @@ async fn crashable_workers(n: usize, fragile: usize) -> (Vec<String>, Arc<Atomic
     (urls, crashes)
 }
 
+/// A gateway in front of five workers that all die on "crash", with retries
+/// enough to reach every one; and the count of crashes.
+async fn crash_pool() -> (Gateway, Arc<AtomicUsize>) {
+    let (urls, crashes) = crashable_workers(5, 5).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut cfg = config(&refs);
+    cfg.retry.max_retries = 4;
+    cfg.retry.initial_backoff_ms = 1;
+    (gateway_ready(cfg, 5).await, crashes)
+}
+
 /// A request that kills the engine it reaches (a prompt that trips a
 /// crash) is not sent on to kill more: once two workers have broken the
 /// connection on it, it is not retried (502 `worker_closed`, saying why),
@@ -758,12 +769,7 @@ async fn crashable_workers(n: usize, fragile: usize) -> (Vec<String>, Arc<Atomic
 /// retried, and answered by the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
-    let (urls, crashes) = crashable_workers(5, 5).await;
-    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let mut cfg = config(&refs);
-    cfg.retry.max_retries = 4;
-    cfg.retry.initial_backoff_ms = 1;
-    let gw = gateway_ready(cfg, 5).await;
+    let (gw, crashes) = crash_pool().await;
     let r = post_chat(&gw.url, &chat("please crash", false)).await;
     assert_eq!(r.status(), 502);
     let body: Value = r.json().await.unwrap();
@@ -817,12 +823,7 @@ async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
 /// its model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspect_without_routing_text_is_told_by_its_body() {
-    let (urls, crashes) = crashable_workers(5, 5).await;
-    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let mut cfg = config(&refs);
-    cfg.retry.max_retries = 4;
-    cfg.retry.initial_backoff_ms = 1;
-    let gw = gateway_ready(cfg, 5).await;
+    let (gw, crashes) = crash_pool().await;
     let rerank = |query: &str| {
         client()
             .post(format!("{}/v1/rerank", gw.url))

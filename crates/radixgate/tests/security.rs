@@ -698,25 +698,24 @@ async fn allowed_origins_may_call_the_client_api_and_no_other() {
         "authorization, content-type"
     );
     // The call itself still needs the key, and names the origin.
-    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
-    let r = c
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .header("origin", "https://chat.example")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let call = |origin: &'static str, key: Option<&'static str>| {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        let mut request = c
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .header("origin", origin)
+            .json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    let r = call("https://chat.example", None).await.unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(
         r.headers()["access-control-allow-origin"],
         "https://chat.example"
     );
-    let r = c
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .header("origin", "https://chat.example")
-        .bearer_auth("sk-client")
-        .json(&body)
-        .send()
+    let r = call("https://chat.example", Some("sk-client"))
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
@@ -733,12 +732,7 @@ async fn allowed_origins_may_call_the_client_api_and_no_other() {
         .await
         .unwrap();
     assert_eq!(error_code(r, 405).await, "method_not_allowed");
-    let r = c
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .header("origin", "https://evil.example")
-        .bearer_auth("sk-client")
-        .json(&body)
-        .send()
+    let r = call("https://evil.example", Some("sk-client"))
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
