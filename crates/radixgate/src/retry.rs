@@ -104,7 +104,7 @@ impl<'a> Broken<'a> {
             return Ok(failure);
         }
         self.broke += 1;
-        let print = Suspects::print(self.model, self.text, self.body);
+        let print = || Suspects::print(self.model, self.text, self.body);
         let limit = *self.limit.get_or_insert_with(|| {
             if self.suspects.holds(print) {
                 1
@@ -122,7 +122,7 @@ impl<'a> Broken<'a> {
             error = %failure,
             "workers broke the connection on this request; not retried, in case it is what breaks them"
         );
-        self.suspects.add(print);
+        self.suspects.add(print());
         Err(GatewayError::BrokeWorkers {
             broke: self.broke,
             before,
@@ -168,13 +168,14 @@ impl Suspects {
         }
     }
 
-    /// Whether the request whose [`print`](Self::print) is `print` is a
-    /// suspect.
-    fn holds(&self, print: u64) -> bool {
+    /// Whether the request whose [`print`](Self::print) `print` makes is
+    /// a suspect; it is made only while some suspect is held.
+    fn holds(&self, print: impl FnOnce() -> u64) -> bool {
         use std::sync::atomic::Ordering;
         if !self.any.load(Ordering::Relaxed) {
             return false;
         }
+        let print = print();
         let mut held = self.held.lock();
         let now = std::time::Instant::now();
         held.retain(|&(_, since)| now.duration_since(since) < SUSPECT_FOR);
@@ -277,7 +278,7 @@ mod tests {
     #[test]
     fn two_broken_connections_end_a_request_and_make_it_a_suspect() {
         let suspects = Suspects::default();
-        let held = |model, text: &str| suspects.holds(Suspects::print(model, text, b"{}"));
+        let held = |model, text: &str| suspects.holds(|| Suspects::print(model, text, b"{}"));
         let mut broken = Broken::new(&suspects, Some("m"), "poison", b"{}");
         assert!(broken.count(upstream(StatusCode::BAD_GATEWAY)).is_ok());
         assert!(broken.count(closed()).is_ok());
@@ -317,11 +318,11 @@ mod tests {
         let mut broken = Broken::new(&suspects, Some("m"), "", b"{\"query\":\"a\"}");
         assert!(broken.count(closed()).is_ok());
         assert!(broken.count(closed()).is_err());
-        let held = |body: &[u8]| suspects.holds(Suspects::print(Some("m"), "", body));
+        let held = |body: &[u8]| suspects.holds(|| Suspects::print(Some("m"), "", body));
         assert!(held(b"{\"query\":\"a\"}"));
         assert!(!held(b"{\"query\":\"b\"}"));
         // A text equal to the body's bytes is another request.
-        assert!(!suspects.holds(Suspects::print(Some("m"), "{\"query\":\"a\"}", b"")));
+        assert!(!suspects.holds(|| Suspects::print(Some("m"), "{\"query\":\"a\"}", b"")));
     }
 
     fn upstream(status: StatusCode) -> GatewayError {
