@@ -141,6 +141,9 @@ struct Subscribed {
     /// ([`KvEvents::answered`]): not matched exactly until its engine
     /// clears its cache or restarts.
     contradicted: bool,
+    /// Answers in a row that denied its exact matches
+    /// ([`KvEvents::answered`]); it goes with the worker.
+    denied: u32,
     /// Stops its subscriptions.
     stop: CancellationToken,
     /// The worker's URL, for the log.
@@ -167,8 +170,6 @@ pub(crate) struct KvEvents {
     /// request for another was told of (`reads_model`).
     first_model: std::sync::OnceLock<String>,
     warned_models: std::sync::atomic::AtomicBool,
-    /// Answers in a row that denied each worker's exact matches.
-    contradictions: Mutex<HashMap<WorkerId, u32>>,
 }
 
 /// A request's exact matches, owned (the policy borrows them).
@@ -249,7 +250,6 @@ impl KvEvents {
             metrics: EventMetrics::new(metrics),
             first_model: std::sync::OnceLock::new(),
             warned_models: std::sync::atomic::AtomicBool::new(false),
-            contradictions: Mutex::new(HashMap::new()),
         });
         tokio::spawn(supervise(events.clone(), router, stop));
         Ok(events)
@@ -401,23 +401,20 @@ impl KvEvents {
             return;
         }
         let denied = cached_tokens.saturating_mul(16) < matched_chars as u64;
-        let mut counts = self.contradictions.lock();
-        if !denied {
-            counts.remove(&id);
-            return;
-        }
-        let count = counts.entry(id).or_default();
-        *count += 1;
-        if *count < CONTRADICTIONS {
-            return;
-        }
-        counts.remove(&id);
-        drop(counts);
         let url = {
             let mut workers = self.workers.lock();
             let Some(s) = workers.get_mut(&id) else {
                 return;
             };
+            if !denied {
+                s.denied = 0;
+                return;
+            }
+            s.denied += 1;
+            if s.denied < CONTRADICTIONS {
+                return;
+            }
+            s.denied = 0;
             if std::mem::replace(&mut s.contradicted, true) {
                 return;
             }
@@ -431,12 +428,10 @@ impl KvEvents {
     /// The worker's cache was emptied (a cleared cache or a restart): its
     /// index is whole again, whatever its answers said before.
     fn emptied(&self, id: WorkerId) {
-        self.contradictions.lock().remove(&id);
-        let was = self
-            .workers
-            .lock()
-            .get_mut(&id)
-            .is_some_and(|s| std::mem::replace(&mut s.contradicted, false));
+        let was = self.workers.lock().get_mut(&id).is_some_and(|s| {
+            s.denied = 0;
+            std::mem::replace(&mut s.contradicted, false)
+        });
         if was {
             self.refresh_live();
         }
@@ -482,7 +477,6 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
             if let Some(s) = events.workers.lock().remove(&id) {
                 s.stop.cancel();
             }
-            events.contradictions.lock().remove(&id);
             let mut index = events.index.write();
             for rank in 0..events.config.data_parallel_size as usize {
                 if let Some(k) = key(id, rank) {
@@ -510,6 +504,7 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
                 Subscribed {
                     live: vec![false; endpoints.len()],
                     contradicted: false,
+                    denied: 0,
                     url: url.clone(),
                     stop: worker_stop.clone(),
                 },
@@ -695,10 +690,19 @@ mod tests {
             tokio::time::sleep(SUPERVISE_PERIOD / 5).await;
         }
         events.answered(worker.id(), 4 * MIN_PROMISE_CHARS, 0);
-        assert_eq!(events.contradictions.lock().len(), 1);
+        let denied = |events: &KvEvents| {
+            events
+                .workers
+                .lock()
+                .values()
+                .map(|s| s.denied)
+                .filter(|&d| d > 0)
+                .count()
+        };
+        assert_eq!(denied(&events), 1);
         registry.remove(worker.id()).unwrap();
         let forgotten = async {
-            while !events.contradictions.lock().is_empty() {
+            while denied(&events) != 0 {
                 tokio::time::sleep(SUPERVISE_PERIOD / 5).await;
             }
         };
