@@ -507,6 +507,14 @@ impl IntoResponse for GatewayError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if matches!(self, Self::BrokeWorkers { .. }) {
+            // OpenAI's and Anthropic's SDKs retry a 502 on their own unless
+            // told not to: a request that workers die on should not be sent
+            // again by the client either.
+            response
+                .headers_mut()
+                .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+        }
         if let Some(secs) = self.retry_after() {
             response
                 .headers_mut()
@@ -515,6 +523,10 @@ impl IntoResponse for GatewayError {
         response
     }
 }
+
+/// The header by which OpenAI's and Anthropic's client libraries let a
+/// server say whether a failed request may be retried.
+const SHOULD_RETRY: header::HeaderName = header::HeaderName::from_static("x-should-retry");
 
 /// `: <message>` for a worker's message, nothing without one.
 fn cause(message: &Option<String>) -> String {

@@ -772,6 +772,8 @@ async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
     let (gw, crashes) = crash_pool().await;
     let r = post_chat(&gw.url, &chat("please crash", false)).await;
     assert_eq!(r.status(), 502);
+    // Client libraries that honour it do not send it again on their own.
+    assert_eq!(r.headers()["x-should-retry"], "false");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "worker_closed", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
