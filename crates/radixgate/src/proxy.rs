@@ -162,13 +162,17 @@ async fn forward(
 ) -> Result<Response, GatewayError> {
     let shared = &state.shared;
     // The worker path: the route's own, or an unrouted request's as it
-    // came (and the API family it is counted under).
+    // came (and the API family it is counted under); with the client's
+    // query either way (`/v1/messages?beta=true`, `?api-version=`).
     let (path, unrouted) = match endpoint {
         Endpoint::Unrouted => {
             let (target, family) = endpoint::unrouted_target(req.method().as_str(), req.uri())?;
             (Cow::Owned(target), Some(family))
         }
-        Endpoint::Routed(_) | Endpoint::ByLoad(_) => (Cow::Borrowed(endpoint.label()), None),
+        Endpoint::Routed(_) | Endpoint::ByLoad(_) => match req.uri().query() {
+            Some(query) => (Cow::Owned(format!("{}?{query}", endpoint.label())), None),
+            None => (Cow::Borrowed(endpoint.label()), None),
+        },
     };
     // Over a tenant's limit: refused before its body is read.
     let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;

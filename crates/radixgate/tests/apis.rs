@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::tap::tap;
 use common::*;
 use radixgate::config::Config;
 use radixgate::proxy::{DECISION_HEADER, WORKER_HEADER};
@@ -431,6 +432,36 @@ async fn rerank_score_and_tokenizing_go_to_the_least_loaded_worker() {
     for worker in loads["workers"].as_array().unwrap() {
         assert_eq!(worker["cached_chars"], 0, "{loads}");
     }
+    gw.shutdown().await;
+}
+
+/// A client's query string reaches the worker on every kind of route:
+/// Anthropic's SDK sends `/v1/messages?beta=true`, Azure-style clients
+/// `?api-version=`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_query_string_is_passed_on_to_the_worker() {
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let gw = gateway_ready(config(&[&t.url]), 1).await;
+    let messages = json!({"model": DEFAULT_MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello there"}]});
+    let chat = json!({"model": DEFAULT_MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello there"}]});
+    let rerank = json!({"model": DEFAULT_MODEL, "query": "red fox",
+        "documents": ["red", "fox"]});
+    let sent = [
+        ("/v1/messages?beta=true", &messages),
+        ("/v1/chat/completions?api-version=2024-10-21&x=%20y", &chat),
+        ("/v1/chat/completions", &chat),
+        ("/v1/rerank?top=1", &rerank),
+        ("/v1/messages/count_tokens?beta=true", &messages),
+    ];
+    for (path, body) in sent {
+        let (status, _, v) = post(&gw.url, path, body).await;
+        assert_eq!(status, 200, "{path}: {v}");
+    }
+    let paths: Vec<&str> = sent.iter().map(|(path, _)| *path).collect();
+    assert_eq!(t.targets(), paths);
     gw.shutdown().await;
 }
 
