@@ -77,6 +77,12 @@ pub struct WorkerSpec {
     /// their tree within it (`routing.correction.capacity_bound`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_capacity_tokens: Option<u64>,
+    /// The longest context, in tokens, the worker serves (vLLM's and
+    /// SGLang's `max_model_len`), as its `/v1/models` says when the
+    /// gateway asks it for its models. Not part of the file or admin
+    /// schema.
+    #[serde(skip)]
+    pub max_model_len: Option<u64>,
 }
 
 /// A worker's part in serving a request.
@@ -140,6 +146,7 @@ impl WorkerSpec {
             role: WorkerRole::Regular,
             bootstrap_port: None,
             kv_capacity_tokens: None,
+            max_model_len: None,
         }
     }
 

@@ -138,6 +138,8 @@ pub struct Worker {
     /// Tokens the KV cache holds; 0: not known. Settable: the gateway asks
     /// the worker after admitting it, and again when it comes back.
     kv_capacity_tokens: AtomicU64,
+    /// The longest context it serves, if it said on admission.
+    max_model_len: Option<u64>,
     healthy: AtomicBool,
     breaker: AtomicU8,
     ejected: AtomicBool,
@@ -182,6 +184,7 @@ impl Worker {
             role: spec.role,
             bootstrap_port: spec.bootstrap_port,
             kv_capacity_tokens: AtomicU64::new(spec.kv_capacity_tokens.unwrap_or(0)),
+            max_model_len: spec.max_model_len,
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             ejected: AtomicBool::new(false),
@@ -230,6 +233,12 @@ impl Worker {
     /// the worker reported since its admission).
     pub fn kv_capacity_tokens(&self) -> Option<u64> {
         Some(self.kv_capacity_tokens.load(Ordering::Relaxed)).filter(|&t| t > 0)
+    }
+
+    /// The longest context, in tokens, the worker said it serves when it
+    /// was admitted, if it said.
+    pub fn max_model_len(&self) -> Option<u64> {
+        self.max_model_len
     }
 
     /// Sets what [`Self::kv_capacity_tokens`] returns: what the worker

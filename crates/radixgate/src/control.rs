@@ -115,6 +115,7 @@ enum Command {
     Admit {
         url: WorkerUrl,
         models: Vec<String>,
+        max_model_len: Option<u64>,
         kv_capacity_tokens: Option<u64>,
         checker: CancellationToken,
     },
@@ -325,19 +326,22 @@ impl Control {
     }
 
     /// From the health checker whose token is `checker`: the worker at
-    /// `url` passed its first probes and serves `models`; the control task
-    /// adds it to the registry, unless that checker was stopped meanwhile
-    /// (see [`Command::Admit`]).
+    /// `url` passed its first probes and serves `models`, with contexts of
+    /// up to `max_model_len` tokens if it said; the control task adds it to
+    /// the registry, unless that checker was stopped meanwhile (see
+    /// [`Command::Admit`]).
     pub(crate) async fn admit(
         &self,
         url: WorkerUrl,
         models: Vec<String>,
+        max_model_len: Option<u64>,
         kv_capacity_tokens: Option<u64>,
         checker: &CancellationToken,
     ) {
         self.send(Command::Admit {
             url,
             models,
+            max_model_len,
             kv_capacity_tokens,
             checker: checker.clone(),
         })
@@ -528,9 +532,10 @@ impl ControlTask {
             Command::Admit {
                 url,
                 models,
+                max_model_len,
                 kv_capacity_tokens,
                 ..
-            } => self.admit(url, models, kv_capacity_tokens),
+            } => self.admit(url, models, max_model_len, kv_capacity_tokens),
             Command::Capacity { url, tokens, .. } => self.set_capacity(&url, tokens),
             Command::Health { url, healthy, .. } => {
                 let Some(known) = self.known.get_mut(&url) else {
@@ -650,7 +655,13 @@ impl ControlTask {
         let _ = self.control.freed.send(url);
     }
 
-    fn admit(&mut self, url: WorkerUrl, models: Vec<String>, kv_capacity_tokens: Option<u64>) {
+    fn admit(
+        &mut self,
+        url: WorkerUrl,
+        models: Vec<String>,
+        max_model_len: Option<u64>,
+        kv_capacity_tokens: Option<u64>,
+    ) {
         let Some(known) = self.known.get_mut(&url) else {
             return;
         };
@@ -660,6 +671,7 @@ impl ControlTask {
         let spec = WorkerSpec {
             url: url.to_string(),
             models,
+            max_model_len,
             kv_capacity_tokens,
             ..known.spec.clone()
         }

@@ -93,15 +93,16 @@ impl Watched for Target {
     }
 
     async fn admit(&mut self) {
-        let models = if self.models.is_empty() {
+        let (models, max_model_len) = if self.models.is_empty() {
             discover_models(self).await
         } else {
-            self.models.clone()
+            (self.models.clone(), None)
         };
         self.control
             .admit(
                 self.url.clone(),
                 models,
+                max_model_len,
                 self.kv_capacity_tokens,
                 &self.cancel,
             )
@@ -374,6 +375,10 @@ struct ModelList {
 #[derive(Deserialize)]
 struct ModelEntry {
     id: String,
+    /// vLLM's and SGLang's longest context, in tokens: read as any JSON,
+    /// so that a worker that spells it otherwise still has its models read.
+    #[serde(default)]
+    max_model_len: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -382,23 +387,31 @@ struct ModelInfo {
 }
 
 /// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
-/// `/get_model_info`; empty (serves any model) if it reports neither.
-async fn discover_models(target: &Target) -> Vec<String> {
+/// `/get_model_info`; empty (serves any model) if it reports neither. With
+/// them, the longest context it serves, where `/v1/models` says (the least
+/// it gives, should its entries differ).
+async fn discover_models(target: &Target) -> (Vec<String>, Option<u64>) {
     if let Some(body) = answer(target, "/v1/models").await
         && let Ok(list) = serde_json::from_slice::<ModelList>(&body)
         && !list.data.is_empty()
     {
-        return list.data.into_iter().map(|m| m.id).collect();
+        let max_model_len = list
+            .data
+            .iter()
+            .filter_map(|m| m.max_model_len.as_u64())
+            .filter(|&tokens| tokens > 0)
+            .min();
+        return (list.data.into_iter().map(|m| m.id).collect(), max_model_len);
     }
     if let Some(body) = answer(target, "/get_model_info").await
         && let Ok(ModelInfo {
             model_path: Some(path),
         }) = serde_json::from_slice::<ModelInfo>(&body)
     {
-        return vec![path];
+        return (vec![path], None);
     }
     tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
-    Vec::new()
+    (Vec::new(), None)
 }
 
 /// The tokens a worker's KV cache holds, as the worker reports it: SGLang's

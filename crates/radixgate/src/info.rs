@@ -84,7 +84,10 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 /// `/v1/models`: the union of the models the admitted workers serve.
 pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     let snapshot = state.shared.router.snapshot();
-    let data: Vec<Value> = snapshot.models().map(model_entry).collect();
+    let data: Vec<Value> = snapshot
+        .models()
+        .map(|m| model_entry(&snapshot, m))
+        .collect();
     Json(json!({"object": "list", "data": data}))
 }
 
@@ -99,13 +102,25 @@ pub(crate) async fn model(
     let snapshot = state.shared.router.snapshot();
     let found = snapshot.models().find(|m| *m == id);
     found
-        .map(|m| Json(model_entry(m)))
+        .map(|m| Json(model_entry(&snapshot, m)))
         .ok_or(GatewayError::UnknownModel { model: id })
 }
 
-/// A model's entry in the OpenAI model list.
-fn model_entry(id: &str) -> Value {
-    json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"})
+/// A model's entry in the OpenAI model list, with `max_model_len` where
+/// its workers said theirs: the least of them, the longest context every
+/// one of them takes (clients size their prompts by it).
+fn model_entry(snapshot: &radixgate_routing::WorkerSet, id: &str) -> Value {
+    let mut entry = json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"});
+    let max_model_len = snapshot
+        .workers()
+        .iter()
+        .filter(|w| w.models().iter().any(|m| m == id))
+        .filter_map(|w| w.max_model_len())
+        .min();
+    if let Some(tokens) = max_model_len {
+        entry["max_model_len"] = tokens.into();
+    }
+    entry
 }
 
 /// `/get_server_info`: the gateway's settings and its workers.

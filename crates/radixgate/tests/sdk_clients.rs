@@ -61,6 +61,55 @@ async fn a_model_is_retrieved_by_its_id() {
     gw.shutdown().await;
 }
 
+/// A model's entry says the longest context its workers take, as vLLM and
+/// SGLang say theirs (`max_model_len`), for clients that size prompts by
+/// it: the least of what its workers said. A worker whose models the
+/// operator listed was not asked, and one that spells the length otherwise
+/// still has its models read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_entry_says_the_longest_context_every_worker_takes() {
+    let sized = |tokens: usize| {
+        let mut c = fast_worker();
+        c.engine.kv_capacity_tokens = tokens;
+        c
+    };
+    // The simulated worker says its KV capacity as its max_model_len.
+    let (small, large) = (
+        sim_worker(sized(32_768)).await,
+        sim_worker(sized(131_072)).await,
+    );
+    let listed = sim_worker(sized(16_384)).await;
+    let odd = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                axum::Json(json!({"data": [{"id": "other-model", "max_model_len": "4096"}]}))
+            }),
+        );
+    let (odd, _stop) = serve_app(odd).await;
+    let mut cfg = config(&[&small.url, &large.url, &listed.url, &odd]);
+    cfg.workers[2].models = vec![radixgate_sim::server::DEFAULT_MODEL.to_owned()];
+    let gw = gateway_ready(cfg, 4).await;
+    let list = get_json(&gw.url, "/v1/models").await;
+    let data = list["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2, "{list}");
+    let entry = |id: &str| data.iter().find(|m| m["id"] == id).cloned().unwrap();
+    let sim = entry(radixgate_sim::server::DEFAULT_MODEL);
+    assert_eq!(sim["max_model_len"], 32_768, "{list}");
+    assert!(
+        entry("other-model").get("max_model_len").is_none(),
+        "{list}"
+    );
+    let one = get_json(
+        &gw.url,
+        &format!("/v1/models/{}", radixgate_sim::server::DEFAULT_MODEL),
+    )
+    .await;
+    assert_eq!(one, sim);
+    gw.shutdown().await;
+}
+
 /// A worker for whole (non-streamed) answers of set lengths: a request
 /// whose text holds `long` is never answered; any other is answered
 /// `answer_after` after the long one arrived. Returns its URL and when the
