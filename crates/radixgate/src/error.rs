@@ -507,6 +507,18 @@ impl IntoResponse for GatewayError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if matches!(
+            self,
+            Self::PayloadTooLarge { .. } | Self::BodyTimeout { .. }
+        ) {
+            // The rest of the body is not read, so the connection cannot
+            // carry another request: the server closes it, and says so
+            // (RFC 9112, 9.6), so that the client stops sending and does
+            // not reuse it.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if matches!(self, Self::BrokeWorkers { .. }) {
             // OpenAI's and Anthropic's SDKs retry a 502 on their own unless
             // told not to: a request that workers die on should not be sent

@@ -67,6 +67,14 @@ impl Answer {
     }
 }
 
+/// Whether an answer's head says the connection closes after it.
+fn says_close(answer: &Answer) -> bool {
+    answer
+        .head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("connection: close"))
+}
+
 /// Reads one response; `None` when the connection ends first.
 async fn read_answer(stream: &mut TcpStream) -> Option<Answer> {
     let mut buf = Vec::new();
@@ -168,6 +176,10 @@ async fn declared_oversize_body_is_refused_before_it_is_sent() {
         .unwrap();
     let answer = read_answer(&mut s).await.expect("an answer, not a close");
     assert_eq!(answer.status, 413, "{}", answer.head);
+    // The body is not read, so the connection ends, as the answer says.
+    assert!(says_close(&answer), "{}", answer.head);
+    let mut rest = [0u8; 64];
+    assert_eq!(s.read(&mut rest).await.unwrap(), 0, "the connection closed");
     let body = answer.json();
     assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
     assert!(
@@ -225,6 +237,7 @@ async fn stalled_body_gets_408_not_a_gateway_timeout() {
     // ... and the rest never comes.
     let answer = read_answer(&mut s).await.expect("an answer, not a close");
     assert_eq!(answer.status, 408, "{}", answer.body);
+    assert!(says_close(&answer), "{}", answer.head);
     let json = answer.json();
     assert_eq!(json["error"]["code"], "body_read_timeout", "{json}");
     assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
