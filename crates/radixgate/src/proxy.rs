@@ -66,7 +66,8 @@ use radixgate_routing::{Decision, Routed, RoutingError, WorkerId};
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Header naming the worker a request went to.
 pub const WORKER_HEADER: &str = "x-radixgate-worker";
@@ -104,7 +105,8 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     // time it is wrapped (the handler's, axum's and the timeout's), and
     // unboxed this one was 18 KiB, copied several times per request; the
     // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
-    let work = Box::pin(forward(&state, endpoint, req, started));
+    let progress = Progress::default();
+    let work = Box::pin(forward(&state, endpoint, req, started, &progress));
     let unanswered = Unanswered {
         metrics: &shared.request_metrics,
         route,
@@ -113,7 +115,7 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
-            .unwrap_or(Err(GatewayError::RequestTimeout { after })),
+            .unwrap_or_else(|_| Err(progress.timed_out(after, started))),
         None => work.await,
     };
     std::mem::forget(unanswered);
@@ -153,12 +155,53 @@ impl Drop for Unanswered<'_> {
 /// with.
 const CLIENT_CLOSED_REQUEST: u16 = 499;
 
+/// How far a request got before its answer's head, for what the request
+/// timeout answers when it runs out first (a timeout set below the body's
+/// or the queue's): a client still sending its body is told so (408), a
+/// request still queued how long it waited (503), and only one sent to a
+/// worker is a 504.
+#[derive(Default)]
+struct Progress {
+    /// Microseconds from the request's start to its body's end, plus one;
+    /// 0 while the body is read.
+    read_us: AtomicU64,
+    /// Whether the request left the admission queue.
+    admitted: AtomicBool,
+}
+
+impl Progress {
+    /// The body was read, `started` being the request's start.
+    fn read(&self, started: Instant) {
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+        self.read_us.store(us + 1, Ordering::Relaxed);
+    }
+
+    /// The request was admitted.
+    fn admitted(&self) {
+        self.admitted.store(true, Ordering::Relaxed);
+    }
+
+    /// The error for a request whose timeout, `after`, ran out.
+    fn timed_out(&self, after: Duration, started: Instant) -> GatewayError {
+        match self.read_us.load(Ordering::Relaxed) {
+            0 => GatewayError::BodyTimeout { after },
+            read if !self.admitted.load(Ordering::Relaxed) => GatewayError::QueueTimeout {
+                waited: started
+                    .elapsed()
+                    .saturating_sub(Duration::from_micros(read - 1)),
+            },
+            _ => GatewayError::RequestTimeout { after },
+        }
+    }
+}
+
 /// read → inspect → admit → attempts → respond.
 async fn forward(
     state: &AppState,
     endpoint: Endpoint,
     req: Request,
     started: Instant,
+    progress: &Progress,
 ) -> Result<Response, GatewayError> {
     let shared = &state.shared;
     // The worker path: the route's own, or an unrouted request's as it
@@ -181,6 +224,7 @@ async fn forward(
     let bytes = body::read(&parts.headers, body, &shared.bodies)
         .await
         .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
+    progress.read(started);
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`).
@@ -199,6 +243,7 @@ async fn forward(
         .acquire(priority)
         .await
         .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
+    progress.admitted();
     if let Some(family) = unrouted {
         shared.request_metrics.unrouted(family);
     }

@@ -506,6 +506,72 @@ async fn a_high_priority_request_jumps_the_admission_queue() {
     gw.shutdown().await;
 }
 
+/// A request timeout set below the body's and the queue's says what ran
+/// out: a client still sending its body gets 408, a request still queued
+/// (passed over by a higher priority) 503 `queue_timeout`, and only one a
+/// worker holds a 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_request_timeout_answers_for_the_phase_it_ran_out_in() {
+    use futures::StreamExt;
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: team-low, key: sk-low, priority: low}
+    - {name: team-high, key: sk-high, priority: high}
+";
+    let mut cfg = tenant_config(&worker.url, tenants);
+    cfg.server.request_timeout_secs = 2;
+    cfg.server.body_read_timeout_secs = 60;
+    cfg.admission.max_concurrent_requests = Some(1);
+    cfg.admission.queue_size = 10;
+    cfg.admission.queue_timeout_secs = 60;
+    let gw = gateway_ready(cfg, 1).await;
+
+    // A body that never ends.
+    let opening = futures::stream::iter([Ok::<_, std::io::Error>(b"{\"model\": ".to_vec())]);
+    let body = reqwest::Body::wrap_stream(opening.chain(futures::stream::pending()));
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth("sk-low")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 408);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "body_read_timeout", "{v}");
+
+    // The holder is at the worker; a low-priority request queues, then a
+    // high-priority one. The holder's timeout frees the slot for the
+    // high-priority one, which holds it past the low one's timeout.
+    let send = |who: &'static str, key: &'static str| {
+        let url = gw.url.clone();
+        tokio::spawn(async move {
+            let r = post_as(&url, Some(key), &chat(who, false)).await;
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap();
+            (
+                status,
+                v["error"]["code"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+    };
+    let holder = send("holder", "sk-low");
+    wait_until("the holder at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    let low = send("low", "sk-low");
+    wait_for_queued(&gw.url, 1, 1).await;
+    let high = send("high", "sk-high");
+    wait_for_queued(&gw.url, 2, 1).await;
+    assert_eq!(holder.await.unwrap(), (504, "request_timeout".to_owned()));
+    assert_eq!(low.await.unwrap(), (503, "queue_timeout".to_owned()));
+    assert_eq!(high.await.unwrap(), (504, "request_timeout".to_owned()));
+    assert_eq!(*worker.seen.lock(), ["holder", "high"]);
+    worker.release.add_permits(2);
+    gw.shutdown().await;
+}
+
 /// One slot, held, and a queue of two filled by a low-priority tenant: a
 /// high-priority request still gets a place (the newest low-priority
 /// waiter's, which is refused as if the queue had been full) and is

@@ -141,6 +141,8 @@ pub struct ServerConfig {
     /// file descriptors.
     pub max_connections: usize,
     /// Longest a request may take end to end, in seconds (0 = no limit).
+    /// One that runs out while its body is still arriving is answered 408,
+    /// while it is still queued 503, and only once sent to a worker 504.
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_grace_period_secs: u64,
