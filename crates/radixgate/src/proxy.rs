@@ -167,11 +167,19 @@ struct Progress {
     read_us: AtomicU64,
     /// Whether the request left the admission queue.
     admitted: AtomicBool,
+    /// Its tenant, once its body is read, where tenants are configured: a
+    /// request whose timeout runs out in the queue is given back to its
+    /// tenant's request limit, as one the queue's own timeout ends.
+    tenant: std::sync::OnceLock<crate::tenants::TenantRef>,
 }
 
 impl Progress {
-    /// The body was read, `started` being the request's start.
-    fn read(&self, started: Instant) {
+    /// The body of a request of `tenant`'s was read, `started` being the
+    /// request's start.
+    fn read(&self, started: Instant, tenant: Option<&crate::tenants::TenantRef>) {
+        if let Some(tenant) = tenant {
+            let _ = self.tenant.set(tenant.clone());
+        }
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
         self.read_us.store(us + 1, Ordering::Relaxed);
     }
@@ -185,11 +193,17 @@ impl Progress {
     fn timed_out(&self, after: Duration, started: Instant) -> GatewayError {
         match self.read_us.load(Ordering::Relaxed) {
             0 => GatewayError::BodyTimeout { after },
-            read if !self.admitted.load(Ordering::Relaxed) => GatewayError::QueueTimeout {
-                waited: started
-                    .elapsed()
-                    .saturating_sub(Duration::from_micros(read - 1)),
-            },
+            read if !self.admitted.load(Ordering::Relaxed) => {
+                let queued = GatewayError::QueueTimeout {
+                    waited: started
+                        .elapsed()
+                        .saturating_sub(Duration::from_micros(read - 1)),
+                };
+                if let Some(tenant) = self.tenant.get() {
+                    crate::tenants::refund_to(tenant, &queued);
+                }
+                queued
+            }
             _ => GatewayError::RequestTimeout { after },
         }
     }
@@ -224,7 +238,7 @@ async fn forward(
     let bytes = body::read(&parts.headers, body, &shared.bodies)
         .await
         .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
-    progress.read(started);
+    progress.read(started, parts.extensions.get());
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`).

@@ -416,16 +416,20 @@ impl RequestBucket {
 /// refusal (a bad body, an unknown model) keeps the cell, as it would at a
 /// limit in front of the router.
 pub(crate) fn refund(extensions: &Extensions, error: &GatewayError) {
+    if let Some(tenant) = extensions.get::<TenantRef>() {
+        refund_to(tenant, error);
+    }
+}
+
+/// [`refund`], to the tenant a request was authenticated as.
+pub(crate) fn refund_to(TenantRef(tenant): &TenantRef, error: &GatewayError) {
     let overloaded = matches!(
         error,
         GatewayError::QueueFull { .. }
             | GatewayError::QueueTimeout { .. }
             | GatewayError::BodyBudgetExhausted { .. }
     );
-    if overloaded
-        && let Some(TenantRef(tenant)) = extensions.get::<TenantRef>()
-        && let Some(requests) = &tenant.requests
-    {
+    if overloaded && let Some(requests) = &tenant.requests {
         requests.give_back();
     }
 }

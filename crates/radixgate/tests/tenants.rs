@@ -508,14 +508,14 @@ async fn a_high_priority_request_jumps_the_admission_queue() {
 
 /// A request timeout set below the body's and the queue's says what ran
 /// out: a client still sending its body gets 408, a request still queued
-/// (passed over by a higher priority) 503 `queue_timeout`, and only one a
-/// worker holds a 504.
+/// (passed over by a higher priority) 503 `queue_timeout`, given back to
+/// its tenant's request limit, and only one a worker holds a 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_request_timeout_answers_for_the_phase_it_ran_out_in() {
     use futures::StreamExt;
     let worker = gated_worker().await;
     let tenants = "keys:
-    - {name: team-low, key: sk-low, priority: low}
+    - {name: team-low, key: sk-low, priority: low, requests_per_minute: 3}
     - {name: team-high, key: sk-high, priority: high}
 ";
     let mut cfg = tenant_config(&worker.url, tenants);
@@ -568,7 +568,13 @@ async fn a_short_request_timeout_answers_for_the_phase_it_ran_out_in() {
     assert_eq!(low.await.unwrap(), (503, "queue_timeout".to_owned()));
     assert_eq!(high.await.unwrap(), (504, "request_timeout".to_owned()));
     assert_eq!(*worker.seen.lock(), ["holder", "high"]);
-    worker.release.add_permits(2);
+    // team-low was charged for its body and its holder, not for the
+    // request the queue held: it has one left this minute.
+    worker.release.add_permits(3);
+    let r = post_as(&gw.url, Some("sk-low"), &chat("third", false)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = post_as(&gw.url, Some("sk-low"), &chat("fourth", false)).await;
+    assert_eq!(r.status(), 429);
     gw.shutdown().await;
 }
 
