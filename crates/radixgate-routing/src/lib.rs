@@ -84,4 +84,4 @@ pub use settings::POLICY_KEY;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
 pub use spec::{WorkerRole, WorkerSpec, WorkerUrl};
 pub use text::{Api, RoutingText};
-pub use worker::{BreakerState, ReportedLoad, Worker, WorkerId};
+pub use worker::{ApiKey, BreakerState, ReportedLoad, Worker, WorkerId};

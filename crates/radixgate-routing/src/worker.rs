@@ -21,6 +21,7 @@
 use crate::correction::CacheTruth;
 use crate::cost::{Coefficients, CostModelConfig, Estimator, Work};
 use crate::{TenantId, WorkerRole, WorkerSpec, WorkerUrl};
+use arc_swap::{ArcSwapOption, Guard};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -125,6 +126,16 @@ fn unpack(word: u64) -> Option<ReportedLoad> {
     })
 }
 
+/// A worker's API key as it is now ([`Worker::api_key`]).
+pub struct ApiKey(Guard<Option<Arc<String>>>);
+
+impl ApiKey {
+    /// The key, if the worker has one.
+    pub fn as_deref(&self) -> Option<&str> {
+        self.0.as_deref().map(String::as_str)
+    }
+}
+
 /// A worker: fixed identity plus live state. Shared as `Arc<Worker>`.
 pub struct Worker {
     id: WorkerId,
@@ -132,7 +143,8 @@ pub struct Worker {
     /// [`Self::name`]: the spec's name, else the URL's `host:port`.
     name: String,
     models: Vec<String>,
-    api_key: Option<String>,
+    /// [`Self::api_key`]; a reload that rotates it changes it in place.
+    api_key: ArcSwapOption<String>,
     role: WorkerRole,
     bootstrap_port: Option<u16>,
     /// Tokens the KV cache holds; 0: not known. Settable: the gateway asks
@@ -180,7 +192,7 @@ impl Worker {
                 .unwrap_or_else(|| WorkerUrl::name_of(&url).to_owned()),
             url,
             models: spec.models,
-            api_key: spec.api_key,
+            api_key: ArcSwapOption::from_pointee(spec.api_key),
             role: spec.role,
             bootstrap_port: spec.bootstrap_port,
             kv_capacity_tokens: AtomicU64::new(spec.kv_capacity_tokens.unwrap_or(0)),
@@ -270,9 +282,14 @@ impl Worker {
         &self.models
     }
 
-    /// API key to send to the worker.
-    pub fn api_key(&self) -> Option<&str> {
-        self.api_key.as_deref()
+    /// The API key sent to the worker, as it is now.
+    pub fn api_key(&self) -> ApiKey {
+        ApiKey(self.api_key.load())
+    }
+
+    /// Sets the key sent to the worker from now on (a reload rotated it).
+    pub fn set_api_key(&self, key: Option<String>) {
+        self.api_key.store(key.map(Arc::new));
     }
 
     /// Whether health checks consider the worker up.

@@ -53,6 +53,7 @@ use crate::config::HealthConfig;
 use crate::error::GatewayError;
 use crate::health;
 use crate::metrics::{LabelledCounters, Metrics};
+use arc_swap::ArcSwapOption;
 use drain::{DRAINS, Draining};
 use radixgate_routing::{
     Policy, Registry, RoutingError, WorkerId, WorkerRole, WorkerSet, WorkerSpec, WorkerUrl,
@@ -83,6 +84,12 @@ enum Command {
     Remove {
         url: String,
         reply: oneshot::Sender<Result<(), GatewayError>>,
+    },
+    /// A configured worker's entry changed in its key alone: `true` once
+    /// changed in place, `false` where it must be replaced.
+    Rekey {
+        spec: WorkerSpec,
+        reply: oneshot::Sender<bool>,
     },
     Drain {
         url: String,
@@ -289,6 +296,19 @@ impl Control {
             .unwrap_or(Err(shutting_down()))
     }
 
+    /// Gives the worker at `spec`'s URL `spec`'s key in place, when its
+    /// entry differs from `spec` in the key alone (`api_key`,
+    /// `api_key_env`): its requests, health checks and tree go on, where a
+    /// remove and add would take it out of rotation until probed again and
+    /// forget its tree (a key rotated on every worker at once would leave
+    /// the pool empty meanwhile). `false` where it does not apply: a
+    /// worker not known, draining, or whose entry changed otherwise.
+    pub async fn rekey(&self, spec: WorkerSpec) -> bool {
+        self.ask(|reply| Command::Rekey { spec, reply })
+            .await
+            .unwrap_or(false)
+    }
+
     /// The URLs no worker holds any more from now on, as the control task
     /// lets go of them (a worker removed, or its drain ended); a receiver
     /// that falls more than [`FREED_BACKLOG`] behind is told it lagged.
@@ -396,6 +416,8 @@ fn shutting_down() -> GatewayError {
 struct Known {
     spec: WorkerSpec,
     id: Option<WorkerId>,
+    /// The key its health checker sends.
+    api_key: Arc<ArcSwapOption<String>>,
     /// Stops this worker's health checker.
     cancel: CancellationToken,
     /// Set while draining: out of the registry, requests finishing.
@@ -511,6 +533,9 @@ impl ControlTask {
             Command::Remove { url, reply } => {
                 let _ = reply.send(self.remove(&url));
             }
+            Command::Rekey { spec, reply } => {
+                let _ = reply.send(self.rekey(spec));
+            }
             Command::Drain { url, reply } => {
                 let _ = reply.send(self.drain(&url));
             }
@@ -578,9 +603,10 @@ impl ControlTask {
             None => {}
         }
         let cancel = self.shutdown.child_token();
+        let api_key = Arc::new(ArcSwapOption::from_pointee(spec.api_key.clone()));
         tokio::spawn(health::watch(health::Target {
             url: url.clone(),
-            api_key: spec.api_key.clone(),
+            api_key: api_key.clone(),
             models: spec.models.clone(),
             kv_capacity_tokens: spec.kv_capacity_tokens,
             client: self.client.clone(),
@@ -596,6 +622,7 @@ impl ControlTask {
             Known {
                 spec,
                 id: None,
+                api_key,
                 cancel,
                 draining: None,
                 healthy: false,
@@ -646,6 +673,31 @@ impl ControlTask {
         tracing::info!(worker = %url, "worker removed");
         self.let_go(url);
         Ok(())
+    }
+
+    /// See [`Control::rekey`].
+    fn rekey(&mut self, spec: WorkerSpec) -> bool {
+        let url = &*WorkerUrl::canonical(spec.url.trim());
+        let Some(known) = self.known.get_mut(url) else {
+            return false;
+        };
+        let keyless = |s: &WorkerSpec| WorkerSpec {
+            api_key: None,
+            api_key_env: None,
+            ..s.clone()
+        };
+        if known.draining.is_some() || keyless(&known.spec) != keyless(&spec) {
+            return false;
+        }
+        known.api_key.store(spec.api_key.clone().map(Arc::new));
+        if let Some(id) = known.id
+            && let Some(worker) = self.registry.snapshot().get(id)
+        {
+            worker.set_api_key(spec.api_key.clone());
+        }
+        tracing::info!(worker = %url, "worker's API key changed");
+        known.spec = spec;
+        true
     }
 
     /// Tells the sources listening ([`Control::freed`]) that no worker

@@ -27,9 +27,11 @@
 
 use crate::config::HealthConfig;
 use crate::control::Control;
+use arc_swap::ArcSwapOption;
 use radixgate_routing::WorkerUrl;
 use serde::Deserialize;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -45,7 +47,9 @@ const REPEAT_COMPLAINT: Duration = Duration::from_secs(60);
 #[derive(Clone)]
 pub(crate) struct Target {
     pub(crate) url: WorkerUrl,
-    pub(crate) api_key: Option<String>,
+    /// The worker's key, shared with the control task, which changes it in
+    /// place when a reload rotates it.
+    pub(crate) api_key: Arc<ArcSwapOption<String>>,
     /// Models the operator listed; empty: ask the worker on admission.
     pub(crate) models: Vec<String>,
     /// The KV cache's size the operator gave; none: ask the worker once
@@ -276,11 +280,12 @@ impl fmt::Display for Complaint {
 
 /// A GET of `path` on the target worker, with its key and the probe timeout.
 fn get(target: &Target, path: &str) -> reqwest::RequestBuilder {
+    let key = target.api_key.load();
     crate::upstream::worker_call(
         &target.client,
         reqwest::Method::GET,
         format!("{}{path}", target.url),
-        target.api_key.as_deref(),
+        key.as_deref().map(String::as_str),
         Duration::from_secs(target.config.timeout_secs),
     )
 }

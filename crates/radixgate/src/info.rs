@@ -205,7 +205,7 @@ pub(crate) async fn model_info(State(state): State<Arc<AppState>>) -> Response {
         &state.shared.client,
         reqwest::Method::GET,
         format!("{}/get_model_info", worker.url()),
-        worker.api_key(),
+        worker.api_key().as_deref(),
         FAN_OUT_TIMEOUT,
     );
     match request.send().await {
@@ -233,7 +233,7 @@ pub(crate) async fn flush_cache(State(state): State<Arc<AppState>>) -> Response 
             &state.shared.client,
             reqwest::Method::POST,
             format!("{}/flush_cache", w.url()),
-            w.api_key(),
+            w.api_key().as_deref(),
             FAN_OUT_TIMEOUT,
         );
         async move {

@@ -11,8 +11,11 @@
 //! What a reload changes, for requests that start afterwards:
 //! - **workers**: reconciled against the previous config's list, through
 //!   the control task's own add/remove commands: a URL no longer listed is
-//!   removed, a new one is added (and probed before it gets traffic), a
-//!   changed entry (key, models) is replaced. Workers added at runtime
+//!   removed, a new one is added (and probed before it gets traffic), an
+//!   entry whose key alone changed keeps its worker, in rotation with its
+//!   tree, with the new key from then on (so rotating a key shared by every
+//!   worker does not empty the pool while they are probed again), and an
+//!   entry changed otherwise (models, role) is replaced. Workers added at runtime
 //!   through the admin API are left alone. Requests in flight on a removed
 //!   worker finish normally: no stream is cut;
 //! - **routing**: an unchanged `routing:` section keeps the running policy
@@ -78,6 +81,9 @@ pub struct Changes {
     pub workers_added: Vec<String>,
     /// Worker URLs removed.
     pub workers_removed: Vec<String>,
+    /// Worker URLs whose key alone changed, in place: they stayed in
+    /// rotation with their trees.
+    pub workers_rekeyed: Vec<String>,
     /// Whether a new routing policy replaced the running one.
     pub routing: bool,
     /// Keys that changed (`server.api_key`, `server.admin_api_key`).
@@ -90,9 +96,10 @@ impl fmt::Display for Changes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "workers added {:?}, removed {:?}; routing {}; keys changed {:?}",
+            "workers added {:?}, removed {:?}, rekeyed {:?}; routing {}; keys changed {:?}",
             self.workers_added,
             self.workers_removed,
+            self.workers_rekeyed,
             if self.routing { "rebuilt" } else { "unchanged" },
             self.keys,
         )
@@ -285,7 +292,17 @@ impl Target {
         self.running.server.metrics_api_key = new.server.metrics_api_key.clone();
         self.running.tenants = new.tenants.clone();
 
-        let (old, wanted) = (by_url(&self.running.workers), by_url(&new.workers));
+        let (mut old, wanted) = (by_url(&self.running.workers), by_url(&new.workers));
+        // An entry whose key alone changed keeps its worker (see
+        // `Control::rekey`); it is neither removed nor added below.
+        for (url, spec) in &wanted {
+            if old.get(url).is_some_and(|was| was != spec)
+                && self.control.rekey((*spec).clone()).await
+            {
+                old.insert(url.clone(), spec.clone());
+                changes.workers_rekeyed.push(url.clone());
+            }
+        }
         for (url, spec) in &old {
             if wanted.get(url) != Some(spec) {
                 match self.control.remove(url.clone()).await {

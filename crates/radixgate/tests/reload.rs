@@ -245,6 +245,112 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
     stop.cancel();
 }
 
+/// A worker that takes only `Bearer <key>`, `key` being switchable, on
+/// every route, health included; it records the keys its chats came with.
+async fn keyed_worker(
+    key: Arc<parking_lot::Mutex<String>>,
+) -> (String, Arc<parking_lot::Mutex<Vec<String>>>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let allowed = {
+        let key = key.clone();
+        move |headers: &HeaderMap| {
+            let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+            sent == Some(format!("Bearer {}", key.lock()).as_str())
+        }
+    };
+    let health = {
+        let allowed = allowed.clone();
+        move |headers: HeaderMap| async move {
+            if allowed(&headers) {
+                StatusCode::OK
+            } else {
+                StatusCode::UNAUTHORIZED
+            }
+        }
+    };
+    let models = {
+        let allowed = allowed.clone();
+        move |headers: HeaderMap| async move {
+            if !allowed(&headers) {
+                return StatusCode::UNAUTHORIZED.into_response();
+            }
+            axum::Json(json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]}))
+                .into_response()
+        }
+    };
+    let chat = {
+        let seen = seen.clone();
+        move |headers: HeaderMap| async move {
+            let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+            seen.lock().push(sent.unwrap_or_default().to_owned());
+            if !allowed(&headers) {
+                return StatusCode::UNAUTHORIZED.into_response();
+            }
+            axum::Json(json!({
+                "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }))
+            .into_response()
+        }
+    };
+    let app = axum::Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// A reload that rotates the key of every worker (one key, shared) keeps
+/// each worker, in rotation with its tree and its id: the next request
+/// goes out with the new key at once. It used to remove and re-add every
+/// worker, which emptied the pool until their probes passed again and
+/// forgot their trees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_rotates_the_workers_key_keeps_them_in_rotation() {
+    let key = Arc::new(parking_lot::Mutex::new("w1".to_owned()));
+    let (a, seen) = keyed_worker(key.clone()).await;
+    let entry = |k: &str| format!("{{url: \"{a}\", api_key: {k}}}");
+    let path = temp_file("rekey.yaml");
+    std::fs::write(&path, yaml(&[&entry("w1")], "k1", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a, "k1").await;
+    assert_eq!(
+        chat_status(&gw, "k1", "remember this prefix please").await,
+        200
+    );
+    let cached = cached_chars(&gw, "k1", &a).await;
+    assert!(cached > 0);
+    let id = |body: Value| body["workers"][0]["id"].clone();
+    let before = id(get(&gw, "/workers", "k1").await.1);
+
+    *key.lock() = "w2".to_owned();
+    std::fs::write(&path, yaml(&[&entry("w2")], "k1", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_rekeyed, std::slice::from_ref(&a));
+    assert!(changes.workers_added.is_empty(), "{changes:?}");
+    assert!(changes.workers_removed.is_empty(), "{changes:?}");
+    assert_eq!(
+        chat_status(&gw, "k1", "remember this prefix please").await,
+        200
+    );
+    assert_eq!(seen.lock().last().unwrap(), "Bearer w2");
+    let (_, workers) = get(&gw, "/workers", "k1").await;
+    assert_eq!(workers["workers"][0]["state"], "healthy", "{workers}");
+    assert_eq!(id(workers), before);
+    assert!(cached_chars(&gw, "k1", &a).await >= cached, "tree kept");
+    // The health checker sends the new key too: the worker stays healthy
+    // over several probes.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    healthy(&gw, &a, "k1").await;
+    stop.cancel();
+}
+
 /// A tenants' key file that vanished is named as what it is, and the
 /// running tenants stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

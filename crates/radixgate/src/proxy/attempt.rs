@@ -293,8 +293,12 @@ async fn send(
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
     let gateway_has_key = !state.shared.tenants.load().is_open();
-    let mut headers =
-        upstream::request_headers(client_headers, worker.api_key(), gateway_has_key, peer);
+    let mut headers = upstream::request_headers(
+        client_headers,
+        worker.api_key().as_deref(),
+        gateway_has_key,
+        peer,
+    );
     // After any the client sent: a request that comes back is refused
     // (`crate::via`).
     headers.append(header::VIA, state.shared.via.value().clone());
