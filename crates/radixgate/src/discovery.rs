@@ -11,8 +11,10 @@
 //! - first seen serving → added, named after the pod;
 //! - turned unready → held out of rotation, its tree record kept;
 //!   ready again → back;
-//! - terminating or deleted → drained: no new requests at once, removed
-//!   when its requests in flight are done;
+//! - terminating, finished (its phase `Failed` or `Succeeded`: evicted,
+//!   say, its object kept with its IP until someone deletes it) or
+//!   deleted → drained: no new requests at once, removed when its requests
+//!   in flight are done, its address free for the next pod;
 //! - its URL changed (a new IP, a new port), its bootstrap port or its
 //!   models (its label or annotation) → the old one removed, the new one
 //!   added;
@@ -430,9 +432,10 @@ impl PoolWatch {
                 }
             }
             (Seen::Terminating, Some(_)) => self.gone(&key, "terminating").await,
+            (Seen::Finished, Some(_)) => self.gone(&key, "finished (evicted or exited)").await,
             // A refused pod is offered again once it serves again, as it
             // then is; none is offered an address freed meanwhile.
-            (Seen::NotReady(_) | Seen::Terminating, None) => {
+            (Seen::NotReady(_) | Seen::Terminating | Seen::Finished, None) => {
                 self.refused.remove(&key);
             }
         }

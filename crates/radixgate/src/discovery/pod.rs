@@ -3,7 +3,9 @@
 //!
 //! A pod is a worker when it is `Running`, its `Ready` condition is
 //! `True`, it has a pod IP and it is not terminating (no
-//! `deletionTimestamp`). Its URL is `http://<pod IP>:<port>`, the port
+//! `deletionTimestamp`). One whose phase is `Failed` or `Succeeded` is
+//! finished: its containers are done for good (evicted, say), though its
+//! object, IP and all, may stay until someone deletes it. Its URL is `http://<pod IP>:<port>`, the port
 //! being the pool's, or the pod's port annotation when the pool names one
 //! and the pod has it. A prefill pool's pod has a bootstrap port: its
 //! bootstrap port annotation's value, else the pool's. A value that cannot
@@ -26,6 +28,9 @@ pub(crate) enum Seen {
     NotReady(&'static str),
     /// Shutting down: drain it.
     Terminating,
+    /// Its phase is over (`Failed`: evicted, say; `Succeeded`): it never
+    /// serves again, whenever its object goes. Drain it.
+    Finished,
 }
 
 /// Where a serving pod is reached and what it serves.
@@ -57,8 +62,10 @@ pub(crate) fn read(raw: &RawPod, pool: &Pool) -> Result<Seen, String> {
     let Some(status) = &pod.status else {
         return Ok(Seen::NotReady("no status yet"));
     };
-    if status.phase.as_deref() != Some("Running") {
-        return Ok(Seen::NotReady("not running"));
+    match status.phase.as_deref() {
+        Some("Running") => {}
+        Some("Failed" | "Succeeded") => return Ok(Seen::Finished),
+        _ => return Ok(Seen::NotReady("not running")),
     }
     let ready = status
         .conditions
@@ -198,6 +205,21 @@ mod tests {
                 .unwrap()
         });
         assert_eq!(read(&bare, &pool()), Ok(Seen::NotReady("no status yet")));
+    }
+
+    #[test]
+    fn a_pod_whose_containers_are_done_for_good_is_finished() {
+        // Evicted (the object stays, its IP in it), or run to its end.
+        for phase in ["Failed", "Succeeded"] {
+            let p = pod(|b| {
+                b["status"]["phase"] = json!(phase);
+                b["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+            });
+            assert_eq!(read(&p, &pool()), Ok(Seen::Finished), "{phase}");
+        }
+        // Not known to be over: a node out of touch may come back.
+        let p = pod(|b| b["status"]["phase"] = json!("Unknown"));
+        assert_eq!(read(&p, &pool()), Ok(Seen::NotReady("not running")));
     }
 
     #[test]

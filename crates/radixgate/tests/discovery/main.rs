@@ -11,7 +11,7 @@ mod api_server;
 mod disaggregated;
 
 use common::*;
-use k8s::{FakeApi, Lists, PORT_ANNOTATION, moved, pod, set_ready, terminating};
+use k8s::{FakeApi, Lists, PORT_ANNOTATION, evicted, moved, pod, set_ready, terminating};
 use radixgate::config::{Config, ModelIdFrom, PoolConfig};
 use radixgate_routing::WorkerRole;
 use radixgate_sim::server::WorkerConfig;
@@ -232,6 +232,27 @@ async fn a_pod_deleted_during_a_long_stream_drains_then_goes() {
         1.0,
         "{metrics}"
     );
+    gw.shutdown().await;
+}
+
+/// An evicted pod (phase `Failed`) never serves again, yet its object
+/// stays, not ready, until someone deletes it (or the cluster's garbage
+/// collector, past thousands of such pods): its worker goes, and its
+/// address is free for the next pod given it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_pod_leaves_and_its_address_goes_to_the_next_pod() {
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("old-0", json!({"app": "sglang"}), addr));
+    let gw = gateway(discovering(&api)).await;
+    wait_for_healthy(&gw.url, 1).await;
+
+    api.put(evicted(api.get("old-0")));
+    wait_for_gone(&gw.url, "old-0").await;
+    api.put(pod("new-0", json!({"app": "sglang"}), addr));
+    wait_for_state(&gw.url, "new-0", "healthy").await;
+    assert_eq!(worker_named(&gw.url, "new-0").await.unwrap()["url"], w.url);
+    assert_eq!(workers(&gw.url).await.len(), 1);
     gw.shutdown().await;
 }
 

@@ -598,6 +598,16 @@ pub fn terminating(mut pod: Value) -> Value {
     pod
 }
 
+/// `pod` evicted, as the kubelet leaves it: phase `Failed`, not ready, its
+/// IP still in its status, the object kept until someone deletes it.
+pub fn evicted(mut pod: Value) -> Value {
+    pod = set_ready(pod, false);
+    pod["status"]["phase"] = json!("Failed");
+    pod["status"]["reason"] = json!("Evicted");
+    pod["status"]["message"] = json!("The node was low on resource: memory.");
+    pod
+}
+
 /// `pod` moved to `addr`.
 pub fn moved(mut pod: Value, addr: SocketAddr) -> Value {
     pod["status"]["podIP"] = json!(addr.ip().to_string());
