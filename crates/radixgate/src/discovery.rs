@@ -37,10 +37,13 @@
 //! treated as deleted. While the API server cannot be reached, or
 //! refuses the list (no RBAC), the router keeps routing to what it knows;
 //! the watch retries with back-off (0.8 s doubling to 30 s, jittered, and
-//! not started over until the API server answers), a WARN says so (at most
-//! once a minute), and `radixgate_discovery_connected` reads 0. It reads 1
-//! once a list completed or the watch brought a change: the watcher's
-//! `Init` comes before the list is even asked for. An answer that stays
+//! not started over until a list completes or the watch brings a change),
+//! a WARN says so (at most once a minute), and
+//! `radixgate_discovery_connected` reads 0. It reads 1 once a list
+//! completed, the API server accepted a watch (told by the client's layer,
+//! `answer.rs`: a watch resumed after an outage brings nothing while no pod
+//! changes) or the watch brought a change: the watcher's `Init` comes
+//! before the list is even asked for. An answer that stays
 //! silent longer than a watch is asked to stay open (290 s, as
 //! kube-runtime's) and a tenth more is given up on and retried, so a list
 //! or watch sent to an API server host that died with the connection open
@@ -76,7 +79,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -95,7 +98,8 @@ const LOGGED_TEXT: usize = 1024;
 const CONNECTED: Describe = Describe::new(
     "radixgate_discovery_connected",
     "Whether each discovery watch (by label selector) is connected to the Kubernetes \
-     API server (1: a list completed or a change came since the last error) or retrying (0); \
+     API server (1: a list completed, a watch was accepted or a change came since the last \
+     error) or retrying (0); \
      while 0 the router routes to the workers it knows.",
 );
 const EVENTS: Describe = Describe::new(
@@ -116,10 +120,10 @@ pub enum DiscoveryError {
     Client(#[from] kube::Error),
 }
 
-/// The cluster's client: in a pod, its service account (in-cluster);
-/// elsewhere `$KUBECONFIG` or `~/.kube/config`; `discovery.kubeconfig`
-/// overrides both.
-async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError> {
+/// The cluster's client settings: in a pod, its service account
+/// (in-cluster); elsewhere `$KUBECONFIG` or `~/.kube/config`;
+/// `discovery.kubeconfig` overrides both.
+async fn kube_config(config: &DiscoveryConfig) -> Result<kube::Config, DiscoveryError> {
     let kube_config = match &config.kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -143,11 +147,21 @@ async fn client(config: &DiscoveryConfig) -> Result<kube::Client, DiscoveryError
     // Counted from the request, not from when its pooled connection went
     // idle.
     kube_config.reset_reader_on_write = true;
+    Ok(kube_config)
+}
+
+/// One pool's client: `answered` is told each time the API server accepts
+/// one of its watches, which the watcher itself does not say.
+fn client(
+    kube_config: kube::Config,
+    watch_timeout_secs: u32,
+    answered: Arc<Notify>,
+) -> Result<kube::Client, DiscoveryError> {
     // kube reads answers without a size bound, and a timeout that only
     // silence trips (see `answer.rs`).
-    let deadline = read_timeout(config.watch_timeout_secs);
+    let deadline = read_timeout(watch_timeout_secs);
     Ok(kube::client::ClientBuilder::try_from(kube_config)?
-        .with_layer(&answer::Bounded { deadline })
+        .with_layer(&answer::Bounded { deadline, answered })
         .build())
 }
 
@@ -184,15 +198,29 @@ pub(crate) async fn spawn(
     metrics: &Metrics,
     stop: CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, DiscoveryError> {
-    let client = client(config).await?;
+    let kube_config = kube_config(config).await?;
     let metrics = Arc::new(DiscoveryMetrics {
         connected: metrics.gauges(&CONNECTED),
         events: metrics.labelled_counters(&EVENTS, "event"),
     });
-    Ok(config
+    // Every pool's client before any watch starts: one that cannot be
+    // built is a start-up error, with no watch left running.
+    let pools = config
         .resolved_pools()
         .into_iter()
         .map(|pool| {
+            let answered = Arc::new(Notify::new());
+            let client = client(
+                kube_config.clone(),
+                config.watch_timeout_secs,
+                answered.clone(),
+            )?;
+            Ok((pool, client, answered))
+        })
+        .collect::<Result<Vec<_>, DiscoveryError>>()?;
+    Ok(pools
+        .into_iter()
+        .map(|(pool, client, answered)| {
             tracing::info!(
                 selector = %pool.selector,
                 namespace = pool.namespace.as_deref().unwrap_or("(all)"),
@@ -201,9 +229,10 @@ pub(crate) async fn spawn(
             );
             let watch = PoolWatch {
                 api: match &pool.namespace {
-                    Some(ns) => Api::namespaced(client.clone(), ns),
-                    None => Api::all(client.clone()),
+                    Some(ns) => Api::namespaced(client, ns),
+                    None => Api::all(client),
                 },
+                answered,
                 pool,
                 watch_timeout_secs: config.watch_timeout_secs.max(1),
                 freed: control.freed(),
@@ -222,6 +251,8 @@ pub(crate) async fn spawn(
 /// One pool's watch and the pods it turned into workers.
 struct PoolWatch {
     api: Api<RawPod>,
+    /// Told each time the API server accepts one of this pool's watches.
+    answered: Arc<Notify>,
     pool: Pool,
     /// The `timeoutSeconds` each watch asks for.
     watch_timeout_secs: u32,
@@ -262,7 +293,10 @@ impl PoolWatch {
         // `Ok`, and a failed list is followed by an `Init` at once, so a
         // list that keeps failing was retried every 0.8 s.
         let mut backoff = DefaultBackoff::default();
-        let mut outage: Option<Outage> = None;
+        // Since when the API server has failed us, while it does.
+        let mut outage: Option<Instant> = None;
+        // The last WARN: at most one a minute, however often it flaps.
+        let mut warned: Option<Instant> = None;
         self.metrics.connected(&self.pool.selector, false);
         loop {
             let event = tokio::select! {
@@ -270,6 +304,13 @@ impl PoolWatch {
                 event = events.next() => event,
                 freed = self.freed.recv() => {
                     self.let_go(freed).await;
+                    continue;
+                }
+                // Connected, though the back-off is not started over: a
+                // watch accepted and then failed at once is retried no
+                // faster.
+                () = self.answered.notified() => {
+                    self.answers(&mut outage);
                     continue;
                 }
             };
@@ -281,14 +322,7 @@ impl PoolWatch {
                     // answers a whole list or a watch.
                     if !matches!(event, Event::Init | Event::InitApply(_)) {
                         backoff.reset();
-                        if let Some(outage) = outage.take() {
-                            tracing::info!(
-                                selector = %self.pool.selector,
-                                down_for = ?outage.since.elapsed(),
-                                "discovery: the Kubernetes API server answers again"
-                            );
-                        }
-                        self.metrics.connected(&self.pool.selector, true);
+                        self.answers(&mut outage);
                     }
                     self.handle(event).await;
                 }
@@ -296,15 +330,9 @@ impl PoolWatch {
                     self.metrics.events.increment("error");
                     self.metrics.connected(&self.pool.selector, false);
                     let now = Instant::now();
-                    let outage = outage.get_or_insert(Outage {
-                        since: now,
-                        warned: None,
-                    });
-                    if outage
-                        .warned
-                        .is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING)
-                    {
-                        outage.warned = Some(now);
+                    outage.get_or_insert(now);
+                    if warned.is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING) {
+                        warned = Some(now);
                         tracing::warn!(
                             selector = %self.pool.selector,
                             error = %excerpt(&err.to_string()),
@@ -327,6 +355,19 @@ impl PoolWatch {
                 }
             }
         }
+    }
+
+    /// The API server answers: a list completed, a watch was accepted, or
+    /// it brought a change.
+    fn answers(&self, outage: &mut Option<Instant>) {
+        if let Some(since) = outage.take() {
+            tracing::info!(
+                selector = %self.pool.selector,
+                down_for = ?since.elapsed(),
+                "discovery: the Kubernetes API server answers again"
+            );
+        }
+        self.metrics.connected(&self.pool.selector, true);
     }
 
     async fn handle(&mut self, event: Event<RawPod>) {
@@ -582,12 +623,6 @@ fn excerpt(text: &str) -> Cow<'_, str> {
 /// version compacted away.
 fn gone(err: &watcher::Error) -> bool {
     matches!(err, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
-}
-
-/// The API server has been unreachable since `since`.
-struct Outage {
-    since: Instant,
-    warned: Option<Instant>,
 }
 
 #[cfg(test)]

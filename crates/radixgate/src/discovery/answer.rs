@@ -21,14 +21,21 @@
 //! An answer past a bound fails as any broken answer does: the watcher
 //! retries with back-off, the router keeps the workers it knows, and the
 //! WARN says which bound.
+//!
+//! The layer also tells its pool's watch when the API server accepts a
+//! watch (its headers, a success): kube-runtime's watcher says nothing of
+//! a watch resumed after an outage until a pod changes, so without it the
+//! watch read as disconnected for as long as the pods stayed as they were.
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::future::Future as _;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service};
 
@@ -53,10 +60,11 @@ pub(super) enum Overrun {
 }
 
 /// The layer: each answer's body bounded, a watch's per line, and each
-/// answer over within `deadline`.
-#[derive(Clone, Copy, Debug)]
+/// answer over within `deadline`; `answered` told of each watch accepted.
+#[derive(Clone, Debug)]
 pub(super) struct Bounded {
     pub(super) deadline: Duration,
+    pub(super) answered: Arc<Notify>,
 }
 
 impl<S> Layer<S> for Bounded {
@@ -66,6 +74,7 @@ impl<S> Layer<S> for Bounded {
         BoundedService {
             inner,
             deadline: self.deadline,
+            answered: self.answered.clone(),
         }
     }
 }
@@ -75,6 +84,7 @@ impl<S> Layer<S> for Bounded {
 pub(super) struct BoundedService<S> {
     inner: S,
     deadline: Duration,
+    answered: Arc<Notify>,
 }
 
 impl<S, B, R> Service<Request<R>> for BoundedService<S>
@@ -96,11 +106,15 @@ where
         let within = self.deadline;
         let deadline = Instant::now() + within;
         let answer = self.inner.call(request);
+        let answered = self.answered.clone();
         Box::pin(async move {
             let response = match tokio::time::timeout_at(deadline, answer).await {
                 Ok(response) => response.map_err(Into::into)?,
                 Err(_) => return Err(Overrun::Late(within).into()),
             };
+            if watch && response.status().is_success() {
+                answered.notify_one();
+            }
             Ok(response.map(|body| BoundedBody {
                 inner: body,
                 watch,

@@ -28,6 +28,7 @@ fn watch(stop: &CancellationToken) -> PoolWatch {
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     PoolWatch {
         api: Api::namespaced(kube, "llm"),
+        answered: Arc::default(),
         pool: Pool {
             selector: "app=sglang".into(),
             namespace: Some("llm".into()),

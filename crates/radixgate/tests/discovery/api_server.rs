@@ -133,6 +133,43 @@ async fn the_api_server_restarting_keeps_routing_and_a_410_relists() {
     gw.shutdown().await;
 }
 
+/// The API server restarts (a control-plane upgrade) and nothing changed
+/// meanwhile: the watch resumes, no list and no event follow, and
+/// `radixgate_discovery_connected` reads 1 again all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_after_an_outage_reads_connected_with_no_pod_changed() {
+    let (_w, addr) = worker_at(2, fast_worker()).await;
+    let mut api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "sglang"}), addr));
+    let gw = gateway(discovering(&api)).await;
+    wait_for_healthy(&gw.url, 1).await;
+    wait_for_watch(&api, 1).await;
+
+    api.stop().await;
+    wait_until("discovery disconnected", || async {
+        connected(&gw.url, "app=sglang").await == 0.0
+    })
+    .await;
+    let watches = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("watch"))
+        .count();
+    api.start().await;
+    wait_for_watch(&api, watches + 1).await;
+    wait_until("discovery connected again", || async {
+        connected(&gw.url, "app=sglang").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        lists(&api),
+        1,
+        "resumed, not relisted: {:?}",
+        api.requests()
+    );
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_refused_for_want_of_rbac_is_retried_with_growing_back_off() {
     let logs = captured_logs();
