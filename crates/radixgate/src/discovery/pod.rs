@@ -5,9 +5,9 @@
 //! `True`, it has a pod IP and it is not terminating (no
 //! `deletionTimestamp`). One whose phase is `Failed` or `Succeeded` is
 //! finished: its containers are done for good (evicted, say), though its
-//! object, IP and all, may stay until someone deletes it. Its URL is `http://<pod IP>:<port>`, the port
-//! being the pool's, or the pod's port annotation when the pool names one
-//! and the pod has it. A prefill pool's pod has a bootstrap port: its
+//! object, IP and all, may stay until someone deletes it. Its URL is
+//! `http://<pod IP>:<port>`, the port being the pool's, or the pod's port
+//! annotation when the pool names one and the pod has it. A prefill pool's pod has a bootstrap port: its
 //! bootstrap port annotation's value, else the pool's. A value that cannot
 //! be right (a port or bootstrap port annotation that is not a port, an IP
 //! that is not an address) makes the object malformed: it is reported,
