@@ -25,6 +25,7 @@ mod manifests;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use manifests::*;
 use radixgate_routing::WorkerRole;
@@ -334,6 +335,18 @@ fn values_choose_where_pods_are_watched_and_what_is_granted() {
     let everywhere = rendered(json!({"discovery": {"allNamespaces": true}}));
     assert_eq!(router_config(&everywhere).discovery.namespace, None);
     assert_pods_readable(&everywhere, None);
+    // Releases of one name in two namespaces claim two cluster roles.
+    let in_ns = |namespace: &str| {
+        let values = json!({"discovery": {"allNamespaces": true}});
+        let m = Manifests::parse(&render_in(values, namespace).unwrap()).unwrap();
+        let role: ClusterRole = m.one("ClusterRole");
+        let binding: ClusterRoleBinding = m.one("ClusterRoleBinding");
+        assert_eq!(role.metadata.name.as_ref(), Some(&binding.role_ref.name));
+        (role.metadata.name.unwrap(), binding.metadata.name.unwrap())
+    };
+    let (a, b) = (in_ns("team-a"), in_ns("team-b"));
+    assert_ne!(a.0, b.0);
+    assert_ne!(a.1, b.1);
 
     let off =
         rendered(json!({"discovery": {"enabled": false}, "workers": ["http://10.0.0.1:8000"]}));

@@ -222,9 +222,15 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 /// The chart rendered by Helm's engine with `values` over its defaults,
 /// for release `radixgate` in namespace `default`; `Err` is Helm's message.
 pub fn render(values: Value) -> Result<String, String> {
+    render_in(values, "default")
+}
+
+/// [`render`], the release being in `namespace`.
+pub fn render_in(values: Value, namespace: &str) -> Result<String, String> {
     let out = Command::new("python3")
         .arg(repo().join("deploy/render.py"))
         .args(["--set-json", &values.to_string()])
+        .args(["--namespace", namespace])
         .output()
         .expect("python3 runs deploy/render.py");
     let stderr = String::from_utf8_lossy(&out.stderr);
