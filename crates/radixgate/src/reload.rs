@@ -25,7 +25,9 @@
 //! - **keys**: `server.api_key`, `server.admin_api_key`,
 //!   `server.metrics_api_key` and the tenants (`tenants:` and the
 //!   `--api-key-file` it names, re-read); a tenant whose name and limits are
-//!   unchanged keeps what it has already spent.
+//!   unchanged keeps what it has already spent, and one whose token limit
+//!   changed still owes its overdraft (and what its requests in flight
+//!   charge when they end).
 //!
 //! Everything else (the listening address and port, threads, body limit,
 //! timeouts, health, retry, breaker, admission, metrics, log and tracing

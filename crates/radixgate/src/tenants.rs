@@ -4,8 +4,9 @@
 //! [`Tenants`] is built from the validated config ([`Tenants::from_config`])
 //! and is immutable; the gateway holds it in an `ArcSwap`, so a reload
 //! builds a new set with [`Tenants::reloaded`] (which keeps the buckets of
-//! tenants whose name and limits did not change) and swaps it in while
-//! requests keep reading the old one.
+//! tenants whose name and limits did not change, and the token debt of
+//! those whose token limit did) and swaps it in while requests keep
+//! reading the old one.
 //!
 //! Limits are `governor` GCRA buckets, one per tenant and limit (tenants are
 //! a fixed set, so no keyed state needs pruning), each holding a minute's
@@ -60,7 +61,7 @@ use governor::{DefaultDirectRateLimiter, Quota};
 use parking_lot::Mutex;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 /// Which of a tenant's limits refused a request.
@@ -134,11 +135,15 @@ impl Tenants {
                 .filter(|b| b.per_minute == rpm)
                 .unwrap_or_else(|| Arc::new(RequestBucket::new(rpm)))
         });
-        let tokens = spec.tokens_per_minute.map(|tpm| {
-            old.and_then(|t| t.tokens.clone())
-                .filter(|b| b.per_minute == tpm)
-                .unwrap_or_else(|| Arc::new(TokenBucket::new(tpm)))
-        });
+        let tokens = spec
+            .tokens_per_minute
+            .map(|tpm| match old.and_then(|t| t.tokens.as_ref()) {
+                Some(bucket) if bucket.per_minute == tpm => bucket.clone(),
+                // A new limit: what the tenant owes, and what its requests in
+                // flight will owe (they charge the old bucket), is owed under it.
+                Some(bucket) => Arc::new(bucket.succeeded_by(tpm)),
+                None => Arc::new(TokenBucket::new(tpm)),
+            });
         Tenant {
             name: spec.name.into(),
             key: spec.key.into(),
@@ -441,17 +446,33 @@ struct TokenBucket {
     /// Tokens used but not yet taken from the bucket. A mutex, not an
     /// atomic: paying it is a check of the bucket and an update of the debt
     /// as one step, or two payers could pay the same debt twice. Held for
-    /// that step only.
-    overdraft: Mutex<u64>,
+    /// that step only. Shared with the bucket a reload replaced this one
+    /// by ([`Self::succeeded_by`]).
+    overdraft: Arc<Mutex<u64>>,
+    /// Replaced by a reload: charges go to the overdraft, left for the new
+    /// bucket to pay.
+    retired: AtomicBool,
 }
 
 impl TokenBucket {
     fn new(per_minute: NonZeroU32) -> Self {
+        Self::owing(per_minute, Arc::default())
+    }
+
+    fn owing(per_minute: NonZeroU32, overdraft: Arc<Mutex<u64>>) -> Self {
         Self {
             per_minute,
             limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(per_minute)),
-            overdraft: Mutex::new(0),
+            overdraft,
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// A bucket of `per_minute` that owes what this one does and takes
+    /// over its charges from now on.
+    fn succeeded_by(&self, per_minute: NonZeroU32) -> Self {
+        self.retired.store(true, Ordering::Relaxed);
+        Self::owing(per_minute, self.overdraft.clone())
     }
 
     fn charge(&self, tokens: u64) {
@@ -459,7 +480,9 @@ impl TokenBucket {
         *overdraft = overdraft.saturating_add(tokens);
         drop(overdraft);
         // Pays what the bucket holds now; the rest waits for `settle` calls.
-        let _ = self.settle();
+        if !self.retired.load(Ordering::Relaxed) {
+            let _ = self.settle();
+        }
     }
 
     /// Pays the overdraft from the bucket, a minute's worth at a time;

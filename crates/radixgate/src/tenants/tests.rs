@@ -111,6 +111,42 @@ fn a_reload_keeps_unchanged_buckets() {
         .expect("a new limit, a new bucket");
 }
 
+/// A reload that changes a tenant's token limit keeps what it owes, and
+/// what a request in flight charges afterwards (to the bucket it started
+/// with) is owed under the new limit.
+#[test]
+fn a_reload_that_changes_a_token_limit_keeps_the_debt() {
+    let set = tenants(TWO, None);
+    let b = set.find("sk-b").unwrap();
+    b.admit().unwrap();
+    b.charge(40); // 30 owed at 10 a minute
+    assert!(b.admit().is_err());
+    let raised = TWO.replace("tokens_per_minute: 10", "tokens_per_minute: 20");
+    let changed = set
+        .reloaded(&Config::from_yaml(&raised).unwrap())
+        .expect("reloaded");
+    let new = changed.find("sk-b").unwrap();
+    let wait = match new.admit() {
+        Err(GatewayError::RateLimited {
+            limit: Limit::Tokens,
+            per_minute: 20,
+            retry_after,
+            ..
+        }) => retry_after,
+        other => panic!("still owing, under the new limit: {other:?}"),
+    };
+    // 30 owed, 20 paid at once from the new bucket: 10 at 20 a minute.
+    assert!(wait > Duration::from_secs(20), "{wait:?}");
+    assert!(wait <= Duration::from_secs(35), "{wait:?}");
+    // A request in flight under the old bucket ends and charges it.
+    b.charge(100);
+    let wait = match new.admit() {
+        Err(GatewayError::RateLimited { retry_after, .. }) => retry_after,
+        other => panic!("owing the late charge: {other:?}"),
+    };
+    assert!(wait > Duration::from_secs(300), "{wait:?}");
+}
+
 #[test]
 fn a_refusal_is_an_openai_rate_limit_answer() {
     use axum::response::IntoResponse;
