@@ -13,7 +13,8 @@
 //! sender's window (each batch states it; the receiver's own setting does
 //! not matter): the sender only refers to entries within its last
 //! `window` bytes of texts, so, with no message lost, every reference
-//! resolves. A lost message (core NATS while disconnected, a stream that
+//! resolves. Both ends count an entry as its text's bytes and
+//! [`ENTRY_COST`], so entries of little or no text are bounded too. A lost message (core NATS while disconnected, a stream that
 //! aged out) makes some references unresolvable: those entries are skipped
 //! and counted, never guessed. A text longer than any sender sends
 //! ([`MAX_TEXT`]) is refused, so what is held stays within `keep` and one
@@ -25,6 +26,14 @@ use super::wire::MAX_TEXT;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
+
+/// What one entry costs to hold beside its text's bytes, at either end
+/// (a receiver's: its place in the list and its `Arc<String>`, 56 bytes,
+/// and what the allocator rounds up), counted against the window with
+/// its text. Counted in text alone, an entry without text (a first
+/// token's) cost nothing, and a forged stream of them, or of one-byte
+/// texts, was held without bound.
+pub(crate) const ENTRY_COST: usize = 64;
 
 /// Bytes per hashed block: references cover whole blocks.
 pub(crate) const BLOCK: usize = 256;
@@ -105,11 +114,14 @@ impl Outgoing {
         for h in &hashes {
             self.index.insert(*h, id);
         }
-        self.bytes += text.len();
-        self.recent.push_back((id, text.len(), hashes));
+        // As a receiver counts it: a reference never reaches further back
+        // than its receivers hold.
+        let cost = text.len() + ENTRY_COST;
+        self.bytes += cost;
+        self.recent.push_back((id, cost, hashes));
         while self.bytes > self.window && self.recent.len() > 1 {
-            let (old, len, hashes) = self.recent.pop_front().expect("not empty");
-            self.bytes -= len;
+            let (old, cost, hashes) = self.recent.pop_front().expect("not empty");
+            self.bytes -= cost;
             for h in hashes {
                 if self.index.get(&h) == Some(&old) {
                     self.index.remove(&h);
@@ -224,21 +236,27 @@ impl Incoming {
                 self.texts[at].1 = text.clone();
             }
             Err(at) => {
-                self.bytes += text.len();
+                self.bytes += text.len() + ENTRY_COST;
                 self.texts.insert(at, (id, text.clone()));
             }
         }
         while self.bytes > self.keep && self.texts.len() > 1 {
             let (_, old) = self.texts.pop_front().expect("not empty");
-            self.bytes -= old.len();
+            self.bytes -= old.len() + ENTRY_COST;
         }
         Ok(text)
     }
 
-    /// Bytes of text held.
+    /// Bytes of text held, and [`ENTRY_COST`] for each entry.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Entries held.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.texts.len()
     }
 }
 

@@ -1114,6 +1114,33 @@ mod tests {
         assert_eq!(learned(), 2.0, "each applied once");
     }
 
+    /// Entries without text (how a first token alone is sent) or with a
+    /// character or two, forged by another publisher on the subject by
+    /// the hundred thousand: each is held for later references, and what
+    /// a sender's texts may take is counted in their bytes, so entries of
+    /// none were held without bound (a 1 MiB message of 4-byte entries
+    /// held about 16 MB, for good).
+    #[test]
+    fn entries_without_text_are_held_within_the_senders_window() {
+        let (mut applier, _worker, _metrics) = applier(&SyncConfig::default());
+        let entries: Vec<_> = (0..10_000)
+            .map(|i| (None, if i % 2 == 0 { "" } else { "x" }))
+            .collect();
+        for b in 0..20 {
+            let batch = peer_batch(b + 1, now_ms(), b * 10_000, &entries, None);
+            applier.apply(&batch, true);
+        }
+        let (texts, _, _) = &applier.senders[&2];
+        // The sender's window is 1 MiB: at most 2 MiB held, entries' own
+        // cost counted.
+        let keep = 2usize << 20;
+        assert!(
+            texts.held() * super::super::dict::ENTRY_COST <= keep,
+            "{} entries held",
+            texts.held()
+        );
+    }
+
     /// A load report in a batch sent longer ago than the reports' expiry
     /// (replayed from the stream as the feed caught up, or a batch sent
     /// again after its sender reconnected) is load long gone: not taken.
