@@ -1051,6 +1051,40 @@ async fn a_stream_found_refusing_new_batches_when_full_is_made_to_drop_old_ones(
     b.shutdown().await;
 }
 
+/// A stream whose batches all aged out (a cluster idle for longer than
+/// `history_secs`, overnight say) still counts its last sequence, but has
+/// nothing to replay: a replica that starts then is ready at once, not
+/// after its whole warm-up wait with a WARN that the warm start did not
+/// finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starting_after_the_history_aged_out_is_ready_at_once() {
+    let (nats, w, js) = nats_worker_and_jetstream().await;
+    let aging = |warmup_timeout_secs| {
+        let mut c = replica_config(&[nats.url()], &[&w.url]);
+        c.sync.history_secs = 1;
+        c.sync.warmup_timeout_secs = warmup_timeout_secs;
+        c
+    };
+    let a = gateway_ready(aging(60), 1).await;
+    wait_ready(&a.url).await;
+    ask(&a.url, &prompt("aged out")).await;
+    wait_until("A's batch is in the stream", || async {
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    a.shutdown().await;
+    wait_until("the stream's batches aged out", || async {
+        let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
+        let state = s.info().await.unwrap().state.clone();
+        state.messages == 0 && state.last_sequence > 0
+    })
+    .await;
+    // A warm-up wait far longer than the test waits for readiness.
+    let b = gateway_ready(aging(3600), 1).await;
+    wait_ready(&b.url).await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_stops_waiting_after_the_warmup_timeout() {
     let mut nats = Nats::start(&[]);

@@ -414,7 +414,8 @@ enum Source {
     /// after a place in it.
     Stream {
         messages: Box<consumer::pull::Ordered>,
-        /// Its last sequence when the consumer was made.
+        /// Its last sequence when the consumer was made; 0 if the consumer
+        /// had nothing to deliver then.
         last: u64,
         stream: Box<stream::Stream>,
         /// Where the consumer starts after: sequence 0 (from the oldest
@@ -633,6 +634,15 @@ async fn stream_source(
         })
         .await
         .map_err(|e| failed("cannot create the consumer", &e))?;
+    // A stream whose batches all aged out (a cluster idle for longer than
+    // `history_secs`) still counts its last sequence, and no batch up to
+    // it will come: with nothing for this feed to deliver, there is no
+    // history to wait for.
+    let last = if consumer.cached_info().num_pending == 0 {
+        0
+    } else {
+        last
+    };
     let messages = consumer
         .messages()
         .await
