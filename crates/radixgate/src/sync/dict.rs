@@ -14,9 +14,10 @@
 //! not matter): the sender only refers to entries within its last
 //! `window` bytes of texts, so, with no message lost, every reference
 //! resolves. Both ends count an entry as its text's bytes and
-//! [`ENTRY_COST`], so entries of little or no text are bounded too. A lost message (core NATS while disconnected, a stream that
-//! aged out) makes some references unresolvable: those entries are skipped
-//! and counted, never guessed. A text longer than any sender sends
+//! [`ENTRY_COST`], so entries of little or no text are bounded too. A lost
+//! message (core NATS while disconnected, a stream that aged out) makes
+//! some references unresolvable: those entries are skipped and counted,
+//! never guessed. A text longer than any sender sends
 //! ([`MAX_TEXT`]) is refused, so what is held stays within `keep` and one
 //! such text, whatever the references chain.
 //!
