@@ -514,6 +514,56 @@ async fn sglang_decodes_refusal_is_answered_at_once_and_cancels_prefill() {
     gw.shutdown().await;
 }
 
+/// Prefill refusing the request (a final 4xx: a prompt over the model's
+/// context, a parameter the engine rejects) is the request's fault, as a
+/// co-located worker's refusal is: the client gets it, and it counts as no
+/// failure of the prefill worker, on its breaker or in the metrics. (It
+/// did count on the breaker: a client's few over-long prompts opened every
+/// prefill worker's breaker, and the pool answered nobody 503.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_workers_refusal_is_answered_and_opens_no_breaker() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = engine("prefill", WorkerRole::Prefill).await;
+        let decode = engine("decode", WorkerRole::Decode).await;
+        let mut c = pd_config(protocol, &[(&prefill, None)], &[&decode]);
+        c.circuit_breaker.failure_threshold = 2;
+        c.circuit_breaker.timeout_duration_secs = 600;
+        let gw = started(c).await;
+        prefill.set(Behaviour {
+            fail: Some(400),
+            ..Behaviour::default()
+        });
+        // SGLang's decode waits for a KV transfer that never comes.
+        decode.set(Behaviour {
+            delay_ms: 60_000,
+            ..Behaviour::default()
+        });
+        for i in 0..3 {
+            let r = post_chat(&gw.url, &chat_body(i % 2 == 0)).await;
+            assert_eq!(r.status(), 400, "{protocol:?} {i}");
+            let err: Value = r.json().await.unwrap();
+            assert!(
+                err["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("prefill failed on purpose")),
+                "{err}"
+            );
+        }
+        assert_eq!(prefill.bodies().len(), 3, "a refusal is not retried");
+        prefill.set(Behaviour::default());
+        decode.set(Behaviour::default());
+        let r = post_chat(&gw.url, &chat_body(false)).await;
+        assert_eq!(r.status(), 200, "{protocol:?}: {}", r.text().await.unwrap());
+        common::wait_for_zero_load(&gw.url).await;
+        assert_eq!(
+            series_value(&gw.url, "radixgate_pd_failures_total{side=\"prefill\"}").await,
+            0.0,
+            "{protocol:?}"
+        );
+        gw.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_is_retried_on_a_new_pair() {
     let bad = engine("bad-prefill", WorkerRole::Prefill).await;

@@ -22,7 +22,9 @@
 //! Either side failing before decode's first byte fails the attempt: the
 //! other side is cancelled (its connection dropped), both load guards are
 //! released, and a retryable failure is retried on a new pair, as a
-//! co-located request is retried on a new worker.
+//! co-located request is retried on a new worker. A side's refusal (a
+//! final 4xx) is the request's fault, as a co-located worker's is: the
+//! client gets it, and no breaker counts it.
 //!
 //! **Prefill skip**: when the chosen decode worker is predicted to hold all
 //! but `pd.skip_prefill_max_uncached_tokens` of the prompt (the decode
@@ -307,7 +309,9 @@ pub(super) async fn attempts(
                 error,
                 answer,
             }) => {
-                shared.request_metrics.pd_failure(side.as_str());
+                if !refused(&error) {
+                    shared.request_metrics.pd_failure(side.as_str());
+                }
                 // A 500 waits to be counted (see `answered_500`); on the last
                 // attempt it counts now if it is the first (no other pair to
                 // tell by), and never if earlier pairs answered 500 too (the
@@ -406,6 +410,44 @@ fn record_unless_500(worker: &radixgate_routing::Worker, probe: Permit, status: 
     if status != StatusCode::INTERNAL_SERVER_ERROR {
         record(worker, probe, Outcome::Failure);
     }
+}
+
+/// Whether `status`, a side's answer, refuses the request: a final 4xx
+/// (a prompt over the model's context, a parameter the engine rejects),
+/// the request's own fault, as a co-located worker's is.
+fn refusal(status: StatusCode) -> bool {
+    !status.is_success() && !retry::retryable_status(status)
+}
+
+/// Whether a side's failure is its refusal of the request (see
+/// [`refusal`]): the client's answer, not the side's failure.
+fn refused(error: &GatewayError) -> bool {
+    matches!(error, GatewayError::UpstreamStatus { status, .. } if refusal(*status))
+}
+
+/// Settles prefill's answer `status` that is not a success. A refusal is
+/// the worker answering (its breaker counts a success, as for a
+/// co-located worker's refusal) and the prompt never cached there (its
+/// tree insert is taken back); counted as a failure, a client's few
+/// over-long prompts opened every prefill worker's breaker. Anything else
+/// is the worker's failure ([`record_unless_500`]).
+fn prefill_unanswered(
+    shared: &Shared,
+    decision: &mut Decision,
+    text: &str,
+    probe: Permit,
+    status: StatusCode,
+) {
+    let worker = decision.worker().clone();
+    if refusal(status) {
+        decision.undo_insert(text);
+        record(&worker, probe, Outcome::Success);
+        return;
+    }
+    shared
+        .request_metrics
+        .upstream_error(worker.url(), "status");
+    record_unless_500(&worker, probe, status);
 }
 
 /// When a failure the pair's loop blames is counted on the breaker.
@@ -846,11 +888,13 @@ impl Pair<'_> {
         let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
         if !status.is_success() {
             let (message, _) = error_message(answer.response, deadline).await;
-            record_unless_500(&prefill_worker, probe, status);
-            self.state
-                .shared
-                .request_metrics
-                .upstream_error(prefill_worker.url(), "status");
+            prefill_unanswered(
+                &self.state.shared,
+                &mut prefill_decision,
+                self.text,
+                probe,
+                status,
+            );
             return Err(Failed::prefill(
                 prefill_worker.id(),
                 GatewayError::UpstreamStatus {
@@ -983,10 +1027,7 @@ async fn prefill_side(
     if !status.is_success() {
         let deadline = side.timeout.map(|t| answer.sent + t);
         let (message, _) = error_message(answer.response, deadline).await;
-        side.shared
-            .request_metrics
-            .upstream_error(worker.url(), "status");
-        record_unless_500(&worker, probe, status);
+        prefill_unanswered(&side.shared, &mut decision, &side.text, probe, status);
         let _ = head.send(Err(GatewayError::UpstreamStatus {
             worker: worker.url().to_owned(),
             status,
