@@ -32,7 +32,15 @@ struct Behaviour {
     delay_ms: u64,
     /// Streams: wait this long between events.
     event_gap_ms: u64,
+    /// Answer only once a prefill engine has answered the request's
+    /// bootstrap room (at most a minute), as SGLang's decode waits for the
+    /// KV.
+    waits_for_kv: bool,
 }
+
+/// The bootstrap rooms prefill engines have answered (their KV is ready).
+static ROOMS_READY: std::sync::LazyLock<Mutex<std::collections::HashSet<u64>>> =
+    std::sync::LazyLock::new(Mutex::default);
 
 /// A recording engine in one role.
 #[derive(Clone)]
@@ -111,7 +119,19 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
     let body: Value = serde_json::from_slice(&body).unwrap();
     e.bodies.lock().push(body.clone());
     let b = *e.behaviour.lock();
+    let room = body["bootstrap_room"].as_u64();
+    if let (true, Some(room)) = (b.waits_for_kv, room) {
+        for _ in 0..6000 {
+            if ROOMS_READY.lock().contains(&room) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     tokio::time::sleep(Duration::from_millis(b.delay_ms)).await;
+    if let (WorkerRole::Prefill, None, Some(room)) = (e.role, b.fail, room) {
+        ROOMS_READY.lock().insert(room);
+    }
     if let Some(status) = b.fail {
         guard.done = true;
         return axum::response::Response::builder()
@@ -622,6 +642,70 @@ async fn a_hung_sglang_prefill_is_a_hang_for_whole_answers_too() {
     let body = r.text().await.unwrap();
     assert!(body.contains("worker_unavailable"), "{body}");
     assert!(waited < Duration::from_millis(2800), "{waited:?}");
+    gw.shutdown().await;
+}
+
+/// SGLang's decode sends its first byte only once prefill's KV has come:
+/// while prefill has not answered, decode's silence is prefill's. So a
+/// hung prefill worker is the one that times out and is blamed, and the
+/// request is retried on another prefill worker with the same decode.
+/// (Decode's first-byte timer ran from its own send, a moment before
+/// prefill's: decode timed out first, every time, and was blamed, its
+/// breaker counting each of the hung prefill's requests, so that one hung
+/// prefill worker opened the only decode worker's breaker and took the
+/// pool out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sglang_prefill_is_blamed_not_the_decode_waiting_for_its_kv() {
+    let hung = engine("hung-prefill", WorkerRole::Prefill).await;
+    let good = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let mut c = pd_config(
+        PdProtocol::Sglang,
+        &[(&hung, None), (&good, None)],
+        &[&decode],
+    );
+    c.routing = PolicyConfig::named("round_robin").unwrap();
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.non_stream_timeout_secs = 2;
+    c.circuit_breaker.failure_threshold = 2;
+    c.circuit_breaker.timeout_duration_secs = 600;
+    let gw = started(c).await;
+    // Decode's first byte waits for the KV, which the hung prefill never
+    // sends; the good prefill's comes at once.
+    hung.set(Behaviour {
+        delay_ms: 60_000,
+        ..Behaviour::default()
+    });
+    decode.set(Behaviour {
+        waits_for_kv: true,
+        ..Behaviour::default()
+    });
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat_body(i % 2 == 0)).await;
+        assert_eq!(r.status(), 200, "{i}: {}", r.text().await.unwrap());
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
+        assert!(r.text().await.unwrap().contains("from-decode"));
+    }
+    assert!(
+        !hung.bodies().is_empty(),
+        "the hung prefill worker was tried"
+    );
+    assert_eq!(
+        series_value(&gw.url, "radixgate_pd_failures_total{side=\"decode\"}").await,
+        0.0
+    );
+    let breaker_moved = |url: String| {
+        let gw = gw.url.clone();
+        async move {
+            common::metrics_text(&gw)
+                .await
+                .lines()
+                .filter(|l| l.starts_with("radixgate_circuit_breaker_transitions_total{"))
+                .any(|l| l.contains(&format!("worker=\"{url}\"")) && !l.ends_with(" 0"))
+        }
+    };
+    assert!(!breaker_moved(decode.url()).await, "decode's breaker moved");
+    common::wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
 

@@ -12,7 +12,9 @@
 //!   Prefill's own answer is read to its end in a task of its own (its
 //!   load guard, breaker permit and cached-token report with it) and
 //!   dropped; the client's response body holds that task, so a client that
-//!   goes away before prefill has answered cancels it too.
+//!   goes away before prefill has answered cancels it too. Decode's
+//!   first-byte timeout runs from prefill's answer: until then, decode
+//!   (waiting for the KV) is silent for prefill.
 //! - **vLLM** (NIXL-style connectors): first the prefill worker gets the
 //!   body with `stream: false`, `max_tokens: 1` and
 //!   `kv_transfer_params.do_remote_decode`; its answer's
@@ -564,6 +566,7 @@ fn explain(
 }
 
 /// One pair's attempt: what it shares with every step.
+#[derive(Clone, Copy)]
 struct Pair<'a> {
     state: &'a AppState,
     /// The API asked (outlier detection judges its answers by it).
@@ -795,10 +798,20 @@ impl Pair<'_> {
             decoded_rx,
         ))));
         let mut task = AbortOnDrop(Some(task));
-        let decoding = self.decode_answer(decode, body);
-        tokio::pin!(decoding);
+        // Decode sends its first byte only once prefill's KV has come:
+        // until prefill has answered, decode's silence is prefill's. So
+        // decode's first-byte timer runs from prefill's answer, here, not
+        // from its own send (a moment before prefill's: decode timed out
+        // first and was blamed, breaker and hang, for a hung prefill).
+        let decode_worker = decode.0.decision.worker().clone();
+        let waiting = Pair {
+            first_byte_timeout: None,
+            ..*self
+        };
+        let mut decoding = Box::pin(waiting.decode_answer(decode, body));
         tokio::pin!(head_rx);
         let mut prefill_ok = false;
+        let mut decode_deadline = None;
         let failed = |error| Failed::prefill(prefill_worker.id(), error);
         let lost = || {
             // The task ended without a word: it panicked or was cut.
@@ -807,15 +820,22 @@ impl Pair<'_> {
                 after: Duration::ZERO,
             }
         };
-        let answer = loop {
+        let answered = loop {
+            let due = decode_deadline.unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
                 head = &mut head_rx, if !prefill_ok => match head {
-                    Ok(Ok(())) => prefill_ok = true,
+                    Ok(Ok(())) => {
+                        prefill_ok = true;
+                        decode_deadline = self
+                            .first_byte_timeout
+                            .map(|t| tokio::time::Instant::now() + t);
+                    }
                     Ok(Err(error)) => return Err(failed(error)),
                     Err(_) => return Err(failed(lost())),
                 },
+                () = tokio::time::sleep_until(due), if decode_deadline.is_some() => break None,
                 decoded = &mut decoding => match decoded {
-                    Ok(answer) => break answer,
+                    Ok(answer) => break Some(answer),
                     Err(failed) => {
                         // The pair's loop may blame prefill for the
                         // transfer: its permit (a half-open breaker's one
@@ -826,6 +846,27 @@ impl Pair<'_> {
                     }
                 },
             }
+        };
+        let Some(answer) = answered else {
+            // Prefill answered and decode sent nothing in time: decode's
+            // failure, as its own attempt would have counted it. Its
+            // request and permit (a half-open breaker's one probe) go
+            // first, and prefill's (see above), so that both blames count.
+            drop(decoding);
+            task.cancel().await;
+            let error = GatewayError::FirstByteTimeout {
+                worker: decode_worker.url().to_owned(),
+                after: self.first_byte_timeout.unwrap_or_default(),
+            };
+            let breaker = shared.breakers.get(decode_worker.id());
+            no_first_byte(shared, &decode_worker, &breaker, &error, self.prompt);
+            blame(shared, &decode_worker);
+            return Err(Failed {
+                side: WorkerRole::Decode,
+                worker: decode_worker.id(),
+                error,
+                answer: None,
+            });
         };
         // Decode answered; the client gets it once prefill has answered
         // too (in practice it already has: decode's first token needs
