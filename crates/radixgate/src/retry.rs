@@ -32,14 +32,18 @@ pub fn retryable_status(status: StatusCode) -> bool {
 /// could not be reached or broke the connection before answering (it may
 /// have begun the work: an engine that resets a connection has usually
 /// restarted, and the work is lost), or one that answered with a
-/// [retryable status](retryable_status). Everything else is the request's
-/// own fault or the gateway's, and another worker would not change it.
+/// [retryable status](retryable_status), or a vLLM prefill worker that
+/// answered without the `kv_transfer_params` decode needs (that worker's
+/// setup or answer, not the request: another prefill worker serves it).
+/// Everything else is the request's own fault or the gateway's, and
+/// another worker would not change it.
 pub fn retryable(err: &GatewayError) -> bool {
     match err {
         GatewayError::Connect { .. }
         | GatewayError::UpstreamClosed { .. }
         | GatewayError::FirstByteTimeout { .. }
-        | GatewayError::WorkerLost { .. } => true,
+        | GatewayError::WorkerLost { .. }
+        | GatewayError::NoTransferParams { .. } => true,
         GatewayError::UpstreamStatus { status, .. } => retryable_status(*status),
         GatewayError::Disaggregated { source, .. } => retryable(source),
         _ => false,

@@ -36,6 +36,9 @@ struct Behaviour {
     /// bootstrap room (at most a minute), as SGLang's decode waits for the
     /// KV.
     waits_for_kv: bool,
+    /// vLLM's step one: answer without `kv_transfer_params`, as a worker
+    /// started without a KV connector does.
+    no_transfer_params: bool,
 }
 
 /// The bootstrap rooms prefill engines have answered (their KV is ready).
@@ -149,7 +152,7 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
         "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("from-{}", e.name)}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
     });
-    if vllm_prefill {
+    if vllm_prefill && !b.no_transfer_params {
         whole["kv_transfer_params"] = json!({
             "do_remote_prefill": true,
             "do_remote_decode": false,
@@ -607,6 +610,41 @@ async fn a_failed_attempt_is_retried_on_a_new_pair() {
         assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
     }
     assert!(!bad.bodies().is_empty(), "the bad prefill worker was tried");
+    gw.shutdown().await;
+}
+
+/// A vLLM prefill worker that answers without `kv_transfer_params` (one
+/// started without a KV connector: the one pod of a rolling update whose
+/// flags lost it) fails its pair, as any prefill failure does, and the
+/// request is retried on another prefill worker. (It was not retried: each
+/// request it took failed with 502 though another worker would have
+/// served it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_prefill_without_transfer_params_is_retried_on_another() {
+    let bad = engine("bad-prefill", WorkerRole::Prefill).await;
+    let good = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    bad.set(Behaviour {
+        no_transfer_params: true,
+        ..Behaviour::default()
+    });
+    let mut c = pd_config(PdProtocol::Vllm, &[(&bad, None), (&good, None)], &[&decode]);
+    c.routing = PolicyConfig::named("round_robin").unwrap();
+    c.circuit_breaker.enabled = false;
+    let gw = started(c).await;
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat_body(i % 2 == 0)).await;
+        assert_eq!(r.status(), 200, "{i}: {}", r.text().await.unwrap());
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
+        assert!(r.text().await.unwrap().contains("from-decode"));
+    }
+    assert!(!bad.bodies().is_empty(), "the bad prefill worker was tried");
+    assert_eq!(decode.bodies().len(), 4, "decode got the good pairs only");
+    assert_eq!(
+        series_value(&gw.url, "radixgate_pd_failures_total{side=\"prefill\"}").await,
+        bad.bodies().len() as f64
+    );
+    common::wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
 
