@@ -90,7 +90,7 @@ mod endpoint;
 pub(crate) mod metrics;
 mod pd;
 mod respond;
-use attempt::{Outgoing, Waiting, error_message, no_first_byte, record, send_primed};
+use attempt::{Outgoing, Waiting, busy, error_message, no_first_byte, record, send_primed};
 pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
@@ -585,8 +585,10 @@ async fn attempts(
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure
                     // unless it is another 500 for a request others
-                    // answered 500 too.
-                    if !(status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any()) {
+                    // answered 500 too, or a 429 (`busy`).
+                    let others_500 =
+                        status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any();
+                    if !others_500 && !busy(status) {
                         record(&worker, probe, Outcome::Failure);
                     }
                     return Ok(Answer {
@@ -613,6 +615,9 @@ async fn attempts(
         };
         if worker_answered_500(&failure) && !last_attempt {
             answered_500.hold(worker.clone(), probe);
+        } else if worker_was_busy(&failure) {
+            // Neither a success nor a failure (see `busy`).
+            drop(probe);
         } else {
             record(&worker, probe, Outcome::Failure);
         }
@@ -649,15 +654,21 @@ async fn attempts(
 /// few tries and took the pool out (five requests, three workers). So a
 /// 500 counts as a worker's failure once another worker answers the
 /// request (`blame`); a request that every worker it tried answered 500
-/// counts on none (the permits are let go, neither outcome). Any other
-/// failure counts at once, as before: refused connections, timeouts, and
-/// 503 or 429, with which an overloaded engine sheds load.
+/// counts on none (the permits are let go, neither outcome). A 429 counts
+/// on none either (`busy`). Any other failure counts at once, as before:
+/// refused connections, timeouts, and 503, with which an engine that is
+/// full or going away turns requests down.
 #[derive(Default)]
 struct Answered500(Vec<(Arc<radixgate_routing::Worker>, crate::breaker::Permit)>);
 
 /// Whether `error` is a worker's 500 answer (see [`Answered500`]).
 fn worker_answered_500(error: &GatewayError) -> bool {
     matches!(error, GatewayError::UpstreamStatus { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// Whether `error` is a worker's answer that it is busy (see [`busy`]).
+fn worker_was_busy(error: &GatewayError) -> bool {
+    matches!(error, GatewayError::UpstreamStatus { status, .. } if busy(*status))
 }
 
 impl Answered500 {

@@ -930,3 +930,92 @@ async fn a_request_every_worker_answers_500_opens_no_breaker_but_a_broken_worker
     .await;
     gw.shutdown().await;
 }
+
+/// Workers that take `capacity` requests at a time, each answered after
+/// `pause`, and answer 429 to any more (an engine's or a proxy's limit on
+/// concurrent requests: busy, not broken).
+async fn busy_workers(n: usize, capacity: usize, pause: Duration) -> Vec<String> {
+    use axum::routing::{get, post};
+    let mut urls = Vec::new();
+    for _ in 0..n {
+        let slots = Arc::new(tokio::sync::Semaphore::new(capacity));
+        let answer = move || {
+            let slots = slots.clone();
+            async move {
+                use axum::response::IntoResponse;
+                let Ok(_slot) = slots.try_acquire() else {
+                    let error =
+                        json!({"error": {"message": "too many requests", "type": "rate_limit"}});
+                    return (axum::http::StatusCode::TOO_MANY_REQUESTS, axum::Json(error))
+                        .into_response();
+                };
+                tokio::time::sleep(pause).await;
+                axum::Json(json!({
+                    "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }))
+                .into_response()
+            }
+        };
+        let app = axum::Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route(
+                "/v1/models",
+                get(|| async { axum::Json(json!({"data": [{"id": "sim-llama-8b"}]})) }),
+            )
+            .route("/v1/chat/completions", post(answer));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+    urls
+}
+
+/// A burst beyond the pool's capacity, which the workers shed with 429,
+/// opens no breaker: a 429 says the worker is busy, not that it fails.
+/// Counted as failures, five quick 429s opened each worker's breaker in
+/// the burst's first moment, and the idle pool then answered every
+/// request 503 until the breakers' timeout and two probes each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_the_workers_shed_with_429_opens_no_breaker() {
+    let urls = busy_workers(2, 2, Duration::from_millis(300)).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut c = config(&refs);
+    c.circuit_breaker.timeout_duration_secs = 3600;
+    let gw = gateway_ready(c, 2).await;
+    let burst = (0..24).map(|i| {
+        let url = gw.url.clone();
+        async move {
+            let r = post_chat(&url, &chat(&format!("burst {i}"), false)).await;
+            r.status()
+        }
+    });
+    let statuses = futures::future::join_all(burst).await;
+    // The pool is overloaded: some are shed (the worker's 429 reaches the
+    // client once every attempt met one), the rest served.
+    assert!(statuses.iter().any(|s| *s == 200), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    // The burst is over and the workers are idle: they take requests.
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("after the burst {i}"), false)).await;
+        assert_eq!(
+            r.status(),
+            200,
+            "after the burst {i}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    let text = metrics_text(&gw.url).await;
+    for url in &urls {
+        let open = text.lines().any(|l| {
+            l.starts_with("radixgate_circuit_breaker_state{")
+                && l.contains(&format!("worker=\"{url}\""))
+                && !l.ends_with(" 0")
+        });
+        assert!(!open, "{url}'s breaker is not closed:\n{text}");
+    }
+    gw.shutdown().await;
+}

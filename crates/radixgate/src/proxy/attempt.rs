@@ -232,6 +232,17 @@ fn worker_message(body: &[u8]) -> Option<String> {
     (!line.is_empty()).then_some(line)
 }
 
+/// Whether a worker's answer `status` says it is busy rather than failing:
+/// 429, with which an engine (or a proxy or router in front of it) sheds
+/// requests beyond its limit. The attempt is retried elsewhere, but its
+/// breaker permit is let go, counting neither way: counted as failures,
+/// the 429s of a burst beyond the pool's capacity opened every worker's
+/// breaker within moments, and the pool, idle again, answered 503 until
+/// the breakers' timeout and their probes.
+pub(super) fn busy(status: axum::http::StatusCode) -> bool {
+    status == axum::http::StatusCode::TOO_MANY_REQUESTS
+}
+
 /// Records an attempt's outcome and publishes any breaker change at once,
 /// so policies stop (or resume) choosing the worker without waiting for
 /// the upkeep tick.

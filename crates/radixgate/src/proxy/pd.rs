@@ -407,9 +407,10 @@ fn transfer_may_have_failed(error: &GatewayError) -> bool {
 /// A side's failed answer on its breaker: at once, but for a 500, which
 /// the pair's loop counts only once another pair answers the request
 /// (`super::Answered500`: a prompt that trips an engine bug fails on every
-/// worker, and must not open every breaker).
+/// worker, and must not open every breaker), and for a 429, which counts
+/// neither way (a busy worker, `super::attempt::busy`).
 fn record_unless_500(worker: &radixgate_routing::Worker, probe: Permit, status: StatusCode) {
-    if status != StatusCode::INTERNAL_SERVER_ERROR {
+    if status != StatusCode::INTERNAL_SERVER_ERROR && !super::attempt::busy(status) {
         record(worker, probe, Outcome::Failure);
     }
 }
