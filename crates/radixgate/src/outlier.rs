@@ -22,7 +22,9 @@
 //! passes as a non-outlier lowers its ejection count by one (Envoy's
 //! decay). At most `max_ejection_percent` of the pool is ejected at once
 //! (one worker always may be), and never a worker whose models no other
-//! available worker serves.
+//! available worker serves; an ejected worker in that plight later (its
+//! peers' breakers opened, or they fail health checks) returns at the next
+//! evaluation, before its time is up.
 //!
 //! The detector's metric families ([`OutlierMetrics`]: ejections and the
 //! ejected gauge of each worker) are recorded only by [`run`], which builds
@@ -134,7 +136,14 @@ impl Outliers {
             let Some(s) = stats.get_mut(&w.id()) else {
                 continue;
             };
-            if s.ejected_until.is_some_and(|until| until <= now) {
+            // Its time is up, or no other available worker serves one of
+            // its models any more (their breakers opened, they fail health
+            // checks): a slow worker is better than none, and the model's
+            // requests were answered 503 for the rest of the ejection.
+            // In pool order, so that of two ejected workers left alone
+            // one returns.
+            let over = s.ejected_until.is_some_and(|until| until <= now);
+            if over || (s.ejected_until.is_some() && !others_serve(w, workers)) {
                 s.ejected_until = None;
                 s.samples = 0;
                 s.latency_ms = 0.0;

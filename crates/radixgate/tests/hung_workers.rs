@@ -298,6 +298,46 @@ async fn slow_worker_is_ejected_and_returns() {
     gw.shutdown().await;
 }
 
+/// An ejected worker is slow, not broken: when its peers go (here the
+/// only one fails its health checks), it returns at the next evaluation
+/// rather than at the end of its ejection, so the pool is never left
+/// empty while a worker that answers is out. Before, the model's requests
+/// were answered 503 for the rest of the ejection (here five minutes).
+#[tokio::test]
+async fn an_ejected_worker_returns_when_its_peers_are_gone() {
+    let fast = sim_worker(fast_worker()).await;
+    let slow = sim_worker(fast_worker()).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 400,
+        ..FaultConfig::default()
+    });
+    let c = eager_outliers(&[&fast.url, &slow.url], 300);
+    let gw = gateway_ready(c, 2).await;
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("outlier {i}"), true)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    wait_until("the slow worker is ejected", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(1.0)
+    })
+    .await;
+    fast.set_faults(FaultConfig {
+        unhealthy: true,
+        ..FaultConfig::default()
+    });
+    wait_until("the slow worker serves again", || async {
+        let r = post_chat(&gw.url, &chat("only the slow one is left", true)).await;
+        r.status() == 200 && r.headers()["x-radixgate-worker"] == slow.url.as_str()
+    })
+    .await;
+    wait_until("the slow worker reads returned", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(0.0)
+    })
+    .await;
+    gw.shutdown().await;
+}
+
 /// A worker given long whole (non-streamed) generations is not slow: its
 /// first byte waits for the whole decode, which the requests' lengths
 /// decide. Cache-aware routing keeps a client's long generations on one

@@ -129,6 +129,29 @@ async fn never_the_last_available_worker_and_never_above_the_cap() {
     assert!(off.evaluate(&pool(2), Instant::now()).is_empty());
 }
 
+/// An ejected worker returns before its time once no other available
+/// worker serves its models (here their breakers opened): a slow worker
+/// is better than an empty pool.
+#[tokio::test(start_paused = true)]
+async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
+    let o = Outliers::new(config());
+    let ws = pool(3);
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 60_000, 10);
+    assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [2]);
+    ws[0].set_breaker(radixgate_routing::BreakerState::Open);
+    assert!(o.evaluate(&ws, Instant::now()).is_empty(), "w1 serves");
+    assert!(ws[2].is_ejected());
+    ws[1].set_breaker(radixgate_routing::BreakerState::Open);
+    let events = o.evaluate(&ws, Instant::now());
+    assert!(
+        matches!(&events[..], [Event::Returned { worker }] if worker.id() == WorkerId(2)),
+        "{events:?}"
+    );
+    assert!(ws[2].is_available());
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_ewma_follows_recent_samples() {
     let o = Outliers::new(config());
