@@ -194,6 +194,11 @@ pub enum GatewayError {
         worker: String,
         /// How long the attempt had waited.
         after: Duration,
+        /// Whether the router moved the attempt off a worker that fails
+        /// nothing: ejected as an outlier (slow), healthy, its breaker
+        /// closed, no hang seen. Not the worker's failure, so its breaker
+        /// does not count it.
+        moved: bool,
     },
     /// The router panicked while handling the request: a bug, logged (with
     /// where it happened and the request's id) by the panic hook that

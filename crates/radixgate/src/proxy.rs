@@ -90,7 +90,9 @@ mod endpoint;
 pub(crate) mod metrics;
 mod pd;
 mod respond;
-use attempt::{Outgoing, Waiting, busy, error_message, no_first_byte, record, send_primed};
+use attempt::{
+    Outgoing, Waiting, busy, error_message, moved_off, no_first_byte, record, send_primed,
+};
 pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
@@ -615,8 +617,8 @@ async fn attempts(
         };
         if worker_answered_500(&failure) && !last_attempt {
             answered_500.hold(worker.clone(), probe);
-        } else if worker_was_busy(&failure) {
-            // Neither a success nor a failure (see `busy`).
+        } else if worker_was_busy(&failure) || moved_off(&failure) {
+            // Neither a success nor a failure (see `busy`, `moved_off`).
             drop(probe);
         } else {
             record(&worker, probe, Outcome::Failure);

@@ -338,6 +338,69 @@ async fn an_ejected_worker_returns_when_its_peers_are_gone() {
     gw.shutdown().await;
 }
 
+/// The requests waiting on a worker when it is ejected as an outlier move
+/// to a quicker worker, but the slow worker failed none of them: its
+/// breaker counts none. Counted as its failures (three here, with a
+/// threshold of two), they opened the breaker of a worker that never
+/// failed a request, which then went on reading open on the dashboard and
+/// in alerts and, after the ejection, came back only through probes.
+#[tokio::test]
+async fn requests_moved_off_an_ejected_worker_open_no_breaker() {
+    let fast = sim_worker(fast_worker()).await;
+    let slow = sim_worker(fast_worker()).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 400,
+        ..FaultConfig::default()
+    });
+    let mut c = eager_outliers(&[&fast.url, &slow.url], 300);
+    c.circuit_breaker.failure_threshold = 2;
+    c.circuit_breaker.timeout_duration_secs = 3600;
+    let gw = gateway_ready(c, 2).await;
+    // Six at once, three to each worker (round robin): samples first, then,
+    // with the slow worker slower still, requests that wait on it when
+    // the evaluation ejects it.
+    let burst = |tag: &'static str| {
+        let url = gw.url.clone();
+        futures::future::join_all((0..6).map(move |i| {
+            let url = url.clone();
+            async move {
+                let r = post_chat(&url, &chat(&format!("{tag} {i}"), true)).await;
+                let status = r.status();
+                r.bytes().await.unwrap();
+                status
+            }
+        }))
+    };
+    let statuses = burst("samples").await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    slow.set_faults(FaultConfig {
+        latency_ms: 20_000,
+        ..FaultConfig::default()
+    });
+    let statuses = burst("waiting").await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await,
+        Some(1.0)
+    );
+    // Past an upkeep tick, which publishes the breaker metrics.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        metric(&gw.url, "radixgate_circuit_breaker_state", &slow.url).await,
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(
+            &gw.url,
+            "radixgate_circuit_breaker_transitions_total",
+            &slow.url
+        )
+        .await,
+        Some(0.0)
+    );
+    gw.shutdown().await;
+}
+
 /// A worker given long whole (non-streamed) generations is not slow: its
 /// first byte waits for the whole decode, which the requests' lengths
 /// decide. Cache-aware routing keeps a client's long generations on one

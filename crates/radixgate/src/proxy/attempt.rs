@@ -110,8 +110,10 @@ pub(super) struct Waiting<'a> {
 ///
 /// So requests already waiting on a hung worker move on when the first of
 /// them times out, not each after its own timeout (300 s for a whole
-/// answer by default). An attempt that gets its first byte within a second
-/// costs one timer, as a plain timeout would.
+/// answer by default). An attempt moved off a worker that is only ejected
+/// (slow) is marked so ([`moved_off`]): not that worker's failure. An
+/// attempt that gets its first byte within a second costs one timer, as a
+/// plain timeout would.
 pub(super) async fn first_byte<T>(
     attempt: impl std::future::Future<Output = Result<T, GatewayError>>,
     waiting: Waiting<'_>,
@@ -139,9 +141,17 @@ pub(super) async fn first_byte<T>(
         }
         let hung = hang.is_some_and(|h| sent.elapsed() >= h) && breaker.hung_since(sent);
         if hung || !worker.is_available() {
+            // Only ejected (slow, not failing): the attempt moves to a
+            // quicker worker, but this one failed nothing. Counted as its
+            // failures, the attempts an ejection moved opened its breaker.
+            let moved = !hung
+                && worker.is_ejected()
+                && worker.is_healthy()
+                && worker.breaker() != radixgate_routing::BreakerState::Open;
             return Err(GatewayError::WorkerLost {
                 worker: worker.url().to_owned(),
                 after: sent.elapsed(),
+                moved,
             });
         }
     }
@@ -241,6 +251,13 @@ fn worker_message(body: &[u8]) -> Option<String> {
 /// the breakers' timeout and their probes.
 pub(super) fn busy(status: axum::http::StatusCode) -> bool {
     status == axum::http::StatusCode::TOO_MANY_REQUESTS
+}
+
+/// Whether `error` is an attempt the router moved off a worker that failed
+/// nothing (ejected as an outlier while the attempt waited): its breaker
+/// permit is let go, counting neither way.
+pub(super) fn moved_off(error: &GatewayError) -> bool {
+    matches!(error, GatewayError::WorkerLost { moved: true, .. })
 }
 
 /// Records an attempt's outcome and publishes any breaker change at once,

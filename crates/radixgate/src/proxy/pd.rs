@@ -660,7 +660,9 @@ impl Pair<'_> {
             Err(err) => {
                 no_first_byte(shared, &worker, &breaker, &err, prompt);
                 traced.failed(retry::reason(&err), &err);
-                record(&worker, probe, Outcome::Failure);
+                if !super::attempt::moved_off(&err) {
+                    record(&worker, probe, Outcome::Failure);
+                }
                 Err(err)
             }
         }
@@ -819,6 +821,7 @@ impl Pair<'_> {
             GatewayError::WorkerLost {
                 worker: prefill_worker.url().to_owned(),
                 after: Duration::ZERO,
+                moved: false,
             }
         };
         let answered = loop {
