@@ -35,7 +35,10 @@
 //!   an estimate: the request body's bytes over the model's learned
 //!   characters per token (an inline image's base64 as one part of
 //!   `INLINE_MEDIA_TOKENS`), and the output's events or bytes
-//!   ([`crate::usage::Output`]).
+//!   ([`crate::usage::Output`]). An answer cut short (its client gone, its
+//!   worker failed) may have reported its prompt alone (an Anthropic
+//!   stream's output count comes in its last events): it is charged at
+//!   least its prompt and the output it was sent.
 //!
 //! The tenant metric families are this component's ([`TenantMetrics`], in
 //! `tenants/metrics.rs`).

@@ -373,6 +373,106 @@ async fn a_stream_left_before_its_usage_event_is_charged_an_estimate() {
     gw.shutdown().await;
 }
 
+/// A client that leaves an Anthropic Messages stream before its
+/// `message_delta` (the only event with the output's count) is charged the
+/// prompt `message_start` reported and an estimate of the output it was
+/// sent, as a client that leaves an OpenAI stream is: not the prompt alone,
+/// which let a tenant read its whole answer, leave before the last events
+/// and be charged for none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_left_before_its_output_count_is_charged_for_its_output() {
+    let mut slow = fast_worker();
+    slow.engine.timing.step_base_us = 20_000.0;
+    let worker = sim_worker(slow).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let body = json!({"model": radixgate_sim::server::DEFAULT_MODEL, "max_tokens": 1000,
+        "stream": true,
+        "messages": [{"role": "user", "content": "a long question ".repeat(100)}]});
+    let mut r = client()
+        .post(format!("{}/v1/messages", gw.url))
+        .bearer_auth("sk-a")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut read = String::new();
+    while read.matches("event: content_block_delta").count() < 20 {
+        let chunk = r.chunk().await.unwrap().expect("the stream goes on");
+        read.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(r);
+    assert!(!read.contains("message_delta"), "{read}");
+    let start = &stream_events(&read)[0]["message"]["usage"];
+    let prompt = start["input_tokens"].as_f64().unwrap()
+        + start["cache_read_input_tokens"].as_f64().unwrap_or(0.0);
+    wait_until("the stream left early is charged", || {
+        let url = gw.url.clone();
+        async move { tenant_tokens(&url, "team-a").await > 0.0 }
+    })
+    .await;
+    let charged = tenant_tokens(&gw.url, "team-a").await;
+    // The prompt as reported, and at least the 20 deltas the client read.
+    assert!(
+        charged >= prompt + 20.0,
+        "charged {charged}, prompt {prompt}"
+    );
+    assert!(
+        charged < prompt + 1000.0,
+        "charged {charged}, prompt {prompt}"
+    );
+    gw.shutdown().await;
+}
+
+/// A metered stream a worker sends with a `Content-Length` (the whole
+/// stream at once) is charged what it reports, as a chunked one is: the
+/// gateway ends it when its last byte passes, which is its end, not a
+/// client that left early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_known_length_is_charged_what_it_reports() {
+    use axum::routing::{get, post};
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let stream = concat!(
+        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":2,\"total_tokens\":52}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route(
+            "/v1/chat/completions",
+            post(move || async move { ([("content-type", "text/event-stream")], stream) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = format!("http://{}", listener.local_addr().unwrap());
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker, tenants), 1).await;
+    let mut body = chat("a question", true);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let r = post_as(&gw.url, Some("sk-a"), &body).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("usage"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    wait_until("the stream is charged", || {
+        let url = gw.url.clone();
+        async move { tenant_tokens(&url, "team-a").await > 0.0 }
+    })
+    .await;
+    assert_eq!(tenant_tokens(&gw.url, "team-a").await, 52.0);
+    gw.shutdown().await;
+    served.abort();
+}
+
 /// A worker that reports more tokens than any answer has does not lock its
 /// tenant out: the answer is charged as one that reports none (an
 /// estimate), and the tenant's next request is admitted.

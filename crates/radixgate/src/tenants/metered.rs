@@ -2,14 +2,16 @@
 //! is kept for the usage scan ([`crate::usage`]); the tokens found are
 //! charged to the tenant and counted in its metrics once, when the body
 //! ends. For a tenant with a token limit ([`Metering`]), an answer that
-//! reports none is charged an estimate, and a usage event asked for in the
-//! client's stead is taken out ([`UsageEventFilter`]); every other body
-//! passes unchanged.
+//! reports none is charged an estimate, one cut short at least its prompt
+//! and the output it was sent, and a usage event asked for in the client's
+//! stead is taken out ([`UsageEventFilter`]); every other body passes
+//! unchanged.
 //!
-//! "Ends" is the earliest sure point: a body of known length is done when
-//! its last byte passes, before that frame is handed on, so the charge lands
-//! before the client can send its next request; a chunked body (a stream)
-//! when its end is read; a body the client drops, when it is dropped.
+//! "Ends" is the earliest sure point: a body of known length (or one that
+//! says it has ended) is done when its last byte passes, before that frame
+//! is handed on, so the charge lands before the client can send its next
+//! request; a chunked body (a stream) when its end is read; a body the
+//! client drops, when it is dropped (cut short).
 
 use super::usage_event::UsageEventFilter;
 use super::{Metering, Tenant};
@@ -79,31 +81,43 @@ impl<B: Body> Metered<B> {
 }
 
 impl<B> Metered<B> {
-    fn finish(&mut self) {
+    /// Charges the answer, `whole` when its body ended, not cut short (its
+    /// client gone, its worker failed).
+    fn finish(&mut self, whole: bool) {
         let Some((tenant, shared)) = self.charge.take() else {
             return;
         };
         // A count no answer can have is a worker's lie: charged as an
         // answer that reports none, not a debt no tenant could pay back.
-        let reported = self.tail.tokens().filter(|&n| {
-            let plausible = n <= MAX_REPORTED_TOKENS;
-            if !plausible {
+        let plausible = |n: &u64| *n <= MAX_REPORTED_TOKENS;
+        let reported = self.tail.tokens().filter(|n| {
+            if !plausible(n) {
                 tracing::warn!(
                     tokens = n,
                     tenant = tenant.name(),
                     "a worker reported more tokens than any answer has; charged as unreported"
                 );
             }
-            plausible
+            plausible(n)
         });
-        let tokens = reported.or_else(|| {
-            let (metering, output) = self.estimate.as_ref()?;
-            Some(
-                metering
-                    .prompt_tokens
-                    .saturating_add(output.tokens(metering.chars_per_token)),
-            )
-        });
+        // An answer cut short may have reported its prompt alone (an
+        // Anthropic stream counts its output only in its last events): its
+        // output is charged as sent, past what was reported of it.
+        let estimate = match &self.estimate {
+            Some((metering, output)) if reported.is_none() || !whole => {
+                let prompt = self.tail.usage().counts.prompt.filter(plausible);
+                Some(
+                    prompt
+                        .unwrap_or(metering.prompt_tokens)
+                        .saturating_add(output.tokens(metering.chars_per_token)),
+                )
+            }
+            _ => None,
+        };
+        let tokens = match (reported, estimate) {
+            (Some(reported), Some(estimate)) => Some(reported.max(estimate)),
+            (reported, estimate) => reported.or(estimate),
+        };
         if let Some(tokens) = tokens {
             tenant.charge(tokens);
             shared.tenant_metrics.tokens(tenant.name(), tokens);
@@ -133,11 +147,11 @@ where
             let data = match &polled {
                 Some(Ok(frame)) => frame.data_ref(),
                 Some(Err(_)) => {
-                    this.finish();
+                    this.finish(false);
                     return Poll::Ready(polled);
                 }
                 None => {
-                    this.finish();
+                    this.finish(true);
                     this.ended = true;
                     continue;
                 }
@@ -150,8 +164,10 @@ where
             if let Some((_, output)) = &mut this.estimate {
                 output.frame(data);
             }
-            if this.length == Some(this.seen) {
-                this.finish();
+            // A body that says it has ended is not polled again (hyper
+            // drops it): its last byte is its end, not a client leaving.
+            if this.length == Some(this.seen) || this.inner.is_end_stream() {
+                this.finish(true);
             }
             let Some(filter) = &mut this.filter else {
                 return Poll::Ready(polled);
@@ -178,6 +194,6 @@ where
 
 impl<B> Drop for Metered<B> {
     fn drop(&mut self) {
-        self.finish();
+        self.finish(false);
     }
 }
