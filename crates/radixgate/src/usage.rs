@@ -20,7 +20,9 @@
 //! body's size, and the frames themselves go to the client unchanged; the
 //! scan runs once, at the end.
 //! A body whose usage does not fit in the tail, or that has none, reports
-//! `None` (nothing is charged).
+//! `None` (nothing is charged). An SGLang `/generate` batch reports one
+//! `meta_info` per item, more than the tail holds: [`ItemReports`] sums
+//! them as the body passes.
 
 //! The same tail gives the prompt's cached-token count for the routing
 //! correction ([`cached_in`]): `usage.prompt_tokens_details.cached_tokens`
@@ -32,11 +34,13 @@
 //! counts apart ([`counts_in`]), with the cached count, in one scan
 //! ([`UsageTail::usage`]).
 
+mod items;
 mod object;
 mod output;
 
 use std::sync::LazyLock;
 
+pub use items::ItemReports;
 use memchr::memmem::Finder;
 use object::{Count, Fields};
 pub use output::Output;

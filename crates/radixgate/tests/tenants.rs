@@ -427,6 +427,58 @@ async fn a_messages_stream_left_before_its_output_count_is_charged_for_its_outpu
     gw.shutdown().await;
 }
 
+/// An SGLang `/generate` batch (a list of prompts) is charged every item's
+/// tokens, not the last item's alone: its answer is a list with a
+/// `meta_info` per item, or, streamed, their events interleaved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generate_batch_is_charged_for_every_item() {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 100000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    // More items than the answer's tail holds the reports of.
+    let prompts: Vec<String> = (0..64)
+        .map(|i| format!("batch item {i}: {}", "some words ".repeat(5)))
+        .collect();
+    let mut before = 0.0;
+    for stream in [false, true] {
+        let body = json!({"text": prompts, "stream": stream,
+            "sampling_params": {"max_new_tokens": 4}});
+        let r = client()
+            .post(format!("{}/generate", gw.url))
+            .bearer_auth("sk-a")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        // Each item's last report (a stream's counts grow as it goes).
+        let items: Vec<Value> = if stream {
+            stream_events(&text)
+        } else {
+            serde_json::from_str(&text).unwrap()
+        };
+        let mut last = std::collections::BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let index = item["index"].as_u64().unwrap_or(i as u64);
+            last.insert(index, item["meta_info"].clone());
+        }
+        assert_eq!(last.len(), prompts.len(), "{text}");
+        let reported: f64 = last
+            .values()
+            .map(|m| {
+                m["prompt_tokens"].as_f64().unwrap() + m["completion_tokens"].as_f64().unwrap()
+            })
+            .sum();
+        let charged = tenant_tokens(&gw.url, "team-a").await - before;
+        assert_eq!(charged, reported, "stream {stream}: {text}");
+        before += charged;
+    }
+    gw.shutdown().await;
+}
+
 /// A metered stream a worker sends with a `Content-Length` (the whole
 /// stream at once) is charged what it reports, as a chunked one is: the
 /// gateway ends it when its last byte passes, which is its end, not a

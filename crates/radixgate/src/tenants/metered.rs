@@ -16,7 +16,7 @@
 use super::usage_event::UsageEventFilter;
 use super::{Metering, Tenant};
 use crate::state::Shared;
-use crate::usage::{Output, UsageTail};
+use crate::usage::{ItemReports, Output, UsageTail};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
@@ -32,6 +32,9 @@ const MAX_REPORTED_TOKENS: u64 = crate::record::line::MAX_INPUT_TOKENS;
 pub(crate) struct Metered<B> {
     inner: B,
     tail: UsageTail,
+    /// A `/generate` batch's items: one report each, more than the tail
+    /// holds.
+    items: ItemReports,
     /// The body's length when it is known in advance.
     length: Option<u64>,
     seen: u64,
@@ -64,6 +67,7 @@ impl<B: Body> Metered<B> {
         Self {
             inner,
             tail: UsageTail::new(),
+            items: ItemReports::new(),
             length,
             seen: 0,
             charge: Some((tenant, shared)),
@@ -90,7 +94,8 @@ impl<B> Metered<B> {
         // A count no answer can have is a worker's lie: charged as an
         // answer that reports none, not a debt no tenant could pay back.
         let plausible = |n: &u64| *n <= MAX_REPORTED_TOKENS;
-        let reported = self.tail.tokens().filter(|n| {
+        let reported = self.items.tokens().or_else(|| self.tail.tokens());
+        let reported = reported.filter(|n| {
             if !plausible(n) {
                 tracing::warn!(
                     tokens = n,
@@ -160,6 +165,7 @@ where
                 return Poll::Ready(polled);
             };
             this.tail.push(data);
+            this.items.push(data);
             this.seen += data.len() as u64;
             if let Some((_, output)) = &mut this.estimate {
                 output.frame(data);
