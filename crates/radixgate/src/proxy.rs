@@ -243,14 +243,9 @@ async fn forward(
     progress.read(started, parts.extensions.get());
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
-    // what it is charged without any is estimated (`tenants/usage_event.rs`).
-    // Whether its answer may hold generated tokens: an inference API's, or
-    // an unknown one's taking JSON (an upload is not prompt text).
-    let generates = match endpoint {
-        Endpoint::Routed(_) => true,
-        Endpoint::ByLoad(_) => false,
-        Endpoint::Unrouted => bytes.trim_ascii_start().starts_with(b"{"),
-    };
+    // what it is charged without any is estimated (`tenants/usage_event.rs`)
+    // where its answer may hold generated tokens.
+    let generates = endpoint.generates(&path, &bytes);
     let (bytes, metering) =
         crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)
             .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;

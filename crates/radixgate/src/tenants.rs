@@ -270,8 +270,9 @@ impl Metering {
 /// generated tokens (`generates`: an inference API's, an unknown JSON
 /// API's), its [`Metering`] and the body to send: a stream's asks for its
 /// usage ([`usage_event`]). Any other request's body is returned as it is,
-/// and its answer charged only what it reports (a tokenizer's, a
-/// reranker's or an upload's holds no tokens to estimate).
+/// and its answer charged only what it reports (a tokenizer's, a prompt's
+/// token count's, a reranker's or an upload's holds no tokens to
+/// estimate).
 pub(crate) fn meter(
     shared: &Shared,
     extensions: &Extensions,

@@ -525,6 +525,51 @@ async fn a_stream_of_known_length_is_charged_what_it_reports() {
     served.abort();
 }
 
+/// Counting a prompt's tokens (`/v1/messages/count_tokens`, which the
+/// Anthropic SDK and the tools built on it call before sending) generates
+/// none and uses no budget: a tenant with a token limit is not charged the
+/// prompt's estimate for it, as it was for an unknown API's answer that
+/// reports no usage, once for each count and again for the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_a_prompts_tokens_is_not_charged() {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let body = json!({"model": radixgate_sim::server::DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "a long question ".repeat(100)}]});
+    for path in [
+        "/v1/messages/count_tokens",
+        "/v1/messages/count_tokens?beta=true",
+    ] {
+        let r = client()
+            .post(format!("{}{path}", gw.url))
+            .bearer_auth("sk-a")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let answer: Value = r.json().await.unwrap();
+        assert!(answer["input_tokens"].as_u64().unwrap() > 0, "{answer}");
+    }
+    wait_until("both counts answered", || {
+        let url = gw.url.clone();
+        async move {
+            let text = metrics_text(&url).await;
+            sample(
+                &text,
+                "radixgate_tenant_requests_total",
+                &["tenant=\"team-a\""],
+            ) == Some(2.0)
+        }
+    })
+    .await;
+    assert_eq!(tenant_tokens(&gw.url, "team-a").await, 0.0);
+    gw.shutdown().await;
+}
+
 /// A worker that reports more tokens than any answer has does not lock its
 /// tenant out: the answer is charged as one that reports none (an
 /// estimate), and the tenant's next request is admitted.

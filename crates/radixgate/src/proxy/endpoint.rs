@@ -38,6 +38,10 @@ pub(crate) const UNROUTED_ROUTE: &str = "/v1/*";
 /// `/v1` paths of engine administration, never passed on.
 const ADMIN_PATHS: [&str; 2] = ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"];
 
+/// `/v1` paths that count a prompt's tokens (Anthropic's and OpenAI's):
+/// their answers generate none.
+const COUNTING_PATHS: [&str; 2] = ["/v1/messages/count_tokens", "/v1/responses/input_tokens"];
+
 /// The API families an unrouted request is counted under (the first path
 /// segment after `/v1/`); any other is `other`, so clients cannot create
 /// series.
@@ -77,6 +81,22 @@ impl Endpoint {
     /// Whether the worker is chosen by load alone, not by the policy.
     pub(crate) fn by_load(self) -> bool {
         !matches!(self, Endpoint::Routed(_))
+    }
+
+    /// Whether the answer to `body`, sent to the worker path `path`, may
+    /// hold generated tokens (a tenant with a token limit is charged an
+    /// estimate for one that reports none): an inference API's, or an
+    /// unrouted one's taking JSON (an upload is not prompt text), unless it
+    /// only counts a prompt's tokens.
+    pub(crate) fn generates(self, path: &str, body: &[u8]) -> bool {
+        match self {
+            Endpoint::Routed(_) => true,
+            Endpoint::ByLoad(_) => false,
+            Endpoint::Unrouted => {
+                let path = path.split_once('?').map_or(path, |(path, _)| path);
+                body.trim_ascii_start().starts_with(b"{") && !COUNTING_PATHS.contains(&path)
+            }
+        }
     }
 
     /// What routing reads of `body`. An unrouted request's body may be
@@ -185,6 +205,22 @@ mod tests {
     fn target(uri: &str) -> Result<(String, &'static str), u16> {
         let uri: Uri = uri.parse().unwrap();
         unrouted_target("POST", &uri).map_err(|e| e.status().as_u16())
+    }
+
+    #[test]
+    fn counting_a_prompts_tokens_generates_none() {
+        let json = br#" {"model":"m"}"#;
+        assert!(Endpoint::Routed(Api::Messages).generates("/v1/messages", json));
+        assert!(Endpoint::Unrouted.generates("/v1/classify", json));
+        assert!(!Endpoint::Unrouted.generates("/v1/audio/transcriptions", b"--boundary"));
+        assert!(!Endpoint::ByLoad("/tokenize").generates("/tokenize", json));
+        for path in [
+            "/v1/messages/count_tokens",
+            "/v1/messages/count_tokens?beta=true",
+            "/v1/responses/input_tokens",
+        ] {
+            assert!(!Endpoint::Unrouted.generates(path, json), "{path}");
+        }
     }
 
     #[test]
