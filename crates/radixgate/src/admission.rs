@@ -320,6 +320,12 @@ impl Admission {
         }
     }
 
+    /// Counts a wait the request's own timeout ended before the queue's
+    /// did (it is answered as a queue timeout).
+    pub(crate) fn queue_timed_out(&self) {
+        self.metrics.rejected.increment("queue_timeout");
+    }
+
     /// The concurrency limit, if any.
     pub fn limit(&self) -> Option<usize> {
         self.limited.as_ref().map(|l| l.limit)

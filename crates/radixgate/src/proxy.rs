@@ -117,7 +117,7 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
             .await
-            .unwrap_or_else(|_| Err(progress.timed_out(after, started))),
+            .unwrap_or_else(|_| Err(progress.timed_out(after, started, &shared.admission))),
         None => work.await,
     };
     std::mem::forget(unanswered);
@@ -191,8 +191,15 @@ impl Progress {
         self.admitted.store(true, Ordering::Relaxed);
     }
 
-    /// The error for a request whose timeout, `after`, ran out.
-    fn timed_out(&self, after: Duration, started: Instant) -> GatewayError {
+    /// The error for a request whose timeout, `after`, ran out; a wait in
+    /// `admission`'s queue it ended is counted there as the queue's own
+    /// timeout would be.
+    fn timed_out(
+        &self,
+        after: Duration,
+        started: Instant,
+        admission: &crate::admission::Admission,
+    ) -> GatewayError {
         match self.read_us.load(Ordering::Relaxed) {
             0 => GatewayError::BodyTimeout { after },
             read if !self.admitted.load(Ordering::Relaxed) => {
@@ -201,6 +208,7 @@ impl Progress {
                         .elapsed()
                         .saturating_sub(Duration::from_micros(read - 1)),
                 };
+                admission.queue_timed_out();
                 if let Some(tenant) = self.tenant.get() {
                     crate::tenants::refund_to(tenant, &queued);
                 }

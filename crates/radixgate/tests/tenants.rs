@@ -764,6 +764,13 @@ async fn a_short_request_timeout_answers_for_the_phase_it_ran_out_in() {
     assert_eq!(holder.await.unwrap(), (504, "request_timeout".to_owned()));
     assert_eq!(low.await.unwrap(), (503, "queue_timeout".to_owned()));
     assert_eq!(high.await.unwrap(), (504, "request_timeout".to_owned()));
+    let metrics = metrics_text(&gw.url).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "radixgate_admission_rejected_total{reason=\"queue_timeout\"} 1"),
+        "{metrics}"
+    );
     assert_eq!(*worker.seen.lock(), ["holder", "high"]);
     // team-low was charged for its body and its holder, not for the
     // request the queue held: it has one left this minute.
