@@ -3,7 +3,9 @@
 //! The client API's keys are its tenants' ([`crate::tenants`]): a request
 //! that presents one is tagged with its tenant (for limits, priority and
 //! metrics) and its response body is metered for the tokens it reports; with
-//! no tenant configured the client API is open. The admin API checks one key.
+//! no tenant configured the client API is open. A client presents its key
+//! as a Bearer token or, without one, as `x-api-key` ([`client_key`]). The
+//! admin API checks one key, as a Bearer token only.
 //!
 //! Keys are compared in constant time for a given length, so response time
 //! does not reveal how many leading characters of a guess were right. The
@@ -135,7 +137,7 @@ where
             if tenants.is_open() {
                 None
             } else {
-                match bearer(req.headers()).and_then(|key| tenants.find(key)) {
+                match client_key(req.headers()).and_then(|key| tenants.find(key)) {
                     Some(tenant) => Some(tenant.clone()),
                     None => {
                         let refused = GatewayError::Unauthorized.into_response();
@@ -198,6 +200,21 @@ where
         }))
     }
 }
+
+/// The key a client of the client API presents: its `Authorization: Bearer`
+/// token, else its `x-api-key` header, which Anthropic's SDKs send by
+/// default (the Messages API's own way).
+pub(crate) fn client_key(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers).or_else(|| {
+        headers
+            .get(API_KEY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    })
+}
+
+/// Anthropic's header for an API key.
+pub(crate) const API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
 
 /// The token of an `Authorization: Bearer <token>` header, if present; the
 /// scheme is matched in any case.

@@ -308,7 +308,9 @@ pub fn request_headers(
             continue;
         }
         // The client's key authenticated it to us; it is not the worker's.
-        if name == header::AUTHORIZATION && (gateway_has_key || worker_key.is_some()) {
+        if (name == header::AUTHORIZATION || name == crate::auth::API_KEY)
+            && (gateway_has_key || worker_key.is_some())
+        {
             continue;
         }
         out.append(name.clone(), value.clone());

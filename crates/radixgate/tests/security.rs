@@ -295,6 +295,55 @@ async fn the_bearer_scheme_is_case_insensitive() {
     gw.shutdown().await;
 }
 
+/// Anthropic's SDKs send their key as `x-api-key`: the client API takes
+/// it where no `Authorization` is sent, and, as a Bearer key is, it goes no
+/// further than the router. The admin plane does not take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_api_takes_an_x_api_key_and_keeps_it_from_the_worker() {
+    let w = sim_worker(fast_worker()).await;
+    let t = common::tap::tap(&w.url).await;
+    let mut cfg = config(&[&t.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    cfg.server.admin_api_key = Some("sk-admin".into());
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    let messages = json!({"model": radixgate_sim::server::DEFAULT_MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let send = |key: &'static str| {
+        c.post(format!("{}/v1/messages", gw.url))
+            .header("x-api-key", key)
+            .json(&messages)
+            .send()
+    };
+    let r = send("sk-client").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        t.last("x-api-key"),
+        None,
+        "the client's key went to the worker"
+    );
+    assert_eq!(t.last("authorization"), None);
+    assert_eq!(send("sk-wrong").await.unwrap().status(), 401);
+    // A Bearer key, when sent, is the one judged.
+    let r = c
+        .post(format!("{}/v1/messages", gw.url))
+        .header("authorization", "Bearer sk-wrong")
+        .header("x-api-key", "sk-client")
+        .json(&messages)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .get(format!("{}/workers", gw.url))
+        .header("x-api-key", "sk-admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_method_is_a_405_with_a_json_error_and_allow() {
     let w = sim_worker(fast_worker()).await;
