@@ -782,50 +782,63 @@ async fn a_client_that_goes_away_cancels_both_sides() {
     gw.shutdown().await;
 }
 
+/// vLLM: a prompt its decode worker already holds goes to decode alone
+/// (vLLM's decode instance prefills itself what a request without
+/// `kv_transfer_params` lacks). SGLang: never, as its decode server takes
+/// no request without its prefill's bootstrap room; every request is
+/// paired whatever the threshold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decode_alone_serves_a_prompt_it_already_holds() {
-    let prefill = engine("prefill", WorkerRole::Prefill).await;
-    let decode = engine("decode", WorkerRole::Decode).await;
-    let mut c = pd_config(PdProtocol::Sglang, &[(&prefill, None)], &[&decode]);
-    c.pd.decode_policy = PolicyConfig::named("cache_aware").unwrap();
-    c.pd.skip_prefill_max_uncached_tokens = 32;
-    let gw = started(c).await;
-    let body = chat_body(false);
-    let first = post_chat(&gw.url, &body).await;
-    assert!(header(&first, "x-radixgate-decision").contains("prefill=[cache_aware"));
-    // The same prompt again: decode holds all of it.
-    let again = post_chat(&gw.url, &body).await;
-    assert_eq!(again.status(), 200);
-    let decision = header(&again, "x-radixgate-decision");
-    assert!(
-        decision.starts_with("pd=sglang prefill=skipped uncached_tokens=0 decode=["),
-        "{decision}"
-    );
-    assert_eq!(header(&again, "x-radixgate-prefill-worker"), "");
-    assert!(again.text().await.unwrap().contains("from-decode"));
-    assert_eq!(prefill.bodies().len(), 1, "prefill was skipped");
-    let alone = &decode.bodies()[1];
-    assert!(
-        alone.get("bootstrap_room").is_none(),
-        "decode alone gets the client's body"
-    );
-    assert_eq!(alone, &body);
-    // A different prompt goes to both again.
-    let other = post_chat(
-        &gw.url,
-        &json!({"model": "pd-model", "messages": [{"role": "user", "content": long_prompt("another question")}]}),
-    )
-    .await;
-    assert!(header(&other, "x-radixgate-decision").contains("prefill=[cache_aware"));
-    assert_eq!(
-        series_value(
+async fn decode_alone_serves_a_prompt_it_already_holds_under_vllm_only() {
+    for protocol in [PdProtocol::Vllm, PdProtocol::Sglang] {
+        let prefill = engine("prefill", WorkerRole::Prefill).await;
+        let decode = engine("decode", WorkerRole::Decode).await;
+        let mut c = pd_config(protocol, &[(&prefill, None)], &[&decode]);
+        c.pd.decode_policy = PolicyConfig::named("cache_aware").unwrap();
+        c.pd.skip_prefill_max_uncached_tokens = 32;
+        let gw = started(c).await;
+        let body = chat_body(false);
+        let first = post_chat(&gw.url, &body).await;
+        assert!(header(&first, "x-radixgate-decision").contains("prefill=[cache_aware"));
+        // The same prompt again: decode holds all of it.
+        let again = post_chat(&gw.url, &body).await;
+        assert_eq!(again.status(), 200);
+        let decision = header(&again, "x-radixgate-decision");
+        let skipped = series_value(
             &gw.url,
-            "radixgate_pd_requests_total{path=\"skipped_prefill\"}"
+            "radixgate_pd_requests_total{path=\"skipped_prefill\"}",
+        );
+        if protocol == PdProtocol::Sglang {
+            assert!(decision.contains("prefill=[cache_aware"), "{decision}");
+            assert!(again.text().await.unwrap().contains("from-decode"));
+            assert_eq!(prefill.bodies().len(), 2, "SGLang pairs every request");
+            assert!(decode.bodies()[1].get("bootstrap_room").is_some());
+            assert_eq!(skipped.await, 0.0);
+            gw.shutdown().await;
+            continue;
+        }
+        assert!(
+            decision.starts_with("pd=vllm prefill=skipped uncached_tokens=0 decode=["),
+            "{decision}"
+        );
+        assert_eq!(header(&again, "x-radixgate-prefill-worker"), "");
+        assert!(again.text().await.unwrap().contains("from-decode"));
+        assert_eq!(prefill.bodies().len(), 1, "prefill was skipped");
+        let alone = &decode.bodies()[1];
+        assert!(
+            alone.get("kv_transfer_params").is_none(),
+            "decode alone gets the client's body"
+        );
+        assert_eq!(alone, &body);
+        assert_eq!(skipped.await, 1.0);
+        // A different prompt goes to both again.
+        let other = post_chat(
+            &gw.url,
+            &json!({"model": "pd-model", "messages": [{"role": "user", "content": long_prompt("another question")}]}),
         )
-        .await,
-        1.0
-    );
-    gw.shutdown().await;
+        .await;
+        assert!(header(&other, "x-radixgate-decision").contains("prefill=[cache_aware"));
+        gw.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,9 +100,9 @@ pub struct ServeArgs {
     /// The decode workers' policy [default: power_of_two].
     #[arg(long, env = "RADIXGATE_DECODE_POLICY", value_parser = PolicyConfig::NAMES)]
     pub decode_policy: Option<String>,
-    /// Send a request to its decode worker alone when that worker is
+    /// vLLM: send a request to its decode worker alone when that worker is
     /// predicted to hold all but at most this many of its prompt's tokens;
-    /// 0 = never [default: 32].
+    /// 0 = never (SGLang pairs every request) [default: 32].
     #[arg(long, env = "RADIXGATE_PD_SKIP_PREFILL_TOKENS")]
     pub pd_skip_prefill_tokens: Option<usize>,
     /// cache_aware: a hit needs matched/input above this, 0..=1 [default: 0.3].

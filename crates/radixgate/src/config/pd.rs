@@ -55,6 +55,8 @@ pub struct PdConfig {
     /// Send a request to its decode worker alone, skipping the prefill
     /// pool, when that worker is predicted to hold all but at most this
     /// many of the prompt's tokens (`--pd-skip-prefill-tokens`); 0 = never.
+    /// vLLM only: SGLang's decode server takes no request without its
+    /// prefill's bootstrap room, so under SGLang every request is paired.
     /// A whole prompt that short goes to decode alone too.
     /// The prediction is the decode pool's prefix record (every prompt a
     /// decode worker generated from is in its cache), converted to tokens

@@ -28,10 +28,15 @@
 //! final 4xx) is the request's fault, as a co-located worker's is: the
 //! client gets it, and no breaker counts it.
 //!
-//! **Prefill skip**: when the chosen decode worker is predicted to hold all
-//! but `pd.skip_prefill_max_uncached_tokens` of the prompt (the decode
-//! pool's prefix record, `radixgate_routing::policy::Holding`), the
-//! client's bytes go to decode alone, as to a co-located worker.
+//! **Prefill skip** (vLLM only): when the chosen decode worker is predicted
+//! to hold all but `pd.skip_prefill_max_uncached_tokens` of the prompt (the
+//! decode pool's prefix record, `radixgate_routing::policy::Holding`), the
+//! client's bytes go to decode alone, as to a co-located worker; vLLM's
+//! decode instance prefills what a request without `kv_transfer_params`
+//! needs itself. SGLang's decode server takes no request without its
+//! prefill's bootstrap room (it waits for a handshake with a prefill
+//! server that is never named, then aborts it), so under SGLang every
+//! request goes to a pair.
 //!
 //! Bodies are edited by key, not re-serialised through types (`pd/body.rs`):
 //! every value the client sent is passed on byte for byte; only the
@@ -177,7 +182,12 @@ pub(super) async fn attempts(
             Ok(routed) => routed,
             Err(err) => return Err(give_up(err, last_failure)),
         };
-        let skip = skips_prefill(shared, &decode, text, pd.skip_prefill_max_uncached_tokens);
+        let skip = match pd.protocol {
+            PdProtocol::Vllm => {
+                skips_prefill(shared, &decode, text, pd.skip_prefill_max_uncached_tokens)
+            }
+            PdProtocol::Sglang => None,
+        };
         let select_prefill = |tried: &[WorkerId]| {
             shared.router.select_in(
                 WorkerRole::Prefill,
