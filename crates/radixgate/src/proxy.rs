@@ -335,6 +335,7 @@ async fn forward(
             routing_text: request.routing_text,
             spans,
             pd,
+            cut: metering.as_ref().map(crate::tenants::Metering::cut_flag),
         },
     );
     if let Some(metering) = metering {

@@ -257,12 +257,27 @@ pub(crate) struct Metering {
     chars_per_token: f64,
     /// The client did not ask for the usage event.
     strip_usage_event: bool,
+    /// Set when the gateway ends the answer early (its worker broke off,
+    /// the request's timeout, shutdown): an event stream then ends with an
+    /// error event, looking whole to [`Metered`], but it is cut short.
+    cut: Arc<AtomicBool>,
 }
 
 impl Metering {
     /// Whether the usage event is taken out of the answer.
     pub(crate) fn strips_usage_event(&self) -> bool {
         self.strip_usage_event
+    }
+
+    /// The flag the response body sets when the gateway ends the answer
+    /// early.
+    pub(crate) fn cut_flag(&self) -> Arc<AtomicBool> {
+        self.cut.clone()
+    }
+
+    /// Whether the gateway ended the answer early.
+    fn was_cut(&self) -> bool {
+        self.cut.load(Ordering::Relaxed)
     }
 }
 
@@ -308,6 +323,7 @@ pub(crate) fn meter(
         prompt_tokens,
         chars_per_token,
         strip_usage_event: asked.strip,
+        cut: Arc::default(),
     };
     Ok((asked.body, Some(metering)))
 }

@@ -427,6 +427,53 @@ async fn a_messages_stream_left_before_its_output_count_is_charged_for_its_outpu
     gw.shutdown().await;
 }
 
+/// A Messages stream its worker breaks off before `message_delta` (the
+/// gateway ends it with an error event) is cut short as surely as one its
+/// client leaves: charged the prompt `message_start` reported and the
+/// output it was sent, not the prompt alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_its_worker_breaks_off_is_charged_for_its_output() {
+    let worker = sim_worker(fast_worker()).await;
+    worker.set_faults(radixgate_sim::server::FaultConfig {
+        die_after_chunks: Some(40),
+        ..Default::default()
+    });
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let body = json!({"model": radixgate_sim::server::DEFAULT_MODEL, "max_tokens": 1000,
+        "stream": true,
+        "messages": [{"role": "user", "content": "a long question ".repeat(100)}]});
+    let r = client()
+        .post(format!("{}/v1/messages", gw.url))
+        .bearer_auth("sk-a")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let read = r.text().await.unwrap();
+    assert!(read.contains("event: error"), "{read}");
+    assert!(!read.contains("message_delta"), "{read}");
+    let deltas = read.matches("event: content_block_delta").count() as f64;
+    assert!(deltas >= 20.0, "{read}");
+    let start = &stream_events(&read)[0]["message"]["usage"];
+    let prompt = start["input_tokens"].as_f64().unwrap()
+        + start["cache_read_input_tokens"].as_f64().unwrap_or(0.0);
+    wait_until("the broken stream is charged", || {
+        let url = gw.url.clone();
+        async move { tenant_tokens(&url, "team-a").await > 0.0 }
+    })
+    .await;
+    let charged = tenant_tokens(&gw.url, "team-a").await;
+    assert!(
+        charged >= prompt + deltas,
+        "charged {charged}, prompt {prompt}, {deltas} deltas"
+    );
+    gw.shutdown().await;
+}
+
 /// An SGLang `/generate` batch (a list of prompts) is charged every item's
 /// tokens, not the last item's alone: its answer is a list with a
 /// `meta_info` per item, or, streamed, their events interleaved.

@@ -22,6 +22,7 @@ use axum::response::Response;
 use radixgate_routing::{CacheFeedback, CacheReport, Corrected, LoadGuard};
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// Hands a worker's response to the client, its body carrying the
@@ -38,6 +39,7 @@ pub(super) fn respond(
         mut routing_text,
         spans,
         pd,
+        cut,
     } = responding;
     let Answer {
         response,
@@ -131,6 +133,7 @@ pub(super) fn respond(
         started,
         trace: crate::trace::RequestTrace::new(spans, trace),
         pd,
+        cut,
     };
     // Checked: a timeout too far away for the clock is no deadline at all
     // (validation keeps it within a day; this is the second line).
@@ -172,6 +175,9 @@ pub(super) struct Responding {
     pub(super) spans: crate::trace::RequestSpans,
     /// A disaggregated request's other side and explanation.
     pub(super) pd: Option<pd::Held>,
+    /// A metered tenant's flag: set when the body ends early
+    /// ([`crate::tenants::Metering::cut_flag`]).
+    pub(super) cut: Option<Arc<AtomicBool>>,
 }
 
 /// What a response body carries until it ends. Field order is drop order:
@@ -215,6 +221,8 @@ struct RequestWatch {
     /// A disaggregated request's prefill side, cancelled with the stream
     /// unless it completes.
     pd: Option<pd::Held>,
+    /// Set if the body ends early, for a metered tenant's charge.
+    cut: Option<Arc<AtomicBool>>,
 }
 
 /// What a response needs for the routing correction.
@@ -316,6 +324,14 @@ impl StreamWatch for RequestWatch {
     }
 
     fn finish(mut self, end: StreamEnd) {
+        if let Some(cut) = &self.cut
+            && matches!(
+                end,
+                StreamEnd::UpstreamError | StreamEnd::Shutdown | StreamEnd::TimedOut
+            )
+        {
+            cut.store(true, Ordering::Relaxed);
+        }
         if let Some(pd) = self.pd.take() {
             pd.finish(end == StreamEnd::Complete);
         }

@@ -91,6 +91,9 @@ impl<B> Metered<B> {
         let Some((tenant, shared)) = self.charge.take() else {
             return;
         };
+        // An event stream the gateway ended early (its worker broke off)
+        // ends with an error event and looks whole from here.
+        let whole = whole && !self.estimate.as_ref().is_some_and(|(m, _)| m.was_cut());
         // A count no answer can have is a worker's lie: charged as an
         // answer that reports none, not a debt no tenant could pay back.
         let plausible = |n: &u64| *n <= MAX_REPORTED_TOKENS;
