@@ -22,9 +22,10 @@
 //! passes as a non-outlier lowers its ejection count by one (Envoy's
 //! decay). At most `max_ejection_percent` of the pool is ejected at once
 //! (one worker always may be), and never a worker whose models no other
-//! available worker serves; an ejected worker in that plight later (its
-//! peers' breakers opened, or they fail health checks) returns at the next
-//! evaluation, before its time is up.
+//! available worker of its role serves (a prefill worker cannot decode);
+//! an ejected worker in that plight later (its peers' breakers opened, or
+//! they fail health checks) returns at the next evaluation, before its
+//! time is up.
 //!
 //! The detector's metric families ([`OutlierMetrics`]: ejections and the
 //! ejected gauge of each worker) are recorded only by [`run`], which builds
@@ -231,12 +232,13 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 }
 
 /// Whether every model `worker` serves is served by another available
-/// worker too (ejecting it must not empty a model's pool).
+/// worker of its role too (ejecting it must not empty a model's pool; a
+/// prefill worker cannot stand in for a decode worker, nor the reverse).
 fn others_serve(worker: &Worker, workers: &[Arc<Worker>]) -> bool {
     let others = || {
         workers
             .iter()
-            .filter(move |o| o.id() != worker.id() && o.is_available())
+            .filter(move |o| o.id() != worker.id() && o.role() == worker.role() && o.is_available())
     };
     if worker.models().is_empty() {
         return others().any(|o| o.models().is_empty());

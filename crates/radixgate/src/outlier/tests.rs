@@ -152,6 +152,48 @@ async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
     assert!(ws[2].is_available());
 }
 
+/// Disaggregated: a worker's peers are the workers of its role. A decode
+/// worker is never ejected for the prefill workers that serve its model
+/// (they cannot decode), and an ejected one returns once no other decode
+/// worker is available, whatever prefill workers are left.
+#[tokio::test(start_paused = true)]
+async fn a_workers_peers_are_the_workers_of_its_role() {
+    let role = |i: u32, role: radixgate_routing::WorkerRole| {
+        Arc::new(Worker::new(
+            WorkerId(i),
+            WorkerSpec {
+                role,
+                ..WorkerSpec::new(format!("http://w{i}:1"))
+            },
+        ))
+    };
+    use radixgate_routing::WorkerRole::{Decode, Prefill};
+    // The one decode worker, slow next to the prefill workers: the last of
+    // its role, kept.
+    let o = Outliers::new(config());
+    let ws = vec![role(0, Prefill), role(1, Prefill), role(2, Decode)];
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 60_000, 10);
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+    assert!(ws[2].is_available());
+
+    // Two decode workers, one ejected; the other's breaker opens: the
+    // ejected one returns though the prefill worker is available.
+    let o = Outliers::new(config());
+    let ws = vec![role(0, Prefill), role(1, Decode), role(2, Decode)];
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 60_000, 10);
+    assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [2]);
+    ws[1].set_breaker(radixgate_routing::BreakerState::Open);
+    let events = o.evaluate(&ws, Instant::now());
+    assert!(
+        matches!(&events[..], [Event::Returned { worker }] if worker.id() == WorkerId(2)),
+        "{events:?}"
+    );
+    assert!(ws[2].is_available());
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_ewma_follows_recent_samples() {
     let o = Outliers::new(config());
