@@ -196,7 +196,12 @@ where
                 // The usage event is taken out: the length changes.
                 response.headers_mut().remove(header::CONTENT_LENGTH);
             }
-            response.map(|body| Body::new(Metered::new(body, tenant, shared, metering, sse)))
+            let generate = response
+                .extensions_mut()
+                .remove::<crate::usage::GenerateAnswer>()
+                .is_some();
+            response
+                .map(|body| Body::new(Metered::new(body, tenant, shared, metering, sse, generate)))
         }))
     }
 }

@@ -341,6 +341,18 @@ async fn forward(
     if let Some(metering) = metering {
         response.extensions_mut().insert(metering);
     }
+    // A tenant's `/generate` answer: its charge reads each batch item's
+    // report (no other answer is scanned for them).
+    if matches!(endpoint, Endpoint::Routed(radixgate_routing::Api::Generate))
+        && parts
+            .extensions
+            .get::<crate::tenants::TenantRef>()
+            .is_some()
+    {
+        response
+            .extensions_mut()
+            .insert(crate::usage::GenerateAnswer);
+    }
     Ok(response)
 }
 

@@ -40,7 +40,7 @@ mod output;
 
 use std::sync::LazyLock;
 
-pub use items::ItemReports;
+pub use items::{GenerateAnswer, ItemReports};
 use memchr::memmem::Finder;
 use object::{Count, Fields};
 pub use output::Output;

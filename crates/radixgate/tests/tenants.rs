@@ -572,6 +572,50 @@ async fn a_stream_of_known_length_is_charged_what_it_reports() {
     served.abort();
 }
 
+/// The scan for an SGLang `/generate` batch's item reports reads
+/// `/generate` answers only: another API's answer is charged the usage it
+/// reports, whatever `meta_info` objects it carries (and its bytes are not
+/// scanned twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_generate_answer_is_read_for_item_reports() {
+    use axum::routing::{get, post};
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let meta = json!({"finish_reason": {"type": "stop"}, "prompt_tokens": 10,
+        "completion_tokens": 1});
+    let answer = json!({
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "a"}, "meta_info": meta},
+            {"index": 1, "message": {"role": "assistant", "content": "b"}, "meta_info": meta},
+        ],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52},
+    });
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route(
+            "/v1/chat/completions",
+            post(move || async move { axum::Json(answer) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = format!("http://{}", listener.local_addr().unwrap());
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker, tenants), 1).await;
+    let r = post_as(&gw.url, Some("sk-a"), &chat("a question", false)).await;
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await.unwrap();
+    wait_until("the answer is charged", || {
+        let url = gw.url.clone();
+        async move { tenant_tokens(&url, "team-a").await > 0.0 }
+    })
+    .await;
+    assert_eq!(tenant_tokens(&gw.url, "team-a").await, 52.0);
+    gw.shutdown().await;
+    served.abort();
+}
+
 /// Counting a prompt's tokens (`/v1/messages/count_tokens`, which the
 /// Anthropic SDK and the tools built on it call before sending) generates
 /// none and uses no budget: a tenant with a token limit is not charged the

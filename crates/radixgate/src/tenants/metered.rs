@@ -33,8 +33,8 @@ pub(crate) struct Metered<B> {
     inner: B,
     tail: UsageTail,
     /// A `/generate` batch's items: one report each, more than the tail
-    /// holds.
-    items: ItemReports,
+    /// holds. Read on a `/generate` answer only.
+    items: Option<ItemReports>,
     /// The body's length when it is known in advance.
     length: Option<u64>,
     seen: u64,
@@ -50,13 +50,15 @@ pub(crate) struct Metered<B> {
 
 impl<B: Body> Metered<B> {
     /// `metering` for a worker's successful answer to a tenant with a token
-    /// limit; `sse` whether it is an event stream.
+    /// limit; `sse` whether it is an event stream; `generate` whether it
+    /// answers SGLang's `/generate` (its batch items' reports are read).
     pub(crate) fn new(
         inner: B,
         tenant: Arc<Tenant>,
         shared: Arc<Shared>,
         metering: Option<Metering>,
         sse: bool,
+        generate: bool,
     ) -> Self {
         let filter = metering
             .as_ref()
@@ -67,7 +69,7 @@ impl<B: Body> Metered<B> {
         Self {
             inner,
             tail: UsageTail::new(),
-            items: ItemReports::new(),
+            items: generate.then(ItemReports::new),
             length,
             seen: 0,
             charge: Some((tenant, shared)),
@@ -97,7 +99,11 @@ impl<B> Metered<B> {
         // A count no answer can have is a worker's lie: charged as an
         // answer that reports none, not a debt no tenant could pay back.
         let plausible = |n: &u64| *n <= MAX_REPORTED_TOKENS;
-        let reported = self.items.tokens().or_else(|| self.tail.tokens());
+        let reported = self
+            .items
+            .as_ref()
+            .and_then(ItemReports::tokens)
+            .or_else(|| self.tail.tokens());
         let reported = reported.filter(|n| {
             if !plausible(n) {
                 tracing::warn!(
@@ -168,7 +174,9 @@ where
                 return Poll::Ready(polled);
             };
             this.tail.push(data);
-            this.items.push(data);
+            if let Some(items) = &mut this.items {
+                items.push(data);
+            }
             this.seen += data.len() as u64;
             if let Some((_, output)) = &mut this.estimate {
                 output.frame(data);

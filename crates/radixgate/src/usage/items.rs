@@ -22,6 +22,12 @@ const MAX_REPORT: usize = 16 * 1024;
 /// The key that opens a report.
 const KEY: &[u8] = b"\"meta_info\"";
 
+/// In a response's extensions: an answer to SGLang's `/generate`, whose
+/// items' reports a tenant's charge reads ([`ItemReports`]). Only those:
+/// every other answer would be scanned twice for nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerateAnswer;
+
 /// The items an answer finished, and their tokens.
 #[derive(Debug, Default)]
 pub struct ItemReports {
