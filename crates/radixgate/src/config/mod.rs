@@ -439,8 +439,9 @@ impl Default for BreakerConfig {
 /// that health checks and breakers miss. At most `max_ejection_percent` of
 /// the pool is ejected at once (but one may always be), and never the last
 /// available worker of a model in its role (prefill, decode); an ejected
-/// worker that its model's other workers of its role leave alone (their breakers open, their health checks failing)
-/// returns at the next evaluation.
+/// worker that its model's other workers of its role leave alone (their
+/// breakers open, their health checks failing) returns at the next
+/// evaluation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
