@@ -12,7 +12,10 @@
 //! failures are the circuit breaker's business, not repeated here. Every
 //! `interval_secs`, [`Outliers::evaluate`] compares each worker's
 //! exponentially weighted mean latency with the median of its peers'
-//! (workers with at least `min_samples` samples): above `latency_factor`
+//! (the workers of its role serving the same models, with at least
+//! `min_samples` samples each: a large model's workers, or decode workers,
+//! are slower than a small model's or prefill workers without being
+//! outliers): above `latency_factor`
 //! times the median, and by at least `min_gap_ms`, it is ejected for
 //! `base_ejection_secs` × the number of times it was ejected (at most
 //! `max_ejection_secs`). An ejected worker's slot in the routing crate's
@@ -167,9 +170,13 @@ impl Outliers {
             .collect();
         let mut outliers: Vec<(usize, f64, f64)> = Vec::new();
         for &(i, latency) in &judged {
+            // Judged against the workers that do the same work: a large
+            // model's workers, or decode workers (their first byte waits
+            // for a prefill), are slower than a small model's or prefill
+            // workers without being outliers.
             let peers: Vec<f64> = judged
                 .iter()
-                .filter(|&&(j, _)| j != i)
+                .filter(|&&(j, _)| j != i && alike(&workers[i], &workers[j]))
                 .map(|&(_, l)| l)
                 .collect();
             let Some(median) = median(peers) else {
@@ -229,6 +236,15 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     } else {
         values[mid]
     })
+}
+
+/// Whether `a` and `b` do the same work, so that their latencies compare:
+/// one role, the same models.
+fn alike(a: &Worker, b: &Worker) -> bool {
+    if a.role() != b.role() || a.models().len() != b.models().len() {
+        return false;
+    }
+    a.models().iter().all(|m| b.serves(m))
 }
 
 /// Whether every model `worker` serves is served by another available

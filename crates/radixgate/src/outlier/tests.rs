@@ -37,6 +37,39 @@ fn ejected(events: &[Event]) -> Vec<u32> {
         .collect()
 }
 
+/// A worker is judged against the workers of its model: a pool that
+/// serves a small and a large model (the large one's first tokens ten
+/// times slower) ejects none of the large model's workers for being slower
+/// than the small model's, and still ejects one slow among its own.
+#[tokio::test(start_paused = true)]
+async fn a_worker_is_judged_against_the_workers_of_its_model() {
+    let serving = |i: u32, model: &str| {
+        Arc::new(Worker::new(
+            WorkerId(i),
+            WorkerSpec::new(format!("http://w{i}:1")).with_models([model]),
+        ))
+    };
+    let o = Outliers::new(config());
+    let ws = vec![
+        serving(0, "small"),
+        serving(1, "small"),
+        serving(2, "small"),
+        serving(3, "large"),
+        serving(4, "large"),
+    ];
+    for i in 0..3 {
+        feed(&o, i, 200, 10);
+    }
+    feed(&o, 3, 2_000, 10);
+    feed(&o, 4, 2_400, 10);
+    assert!(ejected(&o.evaluate(&ws, Instant::now())).is_empty());
+    // Among its own, a slow one is an outlier.
+    let ws = [ws, vec![serving(5, "large"), serving(6, "large")]].concat();
+    feed(&o, 5, 2_200, 10);
+    feed(&o, 6, 30_000, 10);
+    assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [6]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_slow_worker_is_ejected_then_returns_and_stays_out_longer_next_time() {
     let o = Outliers::new(config());
