@@ -409,12 +409,7 @@ async fn a_messages_stream_left_before_its_output_count_is_charged_for_its_outpu
     let start = &stream_events(&read)[0]["message"]["usage"];
     let prompt = start["input_tokens"].as_f64().unwrap()
         + start["cache_read_input_tokens"].as_f64().unwrap_or(0.0);
-    wait_until("the stream left early is charged", || {
-        let url = gw.url.clone();
-        async move { tenant_tokens(&url, "team-a").await > 0.0 }
-    })
-    .await;
-    let charged = tenant_tokens(&gw.url, "team-a").await;
+    let charged = charged_once(&gw.url, "the stream left early is charged").await;
     // The prompt as reported, and at least the 20 deltas the client read.
     assert!(
         charged >= prompt + 20.0,
@@ -461,12 +456,7 @@ async fn a_messages_stream_its_worker_breaks_off_is_charged_for_its_output() {
     let start = &stream_events(&read)[0]["message"]["usage"];
     let prompt = start["input_tokens"].as_f64().unwrap()
         + start["cache_read_input_tokens"].as_f64().unwrap_or(0.0);
-    wait_until("the broken stream is charged", || {
-        let url = gw.url.clone();
-        async move { tenant_tokens(&url, "team-a").await > 0.0 }
-    })
-    .await;
-    let charged = tenant_tokens(&gw.url, "team-a").await;
+    let charged = charged_once(&gw.url, "the broken stream is charged").await;
     assert!(
         charged >= prompt + deltas,
         "charged {charged}, prompt {prompt}, {deltas} deltas"
@@ -526,14 +516,41 @@ async fn a_generate_batch_is_charged_for_every_item() {
     gw.shutdown().await;
 }
 
+/// A worker of the default model whose chat completions are answered by
+/// `chat`; its URL and its task (abort it at the end).
+async fn worker_answering(
+    chat: axum::routing::MethodRouter,
+) -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
+    use axum::routing::get;
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route("/v1/chat/completions", chat);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    (
+        url,
+        tokio::spawn(async move { axum::serve(listener, app).await }),
+    )
+}
+
+/// What team-a was charged, once it was charged anything (`what` names the
+/// wait).
+async fn charged_once(gateway: &str, what: &str) -> f64 {
+    wait_until(what, || async {
+        tenant_tokens(gateway, "team-a").await > 0.0
+    })
+    .await;
+    tenant_tokens(gateway, "team-a").await
+}
+
 /// A metered stream a worker sends with a `Content-Length` (the whole
 /// stream at once) is charged what it reports, as a chunked one is: the
 /// gateway ends it when its last byte passes, which is its end, not a
 /// client that left early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_known_length_is_charged_what_it_reports() {
-    use axum::routing::{get, post};
-    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
     let stream = concat!(
         "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
         "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
@@ -541,16 +558,10 @@ async fn a_stream_of_known_length_is_charged_what_it_reports() {
         "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":2,\"total_tokens\":52}}\n\n",
         "data: [DONE]\n\n",
     );
-    let app = axum::Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/v1/models", get(move || async move { axum::Json(models) }))
-        .route(
-            "/v1/chat/completions",
-            post(move || async move { ([("content-type", "text/event-stream")], stream) }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let worker = format!("http://{}", listener.local_addr().unwrap());
-    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (worker, served) = worker_answering(axum::routing::post(move || async move {
+        ([("content-type", "text/event-stream")], stream)
+    }))
+    .await;
     let tenants = "keys:
     - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
 ";
@@ -562,12 +573,7 @@ async fn a_stream_of_known_length_is_charged_what_it_reports() {
     let text = r.text().await.unwrap();
     assert!(!text.contains("usage"), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    wait_until("the stream is charged", || {
-        let url = gw.url.clone();
-        async move { tenant_tokens(&url, "team-a").await > 0.0 }
-    })
-    .await;
-    assert_eq!(tenant_tokens(&gw.url, "team-a").await, 52.0);
+    assert_eq!(charged_once(&gw.url, "the stream is charged").await, 52.0);
     gw.shutdown().await;
     served.abort();
 }
@@ -578,8 +584,6 @@ async fn a_stream_of_known_length_is_charged_what_it_reports() {
 /// scanned twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_generate_answer_is_read_for_item_reports() {
-    use axum::routing::{get, post};
-    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
     let meta = json!({"finish_reason": {"type": "stop"}, "prompt_tokens": 10,
         "completion_tokens": 1});
     let answer = json!({
@@ -589,16 +593,11 @@ async fn only_a_generate_answer_is_read_for_item_reports() {
         ],
         "usage": {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52},
     });
-    let app = axum::Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/v1/models", get(move || async move { axum::Json(models) }))
-        .route(
-            "/v1/chat/completions",
-            post(move || async move { axum::Json(answer) }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let worker = format!("http://{}", listener.local_addr().unwrap());
-    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (worker, served) =
+        worker_answering(axum::routing::post(
+            move || async move { axum::Json(answer) },
+        ))
+        .await;
     let tenants = "keys:
     - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
 ";
@@ -606,12 +605,7 @@ async fn only_a_generate_answer_is_read_for_item_reports() {
     let r = post_as(&gw.url, Some("sk-a"), &chat("a question", false)).await;
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await.unwrap();
-    wait_until("the answer is charged", || {
-        let url = gw.url.clone();
-        async move { tenant_tokens(&url, "team-a").await > 0.0 }
-    })
-    .await;
-    assert_eq!(tenant_tokens(&gw.url, "team-a").await, 52.0);
+    assert_eq!(charged_once(&gw.url, "the answer is charged").await, 52.0);
     gw.shutdown().await;
     served.abort();
 }
@@ -666,25 +660,15 @@ async fn counting_a_prompts_tokens_is_not_charged() {
 /// estimate), and the tenant's next request is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_reports_absurd_usage_does_not_lock_its_tenant_out() {
-    use axum::routing::{get, post};
-    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
-    let app = axum::Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/v1/models", get(move || async move { axum::Json(models) }))
-        .route(
-            "/v1/chat/completions",
-            post(|| async {
-                axum::Json(json!({
-                    "choices": [{"message": {"role": "assistant", "content": "ok"}}],
-                    "usage": {"prompt_tokens": 1_000_000_000_000_000_000_u64,
-                              "completion_tokens": 1,
-                              "total_tokens": 1_000_000_000_000_000_001_u64},
-                }))
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let worker = format!("http://{}", listener.local_addr().unwrap());
-    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (worker, served) = worker_answering(axum::routing::post(|| async {
+        axum::Json(json!({
+            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 1_000_000_000_000_000_000_u64,
+                      "completion_tokens": 1,
+                      "total_tokens": 1_000_000_000_000_000_001_u64},
+        }))
+    }))
+    .await;
     let tenants = "keys:
     - {name: team-a, key: sk-a, tokens_per_minute: 1000}
 ";
