@@ -258,17 +258,17 @@ fn eager_outliers(workers: &[&str], ejection_secs: u64) -> Config {
     c
 }
 
-/// Item 3: a worker far slower than its peers (its `/health` fine) is
-/// ejected by outlier detection, and returns when its ejection is over.
-#[tokio::test]
-async fn slow_worker_is_ejected_and_returns() {
+/// A fast and a slow worker (400 ms more to each first byte) behind a
+/// gateway with eager outlier detection (`ejection_secs` a time), once the
+/// slow one is ejected.
+async fn slow_one_ejected(ejection_secs: u64) -> (SimWorker, SimWorker, Gateway) {
     let fast = sim_worker(fast_worker()).await;
     let slow = sim_worker(fast_worker()).await;
     slow.set_faults(FaultConfig {
         latency_ms: 400,
         ..FaultConfig::default()
     });
-    let c = eager_outliers(&[&fast.url, &slow.url], 2);
+    let c = eager_outliers(&[&fast.url, &slow.url], ejection_secs);
     let gw = gateway_ready(c, 2).await;
     for i in 0..8 {
         // Streamed: the first token's wait is what outlier detection
@@ -281,6 +281,14 @@ async fn slow_worker_is_ejected_and_returns() {
         metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(1.0)
     })
     .await;
+    (fast, slow, gw)
+}
+
+/// Item 3: a worker far slower than its peers (its `/health` fine) is
+/// ejected by outlier detection, and returns when its ejection is over.
+#[tokio::test]
+async fn slow_worker_is_ejected_and_returns() {
+    let (fast, slow, gw) = slow_one_ejected(2).await;
     assert_eq!(
         metric(&gw.url, "radixgate_outlier_ejections_total", &slow.url).await,
         Some(1.0)
@@ -305,23 +313,7 @@ async fn slow_worker_is_ejected_and_returns() {
 /// were answered 503 for the rest of the ejection (here five minutes).
 #[tokio::test]
 async fn an_ejected_worker_returns_when_its_peers_are_gone() {
-    let fast = sim_worker(fast_worker()).await;
-    let slow = sim_worker(fast_worker()).await;
-    slow.set_faults(FaultConfig {
-        latency_ms: 400,
-        ..FaultConfig::default()
-    });
-    let c = eager_outliers(&[&fast.url, &slow.url], 300);
-    let gw = gateway_ready(c, 2).await;
-    for i in 0..8 {
-        let r = post_chat(&gw.url, &chat(&format!("outlier {i}"), true)).await;
-        assert_eq!(r.status(), 200);
-        r.bytes().await.unwrap();
-    }
-    wait_until("the slow worker is ejected", || async {
-        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(1.0)
-    })
-    .await;
+    let (fast, slow, gw) = slow_one_ejected(300).await;
     fast.set_faults(FaultConfig {
         unhealthy: true,
         ..FaultConfig::default()
