@@ -60,6 +60,14 @@ pub enum GatewayError {
         /// The configured budget in bytes.
         budget: usize,
     },
+    /// Every place under `server.max_connections` is taken: a request
+    /// beyond the first in flight on one connection (an HTTP/2 stream)
+    /// needs a place of its own, as a connection does.
+    #[error("the gateway holds its limit of {cap} client connections and streams; retry shortly")]
+    ConnectionCap {
+        /// The cap (`server.max_connections`, or the metrics port's own).
+        cap: usize,
+    },
     /// Missing or wrong API key.
     #[error("invalid or missing API key")]
     Unauthorized,
@@ -333,6 +341,7 @@ impl GatewayError {
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
             | Self::BodyBudgetExhausted { .. }
+            | Self::ConnectionCap { .. }
             | Self::RequestTimeout { .. }
             | Self::Routing(_)
             | Self::LoopDetected { .. }
@@ -357,7 +366,9 @@ impl GatewayError {
             Self::UnknownWorkerUrl { .. } => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::BodyBudgetExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BodyBudgetExhausted { .. } | Self::ConnectionCap { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::AdminForbidden { .. } | Self::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -399,6 +410,7 @@ impl GatewayError {
             Self::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
             Self::BodyTimeout { .. } => ("invalid_request_error", "body_read_timeout"),
             Self::BodyBudgetExhausted { .. } => ("service_unavailable", "body_budget_exhausted"),
+            Self::ConnectionCap { .. } => ("service_unavailable", "connection_cap"),
             Self::Unauthorized => ("authentication_error", "invalid_api_key"),
             Self::AdminForbidden { .. } => ("permission_error", "admin_forbidden"),
             Self::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
@@ -458,6 +470,7 @@ impl GatewayError {
             | Self::QueueTimeout { .. }
             | Self::NoHealthyWorker { .. }
             | Self::BodyBudgetExhausted { .. }
+            | Self::ConnectionCap { .. }
             | Self::ShuttingDown => Some(1),
             Self::RateLimited { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             _ => None,

@@ -16,7 +16,13 @@
 //!   ([`ConnectionSlots`], `max_connections`): a connection over it is
 //!   accepted and closed at once — the client learns at once rather than
 //!   waiting in a full backlog, and its file descriptor is freed — and one
-//!   WARN line naming the cap is logged at most every ten seconds;
+//!   WARN line naming the cap is logged at most every ten seconds. The cap
+//!   is what keeps worker connections (one per request in flight) within
+//!   the file descriptors left to them, so requests count under it too: a
+//!   connection's first request in flight rides on its connection's place,
+//!   and each further one at the same time (HTTP/2 streams; up to 200 a
+//!   connection) takes a place of its own ([`Place`]), or is answered 503
+//!   with `Retry-After` when none is left;
 //! - `TCP_NODELAY` on every connection (streamed tokens must not wait for
 //!   Nagle's algorithm), and the peer address as
 //!   `axum::extract::ConnectInfo<SocketAddr>` in every request's extensions,
@@ -29,6 +35,7 @@
 
 mod activity;
 
+use crate::error::GatewayError;
 use activity::{Activity, Busy, Timeouts, WatchedIo};
 use axum::Router;
 use axum::body::Body;
@@ -40,7 +47,7 @@ use hyper_util::server::conn::auto;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -104,8 +111,8 @@ impl ConnectionSlots {
             .map(|_| Slot(self.clone()))
     }
 
-    /// Counts a connection closed at the cap; logs one WARN line at most
-    /// every [`CAP_WARNING_EVERY`] over all threads.
+    /// Counts a connection closed (or a stream refused) at the cap; logs
+    /// one WARN line at most every [`CAP_WARNING_EVERY`] over all threads.
     fn refused(&self) {
         self.refused.fetch_add(1, Ordering::AcqRel);
         let now = self.epoch.elapsed().as_millis() as u64 + 1;
@@ -121,10 +128,44 @@ impl ConnectionSlots {
             tracing::warn!(
                 max_connections = self.cap,
                 refused,
-                "client connection cap ({} = {}) reached: closing new connections",
+                "client connection cap ({} = {}) reached: closing new connections \
+                 and refusing further HTTP/2 streams",
                 self.setting,
                 self.cap
             );
+        }
+    }
+}
+
+/// A request's place under the connection cap, held with its response
+/// body: the connection's own place for the first request in flight on it,
+/// or one taken for a further request at the same time (an HTTP/2 stream),
+/// which would otherwise open a worker connection the cap does not see.
+enum Place {
+    /// The connection's own place; free again when this drops.
+    Own(Arc<AtomicBool>),
+    /// A place of its own under the cap, freed when this drops.
+    Extra { _slot: Slot },
+}
+
+impl Place {
+    /// A place for a request on a connection whose own place is `own`
+    /// (true while a request holds it); `None` when the cap is full.
+    fn take(own: &Arc<AtomicBool>, slots: &Arc<ConnectionSlots>) -> Option<Self> {
+        if own
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Some(Self::Own(own.clone()));
+        }
+        slots.try_open().map(|slot| Self::Extra { _slot: slot })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Self::Own(own) = self {
+            own.store(false, Ordering::Release);
         }
     }
 }
@@ -219,20 +260,36 @@ async fn connection(
     builder: Arc<auto::Builder<TokioExecutor>>,
     timeouts: Timeouts,
     stop: CancellationToken,
-    _slot: Slot,
+    slot: Slot,
 ) {
     let activity = Activity::new();
     let io = TokioIo::new(WatchedIo::new(tcp, activity.clone()));
     let requests = activity.clone();
+    let slots = slot.0.clone();
+    let own_place = Arc::new(AtomicBool::new(false));
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let busy = requests.request();
+        let place = Place::take(&own_place, &slots);
+        if place.is_none() {
+            slots.refused();
+        }
+        let cap = slots.cap;
         req.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
         async move {
-            let response = app.oneshot(req.map(Body::new)).await?;
-            Ok::<_, std::convert::Infallible>(
-                response.map(|body| Body::new(Tracked { body, busy })),
-            )
+            let response = match place {
+                Some(_) => app.oneshot(req.map(Body::new)).await?,
+                None => {
+                    axum::response::IntoResponse::into_response(GatewayError::ConnectionCap { cap })
+                }
+            };
+            Ok::<_, std::convert::Infallible>(response.map(|body| {
+                Body::new(Tracked {
+                    body,
+                    busy,
+                    _place: place,
+                })
+            }))
         }
     });
     let conn = builder.serve_connection(io, service);
@@ -266,6 +323,8 @@ async fn connection(
 struct Tracked {
     body: Body,
     busy: Busy,
+    /// The request's place under the connection cap (`None`: refused).
+    _place: Option<Place>,
 }
 
 impl http_body::Body for Tracked {

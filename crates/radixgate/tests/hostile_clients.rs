@@ -690,3 +690,149 @@ async fn a_client_that_stops_reading_its_stream_is_cut_off_and_frees_its_slot() 
     wait_closed(&mut stalled).await;
     gw.shutdown().await;
 }
+
+// ---- HTTP/2: many requests on one connection ----
+
+/// A worker that holds every chat request it gets until `release` is
+/// cancelled, and counts those it holds now.
+struct HoldingWorker {
+    url: String,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: tokio_util::sync::CancellationToken,
+}
+
+async fn holding_worker() -> HoldingWorker {
+    use axum::routing::{get, post};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// Counts a request held from its start until it is answered or
+    /// dropped (the gateway gave up on it).
+    struct Held(std::sync::Arc<AtomicUsize>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    let held = std::sync::Arc::new(AtomicUsize::new(0));
+    let release = tokio_util::sync::CancellationToken::new();
+    let (count, released) = (held.clone(), release.clone());
+    let answer = move || {
+        let (count, released) = (count.clone(), released.clone());
+        async move {
+            count.fetch_add(1, Ordering::AcqRel);
+            let _held = Held(count);
+            released.cancelled().await;
+            axum::Json(serde_json::json!({
+                "id": "c", "object": "chat.completion", "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }))
+        }
+    };
+    let app = axum::Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(serde_json::json!({"data": [{"id": "m"}]})) }),
+        )
+        .route("/v1/chat/completions", post(answer));
+    let (url, _stop) = serve_app(app).await;
+    HoldingWorker { url, held, release }
+}
+
+impl HoldingWorker {
+    fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+type H2Sender = hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// An HTTP/2 connection (prior knowledge, as `h2c` clients open it) to
+/// the gateway.
+async fn h2_connect(gateway: &str) -> H2Sender {
+    let tcp = connect(gateway).await;
+    let (sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// A chat request for model `m` on an HTTP/2 connection.
+fn h2_chat(gateway: &str, text: &str) -> axum::http::Request<http_body_util::Full<bytes::Bytes>> {
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+    axum::http::Request::post(format!("{gateway}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(body.to_string().into()))
+        .unwrap()
+}
+
+/// `max_connections` keeps half the open-file limit for worker
+/// connections because each client connection has at most one request in
+/// flight — but one HTTP/2 connection carries up to 200 streams, each a
+/// connection to a worker. Streams beyond the first of a connection take a
+/// place under the same cap, so a few HTTP/2 clients cannot open more
+/// worker connections than the cap allows (and exhaust the process's file
+/// descriptors, failing its probes and accepts); one over the cap gets
+/// 503 with `Retry-After`, and the places free up with the streams.
+#[tokio::test]
+async fn http2_streams_beyond_the_connection_cap_are_refused() {
+    const CAP: usize = 4;
+    const STREAMS: usize = 10;
+    let worker = holding_worker().await;
+    let mut c = config(&[&worker.url]);
+    c.health.enabled = false;
+    c.server.max_connections = CAP;
+    c.server.threads = 1;
+    let gw = gateway_ready(c, 1).await;
+    let sender = h2_connect(&gw.url).await;
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut streams = tokio::task::JoinSet::new();
+    for i in 0..STREAMS {
+        let mut sender = sender.clone();
+        let request = h2_chat(&gw.url, &format!("stream {i}"));
+        let refused = refused.clone();
+        streams.spawn(async move {
+            let answer = sender.send_request(request).await.unwrap();
+            let status = answer.status();
+            let retry_after = answer.headers().get("retry-after").cloned();
+            let body = http_body_util::BodyExt::collect(answer.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            if status == 503 {
+                assert!(retry_after.is_some(), "503 without Retry-After");
+                refused.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            } else {
+                assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            }
+        });
+    }
+    // Every stream is either held by the worker or refused.
+    wait_until("every stream held or refused", || async {
+        worker.held() + refused.load(std::sync::atomic::Ordering::Acquire) == STREAMS
+    })
+    .await;
+    assert!(
+        worker.held() <= CAP,
+        "{} requests of one connection in flight at the workers, over a cap of {CAP}",
+        worker.held()
+    );
+    worker.release.cancel();
+    while let Some(done) = streams.join_next().await {
+        done.unwrap();
+    }
+    wait_for_zero_load(&gw.url).await;
+    // The places came back: as many streams as before are served.
+    let mut sender = sender.clone();
+    for i in 0..CAP {
+        let answer = sender
+            .send_request(h2_chat(&gw.url, &format!("again {i}")))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    gw.shutdown().await;
+}

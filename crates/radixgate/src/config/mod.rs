@@ -138,7 +138,9 @@ pub struct ServerConfig {
     /// half of the process's open-file limit (`ulimit -n`; 4096 where it
     /// cannot be read), leaving the other half for worker connections,
     /// so a flood of clients hits this cap before the process runs out of
-    /// file descriptors.
+    /// file descriptors. Each request in flight beyond the first on one
+    /// connection (HTTP/2 streams) counts as one more connection, since
+    /// it takes a worker connection too; one over the cap gets 503.
     pub max_connections: usize,
     /// Longest a request may take end to end, in seconds (0 = no limit).
     /// One that runs out while its body is still arriving is answered 408,
