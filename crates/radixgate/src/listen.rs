@@ -30,7 +30,10 @@
 //!
 //! Shutdown: on `stop` the loop stops accepting and asks each connection to
 //! finish gracefully (HTTP/1 closes after its response in flight, HTTP/2
-//! sends GOAWAY), then waits for them all. The serving thread drops the
+//! sends GOAWAY), then waits for them all; a connection with nothing in
+//! flight that has not closed `header_read_timeout` after the stop or its
+//! last answer (an HTTP/2 client that never answers the GOAWAY's PING) is
+//! closed then. The serving thread drops the
 //! runtime — and with it every connection still open — on abort.
 
 mod activity;
@@ -307,6 +310,7 @@ async fn connection(
             }
             () = stop.cancelled(), if !stopping => {
                 stopping = true;
+                activity.stopping();
                 conn.as_mut().graceful_shutdown();
             }
             () = expired.as_mut() => {

@@ -836,3 +836,57 @@ async fn http2_streams_beyond_the_connection_cap_are_refused() {
     }
     gw.shutdown().await;
 }
+
+/// An HTTP/2 connection opened by hand: the client preface, empty
+/// SETTINGS and their ACK, and a `GET path` on stream 1 (HPACK by hand:
+/// static-table method and scheme, literal path and authority).
+fn h2_raw_get(path: &str) -> Vec<u8> {
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    bytes.extend([0, 0, 0, 4, 1, 0, 0, 0, 0]);
+    let mut block = vec![0x82, 0x86, 0x44, u8::try_from(path.len()).unwrap()];
+    block.extend(path.as_bytes());
+    block.extend([0x41, 2]);
+    block.extend(b"gw");
+    // HEADERS, END_STREAM | END_HEADERS, stream 1.
+    bytes.extend([0, 0, u8::try_from(block.len()).unwrap(), 1, 5, 0, 0, 0, 1]);
+    bytes.extend(block);
+    bytes
+}
+
+/// On shutdown an HTTP/2 connection is sent GOAWAY and a PING, and closes
+/// once the PING is answered; an idle HTTP/1 connection closes at once. A
+/// client that answers nothing — a peer that vanished without a FIN (a
+/// NAT's timeout, a machine gone), or one that stopped reading — must not
+/// hold the shutdown for its idle timeout or the whole grace period (set
+/// long for long streams): with nothing in flight, its connection goes
+/// after the header timeout.
+#[tokio::test]
+async fn an_idle_http2_client_that_answers_nothing_does_not_hold_the_shutdown() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.header_read_timeout_secs = 1;
+    c.server.idle_timeout_secs = 600;
+    c.server.shutdown_grace_period_secs = 600;
+    let gw = gateway_ready(c, 1).await;
+    let mut silent = connect(&gw.url).await;
+    silent.write_all(&h2_raw_get("/liveness")).await.unwrap();
+    // Its answer (SETTINGS, HEADERS, DATA) arrives; then it reads nothing.
+    let mut answer = [0u8; 4096];
+    let n = tokio::time::timeout(HANG_GUARD, silent.read(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(n > 0);
+    wait_until("the request is over", || async {
+        total_load(&gw.url).await == 0
+    })
+    .await;
+    gw.stop.cancel();
+    let stopped = tokio::time::timeout(HANG_GUARD, gw.task).await;
+    assert!(
+        stopped.is_ok(),
+        "an idle HTTP/2 connection that answers nothing held the shutdown"
+    );
+    stopped.unwrap().unwrap().unwrap();
+    drop(silent);
+}

@@ -23,7 +23,14 @@
 //! - a new connection: its first request head within `header_read_timeout`
 //!   of the accept;
 //! - otherwise (idle keep-alive, HTTP/2 with no stream open): `idle_timeout`
-//!   after its last request ended.
+//!   after its last request ended — or, once the server is stopping
+//!   ([`Activity::stopping`]), `header_read_timeout` after the stop or the
+//!   last request's end, whichever is later, if that comes first: an
+//!   HTTP/2 connection closes on shutdown only when its client answers the
+//!   GOAWAY's PING, and one that answers nothing (a peer gone without a
+//!   FIN) would hold the shutdown for its idle timeout or the whole grace
+//!   period. (Counted from the last request's end too, since its answer's
+//!   last frames may still be buffered for the client when its body drops.)
 //!
 //! The write deadline is seen from the answers' bodies: one that has handed
 //! hyper a frame and has not been asked for the next is waiting for the
@@ -97,6 +104,8 @@ struct State {
     /// An HTTP/2 connection (its reads between streams are frames such as
     /// PINGs, not a slow request head).
     h2: bool,
+    /// When the server asked the connection to finish, if it has.
+    stopping: Option<Instant>,
 }
 
 impl Activity {
@@ -110,6 +119,7 @@ impl Activity {
                 served: false,
                 read_any: false,
                 h2: false,
+                stopping: None,
             }),
             sending: AtomicU64::new(0),
         })
@@ -140,16 +150,28 @@ impl Activity {
         }
     }
 
+    /// The server is stopping: once no request is in flight, the
+    /// connection is closed `header` after the stop or the last request's
+    /// end (time for its client to take the rest of its last answer, see
+    /// the GOAWAY or `Connection: close` and answer a PING).
+    pub(crate) fn stopping(&self) {
+        self.state.lock().stopping.get_or_insert_with(Instant::now);
+    }
+
     /// When the connection must be closed, if nothing changes first.
     fn deadline(&self, timeouts: Timeouts) -> Option<Instant> {
         let state = self.state.lock();
         if state.in_flight > 0 {
             return None;
         }
-        Some(match state.head_started {
+        let deadline = match state.head_started {
             Some(started) => started + timeouts.header,
             None if state.served => state.since + timeouts.idle,
             None => state.since + timeouts.header,
+        };
+        Some(match state.stopping {
+            Some(stopped) => deadline.min(stopped.max(state.since) + timeouts.header),
+            None => deadline,
         })
     }
 
@@ -331,6 +353,31 @@ mod tests {
         assert_eq!(activity.deadline(T), Some(idle + T.idle), "idle");
         activity.read(b"G");
         assert_eq!(activity.deadline(T), Some(idle + T.header), "next head");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopping_connection_goes_within_the_header_timeout_once_idle() {
+        let activity = Activity::new();
+        activity.read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        drop(activity.request());
+        let busy = activity.request();
+        activity.stopping();
+        assert_eq!(activity.deadline(T), None, "a request in flight finishes");
+        tokio::time::advance(Duration::from_secs(500)).await;
+        drop(busy);
+        let ended = Instant::now();
+        assert_eq!(
+            activity.deadline(T),
+            Some(ended + T.header),
+            "then the header timeout from its end, not the idle timeout"
+        );
+        // Idle when the stop came: the header timeout from the stop.
+        let idle = Activity::new();
+        drop(idle.request());
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let stopped_idle = Instant::now();
+        idle.stopping();
+        assert_eq!(idle.deadline(T), Some(stopped_idle + T.header));
     }
 
     #[tokio::test(start_paused = true)]
