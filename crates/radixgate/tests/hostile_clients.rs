@@ -890,3 +890,61 @@ async fn an_idle_http2_client_that_answers_nothing_does_not_hold_the_shutdown() 
     stopped.unwrap().unwrap().unwrap();
     drop(silent);
 }
+
+/// The write timeout cuts a connection whose client takes none of its
+/// answers; over HTTP/2 a stream whose client reads it keeps the others
+/// going (their frames moving is the client taking them). A new stream's
+/// first frame is no such sign: it is the worker's, handed on to a client
+/// that takes nothing. A client that grants no window and opens a stream
+/// every moment must not keep all its streams — each one a worker's
+/// sequence and an admission slot — for their request timeout.
+#[tokio::test]
+async fn new_http2_streams_do_not_keep_a_client_that_takes_nothing() {
+    let (worker, _stop) = endless_streamer().await;
+    let mut c = config(&[&worker]);
+    c.health.enabled = false;
+    c.server.client_write_timeout_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+    let tcp = connect(&gw.url).await;
+    let (sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let mut connection = tokio::spawn(connection);
+    let opening = async {
+        let mut answers = Vec::new();
+        loop {
+            let body = serde_json::json!({
+                "model": "m", "stream": true,
+                "messages": [{"role": "user", "content": format!("stream {}", answers.len())}],
+            });
+            let request = axum::http::Request::post(format!("{}/v1/chat/completions", gw.url))
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::<bytes::Bytes>::new(
+                    body.to_string().into(),
+                ))
+                .unwrap();
+            match sender.clone().send_request(request).await {
+                // Held, never read: its window stays shut.
+                Ok(answer) => answers.push(answer),
+                Err(_) => return answers,
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let cut = tokio::time::timeout(HANG_GUARD, async {
+        tokio::select! {
+            _ = &mut connection => {}
+            _ = opening => {}
+        }
+    })
+    .await;
+    assert!(
+        cut.is_ok(),
+        "a client that took nothing kept its connection by opening streams"
+    );
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}

@@ -37,9 +37,13 @@
 //! client (hyper asks for more as soon as it has written, or buffered, what
 //! it has), one asked for a frame it does not have yet is waiting for the
 //! worker. Over HTTP/2 the connection's streams are seen together: the
-//! connection is cut when answers wait for the client and none of them
-//! has moved for the timeout, so a client that stalls one stream while it
-//! reads another keeps that one until its request timeout.
+//! connection is cut when answers wait for the client and the client has
+//! taken none of their frames for the timeout, so a client that stalls one
+//! stream while it reads another keeps that one until its request timeout.
+//! Only a frame hyper asked past counts as taken: a frame handed on (a new
+//! stream's first, the worker's) is the worker moving, not the client, and
+//! counting it let a client that took nothing keep its connection, and all
+//! its streams, by opening a new stream within every timeout.
 //!
 //! Concurrency: one connection's state is a `parking_lot::Mutex` touched by
 //! its reads, its requests (HTTP/2 streams run as tasks of the same
@@ -78,16 +82,14 @@ pub(crate) struct Timeouts {
 #[derive(Debug)]
 pub(crate) struct Activity {
     state: Mutex<State>,
-    /// The answers waiting for the client: in the high 32 bits, how many
-    /// bodies have handed hyper a frame and not been asked for the next;
-    /// in the low 32, frames handed in all (wrapping: only compared for a
-    /// change). An atomic apart from `state`, since it moves with every
-    /// frame of a stream.
-    sending: AtomicU64,
+    /// The answers waiting for the client: bodies that have handed hyper a
+    /// frame and not been asked for the next. Atomics apart from `state`,
+    /// since they move with every frame of a stream.
+    waiting: AtomicU64,
+    /// Frames the client has taken in all: handed frames hyper asked past
+    /// (wrapping: only compared for a change).
+    taken: AtomicU64,
 }
-
-/// One in [`Activity::sending`]'s count of bodies waiting for the client.
-const WAITING_ONE: u64 = 1 << 32;
 
 #[derive(Debug)]
 struct State {
@@ -121,7 +123,8 @@ impl Activity {
                 h2: false,
                 stopping: None,
             }),
-            sending: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
         })
     }
 
@@ -187,7 +190,13 @@ impl Activity {
         loop {
             let now = Instant::now();
             let deadline = self.deadline(timeouts).or_else(|| {
-                stall.deadline(self.sending.load(Ordering::Relaxed), now, timeouts.write)
+                let waiting = self.waiting.load(Ordering::Relaxed);
+                stall.deadline(
+                    waiting,
+                    self.taken.load(Ordering::Relaxed),
+                    now,
+                    timeouts.write,
+                )
             });
             let wake = match deadline {
                 Some(deadline) if deadline <= now => return,
@@ -200,8 +209,8 @@ impl Activity {
 }
 
 /// The watchdog's view of answers waiting for the client: what
-/// [`Activity::sending`] read at the last look, and since when it had not
-/// changed.
+/// [`Activity::taken`] read at the last look, and since when it had not
+/// changed while answers waited.
 #[derive(Debug, Default)]
 struct Stall {
     seen: u64,
@@ -210,14 +219,21 @@ struct Stall {
 
 impl Stall {
     /// When the connection must be cut for a client that takes nothing,
-    /// given `sending` read `now`; `None` while no answer waits for it.
-    fn deadline(&mut self, sending: u64, now: Instant, write: Duration) -> Option<Instant> {
-        if sending < WAITING_ONE {
+    /// given `waiting` and `taken` read `now`; `None` while no answer waits
+    /// for it.
+    fn deadline(
+        &mut self,
+        waiting: u64,
+        taken: u64,
+        now: Instant,
+        write: Duration,
+    ) -> Option<Instant> {
+        if waiting == 0 {
             self.since = None;
             return None;
         }
-        if self.since.is_none() || sending != self.seen {
-            self.seen = sending;
+        if self.since.is_none() || taken != self.seen {
+            self.seen = taken;
             self.since = Some(now);
         }
         self.since.map(|since| since + write)
@@ -235,28 +251,41 @@ pub(crate) struct Busy {
 
 impl Busy {
     /// The body handed hyper a frame: the client is what it waits for,
-    /// until it is asked for the next.
+    /// until it is asked for the next. Asked while it waited, the frame
+    /// before was taken.
     pub(crate) fn handed(&mut self) {
-        let add = if self.handed { 1 } else { WAITING_ONE + 1 };
-        self.handed = true;
-        self.activity.sending.fetch_add(add, Ordering::Relaxed);
+        if self.handed {
+            self.activity.taken.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.handed = true;
+            self.activity.waiting.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The body was asked for a frame it does not have yet (the worker is
-    /// what it waits for), or it has ended.
+    /// what it waits for), or it has ended: a frame it handed was taken.
     pub(crate) fn asked(&mut self) {
         if self.handed {
+            self.activity.taken.fetch_add(1, Ordering::Relaxed);
+            self.stop_waiting();
+        }
+    }
+
+    /// The body no longer waits for the client.
+    fn stop_waiting(&mut self) {
+        if self.handed {
             self.handed = false;
-            self.activity
-                .sending
-                .fetch_sub(WAITING_ONE, Ordering::Relaxed);
+            self.activity.waiting.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.asked();
+        // Dropped with a frame handed: cut off (a reset, a closed
+        // connection), or its last frame went with the body; either way
+        // nothing the client is seen to take.
+        self.stop_waiting();
         let mut state = self.activity.state.lock();
         state.in_flight -= 1;
         if state.in_flight == 0 {
@@ -353,6 +382,26 @@ mod tests {
         assert_eq!(activity.deadline(T), Some(idle + T.idle), "idle");
         activity.read(b"G");
         assert_eq!(activity.deadline(T), Some(idle + T.header), "next head");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn new_answers_handed_on_are_not_the_client_taking_any() {
+        let activity = Activity::new();
+        let watched = activity.clone();
+        let expired = tokio::spawn(async move { watched.expired(T).await });
+        let mut streams = Vec::new();
+        // A new stream every 10 s, each handed its first frame, none taken.
+        for _ in 0..20 {
+            let mut busy = activity.request();
+            busy.handed();
+            streams.push(busy);
+            tokio::time::advance(Duration::from_secs(10)).await;
+            tokio::task::yield_now().await;
+        }
+        assert!(expired.is_finished(), "a client that takes nothing is cut");
+        expired.await.unwrap();
+        drop(streams);
+        assert_eq!(activity.waiting.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -457,6 +506,6 @@ mod tests {
         assert!(expired.is_finished(), "a client that takes nothing is cut");
         expired.await.unwrap();
         drop(busy);
-        assert_eq!(activity.sending.load(Ordering::Relaxed) >> 32, 0);
+        assert_eq!(activity.waiting.load(Ordering::Relaxed), 0);
     }
 }
