@@ -854,10 +854,33 @@ async fn a_suspect_without_routing_text_is_told_by_its_body() {
     gw.shutdown().await;
 }
 
+/// A worker of `sim-llama-8b` whose chat completions `chat` answers; its
+/// URL.
+async fn worker_answering(chat: axum::routing::MethodRouter) -> String {
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { axum::Json(json!({"data": [{"id": "sim-llama-8b"}]})) }),
+        )
+        .route("/v1/chat/completions", chat);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// A whole chat answer, "ok", with its usage.
+fn ok_answer() -> Value {
+    json!({
+        "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    })
+}
+
 /// Workers that answer 500 to a prompt with "poison" in it, or to every
 /// prompt when `broken`; 200 otherwise.
 async fn poisonable_workers(n: usize, broken: usize) -> Vec<String> {
-    use axum::routing::{get, post};
     let mut urls = Vec::new();
     for i in 0..n {
         let is_broken = i < broken;
@@ -871,22 +894,9 @@ async fn poisonable_workers(n: usize, broken: usize) -> Vec<String> {
                 )
                     .into_response();
             }
-            axum::Json(json!({
-                "choices": [{"message": {"role": "assistant", "content": "ok"}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            }))
-            .into_response()
+            axum::Json(ok_answer()).into_response()
         };
-        let app = axum::Router::new()
-            .route("/health", get(|| async { "ok" }))
-            .route(
-                "/v1/models",
-                get(|| async { axum::Json(json!({"data": [{"id": "sim-llama-8b"}]})) }),
-            )
-            .route("/v1/chat/completions", post(answer));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.push(format!("http://{}", listener.local_addr().unwrap()));
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        urls.push(worker_answering(axum::routing::post(answer)).await);
     }
     urls
 }
@@ -935,7 +945,6 @@ async fn a_request_every_worker_answers_500_opens_no_breaker_but_a_broken_worker
 /// `pause`, and answer 429 to any more (an engine's or a proxy's limit on
 /// concurrent requests: busy, not broken).
 async fn busy_workers(n: usize, capacity: usize, pause: Duration) -> Vec<String> {
-    use axum::routing::{get, post};
     let mut urls = Vec::new();
     for _ in 0..n {
         let slots = Arc::new(tokio::sync::Semaphore::new(capacity));
@@ -950,23 +959,10 @@ async fn busy_workers(n: usize, capacity: usize, pause: Duration) -> Vec<String>
                         .into_response();
                 };
                 tokio::time::sleep(pause).await;
-                axum::Json(json!({
-                    "choices": [{"message": {"role": "assistant", "content": "ok"}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                }))
-                .into_response()
+                axum::Json(ok_answer()).into_response()
             }
         };
-        let app = axum::Router::new()
-            .route("/health", get(|| async { "ok" }))
-            .route(
-                "/v1/models",
-                get(|| async { axum::Json(json!({"data": [{"id": "sim-llama-8b"}]})) }),
-            )
-            .route("/v1/chat/completions", post(answer));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.push(format!("http://{}", listener.local_addr().unwrap()));
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        urls.push(worker_answering(axum::routing::post(answer)).await);
     }
     urls
 }

@@ -1,15 +1,21 @@
 use super::*;
 use radixgate_routing::WorkerSpec;
 
+/// Worker `i` at `http://w{i}:1`, `spec` changing the rest of a plain one.
+fn worker(i: u32, spec: impl FnOnce(WorkerSpec) -> WorkerSpec) -> Arc<Worker> {
+    Arc::new(Worker::new(
+        WorkerId(i),
+        spec(WorkerSpec::new(format!("http://w{i}:1"))),
+    ))
+}
+
 fn pool(n: u32) -> Vec<Arc<Worker>> {
-    (0..n)
-        .map(|i| {
-            Arc::new(Worker::new(
-                WorkerId(i),
-                WorkerSpec::new(format!("http://w{i}:1")),
-            ))
-        })
-        .collect()
+    (0..n).map(|i| worker(i, |s| s)).collect()
+}
+
+/// Whether `events` are worker `i`'s return alone.
+fn returned_alone(events: &[Event], i: u32) -> bool {
+    matches!(events, [Event::Returned { worker }] if worker.id() == WorkerId(i))
 }
 
 fn config() -> OutlierConfig {
@@ -43,12 +49,7 @@ fn ejected(events: &[Event]) -> Vec<u32> {
 /// than the small model's, and still ejects one slow among its own.
 #[tokio::test(start_paused = true)]
 async fn a_worker_is_judged_against_the_workers_of_its_model() {
-    let serving = |i: u32, model: &str| {
-        Arc::new(Worker::new(
-            WorkerId(i),
-            WorkerSpec::new(format!("http://w{i}:1")).with_models([model]),
-        ))
-    };
+    let serving = |i: u32, model: &str| worker(i, |s| s.with_models([model]));
     let o = Outliers::new(config());
     let ws = vec![
         serving(0, "small"),
@@ -91,7 +92,7 @@ async fn a_slow_worker_is_ejected_then_returns_and_stays_out_longer_next_time() 
     assert!(ws[3].is_ejected());
     tokio::time::advance(Duration::from_secs(1)).await;
     let events = o.evaluate(&ws, Instant::now());
-    assert!(matches!(&events[..], [Event::Returned { worker }] if worker.id() == WorkerId(3)));
+    assert!(returned_alone(&events, 3), "{events:?}");
     assert!(ws[3].is_available());
 
     // Judged afresh: still slow, so out again, twice as long.
@@ -178,10 +179,7 @@ async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
     assert!(ws[2].is_ejected());
     ws[1].set_breaker(radixgate_routing::BreakerState::Open);
     let events = o.evaluate(&ws, Instant::now());
-    assert!(
-        matches!(&events[..], [Event::Returned { worker }] if worker.id() == WorkerId(2)),
-        "{events:?}"
-    );
+    assert!(returned_alone(&events, 2), "{events:?}");
     assert!(ws[2].is_available());
 }
 
@@ -191,15 +189,7 @@ async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
 /// worker is available, whatever prefill workers are left.
 #[tokio::test(start_paused = true)]
 async fn a_workers_peers_are_the_workers_of_its_role() {
-    let role = |i: u32, role: radixgate_routing::WorkerRole| {
-        Arc::new(Worker::new(
-            WorkerId(i),
-            WorkerSpec {
-                role,
-                ..WorkerSpec::new(format!("http://w{i}:1"))
-            },
-        ))
-    };
+    let role = |i: u32, role: radixgate_routing::WorkerRole| worker(i, |s| s.with_role(role));
     use radixgate_routing::WorkerRole::{Decode, Prefill};
     // The one decode worker, slow next to the prefill workers: the last of
     // its role, kept.
@@ -220,10 +210,7 @@ async fn a_workers_peers_are_the_workers_of_its_role() {
     assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [2]);
     ws[1].set_breaker(radixgate_routing::BreakerState::Open);
     let events = o.evaluate(&ws, Instant::now());
-    assert!(
-        matches!(&events[..], [Event::Returned { worker }] if worker.id() == WorkerId(2)),
-        "{events:?}"
-    );
+    assert!(returned_alone(&events, 2), "{events:?}");
     assert!(ws[2].is_available());
 }
 
