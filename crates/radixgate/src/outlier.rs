@@ -28,7 +28,9 @@
 //! available worker of its role serves (a prefill worker cannot decode);
 //! an ejected worker in that plight later (its peers' breakers opened, or
 //! they fail health checks) returns at the next evaluation, before its
-//! time is up.
+//! time is up, or at once when a request finds no other worker
+//! ([`Outliers::rescue`], from the attempt loops; its ejected gauge
+//! follows at the next evaluation).
 //!
 //! The detector's metric families ([`OutlierMetrics`]: ejections and the
 //! ejected gauge of each worker) are recorded only by [`run`], which builds
@@ -129,6 +131,31 @@ impl Outliers {
         s.samples = s.samples.saturating_add(1);
     }
 
+    /// Returns at once, before their time is up, the ejected workers among
+    /// `workers` whose models no other available worker of their role
+    /// serves: what [`Outliers::evaluate`] does at its next interval, done
+    /// by a request that found no worker to take it (a peer's breaker
+    /// opened on this very request, or before the next evaluation). A
+    /// slow worker is better than a 503. Says which returned (none: the
+    /// request's failure stands).
+    pub(crate) fn rescue(&self, workers: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
+        let mut returned = Vec::new();
+        if !workers.iter().any(|w| w.is_ejected()) {
+            return returned;
+        }
+        let mut stats = self.stats.lock();
+        for w in workers {
+            let Some(s) = stats.get_mut(&w.id()) else {
+                continue;
+            };
+            if s.ejected_until.is_some() && !others_serve(w, workers) {
+                readmit(s, w);
+                returned.push(w.clone());
+            }
+        }
+        returned
+    }
+
     /// Returns workers whose ejection is over and ejects new outliers among
     /// `workers` (the whole current pool); sets their flags and reports
     /// what changed.
@@ -148,10 +175,7 @@ impl Outliers {
             // one returns.
             let over = s.ejected_until.is_some_and(|until| until <= now);
             if over || (s.ejected_until.is_some() && !others_serve(w, workers)) {
-                s.ejected_until = None;
-                s.samples = 0;
-                s.latency_ms = 0.0;
-                w.set_ejected(false);
+                readmit(s, w);
                 events.push(Event::Returned { worker: w.clone() });
             }
         }
@@ -222,6 +246,14 @@ impl Outliers {
         }
         events
     }
+}
+
+/// Ends `w`'s ejection: it is judged afresh from its next samples.
+fn readmit(s: &mut Stats, w: &Worker) {
+    s.ejected_until = None;
+    s.samples = 0;
+    s.latency_ms = 0.0;
+    w.set_ejected(false);
 }
 
 /// The median of `values` (the mean of the middle two for an even count).

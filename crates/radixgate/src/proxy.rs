@@ -413,6 +413,25 @@ fn unavailable(shared: &Shared, err: RoutingError, model: Option<&str>) -> Gatew
     }
 }
 
+/// Whether a request that found no worker (`err`) may try again: outlier
+/// detection had ejected workers that are now the only ones left for
+/// their models, and they return to the pool at once
+/// ([`Outliers::rescue`](crate::outlier::Outliers::rescue)) rather than at
+/// its next evaluation.
+fn rescued(shared: &Shared, err: &RoutingError) -> bool {
+    if !matches!(err, RoutingError::NoHealthyWorker { .. }) {
+        return false;
+    }
+    let returned = shared.outliers.rescue(shared.router.snapshot().workers());
+    for worker in &returned {
+        tracing::info!(
+            worker = worker.url(),
+            "outlier returned to the pool: no other worker is left for its models"
+        );
+    }
+    !returned.is_empty()
+}
+
 /// Tries workers until one answers in a way [`retry`] does not retry, or
 /// the retries or the untried workers run out.
 ///
@@ -482,6 +501,10 @@ async fn attempts(
             model,
         } = match routed {
             Ok(routed) => routed,
+            Err(err) if rescued(shared, &err) => {
+                deciding.failed(&err);
+                continue;
+            }
             Err(err) => {
                 deciding.failed(&err);
                 return Err(match last_failure {

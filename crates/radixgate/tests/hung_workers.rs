@@ -262,13 +262,22 @@ fn eager_outliers(workers: &[&str], ejection_secs: u64) -> Config {
 /// gateway with eager outlier detection (`ejection_secs` a time), once the
 /// slow one is ejected.
 async fn slow_one_ejected(ejection_secs: u64) -> (SimWorker, SimWorker, Gateway) {
+    slow_one_ejected_in(ejection_secs, |_| {}).await
+}
+
+/// [`slow_one_ejected`], with `tweak` applied to the gateway's config.
+async fn slow_one_ejected_in(
+    ejection_secs: u64,
+    tweak: impl FnOnce(&mut Config),
+) -> (SimWorker, SimWorker, Gateway) {
     let fast = sim_worker(fast_worker()).await;
     let slow = sim_worker(fast_worker()).await;
     slow.set_faults(FaultConfig {
         latency_ms: 400,
         ..FaultConfig::default()
     });
-    let c = eager_outliers(&[&fast.url, &slow.url], ejection_secs);
+    let mut c = eager_outliers(&[&fast.url, &slow.url], ejection_secs);
+    tweak(&mut c);
     let gw = gateway_ready(c, 2).await;
     for i in 0..8 {
         // Streamed: the first token's wait is what outlier detection
@@ -327,6 +336,38 @@ async fn an_ejected_worker_returns_when_its_peers_are_gone() {
         metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(0.0)
     })
     .await;
+    gw.shutdown().await;
+}
+
+/// An ejected worker is also the fallback of a request that finds no
+/// other worker: here the only other one refuses the connection and its
+/// breaker (threshold one) opens on that attempt. The retry goes to the
+/// ejected worker at once, as do the requests after it, rather than
+/// waiting for outlier detection's next evaluation. Before, that request
+/// and every one until the evaluation (a second here, ten by default)
+/// were answered 503.
+#[tokio::test]
+async fn a_request_left_with_only_an_ejected_worker_is_served_by_it() {
+    let (fast, slow, gw) = slow_one_ejected_in(300, |c| {
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.timeout_duration_secs = 3600;
+        // Retried at once: nothing waits for the next evaluation.
+        c.retry.initial_backoff_ms = 0;
+        c.retry.max_backoff_ms = 0;
+    })
+    .await;
+    fast.set_faults(FaultConfig {
+        refuse: true,
+        ..FaultConfig::default()
+    });
+    for i in 0..3 {
+        let r = post_chat(&gw.url, &chat(&format!("the fast one refuses {i}"), true)).await;
+        let status = r.status();
+        let worker = r.headers().get("x-radixgate-worker").cloned();
+        let body = r.text().await.unwrap();
+        assert_eq!(status, 200, "request {i}: {body}");
+        assert_eq!(worker.unwrap(), slow.url.as_str(), "request {i}");
+    }
     gw.shutdown().await;
 }
 

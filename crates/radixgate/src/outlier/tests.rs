@@ -183,6 +183,28 @@ async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
     assert!(ws[2].is_available());
 }
 
+/// A request that found no worker returns the ejected ones left alone for
+/// their models at once, as the next evaluation would, and only those.
+#[tokio::test(start_paused = true)]
+async fn a_rescue_returns_only_workers_left_alone() {
+    let o = Outliers::new(config());
+    let ws = pool(3);
+    feed(&o, 0, 100, 10);
+    feed(&o, 1, 100, 10);
+    feed(&o, 2, 60_000, 10);
+    assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [2]);
+    ws[0].set_breaker(radixgate_routing::BreakerState::Open);
+    assert!(o.rescue(&ws).is_empty(), "w1 serves");
+    assert!(ws[2].is_ejected());
+    ws[1].set_breaker(radixgate_routing::BreakerState::Open);
+    let returned: Vec<u32> = o.rescue(&ws).iter().map(|w| w.id().0).collect();
+    assert_eq!(returned, [2]);
+    assert!(ws[2].is_available());
+    assert!(o.rescue(&ws).is_empty(), "nothing left to return");
+    // Judged afresh, and not reported again by the evaluation.
+    assert!(o.evaluate(&ws, Instant::now()).is_empty());
+}
+
 /// Disaggregated: a worker's peers are the workers of its role. A decode
 /// worker is never ejected for the prefill workers that serve its model
 /// (they cannot decode), and an ejected one returns once no other decode

@@ -47,8 +47,8 @@ mod body;
 use body::{prefill_body, transfer_params, with_bootstrap, with_transfer_params};
 
 use super::{
-    Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record, routing_key,
-    send_primed, unavailable, worker_answered_500,
+    Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record, rescued,
+    routing_key, send_primed, unavailable, worker_answered_500,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -180,6 +180,7 @@ pub(super) async fn attempts(
             None,
         ) {
             Ok(routed) => routed,
+            Err(err) if rescued(shared, &err) => continue,
             Err(err) => return Err(give_up(err, last_failure)),
         };
         let skip = match pd.protocol {
@@ -207,9 +208,11 @@ pub(super) async fn attempts(
                     suspects.clear();
                     match select_prefill(&tried_prefill) {
                         Ok(routed) => Some(routed),
+                        Err(err) if rescued(shared, &err) => continue,
                         Err(err) => return Err(give_up(err, last_failure)),
                     }
                 }
+                Err(err) if rescued(shared, &err) => continue,
                 Err(err) => return Err(give_up(err, last_failure)),
             },
         };
