@@ -39,6 +39,8 @@
 mod activity;
 
 use crate::error::GatewayError;
+use crate::metrics::{Describe, Family, Metrics, OneGauge};
+use ::metrics::{Counter, Label};
 use activity::{Activity, Busy, Timeouts, WatchedIo};
 use axum::Router;
 use axum::body::Body;
@@ -73,9 +75,67 @@ pub(crate) struct ConnectionSlots {
     setting: &'static str,
     /// Connections closed at the cap since the last WARN line.
     refused: AtomicUsize,
+    /// Connections closed at the cap, and requests (HTTP/2 streams beyond
+    /// a connection's first) answered 503 at it, since start: the
+    /// counters [`ConnectionMetrics`] publishes.
+    refused_connections: AtomicU64,
+    refused_streams: AtomicU64,
     /// When the last WARN line was logged, in ms since `epoch` (0: never).
     warned_at_ms: AtomicU64,
     epoch: std::time::Instant,
+}
+
+pub(crate) const CONNECTIONS: Describe = Describe::new(
+    "radixgate_client_connections",
+    "Places taken under the client connection cap (server.max_connections): \
+     open client connections, and requests in flight beyond each one's first.",
+);
+pub(crate) const REFUSED: Describe = Describe::new(
+    "radixgate_client_connections_refused_total",
+    "Refused at the client connection cap: connections closed at once (kind \
+     connection), and requests beyond a connection's first answered 503 (kind stream).",
+);
+
+/// The client port's connection gauge and refusals, published from the
+/// cap's own atomics by the upkeep tick (nothing is recorded per
+/// connection or per request).
+pub(crate) struct ConnectionMetrics {
+    open: OneGauge,
+    refused: Family<&'static str, Counter>,
+}
+
+impl ConnectionMetrics {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        let this = Self {
+            open: metrics.gauge(&CONNECTIONS),
+            refused: metrics.counters(&REFUSED),
+        };
+        // Exported at 0 from the start, so that an alert on their rate
+        // has a series to read.
+        for kind in ["connection", "stream"] {
+            this.refused_total(kind, 0);
+        }
+        this
+    }
+
+    /// Publishes what `slots` counts now.
+    pub(crate) fn publish(&self, slots: &ConnectionSlots) {
+        self.open.set(slots.open.load(Ordering::Relaxed) as f64);
+        self.refused_total(
+            "connection",
+            slots.refused_connections.load(Ordering::Relaxed),
+        );
+        self.refused_total("stream", slots.refused_streams.load(Ordering::Relaxed));
+    }
+
+    fn refused_total(&self, kind: &'static str, total: u64) {
+        self.refused.with(
+            &kind,
+            || kind,
+            || vec![Label::new("kind", kind)],
+            |c| c.absolute(total),
+        );
+    }
 }
 
 /// One open connection's place under the cap; freed when dropped.
@@ -100,6 +160,8 @@ impl ConnectionSlots {
             cap,
             setting,
             refused: AtomicUsize::new(0),
+            refused_connections: AtomicU64::new(0),
+            refused_streams: AtomicU64::new(0),
             warned_at_ms: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         })
@@ -114,8 +176,20 @@ impl ConnectionSlots {
             .map(|_| Slot(self.clone()))
     }
 
-    /// Counts a connection closed (or a stream refused) at the cap; logs
-    /// one WARN line at most every [`CAP_WARNING_EVERY`] over all threads.
+    /// Counts a connection closed at the cap.
+    fn refused_connection(&self) {
+        self.refused_connections.fetch_add(1, Ordering::Relaxed);
+        self.refused();
+    }
+
+    /// Counts a request (an HTTP/2 stream) answered 503 at the cap.
+    fn refused_stream(&self) {
+        self.refused_streams.fetch_add(1, Ordering::Relaxed);
+        self.refused();
+    }
+
+    /// Logs one WARN line about the cap at most every
+    /// [`CAP_WARNING_EVERY`] over all threads.
     fn refused(&self) {
         self.refused.fetch_add(1, Ordering::AcqRel);
         let now = self.epoch.elapsed().as_millis() as u64 + 1;
@@ -224,7 +298,7 @@ pub(crate) async fn serve(
         };
         let Some(slot) = limits.slots.try_open() else {
             drop(tcp);
-            limits.slots.refused();
+            limits.slots.refused_connection();
             continue;
         };
         let _ = tcp.set_nodelay(true);
@@ -274,7 +348,7 @@ async fn connection(
         let busy = requests.request();
         let place = Place::take(&own_place, &slots);
         if place.is_none() {
-            slots.refused();
+            slots.refused_stream();
         }
         let cap = slots.cap;
         req.extensions_mut().insert(ConnectInfo(peer));

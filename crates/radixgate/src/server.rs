@@ -419,6 +419,7 @@ pub async fn run_reloadable(
         started: Instant::now(),
         dashboard: crate::dashboard::Dashboard::default(),
         pulse: crate::pulse::Pulse::new(crate::pulse::STALL),
+        connections: connection_limits.slots.clone(),
     });
     let upkeep = tokio::spawn(upkeep::run(shared.clone(), tasks.clone()));
     let outliers = tokio::spawn(crate::outlier::run(shared.clone(), tasks.clone()));

@@ -91,6 +91,9 @@ pub(crate) struct Shared {
     pub(crate) dashboard: crate::dashboard::Dashboard,
     /// Whether every serving thread still runs its tasks (`/liveness`).
     pub(crate) pulse: crate::pulse::Pulse,
+    /// The client port's connection cap and what it refused, which the
+    /// upkeep tick publishes.
+    pub(crate) connections: Arc<crate::listen::ConnectionSlots>,
 }
 
 /// One serving thread's view of a gateway: the shared state and the

@@ -162,6 +162,7 @@ impl WorkerGauges {
 
 pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
     let gauges = WorkerGauges::new(&state.metrics);
+    let connections = crate::listen::ConnectionMetrics::new(&state.metrics);
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_generation = u64::MAX;
@@ -224,6 +225,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
             }
         }
         state.admission.publish_metrics();
+        connections.publish(&state.connections);
         state.metrics.run_upkeep();
     }
 }

@@ -534,6 +534,32 @@ async fn connections_over_the_cap_are_closed_and_the_cap_frees_up() {
     for s in &mut held {
         assert_eq!(get_on(s, "/liveness").await.unwrap().status, 200);
     }
+    // An operator sees the cap reached: three places taken, one connection
+    // refused (read on a held connection, the port being full).
+    let mut shown = String::new();
+    for _ in 0..100 {
+        shown = get_on(&mut held[0], "/metrics").await.unwrap().body;
+        let value = |series: &str| {
+            shown
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .map(|v| v.trim().to_owned())
+        };
+        if value("radixgate_client_connections").as_deref() == Some("3")
+            && value("radixgate_client_connections_refused_total{kind=\"connection\"}").as_deref()
+                == Some("1")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        shown.contains("radixgate_client_connections 3\n")
+            && shown
+                .contains("radixgate_client_connections_refused_total{kind=\"connection\"} 1\n")
+            && shown.contains("radixgate_client_connections_refused_total{kind=\"stream\"} 0\n"),
+        "{shown}"
+    );
     drop(held);
     wait_until("a request served once the cap frees up", || async {
         client()
@@ -825,6 +851,26 @@ async fn http2_streams_beyond_the_connection_cap_are_refused() {
         done.unwrap();
     }
     wait_for_zero_load(&gw.url).await;
+    // Counted as refused streams, not connections.
+    let refused = refused.load(std::sync::atomic::Ordering::Acquire) as f64;
+    assert!(refused > 0.0);
+    wait_until("the refused streams counted", || async {
+        series_value(
+            &gw.url,
+            "radixgate_client_connections_refused_total{kind=\"stream\"}",
+        )
+        .await
+            == refused
+    })
+    .await;
+    assert_eq!(
+        series_value(
+            &gw.url,
+            "radixgate_client_connections_refused_total{kind=\"connection\"}"
+        )
+        .await,
+        0.0
+    );
     // The places came back: as many streams as before are served.
     let mut sender = sender.clone();
     for i in 0..CAP {
