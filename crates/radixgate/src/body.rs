@@ -11,8 +11,13 @@
 //!   worker.
 //! - **Memory**: every buffered byte is reserved from one [`BodyBudget`]
 //!   shared by all connections and serving threads (`max_buffered_body_bytes`);
-//!   a request that would exceed it gets 503 with `Retry-After`. A declared
-//!   length is reserved whole before reading, a chunked body chunk by chunk.
+//!   a request that would exceed it gets 503 with `Retry-After`. Bytes are
+//!   reserved as they arrive, not as declared: a client that declares the
+//!   largest body and sends a few bytes holds only those (a few such
+//!   connections held the whole budget when a declared length was
+//!   reserved whole). A declared length that does not fit in what is left
+//!   is refused before a byte is read; the buffer, too, grows with the
+//!   bytes that came, up to the declared length.
 //!   The reservation is a [`Reservation`] owned by the returned [`Bytes`]
 //!   (`Bytes::from_owner`): it goes back to the budget when the last clone
 //!   of the body is dropped — after the retries are over and the worker's
@@ -150,8 +155,13 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// Reads the whole body within `limits`. Checks the declared length and
-/// reserves it before polling the body at all (see the module doc).
+/// The buffer a body of declared length starts with; it doubles from
+/// there as bytes come, up to the declared length.
+const FIRST_BUFFER: usize = 64 << 10;
+
+/// Reads the whole body within `limits`. Checks the declared length
+/// against the size limit and the budget left before polling the body at
+/// all, and reserves bytes as they come (see the module doc).
 pub async fn read(
     headers: &HeaderMap,
     body: Body,
@@ -172,11 +182,12 @@ pub async fn read(
         ),
         None => None,
     };
-    let mut reservation = limits
-        .budget
-        .reserve(declared.unwrap_or(0))
-        .ok_or_else(exhausted)?;
-    let mut data = Vec::with_capacity(declared.unwrap_or(0));
+    let budget = &limits.budget;
+    if declared.is_some_and(|n| n > budget.limit().saturating_sub(budget.used())) {
+        return Err(exhausted());
+    }
+    let mut reservation = budget.reserve(0).ok_or_else(exhausted)?;
+    let mut data = Vec::with_capacity(declared.unwrap_or(0).min(FIRST_BUFFER));
     let collect = async {
         let mut body = body;
         while let Some(frame) = body.frame().await {
@@ -188,10 +199,15 @@ pub async fn read(
             if total > limits.max_size {
                 return Err(too_large());
             }
-            // A declared length is reserved already (and hyper holds the
-            // body to it); a chunked body pays as it grows.
-            if total > reservation.bytes() && !reservation.grow(total - reservation.bytes()) {
+            if !reservation.grow(chunk.len()) {
                 return Err(exhausted());
+            }
+            if data.capacity() - data.len() < chunk.len() {
+                // Doubling, but never past a declared length (hyper holds
+                // the body to it).
+                let doubled = (data.capacity() * 2).max(total);
+                let want = declared.map_or(doubled, |n| doubled.min(n).max(total));
+                data.reserve_exact(want - data.len());
             }
             data.extend_from_slice(&chunk);
         }
@@ -298,6 +314,52 @@ mod tests {
             .chain(futures::stream::pending());
         let result = read(&HeaderMap::new(), Body::from_stream(stalled), &limits).await;
         assert!(matches!(result, Err(GatewayError::BodyTimeout { .. })));
+        assert_eq!(limits.budget.used(), 0);
+    }
+
+    /// Bytes are paid for as they come: a declared length holds nothing
+    /// before its bytes arrive, and one over what is left is refused
+    /// before the body is polled (a polled body here would time out).
+    #[tokio::test(start_paused = true)]
+    async fn a_declared_length_is_checked_against_the_budget_left_not_reserved() {
+        let limits = BodyLimits {
+            max_size: 100,
+            timeout: Duration::from_secs(30),
+            budget: BodyBudget::new(150),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, "100".parse().unwrap());
+        let (sent, rest) = tokio::sync::oneshot::channel::<()>();
+        let slow = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("{")) })
+            .chain(futures::stream::once(async {
+                let _ = rest.await;
+                Ok(Bytes::from(vec![b' '; 99]))
+            }));
+        let reading = tokio::spawn({
+            let (headers, limits) = (headers.clone(), limits.clone());
+            async move { read(&headers, Body::from_stream(slow), &limits).await }
+        });
+        while limits.budget.used() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(limits.budget.used(), 1, "only the byte that came");
+        // 100 declared, 149 left: read.
+        let body = Bytes::from(vec![b' '; 100]);
+        let other = read(&headers, Body::from(body), &limits).await.unwrap();
+        assert_eq!(limits.budget.used(), 101);
+        // 100 declared, 49 left: refused at once, the body never polled.
+        let never = Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>());
+        let refused = read(&headers, never, &limits).await;
+        assert!(
+            matches!(refused, Err(GatewayError::BodyBudgetExhausted { .. })),
+            "{refused:?}"
+        );
+        drop(other);
+        sent.send(()).unwrap();
+        let slow = reading.await.unwrap().unwrap();
+        assert_eq!(slow.len(), 100);
+        assert_eq!(limits.budget.used(), 100);
+        drop(slow);
         assert_eq!(limits.budget.used(), 0);
     }
 

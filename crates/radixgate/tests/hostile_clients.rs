@@ -252,13 +252,15 @@ async fn body_budget_exhausted_gets_503_with_retry_after_and_is_given_back() {
     c.server.max_payload_size = 1000;
     c.server.max_buffered_body_bytes = 1500;
     let gw = gateway_ready(c, 1).await;
-    // A slow client declares 1,000 bytes and sends 10: its reservation
-    // takes 1,000 of the 1,500-byte budget.
+    // A slow client declares 1,000 bytes and sends 990: they take 990 of
+    // the 1,500-byte budget.
     let mut slow = connect(&gw.url).await;
     slow.write_all(post_head(1000, "").as_bytes())
         .await
         .unwrap();
-    slow.write_all(b"{\"model\": ").await.unwrap();
+    slow.write_all(&chat_body(1000).as_bytes()[..990])
+        .await
+        .unwrap();
 
     // A complete 800-byte request no longer fits: declared...
     let body = chat_body(800);
@@ -319,6 +321,44 @@ async fn body_budget_exhausted_gets_503_with_retry_after_and_is_given_back() {
         }
     })
     .await;
+    gw.shutdown().await;
+}
+
+/// A length declared is not memory held: clients that declare the largest
+/// body and send a few bytes of it hold only those bytes of the shared
+/// budget. Before, each reserved its whole declared length, so a handful of
+/// connections (32 at the defaults: a 1 GiB budget, 32 MiB bodies) that
+/// sent nothing more had every other request answered 503
+/// `body_budget_exhausted` until their body timeout, and again on
+/// reconnecting.
+#[tokio::test]
+async fn declared_lengths_alone_do_not_spend_the_body_budget() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.max_payload_size = 1000;
+    c.server.max_buffered_body_bytes = 1500;
+    let gw = gateway_ready(c, 1).await;
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        let mut s = connect(&gw.url).await;
+        s.write_all(post_head(1000, "").as_bytes()).await.unwrap();
+        s.write_all(b"{\"model\": ").await.unwrap();
+        idle.push(s);
+    }
+    // Past the moment their bodies are polled (the head is answered by
+    // nothing yet: a 503 would be read here).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .header("content-type", "application/json")
+            .body(chat_body(800))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap());
+    }
+    drop(idle);
     gw.shutdown().await;
 }
 
