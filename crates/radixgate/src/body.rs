@@ -155,8 +155,9 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// The buffer a body of declared length starts with; it doubles from
-/// there as bytes come, up to the declared length.
+/// The buffer a body starts with once its first bytes come (or its
+/// declared length, if less); it doubles from there as bytes come, up to
+/// the declared length.
 const FIRST_BUFFER: usize = 64 << 10;
 
 /// Reads the whole body within `limits`. Checks the declared length
@@ -187,7 +188,7 @@ pub async fn read(
         return Err(exhausted());
     }
     let mut reservation = budget.reserve(0).ok_or_else(exhausted)?;
-    let mut data = Vec::with_capacity(declared.unwrap_or(0).min(FIRST_BUFFER));
+    let mut data = Vec::new();
     let collect = async {
         let mut body = body;
         while let Some(frame) = body.frame().await {
@@ -203,9 +204,9 @@ pub async fn read(
                 return Err(exhausted());
             }
             if data.capacity() - data.len() < chunk.len() {
-                // Doubling, but never past a declared length (hyper holds
-                // the body to it).
-                let doubled = (data.capacity() * 2).max(total);
+                // Doubling from `FIRST_BUFFER`, but never past a declared
+                // length (hyper holds the body to it).
+                let doubled = (data.capacity() * 2).max(FIRST_BUFFER).max(total);
                 let want = declared.map_or(doubled, |n| doubled.min(n).max(total));
                 data.reserve_exact(want - data.len());
             }
