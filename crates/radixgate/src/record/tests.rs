@@ -82,6 +82,51 @@ fn requests_become_lines_and_stop_waits_for_them() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A recording that ended in the middle of a line (the disk filled, or
+/// the process was killed during a write) leaves a torn last line; the
+/// next recording to the file must not glue its first line onto it, and
+/// the file must stay one that `simulate` and `tune` load.
+#[test]
+fn a_recording_after_a_torn_last_line_leaves_only_whole_lines() {
+    let d = dir("torn");
+    let path = d.join("t.jsonl");
+    let settings = Settings {
+        path: path.clone(),
+        max_bytes: 0,
+        keep: 1,
+    };
+    let r = recorder(&RecordTraceConfig::default());
+    let record = |n: usize| {
+        r.start(settings.clone()).unwrap();
+        for i in 0..n {
+            let p = r.pending("cache_hit", false).unwrap();
+            r.record(p, end(&format!("prompt {i}")));
+        }
+        assert_eq!(r.stop().lines, n as u64);
+    };
+    record(3);
+    let whole = std::fs::read(&path).unwrap();
+    let first_line = whole.split(|&b| b == b'\n').next().unwrap().to_vec();
+    // Half a line, as a write cut short leaves it.
+    let mut torn = whole.clone();
+    torn.extend_from_slice(&first_line[..first_line.len() / 2]);
+    std::fs::write(&path, &torn).unwrap();
+    record(2);
+    assert_eq!(lines(&path).len(), 5, "the torn line is cut");
+    assert!(radixgate_sim::workload::load_trace(&path, 512).is_ok());
+    // A whole line only missing its newline is kept, and ended.
+    let mut unended = whole.clone();
+    unended.extend_from_slice(&first_line);
+    std::fs::write(&path, &unended).unwrap();
+    record(1);
+    assert_eq!(lines(&path).len(), 5, "the unended line is kept");
+    // A file that is one torn line is emptied.
+    std::fs::write(&path, &first_line[..10]).unwrap();
+    record(1);
+    assert_eq!(lines(&path).len(), 1);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn files_rotate_by_size_and_keep_that_many() {
     let d = dir("rotate");

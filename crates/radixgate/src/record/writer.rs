@@ -12,7 +12,11 @@
 //! Rotation: before a line that would take the file past `max_bytes` (when
 //! the file is not empty), `FILE.{keep-1}` … `FILE.1` move up one,
 //! `FILE` becomes `FILE.1`, and a new `FILE` starts; with `keep` 0 the full
-//! file is deleted instead. A recording appends to an existing `FILE`.
+//! file is deleted instead. A recording appends to an existing `FILE`; a
+//! torn last line there (a write cut short by a full disk or a killed
+//! process) is cut first, so that the first new line is not glued onto it
+//! and the file stays one that `simulate` and `tune` load (they refuse a
+//! file with a bad line).
 //!
 //! A write error is logged once per recording (then only counted) and the
 //! line is lost; the next line tries again. A failed rotation is counted
@@ -20,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -65,16 +69,72 @@ pub(super) struct Writer {
     pub(super) warned: bool,
 }
 
+/// How far from its end a file is searched for the start of a torn last
+/// line: past the longest line a recording writes (32,768 block ids at
+/// most, `line::MAX_INPUT_TOKENS`).
+const TAIL_SEARCH: u64 = 1 << 20;
+
 /// Opens `path` for appending (creating it), with its current size.
 pub(super) fn open(path: &Path) -> std::io::Result<(BufWriter<File>, u64)> {
-    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    // Readable too, for [`mend`].
+    let file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
     let size = file.metadata()?.len();
     Ok((BufWriter::with_capacity(64 * 1024, file), size))
+}
+
+/// Makes `file` end with a whole line before lines are appended to it: a
+/// torn last line (no newline after it) is cut off, or ended with a
+/// newline when it is whole JSON that only lacks one. Answers the file's
+/// size after, and the bytes cut.
+fn mend(file: &File) -> std::io::Result<(u64, u64)> {
+    let size = file.metadata()?.len();
+    if size == 0 {
+        return Ok((0, 0));
+    }
+    let from = size.saturating_sub(TAIL_SEARCH);
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(from))?;
+    let mut tail = Vec::new();
+    reader.take(size - from).read_to_end(&mut tail)?;
+    if tail.last() == Some(&b'\n') {
+        return Ok((size, 0));
+    }
+    let start = tail.iter().rposition(|&b| b == b'\n').map(|i| i + 1);
+    let torn = &tail[start.unwrap_or(0)..];
+    // Kept and ended: a whole line that lacks only its newline (written by
+    // hand), and a line longer than the search (which cannot be told).
+    if serde_json::from_slice::<serde_json::Value>(torn).is_ok() || (start.is_none() && from > 0) {
+        let mut writer = file;
+        writer.write_all(b"\n")?;
+        return Ok((size + 1, 0));
+    }
+    let keep = size - torn.len() as u64;
+    file.set_len(keep)?;
+    Ok((keep, torn.len() as u64))
 }
 
 impl Writer {
     /// Handles lines until every sender is gone.
     pub(super) fn run(mut self, rx: Receiver<Finished>) {
+        // Here, not when the file is opened: the recording this one
+        // replaced may have been writing to the same file until now.
+        match mend(self.file.get_ref()) {
+            Ok((size, 0)) => self.size = size,
+            Ok((size, cut)) => {
+                self.size = size;
+                tracing::warn!(
+                    path = %self.settings.path.display(),
+                    bytes = cut,
+                    "the trace recording's file ended in a torn line (a write \
+                     cut short); cut it off before appending"
+                );
+            }
+            Err(err) => self.failed(&err),
+        }
         while let Ok(first) = rx.recv() {
             self.handle(first);
             while let Ok(next) = rx.try_recv() {
