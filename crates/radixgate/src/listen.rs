@@ -22,7 +22,9 @@
 //!   connection's first request in flight rides on its connection's place,
 //!   and each further one at the same time (HTTP/2 streams; up to 200 a
 //!   connection) takes a place of its own ([`Place`]), or is answered 503
-//!   with `Retry-After` when none is left;
+//!   with `Retry-After` when none is left (and, like every answer, the
+//!   request's `x-request-id`: this one never reaches the router's layers,
+//!   so it picks the id itself);
 //! - `TCP_NODELAY` on every connection (streamed tokens must not wait for
 //!   Nagle's algorithm), and the peer address as
 //!   `axum::extract::ConnectInfo<SocketAddr>` in every request's extensions,
@@ -41,6 +43,7 @@ mod activity;
 use crate::error::GatewayError;
 use crate::metrics::{Describe, Family, Metrics, OneGauge};
 use ::metrics::{Counter, Label};
+use crate::trace::request_id::{REQUEST_ID_HEADER, RequestIds};
 use activity::{Activity, Busy, Timeouts, WatchedIo};
 use axum::Router;
 use axum::body::Body;
@@ -254,6 +257,8 @@ pub(crate) struct ConnectionLimits {
     pub(crate) idle_timeout: Duration,
     pub(crate) write_timeout: Duration,
     pub(crate) slots: Arc<ConnectionSlots>,
+    /// Where a refused stream's id is read from (the router's own).
+    pub(crate) ids: Arc<RequestIds>,
 }
 
 impl ConnectionLimits {
@@ -310,6 +315,7 @@ pub(crate) async fn serve(
             timeouts,
             stop.clone(),
             slot,
+            limits.ids.clone(),
         ));
     }
     drop(listener);
@@ -330,6 +336,8 @@ fn is_connection_error(err: &std::io::Error) -> bool {
 
 /// Serves one connection until it ends, its watchdog expires, or (after
 /// `stop`) its last request is answered.
+// What one connection needs; a struct of them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -338,6 +346,7 @@ async fn connection(
     timeouts: Timeouts,
     stop: CancellationToken,
     slot: Slot,
+    ids: Arc<RequestIds>,
 ) {
     let activity = Activity::new();
     let io = TokioIo::new(WatchedIo::new(tcp, activity.clone()));
@@ -353,11 +362,18 @@ async fn connection(
         let cap = slots.cap;
         req.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
+        let ids = ids.clone();
         async move {
             let response = match place {
                 Some(_) => app.oneshot(req.map(Body::new)).await?,
                 None => {
-                    axum::response::IntoResponse::into_response(GatewayError::ConnectionCap { cap })
+                    let mut refused =
+                        axum::response::IntoResponse::into_response(GatewayError::ConnectionCap {
+                            cap,
+                        });
+                    let id = ids.pick(req.headers());
+                    refused.headers_mut().insert(REQUEST_ID_HEADER, id);
+                    refused
                 }
             };
             Ok::<_, std::convert::Infallible>(response.map(|body| {
@@ -450,6 +466,7 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             write_timeout: Duration::from_secs(60),
             slots: ConnectionSlots::new(16),
+            ids: RequestIds::new(Vec::new()),
         };
         let stop = CancellationToken::new();
         let served = tokio::spawn(serve(listener, app, limits.clone(), stop.clone()));

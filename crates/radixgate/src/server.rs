@@ -360,6 +360,7 @@ pub async fn run_reloadable(
         idle_timeout: Duration::from_secs(config.server.idle_timeout_secs),
         write_timeout: Duration::from_secs(config.server.client_write_timeout_secs),
         slots: ConnectionSlots::new(config.server.connection_cap()),
+        ids: crate::trace::request_id::RequestIds::new(config.tracing.header_names()),
     };
     let keys = Arc::new(Keys::new(&config.server));
     let reloader = tokio::spawn(reload::serve(
@@ -463,6 +464,7 @@ pub async fn run_reloadable(
                 header_read_timeout: connection_limits.header_read_timeout.min(METRICS_PORT_IDLE),
                 idle_timeout: connection_limits.idle_timeout.min(METRICS_PORT_IDLE),
                 write_timeout: connection_limits.write_timeout.min(METRICS_PORT_IDLE),
+                ids: connection_limits.ids.clone(),
             };
             Some(tokio::spawn(listen::serve(
                 listener,

@@ -842,7 +842,8 @@ fn h2_chat(gateway: &str, text: &str) -> axum::http::Request<http_body_util::Ful
 /// place under the same cap, so a few HTTP/2 clients cannot open more
 /// worker connections than the cap allows (and exhaust the process's file
 /// descriptors, failing its probes and accepts); one over the cap gets
-/// 503 with `Retry-After`, and the places free up with the streams.
+/// 503 with `Retry-After` and the request's id (like every answer), and
+/// the places free up with the streams.
 #[tokio::test]
 async fn http2_streams_beyond_the_connection_cap_are_refused() {
     const CAP: usize = 4;
@@ -858,11 +859,20 @@ async fn http2_streams_beyond_the_connection_cap_are_refused() {
     let mut streams = tokio::task::JoinSet::new();
     for i in 0..STREAMS {
         let mut sender = sender.clone();
-        let request = h2_chat(&gw.url, &format!("stream {i}"));
+        let mut request = h2_chat(&gw.url, &format!("stream {i}"));
+        let id = format!("stream-{i}");
+        request
+            .headers_mut()
+            .insert("x-request-id", id.parse().unwrap());
         let refused = refused.clone();
         streams.spawn(async move {
             let answer = sender.send_request(request).await.unwrap();
             let status = answer.status();
+            assert_eq!(
+                answer.headers().get("x-request-id").map(|v| v.as_bytes()),
+                Some(id.as_bytes()),
+                "the request's id on its {status} answer"
+            );
             let retry_after = answer.headers().get("retry-after").cloned();
             let body = http_body_util::BodyExt::collect(answer.into_body())
                 .await
