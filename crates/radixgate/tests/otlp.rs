@@ -5,8 +5,9 @@
 //! behind a tap that records what it was sent. Checked: the span tree and
 //! its parent (the client's `traceparent`), the decision's explanation as
 //! attributes, the `traceparent` the worker got, a streamed and a whole
-//! answer; without export, the client's headers pass unchanged; and a dead
-//! collector breaks no request and is logged once.
+//! answer; without export, the client's headers pass unchanged; a dead
+//! collector breaks no request and is logged once; and a client's long
+//! path and method are cut in its span.
 
 mod common;
 
@@ -25,6 +26,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use parking_lot::Mutex;
 use prost::Message;
+use radixgate::trace::request_id::MAX_SPAN_TEXT;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -361,4 +363,45 @@ async fn a_dead_collector_breaks_no_request_and_is_logged_once() {
         .filter(|l| l.contains("OTLP span export failed"))
         .count();
     assert_eq!(warnings, 1, "{seen:#?}");
+}
+
+/// A client's path and method become attributes of its `receive` span,
+/// which waits in the export queue (4,096 spans) while the collector is
+/// slow: held to a bound, so that clients sending long paths (any 404 is
+/// traced) cannot make the queue hold hundreds of megabytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_long_path_and_method_are_cut_in_its_span() {
+    let (receiver, collector) = Receiver::start().await;
+    let w = sim_worker(fast_worker()).await;
+    let (_serve, base) = Serve::start(&["--worker-urls", &w.url, "--otlp-endpoint", &collector]);
+    wait_for_healthy(&base, 1).await;
+    let path = format!("/{}", "p".repeat(60_000));
+    let method = reqwest::Method::from_bytes("M".repeat(20_000).as_bytes()).unwrap();
+    let r = client()
+        .request(method, format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_client_error(), "{}", r.status());
+    wait_until("the receive span", || async {
+        receiver.spans.lock().iter().any(|s| s.name == "receive")
+    })
+    .await;
+    let all = receiver.spans.lock().clone();
+    let receive = named(&all, "receive");
+    let (got_path, got_method) = (
+        attr(receive, "url.path"),
+        attr(receive, "http.request.method"),
+    );
+    for (name, got, sent) in [
+        ("url.path", &got_path, &path),
+        ("method", &got_method, &"M".repeat(20_000)),
+    ] {
+        assert!(
+            !got.is_empty() && got.len() <= MAX_SPAN_TEXT && sent.starts_with(got.as_str()),
+            "{name}: {} bytes exported of {}",
+            got.len(),
+            sent.len()
+        );
+    }
 }

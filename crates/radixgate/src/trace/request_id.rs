@@ -48,6 +48,13 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 /// trace id (32) or an AWS `X-Amzn-Trace-Id` (about 80).
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 
+/// Most bytes of a client's path or method kept in its `receive` span.
+/// Both can be tens of KiB (any path is traced, a 404's too), and a span
+/// waits in the export queue ([`super::export::QUEUE`] of them) while the
+/// collector is slow: uncut, a few thousand such requests held hundreds of
+/// MiB there.
+pub const MAX_SPAN_TEXT: usize = 1024;
+
 /// Paths whose requests get no exported span: probes and scrapes, which
 /// would otherwise fill a trace store with one trace every few seconds.
 const UNTRACED: [&str; 4] = ["/health", "/readiness", "/liveness", "/metrics"];
@@ -231,9 +238,19 @@ fn receive_span(req: &Request, id: &str) -> tracing::Span {
     // Before the span is first entered: after that its parent is fixed.
     let _ = span.set_parent(client);
     span.set_attribute("request_id", id.to_owned());
-    span.set_attribute("http.request.method", req.method().as_str().to_owned());
-    span.set_attribute("url.path", req.uri().path().to_owned());
+    span.set_attribute("http.request.method", cut(req.method().as_str()));
+    span.set_attribute("url.path", cut(req.uri().path()));
     span
+}
+
+/// The first [`MAX_SPAN_TEXT`] bytes of `text` (less, to end on a
+/// character).
+fn cut(text: &str) -> String {
+    let mut end = text.len().min(MAX_SPAN_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 #[cfg(test)]
