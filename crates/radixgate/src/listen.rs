@@ -42,8 +42,8 @@ mod activity;
 
 use crate::error::GatewayError;
 use crate::metrics::{Describe, Family, Metrics, OneGauge};
-use ::metrics::{Counter, Label};
 use crate::trace::request_id::{REQUEST_ID_HEADER, RequestIds};
+use ::metrics::{Counter, Label};
 use activity::{Activity, Busy, Timeouts, WatchedIo};
 use axum::Router;
 use axum::body::Body;
