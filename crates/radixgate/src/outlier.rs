@@ -7,7 +7,9 @@
 //! The attempt loop ([`crate::proxy`]) reports each attempt's time to first
 //! byte ([`Outliers::sample`]; a first-byte timeout counts as a sample of
 //! the timeout itself, so a hung worker's mean rises too), except for a
-//! generated whole answer, whose first byte waits for its whole decode
+//! generated whole answer, whose first byte waits for its whole decode,
+//! and for an error answer, which served nothing: a worker shedding
+//! everything at once would read as the quickest
 //! (`Endpoint::times_its_worker`). Consecutive
 //! failures are the circuit breaker's business, not repeated here. Every
 //! `interval_secs`, [`Outliers::evaluate`] compares each worker's

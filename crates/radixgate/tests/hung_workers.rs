@@ -371,6 +371,62 @@ async fn a_request_left_with_only_an_ejected_worker_is_served_by_it() {
     gw.shutdown().await;
 }
 
+/// A worker that sheds every request at once (429: a TGI past its
+/// `max_concurrent_requests`, a proxy's rate limit) answers nothing, so
+/// its quick refusals say nothing of how fast it serves. Taken as samples,
+/// they made it the quickest worker of the pool and its one working peer,
+/// serving everything at its normal pace, an outlier: ejected, which left
+/// every request to the worker that refuses them (429 to the clients).
+#[tokio::test]
+async fn a_worker_that_sheds_at_once_gets_no_working_peer_ejected() {
+    let working = sim_worker(fast_worker()).await;
+    working.set_faults(FaultConfig {
+        latency_ms: 400,
+        ..FaultConfig::default()
+    });
+    let model = get_json(&working.url, "/v1/models").await["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(move || {
+                let model = model.clone();
+                async move { axum::Json(json!({"data": [{"id": model}]})) }
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|| async {
+                json_response(429, json!({"error": {"message": "too many requests"}}))
+            }),
+        );
+    let (shedding, _stop) = serve_app(app).await;
+    let c = eager_outliers(&[&shedding, &working.url], 300);
+    let gw = gateway_ready(c, 2).await;
+    // Round robin: half go to the shedding worker first, and are retried
+    // on the working one.
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("shed {i}"), true)).await;
+        assert_eq!(r.status(), 200, "request {i}");
+        r.bytes().await.unwrap();
+    }
+    // Past two evaluations (one a second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        metric(&gw.url, "radixgate_outlier_ejected", &working.url).await,
+        Some(0.0)
+    );
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("after {i}"), true)).await;
+        assert_eq!(r.status(), 200, "request {i} after the evaluations");
+        r.bytes().await.unwrap();
+    }
+    gw.shutdown().await;
+}
+
 /// The requests waiting on a worker when it is ejected as an outlier move
 /// to a quicker worker, but the slow worker failed none of them: its
 /// breaker counts none. Counted as its failures (three here, with a

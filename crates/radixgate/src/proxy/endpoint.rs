@@ -121,16 +121,20 @@ impl Endpoint {
     }
 
     /// Whether an answer's time to its first byte says how quick its worker
-    /// is, for outlier detection: for an error answer and for a stream (its
-    /// first event follows the prefill), yes; for a whole successful answer
-    /// only where nothing is generated (embeddings, reranking, scoring,
-    /// tokenizing). A generated whole answer's first byte waits for its
-    /// whole decode, which the request's length decides, not the worker:
-    /// cache-aware routing keeps a client's long generations on one worker,
-    /// which would then read as many times slower than its peers. (An
-    /// unrouted API may generate, so its whole answers are not judged.)
+    /// is, for outlier detection: for a successful stream (its first event
+    /// follows the prefill), yes; for a whole successful answer only where
+    /// nothing is generated (embeddings, reranking, scoring, tokenizing).
+    /// A generated whole answer's first byte waits for its whole decode,
+    /// which the request's length decides, not the worker: cache-aware
+    /// routing keeps a client's long generations on one worker, which
+    /// would then read as many times slower than its peers. (An unrouted
+    /// API may generate, so its whole answers are not judged.) An error
+    /// answer, never: a refusal served nothing, and a worker that sheds
+    /// every request at once (429) or fails it at once would read as the
+    /// quickest of its pool and make its working peers outliers. Failures
+    /// are the breaker's to count; a hang is sampled at its timeout.
     pub(crate) fn times_its_worker(self, status: axum::http::StatusCode, stream: bool) -> bool {
-        !status.is_success() || self.first_byte_is_prompt(stream)
+        status.is_success() && self.first_byte_is_prompt(stream)
     }
 
     /// Whether a successful answer's first byte is due soon after the
