@@ -590,3 +590,40 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
         std::slice::from_ref(&other.url)
     );
 }
+
+/// A tenants' key file read while it is being rewritten in place may be
+/// empty: that is not "no tenants", which, without `server.api_key`, would
+/// open the client API to anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_of_a_key_file_truncated_to_nothing_keeps_the_tenants() {
+    let a = sim_worker(fast_worker()).await;
+    let (path, keys) = (temp_file("keys-only.yaml"), temp_file("keys-emptied.yaml"));
+    std::fs::write(&keys, "- {name: team-a, key: sk-a}\n").unwrap();
+    let text = format!(
+        "health:\n  interval_secs: 1\n  success_threshold: 1\n\
+         workers:\n  - {}\ntenants:\n  api_key_file: {}\n",
+        a.url,
+        keys.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "sk-a").await;
+    assert_eq!(chat_status(&gw, "", "no key").await, 401);
+    for empty in ["", "\n  \n", "# being written\n"] {
+        std::fs::write(&keys, empty).unwrap();
+        let outcome = reload.reload().await;
+        let err = outcome.expect_err("an empty key file is refused");
+        let err = err.to_string();
+        assert!(
+            err.contains("empty") && err.contains("keys-emptied.yaml"),
+            "{err}"
+        );
+        assert_eq!(chat_status(&gw, "", "no key").await, 401, "{empty:?}");
+        assert_eq!(chat_status(&gw, "sk-a", "the key").await, 200);
+    }
+    // No tenants, asked for.
+    std::fs::write(&keys, "[]\n").unwrap();
+    reload.reload().await.unwrap();
+    assert_eq!(chat_status(&gw, "", "open").await, 200);
+    stop.cancel();
+}

@@ -583,6 +583,17 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The API key file holds no document: most likely it is being
+    /// rewritten in place, so it is not taken for an empty list, which
+    /// (without `server.api_key`) would open the client API to anyone.
+    #[error(
+        "API key file {path} (tenants.api_key_file) is empty (being written?): write `[]` \
+         for no tenants, and replace the file by renaming a complete one over it"
+    )]
+    EmptyKeysFile {
+        /// The file.
+        path: PathBuf,
+    },
     /// The API key file is not a valid list of tenants.
     #[error("invalid API key file {path}: {source}")]
     KeysFile {

@@ -121,15 +121,24 @@ impl TenantsConfig {
 }
 
 /// Reads a keys file: a YAML (or JSON, which is YAML) list of tenants.
+/// A file that holds no document (nothing, blanks, comments) is refused,
+/// not read as no tenants: it is what a reload reads while the file is
+/// rewritten in place, and no tenants (without `server.api_key`) would
+/// open the client API to anyone.
 fn read_file(path: &Path) -> Result<Vec<TenantSpec>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadKeysFile {
         path: path.into(),
         source,
     })?;
-    serde_norway::from_str(&text).map_err(|source| ConfigError::KeysFile {
+    let parse_error = |source| ConfigError::KeysFile {
         path: path.into(),
         source,
-    })
+    };
+    let document: serde_norway::Value = serde_norway::from_str(&text).map_err(parse_error)?;
+    if document.is_null() {
+        return Err(ConfigError::EmptyKeysFile { path: path.into() });
+    }
+    serde_norway::from_str(&text).map_err(parse_error)
 }
 
 fn add_all(

@@ -261,6 +261,31 @@ fn tenants_come_from_the_section_and_the_api_key_file_flag() {
     assert!(err.contains("/nonexistent/keys.yaml"), "{err}");
 }
 
+/// A keys file with no document in it (truncated, or only its opening
+/// comment written so far) stops loading, named, instead of being read as
+/// no tenants, which would leave the client API open; `[]` says "none".
+#[test]
+fn an_emptied_api_key_file_is_refused_not_read_as_no_tenants() {
+    let dir = std::env::temp_dir().join(format!("radixgate-config-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("emptied-keys.yaml");
+    let load = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        args(&["--api-key-file", file.to_str().unwrap()]).load()
+    };
+    for empty in ["", " \n\n", "# tenants\n", "---\n"] {
+        let err = load(empty).expect_err(empty).to_string();
+        assert!(
+            err.contains("empty")
+                && err.contains("tenants.api_key_file")
+                && err.contains("emptied-keys.yaml"),
+            "{empty:?}: {err}"
+        );
+    }
+    let config = load("[]\n").unwrap();
+    assert!(config.tenants.resolve(None).unwrap().is_empty());
+}
+
 #[test]
 fn bad_inline_tenants_are_named() {
     let check = |yaml: &str, api_key: Option<&str>, needles: &[&str]| {
