@@ -554,9 +554,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The config file holds nothing: most likely it is being rewritten
-    /// in place (truncated, not yet written), so it is not taken for the
-    /// default config, which has no workers and no keys.
+    /// The config file holds no document (nothing, or only comments):
+    /// most likely it is being rewritten in place (truncated, not yet
+    /// written), so it is not taken for the default config, which has no
+    /// workers and no keys.
     #[error(
         "config file {path} is empty (being written?): write `{{}}` for the defaults, and \
          replace the file by renaming a complete one over it"
@@ -625,14 +626,20 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 
 impl Config {
     /// Reads a YAML config file. Unlike an empty document given as text,
-    /// an empty file is refused: it is what a reload reads while the file
-    /// is being rewritten in place.
+    /// a file with no document in it (nothing, blanks, only comments or a
+    /// `---`) is refused: it is what a reload reads while the file is
+    /// being rewritten in place, its opening comment perhaps written.
     pub fn from_yaml_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),
             source,
         })?;
-        if text.trim().is_empty() {
+        let no_document = text.trim().is_empty()
+            || matches!(
+                serde_norway::from_str::<serde_norway::Value>(&text),
+                Ok(serde_norway::Value::Null)
+            );
+        if no_document {
             return Err(ConfigError::Empty { path: path.into() });
         }
         Self::from_yaml(&text).map_err(|source| ConfigError::Parse {
