@@ -638,3 +638,23 @@ fn switch_variables_take_one_and_zero_and_yes_and_no() {
         .env("RADIXGATE_LOG_JSON", "maybe"));
     assert!(!ok && err.contains("--log-json"), "{err}");
 }
+
+/// One server listed with and without its scheme's default port is one
+/// worker listed twice: start-up stops naming both entries, rather than
+/// probing, counting and routing to it as two workers.
+#[test]
+fn a_worker_with_and_without_its_default_port_is_listed_twice() {
+    let serve = |urls: [&str; 2]| {
+        let mut c = radixgate();
+        c.args(["serve", "--port", "0", "--worker-urls"]).args(urls);
+        c
+    };
+    let urls = ["http://127.0.0.1", "http://127.0.0.1:80/"];
+    assert!(!starts(&mut serve(urls)), "{urls:?} started");
+    let (ok, err) = run(&mut serve(urls));
+    assert!(!ok);
+    assert!(
+        err.contains("workers") && err.contains("entries 0") && err.contains("list it once"),
+        "{err}"
+    );
+}

@@ -900,6 +900,10 @@ fn a_worker_listed_twice_is_refused_naming_both_entries() {
         ("http://Localhost:1", "http://localhost:1"),
         ("http://127.0.0.1:1", "'http://[::ffff:127.0.0.1]:01'"),
         ("'http://[::1]:1'", "'http://[0::1]:1'"),
+        // The scheme's default port, spelled out or not, is one server.
+        ("http://127.0.0.1", "http://127.0.0.1:80"),
+        ("https://w.example:443", "https://W.example/"),
+        ("'http://[::1]:0080'", "'http://[::1]'"),
     ] {
         let config = Config::from_yaml(&format!("workers:\n  - {a}\n  - http://c:3\n  - {b}\n"))
             .expect("parses");
