@@ -850,6 +850,16 @@ fn a_worker_entry_may_give_its_kv_cache_size() {
         .to_string();
         assert!(e.contains("workers"), "{e}");
     }
+    // 0 read as "not known" while keeping the worker from being asked.
+    let e = Config::from_yaml("workers:\n  - {url: 'http://a:30000', kv_capacity_tokens: 0}\n")
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("workers") && e.contains("kv_capacity_tokens must be at least 1"),
+        "{e}"
+    );
 }
 
 /// A worker's key may come from an environment variable the file names

@@ -175,8 +175,9 @@ impl Config {
 
     /// Whether a worker's role fits the pool: a disaggregated pool has
     /// only prefill and decode workers, any other only regular ones; a
-    /// bootstrap port belongs to a prefill worker. The admin API checks
-    /// an added worker the same way.
+    /// bootstrap port belongs to a prefill worker; a KV cache size given
+    /// is at least one token. The admin API checks an added worker the
+    /// same way.
     pub fn pd_role_fits(&self, worker: &WorkerSpec) -> Result<(), String> {
         match (self.pd.enabled, worker.role) {
             (true, WorkerRole::Regular) => {
@@ -199,6 +200,15 @@ impl Config {
         }
         if worker.bootstrap_port == Some(0) {
             return Err("bootstrap_port must be between 1 and 65535".to_owned());
+        }
+        if worker.kv_capacity_tokens == Some(0) {
+            // Read as "not known", and, being set, the worker was never
+            // asked either: the bound was off without a word.
+            return Err(
+                "kv_capacity_tokens must be at least 1; leave it out to have the \
+                        router ask the worker"
+                    .to_owned(),
+            );
         }
         Ok(())
     }
