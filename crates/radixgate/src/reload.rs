@@ -284,7 +284,11 @@ impl Target {
         if new.server.metrics_api_key != old_server.metrics_api_key {
             changes.keys.push("server.metrics_api_key");
         }
-        if new.tenants != self.running.tenants {
+        // Also when only the key file's contents changed (but not for the
+        // `server.api_key` tenant alone: that key is named above).
+        if new.tenants != self.running.tenants
+            || (new.server.api_key == old_server.api_key && !tenants.same_as(&self.tenants.load()))
+        {
             changes.keys.push("tenants");
         }
         self.keys.store(&new.server);

@@ -131,6 +131,25 @@ impl Tenants {
         Ok(Self { tenants })
     }
 
+    /// Whether `other` has the same tenants as this: names, keys,
+    /// priorities and limits (a key file's contents can change while the
+    /// config file that names it does not).
+    pub fn same_as(&self, other: &Self) -> bool {
+        let limits = |t: &Tenant| {
+            (
+                t.requests.as_ref().map(|b| b.per_minute),
+                t.tokens.as_ref().map(|b| b.per_minute),
+            )
+        };
+        self.tenants.len() == other.tenants.len()
+            && self.tenants.iter().zip(&other.tenants).all(|(a, b)| {
+                a.name == b.name
+                    && a.key == b.key
+                    && a.priority == b.priority
+                    && limits(a) == limits(b)
+            })
+    }
+
     fn build(&self, spec: ResolvedTenant) -> Tenant {
         let old = self.tenants.iter().find(|t| *t.name == *spec.name);
         let requests = spec.requests_per_minute.map(|rpm| {

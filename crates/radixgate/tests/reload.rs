@@ -622,9 +622,14 @@ async fn a_reload_of_a_key_file_truncated_to_nothing_keeps_the_tenants() {
         assert_eq!(chat_status(&gw, "", "no key").await, 401, "{empty:?}");
         assert_eq!(chat_status(&gw, "sk-a", "the key").await, 200);
     }
-    // No tenants, asked for.
+    // No tenants, asked for; the reload says the tenants changed, though
+    // the config file did not (before: keys [] in its log line).
     std::fs::write(&keys, "[]\n").unwrap();
-    reload.reload().await.unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.keys, ["tenants"]);
     assert_eq!(chat_status(&gw, "", "open").await, 200);
+    // The same file again: nothing changed.
+    let changes = reload.reload().await.unwrap();
+    assert!(changes.keys.is_empty(), "{:?}", changes.keys);
     stop.cancel();
 }
