@@ -475,6 +475,8 @@ async fn a_failing_side_fails_the_request_cancels_the_other_and_frees_both() {
             prefill.set(Behaviour::default());
             let r = post_chat(&gw.url, &chat_body(true)).await;
             assert_eq!(r.status(), 503);
+            // Decode's own answer, passed through: the pair is named.
+            assert_eq!(header(&r, "x-radixgate-prefill-worker"), prefill.url());
             let err: Value = r.json().await.unwrap();
             assert!(
                 err["error"]["message"]
@@ -517,6 +519,7 @@ async fn sglang_decodes_refusal_is_answered_at_once_and_cancels_prefill() {
         .await
         .expect("decode's refusal answered without waiting for prefill");
         assert_eq!(r.status(), 422, "stream {stream}");
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), prefill.url());
         let err: Value = r.json().await.unwrap();
         assert!(
             err["error"]["message"]

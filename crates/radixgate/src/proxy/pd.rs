@@ -364,13 +364,14 @@ pub(super) async fn attempts(
                 }
                 if let (true, Some(answer)) = (last_attempt, answer) {
                     // Nobody is left to ask: decode's own error answer
-                    // goes to the client, as a co-located one would.
+                    // goes to the client, as a co-located one would, with
+                    // the pair named as on any answer.
                     return Ok((
                         *answer,
                         Held {
                             prefill: None,
                             explained,
-                            prefill_worker: None,
+                            prefill_worker: paired_prefill.as_ref().map(|p| p.url().to_owned()),
                         },
                     ));
                 }
