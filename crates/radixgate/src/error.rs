@@ -245,7 +245,10 @@ pub enum GatewayError {
         route: &'static str,
     },
     /// Retries were exhausted; holds the last attempt's error.
-    #[error("gave up after {attempts} attempts: {last}")]
+    #[error(
+        "gave up after {attempts} attempt{}: {last}",
+        if *attempts == 1 { "" } else { "s" }
+    )]
     RetriesExhausted {
         /// How many attempts were made.
         attempts: u32,
@@ -671,5 +674,15 @@ mod tests {
         };
         assert_eq!(exhausted.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(exhausted.origin(), Origin::Upstream);
+        assert!(
+            exhausted
+                .to_string()
+                .starts_with("gave up after 3 attempts: ")
+        );
+        let once = GatewayError::RetriesExhausted {
+            attempts: 1,
+            last: Box::new(status(StatusCode::SERVICE_UNAVAILABLE)),
+        };
+        assert!(once.to_string().starts_with("gave up after 1 attempt: "));
     }
 }
