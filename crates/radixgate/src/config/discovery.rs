@@ -304,16 +304,64 @@ impl DiscoveryConfig {
             .flat_map(|p| &p.selector)
             .chain(&self.selector);
         for (key, value) in labels {
-            let bad = |s: &str| s.is_empty() || s.contains([',', '=', '!', ' ']);
-            if bad(key) || value.contains([',', '=', '!', ' ']) {
+            if let Some(why) = label_problem(key, value) {
+                // Refused here: the API server refuses the selector on
+                // every list, and the watch would retry it for ever.
                 return Err(invalid(
                     "discovery.selector",
-                    format!("`{key}={value}` is not a label a selector can match"),
+                    format!("`{key}={value}` is not a label a selector can match: {why}"),
                 ));
             }
         }
         Ok(())
     }
+}
+
+/// What is wrong with the label `key=value` by Kubernetes' rules for label
+/// keys and values, if anything. A key is a name, optionally after a DNS
+/// subdomain prefix and `/`; a name is 1-63 characters, a value 0-63, of
+/// ASCII letters, digits, `-`, `_` and `.`, beginning and ending with a
+/// letter or digit; a prefix is at most 253 characters of lower-case
+/// letters, digits, `-` and `.`, each of its dot-separated parts beginning
+/// and ending with a letter or digit.
+fn label_problem(key: &str, value: &str) -> Option<String> {
+    fn name_problem(what: &str, text: &str, may_be_empty: bool) -> Option<String> {
+        if text.is_empty() {
+            return (!may_be_empty).then(|| format!("the {what} is empty"));
+        }
+        if text.len() > 63 {
+            return Some(format!("the {what} is over 63 characters"));
+        }
+        let inner = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        let ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        if !text.chars().all(inner) || !ends(text.chars().next()) || !ends(text.chars().last()) {
+            return Some(format!(
+                "the {what} `{text}` must be letters, digits, `-`, `_` and `.`, beginning \
+                 and ending with a letter or digit"
+            ));
+        }
+        None
+    }
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let part_ok = |p: &str| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        };
+        if prefix.len() > 253 || !prefix.split('.').all(part_ok) {
+            return Some(format!(
+                "the key's prefix `{prefix}` must be a DNS subdomain (lower-case letters, \
+                 digits, `-` and `.`, at most 253 characters)"
+            ));
+        }
+    }
+    name_problem("key's name", name, false).or_else(|| name_problem("value", value, true))
 }
 
 /// `a=b,c=d`, in key order.
@@ -328,6 +376,45 @@ pub(crate) fn selector_text(labels: &BTreeMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_are_checked_by_kubernetes_rules() {
+        for (key, value) in [
+            ("app", "sglang"),
+            ("sglang.ai/role", "prefill"),
+            ("App_Name", "v1.2-rc_3"),
+            ("example.com/app", ""),
+            ("a", &"v".repeat(63)),
+        ] {
+            assert_eq!(label_problem(key, value), None, "{key}={value}");
+        }
+        for (key, value, why) in [
+            ("app", "sgl ang", "the value `sgl ang`"),
+            ("app", "-x", "the value `-x`"),
+            ("app", "x.", "the value `x.`"),
+            ("app", &"v".repeat(64), "the value is over 63"),
+            ("", "x", "the key's name is empty"),
+            ("Example.com/app", "x", "prefix `Example.com`"),
+            ("example..com/app", "x", "prefix `example..com`"),
+            ("example.com/", "x", "the key's name is empty"),
+            ("a/b/c", "x", "the key's name `b/c`"),
+            ("app", "a,b", "the value `a,b`"),
+            ("app!", "x", "the key's name `app!`"),
+        ] {
+            let problem = label_problem(key, value).unwrap_or_default();
+            assert!(problem.contains(why), "{key}={value}: {problem}");
+        }
+        let mut c = DiscoveryConfig {
+            enabled: true,
+            ..DiscoveryConfig::default()
+        };
+        c.selector.insert("app".into(), "my app".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("discovery.selector") && e.contains("`app=my app`"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn model_id_from_reads_both_forms_and_refuses_others() {
