@@ -298,6 +298,24 @@ impl DiscoveryConfig {
                 format!("must not be empty (smg's is {DEFAULT_BOOTSTRAP_PORT_ANNOTATION})"),
             ));
         }
+        if let Some(ns) = &self.namespace {
+            let label_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+            if ns.is_empty()
+                || ns.len() > 63
+                || !ns.chars().all(label_char)
+                || ns.starts_with('-')
+                || ns.ends_with('-')
+            {
+                // The API server refuses it on every list.
+                return Err(invalid(
+                    "discovery.namespace",
+                    format!(
+                        "`{ns}` is not a namespace name: 1-63 lower-case letters, digits \
+                         and `-`, beginning and ending with a letter or digit"
+                    ),
+                ));
+            }
+        }
         let labels = self
             .pools
             .iter()
@@ -378,7 +396,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn labels_are_checked_by_kubernetes_rules() {
+    fn labels_and_namespaces_are_checked_by_kubernetes_rules() {
         for (key, value) in [
             ("app", "sglang"),
             ("sglang.ai/role", "prefill"),
@@ -414,6 +432,16 @@ mod tests {
             e.contains("discovery.selector") && e.contains("`app=my app`"),
             "{e}"
         );
+        c.selector.insert("app".into(), "sglang".into());
+        for ns in ["inference", "team-1"] {
+            c.namespace = Some(ns.into());
+            assert!(c.validate().is_ok(), "{ns}");
+        }
+        for ns in ["Inference", "team_1", "-x", "", "a.b"] {
+            c.namespace = Some(ns.into());
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("discovery.namespace"), "{ns}: {e}");
+        }
     }
 
     #[test]
