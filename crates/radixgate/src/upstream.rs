@@ -16,7 +16,10 @@
 //! replaced by the worker's own key when one is configured, and its
 //! `accept-encoding` is not passed on: the gateway reads answers (usage,
 //! first tokens) and may append an error event to a stream, so a worker (or
-//! a proxy in front of it) must not compress them.
+//! a proxy in front of it) must not compress them. A worker's CORS
+//! headers (`access-control-*`) are dropped from its answers: engines allow
+//! pages of any origin by default, and the router's own
+//! `cors_allowed_origins` must decide alone which pages read its answers.
 //!
 //! `X-Forwarded-For` and `Forwarded` are appended to: the client's peer
 //! address is added after whatever the client sent (RFC 7239 §4), so the
@@ -326,16 +329,20 @@ pub fn request_headers(
     out
 }
 
-/// A worker's response headers as they should go to the client. For a
-/// stream, `content-length` is dropped too: if the worker breaks off, the
-/// gateway appends an error event, which a fixed length would not allow.
+/// A worker's response headers as they should go to the client, without
+/// its CORS headers (see the module doc). For a stream, `content-length` is
+/// dropped too: if the worker breaks off, the gateway appends an error
+/// event, which a fixed length would not allow.
 pub fn response_headers(worker: &HeaderMap, streaming: bool) -> HeaderMap {
     let options = connection_options(worker);
     // Room for what the router adds (its worker, decision and prefill
     // headers, the request id, hyper's length and date) without a rehash.
     let mut out = HeaderMap::with_capacity(worker.len() + 6);
     for (name, value) in worker {
-        if is_connection_specific(name, &options) || (streaming && name == header::CONTENT_LENGTH) {
+        if is_connection_specific(name, &options)
+            || (streaming && name == header::CONTENT_LENGTH)
+            || name.as_str().starts_with("access-control-")
+        {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -461,5 +468,17 @@ mod tests {
                 .get("transfer-encoding")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_workers_cors_headers_are_dropped() {
+        let worker = map(&[
+            ("access-control-allow-origin", "*"),
+            ("access-control-allow-credentials", "true"),
+            ("x-access-control-note", "kept"),
+        ]);
+        let out = response_headers(&worker, false);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out["x-access-control-note"], "kept");
     }
 }

@@ -792,3 +792,76 @@ async fn allowed_origins_may_call_the_client_api_and_no_other() {
     assert_ne!(r.status(), 204);
     gw.shutdown().await;
 }
+
+/// Engines answer pages of any origin by default (SGLang echoes the page's
+/// origin and allows credentials; vLLM sends `*`). Behind the router its
+/// own `cors_allowed_origins` decides alone: a worker's CORS headers never
+/// reach the client, or a page of an origin the operator did not list (or
+/// of any origin, with none listed) could read answers the router calls
+/// private.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_cors_headers_never_reach_the_client() {
+    use axum::http::HeaderMap;
+    use axum::routing::{get, post};
+    // A worker that answers CORS as SGLang's middleware does.
+    async fn permissive(headers: HeaderMap) -> impl axum::response::IntoResponse {
+        let origin = headers
+            .get("origin")
+            .and_then(|o| o.to_str().ok())
+            .unwrap_or("*")
+            .to_owned();
+        (
+            [
+                ("access-control-allow-origin", origin),
+                ("access-control-allow-credentials", "true".to_owned()),
+                ("access-control-expose-headers", "x-secret".to_owned()),
+            ],
+            axum::Json(json!({
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            })),
+        )
+    }
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route("/v1/chat/completions", post(permissive));
+    let (worker, stop) = serve_app(app).await;
+    let call = |gw: String, origin: &'static str| async move {
+        client()
+            .post(format!("{gw}/v1/chat/completions"))
+            .header("origin", origin)
+            .json(&chat("hi", false))
+            .send()
+            .await
+            .unwrap()
+    };
+    for listed in [vec![], vec!["https://chat.example".to_owned()]] {
+        let mut cfg = config(&[&worker]);
+        cfg.server.cors_allowed_origins = listed.clone();
+        let gw = gateway_ready(cfg, 1).await;
+        let r = call(gw.url.clone(), "https://evil.example").await;
+        assert_eq!(r.status(), 200);
+        let h = r.headers();
+        for name in [
+            "access-control-allow-origin",
+            "access-control-allow-credentials",
+            "access-control-expose-headers",
+        ] {
+            assert!(h.get(name).is_none(), "{listed:?}: {name} passed: {h:?}");
+        }
+        if !listed.is_empty() {
+            // A listed origin gets the router's answer, not the worker's.
+            let r = call(gw.url.clone(), "https://chat.example").await;
+            assert_eq!(r.status(), 200);
+            let h = r.headers();
+            assert_eq!(h["access-control-allow-origin"], "https://chat.example");
+            assert!(h.get("access-control-allow-credentials").is_none(), "{h:?}");
+            let exposed = h["access-control-expose-headers"].to_str().unwrap();
+            assert!(!exposed.contains("x-secret"), "{exposed}");
+        }
+        gw.shutdown().await;
+    }
+    stop.cancel();
+}
