@@ -394,29 +394,45 @@ struct ModelInfo {
 /// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
 /// `/get_model_info`; empty (serves any model) if it reports neither. With
 /// them, the longest context it serves, where `/v1/models` says (the least
-/// it gives, should its entries differ).
+/// it gives, should its entries differ). An id no request can name (empty,
+/// or the wildcard pool's `*`) is left out with a WARN: the registry
+/// refuses a worker that lists one, which would keep it out of rotation
+/// for good while its probes pass.
 async fn discover_models(target: &Target) -> (Vec<String>, Option<u64>) {
     if let Some(body) = answer(target, "/v1/models").await
-        && let Ok(list) = serde_json::from_slice::<ModelList>(&body)
-        && !list.data.is_empty()
+        && let Ok(mut list) = serde_json::from_slice::<ModelList>(&body)
     {
-        let max_model_len = list
-            .data
-            .iter()
-            .filter_map(|m| m.max_model_len.as_u64())
-            .filter(|&tokens| tokens > 0)
-            .min();
-        return (list.data.into_iter().map(|m| m.id).collect(), max_model_len);
+        list.data.retain(|m| nameable(target, &m.id));
+        if !list.data.is_empty() {
+            let max_model_len = list
+                .data
+                .iter()
+                .filter_map(|m| m.max_model_len.as_u64())
+                .filter(|&tokens| tokens > 0)
+                .min();
+            return (list.data.into_iter().map(|m| m.id).collect(), max_model_len);
+        }
     }
     if let Some(body) = answer(target, "/get_model_info").await
         && let Ok(ModelInfo {
             model_path: Some(path),
         }) = serde_json::from_slice::<ModelInfo>(&body)
+        && nameable(target, &path)
     {
         return (vec![path], None);
     }
     tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
     (Vec::new(), None)
+}
+
+/// Whether a model id the worker reported can be asked for by name; WARNs
+/// when not.
+fn nameable(target: &Target, id: &str) -> bool {
+    let ok = !id.is_empty() && id != radixgate_routing::WILDCARD_MODEL;
+    if !ok {
+        tracing::warn!(worker = %target.url, id, "worker reports a model id no request can name; left out");
+    }
+    ok
 }
 
 /// The tokens a worker's KV cache holds, as the worker reports it: SGLang's

@@ -110,6 +110,48 @@ async fn a_models_entry_says_the_longest_context_every_worker_takes() {
     gw.shutdown().await;
 }
 
+/// A worker whose model list holds an id no request can name (empty, or
+/// the wildcard pool's `*`) is admitted for the models it names well, the
+/// others left out. The whole worker was refused, once, with an ERROR,
+/// and its health checker, taking it as admitted, never asked again: it
+/// stayed out of rotation while its probes passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_listing_an_unnameable_model_is_admitted_for_the_others() {
+    let model = radixgate_sim::server::DEFAULT_MODEL;
+    let lists = [
+        json!({"data": [{"id": model}, {"id": ""}]}),
+        json!({"data": [{"id": "*"}, {"id": model}, {"id": model}]}),
+    ];
+    for list in lists {
+        let answer = json!({
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        });
+        let shown = list.to_string();
+        let app = Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route("/v1/models", get(move || async move { axum::Json(list) }))
+            .route(
+                "/v1/chat/completions",
+                post(move || async move { axum::Json(answer) }),
+            );
+        let (worker, stop) = serve_app(app).await;
+        let gw = gateway(config(&[&worker])).await;
+        wait_until(&format!("the worker listing {shown} is admitted"), || {
+            let url = gw.url.clone();
+            async move {
+                let list = get_json(&url, "/readiness").await;
+                list["healthy_workers"] == 1
+            }
+        })
+        .await;
+        assert_eq!(model_ids(&gw.url).await, vec![model.to_owned()], "{shown}");
+        let r = post_chat(&gw.url, &chat("hi", false)).await;
+        assert_eq!(r.status(), 200, "{shown}");
+        gw.shutdown().await;
+        stop.cancel();
+    }
+}
+
 /// A worker for whole (non-streamed) answers of set lengths: a request
 /// whose text holds `long` is never answered; any other is answered
 /// `answer_after` after the long one arrived. Returns its URL and when the
