@@ -1,9 +1,11 @@
 //! Token usage read from the tail of a response, without touching it.
 //!
 //! Tenants' token limits are charged with what a worker reports it used: the
-//! OpenAI `usage` object (`total_tokens`, else `prompt_tokens +
-//! completion_tokens`), the Responses API's (`total_tokens`, else
-//! `input_tokens + output_tokens`; a stream carries it in its final
+//! OpenAI `usage` object (`total_tokens`, or `prompt_tokens +
+//! completion_tokens` where that is more: a total below its own parts is
+//! not believed in the tenant's favour), the Responses API's
+//! (`total_tokens` or `input_tokens + output_tokens`, the same way; a
+//! stream carries it in its final
 //! `response.completed` or `response.incomplete` event), the Anthropic
 //! Messages API's (`input_tokens` plus the prompt-cache reads and writes it
 //! leaves out, `cache_read_input_tokens` and `cache_creation_input_tokens`,
@@ -227,22 +229,7 @@ pub fn tokens_in(text: &[u8]) -> Option<u64> {
     let mut later_output = None;
     for report in objects_after(text, Key::Usage).filter_map(|o| Report::read(&o)) {
         match (later_output, report) {
-            (
-                None,
-                Report {
-                    total: Some(total), ..
-                },
-            ) => return Some(total),
-            (
-                None,
-                Report {
-                    prompt: Some(prompt),
-                    output,
-                    ..
-                },
-            ) => {
-                return Some(prompt.saturating_add(output.unwrap_or(0)));
-            }
+            (None, report) if let Some(tokens) = report.tokens() => return Some(tokens),
             (None, Report { output, .. }) => later_output = output,
             (
                 Some(output),
@@ -259,10 +246,7 @@ pub fn tokens_in(text: &[u8]) -> Option<u64> {
     later_output.or_else(|| {
         objects_after(text, Key::MetaInfo)
             .filter_map(|o| Report::read(&o))
-            .find_map(|r| {
-                r.total
-                    .or(r.prompt.map(|p| p.saturating_add(r.output.unwrap_or(0))))
-            })
+            .find_map(|r| r.tokens())
     })
 }
 
@@ -342,6 +326,20 @@ impl Report {
         (report.total.is_some() || report.prompt.is_some() || report.output.is_some())
             .then_some(report)
     }
+
+    /// The tokens this report alone says were used: its total or its
+    /// prompt and output added, whichever is more (a worker whose total
+    /// leaves out what it reports beside it, `0` say, would otherwise be
+    /// charged nothing); `None` without a total or a prompt count.
+    fn tokens(&self) -> Option<u64> {
+        let parts = self
+            .prompt
+            .map(|prompt| prompt.saturating_add(self.output.unwrap_or(0)));
+        match (self.total, parts) {
+            (Some(total), Some(parts)) => Some(total.max(parts)),
+            (total, parts) => total.or(parts),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -358,6 +356,13 @@ mod tests {
         assert_eq!(tokens_in(stream), Some(7));
         let generate = br#"{"text":"hi","meta_info":{"prompt_tokens":9,"completion_tokens":1,"cached_tokens":0}}"#;
         assert_eq!(tokens_in(generate), Some(10));
+        // A total below its own parts is not believed; one above them is.
+        let short = br#"{"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":0}}"#;
+        assert_eq!(tokens_in(short), Some(11));
+        let long = br#"{"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":20}}"#;
+        assert_eq!(tokens_in(long), Some(20));
+        let meta = br#"{"meta_info":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":3}}"#;
+        assert_eq!(tokens_in(meta), Some(10));
         // The Responses API: the final event's response object.
         let responses = b"event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"usage\"}\n\n\
             event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[],\

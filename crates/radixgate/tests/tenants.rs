@@ -684,6 +684,34 @@ async fn a_worker_that_reports_absurd_usage_does_not_lock_its_tenant_out() {
     served.abort();
 }
 
+/// A worker whose `total_tokens` is less than the prompt and completion
+/// it reports beside it (0, say) is not believed in the tenant's favour:
+/// the answer is charged the larger sum, and the tenant's token limit
+/// holds. It was charged the total alone, nothing for a total of 0, and
+/// the limit never tripped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_total_below_its_own_parts_is_not_what_is_charged() {
+    let (worker, served) = worker_answering(axum::routing::post(|| async {
+        axum::Json(json!({
+            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 600, "completion_tokens": 400, "total_tokens": 0},
+        }))
+    }))
+    .await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 500}
+";
+    let gw = gateway_ready(tenant_config(&worker, tenants), 1).await;
+    let r = post_as(&gw.url, Some("sk-a"), &chat("a short question", false)).await;
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    assert_eq!(charged_once(&gw.url, "the answer is charged").await, 1000.0);
+    let limited = chat_as(&gw.url, "sk-a", false).await;
+    assert_rate_limited(&limited, "tokens");
+    gw.shutdown().await;
+    served.abort();
+}
+
 /// A worker that records the order requests reach it and holds each one
 /// until the test releases it: with one admission slot, the order it sees
 /// is the order the gateway admitted them in.
