@@ -526,7 +526,9 @@ async fn attempts(
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
         let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
-            // Half-open with its probe already out: this worker sits out.
+            // Half-open with its probe already out: this worker sits out,
+            // and its tree does not keep a prompt it was never sent.
+            decision.undo_insert(&request.routing_text);
             tried.push(worker.id());
             sat_out += 1;
             continue;

@@ -193,8 +193,23 @@ async fn a_pair_whose_decode_is_probing_is_told_so_without_an_attempt() {
         let probe = tokio::spawn(async move { post_completion(&url, &body).await.status() });
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let prefilled = common::series_sum(&prefill.url, "radixgate_sim_requests_total").await;
+        let trees = || async {
+            let loads = common::get_loads(&gw.url).await;
+            loads["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| (w["url"].clone(), w["cached_chars"].clone()))
+                .collect::<Vec<_>>()
+        };
+        let before = trees().await;
         let r = post_completion(&gw.url, &completion(3)).await;
         assert_eq!(r.status(), 503, "{protocol:?}");
+        assert_eq!(
+            trees().await,
+            before,
+            "{protocol:?}: neither side's tree keeps a prompt not sent"
+        );
         let err: Value = r.json().await.unwrap();
         let message = err["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("half-open"), "{protocol:?}: {err}");

@@ -575,6 +575,8 @@ async fn a_request_that_finds_the_only_worker_probing_is_told_so() {
     let probe =
         tokio::spawn(async move { post_chat(&url, &chat("the probe", false)).await.status() });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let cached = || async { get_loads(&gw.url).await["workers"][0]["cached_chars"].clone() };
+    let before = cached().await;
     let r = c
         .post(format!("{}/v1/chat/completions", gw.url))
         .json(&chat("while the probe is out", false))
@@ -585,6 +587,8 @@ async fn a_request_that_finds_the_only_worker_probing_is_told_so() {
     let body: serde_json::Value = r.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("half-open"), "{message}");
+    // Never sent there: the worker's tree did not take its prompt.
+    assert_eq!(cached().await, before);
     assert_eq!(probe.await.unwrap(), 200);
     gw.shutdown().await;
 }

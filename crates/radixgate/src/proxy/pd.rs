@@ -171,7 +171,7 @@ pub(super) async fn attempts(
             },
             None => unavailable(shared, err, model),
         };
-        let decode = match shared.router.select_in(
+        let mut decode = match shared.router.select_in(
             WorkerRole::Decode,
             model,
             text,
@@ -199,7 +199,11 @@ pub(super) async fn attempts(
                 exact.map(crate::events::Matched::view),
             )
         };
-        let prefill = match skip {
+        // A side chosen but not sent: its tree does not keep the prompt.
+        let unsent = |side: &mut Routed| {
+            side.decision.undo_insert(text);
+        };
+        let mut prefill = match skip {
             Some(_) => None,
             None => match select_prefill(&tried_prefill) {
                 Ok(routed) => Some(routed),
@@ -208,11 +212,17 @@ pub(super) async fn attempts(
                     suspects.clear();
                     match select_prefill(&tried_prefill) {
                         Ok(routed) => Some(routed),
-                        Err(err) if rescued(shared, &err) => continue,
+                        Err(err) if rescued(shared, &err) => {
+                            unsent(&mut decode);
+                            continue;
+                        }
                         Err(err) => return Err(give_up(err, last_failure)),
                     }
                 }
-                Err(err) if rescued(shared, &err) => continue,
+                Err(err) if rescued(shared, &err) => {
+                    unsent(&mut decode);
+                    continue;
+                }
                 Err(err) => return Err(give_up(err, last_failure)),
             },
         };
@@ -221,15 +231,21 @@ pub(super) async fn attempts(
         // prefill would otherwise run for a decode that cannot take it).
         let now = tokio::time::Instant::now();
         let Some(decode_probe) = probe(shared, &decode, now) else {
+            unsent(&mut decode);
+            if let Some(prefill) = &mut prefill {
+                unsent(prefill);
+            }
             tried_decode.push(decode.decision.worker().id());
             sat_out = true;
             continue;
         };
         let prefill = match prefill {
             None => None,
-            Some(prefill) => match probe(shared, &prefill, now) {
+            Some(mut prefill) => match probe(shared, &prefill, now) {
                 Some(permit) => Some((prefill, permit)),
                 None => {
+                    unsent(&mut prefill);
+                    unsent(&mut decode);
                     tried_prefill.push(prefill.decision.worker().id());
                     sat_out = true;
                     continue;
