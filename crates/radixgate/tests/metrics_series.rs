@@ -16,6 +16,9 @@
 //! After an intended change to the exported metrics, regenerate the lists
 //! with `RADIXGATE_BLESS=1 cargo test -p radixgate --test metrics_series`
 //! and review their diff.
+//!
+//! The reference for operators, `docs/metrics.md`, is checked here too:
+//! one row for every family the source defines, none for another.
 
 mod common;
 mod sync_support;
@@ -343,4 +346,65 @@ async fn sync_metrics_series_match_the_committed_list() {
     got.extend(sync_series("B", &text_b, &w.url));
     let got = got.join("\n") + "\n";
     check_golden(GOLDEN_SYNC, &got, &format!("{text_a}\n{text_b}"));
+}
+
+/// The metric families the router's source defines: the name in each
+/// `Describe::new(` or `Describe::seconds(` under `src/`.
+fn families_in_source() -> std::collections::BTreeSet<String> {
+    fn walk(dir: &std::path::Path, out: &mut std::collections::BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for start in ["Describe::new(", "Describe::seconds("] {
+                for (at, _) in text.match_indices(start) {
+                    let rest = &text[at + start.len()..];
+                    let Some(open) = rest.find('"') else { continue };
+                    let name = &rest[open + 1..];
+                    let name = &name[..name.find('"').unwrap()];
+                    if name.starts_with("radixgate_") {
+                        out.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut out,
+    );
+    out
+}
+
+/// `docs/metrics.md` has one row for every family the source defines, and
+/// none for a family it no longer does.
+#[test]
+fn the_metrics_reference_lists_every_family() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/metrics.md"
+    ))
+    .unwrap();
+    let rows: std::collections::BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|name| name.starts_with("radixgate_"))
+        .map(str::to_owned)
+        .collect();
+    let families = families_in_source();
+    assert!(families.len() > 50, "{families:?}");
+    let missing: Vec<_> = families.difference(&rows).collect();
+    let stale: Vec<_> = rows.difference(&families).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/metrics.md: families without a row {missing:?}, rows of no family {stale:?}"
+    );
 }
