@@ -497,9 +497,14 @@ const SHAPE: &str = "a worker URL is scheme://host[:port] only";
 /// The URL rule; `Err` is the reason, phrased to follow "invalid worker
 /// `<url>`: ".
 fn parse_parts(url: &str) -> Result<Parts, String> {
-    let scheme_len = if url.starts_with("http://") {
+    // A scheme has no case (RFC 3986, 3.1): `HTTP://` is `http://`.
+    let starts = |scheme: &str| {
+        url.get(..scheme.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+    };
+    let scheme_len = if starts("http://") {
         "http://".len()
-    } else if url.starts_with("https://") {
+    } else if starts("https://") {
         "https://".len()
     } else {
         return Err("the URL must start with http:// or https://".into());
@@ -637,6 +642,8 @@ mod tests {
             ("https://[2001:DB8:0:0:1::1]", "https://[2001:db8::1:0:0:1]"),
             ("http://a:0080", "http://a:80"),
             ("http://10.0.0.1:00443/", "http://10.0.0.1:443"),
+            ("HTTPS://Host:8443", "https://host:8443"),
+            ("Http://[::1]:8000/", "http://[::1]:8000"),
         ] {
             let url = WorkerUrl::parse(given).unwrap_or_else(|e| panic!("{given}: {e}"));
             assert_eq!(url.as_str(), canonical);
