@@ -33,7 +33,7 @@ async fn publishing_worker(blocks: usize, replay: bool) -> (SimWorker, String) {
     (sim_worker(c).await, endpoint)
 }
 
-/// A gateway subscribed to each worker's publisher.
+/// A gateway subscribed to each worker's publisher (and replay socket).
 fn events_config(workers: &[(&SimWorker, &str)]) -> Config {
     let urls: Vec<&str> = workers.iter().map(|(w, _)| w.url.as_str()).collect();
     let mut c = config(&urls);
@@ -43,11 +43,10 @@ fn events_config(workers: &[(&SimWorker, &str)]) -> Config {
             .endpoints
             .insert(w.url.clone(), (*endpoint).to_owned());
     }
-    if let Some((w, _)) = workers.first()
-        && let Some(replay) = w.handle.kv_events_replay_endpoint()
-    {
-        let port = replay.rsplit(':').next().unwrap().parse().unwrap();
-        c.kv_events.replay_port = Some(port);
+    for (w, _) in workers {
+        if let Some(replay) = w.handle.kv_events_replay_endpoint() {
+            c.kv_events.replay_endpoints.insert(w.url.clone(), replay);
+        }
     }
     c
 }
@@ -590,4 +589,72 @@ async fn a_data_parallel_worker_answering_from_another_rank_is_not_contradicted(
         1.0
     );
     gw.shutdown().await;
+}
+
+/// Two engines on one host, each with its own publisher and replay socket:
+/// a worker listed in `kv_events.endpoints` asks its gaps of its own
+/// replay socket (`kv_events.replay_endpoints`), never of the one at the
+/// shared `replay_port`, which is another engine's: that one answers with
+/// its own batches under the same sequence numbers, and they were applied
+/// as this worker's, which then counted as live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_its_own_endpoint_never_replays_another_engines_batches() {
+    let port = |e: &str| e.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    for own_replay in [false, true] {
+        let (w1, e1) = publishing_worker(4096, true).await;
+        let (w2, e2) = publishing_worker(4096, true).await;
+        let r2 = w2.handle.kv_events_replay_endpoint().unwrap();
+        let mut cfg = events_config(&[(&w1, &e1), (&w2, &e2)]);
+        // The operator's layout: w1 at the default ports, w2 given its own
+        // publisher (and, in the second round, its own replay socket).
+        cfg.kv_events.port = port(&e1);
+        cfg.kv_events.replay_port = Some(port(&w1.handle.kv_events_replay_endpoint().unwrap()));
+        cfg.kv_events.endpoints.remove(&w1.url);
+        cfg.kv_events.replay_endpoints.clear();
+        if own_replay {
+            cfg.kv_events.replay_endpoints.insert(w2.url.clone(), r2);
+        }
+        let gw = gateway_ready(cfg, 2).await;
+        make_live(&gw.url, &[&w1, &w2]).await;
+        // w1 publishes far more batches than w2: its replay buffer holds
+        // the sequence numbers w2's gap will miss.
+        for tag in 0..12 {
+            generate(&w1.url, &ids(40 + tag, 32)).await;
+        }
+        let counters = |w: &SimWorker| w.handle.kv_events_counters().unwrap();
+        let (w1_replays, w2_replays) = (counters(&w1).replays, counters(&w2).replays);
+        w2.set_faults(FaultConfig {
+            kv_events_drop: 1,
+            ..FaultConfig::default()
+        });
+        let withheld = ids(60, 64);
+        generate(&w2.url, &withheld).await;
+        generate(&w2.url, &ids(61, 64)).await;
+        if own_replay {
+            wait_until("w2's own replay socket asked", || async {
+                counters(&w2).replays > w2_replays
+            })
+            .await;
+            wait_live(&gw.url, 2).await;
+            // The withheld batch came back: its prompt is held by w2.
+            let mut extended = withheld.clone();
+            extended.extend(ids(62, 16));
+            let (worker, decision) = generate(&gw.url, &extended).await;
+            assert_eq!(worker, w2.url, "{decision}");
+            assert!(decision.contains("index=exact"), "{decision}");
+        } else {
+            wait_until("the gap seen", || async {
+                series_value(&gw.url, "radixgate_kv_events_stale_total{reason=\"gap\"}").await
+                    >= 1.0
+            })
+            .await;
+            wait_live(&gw.url, 1).await;
+        }
+        assert_eq!(
+            counters(&w1).replays,
+            w1_replays,
+            "w2's gap was asked of w1's replay socket"
+        );
+        gw.shutdown().await;
+    }
 }

@@ -6,7 +6,13 @@
 //! URL is listed there, else at `tcp://<the worker's host>:<port>`; a worker
 //! running `data_parallel_size` ranks publishes rank `r` at `port + r` (and
 //! answers replays at `replay_port + r`), as vLLM offsets its ports per
-//! data-parallel rank. Matching needs the request's token ids: `tokenizer`
+//! data-parallel rank. Its replay socket is at `replay_endpoints[url]` when
+//! listed there, else at `replay_port` on its publisher's host, except for
+//! a worker whose own publisher port is not `port`: that is an engine
+//! beside another on one host, whose replay socket is not the other's, so
+//! it has none unless listed (an engine's replay answers with its own
+//! batches under the same sequence numbers, which would be taken as this
+//! worker's). Matching needs the request's token ids: `tokenizer`
 //! names the model's `tokenizer.json` or model directory.
 
 use super::{ConfigError, invalid};
@@ -38,6 +44,11 @@ pub struct KvEventsConfig {
     /// not at `tcp://<host>:<port>`, e.g. `{"http://10.0.0.5:8000":
     /// "tcp://10.0.0.5:6000"}` (rank r at the port plus r).
     pub endpoints: BTreeMap<String, String>,
+    /// Replay endpoints by worker URL, for workers whose replay socket is
+    /// not at `replay_port` on their publisher's host (rank r at the port
+    /// plus r). A worker listed in `endpoints` with a port other than
+    /// `port` replays only from here.
+    pub replay_endpoints: BTreeMap<String, String>,
     /// The model's `tokenizer.json`, or a model directory holding it and
     /// `tokenizer_config.json` (`--tokenizer`). Without it only requests
     /// that carry token ids (`/generate` with `input_ids`, completions with
@@ -93,6 +104,7 @@ impl Default for KvEventsConfig {
             topic: String::new(),
             data_parallel_size: 1,
             endpoints: BTreeMap::new(),
+            replay_endpoints: BTreeMap::new(),
             tokenizer: None,
             tokenizer_models: Vec::new(),
             engine: EngineRules::default(),
@@ -135,12 +147,17 @@ impl KvEventsConfig {
                 ));
             }
         }
-        for (url, endpoint) in &self.endpoints {
-            if tcp_port(endpoint).is_none() {
-                return Err(invalid(
-                    "kv_events.endpoints",
-                    format!("{url}: {endpoint:?} is not tcp://HOST:PORT"),
-                ));
+        for (what, map) in [
+            ("kv_events.endpoints", &self.endpoints),
+            ("kv_events.replay_endpoints", &self.replay_endpoints),
+        ] {
+            for (url, endpoint) in map {
+                if tcp_port(endpoint).is_none() {
+                    return Err(invalid(
+                        what,
+                        format!("{url}: {endpoint:?} is not tcp://HOST:PORT"),
+                    ));
+                }
             }
         }
         if self.max_blocks_per_worker == 0 || self.max_blocks_total == 0 {
@@ -168,13 +185,20 @@ impl KvEventsConfig {
             Some((h, p)) => (h.to_owned(), p),
             None => (bracketed(host), self.port),
         };
+        // The shared replay port is the default layout's: a publisher on
+        // a port of its own has a replay socket of its own, or none.
+        let replay = match self.replay_endpoints.get(url).and_then(|e| tcp_port(e)) {
+            Some((h, p)) => Some((h.to_owned(), p)),
+            None if port == self.port => self.replay_port.map(|p| (host.clone(), p)),
+            None => None,
+        };
         (0..self.data_parallel_size)
             .map(|r| {
                 let rank = r as u16;
                 let publisher = format!("tcp://{host}:{}", port.saturating_add(rank));
-                let replay = self
-                    .replay_port
-                    .map(|p| format!("tcp://{host}:{}", p.saturating_add(rank)));
+                let replay = replay
+                    .as_ref()
+                    .map(|(h, p)| format!("tcp://{h}:{}", p.saturating_add(rank)));
                 (publisher, replay)
             })
             .collect()
@@ -235,6 +259,26 @@ mod tests {
             c.endpoints_for("http://127.0.0.1:9000", "127.0.0.1")[0].0,
             "tcp://127.0.0.1:7000"
         );
+        // Another engine's replay socket is never a listed publisher's:
+        // the shared replay port only where the publisher's port is the
+        // default one, else the worker's own or none.
+        c.replay_port = Some(5600);
+        c.endpoints
+            .insert("http://10.0.0.9:8000".into(), "tcp://10.0.0.7:5557".into());
+        let replay = |c: &KvEventsConfig, url: &str| c.endpoints_for(url, "h")[0].1.clone();
+        assert_eq!(replay(&c, "http://127.0.0.1:9000"), None);
+        assert_eq!(
+            replay(&c, "http://10.0.0.9:8000").as_deref(),
+            Some("tcp://10.0.0.7:5600")
+        );
+        c.replay_endpoints.insert(
+            "http://127.0.0.1:9000".into(),
+            "tcp://127.0.0.1:7001".into(),
+        );
+        assert_eq!(
+            replay(&c, "http://127.0.0.1:9000").as_deref(),
+            Some("tcp://127.0.0.1:7001")
+        );
     }
 
     #[test]
@@ -255,6 +299,11 @@ mod tests {
         c.endpoints.insert("http://w:1".into(), "udp://w:2".into());
         let e = err(c);
         assert!(e.contains("kv_events.endpoints"), "{e}");
+        let mut c = KvEventsConfig::default();
+        c.replay_endpoints
+            .insert("http://w:1".into(), "tcp://w".into());
+        let e = err(c);
+        assert!(e.contains("kv_events.replay_endpoints"), "{e}");
         let e = err(KvEventsConfig {
             max_message_bytes: 65_535,
             ..KvEventsConfig::default()
