@@ -10,6 +10,10 @@
 //!   with the subscriptions twice a second: a new worker gets one
 //!   subscription per rank, a removed one has its subscriptions stopped and
 //!   its blocks dropped. Discovery and the admin API need nothing else.
+//!   Workers whose publishers resolve to one endpoint (engines sharing a
+//!   host at the default port) are not matched exactly while they share
+//!   it: its events are one engine's at most, and were taken as each
+//!   one's.
 //! - **Live or stale.** A worker's matches count only while every one of its
 //!   ranks' streams is live: the subscriber says so once every batch since
 //!   a known-empty cache was applied. A gap no replay filled, a lost
@@ -148,6 +152,11 @@ struct Subscribed {
     stop: CancellationToken,
     /// The worker's URL, for the log.
     url: String,
+    /// Its ranks' publisher endpoints.
+    publishers: Vec<String>,
+    /// Another worker's publisher is at one of `publishers`
+    /// ([`KvEvents::mark_shared`]): not matched exactly.
+    shared: bool,
 }
 
 /// The exact index and the streams feeding it.
@@ -370,7 +379,7 @@ impl KvEvents {
         let workers = self.workers.lock();
         let mut live: Vec<WorkerId> = workers
             .iter()
-            .filter(|(_, s)| !s.contradicted && s.live.iter().all(|&l| l))
+            .filter(|(_, s)| !s.contradicted && !s.shared && s.live.iter().all(|&l| l))
             .map(|(&id, _)| id)
             .collect();
         live.sort_unstable();
@@ -423,6 +432,51 @@ impl KvEvents {
         self.metrics.stale.increment("contradicted");
         tracing::warn!(worker = %url, answers = CONTRADICTIONS, "kv_events: the worker's answers found far less cached than its events say it holds (its engine stopped publishing, or the stream is another engine's: check kv_events.port and endpoints); matched on the tree until its engine clears its cache or restarts");
         self.refresh_live();
+    }
+
+    /// Marks the workers that share a publisher endpoint with another, and
+    /// says so once each time one starts to; true when any mark changed.
+    /// A publisher is one engine's: its events were each such worker's
+    /// exact index, so a worker was matched on another engine's cache.
+    fn mark_shared(&self) -> bool {
+        let mut workers = self.workers.lock();
+        let mut owners: HashMap<&str, Vec<WorkerId>> = HashMap::new();
+        for (&id, s) in workers.iter() {
+            for endpoint in &s.publishers {
+                owners.entry(endpoint).or_default().push(id);
+            }
+        }
+        // Each worker's first endpoint shared, and a worker sharing it.
+        let found: Vec<(WorkerId, Option<(String, WorkerId)>)> = workers
+            .iter()
+            .map(|(&id, s)| {
+                let other = s.publishers.iter().find_map(|e| {
+                    let with = owners.get(e.as_str())?.iter().find(|&&o| o != id)?;
+                    Some((e.clone(), *with))
+                });
+                (id, other)
+            })
+            .collect();
+        drop(owners);
+        let mut changed = false;
+        for (id, other) in found {
+            let with = other
+                .as_ref()
+                .and_then(|(_, w)| workers.get(w))
+                .map(|s| s.url.clone());
+            let Some(s) = workers.get_mut(&id) else {
+                continue;
+            };
+            if s.shared == other.is_some() {
+                continue;
+            }
+            changed = true;
+            s.shared = other.is_some();
+            if let (Some((endpoint, _)), Some(with)) = (other, with) {
+                tracing::warn!(worker = %s.url, other = %with, %endpoint, "kv_events: two workers' publishers resolve to one endpoint (engines on one host need their own entries in kv_events.endpoints); neither is matched exactly while they share it");
+            }
+        }
+        changed
     }
 
     /// The worker's cache was emptied (a cleared cache or a restart): its
@@ -507,6 +561,8 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
                     denied: 0,
                     url: url.clone(),
                     stop: worker_stop.clone(),
+                    publishers: endpoints.iter().map(|(e, _)| e.clone()).collect(),
+                    shared: false,
                 },
             );
             for (rank, (endpoint, replay)) in endpoints.into_iter().enumerate() {
@@ -528,6 +584,9 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
                     worker_stop.clone(),
                 ));
             }
+            events.refresh_live();
+        }
+        if events.mark_shared() {
             events.refresh_live();
         }
     }

@@ -658,3 +658,58 @@ async fn a_worker_with_its_own_endpoint_never_replays_another_engines_batches() 
         gw.shutdown().await;
     }
 }
+
+/// Two workers whose publishers resolve to one endpoint (engines sharing a
+/// host at the default port, where each needs its own entry in
+/// `kv_events.endpoints`) would both be matched on the one engine's
+/// events. Neither is matched exactly while they share it; once one
+/// leaves the pool, the other is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_sharing_one_publisher_endpoint_are_not_matched_on_it() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    // w2 publishes nothing: what w1's publisher says is not its cache.
+    let w2 = sim_worker(fast_worker()).await;
+    let mut cfg = events_config(&[(&w1, &e1)]);
+    cfg.kv_events.endpoints.clear();
+    cfg.kv_events.port = e1.rsplit(':').next().unwrap().parse().unwrap();
+    cfg.workers = config(&[w1.url.as_str(), w2.url.as_str()]).workers;
+    let gw = gateway_ready(cfg, 2).await;
+    wait_until("both workers subscribed", || async {
+        series_value(&gw.url, "radixgate_kv_events_workers").await == 2.0
+    })
+    .await;
+    // Until both subscriptions have heard a clear: their streams exact.
+    let batches = "radixgate_kv_events_batches_total";
+    wait_until("two streams exact", || async {
+        let before = series_value(&gw.url, batches).await;
+        generate(&w1.url, &ids(9_999, 40)).await;
+        flush_cache(&w1.url).await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        series_value(&gw.url, batches).await >= before + 4.0
+    })
+    .await;
+    let prompt = ids(5, 160);
+    generate(&w1.url, &prompt).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert_eq!(
+        series_value(&gw.url, "radixgate_kv_events_live_workers").await,
+        0.0,
+        "workers matched on one shared publisher's events"
+    );
+    let (_, decision) = generate(&gw.url, &prompt).await;
+    assert!(!decision.contains("index=exact"), "{decision}");
+    // w2 leaves: the endpoint is w1's alone again.
+    let r = client()
+        .delete(format!("{}/workers?url={}", gw.url, w2.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    wait_live(&gw.url, 1).await;
+    let mut extended = prompt.clone();
+    extended.extend(ids(6, 32));
+    let (worker, decision) = generate(&gw.url, &extended).await;
+    assert_eq!(worker, w1.url, "{decision}");
+    assert!(decision.contains("index=exact"), "{decision}");
+    gw.shutdown().await;
+}
