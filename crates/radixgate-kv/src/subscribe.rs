@@ -24,7 +24,11 @@
 //! **Restarts.** A sequence below the expected one, or a new publisher
 //! stream id, means the publisher restarted: `Restarted` tells the caller to
 //! drop the worker's blocks, and the new stream is exact from its sequence
-//! 0 on.
+//! 0 on. A publisher that restarted while the connection was down may be
+//! heard again at a sequence that looks like a continuation; with a replay
+//! endpoint, the first message after each reconnect is checked against
+//! it: a replay socket holding another batch than the last one heard
+//! under that sequence is a new publisher's.
 //!
 //! **Disconnects.** The socket monitor's `Disconnected`, or a failed
 //! receive, makes a live stream stale and starts reconnecting with a
@@ -36,7 +40,8 @@
 //! engine clears its cache or restarts (what it held before cannot be
 //! learned; vLLM's newer snapshot endpoint could, and is not read here);
 //! and a restart whose first heard sequence is not below the expected one,
-//! from a publisher without stream ids, cannot be told from continuity.
+//! from a publisher without stream ids or a replay socket, cannot be told
+//! from continuity.
 //!
 //! **Memory.** A batch holds its block hashes and token ids until the
 //! caller has applied it and dropped its [`Update::Batch`]. However many
@@ -60,6 +65,7 @@ use zeromq::{
 use crate::error::WireError;
 use crate::event::{EventBatch, KvEvent};
 use crate::guard::{Guarded, Unopened};
+use crate::keys::digest_bytes;
 use crate::wire::{ReplayReply, replay_request, split_message, split_replay_reply};
 
 /// Where and how to subscribe.
@@ -182,6 +188,12 @@ struct State {
     exact: bool,
     /// `Live` was the last standing reported.
     live: bool,
+    /// The last published message heard: its sequence and a digest of its
+    /// payload, which the same publisher's replay socket holds under it.
+    last: Option<(u64, u64)>,
+    /// A connection ended since the last message: its publisher may have
+    /// restarted meanwhile.
+    reconnected: bool,
 }
 
 impl Default for State {
@@ -192,6 +204,8 @@ impl Default for State {
             stream_id: None,
             exact: false,
             live: false,
+            last: None,
+            reconnected: false,
         }
     }
 }
@@ -258,11 +272,22 @@ impl State {
             Ok(m) => m,
             Err(e) => return self.lose(tx, true, StaleReason::Decode(e)).await,
         };
-        let restarted = match (self.expected, message.stream_id, self.stream_id) {
+        let digest = digest_bytes(message.payload);
+        let mut restarted = match (self.expected, message.stream_id, self.stream_id) {
             (_, Some(new), Some(old)) if new != old => true,
             (Some(expected), ..) => message.seq < expected,
             _ => false,
         };
+        // Heard again after a reconnect, at a sequence that looks like a
+        // continuation: the replay socket says whose it is.
+        if std::mem::take(&mut self.reconnected)
+            && !restarted
+            && message.stream_id.is_none()
+            && let Some(endpoint) = &cfg.replay_endpoint
+            && self.holds_last(cfg, endpoint).await == Some(false)
+        {
+            restarted = true;
+        }
         self.stream_id = message.stream_id;
         if restarted {
             self.expected = None;
@@ -294,11 +319,31 @@ impl State {
                 self.lose(tx, true, StaleReason::Decode(e)).await?;
             }
         }
+        self.last = Some((message.seq, digest));
         if self.exact && !self.live {
             self.live = true;
             Self::send(tx, Update::Live).await?;
         }
         Ok(())
+    }
+
+    /// Whether the replay socket holds the last message heard under its
+    /// sequence: `Some(false)` when it holds another batch there (the
+    /// publisher restarted), `None` when it cannot say.
+    async fn holds_last(&self, cfg: &SubscriberConfig, endpoint: &str) -> Option<bool> {
+        let (seq, digest) = self.last?;
+        let (mut socket, _guarded) = ask_replay(cfg, endpoint, seq).await?;
+        let reply = tokio::time::timeout(cfg.replay_timeout, socket.recv())
+            .await
+            .ok()?
+            .ok()?
+            .into_vec();
+        match split_replay_reply(&reply).ok()? {
+            ReplayReply::Batch { seq: at, payload } if at == seq => {
+                Some(digest_bytes(payload) == digest)
+            }
+            _ => None,
+        }
     }
 
     /// Asks the replay socket for `from..until` and delivers what comes
@@ -314,23 +359,9 @@ impl State {
         // Exactness through a replay needs the stream before it exact, or
         // the replay to start at the publisher's first batch.
         let was_exact = self.exact || (self.expected.is_none() && from == 0);
-        let Ok(guarded) = Guarded::open(endpoint, cfg.connect_timeout, cfg.max_message_bytes).await
-        else {
+        let Some((mut socket, _guarded)) = ask_replay(cfg, endpoint, from).await else {
             return Ok(false);
         };
-        let mut socket = DealerSocket::with_options(options(cfg));
-        let connected =
-            tokio::time::timeout(cfg.connect_timeout, socket.connect(guarded.endpoint())).await;
-        if !matches!(connected, Ok(Ok(()))) {
-            return Ok(false);
-        }
-        let request = vec![Bytes::new(), Bytes::copy_from_slice(&replay_request(from))];
-        let Ok(request) = ZmqMessage::try_from(request) else {
-            return Ok(false);
-        };
-        if socket.send(request).await.is_err() {
-            return Ok(false);
-        }
         let mut next = from;
         while next < until {
             let reply = match tokio::time::timeout(cfg.replay_timeout, socket.recv()).await {
@@ -359,6 +390,28 @@ impl State {
         }
         Ok(true)
     }
+}
+
+/// A DEALER connected (through the size guard) to the replay socket at
+/// `endpoint` that asked for every batch from `from` on.
+async fn ask_replay(
+    cfg: &SubscriberConfig,
+    endpoint: &str,
+    from: u64,
+) -> Option<(DealerSocket, Guarded)> {
+    let guarded = Guarded::open(endpoint, cfg.connect_timeout, cfg.max_message_bytes)
+        .await
+        .ok()?;
+    let mut socket = DealerSocket::with_options(options(cfg));
+    let connected =
+        tokio::time::timeout(cfg.connect_timeout, socket.connect(guarded.endpoint())).await;
+    if !matches!(connected, Ok(Ok(()))) {
+        return None;
+    }
+    let request = vec![Bytes::new(), Bytes::copy_from_slice(&replay_request(from))];
+    let request = ZmqMessage::try_from(request).ok()?;
+    socket.send(request).await.ok()?;
+    Some((socket, guarded))
 }
 
 fn options(cfg: &SubscriberConfig) -> SocketOptions {
@@ -407,6 +460,7 @@ pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
                     () = tx.closed() => return,
                 }
             }
+            state.reconnected = true;
         }
         let lost = match guarded.as_ref().map(Guarded::oversized) {
             Ok(Some(declared)) => {
