@@ -444,3 +444,40 @@ async fn a_restart_hidden_by_the_sequence_is_told_by_the_replay() {
     drop(rx);
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
 }
+
+/// The same engine heard again after a lost connection (a network blip)
+/// is not taken for a restart: its replay socket holds the very batch
+/// last heard, and the stream goes on from where it was, its gap filled.
+#[tokio::test]
+async fn the_same_publisher_heard_again_is_no_restart() {
+    let buffer: Buffer = Arc::default();
+    let replay = replay_server(buffer.clone()).await;
+    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
+    let (tx, mut rx) = mpsc::channel(1024);
+    let mut cfg = config(&endpoint);
+    cfg.replay_endpoint = Some(replay);
+    let task = tokio::spawn(run(cfg, tx));
+    let (first, seq) =
+        publish_until_heard(&mut publisher, &mut rx, 0, stored_payload, Some(&buffer)).await;
+    assert!(matches!(first, Update::Batch { seq: 0, .. }), "{first:?}");
+    for want in 1..seq {
+        expect_batch(&mut rx, want).await;
+    }
+    assert!(matches!(next(&mut rx).await, Update::Live));
+    drop(publisher);
+    assert!(matches!(
+        next(&mut rx).await,
+        Update::Stale(StaleReason::Disconnected)
+    ));
+    // The same engine, its buffer as it was, going on from `seq`.
+    let (mut publisher, again) = bind_pub(&endpoint).await;
+    assert_eq!(again, endpoint);
+    let (update, _) =
+        publish_until_heard(&mut publisher, &mut rx, seq, stored_payload, Some(&buffer)).await;
+    assert!(
+        matches!(update, Update::Batch { seq: s, .. } if s == seq),
+        "{update:?}"
+    );
+    drop(rx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+}

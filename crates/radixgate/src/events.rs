@@ -570,7 +570,17 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
                     tracing::warn!(worker = %url, "kv_events: worker id out of range; not subscribed");
                     continue;
                 };
-                tracing::info!(worker = %url, rank, endpoint = %endpoint, "kv_events: subscribing");
+                tracing::info!(worker = %url, rank, endpoint = %endpoint, replay = ?replay, "kv_events: subscribing");
+                if rank == 0 && replay.is_none() && events.config.replay_port.is_some() {
+                    tracing::warn!(
+                        worker = %url,
+                        endpoint = %endpoint,
+                        "kv_events: this worker's publisher is off the default port, so \
+                         replay_port is not taken for its replay socket (it may be another \
+                         engine's); list its own in kv_events.replay_endpoints, or a gap in \
+                         its stream makes it stale"
+                    );
+                }
                 let mut cfg = SubscriberConfig::new(endpoint, events.config.topic.clone());
                 cfg.replay_endpoint = replay;
                 cfg.max_message_bytes = events.config.max_message_bytes;
