@@ -332,9 +332,14 @@ pub fn request_headers(
 /// A worker's response headers as they should go to the client, without
 /// its CORS headers (see the module doc). For a stream, `content-length` is
 /// dropped too: if the worker breaks off, the gateway appends an error
-/// event, which a fixed length would not allow.
+/// event, which a fixed length would not allow. So is the
+/// `content-length` of an answer that also came with a
+/// `transfer-encoding`: its body was read by the transfer coding, and the
+/// length is stale (RFC 9112 §6.3 says an intermediary must remove it);
+/// passed on, it cut the client's body short of what the worker sent.
 pub fn response_headers(worker: &HeaderMap, streaming: bool) -> HeaderMap {
     let options = connection_options(worker);
+    let streaming = streaming || worker.contains_key(header::TRANSFER_ENCODING);
     // Room for what the router adds (its worker, decision and prefill
     // headers, the request id, hyper's length and date) without a rehash.
     let mut out = HeaderMap::with_capacity(worker.len() + 6);
@@ -462,7 +467,6 @@ mod tests {
                 .get("content-length")
                 .is_none()
         );
-        assert_eq!(response_headers(&worker, false)["content-length"], "5");
         assert!(
             response_headers(&worker, false)
                 .get("transfer-encoding")
@@ -480,5 +484,17 @@ mod tests {
         let out = response_headers(&worker, false);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out["x-access-control-note"], "kept");
+    }
+
+    #[test]
+    fn a_length_beside_a_transfer_coding_is_dropped() {
+        let both = map(&[("content-length", "7"), ("transfer-encoding", "chunked")]);
+        assert!(
+            response_headers(&both, false)
+                .get("content-length")
+                .is_none()
+        );
+        let length = map(&[("content-length", "7")]);
+        assert_eq!(response_headers(&length, false)["content-length"], "7");
     }
 }

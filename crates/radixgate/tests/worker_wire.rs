@@ -1,0 +1,151 @@
+//! The request path against workers whose every byte is written by hand:
+//! framing a library worker would never send, and connections a worker
+//! closes under the router. Real gateways and raw TCP workers on loopback;
+//! no assertion is a wall-clock bound.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What a raw worker does with the `n`th POST (from 0) on one of its
+/// connections: the bytes of its answer, or `None` to close the
+/// connection without answering.
+type Answering = Arc<dyn Fn(usize) -> Option<Vec<u8>> + Send + Sync>;
+
+/// A worker speaking HTTP/1.1 by hand: every GET (health, models) gets a
+/// small JSON answer, every POST what `answer` says.
+async fn raw_worker(answer: Answering) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(serve_connection(stream, answer.clone()));
+        }
+    });
+    url
+}
+
+/// Reads one request's head and body; `None` at the connection's end.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    buf.drain(..head_end + length);
+    Some(head)
+}
+
+async fn serve_connection(mut stream: TcpStream, answer: Answering) {
+    let mut buf = Vec::new();
+    let mut posts = 0;
+    while let Some(head) = read_request(&mut stream, &mut buf).await {
+        let bytes = if head.starts_with("POST") {
+            posts += 1;
+            match answer(posts - 1) {
+                Some(bytes) => bytes,
+                None => return,
+            }
+        } else {
+            let model = radixgate_sim::server::DEFAULT_MODEL;
+            let body = format!(r#"{{"data":[{{"id":"{model}"}}]}}"#);
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        };
+        if stream.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A whole chat completion, as a worker sends it.
+const COMPLETION: &str = r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}]}"#;
+
+/// `body` in HTTP/1.1 chunked framing, in chunks of `size` bytes.
+fn chunked(body: &str, size: usize) -> String {
+    let mut out = String::new();
+    for piece in body.as_bytes().chunks(size) {
+        out.push_str(&format!("{:x}\r\n", piece.len()));
+        out.push_str(std::str::from_utf8(piece).unwrap());
+        out.push_str("\r\n");
+    }
+    out.push_str("0\r\n\r\n");
+    out
+}
+
+async fn chat_answer(gw: &str) -> reqwest::Response {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        post_chat(gw, &chat("hello", false)),
+    )
+    .await
+    .expect("the gateway answered nothing")
+}
+
+/// A worker's answer with both `Content-Length` and `Transfer-Encoding:
+/// chunked` is read as chunked (RFC 9112 §6.3: the length is to be
+/// ignored), and the client must get the whole body, framed once: a proxy
+/// that passes the worker's stale length on cuts the answer short.
+#[tokio::test]
+async fn an_answer_with_both_length_and_chunked_reaches_the_client_whole() {
+    let answer: Answering = Arc::new(|_| {
+        Some(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                 content-length: 7\r\ntransfer-encoding: chunked\r\n\r\n{}",
+                chunked(COMPLETION, 16)
+            )
+            .into_bytes(),
+        )
+    });
+    let worker = raw_worker(answer).await;
+    let gw = gateway_ready(config(&[&worker]), 1).await;
+    let response = chat_answer(&gw.url).await;
+    assert_eq!(response.status(), 200);
+    let length = response.headers().get("content-length").cloned();
+    let body = tokio::time::timeout(Duration::from_secs(30), response.bytes())
+        .await
+        .expect("the body hangs");
+    let body = body.map(|b| String::from_utf8_lossy(&b).into_owned());
+    assert_eq!(
+        body.as_deref().ok(),
+        Some(COMPLETION),
+        "the client's body (its head said content-length {length:?}): {body:?}"
+    );
+    let parsed: Value = serde_json::from_str(COMPLETION).unwrap();
+    assert_eq!(parsed["object"], "chat.completion");
+    gw.shutdown().await;
+}
