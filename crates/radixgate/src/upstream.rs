@@ -21,6 +21,15 @@
 //! pages of any origin by default, and the router's own
 //! `cors_allowed_origins` must decide alone which pages read its answers.
 //!
+//! A worker may close an idle keep-alive connection (uvicorn, which vLLM
+//! and SGLang serve with, after 5 s) just as a request goes out on it; the
+//! pool had not yet seen the close. The worker then answers nothing, and
+//! most likely never read the request: [`ForwardError::Stale`] says so
+//! (each connection records whether it has carried an answer before,
+//! `Wire`), and the caller sends the request again on a new connection
+//! ([`Forwarder::post_on_new_connection`]) instead of counting the worker
+//! as having broken a connection.
+//!
 //! `X-Forwarded-For` and `Forwarded` are appended to: the client's peer
 //! address is added after whatever the client sent (RFC 7239 §4), so the
 //! worker sees the whole chain. The gateway itself trusts neither header
@@ -33,9 +42,14 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// How long the gateway waits for a worker's TCP (and TLS) handshake.
@@ -83,10 +97,125 @@ fn builder() -> reqwest::ClientBuilder {
 pub struct Forwarder {
     connector: Connector,
     client: Client<Connector, Full<Bytes>>,
+    /// The same, keeping no idle connection: each request gets a new one.
+    unpooled: Client<Connector, Full<Bytes>>,
 }
 
-/// TCP (`TCP_NODELAY`, connect timeout) with TLS for `https` workers.
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+/// TCP (`TCP_NODELAY`, connect timeout) with TLS for `https` workers,
+/// each connection watched for reuse ([`Wire`]).
+type Connector = Watched<hyper_rustls::HttpsConnector<HttpConnector>>;
+
+/// Whether a connection to a worker has carried an answer before the
+/// request last written on it, shared between the connection and its
+/// metadata (which hyper hands back with a failed request's error).
+#[derive(Clone, Default)]
+struct Reused(Arc<AtomicBool>);
+
+/// A connector whose connections are [`Wire`]s.
+#[derive(Clone)]
+struct Watched<C>(C);
+
+impl<C> tower::Service<Uri> for Watched<C>
+where
+    C: tower::Service<Uri>,
+{
+    type Response = Wire<C::Response>;
+    type Error = C::Error;
+    type Future = futures::future::MapOk<C::Future, fn(C::Response) -> Wire<C::Response>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        use futures::TryFutureExt as _;
+        self.0.call(uri).map_ok(Wire::new as fn(_) -> _)
+    }
+}
+
+/// A worker connection that notes when a request is written on it after
+/// it has read something (an earlier answer): from then on it is reused.
+/// Seen through TLS, never below it, so a handshake's bytes do not count.
+/// (Over HTTP/2 the server's settings are read before the first request,
+/// so every failed HTTP/2 request counts as sent on a reused connection:
+/// it is then tried once more on a new one, which costs one connection.)
+struct Wire<T> {
+    io: T,
+    has_read: bool,
+    reused: Reused,
+}
+
+impl<T> Wire<T> {
+    fn new(io: T) -> Self {
+        Self {
+            io,
+            has_read: false,
+            reused: Reused::default(),
+        }
+    }
+}
+
+impl<T: Connection> Connection for Wire<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected().extra(self.reused.clone())
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Wire<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        // Whether it read bytes or an end: either way an answer's worth
+        // was read once anything is written after it.
+        if polled.is_ready() {
+            self.has_read = true;
+        }
+        polled
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> Wire<T> {
+    fn writing(&mut self) {
+        if self.has_read && !self.reused.0.load(Ordering::Relaxed) {
+            self.reused.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Wire<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.writing();
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.writing();
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 /// Why a request could not be forwarded to a worker.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +237,11 @@ pub enum ForwardError {
     /// whole error chain.
     #[error("{0}")]
     Closed(String),
+    /// As [`Closed`](Self::Closed), on a pooled connection that had
+    /// carried an answer before: most likely the worker closed it, idle,
+    /// as the request went out, and never saw the request.
+    #[error("{0}")]
+    Stale(String),
 }
 
 impl Forwarder {
@@ -125,17 +259,23 @@ impl Forwarder {
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(http);
-        Ok(Self::with_connector(connector))
+        Ok(Self::with_connector(Watched(connector)))
     }
 
     fn with_connector(connector: Connector) -> Self {
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(POOL_MAX_IDLE)
-            .build(connector.clone());
-        Self { connector, client }
+        let pooled = |max_idle| {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .pool_max_idle_per_host(max_idle)
+                .build(connector.clone())
+        };
+        Self {
+            client: pooled(POOL_MAX_IDLE),
+            unpooled: pooled(0),
+            connector,
+        }
     }
 
     /// A forwarder with the same TLS set-up and an empty pool of its own.
@@ -155,6 +295,29 @@ impl Forwarder {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, ForwardError> {
+        Self::send(&self.client, base, path, headers, body).await
+    }
+
+    /// [`post`](Self::post) on a connection of its own, never one the
+    /// pool kept: for a request whose pooled connection was
+    /// [stale](ForwardError::Stale).
+    pub async fn post_on_new_connection(
+        &self,
+        base: &str,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        Self::send(&self.unpooled, base, path, headers, body).await
+    }
+
+    async fn send(
+        client: &Client<Connector, Full<Bytes>>,
+        base: &str,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ForwardError> {
         let mut joined = String::with_capacity(base.len() + path.len());
         joined.push_str(base);
         joined.push_str(path);
@@ -166,16 +329,35 @@ impl Forwarder {
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
-        self.client
+        client
             .request(request)
             .await
             // hyper's own messages are terse ("client error (Connect)"):
             // the cause is in the chain.
-            .map_err(|err| match err.is_connect() {
-                true => ForwardError::Transport(crate::error::chain(&err)),
-                false => ForwardError::Closed(crate::error::chain(&err)),
+            .map_err(|err| {
+                let chain = crate::error::chain(&err);
+                if err.is_connect() {
+                    ForwardError::Transport(chain)
+                } else if was_reused(&err) {
+                    ForwardError::Stale(chain)
+                } else {
+                    ForwardError::Closed(chain)
+                }
             })
     }
+}
+
+/// Whether a failed request went out on a connection that had carried an
+/// answer before ([`Wire`]).
+fn was_reused(err: &hyper_util::client::legacy::Error) -> bool {
+    let Some(connected) = err.connect_info() else {
+        return false;
+    };
+    let mut extensions = axum::http::Extensions::new();
+    connected.get_extras(&mut extensions);
+    extensions
+        .get::<Reused>()
+        .is_some_and(|r| r.0.load(Ordering::Relaxed))
 }
 
 /// A call the gateway itself makes to a worker (health probe, model

@@ -149,3 +149,44 @@ async fn an_answer_with_both_length_and_chunked_reaches_the_client_whole() {
     assert_eq!(parsed["object"], "chat.completion");
     gw.shutdown().await;
 }
+
+/// A worker closes an idle keep-alive connection (uvicorn, which vLLM
+/// and SGLang serve with, after 5 s) just as the router sends a request
+/// on it: the request went out on a connection the worker had given up,
+/// and no answer comes. That is no failure of the worker or the request:
+/// the router sends it again on a new connection, and the client, even
+/// with one worker, gets its answer.
+#[tokio::test]
+async fn a_pooled_connection_the_worker_closed_is_not_a_failed_request() {
+    let answer: Answering = Arc::new(|n| {
+        // Each connection's first request is answered; a later one
+        // finds the worker closing it.
+        (n == 0).then(|| {
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{COMPLETION}",
+                COMPLETION.len()
+            )
+            .into_bytes()
+        })
+    });
+    let worker = raw_worker(answer).await;
+    let mut c = config(&[&worker]);
+    // Serving threads have pools of their own: one, so the second
+    // request finds the first one's connection.
+    c.server.threads = 1;
+    let gw = gateway_ready(c, 1).await;
+    for i in 0..3 {
+        let response = chat_answer(&gw.url).await;
+        let status = response.status();
+        let body = response.text().await.unwrap();
+        assert_eq!(status, 200, "request {i}: {body}");
+        assert_eq!(body, COMPLETION, "request {i}");
+    }
+    assert_eq!(
+        series_sum(&gw.url, "radixgate_upstream_errors_total").await,
+        0.0,
+        "no attempt failed: the worker broke nothing"
+    );
+    gw.shutdown().await;
+}

@@ -320,29 +320,59 @@ async fn send(
     traced: &crate::trace::Attempt,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
     let worker = decision.worker();
-    let gateway_has_key = !state.shared.tenants.load().is_open();
-    let mut headers = upstream::request_headers(
-        client_headers,
-        worker.api_key().as_deref(),
-        gateway_has_key,
-        peer,
-    );
-    // After any the client sent: a request that comes back is refused
-    // (`crate::via`).
-    headers.append(header::VIA, state.shared.via.value().clone());
-    traced.inject(&mut headers);
-    state
-        .forwarder
-        .post(worker.url(), path, headers, body)
-        .await
-        .map_err(|err| match err {
-            upstream::ForwardError::Closed(_) => GatewayError::UpstreamClosed {
+    let headers = || {
+        let gateway_has_key = !state.shared.tenants.load().is_open();
+        let mut headers = upstream::request_headers(
+            client_headers,
+            worker.api_key().as_deref(),
+            gateway_has_key,
+            peer,
+        );
+        // After any the client sent: a request that comes back is refused
+        // (`crate::via`).
+        headers.append(header::VIA, state.shared.via.value().clone());
+        traced.inject(&mut headers);
+        headers
+    };
+    let forwarder = &state.forwarder;
+    let sent = forwarder
+        .post(worker.url(), path, headers(), body.clone())
+        .await;
+    // The worker closed a pooled connection as the request went out on
+    // it (its idle timeout): sent again on a new one, the worker's first
+    // sight of it. Only if that one is refused too is the first break the
+    // answer: the worker went away with the request (and a request that
+    // breaks workers is not to be sent to another one as if merely
+    // refused).
+    let sent = match sent {
+        Err(upstream::ForwardError::Stale(stale)) => {
+            tracing::debug!(
+                worker = worker.url(),
+                error = stale,
+                "pooled connection closed under the request; sent again on a new one"
+            );
+            match forwarder
+                .post_on_new_connection(worker.url(), path, headers(), body)
+                .await
+            {
+                Err(upstream::ForwardError::Transport(_)) => {
+                    Err(upstream::ForwardError::Closed(stale))
+                }
+                other => other,
+            }
+        }
+        other => other,
+    };
+    sent.map_err(|err| match err {
+        upstream::ForwardError::Closed(_) | upstream::ForwardError::Stale(_) => {
+            GatewayError::UpstreamClosed {
                 worker: worker.url().to_owned(),
                 source: Box::new(err),
-            },
-            _ => GatewayError::Connect {
-                worker: worker.url().to_owned(),
-                source: Box::new(err),
-            },
-        })
+            }
+        }
+        _ => GatewayError::Connect {
+            worker: worker.url().to_owned(),
+            source: Box::new(err),
+        },
+    })
 }
