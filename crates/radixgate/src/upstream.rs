@@ -470,7 +470,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// The client's headers as they should go to a worker; `peer` is the
 /// client's address as this gateway saw it (appended to the forwarding
-/// headers; when unknown, they pass unchanged).
+/// headers, an IPv4-mapped IPv6 address as IPv4; when unknown, they pass
+/// unchanged).
 pub fn request_headers(
     client: &HeaderMap,
     worker_key: Option<&str>,
@@ -506,7 +507,9 @@ pub fn request_headers(
         out.insert(header::AUTHORIZATION, value);
     }
     if let Some(peer) = peer {
-        append_forwarded(&mut out, client, peer);
+        // A socket listening on `::` sees an IPv4 client as
+        // `::ffff:a.b.c.d`: the worker is told the client's own address.
+        append_forwarded(&mut out, client, peer.to_canonical());
     }
     out
 }
@@ -633,6 +636,10 @@ mod tests {
         let v6: IpAddr = "::1".parse().unwrap();
         let out = request_headers(&client, None, false, Some(v6));
         assert_eq!(out["forwarded"], "for=1.1.1.1, for=\"[::1]\"");
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        let out = request_headers(&client, None, false, Some(mapped));
+        assert_eq!(out["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.1.2.3");
+        assert_eq!(out["forwarded"], "for=1.1.1.1, for=10.1.2.3");
         let unknown = request_headers(&client, None, false, None);
         assert_eq!(unknown.get_all("x-forwarded-for").iter().count(), 2);
     }

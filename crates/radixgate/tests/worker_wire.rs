@@ -13,9 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// What a raw worker does with the `n`th POST (from 0) on one of its
-/// connections: the bytes of its answer, or `None` to close the
-/// connection without answering.
-type Answering = Arc<dyn Fn(usize) -> Option<Vec<u8>> + Send + Sync>;
+/// connections, given its head: the bytes of its answer, or `None` to
+/// close the connection without answering.
+type Answering = Arc<dyn Fn(usize, &str) -> Option<Vec<u8>> + Send + Sync>;
 
 /// A worker speaking HTTP/1.1 by hand: every GET (health, models) gets a
 /// small JSON answer, every POST what `answer` says.
@@ -71,7 +71,7 @@ async fn serve_connection(mut stream: TcpStream, answer: Answering) {
     while let Some(head) = read_request(&mut stream, &mut buf).await {
         let bytes = if head.starts_with("POST") {
             posts += 1;
-            match answer(posts - 1) {
+            match answer(posts - 1, &head) {
                 Some(bytes) => bytes,
                 None => return,
             }
@@ -121,7 +121,7 @@ async fn chat_answer(gw: &str) -> reqwest::Response {
 /// that passes the worker's stale length on cuts the answer short.
 #[tokio::test]
 async fn an_answer_with_both_length_and_chunked_reaches_the_client_whole() {
-    let answer: Answering = Arc::new(|_| {
+    let answer: Answering = Arc::new(|_, _| {
         Some(
             format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
@@ -158,7 +158,7 @@ async fn an_answer_with_both_length_and_chunked_reaches_the_client_whole() {
 /// with one worker, gets its answer.
 #[tokio::test]
 async fn a_pooled_connection_the_worker_closed_is_not_a_failed_request() {
-    let answer: Answering = Arc::new(|n| {
+    let answer: Answering = Arc::new(|n, _| {
         // Each connection's first request is answered; a later one
         // finds the worker closing it.
         (n == 0).then(|| {
@@ -189,4 +189,63 @@ async fn a_pooled_connection_the_worker_closed_is_not_a_failed_request() {
         "no attempt failed: the worker broke nothing"
     );
     gw.shutdown().await;
+}
+
+/// A router listening on `::` (IPv4 and IPv6 clients on one socket) sees
+/// an IPv4 client as `::ffff:a.b.c.d`; the worker is told the client's
+/// own address, as one listening on `0.0.0.0` would tell it.
+#[tokio::test]
+async fn a_dual_stack_router_forwards_an_ipv4_clients_address_as_ipv4() {
+    let Ok(listener) = TcpListener::bind("[::]:0").await else {
+        eprintln!("no IPv6 here: skipped");
+        return;
+    };
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let seen = heads.clone();
+    let answer: Answering = Arc::new(move |_, head| {
+        seen.lock().push(head.to_owned());
+        Some(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{COMPLETION}",
+                COMPLETION.len()
+            )
+            .into_bytes(),
+        )
+    });
+    let worker = raw_worker(answer).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(radixgate::server::run(
+        listener,
+        config(&[&worker]),
+        stop.clone(),
+    ));
+    let gw = format!("http://127.0.0.1:{port}");
+    wait_for_healthy(&gw, 1).await;
+    let response = client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .header("forwarded", "for=192.0.2.1")
+        .json(&chat("hello", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let head = heads.lock().pop().expect("the worker got the request");
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(header("x-forwarded-for"), "127.0.0.1", "{head}");
+    assert_eq!(
+        header("forwarded"),
+        "for=192.0.2.1, for=127.0.0.1",
+        "{head}"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
 }
