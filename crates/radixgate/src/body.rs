@@ -16,8 +16,8 @@
 //!   largest body and sends a few bytes holds only those (a few such
 //!   connections held the whole budget when a declared length was
 //!   reserved whole). A declared length that does not fit in what is left
-//!   is refused before a byte is read; the buffer, too, grows with the
-//!   bytes that came, up to the declared length.
+//!   is refused before a byte is read; a large body's buffer, too, grows
+//!   with the bytes that came, up to the declared length.
 //!   The reservation is a [`Reservation`] owned by the returned [`Bytes`]
 //!   (`Bytes::from_owner`): it goes back to the budget when the last clone
 //!   of the body is dropped — after the retries are over and the worker's
@@ -155,9 +155,9 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// The buffer a body starts with once its first bytes come (or its
-/// declared length, if less); it doubles from there as bytes come, up to
-/// the declared length.
+/// The largest declared length given its whole buffer before its bytes
+/// come; a larger body's buffer starts at this once its first bytes
+/// come and doubles from there as they do, up to the declared length.
 const FIRST_BUFFER: usize = 64 << 10;
 
 /// Reads the whole body within `limits`. Checks the declared length
@@ -188,7 +188,9 @@ pub async fn read(
         return Err(exhausted());
     }
     let mut reservation = budget.reserve(0).ok_or_else(exhausted)?;
-    let mut data = Vec::new();
+    // A small declared body gets its buffer at once, as it always did; a
+    // large one only as its bytes come.
+    let mut data = Vec::with_capacity(declared.filter(|&n| n <= FIRST_BUFFER).unwrap_or(0));
     let collect = async {
         let mut body = body;
         while let Some(frame) = body.frame().await {
