@@ -351,8 +351,9 @@ async fn send(
                 error = stale,
                 "pooled connection closed under the request; sent again on a new one"
             );
-            match forwarder
-                .post_on_new_connection(worker.url(), path, headers(), body)
+            // Boxed: a rare path, whose future would otherwise enlarge
+            // (and be copied with) every attempt's.
+            match Box::pin(forwarder.post_on_new_connection(worker.url(), path, headers(), body))
                 .await
             {
                 Err(upstream::ForwardError::Transport(_)) => {
