@@ -398,15 +398,17 @@ async fn a_message_that_never_ends_is_cut_off_at_the_limit() {
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
 }
 
-/// An engine that restarted while the subscriber was away, and published
-/// as many batches as it had before by the time the subscriber heard it
-/// again, numbers them as if it went on: nothing on the wire says that
-/// its cache started empty. Its replay socket does: the batch it holds
-/// under the last sequence heard before is not the one heard. The
-/// subscriber asks, once per reconnect, and reports the restart (its
-/// blocks were kept for good before, as the new engine's).
-#[tokio::test]
-async fn a_restart_hidden_by_the_sequence_is_told_by_the_replay() {
+/// A subscriber with a replay socket, live on a publisher, which then
+/// goes away (the subscriber sees the disconnect). Returns the replay
+/// buffer, the publisher's endpoint, the updates, the subscriber's task
+/// and the next sequence the publisher would have sent.
+async fn live_then_lost() -> (
+    Buffer,
+    String,
+    mpsc::Receiver<Update>,
+    tokio::task::JoinHandle<()>,
+    u64,
+) {
     let buffer: Buffer = Arc::default();
     let replay = replay_server(buffer.clone()).await;
     let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
@@ -421,15 +423,27 @@ async fn a_restart_hidden_by_the_sequence_is_told_by_the_replay() {
         expect_batch(&mut rx, want).await;
     }
     assert!(matches!(next(&mut rx).await, Update::Live));
-
-    // The engine restarts: a new publisher on the same port, a new
-    // replay buffer, batches of its own under the old numbers, the first
-    // `seq` of them published before the subscriber is back.
     drop(publisher);
     assert!(matches!(
         next(&mut rx).await,
         Update::Stale(StaleReason::Disconnected)
     ));
+    (buffer, endpoint, rx, task, seq)
+}
+
+/// An engine that restarted while the subscriber was away, and published
+/// as many batches as it had before by the time the subscriber heard it
+/// again, numbers them as if it went on: nothing on the wire says that
+/// its cache started empty. Its replay socket does: the batch it holds
+/// under the last sequence heard before is not the one heard. The
+/// subscriber asks, once per reconnect, and reports the restart (its
+/// blocks were kept for good before, as the new engine's).
+#[tokio::test]
+async fn a_restart_hidden_by_the_sequence_is_told_by_the_replay() {
+    let (buffer, endpoint, mut rx, task, seq) = live_then_lost().await;
+    // The engine restarts: a new publisher on the same port, a new
+    // replay buffer, batches of its own under the old numbers, the first
+    // `seq` of them published before the subscriber is back.
     let reborn = |s: u64| stored_payload(1_000 + s);
     {
         let mut b = buffer.lock().expect("buffer");
@@ -450,25 +464,7 @@ async fn a_restart_hidden_by_the_sequence_is_told_by_the_replay() {
 /// last heard, and the stream goes on from where it was, its gap filled.
 #[tokio::test]
 async fn the_same_publisher_heard_again_is_no_restart() {
-    let buffer: Buffer = Arc::default();
-    let replay = replay_server(buffer.clone()).await;
-    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
-    let (tx, mut rx) = mpsc::channel(1024);
-    let mut cfg = config(&endpoint);
-    cfg.replay_endpoint = Some(replay);
-    let task = tokio::spawn(run(cfg, tx));
-    let (first, seq) =
-        publish_until_heard(&mut publisher, &mut rx, 0, stored_payload, Some(&buffer)).await;
-    assert!(matches!(first, Update::Batch { seq: 0, .. }), "{first:?}");
-    for want in 1..seq {
-        expect_batch(&mut rx, want).await;
-    }
-    assert!(matches!(next(&mut rx).await, Update::Live));
-    drop(publisher);
-    assert!(matches!(
-        next(&mut rx).await,
-        Update::Stale(StaleReason::Disconnected)
-    ));
+    let (buffer, endpoint, mut rx, task, seq) = live_then_lost().await;
     // The same engine, its buffer as it was, going on from `seq`.
     let (mut publisher, again) = bind_pub(&endpoint).await;
     assert_eq!(again, endpoint);

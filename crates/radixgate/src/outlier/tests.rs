@@ -163,11 +163,9 @@ async fn never_the_last_available_worker_and_never_above_the_cap() {
     assert!(off.evaluate(&pool(2), Instant::now()).is_empty());
 }
 
-/// An ejected worker returns before its time once no other available
-/// worker serves its models (here their breakers opened): a slow worker
-/// is better than an empty pool.
-#[tokio::test(start_paused = true)]
-async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
+/// Three workers of which the third, far slower, is ejected; then the
+/// first's breaker opens, so only the second serves beside it.
+fn third_ejected() -> (Outliers, Vec<Arc<Worker>>) {
     let o = Outliers::new(config());
     let ws = pool(3);
     feed(&o, 0, 100, 10);
@@ -175,6 +173,15 @@ async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
     feed(&o, 2, 60_000, 10);
     assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [2]);
     ws[0].set_breaker(radixgate_routing::BreakerState::Open);
+    (o, ws)
+}
+
+/// An ejected worker returns before its time once no other available
+/// worker serves its models (here their breakers opened): a slow worker
+/// is better than an empty pool.
+#[tokio::test(start_paused = true)]
+async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
+    let (o, ws) = third_ejected();
     assert!(o.evaluate(&ws, Instant::now()).is_empty(), "w1 serves");
     assert!(ws[2].is_ejected());
     ws[1].set_breaker(radixgate_routing::BreakerState::Open);
@@ -187,13 +194,7 @@ async fn an_ejected_worker_returns_early_when_no_peer_is_left() {
 /// their models at once, as the next evaluation would, and only those.
 #[tokio::test(start_paused = true)]
 async fn a_rescue_returns_only_workers_left_alone() {
-    let o = Outliers::new(config());
-    let ws = pool(3);
-    feed(&o, 0, 100, 10);
-    feed(&o, 1, 100, 10);
-    feed(&o, 2, 60_000, 10);
-    assert_eq!(ejected(&o.evaluate(&ws, Instant::now())), [2]);
-    ws[0].set_breaker(radixgate_routing::BreakerState::Open);
+    let (o, ws) = third_ejected();
     assert!(o.rescue(&ws).is_empty(), "w1 serves");
     assert!(ws[2].is_ejected());
     ws[1].set_breaker(radixgate_routing::BreakerState::Open);
