@@ -169,19 +169,11 @@ struct Progress {
     read_us: AtomicU64,
     /// Whether the request left the admission queue.
     admitted: AtomicBool,
-    /// Its tenant, once its body is read, where tenants are configured: a
-    /// request whose timeout runs out in the queue is given back to its
-    /// tenant's request limit, as one the queue's own timeout ends.
-    tenant: std::sync::OnceLock<crate::tenants::TenantRef>,
 }
 
 impl Progress {
-    /// The body of a request of `tenant`'s was read, `started` being the
-    /// request's start.
-    fn read(&self, started: Instant, tenant: Option<&crate::tenants::TenantRef>) {
-        if let Some(tenant) = tenant {
-            let _ = self.tenant.set(tenant.clone());
-        }
+    /// The request's body was read, `started` being the request's start.
+    fn read(&self, started: Instant) {
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
         self.read_us.store(us + 1, Ordering::Relaxed);
     }
@@ -193,7 +185,7 @@ impl Progress {
 
     /// The error for a request whose timeout, `after`, ran out; a wait in
     /// `admission`'s queue it ended is counted there as the queue's own
-    /// timeout would be.
+    /// timeout would be (and given back to its tenant by [`Queued`]).
     fn timed_out(
         &self,
         after: Duration,
@@ -209,12 +201,33 @@ impl Progress {
                         .saturating_sub(Duration::from_micros(read - 1)),
                 };
                 admission.queue_timed_out();
-                if let Some(tenant) = self.tenant.get() {
-                    crate::tenants::refund_to(tenant, &queued);
-                }
                 queued
             }
             _ => GatewayError::RequestTimeout { after },
+        }
+    }
+}
+
+/// A tenant's request waiting for admission. Dropped before the queue
+/// answers it, its wait cut short by its client leaving or by the request
+/// timeout, it gives the request back to its tenant's request limit, as a
+/// request the queue refuses is: it was never served because the router
+/// was busy. Without it, clients whose own timeout is shorter than the
+/// queue's spent their tenant's limit on requests never served, and were
+/// then refused for it once the router had room.
+struct Queued<'a>(Option<&'a crate::tenants::TenantRef>);
+
+impl Queued<'_> {
+    /// The queue answered: a slot or a refusal, which `refund` judges.
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if let Some(tenant) = self.0 {
+            crate::tenants::give_back(tenant);
         }
     }
 }
@@ -248,7 +261,7 @@ async fn forward(
     let bytes = body::read(&parts.headers, body, &shared.bodies)
         .await
         .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
-    progress.read(started, parts.extensions.get());
+    progress.read(started);
     let request = endpoint.inspect(&bytes)?;
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`)
@@ -257,11 +270,10 @@ async fn forward(
     let (bytes, metering) =
         crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)
             .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
-    let admitted = shared
-        .admission
-        .acquire(priority)
-        .await
-        .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
+    let queued = Queued(parts.extensions.get());
+    let admitted = shared.admission.acquire(priority).await;
+    queued.answered();
+    let admitted = admitted.inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     progress.admitted();
     if let Some(family) = unrouted {
         shared.request_metrics.unrouted(family);

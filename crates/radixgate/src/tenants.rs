@@ -413,9 +413,9 @@ impl InlineMedia {
 struct RequestBucket {
     per_minute: NonZeroU32,
     limiter: DefaultDirectRateLimiter,
-    /// Cells given back by requests the router refused for its own
-    /// overload ([`refund`]), taken before the limiter's: at most a
-    /// minute's worth. (The limiter cannot take a cell back.)
+    /// Cells given back by requests the router did not serve for its own
+    /// overload ([`refund`], [`give_back`]), taken before the limiter's:
+    /// at most a minute's worth. (The limiter cannot take a cell back.)
     credits: AtomicU32,
 }
 
@@ -460,20 +460,22 @@ impl RequestBucket {
 /// refusal (a bad body, an unknown model) keeps the cell, as it would at a
 /// limit in front of the router.
 pub(crate) fn refund(extensions: &Extensions, error: &GatewayError) {
-    if let Some(tenant) = extensions.get::<TenantRef>() {
-        refund_to(tenant, error);
-    }
-}
-
-/// [`refund`], to the tenant a request was authenticated as.
-pub(crate) fn refund_to(TenantRef(tenant): &TenantRef, error: &GatewayError) {
     let overloaded = matches!(
         error,
         GatewayError::QueueFull { .. }
             | GatewayError::QueueTimeout { .. }
             | GatewayError::BodyBudgetExhausted { .. }
     );
-    if overloaded && let Some(requests) = &tenant.requests {
+    if overloaded && let Some(tenant) = extensions.get::<TenantRef>() {
+        give_back(tenant);
+    }
+}
+
+/// Gives a request's cell back to its tenant's request limit, for a
+/// request the router did not serve because it was busy: one its client
+/// gave up on, or its timeout ended, while it was queued (`proxy.rs`).
+pub(crate) fn give_back(TenantRef(tenant): &TenantRef) {
+    if let Some(requests) = &tenant.requests {
         requests.give_back();
     }
 }

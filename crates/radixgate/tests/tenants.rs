@@ -981,6 +981,52 @@ async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limi
     gw.shutdown().await;
 }
 
+/// A tenant whose clients give up while the router queues them (a client
+/// timeout shorter than the queue's) is not charged for those requests:
+/// they were never served, as those the queue itself refuses are not. Its
+/// request limit is whole once the router has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_clients_leave_the_queue_do_not_spend_the_tenants_limit() {
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: busy, key: sk-busy}
+    - {name: team-a, key: sk-a, requests_per_minute: 2}
+";
+    let mut cfg = tenant_config(&worker.url, tenants);
+    cfg.admission.max_concurrent_requests = Some(1);
+    cfg.admission.queue_size = 10;
+    let gw = gateway_ready(cfg, 1).await;
+    let url = gw.url.clone();
+    let holder = tokio::spawn(async move {
+        post_as(&url, Some("sk-busy"), &chat("holder", false))
+            .await
+            .status()
+    });
+    wait_until("the holder at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    // Two requests of team-a queue; their clients give up and leave.
+    for i in 0..2 {
+        let url = gw.url.clone();
+        let waiting = tokio::spawn(async move {
+            post_as(&url, Some("sk-a"), &chat(&format!("left {i}"), false)).await
+        });
+        wait_for_queued(&gw.url, 1, 1).await;
+        waiting.abort();
+        let _ = waiting.await;
+        wait_for_queued(&gw.url, 0, 1).await;
+    }
+    worker.release.add_permits(3);
+    assert_eq!(holder.await.unwrap(), 200);
+    for i in 0..2 {
+        let r = post_as(&gw.url, Some("sk-a"), &chat(&format!("served {i}"), false)).await;
+        assert_eq!(r.status(), 200, "{i}: {}", r.text().await.unwrap());
+    }
+    assert_eq!(*worker.seen.lock(), ["holder", "served 0", "served 1"]);
+    gw.shutdown().await;
+}
+
 /// Waits until the admission gauges show `queued` waiting and `in_flight`
 /// admitted.
 async fn wait_for_queued(gateway: &str, queued: usize, in_flight: usize) {
