@@ -1,6 +1,7 @@
 //! Admission control: at most `max_concurrent_requests` requests in flight,
 //! up to `queue_size` more waiting in line, each for at most
-//! `queue_timeout_secs`; the line is ordered by the tenant's [`Priority`].
+//! `queue_timeout_secs` (0 = no limit, as for the other timeouts); the line
+//! is ordered by the tenant's [`Priority`].
 //!
 //! A request either gets an [`AdmissionPermit`] at once, waits in the queue
 //! for one, or is refused: [`GatewayError::QueueFull`] (429) at once when the
@@ -116,7 +117,8 @@ struct AdmissionMetrics {
 struct Limited {
     limit: usize,
     queue_size: usize,
-    queue_timeout: Duration,
+    /// `None`: `queue_timeout_secs: 0`, no limit on the wait.
+    queue_timeout: Option<Duration>,
     slots: Mutex<Slots>,
 }
 
@@ -248,7 +250,8 @@ impl Admission {
             Arc::new(Limited {
                 limit: limit.max(1),
                 queue_size: config.queue_size,
-                queue_timeout: Duration::from_secs(config.queue_timeout_secs),
+                queue_timeout: (config.queue_timeout_secs > 0)
+                    .then(|| Duration::from_secs(config.queue_timeout_secs)),
                 slots: Mutex::new(Slots::default()),
             })
         });
@@ -263,7 +266,8 @@ impl Admission {
     /// Waits for a slot, behind every earlier waiter of the same or a higher
     /// priority. Fails at once with `QueueFull` when `queue_size` requests
     /// of the same or a higher priority are already waiting, and with
-    /// `QueueTimeout` after waiting `queue_timeout_secs`. A waiter whose
+    /// `QueueTimeout` after waiting `queue_timeout_secs` (0: no limit; the
+    /// request timeout still ends the wait). A waiter whose
     /// place a higher priority takes fails with `QueueFull` then.
     pub async fn acquire(&self, priority: Priority) -> Result<AdmissionPermit, GatewayError> {
         let Some(limited) = &self.limited else {
@@ -299,7 +303,11 @@ impl Admission {
             }
         };
         let started = Instant::now();
-        match tokio::time::timeout(limited.queue_timeout, &mut place.slot).await {
+        let turn = match limited.queue_timeout {
+            Some(after) => tokio::time::timeout(after, &mut place.slot).await,
+            None => Ok((&mut place.slot).await),
+        };
+        match turn {
             Ok(Ok(Turn::Admitted)) => {
                 place.done = true;
                 Ok(admitted())

@@ -128,6 +128,33 @@ async fn a_waiter_times_out_and_gives_its_place_back() {
     assert_eq!(err_status(&gate).await, 503);
 }
 
+/// `queue_timeout_secs: 0` is no queue timeout, as 0 is for the other
+/// timeouts: a waiter waits for its slot (the request timeout, if any,
+/// still bounds it) rather than being refused at once after queueing.
+#[tokio::test(start_paused = true)]
+async fn a_zero_queue_timeout_waits_for_the_slot() {
+    let gate = gate(Some(1), 1, 0);
+    let held = gate.acquire(Priority::Normal).await.expect("first");
+    let waiter = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.acquire(Priority::Normal).await.map(drop) }
+    });
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    settle().await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter was answered without a slot"
+    );
+    assert_eq!(gate.queued(), 1);
+    drop(held);
+    waiter
+        .await
+        .expect("task")
+        .expect("admitted once the slot is free");
+    assert_eq!((gate.in_flight(), gate.queued()), (0, 0));
+}
+
 /// The status of the next timed-out request, as the client would see it.
 async fn err_status(gate: &Admission) -> u16 {
     gate.acquire(Priority::Normal)

@@ -304,7 +304,8 @@ pub struct ServeArgs {
     /// Requests that may wait for a slot [default: 100].
     #[arg(long, env = "RADIXGATE_QUEUE_SIZE")]
     pub queue_size: Option<usize>,
-    /// Seconds a request may wait for a slot [default: 60].
+    /// Seconds a request may wait for a slot, 0 = no limit (the request
+    /// timeout still ends the wait) [default: 60].
     #[arg(long, env = "RADIXGATE_QUEUE_TIMEOUT_SECS")]
     pub queue_timeout_secs: Option<u64>,
 

@@ -488,7 +488,7 @@ impl Default for OutlierConfig {
 }
 
 /// Admission control: at most `max_concurrent_requests` in flight; up to
-/// `queue_size` more wait, each at most `queue_timeout_secs`.
+/// `queue_size` more wait, each at most `queue_timeout_secs` (0 = no limit).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdmissionConfig {
@@ -496,7 +496,8 @@ pub struct AdmissionConfig {
     pub max_concurrent_requests: Option<usize>,
     /// Requests that may wait for a slot (0 = reject at once when full).
     pub queue_size: usize,
-    /// Seconds a request may wait for a slot.
+    /// Seconds a request may wait for a slot (0 = no limit: it waits for
+    /// one, within the request timeout).
     pub queue_timeout_secs: u64,
 }
 
