@@ -209,12 +209,13 @@ impl Progress {
 }
 
 /// A tenant's request waiting for admission. Dropped before the queue
-/// answers it, its wait cut short by its client leaving or by the request
-/// timeout, it gives the request back to its tenant's request limit, as a
-/// request the queue refuses is: it was never served because the router
-/// was busy. Without it, clients whose own timeout is shorter than the
-/// queue's spent their tenant's limit on requests never served, and were
-/// then refused for it once the router had room.
+/// answers it, its wait cut short by its client leaving, the request
+/// timeout or the end of the shutdown grace period, it gives the request
+/// back to its tenant's request limit, as a request the queue refuses is:
+/// it was never served because the router was busy. Without it, clients
+/// whose own timeout is shorter than the queue's spent their tenant's
+/// limit on requests never served, and were then refused for it once the
+/// router had room.
 struct Queued<'a>(Option<&'a crate::tenants::TenantRef>);
 
 impl Queued<'_> {
@@ -271,8 +272,17 @@ async fn forward(
         crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)
             .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     let queued = Queued(parts.extensions.get());
-    let admitted = shared.admission.acquire(priority).await;
-    queued.answered();
+    // A request still queued when the shutdown grace period ends is told
+    // so (503 with `Retry-After`) before its connection is dropped, rather
+    // than left not knowing whether it ran; a slot free by then wins.
+    let admitted = tokio::select! {
+        biased;
+        admitted = shared.admission.acquire(priority) => {
+            queued.answered();
+            admitted
+        }
+        () = shared.streams_abort.cancelled() => Err(GatewayError::ShuttingDown),
+    };
     let admitted = admitted.inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     progress.admitted();
     if let Some(family) = unrouted {

@@ -19,9 +19,10 @@
 //! such as Kubernetes endpoints to stop sending new connections, every
 //! thread stops accepting; in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
-//! then each remaining stream ends with an error event saying so (up to a
-//! second to send it), and the remaining connections are dropped with their
-//! runtimes — which drops their bodies and so releases their load. The
+//! then each remaining stream ends with an error event saying so and each
+//! request still queued for admission gets 503 `shutting_down` (up to a
+//! second to send them), and the remaining connections are dropped with
+//! their runtimes — which drops their bodies and so releases their load. The
 //! metrics port (`metrics.prometheus_port`, which serves the probes too,
 //! apart from the client connections' cap) accepts until then.
 
@@ -51,7 +52,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// How long streams cut at the end of the grace period get to send their
-/// error event before their connections are dropped.
+/// error event (and queued requests their 503) before their connections
+/// are dropped.
 const ABORT_FLUSH: Duration = Duration::from_secs(1);
 
 /// Why a gateway could not start.

@@ -61,7 +61,8 @@ pub(crate) struct Shared {
     /// Latency statistics and ejection of slow workers.
     pub(crate) outliers: crate::outlier::Outliers,
     /// Cancelled when shutdown stops waiting for streams: each response
-    /// body then ends with an error event before its connection is dropped.
+    /// body then ends with an error event, and each request still queued
+    /// for admission is answered 503, before its connection is dropped.
     pub(crate) streams_abort: tokio_util::sync::CancellationToken,
     /// Cancelled when shutdown starts: `/readiness` answers 503 from then
     /// on, before the listener closes.

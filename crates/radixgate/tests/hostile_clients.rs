@@ -1044,3 +1044,55 @@ async fn new_http2_streams_do_not_keep_a_client_that_takes_nothing() {
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
+
+// ---- shutdown with requests queued ----
+
+/// A request still waiting for an admission slot when the shutdown grace
+/// period ends is answered 503 `shutting_down` with `Retry-After`, which a
+/// client can act on, rather than having its connection dropped under it
+/// (which leaves a client of a POST not knowing whether it ran).
+#[tokio::test]
+async fn a_request_queued_when_the_grace_period_ends_is_told_so() {
+    let worker = holding_worker().await;
+    let mut c = config(&[&worker.url]);
+    c.health.enabled = false;
+    c.admission.max_concurrent_requests = Some(1);
+    c.admission.queue_size = 1;
+    c.server.shutdown_grace_period_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+    let send = |text: &'static str| {
+        let url = gw.url.clone();
+        tokio::spawn(async move {
+            let body =
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+            let r = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await?;
+            let status = r.status().as_u16();
+            let retry_after = r.headers().get("retry-after").cloned();
+            let body = r.text().await?;
+            Ok::<_, reqwest::Error>((status, retry_after, body))
+        })
+    };
+    let _holder = send("holder");
+    wait_until("the holder at the worker", || async { worker.held() == 1 }).await;
+    let queued = send("queued");
+    wait_until("one request queued", || async {
+        series_value(&gw.url, "radixgate_admission_queued_requests").await == 1.0
+    })
+    .await;
+    gw.stop.cancel();
+    let (status, retry_after, body) = tokio::time::timeout(HANG_GUARD, queued)
+        .await
+        .expect("an answer by the end of the grace period")
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    assert_eq!(status, 503, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "shutting_down", "{body}");
+    assert!(retry_after.is_some(), "Retry-After");
+    gw.task.await.unwrap().unwrap();
+    worker.release.cancel();
+}
