@@ -79,35 +79,9 @@ fn says_close(answer: &Answer) -> bool {
 async fn read_answer(stream: &mut TcpStream) -> Option<Answer> {
     let mut buf = Vec::new();
     let work = async {
-        let head_end = loop {
-            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at + 4;
-            }
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let (head, body) = read_http_message(stream, &mut buf).await?;
         let status = head[9..12].parse().unwrap();
-        let length = head
-            .lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length")
-                    .then(|| value.trim().parse::<usize>().unwrap())
-            })
-            .unwrap_or(0);
-        while buf.len() < head_end + length {
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let body = String::from_utf8_lossy(&buf[head_end..head_end + length]).into_owned();
-        buf.drain(..head_end + length);
+        let body = String::from_utf8_lossy(&body).into_owned();
         Some(Answer { status, head, body })
     };
     tokio::time::timeout(HANG_GUARD, work)

@@ -9,7 +9,7 @@ use common::*;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 /// What a raw worker does with the `n`th POST (from 0) on one of its
@@ -33,36 +33,10 @@ async fn raw_worker(answer: Answering) -> String {
     url
 }
 
-/// Reads one request's head and body; `None` at the connection's end.
+/// Reads one request's head (its body is read and dropped); `None` at
+/// the connection's end.
 async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
-    let head_end = loop {
-        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let length = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse::<usize>().unwrap())
-        })
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    buf.drain(..head_end + length);
-    Some(head)
+    read_http_message(stream, buf).await.map(|(head, _)| head)
 }
 
 async fn serve_connection(mut stream: TcpStream, answer: Answering) {

@@ -423,3 +423,49 @@ pub async fn assert_all_served_by(gateway: &str, worker: &str, n: usize, tag: &s
         r.bytes().await.unwrap();
     }
 }
+
+/// Reads one HTTP/1.1 message (a request or a response) off a raw
+/// connection: its head up to the blank line, and a body of the head's
+/// `Content-Length` (none without one). `buf` carries bytes read past the
+/// message to the next call. `None` when the connection ends first.
+pub async fn read_http_message(
+    stream: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt as _;
+    let mut more = async |buf: &mut Vec<u8>| {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    };
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        if !more(buf).await {
+            return None;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        if !more(buf).await {
+            return None;
+        }
+    }
+    let body = buf[head_end..head_end + length].to_vec();
+    buf.drain(..head_end + length);
+    Some((head, body))
+}
