@@ -937,11 +937,17 @@ async fn a_queue_full_of_low_priority_requests_still_takes_a_high_priority_one()
     gw.shutdown().await;
 }
 
-/// A tenant's requests the router refuses for its own overload (a full
-/// admission queue) do not spend its request limit: once the router has
-/// room, the tenant is served, not told to wait out the minute.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limit() {
+/// A gated worker behind a gateway with one admission slot and
+/// `queue_size` places in its queue, for two tenants: `busy` (no limit),
+/// whose request (`holder`) holds the slot at the worker, and `team-a`
+/// (`sk-a`, two requests a minute). Returns the holder's status to come.
+async fn team_a_behind_a_holder(
+    queue_size: usize,
+) -> (
+    GatedWorker,
+    Gateway,
+    tokio::task::JoinHandle<reqwest::StatusCode>,
+) {
     let worker = gated_worker().await;
     let tenants = "keys:
     - {name: busy, key: sk-busy}
@@ -949,7 +955,7 @@ async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limi
 ";
     let mut cfg = tenant_config(&worker.url, tenants);
     cfg.admission.max_concurrent_requests = Some(1);
-    cfg.admission.queue_size = 0;
+    cfg.admission.queue_size = queue_size;
     let gw = gateway_ready(cfg, 1).await;
     let url = gw.url.clone();
     let holder = tokio::spawn(async move {
@@ -961,6 +967,15 @@ async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limi
         worker.seen.lock().len() == 1
     })
     .await;
+    (worker, gw, holder)
+}
+
+/// A tenant's requests the router refuses for its own overload (a full
+/// admission queue) do not spend its request limit: once the router has
+/// room, the tenant is served, not told to wait out the minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limit() {
+    let (worker, gw, holder) = team_a_behind_a_holder(0).await;
     for i in 0..4 {
         let r = post_as(&gw.url, Some("sk-a"), &chat(&format!("refused {i}"), false)).await;
         assert_eq!(r.status(), 429, "{i}");
@@ -987,25 +1002,7 @@ async fn requests_refused_for_the_routers_overload_do_not_spend_the_tenants_limi
 /// request limit is whole once the router has room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_whose_clients_leave_the_queue_do_not_spend_the_tenants_limit() {
-    let worker = gated_worker().await;
-    let tenants = "keys:
-    - {name: busy, key: sk-busy}
-    - {name: team-a, key: sk-a, requests_per_minute: 2}
-";
-    let mut cfg = tenant_config(&worker.url, tenants);
-    cfg.admission.max_concurrent_requests = Some(1);
-    cfg.admission.queue_size = 10;
-    let gw = gateway_ready(cfg, 1).await;
-    let url = gw.url.clone();
-    let holder = tokio::spawn(async move {
-        post_as(&url, Some("sk-busy"), &chat("holder", false))
-            .await
-            .status()
-    });
-    wait_until("the holder at the worker", || async {
-        worker.seen.lock().len() == 1
-    })
-    .await;
+    let (worker, gw, holder) = team_a_behind_a_holder(10).await;
     // Two requests of team-a queue; their clients give up and leave.
     for i in 0..2 {
         let url = gw.url.clone();
