@@ -233,8 +233,19 @@ async fn replay_server(buffer: Buffer) -> String {
     endpoint
 }
 
-#[tokio::test]
-async fn gaps_are_filled_by_replay() {
+/// A subscriber with a replay socket, live on a publisher: whatever the
+/// first sequence it heard, replay filled everything before it (batches
+/// 0, 1, ... in order, then live). Returns the replay buffer, the
+/// publisher and its endpoint, the updates, the subscriber's task and the
+/// next sequence to publish.
+async fn live_with_replay() -> (
+    Buffer,
+    PubSocket,
+    String,
+    mpsc::Receiver<Update>,
+    tokio::task::JoinHandle<()>,
+    u64,
+) {
     let buffer: Buffer = Arc::default();
     let replay = replay_server(buffer.clone()).await;
     let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
@@ -242,16 +253,19 @@ async fn gaps_are_filled_by_replay() {
     let mut cfg = config(&endpoint);
     cfg.replay_endpoint = Some(replay);
     let task = tokio::spawn(run(cfg, tx));
-
-    // Whatever the first sequence heard, replay fills everything before it:
-    // batches 0, 1, ... in order, then live.
-    let (first, mut seq) =
+    let (first, seq) =
         publish_until_heard(&mut publisher, &mut rx, 0, stored_payload, Some(&buffer)).await;
     assert!(matches!(first, Update::Batch { seq: 0, .. }), "{first:?}");
     for want in 1..seq {
         expect_batch(&mut rx, want).await;
     }
     assert!(matches!(next(&mut rx).await, Update::Live));
+    (buffer, publisher, endpoint, rx, task, seq)
+}
+
+#[tokio::test]
+async fn gaps_are_filled_by_replay() {
+    let (buffer, mut publisher, _, mut rx, task, mut seq) = live_with_replay().await;
 
     // Two batches the subscriber never sees live come back by replay.
     for s in seq..seq + 2 {
@@ -409,20 +423,7 @@ async fn live_then_lost() -> (
     tokio::task::JoinHandle<()>,
     u64,
 ) {
-    let buffer: Buffer = Arc::default();
-    let replay = replay_server(buffer.clone()).await;
-    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
-    let (tx, mut rx) = mpsc::channel(1024);
-    let mut cfg = config(&endpoint);
-    cfg.replay_endpoint = Some(replay);
-    let task = tokio::spawn(run(cfg, tx));
-    let (first, seq) =
-        publish_until_heard(&mut publisher, &mut rx, 0, stored_payload, Some(&buffer)).await;
-    assert!(matches!(first, Update::Batch { seq: 0, .. }), "{first:?}");
-    for want in 1..seq {
-        expect_batch(&mut rx, want).await;
-    }
-    assert!(matches!(next(&mut rx).await, Update::Live));
+    let (buffer, publisher, endpoint, mut rx, task, seq) = live_with_replay().await;
     drop(publisher);
     assert!(matches!(
         next(&mut rx).await,
