@@ -298,23 +298,17 @@ impl DiscoveryConfig {
                 format!("must not be empty (smg's is {DEFAULT_BOOTSTRAP_PORT_ANNOTATION})"),
             ));
         }
-        if let Some(ns) = &self.namespace {
-            let label_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
-            if ns.is_empty()
-                || ns.len() > 63
-                || !ns.chars().all(label_char)
-                || ns.starts_with('-')
-                || ns.ends_with('-')
-            {
-                // The API server refuses it on every list.
-                return Err(invalid(
-                    "discovery.namespace",
-                    format!(
-                        "`{ns}` is not a namespace name: 1-63 lower-case letters, digits \
-                         and `-`, beginning and ending with a letter or digit"
-                    ),
-                ));
-            }
+        if let Some(ns) = &self.namespace
+            && (ns.len() > 63 || !dns_label(ns))
+        {
+            // The API server refuses it on every list.
+            return Err(invalid(
+                "discovery.namespace",
+                format!(
+                    "`{ns}` is not a namespace name: 1-63 lower-case letters, digits \
+                     and `-`, beginning and ending with a letter or digit"
+                ),
+            ));
         }
         let labels = self
             .pools
@@ -333,6 +327,19 @@ impl DiscoveryConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `text` is one DNS label as Kubernetes names take it (length
+/// aside): lower-case letters, digits and `-`, not empty, beginning and
+/// ending with a letter or digit. A namespace is one; a label key's
+/// prefix is several, joined by `.`.
+fn dns_label(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !text.starts_with('-')
+        && !text.ends_with('-')
 }
 
 /// What is wrong with the label `key=value` by Kubernetes' rules for label
@@ -364,20 +371,13 @@ fn label_problem(key: &str, value: &str) -> Option<String> {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    if let Some(prefix) = prefix {
-        let part_ok = |p: &str| {
-            !p.is_empty()
-                && p.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !p.starts_with('-')
-                && !p.ends_with('-')
-        };
-        if prefix.len() > 253 || !prefix.split('.').all(part_ok) {
-            return Some(format!(
-                "the key's prefix `{prefix}` must be a DNS subdomain (lower-case letters, \
-                 digits, `-` and `.`, at most 253 characters)"
-            ));
-        }
+    if let Some(prefix) = prefix
+        && (prefix.len() > 253 || !prefix.split('.').all(dns_label))
+    {
+        return Some(format!(
+            "the key's prefix `{prefix}` must be a DNS subdomain (lower-case letters, \
+             digits, `-` and `.`, at most 253 characters)"
+        ));
     }
     name_problem("key's name", name, false).or_else(|| name_problem("value", value, true))
 }
