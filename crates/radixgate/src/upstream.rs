@@ -20,6 +20,10 @@
 //! headers (`access-control-*`) are dropped from its answers: engines allow
 //! pages of any origin by default, and the router's own
 //! `cors_allowed_origins` must decide alone which pages read its answers.
+//! So are a worker's `x-radixgate-*` headers: they are the router's own
+//! account of a request (which worker, why, which prefill worker), and one
+//! a worker sent (another radixgate behind this one, or a worker that
+//! lies) must not pass for it.
 //!
 //! A worker may close an idle keep-alive connection (uvicorn, which vLLM
 //! and SGLang serve with, after 5 s) just as a request goes out on it; the
@@ -515,7 +519,8 @@ pub fn request_headers(
 }
 
 /// A worker's response headers as they should go to the client, without
-/// its CORS headers (see the module doc). For a stream, `content-length` is
+/// its CORS headers or any in the router's `x-radixgate-` namespace (see
+/// the module doc). For a stream, `content-length` is
 /// dropped too: if the worker breaks off, the gateway appends an error
 /// event, which a fixed length would not allow. So is the
 /// `content-length` of an answer that also came with a
@@ -532,6 +537,7 @@ pub fn response_headers(worker: &HeaderMap, streaming: bool) -> HeaderMap {
         if is_connection_specific(name, &options)
             || (streaming && name == header::CONTENT_LENGTH)
             || name.as_str().starts_with("access-control-")
+            || name.as_str().starts_with("x-radixgate-")
         {
             continue;
         }

@@ -865,3 +865,53 @@ async fn a_workers_cors_headers_never_reach_the_client() {
     }
     stop.cancel();
 }
+
+/// The `x-radixgate-*` headers are the router's own account of a request
+/// (which worker, why, which prefill worker). A worker's answer carrying
+/// any of them (another radixgate behind this one, or a worker that lies)
+/// must not pass for the router's: without PD a worker's
+/// `x-radixgate-prefill-worker` reached the client as if this router had
+/// paired the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_radixgate_headers_never_reach_the_client() {
+    use axum::routing::{get, post};
+    async fn claims() -> impl axum::response::IntoResponse {
+        (
+            [
+                ("x-radixgate-worker", "http://elsewhere:1"),
+                ("x-radixgate-decision", "made up"),
+                ("x-radixgate-prefill-worker", "http://elsewhere:2"),
+                ("x-radixgate-note", "1"),
+                ("x-radixgate", "kept"),
+            ],
+            axum::Json(json!({
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            })),
+        )
+    }
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route("/v1/chat/completions", post(claims));
+    let (worker, stop) = serve_app(app).await;
+    let gw = gateway_ready(config(&[&worker]), 1).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers();
+    assert_eq!(h.get_all("x-radixgate-worker").iter().count(), 1, "{h:?}");
+    assert_eq!(h["x-radixgate-worker"], worker.as_str());
+    assert_eq!(h.get_all("x-radixgate-decision").iter().count(), 1, "{h:?}");
+    assert_ne!(h["x-radixgate-decision"], "made up");
+    assert!(h.get("x-radixgate-prefill-worker").is_none(), "{h:?}");
+    assert!(h.get("x-radixgate-note").is_none(), "{h:?}");
+    assert_eq!(h["x-radixgate"], "kept");
+    gw.shutdown().await;
+    stop.cancel();
+}
