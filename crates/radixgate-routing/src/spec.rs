@@ -335,7 +335,9 @@ impl WorkerUrl {
     /// is `http://localhost:1`); an IPv6 address in its one spelling (RFC
     /// 5952: `[::1]`, not `[0:0:0:0:0:0:0:1]`), an IPv4-mapped one as the
     /// IPv4 address it is (`http://[::ffff:10.0.0.1]` is `http://10.0.0.1`),
-    /// and the port without leading zeros. So one worker has one URL, which
+    /// the port without leading zeros, and none at all where it is the
+    /// scheme's default (`http://w:80` is `http://w`, `https://w:443` is
+    /// `https://w`). So one worker has one URL, which
     /// replicas and the admin API look it up by. For looking a worker up by
     /// a URL a caller typed, where an unparsable URL should simply match
     /// nothing.
@@ -459,12 +461,10 @@ fn respelled(url: &str) -> Option<String> {
             (host, port)
         }
         // A name or an IPv4 address is spelled one way once lower-cased:
-        // only a port with a leading zero changes.
+        // only its port may change.
         None => match authority.split_once(':') {
-            Some((host, port)) if port.len() > 1 && port.starts_with('0') => {
-                (host.to_owned(), Some(port))
-            }
-            _ => return None,
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => return None,
         },
     };
     let port = match port {
@@ -477,6 +477,9 @@ fn respelled(url: &str) -> Option<String> {
         }
         port => port,
     };
+    // The scheme's default port is the server's port unwritten.
+    let default = if scheme == "https" { "443" } else { "80" };
+    let port = port.filter(|&port| port != default);
     let respelled = match port {
         Some(port) => format!("{scheme}://{host}:{port}"),
         None => format!("{scheme}://{host}"),
@@ -628,7 +631,14 @@ mod tests {
     fn accepted_urls_come_out_canonical() {
         for (given, canonical) in [
             ("http://a", "http://a"),
-            ("http://a:80/", "http://a:80"),
+            // The scheme's default port is left unwritten.
+            ("http://a:80/", "http://a"),
+            ("https://a:443", "https://a"),
+            ("HTTP://A:80", "http://a"),
+            ("https://[::1]:443/", "https://[::1]"),
+            ("http://[::ffff:10.0.0.1]:80", "http://10.0.0.1"),
+            ("http://a:443", "http://a:443"),
+            ("https://a:80", "https://a:80"),
             ("https://a.b", "https://a.b"),
             ("http://[::1]:8000/", "http://[::1]:8000"),
             ("http://[::1]", "http://[::1]"),
@@ -640,7 +650,8 @@ mod tests {
             ("http://[::ffff:127.0.0.1]:8000/", "http://127.0.0.1:8000"),
             ("http://[0:0:0:0:0:0:0:1]:8000", "http://[::1]:8000"),
             ("https://[2001:DB8:0:0:1::1]", "https://[2001:db8::1:0:0:1]"),
-            ("http://a:0080", "http://a:80"),
+            ("http://a:0080", "http://a"),
+            ("http://a:08080", "http://a:8080"),
             ("http://10.0.0.1:00443/", "http://10.0.0.1:443"),
             ("HTTPS://Host:8443", "https://host:8443"),
             ("Http://[::1]:8000/", "http://[::1]:8000"),

@@ -141,9 +141,12 @@ impl Rule {
             Some(suffix) => (suffix, true),
             None => (entry, false),
         };
-        // A name is whatever the worker URL rule takes as a host name.
+        // A name is whatever the worker URL rule takes as a host name (and
+        // no port, which that rule would take, `:80` even unwritten).
         let checked = WorkerUrl::parse(&format!("http://{name}")).ok();
-        if !checked.is_some_and(|url| url.ip().is_none() && url.port().is_none()) {
+        if name.contains(':')
+            || !checked.is_some_and(|url| url.ip().is_none() && url.port().is_none())
+        {
             return Err(
                 "must be a CIDR (10.0.0.0/8), an IP address, a host name or `*.` and a \
                  host name (*.svc.cluster.local)"

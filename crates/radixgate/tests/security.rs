@@ -915,3 +915,48 @@ async fn a_workers_radixgate_headers_never_reach_the_client() {
     gw.shutdown().await;
     stop.cancel();
 }
+
+/// A URL that spells out its scheme's default port names the server one
+/// without it names: `POST /workers` of `http://h:80` beside a configured
+/// `http://h` was taken for a second worker (two entries, two trees, twice
+/// the load counted for one server), and `DELETE` by one spelling missed
+/// the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_is_one_worker_with_its_default_port_written_or_not() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url, "http://127.0.0.3"]), 1).await;
+    let c = client();
+    let r = c
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": "HTTP://127.0.0.3:80/"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("already registered"), "{message}");
+    let listed = |c: reqwest::Client| {
+        let url = format!("{}/workers", gw.url);
+        async move {
+            let list: Value = c.get(url).send().await.unwrap().json().await.unwrap();
+            list["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["url"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let urls = listed(c.clone()).await;
+    assert_eq!(urls.len(), 2, "{urls:?}");
+    assert!(urls.contains(&"http://127.0.0.3".to_owned()), "{urls:?}");
+    let r = c
+        .delete(format!("{}/workers?url=http://127.0.0.3:80", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(listed(c.clone()).await, vec![w.url.clone()]);
+    gw.shutdown().await;
+}

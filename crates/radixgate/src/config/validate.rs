@@ -33,25 +33,6 @@ pub const MAX_OUTLIER_FACTOR: f64 = 1_000.0;
 /// Largest concurrency limit and admission queue.
 pub const MAX_REQUESTS: usize = 1_000_000;
 
-/// The server `url` names: its canonical spelling without the scheme's
-/// default port (80 for `http`, 443 for `https`), so that both spellings
-/// of one server compare equal.
-fn server_of(url: &WorkerUrl) -> String {
-    let text = url.as_str();
-    let default = if text.starts_with("https://") {
-        443
-    } else {
-        80
-    };
-    match url.port() {
-        Some(port) if port == default => text
-            .strip_suffix(&format!(":{port}"))
-            .unwrap_or(text)
-            .to_owned(),
-        _ => text.to_owned(),
-    }
-}
-
 /// `value` within `min..=max`, or an error naming `key` and the range.
 fn within<T: PartialOrd + Display>(
     key: &'static str,
@@ -109,8 +90,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.routing.validate()?;
         self.validate_server()?;
-        // Each worker once, by its canonical URL (case and a trailing `/`
-        // aside) less the scheme's default port: a second spelling was
+        // Each worker once, by its canonical URL (case, a trailing `/` and
+        // the scheme's default port aside): a second spelling was
         // refused only once the first was being probed, as "already
         // registered", naming no entry, and `http://w` beside `http://w:80`
         // was taken for two workers.
@@ -118,7 +99,7 @@ impl Config {
         for (i, worker) in self.workers.iter().enumerate() {
             let url = WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
-            if let Some(first) = seen.insert(server_of(&url), i) {
+            if let Some(first) = seen.insert(url.as_str().to_owned(), i) {
                 return Err(invalid(
                     "workers",
                     format!(
