@@ -397,3 +397,73 @@ async fn requests_every_pair_answers_500_open_no_breaker() {
         gw.shutdown().await;
     }
 }
+
+/// A decode worker that outlier detection ejected (slow, not broken) is
+/// the pair's decode side at once when the other decode worker's breaker
+/// opens on a request, as in a co-located pool, rather than the request
+/// and those after it being answered 503 until the next evaluation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_left_with_only_an_ejected_decode_worker_is_served_by_it() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = worker(Role::Prefill).await;
+        let fast = worker(Role::Decode).await;
+        let slow = worker(Role::Decode).await;
+        slow.set_faults(FaultConfig {
+            latency_ms: 400,
+            ..FaultConfig::default()
+        });
+        let mut c = pd_config(protocol, &[&prefill], &[&fast, &slow]);
+        // Each decode worker gets every other request.
+        c.pd.decode_policy = radixgate_routing::PolicyConfig::RoundRobin(Default::default());
+        let o = &mut c.outlier_detection;
+        o.interval_secs = 1;
+        o.min_samples = 3;
+        o.min_gap_ms = 200;
+        o.latency_factor = 2.0;
+        o.base_ejection_secs = 300;
+        o.max_ejection_percent = 50;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.timeout_duration_secs = 3600;
+        c.retry.initial_backoff_ms = 0;
+        c.retry.max_backoff_ms = 0;
+        let gw = gateway(c).await;
+        wait_for_healthy(&gw.url, 3).await;
+        let completion = |i| json!({"model": "sim-llama-8b", "prompt": prompt(i), "max_tokens": 4, "stream": true});
+        for i in 0..8 {
+            let r = post_completion(&gw.url, &completion(i)).await;
+            assert_eq!(r.status(), 200, "{protocol:?}");
+            r.bytes().await.unwrap();
+        }
+        let ejected = || async {
+            common::metrics_text(&gw.url)
+                .await
+                .lines()
+                .find(|l| {
+                    l.starts_with("radixgate_outlier_ejected{")
+                        && l.contains(&format!("worker=\"{}\"", slow.url))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        wait_until("the slow decode worker is ejected", || async {
+            ejected().await == Some(1.0)
+        })
+        .await;
+        fast.set_faults(FaultConfig {
+            refuse: true,
+            ..FaultConfig::default()
+        });
+        for i in 8..11 {
+            let r = post_completion(&gw.url, &completion(i)).await;
+            let status = r.status();
+            let worker = r.headers().get("x-radixgate-worker").cloned();
+            let body = r.text().await.unwrap();
+            assert_eq!(status, 200, "{protocol:?}, request {i}: {body}");
+            assert_eq!(
+                worker.unwrap(),
+                slow.url.as_str(),
+                "{protocol:?}, request {i}"
+            );
+        }
+        gw.shutdown().await;
+    }
+}
