@@ -445,13 +445,20 @@ fn rescued(shared: &Shared, err: &RoutingError) -> bool {
         return false;
     }
     let returned = shared.outliers.rescue(shared.router.snapshot().workers());
+    if returned.is_empty() {
+        return false;
+    }
+    // The gauge says so now, not at the next evaluation (ten seconds by
+    // default), while the worker already serves.
+    let metrics = crate::outlier::OutlierMetrics::new(&shared.metrics);
     for worker in &returned {
         tracing::info!(
             worker = worker.url(),
             "outlier returned to the pool: no other worker is left for its models"
         );
+        metrics.ejected(worker.url(), false);
     }
-    !returned.is_empty()
+    true
 }
 
 /// Tries workers until one answers in a way [`retry`] does not retry, or

@@ -367,6 +367,13 @@ async fn a_request_left_with_only_an_ejected_worker_is_served_by_it() {
         let body = r.text().await.unwrap();
         assert_eq!(status, 200, "request {i}: {body}");
         assert_eq!(worker.unwrap(), slow.url.as_str(), "request {i}");
+        if i == 0 {
+            // Returned now, and the gauge says so (not at the evaluation).
+            assert_eq!(
+                metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await,
+                Some(0.0)
+            );
+        }
     }
     gw.shutdown().await;
 }
