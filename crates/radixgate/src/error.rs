@@ -481,13 +481,13 @@ impl GatewayError {
     }
 }
 
-/// Whole seconds to wait, rounded up, at least 1 (`Retry-After: 0` would
-/// invite an immediate retry that fails the same way).
 /// ` for model `m`` when the client named one, else nothing.
 fn for_model(model: Option<&str>) -> String {
     model.map_or_else(String::new, |m| format!(" for model `{m}`"))
 }
 
+/// Whole seconds to wait, rounded up, at least 1 (`Retry-After: 0` would
+/// invite an immediate retry that fails the same way).
 fn retry_after_secs(wait: Duration) -> u64 {
     let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     whole.max(1)
