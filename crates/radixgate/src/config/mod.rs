@@ -658,6 +658,9 @@ impl Config {
             return Ok(Self::default());
         }
         let document: serde_norway::Value = serde_norway::from_str(text)?;
+        if let Some(found) = unexpanded(&document, &mut String::new()) {
+            return Err(serde::de::Error::custom(found));
+        }
         routing::check(text, &document)?;
         serde_norway::from_str(text)
     }
@@ -683,6 +686,51 @@ impl Config {
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.server.request_timeout_secs > 0)
             .then(|| Duration::from_secs(self.server.request_timeout_secs))
+    }
+}
+
+/// The first string value of `value` (at `path`, as keys are written:
+/// `workers[0].api_key`) that holds a `${NAME}` reference, as an error
+/// message. The file is read as written: a key written `${WORKER_KEY}`
+/// would be sent to workers, or required of clients, as those 14
+/// characters, and a URL so written is refused without saying why.
+pub(super) fn unexpanded(value: &serde_norway::Value, path: &mut String) -> Option<String> {
+    use serde_norway::Value;
+    use std::fmt::Write as _;
+    match value {
+        Value::String(text) => {
+            let start = text.find("${")?;
+            let end = start + text[start..].find('}')? + 1;
+            Some(format!(
+                "`{path}` holds `{}`, which is not expanded: the config file is read as \
+                 written. Give secrets through the flags' RADIXGATE_* variables (or a \
+                 worker's `api_key_env`, a tenant's `key_env`, sync's `*_file`), or expand \
+                 the file before radixgate reads it",
+                &text[start..end]
+            ))
+        }
+        Value::Sequence(items) => items.iter().enumerate().find_map(|(i, item)| {
+            let len = path.len();
+            let _ = write!(path, "[{i}]");
+            let found = unexpanded(item, path);
+            path.truncate(len);
+            found
+        }),
+        Value::Mapping(map) => map.iter().find_map(|(key, item)| {
+            let len = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            match key {
+                Value::String(key) => path.push_str(key),
+                _ => path.push('?'),
+            }
+            let found = unexpanded(item, path);
+            path.truncate(len);
+            found
+        }),
+        Value::Tagged(tagged) => unexpanded(&tagged.value, path),
+        Value::Null | Value::Bool(_) | Value::Number(_) => None,
     }
 }
 

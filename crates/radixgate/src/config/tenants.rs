@@ -138,6 +138,9 @@ fn read_file(path: &Path) -> Result<Vec<TenantSpec>, ConfigError> {
     if document.is_null() {
         return Err(ConfigError::EmptyKeysFile { path: path.into() });
     }
+    if let Some(found) = super::unexpanded(&document, &mut String::new()) {
+        return Err(parse_error(serde::de::Error::custom(found)));
+    }
     serde_norway::from_str(&text).map_err(parse_error)
 }
 

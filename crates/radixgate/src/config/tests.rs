@@ -286,6 +286,60 @@ fn an_emptied_api_key_file_is_refused_not_read_as_no_tenants() {
     assert!(config.tenants.resolve(None).unwrap().is_empty());
 }
 
+/// A `${NAME}` in the file is not expanded; taken as written, a key so
+/// written was the literal text, so the error names where it is and what
+/// to do instead.
+#[test]
+fn unexpanded_variables_are_refused_with_their_place() {
+    for (yaml, place, found) in [
+        (
+            "workers: [{url: 'http://a:1', api_key: '${WORKER_KEY}'}]\n",
+            "`workers[0].api_key`",
+            "`${WORKER_KEY}`",
+        ),
+        (
+            "server:\n  api_key: sk-${ENV}-x\n",
+            "`server.api_key`",
+            "`${ENV}`",
+        ),
+        (
+            "workers: ['http://${HOST}:8000']\n",
+            "`workers[0]`",
+            "`${HOST}`",
+        ),
+        (
+            "sync:\n  urls: ['nats://n:4222']\n  auth: {token: '${T}'}\n",
+            "`sync.auth.token`",
+            "`${T}`",
+        ),
+    ] {
+        let err = Config::from_yaml(yaml).expect_err(yaml).to_string();
+        assert!(
+            err.contains(place) && err.contains(found) && err.contains("not expanded"),
+            "{yaml}: {err}"
+        );
+    }
+    // A `$` of a key's own, or a `${` never closed, is the key's text.
+    for yaml in [
+        "server:\n  api_key: 'a$b{c}'\n",
+        "server:\n  api_key: 'a${b'\n",
+    ] {
+        Config::from_yaml(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+    }
+    let dir = std::env::temp_dir().join(format!("radixgate-config-vars-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.yaml");
+    std::fs::write(&file, "- {name: team-a, key: '${TEAM_A_KEY}'}\n").unwrap();
+    let err = args(&["--api-key-file", file.to_str().unwrap()])
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`[0].key`") && err.contains("keys.yaml"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_inline_tenants_are_named() {
     let check = |yaml: &str, api_key: Option<&str>, needles: &[&str]| {
