@@ -11,26 +11,22 @@ use radixgate::config::Config;
 use radixgate_sim::server::{FaultConfig, WorkerConfig};
 use serde_json::{Value, json};
 
-/// A free port on 127.0.0.1 (bound, read, released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A publisher's endpoint on a port the system picks as it binds (a port
+/// picked free beforehand may be taken by another test by then).
+const ANY_PORT: &str = "tcp://127.0.0.1:0";
 
 /// A fast worker with a small cache (`blocks` blocks of 16 tokens) that
 /// publishes KV events on a fixed port, with a replay socket if asked.
 async fn publishing_worker(blocks: usize, replay: bool) -> (SimWorker, String) {
     let mut c: WorkerConfig = fast_worker();
     c.engine.kv_capacity_tokens = blocks * c.engine.block_size;
-    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    c.kv_events.endpoint = endpoint.clone();
+    c.kv_events.endpoint = ANY_PORT.to_owned();
     if replay {
-        c.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{}", free_port());
+        c.kv_events.replay_endpoint = ANY_PORT.to_owned();
     }
-    (sim_worker(c).await, endpoint)
+    let worker = sim_worker(c).await;
+    let endpoint = worker.handle.kv_events_endpoint().expect("publishing");
+    (worker, endpoint)
 }
 
 /// A gateway subscribed to each worker's publisher (and replay socket).
@@ -295,8 +291,7 @@ async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
     let mut workers = Vec::new();
     for _ in 0..2 {
         let mut c: WorkerConfig = fast_worker();
-        let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-        c.kv_events.endpoint = endpoint.clone();
+        c.kv_events.endpoint = ANY_PORT.to_owned();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stop = tokio_util::sync::CancellationToken::new();
         let handle =
@@ -304,6 +299,7 @@ async fn chat_requests_are_tokenized_like_the_worker_and_matched() {
                 .await
                 .unwrap();
         let url = format!("http://{}", handle.addr());
+        let endpoint = handle.kv_events_endpoint().expect("publishing");
         workers.push((SimWorker { handle, url, stop }, endpoint));
     }
     let (w1, e1) = &workers[0];
@@ -538,18 +534,38 @@ async fn a_worker_whose_answers_deny_its_events_is_matched_on_the_tree() {
 /// engine's, whose cache holds prompts the worker's own rank 0 lacks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_parallel_worker_answering_from_another_rank_is_not_contradicted() {
-    // Two ports in a row, for ranks 0 and 1.
-    let port = (0..100)
-        .map(|_| free_port())
-        .find(|p| *p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok())
-        .unwrap();
-    let rank = |p: u16| {
+    // Two ports in a row, for ranks 0 and 1: rank 0's as it binds, rank
+    // 1's the next, tried until it is free.
+    let rank = |endpoint: String| async move {
         let mut c: WorkerConfig = fast_worker();
         c.engine.kv_capacity_tokens = 4096 * c.engine.block_size;
-        c.kv_events.endpoint = format!("tcp://127.0.0.1:{p}");
-        sim_worker(c)
+        c.kv_events.endpoint = endpoint;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let handle = radixgate_sim::server::start(listener, c, stop.clone()).await;
+        handle.map(|handle| {
+            let url = format!("http://{}", handle.addr());
+            SimWorker { handle, url, stop }
+        })
     };
-    let (w0, w1) = (rank(port).await, rank(port + 1).await);
+    let mut pair = None;
+    for _ in 0..20 {
+        let w0 = rank(ANY_PORT.to_owned()).await.unwrap();
+        let bound = w0.handle.kv_events_endpoint().expect("publishing");
+        let port: u16 = bound.rsplit(':').next().unwrap().parse().unwrap();
+        if port == u16::MAX {
+            w0.stop.cancel();
+            continue;
+        }
+        match rank(format!("tcp://127.0.0.1:{}", port + 1)).await {
+            Ok(w1) => {
+                pair = Some((w0, w1, port));
+                break;
+            }
+            Err(_) => w0.stop.cancel(),
+        }
+    }
+    let (w0, w1, port) = pair.expect("two ports in a row");
     let mut c = config(&[w0.url.as_str()]);
     c.kv_events.enabled = true;
     c.kv_events.data_parallel_size = 2;
