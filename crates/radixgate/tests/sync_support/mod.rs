@@ -37,8 +37,10 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 impl Nats {
     /// Starts `nats-server -js` with `extra` arguments on a free port.
     pub fn start(extra: &[&str]) -> Self {
+        // Port 0: the server picks one as it binds (one picked free
+        // beforehand may be another test's by then), and says which.
         let mut nats = Self {
-            port: free_port(),
+            port: 0,
             dir: temp_dir("nats"),
             args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
@@ -53,16 +55,18 @@ impl Nats {
     }
 
     fn launch(&mut self) {
+        let port = match self.port {
+            0 => "-1".to_owned(),
+            port => port.to_string(),
+        };
+        let ports = self.dir.join("ports");
+        let _ = std::fs::remove_dir_all(&ports);
+        std::fs::create_dir_all(&ports).unwrap();
         let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
+            .args(["-a", "127.0.0.1", "-p", &port, "-js", "-sd"])
             .arg(self.dir.join("store"))
+            .arg("--ports_file_dir")
+            .arg(&ports)
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -70,8 +74,42 @@ impl Nats {
             .expect(
                 "nats-server must be installed (apt-get install nats-server); .ci/run installs it",
             );
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
+        // The ports file, `{"nats":["nats://127.0.0.1:PORT"]}`, is written
+        // once the server listens.
+        self.port = loop {
+            let written = std::fs::read_dir(&ports).ok().and_then(|mut entries| {
+                entries.find_map(|e| {
+                    let path = e.ok()?.path();
+                    let name = path.file_name()?.to_str()?.to_owned();
+                    name.ends_with(&format!("_{pid}.ports"))
+                        .then(|| std::fs::read_to_string(&path).ok())
+                        .flatten()
+                })
+            });
+            let port = written.and_then(|text| {
+                let (_, after) = text.split_once("127.0.0.1:")?;
+                after.split('"').next()?.parse::<u16>().ok()
+            });
+            if let Some(port) = port {
+                break port;
+            }
+            if let Some(exit) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("nats-server exited before it listened: {exit}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server wrote no ports file in {}",
+                ports.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 Instant::now() < deadline,
