@@ -122,6 +122,17 @@ pub const MAX_SPEED: f64 = 100.0;
 /// makes a step last centuries, and the run never ends.
 pub const MIN_SPEED: f64 = 1e-3;
 
+/// The largest accepted timing constants: `step_base_us` (a second),
+/// `token_us` (10 ms) and `kv_read_ns_per_token` (0.1 ms), each hundreds
+/// of times the H100 figures. The simulators step through simulated time
+/// (a load poll every 100 ms): with no ceiling, `1e300` made a step last
+/// `u64::MAX` nanoseconds and a run never ended.
+pub const MAX_TIMING: [(&str, f64); 3] = [
+    ("step_base_us", 1e6),
+    ("token_us", 1e4),
+    ("kv_read_ns_per_token", 1e5),
+];
+
 impl Default for TimingConfig {
     fn default() -> Self {
         Self {
@@ -134,17 +145,14 @@ impl Default for TimingConfig {
 }
 
 impl TimingConfig {
-    /// Every constant finite and non-negative; `speed` in 0.001..=100.
+    /// Every constant in 0..=its [`MAX_TIMING`]; `speed` in 0.001..=100.
     pub fn validate(&self) -> Result<(), SimError> {
         check_speed("timing.speed", self.speed)?;
-        for (name, v) in [
-            ("step_base_us", self.step_base_us),
-            ("token_us", self.token_us),
-            ("kv_read_ns_per_token", self.kv_read_ns_per_token),
-        ] {
-            if !v.is_finite() || v < 0.0 {
+        let values = [self.step_base_us, self.token_us, self.kv_read_ns_per_token];
+        for ((name, max), v) in MAX_TIMING.into_iter().zip(values) {
+            if !(0.0..=max).contains(&v) {
                 return Err(SimError::Config(format!(
-                    "timing.{name} must be a finite number >= 0, got {v}"
+                    "timing.{name} must be in 0..={max}, got {v}"
                 )));
             }
         }
@@ -230,6 +238,30 @@ mod tests {
         // A JSON config without `speed` gets full speed.
         let t: TimingConfig = serde_json::from_str(r#"{"token_us": 5.0}"#).unwrap();
         assert_eq!(t.speed, 1.0);
+    }
+
+    /// A step time of 1e300 passed the finite and `>= 0` check, made each
+    /// step last `u64::MAX` ns of simulated time, and `simulate
+    /// --step-base-us 1e300` (or `--token-us`, `--kv-read-ns-per-token`)
+    /// hung.
+    #[test]
+    fn timing_constants_have_a_ceiling() {
+        for (name, max) in MAX_TIMING {
+            let with = |v: f64| {
+                let mut t = TimingConfig::default();
+                match name {
+                    "step_base_us" => t.step_base_us = v,
+                    "token_us" => t.token_us = v,
+                    _ => t.kv_read_ns_per_token = v,
+                }
+                t.validate()
+            };
+            for bad in [1e300, max * 1.01, f64::INFINITY, f64::NAN, -1.0] {
+                let e = with(bad).unwrap_err().to_string();
+                assert!(e.contains(name), "{name} = {bad}: {e}");
+            }
+            assert!(with(max).is_ok() && with(0.0).is_ok(), "{name}");
+        }
     }
 
     /// A speed of 1e-300 passed the `> 0` check and made each step last

@@ -276,13 +276,14 @@ pub struct EngineFlags {
     /// Token budget per step: prefill chunk + one per decoding request [default: 8192].
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
-    /// Fixed cost of a step, microseconds [default: 4800].
+    /// Fixed cost of a step, microseconds, in 0..=1000000 [default: 4800].
     #[arg(long)]
     pub step_base_us: Option<f64>,
-    /// Cost per batched token, microseconds [default: 27].
+    /// Cost per batched token, microseconds, in 0..=10000 [default: 27].
     #[arg(long)]
     pub token_us: Option<f64>,
-    /// KV read cost per context token of a decoding request, ns [default: 39].
+    /// KV read cost per context token of a decoding request, ns, in
+    /// 0..=100000 [default: 39].
     #[arg(long)]
     pub kv_read_ns_per_token: Option<f64>,
     /// Relative speed of the worker: step times are divided by it, so 0.5
