@@ -49,6 +49,14 @@ pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimErr
     let axes = args.axes()?;
     let grid = search::grid(current, &axes)?;
     let rec = Recording::load(&args.trace, args.block_tokens, args.requests.unwrap_or(0))?;
+    if rec.replayed() == 0 {
+        return Err(SimError::Config(format!(
+            "{}: none of its {} requests is replayed (no line has a 2xx status): nothing to \
+             tune on",
+            rec.path.display(),
+            rec.records.len()
+        )));
+    }
     let workers = match args.workers {
         Some(n) => n,
         None if rec.workers.is_empty() => {
@@ -69,6 +77,19 @@ pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimErr
     contenders.extend(grid.iter().map(|(_, p)| Contender::Policy(p.clone())));
     let mut stats = search::run_all(&cfg, &contenders, args.threads())?.into_iter();
     let base = stats.next().expect("the current settings ran");
+    // With nothing completed every run's TTFT is NaN and no point can be
+    // quicker: "nothing to change" would be a verdict without data.
+    if base.completed == 0 {
+        return Err(SimError::Config(format!(
+            "none of the {} replayed requests of {} completed in the simulation ({} refused \
+             by the simulated workers as larger than their KV cache of {} tokens): nothing \
+             to tune on",
+            rec.replayed(),
+            rec.path.display(),
+            base.failed,
+            cfg.worker.engine.capacity_tokens()
+        )));
+    }
     if let Some(p) = prediction.as_mut() {
         p.policy_hit_rate = predict::reported_subset(&rec, &base).hit_rate();
     }
@@ -133,4 +154,65 @@ pub fn main(args: &TuneArgs, current: &PolicyConfig) -> Result<(), SimError> {
         print!("{}", report.text());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TuneArgs,
+    }
+
+    fn tune(trace: &std::path::Path, more: &[&str]) -> Result<TuneReport, SimError> {
+        let mut argv = vec![
+            "tune",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--block-tokens",
+            "16",
+        ];
+        argv.extend(more);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        run(&cli.args, &PolicyConfig::default())
+    }
+
+    /// A recording with nothing to replay (every answer a 500), or whose
+    /// requests the simulated workers all refuse, was "tuned": every run's
+    /// TTFT was NaN, and the report said the current settings were the
+    /// quickest at equal hit rate, nothing to change.
+    #[test]
+    fn a_recording_with_nothing_completed_is_an_error_not_a_verdict() {
+        let dir = std::env::temp_dir().join(format!("radixgate-tune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let line = |t: u64, status: u16| {
+            format!(
+                "{{\"timestamp\": {t}, \"input_length\": 64, \"output_length\": 2, \
+                 \"hash_ids\": [1, 2, 3, 4], \"worker\": \"http://a\", \
+                 \"cached_tokens\": 0, \"status\": {status}}}\n"
+            )
+        };
+        let failed = dir.join("failed.jsonl");
+        std::fs::write(&failed, line(0, 500) + &line(10, 503)).unwrap();
+        let e = tune(&failed, &["--workers", "2"]).unwrap_err().to_string();
+        assert!(e.contains("none of its 2 requests is replayed"), "{e}");
+        let ok = dir.join("ok.jsonl");
+        std::fs::write(&ok, line(0, 200) + &line(10, 200)).unwrap();
+        // 64 prompt + 2 output tokens do not fit a 64-token cache.
+        let e = tune(&ok, &["--kv-capacity-tokens", "64"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("none of the 2 replayed requests") && e.contains("2 refused"),
+            "{e}"
+        );
+        // Room for them: a report.
+        let report = tune(&ok, &["--kv-capacity-tokens", "4096"]).unwrap();
+        assert_eq!(report.current.completed, 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
