@@ -12,7 +12,9 @@
 //! - spread = the busiest worker's request count / the mean count, over the
 //!   workers seen in responses, the `--url`s or `--pool-size`, whichever
 //!   are more (so a worker that got nothing still counts when it was a
-//!   target, or when the caller says it is behind the router).
+//!   target, or when the caller says it is behind the router); none (n/a)
+//!   when a successful response named no worker (a real engine sends no
+//!   worker header), since those requests' workers are unknown.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,6 +24,9 @@ use serde::Serialize;
 
 use super::outcome::Outcome;
 use crate::SimError;
+
+/// How [`LoadReport::workers`] counts responses that named no worker.
+const UNNAMED: &str = "(unnamed)";
 
 /// Latency summary in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -119,7 +124,7 @@ impl Stats {
             }
             None => self.without_usage += 1,
         }
-        let name = o.worker.clone().unwrap_or_else(|| "(unnamed)".into());
+        let name = o.worker.clone().unwrap_or_else(|| UNNAMED.into());
         *self.workers.entry(name).or_default() += 1;
     }
 
@@ -147,7 +152,10 @@ impl Stats {
             .max(header.urls.len())
             .max(header.pool_size.unwrap_or(0))
             .max(1);
-        let spread = (!self.workers.is_empty()).then(|| {
+        // Every unnamed response under one name would read as one worker
+        // that took them all.
+        let known = !self.workers.is_empty() && !self.workers.contains_key(UNNAMED);
+        let spread = known.then(|| {
             let max = *self.workers.values().max().unwrap_or(&0) as f64;
             let mean = self.ok as f64 / slots as f64;
             max / mean
@@ -417,6 +425,38 @@ mod tests {
             reply: String::new(),
             error: None,
         }
+    }
+
+    /// Responses without a worker header (a real SGLang or vLLM engine
+    /// sends none) were all counted under one name, and `--pool-size 4`
+    /// then reported a spread of 4.00, as if one worker had taken every
+    /// request.
+    #[test]
+    fn spread_is_unknown_when_a_response_names_no_worker() {
+        let mut st = Stats::default();
+        for _ in 0..4 {
+            st.record(&Outcome {
+                worker: None,
+                ..ok("", 100, 0, 10)
+            });
+        }
+        let header = ReportHeader {
+            workload: "w".into(),
+            api: "chat".into(),
+            stream: true,
+            arrivals: "x".into(),
+            assign: "round-robin".into(),
+            urls: vec!["u1".into()],
+            seed: 0,
+            pool_size: Some(4),
+        };
+        let r = st.report(header.clone(), Duration::from_secs(1));
+        assert_eq!(r.spread, None);
+        assert_eq!(r.workers["(unnamed)"], 4);
+        assert!(r.table().contains("(spread max/mean n/a)"), "{}", r.table());
+        // One named among them: still unknown.
+        st.record(&ok("a", 100, 0, 10));
+        assert_eq!(st.report(header, Duration::from_secs(1)).spread, None);
     }
 
     #[test]
