@@ -6,7 +6,10 @@
 //!
 //! The attempt loop ([`crate::proxy`]) reports each attempt's time to first
 //! byte ([`Outliers::sample`]; a first-byte timeout counts as a sample of
-//! the timeout itself, so a hung worker's mean rises too), except for a
+//! the timeout itself, so a hung worker's mean rises too) — for a stream
+//! that opens before its prefill (a Responses or Messages preamble, an SSE
+//! comment), its time to first token, which its response body reports —
+//! except for a
 //! generated whole answer, whose first byte waits for its whole decode,
 //! and for an error answer, which served nothing: a worker shedding
 //! everything at once would read as the quickest

@@ -608,15 +608,17 @@ async fn attempts(
                 let mut observed = None;
                 traced.answered(status.as_u16());
                 let sse = is_event_stream(response.headers());
-                if target.endpoint.times_its_worker(status, sse) {
-                    shared.outliers.sample(worker.id(), sent.elapsed());
-                }
                 // Behind a preamble or an opening comment, the watch finds
-                // the first token (see `respond`).
+                // the first token (see `respond`), and samples the worker's
+                // speed there: the first byte came before the prefill.
                 let first_event_is_token = || {
                     let first = response.body().first_data();
                     target.endpoint.preamble(first).is_none()
                 };
+                if target.endpoint.times_its_worker(status, sse) && (!sse || first_event_is_token())
+                {
+                    shared.outliers.sample(worker.id(), sent.elapsed());
+                }
                 if status.is_success() && sse && first_event_is_token() {
                     // A stream's first event is its first token: the cost
                     // model learns this worker's wait from it. (A whole

@@ -293,6 +293,46 @@ async fn slow_one_ejected_in(
     (fast, slow, gw)
 }
 
+/// A Responses API stream opens with `response.created` at once, before
+/// the prompt is prefilled: its first byte says nothing of how quick its
+/// worker is. A worker whose prefill is far slower than its peer's (its
+/// preamble as quick) is sampled at its first token, and ejected, as it
+/// would be serving chat streams. Sampled at the preamble, every worker
+/// read as equally instant: a slow one serving these APIs was never
+/// ejected, and one serving chat beside peers serving them was judged
+/// against their instant preambles.
+#[tokio::test]
+async fn a_worker_slow_behind_its_preamble_is_ejected() {
+    let fast = sim_worker(fast_worker()).await;
+    let mut slow_prefill = fast_worker();
+    slow_prefill.engine.timing.token_us = 40_000.0;
+    let slow = sim_worker(slow_prefill).await;
+    let gw = gateway_ready(eager_outliers(&[&fast.url, &slow.url], 300), 2).await;
+    for i in 0..8 {
+        let body = json!({"model": radixgate_sim::server::DEFAULT_MODEL,
+            "input": format!("outlier behind a preamble {i}"),
+            "max_output_tokens": 2, "stream": true});
+        let r = client()
+            .post(format!("{}/v1/responses", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let events = r.text().await.unwrap();
+        assert!(events.starts_with("event: response.created"), "{events}");
+    }
+    wait_until("the slow worker is ejected", || async {
+        metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        metric(&gw.url, "radixgate_outlier_ejected", &fast.url).await,
+        Some(0.0)
+    );
+    gw.shutdown().await;
+}
+
 /// Item 3: a worker far slower than its peers (its `/health` fine) is
 /// ejected by outlier detection, and returns when its ejection is over.
 #[tokio::test]

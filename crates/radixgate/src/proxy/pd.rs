@@ -725,14 +725,15 @@ impl Pair<'_> {
         let status = answer.response.status();
         answer.trace.answered(status.as_u16());
         let sse = super::is_event_stream(answer.response.headers());
-        if super::Endpoint::Routed(self.api).times_its_worker(status, sse) {
+        // Behind a preamble or an opening comment, the watch finds the
+        // first token (see `respond`) and samples the worker's speed there.
+        let endpoint = super::Endpoint::Routed(self.api);
+        let first = answer.response.body().first_data();
+        let first_event_is_token = endpoint.preamble(first).is_none();
+        if endpoint.times_its_worker(status, sse) && (!sse || first_event_is_token) {
             shared.outliers.sample(worker.id(), answer.sent.elapsed());
         }
-        // Behind a preamble or an opening comment, the watch finds the
-        // first token (see `respond`).
-        let first = answer.response.body().first_data();
-        if status.is_success() && sse && super::Endpoint::Routed(self.api).preamble(first).is_none()
-        {
+        if status.is_success() && sse && first_event_is_token {
             decision.first_token(answer.sent.elapsed());
         }
         if !retry::retryable_status(status) {

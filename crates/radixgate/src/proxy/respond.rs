@@ -280,10 +280,17 @@ impl RequestWatch {
     /// The worker finished this prompt's prefill: prefill-aware routing
     /// stops counting it as queued work, and a stream's TTFT is recorded.
     /// Behind a preamble the attempt loop could not tell the first token,
-    /// so the cost model learns the worker's wait here (`learn`).
+    /// so the cost model learns the worker's wait here (`learn`), and
+    /// outlier detection samples it (a successful stream's, as the attempt
+    /// loop samples any other's first byte).
     fn first_token(&mut self, learn: bool) {
         if learn {
-            self.guard.first_token(self.sent.elapsed());
+            let waited = self.sent.elapsed();
+            self.guard.first_token(waited);
+            if (200..300).contains(&self.status) {
+                let worker = self.guard.worker().id();
+                self.shared.outliers.sample(worker, waited);
+            }
         } else {
             self.guard.prefill_done();
         }
