@@ -587,6 +587,7 @@ async fn attempts(
             state,
             &decision,
             Outgoing {
+                endpoint: target.endpoint,
                 path: target.path,
                 client_headers,
                 peer,

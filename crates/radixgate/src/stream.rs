@@ -29,11 +29,13 @@
 //! call, never the client's `stream` flag: a worker may answer a streamed
 //! request with a JSON error.
 //!
-//! [`Primed`] puts back the first frame the attempt loop read ahead (to know
-//! the worker really started) in front of the rest of the worker's body.
+//! [`Primed`] puts back the frames the attempt loop read ahead (to know the
+//! worker really started: its first token) in front of the rest of the
+//! worker's body.
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use std::collections::VecDeque;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
@@ -379,21 +381,25 @@ where
     }
 }
 
-/// A worker's body with its first frame, already read, put back in front.
+/// A worker's body with its first frames, already read, put back in front.
 pub struct Primed<B> {
-    first: Option<Frame<Bytes>>,
+    read: VecDeque<Frame<Bytes>>,
     rest: B,
 }
 
 impl<B> Primed<B> {
-    /// `first` (if any) followed by the rest of `rest`.
-    pub fn new(first: Option<Frame<Bytes>>, rest: B) -> Self {
-        Self { first, rest }
+    /// `read` (the frames read ahead, in order) followed by the rest of
+    /// `rest`.
+    pub fn new(read: Vec<Frame<Bytes>>, rest: B) -> Self {
+        Self {
+            read: read.into(),
+            rest,
+        }
     }
 
     /// The first frame's data, until it is read.
     pub fn first_data(&self) -> Option<&[u8]> {
-        self.first.as_ref()?.data_ref().map(|data| &data[..])
+        self.read.front()?.data_ref().map(|data| &data[..])
     }
 }
 
@@ -409,30 +415,28 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        match this.first.take() {
+        match this.read.pop_front() {
             Some(frame) => Poll::Ready(Some(Ok(frame))),
             None => Pin::new(&mut this.rest).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.rest.is_end_stream()
+        self.read.is_empty() && self.rest.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         let mut hint = self.rest.size_hint();
-        if let Some(n) = self
-            .first
-            .as_ref()
-            .and_then(Frame::data_ref)
-            .map(Bytes::len)
-        {
-            let n = n as u64;
-            if let Some(upper) = hint.upper() {
-                hint.set_upper(upper + n);
-            }
-            hint.set_lower(hint.lower() + n);
+        let n: u64 = self
+            .read
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(|data| data.len() as u64)
+            .sum();
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + n);
         }
+        hint.set_lower(hint.lower() + n);
         hint
     }
 }

@@ -15,6 +15,7 @@ use radixgate::proxy::{DECISION_HEADER, WORKER_HEADER};
 use radixgate_sim::server::{DEFAULT_MODEL, FaultConfig};
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use std::time::Duration;
 
 /// POSTs `body` to `path`; the status, headers and JSON body (`null` if
 /// the body is not JSON).
@@ -177,25 +178,34 @@ async fn messages_conversations_follow_their_prefix() {
 }
 
 /// Streams `body` to `route` through a gateway in front of a worker that
-/// sends `opening` and then stalls, and checks that the opening passed
-/// through unchanged and was not taken for the first token: no TTFT is
-/// recorded, the cost model learns nothing, and the request's predicted
-/// prefill still counts as queued on its worker.
+/// sends `opening` and then stalls, and checks that the opening was not
+/// taken for the first token: no TTFT is recorded, the cost model learns
+/// nothing, and the request's predicted prefill still counts as queued on
+/// its worker. Nor for the worker's first byte: nothing reaches the client
+/// until the first token, and a worker that sends none within the
+/// first-byte timeout has hung (here the only one: a 504).
 async fn opening_is_not_the_first_token(route: &str, body: Value, opening: &'static str) {
     let w = stalling_worker(vec![opening]).await;
-    let gw = gateway_ready(config(&[&w.url]), 1).await;
-    let mut r = client()
-        .post(format!("{}{route}", gw.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut got = Vec::new();
-    while got.len() < opening.len() {
-        got.extend_from_slice(&r.chunk().await.unwrap().expect("the opening"));
-    }
-    assert_eq!(got, opening.as_bytes(), "passed through unchanged");
+    let mut c = config(&[&w.url]);
+    c.retry.first_byte_timeout_secs = 2;
+    c.retry.max_retries = 0;
+    let gw = gateway_ready(c, 1).await;
+    let request = client().post(format!("{}{route}", gw.url)).json(&body);
+    let answer = tokio::spawn(async move {
+        let r = request.send().await.unwrap();
+        (r.status(), r.text().await.unwrap())
+    });
+    wait_until("the worker has the request", || async {
+        !w.received.lock().is_empty()
+    })
+    .await;
+    // The opening's pieces go out 2 ms apart: read by the gateway well
+    // before this look.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !answer.is_finished(),
+        "{opening:?}: answered before a token"
+    );
     let loads = get_loads(&gw.url).await;
     assert_eq!(loads["workers"][0]["load"], 1);
     assert!(
@@ -209,7 +219,9 @@ async fn opening_is_not_the_first_token(route: &str, body: Value, opening: &'sta
     let text = metrics_text(&gw.url).await;
     let ttft = format!("radixgate_time_to_first_token_seconds_count{{route=\"{route}\"");
     assert!(!text.contains(&ttft), "{opening:?}: {text}");
-    drop(r);
+    let (status, text) = answer.await.unwrap();
+    assert_eq!(status, 504, "{opening:?}: {text}");
+    assert!(!text.contains(opening.trim()), "{opening:?}: {text}");
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }

@@ -215,6 +215,52 @@ async fn head_without_a_first_chunk_is_retried_elsewhere() {
     gw.shutdown().await;
 }
 
+/// A Responses stream's preamble (`response.created`, sent before the
+/// prompt is prefilled) is not a first byte either, nor is a comment: a
+/// worker that sends one and then hangs (its engine stuck behind a live
+/// API server) is hung, and the request goes to another worker before
+/// anything reached the client. Before, the preamble went out at once and
+/// the client waited the stall timeout for an error event.
+#[tokio::test]
+async fn a_preamble_without_a_first_token_is_retried_elsewhere() {
+    const PREAMBLE: &str = concat!(
+        "event: response.created\n",
+        "data: {\"type\":\"response.created\",\"response\":{\"output\":[]}}\n\n",
+        "event: response.in_progress\n",
+        "data: {\"type\":\"response.in_progress\",\"response\":{}}\n\n",
+    );
+    const TOKEN: &str = concat!(
+        "event: response.output_text.delta\n",
+        "data: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n",
+    );
+    let hung = stalling_worker(vec![PREAMBLE]).await;
+    let behind_comment = stalling_worker(vec![": keep-alive\n\n"]).await;
+    let good = scripted_worker(vec![PREAMBLE, TOKEN]).await;
+    let mut c = config(&[&hung.url, &behind_comment.url, &good.url]);
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.stall_timeout_secs = 3;
+    let gw = gateway_ready(c, 3).await;
+    for i in 0..3 {
+        let body = json!({"model": "scripted", "input": format!("hung {i}"), "stream": true});
+        let r = client()
+            .post(format!("{}/v1/responses", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let worker = r.headers()["x-radixgate-worker"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let text = r.text().await.unwrap();
+        assert_eq!(worker, good.url, "{i}: {text}");
+        assert_eq!(text, format!("{PREAMBLE}{TOKEN}"), "{i}");
+    }
+    gw.shutdown().await;
+}
+
 /// Item 3: a stream that goes silent past the stall timeout ends with an
 /// explicit SSE error event, and counts as the worker's failure.
 #[tokio::test]

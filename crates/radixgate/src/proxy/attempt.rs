@@ -6,6 +6,7 @@
 //! co-located attempt loop (`proxy.rs`) and the disaggregated one
 //! (`proxy/pd.rs`); nothing here retries.
 
+use super::Endpoint;
 use crate::breaker::publish_breaker;
 use crate::breaker::{Outcome, Permit};
 use crate::error::GatewayError;
@@ -159,31 +160,85 @@ pub(super) async fn first_byte<T>(
 
 /// Reads a 2xx response's first body frame (the first token of a stream),
 /// so that a worker that sends its head and then hangs is caught before
-/// anything reaches the client. Other statuses are returned as they are.
-/// A body that breaks before its first frame is a failed attempt.
+/// anything reaches the client. A stream that opens before its first
+/// token (a Responses or Messages preamble, SSE comments: `endpoint`'s
+/// [`Preamble`](crate::preamble::Preamble)) is read on to the frame in
+/// which its first token begins, up to [`OPENING_LIMIT`] bytes: a worker
+/// that sends its preamble and then hangs (an engine stuck behind a live
+/// API server) is hung all the same. Other statuses are returned as they
+/// are. A body that breaks before then is a failed attempt.
 pub(super) async fn prime(
     response: axum::http::Response<Incoming>,
     worker: &str,
+    endpoint: Endpoint,
 ) -> Result<axum::http::Response<Primed<Incoming>>, GatewayError> {
     let (parts, mut body) = response.into_parts();
-    let first = if parts.status.is_success() {
-        match body.frame().await {
-            Some(Ok(frame)) => Some(frame),
-            Some(Err(err)) => {
-                return Err(GatewayError::UpstreamClosed {
-                    worker: worker.to_owned(),
-                    source: Box::new(err),
-                });
-            }
-            None => None,
+    let mut read = Vec::new();
+    if parts.status.is_success() {
+        read.extend(next_frame(&mut body, worker).await?);
+        // An encoded stream's bytes are not its events: not read on.
+        let plain_sse = is_event_stream(&parts.headers) && !is_encoded(&parts.headers);
+        let first = read.first().and_then(|f| f.data_ref()).map(|d| &d[..]);
+        if let Some(scan) = plain_sse.then(|| endpoint.preamble(first)).flatten() {
+            read_opening(&mut body, &mut read, scan, worker).await?;
         }
-    } else {
-        None
-    };
+    }
     Ok(axum::http::Response::from_parts(
         parts,
-        Primed::new(first, body),
+        Primed::new(read, body),
     ))
+}
+
+/// The most bytes of a stream's opening read ahead for its first token:
+/// far above a preamble (a few hundred bytes). A longer opening is handed
+/// on as it is, and the response body's watch finds the first token.
+const OPENING_LIMIT: usize = 64 * 1024;
+
+/// Reads `body` on, after the frames in `read`, until `scan` finds the
+/// first token, the body ends or sends other than data, or
+/// [`OPENING_LIMIT`] bytes are read.
+async fn read_opening(
+    body: &mut Incoming,
+    read: &mut Vec<http_body::Frame<Bytes>>,
+    mut scan: crate::preamble::Preamble,
+    worker: &str,
+) -> Result<(), GatewayError> {
+    let mut held = 0;
+    for data in read.iter().filter_map(|f| f.data_ref()) {
+        held += data.len();
+        if scan.feed(data) {
+            return Ok(());
+        }
+    }
+    while held < OPENING_LIMIT {
+        let Some(frame) = next_frame(body, worker).await? else {
+            return Ok(());
+        };
+        let found = frame.data_ref().map(|data| {
+            held += data.len();
+            scan.feed(data)
+        });
+        read.push(frame);
+        if found != Some(false) {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// The body's next frame; a body that breaks is the worker's connection
+/// closed.
+async fn next_frame(
+    body: &mut Incoming,
+    worker: &str,
+) -> Result<Option<http_body::Frame<Bytes>>, GatewayError> {
+    body.frame()
+        .await
+        .transpose()
+        .map_err(|err| GatewayError::UpstreamClosed {
+            worker: worker.to_owned(),
+            source: Box::new(err),
+        })
 }
 
 /// The worker's own reason for an error answer: `error.message`,
@@ -277,6 +332,8 @@ pub(super) fn record(worker: &radixgate_routing::Worker, probe: Permit, outcome:
 /// Where an attempt's request goes and what it carries of the client's.
 #[derive(Clone, Copy)]
 pub(super) struct Outgoing<'a> {
+    /// The endpoint: whether a stream opens before its first token.
+    pub(super) endpoint: Endpoint,
     /// The worker path.
     pub(super) path: &'a str,
     pub(super) client_headers: &'a HeaderMap,
@@ -284,7 +341,7 @@ pub(super) struct Outgoing<'a> {
 }
 
 /// One attempt up to its first byte: `body` to the decision's worker, then
-/// its head and first frame ([`prime`]), waited for as [`first_byte`] says.
+/// its head and first frames ([`prime`]), waited for as [`first_byte`] says.
 pub(super) async fn send_primed(
     state: &AppState,
     decision: &Decision,
@@ -304,7 +361,7 @@ pub(super) async fn send_primed(
             traced,
         )
         .await?;
-        prime(response, decision.worker().url()).await
+        prime(response, decision.worker().url(), out.endpoint).await
     };
     first_byte(attempt, waiting).await
 }

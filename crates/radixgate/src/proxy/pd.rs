@@ -663,6 +663,7 @@ impl Pair<'_> {
             self.state,
             decision,
             Outgoing {
+                endpoint: super::Endpoint::Routed(self.api),
                 path: self.path,
                 client_headers: self.client_headers,
                 peer: self.peer,
