@@ -351,12 +351,14 @@ async fn slow_one_ejected_in(
 async fn a_worker_slow_behind_its_preamble_is_ejected() {
     let fast = sim_worker(fast_worker()).await;
     let mut slow_prefill = fast_worker();
-    slow_prefill.engine.timing.token_us = 40_000.0;
+    // 10 ms a prompt token (the ceiling): about half a second to prefill
+    // each prompt below, its preamble sent at once.
+    slow_prefill.engine.timing.token_us = 10_000.0;
     let slow = sim_worker(slow_prefill).await;
     let gw = gateway_ready(eager_outliers(&[&fast.url, &slow.url], 300), 2).await;
     for i in 0..8 {
         let body = json!({"model": radixgate_sim::server::DEFAULT_MODEL,
-            "input": format!("outlier behind a preamble {i}"),
+            "input": format!("outlier behind a preamble {i}: {}", "padding ".repeat(40)),
             "max_output_tokens": 2, "stream": true});
         let r = client()
             .post(format!("{}/v1/responses", gw.url))
