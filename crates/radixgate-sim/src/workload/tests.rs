@@ -469,6 +469,28 @@ fn recorded_lines_replay_in_time_order_without_failed_answers() {
     assert_eq!(seen, [(0, 3), (1, 4), (3, 2)], "the 503 is skipped");
 }
 
+/// A recording of failed requests only has nothing to send: `simulate`
+/// and `load` printed an empty table and exited 0, as if they had
+/// measured.
+#[test]
+fn a_trace_with_nothing_to_replay_is_refused() {
+    let dir = std::env::temp_dir().join(format!("radixgate-sim-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("failed.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"input_length\": 20, \"output_length\": 1, \"hash_ids\": [9], \"status\": 503}\n",
+    )
+    .unwrap();
+    let err = TraceReplay::new(TraceConfig::new(&path), 0, TextShape::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("failed.jsonl") && err.contains("none of its 1 records is replayed"),
+        "{err}"
+    );
+}
+
 /// The two Mooncake traces shipped in the repository's `traces/`.
 fn shipped_traces() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");

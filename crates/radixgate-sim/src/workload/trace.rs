@@ -239,6 +239,16 @@ impl TraceReplay {
     pub fn new(cfg: TraceConfig, seed: u64, shape: TextShape) -> Result<Self, SimError> {
         cfg.validate()?;
         let records = load_trace(&cfg.path, cfg.block_tokens)?;
+        // A recording of failed requests only: a run would send nothing
+        // and print a table of nothing as if it had measured.
+        if !records.iter().any(TraceRecord::replayed) {
+            return Err(SimError::Config(format!(
+                "trace file {}: none of its {} records is replayed (each has a status that is \
+                 not 2xx): nothing to send",
+                cfg.path.display(),
+                records.len()
+            )));
+        }
         Ok(Self::from_records(cfg, seed, shape, Arc::new(records)))
     }
 
