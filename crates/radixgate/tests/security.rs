@@ -205,6 +205,35 @@ async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
     gw.shutdown().await;
 }
 
+/// A worker's key goes out as `Authorization: Bearer <key>`: one that no
+/// header can carry (a pasted key with its newline) is refused when the
+/// worker is added, naming the key, not accepted to stay pending for good
+/// behind "failed to parse header value".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_key_no_header_can_carry_is_refused() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let c = client();
+    for key in ["sk-1\n", "sk-\u{7f}1", " sk-1", "sk-1\r\nX-Evil: 1"] {
+        let r = c
+            .post(format!("{}/workers", gw.url))
+            .json(&json!({"url": "http://127.0.0.2:1", "api_key": key}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{key:?}");
+        let answer: Value = r.json().await.unwrap();
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("api_key"), "{key:?}: {message}");
+        assert!(
+            !message.contains("sk-"),
+            "{key:?}: the key echoed: {message}"
+        );
+    }
+    assert_eq!(workers(&gw.url).await.len(), 1);
+    gw.shutdown().await;
+}
+
 /// A host name is case-insensitive: the worker at `http://LOCALHOST:p` is
 /// the one at `http://localhost:p/`, added once, and removed by either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -916,6 +916,26 @@ fn a_worker_entry_may_give_its_kv_cache_size() {
     );
 }
 
+/// A worker's key no `Authorization` header can carry is refused, the
+/// entry named and the key not echoed.
+#[test]
+fn a_worker_key_no_header_carries_is_refused() {
+    // YAML double-quoted scalars: a newline, a leading space, nothing.
+    for key in [r#""sk-1\n""#, r#"" sk-1""#, r#""""#] {
+        let yaml = format!("workers:\n  - {{url: 'http://a:30000', api_key: {key}}}\n");
+        let e = Config::from_yaml(&yaml)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("entry 0") && e.contains("api_key must be"),
+            "{key}: {e}"
+        );
+        assert!(!e.contains("sk-1"), "{key}: {e}");
+    }
+}
+
 /// A worker's key may come from an environment variable the file names
 /// (cargo sets `CARGO_PKG_NAME` for the tests it runs); a missing one, an
 /// empty one or both forms at once stop loading, the entry named.

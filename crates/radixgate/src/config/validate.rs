@@ -10,6 +10,7 @@
 //! start-up beats a panic per request.
 
 use super::{Config, ConfigError, MAX_THREADS, invalid};
+use axum::http::HeaderValue;
 use radixgate_routing::{WorkerRole, WorkerSpec, WorkerUrl};
 use std::fmt::Display;
 
@@ -157,8 +158,8 @@ impl Config {
     /// Whether a worker's role fits the pool: a disaggregated pool has
     /// only prefill and decode workers, any other only regular ones; a
     /// bootstrap port belongs to a prefill worker; a KV cache size given
-    /// is at least one token. The admin API checks an added worker the
-    /// same way.
+    /// is at least one token; a key is one a header can carry. The admin
+    /// API checks an added worker the same way.
     pub fn pd_role_fits(&self, worker: &WorkerSpec) -> Result<(), String> {
         match (self.pd.enabled, worker.role) {
             (true, WorkerRole::Regular) => {
@@ -190,6 +191,19 @@ impl Config {
                         router ask the worker"
                     .to_owned(),
             );
+        }
+        if let Some(key) = &worker.api_key {
+            // Sent as `Authorization: Bearer <key>` on every request and
+            // probe: a key no header carries (a pasted key with its
+            // newline) kept the worker pending for good, its probes failing
+            // on "failed to parse header value". Not echoed: it is a secret.
+            let carried = HeaderValue::from_str(&format!("Bearer {key}")).is_ok();
+            if !carried || key.trim() != key || key.is_empty() {
+                return Err(
+                    "api_key must be non-empty, without control characters or surrounding                      whitespace (it is sent as `Authorization: Bearer <api_key>`)"
+                        .to_owned(),
+                );
+            }
         }
         Ok(())
     }
