@@ -237,8 +237,33 @@ pub(crate) async fn list(State(state): State<Arc<AppState>>) -> Response {
     Json(json!({"workers": state.shared.control.list().await})).into_response()
 }
 
+/// The largest admin request body: a worker, or a recording's settings,
+/// need far less (and `server.max_payload_size` is sized for prompts).
+pub(crate) const MAX_BODY: usize = 1 << 20;
+
+/// An admin request's body, read as every body is (`crate::body`: its
+/// size, declared or grown, its time, the shared budget), within
+/// [`MAX_BODY`], so a refusal is an OpenAI-style error like the others.
+/// axum's own extractor waited for a declared oversize body before it
+/// refused it, in plain text.
+pub(crate) async fn body(state: &AppState, req: Request) -> Result<axum::body::Bytes, Response> {
+    let shared = &state.shared.bodies;
+    let limits = crate::body::BodyLimits {
+        max_size: shared.max_size.min(MAX_BODY),
+        ..shared.clone()
+    };
+    let (parts, body) = req.into_parts();
+    crate::body::read(&parts.headers, body, &limits)
+        .await
+        .map_err(IntoResponse::into_response)
+}
+
 /// `POST /workers`.
-pub(crate) async fn add(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+pub(crate) async fn add(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let body = match body(&state, req).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let spec: WorkerSpec = match serde_json::from_slice(&body) {
         Ok(spec) => spec,
         Err(err) => return GatewayError::BadRequest(err.into()).into_response(),

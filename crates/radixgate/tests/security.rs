@@ -205,6 +205,39 @@ async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
     gw.shutdown().await;
 }
 
+/// An admin body over its limit is refused like any other fault of the
+/// request, with an OpenAI-style 413, on every admin route that takes one;
+/// the pool is left as it was. (Headers only: the body is never sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_body_over_its_limit_gets_an_openai_style_413() {
+    use tokio::io::AsyncWriteExt as _;
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    for path in ["/workers", "/record_trace"] {
+        let mut s = tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: 10000000\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        // A hang guard, not a speed bound: the body never comes.
+        let mut buf = Vec::new();
+        let answer = read_http_message(&mut s, &mut buf);
+        let (head, body) = tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer; the router waits for the body"))
+            .expect("an answer, not a close");
+        assert!(head.starts_with("HTTP/1.1 413"), "{path}: {head}");
+        let body: Value = serde_json::from_slice(&body)
+            .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&body)));
+        assert_eq!(body["error"]["code"], "payload_too_large", "{path}: {body}");
+    }
+    assert_eq!(workers(&gw.url).await.len(), 1);
+    gw.shutdown().await;
+}
+
 /// A worker's key goes out as `Authorization: Bearer <key>`: one that no
 /// header can carry (a pasted key with its newline) is refused when the
 /// worker is added, naming the key, not accepted to stay pending for good

@@ -42,7 +42,14 @@ pub(crate) async fn status(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `POST /record_trace`.
-pub(crate) async fn start(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+pub(crate) async fn start(
+    State(state): State<Arc<AppState>>,
+    req: axum::extract::Request,
+) -> Response {
+    let body = match crate::admin::body(&state, req).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let start: Start = match serde_json::from_slice(&body) {
         Ok(s) => s,
         Err(err) => {
