@@ -200,7 +200,8 @@ impl Config {
             let carried = HeaderValue::from_str(&format!("Bearer {key}")).is_ok();
             if !carried || key.trim() != key || key.is_empty() {
                 return Err(
-                    "api_key must be non-empty, without control characters or surrounding                      whitespace (it is sent as `Authorization: Bearer <api_key>`)"
+                    "api_key must be non-empty, without control characters or surrounding \
+                     whitespace (it is sent as `Authorization: Bearer <api_key>`)"
                         .to_owned(),
                 );
             }
