@@ -29,7 +29,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use manifests::*;
 use radixgate_routing::WorkerRole;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -380,19 +380,47 @@ fn values_choose_where_pods_are_watched_and_what_is_granted() {
         (30000, Some("example.com/port"))
     );
     assert_eq!(d.model_id_from.as_ref().unwrap().to_string(), "label:model");
+    // No selector with pools: the pools alone.
     let resolved = d.resolved_pools();
-    assert_eq!(resolved[1].selector, "app=vllm-qwen");
+    assert_eq!(resolved.len(), 1);
+    assert_eq!(resolved[0].selector, "app=vllm-qwen");
     assert_eq!(
-        (resolved[1].port, resolved[1].models.as_slice()),
+        (resolved[0].port, resolved[0].models.as_slice()),
         (8000, ["qwen".to_owned()].as_slice())
     );
     assert_eq!(
-        resolved[1].model_id_from.as_ref().unwrap().to_string(),
+        resolved[0].model_id_from.as_ref().unwrap().to_string(),
         "annotation:m"
     );
     assert_eq!(
-        resolved[1].port_annotation.as_deref(),
+        resolved[0].port_annotation.as_deref(),
         Some("example.com/qwen-port")
+    );
+}
+
+#[test]
+fn a_selector_in_the_values_replaces_the_default_label() {
+    // Helm merges a values map into the chart's: a default label kept
+    // under the operator's own selector matched none of their pods.
+    let selectors = |values: Value| -> Vec<String> {
+        let d = router_config(&rendered(values)).discovery;
+        d.resolved_pools().into_iter().map(|p| p.selector).collect()
+    };
+    assert_eq!(selectors(json!({})), ["radixgate/worker=true"]);
+    assert_eq!(
+        selectors(json!({"discovery": {"selector": {"app": "sglang"}}})),
+        ["app=sglang"]
+    );
+    // With pools and no selector, the pools alone are watched.
+    assert_eq!(
+        selectors(json!({"discovery": {"pools": [{"selector": {"app": "vllm-qwen"}}]}})),
+        ["app=vllm-qwen"]
+    );
+    // The notes name the labels the router looks for.
+    let notes = notes(json!({"discovery": {"selector": {"app": "sglang"}}}));
+    assert!(
+        notes.contains("pods labelled app=sglang in namespace"),
+        "{notes}"
     );
 }
 

@@ -245,6 +245,21 @@ pub fn render_in(values: Value, namespace: &str) -> Result<String, String> {
     }
 }
 
+/// The chart's NOTES.txt rendered with `values` over its defaults.
+pub fn notes(values: Value) -> String {
+    let out = Command::new("python3")
+        .arg(repo().join("deploy/render.py"))
+        .args(["--set-json", &values.to_string(), "--notes"])
+        .output()
+        .expect("python3 runs deploy/render.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 pub fn rendered(values: Value) -> Manifests {
     let text = render(values.clone()).unwrap_or_else(|e| panic!("{values}: {e}"));
     Manifests::parse(&text).unwrap_or_else(|e| panic!("{values}: {e}"))

@@ -45,6 +45,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The top-level selector's labels, as YAML: discovery.selector, else
+radixgate/worker=true when there are no pools either (else none: the pools
+alone). Not a default in values.yaml: Helm would merge it into the
+operator's own selector.
+*/}}
+{{- define "radixgate.selector" -}}
+{{- $d := .Values.discovery -}}
+{{- if $d.selector -}}
+{{- $d.selector | toYaml -}}
+{{- else if not $d.pools -}}
+{{- dict "radixgate/worker" "true" | toYaml -}}
+{{- else -}}
+{{- dict | toYaml -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The namespace discovery watches; empty when it watches all. */}}
 {{- define "radixgate.watchedNamespace" -}}
 {{- if not .Values.discovery.allNamespaces -}}
@@ -95,7 +112,7 @@ request, and an unbounded request time.
 {{- $d := .Values.discovery -}}
 {{- $discovery := dict "enabled" (and $d.enabled true) "port" (int $d.port) -}}
 {{- if $d.enabled -}}
-{{- $_ := set $discovery "selector" ($d.selector | default dict) -}}
+{{- $_ := set $discovery "selector" (include "radixgate.selector" . | fromYaml) -}}
 {{- $_ := set $discovery "namespace" (include "radixgate.watchedNamespace" . | default nil) -}}
 {{- if $d.portAnnotation }}{{ $_ := set $discovery "port_annotation" $d.portAnnotation }}{{ end -}}
 {{- if $d.modelIdFrom }}{{ $_ := set $discovery "model_id_from" $d.modelIdFrom }}{{ end -}}
