@@ -517,6 +517,20 @@ fn replicas_share_state_over_nats_when_sync_urls_are_set() {
 }
 
 #[test]
+fn sync_urls_given_as_one_string_are_a_list() {
+    // `--set sync.urls=nats://...` gives Helm a string, not a list: the
+    // router refused the config (`expected a sequence`) and never started.
+    let one = rendered(json!({"sync": {"urls": "nats://nats.nats.svc:4222"}}));
+    assert_eq!(router_config(&one).sync.urls, ["nats://nats.nats.svc:4222"]);
+    // `--set sync.urls=nats://a:4222\\,nats://b:4222`: a comma-separated one.
+    let two = rendered(json!({"sync": {"urls": "nats://a:4222, nats://b:4222"}}));
+    assert_eq!(
+        router_config(&two).sync.urls,
+        ["nats://a:4222", "nats://b:4222"]
+    );
+}
+
+#[test]
 fn the_chart_refuses_timings_that_would_cut_requests() {
     let err = render(json!({"terminationGracePeriodSeconds": 60})).unwrap_err();
     assert!(

@@ -168,12 +168,28 @@ request, and an unbounded request time.
 {{- if .Values.routing }}{{ $_ := set $managed "routing" .Values.routing }}{{ end -}}
 {{- with .Values.sync -}}
 {{- if .urls -}}
-{{- $sync := mustMergeOverwrite (deepCopy (.settings | default dict)) (dict "urls" .urls "cluster" .cluster) -}}
+{{- $sync := mustMergeOverwrite (deepCopy (.settings | default dict)) (dict "urls" (include "radixgate.syncUrls" $ | fromYamlArray) "cluster" .cluster) -}}
 {{- $_ := set $managed "sync" $sync -}}
 {{- end -}}
 {{- end -}}
 {{- $defaults := dict "record_trace" (dict "admin_dir" .Values.dataVolume.mountPath) -}}
 {{- mustMergeOverwrite $defaults (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
+{{- end -}}
+
+{{/*
+sync.urls as a YAML list: a list as given, or a string (what
+`--set sync.urls=nats://...` gives) split at its commas.
+*/}}
+{{- define "radixgate.syncUrls" -}}
+{{- $urls := .Values.sync.urls -}}
+{{- if kindIs "string" $urls -}}
+{{- $split := list -}}
+{{- range splitList "," $urls -}}
+{{- if trim . }}{{ $split = append $split (trim .) }}{{ end -}}
+{{- end -}}
+{{- $urls = $split -}}
+{{- end -}}
+{{- $urls | toYaml -}}
 {{- end -}}
 
 {{/*
