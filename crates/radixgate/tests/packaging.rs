@@ -531,6 +531,23 @@ fn sync_urls_given_as_one_string_are_a_list() {
 }
 
 #[test]
+fn a_workers_port_that_is_not_a_number_is_refused_when_rendered() {
+    // A container port's name read as a number was 0: the chart rendered
+    // it, and the router refused the config at every start.
+    for values in [
+        json!({"discovery": {"port": "http"}}),
+        json!({"discovery": {"pools": [{"selector": {"app": "x"}, "port": "http"}]}}),
+        json!({"discovery": {"port": 70000}}),
+    ] {
+        let err = render(values.clone()).unwrap_err();
+        assert!(err.contains("must be a port number"), "{values}: {err}");
+    }
+    let pool =
+        rendered(json!({"discovery": {"pools": [{"selector": {"app": "x"}, "port": "30000"}]}}));
+    assert_eq!(router_config(&pool).discovery.pools[0].port, Some(30000));
+}
+
+#[test]
 fn the_chart_refuses_timings_that_would_cut_requests() {
     let err = render(json!({"terminationGracePeriodSeconds": 60})).unwrap_err();
     assert!(

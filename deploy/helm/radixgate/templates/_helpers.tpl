@@ -110,7 +110,7 @@ request, and an unbounded request time.
     "drain_timeout_secs" (int $s.drainTimeoutSecs)
     "worker_allowlist" $s.workerAllowlist -}}
 {{- $d := .Values.discovery -}}
-{{- $discovery := dict "enabled" (and $d.enabled true) "port" (int $d.port) -}}
+{{- $discovery := dict "enabled" (and $d.enabled true) "port" (include "radixgate.workerPort" (list "discovery.port" $d.port) | int) -}}
 {{- if $d.enabled -}}
 {{- $_ := set $discovery "selector" (include "radixgate.selector" . | fromYaml) -}}
 {{- $_ := set $discovery "namespace" (include "radixgate.watchedNamespace" . | default nil) -}}
@@ -120,7 +120,7 @@ request, and an unbounded request time.
 {{- $pools := list -}}
 {{- range $d.pools -}}
 {{- $pool := dict "selector" .selector -}}
-{{- if .port }}{{ $_ := set $pool "port" (int .port) }}{{ end -}}
+{{- if .port }}{{ $_ := set $pool "port" (include "radixgate.workerPort" (list "discovery.pools[].port" .port) | int) }}{{ end -}}
 {{- if .portAnnotation }}{{ $_ := set $pool "port_annotation" .portAnnotation }}{{ end -}}
 {{- if .modelIdFrom }}{{ $_ := set $pool "model_id_from" .modelIdFrom }}{{ end -}}
 {{- if .models }}{{ $_ := set $pool "models" .models }}{{ end -}}
@@ -174,6 +174,23 @@ request, and an unbounded request time.
 {{- end -}}
 {{- $defaults := dict "record_trace" (dict "admin_dir" .Values.dataVolume.mountPath) -}}
 {{- mustMergeOverwrite $defaults (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
+{{- end -}}
+
+{{/*
+A workers' port value (a list: its key, its value) as a number, or a
+render error: a name ("http") read as an int was 0, which the router
+refuses at start-up. Pods are not asked for their named ports.
+*/}}
+{{- define "radixgate.workerPort" -}}
+{{- $key := index . 0 -}}
+{{- $port := toString (index . 1) -}}
+{{- if not (regexMatch "^[0-9]+$" $port) -}}
+{{- fail (printf "%s `%s` must be a port number (1-65535): named container ports are not looked up; for a port that differs between pods, set portAnnotation" $key $port) -}}
+{{- end -}}
+{{- if or (lt (int $port) 1) (gt (int $port) 65535) -}}
+{{- fail (printf "%s `%s` must be a port number (1-65535)" $key $port) -}}
+{{- end -}}
+{{- int $port -}}
 {{- end -}}
 
 {{/*
