@@ -991,6 +991,12 @@ async fn a_changed_history_setting_reaches_the_stream_at_the_next_start() {
     wait_ready(&a.url).await;
     assert_eq!(limits().await, (120, 8 << 20));
     a.shutdown().await;
+    // Shorter than the duplicate window the server gave the stream when
+    // it was made (two minutes): the server refuses a max age under it.
+    let a = gateway_ready(with_history(60, 8 << 20), 1).await;
+    wait_ready(&a.url).await;
+    assert_eq!(limits().await, (60, 8 << 20));
+    a.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -550,6 +550,14 @@ async fn keep_limits(js: &jetstream::Context, found: &stream::Config, want: &str
     update.max_age = want.max_age;
     update.max_bytes = want.max_bytes;
     update.discard = want.discard;
+    // The server gave the stream a duplicate window when it was made (two
+    // minutes, or its max age if shorter) and refuses a max age under it:
+    // `history_secs` cut from 600 to 60 left the stream at 600, with a
+    // WARN at each start. The replicas publish without message ids, so
+    // the window plays no part for them.
+    if !update.max_age.is_zero() && update.duplicate_window > update.max_age {
+        update.duplicate_window = update.max_age;
+    }
     if !update.subjects.contains(subject) {
         update.subjects.push(subject.clone());
     }
