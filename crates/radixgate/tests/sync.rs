@@ -1091,6 +1091,52 @@ async fn a_replica_starting_after_the_history_aged_out_is_ready_at_once() {
     b.shutdown().await;
 }
 
+/// A replica (re)started after the stream let go of the text a peer first
+/// sent a hot prefix with (a rolling restart ten minutes into a run, or
+/// after NATS lost its store) learns that peer's later decisions on the
+/// prefix: each referred to the one before, back to that text, so none
+/// resolved here, for as long as the peer kept sending the prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_after_a_prefix_aged_out_learns_the_peers_repeats_of_it() {
+    let (nats, w, js) = nats_worker_and_jetstream().await;
+    let aging = || {
+        let mut c = replica_config(&[nats.url()], &[&w.url]);
+        c.sync.history_secs = 1;
+        c
+    };
+    let system = "You are a careful assistant for the finance team. ".repeat(30);
+    let turn = |tag: &str| format!("{system}{tag}");
+    let a = gateway_ready(aging(), 1).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    ask(&a.url, &turn("first question")).await;
+    wait_until("A's batch is in the stream", || async {
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 1.0
+    })
+    .await;
+    wait_until("the stream's batches aged out", || async {
+        let mut s = js.get_stream("RADIXGATE-radixgate").await.unwrap();
+        s.info().await.unwrap().state.messages == 0
+    })
+    .await;
+    let b = gateway_ready(aging(), 1).await;
+    wait_ready(&b.url).await;
+    wait_connected(&b.url).await;
+    for i in 0..3 {
+        ask_and_wait(&a.url, &b.url, &turn(&format!("question {i}"))).await;
+    }
+    assert_eq!(
+        series_value(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"missing_base\"}"
+        )
+        .await,
+        0.0
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_stops_waiting_after_the_warmup_timeout() {
     let mut nats = Nats::start(&[]);

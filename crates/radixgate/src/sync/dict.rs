@@ -15,9 +15,16 @@
 //! `window` bytes of texts, so, with no message lost, every reference
 //! resolves. Both ends count an entry as its text's bytes and
 //! [`ENTRY_COST`], so entries of little or no text are bounded too. A lost
-//! message (core NATS while disconnected, a stream that aged out) makes
-//! some references unresolvable: those entries are skipped and counted,
-//! never guessed. A text longer than any sender sends
+//! message (core NATS while disconnected, a stream that aged out, a
+//! receiver that started later) makes some references unresolvable: those
+//! entries are skipped and counted, never guessed. Since each reference
+//! names the latest entry with the prefix, a prefix in steady use chains
+//! every entry to the one text it was first sent whole with: a receiver
+//! that never had that text would resolve none of them, for as long as the
+//! prefix stays in use. So a reference only reaches an entry whose chain
+//! goes back to a whole text sent at most `renew` ago
+//! ([`renew_after`]); past that the text goes whole again, and a
+//! receiver that missed the old one resolves the chain from there. A text longer than any sender sends
 //! ([`MAX_TEXT`]) is refused, so what is held stays within `keep` and one
 //! such text, whatever the references chain.
 //!
@@ -27,6 +34,7 @@ use super::wire::MAX_TEXT;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What one entry costs to hold beside its text's bytes, at either end
 /// (a receiver's: its place in the list and its `Arc<String>`, 56 bytes,
@@ -38,6 +46,21 @@ pub(crate) const ENTRY_COST: usize = 64;
 
 /// Bytes per hashed block: references cover whole blocks.
 pub(crate) const BLOCK: usize = 256;
+
+/// The longest a chain of references runs from the whole text it starts
+/// at: see [`renew_after`].
+const RENEW_AT_MOST: Duration = Duration::from_secs(60);
+
+/// How long after a text went whole later texts may still refer back to
+/// it, directly or through others, with the stream keeping `history`:
+/// a quarter of it, and at most [`RENEW_AT_MOST`]. A replica that starts
+/// (or comes back) then resolves a peer's chains from their next whole
+/// text, within that long, and a replay of the history resolves all but
+/// its first quarter's. What it costs: each prefix in use goes whole once
+/// per that time.
+pub(crate) fn renew_after(history: Duration) -> Duration {
+    (history / 4).min(RENEW_AT_MOST)
+}
 
 /// The chain of block hashes of `text`: entry `k` covers `text[..(k+1)*BLOCK]`.
 ///
@@ -64,14 +87,28 @@ fn block_hashes(state: &foldhash::quality::RandomState, text: &[u8]) -> Vec<u64>
 #[derive(Debug)]
 pub(crate) struct Outgoing {
     window: usize,
+    /// How long a chain of references may run (see [`renew_after`]).
+    renew: Duration,
     next_id: u64,
     /// Seeds the block hashes.
     state: foldhash::quality::RandomState,
     /// Block hash → the latest entry whose text has it.
     index: foldhash::HashMap<u64, u64>,
-    /// Entries still referable, oldest first: `(id, text bytes, hashes)`.
-    recent: VecDeque<(u64, usize, Vec<u64>)>,
+    /// Entries still referable, oldest first.
+    recent: VecDeque<Sent>,
     bytes: usize,
+}
+
+/// An entry the sender may still refer to.
+#[derive(Debug)]
+struct Sent {
+    id: u64,
+    /// Its text's bytes and [`ENTRY_COST`].
+    cost: usize,
+    hashes: Vec<u64>,
+    /// When the whole text its chain of references starts at was sent
+    /// (its own time, if it went whole).
+    root: Instant,
 }
 
 /// How one text is to be sent.
@@ -84,11 +121,13 @@ pub(crate) struct Encoded {
 }
 
 impl Outgoing {
-    /// Refers only to entries within the last `window` bytes of texts;
-    /// 0 turns references off.
-    pub(crate) fn new(window: usize) -> Self {
+    /// Refers only to entries within the last `window` bytes of texts
+    /// whose chains start at most `renew` back; a `window` of 0 turns
+    /// references off.
+    pub(crate) fn new(window: usize, renew: Duration) -> Self {
         Self {
             window,
+            renew,
             next_id: 0,
             state: foldhash::quality::RandomState::default(),
             index: foldhash::HashMap::default(),
@@ -97,8 +136,9 @@ impl Outgoing {
         }
     }
 
-    /// Numbers `text` and finds the longest remembered prefix of it.
-    pub(crate) fn encode(&mut self, text: &[u8]) -> Encoded {
+    /// Numbers `text`, sent at `now`, and finds the longest remembered
+    /// prefix of it.
+    pub(crate) fn encode(&mut self, text: &[u8], now: Instant) -> Encoded {
         let id = self.next_id;
         self.next_id += 1;
         if self.window == 0 {
@@ -112,6 +152,14 @@ impl Outgoing {
                 None => break,
             }
         }
+        // The chain it would join started too long ago: this text goes
+        // whole, and starts the chain anew.
+        let root = base
+            .and_then(|(back, _)| self.root_of(id - back))
+            .filter(|root| now.saturating_duration_since(*root) <= self.renew);
+        if root.is_none() {
+            base = None;
+        }
         for h in &hashes {
             self.index.insert(*h, id);
         }
@@ -119,17 +167,28 @@ impl Outgoing {
         // than its receivers hold.
         let cost = text.len() + ENTRY_COST;
         self.bytes += cost;
-        self.recent.push_back((id, cost, hashes));
+        self.recent.push_back(Sent {
+            id,
+            cost,
+            hashes,
+            root: root.unwrap_or(now),
+        });
         while self.bytes > self.window && self.recent.len() > 1 {
-            let (old, cost, hashes) = self.recent.pop_front().expect("not empty");
-            self.bytes -= cost;
-            for h in hashes {
-                if self.index.get(&h) == Some(&old) {
+            let old = self.recent.pop_front().expect("not empty");
+            self.bytes -= old.cost;
+            for h in old.hashes {
+                if self.index.get(&h) == Some(&old.id) {
                     self.index.remove(&h);
                 }
             }
         }
         Encoded { id, base }
+    }
+
+    /// When the chain of the remembered entry `id` started.
+    fn root_of(&self, id: u64) -> Option<Instant> {
+        let at = self.recent.binary_search_by_key(&id, |s| s.id).ok()?;
+        Some(self.recent[at].root)
     }
 
     /// The id the next text will get.
@@ -280,13 +339,14 @@ mod tests {
     /// turn travels as a reference plus its new part.
     #[test]
     fn a_next_turn_is_sent_as_a_reference_and_rebuilt_exactly() {
-        let mut out = Outgoing::new(1 << 20);
+        let mut out = Outgoing::new(1 << 20, RENEW_AT_MOST);
         let mut inc = Incoming::new(2 << 20);
+        let now = Instant::now();
         let mut sent_bytes = 0;
         let mut total = 0;
         for turns in 1..8 {
             let text = prompt(turns);
-            let e = out.encode(text.as_bytes());
+            let e = out.encode(text.as_bytes(), now);
             let cut = e.base.map_or(0, |(_, len)| len as usize);
             if turns > 1 {
                 assert!(cut >= text.len() - 400 - BLOCK, "turn {turns}: {cut}");
@@ -301,16 +361,60 @@ mod tests {
 
     #[test]
     fn references_stay_within_the_window() {
-        let mut out = Outgoing::new(3 * BLOCK);
+        let mut out = Outgoing::new(3 * BLOCK, RENEW_AT_MOST);
         let a = "a".repeat(2 * BLOCK);
         let b = "b".repeat(2 * BLOCK);
-        assert_eq!(out.encode(a.as_bytes()).base, None);
-        assert!(out.encode(a.as_bytes()).base.is_some());
-        out.encode(b.as_bytes());
-        out.encode(b.as_bytes());
-        assert_eq!(out.encode(a.as_bytes()).base, None, "a left the window");
+        let now = Instant::now();
+        assert_eq!(out.encode(a.as_bytes(), now).base, None);
+        assert!(out.encode(a.as_bytes(), now).base.is_some());
+        out.encode(b.as_bytes(), now);
+        out.encode(b.as_bytes(), now);
+        assert_eq!(
+            out.encode(a.as_bytes(), now).base,
+            None,
+            "a left the window"
+        );
         assert_eq!(out.next_id(), 5);
-        assert_eq!(Outgoing::new(0).encode(a.as_bytes()).base, None);
+        let mut off = Outgoing::new(0, RENEW_AT_MOST);
+        assert_eq!(off.encode(a.as_bytes(), now).base, None);
+    }
+
+    /// A prefix in steady use: each text refers to the one before, so
+    /// without a bound every one of them hangs on the first, which a
+    /// receiver that started later never had. Past `renew` from the whole
+    /// text the chain starts at, the next goes whole, and the chain goes on
+    /// from it.
+    #[test]
+    fn a_chain_of_references_starts_again_from_a_whole_text_after_renew() {
+        let renew = Duration::from_secs(60);
+        let mut out = Outgoing::new(1 << 20, renew);
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let turn = |n: u64| format!("{}{n}", prompt(1));
+        assert_eq!(out.encode(turn(0).as_bytes(), at(0)).base, None);
+        for s in 1..=60 {
+            let e = out.encode(turn(s).as_bytes(), at(s));
+            assert_eq!(e.base.map(|(back, _)| back), Some(1), "at {s} s");
+        }
+        // 61 s after the chain's whole text.
+        let whole = out.encode(turn(61).as_bytes(), at(61));
+        assert_eq!(whole.base, None);
+        let next = out.encode(turn(62).as_bytes(), at(62));
+        assert_eq!(next.base.map(|(back, _)| back), Some(1));
+        // A receiver that has texts from the whole one on only resolves
+        // what follows it.
+        let mut inc = Incoming::new(2 << 20);
+        inc.resolve(whole.id, None, turn(61).as_bytes()).unwrap();
+        let cut = next.base.unwrap().1 as usize;
+        let got = inc
+            .resolve(next.id, next.base, &turn(62).as_bytes()[cut..])
+            .unwrap();
+        assert_eq!(got.as_str(), turn(62));
+        assert_eq!(renew_after(Duration::from_secs(600)), renew);
+        assert_eq!(
+            renew_after(Duration::from_secs(1)),
+            Duration::from_millis(250)
+        );
     }
 
     #[test]

@@ -285,7 +285,10 @@ pub(super) async fn run(
         unconfirmed: Unconfirmed::default(),
         history: Duration::from_secs(config.history_secs),
     };
-    let mut dict = Outgoing::new(config.reference_window_bytes);
+    let mut dict = Outgoing::new(
+        config.reference_window_bytes,
+        super::dict::renew_after(Duration::from_secs(config.history_secs)),
+    );
     let window = config.reference_window_bytes as u64;
     let batch_wait = Duration::from_millis(config.batch_ms);
     let mut last_batch: Option<Instant> = None;
@@ -374,6 +377,7 @@ async fn send_batches(
         entries: Vec::with_capacity(items.len()),
         load: None,
     };
+    let now = std::time::Instant::now();
     let mut bytes = 0;
     // The bytes of text the batch's entries rebuild, references and all:
     // receivers refuse a batch of more than MAX_BATCH_TEXT.
@@ -392,7 +396,7 @@ async fn send_batches(
             texts = 0;
         }
         texts += text.len();
-        let encoded = dict.encode(text.as_bytes());
+        let encoded = dict.encode(text.as_bytes(), now);
         let cut = encoded.base.map_or(0, |(_, len)| len as usize);
         let suffix = text.as_bytes()[cut..].to_vec();
         bytes += wire::entry_bound(suffix.len(), &item.model, &item.url);
@@ -412,7 +416,7 @@ async fn send_batches(
         }
         bytes += most;
         // An empty text: nothing to refer to, nothing to insert.
-        let encoded = dict.encode(b"");
+        let encoded = dict.encode(b"", now);
         batch.entries.push(WireEntry {
             model: f.model.into(),
             url: f.url.into(),
