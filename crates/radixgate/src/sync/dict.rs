@@ -49,7 +49,7 @@ pub(crate) const BLOCK: usize = 256;
 
 /// The longest a chain of references runs from the whole text it starts
 /// at: see [`renew_after`].
-const RENEW_AT_MOST: Duration = Duration::from_secs(60);
+pub(crate) const RENEW_AT_MOST: Duration = Duration::from_secs(60);
 
 /// How long after a text went whole later texts may still refer back to
 /// it, directly or through others, with the stream keeping `history`:

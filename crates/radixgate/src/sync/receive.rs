@@ -11,7 +11,7 @@
 //! and keeping entries for workers that may never appear would need a
 //! bound of its own.
 
-use super::dict::{ENTRY_COST, Incoming, Unresolved};
+use super::dict::{ENTRY_COST, Incoming, RENEW_AT_MOST, Unresolved};
 use super::lane::Shared;
 use super::publish::Delivery;
 use super::wire::{self, Body, Header};
@@ -31,6 +31,13 @@ use tokio_util::sync::CancellationToken;
 /// Sending processes whose texts are kept at once; beyond it the one heard
 /// from least recently is forgotten.
 const MAX_SENDERS: usize = 64;
+
+/// A sender silent for longer than this is forgotten, its texts with it:
+/// its references reach back at most [`RENEW_AT_MOST`] (its next texts go
+/// whole), so its texts are of no more use here. Each sender's may take
+/// twice its window (16 MiB by default); kept until [`MAX_SENDERS`] had
+/// come, the processes that rolling restarts replaced held a gigabyte.
+const SENDER_SILENCE: Duration = RENEW_AT_MOST.saturating_mul(2);
 
 /// Decodes and screens a payload: `None` (counted) unless it is a peer's
 /// message of this cluster and of the kind `want` its subject carries.
@@ -310,6 +317,11 @@ impl Applier {
         {
             self.metrics.ignored("unknown_worker");
         }
+        // The processes gone (or idle) for longer than their references
+        // reach: [`SENDER_SILENCE`].
+        let now = Instant::now();
+        self.senders
+            .retain(|_, (_, heard, _)| now.saturating_duration_since(*heard) <= SENDER_SILENCE);
         if self.senders.len() >= MAX_SENDERS && !self.senders.contains_key(&h.instance) {
             let oldest = self
                 .senders
@@ -1198,6 +1210,39 @@ mod tests {
         let held = applier.held.entries.len();
         assert!(held > 0);
         assert!(held * ENTRY_COST <= HELD_BYTES, "{held} entries held");
+    }
+
+    /// A sender silent for longer than any reference of its reaches back
+    /// (a replica replaced in a rolling restart: its new process is a new
+    /// sender) is forgotten with its texts at the next batch from anyone:
+    /// each kept up to twice its window (16 MiB by default) until 64
+    /// senders had come, so a replica held a gigabyte of texts no one
+    /// would refer to again after a few rolling restarts of the cluster.
+    #[test]
+    fn a_sender_gone_silent_is_forgotten_with_its_texts() {
+        let (mut applier, _worker, _metrics) = applier(&SyncConfig::default());
+        let text = "a prompt the old process routed. ".repeat(100);
+        applier.apply(&peer_batch(1, now_ms(), 0, &[(None, &text)], None), true);
+        let silent = SENDER_SILENCE + Duration::from_secs(1);
+        let (_, heard, _) = applier.senders.get_mut(&2).unwrap();
+        *heard = Instant::now().checked_sub(silent).unwrap();
+        let other = Identity {
+            cluster: "prod".into(),
+            replica: "r-3".into(),
+            instance: 3,
+        };
+        let empty = wire::Inserts {
+            window: 1 << 20,
+            first_entry: 0,
+            entries: Vec::new(),
+            load: None,
+        };
+        applier.apply(&wire::encode_inserts(&other.header(1), &empty), true);
+        assert!(applier.senders.contains_key(&3));
+        assert!(
+            !applier.senders.contains_key(&2),
+            "a sender silent for {silent:?} is kept"
+        );
     }
 
     /// A load report in a batch sent longer ago than the reports' expiry
