@@ -96,12 +96,17 @@ impl Tokenizer {
             path: tokenizer_json.clone(),
             source,
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|source| {
-            TokenizeError::BadTokenizer {
-                path: tokenizer_json.clone(),
-                source,
-            }
-        })?;
+        let bad = |source| TokenizeError::BadTokenizer {
+            path: tokenizer_json.clone(),
+            source,
+        };
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(bad)?;
+        // A file saved after `enable_truncation` / `enable_padding` keeps
+        // them, but transformers turns both off on every encode that does
+        // not ask for them, so the engines compute the whole prompt,
+        // unpadded: so must we, or every match stops at the saved length.
+        inner.with_truncation(None).map_err(bad)?;
+        inner.with_padding(None);
         let chat = match config.template {
             Some((source, origin)) => Some(ChatTemplate::compile(source, &origin)?),
             None => None,

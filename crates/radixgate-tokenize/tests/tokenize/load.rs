@@ -146,3 +146,49 @@ fn named_templates_in_the_config_use_the_default_one() {
     let body = json!({"messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(tok.render_chat(&body).unwrap(), "<|bos|>DEFAULT");
 }
+
+/// A `tokenizer.json` saved with truncation or padding switched on (a
+/// training script's `enable_truncation(512)` is saved with the file) still
+/// gives the whole prompt's ids, unpadded: transformers turns both off on
+/// every encode that does not ask for them, so vLLM and SGLang compute the
+/// whole prompt, and the router must match all of it.
+#[test]
+fn saved_truncation_and_padding_do_not_change_the_prompt_tokens() {
+    let dir = TestModel::default().write_temp().unwrap();
+    let file = dir.path().join("tokenizer.json");
+    let plain = Tokenizer::load(dir.path()).unwrap();
+    let mut saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    saved["truncation"] = json!({
+        "direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0,
+    });
+    saved["padding"] = json!({
+        "strategy": {"Fixed": 256}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "<|pad|>",
+    });
+    std::fs::write(&file, serde_json::to_vec(&saved).unwrap()).unwrap();
+    let configured = Tokenizer::load(dir.path()).unwrap();
+
+    let body = json!({"prompt": "The router matches the prefix of each request."});
+    let want = plain.prompt_tokens(Endpoint::Completions, &body).unwrap();
+    assert!(want.len() > 4, "{want:?}");
+    assert_eq!(
+        configured
+            .prompt_tokens(Endpoint::Completions, &body)
+            .unwrap(),
+        want
+    );
+    let chat = json!({"messages": [{"role": "user", "content": "hi there, router"}]});
+    assert_eq!(
+        configured
+            .prompt_tokens(Endpoint::ChatCompletions, &chat)
+            .unwrap(),
+        plain
+            .prompt_tokens(Endpoint::ChatCompletions, &chat)
+            .unwrap()
+    );
+    assert_eq!(
+        configured.encode("hello", false).unwrap(),
+        plain.encode("hello", false).unwrap()
+    );
+}
