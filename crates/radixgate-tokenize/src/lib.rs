@@ -40,6 +40,7 @@
 mod chat;
 mod config;
 mod error;
+mod post_process;
 mod pyjson;
 mod request;
 mod template;
@@ -107,6 +108,7 @@ impl Tokenizer {
         // unpadded: so must we, or every match stops at the saved length.
         inner.with_truncation(None).map_err(bad)?;
         inner.with_padding(None);
+        post_process::check(&inner).map_err(|reason| bad(reason.into()))?;
         let chat = match config.template {
             Some((source, origin)) => Some(ChatTemplate::compile(source, &origin)?),
             None => None,

@@ -192,3 +192,43 @@ fn saved_truncation_and_padding_do_not_change_the_prompt_tokens() {
         plain.encode("hello", false).unwrap()
     );
 }
+
+/// A post-processor template that names a special token it does not
+/// define, or the second sequence of a pair in the single-sequence
+/// template, loads in the `tokenizers` crate and panics on the first
+/// encode with special tokens: it must be refused at load, naming the
+/// fault, not take down each request that reaches it.
+#[test]
+fn a_post_processor_template_that_cannot_encode_fails_at_load() {
+    let dir = TestModel::default().write_temp().unwrap();
+    let file = dir.path().join("tokenizer.json");
+    let good: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(good["post_processor"]["type"], "TemplateProcessing");
+
+    let mut undefined = good.clone();
+    undefined["post_processor"]["special_tokens"] = json!({});
+    let mut second = good.clone();
+    second["post_processor"]["single"] = json!([{"Sequence": {"id": "B", "type_id": 0}}]);
+    let mut nested = good.clone();
+    nested["post_processor"] = json!({
+        "type": "Sequence",
+        "processors": [{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+                        "use_regex": true},
+                       undefined["post_processor"].clone()],
+    });
+    for (bad, says) in [(undefined, "<|bos|>"), (second, "$B"), (nested, "<|bos|>")] {
+        std::fs::write(&file, serde_json::to_vec(&bad).unwrap()).unwrap();
+        let err = Tokenizer::load(dir.path()).unwrap_err();
+        assert!(matches!(err, TokenizeError::BadTokenizer { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("is not a valid tokenizer.json"), "{msg}");
+        assert!(msg.contains(says), "{msg}");
+    }
+
+    std::fs::write(&file, serde_json::to_vec(&good).unwrap()).unwrap();
+    let tok = Tokenizer::load(dir.path()).unwrap();
+    let ids = tok
+        .prompt_tokens(Endpoint::Completions, &json!({"prompt": "hello"}))
+        .unwrap();
+    assert_eq!(ids[0], tok.encode("<|bos|>", false).unwrap()[0]);
+}
