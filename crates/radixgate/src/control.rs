@@ -31,8 +31,9 @@
 //! does for a worker failing its probes; it takes requests again when both
 //! its source and its probes say so.
 //!
-//! Draining ([`Control::drain`]: `DELETE /workers`, a terminating pod) takes
-//! a worker out of the registry at once, so no new request goes to it,
+//! Draining ([`Control::drain`]: `DELETE /workers`, a terminating pod, a
+//! worker a reload removed) takes a worker out of the registry at once, so
+//! no new request goes to it,
 //! while the control task keeps its `Arc<Worker>`: requests in flight hold
 //! their load guards and finish, `/workers` lists it as `draining` with
 //! that load, and the worker is forgotten when its load reaches zero or

@@ -10,14 +10,16 @@
 //!
 //! What a reload changes, for requests that start afterwards:
 //! - **workers**: reconciled against the previous config's list, through
-//!   the control task's own add/remove commands: a URL no longer listed is
-//!   removed, a new one is added (and probed before it gets traffic), an
+//!   the control task's own commands: a URL no longer listed is drained
+//!   (out of rotation at once, listed as `draining` with its load until
+//!   its requests in flight end, as `DELETE /workers` does), a new one is
+//!   added (and probed before it gets traffic), an
 //!   entry whose key alone changed keeps its worker, in rotation with its
 //!   tree, with the new key from then on (so rotating a key shared by every
 //!   worker does not empty the pool while they are probed again), and an
 //!   entry changed otherwise (models, role) is replaced. Workers added at runtime
 //!   through the admin API are left alone. Requests in flight on a removed
-//!   worker finish normally: no stream is cut;
+//!   or replaced worker finish normally: no stream is cut;
 //! - **routing**: an unchanged `routing:` section keeps the running policy
 //!   and its prefix trees. A changed one builds a new policy and swaps it
 //!   in; its trees start empty (they re-learn within a request per prefix),
@@ -81,7 +83,8 @@ pub enum ReloadError {
 pub struct Changes {
     /// Worker URLs added (probed before they get traffic).
     pub workers_added: Vec<String>,
-    /// Worker URLs removed.
+    /// Worker URLs removed (drained where requests were in flight on them,
+    /// or replaced by a changed entry).
     pub workers_removed: Vec<String>,
     /// Worker URLs whose key alone changed, in place: they stayed in
     /// rotation with their trees.
@@ -311,7 +314,15 @@ impl Target {
         }
         for (url, spec) in &old {
             if wanted.get(url) != Some(spec) {
-                match self.control.remove(url.clone()).await {
+                // A worker no longer listed drains, as `DELETE /workers`
+                // does: its requests in flight stay counted and listed
+                // until they end, so the operator sees when it is free to
+                // stop. One listed otherwise now is replaced at once below.
+                let removed = match wanted.contains_key(url) {
+                    true => self.control.remove(url.clone()).await,
+                    false => self.control.drain(url.clone()).await.map(drop),
+                };
+                match removed {
                     // Already removed through the admin API.
                     Ok(()) | Err(GatewayError::UnknownWorkerUrl { .. }) => {}
                     Err(err) => return Err(err.into()),

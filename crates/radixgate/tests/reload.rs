@@ -436,6 +436,70 @@ async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
     stop.cancel();
 }
 
+/// A worker that a reload takes out while a stream runs on it drains, as
+/// `DELETE /workers` does: `/workers` lists it as `draining` with that
+/// stream's load, and its in-flight gauge counts it, until the stream ends;
+/// then it is gone and the drain counted `finished`. It used to vanish from
+/// both at once, the stream still running, so an operator could not tell
+/// when the worker was free to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_drains_a_removed_worker_until_its_stream_ends() {
+    let gate = Arc::new(Notify::new());
+    let (gated, _stop_gated) = gated_worker(gate.clone()).await;
+    let other = sim_worker(fast_worker()).await;
+    let path = temp_file("drain.yaml");
+    std::fs::write(&path, yaml(&[&gated, &other.url], "k", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &gated, "k").await;
+    let mut stream = client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .bearer_auth("k")
+        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.unwrap().unwrap();
+
+    std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_removed, std::slice::from_ref(&gated));
+    let (_, listed) = get(&gw, "/workers", "k").await;
+    let entry = listed["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == gated.as_str())
+        .cloned();
+    let entry =
+        entry.unwrap_or_else(|| panic!("{gated} is not listed while its stream runs: {listed}"));
+    assert_eq!(entry["state"], "draining", "{entry}");
+    assert_eq!(entry["load"], 1, "{entry}");
+    let gauge = format!("radixgate_worker_in_flight_requests{{worker=\"{gated}\"}} 1");
+    wait_until(
+        "the removed worker's stream in its in-flight gauge",
+        || async { common::metrics_text(&gw).await.lines().any(|l| l == gauge) },
+    )
+    .await;
+
+    gate.notify_one();
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"data: [DONE]\n\n", "the stream was not cut");
+    wait_until("the drained worker gone", || async {
+        worker_urls(&gw, "k").await == [other.url.clone()]
+    })
+    .await;
+    assert!(
+        common::metrics_text(&gw)
+            .await
+            .contains("radixgate_worker_drains_total{end=\"finished\"} 1")
+    );
+    stop.cancel();
+}
+
 /// `line` without terminal colour codes.
 fn strip_ansi(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
@@ -562,8 +626,17 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
     served.hangup();
+    // The old worker drains while its stream runs.
     wait_until("the new worker list", || async {
-        worker_urls(&gw, "k").await == [other.url.clone()]
+        let (_, body) = get(&gw, "/workers", "k").await;
+        let state = |url: &str| {
+            body["workers"].as_array().and_then(|ws| {
+                ws.iter()
+                    .find(|w| w["url"] == url)
+                    .map(|w| w["state"].clone())
+            })
+        };
+        state(&other.url).is_some() && state(&gated) == Some(json!("draining"))
     })
     .await;
     served.wait_for_line("configuration reloaded");
@@ -574,6 +647,10 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
         rest.extend_from_slice(&chunk);
     }
     assert_eq!(rest, b"data: [DONE]\n\n", "the stream was not cut");
+    wait_until("the drained worker gone", || async {
+        worker_urls(&gw, "k").await == [other.url.clone()]
+    })
+    .await;
 
     // A bad file: logged at ERROR with the key; the old config stays.
     std::fs::write(

@@ -18,7 +18,8 @@ pub const DRAIN_POLL: Duration = Duration::from_millis(50);
 /// Drains, by how they ended.
 pub(crate) const DRAINS: Describe = Describe::new(
     "radixgate_worker_drains_total",
-    "Workers drained (DELETE /workers, a terminating pod), by how the drain ended: \
+    "Workers drained (DELETE /workers, a terminating pod, one a reload removed), \
+     by how the drain ended: \
      `finished` (no request left in flight), `timeout` (server.drain_timeout_secs passed) \
      or `removed` (removed outright, or replaced by a new worker at its URL, while draining).",
 );
