@@ -24,7 +24,10 @@
 //! second to send them), and the remaining connections are dropped with
 //! their runtimes — which drops their bodies and so releases their load. The
 //! metrics port (`metrics.prometheus_port`, which serves the probes too,
-//! apart from the client connections' cap) accepts until then.
+//! apart from the client connections' cap) accepts until then. The
+//! embedder may cut the shutdown short (the binary does on a second
+//! SIGTERM or Ctrl-C): the delay and the grace period then end at once,
+//! streams get their error event and queued requests their 503 as above.
 
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
@@ -268,12 +271,21 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     let (_, reloads) = reload::channel(Box::new(|| Ok(Config::default())));
-    run_reloadable(listener, config, reloads, shutdown).await
+    run_reloadable(
+        listener,
+        config,
+        reloads,
+        shutdown,
+        CancellationToken::new(),
+    )
+    .await
 }
 
 /// [`run`], also applying the reloads asked for through the [`Reload`]
 /// handle paired with `reloads` (the binary's on `SIGHUP`); see
-/// [`crate::reload`] for what a reload changes.
+/// [`crate::reload`] for what a reload changes. Cancelling `now` after
+/// `shutdown` ends the shutdown delay and the grace period at once (the
+/// binary's second SIGTERM or Ctrl-C).
 ///
 /// [`Reload`]: crate::reload::Reload
 pub async fn run_reloadable(
@@ -281,6 +293,7 @@ pub async fn run_reloadable(
     config: Config,
     reloads: Reloads,
     shutdown: CancellationToken,
+    now: CancellationToken,
 ) -> Result<(), StartError> {
     config.validate()?;
     let tenants = Arc::new(arc_swap::ArcSwap::from_pointee(
@@ -537,6 +550,7 @@ pub async fn run_reloadable(
                 );
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
+                    () = now.cancelled() => {}
                     _ = serving.one_ended() => {}
                 }
             }
@@ -544,13 +558,30 @@ pub async fn run_reloadable(
         _ = serving.one_ended() => shared.shutting_down.cancel(),
     }
     stop.cancel();
-    // Stopped accepting; give in-flight requests the grace period, then
-    // drop what is left (which releases its load).
-    if tokio::time::timeout(grace, serving.all_ended())
-        .await
-        .is_err()
-    {
-        tracing::warn!(?grace, "grace period over; dropping remaining connections");
+    let in_flight: usize = (shared.router.snapshot().workers().iter())
+        .chain(shared.control.draining().iter())
+        .map(|w| w.load())
+        .sum();
+    tracing::info!(
+        in_flight,
+        ?grace,
+        "stopped accepting; waiting for the requests in flight"
+    );
+    // Stopped accepting; give in-flight requests the grace period (or
+    // less, when told to stop now), then drop what is left (which releases
+    // its load).
+    let finished = tokio::select! {
+        () = serving.all_ended() => true,
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(?grace, "grace period over; dropping remaining connections");
+            false
+        }
+        () = now.cancelled() => {
+            tracing::warn!("told to stop now; dropping remaining connections");
+            false
+        }
+    };
+    if !finished {
         // Streams still running end with an error event first, and get a
         // moment to send it, before their connections are dropped.
         streams_abort.cancel();

@@ -144,6 +144,55 @@ async fn shutdown_drops_readiness_before_the_listener_closes() {
     gw.task.await.unwrap().unwrap();
 }
 
+/// A second SIGTERM or Ctrl-C ends the shutdown's grace period at once:
+/// the stream still in flight ends with its `shutting_down` error event
+/// and the process exits cleanly. It used to be ignored, so a router with
+/// a long grace period (the chart's is 600 s) could only be stopped by
+/// `kill -9`, which sends the client nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_shutdown_signal_ends_the_grace_period() {
+    let w = stalling_worker(vec![
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+    ])
+    .await;
+    let (mut serve, gw) = process::Serve::start(&[
+        "--worker-urls",
+        &w.url,
+        "--shutdown-grace-period-secs",
+        "600",
+        "--stall-timeout-secs",
+        "600",
+    ]);
+    serve.wait_for("worker admitted");
+    let mut stream = client()
+        .post(format!("{gw}/v1/chat/completions"))
+        .json(&json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let first = stream.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "), "{first:?}");
+
+    serve.signal("TERM");
+    serve.wait_for("shutting down");
+    serve.signal("INT");
+    // A hang guard, not a speed bound: without the second signal's effect
+    // the stream runs until the 600 s grace period ends.
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        let mut rest = Vec::new();
+        while let Ok(Some(chunk)) = stream.chunk().await {
+            rest.extend_from_slice(&chunk);
+        }
+        rest
+    })
+    .await
+    .expect("the stream did not end after a second shutdown signal");
+    let rest = String::from_utf8(rest).unwrap();
+    assert!(rest.contains("\"shutting_down\""), "{rest}");
+    assert!(serve.wait_exit(), "a clean exit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_that_times_out_forgets_the_worker_but_does_not_cut_its_stream() {
     let mut slow = fast_worker();

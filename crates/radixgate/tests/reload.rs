@@ -156,6 +156,7 @@ async fn reloadable_gateway(path: &Path) -> (String, Reload, CancellationToken) 
         config,
         reloads,
         stop.clone(),
+        CancellationToken::new(),
     ));
     (url, reload, stop)
 }

@@ -155,7 +155,8 @@ pub struct ServeArgs {
     /// End-to-end request timeout in seconds, 0 for none [default: 1800].
     #[arg(long, env = "RADIXGATE_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
-    /// Seconds shutdown waits for in-flight requests [default: 30].
+    /// Seconds shutdown waits for in-flight requests; a second SIGTERM or
+    /// Ctrl-C stops waiting [default: 30].
     #[arg(long, env = "RADIXGATE_SHUTDOWN_GRACE_PERIOD_SECS")]
     pub shutdown_grace_period_secs: Option<u64>,
     /// Serving threads, each its own event loop; 0 = one per CPU [default: 0].

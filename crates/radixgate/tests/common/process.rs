@@ -96,9 +96,25 @@ impl Serve {
     /// to exit; returns whether it exited with success. Panics (after
     /// killing it) if it is still running 60 s later: a hang guard.
     pub fn terminate(&mut self) -> bool {
+        self.signal("TERM");
+        self.wait_exit()
+    }
+
+    /// Sends the signal `name` (`TERM`, `INT`, `HUP`) with `kill`, to this
+    /// process's id.
+    pub fn signal(&self, name: &str) {
         let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(sent.success(), "kill -TERM {pid}");
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{name} {pid}");
+    }
+
+    /// Waits for the process to exit; returns whether it exited with
+    /// success. Panics (after killing it) if it is still running 60 s
+    /// later: a hang guard.
+    pub fn wait_exit(&mut self) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -106,7 +122,7 @@ impl Serve {
             }
             if std::time::Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("still running 60 s after SIGTERM");
+                panic!("still running 60 s after the signal");
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -151,12 +151,12 @@ async fn serve(
             return Err(err).with_context(|| format!("cannot listen on {}:{}", addr.0, addr.1));
         }
     };
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let (shutdown, now) = (CancellationToken::new(), CancellationToken::new());
+    tokio::spawn(shut_down_on_signals(shutdown.clone(), now.clone()));
     // A reload layers the same flags and environment on the re-read file.
     let (reload, reloads) = radixgate::reload::channel(Box::new(move || args.load()));
     reload_on_hangup(reload)?;
-    radixgate::server::run_reloadable(listener, config, reloads, shutdown).await?;
+    radixgate::server::run_reloadable(listener, config, reloads, shutdown, now).await?;
     Ok(())
 }
 
@@ -180,25 +180,70 @@ fn reload_on_hangup(reload: radixgate::reload::Reload) -> anyhow::Result<()> {
 }
 
 /// Cancels `token` on Ctrl-C or SIGTERM.
+#[cfg(feature = "sim")]
 async fn cancel_on_signal(token: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        () = term => {}
-    }
+    ShutdownSignals::new().next().await;
     tracing::info!("shutting down");
     token.cancel();
+}
+
+/// Cancels `shutdown` on the first Ctrl-C or SIGTERM, and `now` on the
+/// next: an operator who will not wait for the grace period (the requests
+/// in flight) need not `kill -9`, which would send their clients nothing.
+async fn shut_down_on_signals(shutdown: CancellationToken, now: CancellationToken) {
+    let mut signals = ShutdownSignals::new();
+    signals.next().await;
+    tracing::info!("shutting down (a second SIGTERM or Ctrl-C ends the requests in flight now)");
+    shutdown.cancel();
+    signals.next().await;
+    tracing::warn!("second shutdown signal: ending the requests in flight now");
+    now.cancel();
+}
+
+/// Ctrl-C (SIGINT) and, on Unix, SIGTERM, each as often as they come.
+struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    /// Handles both signals from now on (their default action would end
+    /// the process at once).
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Waits for the next one.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn one(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = one(&mut self.interrupt) => {}
+                () = one(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// Log lines on stderr at `level` (`RUST_LOG` overrides it).
