@@ -24,8 +24,9 @@
 //! second to send them), and the remaining connections are dropped with
 //! their runtimes — which drops their bodies and so releases their load. The
 //! metrics port (`metrics.prometheus_port`, which serves the probes too,
-//! apart from the client connections' cap) accepts until then. The
-//! embedder may cut the shutdown short (the binary does on a second
+//! apart from the client connections' cap) accepts until then, and the
+//! background tasks (health checks, the control task, metrics upkeep,
+//! replica sync, reloads) run until then too. The embedder may cut the shutdown short (the binary does on a second
 //! SIGTERM or Ctrl-C): the delay and the grace period then end at once,
 //! streams get their error event and queued requests their 503 as above.
 
@@ -325,9 +326,12 @@ pub async fn run_reloadable(
     let via = crate::via::Via::new();
     let client = upstream::worker_client(via.value())?;
     let forwarder = upstream::Forwarder::new()?;
-    let tasks = shutdown.child_token();
-    // Whatever way this function returns (an error part-way through start-up
-    // included), the background tasks it started stop.
+    // Not a child of `shutdown`: the gateway serves on through the shutdown
+    // delay and the grace period, and with it health checks, the admin
+    // plane, metrics upkeep and replica sync; they stop once the serving
+    // threads have. Whatever way this function returns (an error part-way
+    // through start-up included), the background tasks it started stop.
+    let tasks = CancellationToken::new();
     let _stop_tasks = tasks.clone().drop_guard();
     // Each component builds its own metric families from this recorder;
     // only histogram buckets must be known before it is built.
@@ -447,8 +451,7 @@ pub async fn run_reloadable(
         forwarder: forwarder.fresh_pool(),
     });
     // The metrics port serves the probes: it stays up through the shutdown
-    // delay (readiness at 503) and the grace period, not stopping with the
-    // background tasks at the shutdown signal.
+    // delay (readiness at 503) and the grace period, and stops last.
     let management_stop = CancellationToken::new();
     let _stop_management = management_stop.clone().drop_guard();
     let metrics_server = match metrics_listener(&shared.config).await? {

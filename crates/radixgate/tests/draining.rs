@@ -144,6 +144,46 @@ async fn shutdown_drops_readiness_before_the_listener_closes() {
     gw.task.await.unwrap().unwrap();
 }
 
+/// The gateway serves on through the shutdown delay, so its background
+/// tasks must too: the control task (`/workers`, health checks), the
+/// metrics upkeep, replica sync. They used to stop at the signal, so that
+/// during the delay `/workers` listed nothing and a worker that died was
+/// never marked down (requests still arriving went to it), and during the
+/// grace period the in-flight gauges froze.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_and_the_admin_plane_run_through_the_shutdown_delay() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&a.url, &b.url]);
+    cfg.server.shutdown_delay_secs = 600;
+    let gw = gateway_ready(cfg, 2).await;
+    gw.stop.cancel();
+    wait_until("readiness at 503", || async {
+        let r = client()
+            .get(format!("{}/readiness", gw.url))
+            .send()
+            .await
+            .unwrap();
+        r.status() == 503
+    })
+    .await;
+    let listed = workers(&gw.url).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+
+    a.stop.cancel();
+    wait_until("the dead worker marked unhealthy", || async {
+        workers(&gw.url)
+            .await
+            .iter()
+            .any(|w| w["url"] == a.url.as_str() && w["state"] == "unhealthy")
+    })
+    .await;
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("during the delay {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+    }
+}
+
 /// A second SIGTERM or Ctrl-C ends the shutdown's grace period at once:
 /// the stream still in flight ends with its `shutting_down` error event
 /// and the process exits cleanly. It used to be ignored, so a router with
