@@ -26,9 +26,10 @@
 //! metrics port (`metrics.prometheus_port`, which serves the probes too,
 //! apart from the client connections' cap) accepts until then, and the
 //! background tasks (health checks, the control task, metrics upkeep,
-//! replica sync, reloads) run until then too. The embedder may cut the shutdown short (the binary does on a second
-//! SIGTERM or Ctrl-C): the delay and the grace period then end at once,
-//! streams get their error event and queued requests their 503 as above.
+//! replica sync, reloads) run until then too. The embedder may cut the
+//! shutdown short (the binary does on a second SIGTERM or Ctrl-C): the
+//! delay and the grace period then end at once, streams get their error
+//! event and queued requests their 503 as above.
 
 use crate::admission::Admission;
 use crate::allowlist::Allowlist;
