@@ -93,8 +93,9 @@ pub struct Changes {
     pub routing: bool,
     /// Keys that changed (`server.api_key`, `server.admin_api_key`).
     pub keys: Vec<&'static str>,
-    /// Sections that changed but take effect only after a restart.
-    pub needs_restart: Vec<&'static str>,
+    /// Settings that changed but take effect only after a restart, as
+    /// keys of the file (`server.port`, `sync.auth`).
+    pub needs_restart: Vec<String>,
 }
 
 impl fmt::Display for Changes {
@@ -158,19 +159,28 @@ pub(crate) const LAST_RELOAD_SUCCESSFUL: Describe = Describe::new(
     "1 while the last configuration reload was applied whole (and before any), 0 after one that was refused or failed part way.",
 );
 
+pub(crate) const RESTART_NEEDED: Describe = Describe::new(
+    "radixgate_config_restart_needed",
+    "1 while the last configuration reload that was applied changed settings only a restart applies (its WARN names them), 0 otherwise: the process runs other settings than its file.",
+);
+
 /// The reload task's metric families.
 pub(crate) struct ReloadMetrics {
     reloads: LabelledCounters,
     last_successful: OneGauge,
+    restart_needed: OneGauge,
 }
 
 impl ReloadMetrics {
     pub(crate) fn new(metrics: &Metrics) -> Self {
         let last_successful = metrics.gauge(&LAST_RELOAD_SUCCESSFUL);
         last_successful.set(1.0);
+        let restart_needed = metrics.gauge(&RESTART_NEEDED);
+        restart_needed.set(0.0);
         Self {
             reloads: metrics.labelled_counters(&RELOADS, "result"),
             last_successful,
+            restart_needed,
         }
     }
 
@@ -183,6 +193,12 @@ impl ReloadMetrics {
         self.reloads.increment(result);
         self.last_successful
             .set(if outcome.is_ok() { 1.0 } else { 0.0 });
+        // A refused reload changed nothing: the last applied one's say
+        // stands.
+        if let Ok(changes) = outcome {
+            let pending = !changes.needs_restart.is_empty();
+            self.restart_needed.set(if pending { 1.0 } else { 0.0 });
+        }
     }
 }
 
@@ -220,7 +236,7 @@ pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
                 tracing::info!(%changes, "configuration reloaded");
                 if !changes.needs_restart.is_empty() {
                     tracing::warn!(
-                        sections = ?changes.needs_restart,
+                        settings = %changes.needs_restart.join(", "),
                         "these settings changed but take effect only after a restart"
                     );
                 }
@@ -273,7 +289,7 @@ impl Target {
         };
         let tenants = self.tenants.load().reloaded(&new)?;
         let mut changes = Changes {
-            needs_restart: restart_sections(&self.running, &new),
+            needs_restart: restart_keys(&self.running, &new),
             ..Changes::default()
         };
 
@@ -356,10 +372,12 @@ impl Target {
     }
 }
 
-/// The sections of `new` that differ from `running` in what only a restart
-/// applies. Every section is named below, so a section added to [`Config`]
+/// The settings of `new` that differ from `running` in what only a restart
+/// applies, as keys of the file: each changed section's changed keys
+/// (`server.port`), so the operator's WARN names the setting, not only its
+/// section. Every section is named below, so a section added to [`Config`]
 /// must be placed here (a reload applies it, or it is reported).
-fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
+fn restart_keys(running: &Config, new: &Config) -> Vec<String> {
     let Config {
         // Applied by a reload (the server's keys below).
         workers: _,
@@ -388,52 +406,105 @@ fn restart_sections(running: &Config, new: &Config) -> Vec<&'static str> {
     server
         .metrics_api_key
         .clone_from(&running.server.metrics_api_key);
-    [
-        ("server", server != running.server),
-        ("health", *health != running.health),
-        ("retry", *retry != running.retry),
-        (
-            "circuit_breaker",
-            *circuit_breaker != running.circuit_breaker,
-        ),
-        ("admission", *admission != running.admission),
-        (
-            "outlier_detection",
-            *outlier_detection != running.outlier_detection,
-        ),
-        ("metrics", *metrics != running.metrics),
-        ("discovery", *discovery != running.discovery),
-        ("sync", *sync != running.sync),
-        ("kv_events", *kv_events != running.kv_events),
-        ("record_trace", *record_trace != running.record_trace),
-        ("log", *log != running.log),
-        ("tracing", *tracing != running.tracing),
-        ("pd", *pd != running.pd),
-    ]
-    .into_iter()
-    .filter_map(|(name, changed)| changed.then_some(name))
-    .collect()
+    let mut keys = Vec::new();
+    section(&mut keys, "server", &running.server, &server);
+    section(&mut keys, "health", &running.health, health);
+    section(&mut keys, "retry", &running.retry, retry);
+    section(
+        &mut keys,
+        "circuit_breaker",
+        &running.circuit_breaker,
+        circuit_breaker,
+    );
+    section(&mut keys, "admission", &running.admission, admission);
+    section(
+        &mut keys,
+        "outlier_detection",
+        &running.outlier_detection,
+        outlier_detection,
+    );
+    section(&mut keys, "metrics", &running.metrics, metrics);
+    section(&mut keys, "discovery", &running.discovery, discovery);
+    section(&mut keys, "sync", &running.sync, sync);
+    section(&mut keys, "kv_events", &running.kv_events, kv_events);
+    section(
+        &mut keys,
+        "record_trace",
+        &running.record_trace,
+        record_trace,
+    );
+    section(&mut keys, "log", &running.log, log);
+    section(&mut keys, "tracing", &running.tracing, tracing);
+    section(&mut keys, "pd", &running.pd, pd);
+    keys
+}
+
+/// Adds to `keys` what changed of section `name` from `old` to `new`.
+fn section<T: PartialEq + serde::Serialize>(keys: &mut Vec<String>, name: &str, old: &T, new: &T) {
+    if old != new {
+        let value = |v: &T| serde_json::to_value(v).unwrap_or(serde_json::Value::Null);
+        keys.extend(changed_keys(name, value(old), value(new)));
+    }
+}
+
+/// The keys of section `name` whose values differ between `old` and `new`
+/// (as the file writes them), or the section's own name where it is not a
+/// table of keys or no key tells the change apart.
+fn changed_keys(name: &str, old: serde_json::Value, new: serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    let keys: Vec<String> = match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut names: Vec<&String> = old.keys().chain(new.keys()).collect();
+            names.sort();
+            names.dedup();
+            names
+                .into_iter()
+                .filter(|k| old.get(*k) != new.get(*k))
+                .map(|k| format!("{name}.{k}"))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    if keys.is_empty() {
+        vec![name.to_owned()]
+    } else {
+        keys
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every section a reload does not apply is named when it changes: a
-    /// setting edited and reloaded is never ignored without a WARN.
+    /// Every setting a reload does not apply is named by its key when it
+    /// changes: a setting edited and reloaded is never ignored without a
+    /// WARN saying which.
     #[test]
-    fn every_section_a_reload_cannot_apply_is_named() {
+    fn every_setting_a_reload_cannot_apply_is_named() {
         let running = Config::default();
         let changed = |edit: fn(&mut Config)| {
             let mut new = Config::default();
             edit(&mut new);
-            restart_sections(&running, &new)
+            restart_keys(&running, &new)
         };
         assert!(changed(|_| {}).is_empty());
-        assert_eq!(changed(|c| c.record_trace.keep += 1), ["record_trace"]);
-        assert_eq!(changed(|c| c.kv_events.port += 1), ["kv_events"]);
-        assert_eq!(changed(|c| c.sync.queue_capacity += 1), ["sync"]);
-        assert_eq!(changed(|c| c.server.idle_timeout_secs += 1), ["server"]);
+        assert_eq!(changed(|c| c.record_trace.keep += 1), ["record_trace.keep"]);
+        assert_eq!(changed(|c| c.kv_events.port += 1), ["kv_events.port"]);
+        assert_eq!(
+            changed(|c| c.sync.queue_capacity += 1),
+            ["sync.queue_capacity"]
+        );
+        assert_eq!(
+            changed(|c| {
+                c.server.idle_timeout_secs += 1;
+                c.server.port += 1;
+            }),
+            ["server.idle_timeout_secs", "server.port"]
+        );
+        assert_eq!(
+            changed(|c| c.metrics.prometheus_port = Some(9000)),
+            ["metrics.prometheus_port"]
+        );
         // What a reload applies is not named.
         assert!(changed(|c| c.server.api_key = Some("k".into())).is_empty());
         assert!(changed(|c| c.workers.push(WorkerSpec::new("http://w:1"))).is_empty());

@@ -241,8 +241,21 @@ async fn a_reload_reconciles_workers_swaps_keys_and_keeps_trees_unless_routing_c
         "shutdown_grace_period_secs: 11",
     );
     std::fs::write(&path, text).unwrap();
+    let restart_needed = || async {
+        common::metrics_text(&gw)
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("radixgate_config_restart_needed "))
+            .map(str::to_owned)
+    };
+    assert_eq!(restart_needed().await.as_deref(), Some("0"));
     let changes = reload.reload().await.unwrap();
-    assert_eq!(changes.needs_restart, ["server"]);
+    assert_eq!(changes.needs_restart, ["server.shutdown_grace_period_secs"]);
+    assert_eq!(restart_needed().await.as_deref(), Some("1"));
+    // Back as it runs: nothing is pending any more.
+    std::fs::write(&path, yaml(&[&b.url], "k2", 0.5)).unwrap();
+    assert!(reload.reload().await.unwrap().needs_restart.is_empty());
+    assert_eq!(restart_needed().await.as_deref(), Some("0"));
     stop.cancel();
 }
 
