@@ -450,6 +450,21 @@ async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
     stop.cancel();
 }
 
+/// A stream of the gated worker's model through `gateway` (key `k`), once
+/// its first chunk came: it runs until the gate opens.
+async fn gated_stream(gateway: &str) -> reqwest::Response {
+    let mut stream = client()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .bearer_auth("k")
+        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.unwrap().unwrap();
+    stream
+}
+
 /// A worker that a reload takes out while a stream runs on it drains, as
 /// `DELETE /workers` does: `/workers` lists it as `draining` with that
 /// stream's load, and its in-flight gauge counts it, until the stream ends;
@@ -465,15 +480,7 @@ async fn a_reload_drains_a_removed_worker_until_its_stream_ends() {
     std::fs::write(&path, yaml(&[&gated, &other.url], "k", 0.3)).unwrap();
     let (gw, reload, stop) = reloadable_gateway(&path).await;
     healthy(&gw, &gated, "k").await;
-    let mut stream = client()
-        .post(format!("{gw}/v1/chat/completions"))
-        .bearer_auth("k")
-        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
-    stream.chunk().await.unwrap().unwrap();
+    let mut stream = gated_stream(&gw).await;
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
     let changes = reload.reload().await.unwrap();
@@ -628,15 +635,7 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
     let gw = served.url.clone();
     healthy(&gw, &gated, "k").await;
 
-    let mut stream = client()
-        .post(format!("{gw}/v1/chat/completions"))
-        .bearer_auth("k")
-        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
-    stream.chunk().await.unwrap().unwrap();
+    let mut stream = gated_stream(&gw).await;
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
     served.hangup();

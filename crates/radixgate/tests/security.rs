@@ -167,13 +167,26 @@ async fn worker_urls_with_userinfo_path_query_or_fragment_are_refused() {
     gw.shutdown().await;
 }
 
+/// `POST /workers` of `body` at `gateway`, which must answer 400: the
+/// error's message.
+async fn refused_add(gateway: &str, body: &Value) -> String {
+    let r = client()
+        .post(format!("{gateway}/workers"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "{body}");
+    let answer: Value = r.json().await.unwrap();
+    answer["error"]["message"].as_str().unwrap().to_owned()
+}
+
 /// A `POST /workers` body of the wrong shape is told which field is wrong
 /// and how, not that it "did not match any variant".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
     let w = sim_worker(fast_worker()).await;
     let gw = gateway_ready(config(&[&w.url]), 1).await;
-    let c = client();
     for (body, why) in [
         (
             json!({"url": 5}),
@@ -190,15 +203,7 @@ async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
         (json!({"api_key": "k"}), "missing field `url`"),
         (json!(["http://127.0.0.2:1"]), "invalid type: sequence"),
     ] {
-        let r = c
-            .post(format!("{}/workers", gw.url))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 400, "{body}");
-        let answer: Value = r.json().await.unwrap();
-        let message = answer["error"]["message"].as_str().unwrap();
+        let message = refused_add(&gw.url, &body).await;
         assert!(message.contains(why), "{body}: {message}");
     }
     assert_eq!(workers(&gw.url).await.len(), 1);
@@ -246,17 +251,9 @@ async fn an_admin_body_over_its_limit_gets_an_openai_style_413() {
 async fn a_worker_key_no_header_can_carry_is_refused() {
     let w = sim_worker(fast_worker()).await;
     let gw = gateway_ready(config(&[&w.url]), 1).await;
-    let c = client();
     for key in ["sk-1\n", "sk-\u{7f}1", " sk-1", "sk-1\r\nX-Evil: 1"] {
-        let r = c
-            .post(format!("{}/workers", gw.url))
-            .json(&json!({"url": "http://127.0.0.2:1", "api_key": key}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 400, "{key:?}");
-        let answer: Value = r.json().await.unwrap();
-        let message = answer["error"]["message"].as_str().unwrap();
+        let body = json!({"url": "http://127.0.0.2:1", "api_key": key});
+        let message = refused_add(&gw.url, &body).await;
         assert!(message.contains("api_key"), "{key:?}: {message}");
         assert!(
             !message.contains("sk-"),
