@@ -297,13 +297,15 @@ impl Control {
             .unwrap_or(Err(shutting_down()))
     }
 
-    /// Gives the worker at `spec`'s URL `spec`'s key in place, when its
-    /// entry differs from `spec` in the key alone (`api_key`,
-    /// `api_key_env`): its requests, health checks and tree go on, where a
-    /// remove and add would take it out of rotation until probed again and
-    /// forget its tree (a key rotated on every worker at once would leave
-    /// the pool empty meanwhile). `false` where it does not apply: a
-    /// worker not known, draining, or whose entry changed otherwise.
+    /// Gives the worker at `spec`'s URL `spec`'s key and KV cache size in
+    /// place, when its entry differs from `spec` in those alone (`api_key`,
+    /// `api_key_env`, and a `kv_capacity_tokens` given before and after):
+    /// its requests, health checks and tree go on, where a remove and add
+    /// would take it out of rotation until probed again and forget its
+    /// tree (a key rotated on every worker at once would leave the pool
+    /// empty meanwhile). `false` where it does not apply: a worker not
+    /// known, draining, not yet admitted when its size changed, or whose
+    /// entry changed otherwise.
     pub async fn rekey(&self, spec: WorkerSpec) -> bool {
         self.ask(|reply| Command::Rekey { spec, reply })
             .await
@@ -682,21 +684,43 @@ impl ControlTask {
         let Some(known) = self.known.get_mut(url) else {
             return false;
         };
-        let keyless = |s: &WorkerSpec| WorkerSpec {
+        // What may change in place: the key, and a KV cache size given
+        // before and after (one not given is asked of the worker by its
+        // health checker, which a change to or from none would have to
+        // start or stop: such an entry is replaced).
+        let fixed = |s: &WorkerSpec| WorkerSpec {
             api_key: None,
             api_key_env: None,
+            kv_capacity_tokens: s.kv_capacity_tokens.map(|_| 1),
             ..s.clone()
         };
-        if known.draining.is_some() || keyless(&known.spec) != keyless(&spec) {
+        if known.draining.is_some() || fixed(&known.spec) != fixed(&spec) {
             return false;
         }
-        known.api_key.store(spec.api_key.clone().map(Arc::new));
-        if let Some(id) = known.id
-            && let Some(worker) = self.registry.snapshot().get(id)
-        {
-            worker.set_api_key(spec.api_key.clone());
+        let worker = known
+            .id
+            .and_then(|id| self.registry.snapshot().get(id).cloned());
+        let resized = known.spec.kv_capacity_tokens != spec.kv_capacity_tokens;
+        if resized && worker.is_none() {
+            // Not admitted yet: its health checker would admit it with the
+            // size it was started with.
+            return false;
         }
-        tracing::info!(worker = %url, "worker's API key changed");
+        if known.spec.api_key != spec.api_key {
+            known.api_key.store(spec.api_key.clone().map(Arc::new));
+            if let Some(worker) = &worker {
+                worker.set_api_key(spec.api_key.clone());
+            }
+            tracing::info!(worker = %url, "worker's API key changed");
+        }
+        if let Some(tokens) = spec.kv_capacity_tokens
+            && resized
+            && let Some(worker) = &worker
+        {
+            // The health checker passes its copy on only at admission.
+            worker.set_kv_capacity_tokens(tokens);
+            tracing::info!(worker = %url, kv_capacity_tokens = tokens, "worker's KV cache size changed");
+        }
         known.spec = spec;
         true
     }

@@ -13,10 +13,11 @@
 //!   the control task's own commands: a URL no longer listed is drained
 //!   (out of rotation at once, listed as `draining` with its load until
 //!   its requests in flight end, as `DELETE /workers` does), a new one is
-//!   added (and probed before it gets traffic), an entry whose key alone
-//!   changed keeps its worker, in rotation with its tree, with the new key
-//!   from then on (so rotating a key shared by every worker does not empty
-//!   the pool while they are probed again), and an entry changed otherwise
+//!   added (and probed before it gets traffic), an entry whose key (or a
+//!   KV cache size given before and after) alone changed keeps its worker,
+//!   in rotation with its tree, with the new value from then on (so
+//!   rotating a key shared by every worker does not empty the pool while
+//!   they are probed again), and an entry changed otherwise
 //!   (models, role) is replaced. Workers added at runtime through the admin
 //!   API are left alone. Requests in flight on a removed or replaced worker
 //!   finish normally: no stream is cut;
@@ -86,8 +87,8 @@ pub struct Changes {
     /// Worker URLs removed (drained where requests were in flight on them,
     /// or replaced by a changed entry).
     pub workers_removed: Vec<String>,
-    /// Worker URLs whose key alone changed, in place: they stayed in
-    /// rotation with their trees.
+    /// Worker URLs whose key or KV cache size alone changed, in place:
+    /// they stayed in rotation with their trees.
     pub workers_rekeyed: Vec<String>,
     /// Whether a new routing policy replaced the running one.
     pub routing: bool,
@@ -318,8 +319,9 @@ impl Target {
         self.running.tenants = new.tenants.clone();
 
         let (mut old, wanted) = (by_url(&self.running.workers), by_url(&new.workers));
-        // An entry whose key alone changed keeps its worker (see
-        // `Control::rekey`); it is neither removed nor added below.
+        // An entry whose key or KV cache size alone changed keeps its
+        // worker (see `Control::rekey`); it is neither removed nor added
+        // below.
         for (url, spec) in &wanted {
             if old.get(url).is_some_and(|was| was != spec)
                 && self.control.rekey((*spec).clone()).await

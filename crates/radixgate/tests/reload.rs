@@ -723,3 +723,37 @@ async fn a_reload_of_a_key_file_truncated_to_nothing_keeps_the_tenants() {
     assert!(changes.keys.is_empty(), "{:?}", changes.keys);
     stop.cancel();
 }
+
+/// A worker's `kv_capacity_tokens` changed alone (given before and after)
+/// is applied in place, as a key is: before, the worker was replaced, its
+/// prefix tree forgotten and, for a moment, its load counted on a new
+/// entry while its requests ran on the old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_cache_size_changed_alone_keeps_the_worker_and_its_tree() {
+    let a = sim_worker(fast_worker()).await;
+    let path = temp_file("capacity.yaml");
+    let with_capacity = |tokens: u64| {
+        yaml(&[], "k", 0.3) + &format!("  - {{url: \"{}\", kv_capacity_tokens: {tokens}}}\n", a.url)
+    };
+    std::fs::write(&path, with_capacity(400_000)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "k").await;
+    assert_eq!(
+        chat_status(&gw, "k", "remember this prefix please").await,
+        200
+    );
+    let before = cached_chars(&gw, "k", &a.url).await;
+    assert!(before > 0);
+
+    std::fs::write(&path, with_capacity(300_000)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_rekeyed, std::slice::from_ref(&a.url));
+    assert!(changes.workers_removed.is_empty(), "{changes:?}");
+    assert!(changes.workers_added.is_empty(), "{changes:?}");
+    assert_eq!(cached_chars(&gw, "k", &a.url).await, before, "tree kept");
+    let (_, listed) = get(&gw, "/workers", "k").await;
+    let entry = &listed["workers"][0];
+    assert_eq!(entry["state"], "healthy", "{listed}");
+    assert_eq!(entry["kv_capacity_tokens"], 300_000, "{listed}");
+    stop.cancel();
+}
