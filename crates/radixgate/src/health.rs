@@ -323,12 +323,36 @@ fn unreachable_because(err: &reqwest::Error, timeout_secs: u64) -> String {
             return match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
                 std::io::ErrorKind::ConnectionReset => "connection reset".to_owned(),
+                _ if answered_without_tls(io) => format!(
+                    "{io}: the worker answered the TLS handshake with something else; \
+                     if it serves plain HTTP, its URL is http://, not https://"
+                ),
                 _ => io.to_string(),
             };
         }
         innermost = source;
     }
     innermost.to_string()
+}
+
+/// Whether a TLS handshake failed because the first bytes back were not
+/// TLS at all: rustls's "received corrupt message of type
+/// InvalidContentType", which alone does not tell an operator that an
+/// `https://` URL names a plain-HTTP worker.
+fn answered_without_tls(io: &std::io::Error) -> bool {
+    // The TLS stream's error, perhaps wrapped in the connector's own.
+    let Some(inner) = io.get_ref() else {
+        return false;
+    };
+    if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+        return answered_without_tls(io);
+    }
+    matches!(
+        inner.downcast_ref::<rustls::Error>(),
+        Some(rustls::Error::InvalidMessage(
+            rustls::InvalidMessage::InvalidContentType
+        ))
+    )
 }
 
 /// Most bytes of a worker's answer to a discovery question that are read.

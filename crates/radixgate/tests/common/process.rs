@@ -42,7 +42,13 @@ impl Serve {
     /// Starts `serve` on a free loopback port with `args`, and waits for
     /// it to listen; returns it and its address.
     pub fn start(args: &[&str]) -> (Self, String) {
+        Self::start_with_env(&[], args)
+    }
+
+    /// [`start`](Self::start), with these environment variables set.
+    pub fn start_with_env(env: &[(&str, &str)], args: &[&str]) -> (Self, String) {
         let mut child = radixgate()
+            .envs(env.iter().copied())
             .args(["serve", "--host", "127.0.0.1", "--port", "0"])
             .args(args)
             .stdout(Stdio::null())
