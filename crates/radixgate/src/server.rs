@@ -61,17 +61,36 @@ use tokio_util::sync::CancellationToken;
 /// are dropped.
 const ABORT_FLUSH: Duration = Duration::from_secs(1);
 
+/// Where the worker clients' trusted CA certificates come from, for a
+/// start-up error: a client that loads none cannot be built, even for
+/// `http://` workers, and the loader's own words ("No CA certificates were
+/// loaded from the system") name neither variable that replaces the
+/// system's store.
+fn trust_sources() -> String {
+    let var = |name: &str| match std::env::var_os(name) {
+        Some(value) => format!("{name}={}", value.to_string_lossy()),
+        None => format!("{name} unset"),
+    };
+    format!(
+        "trusted CA certificates come from {} and {} when either is set, else from the \
+         system's store",
+        var("SSL_CERT_FILE"),
+        var("SSL_CERT_DIR")
+    )
+}
+
 /// Why a gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    /// The worker client could not be built.
-    #[error("cannot build the HTTP client: {0}")]
+    /// The worker client could not be built (most likely: no trusted CA
+    /// certificate could be loaded, whose sources the message names).
+    #[error("cannot build the HTTP client: {0} ({sources})", sources = trust_sources())]
     Client(#[from] reqwest::Error),
     /// The forwarding client's TLS set-up failed.
-    #[error("cannot set up TLS for the worker client: {0}")]
+    #[error("cannot set up TLS for the worker client: {0} ({sources})", sources = trust_sources())]
     Tls(#[from] rustls::Error),
     /// A configured worker was rejected.
     #[error("worker rejected: {0}")]

@@ -442,6 +442,38 @@ fn a_metrics_port_in_use_is_named() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A trust store that yields no certificate (an image without a CA
+/// bundle, `SSL_CERT_FILE` at a missing or empty file) stops the start-up:
+/// the error names where the certificates were looked for, which the
+/// loader's own "No CA certificates were loaded from the system" did not.
+#[test]
+fn a_trust_store_with_no_certificate_is_named() {
+    let dir = std::env::temp_dir().join(format!("radixgate-cli-trust-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.pem");
+    std::fs::write(&empty, "no certificate here\n").unwrap();
+    let missing = dir.join("missing.pem");
+    for file in [&empty, &missing] {
+        let (ok, err) = run(radixgate()
+            .env_remove("SSL_CERT_DIR")
+            .env("SSL_CERT_FILE", file)
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--worker-urls",
+                "http://127.0.0.1:9",
+            ]));
+        assert!(!ok, "{err}");
+        assert!(
+            err.contains(&format!("SSL_CERT_FILE={}", file.display()))
+                && err.contains("SSL_CERT_DIR unset"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
 #[test]
 fn load_fails_when_requests_fail() {
     // Nothing listens: every request fails, the run fails, and says why.
