@@ -450,6 +450,26 @@ async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
     stop.cancel();
 }
 
+/// Opens the gate of `stream` (the gated worker's, draining): the stream
+/// ends whole, and then `gateway` lists only `other`.
+async fn ends_uncut_and_is_forgotten(
+    gate: &Notify,
+    mut stream: reqwest::Response,
+    gateway: &str,
+    other: &str,
+) {
+    gate.notify_one();
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"data: [DONE]\n\n", "the stream was not cut");
+    wait_until("the drained worker gone", || async {
+        worker_urls(gateway, "k").await == [other.to_owned()]
+    })
+    .await;
+}
+
 /// A stream of the gated worker's model through `gateway` (key `k`), once
 /// its first chunk came: it runs until the gate opens.
 async fn gated_stream(gateway: &str) -> reqwest::Response {
@@ -480,7 +500,7 @@ async fn a_reload_drains_a_removed_worker_until_its_stream_ends() {
     std::fs::write(&path, yaml(&[&gated, &other.url], "k", 0.3)).unwrap();
     let (gw, reload, stop) = reloadable_gateway(&path).await;
     healthy(&gw, &gated, "k").await;
-    let mut stream = gated_stream(&gw).await;
+    let stream = gated_stream(&gw).await;
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
     let changes = reload.reload().await.unwrap();
@@ -503,16 +523,7 @@ async fn a_reload_drains_a_removed_worker_until_its_stream_ends() {
     )
     .await;
 
-    gate.notify_one();
-    let mut rest = Vec::new();
-    while let Some(chunk) = stream.chunk().await.unwrap() {
-        rest.extend_from_slice(&chunk);
-    }
-    assert_eq!(rest, b"data: [DONE]\n\n", "the stream was not cut");
-    wait_until("the drained worker gone", || async {
-        worker_urls(&gw, "k").await == [other.url.clone()]
-    })
-    .await;
+    ends_uncut_and_is_forgotten(&gate, stream, &gw, &other.url).await;
     assert!(
         common::metrics_text(&gw)
             .await
@@ -635,7 +646,7 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
     let gw = served.url.clone();
     healthy(&gw, &gated, "k").await;
 
-    let mut stream = gated_stream(&gw).await;
+    let stream = gated_stream(&gw).await;
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.3)).unwrap();
     served.hangup();
@@ -654,16 +665,7 @@ async fn sighup_reloads_the_file_keeps_streams_and_survives_a_bad_file() {
     .await;
     served.wait_for_line("configuration reloaded");
     assert!(served.alive());
-    gate.notify_one();
-    let mut rest = Vec::new();
-    while let Some(chunk) = stream.chunk().await.unwrap() {
-        rest.extend_from_slice(&chunk);
-    }
-    assert_eq!(rest, b"data: [DONE]\n\n", "the stream was not cut");
-    wait_until("the drained worker gone", || async {
-        worker_urls(&gw, "k").await == [other.url.clone()]
-    })
-    .await;
+    ends_uncut_and_is_forgotten(&gate, stream, &gw, &other.url).await;
 
     // A bad file: logged at ERROR with the key; the old config stays.
     std::fs::write(
