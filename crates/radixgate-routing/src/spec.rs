@@ -446,6 +446,8 @@ impl From<WorkerUrl> for String {
 /// otherwise; `None` where nothing changes or the authority cannot be read.
 fn respelled(url: &str) -> Option<String> {
     let (scheme, authority) = url.split_once("://")?;
+    // The scheme's default port is the server's port unwritten.
+    let default = if scheme == "https" { "443" } else { "80" };
     let (host, port) = match authority.strip_prefix('[') {
         Some(bracketed) => {
             let (address, after) = bracketed.split_once(']')?;
@@ -461,10 +463,13 @@ fn respelled(url: &str) -> Option<String> {
             (host, port)
         }
         // A name or an IPv4 address is spelled one way once lower-cased:
-        // only its port may change.
+        // only a port with a leading zero, or the default one, changes (a
+        // lookup by a URL already canonical allocates nothing).
         None => match authority.split_once(':') {
-            Some((host, port)) => (host.to_owned(), Some(port)),
-            None => return None,
+            Some((host, port)) if port.starts_with('0') || port == default => {
+                (host.to_owned(), Some(port))
+            }
+            _ => return None,
         },
     };
     let port = match port {
@@ -477,8 +482,6 @@ fn respelled(url: &str) -> Option<String> {
         }
         port => port,
     };
-    // The scheme's default port is the server's port unwritten.
-    let default = if scheme == "https" { "443" } else { "80" };
     let port = port.filter(|&port| port != default);
     let respelled = match port {
         Some(port) => format!("{scheme}://{host}:{port}"),
