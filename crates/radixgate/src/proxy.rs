@@ -612,15 +612,18 @@ async fn attempts(
                 // Behind a preamble or an opening comment, the watch finds
                 // the first token (see `respond`), and samples the worker's
                 // speed there: the first byte came before the prefill.
-                let first_event_is_token = || {
-                    let first = response.body().first_data();
-                    target.endpoint.preamble(first).is_none()
-                };
-                if target.endpoint.times_its_worker(status, sse) && (!sse || first_event_is_token())
+                let first_event_is_token = sse
+                    && target
+                        .endpoint
+                        .preamble(response.body().first_data())
+                        .is_none();
+                if target
+                    .endpoint
+                    .times_its_worker(status, sse, first_event_is_token)
                 {
                     shared.outliers.sample(worker.id(), sent.elapsed());
                 }
-                if status.is_success() && sse && first_event_is_token() {
+                if status.is_success() && first_event_is_token {
                     // A stream's first event is its first token: the cost
                     // model learns this worker's wait from it. (A whole
                     // answer's first byte comes after its decode too, so

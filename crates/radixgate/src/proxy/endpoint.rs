@@ -132,9 +132,18 @@ impl Endpoint {
     /// answer, never: a refusal served nothing, and a worker that sheds
     /// every request at once (429) or fails it at once would read as the
     /// quickest of its pool and make its working peers outliers. Failures
-    /// are the breaker's to count; a hang is sampled at its timeout.
-    pub(crate) fn times_its_worker(self, status: axum::http::StatusCode, stream: bool) -> bool {
-        status.is_success() && self.first_byte_is_prompt(stream)
+    /// are the breaker's to count; a hang is sampled at its timeout. A
+    /// stream whose first event is not its first token (`opens_with_token`
+    /// false: a Responses or Messages preamble, comments) sent that byte
+    /// before its prefill: the response's watch samples its first token
+    /// instead.
+    pub(crate) fn times_its_worker(
+        self,
+        status: axum::http::StatusCode,
+        stream: bool,
+        opens_with_token: bool,
+    ) -> bool {
+        status.is_success() && self.first_byte_is_prompt(stream) && (!stream || opens_with_token)
     }
 
     /// Whether a successful answer's first byte is due soon after the

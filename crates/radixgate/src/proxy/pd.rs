@@ -730,11 +730,11 @@ impl Pair<'_> {
         // first token (see `respond`) and samples the worker's speed there.
         let endpoint = super::Endpoint::Routed(self.api);
         let first = answer.response.body().first_data();
-        let first_event_is_token = endpoint.preamble(first).is_none();
-        if endpoint.times_its_worker(status, sse) && (!sse || first_event_is_token) {
+        let first_event_is_token = sse && endpoint.preamble(first).is_none();
+        if endpoint.times_its_worker(status, sse, first_event_is_token) {
             shared.outliers.sample(worker.id(), answer.sent.elapsed());
         }
-        if status.is_success() && sse && first_event_is_token {
+        if status.is_success() && first_event_is_token {
             decision.first_token(answer.sent.elapsed());
         }
         if !retry::retryable_status(status) {
