@@ -277,7 +277,7 @@ pub(crate) async fn add(State(state): State<Arc<AppState>>, req: Request) -> Res
         )
         .into_response();
     }
-    if let Err(reason) = state.shared.config.pd_role_fits(&spec) {
+    if let Err(reason) = state.shared.config.worker_fits(&spec) {
         return GatewayError::Admin(radixgate_routing::RoutingError::InvalidWorker { url, reason })
             .into_response();
     }

@@ -96,11 +96,12 @@ impl Config {
         // refused only once the first was being probed, as "already
         // registered", naming no entry, and `http://w` beside `http://w:80`
         // was taken for two workers.
-        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let mut seen: std::collections::HashMap<WorkerUrl, usize> =
+            std::collections::HashMap::new();
         for (i, worker) in self.workers.iter().enumerate() {
             let url = WorkerUrl::parse(&worker.url)
                 .map_err(|err| invalid("workers", format!("entry {i}: {err}")))?;
-            if let Some(first) = seen.insert(url.as_str().to_owned(), i) {
+            if let Some(first) = seen.insert(url.clone(), i) {
                 return Err(invalid(
                     "workers",
                     format!(
@@ -115,7 +116,7 @@ impl Config {
                     format!("entry {i}: `api_key_env` is read when the file is loaded"),
                 ));
             }
-            self.pd_role_fits(worker)
+            self.worker_fits(worker)
                 .map_err(|why| invalid("workers", format!("entry {i} ({}): {why}", worker.url)))?;
         }
         // Each pool's own settings before whether the pools fit PD.
@@ -155,12 +156,13 @@ impl Config {
         Ok(())
     }
 
-    /// Whether a worker's role fits the pool: a disaggregated pool has
-    /// only prefill and decode workers, any other only regular ones; a
-    /// bootstrap port belongs to a prefill worker; a KV cache size given
-    /// is at least one token; a key is one a header can carry. The admin
-    /// API checks an added worker the same way.
-    pub fn pd_role_fits(&self, worker: &WorkerSpec) -> Result<(), String> {
+    /// Whether a worker's entry fits this config: its role fits the pool
+    /// (a disaggregated pool has only prefill and decode workers, any
+    /// other only regular ones), a bootstrap port belongs to a prefill
+    /// worker, a KV cache size given is at least one token, and a key is
+    /// one a header can carry. The admin API checks an added worker the
+    /// same way.
+    pub fn worker_fits(&self, worker: &WorkerSpec) -> Result<(), String> {
         match (self.pd.enabled, worker.role) {
             (true, WorkerRole::Regular) => {
                 return Err(
@@ -246,7 +248,7 @@ impl Config {
     }
 
     /// Whether every discovery pool's role fits the pool, as
-    /// [`Self::pd_role_fits`] holds each listed worker to it.
+    /// [`Self::worker_fits`] holds each listed worker to it.
     fn pd_pools_fit(&self) -> Result<(), ConfigError> {
         let d = &self.discovery;
         if self.pd.enabled && !d.selector.is_empty() {
