@@ -34,9 +34,9 @@
 //! Draining ([`Control::drain`]: `DELETE /workers`, a terminating pod, a
 //! worker a reload removed) takes a worker out of the registry at once, so
 //! no new request goes to it, while the control task keeps its
-//! `Arc<Worker>`: requests in flight hold
-//! their load guards and finish, `/workers` lists it as `draining` with
-//! that load, and the worker is forgotten when its load reaches zero or
+//! `Arc<Worker>`: requests in flight hold their load guards and finish,
+//! `/workers` lists it as `draining` with that load, and the worker is
+//! forgotten when its load reaches zero or
 //! `server.drain_timeout_secs` has passed (requests still running then are
 //! not cut: the worker ends them, or they finish). The control task checks
 //! draining workers every [`DRAIN_POLL`] while there are any, and before

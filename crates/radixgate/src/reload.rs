@@ -17,10 +17,10 @@
 //!   KV cache size given before and after) alone changed keeps its worker,
 //!   in rotation with its tree, with the new value from then on (so
 //!   rotating a key shared by every worker does not empty the pool while
-//!   they are probed again), and an entry changed otherwise
-//!   (models, role) is replaced. Workers added at runtime through the admin
-//!   API are left alone. Requests in flight on a removed or replaced worker
-//!   finish normally: no stream is cut;
+//!   they are probed again), and an entry changed otherwise (models,
+//!   role) is replaced. Workers added at runtime through the admin API are
+//!   left alone. Requests in flight on a removed or replaced worker finish
+//!   normally: no stream is cut;
 //! - **routing**: an unchanged `routing:` section keeps the running policy
 //!   and its prefix trees. A changed one builds a new policy and swaps it
 //!   in; its trees start empty (they re-learn within a request per prefix),
