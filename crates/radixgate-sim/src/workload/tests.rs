@@ -489,6 +489,23 @@ fn a_trace_with_nothing_to_replay_is_refused() {
         err.contains("failed.jsonl") && err.contains("none of its 1 records is replayed"),
         "{err}"
     );
+    // Within a limit that keeps only failed ones, the same.
+    let mixed = dir.join("mixed.jsonl");
+    std::fs::write(
+        &mixed,
+        "{\"timestamp\": 0, \"input_length\": 20, \"output_length\": 1, \"hash_ids\": [9], \"status\": 503}\n\
+         {\"timestamp\": 5, \"input_length\": 20, \"output_length\": 1, \"hash_ids\": [9], \"status\": 200}\n",
+    )
+    .unwrap();
+    let limited = TraceConfig {
+        limit: 1,
+        ..TraceConfig::new(&mixed)
+    };
+    let err = TraceReplay::new(limited, 0, TextShape::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("none of its 1 records is replayed"), "{err}");
+    assert!(TraceReplay::new(TraceConfig::new(&mixed), 0, TextShape::default()).is_ok());
 }
 
 /// The two Mooncake traces shipped in the repository's `traces/`.

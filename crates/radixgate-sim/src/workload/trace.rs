@@ -239,17 +239,20 @@ impl TraceReplay {
     pub fn new(cfg: TraceConfig, seed: u64, shape: TextShape) -> Result<Self, SimError> {
         cfg.validate()?;
         let records = load_trace(&cfg.path, cfg.block_tokens)?;
-        // A recording of failed requests only: a run would send nothing
-        // and print a table of nothing as if it had measured.
-        if !records.iter().any(TraceRecord::replayed) {
+        let replay = Self::from_records(cfg, seed, shape, Arc::new(records));
+        // A recording of failed requests only (within `limit`): a run
+        // would send nothing and print a table of nothing as if it had
+        // measured.
+        let within = &replay.records[..replay.len()];
+        if !within.iter().any(TraceRecord::replayed) {
             return Err(SimError::Config(format!(
                 "trace file {}: none of its {} records is replayed (each has a status that is \
                  not 2xx): nothing to send",
-                cfg.path.display(),
-                records.len()
+                replay.cfg.path.display(),
+                within.len()
             )));
         }
-        Ok(Self::from_records(cfg, seed, shape, Arc::new(records)))
+        Ok(replay)
     }
 
     /// Replays records already loaded (validated by the caller).
