@@ -2,7 +2,8 @@
 //!
 //! [`WatchedBody`] wraps a worker's response body and passes its frames
 //! through one at a time as they arrive: nothing is buffered beyond the frame
-//! in hand, so a slow client slows the read from the worker (backpressure).
+//! in hand (and an SSE event's start, below), so a slow client slows the
+//! read from the worker (backpressure).
 //!
 //! It owns a [`StreamWatch`] (the worker's load guard, metrics timers) and
 //! hands it exactly one [`StreamEnd`]: when the worker's body ends, when it
@@ -17,9 +18,13 @@
 //! `data: {"error": ...}` for the OpenAI-style APIs, `event: error` for the
 //! Messages and Responses APIs); if the worker's bytes stopped in the middle
 //! of an event, that event is closed first (a blank line), so the error
-//! event is one of its own and parses. An SSE body that ends cleanly in the
-//! middle of an event (a worker whose connection closed, an HTTP/2 reset
-//! with no error) ends so too: it is not a complete stream. Any other body
+//! event is one of its own and parses. To that end an SSE body's frames are
+//! passed on up to their last whole event, and the unfinished one's bytes
+//! wait for the rest of it (at most [`HOLD_AT_MOST`]): a worker that stops
+//! in the middle of an event sends the client no half of it, which its
+//! parser would fail on before it read the error event. An SSE body that
+//! ends cleanly in the middle of an event (a worker whose connection closed,
+//! an HTTP/2 reset with no error) ends so too: it is not a complete stream. Any other body
 //! ends with an error, so the connection is aborted instead of completing
 //! (nothing is appended to a JSON body). The same holds when the worker goes silent for
 //! longer than the stall timeout ([`WatchedBody::with_stall_timeout`]), when
@@ -117,7 +122,13 @@ pub struct WatchedBody<B, W: StreamWatch> {
     /// Frames the worker had ready in a row since the deadline was last
     /// looked at.
     ready_in_a_row: u32,
+    /// The start of an SSE event not yet whole, held back until it is.
+    held: Bytes,
 }
+
+/// The most of an unfinished SSE event held back; an event longer than this
+/// is passed on as it comes.
+pub const HOLD_AT_MOST: usize = 1 << 20;
 
 /// Frames a worker may have ready in a row before the request's deadline
 /// is looked at again.
@@ -142,6 +153,7 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
             abort: None,
             done: false,
             ready_in_a_row: 0,
+            held: Bytes::new(),
         };
         // A body over before it starts (an empty answer, a 204) is dropped
         // unpolled once its head is written: it is complete now, not a
@@ -213,22 +225,41 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
     /// a whole line, two in the middle of one. (A lone `\r` is followed by
     /// `\n\n`: with it, `\r\n` is one line end, and then a blank line.)
     fn closing(&self) -> &'static str {
-        match self.last {
-            [_, b'\n' | b'\r', b'\n' | b'\r'] if self.last[1..] != *b"\r\n" => "",
-            [b'\n' | b'\r', b'\r', b'\n'] => "",
-            [_, _, b'\n'] => "\n",
-            _ => "\n\n",
-        }
+        closing_after(self.last)
     }
 
     /// Notes the end of `data`, passed on.
     fn passed(&mut self, data: &[u8]) {
-        match data.len() {
-            0 => {}
-            1 => self.last = [self.last[1], self.last[2], data[0]],
-            2 => self.last = [self.last[2], data[0], data[1]],
-            n => self.last.copy_from_slice(&data[n - 3..]),
+        self.last = last_three(self.last, data);
+    }
+
+    /// Of an SSE body's `data`, what to pass on now: the bytes up to the
+    /// end of its last whole event, after what was held back. The rest is
+    /// held until its event is whole, unless that makes more than
+    /// [`HOLD_AT_MOST`]; `None` when nothing is whole yet.
+    fn whole_events(&mut self, data: Bytes) -> Option<Bytes> {
+        let scanned = self.held.len();
+        let data = if self.held.is_empty() {
+            data
+        } else {
+            let mut joined = bytes::BytesMut::with_capacity(scanned + data.len());
+            joined.extend_from_slice(&self.held);
+            joined.extend_from_slice(&data);
+            self.held = Bytes::new();
+            joined.freeze()
+        };
+        // No event ended within the held bytes (whether one ends at a byte
+        // depends only on the bytes before it), so the scan stops at them.
+        let whole = (scanned + 1..=data.len())
+            .rev()
+            .find(|&end| closing_after(last_three(self.last, &data[..end])).is_empty())
+            .unwrap_or(0);
+        if whole == data.len() || data.len() - whole > HOLD_AT_MOST {
+            return Some(data);
         }
+        let mut data = data;
+        self.held = data.split_off(whole);
+        (whole > 0).then_some(data)
     }
 
     fn end(&mut self, end: StreamEnd) {
@@ -236,6 +267,27 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
         if let Some(watch) = self.watch.take() {
             watch.finish(end);
         }
+    }
+}
+
+/// What closes the event that bytes ending in `last` stopped in (see
+/// [`WatchedBody::closing`]); nothing when they end an event.
+fn closing_after(last: [u8; 3]) -> &'static str {
+    match last {
+        [_, b'\n' | b'\r', b'\n' | b'\r'] if last[1..] != *b"\r\n" => "",
+        [b'\n' | b'\r', b'\r', b'\n'] => "",
+        [_, _, b'\n'] => "\n",
+        _ => "\n\n",
+    }
+}
+
+/// The last three bytes of `before` followed by `data`.
+fn last_three(before: [u8; 3], data: &[u8]) -> [u8; 3] {
+    match data.len() {
+        0 => before,
+        1 => [before[1], before[2], data[0]],
+        2 => [before[2], data[0], data[1]],
+        n => [data[n - 3], data[n - 2], data[n - 1]],
     }
 }
 
@@ -297,74 +349,84 @@ where
             let err = "the gateway shut down before the worker finished answering";
             return this.fail_as(StreamEnd::Shutdown, err.into(), "shutting_down");
         }
-        // The deadline, whenever the worker has no frame ready, and every
-        // DEADLINE_EVERY frames it had ready in a row: a fast worker read
-        // by a slow client always has its next frame buffered. (Not before
-        // every frame: polling the timer that often cost a streamed request
-        // 2.5% more instructions, bench/instr_cost.py --stream.)
-        if this.ready_in_a_row >= DEADLINE_EVERY {
-            this.ready_in_a_row = 0;
-            if this.past_deadline(cx) {
-                let err = "the request timed out while the worker was still answering";
-                return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
+        // A frame holding no whole event is held, and the next one read.
+        loop {
+            // The deadline, whenever the worker has no frame ready, and
+            // every DEADLINE_EVERY frames it had ready in a row: a fast
+            // worker read by a slow client always has its next frame
+            // buffered. (Not before every frame: polling the timer that
+            // often cost a streamed request 2.5% more instructions,
+            // bench/instr_cost.py --stream.)
+            if this.ready_in_a_row >= DEADLINE_EVERY {
+                this.ready_in_a_row = 0;
+                if this.past_deadline(cx) {
+                    let err = "the request timed out while the worker was still answering";
+                    return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
+                }
             }
-        }
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if polled.is_pending() {
-            this.ready_in_a_row = 0;
-            if this.past_deadline(cx) {
-                let err = "the request timed out while the worker was still answering";
-                return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
+            let polled = Pin::new(&mut this.inner).poll_frame(cx);
+            if polled.is_pending() {
+                this.ready_in_a_row = 0;
+                if this.past_deadline(cx) {
+                    let err = "the request timed out while the worker was still answering";
+                    return this.fail_as(StreamEnd::TimedOut, err.into(), "request_timeout");
+                }
+                if let Some((after, timer)) = this.stall.as_mut()
+                    && timer.as_mut().poll(cx).is_ready()
+                {
+                    let err = format!("the worker's stream stalled: nothing for {after:?}");
+                    return this.fail(err.into(), "stream_stalled");
+                }
+                return Poll::Pending;
             }
-            if let Some((after, timer)) = this.stall.as_mut()
-                && timer.as_mut().poll(cx).is_ready()
-            {
-                let err = format!("the worker's stream stalled: nothing for {after:?}");
-                return this.fail(err.into(), "stream_stalled");
+            this.ready_in_a_row += 1;
+            if let Some((after, timer)) = this.stall.as_mut() {
+                let next = tokio::time::Instant::now() + *after;
+                timer.as_mut().reset(next);
             }
-            return Poll::Pending;
-        }
-        this.ready_in_a_row += 1;
-        if let Some((after, timer)) = this.stall.as_mut() {
-            let next = tokio::time::Instant::now() + *after;
-            timer.as_mut().reset(next);
-        }
-        match ready!(polled) {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    if this.sse {
-                        this.passed(data);
-                    }
-                    if let Some(watch) = this.watch.as_mut() {
-                        if !this.started {
-                            this.started = true;
-                            watch.first_byte();
-                        }
-                        watch.data(data);
+            let frame = match ready!(polled) {
+                Some(Ok(frame)) if this.sse && frame.is_data() => {
+                    let data = frame.into_data().unwrap_or_default();
+                    match this.whole_events(data) {
+                        Some(whole) => Frame::data(whole),
+                        None => continue,
                     }
                 }
-                // A body of known length is over with its last byte, and
-                // hyper drops it then, unpolled: it ends complete here, not
-                // as a client gone at the drop.
-                let event_open = this.sse && !this.closing().is_empty();
-                if this.inner.is_end_stream() && !event_open {
+                Some(Ok(frame)) => frame,
+                Some(Err(err)) => {
+                    let err: Self::Error = err.into();
+                    let message = format!("the worker's stream broke off: {err}");
+                    return this.fail(message.into(), "stream_interrupted");
+                }
+                None if this.sse && (!this.held.is_empty() || !this.closing().is_empty()) => {
+                    let err = "the worker's stream ended in the middle of an event";
+                    return this.fail(err.into(), "stream_incomplete");
+                }
+                None => {
                     this.end(StreamEnd::Complete);
+                    return Poll::Ready(None);
                 }
-                Poll::Ready(Some(Ok(frame)))
+            };
+            if let Some(data) = frame.data_ref() {
+                if this.sse {
+                    this.passed(data);
+                }
+                if let Some(watch) = this.watch.as_mut() {
+                    if !this.started {
+                        this.started = true;
+                        watch.first_byte();
+                    }
+                    watch.data(data);
+                }
             }
-            Some(Err(err)) => {
-                let err: Self::Error = err.into();
-                let message = format!("the worker's stream broke off: {err}");
-                this.fail(message.into(), "stream_interrupted")
-            }
-            None if this.sse && !this.closing().is_empty() => {
-                let err = "the worker's stream ended in the middle of an event";
-                this.fail(err.into(), "stream_incomplete")
-            }
-            None => {
+            // A body of known length is over with its last byte, and hyper
+            // drops it then, unpolled: it ends complete here, not as a
+            // client gone at the drop.
+            let event_open = this.sse && (!this.held.is_empty() || !this.closing().is_empty());
+            if this.inner.is_end_stream() && !event_open {
                 this.end(StreamEnd::Complete);
-                Poll::Ready(None)
             }
+            return Poll::Ready(Some(Ok(frame)));
         }
     }
 

@@ -87,7 +87,14 @@ async fn refused_connections_move_to_another_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_dying_mid_stream_is_an_explicit_error_and_not_retried() {
-    let w = dying_worker(vec!["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n"]).await;
+    // It dies in the middle of its third event: the client gets none of
+    // that event, whose half its SSE parser would fail on.
+    let w = dying_worker(vec![
+        "data: {\"n\":1}\n\n",
+        "data: {\"n\":2}\n\n",
+        "data: {\"n\":3,\"choi",
+    ])
+    .await;
     let gw = gateway_ready(config(&[&w.url]), 1).await;
     let r = client()
         .post(format!("{}/v1/chat/completions", gw.url))
@@ -98,7 +105,7 @@ async fn a_worker_dying_mid_stream_is_an_explicit_error_and_not_retried() {
     assert_eq!(r.status(), 200);
     let text = String::from_utf8(r.bytes().await.unwrap().to_vec()).unwrap();
     assert!(
-        text.starts_with("data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"),
+        text.starts_with("data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: {\"error\""),
         "{text}"
     );
     let last = text.trim_end().rsplit("\n\n").next().unwrap();

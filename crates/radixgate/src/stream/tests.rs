@@ -66,10 +66,10 @@ fn events(text: &str) -> (Vec<String>, String) {
 }
 
 /// A worker that breaks off, or ends cleanly, in the middle of an event:
-/// the event is closed first, so the error event is one of its own and
-/// parses, and a clean end there is no complete stream.
+/// the client gets none of that event, the error event is one of its own
+/// and parses, and a clean end there is no complete stream.
 #[tokio::test]
-async fn an_end_in_the_middle_of_an_event_closes_it_before_the_error_event() {
+async fn an_end_in_the_middle_of_an_event_sends_none_of_it_before_the_error_event() {
     let partial = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel";
     for (items, end) in [
         (
@@ -102,10 +102,56 @@ async fn an_end_in_the_middle_of_an_event_closes_it_before_the_error_event() {
             assert_eq!(events.last().unwrap(), "[DONE]");
             continue;
         }
+        assert_eq!(events.len(), 2, "the unfinished event was sent: {text:?}");
         let error: serde_json::Value = serde_json::from_str(events.last().unwrap())
             .unwrap_or_else(|e| panic!("the error event is not JSON ({e}): {text:?}"));
         assert_eq!(error["error"]["type"], "upstream_error", "{text:?}");
     }
+}
+
+/// An event split over frames (at any byte, a line end's two bytes
+/// included) reaches the client whole and unchanged, and the frames the
+/// client gets each end an event.
+#[tokio::test]
+async fn an_event_split_over_frames_is_passed_on_whole() {
+    let text = "data: {\"a\":1}\r\n\r\n: ping\n\ndata: 2\r\rdata: 3\n\n";
+    for cut in 1..text.len() {
+        for second in cut..text.len() {
+            let items = vec![
+                data(&text[..cut]),
+                data(&text[cut..second]),
+                data(&text[second..]),
+            ];
+            let log = Log::default();
+            let mut body = WatchedBody::new(upstream(items), Recorder(log.clone()), true);
+            let mut got = String::new();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.unwrap().into_data().unwrap();
+                got.push_str(std::str::from_utf8(&frame).unwrap());
+                assert_eq!(events(&got).1, "", "cut at {cut}, {second}: {got:?}");
+            }
+            assert_eq!(got, text, "cut at {cut}, {second}");
+            assert_eq!(*log.lock().unwrap(), ["first", "Complete"]);
+        }
+    }
+}
+
+/// An event longer than what is held back is passed on as it comes, and
+/// closed before the error event when the worker breaks off in it.
+#[tokio::test]
+async fn an_event_longer_than_the_hold_is_passed_on_as_it_comes() {
+    let long = format!("data: {}", "x".repeat(HOLD_AT_MOST));
+    let body = WatchedBody::new(
+        upstream(vec![data("data: 1\n\n"), data(&long), broken()]),
+        Recorder(Log::default()),
+        true,
+    );
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let (events, rest) = events(std::str::from_utf8(&bytes).unwrap());
+    assert_eq!(rest, "");
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[1].len(), HOLD_AT_MOST);
+    assert!(events[2].contains("upstream_error"), "{}", events[2]);
 }
 
 /// The Messages and Responses APIs' clients look for an event named
@@ -170,12 +216,12 @@ async fn broken_plain_body_is_an_error() {
 async fn dropped_early_counts_as_client_gone() {
     let log = Log::default();
     let mut body = WatchedBody::new(
-        upstream(vec![data("a"), data("b")]),
+        upstream(vec![data("data: a\n\n"), data("data: b\n\n")]),
         Recorder(log.clone()),
         true,
     );
     let first = body.frame().await.unwrap().unwrap();
-    assert_eq!(first.into_data().unwrap(), "a");
+    assert_eq!(first.into_data().unwrap(), "data: a\n\n");
     drop(body);
     assert_eq!(*log.lock().unwrap(), ["first", "ClientGone"]);
 }
@@ -239,7 +285,10 @@ async fn a_stream_silent_past_its_stall_timeout_ends_with_an_error_event() {
     let ms = std::time::Duration::from_millis;
     let started = tokio::time::Instant::now();
     let body = WatchedBody::new(
-        paced(&["a", "b", "c"], vec![ms(600), ms(600), ms(5000)]),
+        paced(
+            &["data: a\n\n", "data: b\n\n", "data: c\n\n"],
+            vec![ms(600), ms(600), ms(5000)],
+        ),
         Recorder(log.clone()),
         true,
     )
@@ -247,7 +296,7 @@ async fn a_stream_silent_past_its_stall_timeout_ends_with_an_error_event() {
     let bytes = body.collect().await.unwrap().to_bytes();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     assert!(
-        text.starts_with("ab") && text.contains("stream_stalled"),
+        text.starts_with("data: a\n\ndata: b\n\n") && text.contains("stream_stalled"),
         "{text}"
     );
     // Stalled 1 s after the second frame, not 1 s after the first.
