@@ -6,6 +6,7 @@ use crate::error::GatewayError;
 use crate::state::AppState;
 use crate::upstream::worker_call;
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -95,10 +96,19 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
 /// 404 `model_not_found`. The OpenAI SDKs' `models.retrieve` asks this,
 /// and SGLang answers it; the id is the rest of the path, since Hugging
 /// Face names hold a `/`.
+///
+/// An id that percent-decodes to bytes that are not UTF-8 is the client's
+/// error as JSON, not the path extractor's plain-text line.
 pub(crate) async fn model(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, GatewayError> {
+    let Path(id) = id.map_err(|err| {
+        GatewayError::InvalidRequest(format!(
+            "the model id in the path is not a percent-encoded UTF-8 string ({})",
+            err.body_text()
+        ))
+    })?;
     let snapshot = state.shared.router.snapshot();
     let found = snapshot.models().find(|m| *m == id);
     found

@@ -731,6 +731,34 @@ async fn a_client_that_stops_reading_its_stream_is_cut_off_and_frees_its_slot() 
     gw.shutdown().await;
 }
 
+// ---- paths the client spells ----
+
+/// A model id in the path that percent-decodes to bytes that are not
+/// UTF-8 gets the gateway's own JSON error, as every refusal does; it had
+/// the path extractor's plain-text line, which OpenAI's SDKs cannot read.
+#[tokio::test]
+async fn a_model_path_that_is_not_utf8_gets_a_json_error() {
+    let (_worker, c) = worker_and_config().await;
+    let gw = gateway_ready(c, 1).await;
+    let mut stream = connect(&gw.url).await;
+    for path in ["/v1/models/%FF", "/v1/models/ok%C3"] {
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let answer = read_answer(&mut stream).await.expect("an answer");
+        assert_eq!(answer.status, 400, "{path}: {}", answer.head);
+        let error = &answer.json()["error"];
+        assert_eq!(error["type"], "invalid_request_error", "{path}: {error}");
+        assert!(
+            error["message"].as_str().unwrap().contains("UTF-8"),
+            "{path}: {error}"
+        );
+    }
+    normal_request_succeeds(&gw.url).await;
+    gw.shutdown().await;
+}
+
 // ---- HTTP/2: many requests on one connection ----
 
 /// A worker that holds every chat request it gets until `release` is
