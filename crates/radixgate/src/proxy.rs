@@ -109,10 +109,13 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
     let progress = Progress::default();
     let work = Box::pin(forward(&state, endpoint, req, started, &progress));
+    let served = |model: &str| shared.router.snapshot().models().any(|m| m == model);
     let unanswered = Unanswered {
         metrics: &shared.request_metrics,
         route,
         started,
+        progress: &progress,
+        served: &served,
     };
     let result = match shared.config.request_timeout() {
         Some(after) => tokio::time::timeout(after, work)
@@ -122,9 +125,10 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     };
     std::mem::forget(unanswered);
     result.unwrap_or_else(|err| {
+        let model = progress.model(&served);
         shared
             .request_metrics
-            .request_done(route, err.status().as_u16(), None, started.elapsed());
+            .request_done(route, err.status().as_u16(), model, started.elapsed());
         err.into_response()
     })
 }
@@ -140,6 +144,10 @@ struct Unanswered<'a> {
     metrics: &'a RequestMetrics,
     route: &'static str,
     started: Instant,
+    /// The model the request named, once its body was read.
+    progress: &'a Progress,
+    /// Whether a worker serves a model (the label is `unknown` otherwise).
+    served: &'a (dyn Fn(&str) -> bool + Sync),
 }
 
 impl Drop for Unanswered<'_> {
@@ -148,8 +156,9 @@ impl Drop for Unanswered<'_> {
             true => GatewayError::Internal.status().as_u16(),
             false => CLIENT_CLOSED_REQUEST,
         };
+        let model = self.progress.model(self.served);
         self.metrics
-            .request_done(self.route, status, None, self.started.elapsed());
+            .request_done(self.route, status, model, self.started.elapsed());
     }
 }
 
@@ -169,6 +178,9 @@ struct Progress {
     read_us: AtomicU64,
     /// Whether the request left the admission queue.
     admitted: AtomicBool,
+    /// The model the request's body named: the metrics label of a request
+    /// refused or left unanswered, where a worker serves it.
+    model: std::sync::OnceLock<String>,
 }
 
 impl Progress {
@@ -176,6 +188,11 @@ impl Progress {
     fn read(&self, started: Instant) {
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
         self.read_us.store(us + 1, Ordering::Relaxed);
+    }
+
+    /// The model the request named, if `served` says a worker serves it.
+    fn model(&self, served: &(dyn Fn(&str) -> bool + Sync)) -> Option<&str> {
+        self.model.get().map(String::as_str).filter(|m| served(m))
     }
 
     /// The request was admitted.
@@ -264,6 +281,9 @@ async fn forward(
         .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     progress.read(started);
     let request = endpoint.inspect(&bytes)?;
+    if let Some(model) = &request.model {
+        let _ = progress.model.set(model.clone());
+    }
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`)
     // where its answer may hold generated tokens.
@@ -836,10 +856,13 @@ mod tests {
     fn an_unanswered_request_is_499_unless_a_panic_ended_it() {
         let metrics = crate::metrics::Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
         let requests = RequestMetrics::new(&metrics);
+        let progress = Progress::default();
         let unanswered = |route| Unanswered {
             metrics: &requests,
             route,
             started: Instant::now(),
+            progress: &progress,
+            served: &|_| false,
         };
         drop(unanswered("/v1/completions"));
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -602,7 +602,9 @@ async fn a_request_that_finds_the_only_worker_probing_is_told_so() {
 
 /// A client that leaves before its answer's head (here, while a slow
 /// worker has not answered) is counted 499 in radixgate_requests_total,
-/// once; an answered request is not.
+/// once; an answered request is not. It and a request the gateway refuses
+/// are counted under the model they named, as answered ones are, since a
+/// worker serves it; a model no worker serves is `unknown`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_before_its_answer_is_counted_499() {
     let w = sim_worker(fast_worker()).await;
@@ -639,6 +641,36 @@ async fn a_client_that_leaves_before_its_answer_is_counted_499() {
     .await;
     let text = metrics_text(&gw.url).await;
     assert_eq!(count(&text, "200"), 1.0, "{text}");
+    let model = radixgate_sim::server::DEFAULT_MODEL;
+    let labelled = |text: &str, status: &str, model: &str| {
+        text.lines().any(|l| {
+            l.starts_with("radixgate_requests_total{")
+                && l.contains(&format!("status=\"{status}\",model=\"{model}\""))
+        })
+    };
+    assert!(labelled(&text, "499", model), "{text}");
+    // Refused by the gateway: the worker's port is closed.
+    w.set_faults(FaultConfig {
+        refuse: true,
+        ..Default::default()
+    });
+    let addr = w.url.trim_start_matches("http://").to_owned();
+    wait_until("the worker's port to close", || {
+        let addr = addr.clone();
+        async move { tokio::net::TcpStream::connect(addr).await.is_err() }
+    })
+    .await;
+    let refused = post_chat(&gw.url, &chat("refused", false)).await;
+    let status = refused.status().as_u16().to_string();
+    assert!(refused.status().is_server_error(), "{status}");
+    let mut unknown = chat("no such model", false);
+    unknown["model"] = json!("no-such-model");
+    let unserved = post_chat(&gw.url, &unknown).await;
+    let unserved = unserved.status().as_u16().to_string();
+    let text = metrics_text(&gw.url).await;
+    assert!(labelled(&text, &status, model), "{status}: {text}");
+    assert!(labelled(&text, &unserved, "unknown"), "{unserved}: {text}");
+    assert!(!text.contains("no-such-model"), "{text}");
     gw.shutdown().await;
 }
 
