@@ -957,3 +957,46 @@ async fn a_pool_without_decode_workers_is_not_ready() {
     assert_eq!(body["status"], "no_healthy_decode_workers", "{body}");
     gw.shutdown().await;
 }
+
+/// vLLM: decode is sent nothing until prefill has answered, so a prefill
+/// that fails leaves decode's prefix record as it was. (It kept the
+/// prompt: the next request for it, or the failed one's retry, was
+/// predicted held by decode and sent to decode alone, which computed the
+/// whole prompt itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_vllm_prefill_leaves_no_prompt_on_decodes_record() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let mut c = pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode]);
+    c.pd.skip_prefill_max_uncached_tokens = 32;
+    c.retry.max_retries = 0;
+    c.circuit_breaker.enabled = false;
+    let gw = started(c).await;
+    // A failure (retried elsewhere when another pair is left), then a
+    // refusal (the request's own fault).
+    for (i, status) in [502, 400].into_iter().enumerate() {
+        prefill.set(Behaviour {
+            fail: Some(status),
+            ..Behaviour::default()
+        });
+        let mut body = chat_body(false);
+        body["messages"][0]["content"] = json!(long_prompt(&format!("topic {i}")));
+        let r = post_chat(&gw.url, &body).await;
+        assert_eq!(r.status(), status);
+        assert_eq!(decode.bodies().len(), i, "decode was sent nothing");
+        prefill.set(Behaviour::default());
+        let r = post_chat(&gw.url, &body).await;
+        assert_eq!(r.status(), 200);
+        let decision = header(&r, "x-radixgate-decision");
+        assert!(
+            decision.starts_with("pd=vllm prefill=[cache_aware "),
+            "after a {status}: {decision}"
+        );
+        let sent = decode.bodies();
+        assert_eq!(
+            sent.last().unwrap()["kv_transfer_params"]["remote_engine_id"],
+            "engine-prefill"
+        );
+    }
+    gw.shutdown().await;
+}

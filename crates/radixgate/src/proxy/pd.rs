@@ -940,6 +940,36 @@ impl Pair<'_> {
         mut decode: Admitted,
         bytes: &Bytes,
     ) -> Result<Done, Failed> {
+        let (step_two, prefill_worker, probe) = match self.vllm_prefill(prefill, bytes).await {
+            Ok(prefilled) => prefilled,
+            Err(failed) => {
+                // Decode was sent nothing: its record does not keep the
+                // prompt (it did, and the next request for it, or this
+                // one's retry, went to decode alone, predicted held).
+                decode.0.decision.undo_insert(self.text);
+                return Err(failed);
+            }
+        };
+        drop(decode.0.decision.take_cache_feedback());
+        // Prefill's success is the pair's (see `prefill_side`): a failed
+        // decode leaves the verdict to the pair's loop.
+        let answer = self.decode_answer(decode, step_two).await?;
+        record(&prefill_worker, probe, Outcome::Success);
+        Ok(Done {
+            answer,
+            prefill_task: None,
+            prefill_worker: Some(prefill_worker.url().to_owned()),
+        })
+    }
+
+    /// vLLM's step one: prefill's answer read for its transfer
+    /// parameters; returns decode's body, and the prefill worker with its
+    /// breaker's permit (settled once decode has answered).
+    async fn vllm_prefill(
+        &self,
+        prefill: Admitted,
+        bytes: &Bytes,
+    ) -> Result<(Bytes, Arc<radixgate_routing::Worker>, Permit), Failed> {
         let (
             Routed {
                 decision: mut prefill_decision,
@@ -998,20 +1028,10 @@ impl Pair<'_> {
         }
         // Prefill's work is done: its load goes now, not with the stream.
         drop(prefill_decision);
-        let step_two = match with_transfer_params(bytes, &params) {
-            Ok(body) => body,
-            Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
-        };
-        drop(decode.0.decision.take_cache_feedback());
-        // Prefill's success is the pair's (see `prefill_side`): a failed
-        // decode leaves the verdict to the pair's loop.
-        let answer = self.decode_answer(decode, step_two).await?;
-        record(&prefill_worker, probe, Outcome::Success);
-        Ok(Done {
-            answer,
-            prefill_task: None,
-            prefill_worker: Some(prefill_worker.url().to_owned()),
-        })
+        match with_transfer_params(bytes, &params) {
+            Ok(body) => Ok((body, prefill_worker, probe)),
+            Err(err) => Err(Failed::prefill(prefill_worker.id(), err)),
+        }
     }
 }
 
