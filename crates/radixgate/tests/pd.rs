@@ -122,6 +122,22 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
     let body: Value = serde_json::from_slice(&body).unwrap();
     e.bodies.lock().push(body.clone());
     let b = *e.behaviour.lock();
+    // vLLM's sampling parameters refuse more minimum tokens than maximum.
+    if let (Some(least), Some(most)) = (body["min_tokens"].as_u64(), body["max_tokens"].as_u64())
+        && least > most
+    {
+        guard.done = true;
+        return axum::response::Response::builder()
+            .status(400)
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"error": {"message": format!(
+                    "min_tokens must be less than or equal to max_tokens={most}, got {least}."
+                )}})
+                .to_string(),
+            ))
+            .unwrap();
+    }
     let room = body["bootstrap_room"].as_u64();
     if let (true, Some(room)) = (b.waits_for_kv, room) {
         for _ in 0..6000 {
@@ -997,6 +1013,27 @@ async fn a_failed_vllm_prefill_leaves_no_prompt_on_decodes_record() {
             sent.last().unwrap()["kv_transfer_params"]["remote_engine_id"],
             "engine-prefill"
         );
+    }
+    gw.shutdown().await;
+}
+
+/// vLLM's step one asks for one token; a client's `min_tokens` above it
+/// is left out of step one (vLLM refuses `min_tokens` over `max_tokens`:
+/// every request that set it was answered 400) and reaches decode as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_clients_min_tokens_does_not_fail_its_one_token_prefill() {
+    let (prefill, decode, gw) = pair(PdProtocol::Vllm).await;
+    for stream in [false, true] {
+        let mut body = chat_body(stream);
+        body["min_tokens"] = json!(8);
+        let r = post_chat(&gw.url, &body).await;
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap());
+        assert!(r.text().await.unwrap().contains("from-decode"));
+        let one = prefill.bodies().last().unwrap().clone();
+        assert_eq!(one["max_tokens"], 1);
+        assert!(one.get("min_tokens").is_none(), "{one}");
+        assert_eq!(decode.bodies().last().unwrap()["min_tokens"], 8);
     }
     gw.shutdown().await;
 }

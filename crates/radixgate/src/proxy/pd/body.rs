@@ -148,8 +148,8 @@ pub(super) fn with_bootstrap(
     to_bytes(&fields)
 }
 
-/// vLLM's step one: one whole token, no echo or log-probabilities, and a
-/// request for remote decode.
+/// vLLM's step one: one whole token (no minimum), no echo or
+/// log-probabilities, and a request for remote decode.
 pub(super) fn prefill_body(bytes: &[u8]) -> Result<Bytes, GatewayError> {
     let mut fields = fields(bytes)?;
     fields.insert("stream".into(), raw("false".into()));
@@ -158,6 +158,10 @@ pub(super) fn prefill_body(bytes: &[u8]) -> Result<Bytes, GatewayError> {
         fields.insert("max_completion_tokens".into(), raw("1".into()));
     }
     fields.remove("stream_options");
+    // More than one token at least would be refused with 400 against the
+    // one asked for (vLLM checks `min_tokens <= max_tokens`); decode gets
+    // the client's own.
+    fields.remove("min_tokens");
     // Step one's answer is read for its transfer parameters alone (up to
     // 1 MiB); these would make it as long as the prompt, or longer.
     for echoed in ["echo", "logprobs", "top_logprobs", "prompt_logprobs"] {
@@ -279,7 +283,7 @@ mod tests {
 
     #[test]
     fn the_vllm_steps_rewrite_only_their_fields() {
-        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"extra":{"k":1},"echo":true,"logprobs":5,"top_logprobs":3,"prompt_logprobs":1}"#;
+        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"min_tokens":8,"extra":{"k":1},"echo":true,"logprobs":5,"top_logprobs":3,"prompt_logprobs":1}"#;
         let one = parse(&prefill_body(body).unwrap());
         // What would make step one's answer as long as the prompt: the
         // prompt echoed, its log-probabilities.
@@ -290,6 +294,7 @@ mod tests {
         assert_eq!(one["max_tokens"], 1);
         assert_eq!(one["max_completion_tokens"], 1);
         assert!(one.get("stream_options").is_none());
+        assert!(one.get("min_tokens").is_none(), "over max_tokens: {one}");
         assert_eq!(one["kv_transfer_params"]["do_remote_decode"], true);
         assert_eq!(one["kv_transfer_params"]["do_remote_prefill"], false);
         assert_eq!(one["extra"], json!({"k": 1}));
@@ -299,6 +304,7 @@ mod tests {
         assert_eq!(two["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
         assert_eq!(two["stream"], true, "the client's own flags");
         assert_eq!(two["max_tokens"], 64);
+        assert_eq!(two["min_tokens"], 8);
         assert_eq!(two["stream_options"], json!({"include_usage": true}));
         assert_eq!(
             (two["echo"].clone(), two["logprobs"].clone()),
