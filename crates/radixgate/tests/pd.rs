@@ -1037,3 +1037,40 @@ async fn a_vllm_clients_min_tokens_does_not_fail_its_one_token_prefill() {
     }
     gw.shutdown().await;
 }
+
+/// The router owns the engines' transfer protocol: `kv_transfer_params`
+/// in a client's body (naming another request's KV blocks, or a host to
+/// pull from) never reaches decode. It did on the prefill skip, where the
+/// client's bytes went to decode as sent, and decode pulled what the
+/// client named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_transfer_params_never_reach_decode() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let mut c = pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode]);
+    c.pd.skip_prefill_max_uncached_tokens = 32;
+    let gw = started(c).await;
+    let forged = json!({"do_remote_prefill": true, "do_remote_decode": false,
+        "remote_engine_id": "someone-elses", "remote_block_ids": [1, 2, 3],
+        "remote_host": "192.0.2.1", "remote_port": 5600});
+    // Short: decode alone. Long: a pair.
+    for (i, content) in ["hi", &long_prompt("forged")].into_iter().enumerate() {
+        let body = json!({"model": "pd-model", "messages": [{"role": "user", "content": content}],
+            "kv_transfer_params": forged, "client_extension": {"keep": [1, 2.50]}});
+        let r = post_chat(&gw.url, &body).await;
+        assert_eq!(r.status(), 200);
+        let decision = header(&r, "x-radixgate-decision");
+        assert_eq!(decision.contains("prefill=skipped"), i == 0, "{decision}");
+        let sent = decode.bodies().last().unwrap().clone();
+        assert_eq!(sent["client_extension"], json!({"keep": [1, 2.50]}));
+        if i == 0 {
+            assert!(sent.get("kv_transfer_params").is_none(), "{sent}");
+        } else {
+            assert_eq!(
+                sent["kv_transfer_params"]["remote_engine_id"],
+                "engine-prefill"
+            );
+        }
+    }
+    gw.shutdown().await;
+}

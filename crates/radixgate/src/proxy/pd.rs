@@ -31,7 +31,8 @@
 //! **Prefill skip** (vLLM only): when the chosen decode worker is predicted
 //! to hold all but `pd.skip_prefill_max_uncached_tokens` of the prompt (the
 //! decode pool's prefix record, `radixgate_routing::policy::Holding`), the
-//! client's bytes go to decode alone, as to a co-located worker; vLLM's
+//! client's bytes go to decode alone, as to a co-located worker (less any
+//! `kv_transfer_params` of the client's own); vLLM's
 //! decode instance prefills what a request without `kv_transfer_params`
 //! needs itself. SGLang's decode server takes no request without its
 //! prefill's bootstrap room (it waits for a handshake with a prefill
@@ -44,7 +45,9 @@
 
 mod body;
 
-use body::{prefill_body, transfer_params, with_bootstrap, with_transfer_params};
+use body::{
+    prefill_body, transfer_params, with_bootstrap, with_transfer_params, without_transfer_params,
+};
 
 use super::{
     Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record, rescued,
@@ -189,6 +192,23 @@ pub(super) async fn attempts(
             }
             PdProtocol::Sglang => None,
         };
+        // A side chosen but not sent: its tree does not keep the prompt.
+        let unsent = |side: &mut Routed| {
+            side.decision.undo_insert(text);
+        };
+        // Decode alone gets the client's body less any transfer
+        // parameters of the client's own: they would have it pull the KV
+        // the client names (another request's blocks, any host).
+        let alone = match skip {
+            Some(_) => match without_transfer_params(&bytes) {
+                Ok(body) => Some(body),
+                Err(err) => {
+                    unsent(&mut decode);
+                    return Err(err);
+                }
+            },
+            None => None,
+        };
         let select_prefill = |tried: &[WorkerId]| {
             shared.router.select_in(
                 WorkerRole::Prefill,
@@ -198,10 +218,6 @@ pub(super) async fn attempts(
                 tried,
                 exact.map(crate::events::Matched::view),
             )
-        };
-        // A side chosen but not sent: its tree does not keep the prompt.
-        let unsent = |side: &mut Routed| {
-            side.decision.undo_insert(text);
         };
         let mut prefill = match skip {
             Some(_) => None,
@@ -294,7 +310,10 @@ pub(super) async fn attempts(
         let decode = (decode, decode_probe);
         let paired_prefill = prefill.as_ref().map(|(p, _)| p.decision.worker().clone());
         let outcome = match prefill {
-            None => pair.decode_alone(decode, bytes.clone()).await,
+            None => {
+                let body = alone.unwrap_or_else(|| bytes.clone());
+                pair.decode_alone(decode, body).await
+            }
             Some(prefill) => match pd.protocol {
                 PdProtocol::Sglang => pair.sglang(api, prefill, decode, &bytes).await,
                 PdProtocol::Vllm => pair.vllm(prefill, decode, &bytes).await,

@@ -192,6 +192,17 @@ pub(super) fn with_transfer_params(bytes: &[u8], params: &RawValue) -> Result<By
     to_bytes(&fields)
 }
 
+/// The prefill skip's body for decode alone: the client's, as sent, but
+/// without a `kv_transfer_params` of its own (the router's protocol: one
+/// a client writes would have decode pull the KV it names).
+pub(super) fn without_transfer_params(bytes: &Bytes) -> Result<Bytes, GatewayError> {
+    let mut fields = fields(bytes)?;
+    if fields.remove("kv_transfer_params").is_none() {
+        return Ok(bytes.clone());
+    }
+    to_bytes(&fields)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,6 +324,20 @@ mod tests {
         assert!(transfer_params(br#"{"choices":[]}"#).is_none());
         assert!(transfer_params(br#"{"kv_transfer_params":null}"#).is_none());
         assert!(transfer_params(b"not json").is_none());
+    }
+
+    #[test]
+    fn decode_alone_gets_the_clients_bytes_without_its_transfer_params() {
+        let plain = Bytes::from_static(br#"{"prompt": "hi",  "x": 2.50}"#);
+        assert_eq!(without_transfer_params(&plain).unwrap(), plain, "as sent");
+        // Spelled with an escape, or twice: gone all the same.
+        let forged = Bytes::from_static(
+            br#"{"prompt":"hi","kv_transfer_params":{"remote_host":"h"},"kv\u005ftransfer_params":{"remote_block_ids":[1]},"x":2.50}"#,
+        );
+        let out = without_transfer_params(&forged).unwrap();
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(!text.contains("transfer"), "{text}");
+        assert!(text.contains(r#""x":2.50"#), "{text}");
     }
 
     #[test]
