@@ -529,6 +529,9 @@ async fn attempts(
         &bytes,
     );
     let mut last_failure: Option<GatewayError> = None;
+    // Why the last attempt failed, counted as a retry once another attempt
+    // is sent (not when none is left to send it to).
+    let mut retrying: Option<&'static str> = None;
     let route = target.endpoint.label();
     loop {
         let deciding = crate::trace::Deciding::start();
@@ -585,6 +588,9 @@ async fn attempts(
         shared
             .request_metrics
             .decision(decision.explanation().branch.as_str());
+        if let Some(reason) = retrying.take() {
+            shared.request_metrics.retry(reason);
+        }
         tracing::debug!(route, worker = worker.url(), decision = %decision.rendered(), "routed");
         let pool = model
             .as_deref()
@@ -733,7 +739,7 @@ async fn attempts(
             });
         }
         tracing::debug!(worker = worker.url(), error = %failure, "attempt failed; retrying");
-        shared.request_metrics.retry(retry::reason(&failure));
+        retrying = Some(retry::reason(&failure));
         tried.push(worker.id());
         last_failure = Some(failure);
         // The failed worker's load is released before the pause, not after.

@@ -52,6 +52,17 @@ async fn failed_attempts_move_to_another_worker() {
         .await
         .unwrap();
     assert_eq!(r.status(), 500);
+    // A retry counts once it is sent: the pair's requests that met the
+    // failing worker first were, the lone worker's had nowhere to go.
+    let retries = |text: String| {
+        text.lines()
+            .filter(|l| l.starts_with("radixgate_retries_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(retries(metrics_text(&gw.url).await) >= 1.0);
+    let text = metrics_text(&exhausted.url).await;
+    assert_eq!(retries(text.clone()), 0.0, "{text}");
     for g in [gw, single, exhausted] {
         g.shutdown().await;
     }

@@ -154,6 +154,9 @@ pub(super) async fn attempts(
     // once another pair answers it, never if none does.
     let mut answered_500: Vec<Arc<radixgate_routing::Worker>> = Vec::new();
     let mut last_failure: Option<GatewayError> = None;
+    // Why the last pair failed, counted as a retry once another pair is
+    // sent (not when none is left to send it to).
+    let mut retrying: Option<&'static str> = None;
     let mut attempt = 0u32;
     // Whether a side was left out because its half-open breaker's one
     // probe request was out: no attempt, so no retry spent.
@@ -292,6 +295,9 @@ pub(super) async fn attempts(
                 len: inserted.len(),
             })
         });
+        if let Some(reason) = retrying.take() {
+            shared.request_metrics.retry(reason);
+        }
         let last_attempt = attempt >= max_retries;
         attempt += 1;
         let pair = Pair {
@@ -432,7 +438,7 @@ pub(super) async fn attempts(
             });
         }
         tracing::debug!(error = %failure, "disaggregated attempt failed; retrying on a new pair");
-        shared.request_metrics.retry(retry::reason(&failure));
+        retrying = Some(retry::reason(&failure));
         last_failure = Some(failure);
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;
