@@ -985,10 +985,28 @@ async fn a_pool_without_decode_workers_is_not_ready() {
         .await
         .unwrap();
     assert_eq!(r.status(), 503, "no decode worker to answer");
+    // The answer names the pool that has none, as `/readiness` does.
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no decode worker"), "{message}");
     let r = ready().await;
     assert_eq!(r.status(), 503);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["status"], "no_healthy_decode_workers", "{body}");
+    gw.shutdown().await;
+    // And so without a prefill worker.
+    let (prefill, _decode, gw) = pair(PdProtocol::Vllm).await;
+    let r = client()
+        .delete(format!("{}/workers?url={}", gw.url, prefill.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = post_chat(&gw.url, &chat_body(false)).await;
+    assert_eq!(r.status(), 503, "no prefill worker to answer");
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no prefill worker"), "{message}");
     gw.shutdown().await;
 }
 

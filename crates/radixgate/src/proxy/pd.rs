@@ -166,7 +166,9 @@ pub(super) async fn attempts(
     // The workers that broke the connection on it (`retry::Broken`).
     let mut broken = retry::Broken::new(&shared.suspects, model, text, &bytes);
     loop {
-        let give_up = |err, last: Option<GatewayError>| match last {
+        // `side`: the pool that had no worker to take it, named, since
+        // the other may be well (and `/readiness` names it too).
+        let give_up = |err, last: Option<GatewayError>, side: &str| match last {
             Some(last) => GatewayError::RetriesExhausted {
                 attempts: attempt,
                 last: Box::new(last),
@@ -175,7 +177,13 @@ pub(super) async fn attempts(
                 model: request.model.clone(),
                 why: PROBING.to_owned(),
             },
-            None => unavailable(shared, err, model),
+            None => match unavailable(shared, err, model) {
+                GatewayError::NoHealthyWorker { model, why } => GatewayError::NoHealthyWorker {
+                    model,
+                    why: format!("no {side} worker can take it; {why}"),
+                },
+                other => other,
+            },
         };
         let mut decode = match shared.router.select_in(
             WorkerRole::Decode,
@@ -187,7 +195,7 @@ pub(super) async fn attempts(
         ) {
             Ok(routed) => routed,
             Err(err) if rescued(shared, &err) => continue,
-            Err(err) => return Err(give_up(err, last_failure)),
+            Err(err) => return Err(give_up(err, last_failure, "decode")),
         };
         let skip = match pd.protocol {
             PdProtocol::Vllm => {
@@ -235,14 +243,14 @@ pub(super) async fn attempts(
                             unsent(&mut decode);
                             continue;
                         }
-                        Err(err) => return Err(give_up(err, last_failure)),
+                        Err(err) => return Err(give_up(err, last_failure, "prefill")),
                     }
                 }
                 Err(err) if rescued(shared, &err) => {
                     unsent(&mut decode);
                     continue;
                 }
-                Err(err) => return Err(give_up(err, last_failure)),
+                Err(err) => return Err(give_up(err, last_failure, "prefill")),
             },
         };
         // Each side's breaker admits it before either is sent, so that a
