@@ -317,8 +317,23 @@ fn unreachable_because(err: &reqwest::Error, timeout_secs: u64) -> String {
     if err.is_timeout() {
         return format!("no answer within {timeout_secs} s");
     }
+    let plain = err.url().is_some_and(|url| url.scheme() == "http");
     let mut innermost: &dyn std::error::Error = err;
     while let Some(source) = innermost.source() {
+        // What a TLS server sends a plain-HTTP request (an alert record)
+        // is no HTTP answer: hyper's "invalid HTTP version parsed" alone
+        // does not tell an operator that an `http://` URL names an HTTPS
+        // worker.
+        if let Some(hyper) = source.downcast_ref::<hyper::Error>()
+            && hyper.is_parse()
+            && plain
+        {
+            return format!(
+                "{hyper}: the worker's answer was not HTTP; if it serves HTTPS \
+                 (a TLS server answers plain HTTP with an alert), its URL is https://, \
+                 not http://"
+            );
+        }
         if let Some(io) = source.downcast_ref::<std::io::Error>() {
             return match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),

@@ -285,6 +285,8 @@ async fn an_https_worker_gets_its_key_and_bad_certificates_are_named() {
     let (elsewhere, _) = tls_worker(leaf(&dir, "ca", "elsewhere", "DNS:other.example", "1"));
     let (untrusted, _) = tls_worker(leaf(&dir, "rogue", "untrusted", "IP:127.0.0.1", "1"));
     let plain = plain_http_worker();
+    let (tls_as_plain, _) = tls_worker(leaf(&dir, "ca", "as-plain", "IP:127.0.0.1", "1"));
+    let tls_as_plain = tls_as_plain.replacen("https://", "http://", 1);
     let file = config_file(
         &dir,
         &[
@@ -293,6 +295,7 @@ async fn an_https_worker_gets_its_key_and_bad_certificates_are_named() {
             format!("{{url: '{elsewhere}', api_key: wk-elsewhere}}"),
             format!("{{url: '{untrusted}', api_key: wk-untrusted}}"),
             format!("{{url: '{plain}', api_key: wk-plain}}"),
+            format!("{{url: '{tls_as_plain}', api_key: wk-as-plain}}"),
         ],
     );
     let (mut serve, router) = Serve::start_with_env(
@@ -306,6 +309,8 @@ async fn an_https_worker_gets_its_key_and_bad_certificates_are_named() {
     // The handshake's answer was plain HTTP: said so, not only as
     // rustls's "corrupt message".
     problem(&router, &plain, "its URL is http://, not https://").await;
+    // And the other way round: a TLS server's alert is no HTTP answer.
+    problem(&router, &tls_as_plain, "its URL is https://, not http://").await;
 
     let r = common::client()
         .post(format!("{router}/v1/chat/completions"))
@@ -330,6 +335,7 @@ async fn an_https_worker_gets_its_key_and_bad_certificates_are_named() {
         "wk-elsewhere",
         "wk-untrusted",
         "wk-plain",
+        "wk-as-plain",
     ] {
         assert!(!lines.contains(key), "{key} logged:\n{lines}");
     }
