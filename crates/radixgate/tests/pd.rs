@@ -664,14 +664,9 @@ async fn a_vllm_prefill_without_transfer_params_is_retried_on_another() {
         bad.bodies().len() as f64
     );
     // Each failed pair was retried, and counted so.
-    let retries = |text: String| {
-        text.lines()
-            .filter(|l| l.starts_with("radixgate_retries_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    let text = common::metrics_text(&gw.url).await;
-    assert_eq!(retries(text.clone()), bad.bodies().len() as f64, "{text}");
+    let retries = "radixgate_retries_total";
+    let retried = common::series_sum(&gw.url, retries).await;
+    assert_eq!(retried, bad.bodies().len() as f64);
     common::wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
     // With no other prefill worker, a failed pair is not retried, and no
@@ -680,8 +675,7 @@ async fn a_vllm_prefill_without_transfer_params_is_retried_on_another() {
     let gw = started(c).await;
     let r = post_chat(&gw.url, &chat_body(false)).await;
     assert_eq!(r.status(), 502, "{}", r.text().await.unwrap());
-    let text = common::metrics_text(&gw.url).await;
-    assert_eq!(retries(text.clone()), 0.0, "{text}");
+    assert_eq!(common::series_sum(&gw.url, retries).await, 0.0);
     gw.shutdown().await;
 }
 

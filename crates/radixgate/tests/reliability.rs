@@ -54,18 +54,26 @@ async fn failed_attempts_move_to_another_worker() {
     assert_eq!(r.status(), 500);
     // A retry counts once it is sent: the pair's requests that met the
     // failing worker first were, the lone worker's had nowhere to go.
-    let retries = |text: String| {
-        text.lines()
-            .filter(|l| l.starts_with("radixgate_retries_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    assert!(retries(metrics_text(&gw.url).await) >= 1.0);
-    let text = metrics_text(&exhausted.url).await;
-    assert_eq!(retries(text.clone()), 0.0, "{text}");
+    let retries = "radixgate_retries_total";
+    assert!(series_sum(&gw.url, retries).await >= 1.0);
+    assert_eq!(series_sum(&exhausted.url, retries).await, 0.0);
     for g in [gw, single, exhausted] {
         g.shutdown().await;
     }
+}
+
+/// Has `worker` refuse connections, and waits until its port is closed.
+async fn refuse_connections(worker: &SimWorker) {
+    worker.set_faults(FaultConfig {
+        refuse: true,
+        ..Default::default()
+    });
+    let addr = worker.url.trim_start_matches("http://").to_owned();
+    wait_until("the refusing worker's port to close", || {
+        let addr = addr.clone();
+        async move { tokio::net::TcpStream::connect(addr).await.is_err() }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,16 +85,7 @@ async fn refused_connections_move_to_another_worker() {
     // the request path's own retry on a connect error.
     cfg.health.failure_threshold = 1000;
     let gw = gateway_ready(cfg, 2).await;
-    bad.set_faults(FaultConfig {
-        refuse: true,
-        ..Default::default()
-    });
-    let addr = bad.url.trim_start_matches("http://").to_owned();
-    wait_until("the refusing worker's port to close", || {
-        let addr = addr.clone();
-        async move { tokio::net::TcpStream::connect(addr).await.is_err() }
-    })
-    .await;
+    refuse_connections(&bad).await;
     assert_all_served_by(&gw.url, &good.url, 4, "refused").await;
     let metrics = metrics_text(&gw.url).await;
     let retried = metrics.lines().any(|l| {
@@ -661,16 +660,7 @@ async fn a_client_that_leaves_before_its_answer_is_counted_499() {
     };
     assert!(labelled(&text, "499", model), "{text}");
     // Refused by the gateway: the worker's port is closed.
-    w.set_faults(FaultConfig {
-        refuse: true,
-        ..Default::default()
-    });
-    let addr = w.url.trim_start_matches("http://").to_owned();
-    wait_until("the worker's port to close", || {
-        let addr = addr.clone();
-        async move { tokio::net::TcpStream::connect(addr).await.is_err() }
-    })
-    .await;
+    refuse_connections(&w).await;
     let refused = post_chat(&gw.url, &chat("refused", false)).await;
     let status = refused.status().as_u16().to_string();
     assert!(refused.status().is_server_error(), "{status}");
