@@ -112,6 +112,7 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     let served = |model: &str| shared.router.snapshot().models().any(|m| m == model);
     let unanswered = Unanswered {
         metrics: &shared.request_metrics,
+        tenant_metrics: &shared.tenant_metrics,
         route,
         started,
         progress: &progress,
@@ -142,6 +143,9 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
 /// (`trace::request_id`): 500, a bug, not a client that left.
 struct Unanswered<'a> {
     metrics: &'a RequestMetrics,
+    /// Where a metered tenant's prompt, owed once the request was sent to
+    /// a worker ([`Progress::owed`]), is counted.
+    tenant_metrics: &'a crate::tenants::TenantMetrics,
     route: &'static str,
     started: Instant,
     /// The model the request named, once its body was read.
@@ -159,6 +163,11 @@ impl Drop for Unanswered<'_> {
         let model = self.progress.model(self.served);
         self.metrics
             .request_done(self.route, status, model, self.started.elapsed());
+        if status == CLIENT_CLOSED_REQUEST
+            && let Some(owed) = self.progress.owed.get()
+        {
+            owed.charge(self.tenant_metrics);
+        }
     }
 }
 
@@ -181,6 +190,9 @@ struct Progress {
     /// The model the request's body named: the metrics label of a request
     /// refused or left unanswered, where a worker serves it.
     model: std::sync::OnceLock<String>,
+    /// Set when the request is sent to a worker: what its metered tenant
+    /// owes if its client leaves before the answer's head.
+    owed: std::sync::OnceLock<crate::tenants::PromptOwed>,
 }
 
 impl Progress {
@@ -335,6 +347,14 @@ async fn forward(
         }
         _ => None,
     };
+    // Sent to a worker from here: a metered tenant whose client leaves
+    // before the answer's head owes its prompt (`Unanswered`).
+    if let Some(owed) = metering
+        .as_ref()
+        .and_then(|m| m.prompt_owed(&parts.extensions))
+    {
+        let _ = progress.owed.set(owed);
+    }
     let (answer, pd) = if shared.config.pd.enabled {
         // A disaggregated pool: a prefill and a decode worker (`pd.rs`).
         let Endpoint::Routed(api) = endpoint else {
@@ -862,9 +882,11 @@ mod tests {
     fn an_unanswered_request_is_499_unless_a_panic_ended_it() {
         let metrics = crate::metrics::Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
         let requests = RequestMetrics::new(&metrics);
+        let tenants = crate::tenants::TenantMetrics::new(&metrics);
         let progress = Progress::default();
         let unanswered = |route| Unanswered {
             metrics: &requests,
+            tenant_metrics: &tenants,
             route,
             started: Instant::now(),
             progress: &progress,

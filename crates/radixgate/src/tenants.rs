@@ -38,7 +38,9 @@
 //!   ([`crate::usage::Output`]). An answer cut short (its client gone, its
 //!   worker failed) may have reported its prompt alone (an Anthropic
 //!   stream's output count comes in its last events): it is charged at
-//!   least its prompt and the output it was sent.
+//!   least its prompt and the output it was sent; a request whose client
+//!   leaves after it was sent to a worker, before the answer's head, its
+//!   prompt ([`PromptOwed`]).
 //!
 //! The tenant metric families are this component's ([`TenantMetrics`], in
 //! `tenants/metrics.rs`).
@@ -297,6 +299,39 @@ impl Metering {
     /// Whether the gateway ended the answer early.
     fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Relaxed)
+    }
+}
+
+/// What a metered tenant owes for a request sent to a worker whose client
+/// leaves before the answer's head: its prompt's estimate. The worker read
+/// the prompt (a whole answer's head comes only when it is done), and an
+/// answer cut short is charged at least that; charged nothing, a tenant
+/// could have long prompts read without end by leaving each request before
+/// its answer. Charged by the request path ([`crate::proxy`]) when the
+/// request's future is dropped unanswered.
+#[derive(Debug)]
+pub(crate) struct PromptOwed {
+    tenant: Arc<Tenant>,
+    tokens: u64,
+}
+
+impl PromptOwed {
+    /// Charges the tenant and counts the tokens in its metrics.
+    pub(crate) fn charge(&self, metrics: &TenantMetrics) {
+        self.tenant.charge(self.tokens);
+        metrics.tokens(self.tenant.name(), self.tokens);
+    }
+}
+
+impl Metering {
+    /// What the request's tenant (in `extensions`) owes if its client
+    /// leaves before the answer's head.
+    pub(crate) fn prompt_owed(&self, extensions: &Extensions) -> Option<PromptOwed> {
+        let TenantRef(tenant) = extensions.get::<TenantRef>()?;
+        Some(PromptOwed {
+            tenant: tenant.clone(),
+            tokens: self.prompt_tokens,
+        })
     }
 }
 

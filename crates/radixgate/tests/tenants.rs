@@ -1148,3 +1148,43 @@ async fn keys_come_from_a_file_and_the_environment() {
     assert_eq!(chat_as(&gw.url, "sk-nope", false).await.0, 401);
     gw.shutdown().await;
 }
+
+/// A metered tenant whose client leaves after its request reached a worker
+/// but before the answer's head (a whole answer, which comes only when it
+/// is done) is charged its prompt's estimate, as a stream left early is:
+/// the worker read the prompt. It was charged nothing, so a tenant with a
+/// token limit could have long prompts read without end by leaving each
+/// request before its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_left_before_its_answer_is_charged_its_prompt() {
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let url = gw.url.clone();
+    let left = tokio::spawn(async move {
+        post_as(
+            &url,
+            Some("sk-a"),
+            &chat(&"a long question ".repeat(100), false),
+        )
+        .await
+    });
+    wait_until("the request at the worker", || async {
+        worker.seen.lock().len() == 1
+    })
+    .await;
+    left.abort();
+    let _ = left.await;
+    wait_until("the request counted as left (499)", || async {
+        let text = metrics_text(&gw.url).await;
+        sample(&text, "radixgate_requests_total", &["status=\"499\""]) == Some(1.0)
+    })
+    .await;
+    let charged = tenant_tokens(&gw.url, "team-a").await;
+    // About 1,700 bytes of body at 4 characters a token.
+    assert!((300.0..1000.0).contains(&charged), "charged {charged}");
+    worker.release.add_permits(1);
+    gw.shutdown().await;
+}
