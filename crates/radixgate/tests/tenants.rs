@@ -1188,3 +1188,36 @@ async fn a_request_left_before_its_answer_is_charged_its_prompt() {
     worker.release.add_permits(1);
     gw.shutdown().await;
 }
+
+/// A key with a character past ASCII (`é`) can never be presented: the
+/// gateway reads a header as text only when it is visible ASCII, so every
+/// request carrying it was answered 401, while the router started as if
+/// the key were good. Such a key now stops start-up, naming its entry and
+/// not the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_past_ascii_stops_start_up_naming_the_entry() {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-clé}
+";
+    let mut gw = gateway(tenant_config(&worker.url, tenants)).await;
+    let url = gw.url.clone();
+    let err = tokio::select! {
+        ended = &mut gw.task => ended.unwrap().expect_err("start-up refused").to_string(),
+        () = wait_for_healthy(&url, 1) => {
+            let key = reqwest::header::HeaderValue::from_bytes("Bearer sk-clé".as_bytes());
+            let r = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .header("authorization", key.unwrap())
+                .json(&chat("hello", false))
+                .send()
+                .await
+                .unwrap();
+            panic!("started, and a request with the key was answered {}", r.status());
+        }
+    };
+    for needle in ["entry 0", "`team-a`", "ASCII"] {
+        assert!(err.contains(needle), "`{needle}` not in: {err}");
+    }
+    assert!(!err.contains("clé"), "no key in: {err}");
+}

@@ -248,6 +248,7 @@ impl ServerConfig {
                          (it is sent as `Authorization: Bearer <key>`)",
                     ));
                 }
+                Some(k) if !k.is_ascii() => return Err(invalid(key, tenants::NOT_ASCII)),
                 _ => {}
             }
         }

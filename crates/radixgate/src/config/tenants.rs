@@ -92,6 +92,11 @@ impl std::fmt::Debug for ResolvedTenant {
     }
 }
 
+/// Why a key with a character past ASCII is refused: a header holding one
+/// is not read as text, so no request could present it (each was a 401).
+pub(crate) const NOT_ASCII: &str =
+    "the key has characters past ASCII, which no request can present in a header";
+
 /// Longest tenant name: it is a metrics label and a log field.
 const MAX_NAME: usize = 64;
 
@@ -192,6 +197,9 @@ fn resolve_one(spec: &TenantSpec) -> Result<ResolvedTenant, String> {
     }
     if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("the key has whitespace or control characters".into());
+    }
+    if !key.is_ascii() {
+        return Err(NOT_ASCII.into());
     }
     let limit = |value: Option<u32>, field: &str| match value {
         None => Ok(None),

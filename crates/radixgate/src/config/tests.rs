@@ -425,6 +425,11 @@ fn access_settings() {
         err.contains("server.metrics_api_key") && err.contains("whitespace"),
         "{err}"
     );
+    let err = invalid(|s| s.admin_api_key = Some("clé".into()));
+    assert!(
+        err.contains("server.admin_api_key") && err.contains("ASCII") && !err.contains("clé"),
+        "{err}"
+    );
     let err = invalid(|s| {
         s.api_key = Some("k".into());
         s.admin_api_key = Some("k".into());
