@@ -66,7 +66,7 @@ use governor::{DefaultDirectRateLimiter, Quota};
 use parking_lot::Mutex;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Which of a tenant's limits refused a request.
@@ -154,11 +154,15 @@ impl Tenants {
 
     fn build(&self, spec: ResolvedTenant) -> Tenant {
         let old = self.tenants.iter().find(|t| *t.name == *spec.name);
-        let requests = spec.requests_per_minute.map(|rpm| {
-            old.and_then(|t| t.requests.clone())
-                .filter(|b| b.per_minute == rpm)
-                .unwrap_or_else(|| Arc::new(RequestBucket::new(rpm)))
-        });
+        let requests =
+            spec.requests_per_minute
+                .map(|rpm| match old.and_then(|t| t.requests.as_ref()) {
+                    Some(bucket) if bucket.per_minute == rpm => bucket.clone(),
+                    // A new limit: the requests of the last minute count
+                    // against it.
+                    Some(bucket) => Arc::new(bucket.succeeded_by(rpm)),
+                    None => Arc::new(RequestBucket::new(rpm)),
+                });
         let tokens = spec
             .tokens_per_minute
             .map(|tpm| match old.and_then(|t| t.tokens.as_ref()) {
@@ -444,45 +448,89 @@ impl InlineMedia {
     }
 }
 
-/// `requests_per_minute`: one cell per request.
+/// `requests_per_minute`: one cell per request, a minute's worth at most
+/// held (GCRA, as a single atomic): `full_at` is when the bucket would hold
+/// a minute's worth again, each request moves it one interval on, and a
+/// cell given back moves it one interval back, never before now. A request
+/// the router did not serve is thus as if never taken: a tenant whose
+/// requests an overload refused gets them back, and no more than a full
+/// bucket. (Cells given back were once credits beside a limiter that
+/// refilled on its own, so after an overload a tenant could send twice its
+/// minute's worth at once.)
 struct RequestBucket {
     per_minute: NonZeroU32,
-    limiter: DefaultDirectRateLimiter,
-    /// Cells given back by requests the router did not serve for its own
-    /// overload ([`refund`], [`give_back`]), taken before the limiter's:
-    /// at most a minute's worth. (The limiter cannot take a cell back.)
-    credits: AtomicU32,
+    /// Nanoseconds a cell takes to come back: a minute over `per_minute`.
+    interval: u64,
+    /// Nanoseconds after `origin` at which the bucket is full again.
+    full_at: AtomicU64,
+    origin: std::time::Instant,
 }
+
+/// A minute, in nanoseconds: what a bucket holds at most.
+const MINUTE_NS: u64 = 60_000_000_000;
 
 impl RequestBucket {
     fn new(per_minute: NonZeroU32) -> Self {
+        let origin = std::time::Instant::now();
         Self {
             per_minute,
-            limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(per_minute)),
-            credits: AtomicU32::new(0),
+            interval: MINUTE_NS / u64::from(per_minute.get()),
+            full_at: AtomicU64::new(0),
+            origin,
         }
+    }
+
+    /// A bucket of `per_minute` as full as this one is now: the requests
+    /// taken in the last minute count against the new limit (a reload that
+    /// changes it does not hand out a fresh minute).
+    fn succeeded_by(&self, per_minute: NonZeroU32) -> Self {
+        let next = Self {
+            origin: self.origin,
+            ..Self::new(per_minute)
+        };
+        let now = self.now();
+        let taken = self
+            .full_at
+            .load(Ordering::Relaxed)
+            .saturating_sub(now)
+            .div_ceil(self.interval);
+        let owed = taken.saturating_mul(next.interval).min(MINUTE_NS);
+        next.full_at.store(now + owed, Ordering::Relaxed);
+        next
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX / 2)
     }
 
     /// Takes a cell, or says how long until one frees.
     fn take(&self) -> Result<(), Duration> {
-        let credit = self
-            .credits
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
-        if credit.is_ok() {
-            return Ok(());
+        let now = self.now();
+        let mut full_at = self.full_at.load(Ordering::Relaxed);
+        loop {
+            let next = full_at.max(now) + self.interval;
+            if next - now > MINUTE_NS {
+                return Err(Duration::from_nanos(next - now - MINUTE_NS));
+            }
+            match self.full_at.compare_exchange_weak(
+                full_at,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(seen) => full_at = seen,
+            }
         }
-        self.limiter
-            .check()
-            .map_err(|not_until| not_until.wait_time_from(self.limiter.clock().now()))
     }
 
-    /// Gives a taken cell back.
+    /// Gives a taken cell back (nothing once the bucket is full again).
     fn give_back(&self) {
-        let most = self.per_minute.get();
+        let now = self.now();
         let _ = self
-            .credits
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                (c < most).then_some(c + 1)
+            .full_at
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |full_at| {
+                (full_at > now).then(|| full_at.saturating_sub(self.interval).max(now))
             });
     }
 }

@@ -100,15 +100,44 @@ fn a_reload_keeps_unchanged_buckets() {
         same.find("sk-a").unwrap().admit().is_err(),
         "spent stays spent"
     );
+    // A new limit counts the requests of the last minute against it (it
+    // handed out a fresh minute).
     let raised = TWO.replace("requests_per_minute: 2", "requests_per_minute: 3");
     let changed = set
         .reloaded(&Config::from_yaml(&raised).unwrap())
         .expect("reloaded");
-    changed
-        .find("sk-a")
-        .unwrap()
-        .admit()
-        .expect("a new limit, a new bucket");
+    let a = changed.find("sk-a").unwrap();
+    a.admit().expect("the third of 3");
+    assert!(a.admit().is_err(), "3 taken");
+    let lowered = TWO.replace("requests_per_minute: 2", "requests_per_minute: 1");
+    let changed = set
+        .reloaded(&Config::from_yaml(&lowered).unwrap())
+        .expect("reloaded");
+    assert!(changed.find("sk-a").unwrap().admit().is_err(), "2 of 1");
+}
+
+/// Cells given back (requests an overload refused) make the bucket no
+/// fuller than a minute's worth: they were credits beside a limiter that
+/// refilled on its own, and a tenant whose minute an overload refused could
+/// then send its minute's worth twice over at once.
+#[test]
+fn cells_given_back_never_fill_more_than_a_minute() {
+    let bucket = RequestBucket::new(NonZeroU32::new(60).unwrap());
+    for _ in 0..60 {
+        bucket.take().unwrap();
+    }
+    assert!(bucket.take().is_err());
+    for _ in 0..60 {
+        bucket.give_back();
+    }
+    // A cell comes back every second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let taken = (0..200).take_while(|_| bucket.take().is_ok()).count();
+    assert_eq!(taken, 60, "a minute's worth");
+    // And one given back is there to take again.
+    bucket.give_back();
+    bucket.take().expect("given back");
+    assert!(bucket.take().is_err());
 }
 
 /// A reload that changes a tenant's token limit keeps what it owes, and
