@@ -317,9 +317,6 @@ async fn forward(
     };
     let admitted = admitted.inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     progress.admitted();
-    if let Some(family) = unrouted {
-        shared.request_metrics.unrouted(family);
-    }
     // The client's address as this gateway saw it, for `X-Forwarded-For`.
     let peer = parts
         .extensions
@@ -328,6 +325,7 @@ async fn forward(
     let target = Target {
         endpoint,
         path: &path,
+        unrouted,
     };
     // What the workers' KV events say they hold (`events.rs`), once for
     // every attempt. Tokenizing a long prompt takes milliseconds of CPU,
@@ -427,6 +425,9 @@ its one probe request still out (circuit breaker); retry shortly";
 struct Target<'a> {
     endpoint: Endpoint,
     path: &'a str,
+    /// An unrouted request's API family: counted once its first attempt
+    /// is sent, not for one no worker takes.
+    unrouted: Option<&'static str>,
 }
 
 /// The sticky-session key: the first routing-key header present, else the
@@ -552,6 +553,8 @@ async fn attempts(
     // Why the last attempt failed, counted as a retry once another attempt
     // is sent (not when none is left to send it to).
     let mut retrying: Option<&'static str> = None;
+    // An unrouted request is counted with its first attempt sent.
+    let mut unrouted = target.unrouted;
     let route = target.endpoint.label();
     loop {
         let deciding = crate::trace::Deciding::start();
@@ -610,6 +613,9 @@ async fn attempts(
             .decision(decision.explanation().branch.as_str());
         if let Some(reason) = retrying.take() {
             shared.request_metrics.retry(reason);
+        }
+        if let Some(family) = unrouted.take() {
+            shared.request_metrics.unrouted(family);
         }
         tracing::debug!(route, worker = worker.url(), decision = %decision.rendered(), "routed");
         let pool = model

@@ -547,7 +547,7 @@ async fn other_v1_posts_are_forwarded_and_counted_as_unrouted() {
     wait_for_zero_load(&gw.url).await;
     let text = metrics_text(&gw.url).await;
     let unrouted = "radixgate_unrouted_requests_total";
-    // Counted once admitted: the malformed images request was not.
+    // Counted once sent to a worker: the malformed images request was not.
     for (api, n) in [
         ("messages", Some(1.0)),
         ("audio", Some(1.0)),
@@ -564,6 +564,46 @@ async fn other_v1_posts_are_forwarded_and_counted_as_unrouted() {
             &["route=\"/v1/*\"", "status=\"200\""]
         ),
         Some(1.0),
+        "{text}"
+    );
+    gw.shutdown().await;
+}
+
+/// An unrouted request that reaches no worker (a model nobody serves, or
+/// every worker of its model down) is answered, but not counted as one
+/// passed to a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrouted_request_no_worker_takes_is_not_counted_as_passed_on() {
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    let c = client();
+    let speech = |model: &str| {
+        c.post(format!("{}/v1/audio/speech", gw.url))
+            .json(&json!({"model": model, "input": "hello"}))
+            .send()
+    };
+    let r = speech("nobody-serves-this").await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.headers().get(WORKER_HEADER).is_none());
+    w.set_faults(radixgate_sim::server::FaultConfig {
+        refuse: true,
+        ..Default::default()
+    });
+    let r = speech(radixgate_sim::server::DEFAULT_MODEL).await.unwrap();
+    assert_eq!(r.status(), 502, "{}", r.text().await.unwrap());
+    w.set_faults(radixgate_sim::server::FaultConfig::default());
+    let r = speech(radixgate_sim::server::DEFAULT_MODEL).await.unwrap();
+    assert_eq!(r.headers()[WORKER_HEADER], w.url.as_str());
+    wait_for_zero_load(&gw.url).await;
+    let text = metrics_text(&gw.url).await;
+    // Two reached the worker (one refused at connect, one answered).
+    assert_eq!(
+        sample(
+            &text,
+            "radixgate_unrouted_requests_total",
+            &["api=\"audio\""]
+        ),
+        Some(2.0),
         "{text}"
     );
     gw.shutdown().await;
