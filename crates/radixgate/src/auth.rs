@@ -152,7 +152,7 @@ where
         req.extensions_mut().insert(TenantRef(tenant.clone()));
         Either::Right(Either::Right(Charged {
             inner: self.inner.call(req),
-            charge: Some((tenant, self.shared.clone())),
+            charge: Some(Charge(Some((tenant, self.shared.clone())))),
         }))
     }
 }
@@ -163,7 +163,32 @@ pin_project_lite::pin_project! {
     pub(crate) struct Charged<F> {
         #[pin]
         inner: F,
-        charge: Option<(Arc<Tenant>, Arc<Shared>)>,
+        charge: Option<Charge>,
+    }
+}
+
+/// A tenant's request not yet answered. Dropped so, its client gone
+/// before the answer's head, it counts the request as 499 in the tenant's
+/// series, as `radixgate_requests_total` does (`crate::proxy`), or as 500
+/// when a panic unwinds it (the client is answered 500).
+pub(crate) struct Charge(Option<(Arc<Tenant>, Arc<Shared>)>);
+
+impl Charge {
+    /// The answer came: the tenant and the gateway, to count it.
+    fn answered(mut self) -> Option<(Arc<Tenant>, Arc<Shared>)> {
+        self.0.take()
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let Some((tenant, shared)) = self.0.take() {
+            let status = match std::thread::panicking() {
+                true => GatewayError::Internal.status().as_u16(),
+                false => crate::proxy::CLIENT_CLOSED_REQUEST,
+            };
+            shared.tenant_metrics.request(tenant.name(), status);
+        }
     }
 }
 
@@ -176,7 +201,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let answer = ready!(this.inner.poll(cx));
-        let (Ok(response), Some((tenant, shared))) = (&answer, this.charge.take()) else {
+        let Some((tenant, shared)) = this.charge.take().and_then(Charge::answered) else {
+            return Poll::Ready(answer);
+        };
+        let Ok(response) = &answer else {
             return Poll::Ready(answer);
         };
         shared

@@ -173,7 +173,7 @@ impl Drop for Unanswered<'_> {
 
 /// The status a request whose client left before its answer is counted
 /// with.
-const CLIENT_CLOSED_REQUEST: u16 = 499;
+pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// How far a request got before its answer's head, for what the request
 /// timeout answers when it runs out first (a timeout set below the body's

@@ -1221,3 +1221,48 @@ async fn a_key_past_ascii_stops_start_up_naming_the_entry() {
     }
     assert!(!err.contains("clé"), "no key in: {err}");
 }
+
+/// A tenant's request whose client leaves before its answer's head is in
+/// the tenant's counts as 499, as it is in `radixgate_requests_total`: a
+/// tenant's clients timing out on a hung pool show in its own series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_request_whose_client_left_is_counted_as_499() {
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    worker.set_faults(radixgate_sim::server::FaultConfig {
+        hang: true,
+        ..Default::default()
+    });
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let left = impatient
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth("sk-a")
+        .json(&chat("never answered", false))
+        .send()
+        .await;
+    assert!(left.is_err_and(|e| e.is_timeout()));
+    let all = "radixgate_requests_total{route=\"/v1/chat/completions\",status=\"499\",\
+               model=\"sim-llama-8b\"}";
+    wait_until("the request counted as 499", || async {
+        series_value(&gw.url, all).await == 1.0
+    })
+    .await;
+    let text = metrics_text(&gw.url).await;
+    assert_eq!(
+        sample(
+            &text,
+            "radixgate_tenant_requests_total",
+            &["tenant=\"team-a\"", "status=\"499\""]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    gw.shutdown().await;
+}
