@@ -144,6 +144,12 @@ impl WorkerGauges {
         c.error.set(url, t.prediction_error);
     }
 
+    /// A worker left the pool: its prediction error reads 0, as its other
+    /// gauges do, rather than its last value until the exporter drops it.
+    pub(crate) fn prediction_error_gone(&self, worker: &str) {
+        self.cache.error.set(worker, 0.0);
+    }
+
     /// Requests in flight to a worker now.
     pub(crate) fn in_flight(&self, worker: &str, in_flight: usize) {
         self.in_flight.set(worker, in_flight as f64);
@@ -196,6 +202,7 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
                 gauges.in_flight(gone, 0);
                 gauges.healthy(gone, false);
                 gauges.tree_chars(gone, 0);
+                gauges.prediction_error_gone(gone);
                 state.breakers.gone(gone);
                 state.metrics.forget_worker(gone);
             }

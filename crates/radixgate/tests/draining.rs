@@ -388,3 +388,38 @@ async fn a_removed_workers_breaker_gauge_does_not_stay_open() {
     .await;
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_workers_prediction_error_reads_0() {
+    let a = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url]), 1).await;
+    let error = format!("radixgate_cache_prediction_error{{worker=\"{}\"}}", a.url);
+    // A shared prefix the tree predicts cached, which the worker's pages
+    // hold only in part: the running error is off 0.
+    let shared = "the same long system prompt ".repeat(40);
+    for i in 0..8 {
+        let r = post_chat(&gw.url, &chat(&format!("{shared} q{i}"), false)).await;
+        assert_eq!(r.status(), 200);
+    }
+    wait_until("a prediction error off 0", || async {
+        series_value(&gw.url, &error).await != 0.0
+    })
+    .await;
+    let r: Value = client()
+        .delete(format!("{}/workers?url={}", gw.url, a.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["state"], "removed");
+    // Gone from the pool: its error reads 0 as its other gauges do, not
+    // the last value for the exporter's idle time (an alert on the tree
+    // guessing wrong would go on firing for a worker that is gone).
+    wait_until("the removed worker's prediction error at 0", || async {
+        series_value(&gw.url, &error).await == 0.0
+    })
+    .await;
+    gw.shutdown().await;
+}
