@@ -22,7 +22,7 @@ pub(crate) const REQUESTS: Describe = Describe::new(
 );
 pub(crate) const TOKENS: Describe = Describe::new(
     "radixgate_tenant_tokens_total",
-    "Tokens workers reported using, by tenant.",
+    "Tokens charged to a tenant: what workers reported, or the gateway's estimate where an answer reported none.",
 );
 pub(crate) const RATE_LIMITED: Describe = Describe::new(
     "radixgate_tenant_rate_limited_total",
