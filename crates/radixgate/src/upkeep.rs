@@ -174,6 +174,8 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
     let mut last_generation = u64::MAX;
     let mut last_draining: Vec<String> = Vec::new();
     let mut known: HashSet<String> = HashSet::new();
+    // The models whose eviction rates were published last tick.
+    let mut rated: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -218,19 +220,30 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
             state.breakers.publish(worker, now);
             gauges.in_flight(worker.url(), worker.load());
             gauges.healthy(worker.url(), worker.is_healthy());
-            if let Some(chars) = state.router.cached_chars(worker) {
-                gauges.tree_chars(worker.url(), chars);
-            }
+            // A policy without trees (a reload to round_robin) holds none.
+            let chars = state.router.cached_chars(worker).unwrap_or(0);
+            gauges.tree_chars(worker.url(), chars);
             gauges.cache_truth(worker);
         }
+        let mut rated_now = HashSet::new();
         if let Some(trees) = state.router.policy().trees() {
             for (model, rate) in trees.eviction_rates() {
                 gauges.eviction_rate(&model, rate);
+                rated_now.insert(model);
             }
             for (model, rate) in trees.bound_eviction_rates() {
                 gauges.bound_eviction_rate(&model, rate);
+                rated_now.insert(model);
             }
         }
+        // A model whose tree is gone (its workers removed, a reload to a
+        // policy without trees) reads 0, as a removed worker's gauges do,
+        // not its last rate: an alert on it would go on for nothing.
+        for gone in rated.difference(&rated_now) {
+            gauges.eviction_rate(gone, 0.0);
+            gauges.bound_eviction_rate(gone, 0.0);
+        }
+        rated = rated_now;
         state.admission.publish_metrics();
         connections.publish(&state.connections);
         state.metrics.run_upkeep();

@@ -759,3 +759,50 @@ async fn a_kv_cache_size_changed_alone_keeps_the_worker_and_its_tree() {
     assert_eq!(entry["kv_capacity_tokens"], 300_000, "{listed}");
     stop.cancel();
 }
+
+/// A reload to a policy without trees leaves no tree gauge at its last
+/// value: the workers' tree sizes and the models' eviction rates read 0,
+/// as a removed worker's gauges do (they kept their last values, and an
+/// alert on evictions went on for a tree that was gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_a_policy_without_trees_zeroes_the_tree_gauges() {
+    let w = sim_worker(fast_worker()).await;
+    let path = temp_file("treeless.yaml");
+    let file = |policy: &str| {
+        let text = yaml(&[], "k", 0.5)
+            .replace("  cache_threshold: 0.5\n", &format!("  policy: {policy}\n"))
+            .replace(
+                "workers:\n",
+                &format!(
+                    "workers:\n  - {{url: '{}', kv_capacity_tokens: 16}}\n",
+                    w.url
+                ),
+            );
+        std::fs::write(&path, text).unwrap();
+    };
+    file("cache_aware");
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &w.url, "k").await;
+    // Prompts far over the 16 tokens the worker holds: each insert evicts,
+    // and the rate is published from a window of 256 inserts.
+    for i in 0..260 {
+        let text = format!("{i} {}", "a different prompt every time ".repeat(8));
+        assert_eq!(chat_status(&gw, "k", &text).await, 200);
+    }
+    let model = radixgate_sim::server::DEFAULT_MODEL;
+    let tree = format!("radixgate_tree_characters{{worker=\"{}\"}}", w.url);
+    let evictions = format!("radixgate_cache_bound_eviction_rate{{model=\"{model}\"}}");
+    common::wait_until("the tree gauges to be published", || async {
+        common::series_value(&gw, &tree).await > 0.0
+            && common::series_value(&gw, &evictions).await > 0.0
+    })
+    .await;
+    file("round_robin");
+    assert!(reload.reload().await.unwrap().routing);
+    common::wait_until("the tree gauges to read 0", || async {
+        common::series_value(&gw, &tree).await == 0.0
+            && common::series_value(&gw, &evictions).await == 0.0
+    })
+    .await;
+    stop.cancel();
+}
