@@ -52,7 +52,7 @@ pub(crate) const TTFT: HistogramSpec = HistogramSpec {
 };
 pub(crate) const DECISIONS: Describe = Describe::new(
     "radixgate_routing_decisions_total",
-    "Routing decisions, by the branch of the policy that made them.",
+    "Routing decisions, one per attempt sent, by the branch of the policy that made them.",
 );
 pub(crate) const RETRIES: Describe = Describe::new(
     "radixgate_retries_total",
