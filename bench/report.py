@@ -77,7 +77,7 @@ def cost_from_load(rep: dict, cpu_s: float | None) -> dict:
             "cpu_s_per_1k": _per_1k(cpu_s, rep["ok"]), "report": rep}
 
 
-def cost_from_wrk(out: str, cpu_s: float | None) -> dict:
+def cost_from_wrk(out: str, cpu_s: float | None, code: int = 0, err: str = "") -> dict:
     r"""A cost row's measures from wrk's output.
 
     wrk's Requests/sec counts every response, its non-2xx ones included;
@@ -89,8 +89,25 @@ def cost_from_wrk(out: str, cpu_s: float | None) -> dict:
     ...                     "  Non-2xx or 3xx responses: 75\nRequests/sec:     50.00\n", 1.0)
     >>> row["rps"], row["ok"], row["errors"]
     (12.5, 25, 75)
+
+    A wrk that measured nothing (it could not connect: the router is
+    gone) is a failed run, not a router that served 0 req/s without an
+    error; its round is left out of the medians and the table says so:
+
+    >>> gone = cost_from_wrk("", 0.0, 1, "unable to connect to 127.0.0.1:1 Connection refused\n")
+    >>> gone["rps"], gone["ok"], gone["cpu_s_per_1k"], gone["failed_run"]
+    (None, 0, None, 'wrk exited 1: unable to connect to 127.0.0.1:1 Connection refused')
+    >>> base = {"router": "radixgate", "policy": "cache_aware", "run": "wrk c=32 4KiB"}
+    >>> [m] = cost_medians([base | row, base | gone])
+    >>> m["rps"], m["failed_runs"]
+    (12.5, 1)
     """
     w = parse_wrk(out)
+    if not re.search(r"\d+ requests in ", out):
+        why = (err.strip() or out.strip() or "no output").splitlines()[-1]
+        return {"rps": None, "ok": 0, "errors": 0, "p50_ms": None, "p99_ms": None,
+                "cpu_s": None if cpu_s is None else round(cpu_s, 3), "cpu_s_per_1k": None,
+                "wrk": out, "wrk_stderr": err, "failed_run": f"wrk exited {code}: {why}"}
     ok = w["requests"] - w["non2xx"]
     rps = w["rps"] * ok / w["requests"] if w["requests"] else 0.0
     return {"rps": rps, "ok": ok, "errors": w["non2xx"] + w["socket_errors"],
@@ -100,9 +117,11 @@ def cost_from_wrk(out: str, cpu_s: float | None) -> dict:
 
 
 def cost_line(row) -> str:
-    return (f"[cost r{row['round']}] {_label(row):34} {row['run']:14} {row['rps']:.0f} req/s "
-            f"p50={_f(row['p50_ms'], '{:.2f}')}ms p99={_f(row['p99_ms'], '{:.2f}')}ms "
-            f"errors={row['errors']} cpu={row['cpu_s']} s per1k={_f(row['cpu_s_per_1k'], '{:.3f}')}")
+    failed = f" FAILED: {row['failed_run']}" if row.get("failed_run") else ""
+    return (f"[cost r{row['round']}] {_label(row):34} {row['run']:14} {_f(row['rps'], '{:.0f}')} "
+            f"req/s p50={_f(row['p50_ms'], '{:.2f}')}ms p99={_f(row['p99_ms'], '{:.2f}')}ms "
+            f"errors={row['errors']} cpu={row['cpu_s']} s per1k={_f(row['cpu_s_per_1k'], '{:.3f}')}"
+            f"{failed}")
 
 
 def _median(xs):
@@ -126,7 +145,8 @@ def cost_medians(rows) -> list[dict]:
     for k in keys:
         g = groups[k]
         m = {"router": k[0], "policy": k[1], "run": k[2], "rounds": len(g),
-             "errors": sum(r["errors"] for r in g), "ok": sum(r["ok"] for r in g)}
+             "errors": sum(r["errors"] for r in g), "ok": sum(r["ok"] for r in g),
+             "failed_runs": sum(1 for r in g if r.get("failed_run"))}
         for f in ("rps", "p50_ms", "p99_ms", "cpu_s_per_1k"):
             m[f] = _median([r[f] for r in g])
         m["cpu_s_per_1k_all"] = [r["cpu_s_per_1k"] for r in g]
@@ -253,7 +273,9 @@ def markdown(result) -> str:
             d = _find(c, "direct", run=row["run"])
             add = lambda f: None if row["router"] == "direct" or not d or None in (row[f], d[f]) else row[f] - d[f]  # noqa: E731
             per = ", ".join(_f(x, "{:.3f}") for x in row["cpu_s_per_1k_all"])
-            out.append(f"| {_label(row)} | {row['run']} | {row['rps']:.0f} | {row['ok']} | {row['errors']} | "
+            errors = f"{row['errors']}" + (f", {row['failed_runs']} of {row['rounds']} runs "
+                                           "measured nothing" if row["failed_runs"] else "")
+            out.append(f"| {_label(row)} | {row['run']} | {_f(row['rps'], '{:.0f}')} | {row['ok']} | {errors} | "
                        f"{_f(row['cpu_s_per_1k'], '{:.3f}')} | [{per}] | {_f(row['p50_ms'], '{:.2f}')} | "
                        f"{_f(row['p99_ms'], '{:.2f}')} | {_f(add('p50_ms'), '{:+.2f}')} | "
                        f"{_f(add('p99_ms'), '{:+.2f}')} |")
@@ -264,16 +286,19 @@ def markdown(result) -> str:
     return "\n".join(out) + "\n"
 
 
-def _met(within: bool, failed: int) -> str:
+def _met(within: bool, failed: int, runs_failed: int = 0) -> str:
     """A target's verdict: met only when within it and radixgate failed no
     request, since its figures count only the requests that succeeded (a
-    router that fails fast would look cheap, fast and cache-friendly).
+    router that fails fast would look cheap, fast and cache-friendly), and
+    no run of it measured nothing (its medians leave that round out).
 
-    >>> _met(True, 0), _met(False, 0), _met(True, 3)
-    ('yes', 'no', 'no (3 failed)')
+    >>> _met(True, 0), _met(False, 0), _met(True, 3), _met(True, 0, 1)
+    ('yes', 'no', 'no (3 failed)', 'no (1 run measured nothing)')
     """
     if failed:
         return f"no ({failed} failed)"
+    if runs_failed:
+        return f"no ({runs_failed} run{'s' if runs_failed > 1 else ''} measured nothing)"
     return "yes" if within else "no"
 
 
@@ -309,11 +334,11 @@ def ratios(result) -> list[str]:
         a, b = row["cpu_s_per_1k"], s["cpu_s_per_1k"]
         if a is not None and b:
             lines.append(f"| CPU s / 1k req, {row['run']} | {a:.3f} | {b:.3f} | {a / b:.2f}× | ≤ 0.25× | "
-                         f"{_met(a / b <= 0.25, row['errors'])} |")
-        if row["run"].startswith(("closed", "wrk")) and s["rps"]:
+                         f"{_met(a / b <= 0.25, row['errors'], row['failed_runs'])} |")
+        if row["run"].startswith(("closed", "wrk")) and row["rps"] is not None and s["rps"]:
             ra, rb = row["rps"], s["rps"]
             lines.append(f"| throughput req/s, {row['run']} | {ra:.0f} | {rb:.0f} | {ra / rb:.2f}× | ≥ 3× | "
-                         f"{_met(ra / rb >= 3, row['errors'])} |")
+                         f"{_met(ra / rb >= 3, row['errors'], row['failed_runs'])} |")
     for row in result["quality"]:
         if row["router"] != "radixgate" or row["policy"] != "cache_aware":
             continue

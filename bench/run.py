@@ -289,7 +289,8 @@ class Bench:
             out = subprocess.run(["wrk", "-t2", "-c32", f"-d{self.opts.wrk_secs}s", "--latency",
                                   "-s", lua, url], capture_output=True, text=True, check=False)
             cpu1 = procs.cpu_seconds(proc.pid) if proc else None
-            row = base | report.cost_from_wrk(out.stdout, None if proc is None else cpu1 - cpu0)
+            row = base | report.cost_from_wrk(out.stdout, None if proc is None else cpu1 - cpu0,
+                                              out.returncode, out.stderr)
             row |= {"run": "wrk c=32 4KiB", "loadavg": os.getloadavg()}
             rows.append(row)
             print(report.cost_line(row), flush=True)
