@@ -172,6 +172,54 @@ def start_router(router: Router, urls: list[str], scratch: str, log: str):
     raise RuntimeError(f"could not start {router.name}")
 
 
+def missing_requirements(routers: list[Router], part: str, workloads: list[str],
+                         trace: str) -> list[str]:
+    """What the run would fail on part-way, said before anything runs: a
+    router whose program (or Python module) is not installed, and the trace
+    file when the trace workload is to run. Without this a run stopped at
+    the first such router or at the trace's turn, and every row measured
+    until then was lost.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     gone = os.path.join(d, "gone")
+    ...     missing_requirements([Router("nothing", "p", lambda u, p, t: [gone, "serve"]),
+    ...                           Router("direct", "client round-robin", None)],
+    ...                          "all", ["shared-prefix", "mooncake-trace"],
+    ...                          gone + ".jsonl") == [
+    ...         f"nothing: {gone} is not installed",
+    ...         f"mooncake-trace: no trace file at {gone}.jsonl (--trace FILE, or "
+    ...         "--only-workload to leave it out)"]
+    True
+    >>> missing_requirements([Router("py", "p", lambda u, p, t: [sys.executable, "-m",
+    ...                                                         "no_such_module_here"])],
+    ...                      "cost", ["mooncake-trace"], "/nonexistent") == [
+    ...     f"py: no Python module no_such_module_here in {sys.executable}"]
+    True
+    """
+    problems = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for router in routers:
+            if router.command is None:
+                continue
+            cmd = router.command(["http://127.0.0.1:1"], 1, tmp)
+            exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
+            if not exe or not os.access(exe, os.X_OK):
+                if (why := f"{router.name}: {cmd[0]} is not installed") not in problems:
+                    problems.append(why)
+            elif len(cmd) > 2 and cmd[1] == "-m":
+                found = subprocess.run(
+                    [exe, "-c", "import importlib.util, sys; "
+                     "sys.exit(importlib.util.find_spec(sys.argv[1]) is None)", cmd[2]],
+                    capture_output=True, check=False)
+                if found.returncode != 0:
+                    problems.append(f"{router.name}: no Python module {cmd[2]} in {exe}")
+    if part in ("all", "quality") and "mooncake-trace" in workloads and not os.path.isfile(trace):
+        problems.append(f"mooncake-trace: no trace file at {trace} (--trace FILE, or "
+                        "--only-workload to leave it out)")
+    return problems
+
+
 class Bench:
     def __init__(self, opts):
         self.opts = opts
@@ -334,7 +382,22 @@ def main() -> int:
     if not os.path.exists(opts.bin):
         sys.exit(f"no radixgate binary at {opts.bin}: cargo build --release -p radixgate")
 
+    names = {r.name for r in all_routers("", opts.baseline_bin, tuple(opts.variant))}
+    if unknown := sorted(set(opts.only_router or []) - names):
+        p.error(f"--only-router {', '.join(unknown)}: the routers are {', '.join(sorted(names))}")
+    workloads = list(quality_workloads(opts.trace, opts.scale))
+    if unknown := sorted(set(opts.only_workload or []) - set(workloads)):
+        p.error(f"--only-workload {', '.join(unknown)}: the workloads are {', '.join(workloads)}")
     bench = Bench(opts)
+    if problems := missing_requirements(
+            bench.routers, opts.part,
+            [w for w in workloads if not opts.only_workload or w in opts.only_workload],
+            opts.trace):
+        sys.exit("cannot run:\n  " + "\n  ".join(problems)
+                 + "\n(bench/README.md, Requirements; --only-router to leave a router out)")
+    if opts.part in ("all", "cost") and not shutil.which("wrk"):
+        print("no `wrk` on PATH: the cost part runs without its wrk rows", flush=True)
+        bench.skipped.append("the cost part's wrk runs: no `wrk` on PATH")
     started = dt.datetime.now(dt.timezone.utc)
     meta = report.run_meta(bench.binary, ["bench/run.py", *sys.argv[1:]], started)
     meta["peers"] = report.peer_versions()

@@ -7,8 +7,17 @@ use std::process::Command;
 
 #[test]
 fn the_report_scripts_examples_hold() {
+    examples_hold("bench/report.py");
+}
+
+/// bench/run.py's checks of what a run needs, made before anything runs.
+#[test]
+fn the_run_scripts_examples_hold() {
+    examples_hold("bench/run.py");
+}
+
+fn examples_hold(script: &str) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let script = "bench/report.py";
     let out = Command::new("python3")
         .args(["-m", "doctest", "-v", script])
         .current_dir(&repo)
