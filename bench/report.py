@@ -228,12 +228,21 @@ def _find(rows, router, policy=None, **kw):
 
 
 def markdown(result) -> str:
+    """The results file's text. A run stopped part-way says so above its rows:
+
+    >>> meta = {"started_utc": "T", "command": "c", "radixgate": "v", "git": "g", "peers": {},
+    ...         "cpus": 2, "loadavg_start": [0, 0, 0], "aborted": "RuntimeError: could not start smg"}
+    >>> markdown({"meta": meta, "quality": [], "cost": []}).splitlines()[6]
+    '**Stopped part-way** (RuntimeError: could not start smg): only the rows below were measured.'
+    """
     m = result["meta"]
     out = [f"# radixgate bench — {m['started_utc']}", "",
            f"Command: `{m['command']}` ({m['radixgate']}, git {m['git']}); "
            f"peers {m['peers']}.", "",
            f"Host: {m['cpus']} CPUs, shared; load average at start {m['loadavg_start']}, "
            f"at end {m.get('loadavg_end')}. Finished {m.get('finished_utc')}.", ""]
+    if m.get("aborted"):
+        out += [f"**Stopped part-way** ({m['aborted']}): only the rows below were measured.", ""]
     q = result["quality"]
     if q:
         out += ["## Routing quality (4 simulated workers, fresh for every router)", "",

@@ -226,6 +226,10 @@ class Bench:
         self.binary = os.path.abspath(opts.bin)
         self.tmp = tempfile.mkdtemp(prefix="radixgate-bench-")
         self.skipped: list[str] = []  # workloads this binary cannot run, and why
+        # Rows as they are measured, so that a run stopped part-way still
+        # writes every row it has.
+        self.quality_rows: list[dict] = []
+        self.cost_rows: list[dict] = []
         self.routers = [r for r in all_routers(self.binary, opts.baseline_bin, tuple(opts.variant))
                         if not opts.only_router or r.name in opts.only_router]
 
@@ -258,7 +262,7 @@ class Bench:
 
     # ---- routing quality -------------------------------------------------
     def quality(self) -> list[dict]:
-        rows = []
+        rows = self.quality_rows
         workloads = quality_workloads(self.opts.trace, self.opts.scale)
         for wname, wl in workloads.items():
             if self.opts.only_workload and wname not in self.opts.only_workload:
@@ -297,7 +301,7 @@ class Bench:
     def cost(self) -> list[dict]:
         """Each router in turn, `--rounds` times over (interleaved, so that a
         busy moment of the shared machine does not land on one router only)."""
-        rows = []
+        rows = self.cost_rows
         workers, urls = self.start_workers(COST_WORKER_PORT, 2, ["--instant"])
         lua = os.path.join(self.tmp, "post.lua")
         report.write_wrk_lua(lua, MODEL)
@@ -308,15 +312,16 @@ class Bench:
                         continue  # cost is measured with each router's main policy
                     proc, target = self.start_router(router, urls)
                     try:
-                        rows += self.cost_one(router, proc, target, lua, rnd)
+                        self.cost_one(router, proc, target, lua, rnd, rows)
                     finally:
                         self.stop_router(proc)
         finally:
             self.stop_workers(workers, urls)
         return rows
 
-    def cost_one(self, router: Router, proc, target: list[str], lua: str, rnd: int) -> list[dict]:
-        rows = []
+    def cost_one(self, router: Router, proc, target: list[str], lua: str, rnd: int,
+                 rows: list[dict]) -> None:
+        """Measures one router's runs of one round, each row appended to `rows`."""
         extra = ["--assign", "round-robin"] if proc is None else []
         d = str(self.opts.cost_secs)
         runs = [(f"open {r}/s", ["--rate", str(r), "--duration", d, "--requests", "1000000"])
@@ -342,7 +347,6 @@ class Bench:
             row |= {"run": "wrk c=32 4KiB", "loadavg": os.getloadavg()}
             rows.append(row)
             print(report.cost_line(row), flush=True)
-        return rows
 
 
 def variant(spec: str) -> tuple[str, tuple[str, ...]]:
@@ -402,18 +406,23 @@ def main() -> int:
     meta = report.run_meta(bench.binary, ["bench/run.py", *sys.argv[1:]], started)
     meta["peers"] = report.peer_versions()
     print(f"logs in {bench.tmp}; load average {meta['loadavg_start']}", flush=True)
-    result = {"meta": meta, "quality": [], "cost": []}
+    result = {"meta": meta, "quality": bench.quality_rows, "cost": bench.cost_rows}
     try:
         if opts.part in ("all", "quality"):
-            result["quality"] = bench.quality()
+            bench.quality()
         if opts.part in ("all", "cost"):
-            result["cost"] = bench.cost()
+            bench.cost()
+    except BaseException as err:
+        # A router that never got ready, a load that failed, an interrupt:
+        # the rows measured so far are written all the same, marked.
+        meta["aborted"] = f"{type(err).__name__}: {err}".rstrip(": ")
+        raise
     finally:
         procs.stop_all()
-    meta["skipped"] = bench.skipped
-    meta["loadavg_end"] = os.getloadavg()
-    meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    report.write_result(opts.out, started, opts.part, result, report.markdown)
+        meta["skipped"] = bench.skipped
+        meta["loadavg_end"] = os.getloadavg()
+        meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        report.write_result(opts.out, started, opts.part, result, report.markdown)
     return 0
 
 
