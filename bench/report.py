@@ -268,6 +268,9 @@ def markdown(result) -> str:
         out.append("")
     if m.get("skipped"):
         out += ["Workloads not run: " + "; ".join(m["skipped"]) + ".", ""]
+    if m.get("router_exits"):
+        out += ["**Routers that exited during a run** (their rows' failures are that): "
+                + "; ".join(m["router_exits"]) + ".", ""]
     c = cost_medians(result["cost"])
     if c:
         out += ["## Router cost (2 `radixgate worker --instant` workers)", "",

@@ -226,6 +226,7 @@ class Bench:
         self.binary = os.path.abspath(opts.bin)
         self.tmp = tempfile.mkdtemp(prefix="radixgate-bench-")
         self.skipped: list[str] = []  # workloads this binary cannot run, and why
+        self.exited: list[str] = []  # routers that exited during a run, and when
         # Rows as they are measured, so that a run stopped part-way still
         # writes every row it has.
         self.quality_rows: list[dict] = []
@@ -254,6 +255,25 @@ class Bench:
         proc, url, self.router_ports = start_router(router, urls, scratch,
                                                     self.log(f"router-{router.name}"))
         return proc, [url]
+
+    def note_exit(self, proc, router: Router, during: str) -> None:
+        """Notes `router`'s process if it exited during `during`: its
+        row's failures are that, and the results say so.
+
+        >>> class Exited:
+        ...     def poll(self):
+        ...         return 137
+        >>> bench = Bench.__new__(Bench)
+        >>> bench.exited = []
+        >>> bench.note_exit(Exited(), Router("smg", "cache_aware", None), "the zipf-hot run")
+        [bench] smg (cache_aware) exited with status 137 during the zipf-hot run
+        >>> bench.exited
+        ['smg (cache_aware) exited with status 137 during the zipf-hot run']
+        """
+        if proc is not None and (status := proc.poll()) is not None:
+            note = f"{router.name} ({router.policy}) exited with status {status} during {during}"
+            print(f"[bench] {note}", flush=True)
+            self.exited.append(note)
 
     def stop_router(self, proc):
         if proc is not None:
@@ -284,6 +304,7 @@ class Bench:
                                  else ["--pool-size", str(len(urls))])
                         t0 = time.time()
                         rep = run_load(self.binary, target, wl.load + extra, self.opts.seed)
+                        self.note_exit(proc, router, f"the {wname} run")
                     finally:
                         self.stop_router(proc)
                 finally:
@@ -313,6 +334,7 @@ class Bench:
                     proc, target = self.start_router(router, urls)
                     try:
                         self.cost_one(router, proc, target, lua, rnd, rows)
+                        self.note_exit(proc, router, f"the cost runs of round {rnd}")
                     finally:
                         self.stop_router(proc)
         finally:
@@ -420,6 +442,7 @@ def main() -> int:
     finally:
         procs.stop_all()
         meta["skipped"] = bench.skipped
+        meta["router_exits"] = bench.exited
         meta["loadavg_end"] = os.getloadavg()
         meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         report.write_result(opts.out, started, opts.part, result, report.markdown)
