@@ -93,7 +93,7 @@ mod respond;
 use attempt::{
     Outgoing, Waiting, busy, error_message, moved_off, no_first_byte, record, send_primed,
 };
-pub(crate) use attempt::{is_encoded, is_event_stream};
+pub(crate) use attempt::{is_encoded, is_event_stream, no_first_byte_kind};
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
 use respond::{Correction, Responding, respond};

@@ -204,6 +204,7 @@ pub(crate) fn reason(err: &GatewayError) -> &'static str {
         GatewayError::Connect { .. } => "connect",
         GatewayError::UpstreamClosed { .. } => "closed",
         GatewayError::FirstByteTimeout { .. } => "timeout",
+        GatewayError::WorkerLost { moved: true, .. } => "moved",
         GatewayError::WorkerLost { .. } => "worker_lost",
         GatewayError::Disaggregated { source, .. } => reason(source),
         _ => "status",
@@ -277,6 +278,25 @@ mod tests {
             worker: "w".into(),
             source: "reset".into(),
         }
+    }
+
+    /// An attempt moved off a worker ejected as an outlier (slow, failing
+    /// nothing) is told apart from one whose worker went away, in the
+    /// retries' and the upstream errors' counts.
+    #[test]
+    fn a_moved_attempt_is_counted_as_moved_not_as_a_lost_worker() {
+        let lost = |moved| GatewayError::WorkerLost {
+            worker: "w".into(),
+            after: Duration::from_secs(1),
+            moved,
+        };
+        assert_eq!(reason(&lost(true)), "moved");
+        assert_eq!(reason(&lost(false)), "worker_lost");
+        assert_eq!(crate::proxy::no_first_byte_kind(&lost(true)), "moved");
+        assert_eq!(
+            crate::proxy::no_first_byte_kind(&lost(false)),
+            "worker_lost"
+        );
     }
 
     #[test]

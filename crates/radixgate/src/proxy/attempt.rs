@@ -40,20 +40,30 @@ pub(super) fn no_first_byte(
     err: &GatewayError,
     prompt: bool,
 ) {
-    let kind = match err {
-        GatewayError::FirstByteTimeout { after, .. } => {
-            if prompt {
-                // A hung worker's latency is at least the timeout.
-                shared.outliers.sample(worker.id(), *after);
-                breaker.note_hang(tokio::time::Instant::now());
-            }
-            "timeout"
-        }
+    if let GatewayError::FirstByteTimeout { after, .. } = err
+        && prompt
+    {
+        // A hung worker's latency is at least the timeout.
+        shared.outliers.sample(worker.id(), *after);
+        breaker.note_hang(tokio::time::Instant::now());
+    }
+    shared
+        .request_metrics
+        .upstream_error(worker.url(), no_first_byte_kind(err));
+}
+
+/// The `kind` an attempt with no first byte is counted under in
+/// `radixgate_upstream_errors_total`.
+pub(crate) fn no_first_byte_kind(err: &GatewayError) -> &'static str {
+    match err {
+        GatewayError::FirstByteTimeout { .. } => "timeout",
+        // Moved off a worker ejected as an outlier: not its failure (it
+        // was counted `worker_lost`, as if the worker had gone).
+        GatewayError::WorkerLost { moved: true, .. } => "moved",
         GatewayError::WorkerLost { .. } => "worker_lost",
         GatewayError::UpstreamClosed { .. } => "closed",
         _ => "connect",
-    };
-    shared.request_metrics.upstream_error(worker.url(), kind);
+    }
 }
 
 /// Whether a response is an event stream (by the worker's content type;
