@@ -90,10 +90,12 @@ mod endpoint;
 pub(crate) mod metrics;
 mod pd;
 mod respond;
+#[cfg(test)]
+pub(crate) use attempt::no_first_byte_kind;
 use attempt::{
     Outgoing, Waiting, busy, error_message, moved_off, no_first_byte, record, send_primed,
 };
-pub(crate) use attempt::{is_encoded, is_event_stream, no_first_byte_kind};
+pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
 pub use metrics::{LATENCY_BUCKETS, RequestMetrics, TTFT_BUCKETS, UNKNOWN_MODEL};
 use respond::{Correction, Responding, respond};
