@@ -29,8 +29,9 @@
 //!   and matched for every block size the engines reported; a worker's
 //!   match is the best of its ranks (the engine's data-parallel balancer,
 //!   not the router, picks the rank). What each live worker holds reaches
-//!   the policy as [`ExactMatches`]; a request that cannot be tokenized is
-//!   routed on the tree alone, counted by reason.
+//!   the policy as [`ExactMatches`]; a request that cannot be tokenized,
+//!   or one in a cache namespace of its own (`shares_blocks`), is routed
+//!   on the tree alone, counted by reason.
 //!
 //! Cost: a read lock on the index per request (writers hold it per batch);
 //! the tokenizer dominates (`crates/radixgate-tokenize`, measured there).
@@ -103,7 +104,7 @@ const BLOCKS: Describe = Describe::new(
 );
 const REQUESTS: Describe = Describe::new(
     "radixgate_kv_events_requests_total",
-    "Routed requests by how they were matched (exact, no_live_worker, no_tokens, other_model, tokenize_error).",
+    "Routed requests by how they were matched (exact, no_live_worker, namespaced, no_tokens, other_model, tokenize_error).",
 );
 
 /// The families.
@@ -273,6 +274,20 @@ impl KvEvents {
             self.metrics.requests.increment("no_live_worker");
         }
         any
+    }
+
+    /// Whether a request's blocks are the ones the events name: false
+    /// (counted) for a request in a cache namespace of its own (SGLang's
+    /// `lora_path` or `extra_key`, vLLM's `cache_salt`). The engine keys
+    /// its cache by them, while the events' token ids (and the index's
+    /// keys) are the same in every namespace, so such a request would be
+    /// matched on blocks it cannot use; it is routed on the tree, where
+    /// its text is apart.
+    pub(crate) fn shares_blocks(&self, namespaced: bool) -> bool {
+        if namespaced {
+            self.metrics.requests.increment("namespaced");
+        }
+        !namespaced
     }
 
     /// A turn to tokenize a request (see `tokenizing`); `None` only if the

@@ -46,6 +46,10 @@ pub struct Inspected {
     pub stream: bool,
     /// The text the prefix tree is matched against.
     pub routing_text: String,
+    /// The request is in a cache namespace of its own (a LoRA adapter, a
+    /// cache salt or an extra key): it shares no cached block with
+    /// requests outside it, whatever their token ids.
+    pub namespaced: bool,
     /// The `user` field, a fallback sticky-session key.
     pub user: Option<String>,
     /// An OpenAI stream's `stream_options`, where the body has them (read
@@ -247,10 +251,12 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
             (req.model, req.stream, user, keys)
         }
     };
+    let namespace = keys.namespace();
     Ok(Inspected {
         model: model.map(Cow::into_owned),
         stream,
-        routing_text: text.into_string_in(&keys.namespace()),
+        namespaced: !namespace.is_shared(),
+        routing_text: text.into_string_in(&namespace),
         user: user.map(Cow::into_owned),
         stream_options,
     })

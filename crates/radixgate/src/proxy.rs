@@ -333,7 +333,9 @@ async fn forward(
     // every attempt. Tokenizing a long prompt takes milliseconds of CPU,
     // so it runs on the blocking pool, not on a serving thread.
     let exact = match (&shared.kv_events, endpoint) {
-        (Some(events), Endpoint::Routed(_)) if events.any_live() => {
+        (Some(events), Endpoint::Routed(_))
+            if events.any_live() && events.shares_blocks(request.namespaced) =>
+        {
             let turn = events.turn().await;
             let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
             let model = request.model.clone();

@@ -729,3 +729,58 @@ async fn workers_sharing_one_publisher_endpoint_are_not_matched_on_it() {
     assert!(decision.contains("index=exact"), "{decision}");
     gw.shutdown().await;
 }
+
+/// A request in a cache namespace of its own (SGLang's `lora_path` or
+/// `extra_key`, vLLM's `cache_salt`) shares no prefix with the engine's
+/// blocks of the shared namespace, whose events carry the same token ids:
+/// it is not matched on them, but routed on the tree, where its text is
+/// apart. Before, such a request was sent to the worker holding the
+/// shared namespace's prompt as an exact cache hit that was not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_its_own_cache_namespace_is_not_matched_on_shared_blocks() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let (w2, e2) = publishing_worker(4096, false).await;
+    let gw = gateway_ready(events_config(&[(&w1, &e1), (&w2, &e2)]), 2).await;
+    make_live(&gw.url, &[&w1, &w2]).await;
+    let prompt = ids(7, 160);
+    let stored = series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await;
+    generate(&w1.url, &prompt).await;
+    wait_until("the stored blocks to be indexed", || async {
+        series_value(&gw.url, "radixgate_kv_events_blocks_stored_total").await >= stored + 10.0
+    })
+    .await;
+    for (field, value) in [
+        ("lora_path", "adapter-a"),
+        ("extra_key", "tenant-a"),
+        ("cache_salt", "salt-a"),
+    ] {
+        let mut b = body(&prompt);
+        b[field] = json!(value);
+        let r = client()
+            .post(format!("{}/generate", gw.url))
+            .json(&b)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let (_, decision) = served_by(r).await;
+        assert!(!decision.contains("index=exact"), "{field}: {decision}");
+        assert!(
+            !decision.contains("branch=cache_hit"),
+            "{field}: {decision}"
+        );
+    }
+    assert_eq!(
+        series_value(
+            &gw.url,
+            "radixgate_kv_events_requests_total{match=\"namespaced\"}"
+        )
+        .await,
+        3.0
+    );
+    // The shared namespace's own request is still matched exactly.
+    let (worker, decision) = generate(&gw.url, &prompt).await;
+    assert_eq!(worker, w1.url, "{decision}");
+    assert!(decision.contains("index=exact"), "{decision}");
+    gw.shutdown().await;
+}
