@@ -784,3 +784,31 @@ async fn a_request_in_its_own_cache_namespace_is_not_matched_on_shared_blocks() 
     assert!(decision.contains("index=exact"), "{decision}");
     gw.shutdown().await;
 }
+
+/// `kv_events.endpoints` and `replay_endpoints` are keyed by a worker's
+/// URL as the operator wrote it, which the pool keeps in its canonical
+/// spelling (no trailing `/`, lower case, no default port). Before, an
+/// entry written `http://host:port/`, as in the workers list, was never
+/// found: the worker was subscribed at its host's default port instead
+/// (nothing there, or another engine's publisher), and never live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_keyed_by_another_spelling_of_the_workers_url_is_used() {
+    let (w1, e1) = publishing_worker(4096, true).await;
+    let spelled = format!("{}/", w1.url);
+    let mut c = config(&[spelled.as_str()]);
+    c.kv_events.enabled = true;
+    c.kv_events.endpoints.insert(spelled.clone(), e1.clone());
+    let replay = w1.handle.kv_events_replay_endpoint().expect("replay");
+    c.kv_events.replay_endpoints.insert(spelled, replay);
+    let gw = gateway_ready(c, 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let prompt = ids(3, 160);
+    generate(&w1.url, &prompt).await;
+    wait_until("the stored blocks to be indexed", || async {
+        series_value(&gw.url, "radixgate_kv_events_index_blocks").await >= 10.0
+    })
+    .await;
+    let (_, decision) = generate(&gw.url, &prompt).await;
+    assert!(decision.contains("index=exact"), "{decision}");
+    gw.shutdown().await;
+}

@@ -16,6 +16,7 @@
 //! names the model's `tokenizer.json` or model directory.
 
 use super::{ConfigError, invalid};
+use radixgate_routing::WorkerUrl;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,7 +43,9 @@ pub struct KvEventsConfig {
     pub data_parallel_size: u32,
     /// Publisher endpoints by worker URL, for workers whose publisher is
     /// not at `tcp://<host>:<port>`, e.g. `{"http://10.0.0.5:8000":
-    /// "tcp://10.0.0.5:6000"}` (rank r at the port plus r).
+    /// "tcp://10.0.0.5:6000"}` (rank r at the port plus r). A URL is
+    /// found in any of its spellings (`http://10.0.0.5:8000/`), as the
+    /// workers list takes it.
     pub endpoints: BTreeMap<String, String>,
     /// Replay endpoints by worker URL, for workers whose replay socket is
     /// not at `replay_port` on their publisher's host (rank r at the port
@@ -151,7 +154,14 @@ impl KvEventsConfig {
             ("kv_events.endpoints", &self.endpoints),
             ("kv_events.replay_endpoints", &self.replay_endpoints),
         ] {
+            let mut seen = std::collections::BTreeSet::new();
             for (url, endpoint) in map {
+                if !seen.insert(WorkerUrl::canonical(url.trim())) {
+                    return Err(invalid(
+                        what,
+                        format!("{url}: another entry names the same worker URL"),
+                    ));
+                }
                 if tcp_port(endpoint).is_none() {
                     return Err(invalid(
                         what,
@@ -181,13 +191,13 @@ impl KvEventsConfig {
     /// The publisher and replay endpoints of each rank of the worker at
     /// `url` whose host is `host`.
     pub fn endpoints_for(&self, url: &str, host: &str) -> Vec<(String, Option<String>)> {
-        let (host, port) = match self.endpoints.get(url).and_then(|e| tcp_port(e)) {
+        let (host, port) = match entry(&self.endpoints, url).and_then(tcp_port) {
             Some((h, p)) => (h.to_owned(), p),
             None => (bracketed(host), self.port),
         };
         // The shared replay port is the default layout's: a publisher on
         // a port of its own has a replay socket of its own, or none.
-        let replay = match self.replay_endpoints.get(url).and_then(|e| tcp_port(e)) {
+        let replay = match entry(&self.replay_endpoints, url).and_then(tcp_port) {
             Some((h, p)) => Some((h.to_owned(), p)),
             None if port == self.port => self.replay_port.map(|p| (host.clone(), p)),
             None => None,
@@ -203,6 +213,21 @@ impl KvEventsConfig {
             })
             .collect()
     }
+}
+
+/// The entry of `map` for the worker at `url` (its canonical spelling),
+/// whichever spelling of it the entry was written in: the pool keeps a
+/// worker's URL canonical (no trailing `/`, lower case, no default port),
+/// so an entry written as in the workers list was otherwise never found,
+/// and the worker was subscribed at its host's default port.
+fn entry<'m>(map: &'m BTreeMap<String, String>, url: &str) -> Option<&'m str> {
+    map.get(url)
+        .or_else(|| {
+            map.iter()
+                .find(|(k, _)| WorkerUrl::canonical(k.trim()) == url)
+                .map(|(_, v)| v)
+        })
+        .map(String::as_str)
 }
 
 /// An IPv6 literal in brackets, as an endpoint needs it.
@@ -225,6 +250,25 @@ fn tcp_port(endpoint: &str) -> Option<(&str, u16)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry is found in any spelling of the worker's URL, and two
+    /// entries for one worker are refused, not one of them dropped.
+    #[test]
+    fn endpoints_are_keyed_by_the_workers_canonical_url() {
+        let mut c = KvEventsConfig::default();
+        c.endpoints
+            .insert("HTTP://Gpu-1:80/".into(), "tcp://10.0.0.5:6000".into());
+        assert_eq!(
+            c.endpoints_for("http://gpu-1", "gpu-1")[0].0,
+            "tcp://10.0.0.5:6000"
+        );
+        c.validate().unwrap();
+        c.endpoints
+            .insert("http://gpu-1".into(), "tcp://10.0.0.5:6001".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("kv_events.endpoints"), "{e}");
+        assert!(e.contains("same worker URL"), "{e}");
+    }
 
     #[test]
     fn endpoints_follow_the_host_port_and_rank() {
