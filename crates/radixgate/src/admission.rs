@@ -153,6 +153,16 @@ enum Turn {
 #[must_use = "the slot is given back as soon as the permit is dropped"]
 pub struct AdmissionPermit {
     slot: Option<Arc<Limited>>,
+    /// Whether the request waited in the queue for it.
+    waited: bool,
+}
+
+impl AdmissionPermit {
+    /// Whether the request waited in the queue for its slot (false for
+    /// one admitted at once, or without a limit).
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
 }
 
 impl Drop for AdmissionPermit {
@@ -271,10 +281,14 @@ impl Admission {
     /// place a higher priority takes fails with `QueueFull` then.
     pub async fn acquire(&self, priority: Priority) -> Result<AdmissionPermit, GatewayError> {
         let Some(limited) = &self.limited else {
-            return Ok(AdmissionPermit { slot: None });
+            return Ok(AdmissionPermit {
+                slot: None,
+                waited: false,
+            });
         };
-        let admitted = || AdmissionPermit {
+        let admitted = |waited| AdmissionPermit {
             slot: Some(Arc::clone(limited)),
+            waited,
         };
         let mut place = {
             let mut slots = limited.slots.lock();
@@ -282,7 +296,7 @@ impl Admission {
             // it straight to a waiter), so taking it jumps no queue.
             if slots.in_flight < limited.limit {
                 slots.in_flight += 1;
-                return Ok(admitted());
+                return Ok(admitted(false));
             }
             if slots.queued >= limited.queue_size && !slots.displace_below(priority) {
                 drop(slots);
@@ -310,7 +324,7 @@ impl Admission {
         match turn {
             Ok(Ok(Turn::Admitted)) => {
                 place.done = true;
-                Ok(admitted())
+                Ok(admitted(true))
             }
             Ok(Ok(Turn::Displaced)) => {
                 place.done = true;

@@ -308,13 +308,21 @@ async fn forward(
     let queued = Queued(parts.extensions.get());
     // A request still queued when the shutdown grace period ends is told
     // so (503 with `Retry-After`) before its connection is dropped, rather
-    // than left not knowing whether it ran; a slot free by then wins.
+    // than left not knowing whether it ran. That includes one handed a
+    // slot after that moment (a stream cut then gave it back): it would
+    // only reach a worker with its connection about to go. Checked for a
+    // request that waited only, so one admitted at once takes no lock.
     let admitted = tokio::select! {
         biased;
-        admitted = shared.admission.acquire(priority) => {
-            queued.answered();
-            admitted
-        }
+        admitted = shared.admission.acquire(priority) => match admitted {
+            Ok(permit) if permit.waited() && shared.streams_abort.is_cancelled() => {
+                Err(GatewayError::ShuttingDown)
+            }
+            admitted => {
+                queued.answered();
+                admitted
+            }
+        },
         () = shared.streams_abort.cancelled() => Err(GatewayError::ShuttingDown),
     };
     let admitted = admitted.inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;

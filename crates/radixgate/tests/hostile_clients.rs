@@ -1098,3 +1098,72 @@ async fn a_request_queued_when_the_grace_period_ends_is_told_so() {
     gw.task.await.unwrap().unwrap();
     worker.release.cancel();
 }
+
+/// The same, where the slot's holder is an event stream: the end of the
+/// grace period cuts that stream, which frees the slot at the very moment
+/// the queued request is told to give up. The queued request still gets
+/// its 503 and is never sent to a worker (where it would run with its
+/// connection about to be dropped, its client not knowing whether it ran).
+#[tokio::test]
+async fn a_slot_freed_by_the_grace_periods_end_does_not_admit_a_queued_request() {
+    use futures::StreamExt;
+    let worker = stalling_worker(vec!["data: {\"choices\": []}\n\n"]).await;
+    let mut c = config(&[&worker.url]);
+    c.health.enabled = false;
+    c.server.threads = 1;
+    c.admission.max_concurrent_requests = Some(1);
+    c.admission.queue_size = 1;
+    c.server.shutdown_grace_period_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+    let holder = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&scripted_chat("holder", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(holder.status(), 200);
+    let mut holder = holder.bytes_stream();
+    holder.next().await.expect("the first event").unwrap();
+    let queued = {
+        let url = gw.url.clone();
+        tokio::spawn(async move {
+            let r = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&scripted_chat("queued", false))
+                .send()
+                .await?;
+            let status = r.status().as_u16();
+            let body = r.text().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        })
+    };
+    wait_until("one request queued", || async {
+        series_value(&gw.url, "radixgate_admission_queued_requests").await == 1.0
+    })
+    .await;
+    gw.stop.cancel();
+    let (status, body) = tokio::time::timeout(HANG_GUARD, queued)
+        .await
+        .expect("an answer by the end of the grace period")
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    assert_eq!(status, 503, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "shutting_down", "{body}");
+    // The holder's stream was told why it ended.
+    let mut rest = Vec::new();
+    while let Some(Ok(chunk)) = holder.next().await {
+        rest.extend_from_slice(&chunk);
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("shutting_down"), "{rest}");
+    gw.task.await.unwrap().unwrap();
+    assert_eq!(worker.received.lock().len(), 1, "only the holder was sent");
+    worker.stop.cancel();
+}
+
+/// A chat request for the scripted worker's model.
+fn scripted_chat(text: &str, stream: bool) -> Value {
+    serde_json::json!({"model": "scripted", "stream": stream,
+                       "messages": [{"role": "user", "content": text}]})
+}

@@ -49,6 +49,7 @@ async fn unlimited_admits_everything_and_tracks_nothing() {
 async fn the_limit_is_respected_and_a_drop_admits_the_next() {
     let gate = gate(Some(2), 10, 60);
     let a = gate.acquire(Priority::Normal).await.expect("first");
+    let a_waited = a.waited();
     let _b = gate.acquire(Priority::Normal).await.expect("second");
     assert_eq!(gate.in_flight(), 2);
     let waiter = tokio::spawn({
@@ -64,6 +65,9 @@ async fn the_limit_is_respected_and_a_drop_admits_the_next() {
         .expect("task")
         .expect("admitted after the drop");
     assert_eq!((gate.in_flight(), gate.queued()), (2, 0));
+    // Only the one that queued says it waited (`proxy.rs` refuses such a
+    // one at the end of the shutdown grace period).
+    assert!(!a_waited && c.waited());
     drop(c);
     assert_eq!(gate.in_flight(), 1);
 }
