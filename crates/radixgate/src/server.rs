@@ -514,6 +514,21 @@ pub async fn run_reloadable(
         None => None,
     };
 
+    // Before "listening", which tests and operators wait for.
+    let admission = &shared.config.admission;
+    let defaults = crate::config::AdmissionConfig::default();
+    if admission.max_concurrent_requests.is_none()
+        && (admission.queue_size != defaults.queue_size
+            || admission.queue_timeout_secs != defaults.queue_timeout_secs)
+    {
+        tracing::warn!(
+            queue_size = admission.queue_size,
+            queue_timeout_secs = admission.queue_timeout_secs,
+            "admission.queue_size and admission.queue_timeout_secs take effect only with \
+             admission.max_concurrent_requests (`--max-concurrent-requests N`): without it \
+             every request is admitted at once and none waits in the queue"
+        );
+    }
     let threads = shared.config.server.serving_threads();
     tracing::info!(
         addr = %listener.local_addr()?,

@@ -258,6 +258,33 @@ fn stderr_until(c: &mut Command, needle: &str) -> String {
     seen
 }
 
+/// Queue settings without a concurrency limit do nothing: said at start-up,
+/// naming the setting that is missing, rather than left for an operator
+/// to find under load that nothing ever queues.
+#[test]
+fn queue_settings_without_a_concurrency_limit_are_warned_of() {
+    let needle = "take effect only with admission.max_concurrent_requests";
+    let err = stderr_until(
+        radixgate().args(["serve", "--port", "0", "--queue-size", "500"]),
+        needle,
+    );
+    assert!(err.contains(needle), "{err}");
+    assert!(err.contains("--max-concurrent-requests N"), "{err}");
+    // With a limit, or with the queue as it comes, nothing is said.
+    let quiet = stderr_until(
+        radixgate()
+            .args(["serve", "--port", "0", "--queue-size", "500"])
+            .args(["--max-concurrent-requests", "8"]),
+        "radixgate listening",
+    );
+    assert!(!quiet.contains(needle), "{quiet}");
+    let quiet = stderr_until(
+        radixgate().args(["serve", "--port", "0"]),
+        "radixgate listening",
+    );
+    assert!(!quiet.contains(needle), "{quiet}");
+}
+
 #[test]
 fn log_levels_are_checked_and_take_sglangs_names() {
     // SGLang's router takes Python's names: `warning` shows the warnings.
