@@ -92,14 +92,7 @@ async fn delete_workers_drains_a_worker_with_a_stream_in_flight() {
 async fn an_idle_worker_is_removed_at_once_and_a_drained_url_can_come_back() {
     let a = sim_worker(fast_worker()).await;
     let gw = gateway_ready(config(&[&a.url]), 1).await;
-    let r: Value = client()
-        .delete(format!("{}/workers?url={}", gw.url, a.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = remove_worker(&gw.url, &a.url).await;
     assert_eq!(r["state"], "removed");
     assert!(workers(&gw.url).await.is_empty());
     let r = client()
@@ -371,14 +364,7 @@ async fn a_removed_workers_breaker_gauge_does_not_stay_open() {
         series_value(&gw.url, &state).await == 1.0
     })
     .await;
-    let r: Value = client()
-        .delete(format!("{}/workers?url={}", gw.url, flaky.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = remove_worker(&gw.url, &flaky.url).await;
     assert_eq!(r["state"], "removed");
     // Gone from the pool: its series no longer read as an open breaker
     // (an alert on open breakers would fire for a worker that is gone).
@@ -405,14 +391,7 @@ async fn a_removed_workers_prediction_error_reads_0() {
         series_value(&gw.url, &error).await != 0.0
     })
     .await;
-    let r: Value = client()
-        .delete(format!("{}/workers?url={}", gw.url, a.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = remove_worker(&gw.url, &a.url).await;
     assert_eq!(r["state"], "removed");
     // Gone from the pool: its error reads 0 as its other gauges do, not
     // the last value for the exporter's idle time (an alert on the tree

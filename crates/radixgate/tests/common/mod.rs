@@ -204,6 +204,18 @@ pub async fn workers(gateway: &str) -> Vec<Value> {
     list["workers"].as_array().unwrap().clone()
 }
 
+/// `DELETE /workers?url=URL` on the gateway's admin API: its JSON answer.
+pub async fn remove_worker(gateway: &str, url: &str) -> Value {
+    client()
+        .delete(format!("{gateway}/workers?url={url}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// The model ids `/v1/models` lists.
 pub async fn model_ids(gateway: &str) -> Vec<String> {
     let list = get_json(gateway, "/v1/models").await;
