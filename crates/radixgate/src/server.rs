@@ -529,6 +529,9 @@ pub async fn run_reloadable(
              every request is admitted at once and none waits in the queue"
         );
     }
+    for setting in shared.config.inert_settings() {
+        tracing::warn!("{setting}");
+    }
     let threads = shared.config.server.serving_threads();
     tracing::info!(
         addr = %listener.local_addr()?,

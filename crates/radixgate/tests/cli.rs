@@ -717,3 +717,59 @@ fn a_worker_with_and_without_its_default_port_is_listed_twice() {
         "{err}"
     );
 }
+
+/// A setting of a feature that is off does nothing: said at start-up,
+/// naming the setting and the switch it needs, rather than taken without
+/// a word (`--pd-protocol vllm` without `--pd-disaggregation` left the
+/// pool regular, `--selector` without `--service-discovery` discovered
+/// nothing, `--kv-events-port` without `--kv-events` subscribed to
+/// nothing).
+#[test]
+fn settings_of_a_feature_that_is_off_are_warned_of() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--pd-protocol", "vllm"],
+            "`pd.protocol` is set but does nothing without `pd.enabled` (--pd-disaggregation",
+        ),
+        (
+            &["--selector", "app=sglang"],
+            "`discovery.selector` is set but does nothing without `discovery.enabled` \
+             (--service-discovery",
+        ),
+        (
+            &["--kv-events-port", "6000"],
+            "`kv_events.port` is set but does nothing without `kv_events.enabled` (--kv-events",
+        ),
+        (
+            &["--prometheus-host", "0.0.0.0"],
+            "`metrics.prometheus_host` is set but does nothing without \
+             `metrics.prometheus_port` (--prometheus-port",
+        ),
+        (
+            &["--disable-circuit-breaker", "--cb-failure-threshold", "9"],
+            "`circuit_breaker.failure_threshold` is set but does nothing without \
+             `circuit_breaker.enabled`",
+        ),
+    ];
+    for (flags, needle) in cases {
+        let err = stderr_until(
+            radixgate().args(["serve", "--port", "0"]).args(flags),
+            "radixgate listening",
+        );
+        assert!(err.contains(needle), "{flags:?}: {err}");
+    }
+    // With the feature on, or with nothing of it set, nothing is said.
+    let needle = "is set but does nothing without";
+    let quiet = stderr_until(
+        radixgate()
+            .args(["serve", "--port", "0", "--prometheus-port", "0"])
+            .args(["--prometheus-host", "127.0.0.1"]),
+        "radixgate listening",
+    );
+    assert!(!quiet.contains(needle), "{quiet}");
+    let quiet = stderr_until(
+        radixgate().args(["serve", "--port", "0"]),
+        "radixgate listening",
+    );
+    assert!(!quiet.contains(needle), "{quiet}");
+}

@@ -512,3 +512,109 @@ impl Config {
         )
     }
 }
+
+/// The sections whose settings only act while a switch is on: the section,
+/// its switch as written in the file, how the switch is set on the command
+/// line, and whether it is on in `config`.
+type Switched = (&'static str, &'static str, &'static str, bool);
+
+impl Config {
+    /// Settings given (set to other than their defaults) that do nothing
+    /// because the feature they belong to is off, each as a sentence
+    /// naming the setting and the switch it needs: `--pd-protocol vllm`
+    /// without `--pd-disaggregation`, `--kv-events-port` without
+    /// `--kv-events`, `--selector` without `--service-discovery`. Logged at
+    /// start-up, so that an operator is not left to find out under load
+    /// that the setting was never read.
+    pub fn inert_settings(&self) -> Vec<String> {
+        use serde_norway::{Value, to_value};
+        fn fields<T: serde::Serialize>(now: &T, default: &T) -> Vec<String> {
+            match (to_value(now), to_value(default)) {
+                (Ok(Value::Mapping(now)), Ok(Value::Mapping(default))) => now
+                    .iter()
+                    .filter(|(key, value)| default.get(*key) != Some(*value))
+                    .filter_map(|(key, _)| key.as_str().map(str::to_owned))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        }
+        let sections: [(Switched, Vec<String>); 7] = [
+            (
+                (
+                    "pd",
+                    "enabled",
+                    "--pd-disaggregation turns it on",
+                    self.pd.enabled,
+                ),
+                fields(&self.pd, &super::PdConfig::default()),
+            ),
+            (
+                (
+                    "kv_events",
+                    "enabled",
+                    "--kv-events turns it on",
+                    self.kv_events.enabled,
+                ),
+                fields(&self.kv_events, &super::KvEventsConfig::default()),
+            ),
+            (
+                (
+                    "discovery",
+                    "enabled",
+                    "--service-discovery turns it on",
+                    self.discovery.enabled,
+                ),
+                fields(&self.discovery, &super::DiscoveryConfig::default()),
+            ),
+            (
+                (
+                    "sync",
+                    "urls",
+                    "--sync-url turns it on",
+                    !self.sync.urls.is_empty(),
+                ),
+                fields(&self.sync, &super::SyncConfig::default()),
+            ),
+            (
+                (
+                    "metrics",
+                    "prometheus_port",
+                    "--prometheus-port turns it on",
+                    self.metrics.prometheus_port.is_some(),
+                ),
+                fields(&self.metrics, &super::MetricsConfig::default()),
+            ),
+            (
+                (
+                    "circuit_breaker",
+                    "enabled",
+                    "--disable-circuit-breaker turns it off",
+                    self.circuit_breaker.enabled,
+                ),
+                fields(&self.circuit_breaker, &super::BreakerConfig::default()),
+            ),
+            (
+                (
+                    "outlier_detection",
+                    "enabled",
+                    "--disable-outlier-detection turns it off",
+                    self.outlier_detection.enabled,
+                ),
+                fields(&self.outlier_detection, &super::OutlierConfig::default()),
+            ),
+        ];
+        let mut inert = Vec::new();
+        for ((section, switch, flag, on), changed) in sections {
+            if on {
+                continue;
+            }
+            for key in changed.iter().filter(|key| *key != switch) {
+                inert.push(format!(
+                    "`{section}.{key}` is set but does nothing without \
+                     `{section}.{switch}` ({flag})"
+                ));
+            }
+        }
+        inert
+    }
+}
