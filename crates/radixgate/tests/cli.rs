@@ -773,3 +773,44 @@ fn settings_of_a_feature_that_is_off_are_warned_of() {
     );
     assert!(!quiet.contains(needle), "{quiet}");
 }
+
+/// A switch's variable set to false overrides the file's `true`, as the
+/// documented layering (file < environment < flags) says: it was read
+/// as "not given", and the file's setting stayed on without a word.
+#[test]
+fn a_switch_variable_set_to_false_overrides_the_file() {
+    let dir = std::env::temp_dir().join(format!("radixgate-switch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("switches.yaml");
+    std::fs::write(
+        &file,
+        "log: {json: true}\npd: {enabled: true}\n\
+         circuit_breaker: {enabled: false}\nworkers: [\"http://127.0.0.1:9\"]\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    // The file alone: a disaggregated pool with a regular worker.
+    let (ok, err) = run(radixgate().args(["serve", "--port", "0", "--config", file]));
+    assert!(!ok && err.contains("disaggregated pool"), "{err}");
+    let mut child = radixgate()
+        .args(["serve", "--port", "0", "--config", file])
+        .env("RADIXGATE_PD_DISAGGREGATION", "false")
+        .env("RADIXGATE_LOG_JSON", "0")
+        .env("RADIXGATE_DISABLE_CIRCUIT_BREAKER", "no")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines: Vec<String> = BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|line| !line.contains("radixgate listening"))
+        .chain(std::iter::once(String::new()))
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::remove_dir_all(dir).unwrap();
+    let seen = lines.join("\n");
+    assert!(!seen.contains("error"), "did not start: {seen}");
+    assert!(!seen.contains("\"level\""), "log.json stayed on: {seen}");
+}

@@ -473,9 +473,12 @@ impl SyncArgs {
         );
         set(&mut sync.history_secs, &self.sync_history_secs);
         set(&mut sync.stream_storage, &self.sync_stream_storage);
-        if self.sync_tls_required {
-            sync.tls.required = true;
-        }
+        switch(
+            &mut sync.tls.required,
+            true,
+            self.sync_tls_required,
+            "RADIXGATE_SYNC_TLS_REQUIRED",
+        );
         let some = |slot: &mut Option<PathBuf>, v: &Option<PathBuf>| {
             if v.is_some() {
                 *slot = v.clone();
@@ -541,6 +544,20 @@ fn policy_named(name: &str) -> Result<PolicyConfig, ConfigError> {
         .ok_or_else(|| super::invalid("routing.policy", format!("unknown policy `{name}`")))
 }
 
+/// Layers a switch over the file's setting `slot`: given (`on`), it sets
+/// `slot` to `sets` (`true` for `--kv-events`, `false` for a `--disable-*`
+/// switch). Clap reads a switch that is absent and one whose variable `var`
+/// holds a false word (`0`, `no`, `false`) alike, as `on` false; a variable
+/// that is set was parsed (another word stops start-up), so a set one says
+/// the opposite and overrides the file too (file < environment < flags).
+fn switch(slot: &mut bool, sets: bool, on: bool, var: &str) {
+    if on {
+        *slot = sets;
+    } else if std::env::var_os(var).is_some() {
+        *slot = !sets;
+    }
+}
+
 fn set<T: Clone>(slot: &mut T, value: &Option<T>) {
     if let Some(value) = value {
         *slot = value.clone();
@@ -573,7 +590,7 @@ impl ServeArgs {
         self.apply_discovery(&mut config.discovery)?;
         self.sync.apply(&mut config.sync);
         let k = &mut config.kv_events;
-        k.enabled |= self.kv_events;
+        switch(&mut k.enabled, true, self.kv_events, "RADIXGATE_KV_EVENTS");
         set(&mut k.port, &self.kv_events_port);
         if self.kv_events_replay_port.is_some() {
             k.replay_port = self.kv_events_replay_port;
@@ -647,9 +664,12 @@ impl ServeArgs {
         set(&mut h.endpoint, &self.health_check_endpoint);
         set(&mut h.failure_threshold, &self.health_failure_threshold);
         set(&mut h.success_threshold, &self.health_success_threshold);
-        if self.disable_health_check {
-            h.enabled = false;
-        }
+        switch(
+            &mut h.enabled,
+            false,
+            self.disable_health_check,
+            "RADIXGATE_DISABLE_HEALTH_CHECK",
+        );
 
         let r = &mut config.retry;
         set(&mut r.max_retries, &self.retry_max_retries);
@@ -681,17 +701,23 @@ impl ServeArgs {
             &mut o.max_ejection_percent,
             &self.outlier_max_ejection_percent,
         );
-        if self.disable_outlier_detection {
-            o.enabled = false;
-        }
+        switch(
+            &mut o.enabled,
+            false,
+            self.disable_outlier_detection,
+            "RADIXGATE_DISABLE_OUTLIER_DETECTION",
+        );
 
         let b = &mut config.circuit_breaker;
         set(&mut b.failure_threshold, &self.cb_failure_threshold);
         set(&mut b.success_threshold, &self.cb_success_threshold);
         set(&mut b.timeout_duration_secs, &self.cb_timeout_duration_secs);
-        if self.disable_circuit_breaker {
-            b.enabled = false;
-        }
+        switch(
+            &mut b.enabled,
+            false,
+            self.disable_circuit_breaker,
+            "RADIXGATE_DISABLE_CIRCUIT_BREAKER",
+        );
 
         let a = &mut config.admission;
         match self.max_concurrent_requests {
@@ -716,9 +742,12 @@ impl ServeArgs {
             config.metrics.prometheus_host = self.prometheus_host.clone();
         }
         set(&mut config.log.level, &self.log_level);
-        if self.log_json {
-            config.log.json = true;
-        }
+        switch(
+            &mut config.log.json,
+            true,
+            self.log_json,
+            "RADIXGATE_LOG_JSON",
+        );
         let t = &mut config.tracing;
         if !self.request_id_headers.is_empty() {
             t.request_id_headers = self.request_id_headers.clone();
@@ -731,9 +760,12 @@ impl ServeArgs {
     }
 
     fn apply_discovery(&self, d: &mut super::DiscoveryConfig) -> Result<(), ConfigError> {
-        if self.service_discovery {
-            d.enabled = true;
-        }
+        switch(
+            &mut d.enabled,
+            true,
+            self.service_discovery,
+            "RADIXGATE_SERVICE_DISCOVERY",
+        );
         if !self.selector.is_empty() {
             d.selector = self
                 .selector
@@ -794,7 +826,12 @@ impl ServeArgs {
     /// workers of that role (as `--worker-urls` replaces the regular ones).
     fn apply_pd(&self, config: &mut Config) -> Result<(), ConfigError> {
         let pd = &mut config.pd;
-        pd.enabled |= self.pd_disaggregation;
+        switch(
+            &mut pd.enabled,
+            true,
+            self.pd_disaggregation,
+            "RADIXGATE_PD_DISAGGREGATION",
+        );
         set(&mut pd.protocol, &self.pd_protocol);
         set(
             &mut pd.skip_prefill_max_uncached_tokens,
