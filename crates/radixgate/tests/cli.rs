@@ -258,6 +258,15 @@ fn stderr_until(c: &mut Command, needle: &str) -> String {
     seen
 }
 
+/// What `serve --port 0 FLAGS` logs up to "radixgate listening" (the start-up
+/// warnings come before it).
+fn start_up_log(flags: &[&str]) -> String {
+    stderr_until(
+        radixgate().args(["serve", "--port", "0"]).args(flags),
+        "radixgate listening",
+    )
+}
+
 /// Queue settings without a concurrency limit do nothing: said at start-up,
 /// naming the setting that is missing, rather than left for an operator
 /// to find under load that nothing ever queues.
@@ -271,17 +280,9 @@ fn queue_settings_without_a_concurrency_limit_are_warned_of() {
     assert!(err.contains(needle), "{err}");
     assert!(err.contains("--max-concurrent-requests N"), "{err}");
     // With a limit, or with the queue as it comes, nothing is said.
-    let quiet = stderr_until(
-        radixgate()
-            .args(["serve", "--port", "0", "--queue-size", "500"])
-            .args(["--max-concurrent-requests", "8"]),
-        "radixgate listening",
-    );
+    let quiet = start_up_log(&["--queue-size", "500", "--max-concurrent-requests", "8"]);
     assert!(!quiet.contains(needle), "{quiet}");
-    let quiet = stderr_until(
-        radixgate().args(["serve", "--port", "0"]),
-        "radixgate listening",
-    );
+    let quiet = start_up_log(&[]);
     assert!(!quiet.contains(needle), "{quiet}");
 }
 
@@ -752,25 +753,14 @@ fn settings_of_a_feature_that_is_off_are_warned_of() {
         ),
     ];
     for (flags, needle) in cases {
-        let err = stderr_until(
-            radixgate().args(["serve", "--port", "0"]).args(flags),
-            "radixgate listening",
-        );
+        let err = start_up_log(flags);
         assert!(err.contains(needle), "{flags:?}: {err}");
     }
     // With the feature on, or with nothing of it set, nothing is said.
     let needle = "is set but does nothing without";
-    let quiet = stderr_until(
-        radixgate()
-            .args(["serve", "--port", "0", "--prometheus-port", "0"])
-            .args(["--prometheus-host", "127.0.0.1"]),
-        "radixgate listening",
-    );
+    let quiet = start_up_log(&["--prometheus-port", "0", "--prometheus-host", "127.0.0.1"]);
     assert!(!quiet.contains(needle), "{quiet}");
-    let quiet = stderr_until(
-        radixgate().args(["serve", "--port", "0"]),
-        "radixgate listening",
-    );
+    let quiet = start_up_log(&[]);
     assert!(!quiet.contains(needle), "{quiet}");
 }
 

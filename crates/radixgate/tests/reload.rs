@@ -426,16 +426,7 @@ async fn a_reload_that_removes_a_streaming_worker_does_not_cut_its_stream() {
     std::fs::write(&path, yaml(&[&gated], "k", 0.3)).unwrap();
     let (gw, reload, stop) = reloadable_gateway(&path).await;
     healthy(&gw, &gated, "k").await;
-    let mut stream = client()
-        .post(format!("{gw}/v1/chat/completions"))
-        .bearer_auth("k")
-        .json(&json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
-    let first = stream.chunk().await.unwrap().unwrap();
-    assert!(first.starts_with(b"data: "), "{first:?}");
+    let mut stream = gated_stream(&gw).await;
 
     std::fs::write(&path, yaml(&[&other.url], "k", 0.9)).unwrap();
     let changes = reload.reload().await.unwrap();
@@ -481,7 +472,8 @@ async fn gated_stream(gateway: &str) -> reqwest::Response {
         .await
         .unwrap();
     assert_eq!(stream.status(), 200);
-    stream.chunk().await.unwrap().unwrap();
+    let first = stream.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "), "{first:?}");
     stream
 }
 
