@@ -183,10 +183,7 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         if let Some((tenant, shared)) = self.0.take() {
-            let status = match std::thread::panicking() {
-                true => GatewayError::Internal.status().as_u16(),
-                false => crate::proxy::CLIENT_CLOSED_REQUEST,
-            };
+            let status = crate::proxy::unanswered_status();
             shared.tenant_metrics.request(tenant.name(), status);
         }
     }

@@ -158,10 +158,7 @@ struct Unanswered<'a> {
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        let status = match std::thread::panicking() {
-            true => GatewayError::Internal.status().as_u16(),
-            false => CLIENT_CLOSED_REQUEST,
-        };
+        let status = unanswered_status();
         let model = self.progress.model(self.served);
         self.metrics
             .request_done(self.route, status, model, self.started.elapsed());
@@ -175,7 +172,17 @@ impl Drop for Unanswered<'_> {
 
 /// The status a request whose client left before its answer is counted
 /// with.
-pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
+const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// The status a request dropped before its answer's head is counted with:
+/// 499, its client gone, or 500 while a panic unwinds it (the client is
+/// answered 500, `trace::request_id`).
+pub(crate) fn unanswered_status() -> u16 {
+    match std::thread::panicking() {
+        true => GatewayError::Internal.status().as_u16(),
+        false => CLIENT_CLOSED_REQUEST,
+    }
+}
 
 /// How far a request got before its answer's head, for what the request
 /// timeout answers when it runs out first (a timeout set below the body's
