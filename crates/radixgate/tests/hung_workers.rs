@@ -524,48 +524,72 @@ async fn a_worker_that_sheds_at_once_gets_no_working_peer_ejected() {
 
 /// The requests waiting on a worker when it is ejected as an outlier move
 /// to a quicker worker, but the slow worker failed none of them: its
-/// breaker counts none. Counted as its failures (three here, with a
-/// threshold of two), they opened the breaker of a worker that never
-/// failed a request, which then went on reading open on the dashboard and
-/// in alerts and, after the ejection, came back only through probes.
+/// breaker counts none. Counted as its failures (with a threshold of
+/// one), they opened the breaker of a worker that never failed a
+/// request, which then went on reading open on the dashboard and in
+/// alerts and, after the ejection, came back only through probes.
+///
+/// The slow worker is judged only once a request waits on it: its
+/// samples reach `min_samples` after that request is sent, so the
+/// evaluation that ejects it always finds the request to move. (Before,
+/// it could be ejected before anything waited on it, and the test passed
+/// without moving a request.)
 #[tokio::test]
 async fn requests_moved_off_an_ejected_worker_open_no_breaker() {
     let fast = sim_worker(fast_worker()).await;
     let slow = sim_worker(fast_worker()).await;
-    slow.set_faults(FaultConfig {
-        latency_ms: 400,
-        ..FaultConfig::default()
-    });
+    let slow_by = |latency_ms| {
+        slow.set_faults(FaultConfig {
+            latency_ms,
+            ..FaultConfig::default()
+        })
+    };
+    slow_by(400);
     let mut c = eager_outliers(&[&fast.url, &slow.url], 300);
-    c.circuit_breaker.failure_threshold = 2;
+    c.outlier_detection.min_samples = 4;
+    c.circuit_breaker.failure_threshold = 1;
     c.circuit_breaker.timeout_duration_secs = 3600;
     let gw = gateway_ready(c, 2).await;
-    // Six at once, three to each worker (round robin): samples first, then,
-    // with the slow worker slower still, requests that wait on it when
-    // the evaluation ejects it.
-    let burst = |tag: &'static str| {
+    // Round robin: each pair of requests sent at once puts one on each
+    // worker.
+    let send = |tag: String| {
         let url = gw.url.clone();
-        futures::future::join_all((0..6).map(move |i| {
-            let url = url.clone();
-            async move {
-                let r = post_chat(&url, &chat(&format!("{tag} {i}"), true)).await;
-                let status = r.status();
-                r.bytes().await.unwrap();
-                status
-            }
-        }))
+        tokio::spawn(async move {
+            let r = post_chat(&url, &chat(&tag, true)).await;
+            let status = r.status();
+            r.bytes().await.unwrap();
+            status
+        })
     };
-    let statuses = burst("samples").await;
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
-    slow.set_faults(FaultConfig {
-        latency_ms: 20_000,
-        ..FaultConfig::default()
-    });
-    let statuses = burst("waiting").await;
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let pair = |tag: &str| [send(format!("{tag} a")), send(format!("{tag} b"))];
+    // Three samples of the slow worker, one short of being judged.
+    for i in 0..3 {
+        for r in pair(&format!("sample {i}")) {
+            assert_eq!(r.await.unwrap(), 200);
+        }
+    }
+    // A request that waits on the slow worker...
+    slow_by(20_000);
+    let waiting = pair("waiting");
+    wait_until("a request in flight at the slow worker", || async {
+        metric(&gw.url, "radixgate_worker_in_flight_requests", &slow.url).await >= Some(1.0)
+    })
+    .await;
+    // ... while its fourth sample makes it judged, and ejected.
+    slow_by(400);
+    for r in pair("fourth sample") {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    for r in waiting {
+        assert_eq!(r.await.unwrap(), 200, "the waiting request was moved");
+    }
     assert_eq!(
         metric(&gw.url, "radixgate_outlier_ejected", &slow.url).await,
         Some(1.0)
+    );
+    assert_eq!(
+        series_value(&gw.url, "radixgate_retries_total{reason=\"moved\"}").await,
+        1.0
     );
     // Past an upkeep tick, which publishes the breaker metrics.
     tokio::time::sleep(Duration::from_millis(600)).await;
