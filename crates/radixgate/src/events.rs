@@ -104,7 +104,7 @@ const BLOCKS: Describe = Describe::new(
 );
 const REQUESTS: Describe = Describe::new(
     "radixgate_kv_events_requests_total",
-    "Routed requests by how they were matched (exact, no_live_worker, namespaced, no_tokens, other_model, tokenize_error).",
+    "Routed requests by how they were matched (exact, no_live_worker, namespaced, no_tokens, other_model, tokenize_error, tokenizer_busy).",
 );
 
 /// The families.
@@ -181,6 +181,13 @@ pub(crate) struct KvEvents {
     first_model: std::sync::OnceLock<String>,
     warned_models: std::sync::atomic::AtomicBool,
 }
+
+/// How long a request waits for a turn to tokenize (`KvEvents::turn`)
+/// before it is routed on the tree alone: about one 32k-token chat
+/// prompt's tokenizing (docs/kv-events.md, "Measured"), so a burst waits
+/// out the turns ahead of it, while a tokenizer that stays behind costs
+/// each request no more than this.
+pub(crate) const TURN_WAIT: Duration = Duration::from_millis(50);
 
 /// A request's exact matches, owned (the policy borrows them).
 pub(crate) struct Matched {
@@ -290,10 +297,21 @@ impl KvEvents {
         !namespaced
     }
 
-    /// A turn to tokenize a request (see `tokenizing`); `None` only if the
-    /// semaphore were closed, which it never is.
+    /// A turn to tokenize a request (see `tokenizing`), waited for at most
+    /// [`TURN_WAIT`]; `None` (counted `tokenizer_busy`) when every turn
+    /// stayed taken, and the tree decides alone. The tokenizer keeps up
+    /// with one CPU's worth of prompts each (about 20 a second at 32k
+    /// tokens); beyond that, an unbounded wait would queue every request
+    /// behind the others' tokenizing and make the router the bottleneck.
     pub(crate) async fn turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.tokenizing.clone().acquire_owned().await.ok()
+        let turn = tokio::time::timeout(TURN_WAIT, self.tokenizing.clone().acquire_owned());
+        match turn.await {
+            Ok(Ok(turn)) => Some(turn),
+            _ => {
+                self.metrics.requests.increment("tokenizer_busy");
+                None
+            }
+        }
     }
 
     /// What each live worker holds of the prompt of a request for `model`
@@ -793,5 +811,41 @@ mod tests {
         let waited = tokio::time::timeout(SUPERVISE_PERIOD * 6, forgotten).await;
         stop.cancel();
         assert!(waited.is_ok(), "the removed worker's count is still held");
+    }
+
+    /// A request waits for a turn to tokenize at most `TURN_WAIT`, then is
+    /// routed on the tree (counted); before, it waited for as long as the
+    /// requests ahead of it took, however many there were.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_for_a_turn_to_tokenize_only_so_long() {
+        let registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let config = KvEventsConfig {
+            enabled: true,
+            ..KvEventsConfig::default()
+        };
+        let metrics = Metrics::new();
+        let stop = CancellationToken::new();
+        let events =
+            KvEvents::spawn(&config, 1 << 16, registry.router(), &metrics, stop.clone()).unwrap();
+        let mut taken = Vec::new();
+        while let Ok(turn) = events.tokenizing.clone().try_acquire_owned() {
+            taken.push(turn);
+        }
+        let started = tokio::time::Instant::now();
+        let turn = tokio::time::timeout(TURN_WAIT * 10, events.turn()).await;
+        assert!(turn.expect("still waiting for a turn").is_none());
+        assert_eq!(started.elapsed(), TURN_WAIT);
+        let busy = "radixgate_kv_events_requests_total{match=\"tokenizer_busy\"} 1";
+        assert!(metrics.render().contains(busy), "{}", metrics.render());
+        // A turn given back within the wait is taken.
+        let back = taken.pop().unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(TURN_WAIT / 2).await;
+            drop(back);
+        });
+        let started = tokio::time::Instant::now();
+        assert!(events.turn().await.is_some());
+        assert_eq!(started.elapsed(), TURN_WAIT / 2);
+        stop.cancel();
     }
 }

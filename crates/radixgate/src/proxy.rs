@@ -351,16 +351,21 @@ async fn forward(
         (Some(events), Endpoint::Routed(_))
             if events.any_live() && events.shares_blocks(request.namespaced) =>
         {
-            let turn = events.turn().await;
-            let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
-            let model = request.model.clone();
-            tokio::task::spawn_blocking(move || {
-                let _turn = turn;
-                events.matched(path, &body, model.as_deref())
-            })
-            .await
-            .ok()
-            .flatten()
+            match events.turn().await {
+                Some(turn) => {
+                    let (events, body, path) = (events.clone(), bytes.clone(), endpoint.label());
+                    let model = request.model.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let _turn = turn;
+                        events.matched(path, &body, model.as_deref())
+                    })
+                    .await
+                    .ok()
+                    .flatten()
+                }
+                // The tokenizer is behind: the tree decides alone.
+                None => None,
+            }
         }
         _ => None,
     };
