@@ -201,6 +201,29 @@ fn a_full_queue_drops_and_counts_without_waiting() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A full disk (`/dev/full` answers every write with `ENOSPC`): no line
+/// is counted as written, and each lost line is counted once as a write
+/// error, not once per failed flush.
+#[cfg(target_os = "linux")]
+#[test]
+fn on_a_full_disk_each_lost_line_counts_once_and_none_as_written() {
+    let r = recorder(&RecordTraceConfig::default());
+    r.start(Settings {
+        path: PathBuf::from("/dev/full"),
+        max_bytes: 0,
+        keep: 0,
+    })
+    .unwrap();
+    for i in 0..20 {
+        let p = r.pending("cache_hit", false).unwrap();
+        r.record(p, end(&format!("prompt {i}")));
+        // One at a time: the writer empties its queue after each.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let status = r.stop();
+    assert_eq!((status.lines, status.write_errors), (0, 20), "{status:?}");
+}
+
 #[test]
 fn a_file_that_cannot_be_opened_is_an_error_and_keeps_the_recording() {
     let d = dir("open");

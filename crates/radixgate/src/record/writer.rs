@@ -3,11 +3,12 @@
 //!
 //! It runs on its own thread because file writes block; nothing on the
 //! request path ever waits for it (the queue in front of it is bounded and
-//! a full queue drops, see `record.rs`). It writes through a buffer and
-//! flushes whenever the queue runs empty, so a line reaches the file soon
-//! after its request ended without a system call per line under load. It
-//! ends when every sender is gone (the recording was stopped or replaced,
-//! or the gateway shut down), after writing what was queued.
+//! a full queue drops, see `record.rs`). It gathers lines in a batch and
+//! writes the batch whenever the queue runs empty (or the batch passes
+//! [`BATCH`] bytes), so a line reaches the file soon after its request
+//! ended without a system call per line under load. It ends when every
+//! sender is gone (the recording was stopped or replaced, or the gateway
+//! shut down), after writing what was queued.
 //!
 //! Rotation: before a line that would take the file past `max_bytes` (when
 //! the file is not empty), `FILE.{keep-1}` … `FILE.1` move up one,
@@ -18,13 +19,16 @@
 //! and the file stays one that `simulate` and `tune` load (they refuse a
 //! file with a bad line).
 //!
-//! A write error is logged once per recording (then only counted) and the
-//! line is lost; the next line tries again. A failed rotation is counted
-//! the same way, and lines keep going to the file in hand.
+//! A batch whose write fails (a full disk) is lost whole: its lines are
+//! counted as write errors, never as written, and whatever part of it
+//! reached the file is cut off again, so the file still ends with a whole
+//! line. The error is logged once per recording (then only counted); the
+//! next batch tries again. A failed rotation counts as one write error,
+//! and lines keep going to the file in hand.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -53,9 +57,14 @@ pub(super) type Rates = Box<dyn Fn(&str) -> Option<f64> + Send>;
 /// Everything the writer thread owns.
 pub(super) struct Writer {
     pub(super) settings: Settings,
-    pub(super) file: BufWriter<File>,
-    /// Bytes in the current file.
+    pub(super) file: File,
+    /// Bytes in the current file: whole lines.
     pub(super) size: u64,
+    /// Bytes counted towards the next rotation.
+    pub(super) grown: u64,
+    /// Lines not yet written, and how many.
+    pub(super) batch: Vec<u8>,
+    pub(super) batch_lines: u64,
     pub(super) salt: Salt,
     pub(super) rates: Rates,
     /// Each model's block size in characters, fixed when the model is
@@ -74,8 +83,12 @@ pub(super) struct Writer {
 /// most, `line::MAX_INPUT_TOKENS`).
 const TAIL_SEARCH: u64 = 1 << 20;
 
+/// Bytes of lines gathered before they are written, however full the
+/// queue.
+const BATCH: usize = 64 * 1024;
+
 /// Opens `path` for appending (creating it), with its current size.
-pub(super) fn open(path: &Path) -> std::io::Result<(BufWriter<File>, u64)> {
+pub(super) fn open(path: &Path) -> std::io::Result<(File, u64)> {
     // Readable too, for [`mend`].
     let file = OpenOptions::new()
         .create(true)
@@ -83,7 +96,7 @@ pub(super) fn open(path: &Path) -> std::io::Result<(BufWriter<File>, u64)> {
         .append(true)
         .open(path)?;
     let size = file.metadata()?.len();
-    Ok((BufWriter::with_capacity(64 * 1024, file), size))
+    Ok((file, size))
 }
 
 /// Makes `file` end with a whole line before lines are appended to it: a
@@ -122,10 +135,10 @@ impl Writer {
     pub(super) fn run(mut self, rx: Receiver<Finished>) {
         // Here, not when the file is opened: the recording this one
         // replaced may have been writing to the same file until now.
-        match mend(self.file.get_ref()) {
-            Ok((size, 0)) => self.size = size,
+        match mend(&self.file) {
+            Ok((size, 0)) => (self.size, self.grown) = (size, size),
             Ok((size, cut)) => {
-                self.size = size;
+                (self.size, self.grown) = (size, size);
                 tracing::warn!(
                     path = %self.settings.path.display(),
                     bytes = cut,
@@ -133,20 +146,16 @@ impl Writer {
                      cut short); cut it off before appending"
                 );
             }
-            Err(err) => self.failed(&err),
+            Err(err) => self.failed(&err, 1),
         }
         while let Ok(first) = rx.recv() {
             self.handle(first);
             while let Ok(next) = rx.try_recv() {
                 self.handle(next);
             }
-            if let Err(err) = self.file.flush() {
-                self.failed(&err);
-            }
+            self.write_batch();
         }
-        if let Err(err) = self.file.flush() {
-            self.failed(&err);
-        }
+        self.write_batch();
     }
 
     fn handle(&mut self, f: Finished) {
@@ -165,32 +174,54 @@ impl Writer {
         );
         let mut bytes = match serde_json::to_vec(&line) {
             Ok(b) => b,
-            Err(err) => return self.failed(&std::io::Error::other(err)),
+            Err(err) => return self.failed(&std::io::Error::other(err), 1),
         };
         bytes.push(b'\n');
         let max = self.settings.max_bytes;
-        if max > 0
-            && self.size > 0
-            && self.size + bytes.len() as u64 > max
-            && let Err(err) = self.rotate()
-        {
-            // The line still goes to the file in hand; the next rotation is
-            // tried after another `max_bytes`, not at once.
-            self.failed(&err);
-            self.size = 0;
-        }
-        match self.file.write_all(&bytes) {
-            Ok(()) => {
-                self.size += bytes.len() as u64;
-                self.counters.lines.fetch_add(1, Ordering::Relaxed);
-                self.metrics.lines.add(1);
+        let pending = self.batch.len() as u64;
+        if max > 0 && self.grown + pending > 0 && self.grown + pending + bytes.len() as u64 > max {
+            // The lines gathered belong to the file in hand.
+            self.write_batch();
+            if let Err(err) = self.rotate() {
+                // The line still goes to the file in hand; the next rotation
+                // is tried after another `max_bytes`, not at once.
+                self.failed(&err, 1);
+                self.grown = 0;
             }
-            Err(err) => self.failed(&err),
+        }
+        self.batch.extend_from_slice(&bytes);
+        self.batch_lines += 1;
+        if self.batch.len() >= BATCH {
+            self.write_batch();
         }
     }
 
+    /// Writes the lines gathered: all counted as written, or all as lost
+    /// with the file cut back to its last whole line.
+    fn write_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let lines = std::mem::take(&mut self.batch_lines);
+        match (&self.file).write_all(&self.batch) {
+            Ok(()) => {
+                let len = self.batch.len() as u64;
+                self.size += len;
+                self.grown += len;
+                self.counters.lines.fetch_add(lines, Ordering::Relaxed);
+                self.metrics.lines.add(lines);
+            }
+            Err(err) => {
+                // A write cut short leaves part of a line, which the next
+                // batch would be glued onto.
+                let _ = self.file.set_len(self.size);
+                self.failed(&err, lines);
+            }
+        }
+        self.batch.clear();
+    }
+
     fn rotate(&mut self) -> std::io::Result<()> {
-        self.file.flush()?;
         let path = &self.settings.path;
         let keep = self.settings.keep;
         if keep == 0 {
@@ -206,15 +237,18 @@ impl Writer {
         }
         let (file, size) = open(path)?;
         self.file = file;
-        self.size = size;
+        (self.size, self.grown) = (size, size);
         self.counters.rotations.fetch_add(1, Ordering::Relaxed);
         self.metrics.rotations.add(1);
         Ok(())
     }
 
-    fn failed(&mut self, err: &std::io::Error) {
-        self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-        self.metrics.write_errors.add(1);
+    /// Counts `lost` write errors, and logs the recording's first.
+    fn failed(&mut self, err: &std::io::Error, lost: u64) {
+        self.counters
+            .write_errors
+            .fetch_add(lost, Ordering::Relaxed);
+        self.metrics.write_errors.add(lost);
         if !self.warned {
             self.warned = true;
             tracing::warn!(
