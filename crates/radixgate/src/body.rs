@@ -1,11 +1,16 @@
 //! Reading a request body within three bounds: its size, its time, and the
-//! memory all buffered bodies share.
+//! memory all buffered bodies share; and telling a client that left
+//! part-way from a body that is broken.
 //!
 //! - **Size**: a declared `Content-Length` over `max_payload_size` is refused
 //!   (413) before a byte is read. Refusing before the body is first polled
 //!   also answers `Expect: 100-continue` with the 413 itself: hyper sends
 //!   `100 Continue` only when the body is first polled. A body without a
 //!   length (chunked) is refused as soon as it grows past the limit.
+//! - **End**: a body whose client went away before its end (a connection
+//!   closed part-way, an HTTP/2 stream reset) is
+//!   [`GatewayError::ClientLeft`], counted as 499, not a bad request (400):
+//!   that is for a body whose framing is broken.
 //! - **Time**: the whole body must arrive within `body_read_timeout_secs`,
 //!   or the client gets 408 — its own fault, never a 504 that blames a
 //!   worker.
@@ -194,7 +199,10 @@ pub async fn read(
     let collect = async {
         let mut body = body;
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|err| GatewayError::BadBody(err.to_string()))?;
+            let frame = frame.map_err(|err| match client_left(&err) {
+                true => GatewayError::ClientLeft,
+                false => GatewayError::BadBody(err.to_string()),
+            })?;
             let Ok(chunk) = frame.into_data() else {
                 continue; // trailers: not part of the bytes forwarded
             };
@@ -229,6 +237,34 @@ pub async fn read(
         data,
         _reservation: reservation,
     }))
+}
+
+/// Whether a body's error is its client going away part-way, not bytes
+/// that break HTTP's framing (a bad chunk size, a 400). hyper's error says
+/// which: over HTTP/1 it holds the I/O error that ended the connection
+/// (an end of file before the body's end, a reset); over HTTP/2 it holds
+/// the stream's error (its client reset it, or the connection went) and
+/// no I/O error at all. A stream h2 itself reset for broken framing counts
+/// as gone too: its client is told by the reset and can get no answer.
+fn client_left(err: &axum::Error) -> bool {
+    use std::error::Error as _;
+    let mut cause = err.source();
+    let mut from_hyper = false;
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return from_hyper
+                && matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::BrokenPipe
+                );
+        }
+        from_hyper |= error.is::<hyper::Error>();
+        cause = error.source();
+    }
+    from_hyper
 }
 
 /// `data`, a body the gateway made from one it read (an edit of it), paid

@@ -13,6 +13,10 @@ use axum::response::{IntoResponse, Response};
 use radixgate_routing::RoutingError;
 use std::time::Duration;
 
+/// The status of a request whose client left before its answer (nginx's
+/// "client closed request"): it is counted so, and never sent.
+pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
+
 /// Who caused an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
@@ -33,9 +37,16 @@ pub enum GatewayError {
     /// A request parameter is missing or malformed.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    /// The request body could not be read (the client broke off).
+    /// The request body could not be read: its framing is broken (a bad
+    /// chunk size).
     #[error("could not read the request body: {0}")]
     BadBody(String),
+    /// The client went away before its body was complete: its connection
+    /// ended, or it reset its HTTP/2 stream. No answer reaches it; it is
+    /// counted as [`CLIENT_CLOSED_REQUEST`], as a request whose client
+    /// leaves later is, not as a bad request.
+    #[error("the client went away before its request body was complete")]
+    ClientLeft,
     /// No worker with this URL is known (admin API).
     #[error("no worker with URL `{url}`")]
     UnknownWorkerUrl {
@@ -316,6 +327,7 @@ impl GatewayError {
         match self {
             Self::BadRequest(_)
             | Self::BadBody(_)
+            | Self::ClientLeft
             | Self::InvalidRequest(_)
             | Self::UnknownWorkerUrl { .. }
             | Self::PayloadTooLarge { .. }
@@ -366,6 +378,11 @@ impl GatewayError {
             | Self::BadBody(_)
             | Self::InvalidRequest(_)
             | Self::ModelRequired { .. } => StatusCode::BAD_REQUEST,
+            // nginx's "client closed request"; a valid code, so never the
+            // fallback.
+            Self::ClientLeft => {
+                StatusCode::from_u16(CLIENT_CLOSED_REQUEST).unwrap_or(StatusCode::BAD_REQUEST)
+            }
             Self::UnknownWorkerUrl { .. } => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -408,6 +425,7 @@ impl GatewayError {
         match self {
             Self::BadRequest(_) => ("invalid_request_error", "invalid_json"),
             Self::BadBody(_) => ("invalid_request_error", "unreadable_body"),
+            Self::ClientLeft => ("invalid_request_error", "client_closed_request"),
             Self::InvalidRequest(_) => ("invalid_request_error", "invalid_request"),
             Self::UnknownWorkerUrl { .. } => ("invalid_request_error", "worker_not_found"),
             Self::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),

@@ -51,7 +51,7 @@
 
 use crate::body;
 use crate::breaker::{Outcome, Permit};
-use crate::error::GatewayError;
+use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::inspect::Inspected;
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
@@ -169,10 +169,6 @@ impl Drop for Unanswered<'_> {
         }
     }
 }
-
-/// The status a request whose client left before its answer is counted
-/// with.
-const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// The status a request dropped before its answer's head is counted with:
 /// 499, its client gone, or 500 while a panic unwinds it (the client is

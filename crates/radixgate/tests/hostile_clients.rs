@@ -336,6 +336,101 @@ async fn declared_lengths_alone_do_not_spend_the_body_budget() {
     gw.shutdown().await;
 }
 
+/// A client that goes away while its body is still arriving (it closes
+/// its connection, or resets its HTTP/2 stream: a client-side timeout, a
+/// cancelled upload) is counted as 499, as one that leaves while its
+/// request waits for a worker is: its request was not a bad one, and an
+/// operator who alerts on 400s must not be sent looking for a bug in a
+/// client that only gave up. A body that is malformed is still a 400.
+#[tokio::test]
+async fn a_client_that_leaves_mid_body_is_counted_499_not_400() {
+    let (_w, c) = worker_and_config().await;
+    let gw = gateway_ready(c, 1).await;
+    let counted = |status: &'static str| {
+        let url = gw.url.clone();
+        async move {
+            series_value(
+                &url,
+                &format!(
+                    "radixgate_requests_total{{route=\"/v1/chat/completions\",\
+                     status=\"{status}\",model=\"unknown\"}}"
+                ),
+            )
+            .await
+        }
+    };
+    // A declared length, and the connection closed part-way.
+    let mut s = connect(&gw.url).await;
+    s.write_all(post_head(1000, "").as_bytes()).await.unwrap();
+    s.write_all(b"{\"model\": ").await.unwrap();
+    drop(s);
+    wait_until("the first left", || async { counted("499").await == 1.0 }).await;
+    // A chunked body, and the connection closed part-way.
+    let mut s = connect(&gw.url).await;
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+          Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n",
+    )
+    .await
+    .unwrap();
+    drop(s);
+    wait_until("the second left", || async { counted("499").await == 2.0 }).await;
+    // An HTTP/2 stream whose body stops, then reset by its client.
+    let tcp = connect(&gw.url).await;
+    type Streamed = http_body_util::StreamBody<
+        futures::stream::BoxStream<
+            'static,
+            Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>,
+        >,
+    >;
+    let (mut sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake::<_, Streamed>(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+    let first = futures::stream::once(async {
+        Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"{\"model\": ",
+        )))
+    });
+    // Asked for more once its first bytes went out; the rest never comes.
+    let (asked, more_asked) = tokio::sync::oneshot::channel::<()>();
+    let rest = futures::stream::once(async move {
+        let _ = asked.send(());
+        std::future::pending().await
+    });
+    let body = futures::StreamExt::boxed(futures::StreamExt::chain(first, rest));
+    let request = axum::http::Request::post(format!("{}/v1/chat/completions", gw.url))
+        .body(http_body_util::StreamBody::new(body))
+        .unwrap();
+    let sending = tokio::spawn(async move { sender.send_request(request).await });
+    tokio::time::timeout(HANG_GUARD, more_asked)
+        .await
+        .expect("the stream's first bytes were never sent")
+        .unwrap();
+    // Reset (CANCEL) after them: the router sees them, then the reset.
+    sending.abort();
+    wait_until("the third left", || async { counted("499").await == 3.0 }).await;
+    assert_eq!(counted("400").await, 0.0, "{}", metrics_text(&gw.url).await);
+    connection.abort();
+    // A malformed chunked body is the client's fault: 400.
+    let mut s = connect(&gw.url).await;
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+          Transfer-Encoding: chunked\r\n\r\nzz\r\n{\"mod\r\n",
+    )
+    .await
+    .unwrap();
+    wait_until("the malformed body", || async {
+        counted("400").await == 1.0
+    })
+    .await;
+    drop(s);
+    assert_eq!(counted("499").await, 3.0);
+    gw.shutdown().await;
+}
+
 // ---- item 4: slowloris, idle connections, the connection cap ----
 
 #[tokio::test]
