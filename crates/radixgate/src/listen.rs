@@ -30,13 +30,22 @@
 //!   `axum::extract::ConnectInfo<SocketAddr>` in every request's extensions,
 //!   as `into_make_service_with_connect_info` would put it.
 //!
-//! Shutdown: on `stop` the loop stops accepting and asks each connection to
-//! finish gracefully (HTTP/1 closes after its response in flight, HTTP/2
-//! sends GOAWAY), then waits for them all; a connection with nothing in
-//! flight that has not closed `header_read_timeout` after the stop or its
-//! last answer (an HTTP/2 client that never answers the GOAWAY's PING) is
-//! closed then. The serving thread drops the
-//! runtime — and with it every connection still open — on abort.
+//! Shutdown: from the moment the gateway starts shutting down (`draining`,
+//! before the shutdown delay), every answer to an HTTP/1 request says
+//! `Connection: close`, and its connection closes after it: a keep-alive
+//! client (whose connection a load balancer or a Kubernetes Service pins
+//! here, whatever the endpoints say) takes its next request to a new
+//! connection, and so to a replica that stays, instead of sending here
+//! until the listener closes, when one sent as its idle connection closes
+//! is lost. (HTTP/2 connections get their GOAWAY at `stop`, which tells a
+//! client which streams were not served.) Then on `stop` the loop stops
+//! accepting and asks each connection to finish gracefully (HTTP/1 closes
+//! after its response in flight, HTTP/2 sends GOAWAY), then waits for them
+//! all; a connection with nothing in flight that has not closed
+//! `header_read_timeout` after the stop or its last answer (an HTTP/2
+//! client that never answers the GOAWAY's PING) is closed then. The
+//! serving thread drops the runtime — and with it every connection still
+//! open — on abort.
 
 mod activity;
 
@@ -259,6 +268,9 @@ pub(crate) struct ConnectionLimits {
     pub(crate) slots: Arc<ConnectionSlots>,
     /// Where a refused stream's id is read from (the router's own).
     pub(crate) ids: Arc<RequestIds>,
+    /// Cancelled when the gateway starts shutting down: HTTP/1 answers
+    /// then close their connections.
+    pub(crate) draining: CancellationToken,
 }
 
 impl ConnectionLimits {
@@ -316,6 +328,7 @@ pub(crate) async fn serve(
             stop.clone(),
             slot,
             limits.ids.clone(),
+            limits.draining.clone(),
         ));
     }
     drop(listener);
@@ -347,6 +360,7 @@ async fn connection(
     stop: CancellationToken,
     slot: Slot,
     ids: Arc<RequestIds>,
+    draining: CancellationToken,
 ) {
     let activity = Activity::new();
     let io = TokioIo::new(WatchedIo::new(tcp, activity.clone()));
@@ -360,11 +374,13 @@ async fn connection(
             slots.refused_stream();
         }
         let cap = slots.cap;
+        let http1 = req.version() < axum::http::Version::HTTP_2;
         req.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
         let ids = ids.clone();
+        let draining = draining.clone();
         async move {
-            let response = match place {
+            let mut response = match place {
                 Some(_) => app.oneshot(req.map(Body::new)).await?,
                 None => {
                     let mut refused =
@@ -376,6 +392,13 @@ async fn connection(
                     refused
                 }
             };
+            // Shutting down: the client's next request goes elsewhere.
+            if http1 && draining.is_cancelled() {
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
             Ok::<_, std::convert::Infallible>(response.map(|body| {
                 Body::new(Tracked {
                     body,
@@ -467,6 +490,7 @@ mod tests {
             write_timeout: Duration::from_secs(60),
             slots: ConnectionSlots::new(16),
             ids: RequestIds::new(Vec::new()),
+            draining: CancellationToken::new(),
         };
         let stop = CancellationToken::new();
         let served = tokio::spawn(serve(listener, app, limits.clone(), stop.clone()));

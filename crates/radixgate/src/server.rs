@@ -14,7 +14,8 @@
 //! Client connections are accepted by [`crate::listen`], which holds them
 //! to a header-read and an idle timeout and caps them over all threads.
 //!
-//! Shutdown: `/readiness` answers 503 at once; after
+//! Shutdown: `/readiness` answers 503 at once, and every HTTP/1 answer
+//! closes its connection (`crate::listen`); after
 //! `server.shutdown_delay_secs` (0 by default), time for load balancers
 //! such as Kubernetes endpoints to stop sending new connections, every
 //! thread stops accepting; in-flight requests
@@ -400,6 +401,9 @@ pub async fn run_reloadable(
         write_timeout: Duration::from_secs(config.server.client_write_timeout_secs),
         slots: ConnectionSlots::new(config.server.connection_cap()),
         ids: crate::trace::request_id::RequestIds::new(config.tracing.header_names()),
+        // `/readiness` answers 503 and HTTP/1 answers close their
+        // connections from the same moment.
+        draining: CancellationToken::new(),
     };
     let keys = Arc::new(Keys::new(&config.server));
     let reloader = tokio::spawn(reload::serve(
@@ -447,7 +451,7 @@ pub async fn run_reloadable(
         suspects: crate::retry::Suspects::default(),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
-        shutting_down: CancellationToken::new(),
+        shutting_down: connection_limits.draining.clone(),
         request_metrics: RequestMetrics::new(&metrics),
         tenant_metrics: TenantMetrics::new(&metrics),
         metrics,
@@ -503,6 +507,7 @@ pub async fn run_reloadable(
                 idle_timeout: connection_limits.idle_timeout.min(METRICS_PORT_IDLE),
                 write_timeout: connection_limits.write_timeout.min(METRICS_PORT_IDLE),
                 ids: connection_limits.ids.clone(),
+                draining: connection_limits.draining.clone(),
             };
             Some(tokio::spawn(listen::serve(
                 listener,

@@ -137,6 +137,69 @@ async fn shutdown_drops_readiness_before_the_listener_closes() {
     gw.task.await.unwrap().unwrap();
 }
 
+/// Through the shutdown delay an HTTP/1 client that keeps its connection
+/// open (a keep-alive pool; a Kubernetes Service pins the connection to
+/// this pod whatever its endpoints say) is told with each answer to open a
+/// new one (`Connection: close`), and its connection closes after the
+/// answer, so that its next request finds a replica that stays. Kept open,
+/// it went on sending here until the listener closed, and a request sent
+/// as its idle connection was closed then was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_clients_are_moved_off_during_the_shutdown_delay() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let a = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&a.url]);
+    cfg.server.shutdown_delay_secs = 600;
+    let gw = gateway_ready(cfg, 1).await;
+    let addr = gw.url.trim_start_matches("http://").to_owned();
+    let says_close = |head: &str| {
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("connection: close"))
+    };
+    let body = chat("kept alive", false).to_string();
+    let post = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut buf = Vec::new();
+    kept.write_all(post.as_bytes()).await.unwrap();
+    let (head, _) = read_http_message(&mut kept, &mut buf).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(!says_close(&head), "kept alive while serving: {head}");
+
+    gw.stop.cancel();
+    wait_until("readiness at 503", || async {
+        let r = client()
+            .get(format!("{}/readiness", gw.url))
+            .send()
+            .await
+            .unwrap();
+        r.status() == 503
+    })
+    .await;
+    // The kept connection's next answer is its last.
+    kept.write_all(post.as_bytes()).await.unwrap();
+    let (head, _) = read_http_message(&mut kept, &mut buf).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(says_close(&head), "not told to move off: {head}");
+    let mut rest = [0u8; 64];
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(30), kept.read(&mut rest))
+        .await
+        .expect("the connection was kept open after its last answer");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    // A new connection is still served (the delay is for load balancers
+    // that have not seen the 503 yet), and told the same.
+    let mut fresh = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    fresh.write_all(post.as_bytes()).await.unwrap();
+    let (head, _) = read_http_message(&mut fresh, &mut Vec::new())
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(says_close(&head), "{head}");
+}
+
 /// The gateway serves on through the shutdown delay, so its background
 /// tasks must too: the control task (`/workers`, health checks), the
 /// metrics upkeep, replica sync. They used to stop at the signal, so that
