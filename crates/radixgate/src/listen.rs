@@ -25,6 +25,8 @@
 //!   with `Retry-After` when none is left (and, like every answer, the
 //!   request's `x-request-id`: this one never reaches the router's layers,
 //!   so it picks the id itself);
+//! - the same cap on a request's headers over both protocols
+//!   ([`MAX_HEAD_BYTES`]);
 //! - `TCP_NODELAY` on every connection (streamed tokens must not wait for
 //!   Nagle's algorithm), and the peer address as
 //!   `axum::extract::ConnectInfo<SocketAddr>` in every request's extensions,
@@ -71,6 +73,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
+
+/// The most bytes of headers a request may have, over either protocol:
+/// hyper's own HTTP/1 limit (the read buffer a request head must fit in),
+/// set on both so that they agree. hyper's HTTP/2 default (16 KiB) refused
+/// with a bare 431 headers that HTTP/1 took, so a request that worked
+/// broke once its client, or a proxy in front, moved to HTTP/2.
+const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
 /// Shortest time between two WARN lines about the connection cap.
 const CAP_WARNING_EVERY: Duration = Duration::from_secs(10);
@@ -291,7 +300,13 @@ pub(crate) async fn serve(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The watchdog keeps the header timeout (hyper's would also cut idle
     // keep-alive connections at the header timeout; see `activity`).
-    builder.http1().header_read_timeout(None);
+    builder
+        .http1()
+        .header_read_timeout(None)
+        .max_buf_size(MAX_HEAD_BYTES);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
     let builder = Arc::new(builder);
     let timeouts = Timeouts {
         header: limits.header_read_timeout,

@@ -1030,6 +1030,37 @@ async fn http2_streams_beyond_the_connection_cap_are_refused() {
     gw.shutdown().await;
 }
 
+/// A request's headers are held to the same size over both protocols: a
+/// request with 40 KB of headers (a long token, a client's context) that
+/// passes over HTTP/1 passes over HTTP/2 too. HTTP/2 had hyper's own 16 KiB
+/// limit, and such a request got a bare 431 there only, so a client (or a
+/// proxy in front) that moved to HTTP/2 broke on requests that worked.
+#[tokio::test]
+async fn headers_that_pass_over_http1_pass_over_http2() {
+    let (_w, c) = worker_and_config().await;
+    let gw = gateway_ready(c, 1).await;
+    let big = "t".repeat(40_000);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("x-client-context", &big)
+        .json(&chat("big headers", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "over HTTP/1");
+    let mut sender = h2_connect(&gw.url).await;
+    let request = axum::http::Request::post(format!("{}/v1/chat/completions", gw.url))
+        .header("content-type", "application/json")
+        .header("x-client-context", &big)
+        .body(http_body_util::Full::new(
+            chat("big headers", false).to_string().into(),
+        ))
+        .unwrap();
+    let answer = sender.send_request(request).await.unwrap();
+    assert_eq!(answer.status(), 200, "over HTTP/2");
+    gw.shutdown().await;
+}
+
 /// An HTTP/2 connection opened by hand: the client preface, empty
 /// SETTINGS and their ACK, and a `GET path` on stream 1 (HPACK by hand:
 /// static-table method and scheme, literal path and authority).
