@@ -7,8 +7,10 @@
 //! finished: its containers are done for good (evicted, say), though its
 //! object, IP and all, may stay until someone deletes it. Its URL is
 //! `http://<pod IP>:<port>`, the port being the pool's, or the pod's port
-//! annotation when the pool names one and the pod has it. A prefill pool's pod has a bootstrap port: its
-//! bootstrap port annotation's value, else the pool's. A value that cannot
+//! annotation when the pool names one and the pod has it, spelled as the
+//! control task spells URLs (`:80` unwritten), which is how it tells this
+//! watch of a URL it let go of. A prefill pool's pod has a bootstrap port:
+//! its bootstrap port annotation's value, else the pool's. A value that cannot
 //! be right (a port or bootstrap port annotation that is not a port, an IP
 //! that is not an address) makes the object malformed: it is reported,
 //! never guessed around.
@@ -16,6 +18,7 @@
 use super::object::RawPod;
 use crate::config::{ModelIdFrom, Pool};
 use k8s_openapi::api::core::v1::Pod;
+use radixgate_routing::WorkerUrl;
 use std::net::IpAddr;
 
 /// A pod as far as routing cares.
@@ -36,7 +39,8 @@ pub(crate) enum Seen {
 /// Where a serving pod is reached and what it serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Endpoint {
-    /// `http://<ip>:<port>`.
+    /// `http://<ip>:<port>`, canonical ([`WorkerUrl::canonical`]: without
+    /// `:80`).
     pub(crate) url: String,
     /// From the pod's label or annotation, else the pool's (may be empty:
     /// ask the worker).
@@ -88,6 +92,9 @@ pub(crate) fn read(raw: &RawPod, pool: &Pool) -> Result<Seen, String> {
         IpAddr::V4(ip) => format!("http://{ip}:{port}"),
         IpAddr::V6(ip) => format!("http://[{ip}]:{port}"),
     };
+    // As the control task spells it: the URLs it lets go of are matched
+    // against this one.
+    let url = WorkerUrl::canonical(&url).into_owned();
     Ok(Seen::Ready(Endpoint {
         url,
         models: models(&pod, pool),
@@ -175,6 +182,8 @@ mod tests {
         assert!(
             matches!(read(&v6, &pool()), Ok(Seen::Ready(e)) if e.url == "http://[fd00::5]:8000")
         );
+        let on_80 = Pool { port: 80, ..pool() };
+        assert!(matches!(read(&v6, &on_80), Ok(Seen::Ready(e)) if e.url == "http://[fd00::5]"));
     }
 
     #[test]

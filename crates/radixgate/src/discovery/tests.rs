@@ -146,3 +146,33 @@ fn an_excerpt_keeps_short_text_and_cuts_long_text_at_a_character() {
     );
     assert!(cut.len() < LOGGED_TEXT + 32);
 }
+
+#[tokio::test]
+async fn a_pod_on_port_80_refused_for_a_static_workers_url_gets_it_when_that_one_goes() {
+    // Port 80, the default: the control task spells the URL without it.
+    let stop = CancellationToken::new();
+    let mut watch = watch(&stop);
+    watch.pool.port = 80;
+    let control = watch.control.clone();
+    control
+        .add_configured(WorkerSpec::new("http://10.0.0.5"))
+        .await
+        .unwrap();
+    watch.handle(Event::Apply(pod("a", 1, |_| {}))).await;
+    assert!(watch.refused.contains_key("llm/a"), "a duplicate URL");
+
+    control.remove("http://10.0.0.5".into()).await.unwrap();
+    let freed = watch.freed.recv().await;
+    watch.let_go(freed).await;
+    assert!(watch.refused.is_empty(), "{:?}", watch.refused.keys());
+    let urls: Vec<&str> = watch.pods.values().map(|t| t.url.as_str()).collect();
+    assert_eq!(urls, ["http://10.0.0.5"]);
+    let listed: Vec<String> = control
+        .list()
+        .await
+        .into_iter()
+        .map(|w| w.url.to_string())
+        .collect();
+    assert_eq!(listed, ["http://10.0.0.5"]);
+    stop.cancel();
+}
