@@ -185,17 +185,31 @@ impl fmt::Display for ModelIdFrom {
     }
 }
 
-/// `k=v` as given to `flag` (`--selector`, `--prefill-selector`, ...),
-/// whose setting is `key`.
+/// `k=v` (or `k==v`) as given to `flag` (`--selector`,
+/// `--prefill-selector`, ...), whose setting is `key`. A selector here is
+/// labels a pod must all carry: Kubernetes' other terms (`k!=v`, `k in
+/// (..)`, `k notin (..)`, `k`, `!k`) are refused as such, not read as a
+/// strange key (`k!`) whose error would not say why.
 pub(crate) fn parse_label(
     key: &'static str,
     flag: &str,
     text: &str,
 ) -> Result<(String, String), ConfigError> {
-    match text.split_once('=') {
-        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
-        _ => Err(invalid(key, format!("{flag} `{text}` is not `key=value`"))),
-    }
+    let pair = text.split_once('=').and_then(|(name, value)| {
+        let value = value.strip_prefix('=').unwrap_or(value);
+        let set_based = |t: &str| t.contains(['!', '(', ')', ' ']);
+        (!name.is_empty() && !set_based(name)).then(|| (name.to_owned(), value.to_owned()))
+    });
+    pair.ok_or_else(|| {
+        invalid(
+            key,
+            format!(
+                "{flag} `{text}`: only `key=value` terms are taken (labels a pod must \
+                 all carry); `key!=value`, `key in (..)`, `key notin (..)`, `key` and \
+                 `!key` are not"
+            ),
+        )
+    })
 }
 
 impl DiscoveryConfig {
@@ -441,6 +455,31 @@ mod tests {
             c.namespace = Some(ns.into());
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains("discovery.namespace"), "{ns}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_selector_flag_takes_equality_terms_and_names_the_others() {
+        let parse = |text| parse_label("discovery.selector", "--selector", text);
+        let pair = ("app".to_owned(), "sglang".to_owned());
+        assert_eq!(parse("app=sglang").ok(), Some(pair.clone()));
+        // Kubernetes' other spelling of equality.
+        assert_eq!(parse("app==sglang").ok(), Some(pair));
+        // `tier in (gpu,cpu)` reaches here cut at its comma.
+        for term in [
+            "app!=canary",
+            "tier in (gpu",
+            "cpu)",
+            "tier notin (cpu",
+            "!canary",
+            "app",
+        ] {
+            let err = parse(term).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("--selector `{term}`"))
+                    && err.contains("only `key=value` terms"),
+                "{term}: {err}"
+            );
         }
     }
 

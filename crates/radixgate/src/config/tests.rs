@@ -827,7 +827,7 @@ fn discovery_pools_roles_must_fit_the_pool() {
     .unwrap();
     let e = err(&["--pd-disaggregation", "--decode-selector", "app"]);
     assert!(
-        e.contains("`discovery.pools`: --decode-selector `app` is not `key=value`"),
+        e.contains("`discovery.pools`: --decode-selector `app`: only `key=value` terms"),
         "{e}"
     );
     let e = err(&[
