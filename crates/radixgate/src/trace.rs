@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+pub(crate) use export::SpanMetrics;
 pub use export::{Logs, Telemetry, TraceError, init};
 pub use request_id::{MAX_REQUEST_ID_LEN, REQUEST_ID_HEADER};
 

@@ -169,6 +169,8 @@ impl WorkerGauges {
 pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
     let gauges = WorkerGauges::new(&state.metrics);
     let connections = crate::listen::ConnectionMetrics::new(&state.metrics);
+    // Only while spans are exported: their series mean nothing otherwise.
+    let spans = crate::trace::exporting().then(|| crate::trace::SpanMetrics::new(&state.metrics));
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_generation = u64::MAX;
@@ -246,6 +248,9 @@ pub(crate) async fn run(state: Arc<Shared>, stop: CancellationToken) {
         rated = rated_now;
         state.admission.publish_metrics();
         connections.publish(&state.connections);
+        if let Some(spans) = &spans {
+            spans.publish();
+        }
         state.metrics.run_upkeep();
     }
 }

@@ -6,8 +6,9 @@
 //! its parent (the client's `traceparent`), the decision's explanation as
 //! attributes, the `traceparent` the worker got, a streamed and a whole
 //! answer; without export, the client's headers pass unchanged; a dead
-//! collector breaks no request and is logged once; and a client's long
-//! path and method are cut in its span.
+//! collector breaks no request and is logged once; spans lost to a full
+//! queue or a failing collector are counted, as are the exported ones;
+//! and a client's long path and method are cut in its span.
 
 mod common;
 
@@ -286,6 +287,23 @@ async fn spans_nest_under_the_clients_traceparent() {
     assert_eq!(all.len(), 15, "{:?}", names(&all));
     let services = receiver.services.lock().clone();
     assert!(!services.is_empty() && services.iter().all(|s| s == "router-under-test"));
+    // Each of them counted exported, none dropped.
+    wait_until("15 spans counted exported", || async {
+        spans_total(&metrics_text(&base).await, "exported") == 15
+    })
+    .await;
+    let text = metrics_text(&base).await;
+    for outcome in ["dropped_queue_full", "dropped_export_failed"] {
+        assert_eq!(spans_total(&text, outcome), 0, "{outcome}");
+    }
+}
+
+/// `radixgate_otlp_spans_total{outcome}` in a scrape; 0 when absent.
+fn spans_total(text: &str, outcome: &str) -> u64 {
+    let series = format!("radixgate_otlp_spans_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |v| v.parse().expect("a count"))
 }
 
 fn decode(hex: &str) -> Vec<u8> {
@@ -363,6 +381,106 @@ async fn a_dead_collector_breaks_no_request_and_is_logged_once() {
         .filter(|l| l.contains("OTLP span export failed"))
         .count();
     assert_eq!(warnings, 1, "{seen:#?}");
+}
+
+/// A collector that holds every post until [`Failing::open`], then
+/// accepts the first post that comes after (counting its spans) and
+/// answers 500 to all others.
+#[derive(Clone)]
+struct Failing {
+    open: tokio::sync::watch::Sender<bool>,
+    posts_after: Arc<std::sync::atomic::AtomicUsize>,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Failing {
+    async fn start() -> (Self, String) {
+        let collector = Self {
+            open: tokio::sync::watch::channel(false).0,
+            posts_after: Arc::default(),
+            accepted: Arc::default(),
+        };
+        let app = Router::new()
+            .route("/v1/traces", post(fail))
+            .with_state(collector.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (collector, url)
+    }
+
+    fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+async fn fail(State(c): State<Failing>, body: Bytes) -> axum::http::StatusCode {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut open = c.open.subscribe();
+    let held = !*open.borrow_and_update();
+    open.wait_for(|open| *open).await.unwrap();
+    if !held && c.posts_after.fetch_add(1, SeqCst) == 0 {
+        let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+        let spans = request
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum::<usize>();
+        c.accepted.fetch_add(spans, SeqCst);
+        return axum::http::StatusCode::OK;
+    }
+    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+}
+
+/// Spans the export loses are counted, by why: a burst while the
+/// collector holds the export's post fills the queue (4,096 spans), and
+/// the batches the collector then refuses are lost too. Every span the
+/// requests made is accounted for, exported or dropped, and "exported"
+/// is what the collector accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_lost_to_a_full_queue_or_a_failing_collector_are_counted() {
+    let (collector, url) = Failing::start().await;
+    let w = sim_worker(fast_worker()).await;
+    let (_serve, base) = Serve::start(&["--worker-urls", &w.url, "--otlp-endpoint", &url]);
+    wait_for_healthy(&base, 1).await;
+    // Waves of requests until the queue is seen full (5 spans each: the
+    // queue holds 820 requests' worth, and one batch of 512 is held).
+    let mut sent = 0_u64;
+    while spans_total(&metrics_text(&base).await, "dropped_queue_full") == 0 {
+        assert!(
+            sent < 4_000,
+            "no span counted dropped after {sent} requests"
+        );
+        let wave = (0..50).map(|i| {
+            let base = base.clone();
+            async move {
+                let r = client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .json(&chat(&format!("burst {i}"), i % 2 == 0))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                r.bytes().await.unwrap();
+            }
+        });
+        futures::future::join_all(wave).await;
+        sent += 50;
+    }
+    collector.open();
+    let counted = |text: &str| {
+        ["exported", "dropped_queue_full", "dropped_export_failed"].map(|o| spans_total(text, o))
+    };
+    wait_until("every span counted", || async {
+        counted(&metrics_text(&base).await).iter().sum::<u64>() == 5 * sent
+    })
+    .await;
+    let [exported, queue_full, failed] = counted(&metrics_text(&base).await);
+    assert!(queue_full > 0 && failed > 0, "{queue_full} {failed}");
+    let accepted = collector.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(exported > 0, "the first post after the collector opened");
+    assert_eq!(exported, accepted as u64);
 }
 
 /// A client's path and method become attributes of its `receive` span,

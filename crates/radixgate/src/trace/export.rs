@@ -16,7 +16,8 @@
 //! ([`Poster`]), with a [`POST_TIMEOUT`]; the processor's thread waits for
 //! it, so a dead or slow collector costs that thread's time and dropped
 //! spans, nothing else. The first failure is logged once (WARN), and the
-//! first success after failures once (INFO).
+//! first success after failures once (INFO). Every span is counted as
+//! exported or dropped, and why ([`counts`]).
 
 use super::OTEL_TARGET;
 use super::request_log::LogFormat;
@@ -37,7 +38,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
-/// Spans waiting for export at most; more are dropped.
+mod counts;
+pub(crate) use counts::SpanMetrics;
+
+/// Spans waiting for export at most; more are dropped (and counted).
 pub const QUEUE: usize = 4096;
 /// Spans per export request at most.
 const BATCH: usize = 512;
@@ -230,9 +234,10 @@ fn provider(
         .with_max_export_batch_size(BATCH)
         .with_scheduled_delay(BATCH_DELAY)
         .build();
-    let processor = BatchSpanProcessor::builder(exporter)
+    let processor = BatchSpanProcessor::builder(counts::Counted(exporter))
         .with_batch_config(batches)
         .build();
+    let processor = counts::Gate::new(processor, QUEUE);
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(config.service_name.clone())
         .build();
