@@ -617,7 +617,10 @@ async fn attempts(
                 });
             }
         };
-        deciding.decided(&decision, tried.len());
+        // Attempts sent before this one: a worker that sat out was sent
+        // nothing.
+        let sent_before = tried.len() - sat_out;
+        deciding.decided(&decision, sent_before);
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
         let Some(probe) = breaker.try_acquire(tokio::time::Instant::now()) else {
@@ -651,10 +654,10 @@ async fn attempts(
             // prefix blind (docs/sync.md). Queued, never waited for.
             sync.routed(pool, worker.url(), text);
         }
-        let last_attempt = (tried.len() - sat_out) as u32 >= max_retries;
+        let last_attempt = sent_before as u32 >= max_retries;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
-        let mut traced = crate::trace::Attempt::start(worker.url(), target.path, tried.len());
+        let mut traced = crate::trace::Attempt::start(worker.url(), target.path, sent_before);
         let attempted = send_primed(
             state,
             &decision,

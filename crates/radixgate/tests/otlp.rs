@@ -28,6 +28,7 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use parking_lot::Mutex;
 use prost::Message;
 use radixgate::trace::request_id::MAX_SPAN_TEXT;
+use radixgate_sim::server::FaultConfig;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -381,6 +382,83 @@ async fn a_dead_collector_breaks_no_request_and_is_logged_once() {
         .filter(|l| l.contains("OTLP span export failed"))
         .count();
     assert_eq!(warnings, 1, "{seen:#?}");
+}
+
+/// `radixgate.retry` is the number of attempts sent before: a worker that
+/// sat a request out (its half-open breaker's one probe was out) was sent
+/// nothing, and is no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_sat_out_is_no_attempt_in_the_spans() {
+    let (receiver, collector) = Receiver::start().await;
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let (_serve, base) = Serve::start(&[
+        "--worker-urls",
+        &a.url,
+        "--otlp-endpoint",
+        &collector,
+        "--retry-max-retries",
+        "0",
+        "--cb-failure-threshold",
+        "1",
+        "--cb-timeout-duration-secs",
+        "1",
+    ]);
+    wait_for_healthy(&base, 1).await;
+    // A fails a prompt (its tree keeps it) and its breaker opens.
+    a.set_faults(FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    let prompt = chat("the prompt worker A holds", false);
+    assert_eq!(post_chat(&base, &prompt).await.status(), 500);
+    let r = client()
+        .post(format!("{base}/workers"))
+        .json(&serde_json::json!({"url": b.url}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    wait_for_healthy(&base, 2).await;
+    // Half-open after a second; the same prompt is its probe, held 3 s.
+    a.set_faults(FaultConfig {
+        latency_ms: 3_000,
+        ..Default::default()
+    });
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let url = base.clone();
+    let body = prompt.clone();
+    let probe = tokio::spawn(async move { post_chat(&url, &body).await.status() });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The prompt again: decided for A, which sits out, then sent to B.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e47aa";
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .json(&prompt)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let spans = receiver.trace(&decode(trace_id), 6).await;
+    let decisions: Vec<&Span> = spans.iter().filter(|s| s.name == "decision").collect();
+    let workers: Vec<String> = decisions
+        .iter()
+        .map(|d| attr(d, "radixgate.worker"))
+        .collect();
+    assert_eq!(workers.len(), 2, "{:?}", names(&spans));
+    assert!(
+        workers.contains(&a.url) && workers.contains(&b.url),
+        "{workers:?}"
+    );
+    for decision in decisions {
+        assert_eq!(attr(decision, "radixgate.retry"), "0", "{decision:#?}");
+    }
+    let attempt = named(&spans, "attempt");
+    assert_eq!(attr(attempt, "radixgate.worker"), b.url);
+    assert_eq!(attr(attempt, "radixgate.retry"), "0");
+    assert_eq!(probe.await.unwrap(), 200);
 }
 
 /// A collector that holds every post until [`Failing::open`], then
