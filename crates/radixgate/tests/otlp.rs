@@ -330,6 +330,37 @@ async fn spans_still_queued_at_shutdown_are_exported() {
     assert!(all.iter().all(|s| hex(&s.trace_id) == trace_id));
 }
 
+/// With export on, the client's `tracestate` goes on entry for entry; one
+/// that breaks the W3C format is dropped whole (docs/tracing.md), as is
+/// one without a valid `traceparent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_tracestate_is_dropped_as_documented() {
+    let (_receiver, collector) = Receiver::start().await;
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let (_serve, base) = Serve::start(&["--worker-urls", &t.url, "--otlp-endpoint", &collector]);
+    wait_for_healthy(&base, 1).await;
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for (traceparent, state, passed) in [
+        (parent, "a=1, b@v=2", Some("a=1,b@v=2")),
+        (parent, "Vendor=upper", None),
+        (parent, "a=1,no-equals", None),
+        ("00-not-a-traceparent", "a=1", None),
+    ] {
+        let r = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .header("traceparent", traceparent)
+            .header("tracestate", state)
+            .json(&chat("trace state", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        assert_eq!(t.last("tracestate").as_deref(), passed, "{state}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_export_the_clients_trace_headers_pass_unchanged() {
     let w = sim_worker(fast_worker()).await;
