@@ -359,6 +359,20 @@ async fn an_invalid_tracestate_is_dropped_as_documented() {
         r.bytes().await.unwrap();
         assert_eq!(t.last("tracestate").as_deref(), passed, "{state}");
     }
+    // Sent on two lines, it is one list (W3C Trace Context): both lines'
+    // entries go on, in order. Before, only the first line's did.
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("traceparent", parent)
+        .header("tracestate", "a=1")
+        .header("tracestate", "b=2,c=3")
+        .json(&chat("trace state", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    assert_eq!(t.last("tracestate").as_deref(), Some("a=1,b=2,c=3"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -234,13 +234,56 @@ fn receive_span(req: &Request, id: &str) -> tracing::Span {
     }
     let span = tracing::info_span!(target: OTEL_TARGET, "receive", otel.kind = "server");
     let client = opentelemetry_sdk::propagation::TraceContextPropagator::new()
-        .extract(&opentelemetry_http::HeaderExtractor(req.headers()));
+        .extract(&ClientContext::of(req.headers()));
     // Before the span is first entered: after that its parent is fixed.
     let _ = span.set_parent(client);
     span.set_attribute("request_id", id.to_owned());
     span.set_attribute("http.request.method", cut(req.method().as_str()));
     span.set_attribute("url.path", cut(req.uri().path()));
     span
+}
+
+/// A request's headers as W3C Trace Context reads them: a `tracestate`
+/// sent on several lines is one list, its lines joined with commas in
+/// order (a proxy may add its entry on a line of its own). Read one line
+/// at a time, every entry past the first line was lost.
+struct ClientContext<'a> {
+    headers: &'a axum::http::HeaderMap,
+    /// The joined list, when there are several lines.
+    tracestate: Option<String>,
+}
+
+impl<'a> ClientContext<'a> {
+    fn of(headers: &'a axum::http::HeaderMap) -> Self {
+        let mut lines = headers.get_all("tracestate").iter();
+        let tracestate = match (lines.next(), lines.next()) {
+            (Some(_), Some(_)) => {
+                let lines = headers.get_all("tracestate").iter();
+                // A line that is not text is not trace state; the list is
+                // then invalid, as the propagator finds.
+                let text: Option<Vec<&str>> = lines.map(|l| l.to_str().ok()).collect();
+                Some(text.map_or_else(String::new, |t| t.join(",")))
+            }
+            _ => None,
+        };
+        Self {
+            headers,
+            tracestate,
+        }
+    }
+}
+
+impl opentelemetry::propagation::Extractor for ClientContext<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match &self.tracestate {
+            Some(joined) if key.eq_ignore_ascii_case("tracestate") => Some(joined),
+            _ => self.headers.get(key)?.to_str().ok(),
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.headers.keys().map(|k| k.as_str()).collect()
+    }
 }
 
 /// The first [`MAX_SPAN_TEXT`] bytes of `text` (less, to end on a
