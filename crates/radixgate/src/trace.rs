@@ -40,7 +40,7 @@ use crate::stream::StreamEnd;
 use crate::usage::{CachedReport, UsageTail};
 use axum::http::{HeaderMap, HeaderValue};
 use opentelemetry::trace::{Status, TraceContextExt};
-use radixgate_routing::Decision;
+use radixgate_routing::{Decision, WorkerRole};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -89,6 +89,16 @@ impl Deciding {
     /// Opens it (under the current `receive`).
     pub(crate) fn start() -> Self {
         Self(tracing::info_span!(target: OTEL_TARGET, "decision"))
+    }
+
+    /// Opens it for one side of a disaggregated pair: `radixgate.role`
+    /// (`prefill`, `decode`) says which.
+    pub(crate) fn start_for(role: WorkerRole) -> Self {
+        let deciding = Self::start();
+        if !deciding.0.is_disabled() {
+            deciding.0.set_attribute("radixgate.role", role.as_str());
+        }
+        deciding
     }
 
     /// Ends it with the decision's explanation as attributes; `attempt` is
@@ -151,12 +161,21 @@ impl Attempt {
     /// Opens both (under the current `receive`); `retry` is the number of
     /// attempts before this one.
     pub(crate) fn start(worker: &str, path: &str, retry: usize) -> Self {
+        Self::start_in(WorkerRole::Regular, worker, path, retry)
+    }
+
+    /// [`Self::start`] for a worker in `role`: a prefill or decode
+    /// worker's attempt says which in `radixgate.role`.
+    pub(crate) fn start_in(role: WorkerRole, worker: &str, path: &str, retry: usize) -> Self {
         let span = tracing::info_span!(target: OTEL_TARGET, "attempt", otel.kind = "client");
         if span.is_disabled() {
             return Self {
                 span,
                 first_byte: None,
             };
+        }
+        if !role.is_regular() {
+            span.set_attribute("radixgate.role", role.as_str());
         }
         span.set_attribute("radixgate.worker", worker.to_owned());
         span.set_attribute("url.full", format!("{worker}{path}"));

@@ -8,7 +8,8 @@
 //! answer; without export, the client's headers pass unchanged; a dead
 //! collector breaks no request and is logged once; spans lost to a full
 //! queue or a failing collector are counted, as are the exported ones;
-//! and a client's long path and method are cut in its span.
+//! a disaggregated request's spans name their sides; and a client's long
+//! path and method are cut in its span.
 
 mod common;
 
@@ -645,4 +646,73 @@ async fn a_clients_long_path_and_method_are_cut_in_its_span() {
             sent.len()
         );
     }
+}
+
+/// A disaggregated pool's request has a `decision` span for each side and
+/// an `attempt` span for each worker, each saying its side in
+/// `radixgate.role`. Before, such a request had no decision span at all,
+/// and its two attempts could be told apart only by their workers' URLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_request_has_a_decision_and_an_attempt_per_side() {
+    use radixgate_sim::server::{PdConfig, Role};
+    let (receiver, collector) = Receiver::start().await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4799";
+    let id = decode(trace_id);
+    let worker = |role: Role| {
+        let mut c = fast_worker();
+        c.pd = PdConfig {
+            role,
+            bootstrap_port: (role == Role::Prefill).then_some(0),
+            ..PdConfig::default()
+        };
+        sim_worker(c)
+    };
+    let prefill = worker(Role::Prefill).await;
+    let decode = worker(Role::Decode).await;
+    let port = prefill.handle.bootstrap_addr().unwrap().port().to_string();
+    let (_serve, base) = Serve::start(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.url,
+        &port,
+        "--decode",
+        &decode.url,
+        "--otlp-endpoint",
+        &collector,
+    ]);
+    wait_for_healthy(&base, 2).await;
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .json(&chat("a disaggregated span tree", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let of = |spans: &[Span], name: &str| -> Vec<Span> {
+        spans.iter().filter(|s| s.name == name).cloned().collect()
+    };
+    // The receive span ends last, with the answer.
+    wait_until("the request's receive span", || async {
+        !of(&receiver.trace(&id, 1).await, "receive").is_empty()
+    })
+    .await;
+    let spans = receiver.trace(&id, 1).await;
+    let receive = &of(&spans, "receive")[0];
+    let by_role = |name: &str| {
+        let mut found: Vec<(String, String)> = of(&spans, name)
+            .iter()
+            .filter(|s| s.parent_span_id == receive.span_id)
+            .map(|s| (attr(s, "radixgate.role"), attr(s, "radixgate.worker")))
+            .collect();
+        found.sort();
+        found
+    };
+    let sides = vec![
+        ("decode".to_owned(), decode.url.clone()),
+        ("prefill".to_owned(), prefill.url.clone()),
+    ];
+    assert_eq!(by_role("decision"), sides, "{:?}", names(&spans));
+    assert_eq!(by_role("attempt"), sides, "{:?}", names(&spans));
 }

@@ -185,6 +185,7 @@ pub(super) async fn attempts(
                 other => other,
             },
         };
+        let deciding = crate::trace::Deciding::start_for(WorkerRole::Decode);
         let mut decode = match shared.router.select_in(
             WorkerRole::Decode,
             model,
@@ -193,9 +194,17 @@ pub(super) async fn attempts(
             &tried_decode,
             None,
         ) {
-            Ok(routed) => routed,
-            Err(err) if rescued(shared, &err) => continue,
-            Err(err) => return Err(give_up(err, last_failure, "decode")),
+            Ok(routed) => {
+                deciding.decided(&routed.decision, attempt as usize);
+                routed
+            }
+            Err(err) => {
+                deciding.failed(&err);
+                match rescued(shared, &err) {
+                    true => continue,
+                    false => return Err(give_up(err, last_failure, "decode")),
+                }
+            }
         };
         let skip = match pd.protocol {
             PdProtocol::Vllm => {
@@ -221,14 +230,20 @@ pub(super) async fn attempts(
             None => None,
         };
         let select_prefill = |tried: &[WorkerId]| {
-            shared.router.select_in(
+            let deciding = crate::trace::Deciding::start_for(WorkerRole::Prefill);
+            let routed = shared.router.select_in(
                 WorkerRole::Prefill,
                 model,
                 text,
                 routing_key,
                 tried,
                 exact.map(crate::events::Matched::view),
-            )
+            );
+            match &routed {
+                Ok(routed) => deciding.decided(&routed.decision, attempt as usize),
+                Err(err) => deciding.failed(err),
+            }
+            routed
         };
         let mut prefill = match skip {
             Some(_) => None,
@@ -691,7 +706,8 @@ impl Pair<'_> {
         let worker = decision.worker().clone();
         let breaker = shared.breakers.get(worker.id());
         let sent = tokio::time::Instant::now();
-        let traced = crate::trace::Attempt::start(worker.url(), self.path, self.retry);
+        let traced =
+            crate::trace::Attempt::start_in(worker.role(), worker.url(), self.path, self.retry);
         let waited = send_primed(
             self.state,
             decision,
