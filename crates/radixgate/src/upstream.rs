@@ -489,11 +489,13 @@ pub fn request_headers(
     for (name, value) in client {
         // No `Accept-Encoding`: answers come as they are, since the
         // gateway reads them (usage, first tokens) and may append an error
-        // event to a stream.
+        // event to a stream. No `Expect`: the gateway holds the whole body
+        // already, and sends it at once.
         if is_connection_specific(name, &options)
             || name == header::HOST
             || name == header::CONTENT_LENGTH
             || name == header::ACCEPT_ENCODING
+            || name == header::EXPECT
         {
             continue;
         }
@@ -581,8 +583,13 @@ mod tests {
             ("x-request-id", "r1"),
             ("content-type", "application/json"),
             ("accept-encoding", "gzip, deflate"),
+            ("expect", "100-continue"),
         ]);
         let open = request_headers(&client, None, false, None);
+        assert!(
+            open.get("expect").is_none(),
+            "the body is held here already: the worker is not asked to wait"
+        );
         assert!(
             open.get("accept-encoding").is_none(),
             "answers come as they are: the router reads them"
