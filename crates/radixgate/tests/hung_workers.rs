@@ -529,22 +529,22 @@ async fn a_worker_that_sheds_at_once_gets_no_working_peer_ejected() {
 /// request, which then went on reading open on the dashboard and in
 /// alerts and, after the ejection, came back only through probes.
 ///
-/// The slow worker is judged only once a request waits on it: its
-/// samples reach `min_samples` after that request is sent, so the
-/// evaluation that ejects it always finds the request to move. (Before,
-/// it could be ejected before anything waited on it, and the test passed
-/// without moving a request.)
+/// The slow worker is judged only once a request waits on it: a long
+/// whole answer (no first byte until its last token, about 40 s there)
+/// is sent before the stream that brings its samples to `min_samples`,
+/// so the evaluation that ejects it always finds that request to move.
+/// (Before, it could be ejected before anything waited on it, and the
+/// test passed without moving a request.)
 #[tokio::test]
 async fn requests_moved_off_an_ejected_worker_open_no_breaker() {
     let fast = sim_worker(fast_worker()).await;
-    let slow = sim_worker(fast_worker()).await;
-    let slow_by = |latency_ms| {
-        slow.set_faults(FaultConfig {
-            latency_ms,
-            ..FaultConfig::default()
-        })
-    };
-    slow_by(400);
+    let mut slow_engine = fast_worker();
+    slow_engine.engine.timing.step_base_us = 20_000.0;
+    let slow = sim_worker(slow_engine).await;
+    slow.set_faults(FaultConfig {
+        latency_ms: 400,
+        ..FaultConfig::default()
+    });
     let mut c = eager_outliers(&[&fast.url, &slow.url], 300);
     c.outlier_detection.min_samples = 4;
     c.circuit_breaker.failure_threshold = 1;
@@ -552,32 +552,40 @@ async fn requests_moved_off_an_ejected_worker_open_no_breaker() {
     let gw = gateway_ready(c, 2).await;
     // Round robin: each pair of requests sent at once puts one on each
     // worker.
-    let send = |tag: String| {
+    let send = |body: serde_json::Value| {
         let url = gw.url.clone();
         tokio::spawn(async move {
-            let r = post_chat(&url, &chat(&tag, true)).await;
+            let r = post_chat(&url, &body).await;
             let status = r.status();
             r.bytes().await.unwrap();
             status
         })
     };
-    let pair = |tag: &str| [send(format!("{tag} a")), send(format!("{tag} b"))];
+    let pair = |tag: &str, body: &dyn Fn(&str) -> serde_json::Value| {
+        [
+            send(body(&format!("{tag} a"))),
+            send(body(&format!("{tag} b"))),
+        ]
+    };
+    let sample = |text: &str| chat(text, true);
+    let long_whole = |text: &str| {
+        let mut body = chat(text, false);
+        body["max_tokens"] = json!(2_000);
+        body
+    };
+    let decided =
+        || async { series_sum(&gw.url, "radixgate_routing_decisions_total").await as usize };
     // Three samples of the slow worker, one short of being judged.
     for i in 0..3 {
-        for r in pair(&format!("sample {i}")) {
+        for r in pair(&format!("sample {i}"), &sample) {
             assert_eq!(r.await.unwrap(), 200);
         }
     }
     // A request that waits on the slow worker...
-    slow_by(20_000);
-    let waiting = pair("waiting");
-    wait_until("a request in flight at the slow worker", || async {
-        metric(&gw.url, "radixgate_worker_in_flight_requests", &slow.url).await >= Some(1.0)
-    })
-    .await;
+    let waiting = pair("waiting", &long_whole);
+    wait_until("the waiting pair routed", || async { decided().await == 8 }).await;
     // ... while its fourth sample makes it judged, and ejected.
-    slow_by(400);
-    for r in pair("fourth sample") {
+    for r in pair("fourth sample", &sample) {
         assert_eq!(r.await.unwrap(), 200);
     }
     for r in waiting {
