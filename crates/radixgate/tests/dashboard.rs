@@ -450,3 +450,128 @@ fetch("{gateway}/v1/chat/completions", {{
     assert!(runs[1].starts_with("refused: "), "not allowed: {}", runs[1]);
     served.abort();
 }
+
+/// The row of the worker at `url` in a data reading, if listed.
+fn data_row<'a>(data: &'a Value, url: &str) -> Option<&'a Value> {
+    data["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+}
+
+/// A worker removed and added back at its URL once the rate window has
+/// passed: its failed-attempt counter is the URL's (it counts on from
+/// where it was), and none of those old failures happened in the window,
+/// so neither the data nor the page in a real browser shows it failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_added_back_shows_no_errors_from_before_it_was_removed() {
+    chromium();
+    let flaky = sim_worker(fast_worker()).await;
+    let steady = sim_worker(fast_worker()).await;
+    let mut config = common::config(&[&flaky.url, &steady.url]);
+    config.server.admin_api_key = Some(KEY.into());
+    config.routing = radixgate_routing::PolicyConfig::RoundRobin(Default::default());
+    let gw = gateway_ready(config, 2).await;
+    let base = gw.url.clone();
+    let c = client();
+    // Watched from the start; the flaky worker's failures are retried on
+    // the steady one.
+    data(&base).await;
+    flaky.set_faults(radixgate_sim::server::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    for i in 0..6 {
+        let r = c
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat(&format!("fails {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    common::wait_until("the flaky worker's failures on the data", || {
+        let (base, url) = (base.clone(), flaky.url.clone());
+        async move {
+            data_row(&data(&base).await, &url)
+                .is_some_and(|w| w["errors_total"].as_u64().unwrap_or(0) >= 2)
+        }
+    })
+    .await;
+    let failed = data_row(&data(&base).await, &flaky.url).unwrap()["errors_total"]
+        .as_u64()
+        .unwrap();
+
+    // Removed, and gone for longer than the rate window.
+    let r = c
+        .delete(format!("{base}/workers?url={}", flaky.url))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let gone_at = loop {
+        let d = data(&base).await;
+        if data_row(&d, &flaky.url).is_none() {
+            break d["sampled_at_ms"].as_u64().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let window = data(&base).await["rate_window_secs"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(window + 30);
+    loop {
+        let d = data(&base).await;
+        if d["sampled_at_ms"].as_u64().unwrap() > gone_at + (window + 1) * 1000 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the sampler stopped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Back, mended.
+    flaky.set_faults(radixgate_sim::server::FaultConfig::default());
+    let r = c
+        .post(format!("{base}/workers"))
+        .bearer_auth(KEY)
+        .json(&serde_json::json!({"url": flaky.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    // Every reading from its first one back: its errors since start still
+    // count the old failures, its errors per second none of them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut first_back = None;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never came back"
+        );
+        let d = data(&base).await;
+        if let Some(row) = data_row(&d, &flaky.url) {
+            assert_eq!(row["errors_total"], failed, "{row}");
+            assert!(
+                row["errors_per_sec"].is_null() || row["errors_per_sec"] == 0.0,
+                "a worker added back shows its failures from before as new: {row}"
+            );
+            let at = d["sampled_at_ms"].as_u64().unwrap();
+            if at >= *first_back.get_or_insert(at) + 2000 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // And the page in a real browser shows no error rate on its row.
+    let port = base.trim_start_matches("http://127.0.0.1:");
+    let dom = dump_dom(
+        &format!("http://admin:{KEY}@127.0.0.1:{port}/dashboard"),
+        2000,
+    )
+    .await;
+    let r = row(&dom, &flaky.url);
+    assert!(!r.contains("status-err"), "{r}");
+    gw.shutdown().await;
+    flaky.stop.cancel();
+    steady.stop.cancel();
+}

@@ -309,14 +309,34 @@ impl History {
         let counts = |k: &Kept| k.workers.get(&w.url).copied();
         let now = self.kept.back().and_then(counts).unwrap_or_default();
         // Windows start at the reading RATE_WINDOW / HIT_WINDOW steps back
-        // (or the oldest); a worker added since counts from nothing.
+        // (or the oldest). A worker added since counts its own figures from
+        // nothing, but its failed attempts are its URL's series, which
+        // outlives a worker removed and added back: those count from its
+        // first reading in the window.
         let since = |steps: usize| {
-            let base = self.back(steps)?;
+            let newest = self.kept.len().checked_sub(1)?;
+            let first = newest.saturating_sub(steps);
+            let base = self.kept.get(first)?;
             let ms = self.kept.back()?.mono_ms.saturating_sub(base.mono_ms);
-            Some((counts(base).unwrap_or_default(), ms))
+            let then = counts(base).unwrap_or_else(|| Counters {
+                errors: self
+                    .kept
+                    .iter()
+                    .skip(first)
+                    .find_map(counts)
+                    .map_or(0, |c| c.errors),
+                ..Counters::default()
+            });
+            Some((then, ms))
         };
+        // A figure below its base was reset (a worker added back at its
+        // URL within the window): it counts from nothing, as Prometheus'
+        // `rate()` takes a counter reset.
         let per_sec = |f: fn(&Counters) -> u64| {
-            since(RATE_WINDOW).and_then(|(then, ms)| rate(f(&now), f(&then), ms))
+            since(RATE_WINDOW).and_then(|(then, ms)| {
+                let (now, then) = (f(&now), f(&then));
+                rate(now, if now < then { 0 } else { then }, ms)
+            })
         };
         let (hit_rate, source) = match since(HIT_WINDOW) {
             Some((then, _)) if now.prompt_tokens > then.prompt_tokens => {

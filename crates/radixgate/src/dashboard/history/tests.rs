@@ -246,3 +246,46 @@ fn a_worker_added_later_counts_from_nothing() {
     let v = push(&mut h, r);
     assert_eq!(v["workers"][0]["requests_per_sec"], 4.0);
 }
+
+#[test]
+fn a_worker_added_back_at_its_url_counts_only_what_happened_since() {
+    let mut h = History::default();
+    let url = "http://back";
+    // 500 requests done, 30 failed attempts at its URL, then removed.
+    let mut r = reading(0, 0);
+    r.workers = vec![worker(url, 500)];
+    r.scrape.upstream_errors.insert(url.into(), 30);
+    push(&mut h, r);
+    // Gone for longer than the rate window; its URL's series stays.
+    let gone = RATE_WINDOW as u64 + 2;
+    for step in 1..=gone {
+        let mut r = reading(step, 0);
+        r.scrape.upstream_errors.insert(url.into(), 30);
+        push(&mut h, r);
+    }
+    // Back: a new worker (its own counts from 0), the URL's failures
+    // counting on from 30, none new.
+    let mut v = Value::Null;
+    for step in gone + 1..gone + 4 {
+        let mut r = reading(step, 0);
+        r.workers = vec![worker(url, step - gone)];
+        r.scrape.upstream_errors.insert(url.into(), 30);
+        v = push(&mut h, r);
+        let row = &v["workers"][0];
+        assert_eq!(row["errors_total"], 30);
+        assert_eq!(row["errors_per_sec"], 0.0, "{row}");
+    }
+    assert!(v["workers"][0]["requests_per_sec"].as_f64().unwrap() > 0.0);
+
+    // Removed and added back within the window: its requests count from
+    // nothing again, not as a negative or a zero rate.
+    let mut h = History::default();
+    let mut r = reading(0, 0);
+    r.workers = vec![worker(url, 500)];
+    push(&mut h, r);
+    push(&mut h, reading(1, 0));
+    let mut r = reading(2, 0);
+    r.workers = vec![worker(url, 4)];
+    let v = push(&mut h, r);
+    assert_eq!(v["workers"][0]["requests_per_sec"], 2.0);
+}
