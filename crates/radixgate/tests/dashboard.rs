@@ -575,3 +575,82 @@ async fn a_worker_added_back_shows_no_errors_from_before_it_was_removed() {
     flaky.stop.cancel();
     steady.stop.cancel();
 }
+
+/// A disaggregated pool: each request holds a decode worker and, while it
+/// prefills, a prefill worker too. The pool's "in flight" counts requests,
+/// once each, in the data and on the page in a real browser; each
+/// worker's row keeps its own load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_request_is_in_flight_once_on_the_pool() {
+    use radixgate_routing::WorkerRole;
+    use radixgate_sim::server::{PdConfig, Role};
+    chromium();
+    let sim = |role: Role| {
+        let mut c = fast_worker();
+        c.pd = PdConfig {
+            role,
+            bootstrap_port: (role == Role::Prefill).then_some(0),
+            ..PdConfig::default()
+        };
+        sim_worker(c)
+    };
+    let prefill = sim(Role::Prefill).await;
+    let decode = sim(Role::Decode).await;
+    let mut config = common::config(&[]);
+    config.server.admin_api_key = Some(KEY.into());
+    config.pd.enabled = true;
+    config.pd.protocol = radixgate::config::PdProtocol::Sglang;
+    config.workers = vec![
+        radixgate::config::WorkerSpec::new(prefill.url.clone())
+            .with_role(WorkerRole::Prefill)
+            .with_bootstrap_port(prefill.handle.bootstrap_addr().map(|a| a.port())),
+        radixgate::config::WorkerSpec::new(decode.url.clone()).with_role(WorkerRole::Decode),
+    ];
+    let gw = gateway_ready(config, 2).await;
+    let base = gw.url.clone();
+    data(&base).await;
+    // Prefill takes the requests and does not answer yet: each request is
+    // in flight at both workers.
+    prefill.set_faults(radixgate_sim::server::FaultConfig {
+        hang: true,
+        ..Default::default()
+    });
+    const REQUESTS: u64 = 3;
+    let sent: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let base = base.clone();
+            tokio::spawn(async move {
+                let _ = client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .json(&chat(&format!("held {i}"), false))
+                    .send()
+                    .await;
+            })
+        })
+        .collect();
+    common::wait_until("every request held at both workers", || {
+        let (base, p, d) = (base.clone(), prefill.url.clone(), decode.url.clone());
+        async move {
+            let v = data(&base).await;
+            [p, d].iter().all(|url| {
+                data_row(&v, url).is_some_and(|w| w["in_flight"].as_u64() == Some(REQUESTS))
+            })
+        }
+    })
+    .await;
+    let v = data(&base).await;
+    assert_eq!(v["pool"]["in_flight"], REQUESTS, "{}", v["pool"]);
+    let port = base.trim_start_matches("http://127.0.0.1:");
+    let dom = dump_dom(
+        &format!("http://admin:{KEY}@127.0.0.1:{port}/dashboard"),
+        2000,
+    )
+    .await;
+    assert_eq!(text_of(&dom, "in-flight"), REQUESTS.to_string());
+    for r in sent {
+        r.abort();
+    }
+    gw.shutdown().await;
+    prefill.stop.cancel();
+    decode.stop.cancel();
+}

@@ -10,6 +10,7 @@
 use super::prom::{Buckets, Scrape};
 use super::recent::{Answered, Predicted};
 use hashbrown::HashMap;
+use radixgate_routing::WorkerRole;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -236,7 +237,14 @@ impl History {
                 .iter()
                 .filter(|w| w.state == "healthy" && w.breaker != "open" && !w.ejected)
                 .count(),
-            in_flight: workers.iter().map(|w| w.in_flight).sum(),
+            // A disaggregated request holds its decode worker throughout
+            // and a prefill worker besides while it prefills: counted
+            // once, at decode (prefill's load is on its own row).
+            in_flight: workers
+                .iter()
+                .filter(|w| w.role != WorkerRole::Prefill.as_str())
+                .map(|w| w.in_flight)
+                .sum(),
             answers_total: scrape.answers,
             error_answers_total: scrape.error_answers,
             answers_per_sec: latest.as_ref().and_then(|p| p.answers_per_sec),

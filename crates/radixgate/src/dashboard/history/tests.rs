@@ -289,3 +289,20 @@ fn a_worker_added_back_at_its_url_counts_only_what_happened_since() {
     let v = push(&mut h, r);
     assert_eq!(v["workers"][0]["requests_per_sec"], 2.0);
 }
+
+#[test]
+fn a_disaggregated_pool_counts_each_request_in_flight_once() {
+    let mut h = History::default();
+    let mut prefill = worker("http://p", 0);
+    prefill.role = "prefill";
+    prefill.in_flight = 3;
+    let mut decode = worker("http://d", 0);
+    decode.role = "decode";
+    decode.in_flight = 5;
+    let mut r = reading(0, 0);
+    r.workers = vec![prefill, decode, worker("http://r", 0)];
+    let v = push(&mut h, r);
+    // Decode's 5 (3 of them prefilling) and the regular worker's 2.
+    assert_eq!(v["pool"]["in_flight"], 7);
+    assert_eq!(v["workers"][0]["in_flight"], 3);
+}
