@@ -69,6 +69,11 @@ impl Scrape {
                     }
                 }
                 UPSTREAM_ERRORS => {
+                    // `moved`: an attempt moved off a worker ejected as
+                    // slow, which failed nothing (`proxy::attempt`).
+                    if series.label("kind") == Some("moved") {
+                        continue;
+                    }
                     if let Some(worker) = series.label("worker") {
                         *scrape.upstream_errors.entry(worker.to_owned()).or_default() += count;
                     }
@@ -252,6 +257,7 @@ radixgate_routing_decisions_total{branch="imbalanced"} 7
 radixgate_upstream_errors_total{worker="http://127.0.0.1:1",kind="connect"} 2
 radixgate_upstream_errors_total{kind="status",worker="http://127.0.0.1:1"} 1
 radixgate_upstream_errors_total{worker="http://a\"b\\c",kind="timeout"} 4
+radixgate_upstream_errors_total{worker="http://a\"b\\c",kind="moved"} 6
 radixgate_time_to_first_token_seconds_bucket{route="/v1/chat/completions",model="m",le="0.1"} 3
 radixgate_time_to_first_token_seconds_bucket{route="/v1/chat/completions",model="m",le="1"} 8
 radixgate_time_to_first_token_seconds_bucket{route="/v1/chat/completions",model="m",le="+Inf"} 10
