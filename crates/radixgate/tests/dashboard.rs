@@ -66,6 +66,13 @@ struct Browsed {
 
 /// What Chromium left for `url` after `budget_ms` of virtual time.
 async fn browse(url: &str, budget_ms: u64) -> Browsed {
+    browse_with(url, format!("--virtual-time-budget={budget_ms}")).await
+}
+
+/// What Chromium left for `url`, run for as long as `clock` (its flag)
+/// says: virtual time, which waits for every fetch, or real time
+/// (`--timeout`), for a page whose fetch never ends.
+async fn browse_with(url: &str, clock: String) -> Browsed {
     let profile = std::env::temp_dir().join(format!(
         "radixgate-dashboard-chromium-{}-{}",
         std::process::id(),
@@ -87,7 +94,7 @@ async fn browse(url: &str, budget_ms: u64) -> Browsed {
         .arg("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg(format!("--log-net-log={}", net_log.display()))
-        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .arg(clock)
         .arg("--dump-dom")
         .arg(url)
         .stdout(std::process::Stdio::piped())
@@ -653,4 +660,64 @@ async fn a_disaggregated_request_is_in_flight_once_on_the_pool() {
     gw.shutdown().await;
     prefill.stop.cancel();
     decode.stop.cancel();
+}
+
+/// A data read that never ends (a connection gone silent: a dead tunnel,
+/// a host gone) fails after its timeout, and the page says it is not
+/// updating. Before, the read waited for good: the page went on showing
+/// "live" with frozen numbers, and never asked again. The page is served
+/// here from the gateway's own, beside a data endpoint that never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_read_that_never_ends_shows_the_page_is_not_updating() {
+    chromium();
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(common::config(&[&w.url]), 1).await;
+    let c = client();
+    let mut served = axum::Router::new();
+    for (path, kind) in [
+        ("/dashboard", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/style.css", "text/css; charset=utf-8"),
+    ] {
+        let r = c.get(format!("{}{path}", gw.url)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let mut body = r.text().await.unwrap();
+        if path == "/dashboard" {
+            // Chromium dumps the page at its load event: an image that
+            // comes after the page's timeout holds it till then.
+            body = body.replace("</body>", "<img src=\"/late\" alt=\"\"></body>");
+            assert!(body.contains("/late"), "{body}");
+        }
+        served = served.route(
+            path,
+            axum::routing::get(move || async move {
+                ([(axum::http::header::CONTENT_TYPE, kind)], body)
+            }),
+        );
+    }
+    let served = served
+        .route(
+            "/dashboard/data",
+            axum::routing::get(|| std::future::pending::<&'static str>()),
+        )
+        .route(
+            "/late",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                ""
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let page = format!("http://{}/dashboard", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, served).await });
+    // Real time (virtual time would wait for the read for good): the
+    // page's 5 s timeout, then the late image's load event.
+    let Browsed { dom, stderr, .. } = browse_with(&page, "--timeout=30000".into()).await;
+    assert!(
+        dom.contains("<html"),
+        "no page from chromium: {dom}\n{stderr}"
+    );
+    assert_eq!(text_of(&dom, "status"), "not updating", "{dom}");
+    assert!(text_of(&dom, "message").contains("Cannot reach the router"));
+    gw.shutdown().await;
 }

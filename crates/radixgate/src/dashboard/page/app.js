@@ -8,6 +8,10 @@ const SVG = "http://www.w3.org/2000/svg";
 const W = 480, H = 180;
 const PAD = { left: 44, right: 8, top: 8, bottom: 20 };
 const REFRESH_MS = 1000;
+// A read of the data that takes longer has failed: a connection that went
+// silent (a dead tunnel, a host gone) would otherwise leave the page
+// showing "live" with frozen numbers, never asking again.
+const FETCH_TIMEOUT_MS = 5000;
 // The data endpoint, next to this page (its URL may carry user:password@,
 // which fetch refuses: build it from the origin and path only).
 const DATA_URL = new URL("dashboard/data", location.origin + location.pathname).href;
@@ -274,7 +278,12 @@ function failed(text) {
 
 async function tick() {
   try {
-    const r = await fetch(DATA_URL, { cache: "no-store", credentials: "same-origin" });
+    const r = await fetch(DATA_URL, {
+      cache: "no-store",
+      credentials: "same-origin",
+      // Covers reading the body too.
+      signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
+    });
     if (r.status === 401) {
       failed("The admin key is required: reload the page and give it as the password (any user name).");
     } else if (!r.ok) {
