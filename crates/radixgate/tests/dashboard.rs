@@ -698,7 +698,7 @@ async fn a_data_read_that_never_ends_shows_the_page_is_not_updating() {
     let served = served
         .route(
             "/dashboard/data",
-            axum::routing::get(|| std::future::pending::<&'static str>()),
+            axum::routing::get(std::future::pending::<&'static str>),
         )
         .route(
             "/late",
