@@ -183,6 +183,32 @@ async fn a_pod_turned_unready_stops_getting_traffic_and_comes_back() {
     gw.shutdown().await;
 }
 
+/// An operator takes a pod out of rotation by removing the label the
+/// selector reads (`kubectl label pod w-b app-`), and puts it back by
+/// setting it again. The API server tells the router's watch so as a
+/// `DELETED` and an `ADDED` (the fake one does too), and the worker goes
+/// and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_relabelled_out_of_the_selector_leaves_and_comes_back() {
+    let (a, a_addr) = worker_at(2, fast_worker()).await;
+    let (b, b_addr) = worker_at(3, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-a", json!({"app": "sglang"}), a_addr));
+    let b_pod = pod("w-b", json!({"app": "sglang"}), b_addr);
+    api.put(b_pod.clone());
+    let gw = gateway(discovering(&api)).await;
+    wait_for_healthy(&gw.url, 2).await;
+
+    api.put(pod("w-b", json!({"app": "sglang-canary"}), b_addr));
+    wait_for_gone(&gw.url, "w-b").await;
+    assert_all_served_by(&gw.url, &a.url, 6, "while w-b is relabelled").await;
+
+    api.put(b_pod);
+    wait_for_healthy(&gw.url, 2).await;
+    assert_eq!(worker_named(&gw.url, "w-b").await.unwrap()["url"], b.url);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_deleted_during_a_long_stream_drains_then_goes() {
     let mut slow = fast_worker();

@@ -52,6 +52,8 @@ struct Change {
     rv: u64,
     kind: &'static str,
     object: Value,
+    /// The object as it was before this change, if it existed.
+    before: Option<Value>,
 }
 
 /// Everything the fake server knows.
@@ -196,15 +198,16 @@ impl FakeApi {
             meta.insert("resourceVersion".into(), json!(rv.to_string()));
         }
         let key = key_of(&object);
-        match kind {
-            "DELETED" => {
-                store.pods.remove(&key);
-            }
-            _ => {
-                store.pods.insert(key, object.clone());
-            }
-        }
-        let change = Change { rv, kind, object };
+        let before = match kind {
+            "DELETED" => store.pods.remove(&key),
+            _ => store.pods.insert(key, object.clone()),
+        };
+        let change = Change {
+            rv,
+            kind,
+            object,
+            before,
+        };
         store.history.push(change.clone());
         drop(store);
         let _ = self.shared.live.send(Live::Change(change));
@@ -464,8 +467,24 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         text.push('\n');
         Bytes::from(text)
     };
-    let wanted = move |c: &Change| {
-        in_namespace(namespace.as_deref(), &c.object) && matches(&selector, &c.object)
+    // As a real API server filters a watch: a change that moves an
+    // object into its selector is `ADDED` to it, one that moves the
+    // object out is `DELETED` from it (with the object as it is now), and
+    // one that neither matched nor matches is not sent.
+    let wanted = move |c: &Change| -> Option<&'static str> {
+        let selected = |o: &Value| in_namespace(namespace.as_deref(), o) && matches(&selector, o);
+        let was = c.before.as_ref().is_some_and(selected);
+        match c.kind {
+            "ADDED" | "MODIFIED" if c.before.is_some() => match (was, selected(&c.object)) {
+                (true, true) => Some(c.kind),
+                (false, true) => Some("ADDED"),
+                (true, false) => Some("DELETED"),
+                (false, false) => None,
+            },
+            "DELETED" if c.before.is_some() => was.then_some("DELETED"),
+            // A new object, or whatever `put_raw` sent: as it is.
+            kind => selected(&c.object).then_some(kind),
+        }
     };
     tokio::spawn(async move {
         if gone {
@@ -481,8 +500,8 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
         let mut sent = from;
         for change in backlog {
             sent = change.rv;
-            if wanted(&change) {
-                let event = json!({"type": change.kind, "object": change.object});
+            if let Some(kind) = wanted(&change) {
+                let event = json!({"type": kind, "object": change.object});
                 if tx.send(line(event)).await.is_err() {
                     return;
                 }
@@ -498,10 +517,10 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
             let event = match next {
                 Ok(Live::Change(change)) if change.rv > sent => {
                     sent = change.rv;
-                    if !wanted(&change) {
+                    let Some(kind) = wanted(&change) else {
                         continue;
-                    }
-                    json!({"type": change.kind, "object": change.object})
+                    };
+                    json!({"type": kind, "object": change.object})
                 }
                 Ok(Live::Change(_)) => continue,
                 Ok(Live::Bookmark(rv)) => json!({
