@@ -607,6 +607,7 @@ async fn a_disaggregated_request_is_in_flight_once_on_the_pool() {
     config.server.admin_api_key = Some(KEY.into());
     config.pd.enabled = true;
     config.pd.protocol = radixgate::config::PdProtocol::Sglang;
+    config.pd.decode_policy = radixgate_routing::PolicyConfig::RoundRobin(Default::default());
     config.workers = vec![
         radixgate::config::WorkerSpec::new(prefill.url.clone())
             .with_role(WorkerRole::Prefill)
@@ -654,6 +655,16 @@ async fn a_disaggregated_request_is_in_flight_once_on_the_pool() {
     )
     .await;
     assert_eq!(text_of(&dom, "in-flight"), REQUESTS.to_string());
+    // Each pool's policy: the page showed prefill's as the only one.
+    assert_eq!(
+        (v["policy"].as_str(), v["decode_policy"].as_str()),
+        (Some("cache_aware"), Some("round_robin"))
+    );
+    assert!(
+        text_of(&dom, "policy").starts_with("policy prefill cache_aware · decode round_robin"),
+        "{}",
+        text_of(&dom, "policy")
+    );
     for r in sent {
         r.abort();
     }

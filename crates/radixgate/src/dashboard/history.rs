@@ -32,6 +32,8 @@ pub(crate) struct Reading {
     pub(crate) mono_ms: u64,
     /// The routing policy's name.
     pub(crate) policy: &'static str,
+    /// A prefill/decode pool's decode policy (`policy` is then prefill's).
+    pub(crate) decode_policy: Option<&'static str>,
     /// Seconds since the gateway started.
     pub(crate) uptime_secs: u64,
     /// The metrics, read back.
@@ -168,6 +170,7 @@ pub(crate) struct View<'a> {
     pub(crate) sampled_at_ms: u64,
     pub(crate) uptime_secs: u64,
     pub(crate) policy: &'static str,
+    pub(crate) decode_policy: Option<&'static str>,
     pub(crate) step_secs: u64,
     pub(crate) rate_window_secs: u64,
     pub(crate) hit_window_secs: u64,
@@ -257,6 +260,7 @@ impl History {
             sampled_at_ms: reading.at_ms,
             uptime_secs: reading.uptime_secs,
             policy: reading.policy,
+            decode_policy: reading.decode_policy,
             step_secs: STEP_SECS,
             rate_window_secs: RATE_WINDOW as u64 * STEP_SECS,
             hit_window_secs: HIT_WINDOW as u64 * STEP_SECS,

@@ -91,6 +91,11 @@ async fn read(shared: &Shared) -> Option<Reading> {
         at_ms: super::unix_ms(),
         mono_ms: shared.dashboard.now_ms(),
         policy: policy.name(),
+        decode_policy: shared
+            .config
+            .pd
+            .enabled
+            .then(|| shared.router.decode_policy().name()),
         uptime_secs: shared.started.elapsed().as_secs(),
         scrape,
         workers,

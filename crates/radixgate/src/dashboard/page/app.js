@@ -234,7 +234,9 @@ function render(d) {
   document.body.dataset.state = "live";
   $("status").textContent = "live";
   $("message").hidden = true;
-  $("policy").textContent = `policy ${d.policy} · up ${Math.floor(d.uptime_secs / 60)} min`;
+  // A prefill/decode pool: `policy` is prefill's, decode has its own.
+  const policy = d.decode_policy ? `prefill ${d.policy} · decode ${d.decode_policy}` : d.policy;
+  $("policy").textContent = `policy ${policy} · up ${Math.floor(d.uptime_secs / 60)} min`;
   const at = $("sampled-at");
   at.textContent = fmtTime(d.sampled_at_ms);
   at.dataset.ms = d.sampled_at_ms;
