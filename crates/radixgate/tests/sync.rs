@@ -2055,6 +2055,49 @@ async fn a_replica_with_references_off_resolves_a_peers_references() {
     b.shutdown().await;
 }
 
+/// A replica whose policy keeps no prefix trees nor cost model
+/// (round_robin: another config, or half-way through a rollout of a policy
+/// change) cannot apply what its cache_aware peers send: each decision and
+/// each first token is counted `ignored{reason="no_trees"}`, as every
+/// other message or entry not applied is. Until 2026-12-06 they were
+/// dropped uncounted: received, and neither learned nor ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_replica_without_trees_cannot_apply_is_counted() {
+    let nats = Nats::start(&[]);
+    let (_workers, a, b) = two_replicas_with(&nats, |c| {
+        c.routing = radixgate_routing::PolicyConfig::RoundRobin(Default::default());
+    })
+    .await;
+    let no_trees = || series_value(&a.url, "radixgate_sync_ignored_total{reason=\"no_trees\"}");
+    // Whole answers: a decision each, no first token.
+    for i in 0..3 {
+        ask(&b.url, &prompt(&format!("whole {i}"))).await;
+    }
+    wait_until("A counts B's three decisions", || async {
+        no_trees().await == 3.0
+    })
+    .await;
+    // A stream: its decision, and its first token (with B's next batch or
+    // on B's load lane).
+    let r = post_chat(&b.url, &chat(&prompt("streamed"), true)).await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    wait_until("A counts the decision and the first token", || async {
+        no_trees().await == 5.0
+    })
+    .await;
+    assert_eq!(
+        series_value(&a.url, "radixgate_sync_entries_learned_total").await,
+        0.0
+    );
+    assert_eq!(
+        series_value(&a.url, "radixgate_sync_first_tokens_learned_total").await,
+        0.0
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_pool_shares_both_roles_records() {
     use radixgate::config::WorkerSpec;

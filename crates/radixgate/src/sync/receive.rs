@@ -87,7 +87,9 @@ pub(super) fn screen(
 }
 
 /// Teaches this replica's fit for the worker at `url` and pool `model` a
-/// first token a peer saw there (from a batch or a load report).
+/// first token a peer saw there (from a batch or a load report); one it
+/// cannot learn from is counted by why ([`not_applied`]). Not held, as an
+/// entry is: the next one of that worker's first tokens teaches as much.
 pub(super) fn learn_first_token(
     router: &Router,
     metrics: &SyncMetrics,
@@ -95,8 +97,22 @@ pub(super) fn learn_first_token(
     url: &str,
     observed: wire::Observed,
 ) {
-    if router.observe(model, url, Observation::from(observed)) == Learned::Inserted {
-        metrics.observed();
+    match not_applied(router.observe(model, url, Observation::from(observed))) {
+        None => metrics.observed(),
+        Some(why) => metrics.ignored(why),
+    }
+}
+
+/// The `ignored` reason of a peer's entry or first token this router did
+/// not take; `None` if it took it. `no_trees`: this replica's policy keeps
+/// no prefix trees nor cost model (round_robin, least_load, ...) where its
+/// peers' does: a config that differs, or a policy change half rolled out.
+fn not_applied(learned: Learned) -> Option<&'static str> {
+    match learned {
+        Learned::Inserted => None,
+        Learned::UnknownWorker => Some("unknown_worker"),
+        Learned::UnknownModel => Some("unknown_model"),
+        Learned::NoTrees => Some("no_trees"),
     }
 }
 
@@ -376,7 +392,6 @@ impl Applier {
             }
             match self.router.learn(&entry.model, &entry.url, &text) {
                 Learned::Inserted => self.metrics.learned(),
-                Learned::NoTrees => {}
                 Learned::UnknownWorker => self.held.push(
                     HeldEntry {
                         since: Instant::now(),
@@ -386,7 +401,11 @@ impl Applier {
                     },
                     &self.metrics,
                 ),
-                Learned::UnknownModel => self.metrics.ignored("unknown_model"),
+                refused => {
+                    if let Some(why) = not_applied(refused) {
+                        self.metrics.ignored(why);
+                    }
+                }
             }
         }
         if live {
@@ -408,14 +427,14 @@ impl Applier {
         for e in self.held.entries.drain(..) {
             match self.router.learn(&e.model, &e.url, &e.text) {
                 Learned::Inserted => self.metrics.learned(),
-                Learned::NoTrees => {}
-                Learned::UnknownModel => self.metrics.ignored("unknown_model"),
-                Learned::UnknownWorker if now.duration_since(e.since) >= hold => {
-                    self.metrics.ignored("unknown_worker")
-                }
-                Learned::UnknownWorker => {
+                Learned::UnknownWorker if now.duration_since(e.since) < hold => {
                     bytes += e.size();
                     kept.push_back(e);
+                }
+                refused => {
+                    if let Some(why) = not_applied(refused) {
+                        self.metrics.ignored(why);
+                    }
                 }
             }
         }
