@@ -1219,6 +1219,58 @@ async fn nats_killed_mid_run_fails_no_request_and_sync_recovers() {
     b.shutdown().await;
 }
 
+/// NATS restarted under a running replica (`radixgate serve`, its log
+/// read): while it is away the insert feed waits for the connection. Until
+/// 2026-12-06 it asked JetStream for the stream meanwhile, each request
+/// ran into the 5 s limit, and WARNs said the stream did not answer, then
+/// blamed this user's JetStream permissions ("may not use the JetStream
+/// API") and said live sync went on over core NATS, when there was no
+/// NATS at all: every outage of 15 s or more sent an operator to check
+/// permissions. Once NATS is back the stream is read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_away_is_not_reported_as_a_jetstream_permission() {
+    let mut nats = Nats::start(&[]);
+    let worker = sim_worker(fast_worker()).await;
+    let nats_url = nats.url();
+    let (mut serve, url) =
+        common::process::Serve::start(&["--worker-urls", &worker.url, "--sync-url", &nats_url]);
+    let on_stream = || async { series_value(&url, "radixgate_sync_stream").await == 1.0 };
+    wait_until("the replica reads the stream", on_stream).await;
+    nats.kill();
+    // Longer than the check of the stream (every 5 s), the limit on its
+    // answer (5 s) and on the next JetStream request's (5 s) together.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        serve.drain(Duration::from_millis(10));
+    }
+    let blamed: Vec<&String> = serve
+        .seen
+        .iter()
+        .filter(|l| {
+            ["JetStream API", "over core NATS", "stream does not answer"]
+                .iter()
+                .any(|blame| l.contains(blame))
+        })
+        .collect();
+    assert!(blamed.is_empty(), "NATS away, logged as:\n{blamed:#?}");
+    assert_eq!(series_value(&url, "radixgate_sync_stream").await, 0.0);
+    assert!(
+        serve
+            .seen
+            .iter()
+            .any(|l| l.contains("disconnected from NATS")),
+        "the outage itself is logged:\n{}",
+        serve.seen.join("\n")
+    );
+    nats.restart();
+    wait_until("connected again", || async {
+        series_value(&url, "radixgate_sync_connected").await == 1.0
+    })
+    .await;
+    wait_until("the replica reads the stream again", on_stream).await;
+    assert!(serve.terminate(), "radixgate serve exited with an error");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_replica_routes_alone_and_catches_up_after() {
     let nats = Nats::start(&[]);

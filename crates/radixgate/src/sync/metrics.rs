@@ -53,7 +53,7 @@ const LANE_CONNECTED: Describe = Describe::new(
 );
 const STREAM: Describe = Describe::new(
     "radixgate_sync_stream",
-    "Whether this replica's insert feed reads the JetStream stream (1: warm start and catching up after a disconnect) or only live core NATS (0: the stream is refused or cannot be set up yet, or no feed yet).",
+    "Whether this replica's insert feed reads the JetStream stream (1: warm start and catching up after a disconnect) or not (0: only live core NATS, the stream refused or not set up yet; or no feed, NATS away).",
 );
 const LAG: Describe = Describe::seconds(
     "radixgate_sync_lag_seconds",

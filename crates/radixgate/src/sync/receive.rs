@@ -487,6 +487,15 @@ const API_TIMEOUT: Duration = Duration::from_secs(5);
 /// so, and the feed must not wait on it for ever.
 const STREAM_CHECK: Duration = Duration::from_secs(5);
 
+/// How often the insert feed looks whether NATS is back, while it is not
+/// (besides at each connection made).
+const AWAY_POLL: Duration = Duration::from_millis(100);
+
+/// Whether the client is connected to a NATS server now.
+fn connected(client: &Client) -> bool {
+    client.connection_state() == async_nats::connection::State::Connected
+}
+
 /// A place in the stream: the last sequence applied, in the stream made
 /// at `created`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -774,6 +783,22 @@ pub(super) async fn inserts(
     // A stream consumer made while syncing over core NATS, to go on with.
     let mut made = None;
     loop {
+        if made.is_none() && !connected(&client) {
+            // NATS is away (down at start, or gone since; the connection's
+            // own logs say so): a JetStream request now would only run
+            // into its limit, and the WARN would blame the stream or this
+            // user's permissions. No feed meanwhile; the publisher still
+            // takes its own batches to come back from the stream.
+            applier.metrics.stream(false);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                // At once when it connects: what the peers send then is
+                // live, not history.
+                Ok(()) = reconnected.changed() => {}
+                _ = tokio::time::sleep(AWAY_POLL) => {}
+            }
+            continue;
+        }
         let src = match made.take() {
             Some(made) => Ok(made),
             None => tokio::select! {
@@ -888,6 +913,13 @@ pub(super) async fn inserts(
                         // while the feed stood still: a new consumer (or,
                         // if none can be made, core NATS meanwhile).
                         _ = check.tick() => {
+                            if !connected(&client) {
+                                // Not the stream's fault: the reconnect
+                                // sets the feed up again.
+                                applier.metrics.stream(false);
+                                looked = None;
+                                continue;
+                            }
                             // The last batch on this feed's subject (the
                             // stream may carry others, which the consumer
                             // does not deliver).
