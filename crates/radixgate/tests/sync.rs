@@ -894,6 +894,58 @@ async fn a_late_replica_warms_up_before_it_is_ready() {
     b.shutdown().await;
 }
 
+/// A replica that became ready by its warm-up timeout (NATS away as it
+/// started) replays the history once NATS is back, as history: its trees
+/// learn the decisions, but the first tokens in it do not teach the cost
+/// model, and `radixgate_sync_lag_seconds` is not set from batches
+/// minutes old. Until 2026-12-06 whatever the feed read once the replica
+/// was ready counted as live: the history's first tokens taught, and the
+/// lag read the age of the oldest batch replayed last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_replayed_after_the_warmup_timeout_is_not_taken_as_live() {
+    let mut nats = Nats::start(&[]);
+    // First tokens come after their decision's batch; with a long load
+    // period each rides with the next decision's batch, into the stream.
+    let worker = late_worker(50).await;
+    let mut a_config = replica_config(&[nats.url()], &[&worker.url]);
+    a_config.sync.load_period_ms = 2_000;
+    a_config.sync.load_expiry_ms = 6_000;
+    let a = gateway_ready(a_config, 1).await;
+    wait_ready(&a.url).await;
+    wait_connected(&a.url).await;
+    for i in 0..4 {
+        let r = post_chat(&a.url, &chat(&prompt(&format!("history {i}")), true)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    wait_until("A's four batches came back from the stream", || async {
+        series_value(&a.url, "radixgate_sync_ignored_total{reason=\"own\"}").await >= 4.0
+    })
+    .await;
+    nats.kill();
+    let mut b_config = replica_config(&[nats.url()], &[&worker.url]);
+    b_config.sync.warmup_timeout_secs = 1;
+    let b = gateway_ready(b_config, 1).await;
+    wait_ready(&b.url).await;
+    nats.restart();
+    wait_until("B replays A's four decisions", || async {
+        series_value(&b.url, "radixgate_sync_entries_learned_total").await == 4.0
+    })
+    .await;
+    assert_eq!(
+        series_value(&b.url, "radixgate_sync_first_tokens_learned_total").await,
+        0.0,
+        "the history's first tokens taught B's cost model"
+    );
+    assert_eq!(
+        series_value(&b.url, "radixgate_sync_lag_seconds").await,
+        0.0,
+        "a lag read from the history"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history() {
     // NATS stays up, so the late replica replays the stream at once. One

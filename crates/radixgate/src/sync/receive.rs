@@ -891,6 +891,14 @@ pub(super) async fn inserts(
                 if last == 0 && !ready.swap(true, Ordering::AcqRel) {
                     tracing::info!("replica sync: no history to replay; ready");
                 }
+                // History, up to the sequence last when the consumer was
+                // made: the stream read from its start (a warm start, or a
+                // stream new to this feed or made again), or a warm start
+                // resumed after a reconnect. It stays history when the
+                // warm-up wait made the replica ready meanwhile, or before
+                // NATS was reached: its first tokens do not teach, its
+                // loads do not count, and it sets no lag.
+                let mut replaying = last > 0 && (from.seq == 0 || !ready.load(Ordering::Acquire));
                 let inserts = me.subject("inserts");
                 // The last sequence on that subject at the previous look, and
                 // where this feed was then.
@@ -989,15 +997,23 @@ pub(super) async fn inserts(
                         .map(|i| (i.stream_sequence, i.pending))
                         .unwrap_or((u64::MAX, 0));
                     last_seen.seq = last_seen.seq.max(seq);
-                    let live = ready.load(Ordering::Acquire);
-                    applier.apply(&m.payload, live);
-                    if !live && (seq >= last || pending == 0) {
-                        ready.store(true, Ordering::Release);
-                        tracing::info!(
-                            replayed_to = seq,
-                            took_ms = started.elapsed().as_millis() as u64,
-                            "replica sync: warm start done; ready"
-                        );
+                    applier.apply(&m.payload, !replaying);
+                    if replaying && (seq >= last || pending == 0) {
+                        replaying = false;
+                        let took_ms = started.elapsed().as_millis() as u64;
+                        if !ready.swap(true, Ordering::AcqRel) {
+                            tracing::info!(
+                                replayed_to = seq,
+                                took_ms,
+                                "replica sync: warm start done; ready"
+                            );
+                        } else {
+                            tracing::info!(
+                                replayed_to = seq,
+                                took_ms,
+                                "replica sync: history replayed"
+                            );
+                        }
                     }
                 }
             }
