@@ -122,7 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             init_logs("warn", false);
             tokio::runtime::Runtime::new()?.block_on(async {
                 let shutdown = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                tokio::spawn(cancel_on_signal(ShutdownSignals::new(), shutdown.clone()));
                 demo::run(*args, shutdown).await
             })?;
         }
@@ -152,7 +152,11 @@ async fn serve(
         }
     };
     let (shutdown, now) = (CancellationToken::new(), CancellationToken::new());
-    tokio::spawn(shut_down_on_signals(shutdown.clone(), now.clone()));
+    // Handled from here, before the router says it is listening: made in
+    // the spawned task, the handlers could come after a SIGTERM sent as
+    // soon as it said so (a supervisor's, a script's), which was then lost.
+    let signals = ShutdownSignals::new();
+    tokio::spawn(shut_down_on_signals(signals, shutdown.clone(), now.clone()));
     // A reload layers the same flags and environment on the re-read file.
     let (reload, reloads) = radixgate::reload::channel(Box::new(move || args.load()));
     reload_on_hangup(reload)?;
@@ -181,8 +185,8 @@ fn reload_on_hangup(reload: radixgate::reload::Reload) -> anyhow::Result<()> {
 
 /// Cancels `token` on Ctrl-C or SIGTERM.
 #[cfg(feature = "sim")]
-async fn cancel_on_signal(token: CancellationToken) {
-    ShutdownSignals::new().next().await;
+async fn cancel_on_signal(mut signals: ShutdownSignals, token: CancellationToken) {
+    signals.next().await;
     tracing::info!("shutting down");
     token.cancel();
 }
@@ -190,8 +194,11 @@ async fn cancel_on_signal(token: CancellationToken) {
 /// Cancels `shutdown` on the first Ctrl-C or SIGTERM, and `now` on the
 /// next: an operator who will not wait for the grace period (the requests
 /// in flight) need not `kill -9`, which would send their clients nothing.
-async fn shut_down_on_signals(shutdown: CancellationToken, now: CancellationToken) {
-    let mut signals = ShutdownSignals::new();
+async fn shut_down_on_signals(
+    mut signals: ShutdownSignals,
+    shutdown: CancellationToken,
+    now: CancellationToken,
+) {
     signals.next().await;
     tracing::info!("shutting down (a second SIGTERM or Ctrl-C ends the requests in flight now)");
     shutdown.cancel();
