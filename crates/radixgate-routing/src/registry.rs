@@ -202,21 +202,11 @@ impl Registry {
 /// wrong; returns the canonical URL.
 fn validate_spec(spec: &WorkerSpec) -> Result<WorkerUrl, RoutingError> {
     let url = WorkerUrl::parse(&spec.url)?;
-    if spec.models.iter().any(|m| m.is_empty()) {
-        return Err(RoutingError::InvalidWorker {
+    spec.check_models()
+        .map_err(|reason| RoutingError::InvalidWorker {
             url: spec.url.clone(),
-            reason: "a model name is empty".to_owned(),
-        });
-    }
-    if spec.models.iter().any(|m| m == WILDCARD_MODEL) {
-        return Err(RoutingError::InvalidWorker {
-            url: spec.url.clone(),
-            reason: format!(
-                "`{WILDCARD_MODEL}` is not a model name here: it names the pool of workers \
-                 that serve any model (list no models for that)"
-            ),
-        });
-    }
+            reason,
+        })?;
     Ok(url)
 }
 

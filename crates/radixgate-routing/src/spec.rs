@@ -195,6 +195,25 @@ impl WorkerSpec {
         self.healthy = healthy;
         self
     }
+
+    /// Whether every listed model can be asked for by name; the reason,
+    /// naming `models`, where one cannot (empty, or the wildcard pool's
+    /// `*`). The [`Registry`](crate::Registry) refuses such a worker on
+    /// admission, so a source checks it when the worker is given, where
+    /// the refusal reaches whoever gave it.
+    pub fn check_models(&self) -> Result<(), String> {
+        if self.models.iter().any(String::is_empty) {
+            return Err("a name in `models` is empty".to_owned());
+        }
+        if self.models.iter().any(|m| m == crate::WILDCARD_MODEL) {
+            return Err(format!(
+                "`{}` in `models` is not a model name: it names the pool of workers \
+                 that serve any model (list no models for that)",
+                crate::WILDCARD_MODEL
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The two spellings a worker entry may take in a file or request body.

@@ -210,6 +210,25 @@ async fn a_worker_body_of_the_wrong_shape_names_its_fault() {
     gw.shutdown().await;
 }
 
+/// A model no request can name (empty, or the wildcard pool's `*`) is
+/// refused when the worker is posted, naming the field: accepted, the
+/// worker's probes passed and the registry refused it on admission, so it
+/// stayed pending for good, listed with no problem, and every 503 said it
+/// had never answered a health check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_posted_with_a_model_no_request_can_name_is_refused() {
+    let w = sim_worker(fast_worker()).await;
+    let other = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&w.url]), 1).await;
+    for models in [json!(["*"]), json!(["m", ""])] {
+        let body = json!({"url": other.url, "models": models});
+        let message = refused_add(&gw.url, &body).await;
+        assert!(message.contains("models"), "{body}: {message}");
+    }
+    assert_eq!(workers(&gw.url).await.len(), 1);
+    gw.shutdown().await;
+}
+
 /// An admin body over its limit is refused like any other fault of the
 /// request, with an OpenAI-style 413, on every admin route that takes one;
 /// the pool is left as it was. (Headers only: the body is never sent.)

@@ -921,6 +921,25 @@ fn a_worker_entry_may_give_its_kv_cache_size() {
     );
 }
 
+/// A listed model no request can name is refused at load, the entry
+/// named: the registry refused the worker on admission, so it stayed
+/// pending for good.
+#[test]
+fn a_worker_listing_a_model_no_request_can_name_is_refused() {
+    for models in ["['*']", "[m, '']"] {
+        let yaml = format!("workers:\n  - {{url: 'http://a:30000', models: {models}}}\n");
+        let e = Config::from_yaml(&yaml)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("entry 0") && e.contains("`models`"),
+            "{models}: {e}"
+        );
+    }
+}
+
 /// A worker's key no `Authorization` header can carry is refused, the
 /// entry named and the key not echoed.
 #[test]

@@ -179,6 +179,9 @@ impl Config {
             }
             _ => {}
         }
+        // The registry refuses such a worker on admission: accepted here,
+        // it stayed pending for good while its probes passed.
+        worker.check_models()?;
         if worker.bootstrap_port.is_some() && worker.role != WorkerRole::Prefill {
             return Err("bootstrap_port is a prefill worker's setting".to_owned());
         }
