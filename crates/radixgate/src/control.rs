@@ -23,7 +23,9 @@
 //! the operator did not list them). A worker that was down at start-up is
 //! therefore admitted as soon as it answers, and one that later fails its
 //! probes stays in the registry, marked unhealthy, so its tree survives a
-//! brief outage.
+//! brief outage. Back healthy, a worker whose models were asked of it is
+//! asked again; one that now serves others (a restart with another model)
+//! is replaced in the registry by one that serves them, its tree afresh.
 //!
 //! A source may also hold a worker out of rotation without removing it
 //! ([`Control::set_ready`]: discovery, when a pod turns unready): it stays
@@ -127,10 +129,13 @@ enum Command {
         kv_capacity_tokens: Option<u64>,
         checker: CancellationToken,
     },
-    /// From a health checker: the worker's health changed.
+    /// From a health checker: the worker's health changed. Back healthy,
+    /// the models it now reports (and their longest context), where the
+    /// checker asked it and it said.
     Health {
         url: WorkerUrl,
         healthy: bool,
+        models: Option<(Vec<String>, Option<u64>)>,
         checker: CancellationToken,
     },
     /// From a health checker: the admitted worker's KV cache holds this
@@ -372,17 +377,22 @@ impl Control {
     }
 
     /// From the health checker whose token is `checker`: the admitted
-    /// worker at `url` became healthy or unhealthy.
+    /// worker at `url` became healthy or unhealthy; back healthy, it
+    /// serves `models` (with contexts of up to their `max_model_len`),
+    /// where it was asked and said: a worker restarted with another model
+    /// is routed for that one from now on.
     pub(crate) async fn report_health(
         &self,
         url: WorkerUrl,
         healthy: bool,
+        models: Option<(Vec<String>, Option<u64>)>,
         checker: &CancellationToken,
     ) {
         let checker = checker.clone();
         self.send(Command::Health {
             url,
             healthy,
+            models,
             checker,
         })
         .await;
@@ -565,7 +575,15 @@ impl ControlTask {
                 ..
             } => self.admit(url, models, max_model_len, kv_capacity_tokens),
             Command::Capacity { url, tokens, .. } => self.set_capacity(&url, tokens),
-            Command::Health { url, healthy, .. } => {
+            Command::Health {
+                url,
+                healthy,
+                models,
+                ..
+            } => {
+                if let Some((models, max_model_len)) = models {
+                    self.relist(&url, models, max_model_len);
+                }
                 let Some(known) = self.known.get_mut(&url) else {
                     return;
                 };
@@ -761,6 +779,55 @@ impl ControlTask {
                 self.control.board.admitted(&url);
             }
             Err(err) => tracing::error!(worker = %url, %err, "worker could not be admitted"),
+        }
+    }
+
+    /// The admitted worker at `url`, back from a failure, serves `models`:
+    /// where they (or their longest context) changed, a restart with
+    /// another model, it is replaced in the registry by one that serves
+    /// them, as it was (health, key, KV cache size), so requests for the
+    /// new model reach it and those for the old one no longer do. Its tree
+    /// starts afresh, as it would on a worker removed and added again: it
+    /// told of a cache the restart emptied.
+    fn relist(&mut self, url: &WorkerUrl, models: Vec<String>, max_model_len: Option<u64>) {
+        let Some(known) = self.known.get_mut(url) else {
+            return;
+        };
+        let Some(id) = known.id else {
+            return;
+        };
+        let Some(worker) = self.registry.snapshot().get(id).cloned() else {
+            return;
+        };
+        if worker.models() == models.as_slice() && worker.max_model_len() == max_model_len {
+            return;
+        }
+        let spec = WorkerSpec {
+            url: url.to_string(),
+            models,
+            max_model_len,
+            kv_capacity_tokens: worker.kv_capacity_tokens(),
+            ..known.spec.clone()
+        }
+        .with_health(worker.is_healthy());
+        known.id = None;
+        if let Err(err) = self.registry.remove(id) {
+            tracing::warn!(worker = %url, %err, "models changed on a worker already removed");
+        }
+        match self.registry.add(spec) {
+            Ok(relisted) => {
+                tracing::info!(
+                    worker = %url,
+                    id = %relisted.id(),
+                    was = ?worker.models(),
+                    models = ?relisted.models(),
+                    "worker's models changed; it is routed for these from now on"
+                );
+                known.id = Some(relisted.id());
+            }
+            Err(err) => {
+                tracing::error!(worker = %url, %err, "worker could not be admitted with its new models")
+            }
         }
     }
 

@@ -50,7 +50,8 @@ pub(crate) struct Target {
     /// The worker's key, shared with the control task, which changes it in
     /// place when a reload rotates it.
     pub(crate) api_key: Arc<ArcSwapOption<String>>,
-    /// Models the operator listed; empty: ask the worker on admission.
+    /// Models the operator listed; empty: ask the worker on admission,
+    /// and again whenever it comes back healthy.
     pub(crate) models: Vec<String>,
     /// The KV cache's size the operator gave; none: ask the worker once
     /// it is admitted, and again whenever it comes back healthy.
@@ -98,7 +99,10 @@ impl Watched for Target {
 
     async fn admit(&mut self) {
         let (models, max_model_len) = if self.models.is_empty() {
-            discover_models(self).await
+            discover_models(self).await.unwrap_or_else(|| {
+                tracing::warn!(worker = %self.url, "worker reports no model; it will serve any model");
+                (Vec::new(), None)
+            })
         } else {
             (self.models.clone(), None)
         };
@@ -115,8 +119,16 @@ impl Watched for Target {
     }
 
     async fn report(&mut self, healthy: bool) {
+        // Back from a failure, perhaps a restart with another model: asked
+        // again, unless the operator listed them. A worker that no longer
+        // says keeps the models it said before.
+        let models = if healthy && self.models.is_empty() {
+            discover_models(self).await
+        } else {
+            None
+        };
         self.control
-            .report_health(self.url.clone(), healthy, &self.cancel)
+            .report_health(self.url.clone(), healthy, models, &self.cancel)
             .await;
         if healthy {
             // Back from a failure, perhaps a restart with another cache.
@@ -431,13 +443,13 @@ struct ModelInfo {
 }
 
 /// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
-/// `/get_model_info`; empty (serves any model) if it reports neither. With
+/// `/get_model_info`; `None` if it reports neither. With
 /// them, the longest context it serves, where `/v1/models` says (the least
 /// it gives, should its entries differ). An id no request can name (empty,
 /// or the wildcard pool's `*`) is left out with a WARN: the registry
 /// refuses a worker that lists one, which would keep it out of rotation
 /// for good while its probes pass.
-async fn discover_models(target: &Target) -> (Vec<String>, Option<u64>) {
+async fn discover_models(target: &Target) -> Option<(Vec<String>, Option<u64>)> {
     if let Some(body) = answer(target, "/v1/models").await
         && let Ok(mut list) = serde_json::from_slice::<ModelList>(&body)
     {
@@ -449,7 +461,7 @@ async fn discover_models(target: &Target) -> (Vec<String>, Option<u64>) {
                 .filter_map(|m| m.max_model_len.as_u64())
                 .filter(|&tokens| tokens > 0)
                 .min();
-            return (list.data.into_iter().map(|m| m.id).collect(), max_model_len);
+            return Some((list.data.into_iter().map(|m| m.id).collect(), max_model_len));
         }
     }
     if let Some(body) = answer(target, "/get_model_info").await
@@ -458,10 +470,9 @@ async fn discover_models(target: &Target) -> (Vec<String>, Option<u64>) {
         }) = serde_json::from_slice::<ModelInfo>(&body)
         && nameable(target, &path)
     {
-        return (vec![path], None);
+        return Some((vec![path], None));
     }
-    tracing::warn!(worker = %target.url, "worker reports no model; it will serve any model");
-    (Vec::new(), None)
+    None
 }
 
 /// Whether a model id the worker reported can be asked for by name; WARNs

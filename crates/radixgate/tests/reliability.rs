@@ -1059,3 +1059,73 @@ async fn a_burst_the_workers_shed_with_429_opens_no_breaker() {
     }
     gw.shutdown().await;
 }
+
+/// A worker restarted with another model at its URL (down for its
+/// restart, then healthy again) is asked for its models again when it comes
+/// back: the router serves the new model and no longer the old one. It
+/// kept the models read on admission, so the new one was a 404
+/// `model_not_found` at the router and the old one went to a worker that
+/// no longer served it, until the worker was removed and added again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_restarted_with_another_model_serves_it() {
+    use axum::extract::State;
+    use parking_lot::Mutex;
+    /// The model served; `None` while restarting (its `/health` is 503).
+    type Serving = Arc<Mutex<Option<&'static str>>>;
+    let serving: Serving = Arc::new(Mutex::new(Some("model-a")));
+    let app = axum::Router::new()
+        .route(
+            "/health",
+            axum::routing::get(|State(s): State<Serving>| async move {
+                match *s.lock() {
+                    Some(_) => axum::http::StatusCode::OK,
+                    None => axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                }
+            }),
+        )
+        .route(
+            "/v1/models",
+            axum::routing::get(|State(s): State<Serving>| async move {
+                let data: Vec<Value> = s.lock().iter().map(|m| json!({"id": m})).collect();
+                axum::Json(json!({"data": data}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(
+                |State(s): State<Serving>, axum::Json(body): axum::Json<Value>| async move {
+                    let asked = body["model"].as_str().unwrap_or_default().to_owned();
+                    if *s.lock() == Some(asked.as_str()) {
+                        (axum::http::StatusCode::OK, axum::Json(ok_answer()))
+                    } else {
+                        let error = json!({"error": {"message": format!("no model {asked}")}});
+                        (axum::http::StatusCode::NOT_FOUND, axum::Json(error))
+                    }
+                },
+            ),
+        )
+        .with_state(serving.clone());
+    let (url, stop) = serve_app(app).await;
+    let gw = gateway_ready(config(&[&url]), 1).await;
+    assert_eq!(model_ids(&gw.url).await, ["model-a"]);
+
+    *serving.lock() = None;
+    wait_for_healthy(&gw.url, 0).await;
+    *serving.lock() = Some("model-b");
+    wait_for_healthy(&gw.url, 1).await;
+
+    assert_eq!(model_ids(&gw.url).await, ["model-b"]);
+    let mut body = chat("after the restart", false);
+    body["model"] = json!("model-b");
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[WORKER_HEADER], url.as_str());
+    body["model"] = json!("model-a");
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 404);
+    let listed = workers(&gw.url).await;
+    assert_eq!(listed[0]["models"], json!(["model-b"]), "{listed:?}");
+    assert_eq!(listed[0]["state"], "healthy", "{listed:?}");
+    gw.shutdown().await;
+    stop.cancel();
+}
