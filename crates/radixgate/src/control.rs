@@ -799,7 +799,13 @@ impl ControlTask {
         let Some(worker) = self.registry.snapshot().get(id).cloned() else {
             return;
         };
-        if worker.models() == models.as_slice() && worker.max_model_len() == max_model_len {
+        // The same models in another order are the same worker.
+        let sorted = |m: &[String]| {
+            let mut m = m.to_vec();
+            m.sort_unstable();
+            m
+        };
+        if sorted(worker.models()) == sorted(&models) && worker.max_model_len() == max_model_len {
             return;
         }
         let spec = WorkerSpec {
