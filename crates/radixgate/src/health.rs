@@ -79,8 +79,10 @@ trait Watched {
     async fn probe(&mut self) -> Result<(), String>;
     /// Tells the operator that the worker is out of rotation, and why.
     fn complain(&mut self, complaint: &Complaint);
-    /// The first probes passed: asks for the worker's admission.
-    async fn admit(&mut self);
+    /// The first probes passed: asks for the worker's admission; why it
+    /// cannot be routed to yet, if it cannot (then it is probed on, out
+    /// of rotation, and asked again).
+    async fn admit(&mut self) -> Result<(), String>;
     /// The admitted worker's health changed.
     async fn report(&mut self, healthy: bool);
 }
@@ -97,9 +99,12 @@ impl Watched for Target {
         tracing::warn!(worker = %self.url, "worker {} {complaint}", self.url);
     }
 
-    async fn admit(&mut self) {
+    async fn admit(&mut self) -> Result<(), String> {
         let (models, max_model_len) = if self.models.is_empty() {
-            discover_models(self).await.unwrap_or_else(|| {
+            let discovered = discover_models(self).await.inspect_err(|problem| {
+                self.board.probed(&self.url, Some(problem));
+            })?;
+            discovered.unwrap_or_else(|| {
                 tracing::warn!(worker = %self.url, "worker reports no model; it will serve any model");
                 (Vec::new(), None)
             })
@@ -116,6 +121,7 @@ impl Watched for Target {
             )
             .await;
         self.read_capacity();
+        Ok(())
     }
 
     async fn report(&mut self, healthy: bool) {
@@ -123,7 +129,10 @@ impl Watched for Target {
         // again, unless the operator listed them. A worker that no longer
         // says keeps the models it said before.
         let models = if healthy && self.models.is_empty() {
-            discover_models(self).await
+            discover_models(self).await.unwrap_or_else(|problem| {
+                tracing::warn!(worker = %self.url, "worker {} {problem}", self.url);
+                None
+            })
         } else {
             None
         };
@@ -183,7 +192,7 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
         if cancel.is_cancelled() {
             return;
         }
-        let ok = outcome.is_ok();
+        let mut ok = outcome.is_ok();
         if ok {
             successes += 1;
             failures = 0;
@@ -191,14 +200,26 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
             failures += 1;
             successes = 0;
         }
+        let mut outcome = outcome;
         if !healthy && ok && (successes >= cfg.success_threshold || !cfg.enabled) {
-            healthy = true;
-            backoff = initial;
             if admitted {
+                healthy = true;
+                backoff = initial;
                 worker.report(healthy).await;
             } else {
-                worker.admit().await;
-                admitted = true;
+                match worker.admit().await {
+                    Ok(()) => {
+                        healthy = true;
+                        backoff = initial;
+                        admitted = true;
+                    }
+                    // It answers its probes but cannot be routed to as it
+                    // is: out of rotation, complained of, and asked again.
+                    Err(problem) => {
+                        (successes, failures) = (0, failures + 1);
+                        (ok, outcome) = (false, Err(problem));
+                    }
+                }
             }
         } else if healthy && !ok && failures >= cfg.failure_threshold {
             healthy = false;
@@ -224,7 +245,7 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
             Ok(()) if healthy => complained = None,
             _ => {}
         }
-        if !cfg.enabled {
+        if !cfg.enabled && admitted {
             // Admitted once; nothing more to watch.
             return;
         }
@@ -391,11 +412,30 @@ const DISCOVERY_ANSWER_LIMIT: usize = 8 << 20;
 
 /// The body of a 2xx answer to a GET of `path`, read to its end within the
 /// probe's timeout and [`DISCOVERY_ANSWER_LIMIT`]; `None` for any other
-/// answer, none at all, or one that is too long (with a WARN).
-async fn answer(target: &Target, path: &str) -> Option<bytes::Bytes> {
-    let mut response = get(target, path).send().await.ok()?;
-    if !response.status().is_success() {
-        return None;
+/// answer, none at all, or one that is too long (with a WARN). A 401 or
+/// 403 is an error that says which key to set: the worker wants a key the
+/// router does not send, or not the one it sends.
+async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, String> {
+    let Ok(mut response) = get(target, path).send().await else {
+        return Ok(None);
+    };
+    let status = response.status();
+    if matches!(status.as_u16(), 401 | 403) {
+        let sent = target.api_key.load().is_some();
+        return Err(format!(
+            "answers {path} with {status}: {}; it is held out of rotation until that key works",
+            match sent {
+                true =>
+                    "it refuses the API key the router sends it (the worker's `api_key` \
+                         or `api_key_env`)",
+                false =>
+                    "it wants an API key, and the router sends it none: set the \
+                          worker's `api_key` or `api_key_env`",
+            }
+        ));
+    }
+    if !status.is_success() {
+        return Ok(None);
     }
     let too_long = || {
         tracing::warn!(
@@ -410,17 +450,17 @@ async fn answer(target: &Target, path: &str) -> Option<bytes::Bytes> {
         .is_some_and(|length| length > DISCOVERY_ANSWER_LIMIT as u64)
     {
         too_long();
-        return None;
+        return Ok(None);
     }
     let mut body = bytes::BytesMut::new();
-    while let Some(chunk) = response.chunk().await.ok()? {
+    while let Ok(Some(chunk)) = response.chunk().await {
         if body.len() + chunk.len() > DISCOVERY_ANSWER_LIMIT {
             too_long();
-            return None;
+            return Ok(None);
         }
         body.extend_from_slice(&chunk);
     }
-    Some(body.freeze())
+    Ok(Some(body.freeze()))
 }
 
 #[derive(Deserialize)]
@@ -443,14 +483,15 @@ struct ModelInfo {
 }
 
 /// The models a worker serves, from its OpenAI `/v1/models`, else SGLang's
-/// `/get_model_info`; `None` if it reports neither. With
+/// `/get_model_info`; `None` if it reports neither; an error if it
+/// refuses the router's key (or its lack of one). With
 /// them, the longest context it serves, where `/v1/models` says (the least
 /// it gives, should its entries differ). An id no request can name (empty,
 /// or the wildcard pool's `*`) is left out with a WARN: the registry
 /// refuses a worker that lists one, which would keep it out of rotation
 /// for good while its probes pass.
-async fn discover_models(target: &Target) -> Option<(Vec<String>, Option<u64>)> {
-    if let Some(body) = answer(target, "/v1/models").await
+async fn discover_models(target: &Target) -> Result<Option<(Vec<String>, Option<u64>)>, String> {
+    if let Some(body) = answer(target, "/v1/models").await?
         && let Ok(mut list) = serde_json::from_slice::<ModelList>(&body)
     {
         list.data.retain(|m| nameable(target, &m.id));
@@ -461,18 +502,21 @@ async fn discover_models(target: &Target) -> Option<(Vec<String>, Option<u64>)> 
                 .filter_map(|m| m.max_model_len.as_u64())
                 .filter(|&tokens| tokens > 0)
                 .min();
-            return Some((list.data.into_iter().map(|m| m.id).collect(), max_model_len));
+            return Ok(Some((
+                list.data.into_iter().map(|m| m.id).collect(),
+                max_model_len,
+            )));
         }
     }
-    if let Some(body) = answer(target, "/get_model_info").await
+    if let Some(body) = answer(target, "/get_model_info").await?
         && let Ok(ModelInfo {
             model_path: Some(path),
         }) = serde_json::from_slice::<ModelInfo>(&body)
         && nameable(target, &path)
     {
-        return Some((vec![path], None));
+        return Ok(Some((vec![path], None)));
     }
-    None
+    Ok(None)
 }
 
 /// Whether a model id the worker reported can be asked for by name; WARNs
@@ -495,7 +539,7 @@ async fn discover_capacity(target: &Target) -> Option<u64> {
     struct ServerInfo {
         max_total_num_tokens: Option<u64>,
     }
-    if let Some(body) = answer(target, "/get_server_info").await
+    if let Ok(Some(body)) = answer(target, "/get_server_info").await
         && let Ok(ServerInfo {
             max_total_num_tokens: Some(tokens),
         }) = serde_json::from_slice::<ServerInfo>(&body)
@@ -503,7 +547,7 @@ async fn discover_capacity(target: &Target) -> Option<u64> {
     {
         return Some(tokens);
     }
-    if let Some(body) = answer(target, "/metrics").await
+    if let Ok(Some(body)) = answer(target, "/metrics").await
         && let Some(tokens) = vllm_cache_tokens(&String::from_utf8_lossy(&body))
     {
         return Some(tokens);

@@ -1129,3 +1129,68 @@ async fn a_worker_restarted_with_another_model_serves_it() {
     gw.shutdown().await;
     stop.cancel();
 }
+
+/// A worker that wants an API key (vLLM's `--api-key`, which leaves
+/// `/health` open) added without one is held out of rotation, its
+/// problem naming the setting, and clients get the router's 503, not
+/// the worker's 401 (which tells them their own key is wrong). Before,
+/// its passing probes admitted it as serving any model, and every
+/// request went to it. With its key it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_wants_a_key_the_router_does_not_send_is_held_out() {
+    const KEY: &str = "worker-key";
+    let keyed = |headers: &axum::http::HeaderMap| {
+        headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {KEY}"))
+    };
+    let refused = || {
+        let error = json!({"error": {"message": "invalid api key"}});
+        (axum::http::StatusCode::UNAUTHORIZED, axum::Json(error))
+    };
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            axum::routing::get(move |headers: axum::http::HeaderMap| async move {
+                match keyed(&headers) {
+                    true => (
+                        axum::http::StatusCode::OK,
+                        axum::Json(json!({"data": [{"id": "keyed-model"}]})),
+                    ),
+                    false => refused(),
+                }
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move |headers: axum::http::HeaderMap| async move {
+                match keyed(&headers) {
+                    true => (axum::http::StatusCode::OK, axum::Json(ok_answer())),
+                    false => refused(),
+                }
+            }),
+        );
+    let (url, stop) = serve_app(app).await;
+    let gw = gateway(config(&[&url])).await;
+    wait_until("the worker's problem to name its key", || async {
+        workers(&gw.url).await.iter().any(|w| {
+            w["state"] == "pending"
+                && w["problem"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("/v1/models with 401") && p.contains("`api_key`"))
+        })
+    })
+    .await;
+    let mut body = chat("who answers?", false);
+    body["model"] = json!("keyed-model");
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    gw.shutdown().await;
+
+    let mut c = config(&[]);
+    c.workers = vec![radixgate::config::WorkerSpec::new(url.clone()).with_api_key(KEY)];
+    let gw = gateway_ready(c, 1).await;
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+    stop.cancel();
+}

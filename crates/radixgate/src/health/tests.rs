@@ -77,9 +77,10 @@ impl Watched for Scripted {
         self.complaints.push((now, complaint.to_string()));
     }
 
-    async fn admit(&mut self) {
+    async fn admit(&mut self) -> Result<(), String> {
         let now = self.now_ms();
         self.reports.push((now, Report::Admit));
+        Ok(())
     }
 
     async fn report(&mut self, healthy: bool) {
