@@ -36,6 +36,7 @@
 //! [`Router::learn`]: radixgate_routing::Router::learn
 //! [`PeerLoads`]: radixgate_routing::PeerLoads
 
+mod clocks;
 mod connect;
 mod dict;
 mod lane;

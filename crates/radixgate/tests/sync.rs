@@ -486,13 +486,28 @@ async fn publish_flushed(raw: &async_nats::Client, kind: &str, m: Vec<u8>) {
 /// flag 2) and no entries, as hand-written bytes: what a replica sends
 /// when a batch goes out while its load changed.
 fn batch_with_load(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
-    // seq, sent_ms (now: an older report is load gone by now); no strings,
-    // window 0, first entry 0, no entries; the load report's number and
-    // count.
-    let mut sent_ms = std::time::SystemTime::now()
+    batch_with_load_sent(instance, seq, worker, in_flight, wall_ms())
+}
+
+/// This machine's wall clock, in ms since the Unix epoch.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_millis() as u64;
+        .as_millis() as u64
+}
+
+/// [`batch_with_load`], sent at `sent_ms` by its sender's clock.
+fn batch_with_load_sent(
+    instance: u64,
+    seq: u8,
+    worker: &str,
+    in_flight: u8,
+    mut sent_ms: u64,
+) -> Vec<u8> {
+    // seq, sent_ms (an older report is load gone by now); no strings,
+    // window 0, first entry 0, no entries; the load report's number and
+    // count.
     let mut body = vec![1];
     while sent_ms >= 0x80 {
         body.push(sent_ms as u8 | 0x80);
@@ -569,6 +584,63 @@ async fn a_load_report_that_comes_with_an_insert_batch_counts() {
 fn load_report(instance: u64, seq: u8, worker: &str, in_flight: u8) -> Vec<u8> {
     // seq, sent_ms, one worker.
     peer_message(2, 0, instance, &[seq, 0, 1], worker, in_flight)
+}
+
+/// [`load_report`], sent at `sent_ms` by its sender's clock.
+fn load_report_sent(instance: u64, seq: u8, worker: &str, in_flight: u8, sent_ms: u64) -> Vec<u8> {
+    let mut body = vec![seq];
+    let mut v = sent_ms;
+    while v >= 0x80 {
+        body.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    body.push(v as u8);
+    body.push(1);
+    peer_message(2, 0, instance, &body, worker, in_flight)
+}
+
+/// A peer whose wall clock is well behind this replica's (no NTP on its
+/// node): the load reports on its batches count, judged by its own clock
+/// as its lane's reports show it; until 2026-12-06 every one was dropped
+/// as older than the expiry, uncounted, and balancing heard of its
+/// requests only at its lane's next tick. A batch that is old by its
+/// sender's clock is still not taken, and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_clock_behind_has_its_batches_load_reports_counted() {
+    let Listener {
+        nats: _nats,
+        worker,
+        b,
+        raw,
+    } = Listener::start(2_000).await;
+    let expired = || series_value(&b.url, "radixgate_sync_ignored_total{reason=\"expired\"}");
+    const BEHIND: u64 = 30_000;
+    // Its lane's report, read live: 30 s behind.
+    let m = load_report_sent(61, 1, &worker.url, 1, wall_ms() - BEHIND);
+    publish_flushed(&raw, "load", m).await;
+    wait_until("B counts the peer's 1", || async {
+        peer_load(&b.url, &worker.url).await == 1
+    })
+    .await;
+    // A batch it sends now, by its clock.
+    let m = batch_with_load_sent(61, 2, &worker.url, 5, wall_ms() - BEHIND);
+    publish_flushed(&raw, "inserts", m).await;
+    wait_until("B counts the skewed peer's batch's 5", || async {
+        peer_load(&b.url, &worker.url).await == 5
+    })
+    .await;
+    assert_eq!(expired().await, 0.0);
+    // One a minute old by its own clock (sent again after a reconnect):
+    // not taken, counted.
+    let m = batch_with_load_sent(61, 3, &worker.url, 9, wall_ms() - BEHIND - 60_000);
+    publish_flushed(&raw, "inserts", m).await;
+    wait_until("the old batch's report counted expired", || async {
+        expired().await == 1.0
+    })
+    .await;
+    let load = peer_load(&b.url, &worker.url).await;
+    assert!(load == 5 || load == 0, "an expired report counted: {load}");
+    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,8 +24,9 @@
 //! and until then counts the request as still in flight, or still
 //! prefilling, there.
 
+use super::clocks::PeerClocks;
 use super::wire::{self, Body, FirstToken, WorkerLoad};
-use super::{Identity, SyncMetrics};
+use super::{Identity, SyncMetrics, now_ms};
 use crate::config::{SyncAuth, SyncConfig};
 use async_nats::Subscriber;
 use futures::{FutureExt as _, StreamExt as _};
@@ -73,6 +74,9 @@ pub(super) struct Shared {
     limit: usize,
     /// Where the peers' loads are written.
     router: Router,
+    /// How far each peer's clock seems from this one's, from its reports
+    /// here: the insert feed judges its batches' reports by it.
+    pub(super) clocks: PeerClocks,
 }
 
 impl Shared {
@@ -88,6 +92,11 @@ impl Shared {
             first_tokens: Mutex::new(Vec::new()),
             limit: config.queue_capacity,
             router,
+            clocks: PeerClocks::new(
+                config
+                    .load_period_ms
+                    .saturating_add(super::receive::CLOCK_SKEW.as_millis() as u64),
+            ),
         })
     }
 
@@ -491,6 +500,11 @@ impl Ticks<'_> {
         else {
             return;
         };
+        // Never replayed nor sent again, read within a period: how far
+        // its sender's clock is from this one's.
+        self.shared
+            .clocks
+            .heard(&h.replica, h.instance, h.sent_ms, now_ms());
         if self
             .shared
             .report(h.instance, h.seq, super::receive::peer_loads(loads))

@@ -25,7 +25,7 @@ const DROPPED: Describe = Describe::new(
 );
 const IGNORED: Describe = Describe::new(
     "radixgate_sync_ignored_total",
-    "Received messages, entries or first tokens not applied, by reason (malformed, version, foreign_cluster, own, unknown_worker, unknown_model, no_trees, missing_base).",
+    "Received messages, entries or first tokens not applied, by reason (malformed, version, foreign_cluster, own, unknown_worker, unknown_model, no_trees, missing_base, expired).",
 );
 const LEARNED: Describe = Describe::new(
     "radixgate_sync_entries_learned_total",

@@ -147,7 +147,7 @@ struct Applier {
 /// How far the replicas' wall clocks may be apart for a load report that
 /// comes with a batch to be judged by its send time: taken unless sent
 /// longer ago than the reports' expiry and this.
-const CLOCK_SKEW: Duration = Duration::from_secs(1);
+pub(super) const CLOCK_SKEW: Duration = Duration::from_secs(1);
 
 /// The oldest a load report that comes with a batch may be to be taken.
 fn report_age_ms(config: &SyncConfig) -> u64 {
@@ -324,14 +324,24 @@ impl Applier {
         // A replayed report is about load long gone, and so is one that
         // comes live but was sent before the reports' expiry: a batch that
         // the feed catches up on after a reconnect, or that its sender
-        // sent again after its own.
-        let fresh = now_ms().saturating_sub(h.sent_ms) <= self.report_age_ms;
+        // sent again after its own. Its age is by the sender's clock where
+        // its lane's reports told how far that is from this one's
+        // (`clocks`): judged by this replica's clock, a peer's clock
+        // behind by more than the expiry had every such report dropped.
         if let Some((seq, loads)) = batch.load.take()
             && live
-            && fresh
-            && self.lane.report(h.instance, seq, peer_loads(loads))
         {
-            self.metrics.ignored("unknown_worker");
+            let age = self.lane.clocks.age_ms(h.instance, h.sent_ms, now_ms());
+            if age > self.report_age_ms as i64 {
+                tracing::debug!(
+                    peer = %h.replica,
+                    age_ms = age,
+                    "replica sync: a batch's load report is older than the expiry; not taken"
+                );
+                self.metrics.ignored("expired");
+            } else if self.lane.report(h.instance, seq, peer_loads(loads)) {
+                self.metrics.ignored("unknown_worker");
+            }
         }
         // The processes gone (or idle) for longer than their references
         // reach: [`SENDER_SILENCE`].
@@ -1318,10 +1328,15 @@ mod tests {
     #[test]
     fn a_load_report_in_a_batch_sent_before_the_expiry_is_not_taken() {
         let config = SyncConfig::default();
-        let (mut applier, worker, _metrics) = applier(&config);
+        let (mut applier, worker, metrics) = applier(&config);
         let old = now_ms() - 60_000;
         applier.apply(&peer_batch(1, old, 0, &[], Some((1, 5))), true);
         assert_eq!(worker.peer_load(), 0, "a minute-old report counted");
+        let text = metrics.render();
+        assert!(
+            text.contains("radixgate_sync_ignored_total{reason=\"expired\"} 1"),
+            "{text}"
+        );
         // One sent just now counts, and so does one from a clock a little
         // ahead or behind.
         applier.apply(&peer_batch(2, now_ms(), 0, &[], Some((2, 3))), true);
