@@ -1957,6 +1957,86 @@ async fn user_password_works_and_a_wrong_password_never_connects() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A replica refused its sign-in says so once per connection, naming the
+/// setting to check, not once per attempt: until 2026-12-06 each of its
+/// two connections logged a WARN every 2 s, for ever, with nothing to say
+/// the credentials were what to look at. Then NATS away for a while and
+/// back: one WARN per connection, and the reconnect says how many
+/// attempts failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_sign_in_is_logged_once_naming_the_setting_to_check() {
+    let mut nats = Nats::start(&["--user", "router", "--pass", "s3cret"]);
+    let worker = sim_worker(fast_worker()).await;
+    let nats_url = nats.url();
+    // This build's lines, and the earlier builds' one per attempt.
+    let ours = |l: &&String| {
+        (l.contains("connect to NATS") || l.contains("NATS client error"))
+            && !l.contains("async_nats")
+    };
+    let (mut wrong, _) = common::process::Serve::start(&[
+        "--worker-urls",
+        &worker.url,
+        "--sync-url",
+        &nats_url,
+        "--sync-user",
+        "router",
+        "--sync-password",
+        "guess",
+    ]);
+    // Several attempts of each connection (one every 2 s at most).
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        wrong.drain(Duration::from_millis(10));
+    }
+    let warned: Vec<&String> = wrong.seen.iter().filter(ours).collect();
+    assert_eq!(warned.len(), 2, "one per connection:\n{warned:#?}");
+    assert!(
+        warned.iter().all(|l| l.contains("sync.auth")),
+        "the setting to check is named:\n{warned:#?}"
+    );
+    assert!(wrong.terminate(), "radixgate serve exited with an error");
+    let (mut serve, url) = common::process::Serve::start(&[
+        "--worker-urls",
+        &worker.url,
+        "--sync-url",
+        &nats_url,
+        "--sync-user",
+        "router",
+        "--sync-password",
+        "s3cret",
+    ]);
+    wait_until("connected", || async {
+        series_value(&url, "radixgate_sync_connected").await == 1.0
+    })
+    .await;
+    nats.kill();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        serve.drain(Duration::from_millis(10));
+    }
+    nats.restart();
+    wait_until("connected again", || async {
+        series_value(&url, "radixgate_sync_connected").await == 1.0
+            && series_value(&url, "radixgate_sync_load_lane_connected").await == 1.0
+    })
+    .await;
+    serve.drain(Duration::from_millis(200));
+    let warned: Vec<&String> = serve.seen.iter().filter(ours).collect();
+    assert_eq!(warned.len(), 2, "one per connection:\n{warned:#?}");
+    assert!(
+        warned.iter().all(|l| !l.contains("sync.auth")),
+        "a server away is not blamed on the credentials:\n{warned:#?}"
+    );
+    let back: Vec<&String> = serve
+        .seen
+        .iter()
+        .filter(|l| l.contains("connected to NATS") && l.contains("failed_attempts"))
+        .filter(|l| !l.contains("failed_attempts=0"))
+        .collect();
+    assert_eq!(back.len(), 2, "each reconnect says so:\n{back:#?}");
+    assert!(serve.terminate(), "radixgate serve exited with an error");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_and_an_nkey_work_and_another_users_seed_never_connects() {
     let dir = temp_dir("token-nkey");

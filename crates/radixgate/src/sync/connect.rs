@@ -4,8 +4,8 @@
 use super::{Identity, SyncMetrics};
 use crate::config::{SyncAuth, SyncConfig};
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Longest pause between reconnect attempts.
@@ -37,6 +37,89 @@ impl Link {
     }
 }
 
+/// How often a connection that keeps failing says so again.
+const FAILING_EVERY: Duration = Duration::from_secs(60);
+
+/// A connection's failed attempts since it was last up: the client tries
+/// again every 2 s at most, for ever, and each attempt's WARN (with an
+/// ERROR of the client's own for a refused sign-in) buried everything
+/// else in the log. The first failure is logged, then one line a minute
+/// with the count, and the reconnect with the count in all.
+///
+/// A `std` mutex: the client's event task is its one writer, and it holds
+/// it for a few assignments.
+#[derive(Debug, Default)]
+struct Failures {
+    state: Mutex<FailureState>,
+}
+
+#[derive(Debug, Default)]
+struct FailureState {
+    /// Since the connection was last up.
+    total: u64,
+    /// Since the last line logged.
+    unlogged: u64,
+    logged: Option<Instant>,
+}
+
+impl Failures {
+    fn failed(&self, lane: &'static str, error: &str) {
+        let now = Instant::now();
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.total += 1;
+        let due = s
+            .logged
+            .is_none_or(|at| now.saturating_duration_since(at) >= FAILING_EVERY);
+        if !due {
+            s.unlogged += 1;
+            return;
+        }
+        let (total, unlogged) = (s.total, s.unlogged);
+        s.unlogged = 0;
+        s.logged = Some(now);
+        drop(s);
+        let hint = hint(error);
+        if total == 1 {
+            tracing::warn!(
+                lane,
+                error,
+                "replica sync: cannot connect to NATS{hint}; routing on local state, \
+                 retrying every 2 s (logged again once a minute while it fails)"
+            );
+        } else {
+            tracing::warn!(
+                lane,
+                error,
+                failed_attempts = total,
+                since_last_logged = unlogged + 1,
+                "replica sync: still cannot connect to NATS{hint}; routing on local state, retrying"
+            );
+        }
+    }
+
+    /// Connected: the failed attempts before it, and a clean slate.
+    fn recovered(&self) -> u64 {
+        std::mem::take(&mut *self.state.lock().unwrap_or_else(|e| e.into_inner())).total
+    }
+}
+
+/// What to check for a connection error, where the error says.
+fn hint(error: &str) -> &'static str {
+    let error = error.to_ascii_lowercase();
+    if error.contains("authorization") || error.contains("authentication") {
+        " (the server refused the sign-in: check sync.auth, the --sync-token, \
+         --sync-user/--sync-password, --sync-nkey-seed-file or --sync-creds-file \
+         flags, against the server's users)"
+    } else if error.contains("nonce") {
+        " (signing in failed: check the nkey seed or .creds file in sync.auth)"
+    } else if error.contains("tls") {
+        " (TLS: check sync.tls against the server's certificate and whether it \
+         requires TLS)"
+    } else {
+        ""
+    }
+}
+
 /// Builds the client. It connects in the background and keeps
 /// reconnecting, with back-off from 50 ms doubling up to 2 s, forever:
 /// a replica never gives up on NATS, it routes on local state meanwhile.
@@ -51,6 +134,7 @@ pub(super) async fn connect(
     connects: Option<Arc<watch::Sender<u64>>>,
 ) -> Result<Client, async_nats::ConnectError> {
     let lane = link.name();
+    let failures = Arc::new(Failures::default());
     let addrs: Vec<ServerAddr> = config
         .urls
         .iter()
@@ -79,6 +163,7 @@ pub(super) async fn connect(
         .event_callback(move |event| {
             let metrics = metrics.clone();
             let connects = connects.clone();
+            let failures = failures.clone();
             async move {
                 match event {
                     Event::Connected => {
@@ -86,7 +171,8 @@ pub(super) async fn connect(
                             connects.send_modify(|n| *n += 1);
                         }
                         link.set(&metrics, true);
-                        tracing::info!(lane, "replica sync: connected to NATS");
+                        let failed = failures.recovered();
+                        tracing::info!(lane, failed_attempts = failed, "replica sync: connected to NATS");
                     }
                     Event::Disconnected => {
                         link.set(&metrics, false);
@@ -95,9 +181,7 @@ pub(super) async fn connect(
                     Event::ServerError(err) => {
                         tracing::error!(lane, error = %err, "replica sync: NATS server error (wrong credentials or permissions?)");
                     }
-                    Event::ClientError(err) => {
-                        tracing::warn!(lane, error = %err, "replica sync: NATS client error");
-                    }
+                    Event::ClientError(err) => failures.failed(lane, &err.to_string()),
                     Event::SlowConsumer(_) => {
                         tracing::warn!(lane, "replica sync: NATS reports this replica as a slow consumer");
                     }
@@ -125,4 +209,29 @@ pub(super) async fn connect(
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
     options.connect(addrs).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_sign_in_names_the_settings_to_check() {
+        assert!(hint("authorization violation").contains("sync.auth"));
+        assert!(hint("failed signing nonce").contains("sync.auth"));
+        assert_eq!(hint("IO error"), "");
+    }
+
+    #[test]
+    fn failures_are_counted_until_the_connection_is_up() {
+        let f = Failures::default();
+        for _ in 0..5 {
+            f.failed("inserts", "IO error");
+        }
+        let s = f.state.lock().unwrap();
+        assert_eq!((s.total, s.unlogged), (5, 4));
+        drop(s);
+        assert_eq!(f.recovered(), 5);
+        assert_eq!(f.recovered(), 0);
+    }
 }
