@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{chat, client, fast_worker, gateway_ready, sim_worker};
+use common::{chat, client, fast_worker, gateway_ready, pd_sim_worker, sim_worker};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -590,19 +590,10 @@ async fn a_worker_added_back_shows_no_errors_from_before_it_was_removed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_request_is_in_flight_once_on_the_pool() {
     use radixgate_routing::WorkerRole;
-    use radixgate_sim::server::{PdConfig, Role};
+    use radixgate_sim::server::Role;
     chromium();
-    let sim = |role: Role| {
-        let mut c = fast_worker();
-        c.pd = PdConfig {
-            role,
-            bootstrap_port: (role == Role::Prefill).then_some(0),
-            ..PdConfig::default()
-        };
-        sim_worker(c)
-    };
-    let prefill = sim(Role::Prefill).await;
-    let decode = sim(Role::Decode).await;
+    let prefill = pd_sim_worker(Role::Prefill).await;
+    let decode = pd_sim_worker(Role::Decode).await;
     let mut config = common::config(&[]);
     config.server.admin_api_key = Some(KEY.into());
     config.pd.enabled = true;

@@ -654,21 +654,12 @@ async fn a_clients_long_path_and_method_are_cut_in_its_span() {
 /// and its two attempts could be told apart only by their workers' URLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_request_has_a_decision_and_an_attempt_per_side() {
-    use radixgate_sim::server::{PdConfig, Role};
+    use radixgate_sim::server::Role;
     let (receiver, collector) = Receiver::start().await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4799";
     let id = decode(trace_id);
-    let worker = |role: Role| {
-        let mut c = fast_worker();
-        c.pd = PdConfig {
-            role,
-            bootstrap_port: (role == Role::Prefill).then_some(0),
-            ..PdConfig::default()
-        };
-        sim_worker(c)
-    };
-    let prefill = worker(Role::Prefill).await;
-    let decode = worker(Role::Decode).await;
+    let prefill = pd_sim_worker(Role::Prefill).await;
+    let decode = pd_sim_worker(Role::Decode).await;
     let port = prefill.handle.bootstrap_addr().unwrap().port().to_string();
     let (_serve, base) = Serve::start(&[
         "--pd-disaggregation",

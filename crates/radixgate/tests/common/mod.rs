@@ -52,6 +52,18 @@ pub fn fast_worker() -> WorkerConfig {
     c
 }
 
+/// A quick simulated worker in a prefill/decode `role`; a prefill worker
+/// serves its KV pulls on a bootstrap port of its own.
+pub async fn pd_sim_worker(role: radixgate_sim::server::Role) -> SimWorker {
+    let mut c = fast_worker();
+    c.pd = radixgate_sim::server::PdConfig {
+        role,
+        bootstrap_port: (role == radixgate_sim::server::Role::Prefill).then_some(0),
+        ..radixgate_sim::server::PdConfig::default()
+    };
+    sim_worker(c).await
+}
+
 pub async fn sim_worker(config: WorkerConfig) -> SimWorker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     sim_worker_on(listener, config).await
