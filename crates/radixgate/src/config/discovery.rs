@@ -281,6 +281,14 @@ impl DiscoveryConfig {
                     format!("entry {i}: port must be between 1 and 65535"),
                 ));
             }
+            // The registry's rule for a worker's models, checked here where
+            // the refusal reaches the operator: its pods would otherwise
+            // pass their probes and stay pending for good.
+            let mut spec = radixgate_routing::WorkerSpec::new("");
+            spec.models = pool.models.clone();
+            if let Err(why) = spec.check_models() {
+                return Err(invalid("discovery.pools", format!("entry {i}: {why}")));
+            }
             let bootstrap =
                 pool.bootstrap_port.is_some() || pool.bootstrap_port_annotation.is_some();
             if bootstrap && pool.role != WorkerRole::Prefill {
@@ -517,6 +525,19 @@ mod tests {
             pools[1].model_id_from,
             Some(ModelIdFrom::Label("model".into()))
         );
+        // A pool's models follow a worker's rule: `*` or an empty name is
+        // refused here, not left to keep its pods pending for good.
+        for bad in ["[\"*\"]", "[\"\"]"] {
+            let config: DiscoveryConfig = serde_norway::from_str(&format!(
+                "enabled: true\npools:\n  - selector: {{app: b}}\n    models: {bad}\n"
+            ))
+            .unwrap();
+            let err = config.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("`discovery.pools`: entry 0") && err.contains("`models`"),
+                "{bad}: {err}"
+            );
+        }
         // Not in the file: kube-runtime's, whatever it says.
         assert_eq!(config.watch_timeout_secs, 290);
         assert!(serde_norway::from_str::<DiscoveryConfig>("watch_timeout_secs: 5\n").is_err());

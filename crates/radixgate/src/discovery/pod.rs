@@ -119,6 +119,8 @@ fn annotated_port(pod: &Pod, key: Option<&String>) -> Result<Option<u16>, String
 }
 
 /// The model from the pod's label or annotation, else the pool's models.
+/// An empty value, or the wildcard pool's `*` (which names no model, and
+/// would keep the worker out of rotation for good), counts as none.
 fn models(pod: &Pod, pool: &Pool) -> Vec<String> {
     let (map, key) = match &pool.model_id_from {
         Some(ModelIdFrom::Label(key)) => (&pod.metadata.labels, key),
@@ -128,7 +130,7 @@ fn models(pod: &Pod, pool: &Pool) -> Vec<String> {
     match map
         .as_ref()
         .and_then(|m| m.get(key))
-        .filter(|m| !m.is_empty())
+        .filter(|m| !m.is_empty() && m.as_str() != radixgate_routing::WILDCARD_MODEL)
     {
         Some(model) => vec![model.clone()],
         None => pool.models.clone(),
@@ -245,6 +247,9 @@ mod tests {
         let p = pod(|b| b["metadata"]["annotations"] = json!({"m": "qwen"}));
         assert!(matches!(read(&p, &by_annotation), Ok(Seen::Ready(e)) if e.models == ["qwen"]));
         let p = pod(|_| {});
+        assert!(matches!(read(&p, &by_annotation), Ok(Seen::Ready(e)) if e.models == ["fallback"]));
+        // `*` names no model: the pool's, not a worker the registry refuses.
+        let p = pod(|b| b["metadata"]["annotations"] = json!({"m": "*"}));
         assert!(matches!(read(&p, &by_annotation), Ok(Seen::Ready(e)) if e.models == ["fallback"]));
     }
 
