@@ -202,18 +202,35 @@ impl WorkerSpec {
     /// admission, so a source checks it when the worker is given, where
     /// the refusal reaches whoever gave it.
     pub fn check_models(&self) -> Result<(), String> {
-        if self.models.iter().any(String::is_empty) {
-            return Err("a name in `models` is empty".to_owned());
-        }
-        if self.models.iter().any(|m| m == crate::WILDCARD_MODEL) {
-            return Err(format!(
-                "`{}` in `models` is not a model name: it names the pool of workers \
-                 that serve any model (list no models for that)",
-                crate::WILDCARD_MODEL
-            ));
-        }
-        Ok(())
+        check_models(&self.models)
     }
+}
+
+/// [`WorkerSpec::check_models`] for a list of models given elsewhere (a
+/// discovery pool's): an empty name is told of first, wherever it stands.
+pub fn check_models(models: &[String]) -> Result<(), String> {
+    let empty = models.iter().find(|m| m.is_empty());
+    match empty.into_iter().chain(models).find_map(|m| unnameable(m)) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
+/// Why `model` cannot be asked for by name, naming `models`: it is empty,
+/// or it is the wildcard pool's `*`; `None` if it can. The one rule for
+/// every source of a worker's models (a file, the admin API, a discovery
+/// pool, a pod, the worker itself), which the registry holds them to.
+pub fn unnameable(model: &str) -> Option<String> {
+    if model.is_empty() {
+        return Some("a name in `models` is empty".to_owned());
+    }
+    (model == crate::WILDCARD_MODEL).then(|| {
+        format!(
+            "`{}` in `models` is not a model name: it names the pool of workers \
+             that serve any model (list no models for that)",
+            crate::WILDCARD_MODEL
+        )
+    })
 }
 
 /// The two spellings a worker entry may take in a file or request body.

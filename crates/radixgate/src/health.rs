@@ -522,7 +522,7 @@ async fn discover_models(target: &Target) -> Result<Option<(Vec<String>, Option<
 /// Whether a model id the worker reported can be asked for by name; WARNs
 /// when not.
 fn nameable(target: &Target, id: &str) -> bool {
-    let ok = !id.is_empty() && id != radixgate_routing::WILDCARD_MODEL;
+    let ok = radixgate_routing::unnameable(id).is_none();
     if !ok {
         tracing::warn!(worker = %target.url, id, "worker reports a model id no request can name; left out");
     }

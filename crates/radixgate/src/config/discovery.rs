@@ -284,9 +284,7 @@ impl DiscoveryConfig {
             // The registry's rule for a worker's models, checked here where
             // the refusal reaches the operator: its pods would otherwise
             // pass their probes and stay pending for good.
-            let mut spec = radixgate_routing::WorkerSpec::new("");
-            spec.models = pool.models.clone();
-            if let Err(why) = spec.check_models() {
+            if let Err(why) = radixgate_routing::check_models(&pool.models) {
                 return Err(invalid("discovery.pools", format!("entry {i}: {why}")));
             }
             let bootstrap =

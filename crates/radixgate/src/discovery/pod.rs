@@ -130,7 +130,7 @@ fn models(pod: &Pod, pool: &Pool) -> Vec<String> {
     match map
         .as_ref()
         .and_then(|m| m.get(key))
-        .filter(|m| !m.is_empty() && m.as_str() != radixgate_routing::WILDCARD_MODEL)
+        .filter(|m| radixgate_routing::unnameable(m).is_none())
     {
         Some(model) => vec![model.clone()],
         None => pool.models.clone(),
