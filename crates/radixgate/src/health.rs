@@ -453,7 +453,14 @@ async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, Str
         return Ok(None);
     }
     let mut body = bytes::BytesMut::new();
-    while let Ok(Some(chunk)) = response.chunk().await {
+    loop {
+        // A body broken off part-way is no answer, not a shorter one.
+        let Ok(next) = response.chunk().await else {
+            return Ok(None);
+        };
+        let Some(chunk) = next else {
+            break;
+        };
         if body.len() + chunk.len() > DISCOVERY_ANSWER_LIMIT {
             too_long();
             return Ok(None);
