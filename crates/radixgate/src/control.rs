@@ -183,6 +183,15 @@ pub struct WorkerStatus {
     /// (held out of rotation by its source: a pod not ready), or
     /// `draining` (out of rotation, its requests in flight finishing).
     pub state: &'static str,
+    /// The worker's circuit breaker, once admitted: `closed`, `open`
+    /// (failures in a row: no requests until its timeout) or `half_open`
+    /// (a probe request allowed), as the upkeep tick last published it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<&'static str>,
+    /// Whether outlier detection has ejected the worker for now (it
+    /// answered far slower than its peers); absent while pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ejected: Option<bool>,
     /// Requests in flight through this gateway.
     pub load: usize,
     /// Requests finished.
@@ -878,6 +887,8 @@ impl ControlTask {
                         Some(w) if w.is_healthy() => "healthy",
                         Some(_) => "unhealthy",
                     },
+                    breaker: worker.map(|w| w.breaker().as_str()),
+                    ejected: worker.map(|w| w.is_ejected()),
                     load: worker.map_or(0, |w| w.load()),
                     processed: worker.map_or(0, |w| w.processed()),
                     problem: self.control.board.problem(url),

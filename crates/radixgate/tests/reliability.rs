@@ -982,6 +982,13 @@ async fn a_request_every_worker_answers_500_opens_no_breaker_but_a_broken_worker
         })
     })
     .await;
+    // `/workers` says so too, and why it gets no requests while healthy.
+    let listed = workers(&gw.url).await;
+    let row = |url: &str| listed.iter().find(|w| w["url"] == url).unwrap().clone();
+    assert_eq!(row(&urls[0])["breaker"], "open", "{listed:?}");
+    assert_eq!(row(&urls[0])["state"], "healthy", "{listed:?}");
+    assert_eq!(row(&urls[1])["breaker"], "closed", "{listed:?}");
+    assert_eq!(row(&urls[1])["ejected"], false, "{listed:?}");
     gw.shutdown().await;
 }
 
