@@ -411,6 +411,11 @@ async fn slow_worker_is_ejected_and_returns() {
 #[tokio::test]
 async fn an_ejected_worker_returns_when_its_peers_are_gone() {
     let (fast, slow, gw) = slow_one_ejected(300).await;
+    // `/workers` says which is ejected (it read healthy and nothing more).
+    let listed = workers(&gw.url).await;
+    let ejected = |url: &str| listed.iter().find(|w| w["url"] == url).unwrap()["ejected"].clone();
+    assert_eq!(ejected(&slow.url), true, "{listed:?}");
+    assert_eq!(ejected(&fast.url), false, "{listed:?}");
     fast.set_faults(FaultConfig {
         unhealthy: true,
         ..FaultConfig::default()
