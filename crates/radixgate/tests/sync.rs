@@ -2037,6 +2037,63 @@ async fn a_refused_sign_in_is_logged_once_naming_the_setting_to_check() {
     assert!(serve.terminate(), "radixgate serve exited with an error");
 }
 
+/// A user the server lets sign in but not publish on the sync subjects (a
+/// permission missed in the server's config): each message this replica
+/// publishes is refused by the server with an error on the connection,
+/// and its peers receive nothing. Each refusal was an ERROR line, a dozen
+/// a second under load, and every refused message counted as sent. They
+/// are counted as dropped (`refused`), and logged once, naming the
+/// subject and the permission to grant, then once a minute with a count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_the_server_refuses_are_counted_and_logged_once() {
+    let (nats, dir) = nats_with_config(
+        "publish-refused",
+        "authorization: { users: [ { user: router, password: s3cret, permissions: { publish: [\"$JS.API.>\"], subscribe: [\"radixgate.sync.>\", \"_INBOX.>\"] } } ] }\n",
+    );
+    let worker = sim_worker(fast_worker()).await;
+    let nats_url = nats.url();
+    let (mut serve, url) = common::process::Serve::start(&[
+        "--worker-urls",
+        &worker.url,
+        "--sync-url",
+        &nats_url,
+        "--sync-user",
+        "router",
+        "--sync-password",
+        "s3cret",
+    ]);
+    wait_ready(&url).await;
+    for i in 0..20 {
+        let r = post_chat(&url, &chat(&format!("refused {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        serve.drain(Duration::from_millis(1));
+    }
+    let refused = "radixgate_sync_dropped_total{reason=\"refused\"}";
+    wait_until("refusals counted", || async {
+        series_value(&url, refused).await >= 20.0
+    })
+    .await;
+    serve.drain(Duration::from_millis(200));
+    let logged: Vec<&String> = serve
+        .seen
+        .iter()
+        .filter(|l| l.to_ascii_lowercase().contains("permissions violation"))
+        .collect();
+    assert!(
+        (1..=2).contains(&logged.len()),
+        "once per connection at most:\n{logged:#?}"
+    );
+    assert!(
+        logged
+            .iter()
+            .all(|l| l.contains("publish") && l.contains("radixgate.sync.>")),
+        "the permission to grant is named:\n{logged:#?}"
+    );
+    assert!(serve.terminate(), "radixgate serve exited with an error");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_and_an_nkey_work_and_another_users_seed_never_connects() {
     let dir = temp_dir("token-nkey");

@@ -40,6 +40,36 @@ impl Link {
 /// How often a connection that keeps failing says so again.
 const FAILING_EVERY: Duration = Duration::from_secs(60);
 
+/// Once a minute at most: how often a condition that keeps recurring
+/// (a connection that keeps failing, errors the server keeps reporting)
+/// is logged again.
+#[derive(Debug, Default)]
+struct Throttle {
+    /// Since the count was last taken back ([`Failures::recovered`]).
+    total: u64,
+    /// Since the last line logged.
+    unlogged: u64,
+    logged: Option<Instant>,
+}
+
+impl Throttle {
+    /// One more occurrence at `now`: `Some((total, since_last_logged))`
+    /// when a line is due (the first one, or a minute after the last).
+    fn note(&mut self, now: Instant) -> Option<(u64, u64)> {
+        self.total += 1;
+        let due = self
+            .logged
+            .is_none_or(|at| now.saturating_duration_since(at) >= FAILING_EVERY);
+        if !due {
+            self.unlogged += 1;
+            return None;
+        }
+        let since = std::mem::take(&mut self.unlogged) + 1;
+        self.logged = Some(now);
+        Some((self.total, since))
+    }
+}
+
 /// A connection's failed attempts since it was last up: the client tries
 /// again every 2 s at most, for ever, and each attempt's WARN (with an
 /// ERROR of the client's own for a refused sign-in) buried everything
@@ -50,34 +80,19 @@ const FAILING_EVERY: Duration = Duration::from_secs(60);
 /// it for a few assignments.
 #[derive(Debug, Default)]
 struct Failures {
-    state: Mutex<FailureState>,
-}
-
-#[derive(Debug, Default)]
-struct FailureState {
-    /// Since the connection was last up.
-    total: u64,
-    /// Since the last line logged.
-    unlogged: u64,
-    logged: Option<Instant>,
+    state: Mutex<Throttle>,
 }
 
 impl Failures {
     fn failed(&self, lane: &'static str, error: &str) {
-        let now = Instant::now();
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.total += 1;
-        let due = s
-            .logged
-            .is_none_or(|at| now.saturating_duration_since(at) >= FAILING_EVERY);
-        if !due {
-            s.unlogged += 1;
+        let due = self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(Instant::now());
+        let Some((total, since)) = due else {
             return;
-        }
-        let (total, unlogged) = (s.total, s.unlogged);
-        s.unlogged = 0;
-        s.logged = Some(now);
-        drop(s);
+        };
         let hint = hint(error);
         if total == 1 {
             tracing::warn!(
@@ -91,7 +106,7 @@ impl Failures {
                 lane,
                 error,
                 failed_attempts = total,
-                since_last_logged = unlogged + 1,
+                since_last_logged = since,
                 "replica sync: still cannot connect to NATS{hint}; routing on local state, retrying"
             );
         }
@@ -100,6 +115,86 @@ impl Failures {
     /// Connected: the failed attempts before it, and a clean slate.
     fn recovered(&self) -> u64 {
         std::mem::take(&mut *self.state.lock().unwrap_or_else(|e| e.into_inner())).total
+    }
+}
+
+/// What the server reported as an error on an open connection (`-ERR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reported {
+    /// It refused to pass on a message this replica published to one of
+    /// its sync subjects: its peers never see it.
+    PublishRefused,
+    /// Another permission it refused: a subscription, or the JetStream
+    /// API (the warm-start stream).
+    Permission,
+    Other,
+}
+
+impl Reported {
+    /// `error` as the client hands it over; `ours` is the prefix of this
+    /// cluster's sync subjects.
+    fn of(error: &str, ours: &str) -> Self {
+        const PUBLISH: &str = "permissions violation for publish to ";
+        let lower = error.to_ascii_lowercase();
+        match lower.find(PUBLISH) {
+            Some(at)
+                if error[at + PUBLISH.len()..]
+                    .trim_start_matches('"')
+                    .starts_with(ours) =>
+            {
+                Self::PublishRefused
+            }
+            _ if lower.contains("permissions violation") => Self::Permission,
+            _ => Self::Other,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Errors the server reports on an open connection. A permission the
+/// server's config leaves out is reported once per message or request
+/// it refuses, and each was an ERROR line: a dozen a second from a busy
+/// replica whose user may not publish on the sync subjects, with every
+/// refused message counted as sent. Such a refusal is counted as dropped
+/// (`refused`); each kind is logged once, then once a minute with a count.
+#[derive(Debug, Default)]
+struct ServerErrors {
+    kinds: Mutex<[Throttle; 3]>,
+}
+
+impl ServerErrors {
+    fn reported(&self, lane: &'static str, error: &str, ours: &str, metrics: &SyncMetrics) {
+        let kind = Reported::of(error, ours);
+        if kind == Reported::PublishRefused {
+            metrics.dropped("refused", 1);
+        }
+        let due =
+            self.kinds.lock().unwrap_or_else(|e| e.into_inner())[kind.index()].note(Instant::now());
+        let Some((total, since)) = due else {
+            return;
+        };
+        let what = match kind {
+            Reported::PublishRefused => {
+                "the NATS server refused a message this replica published, and its \
+                 peers get none of them: grant its user publish on radixgate.sync.> \
+                 (docs/sync.md, Warm start, names every permission sync needs)"
+            }
+            Reported::Permission => {
+                "the NATS server refused this replica a permission: check its user's \
+                 permissions against those docs/sync.md (Warm start) names"
+            }
+            Reported::Other => "NATS server error",
+        };
+        tracing::error!(
+            lane,
+            error,
+            reported = total,
+            since_last_logged = since,
+            "replica sync: {what} (logged again once a minute while it goes on)"
+        );
     }
 }
 
@@ -135,6 +230,8 @@ pub(super) async fn connect(
 ) -> Result<Client, async_nats::ConnectError> {
     let lane = link.name();
     let failures = Arc::new(Failures::default());
+    let server_errors = Arc::new(ServerErrors::default());
+    let ours: Arc<str> = me.subject("").into();
     let addrs: Vec<ServerAddr> = config
         .urls
         .iter()
@@ -164,6 +261,8 @@ pub(super) async fn connect(
             let metrics = metrics.clone();
             let connects = connects.clone();
             let failures = failures.clone();
+            let server_errors = server_errors.clone();
+            let ours = ours.clone();
             async move {
                 match event {
                     Event::Connected => {
@@ -179,7 +278,7 @@ pub(super) async fn connect(
                         tracing::warn!(lane, "replica sync: disconnected from NATS; routing on local state, reconnecting");
                     }
                     Event::ServerError(err) => {
-                        tracing::error!(lane, error = %err, "replica sync: NATS server error (wrong credentials or permissions?)");
+                        server_errors.reported(lane, &err.to_string(), &ours, &metrics);
                     }
                     Event::ClientError(err) => failures.failed(lane, &err.to_string()),
                     Event::SlowConsumer(_) => {
@@ -220,6 +319,36 @@ mod tests {
         assert!(hint("authorization violation").contains("sync.auth"));
         assert!(hint("failed signing nonce").contains("sync.auth"));
         assert_eq!(hint("IO error"), "");
+    }
+
+    #[test]
+    fn a_refused_publish_on_the_sync_subjects_is_told_from_other_errors() {
+        let ours = "radixgate.sync.prod.";
+        let of = |e: &str| Reported::of(e, ours);
+        assert_eq!(
+            of(r#"nats: Permissions Violation for Publish to "radixgate.sync.prod.load""#),
+            Reported::PublishRefused
+        );
+        // Another cluster's subjects, the JetStream API, a subscription.
+        for other in [
+            r#"nats: Permissions Violation for Publish to "radixgate.sync.test.load""#,
+            r#"nats: Permissions Violation for Publish to "$JS.API.STREAM.INFO.X""#,
+            r#"nats: Permissions Violation for Subscription to "radixgate.sync.prod.inserts""#,
+        ] {
+            assert_eq!(of(other), Reported::Permission, "{other}");
+        }
+        assert_eq!(of("nats: maximum payload exceeded"), Reported::Other);
+    }
+
+    #[test]
+    fn a_recurring_condition_is_logged_once_a_minute_with_its_count() {
+        let mut t = Throttle::default();
+        let start = Instant::now();
+        assert_eq!(t.note(start), Some((1, 1)));
+        for i in 1..=5 {
+            assert_eq!(t.note(start + Duration::from_secs(i)), None);
+        }
+        assert_eq!(t.note(start + FAILING_EVERY), Some((7, 6)));
     }
 
     #[test]

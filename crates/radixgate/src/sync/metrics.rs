@@ -21,7 +21,7 @@ const BYTES_RECEIVED: Describe = Describe::new(
 );
 const DROPPED: Describe = Describe::new(
     "radixgate_sync_dropped_total",
-    "Decisions or reports not published, by reason (queue_full; disconnected: kept for a reconnect past the bound, or a load report while disconnected; publish_error, stopped).",
+    "Decisions or reports not published, by reason (queue_full; disconnected: kept for a reconnect past the bound, or a load report while disconnected; publish_error, stopped; refused: the NATS server refused it, a permission missing).",
 );
 const IGNORED: Describe = Describe::new(
     "radixgate_sync_ignored_total",

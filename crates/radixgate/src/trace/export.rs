@@ -102,15 +102,26 @@ impl Telemetry {
 /// (`info`, `warn`, ...), the usual case, is a [`LevelFilter`]: an
 /// [`EnvFilter`] lets the same lines through but also follows every span
 /// in and out (for directives that name spans), a few hundred instructions
-/// a request for nothing.
+/// a request for nothing. A bare level also leaves out the NATS client's
+/// lines below WARN (see [`nats_chatter`]).
 fn level_filter(level: &str) -> Box<dyn Filter<Registry> + Send + Sync> {
     match EnvFilter::try_from_default_env() {
         Ok(env) => Box::new(env),
         Err(_) => match level.parse::<LevelFilter>() {
-            Ok(level) => Box::new(level),
+            Ok(level) => Box::new(level.and(filter_fn(|m| !nats_chatter(m)))),
             Err(_) => Box::new(EnvFilter::new(level)),
         },
     }
+}
+
+/// The NATS client's own INFO lines (and below): one per connection event
+/// (`event: ...`, `connected successfully`), which replica sync logs
+/// itself, with the lane and what to do, and once a minute at most where
+/// it recurs. A server error reported for each message refused (a
+/// permission missing) was one such line per message. Its WARN and ERROR
+/// lines stay; `RUST_LOG` (`info,async_nats=info`) brings the rest back.
+fn nats_chatter(m: &tracing::Metadata<'_>) -> bool {
+    *m.level() > tracing::Level::WARN && m.target().starts_with("async_nats")
 }
 
 /// Installs the process's subscriber: log lines as `logs` says, and with
