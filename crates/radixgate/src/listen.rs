@@ -442,6 +442,14 @@ async fn connection(
                 conn.as_mut().graceful_shutdown();
             }
             () = expired.as_mut() => {
+                if !stopping && activity.idle_h2() {
+                    tracing::debug!(%peer, "idle HTTP/2 client connection: sending GOAWAY");
+                    stopping = true;
+                    activity.stopping();
+                    conn.as_mut().graceful_shutdown();
+                    expired.set(activity.expired(timeouts));
+                    continue;
+                }
                 tracing::debug!(%peer, "closing client connection: header, idle or write timeout");
                 return;
             }

@@ -1078,6 +1078,51 @@ fn h2_raw_get(path: &str) -> Vec<u8> {
     bytes
 }
 
+/// The frame types of everything read off `stream` until it closes, the
+/// 9-byte frame headers parsed as they come.
+async fn h2_frame_types_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout(HANG_GUARD, stream.read(&mut buf))
+            .await
+            .expect("closed");
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => bytes.extend(&buf[..n]),
+        }
+    }
+    let mut types = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = usize::from(bytes[at]) << 16
+            | usize::from(bytes[at + 1]) << 8
+            | usize::from(bytes[at + 2]);
+        types.push(bytes[at + 3]);
+        at += 9 + len;
+    }
+    types
+}
+
+/// An HTTP/2 connection left idle is told so with a GOAWAY before it is
+/// closed, as on shutdown: its client then opens its next request on a
+/// new connection. It was closed without one, and a request its client
+/// sent just then was lost with no sign of whether it had been served.
+#[tokio::test]
+async fn an_idle_http2_connection_is_sent_goaway_before_it_closes() {
+    const GOAWAY: u8 = 7;
+    let (_w, mut c) = worker_and_config().await;
+    c.server.header_read_timeout_secs = 1;
+    c.server.idle_timeout_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+    let mut idle = connect(&gw.url).await;
+    idle.write_all(&h2_raw_get("/liveness")).await.unwrap();
+    let types = h2_frame_types_until_closed(&mut idle).await;
+    assert!(types.contains(&GOAWAY), "frame types read: {types:?}");
+    normal_request_succeeds(&gw.url).await;
+    gw.shutdown().await;
+}
+
 /// On shutdown an HTTP/2 connection is sent GOAWAY and a PING, and closes
 /// once the PING is answered; an idle HTTP/1 connection closes at once. A
 /// client that answers nothing — a peer that vanished without a FIN (a

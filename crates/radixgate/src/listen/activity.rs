@@ -23,7 +23,9 @@
 //! - a new connection: its first request head within `header_read_timeout`
 //!   of the accept;
 //! - otherwise (idle keep-alive, HTTP/2 with no stream open): `idle_timeout`
-//!   after its last request ended — or, once the server is stopping
+//!   after its last request ended (an HTTP/2 connection is then sent a
+//!   GOAWAY and treated as stopping, [`Activity::idle_h2`]) — or, once the
+//!   server is stopping
 //!   ([`Activity::stopping`]), `header_read_timeout` after the stop or the
 //!   last request's end, whichever is later, if that comes first: an
 //!   HTTP/2 connection closes on shutdown only when its client answers the
@@ -161,15 +163,33 @@ impl Activity {
         self.state.lock().stopping.get_or_insert_with(Instant::now);
     }
 
+    /// Whether the connection is HTTP/2 with no stream open and not yet
+    /// told to go: at its idle deadline it is sent a GOAWAY (and a PING)
+    /// and [`Activity::stopping`] gives it the header timeout to finish,
+    /// rather than being closed with no word. A client that sent a stream
+    /// just then learns from the GOAWAY whether it was taken; closed, it
+    /// could not tell, and a request without a retry-safe method was
+    /// lost.
+    pub(crate) fn idle_h2(&self) -> bool {
+        let state = self.state.lock();
+        state.h2 && state.in_flight == 0 && state.stopping.is_none()
+    }
+
     /// When the connection must be closed, if nothing changes first.
     fn deadline(&self, timeouts: Timeouts) -> Option<Instant> {
         let state = self.state.lock();
         if state.in_flight > 0 {
             return None;
         }
+        let idle = match state.stopping {
+            // Told to go: its idle time no longer counts (an idle HTTP/2
+            // connection is told so when that is up, see `idle_h2`).
+            Some(stopped) => stopped.max(state.since) + timeouts.header,
+            None => state.since + timeouts.idle,
+        };
         let deadline = match state.head_started {
             Some(started) => started + timeouts.header,
-            None if state.served => state.since + timeouts.idle,
+            None if state.served => idle,
             None => state.since + timeouts.header,
         };
         Some(match state.stopping {
@@ -427,6 +447,25 @@ mod tests {
         let stopped_idle = Instant::now();
         idle.stopping();
         assert_eq!(idle.deadline(T), Some(stopped_idle + T.header));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_h2_connection_told_to_go_gets_the_header_timeout() {
+        let h1 = Activity::new();
+        h1.read(b"GET / HTTP/1.1\r\n");
+        drop(h1.request());
+        assert!(!h1.idle_h2(), "HTTP/1 is closed at its idle deadline");
+        let h2 = Activity::new();
+        h2.read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        let busy = h2.request();
+        assert!(!h2.idle_h2(), "a stream is open");
+        drop(busy);
+        assert!(h2.idle_h2());
+        tokio::time::advance(T.idle).await;
+        let told = Instant::now();
+        h2.stopping();
+        assert!(!h2.idle_h2(), "told once");
+        assert_eq!(h2.deadline(T), Some(told + T.header), "not at once");
     }
 
     #[tokio::test(start_paused = true)]
