@@ -1104,3 +1104,47 @@ async fn a_clients_own_transfer_params_never_reach_decode() {
     }
     gw.shutdown().await;
 }
+
+/// vLLM answers a `/v1/completions` batch's prefill step with one
+/// `kv_transfer_params`, its first prompt's, and applies the
+/// `kv_transfer_params` it is sent to every prompt of the batch: paired,
+/// decode would read the first prompt's KV for every prompt and answer
+/// the others from the wrong context. Such a batch is refused with a 400
+/// that says why, before any worker is sent it; a list of one prompt is
+/// one prompt. (Both workers were sent the batch, and the client got
+/// decode's answer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_completions_batch_is_refused_before_either_side_is_sent_it() {
+    let (prefill, decode, gw) = pair(PdProtocol::Vllm).await;
+    let completion = |prompt: Value| {
+        let body = json!({"model": "pd-model", "prompt": prompt, "max_tokens": 8});
+        let url = format!("{}/v1/completions", gw.url);
+        async move { client().post(url).json(&body).send().await.unwrap() }
+    };
+    for batch in [
+        json!([long_prompt("one"), long_prompt("two")]),
+        json!([[1, 2, 3], [4, 5, 6]]),
+    ] {
+        let r = completion(batch).await;
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("2 prompts") && message.contains("one prompt per request"),
+            "{message}"
+        );
+        assert!(prefill.bodies().is_empty() && decode.bodies().is_empty());
+    }
+    assert_eq!(
+        series_value(&gw.url, "radixgate_pd_failures_total{side=\"prefill\"}").await,
+        0.0
+    );
+    for one in [json!([long_prompt("one")]), json!([1, 2, 3])] {
+        let r = completion(one).await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!((prefill.bodies().len(), decode.bodies().len()), (2, 2));
+    gw.shutdown().await;
+}

@@ -19,7 +19,9 @@
 //!   body with `stream: false`, `max_tokens: 1` and
 //!   `kv_transfer_params.do_remote_decode`; its answer's
 //!   `kv_transfer_params` then go, in the client's own body, to the decode
-//!   worker, which answers the client.
+//!   worker, which answers the client. A `/v1/completions` batch is
+//!   refused (`body::check_batch`): its step one answers one prompt's
+//!   parameters, which decode would read for every prompt.
 //!
 //! Either side failing before decode's first byte fails the attempt: the
 //! other side is cancelled (its connection dropped), both load guards are
@@ -46,7 +48,8 @@
 mod body;
 
 use body::{
-    prefill_body, transfer_params, with_bootstrap, with_transfer_params, without_transfer_params,
+    check_batch, prefill_body, transfer_params, with_bootstrap, with_transfer_params,
+    without_transfer_params,
 };
 
 use super::{
@@ -139,6 +142,7 @@ pub(super) async fn attempts(
     if !served(api, pd.protocol) {
         return Err(GatewayError::NotDisaggregated { route: api.path() });
     }
+    check_batch(api, pd.protocol, &bytes)?;
     let routing_key = routing_key(client_headers, request.user.as_deref());
     let max_retries = shared.config.retry.max_retries;
     let first_byte_timeout = shared.config.first_byte_timeout(request.stream);

@@ -5,6 +5,7 @@
 //! white space between keys may change. A body that is not a JSON object
 //! is the client's error.
 
+use crate::config::PdProtocol;
 use crate::error::GatewayError;
 use crate::inspect::Api;
 use bytes::Bytes;
@@ -95,6 +96,30 @@ fn batch_size(api: Api, fields: &Fields) -> Option<usize> {
         }
         Api::Completions => list("prompt").filter(|p| p.nested).map(|p| p.len),
         _ => None,
+    }
+}
+
+/// Refuses a batch the pair cannot serve under `protocol`, before any
+/// worker is chosen: the client's error, no side's failure. vLLM answers
+/// a `/v1/completions` batch's prefill step with one `kv_transfer_params`
+/// (its first prompt's) and applies the one it is sent to every prompt,
+/// so decode would read the first prompt's KV for all of them.
+pub(super) fn check_batch(
+    api: Api,
+    protocol: PdProtocol,
+    bytes: &[u8],
+) -> Result<(), GatewayError> {
+    if protocol != PdProtocol::Vllm || !matches!(api, Api::Completions) {
+        return Ok(());
+    }
+    match batch_size(api, &fields(bytes)?) {
+        Some(n) if n > 1 => Err(GatewayError::InvalidRequest(format!(
+            "a batch of {n} prompts: a vLLM prefill/decode pool takes one prompt per \
+             request (vLLM's prefill answers a batch with one prompt's \
+             kv_transfer_params, which decode would read for every prompt); send each \
+             prompt as a request of its own"
+        ))),
+        _ => Ok(()),
     }
 }
 
