@@ -1148,3 +1148,38 @@ async fn a_vllm_completions_batch_is_refused_before_either_side_is_sent_it() {
     assert_eq!((prefill.bodies().len(), decode.bodies().len()), (2, 2));
     gw.shutdown().await;
 }
+
+/// An SGLang batch over the most prompts the gateway pairs is the
+/// client's error: a 400 of its own, counted on no side. It was refused
+/// while the first pair was being sent, as that pair's prefill failure:
+/// counted in `radixgate_pd_failures_total{side="prefill"}` (an alert on
+/// failing prefill workers fired on a client's batch) and told to the
+/// client as "prefill worker failed: …".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_batch_over_the_limit_is_the_clients_error_not_prefills() {
+    let (prefill, decode, gw) = pair(PdProtocol::Sglang).await;
+    let texts = vec![""; 65_537];
+    let r = client()
+        .post(format!("{}/generate", gw.url))
+        .json(&json!({"text": texts, "sampling_params": {"max_new_tokens": 4}}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("a batch of 65537 prompts") && !message.contains("worker failed"),
+        "{message}"
+    );
+    assert!(prefill.bodies().is_empty() && decode.bodies().is_empty());
+    for series in [
+        "radixgate_pd_failures_total{side=\"prefill\"}",
+        "radixgate_pd_requests_total{path=\"paired\"}",
+    ] {
+        assert_eq!(series_value(&gw.url, series).await, 0.0, "{series}");
+    }
+    gw.shutdown().await;
+}

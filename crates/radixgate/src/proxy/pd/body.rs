@@ -100,27 +100,36 @@ fn batch_size(api: Api, fields: &Fields) -> Option<usize> {
 }
 
 /// Refuses a batch the pair cannot serve under `protocol`, before any
-/// worker is chosen: the client's error, no side's failure. vLLM answers
-/// a `/v1/completions` batch's prefill step with one `kv_transfer_params`
-/// (its first prompt's) and applies the one it is sent to every prompt,
-/// so decode would read the first prompt's KV for all of them.
+/// worker is chosen: the client's error, counted on no side. Under
+/// SGLang, one of more than [`MAX_BATCH_PROMPTS`]. Under vLLM, a `/v1/completions`
+/// batch: vLLM answers its prefill step with one `kv_transfer_params` (its
+/// first prompt's) and applies the one it is sent to every prompt, so
+/// decode would read the first prompt's KV for all of them.
 pub(super) fn check_batch(
     api: Api,
     protocol: PdProtocol,
     bytes: &[u8],
 ) -> Result<(), GatewayError> {
-    if protocol != PdProtocol::Vllm || !matches!(api, Api::Completions) {
+    if !matches!(api, Api::Generate | Api::Completions) {
         return Ok(());
     }
-    match batch_size(api, &fields(bytes)?) {
-        Some(n) if n > 1 => Err(GatewayError::InvalidRequest(format!(
+    let Some(n) = batch_size(api, &fields(bytes)?) else {
+        return Ok(());
+    };
+    let why = match protocol {
+        PdProtocol::Sglang if n > MAX_BATCH_PROMPTS => format!(
+            "a batch of {n} prompts is over the {MAX_BATCH_PROMPTS} this gateway sends to a \
+             prefill and decode pair in one request; split it"
+        ),
+        PdProtocol::Vllm if n > 1 => format!(
             "a batch of {n} prompts: a vLLM prefill/decode pool takes one prompt per \
              request (vLLM's prefill answers a batch with one prompt's \
              kv_transfer_params, which decode would read for every prompt); send each \
              prompt as a request of its own"
-        ))),
-        _ => Ok(()),
-    }
+        ),
+        _ => return Ok(()),
+    };
+    Err(GatewayError::InvalidRequest(why))
 }
 
 /// `[item, item, …]`, `n` items made by `item`.
@@ -138,8 +147,8 @@ fn array(n: usize, mut item: impl FnMut(&mut String)) -> String {
 }
 
 /// The SGLang body: the client's plus `bootstrap_host`, `bootstrap_port`
-/// and a fresh `bootstrap_room` (arrays for a batch, of at most
-/// [`MAX_BATCH_PROMPTS`] prompts).
+/// and a fresh `bootstrap_room` (arrays for a batch, which
+/// [`check_batch`] has held to [`MAX_BATCH_PROMPTS`] prompts).
 pub(super) fn with_bootstrap(
     api: Api,
     bytes: &[u8],
@@ -152,12 +161,6 @@ pub(super) fn with_bootstrap(
     let room = || (rand::random::<u64>() >> 1).to_string();
     let (host, port, room) = match batch_size(api, &fields) {
         None => (host, port, room()),
-        Some(n) if n > MAX_BATCH_PROMPTS => {
-            return Err(GatewayError::InvalidRequest(format!(
-                "a batch of {n} prompts is over the {MAX_BATCH_PROMPTS} this gateway sends \
-                 to a prefill and decode pair in one request; split it"
-            )));
-        }
         Some(n) => (
             array(n, |out| out.push_str(&host)),
             array(n, |out| out.push_str(&port)),
@@ -288,17 +291,13 @@ mod tests {
     #[test]
     fn a_batch_over_the_limit_is_refused_and_one_at_it_is_not() {
         let batch = |n: usize| format!(r#"{{"text":[{}]}}"#, vec![r#""""#; n].join(","));
-        let at = with_bootstrap(
-            Api::Generate,
-            batch(MAX_BATCH_PROMPTS).as_bytes(),
-            "h",
-            Some(1),
-        )
-        .unwrap();
-        let rooms = &parse(&at)["bootstrap_room"];
+        let sglang = |body: &str| check_batch(Api::Generate, PdProtocol::Sglang, body.as_bytes());
+        let at = batch(MAX_BATCH_PROMPTS);
+        assert!(sglang(&at).is_ok());
+        let sent = with_bootstrap(Api::Generate, at.as_bytes(), "h", Some(1)).unwrap();
+        let rooms = &parse(&sent)["bootstrap_room"];
         assert_eq!(rooms.as_array().unwrap().len(), MAX_BATCH_PROMPTS);
-        let over = batch(MAX_BATCH_PROMPTS + 1);
-        match with_bootstrap(Api::Generate, over.as_bytes(), "h", Some(1)) {
+        match sglang(&batch(MAX_BATCH_PROMPTS + 1)) {
             Err(GatewayError::InvalidRequest(why)) => {
                 assert!(why.contains("65537 prompts"), "{why}")
             }
@@ -308,13 +307,21 @@ mod tests {
             r#"{{"input_ids":[{}]}}"#,
             vec!["[1]"; MAX_BATCH_PROMPTS + 1].join(",")
         );
-        assert!(with_bootstrap(Api::Generate, ids.as_bytes(), "h", None).is_err());
+        assert!(sglang(&ids).is_err());
         // One long prompt of ids is one prompt, whatever its length.
         let one = format!(
             r#"{{"input_ids":[{}]}}"#,
             vec!["7"; MAX_BATCH_PROMPTS + 1].join(",")
         );
-        assert!(parse(&with_bootstrap(Api::Generate, one.as_bytes(), "h", None).unwrap())["bootstrap_room"].is_u64());
+        assert!(sglang(&one).is_ok());
+        let sent = with_bootstrap(Api::Generate, one.as_bytes(), "h", None).unwrap();
+        assert!(parse(&sent)["bootstrap_room"].is_u64());
+        // vLLM: one prompt per request, in a list or not.
+        let vllm = |body: &str| check_batch(Api::Completions, PdProtocol::Vllm, body.as_bytes());
+        assert!(vllm(r#"{"prompt":["x"]}"#).is_ok());
+        assert!(vllm(r#"{"prompt":[1,2,3]}"#).is_ok());
+        assert!(vllm(r#"{"prompt":["x","y"]}"#).is_err());
+        assert!(vllm(r#"{"prompt":[[1],[2]]}"#).is_err());
     }
 
     #[test]
