@@ -850,9 +850,7 @@ impl Pair<'_> {
     ) -> Result<Done, Failed> {
         let shared = &self.state.shared;
         let prefill_worker = prefill.decision.worker().clone();
-        let host = WorkerUrl::parse(prefill_worker.url())
-            .map(|u| u.host().trim_matches(['[', ']']).to_owned())
-            .unwrap_or_default();
+        let host = bootstrap_host(prefill_worker.url());
         let body = match with_bootstrap(api, bytes, &host, prefill_worker.bootstrap_port()) {
             Ok(body) => body,
             Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
@@ -1247,5 +1245,35 @@ fn apply_cached_report(decision: &mut Decision, text: &str, body: &[u8]) {
     }
     if let Some(feedback) = decision.take_cache_feedback() {
         super::Correction { feedback }.finish(text, cached);
+    }
+}
+
+/// The prefill worker's host as `bootstrap_host`: the host of its URL, an
+/// IPv6 address in brackets (`[fd00::5]`). The decode engine joins it to
+/// the port as `host:port` for its bootstrap connection, which needs them;
+/// SGLang's own load balancer sends them so, and SGLang adds them only
+/// where they are missing. Sent bare until 2026-12-06.
+fn bootstrap_host(prefill_url: &str) -> String {
+    let Ok(url) = WorkerUrl::parse(prefill_url) else {
+        return String::new();
+    };
+    match url.host() {
+        v6 if v6.contains(':') => format!("[{v6}]"),
+        host => host.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bootstrap_host;
+
+    #[test]
+    fn an_ipv6_prefill_host_is_sent_in_brackets() {
+        assert_eq!(bootstrap_host("http://[fd00::5]:30000"), "[fd00::5]");
+        assert_eq!(bootstrap_host("http://10.0.0.5:30000"), "10.0.0.5");
+        assert_eq!(
+            bootstrap_host("http://prefill-0.ns.svc:30000/"),
+            "prefill-0.ns.svc"
+        );
     }
 }
