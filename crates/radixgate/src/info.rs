@@ -133,14 +133,15 @@ fn model_entry(snapshot: &radixgate_routing::WorkerSet, id: &str) -> Value {
     entry
 }
 
-/// `/get_server_info`: the gateway's settings and its workers.
+/// `/get_server_info`: the gateway's settings (the routing as the last
+/// reload left it) and its workers.
 pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Value> {
     let workers = state.shared.control.list().await;
     Json(json!({
         "router": "radixgate",
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": state.shared.started.elapsed().as_secs(),
-        "routing": state.shared.config.routing,
+        "routing": *state.shared.routing.load_full(),
         "pd": state.shared.config.pd,
         "workers": workers,
     }))

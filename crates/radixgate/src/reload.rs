@@ -24,7 +24,8 @@
 //! - **routing**: an unchanged `routing:` section keeps the running policy
 //!   and its prefix trees. A changed one builds a new policy and swaps it
 //!   in; its trees start empty (they re-learn within a request per prefix),
-//!   and the eviction timer follows it;
+//!   the eviction timer follows it, and `/get_server_info` shows its
+//!   settings;
 //! - **keys**: `server.api_key`, `server.admin_api_key`,
 //!   `server.metrics_api_key` and the tenants (`tenants:` and the
 //!   `--api-key-file` it names, re-read); a tenant whose name and limits are
@@ -55,7 +56,7 @@ use crate::error::GatewayError;
 use crate::metrics::{Describe, LabelledCounters, Metrics, OneGauge};
 use crate::tenants::Tenants;
 use arc_swap::ArcSwap;
-use radixgate_routing::{Policy, WorkerSpec, WorkerUrl, spawn_eviction};
+use radixgate_routing::{Policy, PolicyConfig, WorkerSpec, WorkerUrl, spawn_eviction};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -210,6 +211,9 @@ pub(crate) struct Target {
     pub(crate) keys: Arc<Keys>,
     /// The client API's keys and limits.
     pub(crate) tenants: Arc<ArcSwap<Tenants>>,
+    /// The routing settings of the policy in use, as `/get_server_info`
+    /// shows them.
+    pub(crate) routing: Arc<ArcSwap<PolicyConfig>>,
     /// Stops the running policy's eviction timer.
     pub(crate) eviction: CancellationToken,
     /// The background tasks' token (parent of the eviction timers).
@@ -367,6 +371,7 @@ impl Target {
             self.eviction = self.tasks.child_token();
             // Detached: it ends with its token, at the next swap or shutdown.
             drop(spawn_eviction(policy, self.eviction.clone()));
+            self.routing.store(Arc::new(new.routing.clone()));
             self.running.routing = new.routing;
             changes.routing = true;
         }

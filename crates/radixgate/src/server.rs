@@ -406,6 +406,7 @@ pub async fn run_reloadable(
         draining: CancellationToken::new(),
     };
     let keys = Arc::new(Keys::new(&config.server));
+    let routing = Arc::new(arc_swap::ArcSwap::from_pointee(config.routing.clone()));
     let reloader = tokio::spawn(reload::serve(
         reloads,
         reload::Target {
@@ -413,6 +414,7 @@ pub async fn run_reloadable(
             control: control.clone(),
             keys: keys.clone(),
             tenants: tenants.clone(),
+            routing: routing.clone(),
             eviction: eviction_stop,
             tasks: tasks.clone(),
             metrics: reload::ReloadMetrics::new(&metrics),
@@ -457,6 +459,7 @@ pub async fn run_reloadable(
         metrics,
         tenants,
         config,
+        routing,
         router,
         control,
         client,

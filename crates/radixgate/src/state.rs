@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::proxy::RequestMetrics;
 use crate::tenants::{TenantMetrics, Tenants};
 use crate::upstream::Forwarder;
-use radixgate_routing::Router;
+use radixgate_routing::{PolicyConfig, Router};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,6 +40,9 @@ pub(crate) struct Shared {
     /// The validated configuration, as at start-up (a reload changes the
     /// workers, the policy and [`Self::keys`], not this).
     pub(crate) config: Config,
+    /// The routing settings the policy in use was built from: those of
+    /// start-up until a reload replaces the policy (`/get_server_info`).
+    pub(crate) routing: Arc<arc_swap::ArcSwap<PolicyConfig>>,
     /// The client and admin keys, replaced by a reload.
     pub(crate) keys: Arc<Keys>,
     /// The request path's lock-free handle on the worker set and policy.

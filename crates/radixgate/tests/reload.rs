@@ -798,3 +798,25 @@ async fn a_reload_to_a_policy_without_trees_zeroes_the_tree_gauges() {
     .await;
     stop.cancel();
 }
+
+/// `/get_server_info` shows the routing settings requests are routed by:
+/// after a reload that changed them, the new ones. It used to show those
+/// of start-up for good, so an operator checking that a reload took read
+/// that it had not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_info_shows_the_routing_a_reload_applied() {
+    let a = sim_worker(fast_worker()).await;
+    let path = temp_file("server-info.yaml");
+    std::fs::write(&path, yaml(&[&a.url], "k", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    let routing = || async { get(&gw, "/get_server_info", "k").await.1["routing"].clone() };
+    assert_eq!(routing().await["cache_threshold"], 0.3);
+    std::fs::write(&path, yaml(&[&a.url], "k", 0.5)).unwrap();
+    assert!(reload.reload().await.unwrap().routing);
+    assert_eq!(routing().await["cache_threshold"], 0.5);
+    // A refused reload leaves what runs.
+    std::fs::write(&path, yaml(&[&a.url], "k", 1.5)).unwrap();
+    reload.reload().await.unwrap_err();
+    assert_eq!(routing().await["cache_threshold"], 0.5);
+    stop.cancel();
+}
