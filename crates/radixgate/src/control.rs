@@ -714,8 +714,10 @@ impl ControlTask {
         // What may change in place: the key, and a KV cache size given
         // before and after (one not given is asked of the worker by its
         // health checker, which a change to or from none would have to
-        // start or stop: such an entry is replaced).
+        // start or stop: such an entry is replaced). The URL is found
+        // canonical above: how each spells it does not matter.
         let fixed = |s: &WorkerSpec| WorkerSpec {
+            url: String::new(),
             api_key: None,
             api_key_env: None,
             kv_capacity_tokens: s.kv_capacity_tokens.map(|_| 1),

@@ -18,7 +18,8 @@
 //!   in rotation with its tree, with the new value from then on (so
 //!   rotating a key shared by every worker does not empty the pool while
 //!   they are probed again), and an entry changed otherwise (models,
-//!   role) is replaced. Workers added at runtime through the admin API are
+//!   role) is replaced; a URL only spelled another way (a trailing `/`)
+//!   is the same entry. Workers added at runtime through the admin API are
 //!   left alone. Requests in flight on a removed or replaced worker finish
 //!   normally: no stream is cut;
 //! - **routing**: an unchanged `routing:` section keeps the running policy
@@ -263,13 +264,20 @@ pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
     }
 }
 
-/// Worker entries by canonical URL (validation already parsed each one).
+/// Worker entries by canonical URL (validation already parsed each one),
+/// each spelling its URL so: an entry whose URL is only written another
+/// way (`http://w:80/` for `http://w`) is the same entry, not a changed
+/// one replaced.
 fn by_url(workers: &[WorkerSpec]) -> BTreeMap<String, WorkerSpec> {
     workers
         .iter()
         .filter_map(|w| {
             let url = WorkerUrl::parse(w.url.trim()).ok()?.to_string();
-            Some((url, w.clone()))
+            let spec = WorkerSpec {
+                url: url.clone(),
+                ..w.clone()
+            };
+            Some((url, spec))
         })
         .collect()
 }

@@ -820,3 +820,44 @@ async fn server_info_shows_the_routing_a_reload_applied() {
     assert_eq!(routing().await["cache_threshold"], 0.5);
     stop.cancel();
 }
+
+/// An entry whose URL is only spelled another way (a trailing `/`, the
+/// scheme's default port, the host's case) names the same worker: a
+/// reload keeps it, in rotation with its tree and id, as it keeps any
+/// unchanged entry. It used to remove it and add it again, out of rotation
+/// until probed and its tree forgotten; a file so reformatted emptied the
+/// pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_url_spelled_another_way_keeps_its_worker() {
+    let a = sim_worker(fast_worker()).await;
+    let path = temp_file("respelled.yaml");
+    let respelled = format!("{}/", a.url.replace("http://", "HTTP://"));
+    std::fs::write(&path, yaml(&[&respelled], "k", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "k").await;
+    assert_eq!(
+        chat_status(&gw, "k", "remember this prefix please").await,
+        200
+    );
+    let cached = cached_chars(&gw, "k", &a.url).await;
+    assert!(cached > 0);
+    let id = |body: Value| body["workers"][0]["id"].clone();
+    let before = id(get(&gw, "/workers", "k").await.1);
+
+    std::fs::write(&path, yaml(&[&a.url], "k", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert!(changes.workers_removed.is_empty(), "{changes:?}");
+    assert!(changes.workers_added.is_empty(), "{changes:?}");
+    let (_, workers) = get(&gw, "/workers", "k").await;
+    assert_eq!(workers["workers"][0]["state"], "healthy", "{workers}");
+    assert_eq!(id(workers), before);
+    assert!(cached_chars(&gw, "k", &a.url).await >= cached, "tree kept");
+    // Spelled as at first, with a key: the key alone changed, in place.
+    let keyed = format!("{{url: \"{respelled}\", api_key: w1}}");
+    std::fs::write(&path, yaml(&[&keyed], "k", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(changes.workers_rekeyed, std::slice::from_ref(&a.url));
+    assert!(changes.workers_removed.is_empty(), "{changes:?}");
+    assert_eq!(id(get(&gw, "/workers", "k").await.1), before);
+    stop.cancel();
+}
