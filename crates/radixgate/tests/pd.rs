@@ -39,6 +39,9 @@ struct Behaviour {
     /// vLLM's step one: answer without `kv_transfer_params`, as a worker
     /// started without a KV connector does.
     no_transfer_params: bool,
+    /// Whole answers: send the head and the body's first bytes, then break
+    /// the connection (an engine that died part-way).
+    breaks_mid_body: bool,
 }
 
 /// The bootstrap rooms prefill engines have answered (their KV is ready).
@@ -178,6 +181,24 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
             "remote_port": 5601,
             "tp_size": 1,
         });
+    }
+    if body["stream"] != true && b.breaks_mid_body {
+        guard.done = true;
+        let text = whole.to_string();
+        let head = Bytes::from(text[..text.len() / 2].to_owned());
+        // The head and first bytes go out; a moment later, the break.
+        let parts = futures::stream::iter([Ok(head), Err(std::io::Error::other("engine died"))])
+            .then(|part| async move {
+                if part.is_err() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                part
+            });
+        return axum::response::Response::builder()
+            .header("content-type", "application/json")
+            .header("content-length", text.len())
+            .body(Body::from_stream(parts))
+            .unwrap();
     }
     if body["stream"] != true {
         guard.done = true;
@@ -676,6 +697,35 @@ async fn a_vllm_prefill_without_transfer_params_is_retried_on_another() {
     let r = post_chat(&gw.url, &chat_body(false)).await;
     assert_eq!(r.status(), 502, "{}", r.text().await.unwrap());
     assert_eq!(common::series_sum(&gw.url, retries).await, 0.0);
+    gw.shutdown().await;
+}
+
+/// A vLLM prefill worker whose answer breaks off part-way (the engine
+/// died, the connection dropped) failed the request as an engine started
+/// without a KV connector ("answered without kv_transfer_params"), with no
+/// broken answer counted: an operator was sent to check its flags. It is
+/// told as the broken connection it is, and counted so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_prefill_answer_broken_off_is_told_as_such() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    prefill.set(Behaviour {
+        breaks_mid_body: true,
+        ..Behaviour::default()
+    });
+    let c = pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode]);
+    let gw = started(c).await;
+    let r = post_chat(&gw.url, &chat_body(false)).await;
+    assert_eq!(r.status(), 502);
+    let error: Value = r.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "worker_closed", "{error}");
+    let broken = format!(
+        "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"stream_broken\"}}",
+        prefill.url()
+    );
+    let text = common::metrics_text(&gw.url).await;
+    assert!(text.contains(&format!("{broken} 1")), "{text}");
+    assert!(decode.bodies().is_empty(), "decode was sent nothing");
     gw.shutdown().await;
 }
 

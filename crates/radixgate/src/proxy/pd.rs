@@ -1063,20 +1063,39 @@ impl Pair<'_> {
             ));
         }
         prefill_decision.first_token(answer.sent.elapsed());
-        let whole = read_whole(answer.response, deadline).await;
-        let params = whole.as_deref().and_then(transfer_params);
-        let Some(params) = params else {
-            record(&prefill_worker, probe, Outcome::Failure);
-            return Err(Failed::prefill(
-                prefill_worker.id(),
-                GatewayError::NoTransferParams {
-                    worker: prefill_worker.url().to_owned(),
-                },
-            ));
+        let worker = || prefill_worker.url().to_owned();
+        // An answer that did not come whole is told as what it was, not as
+        // an engine without a KV connector (which it was told as before).
+        let whole = match read_whole(answer.response, deadline).await {
+            Ok(whole) => Ok(whole),
+            Err(Unread::Broken(source)) => {
+                let metrics = &self.state.shared.request_metrics;
+                metrics.upstream_error(prefill_worker.url(), "stream_broken");
+                Err(GatewayError::UpstreamClosed {
+                    worker: worker(),
+                    source,
+                })
+            }
+            Err(Unread::Late) => Err(GatewayError::FirstByteTimeout {
+                worker: worker(),
+                after: self.first_byte_timeout.unwrap_or_default(),
+            }),
+            // Too long to hold parameters where they are looked for.
+            Err(Unread::TooLong) => Err(GatewayError::NoTransferParams { worker: worker() }),
         };
-        if let Some(body) = &whole {
-            apply_cached_report(&mut prefill_decision, self.text, body);
-        }
+        let params = whole.and_then(|whole| {
+            let params = transfer_params(&whole)
+                .ok_or_else(|| GatewayError::NoTransferParams { worker: worker() })?;
+            Ok((whole, params))
+        });
+        let (whole, params) = match params {
+            Ok(read) => read,
+            Err(error) => {
+                record(&prefill_worker, probe, Outcome::Failure);
+                return Err(Failed::prefill(prefill_worker.id(), error));
+            }
+        };
+        apply_cached_report(&mut prefill_decision, self.text, &whole);
         // Prefill's work is done: its load goes now, not with the stream.
         drop(prefill_decision);
         match with_transfer_params(bytes, &params) {
@@ -1220,16 +1239,34 @@ async fn prefill_side(
     }
 }
 
+/// Why a whole answer was not read.
+enum Unread {
+    /// The connection broke, or the body's framing did, part-way.
+    Broken(Box<dyn std::error::Error + Send + Sync>),
+    /// Over [`PREFILL_ANSWER_LIMIT`] bytes.
+    TooLong,
+    /// Not all of it by the deadline.
+    Late,
+}
+
 /// Reads a whole answer (at most [`PREFILL_ANSWER_LIMIT`] bytes) before
-/// `deadline`; `None` if it breaks, is too long or is late.
+/// `deadline`.
 async fn read_whole(
     response: axum::http::Response<crate::stream::Primed<hyper::body::Incoming>>,
     deadline: Option<tokio::time::Instant>,
-) -> Option<Bytes> {
+) -> Result<Bytes, Unread> {
     let body = http_body_util::Limited::new(response.into_body(), PREFILL_ANSWER_LIMIT);
-    let read = async { body.collect().await.ok().map(|c| c.to_bytes()) };
+    let read = async {
+        match body.collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(err) if err.is::<http_body_util::LengthLimitError>() => Err(Unread::TooLong),
+            Err(err) => Err(Unread::Broken(err)),
+        }
+    };
     match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, read).await.ok().flatten(),
+        Some(deadline) => tokio::time::timeout_at(deadline, read)
+            .await
+            .unwrap_or(Err(Unread::Late)),
         None => read.await,
     }
 }
