@@ -208,6 +208,9 @@ impl ReloadMetrics {
 /// What a reload acts on, handed over by the server at start-up.
 pub(crate) struct Target {
     pub(crate) running: Config,
+    /// The routing section at start-up, whose tree bounds the decode
+    /// pool's prefix record and the KV-event index keep ([`held_bounds`]).
+    pub(crate) started_routing: PolicyConfig,
     pub(crate) control: Control,
     pub(crate) keys: Arc<Keys>,
     /// The client API's keys and limits.
@@ -301,8 +304,10 @@ impl Target {
             Some(new.routing.build().map_err(ConfigError::from)?)
         };
         let tenants = self.tenants.load().reloaded(&new)?;
+        let mut needs_restart = restart_keys(&self.running, &new);
+        needs_restart.extend(held_bounds(&self.started_routing, &self.running, &new));
         let mut changes = Changes {
-            needs_restart: restart_keys(&self.running, &new),
+            needs_restart,
             ..Changes::default()
         };
 
@@ -454,6 +459,46 @@ fn restart_keys(running: &Config, new: &Config) -> Vec<String> {
     keys
 }
 
+/// The routing section's tree bounds that parts built at start-up hold
+/// on to, as `started` (the routing section at start-up) set them: the
+/// decode pool's prefix record in a disaggregated pool (its sizes,
+/// eviction and correction) and the KV-event index (the routed text's
+/// length), where `running` has them. A reload builds the main policy
+/// anew with `new`'s values, not these, and said nothing of it.
+fn held_bounds(started: &PolicyConfig, running: &Config, new: &Config) -> Vec<String> {
+    use serde_json::{Value, json};
+    let (old, now) = (started.tree_bounds(), new.routing.tree_bounds());
+    let mut keys = Vec::new();
+    let mut held = |by: &str, pick: &dyn Fn(&radixgate_routing::CacheAwareConfig) -> Value| {
+        let (old, now) = (pick(&old), pick(&now));
+        if old != now {
+            keys.extend(
+                changed_keys("routing", old, now)
+                    .into_iter()
+                    .map(|k| format!("{k} (as {by} holds it)")),
+            );
+        }
+    };
+    if running.pd.enabled {
+        held("the decode pool's prefix record", &|b| {
+            json!({
+                "max_total_chars": b.max_total_chars,
+                "max_tree_size": b.max_tree_size,
+                "eviction_interval_secs": b.eviction_interval_secs,
+                "max_routing_text_chars": b.max_routing_text_chars,
+                "correction": b.correction,
+            })
+        });
+    }
+    if running.kv_events.enabled {
+        held(
+            "the KV-event index",
+            &|b| json!({"max_routing_text_chars": b.max_routing_text_chars}),
+        );
+    }
+    keys
+}
+
 /// Adds to `keys` what changed of section `name` from `old` to `new`.
 fn section<T: PartialEq + serde::Serialize>(keys: &mut Vec<String>, name: &str, old: &T, new: &T) {
     if old != new {
@@ -490,6 +535,45 @@ fn changed_keys(name: &str, old: serde_json::Value, new: serde_json::Value) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The routing section's tree bounds are applied to the main policy,
+    /// but not to what holds them from start-up: the decode pool's prefix
+    /// record and the KV-event index. A reload that changes them names
+    /// them (it said nothing: the policy was rebuilt, they were not).
+    #[test]
+    fn tree_bounds_held_from_start_up_are_named() {
+        use radixgate_routing::{CacheAwareConfig, PolicyConfig};
+        let cache_aware = |edit: fn(&mut CacheAwareConfig)| {
+            let mut c = CacheAwareConfig::default();
+            edit(&mut c);
+            PolicyConfig::CacheAware(c)
+        };
+        let started = cache_aware(|_| {});
+        let mut running = Config::default();
+        let mut new = running.clone();
+        new.routing = cache_aware(|c| c.max_tree_size += 1);
+        let held = |running: &Config, new: &Config| held_bounds(&started, running, new);
+        assert!(held(&running, &new).is_empty(), "no part holds it");
+        running.pd.enabled = true;
+        new.pd.enabled = true;
+        assert_eq!(
+            held(&running, &new),
+            ["routing.max_tree_size (as the decode pool's prefix record holds it)"]
+        );
+        // Still so once a reload applied it to the main policy.
+        running.routing = new.routing.clone();
+        assert_eq!(held(&running, &new).len(), 1);
+        running.kv_events.enabled = true;
+        new.kv_events.enabled = true;
+        new.routing = cache_aware(|c| c.max_routing_text_chars += 1);
+        assert_eq!(
+            held(&running, &new),
+            [
+                "routing.max_routing_text_chars (as the decode pool's prefix record holds it)",
+                "routing.max_routing_text_chars (as the KV-event index holds it)",
+            ]
+        );
+    }
 
     /// Every setting a reload does not apply is named by its key when it
     /// changes: a setting edited and reloaded is never ignored without a

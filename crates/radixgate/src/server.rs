@@ -411,6 +411,7 @@ pub async fn run_reloadable(
         reloads,
         reload::Target {
             running: config.clone(),
+            started_routing: config.routing.clone(),
             control: control.clone(),
             keys: keys.clone(),
             tenants: tenants.clone(),
