@@ -1097,6 +1097,55 @@ async fn a_failed_vllm_prefill_leaves_no_prompt_on_decodes_record() {
     gw.shutdown().await;
 }
 
+/// A request for which no prefill worker can be chosen (its only one's
+/// breaker open) is answered 503 without being sent to either side, and
+/// leaves no prompt on decode's record. It left it there: the next request
+/// for the prompt was predicted held by decode and sent to decode alone,
+/// which computed the whole prompt itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_no_prefill_worker_to_choose_leaves_no_prompt_on_decodes_record() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let mut c = pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode]);
+    c.pd.skip_prefill_max_uncached_tokens = 32;
+    c.retry.max_retries = 0;
+    c.circuit_breaker.failure_threshold = 1;
+    c.circuit_breaker.timeout_duration_secs = 2;
+    let gw = started(c).await;
+    prefill.set(Behaviour {
+        fail: Some(502),
+        ..Behaviour::default()
+    });
+    let mut body = chat_body(false);
+    body["messages"][0]["content"] = json!(long_prompt("opens the breaker"));
+    assert_eq!(post_chat(&gw.url, &body).await.status(), 502);
+    prefill.set(Behaviour::default());
+    let open = format!(
+        "radixgate_circuit_breaker_state{{worker=\"{}\"}}",
+        prefill.url()
+    );
+    wait_until("the prefill worker's breaker open", || async {
+        series_value(&gw.url, &open).await == 1.0
+    })
+    .await;
+    body["messages"][0]["content"] = json!(long_prompt("no prefill to choose"));
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 503, "{}", r.text().await.unwrap());
+    assert!(decode.bodies().is_empty(), "decode was sent nothing");
+    wait_until("the breaker half-open", || async {
+        series_value(&gw.url, &open).await == 2.0
+    })
+    .await;
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 200);
+    let decision = header(&r, "x-radixgate-decision");
+    assert!(
+        decision.starts_with("pd=vllm prefill=[cache_aware "),
+        "sent to both: {decision}"
+    );
+    gw.shutdown().await;
+}
+
 /// vLLM's step one asks for one token; a client's `min_tokens` above it
 /// is left out of step one (vLLM refuses `min_tokens` over `max_tokens`:
 /// every request that set it was answered 400) and reaches decode as sent.

@@ -262,14 +262,20 @@ pub(super) async fn attempts(
                             unsent(&mut decode);
                             continue;
                         }
-                        Err(err) => return Err(give_up(err, last_failure, "prefill")),
+                        Err(err) => {
+                            unsent(&mut decode);
+                            return Err(give_up(err, last_failure, "prefill"));
+                        }
                     }
                 }
                 Err(err) if rescued(shared, &err) => {
                     unsent(&mut decode);
                     continue;
                 }
-                Err(err) => return Err(give_up(err, last_failure, "prefill")),
+                Err(err) => {
+                    unsent(&mut decode);
+                    return Err(give_up(err, last_failure, "prefill"));
+                }
             },
         };
         // Each side's breaker admits it before either is sent, so that a
