@@ -85,6 +85,9 @@ trait Watched {
     async fn admit(&mut self) -> Result<(), String>;
     /// The admitted worker's health changed.
     async fn report(&mut self, healthy: bool);
+    /// The admitted worker is healthy and `models_refresh_secs` passed
+    /// since its models were last read: reads them again.
+    async fn refresh(&mut self) {}
 }
 
 impl Watched for Target {
@@ -144,9 +147,34 @@ impl Watched for Target {
             self.read_capacity();
         }
     }
+
+    async fn refresh(&mut self) {
+        self.refresh_models().await;
+    }
 }
 
 impl Target {
+    /// Re-reads a healthy worker's models and KV cache size, unless the
+    /// operator listed them, and hands them to the control task, which
+    /// relists the worker only if they changed. A worker that does not
+    /// answer keeps what it said before (a probe tells its health).
+    async fn refresh_models(&mut self) {
+        if self.models.is_empty() {
+            match discover_models(self).await {
+                Ok(Some(models)) => {
+                    self.control
+                        .report_health(self.url.clone(), true, Some(models), &self.cancel)
+                        .await;
+                }
+                Ok(None) => {}
+                Err(problem) => {
+                    tracing::debug!(worker = %self.url, %problem, "models not re-read");
+                }
+            }
+        }
+        self.read_capacity();
+    }
+
     /// Asks the worker for its KV cache's size, unless the operator gave
     /// it, beside the probes: the worker is in rotation meanwhile, its tree
     /// bounded only by `max_tree_size` until the answer comes, and one
@@ -183,6 +211,9 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
     let (mut successes, mut failures) = (0u32, 0u32);
     // The last complaint while out of rotation: when, and for what cause.
     let mut complained: Option<(Instant, String)> = None;
+    // When the worker's models were last read (on admission, on return).
+    let mut models_read = Instant::now();
+    let refresh = Duration::from_secs(cfg.models_refresh_secs);
     loop {
         let outcome = if cfg.enabled {
             worker.probe().await
@@ -206,12 +237,14 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
                 healthy = true;
                 backoff = initial;
                 worker.report(healthy).await;
+                models_read = Instant::now();
             } else {
                 match worker.admit().await {
                     Ok(()) => {
                         healthy = true;
                         backoff = initial;
                         admitted = true;
+                        models_read = Instant::now();
                     }
                     // It answers its probes but cannot be routed to as it
                     // is: out of rotation, complained of, and asked again.
@@ -224,6 +257,11 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
         } else if healthy && !ok && failures >= cfg.failure_threshold {
             healthy = false;
             worker.report(healthy).await;
+        } else if healthy && ok && !refresh.is_zero() && models_read.elapsed() >= refresh {
+            // A server can change model without failing a probe (a
+            // Service's pods replaced by a rolling update).
+            worker.refresh().await;
+            models_read = Instant::now();
         }
         match outcome {
             Err(problem) if !healthy => {

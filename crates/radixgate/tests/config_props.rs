@@ -364,6 +364,7 @@ const KEYS: &[(&str, &str, Option<&str>)] = &[
     ),
     ("health", "unhealthy_backoff_initial_ms", None),
     ("health", "unhealthy_backoff_max_ms", None),
+    ("health", "models_refresh_secs", None),
     ("retry", "max_retries", Some("--retry-max-retries")),
     (
         "retry",

@@ -495,6 +495,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "success_threshold",
             "unhealthy_backoff_initial_ms",
             "unhealthy_backoff_max_ms",
+            "models_refresh_secs",
         ],
     ),
     (

@@ -1137,6 +1137,51 @@ async fn a_worker_restarted_with_another_model_serves_it() {
     stop.cancel();
 }
 
+/// A URL whose server changes model without failing a probe (a Service
+/// whose pods a rolling update replaced with another model's) is routed
+/// for the new model once its models are read again, every
+/// `models_refresh_secs`. They were read only on admission and on a
+/// return from failure: the new model was a 404 at the router, and the
+/// old one went to a server that no longer had it, until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_changes_model_while_healthy_is_routed_for_the_new_one() {
+    use axum::extract::State;
+    use parking_lot::Mutex;
+    type Serving = Arc<Mutex<&'static str>>;
+    let serving: Serving = Arc::new(Mutex::new("model-a"));
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            axum::routing::get(|State(s): State<Serving>| async move {
+                axum::Json(json!({"data": [{"id": *s.lock()}]}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async { axum::Json(ok_answer()) }),
+        )
+        .with_state(serving.clone());
+    let (url, stop) = serve_app(app).await;
+    let mut c = config(&[&url]);
+    c.health.interval_secs = 1;
+    c.health.models_refresh_secs = 1;
+    let gw = gateway_ready(c, 1).await;
+    assert_eq!(model_ids(&gw.url).await, ["model-a"]);
+    *serving.lock() = "model-b";
+    wait_until("the new model listed", || async {
+        model_ids(&gw.url).await == ["model-b"]
+    })
+    .await;
+    let mut body = chat("after the rollout", false);
+    body["model"] = json!("model-b");
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[WORKER_HEADER], url.as_str());
+    gw.shutdown().await;
+    stop.cancel();
+}
+
 /// A worker that wants an API key (vLLM's `--api-key`, which leaves
 /// `/health` open) added without one is held out of rotation, its
 /// problem naming the setting, and clients get the router's 503, not

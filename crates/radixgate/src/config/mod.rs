@@ -334,6 +334,12 @@ pub struct HealthConfig {
     pub unhealthy_backoff_initial_ms: u64,
     /// Largest back-off between probes of an unhealthy worker, in ms.
     pub unhealthy_backoff_max_ms: u64,
+    /// Seconds between re-reads of a healthy worker's models (and KV cache
+    /// size), where the worker reports them: a URL whose server changed
+    /// model without failing a probe (a Service whose pods a rolling
+    /// update replaced) is routed for its new model within this. 0: read
+    /// only on admission and when it comes back healthy.
+    pub models_refresh_secs: u64,
 }
 
 impl Default for HealthConfig {
@@ -347,6 +353,7 @@ impl Default for HealthConfig {
             success_threshold: 2,
             unhealthy_backoff_initial_ms: 250,
             unhealthy_backoff_max_ms: 2000,
+            models_refresh_secs: 30,
         }
     }
 }

@@ -367,6 +367,12 @@ impl Config {
         let h = &self.health;
         within("health.interval_secs", h.interval_secs, 1, MAX_SECS)?;
         within("health.timeout_secs", h.timeout_secs, 1, MAX_SECS)?;
+        within(
+            "health.models_refresh_secs",
+            h.models_refresh_secs,
+            0,
+            MAX_SECS,
+        )?;
         if !h.endpoint.starts_with('/') {
             return Err(invalid(
                 "health.endpoint",

@@ -14,6 +14,8 @@ use tokio::time::Instant;
 enum Report {
     Admit,
     Healthy(bool),
+    /// Its models read again.
+    Refresh,
 }
 
 /// A worker that answers probes only while the milliseconds since the start
@@ -87,6 +89,11 @@ impl Watched for Scripted {
         let now = self.now_ms();
         self.reports.push((now, Report::Healthy(healthy)));
     }
+
+    async fn refresh(&mut self) {
+        let now = self.now_ms();
+        self.reports.push((now, Report::Refresh));
+    }
 }
 
 /// Runs the default schedule against `worker` for `ms` of (paused) time.
@@ -110,6 +117,32 @@ fn the_schedules_are_for_these_defaults() {
     );
     assert_eq!((c.success_threshold, c.failure_threshold), (2, 3));
     assert_eq!(c.interval_secs, 10);
+}
+
+/// A healthy worker's models are read again at the first probe at least
+/// `models_refresh_secs` (30 s) after they were last read (its admission,
+/// its return), never while it is unhealthy.
+#[tokio::test(start_paused = true)]
+async fn a_healthy_workers_models_are_read_again_every_refresh_period() {
+    // Up from the start, down from 45 s to 75 s, up again.
+    let mut worker = Scripted::new(vec![0..45_000, 75_000..u64::MAX]);
+    watch_for(&mut worker, 110_000).await;
+    let at = |what: Report| -> Vec<u64> {
+        let reports = worker.reports.iter();
+        reports
+            .filter(|(_, r)| *r == what)
+            .map(|(at, _)| *at)
+            .collect()
+    };
+    // Admitted at 250 ms (two probes); probed every 10 s from then; the
+    // probes at 50.25, 60.25 and 70.25 s fail; back at 76.25 s.
+    assert_eq!(at(Report::Admit), [250]);
+    assert_eq!(at(Report::Healthy(false)), [70_250]);
+    assert_eq!(at(Report::Healthy(true)), [76_250]);
+    // At 30.25 s; none while it fails (due from 60.25 s), nor at its
+    // return (read then); next 30 s after it.
+    assert_eq!(at(Report::Refresh), [30_250, 106_250]);
+    assert_eq!(HealthConfig::default().models_refresh_secs, 30);
 }
 
 #[tokio::test(start_paused = true)]
