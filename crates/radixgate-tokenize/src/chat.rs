@@ -210,7 +210,7 @@ fn message_for_template(
         && let Some(Value::Array(calls)) = out.get_mut("tool_calls")
     {
         if calls.is_empty() {
-            out.remove("tool_calls");
+            out.shift_remove("tool_calls");
         } else {
             for call in calls.iter_mut() {
                 parse_arguments(call, i)?;

@@ -298,3 +298,30 @@ fn a_template_that_loops_over_content_gets_parts() {
         "<system>[][][][][]<user>[a][b]"
     );
 }
+
+/// The engines parse the body into Python dicts, which keep the keys in
+/// the order the client wrote them: so must the render. Tool-call
+/// arguments and tool schemas are printed with `tojson` by tool-use
+/// templates, and a schema's properties are rarely in sorted order.
+#[test]
+fn json_in_the_body_keeps_the_clients_key_order() {
+    let (_dir, tok) = model_with_template(
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}\
+         {{ c.function.arguments | tojson }}|{% endfor %}{% endfor %}\
+         {{ chat_options | tojson }}",
+    );
+    // As the router reads it: parsed from the request's bytes.
+    let body: Value = serde_json::from_str(
+        r#"{"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "get_weather",
+                 "arguments": "{\"unit\": \"celsius\", \"city\": \"Paris\"}"}}]}],
+            "chat_template_kwargs": {"chat_options": {"zeta": 1, "alpha": 2}}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        tok.render_chat(&body).unwrap(),
+        "{\"unit\": \"celsius\", \"city\": \"Paris\"}|{\"zeta\": 1, \"alpha\": 2}"
+    );
+}

@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(
             got,
             "<|user|>\nsee <|image:http://x/1.png|><|image:AAA|><|end|>\n\
-             <|assistant|>\n<|thinking|>hmcalling<|call:f|>{\"a\":[1],\"b\":2}<|end|>\n\
+             <|assistant|>\n<|thinking|>hmcalling<|call:f|>{\"b\":2,\"a\":[1]}<|end|>\n\
              <|user|>\n<|tool_result:t1|>42<|tool_result:t2|>43<|end|>\n"
         );
     }

@@ -161,11 +161,11 @@ async fn each_api_gets_its_own_error_event() {
     for (api, expected) in [
         (
             ErrorEvents::Messages,
-            "event: error\ndata: {\"error\":{\"message\":\"the worker's stream broke off: reset\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n",
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the worker's stream broke off: reset\"}}\n\n",
         ),
         (
             ErrorEvents::Responses,
-            "event: error\ndata: {\"code\":\"stream_interrupted\",\"message\":\"the worker's stream broke off: reset\",\"param\":null,\"type\":\"error\"}\n\n",
+            "event: error\ndata: {\"type\":\"error\",\"code\":\"stream_interrupted\",\"message\":\"the worker's stream broke off: reset\",\"param\":null}\n\n",
         ),
     ] {
         let body = WatchedBody::new(
