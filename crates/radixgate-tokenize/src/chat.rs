@@ -10,8 +10,10 @@
 //! - leave out keys whose value is null;
 //! - parse an assistant tool call's `arguments` from its JSON string into an
 //!   object (tool-use templates expect a mapping there), `{}` when empty;
-//! - pass `tools`, `chat_template_kwargs` (merged into the context) and, in
-//!   vLLM, `documents`.
+//! - pass `tools` (each as the engine's request model dumps it: its
+//!   declared fields first, in their order, absent ones as null),
+//!   `chat_template_kwargs` (merged into the context) and, in vLLM,
+//!   `documents`.
 
 use minijinja::Value as JinjaValue;
 use serde_json::{Map, Value};
@@ -239,31 +241,92 @@ fn parse_arguments(call: &mut Value, i: usize) -> Result<(), TokenizeError> {
     Ok(())
 }
 
-/// The tools the template sees (`null` when none).
+/// The tools the template sees (`null` when none), each as the engine's
+/// request model dumps it.
 fn tools(body: &Map<String, Value>, engine: Engine) -> Result<Value, TokenizeError> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => return Ok(Value::Null),
         Some(Value::Array(t)) => t,
         Some(_) => return Err(invalid("`tools` must be a list")),
     };
-    let choice = body.get("tool_choice");
+    let mut chosen: Vec<&Value> = tools.iter().collect();
     if engine == Engine::Sglang {
-        match choice {
+        match body.get("tool_choice") {
             Some(Value::String(s)) if s == "none" => return Ok(Value::Null),
             // A named tool choice: SGLang gives the template only that tool.
             Some(Value::Object(c)) => {
                 let name = c.get("function").and_then(|f| f.get("name"));
-                let only: Vec<Value> = tools
-                    .iter()
-                    .filter(|t| t.get("function").and_then(|f| f.get("name")) == name)
-                    .cloned()
-                    .collect();
-                return Ok(Value::Array(only));
+                chosen.retain(|t| t.get("function").and_then(|f| f.get("name")) == name);
             }
             _ => {}
         }
+        // SGLang passes no tools at all for an empty list.
+        if chosen.is_empty() {
+            return Ok(Value::Null);
+        }
     }
-    Ok(Value::Array(tools.clone()))
+    let dumped = chosen
+        .into_iter()
+        .enumerate()
+        .map(|(i, tool)| dump_tool(tool, i, engine))
+        .collect::<Result<_, _>>()?;
+    Ok(Value::Array(dumped))
+}
+
+/// One tool as the engine's request model dumps it (`model_dump()`), which
+/// is what its template prints: the models' fields in their declared
+/// order, absent ones as their defaults, whatever order the client wrote.
+/// vLLM: `type`, then `function` (`name`, `description`, `parameters`,
+/// then the client's other keys, which its models keep), then the tool's
+/// other keys. SGLang: `type`, then `function` (`description`, `name`,
+/// `parameters`, `strict`, default false); other keys are dropped.
+fn dump_tool(tool: &Value, i: usize, engine: Engine) -> Result<Value, TokenizeError> {
+    let Value::Object(tool) = tool else {
+        return Err(invalid(format!("`tools`[{i}] must be an object")));
+    };
+    let Some(Value::Object(function)) = tool.get("function") else {
+        return Err(invalid(format!("`tools`[{i}] needs a `function` object")));
+    };
+    let given = |map: &Map<String, Value>, key: &str| map.get(key).cloned().unwrap_or(Value::Null);
+    let mut dumped_function = Map::new();
+    let declared: &[&str] = match engine {
+        Engine::Vllm => &["name", "description", "parameters"],
+        Engine::Sglang => &["description", "name", "parameters"],
+    };
+    for key in declared {
+        dumped_function.insert((*key).to_owned(), given(function, key));
+    }
+    let mut dumped = Map::new();
+    let kind = tool
+        .get("type")
+        .cloned()
+        .unwrap_or_else(|| Value::String("function".into()));
+    dumped.insert("type".into(), kind);
+    match engine {
+        Engine::Vllm => {
+            for (k, v) in function {
+                if !dumped_function.contains_key(k) {
+                    dumped_function.insert(k.clone(), v.clone());
+                }
+            }
+            dumped.insert("function".into(), Value::Object(dumped_function));
+            for (k, v) in tool {
+                if !dumped.contains_key(k) {
+                    dumped.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Engine::Sglang => {
+            let strict = function
+                .get("strict")
+                .filter(|v| !v.is_null())
+                .cloned()
+                .unwrap_or(Value::Bool(false));
+            dumped_function.insert("strict".into(), strict);
+            dumped.insert("function".into(), Value::Object(dumped_function));
+        }
+    }
+    Ok(Value::Object(dumped))
 }
 
 /// The text to continue: the final message's content (for a list of parts,

@@ -179,6 +179,15 @@ fn malformed_messages_are_client_errors() {
             json!({"messages": [{"role": "user", "content": "x"}], "tools": {}}),
             "`tools` must be a list",
         ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": ["f"]}),
+            "`tools`[0] must be an object",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function"}]}),
+            "`tools`[0] needs a `function` object",
+        ),
     ] {
         let err = tok.prompt_tokens(CHAT, &body).unwrap_err();
         assert!(err.is_client_error(), "{body}: {err}");
@@ -189,9 +198,6 @@ fn malformed_messages_are_client_errors() {
 #[test]
 fn tools_reach_the_template_as_python_json() {
     let (_dir, tok) = model();
-    // Keys written in sorted order: the router's serde_json may or may not
-    // keep insertion order (its `preserve_order` feature), and either way
-    // these come out as written.
     let tools = json!([{"function": {
         "description": "Météo", "name": "get_weather",
         "parameters": {"properties": {"city": {"type": "string"}}, "type": "object"}},
@@ -200,9 +206,9 @@ fn tools_reach_the_template_as_python_json() {
     let rendered = tok.render_chat(&body).unwrap();
     assert!(
         rendered.starts_with(
-            "<|bos|><|system|>\nTools: [{\"function\": {\"description\": \"Météo\", \"name\": \
-             \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
-             \"type\": \"object\"}}, \"type\": \"function\"}]<|end|>\n<|user|>\nx"
+            "<|bos|><|system|>\nTools: [{\"type\": \"function\", \"function\": {\"name\": \
+             \"get_weather\", \"description\": \"Météo\", \"parameters\": {\"properties\": \
+             {\"city\": {\"type\": \"string\"}}, \"type\": \"object\"}}}]<|end|>\n<|user|>\nx"
         ),
         "{rendered}"
     );
@@ -323,5 +329,38 @@ fn json_in_the_body_keeps_the_clients_key_order() {
     assert_eq!(
         tok.render_chat(&body).unwrap(),
         "{\"unit\": \"celsius\", \"city\": \"Paris\"}|{\"zeta\": 1, \"alpha\": 2}"
+    );
+}
+
+/// Both engines hand the template each tool as their request model dumps
+/// it (pydantic's `model_dump()`): the declared fields first, in their
+/// order, absent ones as null (SGLang's `strict` as false), whatever order
+/// the client wrote. Tool-use templates print them with `tojson`.
+#[test]
+fn tools_reach_the_template_as_the_engine_dumps_them() {
+    let (_dir, tok) = model_with_template("{{ tools | tojson }}");
+    let body: Value = serde_json::from_str(
+        r#"{"messages": [{"role": "user", "content": "x"}], "tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "Météo",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+            {"function": {"parameters": {"type": "object"}, "name": "now", "strict": true}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        tok.render_chat(&body).unwrap(),
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
+         \"description\": \"Météo\", \"parameters\": {\"type\": \"object\", \
+         \"properties\": {\"city\": {\"type\": \"string\"}}}}}, \
+         {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": null, \
+         \"parameters\": {\"type\": \"object\"}, \"strict\": true}}]"
+    );
+    let sglang = tok.with_engine(Engine::Sglang);
+    assert_eq!(
+        sglang.render_chat(&body).unwrap(),
+        "[{\"type\": \"function\", \"function\": {\"description\": \"Météo\", \
+         \"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \
+         \"properties\": {\"city\": {\"type\": \"string\"}}}, \"strict\": false}}, \
+         {\"type\": \"function\", \"function\": {\"description\": null, \"name\": \"now\", \
+         \"parameters\": {\"type\": \"object\"}, \"strict\": true}}]"
     );
 }
