@@ -39,11 +39,14 @@ pub(crate) struct PreparedChat {
 ///
 /// `content_parts`: the template iterates over a message's content (see
 /// [`crate::template::iterates_message_content`]), so content goes to it as
-/// a list of parts rather than a string.
+/// a list of parts rather than a string. `wrapped_tools`: the template
+/// reads a tool's fields under its `function` (see
+/// [`crate::template::reads_wrapped_tools`]).
 pub(crate) fn prepare(
     body: &Map<String, Value>,
     engine: Engine,
     content_parts: bool,
+    wrapped_tools: bool,
 ) -> Result<PreparedChat, TokenizeError> {
     let messages = match body.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
@@ -118,7 +121,7 @@ pub(crate) fn prepare(
         "messages".into(),
         Value::Array(prepared.into_iter().map(Value::Object).collect()),
     );
-    context.insert("tools".into(), tools(body, engine)?);
+    context.insert("tools".into(), tools(body, engine, wrapped_tools)?);
     if engine == Engine::Vllm
         && let Some(docs) = body.get("documents").filter(|v| !v.is_null())
     {
@@ -242,8 +245,10 @@ fn parse_arguments(call: &mut Value, i: usize) -> Result<(), TokenizeError> {
 }
 
 /// The tools the template sees (`null` when none), each as the engine's
-/// request model dumps it.
-fn tools(body: &Map<String, Value>, engine: Engine) -> Result<Value, TokenizeError> {
+/// request model dumps it: vLLM hands every template the whole tool;
+/// SGLang the function alone, unless the template reads `tool.function`
+/// (`wrapped`).
+fn tools(body: &Map<String, Value>, engine: Engine, wrapped: bool) -> Result<Value, TokenizeError> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => return Ok(Value::Null),
         Some(Value::Array(t)) => t,
@@ -268,7 +273,7 @@ fn tools(body: &Map<String, Value>, engine: Engine) -> Result<Value, TokenizeErr
     let dumped = chosen
         .into_iter()
         .enumerate()
-        .map(|(i, tool)| dump_tool(tool, i, engine))
+        .map(|(i, tool)| dump_tool(tool, i, engine, wrapped))
         .collect::<Result<_, _>>()?;
     Ok(Value::Array(dumped))
 }
@@ -278,9 +283,16 @@ fn tools(body: &Map<String, Value>, engine: Engine) -> Result<Value, TokenizeErr
 /// order, absent ones as their defaults, whatever order the client wrote.
 /// vLLM: `type`, then `function` (`name`, `description`, `parameters`,
 /// then the client's other keys, which its models keep), then the tool's
-/// other keys. SGLang: `type`, then `function` (`description`, `name`,
-/// `parameters`, `strict`, default false); other keys are dropped.
-fn dump_tool(tool: &Value, i: usize, engine: Engine) -> Result<Value, TokenizeError> {
+/// other keys. SGLang: the function alone (`description`, `name`,
+/// `parameters`, `strict`, default false), or for a template that reads
+/// `tool.function` (`wrapped`), `type` then that function; other keys are
+/// dropped.
+fn dump_tool(
+    tool: &Value,
+    i: usize,
+    engine: Engine,
+    wrapped: bool,
+) -> Result<Value, TokenizeError> {
     let Value::Object(tool) = tool else {
         return Err(invalid(format!("`tools`[{i}] must be an object")));
     };
@@ -323,6 +335,9 @@ fn dump_tool(tool: &Value, i: usize, engine: Engine) -> Result<Value, TokenizeEr
                 .cloned()
                 .unwrap_or(Value::Bool(false));
             dumped_function.insert("strict".into(), strict);
+            if !wrapped {
+                return Ok(Value::Object(dumped_function));
+            }
             dumped.insert("function".into(), Value::Object(dumped_function));
         }
     }

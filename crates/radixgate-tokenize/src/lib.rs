@@ -198,7 +198,12 @@ impl Tokenizer {
         body: &serde_json::Map<String, Value>,
     ) -> Result<(String, bool), TokenizeError> {
         let template = self.chat.as_ref().ok_or(TokenizeError::NoChatTemplate)?;
-        let prepared = chat::prepare(body, self.engine, template.content_parts())?;
+        let prepared = chat::prepare(
+            body,
+            self.engine,
+            template.content_parts(),
+            template.wrapped_tools(),
+        )?;
         let context = chat::context_value(&self.special_tokens, prepared.context);
         let mut text = template.render(context)?;
         if let Some(final_message) = &prepared.continue_final {

@@ -44,6 +44,7 @@ const FUEL: u64 = 4_000_000;
 pub(crate) struct ChatTemplate {
     env: Environment<'static>,
     content_parts: bool,
+    wrapped_tools: bool,
 }
 
 impl ChatTemplate {
@@ -68,12 +69,25 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         let content_parts = iterates_message_content(&source);
+        let wrapped_tools = reads_wrapped_tools(&source);
         env.add_template_owned(NAME, source)
             .map_err(|source| TokenizeError::TemplateSyntax {
                 origin: origin.to_path_buf(),
                 source,
             })?;
-        Ok(Self { env, content_parts })
+        Ok(Self {
+            env,
+            content_parts,
+            wrapped_tools,
+        })
+    }
+
+    /// Whether the template reads a tool's fields under its `function`
+    /// (`tool.function.name`), and so wants tools in the OpenAI-wrapped
+    /// shape; SGLang hands such a template `{type, function}` per tool and
+    /// any other the function alone.
+    pub(crate) fn wrapped_tools(&self) -> bool {
+        self.wrapped_tools
     }
 
     /// Whether the template loops over a message's content, and so wants
@@ -122,6 +136,59 @@ pub(crate) fn iterates_message_content(source: &str) -> bool {
         rest = &after[end + 2..];
     }
     false
+}
+
+/// Whether `source` reads `.function` (or `['function']`) of an element
+/// of `tools`: a variable of a `{% for X in tools %}` loop, or of a loop
+/// over a name `{% set Y = tools %}` bound to it. SGLang decides the shape
+/// of the tools it hands a template so, by its parsed loops (from late
+/// 2026; before, it handed every template the flat shape); macros that
+/// take the list as a parameter are not followed here.
+pub(crate) fn reads_wrapped_tools(source: &str) -> bool {
+    let tags = || {
+        let mut rest = source;
+        std::iter::from_fn(move || {
+            let start = rest.find("{%")?;
+            let after = &rest[start + 2..];
+            let end = after.find("%}")?;
+            rest = &after[end + 2..];
+            Some(after[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+        })
+    };
+    let compact = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
+    let mut lists = vec!["tools".to_owned()];
+    for tag in tags() {
+        if let Some((name, value)) = tag.strip_prefix("set ").and_then(|t| t.split_once('='))
+            && lists.contains(&compact(value))
+        {
+            lists.push(compact(name));
+        }
+    }
+    let mut elements = Vec::new();
+    for tag in tags() {
+        if let Some((var, iterable)) = tag.strip_prefix("for ").and_then(|t| t.split_once(" in ")) {
+            let iterable = iterable.split('|').next().unwrap_or_default();
+            let iterable = iterable.split(" if ").next().unwrap_or_default();
+            if lists.contains(&compact(iterable)) {
+                elements.push(compact(var));
+            }
+        }
+    }
+    let compacted = compact(source);
+    elements.iter().any(|var| {
+        [".function", "['function']", "[\"function\"]"]
+            .iter()
+            .any(|field| {
+                let needle = format!("{var}{field}");
+                compacted.match_indices(&needle).any(|(at, _)| {
+                    let before = compacted[..at].chars().next_back();
+                    let after = compacted[at + needle.len()..].chars().next();
+                    let ident =
+                        |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    !ident(before) && !ident(after)
+                })
+            })
+    })
 }
 
 /// Print floats as Python's `str()` does (`1e+16`, `1e-05`, `nan`);
@@ -284,6 +351,27 @@ mod tests {
             "{{ '{% for c in message.content' }}",
         ] {
             assert!(!iterates_message_content(source), "{source}");
+        }
+    }
+
+    #[test]
+    fn a_template_reading_tool_function_is_told_from_one_that_does_not() {
+        for wrapped in [
+            "{% for tool in tools %}{{ tool.function.name }}{% endfor %}",
+            "{%- for t in tools -%}{{ t['function'] | tojson }}{%- endfor %}",
+            "{% set ts = tools %}{% for x in ts if x %}{{ x.function }}{% endfor %}",
+        ] {
+            assert!(reads_wrapped_tools(wrapped), "{wrapped}");
+        }
+        for flat in [
+            "{% for tool in tools %}{{ tool | tojson }}{% endfor %}",
+            "{% for tool in tools %}{{ tool.name }}{% endfor %}",
+            // `function` of something else, or a longer name.
+            "{% for m in messages %}{{ m.function }}{% endfor %}{{ tools }}",
+            "{% for tool in tools %}{{ tool.functions }}{% endfor %}",
+            "{{ tools | tojson }}",
+        ] {
+            assert!(!reads_wrapped_tools(flat), "{flat}");
         }
     }
 

@@ -354,13 +354,27 @@ fn tools_reach_the_template_as_the_engine_dumps_them() {
          {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": null, \
          \"parameters\": {\"type\": \"object\"}, \"strict\": true}}]"
     );
+    // SGLang: the function alone, for a template that does not read
+    // `tool.function` (Qwen's, Llama 3's, Hermes's)...
     let sglang = tok.with_engine(Engine::Sglang);
     assert_eq!(
         sglang.render_chat(&body).unwrap(),
-        "[{\"type\": \"function\", \"function\": {\"description\": \"Météo\", \
+        "[{\"description\": \"Météo\", \
          \"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \
-         \"properties\": {\"city\": {\"type\": \"string\"}}}, \"strict\": false}}, \
-         {\"type\": \"function\", \"function\": {\"description\": null, \"name\": \"now\", \
-         \"parameters\": {\"type\": \"object\"}, \"strict\": true}}]"
+         \"properties\": {\"city\": {\"type\": \"string\"}}}, \"strict\": false}, \
+         {\"description\": null, \"name\": \"now\", \
+         \"parameters\": {\"type\": \"object\"}, \"strict\": true}]"
+    );
+    // ... and the wrapped tool for one that does (DeepSeek's, MiniMax's).
+    let (_dir, tok) = model_with_template(
+        "{% for tool in tools %}{{ tool.function.name }}={{ tool | tojson }};{% endfor %}",
+    );
+    assert_eq!(
+        tok.with_engine(Engine::Sglang).render_chat(&body).unwrap(),
+        "get_weather={\"type\": \"function\", \"function\": {\"description\": \"Météo\", \
+         \"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \
+         \"properties\": {\"city\": {\"type\": \"string\"}}}, \"strict\": false}};\
+         now={\"type\": \"function\", \"function\": {\"description\": null, \"name\": \"now\", \
+         \"parameters\": {\"type\": \"object\"}, \"strict\": true}};"
     );
 }
