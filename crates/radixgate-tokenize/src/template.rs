@@ -141,8 +141,8 @@ pub(crate) fn iterates_message_content(source: &str) -> bool {
 /// Whether `source` reads `.function` (or `['function']`) of an element
 /// of `tools`: a variable of a `{% for X in tools %}` loop, or of a loop
 /// over a name `{% set Y = tools %}` bound to it. SGLang decides the shape
-/// of the tools it hands a template so, by its parsed loops (from late
-/// 2026; before, it handed every template the flat shape); macros that
+/// of the tools it hands a template so, by its parsed loops (in recent
+/// versions; before, it handed every template the flat shape); macros that
 /// take the list as a parameter are not followed here.
 pub(crate) fn reads_wrapped_tools(source: &str) -> bool {
     let tags = || {
