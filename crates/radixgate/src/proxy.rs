@@ -129,9 +129,18 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     std::mem::forget(unanswered);
     result.unwrap_or_else(|err| {
         let model = progress.model(&served);
+        let status = err.status();
+        // A 504 is the router giving up on a worker that had the request
+        // (its first byte or the request timeout): the worker read the
+        // prompt, as when a client leaves then, and its tenant owes it.
+        if status == StatusCode::GATEWAY_TIMEOUT
+            && let Some(owed) = progress.owed.get()
+        {
+            owed.charge(&shared.tenant_metrics);
+        }
         shared
             .request_metrics
-            .request_done(route, err.status().as_u16(), model, started.elapsed());
+            .request_done(route, status.as_u16(), model, started.elapsed());
         err.into_response()
     })
 }
@@ -196,7 +205,8 @@ struct Progress {
     /// refused or left unanswered, where a worker serves it.
     model: std::sync::OnceLock<String>,
     /// Set when the request is sent to a worker: what its metered tenant
-    /// owes if its client leaves before the answer's head.
+    /// owes if its client leaves, or the router gives up waiting (504),
+    /// before the answer's head.
     owed: std::sync::OnceLock<crate::tenants::PromptOwed>,
 }
 

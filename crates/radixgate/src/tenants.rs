@@ -38,9 +38,10 @@
 //!   ([`crate::usage::Output`]). An answer cut short (its client gone, its
 //!   worker failed) may have reported its prompt alone (an Anthropic
 //!   stream's output count comes in its last events): it is charged at
-//!   least its prompt and the output it was sent; a request whose client
-//!   leaves after it was sent to a worker, before the answer's head, its
-//!   prompt ([`PromptOwed`]).
+//!   least its prompt and the output it was sent; a request sent to a
+//!   worker that has no answer's head when its client leaves, or when the
+//!   router gives up on it (a 504: its first byte or the request timeout),
+//!   its prompt ([`PromptOwed`]).
 //!
 //! The tenant metric families are this component's ([`TenantMetrics`], in
 //! `tenants/metrics.rs`).
@@ -307,12 +308,14 @@ impl Metering {
 }
 
 /// What a metered tenant owes for a request sent to a worker whose client
-/// leaves before the answer's head: its prompt's estimate. The worker read
-/// the prompt (a whole answer's head comes only when it is done), and an
-/// answer cut short is charged at least that; charged nothing, a tenant
-/// could have long prompts read without end by leaving each request before
-/// its answer. Charged by the request path ([`crate::proxy`]) when the
-/// request's future is dropped unanswered.
+/// leaves, or which the router gives up waiting for (a 504), before the
+/// answer's head: its prompt's estimate. The worker read the prompt (a
+/// whole answer's head comes only when it is done), and an answer cut
+/// short is charged at least that; charged nothing, a tenant could have
+/// long prompts read without end by leaving each request before its
+/// answer, or by asking for answers too long for the timeouts. Charged by
+/// the request path ([`crate::proxy`]) when the request's future is
+/// dropped unanswered or ends in a timeout.
 #[derive(Debug)]
 pub(crate) struct PromptOwed {
     tenant: Arc<Tenant>,

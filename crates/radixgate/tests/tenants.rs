@@ -1189,6 +1189,44 @@ async fn a_request_left_before_its_answer_is_charged_its_prompt() {
     gw.shutdown().await;
 }
 
+/// A metered tenant's request that the router gives up on while a worker
+/// works on it (its whole answer not ready by the first-byte timeout, or
+/// the request timeout run out) is answered 504 and charged its prompt's
+/// estimate, as one whose client leaves then is: the worker read the
+/// prompt, and generated for as long as it was let. It was charged
+/// nothing, so a tenant with a token limit could have long prompts read,
+/// and answers generated up to each timeout, without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_router_gives_up_on_is_charged_its_prompt() {
+    let worker = gated_worker().await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let mut first_byte = config(&[&worker.url]);
+    first_byte.retry.max_retries = 0;
+    first_byte.retry.non_stream_timeout_secs = 1;
+    let mut whole = config(&[&worker.url]);
+    whole.server.request_timeout_secs = 1;
+    for (timeout, base) in [("first byte", first_byte), ("request", whole)] {
+        let gw = gateway_ready(with_tenants(base, tenants), 1).await;
+        let answer = post_as(
+            &gw.url,
+            Some("sk-a"),
+            &chat(&"a long question ".repeat(100), false),
+        )
+        .await;
+        assert_eq!(answer.status().as_u16(), 504, "{timeout} timeout");
+        let charged = tenant_tokens(&gw.url, "team-a").await;
+        // About 1,700 bytes of body at 4 characters a token.
+        assert!(
+            (300.0..1000.0).contains(&charged),
+            "{timeout} timeout: charged {charged}"
+        );
+        gw.shutdown().await;
+    }
+    worker.release.add_permits(2);
+}
+
 /// A key with a character past ASCII (`é`) can never be presented: the
 /// gateway reads a header as text only when it is visible ASCII, so every
 /// request carrying it was answered 401, while the router started as if
