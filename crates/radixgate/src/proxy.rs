@@ -314,9 +314,9 @@ async fn forward(
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`)
     // where its answer may hold generated tokens.
-    let generates = endpoint.generates(&path, &bytes);
+    let estimate = endpoint.estimate(&path, &bytes);
     let (bytes, metering) =
-        crate::tenants::meter(shared, &parts.extensions, generates, &request, bytes)
+        crate::tenants::meter(shared, &parts.extensions, estimate, &request, bytes)
             .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     let queued = Queued(parts.extensions.get());
     // A request still queued when the shutdown grace period ends is told

@@ -35,7 +35,7 @@
 //!   an estimate: the request body's bytes over the model's learned
 //!   characters per token (an inline image's base64 as one part of
 //!   `INLINE_MEDIA_TOKENS`), and the output's events or bytes
-//!   ([`crate::usage::Output`]). An answer cut short (its client gone, its
+//!   ([`crate::usage::Output`]; not an embeddings answer's vectors). An answer cut short (its client gone, its
 //!   worker failed) may have reported its prompt alone (an Anthropic
 //!   stream's output count comes in its last events): it is charged at
 //!   least its prompt and the output it was sent; a request sent to a
@@ -281,6 +281,8 @@ pub(crate) struct Metering {
     prompt_tokens: u64,
     /// The model's characters per token, for the output's estimate.
     chars_per_token: f64,
+    /// Whether the output is estimated too (generated text, not vectors).
+    output_estimated: bool,
     /// The client did not ask for the usage event.
     strip_usage_event: bool,
     /// Set when the gateway ends the answer early (its worker broke off,
@@ -304,6 +306,14 @@ impl Metering {
     /// Whether the gateway ended the answer early.
     fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Relaxed)
+    }
+
+    /// The estimate of an answer's output, as it passed.
+    fn output_tokens(&self, output: &crate::usage::Output) -> u64 {
+        match self.output_estimated {
+            true => output.tokens(self.chars_per_token),
+            false => 0,
+        }
     }
 }
 
@@ -342,22 +352,33 @@ impl Metering {
     }
 }
 
-/// For a request of a tenant with a token limit whose answer may hold
-/// generated tokens (`generates`: an inference API's, an unknown JSON
-/// API's), its [`Metering`] and the body to send: a stream's asks for its
-/// usage ([`usage_event`]). Any other request's body is returned as it is,
-/// and its answer charged only what it reports (a tokenizer's, a prompt's
-/// token count's, a reranker's or an upload's holds no tokens to
-/// estimate).
+/// What an answer that reports no usage is charged an estimate of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Estimate {
+    /// Nothing: it is charged only what it reports (a tokenizer's, a
+    /// prompt's token count's, a reranker's or an upload's answer).
+    Nothing,
+    /// Its prompt: its output is not tokens (an embeddings answer's
+    /// vectors, whose bytes would be charged as thousands of tokens).
+    Prompt,
+    /// Its prompt and its output (an answer of generated text).
+    PromptAndOutput,
+}
+
+/// For a request of a tenant with a token limit whose answer is charged
+/// an estimate if it reports no usage (`estimate`: an inference API's, an
+/// unknown JSON API's), its [`Metering`] and the body to send: a stream's
+/// asks for its usage ([`usage_event`]). Any other request's body is
+/// returned as it is, and its answer charged only what it reports.
 pub(crate) fn meter(
     shared: &Shared,
     extensions: &Extensions,
-    generates: bool,
+    estimate: Estimate,
     request: &Inspected,
     body: Bytes,
 ) -> Result<(Bytes, Option<Metering>), GatewayError> {
     match extensions.get::<TenantRef>() {
-        Some(TenantRef(tenant)) if tenant.meters_tokens() && generates => {}
+        Some(TenantRef(tenant)) if tenant.meters_tokens() && estimate != Estimate::Nothing => {}
         _ => return Ok((body, None)),
     }
     let chars_per_token = request
@@ -383,6 +404,7 @@ pub(crate) fn meter(
     let metering = Metering {
         prompt_tokens,
         chars_per_token,
+        output_estimated: estimate == Estimate::PromptAndOutput,
         strip_usage_event: asked.strip,
         cut: Arc::default(),
     };

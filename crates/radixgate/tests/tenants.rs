@@ -1227,6 +1227,51 @@ async fn a_request_the_router_gives_up_on_is_charged_its_prompt() {
     worker.release.add_permits(2);
 }
 
+/// An embeddings answer holds vectors, not generated text: one that
+/// reports no usage is charged its prompt's estimate, not its vectors'
+/// bytes as output tokens. A short input whose 4,096 numbers came back
+/// was charged thousands of tokens, so a metered tenant was locked out
+/// after a few embeddings from a worker that does not report usage (or
+/// whose client left while the vectors were sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedding_is_not_charged_its_vectors_as_output() {
+    use axum::routing::get;
+    let vector = json!({
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": vec![0.012_345_678_f64; 4096]}],
+    });
+    let models = json!({"data": [{"id": radixgate_sim::server::DEFAULT_MODEL}]});
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(move || async move { axum::Json(models) }))
+        .route(
+            "/v1/embeddings",
+            axum::routing::post(move || async move { axum::Json(vector) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let worker = tokio::spawn(async move { axum::serve(listener, app).await });
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&url, tenants), 1).await;
+    let answer = client()
+        .post(format!("{}/v1/embeddings", gw.url))
+        .bearer_auth("sk-a")
+        .json(&json!({"model": radixgate_sim::server::DEFAULT_MODEL, "input": "a short text"}))
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(answer.status().as_u16(), 200);
+    let body = answer.bytes().await.expect("body");
+    assert!(body.len() > 40_000, "{} bytes of vector", body.len());
+    let charged = charged_once(&gw.url, "the embedding charged").await;
+    // A body of about 70 bytes at 4 characters a token.
+    assert!((1.0..100.0).contains(&charged), "charged {charged}");
+    gw.shutdown().await;
+    worker.abort();
+}
+
 /// A key with a character past ASCII (`é`) can never be presented: the
 /// gateway reads a header as text only when it is visible ASCII, so every
 /// request carrying it was answered 401, while the router started as if

@@ -19,6 +19,7 @@ use crate::error::GatewayError;
 use crate::inspect::{Api, InspectError, Inspected, inspect, inspect_model};
 use crate::preamble::Preamble;
 use crate::stream::ErrorEvents;
+use crate::tenants::Estimate;
 use axum::http::Uri;
 
 /// How a route's requests are served.
@@ -83,18 +84,24 @@ impl Endpoint {
         !matches!(self, Endpoint::Routed(_))
     }
 
-    /// Whether the answer to `body`, sent to the worker path `path`, may
-    /// hold generated tokens (a tenant with a token limit is charged an
-    /// estimate for one that reports none): an inference API's, or an
-    /// unrouted one's taking JSON (an upload is not prompt text), unless it
-    /// only counts a prompt's tokens.
-    pub(crate) fn generates(self, path: &str, body: &[u8]) -> bool {
+    /// What a tenant with a token limit is charged an estimate of for the
+    /// answer to `body`, sent to the worker path `path`, if it reports no
+    /// usage: the prompt and the generated output of an inference API's,
+    /// or of an unrouted one's taking JSON (an upload is not prompt text)
+    /// unless it only counts a prompt's tokens; the prompt alone of an
+    /// embeddings answer, whose output is vectors, not tokens.
+    pub(crate) fn estimate(self, path: &str, body: &[u8]) -> Estimate {
         match self {
-            Endpoint::Routed(_) => true,
-            Endpoint::ByLoad(_) => false,
+            Endpoint::Routed(Api::Embeddings) => Estimate::Prompt,
+            Endpoint::Routed(_) => Estimate::PromptAndOutput,
+            Endpoint::ByLoad(_) => Estimate::Nothing,
             Endpoint::Unrouted => {
                 let path = path.split_once('?').map_or(path, |(path, _)| path);
-                body.trim_ascii_start().starts_with(b"{") && !COUNTING_PATHS.contains(&path)
+                if body.trim_ascii_start().starts_with(b"{") && !COUNTING_PATHS.contains(&path) {
+                    Estimate::PromptAndOutput
+                } else {
+                    Estimate::Nothing
+                }
             }
         }
     }
@@ -223,16 +230,23 @@ mod tests {
     #[test]
     fn counting_a_prompts_tokens_generates_none() {
         let json = br#" {"model":"m"}"#;
-        assert!(Endpoint::Routed(Api::Messages).generates("/v1/messages", json));
-        assert!(Endpoint::Unrouted.generates("/v1/classify", json));
-        assert!(!Endpoint::Unrouted.generates("/v1/audio/transcriptions", b"--boundary"));
-        assert!(!Endpoint::ByLoad("/tokenize").generates("/tokenize", json));
+        let messages = Endpoint::Routed(Api::Messages).estimate("/v1/messages", json);
+        assert_eq!(messages, Estimate::PromptAndOutput);
+        let embeddings = Endpoint::Routed(Api::Embeddings).estimate("/v1/embeddings", json);
+        assert_eq!(embeddings, Estimate::Prompt);
+        let classify = Endpoint::Unrouted.estimate("/v1/classify", json);
+        assert_eq!(classify, Estimate::PromptAndOutput);
+        let upload = Endpoint::Unrouted.estimate("/v1/audio/transcriptions", b"--boundary");
+        assert_eq!(upload, Estimate::Nothing);
+        let tokenize = Endpoint::ByLoad("/tokenize").estimate("/tokenize", json);
+        assert_eq!(tokenize, Estimate::Nothing);
         for path in [
             "/v1/messages/count_tokens",
             "/v1/messages/count_tokens?beta=true",
             "/v1/responses/input_tokens",
         ] {
-            assert!(!Endpoint::Unrouted.generates(path, json), "{path}");
+            let counted = Endpoint::Unrouted.estimate(path, json);
+            assert_eq!(counted, Estimate::Nothing, "{path}");
         }
     }
 

@@ -123,7 +123,7 @@ impl<B> Metered<B> {
                 Some(
                     prompt
                         .unwrap_or(metering.prompt_tokens)
-                        .saturating_add(output.tokens(metering.chars_per_token)),
+                        .saturating_add(metering.output_tokens(output)),
                 )
             }
             _ => None,
