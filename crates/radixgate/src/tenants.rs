@@ -35,8 +35,9 @@
 //!   an estimate: the request body's bytes over the model's learned
 //!   characters per token (an inline image's base64 as one part of
 //!   `INLINE_MEDIA_TOKENS`), and the output's events or bytes
-//!   ([`crate::usage::Output`]; not an embeddings answer's vectors). An answer cut short (its client gone, its
-//!   worker failed) may have reported its prompt alone (an Anthropic
+//!   ([`crate::usage::Output`]; not an embeddings answer's vectors). An
+//!   answer cut short (its client gone, its worker failed) may have
+//!   reported its prompt alone (an Anthropic
 //!   stream's output count comes in its last events): it is charged at
 //!   least its prompt and the output it was sent; a request sent to a
 //!   worker that has no answer's head when its client leaves, or when the
