@@ -304,6 +304,19 @@ impl Target {
             Some(new.routing.build().map_err(ConfigError::from)?)
         };
         let tenants = self.tenants.load().reloaded(&new)?;
+        if tenants.is_open() && !self.tenants.load().is_open() {
+            // The last key gone (a keys file rewritten as `[]`, every
+            // entry deleted): the client API would take any request,
+            // silently. Opening it takes a restart, a deliberate act.
+            return Err(ConfigError::Invalid {
+                key: "tenants",
+                reason: "the reload leaves no client API key (server.api_key, tenants.keys, \
+                         tenants.api_key_file), which would open the client API to anyone; \
+                         refused, the keys in use kept (a restart without keys opens it)"
+                    .into(),
+            }
+            .into());
+        }
         let mut needs_restart = restart_keys(&self.running, &new);
         needs_restart.extend(held_bounds(&self.started_routing, &self.running, &new));
         let mut changes = Changes {

@@ -410,8 +410,12 @@ async fn a_reload_of_a_file_truncated_to_nothing_changes_nothing() {
         assert_eq!(chat_status(&gw, "", "no key").await, 401);
         assert_eq!(chat_status(&gw, "k", "the key").await, 200);
     }
-    // The defaults, asked for.
+    // The defaults, asked for: they would open the client API, refused
+    // so; with its key kept, applied.
     std::fs::write(&path, "{}\n").unwrap();
+    let err = reload.reload().await.unwrap_err().to_string();
+    assert!(err.contains("open the client API"), "{err}");
+    std::fs::write(&path, "server:\n  api_key: k\n").unwrap();
     let changes = reload.reload().await.unwrap();
     assert_eq!(changes.workers_removed, std::slice::from_ref(&a.url));
     stop.cancel();
@@ -706,12 +710,24 @@ async fn a_reload_of_a_key_file_truncated_to_nothing_keeps_the_tenants() {
         assert_eq!(chat_status(&gw, "", "no key").await, 401, "{empty:?}");
         assert_eq!(chat_status(&gw, "sk-a", "the key").await, 200);
     }
-    // No tenants, asked for; the reload says the tenants changed, though
-    // the config file did not (before: keys [] in its log line).
+    // No tenants, written so (the last entry deleted): the reload would
+    // open the client API to anyone, and is refused, the key kept. (It
+    // was applied, silently: any request was served.)
     std::fs::write(&keys, "[]\n").unwrap();
+    let err = reload
+        .reload()
+        .await
+        .expect_err("opening the API is refused");
+    assert!(err.to_string().contains("open the client API"), "{err}");
+    assert_eq!(chat_status(&gw, "", "no key").await, 401);
+    assert_eq!(chat_status(&gw, "sk-a", "the key").await, 200);
+    // Another tenant instead: the reload says the tenants changed, though
+    // the config file did not.
+    std::fs::write(&keys, "- {name: team-b, key: sk-b}\n").unwrap();
     let changes = reload.reload().await.unwrap();
     assert_eq!(changes.keys, ["tenants"]);
-    assert_eq!(chat_status(&gw, "", "open").await, 200);
+    assert_eq!(chat_status(&gw, "sk-b", "the new key").await, 200);
+    assert_eq!(chat_status(&gw, "sk-a", "the old key").await, 401);
     // The same file again: nothing changed.
     let changes = reload.reload().await.unwrap();
     assert!(changes.keys.is_empty(), "{:?}", changes.keys);
