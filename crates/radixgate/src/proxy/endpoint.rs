@@ -43,6 +43,10 @@ const ADMIN_PATHS: [&str; 2] = ["/v1/load_lora_adapter", "/v1/unload_lora_adapte
 /// their answers generate none.
 const COUNTING_PATHS: [&str; 2] = ["/v1/messages/count_tokens", "/v1/responses/input_tokens"];
 
+/// `/v1` paths of pooling models (vLLM's): their answers are vectors or
+/// scores, not text, and are charged their prompt, not their bytes.
+const POOLING_PATHS: [&str; 2] = ["/v1/classify", "/v1/pooling"];
+
 /// The API families an unrouted request is counted under (the first path
 /// segment after `/v1/`); any other is `other`, so clients cannot create
 /// series.
@@ -97,10 +101,12 @@ impl Endpoint {
             Endpoint::ByLoad(_) => Estimate::Nothing,
             Endpoint::Unrouted => {
                 let path = path.split_once('?').map_or(path, |(path, _)| path);
-                if body.trim_ascii_start().starts_with(b"{") && !COUNTING_PATHS.contains(&path) {
-                    Estimate::PromptAndOutput
-                } else {
+                if !body.trim_ascii_start().starts_with(b"{") || COUNTING_PATHS.contains(&path) {
                     Estimate::Nothing
+                } else if POOLING_PATHS.contains(&path) {
+                    Estimate::Prompt
+                } else {
+                    Estimate::PromptAndOutput
                 }
             }
         }
@@ -235,7 +241,11 @@ mod tests {
         let embeddings = Endpoint::Routed(Api::Embeddings).estimate("/v1/embeddings", json);
         assert_eq!(embeddings, Estimate::Prompt);
         let classify = Endpoint::Unrouted.estimate("/v1/classify", json);
-        assert_eq!(classify, Estimate::PromptAndOutput);
+        assert_eq!(classify, Estimate::Prompt);
+        let pooling = Endpoint::Unrouted.estimate("/v1/pooling?x=1", json);
+        assert_eq!(pooling, Estimate::Prompt);
+        let unknown = Endpoint::Unrouted.estimate("/v1/something", json);
+        assert_eq!(unknown, Estimate::PromptAndOutput);
         let upload = Endpoint::Unrouted.estimate("/v1/audio/transcriptions", b"--boundary");
         assert_eq!(upload, Estimate::Nothing);
         let tokenize = Endpoint::ByLoad("/tokenize").estimate("/tokenize", json);
