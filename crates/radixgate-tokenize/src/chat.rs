@@ -7,7 +7,9 @@
 //!   `message.content` a list of `{"type": "text", "text": ...}` parts (vLLM
 //!   also wraps a plain string as one part; SGLang leaves it a string);
 //! - give a message with `content: null` the empty string;
-//! - leave out keys whose value is null;
+//! - leave out keys whose value is null (vLLM passes only the keys it
+//!   knows, see [`vllm_keys`]; SGLang every field of its message model,
+//!   an empty `tool_calls` included);
 //! - parse an assistant tool call's `arguments` from its JSON string into an
 //!   object (tool-use templates expect a mapping there), `{}` when empty;
 //! - pass `tools` (each as the engine's request model dumps it: its
@@ -153,12 +155,6 @@ fn message_for_template(
         Some(Value::String(r)) => r,
         _ => return Err(invalid(format!("`messages`[{i}] needs a string `role`"))),
     };
-    let mut out = Map::with_capacity(message.len());
-    for (k, v) in message {
-        if !v.is_null() {
-            out.insert(k.clone(), v.clone());
-        }
-    }
     let mut was_list = false;
     let texts: Vec<&str> = match message.get("content") {
         None | Some(Value::Null) => Vec::new(),
@@ -210,19 +206,72 @@ fn message_for_template(
         (_, Engine::Vllm) => Value::String(texts.join("\n")),
         (_, Engine::Sglang) => Value::String(texts.join(" ")),
     };
-    out.insert("content".into(), content);
+    let mut out = match engine {
+        Engine::Vllm => vllm_keys(message, role, content),
+        Engine::Sglang => {
+            let mut out = Map::with_capacity(message.len());
+            for (k, v) in message {
+                if !v.is_null() {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+            out.insert("content".into(), content);
+            out
+        }
+    };
     if role == "assistant"
         && let Some(Value::Array(calls)) = out.get_mut("tool_calls")
     {
-        if calls.is_empty() {
-            out.shift_remove("tool_calls");
-        } else {
-            for call in calls.iter_mut() {
-                parse_arguments(call, i)?;
-            }
+        for call in calls.iter_mut() {
+            parse_arguments(call, i)?;
         }
     }
     Ok(out)
+}
+
+/// The message as vLLM builds it for the template: `role` and `content`,
+/// then only the keys its chat utilities copy over. An assistant's
+/// `tool_calls` (an empty list dropped, which keeps templates that test
+/// `'tool_calls' in message` on the plain reply) and its `reasoning`, given
+/// as both `reasoning` and `reasoning_content` (a client's
+/// `reasoning_content` is not read); a tool reply's `tool_call_id`; a
+/// string `name` or `task`; a developer message's `tools`, null when
+/// absent. Whatever else the client sent never reaches the template.
+fn vllm_keys(message: &Map<String, Value>, role: &str, content: Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("role".into(), Value::String(role.to_owned()));
+    out.insert("content".into(), content);
+    let given = |key: &str| message.get(key).filter(|v| !v.is_null());
+    match role {
+        "assistant" => {
+            if let Some(calls) = given("tool_calls")
+                && calls.as_array().is_none_or(|c| !c.is_empty())
+            {
+                out.insert("tool_calls".into(), calls.clone());
+            }
+            if let Some(reasoning) = given("reasoning") {
+                out.insert("reasoning".into(), reasoning.clone());
+                out.insert("reasoning_content".into(), reasoning.clone());
+            }
+        }
+        // Copied when present, even as null.
+        "tool" => {
+            if let Some(id) = message.get("tool_call_id") {
+                out.insert("tool_call_id".into(), id.clone());
+            }
+        }
+        _ => {}
+    }
+    for key in ["name", "task"] {
+        if let Some(v @ Value::String(_)) = message.get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    if role == "developer" {
+        let tools = message.get("tools").cloned().unwrap_or(Value::Null);
+        out.insert("tools".into(), tools);
+    }
+    out
 }
 
 /// `function.arguments` from a JSON string to a value.

@@ -378,3 +378,53 @@ fn tools_reach_the_template_as_the_engine_dumps_them() {
          \"parameters\": {\"type\": \"object\"}, \"strict\": true}};"
     );
 }
+
+/// vLLM builds each message afresh for the template from a fixed set of
+/// keys (its chat utilities, `_parse_chat_message_content`): `role` and
+/// `content`; an assistant's `tool_calls` and `reasoning` (as `reasoning`
+/// and `reasoning_content`); a tool reply's `tool_call_id`; a string
+/// `name` or `task`; a developer message's `tools`. Anything else the
+/// client sent never reaches the template, and an empty `tool_calls` is
+/// dropped. SGLang keeps every non-null field of its message model, an
+/// empty `tool_calls` included, so a template that tests
+/// `'tool_calls' in message` takes its tool-call branch.
+#[test]
+fn messages_reach_the_template_with_the_keys_each_engine_keeps() {
+    let (_dir, tok) = model_with_template("{% for m in messages %}{{ m | tojson }}|{% endfor %}");
+    let body: Value = serde_json::from_str(
+        r#"{"messages": [
+            {"role": "system", "content": "s", "metadata": {"team": "a"}},
+            {"role": "user", "name": "bob", "content": "q", "reasoning": "not a user's",
+             "tool_call_id": "not a user's", "tool_calls": [], "cache_hint": 1},
+            {"role": "assistant", "content": "a", "tool_calls": [],
+             "reasoning": "r", "reasoning_content": "read from reasoning"},
+            {"role": "tool", "name": "get_weather", "content": "sunny", "tool_call_id": "1"},
+            {"role": "user", "content": "thanks", "task": "chat", "name": 7}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        tok.render_chat(&body).unwrap(),
+        "{\"role\": \"system\", \"content\": \"s\"}|\
+         {\"role\": \"user\", \"content\": \"q\", \"name\": \"bob\"}|\
+         {\"role\": \"assistant\", \"content\": \"a\", \"reasoning\": \"r\", \
+         \"reasoning_content\": \"r\"}|\
+         {\"role\": \"tool\", \"content\": \"sunny\", \"tool_call_id\": \"1\", \
+         \"name\": \"get_weather\"}|\
+         {\"role\": \"user\", \"content\": \"thanks\", \"task\": \"chat\"}|"
+    );
+
+    let (_dir, tok) = model_with_template(
+        "{% for m in messages %}{{ m.role }}{% if 'tool_calls' in m %}+calls{% endif %}|\
+         {% endfor %}",
+    );
+    let body = json!({"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "tool_calls": []},
+        {"role": "user", "content": "r"}]});
+    assert_eq!(tok.render_chat(&body).unwrap(), "user|assistant|user|");
+    let sglang = tok.with_engine(Engine::Sglang);
+    assert_eq!(
+        sglang.render_chat(&body).unwrap(),
+        "user|assistant+calls|user|"
+    );
+}
