@@ -97,7 +97,12 @@ pub(crate) fn prepare(
                     prepared.pop();
                     append = Some(text);
                 } else {
-                    last.insert("role".into(), Value::String("user".into()));
+                    // A new message of the text alone: the reply's name,
+                    // reasoning and tool calls do not reach the template.
+                    *last = Map::from_iter([
+                        ("role".to_owned(), Value::String("user".into())),
+                        ("content".to_owned(), Value::String(text)),
+                    ]);
                 }
             }
         }

@@ -63,9 +63,10 @@ pub enum Engine {
     #[default]
     Vllm,
     /// SGLang: text parts are joined with `" "`; the generation prompt is
-    /// always added; a final assistant message is sent as a user message
-    /// unless `continue_final_message`, in which case its text follows the
-    /// generation prompt; `tool_choice: "none"` drops the tools.
+    /// always added; a final assistant message with text content is sent
+    /// as a user message of that text alone (no name, reasoning or tool
+    /// calls) unless `continue_final_message`, in which case its text
+    /// follows the generation prompt; `tool_choice: "none"` drops the tools.
     Sglang,
 }
 

@@ -428,3 +428,31 @@ fn messages_reach_the_template_with_the_keys_each_engine_keeps() {
         "user|assistant+calls|user|"
     );
 }
+
+/// SGLang, not continuing a final assistant message, replaces it with a
+/// new user message of its text alone (serving_chat's
+/// `_handle_last_assistant_message`): its name, reasoning and tool calls
+/// do not reach the template.
+#[test]
+fn sglang_turns_a_final_assistant_message_into_a_bare_user_message() {
+    let (_dir, tok) = model_with_template("{% for m in messages %}{{ m | tojson }}|{% endfor %}");
+    let sglang = tok.with_engine(Engine::Sglang);
+    let body = json!({"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "name": "helper", "content": "partial",
+         "reasoning_content": "r", "tool_calls": []}]});
+    assert_eq!(
+        sglang.render_chat(&body).unwrap(),
+        "{\"role\": \"user\", \"content\": \"q\"}|{\"role\": \"user\", \"content\": \"partial\"}|"
+    );
+    // A final assistant message with only tool calls: its null content is
+    // the empty string by then, so it goes the same way.
+    let body = json!({"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]}]});
+    assert_eq!(
+        sglang.render_chat(&body).unwrap(),
+        "{\"role\": \"user\", \"content\": \"q\"}|{\"role\": \"user\", \"content\": \"\"}|"
+    );
+}
