@@ -21,6 +21,8 @@ load. The rows:
   with a note when it is missing).
 
 Writes bench/results/<UTC date-time>-kv.{json,md}. Ports: 35000-35999.
+Stopped part-way (Ctrl-C, a timeout's SIGTERM), it writes the rows
+measured so far, with `interrupted` in its meta.
 """
 
 import argparse
@@ -182,6 +184,8 @@ def main() -> int:
     meta["peers"] = report.peer_versions()
     print(f"logs in {tmp}; load average {meta['loadavg_start']}", flush=True)
     rows = []
+    interrupted = False
+    report.stop_on_sigterm()
     try:
         for wname, (load_args, worker_args) in workloads(opts.trace, opts.scale, opts.speedup).items():
             if opts.only_workload and wname not in opts.only_workload:
@@ -221,8 +225,13 @@ def main() -> int:
                        "loadavg": os.getloadavg(), "report": rep}
                 rows.append(row)
                 print(report.quality_line(row), flush=True)
+    except KeyboardInterrupt:
+        # Stopped (Ctrl-C, a timeout's SIGTERM): the rows so far are kept.
+        interrupted = True
+        print(f"interrupted: writing the {len(rows)} rows measured", flush=True)
     finally:
         procs.stop_all()
+    meta["interrupted"] = interrupted
     meta["skipped"] = skipped
     meta["loadavg_end"] = os.getloadavg()
     result = {"meta": meta, "rows": rows}

@@ -13,6 +13,8 @@ process tree, summed, from /proc before and after the load), and the sync
 traffic from the replicas' `/metrics` (`radixgate_sync_bytes_sent_total`
 and `radixgate_sync_bytes_received_total`, summed, before and after).
 Writes bench/results/<UTC start>-replicas.{json,md}. Ports: 35000-35999.
+Stopped part-way (Ctrl-C, a timeout's SIGTERM), it writes the rows
+measured so far, with `interrupted` in its meta.
 """
 
 import argparse
@@ -67,6 +69,8 @@ class Replicas:
         self.sync = has_sync_flags(self.binary) and not opts.no_sync_only
         self.nats = shutil.which("nats-server")
         self.notes: list[str] = []
+        # Rows as each run ends: kept when the bench is stopped part-way.
+        self.rows: list[dict] = []
         if not has_sync_flags(self.binary):
             self.notes.append("this `radixgate serve` has no --sync-url: runs with sync skipped")
         elif self.sync and not self.nats:
@@ -183,7 +187,7 @@ class Replicas:
                 "loadavg": os.getloadavg(), "report": rep}
 
     def run(self) -> list[dict]:
-        rows = []
+        rows = self.rows
         workloads = quality_workloads(self.opts.trace, self.opts.scale, self.opts.spread_bursts)
         for wname, wl in workloads.items():
             if self.opts.only_workload and wname not in self.opts.only_workload:
@@ -311,9 +315,19 @@ def main() -> int:
     started = dt.datetime.now(dt.timezone.utc)
     bench = Replicas(opts)
     print(f"logs in {bench.tmp}", flush=True)
-    rows = with_ratios(bench.run())
-    result = {"meta": report.run_meta(bench.binary, ["python3", "bench/replicas.py", *sys.argv[1:]],
-                                      started),
+    report.stop_on_sigterm()
+    interrupted = False
+    try:
+        bench.run()
+    except KeyboardInterrupt:
+        # Stopped (Ctrl-C, a timeout's SIGTERM): the rows so far are kept
+        # (each run stops its processes on the way out).
+        interrupted = True
+        print(f"interrupted: writing the {len(bench.rows)} rows measured", flush=True)
+    rows = with_ratios(bench.rows)
+    meta = report.run_meta(bench.binary, ["python3", "bench/replicas.py", *sys.argv[1:]], started)
+    meta["interrupted"] = interrupted
+    result = {"meta": meta,
               "assign": opts.assign, "seed": opts.seed, "scale": opts.scale,
               "spread_bursts": opts.spread_bursts,
               "notes": bench.notes, "rows": rows}

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 
 from routers import PEERS
@@ -23,6 +24,27 @@ def run_meta(binary: str, command: list[str], started: dt.datetime) -> dict:
                                         text=True).stdout.strip(),
             "git": subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                                   capture_output=True, text=True).stdout.strip()}
+
+
+def stop_on_sigterm():
+    """Makes a SIGTERM (a `timeout`'s, a supervisor's) end the run as
+    Ctrl-C does, with KeyboardInterrupt, so that a script that catches it
+    writes the rows it measured before it stops (`interrupted` in its
+    meta), rather than nothing.
+
+    >>> import os, time
+    >>> stop_on_sigterm()
+    >>> try:
+    ...     os.kill(os.getpid(), signal.SIGTERM)
+    ...     time.sleep(5)
+    ... except KeyboardInterrupt:
+    ...     print("stopped")
+    stopped
+    >>> _ = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """
+    def stop(_signum, _frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
 
 
 def result_stem(out_dir: str, started: dt.datetime, part: str) -> str:
