@@ -21,10 +21,13 @@
 //! (the batches go on being delivered, so the caller may keep an
 //! approximate index) until exactness returns.
 //!
-//! **Restarts.** A sequence below the expected one, or a new publisher
-//! stream id, means the publisher restarted: `Restarted` tells the caller to
-//! drop the worker's blocks, and the new stream is exact from its sequence
-//! 0 on. A publisher that restarted while the connection was down may be
+//! **Duplicates.** The batch last heard, heard again (the same sequence,
+//! payload and stream id), is skipped: it was delivered already.
+//!
+//! **Restarts.** Any other sequence below the expected one, or a new
+//! publisher stream id, means the publisher restarted: `Restarted` tells
+//! the caller to drop the worker's blocks, and the new stream is exact
+//! from its sequence 0 on. A publisher that restarted while the connection was down may be
 //! heard again at a sequence that looks like a continuation; with a replay
 //! endpoint, the first message after each reconnect is checked against
 //! it: a replay socket holding another batch than the last one heard
@@ -273,6 +276,10 @@ impl State {
             Err(e) => return self.lose(tx, true, StaleReason::Decode(e)).await,
         };
         let digest = digest_bytes(message.payload);
+        if self.last == Some((message.seq, digest)) && message.stream_id == self.stream_id {
+            // The batch last heard, heard again: already delivered.
+            return Ok(());
+        }
         let mut restarted = match (self.expected, message.stream_id, self.stream_id) {
             (_, Some(new), Some(old)) if new != old => true,
             (Some(expected), ..) => message.seq < expected,

@@ -478,3 +478,30 @@ async fn the_same_publisher_heard_again_is_no_restart() {
     drop(rx);
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
 }
+
+/// A batch heard twice (the same sequence and the same payload, e.g. a
+/// publisher that re-sends its last batch) is the same batch, not a
+/// restart: it is skipped, the worker keeps its blocks and the stream
+/// stays live. A different payload under that sequence is a restart.
+#[tokio::test]
+async fn a_batch_heard_twice_is_no_restart() {
+    let (mut publisher, endpoint) = bind_pub("tcp://127.0.0.1:0").await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let task = tokio::spawn(run(config(&endpoint), tx));
+    let (_, seq) =
+        publish_until_heard(&mut publisher, &mut rx, 0, |_| cleared_payload(), None).await;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {}
+
+    publish(&mut publisher, seq, stored_payload(seq)).await;
+    expect_batch(&mut rx, seq).await;
+    publish(&mut publisher, seq, stored_payload(seq)).await;
+    publish(&mut publisher, seq + 1, stored_payload(seq + 1)).await;
+    expect_batch(&mut rx, seq + 1).await;
+
+    // Under the same sequence, another batch: a new publisher's.
+    publish(&mut publisher, seq + 1, stored_payload(seq + 2)).await;
+    let update = next(&mut rx).await;
+    assert!(matches!(update, Update::Restarted), "{update:?}");
+    drop(rx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+}
