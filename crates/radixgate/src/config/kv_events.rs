@@ -162,11 +162,24 @@ impl KvEventsConfig {
                         format!("{url}: another entry names the same worker URL"),
                     ));
                 }
-                if tcp_port(endpoint).is_none() {
-                    return Err(invalid(
-                        what,
-                        format!("{url}: {endpoint:?} is not tcp://HOST:PORT"),
-                    ));
+                match tcp_port(endpoint) {
+                    None => {
+                        return Err(invalid(
+                            what,
+                            format!("{url}: {endpoint:?} is not tcp://HOST:PORT"),
+                        ));
+                    }
+                    Some((host, port)) if is_wildcard(host) => {
+                        return Err(invalid(
+                            what,
+                            format!(
+                                "{url}: {endpoint:?} is the engine's bind address, not \
+                                 where it is reached; name the worker's host, e.g. \
+                                 tcp://10.0.0.5:{port}"
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
                 }
             }
         }
@@ -237,6 +250,13 @@ fn bracketed(host: &str) -> String {
     } else {
         host.to_owned()
     }
+}
+
+/// Whether `host` is a bind-to-all address, as in an engine's own
+/// `endpoint` setting (`tcp://*:5557`): nothing to dial (`*`), or this
+/// host itself (`0.0.0.0`, `::`), never the worker's.
+fn is_wildcard(host: &str) -> bool {
+    matches!(host, "*" | "0.0.0.0" | "[::]" | "::")
 }
 
 /// `tcp://HOST:PORT`'s host and port.
@@ -355,5 +375,25 @@ mod tests {
         assert!(e.contains("kv_events.max_message_bytes"), "{e}");
         assert!(e.contains("65535"), "{e}");
         assert!(KvEventsConfig::default().validate().is_ok());
+    }
+
+    /// The engine's own `endpoint` setting (`tcp://*:5557`) is where it
+    /// binds, not where it is reached: taken as a worker's endpoint, it
+    /// was dialled in vain forever (or, as `0.0.0.0`, reached this host).
+    #[test]
+    fn an_engines_bind_address_is_refused_as_its_endpoint() {
+        for bind in ["tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://[::]:5557"] {
+            for replay in [false, true] {
+                let mut c = KvEventsConfig::default();
+                let map = if replay {
+                    &mut c.replay_endpoints
+                } else {
+                    &mut c.endpoints
+                };
+                map.insert("http://w:1".into(), bind.into());
+                let e = c.validate().unwrap_err().to_string();
+                assert!(e.contains("bind address"), "{bind}: {e}");
+            }
+        }
     }
 }
