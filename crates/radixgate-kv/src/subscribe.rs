@@ -27,8 +27,9 @@
 //! **Restarts.** Any other sequence below the expected one, or a new
 //! publisher stream id, means the publisher restarted: `Restarted` tells
 //! the caller to drop the worker's blocks, and the new stream is exact
-//! from its sequence 0 on. A publisher that restarted while the connection was down may be
-//! heard again at a sequence that looks like a continuation; with a replay
+//! from its sequence 0 on. A publisher that restarted while the connection
+//! was down may be heard again at a sequence that looks like a
+//! continuation; with a replay
 //! endpoint, the first message after each reconnect is checked against
 //! it: a replay socket holding another batch than the last one heard
 //! under that sequence is a new publisher's.
