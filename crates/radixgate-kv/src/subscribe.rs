@@ -37,7 +37,11 @@
 //! **Disconnects.** The socket monitor's `Disconnected`, or a failed
 //! receive, makes a live stream stale and starts reconnecting with a
 //! doubling delay; after a reconnect, the next sequence decides (nothing
-//! missed: live again; a gap: as above).
+//! missed: live again; a gap: as above). The delay starts again from its
+//! base only after a connection that delivered a message and was not cut
+//! off for a frame over the size limit: a publisher that sends one too
+//! large each time, or a peer that accepts and drops, was dialled again
+//! every base delay for ever, each time a WARN.
 //!
 //! Limits of the protocol, not of this code: joining a publisher that has
 //! run longer than its replay buffer leaves the stream stale until the
@@ -449,12 +453,16 @@ pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
             ),
             _ => false,
         };
+        // Whether this connection delivered anything: only then (and not
+        // cut off for a frame over the limit) does the next attempt start
+        // again at the base delay.
+        let mut heard = false;
         if connected {
-            delay = cfg.reconnect_delay;
             loop {
                 tokio::select! {
                     message = socket.recv() => match message {
                         Ok(m) => {
+                            heard = true;
                             if state.on_message(&cfg, &tx, m.into_vec()).await.is_err() {
                                 return;
                             }
@@ -470,6 +478,7 @@ pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
             }
             state.reconnected = true;
         }
+        let cut_off = matches!(guarded.as_ref().map(Guarded::oversized), Ok(Some(_)));
         let lost = match guarded.as_ref().map(Guarded::oversized) {
             Ok(Some(declared)) => {
                 let why = StaleReason::Oversized {
@@ -488,6 +497,9 @@ pub async fn run(cfg: SubscriberConfig, tx: mpsc::Sender<Update>) {
         }
         drop(socket);
         drop(guarded);
+        if heard && !cut_off {
+            delay = cfg.reconnect_delay;
+        }
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = tx.closed() => return,

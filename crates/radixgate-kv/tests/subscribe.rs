@@ -375,15 +375,24 @@ async fn a_publisher_that_declares_a_huge_frame_is_cut_off_not_read() {
         other => panic!("expected the frame refused, got {other:?}"),
     }
     // It reconnects, is sent the same, and says so again each time (the
-    // replayed batch 0 is a restart: the publisher began again).
+    // replayed batch 0 is a restart: the publisher began again), waiting
+    // twice as long each time up to the most: 40, 80, 160, 200, 200 ms
+    // after the first five refusals. (It waited the base 20 ms each time,
+    // for ever: the caller's WARN came ten times a second.)
+    let first = std::time::Instant::now();
     let mut refused = 1;
-    while refused < 3 {
+    while refused < 6 {
         match next(&mut rx).await {
             Update::Stale(StaleReason::Oversized { .. }) => refused += 1,
             Update::Batch { .. } | Update::Live | Update::Restarted => {}
             other => panic!("unexpected {other:?}"),
         }
     }
+    let waited = first.elapsed();
+    assert!(
+        waited >= Duration::from_millis(40 + 80 + 160 + 200 + 200),
+        "five retries in {waited:?}"
+    );
     drop(rx);
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
 }
