@@ -5,7 +5,9 @@
 //! - give a template that takes content as a string the text parts joined
 //!   (`"\n"` in vLLM, `" "` in SGLang), and a template that loops over
 //!   `message.content` a list of `{"type": "text", "text": ...}` parts (vLLM
-//!   also wraps a plain string as one part; SGLang leaves it a string);
+//!   also wraps a plain string as one part; SGLang leaves it a string, and
+//!   gives parts also to a template whose text names a medium, see
+//!   [`crate::template::mentions_media`]);
 //! - give a message with `content: null` the empty string;
 //! - leave out keys whose value is null (vLLM passes only the keys it
 //!   knows, see [`vllm_keys`]; SGLang every field of its message model,

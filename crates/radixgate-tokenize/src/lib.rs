@@ -201,7 +201,7 @@ impl Tokenizer {
         let prepared = chat::prepare(
             body,
             self.engine,
-            template.content_parts(),
+            template.content_parts(self.engine),
             template.wrapped_tools(),
         )?;
         let context = chat::context_value(&self.special_tokens, prepared.context);

@@ -44,6 +44,8 @@ const FUEL: u64 = 4_000_000;
 pub(crate) struct ChatTemplate {
     env: Environment<'static>,
     content_parts: bool,
+    /// The template's text names a medium (see [`mentions_media`]).
+    media: bool,
     wrapped_tools: bool,
 }
 
@@ -69,6 +71,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         let content_parts = iterates_message_content(&source);
+        let media = mentions_media(&source);
         let wrapped_tools = reads_wrapped_tools(&source);
         env.add_template_owned(NAME, source)
             .map_err(|source| TokenizeError::TemplateSyntax {
@@ -78,6 +81,7 @@ impl ChatTemplate {
         Ok(Self {
             env,
             content_parts,
+            media,
             wrapped_tools,
         })
     }
@@ -90,10 +94,11 @@ impl ChatTemplate {
         self.wrapped_tools
     }
 
-    /// Whether the template loops over a message's content, and so wants
-    /// content as a list of parts.
-    pub(crate) fn content_parts(&self) -> bool {
-        self.content_parts
+    /// Whether `engine` hands the template content as a list of parts:
+    /// one that loops over a message's content, and under SGLang also one
+    /// whose text names a medium ([`mentions_media`]).
+    pub(crate) fn content_parts(&self, engine: crate::Engine) -> bool {
+        self.content_parts || (engine == crate::Engine::Sglang && self.media)
     }
 
     /// Render with `context` (a map of the template's variables).
@@ -136,6 +141,16 @@ pub(crate) fn iterates_message_content(source: &str) -> bool {
         rest = &after[end + 2..];
     }
     false
+}
+
+/// Whether `source` says "image", "audio", "video" or "vision" anywhere:
+/// SGLang takes such a template for a multimodal one, which gets content
+/// as a list of parts, before it looks for a loop over content (its
+/// `detect_jinja_template_content_format`); vLLM goes by the loops alone.
+pub(crate) fn mentions_media(source: &str) -> bool {
+    ["image", "audio", "video", "vision"]
+        .iter()
+        .any(|word| source.contains(word))
 }
 
 /// Whether `source` reads `.function` (or `['function']`) of an element

@@ -456,3 +456,38 @@ fn sglang_turns_a_final_assistant_message_into_a_bare_user_message() {
         "{\"role\": \"user\", \"content\": \"q\"}|{\"role\": \"user\", \"content\": \"\"}|"
     );
 }
+
+/// SGLang takes a template whose text says "image", "audio", "video" or
+/// "vision" for a multimodal one and hands it content as a list of parts
+/// even without a loop over content; vLLM goes by its loops alone. The
+/// router joined the parts for both.
+#[test]
+fn sglang_hands_a_template_naming_a_medium_its_content_as_parts() {
+    let (_dir, tok) = model_with_template(
+        "{# vision model #}{% for m in messages %}\
+         {% if m.content is string %}S{% else %}L{% endif %}{% endfor %}",
+    );
+    let body: Value = serde_json::from_str(
+        r#"{"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "user", "content": "plain"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(tok.render_chat(&body).unwrap(), "SS");
+    // A string stays a string under SGLang; a list stays a list.
+    assert_eq!(
+        tok.with_engine(Engine::Sglang).render_chat(&body).unwrap(),
+        "LS"
+    );
+    // Without the word, SGLang joins the parts too.
+    let (_dir, plain) = model_with_template(
+        "{% for m in messages %}{% if m.content is string %}S{% else %}L{% endif %}{% endfor %}",
+    );
+    assert_eq!(
+        plain
+            .with_engine(Engine::Sglang)
+            .render_chat(&body)
+            .unwrap(),
+        "SS"
+    );
+}
