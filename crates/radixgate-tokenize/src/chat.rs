@@ -202,6 +202,9 @@ fn message_for_template(
         }
     };
     let content = match (content_parts, engine) {
+        // A tool reply of text parts: SGLang joins them whatever the
+        // template (its `normalize_tool_content`, in recent versions).
+        (_, Engine::Sglang) if role == "tool" => Value::String(texts.join(" ")),
         // A template that loops over content gets parts: vLLM wraps a string
         // as one text part; SGLang passes a string as it is.
         (true, _) if was_list || engine == Engine::Vllm => Value::Array(

@@ -491,3 +491,28 @@ fn sglang_hands_a_template_naming_a_medium_its_content_as_parts() {
         "SS"
     );
 }
+
+/// A tool reply whose content is text parts reaches the template as one
+/// string under SGLang, joined with spaces, even a template that loops
+/// over content (SGLang's `normalize_tool_content`); other messages keep
+/// their parts there.
+#[test]
+fn sglang_joins_a_tool_replys_text_parts_for_any_template() {
+    let (_dir, tok) = model_with_template(
+        "{% for m in messages %}{% for p in m.content %}[{{ p.text if p is mapping else p }}]\
+         {% endfor %};{% endfor %}",
+    );
+    let body: Value = serde_json::from_str(
+        r#"{"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [
+                {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}"#,
+    )
+    .unwrap();
+    let sglang = tok.with_engine(Engine::Sglang).render_chat(&body).unwrap();
+    // The user's part, the assistant's empty string (no characters to loop
+    // over), the tool reply's string, one character at a time.
+    assert_eq!(sglang, "[q];;[a][ ][b];");
+}
