@@ -120,27 +120,41 @@ impl ChatTemplate {
 /// template gets content as a list of `{"type": "text", "text": ...}` parts,
 /// any other gets one string.
 pub(crate) fn iterates_message_content(source: &str) -> bool {
+    tags(source).filter_map(for_loop).any(|(_, iterable)| {
+        ["message", "msg", "m"].iter().any(|var| {
+            iterable == format!("{var}.content")
+                || iterable == format!("{var}['content']")
+                || iterable == format!("{var}[\"content\"]")
+        })
+    })
+}
+
+/// The statements of `source`'s `{% ... %}` tags, trimmed of their
+/// whitespace control (`-`, `+`) and spaces, in order; an unclosed tag
+/// ends them.
+fn tags(source: &str) -> impl Iterator<Item = &str> {
     let mut rest = source;
-    while let Some(start) = rest.find("{%") {
+    std::iter::from_fn(move || {
+        let start = rest.find("{%")?;
         let after = &rest[start + 2..];
-        let Some(end) = after.find("%}") else { break };
-        let tag = after[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
-        if let Some((_, iterable)) = tag.strip_prefix("for ").and_then(|t| t.split_once(" in ")) {
-            let iterable = iterable.split('|').next().unwrap_or_default();
-            let iterable = iterable.split(" if ").next().unwrap_or_default();
-            let compact: String = iterable.chars().filter(|c| !c.is_whitespace()).collect();
-            let is_content = ["message", "msg", "m"].iter().any(|var| {
-                compact == format!("{var}.content")
-                    || compact == format!("{var}['content']")
-                    || compact == format!("{var}[\"content\"]")
-            });
-            if is_content {
-                return true;
-            }
-        }
+        let end = after.find("%}")?;
         rest = &after[end + 2..];
-    }
-    false
+        Some(after[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+    })
+}
+
+/// `s` without its white space.
+fn compact(s: &str) -> String {
+    s.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// A `for VAR in ITERABLE` tag's variable and iterable, compacted, the
+/// iterable without its filters or condition.
+fn for_loop(tag: &str) -> Option<(String, String)> {
+    let (var, iterable) = tag.strip_prefix("for ")?.split_once(" in ")?;
+    let iterable = iterable.split('|').next().unwrap_or_default();
+    let iterable = iterable.split(" if ").next().unwrap_or_default();
+    Some((compact(var), compact(iterable)))
 }
 
 /// Whether `source` says "image", "audio", "video" or "vision" anywhere:
@@ -160,35 +174,19 @@ pub(crate) fn mentions_media(source: &str) -> bool {
 /// versions; before, it handed every template the flat shape); macros that
 /// take the list as a parameter are not followed here.
 pub(crate) fn reads_wrapped_tools(source: &str) -> bool {
-    let tags = || {
-        let mut rest = source;
-        std::iter::from_fn(move || {
-            let start = rest.find("{%")?;
-            let after = &rest[start + 2..];
-            let end = after.find("%}")?;
-            rest = &after[end + 2..];
-            Some(after[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
-        })
-    };
-    let compact = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
     let mut lists = vec!["tools".to_owned()];
-    for tag in tags() {
+    for tag in tags(source) {
         if let Some((name, value)) = tag.strip_prefix("set ").and_then(|t| t.split_once('='))
             && lists.contains(&compact(value))
         {
             lists.push(compact(name));
         }
     }
-    let mut elements = Vec::new();
-    for tag in tags() {
-        if let Some((var, iterable)) = tag.strip_prefix("for ").and_then(|t| t.split_once(" in ")) {
-            let iterable = iterable.split('|').next().unwrap_or_default();
-            let iterable = iterable.split(" if ").next().unwrap_or_default();
-            if lists.contains(&compact(iterable)) {
-                elements.push(compact(var));
-            }
-        }
-    }
+    let elements: Vec<String> = tags(source)
+        .filter_map(for_loop)
+        .filter(|(_, iterable)| lists.contains(iterable))
+        .map(|(var, _)| var)
+        .collect();
     let compacted = compact(source);
     elements.iter().any(|var| {
         [".function", "['function']", "[\"function\"]"]
