@@ -243,8 +243,9 @@ fn entry<'m>(map: &'m BTreeMap<String, String>, url: &str) -> Option<&'m str> {
         .map(String::as_str)
 }
 
-/// An IPv6 literal in brackets, as an endpoint needs it.
-fn bracketed(host: &str) -> String {
+/// An IPv6 literal in brackets, as an endpoint (or any `host:port`)
+/// needs it.
+pub(crate) fn bracketed(host: &str) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]")
     } else {

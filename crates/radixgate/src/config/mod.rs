@@ -26,6 +26,7 @@ pub use cli::{ServeArgs, SyncArgs};
 pub use discovery::{
     DEFAULT_BOOTSTRAP_PORT_ANNOTATION, DiscoveryConfig, ModelIdFrom, Pool, PoolConfig,
 };
+pub(crate) use kv_events::bracketed;
 pub use kv_events::{EngineRules, KvEventsConfig, MAX_DATA_PARALLEL_SIZE};
 /// A worker given at start-up (`workers:` entries, `--worker-urls`) or
 /// posted to the admin API: routing's own spec, a URL or `{url, api_key?,

@@ -1297,13 +1297,9 @@ fn apply_cached_report(decision: &mut Decision, text: &str, body: &[u8]) {
 /// SGLang's own load balancer sends them so, and SGLang adds them only
 /// where they are missing. Sent bare until 2026-12-06.
 fn bootstrap_host(prefill_url: &str) -> String {
-    let Ok(url) = WorkerUrl::parse(prefill_url) else {
-        return String::new();
-    };
-    match url.host() {
-        v6 if v6.contains(':') => format!("[{v6}]"),
-        host => host.to_owned(),
-    }
+    WorkerUrl::parse(prefill_url)
+        .map(|url| crate::config::bracketed(url.host()))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
