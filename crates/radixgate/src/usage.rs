@@ -18,11 +18,13 @@
 //!
 //! [`UsageTail`] keeps only the first [`HEAD_BYTES`] and the last
 //! [`TAIL_BYTES`] bytes a body passed through (the head for that stream's
-//! first event, however long the stream), so memory is bounded whatever the
-//! body's size, and the frames themselves go to the client unchanged; the
-//! scan runs once, at the end.
-//! A body whose usage does not fit in the tail, or that has none, reports
-//! `None` (nothing is charged). An SGLang `/generate` batch reports one
+//! first event, however long the stream), and [`KEY_BYTES`] from the last
+//! usage object's key on, wherever it was: vLLM puts `prompt_logprobs` and
+//! the prompt's token ids after `usage` in a whole answer, tens of KiB for
+//! a long prompt. So memory is bounded whatever the body's size, and the
+//! frames themselves go to the client unchanged; the scan runs once, at
+//! the end. A body whose usage is in none of these, or that has none,
+//! reports `None` (nothing is charged). An SGLang `/generate` batch reports one
 //! `meta_info` per item, more than the tail holds: [`ItemReports`] sums
 //! them as the body passes.
 
@@ -56,13 +58,23 @@ pub const TAIL_BYTES: usize = 8 * 1024;
 /// event, `message_start` with the prompt's usage, is a few hundred bytes.
 pub const HEAD_BYTES: usize = 2 * 1024;
 
+/// How much is kept from the last usage object's key on, wherever in the
+/// body it came: a usage object with every detail an API adds is well
+/// under 1 KiB.
+pub const KEY_BYTES: usize = 2 * 1024;
+
 /// The first [`HEAD_BYTES`] and the last [`TAIL_BYTES`] bytes of a body,
 /// the tail in a ring: a small frame costs its own length to keep, however
-/// full the tail is.
+/// full the tail is; and [`KEY_BYTES`] from the last usage object's key.
 #[derive(Debug, Default)]
 pub struct UsageTail {
     head: Vec<u8>,
     tail: std::collections::VecDeque<u8>,
+    /// From the last `"usage"` or `"meta_info"` key followed by an object
+    /// on, up to [`KEY_BYTES`].
+    key: Vec<u8>,
+    /// Where `key` starts in the body.
+    key_at: u64,
     /// Bytes passed through in all.
     seen: u64,
 }
@@ -75,6 +87,7 @@ impl UsageTail {
 
     /// Appends the next piece of the body, keeping only its start and end.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.keep_key(bytes);
         self.seen += bytes.len() as u64;
         if self.head.len() < HEAD_BYTES {
             let room = HEAD_BYTES - self.head.len();
@@ -92,24 +105,78 @@ impl UsageTail {
         self.tail.extend(bytes);
     }
 
-    /// What is kept of the body, as one text: the whole body while it
-    /// fits in the tail (or the head and tail overlap), else its head, a
-    /// NUL (which no JSON holds, so no object read runs across the cut)
-    /// and its tail.
+    /// Keeps the last usage key in `bytes` with what follows it, or what
+    /// follows the key kept so far, up to [`KEY_BYTES`] (called before
+    /// `bytes` is counted in `seen` or kept in the tail).
+    fn keep_key(&mut self, bytes: &[u8]) {
+        if !self.key.is_empty() && self.key.len() < KEY_BYTES {
+            let room = KEY_BYTES - self.key.len();
+            self.key.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
+        if let Some(at) = last_key(bytes) {
+            self.key.clear();
+            self.key
+                .extend_from_slice(&bytes[at..bytes.len().min(at + KEY_BYTES)]);
+            self.key_at = self.seen + at as u64;
+            return;
+        }
+        // A key split between this piece and the last: its start is in the
+        // tail's end.
+        const SPAN: usize = b"\"meta_info\"".len() - 1;
+        let before = self.tail.len().min(SPAN);
+        if before == 0 || bytes.is_empty() {
+            return;
+        }
+        let after = bytes.len().min(SPAN);
+        let mut joint = [0u8; 2 * SPAN];
+        for (to, from) in joint
+            .iter_mut()
+            .zip(self.tail.range(self.tail.len() - before..))
+        {
+            *to = *from;
+        }
+        joint[before..before + after].copy_from_slice(&bytes[..after]);
+        let joint = &joint[..before + after];
+        if let Some(at) = last_key(joint).filter(|&at| at < before) {
+            self.key.clear();
+            self.key.extend_from_slice(&joint[at..before]);
+            self.key
+                .extend_from_slice(&bytes[..bytes.len().min(KEY_BYTES - self.key.len())]);
+            self.key_at = self.seen - (before - at) as u64;
+        }
+    }
+
+    /// What is kept of the body, as one text: its head, the last usage key
+    /// with what followed it, and its tail, each in body order without
+    /// what an earlier one holds, joined where they meet and with a NUL
+    /// (which no JSON holds, so no object read runs across the cut) where
+    /// bytes between them were not kept.
     fn text(&mut self) -> std::borrow::Cow<'_, [u8]> {
         let tail = self.tail.make_contiguous();
-        let seen = usize::try_from(self.seen).unwrap_or(usize::MAX);
-        let before_tail = seen - tail.len();
-        if before_tail == 0 {
+        let tail_at = self.seen - tail.len() as u64;
+        if tail_at == 0 {
             return std::borrow::Cow::Borrowed(tail);
         }
-        let head = &self.head[..before_tail.min(self.head.len())];
-        let cut: &[u8] = if before_tail > self.head.len() {
-            b"\0"
-        } else {
-            b""
-        };
-        [head, cut, tail].concat().into()
+        let mut text = Vec::with_capacity(self.head.len() + self.key.len() + tail.len() + 2);
+        // The end of what `text` holds, as an offset in the body.
+        let mut end = 0u64;
+        for (at, piece) in [(0, &self.head[..]), (self.key_at, &self.key[..])] {
+            let from = end.max(at);
+            let to = (at + piece.len() as u64).min(tail_at);
+            if from >= to {
+                continue;
+            }
+            if from > end {
+                text.push(0);
+            }
+            text.extend_from_slice(&piece[(from - at) as usize..(to - at) as usize]);
+            end = to;
+        }
+        if tail_at > end {
+            text.push(0);
+        }
+        text.extend_from_slice(tail);
+        text.into()
     }
 
     /// The tokens the body reports it used, if what is kept of it says.
@@ -270,6 +337,27 @@ impl Key {
             Key::MetaInfo => &META_INFO,
         }
     }
+}
+
+/// Where the last usage key in `bytes` starts that an object follows (or
+/// may follow, where `bytes` ends before saying).
+fn last_key(bytes: &[u8]) -> Option<usize> {
+    let mut last = None;
+    for key in [Key::Usage, Key::MetaInfo] {
+        let finder = key.finder();
+        for at in finder.find_iter(bytes) {
+            let rest = bytes[at + finder.needle().len()..].trim_ascii_start();
+            let opens = match rest.split_first() {
+                None => true,
+                Some((b':', rest)) => rest.trim_ascii_start().first().is_none_or(|&b| b == b'{'),
+                Some(_) => false,
+            };
+            if opens && last.is_none_or(|last| at > last) {
+                last = Some(at);
+            }
+        }
+    }
+    last
 }
 
 /// The usage objects that follow `key` and `:` in `text`, last first.
@@ -528,6 +616,47 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_
         assert_eq!(tail.tokens(), Some(42));
         assert_eq!(tail.tail.len(), TAIL_BYTES);
         tail.push(&vec![b'x'; TAIL_BYTES]);
-        assert_eq!(tail.tokens(), None, "usage pushed out of the tail");
+        assert_eq!(tail.tokens(), None, "a usage object longer than KEY_BYTES");
+        tail.push(b"\"usage\": {\"total_tokens\":43}");
+        tail.push(&vec![b'x'; TAIL_BYTES]);
+        assert_eq!(tail.tokens(), Some(43), "the usage key kept");
+        tail.push(b"\"usage\":null,\"usage\" :\"no\"");
+        tail.push(&vec![b'x'; TAIL_BYTES]);
+        assert_eq!(tail.tokens(), Some(43), "keys without an object skipped");
+    }
+
+    /// vLLM's whole answer: `prompt_logprobs` and `prompt_token_ids` after
+    /// `usage`, far more than the tail; in any pieces, the key split
+    /// between two or not.
+    #[test]
+    fn a_usage_key_far_from_either_end_is_kept() {
+        let mut body = br#"{"choices":[{"message":{"content":""#.to_vec();
+        body.extend(std::iter::repeat_n(b'a', 3 * HEAD_BYTES));
+        body.extend_from_slice(br#""}}],"usage":{"prompt_tokens":900,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":512}},"prompt_token_ids":["#);
+        body.extend(std::iter::repeat_n(b"12345,".as_slice(), 2 * TAIL_BYTES).flatten());
+        body.extend_from_slice(b"0]}");
+        for size in [1, 3, 7, 64, 1000, 5000, body.len()] {
+            let mut tail = UsageTail::new();
+            for piece in body.chunks(size) {
+                tail.push(piece);
+            }
+            assert_eq!(tail.tokens(), Some(905), "pieces of {size}");
+            assert_eq!(
+                tail.cached(),
+                CachedReport::Report {
+                    prompt_tokens: 900,
+                    cached_tokens: 512
+                },
+                "pieces of {size}"
+            );
+        }
+        // Partly in the tail: joined where the two meet.
+        let end = body.len() - TAIL_BYTES - 20;
+        let mut tail = UsageTail::new();
+        tail.push(&body[..end]);
+        tail.push(b"\"usage\":{\"prompt_tokens\":7,");
+        tail.push(&vec![b' '; TAIL_BYTES - 20]);
+        tail.push(b"\"completion_tokens\":1}");
+        assert_eq!(tail.tokens(), Some(8));
     }
 }

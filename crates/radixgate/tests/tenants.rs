@@ -1349,3 +1349,34 @@ async fn a_tenants_request_whose_client_left_is_counted_as_499() {
     );
     gw.shutdown().await;
 }
+
+/// vLLM puts `prompt_logprobs` (and, asked for them, the prompt's token
+/// ids) after `usage` in a whole answer: a long prompt's are tens of KiB
+/// past it. The answer is charged what its usage reports, not its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_with_a_long_field_after_its_usage_is_charged_its_usage() {
+    let (worker, served) = worker_answering(axum::routing::post(|| async {
+        let logprobs: Vec<Value> = (0..2000)
+            .map(|i| json!({(i + 10).to_string(): {"logprob": -1.25, "rank": 1, "decoded_token": "word"}}))
+            .collect();
+        axum::Json(json!({
+            "choices": [{"message": {"role": "assistant", "content": "a long answer ".repeat(300)}}],
+            "usage": {"prompt_tokens": 2000, "completion_tokens": 1, "total_tokens": 2001},
+            "prompt_logprobs": logprobs,
+            "prompt_token_ids": (0..2000).collect::<Vec<u32>>(),
+        }))
+    }))
+    .await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 100000}
+";
+    let gw = gateway_ready(tenant_config(&worker, tenants), 1).await;
+    let r = post_as(&gw.url, Some("sk-a"), &chat("a short question", false)).await;
+    assert_eq!(r.status(), 200);
+    let body = r.bytes().await.unwrap();
+    // Far past what the router keeps of an answer's end (8 KiB).
+    assert!(body.len() > 32 * 1024, "{} bytes", body.len());
+    assert_eq!(charged_once(&gw.url, "the answer is charged").await, 2001.0);
+    gw.shutdown().await;
+    served.abort();
+}
