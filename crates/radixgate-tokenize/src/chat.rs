@@ -205,6 +205,10 @@ fn message_for_template(
         // A tool reply of text parts: SGLang joins them whatever the
         // template (its `normalize_tool_content`, in recent versions).
         (_, Engine::Sglang) if role == "tool" => Value::String(texts.join(" ")),
+        // vLLM joins them with newlines, and a string stays one, whatever
+        // the template (its chat utilities normalise a tool reply's
+        // content so).
+        (_, Engine::Vllm) if role == "tool" => Value::String(texts.join("\n")),
         // A template that loops over content gets parts: vLLM wraps a string
         // as one text part; SGLang passes a string as it is.
         (true, _) if was_list || engine == Engine::Vllm => Value::Array(
@@ -233,7 +237,7 @@ fn message_for_template(
         && let Some(Value::Array(calls)) = out.get_mut("tool_calls")
     {
         for call in calls.iter_mut() {
-            parse_arguments(call, i)?;
+            parse_arguments(call, i, engine)?;
         }
     }
     Ok(out)
@@ -284,19 +288,30 @@ fn vllm_keys(message: &Map<String, Value>, role: &str, content: Value) -> Map<St
     out
 }
 
-/// `function.arguments` from a JSON string to a value.
-fn parse_arguments(call: &mut Value, i: usize) -> Result<(), TokenizeError> {
+/// `function.arguments` from a JSON string to a value. vLLM makes a string
+/// that is not JSON, or arguments neither a string, an object nor a list,
+/// an empty object (a malformed call kept in a conversation's history
+/// would fail every later turn otherwise); under SGLang, which refuses
+/// such a request, a string that is not JSON cannot be tokenized.
+fn parse_arguments(call: &mut Value, i: usize, engine: Engine) -> Result<(), TokenizeError> {
     let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else {
         return Ok(());
     };
+    let empty = || Value::Object(Map::new());
     let parsed = match function.get("arguments") {
-        None | Some(Value::Null) => Value::Object(Map::new()),
-        Some(Value::String(s)) if s.is_empty() => Value::Object(Map::new()),
-        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
-            invalid(format!(
-                "`messages`[{i}]: a tool call's `arguments` is not valid JSON: {e}"
-            ))
-        })?,
+        None | Some(Value::Null) => empty(),
+        Some(Value::String(s)) if s.is_empty() => empty(),
+        Some(Value::String(s)) => match serde_json::from_str(s) {
+            Ok(parsed) => parsed,
+            Err(_) if engine == Engine::Vllm => empty(),
+            Err(e) => {
+                return Err(invalid(format!(
+                    "`messages`[{i}]: a tool call's `arguments` is not valid JSON: {e}"
+                )));
+            }
+        },
+        Some(other @ (Value::Object(_) | Value::Array(_))) => other.clone(),
+        Some(_) if engine == Engine::Vllm => empty(),
         Some(other) => other.clone(),
     };
     function.insert("arguments".into(), parsed);

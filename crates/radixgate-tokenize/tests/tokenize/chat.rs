@@ -237,9 +237,19 @@ fn tool_call_arguments_reach_the_template_as_objects() {
         tok.render_chat(&body).unwrap(),
         "get_weather{\"city\": \"Paris\"}|now{}|"
     );
+    // Not JSON, or not a string, object or list: vLLM renders `{}` (it
+    // keeps a conversation whose history holds a malformed call going);
+    // SGLang refuses a string that is not JSON.
     let mut bad = body.clone();
     bad["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("{oops");
-    let err = tok.render_chat(&bad).unwrap_err();
+    bad["messages"][1]["tool_calls"][1]["function"]["arguments"] = json!(7);
+    assert_eq!(tok.render_chat(&bad).unwrap(), "get_weather{}|now{}|");
+    // A string that is JSON but not an object is what it parses to.
+    let mut list = bad.clone();
+    list["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("[1, 2]");
+    assert_eq!(tok.render_chat(&list).unwrap(), "get_weather[1, 2]|now{}|");
+    let sglang = tok.with_engine(Engine::Sglang);
+    let err = sglang.render_chat(&bad).unwrap_err();
     assert!(err.to_string().contains("not valid JSON"), "{err}");
 }
 
@@ -515,4 +525,29 @@ fn sglang_joins_a_tool_replys_text_parts_for_any_template() {
     // The user's part, the assistant's empty string (no characters to loop
     // over), the tool reply's string, one character at a time.
     assert_eq!(sglang, "[q];;[a][ ][b];");
+}
+
+/// vLLM hands every template a tool reply's content as one string, its
+/// text parts joined with newlines, even a template that loops over
+/// content, which gets other messages' strings as parts.
+#[test]
+fn vllm_joins_a_tool_replys_text_parts_for_any_template() {
+    let (_dir, tok) = model_with_template(
+        "{% for m in messages %}{% for p in m.content %}[{{ p.text if p is mapping else p }}]\
+         {% endfor %};{% endfor %}",
+    );
+    let body: Value = serde_json::from_str(
+        r#"{"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [
+                {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "cd"}]}"#,
+    )
+    .unwrap();
+    let vllm = tok.with_engine(Engine::Vllm).render_chat(&body).unwrap();
+    // The user's string as a part, the assistant's no parts, each tool
+    // reply's string one character at a time.
+    assert_eq!(vllm, "[q];;[a][\n][b];[c][d];");
 }
