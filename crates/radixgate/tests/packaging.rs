@@ -820,3 +820,50 @@ fn a_workers_key_comes_from_a_secret_not_the_config_map() {
         ("worker-keys", "keyed")
     );
 }
+
+/// The values that stand for radixgate.yaml's sections (`server`,
+/// `discovery` and its pools, `sync`) take the chart's own keys; one the
+/// chart does not know, radixgate.yaml's spelling say, is refused with
+/// where it belongs, as the router refuses an unknown key in its file.
+#[test]
+fn a_value_the_chart_does_not_know_is_refused_not_dropped() {
+    // `server.api_key` was dropped from the config: the router served
+    // with no key at all.
+    let err = render(json!({"server": {"api_key": "sk-a"}})).unwrap_err();
+    assert!(err.contains("server.api_key"), "{err}");
+    assert!(err.contains("config.server"), "{err}");
+    assert!(err.contains("RADIXGATE_API_KEY"), "{err}");
+    for (values, named, hint) in [
+        (
+            json!({"discovery": {"model_id_from": "label:model"}}),
+            "discovery.model_id_from",
+            "modelIdFrom",
+        ),
+        (
+            json!({"discovery": {"pools": [
+                {"selector": {"app": "a"}},
+                {"selector": {"app": "b"}, "portAnnotaion": "example.com/port"},
+            ]}}),
+            "discovery.pools[1].portAnnotaion",
+            "portAnnotation",
+        ),
+        (
+            json!({"sync": {"urls": ["nats://nats:4222"], "history_secs": 300}}),
+            "sync.history_secs",
+            "sync.settings",
+        ),
+        // A section of radixgate.yaml at the top of the values.
+        (
+            json!({"tenants": {"keys": [{"name": "a", "key_env": "A_KEY"}]}}),
+            "`tenants`",
+            "config.tenants",
+        ),
+    ] {
+        let err = render(values.clone()).unwrap_err();
+        assert!(err.contains(named), "{values}: {err}");
+        assert!(err.contains(hint), "{values}: {err}");
+    }
+    // Where it belongs, it is taken.
+    let m = rendered(json!({"config": {"server": {"api_key": "sk-a"}}}));
+    assert_eq!(router_config(&m).server.api_key.as_deref(), Some("sk-a"));
+}

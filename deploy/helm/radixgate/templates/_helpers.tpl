@@ -94,6 +94,7 @@ own values over it. Refuses a grace period shorter than the longest
 request, and an unbounded request time.
 */}}
 {{- define "radixgate.config" -}}
+{{- include "radixgate.knownValues" . -}}
 {{- $s := .Values.server -}}
 {{- if eq (int $s.requestTimeoutSecs) 0 -}}
 {{- fail "server.requestTimeoutSecs must not be 0 here: a rollout cannot wait for a request without an end" -}}
@@ -238,4 +239,48 @@ router's when there is none.
 */}}
 {{- define "radixgate.managementPortName" -}}
 {{- if gt (int .Values.server.managementPort) 0 -}}management{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/*
+Refuses a value the chart does not know, at the top and in the sections
+that stand for radixgate.yaml's (server, discovery and its pools, sync):
+it would be dropped, and the router run without it (`server.api_key`: a
+router open to anyone), where the router refuses an unknown key in its
+own file. Each message says where the key belongs.
+*/}}
+{{- define "radixgate.knownValues" -}}
+{{- $top := list "image" "imagePullSecrets" "nameOverride" "fullnameOverride" "replicaCount" "sync" "strategy" "server" "preStopSleepSeconds" "terminationGracePeriodSeconds" "discovery" "workers" "routing" "dataVolume" "config" "extraArgs" "extraEnv" "resources" "livenessProbe" "readinessProbe" "podDisruptionBudget" "service" "serviceAccount" "rbac" "metrics" "podSecurityContext" "securityContext" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "global" -}}
+{{- include "radixgate.onlyKeys" (list "" .Values $top "a section of radixgate.yaml goes under `config` (`config.%s`)") -}}
+{{- $server := list "host" "port" "managementPort" "requestTimeoutSecs" "shutdownGracePeriodSecs" "shutdownDelaySecs" "drainTimeoutSecs" "workerAllowlist" -}}
+{{- include "radixgate.onlyKeys" (list "server." .Values.server $server "radixgate.yaml's other server keys go under `config.server` (`config.server.%s`); a key is better passed from a Secret through extraEnv (RADIXGATE_API_KEY, RADIXGATE_ADMIN_API_KEY)") -}}
+{{- $pool := list "selector" "port" "portAnnotation" "modelIdFrom" "models" "role" "bootstrapPort" "bootstrapPortAnnotation" -}}
+{{- $discovery := concat (list "enabled" "namespace" "allNamespaces" "pools") (without $pool "models" "role" "bootstrapPort") -}}
+{{- include "radixgate.onlyKeys" (list "discovery." .Values.discovery $discovery "radixgate.yaml's other discovery keys go under `config.discovery` (`config.discovery.%s`)") -}}
+{{- range $i, $p := .Values.discovery.pools -}}
+{{- if kindIs "map" $p -}}
+{{- include "radixgate.onlyKeys" (list (printf "discovery.pools[%d]." $i) $p $pool "") -}}
+{{- end -}}
+{{- end -}}
+{{- $sync := list "urls" "cluster" "settings" "secretName" "secretPath" -}}
+{{- include "radixgate.onlyKeys" (list "sync." .Values.sync $sync "radixgate.yaml's other sync keys go under `sync.settings` (`sync.settings.%s`)") -}}
+{{- end -}}
+
+{{/*
+Fails on a key of a map not in a list (a list: the map's path with its
+trailing dot, empty at the top, the map, its keys, and where else such a
+key belongs, with %s for the key; empty: nowhere else).
+*/}}
+{{- define "radixgate.onlyKeys" -}}
+{{- $path := index . 0 -}}
+{{- $known := index . 2 -}}
+{{- $elsewhere := index . 3 -}}
+{{- range $key, $_ := index . 1 -}}
+{{- if not (has $key $known) -}}
+{{- $hint := "" -}}
+{{- if $elsewhere }}{{ $hint = printf "; %s" (printf $elsewhere $key) }}{{ end -}}
+{{- $there := "values.yaml names them" -}}
+{{- if $path }}{{ $there = printf "the values there are %s" (join ", " (sortAlpha $known)) }}{{ end -}}
+{{- fail (printf "`%s%s` is not a value of the chart, and would be dropped (%s)%s" $path $key $there $hint) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
