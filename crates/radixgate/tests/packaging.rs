@@ -867,3 +867,56 @@ fn a_value_the_chart_does_not_know_is_refused_not_dropped() {
     let m = rendered(json!({"config": {"server": {"api_key": "sk-a"}}}));
     assert_eq!(router_config(&m).server.api_key.as_deref(), Some("sk-a"));
 }
+
+/// The container's `http` port (the Service's target) is `server.port`
+/// on `server.host`. A `--port` or `--host` in `extraArgs`, or
+/// `RADIXGATE_PORT` or `RADIXGATE_HOST` in `extraEnv`, moved the listener
+/// away from it while the probes, on the management port, kept the pod
+/// ready: every client connection through the Service was refused.
+#[test]
+fn the_listeners_port_and_address_are_the_charts_own() {
+    let port = |key: &str, value: &str| json!([{"name": key, "value": value}]);
+    for (values, named, value) in [
+        (
+            json!({"extraArgs": ["--port", "8000"]}),
+            "extraArgs --port",
+            "server.port",
+        ),
+        (
+            json!({"extraArgs": ["--port=8000"]}),
+            "extraArgs --port=8000",
+            "server.port",
+        ),
+        (
+            json!({"extraArgs": ["--host", "127.0.0.1"]}),
+            "extraArgs --host",
+            "server.host",
+        ),
+        (
+            json!({"extraEnv": port("RADIXGATE_PORT", "8000")}),
+            "extraEnv RADIXGATE_PORT",
+            "server.port",
+        ),
+        (
+            json!({"extraEnv": port("RADIXGATE_HOST", "127.0.0.1")}),
+            "extraEnv RADIXGATE_HOST",
+            "server.host",
+        ),
+        // Without a management port too.
+        (
+            json!({"server": {"managementPort": 0}, "extraArgs": ["--port", "8000"]}),
+            "extraArgs --port",
+            "server.port",
+        ),
+    ] {
+        let err = render(values.clone()).unwrap_err();
+        assert!(err.contains(named), "{values}: {err}");
+        assert!(err.contains(value), "{values}: {err}");
+    }
+    // Other flags pass, and reach the router.
+    let m = rendered(json!({"extraArgs": ["--policy", "round_robin"]}));
+    assert_eq!(
+        router_config(&m).server.port,
+        u16::try_from(container_port(&container(&m.one("Deployment")), "http").unwrap()).unwrap()
+    );
+}

@@ -133,6 +133,23 @@ request, and an unbounded request time.
 {{- $_ := set $discovery "pools" $pools -}}
 {{- end -}}
 {{- $managed := dict "server" $server "discovery" $discovery -}}
+{{- /* The container's port, the Service's target and the probes are
+server.port on server.host: a flag or variable that moved the listener
+left a ready pod that refused every client through the Service. */ -}}
+{{- range .Values.extraArgs -}}
+{{- $arg := toString . -}}
+{{- range list "port" "host" -}}
+{{- if or (eq $arg (printf "--%s" .)) (hasPrefix (printf "--%s=" .) $arg) -}}
+{{- fail (printf "extraArgs %s: where the router listens is the chart's own (the container port, the Service and the probes are server.host and server.port): set server.%s instead" $arg .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}
+{{- if has (toString .name) (list "RADIXGATE_PORT" "RADIXGATE_HOST") -}}
+{{- $key := .name | trimPrefix "RADIXGATE_" | lower -}}
+{{- fail (printf "extraEnv %s: where the router listens is the chart's own (the container port, the Service and the probes are server.host and server.port): set server.%s instead" .name $key) -}}
+{{- end -}}
+{{- end -}}
 {{- if gt (int $s.managementPort) 0 -}}
 {{- if eq (int $s.managementPort) (int $s.port) -}}
 {{- fail (printf "server.managementPort (%d) must differ from server.port" (int $s.managementPort)) -}}
