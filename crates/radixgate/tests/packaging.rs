@@ -920,3 +920,55 @@ fn the_listeners_port_and_address_are_the_charts_own() {
         u16::try_from(container_port(&container(&m.one("Deployment")), "http").unwrap()).unwrap()
     );
 }
+
+/// Files the config names (a private CA's bundle, a tokenizer, a keys
+/// file) reach the container through the values' extra volumes; a
+/// Recreate strategy is rendered without the default's rollingUpdate,
+/// which the API server refuses beside it; and discovery turned off
+/// writes no `discovery.port`, which the router warns does nothing.
+#[test]
+fn extra_volumes_a_recreate_strategy_and_discovery_off_render_as_asked() {
+    let m = rendered(json!({
+        "extraVolumes": [{"name": "tokenizer",
+                          "persistentVolumeClaim": {"claimName": "model-files"}}],
+        "extraVolumeMounts": [{"name": "tokenizer", "mountPath": "/models", "readOnly": true}],
+        "config": {"kv_events": {"tokenizer": "/models/tokenizer.json"}},
+        "strategy": {"type": "Recreate"},
+    }));
+    let deployment: Deployment = m.one("Deployment");
+    let spec = deployment.spec.unwrap();
+    let strategy = spec.strategy.unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("Recreate"));
+    assert!(strategy.rolling_update.is_none(), "{strategy:?}");
+    let pod = spec.template.spec.unwrap();
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap_or_default();
+    let mount = mounts
+        .iter()
+        .find(|m| m.mount_path == "/models")
+        .unwrap_or_else(|| panic!("/models not mounted: {mounts:?}"));
+    let volume = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.name == mount.name)
+        .expect("the mount's volume");
+    assert_eq!(
+        volume.persistent_volume_claim.unwrap().claim_name,
+        "model-files"
+    );
+    // The chart's own mounts stay.
+    assert!(mounts.iter().any(|m| m.mount_path == "/etc/radixgate"));
+    // The default strategy keeps its rollingUpdate.
+    let m = Manifests::parse(&committed()).unwrap();
+    let deployment: Deployment = m.one("Deployment");
+    let strategy = deployment.spec.unwrap().strategy.unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    assert!(strategy.rolling_update.is_some());
+
+    let m = rendered(json!({"discovery": {"enabled": false}, "workers": ["http://w:8000"]}));
+    let config_map: k8s_openapi::api::core::v1::ConfigMap = m.one("ConfigMap");
+    let text = &config_map.data.unwrap()["radixgate.yaml"];
+    let config: Value = serde_norway::from_str(text).unwrap();
+    assert_eq!(config["discovery"], json!({"enabled": false}), "{text}");
+    assert!(!router_config(&m).discovery.enabled);
+}

@@ -111,8 +111,11 @@ request, and an unbounded request time.
     "drain_timeout_secs" (int $s.drainTimeoutSecs)
     "worker_allowlist" $s.workerAllowlist -}}
 {{- $d := .Values.discovery -}}
-{{- $discovery := dict "enabled" (and $d.enabled true) "port" (include "radixgate.workerPort" (list "discovery.port" $d.port) | int) -}}
+{{- $discovery := dict "enabled" (and $d.enabled true) -}}
 {{- if $d.enabled -}}
+{{- /* Written only when discovery is on: the router warns that a port
+without discovery does nothing. */ -}}
+{{- $_ := set $discovery "port" (include "radixgate.workerPort" (list "discovery.port" $d.port) | int) -}}
 {{- $_ := set $discovery "selector" (include "radixgate.selector" . | fromYaml) -}}
 {{- $_ := set $discovery "namespace" (include "radixgate.watchedNamespace" . | default nil) -}}
 {{- if $d.portAnnotation }}{{ $_ := set $discovery "port_annotation" $d.portAnnotation }}{{ end -}}
@@ -266,7 +269,7 @@ router open to anyone), where the router refuses an unknown key in its
 own file. Each message says where the key belongs.
 */}}
 {{- define "radixgate.knownValues" -}}
-{{- $top := list "image" "imagePullSecrets" "nameOverride" "fullnameOverride" "replicaCount" "sync" "strategy" "server" "preStopSleepSeconds" "terminationGracePeriodSeconds" "discovery" "workers" "routing" "dataVolume" "config" "extraArgs" "extraEnv" "resources" "livenessProbe" "readinessProbe" "podDisruptionBudget" "service" "serviceAccount" "rbac" "metrics" "podSecurityContext" "securityContext" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "global" -}}
+{{- $top := list "image" "imagePullSecrets" "nameOverride" "fullnameOverride" "replicaCount" "sync" "strategy" "server" "preStopSleepSeconds" "terminationGracePeriodSeconds" "discovery" "workers" "routing" "dataVolume" "config" "extraArgs" "extraEnv" "extraVolumes" "extraVolumeMounts" "resources" "livenessProbe" "readinessProbe" "podDisruptionBudget" "service" "serviceAccount" "rbac" "metrics" "podSecurityContext" "securityContext" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "global" -}}
 {{- include "radixgate.onlyKeys" (list "" .Values $top "a section of radixgate.yaml goes under `config` (`config.%s`)") -}}
 {{- $server := list "host" "port" "managementPort" "requestTimeoutSecs" "shutdownGracePeriodSecs" "shutdownDelaySecs" "drainTimeoutSecs" "workerAllowlist" -}}
 {{- include "radixgate.onlyKeys" (list "server." .Values.server $server "radixgate.yaml's other server keys go under `config.server` (`config.server.%s`); a key is better passed from a Secret through extraEnv (RADIXGATE_API_KEY, RADIXGATE_ADMIN_API_KEY)") -}}
