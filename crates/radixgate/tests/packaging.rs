@@ -628,6 +628,22 @@ fn a_service_monitor_is_rendered_only_when_asked_for() {
             .all("ServiceMonitor")
             .is_empty()
     );
+    // With the metrics key set, the scrape's credentials from a Secret;
+    // none without.
+    assert!(
+        monitor["spec"]["endpoints"][0]
+            .get("authorization")
+            .is_none()
+    );
+    let bearer =
+        json!({"type": "Bearer", "credentials": {"name": "radixgate-keys", "key": "metrics"}});
+    let m = rendered(
+        json!({"metrics": {"serviceMonitor": {"enabled": true, "authorization": bearer}}}),
+    );
+    assert_eq!(
+        m.all("ServiceMonitor")[0]["spec"]["endpoints"][0]["authorization"],
+        bearer
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,7 +111,7 @@ pub fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
 pub fn service_monitor(doc: &Value) -> Result<(), String> {
     let known = ["apiVersion", "kind", "metadata", "spec"];
     let spec = ["selector", "endpoints"];
-    let endpoint = ["port", "path", "interval"];
+    let endpoint = ["port", "path", "interval", "authorization"];
     let only = |v: &Value, keys: &[&str]| {
         v.as_object()
             .is_some_and(|o| o.keys().all(|k| keys.contains(&k.as_str())))
