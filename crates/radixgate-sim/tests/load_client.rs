@@ -176,7 +176,7 @@ async fn whole_chat_response_with_header_and_usage() {
     assert_eq!(o.error, None);
     assert_eq!(o.reply, "abc");
     assert_eq!(o.worker.as_deref(), Some("w7"), "header wins over the body");
-    assert_eq!(o.usage.unwrap().cached_tokens, 4);
+    assert_eq!(o.usage.unwrap().cached_tokens, Some(4));
     assert!(o.ttft.is_none());
 }
 
@@ -219,7 +219,7 @@ async fn generate_stream_text_is_cumulative_and_completions_are_deltas() {
         (g.error, g.reply.as_str(), g.worker.as_deref()),
         (None, "xyz", Some("g1"))
     );
-    assert_eq!(g.usage.unwrap().cached_tokens, 4);
+    assert_eq!(g.usage.unwrap().cached_tokens, Some(4));
     let c = one(&url, Api::Completions, true).await;
     assert_eq!((c.error, c.reply.as_str()), (None, "pq"));
     assert!(c.usage.is_none());
@@ -473,4 +473,71 @@ async fn the_command_line_path_runs_end_to_end() {
         .load;
     let err = radixgate_sim::load::run(&bad).await.unwrap_err();
     assert!(err.to_string().contains("https is not supported"), "{err}");
+}
+
+/// vLLM leaves `prompt_tokens_details` out of its usage unless started with
+/// `--enable-prompt-tokens-details`, and SGLang sends it as `null` unless
+/// started with `--enable-cache-report`: such a server says nothing of its
+/// cache. The report showed a hit rate of 0.0% for it, read as a router
+/// that found no prefix, and blended its prompt tokens into the hit rate
+/// of servers that do report.
+#[tokio::test]
+async fn hit_rate_leaves_out_responses_that_report_no_cached_count() {
+    let silent = |details: Option<Value>| {
+        move |_req: Value| {
+            let mut usage = serde_json::json!({"prompt_tokens": 100, "completion_tokens": 3});
+            if let Some(d) = &details {
+                usage["prompt_tokens_details"] = d.clone();
+            }
+            let body = serde_json::json!({"choices": [{"message": {"content": "r"}}],
+                "usage": usage});
+            json_reply(200, &body, Some("s"))
+        }
+    };
+    let (vllm, _) = serve(silent(None)).await;
+    let (sglang, _) = serve(silent(Some(Value::Null))).await;
+    let (reporting, _) = echo("a").await;
+    let run = |urls: Vec<String>| async move {
+        let cfg = WorkloadConfig::SharedPrefix(SharedPrefixConfig {
+            system_tokens: 8,
+            ..Default::default()
+        });
+        drive(
+            cfg.build(0, TextShape::default()).unwrap(),
+            client(Api::ChatCompletions, false, 5_000),
+            urls.iter().map(|u| Target::parse(u).unwrap()).collect(),
+            plan(Arrivals::Closed { concurrency: 2 }, 8, Assign::RoundRobin),
+            header(&urls),
+        )
+        .await
+    };
+
+    let r = run(vec![vllm.clone(), sglang.clone()]).await;
+    assert_eq!((r.ok, r.failed, r.responses_without_usage), (8, 0, 0));
+    assert_eq!(r.hit_rate, None, "{}", r.table());
+    assert_eq!(r.responses_without_cached_count, 8);
+    assert_eq!(r.prompt_tokens, 800, "prompt tokens are still counted");
+    assert!(
+        r.table()
+            .contains("hit rate n/a (no cached-token counts reported"),
+        "{}",
+        r.table()
+    );
+
+    // Half report 50 of 100 cached, half say nothing: 50%, not 25%.
+    let r = run(vec![reporting, vllm]).await;
+    assert_eq!(r.hit_rate, Some(0.5), "{}", r.table());
+    assert_eq!(r.responses_without_cached_count, 4);
+    assert_eq!((r.prompt_tokens, r.cached_tokens), (800, 200));
+    assert!(
+        r.table()
+            .contains("hit rate 50.0%  (cached 200 of 400 prompt tokens"),
+        "{}",
+        r.table()
+    );
+    assert!(
+        r.table().contains("4 without a cached count"),
+        "{}",
+        r.table()
+    );
 }

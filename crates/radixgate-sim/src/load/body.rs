@@ -11,7 +11,9 @@
 //! report it. From each response or event we read the content text, the
 //! usage (`usage.prompt_tokens_details.cached_tokens` for OpenAI,
 //! `meta_info` for `/generate`, `input_tokens_details.cached_tokens` for
-//! Responses, `cache_read_input_tokens` for Messages) and the serving
+//! Responses, `cache_read_input_tokens` for Messages; a missing or `null`
+//! cached count is kept apart from 0, since a server that does not report
+//! its cache is not one that found nothing there) and the serving
 //! worker's name (`system_fingerprint` or `meta_info.worker`; the response
 //! header is read by the client). Responses and Messages streams end with a
 //! final event instead of `data: [DONE]` ([`Piece::done`]).
@@ -40,8 +42,10 @@ pub struct BodyOptions {
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: u64,
-    /// Of which served from the prefix cache.
-    pub cached_tokens: u64,
+    /// Of which served from the prefix cache; `None` when the server did
+    /// not say (vLLM without `--enable-prompt-tokens-details`, SGLang
+    /// without `--enable-cache-report`), which is not a count of 0.
+    pub cached_tokens: Option<u64>,
     /// Generated tokens.
     pub completion_tokens: u64,
 }
@@ -190,7 +194,7 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
             if let Some(us) = obj.get("usage").filter(|x| x.is_object()) {
                 p.usage = Some(Usage {
                     prompt_tokens: u(&us["prompt_tokens"]),
-                    cached_tokens: u(&us["prompt_tokens_details"]["cached_tokens"]),
+                    cached_tokens: us["prompt_tokens_details"]["cached_tokens"].as_u64(),
                     completion_tokens: u(&us["completion_tokens"]),
                 });
             }
@@ -207,7 +211,7 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
                 if meta.get("prompt_tokens").is_some() {
                     p.usage = Some(Usage {
                         prompt_tokens: u(&meta["prompt_tokens"]),
-                        cached_tokens: u(&meta["cached_tokens"]),
+                        cached_tokens: meta["cached_tokens"].as_u64(),
                         completion_tokens: u(&meta["completion_tokens"]),
                     });
                 }
@@ -270,7 +274,7 @@ fn read_response(obj: &serde_json::Map<String, Value>, p: &mut Piece) {
     if let Some(us) = response.get("usage").filter(|x| x.is_object()) {
         p.usage = Some(Usage {
             prompt_tokens: u(&us["input_tokens"]),
-            cached_tokens: u(&us["input_tokens_details"]["cached_tokens"]),
+            cached_tokens: us["input_tokens_details"]["cached_tokens"].as_u64(),
             completion_tokens: u(&us["output_tokens"]),
         });
     }
@@ -280,9 +284,11 @@ fn read_response(obj: &serde_json::Map<String, Value>, p: &mut Piece) {
 /// An Anthropic usage object: `input_tokens` leaves out the tokens read
 /// from (or written to) the prompt cache, so the prompt is their sum.
 fn anthropic_usage(us: &Value) -> Usage {
-    let cached = u(&us["cache_read_input_tokens"]);
+    let cached = us["cache_read_input_tokens"].as_u64();
     Usage {
-        prompt_tokens: u(&us["input_tokens"]) + cached + u(&us["cache_creation_input_tokens"]),
+        prompt_tokens: u(&us["input_tokens"])
+            + cached.unwrap_or(0)
+            + u(&us["cache_creation_input_tokens"]),
         cached_tokens: cached,
         completion_tokens: u(&us["output_tokens"]),
     }
@@ -380,7 +386,7 @@ mod tests {
             p.usage,
             Some(Usage {
                 prompt_tokens: 10,
-                cached_tokens: 4,
+                cached_tokens: Some(4),
                 completion_tokens: 2
             })
         );
@@ -395,7 +401,7 @@ mod tests {
         let generate = json!({"text": "x", "meta_info": {"prompt_tokens": 8, "cached_tokens": 8, "completion_tokens": 1, "worker": "w2"}});
         let p = read_piece(Api::Generate, &generate).unwrap();
         assert_eq!(p.worker.as_deref(), Some("w2"));
-        assert_eq!(p.usage.unwrap().cached_tokens, 8);
+        assert_eq!(p.usage.unwrap().cached_tokens, Some(8));
         let err = json!({"error": {"message": "boom", "type": "server_error"}});
         assert_eq!(
             read_piece(Api::ChatCompletions, &err)
@@ -443,7 +449,7 @@ mod tests {
 
     #[test]
     fn responses_and_messages_pieces() {
-        let usage = |prompt_tokens, cached_tokens, completion_tokens| Usage {
+        let usage = |prompt_tokens, cached_tokens: Option<u64>, completion_tokens| Usage {
             prompt_tokens,
             cached_tokens,
             completion_tokens,
@@ -456,7 +462,7 @@ mod tests {
         assert_eq!(p.text.as_deref(), Some("hi there"));
         assert_eq!(
             (p.usage, p.worker.as_deref()),
-            (Some(usage(9, 4, 2)), Some("w1"))
+            (Some(usage(9, Some(4), 2)), Some("w1"))
         );
         let delta = json!({"type": "response.output_text.delta", "delta": "x"});
         assert_eq!(
@@ -470,7 +476,7 @@ mod tests {
         );
         let end = json!({"type": "response.incomplete", "response": {"usage": {"input_tokens": 3, "output_tokens": 1}}});
         let p = read_piece(Api::Responses, &end).unwrap();
-        assert!(p.done && p.usage == Some(usage(3, 0, 1)));
+        assert!(p.done && p.usage == Some(usage(3, None, 1)));
         let failed = json!({"type": "response.failed", "response": {"error": {"message": "boom"}}});
         assert_eq!(
             read_piece(Api::Responses, &failed)
@@ -485,14 +491,14 @@ mod tests {
         let p = read_piece(Api::Messages, &whole).unwrap();
         assert_eq!(
             (p.text.as_deref(), p.usage),
-            (Some("ok"), Some(usage(8, 6, 3)))
+            (Some("ok"), Some(usage(8, Some(6), 3)))
         );
         let start = json!({"type": "message_start", "message": {"system_fingerprint": "w2",
             "usage": {"input_tokens": 5, "output_tokens": 0}}});
         let p = read_piece(Api::Messages, &start).unwrap();
         assert_eq!(
             (p.usage, p.worker.as_deref()),
-            (Some(usage(5, 0, 0)), Some("w2"))
+            (Some(usage(5, None, 0)), Some("w2"))
         );
         let delta =
             json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "y"}});
@@ -503,7 +509,7 @@ mod tests {
         let end = json!({"type": "message_delta", "usage": {"output_tokens": 4}});
         assert_eq!(
             read_piece(Api::Messages, &end).unwrap().usage,
-            Some(usage(0, 0, 4))
+            Some(usage(0, None, 4))
         );
         assert!(
             read_piece(Api::Messages, &json!({"type": "message_stop"}))

@@ -215,7 +215,8 @@ impl Client {
         }
         if let Some(usage) = piece.usage {
             // Counts only grow over a stream, and a Messages stream splits
-            // them over two events: keep the larger of each.
+            // them over two events: keep the larger of each (a cached
+            // count reported once beats none).
             reply.usage = Some(match reply.usage {
                 Some(seen) => Usage {
                     prompt_tokens: seen.prompt_tokens.max(usage.prompt_tokens),

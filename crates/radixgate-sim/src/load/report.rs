@@ -3,7 +3,10 @@
 //!
 //! Definitions (so numbers from different runs and tools compare):
 //! - token hit rate = Σ cached tokens / Σ prompt tokens over successful
-//!   responses that reported usage;
+//!   responses whose usage reported a cached count (vLLM reports none
+//!   without `--enable-prompt-tokens-details`, SGLang's OpenAI APIs none
+//!   without `--enable-cache-report`: a response that says nothing of the
+//!   cache is left out, not counted as a miss; none at all is n/a);
 //! - percentiles are nearest-rank over successful requests;
 //! - time per output token (TPOT, the inter-token latency) of one request =
 //!   (E2E − TTFT) / (output tokens − 1), over successful streamed requests
@@ -81,9 +84,12 @@ pub struct Stats {
     ok: u64,
     errors: BTreeMap<String, u64>,
     prompt_tokens: u64,
+    /// Prompt tokens of the responses that reported a cached count.
+    counted_prompt_tokens: u64,
     cached_tokens: u64,
     completion_tokens: u64,
     without_usage: u64,
+    without_cached: u64,
     workers: BTreeMap<String, u64>,
     per_target: BTreeMap<usize, u64>,
 }
@@ -119,8 +125,14 @@ impl Stats {
         match o.usage {
             Some(u) => {
                 self.prompt_tokens += u.prompt_tokens;
-                self.cached_tokens += u.cached_tokens;
                 self.completion_tokens += u.completion_tokens;
+                match u.cached_tokens {
+                    Some(cached) => {
+                        self.counted_prompt_tokens += u.prompt_tokens;
+                        self.cached_tokens += cached;
+                    }
+                    None => self.without_cached += 1,
+                }
             }
             None => self.without_usage += 1,
         }
@@ -138,9 +150,11 @@ impl Stats {
         self.errors.values().sum()
     }
 
-    /// Σ cached / Σ prompt tokens so far (`None` before any usage).
+    /// Σ cached / Σ prompt tokens so far, over the responses that reported
+    /// a cached count (`None` before any did).
     pub fn hit_rate(&self) -> Option<f64> {
-        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+        (self.counted_prompt_tokens > 0)
+            .then(|| self.cached_tokens as f64 / self.counted_prompt_tokens as f64)
     }
 
     /// The final report.
@@ -173,9 +187,11 @@ impl Stats {
             errors: self.errors.clone(),
             hit_rate: self.hit_rate(),
             prompt_tokens: self.prompt_tokens,
+            prompt_tokens_with_cached_count: self.counted_prompt_tokens,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.completion_tokens,
             responses_without_usage: self.without_usage,
+            responses_without_cached_count: self.without_cached,
             ttft_ms: Summary::of(self.ttft_ms.clone()),
             e2e_ms: Summary::of(self.e2e_ms.clone()),
             tpot_ms: Summary::of(self.tpot_ms.clone()),
@@ -225,16 +241,23 @@ pub struct LoadReport {
     pub failed: u64,
     /// Failures by kind.
     pub errors: BTreeMap<String, u64>,
-    /// Σ cached / Σ prompt tokens (`None` if no usage was reported).
+    /// Σ cached / Σ prompt tokens over the responses that reported a
+    /// cached count (`None` if none did).
     pub hit_rate: Option<f64>,
     /// Σ prompt tokens.
     pub prompt_tokens: u64,
+    /// Σ prompt tokens of the responses that reported a cached count (the
+    /// hit rate's denominator).
+    pub prompt_tokens_with_cached_count: u64,
     /// Σ cached prompt tokens.
     pub cached_tokens: u64,
     /// Σ generated tokens.
     pub completion_tokens: u64,
     /// Successful responses that reported no usage.
     pub responses_without_usage: u64,
+    /// Successful responses whose usage had no cached-token count (left
+    /// out of the hit rate).
+    pub responses_without_cached_count: u64,
     /// Time to first content chunk (streams only).
     pub ttft_ms: Option<Summary>,
     /// End-to-end latency.
@@ -326,15 +349,36 @@ impl LoadReport {
             self.output_tokens_per_s,
             self.prompt_tokens_per_s
         );
-        let hit = self.hit_rate.map_or_else(
-            || "n/a (no usage reported)".into(),
-            |h| format!("{:.1}%", h * 100.0),
-        );
-        let _ = writeln!(
-            s,
-            "hit rate {hit}  (cached {} of {} prompt tokens; {} responses without usage)",
-            self.cached_tokens, self.prompt_tokens, self.responses_without_usage
-        );
+        match self.hit_rate {
+            Some(h) => {
+                let mut without =
+                    format!("{} responses without usage", self.responses_without_usage);
+                if self.responses_without_cached_count > 0 {
+                    let _ = write!(
+                        without,
+                        ", {} without a cached count",
+                        self.responses_without_cached_count
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "hit rate {:.1}%  (cached {} of {} prompt tokens; {without})",
+                    h * 100.0,
+                    self.cached_tokens,
+                    self.prompt_tokens_with_cached_count
+                );
+            }
+            None if self.responses_without_cached_count > 0 => {
+                let _ = writeln!(
+                    s,
+                    "hit rate n/a (no cached-token counts reported; SGLang needs \
+                     --enable-cache-report, vLLM --enable-prompt-tokens-details)"
+                );
+            }
+            None => {
+                let _ = writeln!(s, "hit rate n/a (no usage reported)");
+            }
+        }
         let _ = writeln!(
             s,
             "latency ms       mean      p50      p90      p99      max"
@@ -419,7 +463,7 @@ mod tests {
             e2e: Duration::from_millis(ms),
             usage: Some(Usage {
                 prompt_tokens: prompt,
-                cached_tokens: cached,
+                cached_tokens: Some(cached),
                 completion_tokens: 10,
             }),
             reply: String::new(),
