@@ -541,3 +541,56 @@ async fn hit_rate_leaves_out_responses_that_report_no_cached_count() {
         r.table()
     );
 }
+
+/// A reasoning model behind vLLM or SGLang (a reasoning parser on) sends
+/// its thinking as `reasoning_content` (vLLM's newer name: `reasoning`)
+/// before any `content`, and an answer cut by `max_tokens` while it still
+/// thinks has `content: null`. Such a whole answer was a `bad_body`
+/// failure, and a stream was timed to its first answer token, the whole
+/// thinking phase counted in its TTFT (none at all when it never
+/// answered), while the same tokens were counted in its usage.
+#[tokio::test]
+async fn reasoning_tokens_are_output_for_ttft_and_a_null_content_is_no_failure() {
+    let (url, _) = serve(|req| {
+        match (
+            req["stream"].as_bool().unwrap(),
+            req["messages"][0]["content"].as_str().unwrap(),
+        ) {
+            (false, _) => {
+                let body = serde_json::json!({"choices": [{"message": {"role": "assistant",
+                    "content": null, "reasoning_content": "hmm"}, "finish_reason": "length"}],
+                    "usage": usage(10, 0)});
+                json_reply(200, &body, None)
+            }
+            (true, field) => {
+                let chunk =
+                    |delta: Value| serde_json::json!({"choices": [{"delta": delta}]}).to_string();
+                sse_reply(&[
+                    chunk(serde_json::json!({"role": "assistant", "content": ""})),
+                    chunk(serde_json::json!({field: "let me think"})),
+                    chunk(serde_json::json!({field: " more"})),
+                    serde_json::json!({"choices": [], "usage": usage(10, 0)}).to_string(),
+                    "[DONE]".into(),
+                ])
+            }
+        }
+    })
+    .await;
+    let target = Target::parse(&url).unwrap();
+    let whole = client(Api::ChatCompletions, false, 5_000)
+        .send(0, &target, &spec("reasoning_content"))
+        .await;
+    assert_eq!(whole.error, None, "{whole:?}");
+    assert_eq!(whole.reply, "", "thinking is not the reply");
+    for field in ["reasoning_content", "reasoning"] {
+        let o = client(Api::ChatCompletions, true, 5_000)
+            .send(0, &target, &spec(field))
+            .await;
+        assert_eq!(o.error, None, "{field}: {o:?}");
+        assert!(
+            o.ttft.is_some(),
+            "{field}: the first thinking token is timed"
+        );
+        assert_eq!(o.reply, "", "{field}");
+    }
+}

@@ -8,8 +8,9 @@
 //! [`Prompt::to_text`]), and so does embeddings (as `input`), which neither
 //! streams nor generates. OpenAI streams ask for usage in the final chunk
 //! (`stream_options.include_usage`); Responses and Messages streams always
-//! report it. From each response or event we read the content text, the
-//! usage (`usage.prompt_tokens_details.cached_tokens` for OpenAI,
+//! report it. From each response or event we read the content text, a
+//! reasoning model's thinking (apart: it times the first token but is not
+//! the reply), the usage (`usage.prompt_tokens_details.cached_tokens` for OpenAI,
 //! `meta_info` for `/generate`, `input_tokens_details.cached_tokens` for
 //! Responses, `cache_read_input_tokens` for Messages; a missing or `null`
 //! cached count is kept apart from 0, since a server that does not report
@@ -146,6 +147,11 @@ pub struct Piece {
     /// Content text: the full reply, a stream delta, or — for `/generate`
     /// streams — the text so far.
     pub text: Option<String>,
+    /// Thinking text a reasoning model sent apart from the content (chat
+    /// `reasoning_content` or `reasoning`, a Messages `thinking_delta`, a
+    /// Responses `response.reasoning_text.delta`): output tokens, so a
+    /// stream's first token may be one, but not part of the reply.
+    pub reasoning: Option<String>,
     /// Usage, when the piece carries it.
     pub usage: Option<Usage>,
     /// The serving worker, when named in the body.
@@ -183,14 +189,27 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
     match api {
         Api::ChatCompletions | Api::Completions | Api::Embeddings => {
             let choice = obj.get("choices").and_then(|c| c.get(0));
-            p.text = choice.and_then(|c| {
-                c.get("delta")
-                    .or_else(|| c.get("message"))
-                    .and_then(|m| m.get("content"))
-                    .or_else(|| c.get("text"))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            });
+            let message = choice.and_then(|c| c.get("message"));
+            p.text = match message.filter(|m| m.is_object()) {
+                // A whole answer: its content is null when the model only
+                // thought (cut by max_tokens) or only called tools.
+                Some(m) => Some(m["content"].as_str().unwrap_or_default().to_owned()),
+                None => choice.and_then(|c| {
+                    c.get("delta")
+                        .and_then(|d| d.get("content"))
+                        .or_else(|| c.get("text"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                }),
+            };
+            p.reasoning = message
+                .or_else(|| choice.and_then(|c| c.get("delta")))
+                .and_then(|m| {
+                    ["reasoning_content", "reasoning"]
+                        .iter()
+                        .find_map(|k| m.get(k).and_then(Value::as_str))
+                })
+                .map(str::to_owned);
             if let Some(us) = obj.get("usage").filter(|x| x.is_object()) {
                 p.usage = Some(Usage {
                     prompt_tokens: u(&us["prompt_tokens"]),
@@ -248,6 +267,10 @@ fn read_response(obj: &serde_json::Map<String, Value>, p: &mut Piece) {
     let response = match kind {
         "response.output_text.delta" => {
             p.text = obj.get("delta").and_then(Value::as_str).map(str::to_owned);
+            return;
+        }
+        "response.reasoning_text.delta" => {
+            p.reasoning = obj.get("delta").and_then(Value::as_str).map(str::to_owned);
             return;
         }
         "response.completed" | "response.incomplete" => {
@@ -310,11 +333,15 @@ fn read_message(obj: &serde_json::Map<String, Value>, p: &mut Piece) {
             p.worker = message.and_then(Value::as_object).and_then(worker_of);
         }
         "content_block_delta" => {
-            p.text = obj
-                .get("delta")
-                .and_then(|d| d.get("text"))
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            let delta = obj.get("delta");
+            let field = |name: &str| {
+                delta
+                    .and_then(|d| d.get(name))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            p.text = field("text");
+            p.reasoning = field("thinking");
         }
         "message_delta" => p.usage = obj.get("usage").map(anthropic_usage),
         "message_stop" => p.done = true,
@@ -511,6 +538,13 @@ mod tests {
             read_piece(Api::Messages, &end).unwrap().usage,
             Some(usage(0, None, 4))
         );
+        let thinking = json!({"type": "content_block_delta",
+            "delta": {"type": "thinking_delta", "thinking": "hm"}});
+        let p = read_piece(Api::Messages, &thinking).unwrap();
+        assert_eq!((p.text, p.reasoning.as_deref()), (None, Some("hm")));
+        let thinking = json!({"type": "response.reasoning_text.delta", "delta": "hm"});
+        let p = read_piece(Api::Responses, &thinking).unwrap();
+        assert_eq!((p.text, p.reasoning.as_deref()), (None, Some("hm")));
         assert!(
             read_piece(Api::Messages, &json!({"type": "message_stop"}))
                 .unwrap()

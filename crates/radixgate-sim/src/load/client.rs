@@ -201,6 +201,12 @@ impl Client {
         if piece.error.is_some() {
             return Err(ErrorKind::StreamError);
         }
+        // A reasoning model's first output tokens are its thinking: they
+        // end the time to first token as content would.
+        let thought = piece.reasoning.as_deref().is_some_and(|r| !r.is_empty());
+        if thought && reply.ttft.is_none() {
+            reply.ttft = Some(start.elapsed());
+        }
         if let Some(t) = piece.text.filter(|t| !t.is_empty()) {
             if reply.ttft.is_none() {
                 reply.ttft = Some(start.elapsed());

@@ -47,7 +47,8 @@ pub struct Outcome {
     pub target: usize,
     /// The worker that served it (header, else body field), if named.
     pub worker: Option<String>,
-    /// Time to the first non-empty content chunk (streams only).
+    /// Time to the first non-empty content or reasoning chunk (streams
+    /// only).
     pub ttft: Option<Duration>,
     /// Time to the end of the response.
     pub e2e: Duration,

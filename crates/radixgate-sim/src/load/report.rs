@@ -258,7 +258,7 @@ pub struct LoadReport {
     /// Successful responses whose usage had no cached-token count (left
     /// out of the hit rate).
     pub responses_without_cached_count: u64,
-    /// Time to first content chunk (streams only).
+    /// Time to the first content or reasoning chunk (streams only).
     pub ttft_ms: Option<Summary>,
     /// End-to-end latency.
     pub e2e_ms: Option<Summary>,
