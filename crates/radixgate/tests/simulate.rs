@@ -195,3 +195,50 @@ fn simulated_routing_text_is_the_gateways() {
         }
     }
 }
+
+/// A replica flag with one router and no `replicas` sweep did nothing, and
+/// the run said nothing of it; it is refused, naming what it needs. With
+/// replicas, or swept, it is taken. And `load --no-model` with a `--model`
+/// is refused rather than one of the two ignored.
+#[test]
+fn flags_that_would_be_ignored_are_refused() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_radixgate"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        (out.status.success(), stderr)
+    };
+    let short = ["simulate", "--requests", "10", "--policies", "round_robin"];
+    for flag in [
+        &["--no-sync"][..],
+        &["--sync-delay-ms", "5"],
+        &["--replica-spread", "client-hash"],
+    ] {
+        let (ok, stderr) = run(&[&short[..], flag].concat());
+        assert!(!ok, "{flag:?}");
+        assert!(
+            stderr.contains(flag[0]) && stderr.contains("--replicas N"),
+            "{flag:?}: {stderr}"
+        );
+        for with in [&["--replicas", "2"][..], &["--sweep", "replicas=1,2"]] {
+            let (ok, stderr) = run(&[&short[..], flag, with].concat());
+            assert!(ok, "{flag:?} {with:?}: {stderr}");
+        }
+    }
+    let (ok, stderr) = run(&[
+        "load",
+        "--url",
+        "http://127.0.0.1:9",
+        "--no-model",
+        "--model",
+        "m",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--no-model") && stderr.contains("--model"),
+        "{stderr}"
+    );
+}

@@ -72,7 +72,7 @@ pub struct LoadArgs {
     #[arg(long, default_value = "sim-llama-8b")]
     pub model: String,
     /// Leave the `model` field out.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub no_model: bool,
     /// Ask for whole responses instead of streams (TTFT is then not measured).
     #[arg(long)]

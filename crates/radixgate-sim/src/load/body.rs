@@ -186,6 +186,15 @@ pub fn read_piece(api: Api, v: &Value) -> Result<Piece, String> {
         p.error = Some(msg);
         return Ok(p);
     }
+    // A Responses API stream's error event carries its message at the top.
+    if obj.get("type").and_then(Value::as_str) == Some("error") {
+        let msg = obj
+            .get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| v.to_string(), str::to_owned);
+        p.error = Some(msg);
+        return Ok(p);
+    }
     match api {
         Api::ChatCompletions | Api::Completions | Api::Embeddings => {
             let choice = obj.get("choices").and_then(|c| c.get(0));
@@ -504,6 +513,13 @@ mod tests {
         let end = json!({"type": "response.incomplete", "response": {"usage": {"input_tokens": 3, "output_tokens": 1}}});
         let p = read_piece(Api::Responses, &end).unwrap();
         assert!(p.done && p.usage == Some(usage(3, None, 1)));
+        // A stream's error event: its message at the top, no `error` key.
+        let event = json!({"type": "error", "code": "server_error", "message": "gone", "param": null,
+            "sequence_number": 4});
+        assert_eq!(
+            read_piece(Api::Responses, &event).unwrap().error.as_deref(),
+            Some("gone")
+        );
         let failed = json!({"type": "response.failed", "response": {"error": {"message": "boom"}}});
         assert_eq!(
             read_piece(Api::Responses, &failed)

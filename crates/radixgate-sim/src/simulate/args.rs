@@ -64,16 +64,16 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub replicas: usize,
     /// Simulated milliseconds after which each replica applies the other
-    /// replicas' routing decisions and load changes.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_SYNC_DELAY_MS as f64)]
-    pub sync_delay_ms: f64,
+    /// replicas' routing decisions and load changes [default: 1].
+    #[arg(long, value_name = "MS")]
+    pub sync_delay_ms: Option<f64>,
     /// The replicas never share what they learn.
     #[arg(long, conflicts_with = "sync_delay_ms")]
     pub no_sync: bool,
     /// How requests are spread over the replicas (the values of `radixgate
-    /// load --assign`).
-    #[arg(long, value_enum, default_value_t = Assign::RoundRobin)]
-    pub replica_spread: Assign,
+    /// load --assign`) [default: round-robin].
+    #[arg(long, value_enum)]
+    pub replica_spread: Option<Assign>,
     /// Policies route on exact matches from the engines' KV caches, as a
     /// gateway whose workers all publish KV events would, with no event
     /// lag (the tree stands in for nothing); the oracles are unaffected.
@@ -213,14 +213,40 @@ impl SimulateArgs {
                 sync_delay: if self.no_sync {
                     None
                 } else {
-                    Some(sync_delay(self.sync_delay_ms, "--sync-delay-ms")?)
+                    let ms = self.sync_delay_ms.unwrap_or(DEFAULT_SYNC_DELAY_MS as f64);
+                    Some(sync_delay(ms, "--sync-delay-ms")?)
                 },
-                spread: self.replica_spread,
+                spread: self.replica_spread.unwrap_or(Assign::RoundRobin),
             },
             exact_events: self.exact_events,
         };
+        self.replica_flags_have_replicas()?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// A replica flag with one router and no `replicas` sweep would be
+    /// ignored: refused, naming what it needs.
+    fn replica_flags_have_replicas(&self) -> Result<(), SimError> {
+        let swept = self
+            .sweep
+            .iter()
+            .any(|s| s.split('=').next().map(str::trim) == Some("replicas"));
+        if self.replicas > 1 || swept {
+            return Ok(());
+        }
+        let given = [
+            (self.no_sync, "--no-sync"),
+            (self.sync_delay_ms.is_some(), "--sync-delay-ms"),
+            (self.replica_spread.is_some(), "--replica-spread"),
+        ];
+        match given.into_iter().find(|(set, _)| *set) {
+            Some((_, flag)) => Err(SimError::Config(format!(
+                "{flag} applies to several router replicas, and there is one: \
+                 add --replicas N (N > 1) or --sweep replicas=..."
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The contenders, each with its sweep point label.
