@@ -545,7 +545,7 @@ fn rescued(shared: &Shared, err: &RoutingError) -> bool {
 ///
 /// A final 4xx other than 429 means the worker rejected the request, so
 /// its prompt never reached that worker's cache: the decision's tree insert
-/// is taken back.
+/// is taken back, as it is when no connection to the worker could be made.
 ///
 /// [`Config::first_byte_timeout`]: crate::config::Config::first_byte_timeout
 async fn attempts(
@@ -771,6 +771,11 @@ async fn attempts(
                 }
             }
             Err(err) => {
+                if matches!(err, GatewayError::Connect { .. }) {
+                    // No connection was made: the worker was sent nothing,
+                    // and its tree does not keep the prompt.
+                    decision.undo_insert(&request.routing_text);
+                }
                 let prompt = target.endpoint.first_byte_is_prompt(request.stream);
                 no_first_byte(shared, &worker, &breaker, &err, prompt);
                 err

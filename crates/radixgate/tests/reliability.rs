@@ -95,6 +95,39 @@ async fn refused_connections_move_to_another_worker() {
     gw.shutdown().await;
 }
 
+/// A worker that refuses the connection was sent nothing: the prompt is
+/// not in its cache, so its prefix record does not keep it. Before, every
+/// prompt tried there stayed on its record, and once it took connections
+/// again the same prefixes were sent back to it as if it held them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_leaves_no_prompt_on_the_workers_record() {
+    let bad = sim_worker(fast_worker()).await;
+    let good = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&bad.url, &good.url]);
+    // Neither health probing nor the breaker takes the refusing worker
+    // out: each request may be tried there first.
+    cfg.health.failure_threshold = 1000;
+    cfg.circuit_breaker.failure_threshold = 1000;
+    let gw = gateway_ready(cfg, 2).await;
+    refuse_connections(&bad).await;
+    for i in 0..6 {
+        let text = format!("conversation {i}: a prompt of its own");
+        let r = post_chat(&gw.url, &chat(&text, false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], good.url.as_str());
+        r.bytes().await.unwrap();
+    }
+    let retried = series_value(&gw.url, "radixgate_retries_total{reason=\"connect\"}").await;
+    assert!(
+        retried >= 1.0,
+        "no request was tried on the refusing worker"
+    );
+    let held = worker_loads(&gw.url, &bad.url).await["cached_chars"].clone();
+    assert_eq!(held, json!(0), "the refusing worker's prefix record");
+    assert!(worker_loads(&gw.url, &good.url).await["cached_chars"].as_u64() > Some(0));
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_dying_mid_stream_is_an_explicit_error_and_not_retried() {
     // It dies in the middle of its third event: the client gets none of
