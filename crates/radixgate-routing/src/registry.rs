@@ -9,7 +9,8 @@
 //! builds a new set and publishes it with one atomic store.
 //!
 //! Adding or removing a worker also tells the policy, so it can update its
-//! per-worker state (tree tenants, hash ring) incrementally.
+//! per-worker state (tree tenants, hash ring) incrementally; a model whose
+//! last worker is removed takes its tree with it.
 //!
 //! The policy itself sits in a second `ArcSwap`, so a configuration reload
 //! can replace it ([`Registry::set_policy`]) while requests keep flowing: a
@@ -173,6 +174,7 @@ impl Registry {
         worker.set_removed();
         self.publish(workers);
         self.policy_of(worker.role()).on_worker_removed(&worker);
+        forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
         Ok(worker)
     }
 
@@ -355,6 +357,9 @@ impl Router {
         };
         if decision.worker().is_removed() {
             forget_removed(policy, &mut decision, text);
+            // Its insert may have made a tree again for a model that left
+            // with the worker.
+            forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
         }
         let model = (pool.model != WILDCARD_MODEL).then(|| pool.model.to_owned());
         Ok(Routed { decision, model })
@@ -394,6 +399,7 @@ impl Router {
                 if worker.is_removed() {
                     // Removed while this was recorded: see `forget_removed`.
                     trees.remove_tenant(worker.id().tenant());
+                    forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
                 }
                 Learned::Inserted
             }
@@ -481,6 +487,32 @@ fn forget_removed(policy: &dyn Policy, decision: &mut Decision, text: &str) {
     decision.undo_insert(text);
     if let Some(trees) = policy.trees() {
         trees.remove_tenant(decision.worker().id().tenant());
+    }
+}
+
+/// Drops from each policy's trees the models that no worker of `set`
+/// whose role the policy chooses for serves any more
+/// ([`Trees::retain_models`](crate::policy::Trees)); both policies' roles
+/// count for trees the two share.
+fn forget_gone_models(
+    set: &WorkerSet,
+    main: &ArcSwap<Arc<dyn Policy>>,
+    decode: &ArcSwap<Arc<dyn Policy>>,
+) {
+    let (main, decode) = (main.load(), decode.load());
+    let shared = match (main.trees(), decode.trees()) {
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        _ => false,
+    };
+    let main_roles = [WorkerRole::Regular, WorkerRole::Prefill];
+    for (policy, roles) in [
+        (&main, &main_roles[..]),
+        (&decode, &[WorkerRole::Decode][..]),
+    ] {
+        let roles = if shared { &WorkerRole::ALL[..] } else { roles };
+        if let Some(trees) = policy.trees() {
+            trees.retain_models(|key| roles.iter().any(|&r| set.has_pool(r, key)));
+        }
     }
 }
 

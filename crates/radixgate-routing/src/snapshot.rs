@@ -126,6 +126,16 @@ impl WorkerSet {
         all.into_iter()
     }
 
+    /// Whether `key` is a pool key of `role`'s workers: a model one of
+    /// them names, or [`WILDCARD_MODEL`] while one of them names none.
+    pub fn has_pool(&self, role: WorkerRole, key: &str) -> bool {
+        let pools = &self.roles[role.index()];
+        match key {
+            WILDCARD_MODEL => !pools.wildcard.is_empty(),
+            model => pools.pools.contains_key(model),
+        }
+    }
+
     /// The pool of regular workers a request for `model` goes to (see
     /// [`resolve_in`](Self::resolve_in)).
     pub fn resolve(&self, model: Option<&str>) -> Result<Pool<'_>, RoutingError> {

@@ -391,3 +391,57 @@ fn a_decision_racing_a_removal_leaves_no_record_of_the_removed_worker() {
         "removed workers still in the tree: {left:?}"
     );
 }
+
+/// A model whose last worker leaves takes its tree with it: the tree's
+/// memory (its node arena stays allocated however many tenants leave
+/// it) and its per-model figures (the eviction rates the metrics
+/// export) go, while the models still served keep theirs. Before, every
+/// model ever served kept its tree for the life of the process.
+#[test]
+fn a_model_whose_last_worker_leaves_takes_its_tree_with_it() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let llama = reg
+        .add(WorkerSpec::new("http://l:1").with_models(["llama"]))
+        .unwrap();
+    let qwen: Vec<_> = (0..2)
+        .map(|i| {
+            reg.add(WorkerSpec::new(format!("http://q{i}:1")).with_models(["qwen"]))
+                .unwrap()
+        })
+        .collect();
+    let any = reg.add(WorkerSpec::new("http://any:1")).unwrap();
+    let t = text("a prompt");
+    for model in ["llama", "qwen", "mistral"] {
+        drop(router.select(Some(model), &t, None, &[]).unwrap());
+    }
+    let models = |policy: &CacheAware| -> Vec<String> {
+        let trees = policy.trees().unwrap();
+        trees.eviction_rates().into_iter().map(|(m, _)| m).collect()
+    };
+    assert_eq!(models(&policy), ["*", "llama", "qwen"]);
+    // One of qwen's workers left: its pool, and its tree, stay.
+    reg.remove(qwen[0].id()).unwrap();
+    assert!(policy.tree("qwen").is_some());
+    reg.remove(qwen[1].id()).unwrap();
+    assert!(policy.tree("qwen").is_none(), "qwen's tree outlived it");
+    reg.remove(any.id()).unwrap();
+    assert!(
+        policy.tree("*").is_none(),
+        "the wildcard pool's tree outlived it"
+    );
+    assert_eq!(models(&policy), ["llama"]);
+    assert_eq!(
+        policy
+            .tree("llama")
+            .unwrap()
+            .tenant_size(llama.id().tenant()),
+        t.chars().count()
+    );
+    // A model that comes back starts a tree of its own.
+    reg.add(WorkerSpec::new("http://q2:1").with_models(["qwen"]))
+        .unwrap();
+    drop(router.select(Some("qwen"), &t, None, &[]).unwrap());
+    assert_eq!(models(&policy), ["llama", "qwen"]);
+}

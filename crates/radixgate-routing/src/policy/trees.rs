@@ -8,7 +8,9 @@
 //! a `Mutex` serialises the rare writers that add a model (double-checked, so
 //! two first requests for a model create one tree). Trees synchronise
 //! internally. Keys come from the worker set's pools, never straight from a
-//! client, so the number of trees is bounded by the configured models.
+//! client, so the number of trees is bounded by the configured models; a
+//! model's tree is dropped once no worker serves it
+//! ([`Trees::retain_models`]).
 
 use crate::Worker;
 use crate::correction::{CorrectionConfig, ModelTruth};
@@ -156,6 +158,25 @@ impl Trees {
         let bound = correction.and_then(|c| c.tree_bound(worker, &truth));
         let receipt = tree.insert_within(self.cap(text), worker.id().tenant(), bound);
         truth.count_insert(bound, &receipt);
+    }
+
+    /// Drops the tree and correction state of every model `served` says
+    /// no worker serves any more: a tree keeps its node arena however
+    /// many tenants leave it, and its model's figures would be reported
+    /// for ever. A model that comes back starts a new tree. Takes the
+    /// writers' lock only when there is something to drop.
+    pub(crate) fn retain_models(&self, served: impl Fn(&str) -> bool) {
+        if self.map.load().keys().all(|m| served(m)) {
+            return;
+        }
+        let _writer = self.add.lock();
+        let current = self.map.load_full();
+        let next: HashMap<String, Model> = current
+            .iter()
+            .filter(|(m, _)| served(m))
+            .map(|(m, r)| (m.clone(), r.clone()))
+            .collect();
+        self.map.store(Arc::new(next));
     }
 
     /// Forgets a tenant in every tree.
