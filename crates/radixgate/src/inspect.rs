@@ -21,7 +21,8 @@
 //! under its own model name, which is already a pool of its own.)
 //!
 //! Endpoints routed by load alone (reranking, scoring, tokenizing, APIs the
-//! gateway does not know) need only the model: [`inspect_model`].
+//! gateway does not know) need only the model: [`inspect_model`], or for
+//! an upload (`multipart/form-data`) its form's `model` field (`form`).
 
 use radixgate_routing::CacheNamespace;
 use radixgate_routing::text::{ContentText, PromptText, RoutingText, Speaker, ToolCallsText};
@@ -32,6 +33,8 @@ use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 use text::Text;
+
+pub(crate) use form::{boundary as form_boundary, inspect_form};
 
 /// The inference APIs the gateway routes (one enum, shared with routing and
 /// the simulator).
@@ -678,6 +681,7 @@ pub(crate) fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::
     Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
 }
 
+mod form;
 mod messages;
 mod responses;
 #[cfg(test)]

@@ -307,7 +307,8 @@ async fn forward(
         .await
         .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
     progress.read(started);
-    let request = endpoint.inspect(&bytes)?;
+    let content_type = parts.headers.get(axum::http::header::CONTENT_TYPE);
+    let request = endpoint.inspect(content_type.map(|v| v.as_bytes()), &bytes)?;
     if let Some(model) = &request.model {
         let _ = progress.model.set(model.clone());
     }

@@ -12,7 +12,7 @@ use common::tap::tap;
 use common::*;
 use radixgate::config::Config;
 use radixgate::proxy::{DECISION_HEADER, WORKER_HEADER};
-use radixgate_sim::server::{DEFAULT_MODEL, FaultConfig};
+use radixgate_sim::server::{DEFAULT_MODEL, FaultConfig, WorkerConfig};
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -724,6 +724,94 @@ async fn malformed_bodies_get_openai_errors() {
     assert_eq!(status, 400, "{e}");
     assert_eq!(worker(&headers), w.url);
     assert_eq!(e["error"]["param"], "max_tokens", "{e}");
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}
+
+/// A speech model beside a chat model, each on its own worker: an audio
+/// upload (`multipart/form-data`, as OpenAI's SDK and vLLM's clients send
+/// `/v1/audio/transcriptions`) goes to the worker of the model its form
+/// names, wherever the field is in the form; a model no worker serves is
+/// a 404 that names it, as for JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_goes_to_the_model_its_form_names() {
+    let speech = sim_worker(WorkerConfig {
+        model: "whisper-large-v3".into(),
+        ..fast_worker()
+    })
+    .await;
+    let chat = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&speech.url, &chat.url]), 2).await;
+    let upload = |boundary: &str, content_type: &str, fields: &[(&str, &str)]| {
+        let mut body = Vec::new();
+        for (name, value) in fields {
+            let disposition = match *name {
+                "file" => "form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+                           Content-Type: audio/wav"
+                    .to_owned(),
+                _ => format!("form-data; name=\"{name}\""),
+            };
+            body.extend_from_slice(
+                format!("--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n{value}\r\n")
+                    .as_bytes(),
+            );
+        }
+        body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+        client()
+            .post(format!("{}/v1/audio/transcriptions", gw.url))
+            .header("content-type", content_type)
+            .body(body)
+    };
+    let audio = "RIFF\r\n--not-the-boundary\r\n\u{7f}data";
+    for (boundary, content_type, fields) in [
+        (
+            "b1",
+            "multipart/form-data; boundary=b1",
+            vec![("model", "whisper-large-v3"), ("file", audio)],
+        ),
+        // The SDKs put the file first; a quoted boundary; a stream.
+        (
+            "----x y",
+            "Multipart/Form-Data; charset=utf-8; boundary=\"----x y\"",
+            vec![
+                ("file", audio),
+                ("stream", "true"),
+                ("model", "whisper-large-v3"),
+            ],
+        ),
+    ] {
+        let r = upload(boundary, content_type, &fields)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let served = r.headers().get(WORKER_HEADER).cloned();
+        let body = r.text().await.unwrap();
+        assert_eq!(
+            served.as_ref().and_then(|v| v.to_str().ok()),
+            Some(speech.url.as_str()),
+            "{content_type}: {status} {body}"
+        );
+    }
+    let r = upload(
+        "b",
+        "multipart/form-data; boundary=b",
+        &[("model", "whisper-tiny"), ("file", audio)],
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.headers().get(WORKER_HEADER).is_none());
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "model_not_found", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("whisper-tiny"),
+        "{e}"
+    );
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }

@@ -16,7 +16,9 @@
 //!   not passed on: those answer 404 as before.
 
 use crate::error::GatewayError;
-use crate::inspect::{Api, InspectError, Inspected, inspect, inspect_model};
+use crate::inspect::{
+    Api, InspectError, Inspected, form_boundary, inspect, inspect_form, inspect_model,
+};
 use crate::preamble::Preamble;
 use crate::stream::ErrorEvents;
 use crate::tenants::Estimate;
@@ -112,15 +114,24 @@ impl Endpoint {
         }
     }
 
-    /// What routing reads of `body`. An unrouted request's body may be
-    /// anything (a multipart upload, say): one that opens as a JSON object
-    /// must be JSON and is read for its model; any other names none.
-    pub(crate) fn inspect(self, body: &[u8]) -> Result<Inspected, InspectError> {
+    /// What routing reads of `body`, sent with `content_type`. An unrouted
+    /// request's body may be anything: one that opens as a JSON object
+    /// must be JSON and is read for its model; an upload
+    /// (`multipart/form-data`, an audio transcription's) is read for its
+    /// form's `model` field; any other names none.
+    pub(crate) fn inspect(
+        self,
+        content_type: Option<&[u8]>,
+        body: &[u8],
+    ) -> Result<Inspected, InspectError> {
         match self {
             Endpoint::Routed(api) => inspect(api, body),
             Endpoint::ByLoad(_) => inspect_model(body),
             Endpoint::Unrouted if body.trim_ascii_start().starts_with(b"{") => inspect_model(body),
-            Endpoint::Unrouted => Ok(Inspected::default()),
+            Endpoint::Unrouted => Ok(content_type
+                .and_then(form_boundary)
+                .map(|boundary| inspect_form(boundary, body))
+                .unwrap_or_default()),
         }
     }
 
@@ -305,14 +316,25 @@ mod tests {
     #[test]
     fn unrouted_bodies_are_read_only_when_json() {
         let e = Endpoint::Unrouted;
-        assert_eq!(e.inspect(b"--boundary\r\n").unwrap().model, None);
-        assert_eq!(e.inspect(b"").unwrap().model, None);
+        assert_eq!(e.inspect(None, b"--boundary\r\n").unwrap().model, None);
+        assert_eq!(e.inspect(None, b"").unwrap().model, None);
         assert_eq!(
-            e.inspect(br#" {"model":"m"}"#).unwrap().model.as_deref(),
+            e.inspect(None, br#" {"model":"m"}"#)
+                .unwrap()
+                .model
+                .as_deref(),
             Some("m")
         );
-        assert!(e.inspect(b"{not json").is_err());
-        assert!(Endpoint::ByLoad("/tokenize").inspect(b"x").is_err());
+        assert!(e.inspect(None, b"{not json").is_err());
+        assert!(Endpoint::ByLoad("/tokenize").inspect(None, b"x").is_err());
+        // An upload's form names its model.
+        let form = b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b--";
+        let multipart = Some(&b"multipart/form-data; boundary=b"[..]);
+        assert_eq!(
+            e.inspect(multipart, form).unwrap().model.as_deref(),
+            Some("m")
+        );
+        assert_eq!(e.inspect(Some(b"text/plain"), form).unwrap().model, None);
         assert!(e.by_load() && Endpoint::ByLoad("/v1/score").by_load());
         assert!(!Endpoint::Routed(Api::Responses).by_load());
         assert_eq!(e.label(), "/v1/*");
