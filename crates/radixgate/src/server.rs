@@ -144,13 +144,17 @@ const ROUTED: [Api; 6] = [
 ];
 
 /// Endpoints whose bodies say nothing about any worker's cache, passed to
-/// the least-loaded worker of their model (vLLM's and SGLang's paths).
-const BY_LOAD: [&str; 7] = [
+/// the least-loaded worker of their model (vLLM's and SGLang's paths; vLLM
+/// serves classification and pooling outside `/v1`, SGLang under it, where
+/// any `/v1` POST is passed on).
+const BY_LOAD: [&str; 9] = [
     "/v1/rerank",
     "/rerank",
     "/v2/rerank",
     "/v1/score",
     "/score",
+    "/classify",
+    "/pooling",
     "/tokenize",
     "/detokenize",
 ];

@@ -815,3 +815,41 @@ async fn an_upload_goes_to_the_model_its_form_names() {
     wait_for_zero_load(&gw.url).await;
     gw.shutdown().await;
 }
+
+/// vLLM serves its classification and pooling APIs at `/classify` and
+/// `/pooling` (no `/v1`): they are passed, path and query unchanged, to
+/// the least-loaded worker of the body's model, like reranking, never
+/// answered 404 by the router itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_classify_and_pooling_reach_the_models_workers() {
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let other = sim_worker(WorkerConfig {
+        model: "another-model".into(),
+        ..fast_worker()
+    })
+    .await;
+    let gw = gateway_ready(config(&[&t.url, &other.url]), 2).await;
+    let sent = ["/classify", "/pooling?x=1"];
+    for path in sent {
+        let body = json!({"model": DEFAULT_MODEL, "input": ["red fox"]});
+        let (status, headers, v) = post(&gw.url, path, &body).await;
+        assert_eq!(
+            headers.get(WORKER_HEADER).and_then(|v| v.to_str().ok()),
+            Some(t.url.as_str()),
+            "{path}: {status} {v}"
+        );
+        assert!(decision(&headers).contains("branch=least_load"), "{path}");
+    }
+    assert_eq!(t.targets(), sent);
+    let (status, _, e) = post(
+        &gw.url,
+        "/classify",
+        &json!({"model": "nope", "input": "x"}),
+    )
+    .await;
+    assert_eq!(status, 404, "{e}");
+    assert_eq!(e["error"]["code"], "model_not_found", "{e}");
+    wait_for_zero_load(&gw.url).await;
+    gw.shutdown().await;
+}

@@ -45,9 +45,10 @@ const ADMIN_PATHS: [&str; 2] = ["/v1/load_lora_adapter", "/v1/unload_lora_adapte
 /// their answers generate none.
 const COUNTING_PATHS: [&str; 2] = ["/v1/messages/count_tokens", "/v1/responses/input_tokens"];
 
-/// `/v1` paths of pooling models (vLLM's): their answers are vectors or
-/// scores, not text, and are charged their prompt, not their bytes.
-const POOLING_PATHS: [&str; 2] = ["/v1/classify", "/v1/pooling"];
+/// Paths of pooling models (SGLang's under `/v1`, vLLM's outside it):
+/// their answers are vectors or scores, not text, and are charged their
+/// prompt, not their bytes.
+const POOLING_PATHS: [&str; 4] = ["/v1/classify", "/v1/pooling", "/classify", "/pooling"];
 
 /// The API families an unrouted request is counted under (the first path
 /// segment after `/v1/`); any other is `other`, so clients cannot create
@@ -95,11 +96,13 @@ impl Endpoint {
     /// usage: the prompt and the generated output of an inference API's,
     /// or of an unrouted one's taking JSON (an upload is not prompt text)
     /// unless it only counts a prompt's tokens; the prompt alone of an
-    /// embeddings answer, whose output is vectors, not tokens.
+    /// embeddings or a pooling answer, whose output is vectors or scores,
+    /// not tokens.
     pub(crate) fn estimate(self, path: &str, body: &[u8]) -> Estimate {
         match self {
             Endpoint::Routed(Api::Embeddings) => Estimate::Prompt,
             Endpoint::Routed(_) => Estimate::PromptAndOutput,
+            Endpoint::ByLoad(path) if POOLING_PATHS.contains(&path) => Estimate::Prompt,
             Endpoint::ByLoad(_) => Estimate::Nothing,
             Endpoint::Unrouted => {
                 let path = path.split_once('?').map_or(path, |(path, _)| path);
@@ -261,6 +264,10 @@ mod tests {
         assert_eq!(upload, Estimate::Nothing);
         let tokenize = Endpoint::ByLoad("/tokenize").estimate("/tokenize", json);
         assert_eq!(tokenize, Estimate::Nothing);
+        for path in ["/classify", "/pooling"] {
+            let vllm = Endpoint::ByLoad(path).estimate(&format!("{path}?x=1"), json);
+            assert_eq!(vllm, Estimate::Prompt, "{path}");
+        }
         for path in [
             "/v1/messages/count_tokens",
             "/v1/messages/count_tokens?beta=true",
