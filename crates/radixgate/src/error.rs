@@ -192,6 +192,10 @@ pub enum GatewayError {
         /// The worker's own error message (from its body's
         /// `error.message`, `message` or `detail`, or its first bytes).
         message: Option<String>,
+        /// The worker's `Retry-After` (a 429 or 503 that says when it
+        /// takes requests again): the client's, should this answer be the
+        /// last the request gets.
+        retry_after: Option<HeaderValue>,
     },
     /// A worker sent no first byte (response head, and first chunk of a
     /// 2xx body) within the first-byte timeout.
@@ -497,6 +501,19 @@ impl GatewayError {
             _ => None,
         }
     }
+
+    /// The `Retry-After` of the worker whose error answer this is (or was
+    /// the last attempt's), passed on as it said it.
+    fn workers_retry_after(&self) -> Option<&HeaderValue> {
+        match self {
+            Self::UpstreamStatus { retry_after, .. } => retry_after.as_ref(),
+            Self::RetriesExhausted { last, .. } | Self::BrokeWorkers { last, .. } => {
+                last.workers_retry_after()
+            }
+            Self::Disaggregated { source, .. } => source.workers_retry_after(),
+            _ => None,
+        }
+    }
 }
 
 /// ` for model `m`` when the client named one, else nothing.
@@ -566,7 +583,11 @@ impl IntoResponse for GatewayError {
                 .headers_mut()
                 .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
-        if let Some(secs) = self.retry_after() {
+        if let Some(value) = self.workers_retry_after() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, value.clone());
+        } else if let Some(secs) = self.retry_after() {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -681,6 +702,7 @@ mod tests {
             worker: "w".into(),
             status: s,
             message: None,
+            retry_after: None,
         };
         assert!(status(StatusCode::INTERNAL_SERVER_ERROR).retryable());
         assert!(status(StatusCode::TOO_MANY_REQUESTS).retryable());
@@ -702,5 +724,37 @@ mod tests {
             last: Box::new(status(StatusCode::SERVICE_UNAVAILABLE)),
         };
         assert!(once.to_string().starts_with("gave up after 1 attempt: "));
+    }
+
+    /// A worker's `Retry-After` reaches the client as it said it, through
+    /// the retries that ended on it; without one the router's own stands.
+    #[test]
+    fn the_last_workers_retry_after_is_passed_on() {
+        let shed = |retry_after: Option<&'static str>| GatewayError::RetriesExhausted {
+            attempts: 2,
+            last: Box::new(GatewayError::Disaggregated {
+                side: "decode",
+                source: Box::new(GatewayError::UpstreamStatus {
+                    worker: "w".into(),
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    message: None,
+                    retry_after: retry_after.map(HeaderValue::from_static),
+                }),
+            }),
+        };
+        let response = shed(Some("Wed, 21 Oct 2037 07:28:00 GMT")).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            response.headers()[header::RETRY_AFTER],
+            "Wed, 21 Oct 2037 07:28:00 GMT"
+        );
+        let response = shed(None).into_response();
+        assert!(!response.headers().contains_key(header::RETRY_AFTER));
+        let response = GatewayError::NoHealthyWorker {
+            model: None,
+            why: "none".into(),
+        }
+        .into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     }
 }

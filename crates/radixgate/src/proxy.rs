@@ -58,7 +58,7 @@ use crate::state::{AppState, Shared};
 use crate::stream::Primed;
 use axum::extract::ConnectInfo;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -764,11 +764,13 @@ async fn attempts(
                         trace: traced,
                     });
                 }
+                let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
                 let (message, _) = error_message(response, deadline).await;
                 GatewayError::UpstreamStatus {
                     worker: worker.url().to_owned(),
                     status,
                     message,
+                    retry_after,
                 }
             }
             Err(err) => {

@@ -354,6 +354,7 @@ mod tests {
             worker: "http://w:1".into(),
             status,
             message: None,
+            retry_after: None,
         }
     }
 

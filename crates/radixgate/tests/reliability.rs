@@ -1100,6 +1100,51 @@ async fn a_burst_the_workers_shed_with_429_opens_no_breaker() {
     gw.shutdown().await;
 }
 
+/// Workers that shed every request with `status`, saying when to come
+/// back: `Retry-After` as `retry_after` says, one worker a value.
+async fn shedding_workers(status: u16, retry_after: &[&'static str]) -> Vec<String> {
+    let mut urls = Vec::new();
+    for &after in retry_after {
+        let answer = move || async move {
+            use axum::response::IntoResponse;
+            let status = axum::http::StatusCode::from_u16(status).unwrap();
+            let error = json!({"error": {"message": "over capacity", "type": "overloaded"}});
+            (status, [("retry-after", after)], axum::Json(error)).into_response()
+        };
+        urls.push(worker_answering(axum::routing::post(answer)).await);
+    }
+    urls
+}
+
+/// A worker that sheds a request with 429 or 503 says when to come back
+/// (`Retry-After`). When every worker the request could go to shed it
+/// before its retries ran out (one or two workers, three retries), the
+/// client got the router's error without the header, and came back at
+/// once (an OpenAI SDK waits half a second without one). It now gets the
+/// last worker's `Retry-After`, as it does when the last retry passes the
+/// worker's own answer on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_retry_after_reaches_the_client_when_every_worker_shed_the_request() {
+    for (status, after) in [(429, &["7"][..]), (503, &["30", "30"]), (429, &["5", "5"])] {
+        let urls = shedding_workers(status, after).await;
+        let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let gw = gateway_ready(config(&refs), refs.len()).await;
+        let r = post_chat(&gw.url, &chat("shed", false)).await;
+        assert_eq!(r.status(), status);
+        let header = r.headers().get("retry-after").cloned();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            header.as_ref().and_then(|v| v.to_str().ok()),
+            Some(after[0]),
+            "{status} from {} workers: {body}",
+            urls.len()
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("over capacity"), "{body}");
+        gw.shutdown().await;
+    }
+}
+
 /// A worker restarted with another model at its URL (down for its
 /// restart, then healthy again) is asked for its models again when it comes
 /// back: the router serves the new model and no longer the old one. It

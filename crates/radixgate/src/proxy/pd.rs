@@ -63,6 +63,7 @@ use crate::inspect::{Api, Inspected};
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::usage::{CachedReport, UsageTail};
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -819,6 +820,7 @@ impl Pair<'_> {
             worker: worker.url().to_owned(),
             status,
             message: None,
+            retry_after: answer.response.headers().get(RETRY_AFTER).cloned(),
         };
         let kept = Answer {
             response: answer.response,
@@ -1051,6 +1053,7 @@ impl Pair<'_> {
         answer.trace.answered(status.as_u16());
         let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
         if !status.is_success() {
+            let retry_after = answer.response.headers().get(RETRY_AFTER).cloned();
             let (message, _) = error_message(answer.response, deadline).await;
             prefill_unanswered(
                 &self.state.shared,
@@ -1065,6 +1068,7 @@ impl Pair<'_> {
                     worker: prefill_worker.url().to_owned(),
                     status,
                     message,
+                    retry_after,
                 },
             ));
         }
@@ -1199,12 +1203,14 @@ async fn prefill_side(
     answer.trace.answered(status.as_u16());
     if !status.is_success() {
         let deadline = side.timeout.map(|t| answer.sent + t);
+        let retry_after = answer.response.headers().get(RETRY_AFTER).cloned();
         let (message, _) = error_message(answer.response, deadline).await;
         prefill_unanswered(&side.shared, &mut decision, &side.text, probe, status);
         let _ = head.send(Err(GatewayError::UpstreamStatus {
             worker: worker.url().to_owned(),
             status,
             message,
+            retry_after,
         }));
         return;
     }
