@@ -131,6 +131,9 @@ pub struct Breaker {
     /// When an attempt last got no first byte in time, as milliseconds
     /// after `origin` plus one (0: never); see [`Breaker::note_hang`].
     hung_at: AtomicU64,
+    /// When an attempt last got its first byte, the same way; see
+    /// [`Breaker::note_answer`].
+    answered_at: AtomicU64,
 }
 
 /// Permission to send one request through a breaker; record its outcome
@@ -165,6 +168,7 @@ impl Breaker {
             word: AtomicU64::new(Word::closed(0, 0).pack()),
             transitions: AtomicU64::new(0),
             hung_at: AtomicU64::new(0),
+            answered_at: AtomicU64::new(0),
         }
     }
 
@@ -284,6 +288,20 @@ impl Breaker {
     pub fn hung_since(&self, since: Instant) -> bool {
         let at = self.hung_at.load(Ordering::Relaxed);
         at != 0 && at - 1 > self.ms(since)
+    }
+
+    /// Notes that an attempt at this worker got its first byte at `now`:
+    /// the worker answers requests.
+    pub fn note_answer(&self, now: Instant) {
+        self.answered_at
+            .fetch_max(self.ms(now) + 1, Ordering::Relaxed);
+    }
+
+    /// Whether an attempt at this worker got its first byte at or after
+    /// `since`.
+    pub fn answered_since(&self, since: Instant) -> bool {
+        // Stored plus one: 0, never, is before any `since`.
+        self.answered_at.load(Ordering::Relaxed) > self.ms(since)
     }
 
     fn ms(&self, at: Instant) -> u64 {

@@ -93,7 +93,8 @@ mod respond;
 #[cfg(test)]
 pub(crate) use attempt::no_first_byte_kind;
 use attempt::{
-    Outgoing, Waiting, busy, error_message, moved_off, no_first_byte, record, send_primed,
+    Outgoing, Waiting, busy, error_message, moved_off, no_first_byte, record, request_timed_out,
+    send_primed,
 };
 pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
@@ -350,6 +351,10 @@ async fn forward(
         endpoint,
         path: &path,
         unrouted,
+        until: shared.config.request_timeout().and_then(|after| {
+            let at = started.checked_add(after)?;
+            Some((tokio::time::Instant::from_std(at), after))
+        }),
     };
     // What the workers' KV events say they hold (`events.rs`), once for
     // every attempt. Tokenizing a long prompt takes milliseconds of CPU,
@@ -459,6 +464,9 @@ struct Target<'a> {
     /// An unrouted request's API family: counted once its first attempt
     /// is sent, not for one no worker takes.
     unrouted: Option<&'static str>,
+    /// The request's deadline and timeout, if it has one
+    /// ([`Waiting::until`](attempt::Waiting)).
+    until: Option<(tokio::time::Instant, Duration)>,
 }
 
 /// The sticky-session key: the first routing-key header present, else the
@@ -686,9 +694,12 @@ async fn attempts(
                 sent,
                 timeout: first_byte_timeout,
                 hang: stream_first_byte_timeout,
+                until: target.until,
             },
         )
         .await;
+        // Whether a failed attempt is its worker's (see `request_timed_out`).
+        let mut blamed = true;
         let failure = match attempted {
             Ok(response) => {
                 let status = response.status();
@@ -780,14 +791,19 @@ async fn attempts(
                     decision.undo_insert(&request.routing_text);
                 }
                 let prompt = target.endpoint.first_byte_is_prompt(request.stream);
-                no_first_byte(shared, &worker, &breaker, &err, prompt);
+                if matches!(err, GatewayError::RequestTimeout { .. }) {
+                    blamed = request_timed_out(shared, &worker, &breaker, sent, prompt);
+                } else {
+                    no_first_byte(shared, &worker, &breaker, &err, prompt);
+                }
                 err
             }
         };
         if worker_answered_500(&failure) && !last_attempt {
             answered_500.hold(worker.clone(), probe);
-        } else if worker_was_busy(&failure) || moved_off(&failure) {
-            // Neither a success nor a failure (see `busy`, `moved_off`).
+        } else if !blamed || worker_was_busy(&failure) || moved_off(&failure) {
+            // Neither a success nor a failure (see `busy`, `moved_off`,
+            // `request_timed_out`).
             drop(probe);
         } else {
             record(&worker, probe, Outcome::Failure);

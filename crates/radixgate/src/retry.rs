@@ -203,7 +203,7 @@ pub(crate) fn reason(err: &GatewayError) -> &'static str {
     match err {
         GatewayError::Connect { .. } => "connect",
         GatewayError::UpstreamClosed { .. } => "closed",
-        GatewayError::FirstByteTimeout { .. } => "timeout",
+        GatewayError::FirstByteTimeout { .. } | GatewayError::RequestTimeout { .. } => "timeout",
         GatewayError::WorkerLost { moved: true, .. } => "moved",
         GatewayError::WorkerLost { .. } => "worker_lost",
         GatewayError::Disaggregated { source, .. } => reason(source),

@@ -195,6 +195,63 @@ async fn requests_waiting_on_a_worker_that_hangs_others_move_on() {
     whole_answer_waiting_on_a_hung_worker(never_open, Duration::from_millis(1200)).await;
 }
 
+/// A request timeout no longer than the streams' first-byte timeout (here
+/// 1 s against 60 s; or one the queue's wait used up) ends every attempt
+/// at a hung worker before that timeout can. Each was a 504 counted on
+/// nothing (no breaker failure, no outlier sample, no upstream error), so
+/// a worker that answers `/health` but hangs every request stayed in
+/// rotation for good, and every request routed to it timed out. A stream
+/// the request timeout ends before its first token, at a worker that gave
+/// no other attempt a first byte meanwhile, is now that worker's timeout,
+/// as its first-byte timeout would have been: its breaker opens, and the
+/// requests go to the worker that answers.
+#[tokio::test]
+async fn a_hung_worker_only_the_request_timeout_meets_is_taken_out_of_rotation() {
+    let good = sim_worker(fast_worker()).await;
+    let hung = sim_worker(fast_worker()).await;
+    hung.set_faults(FaultConfig {
+        hang: true,
+        ..FaultConfig::default()
+    });
+    let mut c = config(&[&good.url, &hung.url]);
+    // Every other request goes to the hung worker.
+    c.routing = PolicyConfig::RoundRobin(Default::default());
+    c.retry.first_byte_timeout_secs = 60;
+    c.server.request_timeout_secs = 1;
+    c.circuit_breaker.failure_threshold = 2;
+    c.circuit_breaker.timeout_duration_secs = 3600;
+    let gw = gateway_ready(c, 2).await;
+    let mut timed_out = 0;
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("request timeout {i}"), true)).await;
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        assert!(
+            status == 200 || status == 504,
+            "request {i}: {status} {body}"
+        );
+        timed_out += usize::from(status == 504);
+    }
+    assert_eq!(timed_out, 2);
+    wait_until("the hung worker's breaker is open", || async {
+        metric(&gw.url, "radixgate_circuit_breaker_state", &hung.url).await == Some(1.0)
+    })
+    .await;
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("after {i}"), true)).await;
+        assert_eq!(r.status(), 200, "request {i} after");
+        assert_eq!(r.headers()["x-radixgate-worker"], good.url.as_str());
+        r.bytes().await.unwrap();
+    }
+    let text = metrics_text(&gw.url).await;
+    let series = format!(
+        "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"timeout\"}} 2",
+        hung.url
+    );
+    assert!(text.lines().any(|l| l == series), "{series}\n{text}");
+    gw.shutdown().await;
+}
+
 /// Item 3: an event stream's head alone is not a first byte. A worker that
 /// sends the head and then nothing is hung all the same, and the request
 /// goes to another worker before anything reached the client.

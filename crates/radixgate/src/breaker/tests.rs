@@ -298,3 +298,20 @@ fn a_multi_threaded_storm_ends_consistent() {
     }
     assert_eq!(b.state(later), BreakerState::Closed);
 }
+
+/// Whether a worker gave an attempt its first byte since another was
+/// sent: a worker that answers others is not hung for the one the request
+/// timeout ended.
+#[test]
+fn an_answer_is_seen_by_the_attempts_sent_before_it_only() {
+    let b = Breaker::new(&config(5, 1, 10));
+    let t0 = Instant::now();
+    assert!(!b.answered_since(t0));
+    b.note_answer(secs(t0, 2.0));
+    assert!(b.answered_since(t0));
+    assert!(b.answered_since(secs(t0, 2.0)));
+    assert!(!b.answered_since(secs(t0, 2.5)));
+    // An earlier answer noted late does not move it back.
+    b.note_answer(secs(t0, 1.0));
+    assert!(b.answered_since(secs(t0, 1.5)));
+}

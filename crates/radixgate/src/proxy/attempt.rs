@@ -52,6 +52,35 @@ pub(super) fn no_first_byte(
         .upstream_error(worker.url(), no_first_byte_kind(err));
 }
 
+/// An attempt the request timeout ended before its first byte, `sent` at
+/// `worker`: the worker's timeout, counted and taught as [`no_first_byte`]
+/// teaches a first-byte timeout, when that first byte was `prompt` and the
+/// worker gave no other attempt a first byte since this one was sent. A
+/// request timeout no longer than the streams' first-byte timeout (or one
+/// that the queue's wait used up) ends every attempt at a hung worker
+/// before its own timeout can: without this, such a worker, its `/health`
+/// fine, was never counted and stayed in rotation for good. A worker that
+/// answered others meanwhile is busy, not hung, and a whole generated
+/// answer's request is long: the request's time ran out, nobody's
+/// failure. Says whether it was the worker's.
+pub(super) fn request_timed_out(
+    shared: &Shared,
+    worker: &radixgate_routing::Worker,
+    breaker: &crate::breaker::Breaker,
+    sent: tokio::time::Instant,
+    prompt: bool,
+) -> bool {
+    let hung = prompt && !breaker.answered_since(sent);
+    if hung {
+        let timeout = GatewayError::FirstByteTimeout {
+            worker: worker.url().to_owned(),
+            after: sent.elapsed(),
+        };
+        no_first_byte(shared, worker, breaker, &timeout, prompt);
+    }
+    hung
+}
+
 /// The `kind` an attempt with no first byte is counted under in
 /// `radixgate_upstream_errors_total`.
 pub(crate) fn no_first_byte_kind(err: &GatewayError) -> &'static str {
@@ -106,6 +135,10 @@ pub(super) struct Waiting<'a> {
     /// The streams' first-byte timeout: waited that long on a worker that
     /// has meanwhile let another attempt pass it, this one is hung too.
     pub(super) hang: Option<std::time::Duration>,
+    /// The request's own deadline and its timeout, if it has one: the
+    /// attempt ends there with [`GatewayError::RequestTimeout`], for its
+    /// loop to judge ([`request_timed_out`]) before the request ends.
+    pub(super) until: Option<(tokio::time::Instant, std::time::Duration)>,
 }
 
 /// Waits for `attempt` (the response head and its first frame) until
@@ -124,7 +157,8 @@ pub(super) struct Waiting<'a> {
 /// answer by default). An attempt moved off a worker that is only ejected
 /// (slow) is marked so ([`moved_off`]): not that worker's failure. An
 /// attempt that gets its first byte within a second costs one timer, as a
-/// plain timeout would.
+/// plain timeout would. A first byte is noted on the worker's breaker
+/// ([`Breaker::note_answer`](crate::breaker::Breaker::note_answer)).
 pub(super) async fn first_byte<T>(
     attempt: impl std::future::Future<Output = Result<T, GatewayError>>,
     waiting: Waiting<'_>,
@@ -135,20 +169,36 @@ pub(super) async fn first_byte<T>(
         sent,
         timeout,
         hang,
+        until,
     } = waiting;
     let deadline = timeout.map(|t| sent + t);
     tokio::pin!(attempt);
     loop {
         let check = tokio::time::Instant::now() + WORKER_CHECK;
-        let wake = deadline.map_or(check, |d| d.min(check));
+        let wake = [deadline, until.map(|(at, _)| at)]
+            .into_iter()
+            .flatten()
+            .fold(check, tokio::time::Instant::min);
         if let Ok(done) = tokio::time::timeout_at(wake, &mut attempt).await {
+            if done.is_ok() {
+                breaker.note_answer(tokio::time::Instant::now());
+            }
             return done;
         }
-        if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+        let now = tokio::time::Instant::now();
+        if deadline.is_some_and(|d| d <= now) {
             return Err(GatewayError::FirstByteTimeout {
                 worker: worker.url().to_owned(),
                 after: timeout.unwrap_or_default(),
             });
+        }
+        // The request's timeout ends the request no earlier (its timer
+        // was set after the request's start): the attempt ends first, so
+        // that its loop sees whom it waited on.
+        if let Some((at, after)) = until
+            && at <= now
+        {
+            return Err(GatewayError::RequestTimeout { after });
         }
         let hung = hang.is_some_and(|h| sent.elapsed() >= h) && breaker.hung_since(sent);
         if hung || !worker.is_available() {

@@ -736,6 +736,7 @@ impl Pair<'_> {
                 sent,
                 timeout: self.first_byte_timeout,
                 hang: self.hang,
+                until: None,
             },
         )
         .await;
