@@ -18,10 +18,10 @@
 //!
 //! [`UsageTail`] keeps only the first [`HEAD_BYTES`] and the last
 //! [`TAIL_BYTES`] bytes a body passed through (the head for that stream's
-//! first event, however long the stream), and [`KEY_BYTES`] from the last
-//! usage object's key on, wherever it was: vLLM puts `prompt_logprobs` and
-//! the prompt's token ids after `usage` in a whole answer, tens of KiB for
-//! a long prompt. So memory is bounded whatever the body's size, and the
+//! first event, however long the stream), and, in a whole JSON answer,
+//! [`KEY_BYTES`] from the last usage object's key on, wherever it was:
+//! vLLM puts `prompt_logprobs` and the prompt's token ids after `usage`,
+//! tens of KiB for a long prompt. So memory is bounded whatever the body's size, and the
 //! frames themselves go to the client unchanged; the scan runs once, at
 //! the end. A body whose usage is in none of these, or that has none,
 //! reports `None` (nothing is charged). An SGLang `/generate` batch reports one
@@ -75,6 +75,11 @@ pub struct UsageTail {
     key: Vec<u8>,
     /// Where `key` starts in the body.
     key_at: u64,
+    /// Whether the body is one JSON value (its first byte but white space
+    /// is `{` or `[`), whose usage may come anywhere: only such a body's
+    /// keys are looked for as it passes. An event stream's usage events
+    /// are at its start or end, which the head and tail keep.
+    whole: Option<bool>,
     /// Bytes passed through in all.
     seen: u64,
 }
@@ -87,7 +92,15 @@ impl UsageTail {
 
     /// Appends the next piece of the body, keeping only its start and end.
     pub fn push(&mut self, bytes: &[u8]) {
-        self.keep_key(bytes);
+        if self.whole.is_none() {
+            self.whole = bytes
+                .trim_ascii_start()
+                .first()
+                .map(|&first| matches!(first, b'{' | b'['));
+        }
+        if self.whole == Some(true) {
+            self.keep_key(bytes);
+        }
         self.seen += bytes.len() as u64;
         if self.head.len() < HEAD_BYTES {
             let room = HEAD_BYTES - self.head.len();
@@ -650,6 +663,12 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":9,"input_
                 "pieces of {size}"
             );
         }
+        // An event stream's usage events are at its ends: its keys are
+        // not looked for as it passes (what that would cost every chunk
+        // of every stream).
+        let mut tail = UsageTail::new();
+        tail.push(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n");
+        assert!(tail.key.is_empty());
         // Partly in the tail: joined where the two meet.
         let end = body.len() - TAIL_BYTES - 20;
         let mut tail = UsageTail::new();
