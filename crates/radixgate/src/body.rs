@@ -16,7 +16,8 @@
 //!   worker.
 //! - **Memory**: every buffered byte is reserved from one [`BodyBudget`]
 //!   shared by all connections and serving threads (`max_buffered_body_bytes`);
-//!   a request that would exceed it gets 503 with `Retry-After`. Bytes are
+//!   a request that would exceed it gets 503 with `Retry-After` (and
+//!   `Connection: close`: the rest of its body is not read). Bytes are
 //!   reserved as they arrive, not as declared: a client that declares the
 //!   largest body and sends a few bytes holds only those (a few such
 //!   connections held the whole budget when a declared length was
@@ -178,6 +179,7 @@ pub async fn read(
     };
     let exhausted = || GatewayError::BodyBudgetExhausted {
         budget: limits.budget.limit(),
+        unread: true,
     };
     let declared = match declared_length(headers) {
         Some(length) => Some(
@@ -274,6 +276,7 @@ pub fn budgeted(data: Vec<u8>, budget: &BodyBudget) -> Result<Bytes, GatewayErro
         .reserve(data.len())
         .ok_or(GatewayError::BodyBudgetExhausted {
             budget: budget.limit(),
+            unread: false,
         })?;
     Ok(Bytes::from_owner(Budgeted {
         data,

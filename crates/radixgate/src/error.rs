@@ -70,6 +70,10 @@ pub enum GatewayError {
     BodyBudgetExhausted {
         /// The configured budget in bytes.
         budget: usize,
+        /// Whether the body was refused before its end was read (its
+        /// connection then cannot carry another request), not an edit of
+        /// a body read whole.
+        unread: bool,
     },
     /// Every place under `server.max_connections` is taken: a request
     /// beyond the first in flight on one connection (an HTTP/2 stream)
@@ -565,7 +569,9 @@ impl IntoResponse for GatewayError {
         }
         if matches!(
             self,
-            Self::PayloadTooLarge { .. } | Self::BodyTimeout { .. }
+            Self::PayloadTooLarge { .. }
+                | Self::BodyTimeout { .. }
+                | Self::BodyBudgetExhausted { unread: true, .. }
         ) {
             // The rest of the body is not read, so the connection cannot
             // carry another request: the server closes it, and says so
