@@ -118,7 +118,7 @@ pub(crate) async fn gate(State(gate): State<Gate>, req: Request, next: Next) -> 
     match refusal {
         Some(err) => {
             let unauthorized = matches!(err, GatewayError::Unauthorized);
-            let mut response = err.into_response();
+            let mut response = crate::error::refused_unread(&req, err);
             if gate.browser && unauthorized {
                 response.headers_mut().append(
                     header::WWW_AUTHENTICATE,

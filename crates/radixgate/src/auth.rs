@@ -30,7 +30,7 @@ use arc_swap::ArcSwapOption;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures::future::Either;
 use std::future::{Future, Ready};
 use std::pin::Pin;
@@ -140,7 +140,8 @@ where
                 match client_key(req.headers()).and_then(|key| tenants.find(key)) {
                     Some(tenant) => Some(tenant.clone()),
                     None => {
-                        let refused = GatewayError::Unauthorized.into_response();
+                        let refused =
+                            crate::error::refused_unread(&req, GatewayError::Unauthorized);
                         return Either::Left(std::future::ready(Ok(refused)));
                     }
                 }

@@ -558,6 +558,24 @@ impl From<RoutingError> for GatewayError {
     }
 }
 
+/// `err`'s answer to `req`, given before its body was read: when it has a
+/// body (one not known to be empty), the rest of it is not read, so its
+/// connection cannot carry another request; the answer says so
+/// (`Connection: close`, as for a 413), or a client that sends its next
+/// request on the connection loses it when the server closes it.
+pub(crate) fn refused_unread<B: http_body::Body>(
+    req: &http::Request<B>,
+    err: GatewayError,
+) -> Response {
+    let mut response = err.into_response();
+    if !req.body().is_end_stream() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();

@@ -49,7 +49,6 @@ use crate::tenants::TenantMetrics;
 use crate::{admin, control, info, proxy, upkeep, upstream};
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use radixgate_routing::{Registry, spawn_eviction};
 use std::sync::Arc;
@@ -195,11 +194,11 @@ fn routes(state: Arc<AppState>) -> Router {
         .merge(admin)
         .merge(open)
         .fallback(|req: Request| async move {
-            GatewayError::NotFound {
+            let err = GatewayError::NotFound {
                 method: req.method().to_string(),
                 path: req.uri().path().to_owned(),
-            }
-            .into_response()
+            };
+            crate::error::refused_unread(&req, err)
         })
         .method_not_allowed_fallback(method_not_allowed);
     // Pages of the allowed origins may call the client API, and only it
@@ -250,11 +249,11 @@ fn open_routes() -> Router<Arc<AppState>> {
 
 /// A known path asked with a method it does not take; axum adds `Allow`.
 async fn method_not_allowed(req: Request) -> axum::response::Response {
-    GatewayError::MethodNotAllowed {
+    let err = GatewayError::MethodNotAllowed {
         method: req.method().to_string(),
         path: req.uri().path().to_owned(),
-    }
-    .into_response()
+    };
+    crate::error::refused_unread(&req, err)
 }
 
 /// Connections the separate metrics port keeps open at once.

@@ -17,7 +17,7 @@
 use crate::error::GatewayError;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures::future::Either;
 use std::future::Ready;
 use std::sync::Arc;
@@ -118,7 +118,8 @@ where
         let refused = GatewayError::LoopDetected {
             pseudonym: self.via.pseudonym.clone(),
         };
-        Either::Left(std::future::ready(Ok(refused.into_response())))
+        let refused = crate::error::refused_unread(&req, refused);
+        Either::Left(std::future::ready(Ok(refused)))
     }
 }
 

@@ -1383,3 +1383,47 @@ fn scripted_chat(text: &str, stream: bool) -> Value {
     serde_json::json!({"model": "scripted", "stream": stream,
                        "messages": [{"role": "user", "content": text}]})
 }
+
+/// Refusals given before the body is read (a wrong key, a path or method
+/// with no route, a request that came back through a loop) leave the rest
+/// of a body unread, and the server closes the connection: the answer
+/// says so, or a client that sends its next request on the connection
+/// loses it. A request without a body keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_is_read_says_the_connection_closes() {
+    let (_w, mut c) = worker_and_config().await;
+    c.server.api_key = Some("sk-good".into());
+    let gw = gateway_ready(c, 1).await;
+    let key = "Authorization: Bearer sk-good\r\n";
+    for (head, status) in [
+        // A wrong key.
+        (post_head(1 << 20, "Authorization: Bearer sk-bad\r\n"), 401),
+        // No route for the path, or for the method.
+        (
+            post_head(1 << 20, key).replace("/v1/chat/completions", "/no/such/path"),
+            404,
+        ),
+        (
+            post_head(1 << 20, key).replace("POST /v1/chat/completions", "PUT /health"),
+            405,
+        ),
+    ] {
+        let mut s = connect(&gw.url).await;
+        s.write_all(head.as_bytes()).await.unwrap();
+        // Some of the body, not all of it.
+        s.write_all(&[b' '; 4096]).await.unwrap();
+        let answer = read_answer(&mut s).await.expect("an answer, not a close");
+        assert_eq!(answer.status, status, "{}", answer.head);
+        assert!(says_close(&answer), "{status}: {}", answer.head);
+        wait_closed(&mut s).await;
+    }
+    // Without a body, the connection stays for the next request.
+    let mut s = connect(&gw.url).await;
+    s.write_all(b"GET /no/such/path HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut s).await.expect("an answer");
+    assert_eq!(answer.status, 404);
+    assert!(!says_close(&answer), "{}", answer.head);
+    gw.shutdown().await;
+}
