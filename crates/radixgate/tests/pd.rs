@@ -828,6 +828,110 @@ async fn a_hung_sglang_prefill_is_blamed_not_the_decode_waiting_for_its_kv() {
     gw.shutdown().await;
 }
 
+/// A request timeout no longer than the streams' first-byte timeout (here
+/// 1 s against 60 s) ends every pair's attempt at a hung worker before
+/// that timeout can. Each was a 504 counted on nothing, so a prefill or
+/// decode worker that answers `/health` but hangs every request stayed in
+/// rotation for good, and every request paired with it timed out. Now it
+/// counts as that side's timeout, on the side whose silence it was:
+/// SGLang's decode waits for prefill's KV, so before prefill answers it
+/// is prefill's; vLLM's decode is sent once prefill has answered, so its
+/// silence is its own. The hung worker's breaker opens, the other side's
+/// does not move, and the requests go to the workers that answer.
+async fn a_hung_side_only_the_request_timeout_meets_leaves_rotation(
+    protocol: PdProtocol,
+    hung_role: WorkerRole,
+) {
+    let hung = engine("hung", hung_role).await;
+    let good = engine("good", hung_role).await;
+    let other_role = match hung_role {
+        WorkerRole::Decode => WorkerRole::Prefill,
+        _ => WorkerRole::Decode,
+    };
+    let other = engine("other", other_role).await;
+    let mut c = match hung_role {
+        WorkerRole::Decode => pd_config(protocol, &[(&other, None)], &[&hung, &good]),
+        _ => pd_config(protocol, &[(&hung, None), (&good, None)], &[&other]),
+    };
+    // Every other request to the hung worker.
+    c.routing = PolicyConfig::named("round_robin").unwrap();
+    c.pd.decode_policy = PolicyConfig::named("round_robin").unwrap();
+    c.retry.first_byte_timeout_secs = 60;
+    c.retry.non_stream_timeout_secs = 60;
+    c.server.request_timeout_secs = 1;
+    c.circuit_breaker.failure_threshold = 2;
+    c.circuit_breaker.timeout_duration_secs = 3600;
+    let gw = started(c).await;
+    hung.set(Behaviour {
+        delay_ms: 60_000,
+        ..Behaviour::default()
+    });
+    if protocol == PdProtocol::Sglang && hung_role == WorkerRole::Prefill {
+        other.set(Behaviour {
+            waits_for_kv: true,
+            ..Behaviour::default()
+        });
+    }
+    let mut timed_out = 0;
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat_body(true)).await;
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        assert!(status == 200 || status == 504, "{i}: {status} {body}");
+        if status == 504 {
+            assert!(body.contains("request_timeout"), "{i}: {body}");
+            timed_out += 1;
+        }
+    }
+    assert_eq!(timed_out, 2);
+    let breaker = |url: String| {
+        let gw = gw.url.clone();
+        async move {
+            let series = format!("radixgate_circuit_breaker_state{{worker=\"{url}\"}}");
+            series_value(&gw, &series).await
+        }
+    };
+    wait_until("the hung worker's breaker is open", || async {
+        breaker(hung.url()).await == 1.0
+    })
+    .await;
+    assert_eq!(breaker(other.url()).await, 0.0, "the other side was blamed");
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat_body(true)).await;
+        assert_eq!(r.status(), 200, "{i} after");
+        let served = match hung_role {
+            WorkerRole::Decode => header(&r, "x-radixgate-worker"),
+            _ => header(&r, "x-radixgate-prefill-worker"),
+        };
+        assert_eq!(served, good.url(), "{i} after");
+        r.bytes().await.unwrap();
+    }
+    let series = format!(
+        "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"timeout\"}}",
+        hung.url()
+    );
+    assert_eq!(series_value(&gw.url, &series).await, 2.0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sglang_prefill_only_the_request_timeout_meets_leaves_rotation() {
+    a_hung_side_only_the_request_timeout_meets_leaves_rotation(
+        PdProtocol::Sglang,
+        WorkerRole::Prefill,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_vllm_decode_only_the_request_timeout_meets_leaves_rotation() {
+    a_hung_side_only_the_request_timeout_meets_leaves_rotation(
+        PdProtocol::Vllm,
+        WorkerRole::Decode,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_both_sides() {
     let (prefill, decode, gw) = pair(PdProtocol::Sglang).await;

@@ -53,8 +53,8 @@ use body::{
 };
 
 use super::{
-    Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record, rescued,
-    routing_key, send_primed, unavailable, worker_answered_500,
+    Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record,
+    request_timed_out, rescued, routing_key, send_primed, unavailable, worker_answered_500,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -342,6 +342,7 @@ pub(super) async fn attempts(
             peer,
             first_byte_timeout,
             hang: stream_first_byte_timeout,
+            until: target.until,
             prompt: super::Endpoint::Routed(api).first_byte_is_prompt(request.stream),
             text,
             retry: attempt as usize - 1,
@@ -666,6 +667,10 @@ struct Pair<'a> {
     peer: Option<IpAddr>,
     first_byte_timeout: Option<Duration>,
     hang: Option<Duration>,
+    /// The request's deadline and timeout, if it has one: an attempt the
+    /// request timeout ends before its first byte is judged as the
+    /// co-located one is (`attempt::request_timed_out`).
+    until: Option<(tokio::time::Instant, Duration)>,
     /// Whether the client's request's first byte is due soon after its
     /// prefill, so that its timeout says the worker hangs
     /// (`Endpoint::first_byte_is_prompt`).
@@ -736,7 +741,7 @@ impl Pair<'_> {
                 sent,
                 timeout: self.first_byte_timeout,
                 hang: self.hang,
-                until: None,
+                until: self.until,
             },
         )
         .await;
@@ -750,9 +755,19 @@ impl Pair<'_> {
                 probe,
             )),
             Err(err) => {
-                no_first_byte(shared, &worker, &breaker, &err, prompt);
+                // A request timeout is the worker's only when it hangs
+                // (see `request_timed_out`).
+                let blamed = match err {
+                    GatewayError::RequestTimeout { .. } => {
+                        request_timed_out(shared, &worker, &breaker, sent, prompt)
+                    }
+                    _ => {
+                        no_first_byte(shared, &worker, &breaker, &err, prompt);
+                        true
+                    }
+                };
                 traced.failed(retry::reason(&err), &err);
-                if !super::attempt::moved_off(&err) {
+                if blamed && !super::attempt::moved_off(&err) {
                     record(&worker, probe, Outcome::Failure);
                 }
                 Err(err)
@@ -898,15 +913,23 @@ impl Pair<'_> {
         // decode's first-byte timer runs from prefill's answer, here, not
         // from its own send (a moment before prefill's: decode timed out
         // first and was blamed, breaker and hang, for a hung prefill).
+        // So is the request timeout's end: this loop judges whose silence
+        // it ended, not decode's own attempt.
         let decode_worker = decode.0.decision.worker().clone();
         let waiting = Pair {
             first_byte_timeout: None,
+            until: None,
             ..*self
         };
         let mut decoding = Box::pin(waiting.decode_answer(decode, body));
         tokio::pin!(head_rx);
         let mut prefill_ok = false;
         let mut decode_deadline = None;
+        // When prefill was sent, and then when it answered: since then, a
+        // silence is decode's.
+        let mut waited_since = tokio::time::Instant::now();
+        let until = self.until.map(|(at, _)| at);
+        let mut request_ended = false;
         let failed = |error| Failed::prefill(prefill_worker.id(), error);
         let lost = || {
             // The task ended without a word: it panicked or was cut.
@@ -922,6 +945,7 @@ impl Pair<'_> {
                 head = &mut head_rx, if !prefill_ok => match head {
                     Ok(Ok(())) => {
                         prefill_ok = true;
+                        waited_since = tokio::time::Instant::now();
                         decode_deadline = self
                             .first_byte_timeout
                             .map(|t| tokio::time::Instant::now() + t);
@@ -930,6 +954,10 @@ impl Pair<'_> {
                     Err(_) => return Err(failed(lost())),
                 },
                 () = tokio::time::sleep_until(due), if decode_deadline.is_some() => break None,
+                () = tokio::time::sleep_until(until.unwrap_or(due)), if until.is_some() => {
+                    request_ended = true;
+                    break None;
+                }
                 decoded = &mut decoding => match decoded {
                     Ok(answer) => break Some(answer),
                     Err(failed) => {
@@ -944,6 +972,16 @@ impl Pair<'_> {
             }
         };
         let Some(answer) = answered else {
+            if request_ended {
+                // Decode's request and permit go first, uncounted.
+                drop(decoding);
+                let silent = if prefill_ok {
+                    &decode_worker
+                } else {
+                    &prefill_worker
+                };
+                return Err(self.sglang_timed_out(silent, waited_since));
+            }
             // Prefill answered and decode sent nothing in time: decode's
             // failure, as its own attempt would have counted it. Its
             // request and permit (a half-open breaker's one probe) go
@@ -991,6 +1029,40 @@ impl Pair<'_> {
             prefill_task: task.0.take(),
             prefill_worker: Some(prefill_worker.url().to_owned()),
         })
+    }
+
+    /// SGLang's pair that the request timeout ended before decode's first
+    /// byte, judged on `silent`, the side it waited on since `since`:
+    /// prefill until it answered, decode after (see `sglang`). The other
+    /// side is not counted. Counted at once, without waiting for prefill's
+    /// task to end: the request ends now, and a wait would be cut short.
+    /// So a breaker is counted on a permit of its own ([`blame`]); a
+    /// half-open one with its probe out counts nothing.
+    fn sglang_timed_out(
+        &self,
+        silent: &Arc<radixgate_routing::Worker>,
+        since: tokio::time::Instant,
+    ) -> Failed {
+        let shared = &self.state.shared;
+        let prefill = silent.role() == WorkerRole::Prefill;
+        // SGLang's prefill answers at its prefill's end (`prefill_side`).
+        let prompt = prefill || self.prompt;
+        let breaker = shared.breakers.get(silent.id());
+        if request_timed_out(shared, silent, &breaker, since, prompt) {
+            blame(shared, silent);
+        }
+        Failed {
+            side: if prefill {
+                WorkerRole::Prefill
+            } else {
+                WorkerRole::Decode
+            },
+            worker: silent.id(),
+            error: GatewayError::RequestTimeout {
+                after: self.until.map(|(_, after)| after).unwrap_or_default(),
+            },
+            answer: None,
+        }
     }
 
     /// vLLM: prefill first, then decode with prefill's transfer parameters.
@@ -1186,6 +1258,8 @@ async fn prefill_side(
         peer: side.peer,
         first_byte_timeout: side.timeout,
         hang: side.hang,
+        // The request timeout's end is judged by the pair (`sglang`).
+        until: None,
         // SGLang's prefill worker answers at its prefill's end, whether or
         // not the client streams: its first byte is due soon after it.
         prompt: true,
