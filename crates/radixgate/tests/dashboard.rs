@@ -583,6 +583,152 @@ async fn a_worker_added_back_shows_no_errors_from_before_it_was_removed() {
     steady.stop.cancel();
 }
 
+/// A worker removed and added back at its URL within the windows (a pod
+/// restarted at the same address, `DELETE` then `POST /workers`) is a new
+/// worker: its request rate and cache hit rate count from its admission,
+/// so its hit rate, in the data and on the page in a real browser, is
+/// the one `/workers` shows for it. Before, the windows took the old
+/// worker's counts at that URL as the new one's starting point: the
+/// rates were the new worker's counts less the old one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_added_back_within_the_window_shows_its_own_hit_rate() {
+    chromium();
+    let sim = sim_worker(fast_worker()).await;
+    let mut config = common::config(&[&sim.url]);
+    config.server.admin_api_key = Some(KEY.into());
+    let gw = gateway_ready(config, 1).await;
+    let base = gw.url.clone();
+    let c = client();
+    let ask = |text: String| {
+        let (c, base) = (c.clone(), base.clone());
+        async move {
+            let r = c
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&chat(&text, false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        }
+    };
+    let listed = || {
+        let (c, base, url) = (c.clone(), base.clone(), sim.url.clone());
+        async move {
+            let v: Value = c
+                .get(format!("{base}/workers"))
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|w| w["url"] == url)
+                .cloned()
+        }
+    };
+    // The first worker answers prompts it has not seen (few cached
+    // tokens), and is watched: the windows start with its counts.
+    const OLD: usize = 5;
+    for i in 0..OLD {
+        ask(format!(
+            "Prompt {i} of the first worker: {}",
+            "word ".repeat(60 + i)
+        ))
+        .await;
+    }
+    let first = data(&base).await;
+    let old = data_row(&first, &sim.url).unwrap()["id"].clone();
+    assert_eq!(data_row(&first, &sim.url).unwrap()["requests_total"], OLD);
+
+    // Removed and added back at once.
+    let r = c
+        .delete(format!("{base}/workers?url={}", sim.url))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(format!("{base}/workers"))
+        .bearer_auth(KEY)
+        .json(&serde_json::json!({"url": sim.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    common::wait_until("the worker back and healthy", || {
+        let listed = listed();
+        let old = old.clone();
+        async move {
+            listed
+                .await
+                .is_some_and(|w| w["state"] == "healthy" && w["id"] != old)
+        }
+    })
+    .await;
+    // The new worker answers one prompt again and again: mostly cached,
+    // and more prompt tokens than the first worker's.
+    for _ in 0..3 * OLD {
+        ask(format!(
+            "The same prompt every time: {}",
+            "word ".repeat(64)
+        ))
+        .await;
+    }
+    let worker = listed().await.unwrap();
+    let done = worker["processed"].as_u64().unwrap();
+    let truth = worker["cache"]["reported_hit_rate"].as_f64().unwrap();
+    let v = loop {
+        let v = data(&base).await;
+        if data_row(&v, &sim.url).is_some_and(|w| w["requests_total"] == done) {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The hit window still starts before the removal: the first worker's
+    // counts are in it.
+    let hit_window = v["hit_window_secs"].as_u64().unwrap() as usize;
+    assert!(
+        v["series"].as_array().unwrap().len() <= hit_window,
+        "this run outlasted the hit window ({hit_window} readings)"
+    );
+    let w = data_row(&v, &sim.url).unwrap();
+    assert_eq!(w["cache_hit_source"], "reported", "{w}");
+    let shown = w["cache_hit_rate"].as_f64().unwrap();
+    assert!(
+        (shown - truth).abs() < 1e-9,
+        "/workers says {truth}, the data {shown}: {w}"
+    );
+    assert!(
+        truth < 0.99,
+        "the new worker's prompts were all cached: {w}"
+    );
+    // The page in a real browser shows the same.
+    let port = base.trim_start_matches("http://127.0.0.1:");
+    let dom = dump_dom(
+        &format!("http://admin:{KEY}@127.0.0.1:{port}/dashboard"),
+        2000,
+    )
+    .await;
+    let r = row(&dom, &sim.url);
+    let hit = &r[r.find("class=\"num hit\"").expect("a hit rate cell")..];
+    let hit = &hit[hit.find('>').unwrap() + 1..];
+    let pct: f64 = hit[..hit.find('%').unwrap()].parse().unwrap();
+    assert!(
+        (pct - truth * 100.0).abs() <= 0.51,
+        "page {pct}%, /workers {truth}: {r}"
+    );
+    assert!(hit.contains(">R<"), "{r}");
+    gw.shutdown().await;
+    sim.stop.cancel();
+}
+
 /// A disaggregated pool: each request holds a decode worker and, while it
 /// prefills, a prefill worker too. The pool's "in flight" counts requests,
 /// once each, in the data and on the page in a real browser; each

@@ -85,8 +85,11 @@ struct Kept {
     predicted: HashMap<String, Predicted>,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Counters {
+    /// The worker these are of (`None` while pending): one removed and
+    /// added back at its URL is another, whose own counts start at 0.
+    id: Option<String>,
     processed: u64,
     errors: u64,
     prompt_tokens: u64,
@@ -212,6 +215,7 @@ impl History {
                 .iter()
                 .map(|w| {
                     let c = Counters {
+                        id: w.id.clone(),
                         processed: w.processed,
                         errors: scrape.upstream_errors.get(&w.url).copied().unwrap_or(0),
                         prompt_tokens: w.prompt_tokens,
@@ -318,24 +322,35 @@ impl History {
 
     /// A worker's row; `self.kept` already ends with its reading.
     fn row(&self, w: &WorkerReading) -> WorkerRow {
-        let counts = |k: &Kept| k.workers.get(&w.url).copied();
-        let now = self.kept.back().and_then(counts).unwrap_or_default();
+        let now = self
+            .kept
+            .back()
+            .and_then(|k| k.workers.get(&w.url))
+            .cloned()
+            .unwrap_or_default();
+        // This worker's counts in a reading: not those of another worker
+        // that was at its URL before (removed and added back).
+        fn own<'k>(k: &'k Kept, url: &str, id: &Option<String>) -> Option<&'k Counters> {
+            k.workers.get(url).filter(|c| c.id == *id)
+        }
+        let own = |k| own(k, &w.url, &now.id);
         // Windows start at the reading RATE_WINDOW / HIT_WINDOW steps back
-        // (or the oldest). A worker added since counts its own figures from
-        // nothing, but its failed attempts are its URL's series, which
-        // outlives a worker removed and added back: those count from its
-        // first reading in the window.
+        // (or the oldest). A worker added since (at a new URL, or at one
+        // another worker left) counts its own figures from nothing, but its
+        // failed attempts are its URL's series, which outlives a worker
+        // removed and added back: those count from its first reading in
+        // the window.
         let since = |steps: usize| {
             let newest = self.kept.len().checked_sub(1)?;
             let first = newest.saturating_sub(steps);
             let base = self.kept.get(first)?;
             let ms = self.kept.back()?.mono_ms.saturating_sub(base.mono_ms);
-            let then = counts(base).unwrap_or_else(|| Counters {
+            let then = own(base).cloned().unwrap_or_else(|| Counters {
                 errors: self
                     .kept
                     .iter()
                     .skip(first)
-                    .find_map(counts)
+                    .find_map(own)
                     .map_or(0, |c| c.errors),
                 ..Counters::default()
             });
@@ -364,7 +379,7 @@ impl History {
                 // Each reading's predictions cover the step that ends at
                 // it: the window's first reading's step lies before it.
                 let skip = usize::from(self.kept.len() > 1);
-                for k in self.kept.iter().skip(skip) {
+                for k in self.kept.iter().skip(skip).filter(|k| own(k).is_some()) {
                     if let Some(p) = k.predicted.get(&w.url) {
                         predicted.add(*p);
                     }

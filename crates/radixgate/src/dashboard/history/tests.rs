@@ -306,3 +306,37 @@ fn a_disaggregated_pool_counts_each_request_in_flight_once() {
     assert_eq!(v["pool"]["in_flight"], 7);
     assert_eq!(v["workers"][0]["in_flight"], 3);
 }
+
+#[test]
+fn a_worker_added_back_within_the_window_counts_its_own_figures() {
+    let mut h = History::default();
+    let url = "http://back";
+    // The first worker at the URL: 3 requests, 100 prompt tokens of which
+    // 10 reported cached, 2 failed attempts.
+    let mut r = reading(0, 0);
+    r.workers = vec![WorkerReading {
+        prompt_tokens: 100,
+        reported_tokens: 10,
+        ..worker(url, 3)
+    }];
+    r.scrape.upstream_errors.insert(url.into(), 2);
+    push(&mut h, r);
+    // Removed and added back: another worker, whose own counts passed the
+    // first one's (8 requests, 400 prompt tokens, 300 cached); no new
+    // failure.
+    let mut r = reading(2, 0);
+    r.workers = vec![WorkerReading {
+        id: Some("w1".into()),
+        prompt_tokens: 400,
+        reported_tokens: 300,
+        ..worker(url, 8)
+    }];
+    r.scrape.upstream_errors.insert(url.into(), 2);
+    let v = push(&mut h, r);
+    let row = &v["workers"][0];
+    assert_eq!(row["requests_per_sec"], 4.0, "{row}");
+    assert_eq!(row["cache_hit_rate"], 0.75, "{row}");
+    assert_eq!(row["cache_hit_source"], "reported", "{row}");
+    assert_eq!(row["errors_total"], 2, "{row}");
+    assert_eq!(row["errors_per_sec"], 0.0, "{row}");
+}
