@@ -869,3 +869,46 @@ async fn a_data_read_that_never_ends_shows_the_page_is_not_updating() {
     assert!(text_of(&dom, "message").contains("Cannot reach the router"));
     gw.shutdown().await;
 }
+
+/// A router that still answers but has stopped taking readings (its
+/// sampler stuck: the data endpoint serves its last reading again and
+/// again) is shown as not updating, with the time of that reading.
+/// Before, the page went on showing "live" with the frozen figures. The
+/// page is served here from the gateway's own, beside a data endpoint
+/// that answers one real reading of it every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_reading_again_and_again_shows_the_page_is_not_updating() {
+    chromium();
+    let w = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(common::config(&[&w.url]), 1).await;
+    let c = client();
+    let mut served = axum::Router::new();
+    for (path, kind) in [
+        ("/dashboard", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/style.css", "text/css; charset=utf-8"),
+        ("/dashboard/data", "application/json"),
+    ] {
+        let r = c.get(format!("{}{path}", gw.url)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let body = r.text().await.unwrap();
+        served = served.route(
+            path,
+            axum::routing::get(move || async move {
+                ([(axum::http::header::CONTENT_TYPE, kind)], body)
+            }),
+        );
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let page = format!("http://{}/dashboard", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, served).await });
+    // Ten reads of the same reading, a second apart in virtual time.
+    let dom = dump_dom(&page, 10_000).await;
+    assert_eq!(text_of(&dom, "status"), "not updating", "{dom}");
+    assert!(
+        text_of(&dom, "message").contains("has taken no new reading since"),
+        "{dom}"
+    );
+    assert!(dom.contains("data-worker="), "the last figures still shown");
+    gw.shutdown().await;
+}

@@ -12,6 +12,12 @@ const REFRESH_MS = 1000;
 // silent (a dead tunnel, a host gone) would otherwise leave the page
 // showing "live" with frozen numbers, never asking again.
 const FETCH_TIMEOUT_MS = 5000;
+// Reads that may bring back the reading already shown before the page
+// says the figures are not current: the router takes one a second, so
+// the same one again and again means it has stopped taking them (its
+// sampler stuck), though it still answers.
+const SAME_READINGS = 5;
+let shownAt = null, sameReadings = 0;
 // The data endpoint, next to this page (its URL may carry user:password@,
 // which fetch refuses: build it from the origin and path only).
 const DATA_URL = new URL("dashboard/data", location.origin + location.pathname).href;
@@ -291,7 +297,13 @@ async function tick() {
     } else if (!r.ok) {
       failed(`The data endpoint answered ${r.status}.`);
     } else {
-      render(await r.json());
+      const d = await r.json();
+      render(d);
+      sameReadings = d.sampled_at_ms === shownAt ? sameReadings + 1 : 0;
+      shownAt = d.sampled_at_ms;
+      if (sameReadings >= SAME_READINGS) {
+        failed(`The router answers, but has taken no new reading since ${fmtTime(d.sampled_at_ms)}: the figures shown are from then.`);
+      }
     }
   } catch (e) {
     failed(`Cannot reach the router: ${e}`);
