@@ -47,8 +47,10 @@ pub(crate) use recent::Answered;
 pub(crate) use sampler::run;
 
 /// How long the sampler keeps running after the last read of the data
-/// endpoint.
-pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(30);
+/// endpoint: longer than a minute, since Chrome lets the timers of a tab
+/// hidden for five minutes run once a minute, and a tab in the background
+/// would otherwise lose its history between two reads.
+pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(90);
 /// How long a read that woke the sampler waits for its first reading
 /// (it takes one at once; only a gateway shutting down misses this).
 const FIRST_READING: Duration = Duration::from_secs(10);
