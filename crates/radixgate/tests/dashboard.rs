@@ -912,3 +912,89 @@ async fn the_same_reading_again_and_again_shows_the_page_is_not_updating() {
     assert!(dom.contains("data-worker="), "the last figures still shown");
     gw.shutdown().await;
 }
+
+/// A draining worker is out of the routing snapshot the sampler reads
+/// most figures from: its row said breaker `closed`, whatever its breaker
+/// was, where `/workers` said `open`. The data now says what `/workers`
+/// says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_workers_breaker_is_the_one_workers_shows() {
+    let w = sim_worker(fast_worker()).await;
+    let mut config = common::config(&[&w.url]);
+    config.server.admin_api_key = Some(KEY.into());
+    config.circuit_breaker.failure_threshold = 2;
+    config.retry.max_retries = 0;
+    let gw = gateway_ready(config, 1).await;
+    let base = gw.url.clone();
+    let c = client();
+    data(&base).await;
+    // One request held in flight, so that the removed worker drains.
+    w.set_faults(radixgate_sim::server::FaultConfig {
+        latency_ms: 4000,
+        ..Default::default()
+    });
+    let held = {
+        let (c, base) = (c.clone(), base.clone());
+        tokio::spawn(async move {
+            c.post(format!("{base}/v1/chat/completions"))
+                .json(&chat("held", false))
+                .send()
+                .await
+                .map(|r| r.status())
+        })
+    };
+    common::wait_until("the held request in flight", || {
+        let (base, url) = (base.clone(), w.url.clone());
+        async move { data_row(&data(&base).await, &url).is_some_and(|r| r["in_flight"] == 1) }
+    })
+    .await;
+    // Then failures open its breaker.
+    w.set_faults(radixgate_sim::server::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    for i in 0..3 {
+        let r = c
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat(&format!("fails {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_server_error(), "{}", r.status());
+    }
+    let r = c
+        .delete(format!("{base}/workers?url={}", w.url))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let listed: Value = c
+        .get(format!("{base}/workers"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = listed["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["url"] == w.url.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["state"], "draining", "{listed}");
+    assert_eq!(listed["breaker"], "open", "{listed}");
+    common::wait_until("the draining row on the data", || {
+        let (base, url) = (base.clone(), w.url.clone());
+        async move { data_row(&data(&base).await, &url).is_some_and(|r| r["state"] == "draining") }
+    })
+    .await;
+    let row = data_row(&data(&base).await, &w.url).cloned().unwrap();
+    assert_eq!(row["breaker"], listed["breaker"], "{row}");
+    assert_eq!(row["ejected"], listed["ejected"], "{row}");
+    let _ = held.await;
+    gw.shutdown().await;
+}

@@ -74,8 +74,16 @@ async fn read(shared: &Shared) -> Option<Reading> {
                 role: status.role.as_str(),
                 id: status.id,
                 state: status.state,
-                breaker: admitted.map_or("closed", |w| w.breaker().as_str()),
-                ejected: admitted.is_some_and(|w| w.is_ejected()),
+                // A draining worker is out of the snapshot: the listing
+                // has its state.
+                breaker: admitted
+                    .map(|w| w.breaker().as_str())
+                    .or(status.breaker)
+                    .unwrap_or("closed"),
+                ejected: admitted
+                    .map(|w| w.is_ejected())
+                    .or(status.ejected)
+                    .unwrap_or(false),
                 in_flight: status.load,
                 processed: status.processed,
                 tree_chars: admitted.and_then(|w| shared.router.cached_chars(w)),
