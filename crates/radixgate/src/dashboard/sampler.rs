@@ -92,7 +92,7 @@ async fn read(shared: &Shared) -> Option<Reading> {
             }
         })
         .collect();
-    workers.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.url.cmp(&b.url)));
+    workers.sort_by(|a, b| by_number(&a.name, &b.name).then_with(|| by_number(&a.url, &b.url)));
     let scrape = Scrape::read(&shared.metrics.render());
     let (recent, predicted) = shared.dashboard.recent.drain();
     Some(Reading {
@@ -110,4 +110,77 @@ async fn read(shared: &Shared) -> Option<Reading> {
         predicted,
         recent,
     })
+}
+
+/// Orders names as people read them: runs of digits by their value, so
+/// `w9` comes before `w10` and `host:9000` before `host:10000`, and the
+/// rest as text.
+fn by_number(a: &str, b: &str) -> std::cmp::Ordering {
+    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (a.first(), b.first()) {
+            (None, None) => return std::cmp::Ordering::Equal,
+            (None, Some(_)) => return std::cmp::Ordering::Less,
+            (Some(_), None) => return std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                let run = |s: &[u8]| s.iter().take_while(|c| c.is_ascii_digit()).count();
+                let (m, n) = (run(a), run(b));
+                let (da, db) = (&a[..m], &b[..n]);
+                // Leading zeros aside, a longer run is a larger number.
+                let (ta, tb) = (trim_zeros(da), trim_zeros(db));
+                let order = ta
+                    .len()
+                    .cmp(&tb.len())
+                    .then_with(|| ta.cmp(tb))
+                    .then_with(|| m.cmp(&n));
+                if order.is_ne() {
+                    return order;
+                }
+                (a, b) = (&a[m..], &b[n..]);
+            }
+            (Some(x), Some(y)) => {
+                if x != y {
+                    return x.cmp(y);
+                }
+                (a, b) = (&a[1..], &b[1..]);
+            }
+        }
+    }
+}
+
+/// A run of digits without its leading zeros.
+fn trim_zeros(digits: &[u8]) -> &[u8] {
+    let zeros = digits.iter().take_while(|&&c| c == b'0').count();
+    &digits[zeros..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_number;
+
+    #[test]
+    fn names_with_numbers_sort_by_their_value() {
+        let mut names = vec![
+            "w10",
+            "w9",
+            "127.0.0.1:10000",
+            "127.0.0.1:9000",
+            "w09",
+            "a",
+            "w",
+        ];
+        names.sort_by(|a, b| by_number(a, b));
+        assert_eq!(
+            names,
+            [
+                "127.0.0.1:9000",
+                "127.0.0.1:10000",
+                "a",
+                "w",
+                "w9",
+                "w09",
+                "w10"
+            ]
+        );
+    }
 }
