@@ -93,8 +93,8 @@ mod respond;
 #[cfg(test)]
 pub(crate) use attempt::no_first_byte_kind;
 use attempt::{
-    Outgoing, Waiting, busy, error_message, moved_off, no_first_byte, record, request_timed_out,
-    send_primed,
+    Outgoing, Waiting, busy, error_message, failed_before_first_byte, moved_off, no_first_byte,
+    record, request_timed_out, send_primed,
 };
 pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
@@ -791,11 +791,7 @@ async fn attempts(
                     decision.undo_insert(&request.routing_text);
                 }
                 let prompt = target.endpoint.first_byte_is_prompt(request.stream);
-                if matches!(err, GatewayError::RequestTimeout { .. }) {
-                    blamed = request_timed_out(shared, &worker, &breaker, sent, prompt);
-                } else {
-                    no_first_byte(shared, &worker, &breaker, &err, prompt);
-                }
+                blamed = failed_before_first_byte(shared, &worker, &breaker, &err, sent, prompt);
                 err
             }
         };

@@ -21,12 +21,12 @@
 //! first event, however long the stream), and, in a whole JSON answer,
 //! [`KEY_BYTES`] from the last usage object's key on, wherever it was:
 //! vLLM puts `prompt_logprobs` and the prompt's token ids after `usage`,
-//! tens of KiB for a long prompt. So memory is bounded whatever the body's size, and the
-//! frames themselves go to the client unchanged; the scan runs once, at
-//! the end. A body whose usage is in none of these, or that has none,
-//! reports `None` (nothing is charged). An SGLang `/generate` batch reports one
-//! `meta_info` per item, more than the tail holds: [`ItemReports`] sums
-//! them as the body passes.
+//! tens of KiB for a long prompt. So memory is bounded whatever the
+//! body's size, and the frames themselves go to the client unchanged; the
+//! scan runs once, at the end. A body whose usage is in none of these, or
+//! that has none, reports `None` (nothing is charged). An SGLang
+//! `/generate` batch reports one `meta_info` per item, more than the tail
+//! holds: [`ItemReports`] sums them as the body passes.
 
 //! The same tail gives the prompt's cached-token count for the routing
 //! correction ([`cached_in`]): `usage.prompt_tokens_details.cached_tokens`
@@ -359,12 +359,10 @@ fn last_key(bytes: &[u8]) -> Option<usize> {
     for key in [Key::Usage, Key::MetaInfo] {
         let finder = key.finder();
         for at in finder.find_iter(bytes) {
-            let rest = bytes[at + finder.needle().len()..].trim_ascii_start();
-            let opens = match rest.split_first() {
-                None => true,
-                Some((b':', rest)) => rest.trim_ascii_start().first().is_none_or(|&b| b == b'{'),
-                Some(_) => false,
-            };
+            let rest = &bytes[at + finder.needle().len()..];
+            // Where `bytes` ends before the colon or the value, it may.
+            let opens = rest.trim_ascii_start().is_empty()
+                || value_after_colon(rest).is_some_and(|v| v.first().is_none_or(|&b| b == b'{'));
             if opens && last.is_none_or(|last| at > last) {
                 last = Some(at);
             }
@@ -385,13 +383,20 @@ fn objects_after(text: &[u8], key: Key) -> impl Iterator<Item = Fields> + '_ {
         .filter_map(move |at| object_at(&text[at + finder.needle().len()..]))
 }
 
+/// What follows the `:` (and white space) at the start of `rest`, the
+/// value of the key before it.
+fn value_after_colon(rest: &[u8]) -> Option<&[u8]> {
+    Some(
+        rest.trim_ascii_start()
+            .strip_prefix(b":")?
+            .trim_ascii_start(),
+    )
+}
+
 /// The JSON object right after `: ` at the start of `rest`, if complete
 /// and well-formed (what follows it is not read).
 fn object_at(rest: &[u8]) -> Option<Fields> {
-    let rest = rest
-        .trim_ascii_start()
-        .strip_prefix(b":")?
-        .trim_ascii_start();
+    let rest = value_after_colon(rest)?;
     if rest.first() != Some(&b'{') {
         return None;
     }

@@ -81,6 +81,29 @@ pub(super) fn request_timed_out(
     hung
 }
 
+/// A failed attempt at `worker`, `sent` then, before its first byte:
+/// counted as [`no_first_byte`] counts it, or, when the request timeout
+/// ended it, only if the worker hangs ([`request_timed_out`]). Says
+/// whether the failure is the worker's.
+pub(super) fn failed_before_first_byte(
+    shared: &Shared,
+    worker: &radixgate_routing::Worker,
+    breaker: &crate::breaker::Breaker,
+    err: &GatewayError,
+    sent: tokio::time::Instant,
+    prompt: bool,
+) -> bool {
+    match err {
+        GatewayError::RequestTimeout { .. } => {
+            request_timed_out(shared, worker, breaker, sent, prompt)
+        }
+        _ => {
+            no_first_byte(shared, worker, breaker, err, prompt);
+            true
+        }
+    }
+}
+
 /// The `kind` an attempt with no first byte is counted under in
 /// `radixgate_upstream_errors_total`.
 pub(crate) fn no_first_byte_kind(err: &GatewayError) -> &'static str {

@@ -53,8 +53,9 @@ use body::{
 };
 
 use super::{
-    Answer, Outgoing, PROBING, Target, Waiting, error_message, no_first_byte, record,
-    request_timed_out, rescued, routing_key, send_primed, unavailable, worker_answered_500,
+    Answer, Outgoing, PROBING, Target, Waiting, error_message, failed_before_first_byte,
+    no_first_byte, record, request_timed_out, rescued, routing_key, send_primed, unavailable,
+    worker_answered_500,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -755,17 +756,8 @@ impl Pair<'_> {
                 probe,
             )),
             Err(err) => {
-                // A request timeout is the worker's only when it hangs
-                // (see `request_timed_out`).
-                let blamed = match err {
-                    GatewayError::RequestTimeout { .. } => {
-                        request_timed_out(shared, &worker, &breaker, sent, prompt)
-                    }
-                    _ => {
-                        no_first_byte(shared, &worker, &breaker, &err, prompt);
-                        true
-                    }
-                };
+                let blamed =
+                    failed_before_first_byte(shared, &worker, &breaker, &err, sent, prompt);
                 traced.failed(retry::reason(&err), &err);
                 if blamed && !super::attempt::moved_off(&err) {
                     record(&worker, probe, Outcome::Failure);
