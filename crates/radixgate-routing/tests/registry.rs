@@ -3,7 +3,8 @@
 
 use radixgate_routing::policy::{CacheAware, ConsistentHash};
 use radixgate_routing::{
-    Branch, CacheAwareConfig, HotSpotRule, Policy, PolicyConfig, Registry, RoutingError, WorkerSpec,
+    Branch, CacheAwareConfig, HotSpotRule, Policy, PolicyConfig, Registry, RoutingError, Worker,
+    WorkerSpec,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -159,20 +160,26 @@ fn removed_worker_is_never_chosen_and_others_keep_their_trees() {
     assert_eq!(removed.load(), 0);
 }
 
-#[test]
-fn models_are_isolated() {
-    let policy = cache_aware();
-    let mut reg = Registry::new(policy.clone());
-    let router = reg.router();
+/// One worker of `llama` and two of `qwen`, added to `reg`.
+fn llama_and_two_qwen(reg: &mut Registry) -> (Arc<Worker>, Vec<Arc<Worker>>) {
     let llama = reg
         .add(WorkerSpec::new("http://l:1").with_models(["llama"]))
         .unwrap();
-    let qwen: Vec<_> = (0..2)
+    let qwen = (0..2)
         .map(|i| {
             reg.add(WorkerSpec::new(format!("http://q{i}:1")).with_models(["qwen"]))
                 .unwrap()
         })
         .collect();
+    (llama, qwen)
+}
+
+#[test]
+fn models_are_isolated() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let (llama, qwen) = llama_and_two_qwen(&mut reg);
     let t = text("same words, different models");
     for _ in 0..20 {
         assert_eq!(
@@ -402,15 +409,7 @@ fn a_model_whose_last_worker_leaves_takes_its_tree_with_it() {
     let policy = cache_aware();
     let mut reg = Registry::new(policy.clone());
     let router = reg.router();
-    let llama = reg
-        .add(WorkerSpec::new("http://l:1").with_models(["llama"]))
-        .unwrap();
-    let qwen: Vec<_> = (0..2)
-        .map(|i| {
-            reg.add(WorkerSpec::new(format!("http://q{i}:1")).with_models(["qwen"]))
-                .unwrap()
-        })
-        .collect();
+    let (llama, qwen) = llama_and_two_qwen(&mut reg);
     let any = reg.add(WorkerSpec::new("http://any:1")).unwrap();
     let t = text("a prompt");
     for model in ["llama", "qwen", "mistral"] {

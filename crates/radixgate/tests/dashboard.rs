@@ -810,6 +810,37 @@ async fn a_disaggregated_request_is_in_flight_once_on_the_pool() {
     decode.stop.cancel();
 }
 
+/// The dashboard page's files, each with its content type.
+const PAGE_FILES: [(&str, &str); 3] = [
+    ("/dashboard", "text/html; charset=utf-8"),
+    ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+    ("/dashboard/style.css", "text/css; charset=utf-8"),
+];
+
+/// A router serving `files` (path, content type) as the gateway at
+/// `gateway` answered them, each body passed through `edit` (given the
+/// path) first.
+async fn page_copy(
+    gateway: &str,
+    files: &[(&'static str, &'static str)],
+    edit: impl Fn(&str, String) -> String,
+) -> axum::Router {
+    let c = client();
+    let mut served = axum::Router::new();
+    for &(path, kind) in files {
+        let r = c.get(format!("{gateway}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let body = edit(path, r.text().await.unwrap());
+        served = served.route(
+            path,
+            axum::routing::get(move || async move {
+                ([(axum::http::header::CONTENT_TYPE, kind)], body)
+            }),
+        );
+    }
+    served
+}
+
 /// A data read that never ends (a connection gone silent: a dead tunnel,
 /// a host gone) fails after its timeout, and the page says it is not
 /// updating. Before, the read waited for good: the page went on showing
@@ -820,29 +851,17 @@ async fn a_data_read_that_never_ends_shows_the_page_is_not_updating() {
     chromium();
     let w = sim_worker(fast_worker()).await;
     let gw = gateway_ready(common::config(&[&w.url]), 1).await;
-    let c = client();
-    let mut served = axum::Router::new();
-    for (path, kind) in [
-        ("/dashboard", "text/html; charset=utf-8"),
-        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
-        ("/dashboard/style.css", "text/css; charset=utf-8"),
-    ] {
-        let r = c.get(format!("{}{path}", gw.url)).send().await.unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-        let mut body = r.text().await.unwrap();
-        if path == "/dashboard" {
-            // Chromium dumps the page at its load event: an image that
-            // comes after the page's timeout holds it till then.
-            body = body.replace("</body>", "<img src=\"/late\" alt=\"\"></body>");
-            assert!(body.contains("/late"), "{body}");
+    let served = page_copy(&gw.url, &PAGE_FILES, |path, body| {
+        if path != "/dashboard" {
+            return body;
         }
-        served = served.route(
-            path,
-            axum::routing::get(move || async move {
-                ([(axum::http::header::CONTENT_TYPE, kind)], body)
-            }),
-        );
-    }
+        // Chromium dumps the page at its load event: an image that comes
+        // after the page's timeout holds it till then.
+        let body = body.replace("</body>", "<img src=\"/late\" alt=\"\"></body>");
+        assert!(body.contains("/late"), "{body}");
+        body
+    })
+    .await;
     let served = served
         .route(
             "/dashboard/data",
@@ -881,24 +900,8 @@ async fn the_same_reading_again_and_again_shows_the_page_is_not_updating() {
     chromium();
     let w = sim_worker(fast_worker()).await;
     let gw = gateway_ready(common::config(&[&w.url]), 1).await;
-    let c = client();
-    let mut served = axum::Router::new();
-    for (path, kind) in [
-        ("/dashboard", "text/html; charset=utf-8"),
-        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
-        ("/dashboard/style.css", "text/css; charset=utf-8"),
-        ("/dashboard/data", "application/json"),
-    ] {
-        let r = c.get(format!("{}{path}", gw.url)).send().await.unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-        let body = r.text().await.unwrap();
-        served = served.route(
-            path,
-            axum::routing::get(move || async move {
-                ([(axum::http::header::CONTENT_TYPE, kind)], body)
-            }),
-        );
-    }
+    let data = [("/dashboard/data", "application/json")];
+    let served = page_copy(&gw.url, &[&PAGE_FILES[..], &data].concat(), |_, body| body).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let page = format!("http://{}/dashboard", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, served).await });
@@ -920,8 +923,8 @@ async fn the_same_reading_again_and_again_shows_the_page_is_not_updating() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_workers_breaker_is_the_one_workers_shows() {
     let w = sim_worker(fast_worker()).await;
+    // No admin key: the admin API takes loopback peers.
     let mut config = common::config(&[&w.url]);
-    config.server.admin_api_key = Some(KEY.into());
     config.circuit_breaker.failure_threshold = 2;
     config.retry.max_retries = 0;
     let gw = gateway_ready(config, 1).await;
@@ -962,28 +965,12 @@ async fn a_draining_workers_breaker_is_the_one_workers_shows() {
             .unwrap();
         assert!(r.status().is_server_error(), "{}", r.status());
     }
-    let r = c
-        .delete(format!("{base}/workers?url={}", w.url))
-        .bearer_auth(KEY)
-        .send()
+    let removed = common::remove_worker(&base, &w.url).await;
+    assert_eq!(removed["state"], "draining", "{removed}");
+    let listed = common::workers(&base)
         .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let listed: Value = c
-        .get(format!("{base}/workers"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let listed = listed["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
+        .into_iter()
         .find(|r| r["url"] == w.url.as_str())
-        .cloned()
         .unwrap();
     assert_eq!(listed["state"], "draining", "{listed}");
     assert_eq!(listed["breaker"], "open", "{listed}");

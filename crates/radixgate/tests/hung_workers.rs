@@ -81,12 +81,11 @@ async fn metric(gw: &str, name: &str, worker: &str) -> Option<f64> {
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-/// Item 3: a hung worker (accepts, never answers) no longer swallows
-/// requests: each attempt at it times out before its first byte, is
-/// retried on the other worker, and counts as the hung worker's failure,
-/// so its breaker opens although its `/health` still answers.
-#[tokio::test]
-async fn hung_worker_requests_are_retried_elsewhere_and_its_breaker_opens() {
+/// A worker that answers and one that hangs every request (its `/health`
+/// fine), and a config for the two that sends every other request (or
+/// first attempt) to the hung one and opens a breaker, for good, after 2
+/// failures.
+async fn good_and_hung() -> (SimWorker, SimWorker, Config) {
     let good = sim_worker(fast_worker()).await;
     let hung = sim_worker(fast_worker()).await;
     hung.set_faults(FaultConfig {
@@ -94,12 +93,21 @@ async fn hung_worker_requests_are_retried_elsewhere_and_its_breaker_opens() {
         ..FaultConfig::default()
     });
     let mut c = config(&[&good.url, &hung.url]);
-    // Every other first attempt goes to the hung worker.
     c.routing = PolicyConfig::RoundRobin(Default::default());
-    c.retry.first_byte_timeout_secs = 1;
-    c.retry.non_stream_timeout_secs = 1;
     c.circuit_breaker.failure_threshold = 2;
     c.circuit_breaker.timeout_duration_secs = 3600;
+    (good, hung, c)
+}
+
+/// Item 3: a hung worker (accepts, never answers) no longer swallows
+/// requests: each attempt at it times out before its first byte, is
+/// retried on the other worker, and counts as the hung worker's failure,
+/// so its breaker opens although its `/health` still answers.
+#[tokio::test]
+async fn hung_worker_requests_are_retried_elsewhere_and_its_breaker_opens() {
+    let (good, hung, mut c) = good_and_hung().await;
+    c.retry.first_byte_timeout_secs = 1;
+    c.retry.non_stream_timeout_secs = 1;
     // Without a first-byte timeout this is all that ends a hung attempt.
     c.server.request_timeout_secs = 60;
     let gw = gateway_ready(c, 2).await;
@@ -207,19 +215,9 @@ async fn requests_waiting_on_a_worker_that_hangs_others_move_on() {
 /// requests go to the worker that answers.
 #[tokio::test]
 async fn a_hung_worker_only_the_request_timeout_meets_is_taken_out_of_rotation() {
-    let good = sim_worker(fast_worker()).await;
-    let hung = sim_worker(fast_worker()).await;
-    hung.set_faults(FaultConfig {
-        hang: true,
-        ..FaultConfig::default()
-    });
-    let mut c = config(&[&good.url, &hung.url]);
-    // Every other request goes to the hung worker.
-    c.routing = PolicyConfig::RoundRobin(Default::default());
+    let (good, hung, mut c) = good_and_hung().await;
     c.retry.first_byte_timeout_secs = 60;
     c.server.request_timeout_secs = 1;
-    c.circuit_breaker.failure_threshold = 2;
-    c.circuit_breaker.timeout_duration_secs = 3600;
     let gw = gateway_ready(c, 2).await;
     let mut timed_out = 0;
     for i in 0..4 {
