@@ -93,8 +93,8 @@ mod respond;
 #[cfg(test)]
 pub(crate) use attempt::no_first_byte_kind;
 use attempt::{
-    Outgoing, Waiting, busy, error_message, failed_before_first_byte, moved_off, no_first_byte,
-    record, request_timed_out, send_primed,
+    Outgoing, Waiting, asked_for_pause, busy, choose, error_message, failed_before_first_byte,
+    moved_off, no_first_byte, record, request_timed_out, send_primed,
 };
 pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
@@ -597,19 +597,21 @@ async fn attempts(
     let route = target.endpoint.label();
     loop {
         let deciding = crate::trace::Deciding::start();
-        let routed = if target.endpoint.by_load() {
-            shared
-                .router
-                .select_least_loaded(request.model.as_deref(), &tried)
-        } else {
-            shared.router.select_exact(
-                request.model.as_deref(),
-                &request.routing_text,
-                routing_key,
-                &tried,
-                exact.map(crate::events::Matched::view),
-            )
-        };
+        let routed = choose(shared, &tried, |avoid| {
+            if target.endpoint.by_load() {
+                shared
+                    .router
+                    .select_least_loaded(request.model.as_deref(), avoid)
+            } else {
+                shared.router.select_exact(
+                    request.model.as_deref(),
+                    &request.routing_text,
+                    routing_key,
+                    avoid,
+                    exact.map(crate::events::Matched::view),
+                )
+            }
+        });
         let Routed {
             mut decision,
             model,
@@ -756,6 +758,8 @@ async fn attempts(
                 shared
                     .request_metrics
                     .upstream_error(worker.url(), "status");
+                let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+                asked_for_pause(shared, &worker, status, retry_after.as_ref());
                 if last_attempt {
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure
@@ -775,7 +779,6 @@ async fn attempts(
                         trace: traced,
                     });
                 }
-                let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
                 let (message, _) = error_message(response, deadline).await;
                 GatewayError::UpstreamStatus {
                     worker: worker.url().to_owned(),

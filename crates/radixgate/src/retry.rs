@@ -21,6 +21,9 @@ use axum::http::StatusCode;
 use rand::Rng;
 use std::time::Duration;
 
+mod paused;
+pub(crate) use paused::Paused;
+
 /// Whether a worker's answer with `status`, before any byte of it reached
 /// the client, is worth trying on another worker: a server error (5xx) or
 /// "too many requests" (429).

@@ -455,6 +455,7 @@ pub async fn run_reloadable(
         bodies,
         breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
         suspects: crate::retry::Suspects::default(),
+        paused: crate::retry::Paused::default(),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
         shutting_down: connection_limits.draining.clone(),

@@ -61,6 +61,9 @@ pub(crate) struct Shared {
     /// Requests that broke workers' connections lately (a prompt that
     /// crashes engines), retried on no more than one worker.
     pub(crate) suspects: crate::retry::Suspects,
+    /// Workers that answered 429 or 503 with `Retry-After`, passed over
+    /// until then while others can take their requests.
+    pub(crate) paused: crate::retry::Paused,
     /// Latency statistics and ejection of slow workers.
     pub(crate) outliers: crate::outlier::Outliers,
     /// Cancelled when shutdown stops waiting for streams: each response

@@ -379,6 +379,11 @@ const KEYS: &[(&str, &str, Option<&str>)] = &[
     ),
     ("retry", "jitter_factor", Some("--retry-jitter-factor")),
     (
+        "retry",
+        "max_retry_after_secs",
+        Some("--retry-max-retry-after-secs"),
+    ),
+    (
         "circuit_breaker",
         "failure_threshold",
         Some("--cb-failure-threshold"),

@@ -28,6 +28,8 @@ use std::time::Duration;
 struct Behaviour {
     /// Answer every request with this status.
     fail: Option<u16>,
+    /// With `fail`, say when to come back (`Retry-After`).
+    retry_after: Option<&'static str>,
     /// Wait this long before answering (a long prefill, a slow transfer).
     delay_ms: u64,
     /// Streams: wait this long between events.
@@ -156,7 +158,11 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
     }
     if let Some(status) = b.fail {
         guard.done = true;
-        return axum::response::Response::builder()
+        let mut answer = axum::response::Response::builder();
+        if let Some(wait) = b.retry_after {
+            answer = answer.header("retry-after", wait);
+        }
+        return answer
             .status(status)
             .header("content-type", "application/json")
             .body(Body::from(
@@ -650,6 +656,36 @@ async fn a_failed_attempt_is_retried_on_a_new_pair() {
         assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
     }
     assert!(!bad.bodies().is_empty(), "the bad prefill worker was tried");
+    gw.shutdown().await;
+}
+
+/// A side that answers 429 with `Retry-After` is passed over until then,
+/// as a co-located worker is, while another worker of its role can take
+/// the request: round robin sent every other pair to it, each paying a
+/// refused attempt and a back-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_that_says_retry_after_is_passed_over_until_then() {
+    let busy = engine("busy-prefill", WorkerRole::Prefill).await;
+    let good = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    busy.set(Behaviour {
+        fail: Some(429),
+        retry_after: Some("30"),
+        ..Behaviour::default()
+    });
+    let mut c = pd_config(
+        PdProtocol::Vllm,
+        &[(&busy, None), (&good, None)],
+        &[&decode],
+    );
+    c.routing = PolicyConfig::named("round_robin").unwrap();
+    let gw = started(c).await;
+    for _ in 0..6 {
+        let r = post_chat(&gw.url, &chat_body(false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
+    }
+    assert_eq!(busy.bodies().len(), 1, "tried again within its pause");
     gw.shutdown().await;
 }
 

@@ -1154,6 +1154,76 @@ async fn a_workers_retry_after_reaches_the_client_when_every_worker_shed_the_req
     }
 }
 
+/// A worker that counts the requests it is sent, and answers the first
+/// `shed` of them `status` with `Retry-After: 30`, any later one 200.
+async fn counting_shedder(status: u16, shed: usize) -> (String, Arc<AtomicUsize>) {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let count = sent.clone();
+    let answer = move || {
+        let count = count.clone();
+        async move {
+            use axum::response::IntoResponse;
+            if count.fetch_add(1, Ordering::SeqCst) >= shed {
+                return axum::Json(ok_answer()).into_response();
+            }
+            let status = axum::http::StatusCode::from_u16(status).unwrap();
+            let error = json!({"error": {"message": "over quota", "type": "rate_limit"}});
+            (status, [("retry-after", "30")], axum::Json(error)).into_response()
+        }
+    };
+    (worker_answering(axum::routing::post(answer)).await, sent)
+}
+
+/// A worker that answered 429 or 503 with `Retry-After` is passed over
+/// until then while another worker can take the request. It counted on
+/// no breaker (a 429) or not yet on an open one (a 503), so it was
+/// chosen again by the next request, which paid a refused attempt and a
+/// back-off before its retry: in the test, about one request in two went
+/// there first (with `retry.max_retry_after_secs: 0`, as before, it is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_says_retry_after_is_passed_over_until_then() {
+    for status in [429, 503] {
+        for max_retry_after_secs in [60, 0] {
+            let (shedder, shed) = counting_shedder(status, usize::MAX).await;
+            let (good, served) = counting_shedder(status, 0).await;
+            let mut c = config(&[&shedder, &good]);
+            c.retry.max_retry_after_secs = max_retry_after_secs;
+            c.circuit_breaker.failure_threshold = 100;
+            let gw = gateway_ready(c, 2).await;
+            for i in 0..16 {
+                let prompt = format!("{i} {}", "distinct question ".repeat(i + 1));
+                let r = post_chat(&gw.url, &chat(&prompt, false)).await;
+                assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+            }
+            let (shed, served) = (shed.load(Ordering::SeqCst), served.load(Ordering::SeqCst));
+            assert_eq!(served, 16);
+            if max_retry_after_secs > 0 {
+                assert_eq!(shed, 1, "{status}: tried again within its pause");
+            } else {
+                assert!(shed > 1, "{status}: Retry-After is not to be honoured");
+            }
+            gw.shutdown().await;
+        }
+    }
+}
+
+/// A pause never makes a model unavailable: a worker pausing is still
+/// chosen when no other can take the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_only_worker_is_chosen_in_its_pause() {
+    let (only, sent) = counting_shedder(429, 1).await;
+    let mut c = config(&[&only]);
+    c.retry.max_retries = 0;
+    let gw = gateway_ready(c, 1).await;
+    let r = post_chat(&gw.url, &chat("first", false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "30");
+    let r = post_chat(&gw.url, &chat("second", false)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    gw.shutdown().await;
+}
+
 /// A worker restarted with another model at its URL (down for its
 /// restart, then healthy again) is asked for its models again when it comes
 /// back: the router serves the new model and no longer the old one. It

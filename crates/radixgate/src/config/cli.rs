@@ -253,6 +253,10 @@ pub struct ServeArgs {
     /// error, 0 for none [default: 60].
     #[arg(long, env = "RADIXGATE_STALL_TIMEOUT_SECS")]
     pub stall_timeout_secs: Option<u64>,
+    /// The longest wait a worker's 429 or 503 `Retry-After` passes it over
+    /// for, in seconds, 0 to ignore it [default: 60].
+    #[arg(long, env = "RADIXGATE_RETRY_MAX_RETRY_AFTER_SECS")]
+    pub retry_max_retry_after_secs: Option<u64>,
     /// Never retry (the same as --retry-max-retries 0).
     #[arg(long, env = "RADIXGATE_DISABLE_RETRIES", value_parser = BoolishValueParser::new())]
     pub disable_retries: bool,
@@ -686,6 +690,10 @@ impl ServeArgs {
             &self.non_stream_timeout_secs,
         );
         set(&mut r.stall_timeout_secs, &self.stall_timeout_secs);
+        set(
+            &mut r.max_retry_after_secs,
+            &self.retry_max_retry_after_secs,
+        );
         if self.disable_retries {
             r.max_retries = 0;
         }

@@ -396,6 +396,12 @@ pub struct RetryConfig {
     /// 0 = none. Default 60: decode steps take milliseconds, and a request
     /// the worker pre-empted and re-prefills resumes within seconds.
     pub stall_timeout_secs: u64,
+    /// The longest a worker's `Retry-After` is honoured, in seconds: a
+    /// worker that answers 429 or 503 naming a wait is passed over while
+    /// another worker can take the request, until then (at most this
+    /// long). 0 = never. Default 60: an engine shedding a burst names
+    /// seconds; a longer wait (a quota's) is checked again each minute.
+    pub max_retry_after_secs: u64,
 }
 
 impl Default for RetryConfig {
@@ -409,6 +415,7 @@ impl Default for RetryConfig {
             first_byte_timeout_secs: 60,
             non_stream_timeout_secs: 300,
             stall_timeout_secs: 60,
+            max_retry_after_secs: 60,
         }
     }
 }

@@ -422,11 +422,12 @@ impl Config {
             MAX_BACKOFF_MULTIPLIER,
         )?;
         finite_within("retry.jitter_factor", r.jitter_factor, 0.0, 1.0)?;
-        // 0 means no limit for each of the three.
+        // 0 means none for each.
         for (key, secs) in [
             ("retry.first_byte_timeout_secs", r.first_byte_timeout_secs),
             ("retry.non_stream_timeout_secs", r.non_stream_timeout_secs),
             ("retry.stall_timeout_secs", r.stall_timeout_secs),
+            ("retry.max_retry_after_secs", r.max_retry_after_secs),
         ] {
             within(key, secs, 0, MAX_SECS)?;
         }

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, header};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use radixgate_routing::Decision;
+use radixgate_routing::{Decision, RoutingError, WorkerId};
 use std::net::IpAddr;
 
 /// Most bytes of a worker's error body read for its message.
@@ -389,6 +389,47 @@ fn worker_message(body: &[u8]) -> Option<String> {
 /// the breakers' timeout and their probes.
 pub(super) fn busy(status: axum::http::StatusCode) -> bool {
     status == axum::http::StatusCode::TOO_MANY_REQUESTS
+}
+
+/// Takes a worker's error answer `status` with its `Retry-After`: a 429
+/// or 503 naming a wait pauses the worker ([`crate::retry::Paused`]), and
+/// the pause's start is logged.
+pub(super) fn asked_for_pause(
+    shared: &Shared,
+    worker: &radixgate_routing::Worker,
+    status: axum::http::StatusCode,
+    retry_after: Option<&axum::http::HeaderValue>,
+) {
+    let max = std::time::Duration::from_secs(shared.config.retry.max_retry_after_secs);
+    let now = tokio::time::Instant::now();
+    if let Some(pause) = shared
+        .paused
+        .answered(worker.id(), status, retry_after, max, now)
+    {
+        tracing::info!(
+            worker = worker.url(),
+            %status,
+            secs = pause.as_secs_f64(),
+            "worker asked for a pause (Retry-After): passed over meanwhile while others can take its requests"
+        );
+    }
+}
+
+/// Chooses a worker with `select`, which leaves out the workers it is
+/// given: `tried`, and while another worker can take the request, the
+/// workers pausing ([`crate::retry::Paused`]).
+pub(super) fn choose<T>(
+    shared: &Shared,
+    tried: &[WorkerId],
+    select: impl Fn(&[WorkerId]) -> Result<T, RoutingError>,
+) -> Result<T, RoutingError> {
+    if let Some(avoid) = shared.paused.avoid(tried, tokio::time::Instant::now()) {
+        match select(&avoid) {
+            Err(RoutingError::NoHealthyWorker { .. }) => {}
+            chosen => return chosen,
+        }
+    }
+    select(tried)
 }
 
 /// Whether `error` is an attempt the router moved off a worker that failed

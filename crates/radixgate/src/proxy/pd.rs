@@ -53,9 +53,9 @@ use body::{
 };
 
 use super::{
-    Answer, Outgoing, PROBING, Target, Waiting, error_message, failed_before_first_byte,
-    no_first_byte, record, request_timed_out, rescued, routing_key, send_primed, unavailable,
-    worker_answered_500,
+    Answer, Outgoing, PROBING, Target, Waiting, asked_for_pause, choose, error_message,
+    failed_before_first_byte, no_first_byte, record, request_timed_out, rescued, routing_key,
+    send_primed, unavailable, worker_answered_500,
 };
 use crate::breaker::{Outcome, Permit};
 use crate::config::PdProtocol;
@@ -192,14 +192,11 @@ pub(super) async fn attempts(
             },
         };
         let deciding = crate::trace::Deciding::start_for(WorkerRole::Decode);
-        let mut decode = match shared.router.select_in(
-            WorkerRole::Decode,
-            model,
-            text,
-            routing_key,
-            &tried_decode,
-            None,
-        ) {
+        let mut decode = match choose(shared, &tried_decode, |avoid| {
+            shared
+                .router
+                .select_in(WorkerRole::Decode, model, text, routing_key, avoid, None)
+        }) {
             Ok(routed) => {
                 deciding.decided(&routed.decision, attempt as usize);
                 routed
@@ -237,14 +234,16 @@ pub(super) async fn attempts(
         };
         let select_prefill = |tried: &[WorkerId]| {
             let deciding = crate::trace::Deciding::start_for(WorkerRole::Prefill);
-            let routed = shared.router.select_in(
-                WorkerRole::Prefill,
-                model,
-                text,
-                routing_key,
-                tried,
-                exact.map(crate::events::Matched::view),
-            );
+            let routed = choose(shared, tried, |avoid| {
+                shared.router.select_in(
+                    WorkerRole::Prefill,
+                    model,
+                    text,
+                    routing_key,
+                    avoid,
+                    exact.map(crate::events::Matched::view),
+                )
+            });
             match &routed {
                 Ok(routed) => deciding.decided(&routed.decision, attempt as usize),
                 Err(err) => deciding.failed(err),
@@ -403,6 +402,20 @@ pub(super) async fn attempts(
             }) => {
                 if !refused(&error) {
                     shared.request_metrics.pd_failure(side.as_str());
+                }
+                if let GatewayError::UpstreamStatus {
+                    status,
+                    retry_after,
+                    ..
+                } = &error
+                {
+                    let failed = match side {
+                        WorkerRole::Decode => Some(&paired_decode),
+                        _ => paired_prefill.as_ref(),
+                    };
+                    if let Some(failed) = failed {
+                        asked_for_pause(shared, failed, *status, retry_after.as_ref());
+                    }
                 }
                 // A 500 waits to be counted (see `answered_500`); on the last
                 // attempt it counts now if it is the first (no other pair to
