@@ -417,10 +417,17 @@ fn a_selector_in_the_values_replaces_the_default_label() {
         ["app=vllm-qwen"]
     );
     // The notes name the labels the router looks for.
-    let notes = notes(json!({"discovery": {"selector": {"app": "sglang"}}}));
+    let told = notes(json!({"discovery": {"selector": {"app": "sglang"}}}));
     assert!(
-        notes.contains("pods labelled app=sglang in namespace"),
-        "{notes}"
+        told.contains("pods labelled app=sglang in namespace"),
+        "{told}"
+    );
+    assert!(told.contains("on port 8000."), "{told}");
+    // A pod's port annotation overrides the port: the notes say so.
+    let told = notes(json!({"discovery": {"portAnnotation": "example.com/port"}}));
+    assert!(
+        told.contains("on port 8000 (or the one a pod's example.com/port annotation names)."),
+        "{told}"
     );
 }
 
