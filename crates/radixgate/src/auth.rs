@@ -80,19 +80,31 @@ impl Keys {
 
 /// The client API's gate: finds the tenant whose key was presented (401 if
 /// none matches while any is configured), tags the request with it, counts
-/// its answer and meters its body. A service of its own, whose future is
-/// named, rather than `axum::middleware::from_fn`, which boxes the route
-/// and the future of each request.
+/// its answer and meters its body. A refusal of a request to a forwarded
+/// route is counted in `radixgate_requests_total` under that route, as the
+/// request path counts its own refusals; without it, a client whose key
+/// was rotated out failed every request while the metrics showed none.
+/// A service of its own, whose future is named, rather than
+/// `axum::middleware::from_fn`, which boxes the route and the future of
+/// each request.
 #[derive(Clone)]
 pub(crate) struct RequireTenant {
     shared: Arc<Shared>,
+    route: RouteLabel,
 }
 
+/// The route label a request is counted under in the request metrics, for
+/// a request to a forwarded route (by its method and path); `None` for the
+/// others, which are not counted.
+pub(crate) type RouteLabel = fn(&axum::http::Method, &str) -> Option<&'static str>;
+
 impl RequireTenant {
-    /// The gate of the tenants in `shared` (as a reload leaves them).
-    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+    /// The gate of the tenants in `shared` (as a reload leaves them);
+    /// `route` names the route a refused request is counted under.
+    pub(crate) fn new(shared: &Arc<Shared>, route: RouteLabel) -> Self {
         Self {
             shared: shared.clone(),
+            route,
         }
     }
 }
@@ -104,6 +116,7 @@ impl<S> Layer<S> for RequireTenant {
         TenantGate {
             inner,
             shared: self.shared.clone(),
+            route: self.route,
         }
     }
 }
@@ -113,6 +126,7 @@ impl<S> Layer<S> for RequireTenant {
 pub(crate) struct TenantGate<S> {
     inner: S,
     shared: Arc<Shared>,
+    route: RouteLabel,
 }
 
 /// What the gate answers with: its own refusal, the route's answer as is
@@ -142,6 +156,14 @@ where
                     None => {
                         let refused =
                             crate::error::refused_unread(&req, GatewayError::Unauthorized);
+                        if let Some(route) = (self.route)(req.method(), req.uri().path()) {
+                            self.shared.request_metrics.request_done(
+                                route,
+                                refused.status().as_u16(),
+                                None,
+                                std::time::Duration::ZERO,
+                            );
+                        }
                         return Either::Left(std::future::ready(Ok(refused)));
                     }
                 }

@@ -185,7 +185,7 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/get_server_info", get(info::server_info))
         .route("/get_model_info", get(info::model_info))
         .route("/get_loads", get(info::loads))
-        .route_layer(RequireTenant::new(&state.shared));
+        .route_layer(RequireTenant::new(&state.shared, forwarded_route));
 
     let admin = admin::router(&state.shared);
     let open = open_routes();
@@ -224,6 +224,27 @@ fn routes(state: Arc<AppState>) -> Router {
             crate::trace::request_id::RequestIds::new(state.shared.config.tracing.header_names()),
         ))
         .with_state(state)
+}
+
+/// The route label (`Endpoint::label`) a request to the client API's
+/// `path` with `method` is counted under, if its route forwards it: the
+/// path of an inference API or of an endpoint routed by load, or the
+/// unrouted `/v1/*` for any other `/v1` path but the model list's. A label
+/// from a fixed set, whatever the path. The information routes (GET) are
+/// not counted.
+fn forwarded_route(method: &axum::http::Method, path: &str) -> Option<&'static str> {
+    if method != axum::http::Method::POST {
+        return None;
+    }
+    let routed = ROUTED.iter().map(|api| Endpoint::Routed(*api));
+    let by_load = BY_LOAD.iter().map(|path| Endpoint::ByLoad(path));
+    let endpoint = routed
+        .chain(by_load)
+        .find(|endpoint| endpoint.label() == path)
+        .or_else(|| {
+            (path.starts_with("/v1/") && path != "/v1/models").then_some(Endpoint::Unrouted)
+        })?;
+    Some(endpoint.label())
 }
 
 /// Whether `path` is one of the client API's routes (see [`routes`]): the

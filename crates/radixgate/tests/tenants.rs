@@ -208,6 +208,55 @@ async fn per_tenant_metrics_are_exported() {
     gw.shutdown().await;
 }
 
+/// A client API request refused for its key (none, or one no tenant
+/// has: a client left with a rotated-out key) is counted in
+/// `radixgate_requests_total` as 401 under its route, as the router's
+/// other refusals are (413, 429). It was in no metric nor log line: the
+/// router looked idle while every request of such a client failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_for_their_key_are_counted() {
+    let worker = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(tenant_config(&worker.url, TWO_TEAMS), 1).await;
+    let body = chat("no key", false);
+    assert_eq!(post_as(&gw.url, None, &body).await.status(), 401);
+    assert_eq!(post_as(&gw.url, Some("sk-old"), &body).await.status(), 401);
+    let refused = client()
+        .post(format!("{}/v1/audio/transcriptions", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    // Routes the request path does not count when it answers them are not
+    // counted when refused either.
+    let models = client()
+        .get(format!("{}/v1/models", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 401);
+    assert_eq!(chat_as(&gw.url, "sk-b", false).await.0, 200);
+    let text = metrics_text(&gw.url).await;
+    let requests = "radixgate_requests_total";
+    let chat_route = "route=\"/v1/chat/completions\"";
+    let refused = sample(&text, requests, &[chat_route, "status=\"401\""]);
+    let unrouted = sample(&text, requests, &["route=\"/v1/*\"", "status=\"401\""]);
+    let served = sample(&text, requests, &[chat_route, "status=\"200\""]);
+    assert_eq!(
+        (refused, unrouted, served),
+        (Some(2.0), Some(1.0), Some(1.0)),
+        "{text}"
+    );
+    let counted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with(requests) && l.contains("status=\"401\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 3.0, "only the forwarded routes' refusals: {text}");
+    assert!(!text.contains("sk-old"), "no key in metrics");
+    gw.shutdown().await;
+}
+
 /// A stream's data events, `[DONE]` left out, as JSON.
 fn stream_events(body: &str) -> Vec<Value> {
     body.lines()
