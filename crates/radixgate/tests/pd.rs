@@ -694,7 +694,10 @@ async fn a_side_that_says_retry_after_is_passed_over_until_then() {
 /// flags lost it) fails its pair, as any prefill failure does, and the
 /// request is retried on another prefill worker. (It was not retried: each
 /// request it took failed with 502 though another worker would have
-/// served it.)
+/// served it.) Each of its failures is counted on it in
+/// `radixgate_upstream_errors_total` (kind `no_transfer_params`): it was
+/// counted nowhere by worker, so the failing pod could not be found from
+/// the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vllm_prefill_without_transfer_params_is_retried_on_another() {
     let bad = engine("bad-prefill", WorkerRole::Prefill).await;
@@ -719,6 +722,21 @@ async fn a_vllm_prefill_without_transfer_params_is_retried_on_another() {
     assert_eq!(
         series_value(&gw.url, "radixgate_pd_failures_total{side=\"prefill\"}").await,
         bad.bodies().len() as f64
+    );
+    let failed = format!(
+        "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"no_transfer_params\"}}",
+        bad.url()
+    );
+    assert_eq!(
+        series_value(&gw.url, &failed).await,
+        bad.bodies().len() as f64,
+        "{}",
+        common::metrics_text(&gw.url).await
+    );
+    let good_failed = format!("radixgate_upstream_errors_total{{worker=\"{}\"", good.url());
+    assert!(
+        !common::metrics_text(&gw.url).await.contains(&good_failed),
+        "nothing counted on the good prefill worker"
     );
     // Each failed pair was retried, and counted so.
     let retries = "radixgate_retries_total";

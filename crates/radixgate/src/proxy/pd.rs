@@ -1179,6 +1179,12 @@ impl Pair<'_> {
         let (whole, params) = match params {
             Ok(read) => read,
             Err(error) => {
+                if matches!(error, GatewayError::NoTransferParams { .. }) {
+                    // Counted on the worker, as its other failures are: the
+                    // pod that lost its KV connector is found by its URL.
+                    let metrics = &self.state.shared.request_metrics;
+                    metrics.upstream_error(prefill_worker.url(), "no_transfer_params");
+                }
                 record(&prefill_worker, probe, Outcome::Failure);
                 return Err(Failed::prefill(prefill_worker.id(), error));
             }
