@@ -56,7 +56,7 @@ pub(crate) const DECISIONS: Describe = Describe::new(
 );
 pub(crate) const RETRIES: Describe = Describe::new(
     "radixgate_retries_total",
-    "Requests retried on another worker, by reason.",
+    "Retries on another worker, by the failure that caused them (a request retried twice counts 2).",
 );
 pub(crate) const UNROUTED: Describe = Describe::new(
     "radixgate_unrouted_requests_total",
