@@ -44,6 +44,9 @@ struct Behaviour {
     /// Whole answers: send the head and the body's first bytes, then break
     /// the connection (an engine that died part-way).
     breaks_mid_body: bool,
+    /// Whole answers: send the head and the body's first bytes, then the
+    /// rest this many ms later (an engine stalled part-way).
+    stalls_mid_body_ms: u64,
 }
 
 /// The bootstrap rooms prefill engines have answered (their KV is ready).
@@ -187,6 +190,27 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
             "remote_port": 5601,
             "tp_size": 1,
         });
+    }
+    if body["stream"] != true && b.stalls_mid_body_ms > 0 {
+        guard.done = true;
+        let text = whole.to_string();
+        let (head, rest) = text.split_at(text.len() / 2);
+        let (head, rest) = (Bytes::from(head.to_owned()), Bytes::from(rest.to_owned()));
+        let stall = Duration::from_millis(b.stalls_mid_body_ms);
+        let parts =
+            futures::stream::iter([head, rest])
+                .enumerate()
+                .then(move |(i, part)| async move {
+                    if i > 0 {
+                        tokio::time::sleep(stall).await;
+                    }
+                    Ok::<_, std::io::Error>(part)
+                });
+        return axum::response::Response::builder()
+            .header("content-type", "application/json")
+            .header("content-length", text.len())
+            .body(Body::from_stream(parts))
+            .unwrap();
     }
     if body["stream"] != true && b.breaks_mid_body {
         guard.done = true;
@@ -686,6 +710,48 @@ async fn a_side_that_says_retry_after_is_passed_over_until_then() {
         assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
     }
     assert_eq!(busy.bodies().len(), 1, "tried again within its pause");
+    gw.shutdown().await;
+}
+
+/// A vLLM prefill answer that stalls part-way past the first-byte timeout
+/// is that worker's timeout, counted as every other one is: on its
+/// worker's `timeout` errors, which it was not (only its breaker and the
+/// pair's failure counted it), so the stalled pod could not be found from
+/// the metrics. The request is served by another prefill worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_prefill_answer_stalled_past_the_timeout_is_counted_on_its_worker() {
+    let stalled = engine("stalled-prefill", WorkerRole::Prefill).await;
+    let good = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    stalled.set(Behaviour {
+        stalls_mid_body_ms: 3000,
+        ..Behaviour::default()
+    });
+    let mut c = pd_config(
+        PdProtocol::Vllm,
+        &[(&stalled, None), (&good, None)],
+        &[&decode],
+    );
+    c.routing = PolicyConfig::named("round_robin").unwrap();
+    c.retry.first_byte_timeout_secs = 1;
+    let gw = started(c).await;
+    for _ in 0..2 {
+        let r = post_chat(&gw.url, &chat_body(true)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-radixgate-prefill-worker"), good.url());
+    }
+    let stalls = stalled.bodies().len();
+    assert!(stalls > 0, "the stalled prefill worker was tried");
+    let timeouts = format!(
+        "radixgate_upstream_errors_total{{worker=\"{}\",kind=\"timeout\"}}",
+        stalled.url()
+    );
+    assert_eq!(
+        series_value(&gw.url, &timeouts).await,
+        stalls as f64,
+        "{}",
+        common::metrics_text(&gw.url).await
+    );
     gw.shutdown().await;
 }
 

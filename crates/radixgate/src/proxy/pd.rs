@@ -1179,11 +1179,20 @@ impl Pair<'_> {
         let (whole, params) = match params {
             Ok(read) => read,
             Err(error) => {
-                if matches!(error, GatewayError::NoTransferParams { .. }) {
+                let shared = &self.state.shared;
+                match error {
                     // Counted on the worker, as its other failures are: the
                     // pod that lost its KV connector is found by its URL.
-                    let metrics = &self.state.shared.request_metrics;
-                    metrics.upstream_error(prefill_worker.url(), "no_transfer_params");
+                    GatewayError::NoTransferParams { .. } => shared
+                        .request_metrics
+                        .upstream_error(prefill_worker.url(), "no_transfer_params"),
+                    // Its one-token answer stalled past the first-byte
+                    // timeout: a hung prefill, as one that sent no head.
+                    GatewayError::FirstByteTimeout { .. } => {
+                        let breaker = shared.breakers.get(prefill_worker.id());
+                        no_first_byte(shared, &prefill_worker, &breaker, &error, true);
+                    }
+                    _ => {}
                 }
                 record(&prefill_worker, probe, Outcome::Failure);
                 return Err(Failed::prefill(prefill_worker.id(), error));
