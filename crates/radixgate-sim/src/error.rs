@@ -29,6 +29,15 @@ pub enum SimError {
     /// No such endpoint (HTTP 404).
     #[error("no such endpoint: {0}")]
     NotFound(String),
+    /// A Responses API id this worker does not hold: never made here,
+    /// deleted, or not stored (HTTP 404).
+    #[error("Response with id '{id}' not found.")]
+    ResponseNotFound {
+        /// The id asked for.
+        id: String,
+        /// The field that named it (`previous_response_id`), if a body did.
+        param: Option<&'static str>,
+    },
     /// The request body is larger than the configured limit (HTTP 413).
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge {

@@ -478,3 +478,60 @@ async fn tokenize_detokenize_rerank_and_score() {
         }
     }
 }
+
+/// The Responses API's stored responses live on the worker that made them:
+/// fetched, listed, cancelled and deleted by id there, and named as
+/// `previous_response_id`; an id it does not hold is an OpenAI-style 404.
+#[tokio::test]
+async fn stored_responses_are_kept_by_the_worker_that_made_them() {
+    let w = spawn(fast_config()).await;
+    let c = client();
+    let first = json!({"model": "sim-llama-8b", "input": "hello", "max_output_tokens": 4});
+    let (status, _, made) = post(&w.base, "/v1/responses", first).await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    let fetched = get_json(&w.base, &format!("/v1/responses/{id}")).await;
+    assert_eq!(fetched["id"], id.as_str());
+    let items = get_json(&w.base, &format!("/v1/responses/{id}/input_items")).await;
+    assert_eq!(items["object"], "list");
+    let (status, _, cancelled) =
+        post(&w.base, &format!("/v1/responses/{id}/cancel"), json!({})).await;
+    assert_eq!((status, cancelled["id"].as_str()), (200, Some(id.as_str())));
+    let next = json!({"model": "sim-llama-8b", "input": "more", "previous_response_id": id});
+    let (status, _, v) = post(&w.base, "/v1/responses", next).await;
+    assert_eq!(status, 200, "{v}");
+    // Not stored: not found after.
+    let unstored = json!({"model": "sim-llama-8b", "input": "x", "store": false});
+    let (_, _, v) = post(&w.base, "/v1/responses", unstored).await;
+    let r = c
+        .get(format!(
+            "{}/v1/responses/{}",
+            w.base,
+            v["id"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = c
+        .delete(format!("{}/v1/responses/{id}", w.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deleted: Value = r.json().await.unwrap();
+    assert_eq!(deleted["deleted"], true);
+    let r = c
+        .get(format!("{}/v1/responses/{id}", w.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "not_found", "{v}");
+    let stale = json!({"model": "sim-llama-8b", "input": "more", "previous_response_id": id});
+    let (status, _, v) = post(&w.base, "/v1/responses", stale).await;
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"]["param"], "previous_response_id", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains(&id), "{v}");
+}

@@ -69,6 +69,12 @@ async fn handle(s: Arc<WorkerState>, api: Api, body: Body) -> Response {
 async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, SimError> {
     let bytes = read_body(body, s.config.max_body_bytes).await?;
     let parsed = parse(api, &bytes, s.config.default_max_tokens)?;
+    // The Responses API: a `previous_response_id` must be one this worker
+    // stored; the answer is stored unless `store: false`.
+    let store = match api {
+        Api::Responses => s.stored.check(&bytes)?.store,
+        _ => false,
+    };
     let parts = pd::plan(&s.config.pd, api, &bytes, parsed.items.len())?;
     let faults = s.request_faults().await?;
     let items = parsed.items.into_iter().zip(parts);
@@ -77,10 +83,12 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
         let Some((req, part)) = items.next() else {
             return Err(SimError::bad_request("no prompt", None));
         };
-        return Ok(match serve_one(s, api, req, part, &faults, None).await? {
-            Answer::Whole(v) => json_response(&v),
-            Answer::Stream(b) => sse_response(b),
-        });
+        return Ok(
+            match serve_one(s, api, req, part, &faults, None, store).await? {
+                Answer::Whole(v) => json_response(&v),
+                Answer::Stream(b) => sse_response(b),
+            },
+        );
     }
     // A /generate batch: the items run side by side; the answer is their
     // list, or their events interleaved (each with its `index`) and one
@@ -88,7 +96,7 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
     let answers = futures::future::join_all(
         items
             .enumerate()
-            .map(|(i, (req, part))| serve_one(s, api, req, part, &faults, Some(i))),
+            .map(|(i, (req, part))| serve_one(s, api, req, part, &faults, Some(i), false)),
     )
     .await
     .into_iter()
@@ -123,7 +131,8 @@ enum Answer {
 }
 
 /// Serves one request (or one item of a `/generate` batch, `index`), in
-/// the part `part` its PD fields give it.
+/// the part `part` its PD fields give it; a Responses answer is stored
+/// when `store` (as it will end: the reply is known in advance).
 async fn serve_one(
     s: &Arc<WorkerState>,
     api: Api,
@@ -131,6 +140,7 @@ async fn serve_one(
     part: Part,
     faults: &FaultConfig,
     index: Option<usize>,
+    store: bool,
 ) -> Result<Answer, SimError> {
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     // `--instant` only counts tokens (no hashing): minimal work per request.
@@ -173,6 +183,9 @@ async fn serve_one(
         done_event: index.is_none(),
         kv_transfer_params: None,
     };
+    if store {
+        s.stored.keep(reply.response_object(true));
+    }
     let (room, source) = match part {
         Part::Regular => (None, None),
         Part::PrefillRoom(key) => (Some(pd::Rooms::begin(s, key)?), None),

@@ -62,7 +62,8 @@ impl Metrics {
         let c = match e {
             SimError::BadRequest { .. }
             | SimError::PayloadTooLarge { .. }
-            | SimError::NotFound(_) => &self.client_errors,
+            | SimError::NotFound(_)
+            | SimError::ResponseNotFound { .. } => &self.client_errors,
             SimError::InjectedFault(_) | SimError::Unavailable(_) => &self.injected_errors,
             _ => &self.server_errors,
         };

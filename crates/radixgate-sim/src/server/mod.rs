@@ -25,6 +25,7 @@ mod request;
 mod response;
 mod response_events;
 mod routes;
+mod stored;
 mod utility;
 
 use std::net::SocketAddr;
@@ -138,6 +139,8 @@ pub(crate) struct WorkerState {
     /// The KV-event publisher, when configured.
     kv_events: Option<Publisher>,
     next_id: AtomicU64,
+    /// The Responses API's stored responses (`store`, the default).
+    stored: stored::Stored,
     /// Prefill: the KV held per room.
     rooms: pd::Rooms,
     /// Decode: the client KV is pulled with.
@@ -343,6 +346,7 @@ async fn start_workers(
             metrics: Metrics::default(),
             kv_events,
             next_id: AtomicU64::new(1),
+            stored: stored::Stored::default(),
             rooms: pd::Rooms::new(std::time::Duration::from_millis(config.pd.hold_timeout_ms)),
             pull: pd::PullClient::new(),
             pull_addr,
@@ -388,6 +392,11 @@ pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
         }
         SimError::PayloadTooLarge { .. } => ("invalid_request_error", None, "payload_too_large"),
         SimError::NotFound(_) => ("invalid_request_error", None, "not_found"),
+        SimError::ResponseNotFound { param, .. } => (
+            "invalid_request_error",
+            param.map(str::to_owned),
+            "not_found",
+        ),
         SimError::InjectedFault(_) => ("server_error", None, "injected_fault"),
         SimError::Unavailable(_) => ("server_error", None, "unavailable"),
         SimError::KvTransfer { failure, .. } => (
@@ -418,7 +427,7 @@ pub(crate) fn error_response(e: &SimError) -> Response {
     let status = match e {
         SimError::BadRequest { .. } => StatusCode::BAD_REQUEST,
         SimError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        SimError::NotFound(_) => StatusCode::NOT_FOUND,
+        SimError::NotFound(_) | SimError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
         SimError::InjectedFault(_)
         | SimError::Config(_)
         | SimError::TraceIo { .. }

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 use super::driver::Cmd;
 use super::faults::FaultConfig;
-use super::{WorkerState, embeddings, error_response, generate, pd, read_body, utility};
+use super::{WorkerState, embeddings, error_response, generate, pd, read_body, stored, utility};
 use crate::error::SimError;
 
 /// The router of one worker.
@@ -42,6 +42,12 @@ pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/responses", post(generate::responses))
+        .route(
+            "/v1/responses/{id}",
+            get(stored::get).delete(stored::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(stored::cancel))
+        .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/messages", post(generate::messages))
         .route("/v1/messages/count_tokens", post(utility::count_tokens))
         .route("/v1/embeddings", post(embeddings::embeddings))
