@@ -327,6 +327,18 @@ pub enum GatewayError {
         /// The request path.
         path: String,
     },
+    /// A stored Responses API response that no worker asked holds
+    /// (`crate::responses`).
+    #[error(
+        "Response with id '{id}' not found: none of the {asked} workers asked holds it (it was \
+         deleted, not stored, or made by a worker that has restarted or left the pool)"
+    )]
+    ResponseNotFound {
+        /// The id asked for.
+        id: String,
+        /// The workers asked.
+        asked: usize,
+    },
 }
 
 impl GatewayError {
@@ -344,6 +356,7 @@ impl GatewayError {
             | Self::UnknownModel { .. }
             | Self::ModelRequired { .. }
             | Self::NotFound { .. }
+            | Self::ResponseNotFound { .. }
             | Self::AdminForbidden { .. }
             | Self::WorkerNotAllowed { .. }
             | Self::MethodNotAllowed { .. }
@@ -400,7 +413,9 @@ impl GatewayError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::AdminForbidden { .. } | Self::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::UnknownModel { .. } | Self::NotFound { .. } | Self::ResponseNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::Admin(err) => match err {
                 RoutingError::DuplicateWorker { .. } => StatusCode::CONFLICT,
                 RoutingError::UnknownWorker { .. } => StatusCode::NOT_FOUND,
@@ -446,7 +461,9 @@ impl GatewayError {
             Self::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
             Self::UnknownModel { .. } => ("invalid_request_error", "model_not_found"),
             Self::ModelRequired { .. } => ("invalid_request_error", "model_required"),
-            Self::NotFound { .. } => ("invalid_request_error", "not_found"),
+            Self::NotFound { .. } | Self::ResponseNotFound { .. } => {
+                ("invalid_request_error", "not_found")
+            }
             Self::Admin(_) => ("invalid_request_error", "invalid_worker"),
             Self::NoHealthyWorker { .. } => ("service_unavailable", "no_healthy_worker"),
             Self::ShuttingDown => ("service_unavailable", "shutting_down"),

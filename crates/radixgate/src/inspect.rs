@@ -58,6 +58,9 @@ pub struct Inspected {
     /// An OpenAI stream's `stream_options`, where the body has them (read
     /// for tenants whose tokens are metered: `crate::tenants::usage_event`).
     pub stream_options: StreamOptions,
+    /// A Responses API request's `previous_response_id`: the stored
+    /// response it continues, held by the worker that made it.
+    pub previous_response_id: Option<String>,
 }
 
 /// The `stream_options` of a chat or text completion request: whether the
@@ -209,6 +212,7 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
     let body = object(body)?;
     let mut text = RoutingText::new();
     let mut stream_options = StreamOptions::NotApplicable;
+    let mut previous_response_id = None;
     let (model, stream, user, keys) = match api {
         Api::ChatCompletions => {
             let req: ChatRequest<'_> = serde_json::from_slice(body)?;
@@ -243,6 +247,7 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
         Api::Responses => {
             let req: responses::Request<'_> = serde_json::from_slice(body)?;
             req.render(&mut text);
+            previous_response_id = req.previous_response_id.map(Cow::into_owned);
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
         }
@@ -262,6 +267,7 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
         routing_text: text.into_string_in(&namespace),
         user: user.map(Cow::into_owned),
         stream_options,
+        previous_response_id,
     })
 }
 

@@ -33,6 +33,7 @@ pub mod proxy;
 mod pulse;
 pub mod record;
 pub mod reload;
+mod responses;
 pub mod retry;
 pub mod server;
 mod state;

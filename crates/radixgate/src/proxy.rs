@@ -53,6 +53,7 @@ use crate::body;
 use crate::breaker::{Outcome, Permit};
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::inspect::Inspected;
+use crate::responses::Affinity;
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::stream::Primed;
@@ -295,6 +296,11 @@ async fn forward(
             let (target, family) = endpoint::unrouted_target(req.method().as_str(), req.uri())?;
             (Cow::Owned(target), Some(family))
         }
+        // Its path as it came, as plain as an unrouted one's must be.
+        Endpoint::StoredResponse => {
+            let (target, _) = endpoint::unrouted_target(req.method().as_str(), req.uri())?;
+            (Cow::Owned(target), None)
+        }
         Endpoint::Routed(_) | Endpoint::ByLoad(_) => match req.uri().query() {
             Some(query) => (Cow::Owned(format!("{}?{query}", endpoint.label())), None),
             None => (Cow::Borrowed(endpoint.label()), None),
@@ -313,6 +319,10 @@ async fn forward(
     if let Some(model) = &request.model {
         let _ = progress.model.set(model.clone());
     }
+    // A stored response is named: its maker, if known (`crate::responses`).
+    let affinity = shared
+        .responses
+        .affinity(endpoint, &request, parts.uri.path());
     // A tenant whose tokens are metered: its stream asks for usage, and
     // what it is charged without any is estimated (`tenants/usage_event.rs`)
     // where its answer may hold generated tokens.
@@ -350,6 +360,8 @@ async fn forward(
     let target = Target {
         endpoint,
         path: &path,
+        method: &parts.method,
+        affinity: &affinity,
         unrouted,
         until: shared.config.request_timeout().and_then(|after| {
             let at = started.checked_add(after)?;
@@ -461,6 +473,10 @@ its one probe request still out (circuit breaker); retry shortly";
 struct Target<'a> {
     endpoint: Endpoint,
     path: &'a str,
+    /// The client's method (`POST` but for a stored response's).
+    method: &'a axum::http::Method,
+    /// The stored response the request names, if any.
+    affinity: &'a Affinity,
     /// An unrouted request's API family: counted once its first attempt
     /// is sent, not for one no worker takes.
     unrouted: Option<&'static str>,
@@ -595,23 +611,55 @@ async fn attempts(
     // An unrouted request is counted with its first attempt sent.
     let mut unrouted = target.unrouted;
     let route = target.endpoint.label();
+    // A request naming a stored response: its affinity is counted once;
+    // the workers asked for one whose maker is unknown that answered 404.
+    let mut affinity_counted = false;
+    let mut looked_up = 0usize;
     loop {
         let deciding = crate::trace::Deciding::start();
-        let routed = choose(shared, &tried, |avoid| {
-            if target.endpoint.by_load() {
-                shared
-                    .router
-                    .select_least_loaded(request.model.as_deref(), avoid)
-            } else {
-                shared.router.select_exact(
-                    request.model.as_deref(),
-                    &request.routing_text,
-                    routing_key,
-                    avoid,
-                    exact.map(crate::events::Matched::view),
-                )
-            }
-        });
+        let pinned = match target.affinity {
+            Affinity::None => None,
+            affinity => match shared.responses.pin(
+                &shared.router,
+                affinity,
+                request.model.as_deref(),
+                &tried,
+                &mut affinity_counted,
+            ) {
+                Ok(pinned) => pinned,
+                Err(id) => {
+                    let attempts = tried.len() - sat_out;
+                    return Err(crate::responses::not_found(
+                        shared,
+                        id,
+                        looked_up,
+                        last_failure,
+                        attempts,
+                    ));
+                }
+            },
+        };
+        // A stored response's maker is chosen whether or not it pauses
+        // (see `choose`): no other worker holds the response.
+        let routed = if let Some((decision, model)) = pinned {
+            Ok(Routed { decision, model })
+        } else {
+            choose(shared, &tried, |avoid| {
+                if target.endpoint.by_load() {
+                    shared
+                        .router
+                        .select_least_loaded(request.model.as_deref(), avoid)
+                } else {
+                    shared.router.select_exact(
+                        request.model.as_deref(),
+                        &request.routing_text,
+                        routing_key,
+                        avoid,
+                        exact.map(crate::events::Matched::view),
+                    )
+                }
+            })
+        };
         let Routed {
             mut decision,
             model,
@@ -685,6 +733,7 @@ async fn attempts(
             Outgoing {
                 endpoint: target.endpoint,
                 path: target.path,
+                method: target.method,
                 client_headers,
                 peer,
             },
@@ -707,6 +756,17 @@ async fn attempts(
                 let status = response.status();
                 let mut observed = None;
                 traced.answered(status.as_u16());
+                if status == StatusCode::NOT_FOUND
+                    && decision.explanation().branch == radixgate_routing::Branch::ResponseLookup
+                {
+                    // Not held there: the next worker is asked (its body
+                    // read, so that its connection is kept).
+                    let _ = error_message(response, deadline).await;
+                    record(&worker, probe, Outcome::Success);
+                    tried.push(worker.id());
+                    looked_up += 1;
+                    continue;
+                }
                 let sse = is_event_stream(response.headers());
                 // Behind a preamble or an opening comment, the watch finds
                 // the first token (see `respond`), and samples the worker's
@@ -875,100 +935,4 @@ impl Answered500 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::http::HeaderValue;
-
-    #[test]
-    fn an_event_stream_is_told_by_its_media_type_in_any_case() {
-        for (value, sse) in [
-            ("text/event-stream", true),
-            ("text/event-stream; charset=utf-8", true),
-            ("Text/Event-Stream", true),
-            ("TEXT/EVENT-STREAM;charset=UTF-8", true),
-            ("application/json", false),
-            ("text/event", false),
-            ("", false),
-        ] {
-            let mut headers = HeaderMap::new();
-            headers.insert("content-type", HeaderValue::from_static(value));
-            assert_eq!(is_event_stream(&headers), sse, "{value:?}");
-        }
-        assert!(!is_event_stream(&HeaderMap::new()));
-    }
-
-    #[test]
-    fn a_body_is_encoded_by_any_coding_but_identity() {
-        for (values, encoded) in [
-            (&["gzip"][..], true),
-            (&["br"], true),
-            (&["identity", "gzip"], true),
-            (&["Identity, deflate"], true),
-            (&["identity"], false),
-            (&[" IDENTITY "], false),
-            (&[""], false),
-            (&[], false),
-        ] {
-            let mut headers = HeaderMap::new();
-            for value in values {
-                headers.append("content-encoding", HeaderValue::from_static(value));
-            }
-            assert_eq!(is_encoded(&headers), encoded, "{values:?}");
-        }
-    }
-
-    #[test]
-    fn the_routing_key_is_the_first_header_that_has_one_else_the_user() {
-        let headers = |pairs: &[(&'static str, &[u8])]| {
-            let mut map = HeaderMap::new();
-            for (name, value) in pairs {
-                map.insert(*name, HeaderValue::from_bytes(value).unwrap());
-            }
-            map
-        };
-        let both = headers(&[("x-radixgate-routing-key", b"k"), ("X-Session-Id", b"s")]);
-        assert_eq!(routing_key(&both, Some("u")), Some("s"));
-        let key = headers(&[("x-radixgate-routing-key", b"k")]);
-        assert_eq!(routing_key(&key, Some("u")), Some("k"));
-        assert_eq!(routing_key(&HeaderMap::new(), Some("u")), Some("u"));
-        assert_eq!(routing_key(&HeaderMap::new(), None), None);
-        // A value that is not text is no key.
-        let opaque = headers(&[("x-session-id", b"\xff"), ("x-radixgate-routing-key", b"k")]);
-        assert_eq!(routing_key(&opaque, None), Some("k"));
-    }
-
-    /// A request dropped unanswered is a client that left (499), unless a
-    /// panic unwound it: that one is answered 500 (`trace::request_id`),
-    /// a bug, and counted so.
-    #[test]
-    fn an_unanswered_request_is_499_unless_a_panic_ended_it() {
-        let metrics = crate::metrics::Metrics::with_histograms(RequestMetrics::HISTOGRAMS);
-        let requests = RequestMetrics::new(&metrics);
-        let tenants = crate::tenants::TenantMetrics::new(&metrics);
-        let progress = Progress::default();
-        let unanswered = |route| Unanswered {
-            metrics: &requests,
-            tenant_metrics: &tenants,
-            route,
-            started: Instant::now(),
-            progress: &progress,
-            served: &|_| false,
-        };
-        drop(unanswered("/v1/completions"));
-        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _unanswered = unanswered("/v1/chat/completions");
-            panic!("a bug in a handler");
-        }));
-        assert!(panicked.is_err());
-        let text = metrics.render();
-        let counted = |route: &str, status: &str| {
-            let series = format!(
-                "radixgate_requests_total{{route=\"{route}\",status=\"{status}\",model=\"unknown\"}} 1"
-            );
-            text.lines().any(|l| l == series)
-        };
-        assert!(counted("/v1/completions", "499"), "{text}");
-        assert!(counted("/v1/chat/completions", "500"), "{text}");
-        assert!(!counted("/v1/chat/completions", "499"), "{text}");
-    }
-}
+mod tests;

@@ -428,6 +428,7 @@ fn restart_keys(running: &Config, new: &Config) -> Vec<String> {
         kv_events,
         record_trace,
         pd,
+        responses,
         log,
         tracing,
     } = new;
@@ -466,6 +467,7 @@ fn restart_keys(running: &Config, new: &Config) -> Vec<String> {
         &running.record_trace,
         record_trace,
     );
+    section(&mut keys, "responses", &running.responses, responses);
     section(&mut keys, "log", &running.log, log);
     section(&mut keys, "tracing", &running.tracing, tracing);
     section(&mut keys, "pd", &running.pd, pd);

@@ -132,6 +132,15 @@ fn forwarded(endpoint: Endpoint) -> axum::routing::MethodRouter<Arc<AppState>> {
     post(move |State(state): State<Arc<AppState>>, req: Request| proxy::serve(state, endpoint, req))
 }
 
+/// The handler of the requests about a stored Responses API response by
+/// its id, sent to the worker that made it (`crate::responses`).
+async fn stored_response(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+) -> axum::response::Response {
+    proxy::serve(state, Endpoint::StoredResponse, req).await
+}
+
 /// The inference APIs, routed by their routing text.
 const ROUTED: [Api; 6] = [
     Api::ChatCompletions,
@@ -162,8 +171,10 @@ const BY_LOAD: [&str; 9] = [
 /// `server.api_key`), the admin plane (behind its own gate, see
 /// [`admin`]; the client key never opens it) and the open endpoints
 /// (probes, and `/metrics`, which checks `server.metrics_api_key` itself).
-/// The client API is the inference APIs, the endpoints routed by load, and
-/// any other `POST /v1/...`, forwarded unrouted (see [`Endpoint`]). A known
+/// The client API is the inference APIs, the endpoints routed by load, the
+/// stored responses of the Responses API (by id, to the worker that made
+/// them), and any other `POST /v1/...`, forwarded unrouted (see
+/// [`Endpoint`]). A known
 /// path with a wrong method is a 405 with an `Allow` header and an
 /// OpenAI-style body.
 fn routes(state: Arc<AppState>) -> Router {
@@ -176,6 +187,16 @@ fn routes(state: Arc<AppState>) -> Router {
     }
     let api = api
         .route("/v1/{*rest}", forwarded(Endpoint::Unrouted))
+        // A stored response, at the worker that made it; a POST beside
+        // it (`/v1/responses/input_tokens`) is any other `/v1` POST.
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response)
+                .delete(stored_response)
+                .merge(forwarded(Endpoint::Unrouted)),
+        )
+        .route("/v1/responses/{id}/cancel", post(stored_response))
+        .route("/v1/responses/{id}/input_items", get(stored_response))
         .route("/v1/models", get(info::models))
         // A model by its id; a POST below it is still any other `/v1` POST.
         .route(
@@ -481,6 +502,7 @@ pub async fn run_reloadable(
         streams_abort: streams_abort.clone(),
         shutting_down: connection_limits.draining.clone(),
         request_metrics: RequestMetrics::new(&metrics),
+        responses: crate::responses::Makers::new(&config.responses, &metrics),
         tenant_metrics: TenantMetrics::new(&metrics),
         metrics,
         tenants,

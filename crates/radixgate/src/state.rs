@@ -101,6 +101,8 @@ pub(crate) struct Shared {
     /// The client port's connection cap and what it refused, which the
     /// upkeep tick publishes.
     pub(crate) connections: Arc<crate::listen::ConnectionSlots>,
+    /// The workers that made the Responses API's stored responses.
+    pub(crate) responses: crate::responses::Makers,
 }
 
 /// One serving thread's view of a gateway: the shared state and the

@@ -299,7 +299,20 @@ impl Forwarder {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, ForwardError> {
-        Self::send(&self.client, base, path, headers, body).await
+        Self::send(&self.client, Method::POST, base, path, headers, body).await
+    }
+
+    /// [`post`](Self::post) with another method (a stored response's
+    /// `GET` or `DELETE`).
+    pub async fn send_with(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        Self::send(&self.client, method, base, path, headers, body).await
     }
 
     /// [`post`](Self::post) on a connection of its own, never one the
@@ -312,11 +325,25 @@ impl Forwarder {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, ForwardError> {
-        Self::send(&self.unpooled, base, path, headers, body).await
+        Self::send(&self.unpooled, Method::POST, base, path, headers, body).await
+    }
+
+    /// [`send_with`](Self::send_with) on a connection of its own (see
+    /// [`post_on_new_connection`](Self::post_on_new_connection)).
+    pub async fn send_with_on_new_connection(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        Self::send(&self.unpooled, method, base, path, headers, body).await
     }
 
     async fn send(
         client: &Client<Connector, Full<Bytes>>,
+        method: Method,
         base: &str,
         path: &str,
         headers: HeaderMap,
@@ -330,7 +357,7 @@ impl Forwarder {
             source,
         })?;
         let mut request = Request::new(Full::new(body));
-        *request.method_mut() = Method::POST;
+        *request.method_mut() = method;
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
         client

@@ -44,6 +44,16 @@ pub enum Branch {
     HashRingOverflow,
     /// consistent_hash: the request had no routing key; shortest queue.
     NoRoutingKey,
+    /// Any policy: a Responses API request naming a
+    /// `previous_response_id` went to the worker that made that response,
+    /// which alone holds it.
+    PreviousResponse,
+    /// Any policy: a request about a stored response (fetch, delete,
+    /// cancel, list its input) went to the worker that made it.
+    StoredResponse,
+    /// Any policy: a request about a stored response whose maker the
+    /// gateway does not know asked the least-loaded worker not yet asked.
+    ResponseLookup,
 }
 
 impl Branch {
@@ -64,6 +74,9 @@ impl Branch {
             Self::HashRing => "hash_ring",
             Self::HashRingOverflow => "hash_ring_overflow",
             Self::NoRoutingKey => "no_routing_key",
+            Self::PreviousResponse => "previous_response",
+            Self::StoredResponse => "stored_response",
+            Self::ResponseLookup => "response_lookup",
         }
     }
 }

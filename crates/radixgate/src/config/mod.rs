@@ -41,7 +41,7 @@ pub use telemetry::{MAX_REQUEST_ID_HEADERS, TracingConfig, otlp_traces_url};
 pub use tenants::{API_KEY_TENANT, ResolvedTenant, TenantSpec, TenantsConfig};
 pub use validate::{
     MAX_BACKOFF_MULTIPLIER, MAX_MS, MAX_OUTLIER_FACTOR, MAX_PAYLOAD_SIZE, MAX_REQUESTS,
-    MAX_RETRIES, MAX_SECS, MAX_THRESHOLD,
+    MAX_RESPONSE_IDS, MAX_RETRIES, MAX_SECS, MAX_THRESHOLD,
 };
 
 use radixgate_routing::{PolicyConfig, RoutingError};
@@ -85,6 +85,9 @@ pub struct Config {
     pub record_trace: RecordTraceConfig,
     /// Prefill/decode disaggregation.
     pub pd: PdConfig,
+    /// Response affinity: which worker made each stored Responses API
+    /// response (`crate::responses`).
+    pub responses: ResponsesConfig,
     /// Logging.
     pub log: LogConfig,
     /// Request ids and OpenTelemetry trace export.
@@ -523,6 +526,28 @@ impl Default for AdmissionConfig {
             max_concurrent_requests: None,
             queue_size: 100,
             queue_timeout_secs: 60,
+        }
+    }
+}
+
+/// Response affinity (`crate::responses`): the ids of Responses API
+/// answers, each with the worker that made it, that the gateway keeps so
+/// that follow-ups (`previous_response_id`) and requests by id reach it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesConfig {
+    /// The most ids kept, the least recently used forgotten first (about
+    /// 200 bytes each); 0 keeps none: no affinity.
+    pub max_ids: usize,
+    /// Seconds an id is kept after its last use.
+    pub max_age_secs: u64,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        Self {
+            max_ids: 100_000,
+            max_age_secs: 24 * 60 * 60,
         }
     }
 }

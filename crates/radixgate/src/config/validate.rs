@@ -33,6 +33,8 @@ pub const MAX_BACKOFF_MULTIPLIER: f64 = 10.0;
 pub const MAX_OUTLIER_FACTOR: f64 = 1_000.0;
 /// Largest concurrency limit and admission queue.
 pub const MAX_REQUESTS: usize = 1_000_000;
+/// Most Responses API ids kept for response affinity (about 2 GB).
+pub const MAX_RESPONSE_IDS: usize = 10_000_000;
 
 /// `value` within `min..=max`, or an error naming `key` and the range.
 fn within<T: PartialOrd + Display>(
@@ -519,7 +521,10 @@ impl Config {
             a.queue_timeout_secs,
             0,
             MAX_SECS,
-        )
+        )?;
+        let r = &self.responses;
+        within("responses.max_ids", r.max_ids, 0, MAX_RESPONSE_IDS)?;
+        within("responses.max_age_secs", r.max_age_secs, 1, MAX_SECS)
     }
 }
 

@@ -7,7 +7,8 @@
 //! items and the model's output items before each new input, so each turn's
 //! text extends the turn before. One that sends `previous_response_id`
 //! instead carries only the new input, which is all routing can see: its
-//! history is the worker's to keep.
+//! history is the worker's to keep, and the request goes to that worker
+//! (`crate::responses`).
 
 use super::{Content, LoraPath, null_as_false};
 use radixgate_routing::text::{ContentText, RoutingText, Speaker, ToolCallsText};
@@ -35,6 +36,9 @@ pub(super) struct Request<'a> {
     pub(super) lora_path: Option<LoraPath>,
     #[serde(borrow, default)]
     pub(super) extra_key: Option<Cow<'a, str>>,
+    /// The stored response this one continues (`crate::responses`).
+    #[serde(borrow, default)]
+    pub(super) previous_response_id: Option<Cow<'a, str>>,
 }
 
 impl Request<'_> {

@@ -453,6 +453,9 @@ pub(super) fn record(worker: &radixgate_routing::Worker, probe: Permit, outcome:
     }
 }
 
+/// `POST`, the method of every request but a stored response's.
+pub(super) static POST: axum::http::Method = axum::http::Method::POST;
+
 /// Where an attempt's request goes and what it carries of the client's.
 #[derive(Clone, Copy)]
 pub(super) struct Outgoing<'a> {
@@ -460,6 +463,8 @@ pub(super) struct Outgoing<'a> {
     pub(super) endpoint: Endpoint,
     /// The worker path.
     pub(super) path: &'a str,
+    /// The method: the client's (`POST` but for a stored response's).
+    pub(super) method: &'a axum::http::Method,
     pub(super) client_headers: &'a HeaderMap,
     pub(super) peer: Option<IpAddr>,
 }
@@ -475,16 +480,7 @@ pub(super) async fn send_primed(
     waiting: Waiting<'_>,
 ) -> Result<axum::http::Response<Primed<Incoming>>, GatewayError> {
     let attempt = async {
-        let response = send(
-            state,
-            decision,
-            out.path,
-            out.client_headers,
-            out.peer,
-            body,
-            traced,
-        )
-        .await?;
+        let response = send(state, decision, out, body, traced).await?;
         prime(response, decision.worker().url(), out.endpoint).await
     };
     first_byte(attempt, waiting).await
@@ -494,12 +490,17 @@ pub(super) async fn send_primed(
 async fn send(
     state: &AppState,
     decision: &Decision,
-    path: &str,
-    client_headers: &HeaderMap,
-    peer: Option<IpAddr>,
+    out: Outgoing<'_>,
     body: Bytes,
     traced: &crate::trace::Attempt,
 ) -> Result<axum::http::Response<Incoming>, GatewayError> {
+    let Outgoing {
+        method,
+        path,
+        client_headers,
+        peer,
+        ..
+    } = out;
     let worker = decision.worker();
     let headers = || {
         let gateway_has_key = !state.shared.tenants.load().is_open();
@@ -517,7 +518,7 @@ async fn send(
     };
     let forwarder = &state.forwarder;
     let sent = forwarder
-        .post(worker.url(), path, headers(), body.clone())
+        .send_with(method.clone(), worker.url(), path, headers(), body.clone())
         .await;
     // The worker closed a pooled connection as the request went out on
     // it (its idle timeout): sent again on a new one, the worker's first
@@ -534,9 +535,14 @@ async fn send(
             );
             // Boxed: a rare path, whose future would otherwise enlarge
             // (and be copied with) every attempt's.
-            match Box::pin(forwarder.post_on_new_connection(worker.url(), path, headers(), body))
-                .await
-            {
+            let again = forwarder.send_with_on_new_connection(
+                method.clone(),
+                worker.url(),
+                path,
+                headers(),
+                body,
+            );
+            match Box::pin(again).await {
                 Err(upstream::ForwardError::Transport(_)) => {
                     Err(upstream::ForwardError::Closed(stale))
                 }

@@ -13,7 +13,10 @@
 //!   segment, no empty segment, nothing percent-encoded or backslashed),
 //!   so that it names on the worker the path it names here, and engine
 //!   administration under `/v1` (loading and unloading LoRA adapters) is
-//!   not passed on: those answer 404 as before.
+//!   not passed on: those answer 404 as before;
+//! - a request about a stored Responses API response by its id
+//!   ([`Endpoint::StoredResponse`]: fetch, delete, cancel, list its input)
+//!   goes to the worker that made it (`crate::responses`).
 
 use crate::error::GatewayError;
 use crate::inspect::{
@@ -33,7 +36,12 @@ pub(crate) enum Endpoint {
     ByLoad(&'static str),
     /// A `/v1` path the gateway has no route for.
     Unrouted,
+    /// A stored Responses API response, by the id in its path.
+    StoredResponse,
 }
+
+/// The route label of the requests about a stored response (metrics).
+pub(crate) const STORED_RESPONSE_ROUTE: &str = "/v1/responses/{id}";
 
 /// The route label of unrouted requests (metrics).
 pub(crate) const UNROUTED_ROUTE: &str = "/v1/*";
@@ -83,6 +91,7 @@ impl Endpoint {
             Endpoint::Routed(api) => api.path(),
             Endpoint::ByLoad(path) => path,
             Endpoint::Unrouted => UNROUTED_ROUTE,
+            Endpoint::StoredResponse => STORED_RESPONSE_ROUTE,
         }
     }
 
@@ -103,7 +112,7 @@ impl Endpoint {
             Endpoint::Routed(Api::Embeddings) => Estimate::Prompt,
             Endpoint::Routed(_) => Estimate::PromptAndOutput,
             Endpoint::ByLoad(path) if POOLING_PATHS.contains(&path) => Estimate::Prompt,
-            Endpoint::ByLoad(_) => Estimate::Nothing,
+            Endpoint::ByLoad(_) | Endpoint::StoredResponse => Estimate::Nothing,
             Endpoint::Unrouted => {
                 let path = path.split_once('?').map_or(path, |(path, _)| path);
                 if !body.trim_ascii_start().starts_with(b"{") || COUNTING_PATHS.contains(&path) {
@@ -130,6 +139,9 @@ impl Endpoint {
         match self {
             Endpoint::Routed(api) => inspect(api, body),
             Endpoint::ByLoad(_) => inspect_model(body),
+            // Its path names it; a body (a cancel's) says nothing routing
+            // reads.
+            Endpoint::StoredResponse => Ok(Inspected::default()),
             Endpoint::Unrouted if body.trim_ascii_start().starts_with(b"{") => inspect_model(body),
             Endpoint::Unrouted => Ok(content_type
                 .and_then(form_boundary)
@@ -143,7 +155,10 @@ impl Endpoint {
         match self {
             Endpoint::Routed(Api::Messages) => ErrorEvents::Messages,
             Endpoint::Routed(Api::Responses) => ErrorEvents::Responses,
-            Endpoint::Routed(_) | Endpoint::ByLoad(_) | Endpoint::Unrouted => ErrorEvents::OpenAi,
+            Endpoint::Routed(_)
+            | Endpoint::ByLoad(_)
+            | Endpoint::Unrouted
+            | Endpoint::StoredResponse => ErrorEvents::OpenAi,
         }
     }
 
@@ -185,7 +200,7 @@ impl Endpoint {
         }
         match self {
             Endpoint::Routed(api) => api == Api::Embeddings,
-            Endpoint::ByLoad(_) => true,
+            Endpoint::ByLoad(_) | Endpoint::StoredResponse => true,
             Endpoint::Unrouted => false,
         }
     }
@@ -196,7 +211,7 @@ impl Endpoint {
     pub(crate) fn preamble(self, first: Option<&[u8]>) -> Option<Preamble> {
         let by_api = match self {
             Endpoint::Routed(api) => Preamble::for_api(api),
-            Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
+            Endpoint::ByLoad(_) | Endpoint::Unrouted | Endpoint::StoredResponse => None,
         };
         by_api.or_else(|| {
             first

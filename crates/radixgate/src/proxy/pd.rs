@@ -744,6 +744,7 @@ impl Pair<'_> {
             Outgoing {
                 endpoint: super::Endpoint::Routed(self.api),
                 path: self.path,
+                method: &super::attempt::POST,
                 client_headers: self.client_headers,
                 peer: self.peer,
             },

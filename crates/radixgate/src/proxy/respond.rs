@@ -94,7 +94,7 @@ pub(super) fn respond(
     // end (`crate::record`).
     let record = match endpoint {
         Endpoint::Routed(_) => shared.recorder.pending(branch, sse),
-        Endpoint::ByLoad(_) | Endpoint::Unrouted => None,
+        Endpoint::ByLoad(_) | Endpoint::Unrouted | Endpoint::StoredResponse => None,
     };
     let promised = {
         let e = decision.explanation();
@@ -103,6 +103,11 @@ pub(super) fn respond(
             .flatten()
     };
     let read_usage = correction.is_some() || record.is_some();
+    // A Responses answer's id is learned with its maker (`crate::responses`).
+    let id_scan = (endpoint == Endpoint::Routed(radixgate_routing::Api::Responses)
+        && status.is_success()
+        && !is_encoded(response.headers()))
+    .then(|| Box::new(crate::responses::scan::IdScan::new(sse)));
     // The correction reads only the inserted (capped) part of the text: a
     // huge prompt is not held whole while its answer streams (a recording
     // hashes the whole text, so then it is).
@@ -115,6 +120,7 @@ pub(super) fn respond(
         correction,
         record,
         tail: read_usage.then(UsageTail::new),
+        id_scan,
         text: if read_usage {
             routing_text
         } else {
@@ -194,6 +200,9 @@ struct RequestWatch {
     /// The body's tail, scanned once at its end, when the correction or
     /// the recording reads its usage.
     tail: Option<UsageTail>,
+    /// The scan for a Responses answer's id, until it ends (boxed: every
+    /// other answer's watch stays as small as it was).
+    id_scan: Option<Box<crate::responses::scan::IdScan>>,
     /// The routing text, kept only for the correction and the recording.
     text: String,
     /// The chosen worker and the characters its KV events said it held,
@@ -318,6 +327,17 @@ impl StreamWatch for RequestWatch {
         self.trace.data(bytes);
         if let Some(tail) = self.tail.as_mut() {
             tail.push(bytes);
+        }
+        if let Some(scan) = self.id_scan.as_mut()
+            && scan.feed(bytes)
+        {
+            if let Some(id) = scan.take() {
+                let maker = self.guard.worker().url();
+                self.shared
+                    .responses
+                    .learn(&id, maker, self.model.as_deref());
+            }
+            self.id_scan = None;
         }
         if let Some(record) = self.record.as_mut() {
             record.data(bytes);

@@ -1,0 +1,221 @@
+//! Response affinity over real HTTP: simulated workers that keep the
+//! Responses API's stored responses in their own memory, as vLLM and
+//! SGLang do, behind a gateway that must send every request naming one
+//! (`previous_response_id`, or its id in the path) to the worker that made
+//! it.
+
+mod common;
+
+use common::*;
+use radixgate_sim::server::DEFAULT_MODEL;
+use serde_json::{Value, json};
+
+/// `POST /v1/responses`: status, the serving worker, the decision, body.
+async fn respond(gw: &str, body: &Value) -> (u16, String, String, Value) {
+    let r = client()
+        .post(format!("{gw}/v1/responses"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (worker, decision) = (header("x-radixgate-worker"), header("x-radixgate-decision"));
+    (status, worker, decision, r.json().await.unwrap())
+}
+
+/// A request about a stored response: status, serving worker, body.
+async fn by_id(method: reqwest::Method, url: &str) -> (u16, String, Value) {
+    let r = client().request(method, url).send().await.unwrap();
+    let status = r.status().as_u16();
+    let worker = r
+        .headers()
+        .get("x-radixgate-worker")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, worker, r.json().await.unwrap())
+}
+
+fn turn(input: &str, previous: Option<&str>, stream: bool) -> Value {
+    json!({
+        "model": DEFAULT_MODEL,
+        "input": input,
+        "max_output_tokens": 2,
+        "stream": stream,
+        "previous_response_id": previous,
+    })
+}
+
+/// A distinct question, long enough that no two share much of a prefix:
+/// routed by their text, they spread over the pool.
+fn question(i: usize) -> String {
+    format!("{i} {}", "why is the sky blue today? ".repeat(1 + i % 5)).repeat(3)
+}
+
+#[tokio::test]
+async fn follow_ups_and_requests_by_id_reach_the_worker_that_made_the_response() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
+    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    // Follow-ups whose texts would otherwise spread: all at the maker.
+    let mut previous = id.clone();
+    for i in 0..12 {
+        let (status, worker, decision, v) =
+            respond(&gw.url, &turn(&question(i), Some(&previous), false)).await;
+        assert_eq!(status, 200, "follow-up {i}: {v}");
+        assert_eq!(worker, maker, "follow-up {i}");
+        assert!(decision.contains("branch=previous_response"), "{decision}");
+        previous = v["id"].as_str().unwrap().to_owned();
+    }
+    // A streamed answer's id is learned from its events.
+    let r = client()
+        .post(format!("{}/v1/responses", gw.url))
+        .json(&turn("stream it", Some(&id), true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let created = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .find_map(|d| serde_json::from_str::<Value>(d).ok())
+        .unwrap();
+    let streamed = created["response"]["id"].as_str().unwrap().to_owned();
+    let (status, worker, _, v) =
+        respond(&gw.url, &turn(&question(99), Some(&streamed), false)).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    // By id, at the maker.
+    let url = format!("{}/v1/responses/{id}", gw.url);
+    let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    assert_eq!(v["id"], id.as_str());
+    let items = format!("{url}/input_items");
+    let (status, worker, v) = by_id(reqwest::Method::GET, &items).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    let cancel = format!("{url}/cancel");
+    let (status, worker, v) = by_id(reqwest::Method::POST, &cancel).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    let (status, worker, v) = by_id(reqwest::Method::DELETE, &url).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    assert_eq!(v["deleted"], true);
+    // Deleted: the maker's own 404.
+    let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
+    assert_eq!((status, worker.as_str()), (404, maker.as_str()), "{v}");
+    // Counting a prompt's tokens beside them is still any other POST,
+    // passed on to a worker (the simulated one has no such endpoint).
+    let r = client()
+        .post(format!("{}/v1/responses/input_tokens", gw.url))
+        .json(&json!({"model": DEFAULT_MODEL, "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().contains_key("x-radixgate-worker"), "{r:?}");
+    assert!(
+        series_value(
+            &gw.url,
+            "radixgate_response_affinity_total{outcome=\"maker\"}"
+        )
+        .await
+            >= 19.0
+    );
+    gw.shutdown().await;
+}
+
+/// An id the gateway did not see made (another replica's, or from before
+/// a restart) is asked of the workers in turn; one nobody holds is an
+/// OpenAI-style 404.
+#[tokio::test]
+async fn an_unknown_id_is_asked_of_each_worker_then_is_a_404() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
+    for holder in [&a, &b] {
+        // Made at the worker directly: not through this gateway.
+        let r = client()
+            .post(format!("{}/v1/responses", holder.url))
+            .json(&turn("made elsewhere", None, false))
+            .send()
+            .await
+            .unwrap();
+        let id = r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let url = format!("{}/v1/responses/{id}", gw.url);
+        let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
+        assert_eq!((status, worker.as_str()), (200, holder.url.as_str()), "{v}");
+    }
+    let url = format!("{}/v1/responses/resp_nobody", gw.url);
+    let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(worker, "");
+    assert_eq!(v["error"]["code"], "not_found", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("resp_nobody"),
+        "{v}"
+    );
+    let unknown = "radixgate_response_affinity_total{outcome=\"unknown\"}";
+    assert_eq!(series_value(&gw.url, unknown).await, 3.0);
+    gw.shutdown().await;
+}
+
+/// The maker gone from the pool: a follow-up is routed as any other (the
+/// engine there answers for itself), and counted so.
+#[tokio::test]
+async fn a_follow_up_whose_maker_left_is_routed_as_any_other() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
+    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    remove_worker(&gw.url, &maker).await;
+    let other = [&a.url, &b.url].into_iter().find(|u| **u != maker).unwrap();
+    let (status, worker, decision, v) =
+        respond(&gw.url, &turn("and then?", Some(&id), false)).await;
+    assert_eq!(worker, *other, "{v}");
+    assert!(!decision.contains("previous_response"), "{decision}");
+    assert_eq!(status, 404, "the other worker never stored it: {v}");
+    let gone = "radixgate_response_affinity_total{outcome=\"maker_unavailable\"}";
+    assert_eq!(series_value(&gw.url, gone).await, 1.0);
+    gw.shutdown().await;
+}
+
+/// The requests by id are client API routes: behind its key.
+#[tokio::test]
+async fn requests_by_id_need_the_client_key() {
+    let a = sim_worker(fast_worker()).await;
+    let mut c = config(&[&a.url]);
+    c.server.api_key = Some("sk-test".into());
+    let gw = gateway_ready(c, 1).await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/responses/resp_1"),
+        (reqwest::Method::DELETE, "/v1/responses/resp_1"),
+        (reqwest::Method::POST, "/v1/responses/resp_1/cancel"),
+        (reqwest::Method::GET, "/v1/responses/resp_1/input_items"),
+    ] {
+        let url = format!("{}{path}", gw.url);
+        let r = client().request(method.clone(), &url).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{method} {path}");
+        let r = client()
+            .request(method.clone(), &url)
+            .bearer_auth("sk-test")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{method} {path}");
+    }
+    gw.shutdown().await;
+}
