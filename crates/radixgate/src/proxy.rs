@@ -758,6 +758,13 @@ async fn attempts(
                 traced.answered(status.as_u16());
                 if status == StatusCode::NOT_FOUND
                     && decision.explanation().branch == radixgate_routing::Branch::ResponseLookup
+                    && crate::responses::asks_on(
+                        &shared.router,
+                        target.affinity,
+                        request.model.as_deref(),
+                        &tried,
+                        worker.id(),
+                    )
                 {
                     // Not held there: the next worker is asked (its body
                     // read, so that its connection is kept).
@@ -792,6 +799,12 @@ async fn attempts(
                 if !retry::retryable_status(status) {
                     if status.is_success() {
                         answered_500.blame();
+                        shared.responses.answered(
+                            target.affinity,
+                            target.method,
+                            worker.url(),
+                            model.as_deref(),
+                        );
                     }
                     if status.is_client_error() {
                         // Rejected (400, 404, 413, 422, …): the prompt never

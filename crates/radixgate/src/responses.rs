@@ -17,7 +17,13 @@
 //!   is asked of the available workers in turn, least loaded first, until
 //!   one answers other than 404 (at most the pool's size of attempts, each
 //!   with the usual timeouts); if every one answers 404, the client gets
-//!   the gateway's own OpenAI-style 404.
+//!   the gateway's own OpenAI-style 404;
+//! - **unknown follow-ups**: a `previous_response_id` not known here is
+//!   asked of the workers of the request's pool the same way (an engine
+//!   checks the id before any prefill), the last one's answer passed on
+//!   whatever it is;
+//! - **learning by asking**: the worker found holding an unknown id is
+//!   kept as its maker; a deleted response's id is forgotten.
 //!
 //! The map is bounded by `responses.max_ids` entries, least recently used
 //! out, and each entry is forgotten `responses.max_age_secs` after its
@@ -58,8 +64,13 @@ pub(crate) enum Affinity {
     /// Nothing.
     #[default]
     None,
-    /// A follow-up (`previous_response_id`); its maker, if known.
-    Previous(Option<Maker>),
+    /// A follow-up naming the response `id` (`previous_response_id`).
+    Previous {
+        /// The previous response's id.
+        id: String,
+        /// Its maker, if known.
+        maker: Option<Maker>,
+    },
     /// A request about the response `id` (in its path); its maker, if
     /// known.
     ById {
@@ -75,7 +86,7 @@ impl Affinity {
     pub(crate) fn maker(&self) -> Option<&Maker> {
         match self {
             Affinity::None => None,
-            Affinity::Previous(maker) | Affinity::ById { maker, .. } => maker.as_ref(),
+            Affinity::Previous { maker, .. } | Affinity::ById { maker, .. } => maker.as_ref(),
         }
     }
 }
@@ -182,6 +193,29 @@ impl Makers {
         Some(maker)
     }
 
+    /// A successful answer from `worker`, in the pool of `model`, to the
+    /// request with `affinity` sent with `method`: a response found by a
+    /// lookup is learned with the worker that holds it (the next request
+    /// naming it goes there at once); a response deleted is forgotten.
+    pub(crate) fn answered(
+        &self,
+        affinity: &Affinity,
+        method: &axum::http::Method,
+        worker: &str,
+        model: Option<&str>,
+    ) {
+        let (id, maker) = match affinity {
+            Affinity::None => return,
+            Affinity::Previous { id, maker } | Affinity::ById { id, maker } => (id, maker),
+        };
+        let by_id = matches!(affinity, Affinity::ById { .. });
+        if by_id && method == axum::http::Method::DELETE {
+            self.kept.lock().remove(id);
+        } else if maker.as_ref().is_none_or(|m| &*m.url != worker) {
+            self.learn(id, worker, model);
+        }
+    }
+
     /// Ids kept now.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -202,7 +236,12 @@ impl Makers {
         match endpoint {
             Endpoint::Routed(radixgate_routing::Api::Responses) => {
                 match request.previous_response_id.as_deref() {
-                    Some(id) => Affinity::Previous(self.maker(id)),
+                    // Off (`max_ids` 0): routed by text, as before.
+                    Some(_) if self.max_ids == 0 => Affinity::None,
+                    Some(id) => Affinity::Previous {
+                        maker: self.maker(id),
+                        id: id.to_owned(),
+                    },
                     None => Affinity::None,
                 }
             }
@@ -243,7 +282,17 @@ impl Makers {
         }
         match (pinned, affinity) {
             (Some(pinned), _) => Ok(Some(pinned)),
-            (None, Affinity::ById { id, .. }) => lookup(router, exclude).map(Some).ok_or(id),
+            (None, Affinity::ById { id, .. }) => {
+                lookup(router, Asked::Any, exclude).map(Some).ok_or(id)
+            }
+            // An id this gateway did not see made (a restart, another
+            // replica): the workers of the request's pool are asked in
+            // turn, as for a request by id, the last one's answer passed
+            // on whatever it is (`asks_on`). Every one asked, it is routed
+            // as any other (a failure before is the request's answer).
+            (None, Affinity::Previous { maker: None, .. }) => {
+                Ok(lookup(router, Asked::Pool(model), exclude))
+            }
             (None, _) => Ok(None),
         }
     }
@@ -289,7 +338,9 @@ pub(crate) fn to_maker(
     exclude: &[WorkerId],
 ) -> Option<(Decision, Option<String>)> {
     let (maker, branch) = match affinity {
-        Affinity::Previous(Some(maker)) => (maker, Branch::PreviousResponse),
+        Affinity::Previous {
+            maker: Some(maker), ..
+        } => (maker, Branch::PreviousResponse),
         Affinity::ById {
             maker: Some(maker), ..
         } => (maker, Branch::StoredResponse),
@@ -301,7 +352,7 @@ pub(crate) fn to_maker(
         return None;
     }
     let pool = match affinity {
-        Affinity::Previous(_) => {
+        Affinity::Previous { .. } => {
             let pool = set.resolve(model).ok()?;
             if !pool.workers.iter().any(|w| w.id() == worker.id()) {
                 return None;
@@ -313,22 +364,80 @@ pub(crate) fn to_maker(
     Some((decide(worker, branch, std::slice::from_ref(worker)), pool))
 }
 
-/// The decision that asks the least-loaded available regular worker not
-/// in `exclude` for a stored response whose maker is not known; `None`
-/// when every one has been asked.
-pub(crate) fn lookup(router: &Router, exclude: &[WorkerId]) -> Option<(Decision, Option<String>)> {
+/// The workers a stored response whose maker is not known is asked of.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Asked<'a> {
+    /// Every regular worker (a request by id names no model).
+    Any,
+    /// The pool of the request's model (a follow-up).
+    Pool(Option<&'a str>),
+}
+
+/// The available regular workers of `asked` not in `exclude`, and the
+/// pool's model where `asked` names one (`None`: the wildcard pool, or
+/// any).
+fn candidates(
+    set: &radixgate_routing::WorkerSet,
+    asked: Asked<'_>,
+    exclude: &[WorkerId],
+) -> (Vec<Arc<Worker>>, Option<String>) {
+    let askable = |w: &&Arc<Worker>| {
+        w.role() == WorkerRole::Regular && w.is_available() && !exclude.contains(&w.id())
+    };
+    match asked {
+        Asked::Any => (
+            set.workers().iter().filter(askable).cloned().collect(),
+            None,
+        ),
+        Asked::Pool(model) => match set.resolve(model) {
+            Ok(pool) => (
+                pool.workers.iter().filter(askable).cloned().collect(),
+                (pool.model != radixgate_routing::WILDCARD_MODEL).then(|| pool.model.to_owned()),
+            ),
+            Err(_) => (Vec::new(), None),
+        },
+    }
+}
+
+/// The decision that asks the least-loaded worker of `asked` not in
+/// `exclude` for a stored response whose maker is not known; `None` when
+/// every one has been asked.
+pub(crate) fn lookup(
+    router: &Router,
+    asked: Asked<'_>,
+    exclude: &[WorkerId],
+) -> Option<(Decision, Option<String>)> {
     let set = router.snapshot();
-    let candidates: Vec<Arc<Worker>> = set
-        .workers()
-        .iter()
-        .filter(|w| {
-            w.role() == WorkerRole::Regular && w.is_available() && !exclude.contains(&w.id())
-        })
-        .cloned()
-        .collect();
+    let (candidates, pool) = candidates(&set, asked, exclude);
     let worker = candidates.iter().min_by_key(|w| w.load())?;
-    let model = worker.models().first().cloned();
+    let model = match asked {
+        Asked::Any => worker.models().first().cloned(),
+        Asked::Pool(_) => pool,
+    };
     Some((decide(worker, Branch::ResponseLookup, &candidates), model))
+}
+
+/// Whether a 404 from `worker`, asked by a lookup ([`lookup`]) for the
+/// request with `affinity`, is passed over to ask the next worker: for a
+/// request by id, always (when none is left, the gateway answers its own
+/// 404); for a follow-up, while another worker of its pool is left to ask,
+/// so the last one's answer (the engine's own 404) reaches the client.
+pub(crate) fn asks_on(
+    router: &Router,
+    affinity: &Affinity,
+    model: Option<&str>,
+    tried: &[WorkerId],
+    worker: WorkerId,
+) -> bool {
+    match affinity {
+        Affinity::ById { .. } => true,
+        Affinity::Previous { .. } => {
+            let set = router.snapshot();
+            let (left, _) = candidates(&set, Asked::Pool(model), tried);
+            left.iter().any(|w| w.id() != worker)
+        }
+        Affinity::None => false,
+    }
 }
 
 fn decide(worker: &Arc<Worker>, branch: Branch, considered: &[Arc<Worker>]) -> Decision {

@@ -107,9 +107,10 @@ async fn follow_ups_and_requests_by_id_reach_the_worker_that_made_the_response()
     let (status, worker, v) = by_id(reqwest::Method::DELETE, &url).await;
     assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
     assert_eq!(v["deleted"], true);
-    // Deleted: the maker's own 404.
+    // Deleted, and forgotten: asked of every worker, nobody holds it.
     let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
-    assert_eq!((status, worker.as_str()), (404, maker.as_str()), "{v}");
+    assert_eq!((status, worker.as_str()), (404, ""), "{v}");
+    assert_eq!(v["error"]["code"], "not_found", "{v}");
     // Counting a prompt's tokens beside them is still any other POST,
     // passed on to a worker (the simulated one has no such endpoint).
     let r = client()
@@ -119,14 +120,15 @@ async fn follow_ups_and_requests_by_id_reach_the_worker_that_made_the_response()
         .await
         .unwrap();
     assert!(r.headers().contains_key("x-radixgate-worker"), "{r:?}");
-    assert!(
-        series_value(
-            &gw.url,
-            "radixgate_response_affinity_total{outcome=\"maker\"}"
-        )
-        .await
-            >= 19.0
-    );
+    // 12 + 2 follow-ups and 4 requests by id at the maker; the one after
+    // the deletion asked of every worker.
+    let counted = |outcome: &str| {
+        let series = format!("radixgate_response_affinity_total{{outcome=\"{outcome}\"}}");
+        let gw = gw.url.clone();
+        async move { series_value(&gw, &series).await }
+    };
+    assert_eq!(counted("maker").await, 18.0);
+    assert_eq!(counted("unknown").await, 1.0);
     gw.shutdown().await;
 }
 
@@ -190,6 +192,60 @@ async fn a_follow_up_whose_maker_left_is_routed_as_any_other() {
     assert_eq!(status, 404, "the other worker never stored it: {v}");
     let gone = "radixgate_response_affinity_total{outcome=\"maker_unavailable\"}";
     assert_eq!(series_value(&gw.url, gone).await, 1.0);
+    gw.shutdown().await;
+}
+
+/// A follow-up naming a response the gateway did not see made (made
+/// through another replica, or before a restart) is asked of the workers
+/// of its pool in turn until one holds it, and that worker is then known:
+/// it was routed by its text and reached the other worker about one time
+/// in two, which answered 404 (the conversation broke). Nobody holding it,
+/// the last worker's own 404 reaches the client.
+#[tokio::test]
+async fn a_follow_up_naming_a_response_made_elsewhere_finds_its_maker() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
+    for holder in [&a.url, &b.url] {
+        // Made at the worker directly: not through this gateway.
+        let r = client()
+            .post(format!("{holder}/v1/responses"))
+            .json(&turn("made elsewhere", None, false))
+            .send()
+            .await
+            .unwrap();
+        let id = r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        for i in 0..4 {
+            let (status, worker, decision, v) =
+                respond(&gw.url, &turn(&question(i), Some(&id), false)).await;
+            assert_eq!(
+                (status, worker.as_str()),
+                (200, holder.as_str()),
+                "{i}: {v}"
+            );
+            // Found once, then known.
+            let branch = if i == 0 {
+                "response_lookup"
+            } else {
+                "previous_response"
+            };
+            assert!(
+                decision.contains(&format!("branch={branch}")),
+                "{i}: {decision}"
+            );
+        }
+    }
+    let (status, worker, _, v) =
+        respond(&gw.url, &turn("and then?", Some("resp_nobody"), false)).await;
+    assert_eq!(status, 404, "{v}");
+    assert!(
+        [&a.url, &b.url].contains(&&worker),
+        "the engine's own: {worker}"
+    );
+    assert_eq!(v["error"]["param"], "previous_response_id", "{v}");
     gw.shutdown().await;
 }
 
