@@ -9,7 +9,14 @@
 //! - **Following the pool.** A supervisor compares the router's worker set
 //!   with the subscriptions twice a second: a new worker gets one
 //!   subscription per rank, a removed one has its subscriptions stopped and
-//!   its blocks dropped. Discovery and the admin API need nothing else.
+//!   its blocks dropped [`REBIND_GRACE`] later. Discovery and the admin
+//!   API need nothing else. A stream belongs to the worker's URL, not to
+//!   its id: a worker listed again under a new id at the same URL within
+//!   that grace (relisted when its models changed, as vLLM's do when it
+//!   loads a LoRA adapter at run time, or removed and added back) takes
+//!   over the streams and blocks left there. Subscribing afresh joined an
+//!   engine's stream long after its start, never exact again without a
+//!   replay of that start.
 //!   Workers whose publishers resolve to one endpoint (engines sharing a
 //!   host at the default port) are not matched exactly while they share
 //!   it: its events are one engine's at most, and were taken as each
@@ -54,6 +61,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the supervisor compares the pool with its subscriptions.
 const SUPERVISE_PERIOD: Duration = Duration::from_millis(500);
+
+/// How long a stream whose worker left the pool is kept for a worker
+/// listed again at its URL (`supervise`): a relisted worker is removed and
+/// added in two steps, and an operator's remove and add are two calls.
+const REBIND_GRACE: Duration = Duration::from_secs(10);
 
 /// Updates a subscriber may queue before it waits for the index.
 const UPDATE_QUEUE: usize = 1024;
@@ -138,8 +150,14 @@ impl EventMetrics {
     }
 }
 
-/// One subscribed worker.
+/// One subscribed worker's streams, keyed in `KvEvents::workers` (and in
+/// the index) by the id its URL's worker had when they were opened.
 struct Subscribed {
+    /// The worker they are now, by id: `None` once it left the pool.
+    worker: Option<WorkerId>,
+    /// When the worker left the pool; its streams stop [`REBIND_GRACE`]
+    /// later unless a worker at its URL takes them over.
+    left: Option<tokio::time::Instant>,
     /// Whether each rank's stream is live.
     live: Vec<bool>,
     /// The worker's answers contradicted its events
@@ -168,9 +186,12 @@ pub(crate) struct KvEvents {
     /// cap (`max_routing_text_chars`).
     max_prompt_chars: usize,
     index: RwLock<KvIndex>,
+    /// The subscriptions, by the worker id they were opened for (their
+    /// index keys'); see [`Subscribed`].
     workers: Mutex<HashMap<WorkerId, Subscribed>>,
-    /// The live workers, ascending by id: what requests read.
-    live: RwLock<Vec<WorkerId>>,
+    /// The live workers, ascending by id, each with its subscription's
+    /// key: what requests read.
+    live: RwLock<Vec<(WorkerId, WorkerId)>>,
     /// Requests tokenized at once: one per CPU. A render and its encoding
     /// are CPU work on the blocking pool (up to 512 threads), and a chat
     /// template may make up to its fuel's 256 MB of strings per render.
@@ -332,10 +353,19 @@ impl KvEvents {
             }
         };
         let found = self.index.read().match_tokens(&tokens, None);
-        let mut out: Vec<(WorkerId, usize)> = self.live.read().iter().map(|&id| (id, 0)).collect();
+        let live = self.live.read().clone();
+        let mut out: Vec<(WorkerId, usize)> = live.iter().map(|&(id, _)| (id, 0)).collect();
+        // Each live subscription's place in `out`, by subscription.
+        let mut place: Vec<(WorkerId, usize)> = live
+            .iter()
+            .enumerate()
+            .map(|(k, &(_, sub))| (sub, k))
+            .collect();
+        place.sort_unstable();
         for (key, matched) in found {
-            let id = WorkerId(key >> RANK_BITS);
-            if let Ok(k) = out.binary_search_by_key(&id, |&(w, _)| w) {
+            let sub = WorkerId(key >> RANK_BITS);
+            if let Ok(p) = place.binary_search_by_key(&sub, |&(s, _)| s) {
+                let k = place[p].1;
                 out[k].1 = out[k].1.max(matched);
             }
         }
@@ -407,17 +437,77 @@ impl KvEvents {
         true
     }
 
+    /// Binds the subscriptions to the pool's workers, `current` by id
+    /// with their URLs: one whose worker left is taken over by a worker
+    /// now at its URL that has none (listed again under a new id), and
+    /// stopped once it has had none for [`REBIND_GRACE`]. Returns whether
+    /// any subscription changed worker, and the stopped ones' keys.
+    fn follow_pool(
+        &self,
+        current: &HashMap<WorkerId, String>,
+        now: tokio::time::Instant,
+    ) -> (bool, Vec<WorkerId>) {
+        let mut workers = self.workers.lock();
+        let mut bound: std::collections::HashSet<WorkerId> = workers
+            .values()
+            .filter_map(|s| s.worker)
+            .filter(|w| current.contains_key(w))
+            .collect();
+        let mut changed = false;
+        for s in workers.values_mut() {
+            if s.worker.is_some_and(|w| current.contains_key(&w)) {
+                continue;
+            }
+            let heir = current
+                .iter()
+                .find(|&(id, url)| *url == s.url && !bound.contains(id))
+                .map(|(&id, _)| id);
+            match heir {
+                Some(id) => {
+                    tracing::info!(worker = %s.url, was = ?s.worker.map(|w| w.0), id = id.0, "kv_events: the worker at this URL was listed again under a new id; it keeps its event streams and blocks");
+                    s.worker = Some(id);
+                    s.left = None;
+                    bound.insert(id);
+                    changed = true;
+                }
+                None if s.worker.is_some() => {
+                    // Its count of denying answers goes with it.
+                    s.worker = None;
+                    s.denied = 0;
+                    s.left = Some(now);
+                    changed = true;
+                }
+                None => {}
+            }
+        }
+        let gone: Vec<WorkerId> = workers
+            .iter()
+            .filter(|(_, s)| {
+                s.left
+                    .is_some_and(|at| now.duration_since(at) >= REBIND_GRACE)
+            })
+            .map(|(&sub, _)| sub)
+            .collect();
+        for sub in &gone {
+            if let Some(s) = workers.remove(sub) {
+                s.stop.cancel();
+            }
+        }
+        (changed, gone)
+    }
+
     /// Republishes the live list after a stream changed standing.
     fn refresh_live(&self) {
         let workers = self.workers.lock();
-        let mut live: Vec<WorkerId> = workers
+        let mut live: Vec<(WorkerId, WorkerId)> = workers
             .iter()
             .filter(|(_, s)| !s.contradicted && !s.shared && s.live.iter().all(|&l| l))
-            .map(|(&id, _)| id)
+            .filter_map(|(&sub, s)| Some((s.worker?, sub)))
             .collect();
         live.sort_unstable();
         self.metrics.live.set(live.len() as f64);
-        self.metrics.workers.set(workers.len() as f64);
+        let subscribed = workers.values().filter(|s| s.worker.is_some()).count();
+        self.metrics.workers.set(subscribed as f64);
         *self.live.write() = live;
     }
 
@@ -445,7 +535,7 @@ impl KvEvents {
         let denied = cached_tokens.saturating_mul(16) < matched_chars as u64;
         let url = {
             let mut workers = self.workers.lock();
-            let Some(s) = workers.get_mut(&id) else {
+            let Some(s) = workers.values_mut().find(|s| s.worker == Some(id)) else {
                 return;
             };
             if !denied {
@@ -474,7 +564,7 @@ impl KvEvents {
     fn mark_shared(&self) -> bool {
         let mut workers = self.workers.lock();
         let mut owners: HashMap<&str, Vec<WorkerId>> = HashMap::new();
-        for (&id, s) in workers.iter() {
+        for (&id, s) in workers.iter().filter(|(_, s)| s.worker.is_some()) {
             for endpoint in &s.publishers {
                 owners.entry(endpoint).or_default().push(id);
             }
@@ -482,6 +572,7 @@ impl KvEvents {
         // Each worker's first endpoint shared, and a worker sharing it.
         let found: Vec<(WorkerId, Option<(String, WorkerId)>)> = workers
             .iter()
+            .filter(|(_, s)| s.worker.is_some())
             .map(|(&id, s)| {
                 let other = s.publishers.iter().find_map(|e| {
                     let with = owners.get(e.as_str())?.iter().find(|&&o| o != id)?;
@@ -553,20 +644,15 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
             .iter()
             .map(|w| (w.id(), w.url().to_owned()))
             .collect();
-        let gone: Vec<WorkerId> = events
-            .workers
-            .lock()
-            .keys()
-            .filter(|id| !current.contains_key(id))
-            .copied()
-            .collect();
-        for id in gone {
-            if let Some(s) = events.workers.lock().remove(&id) {
-                s.stop.cancel();
-            }
+        let now = tokio::time::Instant::now();
+        let (rebound, gone) = events.follow_pool(&current, now);
+        if rebound {
+            events.refresh_live();
+        }
+        for sub in gone {
             let mut index = events.index.write();
             for rank in 0..events.config.data_parallel_size as usize {
-                if let Some(k) = key(id, rank) {
+                if let Some(k) = key(sub, rank) {
                     index.remove_worker(k);
                 }
             }
@@ -575,7 +661,7 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
             events.refresh_live();
         }
         for (id, url) in current {
-            if events.workers.lock().contains_key(&id) {
+            if events.workers.lock().values().any(|s| s.worker == Some(id)) {
                 continue;
             }
             let Some(host) = reqwest::Url::parse(&url)
@@ -589,6 +675,8 @@ async fn supervise(events: Arc<KvEvents>, router: Router, stop: CancellationToke
             events.workers.lock().insert(
                 id,
                 Subscribed {
+                    worker: Some(id),
+                    left: None,
                     live: vec![false; endpoints.len()],
                     contradicted: false,
                     denied: 0,

@@ -821,3 +821,76 @@ async fn an_endpoint_keyed_by_another_spelling_of_the_workers_url_is_used() {
     assert!(decision.contains("index=exact"), "{decision}");
     gw.shutdown().await;
 }
+
+/// Waits until a prompt the worker at `holder` was sent directly (so the
+/// tree never saw it) is routed there as an exact cache hit: `prompt`
+/// extended anew at each try, for the worker's own model (it may serve
+/// others).
+async fn wait_exact_hit(gateway: &str, holder: &SimWorker, prompt: &[u32], tag: u32) {
+    let mut tries = 0;
+    wait_until("an exact cache hit", || {
+        tries += 1;
+        let mut extended = prompt.to_vec();
+        extended.extend(ids(tag + tries, 32));
+        let mut body = body(&extended);
+        body["model"] = json!(radixgate_sim::server::DEFAULT_MODEL);
+        async move {
+            let r = client()
+                .post(format!("{gateway}/generate"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let (worker, decision) = served_by(r).await;
+            worker == holder.url
+                && decision.contains("index=exact")
+                && decision.contains("branch=cache_hit")
+        }
+    })
+    .await;
+}
+
+/// A worker relisted under the same URL, its engine never restarted
+/// (vLLM lists an adapter loaded at run time, `/v1/load_lora_adapter`,
+/// as a model; the router reads the models again and relists the worker
+/// under a new id), keeps its event stream and its blocks. Before, it was
+/// subscribed to afresh as a new worker: the stream it joined had started
+/// long before, so it was never exact again, and the worker was matched
+/// on the tree until its engine cleared its cache or restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_relisted_at_its_url_keeps_its_event_stream() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let mut cfg = events_config(&[(&w1, &e1)]);
+    cfg.health.interval_secs = 1;
+    cfg.health.models_refresh_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let before = ids(1, 160);
+    generate(&w1.url, &before).await;
+    wait_exact_hit(&gw.url, &w1, &before, 100).await;
+    let id = workers(&gw.url).await[0]["id"].clone();
+
+    let r = client()
+        .post(format!("{}/v1/load_lora_adapter", w1.url))
+        .json(&json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    wait_until("the worker relisted with the adapter", || async {
+        let listed = workers(&gw.url).await;
+        listed[0]["id"] != id && listed[0]["models"].to_string().contains("sql-lora")
+    })
+    .await;
+    // Both what it held before and what it caches after are exact hits.
+    wait_exact_hit(&gw.url, &w1, &before, 200).await;
+    let after = ids(2, 160);
+    generate(&w1.url, &after).await;
+    wait_exact_hit(&gw.url, &w1, &after, 300).await;
+    assert_eq!(
+        series_value(&gw.url, "radixgate_kv_events_live_workers").await,
+        1.0
+    );
+    gw.shutdown().await;
+}

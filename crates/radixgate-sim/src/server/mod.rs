@@ -129,6 +129,9 @@ pub(crate) struct WorkerState {
     config: WorkerConfig,
     name: Arc<str>,
     model: Arc<str>,
+    /// LoRA adapters loaded at run time (vLLM's `/v1/load_lora_adapter`),
+    /// listed in `/v1/models` after the model.
+    adapters: parking_lot::Mutex<Vec<String>>,
     /// Reply text (simulated, `chars_per_token` characters per token).
     tokenizer: Tokenizer,
     /// Prompt token ids: what the engine, its cache and KV events see.
@@ -339,6 +342,7 @@ async fn start_workers(
         let state = Arc::new(WorkerState {
             name,
             model: config.model.clone().into(),
+            adapters: parking_lot::Mutex::new(Vec::new()),
             tokenizer,
             tokens,
             engine: EngineHandle::spawn(engine, faults.slowdown(), sink, shutdown.clone()),

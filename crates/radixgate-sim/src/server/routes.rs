@@ -38,6 +38,8 @@ pub(crate) fn router(state: Arc<WorkerState>) -> axum::Router {
         .route("/get_load", get(load))
         .route("/metrics", get(metrics))
         .route("/flush_cache", post(flush).get(flush))
+        .route("/v1/load_lora_adapter", post(load_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_adapter))
         .route("/generate", post(generate::generate))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
@@ -124,17 +126,78 @@ async fn model_info(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value
 }
 
 async fn models(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": &*s.model,
+    let max_model_len = s.config.engine.kv_capacity_tokens;
+    let mut data = vec![json!({
+        "id": &*s.model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "radixgate-sim",
+        "root": &*s.model,
+        "max_model_len": max_model_len,
+    })];
+    // vLLM lists a loaded adapter as a model of its own, its base model
+    // as its parent.
+    for name in s.adapters.lock().iter() {
+        data.push(json!({
+            "id": name,
             "object": "model",
             "created": 0,
             "owned_by": "radixgate-sim",
-            "root": &*s.model,
-            "max_model_len": s.config.engine.kv_capacity_tokens,
-        }],
-    }))
+            "root": name,
+            "parent": &*s.model,
+            "max_model_len": max_model_len,
+        }));
+    }
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// vLLM's `POST /v1/load_lora_adapter` (`{"lora_name", "lora_path"}`): the
+/// adapter is listed as a model from then on. The engine's cache, and its
+/// KV events, go on as they were.
+async fn load_adapter(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    let name = match adapter_name(&s, body).await {
+        Ok(name) => name,
+        Err(response) => return response,
+    };
+    let mut adapters = s.adapters.lock();
+    if adapters.contains(&name) {
+        let message = format!("The lora adapter '{name}' has already been loaded.");
+        return error_response(&SimError::bad_request(message, Some("lora_name")));
+    }
+    adapters.push(name.clone());
+    format!("Success: LoRA adapter '{name}' added successfully.").into_response()
+}
+
+/// vLLM's `POST /v1/unload_lora_adapter` (`{"lora_name"}`).
+async fn unload_adapter(State(s): State<Arc<WorkerState>>, body: Body) -> Response {
+    let name = match adapter_name(&s, body).await {
+        Ok(name) => name,
+        Err(response) => return response,
+    };
+    let mut adapters = s.adapters.lock();
+    let before = adapters.len();
+    adapters.retain(|a| *a != name);
+    if adapters.len() == before {
+        let message = format!("The lora adapter '{name}' cannot be found.");
+        return error_response(&SimError::bad_request(message, Some("lora_name")));
+    }
+    format!("Success: LoRA adapter '{name}' removed successfully.").into_response()
+}
+
+/// The `lora_name` of an adapter request's body.
+async fn adapter_name(s: &WorkerState, body: Body) -> Result<String, Response> {
+    let bytes = read_body(body, s.config.max_body_bytes)
+        .await
+        .map_err(|e| error_response(&e))?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| error_response(&SimError::bad_request(format!("invalid JSON: {e}"), None)))?;
+    match value["lora_name"].as_str() {
+        Some(name) if !name.is_empty() => Ok(name.to_owned()),
+        _ => Err(error_response(&SimError::bad_request(
+            "lora_name is required",
+            Some("lora_name"),
+        ))),
+    }
 }
 
 async fn load(State(s): State<Arc<WorkerState>>) -> Json<serde_json::Value> {
