@@ -394,6 +394,12 @@ impl KvIndex {
         self.by_size.keys().copied()
     }
 
+    /// Whether the index holds `max_blocks_total` blocks: a store refused
+    /// now was refused for the whole index, not for its worker.
+    pub fn is_full(&self) -> bool {
+        self.blocks >= self.limits.max_blocks_total
+    }
+
     /// Engine blocks held, all workers together.
     pub fn blocks(&self) -> usize {
         self.blocks

@@ -237,6 +237,7 @@ fn check(ops: Vec<Op>, limits: IndexLimits) -> Result<(), TestCaseError> {
             prop_assert_eq!(index.apply(w, &evs), want, "{:?}", op);
         }
         prop_assert_eq!(index.blocks(), model.held.len());
+        prop_assert_eq!(index.is_full(), model.held.len() >= limits.max_blocks_total);
     }
     for w in 0..WORKERS {
         prop_assert_eq!(index.worker_blocks(w), model.worker_blocks(w));

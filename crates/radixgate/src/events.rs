@@ -101,6 +101,10 @@ const REMOVED: Describe = Describe::new(
     "radixgate_kv_events_blocks_removed_total",
     "Blocks the workers' engines reported removed.",
 );
+const SKIPPED: Describe = Describe::new(
+    "radixgate_kv_events_blocks_skipped_total",
+    "Stored blocks the exact index could not take, by reason: unknown_parent (their parent block is not held for that worker, at that block size) or bad_shape (their token count is not the block size times their hashes).",
+);
 const STALE: Describe = Describe::new(
     "radixgate_kv_events_stale_total",
     "Event streams that stopped being exact, by reason (disconnected, gap, decode, restarted, over_capacity, oversized, no_local_socket, contradicted).",
@@ -124,6 +128,7 @@ struct EventMetrics {
     batches: OneCounter,
     stored: OneCounter,
     removed: OneCounter,
+    skipped: LabelledCounters,
     stale: LabelledCounters,
     live: OneGauge,
     workers: OneGauge,
@@ -137,6 +142,7 @@ impl EventMetrics {
             batches: metrics.counter(&BATCHES),
             stored: metrics.counter(&STORED),
             removed: metrics.counter(&REMOVED),
+            skipped: metrics.labelled_counters(&SKIPPED, "reason"),
             stale: metrics.labelled_counters(&STALE, "reason"),
             live: metrics.gauge(&LIVE),
             workers: metrics.gauge(&WORKERS),
@@ -752,6 +758,7 @@ async fn follow(
     let not_live = tokio::time::sleep(NOT_LIVE_WARNING);
     tokio::pin!(not_live);
     let mut warned = false;
+    let mut warned_skips = false;
     let mut heard = false;
     loop {
         let update = tokio::select! {
@@ -772,22 +779,47 @@ async fn follow(
         match update {
             Update::Batch { batch, .. } => {
                 heard = true;
-                let stats = {
+                let (stats, index_full) = {
                     let mut index = events.index.write();
                     let stats = index.apply(key, &batch.events);
                     events.metrics.blocks.set(index.blocks() as f64);
-                    stats
+                    (stats, index.is_full())
                 };
                 events.metrics.batches.add(1);
                 events.metrics.stored.add(stats.stored);
                 events.metrics.removed.add(stats.removed);
+                for (reason, n) in [
+                    ("unknown_parent", stats.unknown_parent),
+                    ("bad_shape", stats.bad_shape),
+                ] {
+                    if n > 0 {
+                        events.metrics.skipped.add(reason, n);
+                    }
+                }
+                if !warned_skips && stats.unknown_parent + stats.bad_shape > 0 {
+                    // Once per rank: a publisher whose every store is
+                    // skipped (its block size or hashes not what the
+                    // router reads) looks live yet matches nothing.
+                    warned_skips = true;
+                    tracing::warn!(
+                        worker = %url,
+                        rank,
+                        unknown_parent = stats.unknown_parent,
+                        bad_shape = stats.bad_shape,
+                        "kv_events: stored blocks skipped: their parent block is not held, or their token count is not the block size times their hashes (an engine whose block size or hashing differs from its events'); counted in radixgate_kv_events_blocks_skipped_total"
+                    );
+                }
                 if stats.over_capacity > 0 {
                     if live {
                         // A rank past its limit lies about its cache
                         // (engines evict long before), or its cache is
                         // larger than the limit: its matches no longer
                         // count.
-                        tracing::warn!(worker = %url, rank, "kv_events: worker over its block limit; matched on the tree until its cache is cleared");
+                        if index_full {
+                            tracing::warn!(worker = %url, rank, "kv_events: the exact index is full (kv_events.max_blocks_total); this worker's blocks were refused, and it is matched on the tree until its cache is cleared");
+                        } else {
+                            tracing::warn!(worker = %url, rank, "kv_events: worker over its block limit (kv_events.max_blocks_per_worker); matched on the tree until its cache is cleared");
+                        }
                         events.metrics.stale.increment("over_capacity");
                     }
                     refused = true;

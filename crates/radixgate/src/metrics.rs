@@ -444,11 +444,16 @@ pub struct LabelledCounters {
 impl LabelledCounters {
     /// Adds one to the series labelled `value`.
     pub fn increment(&self, value: &'static str) {
+        self.add(value, 1);
+    }
+
+    /// Adds `n` to the series labelled `value`.
+    pub fn add(&self, value: &'static str, n: u64) {
         self.family.with(
             &value,
             || value,
             || vec![Label::from_static_parts(self.label, value)],
-            |c| c.increment(1),
+            |c| c.increment(n),
         );
     }
 }

@@ -894,3 +894,30 @@ async fn a_worker_relisted_at_its_url_keeps_its_event_stream() {
     );
     gw.shutdown().await;
 }
+
+/// A stream joined after its engine stored blocks (no replay of its start)
+/// reports stores whose parent block the router never heard of: they are
+/// skipped, and now counted by reason (they went nowhere, so a live-looking
+/// stream that matched nothing gave no sign of why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_blocks_the_index_cannot_take_are_counted() {
+    let (w, e) = publishing_worker(4096, false).await;
+    // Stored before the router subscribes: unheard of.
+    generate(&w.url, &ids(1, 64)).await;
+    let gw = gateway_ready(events_config(&[(&w, &e)]), 1).await;
+    let skipped = "radixgate_kv_events_blocks_skipped_total{reason=\"unknown_parent\"}";
+    let tries = std::sync::atomic::AtomicU32::new(2);
+    wait_until("a store under an unheard-of parent counted", || async {
+        // The same prompt, longer (each try another way, should the
+        // subscription not have joined yet): its new blocks' parent is
+        // the last block stored before.
+        let mut longer = ids(1, 64);
+        let tag = tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        longer.extend(ids(tag, 48));
+        generate(&w.url, &longer).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        series_value(&gw.url, skipped).await > 0.0
+    })
+    .await;
+    gw.shutdown().await;
+}
