@@ -112,7 +112,20 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     // unboxed this one was 18 KiB, copied several times per request; the
     // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
     let progress = Progress::default();
-    let work = Box::pin(forward(&state, endpoint, req, started, &progress));
+    let forwarded = Box::pin(forward(&state, endpoint, req, started, &progress));
+    // A request with no answer's head when the shutdown grace period ends
+    // (a non-streamed answer still being generated, a stream before its
+    // first token) is told so, 503 with `Retry-After`, before its
+    // connection is dropped: dropped unanswered, its client could not tell
+    // it from a crash. Waited on only once the request is pending, so one
+    // answered at once registers nothing.
+    let work = async {
+        tokio::select! {
+            biased;
+            result = forwarded => result,
+            () = state.cut_off.cancelled() => Err(GatewayError::ShuttingDown),
+        }
+    };
     let served = |model: &str| shared.router.snapshot().models().any(|m| m == model);
     let unanswered = Unanswered {
         metrics: &shared.request_metrics,
@@ -135,7 +148,8 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
         // A 504 is the router giving up on a worker that had the request
         // (its first byte or the request timeout): the worker read the
         // prompt, as when a client leaves then, and its tenant owes it.
-        if status == StatusCode::GATEWAY_TIMEOUT
+        // So does a request cut off by the shutdown once a worker had it.
+        if (status == StatusCode::GATEWAY_TIMEOUT || matches!(err, GatewayError::ShuttingDown))
             && let Some(owed) = progress.owed.get()
         {
             owed.charge(&shared.tenant_metrics);

@@ -21,8 +21,10 @@
 //! thread stops accepting; in-flight requests
 //! (streams included) get up to `shutdown_grace_period_secs` to finish,
 //! then each remaining stream ends with an error event saying so and each
-//! request still queued for admission gets 503 `shutting_down` (up to a
-//! second to send them), and the remaining connections are dropped with
+//! request not answered yet (queued for admission, or waiting for its
+//! worker's answer: a non-streamed one being generated, a stream before
+//! its first token) gets 503 `shutting_down` (up to a second to send
+//! them), and the remaining connections are dropped with
 //! their runtimes — which drops their bodies and so releases their load. The
 //! metrics port (`metrics.prometheus_port`, which serves the probes too,
 //! apart from the client connections' cap) accepts until then, and the
@@ -524,6 +526,7 @@ pub async fn run_reloadable(
     let background = Arc::new(AppState {
         shared: shared.clone(),
         forwarder: forwarder.fresh_pool(),
+        cut_off: streams_abort.child_token(),
     });
     // The metrics port serves the probes: it stays up through the shutdown
     // delay (readiness at 503) and the grace period, and stops last.
@@ -615,6 +618,7 @@ pub async fn run_reloadable(
         let state = Arc::new(AppState {
             shared: shared.clone(),
             forwarder: forwarder.fresh_pool(),
+            cut_off: streams_abort.child_token(),
         });
         let thread = ServingThread {
             index,

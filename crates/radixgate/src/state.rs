@@ -67,8 +67,10 @@ pub(crate) struct Shared {
     /// Latency statistics and ejection of slow workers.
     pub(crate) outliers: crate::outlier::Outliers,
     /// Cancelled when shutdown stops waiting for streams: each response
-    /// body then ends with an error event, and each request still queued
-    /// for admission is answered 503, before its connection is dropped.
+    /// body then ends with an error event, and each request not answered
+    /// yet (queued for admission, or waiting for its worker's answer; see
+    /// [`AppState::cut_off`]) is answered 503, before its connection is
+    /// dropped.
     pub(crate) streams_abort: tokio_util::sync::CancellationToken,
     /// Cancelled when shutdown starts: `/readiness` answers 503 from then
     /// on, before the listener closes.
@@ -112,4 +114,8 @@ pub(crate) struct AppState {
     pub(crate) shared: Arc<Shared>,
     /// This thread's own pool of worker connections.
     pub(crate) forwarder: Forwarder,
+    /// This thread's child of [`Shared::streams_abort`], which a request
+    /// waits on until its answer's head: one per thread, so that the
+    /// requests of different threads do not take one lock to wait.
+    pub(crate) cut_off: tokio_util::sync::CancellationToken,
 }

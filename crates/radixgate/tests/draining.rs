@@ -289,6 +289,53 @@ async fn a_second_shutdown_signal_ends_the_grace_period() {
     assert!(serve.wait_exit(), "a clean exit");
 }
 
+/// A request whose worker has not answered yet when the shutdown grace
+/// period ends (a non-streamed answer still being generated, a stream
+/// before its first token) is answered 503 `shutting_down` with
+/// `Retry-After`, as one still queued for admission is. Its connection used
+/// to be dropped with no answer at all (curl: "empty reply from server"),
+/// which a client cannot tell from a crash, and it was counted as 499, its
+/// client gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_unanswered_when_the_grace_period_ends_gets_503() {
+    // Sends its answer's head, then never a byte of it.
+    let w = stalling_worker(Vec::new()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.shutdown_grace_period_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    let asked: Vec<_> = [false, true]
+        .into_iter()
+        .map(|stream| {
+            let url = gw.url.clone();
+            tokio::spawn(async move {
+                let body = json!({
+                    "model": "scripted",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "stream": stream,
+                });
+                post_chat(&url, &body).await
+            })
+        })
+        .collect();
+    wait_until("both requests at the worker", || async {
+        w.received.lock().len() == 2
+    })
+    .await;
+    gw.stop.cancel();
+    for answer in asked {
+        // A hang guard only: the grace period is 1 s.
+        let r = tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+            .await
+            .expect("no answer after the grace period")
+            .unwrap();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "shutting_down", "{body}");
+    }
+    gw.task.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_that_times_out_forgets_the_worker_but_does_not_cut_its_stream() {
     let mut slow = fast_worker();

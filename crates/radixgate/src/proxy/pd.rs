@@ -898,6 +898,7 @@ impl Pair<'_> {
             PrefillSide {
                 shared: shared.clone(),
                 forwarder: self.state.forwarder.clone(),
+                cut_off: self.state.cut_off.clone(),
                 api: self.api,
                 path: self.path.to_owned(),
                 headers: self.client_headers.clone(),
@@ -1243,6 +1244,7 @@ impl Drop for AbortOnDrop {
 struct PrefillSide {
     shared: Arc<Shared>,
     forwarder: crate::upstream::Forwarder,
+    cut_off: tokio_util::sync::CancellationToken,
     api: Api,
     path: String,
     headers: HeaderMap,
@@ -1270,6 +1272,7 @@ async fn prefill_side(
     let state = AppState {
         shared: side.shared.clone(),
         forwarder: side.forwarder,
+        cut_off: side.cut_off,
     };
     let pair = Pair {
         state: &state,
