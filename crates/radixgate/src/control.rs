@@ -347,6 +347,12 @@ impl Control {
         self.board.explain(admitted, model)
     }
 
+    /// Whether every known worker has been admitted or has failed a
+    /// probe (see [`health::Board::settled`]).
+    pub(crate) fn probes_settled(&self) -> bool {
+        self.board.settled()
+    }
+
     /// Every known worker, admitted or pending, in URL order.
     pub async fn list(&self) -> Vec<WorkerStatus> {
         self.ask(|reply| Command::List { reply })

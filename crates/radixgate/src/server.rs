@@ -14,6 +14,12 @@
 //! Client connections are accepted by [`crate::listen`], which holds them
 //! to a header-read and an idle timeout and caps them over all threads.
 //!
+//! Start-up: the serving threads start accepting once every configured
+//! worker is admitted or has failed a probe (bounded, see
+//! [`first_probes`]), so that a router restarted under load does not
+//! answer its first requests 503 while its probes of workers that were up
+//! all along pass; connections made meanwhile wait in the listen backlog.
+//!
 //! Shutdown: `/readiness` answers 503 at once, and every HTTP/1 answer
 //! closes its connection (`crate::listen`); after
 //! `server.shutdown_delay_secs` (0 by default), time for load balancers
@@ -605,6 +611,11 @@ pub async fn run_reloadable(
              or `POST /workers {{\"url\": ...}}` on this listener's admin API"
         );
     }
+    // Accepting from the first probes' outcome: a router restarted under
+    // load would otherwise answer 503 (workers pending) until its probes
+    // of workers that were up all along pass. Connections made meanwhile
+    // wait in the listen backlog.
+    first_probes(&shared.config.health, &shared.control, &shutdown).await;
     let listener = listener.into_std()?;
     // Not a child of `shutdown`: readiness drops first, accepting stops
     // after the shutdown delay.
@@ -719,6 +730,34 @@ pub async fn run_reloadable(
     match serving.failure {
         Some(err) => Err(err.into()),
         None => Ok(()),
+    }
+}
+
+/// How often the start looks whether the workers' first probes are done.
+const FIRST_PROBES_POLL: Duration = Duration::from_millis(10);
+
+/// Waits until every known worker is admitted or has failed a probe (a
+/// worker that is down settles at once, one that does not answer at its
+/// probe's timeout), or until `shutdown`; at most a probe's timeout and
+/// the back-offs between the probes that admit a worker (5.5 s by
+/// default), so that a worker that passes its probes but hangs on the
+/// question of its models holds the start no longer.
+async fn first_probes(
+    health: &crate::config::HealthConfig,
+    control: &control::Control,
+    shutdown: &CancellationToken,
+) {
+    let backoff = Duration::from_millis(health.unhealthy_backoff_initial_ms);
+    let most = Duration::from_secs(health.timeout_secs) + backoff * health.success_threshold;
+    let settled = async {
+        while !control.probes_settled() {
+            tokio::time::sleep(FIRST_PROBES_POLL).await;
+        }
+    };
+    tokio::select! {
+        () = settled => {}
+        () = tokio::time::sleep(most) => {}
+        () = shutdown.cancelled() => {}
     }
 }
 

@@ -512,3 +512,19 @@ async fn a_removed_workers_prediction_error_reads_0() {
     .await;
     gw.shutdown().await;
 }
+
+/// A router restarted under load serves the requests that reach it as
+/// soon as it listens: it starts accepting once each configured worker's
+/// first probes have an outcome (a worker that is down does not hold it).
+/// It used to answer every request of its first quarter second or so 503
+/// `no_healthy_worker` ("1 worker pending"), while its probes of a worker
+/// that had been up all along were still to pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_router_serves_its_first_requests() {
+    let up = sim_worker(fast_worker()).await;
+    let down = format!("http://127.0.0.1:{}", process::free_port());
+    let (_serve, gw) = process::Serve::start(&["--worker-urls", &up.url, &down]);
+    let r = post_chat(&gw, &chat("the first request", false)).await;
+    let status = r.status();
+    assert_eq!(status, 200, "{}", r.text().await.unwrap());
+}

@@ -67,6 +67,12 @@ impl Board {
         });
     }
 
+    /// Whether every known worker is admitted or has failed a probe: none
+    /// is still waiting for its first probes to pass.
+    pub(crate) fn settled(&self) -> bool {
+        self.with(|e| e.values().all(|s| s.admitted || s.problem.is_some()))
+    }
+
     /// Why the last probe of `url` failed, while it fails.
     pub(crate) fn problem(&self, url: &WorkerUrl) -> Option<String> {
         self.with(|e| e.get(url).and_then(|s| s.problem.clone()))

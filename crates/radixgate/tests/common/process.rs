@@ -36,6 +36,10 @@ pub struct Serve {
     lines: mpsc::Receiver<String>,
     /// Every line read so far.
     pub seen: Vec<String>,
+    /// The lines logged before `radixgate listening` that no
+    /// [`wait_for`](Self::wait_for) has passed yet: the router logs what
+    /// its workers' first probes found before it listens.
+    early: std::collections::VecDeque<String>,
 }
 
 impl Serve {
@@ -68,8 +72,10 @@ impl Serve {
             child,
             lines,
             seen: Vec::new(),
+            early: std::collections::VecDeque::new(),
         };
         let listening = serve.wait_for("radixgate listening");
+        serve.early = serve.seen[..serve.seen.len() - 1].iter().cloned().collect();
         // A text line's `addr=…`, or a JSON line's `fields.addr`.
         let addr = listening
             .split_whitespace()
@@ -83,8 +89,15 @@ impl Serve {
         (serve, format!("http://{addr}"))
     }
 
-    /// Waits (at most 20 s) for a line containing `needle`.
+    /// Waits (at most 20 s) for a line containing `needle`, passing the
+    /// lines before it; a line logged before the router listened counts
+    /// too, once.
     pub fn wait_for(&mut self, needle: &str) -> String {
+        while let Some(line) = self.early.pop_front() {
+            if line.contains(needle) {
+                return line;
+            }
+        }
         loop {
             match self.lines.recv_timeout(Duration::from_secs(20)) {
                 Ok(line) => {
