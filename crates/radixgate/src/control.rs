@@ -353,6 +353,11 @@ impl Control {
         self.board.settled()
     }
 
+    /// Workers known and not admitted yet (see [`health::Board::pending`]).
+    pub(crate) fn pending(&self) -> usize {
+        self.board.pending()
+    }
+
     /// Every known worker, admitted or pending, in URL order.
     pub async fn list(&self) -> Vec<WorkerStatus> {
         self.ask(|reply| Command::List { reply })

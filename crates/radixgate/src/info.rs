@@ -73,6 +73,9 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
         },
         "healthy_workers": available,
         "workers": snapshot.workers().len(),
+        // Known but not admitted yet: without it, a router whose workers
+        // are all still pending read as one with none configured.
+        "pending_workers": state.shared.control.pending(),
     });
     let status = if available > 0 && missing.is_none() && !shutting_down && !warming {
         StatusCode::OK

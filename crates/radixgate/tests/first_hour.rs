@@ -60,6 +60,21 @@ async fn an_unreachable_worker_is_named_in_the_log_and_in_the_503() {
         worker.trim_start_matches("http://"),
         "{listed:?}"
     );
+    // Not ready, with the worker it waits for counted (it read as a
+    // router with no worker configured at all).
+    let r = common::client()
+        .get(format!("{base}/readiness"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let ready: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(ready["status"], "no_healthy_workers", "{ready}");
+    assert_eq!(
+        (&ready["workers"], &ready["pending_workers"]),
+        (&0.into(), &1.into()),
+        "{ready}"
+    );
 
     // Probes go on every 2 s, but the warning is not repeated for a minute.
     let seen = serve.drain(Duration::from_secs(5));

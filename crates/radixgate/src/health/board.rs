@@ -73,6 +73,12 @@ impl Board {
         self.with(|e| e.values().all(|s| s.admitted || s.problem.is_some()))
     }
 
+    /// Workers known and not admitted yet (their first probes have not
+    /// passed).
+    pub(crate) fn pending(&self) -> usize {
+        self.with(|e| e.values().filter(|s| !s.admitted).count())
+    }
+
     /// Why the last probe of `url` failed, while it fails.
     pub(crate) fn problem(&self, url: &WorkerUrl) -> Option<String> {
         self.with(|e| e.get(url).and_then(|s| s.problem.clone()))
@@ -87,7 +93,7 @@ impl Board {
         let sightings = self.with(|e| e.clone());
         if sightings.is_empty() {
             return "the pool is empty; add workers with `--worker-urls`, `workers:` in the \
-                    config file, or `POST /workers` on the admin listener"
+                    config file, or the admin API's `POST /workers`"
                 .to_owned();
         }
         let mut pending = Vec::new();
