@@ -82,6 +82,6 @@ pub use registry::{Learned, Registry, Routed, Router};
 pub use request::RequestView;
 pub use settings::POLICY_KEY;
 pub use snapshot::{Pool, WILDCARD_MODEL, WorkerSet};
-pub use spec::{WorkerRole, WorkerSpec, WorkerUrl, check_models, unnameable};
+pub use spec::{ModelOrigin, WorkerRole, WorkerSpec, WorkerUrl, check_models, unnameable};
 pub use text::{Api, RoutingText};
-pub use worker::{ApiKey, BreakerState, ReportedLoad, Worker, WorkerId};
+pub use worker::{ApiKey, BreakerState, Models, ReportedLoad, Worker, WorkerId};

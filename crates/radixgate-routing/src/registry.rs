@@ -12,6 +12,11 @@
 //! per-worker state (tree tenants, hash ring) incrementally; a model whose
 //! last worker is removed takes its tree with it.
 //!
+//! A worker whose models change in place ([`Registry::relist`]: LoRA
+//! adapters loaded or unloaded at runtime) keeps its id, so its load,
+//! health, breaker and its records in the trees of the models it still
+//! serves go on; only its records for the models it left are forgotten.
+//!
 //! The policy itself sits in a second `ArcSwap`, so a configuration reload
 //! can replace it ([`Registry::set_policy`]) while requests keep flowing: a
 //! decision already running finishes on the policy it loaded. Health changes
@@ -174,6 +179,42 @@ impl Registry {
         worker.set_removed();
         self.publish(workers);
         self.policy_of(worker.role()).on_worker_removed(&worker);
+        forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
+        Ok(worker)
+    }
+
+    /// Changes what the worker `id` serves in place and publishes the
+    /// pools anew: for a worker that still serves what it served, with
+    /// LoRA adapters come or gone (a worker restarted with another model
+    /// is removed and added again instead, its records afresh). It keeps
+    /// its id, its load and health, its records in the trees of the
+    /// models it still serves, and their cost-model fits; its records in
+    /// the trees of the models it no longer serves are forgotten, and a
+    /// model no worker serves any more takes its tree with it. Requests
+    /// in flight on it finish as they are.
+    pub fn relist(
+        &mut self,
+        id: WorkerId,
+        models: Vec<String>,
+        origins: std::collections::BTreeMap<String, crate::ModelOrigin>,
+        max_model_len: Option<u64>,
+    ) -> Result<Arc<Worker>, RoutingError> {
+        let set = self.current.load_full();
+        let worker = set
+            .get(id)
+            .cloned()
+            .ok_or(RoutingError::UnknownWorker { id: id.0 })?;
+        crate::check_models(&models).map_err(|reason| RoutingError::InvalidWorker {
+            url: worker.url().to_owned(),
+            reason,
+        })?;
+        // Before its records go: a decision racing this change then sees
+        // the new models after its insert (see `Router::select_with`).
+        worker.set_serving(models, origins, max_model_len);
+        self.publish(set.workers().to_vec());
+        if let Some(trees) = self.policy_of(worker.role()).trees() {
+            trees.remove_tenant_where(id.tenant(), |key| !in_pool(&worker, key));
+        }
         forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
         Ok(worker)
     }
@@ -360,6 +401,12 @@ impl Router {
             // Its insert may have made a tree again for a model that left
             // with the worker.
             forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
+        } else if !in_pool(decision.worker(), pool.model) {
+            // Relisted without this model while the decision was made:
+            // its insert may have come after the registry forgot the
+            // worker's records for it.
+            decision.undo_insert(text);
+            forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
         }
         let model = (pool.model != WILDCARD_MODEL).then(|| pool.model.to_owned());
         Ok(Routed { decision, model })
@@ -399,6 +446,10 @@ impl Router {
                 if worker.is_removed() {
                     // Removed while this was recorded: see `forget_removed`.
                     trees.remove_tenant(worker.id().tenant());
+                    forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
+                } else if !in_pool(&worker, model) {
+                    // Relisted without the model meanwhile: see `relist`.
+                    trees.remove_tenant_where(worker.id().tenant(), |key| key == model);
                     forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
                 }
                 Learned::Inserted
@@ -442,12 +493,7 @@ impl Router {
             Ok(pool) => pool.model == model,
             Err(_) => false,
         };
-        let serves = if model == WILDCARD_MODEL {
-            worker.models().is_empty()
-        } else {
-            worker.serves(model)
-        };
-        if !known_pool || !serves {
+        if !known_pool || !in_pool(worker, model) {
             return Err(Learned::UnknownModel);
         }
         let policy: Arc<dyn Policy> =
@@ -471,6 +517,15 @@ impl Router {
         slot_of(worker.role(), &self.policy, &self.decode_policy)
             .load()
             .cached_chars(worker.id())
+    }
+}
+
+/// Whether `worker` is in the pool keyed `key` now: the wildcard pool's
+/// workers name no model, a named model's serve it (or any).
+fn in_pool(worker: &Worker, key: &str) -> bool {
+    match key {
+        WILDCARD_MODEL => worker.models().is_empty(),
+        model => worker.serves(model),
     }
 }
 

@@ -61,7 +61,7 @@ impl RolePools {
             .collect();
         let mut pools: BTreeMap<String, Vec<Arc<Worker>>> = BTreeMap::new();
         for w in &workers {
-            for m in w.models() {
+            for m in w.models().iter() {
                 pools.entry(m.clone()).or_default().push(Arc::clone(w));
             }
         }

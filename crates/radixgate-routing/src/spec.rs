@@ -22,6 +22,7 @@ use crate::RoutingError;
 use serde::{Deserialize, Serialize};
 use std::borrow::{Borrow, Cow};
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -83,6 +84,32 @@ pub struct WorkerSpec {
     /// schema.
     #[serde(skip)]
     pub max_model_len: Option<u64>,
+    /// What the worker's `/v1/models` says of each model besides its
+    /// name (a LoRA adapter's base model and path), for the models it
+    /// says it of. Not part of the file or admin schema.
+    #[serde(skip)]
+    pub origins: BTreeMap<String, ModelOrigin>,
+}
+
+/// What an engine's `/v1/models` entry says of a model besides its id.
+///
+/// vLLM (with `--enable-lora`) and SGLang list each LoRA adapter loaded
+/// as a model of its own, with `parent`, the id of the base model it
+/// adapts, and `root`, where it was loaded from; a base model's entry
+/// has no `parent`, and its `root` is the model's own path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelOrigin {
+    /// The base model an adapter adapts; `None` for a base model.
+    pub parent: Option<String>,
+    /// The path or name the model was loaded from, where the worker says.
+    pub root: Option<String>,
+}
+
+impl ModelOrigin {
+    /// Whether this is a LoRA adapter's entry: it names a parent.
+    pub fn is_adapter(&self) -> bool {
+        self.parent.is_some()
+    }
 }
 
 /// A worker's part in serving a request.
@@ -147,6 +174,7 @@ impl WorkerSpec {
             bootstrap_port: None,
             kv_capacity_tokens: None,
             max_model_len: None,
+            origins: BTreeMap::new(),
         }
     }
 
@@ -175,6 +203,14 @@ impl WorkerSpec {
         S: Into<String>,
     {
         self.models = models.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets what the worker says of its models besides their names (see
+    /// [`ModelOrigin`]); an entry for a model it does not serve is kept
+    /// out of the worker.
+    pub fn with_origins(mut self, origins: BTreeMap<String, ModelOrigin>) -> Self {
+        self.origins = origins;
         self
     }
 

@@ -1,7 +1,11 @@
 //! One inference worker: its identity and its live state.
 //!
-//! Identity (id, URL, models, API key) never changes after construction; a
-//! worker whose models change is removed and added again. Live state —
+//! Identity (id, URL, role) never changes after construction. What the
+//! worker serves (its models, what it says of them, their longest context
+//! and the cost model's fit for each) is one value swapped whole
+//! ([`Registry::relist`](crate::Registry::relist)): LoRA adapters loaded
+//! and unloaded at runtime come and go under the same id, where a worker
+//! restarted with another model is removed and added again. Live state —
 //! health, circuit-breaker state, in-flight load, processed count and the
 //! load the worker reports about itself — is held in atomics so that the
 //! request path reads it without locks, from any thread.
@@ -20,9 +24,11 @@
 
 use crate::correction::CacheTruth;
 use crate::cost::{Coefficients, CostModelConfig, Estimator, Work};
-use crate::{TenantId, WorkerRole, WorkerSpec, WorkerUrl};
-use arc_swap::{ArcSwapOption, Guard};
+use crate::{ModelOrigin, TenantId, WorkerRole, WorkerSpec, WorkerUrl};
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
+use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -136,13 +142,81 @@ impl ApiKey {
     }
 }
 
+/// The models a worker serves as they are now ([`Worker::models`]): a
+/// slice of their names, held while it is read.
+pub struct Models(Guard<Arc<Serving>>);
+
+impl Deref for Models {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        &self.0.models
+    }
+}
+
+impl fmt::Debug for Models {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// What a worker serves, replaced whole when that changes in place.
+struct Serving {
+    models: Vec<String>,
+    /// What the worker says of its models besides their names, for those
+    /// it says it of.
+    origins: BTreeMap<String, ModelOrigin>,
+    /// The longest context it serves, if it said.
+    max_model_len: Option<u64>,
+    /// The TTFT cost model's fit, one per model served (one for a
+    /// wildcard worker), in the order of `models`; shared with the next
+    /// value for the models both serve.
+    cost: Box<[Arc<Estimator>]>,
+}
+
+impl Serving {
+    /// `models` with the fits `kept` has of them, fresh ones for the rest.
+    fn new(
+        models: Vec<String>,
+        mut origins: BTreeMap<String, ModelOrigin>,
+        max_model_len: Option<u64>,
+        kept: Option<&Serving>,
+    ) -> Self {
+        origins.retain(|m, _| models.contains(m));
+        // A model's fit follows it; a wildcard worker's one fit stays.
+        let fit = |model: Option<&String>| -> Arc<Estimator> {
+            let kept = kept.and_then(|k| {
+                let slot = match model {
+                    Some(m) => k.models.iter().position(|x| x == m),
+                    None => k.models.is_empty().then_some(0),
+                };
+                k.cost.get(slot?).cloned()
+            });
+            kept.unwrap_or_default()
+        };
+        let cost = if models.is_empty() {
+            vec![fit(None)]
+        } else {
+            models.iter().map(|m| fit(Some(m))).collect()
+        };
+        Self {
+            models,
+            origins,
+            max_model_len,
+            cost: cost.into_boxed_slice(),
+        }
+    }
+}
+
 /// A worker: fixed identity plus live state. Shared as `Arc<Worker>`.
 pub struct Worker {
     id: WorkerId,
     url: String,
     /// [`Self::name`]: the spec's name, else the URL's `host:port`.
     name: String,
-    models: Vec<String>,
+    /// [`Self::models`] and what goes with them; changed in place by
+    /// [`Self::set_serving`].
+    serving: ArcSwap<Serving>,
     /// [`Self::api_key`]; a reload that rotates it changes it in place.
     api_key: ArcSwapOption<String>,
     role: WorkerRole,
@@ -150,8 +224,6 @@ pub struct Worker {
     /// Tokens the KV cache holds; 0: not known. Settable: the gateway asks
     /// the worker after admitting it, and again when it comes back.
     kv_capacity_tokens: AtomicU64,
-    /// The longest context it serves, if it said on admission.
-    max_model_len: Option<u64>,
     healthy: AtomicBool,
     breaker: AtomicU8,
     ejected: AtomicBool,
@@ -171,9 +243,6 @@ pub struct Worker {
     /// [`LoadGuard`](crate::LoadGuard)); shared by every worker of a
     /// registry, so one waiter (replica sync's publisher) hears of any.
     load_changes: Arc<Notify>,
-    /// The TTFT cost model's fit, one per model served (one for a
-    /// wildcard worker), in the order of `models`.
-    cost: Box<[Estimator]>,
     /// Predicted against reported cached tokens (`correction.rs`).
     truth: CacheTruth,
 }
@@ -183,7 +252,6 @@ impl Worker {
     /// [`Registry::add`](crate::Registry::add), which validates the spec and
     /// assigns ids; this is public for tests and the offline simulator.
     pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
-        let fits = spec.models.len().max(1);
         let url = WorkerUrl::canonical(&spec.url).into_owned();
         Self {
             id,
@@ -191,12 +259,16 @@ impl Worker {
                 .name
                 .unwrap_or_else(|| WorkerUrl::name_of(&url).to_owned()),
             url,
-            models: spec.models,
+            serving: ArcSwap::from_pointee(Serving::new(
+                spec.models,
+                spec.origins,
+                spec.max_model_len,
+                None,
+            )),
             api_key: ArcSwapOption::from_pointee(spec.api_key),
             role: spec.role,
             bootstrap_port: spec.bootstrap_port,
             kv_capacity_tokens: AtomicU64::new(spec.kv_capacity_tokens.unwrap_or(0)),
-            max_model_len: spec.max_model_len,
             healthy: AtomicBool::new(spec.healthy),
             breaker: AtomicU8::new(BreakerState::Closed.as_gauge()),
             ejected: AtomicBool::new(false),
@@ -208,7 +280,6 @@ impl Worker {
             peer_prefill: AtomicUsize::new(0),
             reported: AtomicU64::new(0),
             load_changes: Arc::new(Notify::new()),
-            cost: (0..fits).map(|_| Estimator::default()).collect(),
             truth: CacheTruth::default(),
         }
     }
@@ -247,10 +318,34 @@ impl Worker {
         Some(self.kv_capacity_tokens.load(Ordering::Relaxed)).filter(|&t| t > 0)
     }
 
-    /// The longest context, in tokens, the worker said it serves when it
-    /// was admitted, if it said.
+    /// The longest context, in tokens, the worker said it serves when its
+    /// models were last read, if it said.
     pub fn max_model_len(&self) -> Option<u64> {
-        self.max_model_len
+        self.serving.load().max_model_len
+    }
+
+    /// What the worker says of `model` besides its name (an adapter's
+    /// parent and root), if it serves it and says.
+    pub fn origin(&self, model: &str) -> Option<ModelOrigin> {
+        self.serving.load().origins.get(model).cloned()
+    }
+
+    /// Replaces what the worker serves, keeping the cost model's fits of
+    /// the models it still serves: only the
+    /// [`Registry`](crate::Registry), which publishes the pools anew.
+    pub(crate) fn set_serving(
+        &self,
+        models: Vec<String>,
+        origins: BTreeMap<String, ModelOrigin>,
+        max_model_len: Option<u64>,
+    ) {
+        let kept = self.serving.load_full();
+        self.serving.store(Arc::new(Serving::new(
+            models,
+            origins,
+            max_model_len,
+            Some(&kept),
+        )));
     }
 
     /// Sets what [`Self::kv_capacity_tokens`] returns: what the worker
@@ -277,9 +372,9 @@ impl Worker {
         &self.url
     }
 
-    /// Models served (empty: any model).
-    pub fn models(&self) -> &[String] {
-        &self.models
+    /// Models served (empty: any model), as they are now.
+    pub fn models(&self) -> Models {
+        Models(self.serving.load())
     }
 
     /// The API key sent to the worker, as it is now.
@@ -413,7 +508,7 @@ impl Worker {
     /// the model's place in [`models`](Self::models), or the first (a
     /// wildcard worker has one fit for everything).
     pub fn cost_slot(&self, model: &str) -> usize {
-        self.models.iter().position(|m| m == model).unwrap_or(0)
+        self.models().iter().position(|m| m == model).unwrap_or(0)
     }
 
     /// The TTFT cost model's coefficients for the fit `slot` (`seed` until
@@ -441,13 +536,17 @@ impl Worker {
         self.estimator(slot).observe(work, elapsed, cfg);
     }
 
-    fn estimator(&self, slot: usize) -> &Estimator {
-        self.cost.get(slot).unwrap_or(&self.cost[0])
+    /// The fit `slot`; the first where the models changed since the slot
+    /// was read and it has fewer now (a hint either way).
+    fn estimator(&self, slot: usize) -> Arc<Estimator> {
+        let serving = self.serving.load();
+        Arc::clone(serving.cost.get(slot).unwrap_or(&serving.cost[0]))
     }
 
     /// Whether this worker serves `model` (a wildcard worker serves all).
     pub fn serves(&self, model: &str) -> bool {
-        self.models.is_empty() || self.models.iter().any(|m| m == model)
+        let models = self.models();
+        models.is_empty() || models.iter().any(|m| m == model)
     }
 }
 
@@ -457,7 +556,7 @@ impl fmt::Debug for Worker {
         f.debug_struct("Worker")
             .field("id", &self.id)
             .field("url", &self.url)
-            .field("models", &self.models)
+            .field("models", &self.models())
             .field("healthy", &self.is_healthy())
             .field("breaker", &self.breaker())
             .field("ejected", &self.is_ejected())

@@ -444,3 +444,73 @@ fn a_model_whose_last_worker_leaves_takes_its_tree_with_it() {
     drop(router.select(Some("qwen"), &t, None, &[]).unwrap());
     assert_eq!(models(&policy), ["llama", "qwen"]);
 }
+
+/// A worker relisted in place (a LoRA adapter loaded, another unloaded)
+/// keeps its id, load and its records for the models it still serves;
+/// its records for the model it left go, with the model's tree where no
+/// other worker serves it, and requests for it no longer reach it.
+#[test]
+fn a_worker_relisted_in_place_keeps_its_records_for_the_models_it_kept() {
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let spec = |url: &str| WorkerSpec::new(url).with_models(["base", "lora-a"]);
+    let w = reg.add(spec("http://a:1")).unwrap();
+    let other = reg.add(spec("http://b:1")).unwrap();
+    let t = text("an adapter's prompt");
+    // `w` alone holds the prompt, for both models.
+    for model in ["base", "lora-a"] {
+        let d = router.select(Some(model), &t, None, &[other.id()]);
+        assert_eq!(d.unwrap().decision.worker().id(), w.id());
+    }
+    let held = router
+        .select(Some("base"), &t, None, &[other.id()])
+        .unwrap();
+    let generation = router.snapshot().generation();
+
+    let relisted = reg
+        .relist(
+            w.id(),
+            vec!["base".into(), "lora-b".into()],
+            Default::default(),
+            None,
+        )
+        .unwrap();
+    assert!(Arc::ptr_eq(&relisted, &w), "the same worker, not a new one");
+    assert!(router.snapshot().generation() > generation);
+    assert_eq!(&*w.models(), ["base", "lora-b"]);
+    assert_eq!(w.load(), 1, "its request in flight still counts");
+    drop(held);
+    let size = |model: &str| policy.tree(model).unwrap().tenant_size(w.id().tenant());
+    assert_eq!(
+        size("base"),
+        t.chars().count(),
+        "the base model's record kept"
+    );
+    assert_eq!(size("lora-a"), 0, "the adapter it left is forgotten");
+    let pool = |model: &str| -> Vec<u32> {
+        let set = router.snapshot();
+        let pool = set.resolve(Some(model)).unwrap();
+        pool.workers.iter().map(|w| w.id().0).collect()
+    };
+    assert_eq!(pool("lora-a"), [other.id().0]);
+    assert_eq!(pool("lora-b"), [w.id().0]);
+    let d = router.select(Some("base"), &t, None, &[]).unwrap().decision;
+    assert_eq!(d.worker().id(), w.id(), "{}", d.rendered());
+    assert_eq!(d.explanation().branch, Branch::CacheHit);
+    drop(d);
+
+    // The other worker leaves too: lora-a's tree goes with the last.
+    reg.relist(other.id(), vec!["base".into()], Default::default(), None)
+        .unwrap();
+    assert!(policy.tree("lora-a").is_none(), "lora-a's tree outlived it");
+    assert!(matches!(
+        reg.relist(w.id(), vec!["*".into()], Default::default(), None),
+        Err(RoutingError::InvalidWorker { .. })
+    ));
+    assert_eq!(
+        &*w.models(),
+        ["base", "lora-b"],
+        "a refused list changes nothing"
+    );
+}

@@ -26,6 +26,9 @@
 //! brief outage. Back healthy, a worker whose models were asked of it is
 //! asked again; one that now serves others (a restart with another model)
 //! is replaced in the registry by one that serves them, its tree afresh.
+//! A healthy one is asked every `health.models_refresh_secs` too; one whose
+//! LoRA adapters alone came or went keeps its id and its tree for the
+//! models it still serves ([`adapters_only`]).
 //!
 //! A source may also hold a worker out of rotation without removing it
 //! ([`Control::set_ready`]: discovery, when a pod turns unready): it stays
@@ -54,7 +57,7 @@
 use crate::allowlist::Allowlist;
 use crate::config::HealthConfig;
 use crate::error::GatewayError;
-use crate::health;
+use crate::health::{self, Served};
 use crate::metrics::{LabelledCounters, Metrics};
 use arc_swap::ArcSwapOption;
 use drain::{DRAINS, Draining};
@@ -124,8 +127,7 @@ enum Command {
     /// models.
     Admit {
         url: WorkerUrl,
-        models: Vec<String>,
-        max_model_len: Option<u64>,
+        served: Served,
         kv_capacity_tokens: Option<u64>,
         checker: CancellationToken,
     },
@@ -135,7 +137,7 @@ enum Command {
     Health {
         url: WorkerUrl,
         healthy: bool,
-        models: Option<(Vec<String>, Option<u64>)>,
+        models: Option<Served>,
         checker: CancellationToken,
     },
     /// From a health checker: the admitted worker's KV cache holds this
@@ -374,22 +376,19 @@ impl Control {
     }
 
     /// From the health checker whose token is `checker`: the worker at
-    /// `url` passed its first probes and serves `models`, with contexts of
-    /// up to `max_model_len` tokens if it said; the control task adds it to
-    /// the registry, unless that checker was stopped meanwhile (see
-    /// [`Command::Admit`]).
+    /// `url` passed its first probes and serves what `served` says; the
+    /// control task adds it to the registry, unless that checker was
+    /// stopped meanwhile (see [`Command::Admit`]).
     pub(crate) async fn admit(
         &self,
         url: WorkerUrl,
-        models: Vec<String>,
-        max_model_len: Option<u64>,
+        served: Served,
         kv_capacity_tokens: Option<u64>,
         checker: &CancellationToken,
     ) {
         self.send(Command::Admit {
             url,
-            models,
-            max_model_len,
+            served,
             kv_capacity_tokens,
             checker: checker.clone(),
         })
@@ -398,14 +397,14 @@ impl Control {
 
     /// From the health checker whose token is `checker`: the admitted
     /// worker at `url` became healthy or unhealthy; back healthy, it
-    /// serves `models` (with contexts of up to their `max_model_len`),
-    /// where it was asked and said: a worker restarted with another model
-    /// is routed for that one from now on.
+    /// serves what `models` says, where it was asked and said: a worker
+    /// restarted with another model is routed for that one from now on,
+    /// and one whose LoRA adapters changed for those it has now.
     pub(crate) async fn report_health(
         &self,
         url: WorkerUrl,
         healthy: bool,
-        models: Option<(Vec<String>, Option<u64>)>,
+        models: Option<Served>,
         checker: &CancellationToken,
     ) {
         let checker = checker.clone();
@@ -589,11 +588,10 @@ impl ControlTask {
                 if checker.is_cancelled() => {}
             Command::Admit {
                 url,
-                models,
-                max_model_len,
+                served,
                 kv_capacity_tokens,
                 ..
-            } => self.admit(url, models, max_model_len, kv_capacity_tokens),
+            } => self.admit(url, served, kv_capacity_tokens),
             Command::Capacity { url, tokens, .. } => self.set_capacity(&url, tokens),
             Command::Health {
                 url,
@@ -601,8 +599,8 @@ impl ControlTask {
                 models,
                 ..
             } => {
-                if let Some((models, max_model_len)) = models {
-                    self.relist(&url, models, max_model_len);
+                if let Some(served) = models {
+                    self.relist(&url, served);
                 }
                 let Some(known) = self.known.get_mut(&url) else {
                     return;
@@ -772,13 +770,7 @@ impl ControlTask {
         let _ = self.control.freed.send(url);
     }
 
-    fn admit(
-        &mut self,
-        url: WorkerUrl,
-        models: Vec<String>,
-        max_model_len: Option<u64>,
-        kv_capacity_tokens: Option<u64>,
-    ) {
+    fn admit(&mut self, url: WorkerUrl, served: Served, kv_capacity_tokens: Option<u64>) {
         let Some(known) = self.known.get_mut(&url) else {
             return;
         };
@@ -787,8 +779,9 @@ impl ControlTask {
         }
         let spec = WorkerSpec {
             url: url.to_string(),
-            models,
-            max_model_len,
+            models: served.models,
+            max_model_len: served.max_model_len,
+            origins: served.origins,
             kv_capacity_tokens,
             ..known.spec.clone()
         }
@@ -804,14 +797,24 @@ impl ControlTask {
         }
     }
 
-    /// The admitted worker at `url`, back from a failure, serves `models`:
-    /// where they (or their longest context) changed, a restart with
-    /// another model, it is replaced in the registry by one that serves
-    /// them, as it was (health, key, KV cache size), so requests for the
-    /// new model reach it and those for the old one no longer do. Its tree
-    /// starts afresh, as it would on a worker removed and added again: it
-    /// told of a cache the restart emptied.
-    fn relist(&mut self, url: &WorkerUrl, models: Vec<String>, max_model_len: Option<u64>) {
+    /// The admitted worker at `url` serves what `served` says, read again
+    /// (back from a failure, or every `models_refresh_secs`). Where that
+    /// changed:
+    ///
+    /// - LoRA adapters loaded or unloaded at runtime ([`adapters_only`]):
+    ///   its model list changes in place, under the same id, so its tree
+    ///   records for the base model and the adapters it kept go on (an
+    ///   adapter's records are forgotten when it goes, or comes back from
+    ///   another path: its cache is not the old one);
+    /// - anything else, a restart with another model: it is replaced in
+    ///   the registry by one that serves the new models, as it was
+    ///   (health, key, KV cache size), its tree afresh, as it would be on
+    ///   a worker removed and added again: it told of a cache the restart
+    ///   emptied.
+    ///
+    /// Either way requests for a new model reach it from now on and those
+    /// for a model it left no longer do.
+    fn relist(&mut self, url: &WorkerUrl, served: Served) {
         let Some(known) = self.known.get_mut(url) else {
             return;
         };
@@ -821,19 +824,72 @@ impl ControlTask {
         let Some(worker) = self.registry.snapshot().get(id).cloned() else {
             return;
         };
+        let was = Served {
+            models: worker.models().to_vec(),
+            origins: worker
+                .models()
+                .iter()
+                .filter_map(|m| worker.origin(m).map(|o| (m.clone(), o)))
+                .collect(),
+            max_model_len: worker.max_model_len(),
+        };
         // The same models in another order are the same worker.
         let sorted = |m: &[String]| {
             let mut m = m.to_vec();
             m.sort_unstable();
             m
         };
-        if sorted(worker.models()) == sorted(&models) && worker.max_model_len() == max_model_len {
+        if sorted(&was.models) == sorted(&served.models)
+            && was.origins == served.origins
+            && was.max_model_len == served.max_model_len
+        {
+            return;
+        }
+        if adapters_only(&was, &served) {
+            // An adapter loaded again from elsewhere: its old records go
+            // first, as an adapter unloaded's do.
+            let reloaded: Vec<&String> = served
+                .models
+                .iter()
+                .filter(|m| was.models.contains(m) && was.origins.get(*m) != served.origins.get(*m))
+                .collect();
+            if !reloaded.is_empty() {
+                let kept = served
+                    .models
+                    .iter()
+                    .filter(|m| !reloaded.contains(m))
+                    .cloned()
+                    .collect();
+                let relisted =
+                    self.registry
+                        .relist(id, kept, served.origins.clone(), served.max_model_len);
+                if let Err(err) = relisted {
+                    tracing::warn!(worker = %url, %err, "adapters reloaded on a worker already removed");
+                }
+            }
+            let models = served.models.clone();
+            match self
+                .registry
+                .relist(id, served.models, served.origins, served.max_model_len)
+            {
+                Ok(_) => tracing::info!(
+                    worker = %url,
+                    id = %id,
+                    was = ?was.models,
+                    models = ?models,
+                    "worker's LoRA adapters changed; it is routed for these from now on, its cache record kept"
+                ),
+                Err(err) => {
+                    tracing::error!(worker = %url, %err, "worker's new adapters could not be listed")
+                }
+            }
             return;
         }
         let spec = WorkerSpec {
             url: url.to_string(),
-            models,
-            max_model_len,
+            models: served.models,
+            max_model_len: served.max_model_len,
+            origins: served.origins,
             kv_capacity_tokens: worker.kv_capacity_tokens(),
             ..known.spec.clone()
         }
@@ -847,7 +903,7 @@ impl ControlTask {
                 tracing::info!(
                     worker = %url,
                     id = %relisted.id(),
-                    was = ?worker.models(),
+                    was = ?was.models,
                     models = ?relisted.models(),
                     "worker's models changed; it is routed for these from now on"
                 );
@@ -910,6 +966,30 @@ impl ControlTask {
             })
             .collect()
     }
+}
+
+/// Whether a worker that served `was` and now serves `now` is the same
+/// engine with LoRA adapters loaded or unloaded: it names a base model
+/// (an entry without a `parent`), its base models (and their `root`) are
+/// the same and so is its longest context; only adapters (entries naming a `parent`) came or
+/// went. A worker whose entries name no parent (an engine without
+/// adapters, or one that does not say) is taken to have restarted
+/// whenever its list changes, as is one that now serves another base
+/// model: either way its cache was emptied.
+fn adapters_only(was: &Served, now: &Served) -> bool {
+    // With what each says of its root: a base model loaded from
+    // elsewhere under the same name is another model.
+    let bases = |s: &Served| -> BTreeMap<String, Option<String>> {
+        s.models
+            .iter()
+            .filter_map(|m| match s.origins.get(m) {
+                Some(o) if o.is_adapter() => None,
+                o => Some((m.clone(), o.and_then(|o| o.root.clone()))),
+            })
+            .collect()
+    };
+    let before = bases(was);
+    !before.is_empty() && before == bases(now) && was.max_model_len == now.max_model_len
 }
 
 #[cfg(test)]

@@ -28,8 +28,9 @@
 use crate::config::HealthConfig;
 use crate::control::Control;
 use arc_swap::ArcSwapOption;
-use radixgate_routing::WorkerUrl;
+use radixgate_routing::{ModelOrigin, WorkerUrl};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,22 +104,24 @@ impl Watched for Target {
     }
 
     async fn admit(&mut self) -> Result<(), String> {
-        let (models, max_model_len) = if self.models.is_empty() {
+        let served = if self.models.is_empty() {
             let discovered = discover_models(self).await.inspect_err(|problem| {
                 self.board.probed(&self.url, Some(problem));
             })?;
             discovered.unwrap_or_else(|| {
                 tracing::warn!(worker = %self.url, "worker reports no model; it will serve any model");
-                (Vec::new(), None)
+                Served::default()
             })
         } else {
-            (self.models.clone(), None)
+            Served {
+                models: self.models.clone(),
+                ..Served::default()
+            }
         };
         self.control
             .admit(
                 self.url.clone(),
-                models,
-                max_model_len,
+                served,
                 self.kv_capacity_tokens,
                 &self.cancel,
             )
@@ -508,6 +511,16 @@ async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, Str
     Ok(Some(body.freeze()))
 }
 
+/// What a worker's model list says: the models, what it says of each
+/// besides its name (a LoRA adapter's parent and root), and the longest
+/// context it serves (the least its entries give), where it says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Served {
+    pub(crate) models: Vec<String>,
+    pub(crate) origins: BTreeMap<String, ModelOrigin>,
+    pub(crate) max_model_len: Option<u64>,
+}
+
 #[derive(Deserialize)]
 struct ModelList {
     data: Vec<ModelEntry>,
@@ -520,6 +533,13 @@ struct ModelEntry {
     /// so that a worker that spells it otherwise still has its models read.
     #[serde(default)]
     max_model_len: serde_json::Value,
+    /// A LoRA adapter's base model (vLLM, SGLang); null for a base model.
+    /// Read as any JSON, like `max_model_len`: a string or nothing.
+    #[serde(default)]
+    parent: serde_json::Value,
+    /// Where the model or adapter was loaded from.
+    #[serde(default)]
+    root: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -535,7 +555,7 @@ struct ModelInfo {
 /// or the wildcard pool's `*`) is left out with a WARN: the registry
 /// refuses a worker that lists one, which would keep it out of rotation
 /// for good while its probes pass.
-async fn discover_models(target: &Target) -> Result<Option<(Vec<String>, Option<u64>)>, String> {
+async fn discover_models(target: &Target) -> Result<Option<Served>, String> {
     if let Some(body) = answer(target, "/v1/models").await?
         && let Ok(mut list) = serde_json::from_slice::<ModelList>(&body)
     {
@@ -547,10 +567,25 @@ async fn discover_models(target: &Target) -> Result<Option<(Vec<String>, Option<
                 .filter_map(|m| m.max_model_len.as_u64())
                 .filter(|&tokens| tokens > 0)
                 .min();
-            return Ok(Some((
-                list.data.into_iter().map(|m| m.id).collect(),
+            let text =
+                |v: &serde_json::Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+            let origins = list
+                .data
+                .iter()
+                .map(|m| {
+                    let origin = ModelOrigin {
+                        parent: text(&m.parent).filter(|p| *p != m.id),
+                        root: text(&m.root),
+                    };
+                    (m.id.clone(), origin)
+                })
+                .filter(|(_, o)| *o != ModelOrigin::default())
+                .collect();
+            return Ok(Some(Served {
+                models: list.data.into_iter().map(|m| m.id).collect(),
+                origins,
                 max_model_len,
-            )));
+            }));
         }
     }
     if let Some(body) = answer(target, "/get_model_info").await?
@@ -559,7 +594,10 @@ async fn discover_models(target: &Target) -> Result<Option<(Vec<String>, Option<
         }) = serde_json::from_slice::<ModelInfo>(&body)
         && nameable(target, &path)
     {
-        return Ok(Some((vec![path], None)));
+        return Ok(Some(Served {
+            models: vec![path],
+            ..Served::default()
+        }));
     }
     Ok(None)
 }

@@ -180,7 +180,8 @@ pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
 /// serves: the fitted coefficients once it has seen a first token (until
 /// then it predicts with the configured seed, and only the count shows).
 fn ttft_model(w: &radixgate_routing::Worker) -> Vec<Value> {
-    let models: Vec<&str> = match w.models() {
+    let served = w.models();
+    let models: Vec<&str> = match &*served {
         [] => vec!["*"],
         some => some.iter().map(String::as_str).collect(),
     };

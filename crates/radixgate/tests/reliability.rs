@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 fn round_robin(mut c: radixgate::config::Config) -> radixgate::config::Config {
     c.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
@@ -1337,6 +1338,109 @@ async fn a_worker_that_changes_model_while_healthy_is_routed_for_the_new_one() {
     assert_eq!(r.headers()[WORKER_HEADER], url.as_str());
     gw.shutdown().await;
     stop.cancel();
+}
+
+/// A fake vLLM started with `--enable-lora`: its `/v1/models` lists the
+/// entries in its list, which the test changes as
+/// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` would.
+async fn lora_worker() -> (
+    String,
+    Arc<parking_lot::Mutex<Vec<Value>>>,
+    CancellationToken,
+) {
+    use axum::extract::State;
+    type Listed = Arc<parking_lot::Mutex<Vec<Value>>>;
+    let listed: Listed = Arc::new(parking_lot::Mutex::new(vec![json!({
+        "id": "base-model", "object": "model", "root": "/models/base",
+        "parent": null, "max_model_len": 4096,
+    })]));
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            axum::routing::get(|State(l): State<Listed>| async move {
+                axum::Json(json!({"object": "list", "data": *l.lock()}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async { axum::Json(ok_answer()) }),
+        )
+        .with_state(listed.clone());
+    let (url, stop) = serve_app(app).await;
+    (url, listed, stop)
+}
+
+/// vLLM's entry for a LoRA adapter of `base-model` loaded from `root`.
+fn adapter(id: &str, root: &str) -> Value {
+    json!({"id": id, "object": "model", "root": root, "parent": "base-model"})
+}
+
+/// The id `/workers` gives the worker at `url`.
+async fn worker_id(gateway: &str, url: &str) -> Value {
+    let listed = workers(gateway).await;
+    let found = listed.iter().find(|w| w["url"] == url);
+    found.map(|w| w["id"].clone()).unwrap_or_default()
+}
+
+/// A LoRA adapter loaded into (or unloaded from) a vLLM worker at
+/// runtime changes its model list, which the router reads again every
+/// `models_refresh_secs`: the worker keeps its id and its cache record
+/// for the base model, so a prompt it served before is still a cache hit
+/// there. Before, every such change replaced the worker under a new id
+/// and forgot all it had cached, for every model. A restart with another
+/// base model still starts afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lora_adapter_loaded_at_runtime_keeps_the_workers_cache_record() {
+    let (a, a_listed, stop_a) = lora_worker().await;
+    let (b, b_listed, stop_b) = lora_worker().await;
+    let mut c = config(&[&a, &b]);
+    c.health.interval_secs = 1;
+    c.health.models_refresh_secs = 1;
+    let gw = gateway_ready(c, 2).await;
+    let mut body = chat(&"Answer in SQL only. ".repeat(30), false);
+    body["model"] = json!("base-model");
+    let (holder, decision) = served_by(post_chat(&gw.url, &body).await).await;
+    let listed = if holder == a { &a_listed } else { &b_listed };
+    let id = worker_id(&gw.url, &holder).await;
+    assert!(id.is_string(), "{decision}");
+
+    listed.lock().push(adapter("sql-lora", "/adapters/sql"));
+    wait_until("the adapter listed", || async {
+        model_ids(&gw.url).await == ["base-model", "sql-lora"]
+    })
+    .await;
+    let (again, decision) = served_by(post_chat(&gw.url, &body).await).await;
+    assert_eq!(again, holder, "{decision}");
+    assert!(decision.contains("branch=cache_hit"), "{decision}");
+    assert_eq!(worker_id(&gw.url, &holder).await, id);
+    let mut lora = body.clone();
+    lora["model"] = json!("sql-lora");
+    let (by, decision) = served_by(post_chat(&gw.url, &lora).await).await;
+    assert_eq!(by, holder, "only it has the adapter: {decision}");
+
+    listed.lock().pop();
+    wait_until("the adapter gone", || async {
+        model_ids(&gw.url).await == ["base-model"]
+    })
+    .await;
+    let (again, decision) = served_by(post_chat(&gw.url, &body).await).await;
+    assert_eq!(again, holder, "{decision}");
+    assert!(decision.contains("branch=cache_hit"), "{decision}");
+    assert_eq!(worker_id(&gw.url, &holder).await, id);
+    let r = post_chat(&gw.url, &lora).await;
+    assert_eq!(r.status(), 404, "the adapter unloaded is no model");
+
+    // A restart with another base model: another worker, afresh.
+    *listed.lock() = vec![json!({"id": "other-base", "root": "/models/other"})];
+    wait_until("the other base model listed", || async {
+        model_ids(&gw.url).await.contains(&"other-base".to_owned())
+    })
+    .await;
+    assert_ne!(worker_id(&gw.url, &holder).await, id);
+    gw.shutdown().await;
+    stop_a.cancel();
+    stop_b.cancel();
 }
 
 /// A worker that wants an API key (vLLM's `--api-key`, which leaves

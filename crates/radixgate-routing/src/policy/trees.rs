@@ -187,6 +187,17 @@ impl Trees {
         }
     }
 
+    /// Forgets a tenant in the trees of the models `gone` names (a worker
+    /// that no longer serves them).
+    pub(crate) fn remove_tenant_where(&self, tenant: TenantId, gone: impl Fn(&str) -> bool) {
+        for (model, m) in self.map.load().iter() {
+            if gone(model) {
+                m.tree.remove_tenant(tenant);
+                m.truth.forget(tenant);
+            }
+        }
+    }
+
     /// One eviction pass over every tree, down to `max_tree_size` characters
     /// per tenant; characters evicted.
     pub(crate) fn evict_now(&self) -> usize {

@@ -114,3 +114,51 @@ async fn a_removed_workers_late_admission_does_not_admit_its_successor() {
     }
     stop.cancel();
 }
+
+/// Which changes of a worker's model list are adapters loaded or
+/// unloaded (the worker relisted in place), and which a restart.
+#[test]
+fn only_adapters_coming_and_going_keep_the_worker() {
+    use radixgate_routing::ModelOrigin;
+    let origin = |parent: Option<&str>, root: &str| ModelOrigin {
+        parent: parent.map(str::to_owned),
+        root: Some(root.to_owned()),
+    };
+    let served = |entries: &[(&str, Option<&str>, &str)], max_model_len| Served {
+        models: entries.iter().map(|e| e.0.to_owned()).collect(),
+        origins: entries
+            .iter()
+            .map(|&(id, parent, root)| (id.to_owned(), origin(parent, root)))
+            .collect(),
+        max_model_len,
+    };
+    let base = ("base", None, "/m/base");
+    let sql = ("sql", Some("base"), "/a/sql");
+    let chat = ("chat", Some("base"), "/a/chat");
+    let was = served(&[base, sql], Some(4096));
+    assert!(adapters_only(&was, &served(&[base, sql, chat], Some(4096))));
+    assert!(adapters_only(&was, &served(&[base], Some(4096))));
+    assert!(adapters_only(&was, &served(&[chat, base], Some(4096))));
+    // Another base model, or the same name from elsewhere: a restart.
+    assert!(!adapters_only(
+        &was,
+        &served(&[("other", None, "/m/o"), sql], Some(4096))
+    ));
+    assert!(!adapters_only(
+        &was,
+        &served(&[("base", None, "/m/v2"), sql], Some(4096))
+    ));
+    assert!(!adapters_only(
+        &was,
+        &served(&[base, ("more", None, "/m/more"), sql], Some(4096))
+    ));
+    assert!(!adapters_only(&was, &served(&[base, sql], Some(8192))));
+    // Entries that name no parent: any change is a restart.
+    let plain = |ids: &[&str]| Served {
+        models: ids.iter().map(|&m| m.to_owned()).collect(),
+        ..Served::default()
+    };
+    assert!(!adapters_only(&plain(&["a"]), &plain(&["a", "b"])));
+    // A worker that named no model served any.
+    assert!(!adapters_only(&plain(&[]), &served(&[base], None)));
+}
