@@ -10,7 +10,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use radixgate_routing::WorkerRole;
+use radixgate_routing::{ModelOrigin, WorkerRole};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,17 +121,36 @@ pub(crate) async fn model(
 
 /// A model's entry in the OpenAI model list, with `max_model_len` where
 /// its workers said theirs: the least of them, the longest context every
-/// one of them takes (clients size their prompts by it).
+/// one of them takes (clients size their prompts by it). Where its
+/// workers' `/v1/models` said more of it (vLLM, SGLang), its `parent`
+/// too, as they said it: a LoRA adapter's base model (the first worker's
+/// that names one), null for a base model; and its `root`, where every
+/// worker that says one says the same (an adapter's path may differ from
+/// worker to worker).
 fn model_entry(snapshot: &radixgate_routing::WorkerSet, id: &str) -> Value {
     let mut entry = json!({"id": id, "object": "model", "created": 0, "owned_by": "radixgate"});
-    let max_model_len = snapshot
-        .workers()
-        .iter()
-        .filter(|w| w.models().iter().any(|m| m == id))
-        .filter_map(|w| w.max_model_len())
-        .min();
-    if let Some(tokens) = max_model_len {
+    let serving = || {
+        snapshot
+            .workers()
+            .iter()
+            .filter(|w| w.models().iter().any(|m| m == id))
+    };
+    if let Some(tokens) = serving().filter_map(|w| w.max_model_len()).min() {
         entry["max_model_len"] = tokens.into();
+    }
+    let origins: Vec<ModelOrigin> = serving().filter_map(|w| w.origin(id)).collect();
+    if origins.is_empty() {
+        return entry;
+    }
+    entry["parent"] = origins
+        .iter()
+        .find_map(|o| o.parent.clone())
+        .map_or(Value::Null, Value::String);
+    let mut roots = origins.iter().filter_map(|o| o.root.as_deref());
+    if let Some(root) = roots.next()
+        && roots.all(|other| other == root)
+    {
+        entry["root"] = root.into();
     }
     entry
 }

@@ -1443,6 +1443,38 @@ async fn a_lora_adapter_loaded_at_runtime_keeps_the_workers_cache_record() {
     stop_b.cancel();
 }
 
+/// The router's `/v1/models` keeps what vLLM says of a LoRA adapter: its
+/// `parent` (the base model's id) and its `root` where the workers agree
+/// on it, so a client can tell an adapter from a base model and find its
+/// base. Before, each entry was rebuilt from the id alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_list_keeps_an_adapters_parent_and_root() {
+    let (a, a_listed, stop_a) = lora_worker().await;
+    let (b, b_listed, stop_b) = lora_worker().await;
+    a_listed.lock().push(adapter("sql-lora", "/adapters/sql"));
+    b_listed.lock().push(adapter("sql-lora", "/elsewhere/sql"));
+    b_listed.lock().push(adapter("chat-lora", "/adapters/chat"));
+    let gw = gateway_ready(config(&[&a, &b]), 2).await;
+    let list = get_json(&gw.url, "/v1/models").await;
+    let entry = |id: &str| {
+        let data = list["data"].as_array().unwrap();
+        data.iter().find(|m| m["id"] == id).cloned().unwrap()
+    };
+    let base = entry("base-model");
+    assert_eq!(base["parent"], Value::Null, "{base}");
+    assert_eq!(base["root"], "/models/base", "{base}");
+    let chat = entry("chat-lora");
+    assert_eq!(chat["parent"], "base-model", "{chat}");
+    assert_eq!(chat["root"], "/adapters/chat", "{chat}");
+    let sql = entry("sql-lora");
+    assert_eq!(sql["parent"], "base-model", "{sql}");
+    assert!(sql.get("root").is_none(), "the workers disagree: {sql}");
+    assert_eq!(get_json(&gw.url, "/v1/models/sql-lora").await, sql);
+    gw.shutdown().await;
+    stop_a.cancel();
+    stop_b.cancel();
+}
+
 /// A worker that wants an API key (vLLM's `--api-key`, which leaves
 /// `/health` open) added without one is held out of rotation, its
 /// problem naming the setting, and clients get the router's 503, not
