@@ -514,18 +514,18 @@ impl Worker {
     /// The TTFT cost model's coefficients for the fit `slot` (`seed` until
     /// it has observed a first token).
     pub fn ttft_coefficients(&self, slot: usize, seed: &CostModelConfig) -> Coefficients {
-        self.estimator(slot).coefficients(&seed.seed())
+        self.with_estimator(slot, |e| e.coefficients(&seed.seed()))
     }
 
     /// The fit `slot`'s own coefficients, `None` until it has observed a
     /// first token.
     pub fn ttft_fit(&self, slot: usize) -> Option<Coefficients> {
-        self.estimator(slot).fitted()
+        self.with_estimator(slot, Estimator::fitted)
     }
 
     /// First tokens the fit `slot` has learned from.
     pub fn ttft_observations(&self, slot: usize) -> u64 {
-        self.estimator(slot).observations()
+        self.with_estimator(slot, Estimator::observations)
     }
 
     /// Teaches the fit `slot` that a request which saw `work` here got its
@@ -533,14 +533,16 @@ impl Worker {
     ///
     /// [`LoadGuard::first_token`]: crate::LoadGuard::first_token
     pub fn observe_ttft(&self, slot: usize, work: Work, elapsed: Duration, cfg: &CostModelConfig) {
-        self.estimator(slot).observe(work, elapsed, cfg);
+        self.with_estimator(slot, |e| e.observe(work, elapsed, cfg));
     }
 
-    /// The fit `slot`; the first where the models changed since the slot
-    /// was read and it has fewer now (a hint either way).
-    fn estimator(&self, slot: usize) -> Arc<Estimator> {
+    /// `f` of the fit `slot`; the first where the models changed since
+    /// the slot was read and it has fewer now (a hint either way). Read
+    /// in place: an `Arc` clone here, on every worker of every decision,
+    /// would bounce its count's cache line between the serving threads.
+    fn with_estimator<R>(&self, slot: usize, f: impl FnOnce(&Estimator) -> R) -> R {
         let serving = self.serving.load();
-        Arc::clone(serving.cost.get(slot).unwrap_or(&serving.cost[0]))
+        f(serving.cost.get(slot).unwrap_or(&serving.cost[0]))
     }
 
     /// Whether this worker serves `model` (a wildcard worker serves all).
