@@ -387,7 +387,10 @@ async fn forward(
     // so it runs on the blocking pool, not on a serving thread.
     let exact = match (&shared.kv_events, endpoint) {
         (Some(events), Endpoint::Routed(_))
-            if events.any_live() && events.shares_blocks(request.namespaced) =>
+            if events.any_live()
+                && events.shares_blocks(
+                    request.namespaced || is_adapter(shared, request.model.as_deref()),
+                ) =>
         {
             match events.turn().await {
                 Some(turn) => {
@@ -476,6 +479,20 @@ async fn forward(
             .insert(crate::usage::GenerateAnswer);
     }
     Ok(response)
+}
+
+/// Whether `model` is a LoRA adapter by a worker's word (its `/v1/models`
+/// entry names a parent): vLLM keys an adapter's cache blocks apart from
+/// its base model's, so its requests are not matched on the shared blocks
+/// of the KV-event index (`events.rs`).
+fn is_adapter(shared: &Shared, model: Option<&str>) -> bool {
+    let Some(model) = model else {
+        return false;
+    };
+    let set = shared.router.snapshot();
+    set.workers()
+        .iter()
+        .any(|w| w.origin(model).is_some_and(|o| o.is_adapter()))
 }
 
 /// Why a request found no worker when the only ones left were half-open.

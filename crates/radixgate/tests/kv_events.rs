@@ -851,13 +851,31 @@ async fn wait_exact_hit(gateway: &str, holder: &SimWorker, prompt: &[u32], tag: 
     .await;
 }
 
-/// A worker relisted under the same URL, its engine never restarted
-/// (vLLM lists an adapter loaded at run time, `/v1/load_lora_adapter`,
-/// as a model; the router reads the models again and relists the worker
-/// under a new id), keeps its event stream and its blocks. Before, it was
-/// subscribed to afresh as a new worker: the stream it joined had started
-/// long before, so it was never exact again, and the worker was matched
-/// on the tree until its engine cleared its cache or restarted.
+/// Loads a LoRA adapter on the simulated worker at `url`, as vLLM's
+/// `/v1/load_lora_adapter` does, and waits until the router lists it.
+async fn load_adapter(gateway: &str, url: &str, name: &str) {
+    let r = client()
+        .post(format!("{url}/v1/load_lora_adapter"))
+        .json(&json!({"lora_name": name, "lora_path": format!("/adapters/{name}")}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    wait_until("the worker listed with the adapter", || async {
+        workers(gateway).await[0]["models"]
+            .to_string()
+            .contains(name)
+    })
+    .await;
+}
+
+/// A worker listed again under a new id at its URL, its engine never
+/// restarted (an operator removed it and added it back), keeps its event
+/// stream and its blocks. Before, it was subscribed to afresh as a new
+/// worker: the stream it joined had started long before, so it was never
+/// exact again, and the worker was matched on the tree until its engine
+/// cleared its cache or restarted. (A LoRA adapter loaded at run time,
+/// which relisted the worker so too, now keeps its id.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_relisted_at_its_url_keeps_its_event_stream() {
     let (w1, e1) = publishing_worker(4096, false).await;
@@ -871,27 +889,69 @@ async fn a_worker_relisted_at_its_url_keeps_its_event_stream() {
     wait_exact_hit(&gw.url, &w1, &before, 100).await;
     let id = workers(&gw.url).await[0]["id"].clone();
 
+    load_adapter(&gw.url, &w1.url, "sql-lora").await;
+    assert_eq!(workers(&gw.url).await[0]["id"], id, "listed in place");
+    wait_exact_hit(&gw.url, &w1, &before, 200).await;
+
+    let removed = remove_worker(&gw.url, &w1.url).await;
+    assert_eq!(removed["state"], "removed", "{removed}");
     let r = client()
-        .post(format!("{}/v1/load_lora_adapter", w1.url))
-        .json(&json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql"}))
+        .post(format!("{}/workers", gw.url))
+        .json(&json!({"url": w1.url}))
         .send()
         .await
         .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    wait_until("the worker relisted with the adapter", || async {
+    assert_eq!(r.status(), 202);
+    wait_until("the worker back under a new id", || async {
         let listed = workers(&gw.url).await;
-        listed[0]["id"] != id && listed[0]["models"].to_string().contains("sql-lora")
+        listed
+            .first()
+            .is_some_and(|w| w["id"] != id && w["state"] == "healthy")
     })
     .await;
     // Both what it held before and what it caches after are exact hits.
-    wait_exact_hit(&gw.url, &w1, &before, 200).await;
+    wait_exact_hit(&gw.url, &w1, &before, 300).await;
     let after = ids(2, 160);
     generate(&w1.url, &after).await;
-    wait_exact_hit(&gw.url, &w1, &after, 300).await;
+    wait_exact_hit(&gw.url, &w1, &after, 400).await;
     assert_eq!(
         series_value(&gw.url, "radixgate_kv_events_live_workers").await,
         1.0
     );
+    gw.shutdown().await;
+}
+
+/// A request for a LoRA adapter is not matched on the base model's blocks:
+/// vLLM keys an adapter's blocks apart from the base model's, so the
+/// engine cannot reuse them. It was matched there, promised an exact hit
+/// the engine did not have, and after 8 such answers the worker was taken
+/// as contradicting its events. It is routed on the tree (counted
+/// `namespaced`), as a request in its own cache namespace is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_a_lora_adapter_is_not_matched_on_the_base_models_blocks() {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let mut cfg = events_config(&[(&w1, &e1)]);
+    cfg.health.interval_secs = 1;
+    cfg.health.models_refresh_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let held = ids(1, 160);
+    generate(&w1.url, &held).await;
+    wait_exact_hit(&gw.url, &w1, &held, 100).await;
+    load_adapter(&gw.url, &w1.url, "sql-lora").await;
+    let mut body = body(&held);
+    body["model"] = json!("sql-lora");
+    let r = client()
+        .post(format!("{}/generate", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, decision) = served_by(r).await;
+    assert!(!decision.contains("index=exact"), "{decision}");
+    let namespaced = "radixgate_kv_events_requests_total{match=\"namespaced\"}";
+    assert_eq!(series_value(&gw.url, namespaced).await, 1.0);
     gw.shutdown().await;
 }
 
