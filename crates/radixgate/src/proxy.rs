@@ -754,7 +754,12 @@ async fn attempts(
             // prefix blind (docs/sync.md). Queued, never waited for.
             sync.routed(pool, worker.url(), text);
         }
-        let last_attempt = sent_before as u32 >= max_retries;
+        // A stored response's maker is the one worker that holds it: its
+        // failure (a 429 or 503 with its `Retry-After`, a 5xx, no answer)
+        // is the request's answer, not retried where it can only be
+        // refused as unknown (`crate::responses::only_holder`).
+        let last_attempt =
+            sent_before as u32 >= max_retries || crate::responses::only_holder(&decision);
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let mut traced = crate::trace::Attempt::start(worker.url(), target.path, sent_before);

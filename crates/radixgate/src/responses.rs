@@ -23,7 +23,10 @@
 //!   checks the id before any prefill), the last one's answer passed on
 //!   whatever it is;
 //! - **learning by asking**: the worker found holding an unknown id is
-//!   kept as its maker; a deleted response's id is forgotten.
+//!   kept as its maker; a deleted response's id is forgotten;
+//! - **the maker failing**: a request sent to its maker is not retried on
+//!   another worker, which does not hold the response: the maker's failure
+//!   (its 429 or 503 with `Retry-After`, a 5xx, a timeout) is the answer.
 //!
 //! The map is bounded by `responses.max_ids` entries, least recently used
 //! out, and each entry is forgotten `responses.max_age_secs` after its
@@ -362,6 +365,18 @@ pub(crate) fn to_maker(
         _ => maker.model.as_deref().map(str::to_owned),
     };
     Some((decide(worker, branch, std::slice::from_ref(worker)), pool))
+}
+
+/// Whether `decision` sends a request to the maker of the stored response
+/// it names ([`to_maker`]): no other worker holds that response, so a
+/// failed attempt there is not retried on another, which could only refuse
+/// the request as naming a response it does not know (an engine's 404,
+/// which the client would take for a lost conversation).
+pub(crate) fn only_holder(decision: &Decision) -> bool {
+    matches!(
+        decision.explanation().branch,
+        Branch::PreviousResponse | Branch::StoredResponse
+    )
 }
 
 /// The workers a stored response whose maker is not known is asked of.

@@ -275,3 +275,37 @@ async fn requests_by_id_need_the_client_key() {
     }
     gw.shutdown().await;
 }
+
+/// A follow-up whose maker fails it (a 5xx, a 429, no answer) gets that
+/// failure: no other worker holds the response, so a retry elsewhere can
+/// only be refused. It was retried on another worker, routed by its text,
+/// whose 404 (previous response not found) reached the client: a
+/// conversation its maker would take up again moments later read as lost.
+#[tokio::test]
+async fn a_follow_up_its_maker_fails_gets_that_failure_not_another_workers_404() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let mut c = config(&[&a.url, &b.url]);
+    c.circuit_breaker.failure_threshold = 100;
+    let gw = gateway_ready(c, 2).await;
+    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    let sim = if maker == a.url { &a } else { &b };
+    sim.set_faults(radixgate_sim::server::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    for i in 0..2 {
+        let (status, worker, decision, v) =
+            respond(&gw.url, &turn(&question(i), Some(&id), false)).await;
+        assert_eq!(status, 500, "{i}: the maker's own failure: {v}");
+        assert_eq!(worker, maker, "{i}: {v}");
+        assert!(decision.contains("branch=previous_response"), "{decision}");
+    }
+    // The maker well again: the conversation goes on there.
+    sim.set_faults(radixgate_sim::server::FaultConfig::default());
+    let (status, worker, _, v) = respond(&gw.url, &turn("and then?", Some(&id), false)).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    gw.shutdown().await;
+}
