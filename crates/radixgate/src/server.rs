@@ -258,10 +258,14 @@ fn routes(state: Arc<AppState>) -> Router {
 /// The route label (`Endpoint::label`) a request to the client API's
 /// `path` with `method` is counted under, if its route forwards it: the
 /// path of an inference API or of an endpoint routed by load, or the
-/// unrouted `/v1/*` for any other `/v1` path but the model list's. A label
-/// from a fixed set, whatever the path. The information routes (GET) are
-/// not counted.
+/// unrouted `/v1/*` for any other `/v1` path but the model list's, or the
+/// requests about a stored response's (which the request path counts
+/// under their own label, whatever their method). A label from a fixed
+/// set, whatever the path. The information routes (GET) are not counted.
 fn forwarded_route(method: &axum::http::Method, path: &str) -> Option<&'static str> {
+    if is_stored_response(method, path) {
+        return Some(Endpoint::StoredResponse.label());
+    }
     if method != axum::http::Method::POST {
         return None;
     }
@@ -274,6 +278,22 @@ fn forwarded_route(method: &axum::http::Method, path: &str) -> Option<&'static s
             (path.starts_with("/v1/") && path != "/v1/models").then_some(Endpoint::Unrouted)
         })?;
     Some(endpoint.label())
+}
+
+/// Whether a request with `method` to `path` is one about a stored
+/// response, served by [`stored_response`] (see [`routes`]).
+fn is_stored_response(method: &axum::http::Method, path: &str) -> bool {
+    use axum::http::Method;
+    let Some(rest) = path.strip_prefix("/v1/responses/") else {
+        return false;
+    };
+    let read = method == Method::GET || method == Method::HEAD;
+    match rest.split_once('/') {
+        None => !rest.is_empty() && (read || method == Method::DELETE),
+        Some((id, "cancel")) => !id.is_empty() && method == Method::POST,
+        Some((id, "input_items")) => !id.is_empty() && read,
+        Some(_) => false,
+    }
 }
 
 /// Whether `path` is one of the client API's routes (see [`routes`]): the

@@ -273,6 +273,22 @@ async fn requests_by_id_need_the_client_key() {
             .unwrap();
         assert_eq!(r.status(), 404, "{method} {path}");
     }
+    // Refused, they are counted under their route, as answered they are:
+    // the cancel's POST was counted as an unrouted request, the others in
+    // no series at all, so a client with a rotated-out key failing every
+    // request by id left the router looking idle.
+    let text = metrics_text(&gw.url).await;
+    let counted = |route: &str, status: &str| {
+        let labels = format!("route=\"{route}\",status=\"{status}\"");
+        text.lines()
+            .filter(|l| l.starts_with("radixgate_requests_total{") && l.contains(&labels))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let route = "/v1/responses/{id}";
+    assert_eq!(counted(route, "404"), 4.0, "{text}");
+    assert_eq!(counted(route, "401"), 4.0, "{text}");
+    assert_eq!(counted("/v1/*", "401"), 0.0, "{text}");
     gw.shutdown().await;
 }
 
