@@ -758,8 +758,10 @@ async fn attempts(
         // failure (a 429 or 503 with its `Retry-After`, a 5xx, no answer)
         // is the request's answer, not retried where it can only be
         // refused as unknown (`crate::responses::only_holder`).
-        let last_attempt =
-            sent_before as u32 >= max_retries || crate::responses::only_holder(&decision);
+        // Workers asked for a stored response that answered they do not
+        // hold it (`looked_up`) failed nothing: they spend no retry.
+        let last_attempt = (sent_before - looked_up) as u32 >= max_retries
+            || crate::responses::only_holder(&decision);
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let mut traced = crate::trace::Attempt::start(worker.url(), target.path, sent_before);

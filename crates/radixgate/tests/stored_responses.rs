@@ -325,3 +325,65 @@ async fn a_follow_up_its_maker_fails_gets_that_failure_not_another_workers_404()
     assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
     gw.shutdown().await;
 }
+
+/// A worker that answers every request 500, serving the simulated model
+/// (stopped when the token is cancelled).
+async fn failing_worker() -> (String, tokio_util::sync::CancellationToken) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": DEFAULT_MODEL}]})) }),
+        )
+        .fallback(|| async {
+            let error = json!({"error": {"message": "engine error", "type": "internal"}});
+            (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(error),
+            )
+        });
+    serve_app(app).await
+}
+
+/// Asking the workers for an id the gateway did not see made, those that
+/// answered 404 spent the request's retries: with one retry, a worker
+/// failing after one 404 ended the lookup before the worker holding the
+/// response was asked (the client got the 500). A 404 there is an answer
+/// ("not here"), not a failed attempt; only failures count.
+#[tokio::test]
+async fn workers_that_do_not_hold_an_id_spend_no_retry_of_its_lookup() {
+    let first = sim_worker(fast_worker()).await;
+    let mut c = config(&[&first.url]);
+    c.retry.max_retries = 1;
+    c.circuit_breaker.enabled = false;
+    let gw = gateway_ready(c, 1).await;
+    // Added one after another, so the lookup asks them in this order
+    // (least loaded first, all idle: by id).
+    let (failing, _stop_failing) = failing_worker().await;
+    let holder = sim_worker(fast_worker()).await;
+    for (n, url) in [(2, &failing), (3, &holder.url)] {
+        let r = client()
+            .post(format!("{}/workers", gw.url))
+            .json(&json!({"url": url}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        wait_for_healthy(&gw.url, n).await;
+    }
+    let made = client()
+        .post(format!("{}/v1/responses", holder.url))
+        .json(&turn("made elsewhere", None, false))
+        .send()
+        .await
+        .unwrap();
+    let id = made.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = format!("{}/v1/responses/{id}", gw.url);
+    let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
+    assert_eq!((status, worker.as_str()), (200, holder.url.as_str()), "{v}");
+    gw.shutdown().await;
+}
