@@ -658,7 +658,7 @@ async fn attempts(
                 &mut affinity_counted,
             ) {
                 Ok(pinned) => pinned,
-                Err(id) => {
+                Err(crate::responses::Unpinned::NotFound(id)) => {
                     let attempts = tried.len() - sat_out;
                     return Err(crate::responses::not_found(
                         shared,
@@ -667,6 +667,9 @@ async fn attempts(
                         last_failure,
                         attempts,
                     ));
+                }
+                Err(crate::responses::Unpinned::MakerUnavailable { url }) => {
+                    return Err(crate::responses::maker_unavailable(&url));
                 }
             },
         };

@@ -48,7 +48,7 @@ use tokio::time::Instant;
 
 pub(crate) const AFFINITY: Describe = Describe::new(
     "radixgate_response_affinity_total",
-    "Requests naming a stored Responses API response (previous_response_id, or its id in the path), by outcome: maker (sent to the worker that made it), maker_unavailable (that worker is gone or unavailable; routed without affinity) or unknown (an id this gateway did not see made).",
+    "Requests naming a stored Responses API response (previous_response_id, or its id in the path), by outcome: maker (sent to the worker that made it), maker_unavailable (that worker left the pool, routed without affinity; or is out of rotation, answered 503) or unknown (an id this gateway did not see made).",
 );
 
 /// The worker that made a response.
@@ -273,7 +273,7 @@ impl Makers {
         model: Option<&str>,
         exclude: &[WorkerId],
         counted: &mut bool,
-    ) -> Result<Option<(Decision, Option<String>)>, &'a str> {
+    ) -> Result<Option<(Decision, Option<String>)>, Unpinned<'a>> {
         let pinned = to_maker(router, affinity, model, exclude);
         if !*counted {
             *counted = true;
@@ -283,11 +283,18 @@ impl Makers {
                 (Some(_), None) => "maker_unavailable",
             });
         }
+        if pinned.is_none()
+            && let Some(url) = held_up(router, affinity, exclude)
+        {
+            // In the pool, out of rotation: it alone holds the response,
+            // and another worker could only refuse it as unknown.
+            return Err(Unpinned::MakerUnavailable { url });
+        }
         match (pinned, affinity) {
             (Some(pinned), _) => Ok(Some(pinned)),
-            (None, Affinity::ById { id, .. }) => {
-                lookup(router, Asked::Any, exclude).map(Some).ok_or(id)
-            }
+            (None, Affinity::ById { id, .. }) => lookup(router, Asked::Any, exclude)
+                .map(Some)
+                .ok_or(Unpinned::NotFound(id)),
             // An id this gateway did not see made (a restart, another
             // replica): the workers of the request's pool are asked in
             // turn, as for a request by id, the last one's answer passed
@@ -298,6 +305,43 @@ impl Makers {
             }
             (None, _) => Ok(None),
         }
+    }
+}
+
+/// Why a request naming a stored response has no worker to go to.
+#[derive(Debug)]
+pub(crate) enum Unpinned<'a> {
+    /// Its maker is not known and every worker was asked (the id).
+    NotFound(&'a str),
+    /// Its maker is in the pool but out of rotation (unhealthy, its
+    /// breaker open or its probe out, ejected): 503 until it is back.
+    MakerUnavailable {
+        /// The maker's URL.
+        url: String,
+    },
+}
+
+/// The URL of the maker of the response `affinity` names where that
+/// worker is in the pool but cannot take the request now: not available,
+/// or left out of it already (`exclude`: its half-open breaker's probe
+/// was out).
+fn held_up(router: &Router, affinity: &Affinity, exclude: &[WorkerId]) -> Option<String> {
+    let maker = affinity.maker()?;
+    let set = router.snapshot();
+    let worker = set.by_url(&maker.url)?;
+    (!worker.is_available() || exclude.contains(&worker.id())).then(|| worker.url().to_owned())
+}
+
+/// The error for a request about a stored response whose maker is
+/// unavailable (see [`Unpinned::MakerUnavailable`]).
+pub(crate) fn maker_unavailable(url: &str) -> GatewayError {
+    GatewayError::NoHealthyWorker {
+        model: None,
+        why: format!(
+            "the worker that holds this stored response, {url}, is out of rotation \
+             (unhealthy, its circuit breaker open, or ejected); no other worker \
+             holds it; retry shortly"
+        ),
     }
 }
 

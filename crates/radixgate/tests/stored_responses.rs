@@ -387,3 +387,56 @@ async fn workers_that_do_not_hold_an_id_spend_no_retry_of_its_lookup() {
     assert_eq!((status, worker.as_str()), (200, holder.url.as_str()), "{v}");
     gw.shutdown().await;
 }
+
+/// A stored response's maker in the pool but out of rotation (here
+/// failing its health checks): a follow-up or a request by id gets 503
+/// naming it, with `Retry-After`, as the worker that alone holds the
+/// response will be back. The follow-up was routed by its text and got
+/// another worker's 404, which a client takes for a lost conversation
+/// (and a request by id the router's 404 after asking every other one).
+#[tokio::test]
+async fn a_request_whose_maker_is_out_of_rotation_gets_503_naming_it() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let mut c = config(&[&a.url, &b.url]);
+    c.health.interval_secs = 1;
+    let gw = gateway_ready(c, 2).await;
+    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    let held = if maker == a.url { &a } else { &b };
+    held.set_faults(radixgate_sim::server::FaultConfig {
+        unhealthy: true,
+        ..Default::default()
+    });
+    wait_until("the maker out of rotation", || async {
+        workers(&gw.url)
+            .await
+            .iter()
+            .any(|w| w["url"] == maker.as_str() && w["state"] != "healthy")
+    })
+    .await;
+    let r = client()
+        .post(format!("{}/v1/responses", gw.url))
+        .json(&turn("and then?", Some(&id), false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_worker", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(&maker),
+        "{v}"
+    );
+    let url = format!("{}/v1/responses/{id}", gw.url);
+    let (status, _, v) = by_id(reqwest::Method::GET, &url).await;
+    assert_eq!(status, 503, "{v}");
+    // Back in rotation: the conversation goes on there.
+    held.set_faults(radixgate_sim::server::FaultConfig::default());
+    wait_for_healthy(&gw.url, 2).await;
+    let (status, worker, _, v) = respond(&gw.url, &turn("and then?", Some(&id), false)).await;
+    assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
+    gw.shutdown().await;
+}
