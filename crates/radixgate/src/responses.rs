@@ -8,8 +8,10 @@
 //!   made it ([`Makers`]);
 //! - **follow-ups**: a `POST /v1/responses` naming a known
 //!   `previous_response_id` goes to its maker while that worker is in the
-//!   request's pool and available; otherwise it is routed as any other
-//!   (and counted so: `radixgate_response_affinity_total`);
+//!   request's pool and available; while it is in the pool but out of
+//!   rotation, the request gets 503 naming it ([`Unpinned`]); once it left
+//!   the pool, the request is routed as any other (each counted:
+//!   `radixgate_response_affinity_total`);
 //! - **by id**: `GET`/`DELETE /v1/responses/{id}`,
 //!   `POST /v1/responses/{id}/cancel` and
 //!   `GET /v1/responses/{id}/input_items` go to the maker; an id not known
