@@ -57,14 +57,80 @@ fn question(i: usize) -> String {
     format!("{i} {}", "why is the sky blue today? ".repeat(1 + i % 5)).repeat(3)
 }
 
+/// Two simulated workers behind a gateway (its config as `adjust` leaves
+/// it), and a response made through it.
+struct Made {
+    workers: [SimWorker; 2],
+    gw: Gateway,
+    /// The URL of the worker that made it.
+    maker: String,
+    /// The response's id.
+    id: String,
+}
+
+impl Made {
+    async fn new(adjust: impl FnOnce(&mut radixgate::config::Config)) -> Self {
+        let workers = [
+            sim_worker(fast_worker()).await,
+            sim_worker(fast_worker()).await,
+        ];
+        let mut c = config(&[&workers[0].url, &workers[1].url]);
+        adjust(&mut c);
+        let gw = gateway_ready(c, 2).await;
+        let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
+        assert_eq!(status, 200, "{made}");
+        let id = made["id"].as_str().unwrap().to_owned();
+        Self {
+            workers,
+            gw,
+            maker,
+            id,
+        }
+    }
+
+    /// The simulated worker that made the response.
+    fn maker_sim(&self) -> &SimWorker {
+        self.workers.iter().find(|w| w.url == self.maker).unwrap()
+    }
+
+    /// The other worker's URL.
+    fn other(&self) -> &str {
+        &self
+            .workers
+            .iter()
+            .find(|w| w.url != self.maker)
+            .unwrap()
+            .url
+    }
+
+    async fn shutdown(self) {
+        self.gw.shutdown().await;
+    }
+}
+
+/// A response made at the worker at `url` directly, not through a
+/// gateway: its id.
+async fn made_at(url: &str) -> String {
+    let r = client()
+        .post(format!("{url}/v1/responses"))
+        .json(&turn("made elsewhere", None, false))
+        .send()
+        .await
+        .unwrap();
+    r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 #[tokio::test]
 async fn follow_ups_and_requests_by_id_reach_the_worker_that_made_the_response() {
-    let a = sim_worker(fast_worker()).await;
-    let b = sim_worker(fast_worker()).await;
-    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
-    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
-    assert_eq!(status, 200, "{made}");
-    let id = made["id"].as_str().unwrap().to_owned();
+    let Made {
+        gw,
+        maker,
+        id,
+        workers: _workers,
+    } = Made::new(|_| {}).await;
     // Follow-ups whose texts would otherwise spread: all at the maker.
     let mut previous = id.clone();
     for i in 0..12 {
@@ -141,17 +207,7 @@ async fn an_unknown_id_is_asked_of_each_worker_then_is_a_404() {
     let b = sim_worker(fast_worker()).await;
     let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
     for holder in [&a, &b] {
-        // Made at the worker directly: not through this gateway.
-        let r = client()
-            .post(format!("{}/v1/responses", holder.url))
-            .json(&turn("made elsewhere", None, false))
-            .send()
-            .await
-            .unwrap();
-        let id = r.json::<Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let id = made_at(&holder.url).await;
         let url = format!("{}/v1/responses/{id}", gw.url);
         let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
         assert_eq!((status, worker.as_str()), (200, holder.url.as_str()), "{v}");
@@ -177,17 +233,18 @@ async fn an_unknown_id_is_asked_of_each_worker_then_is_a_404() {
 /// engine there answers for itself), and counted so.
 #[tokio::test]
 async fn a_follow_up_whose_maker_left_is_routed_as_any_other() {
-    let a = sim_worker(fast_worker()).await;
-    let b = sim_worker(fast_worker()).await;
-    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
-    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
-    assert_eq!(status, 200, "{made}");
-    let id = made["id"].as_str().unwrap().to_owned();
+    let made = Made::new(|_| {}).await;
+    let other = made.other().to_owned();
+    let Made {
+        gw,
+        maker,
+        id,
+        workers: _workers,
+    } = made;
     remove_worker(&gw.url, &maker).await;
-    let other = [&a.url, &b.url].into_iter().find(|u| **u != maker).unwrap();
     let (status, worker, decision, v) =
         respond(&gw.url, &turn("and then?", Some(&id), false)).await;
-    assert_eq!(worker, *other, "{v}");
+    assert_eq!(worker, other, "{v}");
     assert!(!decision.contains("previous_response"), "{decision}");
     assert_eq!(status, 404, "the other worker never stored it: {v}");
     let gone = "radixgate_response_affinity_total{outcome=\"maker_unavailable\"}";
@@ -207,17 +264,7 @@ async fn a_follow_up_naming_a_response_made_elsewhere_finds_its_maker() {
     let b = sim_worker(fast_worker()).await;
     let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
     for holder in [&a.url, &b.url] {
-        // Made at the worker directly: not through this gateway.
-        let r = client()
-            .post(format!("{holder}/v1/responses"))
-            .json(&turn("made elsewhere", None, false))
-            .send()
-            .await
-            .unwrap();
-        let id = r.json::<Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let id = made_at(holder).await;
         for i in 0..4 {
             let (status, worker, decision, v) =
                 respond(&gw.url, &turn(&question(i), Some(&id), false)).await;
@@ -299,15 +346,9 @@ async fn requests_by_id_need_the_client_key() {
 /// conversation its maker would take up again moments later read as lost.
 #[tokio::test]
 async fn a_follow_up_its_maker_fails_gets_that_failure_not_another_workers_404() {
-    let a = sim_worker(fast_worker()).await;
-    let b = sim_worker(fast_worker()).await;
-    let mut c = config(&[&a.url, &b.url]);
-    c.circuit_breaker.failure_threshold = 100;
-    let gw = gateway_ready(c, 2).await;
-    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
-    assert_eq!(status, 200, "{made}");
-    let id = made["id"].as_str().unwrap().to_owned();
-    let sim = if maker == a.url { &a } else { &b };
+    let made = Made::new(|c| c.circuit_breaker.failure_threshold = 100).await;
+    let (gw, sim) = (&made.gw, made.maker_sim());
+    let (maker, id) = (made.maker.clone(), made.id.clone());
     sim.set_faults(radixgate_sim::server::FaultConfig {
         error_rate: 1.0,
         ..Default::default()
@@ -323,7 +364,7 @@ async fn a_follow_up_its_maker_fails_gets_that_failure_not_another_workers_404()
     sim.set_faults(radixgate_sim::server::FaultConfig::default());
     let (status, worker, _, v) = respond(&gw.url, &turn("and then?", Some(&id), false)).await;
     assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
-    gw.shutdown().await;
+    made.shutdown().await;
 }
 
 /// A worker that answers every request 500, serving the simulated model
@@ -372,16 +413,7 @@ async fn workers_that_do_not_hold_an_id_spend_no_retry_of_its_lookup() {
         assert_eq!(r.status(), 202);
         wait_for_healthy(&gw.url, n).await;
     }
-    let made = client()
-        .post(format!("{}/v1/responses", holder.url))
-        .json(&turn("made elsewhere", None, false))
-        .send()
-        .await
-        .unwrap();
-    let id = made.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = made_at(&holder.url).await;
     let url = format!("{}/v1/responses/{id}", gw.url);
     let (status, worker, v) = by_id(reqwest::Method::GET, &url).await;
     assert_eq!((status, worker.as_str()), (200, holder.url.as_str()), "{v}");
@@ -396,15 +428,9 @@ async fn workers_that_do_not_hold_an_id_spend_no_retry_of_its_lookup() {
 /// (and a request by id the router's 404 after asking every other one).
 #[tokio::test]
 async fn a_request_whose_maker_is_out_of_rotation_gets_503_naming_it() {
-    let a = sim_worker(fast_worker()).await;
-    let b = sim_worker(fast_worker()).await;
-    let mut c = config(&[&a.url, &b.url]);
-    c.health.interval_secs = 1;
-    let gw = gateway_ready(c, 2).await;
-    let (status, maker, _, made) = respond(&gw.url, &turn("hello there", None, false)).await;
-    assert_eq!(status, 200, "{made}");
-    let id = made["id"].as_str().unwrap().to_owned();
-    let held = if maker == a.url { &a } else { &b };
+    let made = Made::new(|c| c.health.interval_secs = 1).await;
+    let (gw, held) = (&made.gw, made.maker_sim());
+    let (maker, id) = (made.maker.clone(), made.id.clone());
     held.set_faults(radixgate_sim::server::FaultConfig {
         unhealthy: true,
         ..Default::default()
@@ -438,5 +464,5 @@ async fn a_request_whose_maker_is_out_of_rotation_gets_503_naming_it() {
     wait_for_healthy(&gw.url, 2).await;
     let (status, worker, _, v) = respond(&gw.url, &turn("and then?", Some(&id), false)).await;
     assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
-    gw.shutdown().await;
+    made.shutdown().await;
 }
