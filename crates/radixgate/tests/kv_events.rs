@@ -869,6 +869,22 @@ async fn load_adapter(gateway: &str, url: &str, name: &str) {
     .await;
 }
 
+/// One publishing worker behind a gateway that reads its models again
+/// every second, its stream live, and a prompt the worker was sent
+/// directly (returned) found there exactly.
+async fn live_and_holding() -> (SimWorker, Gateway, Vec<u32>) {
+    let (w1, e1) = publishing_worker(4096, false).await;
+    let mut cfg = events_config(&[(&w1, &e1)]);
+    cfg.health.interval_secs = 1;
+    cfg.health.models_refresh_secs = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    make_live(&gw.url, &[&w1]).await;
+    let held = ids(1, 160);
+    generate(&w1.url, &held).await;
+    wait_exact_hit(&gw.url, &w1, &held, 100).await;
+    (w1, gw, held)
+}
+
 /// A worker listed again under a new id at its URL, its engine never
 /// restarted (an operator removed it and added it back), keeps its event
 /// stream and its blocks. Before, it was subscribed to afresh as a new
@@ -878,15 +894,7 @@ async fn load_adapter(gateway: &str, url: &str, name: &str) {
 /// which relisted the worker so too, now keeps its id.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_relisted_at_its_url_keeps_its_event_stream() {
-    let (w1, e1) = publishing_worker(4096, false).await;
-    let mut cfg = events_config(&[(&w1, &e1)]);
-    cfg.health.interval_secs = 1;
-    cfg.health.models_refresh_secs = 1;
-    let gw = gateway_ready(cfg, 1).await;
-    make_live(&gw.url, &[&w1]).await;
-    let before = ids(1, 160);
-    generate(&w1.url, &before).await;
-    wait_exact_hit(&gw.url, &w1, &before, 100).await;
+    let (w1, gw, before) = live_and_holding().await;
     let id = workers(&gw.url).await[0]["id"].clone();
 
     load_adapter(&gw.url, &w1.url, "sql-lora").await;
@@ -929,15 +937,7 @@ async fn a_worker_relisted_at_its_url_keeps_its_event_stream() {
 /// `namespaced`), as a request in its own cache namespace is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_for_a_lora_adapter_is_not_matched_on_the_base_models_blocks() {
-    let (w1, e1) = publishing_worker(4096, false).await;
-    let mut cfg = events_config(&[(&w1, &e1)]);
-    cfg.health.interval_secs = 1;
-    cfg.health.models_refresh_secs = 1;
-    let gw = gateway_ready(cfg, 1).await;
-    make_live(&gw.url, &[&w1]).await;
-    let held = ids(1, 160);
-    generate(&w1.url, &held).await;
-    wait_exact_hit(&gw.url, &w1, &held, 100).await;
+    let (w1, gw, held) = live_and_holding().await;
     load_adapter(&gw.url, &w1.url, "sql-lora").await;
     let mut body = body(&held);
     body["model"] = json!("sql-lora");
