@@ -31,7 +31,7 @@
 //! most likely never read the request: [`ForwardError::Stale`] says so
 //! (each connection records whether it has carried an answer before,
 //! `Wire`), and the caller sends the request again on a new connection
-//! ([`Forwarder::post_on_new_connection`]) instead of counting the worker
+//! ([`Forwarder::send_with_on_new_connection`]) instead of counting the worker
 //! as having broken a connection.
 //!
 //! `X-Forwarded-For` and `Forwarded` are appended to: the client's peer
@@ -289,21 +289,10 @@ impl Forwarder {
         Self::with_connector(self.connector.clone())
     }
 
-    /// POSTs `body` with `headers` to `path` on the worker at `base`
-    /// (its URL without a trailing slash) and returns the response head,
-    /// its body still streaming.
-    pub async fn post(
-        &self,
-        base: &str,
-        path: &str,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<Response<Incoming>, ForwardError> {
-        Self::send(&self.client, Method::POST, base, path, headers, body).await
-    }
-
-    /// [`post`](Self::post) with another method (a stored response's
-    /// `GET` or `DELETE`).
+    /// Sends `body` with `headers` to `path` on the worker at `base` (its
+    /// URL without a trailing slash) with `method` (`POST` but for a
+    /// stored response's `GET` or `DELETE`), and returns the response
+    /// head, its body still streaming.
     pub async fn send_with(
         &self,
         method: Method,
@@ -315,21 +304,9 @@ impl Forwarder {
         Self::send(&self.client, method, base, path, headers, body).await
     }
 
-    /// [`post`](Self::post) on a connection of its own, never one the
-    /// pool kept: for a request whose pooled connection was
+    /// [`send_with`](Self::send_with) on a connection of its own, never
+    /// one the pool kept: for a request whose pooled connection was
     /// [stale](ForwardError::Stale).
-    pub async fn post_on_new_connection(
-        &self,
-        base: &str,
-        path: &str,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<Response<Incoming>, ForwardError> {
-        Self::send(&self.unpooled, Method::POST, base, path, headers, body).await
-    }
-
-    /// [`send_with`](Self::send_with) on a connection of its own (see
-    /// [`post_on_new_connection`](Self::post_on_new_connection)).
     pub async fn send_with_on_new_connection(
         &self,
         method: Method,
