@@ -28,7 +28,9 @@
 //! is replaced in the registry by one that serves them, its tree afresh.
 //! A healthy one is asked every `health.models_refresh_secs` too; one whose
 //! LoRA adapters alone came or went keeps its id and its tree for the
-//! models it still serves ([`adapters_only`]).
+//! models it still serves ([`adapters_only`]), unless that is found as it
+//! comes back from an outage (a restart drops the adapters loaded at
+//! runtime).
 //!
 //! A source may also hold a worker out of rotation without removing it
 //! ([`Control::set_ready`]: discovery, when a pod turns unready): it stays
@@ -600,7 +602,10 @@ impl ControlTask {
                 ..
             } => {
                 if let Some(served) = models {
-                    self.relist(&url, served);
+                    // Back from an outage, perhaps a restart, which drops
+                    // the adapters loaded at runtime.
+                    let back = healthy && self.known.get(&url).is_some_and(|k| !k.healthy);
+                    self.relist(&url, served, back);
                 }
                 let Some(known) = self.known.get_mut(&url) else {
                     return;
@@ -813,8 +818,11 @@ impl ControlTask {
     ///   emptied.
     ///
     /// Either way requests for a new model reach it from now on and those
-    /// for a model it left no longer do.
-    fn relist(&mut self, url: &WorkerUrl, served: Served) {
+    /// for a model it left no longer do. Any change found when it is
+    /// `back` from an outage is taken for a restart: an engine restarted
+    /// lists its base model without the adapters loaded into it at
+    /// runtime, its cache emptied.
+    fn relist(&mut self, url: &WorkerUrl, served: Served, back: bool) {
         let Some(known) = self.known.get_mut(url) else {
             return;
         };
@@ -845,7 +853,7 @@ impl ControlTask {
         {
             return;
         }
-        if adapters_only(&was, &served) {
+        if !back && adapters_only(&was, &served) {
             // An adapter loaded again from elsewhere: its old records go
             // first, as an adapter unloaded's do.
             let reloaded: Vec<&String> = served

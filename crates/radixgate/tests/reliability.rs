@@ -1348,14 +1348,36 @@ async fn lora_worker() -> (
     Arc<parking_lot::Mutex<Vec<Value>>>,
     CancellationToken,
 ) {
+    let (url, listed, _, stop) = lora_worker_that_can_fail().await;
+    (url, listed, stop)
+}
+
+/// [`lora_worker`], whose `/health` answers 503 while the flag it gives
+/// is set (an engine restarting).
+async fn lora_worker_that_can_fail() -> (
+    String,
+    Arc<parking_lot::Mutex<Vec<Value>>>,
+    Arc<AtomicBool>,
+    CancellationToken,
+) {
     use axum::extract::State;
     type Listed = Arc<parking_lot::Mutex<Vec<Value>>>;
     let listed: Listed = Arc::new(parking_lot::Mutex::new(vec![json!({
         "id": "base-model", "object": "model", "root": "/models/base",
         "parent": null, "max_model_len": 4096,
     })]));
+    let down = Arc::new(AtomicBool::new(false));
+    let health = {
+        let down = down.clone();
+        move || async move {
+            match down.load(Ordering::SeqCst) {
+                true => axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                false => axum::http::StatusCode::OK,
+            }
+        }
+    };
     let app = axum::Router::new()
-        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route("/health", axum::routing::get(health))
         .route(
             "/v1/models",
             axum::routing::get(|State(l): State<Listed>| async move {
@@ -1368,7 +1390,7 @@ async fn lora_worker() -> (
         )
         .with_state(listed.clone());
     let (url, stop) = serve_app(app).await;
-    (url, listed, stop)
+    (url, listed, down, stop)
 }
 
 /// vLLM's entry for a LoRA adapter of `base-model` loaded from `root`.
@@ -1438,6 +1460,56 @@ async fn a_lora_adapter_loaded_at_runtime_keeps_the_workers_cache_record() {
     })
     .await;
     assert_ne!(worker_id(&gw.url, &holder).await, id);
+    gw.shutdown().await;
+    stop_a.cancel();
+    stop_b.cancel();
+}
+
+/// An engine restarted loses the LoRA adapters loaded into it at runtime:
+/// back from its outage, a vLLM worker lists its base model alone. The
+/// router takes any change of a worker's list after an outage for a
+/// restart: the worker gets a new id and its cache record starts afresh,
+/// so a prompt it served before is no longer a cache hit there. Before,
+/// the change was taken for an adapter unloaded, and the record of a
+/// cache the restart had emptied kept drawing that prompt to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_back_from_an_outage_without_its_adapters_starts_afresh() {
+    let (a, a_listed, a_down, stop_a) = lora_worker_that_can_fail().await;
+    let (b, b_listed, b_down, stop_b) = lora_worker_that_can_fail().await;
+    for listed in [&a_listed, &b_listed] {
+        listed.lock().push(adapter("sql-lora", "/adapters/sql"));
+    }
+    let gw = gateway_ready(config(&[&a, &b]), 2).await;
+    let mut body = chat(&"Answer in SQL only. ".repeat(30), false);
+    body["model"] = json!("base-model");
+    let (holder, decision) = served_by(post_chat(&gw.url, &body).await).await;
+    let id = worker_id(&gw.url, &holder).await;
+    assert!(id.is_string(), "{decision}");
+    let (listed, down) = match holder == a {
+        true => (&a_listed, &a_down),
+        false => (&b_listed, &b_down),
+    };
+
+    down.store(true, Ordering::SeqCst);
+    let state = |gateway: String, url: String| async move {
+        let listed = workers(&gateway).await;
+        let found = listed.iter().find(|w| w["url"] == url.as_str()).cloned();
+        found.unwrap_or_default()
+    };
+    wait_until("the holder unhealthy", || async {
+        state(gw.url.clone(), holder.clone()).await["state"] == "unhealthy"
+    })
+    .await;
+    listed.lock().pop();
+    down.store(false, Ordering::SeqCst);
+    wait_until("the holder back with its base model alone", || async {
+        let w = state(gw.url.clone(), holder.clone()).await;
+        w["state"] == "healthy" && w["models"] == json!(["base-model"])
+    })
+    .await;
+    assert_ne!(worker_id(&gw.url, &holder).await, id, "a restart");
+    let (_, decision) = served_by(post_chat(&gw.url, &body).await).await;
+    assert!(!decision.contains("branch=cache_hit"), "{decision}");
     gw.shutdown().await;
     stop_a.cancel();
     stop_b.cancel();
