@@ -11,6 +11,7 @@
 //! characters). That part is released by [`LoadGuard::prefill_done`] when the
 //! first token arrives, or at drop at the latest; it is released exactly once.
 
+use crate::cost::Estimator;
 use crate::{CostModelConfig, Work, Worker};
 use std::fmt;
 use std::sync::Arc;
@@ -40,11 +41,23 @@ pub struct Observation {
 }
 
 /// The facts a TTFT prediction was made from, kept until the first token.
-#[derive(Clone, Copy, Debug)]
 struct Predicted {
-    slot: usize,
+    /// The fit of the model the decision was for, held rather than found
+    /// again by its place in the worker's list: that place moves when the
+    /// list changes in place meanwhile
+    /// ([`Registry::relist`](crate::Registry::relist)).
+    fit: Arc<Estimator>,
     work: Work,
     cost: CostModelConfig,
+}
+
+impl fmt::Debug for Predicted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Predicted")
+            .field("work", &self.work)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LoadGuard {
@@ -79,8 +92,9 @@ impl LoadGuard {
         work: Work,
         cost: CostModelConfig,
     ) -> Self {
+        let fit = worker.fit(slot);
         let mut guard = Self::with_prefill(worker, work.uncached_chars);
-        guard.predicted = Some(Predicted { slot, work, cost });
+        guard.predicted = Some(Predicted { fit, work, cost });
         guard
     }
 
@@ -91,7 +105,7 @@ impl LoadGuard {
     /// of a whole answer.
     pub fn first_token(&mut self, elapsed: Duration) -> Option<Observation> {
         let learned = self.predicted.take().map(|p| {
-            self.worker.observe_ttft(p.slot, p.work, elapsed, &p.cost);
+            p.fit.observe(p.work, elapsed, &p.cost);
             Observation {
                 work: p.work,
                 elapsed,

@@ -529,11 +529,22 @@ impl Worker {
     }
 
     /// Teaches the fit `slot` that a request which saw `work` here got its
-    /// first token after `elapsed`. [`LoadGuard::first_token`] calls this.
-    ///
-    /// [`LoadGuard::first_token`]: crate::LoadGuard::first_token
+    /// first token after `elapsed`: one another router replica saw
+    /// ([`Router::observe`](crate::Router::observe)). A request of this
+    /// router teaches the fit its guard holds
+    /// ([`LoadGuard::first_token`](crate::LoadGuard::first_token)).
     pub fn observe_ttft(&self, slot: usize, work: Work, elapsed: Duration, cfg: &CostModelConfig) {
         self.with_estimator(slot, |e| e.observe(work, elapsed, cfg));
+    }
+
+    /// The fit `slot` itself, for a request to teach at its first token
+    /// whatever the worker's list is by then ([`LoadGuard`]).
+    ///
+    /// [`LoadGuard`]: crate::LoadGuard
+    /// One clone per request, on the worker chosen alone.
+    pub(crate) fn fit(&self, slot: usize) -> Arc<Estimator> {
+        let serving = self.serving.load();
+        Arc::clone(serving.cost.get(slot).unwrap_or(&serving.cost[0]))
     }
 
     /// `f` of the fit `slot`; the first where the models changed since

@@ -514,3 +514,41 @@ fn a_worker_relisted_in_place_keeps_its_records_for_the_models_it_kept() {
         "a refused list changes nothing"
     );
 }
+
+/// A request's first token teaches the cost-model fit of the model it
+/// was routed for, even when the worker's list changed while it ran (an
+/// adapter listed before its own unloaded, moving its place in the list).
+/// Before, the guard kept the model's place as the decision read it and
+/// taught whichever fit sat there at the first token: here the base
+/// model's, with the adapter's own fit left unfitted.
+#[test]
+fn a_first_token_after_a_relist_teaches_the_fit_of_its_own_model() {
+    use radixgate_routing::{CostModelConfig, LoadGuard, Work};
+    use std::time::Duration;
+    let mut reg = Registry::new(cache_aware());
+    let spec = WorkerSpec::new("http://a:1").with_models(["base", "lora-a", "lora-b"]);
+    let w = reg.add(spec).unwrap();
+    let work = Work {
+        queued_chars: 0,
+        uncached_chars: 100,
+        in_flight: 0,
+    };
+    let cost = CostModelConfig::default();
+    let mut guard = LoadGuard::with_prediction(w.clone(), w.cost_slot("lora-b"), work, cost);
+    reg.relist(
+        w.id(),
+        vec!["base".into(), "lora-b".into()],
+        Default::default(),
+        None,
+    )
+    .unwrap();
+    guard.first_token(Duration::from_millis(40));
+    drop(guard);
+    let seen = |model: &str| w.ttft_observations(w.cost_slot(model));
+    assert_eq!(seen("lora-b"), 1, "the adapter's fit learned nothing");
+    assert_eq!(
+        seen("base"),
+        0,
+        "the base model's fit learned the adapter's wait"
+    );
+}
