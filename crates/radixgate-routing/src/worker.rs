@@ -538,10 +538,10 @@ impl Worker {
     }
 
     /// The fit `slot` itself, for a request to teach at its first token
-    /// whatever the worker's list is by then ([`LoadGuard`]).
+    /// whatever the worker's list is by then ([`LoadGuard`]): one clone
+    /// per request, on the worker chosen alone.
     ///
     /// [`LoadGuard`]: crate::LoadGuard
-    /// One clone per request, on the worker chosen alone.
     pub(crate) fn fit(&self, slot: usize) -> Arc<Estimator> {
         let serving = self.serving.load();
         Arc::clone(serving.cost.get(slot).unwrap_or(&serving.cost[0]))
