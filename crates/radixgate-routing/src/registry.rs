@@ -189,15 +189,20 @@ impl Registry {
     /// is removed and added again instead, its records afresh). It keeps
     /// its id, its load and health, its records in the trees of the
     /// models it still serves, and their cost-model fits; its records in
-    /// the trees of the models it no longer serves are forgotten, and a
-    /// model no worker serves any more takes its tree with it. Requests
-    /// in flight on it finish as they are.
+    /// the trees of the models it no longer serves are forgotten, as are
+    /// those of the models in `afresh`, which it still serves from a cache
+    /// that is not the old one (an adapter loaded again from another
+    /// path), with their fits; a model no worker serves any more takes its
+    /// tree with it. One snapshot is published, so no request finds the
+    /// worker without a model it serves throughout. Requests in flight on
+    /// it finish as they are.
     pub fn relist(
         &mut self,
         id: WorkerId,
         models: Vec<String>,
         origins: std::collections::BTreeMap<String, crate::ModelOrigin>,
         max_model_len: Option<u64>,
+        afresh: &[String],
     ) -> Result<Arc<Worker>, RoutingError> {
         let set = self.current.load_full();
         let worker = set
@@ -210,10 +215,12 @@ impl Registry {
         })?;
         // Before its records go: a decision racing this change then sees
         // the new models after its insert (see `Router::select_with`).
-        worker.set_serving(models, origins, max_model_len);
+        worker.set_serving(models, origins, max_model_len, afresh);
         self.publish(set.workers().to_vec());
         if let Some(trees) = self.policy_of(worker.role()).trees() {
-            trees.remove_tenant_where(id.tenant(), |key| !in_pool(&worker, key));
+            trees.remove_tenant_where(id.tenant(), |key| {
+                !in_pool(&worker, key) || afresh.iter().any(|m| m == key)
+            });
         }
         forget_gone_models(&self.current.load(), &self.policy, &self.decode_policy);
         Ok(worker)

@@ -175,18 +175,21 @@ struct Serving {
 }
 
 impl Serving {
-    /// `models` with the fits `kept` has of them, fresh ones for the rest.
+    /// `models` with the fits `kept` has of them but of those in
+    /// `afresh`, fresh ones for the rest.
     fn new(
         models: Vec<String>,
         mut origins: BTreeMap<String, ModelOrigin>,
         max_model_len: Option<u64>,
         kept: Option<&Serving>,
+        afresh: &[String],
     ) -> Self {
         origins.retain(|m, _| models.contains(m));
         // A model's fit follows it; a wildcard worker's one fit stays.
         let fit = |model: Option<&String>| -> Arc<Estimator> {
             let kept = kept.and_then(|k| {
                 let slot = match model {
+                    Some(m) if afresh.contains(m) => None,
                     Some(m) => k.models.iter().position(|x| x == m),
                     None => k.models.is_empty().then_some(0),
                 };
@@ -264,6 +267,7 @@ impl Worker {
                 spec.origins,
                 spec.max_model_len,
                 None,
+                &[],
             )),
             api_key: ArcSwapOption::from_pointee(spec.api_key),
             role: spec.role,
@@ -331,13 +335,14 @@ impl Worker {
     }
 
     /// Replaces what the worker serves, keeping the cost model's fits of
-    /// the models it still serves: only the
+    /// the models it still serves but those in `afresh`: only the
     /// [`Registry`](crate::Registry), which publishes the pools anew.
     pub(crate) fn set_serving(
         &self,
         models: Vec<String>,
         origins: BTreeMap<String, ModelOrigin>,
         max_model_len: Option<u64>,
+        afresh: &[String],
     ) {
         let kept = self.serving.load_full();
         self.serving.store(Arc::new(Serving::new(
@@ -345,6 +350,7 @@ impl Worker {
             origins,
             max_model_len,
             Some(&kept),
+            afresh,
         )));
     }
 

@@ -474,6 +474,7 @@ fn a_worker_relisted_in_place_keeps_its_records_for_the_models_it_kept() {
             vec!["base".into(), "lora-b".into()],
             Default::default(),
             None,
+            &[],
         )
         .unwrap();
     assert!(Arc::ptr_eq(&relisted, &w), "the same worker, not a new one");
@@ -501,11 +502,17 @@ fn a_worker_relisted_in_place_keeps_its_records_for_the_models_it_kept() {
     drop(d);
 
     // The other worker leaves too: lora-a's tree goes with the last.
-    reg.relist(other.id(), vec!["base".into()], Default::default(), None)
-        .unwrap();
+    reg.relist(
+        other.id(),
+        vec!["base".into()],
+        Default::default(),
+        None,
+        &[],
+    )
+    .unwrap();
     assert!(policy.tree("lora-a").is_none(), "lora-a's tree outlived it");
     assert!(matches!(
-        reg.relist(w.id(), vec!["*".into()], Default::default(), None),
+        reg.relist(w.id(), vec!["*".into()], Default::default(), None, &[]),
         Err(RoutingError::InvalidWorker { .. })
     ));
     assert_eq!(
@@ -540,6 +547,7 @@ fn a_first_token_after_a_relist_teaches_the_fit_of_its_own_model() {
         vec!["base".into(), "lora-b".into()],
         Default::default(),
         None,
+        &[],
     )
     .unwrap();
     guard.first_token(Duration::from_millis(40));
@@ -551,4 +559,57 @@ fn a_first_token_after_a_relist_teaches_the_fit_of_its_own_model() {
         0,
         "the base model's fit learned the adapter's wait"
     );
+}
+
+/// An adapter loaded again from another path is relisted in one step: its
+/// records and its fit start afresh (its cache is not the old one) while
+/// the worker stays in the adapter's pool throughout, its other models'
+/// records kept. It was relisted in two (without the adapter, then with
+/// it), so a worker alone serving the adapter left its pool between them.
+#[test]
+fn an_adapter_loaded_again_starts_afresh_in_one_relist() {
+    use radixgate_routing::{CostModelConfig, Work};
+    use std::time::Duration;
+    let policy = cache_aware();
+    let mut reg = Registry::new(policy.clone());
+    let router = reg.router();
+    let w = reg
+        .add(WorkerSpec::new("http://a:1").with_models(["base", "lora-a"]))
+        .unwrap();
+    let t = text("an adapter's prompt");
+    for model in ["base", "lora-a"] {
+        drop(router.select(Some(model), &t, None, &[]).unwrap());
+    }
+    let work = Work {
+        queued_chars: 0,
+        uncached_chars: 100,
+        in_flight: 0,
+    };
+    let cost = CostModelConfig::default();
+    for model in ["base", "lora-a"] {
+        w.observe_ttft(w.cost_slot(model), work, Duration::from_millis(40), &cost);
+    }
+    let generation = router.snapshot().generation();
+    reg.relist(
+        w.id(),
+        vec!["base".into(), "lora-a".into()],
+        Default::default(),
+        None,
+        &["lora-a".to_owned()],
+    )
+    .unwrap();
+    assert_eq!(
+        router.snapshot().generation(),
+        generation + 1,
+        "one snapshot published"
+    );
+    let size = |model: &str| policy.tree(model).unwrap().tenant_size(w.id().tenant());
+    assert_eq!(
+        size("base"),
+        t.chars().count(),
+        "the base model's record kept"
+    );
+    assert_eq!(size("lora-a"), 0, "the reloaded adapter's record forgotten");
+    let seen = |model: &str| w.ttft_observations(w.cost_slot(model));
+    assert_eq!((seen("base"), seen("lora-a")), (1, 0));
 }

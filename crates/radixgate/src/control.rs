@@ -854,32 +854,22 @@ impl ControlTask {
             return;
         }
         if !back && adapters_only(&was, &served) {
-            // An adapter loaded again from elsewhere: its old records go
-            // first, as an adapter unloaded's do.
-            let reloaded: Vec<&String> = served
+            // An adapter loaded again from elsewhere: its old records go,
+            // as an adapter unloaded's do.
+            let reloaded: Vec<String> = served
                 .models
                 .iter()
                 .filter(|m| was.models.contains(m) && was.origins.get(*m) != served.origins.get(*m))
+                .cloned()
                 .collect();
-            if !reloaded.is_empty() {
-                let kept = served
-                    .models
-                    .iter()
-                    .filter(|m| !reloaded.contains(m))
-                    .cloned()
-                    .collect();
-                let relisted =
-                    self.registry
-                        .relist(id, kept, served.origins.clone(), served.max_model_len);
-                if let Err(err) = relisted {
-                    tracing::warn!(worker = %url, %err, "adapters reloaded on a worker already removed");
-                }
-            }
             let models = served.models.clone();
-            match self
-                .registry
-                .relist(id, served.models, served.origins, served.max_model_len)
-            {
+            match self.registry.relist(
+                id,
+                served.models,
+                served.origins,
+                served.max_model_len,
+                &reloaded,
+            ) {
                 Ok(_) => tracing::info!(
                     worker = %url,
                     id = %id,
