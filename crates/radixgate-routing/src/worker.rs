@@ -334,6 +334,12 @@ impl Worker {
         self.serving.load().origins.get(model).cloned()
     }
 
+    /// Whether the worker lists `model` as a LoRA adapter (its entry names
+    /// a parent); read in place, for the request path.
+    pub fn lists_as_adapter(&self, model: &str) -> bool {
+        (self.serving.load().origins.get(model)).is_some_and(ModelOrigin::is_adapter)
+    }
+
     /// Replaces what the worker serves, keeping the cost model's fits of
     /// the models it still serves but those in `afresh`: only the
     /// [`Registry`](crate::Registry), which publishes the pools anew.

@@ -490,9 +490,7 @@ fn is_adapter(shared: &Shared, model: Option<&str>) -> bool {
         return false;
     };
     let set = shared.router.snapshot();
-    set.workers()
-        .iter()
-        .any(|w| w.origin(model).is_some_and(|o| o.is_adapter()))
+    set.workers().iter().any(|w| w.lists_as_adapter(model))
 }
 
 /// Why a request found no worker when the only ones left were half-open.
