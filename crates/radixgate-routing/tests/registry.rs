@@ -522,6 +522,15 @@ fn a_worker_relisted_in_place_keeps_its_records_for_the_models_it_kept() {
     );
 }
 
+/// The work of a request with 100 characters to prefill on an idle worker.
+fn uncached_100() -> radixgate_routing::Work {
+    radixgate_routing::Work {
+        queued_chars: 0,
+        uncached_chars: 100,
+        in_flight: 0,
+    }
+}
+
 /// A request's first token teaches the cost-model fit of the model it
 /// was routed for, even when the worker's list changed while it ran (an
 /// adapter listed before its own unloaded, moving its place in the list).
@@ -530,16 +539,12 @@ fn a_worker_relisted_in_place_keeps_its_records_for_the_models_it_kept() {
 /// model's, with the adapter's own fit left unfitted.
 #[test]
 fn a_first_token_after_a_relist_teaches_the_fit_of_its_own_model() {
-    use radixgate_routing::{CostModelConfig, LoadGuard, Work};
+    use radixgate_routing::{CostModelConfig, LoadGuard};
     use std::time::Duration;
     let mut reg = Registry::new(cache_aware());
     let spec = WorkerSpec::new("http://a:1").with_models(["base", "lora-a", "lora-b"]);
     let w = reg.add(spec).unwrap();
-    let work = Work {
-        queued_chars: 0,
-        uncached_chars: 100,
-        in_flight: 0,
-    };
+    let work = uncached_100();
     let cost = CostModelConfig::default();
     let mut guard = LoadGuard::with_prediction(w.clone(), w.cost_slot("lora-b"), work, cost);
     reg.relist(
@@ -568,7 +573,7 @@ fn a_first_token_after_a_relist_teaches_the_fit_of_its_own_model() {
 /// it), so a worker alone serving the adapter left its pool between them.
 #[test]
 fn an_adapter_loaded_again_starts_afresh_in_one_relist() {
-    use radixgate_routing::{CostModelConfig, Work};
+    use radixgate_routing::CostModelConfig;
     use std::time::Duration;
     let policy = cache_aware();
     let mut reg = Registry::new(policy.clone());
@@ -580,11 +585,7 @@ fn an_adapter_loaded_again_starts_afresh_in_one_relist() {
     for model in ["base", "lora-a"] {
         drop(router.select(Some(model), &t, None, &[]).unwrap());
     }
-    let work = Work {
-        queued_chars: 0,
-        uncached_chars: 100,
-        in_flight: 0,
-    };
+    let work = uncached_100();
     let cost = CostModelConfig::default();
     for model in ["base", "lora-a"] {
         w.observe_ttft(w.cost_slot(model), work, Duration::from_millis(40), &cost);

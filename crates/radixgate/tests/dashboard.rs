@@ -458,6 +458,31 @@ fetch("{gateway}/v1/chat/completions", {{
     served.abort();
 }
 
+/// Has the worker `failing` answer every request 500, then sends `n`
+/// chats through the gateway at `base`: their statuses.
+async fn fail_chats(
+    c: &reqwest::Client,
+    base: &str,
+    failing: &common::SimWorker,
+    n: usize,
+) -> Vec<reqwest::StatusCode> {
+    failing.set_faults(radixgate_sim::server::FaultConfig {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    let mut statuses = Vec::new();
+    for i in 0..n {
+        let r = c
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat(&format!("fails {i}"), false))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status());
+    }
+    statuses
+}
+
 /// The row of the worker at `url` in a data reading, if listed.
 fn data_row<'a>(data: &'a Value, url: &str) -> Option<&'a Value> {
     data["workers"]
@@ -485,18 +510,8 @@ async fn a_worker_added_back_shows_no_errors_from_before_it_was_removed() {
     // Watched from the start; the flaky worker's failures are retried on
     // the steady one.
     data(&base).await;
-    flaky.set_faults(radixgate_sim::server::FaultConfig {
-        error_rate: 1.0,
-        ..Default::default()
-    });
-    for i in 0..6 {
-        let r = c
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&chat(&format!("fails {i}"), false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+    for status in fail_chats(&c, &base, &flaky, 6).await {
+        assert_eq!(status, 200);
     }
     common::wait_until("the flaky worker's failures on the data", || {
         let (base, url) = (base.clone(), flaky.url.clone());
@@ -952,18 +967,8 @@ async fn a_draining_workers_breaker_is_the_one_workers_shows() {
     })
     .await;
     // Then failures open its breaker.
-    w.set_faults(radixgate_sim::server::FaultConfig {
-        error_rate: 1.0,
-        ..Default::default()
-    });
-    for i in 0..3 {
-        let r = c
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&chat(&format!("fails {i}"), false))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_server_error(), "{}", r.status());
+    for status in fail_chats(&c, &base, &w, 3).await {
+        assert!(status.is_server_error(), "{status}");
     }
     let removed = common::remove_worker(&base, &w.url).await;
     assert_eq!(removed["state"], "draining", "{removed}");
