@@ -362,6 +362,12 @@ impl Control {
         self.board.pending()
     }
 
+    /// Has the worker at `url` asked for its models again soon (see
+    /// [`health::Board::reread_models`]).
+    pub(crate) fn reread_models(&self, url: &str) {
+        self.board.reread_models(url);
+    }
+
     /// Every known worker, admitted or pending, in URL order.
     pub async fn list(&self) -> Vec<WorkerStatus> {
         self.ask(|reply| Command::List { reply })
@@ -648,6 +654,7 @@ impl ControlTask {
         }
         let cancel = self.shutdown.child_token();
         let api_key = Arc::new(ArcSwapOption::from_pointee(spec.api_key.clone()));
+        let reread = self.control.board.known(&url);
         tokio::spawn(health::watch(health::Target {
             url: url.clone(),
             api_key: api_key.clone(),
@@ -657,9 +664,9 @@ impl ControlTask {
             config: self.health.clone(),
             control: self.control.clone(),
             board: self.control.board.clone(),
+            reread,
             cancel: cancel.clone(),
         }));
-        self.control.board.known(&url);
         tracing::info!(worker = %url, name = spec.name.as_deref(), "worker added; probing");
         self.known.insert(
             url,

@@ -62,6 +62,9 @@ pub(crate) struct Target {
     pub(crate) control: Control,
     /// Where every probe's outcome is written.
     pub(crate) board: Board,
+    /// Notified when a request found the worker not serving a model it
+    /// is listed with ([`Board::reread_models`]).
+    pub(crate) reread: Arc<tokio::sync::Notify>,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -87,8 +90,13 @@ trait Watched {
     /// The admitted worker's health changed.
     async fn report(&mut self, healthy: bool);
     /// The admitted worker is healthy and `models_refresh_secs` passed
-    /// since its models were last read: reads them again.
+    /// since its models were last read, or it was asked to
+    /// ([`Self::asked_to_reread`]): reads them again.
     async fn refresh(&mut self) {}
+    /// Until a request asks for the worker's models to be read again.
+    async fn asked_to_reread(&self) {
+        std::future::pending().await
+    }
 }
 
 impl Watched for Target {
@@ -154,6 +162,10 @@ impl Watched for Target {
     async fn refresh(&mut self) {
         self.refresh_models().await;
     }
+
+    async fn asked_to_reread(&self) {
+        self.reread.notified().await;
+    }
 }
 
 impl Target {
@@ -217,6 +229,8 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
     // When the worker's models were last read (on admission, on return).
     let mut models_read = Instant::now();
     let refresh = Duration::from_secs(cfg.models_refresh_secs);
+    // A request asked for them to be read again (see `REREAD_AFTER`).
+    let mut reread = false;
     loop {
         let outcome = if cfg.enabled {
             worker.probe().await
@@ -240,14 +254,14 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
                 healthy = true;
                 backoff = initial;
                 worker.report(healthy).await;
-                models_read = Instant::now();
+                (models_read, reread) = (Instant::now(), false);
             } else {
                 match worker.admit().await {
                     Ok(()) => {
                         healthy = true;
                         backoff = initial;
                         admitted = true;
-                        models_read = Instant::now();
+                        (models_read, reread) = (Instant::now(), false);
                     }
                     // It answers its probes but cannot be routed to as it
                     // is: out of rotation, complained of, and asked again.
@@ -260,11 +274,15 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
         } else if healthy && !ok && failures >= cfg.failure_threshold {
             healthy = false;
             worker.report(healthy).await;
-        } else if healthy && ok && !refresh.is_zero() && models_read.elapsed() >= refresh {
+        } else if healthy
+            && ok
+            && (reread || !refresh.is_zero() && models_read.elapsed() >= refresh)
+        {
             // A server can change model without failing a probe (a
-            // Service's pods replaced by a rolling update).
+            // Service's pods replaced by a rolling update, a LoRA adapter
+            // unloaded).
             worker.refresh().await;
-            models_read = Instant::now();
+            (models_read, reread) = (Instant::now(), false);
         }
         match outcome {
             Err(problem) if !healthy => {
@@ -299,12 +317,27 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
             backoff = (backoff * 2).min(max);
             wait
         };
-        tokio::select! {
+        let asked = tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(wait) => false,
+            () = worker.asked_to_reread(), if healthy && !reread => true,
+        };
+        if asked {
+            // Probed and read at once, but not more often than
+            // `REREAD_AFTER`: every request a worker turns away asks.
+            reread = true;
+            let wait = REREAD_AFTER.saturating_sub(models_read.elapsed());
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
         }
     }
 }
+
+/// The least time between two reads of a worker's models that requests
+/// asked for ([`Board::reread_models`]).
+const REREAD_AFTER: Duration = Duration::from_secs(1);
 
 /// Why a worker is out of rotation, for the operator's log: the line that
 /// follows `worker <url>`.

@@ -94,8 +94,8 @@ mod respond;
 #[cfg(test)]
 pub(crate) use attempt::no_first_byte_kind;
 use attempt::{
-    Outgoing, Waiting, asked_for_pause, busy, choose, error_message, failed_before_first_byte,
-    moved_off, no_first_byte, record, request_timed_out, send_primed,
+    Outgoing, Waiting, asked_for_pause, busy, choose, does_not_serve, error_message,
+    failed_before_first_byte, moved_off, no_first_byte, record, request_timed_out, send_primed,
 };
 pub(crate) use attempt::{is_encoded, is_event_stream};
 pub(crate) use endpoint::Endpoint;
@@ -644,6 +644,9 @@ async fn attempts(
     // the workers asked for one whose maker is unknown that answered 404.
     let mut affinity_counted = false;
     let mut looked_up = 0usize;
+    // The workers that answered they do not serve the request's model
+    // (see `does_not_serve`): they spend no retry either.
+    let mut not_serving = 0usize;
     loop {
         let deciding = crate::trace::Deciding::start();
         let pinned = match target.affinity {
@@ -761,7 +764,7 @@ async fn attempts(
         // refused as unknown (`crate::responses::only_holder`).
         // Workers asked for a stored response that answered they do not
         // hold it (`looked_up`) failed nothing: they spend no retry.
-        let last_attempt = (sent_before - looked_up) as u32 >= max_retries
+        let last_attempt = (sent_before - looked_up - not_serving) as u32 >= max_retries
             || crate::responses::only_holder(&decision);
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
@@ -791,7 +794,7 @@ async fn attempts(
         // Whether a failed attempt is its worker's (see `request_timed_out`).
         let mut blamed = true;
         let failure = match attempted {
-            Ok(response) => {
+            Ok(mut response) => {
                 let status = response.status();
                 let mut observed = None;
                 traced.answered(status.as_u16());
@@ -811,6 +814,43 @@ async fn attempts(
                     record(&worker, probe, Outcome::Success);
                     tried.push(worker.id());
                     looked_up += 1;
+                    continue;
+                }
+                if status == StatusCode::NOT_FOUND
+                    && let Affinity::None = target.affinity
+                    && let Some(model) = request.model.as_deref()
+                    && served_elsewhere(shared, &worker, model, &tried)
+                    && does_not_serve(&mut response, model, deadline).await
+                {
+                    // Listed with the model, the worker no longer serves
+                    // it (an adapter unloaded, another model started
+                    // there): another that is listed with it takes the
+                    // request, at once and for no retry, and the worker's
+                    // models are read again. Its failure is no one's.
+                    tracing::info!(
+                        worker = worker.url(),
+                        model,
+                        "worker answered 404: it does not serve the model it is listed with; \
+                         retried on another, and its models read again"
+                    );
+                    shared.control.reread_models(worker.url());
+                    shared
+                        .request_metrics
+                        .upstream_error(worker.url(), "model_not_served");
+                    decision.undo_insert(&request.routing_text);
+                    drop(probe);
+                    let (message, _) = error_message(response, deadline).await;
+                    let failure = GatewayError::UpstreamStatus {
+                        worker: worker.url().to_owned(),
+                        status,
+                        message,
+                        retry_after: None,
+                    };
+                    traced.failed("model_not_served", &failure);
+                    retrying = Some("model_not_served");
+                    tried.push(worker.id());
+                    not_serving += 1;
+                    last_failure = Some(failure);
                     continue;
                 }
                 let sse = is_event_stream(response.headers());
@@ -944,6 +984,29 @@ async fn attempts(
         tokio::time::sleep(pause).await;
     }
 }
+
+/// Whether a worker other than `worker`, and not among `tried`, is listed
+/// with `model` by name and available: a 404 of `worker`'s saying it does
+/// not serve the model is then worth a try there (see `does_not_serve`).
+/// A worker that serves any model (it lists none) says nothing of whether
+/// it is listed wrongly: its 404 is the request's answer.
+fn served_elsewhere(
+    shared: &Shared,
+    worker: &radixgate_routing::Worker,
+    model: &str,
+    tried: &[WorkerId],
+) -> bool {
+    let lists = |w: &radixgate_routing::Worker| {
+        let models = w.models();
+        models.iter().any(|m| m == model)
+    };
+    let set = shared.router.snapshot();
+    lists(worker)
+        && set.workers().iter().any(|w| {
+            w.id() != worker.id() && !tried.contains(&w.id()) && w.is_available() && lists(w)
+        })
+}
+
 /// The workers that answered one request 500 so far, each with its
 /// breaker's permit. A 500 may be the worker's fault (a broken engine
 /// answers every request so) or the request's (a prompt that trips an

@@ -444,17 +444,21 @@ where
 }
 
 /// A worker's body with its first frames, already read, put back in front.
-pub struct Primed<B> {
+pub struct Primed<B: Body> {
     read: VecDeque<Frame<Bytes>>,
+    /// Where reading ahead ([`Self::read_ahead`]) met the body's error:
+    /// given after the frames read, as the body gave it.
+    broke: Option<B::Error>,
     rest: B,
 }
 
-impl<B> Primed<B> {
+impl<B: Body> Primed<B> {
     /// `read` (the frames read ahead, in order) followed by the rest of
     /// `rest`.
     pub fn new(read: Vec<Frame<Bytes>>, rest: B) -> Self {
         Self {
             read: read.into(),
+            broke: None,
             rest,
         }
     }
@@ -463,11 +467,40 @@ impl<B> Primed<B> {
     pub fn first_data(&self) -> Option<&[u8]> {
         self.read.front()?.data_ref().map(|data| &data[..])
     }
+
+    /// The data of the frames read ahead, joined.
+    pub fn held(&self) -> Vec<u8> {
+        let data = self.read.iter().filter_map(Frame::data_ref);
+        data.flat_map(|d| d.iter().copied()).collect()
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Primed<B> {
+    /// Reads the body ahead until at least `limit` bytes are held, or it
+    /// ends or breaks; what is read stays in front, to be read as before
+    /// (a break too). Dropped before its end, it keeps what it read.
+    pub async fn read_ahead(&mut self, limit: usize) {
+        use http_body_util::BodyExt;
+        let mut held: usize = (self.read.iter().filter_map(Frame::data_ref))
+            .map(Bytes::len)
+            .sum();
+        while held < limit && self.broke.is_none() {
+            match self.rest.frame().await {
+                Some(Ok(frame)) => {
+                    held += frame.data_ref().map_or(0, Bytes::len);
+                    self.read.push_back(frame);
+                }
+                Some(Err(err)) => self.broke = Some(err),
+                None => return,
+            }
+        }
+    }
 }
 
 impl<B> Body for Primed<B>
 where
     B: Body<Data = Bytes> + Unpin,
+    B::Error: Unpin,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -477,14 +510,17 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        match this.read.pop_front() {
-            Some(frame) => Poll::Ready(Some(Ok(frame))),
-            None => Pin::new(&mut this.rest).poll_frame(cx),
+        if let Some(frame) = this.read.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
         }
+        if let Some(err) = this.broke.take() {
+            return Poll::Ready(Some(Err(err)));
+        }
+        Pin::new(&mut this.rest).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.read.is_empty() && self.rest.is_end_stream()
+        self.read.is_empty() && self.broke.is_none() && self.rest.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -1384,13 +1384,28 @@ async fn lora_worker_that_can_fail() -> (
                 axum::Json(json!({"object": "list", "data": *l.lock()}))
             }),
         )
-        .route(
-            "/v1/chat/completions",
-            axum::routing::post(|| async { axum::Json(ok_answer()) }),
-        )
+        .route("/v1/chat/completions", axum::routing::post(lora_chat))
         .with_state(listed.clone());
     let (url, stop) = serve_app(app).await;
     (url, listed, down, stop)
+}
+
+/// A chat request to a fake vLLM started with `--enable-lora`, as vLLM
+/// answers it: a model it does not list (an adapter it never loaded or
+/// unloaded) is its 404.
+async fn lora_chat(
+    axum::extract::State(listed): axum::extract::State<Arc<parking_lot::Mutex<Vec<Value>>>>,
+    axum::Json(body): axum::Json<Value>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let model = body["model"].as_str().unwrap_or_default();
+    if listed.lock().iter().any(|m| m["id"] == model) {
+        return axum::Json(ok_answer()).into_response();
+    }
+    let message = format!("The model `{model}` does not exist.");
+    let error = json!({"error": {"message": message, "type": "NotFoundError",
+        "param": "model", "code": 404}});
+    (axum::http::StatusCode::NOT_FOUND, axum::Json(error)).into_response()
 }
 
 /// vLLM's entry for a LoRA adapter of `base-model` loaded from `root`.
@@ -1460,6 +1475,65 @@ async fn a_lora_adapter_loaded_at_runtime_keeps_the_workers_cache_record() {
     })
     .await;
     assert_ne!(worker_id(&gw.url, &holder).await, id);
+    gw.shutdown().await;
+    stop_a.cancel();
+    stop_b.cancel();
+}
+
+/// A LoRA adapter unloaded from a worker between two reads of its models
+/// (or another model started at its URL): the router still lists it there,
+/// and the worker answers 404 for it ("The model `m` does not exist.").
+/// The request is tried on another worker listed with the model, and the
+/// worker's models are read again at once, not at the next
+/// `models_refresh_secs`. Before, the client got the 404 while another
+/// worker served the adapter, until that next read (30 s by default).
+/// Where no other worker is listed with it, the worker's 404 is the
+/// answer, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_unloaded_an_adapter_passes_its_requests_on() {
+    let (a, a_listed, stop_a) = lora_worker().await;
+    let (b, b_listed, stop_b) = lora_worker().await;
+    for listed in [&a_listed, &b_listed] {
+        listed.lock().push(adapter("sql-lora", "/adapters/sql"));
+    }
+    let mut c = config(&[&a, &b]);
+    // Read again only when asked, within the test's time.
+    c.health.models_refresh_secs = 3600;
+    let gw = gateway_ready(c, 2).await;
+    let mut body = chat(&"Answer in SQL only. ".repeat(30), false);
+    body["model"] = json!("sql-lora");
+    let (holder, decision) = served_by(post_chat(&gw.url, &body).await).await;
+    let (other, listed, other_listed) = match holder == a {
+        true => (&b, &a_listed, &b_listed),
+        false => (&a, &b_listed, &a_listed),
+    };
+    listed.lock().pop();
+
+    // Its cache hit takes the prompt to the holder first, which turns it
+    // away; the other serves it.
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 200, "{decision}");
+    let (by, decision) = served_by(r).await;
+    assert_eq!(&by, other, "{decision}");
+    let metrics = metrics_text(&gw.url).await;
+    let counted = format!(
+        "radixgate_upstream_errors_total{{worker=\"{holder}\",kind=\"model_not_served\"}} 1"
+    );
+    assert!(metrics.contains(&counted), "{metrics}");
+    wait_until("the holder listed without the adapter", || async {
+        let listed = workers(&gw.url).await;
+        let found = listed.iter().find(|w| w["url"] == holder.as_str());
+        found.is_some_and(|w| w["models"] == json!(["base-model"]))
+    })
+    .await;
+
+    // Unloaded everywhere: the last worker's own 404 is the answer.
+    other_listed.lock().pop();
+    let r = post_chat(&gw.url, &body).await;
+    assert_eq!(r.status(), 404);
+    let answer: Value = r.json().await.unwrap();
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(message, "The model `sql-lora` does not exist.", "{answer}");
     gw.shutdown().await;
     stop_a.cancel();
     stop_b.cancel();

@@ -4,13 +4,15 @@
 //!
 //! The control task adds and forgets entries (it is the one that knows
 //! which workers exist); each worker's health checker writes its own entry
-//! after every probe. Requests only read it on the way to a 503, so a
-//! plain mutex is enough.
+//! after every probe. Requests only read it on the way to a 503, or ask a
+//! checker to read its worker's models again ([`Board::reread_models`]),
+//! so a plain mutex is enough.
 
 use radixgate_routing::{WorkerSet, WorkerUrl};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::Notify;
 
 /// The latest health sighting of every known worker.
 #[derive(Clone, Debug, Default)]
@@ -19,12 +21,14 @@ pub(crate) struct Board {
 }
 
 /// What one worker's health checker last saw.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 struct Sighting {
     /// In the registry (its first probes passed).
     admitted: bool,
     /// Why its last probe failed; `None` after a passing one.
     problem: Option<String>,
+    /// Wakes the checker to read the worker's models again.
+    reread: Arc<Notify>,
 }
 
 /// At most this many workers are named in one message.
@@ -37,9 +41,20 @@ impl Board {
         f(&mut self.entries.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// A worker became known: pending until its probes pass.
-    pub(crate) fn known(&self, url: &WorkerUrl) {
-        self.with(|e| e.insert(url.clone(), Sighting::default()));
+    /// A worker became known: pending until its probes pass. Its health
+    /// checker waits on what this returns for [`Self::reread_models`].
+    pub(crate) fn known(&self, url: &WorkerUrl) -> Arc<Notify> {
+        let sighting = Sighting::default();
+        let reread = sighting.reread.clone();
+        self.with(|e| e.insert(url.clone(), sighting));
+        reread
+    }
+
+    /// Asks the health checker of `url` to read its worker's models again
+    /// soon (the worker answered that it does not serve a model it is
+    /// listed with); nothing waits for it.
+    pub(crate) fn reread_models(&self, url: &str) {
+        self.with(|e| e.get(url).map(|s| s.reread.notify_one()));
     }
 
     /// A worker was removed.

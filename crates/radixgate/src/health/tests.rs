@@ -28,6 +28,8 @@ struct Scripted {
     /// What failing probes say, in turn; the last one repeats.
     problems: Vec<&'static str>,
     complaints: Vec<(u64, String)>,
+    /// When requests ask for its models to be read again.
+    rereads: Vec<u64>,
 }
 
 impl Scripted {
@@ -39,6 +41,7 @@ impl Scripted {
             reports: Vec::new(),
             problems: vec!["connection refused"],
             complaints: Vec::new(),
+            rereads: Vec::new(),
         }
     }
 
@@ -94,6 +97,16 @@ impl Watched for Scripted {
         let now = self.now_ms();
         self.reports.push((now, Report::Refresh));
     }
+
+    async fn asked_to_reread(&self) {
+        let now = self.now_ms();
+        match self.rereads.iter().find(|&&at| at > now) {
+            Some(&at) => {
+                tokio::time::sleep_until(self.start + Duration::from_millis(at)).await;
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 /// Runs the default schedule against `worker` for `ms` of (paused) time.
@@ -143,6 +156,33 @@ async fn a_healthy_workers_models_are_read_again_every_refresh_period() {
     // return (read then); next 30 s after it.
     assert_eq!(at(Report::Refresh), [30_250, 106_250]);
     assert_eq!(HealthConfig::default().models_refresh_secs, 30);
+}
+
+/// A request that finds the worker not serving a model it is listed with
+/// has its models read again at once, but a second within a second of the
+/// last read waits for that second; the next read a request did not ask
+/// for is `models_refresh_secs` after the last. Asked while unhealthy,
+/// nothing is read (the worker's return reads them).
+#[tokio::test(start_paused = true)]
+async fn a_workers_models_are_read_again_when_a_request_asks() {
+    let mut worker = Scripted::new(vec![0..20_000, 60_000..u64::MAX]);
+    worker.rereads = vec![5_000, 5_300, 50_000];
+    watch_for(&mut worker, 100_000).await;
+    let refreshed: Vec<u64> = (worker.reports.iter())
+        .filter(|(_, r)| *r == Report::Refresh)
+        .map(|(at, _)| *at)
+        .collect();
+    // Admitted at 250 ms; the probes from 26 s fail, unhealthy at 46 s,
+    // back at 62 s (read then); 30 s on.
+    assert_eq!(refreshed[..2], [5_000, 6_000]);
+    assert!(!refreshed.iter().any(|at| (20_000..62_000).contains(at)));
+    let back = (worker.reports.iter())
+        .find(|(_, r)| *r == Report::Healthy(true))
+        .map(|(at, _)| *at)
+        .unwrap();
+    assert_eq!(refreshed[2..], [back + 30_000]);
+    // Probed at each read asked for, else every 10 s.
+    assert_eq!(worker.probes[..5], [0, 250, 5_000, 6_000, 16_000]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -354,6 +354,46 @@ pub(super) async fn error_message(
     (worker_message(&bytes), bytes)
 }
 
+/// Whether a worker's 404 `response` for a request naming `model` says
+/// that the worker does not serve that model (vLLM's "The model `m` does
+/// not exist."): a LoRA adapter unloaded, or another model started at the
+/// URL, since its models were last read. Its body's first
+/// [`ERROR_BODY_LIMIT`] bytes are read ahead (before `deadline`) and kept
+/// in front, so that a 404 about something else goes on as it came.
+pub(super) async fn does_not_serve(
+    response: &mut axum::http::Response<Primed<Incoming>>,
+    model: &str,
+    deadline: Option<tokio::time::Instant>,
+) -> bool {
+    if is_encoded(response.headers()) {
+        return false;
+    }
+    let read = response.body_mut().read_ahead(ERROR_BODY_LIMIT);
+    let deadline =
+        deadline.unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(5));
+    let _ = tokio::time::timeout_at(deadline, read).await;
+    worker_message(&response.body().held()).is_some_and(|m| names(&m, model))
+}
+
+/// Whether `message` names `model` as a word of its own: not inside a
+/// longer name (`m` is not named by "Not Found", nor `llama` by
+/// "llama-2").
+fn names(message: &str, model: &str) -> bool {
+    let in_name = |c: char| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | ':');
+    !model.is_empty()
+        && message.match_indices(model).any(|(at, _)| {
+            let before = message[..at].chars().next_back();
+            let mut after = message[at + model.len()..].chars();
+            // A full stop or a colon ends the sentence, not the name.
+            let continues = match after.next() {
+                Some('.' | ':') => after.next().is_some_and(in_name),
+                Some(c) => in_name(c),
+                None => false,
+            };
+            !before.is_some_and(in_name) && !continues
+        })
+}
+
 /// The message of a worker's error body (see [`error_message`]), trimmed
 /// to one line of at most 512 characters.
 fn worker_message(body: &[u8]) -> Option<String> {
@@ -563,4 +603,25 @@ async fn send(
             source: Box::new(err),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names;
+
+    #[test]
+    fn a_message_names_a_model_as_a_word_of_its_own() {
+        assert!(names("The model `sql-lora` does not exist.", "sql-lora"));
+        assert!(names("model sql-lora does not exist", "sql-lora"));
+        assert!(names("unknown model: org/llama-3.1", "org/llama-3.1"));
+        assert!(names("no such model org/llama-3.1.", "org/llama-3.1"));
+        assert!(names("'m' not found", "m"));
+        // Inside longer names, or none at all.
+        assert!(!names("Not Found", "N"));
+        assert!(!names("The model `llama-2` does not exist.", "llama"));
+        assert!(!names("The model `my-llama` does not exist.", "llama"));
+        assert!(!names("The model `llama.3` does not exist.", "llama"));
+        assert!(!names("Response with id 'resp_1' not found.", "sql-lora"));
+        assert!(!names("anything", ""));
+    }
 }

@@ -416,3 +416,27 @@ async fn the_request_timeout_ends_a_stream_whose_frames_are_always_ready() {
     assert!(text.contains("request_timeout"), "{text}");
     assert_eq!(*log.lock().unwrap(), ["first", "TimedOut"]);
 }
+
+/// A body read ahead gives the same frames after, its break included.
+#[tokio::test]
+async fn a_body_read_ahead_is_read_whole_after() {
+    let mut body = Primed::new(vec![], upstream(vec![data("ab"), data("cd"), data("ef")]));
+    body.read_ahead(3).await;
+    assert_eq!(body.held(), b"abcd");
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdef");
+
+    let mut body = Primed::new(vec![], upstream(vec![data("ab"), broken(), data("x")]));
+    body.read_ahead(100).await;
+    assert_eq!(body.held(), b"ab");
+    assert!(!body.is_end_stream());
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "ab");
+    assert!(
+        body.frame().await.unwrap().is_err(),
+        "the break, as it came"
+    );
+
+    let mut body = Primed::new(vec![], upstream(vec![data("ab")]));
+    body.read_ahead(100).await;
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "ab");
+}
