@@ -164,6 +164,7 @@ fn request(c: &mut Criterion) {
                 token_ids: tokens[..held * BLOCK as usize].to_vec(),
                 block_size: BLOCK,
                 lora_id: None,
+                extra_keys: Vec::new(),
             });
             index.apply(w, &[event]);
         }

@@ -49,6 +49,7 @@ fn fill(blocks_per_worker: usize, shared: bool) -> KvIndex {
                 token_ids: tokens,
                 block_size: BLOCK,
                 lora_id: None,
+                extra_keys: Vec::new(),
             });
             index.apply(w, &[event]);
         }

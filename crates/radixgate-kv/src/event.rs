@@ -44,6 +44,13 @@ pub struct BlockStored {
     /// The LoRA adapter the blocks were computed with (`None`: the base
     /// model). Blocks of different adapters never share keys.
     pub lora_id: Option<i64>,
+    /// What else each block was computed with besides its tokens (vLLM's
+    /// `extra_keys`: a request's `cache_salt`, an adapter's name, a
+    /// multimodal input's hash), as a digest per block, 0 where none;
+    /// empty where the event names none. A block with some, and every
+    /// block after it, is in a cache namespace of its own: it never
+    /// shares keys with the same tokens' blocks without.
+    pub extra_keys: Vec<u64>,
 }
 
 /// One decoded event.

@@ -218,6 +218,11 @@ impl KvIndex {
             .zip(event.token_ids.chunks_exact(bs));
         for (i, (hash, block)) in chain.enumerate() {
             key = keys::next_key(key, block);
+            if let Some(&extra) = event.extra_keys.get(i)
+                && extra != 0
+            {
+                key = keys::with_extra(key, extra);
+            }
             if !self.store_one(worker, *hash, key, block_size) {
                 stats.over_capacity += n - i as u64;
                 return;

@@ -58,6 +58,14 @@ pub fn next_key(parent: u64, block: &[u32]) -> u64 {
     fold_mul(h ^ block.len() as u64 ^ K2, K3)
 }
 
+/// The key of a block whose own key is `key` and that was computed with
+/// extra keys whose digest is `extra` (see [`crate::BlockStored`]'s
+/// `extra_keys`): apart from every key of tokens alone.
+#[inline]
+pub fn with_extra(key: u64, extra: u64) -> u64 {
+    fold_mul(key ^ extra ^ K1, K4)
+}
+
 /// The keys of the full blocks of `tokens` for the base model; a trailing
 /// partial block has no key. `block_size` 0 gives no keys.
 pub fn block_keys(tokens: &[u32], block_size: usize) -> Vec<u64> {

@@ -110,6 +110,7 @@ fn events(op: &Op, docs: &[Vec<u32>]) -> (WorkerKey, Vec<KvEvent>) {
                 token_ids,
                 block_size: bs as u32,
                 lora_id: None,
+                extra_keys: Vec::new(),
             };
             (w, vec![KvEvent::Stored(e)])
         }
@@ -300,6 +301,7 @@ fn lora_blocks_match_only_their_adapter() {
             token_ids: tokens.clone(),
             block_size: 4,
             lora_id,
+            extra_keys: Vec::new(),
         })
     };
     index.apply(0, &[stored(Some(3))]);
@@ -311,6 +313,47 @@ fn lora_blocks_match_only_their_adapter() {
     assert_eq!(index.keys(), 4);
 }
 
+/// Blocks a vLLM engine computed with extra keys (a request's
+/// `cache_salt`, an adapter's name, an image's hash: its events'
+/// `extra_keys`) are not the same tokens' blocks without them: a request
+/// without is matched only up to the first such block, and not on the
+/// blocks chained after it. Before, they were indexed as the plain
+/// blocks, and a plain request was matched on a salted prefix the engine
+/// could not use for it.
+#[test]
+fn blocks_with_extra_keys_match_no_request_without_them() {
+    let tokens: Vec<u32> = (0..16).collect();
+    let mut index = KvIndex::new();
+    // Worker 0: blocks 0..2 plain, block 2 salted, and block 3 chained
+    // after it in a later event.
+    let mut first = store(&[1, 2, 3], None, &tokens[..12], 4);
+    if let KvEvent::Stored(s) = &mut first {
+        s.extra_keys = vec![0, 0, 77];
+    }
+    index.apply(0, &[first, store(&[4], Some(3), &tokens[12..], 4)]);
+    assert_eq!(index.match_tokens(&tokens, None), vec![(0, 8)]);
+    // Worker 1 holds them all plain: the only whole match.
+    index.apply(1, &[store(&[1, 2, 3, 4], None, &tokens, 4)]);
+    let mut matched = index.match_tokens(&tokens, None);
+    matched.sort();
+    assert_eq!(matched, vec![(0, 8), (1, 16)]);
+    // Salted from the first block: nothing of it.
+    let mut salted = store(&[9, 10], None, &tokens[..8], 4);
+    if let KvEvent::Stored(s) = &mut salted {
+        s.extra_keys = vec![5, 0];
+    }
+    index.apply(2, &[salted]);
+    assert!(
+        !index
+            .match_tokens(&tokens, None)
+            .iter()
+            .any(|(w, _)| *w == 2)
+    );
+    // Its removal is by engine hash, as any other's.
+    index.apply(0, &[KvEvent::Removed(vec![EngineHash(3), EngineHash(4)])]);
+    assert_eq!(index.blocks(), 2 + 4 + 2);
+}
+
 fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEvent {
     KvEvent::Stored(BlockStored {
         block_hashes: hashes.iter().copied().map(EngineHash).collect(),
@@ -318,6 +361,7 @@ fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEven
         token_ids: tokens.to_vec(),
         block_size: bs,
         lora_id: None,
+        extra_keys: Vec::new(),
     })
 }
 

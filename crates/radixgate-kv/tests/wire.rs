@@ -21,6 +21,7 @@ fn expected_stored(hashes: Vec<EngineHash>, parent: Option<EngineHash>) -> KvEve
         token_ids: TOKENS.to_vec(),
         block_size: 4,
         lora_id: None,
+        extra_keys: Vec::new(),
     })
 }
 
@@ -162,6 +163,52 @@ fn unknown_keys_extra_fields_and_unknown_tags_are_tolerated() {
     assert_eq!(b.skipped.unknown_tag, 2);
     let want = expected_stored(vec![EngineHash(1), EngineHash(2)], None);
     assert_eq!(b.events, vec![want.clone(), want]);
+}
+
+/// vLLM's `extra_keys` (one entry per block, `None` or a tuple of what
+/// else the block's hash was computed with) are read as a digest per
+/// block in both shapes; two different entries give two digests.
+#[test]
+fn extra_keys_are_read_per_block() {
+    let salted = |salt: &str| Value::Array(vec![s(salt)]);
+    let Value::Map(mut map) = stored_map(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
+    else {
+        unreachable!()
+    };
+    map.push((
+        s("extra_keys"),
+        Value::Array(vec![salted("salt-a"), Value::Nil]),
+    ));
+    let Value::Array(mut array) =
+        stored_array(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
+    else {
+        unreachable!()
+    };
+    // lora_name, then extra_keys.
+    array.extend([
+        Value::Nil,
+        Value::Array(vec![Value::Array(vec![]), salted("salt-b")]),
+    ]);
+    let payload = batch(vec![Value::Map(map), Value::Array(array)], Value::Nil);
+    let b = decode_payload(&payload).unwrap();
+    let extra = |e: &KvEvent| match e {
+        KvEvent::Stored(s) => s.extra_keys.clone(),
+        _ => unreachable!(),
+    };
+    let (a, b) = (extra(&b.events[0]), extra(&b.events[1]));
+    assert_eq!((a.len(), a[1], b.len(), b[0]), (2, 0, 2, 0));
+    assert!(a[0] != 0 && b[1] != 0 && a[0] != b[1], "{a:?} {b:?}");
+
+    // Not one per block, or not a list: the batch is refused.
+    for bad in [Value::Array(vec![salted("x")]), s("salt")] {
+        let Value::Map(mut map) =
+            stored_map(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
+        else {
+            unreachable!()
+        };
+        map.push((s("extra_keys"), bad));
+        assert!(decode_payload(&batch(vec![Value::Map(map)], Value::Nil)).is_err());
+    }
 }
 
 #[test]

@@ -23,6 +23,9 @@
 //!   (SGLang and older vLLM have no medium field).
 //! - Hashes are `int` (SGLang, older vLLM) or `bytes | int` (vLLM's
 //!   `ExternalBlockHash`).
+//! - vLLM's `extra_keys` is `list[tuple | None] | None`, one entry per
+//!   block: what else the block's hash was computed with (a multimodal
+//!   input's hash, the adapter's name, the request's `cache_salt`).
 //!
 //! Leniency: unknown map keys and extra trailing array fields are ignored,
 //! so newer engines' additions decode; unknown tags are counted and
@@ -34,6 +37,7 @@ use rmpv::ValueRef;
 
 use crate::error::WireError;
 use crate::event::{BlockStored, EngineHash, EventBatch, KvEvent, Skipped};
+use crate::keys;
 
 /// Our payloads nest at most 5 deep (batch, events, event, hashes, hash);
 /// newer optional fields (extra_keys) add 2. The bound keeps hostile
@@ -179,12 +183,14 @@ fn event(value: &ValueRef<'_>, out: &mut EventBatch) -> Result<(), WireError> {
                 out.skipped.other_medium += 1;
                 return Ok(());
             }
+            let extra_keys = extra_keys(fields.get(7, "extra_keys"), block_hashes.len())?;
             out.events.push(KvEvent::Stored(BlockStored {
                 block_hashes,
                 parent,
                 token_ids,
                 block_size,
                 lora_id,
+                extra_keys,
             }));
         }
         "BlockRemoved" => {
@@ -215,6 +221,39 @@ fn as_str<'v>(value: &'v ValueRef<'_>) -> Option<&'v str> {
     match value {
         ValueRef::String(s) => s.as_str(),
         _ => None,
+    }
+}
+
+/// vLLM's `extra_keys` (`list[tuple | None] | None`, one entry per block):
+/// a digest of each block's entry, 0 for nil or empty; empty for nil,
+/// missing, or no block with any. The digest is of the entry's msgpack bytes, so that any two
+/// entries that differ (two salts, two images) differ.
+fn extra_keys(value: Option<&ValueRef<'_>>, blocks: usize) -> Result<Vec<u64>, WireError> {
+    let entries = match value {
+        None | Some(ValueRef::Nil) => return Ok(Vec::new()),
+        Some(ValueRef::Array(entries)) if entries.len() == blocks => entries,
+        Some(_) => {
+            return Err(WireError::shape(
+                "extra_keys",
+                "nil or an array of one entry per block",
+            ));
+        }
+    };
+    let mut bytes = Vec::new();
+    let digest = |entry: &ValueRef<'_>, bytes: &mut Vec<u8>| match entry {
+        ValueRef::Nil => 0,
+        ValueRef::Array(items) if items.is_empty() => 0,
+        entry => {
+            bytes.clear();
+            // Writing to a Vec does not fail.
+            let _ = rmpv::encode::write_value_ref(bytes, entry);
+            keys::digest_bytes(bytes).max(1)
+        }
+    };
+    let digests: Vec<u64> = entries.iter().map(|e| digest(e, &mut bytes)).collect();
+    match digests.iter().all(|&d| d == 0) {
+        true => Ok(Vec::new()),
+        false => Ok(digests),
     }
 }
 
