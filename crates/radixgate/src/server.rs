@@ -497,6 +497,7 @@ pub async fn run_reloadable(
     let sync = match config.sync.enabled() {
         true => Some(crate::sync::spawn(
             &config.sync,
+            config.health.models_lag(),
             router.clone(),
             &metrics,
             tasks.clone(),

@@ -196,8 +196,13 @@ impl SyncHandle {
 /// Starts sync: connects (in the background: a NATS server that is down
 /// at start-up is retried, and routing does not wait for it) and spawns
 /// the publisher and receivers on the current runtime, stopped by `stop`.
+/// `models_lag`: how long after a peer this replica may find a model
+/// loaded into a worker at run time (a LoRA adapter), by its health
+/// checks' next read of the worker's models; the peers' decisions for it
+/// are held that long.
 pub(crate) fn spawn(
     config: &SyncConfig,
+    models_lag: std::time::Duration,
     router: Router,
     metrics: &Metrics,
     stop: CancellationToken,
@@ -290,6 +295,7 @@ pub(crate) fn spawn(
                 ready: task_ready,
                 reconnected,
                 delivery,
+                models_lag,
             },
             stop.clone(),
         ));

@@ -1079,6 +1079,81 @@ async fn a_replica_replaying_before_its_workers_are_admitted_keeps_the_history()
     b.shutdown().await;
 }
 
+/// A LoRA adapter loaded into a worker at run time is found by each
+/// replica at its own next read of the worker's models
+/// (`health.models_refresh_secs`, on each replica's own timer): a peer
+/// that found it first routes to it, and its decisions reached a replica
+/// whose worker did not list the adapter yet. They were dropped as
+/// `unknown_model`, so the prefixes the cluster sent to the adapter were
+/// lost there for good; they are held as an unknown worker's are, and
+/// applied once the worker lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_decision_for_an_adapter_not_listed_here_yet_is_applied_once_it_is() {
+    let nats = Nats::start(&[]);
+    let workers = [
+        sim_worker(fast_worker()).await,
+        sim_worker(fast_worker()).await,
+    ];
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    // A has found the adapter on the first worker already (its models as
+    // the operator lists them stand for a model refresh that came first);
+    // B reads its workers' models every second.
+    let mut ahead = replica_config(&[nats.url()], &urls);
+    ahead.workers[0].models = vec![
+        radixgate_sim::server::DEFAULT_MODEL.to_owned(),
+        "sql-lora".to_owned(),
+    ];
+    ahead.workers[1].models = vec![radixgate_sim::server::DEFAULT_MODEL.to_owned()];
+    let a = gateway_ready(ahead, 2).await;
+    let mut behind = replica_config(&[nats.url()], &urls);
+    behind.health.models_refresh_secs = 1;
+    let b = gateway_ready(behind, 2).await;
+    for gw in [&a.url, &b.url] {
+        wait_ready(gw).await;
+        wait_connected(gw).await;
+    }
+    assert!(!model_ids(&b.url).await.contains(&"sql-lora".to_owned()));
+
+    let text = prompt("for the adapter");
+    let mut lora = chat(&text, false);
+    lora["model"] = serde_json::json!("sql-lora");
+    let (by, decision) = served_by(post_chat(&a.url, &lora).await).await;
+    assert_eq!(by, workers[0].url, "{decision}");
+    // Entries are applied in order: once B learned the next one, it has
+    // seen the adapter's.
+    ask_and_wait(&a.url, &b.url, &prompt("for the base model")).await;
+    let learned = series_value(&b.url, "radixgate_sync_entries_learned_total").await;
+
+    let loaded = client()
+        .post(format!("{}/v1/load_lora_adapter", workers[0].url))
+        .json(&serde_json::json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(loaded.status(), 200);
+    wait_until("B lists the adapter", || async {
+        model_ids(&b.url).await.contains(&"sql-lora".to_owned())
+    })
+    .await;
+    wait_until("B applied A's decision for the adapter", || async {
+        series_value(&b.url, "radixgate_sync_entries_learned_total").await > learned
+    })
+    .await;
+    let (by, decision) = served_by(post_chat(&b.url, &lora).await).await;
+    assert_eq!(by, workers[0].url, "{decision}");
+    assert!(decision.contains("branch=cache_hit"), "{decision}");
+    assert_eq!(
+        series_value(
+            &b.url,
+            "radixgate_sync_ignored_total{reason=\"unknown_model\"}"
+        )
+        .await,
+        0.0
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// A NATS server, one worker, and a JetStream handle on the server.
 async fn nats_worker_and_jetstream() -> (Nats, SimWorker, JetStream) {
     let nats = Nats::start(&[]);

@@ -362,6 +362,23 @@ impl Default for HealthConfig {
     }
 }
 
+impl HealthConfig {
+    /// The longest a healthy worker's model list may go unread here: a
+    /// re-read is due `models_refresh_secs` after the last, at a probe,
+    /// which takes up to `timeout_secs` and comes every `interval_secs`.
+    /// Zero when models are read only on admission and return.
+    pub(crate) fn models_lag(&self) -> Duration {
+        match self.models_refresh_secs {
+            0 => Duration::ZERO,
+            refresh => Duration::from_secs(
+                refresh
+                    .saturating_add(self.interval_secs)
+                    .saturating_add(self.timeout_secs),
+            ),
+        }
+    }
+}
+
 /// Retrying on another worker: on connect errors and on 5xx/429 before any
 /// byte reached the client, never after.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -5,11 +5,9 @@
 //! Whatever arrives is decoded ([`wire::decode_header`], then the body); a
 //! malformed message, one of another format version or another cluster,
 //! and this process's own messages are counted by reason and skipped. An
-//! entry naming a worker this router does not know (yet) is counted
-//! `unknown_worker` and skipped:
-//! the same prefix is learned again from the next request that routes it,
-//! and keeping entries for workers that may never appear would need a
-//! bound of its own.
+//! entry naming a worker this router does not know (yet), or a model its
+//! worker does not list here (yet), is held a while and retried
+//! ([`Held`]); one still refused then is counted by why and given up.
 
 use super::dict::{ENTRY_COST, Incoming, RENEW_AT_MOST, Unresolved};
 use super::lane::Shared;
@@ -245,14 +243,25 @@ impl Seen {
 /// its first health checks admit its workers, and a peer may discover a
 /// new pod a moment before this replica does: without holding, both would
 /// lose what the cluster learned about those workers.
+///
+/// So are entries for a model that their worker does not list here yet,
+/// for `model_hold`: a LoRA adapter loaded into a worker at run time is
+/// found by each replica at its own next read of the worker's models
+/// (`health.models_refresh_secs`, on a timer of its own), and a peer that
+/// found it first routes to it meanwhile. Dropped, the prefixes the
+/// cluster sent to the adapter until then were lost here for good.
 struct Held {
     entries: VecDeque<HeldEntry>,
     bytes: usize,
     hold: Duration,
+    model_hold: Duration,
 }
 
 struct HeldEntry {
     since: Instant,
+    /// Why it is held, the `ignored` reason it is counted under if given
+    /// up: `unknown_worker` or `unknown_model`.
+    why: &'static str,
     model: Arc<str>,
     url: Arc<str>,
     text: Arc<String>,
@@ -275,7 +284,7 @@ impl Held {
     fn push(&mut self, entry: HeldEntry, metrics: &SyncMetrics) {
         let size = entry.size();
         if size > HELD_BYTES {
-            metrics.ignored("unknown_worker");
+            metrics.ignored(entry.why);
             return;
         }
         while self.bytes + size > HELD_BYTES {
@@ -283,7 +292,7 @@ impl Held {
                 break;
             };
             self.bytes -= old.size();
-            metrics.ignored("unknown_worker");
+            metrics.ignored(old.why);
         }
         self.bytes += size;
         self.entries.push_back(entry);
@@ -402,9 +411,10 @@ impl Applier {
             }
             match self.router.learn(&entry.model, &entry.url, &text) {
                 Learned::Inserted => self.metrics.learned(),
-                Learned::UnknownWorker => self.held.push(
+                refused @ (Learned::UnknownWorker | Learned::UnknownModel) => self.held.push(
                     HeldEntry {
                         since: Instant::now(),
+                        why: not_applied(refused).unwrap_or("unknown_worker"),
                         model: entry.model,
                         url: entry.url,
                         text,
@@ -424,20 +434,28 @@ impl Applier {
         }
     }
 
-    /// Applies the held entries whose workers are known now, in the order
-    /// they came; gives up those held longer than `hold`.
+    /// Applies the held entries whose workers are known now and list
+    /// their models, in the order they came; gives up those held longer
+    /// than `hold` (`model_hold` for a model not listed).
     fn retry_held(&mut self) {
         if self.held.entries.is_empty() {
             return;
         }
         let now = Instant::now();
-        let hold = self.held.hold;
+        let (hold, model_hold) = (self.held.hold, self.held.model_hold);
         let mut kept = VecDeque::with_capacity(self.held.entries.len());
         let mut bytes = 0;
-        for e in self.held.entries.drain(..) {
-            match self.router.learn(&e.model, &e.url, &e.text) {
+        for mut e in self.held.entries.drain(..) {
+            let learned = self.router.learn(&e.model, &e.url, &e.text);
+            let limit = match learned {
+                Learned::UnknownWorker => hold,
+                Learned::UnknownModel => model_hold,
+                _ => Duration::ZERO,
+            };
+            match learned {
                 Learned::Inserted => self.metrics.learned(),
-                Learned::UnknownWorker if now.duration_since(e.since) < hold => {
+                refused if now.duration_since(e.since) < limit => {
+                    e.why = not_applied(refused).unwrap_or(e.why);
                     bytes += e.size();
                     kept.push_back(e);
                 }
@@ -728,6 +746,10 @@ pub(super) struct Handoff {
     pub(super) reconnected: tokio::sync::watch::Receiver<u64>,
     /// Where own batches seen back from the stream are told.
     pub(super) delivery: Arc<Delivery>,
+    /// How long after a peer this replica may list a model its worker
+    /// loaded at run time (its next read of the worker's models): how long
+    /// the entries for one it does not list yet are held.
+    pub(super) models_lag: Duration,
 }
 
 /// Insert batches: replay then live from the stream, or live from core
@@ -747,6 +769,7 @@ pub(super) async fn inserts(
         ready,
         mut reconnected,
         delivery,
+        models_lag,
     } = out;
     let warmup = Duration::from_secs(config.warmup_timeout_secs);
     let started = Instant::now();
@@ -781,6 +804,7 @@ pub(super) async fn inserts(
             // As long as a starting replica waits for its warm start: its
             // workers are admitted well within it.
             hold: warmup.max(Duration::from_secs(1)),
+            model_hold: warmup.max(models_lag).max(Duration::from_secs(1)),
         },
     };
     let mut retry = tokio::time::interval(HELD_RETRY);
@@ -1137,6 +1161,7 @@ mod tests {
                 entries: VecDeque::new(),
                 bytes: 0,
                 hold: Duration::from_secs(1),
+                model_hold: Duration::from_secs(1),
             },
         };
         (applier, worker, metrics)
