@@ -643,6 +643,41 @@ async fn a_peer_with_a_clock_behind_has_its_batches_load_reports_counted() {
     b.shutdown().await;
 }
 
+/// Messages stamped at times no clock reads (2^63 ms since the epoch and
+/// later: a broken or forged sender; the wire allows any number) are read
+/// like any other. The clock offsets overflowed: the load lane's thread
+/// panicked (debug builds), reading no peer's report again and expiring
+/// none that came with a batch, and so did the insert feed, applying no
+/// peer's decision again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_sent_at_times_no_clock_reads_leave_sync_reading() {
+    let Listener {
+        nats: _nats,
+        worker,
+        b,
+        raw,
+    } = Listener::start(60_000).await;
+    let w = &worker.url;
+    publish_flushed(&raw, "load", load_report_sent(61, 1, w, 0, i64::MAX as u64)).await;
+    publish_flushed(&raw, "inserts", batch_with_load_sent(61, 2, w, 0, 1 << 63)).await;
+    publish_flushed(&raw, "load", load_report_sent(61, 3, w, 0, 1 << 63)).await;
+    publish_flushed(&raw, "load", load_report_sent(61, 4, w, 0, u64::MAX)).await;
+    // The lane and the insert feed still read: another peer's report on
+    // each counts.
+    publish_flushed(&raw, "load", load_report_sent(62, 1, w, 4, wall_ms())).await;
+    publish_flushed(
+        &raw,
+        "inserts",
+        batch_with_load_sent(63, 1, w, 5, wall_ms()),
+    )
+    .await;
+    wait_until("B counts the other peers' 4 and 5", || async {
+        peer_load(&b.url, w).await == 9
+    })
+    .await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_peers_load_report_expires() {
     let Listener {

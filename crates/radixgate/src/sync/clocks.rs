@@ -62,7 +62,7 @@ impl PeerClocks {
     /// A report of process `instance` (replica `replica`), sent at
     /// `sent_ms` by its clock, read now (`now_ms` by this one's).
     pub(super) fn heard(&self, replica: &str, instance: u64, sent_ms: u64, now_ms: u64) {
-        let offset_ms = now_ms as i64 - sent_ms as i64;
+        let offset_ms = clamped(i128::from(now_ms) - i128::from(sent_ms));
         let now = Instant::now();
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         if peers.len() >= MAX_PEERS && !peers.contains_key(&instance) {
@@ -84,11 +84,8 @@ impl PeerClocks {
                 .is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY)
         {
             peer.warned = Some(now);
-            let (way, by) = if offset_ms > 0 {
-                ("behind", offset_ms)
-            } else {
-                ("ahead of", -offset_ms)
-            };
+            let way = if offset_ms > 0 { "behind" } else { "ahead of" };
+            let by = offset_ms.unsigned_abs();
             tracing::warn!(
                 peer = replica,
                 instance,
@@ -110,8 +107,17 @@ impl PeerClocks {
             .unwrap_or_else(|e| e.into_inner())
             .get(&instance)
             .map_or(0, |p| p.offset_ms);
-        now_ms as i64 - sent_ms as i64 - offset
+        clamped(i128::from(now_ms) - i128::from(sent_ms) - i128::from(offset))
     }
+}
+
+/// `ms` within an `i64`. A message may say it was sent at any time up to
+/// `u64::MAX` ms (a broken or forged sender): differences of such times
+/// overflowed, and panicked the thread that took them (debug builds; the
+/// load lane's, or the insert feed's task); in release builds they
+/// wrapped, a time far ahead read as one long past.
+fn clamped(ms: i128) -> i64 {
+    i64::try_from(ms).unwrap_or(if ms < 0 { i64::MIN } else { i64::MAX })
 }
 
 #[cfg(test)]
@@ -135,6 +141,23 @@ mod tests {
         assert_eq!(clocks.age_ms(8, now + 5_000, now), 0);
         // Other processes are not affected.
         assert_eq!(clocks.age_ms(9, now, now), 0);
+    }
+
+    #[test]
+    fn times_no_clock_reads_are_taken_without_overflowing() {
+        let clocks = PeerClocks::new(1_100);
+        let now = 1_000_000_000;
+        // Ahead of this clock by more than an i64 of ms: as far ahead as
+        // can be said, not long past.
+        clocks.heard("forged", 7, u64::MAX, now);
+        assert_eq!(clocks.age_ms(7, 0, now), i64::MAX);
+        clocks.heard("forged", 8, 1 << 63, now);
+        assert_eq!(clocks.age_ms(8, 1 << 63, now), 0);
+        clocks.heard("forged", 9, i64::MAX as u64, now);
+        assert_eq!(clocks.age_ms(9, 0, now + 10), i64::MAX);
+        // Not heard on the lane: this replica's clock.
+        assert_eq!(clocks.age_ms(10, u64::MAX, now), i64::MIN);
+        assert_eq!(clocks.age_ms(10, 0, now), now as i64);
     }
 
     #[test]
