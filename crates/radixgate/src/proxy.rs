@@ -599,7 +599,8 @@ fn rescued(shared: &Shared, err: &RoutingError) -> bool {
 ///
 /// A final 4xx other than 429 means the worker rejected the request, so
 /// its prompt never reached that worker's cache: the decision's tree insert
-/// is taken back, as it is when no connection to the worker could be made.
+/// is taken back, as it is when no connection to the worker could be made
+/// or the worker shed the request (429, 503).
 ///
 /// [`Config::first_byte_timeout`]: crate::config::Config::first_byte_timeout
 async fn attempts(
@@ -912,6 +913,12 @@ async fn attempts(
                     .upstream_error(worker.url(), "status");
                 let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
                 asked_for_pause(shared, &worker, status, retry_after.as_ref());
+                if busy(status) || status == StatusCode::SERVICE_UNAVAILABLE {
+                    // Shed, not served: the prompt never reached this
+                    // worker's cache. (The other replicas keep what they
+                    // were sent, as for a rejected request.)
+                    decision.undo_insert(&request.routing_text);
+                }
                 if last_attempt {
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure

@@ -1208,6 +1208,35 @@ async fn a_worker_that_says_retry_after_is_passed_over_until_then() {
     }
 }
 
+/// A worker that sheds a request with 429 or 503 never read its prompt:
+/// the router's record of its cache does not keep it. Before, it did, and
+/// the same prompt came back to that worker as a cache hit that was not
+/// there (on every replica that learned of it too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_a_worker_shed_is_not_taken_for_cached_there() {
+    for status in [429, 503] {
+        let (only, _) = counting_shedder(status, 1).await;
+        let mut c = config(&[&only]);
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 100;
+        let gw = gateway_ready(c, 1).await;
+        let body = chat(&"A long shared preamble. ".repeat(40), false);
+        assert_eq!(post_chat(&gw.url, &body).await.status(), status);
+        let (_, decision) = served_by(post_chat(&gw.url, &body).await).await;
+        assert!(
+            !decision.contains("branch=cache_hit"),
+            "{status}: {decision}"
+        );
+        // Served, it is.
+        let (_, decision) = served_by(post_chat(&gw.url, &body).await).await;
+        assert!(
+            decision.contains("branch=cache_hit"),
+            "{status}: {decision}"
+        );
+        gw.shutdown().await;
+    }
+}
+
 /// A pause never makes a model unavailable: a worker pausing is still
 /// chosen when no other can take the request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
