@@ -296,6 +296,7 @@ pub(super) fn spawn(
         .name("radixgate-sync-load".to_owned())
         .spawn(move || {
             let _ = shared.thread.set(std::thread::current());
+            let _closing = ClosedAtExit(&shared);
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -303,14 +304,23 @@ pub(super) fn spawn(
                 Ok(rt) => rt,
                 Err(err) => {
                     tracing::error!(error = %err, "replica sync: cannot start the load lane; peers' loads are not counted");
-                    shared.close();
                     return;
                 }
             };
             run(&rt, &config, auth, &me, &shared, &metrics, &stop);
-            shared.close();
         })?;
     Ok(Lane { thread })
+}
+
+/// Closes the lane's [`Shared`] however its thread ends, a panic's
+/// unwinding included: the peers' loads held would otherwise count for
+/// ever, none left to expire them.
+struct ClosedAtExit<'a>(&'a Shared);
+
+impl Drop for ClosedAtExit<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 fn run(
@@ -578,6 +588,29 @@ mod tests {
         shared.close();
         assert_eq!(worker.peer_load(), 0);
         shared.report(7, 2, load(5));
+        assert_eq!(worker.peer_load(), 0);
+    }
+
+    /// A lane's thread that ends by a panic closes it too.
+    #[test]
+    fn a_lane_whose_thread_panics_is_closed() {
+        let mut registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let worker = registry.add(WorkerSpec::new("http://127.0.0.1:9")).unwrap();
+        let shared = Shared::new(&SyncConfig::default(), registry.router());
+        let load = vec![PeerLoad {
+            url: "http://127.0.0.1:9".to_owned(),
+            in_flight: 3,
+            pending_prefill: 0,
+        }];
+        shared.report(7, 1, load);
+        assert_eq!(worker.peer_load(), 3);
+        let lane = shared.clone();
+        let ended = std::thread::spawn(move || {
+            let _closing = ClosedAtExit(&lane);
+            panic!("a defect in the lane");
+        })
+        .join();
+        assert!(ended.is_err());
         assert_eq!(worker.peer_load(), 0);
     }
 
