@@ -804,3 +804,26 @@ fn a_switch_variable_set_to_false_overrides_the_file() {
     assert!(!seen.contains("error"), "did not start: {seen}");
     assert!(!seen.contains("\"level\""), "log.json stayed on: {seen}");
 }
+
+/// Only the prefix policies (cache_aware, prefill_aware) read the workers'
+/// KV events: under another one the router subscribed to every worker and
+/// tokenized every prompt for nothing, and said nothing of it.
+#[test]
+fn kv_events_under_a_policy_that_reads_none_are_warned_of() {
+    let needle = "`kv_events.enabled` does nothing for routing with \
+                  `routing.policy: round_robin`";
+    let err = start_up_log(&["--kv-events", "--policy", "round_robin"]);
+    assert!(err.contains(needle), "{err}");
+    assert!(err.contains("cache_aware or prefill_aware"), "{err}");
+    // Under a policy that reads them, or with them off, nothing is said.
+    let quiet = "`kv_events.enabled` does nothing";
+    for flags in [
+        &["--kv-events", "--policy", "prefill_aware"][..],
+        &["--kv-events"],
+        &["--policy", "round_robin"],
+    ] {
+        let log = start_up_log(flags);
+        assert!(log.contains("radixgate listening"), "{flags:?}: {log}");
+        assert!(!log.contains(quiet), "{flags:?}: {log}");
+    }
+}

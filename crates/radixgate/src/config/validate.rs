@@ -11,7 +11,7 @@
 
 use super::{Config, ConfigError, MAX_THREADS, invalid};
 use axum::http::HeaderValue;
-use radixgate_routing::{WorkerRole, WorkerSpec, WorkerUrl};
+use radixgate_routing::{PolicyConfig, WorkerRole, WorkerSpec, WorkerUrl};
 use std::fmt::Display;
 
 /// Longest duration in seconds any `*_secs` setting may have: a day. No
@@ -538,7 +538,8 @@ impl Config {
     /// because the feature they belong to is off, each as a sentence
     /// naming the setting and the switch it needs: `--pd-protocol vllm`
     /// without `--pd-disaggregation`, `--kv-events-port` without
-    /// `--kv-events`, `--selector` without `--service-discovery`. Logged at
+    /// `--kv-events`, `--selector` without `--service-discovery`; and
+    /// `--kv-events` under a policy that reads no KV events. Logged at
     /// start-up, so that an operator is not left to find out under load
     /// that the setting was never read.
     pub fn inert_settings(&self) -> Vec<String> {
@@ -629,6 +630,22 @@ impl Config {
                      `{section}.{switch}` ({flag})"
                 ));
             }
+        }
+        // Only the prefix policies take the exact matches (`routing:`,
+        // the prefill pool's in a disaggregated one); under another, every
+        // worker is still subscribed and every prompt still tokenized.
+        let prefix_policy = matches!(
+            self.routing,
+            PolicyConfig::CacheAware(_) | PolicyConfig::PrefillAware(_)
+        );
+        if self.kv_events.enabled && !prefix_policy {
+            inert.push(format!(
+                "`kv_events.enabled` does nothing for routing with `routing.policy: {}`: \
+                 only cache_aware or prefill_aware reads the workers' KV events, which are \
+                 still subscribed to and every prompt tokenized for them; choose one of \
+                 those (--policy) or leave kv_events off",
+                self.routing.name()
+            ));
         }
         inert
     }
