@@ -827,3 +827,47 @@ fn kv_events_under_a_policy_that_reads_none_are_warned_of() {
         assert!(!log.contains(quiet), "{flags:?}: {log}");
     }
 }
+
+/// Clap counted a flag's variable as the flag itself: a switch's variable
+/// set to its false word (`RADIXGATE_DISABLE_RETRIES=false`, as a chart
+/// writes its defaults) refused `--retry-max-retries 5` as "cannot be used
+/// with '--disable-retries'", a flag nobody gave, and `RADIXGATE_POLICY`
+/// refused `--prefill-policy` though both named the same policy.
+#[test]
+fn variables_conflict_with_flags_only_where_they_disagree() {
+    let mut c = radixgate();
+    c.args(["serve", "--port", "0", "--retry-max-retries", "5"])
+        .env("RADIXGATE_DISABLE_RETRIES", "false");
+    assert!(starts(&mut c));
+    let mut c = radixgate();
+    c.args(["serve", "--port", "0", "--prefill-policy", "round_robin"])
+        .env("RADIXGATE_POLICY", "round_robin");
+    assert!(starts(&mut c));
+    assert!(starts(radixgate().args([
+        "serve",
+        "--port",
+        "0",
+        "--disable-retries",
+        "--retry-max-retries",
+        "0"
+    ])));
+    // A real contradiction is refused, naming both flags and variables.
+    let (ok, err) = run(radixgate()
+        .args(["serve", "--port", "0", "--retry-max-retries", "5"])
+        .env("RADIXGATE_DISABLE_RETRIES", "1"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("--disable-retries (RADIXGATE_DISABLE_RETRIES)")
+            && err.contains("--retry-max-retries 5 (RADIXGATE_RETRY_MAX_RETRIES)"),
+        "{err}"
+    );
+    let (ok, err) = run(radixgate()
+        .args(["serve", "--port", "0", "--prefill-policy", "cache_aware"])
+        .env("RADIXGATE_POLICY", "round_robin"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("--policy round_robin (RADIXGATE_POLICY)")
+            && err.contains("--prefill-policy cache_aware (RADIXGATE_PREFILL_POLICY)"),
+        "{err}"
+    );
+}

@@ -95,7 +95,7 @@ pub struct ServeArgs {
     #[arg(long, num_args = 1.., value_name = "URL", env = "RADIXGATE_DECODE", value_delimiter = ',')]
     pub decode: Vec<String>,
     /// The prefill workers' policy (the same setting as --policy).
-    #[arg(long, env = "RADIXGATE_PREFILL_POLICY", value_parser = PolicyConfig::NAMES, conflicts_with = "policy")]
+    #[arg(long, env = "RADIXGATE_PREFILL_POLICY", value_parser = PolicyConfig::NAMES)]
     pub prefill_policy: Option<String>,
     /// The decode workers' policy [default: power_of_two].
     #[arg(long, env = "RADIXGATE_DECODE_POLICY", value_parser = PolicyConfig::NAMES)]
@@ -223,11 +223,7 @@ pub struct ServeArgs {
     pub disable_health_check: bool,
 
     /// Retries on another worker after a failed attempt [default: 3].
-    #[arg(
-        long,
-        env = "RADIXGATE_RETRY_MAX_RETRIES",
-        conflicts_with = "disable_retries"
-    )]
+    #[arg(long, env = "RADIXGATE_RETRY_MAX_RETRIES")]
     pub retry_max_retries: Option<u32>,
     /// First retry back-off in ms [default: 50].
     #[arg(long, env = "RADIXGATE_RETRY_INITIAL_BACKOFF_MS")]
@@ -694,7 +690,19 @@ impl ServeArgs {
             &mut r.max_retry_after_secs,
             &self.retry_max_retry_after_secs,
         );
+        // Checked here, not by clap: clap takes a variable for its flag,
+        // so `RADIXGATE_DISABLE_RETRIES=false` conflicted with any
+        // `--retry-max-retries`, naming a flag nobody gave.
         if self.disable_retries {
+            if let Some(n) = self.retry_max_retries.filter(|n| *n > 0) {
+                return Err(super::invalid(
+                    "retry.max_retries",
+                    format!(
+                        "--disable-retries (RADIXGATE_DISABLE_RETRIES) and --retry-max-retries \
+                         {n} (RADIXGATE_RETRY_MAX_RETRIES) contradict each other: give one"
+                    ),
+                ));
+            }
             r.max_retries = 0;
         }
 
@@ -869,6 +877,19 @@ impl ServeArgs {
     }
 
     fn apply_routing(&self, routing: &mut PolicyConfig) -> Result<(), ConfigError> {
+        // Two names of one setting; given both (a flag and the other's
+        // variable, say), they must agree.
+        if let (Some(policy), Some(prefill)) = (&self.policy, &self.prefill_policy)
+            && policy != prefill
+        {
+            return Err(super::invalid(
+                "routing.policy",
+                format!(
+                    "--policy {policy} (RADIXGATE_POLICY) and --prefill-policy {prefill} \
+                     (RADIXGATE_PREFILL_POLICY) are the same setting and disagree: give one"
+                ),
+            ));
+        }
         let policy = self.policy.as_ref().or(self.prefill_policy.as_ref());
         if let Some(name) = policy
             && name != routing.name()
