@@ -871,3 +871,25 @@ fn variables_conflict_with_flags_only_where_they_disagree() {
         "{err}"
     );
 }
+
+/// Each KV-event block limit is named by its own key when it is out of
+/// range: `max_blocks_total: 0` was reported as `max_blocks_per_worker`.
+#[test]
+fn a_kv_event_block_limit_is_named_by_its_own_key() {
+    let dir = std::env::temp_dir().join(format!("radixgate-blocks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for key in ["max_blocks_total", "max_blocks_per_worker"] {
+        let file = dir.join(format!("{key}.yaml"));
+        std::fs::write(&file, format!("kv_events: {{{key}: 0}}\n")).unwrap();
+        let (ok, err) =
+            run(radixgate().args(["serve", "--port", "0", "--config", file.to_str().unwrap()]));
+        assert!(!ok, "{err}");
+        assert!(
+            err.contains(&format!(
+                "invalid setting `kv_events.{key}`: must be at least 1"
+            )),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -183,11 +183,16 @@ impl KvEventsConfig {
                 }
             }
         }
-        if self.max_blocks_per_worker == 0 || self.max_blocks_total == 0 {
-            return Err(invalid(
+        for (key, blocks) in [
+            (
                 "kv_events.max_blocks_per_worker",
-                "the block limits must be at least 1",
-            ));
+                self.max_blocks_per_worker,
+            ),
+            ("kv_events.max_blocks_total", self.max_blocks_total),
+        ] {
+            if blocks == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
         }
         if self.max_message_bytes < MIN_MESSAGE_BYTES {
             return Err(invalid(
