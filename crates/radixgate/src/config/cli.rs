@@ -19,7 +19,9 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_CONFIG")]
     pub config: Option<PathBuf>,
 
-    /// Worker base URLs (space-separated, or repeat the flag).
+    /// Worker base URLs (separated by spaces or commas, or repeat the
+    /// flag); they replace the config file's `workers` (its prefill and
+    /// decode workers stay).
     #[arg(long, num_args = 1.., env = "RADIXGATE_WORKER_URLS", value_delimiter = ',')]
     pub worker_urls: Vec<String>,
 
@@ -580,10 +582,19 @@ impl ServeArgs {
     /// Overrides `config` with every flag that was given.
     pub fn apply(&self, config: &mut Config) -> Result<(), ConfigError> {
         if !self.worker_urls.is_empty() {
+            // The variable is split at commas by clap; spaces, as the
+            // flag takes them, are split here.
+            let urls: Vec<&str> = (self.worker_urls.iter())
+                .flat_map(|u| u.split_whitespace())
+                .collect();
+            if urls.is_empty() {
+                return Err(super::invalid(
+                    "workers",
+                    "--worker-urls (RADIXGATE_WORKER_URLS) is given but names no URL",
+                ));
+            }
             config.workers.retain(|w| w.role != WorkerRole::Regular);
-            config
-                .workers
-                .extend(self.worker_urls.iter().cloned().map(WorkerSpec::new));
+            (config.workers).extend(urls.into_iter().map(WorkerSpec::new));
         }
         self.apply_pd(config)?;
         self.apply_routing(&mut config.routing)?;

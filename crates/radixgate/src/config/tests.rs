@@ -1036,3 +1036,34 @@ fn a_worker_listed_twice_is_refused_naming_both_entries() {
         );
     }
 }
+
+/// `--worker-urls` (and `RADIXGATE_WORKER_URLS`, which clap splits at
+/// commas only) takes URLs separated by spaces or commas, and replaces
+/// the file's workers; one that names no URL is refused, not taken for
+/// an empty pool. Before, a variable separated by spaces, as the help
+/// said, was refused as one URL "containing whitespace".
+#[test]
+fn worker_urls_split_at_spaces_and_commas_and_replace_the_files() {
+    let mut config = Config {
+        workers: vec![WorkerSpec::new("http://127.0.0.1:9")],
+        ..Config::default()
+    };
+    let listed = "http://127.0.0.1:1  http://127.0.0.1:2";
+    args(&["--worker-urls", listed, "http://127.0.0.1:3"])
+        .apply(&mut config)
+        .unwrap();
+    let urls: Vec<&str> = config.workers.iter().map(|w| w.url.as_str()).collect();
+    assert_eq!(
+        urls,
+        [
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            "http://127.0.0.1:3"
+        ]
+    );
+    let err = args(&["--worker-urls", " "])
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("names no URL"), "{err}");
+}
