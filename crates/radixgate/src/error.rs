@@ -586,11 +586,17 @@ pub(crate) fn refused_unread<B: http_body::Body>(
 ) -> Response {
     let mut response = err.into_response();
     if !req.body().is_end_stream() {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        says_close(&mut response);
     }
     response
+}
+
+/// Marks `response` as the connection's last (`Connection: close`): the
+/// rest of its request's body is not read.
+pub(crate) fn says_close(response: &mut Response) {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
 }
 
 impl IntoResponse for GatewayError {
@@ -612,9 +618,7 @@ impl IntoResponse for GatewayError {
             // carry another request: the server closes it, and says so
             // (RFC 9112, 9.6), so that the client stops sending and does
             // not reuse it.
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            says_close(&mut response);
         }
         if matches!(self, Self::BrokeWorkers { .. }) {
             // OpenAI's and Anthropic's SDKs retry a 502 on their own unless

@@ -112,6 +112,9 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
     // unboxed this one was 18 KiB, copied several times per request; the
     // copying was a fifth of the gateway's instructions (bench/instr_cost.py).
     let progress = Progress::default();
+    // Whether a refusal given before the body is read (a tenant over its
+    // request limit, a `/v1` path not passed on) leaves some of it unread.
+    let has_body = !http_body::Body::is_end_stream(req.body());
     let forwarded = Box::pin(forward(&state, endpoint, req, started, &progress));
     // A request with no answer's head when the shutdown grace period ends
     // (a non-streamed answer still being generated, a stream before its
@@ -157,7 +160,14 @@ pub(crate) async fn serve(state: Arc<AppState>, endpoint: Endpoint, req: Request
         shared
             .request_metrics
             .request_done(route, status.as_u16(), model, started.elapsed());
-        err.into_response()
+        let mut response = err.into_response();
+        // The rest of the body is not read, so the connection cannot carry
+        // another request: the answer says so, or a client that sends its
+        // next request on it loses it when the server closes it.
+        if has_body && progress.read_us.load(Ordering::Relaxed) == 0 {
+            crate::error::says_close(&mut response);
+        }
+        response
     })
 }
 

@@ -1406,3 +1406,56 @@ async fn a_refusal_before_the_body_is_read_says_the_connection_closes() {
     assert!(!says_close(&answer), "{}", answer.head);
     gw.shutdown().await;
 }
+
+/// The same for refusals the request path gives before it reads the body:
+/// a tenant over its request limit (429), and a `/v1` path that is not
+/// passed on (engine administration, a path that is not plain: 404). They
+/// left the body unread without saying so, and the connection closed under
+/// the client's next request (a keep-alive client's retry after the 429's
+/// `Retry-After`, say), which was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_of_the_request_path_before_the_body_is_read_says_the_connection_closes() {
+    let (_w, mut c) = worker_and_config().await;
+    let tenant = |name: &str, key: &str, requests_per_minute| radixgate::config::TenantSpec {
+        name: name.into(),
+        key: Some(key.into()),
+        key_env: None,
+        requests_per_minute,
+        tokens_per_minute: None,
+        priority: Default::default(),
+    };
+    c.tenants.keys = vec![
+        tenant("one-a-minute", "sk-one", Some(1)),
+        tenant("open", "sk-open", None),
+    ];
+    let gw = gateway_ready(c, 1).await;
+    let one = "Authorization: Bearer sk-one\r\n";
+    let open = "Authorization: Bearer sk-open\r\n";
+    // The limited tenant's one request of the minute.
+    let mut s = connect(&gw.url).await;
+    let body = chat_body(1024);
+    s.write_all(format!("{}{body}", post_head(body.len(), one)).as_bytes())
+        .await
+        .unwrap();
+    let answer = read_answer(&mut s).await.expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let path = |head: String, to: &str| head.replace("/v1/chat/completions", to);
+    for (head, status) in [
+        (post_head(1 << 20, one), 429),
+        (path(post_head(1 << 20, open), "/v1/load_lora_adapter"), 404),
+        (
+            path(post_head(1 << 20, open), "/v1/a/../chat/completions"),
+            404,
+        ),
+    ] {
+        let mut s = connect(&gw.url).await;
+        s.write_all(head.as_bytes()).await.unwrap();
+        // Some of the body, not all of it.
+        s.write_all(&[b' '; 4096]).await.unwrap();
+        let answer = read_answer(&mut s).await.expect("an answer, not a close");
+        assert_eq!(answer.status, status, "{}{}", answer.head, answer.body);
+        assert!(says_close(&answer), "{status}: {}", answer.head);
+        wait_closed(&mut s).await;
+    }
+    gw.shutdown().await;
+}
