@@ -225,7 +225,12 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
         }
         Api::Completions => {
             let req: PromptRequest<'_> = serde_json::from_slice(body)?;
-            text.push_prompt(&req.prompt.0);
+            match (&req.prompt, &req.prompt_embeds) {
+                (Some(prompt), _) => text.push_prompt(&prompt.0),
+                // vLLM's prompt embeddings: no text to route by.
+                (None, Some(_)) => {}
+                (None, None) => return Err(InspectError::Json(de::Error::missing_field("prompt"))),
+            }
             stream_options = StreamOptions::read(body, req.stream_options);
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
@@ -240,7 +245,16 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
         }
         Api::Embeddings => {
             let req: EmbeddingRequest<'_> = serde_json::from_slice(body)?;
-            text.push_prompt(&req.input.0);
+            match (&req.input, &req.messages) {
+                (Some(input), _) => text.push_prompt(&input.0),
+                // vLLM's chat embeddings: rendered as a chat's messages.
+                (None, Some(messages)) => {
+                    for message in &messages.0 {
+                        message.render(&mut text);
+                    }
+                }
+                (None, None) => return Err(InspectError::Json(de::Error::missing_field("input"))),
+            }
             let keys = cache_keys!(req);
             (req.model, false, req.user, keys)
         }
@@ -551,7 +565,13 @@ struct PromptRequest<'a> {
     stream: bool,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
-    prompt: TextOrIds,
+    /// Required unless `prompt_embeds` stands in for it.
+    #[serde(default, deserialize_with = "present")]
+    prompt: Option<TextOrIds>,
+    /// vLLM's prompt embeddings (with `--enable-prompt-embeds`), which may
+    /// replace `prompt`; not read.
+    #[serde(default)]
+    prompt_embeds: Option<IgnoredAny>,
     /// `stream_options` as written, `null` included (a key present twice is
     /// refused, so this is the only one).
     #[serde(borrow, default, deserialize_with = "raw_value")]
@@ -588,7 +608,12 @@ struct EmbeddingRequest<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
-    input: TextOrIds,
+    /// Required unless `messages` stands in for it.
+    #[serde(default, deserialize_with = "present")]
+    input: Option<TextOrIds>,
+    /// vLLM's chat embeddings: a chat's messages in place of `input`.
+    #[serde(borrow, default)]
+    messages: Option<Messages<'a>>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(default)]
@@ -598,8 +623,10 @@ struct EmbeddingRequest<'a> {
 }
 
 /// A prompt in any of the shapes the APIs allow: a string, token ids, or a
-/// batch of either (arrays nest at most two deep). The deserialiser walks
-/// the shape and tells the routing text rule where each batch item ends.
+/// batch of either (arrays nest at most two deep), or of SGLang's
+/// multimodal embedding inputs (`{"text": ..., "image": ..., "video": ...}`,
+/// rendered as content parts are). The deserialiser walks the shape and
+/// tells the routing text rule where each batch item ends.
 struct TextOrIds(PromptText);
 
 impl<'de> Deserialize<'de> for TextOrIds {
@@ -627,6 +654,25 @@ impl<'de> Deserialize<'de> for TextOrIds {
                 Ok(())
             }
             fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+                if self.depth != 1 {
+                    return Err(de::Error::invalid_type(de::Unexpected::Map, &self));
+                }
+                let input =
+                    MultimodalInput::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let mut content = ContentText::default();
+                if let Some(text) = &input.text {
+                    content.push_text(&text.0);
+                }
+                for (kind, source) in [("image", &input.image), ("video", &input.video)] {
+                    if let Some(source) = source {
+                        content.push_part(Some(kind), Some(source));
+                    }
+                }
+                self.out.push_text(content.as_str());
+                self.end_batch_item();
                 Ok(())
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -675,6 +721,23 @@ impl<'de> Deserialize<'de> for TextOrIds {
         text::string_or_seq(d, top)?;
         Ok(TextOrIds(out))
     }
+}
+
+/// One of SGLang's multimodal embedding inputs, an item of a batch.
+#[derive(Deserialize)]
+struct MultimodalInput<'a> {
+    #[serde(borrow, default)]
+    text: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    image: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    video: Option<Cow<'a, str>>,
+}
+
+/// A prompt that may be absent, but not `null` (refused as the wrong type,
+/// as a prompt that must be present is).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TextOrIds>, D::Error> {
+    TextOrIds::deserialize(d).map(Some)
 }
 
 /// A value as written, `null` too (`Option<&RawValue>` would read `null`

@@ -666,6 +666,69 @@ async fn cache_namespaces_split_prefixes() {
     gw.shutdown().await;
 }
 
+/// The engines' own shapes of the inference bodies are theirs to answer:
+/// vLLM's chat embeddings (`messages` in place of `input`), SGLang's
+/// multimodal embedding inputs (`input: [{"text": ...}, {"image": ...}]`)
+/// and vLLM's prompt embeddings (`prompt_embeds` in place of `prompt`).
+/// The router refused them 400 `invalid_json` (a missing field, a map
+/// where it read a prompt), so a pool of such engines could not be served
+/// through it. A body with neither field is still refused here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_shapes_of_prompts_reach_the_worker() {
+    let w = sim_worker(fast_worker()).await;
+    let t = tap(&w.url).await;
+    let gw = gateway_ready(config(&[&t.url]), 1).await;
+    let sent = [
+        (
+            "/v1/embeddings",
+            json!({"model": DEFAULT_MODEL,
+                   "messages": [{"role": "user", "content": "a red fox"}]}),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": DEFAULT_MODEL,
+                   "input": [{"text": "a red fox"}, {"image": "data:image/png;base64,AAAA"}]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": DEFAULT_MODEL, "prompt_embeds": "AAAA", "max_tokens": 4}),
+        ),
+    ];
+    for (path, body) in &sent {
+        // The simulated worker takes none of these shapes: its own answer
+        // comes back, naming it.
+        let (status, headers, v) = post(&gw.url, path, body).await;
+        assert!(
+            headers.contains_key(WORKER_HEADER),
+            "{path} {body}: {status} {v}"
+        );
+    }
+    let paths: Vec<&str> = sent.iter().map(|(path, _)| *path).collect();
+    assert_eq!(t.targets(), paths);
+    for (path, body, missing) in [
+        ("/v1/embeddings", json!({"model": DEFAULT_MODEL}), "input"),
+        (
+            "/v1/completions",
+            json!({"model": DEFAULT_MODEL, "max_tokens": 4}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": DEFAULT_MODEL, "prompt": {"text": "x"}}),
+            "map",
+        ),
+    ] {
+        let (status, headers, e) = post(&gw.url, path, &body).await;
+        assert_eq!(status, 400, "{path} {body}: {e}");
+        assert!(!headers.contains_key(WORKER_HEADER), "{path} {body}");
+        assert_eq!(e["error"]["code"], "invalid_json", "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(missing), "{message}");
+    }
+    assert_eq!(t.targets().len(), sent.len());
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_get_openai_errors() {
     let w = sim_worker(fast_worker()).await;

@@ -131,6 +131,59 @@ fn embeddings_input() {
     assert_eq!((got.routing_text.as_str(), got.stream), ("x", false));
 }
 
+/// vLLM's chat embeddings route by their messages, as a chat would.
+#[test]
+fn embeddings_of_messages_render_as_a_chat() {
+    let messages = r#"[{"role":"system","content":"S"},{"role":"user","content":"q"}]"#;
+    let body = format!(r#"{{"model":"e","messages":{messages}}}"#);
+    let got = inspect(Api::Embeddings, body.as_bytes()).unwrap();
+    let as_chat = chat(&format!(r#"{{"messages":{messages}}}"#));
+    assert_eq!(got.routing_text, as_chat.routing_text);
+    // `input` wins where both are given; neither is refused.
+    let both = br#"{"input":"x","messages":[{"role":"user","content":"q"}]}"#;
+    assert_eq!(inspect(Api::Embeddings, both).unwrap().routing_text, "x");
+    let err = inspect(Api::Embeddings, b"{}").unwrap_err().to_string();
+    assert!(err.contains("missing field `input`"), "{err}");
+}
+
+/// SGLang's multimodal embedding inputs are batch items: their text, and
+/// their media as content parts are rendered (a long one by its digest).
+#[test]
+fn multimodal_embedding_inputs_are_batch_items() {
+    let text = |body: &str| {
+        inspect(Api::Embeddings, body.as_bytes())
+            .unwrap()
+            .routing_text
+    };
+    let got = text(r#"{"input":[{"text":"a fox"},{"image":"u1","text":"b"}]}"#);
+    assert!(got.starts_with("a fox\nb"), "{got}");
+    assert!(got.contains("u1"), "{got}");
+    assert_ne!(
+        got,
+        text(r#"{"input":[{"text":"a fox"},{"image":"u2","text":"b"}]}"#)
+    );
+    let long = "A".repeat(10_000);
+    let got = text(&format!(r#"{{"input":[{{"image":"{long}"}}]}}"#));
+    assert!(got.len() < 1_000, "{got}");
+    // A map is an item of a batch only: not the prompt, nor inside an item.
+    for body in [r#"{"input":{"text":"a"}}"#, r#"{"input":[[{"text":"a"}]]}"#] {
+        assert!(inspect(Api::Embeddings, body.as_bytes()).is_err(), "{body}");
+    }
+}
+
+/// vLLM's prompt embeddings stand in for a completion's prompt: nothing to
+/// route by, nothing refused.
+#[test]
+fn prompt_embeddings_stand_in_for_a_prompt() {
+    let got = inspect(Api::Completions, br#"{"model":"m","prompt_embeds":"AAAA"}"#).unwrap();
+    assert_eq!(
+        (got.model.as_deref(), got.routing_text.as_str()),
+        (Some("m"), "")
+    );
+    let both = br#"{"prompt":"p","prompt_embeds":["AAAA"]}"#;
+    assert_eq!(inspect(Api::Completions, both).unwrap().routing_text, "p");
+}
+
 #[test]
 fn bad_bodies_are_errors_not_panics() {
     for body in [
