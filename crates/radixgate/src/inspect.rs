@@ -141,12 +141,14 @@ impl StreamOptions {
 fn reads_as_true(json: &str) -> bool {
     let value = json.strip_prefix('"').and_then(|v| v.strip_suffix('"'));
     match value {
-        Some(text) => ["true", "1", "yes", "on", "t", "y"]
-            .iter()
-            .any(|t| text.eq_ignore_ascii_case(t)),
+        Some(text) => TRUE_WORDS.iter().any(|t| text.eq_ignore_ascii_case(t)),
         None => matches!(json, "true" | "1"),
     }
 }
+
+/// The strings a Python worker's pydantic model reads as `true`, in any
+/// case.
+const TRUE_WORDS: [&str; 6] = ["true", "1", "yes", "on", "t", "y"];
 
 /// Where `raw`, borrowed from `body`, lies in it.
 fn range_in(body: &[u8], raw: &RawValue) -> Option<Range<usize>> {
@@ -307,11 +309,11 @@ pub fn inspect_model(body: &[u8]) -> Result<Inspected, InspectError> {
     })
 }
 
+/// Whether a value reads as true to a Python worker ([`null_as_false`]),
+/// anything else taken for false, never refused.
 fn only_true<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    Ok(matches!(
-        serde_json::Value::deserialize(d)?,
-        serde_json::Value::Bool(true)
-    ))
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(null_as_false(value).unwrap_or(false))
 }
 
 /// The fields that put a request in a cache namespace of its own; every
@@ -746,8 +748,54 @@ fn raw_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D
     <&RawValue>::deserialize(d).map(Some)
 }
 
+/// A flag (`stream`) as the engines' pydantic models read it, lax: `true`
+/// and `false`, `null` (the default, false), `0` and `1`, and the strings
+/// [`reads_as_true`] takes or their opposites (`"false"`, `"0"`, `"no"`,
+/// `"off"`, `"f"`, `"n"`), in any case. Anything else is refused, as the
+/// engines refuse it.
 pub(crate) fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
+    struct Flag;
+    impl<'de> Visitor<'de> for Flag {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a boolean (true, false, 0, 1, \"true\", \"false\", ...)")
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
+            match v {
+                0 | 1 => Ok(v == 1),
+                _ => Err(E::invalid_value(de::Unexpected::Unsigned(v), &self)),
+            }
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
+            match v {
+                0 | 1 => Ok(v == 1),
+                _ => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+            }
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+            let is = |words: &[&str]| words.iter().any(|w| v.eq_ignore_ascii_case(w));
+            if is(&TRUE_WORDS) {
+                Ok(true)
+            } else if is(&["false", "0", "no", "off", "f", "n"]) {
+                Ok(false)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Str(v), &self))
+            }
+        }
+    }
+    d.deserialize_any(Flag)
 }
 
 mod form;

@@ -89,6 +89,50 @@ fn stream_null_is_false() {
     assert!(!chat(r#"{"stream":null,"messages":[]}"#).stream);
 }
 
+/// `stream` as the engines' pydantic models read it (lax): `"true"`,
+/// `1`, `"yes"` and the like are a stream, their opposites and `null` are
+/// not, and anything else is refused, as the engines refuse it. Before,
+/// anything but a boolean or `null` was refused here, though the engines
+/// serve it; and an API the gateway does not know read only `true`.
+#[test]
+fn stream_reads_as_the_engines_read_it() {
+    let read = |stream: &str| {
+        let body = format!(r#"{{"model":"m","messages":[],"stream":{stream}}}"#);
+        inspect(Api::ChatCompletions, body.as_bytes()).map(|i| i.stream)
+    };
+    for yes in [
+        "true",
+        "1",
+        r#""true""#,
+        r#""TRUE""#,
+        r#""yes""#,
+        r#""on""#,
+        r#""1""#,
+    ] {
+        assert_eq!(read(yes).ok(), Some(true), "{yes}");
+    }
+    for no in [
+        "false",
+        "0",
+        "null",
+        r#""false""#,
+        r#""No""#,
+        r#""0""#,
+        r#""off""#,
+    ] {
+        assert_eq!(read(no).ok(), Some(false), "{no}");
+    }
+    for bad in ["2", "-1", r#""maybe""#, r#""""#, "[]", "{}", "0.5"] {
+        assert!(read(bad).is_err(), "{bad}");
+    }
+    let by_load = |stream: &str| {
+        let body = format!(r#"{{"model":"m","stream":{stream}}}"#);
+        inspect_model(body.as_bytes()).unwrap().stream
+    };
+    assert!(by_load(r#""true""#) && by_load("1") && by_load("true"));
+    assert!(!by_load(r#""maybe""#) && !by_load("[1]") && !by_load("null"));
+}
+
 #[test]
 fn completions_prompt_shapes() {
     let text = |body: &str| {
