@@ -199,8 +199,11 @@ pub enum InspectError {
     NotAnObject,
 }
 
-/// Refuses a body that does not start with `{` (after white space).
+/// Refuses a body that does not start with `{` (after white space); a
+/// UTF-8 byte order mark before it is passed over, as the Python servers'
+/// JSON reader passes it over (some Windows clients write one).
 fn object(body: &[u8]) -> Result<&[u8], InspectError> {
+    let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
     match body.trim_ascii_start().first() {
         Some(b'{') => Ok(body),
         Some(_) => Err(InspectError::NotAnObject),
@@ -210,8 +213,8 @@ fn object(body: &[u8]) -> Result<&[u8], InspectError> {
 }
 
 /// Reads `body` as a request to `api`.
-pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
-    let body = object(body)?;
+pub fn inspect(api: Api, whole: &[u8]) -> Result<Inspected, InspectError> {
+    let body = object(whole)?;
     let mut text = RoutingText::new();
     let mut stream_options = StreamOptions::NotApplicable;
     let mut previous_response_id = None;
@@ -221,7 +224,7 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
             for message in &req.messages.0 {
                 message.render(&mut text);
             }
-            stream_options = StreamOptions::read(body, req.stream_options);
+            stream_options = StreamOptions::read(whole, req.stream_options);
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
         }
@@ -233,7 +236,7 @@ pub fn inspect(api: Api, body: &[u8]) -> Result<Inspected, InspectError> {
                 (None, Some(_)) => {}
                 (None, None) => return Err(InspectError::Json(de::Error::missing_field("prompt"))),
             }
-            stream_options = StreamOptions::read(body, req.stream_options);
+            stream_options = StreamOptions::read(whole, req.stream_options);
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
         }

@@ -486,3 +486,16 @@ mod long_strings {
         }
     }
 }
+
+/// A UTF-8 byte order mark before the object is passed over, as the
+/// Python servers' JSON reader passes it over; before, such a body was
+/// refused as "not a JSON object". Anything else before it still is.
+#[test]
+fn a_byte_order_mark_before_the_object_is_passed_over() {
+    let body = "\u{feff}{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    let read = inspect(Api::ChatCompletions, body.as_bytes()).unwrap();
+    assert_eq!(read.model.as_deref(), Some("m"));
+    assert!(inspect_model(body.as_bytes()).is_ok());
+    let twice = format!("\u{feff}{body}");
+    assert!(inspect(Api::ChatCompletions, twice.as_bytes()).is_err());
+}

@@ -343,6 +343,17 @@ mod tests {
                 r#"{"messages":[],"stream_options": {"include_usage":true} ,"stream":true}"#,
                 true,
             ),
+            // After a byte order mark, which Python's JSON reader skips.
+            (
+                "\u{feff}{\"messages\":[],\"stream\":true}",
+                "\u{feff}{\"stream_options\":{\"include_usage\":true},\"messages\":[],\"stream\":true}",
+                true,
+            ),
+            (
+                "\u{feff}{\"messages\":[],\"stream_options\":{\"include_usage\":0}}",
+                "\u{feff}{\"messages\":[],\"stream_options\":{\"include_usage\":true}}",
+                true,
+            ),
             (
                 r#"{"messages":[],"stream_options":{"include_usage":false,"continuous_usage_stats":true}}"#,
                 r#"{"messages":[],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
