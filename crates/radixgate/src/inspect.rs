@@ -61,6 +61,10 @@ pub struct Inspected {
     /// A Responses API request's `previous_response_id`: the stored
     /// response it continues, held by the worker that made it.
     pub previous_response_id: Option<String>,
+    /// A Responses API request that asks for its response not to be
+    /// stored (`store: false`, or `null`, which the engines read so): no
+    /// later request can name it, so its id is not kept.
+    pub unstored: bool,
 }
 
 /// The `stream_options` of a chat or text completion request: whether the
@@ -218,6 +222,7 @@ pub fn inspect(api: Api, whole: &[u8]) -> Result<Inspected, InspectError> {
     let mut text = RoutingText::new();
     let mut stream_options = StreamOptions::NotApplicable;
     let mut previous_response_id = None;
+    let mut unstored = false;
     let (model, stream, user, keys) = match api {
         Api::ChatCompletions => {
             let req: ChatRequest<'_> = serde_json::from_slice(body)?;
@@ -267,6 +272,7 @@ pub fn inspect(api: Api, whole: &[u8]) -> Result<Inspected, InspectError> {
             let req: responses::Request<'_> = serde_json::from_slice(body)?;
             req.render(&mut text);
             previous_response_id = req.previous_response_id.map(Cow::into_owned);
+            unstored = !req.store;
             let keys = cache_keys!(req);
             (req.model, req.stream, req.user, keys)
         }
@@ -287,6 +293,7 @@ pub fn inspect(api: Api, whole: &[u8]) -> Result<Inspected, InspectError> {
         user: user.map(Cow::into_owned),
         stream_options,
         previous_response_id,
+        unstored,
     })
 }
 

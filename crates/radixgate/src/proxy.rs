@@ -471,6 +471,7 @@ async fn forward(
             spans,
             pd,
             cut: metering.as_ref().map(crate::tenants::Metering::cut_flag),
+            unstored: request.unstored,
         },
     );
     if let Some(metering) = metering {

@@ -466,3 +466,41 @@ async fn a_request_whose_maker_is_out_of_rotation_gets_503_naming_it() {
     assert_eq!((status, worker.as_str()), (200, maker.as_str()), "{v}");
     made.shutdown().await;
 }
+
+/// A response made with `store: false` (or `null`, which the engines read
+/// so) is stored nowhere: its id is not kept, so a request naming it is
+/// one of an id not seen made (asked of the workers, each a 404), not one
+/// sent to a maker that holds nothing. Before, every such id took a place
+/// in the map (`responses.max_ids`), pushing out ids a client could name.
+#[tokio::test]
+async fn a_response_not_stored_is_not_kept() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&a.url, &b.url]), 2).await;
+    for (i, store) in [json!(false), Value::Null].into_iter().enumerate() {
+        let mut body = turn(&question(i), None, i == 1);
+        body["store"] = store;
+        let r = client()
+            .post(format!("{}/v1/responses", gw.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        let id = text
+            .split("\"id\":\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap()
+            .to_owned();
+        let url = format!("{}/v1/responses/{id}", gw.url);
+        let (status, _, v) = by_id(reqwest::Method::GET, &url).await;
+        assert_eq!(status, 404, "{v}");
+    }
+    let maker = "radixgate_response_affinity_total{outcome=\"maker\"}";
+    let unknown = "radixgate_response_affinity_total{outcome=\"unknown\"}";
+    assert_eq!(series_value(&gw.url, maker).await, 0.0);
+    assert_eq!(series_value(&gw.url, unknown).await, 2.0);
+    gw.shutdown().await;
+}

@@ -40,8 +40,14 @@ struct Kept {
 struct Fields {
     #[serde(default)]
     previous_response_id: Option<String>,
-    #[serde(default)]
+    /// Absent: stored (the API's default); `null` is not, as the
+    /// engines read it (`if request.store and ...`).
+    #[serde(default = "stored_unless_said")]
     store: Option<bool>,
+}
+
+fn stored_unless_said() -> Option<bool> {
+    Some(true)
 }
 
 /// How a Responses request stands with the store.
@@ -67,7 +73,7 @@ impl Stored {
             });
         }
         Ok(Storing {
-            store: fields.store.unwrap_or(true),
+            store: fields.store.unwrap_or(false),
         })
     }
 

@@ -39,6 +39,14 @@ pub(super) struct Request<'a> {
     /// The stored response this one continues (`crate::responses`).
     #[serde(borrow, default)]
     pub(super) previous_response_id: Option<Cow<'a, str>>,
+    /// Whether the response is to be stored: absent, it is (the API's
+    /// default); `null` is read as the engines read it, as false.
+    #[serde(default = "stored_unless_said", deserialize_with = "null_as_false")]
+    pub(super) store: bool,
+}
+
+fn stored_unless_said() -> bool {
+    true
 }
 
 impl Request<'_> {

@@ -40,6 +40,7 @@ pub(super) fn respond(
         spans,
         pd,
         cut,
+        unstored,
     } = responding;
     let Answer {
         response,
@@ -105,6 +106,7 @@ pub(super) fn respond(
     let read_usage = correction.is_some() || record.is_some();
     // A Responses answer's id is learned with its maker (`crate::responses`).
     let id_scan = (endpoint == Endpoint::Routed(radixgate_routing::Api::Responses)
+        && !unstored
         && status.is_success()
         && !is_encoded(response.headers()))
     .then(|| Box::new(crate::responses::scan::IdScan::new(sse)));
@@ -184,6 +186,9 @@ pub(super) struct Responding {
     /// A metered tenant's flag: set when the body ends early
     /// ([`crate::tenants::Metering::cut_flag`]).
     pub(super) cut: Option<Arc<AtomicBool>>,
+    /// A Responses API request whose response is not stored
+    /// ([`crate::inspect::Inspected::unstored`]): its id is not learned.
+    pub(super) unstored: bool,
 }
 
 /// What a response body carries until it ends. Field order is drop order:
