@@ -1506,3 +1506,70 @@ async fn an_sglang_batch_over_the_limit_is_the_clients_error_not_prefills() {
     }
     gw.shutdown().await;
 }
+
+/// The characters the router records `worker` holding (`/get_loads`).
+async fn recorded_chars(gateway: &str, worker: &str) -> u64 {
+    let loads = common::get_loads(gateway).await;
+    let found = loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == worker)
+        .cloned();
+    found
+        .and_then(|w| w["cached_chars"].as_u64())
+        .unwrap_or_else(|| panic!("{worker} not in {loads}"))
+}
+
+/// A side that sheds the request (429: busy; 503: full or going away)
+/// never read its prompt, so the router's record of its cache does not
+/// keep it, as a co-located worker's does not. It kept it: the prefill
+/// tree sent the prompt's next request back to the worker that shed it
+/// as a cache hit that was not there, and decode's record had it predicted
+/// held (under vLLM, sent to decode alone, which computed all of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_that_sheds_the_request_keeps_no_prompt_on_its_record() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        for shedding in [WorkerRole::Prefill, WorkerRole::Decode] {
+            for status in [429, 503] {
+                let case = format!("{protocol:?} {shedding:?} {status}");
+                let (prefill, decode, gw) = {
+                    let prefill = engine("prefill", WorkerRole::Prefill).await;
+                    let decode = engine("decode", WorkerRole::Decode).await;
+                    let mut c = pd_config(protocol, &[(&prefill, None)], &[&decode]);
+                    c.retry.max_retries = 0;
+                    c.circuit_breaker.enabled = false;
+                    (prefill.clone(), decode.clone(), started(c).await)
+                };
+                let shedder = match shedding {
+                    WorkerRole::Decode => &decode,
+                    _ => &prefill,
+                };
+                shedder.set(Behaviour {
+                    fail: Some(status),
+                    ..Behaviour::default()
+                });
+                let mut body = chat_body(false);
+                body["messages"][0]["content"] = json!(long_prompt(&case));
+                let r = post_chat(&gw.url, &body).await;
+                assert_eq!(r.status(), status, "{case}");
+                assert!(!shedder.bodies().is_empty(), "{case}: it was sent");
+                common::wait_for_zero_load(&gw.url).await;
+                assert_eq!(
+                    recorded_chars(&gw.url, &shedder.url()).await,
+                    0,
+                    "{case}: the shedding side's record keeps the prompt"
+                );
+                // Served, it does.
+                shedder.set(Behaviour::default());
+                assert_eq!(post_chat(&gw.url, &body).await.status(), 200, "{case}");
+                common::wait_for_zero_load(&gw.url).await;
+                assert!(
+                    recorded_chars(&gw.url, &shedder.url()).await > 0,
+                    "{case}: served, the prompt is recorded"
+                );
+                gw.shutdown().await;
+            }
+        }
+    }
+}

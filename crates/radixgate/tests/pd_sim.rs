@@ -467,3 +467,66 @@ async fn a_pair_left_with_only_an_ejected_decode_worker_is_served_by_it() {
         gw.shutdown().await;
     }
 }
+
+/// The characters the router records `worker` holding (`/get_loads`).
+async fn recorded_chars(gateway: &str, worker: &str) -> u64 {
+    let loads = common::get_loads(gateway).await;
+    let found = loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == worker)
+        .cloned();
+    found
+        .and_then(|w| w["cached_chars"].as_u64())
+        .unwrap_or_else(|| panic!("{worker} not in {loads}"))
+}
+
+/// A side that is down (its connections refused) was sent nothing: the
+/// router's record of its cache does not keep the prompt, as a co-located
+/// worker's does not. It kept it, so once the worker was back the prompt's
+/// next request went to it as a cache hit (prefill) or predicted held
+/// (decode) that was not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_that_is_down_keeps_no_prompt_on_its_record() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        for down in [Role::Prefill, Role::Decode] {
+            let case = format!("{protocol:?} {down:?}");
+            let prefill = worker(Role::Prefill).await;
+            let decode = worker(Role::Decode).await;
+            let mut c = pd_config(protocol, &[&prefill], &[&decode]);
+            c.retry.max_retries = 0;
+            c.circuit_breaker.enabled = false;
+            let gw = gateway(c).await;
+            wait_for_healthy(&gw.url, 2).await;
+            let side = match down {
+                Role::Decode => &decode,
+                _ => &prefill,
+            };
+            side.set_faults(FaultConfig {
+                refuse: true,
+                ..FaultConfig::default()
+            });
+            let body = json!({"model": "sim-llama-8b", "prompt": prompt(9), "max_tokens": 4});
+            let r = post_completion(&gw.url, &body).await;
+            assert_eq!(r.status(), 502, "{case}: {}", r.text().await.unwrap());
+            common::wait_for_zero_load(&gw.url).await;
+            assert_eq!(
+                recorded_chars(&gw.url, &side.url).await,
+                0,
+                "{case}: the record of the side that was down keeps the prompt"
+            );
+            // Back and served, it does.
+            side.set_faults(FaultConfig::default());
+            wait_for_healthy(&gw.url, 2).await;
+            let r = post_completion(&gw.url, &body).await;
+            assert_eq!(r.status(), 200, "{case}");
+            common::wait_for_zero_load(&gw.url).await;
+            assert!(
+                recorded_chars(&gw.url, &side.url).await > 0,
+                "{case}: served, the prompt is recorded"
+            );
+            gw.shutdown().await;
+        }
+    }
+}

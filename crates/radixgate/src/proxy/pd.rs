@@ -537,7 +537,8 @@ fn refused(error: &GatewayError) -> bool {
 /// co-located worker's refusal) and the prompt never cached there (its
 /// tree insert is taken back); counted as a failure, a client's few
 /// over-long prompts opened every prefill worker's breaker. Anything else
-/// is the worker's failure ([`record_unless_500`]).
+/// is the worker's failure ([`record_unless_500`]), and one that [`shed`]
+/// the request takes its tree insert back too.
 fn prefill_unanswered(
     shared: &Shared,
     decision: &mut Decision,
@@ -554,7 +555,18 @@ fn prefill_unanswered(
     shared
         .request_metrics
         .upstream_error(worker.url(), "status");
+    if shed(status) {
+        decision.undo_insert(text);
+    }
     record_unless_500(&worker, probe, status);
+}
+
+/// Whether a side's answer `status` sheds the request (429: busy; 503:
+/// full or going away): the worker never read the prompt, so its record
+/// does not keep it, as a co-located worker's does not (a worker that shed
+/// a prompt was sent its next request as a cache hit that was not there).
+fn shed(status: StatusCode) -> bool {
+    super::attempt::busy(status) || status == StatusCode::SERVICE_UNAVAILABLE
 }
 
 /// When a failure the pair's loop blames is counted on the breaker.
@@ -770,6 +782,11 @@ impl Pair<'_> {
                 probe,
             )),
             Err(err) => {
+                if matches!(err, GatewayError::Connect { .. }) {
+                    // No connection was made: the worker was sent nothing,
+                    // and its record does not keep the prompt.
+                    decision.undo_insert(self.text);
+                }
                 let blamed =
                     failed_before_first_byte(shared, &worker, &breaker, &err, sent, prompt);
                 traced.failed(retry::reason(&err), &err);
@@ -835,6 +852,9 @@ impl Pair<'_> {
         shared
             .request_metrics
             .upstream_error(worker.url(), "status");
+        if shed(status) {
+            decision.undo_insert(self.text);
+        }
         record_unless_500(&worker, probe, status);
         // The last attempt passes the answer itself on; a retry names the
         // status.
@@ -875,7 +895,7 @@ impl Pair<'_> {
         &self,
         api: Api,
         (prefill, prefill_probe): Admitted,
-        mut decode: Admitted,
+        decode: Admitted,
         bytes: &Bytes,
     ) -> Result<Done, Failed> {
         let shared = &self.state.shared;
@@ -885,9 +905,6 @@ impl Pair<'_> {
             Ok(body) => body,
             Err(err) => return Err(Failed::prefill(prefill_worker.id(), err)),
         };
-        // The pair's answer is decode's; prefill's transfer is not what
-        // decode's cached-token report measures.
-        drop(decode.0.decision.take_cache_feedback());
         let (head_tx, head_rx) = tokio::sync::oneshot::channel();
         // Prefill's success is the pair's: told once decode has answered.
         let (decoded_tx, decoded_rx) = tokio::sync::oneshot::channel();
@@ -978,7 +995,7 @@ impl Pair<'_> {
                 },
             }
         };
-        let Some(answer) = answered else {
+        let Some(mut answer) = answered else {
             if request_ended {
                 // Decode's request and permit go first, uncounted.
                 drop(decoding);
@@ -1009,6 +1026,11 @@ impl Pair<'_> {
                 answer: None,
             });
         };
+        // The pair's answer is decode's; prefill's transfer is not what
+        // decode's cached-token report measures. (Taken once decode has
+        // answered: until then, a decode that sheds the request takes its
+        // record's insert back.)
+        drop(answer.decision.take_cache_feedback());
         // Decode answered; the client gets it once prefill has answered
         // too (in practice it already has: decode's first token needs
         // prefill's KV), so a prefill failure is reported as one. Not when
@@ -1089,10 +1111,11 @@ impl Pair<'_> {
                 return Err(failed);
             }
         };
-        drop(decode.0.decision.take_cache_feedback());
         // Prefill's success is the pair's (see `prefill_side`): a failed
         // decode leaves the verdict to the pair's loop.
-        let answer = self.decode_answer(decode, step_two).await?;
+        let mut answer = self.decode_answer(decode, step_two).await?;
+        // As under SGLang (see `sglang`).
+        drop(answer.decision.take_cache_feedback());
         record(&prefill_worker, probe, Outcome::Success);
         Ok(Done {
             answer,
