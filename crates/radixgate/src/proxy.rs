@@ -330,6 +330,11 @@ async fn forward(
             None => (Cow::Borrowed(endpoint.label()), None),
         },
     };
+    if shared.config.pd.enabled
+        && let Some(refused) = pd::not_served(endpoint, shared.config.pd.protocol)
+    {
+        return Err(refused);
+    }
     // Over a tenant's limit: refused before its body is read.
     let priority = crate::tenants::admit(&req, &shared.tenant_metrics)?;
     let (mut parts, body) = req.into_parts();

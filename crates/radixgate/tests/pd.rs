@@ -1146,6 +1146,37 @@ async fn decode_alone_serves_a_prompt_it_already_holds_under_vllm_only() {
     }
 }
 
+/// A request to an API no pair serves is refused (501) before anything is
+/// spent on it: a tenant's request slot, a place in the admission queue,
+/// its body read and tokenized. Before, each took its tenant's slot first,
+/// so two such requests of a tenant allowed one a minute left its next
+/// chat a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_no_pair_serves_spends_no_tenant_slot() {
+    let prefill = engine("prefill", WorkerRole::Prefill).await;
+    let decode = engine("decode", WorkerRole::Decode).await;
+    let base = pd_config(PdProtocol::Vllm, &[(&prefill, None)], &[&decode]);
+    let mut document = serde_norway::to_value(&base).unwrap();
+    let tenants = "keys: [{name: team-a, key: sk-a, requests_per_minute: 1}]";
+    (document.as_mapping_mut().unwrap())
+        .insert("tenants".into(), serde_norway::from_str(tenants).unwrap());
+    let c = Config::from_yaml(&serde_norway::to_string(&document).unwrap()).unwrap();
+    let gw = started(c).await;
+    let post = |path: &'static str, body: Value| {
+        let url = format!("{}{path}", gw.url);
+        async move {
+            let r = client().post(url).bearer_auth("sk-a").json(&body).send();
+            r.await.unwrap().status().as_u16()
+        }
+    };
+    for _ in 0..2 {
+        let embed = json!({"model": "pd-model", "input": "x"});
+        assert_eq!(post("/v1/embeddings", embed).await, 501);
+    }
+    assert_eq!(post("/v1/chat/completions", chat_body(false)).await, 200);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_without_a_disaggregated_meaning_are_refused_and_roles_are_checked() {
     let (_prefill, _decode, gw) = pair(PdProtocol::Vllm).await;

@@ -126,6 +126,19 @@ fn served(api: Api, protocol: PdProtocol) -> bool {
     }
 }
 
+/// Under `pd:`, the refusal of a request to `endpoint` that no pair serves
+/// (`served`): given before anything is spent on it (its body read, a
+/// tenant's request slot, a place in the admission queue, its tokens).
+pub(super) fn not_served(endpoint: super::Endpoint, protocol: PdProtocol) -> Option<GatewayError> {
+    match endpoint {
+        super::Endpoint::Routed(api) if served(api, protocol) => None,
+        super::Endpoint::Routed(api) => Some(GatewayError::NotDisaggregated { route: api.path() }),
+        other => Some(GatewayError::NotDisaggregated {
+            route: other.label(),
+        }),
+    }
+}
+
 /// The pair's attempt loop (see the module doc); returns decode's answer
 /// and what the response body must keep.
 #[allow(clippy::too_many_arguments)]
