@@ -138,7 +138,7 @@ impl Reload {
 /// The receiving end, given to [`crate::server::run_reloadable`].
 pub struct Reloads {
     rx: mpsc::Receiver<Request>,
-    loader: Loader,
+    loader: std::sync::Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
 }
 
 impl fmt::Debug for Reloads {
@@ -150,6 +150,7 @@ impl fmt::Debug for Reloads {
 /// A reload handle and its receiving end; `loader` builds each new config.
 pub fn channel(loader: Loader) -> (Reload, Reloads) {
     let (tx, rx) = mpsc::channel(4);
+    let loader = loader.into();
     (Reload { tx }, Reloads { rx, loader })
 }
 
@@ -225,6 +226,46 @@ pub(crate) struct Target {
     pub(crate) metrics: ReloadMetrics,
 }
 
+/// A new config from `loader`, read on a thread of its own: the files are
+/// wherever the operator put them (a slow network mount, a FIFO), and
+/// this runtime also runs the probes and the control task, which a read
+/// that hangs stalled (health, admissions, the admin API). Not on the
+/// blocking pool either: the runtime waits for that at exit. `None` once
+/// `stop` is cancelled (a read still hanging is left to the process's
+/// exit).
+async fn load(
+    loader: &std::sync::Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
+    stop: &CancellationToken,
+) -> Option<Result<Config, ReloadError>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let loader = loader.clone();
+    let reader = std::thread::Builder::new()
+        .name("radixgate-reload".to_owned())
+        .spawn(move || {
+            let _ = tx.send(loader());
+        });
+    if let Err(err) = reader {
+        let reason = format!("no thread to read the configuration on: {err}");
+        return Some(Err(invalid(reason)));
+    }
+    tokio::select! {
+        () = stop.cancelled() => None,
+        loaded = rx => Some(match loaded {
+            Ok(loaded) => loaded.map_err(ReloadError::from),
+            Err(_) => Err(invalid("reading the configuration failed".to_owned())),
+        }),
+    }
+}
+
+/// A reload refused for `reason`, naming no one key.
+fn invalid(reason: String) -> ReloadError {
+    ConfigError::Invalid {
+        key: "config",
+        reason,
+    }
+    .into()
+}
+
 /// Applies reloads until `target.tasks` is cancelled or every handle is gone.
 pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
     loop {
@@ -235,9 +276,10 @@ pub(crate) async fn serve(mut reloads: Reloads, mut target: Target) {
                 None => return,
             },
         };
-        let outcome = match (reloads.loader)() {
-            Ok(config) => target.apply(config).await,
-            Err(err) => Err(err.into()),
+        let outcome = match load(&reloads.loader, &target.tasks).await {
+            Some(Ok(config)) => target.apply(config).await,
+            Some(Err(err)) => Err(err),
+            None => return,
         };
         target.metrics.count(&outcome);
         match &outcome {

@@ -877,3 +877,32 @@ async fn a_worker_url_spelled_another_way_keeps_its_worker() {
     assert_eq!(id(get(&gw, "/workers", "k").await.1), before);
     stop.cancel();
 }
+
+/// A reload whose file hangs when read (a FIFO nobody writes yet, a
+/// network mount that stopped answering) stalls nothing else: the admin
+/// API, which asks the control task, still answers, and the reload
+/// completes once the file can be read. Before, the file was read on the
+/// runtime that also runs the control task and the probes, and they hung
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_file_hangs_stalls_nothing_else() {
+    let worker = sim_worker(fast_worker()).await;
+    let path = temp_file("hanging.yaml");
+    std::fs::write(&path, yaml(&[&worker.url], "k", 0.3)).unwrap();
+    let served = Served::start(&path);
+    let gw = served.url.clone();
+    healthy(&gw, &worker.url, "k").await;
+    std::fs::remove_file(&path).unwrap();
+    let made = Command::new("mkfifo").arg(&path).status().unwrap();
+    assert!(made.success());
+    served.hangup();
+    // The reload opens the FIFO and waits there for a writer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answered = tokio::time::timeout(Duration::from_secs(20), get(&gw, "/workers", "k")).await;
+    let (status, _) = answered.expect("the admin API hung behind the reload");
+    assert_eq!(status, 200);
+    let text = yaml(&[&worker.url], "k", 0.3);
+    let writer = std::thread::spawn(move || std::fs::write(&path, text));
+    served.wait_for_line("configuration reloaded");
+    writer.join().unwrap().unwrap();
+}
