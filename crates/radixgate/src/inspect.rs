@@ -140,13 +140,14 @@ impl StreamOptions {
 
 /// Whether a JSON value, as written, is one the Python servers' request
 /// models (pydantic, in its default lax mode) read as a true boolean: the
-/// literal, 1, or a string spelling of true in any case. Anything else is
-/// false there, or refused.
+/// literal, a number equal to 1 (`1`, `1.0`), or a string spelling of
+/// true in any case. Anything else is false there, or refused.
 fn reads_as_true(json: &str) -> bool {
     let value = json.strip_prefix('"').and_then(|v| v.strip_suffix('"'));
     match value {
         Some(text) => TRUE_WORDS.iter().any(|t| text.eq_ignore_ascii_case(t)),
-        None => matches!(json, "true" | "1"),
+        // A JSON number is also Rust's float syntax.
+        None => json == "true" || json.parse::<f64>() == Ok(1.0),
     }
 }
 
@@ -759,10 +760,10 @@ fn raw_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D
 }
 
 /// A flag (`stream`) as the engines' pydantic models read it, lax: `true`
-/// and `false`, `null` (the default, false), `0` and `1`, and the strings
-/// [`reads_as_true`] takes or their opposites (`"false"`, `"0"`, `"no"`,
-/// `"off"`, `"f"`, `"n"`), in any case. Anything else is refused, as the
-/// engines refuse it.
+/// and `false`, `null` (the default, false), `0` and `1` (`0.0` and `1.0`
+/// too), and the strings [`reads_as_true`] takes or their opposites
+/// (`"false"`, `"0"`, `"no"`, `"off"`, `"f"`, `"n"`), in any case.
+/// Anything else is refused, as the engines refuse it.
 pub(crate) fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     struct Flag;
     impl<'de> Visitor<'de> for Flag {
@@ -792,6 +793,14 @@ pub(crate) fn null_as_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::
             match v {
                 0 | 1 => Ok(v == 1),
                 _ => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+            }
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<bool, E> {
+            // pydantic's lax mode takes a float that is exactly 0 or 1.
+            if v == 0.0 || v == 1.0 {
+                Ok(v == 1.0)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Float(v), &self))
             }
         }
         fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {

@@ -133,6 +133,47 @@ fn stream_reads_as_the_engines_read_it() {
     assert!(!by_load(r#""maybe""#) && !by_load("[1]") && !by_load("null"));
 }
 
+/// `stream` written as `1.0` or `0.0`: the engines' pydantic models take
+/// a float that is exactly 0 or 1 for a boolean (lax), so vLLM and SGLang
+/// serve it; before, the router refused it 400, and on routes routed by
+/// load an unknown API's `1.0` was read as no stream. Other floats are
+/// still refused, as the engines refuse them.
+#[test]
+fn stream_as_a_float_of_0_or_1_reads_as_the_engines_read_it() {
+    let read = |stream: &str| {
+        let body = format!(r#"{{"model":"m","messages":[],"stream":{stream}}}"#);
+        inspect(Api::ChatCompletions, body.as_bytes()).map(|i| i.stream)
+    };
+    for (flag, stream) in [
+        ("1.0", true),
+        ("1e0", true),
+        ("0.0", false),
+        ("-0.0", false),
+    ] {
+        assert_eq!(read(flag).ok(), Some(stream), "{flag}");
+    }
+    for bad in ["0.5", "2.0", "-1.0", "1.5e0"] {
+        assert!(read(bad).is_err(), "{bad}");
+    }
+    let by_load = |stream: &str| {
+        let body = format!(r#"{{"model":"m","stream":{stream}}}"#);
+        inspect_model(body.as_bytes()).unwrap().stream
+    };
+    assert!(by_load("1.0"));
+    assert!(!by_load("0.0") && !by_load("0.5"));
+    // `include_usage` so too: a client that asked with `1.0` keeps the
+    // usage event a metered tenant's edit would otherwise take out.
+    let asked = |value: &str| {
+        let body = format!(
+            r#"{{"messages":[],"stream":true,"stream_options":{{"include_usage":{value}}}}}"#
+        );
+        let read = inspect(Api::ChatCompletions, body.as_bytes()).unwrap();
+        read.stream_options.usage_asked()
+    };
+    assert!(asked("1.0") && asked("1e0") && asked("1"));
+    assert!(!asked("0.0") && !asked("0.5") && !asked("10"));
+}
+
 #[test]
 fn completions_prompt_shapes() {
     let text = |body: &str| {
