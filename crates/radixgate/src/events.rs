@@ -396,6 +396,8 @@ impl KvEvents {
         let Some(endpoint) = TokenEndpoint::from_path(path) else {
             return Ok(Err("no_tokens"));
         };
+        // Passed over as the request's inspection passed over it.
+        let bytes = crate::inspect::without_bom(bytes);
         // A flat list of ids is read from the bytes: as values it would
         // take about ten times the body (`flat_token_ids`).
         if let Some(mut ids) = flat_token_ids(endpoint, bytes) {
@@ -931,6 +933,35 @@ mod tests {
         let waited = tokio::time::timeout(SUPERVISE_PERIOD * 6, forgotten).await;
         stop.cancel();
         assert!(waited.is_ok(), "the removed worker's count is still held");
+    }
+
+    /// A body after a UTF-8 byte order mark (passed over by the router's
+    /// reading of a request, as by the engines') is tokenized as any other.
+    /// Before, it was counted `tokenize_error` and routed on the tree.
+    #[tokio::test]
+    async fn a_body_after_a_byte_order_mark_is_tokenized() {
+        let registry = Registry::new(PolicyConfig::default().build().unwrap());
+        let config = KvEventsConfig {
+            enabled: true,
+            ..KvEventsConfig::default()
+        };
+        let stop = CancellationToken::new();
+        let events = KvEvents::spawn(
+            &config,
+            1 << 16,
+            registry.router(),
+            &Metrics::new(),
+            stop.clone(),
+        )
+        .unwrap();
+        let flat = "\u{feff} {\"input_ids\":[1,2,3]}";
+        let read = events.tokens("/generate", flat.as_bytes(), None);
+        assert_eq!(read, Ok(Ok(vec![1, 2, 3])));
+        // Read as values: text, and no tokenizer here to read it with.
+        let text = "\u{feff}{\"prompt\":\"hi\"}";
+        let read = events.tokens("/v1/completions", text.as_bytes(), None);
+        assert_eq!(read, Ok(Err("no_tokens")));
+        stop.cancel();
     }
 
     /// A request waits for a turn to tokenize at most `TURN_WAIT`, then is

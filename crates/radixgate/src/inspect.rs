@@ -204,11 +204,19 @@ pub enum InspectError {
     NotAnObject,
 }
 
+/// `body` after its UTF-8 byte order mark, if it starts with one: every
+/// reader of a request body the router passed ([`inspect`]) passes over
+/// it too, or the body would be refused there (a prefill/decode pool's
+/// edit) or go unread (KV events' tokenizing).
+pub(crate) fn without_bom(body: &[u8]) -> &[u8] {
+    body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body)
+}
+
 /// Refuses a body that does not start with `{` (after white space); a
 /// UTF-8 byte order mark before it is passed over, as the Python servers'
 /// JSON reader passes it over (some Windows clients write one).
 fn object(body: &[u8]) -> Result<&[u8], InspectError> {
-    let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
+    let body = without_bom(body);
     match body.trim_ascii_start().first() {
         Some(b'{') => Ok(body),
         Some(_) => Err(InspectError::NotAnObject),
