@@ -305,8 +305,9 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
             _ => {}
         }
         if !cfg.enabled && admitted {
-            // Admitted once; nothing more to watch.
-            return;
+            // Admitted once; nothing more to watch but the requests that
+            // find it not serving a model it is listed with.
+            return serve_rereads(cancel, worker, models_read).await;
         }
         let wait = if healthy {
             Duration::from_secs(cfg.interval_secs)
@@ -338,6 +339,32 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
 /// The least time between two reads of a worker's models that requests
 /// asked for ([`Board::reread_models`]).
 const REREAD_AFTER: Duration = Duration::from_secs(1);
+
+/// With health checks off, after admission: reads the worker's models
+/// again whenever a request asks ([`Watched::asked_to_reread`]), not more
+/// often than [`REREAD_AFTER`], until `cancel`. Nothing else reads them
+/// then: without this, every request for a model the worker stopped
+/// serving went to it first and was turned away, for as long as the
+/// router ran.
+async fn serve_rereads(
+    cancel: &CancellationToken,
+    worker: &mut impl Watched,
+    mut models_read: Instant,
+) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = worker.asked_to_reread() => {}
+        }
+        let wait = REREAD_AFTER.saturating_sub(models_read.elapsed());
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        worker.refresh().await;
+        models_read = Instant::now();
+    }
+}
 
 /// Why a worker is out of rotation, for the operator's log: the line that
 /// follows `worker <url>`.

@@ -185,6 +185,32 @@ async fn a_workers_models_are_read_again_when_a_request_asks() {
     assert_eq!(worker.probes[..5], [0, 250, 5_000, 6_000, 16_000]);
 }
 
+/// With health checks off, a worker is admitted once and never probed;
+/// a request that finds it not serving a model it is listed with still
+/// has its models read again (not more often than `REREAD_AFTER`).
+/// Before, its checker had returned at admission: nothing read the
+/// models again, so every request for the model was sent to the worker
+/// first and turned away, for as long as the router ran.
+#[tokio::test(start_paused = true)]
+async fn with_health_checks_off_a_workers_models_are_read_again_when_asked() {
+    let mut worker = Scripted::up_from(0);
+    worker.rereads = vec![5_000, 5_300, 50_000];
+    let config = HealthConfig {
+        enabled: false,
+        ..HealthConfig::default()
+    };
+    let cancel = CancellationToken::new();
+    let limit = Duration::from_millis(100_000);
+    let _ = tokio::time::timeout(limit, run(&config, &cancel, &mut worker)).await;
+    assert!(worker.probes.is_empty(), "{:?}", worker.probes);
+    assert_eq!(worker.reports[0], (0, Report::Admit));
+    let refreshed: Vec<u64> = (worker.reports.iter())
+        .filter(|(_, r)| *r == Report::Refresh)
+        .map(|(at, _)| *at)
+        .collect();
+    assert_eq!(refreshed, [5_000, 6_000, 50_000]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_worker_down_at_start_is_probed_with_backoff_then_admitted() {
     let mut worker = Scripted::up_from(5_000);
