@@ -199,7 +199,21 @@ fn extra_keys_are_read_per_block() {
     assert_eq!((a.len(), a[1], b.len(), b[0]), (2, 0, 2, 0));
     assert!(a[0] != 0 && b[1] != 0 && a[0] != b[1], "{a:?} {b:?}");
 
-    // Not one per block, or not a list: the batch is refused.
+    // In an array, another field in its place is taken for none.
+    let Value::Array(mut array) =
+        stored_array(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
+    else {
+        unreachable!()
+    };
+    array.extend([
+        Value::Nil,
+        int(1),
+        Value::Array(vec![salted("x"), Value::Nil]),
+    ]);
+    let b = decode_payload(&batch(vec![Value::Array(array)], Value::Nil)).unwrap();
+    assert_eq!(extra(&b.events[0]), Vec::<u64>::new());
+
+    // Named, not one per block or not a list: the batch is refused.
     for bad in [Value::Array(vec![salted("x")]), s("salt")] {
         let Value::Map(mut map) =
             stored_map(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))

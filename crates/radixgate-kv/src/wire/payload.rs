@@ -183,7 +183,8 @@ fn event(value: &ValueRef<'_>, out: &mut EventBatch) -> Result<(), WireError> {
                 out.skipped.other_medium += 1;
                 return Ok(());
             }
-            let extra_keys = extra_keys(fields.get(7, "extra_keys"), block_hashes.len())?;
+            let named = matches!(fields.shape, Shape::Map(_));
+            let extra_keys = extra_keys(fields.get(7, "extra_keys"), block_hashes.len(), named)?;
             out.events.push(KvEvent::Stored(BlockStored {
                 block_hashes,
                 parent,
@@ -226,12 +227,20 @@ fn as_str<'v>(value: &'v ValueRef<'_>) -> Option<&'v str> {
 
 /// vLLM's `extra_keys` (`list[tuple | None] | None`, one entry per block):
 /// a digest of each block's entry, 0 for nil or empty; empty for nil,
-/// missing, or no block with any. The digest is of the entry's msgpack bytes, so that any two
-/// entries that differ (two salts, two images) differ.
-fn extra_keys(value: Option<&ValueRef<'_>>, blocks: usize) -> Result<Vec<u64>, WireError> {
+/// missing, or no block with any. The digest is of the entry's msgpack
+/// bytes, so that any two entries that differ (two salts, two images)
+/// differ. Another shape is refused where the field is `named` (a map);
+/// in an array, where the field is only a place, another engine's or
+/// version's field may stand there: it is taken for none.
+fn extra_keys(
+    value: Option<&ValueRef<'_>>,
+    blocks: usize,
+    named: bool,
+) -> Result<Vec<u64>, WireError> {
     let entries = match value {
         None | Some(ValueRef::Nil) => return Ok(Vec::new()),
         Some(ValueRef::Array(entries)) if entries.len() == blocks => entries,
+        Some(_) if !named => return Ok(Vec::new()),
         Some(_) => {
             return Err(WireError::shape(
                 "extra_keys",
