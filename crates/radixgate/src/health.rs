@@ -165,6 +165,17 @@ impl Watched for Target {
 
     async fn asked_to_reread(&self) {
         self.reread.notified().await;
+        match self.models.is_empty() {
+            true => tracing::info!(
+                worker = %self.url,
+                "worker answered 404 for a model it is listed with; its models are read again"
+            ),
+            false => tracing::warn!(
+                worker = %self.url,
+                "worker answered 404 for a model the config lists it with; its requests for \
+                 that model go to other workers listed with it"
+            ),
+        }
     }
 }
 

@@ -755,8 +755,8 @@ struct MultimodalInput<'a> {
     video: Option<Cow<'a, str>>,
 }
 
-/// A prompt that may be absent, but not `null` (refused as the wrong type,
-/// as a prompt that must be present is).
+/// A prompt that may be absent; `null` reads as an empty one, as it did
+/// when the prompt had to be present.
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TextOrIds>, D::Error> {
     TextOrIds::deserialize(d).map(Some)
 }

@@ -836,39 +836,41 @@ async fn attempts(
                 if status == StatusCode::NOT_FOUND
                     && let Affinity::None = target.affinity
                     && let Some(model) = request.model.as_deref()
-                    && served_elsewhere(shared, &worker, model, &tried)
+                    && lists(&worker, model)
                     && does_not_serve(&mut response, model, deadline).await
                 {
                     // Listed with the model, the worker no longer serves
                     // it (an adapter unloaded, another model started
-                    // there): another that is listed with it takes the
-                    // request, at once and for no retry, and the worker's
-                    // models are read again. Its failure is no one's.
-                    tracing::info!(
-                        worker = worker.url(),
-                        model,
-                        "worker answered 404: it does not serve the model it is listed with; \
-                         retried on another, and its models read again"
-                    );
+                    // there): its models are read again (its checker logs
+                    // it), and another worker listed with it, if any,
+                    // takes the request, at once and for no retry. Its
+                    // failure is no one's.
                     shared.control.reread_models(worker.url());
                     shared
                         .request_metrics
                         .upstream_error(worker.url(), "model_not_served");
                     decision.undo_insert(&request.routing_text);
-                    drop(probe);
-                    let (message, _) = error_message(response, deadline).await;
-                    let failure = GatewayError::UpstreamStatus {
-                        worker: worker.url().to_owned(),
-                        status,
-                        message,
-                        retry_after: None,
-                    };
-                    traced.failed("model_not_served", &failure);
-                    retrying = Some("model_not_served");
-                    tried.push(worker.id());
-                    not_serving += 1;
-                    last_failure = Some(failure);
-                    continue;
+                    if served_elsewhere(shared, &worker, model, &tried) {
+                        tracing::debug!(
+                            worker = worker.url(),
+                            model,
+                            "worker answered 404: it does not serve the model it is listed with; retried on another"
+                        );
+                        drop(probe);
+                        let (message, _) = error_message(response, deadline).await;
+                        let failure = GatewayError::UpstreamStatus {
+                            worker: worker.url().to_owned(),
+                            status,
+                            message,
+                            retry_after: None,
+                        };
+                        traced.failed("model_not_served", &failure);
+                        retrying = Some("model_not_served");
+                        tried.push(worker.id());
+                        not_serving += 1;
+                        last_failure = Some(failure);
+                        continue;
+                    }
                 }
                 let sse = is_event_stream(response.headers());
                 // Behind a preamble or an opening comment, the watch finds
@@ -1010,24 +1012,24 @@ async fn attempts(
 
 /// Whether a worker other than `worker`, and not among `tried`, is listed
 /// with `model` by name and available: a 404 of `worker`'s saying it does
-/// not serve the model is then worth a try there (see `does_not_serve`).
-/// A worker that serves any model (it lists none) says nothing of whether
-/// it is listed wrongly: its 404 is the request's answer.
+/// not serve the model is then worth a try there (see `does_not_serve`);
+/// else that 404 is the request's answer.
 fn served_elsewhere(
     shared: &Shared,
     worker: &radixgate_routing::Worker,
     model: &str,
     tried: &[WorkerId],
 ) -> bool {
-    let lists = |w: &radixgate_routing::Worker| {
-        let models = w.models();
-        models.iter().any(|m| m == model)
-    };
     let set = shared.router.snapshot();
-    lists(worker)
-        && set.workers().iter().any(|w| {
-            w.id() != worker.id() && !tried.contains(&w.id()) && w.is_available() && lists(w)
-        })
+    set.workers().iter().any(|w| {
+        w.id() != worker.id() && !tried.contains(&w.id()) && w.is_available() && lists(w, model)
+    })
+}
+
+/// Whether `worker` lists `model` by name (a worker that lists none serves
+/// any model, and says nothing of whether it is listed wrongly).
+fn lists(worker: &radixgate_routing::Worker, model: &str) -> bool {
+    worker.models().iter().any(|m| m == model)
 }
 
 /// The workers that answered one request 500 so far, each with its

@@ -1517,7 +1517,7 @@ async fn a_lora_adapter_loaded_at_runtime_keeps_the_workers_cache_record() {
 /// `models_refresh_secs`. Before, the client got the 404 while another
 /// worker served the adapter, until that next read (30 s by default).
 /// Where no other worker is listed with it, the worker's 404 is the
-/// answer, as before.
+/// answer, as before, and its models are read again all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_unloaded_an_adapter_passes_its_requests_on() {
     let (a, a_listed, stop_a) = lora_worker().await;
@@ -1563,6 +1563,11 @@ async fn a_worker_that_unloaded_an_adapter_passes_its_requests_on() {
     let answer: Value = r.json().await.unwrap();
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert_eq!(message, "The model `sql-lora` does not exist.", "{answer}");
+    // Its models are read again too.
+    wait_until("the adapter listed nowhere", || async {
+        model_ids(&gw.url).await == ["base-model"]
+    })
+    .await;
     gw.shutdown().await;
     stop_a.cancel();
     stop_b.cancel();
@@ -1711,6 +1716,42 @@ async fn a_worker_that_wants_a_key_the_router_does_not_send_is_held_out() {
     let gw = gateway_ready(c, 1).await;
     let r = post_chat(&gw.url, &body).await;
     assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+    stop.cancel();
+}
+
+/// A 404 from a worker listed with the request's model has its body read
+/// ahead to see whether it names the model; a body that stalls is not
+/// waited for past a moment: the client gets the worker's answer, as it
+/// would from any other 404. Before, it waited for the attempt's
+/// first-byte deadline (a whole answer's: 300 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_whose_body_stalls_is_passed_on_at_once() {
+    let stalled = || async {
+        let body = futures::stream::once(async {
+            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"error\": "))
+        })
+        .chain(futures::stream::pending());
+        (
+            axum::http::StatusCode::NOT_FOUND,
+            axum::body::Body::from_stream(body),
+        )
+    };
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { axum::Json(json!({"data": [{"id": "base-model"}]})) }),
+        )
+        .route("/v1/chat/completions", axum::routing::post(stalled));
+    let (url, stop) = serve_app(app).await;
+    let gw = gateway_ready(config(&[&url]), 1).await;
+    let mut body = chat("a question", false);
+    body["model"] = json!("base-model");
+    let answered = tokio::time::timeout(Duration::from_secs(60), post_chat(&gw.url, &body)).await;
+    let r = answered.expect("the 404's head is held back");
+    assert_eq!(r.status(), 404);
+    drop(r);
     gw.shutdown().await;
     stop.cancel();
 }

@@ -23,6 +23,10 @@ use std::net::IpAddr;
 /// Most bytes of a worker's error body read for its message.
 const ERROR_BODY_LIMIT: usize = 4096;
 
+/// The longest a 404's body is waited for before it is passed on as it
+/// is ([`does_not_serve`]).
+const ERROR_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An attempt that got no first byte (refused, hung, or its worker lost
 /// meanwhile): counted by kind. A timeout whose first byte was `prompt`
 /// (due soon after the prefill: a stream's first event, or an answer that
@@ -358,8 +362,9 @@ pub(super) async fn error_message(
 /// that the worker does not serve that model (vLLM's "The model `m` does
 /// not exist."): a LoRA adapter unloaded, or another model started at the
 /// URL, since its models were last read. Its body's first
-/// [`ERROR_BODY_LIMIT`] bytes are read ahead (before `deadline`) and kept
-/// in front, so that a 404 about something else goes on as it came.
+/// [`ERROR_BODY_LIMIT`] bytes are read ahead (before `deadline`, and
+/// within [`ERROR_BODY_WAIT`]) and kept in front, so that a 404 about
+/// something else goes on as it came.
 pub(super) async fn does_not_serve(
     response: &mut axum::http::Response<Primed<Incoming>>,
     model: &str,
@@ -369,8 +374,10 @@ pub(super) async fn does_not_serve(
         return false;
     }
     let read = response.body_mut().read_ahead(ERROR_BODY_LIMIT);
-    let deadline =
-        deadline.unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(5));
+    // An error body comes with its head: a stalled one is not waited for
+    // long (the attempt's own deadline can be minutes).
+    let soon = tokio::time::Instant::now() + ERROR_BODY_WAIT;
+    let deadline = deadline.map_or(soon, |d| d.min(soon));
     let _ = tokio::time::timeout_at(deadline, read).await;
     worker_message(&response.body().held()).is_some_and(|m| names(&m, model))
 }

@@ -196,7 +196,7 @@ impl RequestMetrics {
     }
 
     /// A failed attempt at a worker; `kind` is e.g. `connect`, `timeout`,
-    /// `status`, `stream_broken`, `no_transfer_params`.
+    /// `status`, `stream_broken`, `no_transfer_params`, `model_not_served`.
     pub fn upstream_error(&self, worker: &str, kind: &'static str) {
         let key = LabelRef {
             fixed: kind,
