@@ -165,31 +165,41 @@ fn unknown_keys_extra_fields_and_unknown_tags_are_tolerated() {
     assert_eq!(b.events, vec![want.clone(), want]);
 }
 
+/// Two blocks' `BlockStored`, GPU, as a map with `extra` after its fields.
+fn stored_map_with(extra: Vec<(Value, Value)>) -> Value {
+    let Value::Map(mut map) = stored_map(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
+    else {
+        unreachable!()
+    };
+    map.extend(extra);
+    Value::Map(map)
+}
+
+/// The same as an array, with `extra` after its fields.
+fn stored_array_with(extra: Vec<Value>) -> Value {
+    let Value::Array(mut array) =
+        stored_array(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
+    else {
+        unreachable!()
+    };
+    array.extend(extra);
+    Value::Array(array)
+}
+
 /// vLLM's `extra_keys` (one entry per block, `None` or a tuple of what
 /// else the block's hash was computed with) are read as a digest per
 /// block in both shapes; two different entries give two digests.
 #[test]
 fn extra_keys_are_read_per_block() {
     let salted = |salt: &str| Value::Array(vec![s(salt)]);
-    let Value::Map(mut map) = stored_map(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
-    else {
-        unreachable!()
-    };
-    map.push((
-        s("extra_keys"),
-        Value::Array(vec![salted("salt-a"), Value::Nil]),
-    ));
-    let Value::Array(mut array) =
-        stored_array(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
-    else {
-        unreachable!()
-    };
+    let keys = |entries: Vec<Value>| (s("extra_keys"), Value::Array(entries));
+    let map = stored_map_with(vec![keys(vec![salted("salt-a"), Value::Nil])]);
     // lora_name, then extra_keys.
-    array.extend([
+    let array = stored_array_with(vec![
         Value::Nil,
         Value::Array(vec![Value::Array(vec![]), salted("salt-b")]),
     ]);
-    let payload = batch(vec![Value::Map(map), Value::Array(array)], Value::Nil);
+    let payload = batch(vec![map, array], Value::Nil);
     let b = decode_payload(&payload).unwrap();
     let extra = |e: &KvEvent| match e {
         KvEvent::Stored(s) => s.extra_keys.clone(),
@@ -200,28 +210,15 @@ fn extra_keys_are_read_per_block() {
     assert!(a[0] != 0 && b[1] != 0 && a[0] != b[1], "{a:?} {b:?}");
 
     // In an array, another field in its place is taken for none.
-    let Value::Array(mut array) =
-        stored_array(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
-    else {
-        unreachable!()
-    };
-    array.extend([
-        Value::Nil,
-        int(1),
-        Value::Array(vec![salted("x"), Value::Nil]),
-    ]);
-    let b = decode_payload(&batch(vec![Value::Array(array)], Value::Nil)).unwrap();
+    let other = Value::Array(vec![salted("x"), Value::Nil]);
+    let array = stored_array_with(vec![Value::Nil, int(1), other]);
+    let b = decode_payload(&batch(vec![array], Value::Nil)).unwrap();
     assert_eq!(extra(&b.events[0]), Vec::<u64>::new());
 
     // Named, not one per block or not a list: the batch is refused.
     for bad in [Value::Array(vec![salted("x")]), s("salt")] {
-        let Value::Map(mut map) =
-            stored_map(vec![int(1), int(2)], Value::Nil, &TOKENS, 4, s("GPU"))
-        else {
-            unreachable!()
-        };
-        map.push((s("extra_keys"), bad));
-        assert!(decode_payload(&batch(vec![Value::Map(map)], Value::Nil)).is_err());
+        let map = stored_map_with(vec![(s("extra_keys"), bad)]);
+        assert!(decode_payload(&batch(vec![map], Value::Nil)).is_err());
     }
 }
 

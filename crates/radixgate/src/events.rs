@@ -889,6 +889,16 @@ mod tests {
     use super::*;
     use radixgate_routing::{PolicyConfig, Registry, WorkerSpec};
 
+    /// KV events on for `registry`'s workers, until `stop`.
+    fn spawned(registry: &Registry, stop: &CancellationToken) -> Arc<KvEvents> {
+        let config = KvEventsConfig {
+            enabled: true,
+            ..KvEventsConfig::default()
+        };
+        let router = registry.router();
+        KvEvents::spawn(&config, 1 << 16, router, &Metrics::new(), stop.clone()).unwrap()
+    }
+
     /// A removed worker's count of contradicting answers goes with it: a
     /// worker id never comes back, so a count left behind would stay for
     /// good, one per worker that left mid-count.
@@ -896,19 +906,8 @@ mod tests {
     async fn a_removed_workers_contradictions_are_forgotten() {
         let mut registry = Registry::new(PolicyConfig::default().build().unwrap());
         let worker = registry.add(WorkerSpec::new("http://127.0.0.1:9")).unwrap();
-        let config = KvEventsConfig {
-            enabled: true,
-            ..KvEventsConfig::default()
-        };
         let stop = CancellationToken::new();
-        let events = KvEvents::spawn(
-            &config,
-            1 << 16,
-            registry.router(),
-            &Metrics::new(),
-            stop.clone(),
-        )
-        .unwrap();
+        let events = spawned(&registry, &stop);
         // Subscribed, as a worker whose answers are held to its events is.
         while !events.workers.lock().contains_key(&worker.id()) {
             tokio::time::sleep(SUPERVISE_PERIOD / 5).await;
@@ -941,19 +940,8 @@ mod tests {
     #[tokio::test]
     async fn a_body_after_a_byte_order_mark_is_tokenized() {
         let registry = Registry::new(PolicyConfig::default().build().unwrap());
-        let config = KvEventsConfig {
-            enabled: true,
-            ..KvEventsConfig::default()
-        };
         let stop = CancellationToken::new();
-        let events = KvEvents::spawn(
-            &config,
-            1 << 16,
-            registry.router(),
-            &Metrics::new(),
-            stop.clone(),
-        )
-        .unwrap();
+        let events = spawned(&registry, &stop);
         let flat = "\u{feff} {\"input_ids\":[1,2,3]}";
         let read = events.tokens("/generate", flat.as_bytes(), None);
         assert_eq!(read, Ok(Ok(vec![1, 2, 3])));

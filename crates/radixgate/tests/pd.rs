@@ -1538,20 +1538,6 @@ async fn an_sglang_batch_over_the_limit_is_the_clients_error_not_prefills() {
     gw.shutdown().await;
 }
 
-/// The characters the router records `worker` holding (`/get_loads`).
-async fn recorded_chars(gateway: &str, worker: &str) -> u64 {
-    let loads = common::get_loads(gateway).await;
-    let found = loads["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["url"] == worker)
-        .cloned();
-    found
-        .and_then(|w| w["cached_chars"].as_u64())
-        .unwrap_or_else(|| panic!("{worker} not in {loads}"))
-}
-
 /// A side that sheds the request (429: busy; 503: full or going away)
 /// never read its prompt, so the router's record of its cache does not
 /// keep it, as a co-located worker's does not. It kept it: the prefill
@@ -1587,7 +1573,7 @@ async fn a_side_that_sheds_the_request_keeps_no_prompt_on_its_record() {
                 assert!(!shedder.bodies().is_empty(), "{case}: it was sent");
                 common::wait_for_zero_load(&gw.url).await;
                 assert_eq!(
-                    recorded_chars(&gw.url, &shedder.url()).await,
+                    common::recorded_chars(&gw.url, &shedder.url()).await,
                     0,
                     "{case}: the shedding side's record keeps the prompt"
                 );
@@ -1596,7 +1582,7 @@ async fn a_side_that_sheds_the_request_keeps_no_prompt_on_its_record() {
                 assert_eq!(post_chat(&gw.url, &body).await.status(), 200, "{case}");
                 common::wait_for_zero_load(&gw.url).await;
                 assert!(
-                    recorded_chars(&gw.url, &shedder.url()).await > 0,
+                    common::recorded_chars(&gw.url, &shedder.url()).await > 0,
                     "{case}: served, the prompt is recorded"
                 );
                 gw.shutdown().await;

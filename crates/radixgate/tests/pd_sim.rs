@@ -468,20 +468,6 @@ async fn a_pair_left_with_only_an_ejected_decode_worker_is_served_by_it() {
     }
 }
 
-/// The characters the router records `worker` holding (`/get_loads`).
-async fn recorded_chars(gateway: &str, worker: &str) -> u64 {
-    let loads = common::get_loads(gateway).await;
-    let found = loads["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["url"] == worker)
-        .cloned();
-    found
-        .and_then(|w| w["cached_chars"].as_u64())
-        .unwrap_or_else(|| panic!("{worker} not in {loads}"))
-}
-
 /// A side that is down (its connections refused) was sent nothing: the
 /// router's record of its cache does not keep the prompt, as a co-located
 /// worker's does not. It kept it, so once the worker was back the prompt's
@@ -512,7 +498,7 @@ async fn a_side_that_is_down_keeps_no_prompt_on_its_record() {
             assert_eq!(r.status(), 502, "{case}: {}", r.text().await.unwrap());
             common::wait_for_zero_load(&gw.url).await;
             assert_eq!(
-                recorded_chars(&gw.url, &side.url).await,
+                common::recorded_chars(&gw.url, &side.url).await,
                 0,
                 "{case}: the record of the side that was down keeps the prompt"
             );
@@ -523,7 +509,7 @@ async fn a_side_that_is_down_keeps_no_prompt_on_its_record() {
             assert_eq!(r.status(), 200, "{case}");
             common::wait_for_zero_load(&gw.url).await;
             assert!(
-                recorded_chars(&gw.url, &side.url).await > 0,
+                common::recorded_chars(&gw.url, &side.url).await > 0,
                 "{case}: served, the prompt is recorded"
             );
             gw.shutdown().await;

@@ -239,6 +239,20 @@ pub async fn model_ids(gateway: &str) -> Vec<String> {
         .collect()
 }
 
+/// The characters the router records `worker` holding (`/get_loads`).
+pub async fn recorded_chars(gateway: &str, worker: &str) -> u64 {
+    let loads = get_loads(gateway).await;
+    let found = loads["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == worker)
+        .cloned();
+    found
+        .and_then(|w| w["cached_chars"].as_u64())
+        .unwrap_or_else(|| panic!("{worker} not in {loads}"))
+}
+
 /// The gateway's `/get_loads` answer.
 pub async fn get_loads(gateway: &str) -> Value {
     client()
