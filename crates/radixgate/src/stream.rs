@@ -296,10 +296,18 @@ fn last_three(before: [u8; 3], data: &[u8]) -> [u8; 3] {
 fn sse_error_event(errors: ErrorEvents, closing: &str, message: &str, code: &str) -> Bytes {
     let event = match errors {
         ErrorEvents::OpenAi => {
+            // The type a whole answer's error of the same cause has
+            // (`GatewayError`): the router's own shutdown or timeout is
+            // not the worker's error.
+            let kind = match code {
+                "shutting_down" => "service_unavailable",
+                "request_timeout" => "timeout",
+                _ => "upstream_error",
+            };
             let body = serde_json::json!({
                 "error": {
                     "message": message,
-                    "type": "upstream_error",
+                    "type": kind,
                     "param": null,
                     "code": code,
                 }

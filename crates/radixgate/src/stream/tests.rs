@@ -345,6 +345,9 @@ async fn a_shutdown_ends_a_stream_whose_frames_are_always_ready() {
         text.starts_with("data: ") && text.contains("shutting_down"),
         "{text}"
     );
+    // The type a whole answer cut by the shutdown has: the router's, not
+    // the worker's error.
+    assert!(text.contains(r#""type":"service_unavailable""#), "{text}");
     assert_eq!(*log.lock().unwrap(), ["Shutdown"]);
 }
 
@@ -388,6 +391,7 @@ async fn the_request_timeout_cutting_a_stream_is_not_the_workers_failure() {
     let bytes = body.collect().await.unwrap().to_bytes();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     assert!(text.contains("request_timeout"), "{text}");
+    assert!(text.contains(r#""type":"timeout""#), "{text}");
     assert_eq!(*log.lock().unwrap(), ["first", "TimedOut"]);
 }
 
