@@ -312,6 +312,15 @@ pub struct ServeArgs {
     #[arg(long, env = "RADIXGATE_QUEUE_TIMEOUT_SECS")]
     pub queue_timeout_secs: Option<u64>,
 
+    /// Stored Responses API responses whose maker is kept, least recently
+    /// used out; 0 keeps none [default: 100000].
+    #[arg(long, env = "RADIXGATE_RESPONSES_MAX_IDS")]
+    pub responses_max_ids: Option<usize>,
+    /// Seconds a stored response's maker is kept after its last use
+    /// [default: 86400].
+    #[arg(long, env = "RADIXGATE_RESPONSES_MAX_AGE_SECS")]
+    pub responses_max_age_secs: Option<u64>,
+
     /// Extra port that serves /metrics and the probes (/liveness,
     /// /readiness, /health), apart from the client port's connection cap.
     #[arg(long, env = "RADIXGATE_PROMETHEUS_PORT")]
@@ -761,6 +770,10 @@ impl ServeArgs {
         }
         set(&mut a.queue_size, &self.queue_size);
         set(&mut a.queue_timeout_secs, &self.queue_timeout_secs);
+
+        let r = &mut config.responses;
+        set(&mut r.max_ids, &self.responses_max_ids);
+        set(&mut r.max_age_secs, &self.responses_max_age_secs);
 
         if self.prometheus_port.is_some() {
             config.metrics.prometheus_port = self.prometheus_port;

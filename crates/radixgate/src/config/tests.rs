@@ -1067,3 +1067,16 @@ fn worker_urls_split_at_spaces_and_commas_and_replace_the_files() {
         .to_string();
     assert!(err.contains("names no URL"), "{err}");
 }
+
+/// `responses.*` has flags (and their variables), checked as the file's
+/// keys are.
+#[test]
+fn responses_settings_have_flags() {
+    let flags = ["--responses-max-ids", "0", "--responses-max-age-secs", "60"];
+    let config = args(&flags).load().unwrap();
+    assert_eq!(config.responses.max_ids, 0);
+    assert_eq!(config.responses.max_age_secs, 60);
+    let refused = args(&["--responses-max-age-secs", "0"]).load();
+    let err = refused.unwrap_err().to_string();
+    assert!(err.contains("responses.max_age_secs"), "{err}");
+}
