@@ -857,7 +857,10 @@ async fn attempts(
                             "worker answered 404: it does not serve the model it is listed with; retried on another"
                         );
                         drop(probe);
-                        let (message, _) = error_message(response, deadline).await;
+                        // Its body was read for its message already: the
+                        // rest is not waited for long.
+                        let soon = tokio::time::Instant::now() + attempt::ERROR_BODY_WAIT;
+                        let (message, _) = error_message(response, Some(soon)).await;
                         let failure = GatewayError::UpstreamStatus {
                             worker: worker.url().to_owned(),
                             status,

@@ -1723,35 +1723,60 @@ async fn a_worker_that_wants_a_key_the_router_does_not_send_is_held_out() {
 /// A 404 from a worker listed with the request's model has its body read
 /// ahead to see whether it names the model; a body that stalls is not
 /// waited for past a moment: the client gets the worker's answer, as it
-/// would from any other 404. Before, it waited for the attempt's
-/// first-byte deadline (a whole answer's: 300 s by default).
+/// would from any other 404, or, where the body named the model and
+/// another worker is listed with it, that worker's. Before, each waited
+/// for the attempt's first-byte deadline (a whole answer's: 300 s by
+/// default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_404_whose_body_stalls_is_passed_on_at_once() {
-    let stalled = || async {
-        let body = futures::stream::once(async {
-            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"error\": "))
-        })
-        .chain(futures::stream::pending());
-        (
-            axum::http::StatusCode::NOT_FOUND,
-            axum::body::Body::from_stream(body),
-        )
-    };
-    let app = axum::Router::new()
-        .route("/health", axum::routing::get(|| async { "ok" }))
-        .route(
-            "/v1/models",
-            axum::routing::get(|| async { axum::Json(json!({"data": [{"id": "base-model"}]})) }),
-        )
-        .route("/v1/chat/completions", axum::routing::post(stalled));
-    let (url, stop) = serve_app(app).await;
-    let gw = gateway_ready(config(&[&url]), 1).await;
-    let mut body = chat("a question", false);
-    body["model"] = json!("base-model");
-    let answered = tokio::time::timeout(Duration::from_secs(60), post_chat(&gw.url, &body)).await;
-    let r = answered.expect("the 404's head is held back");
-    assert_eq!(r.status(), 404);
-    drop(r);
-    gw.shutdown().await;
-    stop.cancel();
+    for opening in [
+        &b"{\"error\": "[..],
+        b"{\"message\": \"The model `base-model` does",
+    ] {
+        let stalled = move || async move {
+            let body = futures::stream::once(async move {
+                Ok::<_, std::io::Error>(bytes::Bytes::from_static(opening))
+            })
+            .chain(futures::stream::pending());
+            (
+                axum::http::StatusCode::NOT_FOUND,
+                axum::body::Body::from_stream(body),
+            )
+        };
+        let listed = || async { axum::Json(json!({"data": [{"id": "base-model"}]})) };
+        let app = axum::Router::new()
+            .route("/health", axum::routing::get(|| async { "ok" }))
+            .route("/v1/models", axum::routing::get(listed))
+            .route("/v1/chat/completions", axum::routing::post(stalled));
+        let (url, stop) = serve_app(app).await;
+        // A worker that serves the model, where the body names it.
+        let names = opening.len() > 20;
+        let good = axum::Router::new()
+            .route("/health", axum::routing::get(|| async { "ok" }))
+            .route("/v1/models", axum::routing::get(listed))
+            .route(
+                "/v1/chat/completions",
+                axum::routing::post(|| async { axum::Json(ok_answer()) }),
+            );
+        let (good, stop_good) = serve_app(good).await;
+        let workers = if names {
+            vec![&*url, &*good]
+        } else {
+            vec![&*url]
+        };
+        let gw = gateway_ready(round_robin(config(&workers)), workers.len()).await;
+        // Round robin: one of the two requests goes to the stalled worker.
+        for i in 0..workers.len() {
+            let mut body = chat(&format!("a question {i}"), false);
+            body["model"] = json!("base-model");
+            let answered =
+                tokio::time::timeout(Duration::from_secs(60), post_chat(&gw.url, &body)).await;
+            let r = answered.expect("held back behind a stalled body");
+            assert_eq!(r.status(), if names { 200 } else { 404 });
+            drop(r);
+        }
+        gw.shutdown().await;
+        stop.cancel();
+        stop_good.cancel();
+    }
 }

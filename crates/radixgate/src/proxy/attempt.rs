@@ -24,8 +24,8 @@ use std::net::IpAddr;
 const ERROR_BODY_LIMIT: usize = 4096;
 
 /// The longest a 404's body is waited for before it is passed on as it
-/// is ([`does_not_serve`]).
-const ERROR_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// is, or let go of for a retry ([`does_not_serve`]).
+pub(super) const ERROR_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An attempt that got no first byte (refused, hung, or its worker lost
 /// meanwhile): counted by kind. A timeout whose first byte was `prompt`
