@@ -934,10 +934,10 @@ async fn attempts(
                     .upstream_error(worker.url(), "status");
                 let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
                 asked_for_pause(shared, &worker, status, retry_after.as_ref());
-                if busy(status) || status == StatusCode::SERVICE_UNAVAILABLE {
-                    // Shed, not served: the prompt never reached this
-                    // worker's cache. (The other replicas keep what they
-                    // were sent, as for a rejected request.)
+                if attempt::shed(status) {
+                    // The prompt never reached this worker's cache. (The
+                    // other replicas keep what they were sent, as for a
+                    // rejected request.)
                     decision.undo_insert(&request.routing_text);
                 }
                 if last_attempt {

@@ -438,6 +438,15 @@ pub(super) fn busy(status: axum::http::StatusCode) -> bool {
     status == axum::http::StatusCode::TOO_MANY_REQUESTS
 }
 
+/// Whether a worker's answer `status` sheds the request (429: busy; 503:
+/// full or going away): the worker never read the prompt, so the router's
+/// record of its cache does not keep it (a worker that shed a prompt was
+/// sent its next request as a cache hit that was not there). Co-located
+/// workers and either side of a prefill/decode pair alike.
+pub(super) fn shed(status: axum::http::StatusCode) -> bool {
+    busy(status) || status == axum::http::StatusCode::SERVICE_UNAVAILABLE
+}
+
 /// Takes a worker's error answer `status` with its `Retry-After`: a 429
 /// or 503 naming a wait pauses the worker ([`crate::retry::Paused`]), and
 /// the pause's start is logged.

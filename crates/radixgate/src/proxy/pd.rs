@@ -550,8 +550,9 @@ fn refused(error: &GatewayError) -> bool {
 /// co-located worker's refusal) and the prompt never cached there (its
 /// tree insert is taken back); counted as a failure, a client's few
 /// over-long prompts opened every prefill worker's breaker. Anything else
-/// is the worker's failure ([`record_unless_500`]), and one that [`shed`]
-/// the request takes its tree insert back too.
+/// is the worker's failure ([`record_unless_500`]), and one that
+/// [`shed`](super::attempt::shed) the request takes its tree insert back
+/// too.
 fn prefill_unanswered(
     shared: &Shared,
     decision: &mut Decision,
@@ -568,18 +569,10 @@ fn prefill_unanswered(
     shared
         .request_metrics
         .upstream_error(worker.url(), "status");
-    if shed(status) {
+    if super::attempt::shed(status) {
         decision.undo_insert(text);
     }
     record_unless_500(&worker, probe, status);
-}
-
-/// Whether a side's answer `status` sheds the request (429: busy; 503:
-/// full or going away): the worker never read the prompt, so its record
-/// does not keep it, as a co-located worker's does not (a worker that shed
-/// a prompt was sent its next request as a cache hit that was not there).
-fn shed(status: StatusCode) -> bool {
-    super::attempt::busy(status) || status == StatusCode::SERVICE_UNAVAILABLE
 }
 
 /// When a failure the pair's loop blames is counted on the breaker.
@@ -865,7 +858,7 @@ impl Pair<'_> {
         shared
             .request_metrics
             .upstream_error(worker.url(), "status");
-        if shed(status) {
+        if super::attempt::shed(status) {
             decision.undo_insert(self.text);
         }
         record_unless_500(&worker, probe, status);
