@@ -338,10 +338,8 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
             // Probed and read at once, but not more often than
             // `REREAD_AFTER`: every request a worker turns away asks.
             reread = true;
-            let wait = REREAD_AFTER.saturating_sub(models_read.elapsed());
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
+            if !spaced_from(models_read, cancel).await {
+                return;
             }
         }
     }
@@ -350,6 +348,16 @@ async fn run(cfg: &HealthConfig, cancel: &CancellationToken, worker: &mut impl W
 /// The least time between two reads of a worker's models that requests
 /// asked for ([`Board::reread_models`]).
 const REREAD_AFTER: Duration = Duration::from_secs(1);
+
+/// Waits until [`REREAD_AFTER`] has passed since the models were `read`;
+/// false where `cancel` came first.
+async fn spaced_from(read: Instant, cancel: &CancellationToken) -> bool {
+    let wait = REREAD_AFTER.saturating_sub(read.elapsed());
+    tokio::select! {
+        () = cancel.cancelled() => false,
+        () = tokio::time::sleep(wait) => true,
+    }
+}
 
 /// With health checks off, after admission: reads the worker's models
 /// again whenever a request asks ([`Watched::asked_to_reread`]), not more
@@ -367,10 +375,8 @@ async fn serve_rereads(
             () = cancel.cancelled() => return,
             () = worker.asked_to_reread() => {}
         }
-        let wait = REREAD_AFTER.saturating_sub(models_read.elapsed());
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(wait) => {}
+        if !spaced_from(models_read, cancel).await {
+            return;
         }
         worker.refresh().await;
         models_read = Instant::now();
