@@ -207,13 +207,21 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
     }
 
     fn fail_as(&mut self, end: StreamEnd, err: BoxError, code: &str) -> Polled {
+        // The type a whole answer's error of the same cause has
+        // (`GatewayError`): the router's own shutdown or timeout is not
+        // the worker's error.
+        let kind = match end {
+            StreamEnd::Shutdown => "service_unavailable",
+            StreamEnd::TimedOut => "timeout",
+            _ => "upstream_error",
+        };
         self.end(end);
         if self.sse {
             Poll::Ready(Some(Ok(Frame::data(sse_error_event(
                 self.errors,
                 self.closing(),
                 &err.to_string(),
-                code,
+                (kind, code),
             )))))
         } else {
             Poll::Ready(Some(Err(err)))
@@ -293,17 +301,15 @@ fn last_three(before: [u8; 3], data: &[u8]) -> [u8; 3] {
 
 /// The SSE event sent when a worker's stream breaks off or times out, after
 /// `closing` (what ends an event the worker left unfinished).
-fn sse_error_event(errors: ErrorEvents, closing: &str, message: &str, code: &str) -> Bytes {
+/// `(kind, code)`: the OpenAI error's `type` and `code`.
+fn sse_error_event(
+    errors: ErrorEvents,
+    closing: &str,
+    message: &str,
+    (kind, code): (&str, &str),
+) -> Bytes {
     let event = match errors {
         ErrorEvents::OpenAi => {
-            // The type a whole answer's error of the same cause has
-            // (`GatewayError`): the router's own shutdown or timeout is
-            // not the worker's error.
-            let kind = match code {
-                "shutting_down" => "service_unavailable",
-                "request_timeout" => "timeout",
-                _ => "upstream_error",
-            };
             let body = serde_json::json!({
                 "error": {
                     "message": message,
