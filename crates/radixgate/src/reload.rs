@@ -67,6 +67,9 @@ use tokio_util::sync::CancellationToken;
 /// Builds the configuration a reload should switch to.
 pub type Loader = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
 
+/// A [`Loader`] shared with the thread each reload reads on.
+type SharedLoader = std::sync::Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -138,7 +141,7 @@ impl Reload {
 /// The receiving end, given to [`crate::server::run_reloadable`].
 pub struct Reloads {
     rx: mpsc::Receiver<Request>,
-    loader: std::sync::Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
+    loader: SharedLoader,
 }
 
 impl fmt::Debug for Reloads {
@@ -234,7 +237,7 @@ pub(crate) struct Target {
 /// `stop` is cancelled (a read still hanging is left to the process's
 /// exit).
 async fn load(
-    loader: &std::sync::Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
+    loader: &SharedLoader,
     stop: &CancellationToken,
 ) -> Option<Result<Config, ReloadError>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
