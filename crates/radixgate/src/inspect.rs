@@ -141,14 +141,11 @@ impl StreamOptions {
 /// Whether a JSON value, as written, is one the Python servers' request
 /// models (pydantic, in its default lax mode) read as a true boolean: the
 /// literal, a number equal to 1 (`1`, `1.0`), or a string spelling of
-/// true in any case. Anything else is false there, or refused.
+/// true in any case. Anything else is false there, or refused. Read as
+/// [`null_as_false`] reads `stream`: the one statement of that rule.
 fn reads_as_true(json: &str) -> bool {
-    let value = json.strip_prefix('"').and_then(|v| v.strip_suffix('"'));
-    match value {
-        Some(text) => TRUE_WORDS.iter().any(|t| text.eq_ignore_ascii_case(t)),
-        // A JSON number is also Rust's float syntax.
-        None => json == "true" || json.parse::<f64>() == Ok(1.0),
-    }
+    let mut value = serde_json::Deserializer::from_str(json);
+    matches!(null_as_false(&mut value), Ok(true))
 }
 
 /// The strings a Python worker's pydantic model reads as `true`, in any
