@@ -115,6 +115,39 @@ fn bad_values_name_their_key() {
     );
 }
 
+/// The metrics port may equal the client port only on another address:
+/// each is then a listener of its own (an overlapping pair, `0.0.0.0` and
+/// `127.0.0.1`, is refused by the bind, naming the metrics port).
+#[test]
+fn metrics_port_clashes_only_on_the_same_host() {
+    let same = ["--port", "9000", "--prometheus-port", "9000"];
+    let err = args(&same).load().unwrap_err().to_string();
+    assert!(err.contains("metrics.prometheus_port"), "{err}");
+    let named_same = [
+        "--host",
+        "10.0.0.5",
+        "--port",
+        "9000",
+        "--prometheus-port",
+        "9000",
+        "--prometheus-host",
+        "10.0.0.5",
+    ];
+    assert!(args(&named_same).load().is_err());
+    let apart = [
+        "--host",
+        "10.0.0.5",
+        "--port",
+        "9000",
+        "--prometheus-port",
+        "9000",
+        "--prometheus-host",
+        "127.0.0.1",
+    ];
+    let config = args(&apart).load().unwrap();
+    assert_eq!(config.metrics.prometheus_port, Some(9000));
+}
+
 #[test]
 fn serving_threads_default_to_one_per_cpu() {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);

@@ -149,10 +149,19 @@ impl Config {
         self.record_trace.validate()?;
         self.tracing.validate()?;
         self.log.filter()?;
-        if self.metrics.prometheus_port == Some(self.server.port) && self.server.port != 0 {
+        let metrics_host = self
+            .metrics
+            .prometheus_host
+            .as_deref()
+            .unwrap_or(&self.server.host);
+        if self.metrics.prometheus_port == Some(self.server.port)
+            && self.server.port != 0
+            && metrics_host == self.server.host
+        {
             return Err(invalid(
                 "metrics.prometheus_port",
-                "must differ from server.port (/metrics is served there already)",
+                "must differ from server.port on the same host (/metrics is served there \
+                 already); on another address (metrics.prometheus_host) it may be the same",
             ));
         }
         Ok(())
