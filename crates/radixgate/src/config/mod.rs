@@ -666,6 +666,17 @@ pub enum ConfigError {
     /// The routing settings are out of range.
     #[error(transparent)]
     Routing(#[from] RoutingError),
+    /// A value of a section checked by another crate is out of range
+    /// (`routing.cache_threshold`).
+    #[error("invalid setting `{section}.{field}`: {reason}")]
+    InvalidIn {
+        /// The section, as in the file (`routing`).
+        section: &'static str,
+        /// The key within it.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A value is out of range.
     #[error("invalid setting `{key}`: {reason}")]
     Invalid {

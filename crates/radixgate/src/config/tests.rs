@@ -238,7 +238,10 @@ fn policy_flags() {
         "{err}"
     );
     let err = args(&["--cache-threshold", "1.5"]).load().unwrap_err();
-    assert!(err.to_string().contains("cache_threshold"), "{err}");
+    assert!(
+        err.to_string().contains("`routing.cache_threshold`"),
+        "{err}"
+    );
     assert!(Cli::try_parse_from(["serve", "--policy", "fastest"]).is_err());
 }
 

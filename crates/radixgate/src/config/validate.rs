@@ -11,7 +11,7 @@
 
 use super::{Config, ConfigError, MAX_THREADS, invalid};
 use axum::http::HeaderValue;
-use radixgate_routing::{PolicyConfig, WorkerRole, WorkerSpec, WorkerUrl};
+use radixgate_routing::{PolicyConfig, RoutingError, WorkerRole, WorkerSpec, WorkerUrl};
 use std::fmt::Display;
 
 /// Longest duration in seconds any `*_secs` setting may have: a day. No
@@ -91,7 +91,14 @@ impl Config {
 
     /// Checks every value's range; the error names the key and the range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.routing.validate()?;
+        self.routing.validate().map_err(|e| match e {
+            RoutingError::InvalidConfig { field, reason } => ConfigError::InvalidIn {
+                section: "routing",
+                field,
+                reason,
+            },
+            other => other.into(),
+        })?;
         self.validate_server()?;
         // Each worker once, by its canonical URL (case, a trailing `/` and
         // the scheme's default port aside): a second spelling was
