@@ -403,6 +403,35 @@ fn file_then_environment_then_flags() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// clap names a refused value by its flag; where the value came from the
+/// flag's variable, the message names the variable too.
+#[test]
+fn a_refused_value_from_a_variable_names_the_variable() {
+    let (ok, err) = run(radixgate().arg("serve").env("RADIXGATE_CONFIG", ""));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("RADIXGATE_CONFIG is set but empty")
+            && err.contains("--config is not on the command line"),
+        "{err}"
+    );
+    let (ok, err) = run(radixgate().arg("serve").env("RADIXGATE_PORT", "80a"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("invalid value '80a' for '--port")
+            && err.contains("RADIXGATE_PORT gave this value"),
+        "{err}"
+    );
+    // The flag given, the variable is not what was refused.
+    for argv in [
+        &["serve", "--port", "80b"][..],
+        &["serve", "--port=80b"][..],
+    ] {
+        let (ok, err) = run(radixgate().args(argv).env("RADIXGATE_PORT", "8000"));
+        assert!(!ok && err.contains("'80b'"), "{err}");
+        assert!(!err.contains("RADIXGATE_PORT"), "{err}");
+    }
+}
+
 /// A loopback port nothing listens on (bound, then released).
 fn free_port() -> u16 {
     let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

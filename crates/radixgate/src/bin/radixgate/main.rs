@@ -10,7 +10,7 @@ mod demo;
 mod tune;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 // The request path allocates per request (bodies, headers, futures); glibc's
@@ -58,7 +58,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     huge_pages_off();
-    match run(Cli::parse()) {
+    match run(parse_cli()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             // The whole cause chain on one line, without the backtrace a
@@ -69,6 +69,66 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line. clap names a refused value by its flag alone,
+/// also where it came from the flag's `RADIXGATE_*` variable (an empty
+/// `RADIXGATE_CONFIG` from an unset shell variable or a chart's blank
+/// value read "a value is required for '--config'"); a tip then names the
+/// variable.
+fn parse_cli() -> Cli {
+    Cli::try_parse().unwrap_or_else(|mut err| {
+        let argv: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        if let Some(tip) = from_variable(&err, &argv) {
+            use clap::error::{ContextKind, ContextValue};
+            let mut tips = match err.get(ContextKind::Suggested) {
+                Some(ContextValue::StyledStrs(tips)) => tips.clone(),
+                _ => Vec::new(),
+            };
+            tips.push(tip.into());
+            err.insert(ContextKind::Suggested, ContextValue::StyledStrs(tips));
+        }
+        err.exit()
+    })
+}
+
+/// Where `err` refuses a flag's value that its environment variable gave
+/// (the variable is set and the flag is not on `argv`), says so.
+fn from_variable(err: &clap::Error, argv: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    // "--config <CONFIG>": the flag is its first word.
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let flag = format!("--{long}");
+    let given = argv
+        .iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+    if given {
+        return None;
+    }
+    let cli = Cli::command();
+    let command = cli.find_subcommand(argv.get(1)?)?;
+    let var = command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))?
+        .get_env()?
+        .to_string_lossy()
+        .into_owned();
+    let value = std::env::var_os(&var)?;
+    let tip = if value.is_empty() {
+        format!(
+            "{var} is set but empty ({flag} is not on the command line): unset it or give it a value"
+        )
+    } else {
+        format!("{var} gave this value ({flag} is not on the command line): correct it or unset it")
+    };
+    Some(tip)
 }
 
 /// Turns transparent huge pages off for this process, unless the operator
