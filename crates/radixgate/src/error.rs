@@ -602,6 +602,14 @@ pub(crate) fn says_close(response: &mut Response) {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, Self::ClientLeft) {
+            // 499 has no reason phrase of its own: hyper writes `<none>`.
+            response
+                .extensions_mut()
+                .insert(hyper::ext::ReasonPhrase::from_static(
+                    b"Client Closed Request",
+                ));
+        }
         if matches!(self, Self::Unauthorized) {
             // RFC 9110, 11.6.1: a 401 names the scheme it wants.
             response

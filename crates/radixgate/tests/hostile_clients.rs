@@ -441,6 +441,23 @@ async fn a_client_that_leaves_mid_body_is_counted_499_not_400() {
     .await;
     drop(s);
     assert_eq!(counted("499").await, 3.0);
+    // A client that half-closes part-way still reads the answer: a status
+    // line with nginx's reason phrase, not hyper's `<none>`.
+    let mut s = connect(&gw.url).await;
+    s.write_all(post_head(1000, "").as_bytes()).await.unwrap();
+    s.write_all(b"{\"model\": ").await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(HANG_GUARD, s.read_to_end(&mut answer))
+        .await
+        .expect("no answer to a half-closed client")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 499 Client Closed Request\r\n"),
+        "{answer}"
+    );
+    wait_until("the fourth left", || async { counted("499").await == 4.0 }).await;
     gw.shutdown().await;
 }
 
