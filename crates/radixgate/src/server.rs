@@ -246,7 +246,7 @@ fn routes(state: Arc<AppState>) -> Router {
     routes
         // A request that has been here before is refused first, whatever
         // its route (`crate::via`).
-        .layer(crate::via::RefuseLoops::new(&state.shared.via))
+        .layer(crate::via::RefuseLoops::new(&state.shared, forwarded_route))
         // Every answer, the router's own errors included, carries the
         // request's id; every request runs in its spans.
         .layer(crate::trace::request_id::IdentifyRequests::new(

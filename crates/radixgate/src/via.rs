@@ -14,7 +14,9 @@
 //! it. Another router in the chain (one in front of per-pool routers, say)
 //! has a pseudonym of its own and passes.
 
+use crate::auth::RouteLabel;
 use crate::error::GatewayError;
+use crate::state::Shared;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
@@ -63,16 +65,23 @@ impl Via {
 /// `axum::middleware::from_fn`, which boxes one: 1.018x the instructions
 /// per request of the build before loop refusal, against 1.039x with
 /// `from_fn` (`bench/instr_cost.py`, docs/experiments/results/via_cost.txt).
+/// A refusal of a request to a forwarded route is counted in
+/// `radixgate_requests_total` under that route, as the tenant gate counts
+/// its own (`crate::auth::RequireTenant`): a loop that refused every
+/// client request showed no refusal in the metrics.
 #[derive(Clone)]
 pub(crate) struct RefuseLoops {
-    via: Arc<Via>,
+    shared: Arc<Shared>,
+    route: RouteLabel,
 }
 
 impl RefuseLoops {
-    /// Refuses what names `via`.
-    pub(crate) fn new(via: &Via) -> Self {
+    /// Refuses what names the gateway's `Via` (in `shared`); `route` names
+    /// the route a refused request is counted under.
+    pub(crate) fn new(shared: &Arc<Shared>, route: RouteLabel) -> Self {
         Self {
-            via: Arc::new(via.clone()),
+            shared: shared.clone(),
+            route,
         }
     }
 }
@@ -83,7 +92,7 @@ impl<S> Layer<S> for RefuseLoops {
     fn layer(&self, inner: S) -> Refusing<S> {
         Refusing {
             inner,
-            via: self.via.clone(),
+            refuse: self.clone(),
         }
     }
 }
@@ -92,7 +101,7 @@ impl<S> Layer<S> for RefuseLoops {
 #[derive(Clone)]
 pub(crate) struct Refusing<S> {
     inner: S,
-    via: Arc<Via>,
+    refuse: RefuseLoops,
 }
 
 impl<S> Service<Request> for Refusing<S>
@@ -108,7 +117,8 @@ where
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        if !self.via.seen_in(req.headers()) {
+        let via = &self.refuse.shared.via;
+        if !via.seen_in(req.headers()) {
             return Either::Right(self.inner.call(req));
         }
         tracing::warn!(
@@ -116,9 +126,17 @@ where
             "request came back to this router (its Via names it): a worker URL leads back here"
         );
         let refused = GatewayError::LoopDetected {
-            pseudonym: self.via.pseudonym.clone(),
+            pseudonym: via.pseudonym.clone(),
         };
         let refused = crate::error::refused_unread(&req, refused);
+        if let Some(route) = (self.refuse.route)(req.method(), req.uri().path()) {
+            self.refuse.shared.request_metrics.request_done(
+                route,
+                refused.status().as_u16(),
+                None,
+                std::time::Duration::ZERO,
+            );
+        }
         Either::Left(std::future::ready(Ok(refused)))
     }
 }

@@ -571,6 +571,15 @@ async fn a_worker_url_that_is_the_router_itself_is_never_admitted() {
     assert_eq!(looped.status(), 508);
     let body: Value = looped.json().await.unwrap();
     assert_eq!(body["error"]["code"], "loop_detected", "{body}");
+    // Counted under its route, as other refusals are.
+    let refused = "radixgate_requests_total{route=\"/v1/chat/completions\",\
+                   status=\"508\",model=\"unknown\"}";
+    assert_eq!(
+        series_value(&gw.url, refused).await,
+        1.0,
+        "{}",
+        metrics_text(&gw.url).await
+    );
     let chained = c
         .post(format!("{}/v1/chat/completions", gw.url))
         .header("via", "1.1 radixgate-0123456789abcdef")
