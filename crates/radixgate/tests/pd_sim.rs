@@ -472,7 +472,8 @@ async fn a_pair_left_with_only_an_ejected_decode_worker_is_served_by_it() {
 /// router's record of its cache does not keep the prompt, as a co-located
 /// worker's does not. It kept it, so once the worker was back the prompt's
 /// next request went to it as a cache hit (prefill) or predicted held
-/// (decode) that was not there.
+/// (decode) that was not there. Decode's keeps nothing either where
+/// prefill was down: it never got the prompt's KV.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_side_that_is_down_keeps_no_prompt_on_its_record() {
     for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
@@ -502,6 +503,17 @@ async fn a_side_that_is_down_keeps_no_prompt_on_its_record() {
                 0,
                 "{case}: the record of the side that was down keeps the prompt"
             );
+            // Nor does decode's when prefill was down: under SGLang it is
+            // sent the request beside prefill, and without prefill's KV it
+            // holds nothing of it. (Prefill, with decode down, did compute
+            // the prompt, and holds it.)
+            if down == Role::Prefill {
+                assert_eq!(
+                    common::recorded_chars(&gw.url, &decode.url).await,
+                    0,
+                    "{case}: decode's record keeps a prompt whose prefill failed"
+                );
+            }
             // Back and served, it does.
             side.set_faults(FaultConfig::default());
             wait_for_healthy(&gw.url, 2).await;

@@ -814,18 +814,29 @@ impl Pair<'_> {
             },
             probe,
         ) = routed;
+        let reply = self.decode_reply(&mut decision, probe, body).await;
+        reply.settle(decision, model)
+    }
+
+    /// [`Pair::decode_answer`], with the decision lent: SGLang's pair
+    /// ([`Pair::sglang`]) keeps it, to take decode's insert back when
+    /// prefill fails while decode waits.
+    async fn decode_reply(
+        &self,
+        decision: &mut Decision,
+        probe: Permit,
+        body: Bytes,
+    ) -> DecodeReply {
         let shared = &self.state.shared;
         let worker = decision.worker().clone();
-        let (mut answer, probe) = match self.attempt(&mut decision, probe, body, self.prompt).await
-        {
+        let (mut answer, probe) = match self.attempt(decision, probe, body, self.prompt).await {
             Ok(ok) => ok,
             Err(error) => {
-                return Err(Failed {
-                    side: WorkerRole::Decode,
+                return DecodeReply::Failed {
                     worker: worker.id(),
                     error,
-                    answer: None,
-                });
+                    kept: None,
+                };
             }
         };
         let status = answer.response.status();
@@ -846,14 +857,7 @@ impl Pair<'_> {
             if status.is_client_error() {
                 decision.undo_insert(self.text);
             }
-            return Ok(Answer {
-                response: answer.response,
-                decision,
-                model,
-                probe: Some(probe),
-                sent: answer.sent,
-                trace: answer.trace,
-            });
+            return DecodeReply::Answered(answer, probe);
         }
         shared
             .request_metrics
@@ -870,20 +874,11 @@ impl Pair<'_> {
             message: None,
             retry_after: answer.response.headers().get(RETRY_AFTER).cloned(),
         };
-        let kept = Answer {
-            response: answer.response,
-            decision,
-            model,
-            probe: None,
-            sent: answer.sent,
-            trace: answer.trace,
-        };
-        Err(Failed {
-            side: WorkerRole::Decode,
+        DecodeReply::Failed {
             worker: worker.id(),
             error,
-            answer: Some(Box::new(kept)),
-        })
+            kept: Some(answer),
+        }
     }
 
     /// The prefill skip: the client's bytes to decode alone.
@@ -945,13 +940,20 @@ impl Pair<'_> {
         // first and was blamed, breaker and hang, for a hung prefill).
         // So is the request timeout's end: this loop judges whose silence
         // it ended, not decode's own attempt.
-        let decode_worker = decode.0.decision.worker().clone();
+        let (
+            Routed {
+                decision: mut decode_decision,
+                model: decode_model,
+            },
+            decode_probe,
+        ) = decode;
+        let decode_worker = decode_decision.worker().clone();
         let waiting = Pair {
             first_byte_timeout: None,
             until: None,
             ..*self
         };
-        let mut decoding = Box::pin(waiting.decode_answer(decode, body));
+        let mut decoding = Box::pin(waiting.decode_reply(&mut decode_decision, decode_probe, body));
         tokio::pin!(head_rx);
         let mut prefill_ok = false;
         let mut decode_deadline = None;
@@ -959,7 +961,6 @@ impl Pair<'_> {
         // silence is decode's.
         let mut waited_since = tokio::time::Instant::now();
         let until = self.until.map(|(at, _)| at);
-        let mut request_ended = false;
         let failed = |error| Failed::prefill(prefill_worker.id(), error);
         let lost = || {
             // The task ended without a word: it panicked or was cut.
@@ -969,7 +970,7 @@ impl Pair<'_> {
                 moved: false,
             }
         };
-        let answered = loop {
+        let waited = loop {
             let due = decode_deadline.unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
                 head = &mut head_rx, if !prefill_ok => match head {
@@ -980,57 +981,71 @@ impl Pair<'_> {
                             .first_byte_timeout
                             .map(|t| tokio::time::Instant::now() + t);
                     }
-                    Ok(Err(error)) => return Err(failed(error)),
-                    Err(_) => return Err(failed(lost())),
+                    Ok(Err(error)) => break Waited::PrefillFailed(error),
+                    Err(_) => break Waited::PrefillFailed(lost()),
                 },
-                () = tokio::time::sleep_until(due), if decode_deadline.is_some() => break None,
-                () = tokio::time::sleep_until(until.unwrap_or(due)), if until.is_some() => {
-                    request_ended = true;
-                    break None;
+                () = tokio::time::sleep_until(due), if decode_deadline.is_some() => {
+                    break Waited::DecodeSilent;
                 }
-                decoded = &mut decoding => match decoded {
-                    Ok(answer) => break Some(answer),
-                    Err(failed) => {
-                        // The pair's loop may blame prefill for the
-                        // transfer: its permit (a half-open breaker's one
-                        // probe) must be given back first, or the blame
-                        // finds the probe out and counts nothing.
-                        task.cancel().await;
-                        return Err(failed);
-                    }
-                },
+                () = tokio::time::sleep_until(until.unwrap_or(due)), if until.is_some() => {
+                    break Waited::RequestEnded;
+                }
+                reply = &mut decoding => break Waited::Decoded(Box::new(reply)),
             }
         };
-        let Some(mut answer) = answered else {
-            if request_ended {
-                // Decode's request and permit go first, uncounted.
-                drop(decoding);
+        // Decode's request and its permit (a half-open breaker's one
+        // probe) go first, uncounted: each blame below then counts. Its
+        // decision is back.
+        drop(decoding);
+        let reply = match waited {
+            Waited::Decoded(reply) => *reply,
+            Waited::PrefillFailed(error) => {
+                // Decode was sent the request beside prefill; without
+                // prefill's KV it holds nothing of the prompt, and its
+                // record does not keep it.
+                decode_decision.undo_insert(self.text);
+                return Err(failed(error));
+            }
+            Waited::RequestEnded => {
                 let silent = if prefill_ok {
                     &decode_worker
                 } else {
+                    // As above: decode got no KV.
+                    decode_decision.undo_insert(self.text);
                     &prefill_worker
                 };
                 return Err(self.sglang_timed_out(silent, waited_since));
             }
-            // Prefill answered and decode sent nothing in time: decode's
-            // failure, as its own attempt would have counted it. Its
-            // request and permit (a half-open breaker's one probe) go
-            // first, and prefill's (see above), so that both blames count.
-            drop(decoding);
-            task.cancel().await;
-            let error = GatewayError::FirstByteTimeout {
-                worker: decode_worker.url().to_owned(),
-                after: self.first_byte_timeout.unwrap_or_default(),
-            };
-            let breaker = shared.breakers.get(decode_worker.id());
-            no_first_byte(shared, &decode_worker, &breaker, &error, self.prompt);
-            blame(shared, &decode_worker);
-            return Err(Failed {
-                side: WorkerRole::Decode,
-                worker: decode_worker.id(),
-                error,
-                answer: None,
-            });
+            Waited::DecodeSilent => {
+                // Prefill answered and decode sent nothing in time:
+                // decode's failure, as its own attempt would have counted
+                // it. Prefill's permit goes first too (see below).
+                task.cancel().await;
+                let error = GatewayError::FirstByteTimeout {
+                    worker: decode_worker.url().to_owned(),
+                    after: self.first_byte_timeout.unwrap_or_default(),
+                };
+                let breaker = shared.breakers.get(decode_worker.id());
+                no_first_byte(shared, &decode_worker, &breaker, &error, self.prompt);
+                blame(shared, &decode_worker);
+                return Err(Failed {
+                    side: WorkerRole::Decode,
+                    worker: decode_worker.id(),
+                    error,
+                    answer: None,
+                });
+            }
+        };
+        let mut answer = match reply.settle(decode_decision, decode_model) {
+            Ok(answer) => answer,
+            Err(failed) => {
+                // The pair's loop may blame prefill for the transfer: its
+                // permit (a half-open breaker's one probe) must be given
+                // back first, or the blame finds the probe out and counts
+                // nothing.
+                task.cancel().await;
+                return Err(failed);
+            }
         };
         // The pair's answer is decode's; prefill's transfer is not what
         // decode's cached-token report measures. (Taken once decode has
@@ -1244,6 +1259,67 @@ struct Answer2 {
     response: axum::http::Response<crate::stream::Primed<hyper::body::Incoming>>,
     sent: tokio::time::Instant,
     trace: crate::trace::Attempt,
+}
+
+/// How SGLang's pair's wait for decode ended ([`Pair::sglang`]).
+enum Waited {
+    /// Decode replied.
+    Decoded(Box<DecodeReply>),
+    /// Prefill failed, or its task ended without a word, first.
+    PrefillFailed(GatewayError),
+    /// Prefill answered, and decode's first byte did not come in time.
+    DecodeSilent,
+    /// The request timeout ended it.
+    RequestEnded,
+}
+
+/// Decode's reply, before its decision is given back to it
+/// ([`Pair::decode_reply`]).
+enum DecodeReply {
+    /// The client's answer: a success, or a final status passed on.
+    Answered(Answer2, Permit),
+    /// A failure, with the worker's answer kept for the last attempt.
+    Failed {
+        worker: WorkerId,
+        error: GatewayError,
+        kept: Option<Answer2>,
+    },
+}
+
+impl DecodeReply {
+    /// The reply with its decision and model: the client's answer, or the
+    /// pair's failure on decode's side.
+    fn settle(self, decision: Decision, model: Option<String>) -> Result<Answer, Failed> {
+        match self {
+            Self::Answered(answer, probe) => Ok(Answer {
+                response: answer.response,
+                decision,
+                model,
+                probe: Some(probe),
+                sent: answer.sent,
+                trace: answer.trace,
+            }),
+            Self::Failed {
+                worker,
+                error,
+                kept,
+            } => Err(Failed {
+                side: WorkerRole::Decode,
+                worker,
+                error,
+                answer: kept.map(|answer| {
+                    Box::new(Answer {
+                        response: answer.response,
+                        decision,
+                        model,
+                        probe: None,
+                        sent: answer.sent,
+                        trace: answer.trace,
+                    })
+                }),
+            }),
+        }
+    }
 }
 
 /// Aborts the task it holds when dropped.
