@@ -9,8 +9,9 @@
 //!
 //! - a preflight (`OPTIONS` with `Access-Control-Request-Method`) is
 //!   answered 204 before authentication, since a browser sends it without
-//!   credentials: GET and POST, the headers it asks for, for 10 minutes;
-//!   the call that follows is authenticated as any other;
+//!   credentials: the client API's methods (GET, POST, and DELETE for a
+//!   stored response), the headers it asks for, for 10 minutes; the call
+//!   that follows is authenticated as any other;
 //! - every answer carries `Access-Control-Allow-Origin` and lets the page
 //!   read the router's own headers (the worker, the decision, the request
 //!   id, `Retry-After`).
@@ -27,6 +28,11 @@ use std::sync::Arc;
 
 /// The router's answer headers a page may read.
 const EXPOSED: &str = "x-radixgate-worker, x-radixgate-decision, x-request-id, retry-after";
+
+/// The methods of the client API a page may call: `DELETE` is a stored
+/// response's (`DELETE /v1/responses/{id}`), which a browser sends only
+/// once a preflight allowed it.
+const METHODS: &str = "GET, POST, DELETE";
 
 /// How long a browser may keep a preflight's answer, in seconds.
 const PREFLIGHT_MAX_AGE: &str = "600";
@@ -110,7 +116,7 @@ pub(crate) async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Nex
         headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
         headers.insert(
             header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST"),
+            HeaderValue::from_static(METHODS),
         );
         if let Some(asked) = req.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
             headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());

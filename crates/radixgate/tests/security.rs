@@ -1038,3 +1038,61 @@ async fn a_worker_is_one_worker_with_its_default_port_written_or_not() {
     assert_eq!(listed(c.clone()).await, vec![w.url.clone()]);
     gw.shutdown().await;
 }
+
+/// A page of an allowed origin may do with a stored response (Responses
+/// API) what the client API takes: fetch it, cancel it, and delete it. A
+/// browser sends a `DELETE` only after a preflight allowing it; the
+/// preflight's answer allowed GET and POST alone, so the page's delete
+/// never left the browser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_an_allowed_origin_may_delete_its_stored_response() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[&w.url]);
+    cfg.server.api_key = Some("sk-client".into());
+    cfg.server.cors_allowed_origins = vec!["https://chat.example".into()];
+    let gw = gateway_ready(cfg, 1).await;
+    let c = client();
+    let made = c
+        .post(format!("{}/v1/responses", gw.url))
+        .bearer_auth("sk-client")
+        .json(&json!({"model": radixgate_sim::server::DEFAULT_MODEL, "input": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 200);
+    let made: Value = made.json().await.unwrap();
+    let id = made["id"].as_str().expect("the response's id").to_owned();
+    let url = format!("{}/v1/responses/{id}", gw.url);
+    let r = c
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "https://chat.example")
+        .header("access-control-request-method", "DELETE")
+        .header("access-control-request-headers", "authorization")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://chat.example");
+    let allowed = h["access-control-allow-methods"].to_str().unwrap();
+    assert!(
+        allowed.split(',').any(|m| m.trim() == "DELETE"),
+        "the preflight allows {allowed}"
+    );
+    // The delete the browser then sends.
+    let r = c
+        .delete(&url)
+        .header("origin", "https://chat.example")
+        .bearer_auth("sk-client")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://chat.example"
+    );
+    let deleted: Value = r.json().await.unwrap();
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    gw.shutdown().await;
+}
