@@ -14,7 +14,7 @@
 //!   that follows is authenticated as any other;
 //! - every answer carries `Access-Control-Allow-Origin` and lets the page
 //!   read the router's own headers (the worker, the decision, the request
-//!   id, `Retry-After`).
+//!   id, `Retry-After`, `x-should-retry`).
 //!
 //! Only the client API is wrapped. The admin plane, which refuses
 //! cross-site requests (see `admin`), never answers another origin, and
@@ -26,8 +26,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-/// The router's answer headers a page may read.
-const EXPOSED: &str = "x-radixgate-worker, x-radixgate-decision, x-request-id, retry-after";
+/// The router's answer headers a page may read: `Retry-After` and
+/// `x-should-retry` are what OpenAI's and Anthropic's SDKs decide a retry
+/// by, in a browser as elsewhere.
+const EXPOSED: &str =
+    "x-radixgate-worker, x-radixgate-decision, x-request-id, retry-after, x-should-retry";
 
 /// The methods of the client API a page may call: `DELETE` is a stored
 /// response's (`DELETE /v1/responses/{id}`), which a browser sends only

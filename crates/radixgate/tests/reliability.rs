@@ -915,6 +915,41 @@ async fn a_request_that_breaks_two_workers_is_not_sent_to_a_third() {
     gw.shutdown().await;
 }
 
+/// A page of an allowed origin (`cors_allowed_origins`) calling through
+/// OpenAI's or Anthropic's browser SDK reads `x-should-retry: false` on a
+/// request that broke two workers, as any other client does: a browser
+/// hands a page only the headers the answer exposes, and the SDK, finding
+/// none, retried the 502 on its own, sending the prompt to more workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_is_told_not_to_retry_a_request_that_broke_workers() {
+    let (urls, _crashes) = crashable_workers(3, 3).await;
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let mut cfg = config(&refs);
+    cfg.retry.max_retries = 2;
+    cfg.retry.initial_backoff_ms = 1;
+    cfg.server.cors_allowed_origins = vec!["https://chat.example".into()];
+    let gw = gateway_ready(cfg, 3).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .header("origin", "https://chat.example")
+        .json(&chat("please crash", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let h = r.headers();
+    assert_eq!(h["x-should-retry"], "false");
+    assert_eq!(h["access-control-allow-origin"], "https://chat.example");
+    let exposed = h["access-control-expose-headers"].to_str().unwrap();
+    assert!(
+        exposed
+            .split(',')
+            .any(|name| name.trim() == "x-should-retry"),
+        "a page reads only {exposed}"
+    );
+    gw.shutdown().await;
+}
+
 /// A request with no routing text (reranking, scoring, an upload to an
 /// unrouted path) is told from another by its body: one that broke two
 /// workers makes only itself a suspect, not every other such request for
