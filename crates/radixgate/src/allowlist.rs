@@ -128,6 +128,7 @@ impl Rule {
                 .ok()
                 .filter(|p| *p <= bits)
                 .ok_or_else(|| format!("the prefix length must be 0 to {bits}"))?;
+            let (addr, prefix) = ipv4_mapped(addr, prefix);
             return Ok(Self::Network {
                 net: masked(addr, prefix),
                 prefix,
@@ -135,7 +136,8 @@ impl Rule {
         }
         if let Ok(addr) = entry.parse::<IpAddr>() {
             let prefix = if addr.is_ipv4() { 32 } else { 128 };
-            return Ok(Self::Network { net: addr, prefix });
+            let (net, prefix) = ipv4_mapped(addr, prefix);
+            return Ok(Self::Network { net, prefix });
         }
         let (name, wildcard) = match entry.strip_prefix("*.") {
             Some(suffix) => (suffix, true),
@@ -180,6 +182,20 @@ impl Rule {
 
 /// `addr` with all but its first `prefix` bits cleared (`prefix` at most
 /// the family's width, as [`Rule::parse`] ensures).
+/// An IPv4-mapped block (`::ffff:10.0.0.0/104`, `::ffff:10.0.0.1`) as the
+/// IPv4 block it is (`10.0.0.0/8`, `10.0.0.1/32`): a worker's address is
+/// matched as IPv4 where it is one (see [`Rule::matches`]), and a mapped
+/// entry would match none. A block wider than the mapped range is kept.
+fn ipv4_mapped(addr: IpAddr, prefix: u8) -> (IpAddr, u8) {
+    match addr {
+        IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+            Some(v4) => (IpAddr::V4(v4), prefix - 96),
+            None => (addr, prefix),
+        },
+        _ => (addr, prefix),
+    }
+}
+
 fn masked(addr: IpAddr, prefix: u8) -> IpAddr {
     match addr {
         IpAddr::V4(v4) => {
@@ -204,6 +220,25 @@ mod tests {
     fn allowed(list: &Allowlist, url: &str) -> Result<(), String> {
         list.check(&WorkerUrl::parse(url).unwrap())
             .map_err(|e| e.to_string())
+    }
+
+    /// An entry written IPv4-mapped is the IPv4 block it maps, as a
+    /// worker's address written so is its IPv4 address.
+    #[test]
+    fn ipv4_mapped_entries_are_their_ipv4_blocks() {
+        let l = list(&["::ffff:10.0.0.1", "::ffff:192.168.0.0/112"]);
+        for ok in [
+            "http://10.0.0.1:8000",
+            "http://[::ffff:10.0.0.1]:8000",
+            "http://192.168.3.4",
+        ] {
+            assert_eq!(allowed(&l, ok), Ok(()), "{ok}");
+        }
+        for bad in ["http://10.0.0.2", "http://192.169.0.1"] {
+            assert!(allowed(&l, bad).is_err(), "{bad}");
+        }
+        let err = allowed(&l, "http://10.0.0.2").unwrap_err();
+        assert!(err.contains("10.0.0.1/32, 192.168.0.0/16"), "{err}");
     }
 
     #[test]
