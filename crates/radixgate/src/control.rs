@@ -75,8 +75,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 mod drain;
+mod watches;
 
 pub use drain::{DRAIN_POLL, Drained};
+pub(crate) use watches::Watches;
 
 /// The freed URLs ([`Control::freed`]) a receiver may fall behind by.
 const FREED_BACKLOG: usize = 64;
@@ -258,6 +260,8 @@ pub struct Control {
     draining: Arc<parking_lot::Mutex<Vec<Arc<radixgate_routing::Worker>>>>,
     /// Every URL the control task lets go of, as it does.
     freed: broadcast::Sender<WorkerUrl>,
+    /// What each discovery watch last told of the API server.
+    watches: Watches,
 }
 
 impl Control {
@@ -346,9 +350,26 @@ impl Control {
     }
 
     /// Why no worker serving `model` (any, when `None`) can take a request
-    /// now: the tail of a 503's message (see [`health::Board::explain`]).
+    /// now: the tail of a 503's message (see [`health::Board::explain`]),
+    /// with the discovery watches that fail; with no worker known at all
+    /// and discovery on, what each watch found ([`Watches::explain_empty`]).
     pub(crate) fn why_unavailable(&self, admitted: &WorkerSet, model: Option<&str>) -> String {
-        self.board.explain(admitted, model)
+        if self.board.is_empty()
+            && let Some(why) = self.watches.explain_empty()
+        {
+            return why;
+        }
+        let why = self.board.explain(admitted, model);
+        match self.watches.explain_failing() {
+            Some(failing) => format!("{why}; {failing}"),
+            None => why,
+        }
+    }
+
+    /// What each discovery watch last told of the API server, written by
+    /// the watches and read by `/readiness`.
+    pub(crate) fn watches(&self) -> &Watches {
+        &self.watches
     }
 
     /// Whether every known worker has been admitted or has failed a
@@ -499,6 +520,7 @@ pub(crate) fn spawn(
         board: health::Board::default(),
         draining: Arc::default(),
         freed: broadcast::channel(FREED_BACKLOG).0,
+        watches: Watches::default(),
     };
     let task = ControlTask {
         registry,

@@ -39,7 +39,9 @@
 //! the watch retries with back-off (0.8 s doubling to 30 s, jittered, and
 //! not started over until a list completes or the watch brings a change),
 //! a WARN says so (at most once a minute), and
-//! `radixgate_discovery_connected` reads 0. It reads 1 once a list
+//! `radixgate_discovery_connected` reads 0, and the control handle's
+//! `Watches` keep the API server's reason, which
+//! a 503 for want of a worker and `/readiness` give. It reads 1 once a list
 //! completed, the API server accepted a watch (told by the client's layer,
 //! `answer.rs`: a watch resumed after an outage brings nothing while no pod
 //! changes) or the watch brought a change: the watcher's `Init` comes
@@ -298,6 +300,9 @@ impl PoolWatch {
         // The last WARN: at most one a minute, however often it flaps.
         let mut warned: Option<Instant> = None;
         self.metrics.connected(&self.pool.selector, false);
+        self.control
+            .watches()
+            .started(&self.pool.selector, self.pool.namespace.as_deref());
         loop {
             let event = tokio::select! {
                 () = stop.cancelled() => return,
@@ -329,6 +334,9 @@ impl PoolWatch {
                 Some(Err(err)) => {
                     self.metrics.events.increment("error");
                     self.metrics.connected(&self.pool.selector, false);
+                    self.control
+                        .watches()
+                        .failed(&self.pool.selector, problem(&err));
                     let now = Instant::now();
                     outage.get_or_insert(now);
                     if warned.is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING) {
@@ -368,6 +376,7 @@ impl PoolWatch {
             );
         }
         self.metrics.connected(&self.pool.selector, true);
+        self.control.watches().answers(&self.pool.selector);
     }
 
     async fn handle(&mut self, event: Event<RawPod>) {
@@ -617,6 +626,33 @@ fn excerpt(text: &str) -> Cow<'_, str> {
     }
     let head = &text[..text.floor_char_boundary(LOGGED_TEXT)];
     Cow::Owned(format!("{head}... ({} bytes)", text.len()))
+}
+
+/// What went wrong, in a line for a 503 and `/readiness`: the API
+/// server's own message where it sent one (which names the service
+/// account and the namespace it may not list), and for a 403 what the
+/// router needs.
+fn problem(err: &watcher::Error) -> String {
+    let status = match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(&**status),
+        watcher::Error::WatchError(status) => Some(&**status),
+        _ => None,
+    };
+    let text = match status {
+        Some(status) if status.code == 403 => format!(
+            "the API server answered 403 ({}): the router's service account needs \
+             `list` and `watch` on pods there",
+            status.message
+        ),
+        Some(status) => format!(
+            "the API server answered {} {}: {}",
+            status.code, status.reason, status.message
+        ),
+        None => err.to_string(),
+    };
+    excerpt(&text).into_owned()
 }
 
 /// Whether the API server refused to resume a watch: `410 Gone`, its

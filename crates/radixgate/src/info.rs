@@ -38,7 +38,8 @@ pub(crate) async fn liveness(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `/readiness` and `/health`: at least one worker can take requests (and
-/// replica sync, if on, has finished its warm start). A disaggregated
+/// replica sync, if on, has finished its warm start). With discovery on,
+/// the body lists each watch: connected or not, and why not. A disaggregated
 /// request takes a worker of each role, so a disaggregated pool needs an
 /// available prefill worker and an available decode worker: one left with
 /// a single role (its decode pods all gone) answers every request 503.
@@ -64,7 +65,7 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     // `crate::sync`): it would route on a tree that does not know the
     // cluster's recent prefixes.
     let warming = state.shared.sync.as_ref().is_some_and(|s| !s.ready());
-    let body = json!({
+    let mut body = json!({
         "status": match () {
             () if shutting_down => "shutting_down",
             () if warming => "sync_warming_up",
@@ -77,6 +78,22 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
         // are all still pending read as one with none configured.
         "pending_workers": state.shared.control.pending(),
     });
+    // With discovery on, where each watch stands: a router whose API
+    // server refuses it (no RBAC) has no worker, and says why here.
+    let watches = state.shared.control.watches().all();
+    if !watches.is_empty() {
+        body["discovery"] = watches
+            .into_iter()
+            .map(|(selector, w)| {
+                json!({
+                    "selector": selector,
+                    "namespace": w.namespace,
+                    "connected": w.connected,
+                    "problem": w.problem,
+                })
+            })
+            .collect();
+    }
     let status = if available > 0 && missing.is_none() && !shutting_down && !warming {
         StatusCode::OK
     } else {

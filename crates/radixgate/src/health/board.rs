@@ -88,6 +88,11 @@ impl Board {
         self.with(|e| e.values().all(|s| s.admitted || s.problem.is_some()))
     }
 
+    /// Whether no worker is known at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.with(|e| e.is_empty())
+    }
+
     /// Workers known and not admitted yet (their first probes have not
     /// passed).
     pub(crate) fn pending(&self) -> usize {

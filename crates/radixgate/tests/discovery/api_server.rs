@@ -415,3 +415,85 @@ async fn a_watch_refused_with_410_gone_as_its_status_relists() {
     assert_eq!(lists(&api), 2, "{:?}", api.requests());
     gw.shutdown().await;
 }
+
+/// The router's service account may not list pods (RBAC missing, or the
+/// wrong namespace): clients and `/readiness` say that discovery is
+/// refused and why, not that the pool is empty and workers should be
+/// added by URL; once the API server lists the pods, that note goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_refused_for_want_of_rbac_is_named_in_503s_and_readiness() {
+    let (w, addr) = worker_at(2, fast_worker()).await;
+    let api = FakeApi::start_new().await;
+    api.put(pod("w-0", json!({"app": "sglang"}), addr));
+    api.answer_lists(Lists::Status(403));
+    let gw = gateway(discovering(&api)).await;
+    let ready = || async {
+        let r = client()
+            .get(format!("{}/readiness", gw.url))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    wait_until("the refusal on /readiness", || async {
+        ready().await.1["discovery"][0]["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("403"))
+    })
+    .await;
+    let (status, body) = ready().await;
+    assert_eq!(status, 503, "{body}");
+    let watch = &body["discovery"][0];
+    assert_eq!(watch["selector"], "app=sglang", "{body}");
+    assert_eq!(watch["namespace"], "llm", "{body}");
+    assert_eq!(watch["connected"], false, "{body}");
+    let problem = watch["problem"].as_str().unwrap();
+    assert!(
+        problem.contains("pods is forbidden") && problem.contains("`list` and `watch`"),
+        "{problem}"
+    );
+
+    let r = post_chat(&gw.url, &chat("while discovery is refused", false)).await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("discovery of pods `app=sglang` in namespace llm")
+            && message.contains("403")
+            && !message.contains("--worker-urls"),
+        "{message}"
+    );
+
+    // Allowed: the pod found, and the note gone.
+    api.answer_lists(Lists::Pods);
+    wait_for_healthy(&gw.url, 1).await;
+    assert_eq!(worker_named(&gw.url, "w-0").await.unwrap()["url"], w.url);
+    wait_until("the note gone", || async {
+        let body = ready().await.1;
+        body["discovery"][0]["connected"] == true && body["discovery"][0]["problem"].is_null()
+    })
+    .await;
+    gw.shutdown().await;
+}
+
+/// Discovery works but no pod matches (a selector with a typo): the 503
+/// says what discovery watches, not to add workers by URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_that_matches_no_pod_is_named_in_503s() {
+    let api = FakeApi::start_new().await;
+    let gw = gateway(discovering(&api)).await;
+    wait_until("the list done", || async {
+        get_json(&gw.url, "/readiness").await["discovery"][0]["connected"] == true
+    })
+    .await;
+    let r = post_chat(&gw.url, &chat("no pod", false)).await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("discovery of pods `app=sglang` in namespace llm has found none serving")
+            && !message.contains("--worker-urls"),
+        "{message}"
+    );
+    gw.shutdown().await;
+}
