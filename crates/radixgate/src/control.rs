@@ -93,6 +93,8 @@ enum Command {
     },
     Remove {
         url: String,
+        /// A reload's: leave a worker another source holds.
+        configured_only: bool,
         reply: oneshot::Sender<Result<(), GatewayError>>,
     },
     /// A configured worker's entry changed in its key alone: `true` once
@@ -103,6 +105,8 @@ enum Command {
     },
     Drain {
         url: String,
+        /// A reload's: leave a worker another source holds.
+        configured_only: bool,
         reply: oneshot::Sender<Result<Drained, GatewayError>>,
     },
     /// From discovery: the worker's pod turned ready or unready.
@@ -298,9 +302,26 @@ impl Control {
     /// requests in flight are done, or after `server.drain_timeout_secs`
     /// (see the module doc). Draining a draining worker changes nothing.
     pub async fn drain(&self, url: String) -> Result<Drained, GatewayError> {
-        self.ask(|reply| Command::Drain { url, reply })
-            .await
-            .unwrap_or(Err(shutting_down()))
+        self.ask(|reply| Command::Drain {
+            url,
+            configured_only: false,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(shutting_down()))
+    }
+
+    /// [`Control::drain`] for a reload: the worker at `url` only if the
+    /// config file or flags added it; one another source holds there (a
+    /// discovered pod, a `POST /workers`) is left, as if none were known.
+    pub(crate) async fn drain_configured(&self, url: String) -> Result<Drained, GatewayError> {
+        self.ask(|reply| Command::Drain {
+            url,
+            configured_only: true,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(shutting_down()))
     }
 
     /// Holds a worker out of rotation (`ready: false`) or lets it back,
@@ -314,9 +335,24 @@ impl Control {
     /// Removes a worker by URL at once; requests in flight on it finish
     /// normally, but it is no longer listed.
     pub async fn remove(&self, url: String) -> Result<(), GatewayError> {
-        self.ask(|reply| Command::Remove { url, reply })
-            .await
-            .unwrap_or(Err(shutting_down()))
+        self.ask(|reply| Command::Remove {
+            url,
+            configured_only: false,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(shutting_down()))
+    }
+
+    /// [`Control::remove`] for a reload, as [`Control::drain_configured`].
+    pub(crate) async fn remove_configured(&self, url: String) -> Result<(), GatewayError> {
+        self.ask(|reply| Command::Remove {
+            url,
+            configured_only: true,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(shutting_down()))
     }
 
     /// Gives the worker at `spec`'s URL `spec`'s key and KV cache size in
@@ -487,6 +523,8 @@ struct Known {
     healthy: bool,
     /// Its source's verdict ([`Control::set_ready`]; true unless told).
     ready: bool,
+    /// Who added it: a reload changes only the config's own.
+    source: Source,
 }
 
 /// What the control task needs besides the registry: its settings and
@@ -592,14 +630,30 @@ impl ControlTask {
             } => {
                 let _ = reply.send(self.add(spec, source));
             }
-            Command::Remove { url, reply } => {
-                let _ = reply.send(self.remove(&url));
+            Command::Remove {
+                url,
+                configured_only,
+                reply,
+            } => {
+                let result = match configured_only {
+                    true => self.configured(&url).and_then(|()| self.remove(&url)),
+                    false => self.remove(&url),
+                };
+                let _ = reply.send(result);
             }
             Command::Rekey { spec, reply } => {
                 let _ = reply.send(self.rekey(spec));
             }
-            Command::Drain { url, reply } => {
-                let _ = reply.send(self.drain(&url));
+            Command::Drain {
+                url,
+                configured_only,
+                reply,
+            } => {
+                let result = match configured_only {
+                    true => self.configured(&url).and_then(|()| self.drain(&url)),
+                    false => self.drain(&url),
+                };
+                let _ = reply.send(result);
             }
             Command::Ready { url, ready, reply } => {
                 let _ = reply.send(self.set_ready(&url, ready));
@@ -700,9 +754,26 @@ impl ControlTask {
                 draining: None,
                 healthy: false,
                 ready: true,
+                source,
             },
         );
         Ok(())
+    }
+
+    /// `Ok` where the worker at `url` is the config's (or none is known,
+    /// which the command then reports); a worker another source holds
+    /// there reads as not known: a reload leaves it.
+    fn configured(&self, url: &str) -> Result<(), GatewayError> {
+        let url = &*WorkerUrl::canonical(url.trim());
+        match self.known.get(url) {
+            Some(known) if known.source != Source::Configured => {
+                tracing::info!(worker = %url, "held by another source (discovery or the admin API); the reload leaves it");
+                Err(GatewayError::UnknownWorkerUrl {
+                    url: url.to_owned(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     fn set_ready(&mut self, url: &str, ready: bool) -> Result<(), GatewayError> {
@@ -766,7 +837,10 @@ impl ControlTask {
             kv_capacity_tokens: s.kv_capacity_tokens.map(|_| 1),
             ..s.clone()
         };
-        if known.draining.is_some() || fixed(&known.spec) != fixed(&spec) {
+        if known.draining.is_some()
+            || known.source != Source::Configured
+            || fixed(&known.spec) != fixed(&spec)
+        {
             return false;
         }
         let worker = known

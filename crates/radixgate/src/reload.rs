@@ -19,9 +19,11 @@
 //!   rotating a key shared by every worker does not empty the pool while
 //!   they are probed again), and an entry changed otherwise (models,
 //!   role) is replaced; a URL only spelled another way (a trailing `/`)
-//!   is the same entry. Workers added at runtime through the admin API are
-//!   left alone. Requests in flight on a removed or replaced worker finish
-//!   normally: no stream is cut;
+//!   is the same entry. Workers added at runtime through the admin API or
+//!   by discovery are left alone, also where the file lists their URL (its
+//!   entry is then not added, with a WARN) or drops it. Requests in
+//!   flight on a removed or replaced worker finish normally: no stream is
+//!   cut;
 //! - **routing**: an unchanged `routing:` section keeps the running policy
 //!   and its prefix trees. A changed one builds a new policy and swaps it
 //!   in; its trees start empty (they re-learn within a request per prefix),
@@ -411,12 +413,16 @@ impl Target {
                 // does: its requests in flight stay counted and listed
                 // until they end, so the operator sees when it is free to
                 // stop. One listed otherwise now is replaced at once below.
+                // Only the file's own: a discovered pod, or a worker from
+                // `POST /workers`, may hold the URL (the entry's add was
+                // refused, or it took over once the file's was removed).
                 let removed = match wanted.contains_key(url) {
-                    true => self.control.remove(url.clone()).await,
-                    false => self.control.drain(url.clone()).await.map(drop),
+                    true => self.control.remove_configured(url.clone()).await,
+                    false => self.control.drain_configured(url.clone()).await.map(drop),
                 };
                 match removed {
-                    // Already removed through the admin API.
+                    // Already removed through the admin API, or another
+                    // source's.
                     Ok(()) | Err(GatewayError::UnknownWorkerUrl { .. }) => {}
                     Err(err) => return Err(err.into()),
                 }
@@ -427,8 +433,18 @@ impl Target {
             if old.get(url) != Some(spec) {
                 // Trusted as at start-up: the operator wrote the file.
                 match self.control.add_configured(spec.clone()).await {
-                    // Already added through the admin API.
-                    Ok(()) | Err(GatewayError::Admin(_)) => {}
+                    Ok(()) => {}
+                    // Held by another source: the admin API's worker, or
+                    // a discovered pod's; a later reload leaves it too.
+                    Err(GatewayError::Admin(err)) => {
+                        tracing::warn!(
+                            worker = %url,
+                            %err,
+                            "the file's worker entry is not added: another source (discovery \
+                             or the admin API) holds its URL, and keeps it"
+                        );
+                        continue;
+                    }
                     Err(err) => return Err(err.into()),
                 }
                 changes.workers_added.push(url.clone());

@@ -9,6 +9,7 @@ mod k8s;
 
 mod api_server;
 mod disaggregated;
+mod reload;
 
 use common::*;
 use k8s::{FakeApi, Lists, PORT_ANNOTATION, evicted, moved, pod, set_ready, terminating};
