@@ -268,6 +268,28 @@ impl DiscoveryConfig {
         if self.port == 0 {
             return Err(invalid("discovery.port", "must be between 1 and 65535"));
         }
+        // Two watches of one selector would each offer every pod, and the
+        // second pool's would all be refused as duplicates, under one
+        // series and one `/readiness` entry.
+        let pools = self.resolved_pools();
+        for (i, pool) in pools.iter().enumerate() {
+            if let Some(first) = pools[..i].iter().position(|p| p.selector == pool.selector) {
+                let (which, before) = match self.selector.is_empty() {
+                    true => (i, format!("entry {first}")),
+                    // The top-level selector comes first.
+                    false if first == 0 => (i - 1, "discovery.selector".to_owned()),
+                    false => (i - 1, format!("entry {}", first - 1)),
+                };
+                return Err(invalid(
+                    "discovery.pools",
+                    format!(
+                        "entry {which} has the selector of {before} (`{}`): each pool's pods \
+                         need labels of their own",
+                        pool.selector
+                    ),
+                ));
+            }
+        }
         for (i, pool) in self.pools.iter().enumerate() {
             if pool.selector.is_empty() {
                 return Err(invalid(
@@ -462,6 +484,38 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains("discovery.namespace"), "{ns}: {e}");
         }
+    }
+
+    /// Two pools of one selector (label order aside) are refused, naming
+    /// both; a pool may share labels with another as long as it has more.
+    #[test]
+    fn two_pools_of_one_selector_are_refused() {
+        let parse = |yaml: &str| -> DiscoveryConfig { serde_norway::from_str(yaml).unwrap() };
+        let e = parse(
+            "enabled: true\npools:\n  - selector: {app: a, tier: gpu}\n    role: prefill\n\
+             \n  - selector: {tier: gpu, app: a}\n    role: decode\n",
+        )
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("entry 1 has the selector of entry 0 (`app=a,tier=gpu`)"),
+            "{e}"
+        );
+        let e = parse("enabled: true\nselector: {app: a}\npools:\n  - selector: {app: a}\n")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("entry 0 has the selector of discovery.selector"),
+            "{e}"
+        );
+        parse(
+            "enabled: true\nselector: {app: a}\npools:\n  - selector: {app: a, role: p}\n\
+             \n  - selector: {app: b}\n",
+        )
+        .validate()
+        .unwrap();
     }
 
     #[test]
