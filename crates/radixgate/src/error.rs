@@ -186,6 +186,16 @@ pub enum GatewayError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A worker's answer was no answer to the request: a protocol switch
+    /// (`101`) the request never asked for. The worker did answer, so it
+    /// broke no connection; another worker may answer properly.
+    #[error("worker {worker} sent an invalid answer: {why}")]
+    UpstreamInvalid {
+        /// The worker URL.
+        worker: String,
+        /// What was wrong with it.
+        why: String,
+    },
     /// A worker answered with an error status before any byte reached the client.
     #[error("worker {worker} answered {status}{}", cause(message))]
     UpstreamStatus {
@@ -366,6 +376,7 @@ impl GatewayError {
             Self::RecordTrace(_) => Origin::Gateway,
             Self::Connect { .. }
             | Self::UpstreamClosed { .. }
+            | Self::UpstreamInvalid { .. }
             | Self::UpstreamStatus { .. }
             | Self::FirstByteTimeout { .. }
             | Self::WorkerLost { .. } => Origin::Upstream,
@@ -434,7 +445,9 @@ impl GatewayError {
             Self::RequestTimeout { .. }
             | Self::FirstByteTimeout { .. }
             | Self::WorkerLost { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::Connect { .. } | Self::UpstreamClosed { .. } => StatusCode::BAD_GATEWAY,
+            Self::Connect { .. } | Self::UpstreamClosed { .. } | Self::UpstreamInvalid { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::UpstreamStatus { status, .. } => *status,
             Self::RetriesExhausted { last, .. } | Self::BrokeWorkers { last, .. } => last.status(),
             Self::Disaggregated { source, .. } => source.status(),
@@ -481,6 +494,7 @@ impl GatewayError {
             Self::RequestTimeout { .. } => ("timeout", "request_timeout"),
             Self::Connect { .. } => ("upstream_error", "worker_unreachable"),
             Self::UpstreamClosed { .. } => ("upstream_error", "worker_closed"),
+            Self::UpstreamInvalid { .. } => ("upstream_error", "worker_invalid_answer"),
             Self::UpstreamStatus { .. } => ("upstream_error", "worker_error"),
             Self::FirstByteTimeout { .. } => ("timeout", "worker_timeout"),
             Self::WorkerLost { .. } => ("timeout", "worker_unavailable"),

@@ -44,6 +44,7 @@ pub fn retryable(err: &GatewayError) -> bool {
     match err {
         GatewayError::Connect { .. }
         | GatewayError::UpstreamClosed { .. }
+        | GatewayError::UpstreamInvalid { .. }
         | GatewayError::FirstByteTimeout { .. }
         | GatewayError::WorkerLost { .. }
         | GatewayError::NoTransferParams { .. } => true,
@@ -206,6 +207,7 @@ pub(crate) fn reason(err: &GatewayError) -> &'static str {
     match err {
         GatewayError::Connect { .. } => "connect",
         GatewayError::UpstreamClosed { .. } => "closed",
+        GatewayError::UpstreamInvalid { .. } => "invalid",
         GatewayError::FirstByteTimeout { .. } | GatewayError::RequestTimeout { .. } => "timeout",
         GatewayError::WorkerLost { moved: true, .. } => "moved",
         GatewayError::WorkerLost { .. } => "worker_lost",

@@ -224,3 +224,50 @@ async fn a_dual_stack_router_forwards_an_ipv4_clients_address_as_ipv4() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A worker (or a proxy in front of it) that answers a chat request with
+/// `101 Switching Protocols` has not answered it: the request asked for
+/// no upgrade. Passed on, the client got a 101 with no body for a POST,
+/// no error it could read, and the worker's breaker counted it a success.
+/// It is an invalid answer: retried on another worker, and with none
+/// left, a 502 with an OpenAI-style error.
+#[tokio::test]
+async fn a_protocol_switch_nobody_asked_for_is_no_answer() {
+    let switches: Answering = Arc::new(|_, _| {
+        Some(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\
+              connection: upgrade\r\n\r\n"
+                .to_vec(),
+        )
+    });
+    let liar = raw_worker(switches).await;
+    let gw = gateway_ready(config(&[&liar]), 1).await;
+    for stream in [false, true] {
+        let response = chat_answer_streamed(&gw.url, stream).await;
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert_eq!(status, 502, "stream {stream}: {body}");
+        let body: Value = serde_json::from_str(&body).expect("an OpenAI-style error");
+        assert_eq!(body["error"]["code"], "worker_invalid_answer", "{body}");
+    }
+    let invalid = format!("radixgate_upstream_errors_total{{worker=\"{liar}\",kind=\"invalid\"}}");
+    assert_eq!(series_value(&gw.url, &invalid).await, 2.0);
+    gw.shutdown().await;
+
+    // Beside a worker that answers, every request is answered there.
+    let good = sim_worker(fast_worker()).await;
+    let mut c = config(&[&liar, &good.url]);
+    c.routing = radixgate_routing::PolicyConfig::RoundRobin(Default::default());
+    let gw = gateway_ready(c, 2).await;
+    assert_all_served_by(&gw.url, &good.url, 4, "switched").await;
+    gw.shutdown().await;
+}
+
+async fn chat_answer_streamed(gw: &str, stream: bool) -> reqwest::Response {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        post_chat(gw, &chat("hello", stream)),
+    )
+    .await
+    .expect("the gateway answered nothing")
+}

@@ -118,6 +118,7 @@ pub(crate) fn no_first_byte_kind(err: &GatewayError) -> &'static str {
         GatewayError::WorkerLost { moved: true, .. } => "moved",
         GatewayError::WorkerLost { .. } => "worker_lost",
         GatewayError::UpstreamClosed { .. } => "closed",
+        GatewayError::UpstreamInvalid { .. } => "invalid",
         _ => "connect",
     }
 }
@@ -607,7 +608,7 @@ async fn send(
         }
         other => other,
     };
-    sent.map_err(|err| match err {
+    let response = sent.map_err(|err| match err {
         upstream::ForwardError::Closed(_) | upstream::ForwardError::Stale(_) => {
             GatewayError::UpstreamClosed {
                 worker: worker.url().to_owned(),
@@ -618,7 +619,21 @@ async fn send(
             worker: worker.url().to_owned(),
             source: Box::new(err),
         },
-    })
+    })?;
+    // The one informational status hyper hands back (it skips the others
+    // before the final answer): a switch to another protocol, which no
+    // request here asks for. Passed on, the client got a 101 with no body
+    // for its POST, and the breaker counted it a success.
+    if response.status().is_informational() {
+        return Err(GatewayError::UpstreamInvalid {
+            worker: worker.url().to_owned(),
+            why: format!(
+                "{} to a request that asked for no protocol switch",
+                response.status()
+            ),
+        });
+    }
+    Ok(response)
 }
 
 #[cfg(test)]
