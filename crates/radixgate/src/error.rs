@@ -186,9 +186,12 @@ pub enum GatewayError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A worker's answer was no answer to the request: a protocol switch
-    /// (`101`) the request never asked for. The worker did answer, so it
-    /// broke no connection; another worker may answer properly.
+    /// A worker's answer was no answer to the request: a head that cannot
+    /// be read (a malformed status line or header, two different
+    /// lengths), or a protocol switch (`101`) the request never asked
+    /// for. The worker did answer, so it broke no connection (the request
+    /// is no suspect, [`crate::retry::Suspects`]); another worker may
+    /// answer properly.
     #[error("worker {worker} sent an invalid answer: {why}")]
     UpstreamInvalid {
         /// The worker URL.

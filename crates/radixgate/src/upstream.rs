@@ -246,6 +246,12 @@ pub enum ForwardError {
     /// as the request went out, and never saw the request.
     #[error("{0}")]
     Stale(String),
+    /// The worker answered with a head that cannot be read (a malformed
+    /// status line or header, two different lengths, a head over hyper's
+    /// limits): an answer, not a broken connection. The message holds
+    /// the whole error chain.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl Forwarder {
@@ -346,6 +352,8 @@ impl Forwarder {
                 let chain = crate::error::chain(&err);
                 if err.is_connect() {
                     ForwardError::Transport(chain)
+                } else if unreadable(&err) {
+                    ForwardError::Invalid(chain)
                 } else if was_reused(&err) {
                     ForwardError::Stale(chain)
                 } else {
@@ -353,6 +361,22 @@ impl Forwarder {
                 }
             })
     }
+}
+
+/// Whether a request failed on its answer's head, which the worker sent
+/// but hyper could not read ([`ForwardError::Invalid`]).
+fn unreadable(err: &hyper_util::client::legacy::Error) -> bool {
+    let mut cause = std::error::Error::source(err);
+    while let Some(err) = cause {
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_parse)
+        {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }
 
 /// Whether a failed request went out on a connection that had carried an

@@ -271,3 +271,41 @@ async fn chat_answer_streamed(gw: &str, stream: bool) -> reqwest::Response {
     .await
     .expect("the gateway answered nothing")
 }
+
+/// A worker whose answer's head cannot be read (here two different
+/// lengths, as a broken proxy in front of a pool may send for every
+/// worker) answered, and broke no connection: that is no sign that the
+/// request kills engines. Counted as one, two such answers ended the
+/// request with `x-should-retry: false` although a worker that answers
+/// was left, and made the request a suspect for ten minutes.
+#[tokio::test]
+async fn an_unreadable_answer_is_no_broken_connection() {
+    let unreadable: Answering = Arc::new(|_, _| {
+        Some(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\ncontent-length: 3\r\n\r\n{COMPLETION}",
+                COMPLETION.len()
+            )
+            .into_bytes(),
+        )
+    });
+    let first = raw_worker(unreadable.clone()).await;
+    let second = raw_worker(unreadable).await;
+    let good = sim_worker(fast_worker()).await;
+    let mut c = config(&[&first, &second, &good.url]);
+    c.routing = radixgate_routing::PolicyConfig::RoundRobin(Default::default());
+    let gw = gateway_ready(c, 3).await;
+    for i in 0..6 {
+        let response = chat_answer_streamed(&gw.url, i % 2 == 0).await;
+        let status = response.status();
+        let retry = response.headers().get("x-should-retry").cloned();
+        let served = response.headers().get("x-radixgate-worker").cloned();
+        let body = response.text().await.unwrap_or_default();
+        assert_eq!(status, 200, "request {i} ({retry:?}): {body}");
+        assert_eq!(served.unwrap(), good.url.as_str(), "request {i}");
+    }
+    let invalid = format!("radixgate_upstream_errors_total{{worker=\"{first}\",kind=\"invalid\"}}");
+    assert!(series_value(&gw.url, &invalid).await > 0.0);
+    gw.shutdown().await;
+}

@@ -609,6 +609,10 @@ async fn send(
         other => other,
     };
     let response = sent.map_err(|err| match err {
+        upstream::ForwardError::Invalid(why) => GatewayError::UpstreamInvalid {
+            worker: worker.url().to_owned(),
+            why,
+        },
         upstream::ForwardError::Closed(_) | upstream::ForwardError::Stale(_) => {
             GatewayError::UpstreamClosed {
                 worker: worker.url().to_owned(),
