@@ -598,9 +598,13 @@ pub(crate) struct Served {
     pub(crate) max_model_len: Option<u64>,
 }
 
+/// A worker's `/v1/models` answer. Each entry is read on its own: one
+/// the router cannot read (an id that is no string, none at all) is
+/// left out with a WARN, not the whole list, which made the worker one
+/// that serves any model.
 #[derive(Deserialize)]
 struct ModelList {
-    data: Vec<ModelEntry>,
+    data: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -634,20 +638,29 @@ struct ModelInfo {
 /// for good while its probes pass.
 async fn discover_models(target: &Target) -> Result<Option<Served>, String> {
     if let Some(body) = answer(target, "/v1/models").await?
-        && let Ok(mut list) = serde_json::from_slice::<ModelList>(&body)
+        && let Ok(list) = serde_json::from_slice::<ModelList>(&body)
     {
-        list.data.retain(|m| nameable(target, &m.id));
-        if !list.data.is_empty() {
-            let max_model_len = list
-                .data
+        let entries = list.data.len();
+        let mut data: Vec<ModelEntry> = (list.data.into_iter())
+            .filter_map(|entry| serde_json::from_value(entry).ok())
+            .collect();
+        if data.len() < entries {
+            tracing::warn!(
+                worker = %target.url,
+                unreadable = entries - data.len(),
+                "worker lists models with no id the router can read; left out"
+            );
+        }
+        data.retain(|m| nameable(target, &m.id));
+        if !data.is_empty() {
+            let max_model_len = data
                 .iter()
                 .filter_map(|m| m.max_model_len.as_u64())
                 .filter(|&tokens| tokens > 0)
                 .min();
             let text =
                 |v: &serde_json::Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-            let origins = list
-                .data
+            let origins = data
                 .iter()
                 .map(|m| {
                     let origin = ModelOrigin {
@@ -659,7 +672,7 @@ async fn discover_models(target: &Target) -> Result<Option<Served>, String> {
                 .filter(|(_, o)| *o != ModelOrigin::default())
                 .collect();
             return Ok(Some(Served {
-                models: list.data.into_iter().map(|m| m.id).collect(),
+                models: data.into_iter().map(|m| m.id).collect(),
                 origins,
                 max_model_len,
             }));

@@ -605,3 +605,45 @@ async fn a_worker_that_floods_its_discovery_answers_is_read_only_so_far() {
     gw.shutdown().await;
     stop.cancel();
 }
+
+/// A worker's model list with one entry the router cannot read (an id
+/// that is no string, no id at all) still names the worker's other
+/// models. Refused whole, it made the worker one that serves any model:
+/// in a pool of several models it was sent requests for models it does
+/// not have, and its own were not listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_unreadable_model_entry_does_not_make_a_worker_serve_any_model() {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                axum::Json(json!({"data": [
+                    {"id": "m-listed", "object": "model"},
+                    {"id": 7, "object": "model"},
+                    {"object": "model"},
+                    "m-plain",
+                ]}))
+            }),
+        );
+    let (liar, stop) = serve_app(app).await;
+    let other = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&liar, &other.url]), 2).await;
+    let listed = workers(&gw.url).await;
+    let entry = listed
+        .iter()
+        .find(|w| w["url"] == liar.as_str())
+        .expect("the worker is listed");
+    assert_eq!(entry["models"], json!(["m-listed"]), "{listed:?}");
+    let models = model_ids(&gw.url).await;
+    assert!(models.contains(&"m-listed".to_owned()), "{models:?}");
+    // The other worker's model goes to the other worker only.
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("not the liar's {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], other.url.as_str(), "{i}");
+    }
+    gw.shutdown().await;
+    stop.cancel();
+}
