@@ -123,7 +123,7 @@ pub struct WatchedBody<B, W: StreamWatch> {
     /// looked at.
     ready_in_a_row: u32,
     /// The start of an SSE event not yet whole, held back until it is.
-    held: Bytes,
+    held: bytes::BytesMut,
 }
 
 /// The most of an unfinished SSE event held back; an event longer than this
@@ -153,7 +153,7 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
             abort: None,
             done: false,
             ready_in_a_row: 0,
-            held: Bytes::new(),
+            held: bytes::BytesMut::new(),
         };
         // A body over before it starts (an empty answer, a 204) is dropped
         // unpolled once its head is written: it is complete now, not a
@@ -246,28 +246,37 @@ impl<B, W: StreamWatch> WatchedBody<B, W> {
     /// held until its event is whole, unless that makes more than
     /// [`HOLD_AT_MOST`]; `None` when nothing is whole yet.
     fn whole_events(&mut self, data: Bytes) -> Option<Bytes> {
+        if self.held.is_empty() {
+            // The common case: the frame is passed on as it came, or its
+            // tail alone is copied to be held.
+            let whole = self.whole_within(&data, 0);
+            if whole == data.len() || data.len() - whole > HOLD_AT_MOST {
+                return Some(data);
+            }
+            self.held = bytes::BytesMut::from(&data[whole..]);
+            return (whole > 0).then(|| data.slice(..whole));
+        }
+        // Appended to what is held (its buffer grows as a `Vec` does): an
+        // event that comes in many small frames is copied about twice in
+        // all, not once per frame as when each frame rebuilt it.
         let scanned = self.held.len();
-        let data = if self.held.is_empty() {
-            data
-        } else {
-            let mut joined = bytes::BytesMut::with_capacity(scanned + data.len());
-            joined.extend_from_slice(&self.held);
-            joined.extend_from_slice(&data);
-            self.held = Bytes::new();
-            joined.freeze()
-        };
-        // No event ended within the held bytes (whether one ends at a byte
-        // depends only on the bytes before it), so the scan stops at them.
-        let whole = (scanned + 1..=data.len())
+        self.held.extend_from_slice(&data);
+        let whole = self.whole_within(&self.held, scanned);
+        let held = self.held.len();
+        if whole == held || held - whole > HOLD_AT_MOST {
+            return Some(std::mem::take(&mut self.held).freeze());
+        }
+        (whole > 0).then(|| self.held.split_to(whole).freeze())
+    }
+
+    /// Where the last whole event of `data` ends (0 if none does), the
+    /// first `scanned` bytes known to end none: whether one ends at a byte
+    /// depends only on the bytes before it.
+    fn whole_within(&self, data: &[u8], scanned: usize) -> usize {
+        (scanned + 1..=data.len())
             .rev()
             .find(|&end| closing_after(last_three(self.last, &data[..end])).is_empty())
-            .unwrap_or(0);
-        if whole == data.len() || data.len() - whole > HOLD_AT_MOST {
-            return Some(data);
-        }
-        let mut data = data;
-        self.held = data.split_off(whole);
-        (whole > 0).then_some(data)
+            .unwrap_or(0)
     }
 
     fn end(&mut self, end: StreamEnd) {

@@ -136,6 +136,39 @@ async fn an_event_split_over_frames_is_passed_on_whole() {
     }
 }
 
+/// A long event that comes in many small frames (a worker writing a
+/// large tool call's arguments as it makes them) is passed on whole, once,
+/// after the events before it and before the next.
+#[tokio::test]
+async fn a_long_event_in_many_small_frames_is_passed_on_whole() {
+    let long = format!("data: {}\n\n", "y".repeat(300 * 1024));
+    let text = format!("data: 1\n\n{long}data: 2\n\n");
+    let items = text
+        .as_bytes()
+        .chunks(1000)
+        .map(|c| data(std::str::from_utf8(c).unwrap()))
+        .collect();
+    let mut body = WatchedBody::new(upstream(items), Recorder(Log::default()), true);
+    let mut frames = Vec::new();
+    while let Some(frame) = body.frame().await {
+        frames.push(frame.unwrap().into_data().unwrap());
+    }
+    let got: Vec<u8> = frames.concat();
+    assert_eq!(got, text.as_bytes());
+    // Every frame ends an event; the long one went out in a frame of its
+    // own, with at most the event it ends beside it.
+    for frame in &frames {
+        assert_eq!(events(std::str::from_utf8(frame).unwrap()).1, "");
+    }
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.len() >= long.len() && f.len() < long.len() + 20),
+        "{:?}",
+        frames.iter().map(|f| f.len()).collect::<Vec<_>>()
+    );
+}
+
 /// An event longer than what is held back is passed on as it comes, and
 /// closed before the error event when the worker breaks off in it.
 #[tokio::test]
