@@ -529,15 +529,23 @@ fn answered_without_tls(io: &std::io::Error) -> bool {
 const DISCOVERY_ANSWER_LIMIT: usize = 8 << 20;
 
 /// The body of a 2xx answer to a GET of `path`, read to its end within the
-/// probe's timeout and [`DISCOVERY_ANSWER_LIMIT`]; `None` for any other
-/// answer, none at all, or one that is too long (with a WARN). A 401 or
-/// 403 is an error that says which key to set: the worker wants a key the
-/// router does not send, or not the one it sends.
+/// probe's timeout and [`DISCOVERY_ANSWER_LIMIT`]; `None` for another
+/// answer (the worker has no such page: a 404) or one that is too long
+/// (with a WARN). A 401 or 403 is an error that says which key to set: the
+/// worker wants a key the router does not send, or not the one it sends.
+/// No answer at all, a 5xx, or a body broken off is an error too: the
+/// worker did not say, and what it would have said is not taken as
+/// nothing (on admission, a worker taken to list no model serves any
+/// model until its next read, 30 s later by default).
 async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, String> {
-    let Ok(mut response) = get(target, path).send().await else {
-        return Ok(None);
-    };
+    let mut response = get(target, path)
+        .send()
+        .await
+        .map_err(|err| format!("did not answer {path}: {}", crate::error::chain(&err)))?;
     let status = response.status();
+    if status.is_server_error() {
+        return Err(format!("answered {path} with {status}"));
+    }
     if matches!(status.as_u16(), 401 | 403) {
         let sent = target.api_key.load().is_some();
         return Err(format!(
@@ -573,9 +581,10 @@ async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, Str
     let mut body = bytes::BytesMut::new();
     loop {
         // A body broken off part-way is no answer, not a shorter one.
-        let Ok(next) = response.chunk().await else {
-            return Ok(None);
-        };
+        let next = response
+            .chunk()
+            .await
+            .map_err(|err| format!("broke off its answer to {path}: {err}"))?;
         let Some(chunk) = next else {
             break;
         };

@@ -647,3 +647,50 @@ async fn one_unreadable_model_entry_does_not_make_a_worker_serve_any_model() {
     gw.shutdown().await;
     stop.cancel();
 }
+
+/// A worker whose model list fails to answer as it is admitted (a 503, a
+/// moment after its `/health` said ready) is not admitted until it says
+/// which models it serves. Taken as listing none, it served any model
+/// until its next read, 30 s later: in a pool of several models it was
+/// sent requests for models it does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_model_list_fails_at_admission_is_admitted_once_it_answers() {
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use std::sync::atomic::AtomicUsize;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match n {
+                        0 | 1 => axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                        _ => axum::Json(json!({"data": [{"id": "m-own", "object": "model"}]}))
+                            .into_response(),
+                    }
+                }
+            }),
+        );
+    let (late, stop) = serve_app(app).await;
+    let other = sim_worker(fast_worker()).await;
+    let gw = gateway_ready(config(&[&late, &other.url]), 2).await;
+    let listed = workers(&gw.url).await;
+    let entry = listed
+        .iter()
+        .find(|w| w["url"] == late.as_str())
+        .expect("the worker is listed");
+    assert_eq!(entry["models"], json!(["m-own"]), "{listed:?}");
+    assert!(asked.load(Ordering::SeqCst) >= 3);
+    // The other worker's model goes to the other worker only.
+    for i in 0..4 {
+        let r = post_chat(&gw.url, &chat(&format!("not the late one's {i}"), false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[WORKER_HEADER], other.url.as_str(), "{i}");
+    }
+    gw.shutdown().await;
+    stop.cancel();
+}
