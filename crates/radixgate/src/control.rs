@@ -635,11 +635,8 @@ impl ControlTask {
                 configured_only,
                 reply,
             } => {
-                let result = match configured_only {
-                    true => self.configured(&url).and_then(|()| self.remove(&url)),
-                    false => self.remove(&url),
-                };
-                let _ = reply.send(result);
+                let result = self.may_change(&url, configured_only);
+                let _ = reply.send(result.and_then(|()| self.remove(&url)));
             }
             Command::Rekey { spec, reply } => {
                 let _ = reply.send(self.rekey(spec));
@@ -649,11 +646,8 @@ impl ControlTask {
                 configured_only,
                 reply,
             } => {
-                let result = match configured_only {
-                    true => self.configured(&url).and_then(|()| self.drain(&url)),
-                    false => self.drain(&url),
-                };
-                let _ = reply.send(result);
+                let result = self.may_change(&url, configured_only);
+                let _ = reply.send(result.and_then(|()| self.drain(&url)));
             }
             Command::Ready { url, ready, reply } => {
                 let _ = reply.send(self.set_ready(&url, ready));
@@ -760,10 +754,13 @@ impl ControlTask {
         Ok(())
     }
 
-    /// `Ok` where the worker at `url` is the config's (or none is known,
-    /// which the command then reports); a worker another source holds
-    /// there reads as not known: a reload leaves it.
-    fn configured(&self, url: &str) -> Result<(), GatewayError> {
+    /// `Ok` unless `configured_only` (a reload's command) and the worker at
+    /// `url` is another source's: that one reads as not known, and the
+    /// reload leaves it. (None known there is for the command to report.)
+    fn may_change(&self, url: &str, configured_only: bool) -> Result<(), GatewayError> {
+        if !configured_only {
+            return Ok(());
+        }
         let url = &*WorkerUrl::canonical(url.trim());
         match self.known.get(url) {
             Some(known) if known.source != Source::Configured => {
