@@ -535,3 +535,30 @@ async fn stored_responses_are_kept_by_the_worker_that_made_them() {
     assert_eq!(v["error"]["param"], "previous_response_id", "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains(&id), "{v}");
 }
+
+/// A `background` response is answered at once, `queued` and without
+/// usage, as the engines answer one; read by its id it has finished, with
+/// its output and usage. Background needs `store`, and is not streamed.
+#[tokio::test]
+async fn a_background_response_is_queued_then_read_finished() {
+    let w = spawn(fast_config()).await;
+    let asked = json!({"model": "sim-llama-8b", "input": "hello",
+        "max_output_tokens": 4, "background": true});
+    let (status, _, queued) = post(&w.base, "/v1/responses", asked.clone()).await;
+    assert_eq!(status, 200, "{queued}");
+    assert_eq!(queued["status"], "queued", "{queued}");
+    assert_eq!(queued["background"], true, "{queued}");
+    assert!(queued["usage"].is_null(), "{queued}");
+    let id = queued["id"].as_str().unwrap();
+    let read = get_json(&w.base, &format!("/v1/responses/{id}")).await;
+    assert_eq!(read["id"], id, "{read}");
+    assert_ne!(read["status"], "queued", "{read}");
+    assert_eq!(read["usage"]["output_tokens"], 4, "{read}");
+    for (field, value) in [("store", json!(false)), ("stream", json!(true))] {
+        let mut refused = asked.clone();
+        refused[field] = value;
+        let (status, _, v) = post(&w.base, "/v1/responses", refused).await;
+        assert_eq!(status, 400, "{field}: {v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+}

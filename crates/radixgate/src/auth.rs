@@ -24,6 +24,7 @@
 
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
+use crate::responses::charged::StoredAnswer;
 use crate::state::Shared;
 use crate::tenants::{Metered, Metering, Tenant, TenantRef};
 use arc_swap::ArcSwapOption;
@@ -248,8 +249,11 @@ where
                 .extensions_mut()
                 .remove::<crate::usage::GenerateAnswer>()
                 .is_some();
-            response
-                .map(|body| Body::new(Metered::new(body, tenant, shared, metering, sse, generate)))
+            let stored = response.extensions_mut().remove::<StoredAnswer>();
+            response.map(|body| {
+                let metered = Metered::new(body, tenant, shared, metering, sse, generate, stored);
+                Body::new(metered)
+            })
         }))
     }
 }

@@ -54,6 +54,7 @@ use crate::breaker::{Outcome, Permit};
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::inspect::Inspected;
 use crate::responses::Affinity;
+use crate::responses::charged::StoredAnswer;
 use crate::retry::{self, Backoff};
 use crate::state::{AppState, Shared};
 use crate::stream::Primed;
@@ -359,6 +360,12 @@ async fn forward(
     let (bytes, metering) =
         crate::tenants::meter(shared, &parts.extensions, estimate, &request, bytes)
             .inspect_err(|err| crate::tenants::refund(&parts.extensions, err))?;
+    // A tenant's answer about a stored response: its tokens are charged
+    // once (`crate::responses::charged`).
+    let stored = parts
+        .extensions
+        .get::<crate::tenants::TenantRef>()
+        .and_then(|_| StoredAnswer::of(endpoint, &affinity, request.unstored));
     let queued = Queued(parts.extensions.get());
     // A request still queued when the shutdown grace period ends is told
     // so (503 with `Retry-After`) before its connection is dropped, rather
@@ -477,10 +484,14 @@ async fn forward(
             pd,
             cut: metering.as_ref().map(crate::tenants::Metering::cut_flag),
             unstored: request.unstored,
+            made: stored.as_ref().and_then(StoredAnswer::made),
         },
     );
     if let Some(metering) = metering {
         response.extensions_mut().insert(metering);
+    }
+    if let Some(stored) = stored {
+        response.extensions_mut().insert(stored);
     }
     // A tenant's `/generate` answer: its charge reads each batch item's
     // report (no other answer is scanned for them).

@@ -26,6 +26,9 @@
 //!   whatever it is;
 //! - **learning by asking**: the worker found holding an unknown id is
 //!   kept as its maker; a deleted response's id is forgotten;
+//! - **charged once**: each id keeps the tokens a tenant was charged for
+//!   its response so far, so reading it again charges only usage past
+//!   them ([`charged`]);
 //! - **the maker failing**: a request sent to its maker is not retried on
 //!   another worker, which does not hold the response: the maker's failure
 //!   (its 429 or 503 with `Retry-After`, a 5xx, a timeout) is the answer.
@@ -35,6 +38,7 @@
 //! last use. One `parking_lot` mutex: every operation is a few map steps,
 //! never held across an `.await`; only Responses requests take it.
 
+pub(crate) mod charged;
 pub(crate) mod scan;
 
 use crate::config::ResponsesConfig;
@@ -118,6 +122,8 @@ struct Entry {
     maker: Maker,
     stamp: u64,
     used: Instant,
+    /// The tokens charged for the response so far ([`charged`]).
+    charged: u64,
 }
 
 impl Kept {
@@ -169,7 +175,9 @@ impl Makers {
             url: worker.into(),
             model: model.map(Into::into),
         };
-        kept.remove(id);
+        // Learned again (found at another worker): the same response, as
+        // charged as it was.
+        let charged = kept.remove(id).map_or(0, |old| old.charged);
         kept.by_use.insert(stamp, id.into());
         kept.by_id.insert(
             id.into(),
@@ -177,6 +185,7 @@ impl Makers {
                 maker,
                 stamp,
                 used: now,
+                charged,
             },
         );
         kept.trim(self.max_ids, self.max_age, now);

@@ -1429,3 +1429,132 @@ async fn a_whole_answer_with_a_long_field_after_its_usage_is_charged_its_usage()
     gw.shutdown().await;
     served.abort();
 }
+
+/// A request of the Responses API as the tenant `key`: `path` under the
+/// gateway, sent with `body` (a POST) or none (`method` as given); its
+/// status and JSON body.
+async fn responses_as(
+    gateway: &str,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut request = client()
+        .request(method, format!("{gateway}{path}"))
+        .bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let r = request.send().await.expect("request sent");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("a JSON body"))
+}
+
+/// The tokens a Responses answer reports.
+fn response_tokens(response: &Value) -> f64 {
+    response["usage"]["total_tokens"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("usage reported: {response}"))
+}
+
+/// A stored response's tokens are charged once, however often the
+/// response is read: its retrievals and its cancel answer carry its
+/// usage, which was charged when it was made. A tenant with a token limit
+/// and one without are both counted once. Another replica, which did not
+/// see it made, charges a read of it in full once, then nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_response_is_charged_once_however_often_it_is_read() {
+    use reqwest::Method;
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+    - {name: team-b, key: sk-b}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let other = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let asked = json!({"model": radixgate_sim::server::DEFAULT_MODEL,
+        "input": "a stored question", "max_output_tokens": 30});
+    for (key, tenant) in [("sk-a", "team-a"), ("sk-b", "team-b")] {
+        let (status, made) =
+            responses_as(&gw.url, key, Method::POST, "/v1/responses", Some(&asked)).await;
+        assert_eq!(status, 200, "{made}");
+        let tokens = response_tokens(&made);
+        assert_eq!(tenant_tokens(&gw.url, tenant).await, tokens, "{tenant}");
+        let by_id = format!("/v1/responses/{}", made["id"].as_str().unwrap());
+        let cancel = format!("{by_id}/cancel");
+        let items = format!("{by_id}/input_items");
+        for (method, path) in [
+            (Method::GET, &by_id),
+            (Method::GET, &by_id),
+            (Method::POST, &cancel),
+            (Method::GET, &items),
+            (Method::GET, &by_id),
+        ] {
+            let body = (method == Method::POST).then(|| json!({}));
+            let (status, read) = responses_as(&gw.url, key, method, path, body.as_ref()).await;
+            assert_eq!(status, 200, "{path}: {read}");
+            if path != &items {
+                assert_eq!(response_tokens(&read), tokens, "{read}");
+            }
+            assert_eq!(
+                tenant_tokens(&gw.url, tenant).await,
+                tokens,
+                "{tenant}: {path} charged nothing more"
+            );
+        }
+        for read in 1..=3 {
+            let (status, body) = responses_as(&other.url, key, Method::GET, &by_id, None).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(
+                tenant_tokens(&other.url, tenant).await,
+                tokens,
+                "{tenant}: read {read} through the other replica"
+            );
+        }
+        let (status, body) = responses_as(&gw.url, key, Method::DELETE, &by_id, None).await;
+        assert_eq!((status, &body["deleted"]), (200, &json!(true)), "{body}");
+        assert_eq!(tenant_tokens(&gw.url, tenant).await, tokens, "{tenant}");
+    }
+    other.shutdown().await;
+    gw.shutdown().await;
+}
+
+/// A background response is answered before its work is done, without
+/// usage: its create is charged the gateway's estimate, and the first read
+/// that reports its usage is charged what that usage is past the estimate,
+/// once; the reads after it charge nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_is_charged_its_usage_past_the_estimate_once() {
+    use reqwest::Method;
+    let worker = sim_worker(fast_worker()).await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker.url, tenants), 1).await;
+    let asked = json!({"model": radixgate_sim::server::DEFAULT_MODEL,
+        "input": "a long job", "max_output_tokens": 200, "background": true});
+    let (status, queued) =
+        responses_as(&gw.url, "sk-a", Method::POST, "/v1/responses", Some(&asked)).await;
+    assert_eq!(
+        (status, &queued["status"]),
+        (200, &json!("queued")),
+        "{queued}"
+    );
+    assert!(queued["usage"].is_null(), "{queued}");
+    let estimate = tenant_tokens(&gw.url, "team-a").await;
+    assert!(estimate > 0.0, "the create is charged its estimate");
+    let by_id = format!("/v1/responses/{}", queued["id"].as_str().unwrap());
+    for read in 1..=3 {
+        let (status, done) = responses_as(&gw.url, "sk-a", Method::GET, &by_id, None).await;
+        assert_eq!(status, 200, "{done}");
+        let tokens = response_tokens(&done);
+        assert!(tokens > estimate, "the usage is past the estimate: {done}");
+        assert_eq!(
+            tenant_tokens(&gw.url, "team-a").await,
+            tokens,
+            "read {read}: the estimate and the rest of the usage, once"
+        );
+    }
+    gw.shutdown().await;
+}

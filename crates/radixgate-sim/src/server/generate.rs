@@ -25,6 +25,7 @@ use super::faults::FaultConfig;
 use super::pd::{self, Part};
 use super::request::{Api, GenRequest, Prompt, parse};
 use super::response::{DONE_EVENT, Reply};
+use super::stored::Storing;
 use super::{WorkerState, error_response, read_body};
 use crate::engine::{EngineRequest, ReqId};
 use crate::error::SimError;
@@ -70,10 +71,11 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
     let bytes = read_body(body, s.config.max_body_bytes).await?;
     let parsed = parse(api, &bytes, s.config.default_max_tokens)?;
     // The Responses API: a `previous_response_id` must be one this worker
-    // stored; the answer is stored unless `store: false`.
-    let store = match api {
-        Api::Responses => s.stored.check(&bytes)?.store,
-        _ => false,
+    // stored; the answer is stored unless `store: false`, and a
+    // `background` one is answered at once.
+    let storing = match api {
+        Api::Responses => s.stored.check(&bytes)?,
+        _ => Storing::default(),
     };
     let parts = pd::plan(&s.config.pd, api, &bytes, parsed.items.len())?;
     let faults = s.request_faults().await?;
@@ -84,7 +86,7 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
             return Err(SimError::bad_request("no prompt", None));
         };
         return Ok(
-            match serve_one(s, api, req, part, &faults, None, store).await? {
+            match serve_one(s, api, req, part, &faults, None, storing).await? {
                 Answer::Whole(v) => json_response(&v),
                 Answer::Stream(b) => sse_response(b),
             },
@@ -93,11 +95,9 @@ async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, S
     // A /generate batch: the items run side by side; the answer is their
     // list, or their events interleaved (each with its `index`) and one
     // `[DONE]`.
-    let answers = futures::future::join_all(
-        items
-            .enumerate()
-            .map(|(i, (req, part))| serve_one(s, api, req, part, &faults, Some(i), false)),
-    )
+    let answers = futures::future::join_all(items.enumerate().map(|(i, (req, part))| {
+        serve_one(s, api, req, part, &faults, Some(i), Storing::default())
+    }))
     .await
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
@@ -132,7 +132,8 @@ enum Answer {
 
 /// Serves one request (or one item of a `/generate` batch, `index`), in
 /// the part `part` its PD fields give it; a Responses answer is stored
-/// when `store` (as it will end: the reply is known in advance).
+/// when `storing` says (as it will end: the reply is known in advance),
+/// and a background one is answered at once, `queued`.
 async fn serve_one(
     s: &Arc<WorkerState>,
     api: Api,
@@ -140,7 +141,7 @@ async fn serve_one(
     part: Part,
     faults: &FaultConfig,
     index: Option<usize>,
-    store: bool,
+    storing: Storing,
 ) -> Result<Answer, SimError> {
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     // `--instant` only counts tokens (no hashing): minimal work per request.
@@ -183,8 +184,14 @@ async fn serve_one(
         done_event: index.is_none(),
         kv_transfer_params: None,
     };
-    if store {
+    if storing.store {
         s.stored.keep(reply.response_object(true));
+    }
+    if storing.background {
+        let mut queued = reply.response_object(false);
+        queued["status"] = "queued".into();
+        queued["background"] = true.into();
+        return Ok(Answer::Whole(queued));
     }
     let (room, source) = match part {
         Part::Regular => (None, None),

@@ -5,6 +5,10 @@
 //! request, on this worker only: any other answers 404, as an engine does,
 //! which is what a router in front of several workers must route around.
 //!
+//! A `background` response (stored only) is answered at once, `queued`
+//! and without usage, as the engines answer one; it is stored finished,
+//! so the next request by its id reads its output and usage.
+//!
 //! At most [`MAX_STORED`] responses are kept, the oldest forgotten first.
 //! One lock, held for a map operation and never across an `.await`.
 
@@ -44,6 +48,11 @@ struct Fields {
     /// engines read it (`if request.store and ...`).
     #[serde(default = "stored_unless_said")]
     store: Option<bool>,
+    /// Answered at once, its work left to run (`null`: not).
+    #[serde(default)]
+    background: Option<bool>,
+    #[serde(default)]
+    stream: Option<bool>,
 }
 
 fn stored_unless_said() -> Option<bool> {
@@ -51,9 +60,12 @@ fn stored_unless_said() -> Option<bool> {
 }
 
 /// How a Responses request stands with the store.
+#[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Storing {
     /// Whether its response is to be stored.
     pub(super) store: bool,
+    /// Whether it is answered at once, `queued` (stored, not streamed).
+    pub(super) background: bool,
 }
 
 impl Stored {
@@ -62,7 +74,7 @@ impl Stored {
     pub(super) fn check(&self, body: &[u8]) -> Result<Storing, SimError> {
         // A body the request parser refuses is refused there.
         let Ok(fields) = serde_json::from_slice::<Fields>(body) else {
-            return Ok(Storing { store: false });
+            return Ok(Storing::default());
         };
         if let Some(id) = fields.previous_response_id
             && !self.0.lock().by_id.contains_key(&id)
@@ -72,9 +84,21 @@ impl Stored {
                 param: Some("previous_response_id"),
             });
         }
-        Ok(Storing {
-            store: fields.store.unwrap_or(false),
-        })
+        let store = fields.store.unwrap_or(false);
+        let background = fields.background.unwrap_or(false);
+        if background && !store {
+            return Err(SimError::bad_request(
+                "background responses must be stored (store: true)",
+                Some("background"),
+            ));
+        }
+        if background && fields.stream.unwrap_or(false) {
+            return Err(SimError::bad_request(
+                "the simulated worker does not stream a background response",
+                Some("stream"),
+            ));
+        }
+        Ok(Storing { store, background })
     }
 
     /// Keeps `response` (a response object) under its `id`.

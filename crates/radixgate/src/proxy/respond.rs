@@ -21,8 +21,8 @@ use axum::http::HeaderValue;
 use axum::response::Response;
 use radixgate_routing::{CacheFeedback, CacheReport, Corrected, LoadGuard};
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// Hands a worker's response to the client, its body carrying the
@@ -41,6 +41,7 @@ pub(super) fn respond(
         pd,
         cut,
         unstored,
+        made,
     } = responding;
     let Answer {
         response,
@@ -123,6 +124,7 @@ pub(super) fn respond(
         record,
         tail: read_usage.then(UsageTail::new),
         id_scan,
+        made,
         text: if read_usage {
             routing_text
         } else {
@@ -189,6 +191,9 @@ pub(super) struct Responding {
     /// A Responses API request whose response is not stored
     /// ([`crate::inspect::Inspected::unstored`]): its id is not learned.
     pub(super) unstored: bool,
+    /// A tenant's create of a stored response: where its id goes when it
+    /// is learned, for its charge ([`crate::responses::charged`]).
+    pub(super) made: Option<Arc<OnceLock<Box<str>>>>,
 }
 
 /// What a response body carries until it ends. Field order is drop order:
@@ -208,6 +213,8 @@ struct RequestWatch {
     /// The scan for a Responses answer's id, until it ends (boxed: every
     /// other answer's watch stays as small as it was).
     id_scan: Option<Box<crate::responses::scan::IdScan>>,
+    /// Where a tenant's create puts the id learned, for its charge.
+    made: Option<Arc<OnceLock<Box<str>>>>,
     /// The routing text, kept only for the correction and the recording.
     text: String,
     /// The chosen worker and the characters its KV events said it held,
@@ -341,6 +348,9 @@ impl StreamWatch for RequestWatch {
                 self.shared
                     .responses
                     .learn(&id, maker, self.model.as_deref());
+                if let Some(made) = &self.made {
+                    let _ = made.set(id.into_boxed_str());
+                }
             }
             self.id_scan = None;
         }

@@ -7,6 +7,10 @@
 //! stead is taken out ([`UsageEventFilter`]); every other body passes
 //! unchanged.
 //!
+//! An answer about a stored Responses API response (its create, a read
+//! by its id) is charged only the tokens not charged for that response
+//! before ([`crate::responses::charged`]): reading it again costs nothing.
+//!
 //! "Ends" is the earliest sure point: a body of known length (or one that
 //! says it has ended) is done when its last byte passes, before that frame
 //! is handed on, so the charge lands before the client can send its next
@@ -15,6 +19,7 @@
 
 use super::usage_event::UsageEventFilter;
 use super::{Metering, Tenant};
+use crate::responses::charged::StoredAnswer;
 use crate::state::Shared;
 use crate::usage::{ItemReports, Output, UsageTail};
 use bytes::Bytes;
@@ -46,12 +51,15 @@ pub(crate) struct Metered<B> {
     filter: Option<UsageEventFilter>,
     /// The inner body has ended (what the filter held is being passed on).
     ended: bool,
+    /// The stored response the answer is about, charged once.
+    stored: Option<StoredAnswer>,
 }
 
 impl<B: Body> Metered<B> {
     /// `metering` for a worker's successful answer to a tenant with a token
     /// limit; `sse` whether it is an event stream; `generate` whether it
-    /// answers SGLang's `/generate` (its batch items' reports are read).
+    /// answers SGLang's `/generate` (its batch items' reports are read);
+    /// `stored` the stored response it is about, if any.
     pub(crate) fn new(
         inner: B,
         tenant: Arc<Tenant>,
@@ -59,6 +67,7 @@ impl<B: Body> Metered<B> {
         metering: Option<Metering>,
         sse: bool,
         generate: bool,
+        stored: Option<StoredAnswer>,
     ) -> Self {
         let filter = metering
             .as_ref()
@@ -82,6 +91,7 @@ impl<B: Body> Metered<B> {
             }),
             filter,
             ended: false,
+            stored,
         }
     }
 }
@@ -131,6 +141,12 @@ impl<B> Metered<B> {
         let tokens = match (reported, estimate) {
             (Some(reported), Some(estimate)) => Some(reported.max(estimate)),
             (reported, estimate) => reported.or(estimate),
+        };
+        // A stored response's tokens, once: an answer about one owes only
+        // what was not charged for it before.
+        let tokens = match (tokens, self.stored.as_ref().and_then(StoredAnswer::id)) {
+            (Some(tokens), Some(id)) => Some(shared.responses.charge(id, tokens)),
+            (tokens, _) => tokens,
         };
         if let Some(tokens) = tokens {
             tenant.charge(tokens);
