@@ -4,7 +4,8 @@
 //! hashing its URL, so a worker keeps its points across a remove and re-add
 //! and a pool change moves only the keys of the worker that came or went
 //! (about 1/N of them). A key goes to the first available worker of the pool
-//! clockwise from the key's hash, unless that worker already has at least
+//! clockwise from the key's hash (passing an unavailable owner is an
+//! overflow, as the decision says), unless that worker already has at least
 //! `ceil(load_factor * (total_in_flight + 1) / available)` requests in
 //! flight, in which case the walk continues to the next worker under that
 //! bound ("consistent hashing with bounded loads"). With `load_factor >= 1`
@@ -18,6 +19,7 @@ use super::{Branch, Candidate, Decision, Loads, Policy};
 use crate::mix::hash_bytes;
 use crate::{RequestView, RoutingError, Worker, WorkerId};
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -84,12 +86,27 @@ impl Policy for ConsistentHash {
         let n = by_id.len() as f64;
         let capacity = (self.load_factor * (loads.sum as f64 + 1.0) / n).ceil() as usize;
 
+        // This pool's unavailable workers: still the owners of their keys,
+        // which the walk passes on (an overflow, as over the bound).
+        // Another pool's workers on the ring own none of this pool's keys.
+        let unavailable: SmallVec<[WorkerId; 4]> = if by_id.len() < workers.len() {
+            (workers.iter().enumerate())
+                .filter(|&(idx, _)| loads.load_of(idx).is_none())
+                .map(|(_, w)| w.id())
+                .collect()
+        } else {
+            SmallVec::new()
+        };
+
         let ring = self.ring.load();
         let start = ring.partition_point(|p| p.0 < hash_bytes(key.as_bytes()));
         let mut first_owner = true;
         for step in 0..ring.len() {
             let (_, id) = ring[(start + step) % ring.len()];
             let Ok(k) = by_id.binary_search_by_key(&id, |&(id, _)| id) else {
+                if unavailable.contains(&id) {
+                    first_owner = false;
+                }
                 continue;
             };
             let Candidate { idx, load } = by_id[k].1;

@@ -152,7 +152,41 @@ fn consistent_hash_bounds_load_and_skips_unavailable_owners() {
     home_w.set_healthy(false);
     assert_ne!(owner(&p, &ws, key), home);
     home_w.set_healthy(true);
+    home_w.set_breaker(crate::BreakerState::Open);
+    assert_ne!(owner(&p, &ws, key), home);
+    home_w.set_breaker(crate::BreakerState::Closed);
     assert_eq!(owner(&p, &ws, key), home, "back home after recovery");
     let d = p.select(&RequestView::new("m", "no key"), &ws).unwrap();
     assert_eq!(d.explanation().branch, Branch::NoRoutingKey);
+}
+
+/// The decision says when a key left its owner: an owner that is
+/// unhealthy (or its breaker open) passes the key on clockwise, as one
+/// over the load bound does, and the header and the decisions' metric
+/// read `hash_ring_overflow`, not `hash_ring`. A worker of another pool
+/// on the ring is no owner of this pool's keys: passing it is no overflow.
+#[test]
+fn a_key_whose_owner_is_unavailable_overflows() {
+    let ws = workers(4);
+    let p = ring(&ws);
+    let keys: Vec<String> = (0..200).map(|i| format!("session-{i}")).collect();
+    let homes: Vec<WorkerId> = keys.iter().map(|k| owner(&p, &ws, k)).collect();
+    let down = ws[1].clone();
+    down.set_healthy(false);
+    let pool_of_three: Vec<Arc<Worker>> = ws.iter().filter(|w| w.id().0 != 1).cloned().collect();
+    for (key, home) in keys.iter().zip(&homes) {
+        let view = RequestView::new("m", "").with_routing_key(Some(key));
+        let d = p.select(&view, &ws).unwrap();
+        let want = if *home == down.id() {
+            Branch::HashRingOverflow
+        } else {
+            Branch::HashRing
+        };
+        assert_ne!(d.worker().id(), down.id());
+        assert_eq!(d.explanation().branch, want, "{key}: home {home}");
+        drop(d);
+        // Worker 1 in another pool: this pool's owner is the next one.
+        let d = p.select(&view, &pool_of_three).unwrap();
+        assert_eq!(d.explanation().branch, Branch::HashRing, "{key}");
+    }
 }
