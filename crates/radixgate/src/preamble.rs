@@ -23,6 +23,13 @@
 //! some servers send while a prompt waits for its prefill: a stream whose
 //! first bytes are a comment is scanned too ([`Preamble::behind_comments`]),
 //! with every event, of any type, its first token.
+//!
+//! An error event (`event: error`, data of type `error`, or an untyped
+//! object with an `error`) in the first token's place is no first token:
+//! a worker that refuses a stream under a 200 (SGLang streams a refused
+//! request as `data: {"error": ...}`) sends it at once, before any
+//! prefill. It still ends the scan, and [`Preamble::found_error`] says
+//! so; [`opens_with_error`] tells the same of a stream's first bytes.
 
 use crate::inspect::Api;
 use serde::Deserialize;
@@ -54,6 +61,8 @@ pub struct Preamble {
     cr: bool,
     /// Only comments are preamble: the first event is the first token.
     comments_only: bool,
+    /// The event that ended the scan is an error event.
+    error: bool,
 }
 
 impl Preamble {
@@ -98,6 +107,12 @@ impl Preamble {
         false
     }
 
+    /// Whether the event that ended the scan (the first that is not
+    /// preamble) is an error event rather than a token.
+    pub fn found_error(&self) -> bool {
+        self.error
+    }
+
     fn keep(&mut self, piece: &[u8]) {
         let room = LINE_LIMIT - self.line.len();
         if piece.len() > room {
@@ -116,9 +131,13 @@ impl Preamble {
             false
         } else if let Some(name) = field(&line, b"event") {
             self.named = true;
-            self.comments_only || !is_preamble(&String::from_utf8_lossy(name))
+            let name = String::from_utf8_lossy(name);
+            self.error = is_error(&name);
+            self.comments_only || !is_preamble(&name)
         } else if let Some(data) = field(&line, b"data") {
-            !self.named && (self.comments_only || (!overflow && data_is_token(data)))
+            let token = !self.named && (self.comments_only || (!overflow && data_is_token(data)));
+            self.error = token && !overflow && data_is_error(data);
+            token
         } else {
             // A comment (`:`), an `id:` or `retry:` line.
             false
@@ -138,6 +157,38 @@ pub fn opens_with_comment(first: &[u8]) -> bool {
 
 fn is_preamble(kind: &str) -> bool {
     PREAMBLE_EVENTS.contains(&kind.trim())
+}
+
+fn is_error(kind: &str) -> bool {
+    kind.trim() == "error"
+}
+
+/// Whether a stream's first bytes `first` open with an error event (see
+/// the module doc) after any blank lines: its first event is no token.
+/// Read from these bytes alone; an event they do not hold whole enough to
+/// tell is taken for a token.
+pub fn opens_with_error(first: &[u8]) -> bool {
+    let mut scan = Preamble::behind_comments();
+    scan.feed(first) && scan.found_error()
+}
+
+/// Whether an event's data is an error: of type `error`, or an object
+/// with no type and a non-null `error`.
+fn data_is_error(data: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Typed<'a> {
+        #[serde(rename = "type", default, borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+        #[serde(default)]
+        error: Option<serde::de::IgnoredAny>,
+    }
+    match serde_json::from_slice::<Typed<'_>>(data) {
+        Ok(Typed {
+            kind: Some(kind), ..
+        }) => is_error(&kind),
+        Ok(Typed { kind: None, error }) => error.is_some(),
+        Err(_) => false,
+    }
 }
 
 /// The value of an SSE field line `name: value` (one optional space).
@@ -271,6 +322,47 @@ mod tests {
             assert!(scan.line.len() <= LINE_LIMIT);
         }
         assert!(scan.feed(b"event: response.output_text.delta\n"));
+    }
+
+    /// An error event where the first token belongs ends the scan and
+    /// says so; an error inside a preamble event's data, or a null one,
+    /// is no error event.
+    #[test]
+    fn an_error_event_is_no_first_token() {
+        let ends_in_error = |stream: &str, size: usize| {
+            let mut scan = Preamble::default();
+            let found = stream.as_bytes().chunks(size).any(|p| scan.feed(p));
+            found.then(|| scan.found_error())
+        };
+        let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
+        for size in [1, 5, 4096] {
+            for (stream, error) in [
+                (format!("{start}event: error\ndata: {{}}\n\n"), true),
+                (format!("{start}data: {{\"type\":\"error\"}}\n\n"), true),
+                (
+                    format!("{start}data: {{\"error\":{{\"message\":\"x\"}}}}\n\n"),
+                    true,
+                ),
+                (
+                    format!("{start}data: {{\"error\":null,\"x\":1}}\n\n"),
+                    false,
+                ),
+                (format!("{start}event: content_block_start\n"), false),
+                (RESPONSES.to_owned(), false),
+            ] {
+                assert_eq!(
+                    ends_in_error(&stream, size),
+                    Some(error),
+                    "{stream:?} {size}"
+                );
+            }
+        }
+        assert!(opens_with_error(b"data: {\"error\":{\"code\":400}}\n\n"));
+        assert!(opens_with_error(b"\r\n: ping\r\n\r\nevent: error\r\n"));
+        assert!(!opens_with_error(b"data: {\"choices\":[]}\n\n"));
+        assert!(!opens_with_error(b"data: {\"error\":{\"code\""));
+        assert!(!opens_with_error(b"event: message_start\ndata: {}\n\n"));
+        assert!(!opens_with_error(b"data: [DONE]\n\n"));
     }
 
     #[test]

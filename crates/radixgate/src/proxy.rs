@@ -889,12 +889,13 @@ async fn attempts(
                 let sse = is_event_stream(response.headers());
                 // Behind a preamble or an opening comment, the watch finds
                 // the first token (see `respond`), and samples the worker's
-                // speed there: the first byte came before the prefill.
+                // speed there: the first byte came before the prefill. An
+                // error event first is no token: it came before any
+                // prefill, and teaches nothing of the worker's speed.
+                let first = response.body().first_data();
                 let first_event_is_token = sse
-                    && target
-                        .endpoint
-                        .preamble(response.body().first_data())
-                        .is_none();
+                    && target.endpoint.preamble(first).is_none()
+                    && !first.is_some_and(crate::preamble::opens_with_error);
                 if target
                     .endpoint
                     .times_its_worker(status, sse, first_event_is_token)

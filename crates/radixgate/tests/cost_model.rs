@@ -102,3 +102,66 @@ async fn a_worker_that_turns_slow_stops_getting_new_prompts() {
     fast.stop.cancel();
     slowing.stop.cancel();
 }
+
+/// A worker that opens every stream with an error event under a 200 (as
+/// SGLang streams a request it refuses: `data: {"error": ...}`; the
+/// Messages API's `event: error`) answers within a millisecond or two.
+/// That is no first token: the cost model must not learn the worker's
+/// speed from it (it would take the broken worker for the quickest in
+/// the pool and send it every new prompt). A stream that opens with a
+/// token teaches it, the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_opens_with_an_error_teaches_the_cost_model_nothing() {
+    const CHAT_ERROR: &str = "data: {\"error\":{\"message\":\"The input is longer than the model's context length\",\"type\":\"BadRequestError\",\"code\":400}}\n\n";
+    const CHAT_TOKEN: &str =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    const MESSAGE_START: &str =
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"content\":[]}}\n\n";
+    const MESSAGE_ERROR: &str = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+    const MESSAGE_TOKEN: &str =
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0}\n\n";
+    let chat_body = |i: usize| {
+        let mut body = chat(&fresh_prompt(i), true);
+        body["model"] = "scripted".into();
+        ("/v1/chat/completions", body)
+    };
+    let messages_body = |i: usize| {
+        let body = serde_json::json!({
+            "model": "scripted",
+            "max_tokens": 4,
+            "stream": true,
+            "messages": [{"role": "user", "content": fresh_prompt(i)}],
+        });
+        ("/v1/messages", body)
+    };
+    type Body = fn(usize) -> (&'static str, serde_json::Value);
+    let cases: [(Vec<&'static str>, Body, bool); 4] = [
+        (vec![CHAT_ERROR, "data: [DONE]\n\n"], chat_body, false),
+        (vec![MESSAGE_START, MESSAGE_ERROR], messages_body, false),
+        (vec![CHAT_TOKEN, "data: [DONE]\n\n"], chat_body, true),
+        (vec![MESSAGE_START, MESSAGE_TOKEN], messages_body, true),
+    ];
+    for (pieces, body, learns) in cases {
+        let what = pieces.concat();
+        let worker = scripted_worker(pieces).await;
+        let gw = gateway_ready(config(&[&worker.url]), 1).await;
+        for i in 0..4 {
+            let (path, body) = body(i);
+            let resp = client()
+                .post(format!("{}{path}", gw.url))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{what}");
+            assert_eq!(resp.text().await.unwrap(), what, "the client gets it all");
+        }
+        wait_for_zero_load(&gw.url).await;
+        let entry = worker_loads(&gw.url, &worker.url).await;
+        let observations = entry["ttft_model"][0]["observations"].as_u64().unwrap();
+        assert_eq!(observations > 0, learns, "{what}: {entry}");
+        assert_eq!(entry["pending_prefill_chars"], 0, "{what}: {entry}");
+        gw.shutdown().await;
+        worker.stop.cancel();
+    }
+}

@@ -360,8 +360,10 @@ impl StreamWatch for RequestWatch {
         if let Some(scan) = self.preamble.as_mut()
             && scan.feed(bytes)
         {
+            // An error event in the first token's place teaches nothing.
+            let learn = !scan.found_error();
             self.preamble = None;
-            self.first_token(true);
+            self.first_token(learn);
         }
     }
 
