@@ -846,7 +846,10 @@ impl Pair<'_> {
         // first token (see `respond`) and samples the worker's speed there.
         let endpoint = super::Endpoint::Routed(self.api);
         let first = answer.response.body().first_data();
-        let first_event_is_token = sse && endpoint.preamble(first).is_none();
+        // An error event first is no token (see the co-located path).
+        let first_event_is_token = sse
+            && endpoint.preamble(first).is_none()
+            && !first.is_some_and(crate::preamble::opens_with_error);
         if endpoint.times_its_worker(status, sse, first_event_is_token) {
             shared.outliers.sample(worker.id(), answer.sent.elapsed());
         }
