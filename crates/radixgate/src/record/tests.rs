@@ -319,3 +319,79 @@ fn an_admin_recording_goes_through_no_link_and_into_no_other_file() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Waits until the running recording has written `n` lines.
+fn written(r: &Recorder, n: u64) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    while r.status().lines < n {
+        assert!(Instant::now() < deadline, "{:?}", r.status());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A recording's file deleted or moved away while it is written (by hand,
+/// by logrotate, by a cleanup job) went on being written where it was: the
+/// lines went into the deleted file's space, counted as written, out of
+/// sight and never rotated, so `max_bytes` held no more; or into the moved
+/// file for good. A file truncated in place (logrotate's copytruncate) was
+/// rotated long before it was full. Now the writer follows its path: a
+/// deleted or moved file is replaced by a new one at the path, and a
+/// truncated one is measured again.
+#[test]
+fn a_file_deleted_moved_or_truncated_while_recorded_is_followed() {
+    let d = dir("follow");
+    let path = d.join("t.jsonl");
+    let r = recorder(&RecordTraceConfig::default());
+    r.start(Settings {
+        path: path.clone(),
+        max_bytes: 0,
+        keep: 0,
+    })
+    .unwrap();
+    let send = |from: usize, n: usize| {
+        for i in from..from + n {
+            let p = r.pending("cache_hit", false).unwrap();
+            r.record(p, end(&format!("prompt {i}")));
+        }
+    };
+    send(0, 3);
+    written(&r, 3);
+    std::fs::remove_file(&path).unwrap();
+    send(3, 2);
+    written(&r, 5);
+    assert!(path.exists(), "a deleted file is replaced by a new one");
+    let moved = d.join("moved.jsonl");
+    std::fs::rename(&path, &moved).unwrap();
+    send(5, 4);
+    assert_eq!(r.stop().lines, 9);
+    assert_eq!(lines(&moved).len(), 2, "the lines written before the move");
+    assert_eq!(lines(&path).len(), 4, "a new file at the path");
+
+    // Truncated in place: rotation counts from the new size.
+    let _ = std::fs::remove_file(&path);
+    r.start(Settings {
+        path: path.clone(),
+        max_bytes: 4000,
+        keep: 1,
+    })
+    .unwrap();
+    let one = {
+        send(100, 1);
+        written(&r, 1);
+        std::fs::metadata(&path).unwrap().len()
+    };
+    let fill = (3000 / one) as usize;
+    send(101, fill);
+    written(&r, 1 + fill as u64);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    send(200, fill);
+    let status = r.stop();
+    assert_eq!(status.rotations, 0, "{status:?}");
+    assert_eq!(lines(&path).len(), fill);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -19,6 +19,14 @@
 //! and the file stays one that `simulate` and `tune` load (they refuse a
 //! file with a bad line).
 //!
+//! The writer follows its path, as a log writer does: before each batch
+//! it checks that the path still names the file in hand. A file deleted
+//! or moved away (by hand, by logrotate, by a cleanup job) is replaced by
+//! a new one at the path, with a WARN; without that, lines would go on
+//! into the deleted file's space, out of sight and never rotated. A file
+//! cut short in place (logrotate's `copytruncate`) is measured again, so
+//! rotation counts from its new size.
+//!
 //! A batch whose write fails (a full disk) is lost whole: its lines are
 //! counted as write errors, never as written, and whatever part of it
 //! reached the file is cut off again, so the file still ends with a whole
@@ -76,6 +84,21 @@ pub(super) struct Writer {
     pub(super) queued_bytes: Arc<AtomicUsize>,
     /// Whether a write error was already logged.
     pub(super) warned: bool,
+}
+
+/// Which file a handle or a path names (device and inode), where the
+/// platform tells.
+fn identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
 }
 
 /// How far from its end a file is searched for the start of a torn last
@@ -179,15 +202,23 @@ impl Writer {
         bytes.push(b'\n');
         let max = self.settings.max_bytes;
         let pending = self.batch.len() as u64;
-        if max > 0 && self.grown + pending > 0 && self.grown + pending + bytes.len() as u64 > max {
+        let over = |grown: u64, pending: u64| {
+            max > 0 && grown + pending > 0 && grown + pending + bytes.len() as u64 > max
+        };
+        if over(self.grown, pending) {
             // The lines gathered belong to the file in hand.
             self.write_batch();
-            if let Err(err) = self.rotate() {
-                // The line still goes to the file in hand; the next rotation
-                // is tried after another `max_bytes`, not at once.
-                self.failed(&err, 1);
-                self.grown = 0;
-            }
+            // The file may have been replaced or cut short since the last
+            // batch: then it may not be full at all.
+            self.follow();
+        }
+        if over(self.grown, self.batch.len() as u64)
+            && let Err(err) = self.rotate()
+        {
+            // The line still goes to the file in hand; the next rotation is
+            // tried after another `max_bytes`, not at once.
+            self.failed(&err, 1);
+            self.grown = 0;
         }
         self.batch.extend_from_slice(&bytes);
         self.batch_lines += 1;
@@ -202,6 +233,7 @@ impl Writer {
         if self.batch.is_empty() {
             return;
         }
+        self.follow();
         let lines = std::mem::take(&mut self.batch_lines);
         match (&self.file).write_all(&self.batch) {
             Ok(()) => {
@@ -219,6 +251,47 @@ impl Writer {
             }
         }
         self.batch.clear();
+    }
+
+    /// Makes the file in hand the one the path names: a new file when the
+    /// path names none or another (the file was deleted or moved away),
+    /// and the sizes measured again when the file is shorter than written
+    /// (it was cut short in place).
+    fn follow(&mut self) {
+        let path = &self.settings.path;
+        let here = self.file.metadata().ok();
+        let replaced = match std::fs::metadata(path) {
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            Ok(named) => {
+                let held = here.as_ref().and_then(identity);
+                held.is_some() && identity(&named) != held
+            }
+        };
+        if replaced {
+            match open(path).and_then(|(file, _)| {
+                let size = mend(&file)?.0;
+                Ok((file, size))
+            }) {
+                Ok((file, size)) => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "the trace recording's file was deleted or moved away while \
+                         recorded; recording goes on in a new file at its path"
+                    );
+                    self.file = file;
+                    (self.size, self.grown) = (size, size);
+                }
+                // The lines go on to the file in hand; the next batch
+                // tries again.
+                Err(err) => self.failed(&err, 0),
+            }
+            return;
+        }
+        if let Some(len) = here.map(|m| m.len())
+            && len < self.size
+        {
+            (self.size, self.grown) = (len, len);
+        }
     }
 
     fn rotate(&mut self) -> std::io::Result<()> {
