@@ -178,7 +178,7 @@ async fn a_recording_replays_and_predicts_each_workers_hit_rate() {
     )) else {
         unreachable!()
     };
-    let rec = Recording::load(&path, 512, 0).unwrap();
+    let rec = Recording::load(&path, 512, None, 0).unwrap();
     assert_eq!(rec.workers.len(), 3);
     let sim_cfg = tune.sim_config(3).unwrap();
     let p = radixgate_sim::tune::predict::pinned(&sim_cfg, &rec).unwrap();

@@ -231,6 +231,11 @@ pub struct WorkloadFlags {
     /// [default: 0].
     #[arg(long)]
     pub max_output_tokens: Option<u32>,
+    /// trace: replay only the lines of this model, for a recording of a
+    /// router that serves several (each model is its own pool; such a
+    /// recording is refused without it); without it, every line.
+    #[arg(long, value_name = "NAME")]
+    pub trace_model: Option<String>,
     /// mixed: parts and weights, each part taking the flags above
     /// [default: shared-prefix=4,multi-turn=3,agentic=2,long-doc=1].
     #[arg(long)]

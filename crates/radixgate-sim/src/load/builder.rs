@@ -191,6 +191,8 @@ impl Used<'_> {
             "--max-output-tokens",
             c.max_output_tokens
         );
+        self.names.insert("--trace-model");
+        c.model = self.flags.trace_model.clone();
         Ok(WorkloadConfig::Trace(c))
     }
 
@@ -237,7 +239,7 @@ impl Used<'_> {
 
     fn unused(&self) -> Vec<&'static str> {
         let f = self.flags;
-        let set: [(&'static str, bool); 25] = [
+        let set: [(&'static str, bool); 26] = [
             ("--groups", f.groups.is_some()),
             ("--prompts-per-group", f.prompts_per_group.is_some()),
             ("--system-tokens", f.system_tokens.is_some()),
@@ -262,6 +264,7 @@ impl Used<'_> {
             ("--block-tokens", f.block_tokens.is_some()),
             ("--spread-bursts", f.spread_bursts),
             ("--max-output-tokens", f.max_output_tokens.is_some()),
+            ("--trace-model", f.trace_model.is_some()),
             ("--mix", f.mix.is_some()),
         ];
         set.iter()

@@ -22,6 +22,11 @@ pub struct TuneArgs {
     /// any Mooncake-format trace (without a prediction check).
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
+    /// The model whose lines to tune on, for a recording of a router that
+    /// serves several (each model is its own pool) [default: the one model
+    /// the recording names].
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
     /// Workers in the simulated pool [default: the recording's worker count].
     #[arg(long)]
     pub workers: Option<usize>,
@@ -146,6 +151,7 @@ impl TuneArgs {
             speedup: self.speedup,
             limit: self.requests.unwrap_or(0),
             block_tokens: self.block_tokens,
+            model: self.model.clone(),
             ..TraceConfig::new(&self.trace)
         };
         let cfg = SimConfig {

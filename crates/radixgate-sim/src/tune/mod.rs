@@ -48,7 +48,12 @@ pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimErr
     let tolerance = args.tolerance()?;
     let axes = args.axes()?;
     let grid = search::grid(current, &axes)?;
-    let rec = Recording::load(&args.trace, args.block_tokens, args.requests.unwrap_or(0))?;
+    let rec = Recording::load(
+        &args.trace,
+        args.block_tokens,
+        args.model.as_deref(),
+        args.requests.unwrap_or(0),
+    )?;
     if rec.replayed() == 0 {
         return Err(SimError::Config(format!(
             "{}: none of its {} requests is replayed (no line has a 2xx status): nothing to \
@@ -107,6 +112,7 @@ pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimErr
     let best = search::choose(&current_run, &runs, tolerance).map(|i| runs[i].clone());
     Ok(TuneReport {
         trace: args.trace.display().to_string(),
+        model: args.model.clone(),
         requests: rec.records.len(),
         replayed: rec.replayed(),
         span_secs: rec.span_secs(),
@@ -213,6 +219,76 @@ mod tests {
         // Room for them: a report.
         let report = tune(&ok, &["--kv-capacity-tokens", "4096"]).unwrap();
         assert_eq!(report.current.completed, 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A recording of a router serving two models (each on its own
+    /// workers) was tuned as one pool: every setting's run sent one model's
+    /// requests to the other's workers, and the report printed those
+    /// figures as the recording's, with nothing said. Now such a recording
+    /// is refused unless `--model` picks the pool to tune.
+    #[test]
+    fn a_recording_of_two_models_is_tuned_one_model_at_a_time() {
+        let dir =
+            std::env::temp_dir().join(format!("radixgate-tune-models-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut text = String::new();
+        for i in 0..12u64 {
+            let (model, worker) = match i % 3 {
+                0 => ("llama", "http://a"),
+                1 => ("llama", "http://b"),
+                _ => ("qwen", "http://c"),
+            };
+            text += &format!(
+                "{{\"timestamp\": {}, \"input_length\": 40, \"output_length\": 2, \
+                 \"hash_ids\": [{}, {i}, 7], \"model\": \"{model}\", \"worker\": \"{worker}\", \
+                 \"cached_tokens\": 16, \"status\": 200}}\n",
+                i * 10,
+                i % 3
+            );
+        }
+        let path = dir.join("two.jsonl");
+        std::fs::write(&path, text).unwrap();
+        let e = tune(&path, &["--kv-capacity-tokens", "4096"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("2 models") && e.contains("llama (8 lines)") && e.contains("qwen (4 lines)"),
+            "{e}"
+        );
+        assert!(e.contains("--model"), "{e}");
+        let llama = tune(&path, &["--kv-capacity-tokens", "4096", "--model", "llama"]).unwrap();
+        assert_eq!((llama.requests, llama.workers), (8, 2));
+        let checked: Vec<&str> = llama
+            .prediction
+            .as_ref()
+            .expect("a prediction check")
+            .workers
+            .iter()
+            .map(|w| w.worker.as_str())
+            .collect();
+        assert_eq!(checked, ["http://a", "http://b"]);
+        assert_eq!(llama.current.completed, 8);
+        let e = tune(&path, &["--model", "mistral"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no line of model \"mistral\"") && e.contains("qwen"),
+            "{e}"
+        );
+        // `simulate` and `load` replay through the same loader.
+        let shape = crate::workload::TextShape { chars_per_token: 4 };
+        let cfg = |model: Option<&str>| crate::workload::TraceConfig {
+            block_tokens: 16,
+            model: model.map(str::to_owned),
+            ..crate::workload::TraceConfig::new(&path)
+        };
+        let e = crate::workload::TraceReplay::new(cfg(None), 0, shape)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--trace-model"), "{e}");
+        let qwen = crate::workload::TraceReplay::new(cfg(Some("qwen")), 0, shape).unwrap();
+        assert_eq!(qwen.len(), 4);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

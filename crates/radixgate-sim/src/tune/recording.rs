@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::SimError;
-use crate::workload::{TraceRecord, load_trace};
+use crate::workload::{TraceRecord, load_model_trace};
 
 /// A loaded recording (or any Mooncake-format trace).
 #[derive(Debug, Clone)]
@@ -55,10 +55,16 @@ impl Tally {
 }
 
 impl Recording {
-    /// Reads `path` (validated as the replay reads it), keeping the first
-    /// `limit` records by time (0: all).
-    pub fn load(path: &Path, block_tokens: u64, limit: u64) -> Result<Self, SimError> {
-        let mut records = load_trace(path, block_tokens)?;
+    /// Reads `path` (validated as the replay reads it), keeping the lines
+    /// of `model` (required when the lines name several) and of those the
+    /// first `limit` records by time (0: all).
+    pub fn load(
+        path: &Path,
+        block_tokens: u64,
+        model: Option<&str>,
+        limit: u64,
+    ) -> Result<Self, SimError> {
+        let mut records = load_model_trace(path, block_tokens, model)?;
         if limit > 0 {
             records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         }
@@ -154,7 +160,7 @@ mod tests {
 "#,
         )
         .unwrap();
-        let rec = Recording::load(&path, 512, 0).unwrap();
+        let rec = Recording::load(&path, 512, None, 0).unwrap();
         assert_eq!(rec.workers, ["http://a", "http://b"], "the 500 names none");
         assert_eq!(rec.replayed(), 3);
         assert_eq!(rec.span_secs(), 0.03);
@@ -165,7 +171,7 @@ mod tests {
         assert_eq!(reported[0].hit_rate(), Some(0.25));
         assert_eq!(reported[1].hit_rate(), Some(0.5));
         assert!(rec.has_report(2) && !rec.has_report(0) && !rec.has_report(9));
-        let cut = Recording::load(&path, 512, 2).unwrap();
+        let cut = Recording::load(&path, 512, None, 2).unwrap();
         assert_eq!(cut.records.len(), 2);
         assert_eq!(cut.workers, ["http://a"]);
         // A plain trace names no workers: nothing to pin.
@@ -174,7 +180,7 @@ mod tests {
             "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n",
         )
         .unwrap();
-        assert_eq!(Recording::load(&path, 512, 0).unwrap().pins(), None);
+        assert_eq!(Recording::load(&path, 512, None, 0).unwrap().pins(), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,6 +17,8 @@ const TABLE_ROWS: usize = 10;
 pub struct TuneReport {
     /// The recording's file.
     pub trace: String,
+    /// The model whose lines were tuned on (`--model`).
+    pub model: Option<String>,
     /// Its records (after `--requests`).
     pub requests: usize,
     /// Of those, replayed (2xx or no status).
@@ -58,9 +60,13 @@ impl TuneReport {
     /// The text report.
     pub fn text(&self) -> String {
         let mut s = String::new();
+        let model = self
+            .model
+            .as_ref()
+            .map_or_else(String::new, |m| format!(", model {m}"));
         let _ = writeln!(
             s,
-            "recording {}: {} requests ({} replayed) over {:.1} s; simulated on {} workers",
+            "recording {}{model}: {} requests ({} replayed) over {:.1} s; simulated on {} workers",
             self.trace, self.requests, self.replayed, self.span_secs, self.workers
         );
         s.push('\n');

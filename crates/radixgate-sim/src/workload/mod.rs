@@ -40,7 +40,8 @@ pub use shared_prefix::{SharedPrefix, SharedPrefixConfig};
 pub use spec::{Message, Prompt, RequestSpec, Role, SessionId};
 pub use text::TextShape;
 pub use trace::{
-    MAX_BLOCK_TOKENS, MAX_SPAN_MS, SPEEDUP_RANGE, TraceConfig, TraceRecord, TraceReplay, load_trace,
+    MAX_BLOCK_TOKENS, MAX_SPAN_MS, SPEEDUP_RANGE, TraceConfig, TraceRecord, TraceReplay,
+    load_model_trace, load_trace,
 };
 pub use zipf::Zipf;
 

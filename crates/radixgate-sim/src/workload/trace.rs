@@ -24,10 +24,17 @@
 //! --record-trace` is written as requests end, not as they arrive): they are
 //! replayed sorted by timestamp, lines of equal time in file order.
 //!
-//! Fields other than the four above are ignored, except three that a
-//! recording adds and that are kept: `worker` (who served it), the
-//! reported `cached_tokens`, and `status`. A line whose `status` is not a
-//! 2xx is not replayed: its worker refused or failed it.
+//! Fields other than the four above are ignored, except four that a
+//! recording adds and that are kept: `model`, `worker` (who served it),
+//! the reported `cached_tokens`, and `status`. A line whose `status` is not
+//! a 2xx is not replayed: its worker refused or failed it.
+//!
+//! A recording of a router that serves several models holds several
+//! pools, each model on its own workers; replayed as one, one model's
+//! requests would be routed to another's workers and every figure would
+//! be of a pool that never existed. So a trace whose lines name more than
+//! one model is refused unless [`TraceConfig::model`] picks one, and then
+//! only that model's lines are replayed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,6 +72,9 @@ pub struct TraceRecord {
     pub output_length: u64,
     /// The prompt's blocks, by id.
     pub hash_ids: Vec<u64>,
+    /// A recording's: the model the request was routed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// A recording's: the URL of the worker that served the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
@@ -106,6 +116,11 @@ pub struct TraceConfig {
     /// distinct one, not all at once (module doc).
     #[serde(default)]
     pub spread_bursts: bool,
+    /// Replay only the lines of this model (a recording of a router that
+    /// serves several; module doc). `None`: every line, which must then
+    /// name one model at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 fn one() -> f64 {
@@ -126,6 +141,7 @@ impl TraceConfig {
             block_tokens: 512,
             max_output_tokens: 0,
             spread_bursts: false,
+            model: None,
         }
     }
 
@@ -156,6 +172,56 @@ pub fn load_trace(path: &Path, block_tokens: u64) -> Result<Vec<TraceRecord>, Si
         source,
     })?;
     parse_trace(&text, path, block_tokens)
+}
+
+/// Reads a trace file as [`load_trace`] does, keeping the lines of `model`
+/// only; without `model`, refuses a trace whose lines name several models
+/// (each its own pool: module doc).
+pub fn load_model_trace(
+    path: &Path,
+    block_tokens: u64,
+    model: Option<&str>,
+) -> Result<Vec<TraceRecord>, SimError> {
+    let records = load_trace(path, block_tokens)?;
+    let mut models: std::collections::BTreeMap<&str, usize> = Default::default();
+    for m in records.iter().filter_map(|r| r.model.as_deref()) {
+        *models.entry(m).or_default() += 1;
+    }
+    let list = || {
+        models
+            .iter()
+            .map(|(m, n)| format!("{m} ({n} lines)"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match model {
+        Some(want) => {
+            if !models.contains_key(want) {
+                return Err(SimError::Config(format!(
+                    "trace file {}: no line of model {want:?} (its models: {})",
+                    path.display(),
+                    if models.is_empty() {
+                        "none named".into()
+                    } else {
+                        list()
+                    }
+                )));
+            }
+            Ok(records
+                .into_iter()
+                .filter(|r| r.model.as_deref() == Some(want))
+                .collect())
+        }
+        None if models.len() > 1 => Err(SimError::Config(format!(
+            "trace file {}: its lines name {} models, {}: each is served by its own \
+             workers, and one replay would route them as one pool; replay one model at a \
+             time (tune --model NAME, simulate and load --trace-model NAME)",
+            path.display(),
+            models.len(),
+            list()
+        ))),
+        None => Ok(records),
+    }
 }
 
 pub(super) fn parse_trace(
@@ -238,7 +304,7 @@ impl TraceReplay {
     /// Loads the trace named by `cfg` (validates `cfg` and every line).
     pub fn new(cfg: TraceConfig, seed: u64, shape: TextShape) -> Result<Self, SimError> {
         cfg.validate()?;
-        let records = load_trace(&cfg.path, cfg.block_tokens)?;
+        let records = load_model_trace(&cfg.path, cfg.block_tokens, cfg.model.as_deref())?;
         let replay = Self::from_records(cfg, seed, shape, Arc::new(records));
         // A recording of failed requests only (within `limit`): a run
         // would send nothing and print a table of nothing as if it had
