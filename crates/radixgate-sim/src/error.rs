@@ -105,8 +105,9 @@ pub enum SimError {
         finished: u64,
         /// The failures by kind, e.g. `connect 200`.
         errors: String,
-        /// What to check, when the kinds say (e.g. nothing listens).
-        hint: &'static str,
+        /// What to check, when the kinds or the targets say (nothing
+        /// listens; the targets that failed every request).
+        hint: String,
         /// The `--max-error-rate` given.
         max_error_rate: f64,
     },

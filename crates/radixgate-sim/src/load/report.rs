@@ -92,6 +92,7 @@ pub struct Stats {
     without_cached: u64,
     workers: BTreeMap<String, u64>,
     per_target: BTreeMap<usize, u64>,
+    failed_per_target: BTreeMap<usize, u64>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -112,6 +113,7 @@ impl Stats {
         *self.per_target.entry(o.target).or_default() += 1;
         if let Some(kind) = o.error {
             *self.errors.entry(kind.to_string()).or_default() += 1;
+            *self.failed_per_target.entry(o.target).or_default() += 1;
             return;
         }
         self.ok += 1;
@@ -175,9 +177,12 @@ impl Stats {
             max / mean
         });
         // Every --url, in order, those that got nothing included.
-        let per_url = (0..header.urls.len())
-            .map(|t| self.per_target.get(&t).copied().unwrap_or(0))
-            .collect();
+        let count = |m: &BTreeMap<usize, u64>| {
+            (0..header.urls.len())
+                .map(|t| m.get(&t).copied().unwrap_or(0))
+                .collect()
+        };
+        let (per_url, failed_per_url) = (count(&self.per_target), count(&self.failed_per_target));
         LoadReport {
             header,
             elapsed_s: secs,
@@ -200,6 +205,7 @@ impl Stats {
             prompt_tokens_per_s: self.prompt_tokens as f64 / secs,
             workers: self.workers.clone(),
             per_url,
+            failed_per_url,
             spread,
         }
     }
@@ -276,6 +282,8 @@ pub struct LoadReport {
     pub workers: BTreeMap<String, u64>,
     /// Requests (ok or not) per `--url`, in order.
     pub per_url: Vec<u64>,
+    /// Failed requests per `--url`, in order.
+    pub failed_per_url: Vec<u64>,
     /// Busiest worker's share over the mean share.
     pub spread: Option<f64>,
 }
@@ -301,15 +309,28 @@ impl LoadReport {
             .map(|(kind, n)| format!("{kind} {n}"))
             .collect();
         let only_connect = self.errors.keys().all(|k| k == "connect");
+        // With several targets, the ones that failed every request they
+        // got, by name (one down among others).
+        let dead: Vec<&str> = self
+            .header
+            .urls
+            .iter()
+            .zip(self.per_url.iter().zip(&self.failed_per_url))
+            .filter(|(_, (sent, failed))| **sent > 0 && failed == sent)
+            .map(|(url, _)| url.as_str())
+            .collect();
+        let hint = if self.header.urls.len() > 1 && !dead.is_empty() {
+            format!("; every request to {} failed", dead.join(", "))
+        } else if only_connect {
+            "; is a server listening at every --url?".into()
+        } else {
+            String::new()
+        };
         Err(SimError::TooManyFailures {
             failed: self.failed,
             finished: self.sent,
             errors: format!("{:.1}%: {}", rate * 100.0, errors.join(", ")),
-            hint: if only_connect {
-                "; is a server listening at every --url?"
-            } else {
-                ""
-            },
+            hint,
             max_error_rate,
         })
     }
@@ -332,8 +353,11 @@ impl LoadReport {
             let list: Vec<String> = h
                 .urls
                 .iter()
-                .zip(&self.per_url)
-                .map(|(u, n)| format!("{u} {n}"))
+                .zip(self.per_url.iter().zip(&self.failed_per_url))
+                .map(|(u, (n, failed))| match failed {
+                    0 => format!("{u} {n}"),
+                    f => format!("{u} {n} ({f} failed)"),
+                })
                 .collect();
             let _ = writeln!(s, "targets  {}  (requests each)", list.join(", "));
         } else {
@@ -549,7 +573,10 @@ mod tests {
         assert!(r.table().contains("  tpot "), "{}", r.table());
         assert!(r.table().contains("(e2e - ttft) / (output tokens - 1)"));
         assert_eq!(r.per_url, [5, 0, 0], "targets that got nothing count");
-        assert!(r.table().contains("u1 5, u2 0, u3 0  (requests each)"));
+        assert!(
+            r.table()
+                .contains("u1 5 (2 failed), u2 0, u3 0  (requests each)")
+        );
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["workers"]["a"], 2);
         assert_eq!(json["tpot_ms"]["count"], 3);
@@ -616,5 +643,51 @@ mod tests {
             .to_string();
         assert!(err.contains("(40.0%: connect 1, http_500 1)"), "{err}");
         assert!(!err.contains("listening"), "{err}");
+    }
+
+    /// With several --url and one of them down (or answering 503), the
+    /// report said only "connect 10" and asked whether a server listened
+    /// at every --url: nothing said which target failed. Now each target's
+    /// failures are listed beside its requests, and the error names the
+    /// targets that failed every request.
+    #[test]
+    fn each_targets_failures_are_named() {
+        let header = ReportHeader {
+            workload: "w".into(),
+            api: "chat".into(),
+            stream: true,
+            arrivals: "x".into(),
+            assign: "round-robin".into(),
+            urls: vec![
+                "http://up".into(),
+                "http://down".into(),
+                "http://busy".into(),
+            ],
+            seed: 0,
+            pool_size: None,
+        };
+        let mut st = Stats::default();
+        for i in 0..9 {
+            let mut o = ok("a", 100, 50, 10);
+            o.target = i % 3;
+            o.error = match o.target {
+                1 => Some(ErrorKind::Connect),
+                2 if i < 6 => Some(ErrorKind::Status(503)),
+                _ => None,
+            };
+            st.record(&o);
+        }
+        let r = st.report(header, Duration::from_secs(1));
+        assert_eq!(r.failed_per_url, [0, 3, 2]);
+        let table = r.table();
+        assert!(
+            table.contains("http://up 3, http://down 3 (3 failed), http://busy 3 (2 failed)"),
+            "{table}"
+        );
+        let err = r.check_failures(0.0).unwrap_err().to_string();
+        assert!(
+            err.ends_with("; every request to http://down failed"),
+            "{err}"
+        );
     }
 }
