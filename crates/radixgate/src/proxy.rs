@@ -542,12 +542,14 @@ struct Target<'a> {
 }
 
 /// The sticky-session key: the first routing-key header present, else the
-/// body's `user` field.
+/// body's `user` field. One that is empty or blank is none: as a key, every
+/// such request would hash to one worker.
 fn routing_key<'a>(headers: &'a HeaderMap, user: Option<&'a str>) -> Option<&'a str> {
+    let named = |key: &&str| !key.trim().is_empty();
     ROUTING_KEY_HEADERS
         .iter()
-        .find_map(|h| headers.get(h).and_then(|v| v.to_str().ok()))
-        .or(user)
+        .find_map(|h| headers.get(h).and_then(|v| v.to_str().ok()).filter(named))
+        .or(user.filter(named))
 }
 
 /// What the attempt loop hands to [`respond()`]: the worker's response head,

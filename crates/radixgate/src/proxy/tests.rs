@@ -95,3 +95,21 @@ fn an_unanswered_request_is_499_unless_a_panic_ended_it() {
     assert!(counted("/v1/chat/completions", "500"), "{text}");
     assert!(!counted("/v1/chat/completions", "499"), "{text}");
 }
+
+/// A blank session header, or a blank `user`, is no key: as one, every
+/// such request hashed to one worker.
+#[test]
+fn a_blank_session_key_is_none() {
+    let mut headers = HeaderMap::new();
+    assert_eq!(routing_key(&headers, None), None);
+    assert_eq!(routing_key(&headers, Some("")), None);
+    assert_eq!(routing_key(&headers, Some(" ")), None);
+    assert_eq!(routing_key(&headers, Some("u1")), Some("u1"));
+    headers.insert(&ROUTING_KEY_HEADERS[0], HeaderValue::from_static(""));
+    assert_eq!(routing_key(&headers, Some("u1")), Some("u1"));
+    assert_eq!(routing_key(&headers, None), None);
+    headers.insert(&ROUTING_KEY_HEADERS[1], HeaderValue::from_static("s2"));
+    assert_eq!(routing_key(&headers, Some("u1")), Some("s2"));
+    headers.insert(&ROUTING_KEY_HEADERS[0], HeaderValue::from_static("s1"));
+    assert_eq!(routing_key(&headers, Some("u1")), Some("s1"));
+}
