@@ -48,6 +48,9 @@ pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimErr
     let tolerance = args.tolerance()?;
     let axes = args.axes()?;
     let grid = search::grid(current, &axes)?;
+    // The flags' ranges before the file is read with them: read in blocks
+    // of 0 tokens, its first line "did not fit 2 blocks of 0 tokens".
+    args.sim_config(1)?;
     let rec = Recording::load(
         &args.trace,
         args.block_tokens,
@@ -216,6 +219,14 @@ mod tests {
             e.contains("none of the 2 replayed requests") && e.contains("2 refused"),
             "{e}"
         );
+        // A flag out of range is named as such, not blamed on the file.
+        let mut argv = vec!["tune", "--trace", ok.to_str().unwrap()];
+        argv.extend(["--block-tokens", "0"]);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let e = run(&cli.args, &PolicyConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("block_tokens must be in 1..="), "{e}");
         // Room for them: a report.
         let report = tune(&ok, &["--kv-capacity-tokens", "4096"]).unwrap();
         assert_eq!(report.current.completed, 2);
