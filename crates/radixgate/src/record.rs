@@ -409,10 +409,16 @@ impl Recorder {
     ) -> Result<Settings, RecordError> {
         let path = inside(&self.config.admin_dir, path)?;
         a_trace_of_the_dir(&self.config.admin_dir, &path)?;
+        let keep = keep.unwrap_or(self.config.keep);
+        // A rotation renames `FILE.k` over `FILE.k+1`, whatever is there:
+        // those names too must be new files or traces.
+        for k in 1..=keep {
+            a_trace_of_the_dir(&self.config.admin_dir, &writer::rotated(&path, k))?;
+        }
         Ok(Settings {
             path,
             max_bytes: max_bytes.unwrap_or(self.config.max_bytes),
-            keep: keep.unwrap_or(self.config.keep),
+            keep,
         })
     }
 }

@@ -313,6 +313,19 @@ fn an_admin_recording_goes_through_no_link_and_into_no_other_file() {
         let settings = r.admin_settings(Path::new(good), None, None).expect(good);
         assert_eq!(settings.path, admin.join(good));
     }
+    // Nor over a file a rotation would rename onto: `FILE.k` up to `keep`.
+    std::fs::write(admin.join("day.jsonl.1"), trace).unwrap();
+    std::fs::write(admin.join("day.jsonl.3"), "not a trace\n").unwrap();
+    let err = r
+        .admin_settings(Path::new("day.jsonl"), None, Some(3))
+        .expect_err("day.jsonl.3 would be rotated over");
+    assert!(err.to_string().contains("day.jsonl.3"), "{err}");
+    r.admin_settings(Path::new("day.jsonl"), None, Some(2))
+        .expect("day.jsonl.1 is a trace, day.jsonl.2 new");
+    assert_eq!(
+        std::fs::read_to_string(admin.join("day.jsonl.3")).unwrap(),
+        "not a trace\n"
+    );
     assert_eq!(
         std::fs::read_to_string(outside.join("victim.conf")).unwrap(),
         "keep me\n"
