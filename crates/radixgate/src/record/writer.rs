@@ -206,11 +206,13 @@ impl Writer {
             max > 0 && grown + pending > 0 && grown + pending + bytes.len() as u64 > max
         };
         if over(self.grown, pending) {
-            // The lines gathered belong to the file in hand.
-            self.write_batch();
             // The file may have been replaced or cut short since the last
-            // batch: then it may not be full at all.
-            self.follow();
+            // batch: then it may not be full at all. The lines gathered
+            // belong to the file in hand, and writing them follows it.
+            match pending {
+                0 => self.follow(),
+                _ => self.write_batch(),
+            }
         }
         if over(self.grown, self.batch.len() as u64)
             && let Err(err) = self.rotate()
