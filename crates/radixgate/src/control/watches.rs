@@ -88,27 +88,29 @@ impl Watches {
     /// that fails and why, one not answered yet, or that the pods it
     /// watches include none serving. `None` without discovery.
     pub(crate) fn explain_empty(&self) -> Option<String> {
-        let parts: Vec<String> = self
-            .all()
-            .iter()
-            .map(|(selector, w)| match (&w.problem, w.connected) {
-                (Some(problem), _) => format!("{} fails: {problem}", w.named(selector)),
-                (None, false) => format!("{} has not listed them yet", w.named(selector)),
-                (None, true) => format!("{} has found none serving", w.named(selector)),
-            })
-            .collect();
-        (!parts.is_empty()).then(|| parts.join("; "))
+        self.explain(true)
     }
 
     /// The watches failing now and why, to add to what else explains a
     /// 503 (`None` while none fails).
     pub(crate) fn explain_failing(&self) -> Option<String> {
+        self.explain(false)
+    }
+
+    /// Each failing watch and why, and with `every` the others too: where
+    /// they stand. `None` where that names none.
+    fn explain(&self, every: bool) -> Option<String> {
         let parts: Vec<String> = self
             .all()
             .iter()
             .filter_map(|(selector, w)| {
-                let problem = w.problem.as_ref()?;
-                Some(format!("{} fails: {problem}", w.named(selector)))
+                let named = w.named(selector);
+                match (&w.problem, w.connected) {
+                    (Some(problem), _) => Some(format!("{named} fails: {problem}")),
+                    _ if !every => None,
+                    (None, false) => Some(format!("{named} has not listed them yet")),
+                    (None, true) => Some(format!("{named} has found none serving")),
+                }
             })
             .collect();
         (!parts.is_empty()).then(|| parts.join("; "))
