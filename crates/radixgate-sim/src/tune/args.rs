@@ -139,6 +139,18 @@ impl TuneArgs {
         }
     }
 
+    /// How the recording is replayed (not validated: see
+    /// [`TraceConfig::validate`]).
+    pub fn trace_config(&self) -> TraceConfig {
+        TraceConfig {
+            speedup: self.speedup,
+            limit: self.requests.unwrap_or(0),
+            block_tokens: self.block_tokens,
+            model: self.model.clone(),
+            ..TraceConfig::new(&self.trace)
+        }
+    }
+
     /// The simulation of the recording on `workers` workers (validated).
     pub fn sim_config(&self, workers: usize) -> Result<SimConfig, SimError> {
         if self.chars_per_token == 0 {
@@ -147,17 +159,10 @@ impl TuneArgs {
         if self.requests == Some(0) {
             return Err(SimError::Config("--requests must be > 0".into()));
         }
-        let trace = TraceConfig {
-            speedup: self.speedup,
-            limit: self.requests.unwrap_or(0),
-            block_tokens: self.block_tokens,
-            model: self.model.clone(),
-            ..TraceConfig::new(&self.trace)
-        };
         let cfg = SimConfig {
             workers,
             worker: worker_config(self.worker_config.as_deref(), &self.engine)?,
-            workload: WorkloadConfig::Trace(trace),
+            workload: WorkloadConfig::Trace(self.trace_config()),
             shape: TextShape {
                 chars_per_token: self.chars_per_token,
             },

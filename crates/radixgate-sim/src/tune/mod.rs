@@ -48,9 +48,9 @@ pub fn run(args: &TuneArgs, current: &PolicyConfig) -> Result<TuneReport, SimErr
     let tolerance = args.tolerance()?;
     let axes = args.axes()?;
     let grid = search::grid(current, &axes)?;
-    // The flags' ranges before the file is read with them: read in blocks
-    // of 0 tokens, its first line "did not fit 2 blocks of 0 tokens".
-    args.sim_config(1)?;
+    // The replay's ranges before the file is read with them: read in
+    // blocks of 0 tokens, its first line "did not fit 2 blocks of 0 tokens".
+    args.trace_config().validate()?;
     let rec = Recording::load(
         &args.trace,
         args.block_tokens,
