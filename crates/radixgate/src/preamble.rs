@@ -188,6 +188,10 @@ fn data_is_error(data: &[u8]) -> bool {
         #[serde(default)]
         error: Option<serde::de::IgnoredAny>,
     }
+    // A token's data (no `error` in it, as a rule) is not parsed.
+    if memchr::memmem::find(data, b"error").is_none() {
+        return false;
+    }
     match serde_json::from_slice::<Typed<'_>>(data) {
         Ok(Typed {
             kind: Some(kind), ..
