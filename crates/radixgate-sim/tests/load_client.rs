@@ -148,7 +148,7 @@ fn client(api: Api, stream: bool, timeout_ms: u64) -> Client {
         model: Some("sim-llama-8b".into()),
         stream,
     };
-    Client::new(opts, Duration::from_millis(timeout_ms))
+    Client::new(opts, Duration::from_millis(timeout_ms), None)
 }
 
 async fn one(url: &str, api: Api, stream: bool) -> Outcome {

@@ -41,6 +41,7 @@ async fn compare(workload: WorkloadConfig, api: Api, requests: u64) {
             stream: true,
         },
         Duration::from_secs(30),
+        None,
     );
     let plan = RunPlan {
         arrivals: Arrivals::Closed { concurrency: 1 },

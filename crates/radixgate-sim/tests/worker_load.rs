@@ -87,7 +87,14 @@ async fn run(ws: &[WorkerHandle], cfg: &WorkloadConfig, r: Run) -> LoadReport {
         stream: r.stream,
     };
     let workload = cfg.build(1, TextShape::default()).unwrap();
-    drive(workload, Client::new(opts, r.timeout), t, plan, header).await
+    drive(
+        workload,
+        Client::new(opts, r.timeout, None),
+        t,
+        plan,
+        header,
+    )
+    .await
 }
 
 fn shared_prefix(groups: u64) -> WorkloadConfig {

@@ -75,3 +75,54 @@ async fn load_spreads_over_two_routers_and_counts_each() {
     w1.stop.cancel();
     w2.stop.cancel();
 }
+
+/// A router that checks keys: `--api-key` sends one with every request, on
+/// every API, and a run without it fails each request with the router's
+/// 401. An empty key is refused before any request is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_sends_its_api_key() {
+    let w = sim_worker(fast_worker()).await;
+    let mut cfg = config(&[w.url.as_str()]);
+    cfg.server.api_key = Some("sk-load".into());
+    let gw = gateway_ready(cfg, 1).await;
+
+    for api in ["chat", "completions", "messages", "responses"] {
+        let report = load(&format!(
+            "load --url {} --api {api} --api-key sk-load --requests 4 --concurrency 2 --no-progress",
+            gw.url
+        ))
+        .await;
+        assert_eq!(
+            (report.ok, report.failed),
+            (4, 0),
+            "{api}: {}",
+            report.table()
+        );
+    }
+    let report = load(&format!(
+        "load --url {} --requests 3 --concurrency 1 --no-progress",
+        gw.url
+    ))
+    .await;
+    assert_eq!((report.ok, report.failed), (0, 3), "{}", report.table());
+    assert_eq!(
+        report.errors.get("http_401"),
+        Some(&3),
+        "{:?}",
+        report.errors
+    );
+
+    for (key, why) in [(" ", "is empty"), ("a\nb", "a header cannot carry")] {
+        let mut args = Cli::try_parse_from(["load", "--url", &gw.url, "--no-progress"])
+            .unwrap()
+            .load;
+        args.api_key = Some(key.into());
+        let err = radixgate_sim::load::run(&args)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--api-key") && err.contains(why), "{err}");
+    }
+    gw.shutdown().await;
+    w.stop.cancel();
+}

@@ -77,6 +77,16 @@ pub struct LoadArgs {
     /// Ask for whole responses instead of streams (TTFT is then not measured).
     #[arg(long)]
     pub no_stream: bool,
+    /// Send this key as `Authorization: Bearer KEY`, for a router started
+    /// with an API key or tenants' keys (the same variable as `serve`'s
+    /// client key, so one environment drives both).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "RADIXGATE_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
     /// How requests arrive and when issuing stops.
     #[command(flatten)]
     pub arrival: ArrivalFlags,

@@ -358,6 +358,23 @@ impl LoadArgs {
         secs("--timeout", self.timeout)
     }
 
+    /// The `Authorization` header `--api-key` asks for, if any: refused
+    /// when empty (a variable set to nothing would otherwise send `Bearer `
+    /// and fail every request with a 401) or not sendable as a header.
+    pub fn authorization(&self) -> Result<Option<http::HeaderValue>, SimError> {
+        let Some(key) = self.api_key.as_deref() else {
+            return Ok(None);
+        };
+        let bad = |why: &str| SimError::Config(format!("--api-key (or RADIXGATE_API_KEY) {why}"));
+        if key.trim().is_empty() {
+            return Err(bad("is empty"));
+        }
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| bad("holds a character a header cannot carry"))?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
+
     /// The fraction of failed requests a run may have (`--max-error-rate`).
     pub fn max_error_rate(&self) -> Result<f64, SimError> {
         let v = self.max_error_rate;

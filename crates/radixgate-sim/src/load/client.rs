@@ -31,6 +31,7 @@ pub struct Client {
     inner: HyperClient<HttpConnector, Full<Bytes>>,
     opts: BodyOptions,
     timeout: Duration,
+    authorization: Option<http::HeaderValue>,
 }
 
 struct Reply {
@@ -41,8 +42,13 @@ struct Reply {
 }
 
 impl Client {
-    /// A client writing bodies per `opts`, failing requests after `timeout`.
-    pub fn new(opts: BodyOptions, timeout: Duration) -> Self {
+    /// A client writing bodies per `opts`, failing requests after `timeout`
+    /// and sending `authorization` (`--api-key`'s header) with each.
+    pub fn new(
+        opts: BodyOptions,
+        timeout: Duration,
+        authorization: Option<http::HeaderValue>,
+    ) -> Self {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.set_connect_timeout(Some(timeout));
@@ -54,6 +60,7 @@ impl Client {
             inner,
             opts,
             timeout,
+            authorization,
         }
     }
 
@@ -97,9 +104,13 @@ impl Client {
         body: String,
         start: Instant,
     ) -> Result<Reply, (ErrorKind, Option<String>)> {
-        let req = http::Request::post(target.uri(self.opts.api.path()))
+        let mut req = http::Request::post(target.uri(self.opts.api.path()))
             .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json, text/event-stream")
+            .header(http::header::ACCEPT, "application/json, text/event-stream");
+        if let Some(value) = &self.authorization {
+            req = req.header(http::header::AUTHORIZATION, value.clone());
+        }
+        let req = req
             .body(Full::new(Bytes::from(body)))
             .map_err(|_| (ErrorKind::Transport, None))?;
         let resp = self.inner.request(req).await.map_err(|e| {

@@ -44,6 +44,7 @@ pub async fn run(args: &LoadArgs) -> Result<LoadReport, SimError> {
     let cfg = args.workload_config()?;
     let shape = args.text_shape()?;
     let timeout = args.request_timeout()?;
+    let authorization = args.authorization()?;
     args.max_error_rate()?;
     let workload = cfg.build(args.seed, shape)?;
     let plan = args.plan(workload.timestamped())?;
@@ -62,7 +63,7 @@ pub async fn run(args: &LoadArgs) -> Result<LoadReport, SimError> {
         seed: args.seed,
         pool_size: args.pool_size.and_then(|n| usize::try_from(n).ok()),
     };
-    let client = Client::new(opts, timeout);
+    let client = Client::new(opts, timeout, authorization);
     Ok(drive(workload, client, targets, plan, header).await)
 }
 
