@@ -559,3 +559,61 @@ fn real_mooncake_traces_load_and_render_with_shared_blocks() {
         }
     }
 }
+
+/// A recording read while the router writes it (or one a killed router
+/// left) ends in a line cut short: the lines before it replay, where the
+/// whole file was refused. A bad line that a newline ends, or a lone cut
+/// line, is still refused.
+#[test]
+fn a_last_line_cut_short_is_left_out() {
+    let whole = format!("{}{}", trace_line(0, 3), trace_line(5, 4));
+    let third = trace_line(9, 2);
+    let cut = format!("{whole}{}", &third[..third.len() / 2]);
+    let recs = parse_trace(&cut, Path::new("f.jsonl"), 512).unwrap();
+    assert_eq!(recs.len(), 2);
+    let (line, _) = trace_error(&format!("{whole}{}\n", &third[..third.len() / 2]));
+    assert_eq!(line, 3, "a bad line a newline ends is refused");
+    let (line, _) = trace_error(&third[..third.len() / 2]);
+    assert_eq!(line, 1, "a lone cut line is refused");
+}
+
+/// A compressed trace (Mooncake's ship gzipped) or one that is not text
+/// got "stream did not contain valid UTF-8" with no line or cause; it is
+/// named for what it is.
+#[test]
+fn a_compressed_or_binary_trace_is_named_for_what_it_is() {
+    let dir = std::env::temp_dir().join(format!("radixgate-sim-packed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: [(&str, Vec<u8>, usize, &str); 3] = [
+        (
+            "t.jsonl.gz",
+            vec![0x1f, 0x8b, 8, 0, 0xff],
+            0,
+            "gzip-compressed",
+        ),
+        (
+            "t.jsonl.zst",
+            vec![0x28, 0xb5, 0x2f, 0xfd, 0xff],
+            0,
+            "zstd-compressed",
+        ),
+        (
+            "t.bin",
+            [trace_line(0, 1).as_bytes(), &[0xff, 0xfe]].concat(),
+            2,
+            "not UTF-8",
+        ),
+    ];
+    for (name, bytes, want_line, want) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        match load_trace(&path, 512) {
+            Err(crate::SimError::TraceFormat { line, reason, .. }) => {
+                assert_eq!(line, want_line, "{name}: {reason}");
+                assert!(reason.contains(want), "{name}: {reason}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

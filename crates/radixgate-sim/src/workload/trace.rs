@@ -167,11 +167,39 @@ impl TraceConfig {
 /// Reads and validates a trace file. Records come back sorted by
 /// timestamp (stable: equal times keep their file order).
 pub fn load_trace(path: &Path, block_tokens: u64) -> Result<Vec<TraceRecord>, SimError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SimError::TraceIo {
+    let bytes = std::fs::read(path).map_err(|source| SimError::TraceIo {
         path: path.to_owned(),
         source,
     })?;
-    parse_trace(&text, path, block_tokens)
+    parse_trace(&trace_text(bytes, path)?, path, block_tokens)
+}
+
+/// A trace file's bytes as text, or an error that says what the file is
+/// instead: compressed (traces are often shipped gzipped), or not UTF-8 at
+/// a line it names.
+fn trace_text(bytes: Vec<u8>, path: &Path) -> Result<String, SimError> {
+    let refuse = |line: usize, reason: String| SimError::TraceFormat {
+        path: path.to_owned(),
+        line,
+        reason,
+    };
+    let compressed = [
+        (&[0x1f, 0x8b][..], "gzip", "gunzip -k"),
+        (&[0x28, 0xb5, 0x2f, 0xfd][..], "zstd", "zstd -d"),
+        (&[0x42, 0x5a, 0x68][..], "bzip2", "bunzip2 -k"),
+        (&[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00][..], "xz", "unxz -k"),
+    ];
+    if let Some((_, kind, tool)) = compressed.iter().find(|(m, ..)| bytes.starts_with(m)) {
+        return Err(refuse(
+            0,
+            format!("the file is {kind}-compressed; decompress it first ({tool} FILE)"),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+        refuse(line, format!("not UTF-8 text (byte {at} of the file)"))
+    })
 }
 
 /// Reads a trace file as [`load_trace`] does, keeping the lines of `model`
@@ -237,12 +265,27 @@ pub(super) fn parse_trace(
     let mut out = Vec::new();
     // The earliest and latest timestamps so far.
     let mut span: Option<(u64, u64)> = None;
+    // The last line when no newline ends it: a recording being written as
+    // it is read, or one a killed router left (the recorder mends it at
+    // its next start).
+    let unterminated = (!text.ends_with('\n')).then(|| text.lines().count());
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.trim().is_empty() {
             continue;
         }
-        let rec: TraceRecord = serde_json::from_str(line).map_err(|e| bad(n, e.to_string()))?;
+        let rec: TraceRecord = match serde_json::from_str(line) {
+            Ok(rec) => rec,
+            Err(_) if unterminated == Some(n) && !out.is_empty() => {
+                eprintln!(
+                    "note: trace file {}: line {n} is cut short (no newline ends it, as \
+                     when it is still being written); it is left out",
+                    path.display()
+                );
+                break;
+            }
+            Err(e) => return Err(bad(n, e.to_string())),
+        };
         let blocks = rec.hash_ids.len() as u64;
         if blocks == 0 {
             return Err(bad(n, "hash_ids is empty".into()));
