@@ -222,6 +222,34 @@ fn bad_settings_are_precise_start_up_errors() {
     assert!(!ok);
     assert!(err.contains("/no/such/trace.jsonl"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // A grid value that is no finite number is named with its flag, where
+    // the routing setting refused it as a string under `--sweep`.
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../traces/mooncake_synthetic.jsonl"
+    );
+    for (flag, value, want) in [
+        (
+            "--cache-threshold",
+            "0.1,NaN",
+            "--cache-threshold: NaN is not a finite number",
+        ),
+        (
+            "--balance-rel-threshold",
+            "inf",
+            "--balance-rel-threshold: inf is not a finite",
+        ),
+        (
+            "--sweep",
+            "hot_spot.margin=0.5,nan",
+            "nan is not a finite number",
+        ),
+    ] {
+        let (ok, err) =
+            run(radixgate().args(["tune", "--trace", trace, "--workers", "2", flag, value]));
+        assert!(!ok, "{flag} {value}");
+        assert!(err.contains(want), "{flag} {value}: {err}");
+    }
 }
 
 /// Spawns `c` and collects its stderr until a line holds `needle`, it

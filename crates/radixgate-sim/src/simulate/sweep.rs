@@ -54,12 +54,21 @@ impl Axis {
         if key.is_empty() || key.split('.').any(str::is_empty) {
             return Err(bad("empty setting name"));
         }
-        let values: Vec<Value> = values
-            .split(',')
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(|v| serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned())))
-            .collect();
+        let mut parsed = Vec::new();
+        for v in values.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+            let value = match serde_json::from_str(v) {
+                Ok(value) => value,
+                // JSON has no NaN or infinity; Rust's float parser takes
+                // them, so name them here rather than let the setting
+                // refuse a string.
+                Err(_) if v.parse::<f64>().is_ok_and(|x| !x.is_finite()) => {
+                    return Err(bad(&format!("{v} is not a finite number")));
+                }
+                Err(_) => Value::String(v.to_owned()),
+            };
+            parsed.push(value);
+        }
+        let values = parsed;
         if values.is_empty() {
             return Err(bad("no values"));
         }

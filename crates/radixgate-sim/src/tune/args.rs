@@ -88,6 +88,16 @@ pub struct TuneArgs {
 impl TuneArgs {
     /// The axes to sweep: the three thresholds, then `--sweep`'s.
     pub fn axes(&self) -> Result<Vec<Axis>, SimError> {
+        for (flag, values) in [
+            ("--cache-threshold", &self.cache_threshold),
+            ("--balance-rel-threshold", &self.balance_rel_threshold),
+        ] {
+            if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+                return Err(SimError::Config(format!(
+                    "{flag}: {v} is not a finite number"
+                )));
+            }
+        }
         let list = |key: &str, values: Vec<String>| -> Result<Axis, SimError> {
             if values.is_empty() {
                 return Err(SimError::Config(format!("--{key} names no value")));
