@@ -49,48 +49,76 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// A section written with nothing under it (`sync:` with every key
+/// commented out, a chart's empty value) is YAML's null: its defaults, as
+/// a section left out is.
+pub(crate) fn null_is_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 /// Everything `radixgate serve` needs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Listening socket, limits, keys.
+    #[serde(deserialize_with = "null_is_default")]
     pub server: ServerConfig,
     /// Workers known at start-up.
+    #[serde(deserialize_with = "null_is_default")]
     pub workers: Vec<WorkerSpec>,
     /// Workers found as pods through the Kubernetes API server.
+    #[serde(deserialize_with = "null_is_default")]
     pub discovery: DiscoveryConfig,
     /// The routing policy and its settings (`{policy: cache_aware, ...}`;
     /// without `policy:`, cache_aware's).
     #[serde(deserialize_with = "routing::section")]
     pub routing: PolicyConfig,
     /// Active health checking.
+    #[serde(deserialize_with = "null_is_default")]
     pub health: HealthConfig,
     /// Retrying failed requests on other workers.
+    #[serde(deserialize_with = "null_is_default")]
     pub retry: RetryConfig,
     /// Per-worker circuit breakers.
+    #[serde(deserialize_with = "null_is_default")]
     pub circuit_breaker: BreakerConfig,
     /// Ejecting workers much slower than their peers.
+    #[serde(deserialize_with = "null_is_default")]
     pub outlier_detection: OutlierConfig,
     /// Concurrency limit and its queue.
+    #[serde(deserialize_with = "null_is_default")]
     pub admission: AdmissionConfig,
     /// Named API keys with limits and an admission priority.
+    #[serde(deserialize_with = "null_is_default")]
     pub tenants: TenantsConfig,
     /// Prometheus exposition.
+    #[serde(deserialize_with = "null_is_default")]
     pub metrics: MetricsConfig,
     /// Sharing routing state with other router replicas over NATS.
+    #[serde(deserialize_with = "null_is_default")]
     pub sync: SyncConfig,
     /// The workers' KV-cache event streams (exact prefix matches).
+    #[serde(deserialize_with = "null_is_default")]
     pub kv_events: KvEventsConfig,
     /// Recording every routed request as a replayable trace.
+    #[serde(deserialize_with = "null_is_default")]
     pub record_trace: RecordTraceConfig,
     /// Prefill/decode disaggregation.
+    #[serde(deserialize_with = "null_is_default")]
     pub pd: PdConfig,
     /// Response affinity: which worker made each stored Responses API
     /// response (`crate::responses`).
+    #[serde(deserialize_with = "null_is_default")]
     pub responses: ResponsesConfig,
     /// Logging.
+    #[serde(deserialize_with = "null_is_default")]
     pub log: LogConfig,
     /// Request ids and OpenTelemetry trace export.
+    #[serde(deserialize_with = "null_is_default")]
     pub tracing: TracingConfig,
 }
 

@@ -69,8 +69,10 @@ pub struct SyncConfig {
     /// reports ready anyway (with a WARN).
     pub warmup_timeout_secs: u64,
     /// TLS to the NATS servers.
+    #[serde(deserialize_with = "super::null_is_default")]
     pub tls: SyncTlsConfig,
     /// Credentials: at most one kind.
+    #[serde(deserialize_with = "super::null_is_default")]
     pub auth: SyncAuthConfig,
 }
 

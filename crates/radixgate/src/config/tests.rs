@@ -20,6 +20,51 @@ fn defaults_are_valid() {
     assert_eq!(Config::from_yaml("").unwrap(), Config::default());
 }
 
+/// A section with nothing under it (every key commented out) is YAML's
+/// null: its defaults, as `routing:` already was, where every other
+/// section was refused with "invalid type: unit value". Its keys are still
+/// checked when it has any.
+#[test]
+fn an_empty_section_is_its_defaults() {
+    let sections = [
+        "server",
+        "workers",
+        "discovery",
+        "routing",
+        "health",
+        "retry",
+        "circuit_breaker",
+        "outlier_detection",
+        "admission",
+        "tenants",
+        "metrics",
+        "sync",
+        "kv_events",
+        "record_trace",
+        "pd",
+        "responses",
+        "log",
+        "tracing",
+    ];
+    let all: String = sections.iter().map(|s| format!("{s}:\n")).collect();
+    assert_eq!(Config::from_yaml(&all).unwrap(), Config::default());
+    for s in sections {
+        assert_eq!(
+            Config::from_yaml(&format!("{s}: ~\n")).unwrap(),
+            Config::default(),
+            "{s}"
+        );
+    }
+    let sync = Config::from_yaml("sync:\n  tls:\n  auth:\n").unwrap();
+    assert_eq!(sync.sync, Config::default().sync);
+    let err = Config::from_yaml("health:\n  bogus: 1\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `bogus`"), "{err}");
+    let err = Config::from_yaml("server: 5\n").unwrap_err().to_string();
+    assert!(err.contains("invalid type: integer"), "{err}");
+}
+
 #[test]
 fn yaml_parts_and_worker_forms() {
     let config = Config::from_yaml(
