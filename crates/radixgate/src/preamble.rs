@@ -178,6 +178,102 @@ pub fn opens_with_error(first: &[u8]) -> bool {
     scan.feed(first) && scan.found_error()
 }
 
+/// The error event a stream opens with, as [`opening_error`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpeningError {
+    /// The HTTP status its data gives (`error.code`, or `code`, as a
+    /// number or a string of digits; an Anthropic error's `error.type`),
+    /// if any.
+    pub code: Option<u16>,
+    /// Its `error.message` (or `message`), if any.
+    pub message: Option<String>,
+}
+
+impl OpeningError {
+    /// The status the error stands for: its code when that is an error
+    /// status, else 500 (an error that names none is the server's, as
+    /// OpenAI's own `server_error` events are).
+    pub fn status(&self) -> http::StatusCode {
+        self.code
+            .and_then(|c| http::StatusCode::from_u16(c).ok())
+            .filter(|s| s.is_client_error() || s.is_server_error())
+            .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+/// The error event `first` (a stream's first bytes) opens with, if it
+/// opens with one ([`opens_with_error`]): its code and message, read from
+/// its first data line where `first` holds it whole. vLLM and SGLang put a
+/// refusal of the request there as `{"error": {..., "code": 400}}` and an
+/// engine's failure as code 500.
+pub fn opening_error(first: &[u8]) -> Option<OpeningError> {
+    if !opens_with_error(first) {
+        return None;
+    }
+    #[derive(Deserialize, Default)]
+    struct Fields {
+        #[serde(default)]
+        code: Option<serde_json::Value>,
+        #[serde(default)]
+        message: Option<String>,
+        #[serde(rename = "type", default)]
+        kind: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct Data {
+        #[serde(default)]
+        error: Option<serde_json::Value>,
+        #[serde(flatten)]
+        top: Fields,
+    }
+    let data = first
+        .split(|&b| b == b'\n' || b == b'\r')
+        .find_map(|line| field(line, b"data"));
+    let Some(Ok(data)) = data.map(serde_json::from_slice::<Data>) else {
+        return Some(OpeningError {
+            code: None,
+            message: None,
+        });
+    };
+    let inner: Fields = match data.error {
+        Some(serde_json::Value::Object(map)) => {
+            serde_json::from_value(serde_json::Value::Object(map)).unwrap_or_default()
+        }
+        Some(serde_json::Value::String(message)) => Fields {
+            message: Some(message),
+            ..Fields::default()
+        },
+        _ => Fields::default(),
+    };
+    let number = |v: &serde_json::Value| match v {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    };
+    let code = (inner.code.as_ref().and_then(number))
+        .or_else(|| data.top.code.as_ref().and_then(number))
+        .or_else(|| inner.kind.as_deref().and_then(anthropic_status));
+    Some(OpeningError {
+        code,
+        message: inner.message.or(data.top.message),
+    })
+}
+
+/// The status an Anthropic error type stands for.
+fn anthropic_status(kind: &str) -> Option<u16> {
+    Some(match kind {
+        "invalid_request_error" => 400,
+        "authentication_error" => 401,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "request_too_large" => 413,
+        "rate_limit_error" => 429,
+        "api_error" => 500,
+        "overloaded_error" => 529,
+        _ => return None,
+    })
+}
+
 /// Whether an event's data is an error: of type `error`, or an object
 /// with no type and a non-null `error`.
 fn data_is_error(data: &[u8]) -> bool {
@@ -248,6 +344,42 @@ mod tests {
         data: {\"type\":\"response.in_progress\"}\n\n\
         event: response.output_item.added\n\
         data: {\"type\":\"response.output_item.added\"}\n\n";
+
+    #[test]
+    fn an_opening_error_gives_its_code_and_message() {
+        let read = |s: &str| opening_error(s.as_bytes());
+        let vllm = "data: {\"error\":{\"object\":\"error\",\"message\":\"too long\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}}\n\n";
+        let e = read(vllm).unwrap();
+        assert_eq!(
+            (e.code, e.message.as_deref()),
+            (Some(400), Some("too long"))
+        );
+        assert_eq!(e.status(), 400);
+        let e =
+            read(": ping\n\ndata: {\"error\":{\"message\":\"engine died\",\"code\":\"500\"}}\n\n")
+                .unwrap();
+        assert_eq!((e.code, e.status().as_u16()), (Some(500), 500));
+        // No code: the server's error.
+        let e = read(
+            "data: {\"error\":{\"message\":\"x\",\"type\":\"server_error\",\"code\":null}}\n\n",
+        )
+        .unwrap();
+        assert_eq!((e.code, e.status().as_u16()), (None, 500));
+        let e = read("data: {\"error\":\"plain words\"}\n\n").unwrap();
+        assert_eq!(e.message.as_deref(), Some("plain words"));
+        // A code that is no error status stands for a server error too.
+        assert_eq!(
+            read("data: {\"error\":{\"code\":200}}\n\n")
+                .unwrap()
+                .status(),
+            500
+        );
+        let anthropic = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        assert_eq!(read(anthropic).unwrap().code, Some(529));
+        // An event whose data these bytes do not hold: no code.
+        assert_eq!(read("event: error\n").unwrap().code, None);
+        assert_eq!(read("data: {\"choices\":[]}\n\n"), None);
+    }
 
     #[test]
     fn named_events_after_the_preamble() {

@@ -677,7 +677,7 @@ async fn attempts(
     // The workers that answered they do not serve the request's model
     // (see `does_not_serve`): they spend no retry either.
     let mut not_serving = 0usize;
-    loop {
+    'attempts: loop {
         let deciding = crate::trace::Deciding::start();
         let pinned = match target.affinity {
             Affinity::None => None,
@@ -824,7 +824,7 @@ async fn attempts(
         // Whether a failed attempt is its worker's (see `request_timed_out`).
         let mut blamed = true;
         let failure = match attempted {
-            Ok(mut response) => {
+            Ok(mut response) => 'answered: {
                 let status = response.status();
                 let mut observed = None;
                 traced.answered(status.as_u16());
@@ -844,7 +844,7 @@ async fn attempts(
                     record(&worker, probe, Outcome::Success);
                     tried.push(worker.id());
                     looked_up += 1;
-                    continue;
+                    continue 'attempts;
                 }
                 if status == StatusCode::NOT_FOUND
                     && let Affinity::None = target.affinity
@@ -885,7 +885,7 @@ async fn attempts(
                         tried.push(worker.id());
                         not_serving += 1;
                         last_failure = Some(failure);
-                        continue;
+                        continue 'attempts;
                     }
                 }
                 let sse = is_event_stream(response.headers());
@@ -910,6 +910,48 @@ async fn attempts(
                     // answer's first byte comes after its decode too, so
                     // it only releases the predicted prefill, later.)
                     observed = decision.first_token(sent.elapsed());
+                }
+                let opening = (sse && status.is_success())
+                    .then(|| first.and_then(crate::preamble::opening_error))
+                    .flatten();
+                if opening.is_some() {
+                    // An error event in the first token's place: the
+                    // prompt was not prefilled there.
+                    decision.undo_insert(&request.routing_text);
+                }
+                if let Some(opened) = opening.filter(|e| retry::retryable_status(e.status())) {
+                    // A 200 whose stream opens with a server error (an
+                    // engine that failed, under a server that still
+                    // answers): the worker's failure, as its 500 would
+                    // be, and tried on another worker, since the client
+                    // has been sent nothing yet.
+                    let status = opened.status();
+                    shared
+                        .request_metrics
+                        .upstream_error(worker.url(), "stream_error");
+                    if last_attempt {
+                        // Nobody is left to ask: the client gets the
+                        // stream as it is, counted as for a status.
+                        let others_500 =
+                            status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any();
+                        if !others_500 && !busy(status) {
+                            record(&worker, probe, Outcome::Failure);
+                        }
+                        return Ok(Answer {
+                            response,
+                            decision,
+                            model,
+                            probe: None,
+                            sent,
+                            trace: traced,
+                        });
+                    }
+                    break 'answered GatewayError::UpstreamStatus {
+                        worker: worker.url().to_owned(),
+                        status,
+                        message: opened.message,
+                        retry_after: None,
+                    };
                 }
                 if !retry::retryable_status(status) {
                     if status.is_success() {

@@ -1824,3 +1824,109 @@ async fn a_404_whose_body_stalls_is_passed_on_at_once() {
         stop_good.cancel();
     }
 }
+
+/// vLLM and SGLang stream a generation the engine failed as an error event
+/// under a 200 (`{"error": {..., "code": 500}}`): a worker whose engine
+/// broke while its server still answers sends that at once to every
+/// request. The client got that error where another worker could serve
+/// it, the breaker counted the worker a success, and the router's record
+/// kept each prompt, drawing it back there. Such a stream is now the
+/// worker's failure, tried on another worker (nothing was sent to the
+/// client yet); a refusal (code 400) is still the client's answer, not
+/// retried and no failure, and neither leaves the prompt on the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_opens_with_a_server_error_is_tried_on_another_worker() {
+    const FAILED: &str = "data: {\"error\":{\"object\":\"error\",\"message\":\"engine failed\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n";
+    const REFUSED: &str = "data: {\"error\":{\"message\":\"too long\",\"type\":\"BadRequestError\",\"code\":400}}\n\n";
+    const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+    let send = |gw: String, i: u8| async move {
+        // Long and unlike the others from its first letter (see
+        // `a_refused_connection_leaves_no_prompt_on_the_workers_record`).
+        let text = char::from(b'a' + i).to_string().repeat(300);
+        let mut body = chat(&text, true);
+        body["model"] = "scripted".into();
+        let r = post_chat(&gw, &body).await;
+        (r.status(), r.text().await.unwrap())
+    };
+    let stream_errors = |text: &str, url: &str| {
+        text.lines()
+            .filter(|l| l.contains("kind=\"stream_error\"") && l.contains(url))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+
+    // Low matches go to the smallest tree: every request is tried on the
+    // failing worker first, whose tree stays empty only if its inserts are
+    // taken back.
+    let good = scripted_worker(vec![TOKEN, DONE]).await;
+    let failing = scripted_worker(vec![FAILED, DONE]).await;
+    let mut cfg = config(&[&failing.url, &good.url]);
+    cfg.health.failure_threshold = 1000;
+    cfg.circuit_breaker.failure_threshold = 1000;
+    cfg.routing = serde_json::from_value(json!({"policy": "cache_aware",
+        "hot_spot": {"rule": "relative_cap"}}))
+    .unwrap();
+    let gw = gateway_ready(cfg, 2).await;
+    for i in 0..6 {
+        let (status, text) = send(gw.url.clone(), i).await;
+        assert_eq!(
+            (status.as_u16(), text.as_str()),
+            (200, [TOKEN, DONE].concat().as_str())
+        );
+    }
+    let tried = failing.received.lock().len();
+    assert!(tried >= 5, "{tried} requests tried on the failing worker");
+    let metrics = metrics_text(&gw.url).await;
+    assert_eq!(
+        stream_errors(&metrics, &failing.url),
+        tried as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        worker_loads(&gw.url, &failing.url).await["cached_chars"],
+        json!(0)
+    );
+    gw.shutdown().await;
+
+    // Counted on its breaker: three failures open it, and it is sent no
+    // more.
+    let mut cfg = config(&[&failing.url, &good.url]);
+    cfg.health.failure_threshold = 1000;
+    cfg.circuit_breaker.failure_threshold = 3;
+    cfg.routing = PolicyConfig::RoundRobin(RoundRobinConfig::default());
+    let gw = gateway_ready(cfg, 2).await;
+    let before = failing.received.lock().len();
+    for i in 0..8 {
+        let (status, _) = send(gw.url.clone(), i).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        failing.received.lock().len() - before,
+        3,
+        "its breaker opened"
+    );
+    gw.shutdown().await;
+
+    // A refusal: the client's answer, as the worker sent it, on the first
+    // try; no failure (a breaker opening at one would shut the worker out).
+    let refusing = scripted_worker(vec![REFUSED, DONE]).await;
+    let mut cfg = config(&[&refusing.url]);
+    cfg.circuit_breaker.failure_threshold = 1;
+    let gw = gateway_ready(cfg, 1).await;
+    for i in 0..3 {
+        let (status, text) = send(gw.url.clone(), i).await;
+        assert_eq!(
+            (status.as_u16(), text.as_str()),
+            (200, [REFUSED, DONE].concat().as_str())
+        );
+    }
+    assert_eq!(refusing.received.lock().len(), 3, "not retried");
+    let metrics = metrics_text(&gw.url).await;
+    assert_eq!(stream_errors(&metrics, &refusing.url), 0.0, "{metrics}");
+    assert_eq!(
+        worker_loads(&gw.url, &refusing.url).await["cached_chars"],
+        json!(0)
+    );
+    gw.shutdown().await;
+}
