@@ -647,6 +647,7 @@ async fn attempts(
     let first_byte_timeout = shared.config.first_byte_timeout(request.stream);
     let stream_first_byte_timeout = shared.config.first_byte_timeout(true);
     let mut backoff = Backoff::new(&shared.config.retry);
+    shared.retry_budget.request();
     let mut tried: Vec<WorkerId> = Vec::new();
     // Of those, the workers left out because their half-open breaker's one
     // probe request was out: no attempt, so no retry spent.
@@ -770,6 +771,7 @@ async fn attempts(
             .decision(decision.explanation().branch.as_str());
         if let Some(reason) = retrying.take() {
             shared.request_metrics.retry(reason);
+            shared.retry_budget.retry();
         }
         if let Some(family) = unrouted.take() {
             shared.request_metrics.unrouted(family);
@@ -794,8 +796,12 @@ async fn attempts(
         // refused as unknown (`crate::responses::only_holder`).
         // Workers asked for a stored response that answered they do not
         // hold it (`looked_up`) failed nothing: they spend no retry.
-        let last_attempt = (sent_before - looked_up - not_serving) as u32 >= max_retries
+        let retries_spent = (sent_before - looked_up - not_serving) as u32 >= max_retries
             || crate::responses::only_holder(&decision);
+        // The gateway's retries in all (`retry::RetryBudget`): over it, a
+        // failure of this attempt is the answer, as with none left.
+        let over_budget = !retries_spent && !shared.retry_budget.has_room();
+        let last_attempt = retries_spent || over_budget;
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let mut traced = crate::trace::Attempt::start(worker.url(), target.path, sent_before);
@@ -932,6 +938,7 @@ async fn attempts(
                     if last_attempt {
                         // Nobody is left to ask: the client gets the
                         // stream as it is, counted as for a status.
+                        shared.request_metrics.retry_denied(over_budget);
                         let others_500 =
                             status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any();
                         if !others_500 && !busy(status) {
@@ -997,6 +1004,7 @@ async fn attempts(
                     decision.undo_insert(&request.routing_text);
                 }
                 if last_attempt {
+                    shared.request_metrics.retry_denied(over_budget);
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure
                     // unless it is another 500 for a request others
@@ -1046,6 +1054,9 @@ async fn attempts(
         traced.failed(retry::reason(&failure), &failure);
         let failure = broken.count(failure)?;
         if last_attempt || !failure.retryable() {
+            shared
+                .request_metrics
+                .retry_denied(over_budget && failure.retryable());
             let attempts = (tried.len() - sat_out) as u32 + 1;
             return Err(if attempts > 1 {
                 GatewayError::RetriesExhausted {

@@ -21,7 +21,9 @@ use axum::http::StatusCode;
 use rand::Rng;
 use std::time::Duration;
 
+mod budget;
 mod paused;
+pub(crate) use budget::RetryBudget;
 pub(crate) use paused::Paused;
 
 /// Whether a worker's answer with `status`, before any byte of it reached

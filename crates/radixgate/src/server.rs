@@ -527,6 +527,10 @@ pub async fn run_reloadable(
         breakers: Breakers::new(config.circuit_breaker.clone(), &metrics),
         suspects: crate::retry::Suspects::default(),
         paused: crate::retry::Paused::default(),
+        retry_budget: crate::retry::RetryBudget::new(
+            config.retry.budget_percent,
+            config.retry.budget_min_per_sec,
+        ),
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
         shutting_down: connection_limits.draining.clone(),

@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     /// Workers that answered 429 or 503 with `Retry-After`, passed over
     /// until then while others can take their requests.
     pub(crate) paused: crate::retry::Paused,
+    /// The retries of every request together, against the requests.
+    pub(crate) retry_budget: crate::retry::RetryBudget,
     /// Latency statistics and ejection of slow workers.
     pub(crate) outliers: crate::outlier::Outliers,
     /// Cancelled when shutdown stops waiting for streams: each response

@@ -383,6 +383,12 @@ const KEYS: &[(&str, &str, Option<&str>)] = &[
         "max_retry_after_secs",
         Some("--retry-max-retry-after-secs"),
     ),
+    ("retry", "budget_percent", Some("--retry-budget-percent")),
+    (
+        "retry",
+        "budget_min_per_sec",
+        Some("--retry-budget-min-per-sec"),
+    ),
     (
         "circuit_breaker",
         "failure_threshold",

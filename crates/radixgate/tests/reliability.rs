@@ -1930,3 +1930,66 @@ async fn a_stream_that_opens_with_a_server_error_is_tried_on_another_worker() {
     );
     gw.shutdown().await;
 }
+
+/// A pool that fails as a whole (every worker answers 500) was sent each
+/// request `max_retries + 1` times: four times the load, on workers that
+/// were failing already. The retry budget holds the retries of all
+/// requests to `retry.budget_percent` of them (here 50, with no floor):
+/// each request still gets its answer, the worker's 500, and the ones
+/// over the budget are counted. With no budget (0), the old count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_budget_holds_retries_to_a_share_of_requests() {
+    async fn failing() -> (String, Arc<AtomicUsize>) {
+        let sent = Arc::new(AtomicUsize::new(0));
+        let count = sent.clone();
+        let answer = move || {
+            let count = count.clone();
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                let error =
+                    json!({"error": {"message": "engine failed", "type": "InternalServerError"}});
+                (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    axum::Json(error),
+                )
+            }
+        };
+        (worker_answering(axum::routing::post(answer)).await, sent)
+    }
+    const REQUESTS: usize = 20;
+    for (percent, most, least) in [
+        (50, REQUESTS * 3 / 2 + 1, REQUESTS),
+        (0, 4 * REQUESTS, 4 * REQUESTS),
+    ] {
+        let mut urls = Vec::new();
+        let mut counts = Vec::new();
+        for _ in 0..4 {
+            let (url, sent) = failing().await;
+            urls.push(url);
+            counts.push(sent);
+        }
+        let mut c = config(&urls.iter().map(String::as_str).collect::<Vec<_>>());
+        c.retry.max_retries = 3;
+        c.retry.initial_backoff_ms = 1;
+        c.retry.max_backoff_ms = 1;
+        c.retry.budget_percent = percent;
+        c.retry.budget_min_per_sec = 0;
+        let gw = gateway_ready(c, 4).await;
+        for i in 0..REQUESTS {
+            let r = post_chat(&gw.url, &chat(&format!("question {i}"), false)).await;
+            assert_eq!(r.status(), 500, "{}", r.text().await.unwrap());
+        }
+        let sent: usize = counts.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+        assert!(
+            (least..=most).contains(&sent),
+            "budget {percent}%: {sent} attempts for {REQUESTS} requests"
+        );
+        let denied = series_value(&gw.url, "radixgate_retry_budget_exhausted_total").await;
+        if percent > 0 {
+            assert!(denied >= (REQUESTS / 2) as f64, "{denied} denied");
+        } else {
+            assert_eq!(denied, 0.0);
+        }
+        gw.shutdown().await;
+    }
+}

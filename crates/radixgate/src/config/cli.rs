@@ -255,6 +255,13 @@ pub struct ServeArgs {
     /// for, in seconds, 0 to ignore it [default: 60].
     #[arg(long, env = "RADIXGATE_RETRY_MAX_RETRY_AFTER_SECS")]
     pub retry_max_retry_after_secs: Option<u64>,
+    /// Retries in all, as a percentage of the requests of the last 10 s,
+    /// 0 for no budget [default: 50].
+    #[arg(long, env = "RADIXGATE_RETRY_BUDGET_PERCENT")]
+    pub retry_budget_percent: Option<u32>,
+    /// Retries a second the budget always allows [default: 10].
+    #[arg(long, env = "RADIXGATE_RETRY_BUDGET_MIN_PER_SEC")]
+    pub retry_budget_min_per_sec: Option<u32>,
     /// Never retry (the same as --retry-max-retries 0).
     #[arg(long, env = "RADIXGATE_DISABLE_RETRIES", value_parser = BoolishValueParser::new())]
     pub disable_retries: bool,
@@ -710,6 +717,8 @@ impl ServeArgs {
             &mut r.max_retry_after_secs,
             &self.retry_max_retry_after_secs,
         );
+        set(&mut r.budget_percent, &self.retry_budget_percent);
+        set(&mut r.budget_min_per_sec, &self.retry_budget_min_per_sec);
         // Checked here, not by clap: clap takes a variable for its flag,
         // so `RADIXGATE_DISABLE_RETRIES=false` conflicted with any
         // `--retry-max-retries`, naming a flag nobody gave.

@@ -450,6 +450,16 @@ pub struct RetryConfig {
     /// long). 0 = never. Default 60: an engine shedding a burst names
     /// seconds; a longer wait (a quota's) is checked again each minute.
     pub max_retry_after_secs: u64,
+    /// The retries of all requests together may number at most this
+    /// percentage of the requests of the last 10 s (plus
+    /// `budget_min_per_sec`); over it a failure is its request's answer,
+    /// as with `max_retries` spent. 0 = no budget. Default 50: one worker
+    /// of two failing everything needs no more, while a pool failing as a
+    /// whole is sent 1.5 times its requests, not `max_retries + 1` times.
+    pub budget_percent: u32,
+    /// Retries a second the budget always allows, so that a gateway with
+    /// few requests still retries their failures. Default 10.
+    pub budget_min_per_sec: u32,
 }
 
 impl Default for RetryConfig {
@@ -464,6 +474,8 @@ impl Default for RetryConfig {
             non_stream_timeout_secs: 300,
             stall_timeout_secs: 60,
             max_retry_after_secs: 60,
+            budget_percent: 50,
+            budget_min_per_sec: 10,
         }
     }
 }

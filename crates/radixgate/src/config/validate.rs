@@ -449,6 +449,15 @@ impl Config {
         ] {
             within(key, secs, 0, MAX_SECS)?;
         }
+        // A percentage past the retries a request may make at all is no
+        // budget, but say so rather than take a typo's 10 000.
+        within("retry.budget_percent", r.budget_percent, 0, 1000)?;
+        within(
+            "retry.budget_min_per_sec",
+            r.budget_min_per_sec,
+            0,
+            1_000_000,
+        )?;
         Ok(())
     }
 

@@ -10,8 +10,8 @@
 //! URLs of configured workers.
 
 use crate::metrics::{
-    Describe, Family, HistogramSpec, LabelKey, LabelRef, LabelledCounters, Metrics, status_label,
-    worker_label,
+    Describe, Family, HistogramSpec, LabelKey, LabelRef, LabelledCounters, Metrics, OneCounter,
+    status_label, worker_label,
 };
 use ::metrics::{Counter, Histogram, Label};
 use std::time::Duration;
@@ -58,6 +58,10 @@ pub(crate) const RETRIES: Describe = Describe::new(
     "radixgate_retries_total",
     "Retries on another worker, by the failure that caused them (a request retried twice counts 2).",
 );
+pub(crate) const RETRY_BUDGET_EXHAUSTED: Describe = Describe::new(
+    "radixgate_retry_budget_exhausted_total",
+    "Requests whose failure would have been retried but was their answer, the retry budget (retry.budget_percent of the requests of the last 10 s, plus retry.budget_min_per_sec) being spent.",
+);
 pub(crate) const UNROUTED: Describe = Describe::new(
     "radixgate_unrouted_requests_total",
     "Requests to /v1 paths the gateway has no route for, admitted and passed to the least-loaded worker of their model, by API family (the first path segment after /v1, from a fixed list; other for the rest).",
@@ -88,6 +92,7 @@ pub struct RequestMetrics {
     upstream_errors: Family<LabelKey, Counter>,
     decisions: LabelledCounters,
     retries: LabelledCounters,
+    retry_budget_exhausted: OneCounter,
     unrouted: LabelledCounters,
     pd_requests: LabelledCounters,
     pd_failures: LabelledCounters,
@@ -106,6 +111,7 @@ impl RequestMetrics {
             upstream_errors: metrics.counters(&UPSTREAM_ERRORS),
             decisions: metrics.labelled_counters(&DECISIONS, "branch"),
             retries: metrics.labelled_counters(&RETRIES, "reason"),
+            retry_budget_exhausted: metrics.counter(&RETRY_BUDGET_EXHAUSTED),
             unrouted: metrics.labelled_counters(&UNROUTED, "api"),
             pd_requests: metrics.labelled_counters(&PD_REQUESTS, "path"),
             pd_failures: metrics.labelled_counters(&PD_FAILURES, "side"),
@@ -193,6 +199,14 @@ impl RequestMetrics {
     /// A retry on another worker; `reason` is e.g. `connect`, `status_5xx`, `status_429`.
     pub fn retry(&self, reason: &'static str) {
         self.retries.increment(reason);
+    }
+
+    /// A failed attempt that ended its request where a retry was due,
+    /// when `denied` by the retry budget.
+    pub fn retry_denied(&self, denied: bool) {
+        if denied {
+            self.retry_budget_exhausted.add(1);
+        }
     }
 
     /// A failed attempt at a worker; `kind` is e.g. `connect`, `timeout`,
