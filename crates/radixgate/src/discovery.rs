@@ -224,7 +224,7 @@ pub(crate) async fn spawn(
         .into_iter()
         .map(|(pool, client, answered)| {
             tracing::info!(
-                selector = %pool.selector,
+                selector = %pool.name,
                 namespace = pool.namespace.as_deref().unwrap_or("(all)"),
                 role = %pool.role,
                 "discovery: watching pods"
@@ -299,10 +299,10 @@ impl PoolWatch {
         let mut outage: Option<Instant> = None;
         // The last WARN: at most one a minute, however often it flaps.
         let mut warned: Option<Instant> = None;
-        self.metrics.connected(&self.pool.selector, false);
+        self.metrics.connected(&self.pool.name, false);
         self.control
             .watches()
-            .started(&self.pool.selector, self.pool.namespace.as_deref());
+            .started(&self.pool.name, self.pool.namespace.as_deref());
         loop {
             let event = tokio::select! {
                 () = stop.cancelled() => return,
@@ -333,16 +333,16 @@ impl PoolWatch {
                 }
                 Some(Err(err)) => {
                     self.metrics.events.increment("error");
-                    self.metrics.connected(&self.pool.selector, false);
+                    self.metrics.connected(&self.pool.name, false);
                     self.control
                         .watches()
-                        .failed(&self.pool.selector, problem(&err));
+                        .failed(&self.pool.name, problem(&err));
                     let now = Instant::now();
                     outage.get_or_insert(now);
                     if warned.is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING) {
                         warned = Some(now);
                         tracing::warn!(
-                            selector = %self.pool.selector,
+                            selector = %self.pool.name,
                             error = %excerpt(&err.to_string()),
                             workers = self.pods.len(),
                             "discovery: the Kubernetes API server watch failed; routing \
@@ -370,13 +370,13 @@ impl PoolWatch {
     fn answers(&self, outage: &mut Option<Instant>) {
         if let Some(since) = outage.take() {
             tracing::info!(
-                selector = %self.pool.selector,
+                selector = %self.pool.name,
                 down_for = ?since.elapsed(),
                 "discovery: the Kubernetes API server answers again"
             );
         }
-        self.metrics.connected(&self.pool.selector, true);
-        self.control.watches().answers(&self.pool.selector);
+        self.metrics.connected(&self.pool.name, true);
+        self.control.watches().answers(&self.pool.name);
     }
 
     async fn handle(&mut self, event: Event<RawPod>) {
@@ -612,7 +612,7 @@ impl PoolWatch {
         tracing::warn!(
             pod = %key,
             resource_version = %version,
-            selector = %self.pool.selector,
+            selector = %self.pool.name,
             "discovery: skipping a malformed pod object: {}",
             excerpt(why)
         );

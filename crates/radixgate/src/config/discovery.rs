@@ -121,6 +121,10 @@ pub struct PoolConfig {
 pub struct Pool {
     /// Its label selector, as the API server takes it (`a=b,c=d`).
     pub selector: String,
+    /// What its watch is called in `/readiness`, the metrics and the logs:
+    /// its selector, followed by its port (and port annotation) where
+    /// another pool watches the same selector on another port.
+    pub name: String,
     /// Namespace, or all.
     pub namespace: Option<String>,
     /// Port, unless the pod's annotation says otherwise.
@@ -220,10 +224,12 @@ impl DiscoveryConfig {
             selector: self.selector.clone(),
             ..PoolConfig::default()
         });
-        top.iter()
+        let mut pools = top
+            .iter()
             .chain(&self.pools)
             .map(|pool| Pool {
                 selector: selector_text(&pool.selector),
+                name: selector_text(&pool.selector),
                 namespace: self.namespace.clone(),
                 port: pool.port.unwrap_or(self.port),
                 port_annotation: pool
@@ -243,7 +249,22 @@ impl DiscoveryConfig {
                         .unwrap_or_else(|| self.bootstrap_port_annotation.clone())
                 }),
             })
-            .collect()
+            .collect::<Vec<_>>();
+        // Pools of one selector (pods serving on two ports) are told apart
+        // by their ports.
+        let shared: Vec<bool> = pools
+            .iter()
+            .map(|p| pools.iter().filter(|q| q.selector == p.selector).count() > 1)
+            .collect();
+        for (pool, shared) in pools.iter_mut().zip(shared) {
+            if shared {
+                pool.name = match &pool.port_annotation {
+                    Some(a) => format!("{} port {} or {a}", pool.selector, pool.port),
+                    None => format!("{} port {}", pool.selector, pool.port),
+                };
+            }
+        }
+        pools
     }
 
     /// The section's own checks (see [`super::Config::validate`]).
@@ -268,12 +289,17 @@ impl DiscoveryConfig {
         if self.port == 0 {
             return Err(invalid("discovery.port", "must be between 1 and 65535"));
         }
-        // Two watches of one selector would each offer every pod, and the
-        // second pool's would all be refused as duplicates, under one
-        // series and one `/readiness` entry.
+        // Two watches of one selector and port would each offer every pod
+        // at the same URLs, and the second pool's would all be refused as
+        // duplicates. (On other ports, they are pods serving twice.)
         let pools = self.resolved_pools();
         for (i, pool) in pools.iter().enumerate() {
-            if let Some(first) = pools[..i].iter().position(|p| p.selector == pool.selector) {
+            let same = |p: &Pool| {
+                p.selector == pool.selector
+                    && p.port == pool.port
+                    && p.port_annotation == pool.port_annotation
+            };
+            if let Some(first) = pools[..i].iter().position(same) {
                 let (which, before) = match self.selector.is_empty() {
                     true => (i, format!("entry {first}")),
                     // The top-level selector comes first.
@@ -283,9 +309,9 @@ impl DiscoveryConfig {
                 return Err(invalid(
                     "discovery.pools",
                     format!(
-                        "entry {which} has the selector of {before} (`{}`): each pool's pods \
-                         need labels of their own",
-                        pool.selector
+                        "entry {which} has the selector and port of {before} (`{}`, {}): each \
+                         pool's pods need labels or a port of their own",
+                        pool.selector, pool.port
                     ),
                 ));
             }
@@ -499,7 +525,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("entry 1 has the selector of entry 0 (`app=a,tier=gpu`)"),
+            e.contains("entry 1 has the selector and port of entry 0 (`app=a,tier=gpu`, 80)"),
             "{e}"
         );
         let e = parse("enabled: true\nselector: {app: a}\npools:\n  - selector: {app: a}\n")
@@ -507,7 +533,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("entry 0 has the selector of discovery.selector"),
+            e.contains("entry 0 has the selector and port of discovery.selector"),
             "{e}"
         );
         parse(
@@ -516,6 +542,16 @@ mod tests {
         )
         .validate()
         .unwrap();
+        // Pods serving twice (prefill on one port, decode on another): one
+        // selector on two ports is two pools, each watch named apart.
+        let two = parse(
+            "enabled: true\npools:\n  - selector: {app: a}\n    port: 30000\n    role: prefill\n\
+             \n  - selector: {app: a}\n    port: 30001\n    role: decode\n\
+             \n  - selector: {app: b}\n",
+        );
+        two.validate().unwrap();
+        let names: Vec<String> = two.resolved_pools().into_iter().map(|p| p.name).collect();
+        assert_eq!(names, ["app=a port 30000", "app=a port 30001", "app=b"]);
     }
 
     #[test]

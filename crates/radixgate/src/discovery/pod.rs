@@ -146,6 +146,7 @@ mod tests {
     fn pool() -> Pool {
         Pool {
             selector: "app=sglang".into(),
+            name: "app=sglang".into(),
             namespace: None,
             port: 8000,
             port_annotation: Some("radixgate/port".into()),

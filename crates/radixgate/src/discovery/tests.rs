@@ -31,6 +31,7 @@ fn watch(stop: &CancellationToken) -> PoolWatch {
         answered: Arc::default(),
         pool: Pool {
             selector: "app=sglang".into(),
+            name: "app=sglang".into(),
             namespace: Some("llm".into()),
             port: 8000,
             port_annotation: None,
