@@ -38,6 +38,13 @@ pub enum SimError {
         /// The field that named it (`previous_response_id`), if a body did.
         param: Option<&'static str>,
     },
+    /// The request names a model this worker does not serve, under the
+    /// `strict_models` knob (HTTP 404), in vLLM's words.
+    #[error("The model `{model}` does not exist.")]
+    ModelNotFound {
+        /// The model named.
+        model: String,
+    },
     /// The request body is larger than the configured limit (HTTP 413).
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge {

@@ -411,3 +411,54 @@ async fn fault_slowdown_set_at_run_time_stretches_time_to_first_token() {
     }
     assert_eq!(get_json(&w.base, "/admin/faults").await["slowdown"], 1.0);
 }
+
+/// `strict_models`: a request naming a model the worker does not serve is
+/// vLLM's 404, on the admin endpoint's word and back off again; an
+/// adapter loaded at run time is served, and unloaded is not.
+#[tokio::test]
+async fn strict_models_answers_an_unserved_model_404_as_vllm_does() {
+    let w = spawn(fast_config()).await;
+    let c = client();
+    let (s, _, _) = post(&w.base, "/v1/chat/completions", chat("x", 2)).await;
+    assert_eq!(s, 200, "off by default: any model is served");
+    let r = c
+        .post(format!("{}/admin/faults", w.base))
+        .json(&json!({"strict_models": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (s, _, v) = post(&w.base, "/v1/chat/completions", chat("x", 2)).await;
+    assert_eq!(s, 404, "{v}");
+    let expected = json!({"error": {"message": "The model `whatever` does not exist.",
+        "type": "NotFoundError", "param": "model", "code": 404}});
+    assert_eq!(v, expected);
+    let mut served = chat("x", 2);
+    served["model"] = json!(radixgate_sim::server::DEFAULT_MODEL);
+    let (s, _, v) = post(&w.base, "/v1/chat/completions", served).await;
+    assert_eq!(s, 200, "its own model: {v}");
+    let lora = || json!({"lora_name": "whatever", "lora_path": "/adapters/w"});
+    let (s, _, _) = post(&w.base, "/v1/load_lora_adapter", lora()).await;
+    assert_eq!(s, 200);
+    let (s, _, v) = post(
+        &w.base,
+        "/v1/completions",
+        json!({"model": "whatever",
+        "prompt": "x", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(s, 200, "a loaded adapter: {v}");
+    let (s, _, _) = post(&w.base, "/v1/unload_lora_adapter", lora()).await;
+    assert_eq!(s, 200);
+    let (s, _, v) = post(
+        &w.base,
+        "/v1/completions",
+        json!({"model": "whatever",
+        "prompt": "x", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!((s, &v), (404, &expected), "unloaded");
+    w.handle.set_faults(FaultConfig::default()).unwrap();
+    let (s, _, _) = post(&w.base, "/v1/chat/completions", chat("x", 2)).await;
+    assert_eq!(s, 200, "cleared");
+}

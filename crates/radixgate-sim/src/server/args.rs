@@ -169,6 +169,11 @@ pub struct WorkerArgs {
     /// marked ready, so the decode worker times out [default: 0].
     #[arg(long)]
     pub fault_drop_transfers: Option<f64>,
+    /// Fault: a generation request naming a model this worker does not
+    /// serve (its model, or a LoRA adapter loaded) is answered 404, as
+    /// vLLM answers it.
+    #[arg(long)]
+    pub strict_models: bool,
     /// Apply the fault flags and file faults only to these worker indices
     /// (e.g. `0,2`); the others start without faults.
     #[arg(long, value_delimiter = ',')]
@@ -215,6 +220,7 @@ impl WorkerArgs {
             set(&mut f.kv_events_drop, self.kv_events_drop);
             f.kv_events_frozen |= self.kv_events_frozen;
             set(&mut f.drop_transfers, self.fault_drop_transfers);
+            f.strict_models |= self.strict_models;
             f.seed = f.seed.wrapping_add(u64::from(i));
         } else {
             c.faults = FaultConfig::default();
@@ -575,6 +581,7 @@ mod tests {
             "5000",
             "--fault-drop-transfers",
             "0.5",
+            "--strict-models",
         ]);
         let base = a.base_config().unwrap();
         let c = a.config(&base, 1).unwrap();
@@ -582,6 +589,7 @@ mod tests {
         assert_eq!(c.pd.bootstrap_port, Some(8999));
         assert_eq!(c.pd.hold_timeout_ms, 5000);
         assert_eq!(c.faults.drop_transfers, 0.5);
+        assert!(c.faults.strict_models);
         let d = parse(&[
             "--role",
             "decode",

@@ -18,7 +18,12 @@
 //! for replay: a sequence gap), and one for prefill workers:
 //! `drop_transfers` (that fraction of finished prefills never mark their
 //! KV ready, so the decode worker's pull times out; drawn from the same
-//! seeded generator).
+//! seeded generator). And `strict_models`: a generation request naming a
+//! model the worker does not serve (its model, or a LoRA adapter loaded
+//! into it) gets vLLM's 404 ("The model `m` does not exist."), where it is
+//! otherwise served whatever it names; with the adapters loaded and
+//! unloaded at run time, a worker that stops serving a model it was
+//! listed with.
 //!
 //! Concurrency: the knobs and the generator sit behind one `parking_lot`
 //! mutex: critical sections are a few loads or one random draw and never
@@ -83,6 +88,10 @@ pub struct FaultConfig {
     /// Prefill workers: fraction (0..=1) of finished prefills whose KV is
     /// never marked ready, so the decode worker's pull times out.
     pub drop_transfers: f64,
+    /// A generation request naming a model this worker does not serve
+    /// (its model, or an adapter loaded) is answered 404, as vLLM answers
+    /// it; off, any model named is served.
+    pub strict_models: bool,
 }
 
 /// The fault knobs the KV-event publisher follows.
@@ -122,6 +131,7 @@ impl Default for FaultConfig {
             kv_events_drop: 0,
             kv_events_frozen: false,
             drop_transfers: 0.0,
+            strict_models: false,
         }
     }
 }
@@ -275,6 +285,11 @@ impl Faults {
             Some(t) if Instant::now() < t => Accepting::NoUntil(t),
             _ => Accepting::Yes,
         }
+    }
+
+    /// Whether a request must name a model this worker serves.
+    pub(crate) fn strict_models(&self) -> bool {
+        self.inner.lock().config.strict_models
     }
 
     /// One draw: should this generation request fail?

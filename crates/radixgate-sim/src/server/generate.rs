@@ -70,6 +70,7 @@ async fn handle(s: Arc<WorkerState>, api: Api, body: Body) -> Response {
 async fn serve(s: &Arc<WorkerState>, api: Api, body: Body) -> Result<Response, SimError> {
     let bytes = read_body(body, s.config.max_body_bytes).await?;
     let parsed = parse(api, &bytes, s.config.default_max_tokens)?;
+    s.check_model(&bytes)?;
     // The Responses API: a `previous_response_id` must be one this worker
     // stored; the answer is stored unless `store: false`, and a
     // `background` one is answered at once.

@@ -63,6 +63,7 @@ impl Metrics {
             SimError::BadRequest { .. }
             | SimError::PayloadTooLarge { .. }
             | SimError::NotFound(_)
+            | SimError::ModelNotFound { .. }
             | SimError::ResponseNotFound { .. } => &self.client_errors,
             SimError::InjectedFault(_) | SimError::Unavailable(_) => &self.injected_errors,
             _ => &self.server_errors,

@@ -162,6 +162,26 @@ impl WorkerState {
         self.engine.stats().load
     }
 
+    /// Under `strict_models`, refuses a request whose body names a model
+    /// this worker does not serve: its model or an adapter loaded into it
+    /// (a body that names none, or is not JSON, is left to its parse).
+    fn check_model(&self, body: &[u8]) -> Result<(), SimError> {
+        #[derive(serde::Deserialize)]
+        struct Named {
+            model: Option<String>,
+        }
+        if !self.faults.strict_models() {
+            return Ok(());
+        }
+        let Ok(Named { model: Some(model) }) = serde_json::from_slice(body) else {
+            return Ok(());
+        };
+        if model == *self.model || self.adapters.lock().contains(&model) {
+            return Ok(());
+        }
+        Err(SimError::ModelNotFound { model })
+    }
+
     /// Applies the request-level fault knobs before any work: `hang` never
     /// answers (until shutdown), `latency_ms` delays, `error_rate` fails.
     /// Returns the knobs as read, for the ones that act later (a stream
@@ -390,19 +410,26 @@ async fn start_workers(
 
 /// The OpenAI-style error object for `e`.
 pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
-    let (kind, param, code) = match e {
-        SimError::BadRequest { param, .. } => {
-            ("invalid_request_error", param.clone(), "invalid_request")
+    let (kind, param, code): (_, _, serde_json::Value) = match e {
+        SimError::BadRequest { param, .. } => (
+            "invalid_request_error",
+            param.clone(),
+            "invalid_request".into(),
+        ),
+        SimError::PayloadTooLarge { .. } => {
+            ("invalid_request_error", None, "payload_too_large".into())
         }
-        SimError::PayloadTooLarge { .. } => ("invalid_request_error", None, "payload_too_large"),
-        SimError::NotFound(_) => ("invalid_request_error", None, "not_found"),
+        SimError::NotFound(_) => ("invalid_request_error", None, "not_found".into()),
+        // vLLM's own: its exception's name as the type, the status as
+        // the code.
+        SimError::ModelNotFound { .. } => ("NotFoundError", Some("model".to_owned()), 404.into()),
         SimError::ResponseNotFound { param, .. } => (
             "invalid_request_error",
             param.map(str::to_owned),
-            "not_found",
+            "not_found".into(),
         ),
-        SimError::InjectedFault(_) => ("server_error", None, "injected_fault"),
-        SimError::Unavailable(_) => ("server_error", None, "unavailable"),
+        SimError::InjectedFault(_) => ("server_error", None, "injected_fault".into()),
+        SimError::Unavailable(_) => ("server_error", None, "unavailable".into()),
         SimError::KvTransfer { failure, .. } => (
             "server_error",
             None,
@@ -411,7 +438,8 @@ pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
                 TransferFailure::PrefillFailed => "kv_prefill_failed",
                 TransferFailure::Unreachable => "kv_transfer_failed",
                 TransferFailure::TimedOut => "kv_transfer_timeout",
-            },
+            }
+            .into(),
         ),
         SimError::Config(_)
         | SimError::TraceIo { .. }
@@ -421,7 +449,7 @@ pub(crate) fn error_json(e: &SimError) -> serde_json::Value {
         | SimError::Routing(_)
         | SimError::TooManyFailures { .. }
         | SimError::NothingFinished
-        | SimError::Io(_) => ("server_error", None, "internal_error"),
+        | SimError::Io(_) => ("server_error", None, "internal_error".into()),
     };
     serde_json::json!({"error": {"message": e.to_string(), "type": kind, "param": param, "code": code}})
 }
@@ -431,7 +459,9 @@ pub(crate) fn error_response(e: &SimError) -> Response {
     let status = match e {
         SimError::BadRequest { .. } => StatusCode::BAD_REQUEST,
         SimError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        SimError::NotFound(_) | SimError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
+        SimError::NotFound(_)
+        | SimError::ModelNotFound { .. }
+        | SimError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
         SimError::InjectedFault(_)
         | SimError::Config(_)
         | SimError::TraceIo { .. }
