@@ -117,6 +117,24 @@ pub enum GatewayError {
         /// The requested model.
         model: String,
     },
+    /// Under `pd:`, a side's worker listed with the model answered that it
+    /// does not serve it, and no other worker of that side is listed with
+    /// it (`crate::proxy`'s `pd/served.rs`).
+    #[error(
+        "the model `{model}` is not served here: {side} worker {worker} is listed with it and \
+         answered that it does not serve it{}; no other {side} worker is listed with it",
+        cause(message)
+    )]
+    ModelNotServed {
+        /// The requested model.
+        model: String,
+        /// `prefill` or `decode`.
+        side: &'static str,
+        /// The worker URL.
+        worker: String,
+        /// The worker's own error message.
+        message: Option<String>,
+    },
     /// The request named no model and several are served.
     #[error("`model` is required: this gateway serves {served} models")]
     ModelRequired {
@@ -367,6 +385,7 @@ impl GatewayError {
             | Self::BodyTimeout { .. }
             | Self::Unauthorized
             | Self::UnknownModel { .. }
+            | Self::ModelNotServed { .. }
             | Self::ModelRequired { .. }
             | Self::NotFound { .. }
             | Self::ResponseNotFound { .. }
@@ -427,9 +446,10 @@ impl GatewayError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::AdminForbidden { .. } | Self::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::UnknownModel { .. } | Self::NotFound { .. } | Self::ResponseNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            Self::UnknownModel { .. }
+            | Self::ModelNotServed { .. }
+            | Self::NotFound { .. }
+            | Self::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
             Self::Admin(err) => match err {
                 RoutingError::DuplicateWorker { .. } => StatusCode::CONFLICT,
                 RoutingError::UnknownWorker { .. } => StatusCode::NOT_FOUND,
@@ -475,7 +495,9 @@ impl GatewayError {
             Self::AdminForbidden { .. } => ("permission_error", "admin_forbidden"),
             Self::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
             Self::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
-            Self::UnknownModel { .. } => ("invalid_request_error", "model_not_found"),
+            Self::UnknownModel { .. } | Self::ModelNotServed { .. } => {
+                ("invalid_request_error", "model_not_found")
+            }
             Self::ModelRequired { .. } => ("invalid_request_error", "model_required"),
             Self::NotFound { .. } | Self::ResponseNotFound { .. } => {
                 ("invalid_request_error", "not_found")
@@ -512,7 +534,9 @@ impl GatewayError {
     pub fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
         let param = match self {
-            Self::UnknownModel { .. } | Self::ModelRequired { .. } => Some("model"),
+            Self::UnknownModel { .. }
+            | Self::ModelNotServed { .. }
+            | Self::ModelRequired { .. } => Some("model"),
             _ => None,
         };
         serde_json::json!({

@@ -214,6 +214,7 @@ pub(crate) fn reason(err: &GatewayError) -> &'static str {
         GatewayError::WorkerLost { moved: true, .. } => "moved",
         GatewayError::WorkerLost { .. } => "worker_lost",
         GatewayError::Disaggregated { source, .. } => reason(source),
+        GatewayError::ModelNotServed { .. } => "model_not_served",
         _ => "status",
     }
 }

@@ -528,3 +528,185 @@ async fn a_side_that_is_down_keeps_no_prompt_on_its_record() {
         }
     }
 }
+
+/// A prefill or decode worker listed with a model (a LoRA adapter) that
+/// stops serving it (the adapter unloaded since its models were read)
+/// answers the request 404, as vLLM does. As in the co-located loop, the
+/// request goes at once to another worker of that side listed with the
+/// model, outside `retry.max_retries` (0 here), that worker's models are
+/// read again, and its breaker does not count it; where no other worker
+/// of that side is listed with it, the client gets 404 `model_not_found`
+/// naming the side. Before, the client got the worker's 404 while another
+/// worker served the model, until its next models read (30 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_that_unloaded_the_model_passes_the_request_to_another_pair() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefills = [worker(Role::Prefill).await, worker(Role::Prefill).await];
+        let decodes = [worker(Role::Decode).await, worker(Role::Decode).await];
+        let every = || prefills.iter().chain(&decodes);
+        for w in every() {
+            w.set_faults(FaultConfig {
+                strict_models: true,
+                ..FaultConfig::default()
+            });
+            for adapter in ["sql-lora", "b-lora"] {
+                assert_eq!(lora(w, "load", adapter).await, 200);
+            }
+        }
+        let mut c = pd_config(
+            protocol,
+            &[&prefills[0], &prefills[1]],
+            &[&decodes[0], &decodes[1]],
+        );
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.timeout_duration_secs = 3600;
+        // Read again only when asked, within the test's time.
+        c.health.models_refresh_secs = 3600;
+        // The prompt's decode worker is the one that holds it.
+        c.pd.decode_policy = radixgate_routing::PolicyConfig::named("cache_aware").unwrap();
+        let gw = gateway(c).await;
+        wait_for_healthy(&gw.url, 4).await;
+        let case = format!("{protocol:?}");
+        let body = |model: &str, i| json!({"model": model, "prompt": prompt(i), "max_tokens": 4});
+        let by_url = |url: &str| every().find(|w| w.url == url).unwrap();
+        let without_sql = json!(["sim-llama-8b", "b-lora"]);
+
+        let r = post_completion(&gw.url, &body("sql-lora", 1)).await;
+        assert_eq!(r.status(), 200, "{case}");
+        let (prefill, _) = pair(r).await;
+
+        // Prefill's cache hit takes the prompt to it first; it turns it
+        // away, and the other prefill worker serves it.
+        assert_eq!(lora(by_url(&prefill), "unload", "sql-lora").await, 200);
+        let r = post_completion(&gw.url, &body("sql-lora", 1)).await;
+        assert_eq!(r.status(), 200, "{case}: {}", r.text().await.unwrap());
+        let (other, decode) = pair(r).await;
+        assert_ne!(other, prefill, "{case}");
+        assert_eq!(not_served(&gw.url, &prefill).await, 1.0, "{case}");
+        assert_eq!(breaker_transitions(&gw.url, &prefill).await, 0.0, "{case}");
+        wait_until("the prefill worker's models read again", || async {
+            models_of(&gw.url, &prefill).await == without_sql
+        })
+        .await;
+
+        // The same on decode's side: its cache hit takes the prompt back.
+        assert_eq!(lora(by_url(&decode), "unload", "sql-lora").await, 200);
+        let r = post_completion(&gw.url, &body("sql-lora", 1)).await;
+        assert_eq!(r.status(), 200, "{case}: {}", r.text().await.unwrap());
+        let (_, last_decode) = pair(r).await;
+        assert_ne!(last_decode, decode, "{case}");
+        assert_eq!(not_served(&gw.url, &decode).await, 1.0, "{case}");
+        assert_eq!(breaker_transitions(&gw.url, &decode).await, 0.0, "{case}");
+        wait_until("the decode worker's models read again", || async {
+            models_of(&gw.url, &decode).await == without_sql
+        })
+        .await;
+        assert_eq!(
+            common::series_sum(&gw.url, "radixgate_pd_failures_total").await,
+            0.0,
+            "{case}: a side that does not serve the model failed nothing"
+        );
+
+        // No prefill worker serves b-lora any more: each is asked, and the
+        // client is told. Decode, sent nothing (vLLM) or nothing it could
+        // compute (SGLang), keeps no record of the prompt.
+        common::wait_for_zero_load(&gw.url).await;
+        let decode_chars = || async {
+            let mut sum = 0;
+            for d in &decodes {
+                sum += common::recorded_chars(&gw.url, &d.url).await;
+            }
+            sum
+        };
+        let before = decode_chars().await;
+        for p in &prefills {
+            assert_eq!(lora(p, "unload", "b-lora").await, 200);
+        }
+        let r = post_completion(&gw.url, &body("b-lora", 2)).await;
+        let status = r.status();
+        let answer: Value = r.json().await.unwrap();
+        assert_eq!(status, 404, "{case}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "model_not_found",
+            "{case}: {answer}"
+        );
+        assert_eq!(answer["error"]["param"], "model", "{case}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("`b-lora`") && message.contains("prefill"),
+            "{case}: {message}"
+        );
+        for p in &prefills {
+            assert_eq!(breaker_transitions(&gw.url, &p.url).await, 0.0, "{case}");
+        }
+        common::wait_for_zero_load(&gw.url).await;
+        assert_eq!(decode_chars().await, before, "{case}");
+
+        // Nor any decode worker sql-lora: the last one listed is asked.
+        assert_eq!(lora(by_url(&last_decode), "unload", "sql-lora").await, 200);
+        let r = post_completion(&gw.url, &body("sql-lora", 3)).await;
+        let status = r.status();
+        let answer: Value = r.json().await.unwrap();
+        assert_eq!(status, 404, "{case}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "model_not_found",
+            "{case}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("`sql-lora`") && message.contains("decode"),
+            "{case}: {message}"
+        );
+        assert_eq!(
+            breaker_transitions(&gw.url, &last_decode).await,
+            0.0,
+            "{case}"
+        );
+        common::wait_for_zero_load(&gw.url).await;
+        gw.shutdown().await;
+    }
+}
+
+/// `POST /v1/{op}_lora_adapter` for `name` on a simulated worker: its status.
+async fn lora(w: &common::SimWorker, op: &str, name: &str) -> u16 {
+    let r = client()
+        .post(format!("{}/v1/{op}_lora_adapter", w.url))
+        .json(&json!({"lora_name": name, "lora_path": format!("/adapters/{name}")}))
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
+}
+
+/// The models `/workers` lists for the worker at `url`.
+async fn models_of(gateway: &str, url: &str) -> Value {
+    let listed = common::workers(gateway).await;
+    let found = listed.iter().find(|w| w["url"] == url);
+    found.map(|w| w["models"].clone()).unwrap_or_default()
+}
+
+/// The prefill and decode workers an answer names; reads it to its end.
+async fn pair(r: reqwest::Response) -> (String, String) {
+    let header = |name: &str| {
+        let value = r
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned());
+        value.unwrap_or_default()
+    };
+    let pair = (
+        header("x-radixgate-prefill-worker"),
+        header("x-radixgate-worker"),
+    );
+    r.bytes().await.unwrap();
+    pair
+}
+
+/// The gateway's count of `worker`'s answers that it does not serve the
+/// model it is listed with.
+async fn not_served(gateway: &str, worker: &str) -> f64 {
+    let series =
+        format!("radixgate_upstream_errors_total{{worker=\"{worker}\",kind=\"model_not_served\"}}");
+    common::series_value(gateway, &series).await
+}

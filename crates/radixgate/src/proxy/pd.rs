@@ -28,7 +28,10 @@
 //! released, and a retryable failure is retried on a new pair, as a
 //! co-located request is retried on a new worker. A side's refusal (a
 //! final 4xx) is the request's fault, as a co-located worker's is: the
-//! client gets it, and no breaker counts it.
+//! client gets it, and no breaker counts it. But a side listed with the
+//! request's model that answers 404 that it does not serve it is passed
+//! over for another worker of that side, as in the co-located loop
+//! (`pd/served.rs`).
 //!
 //! **Prefill skip** (vLLM only): when the chosen decode worker is predicted
 //! to hold all but `pd.skip_prefill_max_uncached_tokens` of the prompt (the
@@ -46,6 +49,7 @@
 //! object's key order and the white space between keys may change.
 
 mod body;
+mod served;
 
 use body::{
     check_batch, prefill_body, transfer_params, with_bootstrap, with_transfer_params,
@@ -177,6 +181,9 @@ pub(super) async fn attempts(
     // sent (not when none is left to send it to).
     let mut retrying: Option<&'static str> = None;
     let mut attempt = 0u32;
+    // Of `attempt`, those that went to a side not serving the model it is
+    // listed with (`served`): they spend no retry.
+    let mut not_serving = 0u32;
     // Whether a side was left out because its half-open breaker's one
     // probe request was out: no attempt, so no retry spent.
     let mut sat_out = false;
@@ -345,7 +352,7 @@ pub(super) async fn attempts(
         if let Some(reason) = retrying.take() {
             shared.request_metrics.retry(reason);
         }
-        let last_attempt = attempt >= max_retries;
+        let last_attempt = attempt - not_serving >= max_retries;
         attempt += 1;
         let pair = Pair {
             state,
@@ -358,6 +365,7 @@ pub(super) async fn attempts(
             until: target.until,
             prompt: super::Endpoint::Routed(api).first_byte_is_prompt(request.stream),
             text,
+            model,
             retry: attempt as usize - 1,
         };
         let paired_decode = decode.decision.worker().clone();
@@ -406,6 +414,30 @@ pub(super) async fn attempts(
                         prefill_worker,
                     },
                 ));
+            }
+            Err(Failed {
+                side,
+                worker,
+                error,
+                answer: _,
+            }) if matches!(error, GatewayError::ModelNotServed { .. }) => {
+                // The side does not serve the model it is listed with: a
+                // pair with another worker of that side listed with it
+                // takes the request at once; with none, the client is
+                // told (see `served`).
+                let tried = match side {
+                    WorkerRole::Decode => &mut tried_decode,
+                    _ => &mut tried_prefill,
+                };
+                tried.push(worker);
+                if !model.is_some_and(|m| served::elsewhere(shared, side, m, tried)) {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "retried on a pair with another {} worker", side.as_str());
+                not_serving += 1;
+                retrying = Some("model_not_served");
+                last_failure = Some(error);
+                continue;
             }
             Err(Failed {
                 side,
@@ -708,6 +740,8 @@ struct Pair<'a> {
     /// (`Endpoint::first_byte_is_prompt`).
     prompt: bool,
     text: &'a str,
+    /// The model the request names, if any.
+    model: Option<&'a str>,
     retry: usize,
 }
 
@@ -857,6 +891,16 @@ impl Pair<'_> {
             decision.first_token(answer.sent.elapsed());
         }
         if !retry::retryable_status(status) {
+            let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
+            if served::refuses_model(decision, self.model, &mut answer, deadline).await {
+                let model = self.model.unwrap_or_default();
+                let error = served::settle(shared, decision, self.text, probe, model, answer).await;
+                return DecodeReply::Failed {
+                    worker: worker.id(),
+                    error,
+                    kept: None,
+                };
+            }
             if status.is_client_error() {
                 decision.undo_insert(self.text);
             }
@@ -927,6 +971,7 @@ impl Pair<'_> {
                 timeout: self.first_byte_timeout,
                 hang: self.hang,
                 text: self.text.to_owned(),
+                model: self.model.map(str::to_owned),
                 retry: self.retry,
             },
             prefill.decision,
@@ -1179,6 +1224,20 @@ impl Pair<'_> {
         let status = answer.response.status();
         answer.trace.answered(status.as_u16());
         let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
+        if served::refuses_model(&prefill_decision, self.model, &mut answer, deadline).await {
+            let shared = &self.state.shared;
+            let model = self.model.unwrap_or_default();
+            let error = served::settle(
+                shared,
+                &mut prefill_decision,
+                self.text,
+                probe,
+                model,
+                answer,
+            )
+            .await;
+            return Err(Failed::prefill(prefill_worker.id(), error));
+        }
         if !status.is_success() {
             let retry_after = answer.response.headers().get(RETRY_AFTER).cloned();
             let (message, _) = error_message(answer.response, deadline).await;
@@ -1360,6 +1419,7 @@ struct PrefillSide {
     timeout: Option<Duration>,
     hang: Option<Duration>,
     text: String,
+    model: Option<String>,
     retry: usize,
 }
 
@@ -1396,6 +1456,7 @@ async fn prefill_side(
         // not the client streams: its first byte is due soon after it.
         prompt: true,
         text: &side.text,
+        model: side.model.as_deref(),
         retry: side.retry,
     };
     let worker = decision.worker().clone();
@@ -1410,6 +1471,20 @@ async fn prefill_side(
     answer.trace.answered(status.as_u16());
     if !status.is_success() {
         let deadline = side.timeout.map(|t| answer.sent + t);
+        if served::refuses_model(&decision, pair.model, &mut answer, deadline).await {
+            let model = pair.model.unwrap_or_default();
+            let error = served::settle(
+                &side.shared,
+                &mut decision,
+                &side.text,
+                probe,
+                model,
+                answer,
+            )
+            .await;
+            let _ = head.send(Err(error));
+            return;
+        }
         let retry_after = answer.response.headers().get(RETRY_AFTER).cloned();
         let (message, _) = error_message(answer.response, deadline).await;
         prefill_unanswered(&side.shared, &mut decision, &side.text, probe, status);
