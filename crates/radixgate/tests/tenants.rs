@@ -627,6 +627,57 @@ async fn a_stream_of_known_length_is_charged_what_it_reports() {
     served.abort();
 }
 
+/// A stream its worker refuses under a 200 (SGLang streams a prompt too
+/// long for the model as an error event and `[DONE]`) is charged what it
+/// reports, nothing, as the same refusal answered whole (a 400) is: not
+/// the estimate of a prompt no worker read, which locked a tenant out for
+/// minutes after one over-long request. A stream whose error comes after
+/// its first token is still charged its estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_its_worker_refuses_is_charged_nothing() {
+    const REFUSED: &str = concat!(
+        "data: {\"error\":{\"object\":\"error\",\"message\":\"The input (9000 tokens) ",
+        "is longer than the model's context length (8192 tokens).\",",
+        "\"type\":\"BadRequestError\",\"param\":null,\"code\":400}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    const BROKE: &str = concat!(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"error\":{\"message\":\"aborted\",\"type\":\"InternalServerError\",",
+        "\"code\":500}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let (worker, served) =
+        worker_answering(axum::routing::post(|body: axum::body::Bytes| async move {
+            let refused = body.windows(7).any(|w| w == b"refused");
+            let stream = if refused { REFUSED } else { BROKE };
+            ([("content-type", "text/event-stream")], stream)
+        }))
+        .await;
+    let tenants = "keys:
+    - {name: team-a, key: sk-a, tokens_per_minute: 1000000}
+";
+    let gw = gateway_ready(tenant_config(&worker, tenants), 1).await;
+    let mut body = chat(&"a long question refused ".repeat(1000), true);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let r = post_as(&gw.url, Some("sk-a"), &body).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert_eq!(text, REFUSED);
+    assert_eq!(tenant_tokens(&gw.url, "team-a").await, 0.0);
+
+    // The same prompt, answered a token before the error: estimated.
+    let mut body = chat(&"a long question answered ".repeat(1000), true);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let r = post_as(&gw.url, Some("sk-a"), &body).await;
+    assert_eq!(r.text().await.unwrap(), BROKE);
+    let charged = charged_once(&gw.url, "the broken stream is charged").await;
+    // About 25,000 bytes at 4 a token.
+    assert!(charged > 6000.0, "charged {charged}");
+    gw.shutdown().await;
+    served.abort();
+}
+
 /// The scan for an SGLang `/generate` batch's item reports reads
 /// `/generate` answers only: another API's answer is charged the usage it
 /// reports, whatever `meta_info` objects it carries (and its bytes are not

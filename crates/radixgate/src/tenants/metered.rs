@@ -7,6 +7,14 @@
 //! stead is taken out ([`UsageEventFilter`]); every other body passes
 //! unchanged.
 //!
+//! A stream whose first event (after a Responses or Messages preamble) is
+//! an error event is a refusal, not an answer: a worker that turns a
+//! request down under a 200 (SGLang streams a prompt too long for the
+//! model so) generated nothing. It is charged only what it reports, as
+//! the same refusal answered whole (a 4xx) is, not the estimate of a
+//! prompt no worker read. An error event the gateway ends a stream with
+//! is not the worker's refusal.
+//!
 //! An answer about a stored Responses API response (its create, a read
 //! by its id) is charged only the tokens not charged for that response
 //! before ([`crate::responses::charged`]): reading it again costs nothing.
@@ -19,6 +27,7 @@
 
 use super::usage_event::UsageEventFilter;
 use super::{Metering, Tenant};
+use crate::preamble::Preamble;
 use crate::responses::charged::StoredAnswer;
 use crate::state::Shared;
 use crate::usage::{ItemReports, Output, UsageTail};
@@ -32,6 +41,11 @@ use std::task::{Context, Poll, ready};
 /// (the trace recorder's bound on a prompt, 2^24, well past any context
 /// window).
 const MAX_REPORTED_TOKENS: u64 = crate::record::line::MAX_INPUT_TOKENS;
+
+/// The most of a stream read for its first event past any preamble (a
+/// few hundred bytes, as a rule): one that has not begun by then is taken
+/// for an answer.
+const OPENING_LIMIT: usize = 64 * 1024;
 
 /// A response body that charges its tenant for the tokens it reports.
 pub(crate) struct Metered<B> {
@@ -53,6 +67,11 @@ pub(crate) struct Metered<B> {
     ended: bool,
     /// The stored response the answer is about, charged once.
     stored: Option<StoredAnswer>,
+    /// A metered stream's scan for its first event past any preamble,
+    /// until it is found.
+    opening: Option<Preamble>,
+    /// That first event is an error event: the worker refused the request.
+    refused: bool,
 }
 
 impl<B: Body> Metered<B> {
@@ -75,6 +94,7 @@ impl<B: Body> Metered<B> {
             .map(|_| UsageEventFilter::new());
         // Filtered, the length changes: none is promised.
         let length = inner.size_hint().exact().filter(|_| filter.is_none());
+        let opening = (metering.is_some() && sse).then(Preamble::default);
         Self {
             inner,
             tail: UsageTail::new(),
@@ -92,6 +112,8 @@ impl<B: Body> Metered<B> {
             filter,
             ended: false,
             stored,
+            opening,
+            refused: false,
         }
     }
 }
@@ -105,7 +127,10 @@ impl<B> Metered<B> {
         };
         // An event stream the gateway ended early (its worker broke off)
         // ends with an error event and looks whole from here.
-        let whole = whole && !self.estimate.as_ref().is_some_and(|(m, _)| m.was_cut());
+        let cut = self.estimate.as_ref().is_some_and(|(m, _)| m.was_cut());
+        let whole = whole && !cut;
+        // A refusal is charged what it reports alone (see the module doc).
+        let refused = self.refused && !cut;
         // A count no answer can have is a worker's lie: charged as an
         // answer that reports none, not a debt no tenant could pay back.
         let plausible = |n: &u64| *n <= MAX_REPORTED_TOKENS;
@@ -128,7 +153,7 @@ impl<B> Metered<B> {
         // Anthropic stream counts its output only in its last events): its
         // output is charged as sent, past what was reported of it.
         let estimate = match &self.estimate {
-            Some((metering, output)) if reported.is_none() || !whole => {
+            Some((metering, output)) if !refused && (reported.is_none() || !whole) => {
                 let prompt = self.tail.usage().counts.prompt.filter(plausible);
                 Some(
                     prompt
@@ -190,6 +215,14 @@ where
                 return Poll::Ready(polled);
             };
             this.tail.push(data);
+            if let Some(scan) = &mut this.opening {
+                if scan.feed(data) {
+                    this.refused = scan.found_error();
+                    this.opening = None;
+                } else if this.seen >= OPENING_LIMIT as u64 {
+                    this.opening = None;
+                }
+            }
             if let Some(items) = &mut this.items {
                 items.push(data);
             }
