@@ -504,3 +504,61 @@ async fn a_response_not_stored_is_not_kept() {
     assert_eq!(series_value(&gw.url, unknown).await, 2.0);
     gw.shutdown().await;
 }
+
+/// A stored response read back as a stream (`GET /v1/responses/{id}?stream=
+/// true`, which vLLM serves for a background response) is a Responses API
+/// stream: when its worker breaks off, the client gets that API's own
+/// `event: error`, as a stream made by `POST /v1/responses` does, not the
+/// chat API's `data: {"error": ...}`, which a client reading the events
+/// by their `type` cannot tell from a token.
+#[tokio::test]
+async fn a_stored_response_streamed_back_ends_with_the_responses_apis_error_event() {
+    use axum::routing::get;
+    use futures::StreamExt as _;
+    const EVENTS: [&str; 2] = [
+        "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\
+         \"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\"}}\n\n",
+        "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\
+         \"sequence_number\":1,\"delta\":\"a\"}\n\n",
+    ];
+    async fn stream_back() -> axum::response::Response {
+        let events = EVENTS.map(|e| Ok(axum::body::Bytes::from_static(e.as_bytes())));
+        let broke = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "worker died");
+        let items = events.into_iter().chain([Err(broke)]);
+        let body = futures::stream::iter(items).then(|item| async move {
+            // Separate writes, so the events arrive before the break.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            item
+        });
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(axum::body::Body::from_stream(body))
+            .unwrap()
+    }
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"data": [{"id": DEFAULT_MODEL}]})) }),
+        )
+        .route("/v1/responses/{id}", get(stream_back));
+    let (worker, stop) = serve_app(app).await;
+    let gw = gateway_ready(config(&[&worker]), 1).await;
+    let r = client()
+        .get(format!("{}/v1/responses/resp_1?stream=true", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let rest = text.strip_prefix(&EVENTS.concat()).expect(&text);
+    let data = rest
+        .strip_prefix("event: error\ndata: ")
+        .and_then(|rest| rest.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("a Responses error event: {text}"));
+    let error: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(error["type"], "error", "{text}");
+    assert_eq!(error["code"], "stream_interrupted", "{text}");
+    gw.shutdown().await;
+    stop.cancel();
+}

@@ -150,15 +150,15 @@ impl Endpoint {
         }
     }
 
-    /// The error event a broken stream of this endpoint ends with.
+    /// The error event a broken stream of this endpoint ends with. A
+    /// stored response read back as a stream (`GET /v1/responses/{id}?
+    /// stream=true`, vLLM's for a background response) is the Responses
+    /// API's stream, as its create's is.
     pub(crate) fn error_events(self) -> ErrorEvents {
         match self {
             Endpoint::Routed(Api::Messages) => ErrorEvents::Messages,
-            Endpoint::Routed(Api::Responses) => ErrorEvents::Responses,
-            Endpoint::Routed(_)
-            | Endpoint::ByLoad(_)
-            | Endpoint::Unrouted
-            | Endpoint::StoredResponse => ErrorEvents::OpenAi,
+            Endpoint::Routed(Api::Responses) | Endpoint::StoredResponse => ErrorEvents::Responses,
+            Endpoint::Routed(_) | Endpoint::ByLoad(_) | Endpoint::Unrouted => ErrorEvents::OpenAi,
         }
     }
 
