@@ -389,7 +389,8 @@ impl Router {
         let pool = set.resolve_in(role, model)?;
         let req = RequestView::new(pool.model, text)
             .with_routing_key(routing_key)
-            .with_exact(exact);
+            .with_exact(exact)
+            .with_excluded(exclude);
         let mut decision = if exclude.is_empty() {
             // The common case borrows the pool as is; only a retry pays for
             // a filtered copy.

@@ -1,7 +1,7 @@
 //! What a policy sees of a request: a borrowed view, built by the gateway
 //! (or the simulator) from the parsed body without copying the text.
 
-use crate::ExactMatches;
+use crate::{ExactMatches, WorkerId};
 
 /// The parts of a request routing needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,10 @@ pub struct RequestView<'a> {
     /// Exact matches from engines' KV events, for the workers whose event
     /// stream is live (`exact.rs`); `None` without events.
     pub exact: Option<ExactMatches<'a>>,
+    /// The workers of the pool a retry already tried, left out of the
+    /// workers the policy is given: a policy that owes a request to one
+    /// of them (consistent_hash's key owner) says it went elsewhere.
+    pub excluded: &'a [WorkerId],
 }
 
 impl<'a> RequestView<'a> {
@@ -30,12 +34,19 @@ impl<'a> RequestView<'a> {
             text,
             routing_key: None,
             exact: None,
+            excluded: &[],
         }
     }
 
     /// Sets the routing key.
     pub fn with_routing_key(mut self, key: Option<&'a str>) -> Self {
         self.routing_key = key;
+        self
+    }
+
+    /// Sets the workers a retry excluded.
+    pub fn with_excluded(mut self, excluded: &'a [WorkerId]) -> Self {
+        self.excluded = excluded;
         self
     }
 

@@ -259,6 +259,35 @@ fn consistent_hash_follows_registry_changes() {
     assert!(ws.iter().any(|w| w.id() == next));
 }
 
+/// A retry that excludes a session key's owner (it answered a 5xx, or
+/// its connection failed) sends the key to the next worker clockwise: an
+/// overflow, as for an owner that is unhealthy, and the decision (the
+/// `x-radixgate-decision` header, the decisions' metric) says so rather
+/// than `hash_ring`, as if the key were at home.
+#[test]
+fn a_retry_that_excludes_a_keys_owner_overflows() {
+    let policy = Arc::new(ConsistentHash::new(160, 1.25));
+    let mut reg = Registry::new(policy as Arc<dyn Policy>);
+    let router = reg.router();
+    for i in 0..4 {
+        reg.add(WorkerSpec::new(format!("http://w{i}:1"))).unwrap();
+    }
+    for key in ["session-1", "session-2", "session-3"] {
+        let home = router.select(None, "", Some(key), &[]).unwrap().decision;
+        assert_eq!(home.explanation().branch, Branch::HashRing, "{key}");
+        let owner = home.worker().id();
+        drop(home);
+        let retry = router.select(None, "", Some(key), &[owner]).unwrap();
+        let retry = retry.decision;
+        assert_ne!(retry.worker().id(), owner, "{key}");
+        assert_eq!(
+            retry.explanation().branch,
+            Branch::HashRingOverflow,
+            "{key}: a retry away from the key's owner"
+        );
+    }
+}
+
 #[test]
 fn retries_can_exclude_the_workers_already_tried() {
     let policy = cache_aware();

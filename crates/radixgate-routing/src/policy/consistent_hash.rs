@@ -4,8 +4,8 @@
 //! hashing its URL, so a worker keeps its points across a remove and re-add
 //! and a pool change moves only the keys of the worker that came or went
 //! (about 1/N of them). A key goes to the first available worker of the pool
-//! clockwise from the key's hash (passing an unavailable owner is an
-//! overflow, as the decision says), unless that worker already has at least
+//! clockwise from the key's hash (passing an unavailable owner, or one a
+//! retry excluded, is an overflow, as the decision says), unless that worker already has at least
 //! `ceil(load_factor * (total_in_flight + 1) / available)` requests in
 //! flight, in which case the walk continues to the next worker under that
 //! bound ("consistent hashing with bounded loads"). With `load_factor >= 1`
@@ -104,7 +104,9 @@ impl Policy for ConsistentHash {
         for step in 0..ring.len() {
             let (_, id) = ring[(start + step) % ring.len()];
             let Ok(k) = by_id.binary_search_by_key(&id, |&(id, _)| id) else {
-                if unavailable.contains(&id) {
+                // A retry's excluded workers are this pool's too, left out
+                // of `workers`.
+                if unavailable.contains(&id) || req.excluded.contains(&id) {
                     first_owner = false;
                 }
                 continue;

@@ -40,7 +40,8 @@ pub enum Branch {
     /// consistent_hash: the key's owner on the ring.
     HashRing,
     /// consistent_hash: the key's owner was over the load bound (or
-    /// unavailable); the next worker clockwise took it.
+    /// unavailable, or tried already by a retry); the next worker
+    /// clockwise took it.
     HashRingOverflow,
     /// consistent_hash: the request had no routing key; shortest queue.
     NoRoutingKey,
