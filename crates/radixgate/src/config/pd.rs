@@ -8,7 +8,7 @@
 //! skips the prefill pool. The prefill pool is routed by `routing:`.
 
 use super::{ConfigError, invalid};
-use radixgate_routing::{PolicyConfig, PowerOfTwoConfig};
+use radixgate_routing::{PolicyConfig, PowerOfTwoConfig, RoutingError};
 use serde::{Deserialize, Serialize};
 
 /// How the KV cache gets from the prefill worker to the decode worker.
@@ -81,9 +81,16 @@ impl Default for PdConfig {
 impl PdConfig {
     /// Checks the section; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.decode_policy
-            .validate()
-            .map_err(|e| invalid("pd.decode_policy", e.to_string()))?;
+        // Named as in the file, as `routing:`'s keys are
+        // (`Config::validate`): `pd.decode_policy.cache_threshold`.
+        self.decode_policy.validate().map_err(|e| match e {
+            RoutingError::InvalidConfig { field, reason } => ConfigError::InvalidIn {
+                section: "pd.decode_policy",
+                field,
+                reason,
+            },
+            other => invalid("pd.decode_policy", other.to_string()),
+        })?;
         if self.skip_prefill_max_uncached_tokens > MAX_SKIP_TOKENS {
             return Err(invalid(
                 "pd.skip_prefill_max_uncached_tokens",

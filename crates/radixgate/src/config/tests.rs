@@ -290,6 +290,24 @@ fn policy_flags() {
     assert!(Cli::try_parse_from(["serve", "--policy", "fastest"]).is_err());
 }
 
+/// A value out of range in the decode pool's policy is named as in the
+/// file, `pd.decode_policy.KEY`, as one of `routing:` is: not the key
+/// without its section, under the routing crate's own wording.
+#[test]
+fn a_decode_policy_value_out_of_range_is_named_with_its_section() {
+    let file = Config::from_yaml(
+        "pd: {enabled: true, decode_policy: {policy: cache_aware, cache_threshold: 1.5}}\n\
+         workers:\n  - {url: 'http://p0:30000', role: prefill}\n\
+         \x20 - {url: 'http://d0:30000', role: decode}\n",
+    )
+    .unwrap();
+    let err = file.validate().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "invalid setting `pd.decode_policy.cache_threshold`: must be between 0 and 1, got 1.5"
+    );
+}
+
 #[test]
 fn routing_section_in_yaml() {
     let config =
