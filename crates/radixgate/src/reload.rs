@@ -21,7 +21,8 @@
 //!   role) is replaced; a URL only spelled another way (a trailing `/`)
 //!   is the same entry. Workers added at runtime through the admin API or
 //!   by discovery are left alone, also where the file lists their URL (its
-//!   entry is then not added, with a WARN) or drops it. Requests in
+//!   entry is then not added, with a WARN, and each later reload tries it
+//!   again, so it is added once the URL is free) or drops it. Requests in
 //!   flight on a removed or replaced worker finish normally: no stream is
 //!   cut;
 //! - **routing**: an unchanged `routing:` section keeps the running policy
@@ -429,6 +430,9 @@ impl Target {
                 changes.workers_removed.push(url.clone());
             }
         }
+        // Entries whose URL another source holds: not added, and not the
+        // running file's either (see below).
+        let mut refused = Vec::new();
         for (url, spec) in &wanted {
             if old.get(url) != Some(spec) {
                 // Trusted as at start-up: the operator wrote the file.
@@ -443,6 +447,7 @@ impl Target {
                             "the file's worker entry is not added: another source (discovery \
                              or the admin API) holds its URL, and keeps it"
                         );
+                        refused.push(url.as_str());
                         continue;
                     }
                     Err(err) => return Err(err.into()),
@@ -450,7 +455,16 @@ impl Target {
                 changes.workers_added.push(url.clone());
             }
         }
+        // A refused entry is kept out of the running list: the next reload
+        // tries to add it again (the URL may be free by then, its holder
+        // removed), and a file that drops it has nothing of its own there
+        // to drain or to report removed.
         self.running.workers = new.workers;
+        if !refused.is_empty() {
+            self.running.workers.retain(|w| {
+                !WorkerUrl::parse(w.url.trim()).is_ok_and(|u| refused.contains(&&*u.to_string()))
+            });
+        }
 
         if let Some(policy) = policy {
             self.control.set_policy(policy.clone()).await?;

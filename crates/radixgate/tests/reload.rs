@@ -906,3 +906,65 @@ async fn a_reload_whose_file_hangs_stalls_nothing_else() {
     served.wait_for_line("configuration reloaded");
     writer.join().unwrap().unwrap();
 }
+
+/// A file entry whose URL a worker added through `POST /workers` holds is
+/// not added: the admin API's worker keeps it. Nor is it the file's from
+/// then on: a file that drops it again reports nothing removed, and once
+/// the admin API's worker is gone, a reload of the file that lists it adds
+/// it. Before, the refused entry counted as the running file's: dropped,
+/// it was reported removed (the admin API's worker left in place), and
+/// listed again, no reload added it until the entry itself changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_entry_refused_for_an_admin_worker_is_added_once_its_url_is_free() {
+    let a = sim_worker(fast_worker()).await;
+    let b = sim_worker(fast_worker()).await;
+    let path = temp_file("refused-entry.yaml");
+    std::fs::write(&path, yaml(&[&a.url], "k", 0.3)).unwrap();
+    let (gw, reload, stop) = reloadable_gateway(&path).await;
+    healthy(&gw, &a.url, "k").await;
+    let posted = client()
+        .post(format!("{gw}/workers"))
+        .bearer_auth("k")
+        .json(&json!({"url": b.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 202);
+    healthy(&gw, &b.url, "k").await;
+    let mut both = vec![a.url.clone(), b.url.clone()];
+    both.sort();
+
+    std::fs::write(&path, yaml(&[&a.url, &b.url], "k", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert!(changes.workers_added.is_empty(), "{changes:?}");
+    std::fs::write(&path, yaml(&[&a.url], "k", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert!(
+        changes.workers_removed.is_empty(),
+        "the admin API's worker is not the file's to remove: {changes:?}"
+    );
+    assert_eq!(worker_urls(&gw, "k").await, both);
+
+    std::fs::write(&path, yaml(&[&a.url, &b.url], "k", 0.3)).unwrap();
+    let changes = reload.reload().await.unwrap();
+    assert!(changes.workers_added.is_empty(), "{changes:?}");
+    let removed: Value = client()
+        .delete(format!("{gw}/workers?url={}", b.url))
+        .bearer_auth("k")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(removed["state"], "removed", "{removed}");
+    assert_eq!(worker_urls(&gw, "k").await, vec![a.url.clone()]);
+    let changes = reload.reload().await.unwrap();
+    assert_eq!(
+        changes.workers_added,
+        std::slice::from_ref(&b.url),
+        "the file lists it, and no one holds its URL now: {changes:?}"
+    );
+    healthy(&gw, &b.url, "k").await;
+    stop.cancel();
+}
