@@ -1590,3 +1590,47 @@ async fn a_side_that_sheds_the_request_keeps_no_prompt_on_its_record() {
         }
     }
 }
+
+/// The retry budget holds a disaggregated pool's retries too: every
+/// prefill worker failing (vLLM, whose prefill goes first) sent each
+/// request to every prefill worker, up to `max_retries + 1` times (here
+/// both); with `retry.budget_percent` 50 and no floor, the retries of 20
+/// requests are about 10, each request still answered with the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_budget_holds_a_disaggregated_pools_retries() {
+    const REQUESTS: usize = 20;
+    for (percent, least, most) in [
+        (50, REQUESTS, REQUESTS * 3 / 2 + 1),
+        (0, 2 * REQUESTS, 2 * REQUESTS),
+    ] {
+        let a = engine("prefill-a", WorkerRole::Prefill).await;
+        let b = engine("prefill-b", WorkerRole::Prefill).await;
+        let decode = engine("decode", WorkerRole::Decode).await;
+        for e in [&a, &b] {
+            e.set(Behaviour {
+                fail: Some(500),
+                ..Behaviour::default()
+            });
+        }
+        let mut c = pd_config(PdProtocol::Vllm, &[(&a, None), (&b, None)], &[&decode]);
+        c.retry.max_retries = 3;
+        c.retry.initial_backoff_ms = 1;
+        c.retry.max_backoff_ms = 1;
+        c.retry.budget_percent = percent;
+        c.retry.budget_min_per_sec = 0;
+        c.circuit_breaker.enabled = false;
+        let gw = started(c).await;
+        for _ in 0..REQUESTS {
+            let r = post_chat(&gw.url, &chat_body(false)).await;
+            assert_eq!(r.status(), 500, "budget {percent}%");
+        }
+        let sent = a.bodies().len() + b.bodies().len();
+        assert!(
+            (least..=most).contains(&sent),
+            "budget {percent}%: {sent} prefill attempts for {REQUESTS} requests"
+        );
+        let denied = series_value(&gw.url, "radixgate_retry_budget_exhausted_total").await;
+        assert_eq!(denied > 0.0, percent > 0, "{denied}");
+        gw.shutdown().await;
+    }
+}

@@ -167,6 +167,7 @@ pub(super) async fn attempts(
     let first_byte_timeout = shared.config.first_byte_timeout(request.stream);
     let stream_first_byte_timeout = shared.config.first_byte_timeout(true);
     let mut backoff = Backoff::new(&shared.config.retry);
+    shared.retry_budget.request();
     let mut tried_prefill: Vec<WorkerId> = Vec::new();
     let mut tried_decode: Vec<WorkerId> = Vec::new();
     // Of `tried_prefill`, the prefill workers left out because their
@@ -351,8 +352,12 @@ pub(super) async fn attempts(
         });
         if let Some(reason) = retrying.take() {
             shared.request_metrics.retry(reason);
+            shared.retry_budget.retry();
         }
-        let last_attempt = attempt - not_serving >= max_retries;
+        let retries_spent = attempt - not_serving >= max_retries;
+        // The gateway's retries in all, as in the co-located loop.
+        let over_budget = !retries_spent && !shared.retry_budget.has_room();
+        let last_attempt = retries_spent || over_budget;
         attempt += 1;
         let pair = Pair {
             state,
@@ -498,6 +503,9 @@ pub(super) async fn attempts(
                     }
                 }
                 if let (true, Some(answer)) = (last_attempt, answer) {
+                    shared
+                        .request_metrics
+                        .retry_denied(over_budget && error.retryable());
                     // Nobody is left to ask: decode's own error answer
                     // goes to the client, as a co-located one would, with
                     // the pair named as on any answer.
@@ -522,6 +530,9 @@ pub(super) async fn attempts(
         };
         let failure = broken.count(failure)?;
         if last_attempt || !failure.retryable() {
+            shared
+                .request_metrics
+                .retry_denied(over_budget && failure.retryable());
             return Err(if attempt > 1 {
                 GatewayError::RetriesExhausted {
                     attempts: attempt,
