@@ -180,8 +180,6 @@ impl Rule {
     }
 }
 
-/// `addr` with all but its first `prefix` bits cleared (`prefix` at most
-/// the family's width, as [`Rule::parse`] ensures).
 /// An IPv4-mapped block (`::ffff:10.0.0.0/104`, `::ffff:10.0.0.1`) as the
 /// IPv4 block it is (`10.0.0.0/8`, `10.0.0.1/32`): a worker's address is
 /// matched as IPv4 where it is one (see [`Rule::matches`]), and a mapped
@@ -196,6 +194,8 @@ fn ipv4_mapped(addr: IpAddr, prefix: u8) -> (IpAddr, u8) {
     }
 }
 
+/// `addr` with all but its first `prefix` bits cleared (`prefix` at most
+/// the family's width, as [`Rule::parse`] ensures).
 fn masked(addr: IpAddr, prefix: u8) -> IpAddr {
     match addr {
         IpAddr::V4(v4) => {
