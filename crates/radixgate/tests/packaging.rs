@@ -278,6 +278,44 @@ fn selectors_pick_the_router_pods() {
     ));
 }
 
+/// A router is unready while no worker can take its requests (the
+/// workers' nodes drained first in a cluster upgrade, say). The budget's
+/// default policy then refused to evict an unready router while the
+/// others were unready too: with two or more replicas, `kubectl drain` of
+/// a router's node waited until the workers came back, which may be never
+/// while they wait for that drain. An unready router serves nothing new,
+/// and an evicted one still gets its whole grace period for what it has in
+/// flight, so unready routers may always be evicted.
+#[test]
+fn the_disruption_budget_never_holds_a_drain_on_routers_without_workers() {
+    for m in [
+        Manifests::parse(&committed()).unwrap(),
+        rendered(json!({"replicaCount": 3, "podDisruptionBudget": {"maxUnavailable": 1}})),
+    ] {
+        let budget: PodDisruptionBudget = m.one("PodDisruptionBudget");
+        let spec = budget.spec.unwrap();
+        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+        assert_eq!(
+            spec.unhealthy_pod_eviction_policy.as_deref(),
+            Some("AlwaysAllow")
+        );
+    }
+    // The operator may ask for the API server's default instead.
+    let m =
+        rendered(json!({"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "IfHealthyBudget"}}));
+    let budget: PodDisruptionBudget = m.one("PodDisruptionBudget");
+    assert_eq!(
+        budget
+            .spec
+            .unwrap()
+            .unhealthy_pod_eviction_policy
+            .as_deref(),
+        Some("IfHealthyBudget")
+    );
+    let m = rendered(json!({"podDisruptionBudget": {"enabled": false}}));
+    assert!(m.all("PodDisruptionBudget").is_empty());
+}
+
 #[test]
 fn the_dockerfile_builds_with_the_pinned_toolchain_and_serves_the_charts_port() {
     let toolchain = std::fs::read_to_string(repo().join("rust-toolchain.toml")).unwrap();
