@@ -982,6 +982,82 @@ fn the_listeners_port_and_address_are_the_charts_own() {
     );
 }
 
+/// The keys the chart writes from its own values, given again elsewhere.
+/// Under `config` they were overwritten without a word
+/// (`config.server.request_timeout_secs: 3600` became 600 and cut the
+/// operator's long streams; `config.server.worker_allowlist` became `[]`,
+/// a router that takes any worker); as a flag in `extraArgs` or a
+/// variable in `extraEnv` they won over the file, and the pod's shutdown
+/// no longer covered them (`--request-timeout-secs 3600` beside a
+/// 620 s terminationGracePeriodSeconds: a rollout killed streams the
+/// router allowed). Each is refused, naming the value to set.
+#[test]
+fn the_charts_own_keys_are_refused_where_they_would_be_lost_or_win() {
+    let var = |name: &str, value: &str| json!([{"name": name, "value": value}]);
+    for (values, named, value) in [
+        (
+            json!({"config": {"server": {"request_timeout_secs": 3600}}}),
+            "config.server.request_timeout_secs",
+            "server.requestTimeoutSecs",
+        ),
+        (
+            json!({"config": {"server": {"worker_allowlist": ["10.0.0.0/8"]}}}),
+            "config.server.worker_allowlist",
+            "server.workerAllowlist",
+        ),
+        (
+            json!({"config": {"server": {"shutdown_grace_period_secs": 900}}}),
+            "config.server.shutdown_grace_period_secs",
+            "server.shutdownGracePeriodSecs",
+        ),
+        (
+            json!({"config": {"discovery": {"selector": {"app": "sglang"}}}}),
+            "config.discovery.selector",
+            "discovery.selector",
+        ),
+        (
+            json!({"extraArgs": ["--request-timeout-secs", "3600"]}),
+            "extraArgs --request-timeout-secs",
+            "server.requestTimeoutSecs",
+        ),
+        (
+            json!({"extraArgs": ["--shutdown-grace-period-secs=30"]}),
+            "extraArgs --shutdown-grace-period-secs=30",
+            "server.shutdownGracePeriodSecs",
+        ),
+        (
+            json!({"extraEnv": var("RADIXGATE_SHUTDOWN_DELAY_SECS", "0")}),
+            "extraEnv RADIXGATE_SHUTDOWN_DELAY_SECS",
+            "server.shutdownDelaySecs",
+        ),
+        (
+            json!({"extraEnv": var("RADIXGATE_REQUEST_TIMEOUT_SECS", "0")}),
+            "extraEnv RADIXGATE_REQUEST_TIMEOUT_SECS",
+            "server.requestTimeoutSecs",
+        ),
+    ] {
+        let err = render(values.clone()).unwrap_err();
+        assert!(err.contains(named), "{values}: {err}");
+        assert!(err.contains(value), "{values}: {err}");
+    }
+    // Set where the chart reads them, they reach the router; the section's
+    // other keys pass through `config`.
+    let m = rendered(json!({
+        "server": {"requestTimeoutSecs": 3600, "shutdownGracePeriodSecs": 3600,
+                   "workerAllowlist": ["10.0.0.0/8"]},
+        "config": {"server": {"max_connections": 100},
+                   "discovery": {"kubeconfig": "/etc/kube/config"}},
+    }));
+    let config = router_config(&m);
+    assert_eq!(config.server.request_timeout_secs, 3600);
+    assert_eq!(config.server.worker_allowlist, ["10.0.0.0/8"]);
+    assert_eq!(config.server.max_connections, 100);
+    assert_eq!(
+        config.discovery.kubeconfig.as_deref(),
+        Some(std::path::Path::new("/etc/kube/config"))
+    );
+}
+
 /// Files the config names (a private CA's bundle, a tokenizer, a keys
 /// file) reach the container through the values' extra volumes; a
 /// Recreate strategy is rendered without the default's rollingUpdate,

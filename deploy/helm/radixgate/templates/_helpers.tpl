@@ -136,21 +136,51 @@ without discovery does nothing. */ -}}
 {{- $_ := set $discovery "pools" $pools -}}
 {{- end -}}
 {{- $managed := dict "server" $server "discovery" $discovery -}}
+{{- /* The keys written above, given again under `config`, were
+overwritten without a word (`config.server.worker_allowlist` became `[]`,
+a router that takes any worker): refused, naming the value to set. */ -}}
+{{- $config := .Values.config | default dict -}}
+{{- $owned := dict
+    "server" (dict "host" "server.host" "port" "server.port" "request_timeout_secs" "server.requestTimeoutSecs" "shutdown_grace_period_secs" "server.shutdownGracePeriodSecs" "shutdown_delay_secs" "server.shutdownDelaySecs" "drain_timeout_secs" "server.drainTimeoutSecs" "worker_allowlist" "server.workerAllowlist")
+    "discovery" (dict "enabled" "discovery.enabled" "port" "discovery.port" "selector" "discovery.selector" "namespace" "discovery.namespace" "port_annotation" "discovery.portAnnotation" "model_id_from" "discovery.modelIdFrom" "bootstrap_port_annotation" "discovery.bootstrapPortAnnotation" "pools" "discovery.pools") -}}
+{{- range $section, $keys := $owned -}}
+{{- $given := get $config $section -}}
+{{- if kindIs "map" $given -}}
+{{- range $key, $value := $keys -}}
+{{- if hasKey $given $key -}}
+{{- fail (printf "config.%s.%s would be overwritten: the chart writes it from %s; set that instead" $section $key $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- /* The container's port, the Service's target and the probes are
 server.port on server.host: a flag or variable that moved the listener
-left a ready pod that refused every client through the Service. */ -}}
+left a ready pod that refused every client through the Service. The
+pod's terminationGracePeriodSeconds is computed from the shutdown timing:
+a flag or variable that lengthened a request or shortened the grace
+period had a rollout cut streams. */ -}}
+{{- $listens := "where the router listens is the chart's own (the container port, the Service and the probes are server.host and server.port)" -}}
+{{- $stops := "the shutdown timing is the chart's own (terminationGracePeriodSeconds is computed from it)" -}}
+{{- $flags := dict
+    "port" (list "server.port" $listens)
+    "host" (list "server.host" $listens)
+    "request-timeout-secs" (list "server.requestTimeoutSecs" $stops)
+    "shutdown-grace-period-secs" (list "server.shutdownGracePeriodSecs" $stops)
+    "shutdown-delay-secs" (list "server.shutdownDelaySecs" $stops) -}}
 {{- range .Values.extraArgs -}}
 {{- $arg := toString . -}}
-{{- range list "port" "host" -}}
-{{- if or (eq $arg (printf "--%s" .)) (hasPrefix (printf "--%s=" .) $arg) -}}
-{{- fail (printf "extraArgs %s: where the router listens is the chart's own (the container port, the Service and the probes are server.host and server.port): set server.%s instead" $arg .) -}}
+{{- range $flag, $to := $flags -}}
+{{- if or (eq $arg (printf "--%s" $flag)) (hasPrefix (printf "--%s=" $flag) $arg) -}}
+{{- fail (printf "extraArgs %s: %s: set %s instead" $arg (index $to 1) (index $to 0)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- range .Values.extraEnv -}}
-{{- if has (toString .name) (list "RADIXGATE_PORT" "RADIXGATE_HOST") -}}
-{{- $key := .name | trimPrefix "RADIXGATE_" | lower -}}
-{{- fail (printf "extraEnv %s: where the router listens is the chart's own (the container port, the Service and the probes are server.host and server.port): set server.%s instead" .name $key) -}}
+{{- $name := toString .name -}}
+{{- range $flag, $to := $flags -}}
+{{- if eq $name (printf "RADIXGATE_%s" ($flag | replace "-" "_" | upper)) -}}
+{{- fail (printf "extraEnv %s: %s: set %s instead" $name (index $to 1) (index $to 0)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if gt (int $s.managementPort) 0 -}}
