@@ -845,6 +845,60 @@ fn the_chart_gives_trace_recordings_a_writable_directory() {
     );
 }
 
+/// Bytes of a Kubernetes quantity as the chart writes sizes (`1Gi`,
+/// `512Mi`, `2G`, or bytes).
+fn quantity_bytes(q: &str) -> u64 {
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, unit) = units
+        .iter()
+        .find_map(|(suffix, unit)| q.strip_suffix(suffix).map(|d| (d, *unit)))
+        .unwrap_or((q, 1));
+    digits.parse::<u64>().unwrap_or_else(|e| panic!("{q}: {e}")) * unit
+}
+
+/// A recording started through the admin API rotates through its file
+/// and `keep` more, `max_bytes` each: with the router's defaults (256 MiB,
+/// 5) up to 1.5 GiB, past the data volume's 1 GiB `sizeLimit`, where the
+/// kubelet kills the pod at once, every stream it serves with it, and the
+/// recording goes with the volume. The chart's defaults keep one
+/// recording within half the volume.
+#[test]
+fn a_recording_at_the_charts_defaults_fits_its_volume() {
+    let fits = |m: &Manifests| {
+        let record = router_config(m).record_trace;
+        let deployment: Deployment = m.one("Deployment");
+        let pod = deployment.spec.unwrap().template.spec.unwrap();
+        let data = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find_map(|v| v.empty_dir.filter(|_| v.name == "data"))
+            .expect("the data volume");
+        let limit = quantity_bytes(&data.size_limit.expect("a size limit").0);
+        assert!(record.max_bytes > 0, "a recording that never rotates");
+        let most = record.max_bytes * (u64::from(record.keep) + 1);
+        assert!(
+            most <= limit / 2,
+            "a recording takes up to {most} bytes, the volume holds {limit}"
+        );
+    };
+    fits(&Manifests::parse(&committed()).unwrap());
+    fits(&rendered(json!({"dataVolume": {"sizeLimit": "1Gi"}})));
+    // The operator's own sizes win.
+    let m = rendered(json!({"config": {"record_trace": {"max_bytes": 1000, "keep": 1}}}));
+    let record = router_config(&m).record_trace;
+    assert_eq!((record.max_bytes, record.keep), (1000, 1));
+}
+
 /// A worker's key from a Secret: the config names a variable, which the
 /// container takes from the Secret; the key itself is in neither the
 /// values nor the ConfigMap.

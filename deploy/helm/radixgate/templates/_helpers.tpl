@@ -223,7 +223,12 @@ period had a rollout cut streams. */ -}}
 {{- $_ := set $managed "sync" $sync -}}
 {{- end -}}
 {{- end -}}
-{{- $defaults := dict "record_trace" (dict "admin_dir" .Values.dataVolume.mountPath) -}}
+{{- /* A recording takes up to (keep + 1) x max_bytes: the router's
+defaults, 1.5 GiB, outgrew the data volume's default 1Gi, and the kubelet
+kills a pod past its emptyDir's sizeLimit at once. 64 MiB x 4 leaves room
+for more than one. */ -}}
+{{- $record := dict "admin_dir" .Values.dataVolume.mountPath "max_bytes" 67108864 "keep" 3 -}}
+{{- $defaults := dict "record_trace" $record -}}
 {{- mustMergeOverwrite $defaults (deepCopy (.Values.config | default dict)) $managed | toYaml -}}
 {{- end -}}
 
