@@ -47,6 +47,9 @@ struct Behaviour {
     /// Whole answers: send the head and the body's first bytes, then the
     /// rest this many ms later (an engine stalled part-way).
     stalls_mid_body_ms: u64,
+    /// Streams: a 200 whose first event is an error of this code, then
+    /// `[DONE]` (vLLM and SGLang stream a failed generation so).
+    stream_error: Option<u16>,
 }
 
 /// The bootstrap rooms prefill engines have answered (their KV is ready).
@@ -236,22 +239,34 @@ async fn answer(State(e): State<Engine>, body: Bytes) -> axum::response::Respons
     }
     let name = e.name;
     let gap = Duration::from_millis(b.event_gap_ms.max(1));
-    let events = (0..3).map(move |i| {
-        if i < 2 {
+    let events: Vec<String> = match b.stream_error {
+        Some(code) => vec![
             format!(
                 "data: {}\n\n",
-                json!({"choices": [{"index": 0, "delta": {"content": format!("from-{name}-{i}")}}]})
-            )
-        } else {
-            "data: [DONE]\n\n".to_owned()
-        }
-    });
-    let stream = futures::stream::iter(events.enumerate()).then(move |(i, event)| async move {
-        if i > 0 {
-            tokio::time::sleep(gap).await;
-        }
-        Ok::<_, std::io::Error>(Bytes::from(event))
-    });
+                json!({"error": {"object": "error", "message": format!("{name} failed on purpose"), "code": code}})
+            ),
+            "data: [DONE]\n\n".to_owned(),
+        ],
+        None => (0..3)
+            .map(|i| {
+                if i < 2 {
+                    format!(
+                        "data: {}\n\n",
+                        json!({"choices": [{"index": 0, "delta": {"content": format!("from-{name}-{i}")}}]})
+                    )
+                } else {
+                    "data: [DONE]\n\n".to_owned()
+                }
+            })
+            .collect(),
+    };
+    let stream =
+        futures::stream::iter(events.into_iter().enumerate()).then(move |(i, event)| async move {
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            Ok::<_, std::io::Error>(Bytes::from(event))
+        });
     // The guard rides with the stream: dropping it unfinished is a cancel.
     let stream = GuardedStream {
         inner: Box::pin(stream),
@@ -1631,6 +1646,70 @@ async fn the_retry_budget_holds_a_disaggregated_pools_retries() {
         );
         let denied = series_value(&gw.url, "radixgate_retry_budget_exhausted_total").await;
         assert_eq!(denied > 0.0, percent > 0, "{denied}");
+        gw.shutdown().await;
+    }
+}
+
+/// A decode worker whose engine failed while its server still answers
+/// streams every request a 200 that opens with an error event (vLLM and
+/// SGLang: `data: {"error": {..., "code": 500}}`). The co-located loop
+/// retries such a stream on another worker and counts it on the breaker
+/// (`kind="stream_error"`); the pair's loop passed it to the client as
+/// decode's answer, where another decode worker could serve, and counted
+/// a success, so the broken decode worker stayed in rotation for good. A
+/// refusal (code 400) is still the client's answer, tried once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_stream_that_opens_with_a_server_error_is_tried_on_another_pair() {
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = engine("prefill", WorkerRole::Prefill).await;
+        let failing = engine("failing-decode", WorkerRole::Decode).await;
+        let good = engine("decode", WorkerRole::Decode).await;
+        failing.set(Behaviour {
+            stream_error: Some(500),
+            ..Behaviour::default()
+        });
+        let mut c = pd_config(protocol, &[(&prefill, None)], &[&failing, &good]);
+        c.pd.decode_policy = PolicyConfig::named("round_robin").unwrap();
+        c.circuit_breaker.failure_threshold = 1000;
+        c.health.failure_threshold = 1000;
+        let gw = started(c).await;
+        for _ in 0..4 {
+            let r = post_chat(&gw.url, &chat_body(true)).await;
+            assert_eq!(r.status(), 200, "{protocol:?}");
+            assert_eq!(header(&r, "x-radixgate-worker"), good.url(), "{protocol:?}");
+            let text = r.text().await.unwrap();
+            assert!(text.contains("from-decode-0"), "{protocol:?}: {text}");
+        }
+        assert!(!failing.bodies().is_empty(), "the failing decode was tried");
+        let errors = common::metrics_text(&gw.url)
+            .await
+            .lines()
+            .filter(|l| l.contains("kind=\"stream_error\"") && l.contains(&failing.url()))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        assert_eq!(errors, failing.bodies().len() as f64, "{protocol:?}");
+        gw.shutdown().await;
+
+        // A refusal under a 200: the client's answer, sent once.
+        failing.set(Behaviour {
+            stream_error: Some(400),
+            ..Behaviour::default()
+        });
+        let mut c = pd_config(protocol, &[(&prefill, None)], &[&failing]);
+        c.circuit_breaker.failure_threshold = 1;
+        let gw = started(c).await;
+        let before = failing.bodies().len();
+        for _ in 0..2 {
+            let r = post_chat(&gw.url, &chat_body(true)).await;
+            assert_eq!(r.status(), 200, "{protocol:?}");
+            let text = r.text().await.unwrap();
+            assert!(text.contains("\"code\":400"), "{protocol:?}: {text}");
+        }
+        assert_eq!(
+            failing.bodies().len() - before,
+            2,
+            "{protocol:?}: not retried"
+        );
         gw.shutdown().await;
     }
 }

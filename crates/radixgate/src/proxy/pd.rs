@@ -901,6 +901,35 @@ impl Pair<'_> {
         if status.is_success() && first_event_is_token {
             decision.first_token(answer.sent.elapsed());
         }
+        // A 200 whose stream opens with an error event, as in the
+        // co-located loop: no prompt was prefilled there, and one of a
+        // server error (an engine that failed under a server that still
+        // answers) is decode's failure, as its 500 would be, and tried on
+        // another pair, since the client has been sent nothing yet.
+        let opening = (sse && status.is_success())
+            .then(|| first.and_then(crate::preamble::opening_error))
+            .flatten();
+        if opening.is_some() {
+            decision.undo_insert(self.text);
+        }
+        if let Some(opened) = opening.filter(|e| retry::retryable_status(e.status())) {
+            let status = opened.status();
+            shared
+                .request_metrics
+                .upstream_error(worker.url(), "stream_error");
+            record_unless_500(&worker, probe, status);
+            let error = GatewayError::UpstreamStatus {
+                worker: worker.url().to_owned(),
+                status,
+                message: opened.message,
+                retry_after: None,
+            };
+            return DecodeReply::Failed {
+                worker: worker.id(),
+                error,
+                kept: Some(answer),
+            };
+        }
         if !retry::retryable_status(status) {
             let deadline = self.first_byte_timeout.map(|t| answer.sent + t);
             if served::refuses_model(decision, self.model, &mut answer, deadline).await {
