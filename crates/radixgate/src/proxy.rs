@@ -668,6 +668,9 @@ async fn attempts(
     // Why the last attempt failed, counted as a retry once another attempt
     // is sent (not when none is left to send it to).
     let mut retrying: Option<&'static str> = None;
+    // The retry budget's share spent on it (`retry::Verdict`), given back
+    // if no other attempt is sent.
+    let mut pending: Option<retry::Spent<'_>> = None;
     // An unrouted request is counted with its first attempt sent.
     let mut unrouted = target.unrouted;
     let route = target.endpoint.label();
@@ -771,7 +774,12 @@ async fn attempts(
             .decision(decision.explanation().branch.as_str());
         if let Some(reason) = retrying.take() {
             shared.request_metrics.retry(reason);
-            shared.retry_budget.retry();
+            match pending.take() {
+                Some(spent) => spent.sent(),
+                // One outside `retry.max_retries` (`model_not_served`):
+                // not weighed, but it spends all the same.
+                None => shared.retry_budget.retry(),
+            }
         }
         if let Some(family) = unrouted.take() {
             shared.request_metrics.unrouted(family);
@@ -798,10 +806,10 @@ async fn attempts(
         // hold it (`looked_up`) failed nothing: they spend no retry.
         let retries_spent = (sent_before - looked_up - not_serving) as u32 >= max_retries
             || crate::responses::only_holder(&decision);
-        // The gateway's retries in all (`retry::RetryBudget`): over it, a
-        // failure of this attempt is the answer, as with none left.
-        let over_budget = !retries_spent && !shared.retry_budget.has_room();
-        let last_attempt = retries_spent || over_budget;
+        // And the gateway's retries in all (`retry::RetryBudget`), weighed
+        // once this attempt has failed: over it, the failure is the answer,
+        // as with none left.
+        let mut verdict = retry::Verdict::new(&shared.retry_budget, retries_spent);
         let sent = tokio::time::Instant::now();
         let deadline = first_byte_timeout.map(|t| sent + t);
         let mut traced = crate::trace::Attempt::start(worker.url(), target.path, sent_before);
@@ -935,10 +943,10 @@ async fn attempts(
                     shared
                         .request_metrics
                         .upstream_error(worker.url(), "stream_error");
-                    if last_attempt {
+                    if verdict.last() {
                         // Nobody is left to ask: the client gets the
                         // stream as it is, counted as for a status.
-                        shared.request_metrics.retry_denied(over_budget);
+                        shared.request_metrics.retry_denied(verdict.over_budget());
                         let others_500 =
                             status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any();
                         if !others_500 && !busy(status) {
@@ -1003,8 +1011,8 @@ async fn attempts(
                     // rejected request.)
                     decision.undo_insert(&request.routing_text);
                 }
-                if last_attempt {
-                    shared.request_metrics.retry_denied(over_budget);
+                if verdict.last() {
+                    shared.request_metrics.retry_denied(verdict.over_budget());
                     // Nobody is left to ask: the client gets the worker's
                     // own error answer, counted as the worker's failure
                     // unless it is another 500 for a request others
@@ -1042,7 +1050,7 @@ async fn attempts(
                 err
             }
         };
-        if worker_answered_500(&failure) && !last_attempt {
+        if worker_answered_500(&failure) && !verdict.last() {
             answered_500.hold(worker.clone(), probe);
         } else if !blamed || worker_was_busy(&failure) || moved_off(&failure) {
             // Neither a success nor a failure (see `busy`, `moved_off`,
@@ -1053,10 +1061,10 @@ async fn attempts(
         }
         traced.failed(retry::reason(&failure), &failure);
         let failure = broken.count(failure)?;
-        if last_attempt || !failure.retryable() {
+        if !failure.retryable() || verdict.last() {
             shared
                 .request_metrics
-                .retry_denied(over_budget && failure.retryable());
+                .retry_denied(verdict.over_budget() && failure.retryable());
             let attempts = (tried.len() - sat_out) as u32 + 1;
             return Err(if attempts > 1 {
                 GatewayError::RetriesExhausted {
@@ -1069,6 +1077,7 @@ async fn attempts(
         }
         tracing::debug!(worker = worker.url(), error = %failure, "attempt failed; retrying");
         retrying = Some(retry::reason(&failure));
+        pending = verdict.retry();
         tried.push(worker.id());
         last_failure = Some(failure);
         // The failed worker's load is released before the pause, not after.

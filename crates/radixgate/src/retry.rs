@@ -23,7 +23,7 @@ use std::time::Duration;
 
 mod budget;
 mod paused;
-pub(crate) use budget::RetryBudget;
+pub(crate) use budget::{RetryBudget, Spent, Verdict};
 pub(crate) use paused::Paused;
 
 /// Whether a worker's answer with `status`, before any byte of it reached

@@ -1993,3 +1993,63 @@ async fn the_retry_budget_holds_retries_to_a_share_of_requests() {
         gw.shutdown().await;
     }
 }
+
+/// The retry budget weighed each retry when the attempt before it was
+/// sent, and spent it only as the retry went out, after its back-off. A
+/// pool that fails as a whole fails the requests it holds together, at
+/// one instant: each had found room when it was sent, so each was retried,
+/// and the retries that went out first found room for a third attempt, a
+/// burst of retries well past the budget, made by exactly the failure it
+/// is for. A retry is now weighed and spent when its attempt has failed:
+/// 20 requests failing together get about 10 retries (50%, no floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_failing_together_get_the_budgets_retries_not_each_one() {
+    const REQUESTS: usize = 20;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut urls = Vec::new();
+    for _ in 0..4 {
+        let count = sent.clone();
+        let answer = move || {
+            let count = count.clone();
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                // Long enough for every request to be in flight before
+                // the first fails: a pool failing under load.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let error =
+                    json!({"error": {"message": "engine failed", "type": "InternalServerError"}});
+                (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    axum::Json(error),
+                )
+            }
+        };
+        urls.push(worker_answering(axum::routing::post(answer)).await);
+    }
+    let mut c = config(&urls.iter().map(String::as_str).collect::<Vec<_>>());
+    c.retry.max_retries = 3;
+    c.retry.initial_backoff_ms = 1;
+    c.retry.max_backoff_ms = 1;
+    c.retry.budget_percent = 50;
+    c.retry.budget_min_per_sec = 0;
+    c.circuit_breaker.enabled = false;
+    let gw = gateway_ready(c, 4).await;
+    let all = (0..REQUESTS).map(|i| {
+        let gw = gw.url.clone();
+        async move {
+            let r = post_chat(&gw, &chat(&format!("question {i}"), false)).await;
+            r.status()
+        }
+    });
+    for status in futures::future::join_all(all).await {
+        assert_eq!(status, 500);
+    }
+    let sent = sent.load(Ordering::SeqCst);
+    assert!(
+        (REQUESTS..=REQUESTS * 3 / 2 + 1).contains(&sent),
+        "{sent} attempts for {REQUESTS} requests failing together"
+    );
+    let denied = series_value(&gw.url, "radixgate_retry_budget_exhausted_total").await;
+    assert!(denied >= (REQUESTS / 2 - 1) as f64, "{denied} denied");
+    gw.shutdown().await;
+}

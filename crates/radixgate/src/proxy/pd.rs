@@ -181,6 +181,8 @@ pub(super) async fn attempts(
     // Why the last pair failed, counted as a retry once another pair is
     // sent (not when none is left to send it to).
     let mut retrying: Option<&'static str> = None;
+    // The retry budget's share spent on it, as in the co-located loop.
+    let mut pending: Option<retry::Spent<'_>> = None;
     let mut attempt = 0u32;
     // Of `attempt`, those that went to a side not serving the model it is
     // listed with (`served`): they spend no retry.
@@ -352,12 +354,16 @@ pub(super) async fn attempts(
         });
         if let Some(reason) = retrying.take() {
             shared.request_metrics.retry(reason);
-            shared.retry_budget.retry();
+            match pending.take() {
+                Some(spent) => spent.sent(),
+                // `model_not_served`: not weighed, but spent.
+                None => shared.retry_budget.retry(),
+            }
         }
         let retries_spent = attempt - not_serving >= max_retries;
-        // The gateway's retries in all, as in the co-located loop.
-        let over_budget = !retries_spent && !shared.retry_budget.has_room();
-        let last_attempt = retries_spent || over_budget;
+        // The gateway's retries in all, weighed once the pair has failed,
+        // as in the co-located loop.
+        let mut verdict = retry::Verdict::new(&shared.retry_budget, retries_spent);
         attempt += 1;
         let pair = Pair {
             state,
@@ -471,14 +477,13 @@ pub(super) async fn attempts(
                 // attempt it counts now if it is the first (no other pair to
                 // tell by), and never if earlier pairs answered 500 too (the
                 // request's own fault).
-                let how = match (
-                    worker_answered_500(&error),
-                    last_attempt,
-                    answered_500.is_empty(),
-                ) {
-                    (false, _, _) | (true, true, true) => Count::Now,
-                    (true, false, _) => Count::Later,
-                    (true, true, false) => Count::Never,
+                let how = match worker_answered_500(&error) {
+                    false => Count::Now,
+                    true => match (verdict.last(), answered_500.is_empty()) {
+                        (true, true) => Count::Now,
+                        (false, _) => Count::Later,
+                        (true, false) => Count::Never,
+                    },
                 };
                 let failed = match side {
                     WorkerRole::Decode => &paired_decode,
@@ -502,10 +507,12 @@ pub(super) async fn attempts(
                         suspects.push(prefill.id());
                     }
                 }
-                if let (true, Some(answer)) = (last_attempt, answer) {
+                // Kept only for a failure worth retrying (decode's 5xx or
+                // 429 answer): weighed here.
+                if let Some(answer) = answer.filter(|_| verdict.last()) {
                     shared
                         .request_metrics
-                        .retry_denied(over_budget && error.retryable());
+                        .retry_denied(verdict.over_budget() && error.retryable());
                     // Nobody is left to ask: decode's own error answer
                     // goes to the client, as a co-located one would, with
                     // the pair named as on any answer.
@@ -529,10 +536,10 @@ pub(super) async fn attempts(
             }
         };
         let failure = broken.count(failure)?;
-        if last_attempt || !failure.retryable() {
+        if !failure.retryable() || verdict.last() {
             shared
                 .request_metrics
-                .retry_denied(over_budget && failure.retryable());
+                .retry_denied(verdict.over_budget() && failure.retryable());
             return Err(if attempt > 1 {
                 GatewayError::RetriesExhausted {
                     attempts: attempt,
@@ -544,6 +551,7 @@ pub(super) async fn attempts(
         }
         tracing::debug!(error = %failure, "disaggregated attempt failed; retrying on a new pair");
         retrying = Some(retry::reason(&failure));
+        pending = verdict.retry();
         last_failure = Some(failure);
         let pause = backoff.pause(&mut rand::rng());
         tokio::time::sleep(pause).await;

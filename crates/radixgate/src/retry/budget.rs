@@ -15,6 +15,13 @@
 //! The rule is the one Finagle's retry budget states (retries as a share
 //! of requests over a time window, with a floor); the code is our own.
 //!
+//! A retry is weighed when its attempt has failed, not when that attempt
+//! was sent: a whole answer's first byte can come minutes after its send,
+//! and the budget then says nothing of now. It is spent at once with the
+//! check ([`RetryBudget::spend`]), so that the requests a crashing pool
+//! fails together, all at one instant, do not all find the same room; a
+//! retry spent but never sent (no worker left to take it) is given back.
+//!
 //! Counting is lock-free and approximate: one slot per second in a ring of
 //! [`WINDOW_SECS`]; a slot found holding an older second is emptied by
 //! whichever thread gets to it first, and a count racing with that reset
@@ -75,8 +82,28 @@ impl RetryBudget {
         }
     }
 
+    /// One more retry, spent if it fits the budget now; `None` if it
+    /// does not. Dropped unsent ([`Spent::sent`]), it is given back.
+    pub(crate) fn spend(&self) -> Option<Spent<'_>> {
+        if self.limits.is_none() {
+            return Some(Spent {
+                budget: self,
+                tag: 0,
+            });
+        }
+        if !self.has_room() {
+            return None;
+        }
+        let now = self.now();
+        self.slot(now).retries.fetch_add(1, Ordering::Relaxed);
+        Some(Spent {
+            budget: self,
+            tag: now + 1,
+        })
+    }
+
     /// Whether one more retry fits the budget now.
-    pub(crate) fn has_room(&self) -> bool {
+    fn has_room(&self) -> bool {
         let Some(limits) = self.limits else {
             return true;
         };
@@ -94,7 +121,8 @@ impl RetryBudget {
         100 * retries < limits.percent * requests + 100 * limits.min_per_sec * WINDOW_SECS
     }
 
-    /// A retry was sent: it spends from the budget.
+    /// A retry sent that the budget does not weigh (one outside
+    /// `retry.max_retries`): it spends from the budget all the same.
     pub(crate) fn retry(&self) {
         if self.limits.is_some() {
             self.slot(self.now())
@@ -122,6 +150,87 @@ impl RetryBudget {
             slot.retries.store(0, Ordering::Relaxed);
         }
         slot
+    }
+}
+
+/// Whether a failed attempt is its request's last: its retries are spent
+/// (`retry.max_retries`, or a stored response only its maker holds), or
+/// the budget has no room for one more. Decided once, when the attempt
+/// has failed in a way worth retrying ([`Verdict::last`]); the retry it
+/// allows is spent then, and held until sent ([`Verdict::retry`]).
+#[derive(Debug)]
+pub(crate) struct Verdict<'a> {
+    budget: &'a RetryBudget,
+    retries_spent: bool,
+    decided: bool,
+    over_budget: bool,
+    spent: Option<Spent<'a>>,
+}
+
+impl<'a> Verdict<'a> {
+    /// The verdict on an attempt about to be sent; `retries_spent`: no
+    /// retry is left to the request whatever the budget.
+    pub(crate) fn new(budget: &'a RetryBudget, retries_spent: bool) -> Self {
+        Self {
+            budget,
+            retries_spent,
+            decided: false,
+            over_budget: false,
+            spent: None,
+        }
+    }
+
+    /// Whether the attempt, now failed, is the request's last; the first
+    /// call spends the retry the budget allows, later ones say the same.
+    pub(crate) fn last(&mut self) -> bool {
+        if !std::mem::replace(&mut self.decided, true) && !self.retries_spent {
+            self.spent = self.budget.spend();
+            self.over_budget = self.spent.is_none();
+        }
+        self.retries_spent || self.over_budget
+    }
+
+    /// Whether [`Verdict::last`] said so for want of budget alone.
+    pub(crate) fn over_budget(&self) -> bool {
+        self.over_budget
+    }
+
+    /// The retry spent for the next attempt, if one was.
+    pub(crate) fn retry(self) -> Option<Spent<'a>> {
+        self.spent
+    }
+}
+
+/// A retry [`RetryBudget::spend`] allowed: given back when dropped
+/// before [`Spent::sent`].
+#[derive(Debug)]
+#[must_use]
+pub(crate) struct Spent<'a> {
+    budget: &'a RetryBudget,
+    /// The slot's tag of the second it was spent in; 0 with no budget or
+    /// once sent.
+    tag: u64,
+}
+
+impl Spent<'_> {
+    /// The retry was sent: it stays spent.
+    pub(crate) fn sent(mut self) {
+        self.tag = 0;
+    }
+}
+
+impl Drop for Spent<'_> {
+    fn drop(&mut self) {
+        if self.tag == 0 {
+            return;
+        }
+        // Its second's slot, unless a later second has taken it over.
+        let slot = &self.budget.slots[((self.tag - 1) % WINDOW_SECS) as usize];
+        if slot.second.load(Ordering::Relaxed) == self.tag {
+            let _ = slot
+                .retries
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
     }
 }
 
@@ -157,6 +266,28 @@ mod tests {
         assert!(b.has_room(), "5 requests add one retry");
         b.retry();
         assert!(!b.has_room());
+    }
+
+    /// A retry is spent as it is weighed, so that failures that come
+    /// together do not all find the same room; one never sent is given
+    /// back.
+    #[test]
+    fn a_retry_is_spent_as_it_is_weighed_and_given_back_unsent() {
+        let b = RetryBudget::new(50, 0);
+        for _ in 0..4 {
+            b.request();
+        }
+        let first = b.spend().expect("room for 2 of 4");
+        let second = b.spend().expect("room for 2 of 4");
+        assert!(b.spend().is_none(), "both spent already");
+        first.sent();
+        drop(second);
+        let again = b.spend().expect("the unsent one was given back");
+        again.sent();
+        assert!(b.spend().is_none());
+        // With no budget, always; nothing to give back.
+        let none = RetryBudget::new(0, 0);
+        drop(none.spend().expect("no budget"));
     }
 
     #[test]
