@@ -50,7 +50,9 @@ pub struct PdConfig {
     /// `routing:` with its `policy:` key. Default power_of_two: decode
     /// time is set by a worker's running batch, not by its prefix cache,
     /// and two random choices keep several router replicas from piling
-    /// onto the same least-loaded worker.
+    /// onto the same least-loaded worker. Written with nothing under it,
+    /// that default.
+    #[serde(deserialize_with = "decode_section")]
     pub decode_policy: PolicyConfig,
     /// Send a request to its decode worker alone, skipping the prefill
     /// pool, when that worker is predicted to hold all but at most this
@@ -67,12 +69,24 @@ pub struct PdConfig {
     pub skip_prefill_max_uncached_tokens: usize,
 }
 
+/// Decode's default policy (see [`PdConfig::decode_policy`]).
+fn default_decode_policy() -> PolicyConfig {
+    PolicyConfig::PowerOfTwo(PowerOfTwoConfig::default())
+}
+
+/// `decode_policy:` as written; with nothing under it (YAML's null: every
+/// key commented out, a chart's empty value), decode's default, as for
+/// the key left out, not the routing default `PolicyConfig` has.
+fn decode_section<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PolicyConfig, D::Error> {
+    Option::<PolicyConfig>::deserialize(d).map(|p| p.unwrap_or_else(default_decode_policy))
+}
+
 impl Default for PdConfig {
     fn default() -> Self {
         Self {
             enabled: false,
             protocol: PdProtocol::Sglang,
-            decode_policy: PolicyConfig::PowerOfTwo(PowerOfTwoConfig::default()),
+            decode_policy: default_decode_policy(),
             skip_prefill_max_uncached_tokens: 32,
         }
     }

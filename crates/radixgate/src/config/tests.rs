@@ -57,6 +57,10 @@ fn an_empty_section_is_its_defaults() {
     }
     let sync = Config::from_yaml("sync:\n  tls:\n  auth:\n").unwrap();
     assert_eq!(sync.sync, Config::default().sync);
+    // `pd.decode_policy` is a section like `routing:`: empty, decode's
+    // default (power_of_two), not the routing default.
+    let pd = Config::from_yaml("pd:\n  decode_policy:\n").unwrap();
+    assert_eq!(pd.pd, Config::default().pd);
     let err = Config::from_yaml("health:\n  bogus: 1\n")
         .unwrap_err()
         .to_string();
