@@ -681,7 +681,7 @@ async fn attempts(
     // The workers that answered they do not serve the request's model
     // (see `does_not_serve`): they spend no retry either.
     let mut not_serving = 0usize;
-    'attempts: loop {
+    loop {
         let deciding = crate::trace::Deciding::start();
         let pinned = match target.affinity {
             Affinity::None => None,
@@ -838,7 +838,7 @@ async fn attempts(
         // Whether a failed attempt is its worker's (see `request_timed_out`).
         let mut blamed = true;
         let failure = match attempted {
-            Ok(mut response) => 'answered: {
+            Ok(mut response) => {
                 let status = response.status();
                 let mut observed = None;
                 traced.answered(status.as_u16());
@@ -858,7 +858,7 @@ async fn attempts(
                     record(&worker, probe, Outcome::Success);
                     tried.push(worker.id());
                     looked_up += 1;
-                    continue 'attempts;
+                    continue;
                 }
                 if status == StatusCode::NOT_FOUND
                     && let Affinity::None = target.affinity
@@ -899,7 +899,7 @@ async fn attempts(
                         tried.push(worker.id());
                         not_serving += 1;
                         last_failure = Some(failure);
-                        continue 'attempts;
+                        continue;
                     }
                 }
                 let sse = is_event_stream(response.headers());
@@ -933,42 +933,12 @@ async fn attempts(
                     // prompt was not prefilled there.
                     decision.undo_insert(&request.routing_text);
                 }
-                if let Some(opened) = opening.filter(|e| retry::retryable_status(e.status())) {
-                    // A 200 whose stream opens with a server error (an
-                    // engine that failed, under a server that still
-                    // answers): the worker's failure, as its 500 would
-                    // be, and tried on another worker, since the client
-                    // has been sent nothing yet.
-                    let status = opened.status();
-                    shared
-                        .request_metrics
-                        .upstream_error(worker.url(), "stream_error");
-                    if verdict.last() {
-                        // Nobody is left to ask: the client gets the
-                        // stream as it is, counted as for a status.
-                        shared.request_metrics.retry_denied(verdict.over_budget());
-                        let others_500 =
-                            status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any();
-                        if !others_500 && !busy(status) {
-                            record(&worker, probe, Outcome::Failure);
-                        }
-                        return Ok(Answer {
-                            response,
-                            decision,
-                            model,
-                            probe: None,
-                            sent,
-                            trace: traced,
-                        });
-                    }
-                    break 'answered GatewayError::UpstreamStatus {
-                        worker: worker.url().to_owned(),
-                        status,
-                        message: opened.message,
-                        retry_after: None,
-                    };
-                }
-                if !retry::retryable_status(status) {
+                // A 200 whose stream opens with a server error (an engine
+                // that failed, under a server that still answers) is the
+                // worker's failure, as its 500 would be, and tried on
+                // another worker: the client has been sent nothing yet.
+                let stream_error = opening.filter(|e| retry::retryable_status(e.status()));
+                if stream_error.is_none() && !retry::retryable_status(status) {
                     if status.is_success() {
                         answered_500.blame();
                         shared.responses.answered(
@@ -1000,10 +970,16 @@ async fn attempts(
                         trace: traced,
                     });
                 }
-                shared
-                    .request_metrics
-                    .upstream_error(worker.url(), "status");
-                let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+                // A failed answer: its status, or the one its stream's
+                // opening error stands for.
+                let (status, kind, retry_after) = match &stream_error {
+                    Some(opened) => (opened.status(), "stream_error", None),
+                    None => {
+                        let after = response.headers().get(header::RETRY_AFTER).cloned();
+                        (status, "status", after)
+                    }
+                };
+                shared.request_metrics.upstream_error(worker.url(), kind);
                 asked_for_pause(shared, &worker, status, retry_after.as_ref());
                 if attempt::shed(status) {
                     // The prompt never reached this worker's cache. (The
@@ -1014,9 +990,9 @@ async fn attempts(
                 if verdict.last() {
                     shared.request_metrics.retry_denied(verdict.over_budget());
                     // Nobody is left to ask: the client gets the worker's
-                    // own error answer, counted as the worker's failure
-                    // unless it is another 500 for a request others
-                    // answered 500 too, or a 429 (`busy`).
+                    // own error answer (a stream as it is), counted as the
+                    // worker's failure unless it is another 500 for a
+                    // request others answered 500 too, or a 429 (`busy`).
                     let others_500 =
                         status == StatusCode::INTERNAL_SERVER_ERROR && answered_500.any();
                     if !others_500 && !busy(status) {
@@ -1031,7 +1007,10 @@ async fn attempts(
                         trace: traced,
                     });
                 }
-                let (message, _) = error_message(response, deadline).await;
+                let message = match stream_error {
+                    Some(opened) => opened.message,
+                    None => error_message(response, deadline).await.0,
+                };
                 GatewayError::UpstreamStatus {
                     worker: worker.url().to_owned(),
                     status,
