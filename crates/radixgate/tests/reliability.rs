@@ -96,6 +96,23 @@ async fn refused_connections_move_to_another_worker() {
     gw.shutdown().await;
 }
 
+/// A pool of `bad` and `good` where every new prompt is tried on `bad`
+/// first while its record stays empty. Neither health probing nor the
+/// breaker takes `bad` out. Low matches go to the smallest tree by the
+/// rule of before the cost model (which would otherwise keep them on the
+/// worker it saw answer quickly): once the first request reaches `good`,
+/// every later one is tried on `bad` first, whose tree stays empty only
+/// if its inserts are taken back.
+fn bad_worker_first(bad: &str, good: &str) -> radixgate::config::Config {
+    let mut cfg = config(&[bad, good]);
+    cfg.health.failure_threshold = 1000;
+    cfg.circuit_breaker.failure_threshold = 1000;
+    cfg.routing = serde_json::from_value(json!({"policy": "cache_aware",
+        "hot_spot": {"rule": "relative_cap"}}))
+    .unwrap();
+    cfg
+}
+
 /// A worker that refuses the connection was sent nothing: the prompt is
 /// not in its cache, so its prefix record does not keep it. Before, every
 /// prompt tried there stayed on its record, and once it took connections
@@ -104,19 +121,7 @@ async fn refused_connections_move_to_another_worker() {
 async fn a_refused_connection_leaves_no_prompt_on_the_workers_record() {
     let bad = sim_worker(fast_worker()).await;
     let good = sim_worker(fast_worker()).await;
-    let mut cfg = config(&[&bad.url, &good.url]);
-    // Neither health probing nor the breaker takes the refusing worker
-    // out. Low matches go to the smallest tree by the rule of before the
-    // cost model (which would otherwise keep them on the worker it saw
-    // answer quickly): once the first request reaches the good worker,
-    // every later one is tried on the refusing worker first, whose tree
-    // stays empty only if the refused inserts are taken back.
-    cfg.health.failure_threshold = 1000;
-    cfg.circuit_breaker.failure_threshold = 1000;
-    cfg.routing = serde_json::from_value(json!({"policy": "cache_aware",
-        "hot_spot": {"rule": "relative_cap"}}))
-    .unwrap();
-    let gw = gateway_ready(cfg, 2).await;
+    let gw = gateway_ready(bad_worker_first(&bad.url, &good.url), 2).await;
     refuse_connections(&bad).await;
     for i in 0..6u8 {
         // Long and unlike the others from its first letter: below the
@@ -1856,18 +1861,9 @@ async fn a_stream_that_opens_with_a_server_error_is_tried_on_another_worker() {
             .sum::<f64>()
     };
 
-    // Low matches go to the smallest tree: every request is tried on the
-    // failing worker first, whose tree stays empty only if its inserts are
-    // taken back.
     let good = scripted_worker(vec![TOKEN, DONE]).await;
     let failing = scripted_worker(vec![FAILED, DONE]).await;
-    let mut cfg = config(&[&failing.url, &good.url]);
-    cfg.health.failure_threshold = 1000;
-    cfg.circuit_breaker.failure_threshold = 1000;
-    cfg.routing = serde_json::from_value(json!({"policy": "cache_aware",
-        "hot_spot": {"rule": "relative_cap"}}))
-    .unwrap();
-    let gw = gateway_ready(cfg, 2).await;
+    let gw = gateway_ready(bad_worker_first(&failing.url, &good.url), 2).await;
     for i in 0..6 {
         let (status, text) = send(gw.url.clone(), i).await;
         assert_eq!(
