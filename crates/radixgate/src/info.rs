@@ -38,7 +38,9 @@ pub(crate) async fn liveness(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `/readiness` and `/health`: at least one worker can take requests (and
-/// replica sync, if on, has finished its warm start). With discovery on,
+/// replica sync, if on, has finished its warm start), and the client port
+/// accepts (not yet while the start waits for the workers' first probes,
+/// when only the metrics port answers this). With discovery on,
 /// the body lists each watch: connected or not, and why not. A disaggregated
 /// request takes a worker of each role, so a disaggregated pool needs an
 /// available prefill worker and an available decode worker: one left with
@@ -61,6 +63,12 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     };
     let available = available(None);
     let shutting_down = state.shared.shutting_down.is_cancelled();
+    // Holding its start for the workers' first probes, the router does not
+    // accept on the client port yet; the metrics port already answers.
+    let starting = !state
+        .shared
+        .accepting
+        .load(std::sync::atomic::Ordering::Acquire);
     // A replica warming up from the sync history is not ready yet (see
     // `crate::sync`): it would route on a tree that does not know the
     // cluster's recent prefixes.
@@ -68,6 +76,7 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     let mut body = json!({
         "status": match () {
             () if shutting_down => "shutting_down",
+            () if starting => "starting",
             () if warming => "sync_warming_up",
             () if available == 0 => "no_healthy_workers",
             () => missing.unwrap_or("ok"),
@@ -94,7 +103,8 @@ pub(crate) async fn readiness(State(state): State<Arc<AppState>>) -> Response {
             })
             .collect();
     }
-    let status = if available > 0 && missing.is_none() && !shutting_down && !warming {
+    let ready = available > 0 && missing.is_none() && !shutting_down && !starting && !warming;
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -18,7 +18,9 @@
 //! worker is admitted or has failed a probe (bounded, see
 //! [`first_probes`]), so that a router restarted under load does not
 //! answer its first requests 503 while its probes of workers that were up
-//! all along pass; connections made meanwhile wait in the listen backlog.
+//! all along pass; connections made meanwhile wait in the listen backlog,
+//! and `/readiness` (which the metrics port serves already) answers 503
+//! `starting` until then, so that a load balancer sends none yet.
 //!
 //! Shutdown: `/readiness` answers 503 at once, and every HTTP/1 answer
 //! closes its connection (`crate::listen`); after
@@ -534,6 +536,7 @@ pub async fn run_reloadable(
         outliers: crate::outlier::Outliers::new(config.outlier_detection.clone()),
         streams_abort: streams_abort.clone(),
         shutting_down: connection_limits.draining.clone(),
+        accepting: std::sync::atomic::AtomicBool::new(false),
         request_metrics: RequestMetrics::new(&metrics),
         responses: crate::responses::Makers::new(&config.responses, &metrics),
         tenant_metrics: TenantMetrics::new(&metrics),
@@ -669,6 +672,10 @@ pub async fn run_reloadable(
         handles.push(thread.spawn()?);
     }
     drop((listener, ended_tx));
+    // Connections made from here are served: ready (as far as starting goes).
+    shared
+        .accepting
+        .store(true, std::sync::atomic::Ordering::Release);
 
     // Serve until shutdown, or until a serving thread fails on its own.
     let mut serving = Serving {

@@ -77,6 +77,10 @@ pub(crate) struct Shared {
     /// Cancelled when shutdown starts: `/readiness` answers 503 from then
     /// on, before the listener closes.
     pub(crate) shutting_down: tokio_util::sync::CancellationToken,
+    /// Set once the serving threads accept on the client port (after the
+    /// workers' first probes, see `crate::server`): `/readiness`, which the
+    /// metrics port serves before then, answers 503 `starting` until it is.
+    pub(crate) accepting: std::sync::atomic::AtomicBool,
     /// The metrics recorder, rendered by `/metrics`.
     pub(crate) metrics: Metrics,
     /// The request path's metric families.

@@ -528,3 +528,44 @@ async fn a_restarted_router_serves_its_first_requests() {
     let status = r.status();
     assert_eq!(status, 200, "{}", r.text().await.unwrap());
 }
+
+/// While the router holds its start for a worker's first probe (one that
+/// takes the connection and never answers, up to the probe's timeout), it
+/// does not accept on the client port yet, so its `/readiness` on the
+/// metrics port (where the chart probes) says so, 503 `starting`. It
+/// answered 200 as soon as another worker was admitted, and a load balancer
+/// then sent it connections that waited unserved in the listen backlog
+/// until that probe timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_listener_to_accept() {
+    let up = sim_worker(fast_worker()).await;
+    // Completes the handshake (the kernel's backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let mut cfg = config(&[&up.url, &silent_url]);
+    // Far longer than the test: the start waits for this probe throughout.
+    cfg.health.timeout_secs = 600;
+    let port = process::free_port();
+    cfg.metrics.prometheus_port = Some(port);
+    cfg.metrics.prometheus_host = Some("127.0.0.1".into());
+    let gw = gateway(cfg).await;
+    let readiness = format!("http://127.0.0.1:{port}/readiness");
+    let get = || async {
+        let r = client().get(&readiness).send().await.ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.json::<Value>().await.ok()?))
+    };
+    wait_until("the live worker admitted", || async {
+        get()
+            .await
+            .is_some_and(|(_, body)| body["healthy_workers"] == 1)
+    })
+    .await;
+    let (status, body) = get().await.unwrap();
+    assert_eq!(status, 503, "ready while not accepting: {body}");
+    assert_eq!(body["status"], "starting", "{body}");
+    assert_eq!(body["pending_workers"], 1, "{body}");
+    gw.stop.cancel();
+    gw.task.await.unwrap().unwrap();
+    drop(silent);
+}
