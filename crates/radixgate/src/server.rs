@@ -702,12 +702,10 @@ pub async fn run_reloadable(
         _ = serving.one_ended() => shared.shutting_down.cancel(),
     }
     stop.cancel();
-    let in_flight: usize = (shared.router.snapshot().workers().iter())
-        .chain(shared.control.draining().iter())
-        .map(|w| w.load())
-        .sum();
+    let (in_flight, queued) = waiting(&shared);
     tracing::info!(
         in_flight,
+        queued,
         ?grace,
         "stopped accepting; waiting for the requests in flight"
     );
@@ -717,11 +715,22 @@ pub async fn run_reloadable(
     let finished = tokio::select! {
         () = serving.all_ended() => true,
         () = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "grace period over; dropping remaining connections");
+            let (in_flight, queued) = waiting(&shared);
+            tracing::warn!(
+                in_flight,
+                queued,
+                ?grace,
+                "grace period over; dropping remaining connections"
+            );
             false
         }
         () = now.cancelled() => {
-            tracing::warn!("told to stop now; dropping remaining connections");
+            let (in_flight, queued) = waiting(&shared);
+            tracing::warn!(
+                in_flight,
+                queued,
+                "told to stop now; dropping remaining connections"
+            );
             false
         }
     };
@@ -763,6 +772,16 @@ pub async fn run_reloadable(
         Some(err) => Err(err.into()),
         None => Ok(()),
     }
+}
+
+/// What the shutdown waits for: the requests at a worker (the workers'
+/// loads, draining ones included) and those queued for admission.
+fn waiting(shared: &Shared) -> (usize, usize) {
+    let in_flight = (shared.router.snapshot().workers().iter())
+        .chain(shared.control.draining().iter())
+        .map(|w| w.load())
+        .sum();
+    (in_flight, shared.admission.queued())
 }
 
 /// How often the start looks whether the workers' first probes are done.

@@ -569,3 +569,72 @@ async fn readiness_waits_for_the_listener_to_accept() {
     gw.task.await.unwrap().unwrap();
     drop(silent);
 }
+
+/// The shutdown's log says what it waits for and what it cut, and its
+/// last line says it is done: a request queued for admission is counted
+/// beside those at a worker, the grace period's end names both, and the
+/// process's last line says it shut down. The queued request was left
+/// out (`in_flight=1` while two waited), and the last line read "waiting
+/// for the requests in flight", the same as from a router killed before
+/// it was done (a `terminationGracePeriodSeconds` too short).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_log_counts_what_it_waits_for_and_ends_with_its_end() {
+    let w = stalling_worker(vec![
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+    ])
+    .await;
+    let (mut serve, gw) = process::Serve::start(&[
+        "--worker-urls",
+        &w.url,
+        "--max-concurrent-requests",
+        "1",
+        "--shutdown-grace-period-secs",
+        "1",
+        "--stall-timeout-secs",
+        "600",
+    ]);
+    serve.wait_for("worker admitted");
+    let ask = |stream: bool| {
+        let url = gw.clone();
+        tokio::spawn(async move {
+            let body = json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "stream": stream});
+            let r = post_chat(&url, &body).await;
+            (r.status(), r.text().await.unwrap_or_default())
+        })
+    };
+    let streaming = ask(true);
+    wait_until("the stream at the worker", || async {
+        w.received.lock().len() == 1
+    })
+    .await;
+    let queued = ask(false);
+    wait_until("the second request queued", || async {
+        series_value(&gw, "radixgate_admission_queued_requests").await == 1.0
+    })
+    .await;
+
+    assert!(serve.terminate(), "a clean exit");
+    let (stream, queued) = (streaming.await.unwrap(), queued.await.unwrap());
+    assert!(stream.1.contains("\"shutting_down\""), "{stream:?}");
+    assert_eq!(queued.0, 503, "{queued:?}");
+    let lines = serve.drain(std::time::Duration::from_secs(5)).to_vec();
+    let log = lines.join("\n");
+    let line = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in:\n{log}"))
+    };
+    let waiting = line("stopped accepting");
+    assert!(
+        waiting.contains("in_flight=1") && waiting.contains("queued=1"),
+        "{waiting}"
+    );
+    let over = line("grace period over");
+    assert!(
+        over.contains("in_flight=1") && over.contains("queued=1"),
+        "{over}"
+    );
+    let last = lines.last().unwrap();
+    assert!(last.contains("shut down"), "the last line: {last}\n{log}");
+}

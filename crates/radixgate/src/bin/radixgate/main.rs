@@ -174,6 +174,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 telemetry.shutdown().await;
                 served
             })?;
+            // The last line: without it, the log of a router killed part
+            // way through its shutdown read as that of one that finished.
+            tracing::info!("shut down");
         }
         #[cfg(feature = "sim")]
         Command::Load(args) => radixgate_sim::load::main(*args)?,
