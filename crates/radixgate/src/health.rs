@@ -538,13 +538,45 @@ const DISCOVERY_ANSWER_LIMIT: usize = 8 << 20;
 /// nothing (on admission, a worker taken to list no model serves any
 /// model until its next read, 30 s later by default).
 async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, String> {
-    let mut response = get(target, path)
-        .send()
-        .await
-        .map_err(|err| format!("did not answer {path}: {}", crate::error::chain(&err)))?;
+    answer_or(target, path, Silence::Problem).await
+}
+
+/// What a worker that does not answer a question is taken to say.
+#[derive(Clone, Copy, PartialEq)]
+enum Silence {
+    /// Nothing yet: an error, asked again (see [`answer`]).
+    Problem,
+    /// That it has no such page, as a 404 says: for a fallback asked only
+    /// when the worker's own list said it has none.
+    NoPage,
+}
+
+/// [`answer`], with no answer, a 5xx or a body broken off taken as
+/// `silence` says; a 401 or 403 is an error either way.
+async fn answer_or(
+    target: &Target,
+    path: &str,
+    silence: Silence,
+) -> Result<Option<bytes::Bytes>, String> {
+    let silent = |problem: String| match silence {
+        Silence::Problem => Err(problem),
+        Silence::NoPage => {
+            tracing::debug!(worker = %target.url, problem, "taken as no such page");
+            Ok(None)
+        }
+    };
+    let mut response = match get(target, path).send().await {
+        Ok(response) => response,
+        Err(err) => {
+            return silent(format!(
+                "did not answer {path}: {}",
+                crate::error::chain(&err)
+            ));
+        }
+    };
     let status = response.status();
     if status.is_server_error() {
-        return Err(format!("answered {path} with {status}"));
+        return silent(format!("answered {path} with {status}"));
     }
     if matches!(status.as_u16(), 401 | 403) {
         let sent = target.api_key.load().is_some();
@@ -581,10 +613,10 @@ async fn answer(target: &Target, path: &str) -> Result<Option<bytes::Bytes>, Str
     let mut body = bytes::BytesMut::new();
     loop {
         // A body broken off part-way is no answer, not a shorter one.
-        let next = response
-            .chunk()
-            .await
-            .map_err(|err| format!("broke off its answer to {path}: {err}"))?;
+        let next = match response.chunk().await {
+            Ok(next) => next,
+            Err(err) => return silent(format!("broke off its answer to {path}: {err}")),
+        };
         let Some(chunk) = next else {
             break;
         };
@@ -687,7 +719,10 @@ async fn discover_models(target: &Target) -> Result<Option<Served>, String> {
             }));
         }
     }
-    if let Some(body) = answer(target, "/get_model_info").await?
+    // SGLang's own page, asked only of a worker whose `/v1/models` gave no
+    // list (a 404, or none it could read): a server that is no SGLang may
+    // answer it anything, and its silence there is no list either.
+    if let Some(body) = answer_or(target, "/get_model_info", Silence::NoPage).await?
         && let Ok(ModelInfo {
             model_path: Some(path),
         }) = serde_json::from_slice::<ModelInfo>(&body)

@@ -648,6 +648,41 @@ async fn one_unreadable_model_entry_does_not_make_a_worker_serve_any_model() {
     stop.cancel();
 }
 
+/// A server that is no SGLang and lists no models (`/v1/models` a 404)
+/// may answer SGLang's `/get_model_info`, asked next, with a 500 for any
+/// path it does not have. Since bb31a32 that held it pending for good, as
+/// if its list had failed; as the fallback's answer, it is no list: the
+/// worker is admitted to serve any model, as one with no such page is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_model_page_that_fails_is_no_list() {
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            get(|| async { axum::http::StatusCode::NOT_FOUND.into_response() }),
+        )
+        .route(
+            "/get_model_info",
+            get(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response() }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|| async {
+                axum::Json(json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}))
+            }),
+        );
+    let (plain, stop) = serve_app(app).await;
+    let gw = gateway_ready(config(&[&plain]), 1).await;
+    let listed = workers(&gw.url).await;
+    assert_eq!(listed[0]["models"], json!([]), "{listed:?}");
+    let r = post_chat(&gw.url, &chat("any model", false)).await;
+    assert_eq!(r.status(), 200);
+    gw.shutdown().await;
+    stop.cancel();
+}
+
 /// A worker whose model list fails to answer as it is admitted (a 503, a
 /// moment after its `/health` said ready) is not admitted until it says
 /// which models it serves. Taken as listing none, it served any model
