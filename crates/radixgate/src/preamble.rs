@@ -259,6 +259,20 @@ pub fn opening_error(first: &[u8]) -> Option<OpeningError> {
     })
 }
 
+/// The error event a successful stream (`sse`, a 2xx `status`) opens
+/// with, read from its first bytes `first` ([`opening_error`]); `None` for
+/// any other answer. The co-located loop and a disaggregated pair's decode
+/// both ask it.
+pub fn stream_opening_error(
+    sse: bool,
+    status: http::StatusCode,
+    first: Option<&[u8]>,
+) -> Option<OpeningError> {
+    (sse && status.is_success())
+        .then(|| first.and_then(opening_error))
+        .flatten()
+}
+
 /// The status an Anthropic error type stands for.
 fn anthropic_status(kind: &str) -> Option<u16> {
     Some(match kind {

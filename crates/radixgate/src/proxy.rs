@@ -925,9 +925,7 @@ async fn attempts(
                     // it only releases the predicted prefill, later.)
                     observed = decision.first_token(sent.elapsed());
                 }
-                let opening = (sse && status.is_success())
-                    .then(|| first.and_then(crate::preamble::opening_error))
-                    .flatten();
+                let opening = crate::preamble::stream_opening_error(sse, status, first);
                 if opening.is_some() {
                     // An error event in the first token's place: the
                     // prompt was not prefilled there.

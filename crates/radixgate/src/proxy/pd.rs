@@ -914,9 +914,7 @@ impl Pair<'_> {
         // server error (an engine that failed under a server that still
         // answers) is decode's failure, as its 500 would be, and tried on
         // another pair, since the client has been sent nothing yet.
-        let opening = (sse && status.is_success())
-            .then(|| first.and_then(crate::preamble::opening_error))
-            .flatten();
+        let opening = crate::preamble::stream_opening_error(sse, status, first);
         if opening.is_some() {
             decision.undo_insert(self.text);
         }
